@@ -1,0 +1,47 @@
+"""finetune: exact gradient accumulation for BERT-family text classifiers.
+
+Importing the package is cheap and touches no device; the heavy modules load
+on first use of their names.
+
+>>> from finetune import train_one_epoch, evaluate_model, load_config, setup_run
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.1.0"
+
+_EXPORTS = {
+    "train_one_epoch": "finetune.loop",
+    "evaluate_model": "finetune.loop",
+    "TrainState": "finetune.loop",
+    "EpochResult": "finetune.loop",
+    "window_loss_scale": "finetune.loop",
+    "Config": "finetune.config",
+    "load_config": "finetune.config",
+    "setup_run": "finetune.runner",
+    "build_accelerator": "finetune.runner",
+    "resolve_batching": "finetune.runner",
+    "fit": "finetune.runner",
+    "Run": "finetune.runner",
+    "plan_updates": "finetune.optimization",
+    "build_optimizer": "finetune.optimization",
+    "build_scheduler": "finetune.optimization",
+    "EpochSampler": "finetune.sampling",
+    "ShardLayout": "finetune.sampling",
+    "FinetuneError": "finetune.errors",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'finetune' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(list(globals()) + __all__)

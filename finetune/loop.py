@@ -1,0 +1,379 @@
+"""The training and evaluation loops: exact gradient accumulation.
+
+``train_one_epoch`` keeps the contract of ACCUMULATION.md:
+
+* Each window of ``k`` micro-batches (per process) produces one update whose
+  gradient is the mean per-sample gradient over the window's real samples on
+  all processes: each micro-batch's *summed* loss is scaled by ``1 / N_w``
+  (see :func:`window_loss_scale`), so a ragged last window and a short last
+  micro-batch weigh exactly what the big batch would give them.
+* ``accelerator.accumulate(model)`` decides when gradients are synchronised
+  (once per window under DDP); the loop checks that its own window arithmetic
+  agrees with Accelerate's on every micro-batch.
+* The scheduler is *not* prepared by Accelerate: the loop steps it once per
+  real update (not on a skipped fp16 step), so the schedule counts updates on
+  any number of processes.
+* Clipping happens once per update on the accumulated gradient, and one log
+  record per update (or per ``log_every`` updates) reports the loss the big
+  batch would have shown.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Optional
+
+import torch
+import torch.nn.functional as F
+
+from finetune.errors import FinetuneError
+from finetune.sampling import ShardLayout
+
+
+class NonFiniteLossError(FinetuneError):
+    """The loss of an update was NaN or infinite and the policy says stop."""
+
+    exit_code = 3
+
+
+@dataclass
+class TrainState:
+    """Counters that span epochs; saved in checkpoints so a resumed run continues them."""
+
+    epoch: int = 0
+    # updates made so far (optimizer steps that happened)
+    step: int = 0
+    # micro-batches of the current epoch already consumed (a window boundary)
+    micro_batch: int = 0
+    samples_seen: int = 0
+    tokens_seen: int = 0
+    skipped_updates: int = 0
+    skipped_in_row: int = 0
+
+    def to_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+
+@dataclass
+class EpochResult:
+    """What one call of :func:`train_one_epoch` did."""
+
+    epoch: int
+    # optimizer updates made in this call
+    updates: int = 0
+    # windows dropped because their loss was not finite (``on_nonfinite='skip'``)
+    skipped: int = 0
+    # mean per-sample training loss over the call's real samples (all processes)
+    loss: float = float("nan")
+    samples: int = 0
+    tokens: int = 0
+    seconds: float = 0.0
+    # True when the call ended before the end of the epoch (max_updates or a callback)
+    stopped_early: bool = False
+    records: list[dict[str, Any]] = field(default_factory=list)
+
+
+def window_loss_scale(real_samples_in_window: int, accelerator) -> float:
+    """Factor applied to a micro-batch's *summed* loss before ``accelerator.backward``.
+
+    The update must apply ``(1 / N_w) * sum of per-sample gradients`` over the
+    window's ``N_w`` real samples on all processes. ``accelerator.backward``
+    divides by ``k`` and DDP (and FSDP/DeepSpeed) average gradients over the
+    ``P`` processes, so both are undone here: ``scale = k * P / N_w``.
+
+    Args:
+        real_samples_in_window: ``N_w`` (see :meth:`ShardLayout.real_in_window`).
+        accelerator: The run's ``Accelerator``.
+    """
+    return accelerator.gradient_accumulation_steps * accelerator.num_processes / real_samples_in_window
+
+
+def layout_for(dataloader, accelerator) -> ShardLayout:
+    """The :class:`ShardLayout` of a dataloader prepared by ``accelerator`` (or a plain one).
+
+    Raises:
+        ValueError: if the dataloader is not dealt out as the layout assumes
+            (``split_batches``, ``drop_last``, or a batch sampler of varying sizes).
+    """
+    num_processes = accelerator.num_processes
+    total = getattr(dataloader, "total_batch_size", None)
+    batch_size = total // num_processes if total else dataloader.batch_size
+    if batch_size is None:
+        raise ValueError("train_one_epoch needs a dataloader with a fixed batch_size")
+    layout = ShardLayout(len(dataloader.dataset), batch_size, num_processes, accelerator.process_index)
+    if len(dataloader) != layout.micro_batches_per_process:
+        raise ValueError(
+            f"dataloader has {len(dataloader)} micro-batches per process, expected "
+            f"{layout.micro_batches_per_process} for {layout.num_samples} samples, b={batch_size}, "
+            f"P={num_processes}: use drop_last=False and no split_batches"
+        )
+    return layout
+
+
+def _lr(optimizer) -> float:
+    return float(optimizer.param_groups[0]["lr"])
+
+
+def train_one_epoch(
+    model: torch.nn.Module,
+    optimizer,
+    scheduler,
+    dataloader,
+    accelerator,
+    epoch: int,
+    *,
+    state: Optional[TrainState] = None,
+    max_grad_norm: Optional[float] = None,
+    log_every: int = 1,
+    on_log: Optional[Callable[[dict[str, Any]], None]] = None,
+    on_update: Optional[Callable[[TrainState], bool]] = None,
+    max_updates: Optional[int] = None,
+    on_nonfinite: str = "stop",
+    max_skipped: int = 10,
+    progress=None,
+) -> EpochResult:
+    """Train one epoch with exact gradient accumulation.
+
+    Call it with objects already passed through ``accelerator.prepare`` (the
+    scheduler excepted: pass it unprepared, this function steps it once per
+    update). The accumulation steps ``k`` are ``accelerator.gradient_accumulation_steps``.
+
+    Args:
+        model: The prepared model; its ``forward`` must return ``.logits``.
+            The batch's ``labels`` are popped before the call, and the loss is
+            computed here (per-sample cross-entropy in float32).
+        optimizer: The prepared optimizer.
+        scheduler: A learning-rate scheduler sized in updates (or ``None``).
+        dataloader: The prepared training dataloader. Its sampler's
+            ``set_epoch`` is called with ``epoch``.
+        accelerator: The ``Accelerator``.
+        epoch: Epoch number (from 0), for the sampler and the records.
+        state: Counters carried across epochs and checkpoints; updated in
+            place. ``state.micro_batch > 0`` resumes mid-epoch after that many
+            micro-batches (must be a window boundary).
+        max_grad_norm: Clip the accumulated gradient's norm to this (``None``
+            or 0: measure the norm without clipping).
+        log_every: Write one record per this many updates, averaged over them.
+        on_log: Called with each record (a flat dict) on every process; the
+            caller decides who writes it.
+        on_update: Called after every update with ``state``; returning True
+            ends the epoch there (a window boundary), e.g. to checkpoint and stop.
+        max_updates: Stop once ``state.step`` reaches this (end of the schedule).
+        on_nonfinite: ``"stop"`` raises :class:`NonFiniteLossError`;
+            ``"skip"`` drops that update (no optimizer or scheduler step).
+        max_skipped: With ``"skip"``, raise after this many skipped updates in a row.
+        progress: Optional tqdm bar, advanced by one per update.
+
+    Returns:
+        An :class:`EpochResult`.
+
+    Raises:
+        NonFiniteLossError: on a NaN/inf loss under the ``stop`` policy, or too
+            many skips in a row.
+    """
+    state = state if state is not None else TrainState(epoch=epoch)
+    state.epoch = epoch
+    k = accelerator.gradient_accumulation_steps
+    layout = layout_for(dataloader, accelerator)
+    device = accelerator.device
+    sampler = getattr(dataloader, "sampler", None)
+    for obj in (sampler, getattr(getattr(dataloader, "batch_sampler", None), "sampler", None)):
+        if hasattr(obj, "set_epoch"):
+            obj.set_epoch(epoch)
+            break
+    if hasattr(dataloader, "set_epoch"):
+        dataloader.set_epoch(epoch)
+
+    start = state.micro_batch
+    if start % k != 0 and start != layout.micro_batches_per_process:
+        raise ValueError(f"cannot resume at micro-batch {start}: not a window boundary (k={k})")
+    batches = accelerator.skip_first_batches(dataloader, start) if start > 0 else dataloader
+    result = EpochResult(epoch=epoch)
+    model.train()
+    t0 = time.perf_counter()
+
+    # Device-side accumulators: no host sync per micro-batch. Index 0: summed
+    # loss of real samples, 1: real samples, 2: real non-pad tokens.
+    window_stats = torch.zeros(3, dtype=torch.float64, device=device)
+    first_bad = torch.full((), -1, dtype=torch.long, device=device)
+    log_stats = torch.zeros(3, dtype=torch.float64)
+    log_grad_norm = torch.zeros((), dtype=torch.float32, device=device)
+    log_lr_sum = 0.0
+    log_updates = 0
+    log_t0 = time.perf_counter()
+    epoch_loss_sum = 0.0  # over updates that happened (skipped windows excluded)
+    epoch_loss_samples = 0.0
+    window_real = 0
+
+    j = start - 1
+    for j, batch in enumerate(batches, start=start):
+        first, stop = layout.window_of(j, k)
+        if j == first:
+            window_real = layout.real_in_window(first, stop)
+            window_stats.zero_()
+            first_bad.fill_(-1)
+        labels = batch.pop("labels")
+        real = layout.real_in_micro_batch(j)
+        with accelerator.accumulate(model):
+            # Our window arithmetic and Accelerate's sync decision must agree,
+            # or an update would mix two windows.
+            if accelerator.sync_gradients != (j == stop - 1):
+                raise RuntimeError(
+                    f"accumulation out of step at micro-batch {j}: Accelerate sync="
+                    f"{accelerator.sync_gradients}, window ends at {stop - 1}"
+                )
+            outputs = model(**batch)
+            per_sample = F.cross_entropy(outputs.logits.float(), labels, reduction="none")
+            if real < labels.shape[0]:
+                # rows past `real` repeat earlier samples to even out processes: weight 0
+                keep = torch.arange(labels.shape[0], device=per_sample.device) < real
+                per_sample = torch.where(keep, per_sample, torch.zeros_like(per_sample))
+                tokens = batch["attention_mask"][:real].sum()
+            else:
+                tokens = batch["attention_mask"].sum()
+            loss_sum = per_sample.sum()
+            accelerator.backward(loss_sum * window_loss_scale(window_real, accelerator))
+            detached = loss_sum.detach()
+            window_stats[0] += detached.double()
+            window_stats[1] += real
+            window_stats[2] += tokens.double()
+            # remember the first non-finite micro-batch without a host sync
+            bad_now = (~torch.isfinite(detached)) & (first_bad < 0)
+            first_bad.copy_(torch.where(bad_now, torch.full_like(first_bad, j), first_bad))
+
+            if accelerator.sync_gradients:
+                # One collective and one host transfer per update: the window's loss,
+                # samples and tokens over all processes. Every process needs the loss to
+                # take the same decision on a non-finite update.
+                totals = accelerator.reduce(window_stats.clone(), reduction="sum").cpu()
+                window_loss = (totals[0] / totals[1]).item()
+                if not math.isfinite(window_loss):
+                    bad = int(first_bad.item())
+                    where = f"micro-batch {bad} on process {accelerator.process_index}" if bad >= 0 else (
+                        f"micro-batches {first}-{stop - 1} on another process"
+                    )
+                    if on_nonfinite == "stop":
+                        raise NonFiniteLossError(
+                            f"non-finite loss ({window_loss}) at update {state.step + 1} (epoch {epoch}, "
+                            f"first at {where}); stopping (training.on_nonfinite: skip drops such updates)"
+                        )
+                    optimizer.zero_grad(set_to_none=True)
+                    state.skipped_updates += 1
+                    state.skipped_in_row += 1
+                    result.skipped += 1
+                    if state.skipped_in_row >= max_skipped:
+                        raise NonFiniteLossError(
+                            f"{state.skipped_in_row} updates in a row had a non-finite loss (last at epoch "
+                            f"{epoch}, first at {where}); stopping (training.max_skipped)"
+                        )
+                else:
+                    state.skipped_in_row = 0
+                    lr = _lr(optimizer)
+                    grad_norm = accelerator.clip_grad_norm_(
+                        model.parameters(), max_grad_norm if max_grad_norm else float("inf")
+                    )
+                    optimizer.step()
+                    if scheduler is not None and not accelerator.optimizer_step_was_skipped:
+                        scheduler.step()
+                    optimizer.zero_grad(set_to_none=True)
+                    state.step += 1
+                    result.updates += 1
+                    log_stats += totals
+                    epoch_loss_sum += float(totals[0])
+                    epoch_loss_samples += float(totals[1])
+                    log_grad_norm += grad_norm.detach().float() if torch.is_tensor(grad_norm) else float(grad_norm)
+                    log_lr_sum += lr
+                    log_updates += 1
+                samples, tokens_total = int(totals[1]), int(totals[2])
+                state.samples_seen += samples
+                state.tokens_seen += tokens_total
+                result.samples += samples
+                result.tokens += tokens_total
+                state.micro_batch = stop
+
+                at_end = stop == layout.micro_batches_per_process
+                if log_updates and (log_updates >= log_every or at_end or state.step == max_updates):
+                    now = time.perf_counter()
+                    elapsed = max(now - log_t0, 1e-9)
+                    record = {
+                        "step": state.step,
+                        "epoch": epoch + stop / layout.micro_batches_per_process,
+                        "train/loss": float(log_stats[0] / log_stats[1]),
+                        "train/lr": log_lr_sum / log_updates,
+                        "train/grad_norm": log_grad_norm.item() / log_updates,  # host sync, once per record
+                        "train/samples": state.samples_seen,
+                        "train/tokens": state.tokens_seen,
+                        "train/samples_per_s": float(log_stats[1]) / elapsed,
+                        "train/tokens_per_s": float(log_stats[2]) / elapsed,
+                        "train/skipped_updates": state.skipped_updates,
+                    }
+                    result.records.append(record)
+                    if on_log is not None:
+                        on_log(record)
+                    if progress is not None:
+                        progress.set_postfix(loss=f"{record['train/loss']:.4f}", lr=f"{record['train/lr']:.2e}")
+                    log_stats.zero_()
+                    log_grad_norm.zero_()
+                    log_lr_sum = 0.0
+                    log_updates = 0
+                    log_t0 = now
+                if progress is not None:
+                    progress.update(1)
+                stop_now = bool(on_update(state)) if on_update is not None else False
+                if max_updates is not None and state.step >= max_updates:
+                    stop_now = True
+                if stop_now and not at_end:
+                    result.stopped_early = True
+                    break
+
+    if j + 1 >= layout.micro_batches_per_process:
+        # the epoch is complete: the next call starts the next epoch from its first micro-batch
+        state.micro_batch = 0
+        state.epoch = epoch + 1
+    result.seconds = time.perf_counter() - t0
+    result.loss = epoch_loss_sum / epoch_loss_samples if epoch_loss_samples else float("nan")
+    return result
+
+
+@torch.no_grad()
+def evaluate_model(model: torch.nn.Module, dataloader, accelerator, metrics=None) -> dict[str, float]:
+    """Loss and metrics of ``model`` on a prepared evaluation dataloader.
+
+    Per-sample losses, predictions and references are collected with
+    ``accelerator.gather_for_metrics``, which drops the samples Accelerate
+    repeated to even out processes: every example counts exactly once.
+
+    Args:
+        model: The prepared model.
+        dataloader: Prepared evaluation dataloader with ``labels`` in each batch.
+        accelerator: The ``Accelerator``.
+        metrics: A :class:`finetune.metrics.MetricSuite` (or anything with
+            ``compute(predictions, references) -> dict``); ``None`` for loss only.
+
+    Returns:
+        ``{"loss": ..., "num_samples": ..., <metric>: ...}`` as Python numbers.
+    """
+    was_training = model.training
+    model.eval()
+    losses, preds, refs = [], [], []
+    for batch in dataloader:
+        labels = batch.pop("labels")
+        logits = model(**batch).logits.float()
+        loss = F.cross_entropy(logits, labels, reduction="none")
+        loss, pred, ref = accelerator.gather_for_metrics((loss, logits.argmax(-1), labels))
+        losses.append(loss.cpu())
+        preds.append(pred.cpu())
+        refs.append(ref.cpu())
+    if was_training:
+        model.train()
+    if not losses:
+        return {"loss": float("nan"), "num_samples": 0}
+    all_loss = torch.cat(losses)
+    predictions = torch.cat(preds).numpy()
+    references = torch.cat(refs).numpy()
+    out: dict[str, float] = {"loss": all_loss.double().mean().item(), "num_samples": int(all_loss.numel())}
+    if metrics is not None:
+        out.update(metrics.compute(predictions, references))
+    return out

@@ -1,0 +1,103 @@
+"""AdamW and a learning-rate schedule sized in real optimizer updates.
+
+The schedule's length is the number of updates the run will make, counted on
+the prepared (per-process) dataloader: ``ceil(micro-batches / k)`` per epoch.
+Sizing it in micro-batches (or stepping it per micro-batch) would end the
+schedule ``k`` times too late; see ACCUMULATION.md §3.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+from transformers import get_scheduler
+
+from finetune.config import OptimConfig
+
+
+def build_optimizer(model: torch.nn.Module, cfg: OptimConfig) -> torch.optim.AdamW:
+    """AdamW with no weight decay on biases and normalisation weights.
+
+    Args:
+        model: The (unprepared) model.
+        cfg: The ``optim`` section.
+    """
+    no_decay: set[int] = set()
+    for module in model.modules():
+        # LayerNorm and friends: decaying their scale towards 0 hurts and is not what BERT did
+        if isinstance(module, (torch.nn.LayerNorm, torch.nn.GroupNorm)) or "norm" in type(module).__name__.lower():
+            no_decay.update(id(p) for p in module.parameters(recurse=False))
+    for name, param in model.named_parameters():
+        if name.endswith("bias"):
+            no_decay.add(id(param))
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    groups = [
+        {"params": [p for p in trainable if id(p) not in no_decay], "weight_decay": cfg.weight_decay},
+        {"params": [p for p in trainable if id(p) in no_decay], "weight_decay": 0.0},
+    ]
+    return torch.optim.AdamW(
+        [g for g in groups if g["params"]],
+        lr=cfg.learning_rate,
+        betas=(cfg.adam_beta1, cfg.adam_beta2),
+        eps=cfg.adam_epsilon,
+    )
+
+
+@dataclass(frozen=True)
+class UpdatePlan:
+    """How long the run is, in optimizer updates."""
+
+    updates_per_epoch: int
+    num_epochs: int
+    total_updates: int
+    warmup_updates: int
+
+
+def plan_updates(
+    micro_batches_per_epoch: int,
+    gradient_accumulation_steps: int,
+    num_train_epochs: Optional[float],
+    max_steps: Optional[int],
+    warmup_steps: int = 0,
+    warmup_ratio: float = 0.0,
+) -> UpdatePlan:
+    """Count the updates the run will really make.
+
+    Args:
+        micro_batches_per_epoch: ``len(prepared train dataloader)`` (per process).
+        gradient_accumulation_steps: ``k``.
+        num_train_epochs: Epochs (may be fractional); ``None`` means 1, or as
+            many as ``max_steps`` needs.
+        max_steps: Total updates, overriding epochs.
+        warmup_steps: Warmup in updates; wins over ``warmup_ratio`` when > 0.
+        warmup_ratio: Warmup as a fraction of the total updates.
+    """
+    per_epoch = math.ceil(micro_batches_per_epoch / gradient_accumulation_steps)
+    if per_epoch == 0:
+        raise ValueError("the training set yields no micro-batch")
+    if max_steps is not None:
+        total = max_steps
+        epochs = math.ceil(max_steps / per_epoch)
+    else:
+        n = 1.0 if num_train_epochs is None else num_train_epochs
+        total = max(1, math.ceil(n * per_epoch))
+        epochs = math.ceil(n)
+    warmup = warmup_steps if warmup_steps > 0 else math.ceil(warmup_ratio * total)
+    return UpdatePlan(per_epoch, epochs, total, min(warmup, total))
+
+
+def build_scheduler(optimizer: torch.optim.Optimizer, cfg: OptimConfig, plan: UpdatePlan):
+    """``transformers.get_scheduler`` sized in updates.
+
+    Step it once per update (``train_one_epoch`` does); do not pass it to
+    ``accelerator.prepare``, whose wrapper steps it once per process.
+    """
+    return get_scheduler(
+        cfg.lr_scheduler_type,
+        optimizer=optimizer,
+        num_warmup_steps=plan.warmup_updates,
+        num_training_steps=plan.total_updates,
+    )

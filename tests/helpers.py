@@ -1,0 +1,145 @@
+"""Tiny offline models and data for the tests: nothing here touches the network."""
+
+from __future__ import annotations
+
+import csv
+import os
+import random
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+
+REPO = Path(__file__).resolve().parent.parent
+
+WORDS = [
+    "free", "win", "prize", "cash", "call", "now", "claim", "urgent", "offer", "txt",
+    "hello", "see", "you", "later", "lunch", "home", "ok", "thanks", "love", "tonight",
+    "meeting", "work", "dinner", "sorry", "late", "tomorrow", "good", "morning", "night", "yes",
+]
+SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+
+
+def tiny_bert_config(num_labels: int = 2, dropout: float = 0.0, vocab_size: int = len(SPECIAL) + len(WORDS)):
+    from transformers import BertConfig
+
+    return BertConfig(
+        vocab_size=vocab_size,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=37,
+        max_position_embeddings=64,
+        hidden_dropout_prob=dropout,
+        attention_probs_dropout_prob=dropout,
+        num_labels=num_labels,
+    )
+
+
+def tiny_bert(num_labels: int = 2, seed: int = 0, dropout: float = 0.0):
+    """A 2-layer random BERT classifier (float32, dropout off by default)."""
+    from transformers import BertForSequenceClassification
+
+    torch.manual_seed(seed)
+    return BertForSequenceClassification(tiny_bert_config(num_labels, dropout))
+
+
+def save_tiny_model(directory: Path, num_labels: int = 2, seed: int = 0) -> Path:
+    """Save a tiny random BERT with a matching WordPiece tokenizer to ``directory``."""
+    from transformers import BertModel, BertTokenizerFast
+
+    directory.mkdir(parents=True, exist_ok=True)
+    vocab = directory / "vocab.txt"
+    vocab.write_text("\n".join(SPECIAL + WORDS) + "\n", encoding="utf-8")
+    tokenizer = BertTokenizerFast(vocab_file=str(vocab), do_lower_case=True, model_max_length=64)
+    tokenizer.save_pretrained(directory)
+    torch.manual_seed(seed)
+    # A bare encoder, like the embedded MiniLM: the classification head is created by fine-tuning.
+    model = BertModel(tiny_bert_config(num_labels))
+    model.config.architectures = ["BertModel"]
+    model.save_pretrained(directory, safe_serialization=True)
+    return directory
+
+
+def make_texts(n: int, seed: int = 0) -> list[tuple[str, str]]:
+    """``n`` (label, text) pairs; spam uses spam-ish words, so the task is learnable."""
+    rng = random.Random(seed)
+    rows = []
+    for i in range(n):
+        label = "spam" if rng.random() < 0.3 else "ham"
+        pool = WORDS[:10] if label == "spam" else WORDS[10:]
+        length = rng.randint(2, 20)
+        rows.append((label, " ".join(rng.choice(pool) if rng.random() < 0.8 else rng.choice(WORDS)
+                                     for _ in range(length))))
+    return rows
+
+
+def write_tsv(path: Path, rows: list[tuple[str, str]]) -> Path:
+    with open(path, "w", encoding="utf-8", newline="") as fh:
+        for label, text in rows:
+            fh.write(f"{label}\t{text}\n")
+    return path
+
+
+def write_csv(path: Path, rows: list[tuple[str, str]]) -> Path:
+    with open(path, "w", encoding="utf-8", newline="") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(["text", "label"])
+        for label, text in rows:
+            writer.writerow([text, label])
+    return path
+
+
+def token_dataset(n: int, seed: int = 0, vocab: int = 35, max_len: int = 24, num_labels: int = 2):
+    """``n`` pre-tokenized samples of varying length (for loop-level tests)."""
+    g = torch.Generator().manual_seed(seed)
+    items = []
+    for _ in range(n):
+        length = int(torch.randint(3, max_len, (1,), generator=g))
+        ids = torch.randint(5, vocab, (length,), generator=g).tolist()
+        items.append({"input_ids": [2] + ids + [3], "labels": int(torch.randint(0, num_labels, (1,), generator=g))})
+    return items
+
+
+def pad_collate(items: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+    width = max(len(x["input_ids"]) for x in items)
+    ids = torch.zeros(len(items), width, dtype=torch.long)
+    mask = torch.zeros(len(items), width, dtype=torch.long)
+    for i, x in enumerate(items):
+        ids[i, : len(x["input_ids"])] = torch.tensor(x["input_ids"])
+        mask[i, : len(x["input_ids"])] = 1
+    return {"input_ids": ids, "attention_mask": mask, "labels": torch.tensor([x["labels"] for x in items])}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def offline_env(extra: Optional[dict[str, str]] = None) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        HF_HUB_OFFLINE="1",
+        HF_DATASETS_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        TOKENIZERS_PARALLELISM="false",
+        OMP_NUM_THREADS="1",
+        PYTHONPATH=str(REPO) + os.pathsep + env.get("PYTHONPATH", ""),
+    )
+    env.update(extra or {})
+    return env
+
+
+def run_cli(args: list[str], timeout: float = 300, env: Optional[dict[str, str]] = None,
+            launcher: Optional[list[str]] = None) -> subprocess.CompletedProcess:
+    """Run ``accelerate launch finetune/train.py ARGS`` (or another launcher) in a subprocess."""
+    launcher = launcher or [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "1",
+                            "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
+    return subprocess.run(
+        launcher + [str(REPO / "finetune" / "train.py")] + args,
+        cwd=REPO, env=offline_env(env), capture_output=True, text=True, timeout=timeout,
+    )

@@ -1,0 +1,256 @@
+"""The accumulation contract in one process (ACCUMULATION.md §1, §3, §4, §5).
+
+A run with micro-batch ``b`` and ``k`` accumulation steps must match the run
+with one big batch ``b*k`` after every update, on a data set whose last window
+is ragged and whose last micro-batch is short.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.utils.data import DataLoader
+
+from finetune.config import OptimConfig
+from finetune.loop import TrainState, train_one_epoch
+from finetune.optimization import build_optimizer, build_scheduler, plan_updates
+from finetune.sampling import EpochSampler, ShardLayout
+from helpers import pad_collate, tiny_bert, token_dataset
+
+# 76 samples: with b=8 that is 10 micro-batches (the last holds 4), so k=4 gives
+# windows of 4, 4 and 2 micro-batches: a ragged last window and a short last micro-batch.
+N = 76
+B = 32
+
+
+def _run(b: int, k: int, epochs: int = 2, lr: float = 1e-3, schedule: str = "linear", warmup: int = 1,
+         max_grad_norm=None, data=None, mixed_precision="no"):
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState, GradientState
+
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+    acc = Accelerator(cpu=True, gradient_accumulation_steps=k, mixed_precision=mixed_precision)
+    data = data if data is not None else token_dataset(N, seed=1)
+    model = tiny_bert(seed=0)
+    opt_cfg = OptimConfig(learning_rate=lr, lr_scheduler_type=schedule, warmup_steps=warmup, weight_decay=0.01)
+    optimizer = build_optimizer(model, opt_cfg)
+    sampler = EpochSampler(len(data), seed=7, window_size=b * k)
+    dl = DataLoader(data, batch_size=b, sampler=sampler, collate_fn=pad_collate)
+    model, optimizer, dl = acc.prepare(model, optimizer, dl)
+    plan = plan_updates(len(dl), k, epochs, None, warmup_steps=warmup)
+    scheduler = build_scheduler(optimizer, opt_cfg, plan)
+    snapshots, lrs_before = [], []
+    scheduler_calls = {"n": 0}
+    original_step = scheduler.step
+
+    def counting_step(*a, **kw):
+        scheduler_calls["n"] += 1
+        return original_step(*a, **kw)
+
+    scheduler.step = counting_step
+
+    def on_update(state):
+        snapshots.append({n: p.detach().clone() for n, p in acc.unwrap_model(model).named_parameters()})
+        return False
+
+    records = []
+    state = TrainState()
+    for epoch in range(epochs):
+        train_one_epoch(model, optimizer, scheduler, dl, acc, epoch, state=state, max_grad_norm=max_grad_norm,
+                        on_log=records.append, on_update=on_update)
+    return dict(snapshots=snapshots, records=records, state=state, plan=plan, scheduler=scheduler,
+                scheduler_calls=scheduler_calls["n"], optimizer=optimizer, model=model, acc=acc, data=data)
+
+
+def _assert_same_weights(a, b, rtol=1e-5, atol=1e-7):
+    assert len(a) == len(b)
+    for update, (sa, sb) in enumerate(zip(a, b)):
+        for name in sa:
+            torch.testing.assert_close(sa[name], sb[name], rtol=rtol, atol=atol,
+                                       msg=lambda m: f"update {update}, {name}: {m}")
+
+
+def test_layout_counts_real_samples():
+    layout = ShardLayout(num_samples=N, batch_size=8)
+    assert layout.micro_batches_per_process == 10
+    assert [layout.real_in_micro_batch(j) for j in range(10)] == [8] * 9 + [4]
+    assert layout.windows(4) == [(0, 4), (4, 8), (8, 10)]
+    assert [layout.real_in_window(a, b) for a, b in layout.windows(4)] == [32, 32, 12]
+    # two processes, b=4: 19 global batches, the 20th is all repeats
+    two = ShardLayout(num_samples=N, batch_size=4, num_processes=2, process_index=1)
+    assert two.micro_batches_per_process == 10
+    assert two.real_in_micro_batch(9, process_index=0) == 4
+    assert two.real_in_micro_batch(9, process_index=1) == 0
+    assert [two.real_in_window(a, b) for a, b in two.windows(4)] == [32, 32, 12]
+
+
+@pytest.mark.parametrize("max_grad_norm", [None, 0.02])
+def test_accumulated_windows_equal_big_batch_after_every_update(fresh_accelerate_state, max_grad_norm):
+    big = _run(b=32, k=1, max_grad_norm=max_grad_norm)
+    small = _run(b=8, k=4, max_grad_norm=max_grad_norm)
+    # 3 updates per epoch (32, 32, 12 samples), 2 epochs
+    assert len(big["snapshots"]) == len(small["snapshots"]) == 6
+    _assert_same_weights(big["snapshots"], small["snapshots"])
+    if max_grad_norm:
+        # clipping really happened: norms above the threshold were logged
+        assert all(r["train/grad_norm"] > max_grad_norm for r in small["records"])
+        for rb, rs in zip(big["records"], small["records"]):
+            assert rs["train/grad_norm"] == pytest.approx(rb["train/grad_norm"], rel=1e-5)
+
+
+def test_textbook_loss_over_k_differs_on_ragged_window(fresh_accelerate_state):
+    """The comparison above is sensitive: the textbook recipe (mean loss / k) fails it."""
+    from accelerate import Accelerator
+
+    data = token_dataset(N, seed=1)
+    big = _run(b=32, k=1, epochs=1)
+
+    acc = Accelerator(cpu=True, gradient_accumulation_steps=4)
+    model = tiny_bert(seed=0)
+    opt_cfg = OptimConfig(learning_rate=1e-3, warmup_steps=1, weight_decay=0.01)
+    optimizer = build_optimizer(model, opt_cfg)
+    dl = DataLoader(data, batch_size=8, sampler=EpochSampler(N, seed=7, window_size=32), collate_fn=pad_collate)
+    model, optimizer, dl = acc.prepare(model, optimizer, dl)
+    scheduler = build_scheduler(optimizer, opt_cfg, plan_updates(len(dl), 4, 1, None, warmup_steps=1))
+    dl.sampler.set_epoch(0) if hasattr(dl.sampler, "set_epoch") else None
+    dl.batch_sampler.sampler.set_epoch(0)
+    snaps = []
+    for batch in dl:
+        with acc.accumulate(model):
+            labels = batch.pop("labels")
+            loss = F.cross_entropy(model(**batch).logits, labels)
+            acc.backward(loss)
+            if acc.sync_gradients:
+                optimizer.step()
+                scheduler.step()
+                optimizer.zero_grad()
+                snaps.append({n: p.detach().clone() for n, p in acc.unwrap_model(model).named_parameters()})
+    assert len(snaps) == 3
+    _assert_same_weights(big["snapshots"][:2], snaps[:2], rtol=1e-4, atol=1e-6)  # full windows agree
+    with pytest.raises(AssertionError):
+        _assert_same_weights(big["snapshots"][2:3], snaps[2:3])  # the ragged one does not
+
+
+def test_scheduler_counts_updates(fresh_accelerate_state):
+    run = _run(b=8, k=4, epochs=2, warmup=2)
+    plan = run["plan"]
+    assert plan.updates_per_epoch == 3 and plan.total_updates == 6
+    assert run["state"].step == 6
+    # stepped once per update, never per micro-batch
+    assert run["scheduler_calls"] == 6
+    # update j used schedule(j): linear warmup over 2 updates, then linear decay to 0 at update 6
+    expected = [1e-3 * (j / 2 if j < 2 else (6 - j) / (6 - 2)) for j in range(6)]
+    logged = [r["train/lr"] for r in run["records"]]
+    assert logged == pytest.approx(expected, rel=1e-9, abs=1e-15)
+    # after the last update the schedule sits at its end value, and got there no earlier
+    assert run["optimizer"].param_groups[0]["lr"] == pytest.approx(0.0, abs=1e-15)
+    assert logged[0] == 0.0  # transformers' warmup starts from 0 at update 0
+    assert min(logged[1:]) > 0  # ...and the decay reaches 0 only after the last update
+
+
+def test_logged_loss_is_the_big_batch_loss(fresh_accelerate_state):
+    big = _run(b=32, k=1, epochs=1, lr=1e-3)
+    small = _run(b=8, k=4, epochs=1, lr=1e-3)
+    assert [r["step"] for r in small["records"]] == [1, 2, 3]
+    for rb, rs in zip(big["records"], small["records"]):
+        assert rs["train/loss"] == pytest.approx(rb["train/loss"], rel=1e-5)
+    # and it is the mean per-sample loss of the first window under the initial weights
+    data = small["data"]
+    order = EpochSampler(N, seed=7, window_size=32).order()
+    model = tiny_bert(seed=0).eval()
+    with torch.no_grad():
+        window = pad_collate([data[i] for i in order[:32]])
+        labels = window.pop("labels")
+        expected = F.cross_entropy(model(**window).logits, labels).item()
+    assert small["records"][0]["train/loss"] == pytest.approx(expected, rel=1e-5)
+    # samples and tokens are counted once: every sample of the epoch, no more
+    assert small["records"][-1]["train/samples"] == N
+    tokens = sum(len(x["input_ids"]) for x in data)
+    assert small["records"][-1]["train/tokens"] == tokens
+
+
+def test_log_every_averages_over_updates(fresh_accelerate_state):
+    from accelerate import Accelerator
+
+    every = _run(b=8, k=4, epochs=2)["records"]
+    acc = Accelerator(cpu=True, gradient_accumulation_steps=4)
+    data = token_dataset(N, seed=1)
+    model = tiny_bert(seed=0)
+    opt_cfg = OptimConfig(learning_rate=1e-3, warmup_steps=1, weight_decay=0.01)
+    optimizer = build_optimizer(model, opt_cfg)
+    dl = DataLoader(data, batch_size=8, sampler=EpochSampler(N, seed=7, window_size=32), collate_fn=pad_collate)
+    model, optimizer, dl = acc.prepare(model, optimizer, dl)
+    scheduler = build_scheduler(optimizer, opt_cfg, plan_updates(len(dl), 4, 2, None, warmup_steps=1))
+    records, state = [], TrainState()
+    for epoch in range(2):
+        train_one_epoch(model, optimizer, scheduler, dl, acc, epoch, state=state, log_every=2, on_log=records.append)
+    # 3 updates per epoch, log_every=2: records at updates 2, 3 (epoch end), 5, 6
+    assert [r["step"] for r in records] == [2, 3, 5, 6]
+    # the record of updates 1-2 is the sample-weighted mean of their losses (32 samples each)
+    assert records[0]["train/loss"] == pytest.approx((every[0]["train/loss"] + every[1]["train/loss"]) / 2, rel=1e-6)
+    assert records[0]["train/lr"] == pytest.approx((every[0]["train/lr"] + every[1]["train/lr"]) / 2, rel=1e-9)
+
+
+def test_first_update_after_exactly_k_micro_batches(fresh_accelerate_state):
+    from accelerate import Accelerator
+
+    acc = Accelerator(cpu=True, gradient_accumulation_steps=4)
+    data = token_dataset(N, seed=1)
+    model = tiny_bert(seed=0)
+    optimizer = build_optimizer(model, OptimConfig(learning_rate=1e-3))
+    dl = DataLoader(data, batch_size=8, sampler=EpochSampler(N, seed=7), collate_fn=pad_collate)
+    model, optimizer, dl = acc.prepare(model, optimizer, dl)
+    seen = {"batches": 0}
+    forward = model.forward
+
+    def counting_forward(*a, **kw):
+        seen["batches"] += 1
+        return forward(*a, **kw)
+
+    model.forward = counting_forward
+    at_update = []
+    train_one_epoch(model, optimizer, None, dl, acc, 0,
+                    on_update=lambda s: at_update.append(seen["batches"]) and False)
+    assert at_update == [4, 8, 10]
+
+
+def test_same_seed_same_weights(fresh_accelerate_state):
+    a = _run(b=8, k=4, epochs=1)
+    b = _run(b=8, k=4, epochs=1)
+    for name, tensor in a["snapshots"][-1].items():
+        assert torch.equal(tensor, b["snapshots"][-1][name])
+
+
+def test_length_grouped_order_pads_less_and_stays_random():
+    lengths = [int(x) for x in torch.randint(1, 100, (203,), generator=torch.Generator().manual_seed(0))]
+    s1 = EpochSampler(203, seed=3, lengths=lengths, group_by_length=True, window_size=32, group_windows=4)
+    order = s1.order()
+    assert sorted(order) == list(range(203))
+
+    def padding(o):  # padded positions in micro-batches of 8
+        return sum(len(mb) * max(lengths[i] for i in mb) - sum(lengths[i] for i in mb)
+                   for mb in (o[i : i + 8] for i in range(0, len(o), 8)))
+
+    assert padding(order) < padding(EpochSampler(203, seed=3).order()) / 3
+    windows = [order[i : i + 32] for i in range(0, 203, 32)]
+    # a new epoch gives a new order; the same epoch the same order
+    s1.set_epoch(1)
+    assert s1.order() != order
+    s1.set_epoch(0)
+    assert s1.order() == order
+    # the short window stays last
+    assert len(windows[-1]) == 203 % 32
+
+
+def test_plan_updates_sizes_in_updates():
+    plan = plan_updates(10, 4, 3, None, warmup_ratio=0.1)
+    assert (plan.updates_per_epoch, plan.total_updates, plan.num_epochs, plan.warmup_updates) == (3, 9, 3, 1)
+    plan = plan_updates(10, 4, None, 7)
+    assert (plan.total_updates, plan.num_epochs) == (7, 3)
+    plan = plan_updates(10, 1, 1.5, None)
+    assert (plan.total_updates, plan.num_epochs) == (15, 2)
+    assert math.ceil(10 / 4) == plan_updates(10, 4, 1, None).total_updates
