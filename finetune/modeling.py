@@ -1,0 +1,93 @@
+"""Load the tokenizer and the sequence-classification model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+from finetune.config import ModelConfig
+from finetune.errors import ModelError
+from finetune.resources import resolve_path
+
+
+def _location(name_or_path: str, key: str) -> str:
+    """Resolve ``pkg:`` specs; check local paths; pass Hub ids (``name``, ``org/name``) through."""
+    location = resolve_path(name_or_path, key)
+    path = Path(location).expanduser()
+    if path.exists():
+        if path.is_dir() and not (path / "config.json").is_file():
+            raise ModelError(f"{key}: {location} is a directory but not a model (no config.json)")
+        return str(path)
+    if location.startswith((".", "/", "~")) or location.count("/") > 1:
+        raise ModelError(f"{key}: model path not found: {location}")
+    return location
+
+
+def load_tokenizer(cfg: ModelConfig):
+    """The tokenizer of ``model.tokenizer_name_or_path`` (or the model's)."""
+    from transformers import AutoTokenizer
+
+    key = "model.tokenizer_name_or_path" if cfg.tokenizer_name_or_path else "model.name_or_path"
+    location = _location(cfg.tokenizer_name_or_path or cfg.name_or_path, key)
+    try:
+        return AutoTokenizer.from_pretrained(
+            location, revision=cfg.revision, trust_remote_code=cfg.trust_remote_code
+        )
+    except (OSError, ValueError) as exc:
+        raise ModelError(f"{key}: cannot load a tokenizer from {location}: {_first_line(exc)}") from None
+
+
+def load_model(cfg: ModelConfig, id2label: dict[int, str], max_length: Optional[int] = None):
+    """``AutoModelForSequenceClassification`` with the data's labels.
+
+    Args:
+        cfg: The ``model`` section.
+        id2label: Class ids to names, from the training data.
+        max_length: ``data.max_length``, checked against the model's position limit.
+
+    Raises:
+        ModelError: for a missing path, a directory that is not a model, a
+            head whose size disagrees with the labels (unless
+            ``model.ignore_mismatched_sizes``), or a too-long ``max_length``.
+    """
+    from transformers import AutoConfig, AutoModelForSequenceClassification
+
+    location = _location(cfg.name_or_path, "model.name_or_path")
+    label2id = {name: i for i, name in id2label.items()}
+    try:
+        config = AutoConfig.from_pretrained(location, revision=cfg.revision, trust_remote_code=cfg.trust_remote_code)
+    except (OSError, ValueError) as exc:
+        raise ModelError(f"model.name_or_path: cannot load {location}: {_first_line(exc)}") from None
+    limit = getattr(config, "max_position_embeddings", None)
+    if max_length is not None and limit is not None and max_length > limit:
+        raise ModelError(f"data.max_length: {max_length} exceeds the model's position limit {limit}")
+    trained_labels = getattr(config, "id2label", None) or {}
+    has_head = any(a.endswith("ForSequenceClassification") for a in (config.architectures or []))
+    if has_head and len(trained_labels) != len(id2label) and not cfg.ignore_mismatched_sizes:
+        raise ModelError(
+            f"model.name_or_path: {location} was trained with {len(trained_labels)} labels, the data has "
+            f"{len(id2label)}",
+            hint="set model.ignore_mismatched_sizes: true to start a new classification head",
+        )
+    config.num_labels = len(id2label)
+    config.id2label = dict(id2label)
+    config.label2id = label2id
+    if cfg.dropout is not None:
+        for name in ("hidden_dropout_prob", "attention_probs_dropout_prob", "classifier_dropout"):
+            if hasattr(config, name):
+                setattr(config, name, cfg.dropout)
+    try:
+        return AutoModelForSequenceClassification.from_pretrained(
+            location,
+            config=config,
+            revision=cfg.revision,
+            trust_remote_code=cfg.trust_remote_code,
+            ignore_mismatched_sizes=cfg.ignore_mismatched_sizes,
+        )
+    except (OSError, ValueError) as exc:
+        raise ModelError(f"model.name_or_path: cannot load {location}: {_first_line(exc)}") from None
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__

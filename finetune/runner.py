@@ -1,0 +1,382 @@
+"""Build a run from a :class:`~finetune.config.Config` and drive it epoch by epoch.
+
+``train.py`` and the notebooks use the same public helpers:
+
+* :func:`build_accelerator` and :func:`resolve_batching` fix ``b``, ``k`` and ``P``;
+* :func:`setup_run` loads tokenizer, data, model, optimizer, dataloaders and
+  schedule and prepares them with Accelerate;
+* :func:`fit` trains all epochs with :func:`finetune.loop.train_one_epoch`,
+  evaluates, logs and saves.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import torch
+
+from finetune.config import Config, TrainingConfig, save_config
+from finetune.errors import ConfigError, LaunchError
+from finetune.loop import EpochResult, TrainState, evaluate_model, layout_for, train_one_epoch
+from finetune.optimization import UpdatePlan, build_optimizer, build_scheduler, plan_updates
+from finetune.sampling import EpochSampler
+from finetune.tracking import RunLogger, flat_hparams
+
+logger = logging.getLogger("finetune")
+
+METRICS_FILE = "metrics.json"
+CONFIG_FILE = "config.yaml"
+
+
+@dataclass(frozen=True)
+class Batching:
+    """Micro-batch ``b``, accumulation ``k``, processes ``P`` and effective batch ``B = b*k*P``."""
+
+    per_device_batch_size: int
+    gradient_accumulation_steps: int
+    num_processes: int
+
+    @property
+    def effective_batch_size(self) -> int:
+        return self.per_device_batch_size * self.gradient_accumulation_steps * self.num_processes
+
+
+def resolve_batching(training: TrainingConfig, num_processes: int) -> Batching:
+    """Derive ``k`` from ``effective_batch_size`` (or take it as given) for ``P`` processes.
+
+    Raises:
+        ConfigError: if ``B`` is not divisible by ``b * P``, or both keys are
+            given and disagree.
+    """
+    b = training.per_device_train_batch_size
+    k = training.gradient_accumulation_steps
+    B = training.effective_batch_size
+    if B is None:
+        return Batching(b, k or 1, num_processes)
+    if B % (b * num_processes) != 0:
+        raise ConfigError(
+            f"training.effective_batch_size: {B} is not a multiple of per_device_train_batch_size ({b}) "
+            f"x processes ({num_processes})"
+        )
+    derived = B // (b * num_processes)
+    if k is not None and k != derived:
+        raise ConfigError(
+            f"training.gradient_accumulation_steps: {k} contradicts effective_batch_size {B} = "
+            f"{b} x {num_processes} processes x {derived}; set only one of them"
+        )
+    return Batching(b, derived, num_processes)
+
+
+def build_accelerator(cfg: Config, project_dir: Optional[str] = None):
+    """An ``Accelerator`` with ``k`` resolved for the launched process count.
+
+    Raises:
+        ConfigError: if the effective batch cannot be split over the processes.
+        LaunchError: if the precision cannot run on this hardware (fp16 without a GPU).
+    """
+    from accelerate import Accelerator, PartialState
+
+    state = PartialState()
+    if cfg.training.mixed_precision == "fp16" and state.device.type == "cpu":
+        raise LaunchError(
+            "training.mixed_precision: fp16 needs a GPU; this process runs on the CPU (use bf16 or no)"
+        )
+    batching = resolve_batching(cfg.training, state.num_processes)
+    return Accelerator(
+        gradient_accumulation_steps=batching.gradient_accumulation_steps,
+        mixed_precision=cfg.training.mixed_precision,
+        log_with=cfg.logging.report_to or None,
+        project_dir=project_dir or cfg.output.output_dir,
+    )
+
+
+@dataclass
+class Run:
+    """Everything a run is made of, prepared by Accelerate (the scheduler excepted)."""
+
+    cfg: Config
+    accelerator: Any
+    batching: Batching
+    tokenizer: Any
+    labels: Any
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    train_dataloader: Any
+    eval_dataloader: Any
+    metrics: Any
+    plan: UpdatePlan
+    state: TrainState = field(default_factory=TrainState)
+
+
+def _collator(tokenizer, accelerator):
+    from transformers import DataCollatorWithPadding
+
+    # multiples of 8 let GPU tensor cores work on padded shapes; on the CPU it only adds padding
+    multiple = 8 if accelerator.device.type == "cuda" else None
+    return DataCollatorWithPadding(tokenizer, pad_to_multiple_of=multiple)
+
+
+def build_dataloaders(cfg: Config, tokenized, tokenizer, accelerator, batching: Batching):
+    """Training and evaluation dataloaders (unprepared).
+
+    The training order comes from :class:`~finetune.sampling.EpochSampler`;
+    evaluation runs over the validation set sorted by length (the order does
+    not matter to the metrics, and sorting pads least).
+    """
+    from torch.utils.data import DataLoader
+
+    collate = _collator(tokenizer, accelerator)
+    train = tokenized["train"]
+    lengths = train["length"]
+    train = train.remove_columns(["length"])
+    sampler = EpochSampler(
+        len(train),
+        seed=cfg.training.seed,
+        lengths=lengths,
+        group_by_length=cfg.data.group_by_length,
+        window_size=batching.effective_batch_size,
+    )
+    pin = accelerator.device.type == "cuda"
+    train_dl = DataLoader(
+        train,
+        batch_size=batching.per_device_batch_size,
+        sampler=sampler,
+        collate_fn=collate,
+        drop_last=False,
+        num_workers=cfg.data.num_workers,
+        pin_memory=pin,
+        persistent_workers=cfg.data.num_workers > 0,
+    )
+    eval_dl = None
+    if "validation" in tokenized:
+        val = tokenized["validation"].sort("length", reverse=True).remove_columns(["length"])
+        eval_dl = DataLoader(
+            val, batch_size=cfg.training.per_device_eval_batch_size, collate_fn=collate, pin_memory=pin
+        )
+    return train_dl, eval_dl
+
+
+def setup_run(cfg: Config, accelerator=None) -> Run:
+    """Load and prepare everything the config describes.
+
+    Nothing is written to ``output.output_dir`` here, so a bad data file or
+    model path fails before any earlier output is touched.
+
+    Args:
+        cfg: A validated config (see :func:`finetune.config.load_config`).
+        accelerator: An existing ``Accelerator`` (its ``gradient_accumulation_steps``
+            must match the config); built with :func:`build_accelerator` when ``None``.
+
+    Returns:
+        A :class:`Run` whose model, optimizer and dataloaders are prepared.
+    """
+    from accelerate.utils import set_seed
+
+    from finetune.data import load_splits, tokenize_splits
+    from finetune.metrics import MetricSuite
+    from finetune.modeling import load_model, load_tokenizer
+
+    accelerator = accelerator or build_accelerator(cfg)
+    batching = resolve_batching(cfg.training, accelerator.num_processes)
+    if accelerator.gradient_accumulation_steps != batching.gradient_accumulation_steps:
+        raise ConfigError(
+            f"training.gradient_accumulation_steps: the Accelerator accumulates "
+            f"{accelerator.gradient_accumulation_steps} steps, the config {batching.gradient_accumulation_steps}"
+        )
+    set_seed(cfg.training.seed)
+
+    tokenizer = load_tokenizer(cfg.model)
+    with accelerator.main_process_first():
+        splits, labels = load_splits(cfg.data, seed=cfg.training.seed)
+        tokenized = tokenize_splits(splits, tokenizer, cfg.data.max_length)
+    model = load_model(cfg.model, labels.id2label, max_length=cfg.data.max_length)
+
+    pos_label = None
+    if cfg.evaluation.average == "binary":
+        if cfg.evaluation.positive_label not in labels.label2id:
+            raise ConfigError(
+                f"evaluation.positive_label: {cfg.evaluation.positive_label!r} is not a label of the data "
+                f"({', '.join(labels.names)})"
+            )
+        pos_label = labels.label2id[cfg.evaluation.positive_label]
+    metrics = MetricSuite(cfg.evaluation.metrics, len(labels), cfg.evaluation.average, pos_label)
+
+    train_dl, eval_dl = build_dataloaders(cfg, tokenized, tokenizer, accelerator, batching)
+    optimizer = build_optimizer(model, cfg.optim)
+    if eval_dl is not None:
+        model, optimizer, train_dl, eval_dl = accelerator.prepare(model, optimizer, train_dl, eval_dl)
+    else:
+        model, optimizer, train_dl = accelerator.prepare(model, optimizer, train_dl)
+    layout = layout_for(train_dl, accelerator)
+    plan = plan_updates(
+        layout.micro_batches_per_process,
+        batching.gradient_accumulation_steps,
+        cfg.training.num_train_epochs,
+        cfg.training.max_steps,
+        cfg.optim.warmup_steps,
+        cfg.optim.warmup_ratio,
+    )
+    scheduler = build_scheduler(optimizer, cfg.optim, plan)
+    # Not prepared (its wrapper steps P times per call); saved with the checkpoints all the same.
+    accelerator.register_for_checkpointing(scheduler)
+    return Run(cfg, accelerator, batching, tokenizer, labels, model, optimizer, scheduler, train_dl, eval_dl,
+               metrics, plan)
+
+
+def describe(run: Run) -> str:
+    """One start-up line: processes, backend, device, b/k/P/B, updates."""
+    acc = run.accelerator
+    b = run.batching
+    backend = getattr(acc.state, "backend", None) or "none"
+    return (
+        f"processes={acc.num_processes} backend={backend} device={acc.device} "
+        f"precision={acc.mixed_precision} b={b.per_device_batch_size} k={b.gradient_accumulation_steps} "
+        f"P={b.num_processes} effective_batch={b.effective_batch_size} "
+        f"train_samples={len(run.train_dataloader.dataset)} updates={run.plan.total_updates} "
+        f"({run.plan.updates_per_epoch}/epoch x {run.plan.num_epochs} epochs, warmup {run.plan.warmup_updates})"
+    )
+
+
+def check_output_dir(cfg: Config) -> None:
+    """Refuse to write into a non-empty output directory unless told to.
+
+    Raises:
+        ConfigError: if ``output.output_dir`` exists, is not empty, and neither
+            ``output.resume_from`` nor ``output.overwrite`` is set.
+    """
+    out = Path(cfg.output.output_dir)
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"output.output_dir: {out} exists and is not a directory")
+    if out.is_dir() and any(out.iterdir()) and not (cfg.output.resume_from or cfg.output.overwrite):
+        raise ConfigError(
+            f"output.output_dir: {out} is not empty; set output.resume_from=latest to continue it "
+            f"or output.overwrite=true to write over it"
+        )
+
+
+def save_model(run: Run, directory: str | os.PathLike) -> None:
+    """Save model (safetensors) and tokenizer so ``transformers.pipeline`` can load them."""
+    acc = run.accelerator
+    acc.wait_for_everyone()
+    unwrapped = acc.unwrap_model(run.model)
+    state_dict = acc.get_state_dict(run.model)
+    if acc.is_main_process:
+        unwrapped.save_pretrained(directory, state_dict=state_dict, safe_serialization=True)
+        run.tokenizer.save_pretrained(directory)
+    acc.wait_for_everyone()
+
+
+def fit(
+    run: Run,
+    on_epoch_end: Optional[Callable[[int, dict[str, Any]], None]] = None,
+    on_update: Optional[Callable[[TrainState], bool]] = None,
+) -> dict[str, Any]:
+    """Train all epochs, evaluate after each, log, and save the final model.
+
+    Args:
+        run: From :func:`setup_run`.
+        on_epoch_end: Called with ``(epoch, eval metrics)`` after each evaluation.
+        on_update: Passed to :func:`train_one_epoch` (checkpoints, interruption).
+
+    Returns:
+        ``{"train": {...}, "eval": {...}, "epochs": [...]}`` as written to ``metrics.json``.
+    """
+    from tqdm.auto import tqdm
+
+    cfg, acc = run.cfg, run.accelerator
+    out = Path(cfg.output.output_dir)
+    if acc.is_main_process:
+        out.mkdir(parents=True, exist_ok=True)
+        save_config(cfg, out / CONFIG_FILE)
+    use_trackers = bool(cfg.logging.report_to)
+    if use_trackers:
+        acc.init_trackers(cfg.logging.project_name, config=flat_hparams(cfg.to_dict()))
+    resuming = run.state.step > 0 or run.state.micro_batch > 0 or run.state.epoch > 0
+    log = RunLogger(acc, out, use_trackers=use_trackers, resume_step=run.state.step if resuming else None)
+    progress = tqdm(
+        total=run.plan.total_updates,
+        initial=run.state.step,
+        disable=not (acc.is_main_process and cfg.logging.progress_bar),
+        desc="train",
+        unit="update",
+        dynamic_ncols=True,
+    )
+    history: list[dict[str, Any]] = []
+    results: list[EpochResult] = []
+    try:
+        for epoch in range(run.state.epoch, run.plan.num_epochs):
+            if run.state.step >= run.plan.total_updates:
+                break
+            result = train_one_epoch(
+                run.model,
+                run.optimizer,
+                run.scheduler,
+                run.train_dataloader,
+                acc,
+                epoch,
+                state=run.state,
+                max_grad_norm=cfg.training.max_grad_norm,
+                log_every=cfg.logging.log_every,
+                on_log=log.log,
+                on_update=on_update,
+                max_updates=run.plan.total_updates,
+                on_nonfinite=cfg.training.on_nonfinite,
+                max_skipped=cfg.training.max_skipped,
+                progress=progress,
+            )
+            results.append(result)
+            logger.info(
+                "epoch %d: %d updates, loss %.4f, %d samples in %.1fs",
+                epoch, result.updates, result.loss, result.samples, result.seconds,
+            )
+            if result.stopped_early and run.state.step < run.plan.total_updates:
+                # a callback asked to stop (interruption): no evaluation of a partial epoch
+                return {"stopped": True, "step": run.state.step}
+            if run.eval_dataloader is not None and cfg.training.eval_each_epoch:
+                metrics = evaluate_model(run.model, run.eval_dataloader, acc, run.metrics)
+                record = {"step": run.state.step, "epoch": epoch + 1, **{f"eval/{k}": v for k, v in metrics.items()}}
+                log.log(record)
+                history.append(record)
+                logger.info("epoch %d eval: %s", epoch, _fmt(metrics))
+                if on_epoch_end is not None:
+                    on_epoch_end(epoch, metrics)
+    finally:
+        progress.close()
+
+    final = history[-1] if history else {}
+    if run.eval_dataloader is not None and not cfg.training.eval_each_epoch:
+        metrics = evaluate_model(run.model, run.eval_dataloader, acc, run.metrics)
+        final = {"step": run.state.step, **{f"eval/{k}": v for k, v in metrics.items()}}
+        log.log(final)
+        history.append(final)
+    summary = {
+        "train": {
+            "updates": run.state.step,
+            "skipped_updates": run.state.skipped_updates,
+            "samples": run.state.samples_seen,
+            "tokens": run.state.tokens_seen,
+            "seconds": sum(r.seconds for r in results),
+            "effective_batch_size": run.batching.effective_batch_size,
+            "gradient_accumulation_steps": run.batching.gradient_accumulation_steps,
+            "num_processes": run.batching.num_processes,
+        },
+        "eval": {k.removeprefix("eval/"): v for k, v in final.items() if k.startswith("eval/")},
+        "epochs": history,
+        "labels": list(run.labels.names),
+    }
+    save_model(run, out)
+    if acc.is_main_process:
+        (out / METRICS_FILE).write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    if use_trackers:
+        acc.end_training()
+    return summary
+
+
+def _fmt(metrics: dict[str, Any]) -> str:
+    return " ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in metrics.items())

@@ -1,0 +1,92 @@
+"""Where records go: ``train_log.jsonl`` and Accelerate's trackers.
+
+One flat record per update (or per ``log_every`` updates) and one per
+evaluation. The main process writes them; the same dicts go to the trackers
+named in ``logging.report_to`` through ``accelerator.log``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any, Optional
+
+LOG_FILE = "train_log.jsonl"
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)  # JSON has no NaN/inf; keep them readable
+    return value
+
+
+class RunLogger:
+    """Append records to ``<output_dir>/train_log.jsonl`` and to the trackers.
+
+    Args:
+        accelerator: The run's ``Accelerator``; only its main process writes.
+        output_dir: Directory of the log file.
+        use_trackers: Forward records to ``accelerator.log`` (trackers set up
+            with ``accelerator.init_trackers``).
+        resume_step: When resuming, records with ``step`` above this that an
+            interrupted run had already written are dropped from the file first,
+            so the log has each update once.
+    """
+
+    def __init__(self, accelerator, output_dir: str | os.PathLike, use_trackers: bool = False,
+                 resume_step: Optional[int] = None):
+        self.accelerator = accelerator
+        self.path = Path(output_dir) / LOG_FILE
+        self.use_trackers = use_trackers
+        if accelerator.is_main_process:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            if resume_step is not None and self.path.exists():
+                self._truncate_after(resume_step)
+
+    def _truncate_after(self, step: int) -> None:
+        kept = []
+        with open(self.path, encoding="utf-8") as fh:
+            for line in fh:
+                if not line.strip():
+                    continue
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError:
+                    break  # a line cut by a kill: everything after it is suspect too
+                if record.get("step", 0) <= step:
+                    kept.append(line if line.endswith("\n") else line + "\n")
+        tmp = self.path.with_suffix(".jsonl.tmp")
+        tmp.write_text("".join(kept), encoding="utf-8")
+        os.replace(tmp, self.path)
+
+    def log(self, record: dict[str, Any]) -> None:
+        """Write one record (main process only) and hand it to the trackers."""
+        if self.accelerator.is_main_process:
+            with open(self.path, "a", encoding="utf-8") as fh:
+                fh.write(json.dumps({k: _jsonable(v) for k, v in record.items()}) + "\n")
+        if self.use_trackers:
+            scalars = {k: v for k, v in record.items() if isinstance(v, (int, float)) and k != "step"}
+            self.accelerator.log(scalars, step=record.get("step"))
+
+
+def read_log(output_dir: str | os.PathLike) -> list[dict[str, Any]]:
+    """All records of ``<output_dir>/train_log.jsonl``."""
+    path = Path(output_dir) / LOG_FILE
+    with open(path, encoding="utf-8") as fh:
+        return [json.loads(line) for line in fh if line.strip()]
+
+
+def flat_hparams(config: dict[str, Any]) -> dict[str, Any]:
+    """Flatten the config to ``section.key`` scalars, as trackers' hparam tables want."""
+    out: dict[str, Any] = {}
+    for section, values in config.items():
+        for key, value in (values or {}).items():
+            if isinstance(value, (int, float, str, bool)):
+                out[f"{section}.{key}"] = value
+            elif value is None:
+                out[f"{section}.{key}"] = "null"
+            else:
+                out[f"{section}.{key}"] = json.dumps(value)
+    return out

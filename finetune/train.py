@@ -1,0 +1,88 @@
+"""Fine-tune a BERT-family classifier: ``accelerate launch finetune/train.py``.
+
+Usage::
+
+    accelerate launch finetune/train.py --config configs/default.yaml [section.key=value ...]
+    accelerate launch -m finetune.train --config configs/bbc_news.yaml training.seed=1
+
+With no ``--config``, ``configs/default.yaml`` is used. Bad input (config,
+data, model, launch) ends with one line on stderr and exit code 2; pass
+``--debug`` (or set ``FINETUNE_DEBUG=1``) for the traceback.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+if __name__ == "__main__" and not __package__:
+    # `accelerate launch finetune/train.py` puts finetune/ itself first on sys.path, where its
+    # modules would be importable under bare names; import them as the `finetune` package instead.
+    _here = Path(__file__).resolve().parent
+    sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _here]
+    sys.path.insert(0, str(_here.parent))
+
+import argparse  # noqa: E402
+import logging  # noqa: E402
+import os  # noqa: E402
+
+from finetune.errors import FinetuneError  # noqa: E402
+
+logger = logging.getLogger("finetune")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="finetune/train.py",
+        description="Fine-tune a BERT-family text classifier with exact gradient accumulation.",
+    )
+    parser.add_argument("--config", default=None, help="YAML config (default: configs/default.yaml)")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks for input errors")
+    parser.add_argument("overrides", nargs="*", metavar="section.key=value", help="dotted config overrides")
+    return parser.parse_args(argv)
+
+
+def _is_main_rank() -> bool:
+    return os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0")) == "0"
+
+
+def run_training(config_path: str | None, overrides: list[str]) -> dict:
+    """Load the config, build the run, train it. Returns the metrics summary."""
+    from finetune.config import load_config
+    from finetune.runner import build_accelerator, check_output_dir, describe, fit, setup_run
+
+    cfg = load_config(config_path, overrides)
+    check_output_dir(cfg)
+    accelerator = build_accelerator(cfg)
+    run = setup_run(cfg, accelerator)
+    logger.info(describe(run))
+    summary = fit(run)
+    if accelerator.is_main_process and summary.get("eval"):
+        shown = " ".join(f"{k}={v:.4f}" for k, v in summary["eval"].items() if isinstance(v, float))
+        logger.info("done: %s -> %s", shown, cfg.output.output_dir)
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command-line entry point; returns the process exit code."""
+    args = parse_args(argv)
+    debug = args.debug or os.environ.get("FINETUNE_DEBUG", "") not in ("", "0")
+    logging.basicConfig(
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        level=logging.INFO if _is_main_rank() else logging.WARNING,
+    )
+    try:
+        run_training(args.config, args.overrides)
+    except FinetuneError as exc:
+        if debug:
+            raise
+        if _is_main_rank():
+            print(f"error: {exc.message}", file=sys.stderr)
+            if exc.hint:
+                print(f"hint: {exc.hint}", file=sys.stderr)
+        return exc.exit_code
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
