@@ -1,0 +1,30 @@
+# Quickstart targets: `make train` (default config) and `make test` (the test suite).
+# Both create .venv on first use. The venv sees the system's site-packages, so a GPU
+# machine keeps the CUDA torch it already has; where no torch is installed, TORCH is
+# installed first (on this project's CPU machines, a CPU build that pip finds on disk).
+
+PYTHON ?= python3
+VENV   ?= .venv
+TORCH  ?= torch==2.13.0
+CONFIG ?= configs/default.yaml
+BIN    := $(VENV)/bin
+
+.PHONY: install train test bench clean
+
+$(BIN)/.installed: pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv --system-site-packages $(VENV)
+	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install "$(TORCH)"
+	$(BIN)/pip install -e ".[test]"
+	touch $@
+
+install: $(BIN)/.installed
+
+train: install
+	HF_HUB_OFFLINE=$${HF_HUB_OFFLINE:-1} $(BIN)/accelerate launch --num_processes 1 --num_machines 1 \
+		--mixed_precision no --dynamo_backend no finetune/train.py --config $(CONFIG) $(ARGS)
+
+test: install
+	$(BIN)/python -m pytest -q tests $(ARGS)
+
+clean:
+	rm -rf $(VENV) outputs .pytest_cache

@@ -1,0 +1,102 @@
+"""The typed schema: unknown keys, wrong types, bad values and overrides fail with the key's name."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from finetune.config import load_config, parse_override
+from finetune.errors import ConfigError
+
+BASE = """\
+data:
+  train_file: train.csv
+training:
+  per_device_train_batch_size: 8
+"""
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "c.yaml"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_defaults_and_types(tmp_path):
+    cfg = load_config(write(tmp_path, BASE))
+    assert cfg.training.per_device_train_batch_size == 8
+    assert cfg.training.mixed_precision == "no"
+    assert cfg.optim.learning_rate == 5e-5
+
+
+@pytest.mark.parametrize(
+    "text, needle",
+    [
+        (BASE + "  per_device_train_batchsize: 4\n", "training.per_device_train_batchsize: unknown key (did you mean training.per_device_train_batch_size?)"),
+        (BASE + "  seed: abc\n", "training.seed: expected int, got str 'abc'"),
+        (BASE + "  seed: 1.5\n", "training.seed: expected int"),
+        (BASE + "  mixed_precision: fp8\n", "training.mixed_precision: expected one of"),
+        (BASE + "optim:\n  learning_rate: -1\n", "optim.learning_rate: must be > 0"),
+        (BASE + "optim:\n  warmup_ratio: 1.5\n", "optim.warmup_ratio: must be in [0, 1]"),
+        (BASE + "optim:\n  lr_scheduler_type: cosin\n", "did you mean 'cosine'"),
+        (BASE + "  max_steps: 10\n  num_train_epochs: 2\n", "training.max_steps: set either"),
+        (BASE + "modle:\n  name_or_path: x\n", "modle: unknown key (did you mean model?)"),
+        ("training:\n  seed: 1\n", "data: required section is missing"),
+        (BASE + "logging: 3\n", "logging: expected a mapping"),
+        (BASE.replace("8", "0"), "training.per_device_train_batch_size: must be >= 1"),
+    ],
+)
+def test_bad_values_name_the_key_and_file(tmp_path, text, needle):
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    message = str(info.value)
+    assert needle in message
+    assert str(path) in message
+    assert "\n" not in message
+
+
+def test_yaml_no_means_the_string(tmp_path):
+    cfg = load_config(write(tmp_path, BASE + "  mixed_precision: no\n"))
+    assert cfg.training.mixed_precision == "no"
+
+
+def test_overrides_are_typed(tmp_path):
+    path = write(tmp_path, BASE)
+    cfg = load_config(path, ["optim.learning_rate=3e-5", "training.seed=7", "logging.report_to=tensorboard",
+                             "training.max_grad_norm=null"])
+    assert cfg.optim.learning_rate == 3e-5 and isinstance(cfg.optim.learning_rate, float)
+    assert cfg.training.seed == 7
+    assert cfg.logging.report_to == ["tensorboard"]
+    assert cfg.training.max_grad_norm is None
+
+
+@pytest.mark.parametrize(
+    "override, needle",
+    [
+        ("optim.learning_rate", "missing '='"),
+        ("optim.learning_rat=1", "optim.learning_rat: unknown key (did you mean optim.learning_rate?)"),
+        ("optimizer.lr=1", "unknown section 'optimizer'"),
+        ("lr=1", "expected section.key"),
+        ("training.seed=abc", "training.seed: expected int"),
+    ],
+)
+def test_bad_overrides(tmp_path, override, needle):
+    with pytest.raises(ConfigError, match=None) as info:
+        load_config(write(tmp_path, BASE), [override])
+    assert needle in str(info.value)
+
+
+def test_missing_and_malformed_files(tmp_path):
+    with pytest.raises(ConfigError, match="config file not found"):
+        load_config(tmp_path / "nope.yaml")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(write(tmp_path, "data: [unclosed\n"))
+    with pytest.raises(ConfigError, match="expected a mapping of sections"):
+        load_config(write(tmp_path, "- a\n- b\n"))
+
+
+def test_parse_override_keeps_strings():
+    assert parse_override("model.name_or_path=bert-base-uncased") == ("model.name_or_path", "bert-base-uncased")
+    assert parse_override("data.column_names=[label, text]") == ("data.column_names", ["label", "text"])
