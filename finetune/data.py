@@ -1,0 +1,695 @@
+"""Labelled texts in, tokenized ``datasets`` splits out.
+
+:func:`load_splits` reads the train (and validation) data named by a
+:class:`~finetune.config.DataConfig` through the ``datasets`` library and
+returns a ``DatasetDict`` whose splits all have the same columns: ``text``,
+optionally ``text_pair``, and ``labels`` (a ``ClassLabel`` of class ids), plus
+the :class:`LabelSpace` mapping ids to names. :func:`tokenize_splits` then
+tokenizes every split once, without padding: padding is done per micro-batch
+by ``transformers.DataCollatorWithPadding``.
+
+Sources:
+
+- Local files (``data.train_file`` / ``data.validation_file``, ``pkg:`` specs
+  allowed): CSV, TSV (``.tsv``/``.tab``; quote characters are plain text),
+  JSON or JSON Lines, Parquet, or a folder with one sub-folder per class
+  holding ``.txt`` files (label = sub-folder name).
+- Hub data sets (``data.dataset_name``), read with ``datasets.load_dataset``.
+
+Decisions worth knowing:
+
+- Error messages count rows as a user counts them in the file: ``line N`` for
+  CSV/TSV (the header is line 1) and JSON Lines, ``record N`` for a JSON
+  array, ``row N`` (1-based) for Parquet and Hub splits, and the file's path
+  for the folder layout. A CSV field spanning several lines shifts the line
+  numbers after it. Blank lines in CSV/TSV files are skipped.
+- With ``data.on_empty_text: drop`` the dropped rows are reported by a
+  ``WARNING`` record of this module's logger (``finetune.data``), naming the
+  file, the count and the first few rows.
+- Without ``data.validation_file`` (or a Hub validation split),
+  ``data.validation_split`` of the train rows (rounded up, and at least one
+  per class) is carved out, stratified by label and seeded with ``seed``.
+- ``data.max_train_samples`` / ``data.max_eval_samples`` keep a random subset
+  drawn with ``seed`` after the validation carve, in the split's order. A
+  random subset rather than the first rows, because files are often sorted by
+  class (the folder layout always is) and the first rows would be one class.
+"""
+
+from __future__ import annotations
+
+import codecs
+import csv
+import dataclasses
+import functools
+import logging
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+import datasets
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from finetune.config import DataConfig
+from finetune.errors import ConfigError, DataError, FinetuneError
+from finetune.resources import resolve_path
+
+logger = logging.getLogger(__name__)
+
+# Extension -> format for ``data.format: auto``.
+EXTENSIONS = {
+    ".csv": "csv",
+    ".tsv": "tsv",
+    ".tab": "tsv",
+    ".json": "json",
+    ".jsonl": "json",
+    ".parquet": "parquet",
+}
+
+# Column names inside the returned splits.
+TEXT = "text"
+TEXT_PAIR = "text_pair"
+LABELS = "labels"
+_RAW_LABEL = "_raw_label"  # the label column before it becomes class ids
+
+_SHOW_ROWS = 5  # rows quoted in an error message before "..."
+_SHOW_LABELS = 10
+
+
+@dataclass
+class LabelSpace:
+    """The classes of a data set, in class-id order.
+
+    Args:
+        names: Class names (as strings); position ``i`` is class id ``i``.
+    """
+
+    names: list[str]
+
+    @property
+    def label2id(self) -> dict[str, int]:
+        """Class name -> class id."""
+        return {name: i for i, name in enumerate(self.names)}
+
+    @property
+    def id2label(self) -> dict[int, str]:
+        """Class id -> class name (what ``PretrainedConfig.id2label`` expects)."""
+        return dict(enumerate(self.names))
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+
+# --------------------------------------------------------------------------- public API
+
+
+def load_splits(cfg: DataConfig, seed: int) -> tuple[datasets.DatasetDict, LabelSpace]:
+    """Load train and validation data with uniform columns and class ids.
+
+    Args:
+        cfg: The ``data`` section of the config.
+        seed: Seeds the validation carve and the ``max_*_samples`` subsets, so
+            the same seed gives the same splits.
+
+    Returns:
+        ``(splits, label_space)``. ``splits`` has ``"train"`` and, unless
+        ``validation_split`` is 0 and no validation data is given,
+        ``"validation"``; each with columns ``text``, ``text_pair`` (only with
+        ``data.text_pair_column``) and ``labels`` (a ``ClassLabel`` whose
+        names are ``label_space.names``). ``label_space`` comes from the train
+        data: a ``ClassLabel``'s names in order, else the distinct labels
+        sorted (integers numerically).
+
+    Raises:
+        DataError: one line naming the file (and row, column or label) for any
+            missing, unreadable or malformed data.
+        ConfigError: for column settings that contradict each other.
+    """
+    _check_column_settings(cfg)
+    if cfg.train_file is not None:
+        train = _load_local(cfg.train_file, "data.train_file", cfg)
+        validation = None
+    else:
+        train, validation = _load_hub(cfg)
+    if cfg.validation_file is not None:
+        validation = _load_local(cfg.validation_file, "data.validation_file", cfg)
+
+    train = _drop_or_reject_empty_texts(train, cfg)
+    train_keys = _label_keys(train)
+    label_space = _label_space(train, train_keys)
+    splits = {"train": _encode_labels(train, train_keys, label_space)}
+
+    if validation is not None:
+        validation = _drop_or_reject_empty_texts(validation, cfg)
+        splits["validation"] = _encode_labels(validation, _label_keys(validation), label_space)
+    elif cfg.validation_split > 0:
+        splits["train"], splits["validation"] = _carve_validation(
+            splits["train"], train.source, cfg.validation_split, seed, label_space
+        )
+
+    splits["train"] = _subset(splits["train"], cfg.max_train_samples, seed)
+    if "validation" in splits:
+        splits["validation"] = _subset(splits["validation"], cfg.max_eval_samples, seed)
+    logger.info(
+        "data: %d train rows, %s validation rows, %d classes (%s)",
+        len(splits["train"]),
+        len(splits["validation"]) if "validation" in splits else "no",
+        len(label_space),
+        _short_list(label_space.names, _SHOW_LABELS),
+    )
+    return datasets.DatasetDict(splits), label_space
+
+
+def tokenize_splits(splits: datasets.DatasetDict, tokenizer: Any, max_length: int) -> datasets.DatasetDict:
+    """Tokenize every split once, truncating but not padding.
+
+    Args:
+        splits: What :func:`load_splits` returned.
+        tokenizer: A ``transformers`` tokenizer.
+        max_length: Longest input in tokens (special tokens included); longer
+            ones are truncated (for pairs, the longer text first).
+
+    Returns:
+        The splits with ``labels``, ``input_ids``, ``attention_mask``,
+        ``token_type_ids`` (when the tokenizer makes them) and ``length`` (the
+        number of tokens, for length-grouped batching); the text columns are
+        removed. Padding is left to a ``DataCollatorWithPadding`` per batch.
+    """
+
+    def encode(batch: dict[str, list]) -> dict[str, list]:
+        encoded = tokenizer(batch[TEXT], batch.get(TEXT_PAIR), truncation=True, max_length=max_length, padding=False)
+        encoded["length"] = [len(ids) for ids in encoded["input_ids"]]
+        return encoded
+
+    tokenized = {}
+    for name, split in splits.items():
+        text_columns = [c for c in (TEXT, TEXT_PAIR) if c in split.column_names]
+        tokenized[name] = split.map(encode, batched=True, remove_columns=text_columns, desc=f"Tokenizing {name}")
+    return datasets.DatasetDict(tokenized)
+
+
+# --------------------------------------------------------------------------- splits in the making
+
+
+@dataclass
+class _Table:
+    """A split being prepared, and where each of its rows sits in the source.
+
+    Rows may be dropped along the way (blank lines, empty texts); ``positions``
+    keeps each remaining row's 0-based record number in the source so messages
+    can still point at the right line.
+    """
+
+    ds: datasets.Dataset
+    source: str  # file path or Hub split, the prefix of every message
+    positions: np.ndarray
+    unit: str  # "line", "record", "row" or "file"
+    offset: int = 1  # number of the first record in `unit`s (2 after a CSV header)
+    files: Optional[list[str]] = None  # folder layout: record -> relative file path
+    text_column: str = TEXT  # the user's column names, for messages
+    pair_column: Optional[str] = None
+    label_column: str = "label"
+
+    def where(self, i: int) -> str:
+        """Where row ``i`` of ``ds`` is, e.g. ``line 5``."""
+        return f"{self.unit} {self._number(i)}"
+
+    def where_many(self, rows: np.ndarray | list[int]) -> str:
+        """Where the first few of ``rows`` are, e.g. ``lines 5, 9, ...``."""
+        numbers = [self._number(i) for i in rows[:_SHOW_ROWS]]
+        more = ", ..." if len(rows) > _SHOW_ROWS else ""
+        unit = self.unit if len(rows) == 1 else self.unit + "s"
+        return f"{unit} {', '.join(numbers)}{more}"
+
+    def _number(self, i: int) -> str:
+        position = int(self.positions[i])
+        if self.files is not None:
+            return self.files[position]
+        return str(position + self.offset)
+
+    def keep(self, rows: np.ndarray) -> _Table:
+        """This table with only ``rows`` (indices into ``ds``) left."""
+        if len(rows) == len(self.ds):
+            return self
+        return dataclasses.replace(self, ds=self.ds.select(rows), positions=self.positions[rows])
+
+
+# --------------------------------------------------------------------------- local files
+
+
+def _load_local(spec: str, key: str, cfg: DataConfig) -> _Table:
+    """Read one local file or class folder into a :class:`_Table` with standard columns."""
+    path = Path(resolve_path(spec, key))
+    if not path.exists():
+        raise DataError(f"{key}: {path} not found")
+    fmt = _detect_format(path, cfg.format, key)
+    if fmt == "folder":
+        return _load_folder(path, cfg)
+    if not path.is_file():
+        raise DataError(f"{key}: {path} is not a file (data.format: {fmt})")
+    if path.stat().st_size == 0:
+        raise DataError(f"{path}: empty file (no rows)")
+    if fmt in ("csv", "tsv", "json") and cfg.encoding_errors == "strict":
+        _check_utf8(path)
+    if fmt in ("csv", "tsv"):
+        table = _load_delimited(path, fmt, cfg)
+    elif fmt == "json":
+        table = _load_json(path, cfg)
+    else:
+        table = _table(_run_builder("parquet", path), str(path), unit="row")
+    return _standardize(table, cfg.text_column, cfg.text_pair_column, cfg.label_column)
+
+
+def _detect_format(path: Path, fmt: str, key: str) -> str:
+    if path.is_dir():
+        if fmt not in ("auto", "folder"):
+            raise DataError(f"{key}: {path} is a folder but data.format is {fmt}")
+        return "folder"
+    if fmt == "folder":
+        raise DataError(f"{key}: {path} is not a folder (data.format: folder)")
+    if fmt != "auto":
+        return fmt
+    suffix = path.suffix.lower()
+    if suffix not in EXTENSIONS:
+        supported = ", ".join(EXTENSIONS)
+        raise DataError(
+            f"{key}: {path}: unsupported extension {suffix or '(none)'!r} "
+            f"(supported: {supported}, or a folder of class sub-folders; or set data.format)"
+        )
+    return EXTENSIONS[suffix]
+
+
+def _load_delimited(path: Path, fmt: str, cfg: DataConfig) -> _Table:
+    sep = "\t" if fmt == "tsv" else ","
+    # TSV files such as the SMS spam collection use '"' as a plain character;
+    # quote processing would merge rows up to the next quote.
+    quoting = csv.QUOTE_NONE if fmt == "tsv" else csv.QUOTE_MINIMAL
+    if cfg.has_header:
+        header, names = 0, None
+    else:
+        if not cfg.column_names:
+            raise ConfigError(f"data.column_names: required with data.has_header: false ({path})")
+        header, names = None, list(cfg.column_names)
+    _check_field_count(path, sep, quoting, names)
+    ds = _run_builder(
+        "csv",
+        path,
+        sep=sep,
+        quoting=quoting,
+        header=header,
+        names=names,
+        # Whatever the header says, never use a column as the index (pandas
+        # does so silently when rows have one field more than the header).
+        index_col=False,
+        # Only empty fields are missing; "NA", "null", "None" are real texts.
+        keep_default_na=False,
+        na_values=[""],
+        # Blank lines become all-null rows (skipped below) so row numbers stay line numbers.
+        skip_blank_lines=False,
+        encoding="utf-8-sig",  # drops a BOM that would otherwise glue onto the first column name
+        encoding_errors=cfg.encoding_errors,
+    )
+    table = _table(ds, str(path), unit="line", offset=2 if cfg.has_header else 1)
+    blank = functools.reduce(pc.and_, [pc.is_null(column) for column in _arrow(ds).columns])
+    rows = np.flatnonzero(~_mask(blank))
+    if len(rows) == 0:
+        raise DataError(f"{path}: empty file (no rows)")
+    return table.keep(rows)
+
+
+def _check_field_count(path: Path, sep: str, quoting: int, names: Optional[list[str]]) -> None:
+    """Reject a first data row whose field count differs from the header or ``column_names``.
+
+    pandas would otherwise shift columns silently (turning the first field into
+    the index) or drop the extra fields.
+    """
+    with open(path, encoding="utf-8-sig", errors="replace", newline="") as fh:
+        reader = csv.reader(fh, delimiter=sep, quoting=quoting)
+        header = names
+        if header is None:
+            header = next(reader, None)
+            if header is None:
+                return
+        for row in reader:
+            if not row:
+                continue  # blank line
+            if len(row) != len(header):
+                source = "data.column_names" if names is not None else "the header"
+                raise DataError(
+                    f"{path}: line {reader.line_num} has {len(row)} fields but {source} has "
+                    f"{len(header)} ({', '.join(header)})"
+                )
+            return
+
+
+def _load_json(path: Path, cfg: DataConfig) -> _Table:
+    # The json builder applies `encoding_errors` only when re-decoding from an
+    # encoding other than "utf-8"; "utf-8-sig" reads the same bytes and gets there.
+    options = {"encoding": "utf-8-sig", "encoding_errors": "replace"} if cfg.encoding_errors == "replace" else {}
+    ds = _run_builder("json", path, **options)
+    with open(path, "rb") as fh:
+        start = fh.read(4096).lstrip(codecs.BOM_UTF8 + b" \t\r\n")
+    return _table(ds, str(path), unit="record" if start.startswith(b"[") else "line")
+
+
+def _load_folder(root: Path, cfg: DataConfig) -> _Table:
+    if cfg.text_pair_column is not None:
+        raise ConfigError(f"data.text_pair_column: not supported with the folder layout ({root})")
+    classes = sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+    by_class = {c: sorted(f for f in c.iterdir() if f.is_file() and f.suffix.lower() == ".txt") for c in classes}
+    if not any(by_class.values()):
+        raise DataError(f"{root}: no .txt files in any class sub-folder (expected {root}/<class>/<name>.txt)")
+    texts, labels, files = [], [], []
+    for folder, paths in by_class.items():
+        if not paths:
+            raise DataError(f"{folder}: class folder holds no .txt files")
+        for path in paths:
+            raw = path.read_bytes()
+            try:
+                text = raw.decode("utf-8", errors=cfg.encoding_errors)
+            except UnicodeDecodeError as exc:
+                raise DataError(_not_utf8(path, exc.start)) from None
+            texts.append(text.removeprefix("\ufeff"))
+            labels.append(folder.name)
+            files.append(path.relative_to(root).as_posix())
+    ds = datasets.Dataset.from_dict(
+        {TEXT: texts, _RAW_LABEL: labels},
+        features=datasets.Features({TEXT: datasets.Value("string"), _RAW_LABEL: datasets.Value("string")}),
+    )
+    return _table(ds, str(root), unit="file", files=files, text_column=TEXT, label_column="sub-folder name")
+
+
+def _run_builder(builder: str, path: Path, **options: Any) -> datasets.Dataset:
+    """``datasets.load_dataset(builder)`` on one file, turning any failure into one DataError line."""
+    try:
+        ds = datasets.load_dataset(builder, data_files={"train": str(path)}, split="train", **options)
+    except FinetuneError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - pandas/pyarrow/datasets raise many types for bad input
+        # A file with no rows (a CSV header alone, "[]") leaves the split empty,
+        # which `datasets` reports as a missing split rather than returning 0 rows.
+        if "corresponds to no data" in str(exc):
+            raise DataError(f"{path}: empty file (no rows)") from None
+        raise DataError(f"{path}: cannot read as {builder}: {_root_message(exc)}") from None
+    if len(ds) == 0:
+        raise DataError(f"{path}: empty file (no rows)")
+    return ds
+
+
+def _root_message(exc: BaseException) -> str:
+    """The first line of the innermost cause, which names the real problem."""
+    while True:
+        inner = exc.__cause__ or exc.__context__
+        if inner is None or inner is exc:
+            break
+        exc = inner
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    message = lines[0] if lines else type(exc).__name__
+    if len(message) > 300:
+        message = message[:297] + "..."
+    return f"{type(exc).__name__}: {message}"
+
+
+def _check_utf8(path: Path) -> None:
+    """Raise DataError with the byte offset of the first byte that is not UTF-8."""
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    consumed = 0
+    with open(path, "rb") as fh:
+        while True:
+            chunk = fh.read(1 << 20)
+            pending = len(decoder.getstate()[0])  # bytes of a character cut at the chunk's end
+            try:
+                decoder.decode(chunk, final=not chunk)
+            except UnicodeDecodeError as exc:
+                raise DataError(_not_utf8(path, consumed - pending + exc.start)) from None
+            if not chunk:
+                return
+            consumed += len(chunk)
+
+
+def _not_utf8(path: Path, offset: int) -> str:
+    return (
+        f"{path}: not UTF-8 text (byte offset {offset}); "
+        "set data.encoding_errors: replace to substitute U+FFFD for undecodable bytes"
+    )
+
+
+# --------------------------------------------------------------------------- Hub data sets
+
+
+def _load_hub(cfg: DataConfig) -> tuple[_Table, Optional[_Table]]:
+    name = cfg.dataset_name
+    shown = name + (f"/{cfg.dataset_config}" if cfg.dataset_config else "")
+    try:
+        loaded = datasets.load_dataset(name, cfg.dataset_config)
+    except Exception as exc:  # noqa: BLE001 - network, missing data set, bad config name, ...
+        raise DataError(f"data.dataset_name: cannot load {shown!r}: {_root_message(exc)}") from None
+    if cfg.train_split not in loaded:
+        raise DataError(f"data.train_split: {shown} has no split {cfg.train_split!r} (splits: {', '.join(loaded)})")
+
+    def table(split: str) -> _Table:
+        ds = loaded[split]
+        if len(ds) == 0:
+            raise DataError(f"{shown}[{split}]: no rows")
+        return _standardize(
+            _table(ds, f"{shown}[{split}]", unit="row"), cfg.text_column, cfg.text_pair_column, cfg.label_column
+        )
+
+    train = table(cfg.train_split)
+    validation = None
+    if cfg.validation_file is None and cfg.validation_split_name:
+        if cfg.validation_split_name in loaded:
+            validation = table(cfg.validation_split_name)
+        else:
+            logger.info(
+                "%s has no split %r; carving validation from %r", shown, cfg.validation_split_name, cfg.train_split
+            )
+    return train, validation
+
+
+# --------------------------------------------------------------------------- columns, texts, labels
+
+
+def _check_column_settings(cfg: DataConfig) -> None:
+    columns = {"data.text_column": cfg.text_column, "data.label_column": cfg.label_column}
+    if cfg.text_pair_column is not None:
+        columns["data.text_pair_column"] = cfg.text_pair_column
+    seen: dict[str, str] = {}
+    for key, column in columns.items():
+        if column in seen:
+            raise ConfigError(f"{key}: names the same column as {seen[column]} ({column!r})")
+        seen[column] = key
+
+
+def _table(ds: datasets.Dataset, source: str, unit: str, offset: int = 1, **extra: Any) -> _Table:
+    return _Table(ds=ds, source=source, positions=np.arange(len(ds)), unit=unit, offset=offset, **extra)
+
+
+def _standardize(table: _Table, text_column: str, pair_column: Optional[str], label_column: str) -> _Table:
+    """Keep only the text, pair and label columns, under the standard names."""
+    ds = table.ds
+    wanted = [("data.text_column", text_column, TEXT)]
+    if pair_column is not None:
+        wanted.append(("data.text_pair_column", pair_column, TEXT_PAIR))
+    wanted.append(("data.label_column", label_column, _RAW_LABEL))
+    for key, column, _ in wanted:
+        if column not in ds.column_names:
+            raise DataError(
+                f"{table.source}: no column {column!r} ({key}); columns found: {', '.join(ds.column_names)}"
+            )
+    ds = ds.select_columns([column for _, column, _ in wanted])
+    # Two steps, so that swapping names (text_column: label, label_column: text) works.
+    ds = ds.rename_columns({column: f"_tmp{i}" for i, (_, column, _) in enumerate(wanted)})
+    ds = ds.rename_columns({f"_tmp{i}": name for i, (_, _, name) in enumerate(wanted)})
+    for name, column in ((TEXT, text_column), (TEXT_PAIR, pair_column)):
+        if name not in ds.column_names:
+            continue
+        feature = ds.features[name]
+        if isinstance(feature, datasets.Value) and feature.dtype in ("string", "large_string"):
+            continue
+        if isinstance(feature, datasets.Value):
+            # Numbers (or an all-empty column) read from CSV: texts nonetheless.
+            ds = ds.cast_column(name, datasets.Value("string"))
+        else:
+            raise DataError(f"{table.source}: column {column!r} holds {_feature_name(feature)}, not texts")
+    return dataclasses.replace(
+        table, ds=ds, text_column=text_column, pair_column=pair_column, label_column=label_column
+    )
+
+
+def _drop_or_reject_empty_texts(table: _Table, cfg: DataConfig) -> _Table:
+    """Apply ``data.on_empty_text`` to null, empty and whitespace-only texts."""
+    columns = [(TEXT, table.text_column)]
+    if table.pair_column is not None:
+        columns.append((TEXT_PAIR, table.pair_column))
+    empty = np.zeros(len(table.ds), dtype=bool)
+    culprits = []
+    for name, column in columns:
+        texts = _arrow(table.ds).column(name)
+        mask = _mask(pc.fill_null(pc.equal(pc.utf8_length(pc.utf8_trim_whitespace(texts)), 0), True))
+        if mask.any():
+            culprits.append(repr(column))
+        empty |= mask
+    rows = np.flatnonzero(empty)
+    if len(rows) == 0:
+        return table
+    what = f"{len(rows)} empty or null text{'s' if len(rows) > 1 else ''} in column {' and '.join(culprits)}"
+    if table.files is not None:
+        what = f"{len(rows)} empty text file{'s' if len(rows) > 1 else ''}"
+    if cfg.on_empty_text == "error":
+        raise DataError(f"{table.source}: {what} ({table.where_many(rows)}); set data.on_empty_text: drop to drop them")
+    if len(rows) == len(table.ds):
+        raise DataError(f"{table.source}: every text is empty ({what})")
+    logger.warning("%s: dropped %s (%s)", table.source, what, table.where_many(rows))
+    return table.keep(np.flatnonzero(~empty))
+
+
+def _label_keys(table: _Table) -> list[str]:
+    """Each row's label as a class name; DataError on missing or unusable labels."""
+    feature = table.ds.features[_RAW_LABEL]
+    values = _arrow(table.ds).column(_RAW_LABEL).to_pylist()
+    keys: list[Optional[str]] = []
+    for i, value in enumerate(values):
+        try:
+            keys.append(_label_key(value, feature))
+        except ValueError as exc:
+            raise DataError(
+                f"{table.source}: label {value!r} at {table.where(i)} in column {table.label_column!r} {exc}"
+            ) from None
+    missing = [i for i, key in enumerate(keys) if key is None]
+    if len(missing) == len(keys):
+        raise DataError(
+            f"{table.source}: column {table.label_column!r} has no labels in any of its {len(keys)} rows "
+            "(unlabelled data?)"
+        )
+    if missing:
+        raise DataError(
+            f"{table.source}: {len(missing)} row{'s' if len(missing) > 1 else ''} without a label in column "
+            f"{table.label_column!r} ({table.where_many(missing)})"
+        )
+    return keys  # type: ignore[return-value]  # no None left
+
+
+def _label_key(value: Any, feature: Any) -> Optional[str]:
+    """A label value as its class name; None for a missing label.
+
+    Raises:
+        ValueError: with the reason, for values that cannot be a class.
+    """
+    if value is None:
+        return None
+    if isinstance(feature, datasets.ClassLabel):
+        return feature.int2str(value) if value >= 0 else None  # -1 is "no label" in Hub data sets
+    if isinstance(value, bool):
+        return str(value)
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        if math.isnan(value):
+            return None
+        if value.is_integer():  # integer labels read as floats, e.g. next to an empty field
+            return str(int(value))
+        raise ValueError("is not a class (labels must be strings or integers)")
+    if isinstance(value, str):
+        return value if value.strip() else None
+    raise ValueError(f"is a {type(value).__name__}, not a class (labels must be strings or integers)")
+
+
+def _label_space(train: _Table, keys: list[str]) -> LabelSpace:
+    feature = train.ds.features[_RAW_LABEL]
+    present = set(keys)
+    if len(present) < 2:
+        raise DataError(
+            f"{train.source}: the train data has only one class ({next(iter(present))!r}); "
+            "a classifier needs at least two"
+        )
+    if isinstance(feature, datasets.ClassLabel):
+        return LabelSpace(names=list(feature.names))
+
+    def order(name: str) -> tuple[int, Any]:
+        try:
+            return (0, int(name))
+        except ValueError:
+            return (1, name)
+
+    # Integers sort numerically ("2" before "10") only when every label is one.
+    if all(order(name)[0] == 0 for name in present):
+        return LabelSpace(names=sorted(present, key=lambda name: int(name)))
+    return LabelSpace(names=sorted(present))
+
+
+def _encode_labels(table: _Table, keys: list[str], label_space: LabelSpace) -> datasets.Dataset:
+    """Replace the raw label column by class ids (a ClassLabel feature named ``labels``)."""
+    label2id = label_space.label2id
+    unseen = [i for i, key in enumerate(keys) if key not in label2id]
+    if unseen:
+        first = keys[unseen[0]]
+        others = len({keys[i] for i in unseen}) - 1
+        also = f" and {others} other unseen label{'s' if others > 1 else ''}" if others else ""
+        raise DataError(
+            f"{table.source}: label {first!r} at {table.where(unseen[0])}{also} not among the "
+            f"{len(label_space)} labels of the train data ({_short_list(label_space.names, _SHOW_LABELS)})"
+        )
+    ids = [label2id[key] for key in keys]
+    ds = table.ds.remove_columns(_RAW_LABEL)
+    return ds.add_column(LABELS, ids, feature=datasets.ClassLabel(names=label_space.names))
+
+
+# --------------------------------------------------------------------------- validation carve and caps
+
+
+def _carve_validation(
+    train: datasets.Dataset, source: str, fraction: float, seed: int, label_space: LabelSpace
+) -> tuple[datasets.Dataset, datasets.Dataset]:
+    """Split ``fraction`` of ``train`` off as validation, stratified by label and seeded."""
+    counts = np.bincount(np.asarray(_arrow(train).column(LABELS)), minlength=len(label_space))
+    present = int((counts > 0).sum())
+    too_few = [label_space.names[i] for i in np.flatnonzero(counts == 1)]
+    if too_few:
+        raise DataError(
+            f"{source}: class {too_few[0]!r} has only 1 row; carving a stratified validation set "
+            f"(data.validation_split: {fraction}) needs at least 2 per class. Add rows, or give data.validation_file"
+        )
+    # Rounded up like datasets does, and at least one row per class so stratification can work.
+    n_validation = max(math.ceil(fraction * len(train)), present)
+    if len(train) - n_validation < present:
+        raise DataError(
+            f"{source}: {len(train)} rows are too few to carve a validation set with all {present} classes "
+            f"on both sides (data.validation_split: {fraction}); give data.validation_file"
+        )
+    parts = train.train_test_split(test_size=n_validation, stratify_by_column=LABELS, seed=seed)
+    return parts["train"], parts["test"]
+
+
+def _subset(ds: datasets.Dataset, limit: Optional[int], seed: int) -> datasets.Dataset:
+    """At most ``limit`` rows drawn with ``seed``, kept in the split's order."""
+    if limit is None or limit >= len(ds):
+        return ds
+    rows = np.sort(np.random.default_rng(seed).choice(len(ds), size=limit, replace=False))
+    return ds.select(rows)
+
+
+# --------------------------------------------------------------------------- small helpers
+
+
+def _arrow(ds: datasets.Dataset) -> pa.Table:
+    """The dataset's rows as an Arrow table, honouring any selection of rows."""
+    return ds.with_format("arrow")[:]
+
+
+def _mask(array: pa.ChunkedArray | pa.Array) -> np.ndarray:
+    """A boolean Arrow array as a NumPy one."""
+    return np.asarray(array.to_numpy(zero_copy_only=False), dtype=bool)
+
+
+def _feature_name(feature: Any) -> str:
+    if isinstance(feature, datasets.ClassLabel):
+        return "class labels"
+    return f"{type(feature).__name__} values"
+
+
+def _short_list(names: list[str], limit: int) -> str:
+    shown = ", ".join(names[:limit])
+    return shown + (f", ... ({len(names)} in all)" if len(names) > limit else "")

