@@ -20,7 +20,7 @@ $(BIN)/.installed: pyproject.toml
 install: $(BIN)/.installed
 
 train: install
-	HF_HUB_OFFLINE=$${HF_HUB_OFFLINE:-1} $(BIN)/accelerate launch --num_processes 1 --num_machines 1 \
+	HF_HUB_OFFLINE=$${HF_HUB_OFFLINE:-1} $(BIN)/accelerate launch -q --num_processes 1 --num_machines 1 \
 		--mixed_precision no --dynamo_backend no finetune/train.py --config $(CONFIG) $(ARGS)
 
 test: install

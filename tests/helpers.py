@@ -137,7 +137,8 @@ def offline_env(extra: Optional[dict[str, str]] = None) -> dict[str, str]:
 def run_cli(args: list[str], timeout: float = 300, env: Optional[dict[str, str]] = None,
             launcher: Optional[list[str]] = None) -> subprocess.CompletedProcess:
     """Run ``accelerate launch finetune/train.py ARGS`` (or another launcher) in a subprocess."""
-    launcher = launcher or [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "1",
+    # -q: on a failing child, accelerate's single-process launcher would add a traceback of its own
+    launcher = launcher or [sys.executable, "-m", "accelerate.commands.launch", "-q", "--num_processes", "1",
                             "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
     return subprocess.run(
         launcher + [str(REPO / "finetune" / "train.py")] + args,

@@ -1,0 +1,161 @@
+"""End to end through `accelerate launch finetune/train.py` on a tiny random BERT, offline."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from helpers import REPO, make_texts, offline_env, run_cli, save_tiny_model, write_tsv
+
+pytestmark = pytest.mark.slow
+
+N_ROWS = 150
+
+
+@pytest.fixture(scope="module")
+def assets(tmp_path_factory):
+    root = tmp_path_factory.mktemp("assets")
+    model = save_tiny_model(root / "tiny-bert")
+    data = write_tsv(root / "sms.csv", make_texts(N_ROWS, seed=3))
+    return model, data
+
+
+def write_config(path: Path, model: Path, data: Path, out: Path, **sections) -> Path:
+    cfg = {
+        "model": {"name_or_path": str(model)},
+        "data": {"train_file": str(data), "format": "tsv", "has_header": False, "column_names": ["label", "text"],
+                 "validation_split": 0.2, "max_length": 32},
+        "training": {"per_device_train_batch_size": 8, "gradient_accumulation_steps": 3, "num_train_epochs": 2,
+                     "per_device_eval_batch_size": 16, "seed": 5},
+        "optim": {"learning_rate": 1e-3, "warmup_ratio": 0.1},
+        "evaluation": {"metrics": ["accuracy", "f1"], "average": "binary", "positive_label": "spam"},
+        "logging": {"report_to": ["tensorboard"], "progress_bar": False},
+        "output": {"output_dir": str(out)},
+    }
+    for section, values in sections.items():
+        cfg.setdefault(section, {}).update(values)
+    path.write_text(yaml.safe_dump(cfg), encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="module")
+def trained(assets, tmp_path_factory):
+    model, data = assets
+    root = tmp_path_factory.mktemp("run")
+    out = root / "out"
+    cfg = write_config(root / "cfg.yaml", model, data, out)
+    proc = run_cli(["--config", str(cfg)])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out, proc
+
+
+def test_outputs_exist(trained):
+    out, _ = trained
+    for name in ("model.safetensors", "config.json", "tokenizer.json", "config.yaml", "train_log.jsonl",
+                 "metrics.json"):
+        assert (out / name).is_file(), name
+    config = json.loads((out / "config.json").read_text())
+    assert config["id2label"] == {"0": "ham", "1": "spam"}
+
+
+def test_one_log_record_per_update(trained):
+    out, _ = trained
+    records = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
+    train = [r for r in records if "train/loss" in r]
+    evals = [r for r in records if "eval/loss" in r]
+    n_train = N_ROWS - round(0.2 * N_ROWS)  # stratified carve keeps 120 of 150 for training
+    updates_per_epoch = math.ceil(math.ceil(n_train / 8) / 3)
+    assert [r["step"] for r in train] == list(range(1, 2 * updates_per_epoch + 1))
+    assert len(evals) == 2
+    for r in train:
+        assert set(r) >= {"train/loss", "train/lr", "train/grad_norm", "epoch", "step", "train/samples",
+                          "train/tokens", "train/samples_per_s", "train/tokens_per_s"}
+        assert math.isfinite(r["train/loss"]) and r["train/grad_norm"] > 0
+    assert train[updates_per_epoch - 1]["train/samples"] == n_train
+    assert train[-1]["train/lr"] > 0
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["train"]["updates"] == 2 * updates_per_epoch
+    assert set(metrics["eval"]) >= {"loss", "accuracy", "f1"}
+    assert metrics["eval"]["num_samples"] == round(0.2 * N_ROWS)
+
+
+def test_resolved_config_written(trained):
+    out, _ = trained
+    saved = yaml.safe_load((out / "config.yaml").read_text())
+    assert saved["training"]["gradient_accumulation_steps"] == 3
+    assert saved["training"]["mixed_precision"] == "no"
+
+
+def test_pipeline_loads_the_model(trained):
+    from transformers import pipeline
+
+    out, _ = trained
+    clf = pipeline("text-classification", model=str(out), device="cpu")
+    preds = clf(["free cash prize call now", "see you at dinner tonight"])
+    assert {p["label"] for p in preds} <= {"ham", "spam"}
+
+
+def test_tensorboard_receives_the_records(trained):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    out, _ = trained
+    events = list(out.rglob("events.out.tfevents.*"))
+    assert events
+    acc = EventAccumulator(str(events[0].parent))
+    acc.Reload()
+    losses = acc.Scalars("train/loss")
+    records = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
+    train = [r for r in records if "train/loss" in r]
+    assert [e.step for e in losses] == [r["step"] for r in train]
+    assert [e.value for e in losses] == pytest.approx([r["train/loss"] for r in train], rel=1e-6)
+
+
+def test_module_form_and_overrides(assets, tmp_path):
+    model, data = assets
+    out = tmp_path / "out"
+    cfg = write_config(tmp_path / "cfg.yaml", model, data, out)
+    proc = subprocess.run(
+        [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "1", "--num_machines", "1",
+         "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "finetune.train", "--config", str(cfg),
+         "training.max_steps=2", "training.num_train_epochs=null", "logging.report_to=[]",
+         "training.mixed_precision=bf16"],
+        cwd=REPO, env=offline_env(), capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    records = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if "train/loss" in r] == [1, 2]
+    assert yaml.safe_load((out / "config.yaml").read_text())["training"]["mixed_precision"] == "bf16"
+    assert "k=3" in proc.stderr and "processes=1" in proc.stderr
+
+
+def test_bad_key_is_one_line_and_touches_nothing(assets, trained, tmp_path):
+    out, _ = trained
+    model, data = assets
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    cfg = write_config(tmp_path / "cfg.yaml", model, data, out, training={"per_device_train_bach_size": 4})
+    proc = run_cli(["--config", str(cfg), "output.overwrite=true"])
+    assert proc.returncode != 0  # accelerate's launcher turns every failure into 1
+    assert "Traceback" not in proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert errors == [f"error: {cfg}: training.per_device_train_bach_size: unknown key "
+                      f"(did you mean training.per_device_train_batch_size?)"]
+    after = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    assert after == before
+
+
+def test_non_empty_output_dir_is_refused(assets, trained, tmp_path):
+    out, _ = trained
+    model, data = assets
+    cfg = write_config(tmp_path / "cfg.yaml", model, data, out)
+    # without a launcher the script's own exit code (2: bad input) comes through
+    proc = subprocess.run([sys.executable, "finetune/train.py", "--config", str(cfg)], cwd=REPO, env=offline_env(),
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2
+    assert "output.output_dir" in proc.stderr and "is not empty" in proc.stderr
+    assert "Traceback" not in proc.stderr
