@@ -1,0 +1,194 @@
+"""Validation metrics, computed through the ``evaluate`` library's API.
+
+The built-in metrics (:data:`BUILTIN_METRICS`) are local ``evaluate`` metric
+modules laid out as on the Hub, ``finetune/metrics/<name>/<name>.py``, so
+``evaluate.load`` reads them from disk and never needs the network. They are
+written by hand with numpy (``_classification.py``): the Hub's scripts cannot
+be fetched offline, and they call scikit-learn, which this package does not
+depend on. Any other metric name is passed to ``evaluate.load`` as is.
+
+``evaluate`` is imported only when a :class:`MetricSuite` is built: importing
+it pulls in transformers and torch, which takes seconds.
+"""
+
+from __future__ import annotations
+
+import difflib
+import numbers
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from finetune.errors import ConfigError
+from finetune.metrics._classification import AVERAGES, class_ids
+
+BUILTIN_METRICS: tuple[str, ...] = ("accuracy", "f1", "precision", "recall", "matthews_correlation")
+
+# The metrics that take the averaging options; the others would reject them.
+_AVERAGED = frozenset({"f1", "precision", "recall"})
+
+# Other spellings users reach for (scikit-learn's names, abbreviations).
+_ALIASES = {
+    "acc": "accuracy",
+    "accuracy_score": "accuracy",
+    "f1_score": "f1",
+    "precision_score": "precision",
+    "recall_score": "recall",
+    "mcc": "matthews_correlation",
+    "matthews_corrcoef": "matthews_correlation",
+}
+
+
+def builtin_metric_path(name: str) -> str:
+    """Path of a built-in metric's script, to pass to ``evaluate.load``.
+
+    Args:
+        name: One of :data:`BUILTIN_METRICS`.
+
+    Returns:
+        The absolute path of ``finetune/metrics/<name>/<name>.py``.
+
+    Raises:
+        KeyError: If ``name`` is not a built-in metric.
+    """
+    if name not in BUILTIN_METRICS:
+        raise KeyError(f"{name!r} is not a built-in metric; built in: {', '.join(BUILTIN_METRICS)}")
+    # An absolute path to the script itself: evaluate.load treats a relative
+    # path with at most one "/" that is not a file as a Hub id.
+    return str(Path(__file__).resolve().parent / name / f"{name}.py")
+
+
+def _closest_builtin(name: str) -> str | None:
+    key = name.strip().lower().replace("-", "_")
+    if key in _ALIASES:
+        return _ALIASES[key]
+    matches = difflib.get_close_matches(key, BUILTIN_METRICS, n=1, cutoff=0.6)
+    return matches[0] if matches else None
+
+
+def _first_line(error: BaseException) -> str:
+    lines = str(error).strip().splitlines()
+    return lines[0] if lines else type(error).__name__
+
+
+class MetricSuite:
+    """The configured metrics, computed with evaluate's API (local modules, combine).
+
+    Each metric is loaded once, here, with ``evaluate.load`` and kept; the
+    suite computes them all with one ``evaluate.combine`` object. The
+    averaging options are given to f1/precision/recall when they are loaded,
+    because ``CombinedEvaluations.compute`` would hand them to every metric.
+
+    Args:
+        names: Metric names, in the order of the results. Built-in names load
+            from the local modules; any other name goes to
+            ``evaluate.load(name)``, which needs the network unless the
+            metric is cached.
+        num_labels: Number of classes; the class ids are ``0..num_labels-1``
+            and all of them count in macro/weighted averages.
+        average: Averaging for f1/precision/recall: binary, macro, micro or
+            weighted.
+        pos_label: Class id of the positive class; required with
+            ``average="binary"``, ignored otherwise.
+
+    Raises:
+        ConfigError: If ``names`` is empty or repeats a name, a name cannot be
+            loaded, ``average`` is unknown, or ``average="binary"`` comes
+            without ``pos_label`` or with other than two labels.
+        ValueError: If ``num_labels`` < 1 or ``pos_label`` is not a class id.
+    """
+
+    def __init__(self, names: list[str], num_labels: int, average: str = "macro", pos_label: int | None = None):
+        names = list(names)
+        if not names:
+            raise ConfigError("evaluation.metrics: name at least one metric")
+        repeated = sorted({n for n in names if names.count(n) > 1})
+        if repeated:
+            raise ConfigError(f"evaluation.metrics: {', '.join(map(repr, repeated))} listed more than once")
+        if average not in AVERAGES:
+            raise ConfigError(f"evaluation.average: must be one of {', '.join(AVERAGES)}, got {average!r}")
+        if num_labels < 1:
+            raise ValueError(f"num_labels must be at least 1, got {num_labels}")
+        if average == "binary":
+            if pos_label is None:
+                raise ConfigError("evaluation.positive_label: required when evaluation.average is binary")
+            if num_labels != 2:
+                raise ConfigError(
+                    f"evaluation.average: binary needs exactly 2 labels, the data has {num_labels}; "
+                    "use macro, micro or weighted"
+                )
+            if pos_label not in (0, 1):
+                raise ValueError(f"pos_label must be a class id (0 or 1), got {pos_label!r}")
+
+        self.names = names
+        self.num_labels = num_labels
+        self.average = average
+        self.pos_label = pos_label if average == "binary" else None
+
+        import evaluate  # noqa: PLC0415 - see the module docstring
+
+        self._modules = {name: self._load(evaluate, name) for name in names}
+        self._combined = evaluate.combine(self._modules)
+
+    def _averaging(self) -> dict[str, Any]:
+        if self.average == "binary":
+            return {"average": "binary", "pos_label": self.pos_label}
+        return {"average": self.average, "labels": list(range(self.num_labels))}
+
+    def _load(self, evaluate, name: str):
+        # keep_in_memory: the gathered predictions are scored in one process,
+        # so evaluate's Arrow cache files and their locks would be pure overhead.
+        if name in BUILTIN_METRICS:
+            options = self._averaging() if name in _AVERAGED else {}
+            return evaluate.load(builtin_metric_path(name), keep_in_memory=True, **options)
+        try:
+            return evaluate.load(name, keep_in_memory=True)
+        except (OSError, ImportError) as error:  # FileNotFoundError, ConnectionError, missing packages
+            suggestion = _closest_builtin(name)
+            did_you_mean = f" (did you mean {suggestion!r}?)" if suggestion else ""
+            raise ConfigError(
+                f"evaluation.metrics: cannot load metric {name!r}{did_you_mean}",
+                hint=(
+                    f"Built in (offline): {', '.join(BUILTIN_METRICS)}. "
+                    f"Other names load with evaluate.load, which failed: {_first_line(error)}"
+                ),
+            ) from error
+
+    def compute(self, predictions, references) -> dict[str, float]:
+        """Scores class-id predictions against references with every configured metric.
+
+        Args:
+            predictions: 1-D int array or list of predicted class ids.
+            references: 1-D int array or list of true class ids.
+
+        Returns:
+            Plain Python floats keyed by result name, in the order of
+            ``names``; a built-in metric's key is its name.
+
+        Raises:
+            ValueError: If the inputs are not 1-D integer arrays of the same,
+                non-zero length, or hold ids outside ``0..num_labels-1``.
+            ConfigError: If a non-built-in metric returns something other than
+                a single number.
+        """
+        pred, ref = class_ids(predictions, references)
+        for name, ids in (("predictions", pred), ("references", ref)):
+            # Out-of-range ids would silently drop out of macro averages.
+            if ids.min() < 0 or ids.max() >= self.num_labels:
+                raise ValueError(
+                    f"{name} hold class ids outside 0..{self.num_labels - 1}: {sorted(set(ids.tolist()))[:10]}"
+                )
+        results = self._combined.compute(predictions=pred, references=ref)
+        return {key: self._as_float(key, value) for key, value in results.items()}
+
+    @staticmethod
+    def _as_float(key: str, value: Any) -> float:
+        if isinstance(value, np.ndarray) and value.size == 1:
+            value = value.item()
+        if isinstance(value, numbers.Real) and not isinstance(value, bool):
+            return float(value)
+        raise ConfigError(
+            f"evaluation.metrics: result {key!r} is a {type(value).__name__}, not a number; "
+            "use metrics that return single numbers"
+        )

@@ -1,0 +1,267 @@
+"""The built-in metrics against scikit-learn, and their loading through evaluate.
+
+scikit-learn is the oracle here only; the package computes the metrics with
+numpy (finetune/metrics/_classification.py).
+"""
+
+from __future__ import annotations
+
+import functools
+import socket
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import evaluate
+import evaluate.config
+import numpy as np
+import pytest
+from sklearn import metrics as skm
+
+from finetune.errors import ConfigError
+from finetune.metrics import BUILTIN_METRICS, MetricSuite, builtin_metric_path
+
+TOL = 1e-12
+
+
+def sklearn_scores(pred, ref, average, pos_label=None, labels=None):
+    """The five built-in metrics, as scikit-learn computes them."""
+    kw = {"average": average, "zero_division": 0}
+    if average == "binary":
+        kw["pos_label"] = pos_label
+    else:
+        kw["labels"] = labels
+    return {
+        "accuracy": skm.accuracy_score(ref, pred),
+        "f1": skm.f1_score(ref, pred, **kw),
+        "precision": skm.precision_score(ref, pred, **kw),
+        "recall": skm.recall_score(ref, pred, **kw),
+        "matthews_correlation": skm.matthews_corrcoef(ref, pred),
+    }
+
+
+@functools.cache
+def all_metrics_suite(num_labels, average, pos_label):
+    # Shared between tests, which also checks that a suite can compute repeatedly.
+    return MetricSuite(list(BUILTIN_METRICS), num_labels, average=average, pos_label=pos_label)
+
+
+def suite_scores(pred, ref, num_labels, average, pos_label=None):
+    suite = all_metrics_suite(num_labels, average, pos_label)
+    # Any warning (zero division included) fails the test.
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        return suite.compute(pred, ref)
+
+
+def assert_matches(got, expected):
+    assert list(got) == list(expected)
+    for key, value in expected.items():
+        assert type(got[key]) is float, key
+        assert got[key] == pytest.approx(value, abs=TOL, rel=0), key
+
+
+@pytest.fixture
+def no_network(monkeypatch):
+    """Offline mode on, and any connection attempt fails at once."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_EVALUATE_OFFLINE", "1")
+    # evaluate reads HF_EVALUATE_OFFLINE once, at import; without it, a Hub
+    # lookup retries with sleeps (1.5 s per unknown name) before failing.
+    monkeypatch.setattr(evaluate.config, "HF_EVALUATE_OFFLINE", True)
+
+    def refuse(*args, **kwargs):
+        raise OSError("network disabled in this test")
+
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.setattr(socket, "create_connection", refuse)
+
+
+@pytest.mark.parametrize("pos_label", [0, 1])
+def test_binary_matches_sklearn(pos_label):
+    rng = np.random.default_rng(0)
+    ref = rng.integers(0, 2, 200)
+    # Skewed predictions, so that the two pos_label values give different scores.
+    pred = np.where(rng.random(200) < 0.7, ref, 1 - ref) * (rng.random(200) < 0.8)
+    expected = sklearn_scores(pred, ref, "binary", pos_label=pos_label)
+    assert_matches(suite_scores(pred, ref, 2, "binary", pos_label=pos_label), expected)
+
+
+def test_binary_pos_label_changes_the_scores():
+    ref = np.array([0, 0, 0, 1, 1, 1, 1, 0])
+    pred = np.array([0, 1, 1, 1, 1, 1, 0, 0])
+    zero = suite_scores(pred, ref, 2, "binary", pos_label=0)
+    one = suite_scores(pred, ref, 2, "binary", pos_label=1)
+    assert zero["precision"] != one["precision"]
+    assert one == pytest.approx({"accuracy": 0.625, "f1": 2 / 3, "precision": 0.6, "recall": 0.75,
+                                 "matthews_correlation": skm.matthews_corrcoef(ref, pred)}, abs=TOL)
+
+
+@pytest.mark.parametrize("average", ["macro", "micro", "weighted"])
+@pytest.mark.parametrize("num_labels", [3, 4])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_multiclass_matches_sklearn(average, num_labels, seed):
+    rng = np.random.default_rng(seed)
+    ref = rng.integers(0, num_labels, 300)
+    # Better than chance, and with unequal classes, so that the averages differ.
+    pred = np.where(rng.random(300) < 0.5, ref, rng.integers(0, num_labels, 300) // 2)
+    labels = list(range(num_labels))
+    expected = sklearn_scores(pred, ref, average, labels=labels)
+    assert_matches(suite_scores(pred, ref, num_labels, average), expected)
+
+
+@pytest.mark.parametrize("average", ["macro", "micro", "weighted"])
+def test_class_never_predicted_scores_zero_precision(average):
+    ref = np.array([0, 1, 2, 2, 1, 0, 2, 1])
+    pred = np.array([0, 1, 1, 0, 1, 0, 1, 1])  # never predicts 2: its precision is 0/0
+    expected = sklearn_scores(pred, ref, average, labels=[0, 1, 2])
+    assert_matches(suite_scores(pred, ref, 3, average), expected)
+
+
+@pytest.mark.parametrize("average", ["macro", "micro", "weighted"])
+def test_class_absent_from_both_counts_via_labels(average):
+    ref = np.array([0, 1, 2, 2, 1, 0, 2, 1, 0])
+    pred = np.array([0, 1, 2, 0, 1, 0, 2, 2, 1])  # class 3 appears nowhere
+    expected = sklearn_scores(pred, ref, average, labels=[0, 1, 2, 3])
+    assert_matches(suite_scores(pred, ref, 4, average), expected)
+    if average == "macro":
+        # Class 3 pulls the macro average down: without labels= it would be higher.
+        assert expected["f1"] < skm.f1_score(ref, pred, average="macro")
+
+
+@pytest.mark.parametrize("seed", [3, 4])
+def test_mcc_multiclass_matches_sklearn(seed):
+    rng = np.random.default_rng(seed)
+    ref = rng.integers(0, 4, 500)
+    pred = np.where(rng.random(500) < 0.4, ref, rng.integers(0, 4, 500))
+    got = MetricSuite(["matthews_correlation"], 4).compute(pred, ref)
+    assert got == {"matthews_correlation": pytest.approx(skm.matthews_corrcoef(ref, pred), abs=TOL)}
+    assert 0.2 < got["matthews_correlation"] < 0.8
+
+
+@pytest.mark.parametrize("average", ["macro", "micro", "weighted"])
+def test_all_correct(average):
+    ref = np.array([0, 1, 2, 2, 1, 0, 1])
+    got = suite_scores(ref, ref, 3, average)
+    assert got == {name: 1.0 for name in BUILTIN_METRICS}
+    assert_matches(got, sklearn_scores(ref, ref, average, labels=[0, 1, 2]))
+
+
+@pytest.mark.filterwarnings("ignore:A single label was found:UserWarning")  # sklearn's, on the oracle side
+def test_all_correct_on_one_class_leaves_mcc_undefined():
+    ref = np.zeros(5, dtype=int)
+    got = suite_scores(ref, ref, 2, "macro")
+    assert got["accuracy"] == 1.0 and got["matthews_correlation"] == 0.0
+    assert_matches(got, sklearn_scores(ref, ref, "macro", labels=[0, 1]))
+
+
+@pytest.mark.parametrize("average", ["binary", "macro", "micro", "weighted"])
+def test_all_wrong(average):
+    ref = np.array([0, 1, 1, 0, 1, 0])
+    pred = 1 - ref
+    got = suite_scores(pred, ref, 2, average, pos_label=1 if average == "binary" else None)
+    assert got == {"accuracy": 0.0, "f1": 0.0, "precision": 0.0, "recall": 0.0, "matthews_correlation": -1.0}
+    assert_matches(got, sklearn_scores(pred, ref, average, pos_label=1, labels=[0, 1]))
+
+
+def test_local_modules_load_offline(no_network):
+    ref, pred = [0, 1, 2, 2, 1, 0], [0, 2, 2, 1, 1, 0]
+    expected = sklearn_scores(pred, ref, "macro", labels=[0, 1, 2])
+    for name in BUILTIN_METRICS:
+        script = Path(builtin_metric_path(name))
+        assert script.is_file() and script.parent.name == name
+        kw = {"average": "macro", "labels": [0, 1, 2]} if name in ("f1", "precision", "recall") else {}
+        # Both spellings evaluate accepts for a local module: the directory and the script.
+        for path in (str(script.parent), str(script)):
+            module = evaluate.load(path, keep_in_memory=True, **kw)
+            assert isinstance(module, evaluate.Metric)
+            result = module.compute(predictions=pred, references=ref)
+            assert result == {name: pytest.approx(expected[name], abs=TOL)}
+    assert_matches(MetricSuite(list(BUILTIN_METRICS), 3).compute(pred, ref), expected)
+
+
+def test_module_kwargs_at_compute_override_load_time_defaults(no_network):
+    ref, pred = [0, 1, 2, 2, 1, 0, 1], [0, 2, 2, 1, 1, 0, 0]
+    f1 = evaluate.load(builtin_metric_path("f1"), keep_in_memory=True, average="macro", labels=[0, 1, 2, 3])
+    assert f1.compute(predictions=pred, references=ref)["f1"] == pytest.approx(
+        skm.f1_score(ref, pred, average="macro", labels=[0, 1, 2, 3], zero_division=0), abs=TOL
+    )
+    assert f1.compute(predictions=pred, references=ref, average="weighted", labels=[0, 1, 2])["f1"] == (
+        pytest.approx(skm.f1_score(ref, pred, average="weighted"), abs=TOL)
+    )
+
+
+def test_local_modules_combine(no_network):
+    ref, pred = [1, 0, 1, 1, 0], [1, 1, 1, 0, 0]
+    modules = [
+        evaluate.load(builtin_metric_path(name), keep_in_memory=True, average="binary", pos_label=1)
+        if name in ("f1", "precision", "recall")
+        else evaluate.load(builtin_metric_path(name), keep_in_memory=True)
+        for name in BUILTIN_METRICS
+    ]
+    # No averaging kwargs at compute: combine would hand them to accuracy and MCC too.
+    got = evaluate.combine(modules).compute(predictions=pred, references=ref)
+    assert_matches(got, sklearn_scores(pred, ref, "binary", pos_label=1))
+
+
+def test_suite_computes_through_evaluate_combine(monkeypatch):
+    calls = []
+    real_combine = evaluate.combine
+
+    def spy(evaluations, **kwargs):
+        calls.append(evaluations)
+        return real_combine(evaluations, **kwargs)
+
+    monkeypatch.setattr(evaluate, "combine", spy)
+    names = ["recall", "accuracy", "matthews_correlation"]
+    suite = MetricSuite(names, 3, average="micro")
+    assert len(calls) == 1 and list(calls[0]) == names
+    assert all(isinstance(module, evaluate.Metric) for module in calls[0].values())
+    got = suite.compute([0, 1, 2, 1], [0, 1, 1, 1])
+    assert list(got) == names
+    # Loaded once: computing again reuses the same modules.
+    assert suite.compute([0, 1, 2, 1], [0, 1, 1, 1]) == got and len(calls) == 1
+
+
+def test_unknown_metric_is_a_one_line_config_error(no_network):
+    with pytest.raises(ConfigError) as info:
+        MetricSuite(["accuracy", "acuracy"], 3)
+    message = str(info.value)
+    assert "evaluation.metrics" in message and "'acuracy'" in message
+    assert "did you mean 'accuracy'" in message
+    assert "\n" not in message
+    with pytest.raises(ConfigError, match=r"evaluation\.metrics.*'no_such_score_xyz'") as info:
+        MetricSuite(["no_such_score_xyz"], 3)
+    assert "did you mean" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"names": [], "num_labels": 2}, "evaluation.metrics"),
+        ({"names": ["f1", "f1"], "num_labels": 2}, "evaluation.metrics"),
+        ({"names": ["f1"], "num_labels": 2, "average": "samples"}, "evaluation.average"),
+        ({"names": ["f1"], "num_labels": 2, "average": "binary"}, "evaluation.positive_label"),
+        ({"names": ["f1"], "num_labels": 3, "average": "binary", "pos_label": 1}, "evaluation.average"),
+    ],
+)
+def test_bad_settings_are_config_errors(kwargs, match):
+    with pytest.raises(ConfigError, match=match):
+        MetricSuite(**kwargs)
+
+
+def test_bad_inputs_are_rejected():
+    suite = MetricSuite(["accuracy"], 3)
+    with pytest.raises(ValueError, match="outside"):
+        suite.compute([0, 3], [0, 1])
+    with pytest.raises(ValueError, match="length"):
+        suite.compute([0, 1], [0, 1, 2])
+    with pytest.raises(ValueError, match="integer"):
+        suite.compute([0.5, 1.0], [0, 1])
+
+
+def test_import_is_light():
+    code = "import sys, finetune.metrics; assert not {'evaluate', 'torch', 'sklearn'} & set(sys.modules)"
+    subprocess.run([sys.executable, "-c", code], check=True)
