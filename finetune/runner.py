@@ -72,6 +72,28 @@ def resolve_batching(training: TrainingConfig, num_processes: int) -> Batching:
     return Batching(b, derived, num_processes)
 
 
+def configure_cpu_threads(device: torch.device, num_processes: int) -> Optional[int]:
+    """Give each process on a CPU its share of the cores; returns the thread count (None on GPU).
+
+    ``accelerate launch`` exports ``OMP_NUM_THREADS=1`` unless told otherwise, which
+    leaves a CPU run on one core. ``FINETUNE_CPU_THREADS`` pins the count instead.
+    """
+    if device.type != "cpu":
+        return None
+    pinned = os.environ.get("FINETUNE_CPU_THREADS")
+    if pinned:
+        try:
+            threads = int(pinned)
+        except ValueError:
+            raise LaunchError(f"FINETUNE_CPU_THREADS: expected a whole number, got {pinned!r}") from None
+    else:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", num_processes))
+        threads = max(1, cores // max(1, local))
+    torch.set_num_threads(threads)
+    return threads
+
+
 def build_accelerator(cfg: Config, project_dir: Optional[str] = None):
     """An ``Accelerator`` with ``k`` resolved for the launched process count.
 
@@ -87,6 +109,7 @@ def build_accelerator(cfg: Config, project_dir: Optional[str] = None):
             "training.mixed_precision: fp16 needs a GPU; this process runs on the CPU (use bf16 or no)"
         )
     batching = resolve_batching(cfg.training, state.num_processes)
+    configure_cpu_threads(state.device, state.num_processes)
     return Accelerator(
         gradient_accumulation_steps=batching.gradient_accumulation_steps,
         mixed_precision=cfg.training.mixed_precision,
@@ -236,6 +259,7 @@ def describe(run: Run) -> str:
     backend = getattr(acc.state, "backend", None) or "none"
     return (
         f"processes={acc.num_processes} backend={backend} device={acc.device} "
+        f"{'threads=' + str(torch.get_num_threads()) + ' ' if acc.device.type == 'cpu' else ''}"
         f"precision={acc.mixed_precision} b={b.per_device_batch_size} k={b.gradient_accumulation_steps} "
         f"P={b.num_processes} effective_batch={b.effective_batch_size} "
         f"train_samples={len(run.train_dataloader.dataset)} updates={run.plan.total_updates} "
