@@ -254,3 +254,15 @@ def test_plan_updates_sizes_in_updates():
     plan = plan_updates(10, 1, 1.5, None)
     assert (plan.total_updates, plan.num_epochs) == (15, 2)
     assert math.ceil(10 / 4) == plan_updates(10, 4, 1, None).total_updates
+
+
+def test_adamw_groups_skip_decay_on_biases_and_layernorm():
+    model = tiny_bert(seed=0)
+    optimizer = build_optimizer(model, OptimConfig(weight_decay=0.1))
+    names = {id(p): n for n, p in model.named_parameters()}
+    decayed = {names[id(p)] for g in optimizer.param_groups if g["weight_decay"] == 0.1 for p in g["params"]}
+    plain = {names[id(p)] for g in optimizer.param_groups if g["weight_decay"] == 0.0 for p in g["params"]}
+    assert decayed | plain == set(names.values()) and not decayed & plain
+    assert all(n.endswith("bias") or "LayerNorm" in n for n in plain)
+    assert "bert.encoder.layer.0.attention.output.LayerNorm.weight" in plain
+    assert "classifier.weight" in decayed and "bert.embeddings.word_embeddings.weight" in decayed
