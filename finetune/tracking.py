@@ -13,6 +13,8 @@ import os
 from pathlib import Path
 from typing import Any, Optional
 
+from finetune.errors import ConfigError
+
 LOG_FILE = "train_log.jsonl"
 
 
@@ -76,6 +78,44 @@ def read_log(output_dir: str | os.PathLike) -> list[dict[str, Any]]:
     path = Path(output_dir) / LOG_FILE
     with open(path, encoding="utf-8") as fh:
         return [json.loads(line) for line in fh if line.strip()]
+
+
+# pip package of each tracker Accelerate supports, where it differs from the tracker's name
+_TRACKER_PACKAGES = {"comet_ml": "comet-ml", "aim": "'aim<4'"}
+
+
+def check_trackers(report_to: list[str]) -> None:
+    """Check at start-up that every tracker in ``logging.report_to`` can really be used.
+
+    Accelerate skips a tracker whose package is missing with only a debug
+    message, so a run would train without the logs the user asked for. The
+    packages are looked up, not imported (some take seconds to import).
+
+    Args:
+        report_to: Tracker names from the config (``"all"``: every installed one).
+
+    Raises:
+        ConfigError: naming ``logging.report_to``, for a name Accelerate does not
+            know or a tracker whose package is not installed (with the pip command).
+    """
+    import difflib
+
+    from accelerate.tracking import LOGGER_TYPE_TO_CLASS, get_available_trackers
+
+    known = list(LOGGER_TYPE_TO_CLASS)
+    available = {str(getattr(t, "value", t)) for t in get_available_trackers()}
+    for name in report_to:
+        if name == "all":
+            continue
+        if name not in known:
+            close = difflib.get_close_matches(name, known, n=1)
+            hint = f"did you mean {close[0]!r}?" if close else f"one of: all, {', '.join(known)}"
+            raise ConfigError(f"logging.report_to: unknown tracker {name!r} ({hint})")
+        if name not in available:
+            package = _TRACKER_PACKAGES.get(name, name)
+            raise ConfigError(
+                f"logging.report_to: tracker {name!r} needs a package that is not installed (pip install {package})"
+            )
 
 
 def flat_hparams(config: dict[str, Any]) -> dict[str, Any]:

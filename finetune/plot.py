@@ -1,0 +1,251 @@
+"""Training curves and confusion matrices as PNG files.
+
+``python -m finetune.plot <output_dir>`` reads ``<output_dir>/train_log.jsonl``
+and writes ``<output_dir>/curves.png`` (``fit`` does the same at the end of
+training):
+
+* loss per update, with a smoothed line and the validation loss at each evaluation;
+* learning rate per update;
+* validation metrics per epoch;
+
+with the updates at epoch boundaries marked on all three.
+
+The figures are built with ``matplotlib.figure.Figure`` rather than
+``pyplot``, so a training process keeps no global figure state and needs no
+display. In a notebook, ``display(fig)`` (or leaving ``fig`` as the cell's last
+value) shows them inline.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+from finetune.errors import DataError, FinetuneError
+
+CURVES_FILE = "curves.png"
+# Figure size in inches and resolution: curves.png is 1500 x 420 pixels.
+CURVES_SIZE = (15.0, 4.2)
+DPI = 100
+
+
+def _matplotlib():
+    try:
+        from matplotlib.figure import Figure
+    except ImportError:
+        raise FinetuneError("plotting needs matplotlib, which is not installed (pip install matplotlib)") from None
+    return Figure
+
+
+def smooth(values: Sequence[float], span: Optional[int] = None) -> list[float]:
+    """Exponential moving average, debiased at the start (as TensorBoard's smoothing).
+
+    Args:
+        values: The series, in update order.
+        span: Averaging span in points (pandas' ``span``: weight ``1 - 2/(span+1)``
+            on the running mean); by default a tenth of the series, between 1 and 50.
+
+    Returns:
+        The smoothed series, same length. Non-finite values are skipped (the
+        running mean carries over them).
+    """
+    n = len(values)
+    if span is None:
+        span = min(50, max(1, n // 10))
+    weight = 1.0 - 2.0 / (span + 1)
+    out, mean, norm = [], 0.0, 0.0
+    for value in values:
+        if math.isfinite(value):
+            mean = weight * mean + (1.0 - weight) * value
+            norm = weight * norm + (1.0 - weight)
+        out.append(mean / norm if norm > 0 else float("nan"))
+    return out
+
+
+def _number(value: Any) -> Optional[float]:
+    # train_log.jsonl stores NaN/inf as strings; anything else non-numeric is not a curve value
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return None
+    return None
+
+
+def split_records(records: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Training records (with ``train/loss``) and evaluation records (with ``eval/...``), by step."""
+    train = sorted((r for r in records if "train/loss" in r), key=lambda r: r["step"])
+    evals = sorted((r for r in records if any(k.startswith("eval/") for k in r)), key=lambda r: r.get("step", 0))
+    return train, evals
+
+
+def epoch_boundaries(train: list[dict[str, Any]]) -> list[tuple[int, int]]:
+    """``(update, epoch)`` for each training record that ends an epoch (its ``epoch`` is whole)."""
+    marks = []
+    for r in train:
+        epoch = _number(r.get("epoch"))
+        if epoch is not None and epoch > 0 and abs(epoch - round(epoch)) < 1e-9:
+            marks.append((int(r["step"]), int(round(epoch))))
+    return marks
+
+
+def _mark_epochs(ax, marks: list[tuple[int, int]], label: bool = False) -> None:
+    for step, epoch in marks:
+        ax.axvline(step, color="0.6", linestyle="--", linewidth=0.8, zorder=0)
+        if label:
+            ax.annotate(f"epoch {epoch}", xy=(step, 1.0), xycoords=("data", "axes fraction"), xytext=(-2, -2),
+                        textcoords="offset points", ha="right", va="top", fontsize=8, color="0.4")
+
+
+def curves_figure(records: list[dict[str, Any]], title: Optional[str] = None):
+    """The three-panel figure of a run's records (loss, learning rate, validation metrics).
+
+    Args:
+        records: Records as in ``train_log.jsonl`` (see :func:`finetune.tracking.read_log`),
+            or the dicts ``train_one_epoch`` hands to ``on_log`` plus evaluation
+            records ``{"step": ..., "epoch": ..., "eval/<name>": ...}``.
+        title: Figure title.
+
+    Returns:
+        A ``matplotlib.figure.Figure`` of :data:`CURVES_SIZE` inches at :data:`DPI`.
+
+    Raises:
+        DataError: if there is no training record to plot.
+    """
+    Figure = _matplotlib()
+    train, evals = split_records(records)
+    if not train:
+        raise DataError("no training records (train/loss) to plot")
+    steps = [int(r["step"]) for r in train]
+    loss = [_number(r["train/loss"]) for r in train]
+    loss = [v if v is not None else float("nan") for v in loss]
+    marks = epoch_boundaries(train)
+
+    fig = Figure(figsize=CURVES_SIZE, dpi=DPI, layout="constrained")
+    ax_loss, ax_lr, ax_eval = fig.subplots(1, 3, sharex=True)
+
+    per = "update" if all(b - a == 1 for a, b in zip(steps, steps[1:])) else "logged record"
+    ax_loss.plot(steps, loss, color="tab:blue", alpha=0.35, linewidth=1, label=f"train loss (per {per})")
+    ax_loss.plot(steps, smooth(loss), color="tab:blue", linewidth=2, label="smoothed")
+    eval_loss = [(int(r["step"]), _number(r.get("eval/loss"))) for r in evals if "eval/loss" in r]
+    if eval_loss:
+        ax_loss.plot([s for s, _ in eval_loss], [v for _, v in eval_loss], "o-", color="tab:orange",
+                     label="validation loss")
+    ax_loss.set_title("loss")
+    ax_loss.set_xlabel("update")
+    ax_loss.legend(fontsize=8)
+
+    if any("train/lr" in r for r in train):
+        ax_lr.plot(steps, [_number(r.get("train/lr")) for r in train], color="tab:green")
+    ax_lr.set_title("learning rate")
+    ax_lr.set_xlabel("update")
+    ax_lr.ticklabel_format(axis="y", style="sci", scilimits=(-3, 3))
+
+    names = [k for k in dict.fromkeys(k for r in evals for k in r)
+             if k.startswith("eval/") and k not in ("eval/loss", "eval/num_samples")]
+    for name in names:
+        points = [(int(r["step"]), _number(r[name])) for r in evals if name in r and _number(r[name]) is not None]
+        ax_eval.plot([s for s, _ in points], [v for _, v in points], "o-", label=name.removeprefix("eval/"))
+        last_step, last = points[-1]
+        ax_eval.annotate(f"{last:.3f}", xy=(last_step, last), xytext=(3, 0), textcoords="offset points",
+                         fontsize=7, va="center")
+    if names:
+        ax_eval.legend(fontsize=8)
+    else:
+        ax_eval.text(0.5, 0.5, "no validation records", ha="center", va="center", transform=ax_eval.transAxes,
+                     color="0.5")
+    ax_eval.set_title("validation metrics (per epoch)")
+    ax_eval.set_xlabel("update")
+
+    for ax in (ax_loss, ax_lr, ax_eval):
+        _mark_epochs(ax, marks, label=ax is ax_loss)
+        ax.grid(alpha=0.3)
+    if title:
+        fig.suptitle(title)
+    return fig
+
+
+def plot_curves(output_dir: str | os.PathLike, path: str | os.PathLike | None = None) -> Path:
+    """Write the curves of the run in ``output_dir`` to ``path`` (default ``<output_dir>/curves.png``).
+
+    Raises:
+        DataError: if ``output_dir`` has no ``train_log.jsonl`` or the log has no training record.
+    """
+    from finetune.tracking import LOG_FILE, read_log
+
+    output_dir = Path(output_dir)
+    if not (output_dir / LOG_FILE).is_file():
+        raise DataError(f"{output_dir}: no {LOG_FILE} here (is it the output_dir of a run?)")
+    try:
+        records = read_log(output_dir)
+    except ValueError as exc:  # json.JSONDecodeError
+        raise DataError(f"{output_dir / LOG_FILE}: not JSON lines ({exc})") from None
+    try:
+        fig = curves_figure(records, title=str(output_dir))
+    except DataError as exc:
+        raise DataError(f"{output_dir / LOG_FILE}: {exc.message}") from None
+    path = Path(path) if path is not None else output_dir / CURVES_FILE
+    fig.savefig(path, dpi=DPI)
+    return path
+
+
+def confusion_figure(matrix, names: Sequence[str], title: Optional[str] = None):
+    """A confusion matrix as a heat map with the counts written in (rows: true, columns: predicted).
+
+    Args:
+        matrix: ``K x K`` counts, ``matrix[i][j]`` = samples of class ``i`` predicted as ``j``.
+        names: The ``K`` class names.
+        title: Figure title.
+    """
+    import numpy as np
+
+    Figure = _matplotlib()
+    m = np.asarray(matrix)
+    k = len(names)
+    side = min(12.0, 2.5 + 0.6 * k)
+    fig = Figure(figsize=(side + 1.0, side), dpi=DPI, layout="constrained")
+    ax = fig.subplots()
+    # colour by the share of each true class, so rare classes are as readable as common ones
+    rows = m.sum(axis=1, keepdims=True)
+    share = np.divide(m, rows, out=np.zeros(m.shape, dtype=float), where=rows > 0)
+    image = ax.imshow(share, cmap="Blues", vmin=0.0, vmax=1.0)
+    fig.colorbar(image, ax=ax, label="share of the true class")
+    for i in range(k):
+        for j in range(k):
+            ax.text(j, i, str(int(m[i, j])), ha="center", va="center",
+                    color="white" if share[i, j] > 0.5 else "black", fontsize=9)
+    ax.set_xticks(range(k), labels=list(names), rotation=45 if k > 4 else 0, ha="right" if k > 4 else "center")
+    ax.set_yticks(range(k), labels=list(names))
+    ax.set_xlabel("predicted")
+    ax.set_ylabel("true")
+    if title:
+        ax.set_title(title)
+    return fig
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m finetune.plot <output_dir> [--output PATH]``; returns the exit code."""
+    parser = argparse.ArgumentParser(prog="python -m finetune.plot",
+                                     description="Plot a run's loss, learning rate and validation metrics.")
+    parser.add_argument("output_dir", help="the run's output directory (holds train_log.jsonl)")
+    parser.add_argument("--output", default=None, help=f"PNG to write (default: <output_dir>/{CURVES_FILE})")
+    args = parser.parse_args(argv)
+    try:
+        path = plot_curves(args.output_dir, args.output)
+    except FinetuneError as exc:
+        print(f"error: {exc.message}", file=sys.stderr)
+        return exc.exit_code
+    print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,237 @@
+"""Score a fine-tuned model on a labelled file: ``python -m finetune.score``.
+
+Usage::
+
+    python -m finetune.score outputs/sms_spam --file held_out.tsv
+    python -m finetune.score outputs/sms_spam --file test.csv data.format=csv data.has_header=true
+    python -m finetune.score outputs/bbc_news --file test.csv evaluation.metrics=[accuracy] --json scores.json
+
+The file is read as training read its data: with the ``data`` settings of the
+run's saved ``config.yaml`` (format, header, column names, empty texts), which
+``data.key=value`` arguments override. Labels are matched to the model's by
+name; a label the model was not trained on is an error naming its row. The
+metrics are the run's ``evaluation`` settings (the same
+:class:`~finetune.metrics.MetricSuite` as validation during training), plus
+the loss; a confusion matrix is printed and written as a PNG (by default
+``<output_dir>/confusion_<file name>.png``).
+
+(Not named ``evaluate``: a module of that name would hide the ``evaluate``
+library for ``accelerate launch finetune/...``.)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+from finetune.errors import ConfigError, DataError, FinetuneError, ModelError
+from finetune.predict import DEFAULT_BATCH_SIZE, Predictor
+
+_SCORE_SECTIONS = ("data", "evaluation")
+# The labelled file is the only data: no second file, no carve, no caps.
+_DATA_FIXED = {"dataset_name": None, "validation_file": None, "validation_split": 0.0,
+               "max_train_samples": None, "max_eval_samples": None}
+
+
+@dataclass
+class Score:
+    """What :func:`score_file` measured."""
+
+    file: str
+    # {"loss", "num_samples", <metric>: value} as in evaluate_model's results
+    metrics: dict[str, float]
+    # class names in class-id order (the model's)
+    labels: list[str]
+    # confusion[i][j]: samples of true class i predicted as class j
+    confusion: Any
+    predictions: Any
+    references: Any
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"file": self.file, "metrics": self.metrics, "labels": self.labels,
+                "confusion_matrix": self.confusion.tolist()}
+
+
+def scoring_config(output_dir: str | os.PathLike, file: str | os.PathLike, overrides: Sequence[str] = ()):
+    """The run's saved config with ``data`` pointed at ``file`` and ``overrides`` applied.
+
+    Without a saved ``config.yaml`` the schema's defaults apply (format from
+    the extension, columns ``text`` and ``label``, accuracy and macro f1).
+
+    Raises:
+        ConfigError: for an override outside ``data.*`` / ``evaluation.*`` or an invalid value.
+    """
+    from finetune.config import config_from_dict, parse_override, read_yaml
+    from finetune.runner import CONFIG_FILE
+
+    path = Path(output_dir) / CONFIG_FILE
+    raw = read_yaml(path) if path.is_file() else {}
+    data = dict(raw.get("data") or {})
+    data.update(_DATA_FIXED, train_file=str(file))
+    tree = {"data": data, "evaluation": dict(raw.get("evaluation") or {})}
+    given = set()
+    for text in overrides:
+        key, value = parse_override(text)
+        section, _, name = key.partition(".")
+        if section not in _SCORE_SECTIONS or not name or "." in name:
+            raise ConfigError(f"override {text!r}: scoring reads only data.<key> and evaluation.<key> settings")
+        if section == "data" and name in (*_DATA_FIXED, "train_file"):
+            raise ConfigError(f"override {text!r}: the file to score is --file")
+        tree[section][name] = value
+        given.add(key)
+    if tree["data"].get("has_header") and "data.column_names" not in given:
+        tree["data"]["column_names"] = None  # a header names the columns; the run's names were for a headerless file
+    return config_from_dict(tree, source=f"{path} with --file {file}" if path.is_file() else f"--file {file}")
+
+
+def load_labelled(file: str | os.PathLike, data_cfg, labels: Sequence[str]):
+    """Texts and class ids of a labelled file, read with ``finetune.data``'s readers.
+
+    Unlike training data, the file may hold fewer classes than the model
+    knows: its labels are looked up among the model's ``labels``.
+
+    Returns:
+        ``(texts, text_pairs or None, class ids)``.
+
+    Raises:
+        DataError: naming the file and row for unreadable data, empty texts
+            (unless ``data.on_empty_text: drop``) and labels the model does not have.
+    """
+    from finetune import data as fdata
+
+    # The readers behind load_splits, minus its label space drawn from the file itself.
+    fdata._check_column_settings(data_cfg)
+    table = fdata._load_local(str(file), "--file", data_cfg)
+    table = fdata._drop_or_reject_empty_texts(table, data_cfg)
+    keys = fdata._label_keys(table)
+    ds = fdata._encode_labels(table, keys, fdata.LabelSpace(list(labels)))
+    pairs = ds[fdata.TEXT_PAIR] if fdata.TEXT_PAIR in ds.column_names else None
+    return ds[fdata.TEXT], pairs, ds[fdata.LABELS]
+
+
+def confusion_matrix(references, predictions, num_labels: int):
+    """``K x K`` counts: row = true class id, column = predicted class id."""
+    import numpy as np
+
+    ref = np.asarray(references, dtype=np.int64)
+    pred = np.asarray(predictions, dtype=np.int64)
+    return np.bincount(ref * num_labels + pred, minlength=num_labels * num_labels).reshape(num_labels, num_labels)
+
+
+def score_file(output_dir: str | os.PathLike, file: str | os.PathLike, overrides: Sequence[str] = (),
+               batch_size: int = DEFAULT_BATCH_SIZE, predictor: Optional[Predictor] = None) -> Score:
+    """The configured metrics, the loss and the confusion matrix of a run's model on a labelled file.
+
+    Args:
+        output_dir: The run's output directory (model and ``config.yaml``).
+        file: Labelled data in any format training reads.
+        overrides: ``data.key=value`` / ``evaluation.key=value`` settings.
+        batch_size: Texts per forward pass.
+        predictor: An already loaded :class:`~finetune.predict.Predictor` (default: load from ``output_dir``).
+
+    Raises:
+        FinetuneError: one line naming the file, row or key for bad input.
+    """
+    import torch
+    import torch.nn.functional as F
+
+    from finetune.metrics import MetricSuite
+
+    cfg = scoring_config(output_dir, file, overrides)
+    predictor = predictor or Predictor.load(output_dir, batch_size=batch_size)
+    names = predictor.labels
+    texts, pairs, references = load_labelled(file, cfg.data, names)
+
+    pos_label = None
+    if cfg.evaluation.average == "binary":
+        if cfg.evaluation.positive_label not in names:
+            raise ConfigError(f"evaluation.positive_label: {cfg.evaluation.positive_label!r} is not a label of "
+                              f"the model ({', '.join(names)})")
+        pos_label = names.index(cfg.evaluation.positive_label)
+    suite = MetricSuite(cfg.evaluation.metrics, len(names), cfg.evaluation.average, pos_label)
+
+    logits = predictor.logits(texts, pairs, progress=True)
+    refs = torch.as_tensor(references, dtype=torch.long)
+    predictions = logits.argmax(axis=1)
+    # the loss evaluate_model reports: mean per-sample cross-entropy on float32 logits
+    loss = F.cross_entropy(torch.from_numpy(logits), refs).item()
+    metrics = {"loss": loss, "num_samples": len(texts), **suite.compute(predictions, refs.numpy())}
+    return Score(str(file), metrics, list(names), confusion_matrix(refs.numpy(), predictions, len(names)),
+                 predictions, refs.numpy())
+
+
+def format_confusion(matrix, names: Sequence[str]) -> str:
+    """The confusion matrix as an aligned text table (rows: true, columns: predicted)."""
+    names = [str(n) for n in names]
+    width = max([len(n) for n in names] + [len(str(int(matrix.max()))) if matrix.size else 1, 4])
+    head = " " * (width + 2) + " ".join(n.rjust(width) for n in names)
+    rows = [f"{name.ljust(width)}  " + " ".join(str(int(v)).rjust(width) for v in row)
+            for name, row in zip(names, matrix)]
+    return "\n".join(["confusion matrix (rows: true label, columns: predicted label)", head, *rows])
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m finetune.score",
+                                     description="Score a fine-tuned model on a labelled file.")
+    parser.add_argument("output_dir", help="a run's output directory (the saved model and config.yaml)")
+    parser.add_argument("--file", required=True, help="labelled data: csv, tsv, json/jsonl, parquet or a class folder")
+    parser.add_argument("--png", default=None,
+                        help="confusion-matrix PNG to write (default: <output_dir>/confusion_<file name>.png)")
+    parser.add_argument("--json", default=None, help="also write the metrics and the matrix to this JSON file")
+    parser.add_argument("--batch-size", type=int, default=DEFAULT_BATCH_SIZE, help="texts per forward pass")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks for input errors")
+    parser.add_argument("overrides", nargs="*", metavar="section.key=value",
+                        help="data.* / evaluation.* settings replacing the run's")
+    return parser.parse_args(argv)
+
+
+def run(args: argparse.Namespace) -> Score:
+    """Check the arguments, score, print and write the outputs."""
+    from finetune.plot import DPI, confusion_figure
+
+    output_dir = Path(args.output_dir)
+    if not (output_dir / "config.json").is_file():
+        raise ModelError(f"{output_dir}: no model here (no config.json); pass a run's output_dir")
+    if args.batch_size < 1:
+        raise ConfigError(f"--batch-size: must be >= 1, got {args.batch_size}")
+    png = Path(args.png) if args.png else output_dir / f"confusion_{Path(args.file).stem}.png"
+    for flag, target in (("--png", png), ("--json", Path(args.json) if args.json else None)):
+        if target is not None and not target.resolve().parent.is_dir():
+            raise DataError(f"{flag} {target}: its directory does not exist")
+    result = score_file(output_dir, args.file, args.overrides, args.batch_size)
+    print(f"{result.file}: {result.metrics['num_samples']} samples")
+    width = max(len(k) for k in result.metrics)
+    for key, value in result.metrics.items():
+        print(f"  {key.ljust(width)}  {value:.4f}" if isinstance(value, float) else f"  {key.ljust(width)}  {value}")
+    print(format_confusion(result.confusion, result.labels))
+    confusion_figure(result.confusion, result.labels, title=f"{output_dir.name} on {Path(args.file).name}").savefig(
+        png, dpi=DPI)
+    print(f"confusion matrix: {png}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(result.to_dict(), indent=2) + "\n", encoding="utf-8")
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command-line entry point; returns the exit code (2 for bad input)."""
+    args = parse_args(argv)
+    debug = args.debug or os.environ.get("FINETUNE_DEBUG", "") not in ("", "0")
+    try:
+        run(args)
+    except FinetuneError as exc:
+        if debug:
+            raise
+        print(f"error: {exc.message}", file=sys.stderr)
+        if exc.hint:
+            print(f"hint: {exc.hint}", file=sys.stderr)
+        return exc.exit_code
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
