@@ -449,14 +449,18 @@ def read_yaml(path: str | os.PathLike) -> dict[str, Any]:
     """Read a YAML config file with the safe loader.
 
     Raises:
-        ConfigError: if the file is missing, not YAML, or not a mapping.
+        ConfigError: if the file is missing, not a readable file, not YAML, or not a mapping.
     """
     p = Path(path)
-    if not p.is_file():
+    if not p.exists():
         raise ConfigError(f"config file not found: {p}")
+    if not p.is_file():
+        raise ConfigError(f"config file {p}: not a file (a YAML file is expected)")
     try:
         with open(p, encoding="utf-8") as fh:
             data = yaml.safe_load(fh)
+    except OSError as exc:  # unreadable: permissions, a broken mount
+        raise ConfigError(f"config file {p}: cannot read it ({exc.strerror or exc})") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark is not None else ""

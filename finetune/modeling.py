@@ -34,7 +34,45 @@ def load_tokenizer(cfg: ModelConfig):
             location, revision=cfg.revision, trust_remote_code=cfg.trust_remote_code
         )
     except (OSError, ValueError) as exc:
-        raise ModelError(f"{key}: cannot load a tokenizer from {location}: {_first_line(exc)}") from None
+        raise ModelError(
+            f"{key}: cannot load a tokenizer from {location}: {_first_line(exc)}", _hub_hint(location)
+        ) from None
+
+
+def load_model_config(cfg: ModelConfig, max_length: Optional[int] = None):
+    """The model's configuration, checked against ``data.max_length``.
+
+    It reads one small file, so a run checks the model with it before reading
+    any data; :func:`load_model` checks the same again.
+
+    Args:
+        cfg: The ``model`` section.
+        max_length: ``data.max_length``, checked against the model's position limit.
+
+    Returns:
+        The ``transformers`` ``PretrainedConfig``.
+
+    Raises:
+        ModelError: for a missing path, a directory that is not a model, a
+            configuration that cannot be read, or a ``max_length`` above the
+            model's position limit.
+    """
+    from transformers import AutoConfig
+
+    location = _location(cfg.name_or_path, "model.name_or_path")
+    try:
+        config = AutoConfig.from_pretrained(location, revision=cfg.revision, trust_remote_code=cfg.trust_remote_code)
+    except (OSError, ValueError) as exc:
+        raise ModelError(
+            f"model.name_or_path: cannot load {location}: {_first_line(exc)}", _hub_hint(location)
+        ) from None
+    limit = getattr(config, "max_position_embeddings", None)
+    if max_length is not None and limit is not None and max_length > limit:
+        raise ModelError(
+            f"data.max_length: {max_length} exceeds the position limit {limit} of model.name_or_path {location}",
+            hint=f"set data.max_length to at most {limit}",
+        )
+    return config
 
 
 def load_model(cfg: ModelConfig, id2label: dict[int, str], max_length: Optional[int] = None):
@@ -50,17 +88,11 @@ def load_model(cfg: ModelConfig, id2label: dict[int, str], max_length: Optional[
             head whose size disagrees with the labels (unless
             ``model.ignore_mismatched_sizes``), or a too-long ``max_length``.
     """
-    from transformers import AutoConfig, AutoModelForSequenceClassification
+    from transformers import AutoModelForSequenceClassification
 
     location = _location(cfg.name_or_path, "model.name_or_path")
     label2id = {name: i for i, name in id2label.items()}
-    try:
-        config = AutoConfig.from_pretrained(location, revision=cfg.revision, trust_remote_code=cfg.trust_remote_code)
-    except (OSError, ValueError) as exc:
-        raise ModelError(f"model.name_or_path: cannot load {location}: {_first_line(exc)}") from None
-    limit = getattr(config, "max_position_embeddings", None)
-    if max_length is not None and limit is not None and max_length > limit:
-        raise ModelError(f"data.max_length: {max_length} exceeds the model's position limit {limit}")
+    config = load_model_config(cfg, max_length)
     trained_labels = getattr(config, "id2label", None) or {}
     has_head = any(a.endswith("ForSequenceClassification") for a in (config.architectures or []))
     if has_head and len(trained_labels) != len(id2label) and not cfg.ignore_mismatched_sizes:
@@ -86,6 +118,13 @@ def load_model(cfg: ModelConfig, id2label: dict[int, str], max_length: Optional[
         )
     except (OSError, ValueError) as exc:
         raise ModelError(f"model.name_or_path: cannot load {location}: {_first_line(exc)}") from None
+
+
+def _hub_hint(location: str) -> Optional[str]:
+    """Say why a name that is no local path was looked up on the Hub (a mistyped relative path?)."""
+    if Path(location).expanduser().exists():
+        return None
+    return f"{location!r} is not a local path, so it was taken as a Hugging Face Hub id"
 
 
 def _first_line(exc: BaseException) -> str:

@@ -59,9 +59,14 @@ def resolve_batching(training: TrainingConfig, num_processes: int) -> Batching:
     if B is None:
         return Batching(b, k or 1, num_processes)
     if B % (b * num_processes) != 0:
+        step = b * num_processes
+        nearest = sorted({max(step, B // step * step), (B // step + 1) * step})
         raise ConfigError(
-            f"training.effective_batch_size: {B} is not a multiple of per_device_train_batch_size ({b}) "
-            f"x processes ({num_processes})"
+            f"training.effective_batch_size: {B} samples per update cannot be split over {num_processes} "
+            f"process{'es' if num_processes > 1 else ''} with per_device_train_batch_size {b} "
+            f"(it must be a multiple of {b} x {num_processes} = {step})",
+            hint=f"set training.effective_batch_size to a multiple of {step} ({' or '.join(map(str, nearest))} "
+            f"are nearest), or change per_device_train_batch_size or the number of processes",
         )
     derived = B // (b * num_processes)
     if k is not None and k != derived:
@@ -203,7 +208,7 @@ def setup_run(cfg: Config, accelerator=None) -> Run:
 
     from finetune.data import load_splits, tokenize_splits
     from finetune.metrics import MetricSuite
-    from finetune.modeling import load_model, load_tokenizer
+    from finetune.modeling import load_model, load_model_config, load_tokenizer
 
     accelerator = accelerator or build_accelerator(cfg)
     batching = resolve_batching(cfg.training, accelerator.num_processes)
@@ -214,10 +219,12 @@ def setup_run(cfg: Config, accelerator=None) -> Run:
         )
     set_seed(cfg.training.seed)
 
+    # Every check that can reject the input runs before tokenization, which takes minutes
+    # on a large data set: the model's path and position limit even before the data is read.
     tokenizer = load_tokenizer(cfg.model)
+    load_model_config(cfg.model, cfg.data.max_length)
     with accelerator.main_process_first():
         splits, labels = load_splits(cfg.data, seed=cfg.training.seed)
-        tokenized = tokenize_splits(splits, tokenizer, cfg.data.max_length)
     model = load_model(cfg.model, labels.id2label, max_length=cfg.data.max_length)
 
     pos_label = None
@@ -230,6 +237,8 @@ def setup_run(cfg: Config, accelerator=None) -> Run:
         pos_label = labels.label2id[cfg.evaluation.positive_label]
     metrics = MetricSuite(cfg.evaluation.metrics, len(labels), cfg.evaluation.average, pos_label)
 
+    with accelerator.main_process_first():
+        tokenized = tokenize_splits(splits, tokenizer, cfg.data.max_length)
     train_dl, eval_dl = build_dataloaders(cfg, tokenized, tokenizer, accelerator, batching)
     optimizer = build_optimizer(model, cfg.optim)
     if eval_dl is not None:

@@ -23,6 +23,7 @@ if __name__ == "__main__" and not __package__:
     sys.path.insert(0, str(_here.parent))
 
 import argparse  # noqa: E402
+import dataclasses  # noqa: E402
 import logging  # noqa: E402
 import os  # noqa: E402
 
@@ -46,17 +47,35 @@ def _is_main_rank() -> bool:
     return os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0")) == "0"
 
 
+def _name_config_file(exc: FinetuneError, config_path: str | None) -> None:
+    """Put the config file in front of a message that starts with one of its keys.
+
+    Checks made after loading (the batch split over the launched processes, the
+    data's labels, the model's limits) know the key at fault, not the file it
+    came from; ``load_config`` names the file for its own checks.
+    """
+    from finetune.config import DEFAULT_CONFIG, Config
+
+    keys = tuple(f"{f.name}." for f in dataclasses.fields(Config))
+    if exc.message.startswith(keys):
+        exc.message = f"{Path(config_path) if config_path else DEFAULT_CONFIG}: {exc.message}"
+
+
 def run_training(config_path: str | None, overrides: list[str]) -> dict:
     """Load the config, build the run, train it. Returns the metrics summary."""
     from finetune.config import load_config
     from finetune.runner import build_accelerator, check_output_dir, describe, fit, setup_run
 
     cfg = load_config(config_path, overrides)
-    check_output_dir(cfg)
-    accelerator = build_accelerator(cfg)
-    run = setup_run(cfg, accelerator)
-    logger.info(describe(run))
-    summary = fit(run)
+    try:
+        check_output_dir(cfg)
+        accelerator = build_accelerator(cfg)
+        run = setup_run(cfg, accelerator)
+        logger.info(describe(run))
+        summary = fit(run)
+    except FinetuneError as exc:
+        _name_config_file(exc, config_path)
+        raise
     if accelerator.is_main_process and summary.get("eval"):
         shown = " ".join(f"{k}={v:.4f}" for k, v in summary["eval"].items() if isinstance(v, float))
         logger.info("done: %s -> %s", shown, cfg.output.output_dir)

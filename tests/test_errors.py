@@ -1,0 +1,406 @@
+"""Every bad input gets a clear answer (issue 5): one table of bad configs, data, models and launches.
+
+Each row runs ``finetune.train.main`` in this process (it returns the exit code
+and prints ``error: ...`` and maybe ``hint: ...``) and asserts:
+
+* exit code 2 (the code of every :class:`~finetune.errors.FinetuneError`);
+* the error line names the culprit: config key and file, data file and row or
+  column, label value, model path;
+* no traceback, and the error (plus at most one hint) is the last thing on stderr;
+* a pre-existing output directory (sentinel, an earlier model and log, a
+  checkpoint) is unchanged byte for byte;
+* nothing was tokenized and no training started: every one of these errors is
+  knowable up front, before minutes of work.
+
+A few representative cases then run as real subprocesses, where the exit code
+and the launcher's behaviour are what a user sees.
+"""
+
+from __future__ import annotations
+
+import copy
+import shutil
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+import datasets
+import pytest
+import torch
+import yaml
+
+import finetune.data
+import finetune.runner
+from finetune.errors import DataError
+from finetune.train import main
+from helpers import make_texts, run_cli, save_tiny_model, tiny_bert, write_csv
+
+NON_UTF8 = b"text,label\nhello there,ham\ncaf\xe9 au lait,spam\nwin cash now,spam\n"
+
+
+# --------------------------------------------------------------------------- the table
+
+
+@dataclass
+class Case:
+    """One bad input and what its error line must say.
+
+    Strings may use ``{root}`` (the case's own folder), ``{cfg}`` (its config
+    file), ``{train}`` (a good training CSV), ``{model}`` (a tiny BERT),
+    ``{ckpt3}`` (a 3-label classifier checkpoint) and ``{nowt}`` (a model
+    folder without weights).
+
+    Args:
+        id: Test id.
+        needles: Substrings the ``error:`` line must contain.
+        config: Merged into the good base config, section by section.
+        text: Written as the config file instead (for files that are not a config).
+        overrides: Dotted command-line overrides.
+        files: Files written under ``{root}`` first (str or bytes).
+        config_path: Passed as ``--config`` instead of the written file.
+        hint: Substring the ``hint:`` line must contain (None: no hint required).
+        processes: Simulate a launch with this many processes on a CPU (see ``simulated_launch``).
+    """
+
+    id: str
+    needles: list[str]
+    config: dict[str, dict[str, Any]] = field(default_factory=dict)
+    text: Optional[str] = None
+    overrides: list[str] = field(default_factory=list)
+    files: dict[str, str | bytes] = field(default_factory=dict)
+    config_path: Optional[str] = None
+    hint: Optional[str] = None
+    processes: Optional[int] = None
+
+
+CASES = [
+    # ---- config
+    Case("config-missing", ["config file not found", "{root}/nope.yaml"], config_path="{root}/nope.yaml"),
+    Case("config-is-a-folder", ["config file {root}", "not a file"], config_path="{root}"),
+    Case("config-not-yaml", ["{cfg}", "line 2", "not valid YAML", "'\\t'"], text="data:\n\ttrain_file: a.csv\n"),
+    Case("config-not-a-mapping", ["{cfg}", "expected a mapping of sections", "list"], text="- data\n- model\n"),
+    Case("config-unknown-key",
+         ["{cfg}", "training.per_device_train_bach_size: unknown key",
+          "did you mean training.per_device_train_batch_size?"],
+         config={"training": {"per_device_train_bach_size": 4}}),
+    Case("config-wrong-type", ["{cfg}", "training.seed", "expected int", "'abc'"],
+         config={"training": {"seed": "abc"}}),
+    Case("config-negative-learning-rate", ["{cfg}", "optim.learning_rate", "must be > 0", "-1e-05"],
+         config={"optim": {"learning_rate": -1e-5}}),
+    Case("config-zero-batch-size", ["{cfg}", "training.per_device_train_batch_size", "must be >= 1", "got 0"],
+         config={"training": {"per_device_train_batch_size": 0}}),
+    Case("config-warmup-ratio-above-1", ["{cfg}", "optim.warmup_ratio", "[0, 1]", "1.5"],
+         config={"optim": {"warmup_ratio": 1.5}}),
+    Case("config-max-length-above-position-limit", ["{cfg}", "data.max_length", "100", "64", "{model}"],
+         config={"data": {"max_length": 100}}, hint="at most 64"),
+    Case("config-effective-batch-contradicts-accumulation",
+         ["{cfg}", "training.gradient_accumulation_steps", "3", "effective_batch_size 8"],
+         config={"training": {"effective_batch_size": 8, "gradient_accumulation_steps": 3}}),
+    Case("config-max-steps-and-epochs", ["{cfg}", "training.max_steps", "training.num_train_epochs", "not both"],
+         config={"training": {"max_steps": 5, "num_train_epochs": 1}}),
+    Case("override-without-equals", ["override 'optim.learning_rate'", "missing '='"],
+         overrides=["optim.learning_rate"]),
+    Case("override-unknown-key", ["optim.learning_rat: unknown key", "did you mean optim.learning_rate?"],
+         overrides=["optim.learning_rat=3e-5"]),
+    Case("override-unknown-section",
+         ["override 'optimizer.learning_rate'", "unknown section 'optimizer'", "did you mean optim?"],
+         overrides=["optimizer.learning_rate=3e-5"]),
+    Case("config-unknown-metric", ["{cfg}", "evaluation.metrics", "'acuracy'", "did you mean 'accuracy'?"],
+         config={"evaluation": {"metrics": ["acuracy"]}}, hint="Built in (offline)"),
+    Case("config-positive-label-not-in-data", ["{cfg}", "evaluation.positive_label", "'spm'", "ham, spam"],
+         config={"evaluation": {"metrics": ["f1"], "average": "binary", "positive_label": "spm"}}),
+    # ---- data
+    Case("data-file-missing", ["{cfg}", "data.train_file", "{root}/missing.csv", "not found"],
+         config={"data": {"train_file": "{root}/missing.csv"}}),
+    Case("data-folder-missing", ["{cfg}", "data.train_file", "{root}/corpus", "not found"],
+         config={"data": {"train_file": "{root}/corpus", "format": "folder"}}),
+    Case("data-unsupported-extension", ["data.train_file", "{root}/train.xlsx", "unsupported extension '.xlsx'"],
+         config={"data": {"train_file": "{root}/train.xlsx"}}, files={"train.xlsx": "text,label\nhi,ham\n"}),
+    Case("data-empty-file", ["{root}/empty.csv", "empty file"],
+         config={"data": {"train_file": "{root}/empty.csv"}}, files={"empty.csv": ""}),
+    Case("data-text-column-missing", ["{train}", "no column 'sms'", "data.text_column", "columns found: text, label"],
+         config={"data": {"text_column": "sms"}}),
+    Case("data-label-column-missing",
+         ["{train}", "no column 'category'", "data.label_column", "columns found: text, label"],
+         config={"data": {"label_column": "category"}}),
+    Case("data-empty-texts",
+         ["{root}/blanks.csv", "2 empty or null texts", "column 'text'", "lines 3, 5", "data.on_empty_text: drop"],
+         config={"data": {"train_file": "{root}/blanks.csv"}},
+         files={"blanks.csv": 'text,label\nhello there,ham\n,spam\nfree cash now,spam\n"   ",ham\nsee you,ham\n'}),
+    Case("data-validation-label-not-in-train",
+         ["{root}/val.csv", "label 'eggs'", "line 4", "not among the 2 labels of the train data (ham, spam)"],
+         config={"data": {"validation_file": "{root}/val.csv"}},
+         files={"val.csv": "text,label\nhello,ham\nwin cash,spam\nfried,eggs\n"}),
+    Case("data-only-one-class", ["{root}/one.csv", "only one class", "'ham'"],
+         config={"data": {"train_file": "{root}/one.csv"}},
+         files={"one.csv": "text,label\n" + "".join(f"hello {i},ham\n" for i in range(10))}),
+    Case("data-not-utf8", ["{root}/latin1.csv", f"byte offset {NON_UTF8.index(0xE9)}", "not UTF-8"],
+         config={"data": {"train_file": "{root}/latin1.csv"}}, files={"latin1.csv": NON_UTF8}),
+    Case("data-folder-without-txt", ["{root}/classes", "no .txt files"],
+         config={"data": {"train_file": "{root}/classes"}},
+         files={"classes/ham/a.md": "hello", "classes/spam/b.md": "win cash"}),
+    # ---- model
+    Case("model-path-missing", ["{cfg}", "model.name_or_path", "{root}/no-model", "not found"],
+         config={"model": {"name_or_path": "{root}/no-model"}}),
+    Case("model-folder-not-a-model", ["{cfg}", "model.name_or_path", "{root}/notes", "not a model"],
+         config={"model": {"name_or_path": "{root}/notes"}}, files={"notes/readme.md": "not a model"}),
+    Case("model-without-weights", ["{cfg}", "model.name_or_path", "{nowt}", "model.safetensors"],
+         config={"model": {"name_or_path": "{nowt}"}}),
+    Case("model-label-count-mismatch", ["{cfg}", "model.name_or_path", "{ckpt3}", "3 labels", "the data has 2"],
+         config={"model": {"name_or_path": "{ckpt3}"}}, hint="model.ignore_mismatched_sizes: true"),
+    # ---- launch
+    Case("launch-more-processes-than-batch-splits",
+         ["{cfg}", "training.effective_batch_size", "8", "4 processes", "per_device_train_batch_size 4"],
+         config={"training": {"effective_batch_size": 8}}, processes=4, hint="a multiple of 16"),
+    Case("launch-fp16-on-cpu", ["{cfg}", "training.mixed_precision", "fp16", "CPU"],
+         config={"training": {"mixed_precision": "fp16"}}, processes=1),
+]
+CASES_BY_ID = {case.id: case for case in CASES}
+
+
+# --------------------------------------------------------------------------- fixtures and helpers
+
+
+@pytest.fixture(autouse=True)
+def _datasets_cache(tmp_path_factory, monkeypatch):
+    """Keep the Arrow caches `load_dataset` writes out of the user's ~/.cache."""
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path_factory.getbasetemp() / "hf_datasets"))
+
+
+@pytest.fixture(scope="module")
+def assets(tmp_path_factory) -> dict[str, str]:
+    """A tiny BERT, a 3-label checkpoint of it, a model folder without weights, a good CSV."""
+    from transformers import AutoTokenizer
+
+    root = tmp_path_factory.mktemp("assets")
+    model = save_tiny_model(root / "tiny-bert")
+    ckpt3 = root / "ckpt-3-labels"
+    tiny_bert(num_labels=3).save_pretrained(ckpt3)
+    AutoTokenizer.from_pretrained(model).save_pretrained(ckpt3)
+    nowt = root / "no-weights"
+    shutil.copytree(model, nowt)
+    (nowt / "model.safetensors").unlink()
+    train = write_csv(root / "train.csv", make_texts(40, seed=1))
+    return {"model": str(model), "ckpt3": str(ckpt3), "nowt": str(nowt), "train": str(train)}
+
+
+@pytest.fixture
+def work(monkeypatch):
+    """Record tokenization and training instead of letting them go unnoticed.
+
+    ``fit`` is replaced (no test here may train); ``tokenize_splits`` still runs,
+    so the good-config control below behaves like a real start-up.
+    """
+    calls: list[str] = []
+    tokenize = finetune.data.tokenize_splits
+
+    def spy_tokenize(*args, **kwargs):
+        calls.append("tokenize")
+        return tokenize(*args, **kwargs)
+
+    def spy_fit(run, *args, **kwargs):
+        calls.append("fit")
+        return {}
+
+    monkeypatch.setattr(finetune.data, "tokenize_splits", spy_tokenize)
+    monkeypatch.setattr(finetune.runner, "fit", spy_fit)
+    return calls
+
+
+def simulated_launch(monkeypatch, processes: int) -> None:
+    """Make Accelerate report ``processes`` processes on the CPU, as ``accelerate launch`` would.
+
+    This machine has 2 cores and no GPU, and a real multi-process launch costs
+    seconds per process; the checks under test read only the process count and
+    the device of Accelerate's state, so a stand-in state is enough. The device
+    is the CPU whatever this machine has, so fp16 fails the same way on a GPU host.
+    """
+    import accelerate
+
+    class FakeState:
+        num_processes = processes
+        process_index = 0
+        local_process_index = 0
+        is_main_process = True
+        is_local_main_process = True
+        device = torch.device("cpu")
+        distributed_type = "MULTI_CPU" if processes > 1 else "NO"
+        backend = "gloo" if processes > 1 else None
+
+        def __init__(self, *args, **kwargs):
+            pass
+
+        @classmethod
+        def _reset_state(cls, *args, **kwargs):
+            pass
+
+    monkeypatch.setattr(accelerate, "PartialState", FakeState)
+    if processes > 1:
+        monkeypatch.setenv("WORLD_SIZE", str(processes))  # what torchrun tells every process
+
+
+def base_config(assets: dict[str, str], out: Path) -> dict[str, dict[str, Any]]:
+    """A config that starts fine: tiny model, 40 rows, two classes, no trackers."""
+    return {
+        "model": {"name_or_path": assets["model"]},
+        "data": {"train_file": assets["train"], "validation_split": 0.2, "max_length": 32},
+        "training": {"per_device_train_batch_size": 4, "num_train_epochs": 1},
+        "evaluation": {"metrics": ["accuracy"]},
+        "logging": {"progress_bar": False, "report_to": []},
+        "output": {"output_dir": str(out), "overwrite": True},
+    }
+
+
+def earlier_output(out: Path) -> None:
+    """What an earlier run left: its model, log, metrics, a checkpoint and a sentinel."""
+    (out / "checkpoint-3").mkdir(parents=True)
+    (out / "model.safetensors").write_bytes(b"\x00earlier weights\xff" * 64)
+    (out / "train_log.jsonl").write_text('{"step": 1, "train/loss": 0.69}\n', encoding="utf-8")
+    (out / "metrics.json").write_text('{"eval": {"accuracy": 0.5}}\n', encoding="utf-8")
+    (out / "checkpoint-3" / "optimizer.bin").write_bytes(bytes(range(256)))
+    (out / "SENTINEL").write_text("do not touch\n", encoding="utf-8")
+
+
+def snapshot(root: Path) -> dict[str, Optional[bytes]]:
+    """Every path under ``root`` with its bytes (None for folders)."""
+    return {str(p.relative_to(root)): (p.read_bytes() if p.is_file() else None) for p in sorted(root.rglob("*"))}
+
+
+def fill(value: Any, names: dict[str, str]) -> Any:
+    """``value`` with ``{name}`` placeholders filled in, through lists and dicts."""
+    if isinstance(value, str):
+        return value.format(**names)
+    if isinstance(value, list):
+        return [fill(v, names) for v in value]
+    if isinstance(value, dict):
+        return {k: fill(v, names) for k, v in value.items()}
+    return value
+
+
+def prepare(case: Case, assets: dict[str, str], root: Path) -> tuple[list[str], dict[str, str], Path]:
+    """Write the case's files, config and earlier output; return argv, placeholder values and output dir."""
+    out = root / "out"
+    earlier_output(out)
+    cfg_path = root / "config.yaml"
+    names = {**assets, "root": str(root), "cfg": str(cfg_path)}
+    for name, content in case.files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if isinstance(content, bytes):
+            path.write_bytes(content)
+        else:
+            path.write_text(content, encoding="utf-8")
+    if case.text is not None:
+        cfg_path.write_text(case.text, encoding="utf-8")
+    else:
+        cfg = copy.deepcopy(base_config(assets, out))
+        for section, values in fill(case.config, names).items():
+            cfg.setdefault(section, {}).update(values)
+        cfg_path.write_text(yaml.safe_dump(cfg), encoding="utf-8")
+    config_arg = fill(case.config_path, names) if case.config_path else str(cfg_path)
+    return ["--config", config_arg, *fill(case.overrides, names)], names, out
+
+
+def error_lines(stderr: str) -> tuple[str, Optional[str]]:
+    """The ``error:`` line and the ``hint:`` line, checking they are the only ones and come last."""
+    lines = stderr.splitlines()
+    errors = [i for i, line in enumerate(lines) if line.startswith("error:")]
+    assert len(errors) == 1, stderr
+    tail = lines[errors[0]:]
+    assert len(tail) == 1 or (len(tail) == 2 and tail[1].startswith("hint: ")), stderr
+    return tail[0], (tail[1] if len(tail) == 2 else None)
+
+
+# --------------------------------------------------------------------------- the tests
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_bad_input_gets_one_clear_line(case, assets, tmp_path, capsys, work, monkeypatch, fresh_accelerate_state):
+    argv, names, out = prepare(case, assets, tmp_path)
+    before = snapshot(out)
+    if case.processes is not None:
+        simulated_launch(monkeypatch, case.processes)
+
+    code = main(argv)
+
+    captured = capsys.readouterr()
+    assert code == 2
+    assert "Traceback" not in captured.err + captured.out
+    error, hint = error_lines(captured.err)
+    for needle in fill(case.needles, names):
+        assert needle in error, f"{needle!r} not in {error!r}"
+    if case.hint is not None:
+        assert hint is not None and case.hint in hint, hint
+    assert work == [], f"{work} ran before the error"
+    assert snapshot(out) == before
+
+
+def test_good_config_passes_the_same_checks(assets, tmp_path, capsys, work, fresh_accelerate_state):
+    """The control for the table: its base config tokenizes and reaches training, so the spies work."""
+    argv, _, out = prepare(Case("good", []), assets, tmp_path)
+    assert main(argv) == 0
+    assert "error:" not in capsys.readouterr().err
+    assert work == ["tokenize", "fit"]
+
+
+def test_mismatch_hint_really_works(assets):
+    """The hint's ``model.ignore_mismatched_sizes: true`` loads the 3-label checkpoint with a 2-label head."""
+    from finetune.config import ModelConfig
+    from finetune.modeling import load_model
+
+    model = load_model(ModelConfig(name_or_path=assets["ckpt3"], ignore_mismatched_sizes=True), {0: "ham", 1: "spam"})
+    assert model.config.num_labels == 2
+    assert model.classifier.out_features == 2
+
+
+@pytest.mark.parametrize("how", ["flag", "env"])
+def test_debug_raises_instead(how, assets, tmp_path, monkeypatch, work, fresh_accelerate_state):
+    argv, _, _ = prepare(CASES_BY_ID["data-validation-label-not-in-train"], assets, tmp_path)
+    if how == "flag":
+        argv = ["--debug", *argv]
+    else:
+        monkeypatch.setenv("FINETUNE_DEBUG", "1")
+    with pytest.raises(DataError, match="label 'eggs' at line 4"):
+        main(argv)
+
+
+
+# --------------------------------------------------------------------------- as a user runs it
+
+
+@pytest.mark.slow
+def test_script_exits_2_with_one_line(assets, tmp_path):
+    """``python finetune/train.py`` passes the exit code 2 through; the line names file, row and label."""
+    argv, names, out = prepare(CASES_BY_ID["data-validation-label-not-in-train"], assets, tmp_path)
+    before = snapshot(out)
+    proc = run_cli(argv, launcher=[sys.executable], env={"HF_DATASETS_CACHE": str(tmp_path / "cache")})
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr + proc.stdout
+    error, hint = error_lines(proc.stderr)
+    assert f"{names['root']}/val.csv" in error and "label 'eggs' at line 4" in error
+    assert snapshot(out) == before
+
+
+@pytest.mark.slow
+def test_accelerate_launch_quiet_exits_1_with_error_and_hint(assets, tmp_path):
+    """Under ``accelerate launch -q`` the launcher turns 2 into 1 but adds no traceback."""
+    argv, names, out = prepare(CASES_BY_ID["model-label-count-mismatch"], assets, tmp_path)
+    before = snapshot(out)
+    proc = run_cli(argv, env={"HF_DATASETS_CACHE": str(tmp_path / "cache")})
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr + proc.stdout
+    error, hint = error_lines(proc.stderr)
+    assert names["ckpt3"] in error and "3 labels" in error
+    assert hint is not None and "model.ignore_mismatched_sizes" in hint
+    assert snapshot(out) == before
+
+
+@pytest.mark.slow
+def test_debug_flag_shows_the_traceback(assets, tmp_path):
+    argv, names, out = prepare(CASES_BY_ID["config-max-steps-and-epochs"], assets, tmp_path)
+    proc = run_cli(["--debug", *argv], launcher=[sys.executable])
+    assert proc.returncode == 1  # an uncaught exception
+    assert "Traceback (most recent call last)" in proc.stderr
+    assert "finetune.errors.ConfigError" in proc.stderr and "training.max_steps" in proc.stderr
+    assert not any(line.startswith("error:") for line in proc.stderr.splitlines())
