@@ -26,6 +26,7 @@ import argparse  # noqa: E402
 import dataclasses  # noqa: E402
 import logging  # noqa: E402
 import os  # noqa: E402
+import time  # noqa: E402
 
 from finetune.errors import FinetuneError  # noqa: E402
 
@@ -99,6 +100,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {exc.message}", file=sys.stderr)
             if exc.hint:
                 print(f"hint: {exc.hint}", file=sys.stderr)
+        else:
+            # torchrun stops every process as soon as one exits: were another rank first, the main
+            # one, which meets the same error, could be killed before it printed the line.
+            time.sleep(3)
         return exc.exit_code
     return 0
 
