@@ -102,13 +102,19 @@ def configure_cpu_threads(device: torch.device, num_processes: int) -> Optional[
 def build_accelerator(cfg: Config, project_dir: Optional[str] = None):
     """An ``Accelerator`` with ``k`` resolved for the launched process count.
 
+    Several processes on a machine without a GPU are joined over gloo on the
+    CPU (see :func:`finetune.scaling.init_process_state`).
+
     Raises:
         ConfigError: if the effective batch cannot be split over the processes.
-        LaunchError: if the precision cannot run on this hardware (fp16 without a GPU).
+        LaunchError: if the precision cannot run on this hardware (fp16 without a GPU),
+            or the launched processes cannot be joined.
     """
-    from accelerate import Accelerator, PartialState
+    from accelerate import Accelerator
 
-    state = PartialState()
+    from finetune.scaling import init_process_state
+
+    state = init_process_state()
     if cfg.training.mixed_precision == "fp16" and state.device.type == "cpu":
         raise LaunchError(
             "training.mixed_precision: fp16 needs a GPU; this process runs on the CPU (use bf16 or no)"
@@ -116,6 +122,8 @@ def build_accelerator(cfg: Config, project_dir: Optional[str] = None):
     batching = resolve_batching(cfg.training, state.num_processes)
     configure_cpu_threads(state.device, state.num_processes)
     return Accelerator(
+        # agree with the state: on a CPU state AcceleratorState would otherwise still pick DeepSpeed if asked
+        cpu=state.device.type == "cpu",
         gradient_accumulation_steps=batching.gradient_accumulation_steps,
         mixed_precision=cfg.training.mixed_precision,
         log_with=cfg.logging.report_to or None,

@@ -1,0 +1,96 @@
+"""How many processes a launch started, and making Accelerate use all of them.
+
+``accelerate launch --multi_gpu --num_processes P`` starts ``P`` processes through
+torchrun, whatever the hardware. On a machine with a GPU, Accelerate joins them
+over NCCL. On a machine without one, Accelerate only picks its CPU backend
+(gloo) when the ``Accelerator`` is told ``cpu=True``; otherwise every process
+quietly becomes a separate single-process run that never communicates: ``P``
+copies of the same training, each on its own, each writing the same files.
+
+:func:`init_process_state` detects that case (the launcher says ``P > 1``,
+Accelerate's state says 1) and starts the state again on the CPU, so the same
+command runs one real ``P``-process DDP job on a laptop, a CI runner or a GPU
+node. The accumulation arithmetic does not change with ``P``: see
+``finetune.loop.window_loss_scale`` and ``finetune.sampling.ShardLayout``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+from finetune.errors import LaunchError
+
+logger = logging.getLogger("finetune")
+
+# Environment variables through which launchers tell a process the world size:
+# torchrun (what `accelerate launch` uses) and the MPI flavours Accelerate reads.
+_WORLD_SIZE_VARS = ["WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE"]
+
+
+def launched_world_size() -> int:
+    """Processes the launcher started, over all machines (1 without a launcher).
+
+    Raises:
+        LaunchError: if the launcher's variable is not a whole number.
+    """
+    for name in _WORLD_SIZE_VARS:
+        value = os.environ.get(name)
+        if value:
+            try:
+                return max(1, int(value))
+            except ValueError:
+                raise LaunchError(f"{name}: expected a whole number of processes, got {value!r}") from None
+    return 1
+
+
+def _requested_engine() -> str | None:
+    """``FSDP`` or ``DeepSpeed`` when the launcher asked for one (its flags become these variables)."""
+    if os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true":
+        return "FSDP"
+    if os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true":
+        return "DeepSpeed"
+    return None
+
+
+def init_process_state():
+    """Accelerate's process state, joined over gloo on the CPU when there is no GPU.
+
+    Call it before building the ``Accelerator`` (then pass ``cpu=True`` to the
+    ``Accelerator`` when the returned state's device is the CPU; see
+    :func:`finetune.runner.build_accelerator`).
+
+    Returns:
+        The ``accelerate.PartialState``, with ``num_processes`` equal to what the
+        launcher started.
+
+    Raises:
+        LaunchError: if the processes still cannot be joined.
+    """
+    from accelerate import PartialState
+
+    world = launched_world_size()
+    state = PartialState()
+    fell_back = False
+    if world > 1 and state.num_processes == 1:
+        # Accelerate chose no backend (it found no GPU and was not told cpu=True),
+        # so no process group exists yet and nothing is torn down by starting
+        # over. Accelerate fixes the device choice in its shared state; building
+        # that state again with cpu=True is the only way to change it.
+        PartialState._reset_state()
+        state = PartialState(cpu=True)
+        fell_back = True
+    if state.num_processes != world:
+        raise LaunchError(
+            f"the launcher started {world} processes but Accelerate joined {state.num_processes} "
+            f"({state.distributed_type}); check accelerate launch's --num_processes and --num_machines"
+        )
+    if fell_back and state.is_main_process:
+        logger.info(
+            "no GPU found: running %d processes as one DDP job on the CPU over %s", world, state.backend
+        )
+    engine = _requested_engine()
+    if engine and state.is_main_process and state.device.type == "cpu":
+        # Accelerate supports FSDP and DeepSpeed on GPUs only; on the CPU it runs plain DDP.
+        logger.warning("%s was requested but needs GPUs; Accelerate runs plain DDP on the CPU instead", engine)
+    return state

@@ -1,0 +1,142 @@
+"""One training run of the loop, recorded update by update; run under any process count.
+
+``tests/test_scaling.py`` runs it in-process for ``P = 1`` and through
+``accelerate launch --multi_gpu --num_processes 2`` (on a machine without a
+GPU) for ``P = 2``, then compares what the two recorded. Not a test module
+itself (pytest does not collect it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+from torch.utils.data import DataLoader
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from helpers import pad_collate, tiny_bert, token_dataset  # noqa: E402
+
+# 34 training samples with b=4 and P=2: 9 global micro-batches, so process 1's
+# last micro-batch is all repeats and process 0's holds 2 real samples; with
+# k=2 the windows hold 16, 16 and 2 real samples (a ragged last window).
+N_TRAIN = 34
+# 23 evaluation samples with batches of 4 on 2 processes: the last batches are padded with repeats.
+N_EVAL = 23
+EVAL_BATCH = 4
+
+
+def record_run(b: int, k: int, epochs: int = 2, lr: float = 1e-3, warmup: int = 1, max_grad_norm=0.05,
+               cpu: bool = False) -> dict:
+    """Train the tiny BERT for ``epochs`` with ``(b, k, P)`` and record every update.
+
+    ``P`` is whatever the launcher started; the processes are joined by
+    :func:`finetune.scaling.init_process_state`, as ``train.py`` joins them
+    (``cpu=True`` skips it and runs one process on the CPU, for in-process use).
+    Returns the records of this process:
+    weights after each update (rank 0 keeps them), learning rates, log records,
+    scheduler calls, the micro-batches during whose backward DDP communicated,
+    evaluation results, and the process setup.
+    """
+    from accelerate import Accelerator
+
+    from finetune.config import OptimConfig
+    from finetune.loop import TrainState, evaluate_model, train_one_epoch
+    from finetune.metrics import MetricSuite
+    from finetune.optimization import build_optimizer, build_scheduler, plan_updates
+    from finetune.sampling import EpochSampler
+    from finetune.scaling import init_process_state
+
+    if not cpu:
+        cpu = init_process_state().device.type == "cpu"
+    acc = Accelerator(cpu=cpu, gradient_accumulation_steps=k)
+    P = acc.num_processes
+    data = token_dataset(N_TRAIN, seed=1)
+    model = tiny_bert(seed=0)
+    opt_cfg = OptimConfig(learning_rate=lr, lr_scheduler_type="linear", warmup_steps=warmup, weight_decay=0.01)
+    optimizer = build_optimizer(model, opt_cfg)
+    sampler = EpochSampler(len(data), seed=7, window_size=b * k * P)
+    train_dl = DataLoader(data, batch_size=b, sampler=sampler, collate_fn=pad_collate)
+    eval_dl = DataLoader(token_dataset(N_EVAL, seed=2), batch_size=EVAL_BATCH, collate_fn=pad_collate)
+    model, optimizer, train_dl, eval_dl = acc.prepare(model, optimizer, train_dl, eval_dl)
+    plan = plan_updates(len(train_dl), k, epochs, None, warmup_steps=warmup)
+    scheduler = build_scheduler(optimizer, opt_cfg, plan)
+
+    calls = {"scheduler": 0, "forward": 0}
+    step = scheduler.step
+
+    def counting_step(*a, **kw):
+        calls["scheduler"] += 1
+        return step(*a, **kw)
+
+    scheduler.step = counting_step
+    forward = model.forward
+
+    def counting_forward(*a, **kw):
+        calls["forward"] += 1
+        return forward(*a, **kw)
+
+    model.forward = counting_forward
+    # The micro-batch (counted from 1 over the run) in whose backward DDP all-reduced a bucket.
+    comm_at: list[int] = []
+    if hasattr(model, "register_comm_hook"):
+        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+        def counting_allreduce(process_group, bucket):
+            comm_at.append(calls["forward"])
+            return allreduce_hook(process_group, bucket)
+
+        model.register_comm_hook(None, counting_allreduce)
+
+    snapshots, lrs = [], []
+
+    def on_update(train_state):
+        if acc.is_main_process:
+            snapshots.append({n: p.detach().clone() for n, p in acc.unwrap_model(model).named_parameters()})
+        return False
+
+    records: list[dict] = []
+    train_state = TrainState()
+    for epoch in range(epochs):
+        train_one_epoch(model, optimizer, scheduler, train_dl, acc, epoch, state=train_state,
+                        max_grad_norm=max_grad_norm, on_log=records.append, on_update=on_update)
+    lrs = [r["train/lr"] for r in records]
+    metrics = MetricSuite(["accuracy", "f1"], 2, "binary", pos_label=1)
+    evaluation = evaluate_model(model, eval_dl, acc, metrics)
+    return {
+        "num_processes": P,
+        "backend": acc.state.backend,
+        "distributed_type": str(acc.distributed_type),
+        "process_index": acc.process_index,
+        "forwards": calls["forward"],
+        "comm_at": comm_at,
+        "scheduler_calls": calls["scheduler"],
+        "final_lr": optimizer.param_groups[0]["lr"],
+        "plan": [plan.updates_per_epoch, plan.total_updates],
+        "lrs": lrs,
+        "records": records,
+        "eval": evaluation,
+        "snapshots": snapshots,
+        "steps": train_state.step,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--b", type=int, required=True)
+    parser.add_argument("--k", type=int, required=True)
+    args = parser.parse_args()
+    result = record_run(args.b, args.k)
+    out = Path(args.out)
+    snapshots = result.pop("snapshots")
+    (out / f"rank{result['process_index']}.json").write_text(json.dumps(result), encoding="utf-8")
+    if result["process_index"] == 0:
+        torch.save(snapshots, out / "snapshots.pt")
+
+
+if __name__ == "__main__":
+    main()

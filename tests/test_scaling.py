@@ -1,0 +1,373 @@
+"""Same math on every process count (ACCUMULATION.md §1-6 with P > 1), on the CPU.
+
+* The loop under ``accelerate launch --multi_gpu --num_processes 2`` on a
+  machine without a GPU is one real DDP job over gloo, and ``(b=4, k=2, P=2)``
+  gives the weights of ``(b=16, k=1, P=1)`` after every update, the ragged end
+  of each epoch included; DDP communicates once per update; the schedule, the
+  logged loss and the evaluation agree with the single process.
+* The command line: ``effective_batch_size`` keeps ``B`` fixed while ``k``
+  follows ``P``; one process, two processes and two "machines" on one host
+  (loopback) end with the same model, log and metrics, using the shipped
+  ``configs/accelerate/`` files.
+* The shipped Accelerate configs parse through Accelerate's own launcher code.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from finetune.config import TrainingConfig
+from finetune.errors import ConfigError
+from finetune.runner import resolve_batching
+from helpers import REPO, free_port, make_texts, offline_env, save_tiny_model, write_tsv
+
+ACCEL_CONFIGS = REPO / "configs" / "accelerate"
+# Every subprocess here runs on the CPU, whatever the machine has, so results compare across runs.
+CPU_ONLY = {"CUDA_VISIBLE_DEVICES": ""}
+TIMEOUT = 300  # seconds per launch: a hang fails the test instead of blocking CI
+
+
+def _launcher(*flags: str) -> list[str]:
+    return [sys.executable, "-m", "accelerate.commands.launch", *flags]
+
+
+def _run(cmd: list[str], env: dict | None = None) -> subprocess.CompletedProcess:
+    """Run ``cmd`` in its own process group and kill the whole group if it outlives TIMEOUT."""
+    proc = subprocess.Popen(cmd, cwd=REPO, env=offline_env({**CPU_ONLY, **(env or {})}), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    return _wait(proc, cmd)
+
+
+def _wait(proc: subprocess.Popen, cmd) -> subprocess.CompletedProcess:
+    try:
+        out, err = proc.communicate(timeout=TIMEOUT)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # the launcher's children (torchrun workers) too
+        out, err = proc.communicate()
+        pytest.fail(f"{cmd} hung for {TIMEOUT}s:\n{err[-3000:]}")
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+# --- effective batch -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("processes, expected_k", [(1, 8), (2, 4), (8, 1)])
+def test_effective_batch_fixes_k_for_each_process_count(processes, expected_k):
+    training = TrainingConfig(per_device_train_batch_size=4, effective_batch_size=32)
+    batching = resolve_batching(training, processes)
+    assert batching.gradient_accumulation_steps == expected_k
+    assert batching.effective_batch_size == 32
+
+
+def test_effective_batch_that_does_not_divide_names_b_b_and_p():
+    training = TrainingConfig(per_device_train_batch_size=4, effective_batch_size=32)
+    with pytest.raises(ConfigError) as err:
+        resolve_batching(training, 3)
+    message = str(err.value)
+    assert "\n" not in message and message.startswith("training.effective_batch_size: ")
+    numbers = re.findall(r"\d+", message)
+    assert {"32", "4", "3"} <= set(numbers)  # B, b and P
+
+
+def test_both_keys_must_agree():
+    consistent = TrainingConfig(per_device_train_batch_size=4, effective_batch_size=32, gradient_accumulation_steps=4)
+    assert resolve_batching(consistent, 2).gradient_accumulation_steps == 4
+    with pytest.raises(ConfigError, match="gradient_accumulation_steps: 4 contradicts effective_batch_size 32"):
+        resolve_batching(consistent, 1)
+    plain = TrainingConfig(per_device_train_batch_size=4, gradient_accumulation_steps=3)
+    # without effective_batch_size, k is kept and B grows with P
+    assert resolve_batching(plain, 2).effective_batch_size == 24
+
+
+# --- the loop on 2 processes -------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def one_process():
+    """``(b=16, k=1, P=1)``, in this process."""
+    from accelerate.state import AcceleratorState, GradientState
+
+    from scaling_worker import record_run
+
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+    try:
+        return record_run(b=16, k=1, cpu=True)
+    finally:
+        AcceleratorState._reset_state(True)
+        GradientState._reset_state()
+
+
+@pytest.fixture(scope="module")
+def two_processes(tmp_path_factory):
+    """``(b=4, k=2, P=2)`` through ``accelerate launch --multi_gpu`` on the CPU, without telling it cpu."""
+    out = tmp_path_factory.mktemp("two_processes")
+    cmd = _launcher("--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--main_process_port",
+                    str(free_port()), "--mixed_precision", "no", "--dynamo_backend", "no",
+                    str(REPO / "tests" / "scaling_worker.py"), "--out", str(out), "--b", "4", "--k", "2")
+    proc = _run(cmd)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
+    ranks[0]["snapshots"] = torch.load(out / "snapshots.pt")
+    return ranks
+
+
+def test_two_processes_are_one_ddp_job_over_gloo(two_processes):
+    assert [r["process_index"] for r in two_processes] == [0, 1]
+    for r in two_processes:
+        assert r["num_processes"] == 2
+        assert r["backend"] == "gloo"
+        assert r["distributed_type"] == "DistributedType.MULTI_CPU"
+
+
+def test_two_processes_give_the_single_process_weights_after_every_update(one_process, two_processes):
+    big, small = one_process["snapshots"], two_processes[0]["snapshots"]
+    # 34 samples in windows of 16, 16 and 2 (process 1's last micro-batch is all repeats), 2 epochs
+    assert len(big) == len(small) == 6
+    for update, (a, b) in enumerate(zip(big, small)):
+        for name in a:
+            torch.testing.assert_close(b[name], a[name], rtol=1e-5, atol=1e-7,
+                                       msg=lambda m: f"update {update + 1}, {name}: {m}")
+
+
+def test_ddp_all_reduces_once_per_update(two_processes):
+    # micro-batches (counted from 1 over both epochs) that end a window: k=2, 5 per epoch per process
+    window_ends = [2, 4, 5, 7, 9, 10]
+    for r in two_processes:
+        comm = r["comm_at"]
+        buckets = comm.count(window_ends[0])
+        assert buckets >= 1
+        # gradients travel during the last micro-batch of each window and at no other time
+        assert comm == [end for end in window_ends for _ in range(buckets)]
+
+
+def test_schedule_advances_once_per_update_on_two_processes(one_process, two_processes):
+    for r in two_processes:
+        assert r["plan"] == [3, 6] and r["steps"] == 6
+        assert r["scheduler_calls"] == 6  # not 12: the scheduler is not Accelerate-prepared
+        assert r["lrs"] == pytest.approx(one_process["lrs"], rel=1e-12)
+        assert r["final_lr"] == 0.0  # the end value after the last update...
+        assert min(r["lrs"][1:]) > 0  # ...and not before
+
+
+def test_logged_loss_matches_the_single_process(one_process, two_processes):
+    rank0, rank1 = two_processes
+    assert [r["step"] for r in rank0["records"]] == list(range(1, 7))
+    for single, multi in zip(one_process["records"], rank0["records"]):
+        assert multi["train/loss"] == pytest.approx(single["train/loss"], rel=1e-5)
+        assert multi["train/grad_norm"] == pytest.approx(single["train/grad_norm"], rel=1e-5)
+        # repeats added to even out the processes are not counted as samples
+        assert multi["train/samples"] == single["train/samples"]
+    assert rank0["records"][2]["train/samples"] == 34
+    # every process computes the same record (only the main one writes it: see the CLI tests)
+    assert [r["train/loss"] for r in rank1["records"]] == [r["train/loss"] for r in rank0["records"]]
+
+
+def test_evaluation_counts_every_example_once(one_process, two_processes):
+    for r in two_processes:
+        assert r["eval"]["num_samples"] == one_process["eval"]["num_samples"] == 23
+        assert r["eval"]["accuracy"] == one_process["eval"]["accuracy"]
+        assert r["eval"]["f1"] == one_process["eval"]["f1"]
+        assert r["eval"]["loss"] == pytest.approx(one_process["eval"]["loss"], rel=1e-5)
+
+
+# --- the command line: one process, two processes, two machines ------------------------------
+
+N_ROWS = 67
+
+
+@pytest.fixture(scope="module")
+def cli_config(tmp_path_factory):
+    root = tmp_path_factory.mktemp("cli")
+    model = save_tiny_model(root / "tiny-bert")
+    data = write_tsv(root / "texts.tsv", make_texts(N_ROWS, seed=4))
+    cfg = {
+        "model": {"name_or_path": str(model), "dropout": 0.0},
+        "data": {"train_file": str(data), "format": "tsv", "has_header": False, "column_names": ["label", "text"],
+                 "validation_split": 0.2, "max_length": 32},
+        "training": {"per_device_train_batch_size": 4, "effective_batch_size": 16, "num_train_epochs": 2,
+                     "per_device_eval_batch_size": 4, "seed": 3, "max_grad_norm": 0.5},
+        "optim": {"learning_rate": 1e-3, "warmup_steps": 1},
+        "evaluation": {"metrics": ["accuracy", "f1"], "average": "binary", "positive_label": "spam"},
+        "logging": {"progress_bar": False},
+    }
+    path = root / "run.yaml"
+    path.write_text(yaml.safe_dump(cfg), encoding="utf-8")
+    return path, root
+
+
+def _train_cmd(launch_flags: list[str], cfg: Path, out: Path, *overrides: str) -> list[str]:
+    return _launcher(*launch_flags, str(REPO / "finetune" / "train.py"), "--config", str(cfg),
+                     f"output.output_dir={out}", *overrides)
+
+
+@pytest.fixture(scope="module")
+def cli_runs(cli_config):
+    cfg, root = cli_config
+    runs = {}
+    # (b=16, k=1, P=1): the reference
+    out = root / "one"
+    proc = _run(_train_cmd(["--config_file", str(ACCEL_CONFIGS / "single_gpu.yaml")], cfg, out,
+                           "training.per_device_train_batch_size=16"))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    runs["one"] = (out, proc.stderr)
+    # (b=4, k=2, P=2): the multi-GPU config on a machine without a GPU
+    out = root / "two"
+    proc = _run(_train_cmd(["--config_file", str(ACCEL_CONFIGS / "multi_gpu.yaml"), "--num_processes", "2",
+                            "--main_process_port", str(free_port())], cfg, out))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    runs["two"] = (out, proc.stderr)
+    # (b=8, k=1, P=2): two machines of one process each, over loopback
+    out = root / "nodes"
+    port = str(free_port())
+    procs = []
+    for rank in (0, 1):
+        cmd = _train_cmd(["--config_file", str(ACCEL_CONFIGS / "multi_node.yaml"), "--num_processes", "2",
+                          "--machine_rank", str(rank), "--main_process_ip", "127.0.0.1", "--main_process_port", port],
+                         cfg, out, "training.per_device_train_batch_size=8")
+        procs.append((subprocess.Popen(cmd, cwd=REPO, env=offline_env(CPU_ONLY), stdout=subprocess.PIPE,
+                                       stderr=subprocess.PIPE, text=True, start_new_session=True), cmd))
+    results = [_wait(p, cmd) for p, cmd in procs]
+    for rank, proc in enumerate(results):
+        assert proc.returncode == 0, f"machine {rank}:\n{proc.stderr[-4000:]}"
+    runs["nodes"] = (out, results[0].stderr)
+    return runs
+
+
+def _weights(out: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return load_file(out / "model.safetensors")
+
+
+def _log(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
+
+
+def test_cli_start_line_gives_processes_backend_and_k(cli_runs):
+    _, one = cli_runs["one"]
+    assert "processes=1 " in one and " k=1 " in one and "effective_batch=16" in one
+    _, two = cli_runs["two"]
+    assert "no GPU found: running 2 processes as one DDP job on the CPU over gloo" in two
+    assert "processes=2 backend=gloo" in two and " b=4 k=2 P=2 effective_batch=16" in two
+    _, nodes = cli_runs["nodes"]
+    assert "processes=2 backend=gloo" in nodes and " b=8 k=1 P=2 effective_batch=16" in nodes
+
+
+@pytest.mark.parametrize("name", ["two", "nodes"])
+def test_cli_same_model_log_and_metrics_on_every_process_count(cli_runs, name):
+    ref_out, _ = cli_runs["one"]
+    out, _ = cli_runs[name]
+    ref_w, w = _weights(ref_out), _weights(out)
+    assert ref_w.keys() == w.keys()
+    for key in ref_w:
+        torch.testing.assert_close(w[key], ref_w[key], rtol=1e-5, atol=1e-7, msg=lambda m: f"{key}: {m}")
+
+    ref_log, log = _log(ref_out), _log(out)
+    train = [r for r in log if "train/loss" in r]
+    ref_train = [r for r in ref_log if "train/loss" in r]
+    # one record per update, written once (by the main process only), not once per process
+    assert [r["step"] for r in train] == [r["step"] for r in ref_train] == list(range(1, len(ref_train) + 1))
+    assert len(log) == len(ref_log)
+    for a, b in zip(ref_train, train):
+        assert b["train/loss"] == pytest.approx(a["train/loss"], rel=1e-5)
+        assert b["train/lr"] == pytest.approx(a["train/lr"], rel=1e-12)
+        assert (b["train/samples"], b["train/tokens"]) == (a["train/samples"], a["train/tokens"])
+    assert train[-1]["train/lr"] > 0
+
+    ref_metrics = json.loads((ref_out / "metrics.json").read_text())
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["train"]["num_processes"] == 2 and ref_metrics["train"]["num_processes"] == 1
+    assert metrics["train"]["effective_batch_size"] == ref_metrics["train"]["effective_batch_size"] == 16
+    assert metrics["train"]["updates"] == ref_metrics["train"]["updates"]
+    # the carved validation set is seen once, though its size is not a multiple of 2 processes x 4
+    n_eval = N_ROWS - ref_metrics["train"]["samples"] // 2  # 2 epochs over the rest of the rows
+    assert n_eval % (2 * 4) != 0
+    assert metrics["eval"]["num_samples"] == ref_metrics["eval"]["num_samples"] == n_eval
+    assert metrics["eval"]["accuracy"] == ref_metrics["eval"]["accuracy"]
+    assert metrics["eval"]["f1"] == ref_metrics["eval"]["f1"]
+    assert metrics["eval"]["loss"] == pytest.approx(ref_metrics["eval"]["loss"], rel=1e-5)
+
+
+# --- the shipped Accelerate configs ----------------------------------------------------------
+
+ACCEL_CONFIG_FILES = sorted(ACCEL_CONFIGS.glob("*.yaml"))
+
+
+def _launch_args(path: Path):
+    """What ``accelerate launch --config_file PATH`` makes of the file (its own parser and checks)."""
+    from accelerate.commands.launch import _validate_launch_command, launch_command_parser
+
+    args = launch_command_parser().parse_args(["--config_file", str(path), "finetune/train.py"])
+    args, defaults, _ = _validate_launch_command(args)
+    return args, defaults
+
+
+def test_every_setup_has_a_config():
+    assert {p.stem for p in ACCEL_CONFIG_FILES} >= {"single_gpu", "multi_gpu", "multi_node", "fsdp",
+                                                     "deepspeed_zero2"}
+
+
+@pytest.mark.parametrize("path", ACCEL_CONFIG_FILES, ids=lambda p: p.stem)
+def test_accelerate_config_parses_and_names_its_command(path):
+    from accelerate.commands.launch import launch_command_parser
+
+    header = [line for line in path.read_text().splitlines() if line.startswith("#")]
+    assert any(f"accelerate launch --config_file configs/accelerate/{path.name} " in line
+               and "finetune/train.py" in line for line in header), "header must give the launch command"
+    args, defaults = _launch_args(path)  # raises on an unknown top-level key or a bad combination
+    # nested keys become launcher options (fsdp_config.x -> --fsdp_x): each must be one Accelerate knows
+    options = {action.dest for action in launch_command_parser()._actions}
+    for section in ("fsdp_config", "deepspeed_config", "dynamo_config"):
+        for key in getattr(defaults, section) or {}:
+            prefix = {"fsdp_config": "fsdp_", "dynamo_config": "dynamo_"}.get(section, "")
+            assert (key if key.startswith(prefix) else prefix + key) in options, f"{section}.{key}"
+
+
+def test_accelerate_configs_select_their_engine():
+    kinds = {p.stem: _launch_args(p)[0] for p in ACCEL_CONFIG_FILES}
+    assert kinds["single_gpu"].num_processes == 1 and not kinds["single_gpu"].multi_gpu
+    assert kinds["multi_gpu"].multi_gpu and kinds["multi_gpu"].num_machines == 1
+    assert kinds["multi_node"].multi_gpu and kinds["multi_node"].num_machines == 2
+    assert kinds["multi_node"].rdzv_backend == "static"
+    assert kinds["fsdp"].use_fsdp and kinds["deepspeed_zero2"].use_deepspeed
+
+
+def test_fsdp_config_builds_the_plugin_for_bert(monkeypatch):
+    from accelerate.utils import FullyShardedDataParallelPlugin
+    from accelerate.utils.launch import prepare_multi_gpu_env
+    from transformers.models.bert import modeling_bert
+
+    args, _ = _launch_args(ACCEL_CONFIGS / "fsdp.yaml")
+    for key, value in prepare_multi_gpu_env(args).items():
+        monkeypatch.setenv(key, value)
+    plugin = FullyShardedDataParallelPlugin()
+    assert plugin.fsdp_version == 2 and plugin.reshard_after_forward is True
+    # the block class to wrap exists in the BERT family the configs use
+    assert all(hasattr(modeling_bert, name) for name in plugin.transformer_cls_names_to_wrap)
+
+
+def test_deepspeed_config_builds_zero2_with_k_left_to_finetune(monkeypatch):
+    from accelerate.utils import DeepSpeedPlugin
+    from accelerate.utils.launch import prepare_deepspeed_cmd_env
+
+    args, defaults = _launch_args(ACCEL_CONFIGS / "deepspeed_zero2.yaml")
+    args.deepspeed_fields_from_accelerate_config = ",".join(defaults.deepspeed_config)  # as accelerate launch does
+    _, env = prepare_deepspeed_cmd_env(args)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    ds = DeepSpeedPlugin().deepspeed_config
+    assert ds["zero_optimization"]["stage"] == 2
+    # "auto": Accelerate fills it with the k finetune derives, instead of overriding it
+    assert ds["gradient_accumulation_steps"] == "auto"
+    assert ds["gradient_clipping"] == TrainingConfig().max_grad_norm
