@@ -108,6 +108,8 @@ CASES = [
          overrides=["optimizer.learning_rate=3e-5"]),
     Case("config-unknown-metric", ["{cfg}", "evaluation.metrics", "'acuracy'", "did you mean 'accuracy'?"],
          config={"evaluation": {"metrics": ["acuracy"]}}, hint="Built in (offline)"),
+    Case("config-unknown-tracker", ["{cfg}", "logging.report_to", "'tensorbord'", "did you mean 'tensorboard'?"],
+         config={"logging": {"report_to": ["tensorbord"]}}),
     Case("config-positive-label-not-in-data", ["{cfg}", "evaluation.positive_label", "'spm'", "ham, spam"],
          config={"evaluation": {"metrics": ["f1"], "average": "binary", "positive_label": "spm"}}),
     # ---- data
@@ -145,6 +147,8 @@ CASES = [
          config={"model": {"name_or_path": "{root}/no-model"}}),
     Case("model-folder-not-a-model", ["{cfg}", "model.name_or_path", "{root}/notes", "not a model"],
          config={"model": {"name_or_path": "{root}/notes"}}, files={"notes/readme.md": "not a model"}),
+    Case("model-path-mistyped-as-hub-id", ["{cfg}", "model.name_or_path", "no-such-dir/tiny-bert"],
+         config={"model": {"name_or_path": "no-such-dir/tiny-bert"}}, hint="not a local path"),
     Case("model-without-weights", ["{cfg}", "model.name_or_path", "{nowt}", "model.safetensors"],
          config={"model": {"name_or_path": "{nowt}"}}),
     Case("model-label-count-mismatch", ["{cfg}", "model.name_or_path", "{ckpt3}", "3 labels", "the data has 2"],
