@@ -20,9 +20,10 @@ from typing import Any, Callable, Optional
 
 import torch
 
+from finetune.checkpoint import Checkpointer, clear_previous_run, resolve_resume
 from finetune.config import Config, TrainingConfig, save_config
 from finetune.errors import ConfigError, LaunchError
-from finetune.loop import EpochResult, TrainState, evaluate_model, layout_for, train_one_epoch
+from finetune.loop import EpochResult, NonFiniteLossError, TrainState, evaluate_model, layout_for, train_one_epoch
 from finetune.optimization import UpdatePlan, build_optimizer, build_scheduler, plan_updates
 from finetune.sampling import EpochSampler
 from finetune.tracking import RunLogger, flat_hparams
@@ -179,12 +180,16 @@ def build_dataloaders(cfg: Config, tokenized, tokenizer, accelerator, batching: 
         window_size=batching.effective_batch_size,
     )
     pin = accelerator.device.type == "cuda"
+    # A DataLoader without a generator draws a seed from the global torch RNG each time it is
+    # iterated; its own generator leaves the global RNG (dropout) to the updates alone, which
+    # makes a resumed run's dropout masks those of the uninterrupted run.
     train_dl = DataLoader(
         train,
         batch_size=batching.per_device_batch_size,
         sampler=sampler,
         collate_fn=collate,
         drop_last=False,
+        generator=torch.Generator().manual_seed(cfg.training.seed),
         num_workers=cfg.data.num_workers,
         pin_memory=pin,
         persistent_workers=cfg.data.num_workers > 0,
@@ -193,7 +198,8 @@ def build_dataloaders(cfg: Config, tokenized, tokenizer, accelerator, batching: 
     if "validation" in tokenized:
         val = tokenized["validation"].sort("length", reverse=True).remove_columns(["length"])
         eval_dl = DataLoader(
-            val, batch_size=cfg.training.per_device_eval_batch_size, collate_fn=collate, pin_memory=pin
+            val, batch_size=cfg.training.per_device_eval_batch_size, collate_fn=collate, pin_memory=pin,
+            generator=torch.Generator().manual_seed(cfg.training.seed),
         )
     return train_dl, eval_dl
 
@@ -263,8 +269,8 @@ def setup_run(cfg: Config, accelerator=None) -> Run:
         cfg.optim.warmup_ratio,
     )
     scheduler = build_scheduler(optimizer, cfg.optim, plan)
-    # Not prepared (its wrapper steps P times per call); saved with the checkpoints all the same.
-    accelerator.register_for_checkpointing(scheduler)
+    # Not prepared (its wrapper steps P times per call), nor registered for checkpointing:
+    # finetune.checkpoint saves it and reads it back with weights_only=True.
     return Run(cfg, accelerator, batching, tokenizer, labels, model, optimizer, scheduler, train_dl, eval_dl,
                metrics, plan)
 
@@ -289,7 +295,8 @@ def check_output_dir(cfg: Config) -> None:
 
     Raises:
         ConfigError: if ``output.output_dir`` exists, is not empty, and neither
-            ``output.resume_from`` nor ``output.overwrite`` is set.
+            ``output.resume_from`` nor ``output.overwrite`` is set; or if
+            ``output.resume_from`` names no complete checkpoint.
     """
     out = Path(cfg.output.output_dir)
     if out.exists() and not out.is_dir():
@@ -299,6 +306,7 @@ def check_output_dir(cfg: Config) -> None:
             f"output.output_dir: {out} is not empty; set output.resume_from=latest to continue it "
             f"or output.overwrite=true to write over it"
         )
+    resolve_resume(out, cfg.output.resume_from)
 
 
 def save_model(run: Run, directory: str | os.PathLike) -> None:
@@ -318,26 +326,46 @@ def fit(
     on_epoch_end: Optional[Callable[[int, dict[str, Any]], None]] = None,
     on_update: Optional[Callable[[TrainState], bool]] = None,
 ) -> dict[str, Any]:
-    """Train all epochs, evaluate after each, log, and save the final model.
+    """Train all epochs, evaluate after each, log, checkpoint, and save the final model.
+
+    Resumes from ``output.resume_from`` when set. Checkpoints (see
+    :mod:`finetune.checkpoint`) are saved every ``output.checkpoint_every``
+    updates and after each epoch's evaluation; SIGTERM / SIGINT end the run after
+    the current update with a checkpoint.
 
     Args:
         run: From :func:`setup_run`.
         on_epoch_end: Called with ``(epoch, eval metrics)`` after each evaluation.
-        on_update: Passed to :func:`train_one_epoch` (checkpoints, interruption).
+        on_update: Called after every update with the loop's state (after the
+            checkpoint callback); returning True ends the run there.
 
     Returns:
         ``{"train": {...}, "eval": {...}, "epochs": [...]}`` as written to ``metrics.json``.
+
+    Raises:
+        RunInterrupted: after a signal, once the checkpoint is saved (exit code 128 + signal).
+        NonFiniteLossError: on a non-finite loss under ``training.on_nonfinite: stop``
+            (or too many skips); the message names the last good checkpoint.
+        ConfigError: if ``output.resume_from`` names no checkpoint, or one of another setup.
     """
     from tqdm.auto import tqdm
 
     cfg, acc = run.cfg, run.accelerator
     out = Path(cfg.output.output_dir)
+    history: list[dict[str, Any]] = []
+    # checks output.resume_from against this run before anything is written
+    checkpoints = Checkpointer(run, history)
     if acc.is_main_process:
+        if checkpoints.resume_path is None and cfg.output.overwrite:
+            # a fresh run must never resume from, append to, or report an earlier run's state
+            for path in clear_previous_run(out):
+                logger.info("output.overwrite: removed %s of an earlier run", path)
         out.mkdir(parents=True, exist_ok=True)
         save_config(cfg, out / CONFIG_FILE)
     use_trackers = bool(cfg.logging.report_to)
     if use_trackers:
         acc.init_trackers(cfg.logging.project_name, config=flat_hparams(cfg.to_dict()))
+    pending_eval = checkpoints.restore()
     resuming = run.state.step > 0 or run.state.micro_batch > 0 or run.state.epoch > 0
     log = RunLogger(acc, out, use_trackers=use_trackers, resume_step=run.state.step if resuming else None)
     progress = tqdm(
@@ -348,9 +376,27 @@ def fit(
         unit="update",
         dynamic_ncols=True,
     )
-    history: list[dict[str, Any]] = []
     results: list[EpochResult] = []
+
+    def on_any_update(state: TrainState) -> bool:
+        stop = checkpoints.on_update(state)  # on every process, every update: it may all-reduce
+        return (bool(on_update(state)) if on_update is not None else False) or stop
+
+    def end_of_epoch(epoch: int) -> None:
+        if run.eval_dataloader is not None and cfg.training.eval_each_epoch:
+            metrics = evaluate_model(run.model, run.eval_dataloader, acc, run.metrics)
+            record = {"step": run.state.step, "epoch": epoch + 1, **{f"eval/{k}": v for k, v in metrics.items()}}
+            log.log(record)
+            history.append(record)
+            logger.info("epoch %d eval: %s", epoch, _fmt(metrics))
+            if on_epoch_end is not None:
+                on_epoch_end(epoch, metrics)
+        checkpoints.save(f"end of epoch {epoch}")
+
     try:
+        checkpoints.__enter__()  # SIGTERM / SIGINT now stop at the next window boundary
+        if pending_eval is not None:
+            end_of_epoch(pending_eval)  # the run was stopped between an epoch's last update and its evaluation
         for epoch in range(run.state.epoch, run.plan.num_epochs):
             if run.state.step >= run.plan.total_updates:
                 break
@@ -365,7 +411,7 @@ def fit(
                 max_grad_norm=cfg.training.max_grad_norm,
                 log_every=cfg.logging.log_every,
                 on_log=log.log,
-                on_update=on_update,
+                on_update=on_any_update,
                 max_updates=run.plan.total_updates,
                 on_nonfinite=cfg.training.on_nonfinite,
                 max_skipped=cfg.training.max_skipped,
@@ -376,18 +422,19 @@ def fit(
                 "epoch %d: %d updates, loss %.4f, %d samples in %.1fs",
                 epoch, result.updates, result.loss, result.samples, result.seconds,
             )
-            if result.stopped_early and run.state.step < run.plan.total_updates:
-                # a callback asked to stop (interruption): no evaluation of a partial epoch
+            finished = not result.stopped_early or run.state.step >= run.plan.total_updates
+            if checkpoints.stop_signum is not None:
+                eval_due = finished and run.eval_dataloader is not None and cfg.training.eval_each_epoch
+                checkpoints.interrupt(pending_eval_epoch=epoch if eval_due else None)
+            if not finished:
+                # a callback asked to stop: no evaluation of a partial epoch
                 return {"stopped": True, "step": run.state.step}
-            if run.eval_dataloader is not None and cfg.training.eval_each_epoch:
-                metrics = evaluate_model(run.model, run.eval_dataloader, acc, run.metrics)
-                record = {"step": run.state.step, "epoch": epoch + 1, **{f"eval/{k}": v for k, v in metrics.items()}}
-                log.log(record)
-                history.append(record)
-                logger.info("epoch %d eval: %s", epoch, _fmt(metrics))
-                if on_epoch_end is not None:
-                    on_epoch_end(epoch, metrics)
+            end_of_epoch(epoch)
+            checkpoints.check_signal()  # a signal during the evaluation: stop on the epoch's checkpoint
+    except NonFiniteLossError as exc:
+        raise NonFiniteLossError(f"{exc.message}; {checkpoints.last_good()}") from None
     finally:
+        checkpoints.__exit__(None, None, None)
         progress.close()
 
     final = history[-1] if history else {}

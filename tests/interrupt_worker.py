@@ -1,0 +1,68 @@
+"""``finetune/train.py`` with test-only faults injected from the environment.
+
+Run as ``python tests/interrupt_worker.py --config ...`` (or under ``accelerate launch``):
+
+* ``FINETUNE_TEST_SIGNAL=<update>:<SIGTERM|SIGINT>`` sends that signal to this
+  process right after the given update (a real signal, handled by the real
+  handler, as a preemption would arrive mid-run).
+* ``FINETUNE_TEST_NAN_AT=<n>`` makes the model return NaN logits on its ``n``-th
+  training forward pass (from 0, counted over the whole run).
+
+Nothing here is imported by the package; it only wraps it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import finetune.checkpoint  # noqa: E402
+import finetune.modeling  # noqa: E402
+from finetune.train import main  # noqa: E402
+
+
+def _signal_at(spec: str) -> None:
+    step, name = spec.split(":")
+    sig = getattr(signal, name)
+    original = finetune.checkpoint.Checkpointer.on_update
+
+    def on_update(self, state):
+        if state.step == int(step) and not getattr(self, "_test_signalled", False):
+            self._test_signalled = True
+            os.kill(os.getpid(), sig)
+        return original(self, state)
+
+    finetune.checkpoint.Checkpointer.on_update = on_update
+
+
+def _nan_at(index: int) -> None:
+    original = finetune.modeling.load_model
+    calls = {"n": 0}
+
+    def hook(module, args, output):
+        if not module.training:
+            return output
+        n = calls["n"]
+        calls["n"] += 1
+        if n == index:
+            output.logits = output.logits * float("nan")  # still in the graph: backward runs as for a real NaN
+        return output
+
+    def load_model(*args, **kwargs):
+        model = original(*args, **kwargs)
+        model.register_forward_hook(hook)
+        return model
+
+    finetune.modeling.load_model = load_model
+
+
+if __name__ == "__main__":
+    if os.environ.get("FINETUNE_TEST_SIGNAL"):
+        _signal_at(os.environ["FINETUNE_TEST_SIGNAL"])
+    if os.environ.get("FINETUNE_TEST_NAN_AT"):
+        _nan_at(int(os.environ["FINETUNE_TEST_NAN_AT"]))
+    sys.exit(main(sys.argv[1:]))
