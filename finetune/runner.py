@@ -301,6 +301,12 @@ def check_output_dir(cfg: Config) -> None:
     out = Path(cfg.output.output_dir)
     if out.exists() and not out.is_dir():
         raise ConfigError(f"output.output_dir: {out} exists and is not a directory")
+    # Else the run would only fail when it first writes there: after tokenizing, or after training.
+    existing = next(p for p in (out, *out.parents) if p.exists())
+    if not existing.is_dir():
+        raise ConfigError(f"output.output_dir: cannot create {out}: {existing} is a file")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(f"output.output_dir: cannot write in {existing} (permission denied)")
     if out.is_dir() and any(out.iterdir()) and not (cfg.output.resume_from or cfg.output.overwrite):
         raise ConfigError(
             f"output.output_dir: {out} is not empty; set output.resume_from=latest to continue it "

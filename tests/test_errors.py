@@ -112,6 +112,8 @@ CASES = [
          config={"logging": {"report_to": ["tensorbord"]}}),
     Case("config-positive-label-not-in-data", ["{cfg}", "evaluation.positive_label", "'spm'", "ham, spam"],
          config={"evaluation": {"metrics": ["f1"], "average": "binary", "positive_label": "spm"}}),
+    Case("config-output-dir-under-a-file", ["{cfg}", "output.output_dir", "{root}/notes.txt is a file"],
+         config={"output": {"output_dir": "{root}/notes.txt/run"}}, files={"notes.txt": "a file, not a folder"}),
     # ---- data
     Case("data-file-missing", ["{cfg}", "data.train_file", "{root}/missing.csv", "not found"],
          config={"data": {"train_file": "{root}/missing.csv"}}),
