@@ -122,8 +122,11 @@ class DataConfig:
 class TrainingConfig:
     """Batching, accumulation, precision and run length."""
 
-    # Micro-batch size per process (``b``).
-    per_device_train_batch_size: int = 32
+    # Micro-batch size per process (``b``), or ``auto`` (needs ``effective_batch_size``):
+    # start at the largest power of two dividing ``B / P`` and halve it (doubling ``k``)
+    # while a trial micro-batch of the longest samples runs out of memory, so ``B`` and
+    # the updates stay exactly the same. See :mod:`finetune.autobatch`.
+    per_device_train_batch_size: Union[int, Literal["auto"]] = 32
     # Batch size per process for evaluation.
     per_device_eval_batch_size: int = 64
     # Micro-batches accumulated per optimizer update (``k``). Null when
@@ -142,6 +145,10 @@ class TrainingConfig:
     mixed_precision: Literal["no", "bf16", "fp16"] = "no"
     # Seed for weights of the new head, data order and dropout.
     seed: int = 42
+    # Compile the model's forward with ``torch.compile`` (inductor). It pays a
+    # compile time at start-up (and at each new shape until shapes turn dynamic)
+    # for faster steps; off by default, measure it with ``bench/run.py --levers``.
+    torch_compile: bool = False
     # Evaluate on the validation set at the end of each epoch.
     eval_each_epoch: bool = True
     # Non-finite loss: ``stop`` the run, or ``skip`` that update.
@@ -150,7 +157,18 @@ class TrainingConfig:
     max_skipped: int = 10
 
     def __post_init__(self) -> None:
-        if self.per_device_train_batch_size < 1:
+        if self.per_device_train_batch_size == "auto":
+            if self.effective_batch_size is None:
+                raise ConfigError(
+                    "training.per_device_train_batch_size: auto needs training.effective_batch_size "
+                    "(the micro-batch is chosen to keep it)"
+                )
+            if self.gradient_accumulation_steps is not None:
+                raise ConfigError(
+                    "training.gradient_accumulation_steps: with per_device_train_batch_size auto, k is "
+                    "derived from effective_batch_size; leave it null"
+                )
+        elif self.per_device_train_batch_size < 1:
             raise ConfigError(
                 f"training.per_device_train_batch_size: must be >= 1, got {self.per_device_train_batch_size}"
             )
@@ -196,6 +214,10 @@ class OptimConfig:
     warmup_ratio: float = 0.0
     # Warmup in optimizer updates.
     warmup_steps: int = 0
+    # AdamW kernel: ``auto`` uses torch's fused kernel where it has one for the device
+    # (CUDA, CPU, ...; several times faster per step than the per-parameter loop),
+    # else torch's default; or force ``fused``, ``foreach`` or ``for_loop``.
+    implementation: Literal["auto", "fused", "foreach", "for_loop"] = "auto"
 
     def __post_init__(self) -> None:
         if not self.learning_rate > 0:

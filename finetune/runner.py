@@ -50,6 +50,10 @@ class Batching:
 def resolve_batching(training: TrainingConfig, num_processes: int) -> Batching:
     """Derive ``k`` from ``effective_batch_size`` (or take it as given) for ``P`` processes.
 
+    With ``per_device_train_batch_size: auto`` this is the first micro-batch to
+    try (the largest power of two dividing ``B / P``); :func:`setup_run` may
+    halve it (doubling ``k``) if it does not fit, see :mod:`finetune.autobatch`.
+
     Raises:
         ConfigError: if ``B`` is not divisible by ``b * P``, or both keys are
             given and disagree.
@@ -57,6 +61,11 @@ def resolve_batching(training: TrainingConfig, num_processes: int) -> Batching:
     b = training.per_device_train_batch_size
     k = training.gradient_accumulation_steps
     B = training.effective_batch_size
+    if b == "auto":
+        from finetune.autobatch import initial_micro_batch
+
+        b = initial_micro_batch(B, num_processes)
+        return Batching(b, B // (b * num_processes), num_processes)
     if B is None:
         return Batching(b, k or 1, num_processes)
     if B % (b * num_processes) != 0:
@@ -204,6 +213,23 @@ def build_dataloaders(cfg: Config, tokenized, tokenizer, accelerator, batching: 
     return train_dl, eval_dl
 
 
+def _fit_micro_batch(model, train_dataset, tokenizer, accelerator, batching: Batching) -> Batching:
+    """``per_device_train_batch_size: auto``: the largest ``b`` that fits with ``B`` unchanged; sets ``k``."""
+    from finetune.autobatch import choose_micro_batch, worst_case_batch
+
+    model.to(accelerator.device)
+    collate = _collator(tokenizer, accelerator)
+    b, k = choose_micro_batch(
+        model,
+        lambda size: worst_case_batch(train_dataset, collate, size),
+        accelerator,
+        batching.effective_batch_size,
+        start=batching.per_device_batch_size,
+    )
+    accelerator.gradient_accumulation_steps = k
+    return Batching(b, k, batching.num_processes)
+
+
 def setup_run(cfg: Config, accelerator=None) -> Run:
     """Load and prepare everything the config describes.
 
@@ -253,8 +279,13 @@ def setup_run(cfg: Config, accelerator=None) -> Run:
 
     with accelerator.main_process_first():
         tokenized = tokenize_splits(splits, tokenizer, cfg.data.max_length)
+    if cfg.training.per_device_train_batch_size == "auto":
+        batching = _fit_micro_batch(model, tokenized["train"], tokenizer, accelerator, batching)
+    if cfg.training.torch_compile:
+        # in place: state_dict keys, unwrap_model and save_pretrained stay as without compiling
+        model.compile()
     train_dl, eval_dl = build_dataloaders(cfg, tokenized, tokenizer, accelerator, batching)
-    optimizer = build_optimizer(model, cfg.optim)
+    optimizer = build_optimizer(model, cfg.optim, device=accelerator.device)
     if eval_dl is not None:
         model, optimizer, train_dl, eval_dl = accelerator.prepare(model, optimizer, train_dl, eval_dl)
     else:

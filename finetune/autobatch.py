@@ -1,0 +1,182 @@
+"""``per_device_train_batch_size: auto``: the largest micro-batch that fits, with ``B`` unchanged.
+
+Accumulation trades memory for time without changing the math: a run at
+``(b, k)`` and one at ``(b/2, 2k)`` make the same updates (ACCUMULATION.md).
+So when memory is short the micro-batch can be halved and ``k`` doubled with
+nothing else changing. That is what this module does, once, before training:
+
+* Start at the largest power of two that divides ``B / P`` (so every halving
+  still divides it, down to 1).
+* Try one forward and backward, as training runs them, on the worst
+  micro-batch the data can produce: the ``b`` longest training samples
+  (``b`` rows padded to the longest length), with room held for the optimizer
+  state (and DDP's gradient buckets) that training adds later.
+* All processes agree: each reports whether its trial ran out of memory, and
+  one failure anywhere makes every process halve ``b``; they all end with the
+  same ``b`` and ``k = B / (b * P)``.
+
+Why not ``accelerate.utils.find_executable_batch_size`` or the Trainer's
+``auto_find_batch_size``: both shrink the batch by 0.9x (or halve it) *without
+touching the accumulation*, so the effective batch, and with it the
+learning-rate schedule and the updates, change behind the user's back. Here
+``B`` is fixed by the config and only its split changes.
+
+The trial leaves no trace: gradients are dropped and the random-number
+generators restored, so the run trains exactly as one started directly at the
+chosen ``b`` and ``k`` (``tests/test_auto_batch.py`` checks the final weights).
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+
+from finetune.errors import ConfigError, LaunchError
+
+logger = logging.getLogger("finetune")
+
+
+def initial_micro_batch(effective_batch_size: int, num_processes: int) -> int:
+    """The first micro-batch to try: the largest power of two dividing ``B / P``.
+
+    Raises:
+        ConfigError: if ``B`` cannot be split evenly over the processes.
+    """
+    if effective_batch_size % num_processes != 0:
+        raise ConfigError(
+            f"training.effective_batch_size: {effective_batch_size} is not a multiple of the "
+            f"{num_processes} processes"
+        )
+    per_process = effective_batch_size // num_processes
+    return per_process & -per_process
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """Whether ``exc`` says a device ran out of memory (CUDA, XPU, MPS, CPU allocator)."""
+    from accelerate.utils.memory import should_reduce_batch_size
+
+    return isinstance(exc, torch.OutOfMemoryError) or should_reduce_batch_size(exc)
+
+
+def worst_case_batch(dataset, collate: Callable[[list], dict], batch_size: int) -> dict[str, torch.Tensor]:
+    """The ``batch_size`` longest samples of ``dataset`` (by its ``length`` column), collated.
+
+    Padding makes every row as long as the longest sample, so this is the
+    largest micro-batch, in memory, that an epoch can hand the model.
+    """
+    lengths = torch.as_tensor(dataset["length"])
+    longest = torch.argsort(lengths, descending=True, stable=True).tolist()
+    # fewer samples than b (a tiny data set): repeat them, the shape is what matters
+    rows = [longest[i % len(longest)] for i in range(batch_size)]
+    columns = [c for c in dataset.column_names if c != "length"]
+    return collate([{c: dataset[i][c] for c in columns} for i in rows])
+
+
+def _rng_fork(device: torch.device):
+    if device.type == "cpu":
+        return torch.random.fork_rng(devices=[])
+    index = device.index if device.index is not None else 0
+    return torch.random.fork_rng(devices=[index], device_type=device.type)
+
+
+def trial_step(model: torch.nn.Module, batch: dict[str, torch.Tensor], accelerator) -> bool:
+    """One training forward and backward on ``batch``; False if it ran out of memory.
+
+    Runs on the unprepared model (already on the accelerator's device), so no
+    collective is involved and a process that fails cannot leave the others
+    waiting inside a backward. Gradients are dropped and the random-number
+    generators (dropout) restored afterwards.
+
+    Args:
+        model: The model, on ``accelerator.device``.
+        batch: A collated micro-batch with ``labels``.
+        accelerator: The run's ``Accelerator`` (device and autocast).
+    """
+    device = accelerator.device
+    # Copies of the trainable parameters held during the trial for what training adds
+    # later: AdamW's two moments, plus DDP's gradient buckets on several processes.
+    reserve_factor = 2 + (accelerator.num_processes > 1)
+    was_training = model.training
+    ok = True
+    try:
+        with _rng_fork(device):
+            model.train()
+            trainable = [p for p in model.parameters() if p.requires_grad]
+            reserve = [torch.empty_like(p) for p in trainable for _ in range(reserve_factor)]
+            inputs = {k: v.to(device) for k, v in batch.items()}
+            labels = inputs.pop("labels")
+            with accelerator.autocast():
+                logits = model(**inputs).logits
+            F.cross_entropy(logits.float(), labels, reduction="sum").backward()
+            del reserve, inputs, labels, logits
+    except Exception as exc:  # noqa: BLE001 - anything but an out-of-memory error is re-raised
+        if not is_out_of_memory(exc):
+            raise
+        ok = False
+    model.zero_grad(set_to_none=True)
+    model.train(was_training)
+    # free what the trial (or its failure) left behind before the next try or training
+    gc.collect()
+    if device.type != "cpu":
+        from accelerate.utils.memory import clear_device_cache
+
+        clear_device_cache()
+    return ok
+
+
+def any_process_failed(failed: bool, accelerator) -> bool:
+    """True on every process if ``failed`` is true on any of them (one small all-reduce)."""
+    if accelerator.num_processes == 1:
+        return failed
+    flag = torch.tensor([1.0 if failed else 0.0], device=accelerator.device)
+    return bool(accelerator.reduce(flag, reduction="sum").item() > 0)
+
+
+def choose_micro_batch(
+    model: torch.nn.Module,
+    make_batch: Callable[[int], dict[str, torch.Tensor]],
+    accelerator,
+    effective_batch_size: int,
+    start: int,
+    trial: Callable[[torch.nn.Module, dict[str, Any], Any], bool] = trial_step,
+) -> tuple[int, int]:
+    """Halve the micro-batch from ``start`` until a trial step fits on every process.
+
+    Args:
+        model: The unprepared model, on ``accelerator.device``.
+        make_batch: ``b -> collated worst-case micro-batch of b samples``.
+        accelerator: The run's ``Accelerator``; all its processes must call this.
+        effective_batch_size: ``B``; kept exactly.
+        start: First ``b`` to try (see :func:`initial_micro_batch`).
+        trial: ``(model, batch, accelerator) -> fits``; :func:`trial_step`.
+
+    Returns:
+        ``(b, k)`` with ``b * k * P == B``.
+
+    Raises:
+        LaunchError: if even ``b = 1`` runs out of memory on some process.
+    """
+    num_processes = accelerator.num_processes
+    b = start
+    tried = []
+    while True:
+        failed = any_process_failed(not trial(model, make_batch(b), accelerator), accelerator)
+        tried.append(f"{b} ({'out of memory' if failed else 'fits'})")
+        if not failed:
+            break
+        if b == 1:
+            raise LaunchError(
+                "training.per_device_train_batch_size: auto found no micro-batch that fits: even b=1 ran out "
+                "of memory (on at least one process); lower data.max_length or use a larger device"
+            )
+        b //= 2
+    k = effective_batch_size // (b * num_processes)
+    logger.info(
+        "auto micro-batch: b=%d, k=%d (effective batch %d over %d processes); tried b=%s",
+        b, k, effective_batch_size, num_processes, ", ".join(tried),
+    )
+    return b, k

@@ -1,0 +1,169 @@
+"""``per_device_train_batch_size: auto``: back off on out-of-memory, keep ``B`` and the math.
+
+An out-of-memory error is simulated on the CPU: the model's forward raises
+``torch.OutOfMemoryError`` for training micro-batches above a threshold.
+"""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from finetune.autobatch import choose_micro_batch, initial_micro_batch
+from finetune.config import config_from_dict
+from finetune.errors import ConfigError, LaunchError
+from helpers import REPO, free_port, make_texts, offline_env, save_tiny_model, write_tsv
+
+B = 32
+
+
+@pytest.fixture(scope="module")
+def assets(tmp_path_factory):
+    root = tmp_path_factory.mktemp("auto")
+    # 70 rows, 20% validation: 56 training samples, so windows of 32 and 24 (a ragged last one)
+    return save_tiny_model(root / "tiny-bert"), write_tsv(root / "sms.csv", make_texts(70, seed=4))
+
+
+def _config(assets, tmp_path, b):
+    model, data = assets
+    return config_from_dict({
+        # dropout on: the trial step must not shift the random stream the run's dropout draws from
+        "model": {"name_or_path": str(model), "dropout": 0.1},
+        "data": {"train_file": str(data), "format": "tsv", "has_header": False, "column_names": ["label", "text"],
+                 "validation_split": 0.2, "max_length": 32},
+        "training": {"per_device_train_batch_size": b, "effective_batch_size": B, "seed": 3},
+        "optim": {"learning_rate": 1e-3, "warmup_steps": 1},
+        "evaluation": {"metrics": ["accuracy"]},
+        "output": {"output_dir": str(tmp_path / f"out-{b}")},
+    })
+
+
+def _oom_above(threshold: int, seen: list[int]):
+    """``load_model`` whose model raises out-of-memory on training micro-batches larger than ``threshold``."""
+    import finetune.modeling
+
+    real = finetune.modeling.load_model
+
+    def load(*args, **kwargs):
+        model = real(*args, **kwargs)
+        forward = model.forward
+
+        def limited(**batch):
+            rows = batch["input_ids"].shape[0]
+            if model.training:
+                seen.append(rows)
+                if rows > threshold:
+                    raise torch.OutOfMemoryError(f"simulated: CUDA out of memory. Tried to allocate {rows} rows")
+            return forward(**batch)
+
+        model.forward = limited
+        return model
+
+    return load
+
+
+def _train(cfg, monkeypatch, threshold):
+    from accelerate.state import AcceleratorState, GradientState
+
+    from finetune.loop import train_one_epoch
+    from finetune.runner import setup_run
+
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+    seen: list[int] = []
+    monkeypatch.setattr("finetune.modeling.load_model", _oom_above(threshold, seen))
+    run = setup_run(cfg)
+    train_one_epoch(run.model, run.optimizer, run.scheduler, run.train_dataloader, run.accelerator, 0,
+                    state=run.state, max_grad_norm=1.0)
+    weights = {n: p.detach().clone() for n, p in run.accelerator.unwrap_model(run.model).named_parameters()}
+    return run, weights, seen
+
+
+def test_initial_micro_batch_is_the_largest_power_of_two_dividing_the_share():
+    assert initial_micro_batch(32, 1) == 32
+    assert initial_micro_batch(48, 1) == 16
+    assert initial_micro_batch(96, 2) == 16
+    assert initial_micro_batch(24, 2) == 4
+    assert initial_micro_batch(7, 1) == 1
+    with pytest.raises(ConfigError, match="not a multiple of the 2 processes"):
+        initial_micro_batch(33, 2)
+
+
+def test_auto_needs_the_effective_batch():
+    base = {"data": {"train_file": "x.csv"}}
+    with pytest.raises(ConfigError, match="auto needs training.effective_batch_size"):
+        config_from_dict({**base, "training": {"per_device_train_batch_size": "auto"}})
+    with pytest.raises(ConfigError, match="k is derived"):
+        config_from_dict({**base, "training": {"per_device_train_batch_size": "auto", "effective_batch_size": 32,
+                                               "gradient_accumulation_steps": 2}})
+    cfg = config_from_dict({**base, "training": {"per_device_train_batch_size": "auto", "effective_batch_size": 32}})
+    assert cfg.training.per_device_train_batch_size == "auto"
+
+
+def test_auto_backs_off_and_trains_as_the_chosen_batching(assets, tmp_path, monkeypatch, caplog,
+                                                          fresh_accelerate_state):
+    with caplog.at_level(logging.INFO, logger="finetune"):
+        auto, auto_weights, seen = _train(_config(assets, tmp_path, "auto"), monkeypatch, threshold=8)
+    # tried 32 and 16 (out of memory), then 8: halving b and doubling k, B unchanged
+    assert seen[:3] == [32, 16, 8]
+    assert (auto.batching.per_device_batch_size, auto.batching.gradient_accumulation_steps) == (8, 4)
+    assert auto.batching.effective_batch_size == B
+    assert auto.accelerator.gradient_accumulation_steps == 4
+    assert auto.train_dataloader.total_batch_size == 8
+    assert auto.plan.total_updates == 2  # 56 samples in windows of 32: the schedule still counts B-sized updates
+    assert "auto micro-batch: b=8, k=4" in caplog.text
+
+    direct, direct_weights, direct_seen = _train(_config(assets, tmp_path, 8), monkeypatch, threshold=8)
+    assert max(direct_seen) == 8
+    # the trial steps left no trace: same weights, bit for bit, as a run started at b=8, k=4
+    assert auto_weights.keys() == direct_weights.keys()
+    for name, tensor in direct_weights.items():
+        assert torch.equal(auto_weights[name], tensor), name
+    # and training moved them (a run that did nothing would also compare equal)
+    assert auto.state.step == direct.state.step == 2
+
+
+def test_auto_gives_up_when_nothing_fits(assets, tmp_path, monkeypatch, fresh_accelerate_state):
+    with pytest.raises(LaunchError, match="even b=1 ran out of memory"):
+        _train(_config(assets, tmp_path, "auto"), monkeypatch, threshold=0)
+
+
+class _OneProcess:
+    num_processes = 1
+
+
+def test_choose_micro_batch_keeps_b_times_k(fresh_accelerate_state):
+    fits_up_to = 6
+    chosen = choose_micro_batch(None, lambda b: b, _OneProcess(), 96, start=32,
+                                trial=lambda model, batch, acc: batch <= fits_up_to)
+    assert chosen == (4, 24)
+
+
+@pytest.mark.slow
+def test_every_process_backs_off_when_one_runs_out_of_memory(tmp_path):
+    """Two gloo processes: only rank 1 runs out of memory above b=4, both must settle on b=4."""
+    worker = tmp_path / "worker.py"
+    worker.write_text(
+        "import sys\n"
+        "from accelerate import Accelerator\n"
+        "from finetune.autobatch import choose_micro_batch\n"
+        "acc = Accelerator(cpu=True)\n"
+        "limit = 4 if acc.process_index == 1 else 10**6\n"
+        "b, k = choose_micro_batch(None, lambda b: b, acc, 64, start=64, trial=lambda m, batch, a: batch <= limit)\n"
+        "print(f'rank={acc.process_index} world={acc.num_processes} b={b} k={k}')\n",
+        encoding="utf-8",
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
+         str(worker)],
+        cwd=REPO, env=offline_env(), capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = sorted(line for line in proc.stdout.splitlines() if line.startswith("rank="))
+    # 64 = b * k * P on both ranks: b=4, k=8, P=2
+    assert lines == ["rank=0 world=2 b=4 k=8", "rank=1 world=2 b=4 k=8"]
