@@ -299,6 +299,20 @@ def test_cli_same_model_log_and_metrics_on_every_process_count(cli_runs, name):
     assert metrics["eval"]["loss"] == pytest.approx(ref_metrics["eval"]["loss"], rel=1e-5)
 
 
+def test_cli_effective_batch_that_two_processes_cannot_split_is_one_line(cli_config, tmp_path):
+    cfg, _ = cli_config
+    proc = _run(_train_cmd(["--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--main_process_port",
+                            str(free_port()), "--mixed_precision", "no", "--dynamo_backend", "no"],
+                           cfg, tmp_path / "out", "training.effective_batch_size=12"))
+    assert proc.returncode != 0
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    # printed once (by the main process), naming B=12, b=4 and P=2
+    assert len(errors) == 1, proc.stderr[-3000:]
+    assert errors[0].startswith(f"error: {cfg}: training.effective_batch_size: ")
+    assert {"12", "4", "2"} <= set(re.findall(r"\d+", errors[0].split("effective_batch_size:")[1]))
+    assert not (tmp_path / "out").exists()
+
+
 # --- the shipped Accelerate configs ----------------------------------------------------------
 
 ACCEL_CONFIG_FILES = sorted(ACCEL_CONFIGS.glob("*.yaml"))
