@@ -26,7 +26,7 @@ from finetune.errors import ConfigError, LaunchError
 from finetune.loop import EpochResult, NonFiniteLossError, TrainState, evaluate_model, layout_for, train_one_epoch
 from finetune.optimization import UpdatePlan, build_optimizer, build_scheduler, plan_updates
 from finetune.sampling import EpochSampler
-from finetune.tracking import RunLogger, flat_hparams
+from finetune.tracking import RunLogger, check_trackers, flat_hparams
 
 logger = logging.getLogger("finetune")
 
@@ -116,7 +116,8 @@ def build_accelerator(cfg: Config, project_dir: Optional[str] = None):
     CPU (see :func:`finetune.scaling.init_process_state`).
 
     Raises:
-        ConfigError: if the effective batch cannot be split over the processes.
+        ConfigError: if the effective batch cannot be split over the processes, or a
+            tracker in ``logging.report_to`` is unknown or its package is not installed.
         LaunchError: if the precision cannot run on this hardware (fp16 without a GPU),
             or the launched processes cannot be joined.
     """
@@ -124,6 +125,8 @@ def build_accelerator(cfg: Config, project_dir: Optional[str] = None):
 
     from finetune.scaling import init_process_state
 
+    # Accelerate would drop a tracker whose package is missing without a word: fail before any work
+    check_trackers(cfg.logging.report_to)
     state = init_process_state()
     if cfg.training.mixed_precision == "fp16" and state.device.type == "cpu":
         raise LaunchError(
@@ -498,9 +501,21 @@ def fit(
     save_model(run, out)
     if acc.is_main_process:
         (out / METRICS_FILE).write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+        _write_curves(out)
     if use_trackers:
         acc.end_training()
     return summary
+
+
+def _write_curves(out: Path) -> None:
+    """``curves.png`` from the run's log; a missing matplotlib costs the picture, not the run."""
+    from finetune.errors import FinetuneError
+    from finetune.plot import plot_curves
+
+    try:
+        plot_curves(out)
+    except FinetuneError as exc:
+        logger.warning("%s not written: %s", out / "curves.png", exc.message)
 
 
 def _fmt(metrics: dict[str, Any]) -> str:
