@@ -346,7 +346,10 @@ def run(args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry point; returns the exit code (2 for bad input)."""
+    from transformers.utils import logging as hf_logging
+
     args = parse_args(argv)
+    hf_logging.disable_progress_bar()  # the weight-loading bar; the file's bar is ours
     debug = args.debug or os.environ.get("FINETUNE_DEBUG", "") not in ("", "0")
     try:
         run(args)

@@ -114,6 +114,21 @@ def load_labelled(file: str | os.PathLike, data_cfg, labels: Sequence[str]):
     return ds[fdata.TEXT], pairs, ds[fdata.LABELS]
 
 
+def model_labels(output_dir: str | os.PathLike) -> list[str]:
+    """The saved model's class names in class-id order (from its ``config.json``).
+
+    Raises:
+        ModelError: if ``output_dir`` holds no model config.
+    """
+    from transformers import AutoConfig
+
+    path = Path(output_dir)
+    if not (path / "config.json").is_file():
+        raise ModelError(f"{path}: no model here (no config.json); pass a run's output_dir")
+    config = AutoConfig.from_pretrained(path)
+    return [config.id2label[i] for i in range(config.num_labels)]
+
+
 def confusion_matrix(references, predictions, num_labels: int):
     """``K x K`` counts: row = true class id, column = predicted class id."""
     import numpy as np
@@ -143,8 +158,8 @@ def score_file(output_dir: str | os.PathLike, file: str | os.PathLike, overrides
     from finetune.metrics import MetricSuite
 
     cfg = scoring_config(output_dir, file, overrides)
-    predictor = predictor or Predictor.load(output_dir, batch_size=batch_size)
-    names = predictor.labels
+    # read the file before loading the weights: bad data fails fast
+    names = predictor.labels if predictor is not None else model_labels(output_dir)
     texts, pairs, references = load_labelled(file, cfg.data, names)
 
     pos_label = None
@@ -155,6 +170,7 @@ def score_file(output_dir: str | os.PathLike, file: str | os.PathLike, overrides
         pos_label = names.index(cfg.evaluation.positive_label)
     suite = MetricSuite(cfg.evaluation.metrics, len(names), cfg.evaluation.average, pos_label)
 
+    predictor = predictor or Predictor.load(output_dir, batch_size=batch_size)
     logits = predictor.logits(texts, pairs, progress=True)
     refs = torch.as_tensor(references, dtype=torch.long)
     predictions = logits.argmax(axis=1)
@@ -187,7 +203,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--debug", action="store_true", help="show tracebacks for input errors")
     parser.add_argument("overrides", nargs="*", metavar="section.key=value",
                         help="data.* / evaluation.* settings replacing the run's")
-    return parser.parse_args(argv)
+    # intermixed: settings may come before or after the options
+    return parser.parse_intermixed_args(argv)
 
 
 def run(args: argparse.Namespace) -> Score:
@@ -219,7 +236,13 @@ def run(args: argparse.Namespace) -> Score:
 
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry point; returns the exit code (2 for bad input)."""
+    import datasets
+    from transformers.utils import logging as hf_logging
+
     args = parse_args(argv)
+    # the bars of reading the file and loading the weights; the scoring bar is ours
+    datasets.disable_progress_bars()
+    hf_logging.disable_progress_bar()
     debug = args.debug or os.environ.get("FINETUNE_DEBUG", "") not in ("", "0")
     try:
         run(args)

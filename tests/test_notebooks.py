@@ -1,0 +1,139 @@
+"""The notebooks run top to bottom (nbclient) on a tiny model and data set, through their parameter cell.
+
+Like papermill, the test inserts a cell after the one tagged ``parameters``
+that overrides its values; a last injected cell prints the kernel's results as
+JSON so the test can check what the notebook computed, not only that it ran.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from helpers import REPO, make_texts, offline_env, save_tiny_model, write_tsv
+
+nbformat = pytest.importorskip("nbformat")
+nbclient = pytest.importorskip("nbclient")
+
+NOTEBOOKS = REPO / "notebooks"
+RESULT_MARK = "RESULT_JSON="
+
+
+@pytest.fixture(scope="module")
+def assets(tmp_path_factory):
+    root = tmp_path_factory.mktemp("nb_assets")
+    return save_tiny_model(root / "tiny-bert"), write_tsv(root / "sms.tsv", make_texts(120, seed=3))
+
+
+def _tiny_overrides(model: Path, data: Path) -> list[str]:
+    return [
+        f"model.name_or_path={model}",
+        f"data.train_file={data}",
+        "data.max_length=32",
+        "evaluation.metrics=[accuracy,f1]",
+        "logging.progress_bar=false",
+    ]
+
+
+def execute(name: str, parameters: str, report: str, timeout: int = 240):
+    """Run notebook ``name`` with ``parameters`` injected; returns (notebook, the dict ``report`` printed)."""
+    path = NOTEBOOKS / name
+    nb = nbformat.read(path, as_version=4)
+    tagged = [i for i, c in enumerate(nb.cells) if "parameters" in c.get("metadata", {}).get("tags", [])]
+    assert len(tagged) == 1, f"{name}: needs exactly one cell tagged 'parameters'"
+    nb.cells.insert(tagged[0] + 1, nbformat.v4.new_code_cell(parameters))
+    nb.cells.append(nbformat.v4.new_code_cell(f"import json\nprint({RESULT_MARK!r} + json.dumps({report}))"))
+    client = nbclient.NotebookClient(nb, timeout=timeout, kernel_name="python3",
+                                     resources={"metadata": {"path": str(NOTEBOOKS)}})
+    import os
+
+    saved = dict(os.environ)
+    os.environ.update(offline_env())  # the kernel inherits this environment
+    try:
+        client.execute()
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    text = "".join(o.get("text", "") for o in nb.cells[-1].outputs if o.get("output_type") == "stream")
+    line = next(x for x in text.splitlines() if x.startswith(RESULT_MARK))
+    return nb, json.loads(line[len(RESULT_MARK):])
+
+
+@pytest.mark.parametrize("name", ["quickstart.ipynb", "accumulation.ipynb"])
+def test_stored_without_outputs(name):
+    nb = nbformat.read(NOTEBOOKS / name, as_version=4)
+    nbformat.validate(nb)
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            assert cell.outputs == [] and cell.execution_count is None, f"{name}: stored with outputs"
+
+
+def test_importing_finetune_touches_no_device():
+    """What notebook_launcher needs: importing every module creates no Accelerate state and no CUDA context."""
+    code = (
+        "import importlib, pkgutil, finetune, torch\n"
+        "from accelerate.state import PartialState, is_initialized\n"
+        "names = [m.name for m in pkgutil.walk_packages(finetune.__path__, 'finetune.')]\n"
+        "for n in names: importlib.import_module(n)\n"
+        "assert 'finetune.train' in names and 'finetune.predict' in names, names\n"
+        "assert not is_initialized() and PartialState._shared_state == {}, 'Accelerate state created on import'\n"
+        "assert not torch.cuda.is_initialized()\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=offline_env(), capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_quickstart(assets, tmp_path):
+    model, data = assets
+    overrides = _tiny_overrides(model, data) + [
+        "training.per_device_train_batch_size=8", "training.effective_batch_size=16", "training.num_train_epochs=2",
+        "evaluation.average=binary", "evaluation.positive_label=spam", f"output.output_dir={tmp_path / 'out'}",
+    ]
+    parameters = (f"OVERRIDES = {overrides!r}\nTEXTS = ['free cash prize call now', 'see you at dinner tonight']\n"
+                  f"LAUNCH_PROCESSES = 1\nLAUNCH_OUTPUT_DIR = {str(tmp_path / 'launched')!r}")
+    nb, result = execute("quickstart.ipynb", parameters,
+                         "{'records': records, 'updates': run.plan.total_updates, 'labels': list(run.labels.names), "
+                         "'pipeline': classifier(TEXTS), 'predicted': predictor.predict(TEXTS)}")
+    outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
+    assert not [o for o in outputs if o.get("output_type") == "error"]
+    # the curves were drawn inline
+    assert any("image/png" in o.get("data", {}) for o in outputs)
+    train = [r for r in result["records"] if "train/loss" in r]
+    evals = [r for r in result["records"] if "eval/loss" in r]
+    assert [r["step"] for r in train] == list(range(1, result["updates"] + 1))
+    assert len(evals) == 2 and evals[-1]["step"] == result["updates"]
+    # the in-memory predictor and plain transformers.pipeline on the saved model agree, with the data's label names
+    assert result["labels"] == ["ham", "spam"]
+    for p, q in zip(result["predicted"], result["pipeline"]):
+        assert p["label"] == q["label"] and p["score"] == pytest.approx(q["score"], rel=1e-5)
+    # the notebook_launcher cell ran train_function (one process: in the kernel) through fit
+    launched = tmp_path / "launched"
+    assert (launched / "model.safetensors").is_file() and (launched / "curves.png").is_file()
+
+
+def test_accumulation(assets):
+    model, data = assets
+    # 76 samples, b=8: 10 micro-batches, the last of 4 samples; k=4: windows of 32, 32 and 12 samples
+    overrides = _tiny_overrides(model, data) + ["data.max_train_samples=76", "model.dropout=0.0",
+                                                "training.max_grad_norm=null", "training.num_train_epochs=2",
+                                                "optim.learning_rate=1e-3"]
+    nb, result = execute("accumulation.ipynb", f"OVERRIDES = {overrides!r}",
+                         "{'big': big_records, 'exact': exact_records, 'exact_diff': exact_diff, "
+                         "'textbook_diff': textbook_diff, 'ragged': ragged_updates}")
+    outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
+    assert not [o for o in outputs if o.get("output_type") == "error"]
+    assert sum("image/png" in o.get("data", {}) for o in outputs) >= 2
+    assert result["ragged"] == [3, 6]
+    assert len(result["exact_diff"]) == len(result["textbook_diff"]) == 6
+    # (b=8, k=4) is the big batch to float rounding after every update, ragged windows included ...
+    assert max(result["exact_diff"]) < 1e-5
+    for rb, re in zip(result["big"], result["exact"]):
+        assert re["train/loss"] == pytest.approx(rb["train/loss"], rel=1e-5)
+    # ... the textbook recipe too on the full windows, but not from the first ragged window on
+    assert max(result["textbook_diff"][:2]) < 1e-5
+    assert min(result["textbook_diff"][2:]) > max(100 * max(result["exact_diff"]), 1e-6)

@@ -1,0 +1,89 @@
+"""curves.png: written by fit and by ``python -m finetune.plot``, with the run's numbers in it."""
+
+from __future__ import annotations
+
+import json
+import struct
+import subprocess
+import sys
+
+import pytest
+
+from helpers import REPO, offline_env
+from tiny_run import fit_tiny_run
+
+pytest.importorskip("matplotlib")
+
+from finetune.plot import CURVES_SIZE, DPI, curves_figure, epoch_boundaries, main, smooth  # noqa: E402
+
+EXPECTED_PIXELS = (int(CURVES_SIZE[0] * DPI), int(CURVES_SIZE[1] * DPI))
+
+
+def png_size(path) -> tuple[int, int]:
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", f"{path} is not a PNG"
+    return struct.unpack(">II", data[16:24])
+
+
+def synthetic_records(epochs: int = 2, per_epoch: int = 5) -> list[dict]:
+    records, step = [], 0
+    for epoch in range(epochs):
+        for j in range(1, per_epoch + 1):
+            step += 1
+            records.append({"step": step, "epoch": epoch + j / per_epoch, "train/loss": 1.0 / step + 0.1 * (step % 2),
+                            "train/lr": 1e-4 * (1 - step / (epochs * per_epoch))})
+        records.append({"step": step, "epoch": epoch + 1, "eval/loss": 0.5 / (epoch + 1), "eval/num_samples": 40,
+                        "eval/accuracy": 0.7 + 0.1 * epoch, "eval/f1": 0.5 + 0.2 * epoch})
+    return records
+
+
+def test_smooth():
+    assert smooth([2.0] * 7) == pytest.approx([2.0] * 7)
+    noisy = [1.0 + (0.5 if i % 2 else -0.5) for i in range(40)]
+    smoothed = smooth(noisy, span=9)
+    assert smoothed[0] == noisy[0]  # debiased: no pull towards 0 at the start
+    assert max(abs(v - 1.0) for v in smoothed[10:]) < 0.15
+    assert smooth(noisy, span=1) == pytest.approx(noisy)
+    assert smooth([1.0, float("nan"), 3.0], span=1) == pytest.approx([1.0, 1.0, 3.0])
+
+
+def test_figure_holds_the_records():
+    records = synthetic_records()
+    train = [r for r in records if "train/loss" in r]
+    assert epoch_boundaries(train) == [(5, 1), (10, 2)]
+    fig = curves_figure(records)
+    ax_loss, ax_lr, ax_eval = fig.axes
+    raw, smoothed, val = ax_loss.lines[:3]
+    assert list(raw.get_xdata()) == list(range(1, 11))
+    assert list(raw.get_ydata()) == pytest.approx([r["train/loss"] for r in train])
+    assert list(smoothed.get_ydata()) == pytest.approx(smooth([r["train/loss"] for r in train]))
+    assert list(val.get_xdata()) == [5, 10] and list(val.get_ydata()) == pytest.approx([0.5, 0.25])
+    assert list(ax_lr.lines[0].get_ydata()) == pytest.approx([r["train/lr"] for r in train])
+    assert {line.get_label(): list(line.get_ydata()) for line in ax_eval.lines if not line.get_label().startswith("_")
+            } == {"accuracy": pytest.approx([0.7, 0.8]), "f1": pytest.approx([0.5, 0.7])}
+    for ax in fig.axes:  # the epoch boundaries are marked on every panel
+        marks = [line.get_xdata()[0] for line in ax.lines if line.get_linestyle() == "--"]
+        assert marks == [5, 10]
+
+
+def test_fit_writes_curves_png_and_the_cli_redraws_it(tmp_path):
+    cfg, summary = fit_tiny_run(tmp_path)
+    out = tmp_path / "out"
+    assert png_size(out / "curves.png") == EXPECTED_PIXELS
+    assert summary["train"]["updates"] > 0
+    target = tmp_path / "again.png"
+    proc = subprocess.run([sys.executable, "-m", "finetune.plot", str(out), "--output", str(target)], cwd=REPO,
+                          env=offline_env(), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == str(target)
+    assert png_size(target) == EXPECTED_PIXELS
+
+
+def test_cli_without_a_log_is_one_line(tmp_path, capsys):
+    assert main([str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"error: {tmp_path}: no train_log.jsonl here (is it the output_dir of a run?)"]
+    (tmp_path / "train_log.jsonl").write_text(json.dumps({"step": 1, "epoch": 1, "eval/loss": 0.3}) + "\n")
+    assert main([str(tmp_path)]) == 2
+    assert "no training records" in capsys.readouterr().err
+    assert not (tmp_path / "curves.png").exists()

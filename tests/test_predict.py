@@ -1,0 +1,197 @@
+"""After training: the saved model in transformers.pipeline, ``finetune.predict`` and ``finetune.score``."""
+
+from __future__ import annotations
+
+import csv
+import json
+import struct
+import subprocess
+import sys
+
+import pytest
+
+from helpers import REPO, make_texts, offline_env, write_tsv
+from tiny_run import fit_tiny_run, reset_accelerate
+
+# different lengths, so batches are padded and length-sorted
+TEXTS = ["free cash prize call now", "see you at dinner tonight", "win", "hello ok thanks love you see you later "
+         "at home tonight good night", "urgent claim your offer txt now free free", "sorry late for the meeting"]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    root = tmp_path_factory.mktemp("trained")
+    cfg, summary = fit_tiny_run(root)
+    return root / "out", cfg, summary
+
+
+@pytest.fixture(scope="module")
+def predictor(trained):
+    from finetune.predict import Predictor
+
+    out, _, _ = trained
+    reset_accelerate()
+    return Predictor.load(out)
+
+
+def test_pipeline_has_the_label_names_and_agrees_with_predict(trained, predictor):
+    from transformers import pipeline
+
+    out, _, _ = trained
+    classifier = pipeline("text-classification", model=str(out), device="cpu", top_k=None)
+    expected = classifier(TEXTS)
+    ours = predictor.predict(TEXTS)
+    assert predictor.labels == ["ham", "spam"]
+    for text, theirs, mine in zip(TEXTS, expected, ours):
+        assert {d["label"] for d in theirs} == {"ham", "spam"}
+        assert mine["probabilities"] == pytest.approx({d["label"]: d["score"] for d in theirs}, abs=1e-5), text
+        assert (mine["label"], mine["score"]) == (theirs[0]["label"], pytest.approx(theirs[0]["score"], abs=1e-5))
+    # the model tells these texts apart, so a row put back in the wrong place would show
+    spam = [p["probabilities"]["spam"] for p in ours]
+    assert max(spam) - min(spam) > 0.1
+
+
+def test_batching_and_length_sorting_do_not_change_results(predictor):
+    import numpy as np
+
+    predictor.batch_size = 1
+    one = predictor.probabilities(TEXTS)
+    predictor.batch_size = 4
+    four = predictor.probabilities(TEXTS)
+    np.testing.assert_allclose(four, one, atol=1e-5)
+    np.testing.assert_allclose(one.sum(axis=1), 1.0, atol=1e-6)
+
+
+def test_cli_texts_print_json_lines(trained):
+    out, _, _ = trained
+    proc = subprocess.run([sys.executable, "-m", "finetune.predict", str(out), *TEXTS[:2]], cwd=REPO,
+                          env=offline_env(), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert [r["text"] for r in lines] == TEXTS[:2]
+    for r in lines:
+        assert set(r) == {"text", "label", "score", "probabilities"}
+        assert r["score"] == max(r["probabilities"].values()) and r["label"] in ("ham", "spam")
+        assert sum(r["probabilities"].values()) == pytest.approx(1.0, abs=1e-6)
+
+
+def _write_inputs(tmp_path):
+    txt = tmp_path / "in.txt"
+    txt.write_text("\n".join(TEXTS[:3]) + "\n\n", encoding="utf-8")  # a blank line is skipped
+    with open(tmp_path / "in.csv", "w", newline="", encoding="utf-8") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(["id", "message"])
+        writer.writerows([[i, t] for i, t in enumerate(TEXTS)])
+    (tmp_path / "in.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in TEXTS), encoding="utf-8")
+    return txt, tmp_path / "in.csv", tmp_path / "in.jsonl"
+
+
+def test_files_in_and_out(trained, predictor, tmp_path, capsys):
+    from finetune.predict import main
+
+    out, _, _ = trained
+    txt, csv_in, jsonl_in = _write_inputs(tmp_path)
+    expected = predictor.predict(TEXTS)
+
+    assert main([str(out), "--file", str(txt), "--output", str(tmp_path / "a.csv")]) == 0
+    with open(tmp_path / "a.csv", newline="", encoding="utf-8") as fh:
+        rows = list(csv.DictReader(fh))
+    assert list(rows[0]) == ["text", "label", "score", "prob_ham", "prob_spam"]
+    assert [r["text"] for r in rows] == TEXTS[:3]
+    for row, p in zip(rows, expected):
+        assert row["label"] == p["label"]
+        assert float(row["prob_spam"]) == pytest.approx(p["probabilities"]["spam"], abs=1e-5)
+
+    assert main([str(out), "--file", str(csv_in), "--text-column", "message", "--output",
+                 str(tmp_path / "b.jsonl")]) == 0
+    records = [json.loads(line) for line in (tmp_path / "b.jsonl").read_text(encoding="utf-8").splitlines()]
+    assert [r["text"] for r in records] == TEXTS
+    assert [r["label"] for r in records] == [p["label"] for p in expected]
+
+    capsys.readouterr()
+    assert main([str(out), "--file", str(jsonl_in), "--batch-size", "2"]) == 0  # no --output: JSON lines on stdout
+    printed = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [r["probabilities"] for r in printed] == [pytest.approx(p["probabilities"], abs=1e-5) for p in expected]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--file", "{tmp}/in.csv"], "error: --file {tmp}/in.csv: no column 'text' in the header (id, message); "
+                                 "pass --text-column"),
+    (["--file", "{tmp}/in.txt", "--output", "{tmp}/x.parquet"],
+     "error: --output {tmp}/x.parquet: unsupported extension '.parquet' (use .csv, .jsonl)"),
+    (["--file", "{tmp}/missing.txt"], "error: --file {tmp}/missing.txt: not found"),
+    ([], "error: nothing to classify: give texts or --file"),
+])
+def test_bad_input_is_one_line(trained, tmp_path, capsys, args, message):
+    from finetune.predict import main
+
+    out, _, _ = trained
+    _write_inputs(tmp_path)
+    assert main([str(out)] + [a.format(tmp=tmp_path) for a in args]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [message.format(tmp=tmp_path)]
+
+
+def test_not_a_model_directory(tmp_path, capsys):
+    from finetune.predict import main
+
+    assert main([str(tmp_path), "hello"]) == 2
+    assert capsys.readouterr().err.strip() == f"error: {tmp_path}: no model here (no config.json); pass a run's output_dir"
+
+
+def png_size(path) -> tuple[int, int]:
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    return struct.unpack(">II", data[16:24])
+
+
+def test_score_reproduces_the_validation_metrics(trained, predictor):
+    from finetune.score import score_file
+
+    out, cfg, summary = trained
+    result = score_file(out, cfg.data.validation_file, predictor=predictor)
+    final = summary["eval"]
+    assert result.labels == ["ham", "spam"]
+    assert result.metrics["num_samples"] == final["num_samples"] == 40
+    for name in ("accuracy", "f1", "matthews_correlation"):
+        assert result.metrics[name] == pytest.approx(final[name], abs=1e-9), name
+    assert result.metrics["loss"] == pytest.approx(final["loss"], rel=1e-5)
+    matrix = result.confusion
+    assert matrix.sum() == 40 and matrix.trace() / 40 == pytest.approx(final["accuracy"])
+    assert list(matrix.sum(axis=1)) == [sum(1 for label, _ in make_texts(40, seed=4) if label == name)
+                                        for name in ("ham", "spam")]
+
+
+def test_score_cli(trained, tmp_path, capsys):
+    from finetune.score import main
+
+    out, cfg, _ = trained
+    # a CSV with a header, one class only, a format the run did not train on
+    rows = [(label, text) for label, text in make_texts(30, seed=8) if label == "spam"]
+    with open(tmp_path / "spam.csv", "w", newline="", encoding="utf-8") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(["message", "class"])
+        writer.writerows([(text, label) for label, text in rows])
+    png, report = tmp_path / "cm.png", tmp_path / "score.json"
+    assert main([str(out), "--file", str(tmp_path / "spam.csv"), "--png", str(png), "--json", str(report),
+                 "data.format=csv", "data.has_header=true", "data.text_column=message", "data.label_column=class",
+                 "evaluation.metrics=[accuracy,recall]"]) == 0
+    printed = capsys.readouterr().out
+    saved = json.loads(report.read_text())
+    assert saved["metrics"]["num_samples"] == len(rows)
+    assert set(saved["metrics"]) == {"loss", "num_samples", "accuracy", "recall"}
+    assert saved["confusion_matrix"][0] == [0, 0] and sum(saved["confusion_matrix"][1]) == len(rows)
+    assert "confusion matrix (rows: true label, columns: predicted label)" in printed
+    spam_row = next(line for line in printed.splitlines() if line.startswith("spam "))
+    assert [int(x) for x in spam_row.split()[1:]] == saved["confusion_matrix"][1]
+    width, height = png_size(png)
+    assert width > 200 and height > 200
+
+    # a label the model never saw: one line naming the file and row
+    bad = write_tsv(tmp_path / "bad.tsv", [("ham", "hello there"), ("eggs", "free cash")])
+    assert main([str(out), "--file", str(bad)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: {bad}: label 'eggs' at line 2")
+    # the default PNG goes next to the model, named after the file: not written on error
+    assert not (out / "confusion_bad.png").exists()
+    assert main([str(out), "--file", str(bad), "training.seed=3"]) == 2
+    assert "scoring reads only data.<key> and evaluation.<key>" in capsys.readouterr().err

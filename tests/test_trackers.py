@@ -1,0 +1,71 @@
+"""``logging.report_to``: any tracker Accelerate supports, checked at start-up.
+
+TensorBoard itself is tested end to end in test_cli.py (its event file is read back).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from helpers import REPO, make_texts, offline_env, save_tiny_model, write_tsv
+
+from finetune.errors import ConfigError
+from finetune.tracking import check_trackers
+
+
+def missing_tracker() -> str:
+    """A tracker Accelerate supports whose package is not installed here."""
+    from accelerate.tracking import LOGGER_TYPE_TO_CLASS, get_available_trackers
+
+    available = {str(getattr(t, "value", t)) for t in get_available_trackers()}
+    missing = [name for name in ("wandb", "mlflow", "trackio", "comet_ml", "aim", "clearml", "dvclive", "swanlab")
+               if name in LOGGER_TYPE_TO_CLASS and name not in available]
+    if not missing:
+        pytest.skip("every tracker package is installed")
+    return missing[0]
+
+
+def test_installed_and_known_trackers_pass():
+    check_trackers([])
+    check_trackers(["tensorboard"])
+    check_trackers(["all"])
+
+
+def test_unknown_tracker_names_the_key():
+    with pytest.raises(ConfigError) as info:
+        check_trackers(["tensorboard", "tensorbord"])
+    assert str(info.value) == "logging.report_to: unknown tracker 'tensorbord' (did you mean 'tensorboard'?)"
+
+
+def test_missing_package_names_the_key_and_the_pip_package():
+    name = missing_tracker()
+    with pytest.raises(ConfigError) as info:
+        check_trackers(["tensorboard", name])
+    package = {"comet_ml": "comet-ml", "aim": "'aim<4'"}.get(name, name)
+    assert str(info.value) == (f"logging.report_to: tracker {name!r} needs a package that is not installed "
+                               f"(pip install {package})")
+
+
+def test_missing_tracker_stops_train_py_before_any_work(tmp_path):
+    name = missing_tracker()
+    out = tmp_path / "out"
+    cfg = {
+        "model": {"name_or_path": str(save_tiny_model(tmp_path / "tiny-bert"))},
+        "data": {"train_file": str(write_tsv(tmp_path / "sms.tsv", make_texts(40, seed=1))), "format": "tsv",
+                 "has_header": False, "column_names": ["label", "text"], "max_length": 32},
+        "logging": {"report_to": ["tensorboard"], "progress_bar": False},
+        "output": {"output_dir": str(out)},
+    }
+    (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(cfg), encoding="utf-8")
+    proc = subprocess.run([sys.executable, "finetune/train.py", "--config", str(tmp_path / "cfg.yaml"),
+                           f"logging.report_to=[tensorboard,{name}]"], cwd=REPO, env=offline_env(),
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and f"logging.report_to: tracker {name!r} needs a package" in errors[0]
+    assert not out.exists()  # nothing was written, no data was read into the output
