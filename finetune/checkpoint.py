@@ -220,7 +220,9 @@ def check_compatible(meta: dict[str, Any], run, path: Path) -> None:
     """
     saved = meta.get("fingerprint", {})
     current = run_fingerprint(run)
-    changed = [k for k in sorted(set(saved) | set(current)) if saved.get(k) != current.get(k)]
+    # config keys first (what the user changed), then what follows from them (b, k, P, the plan)
+    keys = list(current) + [k for k in saved if k not in current]
+    changed = [k for k in keys if saved.get(k) != current.get(k)]
     if changed:
         shown = "; ".join(f"{k}: {saved.get(k)!r} -> {current.get(k)!r}" for k in changed[:3])
         more = f" (and {len(changed) - 3} more)" if len(changed) > 3 else ""
@@ -426,7 +428,9 @@ def resume_command(num_processes: int = 1, argv: Optional[list[str]] = None) -> 
     args = [a for a in argv[1:] if not a.startswith("output.resume_from=")] + ["output.resume_from=latest"]
     launched = "ACCELERATE_USE_CPU" in os.environ or "LOCAL_RANK" in os.environ
     if launched:
-        launcher = ["accelerate", "launch"] + (["--num_processes", str(num_processes)] if num_processes > 1 else [])
+        launcher = ["accelerate", "launch"]
+        if num_processes > 1:
+            launcher += ["--multi_gpu", "--num_processes", str(num_processes)]
     else:
         launcher = ["python"]
     return shlex.join(launcher + [script] + args)
@@ -519,9 +523,9 @@ class Checkpointer:
         """``train_one_epoch``'s callback: checkpoint every N updates; True to stop after a signal."""
         if self.stop_signum is None:
             self.stop_signum = self._stop_agreed()
-            if self.stop_signum is not None and not self._announced:
+            if self.stop_signum is not None and not self._announced and self.run.accelerator.is_main_process:
                 self._announced = True
-                logger.warning("received %s: stopping after update %d to save a checkpoint (send it again to "
+                logger.warning("%s received: stopping after update %d to save a checkpoint (send it again to "
                                "stop at once)", signal.Signals(self.stop_signum).name, state.step)
         per_epoch = len(self.run.train_dataloader)
         if state.micro_batch >= per_epoch or state.step >= self.run.plan.total_updates:

@@ -285,13 +285,16 @@ class OutputConfig:
 
     # Where the model, logs, metrics and checkpoints go.
     output_dir: str = "outputs/run"
-    # Allow writing into a non-empty output_dir that is not being resumed.
+    # Allow a fresh run in a non-empty output_dir: the earlier run's checkpoints/, train_log.jsonl
+    # and metrics.json are deleted at start (after every input check), other files replaced.
     overwrite: bool = False
-    # Save a checkpoint every this many updates (null: only at epoch ends).
+    # Save a checkpoint every this many updates (null: only at epoch ends). Always also at each
+    # epoch end and on SIGTERM / SIGINT; only ever between updates.
     checkpoint_every: Optional[int] = None
     # Keep at most this many checkpoints (null: all).
     keep_last: Optional[int] = 2
-    # ``latest`` or a checkpoint directory to resume from (null: start fresh).
+    # ``latest`` (the newest complete checkpoint in output_dir/checkpoints) or a checkpoint
+    # directory to resume from, exactly where it stopped (null: start fresh). Wins over overwrite.
     resume_from: Optional[str] = None
     # Save checkpoints at all (model, optimizer, scheduler, RNG and loop state).
     save_checkpoints: bool = True
@@ -303,6 +306,8 @@ class OutputConfig:
             raise ConfigError(f"output.checkpoint_every: must be >= 1 or null, got {self.checkpoint_every}")
         if self.keep_last is not None and self.keep_last < 1:
             raise ConfigError(f"output.keep_last: must be >= 1 or null, got {self.keep_last}")
+        if self.resume_from is not None and not self.resume_from.strip():
+            raise ConfigError("output.resume_from: must be latest, a checkpoint directory, or null")
 
 
 @dataclass

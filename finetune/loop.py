@@ -155,8 +155,8 @@ def train_one_epoch(
             micro-batches (must be a window boundary).
         max_grad_norm: Clip the accumulated gradient's norm to this (``None``
             or 0: measure the norm without clipping).
-        log_every: Write a record when ``state.step`` is a multiple of this (and at
-            the end of the epoch), averaged over the updates since the last one.
+        log_every: Write a record every this many windows of the epoch (and at its
+            end), averaged over the updates since the last record.
         on_log: Called with each record (a flat dict) on every process; the
             caller decides who writes it.
         on_update: Called after every update with ``state``; returning True
@@ -295,9 +295,10 @@ def train_one_epoch(
                 state.micro_batch = stop
 
                 at_end = stop == layout.micro_batches_per_process
-                # at multiples of log_every (not every log_every updates of this call), so that
-                # a resumed run writes its records at the same steps as an uninterrupted one
-                if log_updates and (state.step % log_every == 0 or at_end or state.step == max_updates):
+                # every log_every-th window of the epoch (not of this call), so that a run resumed
+                # mid-epoch writes its records at the same steps as an uninterrupted one
+                window_number = -(-stop // k)
+                if log_updates and (window_number % log_every == 0 or at_end or state.step == max_updates):
                     now = time.perf_counter()
                     elapsed = max(now - log_t0, 1e-9)
                     record = {

@@ -4,7 +4,10 @@ Run as ``python tests/interrupt_worker.py --config ...`` (or under ``accelerate 
 
 * ``FINETUNE_TEST_SIGNAL=<update>:<SIGTERM|SIGINT>`` sends that signal to this
   process right after the given update (a real signal, handled by the real
-  handler, as a preemption would arrive mid-run).
+  handler, as a preemption would arrive mid-run); with ``FINETUNE_TEST_SIGNAL_RANK=<r>``
+  only to the process of that rank.
+* ``FINETUNE_TEST_KILL_SAVING=<update>`` SIGKILLs this process while it saves the
+  checkpoint of that update: every file written, the directory not yet renamed.
 * ``FINETUNE_TEST_NAN_AT=<n>`` makes the model return NaN logits on its ``n``-th
   training forward pass (from 0, counted over the whole run).
 
@@ -31,12 +34,26 @@ def _signal_at(spec: str) -> None:
     original = finetune.checkpoint.Checkpointer.on_update
 
     def on_update(self, state):
+        rank = os.environ.get("FINETUNE_TEST_SIGNAL_RANK")
+        if rank is not None and os.environ.get("RANK", "0") != rank:
+            return original(self, state)
         if state.step == int(step) and not getattr(self, "_test_signalled", False):
             self._test_signalled = True
             os.kill(os.getpid(), sig)
         return original(self, state)
 
     finetune.checkpoint.Checkpointer.on_update = on_update
+
+
+def _kill_saving(step: str) -> None:
+    original = finetune.checkpoint._fsync_tree
+
+    def fsync_tree(path):
+        if path.name == f"{finetune.checkpoint.TMP_PREFIX}{step}":
+            os.kill(os.getpid(), signal.SIGKILL)
+        return original(path)
+
+    finetune.checkpoint._fsync_tree = fsync_tree
 
 
 def _nan_at(index: int) -> None:
@@ -63,6 +80,8 @@ def _nan_at(index: int) -> None:
 if __name__ == "__main__":
     if os.environ.get("FINETUNE_TEST_SIGNAL"):
         _signal_at(os.environ["FINETUNE_TEST_SIGNAL"])
+    if os.environ.get("FINETUNE_TEST_KILL_SAVING"):
+        _kill_saving(os.environ["FINETUNE_TEST_KILL_SAVING"])
     if os.environ.get("FINETUNE_TEST_NAN_AT"):
         _nan_at(int(os.environ["FINETUNE_TEST_NAN_AT"]))
     sys.exit(main(sys.argv[1:]))

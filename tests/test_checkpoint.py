@@ -1,0 +1,349 @@
+"""Checkpoints, exact resume, SIGTERM / SIGINT / SIGKILL, and the non-finite stop.
+
+The end-to-end tests run ``tests/interrupt_worker.py`` (``finetune/train.py``
+with a signal, a SIGKILL or a NaN injected at a chosen update) on a tiny BERT
+with dropout on and ``k = 3``, resume with ``output.resume_from=latest``, and
+require the final weights to be bitwise those of the uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import yaml
+
+from finetune.checkpoint import (
+    STATE_FILE,
+    StopSignals,
+    check_compatible,
+    clear_previous_run,
+    list_checkpoints,
+    resolve_resume,
+    resume_command,
+    run_fingerprint,
+)
+from finetune.config import config_from_dict
+from finetune.errors import ConfigError
+from finetune.optimization import plan_updates
+from finetune.runner import Batching, check_output_dir
+from helpers import REPO, make_texts, offline_env, save_tiny_model, write_tsv
+
+WORKER = REPO / "tests" / "interrupt_worker.py"
+# per-update throughput differs between runs; everything else in a record must not
+TIMING_KEYS = {"train/samples_per_s", "train/tokens_per_s"}
+
+
+# --------------------------------------------------------------------------- unit level
+
+def _fake_checkpoint(path: Path, step: int) -> Path:
+    path.mkdir(parents=True)
+    (path / STATE_FILE).write_text(json.dumps({"format": 1, "state": {"step": step}}), encoding="utf-8")
+    return path
+
+
+def test_only_complete_checkpoints_are_found(tmp_path):
+    root = tmp_path / "checkpoints"
+    _fake_checkpoint(root / "checkpoint-2", 2)
+    _fake_checkpoint(root / "checkpoint-10", 10)
+    _fake_checkpoint(root / ".tmp-checkpoint-14", 14)  # a save cut short before its rename
+    (root / "checkpoint-12").mkdir()  # no trainer_state.json: not complete
+    (root / "checkpoint-13").mkdir()
+    (root / "checkpoint-13" / STATE_FILE).write_text('{"format": 1, "sta', encoding="utf-8")  # cut short
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["checkpoint-2", "checkpoint-10"]
+    assert resolve_resume(tmp_path, "latest") == root / "checkpoint-10"
+    assert resolve_resume(tmp_path, str(root / "checkpoint-2")) == root / "checkpoint-2"
+    assert resolve_resume(tmp_path, None) is None
+    with pytest.raises(ConfigError, match="not a complete checkpoint"):
+        resolve_resume(tmp_path, str(root / "checkpoint-12"))
+    with pytest.raises(ConfigError, match="is not a directory"):
+        resolve_resume(tmp_path, str(root / "checkpoint-99"))
+
+
+def _cfg(out: Path, **output):
+    return config_from_dict({"data": {"train_file": "x.tsv"}, "output": {"output_dir": str(out), **output}})
+
+
+def test_output_dir_rules_refuse_before_touching_anything(tmp_path):
+    out = tmp_path / "out"
+    check_output_dir(_cfg(out))  # missing: fine
+    out.mkdir()
+    (out / "train_log.jsonl").write_text('{"step": 1}\n', encoding="utf-8")
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    with pytest.raises(ConfigError, match="output.output_dir: .* is not empty"):
+        check_output_dir(_cfg(out))
+    with pytest.raises(ConfigError, match="output.resume_from: latest, but .* holds no complete checkpoint"):
+        check_output_dir(_cfg(out, resume_from="latest"))
+    check_output_dir(_cfg(out, overwrite=True))
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+
+
+def test_overwrite_clears_the_earlier_runs_state_only(tmp_path):
+    _fake_checkpoint(tmp_path / "checkpoints" / "checkpoint-4", 4)
+    for name in ("train_log.jsonl", "metrics.json", "model.safetensors", "notes.txt"):
+        (tmp_path / name).write_text("x", encoding="utf-8")
+    removed = clear_previous_run(tmp_path)
+    assert sorted(p.name for p in removed) == ["checkpoints", "metrics.json", "train_log.jsonl"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.safetensors", "notes.txt"]
+
+
+def _fake_run(cfg, processes=1, samples=48):
+    from finetune.runner import resolve_batching
+
+    batching = resolve_batching(cfg.training, processes)
+    micro = -(-samples // (batching.per_device_batch_size * processes))
+    plan = plan_updates(micro, batching.gradient_accumulation_steps, cfg.training.num_train_epochs,
+                        cfg.training.max_steps)
+    return SimpleNamespace(cfg=cfg, batching=batching, plan=plan,
+                           train_dataloader=SimpleNamespace(dataset=range(samples)))
+
+
+def test_a_resume_under_other_settings_is_refused(tmp_path):
+    base = {"data": {"train_file": "x.tsv"},
+            "training": {"per_device_train_batch_size": 4, "gradient_accumulation_steps": 3, "num_train_epochs": 2}}
+    saved = {"fingerprint": run_fingerprint(_fake_run(config_from_dict(base)))}
+    path = tmp_path / "checkpoint-3"
+
+    def variant(**training):
+        return _fake_run(config_from_dict({**base, "training": {**base["training"], **training}}))
+
+    # harmless changes resume; the same k written as an effective batch too
+    check_compatible(saved, variant(on_nonfinite="skip", max_skipped=3, eval_each_epoch=False), path)
+    check_compatible(saved, variant(gradient_accumulation_steps=None, effective_batch_size=12), path)
+    with pytest.raises(ConfigError, match=r"settings: training.num_train_epochs: 2.0 -> 3.0; .*plan.total_updates: 8 -> 12"):
+        check_compatible(saved, variant(num_train_epochs=3), path)
+    with pytest.raises(ConfigError, match="gradient_accumulation_steps: 3 -> 6"):
+        check_compatible(saved, variant(gradient_accumulation_steps=None, effective_batch_size=24), path)
+    with pytest.raises(ConfigError, match="processes: 1 -> 2"):
+        check_compatible(saved, _fake_run(config_from_dict(
+            {**base, "training": {**base["training"], "gradient_accumulation_steps": None,
+                                  "effective_batch_size": 24}}), processes=2), path)
+    assert Batching(4, 3, 1).effective_batch_size == 12
+
+
+def test_first_signal_is_recorded_and_handlers_restored():
+    previous = signal.getsignal(signal.SIGTERM)
+    with StopSignals() as stop:
+        assert stop.signum is None
+        os.kill(os.getpid(), signal.SIGTERM)  # would end pytest without the handler
+        assert stop.signum == signal.SIGTERM
+    assert signal.getsignal(signal.SIGTERM) is previous
+
+
+def test_resume_command_repeats_the_arguments(monkeypatch):
+    for name in ("ACCELERATE_USE_CPU", "LOCAL_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    argv = ["finetune/train.py", "--config", "my run.yaml", "output.resume_from=old", "training.seed=3"]
+    assert resume_command(1, argv) == (
+        "python finetune/train.py --config 'my run.yaml' training.seed=3 output.resume_from=latest"
+    )
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    assert resume_command(2, argv).startswith("accelerate launch --multi_gpu --num_processes 2 finetune/train.py ")
+
+
+def test_log_records_fall_on_the_same_steps_after_a_mid_epoch_resume(fresh_accelerate_state):
+    """``log_every`` counts windows of the epoch, not of the call: a resumed call logs where the whole one did."""
+    import torch
+    from accelerate import Accelerator
+    from torch.utils.data import DataLoader
+
+    from finetune.loop import TrainState, train_one_epoch
+    from helpers import pad_collate, tiny_bert, token_dataset
+
+    acc = Accelerator(cpu=True, gradient_accumulation_steps=2)
+    data = token_dataset(24, seed=4)  # b=2, k=2: 12 micro-batches, 6 windows
+    model = tiny_bert(seed=0)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+    dl = DataLoader(data, batch_size=2, collate_fn=pad_collate)
+    model, optimizer, dl = acc.prepare(model, optimizer, dl)
+
+    def steps(stop_after=None):
+        records, state = [], TrainState()
+        train_one_epoch(model, optimizer, None, dl, acc, 0, state=state, log_every=2, on_log=records.append,
+                        on_update=lambda s: s.step == stop_after)
+        if stop_after is not None:
+            assert state.micro_batch == 2 * stop_after  # stopped at a window boundary: resume from there
+            train_one_epoch(model, optimizer, None, dl, acc, 0, state=state, log_every=2, on_log=records.append)
+        return [r["step"] for r in records]
+
+    assert steps() == [2, 4, 6]
+    assert steps(stop_after=3) == [2, 4, 6]
+
+
+# --------------------------------------------------------------------------- end to end
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    root = tmp_path_factory.mktemp("ckpt")
+    model = save_tiny_model(root / "tiny-bert")
+    data = write_tsv(root / "sms.tsv", make_texts(60, seed=3))
+    cfg = {
+        "model": {"name_or_path": str(model), "dropout": 0.1},  # dropout on: the RNG restore is tested
+        "data": {"train_file": str(data), "format": "tsv", "has_header": False, "column_names": ["label", "text"],
+                 "validation_split": 0.2, "max_length": 32},
+        # 48 training rows, b=4: 12 micro-batches, k=3: 4 updates per epoch, 8 in all
+        "training": {"per_device_train_batch_size": 4, "gradient_accumulation_steps": 3, "num_train_epochs": 2,
+                     "seed": 1},
+        "optim": {"learning_rate": 1e-3, "warmup_steps": 1},
+        "evaluation": {"metrics": ["accuracy"], "average": "macro"},
+        "logging": {"progress_bar": False},
+        "output": {"checkpoint_every": 2, "keep_last": 2},
+    }
+    path = root / "cfg.yaml"
+    path.write_text(yaml.safe_dump(cfg), encoding="utf-8")
+    return root, path
+
+
+def _train(cfg: Path, out: Path, *overrides: str, **env: str) -> subprocess.CompletedProcess:
+    # no launcher: the process's own exit code comes through (accelerate launch turns it into 1)
+    return subprocess.run(
+        [sys.executable, str(WORKER), "--config", str(cfg), f"output.output_dir={out}", *overrides],
+        cwd=REPO, env=offline_env({"FINETUNE_CPU_THREADS": "1", **env}), capture_output=True, text=True,
+        timeout=240,
+    )
+
+
+@pytest.fixture(scope="module")
+def reference(setup):
+    root, cfg = setup
+    out = root / "reference"
+    proc = _train(cfg, out)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out
+
+
+def _records(out: Path) -> list[dict]:
+    lines = (out / "train_log.jsonl").read_text(encoding="utf-8").splitlines()
+    return [{k: v for k, v in json.loads(line).items() if k not in TIMING_KEYS} for line in lines]
+
+
+def _assert_same_run(out: Path, reference: Path) -> None:
+    assert (out / "model.safetensors").read_bytes() == (reference / "model.safetensors").read_bytes()
+    assert _records(out) == _records(reference)  # no duplicate, no missing record
+    metrics, expected = (json.loads((d / "metrics.json").read_text()) for d in (out, reference))
+    for m in (metrics, expected):
+        m["train"].pop("seconds")
+    assert metrics == expected
+
+
+def _state(checkpoint: Path) -> dict:
+    return json.loads((checkpoint / STATE_FILE).read_text(encoding="utf-8"))
+
+
+@pytest.mark.slow
+def test_reference_run_checkpoints(reference):
+    # every 2 updates and at each epoch end (4, 8); keep_last=2
+    assert [p.name for p in list_checkpoints(reference)] == ["checkpoint-6", "checkpoint-8"]
+    assert not list((reference / "checkpoints").glob(".*"))
+    meta = _state(reference / "checkpoints" / "checkpoint-6")
+    assert meta["state"]["epoch"] == 1 and meta["state"]["micro_batch"] == 6  # mid-epoch, window boundary
+    assert [r["step"] for r in meta["history"]] == [4]  # the first epoch's evaluation
+    files = {p.name for p in (reference / "checkpoints" / "checkpoint-6").iterdir()}
+    assert files == {"model.safetensors", "optimizer.bin", "random_states_0.pkl", "scheduler.pt", STATE_FILE}
+
+
+@pytest.mark.slow
+def test_sigterm_mid_epoch_then_resume_is_exact(setup, reference):
+    root, cfg = setup
+    out = root / "sigterm"
+    proc = _train(cfg, out, FINETUNE_TEST_SIGNAL="3:SIGTERM")
+    assert proc.returncode == 143, proc.stderr[-3000:]
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and "interrupted by SIGTERM after update 3" in lines[0]
+    assert "checkpoint-3" in lines[0] and "output.resume_from=latest" in lines[0]
+    meta = _state(out / "checkpoints" / "checkpoint-3")
+    assert (meta["state"]["epoch"], meta["state"]["micro_batch"]) == (0, 9)  # mid-epoch: 9 of 12 micro-batches
+    assert [r["step"] for r in _records(out)] == [1, 2, 3]
+
+    proc = _train(cfg, out, "output.resume_from=latest")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "resumed from" in proc.stderr and "checkpoint-3: update 3, epoch 0, micro-batch 9" in proc.stderr
+    _assert_same_run(out, reference)
+
+
+@pytest.mark.slow
+def test_sigint_at_epoch_end_then_resume_is_exact(setup, reference):
+    root, cfg = setup
+    out = root / "sigint"
+    proc = _train(cfg, out, FINETUNE_TEST_SIGNAL="4:SIGINT")
+    assert proc.returncode == 130, proc.stderr[-3000:]
+    meta = _state(out / "checkpoints" / "checkpoint-4")
+    # the epoch's last update: saved at once, its evaluation left for the resumed run
+    assert (meta["state"]["epoch"], meta["state"]["micro_batch"], meta["pending_eval_epoch"]) == (1, 0, 0)
+    assert not [r for r in _records(out) if "eval/loss" in r]
+
+    proc = _train(cfg, out, "output.resume_from=latest")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    _assert_same_run(out, reference)
+
+
+@pytest.mark.slow
+def test_sigkill_while_saving_resumes_from_the_previous_checkpoint(setup, reference):
+    root, cfg = setup
+    out = root / "sigkill"
+    proc = _train(cfg, out, FINETUNE_TEST_KILL_SAVING="6")
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
+    assert (out / "checkpoints" / ".tmp-checkpoint-6").is_dir()
+    assert [p.name for p in list_checkpoints(out)] == ["checkpoint-2", "checkpoint-4"]
+    assert [r["step"] for r in _records(out) if "train/loss" in r][-1] == 6  # the log ran ahead of the checkpoint
+
+    proc = _train(cfg, out, "output.resume_from=latest")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "checkpoint-4: update 4, epoch 1, micro-batch 0" in proc.stderr
+    _assert_same_run(out, reference)
+    assert not list((out / "checkpoints").glob(".*"))  # the leftover was cleaned up
+
+
+@pytest.mark.slow
+def test_nonfinite_stop_keeps_the_last_good_checkpoint(setup, reference):
+    root, cfg = setup
+    out = root / "nan"
+    shutil.copytree(reference, out)  # an earlier run's checkpoints, log and metrics: overwrite must drop them
+    # forward pass 7 is micro-batch 7 of epoch 0, in the window of update 3
+    proc = _train(cfg, out, "output.overwrite=true", "output.checkpoint_every=1", FINETUNE_TEST_NAN_AT="7")
+    assert proc.returncode == 3, proc.stderr[-3000:]
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1, proc.stderr[-3000:]
+    assert "non-finite loss (nan) at update 3" in lines[0] and "micro-batch 7" in lines[0]
+    assert f"last good checkpoint: {out / 'checkpoints' / 'checkpoint-2'}" in lines[0]
+    assert [p.name for p in list_checkpoints(out)] == ["checkpoint-1", "checkpoint-2"]
+    assert [r["step"] for r in _records(out)] == [1, 2]
+    assert not (out / "metrics.json").exists()
+
+
+@pytest.mark.slow
+def test_two_processes_stop_together_when_one_is_signalled(setup):
+    """SIGTERM reaches rank 1 only: the all-reduced flag stops rank 0 after the same update."""
+    from helpers import free_port
+
+    root, cfg = setup
+    out = root / "ddp"
+    launcher = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+                "--num_machines", "1", "--main_process_port", str(free_port()), "--mixed_precision", "no",
+                "--dynamo_backend", "no", str(WORKER), "--config", str(cfg), f"output.output_dir={out}",
+                "training.per_device_train_batch_size=2"]  # b=2, k=3, P=2: the same 4 updates per epoch
+    env = offline_env({"FINETUNE_CPU_THREADS": "1", "FINETUNE_TEST_SIGNAL": "3:SIGTERM",
+                       "FINETUNE_TEST_SIGNAL_RANK": "1"})
+    proc = subprocess.run(launcher, cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode != 0
+    assert "interrupted by SIGTERM after update 3 (epoch 0, micro-batch 9)" in proc.stderr, proc.stderr[-3000:]
+    assert [p.name for p in list_checkpoints(out)] == ["checkpoint-2", "checkpoint-3"]
+    files = {p.name for p in (out / "checkpoints" / "checkpoint-3").iterdir()}
+    assert {"random_states_0.pkl", "random_states_1.pkl"} <= files
+    assert [r["step"] for r in _records(out)] == [1, 2, 3]
+
+    env.pop("FINETUNE_TEST_SIGNAL")
+    launcher[launcher.index("--main_process_port") + 1] = str(free_port())
+    proc = subprocess.run(launcher + ["output.resume_from=latest"], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert [r["step"] for r in _records(out) if "train/loss" in r] == list(range(1, 9))
+    assert json.loads((out / "metrics.json").read_text())["train"]["updates"] == 8

@@ -1,0 +1,96 @@
+"""``training.on_nonfinite``: stop or skip on a NaN loss, injected at a chosen micro-batch (in-process)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from finetune.config import OptimConfig
+from finetune.loop import NonFiniteLossError, TrainState, train_one_epoch
+from finetune.optimization import build_optimizer, build_scheduler, plan_updates
+from finetune.sampling import EpochSampler
+from helpers import pad_collate, tiny_bert, token_dataset
+
+# 24 samples, b=4, k=2: micro-batches 0..5, windows (updates) [0,1] [2,3] [4,5]
+N, B_MICRO, K = 24, 4, 2
+
+
+def _setup(nan_at: set[int]):
+    """A tiny BERT whose forward returns NaN logits at the training micro-batches in ``nan_at``."""
+    from accelerate import Accelerator
+
+    acc = Accelerator(cpu=True, gradient_accumulation_steps=K)
+    data = token_dataset(N, seed=2)
+    model = tiny_bert(seed=0)
+    calls = {"n": 0}
+
+    def hook(module, args, output):
+        j = calls["n"]
+        calls["n"] += 1
+        if j in nan_at:
+            output.logits = output.logits * float("nan")  # keeps the graph: backward runs as for a real NaN
+        return output
+
+    model.register_forward_hook(hook)
+    opt_cfg = OptimConfig(learning_rate=1e-3, warmup_steps=0)
+    optimizer = build_optimizer(model, opt_cfg)
+    dl = DataLoader(data, batch_size=B_MICRO, sampler=EpochSampler(N, seed=3, window_size=B_MICRO * K),
+                    collate_fn=pad_collate)
+    model, optimizer, dl = acc.prepare(model, optimizer, dl)
+    scheduler = build_scheduler(optimizer, opt_cfg, plan_updates(len(dl), K, 1, None))
+    return acc, model, optimizer, scheduler, dl
+
+
+def _params(acc, model):
+    return {n: p.detach().clone() for n, p in acc.unwrap_model(model).named_parameters()}
+
+
+def test_stop_names_update_and_micro_batch_and_keeps_weights(fresh_accelerate_state):
+    acc, model, optimizer, scheduler, dl = _setup(nan_at={3})
+    after = []
+    state = TrainState()
+    with pytest.raises(NonFiniteLossError) as err:
+        train_one_epoch(model, optimizer, scheduler, dl, acc, 0, state=state, on_nonfinite="stop",
+                        on_update=lambda s: after.append(_params(acc, model)) or False)
+    assert "update 2" in err.value.message and "micro-batch 3" in err.value.message
+    assert err.value.exit_code == 3
+    assert state.step == 1 and len(after) == 1
+    # the bad window was not applied: the weights are still those after update 1
+    for name, value in _params(acc, model).items():
+        assert torch.equal(value, after[0][name]), name
+    assert scheduler.last_epoch == 1
+
+
+def test_skip_drops_the_update_and_counts_it(fresh_accelerate_state):
+    acc, model, optimizer, scheduler, dl = _setup(nan_at={2})
+    seen = []
+
+    def on_update(state):
+        grads = [p.grad for p in acc.unwrap_model(model).parameters()]
+        seen.append((state.step, state.skipped_updates, _params(acc, model), all(g is None for g in grads)))
+        return False
+
+    records = []
+    state = TrainState()
+    result = train_one_epoch(model, optimizer, scheduler, dl, acc, 0, state=state, on_nonfinite="skip",
+                             max_skipped=2, on_update=on_update, on_log=records.append)
+    assert [(s, k) for s, k, _, _ in seen] == [(1, 0), (1, 1), (2, 1)]
+    # window 2 changed nothing: no optimizer step, and its gradients were zeroed
+    for name, value in seen[1][2].items():
+        assert torch.equal(value, seen[0][2][name]), name
+    assert seen[1][3]
+    assert not any(torch.equal(v, seen[1][2][n]) for n, v in seen[2][2].items() if n.startswith("classifier"))
+    assert scheduler.last_epoch == 2  # stepped on the two real updates only
+    assert result.updates == 2 and result.skipped == 1
+    assert state.skipped_updates == 1 and state.skipped_in_row == 0
+    assert [r["step"] for r in records] == [1, 2]
+    assert [r["train/skipped_updates"] for r in records] == [0, 1]
+
+
+def test_skip_stops_after_max_skipped_in_a_row(fresh_accelerate_state):
+    acc, model, optimizer, scheduler, dl = _setup(nan_at=set(range(6)))
+    state = TrainState()
+    with pytest.raises(NonFiniteLossError, match="2 updates in a row"):
+        train_one_epoch(model, optimizer, scheduler, dl, acc, 0, state=state, on_nonfinite="skip", max_skipped=2)
+    assert state.step == 0 and state.skipped_updates == 2
