@@ -153,10 +153,9 @@ def curves_figure(records: list[dict[str, Any]], title: Optional[str] = None):
              if k.startswith("eval/") and k not in ("eval/loss", "eval/num_samples")]
     for name in names:
         points = [(int(r["step"]), _number(r[name])) for r in evals if name in r and _number(r[name]) is not None]
-        ax_eval.plot([s for s, _ in points], [v for _, v in points], "o-", label=name.removeprefix("eval/"))
-        last_step, last = points[-1]
-        ax_eval.annotate(f"{last:.3f}", xy=(last_step, last), xytext=(3, 0), textcoords="offset points",
-                         fontsize=7, va="center")
+        # the last value goes in the legend: written next to the points, close metrics would overlap
+        ax_eval.plot([s for s, _ in points], [v for _, v in points], "o-",
+                     label=f"{name.removeprefix('eval/')} ({points[-1][1]:.3f})")
     if names:
         ax_eval.legend(fontsize=8)
     else:
@@ -193,6 +192,8 @@ def plot_curves(output_dir: str | os.PathLike, path: str | os.PathLike | None = 
     except DataError as exc:
         raise DataError(f"{output_dir / LOG_FILE}: {exc.message}") from None
     path = Path(path) if path is not None else output_dir / CURVES_FILE
+    if not path.resolve().parent.is_dir():
+        raise DataError(f"{path}: its directory does not exist")
     fig.savefig(path, dpi=DPI)
     return path
 

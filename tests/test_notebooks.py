@@ -8,6 +8,7 @@ JSON so the test can check what the notebook computed, not only that it ran.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -49,10 +50,9 @@ def execute(name: str, parameters: str, report: str, timeout: int = 240):
     nb.cells.append(nbformat.v4.new_code_cell(f"import json\nprint({RESULT_MARK!r} + json.dumps({report}))"))
     client = nbclient.NotebookClient(nb, timeout=timeout, kernel_name="python3",
                                      resources={"metadata": {"path": str(NOTEBOOKS)}})
-    import os
-
     saved = dict(os.environ)
-    os.environ.update(offline_env())  # the kernel inherits this environment
+    # the kernel inherits this environment; one thread: a 32-wide model gains nothing from two on a busy CPU
+    os.environ.update(offline_env({"FINETUNE_CPU_THREADS": "1"}))
     try:
         client.execute()
     finally:

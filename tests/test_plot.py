@@ -60,7 +60,7 @@ def test_figure_holds_the_records():
     assert list(val.get_xdata()) == [5, 10] and list(val.get_ydata()) == pytest.approx([0.5, 0.25])
     assert list(ax_lr.lines[0].get_ydata()) == pytest.approx([r["train/lr"] for r in train])
     assert {line.get_label(): list(line.get_ydata()) for line in ax_eval.lines if not line.get_label().startswith("_")
-            } == {"accuracy": pytest.approx([0.7, 0.8]), "f1": pytest.approx([0.5, 0.7])}
+            } == {"accuracy (0.800)": pytest.approx([0.7, 0.8]), "f1 (0.700)": pytest.approx([0.5, 0.7])}
     for ax in fig.axes:  # the epoch boundaries are marked on every panel
         marks = [line.get_xdata()[0] for line in ax.lines if line.get_linestyle() == "--"]
         assert marks == [5, 10]
