@@ -32,6 +32,10 @@ _EXPORTS = {
     "EpochSampler": "finetune.sampling",
     "ShardLayout": "finetune.sampling",
     "FinetuneError": "finetune.errors",
+    "Predictor": "finetune.predict",
+    "score_file": "finetune.score",
+    "curves_figure": "finetune.plot",
+    "plot_curves": "finetune.plot",
 }
 
 __all__ = sorted(_EXPORTS)
