@@ -28,6 +28,7 @@ in fp32 on the same hardware and thread count).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -234,6 +235,20 @@ def check_compatible(meta: dict[str, Any], run, path: Path) -> None:
 
 # --------------------------------------------------------------------------- saving and loading
 
+@contextlib.contextmanager
+def _quiet_accelerate():
+    """Hold Accelerate's per-file INFO lines (six per save) back: one line per checkpoint is ours."""
+    loggers = [logging.getLogger(name) for name in ("accelerate.accelerator", "accelerate.checkpointing")]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(max(lg.getEffectiveLevel(), logging.WARNING))
+    try:
+        yield
+    finally:
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)
+
+
 def _fsync_tree(path: Path) -> None:
     """Flush the files of ``path`` to disk, so that the rename publishes complete data even after a crash."""
     for file in path.rglob("*"):
@@ -294,7 +309,8 @@ def save_checkpoint(run, history: list[dict[str, Any]], pending_eval_epoch: Opti
             shutil.rmtree(tmp)
         tmp.mkdir(parents=True)
     acc.wait_for_everyone()
-    acc.save_state(str(tmp), safe_serialization=True)
+    with _quiet_accelerate():
+        acc.save_state(str(tmp), safe_serialization=True)
     if acc.is_main_process:
         if run.scheduler is not None:
             torch.save(run.scheduler.state_dict(), tmp / SCHEDULER_FILE)
@@ -364,7 +380,8 @@ def load_checkpoint(run, path: str | os.PathLike, meta: Optional[dict[str, Any]]
     torch.manual_seed(0x5EED)
     sentinel = torch.get_rng_state()
     # model via safetensors; optimizer and RNG states via torch.load(weights_only=True)
-    acc.load_state(str(path))
+    with _quiet_accelerate():
+        acc.load_state(str(path))
     if torch.equal(torch.get_rng_state(), sentinel):
         raise ModelError(f"{path}: could not restore the random number generator states "
                          f"(random_states_{acc.process_index}.pkl)")
