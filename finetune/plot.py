@@ -93,7 +93,7 @@ def epoch_boundaries(train: list[dict[str, Any]]) -> list[tuple[int, int]]:
     for r in train:
         epoch = _number(r.get("epoch"))
         if epoch is not None and epoch > 0 and abs(epoch - round(epoch)) < 1e-9:
-            marks.append((int(r["step"]), int(round(epoch))))
+            marks.append((int(r["step"]), round(epoch)))
     return marks
 
 

@@ -67,7 +67,7 @@ def test_figure_holds_the_records():
 
 
 def test_fit_writes_curves_png_and_the_cli_redraws_it(tmp_path):
-    cfg, summary = fit_tiny_run(tmp_path)
+    _, summary = fit_tiny_run(tmp_path)
     out = tmp_path / "out"
     assert png_size(out / "curves.png") == EXPECTED_PIXELS
     assert summary["train"]["updates"] > 0

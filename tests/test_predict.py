@@ -14,8 +14,9 @@ from helpers import REPO, make_texts, offline_env, write_tsv
 from tiny_run import fit_tiny_run, reset_accelerate
 
 # different lengths, so batches are padded and length-sorted
-TEXTS = ["free cash prize call now", "see you at dinner tonight", "win", "hello ok thanks love you see you later "
-         "at home tonight good night", "urgent claim your offer txt now free free", "sorry late for the meeting"]
+TEXTS = ["free cash prize call now", "see you at dinner tonight", "win",
+         "hello ok thanks love you see you later at home tonight good night",
+         "urgent claim your offer txt now free free", "sorry late for the meeting"]
 
 
 @pytest.fixture(scope="module")
@@ -115,8 +116,8 @@ def test_files_in_and_out(trained, predictor, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--file", "{tmp}/in.csv"], "error: --file {tmp}/in.csv: no column 'text' in the header (id, message); "
-                                 "pass --text-column"),
+    (["--file", "{tmp}/in.csv"],
+     "error: --file {tmp}/in.csv: no column 'text' in the header (id, message); pass --text-column"),
     (["--file", "{tmp}/in.txt", "--output", "{tmp}/x.parquet"],
      "error: --output {tmp}/x.parquet: unsupported extension '.parquet' (use .csv, .jsonl)"),
     (["--file", "{tmp}/missing.txt"], "error: --file {tmp}/missing.txt: not found"),
@@ -164,7 +165,7 @@ def test_score_reproduces_the_validation_metrics(trained, predictor):
 def test_score_cli(trained, tmp_path, capsys):
     from finetune.score import main
 
-    out, cfg, _ = trained
+    out, _, _ = trained
     # a CSV with a header, one class only, a format the run did not train on
     rows = [(label, text) for label, text in make_texts(30, seed=8) if label == "spam"]
     with open(tmp_path / "spam.csv", "w", newline="", encoding="utf-8") as fh:
@@ -195,3 +196,18 @@ def test_score_cli(trained, tmp_path, capsys):
     assert not (out / "confusion_bad.png").exists()
     assert main([str(out), "--file", str(bad), "training.seed=3"]) == 2
     assert "scoring reads only data.<key> and evaluation.<key>" in capsys.readouterr().err
+
+
+def test_text_pairs_match_the_pipeline(trained, predictor):
+    """Sentence pairs go through the tokenizer as pairs (token_type_ids 1 on the second text)."""
+    from transformers import pipeline
+
+    out, _, _ = trained
+    firsts, seconds = TEXTS[:3], TEXTS[3:]
+    classifier = pipeline("text-classification", model=str(out), device="cpu", top_k=None)
+    expected = classifier([{"text": a, "text_pair": b} for a, b in zip(firsts, seconds)])
+    probs = predictor.probabilities(firsts, seconds)
+    for row, theirs in zip(probs, expected):
+        assert dict(zip(predictor.labels, row.tolist())) == pytest.approx({d["label"]: d["score"] for d in theirs},
+                                                                        abs=1e-5)
+    assert not (probs == predictor.probabilities(firsts)).all()  # the second text is really used
