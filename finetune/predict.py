@@ -55,6 +55,10 @@ def saved_config(output_dir: str | os.PathLike):
 class Predictor:
     """Batched class probabilities from a sequence-classification model.
 
+    ``transformers.pipeline("text-classification")`` gives the same numbers
+    (tested); this runs the texts longest first, so a file of mixed lengths
+    pads far less, and returns arrays for the metrics.
+
     Args:
         model: A ``*ForSequenceClassification`` model whose config has ``id2label``.
         tokenizer: Its tokenizer.
