@@ -57,7 +57,7 @@ STATE_FILE = "trainer_state.json"
 SCHEDULER_FILE = "scheduler.pt"
 FORMAT_VERSION = 1
 
-_NAME = re.compile(rf"^{CHECKPOINT_PREFIX}(\d+)$")
+_NAME = re.compile(rf"^(\.old-)?{CHECKPOINT_PREFIX}(\d+)$")  # OLD_PREFIX or the final name
 
 # Config keys that may change between a run and its resume: they do not touch the
 # training trajectory. Every other key of these sections must be identical.
@@ -117,20 +117,22 @@ def list_checkpoints(output_dir: str | os.PathLike) -> list[Path]:
     """Complete checkpoints under ``<output_dir>/checkpoints``, oldest (fewest updates) first.
 
     Temporary directories of a save that was cut short, and directories
-    without a readable ``trainer_state.json``, are not checkpoints.
+    without a readable ``trainer_state.json``, are not checkpoints. A
+    ``.old-checkpoint-<update>`` (the previous copy while the same update is
+    saved again) counts only if a kill left it without its replacement.
     """
     root = checkpoints_root(output_dir)
-    found = []
+    found: dict[int, Path] = {}
     if root.is_dir():
-        for child in root.iterdir():
+        for child in sorted(root.iterdir(), key=lambda p: p.name.startswith(".")):  # final names first
             match = _NAME.match(child.name)
-            if match and child.is_dir():
+            if match and child.is_dir() and int(match.group(2)) not in found:
                 try:
                     read_state(child)
                 except ConfigError:
                     continue
-                found.append((int(match.group(1)), child))
-    return [path for _, path in sorted(found)]
+                found[int(match.group(2))] = child
+    return [found[step] for step in sorted(found)]
 
 
 def resolve_resume(output_dir: str | os.PathLike, resume_from: Optional[str]) -> Optional[Path]:

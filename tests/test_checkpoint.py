@@ -58,8 +58,12 @@ def test_only_complete_checkpoints_are_found(tmp_path):
     (root / "checkpoint-12").mkdir()  # no trainer_state.json: not complete
     (root / "checkpoint-13").mkdir()
     (root / "checkpoint-13" / STATE_FILE).write_text('{"format": 1, "sta', encoding="utf-8")  # cut short
+    _fake_checkpoint(root / ".old-checkpoint-10", 10)  # the copy being replaced: checkpoint-10 wins
     assert [p.name for p in list_checkpoints(tmp_path)] == ["checkpoint-2", "checkpoint-10"]
     assert resolve_resume(tmp_path, "latest") == root / "checkpoint-10"
+    # killed between the two renames of a re-save: the previous copy is still found
+    _fake_checkpoint(root / ".old-checkpoint-16", 16)
+    assert resolve_resume(tmp_path, "latest") == root / ".old-checkpoint-16"
     assert resolve_resume(tmp_path, str(root / "checkpoint-2")) == root / "checkpoint-2"
     assert resolve_resume(tmp_path, None) is None
     with pytest.raises(ConfigError, match="not a complete checkpoint"):
