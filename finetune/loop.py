@@ -250,14 +250,31 @@ def train_one_epoch(
                 # take the same decision on a non-finite update.
                 totals = accelerator.reduce(window_stats.clone(), reduction="sum").cpu()
                 window_loss = (totals[0] / totals[1]).item()
+                problem = None
+                grad_norm = None
                 if not math.isfinite(window_loss):
                     bad = int(first_bad.item())
                     where = f"micro-batch {bad} on process {accelerator.process_index}" if bad >= 0 else (
                         f"micro-batches {first}-{stop - 1} on another process"
                     )
+                    problem = f"loss ({window_loss})", where
+                else:
+                    lr = _lr(optimizer)
+                    grad_norm = accelerator.clip_grad_norm_(
+                        model.parameters(), max_grad_norm if max_grad_norm else float("inf")
+                    )
+                    # A finite loss can still give NaN/inf gradients, which would poison the weights.
+                    # Under fp16 the grad scaler owns that case (it skips the step, and the scheduler
+                    # with it); DeepSpeed clips inside its engine and returns no norm.
+                    if grad_norm is not None and accelerator.scaler is None:
+                        norm = float(grad_norm)  # host sync; the norm is global, so every process agrees
+                        if not math.isfinite(norm):
+                            problem = f"gradient norm ({norm})", f"micro-batches {first}-{stop - 1}"
+                if problem is not None:
+                    what, where = problem
                     if on_nonfinite == "stop":
                         raise NonFiniteLossError(
-                            f"non-finite loss ({window_loss}) at update {state.step + 1} (epoch {epoch}, "
+                            f"non-finite {what} at update {state.step + 1} (epoch {epoch}, "
                             f"first at {where}); stopping (training.on_nonfinite: skip drops such updates)"
                         )
                     optimizer.zero_grad(set_to_none=True)
@@ -266,15 +283,11 @@ def train_one_epoch(
                     result.skipped += 1
                     if state.skipped_in_row >= max_skipped:
                         raise NonFiniteLossError(
-                            f"{state.skipped_in_row} updates in a row had a non-finite loss (last at epoch "
-                            f"{epoch}, first at {where}); stopping (training.max_skipped)"
+                            f"{state.skipped_in_row} updates in a row had a non-finite {what.split(' (')[0]} "
+                            f"(last at epoch {epoch}, first at {where}); stopping (training.max_skipped)"
                         )
                 else:
                     state.skipped_in_row = 0
-                    lr = _lr(optimizer)
-                    grad_norm = accelerator.clip_grad_norm_(
-                        model.parameters(), max_grad_norm if max_grad_norm else float("inf")
-                    )
                     optimizer.step()
                     if scheduler is not None and not accelerator.optimizer_step_was_skipped:
                         scheduler.step()
@@ -284,7 +297,10 @@ def train_one_epoch(
                     log_stats += totals
                     epoch_loss_sum += float(totals[0])
                     epoch_loss_samples += float(totals[1])
-                    log_grad_norm += grad_norm.detach().float() if torch.is_tensor(grad_norm) else float(grad_norm)
+                    if grad_norm is None:
+                        log_grad_norm += float("nan")  # DeepSpeed: the engine clipped; no norm to report
+                    else:
+                        log_grad_norm += grad_norm.detach().float() if torch.is_tensor(grad_norm) else float(grad_norm)
                     log_lr_sum += lr
                     log_updates += 1
                 samples, tokens_total = int(totals[1]), int(totals[2])

@@ -94,3 +94,48 @@ def test_skip_stops_after_max_skipped_in_a_row(fresh_accelerate_state):
     with pytest.raises(NonFiniteLossError, match="2 updates in a row"):
         train_one_epoch(model, optimizer, scheduler, dl, acc, 0, state=state, on_nonfinite="skip", max_skipped=2)
     assert state.step == 0 and state.skipped_updates == 2
+
+
+@pytest.mark.parametrize("policy", ["stop", "skip"])
+def test_finite_loss_with_nan_gradient_is_not_applied(fresh_accelerate_state, policy):
+    """A NaN gradient behind a finite loss must not reach the weights."""
+    from accelerate import Accelerator
+    from torch.utils.data import DataLoader
+
+    from finetune.config import OptimConfig
+    from finetune.optimization import build_optimizer
+    from finetune.sampling import EpochSampler
+    from helpers import pad_collate, tiny_bert, token_dataset
+
+    acc = Accelerator(cpu=True, gradient_accumulation_steps=2)
+    data = token_dataset(32, seed=2)
+    model = tiny_bert(seed=0)
+    optimizer = build_optimizer(model, OptimConfig(learning_rate=1e-3))
+    dl = DataLoader(data, batch_size=4, sampler=EpochSampler(32, seed=1), collate_fn=pad_collate)
+    model, optimizer, dl = acc.prepare(model, optimizer, dl)
+    weight = acc.unwrap_model(model).classifier.weight
+    calls = {"n": 0}
+
+    def poison_second_window(grad):  # micro-batches 2 and 3 form update 2
+        calls["n"] += 1
+        return grad * float("nan") if calls["n"] == 3 else grad
+
+    weight.register_hook(poison_second_window)
+    snapshots = []
+    state = TrainState()
+
+    def on_update(s):
+        snapshots.append(weight.detach().clone())
+
+    if policy == "stop":
+        with pytest.raises(NonFiniteLossError, match=r"non-finite gradient norm \(nan\) at update 2"):
+            train_one_epoch(model, optimizer, None, dl, acc, 0, state=state, on_update=on_update,
+                            on_nonfinite="stop")
+        assert state.step == 1
+        assert torch.equal(weight.detach(), snapshots[0])  # the poisoned update never happened
+    else:
+        result = train_one_epoch(model, optimizer, None, dl, acc, 0, state=state, on_update=on_update,
+                                 on_nonfinite="skip", max_skipped=3)
+        assert result.skipped == 1 and result.updates == 3 and state.skipped_updates == 1
+        assert torch.isfinite(weight).all()
+        assert all(torch.isfinite(s).all() for s in snapshots)
