@@ -166,19 +166,22 @@ def resolve_resume(output_dir: str | os.PathLike, resume_from: Optional[str]) ->
 def clear_previous_run(output_dir: str | os.PathLike) -> list[Path]:
     """Delete what an earlier run left that a fresh run would otherwise resume from or append to.
 
-    That is ``checkpoints/``, ``train_log.jsonl`` and ``metrics.json``; the model
-    files and ``config.yaml`` are replaced as the new run writes them. Used for
+    That is ``checkpoints/``, ``train_log.jsonl``, ``metrics.json`` and
+    ``curves.png`` (a rerun that dies early must not leave the old run's
+    picture beside its new log); the model files and ``config.yaml`` are
+    replaced as the new run writes them. Used for
     ``output.overwrite: true`` without ``resume_from``, on the main process.
 
     Returns:
         The paths removed.
     """
+    from finetune.plot import CURVES_FILE
     from finetune.runner import METRICS_FILE
     from finetune.tracking import LOG_FILE
 
     out = Path(output_dir)
     removed = []
-    for path in (checkpoints_root(out), out / LOG_FILE, out / METRICS_FILE):
+    for path in (checkpoints_root(out), out / LOG_FILE, out / METRICS_FILE, out / CURVES_FILE):
         if path.is_dir():
             shutil.rmtree(path)
             removed.append(path)

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+import numpy as np
 import torch
 
 from finetune.checkpoint import Checkpointer, clear_previous_run, resolve_resume
@@ -208,7 +209,10 @@ def build_dataloaders(cfg: Config, tokenized, tokenizer, accelerator, batching: 
     )
     eval_dl = None
     if "validation" in tokenized:
-        val = tokenized["validation"].sort("length", reverse=True).remove_columns(["length"])
+        # longest first, so padding is least and an out-of-memory shows at the first batch
+        # (select by argsort rather than Dataset.sort, which trips a pyarrow deprecation warning)
+        order = np.argsort(-np.asarray(tokenized["validation"]["length"]), kind="stable")
+        val = tokenized["validation"].select(order).remove_columns(["length"])
         eval_dl = DataLoader(
             val, batch_size=cfg.training.per_device_eval_batch_size, collate_fn=collate, pin_memory=pin,
             generator=torch.Generator().manual_seed(cfg.training.seed),

@@ -92,10 +92,10 @@ def test_output_dir_rules_refuse_before_touching_anything(tmp_path):
 
 def test_overwrite_clears_the_earlier_runs_state_only(tmp_path):
     _fake_checkpoint(tmp_path / "checkpoints" / "checkpoint-4", 4)
-    for name in ("train_log.jsonl", "metrics.json", "model.safetensors", "notes.txt"):
+    for name in ("train_log.jsonl", "metrics.json", "curves.png", "model.safetensors", "notes.txt"):
         (tmp_path / name).write_text("x", encoding="utf-8")
     removed = clear_previous_run(tmp_path)
-    assert sorted(p.name for p in removed) == ["checkpoints", "metrics.json", "train_log.jsonl"]
+    assert sorted(p.name for p in removed) == ["checkpoints", "curves.png", "metrics.json", "train_log.jsonl"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model.safetensors", "notes.txt"]
 
 
