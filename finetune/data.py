@@ -142,8 +142,7 @@ def load_splits(cfg: DataConfig, seed: int) -> tuple[datasets.DatasetDict, Label
     splits = {"train": _encode_labels(train, train_keys, label_space)}
 
     if validation is not None:
-        validation = _drop_or_reject_empty_texts(validation, cfg)
-        splits["validation"] = _encode_labels(validation, _label_keys(validation), label_space)
+        splits["validation"] = _encode_against(validation, cfg, label_space)
     elif cfg.validation_split > 0:
         splits["train"], splits["validation"] = _carve_validation(
             splits["train"], train.source, cfg.validation_split, seed, label_space
@@ -160,6 +159,36 @@ def load_splits(cfg: DataConfig, seed: int) -> tuple[datasets.DatasetDict, Label
         _short_list(label_space.names, _SHOW_LABELS),
     )
     return datasets.DatasetDict(splits), label_space
+
+
+def load_labelled_file(spec: str, cfg: DataConfig, label_space: LabelSpace, key: str = "data.validation_file"
+                       ) -> datasets.Dataset:
+    """Read one labelled file against a label space that is already known.
+
+    What a validation file goes through, and what scoring a saved model on a
+    file needs: the file may hold fewer classes than ``label_space``, but a
+    label outside it is an error.
+
+    Args:
+        spec: Path (or ``pkg:`` spec) of a CSV/TSV/JSON/Parquet file or class folder.
+        cfg: The ``data`` section (format, columns, empty-text and encoding policies).
+        label_space: The classes, e.g. the trained model's.
+        key: What to call the file in error messages (a config key or a CLI flag).
+
+    Returns:
+        A ``Dataset`` with ``text``, optionally ``text_pair``, and ``labels`` (class ids).
+
+    Raises:
+        DataError: naming the file and row for unreadable data, empty texts
+            (unless ``data.on_empty_text: drop``) and labels outside ``label_space``.
+    """
+    _check_column_settings(cfg)
+    return _encode_against(_load_local(spec, key, cfg), cfg, label_space)
+
+
+def _encode_against(table: _Table, cfg: DataConfig, label_space: LabelSpace) -> datasets.Dataset:
+    table = _drop_or_reject_empty_texts(table, cfg)
+    return _encode_labels(table, _label_keys(table), label_space)
 
 
 def tokenize_splits(splits: datasets.DatasetDict, tokenizer: Any, max_length: int) -> datasets.DatasetDict:

@@ -104,12 +104,7 @@ def load_labelled(file: str | os.PathLike, data_cfg, labels: Sequence[str]):
     """
     from finetune import data as fdata
 
-    # The readers behind load_splits, minus its label space drawn from the file itself.
-    fdata._check_column_settings(data_cfg)
-    table = fdata._load_local(str(file), "--file", data_cfg)
-    table = fdata._drop_or_reject_empty_texts(table, data_cfg)
-    keys = fdata._label_keys(table)
-    ds = fdata._encode_labels(table, keys, fdata.LabelSpace(list(labels)))
+    ds = fdata.load_labelled_file(str(file), data_cfg, fdata.LabelSpace(list(labels)), key="--file")
     pairs = ds[fdata.TEXT_PAIR] if fdata.TEXT_PAIR in ds.column_names else None
     return ds[fdata.TEXT], pairs, ds[fdata.LABELS]
 
