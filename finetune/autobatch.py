@@ -15,15 +15,20 @@ nothing else changing. That is what this module does, once, before training:
   one failure anywhere makes every process halve ``b``; they all end with the
   same ``b`` and ``k = B / (b * P)``.
 
-Why not ``accelerate.utils.find_executable_batch_size`` or the Trainer's
-``auto_find_batch_size``: both shrink the batch by 0.9x (or halve it) *without
-touching the accumulation*, so the effective batch, and with it the
-learning-rate schedule and the updates, change behind the user's back. Here
-``B`` is fixed by the config and only its split changes.
+Why not ``accelerate.utils.find_executable_batch_size`` (or the Trainer's
+``auto_find_batch_size``, which calls it): it shrinks the batch by 0.9x per
+failure *without touching the accumulation*, so the effective batch, and with
+it the learning-rate schedule and the updates, change behind the user's back;
+and it knows nothing of other processes. Here ``B`` is fixed by the config and
+only its split changes.
 
 The trial leaves no trace: gradients are dropped and the random-number
 generators restored, so the run trains exactly as one started directly at the
 chosen ``b`` and ``k`` (``tests/test_auto_batch.py`` checks the final weights).
+
+The trial runs on the whole, unprepared model: under FSDP or DeepSpeed ZeRO,
+which shard the model only when it is prepared, it overestimates the memory a
+micro-batch needs and may choose a smaller ``b`` than would fit.
 """
 
 from __future__ import annotations

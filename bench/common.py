@@ -1,0 +1,173 @@
+"""What every arm of the benchmark shares: the job, the data, the model, the measurements.
+
+Each arm builds its data and model through the package's own loaders
+(:func:`finetune.data.load_splits`, :func:`finetune.data.tokenize_splits`,
+:func:`finetune.modeling.load_model`) from the same YAML config, in the same
+order after the same seed as :func:`finetune.runner.setup_run`, so the
+validation split, the token ids and the new head's initial weights are the
+same in all arms.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+REPO = Path(__file__).resolve().parent.parent
+
+# The two jobs of the benchmark: the default SMS spam job and long texts.
+DATASETS = {
+    "sms": REPO / "configs" / "default.yaml",
+    "bbc": REPO / "configs" / "bbc_news.yaml",
+}
+
+
+@dataclass
+class ArmSpec:
+    """One run of one arm: which job, how it is batched, how long it trains.
+
+    Args:
+        arm: ``ours``, ``trainer`` or ``accelerate``.
+        dataset: A key of :data:`DATASETS`.
+        b: Micro-batch per process.
+        k: Accumulation steps.
+        max_steps: Updates to make (``None``: the config's epochs).
+        precision: ``no`` or ``bf16``.
+        overrides: Extra dotted config overrides (levers, or another model or
+            data set), applied by every arm that reads the config.
+        options: Arm-specific switches (``group_by_length`` for the Trainer).
+        threads: CPU threads for torch.
+    """
+
+    arm: str
+    dataset: str
+    b: int
+    k: int
+    max_steps: Optional[int] = None
+    precision: str = "no"
+    overrides: list[str] = field(default_factory=list)
+    options: list[str] = field(default_factory=list)
+    threads: int = 1
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> "ArmSpec":
+        return cls(**json.loads(text))
+
+
+def job_config(spec: ArmSpec, extra: Optional[list[str]] = None):
+    """The package config of the spec's job, with its batching, length and precision applied."""
+    from finetune.config import load_config
+
+    overrides = [
+        f"training.per_device_train_batch_size={spec.b}",
+        f"training.effective_batch_size={spec.b * spec.k}",
+        f"training.mixed_precision={spec.precision}",
+    ]
+    if spec.max_steps is not None:
+        overrides += ["training.num_train_epochs=null", f"training.max_steps={spec.max_steps}"]
+    return load_config(DATASETS[spec.dataset], overrides + list(spec.overrides) + list(extra or []))
+
+
+def load_job(cfg):
+    """Tokenizer, tokenized splits (with a ``length`` column), labels, model and metrics of a config.
+
+    Seeds first and loads in :func:`finetune.runner.setup_run`'s order, so the
+    new classification head starts from the same weights as the package's run.
+    """
+    from accelerate.utils import set_seed
+
+    from finetune.data import load_splits, tokenize_splits
+    from finetune.metrics import MetricSuite
+    from finetune.modeling import load_model, load_tokenizer
+
+    set_seed(cfg.training.seed)
+    tokenizer = load_tokenizer(cfg.model)
+    splits, labels = load_splits(cfg.data, seed=cfg.training.seed)
+    tokenized = tokenize_splits(splits, tokenizer, cfg.data.max_length)
+    model = load_model(cfg.model, labels.id2label, max_length=cfg.data.max_length)
+    pos_label = labels.label2id[cfg.evaluation.positive_label] if cfg.evaluation.average == "binary" else None
+    metrics = MetricSuite(cfg.evaluation.metrics, len(labels), cfg.evaluation.average, pos_label)
+    return tokenizer, tokenized, labels, model, metrics
+
+
+def decay_groups(model, weight_decay: float) -> list[dict[str, Any]]:
+    """AdamW groups as BERT, the Trainer and this package use: no decay on biases and LayerNorm."""
+    import torch
+
+    no_decay = set()
+    for module in model.modules():
+        if isinstance(module, torch.nn.LayerNorm):
+            no_decay.update(id(p) for p in module.parameters(recurse=False))
+    for name, param in model.named_parameters():
+        if name.endswith("bias"):
+            no_decay.add(id(param))
+    params = [p for p in model.parameters() if p.requires_grad]
+    return [
+        {"params": [p for p in params if id(p) not in no_decay], "weight_decay": weight_decay},
+        {"params": [p for p in params if id(p) in no_decay], "weight_decay": 0.0},
+    ]
+
+
+class CountingCollator:
+    """Pads like ``DataCollatorWithPadding`` and records the samples and non-pad tokens of each batch.
+
+    Counting here, on the host before the batch moves to the device, costs the
+    arm no device sync. Only batches built while :attr:`counting` is true are
+    recorded (the training phase, not evaluation).
+    """
+
+    def __init__(self, tokenizer, pad_to_multiple_of: Optional[int] = None):
+        from transformers import DataCollatorWithPadding
+
+        self.inner = DataCollatorWithPadding(tokenizer, pad_to_multiple_of=pad_to_multiple_of)
+        self.counting = False
+        self.batches: list[tuple[int, int]] = []
+
+    def __call__(self, features):
+        batch = self.inner(features)
+        if self.counting:
+            self.batches.append((int(batch["input_ids"].shape[0]), int(batch["attention_mask"].sum())))
+        return batch
+
+    def consumed(self, micro_batches: Optional[int] = None) -> tuple[int, int]:
+        """``(samples, tokens)`` of the first ``micro_batches`` recorded batches (all by default).
+
+        Accelerate's dataloader collates one batch ahead, so a run stopped by a
+        step count has built one batch it never trained on: pass how many it used.
+        """
+        used = self.batches if micro_batches is None else self.batches[:micro_batches]
+        return sum(s for s, _ in used), sum(t for _, t in used)
+
+
+def peak_memory() -> dict[str, Optional[float]]:
+    """Peak resident memory of this process (MiB) and, on a GPU, peak allocated device memory (MiB)."""
+    import torch
+
+    # ru_maxrss is in KiB on Linux (bytes on macOS)
+    scale = 1 / 1024 if sys.platform != "darwin" else 1 / 2**20
+    out: dict[str, Optional[float]] = {
+        "rss_peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale,
+        "gpu_peak_mib": None,
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        out["gpu_peak_mib"] = torch.cuda.max_memory_allocated() / 2**20
+    return out
+
+
+def set_threads(threads: int) -> None:
+    """Use ``threads`` CPU threads in this process (the package's CLI does the same from the core count)."""
+    import torch
+
+    torch.set_num_threads(max(1, threads))
+
+
+def write_result(path: str | os.PathLike, result: dict[str, Any]) -> None:
+    Path(path).write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")

@@ -1,0 +1,269 @@
+"""``bench/run.py --levers``: the package's performance options, measured one at a time.
+
+End-to-end arms (the package's CLI on the SMS job, a fixed number of updates,
+alternating, medians of the repeats), each changing one thing from the
+package's defaults:
+
+* length-grouped batching off (``data.group_by_length=false``);
+* AdamW kernels: ``optim.implementation`` ``for_loop`` (torch's CPU default)
+  and ``foreach`` against the default (fused where torch has it);
+* one DataLoader worker (``data.num_workers=1``);
+* ``training.torch_compile=true``: the first updates carry the compile time,
+  reported as the overhead over the steady update time;
+* bf16 autocast (fp32 on a GPU run, whose default here is bf16), fewer
+  updates on a CPU without bf16 matrix units, where it is emulated;
+* for reference, the Trainer with its defaults and with its
+  ``group_by_length`` sampling.
+
+And micro-benchmarks in one process (``python -m bench.levers micro``):
+AdamW step time per kernel, tokenization time (first call and a repeated
+call), evaluation time in length order against random order, and the share
+of padding in training micro-batches with and without length grouping.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Optional
+
+if __package__ in (None, ""):
+    sys.path[0] = str(Path(__file__).resolve().parent.parent)
+
+from bench.common import ArmSpec, job_config, set_threads, write_result  # noqa: E402
+
+# Evaluation is not timed; a small validation subset keeps the slow arms (bf16 on a CPU) short.
+EVAL_SUBSET = ["data.max_eval_samples=64"]
+
+
+def lever_jobs(s, steps: int):
+    """The lever arms (``bench.run.Job``), baseline first."""
+    from bench.run import JOB_BATCHING, Job
+
+    b, k = JOB_BATCHING["sms"]
+    base = ArmSpec("ours", "sms", b, k, max_steps=steps, precision=s.precision,
+                   overrides=EVAL_SUBSET + list(s.extra_overrides), threads=s.threads)
+
+    def ours(name, *overrides, **changes):
+        spec = replace(base, overrides=base.overrides + list(overrides), **changes)
+        return Job(f"lever/{name}", spec, "lever", name)
+
+    other_precision = "no" if s.precision == "bf16" else "bf16"
+    # bf16 is emulated on CPUs without AVX512-BF16/AMX (~17x slower): fewer updates there
+    slow = other_precision == "bf16" and not _cuda()
+    jobs = [
+        ours("baseline (package defaults)"),
+        ours("no length grouping", "data.group_by_length=false"),
+        ours("AdamW for_loop", "optim.implementation=for_loop"),
+        ours("AdamW foreach", "optim.implementation=foreach"),
+        ours("1 DataLoader worker", "data.num_workers=1"),
+        ours("torch.compile", "training.torch_compile=true"),
+        ours(f"precision {other_precision}", precision=other_precision,
+             max_steps=max(1, steps // 10) if slow else steps),
+        Job("lever/Trainer", replace(base, arm="trainer"), "lever", "Trainer (defaults)"),
+        Job("lever/Trainer group_by_length", replace(base, arm="trainer", options=["group_by_length"]), "lever",
+            "Trainer, group_by_length"),
+    ]
+    if s.only:
+        return [j for j in jobs if any(o in j.name for o in s.only)]
+    if s.smoke:
+        # compiling takes minutes on a CPU: the smoke run leaves it out unless asked (--only compile)
+        jobs = [j for j in jobs if "compile" not in j.name]
+    return jobs
+
+
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def run(s, lever_steps: int) -> int:
+    """Run the lever arms and the micro-benchmarks; write ``levers.md`` and ``levers.json``."""
+    from bench.run import rounds, run_helper, run_job
+
+    started = time.perf_counter()
+    print(f"levers: results in {s.out}", flush=True)
+    micro = run_helper("levers", ["micro", str(s.threads), ",".join(s.extra_overrides)], s, "levers_micro")
+    jobs = lever_jobs(s, lever_steps)
+    plan = rounds(jobs, s.repeats)
+    total = sum(len(r) for r in plan)
+    results, index = [], 0
+    for repeat, round_jobs in enumerate(plan):
+        for job in round_jobs:
+            index += 1
+            print(f"levers: [{index}/{total}] repeat {repeat + 1}: {job.name} ...", flush=True)
+            result = run_job(job, s, 500 + index)
+            results.append(result)
+            status = (f"{result['samples'] / result['train_seconds']:.1f} samples/s" if result.get("ok")
+                      else result["error"])
+            print(f"levers:     {status} ({result['wall_seconds']:.0f}s)", flush=True)
+    rows = summarize(jobs, results)
+    report = {"smoke": s.smoke, "precision": s.precision, "repeats": s.repeats, "lever_steps": lever_steps,
+              "micro": micro, "rows": rows, "results": results,
+              "wall_minutes": (time.perf_counter() - started) / 60}
+    write_result(s.out / "levers.json", report)
+    text = levers_markdown(report)
+    (s.out / "levers.md").write_text(text, encoding="utf-8")
+    print(text)
+    return 0 if all(r.get("ok") for r in results) else 1
+
+
+def summarize(jobs, results) -> dict[str, dict[str, Any]]:
+    """Medians per lever: samples/s, ratio to the baseline, steady update time, warm-up overhead."""
+    rows = {}
+    for job in jobs:
+        runs = [r for r in results if r["job"] == job.name and r.get("ok")]
+        row: dict[str, Any] = {"label": job.label, "repeats": len(runs), "overrides": job.spec.overrides,
+                               "precision": job.spec.precision, "updates": job.spec.max_steps}
+        if runs:
+            row["samples_per_s"] = statistics.median(r["samples"] / r["train_seconds"] for r in runs)
+            row["rss_peak_mib"] = statistics.median(r["rss_peak_mib"] for r in runs)
+            per_update = [r["update_seconds"] for r in runs if len(r.get("update_seconds", [])) > 4]
+            if per_update:
+                steady = statistics.median(statistics.median(u[3:]) for u in per_update)
+                row["steady_update_seconds"] = steady
+                # time beyond `updates x steady`: warm-up, compilation, recompilation on new shapes
+                row["overhead_seconds"] = statistics.median(
+                    r["train_seconds"] - len(r["update_seconds"]) * steady for r in runs if r.get("update_seconds"))
+        rows[job.name] = row
+    base = rows.get("lever/baseline (package defaults)", {}).get("samples_per_s")
+    for row in rows.values():
+        if base and "samples_per_s" in row:
+            row["x_baseline"] = row["samples_per_s"] / base
+    return rows
+
+
+def levers_markdown(report: dict[str, Any]) -> str:
+    def f(value, spec=".2f"):
+        return "n/a" if value is None else f"{value:{spec}}"
+
+    lines = [f"# Levers{' (SMOKE: numbers mean nothing)' if report['smoke'] else ''}", "",
+             f"SMS job, b=16 k=2, {report['lever_steps']} updates per run (fewer where noted), medians of "
+             f"{report['repeats']} repeats, alternating; wall time {report['wall_minutes']:.1f} min", "",
+             "| lever | updates | samples/s | x baseline | steady s/update | warm-up overhead s | peak RSS MiB |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for row in report["rows"].values():
+        lines.append(f"| {row['label']} | {row['updates']} | {f(row.get('samples_per_s'), '.1f')} "
+                     f"| {f(row.get('x_baseline'))} | {f(row.get('steady_update_seconds'), '.3f')} "
+                     f"| {f(row.get('overhead_seconds'), '.1f')} | {f(row.get('rss_peak_mib'), '.0f')} |")
+    micro = report.get("micro") or {}
+    if micro:
+        lines += ["", "## Micro-benchmarks", ""]
+        for name, ms in micro.get("adamw_step_ms", {}).items():
+            lines.append(f"- AdamW step, {name}: {ms:.1f} ms (median; {micro['params_millions']:.1f}M parameters)")
+        for name, t in micro.get("tokenize_seconds", {}).items():
+            lines.append(f"- tokenization, {name}: first call {t['first']:.2f} s, repeated {t['again']:.2f} s")
+        for name, t in micro.get("eval_seconds", {}).items():
+            lines.append(f"- evaluation of the SMS validation set, {name}: {t:.2f} s")
+        for name, share in micro.get("padding_share", {}).items():
+            lines.append(f"- padding in training micro-batches (b=16), {name}: {100 * share:.1f}% of positions")
+    failures = [r for r in report["results"] if not r.get("ok")]
+    if failures:
+        lines += ["", "## Failed runs", ""] + [f"- {r['job']}: {r['error']}: {' / '.join(r['log_tail'])}"
+                                               for r in failures]
+    return "\n".join(lines) + "\n"
+
+
+# --------------------------------------------------------------------------- micro-benchmarks
+
+
+def _alternating(fns: dict[str, Any], repeats: int, warmup: int = 1) -> dict[str, float]:
+    """Median seconds of each function, calls alternating between them."""
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for r in range(warmup + repeats):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            fn()
+            if r >= warmup:
+                times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def micro(threads: int, overrides: Optional[list[str]] = None) -> dict[str, Any]:
+    """AdamW kernels, tokenization, evaluation order and padding share, in this process."""
+    import torch
+    from accelerate import Accelerator
+    from torch.utils.data import DataLoader
+    from transformers import DataCollatorWithPadding
+
+    from bench.common import load_job
+    from finetune.data import load_splits, tokenize_splits
+    from finetune.loop import evaluate_model
+    from finetune.modeling import load_tokenizer
+    from finetune.sampling import EpochSampler
+
+    set_threads(threads)
+    out: dict[str, Any] = {}
+    cfg = job_config(ArmSpec("ours", "sms", 16, 2, overrides=list(overrides or [])))
+    accelerator = Accelerator(cpu=not torch.cuda.is_available())
+    tokenizer, tokenized, _, model, metrics = load_job(cfg)
+    model.to(accelerator.device)
+
+    params = [p for p in model.parameters() if p.requires_grad]
+    out["params_millions"] = sum(p.numel() for p in params) / 1e6
+    for p in params:
+        p.grad = torch.randn_like(p) * 1e-3
+    kernels = {"for_loop": {"foreach": False, "fused": False}, "foreach": {"foreach": True}, "fused": {"fused": True}}
+    optimizers = {name: torch.optim.AdamW(params, lr=1e-8, **kw) for name, kw in kernels.items()}
+    sync = torch.cuda.synchronize if accelerator.device.type == "cuda" else (lambda: None)
+    steps = {name: (lambda o=o: (o.step(), sync())) for name, o in optimizers.items()}
+    out["adamw_step_ms"] = {k: v * 1000 for k, v in _alternating(steps, repeats=10, warmup=2).items()}
+    for p in params:
+        p.grad = None
+    del optimizers
+
+    out["tokenize_seconds"] = {}
+    for dataset in ("sms", "bbc"):
+        dcfg = job_config(ArmSpec("ours", dataset, 8, 4, overrides=list(overrides or [])))
+        tok = load_tokenizer(dcfg.model)
+        splits, _ = load_splits(dcfg.data, seed=dcfg.training.seed)
+        timing = {}
+        for attempt in ("first", "again"):
+            start = time.perf_counter()
+            tokenize_splits(splits, tok, dcfg.data.max_length)
+            timing[attempt] = time.perf_counter() - start
+        out["tokenize_seconds"][dataset] = timing
+
+    collate = DataCollatorWithPadding(tokenizer)
+    validation = tokenized["validation"]
+    size = cfg.training.per_device_eval_batch_size
+    sorted_dl = accelerator.prepare(DataLoader(validation.sort("length", reverse=True).remove_columns(["length"]),
+                                               batch_size=size, collate_fn=collate))
+    shuffled_dl = accelerator.prepare(DataLoader(validation.shuffle(seed=0).remove_columns(["length"]),
+                                                 batch_size=size, collate_fn=collate))
+    model = accelerator.prepare(model)
+    out["eval_seconds"] = _alternating({
+        "length order (package)": lambda: evaluate_model(model, sorted_dl, accelerator, metrics),
+        "random order": lambda: evaluate_model(model, shuffled_dl, accelerator, metrics),
+    }, repeats=3)
+
+    lengths = tokenized["train"]["length"]
+    out["padding_share"] = {}
+    for name, grouped in (("length grouping (package default)", True), ("random order", False)):
+        order = EpochSampler(len(lengths), seed=42, lengths=lengths, group_by_length=grouped, window_size=32).order()
+        real = padded = 0
+        for i in range(0, len(order), 16):
+            batch = [lengths[j] for j in order[i : i + 16]]
+            real += sum(batch)
+            padded += len(batch) * max(batch)
+        out["padding_share"][name] = 1 - real / padded
+    return out
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] != "micro":
+        print("usage: python -m bench.levers micro THREADS OVERRIDES OUT_JSON (bench/run.py --levers runs it)")
+        return 2
+    overrides = [o for o in argv[2].split(",") if o] if len(argv) > 3 else []
+    write_result(argv[-1], micro(int(argv[1]), overrides))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

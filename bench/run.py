@@ -1,0 +1,487 @@
+"""The benchmark: this package against ``transformers.Trainer`` and a plain Accelerate loop.
+
+One command runs every arm of the same job (same model, data split, effective
+batch, AdamW settings, schedule, precision, length and seed), each in its own
+fresh process, alternating arms within each repeat and rotating which arm goes
+first, and reports medians over the repeats as a Markdown table and JSON:
+
+* training samples/s and non-pad tokens/s (training phase only: no start-up,
+  no evaluation, no saving), with the ratio to the Trainer's;
+* peak memory of the training process (RSS on the CPU; ``max_memory_allocated``
+  on a GPU), with the ratio to the Trainer's;
+* final validation accuracy and F1;
+* model FLOPs utilisation: estimated training FLOPs/s over the machine's
+  matmul peak for the precision, measured here too;
+* accumulation overhead ``(b=8, k=4)`` against ``(b=8, k=1)`` and memory of
+  ``(8, 4)``, ``(8, 1)`` and ``(32, 1)`` (package CLI, BBC News, same samples);
+* whether the Trainer's ``k > 1`` path changes BERT's gradients
+  (:mod:`bench.trainer_grad_check`); if it does, the Trainer trains the SMS
+  job (the accuracy comparison) at ``k = 1`` with the same effective batch.
+
+``--levers`` instead measures the package's performance options one at a time
+(:mod:`bench.levers`). ``--smoke`` runs everything for a few updates, to check
+the benchmark itself; its numbers mean nothing.
+
+Usage::
+
+    python bench/run.py                      # full comparison, ~25 min on 2 CPU cores
+    python bench/run.py --levers             # the levers
+    python bench/run.py --smoke              # a few updates per arm
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Optional
+
+if __package__ in (None, ""):
+    sys.path[0] = str(Path(__file__).resolve().parent.parent)
+
+from bench import arm_ours  # noqa: E402
+from bench.common import REPO, ArmSpec, write_result  # noqa: E402
+
+# The jobs of the shipped configs: (b, k) per dataset, B = 32 in both.
+JOB_BATCHING = {"sms": (16, 2), "bbc": (8, 4)}
+B = 32
+
+
+@dataclass
+class Job:
+    """One arm of the comparison; run ``repeats`` times."""
+
+    name: str  # e.g. "sms/ours"
+    spec: ArmSpec
+    role: str = "main"  # main | accumulation | lever
+    label: str = ""  # what the table calls it
+
+    @property
+    def dataset(self) -> str:
+        return self.spec.dataset
+
+
+@dataclass
+class Settings:
+    out: Path
+    repeats: int
+    threads: int
+    precision: str
+    smoke: bool
+    sms_steps: Optional[int]
+    bbc_steps: int
+    datasets: list[str]
+    only: list[str] = field(default_factory=list)
+    extra_overrides: list[str] = field(default_factory=list)
+    timeout: int = 3600
+
+
+# --------------------------------------------------------------------------- the plan
+
+
+def main_jobs(s: Settings, trainer_k1: bool) -> list[Job]:
+    """The comparison's arms: three arms per dataset, plus the accumulation/memory arms on BBC."""
+    jobs = []
+    for dataset in s.datasets:
+        b, k = JOB_BATCHING[dataset]
+        steps = s.sms_steps if dataset == "sms" else s.bbc_steps
+        base = ArmSpec("ours", dataset, b, k, max_steps=steps, precision=s.precision,
+                       overrides=list(s.extra_overrides), threads=s.threads)
+        # SMS is the accuracy comparison: the Trainer trains it at k=1 if its k>1 path is wrong for BERT
+        tb, tk = (B, 1) if (trainer_k1 and dataset == "sms") else (b, k)
+        jobs += [
+            Job(f"{dataset}/ours", base, label=f"finetune (this package), b={b} k={k}"),
+            Job(f"{dataset}/trainer", replace(base, arm="trainer", b=tb, k=tk), label=f"transformers.Trainer, b={tb} k={tk}"),
+            Job(f"{dataset}/accelerate", replace(base, arm="accelerate"), label=f"Accelerate example loop, b={b} k={k}"),
+        ]
+        if dataset == "bbc":
+            # The same samples in every arm: (8, 1) makes four times the updates. Their accuracy
+            # is not compared, so they evaluate on a few samples only (evaluation is not timed).
+            short_eval = replace(base, overrides=base.overrides + ["data.max_eval_samples=32"])
+            jobs += [
+                Job("bbc/ours b8k1", replace(short_eval, b=8, k=1, max_steps=steps * 4), "accumulation",
+                    "finetune, b=8 k=1 (B=8)"),
+                Job("bbc/ours b32k1", replace(short_eval, b=32, k=1), "accumulation", "finetune, b=32 k=1"),
+            ]
+    return [j for j in jobs if not s.only or any(o in j.name for o in s.only)]
+
+
+def rounds(jobs: list[Job], repeats: int) -> list[list[Job]]:
+    """Each repeat runs every job once, alternating arms; the first arm rotates between repeats."""
+    out = []
+    for r in range(repeats):
+        shift = r % max(1, len(jobs))
+        out.append(jobs[shift:] + jobs[:shift])
+    return out
+
+
+# --------------------------------------------------------------------------- running
+
+
+def _env(s: Settings, extra: Optional[dict[str, str]] = None) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        HF_HUB_OFFLINE="1",
+        HF_DATASETS_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        TOKENIZERS_PARALLELISM="false",
+        # every arm gets the same cores: the package reads FINETUNE_CPU_THREADS, the others OMP_NUM_THREADS
+        OMP_NUM_THREADS=str(s.threads),
+        FINETUNE_CPU_THREADS=str(s.threads),
+        PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+    )
+    env.update(extra or {})
+    return env
+
+
+def run_job(job: Job, s: Settings, index: int) -> dict[str, Any]:
+    """Run one arm once in a fresh process; returns its measurements (or the error)."""
+    workdir = s.out / "runs" / f"{index:03d}-{job.name.replace('/', '-').replace(' ', '-')}"
+    workdir.mkdir(parents=True, exist_ok=True)
+    spec_file = workdir / "spec.json"
+    spec_file.write_text(job.spec.to_json(), encoding="utf-8")
+    result_file = workdir / "result.json"
+    if job.spec.arm == "ours":
+        cmd = arm_ours.command(job.spec, workdir)
+        env = _env(s, {"BENCH_MEMORY_OUT": str(workdir / "memory.json")})
+    else:
+        cmd = [sys.executable, "-m", f"bench.arm_{job.spec.arm}", str(spec_file), str(result_file)]
+        env = _env(s)
+    start = time.perf_counter()
+    with open(workdir / "log.txt", "w", encoding="utf-8") as log:
+        try:
+            proc = subprocess.run(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=s.timeout)
+            code = proc.returncode
+        except subprocess.TimeoutExpired:
+            code = "timeout"
+    wall = time.perf_counter() - start
+    if code != 0:
+        tail = (workdir / "log.txt").read_text(encoding="utf-8", errors="replace").splitlines()[-5:]
+        return {"job": job.name, "ok": False, "error": f"exit {code}", "log_tail": tail, "wall_seconds": wall}
+    result = arm_ours.collect(workdir) if job.spec.arm == "ours" else json.loads(result_file.read_text())
+    result.update(job=job.name, ok=True, wall_seconds=wall, b=job.spec.b, k=job.spec.k)
+    return result
+
+
+def run_helper(module: str, args: list[str], s: Settings, name: str) -> Optional[dict]:
+    """Run ``python -m bench.<module> ARGS OUT`` and return what it wrote (None on failure)."""
+    out = s.out / f"{name}.json"
+    with open(s.out / f"{name}.log", "w", encoding="utf-8") as log:
+        proc = subprocess.run([sys.executable, "-m", f"bench.{module}", *args, str(out)], cwd=REPO, env=_env(s),
+                              stdout=log, stderr=subprocess.STDOUT, timeout=s.timeout)
+    return json.loads(out.read_text()) if proc.returncode == 0 and out.exists() else None
+
+
+# --------------------------------------------------------------------------- model FLOPs
+
+
+def flops_model(dataset: str, s: Settings) -> dict[str, float]:
+    """What the FLOPs estimate needs: matmul parameters per token, attention size, mean squared length.
+
+    Training FLOPs = 6 x (matmul weights of the encoder) x non-pad tokens
+    (forward 2, backward 4 per weight and token) + attention scores and
+    weighted sum, 12 x layers x hidden x sum of squared sequence lengths
+    (4 L d s^2 forward per sequence, times 3), the sum estimated as samples
+    x mean squared length of the training set. Padding is not counted: MFU
+    counts the useful work.
+    """
+    from bench.common import job_config
+    from finetune.data import load_splits, tokenize_splits
+    from finetune.modeling import load_model_config, load_tokenizer
+
+    spec = ArmSpec("ours", dataset, *JOB_BATCHING[dataset], overrides=list(s.extra_overrides))
+    cfg = job_config(spec)
+    config = load_model_config(cfg.model, cfg.data.max_length)
+    d, layers, ff = config.hidden_size, config.num_hidden_layers, config.intermediate_size
+    tokenizer = load_tokenizer(cfg.model)
+    splits, _ = load_splits(cfg.data, seed=cfg.training.seed)
+    lengths = tokenize_splits(splits, tokenizer, cfg.data.max_length)["train"]["length"]
+    return {
+        "matmul_params": layers * (4 * d * d + 2 * d * ff),
+        "layers": layers,
+        "hidden": d,
+        "mean_length": statistics.fmean(lengths),
+        "mean_sq_length": statistics.fmean(x * x for x in lengths),
+    }
+
+
+def training_flops(samples: float, tokens: float, fm: dict[str, float]) -> float:
+    return 6 * fm["matmul_params"] * tokens + 12 * fm["layers"] * fm["hidden"] * fm["mean_sq_length"] * samples
+
+
+# --------------------------------------------------------------------------- aggregation
+
+
+def _median(values: list[float]) -> Optional[float]:
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+def aggregate(jobs: list[Job], results: list[dict], peak: Optional[dict], fms: dict[str, dict]) -> dict[str, dict]:
+    """Medians per job over its successful repeats, with throughput, memory, metrics and MFU."""
+    out = {}
+    for job in jobs:
+        runs = [r for r in results if r["job"] == job.name and r.get("ok")]
+        row: dict[str, Any] = {"label": job.label, "role": job.role, "b": job.spec.b, "k": job.spec.k,
+                               "repeats": len(runs), "failed": sum(1 for r in results if r["job"] == job.name
+                                                                   and not r.get("ok"))}
+        if runs:
+            row["updates"] = runs[0]["updates"]
+            row["samples"] = runs[0]["samples"]
+            row["samples_per_s"] = _median([r["samples"] / r["train_seconds"] for r in runs])
+            row["tokens_per_s"] = _median([r["tokens"] / r["train_seconds"] for r in runs])
+            row["train_seconds"] = _median([r["train_seconds"] for r in runs])
+            row["samples_per_s_runs"] = [round(r["samples"] / r["train_seconds"], 3) for r in runs]
+            row["rss_peak_mib"] = _median([r.get("rss_peak_mib") for r in runs])
+            row["gpu_peak_mib"] = _median([r.get("gpu_peak_mib") for r in runs])
+            names = sorted({m for r in runs for m in r["eval"]})
+            row["eval"] = {m: _median([r["eval"].get(m) for r in runs]) for m in names}
+            fm = fms.get(job.dataset)
+            if fm is not None:
+                flops = _median([training_flops(r["samples"], r["tokens"], fm) / r["train_seconds"] for r in runs])
+                row["train_gflops_per_s"] = flops / 1e9
+                if peak:
+                    row["mfu"] = flops / 1e9 / peak["peak_gflops"]
+            steady = [statistics.median(r["update_seconds"][3:]) for r in runs if len(r.get("update_seconds", [])) > 4]
+            if steady:
+                row["steady_update_seconds"] = _median(steady)
+                row["first_update_seconds"] = _median([r["update_seconds"][0] for r in runs])
+        out[job.name] = row
+    # ratios to the Trainer of the same dataset
+    for name, row in out.items():
+        dataset = name.split("/")[0]
+        ref = out.get(f"{dataset}/trainer")
+        if not ref or "samples_per_s" not in ref or "samples_per_s" not in row:
+            continue
+        row["samples_per_s_x_trainer"] = row["samples_per_s"] / ref["samples_per_s"]
+        row["tokens_per_s_x_trainer"] = row["tokens_per_s"] / ref["tokens_per_s"]
+        memory_key = "gpu_peak_mib" if row.get("gpu_peak_mib") else "rss_peak_mib"
+        if row.get(memory_key) and ref.get(memory_key):
+            row["memory_x_trainer"] = row[memory_key] / ref[memory_key]
+        if "f1" in row.get("eval", {}) and "f1" in ref.get("eval", {}):
+            row["f1_minus_trainer_pt"] = 100 * (row["eval"]["f1"] - ref["eval"]["f1"])
+    return out
+
+
+# --------------------------------------------------------------------------- report
+
+
+def _fmt(value, spec: str = ".1f", suffix: str = "") -> str:
+    return "n/a" if value is None else f"{value:{spec}}{suffix}"
+
+
+def machine_info(threads: int) -> dict[str, Any]:
+    import torch
+    import transformers
+
+    import accelerate
+
+    cpu = platform.processor() or "unknown CPU"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    try:
+        memory_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    except (ValueError, OSError, AttributeError):
+        memory_gib = None
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
+    return {
+        "cpu": cpu,
+        "cores_available": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+        "threads_per_arm": threads,
+        "memory_gib": round(memory_gib, 1) if memory_gib else None,
+        "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "accelerate": accelerate.__version__,
+        "commit": commit.stdout.strip() or None,
+    }
+
+
+def markdown(report: dict[str, Any]) -> str:
+    """The report as Markdown: machine, finding, one table per dataset, accumulation and memory."""
+    m, rows = report["machine"], report["rows"]
+    gpu = bool(m["gpu"])
+    mem_name = "GPU peak MiB" if gpu else "peak RSS MiB"
+    lines = [
+        f"# Benchmark{' (SMOKE: a few updates per arm, numbers mean nothing)' if report['smoke'] else ''}",
+        "",
+        f"Command: `{report['command']}`  ",
+        f"Machine: {m['gpu'] or m['cpu']}, {m['cores_available']} cores available, {m['threads_per_arm']} threads "
+        f"per arm, {m['memory_gib']} GiB; torch {m['torch']}, transformers {m['transformers']}, "
+        f"accelerate {m['accelerate']}; commit {m['commit']}  ",
+        f"Precision: {report['precision']}; medians of {report['repeats']} repeats, arms alternating; "
+        f"wall time {report['wall_minutes']:.1f} min",
+        "",
+    ]
+    finding = report.get("trainer_grad_check")
+    if finding:
+        lines += [f"**Trainer and accumulation:** {finding['summary']}."]
+        if finding["changes_gradients"]:
+            lines += ["The Trainer therefore trains the SMS job (the accuracy comparison) at k=1 with the same "
+                      "effective batch; on BBC News it runs at the package's (b, k), which changes neither its "
+                      "speed nor its memory."]
+        lines += [""]
+    peak = report.get("peak")
+    if peak:
+        lines += [f"Matmul peak ({peak['dtype']}, {peak['device']}): {peak['peak_gflops']:.0f} GFLOP/s "
+                  f"(by size: {peak['gflops_by_size']})", ""]
+    titles = {"sms": "SMS spam (default job, 1 epoch)", "bbc": "BBC News, max_length 256"}
+    for dataset in ("sms", "bbc"):
+        mains = [(n, r) for n, r in rows.items() if n.startswith(dataset + "/") and r["role"] == "main"]
+        if not mains:
+            continue
+        lines += [f"## {titles[dataset]}", "",
+                  f"| arm | updates | samples/s | tokens/s | x Trainer | {mem_name} | x Trainer | accuracy | F1 "
+                  "| F1 - Trainer (pt) | MFU |",
+                  "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+        for _, r in mains:
+            ev = r.get("eval", {})
+            mem = r.get("gpu_peak_mib") if gpu else r.get("rss_peak_mib")
+            lines.append(
+                f"| {r['label']} | {r.get('updates', 'failed')} | {_fmt(r.get('samples_per_s'))} "
+                f"| {_fmt(r.get('tokens_per_s'), '.0f')} | {_fmt(r.get('samples_per_s_x_trainer'), '.2f')} "
+                f"| {_fmt(mem, '.0f')} | {_fmt(r.get('memory_x_trainer'), '.2f')} | {_fmt(ev.get('accuracy'), '.4f')} "
+                f"| {_fmt(ev.get('f1'), '.4f')} | {_fmt(r.get('f1_minus_trainer_pt'), '+.2f')} "
+                f"| {_fmt(100 * r['mfu'] if r.get('mfu') is not None else None, '.1f', '%')} |"
+            )
+        lines.append("")
+    acc = {n: r for n, r in rows.items() if n in ("bbc/ours", "bbc/ours b8k1", "bbc/ours b32k1")}
+    if len(acc) == 3 and all("samples_per_s" in r for r in acc.values()):
+        k4, k1, b32 = acc["bbc/ours"], acc["bbc/ours b8k1"], acc["bbc/ours b32k1"]
+        key = "gpu_peak_mib" if gpu else "rss_peak_mib"
+        lines += [
+            "## Accumulation: time and memory (package CLI, BBC News, same samples)", "",
+            f"| batching | samples/s | x (8, 1) | {mem_name} | x (8, 1) |",
+            "| --- | ---: | ---: | ---: | ---: |",
+        ]
+        for name, r in (("b=8, k=4 (B=32)", k4), ("b=8, k=1 (B=8)", k1), ("b=32, k=1 (B=32)", b32)):
+            lines.append(f"| {name} | {_fmt(r['samples_per_s'])} | {r['samples_per_s'] / k1['samples_per_s']:.3f} "
+                         f"| {_fmt(r[key], '.0f')} | {r[key] / k1[key]:.3f} |")
+        lines += ["", "(8, 1) makes four times the updates of the others on the same samples, so its time "
+                  "includes four times the optimizer steps: that is the cost accumulation saves.", ""]
+    failures = [r for r in report["results"] if not r.get("ok")]
+    if failures:
+        lines += ["## Failed runs", ""] + [f"- {r['job']}: {r['error']}: {' / '.join(r['log_tail'])}"
+                                           for r in failures] + [""]
+    lines += [
+        "Notes: samples/s and tokens/s (non-pad) cover the training phase only (no start-up, evaluation or "
+        "saving). Peak memory is the whole training process's. MFU = estimated training FLOPs/s (6 x encoder "
+        "matmul weights x non-pad tokens + attention) / measured matmul peak. The Trainer runs with its "
+        "defaults apart from the job's settings (random batches, its fused AdamW); the Accelerate loop with "
+        "torch's AdamW defaults. Raw runs: `bench.json`.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+# --------------------------------------------------------------------------- entry point
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="bench/run.py", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", default=str(REPO / "bench" / "results"), help="results folder (default bench/results)")
+    parser.add_argument("--smoke", action="store_true", help="a few updates per arm, one repeat: checks the benchmark")
+    parser.add_argument("--levers", action="store_true", help="measure the package's performance options instead")
+    parser.add_argument("--repeats", type=int, default=None, help="repeats per arm (default 3; smoke 1)")
+    parser.add_argument("--threads", type=int, default=None, help="CPU threads per arm (default: all available cores)")
+    parser.add_argument("--precision", choices=["auto", "no", "bf16"], default="auto",
+                        help="auto: bf16 on a GPU that supports it, fp32 on the CPU (bf16 is emulated without "
+                             "AVX512-BF16/AMX)")
+    parser.add_argument("--datasets", default="sms,bbc", help="comma-separated: sms, bbc")
+    parser.add_argument("--sms-steps", type=int, default=None, help="updates per SMS run (default: the full epoch)")
+    parser.add_argument("--bbc-steps", type=int, default=4, help="updates per BBC News run (default 4)")
+    parser.add_argument("--lever-steps", type=int, default=30, help="updates per lever run (default 30)")
+    parser.add_argument("--only", default="", help="comma-separated substrings: run only the matching arms")
+    parser.add_argument("--override", action="append", default=[], metavar="section.key=value",
+                        help="extra config override for every arm (e.g. another model)")
+    parser.add_argument("--skip-grad-check", action="store_true", help="do not run the Trainer gradient check")
+    return parser.parse_args(argv)
+
+
+def settings_from(args: argparse.Namespace) -> Settings:
+    import torch
+
+    threads = args.threads or (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count())
+    precision = args.precision
+    if precision == "auto":
+        precision = "bf16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "no"
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    return Settings(
+        out=out,
+        repeats=args.repeats or (1 if args.smoke else 3),
+        threads=threads,
+        precision=precision,
+        smoke=args.smoke,
+        sms_steps=2 if args.smoke else args.sms_steps,
+        bbc_steps=1 if args.smoke else args.bbc_steps,
+        datasets=[d for d in args.datasets.split(",") if d],
+        only=[o for o in args.only.split(",") if o],
+        extra_overrides=args.override,
+    )
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    s = settings_from(args)
+    if args.levers:
+        from bench import levers
+
+        return levers.run(s, lever_steps=2 if args.smoke else args.lever_steps)
+    started = time.perf_counter()
+    print(f"bench: results in {s.out}", flush=True)
+    finding = None
+    if not args.skip_grad_check:
+        print("bench: checking the Trainer's gradients at k>1 ...", flush=True)
+        finding = run_helper("trainer_grad_check", ["--out"], s, "trainer_grad_check")
+    trainer_k1 = bool(finding and finding["changes_gradients"])
+    peak = run_helper("peak", [s.precision, str(s.threads)], s, "peak")
+    jobs = main_jobs(s, trainer_k1)
+    plan = rounds(jobs, s.repeats)
+    total = sum(len(r) for r in plan)
+    results, index = [], 0
+    for repeat, round_jobs in enumerate(plan):
+        for job in round_jobs:
+            index += 1
+            print(f"bench: [{index}/{total}] repeat {repeat + 1}: {job.name} ...", flush=True)
+            result = run_job(job, s, index)
+            results.append(result)
+            status = (f"{result['samples'] / result['train_seconds']:.1f} samples/s" if result.get("ok")
+                      else result["error"])
+            print(f"bench:     {status} ({result['wall_seconds']:.0f}s)", flush=True)
+    fms = {d: flops_model(d, s) for d in s.datasets}
+    report = {
+        "command": "python bench/run.py " + " ".join(sys.argv[1:] if argv is None else argv),
+        "smoke": s.smoke,
+        "precision": s.precision,
+        "repeats": s.repeats,
+        "machine": machine_info(s.threads),
+        "trainer_grad_check": finding,
+        "peak": peak,
+        "flops_model": fms,
+        "rows": aggregate(jobs, results, peak, fms),
+        "results": results,
+        "wall_minutes": (time.perf_counter() - started) / 60,
+    }
+    write_result(s.out / "bench.json", report)
+    text = markdown(report)
+    (s.out / "bench.md").write_text(text, encoding="utf-8")
+    print(text)
+    return 0 if all(r.get("ok") for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,76 @@
+"""The benchmark's machinery on a tiny BERT: each arm trains the asked updates and counts what it trained.
+
+Not a performance test: no timing is asserted. It keeps ``bench/`` working
+(arms, the package's CLI under the memory probe, aggregation, the report).
+"""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from helpers import REPO, make_texts, save_tiny_model, write_tsv
+
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))  # bench/ is not part of the installed package
+
+from bench.common import ArmSpec  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def tiny_job(tmp_path_factory):
+    root = tmp_path_factory.mktemp("bench")
+    model = save_tiny_model(root / "tiny-bert")
+    data = write_tsv(root / "sms.csv", make_texts(80, seed=5))
+    # the default (SMS) job's config, pointed at the tiny model and data
+    return [f"model.name_or_path={model}", f"data.train_file={data}", "data.max_length=32",
+            "training.per_device_eval_batch_size=16"]
+
+
+def _check(result, updates, samples):
+    assert result["updates"] == updates
+    # exactly the samples of the updates made: not the batch the dataloader collated ahead
+    assert result["samples"] == samples
+    assert 2 * samples <= result["tokens"] <= 32 * samples
+    assert result["train_seconds"] > 0
+    assert set(result["eval"]) >= {"accuracy", "f1"}
+    assert result["rss_peak_mib"] > 10
+
+
+def test_peer_arms_train_and_count(tiny_job, fresh_accelerate_state):
+    from bench import arm_accelerate, arm_trainer
+
+    spec = ArmSpec("trainer", "sms", b=4, k=2, max_steps=2, overrides=tiny_job, threads=1)
+    _check(arm_trainer.run(spec), updates=2, samples=16)
+    _check(arm_accelerate.run(ArmSpec(**{**spec.__dict__, "arm": "accelerate"})), updates=2, samples=16)
+
+
+def test_package_arm_and_report(tiny_job, tmp_path):
+    from bench.run import Job, Settings, aggregate, markdown, run_job
+
+    settings = Settings(out=tmp_path, repeats=1, threads=1, precision="no", smoke=True, sms_steps=2, bbc_steps=1,
+                        datasets=["sms"])
+    job = Job("sms/ours", ArmSpec("ours", "sms", b=4, k=2, max_steps=2, overrides=tiny_job, threads=1),
+              label="finetune")
+    result = run_job(job, settings, 1)
+    assert result["ok"], result
+    _check(result, updates=2, samples=16)
+    assert len(result["update_seconds"]) == 2
+
+    # the Trainer row is the reference of the ratios: a made-up one at half the speed and twice the memory
+    trainer = {**result, "job": "sms/trainer", "train_seconds": 2 * result["train_seconds"],
+               "rss_peak_mib": 2 * result["rss_peak_mib"], "eval": {"accuracy": 0.5, "f1": 0.25}}
+    jobs = [job, Job("sms/trainer", ArmSpec("trainer", "sms", 8, 1), label="Trainer")]
+    rows = aggregate(jobs, [result, trainer], peak=None, fms={})
+    assert rows["sms/ours"]["samples_per_s_x_trainer"] == pytest.approx(2.0)
+    assert rows["sms/ours"]["memory_x_trainer"] == pytest.approx(0.5)
+    assert rows["sms/ours"]["f1_minus_trainer_pt"] == pytest.approx(100 * (result["eval"]["f1"] - 0.25))
+    report = {"machine": {"gpu": None, "cpu": "cpu", "cores_available": 1, "threads_per_arm": 1, "memory_gib": 1,
+                          "torch": "t", "transformers": "t", "accelerate": "a", "commit": "c"},
+              "rows": rows, "results": [result, trainer], "smoke": True, "command": "bench", "precision": "no",
+              "repeats": 1, "wall_minutes": 0.1, "trainer_grad_check": None, "peak": None}
+    text = markdown(report)
+    assert "| finetune | 2 |" in text and "| 2.00 |" in text
