@@ -23,7 +23,15 @@ from pathlib import Path
 if __package__ in (None, ""):
     sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
-from bench.common import ArmSpec, CountingCollator, job_config, load_job, peak_memory, set_threads, write_result  # noqa: E402
+from bench.common import (  # noqa: E402
+    ArmSpec,
+    CountingCollator,
+    job_config,
+    load_job,
+    peak_memory,
+    set_threads,
+    write_result,
+)
 
 
 def run(spec: ArmSpec) -> dict:

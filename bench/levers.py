@@ -23,7 +23,6 @@ of padding in training micro-batches with and without length grouping.
 
 from __future__ import annotations
 
-import json
 import statistics
 import sys
 import time

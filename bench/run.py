@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import platform
 import statistics
@@ -99,8 +98,10 @@ def main_jobs(s: Settings, trainer_k1: bool) -> list[Job]:
         tb, tk = (B, 1) if (trainer_k1 and dataset == "sms") else (b, k)
         jobs += [
             Job(f"{dataset}/ours", base, label=f"finetune (this package), b={b} k={k}"),
-            Job(f"{dataset}/trainer", replace(base, arm="trainer", b=tb, k=tk), label=f"transformers.Trainer, b={tb} k={tk}"),
-            Job(f"{dataset}/accelerate", replace(base, arm="accelerate"), label=f"Accelerate example loop, b={b} k={k}"),
+            Job(f"{dataset}/trainer", replace(base, arm="trainer", b=tb, k=tk),
+                label=f"transformers.Trainer, b={tb} k={tk}"),
+            Job(f"{dataset}/accelerate", replace(base, arm="accelerate"),
+                label=f"Accelerate example loop, b={b} k={k}"),
         ]
         if dataset == "bbc":
             # The same samples in every arm: (8, 1) makes four times the updates. Their accuracy
@@ -279,10 +280,9 @@ def _fmt(value, spec: str = ".1f", suffix: str = "") -> str:
 
 
 def machine_info(threads: int) -> dict[str, Any]:
+    import accelerate
     import torch
     import transformers
-
-    import accelerate
 
     cpu = platform.processor() or "unknown CPU"
     try:

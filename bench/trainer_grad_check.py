@@ -65,7 +65,6 @@ def trainer_gradient(model, dataset, collator, b: int, k: int, accepts_loss_kwar
 
 def check() -> dict:
     """Compare the Trainer's applied gradient with the true mean gradient; returns the finding."""
-    import torch
     import torch.nn.functional as F
     from transformers import DataCollatorWithPadding
 
