@@ -9,6 +9,10 @@ keeps its traceback.
 
 from __future__ import annotations
 
+import os
+import sys
+from typing import Callable
+
 
 class FinetuneError(Exception):
     """An error caused by the user's input, reported as one line.
@@ -43,3 +47,32 @@ class ModelError(FinetuneError):
 
 class LaunchError(FinetuneError):
     """A launch setting (process count, precision, device) that cannot work."""
+
+
+def run_command(action: Callable[[], object], debug: bool = False, quiet: bool = False) -> int:
+    """Run a command-line action; a :class:`FinetuneError` becomes one line and its exit code.
+
+    The one place where the ``error:`` / ``hint:`` lines of every ``finetune``
+    command are printed.
+
+    Args:
+        action: The command's work.
+        debug: Re-raise instead (also when ``FINETUNE_DEBUG`` is set and not 0),
+            so the traceback shows.
+        quiet: Print nothing (processes other than the main one).
+
+    Returns:
+        0, or the error's ``exit_code``. Other exceptions are bugs and propagate.
+    """
+    debug = debug or os.environ.get("FINETUNE_DEBUG", "") not in ("", "0")
+    try:
+        action()
+    except FinetuneError as exc:
+        if debug:
+            raise
+        if not quiet:
+            print(f"error: {exc.message}", file=sys.stderr)
+            if exc.hint:
+                print(f"hint: {exc.hint}", file=sys.stderr)
+        return exc.exit_code
+    return 0

@@ -25,7 +25,7 @@ import sys
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from finetune.errors import DataError, FinetuneError
+from finetune.errors import DataError, FinetuneError, run_command
 
 CURVES_FILE = "curves.png"
 # Figure size in inches and resolution: curves.png is 1500 x 420 pixels.
@@ -239,13 +239,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("output_dir", help="the run's output directory (holds train_log.jsonl)")
     parser.add_argument("--output", default=None, help=f"PNG to write (default: <output_dir>/{CURVES_FILE})")
     args = parser.parse_args(argv)
-    try:
-        path = plot_curves(args.output_dir, args.output)
-    except FinetuneError as exc:
-        print(f"error: {exc.message}", file=sys.stderr)
-        return exc.exit_code
-    print(path)
-    return 0
+    return run_command(lambda: print(plot_curves(args.output_dir, args.output)))
 
 
 if __name__ == "__main__":

@@ -30,7 +30,7 @@ import sys
 from pathlib import Path
 from typing import Any, Iterable, Optional, Sequence
 
-from finetune.errors import ConfigError, DataError, FinetuneError, ModelError
+from finetune.errors import ConfigError, DataError, ModelError, run_command
 
 INPUT_FORMATS = (".txt", ".csv", ".tsv", ".jsonl")
 OUTPUT_FORMATS = (".csv", ".jsonl")
@@ -354,17 +354,7 @@ def main(argv: list[str] | None = None) -> int:
 
     args = parse_args(argv)
     hf_logging.disable_progress_bar()  # the weight-loading bar; the file's bar is ours
-    debug = args.debug or os.environ.get("FINETUNE_DEBUG", "") not in ("", "0")
-    try:
-        run(args)
-    except FinetuneError as exc:
-        if debug:
-            raise
-        print(f"error: {exc.message}", file=sys.stderr)
-        if exc.hint:
-            print(f"hint: {exc.hint}", file=sys.stderr)
-        return exc.exit_code
-    return 0
+    return run_command(lambda: run(args), debug=args.debug)
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from finetune.errors import ConfigError, DataError, FinetuneError, ModelError
+from finetune.errors import ConfigError, DataError, ModelError, run_command
 from finetune.predict import DEFAULT_BATCH_SIZE, Predictor
 
 _SCORE_SECTIONS = ("data", "evaluation")
@@ -238,17 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     # the bars of reading the file and loading the weights; the scoring bar is ours
     datasets.disable_progress_bars()
     hf_logging.disable_progress_bar()
-    debug = args.debug or os.environ.get("FINETUNE_DEBUG", "") not in ("", "0")
-    try:
-        run(args)
-    except FinetuneError as exc:
-        if debug:
-            raise
-        print(f"error: {exc.message}", file=sys.stderr)
-        if exc.hint:
-            print(f"hint: {exc.hint}", file=sys.stderr)
-        return exc.exit_code
-    return 0
+    return run_command(lambda: run(args), debug=args.debug)
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ import logging  # noqa: E402
 import os  # noqa: E402
 import time  # noqa: E402
 
-from finetune.errors import FinetuneError  # noqa: E402
+from finetune.errors import FinetuneError, run_command  # noqa: E402
 
 logger = logging.getLogger("finetune")
 
@@ -86,26 +86,17 @@ def run_training(config_path: str | None, overrides: list[str]) -> dict:
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry point; returns the process exit code."""
     args = parse_args(argv)
-    debug = args.debug or os.environ.get("FINETUNE_DEBUG", "") not in ("", "0")
     logging.basicConfig(
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         level=logging.INFO if _is_main_rank() else logging.WARNING,
     )
-    try:
-        run_training(args.config, args.overrides)
-    except FinetuneError as exc:
-        if debug:
-            raise
-        if _is_main_rank():
-            print(f"error: {exc.message}", file=sys.stderr)
-            if exc.hint:
-                print(f"hint: {exc.hint}", file=sys.stderr)
-        else:
-            # torchrun stops every process as soon as one exits: were another rank first, the main
-            # one, which meets the same error, could be killed before it printed the line.
-            time.sleep(3)
-        return exc.exit_code
-    return 0
+    code = run_command(lambda: run_training(args.config, args.overrides), debug=args.debug,
+                       quiet=not _is_main_rank())
+    if code and not _is_main_rank():
+        # torchrun stops every process as soon as one exits: were another rank first, the main
+        # one, which meets the same error, could be killed before it printed the line.
+        time.sleep(3)
+    return code
 
 
 if __name__ == "__main__":
