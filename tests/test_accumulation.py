@@ -27,7 +27,7 @@ B = 32
 
 
 def _run(b: int, k: int, epochs: int = 2, lr: float = 1e-3, schedule: str = "linear", warmup: int = 1,
-         max_grad_norm=None, data=None, mixed_precision="no"):
+         max_grad_norm=None, data=None, mixed_precision="no", log_every: int = 1):
     from accelerate import Accelerator
     from accelerate.state import AcceleratorState, GradientState
 
@@ -43,7 +43,7 @@ def _run(b: int, k: int, epochs: int = 2, lr: float = 1e-3, schedule: str = "lin
     model, optimizer, dl = acc.prepare(model, optimizer, dl)
     plan = plan_updates(len(dl), k, epochs, None, warmup_steps=warmup)
     scheduler = build_scheduler(optimizer, opt_cfg, plan)
-    snapshots, lrs_before = [], []
+    snapshots = []
     scheduler_calls = {"n": 0}
     original_step = scheduler.step
 
@@ -61,7 +61,7 @@ def _run(b: int, k: int, epochs: int = 2, lr: float = 1e-3, schedule: str = "lin
     state = TrainState()
     for epoch in range(epochs):
         train_one_epoch(model, optimizer, scheduler, dl, acc, epoch, state=state, max_grad_norm=max_grad_norm,
-                        on_log=records.append, on_update=on_update)
+                        log_every=log_every, on_log=records.append, on_update=on_update)
     return dict(snapshots=snapshots, records=records, state=state, plan=plan, scheduler=scheduler,
                 scheduler_calls=scheduler_calls["n"], optimizer=optimizer, model=model, acc=acc, data=data)
 
@@ -174,20 +174,9 @@ def test_logged_loss_is_the_big_batch_loss(fresh_accelerate_state):
 
 
 def test_log_every_averages_over_updates(fresh_accelerate_state):
-    from accelerate import Accelerator
 
     every = _run(b=8, k=4, epochs=2)["records"]
-    acc = Accelerator(cpu=True, gradient_accumulation_steps=4)
-    data = token_dataset(N, seed=1)
-    model = tiny_bert(seed=0)
-    opt_cfg = OptimConfig(learning_rate=1e-3, warmup_steps=1, weight_decay=0.01)
-    optimizer = build_optimizer(model, opt_cfg)
-    dl = DataLoader(data, batch_size=8, sampler=EpochSampler(N, seed=7, window_size=32), collate_fn=pad_collate)
-    model, optimizer, dl = acc.prepare(model, optimizer, dl)
-    scheduler = build_scheduler(optimizer, opt_cfg, plan_updates(len(dl), 4, 2, None, warmup_steps=1))
-    records, state = [], TrainState()
-    for epoch in range(2):
-        train_one_epoch(model, optimizer, scheduler, dl, acc, epoch, state=state, log_every=2, on_log=records.append)
+    records = _run(b=8, k=4, epochs=2, log_every=2)["records"]
     # 3 updates per epoch, log_every=2: records at updates 2, 3 (epoch end), 5, 6
     assert [r["step"] for r in records] == [2, 3, 5, 6]
     # the record of updates 1-2 is the sample-weighted mean of their losses (32 samples each)
