@@ -6,17 +6,19 @@ fresh process, alternating arms within each repeat and rotating which arm goes
 first, and reports medians over the repeats as a Markdown table and JSON:
 
 * training samples/s and non-pad tokens/s (training phase only: no start-up,
-  no evaluation, no saving), with the ratio to the Trainer's;
+  no evaluation, no saving), with the ratio to the Trainer's, over a fixed
+  number of updates at each job's own ``(b, k)``, three repeats;
 * peak memory of the training process (RSS on the CPU; ``max_memory_allocated``
   on a GPU), with the ratio to the Trainer's;
-* final validation accuracy and F1;
+* final validation accuracy and F1 after the SMS job's full epoch in each arm
+  (one run per arm by default: with fixed seeds a CPU run repeats exactly);
 * model FLOPs utilisation: estimated training FLOPs/s over the machine's
   matmul peak for the precision, measured here too;
 * accumulation overhead ``(b=8, k=4)`` against ``(b=8, k=1)`` and memory of
   ``(8, 4)``, ``(8, 1)`` and ``(32, 1)`` (package CLI, BBC News, same samples);
 * whether the Trainer's ``k > 1`` path changes BERT's gradients
-  (:mod:`bench.trainer_grad_check`); if it does, the Trainer trains the SMS
-  job (the accuracy comparison) at ``k = 1`` with the same effective batch.
+  (:mod:`bench.trainer_grad_check`); if it does, the Trainer trains the
+  accuracy comparison at ``k = 1`` with the same effective batch.
 
 ``--levers`` instead measures the package's performance options one at a time
 (:mod:`bench.levers`). ``--smoke`` runs everything for a few updates, to check
@@ -81,37 +83,64 @@ class Settings:
     only: list[str] = field(default_factory=list)
     extra_overrides: list[str] = field(default_factory=list)
     timeout: int = 3600
+    accuracy_steps: Optional[int] = None  # None: the full epoch
+    accuracy_repeats: int = 1
 
 
 # --------------------------------------------------------------------------- the plan
 
 
+# Speed runs evaluate on this many validation samples only: evaluation is not timed, and
+# the accuracy comes from the full-epoch runs.
+SPEED_EVAL = ["data.max_eval_samples=32"]
+
+
 def main_jobs(s: Settings, trainer_k1: bool) -> list[Job]:
-    """The comparison's arms: three arms per dataset, plus the accumulation/memory arms on BBC."""
+    """The comparison's arms.
+
+    * Speed and memory (role ``main``): the three arms at the job's own ``(b, k)``
+      for a fixed number of updates, per dataset; on BBC News also the
+      accumulation arms ``(8, 1)`` and ``(32, 1)`` on the same samples.
+    * Accuracy (role ``accuracy``): the SMS job's full epoch in each arm; the
+      Trainer at ``k = 1`` (same ``B``) if its ``k > 1`` path is wrong for BERT.
+    """
     jobs = []
     for dataset in s.datasets:
         b, k = JOB_BATCHING[dataset]
         steps = s.sms_steps if dataset == "sms" else s.bbc_steps
         base = ArmSpec("ours", dataset, b, k, max_steps=steps, precision=s.precision,
-                       overrides=list(s.extra_overrides), threads=s.threads)
-        # SMS is the accuracy comparison: the Trainer trains it at k=1 if its k>1 path is wrong for BERT
-        tb, tk = (B, 1) if (trainer_k1 and dataset == "sms") else (b, k)
+                       overrides=SPEED_EVAL + list(s.extra_overrides), threads=s.threads)
         jobs += [
             Job(f"{dataset}/ours", base, label=f"finetune (this package), b={b} k={k}"),
-            Job(f"{dataset}/trainer", replace(base, arm="trainer", b=tb, k=tk),
-                label=f"transformers.Trainer, b={tb} k={tk}"),
+            Job(f"{dataset}/trainer", replace(base, arm="trainer"), label=f"transformers.Trainer, b={b} k={k}"),
             Job(f"{dataset}/accelerate", replace(base, arm="accelerate"),
                 label=f"Accelerate example loop, b={b} k={k}"),
         ]
         if dataset == "bbc":
-            # The same samples in every arm: (8, 1) makes four times the updates. Their accuracy
-            # is not compared, so they evaluate on a few samples only (evaluation is not timed).
-            short_eval = replace(base, overrides=base.overrides + ["data.max_eval_samples=32"])
+            # the same samples in every arm: (8, 1) makes four times the updates
             jobs += [
-                Job("bbc/ours b8k1", replace(short_eval, b=8, k=1, max_steps=steps * 4), "accumulation",
+                Job("bbc/ours b8k1", replace(base, b=8, k=1, max_steps=steps * 4), "accumulation",
                     "finetune, b=8 k=1 (B=8)"),
-                Job("bbc/ours b32k1", replace(short_eval, b=32, k=1), "accumulation", "finetune, b=32 k=1"),
+                Job("bbc/ours b32k1", replace(base, b=32, k=1), "accumulation", "finetune, b=32 k=1"),
             ]
+    return [j for j in jobs if not s.only or any(o in j.name for o in s.only)]
+
+
+def accuracy_jobs(s: Settings, trainer_k1: bool) -> list[Job]:
+    """The SMS job trained for its full epoch (or ``accuracy_steps`` in a smoke run) in each arm."""
+    if "sms" not in s.datasets or s.accuracy_repeats < 1:
+        return []
+    b, k = JOB_BATCHING["sms"]
+    tb, tk = (B, 1) if trainer_k1 else (b, k)
+    base = ArmSpec("ours", "sms", b, k, max_steps=s.accuracy_steps, precision=s.precision,
+                   overrides=list(s.extra_overrides), threads=s.threads)
+    jobs = [
+        Job("sms/ours accuracy", base, "accuracy", f"finetune (this package), b={b} k={k}"),
+        Job("sms/trainer accuracy", replace(base, arm="trainer", b=tb, k=tk), "accuracy",
+            f"transformers.Trainer, b={tb} k={tk}"),
+        Job("sms/accelerate accuracy", replace(base, arm="accelerate"), "accuracy",
+            f"Accelerate example loop, b={b} k={k}"),
+    ]
     return [j for j in jobs if not s.only or any(o in j.name for o in s.only)]
 
 
@@ -194,9 +223,13 @@ def flops_model(dataset: str, s: Settings) -> dict[str, float]:
     x mean squared length of the training set. Padding is not counted: MFU
     counts the useful work.
     """
+    import datasets
+
     from bench.common import job_config
     from finetune.data import load_splits, tokenize_splits
     from finetune.modeling import load_model_config, load_tokenizer
+
+    datasets.disable_progress_bars()
 
     spec = ArmSpec("ours", dataset, *JOB_BATCHING[dataset], overrides=list(s.extra_overrides))
     cfg = job_config(spec)
@@ -259,7 +292,7 @@ def aggregate(jobs: list[Job], results: list[dict], peak: Optional[dict], fms: d
     # ratios to the Trainer of the same dataset
     for name, row in out.items():
         dataset = name.split("/")[0]
-        ref = out.get(f"{dataset}/trainer")
+        ref = out.get(f"{dataset}/trainer accuracy" if row["role"] == "accuracy" else f"{dataset}/trainer")
         if not ref or "samples_per_s" not in ref or "samples_per_s" not in row:
             continue
         row["samples_per_s_x_trainer"] = row["samples_per_s"] / ref["samples_per_s"]
@@ -331,33 +364,41 @@ def markdown(report: dict[str, Any]) -> str:
     if finding:
         lines += [f"**Trainer and accumulation:** {finding['summary']}."]
         if finding["changes_gradients"]:
-            lines += ["The Trainer therefore trains the SMS job (the accuracy comparison) at k=1 with the same "
-                      "effective batch; on BBC News it runs at the package's (b, k), which changes neither its "
-                      "speed nor its memory."]
+            lines += ["The Trainer therefore trains the accuracy comparison at k=1 with the same effective "
+                      "batch; its speed and memory runs use the job's (b, k), which the scale of the gradient "
+                      "does not affect."]
         lines += [""]
     peak = report.get("peak")
     if peak:
         lines += [f"Matmul peak ({peak['dtype']}, {peak['device']}): {peak['peak_gflops']:.0f} GFLOP/s "
                   f"(by size: {peak['gflops_by_size']})", ""]
-    titles = {"sms": "SMS spam (default job, 1 epoch)", "bbc": "BBC News, max_length 256"}
+    titles = {"sms": "SMS spam (the default job)", "bbc": "BBC News, max_length 256"}
     for dataset in ("sms", "bbc"):
-        mains = [(n, r) for n, r in rows.items() if n.startswith(dataset + "/") and r["role"] == "main"]
+        mains = [r for n, r in rows.items() if n.startswith(dataset + "/") and r["role"] == "main"]
         if not mains:
             continue
-        lines += [f"## {titles[dataset]}", "",
-                  f"| arm | updates | samples/s | tokens/s | x Trainer | {mem_name} | x Trainer | accuracy | F1 "
-                  "| F1 - Trainer (pt) | MFU |",
-                  "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
-        for _, r in mains:
-            ev = r.get("eval", {})
+        lines += [f"## {titles[dataset]}: speed and memory ({mains[0].get('updates', '?')} updates per run)", "",
+                  f"| arm | samples/s | non-pad tokens/s | x Trainer | {mem_name} | x Trainer | MFU |",
+                  "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+        for r in mains:
             mem = r.get("gpu_peak_mib") if gpu else r.get("rss_peak_mib")
             lines.append(
-                f"| {r['label']} | {r.get('updates', 'failed')} | {_fmt(r.get('samples_per_s'))} "
-                f"| {_fmt(r.get('tokens_per_s'), '.0f')} | {_fmt(r.get('samples_per_s_x_trainer'), '.2f')} "
-                f"| {_fmt(mem, '.0f')} | {_fmt(r.get('memory_x_trainer'), '.2f')} | {_fmt(ev.get('accuracy'), '.4f')} "
-                f"| {_fmt(ev.get('f1'), '.4f')} | {_fmt(r.get('f1_minus_trainer_pt'), '+.2f')} "
+                f"| {r['label']} | {_fmt(r.get('samples_per_s'))} | {_fmt(r.get('tokens_per_s'), '.0f')} "
+                f"| {_fmt(r.get('samples_per_s_x_trainer'), '.2f')} | {_fmt(mem, '.0f')} "
+                f"| {_fmt(r.get('memory_x_trainer'), '.2f')} "
                 f"| {_fmt(100 * r['mfu'] if r.get('mfu') is not None else None, '.1f', '%')} |"
             )
+        lines.append("")
+    accuracy = [r for r in rows.values() if r["role"] == "accuracy"]
+    if accuracy:
+        lines += [f"## SMS spam: accuracy ({accuracy[0].get('updates', '?')} updates, median of "
+                  f"{report.get('accuracy_repeats', 1)} run(s) per arm)", "",
+                  "| arm | validation accuracy | F1 (spam) | F1 - Trainer (pt) | samples/s over the run |",
+                  "| --- | ---: | ---: | ---: | ---: |"]
+        for r in accuracy:
+            ev = r.get("eval", {})
+            lines.append(f"| {r['label']} | {_fmt(ev.get('accuracy'), '.4f')} | {_fmt(ev.get('f1'), '.4f')} "
+                         f"| {_fmt(r.get('f1_minus_trainer_pt'), '+.2f')} | {_fmt(r.get('samples_per_s'))} |")
         lines.append("")
     acc = {n: r for n, r in rows.items() if n in ("bbc/ours", "bbc/ours b8k1", "bbc/ours b32k1")}
     if len(acc) == 3 and all("samples_per_s" in r for r in acc.values()):
@@ -379,7 +420,8 @@ def markdown(report: dict[str, Any]) -> str:
                                            for r in failures] + [""]
     lines += [
         "Notes: samples/s and tokens/s (non-pad) cover the training phase only (no start-up, evaluation or "
-        "saving). Peak memory is the whole training process's. MFU = estimated training FLOPs/s (6 x encoder "
+        "saving); speed runs evaluate on a few samples, the accuracy runs on the whole validation split. Peak "
+        "memory is the whole training process's. MFU = estimated training FLOPs/s (6 x encoder "
         "matmul weights x non-pad tokens + attention) / measured matmul peak. The Trainer runs with its "
         "defaults apart from the job's settings (random batches, its fused AdamW); the Accelerate loop with "
         "torch's AdamW defaults. Raw runs: `bench.json`.",
@@ -401,8 +443,11 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="auto: bf16 on a GPU that supports it, fp32 on the CPU (bf16 is emulated without "
                              "AVX512-BF16/AMX)")
     parser.add_argument("--datasets", default="sms,bbc", help="comma-separated: sms, bbc")
-    parser.add_argument("--sms-steps", type=int, default=None, help="updates per SMS run (default: the full epoch)")
+    parser.add_argument("--sms-steps", type=int, default=24, help="updates per SMS speed run (default 24)")
     parser.add_argument("--bbc-steps", type=int, default=4, help="updates per BBC News run (default 4)")
+    parser.add_argument("--accuracy-repeats", type=int, default=1,
+                        help="full-epoch SMS runs per arm for the accuracy comparison (default 1: with fixed seeds "
+                             "a CPU repeats them exactly; 0 skips them)")
     parser.add_argument("--lever-steps", type=int, default=30, help="updates per lever run (default 30)")
     parser.add_argument("--only", default="", help="comma-separated substrings: run only the matching arms")
     parser.add_argument("--override", action="append", default=[], metavar="section.key=value",
@@ -428,6 +473,8 @@ def settings_from(args: argparse.Namespace) -> Settings:
         smoke=args.smoke,
         sms_steps=2 if args.smoke else args.sms_steps,
         bbc_steps=1 if args.smoke else args.bbc_steps,
+        accuracy_steps=2 if args.smoke else None,
+        accuracy_repeats=args.accuracy_repeats,
         datasets=[d for d in args.datasets.split(",") if d],
         only=[o for o in args.only.split(",") if o],
         extra_overrides=args.override,
@@ -449,8 +496,10 @@ def main(argv=None) -> int:
         finding = run_helper("trainer_grad_check", ["--out"], s, "trainer_grad_check")
     trainer_k1 = bool(finding and finding["changes_gradients"])
     peak = run_helper("peak", [s.precision, str(s.threads)], s, "peak")
-    jobs = main_jobs(s, trainer_k1)
-    plan = rounds(jobs, s.repeats)
+    speed = main_jobs(s, trainer_k1)
+    accuracy = accuracy_jobs(s, trainer_k1)
+    jobs = speed + accuracy
+    plan = rounds(speed, s.repeats) + rounds(accuracy, s.accuracy_repeats)
     total = sum(len(r) for r in plan)
     results, index = [], 0
     for repeat, round_jobs in enumerate(plan):
@@ -468,6 +517,7 @@ def main(argv=None) -> int:
         "smoke": s.smoke,
         "precision": s.precision,
         "repeats": s.repeats,
+        "accuracy_repeats": s.accuracy_repeats,
         "machine": machine_info(s.threads),
         "trainer_grad_check": finding,
         "peak": peak,
