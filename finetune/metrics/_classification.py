@@ -186,3 +186,28 @@ def matthews_correlation(predictions, references) -> float:
     if denominator == 0:
         return 0.0
     return float(cov_ytyp / np.sqrt(denominator))
+
+
+def class_id_metric_info(description: str, citation: str, inputs_description: str):
+    """The ``evaluate.MetricInfo`` every script here shares: int class ids in, numpy format.
+
+    A function, not a base class: ``evaluate.load`` would take a shared class
+    for the script's own metric.
+    """
+    # imported here: importing finetune.metrics must not pull in evaluate
+    import datasets
+    import evaluate
+
+    return evaluate.MetricInfo(
+        description=description,
+        citation=citation,
+        inputs_description=inputs_description,
+        features=datasets.Features({"predictions": datasets.Value("int32"), "references": datasets.Value("int32")}),
+        format="numpy",
+    )
+
+
+def averaging_options(defaults: dict, average=None, pos_label=None, labels=None) -> dict:
+    """Per-call ``average``/``pos_label``/``labels``, falling back to those given at load time."""
+    given = {"average": average, "pos_label": pos_label, "labels": labels}
+    return {k: defaults[k] if v is None else v for k, v in given.items()}

@@ -6,7 +6,6 @@ the Hub's script needs the network and calls scikit-learn, which ``finetune``
 does not depend on.
 """
 
-import datasets
 import evaluate
 
 from finetune.metrics import _classification
@@ -35,15 +34,7 @@ class Accuracy(evaluate.Metric):
     """Accuracy, the fraction of correct predictions, as scikit-learn's ``accuracy_score``."""
 
     def _info(self):
-        return evaluate.MetricInfo(
-            description=_DESCRIPTION,
-            citation=_CITATION,
-            inputs_description=_KWARGS_DESCRIPTION,
-            features=datasets.Features(
-                {"predictions": datasets.Value("int32"), "references": datasets.Value("int32")}
-            ),
-            format="numpy",
-        )
+        return _classification.class_id_metric_info(_DESCRIPTION, _CITATION, _KWARGS_DESCRIPTION)
 
     def _compute(self, predictions, references):
         return {"accuracy": _classification.accuracy(predictions, references)}

@@ -6,7 +6,6 @@ the Hub's script needs the network and calls scikit-learn, which ``finetune``
 does not depend on.
 """
 
-import datasets
 import evaluate
 
 from finetune.metrics import _classification
@@ -35,15 +34,7 @@ class MatthewsCorrelation(evaluate.Metric):
     """Multiclass Matthews correlation coefficient, as scikit-learn's ``matthews_corrcoef``."""
 
     def _info(self):
-        return evaluate.MetricInfo(
-            description=_DESCRIPTION,
-            citation=_CITATION,
-            inputs_description=_KWARGS_DESCRIPTION,
-            features=datasets.Features(
-                {"predictions": datasets.Value("int32"), "references": datasets.Value("int32")}
-            ),
-            format="numpy",
-        )
+        return _classification.class_id_metric_info(_DESCRIPTION, _CITATION, _KWARGS_DESCRIPTION)
 
     def _compute(self, predictions, references):
         return {"matthews_correlation": _classification.matthews_correlation(predictions, references)}

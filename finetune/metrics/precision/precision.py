@@ -6,7 +6,6 @@ the Hub's script needs the network and calls scikit-learn, which ``finetune``
 does not depend on.
 """
 
-import datasets
 import evaluate
 
 from finetune.metrics import _classification
@@ -57,18 +56,9 @@ class Precision(evaluate.Metric):
         self._defaults = {"average": average, "pos_label": pos_label, "labels": labels}
 
     def _info(self):
-        return evaluate.MetricInfo(
-            description=_DESCRIPTION,
-            citation=_CITATION,
-            inputs_description=_KWARGS_DESCRIPTION,
-            features=datasets.Features(
-                {"predictions": datasets.Value("int32"), "references": datasets.Value("int32")}
-            ),
-            format="numpy",
-        )
+        return _classification.class_id_metric_info(_DESCRIPTION, _CITATION, _KWARGS_DESCRIPTION)
 
     def _compute(self, predictions, references, average=None, pos_label=None, labels=None):
-        given = {"average": average, "pos_label": pos_label, "labels": labels}
-        options = {k: self._defaults[k] if v is None else v for k, v in given.items()}
+        options = _classification.averaging_options(self._defaults, average, pos_label, labels)
         precision, recall, f1 = _classification.precision_recall_f1(predictions, references, **options)
         return {"precision": precision}
