@@ -25,13 +25,13 @@ if __package__ in (None, ""):
 from bench.common import (  # noqa: E402
     ArmSpec,
     CountingCollator,
-    decay_groups,
     job_config,
     load_job,
     peak_memory,
     set_threads,
     write_result,
 )
+from finetune.optimization import decay_groups  # noqa: E402
 
 
 def run(spec: ArmSpec) -> dict:

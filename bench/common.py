@@ -98,24 +98,6 @@ def load_job(cfg):
     return tokenizer, tokenized, labels, model, metrics
 
 
-def decay_groups(model, weight_decay: float) -> list[dict[str, Any]]:
-    """AdamW groups as BERT, the Trainer and this package use: no decay on biases and LayerNorm."""
-    import torch
-
-    no_decay = set()
-    for module in model.modules():
-        if isinstance(module, torch.nn.LayerNorm):
-            no_decay.update(id(p) for p in module.parameters(recurse=False))
-    for name, param in model.named_parameters():
-        if name.endswith("bias"):
-            no_decay.add(id(param))
-    params = [p for p in model.parameters() if p.requires_grad]
-    return [
-        {"params": [p for p in params if id(p) not in no_decay], "weight_decay": weight_decay},
-        {"params": [p for p in params if id(p) in no_decay], "weight_decay": 0.0},
-    ]
-
-
 class CountingCollator:
     """Pads like ``DataCollatorWithPadding`` and records the samples and non-pad tokens of each batch.
 

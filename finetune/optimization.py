@@ -55,17 +55,10 @@ def adamw_kernel(implementation: str, device_type: str) -> dict[str, bool]:
     return {"foreach": False, "fused": False}
 
 
-def build_optimizer(
-    model: torch.nn.Module, cfg: OptimConfig, device: Optional[torch.device] = None
-) -> torch.optim.AdamW:
-    """AdamW with no weight decay on biases and normalisation weights.
+def decay_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
+    """AdamW parameter groups: ``weight_decay`` everywhere but on biases and normalisation weights.
 
-    Args:
-        model: The (unprepared) model.
-        cfg: The ``optim`` section.
-        device: Where the parameters will be trained (the accelerator's
-            device); picks the kernel of ``optim.implementation``. Default:
-            the device the parameters are on now.
+    Empty groups are left out. The benchmark's arms use the same groups.
     """
     no_decay: set[int] = set()
     for module in model.modules():
@@ -77,12 +70,28 @@ def build_optimizer(
             no_decay.add(id(param))
     trainable = [p for p in model.parameters() if p.requires_grad]
     groups = [
-        {"params": [p for p in trainable if id(p) not in no_decay], "weight_decay": cfg.weight_decay},
+        {"params": [p for p in trainable if id(p) not in no_decay], "weight_decay": weight_decay},
         {"params": [p for p in trainable if id(p) in no_decay], "weight_decay": 0.0},
     ]
-    device_type = torch.device(device).type if device is not None else trainable[0].device.type
+    return [g for g in groups if g["params"]]
+
+
+def build_optimizer(
+    model: torch.nn.Module, cfg: OptimConfig, device: Optional[torch.device] = None
+) -> torch.optim.AdamW:
+    """AdamW with no weight decay on biases and normalisation weights (:func:`decay_groups`).
+
+    Args:
+        model: The (unprepared) model.
+        cfg: The ``optim`` section.
+        device: Where the parameters will be trained (the accelerator's
+            device); picks the kernel of ``optim.implementation``. Default:
+            the device the parameters are on now.
+    """
+    groups = decay_groups(model, cfg.weight_decay)
+    device_type = torch.device(device).type if device is not None else groups[0]["params"][0].device.type
     return torch.optim.AdamW(
-        [g for g in groups if g["params"]],
+        groups,
         lr=cfg.learning_rate,
         betas=(cfg.adam_beta1, cfg.adam_beta2),
         eps=cfg.adam_epsilon,
