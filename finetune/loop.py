@@ -179,13 +179,15 @@ def train_one_epoch(
     k = accelerator.gradient_accumulation_steps
     layout = layout_for(dataloader, accelerator)
     device = accelerator.device
-    sampler = getattr(dataloader, "sampler", None)
-    for obj in (sampler, getattr(getattr(dataloader, "batch_sampler", None), "sampler", None)):
-        if hasattr(obj, "set_epoch"):
-            obj.set_epoch(epoch)
-            break
     if hasattr(dataloader, "set_epoch"):
-        dataloader.set_epoch(epoch)
+        dataloader.set_epoch(epoch)  # Accelerate's: passes the epoch down to the sampler
+    else:
+        # a plain torch DataLoader (e.g. from a notebook) has no set_epoch of its own
+        for obj in (getattr(dataloader, "sampler", None),
+                    getattr(getattr(dataloader, "batch_sampler", None), "sampler", None)):
+            if hasattr(obj, "set_epoch"):
+                obj.set_epoch(epoch)
+                break
 
     start = state.micro_batch
     if start % k != 0 and start != layout.micro_batches_per_process:

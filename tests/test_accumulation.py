@@ -255,3 +255,20 @@ def test_adamw_groups_skip_decay_on_biases_and_layernorm():
     assert all(n.endswith("bias") or "LayerNorm" in n for n in plain)
     assert "bert.encoder.layer.0.attention.output.LayerNorm.weight" in plain
     assert "classifier.weight" in decayed and "bert.embeddings.word_embeddings.weight" in decayed
+
+
+@pytest.mark.parametrize("prepared", [True, False])
+def test_epoch_reaches_the_sampler(fresh_accelerate_state, prepared):
+    """Each epoch draws its own order: the sampler sees the epoch, prepared by Accelerate or not."""
+    from accelerate import Accelerator
+
+    acc = Accelerator(cpu=True)
+    data = token_dataset(16, seed=1)
+    model = tiny_bert(seed=0)
+    optimizer = build_optimizer(model, OptimConfig(learning_rate=1e-3))
+    sampler = EpochSampler(len(data), seed=7)
+    dl = DataLoader(data, batch_size=8, sampler=sampler, collate_fn=pad_collate)
+    if prepared:
+        model, optimizer, dl = acc.prepare(model, optimizer, dl)
+    train_one_epoch(model, optimizer, None, dl, acc, 3)
+    assert sampler.epoch == 3
