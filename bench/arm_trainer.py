@@ -5,7 +5,12 @@ The Trainer gets the job's model, data split, effective batch, AdamW settings
 linear schedule with the same warmup fraction, clipping, precision, length
 and seed, and otherwise its defaults (its fused AdamW included, and random
 batches: its ``train_sampling_strategy`` is left at ``random`` unless a lever
-asks for ``group_by_length``). Training throughput is timed from
+asks for ``group_by_length``). With the ``package_order`` option it instead
+draws its batches in the package's own sample order
+(:class:`finetune.sampling.EpochSampler` with the job's seed and windows), so
+at ``b = B`` each of its updates sees the same samples as the package's: the
+accuracy comparison then isolates the arithmetic from the luck of the order.
+Training throughput is timed from
 ``on_train_begin`` to ``on_train_end`` with evaluation and saving off;
 samples and non-pad tokens are counted by the collator during that phase.
 Evaluation runs afterwards with ``Trainer.predict`` and the package's metrics.
@@ -46,6 +51,7 @@ def run(spec: ArmSpec) -> dict:
     cuda = torch.cuda.is_available()
     collator = CountingCollator(tokenizer, pad_to_multiple_of=8 if cuda else None)
     strategy = "group_by_length" if "group_by_length" in spec.options else "random"
+    package_order = "package_order" in spec.options
 
     clock = {}
 
@@ -86,7 +92,8 @@ def run(spec: ArmSpec) -> dict:
             disable_tqdm=True,
             dataloader_num_workers=0,
         )
-        trainer = Trainer(
+        trainer_class = PackageOrderTrainer(cfg, spec, tokenized["train"]["length"]) if package_order else Trainer
+        trainer = trainer_class(
             model=model,
             args=args,
             train_dataset=tokenized["train"],
@@ -112,9 +119,29 @@ def run(spec: ArmSpec) -> dict:
         "total_seconds": time.perf_counter() - t_start,
         "eval": {k: float(v) for k, v in scores.items()},
         "trainer_train_loss": float(train_output.training_loss),
-        "notes": f"train_sampling_strategy={strategy}, optim={args.optim}",
+        "notes": f"{'package sample order' if package_order else f'train_sampling_strategy={strategy}'}, "
+                 f"optim={args.optim}",
         **peak_memory(),
     }
+
+
+def PackageOrderTrainer(cfg, spec: ArmSpec, lengths):
+    """A ``Trainer`` subclass whose training sampler is the package's, built as :mod:`finetune.runner` builds it."""
+    from transformers import Trainer
+
+    from finetune.sampling import EpochSampler
+
+    class _Trainer(Trainer):
+        def _get_train_sampler(self, train_dataset=None):
+            return EpochSampler(
+                len(lengths),
+                seed=cfg.training.seed,
+                lengths=lengths,
+                group_by_length=cfg.data.group_by_length,
+                window_size=spec.b * spec.k,
+            )
+
+    return _Trainer
 
 
 def main(argv=None) -> int:

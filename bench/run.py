@@ -10,9 +10,11 @@ first, and reports medians over the repeats as a Markdown table and JSON:
   number of updates at each job's own ``(b, k)``, three repeats;
 * peak memory of the training process (RSS on the CPU; ``max_memory_allocated``
   on a GPU), with the ratio to the Trainer's;
-* final validation accuracy and F1 after the SMS job's full epoch in each arm
-  (one run per arm by default, to keep the benchmark near 25 minutes on two
-  cores; ``--accuracy-repeats 3`` gives medians of three);
+* final validation accuracy and F1 after the SMS job's full epoch in each arm,
+  over ``--accuracy-seeds`` seeds (42, 43, ...; one by default, to keep the
+  benchmark near 25 minutes on two cores), each arm paired with the Trainer
+  at the same seed; a fourth arm, the Trainer fed the package's own sample
+  order, separates the arithmetic from the luck of the order;
 * model FLOPs utilisation: estimated training FLOPs/s over the machine's
   matmul peak for the precision, measured here too;
 * accumulation overhead ``(b=8, k=4)`` against ``(b=8, k=1)`` and memory of
@@ -63,8 +65,9 @@ class Job:
 
     name: str  # e.g. "sms/ours"
     spec: ArmSpec
-    role: str = "main"  # main | accumulation | lever
+    role: str = "main"  # main | accumulation | accuracy | lever
     label: str = ""  # what the table calls it
+    seed: Optional[int] = None  # accuracy runs: the seed this run trains with
 
     @property
     def dataset(self) -> str:
@@ -85,7 +88,7 @@ class Settings:
     extra_overrides: list[str] = field(default_factory=list)
     timeout: int = 3600
     accuracy_steps: Optional[int] = None  # None: the full epoch
-    accuracy_repeats: int = 1
+    accuracy_seeds: int = 1
 
 
 # --------------------------------------------------------------------------- the plan
@@ -127,9 +130,22 @@ def main_jobs(s: Settings, trainer_k1: bool) -> list[Job]:
     return [j for j in jobs if not s.only or any(o in j.name for o in s.only)]
 
 
+# Accuracy run r trains with seed FIRST_SEED + r (the shipped config's seed first). The seed
+# draws the validation carve, the head's initial weights, the sample order and dropout, so
+# each seed is a different draw of everything random; every arm runs every seed, which pairs
+# their scores seed by seed. Repeating one seed would only repeat one deterministic run.
+FIRST_SEED = 42
+
+
 def accuracy_jobs(s: Settings, trainer_k1: bool) -> list[Job]:
-    """The SMS job trained for its full epoch (or ``accuracy_steps`` in a smoke run) in each arm."""
-    if "sms" not in s.datasets or s.accuracy_repeats < 1:
+    """The SMS job trained for its full epoch (or ``accuracy_steps`` in a smoke run) in each arm.
+
+    Besides the three arms, the Trainer runs once more fed the package's own
+    sample order (:class:`finetune.sampling.EpochSampler`, same seed and
+    windows): with the same samples in every update, what is left between it
+    and the package is arithmetic (and dropout's draws), not the order's luck.
+    """
+    if "sms" not in s.datasets or s.accuracy_seeds < 1:
         return []
     b, k = JOB_BATCHING["sms"]
     tb, tk = (B, 1) if trainer_k1 else (b, k)
@@ -139,6 +155,8 @@ def accuracy_jobs(s: Settings, trainer_k1: bool) -> list[Job]:
         Job("sms/ours accuracy", base, "accuracy", f"finetune (this package), b={b} k={k}"),
         Job("sms/trainer accuracy", replace(base, arm="trainer", b=tb, k=tk), "accuracy",
             f"transformers.Trainer, b={tb} k={tk}"),
+        Job("sms/trainer accuracy, package order", replace(base, arm="trainer", b=tb, k=tk, options=["package_order"]),
+            "accuracy", f"transformers.Trainer in this package's sample order, b={tb} k={tk}"),
         Job("sms/accelerate accuracy", replace(base, arm="accelerate"), "accuracy",
             f"Accelerate example loop, b={b} k={k}"),
     ]
@@ -151,6 +169,16 @@ def rounds(jobs: list[Job], repeats: int) -> list[list[Job]]:
     for r in range(repeats):
         shift = r % max(1, len(jobs))
         out.append(jobs[shift:] + jobs[:shift])
+    return out
+
+
+def seeded_rounds(jobs: list[Job], seeds: int) -> list[list[Job]]:
+    """Like :func:`rounds`, but round ``r`` trains every job with seed ``FIRST_SEED + r``."""
+    out = []
+    for r, round_jobs in enumerate(rounds(jobs, seeds)):
+        seed = FIRST_SEED + r
+        out.append([replace(j, seed=seed, spec=replace(j.spec, overrides=[*j.spec.overrides, f"training.seed={seed}"]))
+                    for j in round_jobs])
     return out
 
 
@@ -196,9 +224,10 @@ def run_job(job: Job, s: Settings, index: int) -> dict[str, Any]:
     wall = time.perf_counter() - start
     if code != 0:
         tail = (workdir / "log.txt").read_text(encoding="utf-8", errors="replace").splitlines()[-5:]
-        return {"job": job.name, "ok": False, "error": f"exit {code}", "log_tail": tail, "wall_seconds": wall}
+        return {"job": job.name, "seed": job.seed, "ok": False, "error": f"exit {code}", "log_tail": tail,
+                "wall_seconds": wall}
     result = arm_ours.collect(workdir) if job.spec.arm == "ours" else json.loads(result_file.read_text())
-    result.update(job=job.name, ok=True, wall_seconds=wall, b=job.spec.b, k=job.spec.k)
+    result.update(job=job.name, seed=job.seed, ok=True, wall_seconds=wall, b=job.spec.b, k=job.spec.k)
     return result
 
 
@@ -260,6 +289,11 @@ def _median(values: list[float]) -> Optional[float]:
     return statistics.median(values) if values else None
 
 
+def _mean(values: list[float]) -> Optional[float]:
+    values = [v for v in values if v is not None]
+    return statistics.fmean(values) if values else None
+
+
 def aggregate(jobs: list[Job], results: list[dict], peak: Optional[dict], fms: dict[str, dict]) -> dict[str, dict]:
     """Medians per job over its successful repeats, with throughput, memory, metrics and MFU."""
     out = {}
@@ -278,7 +312,12 @@ def aggregate(jobs: list[Job], results: list[dict], peak: Optional[dict], fms: d
             row["rss_peak_mib"] = _median([r.get("rss_peak_mib") for r in runs])
             row["gpu_peak_mib"] = _median([r.get("gpu_peak_mib") for r in runs])
             names = sorted({m for r in runs for m in r["eval"]})
-            row["eval"] = {m: _median([r["eval"].get(m) for r in runs]) for m in names}
+            if job.role == "accuracy":
+                # runs of different seeds are different draws, not repeats: their mean, and each seed's
+                row["eval"] = {m: _mean([r["eval"].get(m) for r in runs]) for m in names}
+                row["eval_by_seed"] = {str(r["seed"]): r["eval"] for r in runs}
+            else:
+                row["eval"] = {m: _median([r["eval"].get(m) for r in runs]) for m in names}
             fm = fms.get(job.dataset)
             if fm is not None:
                 flops = _median([training_flops(r["samples"], r["tokens"], fm) / r["train_seconds"] for r in runs])
@@ -301,9 +340,25 @@ def aggregate(jobs: list[Job], results: list[dict], peak: Optional[dict], fms: d
         memory_key = "gpu_peak_mib" if row.get("gpu_peak_mib") else "rss_peak_mib"
         if row.get(memory_key) and ref.get(memory_key):
             row["memory_x_trainer"] = row[memory_key] / ref[memory_key]
-        if "f1" in row.get("eval", {}) and "f1" in ref.get("eval", {}):
+        if row["role"] == "accuracy":
+            _paired_f1(row, ref, "trainer")
+            ours = out.get(f"{dataset}/ours accuracy")
+            if ours is not None:
+                _paired_f1(row, ours, "ours")
+        elif "f1" in row.get("eval", {}) and "f1" in ref.get("eval", {}):
             row["f1_minus_trainer_pt"] = 100 * (row["eval"]["f1"] - ref["eval"]["f1"])
     return out
+
+
+def _paired_f1(row: dict, ref: dict, name: str) -> None:
+    """``f1_minus_<name>_pt``: the mean over shared seeds of the row's F1 minus the reference's, and each seed's."""
+    mine, theirs = row.get("eval_by_seed", {}), ref.get("eval_by_seed", {})
+    seeds = sorted((s for s in mine if s in theirs and "f1" in mine[s] and "f1" in theirs[s]), key=int)
+    if not seeds:
+        return
+    diffs = [100 * (mine[s]["f1"] - theirs[s]["f1"]) for s in seeds]
+    row[f"f1_minus_{name}_pt"] = statistics.fmean(diffs)
+    row[f"f1_minus_{name}_pt_by_seed"] = dict(zip(seeds, diffs))
 
 
 # --------------------------------------------------------------------------- report
@@ -392,15 +447,21 @@ def markdown(report: dict[str, Any]) -> str:
         lines.append("")
     accuracy = [r for r in rows.values() if r["role"] == "accuracy"]
     if accuracy:
-        lines += [f"## SMS spam: accuracy ({accuracy[0].get('updates', '?')} updates, median of "
-                  f"{report.get('accuracy_repeats', 1)} run(s) per arm)", "",
-                  "| arm | validation accuracy | F1 (spam) | F1 - Trainer (pt) | samples/s over the run |",
-                  "| --- | ---: | ---: | ---: | ---: |"]
+        seeds = sorted({s for r in accuracy for s in r.get("eval_by_seed", {})}, key=int)
+        lines += [f"## SMS spam: accuracy ({accuracy[0].get('updates', '?')} updates; seeds {', '.join(seeds)}; "
+                  "means over seeds, differences paired by seed)", "",
+                  "| arm | validation accuracy | F1 (spam) | F1 by seed | F1 - Trainer (pt) | F1 - finetune (pt) "
+                  "| samples/s over the run |",
+                  "| --- | ---: | ---: | --- | ---: | ---: | ---: |"]
         for r in accuracy:
-            ev = r.get("eval", {})
+            ev, by_seed = r.get("eval", {}), r.get("eval_by_seed", {})
+            per_seed = " / ".join(_fmt(by_seed[s].get("f1"), ".4f") if s in by_seed else "n/a" for s in seeds)
             lines.append(f"| {r['label']} | {_fmt(ev.get('accuracy'), '.4f')} | {_fmt(ev.get('f1'), '.4f')} "
-                         f"| {_fmt(r.get('f1_minus_trainer_pt'), '+.2f')} | {_fmt(r.get('samples_per_s'))} |")
-        lines.append("")
+                         f"| {per_seed} | {_fmt(r.get('f1_minus_trainer_pt'), '+.2f')} "
+                         f"| {_fmt(r.get('f1_minus_ours_pt'), '+.2f')} | {_fmt(r.get('samples_per_s'))} |")
+        lines += ["", "The seed draws the validation carve, the new head's weights, the sample order and dropout; "
+                  "each arm runs every seed. The Trainer in the package's sample order sees the same samples in "
+                  "every update as the package.", ""]
     acc = {n: r for n, r in rows.items() if n in ("bbc/ours", "bbc/ours b8k1", "bbc/ours b32k1")}
     if len(acc) == 3 and all("samples_per_s" in r for r in acc.values()):
         k4, k1, b32 = acc["bbc/ours"], acc["bbc/ours b8k1"], acc["bbc/ours b32k1"]
@@ -446,8 +507,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--datasets", default="sms,bbc", help="comma-separated: sms, bbc")
     parser.add_argument("--sms-steps", type=int, default=24, help="updates per SMS speed run (default 24)")
     parser.add_argument("--bbc-steps", type=int, default=4, help="updates per BBC News run (default 4)")
-    parser.add_argument("--accuracy-repeats", type=int, default=1,
-                        help="full-epoch SMS runs per arm for the accuracy comparison (default 1; 0 skips them)")
+    parser.add_argument("--accuracy-seeds", type=int, default=1,
+                        help="full-epoch SMS runs per arm for the accuracy comparison, with seeds 42, 43, ... "
+                             "(default 1; 0 skips them)")
     parser.add_argument("--lever-steps", type=int, default=30, help="updates per lever run (default 30)")
     parser.add_argument("--only", default="", help="comma-separated substrings: run only the matching arms")
     parser.add_argument("--override", action="append", default=[], metavar="section.key=value",
@@ -474,7 +536,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         sms_steps=2 if args.smoke else args.sms_steps,
         bbc_steps=1 if args.smoke else args.bbc_steps,
         accuracy_steps=2 if args.smoke else None,
-        accuracy_repeats=args.accuracy_repeats,
+        accuracy_seeds=args.accuracy_seeds,
         datasets=[d for d in args.datasets.split(",") if d],
         only=[o for o in args.only.split(",") if o],
         extra_overrides=args.override,
@@ -499,13 +561,14 @@ def main(argv=None) -> int:
     speed = main_jobs(s, trainer_k1)
     accuracy = accuracy_jobs(s, trainer_k1)
     jobs = speed + accuracy
-    plan = rounds(speed, s.repeats) + rounds(accuracy, s.accuracy_repeats)
+    plan = rounds(speed, s.repeats) + seeded_rounds(accuracy, s.accuracy_seeds)
     total = sum(len(r) for r in plan)
     results, index = [], 0
     for repeat, round_jobs in enumerate(plan):
         for job in round_jobs:
             index += 1
-            print(f"bench: [{index}/{total}] repeat {repeat + 1}: {job.name} ...", flush=True)
+            which = f"seed {job.seed}" if job.seed is not None else f"repeat {repeat + 1}"
+            print(f"bench: [{index}/{total}] {which}: {job.name} ...", flush=True)
             result = run_job(job, s, index)
             results.append(result)
             status = (f"{result['samples'] / result['train_seconds']:.1f} samples/s" if result.get("ok")
@@ -517,7 +580,7 @@ def main(argv=None) -> int:
         "smoke": s.smoke,
         "precision": s.precision,
         "repeats": s.repeats,
-        "accuracy_repeats": s.accuracy_repeats,
+        "accuracy_seeds": s.accuracy_seeds,
         "machine": machine_info(s.threads),
         "trainer_grad_check": finding,
         "peak": peak,
