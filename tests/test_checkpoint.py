@@ -14,7 +14,6 @@ import shutil
 import signal
 import subprocess
 import sys
-from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
