@@ -94,6 +94,11 @@ class DataConfig:
     group_by_length: bool = True
     # Worker processes for the training DataLoader (0 loads in the main process).
     num_workers: int = 0
+    # Keep each tokenized split on disk, keyed by its rows, the tokenizer and max_length, so a
+    # rerun on the same data loads the tokens instead of tokenizing again (false: every run tokenizes).
+    cache_tokenized: bool = True
+    # Folder of that cache; null: finetune-tokenized/ in the datasets cache (HF_DATASETS_CACHE).
+    cache_dir: Optional[str] = None
     # Cap on training examples (null for all); handy for quick experiments.
     max_train_samples: Optional[int] = None
     # Cap on validation examples (null for all).

@@ -253,7 +253,7 @@ def setup_run(cfg: Config, accelerator=None) -> Run:
     """
     from accelerate.utils import set_seed
 
-    from finetune.data import load_splits, tokenize_splits
+    from finetune.data import default_cache_dir, load_splits, prepare_cache_dir, tokenize_splits
     from finetune.metrics import MetricSuite
     from finetune.modeling import load_model, load_model_config, load_tokenizer
 
@@ -270,6 +270,9 @@ def setup_run(cfg: Config, accelerator=None) -> Run:
     # on a large data set: the model's path and position limit even before the data is read.
     tokenizer = load_tokenizer(cfg.model)
     load_model_config(cfg.model, cfg.data.max_length)
+    cache_dir = None
+    if cfg.data.cache_tokenized:
+        cache_dir = prepare_cache_dir(cfg.data.cache_dir or default_cache_dir())
     with accelerator.main_process_first():
         splits, labels = load_splits(cfg.data, seed=cfg.training.seed)
     model = load_model(cfg.model, labels.id2label, max_length=cfg.data.max_length)
@@ -285,7 +288,8 @@ def setup_run(cfg: Config, accelerator=None) -> Run:
     metrics = MetricSuite(cfg.evaluation.metrics, len(labels), cfg.evaluation.average, pos_label)
 
     with accelerator.main_process_first():
-        tokenized = tokenize_splits(splits, tokenizer, cfg.data.max_length)
+        # the main process tokenizes (and caches) first; the others then read its files
+        tokenized = tokenize_splits(splits, tokenizer, cfg.data.max_length, cache_dir=cache_dir)
     if cfg.training.per_device_train_batch_size == "auto":
         batching = _fit_micro_batch(model, tokenized["train"], tokenizer, accelerator, batching)
     if cfg.training.torch_compile:

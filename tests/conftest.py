@@ -1,5 +1,8 @@
+import atexit
 import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -9,6 +12,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# The Arrow files `datasets` writes and the package's tokenized-split cache go to a folder of
+# this session (inherited by the CLI runs), not the user's ~/.cache. Set before datasets is imported.
+_DATASETS_CACHE = tempfile.mkdtemp(prefix="finetune-tests-datasets-")
+os.environ["HF_DATASETS_CACHE"] = _DATASETS_CACHE
+atexit.register(shutil.rmtree, _DATASETS_CACHE, ignore_errors=True)
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 

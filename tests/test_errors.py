@@ -144,6 +144,8 @@ CASES = [
     Case("data-folder-without-txt", ["{root}/classes", "no .txt files"],
          config={"data": {"train_file": "{root}/classes"}},
          files={"classes/ham/a.md": "hello", "classes/spam/b.md": "win cash"}),
+    Case("data-cache-dir-not-writable", ["data.cache_dir", "{train}/cache", "cannot write tokenized splits"],
+         config={"data": {"cache_dir": "{train}/cache"}}),
     # ---- model
     Case("model-path-missing", ["{cfg}", "model.name_or_path", "{root}/no-model", "not found"],
          config={"model": {"name_or_path": "{root}/no-model"}}),
