@@ -74,3 +74,57 @@ def test_package_arm_and_report(tiny_job, tmp_path):
               "repeats": 1, "wall_minutes": 0.1, "trainer_grad_check": None, "peak": None}
     row = next(line for line in markdown(report).splitlines() if line.startswith("| finetune |"))
     assert "| 2.00 |" in row and "| 0.50 |" in row  # x Trainer in speed and in memory
+
+
+def test_trainer_in_package_order_draws_the_package_sampler(tiny_job, tmp_path, fresh_accelerate_state):
+    """The accuracy comparison's fourth arm: the Trainer's sampler yields exactly the package's training order."""
+    from bench import arm_trainer
+    from bench.common import job_config
+    from finetune.runner import setup_run
+
+    spec = ArmSpec("trainer", "sms", b=8, k=1, overrides=tiny_job + [f"output.output_dir={tmp_path}"], threads=1,
+                   options=["package_order"])
+    cfg = job_config(spec)
+    run = setup_run(cfg)
+    package = list(run.train_dataloader.batch_sampler.sampler)
+    lengths = [len(ids) for ids in run.train_dataloader.dataset["input_ids"]]
+    trainer_class = arm_trainer.PackageOrderTrainer(cfg, spec, lengths)
+    assert list(trainer_class._get_train_sampler(None)) == package  # (the method does not use self)
+    other_seed = arm_trainer.PackageOrderTrainer(job_config(spec, ["training.seed=7"]), spec, lengths)
+    assert list(other_seed._get_train_sampler(None)) != package
+    # and the arm trains with it
+    _check(arm_trainer.run(ArmSpec(**{**spec.__dict__, "max_steps": 2})), updates=2, samples=16)
+
+
+def test_accuracy_rows_pair_seeds():
+    """Accuracy runs of different seeds are averaged, and differences to the Trainer and the package paired by seed."""
+    from bench.run import Job, aggregate, markdown
+
+    def result(job, seed, f1, acc):
+        return {"job": job, "seed": seed, "ok": True, "updates": 10, "samples": 320, "tokens": 3200,
+                "train_seconds": 10.0, "eval": {"f1": f1, "accuracy": acc}}
+
+    names = ["sms/ours accuracy", "sms/trainer accuracy", "sms/trainer accuracy, package order"]
+    jobs = [Job(n, ArmSpec("ours", "sms", 16, 2), "accuracy", label=n) for n in names]
+    results = [
+        result(names[0], 42, 0.90, 0.98), result(names[0], 43, 0.96, 0.99),
+        result(names[1], 42, 0.94, 0.985), result(names[1], 43, 0.95, 0.99),
+        result(names[2], 42, 0.91, 0.98), result(names[2], 43, 0.96, 0.99),
+        result(names[1], 44, 0.50, 0.5),  # a seed the package did not finish: not paired
+    ]
+    rows = aggregate(jobs, results, peak=None, fms={})
+    ours = rows["sms/ours accuracy"]
+    assert ours["eval"]["f1"] == pytest.approx(0.93)  # the mean of the seeds, not a median
+    assert ours["f1_minus_trainer_pt_by_seed"] == pytest.approx({"42": -4.0, "43": 1.0})
+    assert ours["f1_minus_trainer_pt"] == pytest.approx(-1.5)
+    same_order = rows["sms/trainer accuracy, package order"]
+    assert same_order["f1_minus_ours_pt_by_seed"] == pytest.approx({"42": 1.0, "43": 0.0})
+    assert same_order["f1_minus_ours_pt"] == pytest.approx(0.5)
+    report = {"machine": {"gpu": None, "cpu": "cpu", "cores_available": 1, "threads_per_arm": 1, "memory_gib": 1,
+                          "torch": "t", "transformers": "t", "accelerate": "a", "commit": "c"},
+              "rows": rows, "results": results, "smoke": False, "command": "bench", "precision": "no",
+              "repeats": 1, "wall_minutes": 0.1, "trainer_grad_check": None, "peak": None}
+    text = markdown(report)
+    assert "seeds 42, 43, 44" in text
+    row = next(line for line in text.splitlines() if line.startswith("| sms/ours accuracy |"))
+    assert "| 0.9000 / 0.9600 / n/a |" in row and "| -1.50 |" in row
