@@ -234,7 +234,9 @@ def tokenize_splits(
             logger.info("%s split: %s %s", name, "tokens from" if Path(cache_file).exists() else "caching tokens in",
                         cache_file)
         # datasets' own cache: with an explicit file name, map() loads it when it exists, and
-        # otherwise writes it through a temporary file that is renamed when complete
+        # otherwise writes it through a temporary file that is renamed when complete. Our key is
+        # also the result's fingerprint, which spares map() hashing the tokenizer with dill
+        # (about 0.6 s per split for a 30k-word vocabulary, more than a cache hit costs).
         tokenized[name] = split.map(
             encode,
             batched=True,
@@ -242,6 +244,7 @@ def tokenize_splits(
             desc=f"Tokenizing {name}",
             cache_file_name=cache_file,
             load_from_cache_file=cache_file is not None,
+            new_fingerprint=key,
         )
     return datasets.DatasetDict(tokenized)
 
