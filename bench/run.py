@@ -329,9 +329,13 @@ def aggregate(jobs: list[Job], results: list[dict], peak: Optional[dict], fms: d
                 row["steady_update_seconds"] = _median(steady)
                 row["first_update_seconds"] = _median([r["update_seconds"][0] for r in runs])
         out[job.name] = row
-    # ratios to the Trainer of the same dataset
+    # ratios to the Trainer of the same dataset; accuracy rows paired by seed with it and with the package
     for name, row in out.items():
         dataset = name.split("/")[0]
+        if row["role"] == "accuracy":
+            for ref_name, short in ((f"{dataset}/trainer accuracy", "trainer"), (f"{dataset}/ours accuracy", "ours")):
+                if ref_name in out:
+                    _paired_f1(row, out[ref_name], short)
         ref = out.get(f"{dataset}/trainer accuracy" if row["role"] == "accuracy" else f"{dataset}/trainer")
         if not ref or "samples_per_s" not in ref or "samples_per_s" not in row:
             continue
@@ -340,12 +344,7 @@ def aggregate(jobs: list[Job], results: list[dict], peak: Optional[dict], fms: d
         memory_key = "gpu_peak_mib" if row.get("gpu_peak_mib") else "rss_peak_mib"
         if row.get(memory_key) and ref.get(memory_key):
             row["memory_x_trainer"] = row[memory_key] / ref[memory_key]
-        if row["role"] == "accuracy":
-            _paired_f1(row, ref, "trainer")
-            ours = out.get(f"{dataset}/ours accuracy")
-            if ours is not None:
-                _paired_f1(row, ours, "ours")
-        elif "f1" in row.get("eval", {}) and "f1" in ref.get("eval", {}):
+        if row["role"] != "accuracy" and "f1" in row.get("eval", {}) and "f1" in ref.get("eval", {}):
             row["f1_minus_trainer_pt"] = 100 * (row["eval"]["f1"] - ref["eval"]["f1"])
     return out
 

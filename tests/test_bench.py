@@ -120,6 +120,9 @@ def test_accuracy_rows_pair_seeds():
     same_order = rows["sms/trainer accuracy, package order"]
     assert same_order["f1_minus_ours_pt_by_seed"] == pytest.approx({"42": 1.0, "43": 0.0})
     assert same_order["f1_minus_ours_pt"] == pytest.approx(0.5)
+    # without a Trainer row (--only "ours accuracy,package order") the pairing with the package still holds
+    alone = aggregate([jobs[0], jobs[2]], [r for r in results if r["job"] != names[1]], peak=None, fms={})
+    assert alone["sms/trainer accuracy, package order"]["f1_minus_ours_pt"] == pytest.approx(0.5)
     report = {"machine": {"gpu": None, "cpu": "cpu", "cores_available": 1, "threads_per_arm": 1, "memory_gib": 1,
                           "torch": "t", "transformers": "t", "accelerate": "a", "commit": "c"},
               "rows": rows, "results": results, "smoke": False, "command": "bench", "precision": "no",
