@@ -89,6 +89,7 @@ class Settings:
     timeout: int = 3600
     accuracy_steps: Optional[int] = None  # None: the full epoch
     accuracy_seeds: int = 1
+    first_seed: int = 42
 
 
 # --------------------------------------------------------------------------- the plan
@@ -130,13 +131,10 @@ def main_jobs(s: Settings, trainer_k1: bool) -> list[Job]:
     return [j for j in jobs if not s.only or any(o in j.name for o in s.only)]
 
 
-# Accuracy run r trains with seed FIRST_SEED + r (the shipped config's seed first). The seed
+# Accuracy run r trains with seed first_seed + r (default 42, the shipped config's). The seed
 # draws the validation carve, the head's initial weights, the sample order and dropout, so
 # each seed is a different draw of everything random; every arm runs every seed, which pairs
 # their scores seed by seed. Repeating one seed would only repeat one deterministic run.
-FIRST_SEED = 42
-
-
 def accuracy_jobs(s: Settings, trainer_k1: bool) -> list[Job]:
     """The SMS job trained for its full epoch (or ``accuracy_steps`` in a smoke run) in each arm.
 
@@ -172,11 +170,11 @@ def rounds(jobs: list[Job], repeats: int) -> list[list[Job]]:
     return out
 
 
-def seeded_rounds(jobs: list[Job], seeds: int) -> list[list[Job]]:
-    """Like :func:`rounds`, but round ``r`` trains every job with seed ``FIRST_SEED + r``."""
+def seeded_rounds(jobs: list[Job], seeds: int, first_seed: int = 42) -> list[list[Job]]:
+    """Like :func:`rounds`, but round ``r`` trains every job with seed ``first_seed + r``."""
     out = []
     for r, round_jobs in enumerate(rounds(jobs, seeds)):
-        seed = FIRST_SEED + r
+        seed = first_seed + r
         out.append([replace(j, seed=seed, spec=replace(j.spec, overrides=[*j.spec.overrides, f"training.seed={seed}"]))
                     for j in round_jobs])
     return out
@@ -408,6 +406,8 @@ def markdown(report: dict[str, Any]) -> str:
         f"# Benchmark{' (SMOKE: a few updates per arm, numbers mean nothing)' if report['smoke'] else ''}",
         "",
         f"Command: `{report['command']}`  ",
+        *([f"Pooling the runs of: {'; '.join(f'`{c}`' for c in report['combined_from'])}  "]
+          if report.get("combined_from") else []),
         f"Machine: {m['gpu'] or m['cpu']}, {m['cores_available']} cores available, {m['threads_per_arm']} threads "
         f"per arm, {m['memory_gib']} GiB; torch {m['torch']}, transformers {m['transformers']}, "
         f"accelerate {m['accelerate']}; commit {m['commit']}  ",
@@ -509,11 +509,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--accuracy-seeds", type=int, default=1,
                         help="full-epoch SMS runs per arm for the accuracy comparison, with seeds 42, 43, ... "
                              "(default 1; 0 skips them)")
+    parser.add_argument("--first-seed", type=int, default=42, help="seed of the first accuracy run (default 42)")
     parser.add_argument("--lever-steps", type=int, default=30, help="updates per lever run (default 30)")
     parser.add_argument("--only", default="", help="comma-separated substrings: run only the matching arms")
     parser.add_argument("--override", action="append", default=[], metavar="section.key=value",
                         help="extra config override for every arm (e.g. another model)")
     parser.add_argument("--skip-grad-check", action="store_true", help="do not run the Trainer gradient check")
+    parser.add_argument("--combine", nargs="+", metavar="RESULTS_DIR",
+                        help="run nothing: pool the runs of earlier results folders (e.g. accuracy runs of "
+                             "different seeds) into one report in --out")
     return parser.parse_args(argv)
 
 
@@ -536,14 +540,65 @@ def settings_from(args: argparse.Namespace) -> Settings:
         bbc_steps=1 if args.smoke else args.bbc_steps,
         accuracy_steps=2 if args.smoke else None,
         accuracy_seeds=args.accuracy_seeds,
+        first_seed=args.first_seed,
         datasets=[d for d in args.datasets.split(",") if d],
         only=[o for o in args.only.split(",") if o],
         extra_overrides=args.override,
     )
 
 
+def combine(folders: list[str], out: Path, command: str) -> int:
+    """Pool the runs of earlier ``bench.json`` reports and aggregate them as one (``--combine``).
+
+    Rows with the same name are the same arm (e.g. accuracy runs of other
+    seeds); machine, peak and Trainer finding come from the first report.
+    """
+    reports = [json.loads((Path(f) / "bench.json").read_text(encoding="utf-8")) for f in folders]
+    for folder, report in zip(folders[1:], reports[1:]):
+        if report.get("overrides", []) != reports[0].get("overrides", []):
+            print(f"bench: {folder} ran with --override {report.get('overrides', [])}, {folders[0]} with "
+                  f"{reports[0].get('overrides', [])}: not the same job, not pooled", file=sys.stderr)
+            return 2
+    seen: dict[tuple, str] = {}
+    for folder, report in zip(folders, reports):
+        for r in report["results"]:
+            if r.get("seed") is None:
+                continue
+            if (r["job"], r["seed"]) in seen:
+                print(f"bench: {r['job']} seed {r['seed']} is in both {seen[r['job'], r['seed']]} and {folder}",
+                      file=sys.stderr)
+                return 2
+            seen[r["job"], r["seed"]] = folder
+    jobs: dict[str, Job] = {}
+    for report in reports:
+        for name, row in report["rows"].items():
+            jobs.setdefault(name, Job(name, ArmSpec("ours", name.split("/")[0], row["b"], row["k"]), row["role"],
+                                      row["label"]))
+    first = reports[0]
+    results = [r for report in reports for r in report["results"]]
+    report = {
+        **first,
+        "command": command,
+        "combined_from": [r["command"] for r in reports],
+        "repeats": max(r["repeats"] for r in reports),
+        "accuracy_seeds": sum(r.get("accuracy_seeds", 0) for r in reports),
+        "rows": aggregate(list(jobs.values()), results, first.get("peak"), first.get("flops_model") or {}),
+        "results": results,
+        "wall_minutes": sum(r["wall_minutes"] for r in reports),
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    write_result(out / "bench.json", report)
+    text = markdown(report)
+    (out / "bench.md").write_text(text, encoding="utf-8")
+    print(text)
+    return 0
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
+    command = "python bench/run.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    if args.combine:
+        return combine(args.combine, Path(args.out), command)
     s = settings_from(args)
     if args.levers:
         from bench import levers
@@ -560,7 +615,7 @@ def main(argv=None) -> int:
     speed = main_jobs(s, trainer_k1)
     accuracy = accuracy_jobs(s, trainer_k1)
     jobs = speed + accuracy
-    plan = rounds(speed, s.repeats) + seeded_rounds(accuracy, s.accuracy_seeds)
+    plan = rounds(speed, s.repeats) + seeded_rounds(accuracy, s.accuracy_seeds, s.first_seed)
     total = sum(len(r) for r in plan)
     results, index = [], 0
     for repeat, round_jobs in enumerate(plan):
@@ -575,11 +630,12 @@ def main(argv=None) -> int:
             print(f"bench:     {status} ({result['wall_seconds']:.0f}s)", flush=True)
     fms = {d: flops_model(d, s) for d in s.datasets}
     report = {
-        "command": "python bench/run.py " + " ".join(sys.argv[1:] if argv is None else argv),
+        "command": command,
         "smoke": s.smoke,
         "precision": s.precision,
         "repeats": s.repeats,
         "accuracy_seeds": s.accuracy_seeds,
+        "overrides": s.extra_overrides,
         "machine": machine_info(s.threads),
         "trainer_grad_check": finding,
         "peak": peak,

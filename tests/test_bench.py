@@ -131,3 +131,42 @@ def test_accuracy_rows_pair_seeds():
     assert "seeds 42, 43, 44" in text
     row = next(line for line in text.splitlines() if line.startswith("| sms/ours accuracy |"))
     assert "| 0.9000 / 0.9600 / n/a |" in row and "| -1.50 |" in row
+
+
+def test_combine_pools_seeds_of_two_reports_and_refuses_overlaps(tmp_path, capsys):
+    """``--combine``: accuracy runs of other seeds, run later, join the same rows; the same seed twice is refused."""
+    import json
+
+    from bench.run import main
+
+    def report(seeds, overrides=()):
+        results = [{"job": job, "seed": seed, "ok": True, "updates": 10, "samples": 320, "tokens": 3200,
+                    "train_seconds": 10.0, "eval": {"f1": f1 + (seed - 42) / 100, "accuracy": 0.99}}
+                   for seed in seeds for job, f1 in (("sms/ours accuracy", 0.90), ("sms/trainer accuracy", 0.92))]
+        rows = {job: {"label": job, "role": "accuracy", "b": 16, "k": 2}
+                for job in ("sms/ours accuracy", "sms/trainer accuracy")}
+        return {"command": f"run {seeds}", "smoke": False, "precision": "no", "repeats": 3, "accuracy_seeds": len(seeds),
+                "overrides": list(overrides), "wall_minutes": 1.0, "trainer_grad_check": None, "peak": None,
+                "flops_model": {}, "rows": rows, "results": results,
+                "machine": {"gpu": None, "cpu": "cpu", "cores_available": 1, "threads_per_arm": 1, "memory_gib": 1,
+                            "torch": "t", "transformers": "t", "accelerate": "a", "commit": "c"}}
+
+    for name, seeds, overrides in (("a", [42, 43], ()), ("b", [44], ()), ("c", [43], ()),
+                                   ("d", [45], ("model.dropout=0.0",))):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "bench.json").write_text(json.dumps(report(seeds, overrides)))
+
+    assert main(["--combine", str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(tmp_path / "ab")]) == 0
+    pooled = json.loads((tmp_path / "ab" / "bench.json").read_text())
+    ours = pooled["rows"]["sms/ours accuracy"]
+    assert sorted(ours["eval_by_seed"]) == ["42", "43", "44"]
+    assert ours["eval"]["f1"] == pytest.approx(0.91)
+    assert ours["f1_minus_trainer_pt"] == pytest.approx(-2.0)
+    assert pooled["combined_from"] == ["run [42, 43]", "run [44]"]
+    assert "seeds 42, 43, 44" in (tmp_path / "ab" / "bench.md").read_text()
+
+    assert main(["--combine", str(tmp_path / "a"), str(tmp_path / "c"), "--out", str(tmp_path / "ac")]) == 2
+    assert "sms/ours accuracy seed 43 is in both" in capsys.readouterr().err
+    assert main(["--combine", str(tmp_path / "a"), str(tmp_path / "d"), "--out", str(tmp_path / "ad")]) == 2
+    assert "not the same job" in capsys.readouterr().err
+    assert not (tmp_path / "ac").exists() and not (tmp_path / "ad").exists()
