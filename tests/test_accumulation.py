@@ -272,3 +272,27 @@ def test_epoch_reaches_the_sampler(fresh_accelerate_state, prepared):
         model, optimizer, dl = acc.prepare(model, optimizer, dl)
     train_one_epoch(model, optimizer, None, dl, acc, 3)
     assert sampler.epoch == 3
+
+
+def test_dropout_draws_fresh_masks_on_every_micro_batch(fresh_accelerate_state):
+    """Dropout stays on while accumulating, at its rate, with a new mask per micro-batch (none replayed)."""
+    from accelerate import Accelerator
+
+    model = tiny_bert(dropout=0.5)
+    masks = []
+    layer = model.bert.encoder.layer[0].output.dropout
+
+    def record(module, inputs, output):
+        dropped = (output == 0) & (inputs[0] != 0)
+        masks.append(dropped[:, :2].flatten().clone())  # the first two positions exist in every row
+
+    layer.register_forward_hook(record)
+    accelerator = Accelerator(cpu=True, gradient_accumulation_steps=2)
+    dl = DataLoader(token_dataset(32), batch_size=4, collate_fn=pad_collate)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model, optimizer, dl = accelerator.prepare(model, optimizer, dl)
+    train_one_epoch(model, optimizer, None, dl, accelerator, epoch=0)
+    assert len(masks) == 8
+    assert len({tuple(m.tolist()) for m in masks}) == 8
+    rate = torch.cat(masks).float().mean().item()
+    assert 0.4 < rate < 0.6
