@@ -126,20 +126,14 @@ def run(spec: ArmSpec) -> dict:
 
 
 def PackageOrderTrainer(cfg, spec: ArmSpec, lengths):
-    """A ``Trainer`` subclass whose training sampler is the package's, built as :mod:`finetune.runner` builds it."""
+    """A ``Trainer`` subclass whose training sampler is the package's own (:func:`finetune.runner.training_sampler`)."""
     from transformers import Trainer
 
-    from finetune.sampling import EpochSampler
+    from finetune.runner import training_sampler
 
     class _Trainer(Trainer):
         def _get_train_sampler(self, train_dataset=None):
-            return EpochSampler(
-                len(lengths),
-                seed=cfg.training.seed,
-                lengths=lengths,
-                group_by_length=cfg.data.group_by_length,
-                window_size=spec.b * spec.k,
-            )
+            return training_sampler(cfg, lengths, spec.b * spec.k)
 
     return _Trainer
 

@@ -172,6 +172,17 @@ def _collator(tokenizer, accelerator):
     return DataCollatorWithPadding(tokenizer, pad_to_multiple_of=multiple)
 
 
+def training_sampler(cfg: Config, lengths, effective_batch_size: int) -> EpochSampler:
+    """The training order of a config: seeded, length-grouped within windows of the effective batch."""
+    return EpochSampler(
+        len(lengths),
+        seed=cfg.training.seed,
+        lengths=lengths,
+        group_by_length=cfg.data.group_by_length,
+        window_size=effective_batch_size,
+    )
+
+
 def build_dataloaders(cfg: Config, tokenized, tokenizer, accelerator, batching: Batching):
     """Training and evaluation dataloaders (unprepared).
 
@@ -185,13 +196,7 @@ def build_dataloaders(cfg: Config, tokenized, tokenizer, accelerator, batching: 
     train = tokenized["train"]
     lengths = train["length"]
     train = train.remove_columns(["length"])
-    sampler = EpochSampler(
-        len(train),
-        seed=cfg.training.seed,
-        lengths=lengths,
-        group_by_length=cfg.data.group_by_length,
-        window_size=batching.effective_batch_size,
-    )
+    sampler = training_sampler(cfg, lengths, batching.effective_batch_size)
     pin = accelerator.device.type == "cuda"
     # A DataLoader without a generator draws a seed from the global torch RNG each time it is
     # iterated; its own generator leaves the global RNG (dropout) to the updates alone, which
