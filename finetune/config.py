@@ -148,7 +148,8 @@ class TrainingConfig:
     max_grad_norm: Optional[float] = 1.0
     # ``no``, ``bf16`` or ``fp16`` autocast through Accelerate (bf16 also runs on CPU).
     mixed_precision: Literal["no", "bf16", "fp16"] = "no"
-    # Seed for weights of the new head, data order and dropout.
+    # Seed for weights of the new head, data order and dropout (whose stream restarts
+    # from it once setup is done, so it does not depend on what setup drew).
     seed: int = 42
     # Compile the model's forward with ``torch.compile`` (inductor). It pays a
     # compile time at start-up (and at each new shape until shapes turn dynamic)

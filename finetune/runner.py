@@ -316,6 +316,12 @@ def setup_run(cfg: Config, accelerator=None) -> Run:
         cfg.optim.warmup_ratio,
     )
     scheduler = build_scheduler(optimizer, cfg.optim, plan)
+    # Training's own random draws (dropout) start from the seed itself, not from wherever setup
+    # left the generators: the new head's initialisation draws a number that depends on the label
+    # count and the architecture. So one seed gives one dropout stream whatever the model, as with
+    # the Trainer, which seeds after the model is built. A resumed run restores its checkpointed
+    # generators over this one (finetune.checkpoint).
+    set_seed(cfg.training.seed)
     # Not prepared (its wrapper steps P times per call), nor registered for checkpointing:
     # finetune.checkpoint saves it and reads it back with weights_only=True.
     return Run(cfg, accelerator, batching, tokenizer, labels, model, optimizer, scheduler, train_dl, eval_dl,

@@ -41,8 +41,11 @@ def tiny_config(root: Path, **sections):
     return config_from_dict(data)
 
 
-def fit_tiny_run(root: Path, **sections):
-    """Train the tiny run with ``fit``; returns ``(config, summary)``. The model is in ``config.output.output_dir``."""
+def fit_tiny_run(root: Path, before_fit=None, **sections):
+    """Train the tiny run with ``fit``; returns ``(config, summary)``. The model is in ``config.output.output_dir``.
+
+    ``before_fit`` is called with the prepared run between ``setup_run`` and ``fit``.
+    """
     import torch
 
     from finetune.runner import fit, setup_run
@@ -53,7 +56,10 @@ def fit_tiny_run(root: Path, **sections):
     # a 32-wide model gains nothing from a second thread, and loses a lot on a busy CPU
     os.environ["FINETUNE_CPU_THREADS"], saved = "1", os.environ.get("FINETUNE_CPU_THREADS")
     try:
-        summary = fit(setup_run(cfg))
+        run = setup_run(cfg)
+        if before_fit is not None:
+            before_fit(run)
+        summary = fit(run)
     finally:
         if saved is None:
             del os.environ["FINETUNE_CPU_THREADS"]
