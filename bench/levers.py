@@ -84,9 +84,10 @@ def _cuda() -> bool:
 
 def run(s, lever_steps: int) -> int:
     """Run the lever arms and the micro-benchmarks; write ``levers.md`` and ``levers.json``."""
-    from bench.run import rounds, run_helper, run_job
+    from bench.run import code_version, machine_info, rounds, run_helper, run_job
 
     started = time.perf_counter()
+    code = code_version()
     print(f"levers: results in {s.out}", flush=True)
     micro = run_helper("levers", ["micro", str(s.threads), ",".join(s.extra_overrides)], s, "levers_micro")
     jobs = lever_jobs(s, lever_steps)
@@ -104,6 +105,7 @@ def run(s, lever_steps: int) -> int:
             print(f"levers:     {status} ({result['wall_seconds']:.0f}s)", flush=True)
     rows = summarize(jobs, results)
     report = {"smoke": s.smoke, "precision": s.precision, "repeats": s.repeats, "lever_steps": lever_steps,
+              "machine": machine_info(s.threads, code["commit"]), "code": code,
               "micro": micro, "rows": rows, "results": results,
               "wall_minutes": (time.perf_counter() - started) / 60}
     write_result(s.out / "levers.json", report)
@@ -144,7 +146,10 @@ def levers_markdown(report: dict[str, Any]) -> str:
 
     lines = [f"# Levers{' (SMOKE: numbers mean nothing)' if report['smoke'] else ''}", "",
              f"SMS job, b=16 k=2, {report['lever_steps']} updates per run (fewer where noted), medians of "
-             f"{report['repeats']} repeats, alternating; wall time {report['wall_minutes']:.1f} min", "",
+             f"{report['repeats']} repeats, alternating; wall time {report['wall_minutes']:.1f} min  ",
+             *([f"Machine: {m['gpu'] or m['cpu']}, {m['threads_per_arm']} threads per arm; torch {m['torch']}; "
+                f"commit {m['commit']}{' with uncommitted changes to finetune/' if report['code']['dirty'] else ''}"]
+               if (m := report.get("machine")) else []), "",
              "| lever | updates | samples/s | x baseline | steady s/update | warm-up overhead s | peak RSS MiB |",
              "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for row in report["rows"].values():

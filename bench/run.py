@@ -365,7 +365,29 @@ def _fmt(value, spec: str = ".1f", suffix: str = "") -> str:
     return "n/a" if value is None else f"{value:{spec}}{suffix}"
 
 
-def machine_info(threads: int) -> dict[str, Any]:
+def code_version() -> dict[str, Any]:
+    """The commit, and the git tree of ``finetune/``, when a run starts.
+
+    ``dirty`` is true when the working tree's ``finetune/`` differs from that
+    commit: the arms run the working tree, so its code is then not the commit's.
+    ``--combine`` pools only reports of the same clean ``finetune/`` tree.
+    """
+    def git(*args: str) -> Optional[str]:
+        try:
+            done = subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True)
+        except OSError:
+            return None
+        return done.stdout.strip() if done.returncode == 0 else None
+
+    status = git("status", "--porcelain", "--", "finetune")
+    return {
+        "commit": git("rev-parse", "--short", "HEAD"),
+        "finetune_tree": git("rev-parse", "HEAD:finetune"),
+        "dirty": None if status is None else bool(status),
+    }
+
+
+def machine_info(threads: int, commit: Optional[str] = None) -> dict[str, Any]:
     import accelerate
     import torch
     import transformers
@@ -382,7 +404,6 @@ def machine_info(threads: int) -> dict[str, Any]:
         memory_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
     except (ValueError, OSError, AttributeError):
         memory_gib = None
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
     return {
         "cpu": cpu,
         "cores_available": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
@@ -393,7 +414,7 @@ def machine_info(threads: int) -> dict[str, Any]:
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "accelerate": accelerate.__version__,
-        "commit": commit.stdout.strip() or None,
+        "commit": commit,
     }
 
 
@@ -410,7 +431,8 @@ def markdown(report: dict[str, Any]) -> str:
           if report.get("combined_from") else []),
         f"Machine: {m['gpu'] or m['cpu']}, {m['cores_available']} cores available, {m['threads_per_arm']} threads "
         f"per arm, {m['memory_gib']} GiB; torch {m['torch']}, transformers {m['transformers']}, "
-        f"accelerate {m['accelerate']}; commit {m['commit']}  ",
+        f"accelerate {m['accelerate']}; commit {m['commit']}"
+        f"{' with uncommitted changes to finetune/' if (report.get('code') or {}).get('dirty') else ''}  ",
         f"Precision: {report['precision']}; medians of {report['repeats']} repeats, arms alternating; "
         f"wall time {report['wall_minutes']:.1f} min",
         "",
@@ -559,6 +581,20 @@ def combine(folders: list[str], out: Path, command: str) -> int:
             print(f"bench: {folder} ran with --override {report.get('overrides', [])}, {folders[0]} with "
                   f"{reports[0].get('overrides', [])}: not the same job, not pooled", file=sys.stderr)
             return 2
+    first_code = reports[0].get("code")
+    for folder, report in zip(folders, reports):
+        code = report.get("code")
+        if code is None:
+            print(f"bench: {folder} is an older report that records no code version: pooled as the same code",
+                  file=sys.stderr)
+        elif code.get("dirty"):
+            print(f"bench: {folder} ran finetune/ with uncommitted changes to {code['commit']}: its code is not "
+                  f"known, not pooled", file=sys.stderr)
+            return 2
+        elif first_code is not None and code.get("finetune_tree") != first_code.get("finetune_tree"):
+            print(f"bench: {folder} ran the finetune/ of {code['commit']}, {folders[0]} that of "
+                  f"{first_code['commit']}, and they differ: not the same package, not pooled", file=sys.stderr)
+            return 2
     seen: dict[tuple, str] = {}
     for folder, report in zip(folders, reports):
         for r in report["results"]:
@@ -605,6 +641,7 @@ def main(argv=None) -> int:
 
         return levers.run(s, lever_steps=2 if args.smoke else args.lever_steps)
     started = time.perf_counter()
+    code = code_version()  # now, not at the end: the tree may change while the arms run
     print(f"bench: results in {s.out}", flush=True)
     finding = None
     if not args.skip_grad_check:
@@ -636,7 +673,8 @@ def main(argv=None) -> int:
         "repeats": s.repeats,
         "accuracy_seeds": s.accuracy_seeds,
         "overrides": s.extra_overrides,
-        "machine": machine_info(s.threads),
+        "machine": machine_info(s.threads, code["commit"]),
+        "code": code,
         "trainer_grad_check": finding,
         "peak": peak,
         "flops_model": fms,

@@ -139,7 +139,9 @@ def test_combine_pools_seeds_of_two_reports_and_refuses_overlaps(tmp_path, capsy
 
     from bench.run import main
 
-    def report(seeds, overrides=()):
+    clean = {"commit": "c1", "finetune_tree": "t1", "dirty": False}
+
+    def report(seeds, overrides=(), code=clean):
         results = [{"job": job, "seed": seed, "ok": True, "updates": 10, "samples": 320, "tokens": 3200,
                     "train_seconds": 10.0, "eval": {"f1": f1 + (seed - 42) / 100, "accuracy": 0.99}}
                    for seed in seeds for job, f1 in (("sms/ours accuracy", 0.90), ("sms/trainer accuracy", 0.92))]
@@ -147,14 +149,18 @@ def test_combine_pools_seeds_of_two_reports_and_refuses_overlaps(tmp_path, capsy
                 for job in ("sms/ours accuracy", "sms/trainer accuracy")}
         return {"command": f"run {seeds}", "smoke": False, "precision": "no", "repeats": 3, "accuracy_seeds": len(seeds),
                 "overrides": list(overrides), "wall_minutes": 1.0, "trainer_grad_check": None, "peak": None,
-                "flops_model": {}, "rows": rows, "results": results,
+                "flops_model": {}, "rows": rows, "results": results, "code": code,
                 "machine": {"gpu": None, "cpu": "cpu", "cores_available": 1, "threads_per_arm": 1, "memory_gib": 1,
                             "torch": "t", "transformers": "t", "accelerate": "a", "commit": "c"}}
 
-    for name, seeds, overrides in (("a", [42, 43], ()), ("b", [44], ()), ("c", [43], ()),
-                                   ("d", [45], ("model.dropout=0.0",))):
+    other_package = {"commit": "c2", "finetune_tree": "t2", "dirty": False}
+    same_package = {"commit": "c3", "finetune_tree": "t1", "dirty": False}  # a later commit that left finetune/
+    for name, seeds, overrides, code in (("a", [42, 43], (), clean), ("b", [44], (), same_package),
+                                         ("c", [43], (), clean), ("d", [45], ("model.dropout=0.0",), clean),
+                                         ("e", [46], (), other_package), ("f", [47], (), {**clean, "dirty": True}),
+                                         ("g", [48], (), None)):
         (tmp_path / name).mkdir()
-        (tmp_path / name / "bench.json").write_text(json.dumps(report(seeds, overrides)))
+        (tmp_path / name / "bench.json").write_text(json.dumps(report(seeds, overrides, code)))
 
     assert main(["--combine", str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(tmp_path / "ab")]) == 0
     pooled = json.loads((tmp_path / "ab" / "bench.json").read_text())
@@ -169,4 +175,39 @@ def test_combine_pools_seeds_of_two_reports_and_refuses_overlaps(tmp_path, capsy
     assert "sms/ours accuracy seed 43 is in both" in capsys.readouterr().err
     assert main(["--combine", str(tmp_path / "a"), str(tmp_path / "d"), "--out", str(tmp_path / "ad")]) == 2
     assert "not the same job" in capsys.readouterr().err
-    assert not (tmp_path / "ac").exists() and not (tmp_path / "ad").exists()
+    # runs of another package, or of uncommitted code, are not pooled; an older report without a version is
+    assert main(["--combine", str(tmp_path / "a"), str(tmp_path / "e"), "--out", str(tmp_path / "ae")]) == 2
+    assert "not the same package" in capsys.readouterr().err
+    assert main(["--combine", str(tmp_path / "a"), str(tmp_path / "f"), "--out", str(tmp_path / "af")]) == 2
+    assert "uncommitted changes" in capsys.readouterr().err
+    for name in ("ac", "ad", "ae", "af"):
+        assert not (tmp_path / name).exists(), name
+    assert main(["--combine", str(tmp_path / "a"), str(tmp_path / "g"), "--out", str(tmp_path / "ag")]) == 0
+    assert "records no code version" in capsys.readouterr().err
+
+
+def test_code_version_names_the_package_tree_and_uncommitted_changes(tmp_path, monkeypatch):
+    import subprocess
+
+    import bench.run
+
+    def git(*args):
+        return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=tmp_path,
+                              check=True, capture_output=True, text=True).stdout.strip()
+
+    git("init", "-q")
+    (tmp_path / "finetune").mkdir()
+    (tmp_path / "finetune" / "loop.py").write_text("x = 1\n")
+    (tmp_path / "README.md").write_text("a\n")
+    git("add", ".")
+    git("commit", "-qm", "one")
+    monkeypatch.setattr(bench.run, "REPO", tmp_path)
+    first = bench.run.code_version()
+    assert first == {"commit": git("rev-parse", "--short", "HEAD"), "finetune_tree": git("rev-parse", "HEAD:finetune"),
+                     "dirty": False}
+    (tmp_path / "README.md").write_text("b\n")  # outside the package: neither dirty nor another tree
+    assert bench.run.code_version()["dirty"] is False
+    git("commit", "-qam", "docs")
+    assert bench.run.code_version()["finetune_tree"] == first["finetune_tree"]
+    (tmp_path / "finetune" / "loop.py").write_text("x = 2\n")
+    assert bench.run.code_version()["dirty"] is True
