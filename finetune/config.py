@@ -92,6 +92,10 @@ class DataConfig:
     encoding_errors: Literal["strict", "replace"] = "strict"
     # Build micro-batches of similar lengths so dynamic padding pads little.
     group_by_length: bool = True
+    # How many effective batches share one length-sorted mega-batch. 1 sorts within each
+    # update's samples only, which stay a uniform random draw; more pads less, but each update
+    # then holds samples of similar length (and of similar label, where length goes with it).
+    length_group_windows: int = 1
     # Worker processes for the training DataLoader (0 loads in the main process).
     num_workers: int = 0
     # Keep each tokenized split on disk, keyed by its rows, the tokenizer and max_length, so a
@@ -113,6 +117,8 @@ class DataConfig:
             raise ConfigError(f"data.validation_split: must be in [0, 1), got {self.validation_split}")
         if self.max_length < 2:
             raise ConfigError(f"data.max_length: must be at least 2, got {self.max_length}")
+        if self.length_group_windows < 1:
+            raise ConfigError(f"data.length_group_windows: must be >= 1, got {self.length_group_windows}")
         if self.num_workers < 0:
             raise ConfigError(f"data.num_workers: must be >= 0, got {self.num_workers}")
         for name in ("max_train_samples", "max_eval_samples"):

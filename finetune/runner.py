@@ -173,13 +173,15 @@ def _collator(tokenizer, accelerator):
 
 
 def training_sampler(cfg: Config, lengths, effective_batch_size: int) -> EpochSampler:
-    """The training order of a config: seeded, length-grouped within windows of the effective batch."""
+    """The training order of a config: seeded, length-grouped within windows of the effective batch
+    (or within mega-batches of ``data.length_group_windows`` windows)."""
     return EpochSampler(
         len(lengths),
         seed=cfg.training.seed,
         lengths=lengths,
         group_by_length=cfg.data.group_by_length,
         window_size=effective_batch_size,
+        group_windows=cfg.data.length_group_windows,
     )
 
 

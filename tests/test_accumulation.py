@@ -235,6 +235,38 @@ def test_length_grouped_order_pads_less_and_stays_random():
     assert len(windows[-1]) == 203 % 32
 
 
+def test_default_length_grouping_sorts_within_windows_whose_samples_stay_random():
+    """Each update's sample set is the ungrouped order's window; only the order inside it is by length."""
+    lengths = [int(x) for x in torch.randint(1, 100, (203,), generator=torch.Generator().manual_seed(0))]
+    grouped = EpochSampler(203, seed=3, lengths=lengths, group_by_length=True, window_size=32)
+    plain = EpochSampler(203, seed=3, window_size=32)
+    for epoch in (0, 1):
+        grouped.set_epoch(epoch)
+        plain.set_epoch(epoch)
+        order, random_order = grouped.order(), plain.order()
+        for start in range(0, 203, 32):
+            window = order[start : start + 32]
+            assert set(window) == set(random_order[start : start + 32]), (epoch, start)
+            assert [lengths[i] for i in window] == sorted((lengths[i] for i in window), reverse=True)
+
+
+def test_runner_passes_length_group_windows_to_the_sampler(tmp_path):
+    """``data.length_group_windows`` reaches the order: 16 windows per sorted mega-batch, 1 by default."""
+    from finetune.config import config_from_dict
+    from finetune.runner import training_sampler
+
+    lengths = [int(x) for x in torch.randint(1, 100, (600,), generator=torch.Generator().manual_seed(1))]
+
+    def sampler(**data):
+        cfg = config_from_dict({"data": {"train_file": "t.csv", **data}, "training": {"seed": 3}})
+        return training_sampler(cfg, lengths, 32)
+
+    assert sampler().group_windows == 1
+    wide = sampler(length_group_windows=16)
+    expected = EpochSampler(600, seed=3, lengths=lengths, group_by_length=True, window_size=32, group_windows=16)
+    assert wide.order() == expected.order() != sampler().order()
+
+
 def test_plan_updates_sizes_in_updates():
     plan = plan_updates(10, 4, 3, None, warmup_ratio=0.1)
     assert (plan.updates_per_epoch, plan.total_updates, plan.num_epochs, plan.warmup_updates) == (3, 9, 3, 1)

@@ -45,6 +45,7 @@ def test_defaults_and_types(tmp_path):
         ("training:\n  seed: 1\n", "data: required section is missing"),
         (BASE + "logging: 3\n", "logging: expected a mapping"),
         (BASE.replace("8", "0"), "training.per_device_train_batch_size: must be >= 1"),
+        (BASE.replace("data:\n", "data:\n  length_group_windows: 0\n"), "data.length_group_windows: must be >= 1, got 0"),
     ],
 )
 def test_bad_values_name_the_key_and_file(tmp_path, text, needle):
