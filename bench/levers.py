@@ -58,6 +58,7 @@ def lever_jobs(s, steps: int):
     jobs = [
         ours("baseline (package defaults)"),
         ours("no length grouping", "data.group_by_length=false"),
+        ours("length grouping over 16 windows", "data.length_group_windows=16"),
         ours("AdamW for_loop", "optim.implementation=for_loop"),
         ours("AdamW foreach", "optim.implementation=foreach"),
         ours("1 DataLoader worker", "data.num_workers=1"),
@@ -104,7 +105,10 @@ def run(s, lever_steps: int) -> int:
                       else result["error"])
             print(f"levers:     {status} ({result['wall_seconds']:.0f}s)", flush=True)
     rows = summarize(jobs, results)
+    from bench.run import JOB_BATCHING
+
     report = {"smoke": s.smoke, "precision": s.precision, "repeats": s.repeats, "lever_steps": lever_steps,
+              "b": JOB_BATCHING["sms"][0], "k": JOB_BATCHING["sms"][1],
               "machine": machine_info(s.threads, code["commit"]), "code": code,
               "micro": micro, "rows": rows, "results": results,
               "wall_minutes": (time.perf_counter() - started) / 60}
@@ -145,7 +149,7 @@ def levers_markdown(report: dict[str, Any]) -> str:
         return "n/a" if value is None else f"{value:{spec}}"
 
     lines = [f"# Levers{' (SMOKE: numbers mean nothing)' if report['smoke'] else ''}", "",
-             f"SMS job, b=16 k=2, {report['lever_steps']} updates per run (fewer where noted), medians of "
+             f"SMS job, b={report.get('b', '?')} k={report.get('k', '?')}, {report['lever_steps']} updates per run (fewer where noted), medians of "
              f"{report['repeats']} repeats, alternating; wall time {report['wall_minutes']:.1f} min  ",
              *([f"Machine: {m['gpu'] or m['cpu']}, {m['threads_per_arm']} threads per arm; torch {m['torch']}; "
                 f"commit {m['commit']}{' with uncommitted changes to finetune/' if report['code']['dirty'] else ''}"]
@@ -167,8 +171,9 @@ def levers_markdown(report: dict[str, Any]) -> str:
                          f"rerun (reads the cache) {t['rerun']:.2f} s")
         for name, t in micro.get("eval_seconds", {}).items():
             lines.append(f"- evaluation of the SMS validation set, {name}: {t:.2f} s")
-        for name, share in micro.get("padding_share", {}).items():
-            lines.append(f"- padding in training micro-batches (b=16), {name}: {100 * share:.1f}% of positions")
+        if micro.get("windows"):
+            lines += ["", "Training orders (`python -m bench.levers windows`):", "",
+                      *windows_markdown(micro["windows"])]
     failures = [r for r in report["results"] if not r.get("ok")]
     if failures:
         lines += ["", "## Failed runs", ""] + [f"- {r['job']}: {r['error']}: {' / '.join(r['log_tail'])}"
@@ -203,7 +208,6 @@ def micro(threads: int, overrides: Optional[list[str]] = None) -> dict[str, Any]
     from finetune.data import load_splits, tokenize_splits
     from finetune.loop import evaluate_model
     from finetune.modeling import load_tokenizer
-    from finetune.sampling import EpochSampler
 
     set_threads(threads)
     out: dict[str, Any] = {}
@@ -258,23 +262,75 @@ def micro(threads: int, overrides: Optional[list[str]] = None) -> dict[str, Any]
         "random order": lambda: evaluate_model(model, shuffled_dl, accelerator, metrics),
     }, repeats=3)
 
-    lengths = tokenized["train"]["length"]
-    out["padding_share"] = {}
-    for name, grouped in (("length grouping (package default)", True), ("random order", False)):
-        order = EpochSampler(len(lengths), seed=42, lengths=lengths, group_by_length=grouped, window_size=32).order()
-        real = padded = 0
-        for i in range(0, len(order), 16):
-            batch = [lengths[j] for j in order[i : i + 16]]
-            real += sum(batch)
-            padded += len(batch) * max(batch)
-        out["padding_share"][name] = 1 - real / padded
+    out["windows"] = window_mix(overrides)
     return out
+
+
+ORDERS = {
+    "random (no grouping)": {"group_by_length": False},
+    "sorted within each window (default)": {"group_by_length": True, "group_windows": 1},
+    "mega-batches of 16 windows": {"group_by_length": True, "group_windows": 16},
+}
+
+
+def window_mix(overrides: Optional[list[str]] = None) -> dict[str, dict[str, dict[str, float]]]:
+    """Padding and label mix of each training order, on the SMS and BBC News jobs at their b and k.
+
+    Per order: the share of padded positions in the job's micro-batches, the
+    mean total-variation distance between a window's label shares and the
+    training set's (0 when every update holds the set's mix; a uniform random
+    window of 32 is not 0 either), and the share of windows that miss a label.
+    """
+    from bench.common import load_job
+    from bench.run import JOB_BATCHING
+    from finetune.sampling import EpochSampler
+
+    result = {}
+    for dataset in ("sms", "bbc"):
+        b, k = JOB_BATCHING[dataset]
+        cfg = job_config(ArmSpec("ours", dataset, b, k, overrides=list(overrides or [])))
+        _, tokenized, labels, _, _ = load_job(cfg)
+        train = tokenized["train"]
+        lengths, y = train["length"], train["labels"]
+        overall = [sum(1 for v in y if v == c) / len(y) for c in range(len(labels))]
+        result[dataset] = {}
+        for name, kwargs in ORDERS.items():
+            order = EpochSampler(len(y), seed=cfg.training.seed, lengths=lengths, window_size=b * k, **kwargs).order()
+            real = padded = 0
+            for i in range(0, len(order), b):
+                batch = [lengths[j] for j in order[i : i + b]]
+                real += sum(batch)
+                padded += len(batch) * max(batch)
+            distances, missing = [], 0
+            for i in range(0, len(order), b * k):
+                window = [y[j] for j in order[i : i + b * k]]
+                shares = [window.count(c) / len(window) for c in range(len(labels))]
+                distances.append(sum(abs(a - o) for a, o in zip(shares, overall)) / 2)
+                missing += min(shares) == 0
+            result[dataset][name] = {"padding_share": 1 - real / padded, "label_distance": statistics.mean(distances),
+                                     "windows_missing_a_label": missing / len(distances), "b": b, "k": k}
+    return result
+
+
+def windows_markdown(result: dict[str, Any]) -> list[str]:
+    lines = ["| job | order | padding | label distance per window | windows missing a label |",
+             "| --- | --- | ---: | ---: | ---: |"]
+    for dataset, orders in result.items():
+        for name, r in orders.items():
+            lines.append(f"| {dataset} (b={r['b']}, k={r['k']}) | {name} | {100 * r['padding_share']:.1f}% "
+                         f"| {r['label_distance']:.3f} | {100 * r['windows_missing_a_label']:.0f}% |")
+    return lines
 
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "windows":
+        # seconds, no training: how each training order pads and mixes labels
+        print("\n".join(windows_markdown(window_mix(argv[1:]))))
+        return 0
     if not argv or argv[0] != "micro":
-        print("usage: python -m bench.levers micro THREADS OVERRIDES OUT_JSON (bench/run.py --levers runs it)")
+        print("usage: python -m bench.levers windows [section.key=value ...] | "
+              "python -m bench.levers micro THREADS OVERRIDES OUT_JSON (bench/run.py --levers runs it)")
         return 2
     overrides = [o for o in argv[2].split(",") if o] if len(argv) > 3 else []
     write_result(argv[-1], micro(int(argv[1]), overrides))
