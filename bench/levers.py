@@ -4,7 +4,8 @@ End-to-end arms (the package's CLI on the SMS job, a fixed number of updates,
 alternating, medians of the repeats), each changing one thing from the
 package's defaults:
 
-* length-grouped batching off (``data.group_by_length=false``);
+* length-grouped batching off (``data.group_by_length=false``), and over
+  mega-batches of 16 windows (``data.length_group_windows=16``);
 * AdamW kernels: ``optim.implementation`` ``for_loop`` (torch's CPU default)
   and ``foreach`` against the default (fused where torch has it);
 * one DataLoader worker (``data.num_workers=1``);
@@ -17,8 +18,9 @@ package's defaults:
 
 And micro-benchmarks in one process (``python -m bench.levers micro``):
 AdamW step time per kernel, tokenization time (without the cache, a first
-run that writes the cache, and a rerun that reads it), evaluation time in length order against random order, and the share
-of padding in training micro-batches with and without length grouping.
+run that writes the cache, and a rerun that reads it), evaluation time in
+length order against random order, and each training order's padding and
+label mix per window (also alone, in seconds: ``python -m bench.levers windows``).
 """
 
 from __future__ import annotations
@@ -85,7 +87,7 @@ def _cuda() -> bool:
 
 def run(s, lever_steps: int) -> int:
     """Run the lever arms and the micro-benchmarks; write ``levers.md`` and ``levers.json``."""
-    from bench.run import code_version, machine_info, rounds, run_helper, run_job
+    from bench.run import JOB_BATCHING, code_version, machine_info, rounds, run_helper, run_job
 
     started = time.perf_counter()
     code = code_version()
@@ -105,8 +107,6 @@ def run(s, lever_steps: int) -> int:
                       else result["error"])
             print(f"levers:     {status} ({result['wall_seconds']:.0f}s)", flush=True)
     rows = summarize(jobs, results)
-    from bench.run import JOB_BATCHING
-
     report = {"smoke": s.smoke, "precision": s.precision, "repeats": s.repeats, "lever_steps": lever_steps,
               "b": JOB_BATCHING["sms"][0], "k": JOB_BATCHING["sms"][1],
               "machine": machine_info(s.threads, code["commit"]), "code": code,
@@ -145,6 +145,8 @@ def summarize(jobs, results) -> dict[str, dict[str, Any]]:
 
 
 def levers_markdown(report: dict[str, Any]) -> str:
+    from bench.run import describe_commit
+
     def f(value, spec=".2f"):
         return "n/a" if value is None else f"{value:{spec}}"
 
@@ -152,8 +154,7 @@ def levers_markdown(report: dict[str, Any]) -> str:
              f"SMS job, b={report.get('b', '?')} k={report.get('k', '?')}, {report['lever_steps']} updates per run (fewer where noted), medians of "
              f"{report['repeats']} repeats, alternating; wall time {report['wall_minutes']:.1f} min  ",
              *([f"Machine: {m['gpu'] or m['cpu']}, {m['threads_per_arm']} threads per arm; torch {m['torch']}; "
-                f"commit {m['commit']}{' with uncommitted changes to finetune/' if report['code']['dirty'] else ''}"]
-               if (m := report.get("machine")) else []), "",
+                f"commit {describe_commit(report)}"] if (m := report.get("machine")) else []), "",
              "| lever | updates | samples/s | x baseline | steady s/update | warm-up overhead s | peak RSS MiB |",
              "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for row in report["rows"].values():
@@ -281,16 +282,18 @@ def window_mix(overrides: Optional[list[str]] = None) -> dict[str, dict[str, dic
     training set's (0 when every update holds the set's mix; a uniform random
     window of 32 is not 0 either), and the share of windows that miss a label.
     """
-    from bench.common import load_job
     from bench.run import JOB_BATCHING
+    from finetune.data import load_splits, tokenize_splits
+    from finetune.modeling import load_tokenizer
     from finetune.sampling import EpochSampler
 
     result = {}
     for dataset in ("sms", "bbc"):
         b, k = JOB_BATCHING[dataset]
         cfg = job_config(ArmSpec("ours", dataset, b, k, overrides=list(overrides or [])))
-        _, tokenized, labels, _, _ = load_job(cfg)
-        train = tokenized["train"]
+        # the training split's lengths and labels only: no model to load
+        splits, labels = load_splits(cfg.data, seed=cfg.training.seed)
+        train = tokenize_splits(splits, load_tokenizer(cfg.model), cfg.data.max_length)["train"]
         lengths, y = train["length"], train["labels"]
         overall = [sum(1 for v in y if v == c) / len(y) for c in range(len(labels))]
         result[dataset] = {}

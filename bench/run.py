@@ -387,6 +387,12 @@ def code_version() -> dict[str, Any]:
     }
 
 
+def describe_commit(report: dict[str, Any]) -> str:
+    """The report's commit, flagged when its ``finetune/`` had uncommitted changes."""
+    dirty = (report.get("code") or {}).get("dirty")
+    return f"{report['machine']['commit']}{' with uncommitted changes to finetune/' if dirty else ''}"
+
+
 def machine_info(threads: int, commit: Optional[str] = None) -> dict[str, Any]:
     import accelerate
     import torch
@@ -431,8 +437,7 @@ def markdown(report: dict[str, Any]) -> str:
           if report.get("combined_from") else []),
         f"Machine: {m['gpu'] or m['cpu']}, {m['cores_available']} cores available, {m['threads_per_arm']} threads "
         f"per arm, {m['memory_gib']} GiB; torch {m['torch']}, transformers {m['transformers']}, "
-        f"accelerate {m['accelerate']}; commit {m['commit']}"
-        f"{' with uncommitted changes to finetune/' if (report.get('code') or {}).get('dirty') else ''}  ",
+        f"accelerate {m['accelerate']}; commit {describe_commit(report)}  ",
         f"Precision: {report['precision']}; medians of {report['repeats']} repeats, arms alternating; "
         f"wall time {report['wall_minutes']:.1f} min",
         "",
