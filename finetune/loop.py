@@ -13,6 +13,8 @@
 * The scheduler is *not* prepared by Accelerate: the loop steps it once per
   real update (not on a skipped fp16 step), so the schedule counts updates on
   any number of processes.
+* Sparse gradients (an embedding with ``sparse=True``) are made dense once
+  per update, before clipping (see :func:`densify_sparse_grads`).
 * Clipping happens once per update on the accumulated gradient, and one log
   record per update (or per ``log_every`` updates) reports the loss the big
   batch would have shown.
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import math
 import time
+import weakref
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Optional
 
@@ -90,6 +93,67 @@ def window_loss_scale(real_samples_in_window: int, accelerator) -> float:
     return accelerator.gradient_accumulation_steps * accelerator.num_processes / real_samples_in_window
 
 
+# Each parameter's dense gradient buffer for densify_sparse_grads, reused from update to update:
+# id(parameter) -> (weak reference to it, buffer). (A WeakKeyDictionary would compare tensors with ==.)
+_dense_grad_buffers: dict[int, tuple[weakref.ref, torch.Tensor]] = {}
+
+
+def _dense_grad_buffer(p: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
+    entry = _dense_grad_buffers.get(id(p))
+    if entry is not None and entry[0]() is p:
+        buf = entry[1]
+        if buf.shape == p.shape and buf.dtype == grad.dtype and buf.device == grad.device:
+            return buf
+    buf = torch.empty(p.shape, dtype=grad.dtype, device=grad.device)
+    key = id(p)
+    _dense_grad_buffers[key] = (weakref.ref(p, lambda _, key=key: _dense_grad_buffers.pop(key, None)), buf)
+    return buf
+
+
+def densify_sparse_grads(parameters) -> int:
+    """Make every sparse ``.grad`` dense, in place; returns how many were.
+
+    An embedding with ``sparse=True`` (see :func:`finetune.modeling.use_sparse_embedding_grad`)
+    leaves each micro-batch's gradient as the rows it used, and accumulating
+    them over a window only concatenates those rows. Clipping and the fused
+    AdamW need dense gradients, so once per update, before clipping, the rows
+    are summed into a dense buffer: the same sums the dense embedding backward
+    gives, to float rounding. The buffer is kept from update to update, so
+    its 47 MB (for BERT's vocabulary) are neither reallocated nor faulted in
+    again; it is freed with the parameter.
+    """
+    count = 0
+    for p in parameters:
+        grad = p.grad
+        if grad is None or not grad.is_sparse:
+            continue
+        buf = _dense_grad_buffer(p, grad)
+        buf.zero_()
+        buf.add_(grad)  # dense += sparse: index_add of the rows, duplicates summed
+        p.grad = buf
+        count += 1
+    return count
+
+
+def sparse_embedding_for(model, accelerator):
+    """The input embedding whose gradient :func:`train_one_epoch` makes sparse, or ``None``.
+
+    Only in one process on a CPU, without a compiled model or fp16's gradient
+    scaler: DDP's buckets, FSDP's and DeepSpeed's shards expect dense
+    gradients, and on a GPU zeroing the dense one costs microseconds. See
+    :func:`finetune.modeling.sparse_capable_embedding` for the model's side.
+    """
+    from finetune.modeling import sparse_capable_embedding
+
+    if accelerator.device.type != "cpu" or accelerator.num_processes != 1:
+        return None
+    if getattr(accelerator, "scaler", None) is not None:
+        return None
+    if getattr(model, "_compiled_call_impl", None) is not None or hasattr(model, "_orig_mod"):
+        return None  # torch.compile: its graphs were traced with a dense backward
+    return sparse_capable_embedding(model)
+
+
 def layout_for(dataloader, accelerator) -> ShardLayout:
     """The :class:`ShardLayout` of a dataloader prepared by ``accelerator`` (or a plain one).
 
@@ -132,6 +196,7 @@ def train_one_epoch(
     max_updates: Optional[int] = None,
     on_nonfinite: str = "stop",
     max_skipped: int = 10,
+    sparse_embedding_grad: bool = True,
     progress=None,
 ) -> EpochResult:
     """Train one epoch with exact gradient accumulation.
@@ -165,6 +230,11 @@ def train_one_epoch(
         on_nonfinite: ``"stop"`` raises :class:`NonFiniteLossError`;
             ``"skip"`` drops that update (no optimizer or scheduler step).
         max_skipped: With ``"skip"``, raise after this many skipped updates in a row.
+        sparse_embedding_grad: While this call trains, let the word embedding's
+            backward return only the rows each micro-batch used, summed into
+            a dense gradient once per update (see :func:`sparse_embedding_for`
+            for where it applies). The embedding is put back as it was when the
+            call returns, so a loop of your own sees the model unchanged.
         progress: Optional tqdm bar, advanced by one per update.
 
     Returns:
@@ -174,6 +244,25 @@ def train_one_epoch(
         NonFiniteLossError: on a NaN/inf loss under the ``stop`` policy, or too
             many skips in a row.
     """
+    embedding = sparse_embedding_for(model, accelerator) if sparse_embedding_grad else None
+    was_sparse = embedding.sparse if embedding is not None else False
+    if embedding is not None:
+        embedding.sparse = True
+    try:
+        return _train_one_epoch(
+            model, optimizer, scheduler, dataloader, accelerator, epoch, state=state, max_grad_norm=max_grad_norm,
+            log_every=log_every, on_log=on_log, on_update=on_update, max_updates=max_updates,
+            on_nonfinite=on_nonfinite, max_skipped=max_skipped, progress=progress,
+        )
+    finally:
+        if embedding is not None:
+            embedding.sparse = was_sparse
+            # an exception can leave a window's rows behind: hand back the dense gradient torch would have
+            densify_sparse_grads(model.parameters())
+
+
+def _train_one_epoch(model, optimizer, scheduler, dataloader, accelerator, epoch, *, state, max_grad_norm, log_every,
+                     on_log, on_update, max_updates, on_nonfinite, max_skipped, progress) -> EpochResult:
     state = state if state is not None else TrainState(epoch=epoch)
     state.epoch = epoch
     k = accelerator.gradient_accumulation_steps
@@ -262,6 +351,7 @@ def train_one_epoch(
                     problem = f"loss ({window_loss})", where
                 else:
                     lr = _lr(optimizer)
+                    densify_sparse_grads(model.parameters())
                     grad_norm = accelerator.clip_grad_norm_(
                         model.parameters(), max_grad_norm if max_grad_norm else float("inf")
                     )

@@ -24,7 +24,15 @@ import torch
 from finetune.checkpoint import Checkpointer, clear_previous_run, resolve_resume
 from finetune.config import Config, TrainingConfig, save_config
 from finetune.errors import ConfigError, LaunchError
-from finetune.loop import EpochResult, NonFiniteLossError, TrainState, evaluate_model, layout_for, train_one_epoch
+from finetune.loop import (
+    EpochResult,
+    NonFiniteLossError,
+    TrainState,
+    evaluate_model,
+    layout_for,
+    sparse_embedding_for,
+    train_one_epoch,
+)
 from finetune.optimization import UpdatePlan, build_optimizer, build_scheduler, plan_updates
 from finetune.sampling import EpochSampler
 from finetune.tracking import RunLogger, check_trackers, flat_hparams
@@ -335,10 +343,13 @@ def describe(run: Run) -> str:
     acc = run.accelerator
     b = run.batching
     backend = getattr(acc.state, "backend", None) or "none"
+    sparse = run.cfg.training.sparse_embedding_grad and sparse_embedding_for(run.model, acc) is not None
     return (
         f"processes={acc.num_processes} backend={backend} device={acc.device} "
         f"{'threads=' + str(torch.get_num_threads()) + ' ' if acc.device.type == 'cpu' else ''}"
-        f"precision={acc.mixed_precision} b={b.per_device_batch_size} k={b.gradient_accumulation_steps} "
+        f"precision={acc.mixed_precision} "
+        f"{'embedding_grad=sparse ' if sparse else ''}"
+        f"b={b.per_device_batch_size} k={b.gradient_accumulation_steps} "
         f"P={b.num_processes} effective_batch={b.effective_batch_size} "
         f"train_samples={len(run.train_dataloader.dataset)} updates={run.plan.total_updates} "
         f"({run.plan.updates_per_epoch}/epoch x {run.plan.num_epochs} epochs, warmup {run.plan.warmup_updates})"
@@ -476,6 +487,7 @@ def fit(
                 max_updates=run.plan.total_updates,
                 on_nonfinite=cfg.training.on_nonfinite,
                 max_skipped=cfg.training.max_skipped,
+                sparse_embedding_grad=cfg.training.sparse_embedding_grad,
                 progress=progress,
             )
             results.append(result)

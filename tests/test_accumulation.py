@@ -27,7 +27,7 @@ B = 32
 
 
 def _run(b: int, k: int, epochs: int = 2, lr: float = 1e-3, schedule: str = "linear", warmup: int = 1,
-         max_grad_norm=None, data=None, mixed_precision="no", log_every: int = 1):
+         max_grad_norm=None, data=None, mixed_precision="no", log_every: int = 1, sparse_embedding=True):
     from accelerate import Accelerator
     from accelerate.state import AcceleratorState, GradientState
 
@@ -36,6 +36,8 @@ def _run(b: int, k: int, epochs: int = 2, lr: float = 1e-3, schedule: str = "lin
     acc = Accelerator(cpu=True, gradient_accumulation_steps=k, mixed_precision=mixed_precision)
     data = data if data is not None else token_dataset(N, seed=1)
     model = tiny_bert(seed=0)
+    embedding_grads = []  # is each micro-batch's word-embedding gradient sparse?
+    model.get_input_embeddings().weight.register_hook(lambda g: embedding_grads.append(g.is_sparse))
     opt_cfg = OptimConfig(learning_rate=lr, lr_scheduler_type=schedule, warmup_steps=warmup, weight_decay=0.01)
     optimizer = build_optimizer(model, opt_cfg)
     sampler = EpochSampler(len(data), seed=7, window_size=b * k)
@@ -61,9 +63,11 @@ def _run(b: int, k: int, epochs: int = 2, lr: float = 1e-3, schedule: str = "lin
     state = TrainState()
     for epoch in range(epochs):
         train_one_epoch(model, optimizer, scheduler, dl, acc, epoch, state=state, max_grad_norm=max_grad_norm,
-                        log_every=log_every, on_log=records.append, on_update=on_update)
+                        log_every=log_every, on_log=records.append, on_update=on_update,
+                        sparse_embedding_grad=sparse_embedding)
     return dict(snapshots=snapshots, records=records, state=state, plan=plan, scheduler=scheduler,
-                scheduler_calls=scheduler_calls["n"], optimizer=optimizer, model=model, acc=acc, data=data)
+                scheduler_calls=scheduler_calls["n"], optimizer=optimizer, model=model, acc=acc, data=data,
+                embedding_grads=embedding_grads)
 
 
 def _assert_same_weights(a, b, rtol=1e-5, atol=1e-7):
@@ -100,6 +104,23 @@ def test_accumulated_windows_equal_big_batch_after_every_update(fresh_accelerate
         assert all(r["train/grad_norm"] > max_grad_norm for r in small["records"])
         for rb, rs in zip(big["records"], small["records"]):
             assert rs["train/grad_norm"] == pytest.approx(rb["train/grad_norm"], rel=1e-5)
+
+
+@pytest.mark.parametrize("max_grad_norm", [None, 0.02])
+def test_sparse_and_dense_embedding_gradients_both_keep_the_contract(fresh_accelerate_state, max_grad_norm):
+    """The default accumulates the word-embedding rows sparsely and makes them dense once per update."""
+    big = _run(b=32, k=1, max_grad_norm=max_grad_norm, sparse_embedding=False)
+    sparse = _run(b=8, k=4, max_grad_norm=max_grad_norm)
+    dense = _run(b=8, k=4, max_grad_norm=max_grad_norm, sparse_embedding=False)
+    # each path really ran: 10 micro-batches per epoch, 2 epochs
+    assert sparse["embedding_grads"] == [True] * 20 and dense["embedding_grads"] == [False] * 20
+    assert big["embedding_grads"] == [False] * 6
+    _assert_same_weights(big["snapshots"], sparse["snapshots"])
+    _assert_same_weights(big["snapshots"], dense["snapshots"])
+    name = "bert.embeddings.word_embeddings.weight"
+    assert not torch.equal(sparse["snapshots"][0][name], sparse["snapshots"][-1][name])  # the embedding learned
+    # the model is handed back as it came: a loop of the caller's own gets dense gradients
+    assert sparse["model"].get_input_embeddings().sparse is False
 
 
 def test_textbook_loss_over_k_differs_on_ragged_window(fresh_accelerate_state):
