@@ -55,8 +55,13 @@ def _run(b: int, k: int, epochs: int = 2, lr: float = 1e-3, schedule: str = "lin
 
     scheduler.step = counting_step
 
+    grads = []  # after each update: each parameter's gradient storage and whether it is all zero
+
     def on_update(state):
-        snapshots.append({n: p.detach().clone() for n, p in acc.unwrap_model(model).named_parameters()})
+        params = list(acc.unwrap_model(model).named_parameters())
+        snapshots.append({n: p.detach().clone() for n, p in params})
+        grads.append({n: None if p.grad is None else (p.grad.data_ptr(), not p.grad.is_sparse and
+                                                         bool((p.grad == 0).all())) for n, p in params})
         return False
 
     records = []
@@ -67,7 +72,7 @@ def _run(b: int, k: int, epochs: int = 2, lr: float = 1e-3, schedule: str = "lin
                         sparse_embedding_grad=sparse_embedding)
     return dict(snapshots=snapshots, records=records, state=state, plan=plan, scheduler=scheduler,
                 scheduler_calls=scheduler_calls["n"], optimizer=optimizer, model=model, acc=acc, data=data,
-                embedding_grads=embedding_grads)
+                embedding_grads=embedding_grads, grads=grads)
 
 
 def _assert_same_weights(a, b, rtol=1e-5, atol=1e-7):
@@ -121,6 +126,17 @@ def test_sparse_and_dense_embedding_gradients_both_keep_the_contract(fresh_accel
     assert not torch.equal(sparse["snapshots"][0][name], sparse["snapshots"][-1][name])  # the embedding learned
     # the model is handed back as it came: a loop of the caller's own gets dense gradients
     assert sparse["model"].get_input_embeddings().sparse is False
+
+
+def test_gradient_buffers_are_kept_between_updates_only_when_accumulating(fresh_accelerate_state):
+    accumulated = _run(b=8, k=4)["grads"]
+    # k > 1: every gradient is zeroed in place after an update, in the same storage as after the first
+    first = accumulated[0]
+    assert all(g is not None and g[1] for g in first.values())
+    for update in accumulated[1:]:
+        assert update == first
+    # k = 1: freed, so the next forward pass does not hold them
+    assert all(g is None for update in _run(b=32, k=1)["grads"] for g in update.values())
 
 
 def test_textbook_loss_over_k_differs_on_ragged_window(fresh_accelerate_state):
