@@ -6,6 +6,8 @@ package's defaults:
 
 * length-grouped batching off (``data.group_by_length=false``), and over
   mega-batches of 16 windows (``data.length_group_windows=16``);
+* the word embedding's gradient dense (``training.sparse_embedding_grad=false``)
+  against its default sparse rows, made dense once per update;
 * AdamW kernels: ``optim.implementation`` ``for_loop`` (torch's CPU default)
   and ``foreach`` against the default (fused where torch has it);
 * one DataLoader worker (``data.num_workers=1``);
@@ -44,7 +46,7 @@ EVAL_SUBSET = ["data.max_eval_samples=64"]
 
 def lever_jobs(s, steps: int):
     """The lever arms (``bench.run.Job``), baseline first."""
-    from bench.run import JOB_BATCHING, Job
+    from bench.run import JOB_BATCHING, Job, selected
 
     b, k = JOB_BATCHING["sms"]
     base = ArmSpec("ours", "sms", b, k, max_steps=steps, precision=s.precision,
@@ -61,6 +63,7 @@ def lever_jobs(s, steps: int):
         ours("baseline (package defaults)"),
         ours("no length grouping", "data.group_by_length=false"),
         ours("length grouping over 16 windows", "data.length_group_windows=16"),
+        ours("dense embedding gradient", "training.sparse_embedding_grad=false"),
         ours("AdamW for_loop", "optim.implementation=for_loop"),
         ours("AdamW foreach", "optim.implementation=foreach"),
         ours("1 DataLoader worker", "data.num_workers=1"),
@@ -72,7 +75,7 @@ def lever_jobs(s, steps: int):
             "Trainer, group_by_length"),
     ]
     if s.only:
-        return [j for j in jobs if any(o in j.name for o in s.only)]
+        return [j for j in jobs if selected(j.name, s.only)]
     if s.smoke:
         # compiling takes minutes on a CPU: the smoke run leaves it out unless asked (--only compile)
         jobs = [j for j in jobs if "compile" not in j.name]

@@ -100,6 +100,13 @@ class Settings:
 SPEED_EVAL = ["data.max_eval_samples=32"]
 
 
+def selected(name: str, only: list[str]) -> bool:
+    """``--only``: each entry a substring of the arm's name, or ``=name`` for that arm alone."""
+    if not only:
+        return True
+    return any(name == o[1:] if o.startswith("=") else o in name for o in only)
+
+
 def main_jobs(s: Settings, trainer_k1: bool) -> list[Job]:
     """The comparison's arms.
 
@@ -128,7 +135,7 @@ def main_jobs(s: Settings, trainer_k1: bool) -> list[Job]:
                     "finetune, b=8 k=1 (B=8)"),
                 Job("bbc/ours b32k1", replace(base, b=32, k=1), "accumulation", "finetune, b=32 k=1"),
             ]
-    return [j for j in jobs if not s.only or any(o in j.name for o in s.only)]
+    return [j for j in jobs if selected(j.name, s.only)]
 
 
 # Accuracy run r trains with seed first_seed + r (default 42, the shipped config's). The seed
@@ -158,7 +165,7 @@ def accuracy_jobs(s: Settings, trainer_k1: bool) -> list[Job]:
         Job("sms/accelerate accuracy", replace(base, arm="accelerate"), "accuracy",
             f"Accelerate example loop, b={b} k={k}"),
     ]
-    return [j for j in jobs if not s.only or any(o in j.name for o in s.only)]
+    return [j for j in jobs if selected(j.name, s.only)]
 
 
 def rounds(jobs: list[Job], repeats: int) -> list[list[Job]]:
@@ -538,7 +545,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                              "(default 1; 0 skips them)")
     parser.add_argument("--first-seed", type=int, default=42, help="seed of the first accuracy run (default 42)")
     parser.add_argument("--lever-steps", type=int, default=30, help="updates per lever run (default 30)")
-    parser.add_argument("--only", default="", help="comma-separated substrings: run only the matching arms")
+    parser.add_argument("--only", default="", help="comma-separated substrings of arm names (or =name for one arm exactly): run only those")
     parser.add_argument("--override", action="append", default=[], metavar="section.key=value",
                         help="extra config override for every arm (e.g. another model)")
     parser.add_argument("--skip-grad-check", action="store_true", help="do not run the Trainer gradient check")

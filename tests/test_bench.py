@@ -211,3 +211,12 @@ def test_code_version_names_the_package_tree_and_uncommitted_changes(tmp_path, m
     assert bench.run.code_version()["finetune_tree"] == first["finetune_tree"]
     (tmp_path / "finetune" / "loop.py").write_text("x = 2\n")
     assert bench.run.code_version()["dirty"] is True
+
+
+def test_only_selects_arms_by_substring_or_exact_name():
+    from bench.run import selected
+
+    names = ["sms/trainer accuracy", "sms/trainer accuracy, package order", "sms/ours accuracy"]
+    assert [n for n in names if selected(n, ["trainer accuracy"])] == names[:2]
+    assert [n for n in names if selected(n, ["=sms/trainer accuracy", "ours"])] == [names[0], names[2]]
+    assert all(selected(n, []) for n in names)
