@@ -248,6 +248,12 @@ def train_one_epoch(
     was_sparse = embedding.sparse if embedding is not None else False
     if embedding is not None:
         embedding.sparse = True
+        weight = embedding.weight
+        if accelerator.gradient_accumulation_steps > 1 and weight.grad is None:
+            # The kept gradients (see keep_grads below) make the embedding's a dense buffer into which
+            # each micro-batch's rows are added. Start the first window that way too, so that it sums
+            # in the same order as every later one, and a resumed run stays bitwise the uninterrupted one.
+            weight.grad = _dense_grad_buffer(weight, weight).zero_()
     try:
         return _train_one_epoch(
             model, optimizer, scheduler, dataloader, accelerator, epoch, state=state, max_grad_norm=max_grad_norm,
