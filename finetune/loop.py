@@ -15,6 +15,8 @@
   any number of processes.
 * Sparse gradients (an embedding with ``sparse=True``) are made dense once
   per update, before clipping (see :func:`densify_sparse_grads`).
+* At ``k > 1`` the gradients are zeroed in place after an update rather than
+  freed, so every window accumulates into the same buffers (a steady heap).
 * Clipping happens once per update on the accumulated gradient, and one log
   record per update (or per ``log_every`` updates) reports the loss the big
   batch would have shown.
