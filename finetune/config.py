@@ -161,9 +161,9 @@ class TrainingConfig:
     # compile time at start-up (and at each new shape until shapes turn dynamic)
     # for faster steps; off by default, measure it with ``bench/run.py --levers``.
     torch_compile: bool = False
-    # On one process on a CPU, accumulate the word-embedding gradient as the rows each
-    # micro-batch used, made dense once per update (the same gradient, to float rounding;
-    # see finetune.modeling.use_sparse_embedding_grad). Elsewhere it has no effect.
+    # On one process on a CPU, the word embedding's backward returns only the rows each
+    # micro-batch used, added into a dense gradient buffer that is reused (the same gradient,
+    # to float rounding; see finetune.loop.sparse_embedding_for). Elsewhere it has no effect.
     sparse_embedding_grad: bool = True
     # Evaluate on the validation set at the end of each epoch.
     eval_each_epoch: bool = True

@@ -13,8 +13,10 @@
 * The scheduler is *not* prepared by Accelerate: the loop steps it once per
   real update (not on a skipped fp16 step), so the schedule counts updates on
   any number of processes.
-* Sparse gradients (an embedding with ``sparse=True``) are made dense once
-  per update, before clipping (see :func:`densify_sparse_grads`).
+* The input embedding's backward returns only the rows a micro-batch used
+  (one CPU process, see :func:`sparse_embedding_for`); they are added into a
+  reused dense buffer, and any gradient still sparse is made dense before
+  clipping (see :func:`densify_sparse_grads`).
 * At ``k > 1`` the gradients are zeroed in place after an update rather than
   freed, so every window accumulates into the same buffers (a steady heap).
 * Clipping happens once per update on the accumulated gradient, and one log
@@ -100,13 +102,14 @@ def window_loss_scale(real_samples_in_window: int, accelerator) -> float:
 _dense_grad_buffers: dict[int, tuple[weakref.ref, torch.Tensor]] = {}
 
 
-def _dense_grad_buffer(p: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
+def _dense_grad_buffer(p: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """The reused dense gradient buffer of ``p``, with ``like``'s dtype and device (contents undefined)."""
     entry = _dense_grad_buffers.get(id(p))
     if entry is not None and entry[0]() is p:
         buf = entry[1]
-        if buf.shape == p.shape and buf.dtype == grad.dtype and buf.device == grad.device:
+        if buf.shape == p.shape and buf.dtype == like.dtype and buf.device == like.device:
             return buf
-    buf = torch.empty(p.shape, dtype=grad.dtype, device=grad.device)
+    buf = torch.empty(p.shape, dtype=like.dtype, device=like.device)
     key = id(p)
     _dense_grad_buffers[key] = (weakref.ref(p, lambda _, key=key: _dense_grad_buffers.pop(key, None)), buf)
     return buf
@@ -115,14 +118,16 @@ def _dense_grad_buffer(p: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
 def densify_sparse_grads(parameters) -> int:
     """Make every sparse ``.grad`` dense, in place; returns how many were.
 
-    An embedding with ``sparse=True`` (see :func:`finetune.modeling.use_sparse_embedding_grad`)
-    leaves each micro-batch's gradient as the rows it used, and accumulating
-    them over a window only concatenates those rows. Clipping and the fused
-    AdamW need dense gradients, so once per update, before clipping, the rows
-    are summed into a dense buffer: the same sums the dense embedding backward
-    gives, to float rounding. The buffer is kept from update to update, so
-    its 47 MB (for BERT's vocabulary) are neither reallocated nor faulted in
-    again; it is freed with the parameter.
+    An embedding with ``sparse=True`` (see :func:`sparse_embedding_for`)
+    leaves each micro-batch's gradient as the rows it used. At ``k > 1``
+    :func:`train_one_epoch` gives it a dense gradient from the start, into
+    which autograd adds those rows; at ``k = 1`` (or for a caller's own sparse
+    embedding) the gradient is still sparse at the update. Clipping and the
+    fused AdamW need dense gradients, so before clipping the rows are summed
+    into a dense buffer: the same sums the dense embedding backward gives, to
+    float rounding. The buffer is kept from update to update, so its 47 MB
+    (for BERT's vocabulary) are neither reallocated nor faulted in again; it
+    is freed with the parameter.
     """
     count = 0
     for p in parameters:
@@ -233,8 +238,8 @@ def train_one_epoch(
             ``"skip"`` drops that update (no optimizer or scheduler step).
         max_skipped: With ``"skip"``, raise after this many skipped updates in a row.
         sparse_embedding_grad: While this call trains, let the word embedding's
-            backward return only the rows each micro-batch used, summed into
-            a dense gradient once per update (see :func:`sparse_embedding_for`
+            backward return only the rows each micro-batch used, added into a
+            reused dense gradient buffer (see :func:`sparse_embedding_for`
             for where it applies). The embedding is put back as it was when the
             call returns, so a loop of your own sees the model unchanged.
         progress: Optional tqdm bar, advanced by one per update.
@@ -255,7 +260,7 @@ def train_one_epoch(
             # The kept gradients (see keep_grads below) make the embedding's a dense buffer into which
             # each micro-batch's rows are added. Start the first window that way too, so that it sums
             # in the same order as every later one, and a resumed run stays bitwise the uninterrupted one.
-            weight.grad = _dense_grad_buffer(weight, weight).zero_()
+            weight.grad = _dense_grad_buffer(weight, like=weight).zero_()
     try:
         return _train_one_epoch(
             model, optimizer, scheduler, dataloader, accelerator, epoch, state=state, max_grad_norm=max_grad_norm,

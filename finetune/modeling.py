@@ -128,9 +128,9 @@ def sparse_capable_embedding(model):
     and adds it into the accumulated one: on a CPU that costs about 10 ms a
     micro-batch, though a micro-batch of SMS messages touches a few hundred
     rows. With ``sparse=True`` torch's backward returns just those rows, and
-    :func:`finetune.loop.train_one_epoch` sums them into a dense gradient once
-    per update, so clipping and the optimizer see the same gradient as
-    before (to float rounding).
+    :func:`finetune.loop.train_one_epoch` adds them into a dense gradient
+    buffer it allocates once, so clipping and the optimizer see the same
+    gradient as before (to float rounding).
 
     ``None`` when the input embedding is not an ``nn.Embedding``, is frozen,
     has ``max_norm`` (which renormalises rows in the forward pass), or shares

@@ -27,6 +27,7 @@ def test_defaults_and_types(tmp_path):
     cfg = load_config(write(tmp_path, BASE))
     assert cfg.training.per_device_train_batch_size == 8
     assert cfg.training.mixed_precision == "no"
+    assert cfg.training.sparse_embedding_grad is True
     assert cfg.optim.learning_rate == 5e-5
 
 
@@ -46,6 +47,7 @@ def test_defaults_and_types(tmp_path):
         (BASE + "logging: 3\n", "logging: expected a mapping"),
         (BASE.replace("8", "0"), "training.per_device_train_batch_size: must be >= 1"),
         (BASE.replace("data:\n", "data:\n  length_group_windows: 0\n"), "data.length_group_windows: must be >= 1, got 0"),
+        (BASE + "  sparse_embedding_grad: sometimes\n", "training.sparse_embedding_grad: expected bool, got str"),
     ],
 )
 def test_bad_values_name_the_key_and_file(tmp_path, text, needle):
@@ -61,6 +63,7 @@ def test_bad_values_name_the_key_and_file(tmp_path, text, needle):
 def test_yaml_no_means_the_string(tmp_path):
     cfg = load_config(write(tmp_path, BASE + "  mixed_precision: no\n"))
     assert cfg.training.mixed_precision == "no"
+    assert cfg.training.sparse_embedding_grad is True
 
 
 def test_overrides_are_typed(tmp_path):

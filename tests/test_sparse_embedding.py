@@ -10,7 +10,7 @@ import torch
 from finetune.loop import densify_sparse_grads, sparse_embedding_for
 from finetune.modeling import sparse_capable_embedding
 from helpers import tiny_bert
-from tiny_run import fit_tiny_run, tiny_config
+from tiny_run import fit_tiny_run
 
 
 def _accumulate(sparse: bool, micro_batches):
@@ -88,13 +88,6 @@ def test_it_applies_on_one_cpu_process_only(device, processes, scaler, compiled,
         model._compiled_call_impl = lambda *a, **kw: None  # what nn.Module.compile() sets
     assert (sparse_embedding_for(model, accelerator) is not None) is expected
     assert model.get_input_embeddings().sparse is False  # asking changes nothing
-
-
-def test_the_key_is_checked(tmp_path):
-    from finetune.errors import ConfigError
-
-    with pytest.raises(ConfigError, match="training.sparse_embedding_grad"):
-        tiny_config(tmp_path, training={"sparse_embedding_grad": "sometimes"})
 
 
 def test_a_run_trains_the_same_weights_either_way(tmp_path):
