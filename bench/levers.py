@@ -8,6 +8,10 @@ package's defaults:
   mega-batches of 16 windows (``data.length_group_windows=16``);
 * the word embedding's gradient dense (``training.sparse_embedding_grad=false``)
   against its default sparse rows, made dense once per update;
+* torch's own dropout masks (``training.fast_dropout_masks=false``) against
+  the default 16-bit masks, and dropout off (``model.dropout=0.0``), which
+  bounds what any mask generator can gain (it changes the training, so it is
+  a bound, not an option);
 * AdamW kernels: ``optim.implementation`` ``for_loop`` (torch's CPU default)
   and ``foreach`` against the default (fused where torch has it);
 * one DataLoader worker (``data.num_workers=1``);
@@ -64,6 +68,8 @@ def lever_jobs(s, steps: int):
         ours("no length grouping", "data.group_by_length=false"),
         ours("length grouping over 16 windows", "data.length_group_windows=16"),
         ours("dense embedding gradient", "training.sparse_embedding_grad=false"),
+        ours("torch dropout masks", "training.fast_dropout_masks=false"),
+        ours("dropout off (bound)", "model.dropout=0.0"),
         ours("AdamW for_loop", "optim.implementation=for_loop"),
         ours("AdamW foreach", "optim.implementation=foreach"),
         ours("1 DataLoader worker", "data.num_workers=1"),

@@ -17,6 +17,8 @@
   (one CPU process, see :func:`sparse_embedding_for`); they are added into a
   reused dense buffer, and any gradient still sparse is made dense before
   clipping (see :func:`densify_sparse_grads`).
+* On a CPU, dropout masks are drawn 16 bits at a time from torch's generator
+  while the loop trains (see :mod:`finetune.dropout`).
 * At ``k > 1`` the gradients are zeroed in place after an update rather than
   freed, so every window accumulates into the same buffers (a steady heap).
 * Clipping happens once per update on the accumulated gradient, and one log
@@ -26,6 +28,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 import weakref
@@ -35,6 +38,7 @@ from typing import Any, Callable, Optional
 import torch
 import torch.nn.functional as F
 
+from finetune.dropout import fast_dropout, fast_dropout_applies
 from finetune.errors import FinetuneError
 from finetune.sampling import ShardLayout
 
@@ -204,6 +208,7 @@ def train_one_epoch(
     on_nonfinite: str = "stop",
     max_skipped: int = 10,
     sparse_embedding_grad: bool = True,
+    fast_dropout_masks: bool = True,
     progress=None,
 ) -> EpochResult:
     """Train one epoch with exact gradient accumulation.
@@ -242,6 +247,10 @@ def train_one_epoch(
             reused dense gradient buffer (see :func:`sparse_embedding_for`
             for where it applies). The embedding is put back as it was when the
             call returns, so a loop of your own sees the model unchanged.
+        fast_dropout_masks: While this call trains on a CPU, draw dropout
+            masks (hidden and attention) 16 bits at a time from torch's
+            generator instead of with ``bernoulli_`` (see
+            :mod:`finetune.dropout`); the model is handed back unchanged too.
         progress: Optional tqdm bar, advanced by one per update.
 
     Returns:
@@ -253,25 +262,28 @@ def train_one_epoch(
     """
     embedding = sparse_embedding_for(model, accelerator) if sparse_embedding_grad else None
     was_sparse = embedding.sparse if embedding is not None else False
-    if embedding is not None:
-        embedding.sparse = True
-        weight = embedding.weight
-        if accelerator.gradient_accumulation_steps > 1 and weight.grad is None:
-            # The kept gradients (see keep_grads below) make the embedding's a dense buffer into which
-            # each micro-batch's rows are added. Start the first window that way too, so that it sums
-            # in the same order as every later one, and a resumed run stays bitwise the uninterrupted one.
-            weight.grad = _dense_grad_buffer(weight, like=weight).zero_()
-    try:
-        return _train_one_epoch(
-            model, optimizer, scheduler, dataloader, accelerator, epoch, state=state, max_grad_norm=max_grad_norm,
-            log_every=log_every, on_log=on_log, on_update=on_update, max_updates=max_updates,
-            on_nonfinite=on_nonfinite, max_skipped=max_skipped, progress=progress,
-        )
-    finally:
+    with contextlib.ExitStack() as switches:
+        if fast_dropout_masks and fast_dropout_applies(model, accelerator):
+            switches.enter_context(fast_dropout(model))
         if embedding is not None:
-            embedding.sparse = was_sparse
-            # an exception can leave a window's rows behind: hand back the dense gradient torch would have
-            densify_sparse_grads(model.parameters())
+            embedding.sparse = True
+            weight = embedding.weight
+            if accelerator.gradient_accumulation_steps > 1 and weight.grad is None:
+                # The kept gradients (see keep_grads below) make the embedding's a dense buffer into which
+                # each micro-batch's rows are added. Start the first window that way too, so that it sums
+                # in the same order as every later one, and a resumed run stays bitwise the uninterrupted one.
+                weight.grad = _dense_grad_buffer(weight, like=weight).zero_()
+        try:
+            return _train_one_epoch(
+                model, optimizer, scheduler, dataloader, accelerator, epoch, state=state,
+                max_grad_norm=max_grad_norm, log_every=log_every, on_log=on_log, on_update=on_update,
+                max_updates=max_updates, on_nonfinite=on_nonfinite, max_skipped=max_skipped, progress=progress,
+            )
+        finally:
+            if embedding is not None:
+                embedding.sparse = was_sparse
+                # an exception can leave a window's rows behind: hand back the dense gradient torch would have
+                densify_sparse_grads(model.parameters())
 
 
 def _train_one_epoch(model, optimizer, scheduler, dataloader, accelerator, epoch, *, state, max_grad_norm, log_every,

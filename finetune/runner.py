@@ -24,6 +24,7 @@ import torch
 from finetune.checkpoint import Checkpointer, clear_previous_run, resolve_resume
 from finetune.config import Config, TrainingConfig, save_config
 from finetune.errors import ConfigError, LaunchError
+from finetune.dropout import fast_dropout_applies
 from finetune.loop import (
     EpochResult,
     NonFiniteLossError,
@@ -344,11 +345,13 @@ def describe(run: Run) -> str:
     b = run.batching
     backend = getattr(acc.state, "backend", None) or "none"
     sparse = run.cfg.training.sparse_embedding_grad and sparse_embedding_for(run.model, acc) is not None
+    masks = run.cfg.training.fast_dropout_masks and fast_dropout_applies(run.model, acc)
     return (
         f"processes={acc.num_processes} backend={backend} device={acc.device} "
         f"{'threads=' + str(torch.get_num_threads()) + ' ' if acc.device.type == 'cpu' else ''}"
         f"precision={acc.mixed_precision} "
         f"{'embedding_grad=sparse ' if sparse else ''}"
+        f"{'dropout_masks=fast ' if masks else ''}"
         f"b={b.per_device_batch_size} k={b.gradient_accumulation_steps} "
         f"P={b.num_processes} effective_batch={b.effective_batch_size} "
         f"train_samples={len(run.train_dataloader.dataset)} updates={run.plan.total_updates} "
@@ -488,6 +491,7 @@ def fit(
                 on_nonfinite=cfg.training.on_nonfinite,
                 max_skipped=cfg.training.max_skipped,
                 sparse_embedding_grad=cfg.training.sparse_embedding_grad,
+                fast_dropout_masks=cfg.training.fast_dropout_masks,
                 progress=progress,
             )
             results.append(result)

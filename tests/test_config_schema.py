@@ -28,6 +28,7 @@ def test_defaults_and_types(tmp_path):
     assert cfg.training.per_device_train_batch_size == 8
     assert cfg.training.mixed_precision == "no"
     assert cfg.training.sparse_embedding_grad is True
+    assert cfg.training.fast_dropout_masks is True
     assert cfg.optim.learning_rate == 5e-5
 
 
@@ -48,6 +49,7 @@ def test_defaults_and_types(tmp_path):
         (BASE.replace("8", "0"), "training.per_device_train_batch_size: must be >= 1"),
         (BASE.replace("data:\n", "data:\n  length_group_windows: 0\n"), "data.length_group_windows: must be >= 1, got 0"),
         (BASE + "  sparse_embedding_grad: sometimes\n", "training.sparse_embedding_grad: expected bool, got str"),
+        (BASE + "  fast_dropout_masks: 1\n", "training.fast_dropout_masks: expected bool, got int"),
     ],
 )
 def test_bad_values_name_the_key_and_file(tmp_path, text, needle):

@@ -1,0 +1,211 @@
+"""``training.fast_dropout_masks``: dropout masks drawn 16 bits at a time (``finetune.dropout``)."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+import finetune.dropout as fd
+from helpers import tiny_bert
+from tiny_run import fit_tiny_run
+
+
+@pytest.mark.parametrize("p", [0.1, 0.5, 0.9])
+def test_masks_keep_each_element_with_the_rounded_probability(p):
+    torch.manual_seed(0)
+    n = 1_000_003  # not a multiple of 4: the last 64-bit draw is cut
+    mask, scale = fd.keep_mask((n,), p)
+    keep = 1 - round(p * 65536) / 65536
+    assert scale == pytest.approx(1 / keep, rel=1e-15)
+    sd = (keep * (1 - keep) / n) ** 0.5
+    assert abs(mask.float().mean().item() - keep) < 5 * sd
+    # every 16-bit quarter of the 64-bit draws is uniform, the sign-carrying top one included
+    # (random_() without from=int64 min draws 63 bits: that quarter would be kept too often)
+    quarters = mask[: n - n % 4].view(-1, 4).float().mean(0)
+    assert (quarters - keep).abs().max().item() < 5 * sd * 2
+    # neighbours are independent: P(both kept) = keep^2
+    both = (mask[:-1] & mask[1:]).float().mean().item()
+    assert abs(both - keep * keep) < 5 * sd
+
+
+def test_masks_come_from_torchs_generator():
+    torch.manual_seed(3)
+    state = torch.get_rng_state()
+    a, _ = fd.keep_mask((7, 9), 0.3)
+    b, _ = fd.keep_mask((7, 9), 0.3)
+    torch.set_rng_state(state)  # what a checkpoint restores
+    again, _ = fd.keep_mask((7, 9), 0.3)
+    assert torch.equal(a, again)
+    assert not torch.equal(a, b)
+    g = torch.Generator().manual_seed(3)
+    assert torch.equal(fd.keep_mask((7, 9), 0.3, generator=g)[0], a)  # the same as the global one seeded alike
+
+
+def test_edge_probabilities():
+    mask, scale = fd.keep_mask((1000,), 0.0)
+    assert mask.all() and scale == 1.0
+    with pytest.raises(ValueError, match="in \\[0, 1\\)"):
+        fd.keep_mask((10,), 1.0)
+    x = torch.randn(5, 4)
+    assert fd.drop(x, 0.0) is x
+    assert fd.drop(x, 0.5, training=False) is x
+
+
+def test_drop_scales_kept_elements_and_routes_the_gradient_through_the_mask():
+    x = torch.randn(64, 33, requires_grad=True)
+    torch.manual_seed(1)
+    y = fd.drop(x, 0.25)
+    torch.manual_seed(1)
+    mask, scale = fd.keep_mask(x.shape, 0.25)
+    assert torch.equal(y, x.detach() * mask * scale)
+    grad = torch.randn_like(x)
+    y.backward(grad)
+    assert torch.equal(x.grad, grad * mask * scale)
+
+
+def test_the_expected_output_is_the_input():
+    torch.manual_seed(2)
+    x = torch.full((2_000_000,), 3.0)
+    mean = fd.drop(x, 0.1).mean().item()
+    sd = 3.0 * (0.1 / 0.9 / x.numel()) ** 0.5
+    assert abs(mean - 3.0) < 5 * sd
+
+
+def _reference_attention(q, k, v, mask, scaling, p, seed):
+    """The same formula through autograd, with the mask drawn from the same seed."""
+    torch.manual_seed(seed)
+    scores = torch.matmul(q, k.transpose(-1, -2)) * scaling
+    if mask is not None:
+        scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min) if mask.dtype == torch.bool else scores + mask
+    probs = torch.softmax(scores, dim=-1)
+    keep, scale = fd.keep_mask(probs.shape, p)
+    return torch.matmul(probs * keep * scale, v)
+
+
+@pytest.mark.parametrize("mask_kind", ["bool", "additive", "none"])
+def test_attention_gradient_is_the_formulas(mask_kind):
+    torch.manual_seed(0)
+    b, h, L, d = 3, 2, 7, 4
+    # BERT hands attention non-contiguous head views of its (b, L, h*d) projections
+    q, k, v = (torch.randn(b, L, h, d).transpose(1, 2).requires_grad_() for _ in range(3))
+    mask = None
+    if mask_kind != "none":
+        keep = torch.ones(b, 1, L, L, dtype=torch.bool)
+        keep[0, :, :, 4:] = False  # padding in the first sequence
+        mask = keep if mask_kind == "bool" else torch.zeros(b, 1, L, L).masked_fill(~keep, -1e9)
+    grad = torch.randn(b, h, L, d)
+    torch.manual_seed(5)
+    out = fd._Attention.apply(q, k, v, mask, d**-0.5, 0.3)
+    mine = torch.autograd.grad(out, (q, k, v), grad)
+    ref = _reference_attention(q, k, v, mask, d**-0.5, 0.3, seed=5)
+    theirs = torch.autograd.grad(ref, (q, k, v), grad)
+    torch.testing.assert_close(out, ref, rtol=1e-6, atol=1e-6)
+    for a, r in zip(mine, theirs):
+        torch.testing.assert_close(a, r, rtol=1e-5, atol=1e-6)
+
+    # and the hand-written backward against finite differences, the mask held fixed by reseeding
+    def seeded(q, k, v):
+        torch.manual_seed(5)
+        return fd._Attention.apply(q, k, v, None if mask is None else mask if mask.dtype == torch.bool
+                                   else mask.double(), d**-0.5, 0.3)
+
+    assert torch.autograd.gradcheck(seeded, tuple(t.detach().double().requires_grad_() for t in (q, k, v)))
+
+
+def test_attention_without_dropout_or_plain_inputs_is_transformers_sdpa():
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 2, 5, 4) for _ in range(3))
+    module = SimpleNamespace(is_causal=False, training=False)
+    out, _ = fd.attention_forward(module, q, k, v, None, dropout=0.0, scaling=0.5)
+    assert torch.equal(out, sdpa_attention_forward(module, q, k, v, None, dropout=0.0, scaling=0.5)[0])
+    causal = SimpleNamespace(is_causal=True, training=True)
+    torch.manual_seed(1)
+    out, _ = fd.attention_forward(causal, q, k, v, None, dropout=0.2, scaling=0.5)
+    torch.manual_seed(1)
+    expected = sdpa_attention_forward(causal, q, k, v, None, dropout=0.2, scaling=0.5)[0]
+    assert torch.equal(out, expected)
+
+
+def test_the_switch_routes_every_dropout_and_hands_the_model_back(tmp_path, monkeypatch):
+    model = tiny_bert(dropout=0.1)
+    assert model.config._attn_implementation == "sdpa"
+    calls = []
+    original = fd.keep_mask
+    monkeypatch.setattr(fd, "keep_mask", lambda shape, p, **kw: calls.append(tuple(shape)) or original(shape, p, **kw))
+    ids = torch.randint(5, 30, (3, 6))
+    attention = torch.ones(3, 6, dtype=torch.long)
+    attention[0, 4:] = 0
+    model.train()
+    with fd.fast_dropout(model) as switched:
+        model(input_ids=ids, attention_mask=attention).logits.sum().backward()
+        assert model.config._attn_implementation == fd.ATTENTION_NAME
+    # embeddings, per layer: attention probabilities, attention output, feed-forward output; the classifier
+    assert len([s for s in calls if s == (3, 2, 6, 6)]) == 2
+    assert len([s for s in calls if s == (3, 6, 32)]) == 1 + 2 * 2
+    assert len([s for s in calls if s == (3, 32)]) == 1
+    assert len(calls) == 8
+    assert switched == sum(1 for m in model.modules() if isinstance(m, torch.nn.Dropout))
+    assert all(type(m) is torch.nn.Dropout for m in model.modules() if isinstance(m, torch.nn.Dropout))
+    assert model.config._attn_implementation == "sdpa"
+    model.save_pretrained(tmp_path)
+    assert fd.ATTENTION_NAME not in (tmp_path / "config.json").read_text()
+    json.loads((tmp_path / "config.json").read_text())
+
+    calls.clear()
+    with pytest.raises(RuntimeError, match="boom"):
+        with fd.fast_dropout(model):
+            raise RuntimeError("boom")
+    assert model.config._attn_implementation == "sdpa"
+    assert all(type(m) is torch.nn.Dropout for m in model.modules() if isinstance(m, torch.nn.Dropout))
+    model(input_ids=ids, attention_mask=attention)
+    assert calls == []  # outside the switch, torch's dropout again
+
+
+def test_evaluation_inside_the_switch_is_unchanged():
+    model = tiny_bert(dropout=0.3)
+    ids = torch.randint(5, 30, (4, 7))
+    attention = torch.ones(4, 7, dtype=torch.long)
+    attention[1, 3:] = 0
+    model.eval()
+    with torch.no_grad():
+        expected = model(input_ids=ids, attention_mask=attention).logits
+        with fd.fast_dropout(model):
+            inside = model(input_ids=ids, attention_mask=attention).logits
+    assert torch.equal(inside, expected)
+
+
+@pytest.mark.parametrize(
+    "device, compiled, expected",
+    [("cpu", False, True), ("cuda", False, False), ("cpu", True, False)],
+)
+def test_it_applies_on_the_cpu_to_an_uncompiled_model(device, compiled, expected):
+    model = tiny_bert()
+    if compiled:
+        model = SimpleNamespace(_orig_mod=model)  # what torch.compile's wrapper carries
+    assert fd.fast_dropout_applies(model, SimpleNamespace(device=torch.device(device))) is expected
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_the_key_chooses_the_masks_in_a_run(tmp_path, monkeypatch, fast):
+    calls = []
+    original = fd.keep_mask
+    monkeypatch.setattr(fd, "keep_mask", lambda shape, p, **kw: calls.append(p) or original(shape, p, **kw))
+    seen = {}
+
+    def watch(run):
+        from finetune.runner import describe
+
+        seen["config"] = run.model.config
+        seen["line"] = describe(run)
+
+    fit_tiny_run(tmp_path, before_fit=watch, model={"dropout": 0.1}, training={"fast_dropout_masks": fast})
+    assert bool(calls) is fast
+    assert set(calls) <= {0.1}
+    assert seen["config"]._attn_implementation == "sdpa"  # handed back after training
+    assert ("dropout_masks=fast" in seen["line"]) is fast  # the start-up line says which
+    assert "embedding_grad=sparse" in seen["line"]
