@@ -93,6 +93,7 @@ class _Attention(torch.autograd.Function):
     """
 
     @staticmethod
+    @torch.amp.custom_fwd(device_type="cpu")
     def forward(ctx, q, k, v, mask, scaling, p):
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
         scores = torch.matmul(q, k.transpose(-1, -2)).mul_(scaling)
@@ -109,6 +110,7 @@ class _Attention(torch.autograd.Function):
         return out
 
     @staticmethod
+    @torch.amp.custom_bwd(device_type="cpu")  # under the forward's autocast state: bf16 and fp32 mix as there
     def backward(ctx, grad):
         q, k, v, probs, keep = ctx.saved_tensors
         grad = grad.contiguous()

@@ -209,3 +209,18 @@ def test_the_key_chooses_the_masks_in_a_run(tmp_path, monkeypatch, fast):
     assert seen["config"]._attn_implementation == "sdpa"  # handed back after training
     assert ("dropout_masks=fast" in seen["line"]) is fast  # the start-up line says which
     assert "embedding_grad=sparse" in seen["line"]
+
+
+def test_bf16_autocast_on_the_cpu_trains_through_the_switch():
+    # the hand-written attention backward runs under the forward's autocast state, so bf16 and fp32 mix as there
+    model = tiny_bert(dropout=0.2)
+    model.train()
+    ids = torch.randint(5, 30, (3, 6))
+    attention = torch.ones(3, 6, dtype=torch.long)
+    attention[2, 3:] = 0
+    with fd.fast_dropout(model), torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = model(input_ids=ids, attention_mask=attention).logits.float().square().mean()
+    loss.backward()
+    query = model.bert.encoder.layer[0].attention.self.query.weight
+    assert query.grad is not None and query.grad.dtype == torch.float32
+    assert torch.isfinite(query.grad).all() and query.grad.abs().sum() > 0
