@@ -212,7 +212,16 @@ def test_the_key_chooses_the_masks_in_a_run(tmp_path, monkeypatch, fast):
 
 
 def test_bf16_autocast_on_the_cpu_trains_through_the_switch():
-    # the hand-written attention backward runs under the forward's autocast state, so bf16 and fp32 mix as there
+    # fp32 inputs under autocast: the forward's products run in bf16 while q, k and v are saved in fp32, so the
+    # hand-written backward has to run under the same autocast state to multiply them
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 2, 5, 4, requires_grad=True) for _ in range(3))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = fd._Attention.apply(q, k, v, None, 0.5, 0.2)
+    assert out.dtype == torch.bfloat16
+    out.float().square().sum().backward()
+    assert all(t.grad.dtype == torch.float32 and torch.isfinite(t.grad).all() for t in (q, k, v))
+
     model = tiny_bert(dropout=0.2)
     model.train()
     ids = torch.randint(5, 30, (3, 6))
