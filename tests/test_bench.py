@@ -220,3 +220,23 @@ def test_only_selects_arms_by_substring_or_exact_name():
     assert [n for n in names if selected(n, ["trainer accuracy"])] == names[:2]
     assert [n for n in names if selected(n, ["=sms/trainer accuracy", "ours"])] == [names[0], names[2]]
     assert all(selected(n, []) for n in names)
+
+
+def test_profile_probe_finds_the_mask_draws_it_groups(tiny_job, fresh_accelerate_state):
+    from bench.probe import markdown, profile
+
+    def run(*overrides):
+        result = profile(1, tiny_job + list(overrides), updates=2, warmup=1)
+        assert result["groups"]["matrix products"] > 0
+        return result, result["group_calls"]["dropout masks"]
+
+    fast, fast_ops = run("model.dropout=0.1")
+    torch_masks, torch_ops = run("model.dropout=0.1", "training.fast_dropout_masks=false")
+    off, _ = run("model.dropout=0.0")
+    # 16-bit masks are random_ draws and torch's are bernoulli_; without dropout only the DataLoader's
+    # one seed draw per epoch is left in the group
+    assert fast_ops.get("aten::random_", 0) > 10 and "aten::bernoulli_" not in fast_ops
+    assert torch_ops.get("aten::bernoulli_", 0) > 10
+    assert off["groups"]["dropout masks"] < fast["groups"]["dropout masks"] / 10
+    assert off["groups"]["dropout masks"] < torch_masks["groups"]["dropout masks"] / 10
+    assert "| dropout masks |" in markdown("profile", fast)

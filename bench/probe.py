@@ -1,0 +1,202 @@
+"""Probes behind the README's explanations: where the time goes, what masks cost, how RSS moves.
+
+Each prints a Markdown table (and writes ``bench/results/probe_<name>.json``);
+none is a comparison with the Trainer, which is ``bench/run.py``'s job::
+
+    python -m bench.probe masks      # dropout mask generators, ns per element (seconds)
+    python -m bench.probe profile    # torch.profiler over 12 updates of the SMS job (about 1 minute)
+    python -m bench.probe rss        # RSS around every forward, backward and update: BBC News (8, 4) and (8, 1)
+
+``profile`` and ``rss`` take dotted overrides after the name (for example
+``training.fast_dropout_masks=false``), applied to the job's config. Like the
+benchmark, every probe uses 2 torch threads unless ``--threads N`` comes first.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):
+    sys.path[0] = str(Path(__file__).resolve().parent.parent)
+
+from bench.common import REPO, ArmSpec, job_config, set_threads, write_result  # noqa: E402
+
+RESULTS = REPO / "bench" / "results"
+
+# Self-CPU-time groups of the profile: op names as torch.profiler reports them.
+GROUPS = {
+    "matrix products": ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm"),
+    "dropout masks": ("aten::bernoulli_", "aten::random_", "aten::uniform_"),
+    "optimizer step": ("aten::_fused_adamw_", "aten::_foreach_", "aten::lerp_", "aten::addcdiv_", "aten::addcmul_"),
+}
+
+
+def masks(threads: int, repeats: int = 30) -> dict[str, Any]:
+    """Nanoseconds per element of each way to draw a dropout mask of one MiniLM attention map (8, 12, 64, 64)."""
+    import numpy as np
+    import torch
+
+    from bench.levers import _alternating
+    from finetune.dropout import drop, keep_mask
+
+    set_threads(threads)
+    shape = (8, 12, 64, 64)
+    n = 8 * 12 * 64 * 64
+    x = torch.randn(shape)
+    rng = np.random.Generator(np.random.SFC64(0))
+    fns = {
+        "torch bernoulli_ (torch's CPU dropout mask)": lambda: torch.empty(shape).bernoulli_(0.9),
+        "torch.nn.functional.dropout (mask and scaling)": lambda: torch.nn.functional.dropout(x, 0.1, True),
+        "torch.rand < p": lambda: torch.rand(shape) < 0.9,
+        "finetune.dropout.keep_mask (16-bit words)": lambda: keep_mask(shape, 0.1),
+        "finetune.dropout.drop (mask and scaling)": lambda: drop(x, 0.1),
+        "numpy SFC64 random + compare (reference)": lambda: rng.random(n, dtype=np.float32) < 0.9,
+    }
+    seconds = _alternating(fns, repeats=repeats, warmup=2)
+    return {"shape": list(shape), "threads": threads, "ns_per_element": {k: v / n * 1e9 for k, v in seconds.items()}}
+
+
+def _setup(overrides: list[str], dataset: str, b: int, k: int, updates: int, threads: int):
+    os.environ["FINETUNE_CPU_THREADS"] = str(threads)
+    from finetune.runner import setup_run
+
+    cfg = job_config(ArmSpec("ours", dataset, b, k, max_steps=updates), ["logging.progress_bar=false"] + overrides)
+    return cfg, setup_run(cfg)
+
+
+def _train(cfg, run, until: int, **kw):
+    from finetune.loop import train_one_epoch
+
+    return train_one_epoch(run.model, run.optimizer, run.scheduler, run.train_dataloader, run.accelerator, 0,
+                           state=run.state, max_grad_norm=cfg.training.max_grad_norm, max_updates=until,
+                           sparse_embedding_grad=cfg.training.sparse_embedding_grad,
+                           fast_dropout_masks=cfg.training.fast_dropout_masks, **kw)
+
+
+def profile(threads: int, overrides: list[str], updates: int = 12, warmup: int = 3) -> dict[str, Any]:
+    """Self CPU time by op over ``updates`` updates of the SMS job (after ``warmup`` updates), grouped."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    cfg, run = _setup(overrides, "sms", 8, 4, warmup + updates, threads)
+    _train(cfg, run, warmup)
+    with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
+        _train(cfg, run, warmup + updates)
+    events = [(e.key, e.self_cpu_time_total, e.count) for e in prof.key_averages()]
+    total = sum(t for _, t, _ in events)
+    top = sorted(events, key=lambda e: -e[1])[:15]
+    groups = {name: sum(t for key, t, _ in events if key.startswith(ops)) / total for name, ops in GROUPS.items()}
+    members = {name: {key: c for key, _, c in events if key.startswith(ops)} for name, ops in GROUPS.items()}
+    return {"updates": updates, "overrides": overrides, "threads": threads, "self_cpu_seconds": total / 1e6,
+            "groups": groups, "group_calls": members,
+            "top": [{"op": k, "share": t / total, "calls": c} for k, t, c in top]}
+
+
+def _rss_mib() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def rss_one(threads: int, b: int, k: int, updates: int, overrides: list[str]) -> dict[str, Any]:
+    """RSS after every forward pass, backward pass and update of the BBC News job at (b, k), in this process."""
+    cfg, run = _setup(overrides, "bbc", b, k, updates, threads)
+    trace: list[tuple[int, str, float]] = []
+    step = {"n": 0}
+    run.model.register_forward_hook(lambda *_: trace.append((step["n"], "forward", _rss_mib())))
+    backward = run.accelerator.backward
+
+    def traced_backward(loss, **kw):
+        backward(loss, **kw)
+        trace.append((step["n"], "backward", _rss_mib()))
+
+    run.accelerator.backward = traced_backward
+
+    def on_update(state):
+        step["n"] = state.step
+        trace.append((state.step, "update", _rss_mib()))
+        return False
+
+    _train(cfg, run, updates, on_update=on_update)
+    after_forward = {}
+    for update, event, mib in trace:
+        if event == "forward":
+            after_forward[update] = max(after_forward.get(update, 0.0), mib)
+    return {"b": b, "k": k, "updates": updates, "trace": trace,
+            "max_after_forward_by_update": [after_forward[u] for u in sorted(after_forward)],
+            "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+
+
+def rss(threads: int, overrides: list[str]) -> dict[str, Any]:
+    """:func:`rss_one` for (8, 4) over 4 updates and (8, 1) over 16 (the same samples), each in a fresh process."""
+    out = {}
+    for b, k, updates in ((8, 4, 4), (8, 1, 16)):
+        cmd = [sys.executable, "-m", "bench.probe", "--threads", str(threads), "rss-one", str(b), str(k), str(updates),
+               *overrides]
+        done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"{' '.join(cmd)} failed: {done.stderr.strip().splitlines()[-1:]}")
+        out[f"{b}x{k}"] = json.loads(done.stdout.strip().splitlines()[-1])
+    return {"threads": threads, "overrides": overrides, "runs": out}
+
+
+def markdown(name: str, result: dict[str, Any]) -> str:
+    if name == "masks":
+        lines = [f"Dropout masks for a {tuple(result['shape'])} tensor, {result['threads']} threads, "
+                 "medians of alternating calls:", "", "| generator | ns per element |", "| --- | ---: |"]
+        lines += [f"| {k} | {v:.2f} |" for k, v in result["ns_per_element"].items()]
+    elif name == "profile":
+        lines = [f"torch.profiler, SMS job (b=8, k=4), {result['updates']} updates, {result['threads']} threads, "
+                 f"{result['self_cpu_seconds']:.1f} s of self CPU time"
+                 f"{' with ' + ' '.join(result['overrides']) if result['overrides'] else ''}:", "",
+                 "| group | share | ops (calls) |", "| --- | ---: | --- |"]
+        lines += [f"| {k} | {100 * v:.1f}% | "
+                  f"{', '.join(f'`{op}` ({c})' for op, c in result['group_calls'][k].items())} |"
+                  for k, v in result["groups"].items()]
+        lines += ["", "| op | self CPU share | calls |", "| --- | ---: | ---: |"]
+        lines += [f"| `{t['op']}` | {100 * t['share']:.1f}% | {t['calls']} |" for t in result["top"]]
+    else:
+        lines = ["RSS (MiB) of the BBC News job, highest after a forward pass in each update, and the "
+                 f"process's peak{' with ' + ' '.join(result['overrides']) if result['overrides'] else ''}:", "",
+                 "| b x k | updates | after forward, by update | median | peak RSS |", "| --- | ---: | --- | ---: | ---: |"]
+        for key, r in result["runs"].items():
+            by_update = r["max_after_forward_by_update"]
+            lines.append(f"| {key.replace('x', ' x ')} | {r['updates']} | {', '.join(f'{v:.0f}' for v in by_update)} "
+                         f"| {statistics.median(by_update):.0f} | {r['peak_rss_mib']:.0f} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    threads = 2
+    if argv[:1] == ["--threads"]:
+        threads, argv = int(argv[1]), argv[2:]
+    if argv[:1] == ["rss-one"]:  # the child of `rss`
+        b, k, updates = (int(v) for v in argv[1:4])
+        result = rss_one(threads, b, k, updates, argv[4:])
+        print(json.dumps(result))
+        return 0
+    if not argv or argv[0] not in ("masks", "profile", "rss"):
+        print(__doc__.strip().splitlines()[0] + "\nusage: python -m bench.probe [--threads N] "
+              "masks | profile [section.key=value ...] | rss [section.key=value ...]")
+        return 2
+    name, overrides = argv[0], argv[1:]
+    started = time.perf_counter()
+    result = masks(threads) if name == "masks" else profile(threads, overrides) if name == "profile" \
+        else rss(threads, overrides)
+    result["seconds"] = time.perf_counter() - started
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    write_result(RESULTS / f"probe_{name}.json", result)
+    print(markdown(name, result), end="")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
