@@ -146,7 +146,7 @@ def attention_forward(module, query, key, value, attention_mask, dropout: float 
         and query.shape == key.shape == value.shape
         and getattr(module, "num_key_value_groups", 1) == 1
         and (attention_mask is None or attention_mask.dim() == 4)
-        and all(kwargs.get(name) is None for name in ("position_bias", "cache", "softcap"))
+        and all(kwargs.get(name) is None for name in ("position_bias", "cache", "softcap", "sliding_window", "s_aux"))
         and not kwargs.get("output_attentions", False)
     )
     if not plain:
@@ -158,12 +158,27 @@ def attention_forward(module, query, key, value, attention_mask, dropout: float 
     return out.transpose(1, 2).contiguous(), None
 
 
-def _register() -> None:
-    from transformers import AttentionInterface
-    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+def _register() -> bool:
+    """Register :func:`attention_forward` and sdpa's masks under :data:`ATTENTION_NAME`; False where impossible.
 
+    transformers 5 routes BERT-family attention through ``AttentionInterface``
+    and builds masks through ``masking_utils`` keyed by the config's
+    implementation name. Older releases (the package allows 4.46 on) pick
+    attention classes at construction, so switching the name there would do
+    nothing or worse: only the ``nn.Dropout`` modules switch.
+    """
+    import transformers
+
+    if int(transformers.__version__.split(".")[0]) < 5:
+        return False
+    try:
+        from transformers import AttentionInterface
+        from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+    except ImportError:
+        return False
     AttentionInterface.register(ATTENTION_NAME, attention_forward)
     ALL_MASK_ATTENTION_FUNCTIONS.register(ATTENTION_NAME, sdpa_mask)  # the same masks as sdpa
+    return True
 
 
 def fast_dropout_applies(model, accelerator) -> bool:
@@ -189,8 +204,8 @@ def fast_dropout(model: nn.Module) -> Iterator[int]:
         config = getattr(module, "config", None)
         if getattr(config, "_attn_implementation_internal", None) == "sdpa" and all(c is not config for c in configs):
             configs.append(config)
-    if configs:
-        _register()
+    if configs and not _register():
+        configs = []
     try:
         for m in switched:
             m.__class__ = FastDropout

@@ -260,30 +260,36 @@ def train_one_epoch(
         NonFiniteLossError: on a NaN/inf loss under the ``stop`` policy, or too
             many skips in a row.
     """
-    embedding = sparse_embedding_for(model, accelerator) if sparse_embedding_grad else None
-    was_sparse = embedding.sparse if embedding is not None else False
     with contextlib.ExitStack() as switches:
         if fast_dropout_masks and fast_dropout_applies(model, accelerator):
             switches.enter_context(fast_dropout(model))
+        embedding = sparse_embedding_for(model, accelerator) if sparse_embedding_grad else None
         if embedding is not None:
-            embedding.sparse = True
-            weight = embedding.weight
-            if accelerator.gradient_accumulation_steps > 1 and weight.grad is None:
-                # The kept gradients (see keep_grads below) make the embedding's a dense buffer into which
-                # each micro-batch's rows are added. Start the first window that way too, so that it sums
-                # in the same order as every later one, and a resumed run stays bitwise the uninterrupted one.
-                weight.grad = _dense_grad_buffer(weight, like=weight).zero_()
-        try:
-            return _train_one_epoch(
-                model, optimizer, scheduler, dataloader, accelerator, epoch, state=state,
-                max_grad_norm=max_grad_norm, log_every=log_every, on_log=on_log, on_update=on_update,
-                max_updates=max_updates, on_nonfinite=on_nonfinite, max_skipped=max_skipped, progress=progress,
-            )
-        finally:
-            if embedding is not None:
-                embedding.sparse = was_sparse
-                # an exception can leave a window's rows behind: hand back the dense gradient torch would have
-                densify_sparse_grads(model.parameters())
+            switches.enter_context(_sparse_rows(model, embedding, accelerator))
+        return _train_one_epoch(
+            model, optimizer, scheduler, dataloader, accelerator, epoch, state=state, max_grad_norm=max_grad_norm,
+            log_every=log_every, on_log=on_log, on_update=on_update, max_updates=max_updates,
+            on_nonfinite=on_nonfinite, max_skipped=max_skipped, progress=progress,
+        )
+
+
+@contextlib.contextmanager
+def _sparse_rows(model, embedding, accelerator):
+    """While inside, ``embedding``'s backward returns rows; on exit it is as it was, its gradient dense."""
+    was_sparse = embedding.sparse
+    embedding.sparse = True
+    try:
+        weight = embedding.weight
+        if accelerator.gradient_accumulation_steps > 1 and weight.grad is None:
+            # The kept gradients (see keep_grads below) make the embedding's a dense buffer into which
+            # each micro-batch's rows are added. Start the first window that way too, so that it sums
+            # in the same order as every later one, and a resumed run stays bitwise the uninterrupted one.
+            weight.grad = _dense_grad_buffer(weight, like=weight).zero_()
+        yield
+    finally:
+        embedding.sparse = was_sparse
+        # an exception can leave a window's rows behind: hand back the dense gradient torch would have
+        densify_sparse_grads(model.parameters())
 
 
 def _train_one_epoch(model, optimizer, scheduler, dataloader, accelerator, epoch, *, state, max_grad_norm, log_every,

@@ -233,3 +233,16 @@ def test_bf16_autocast_on_the_cpu_trains_through_the_switch():
     query = model.bert.encoder.layer[0].attention.self.query.weight
     assert query.grad is not None and query.grad.dtype == torch.float32
     assert torch.isfinite(query.grad).all() and query.grad.abs().sum() > 0
+
+
+def test_before_transformers_5_only_the_dropout_modules_switch(monkeypatch):
+    # older releases pick attention classes at construction: renaming the implementation would not reach them
+    import transformers
+
+    monkeypatch.setattr(transformers, "__version__", "4.57.1")
+    model = tiny_bert(dropout=0.1)
+    with fd.fast_dropout(model) as switched:
+        assert model.config._attn_implementation == "sdpa"
+        assert switched > 0
+        assert any(type(m) is fd.FastDropout for m in model.modules())
+    assert model.config._attn_implementation == "sdpa"
