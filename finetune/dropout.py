@@ -185,8 +185,11 @@ def fast_dropout_applies(model, accelerator) -> bool:
     """Whether ``train_one_epoch`` uses :func:`fast_dropout`: on a CPU, for a model that is not compiled."""
     if accelerator.device.type != "cpu":
         return False
-    inner = getattr(model, "module", model)  # DDP's wrapper
-    return not hasattr(model, "_orig_mod") and not hasattr(inner, "_orig_mod")
+    for candidate in (model, getattr(model, "module", model)):  # and inside DDP's wrapper
+        # torch.compile(model) wraps it (_orig_mod); model.compile(), as training.torch_compile does, sets this
+        if hasattr(candidate, "_orig_mod") or getattr(candidate, "_compiled_call_impl", None) is not None:
+            return False  # its graphs are traced with torch's dropout, and switching would retrace them
+    return True
 
 
 @contextlib.contextmanager
