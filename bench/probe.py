@@ -3,7 +3,7 @@
 Each prints a Markdown table (and writes ``bench/results/probe_<name>.json``);
 none is a comparison with the Trainer, which is ``bench/run.py``'s job::
 
-    python -m bench.probe masks      # dropout mask generators, ns per element (seconds)
+    python -m bench.probe masks      # dropout mask generators and one attention's time (seconds)
     python -m bench.probe profile    # torch.profiler over 12 updates of the SMS job (about 1 minute)
     python -m bench.probe rss        # RSS around every forward, backward and update: BBC News (8, 4) and (8, 1)
 
@@ -61,7 +61,47 @@ def masks(threads: int, repeats: int = 30) -> dict[str, Any]:
         "numpy SFC64 random + compare (reference)": lambda: rng.random(n, dtype=np.float32) < 0.9,
     }
     seconds = _alternating(fns, repeats=repeats, warmup=2)
-    return {"shape": list(shape), "threads": threads, "ns_per_element": {k: v / n * 1e9 for k, v in seconds.items()}}
+    return {"shape": list(shape), "threads": threads, "ns_per_element": {k: v / n * 1e9 for k, v in seconds.items()},
+            "attention_ms": attention(repeats)}
+
+
+def attention(repeats: int, length: int = 32) -> dict[str, float]:
+    """Milliseconds of one MiniLM attention's forward and backward (b=8, 12 heads of 32, ``length`` tokens).
+
+    q, k and v are head views of (b, L, 384) projections, as BERT hands them
+    over, and the output goes back to that layout, so every variant pays the
+    same layout changes the model would.
+    """
+    import torch
+    import torch.nn.functional as F
+
+    from bench.levers import _alternating
+    from finetune.dropout import _Attention, keep_mask
+
+    b, h, d = 8, 12, 32
+    q, k, v = (torch.randn(b, length, h, d).transpose(1, 2).requires_grad_() for _ in range(3))
+    keep = torch.ones(b, 1, length, length, dtype=torch.bool)
+    keep[: b // 2, :, :, length // 2 :] = False  # half the sequences padded to twice their length
+    grad = torch.randn(b, length, h, d)
+
+    def sdpa(p):
+        return lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=keep, dropout_p=p).transpose(1, 2) \
+            .contiguous().backward(grad)
+
+    def autograd_formula():
+        scores = torch.matmul(q, k.transpose(-1, -2)).mul(d**-0.5).masked_fill(~keep, torch.finfo(q.dtype).min)
+        probs = torch.softmax(scores, dim=-1)
+        mask, scale = keep_mask(probs.shape, 0.1)
+        torch.matmul(probs * mask * scale, v).transpose(1, 2).contiguous().backward(grad)
+
+    fns = {
+        "SDPA, no dropout (fused kernel)": sdpa(0.0),
+        "SDPA, dropout 0.1 (torch's masks, unfused)": sdpa(0.1),
+        "16-bit masks, autograd over the formula": autograd_formula,
+        "16-bit masks, finetune.dropout's backward": lambda: _Attention.apply(q, k, v, keep, d**-0.5, 0.1)
+        .transpose(1, 2).contiguous().backward(grad),
+    }
+    return {name: t * 1e3 for name, t in _alternating(fns, repeats=repeats * 3, warmup=3).items()}
 
 
 def _setup(overrides: list[str], dataset: str, b: int, k: int, updates: int, threads: int):
@@ -152,6 +192,9 @@ def markdown(name: str, result: dict[str, Any]) -> str:
         lines = [f"Dropout masks for a {tuple(result['shape'])} tensor, {result['threads']} threads, "
                  "medians of alternating calls:", "", "| generator | ns per element |", "| --- | ---: |"]
         lines += [f"| {k} | {v:.2f} |" for k, v in result["ns_per_element"].items()]
+        lines += ["", "One attention's forward and backward, b=8, 12 heads of 32, 32 tokens:", "",
+                  "| attention | ms |", "| --- | ---: |"]
+        lines += [f"| {k} | {v:.3f} |" for k, v in result["attention_ms"].items()]
     elif name == "profile":
         lines = [f"torch.profiler, SMS job (b=8, k=4), {result['updates']} updates, {result['threads']} threads, "
                  f"{result['self_cpu_seconds']:.1f} s of self CPU time"
