@@ -24,6 +24,7 @@ transformers no dropout hook: :func:`fast_dropout` switches a model's
 from __future__ import annotations
 
 import contextlib
+import math
 from typing import Iterator, Optional
 
 import torch
@@ -43,9 +44,7 @@ def keep_mask(shape, p: float, *, device=None, generator: Optional[torch.Generat
     threshold = round(p * _LEVELS)
     if not 0 <= threshold < _LEVELS:
         raise ValueError(f"dropout probability must be in [0, 1), got {p}")
-    n = 1
-    for size in shape:
-        n *= size
+    n = math.prod(shape)
     words = torch.empty((n + 3) // 4, dtype=torch.int64, device=device)
     words.random_(-(1 << 63), None, generator=generator)  # from=int64 min, to=None: all 64 bits uniform
     # Each int16 word is uniform on [-32768, 32767]; keep the top 65536 - threshold values.
@@ -183,13 +182,10 @@ def _register() -> bool:
 
 def fast_dropout_applies(model, accelerator) -> bool:
     """Whether ``train_one_epoch`` uses :func:`fast_dropout`: on a CPU, for a model that is not compiled."""
-    if accelerator.device.type != "cpu":
-        return False
-    for candidate in (model, getattr(model, "module", model)):  # and inside DDP's wrapper
-        # torch.compile(model) wraps it (_orig_mod); model.compile(), as training.torch_compile does, sets this
-        if hasattr(candidate, "_orig_mod") or getattr(candidate, "_compiled_call_impl", None) is not None:
-            return False  # its graphs are traced with torch's dropout, and switching would retrace them
-    return True
+    from finetune.modeling import is_compiled
+
+    # a compiled model's graphs hold torch's dropout, and switching would retrace them
+    return accelerator.device.type == "cpu" and not is_compiled(model)
 
 
 @contextlib.contextmanager

@@ -154,14 +154,14 @@ def sparse_embedding_for(model, accelerator):
     gradients, and on a GPU zeroing the dense one costs microseconds. See
     :func:`finetune.modeling.sparse_capable_embedding` for the model's side.
     """
-    from finetune.modeling import sparse_capable_embedding
+    from finetune.modeling import is_compiled, sparse_capable_embedding
 
     if accelerator.device.type != "cpu" or accelerator.num_processes != 1:
         return None
     if getattr(accelerator, "scaler", None) is not None:
         return None
-    if getattr(model, "_compiled_call_impl", None) is not None or hasattr(model, "_orig_mod"):
-        return None  # torch.compile: its graphs were traced with a dense backward
+    if is_compiled(model):
+        return None  # its graphs were traced with a dense backward
     return sparse_capable_embedding(model)
 
 

@@ -151,6 +151,21 @@ def sparse_capable_embedding(model):
     return embedding
 
 
+def is_compiled(model) -> bool:
+    """Whether ``model`` (or the module inside DDP's wrapper) runs through ``torch.compile``.
+
+    ``torch.compile(model)`` returns a wrapper with ``_orig_mod``;
+    ``model.compile()``, as ``training.torch_compile`` does, compiles in place
+    and sets ``_compiled_call_impl``. A compiled model's graphs were traced
+    with the modules it had then, so the loop's switches (sparse embedding
+    gradient, 16-bit dropout masks) leave it alone.
+    """
+    for candidate in (model, getattr(model, "module", model)):
+        if hasattr(candidate, "_orig_mod") or getattr(candidate, "_compiled_call_impl", None) is not None:
+            return True
+    return False
+
+
 def _hub_hint(location: str) -> Optional[str]:
     """Say why a name that is no local path was looked up on the Hub (a mistyped relative path?)."""
     if Path(location).expanduser().exists():
