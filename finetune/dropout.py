@@ -86,7 +86,7 @@ class _Attention(torch.autograd.Function):
     """``dropout(softmax(q k^T * scaling + mask)) v`` with its gradient written out.
 
     Autograd over the same formula does the same arithmetic (a test checks
-    the two agree bitwise), but copies the non-contiguous head views in
+    the two agree to float rounding), but copies the non-contiguous head views in
     every matrix product and keeps a float copy of the dropped probabilities;
     this keeps the softmax output and the boolean mask only.
     """

@@ -131,12 +131,23 @@ def test_attention_without_dropout_or_plain_inputs_is_transformers_sdpa():
     assert torch.equal(out, expected)
 
 
-def test_the_switch_routes_every_dropout_and_hands_the_model_back(tmp_path, monkeypatch):
-    model = tiny_bert(dropout=0.1)
-    assert model.config._attn_implementation == "sdpa"
+@pytest.fixture
+def mask_calls(monkeypatch):
+    """Every keep_mask call's ``(shape, p)``, the masks still drawn."""
     calls = []
     original = fd.keep_mask
-    monkeypatch.setattr(fd, "keep_mask", lambda shape, p, **kw: calls.append(tuple(shape)) or original(shape, p, **kw))
+
+    def recording(shape, p, **kw):
+        calls.append((tuple(shape), p))
+        return original(shape, p, **kw)
+
+    monkeypatch.setattr(fd, "keep_mask", recording)
+    return calls
+
+
+def test_the_switch_routes_every_dropout_and_hands_the_model_back(tmp_path, mask_calls):
+    model = tiny_bert(dropout=0.1)
+    assert model.config._attn_implementation == "sdpa"
     ids = torch.randint(5, 30, (3, 6))
     attention = torch.ones(3, 6, dtype=torch.long)
     attention[0, 4:] = 0
@@ -145,10 +156,11 @@ def test_the_switch_routes_every_dropout_and_hands_the_model_back(tmp_path, monk
         model(input_ids=ids, attention_mask=attention).logits.sum().backward()
         assert model.config._attn_implementation == fd.ATTENTION_NAME
     # embeddings, per layer: attention probabilities, attention output, feed-forward output; the classifier
-    assert len([s for s in calls if s == (3, 2, 6, 6)]) == 2
-    assert len([s for s in calls if s == (3, 6, 32)]) == 1 + 2 * 2
-    assert len([s for s in calls if s == (3, 32)]) == 1
-    assert len(calls) == 8
+    shapes = [shape for shape, _ in mask_calls]
+    assert shapes.count((3, 2, 6, 6)) == 2
+    assert shapes.count((3, 6, 32)) == 1 + 2 * 2
+    assert shapes.count((3, 32)) == 1
+    assert len(shapes) == 8
     assert switched == sum(1 for m in model.modules() if isinstance(m, torch.nn.Dropout))
     assert all(type(m) is torch.nn.Dropout for m in model.modules() if isinstance(m, torch.nn.Dropout))
     assert model.config._attn_implementation == "sdpa"
@@ -156,14 +168,14 @@ def test_the_switch_routes_every_dropout_and_hands_the_model_back(tmp_path, monk
     assert fd.ATTENTION_NAME not in (tmp_path / "config.json").read_text()
     json.loads((tmp_path / "config.json").read_text())
 
-    calls.clear()
+    mask_calls.clear()
     with pytest.raises(RuntimeError, match="boom"):
         with fd.fast_dropout(model):
             raise RuntimeError("boom")
     assert model.config._attn_implementation == "sdpa"
     assert all(type(m) is torch.nn.Dropout for m in model.modules() if isinstance(m, torch.nn.Dropout))
     model(input_ids=ids, attention_mask=attention)
-    assert calls == []  # outside the switch, torch's dropout again
+    assert mask_calls == []  # outside the switch, torch's dropout again
 
 
 def test_evaluation_inside_the_switch_is_unchanged():
@@ -196,10 +208,7 @@ def test_it_applies_on_the_cpu_to_an_uncompiled_model(device, compiled, expected
 
 
 @pytest.mark.parametrize("fast", [True, False])
-def test_the_key_chooses_the_masks_in_a_run(tmp_path, monkeypatch, fast):
-    calls = []
-    original = fd.keep_mask
-    monkeypatch.setattr(fd, "keep_mask", lambda shape, p, **kw: calls.append(p) or original(shape, p, **kw))
+def test_the_key_chooses_the_masks_in_a_run(tmp_path, mask_calls, fast):
     seen = {}
 
     def watch(run):
@@ -209,8 +218,8 @@ def test_the_key_chooses_the_masks_in_a_run(tmp_path, monkeypatch, fast):
         seen["line"] = describe(run)
 
     fit_tiny_run(tmp_path, before_fit=watch, model={"dropout": 0.1}, training={"fast_dropout_masks": fast})
-    assert bool(calls) is fast
-    assert set(calls) <= {0.1}
+    assert bool(mask_calls) is fast
+    assert {p for _, p in mask_calls} <= {0.1}
     assert seen["config"]._attn_implementation == "sdpa"  # handed back after training
     assert ("dropout_masks=fast" in seen["line"]) is fast  # the start-up line says which
     assert "embedding_grad=sparse" in seen["line"]
