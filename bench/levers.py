@@ -216,7 +216,7 @@ def micro(threads: int, overrides: Optional[list[str]] = None) -> dict[str, Any]
 
     from bench.common import load_job
     from finetune.data import load_splits, tokenize_splits
-    from finetune.loop import evaluate_model
+    from finetune.evaluation import evaluate_model
     from finetune.modeling import load_tokenizer
 
     set_threads(threads)

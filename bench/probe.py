@@ -45,7 +45,7 @@ def masks(threads: int, repeats: int = 30) -> dict[str, Any]:
     import torch
 
     from bench.levers import _alternating
-    from finetune.dropout import drop, keep_mask
+    from finetune.cpu.dropout import drop, keep_mask
 
     set_threads(threads)
     shape = (8, 12, 64, 64)
@@ -56,8 +56,8 @@ def masks(threads: int, repeats: int = 30) -> dict[str, Any]:
         "torch bernoulli_ (torch's CPU dropout mask)": lambda: torch.empty(shape).bernoulli_(0.9),
         "torch.nn.functional.dropout (mask and scaling)": lambda: torch.nn.functional.dropout(x, 0.1, True),
         "torch.rand < p": lambda: torch.rand(shape) < 0.9,
-        "finetune.dropout.keep_mask (16-bit words)": lambda: keep_mask(shape, 0.1),
-        "finetune.dropout.drop (mask and scaling)": lambda: drop(x, 0.1),
+        "finetune.cpu.dropout.keep_mask (16-bit words)": lambda: keep_mask(shape, 0.1),
+        "finetune.cpu.dropout.drop (mask and scaling)": lambda: drop(x, 0.1),
         "numpy SFC64 random + compare (reference)": lambda: rng.random(n, dtype=np.float32) < 0.9,
     }
     seconds = _alternating(fns, repeats=repeats, warmup=2)
@@ -76,7 +76,7 @@ def attention(repeats: int, length: int = 32) -> dict[str, float]:
     import torch.nn.functional as F
 
     from bench.levers import _alternating
-    from finetune.dropout import _Attention, keep_mask
+    from finetune.cpu.dropout import _Attention, keep_mask
 
     b, h, d = 8, 12, 32
     q, k, v = (torch.randn(b, length, h, d).transpose(1, 2).requires_grad_() for _ in range(3))
@@ -98,7 +98,7 @@ def attention(repeats: int, length: int = 32) -> dict[str, float]:
         "SDPA, no dropout (fused kernel)": sdpa(0.0),
         "SDPA, dropout 0.1 (torch's masks, unfused)": sdpa(0.1),
         "16-bit masks, autograd over the formula": autograd_formula,
-        "16-bit masks, finetune.dropout's backward": lambda: _Attention.apply(q, k, v, keep, d**-0.5, 0.1)
+        "16-bit masks, finetune.cpu.dropout's backward": lambda: _Attention.apply(q, k, v, keep, d**-0.5, 0.1)
         .transpose(1, 2).contiguous().backward(grad),
     }
     return {name: t * 1e3 for name, t in _alternating(fns, repeats=repeats * 3, warmup=3).items()}
@@ -113,12 +113,13 @@ def _setup(overrides: list[str], dataset: str, b: int, k: int, updates: int, thr
 
 
 def _train(cfg, run, until: int, **kw):
+    from finetune.cpu import cpu_speedups
     from finetune.loop import train_one_epoch
 
-    return train_one_epoch(run.model, run.optimizer, run.scheduler, run.train_dataloader, run.accelerator, 0,
-                           state=run.state, max_grad_norm=cfg.training.max_grad_norm, max_updates=until,
-                           sparse_embedding_grad=cfg.training.sparse_embedding_grad,
-                           fast_dropout_masks=cfg.training.fast_dropout_masks, **kw)
+    with cpu_speedups(run.model, run.optimizer, run.accelerator, dropout_masks=cfg.training.fast_dropout_masks,
+                      sparse_embedding=cfg.training.sparse_embedding_grad):
+        return train_one_epoch(run.model, run.optimizer, run.scheduler, run.train_dataloader, run.accelerator, 0,
+                               state=run.state, max_grad_norm=cfg.training.max_grad_norm, max_updates=until, **kw)
 
 
 def profile(threads: int, overrides: list[str], updates: int = 12, warmup: int = 3) -> dict[str, Any]:

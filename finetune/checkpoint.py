@@ -1,4 +1,4 @@
-"""Checkpoints, exact resume, and stopping cleanly on SIGTERM / SIGINT.
+"""Checkpoints and exact resume, and :class:`Checkpointer`, the callback with which ``fit`` saves them.
 
 A checkpoint is a directory ``<output_dir>/checkpoints/checkpoint-<update>/`` with
 
@@ -33,11 +33,8 @@ import json
 import logging
 import os
 import re
-import shlex
 import shutil
 import signal
-import sys
-import threading
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -45,11 +42,12 @@ from typing import Any, Optional
 
 import torch
 
-from finetune.errors import ConfigError, FinetuneError, ModelError
+from finetune.errors import ConfigError, ModelError
+from finetune.outputs import CHECKPOINTS_DIR
+from finetune.signals import RunInterrupted, StopSignals, resume_command
 
 logger = logging.getLogger("finetune")
 
-CHECKPOINTS_DIR = "checkpoints"
 CHECKPOINT_PREFIX = "checkpoint-"
 TMP_PREFIX = ".tmp-" + CHECKPOINT_PREFIX
 OLD_PREFIX = ".old-" + CHECKPOINT_PREFIX
@@ -72,19 +70,6 @@ MAY_CHANGE_ON_RESUME = frozenset({
     "training.gradient_accumulation_steps",
     "training.effective_batch_size",
 })
-
-
-class RunInterrupted(FinetuneError):
-    """A signal stopped the run at a window boundary; a checkpoint was saved.
-
-    ``exit_code`` is ``128 + signal number``: 143 for SIGTERM, 130 for SIGINT,
-    what a shell reports for a process killed by that signal.
-    """
-
-    def __init__(self, message: str, signum: int):
-        super().__init__(message)
-        self.signum = signum
-        self.exit_code = 128 + signum
 
 
 # --------------------------------------------------------------------------- finding checkpoints
@@ -161,34 +146,6 @@ def resolve_resume(output_dir: str | os.PathLike, resume_from: Optional[str]) ->
         raise ConfigError(f"output.resume_from: {path} is not a directory (give a checkpoint directory or latest)")
     read_state(path)
     return path
-
-
-def clear_previous_run(output_dir: str | os.PathLike) -> list[Path]:
-    """Delete what an earlier run left that a fresh run would otherwise resume from or append to.
-
-    That is ``checkpoints/``, ``train_log.jsonl``, ``metrics.json`` and
-    ``curves.png`` (a rerun that dies early must not leave the old run's
-    picture beside its new log); the model files and ``config.yaml`` are
-    replaced as the new run writes them. Used for
-    ``output.overwrite: true`` without ``resume_from``, on the main process.
-
-    Returns:
-        The paths removed.
-    """
-    from finetune.plot import CURVES_FILE
-    from finetune.runner import METRICS_FILE
-    from finetune.tracking import LOG_FILE
-
-    out = Path(output_dir)
-    removed = []
-    for path in (checkpoints_root(out), out / LOG_FILE, out / METRICS_FILE, out / CURVES_FILE):
-        if path.is_dir():
-            shutil.rmtree(path)
-            removed.append(path)
-        elif path.exists():
-            path.unlink()
-            removed.append(path)
-    return removed
 
 
 # --------------------------------------------------------------------------- what must not change
@@ -395,67 +352,6 @@ def load_checkpoint(run, path: str | os.PathLike, meta: Optional[dict[str, Any]]
     for key, value in meta["state"].items():
         setattr(run.state, key, value)
     return meta
-
-
-# --------------------------------------------------------------------------- signals
-
-class StopSignals:
-    """Context manager: SIGTERM and SIGINT ask the run to stop at the next window boundary.
-
-    The first signal is only recorded (:attr:`signum`); the loop finishes the
-    current update, saves a checkpoint and exits. A second signal restores the
-    default action and re-raises it, for a user who does not want to wait (a
-    checkpoint being written then stays a temporary directory, never resumed).
-    Handlers can only be installed from the main thread; elsewhere this does nothing.
-    """
-
-    SIGNALS = (signal.SIGTERM, signal.SIGINT)
-
-    def __init__(self) -> None:
-        self.signum: Optional[int] = None
-        self._previous: dict[int, Any] = {}
-
-    def __enter__(self) -> "StopSignals":
-        if threading.current_thread() is threading.main_thread():
-            for sig in self.SIGNALS:
-                self._previous[sig] = signal.getsignal(sig)
-                signal.signal(sig, self._handle)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for sig, previous in self._previous.items():
-            signal.signal(sig, previous)
-        self._previous.clear()
-
-    def _handle(self, signum: int, frame) -> None:
-        # no logging here: a handler may run while the main thread holds a logging lock
-        if self.signum is not None:
-            signal.signal(signum, signal.SIG_DFL)
-            signal.raise_signal(signum)
-            return
-        self.signum = signum
-
-
-def resume_command(num_processes: int = 1, argv: Optional[list[str]] = None) -> str:
-    """The command that resumes this run: the same arguments plus ``output.resume_from=latest``."""
-    argv = list(sys.argv if argv is None else argv)
-    if not argv or not argv[0].endswith("train.py"):
-        return "set output.resume_from=latest and run fit again"
-    script = argv[0]
-    try:
-        relative = os.path.relpath(script)
-        script = relative if not relative.startswith("..") else script
-    except ValueError:
-        pass
-    args = [a for a in argv[1:] if not a.startswith("output.resume_from=")] + ["output.resume_from=latest"]
-    launched = "ACCELERATE_USE_CPU" in os.environ or "LOCAL_RANK" in os.environ
-    if launched:
-        launcher = ["accelerate", "launch"]
-        if num_processes > 1:
-            launcher += ["--multi_gpu", "--num_processes", str(num_processes)]
-    else:
-        launcher = ["python"]
-    return shlex.join(launcher + [script] + args)
 
 
 # --------------------------------------------------------------------------- the callback fit uses

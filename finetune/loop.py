@@ -1,46 +1,36 @@
-"""The training and evaluation loops: exact gradient accumulation.
+"""The training loop: one epoch of exact gradient accumulation.
 
-``train_one_epoch`` keeps the contract of ACCUMULATION.md:
+:func:`train_one_epoch` is what ``fit`` runs and what a notebook imports. Its
+body is the algorithm; each step is a named piece further down this file::
 
-* Each window of ``k`` micro-batches (per process) produces one update whose
-  gradient is the mean per-sample gradient over the window's real samples on
-  all processes: each micro-batch's *summed* loss is scaled by ``1 / N_w``
-  (see :func:`window_loss_scale`), so a ragged last window and a short last
-  micro-batch weigh exactly what the big batch would give them.
-* ``accelerator.accumulate(model)`` decides when gradients are synchronised
-  (once per window under DDP); the loop checks that its own window arithmetic
-  agrees with Accelerate's on every micro-batch.
-* The scheduler is *not* prepared by Accelerate: the loop steps it once per
-  real update (not on a skipped fp16 step), so the schedule counts updates on
-  any number of processes.
-* The input embedding's backward returns only the rows a micro-batch used
-  (one CPU process, see :func:`sparse_embedding_for`); they are added into a
-  reused dense buffer, and any gradient still sparse is made dense before
-  clipping (see :func:`densify_sparse_grads`).
-* On a CPU, dropout masks are drawn 16 bits at a time from torch's generator
-  while the loop trains (see :mod:`finetune.dropout`).
-* At ``k > 1`` the gradients are zeroed in place after an update rather than
-  freed, so every window accumulates into the same buffers (a steady heap).
-* Clipping happens once per update on the accumulated gradient, and one log
-  record per update (or per ``log_every`` updates) reports the loss the big
-  batch would have shown.
+    for each micro-batch j of the epoch:
+        at a window's first micro-batch: count the window's real samples N_w
+        inside accelerator.accumulate(model):
+            loss = summed loss of the micro-batch's real samples     micro_batch_loss
+            backward(loss * k * P / N_w)                             window_loss_scale
+        add loss, samples and tokens to the window's totals          WindowStats
+        at the window's last micro-batch (Accelerate syncs there):
+            reduce the totals over processes, once                   WindowStats.reduce
+            clip, step optimizer and scheduler, or skip              apply_update
+            count, log, and maybe stop                               LogWindow, should_stop
+
+The arithmetic (which samples are real, the window's scale, the updates per
+epoch) lives in :mod:`finetune.accumulation`; ``docs/accumulation.md`` states
+the contract the loop keeps.
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
 import time
-import weakref
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Optional
 
 import torch
 import torch.nn.functional as F
 
-from finetune.dropout import fast_dropout, fast_dropout_applies
+from finetune.accumulation import layout_for, window_loss_scale
 from finetune.errors import FinetuneError
-from finetune.sampling import ShardLayout
 
 
 class NonFiniteLossError(FinetuneError):
@@ -66,6 +56,15 @@ class TrainState:
     def to_dict(self) -> dict[str, int]:
         return asdict(self)
 
+    def count_window(self, totals: torch.Tensor, stop: int, applied: bool) -> None:
+        """A window ending at micro-batch ``stop`` is done; ``totals`` are its reduced loss, samples, tokens."""
+        self.samples_seen += int(totals[1])
+        self.tokens_seen += int(totals[2])
+        self.micro_batch = stop
+        if applied:
+            self.step += 1
+            self.skipped_in_row = 0
+
 
 @dataclass
 class EpochResult:
@@ -76,7 +75,7 @@ class EpochResult:
     updates: int = 0
     # windows dropped because their loss was not finite (``on_nonfinite='skip'``)
     skipped: int = 0
-    # mean per-sample training loss over the call's real samples (all processes)
+    # mean per-sample training loss over the call's real samples (all processes), skipped windows excluded
     loss: float = float("nan")
     samples: int = 0
     tokens: int = 0
@@ -84,111 +83,17 @@ class EpochResult:
     # True when the call ended before the end of the epoch (max_updates or a callback)
     stopped_early: bool = False
     records: list[dict[str, Any]] = field(default_factory=list)
+    _loss_sum: float = field(default=0.0, repr=False)
+    _loss_samples: float = field(default=0.0, repr=False)
 
-
-def window_loss_scale(real_samples_in_window: int, accelerator) -> float:
-    """Factor applied to a micro-batch's *summed* loss before ``accelerator.backward``.
-
-    The update must apply ``(1 / N_w) * sum of per-sample gradients`` over the
-    window's ``N_w`` real samples on all processes. ``accelerator.backward``
-    divides by ``k`` and DDP (and FSDP/DeepSpeed) average gradients over the
-    ``P`` processes, so both are undone here: ``scale = k * P / N_w``.
-
-    Args:
-        real_samples_in_window: ``N_w`` (see :meth:`ShardLayout.real_in_window`).
-        accelerator: The run's ``Accelerator``.
-    """
-    return accelerator.gradient_accumulation_steps * accelerator.num_processes / real_samples_in_window
-
-
-# Each parameter's dense gradient buffer for densify_sparse_grads, reused from update to update:
-# id(parameter) -> (weak reference to it, buffer). (A WeakKeyDictionary would compare tensors with ==.)
-_dense_grad_buffers: dict[int, tuple[weakref.ref, torch.Tensor]] = {}
-
-
-def _dense_grad_buffer(p: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    """The reused dense gradient buffer of ``p``, with ``like``'s dtype and device (contents undefined)."""
-    entry = _dense_grad_buffers.get(id(p))
-    if entry is not None and entry[0]() is p:
-        buf = entry[1]
-        if buf.shape == p.shape and buf.dtype == like.dtype and buf.device == like.device:
-            return buf
-    buf = torch.empty(p.shape, dtype=like.dtype, device=like.device)
-    key = id(p)
-    _dense_grad_buffers[key] = (weakref.ref(p, lambda _, key=key: _dense_grad_buffers.pop(key, None)), buf)
-    return buf
-
-
-def densify_sparse_grads(parameters) -> int:
-    """Make every sparse ``.grad`` dense, in place; returns how many were.
-
-    An embedding with ``sparse=True`` (see :func:`sparse_embedding_for`)
-    leaves each micro-batch's gradient as the rows it used. At ``k > 1``
-    :func:`train_one_epoch` gives it a dense gradient from the start, into
-    which autograd adds those rows; at ``k = 1`` (or for a caller's own sparse
-    embedding) the gradient is still sparse at the update. Clipping and the
-    fused AdamW need dense gradients, so before clipping the rows are summed
-    into a dense buffer: the same sums the dense embedding backward gives, to
-    float rounding. The buffer is kept from update to update, so its 47 MB
-    (for BERT's vocabulary) are neither reallocated nor faulted in again; it
-    is freed with the parameter.
-    """
-    count = 0
-    for p in parameters:
-        grad = p.grad
-        if grad is None or not grad.is_sparse:
-            continue
-        buf = _dense_grad_buffer(p, grad)
-        buf.zero_()
-        buf.add_(grad)  # dense += sparse: index_add of the rows, duplicates summed
-        p.grad = buf
-        count += 1
-    return count
-
-
-def sparse_embedding_for(model, accelerator):
-    """The input embedding whose gradient :func:`train_one_epoch` makes sparse, or ``None``.
-
-    Only in one process on a CPU, without a compiled model or fp16's gradient
-    scaler: DDP's buckets, FSDP's and DeepSpeed's shards expect dense
-    gradients, and on a GPU zeroing the dense one costs microseconds. See
-    :func:`finetune.modeling.sparse_capable_embedding` for the model's side.
-    """
-    from finetune.modeling import is_compiled, sparse_capable_embedding
-
-    if accelerator.device.type != "cpu" or accelerator.num_processes != 1:
-        return None
-    if getattr(accelerator, "scaler", None) is not None:
-        return None
-    if is_compiled(model):
-        return None  # its graphs were traced with a dense backward
-    return sparse_capable_embedding(model)
-
-
-def layout_for(dataloader, accelerator) -> ShardLayout:
-    """The :class:`ShardLayout` of a dataloader prepared by ``accelerator`` (or a plain one).
-
-    Raises:
-        ValueError: if the dataloader is not dealt out as the layout assumes
-            (``split_batches``, ``drop_last``, or a batch sampler of varying sizes).
-    """
-    num_processes = accelerator.num_processes
-    total = getattr(dataloader, "total_batch_size", None)
-    batch_size = total // num_processes if total else dataloader.batch_size
-    if batch_size is None:
-        raise ValueError("train_one_epoch needs a dataloader with a fixed batch_size")
-    layout = ShardLayout(len(dataloader.dataset), batch_size, num_processes, accelerator.process_index)
-    if len(dataloader) != layout.micro_batches_per_process:
-        raise ValueError(
-            f"dataloader has {len(dataloader)} micro-batches per process, expected "
-            f"{layout.micro_batches_per_process} for {layout.num_samples} samples, b={batch_size}, "
-            f"P={num_processes}: use drop_last=False and no split_batches"
-        )
-    return layout
-
-
-def _lr(optimizer) -> float:
-    return float(optimizer.param_groups[0]["lr"])
+    def count_window(self, totals: torch.Tensor, applied: bool) -> None:
+        self.samples += int(totals[1])
+        self.tokens += int(totals[2])
+        if applied:
+            self.updates += 1
+            self._loss_sum += float(totals[0])
+            self._loss_samples += float(totals[1])
+            self.loss = self._loss_sum / self._loss_samples
 
 
 def train_one_epoch(
@@ -207,8 +112,6 @@ def train_one_epoch(
     max_updates: Optional[int] = None,
     on_nonfinite: str = "stop",
     max_skipped: int = 10,
-    sparse_embedding_grad: bool = True,
-    fast_dropout_masks: bool = True,
     progress=None,
 ) -> EpochResult:
     """Train one epoch with exact gradient accumulation.
@@ -216,13 +119,18 @@ def train_one_epoch(
     Call it with objects already passed through ``accelerator.prepare`` (the
     scheduler excepted: pass it unprepared, this function steps it once per
     update). The accumulation steps ``k`` are ``accelerator.gradient_accumulation_steps``.
+    Each update applies the mean gradient over its window's real samples on
+    all processes, so ``(b, k, P)`` trains the same weights as ``(b*k*P, 1, 1)``,
+    the epoch's ragged last window included. On a CPU, wrap the epochs in
+    :func:`finetune.cpu.cpu_speedups` for the speed ``fit`` gets.
 
     Args:
         model: The prepared model; its ``forward`` must return ``.logits``.
             The batch's ``labels`` are popped before the call, and the loss is
             computed here (per-sample cross-entropy in float32).
         optimizer: The prepared optimizer.
-        scheduler: A learning-rate scheduler sized in updates (or ``None``).
+        scheduler: A learning-rate scheduler sized in updates (or ``None``);
+            see :func:`finetune.optimization.plan_updates`.
         dataloader: The prepared training dataloader. Its sampler's
             ``set_epoch`` is called with ``epoch``.
         accelerator: The ``Accelerator``.
@@ -238,19 +146,11 @@ def train_one_epoch(
             caller decides who writes it.
         on_update: Called after every update with ``state``; returning True
             ends the epoch there (a window boundary), e.g. to checkpoint and stop.
-        max_updates: Stop once ``state.step`` reaches this (end of the schedule).
+        max_updates: Stop once ``state.step`` reaches this (the end of the
+            schedule: pass ``plan.total_updates`` when training by ``max_steps``).
         on_nonfinite: ``"stop"`` raises :class:`NonFiniteLossError`;
             ``"skip"`` drops that update (no optimizer or scheduler step).
         max_skipped: With ``"skip"``, raise after this many skipped updates in a row.
-        sparse_embedding_grad: While this call trains, let the word embedding's
-            backward return only the rows each micro-batch used, added into a
-            reused dense gradient buffer (see :func:`sparse_embedding_for`
-            for where it applies). The embedding is put back as it was when the
-            call returns, so a loop of your own sees the model unchanged.
-        fast_dropout_masks: While this call trains on a CPU, draw dropout
-            masks (hidden and attention) 16 bits at a time from torch's
-            generator instead of with ``bernoulli_`` (see
-            :mod:`finetune.dropout`); the model is handed back unchanged too.
         progress: Optional tqdm bar, advanced by one per update.
 
     Returns:
@@ -260,45 +160,67 @@ def train_one_epoch(
         NonFiniteLossError: on a NaN/inf loss under the ``stop`` policy, or too
             many skips in a row.
     """
-    with contextlib.ExitStack() as switches:
-        if fast_dropout_masks and fast_dropout_applies(model, accelerator):
-            switches.enter_context(fast_dropout(model))
-        embedding = sparse_embedding_for(model, accelerator) if sparse_embedding_grad else None
-        if embedding is not None:
-            switches.enter_context(_sparse_rows(model, embedding, accelerator))
-        return _train_one_epoch(
-            model, optimizer, scheduler, dataloader, accelerator, epoch, state=state, max_grad_norm=max_grad_norm,
-            log_every=log_every, on_log=on_log, on_update=on_update, max_updates=max_updates,
-            on_nonfinite=on_nonfinite, max_skipped=max_skipped, progress=progress,
-        )
-
-
-@contextlib.contextmanager
-def _sparse_rows(model, embedding, accelerator):
-    """While inside, ``embedding``'s backward returns rows; on exit it is as it was, its gradient dense."""
-    was_sparse = embedding.sparse
-    embedding.sparse = True
-    try:
-        weight = embedding.weight
-        if accelerator.gradient_accumulation_steps > 1 and weight.grad is None:
-            # The kept gradients (see keep_grads below) make the embedding's a dense buffer into which
-            # each micro-batch's rows are added. Start the first window that way too, so that it sums
-            # in the same order as every later one, and a resumed run stays bitwise the uninterrupted one.
-            weight.grad = _dense_grad_buffer(weight, like=weight).zero_()
-        yield
-    finally:
-        embedding.sparse = was_sparse
-        # an exception can leave a window's rows behind: hand back the dense gradient torch would have
-        densify_sparse_grads(model.parameters())
-
-
-def _train_one_epoch(model, optimizer, scheduler, dataloader, accelerator, epoch, *, state, max_grad_norm, log_every,
-                     on_log, on_update, max_updates, on_nonfinite, max_skipped, progress) -> EpochResult:
     state = state if state is not None else TrainState(epoch=epoch)
     state.epoch = epoch
     k = accelerator.gradient_accumulation_steps
     layout = layout_for(dataloader, accelerator)
-    device = accelerator.device
+    batches = epoch_batches(dataloader, accelerator, epoch, state.micro_batch, k)
+    window = WindowStats(accelerator.device)
+    logs = LogWindow(accelerator.device)
+    result = EpochResult(epoch=epoch)
+    model.train()
+    t0 = time.perf_counter()
+
+    for j, batch in enumerate(batches, start=state.micro_batch):
+        first, stop = layout.window_of(j, k)
+        if j == first:
+            window.start(first, stop, real_samples=layout.real_in_window(first, stop))
+        real = layout.real_in_micro_batch(j)
+        with accelerator.accumulate(model):  # no_sync for all but the window's last micro-batch
+            check_sync_agrees(accelerator, j, stop)
+            loss_sum, tokens = micro_batch_loss(model, batch, real)
+            accelerator.backward(loss_sum * window_loss_scale(window.real_samples, accelerator))
+        window.add(j, loss_sum.detach(), real, tokens)
+        if j < stop - 1:
+            continue
+
+        totals = window.reduce(accelerator)  # one collective and one host transfer per update
+        update = apply_update(model, optimizer, scheduler, accelerator, totals, max_grad_norm)
+        optimizer.zero_grad()
+        if update.applied:
+            logs.add(totals, update)
+        else:
+            skip_nonfinite(update, window.where(update, accelerator.process_index), state, result,
+                           on_nonfinite, max_skipped)
+        state.count_window(totals, stop, update.applied)
+        result.count_window(totals, update.applied)
+        at_end = stop == layout.micro_batches_per_process
+        if logs.due(stop, k, log_every, last=at_end or state.step == max_updates):
+            report(logs.record(state, epoch + stop / layout.micro_batches_per_process), result, on_log, progress)
+        if progress is not None:
+            progress.update(1)
+        if should_stop(state, on_update, max_updates) and not at_end:
+            result.stopped_early = True
+            break
+
+    if state.micro_batch >= layout.micro_batches_per_process:
+        state.micro_batch, state.epoch = 0, epoch + 1  # the next call starts the next epoch
+    result.seconds = time.perf_counter() - t0
+    return result
+
+
+# --------------------------------------------------------------------------- the steps, in loop order
+
+
+def epoch_batches(dataloader, accelerator, epoch: int, start: int, k: int):
+    """The epoch's micro-batches from micro-batch ``start`` on, in the epoch's order.
+
+    Raises:
+        ValueError: if ``start`` is not a window boundary (a resume must not split a window).
+    """
+    micro_batches = len(dataloader)
+    if start % k != 0 and start != micro_batches:
+        raise ValueError(f"cannot resume at micro-batch {start}: not a window boundary (k={k})")
     if hasattr(dataloader, "set_epoch"):
         dataloader.set_epoch(epoch)  # Accelerate's: passes the epoch down to the sampler
     else:
@@ -308,223 +230,199 @@ def _train_one_epoch(model, optimizer, scheduler, dataloader, accelerator, epoch
             if hasattr(obj, "set_epoch"):
                 obj.set_epoch(epoch)
                 break
-
-    # With k > 1 the gradient buffers must live from a window's first micro-batch to its last
-    # anyway; keeping them from update to update too (zeroed, not freed) gives the allocator the
-    # same layout every window. Freed and reallocated in the middle of each window's backward
-    # pass, they left holes that the next forward pass could not reuse, and glibc's heap grew
-    # by ~200 MB on the BBC News job at b=8, k=4 (README, Performance). With k = 1 they are
-    # freed, so a forward pass never holds them.
-    keep_grads = k > 1
-
-    start = state.micro_batch
-    if start % k != 0 and start != layout.micro_batches_per_process:
-        raise ValueError(f"cannot resume at micro-batch {start}: not a window boundary (k={k})")
-    batches = accelerator.skip_first_batches(dataloader, start) if start > 0 else dataloader
-    result = EpochResult(epoch=epoch)
-    model.train()
-    t0 = time.perf_counter()
-
-    # Device-side accumulators: no host sync per micro-batch. Index 0: summed
-    # loss of real samples, 1: real samples, 2: real non-pad tokens.
-    window_stats = torch.zeros(3, dtype=torch.float64, device=device)
-    first_bad = torch.full((), -1, dtype=torch.long, device=device)
-    log_stats = torch.zeros(3, dtype=torch.float64)
-    log_grad_norm = torch.zeros((), dtype=torch.float32, device=device)
-    log_lr_sum = 0.0
-    log_updates = 0
-    log_t0 = time.perf_counter()
-    epoch_loss_sum = 0.0  # over updates that happened (skipped windows excluded)
-    epoch_loss_samples = 0.0
-    window_real = 0
-
-    j = start - 1
-    for j, batch in enumerate(batches, start=start):
-        first, stop = layout.window_of(j, k)
-        if j == first:
-            window_real = layout.real_in_window(first, stop)
-            window_stats.zero_()
-            first_bad.fill_(-1)
-        labels = batch.pop("labels")
-        real = layout.real_in_micro_batch(j)
-        with accelerator.accumulate(model):
-            # Our window arithmetic and Accelerate's sync decision must agree,
-            # or an update would mix two windows.
-            if accelerator.sync_gradients != (j == stop - 1):
-                raise RuntimeError(
-                    f"accumulation out of step at micro-batch {j}: Accelerate sync="
-                    f"{accelerator.sync_gradients}, window ends at {stop - 1}"
-                )
-            outputs = model(**batch)
-            per_sample = F.cross_entropy(outputs.logits.float(), labels, reduction="none")
-            if real < labels.shape[0]:
-                # rows past `real` repeat earlier samples to even out processes: weight 0
-                keep = torch.arange(labels.shape[0], device=per_sample.device) < real
-                per_sample = torch.where(keep, per_sample, torch.zeros_like(per_sample))
-                tokens = batch["attention_mask"][:real].sum()
-            else:
-                tokens = batch["attention_mask"].sum()
-            loss_sum = per_sample.sum()
-            accelerator.backward(loss_sum * window_loss_scale(window_real, accelerator))
-            detached = loss_sum.detach()
-            window_stats[0] += detached.double()
-            window_stats[1] += real
-            window_stats[2] += tokens.double()
-            # remember the first non-finite micro-batch without a host sync
-            bad_now = (~torch.isfinite(detached)) & (first_bad < 0)
-            first_bad.copy_(torch.where(bad_now, torch.full_like(first_bad, j), first_bad))
-
-            if accelerator.sync_gradients:
-                # One collective and one host transfer per update: the window's loss,
-                # samples and tokens over all processes. Every process needs the loss to
-                # take the same decision on a non-finite update.
-                totals = accelerator.reduce(window_stats.clone(), reduction="sum").cpu()
-                window_loss = (totals[0] / totals[1]).item()
-                problem = None
-                grad_norm = None
-                if not math.isfinite(window_loss):
-                    bad = int(first_bad.item())
-                    where = f"micro-batch {bad} on process {accelerator.process_index}" if bad >= 0 else (
-                        f"micro-batches {first}-{stop - 1} on another process"
-                    )
-                    problem = f"loss ({window_loss})", where
-                else:
-                    lr = _lr(optimizer)
-                    densify_sparse_grads(model.parameters())
-                    grad_norm = accelerator.clip_grad_norm_(
-                        model.parameters(), max_grad_norm if max_grad_norm else float("inf")
-                    )
-                    # A finite loss can still give NaN/inf gradients, which would poison the weights.
-                    # Under fp16 the grad scaler owns that case (it skips the step, and the scheduler
-                    # with it); DeepSpeed clips inside its engine and returns no norm.
-                    if grad_norm is not None and accelerator.scaler is None:
-                        norm = float(grad_norm)  # host sync; the norm is global, so every process agrees
-                        if not math.isfinite(norm):
-                            problem = f"gradient norm ({norm})", f"micro-batches {first}-{stop - 1}"
-                if problem is not None:
-                    what, where = problem
-                    if on_nonfinite == "stop":
-                        raise NonFiniteLossError(
-                            f"non-finite {what} at update {state.step + 1} (epoch {epoch}, "
-                            f"first at {where}); stopping (training.on_nonfinite: skip drops such updates)"
-                        )
-                    optimizer.zero_grad(set_to_none=not keep_grads)
-                    state.skipped_updates += 1
-                    state.skipped_in_row += 1
-                    result.skipped += 1
-                    if state.skipped_in_row >= max_skipped:
-                        raise NonFiniteLossError(
-                            f"{state.skipped_in_row} updates in a row had a non-finite {what.split(' (')[0]} "
-                            f"(last at epoch {epoch}, first at {where}); stopping (training.max_skipped)"
-                        )
-                else:
-                    state.skipped_in_row = 0
-                    optimizer.step()
-                    if scheduler is not None and not accelerator.optimizer_step_was_skipped:
-                        scheduler.step()
-                    optimizer.zero_grad(set_to_none=not keep_grads)
-                    state.step += 1
-                    result.updates += 1
-                    log_stats += totals
-                    epoch_loss_sum += float(totals[0])
-                    epoch_loss_samples += float(totals[1])
-                    if grad_norm is None:
-                        log_grad_norm += float("nan")  # DeepSpeed: the engine clipped; no norm to report
-                    else:
-                        log_grad_norm += grad_norm.detach().float() if torch.is_tensor(grad_norm) else float(grad_norm)
-                    log_lr_sum += lr
-                    log_updates += 1
-                samples, tokens_total = int(totals[1]), int(totals[2])
-                state.samples_seen += samples
-                state.tokens_seen += tokens_total
-                result.samples += samples
-                result.tokens += tokens_total
-                state.micro_batch = stop
-
-                at_end = stop == layout.micro_batches_per_process
-                # every log_every-th window of the epoch (not of this call), so that a run resumed
-                # mid-epoch writes its records at the same steps as an uninterrupted one
-                window_number = -(-stop // k)
-                if log_updates and (window_number % log_every == 0 or at_end or state.step == max_updates):
-                    now = time.perf_counter()
-                    elapsed = max(now - log_t0, 1e-9)
-                    record = {
-                        "step": state.step,
-                        "epoch": epoch + stop / layout.micro_batches_per_process,
-                        "train/loss": float(log_stats[0] / log_stats[1]),
-                        "train/lr": log_lr_sum / log_updates,
-                        "train/grad_norm": log_grad_norm.item() / log_updates,  # host sync, once per record
-                        "train/samples": state.samples_seen,
-                        "train/tokens": state.tokens_seen,
-                        "train/samples_per_s": float(log_stats[1]) / elapsed,
-                        "train/tokens_per_s": float(log_stats[2]) / elapsed,
-                        "train/skipped_updates": state.skipped_updates,
-                    }
-                    result.records.append(record)
-                    if on_log is not None:
-                        on_log(record)
-                    if progress is not None:
-                        progress.set_postfix(loss=f"{record['train/loss']:.4f}", lr=f"{record['train/lr']:.2e}")
-                    log_stats.zero_()
-                    log_grad_norm.zero_()
-                    log_lr_sum = 0.0
-                    log_updates = 0
-                    log_t0 = now
-                if progress is not None:
-                    progress.update(1)
-                stop_now = bool(on_update(state)) if on_update is not None else False
-                if max_updates is not None and state.step >= max_updates:
-                    stop_now = True
-                if stop_now and not at_end:
-                    result.stopped_early = True
-                    break
-
-    if j + 1 >= layout.micro_batches_per_process:
-        # the epoch is complete: the next call starts the next epoch from its first micro-batch
-        state.micro_batch = 0
-        state.epoch = epoch + 1
-    result.seconds = time.perf_counter() - t0
-    result.loss = epoch_loss_sum / epoch_loss_samples if epoch_loss_samples else float("nan")
-    return result
+    return accelerator.skip_first_batches(dataloader, start) if start > 0 else dataloader
 
 
-@torch.no_grad()
-def evaluate_model(model: torch.nn.Module, dataloader, accelerator, metrics=None) -> dict[str, float]:
-    """Loss and metrics of ``model`` on a prepared evaluation dataloader.
+def check_sync_agrees(accelerator, j: int, stop: int) -> None:
+    """Accelerate's sync decision must match the window arithmetic, or an update would mix two windows."""
+    if accelerator.sync_gradients != (j == stop - 1):
+        raise RuntimeError(
+            f"accumulation out of step at micro-batch {j}: Accelerate sync="
+            f"{accelerator.sync_gradients}, window ends at {stop - 1}"
+        )
 
-    Per-sample losses, predictions and references are collected with
-    ``accelerator.gather_for_metrics``, which drops the samples Accelerate
-    repeated to even out processes: every example counts exactly once.
 
-    Args:
-        model: The prepared model.
-        dataloader: Prepared evaluation dataloader with ``labels`` in each batch.
-        accelerator: The ``Accelerator``.
-        metrics: A :class:`finetune.metrics.MetricSuite` (or anything with
-            ``compute(predictions, references) -> dict``); ``None`` for loss only.
+def micro_batch_loss(model, batch: dict[str, torch.Tensor], real: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The summed float32 cross-entropy of the micro-batch's first ``real`` rows, and their non-pad tokens.
 
-    Returns:
-        ``{"loss": ..., "num_samples": ..., <metric>: ...}`` as Python numbers.
+    A sum, not a mean: :func:`~finetune.accumulation.window_loss_scale` turns
+    the window's sums into the mean over its real samples. Rows past ``real``
+    repeat earlier samples to even out processes and get weight 0.
     """
-    was_training = model.training
-    model.eval()
-    losses, preds, refs = [], [], []
-    for batch in dataloader:
-        labels = batch.pop("labels")
-        logits = model(**batch).logits.float()
-        loss = F.cross_entropy(logits, labels, reduction="none")
-        loss, pred, ref = accelerator.gather_for_metrics((loss, logits.argmax(-1), labels))
-        losses.append(loss.cpu())
-        preds.append(pred.cpu())
-        refs.append(ref.cpu())
-    if was_training:
-        model.train()
-    if not losses:
-        return {"loss": float("nan"), "num_samples": 0}
-    all_loss = torch.cat(losses)
-    predictions = torch.cat(preds).numpy()
-    references = torch.cat(refs).numpy()
-    out: dict[str, float] = {"loss": all_loss.double().mean().item(), "num_samples": int(all_loss.numel())}
-    if metrics is not None:
-        out.update(metrics.compute(predictions, references))
-    return out
+    labels = batch.pop("labels")
+    logits = model(**batch).logits
+    per_sample = F.cross_entropy(logits.float(), labels, reduction="none")
+    if real < labels.shape[0]:
+        keep = torch.arange(labels.shape[0], device=per_sample.device) < real
+        per_sample = torch.where(keep, per_sample, torch.zeros_like(per_sample))
+        return per_sample.sum(), batch["attention_mask"][:real].sum()
+    return per_sample.sum(), batch["attention_mask"].sum()
+
+
+class WindowStats:
+    """One window's summed loss, real samples and non-pad tokens, kept on the device.
+
+    Adding to device tensors needs no host sync per micro-batch; the window
+    pays one reduce and one transfer at its end. The first micro-batch whose
+    loss was not finite is remembered the same way, for the error message.
+    """
+
+    def __init__(self, device) -> None:
+        self.totals = torch.zeros(3, dtype=torch.float64, device=device)  # loss sum, samples, tokens
+        self.first_bad = torch.full((), -1, dtype=torch.long, device=device)
+        self.first = self.stop = self.real_samples = 0
+
+    def start(self, first: int, stop: int, real_samples: int) -> None:
+        """Begin the window of micro-batches ``first .. stop-1`` holding ``real_samples`` (all processes)."""
+        self.first, self.stop, self.real_samples = first, stop, real_samples
+        self.totals.zero_()
+        self.first_bad.fill_(-1)
+
+    def add(self, j: int, loss_sum: torch.Tensor, samples: int, tokens: torch.Tensor) -> None:
+        self.totals[0] += loss_sum.double()
+        self.totals[1] += samples
+        self.totals[2] += tokens.double()
+        bad_now = (~torch.isfinite(loss_sum)) & (self.first_bad < 0)
+        self.first_bad.copy_(torch.where(bad_now, torch.full_like(self.first_bad, j), self.first_bad))
+
+    def reduce(self, accelerator) -> torch.Tensor:
+        """The window's totals summed over all processes, on the CPU (every process gets the same)."""
+        return accelerator.reduce(self.totals.clone(), reduction="sum").cpu()
+
+    def where(self, update: "Update", process_index: int) -> str:
+        """Where a non-finite value first appeared, for the error message."""
+        span = f"micro-batches {self.first}-{self.stop - 1}"
+        if update.what != "loss":
+            return span
+        bad = int(self.first_bad.item())
+        return f"micro-batch {bad} on process {process_index}" if bad >= 0 else f"{span} on another process"
+
+
+@dataclass
+class Update:
+    """What :func:`apply_update` did with one window's gradient."""
+
+    # the learning rate the update used (or would have used)
+    lr: float
+    # the gradient norm before clipping: a tensor or a float, None where the engine clips itself (DeepSpeed)
+    grad_norm: Any = None
+    # when the update was skipped: "loss" or "gradient norm", and the value that was not finite
+    what: Optional[str] = None
+    value: float = 0.0
+
+    @property
+    def applied(self) -> bool:
+        return self.what is None
+
+
+def apply_update(model, optimizer, scheduler, accelerator, totals: torch.Tensor,
+                 max_grad_norm: Optional[float]) -> Update:
+    """Clip the accumulated gradient, then step the optimizer and the scheduler, unless a value is not finite.
+
+    The scheduler steps once per update that the optimizer really made: not on
+    a skipped window, and not when fp16's grad scaler skipped the step.
+    """
+    lr = float(optimizer.param_groups[0]["lr"])
+    window_loss = (totals[0] / totals[1]).item()
+    if not math.isfinite(window_loss):
+        return Update(lr, what="loss", value=window_loss)
+    grad_norm = accelerator.clip_grad_norm_(model.parameters(), max_grad_norm if max_grad_norm else float("inf"))
+    # A finite loss can still give NaN/inf gradients, which would poison the weights. Under fp16 the grad
+    # scaler owns that case (it skips the step, and the scheduler with it); DeepSpeed returns no norm.
+    if grad_norm is not None and accelerator.scaler is None:
+        norm = float(grad_norm)  # host sync; the norm is global, so every process agrees
+        if not math.isfinite(norm):
+            return Update(lr, grad_norm, what="gradient norm", value=norm)
+    optimizer.step()
+    if scheduler is not None and not accelerator.optimizer_step_was_skipped:
+        scheduler.step()
+    return Update(lr, grad_norm)
+
+
+def skip_nonfinite(update: Update, where: str, state: TrainState, result: EpochResult, on_nonfinite: str,
+                   max_skipped: int) -> None:
+    """Apply ``training.on_nonfinite`` to an update that was not made: raise, or count the skip.
+
+    Raises:
+        NonFiniteLossError: under ``"stop"``, or after ``max_skipped`` skips in a row.
+    """
+    if on_nonfinite == "stop":
+        raise NonFiniteLossError(
+            f"non-finite {update.what} ({update.value}) at update {state.step + 1} (epoch {state.epoch}, "
+            f"first at {where}); stopping (training.on_nonfinite: skip drops such updates)"
+        )
+    state.skipped_updates += 1
+    state.skipped_in_row += 1
+    result.skipped += 1
+    if state.skipped_in_row >= max_skipped:
+        raise NonFiniteLossError(
+            f"{state.skipped_in_row} updates in a row had a non-finite {update.what} "
+            f"(last at epoch {state.epoch}, first at {where}); stopping (training.max_skipped)"
+        )
+
+
+class LogWindow:
+    """The updates since the last record, averaged into one flat record."""
+
+    def __init__(self, device) -> None:
+        self.totals = torch.zeros(3, dtype=torch.float64)  # loss sum, samples, tokens (already on the host)
+        self.grad_norm = torch.zeros((), dtype=torch.float32, device=device)  # summed on the device: no sync
+        self.lr_sum = 0.0
+        self.updates = 0
+        self.t0 = time.perf_counter()
+
+    def add(self, totals: torch.Tensor, update: Update) -> None:
+        self.totals += totals
+        norm = update.grad_norm
+        if norm is None:
+            self.grad_norm += float("nan")  # DeepSpeed: the engine clipped; no norm to report
+        else:
+            self.grad_norm += norm.detach().float() if torch.is_tensor(norm) else float(norm)
+        self.lr_sum += update.lr
+        self.updates += 1
+
+    def due(self, stop: int, k: int, log_every: int, last: bool) -> bool:
+        """Whether the window ending at ``stop`` writes a record.
+
+        Every ``log_every``-th window of the epoch (not of this call), so that
+        a run resumed mid-epoch writes its records at the same steps as an
+        uninterrupted one; and always at the epoch's or the run's last update.
+        """
+        window_number = -(-stop // k)
+        return self.updates > 0 and (window_number % log_every == 0 or last)
+
+    def record(self, state: TrainState, epoch: float) -> dict[str, Any]:
+        """The record of the updates since the last one (then starts over)."""
+        now = time.perf_counter()
+        elapsed = max(now - self.t0, 1e-9)
+        record = {
+            "step": state.step,
+            "epoch": epoch,
+            "train/loss": float(self.totals[0] / self.totals[1]),
+            "train/lr": self.lr_sum / self.updates,
+            "train/grad_norm": self.grad_norm.item() / self.updates,  # host sync, once per record
+            "train/samples": state.samples_seen,
+            "train/tokens": state.tokens_seen,
+            "train/samples_per_s": float(self.totals[1]) / elapsed,
+            "train/tokens_per_s": float(self.totals[2]) / elapsed,
+            "train/skipped_updates": state.skipped_updates,
+        }
+        self.totals.zero_()
+        self.grad_norm.zero_()
+        self.lr_sum, self.updates, self.t0 = 0.0, 0, now
+        return record
+
+
+def report(record: dict[str, Any], result: EpochResult, on_log, progress) -> None:
+    """Hand a record to the caller and show it on the progress bar."""
+    result.records.append(record)
+    if on_log is not None:
+        on_log(record)
+    if progress is not None:
+        progress.set_postfix(loss=f"{record['train/loss']:.4f}", lr=f"{record['train/lr']:.2e}")
+
+
+def should_stop(state: TrainState, on_update, max_updates: Optional[int]) -> bool:
+    """Whether to end the epoch after this update: the caller asked, or the schedule is done."""
+    asked = bool(on_update(state)) if on_update is not None else False  # called after every update
+    return asked or (max_updates is not None and state.step >= max_updates)

@@ -120,50 +120,16 @@ def load_model(cfg: ModelConfig, id2label: dict[int, str], max_length: Optional[
         raise ModelError(f"model.name_or_path: cannot load {location}: {_first_line(exc)}") from None
 
 
-def sparse_capable_embedding(model):
-    """The model's input (word) embedding if its gradient may be made sparse, else ``None``.
+def require_saved_model(path: str | Path) -> Path:
+    """``path`` as a folder holding a saved model (a run's output folder).
 
-    A dense embedding backward allocates and zeroes a gradient of the whole
-    vocabulary on every micro-batch (30522 x 384 floats, 47 MB, for MiniLM)
-    and adds it into the accumulated one: on a CPU that costs about 10 ms a
-    micro-batch, though a micro-batch of SMS messages touches a few hundred
-    rows. With ``sparse=True`` torch's backward returns just those rows, and
-    :func:`finetune.loop.train_one_epoch` adds them into a dense gradient
-    buffer it allocates once, so clipping and the optimizer see the same
-    gradient as before (to float rounding).
-
-    ``None`` when the input embedding is not an ``nn.Embedding``, is frozen,
-    has ``max_norm`` (which renormalises rows in the forward pass), or shares
-    its weight with another module (tied weights would mix a sparse and a
-    dense gradient).
+    Raises:
+        ModelError: if there is no ``config.json`` in it.
     """
-    import torch
-
-    model = getattr(model, "module", model)  # DDP's wrapper
-    embedding = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
-    if not isinstance(embedding, torch.nn.Embedding) or embedding.max_norm is not None:
-        return None
-    weight = embedding.weight
-    if not weight.requires_grad:
-        return None
-    if sum(1 for _, p in model.named_parameters(remove_duplicate=False) if p is weight) != 1:
-        return None
-    return embedding
-
-
-def is_compiled(model) -> bool:
-    """Whether ``model`` (or the module inside DDP's wrapper) runs through ``torch.compile``.
-
-    ``torch.compile(model)`` returns a wrapper with ``_orig_mod``;
-    ``model.compile()``, as ``training.torch_compile`` does, compiles in place
-    and sets ``_compiled_call_impl``. A compiled model's graphs were traced
-    with the modules it had then, so the loop's switches (sparse embedding
-    gradient, 16-bit dropout masks) leave it alone.
-    """
-    for candidate in (model, getattr(model, "module", model)):
-        if hasattr(candidate, "_orig_mod") or getattr(candidate, "_compiled_call_impl", None) is not None:
-            return True
-    return False
+    path = Path(path)
+    if not (path / "config.json").is_file():
+        raise ModelError(f"{path}: no model here (no config.json); pass a run's output_dir")
+    return path
 
 
 def _hub_hint(location: str) -> Optional[str]:

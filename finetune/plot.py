@@ -27,7 +27,7 @@ from typing import Any, Optional, Sequence
 
 from finetune.errors import DataError, FinetuneError, run_command
 
-CURVES_FILE = "curves.png"
+from finetune.outputs import CURVES_FILE, LOG_FILE
 # Figure size in inches and resolution: curves.png is 1500 x 420 pixels.
 CURVES_SIZE = (15.0, 4.2)
 DPI = 100
@@ -178,7 +178,7 @@ def plot_curves(output_dir: str | os.PathLike, path: str | os.PathLike | None = 
     Raises:
         DataError: if ``output_dir`` has no ``train_log.jsonl`` or the log has no training record.
     """
-    from finetune.tracking import LOG_FILE, read_log
+    from finetune.tracking import read_log
 
     output_dir = Path(output_dir)
     if not (output_dir / LOG_FILE).is_file():

@@ -44,7 +44,7 @@ def saved_config(output_dir: str | os.PathLike):
         ConfigError: if the file exists but is not a valid config.
     """
     from finetune.config import config_from_dict, read_yaml
-    from finetune.runner import CONFIG_FILE
+    from finetune.outputs import CONFIG_FILE
 
     path = Path(output_dir) / CONFIG_FILE
     if not path.is_file():
@@ -107,9 +107,9 @@ class Predictor:
         """
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-        path = Path(output_dir)
-        if not (path / "config.json").is_file():
-            raise ModelError(f"{path}: no model here (no config.json); pass a run's output_dir")
+        from finetune.modeling import require_saved_model
+
+        path = require_saved_model(output_dir)
         if max_length is None:
             cfg = saved_config(path)
             max_length = cfg.data.max_length if cfg is not None else None
@@ -195,7 +195,7 @@ def _training_device():
     """The device training would use in a single process (Accelerate's choice), with all CPU cores."""
     from accelerate import PartialState
 
-    from finetune.runner import configure_cpu_threads
+    from finetune.launch import configure_cpu_threads
 
     state = PartialState()
     configure_cpu_threads(state.device, 1)

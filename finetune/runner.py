@@ -2,11 +2,12 @@
 
 ``train.py`` and the notebooks use the same public helpers:
 
-* :func:`build_accelerator` and :func:`resolve_batching` fix ``b``, ``k`` and ``P``;
 * :func:`setup_run` loads tokenizer, data, model, optimizer, dataloaders and
-  schedule and prepares them with Accelerate;
-* :func:`fit` trains all epochs with :func:`finetune.loop.train_one_epoch`,
-  evaluates, logs and saves.
+  schedule and prepares them with Accelerate (the ``Accelerator`` comes from
+  :func:`finetune.launch.build_accelerator`);
+* :func:`fit` trains all epochs with :func:`finetune.loop.train_one_epoch`
+  inside :func:`finetune.cpu.cpu_speedups`, evaluates, checkpoints, and
+  writes the outputs.
 """
 
 from __future__ import annotations
@@ -21,137 +22,20 @@ from typing import Any, Callable, Optional
 import numpy as np
 import torch
 
-from finetune.checkpoint import Checkpointer, clear_previous_run, resolve_resume
-from finetune.config import Config, TrainingConfig, save_config
-from finetune.errors import ConfigError, LaunchError
-from finetune.dropout import fast_dropout_applies
-from finetune.loop import (
-    EpochResult,
-    NonFiniteLossError,
-    TrainState,
-    evaluate_model,
-    layout_for,
-    sparse_embedding_for,
-    train_one_epoch,
-)
+from finetune.accumulation import Batching, layout_for, resolve_batching
+from finetune.checkpoint import Checkpointer, resolve_resume
+from finetune.config import Config, save_config
+from finetune.cpu import cpu_speedups, plan_cpu_speedups
+from finetune.errors import ConfigError, FinetuneError
+from finetune.evaluation import evaluate_model
+from finetune.launch import build_accelerator
+from finetune.loop import EpochResult, NonFiniteLossError, TrainState, train_one_epoch
 from finetune.optimization import UpdatePlan, build_optimizer, build_scheduler, plan_updates
+from finetune.outputs import CONFIG_FILE, METRICS_FILE, clear_previous_run
 from finetune.sampling import EpochSampler
-from finetune.tracking import RunLogger, check_trackers, flat_hparams
+from finetune.tracking import RunLogger, flat_hparams
 
 logger = logging.getLogger("finetune")
-
-METRICS_FILE = "metrics.json"
-CONFIG_FILE = "config.yaml"
-
-
-@dataclass(frozen=True)
-class Batching:
-    """Micro-batch ``b``, accumulation ``k``, processes ``P`` and effective batch ``B = b*k*P``."""
-
-    per_device_batch_size: int
-    gradient_accumulation_steps: int
-    num_processes: int
-
-    @property
-    def effective_batch_size(self) -> int:
-        return self.per_device_batch_size * self.gradient_accumulation_steps * self.num_processes
-
-
-def resolve_batching(training: TrainingConfig, num_processes: int) -> Batching:
-    """Derive ``k`` from ``effective_batch_size`` (or take it as given) for ``P`` processes.
-
-    With ``per_device_train_batch_size: auto`` this is the first micro-batch to
-    try (the largest power of two dividing ``B / P``); :func:`setup_run` may
-    halve it (doubling ``k``) if it does not fit, see :mod:`finetune.autobatch`.
-
-    Raises:
-        ConfigError: if ``B`` is not divisible by ``b * P``, or both keys are
-            given and disagree.
-    """
-    b = training.per_device_train_batch_size
-    k = training.gradient_accumulation_steps
-    B = training.effective_batch_size
-    if b == "auto":
-        from finetune.autobatch import initial_micro_batch
-
-        b = initial_micro_batch(B, num_processes)
-        return Batching(b, B // (b * num_processes), num_processes)
-    if B is None:
-        return Batching(b, k or 1, num_processes)
-    if B % (b * num_processes) != 0:
-        step = b * num_processes
-        nearest = sorted({max(step, B // step * step), (B // step + 1) * step})
-        raise ConfigError(
-            f"training.effective_batch_size: {B} samples per update cannot be split over {num_processes} "
-            f"process{'es' if num_processes > 1 else ''} with per_device_train_batch_size {b} "
-            f"(it must be a multiple of {b} x {num_processes} = {step})",
-            hint=f"set training.effective_batch_size to a multiple of {step} ({' or '.join(map(str, nearest))} "
-            f"are nearest), or change per_device_train_batch_size or the number of processes",
-        )
-    derived = B // (b * num_processes)
-    if k is not None and k != derived:
-        raise ConfigError(
-            f"training.gradient_accumulation_steps: {k} contradicts effective_batch_size {B} = "
-            f"{b} x {num_processes} processes x {derived}; set only one of them"
-        )
-    return Batching(b, derived, num_processes)
-
-
-def configure_cpu_threads(device: torch.device, num_processes: int) -> Optional[int]:
-    """Give each process on a CPU its share of the cores; returns the thread count (None on GPU).
-
-    ``accelerate launch`` exports ``OMP_NUM_THREADS=1`` unless told otherwise, which
-    leaves a CPU run on one core. ``FINETUNE_CPU_THREADS`` pins the count instead.
-    """
-    if device.type != "cpu":
-        return None
-    pinned = os.environ.get("FINETUNE_CPU_THREADS")
-    if pinned:
-        try:
-            threads = int(pinned)
-        except ValueError:
-            raise LaunchError(f"FINETUNE_CPU_THREADS: expected a whole number, got {pinned!r}") from None
-    else:
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-        local = int(os.environ.get("LOCAL_WORLD_SIZE", num_processes))
-        threads = max(1, cores // max(1, local))
-    torch.set_num_threads(threads)
-    return threads
-
-
-def build_accelerator(cfg: Config, project_dir: Optional[str] = None):
-    """An ``Accelerator`` with ``k`` resolved for the launched process count.
-
-    Several processes on a machine without a GPU are joined over gloo on the
-    CPU (see :func:`finetune.scaling.init_process_state`).
-
-    Raises:
-        ConfigError: if the effective batch cannot be split over the processes, or a
-            tracker in ``logging.report_to`` is unknown or its package is not installed.
-        LaunchError: if the precision cannot run on this hardware (fp16 without a GPU),
-            or the launched processes cannot be joined.
-    """
-    from accelerate import Accelerator
-
-    from finetune.scaling import init_process_state
-
-    # Accelerate would drop a tracker whose package is missing without a word: fail before any work
-    check_trackers(cfg.logging.report_to)
-    state = init_process_state()
-    if cfg.training.mixed_precision == "fp16" and state.device.type == "cpu":
-        raise LaunchError(
-            "training.mixed_precision: fp16 needs a GPU; this process runs on the CPU (use bf16 or no)"
-        )
-    batching = resolve_batching(cfg.training, state.num_processes)
-    configure_cpu_threads(state.device, state.num_processes)
-    return Accelerator(
-        # agree with the state: on a CPU state AcceleratorState would otherwise still pick DeepSpeed if asked
-        cpu=state.device.type == "cpu",
-        gradient_accumulation_steps=batching.gradient_accumulation_steps,
-        mixed_precision=cfg.training.mixed_precision,
-        log_with=cfg.logging.report_to or None,
-        project_dir=project_dir or cfg.output.output_dir,
-    )
 
 
 @dataclass
@@ -236,7 +120,7 @@ def build_dataloaders(cfg: Config, tokenized, tokenizer, accelerator, batching: 
     return train_dl, eval_dl
 
 
-def _fit_micro_batch(model, train_dataset, tokenizer, accelerator, batching: Batching) -> Batching:
+def fit_micro_batch(model, train_dataset, tokenizer, accelerator, batching: Batching) -> Batching:
     """``per_device_train_batch_size: auto``: the largest ``b`` that fits with ``B`` unchanged; sets ``k``."""
     from finetune.autobatch import choose_micro_batch, worst_case_batch
 
@@ -257,75 +141,44 @@ def setup_run(cfg: Config, accelerator=None) -> Run:
     """Load and prepare everything the config describes.
 
     Nothing is written to ``output.output_dir`` here, so a bad data file or
-    model path fails before any earlier output is touched.
+    model path fails before any earlier output is touched. Every check that
+    can reject the input runs before tokenization, which takes minutes on a
+    large data set: the model's path and position limit even before the data
+    is read.
 
     Args:
         cfg: A validated config (see :func:`finetune.config.load_config`).
         accelerator: An existing ``Accelerator`` (its ``gradient_accumulation_steps``
-            must match the config); built with :func:`build_accelerator` when ``None``.
+            must match the config); built with :func:`~finetune.launch.build_accelerator` when ``None``.
 
     Returns:
         A :class:`Run` whose model, optimizer and dataloaders are prepared.
     """
     from accelerate.utils import set_seed
 
-    from finetune.data import default_cache_dir, load_splits, prepare_cache_dir, tokenize_splits
     from finetune.metrics import MetricSuite
     from finetune.modeling import load_model, load_model_config, load_tokenizer
 
     accelerator = accelerator or build_accelerator(cfg)
-    batching = resolve_batching(cfg.training, accelerator.num_processes)
-    if accelerator.gradient_accumulation_steps != batching.gradient_accumulation_steps:
-        raise ConfigError(
-            f"training.gradient_accumulation_steps: the Accelerator accumulates "
-            f"{accelerator.gradient_accumulation_steps} steps, the config {batching.gradient_accumulation_steps}"
-        )
+    batching = check_batching(cfg, accelerator)
     set_seed(cfg.training.seed)
-
-    # Every check that can reject the input runs before tokenization, which takes minutes
-    # on a large data set: the model's path and position limit even before the data is read.
     tokenizer = load_tokenizer(cfg.model)
     load_model_config(cfg.model, cfg.data.max_length)
-    cache_dir = None
-    if cfg.data.cache_tokenized:
-        cache_dir = prepare_cache_dir(cfg.data.cache_dir or default_cache_dir())
-    with accelerator.main_process_first():
-        splits, labels = load_splits(cfg.data, seed=cfg.training.seed)
+    cache_dir = tokenized_cache_dir(cfg)
+    splits, labels = load_data(cfg, accelerator)
     model = load_model(cfg.model, labels.id2label, max_length=cfg.data.max_length)
-
-    pos_label = None
-    if cfg.evaluation.average == "binary":
-        if cfg.evaluation.positive_label not in labels.label2id:
-            raise ConfigError(
-                f"evaluation.positive_label: {cfg.evaluation.positive_label!r} is not a label of the data "
-                f"({', '.join(labels.names)})"
-            )
-        pos_label = labels.label2id[cfg.evaluation.positive_label]
-    metrics = MetricSuite(cfg.evaluation.metrics, len(labels), cfg.evaluation.average, pos_label)
-
-    with accelerator.main_process_first():
-        # the main process tokenizes (and caches) first; the others then read its files
-        tokenized = tokenize_splits(splits, tokenizer, cfg.data.max_length, cache_dir=cache_dir)
+    metrics = MetricSuite.from_config(cfg.evaluation, labels.names)
+    tokenized = tokenize_data(cfg, splits, tokenizer, accelerator, cache_dir)
     if cfg.training.per_device_train_batch_size == "auto":
-        batching = _fit_micro_batch(model, tokenized["train"], tokenizer, accelerator, batching)
+        batching = fit_micro_batch(model, tokenized["train"], tokenizer, accelerator, batching)
     if cfg.training.torch_compile:
-        # in place: state_dict keys, unwrap_model and save_pretrained stay as without compiling
-        model.compile()
+        model.compile()  # in place: state_dict keys, unwrap_model and save_pretrained stay as without compiling
     train_dl, eval_dl = build_dataloaders(cfg, tokenized, tokenizer, accelerator, batching)
     optimizer = build_optimizer(model, cfg.optim, device=accelerator.device)
-    if eval_dl is not None:
-        model, optimizer, train_dl, eval_dl = accelerator.prepare(model, optimizer, train_dl, eval_dl)
-    else:
-        model, optimizer, train_dl = accelerator.prepare(model, optimizer, train_dl)
-    layout = layout_for(train_dl, accelerator)
-    plan = plan_updates(
-        layout.micro_batches_per_process,
-        batching.gradient_accumulation_steps,
-        cfg.training.num_train_epochs,
-        cfg.training.max_steps,
-        cfg.optim.warmup_steps,
-        cfg.optim.warmup_ratio,
-    )
+    model, optimizer, train_dl, eval_dl = prepare(accelerator, model, optimizer, train_dl, eval_dl)
+    plan = plan_for(cfg, train_dl, accelerator, batching)
+    # Not prepared (its wrapper steps P times per call), nor registered for checkpointing:
+    # finetune.checkpoint saves it and reads it back with weights_only=True.
     scheduler = build_scheduler(optimizer, cfg.optim, plan)
     # Training's own random draws (dropout) start from the seed itself, not from wherever setup
     # left the generators: the new head's initialisation draws a number that depends on the label
@@ -333,25 +186,84 @@ def setup_run(cfg: Config, accelerator=None) -> Run:
     # the Trainer, which seeds after the model is built. A resumed run restores its checkpointed
     # generators over this one (finetune.checkpoint).
     set_seed(cfg.training.seed)
-    # Not prepared (its wrapper steps P times per call), nor registered for checkpointing:
-    # finetune.checkpoint saves it and reads it back with weights_only=True.
     return Run(cfg, accelerator, batching, tokenizer, labels, model, optimizer, scheduler, train_dl, eval_dl,
                metrics, plan)
 
 
+def check_batching(cfg: Config, accelerator) -> Batching:
+    """``b``, ``k``, ``P`` of the config on this accelerator's processes.
+
+    Raises:
+        ConfigError: if the ``Accelerator`` accumulates another ``k`` than the config.
+    """
+    batching = resolve_batching(cfg.training, accelerator.num_processes)
+    if accelerator.gradient_accumulation_steps != batching.gradient_accumulation_steps:
+        raise ConfigError(
+            f"training.gradient_accumulation_steps: the Accelerator accumulates "
+            f"{accelerator.gradient_accumulation_steps} steps, the config {batching.gradient_accumulation_steps}"
+        )
+    return batching
+
+
+def tokenized_cache_dir(cfg: Config) -> Optional[Path]:
+    """The checked folder of the tokenization cache, or ``None`` when ``data.cache_tokenized`` is off."""
+    from finetune.data import default_cache_dir, prepare_cache_dir
+
+    if not cfg.data.cache_tokenized:
+        return None
+    return prepare_cache_dir(cfg.data.cache_dir or default_cache_dir())
+
+
+def load_data(cfg: Config, accelerator):
+    """The data's splits and label space (the main process first, so that others find its caches)."""
+    from finetune.data import load_splits
+
+    with accelerator.main_process_first():
+        return load_splits(cfg.data, seed=cfg.training.seed)
+
+
+def tokenize_data(cfg: Config, splits, tokenizer, accelerator, cache_dir: Optional[Path]):
+    """The tokenized splits; the main process tokenizes (and caches) first, the others then read its files."""
+    from finetune.data import tokenize_splits
+
+    with accelerator.main_process_first():
+        return tokenize_splits(splits, tokenizer, cfg.data.max_length, cache_dir=cache_dir)
+
+
+def prepare(accelerator, model, optimizer, train_dl, eval_dl):
+    """Everything but the scheduler through ``accelerator.prepare``; ``eval_dl`` may be ``None``."""
+    if eval_dl is None:
+        model, optimizer, train_dl = accelerator.prepare(model, optimizer, train_dl)
+        return model, optimizer, train_dl, None
+    return accelerator.prepare(model, optimizer, train_dl, eval_dl)
+
+
+def plan_for(cfg: Config, train_dl, accelerator, batching: Batching) -> UpdatePlan:
+    """The run's length in updates, counted on the prepared (per-process) training dataloader."""
+    layout = layout_for(train_dl, accelerator)
+    return plan_updates(
+        layout.micro_batches_per_process,
+        batching.gradient_accumulation_steps,
+        cfg.training.num_train_epochs,
+        cfg.training.max_steps,
+        cfg.optim.warmup_steps,
+        cfg.optim.warmup_ratio,
+    )
+
+
 def describe(run: Run) -> str:
-    """One start-up line: processes, backend, device, b/k/P/B, updates."""
+    """One start-up line: processes, backend, device, CPU speed-ups, b/k/P/B, updates."""
     acc = run.accelerator
     b = run.batching
     backend = getattr(acc.state, "backend", None) or "none"
-    sparse = run.cfg.training.sparse_embedding_grad and sparse_embedding_for(run.model, acc) is not None
-    masks = run.cfg.training.fast_dropout_masks and fast_dropout_applies(run.model, acc)
+    training = run.cfg.training
+    speedups = plan_cpu_speedups(run.model, acc, dropout_masks=training.fast_dropout_masks,
+                                 sparse_embedding=training.sparse_embedding_grad, quiet=True).describe()
     return (
         f"processes={acc.num_processes} backend={backend} device={acc.device} "
         f"{'threads=' + str(torch.get_num_threads()) + ' ' if acc.device.type == 'cpu' else ''}"
         f"precision={acc.mixed_precision} "
-        f"{'embedding_grad=sparse ' if sparse else ''}"
-        f"{'dropout_masks=fast ' if masks else ''}"
+        f"{speedups + ' ' if speedups else ''}"
         f"b={b.per_device_batch_size} k={b.gradient_accumulation_steps} "
         f"P={b.num_processes} effective_batch={b.effective_batch_size} "
         f"train_samples={len(run.train_dataloader.dataset)} updates={run.plan.total_updates} "
@@ -401,7 +313,7 @@ def fit(
     on_epoch_end: Optional[Callable[[int, dict[str, Any]], None]] = None,
     on_update: Optional[Callable[[TrainState], bool]] = None,
 ) -> dict[str, Any]:
-    """Train all epochs, evaluate after each, log, checkpoint, and save the final model.
+    """Train all epochs, evaluate after each, log, checkpoint, and write the outputs.
 
     Resumes from ``output.resume_from`` when set. Checkpoints (see
     :mod:`finetune.checkpoint`) are saved every ``output.checkpoint_every``
@@ -412,10 +324,13 @@ def fit(
         run: From :func:`setup_run`.
         on_epoch_end: Called with ``(epoch, eval metrics)`` after each evaluation.
         on_update: Called after every update with the loop's state (after the
-            checkpoint callback); returning True ends the run there.
+            checkpoint callback); returning True ends the run there, without
+            final evaluation or outputs.
 
     Returns:
-        ``{"train": {...}, "eval": {...}, "epochs": [...]}`` as written to ``metrics.json``.
+        The summary ``{"train": {...}, "eval": {...}, "epochs": [...], "labels": [...]}``,
+        as written to ``metrics.json``; ``train.stopped_early`` is True when
+        ``on_update`` ended the run (then nothing is written).
 
     Raises:
         RunInterrupted: after a signal, once the checkpoint is saved (exit code 128 + signal).
@@ -423,34 +338,54 @@ def fit(
             (or too many skips); the message names the last good checkpoint.
         ConfigError: if ``output.resume_from`` names no checkpoint, or one of another setup.
     """
-    from tqdm.auto import tqdm
-
     cfg, acc = run.cfg, run.accelerator
-    out = Path(cfg.output.output_dir)
     history: list[dict[str, Any]] = []
-    # checks output.resume_from against this run before anything is written
-    checkpoints = Checkpointer(run, history)
-    if acc.is_main_process:
-        if checkpoints.resume_path is None and cfg.output.overwrite:
-            # a fresh run must never resume from, append to, or report an earlier run's state
-            for path in clear_previous_run(out):
-                logger.info("output.overwrite: removed %s of an earlier run", path)
-        out.mkdir(parents=True, exist_ok=True)
-        save_config(cfg, out / CONFIG_FILE)
-    use_trackers = bool(cfg.logging.report_to)
-    if use_trackers:
+    checkpoints = Checkpointer(run, history)  # checks output.resume_from before anything is written
+    start_outputs(run, fresh=checkpoints.resume_path is None)
+    if cfg.logging.report_to:
         acc.init_trackers(cfg.logging.project_name, config=flat_hparams(cfg.to_dict()))
     pending_eval = checkpoints.restore()
     resuming = run.state.step > 0 or run.state.micro_batch > 0 or run.state.epoch > 0
-    log = RunLogger(acc, out, use_trackers=use_trackers, resume_step=run.state.step if resuming else None)
-    progress = tqdm(
-        total=run.plan.total_updates,
-        initial=run.state.step,
-        disable=not (acc.is_main_process and cfg.logging.progress_bar),
-        desc="train",
-        unit="update",
-        dynamic_ncols=True,
-    )
+    log = RunLogger(acc, cfg.output.output_dir, use_trackers=bool(cfg.logging.report_to),
+                    resume_step=run.state.step if resuming else None)
+    try:
+        with checkpoints:  # SIGTERM / SIGINT now stop at the next window boundary
+            results, finished = train_epochs(run, checkpoints, log, history, pending_eval, on_epoch_end, on_update)
+    except NonFiniteLossError as exc:
+        raise NonFiniteLossError(f"{exc.message}; {checkpoints.last_good()}") from None
+    if finished and run.eval_dataloader is not None and not cfg.training.eval_each_epoch:
+        evaluate_and_log(run, log, history, epoch=None)
+    summary = summarize(run, results, history, stopped_early=not finished)
+    if finished:
+        write_outputs(run, summary)
+    if cfg.logging.report_to:
+        acc.end_training()
+    return summary
+
+
+def start_outputs(run: Run, fresh: bool) -> None:
+    """Create the output folder and write ``config.yaml``; a fresh run under ``output.overwrite`` clears the old one."""
+    out = Path(run.cfg.output.output_dir)
+    if not run.accelerator.is_main_process:
+        return
+    if fresh and run.cfg.output.overwrite:
+        # a fresh run must never resume from, append to, or report an earlier run's state
+        for path in clear_previous_run(out):
+            logger.info("output.overwrite: removed %s of an earlier run", path)
+    out.mkdir(parents=True, exist_ok=True)
+    save_config(run.cfg, out / CONFIG_FILE)
+
+
+def train_epochs(run: Run, checkpoints: Checkpointer, log: RunLogger, history: list[dict[str, Any]],
+                 pending_eval: Optional[int], on_epoch_end, on_update) -> tuple[list[EpochResult], bool]:
+    """The epochs from the run's state on, each followed by its evaluation and checkpoint.
+
+    Returns:
+        The epochs' results, and False when ``on_update`` ended the run early.
+    """
+    from tqdm.auto import tqdm
+
+    cfg, acc = run.cfg, run.accelerator
     results: list[EpochResult] = []
 
     def on_any_update(state: TrainState) -> bool:
@@ -459,68 +394,62 @@ def fit(
 
     def end_of_epoch(epoch: int) -> None:
         if run.eval_dataloader is not None and cfg.training.eval_each_epoch:
-            metrics = evaluate_model(run.model, run.eval_dataloader, acc, run.metrics)
-            record = {"step": run.state.step, "epoch": epoch + 1, **{f"eval/{k}": v for k, v in metrics.items()}}
-            log.log(record)
-            history.append(record)
-            logger.info("epoch %d eval: %s", epoch, _fmt(metrics))
+            metrics = evaluate_and_log(run, log, history, epoch)
             if on_epoch_end is not None:
                 on_epoch_end(epoch, metrics)
         checkpoints.save(f"end of epoch {epoch}")
 
-    try:
-        checkpoints.__enter__()  # SIGTERM / SIGINT now stop at the next window boundary
+    progress = tqdm(total=run.plan.total_updates, initial=run.state.step, desc="train", unit="update",
+                    disable=not (acc.is_main_process and cfg.logging.progress_bar), dynamic_ncols=True)
+    speedups = cpu_speedups(run.model, run.optimizer, acc, dropout_masks=cfg.training.fast_dropout_masks,
+                            sparse_embedding=cfg.training.sparse_embedding_grad)
+    with progress, speedups:
         if pending_eval is not None:
             end_of_epoch(pending_eval)  # the run was stopped between an epoch's last update and its evaluation
         for epoch in range(run.state.epoch, run.plan.num_epochs):
             if run.state.step >= run.plan.total_updates:
                 break
             result = train_one_epoch(
-                run.model,
-                run.optimizer,
-                run.scheduler,
-                run.train_dataloader,
-                acc,
-                epoch,
-                state=run.state,
-                max_grad_norm=cfg.training.max_grad_norm,
-                log_every=cfg.logging.log_every,
-                on_log=log.log,
-                on_update=on_any_update,
-                max_updates=run.plan.total_updates,
-                on_nonfinite=cfg.training.on_nonfinite,
-                max_skipped=cfg.training.max_skipped,
-                sparse_embedding_grad=cfg.training.sparse_embedding_grad,
-                fast_dropout_masks=cfg.training.fast_dropout_masks,
-                progress=progress,
+                run.model, run.optimizer, run.scheduler, run.train_dataloader, acc, epoch,
+                state=run.state, max_grad_norm=cfg.training.max_grad_norm, log_every=cfg.logging.log_every,
+                on_log=log.log, on_update=on_any_update, max_updates=run.plan.total_updates,
+                on_nonfinite=cfg.training.on_nonfinite, max_skipped=cfg.training.max_skipped, progress=progress,
             )
             results.append(result)
-            logger.info(
-                "epoch %d: %d updates, loss %.4f, %d samples in %.1fs",
-                epoch, result.updates, result.loss, result.samples, result.seconds,
-            )
+            logger.info("epoch %d: %d updates, loss %.4f, %d samples in %.1fs",
+                        epoch, result.updates, result.loss, result.samples, result.seconds)
             finished = not result.stopped_early or run.state.step >= run.plan.total_updates
             if checkpoints.stop_signum is not None:
                 eval_due = finished and run.eval_dataloader is not None and cfg.training.eval_each_epoch
                 checkpoints.interrupt(pending_eval_epoch=epoch if eval_due else None)
             if not finished:
-                # a callback asked to stop: no evaluation of a partial epoch
-                return {"stopped": True, "step": run.state.step}
+                return results, False  # a callback asked to stop: no evaluation of a partial epoch
             end_of_epoch(epoch)
             checkpoints.check_signal()  # a signal during the evaluation: stop on the epoch's checkpoint
-    except NonFiniteLossError as exc:
-        raise NonFiniteLossError(f"{exc.message}; {checkpoints.last_good()}") from None
-    finally:
-        checkpoints.__exit__(None, None, None)
-        progress.close()
+    return results, True
 
+
+def evaluate_and_log(run: Run, log: RunLogger, history: list[dict[str, Any]], epoch: Optional[int]):
+    """Evaluate on the validation split, log the record and keep it in ``history``; returns the metrics.
+
+    ``epoch`` is the epoch just finished (``None`` for the one evaluation after training).
+    """
+    metrics = evaluate_model(run.model, run.eval_dataloader, run.accelerator, run.metrics)
+    record: dict[str, Any] = {"step": run.state.step}
+    if epoch is not None:
+        record["epoch"] = epoch + 1
+        logger.info("epoch %d eval: %s", epoch, _fmt(metrics))
+    record.update({f"eval/{k}": v for k, v in metrics.items()})
+    log.log(record)
+    history.append(record)
+    return metrics
+
+
+def summarize(run: Run, results: list[EpochResult], history: list[dict[str, Any]],
+              stopped_early: bool = False) -> dict[str, Any]:
+    """The run's summary: what ``metrics.json`` holds."""
     final = history[-1] if history else {}
-    if run.eval_dataloader is not None and not cfg.training.eval_each_epoch:
-        metrics = evaluate_model(run.model, run.eval_dataloader, acc, run.metrics)
-        final = {"step": run.state.step, **{f"eval/{k}": v for k, v in metrics.items()}}
-        log.log(final)
-        history.append(final)
-    summary = {
+    return {
         "train": {
             "updates": run.state.step,
             "skipped_updates": run.state.skipped_updates,
@@ -530,23 +459,25 @@ def fit(
             "effective_batch_size": run.batching.effective_batch_size,
             "gradient_accumulation_steps": run.batching.gradient_accumulation_steps,
             "num_processes": run.batching.num_processes,
+            "stopped_early": stopped_early,
         },
         "eval": {k.removeprefix("eval/"): v for k, v in final.items() if k.startswith("eval/")},
         "epochs": history,
         "labels": list(run.labels.names),
     }
+
+
+def write_outputs(run: Run, summary: dict[str, Any]) -> None:
+    """The final model, ``metrics.json`` and ``curves.png`` in ``output.output_dir``."""
+    out = Path(run.cfg.output.output_dir)
     save_model(run, out)
-    if acc.is_main_process:
+    if run.accelerator.is_main_process:
         (out / METRICS_FILE).write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
-        _write_curves(out)
-    if use_trackers:
-        acc.end_training()
-    return summary
+        write_curves(out)
 
 
-def _write_curves(out: Path) -> None:
+def write_curves(out: Path) -> None:
     """``curves.png`` from the run's log; a missing matplotlib costs the picture, not the run."""
-    from finetune.errors import FinetuneError
     from finetune.plot import plot_curves
 
     try:

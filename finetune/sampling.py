@@ -1,30 +1,20 @@
-"""The training sample order, and where each process's real samples sit in it.
+"""The training sample order.
 
-Two pieces live here because the exactness of accumulation depends on both:
+:class:`EpochSampler` decides the global order of samples in an epoch. It
+depends only on the seed, the epoch and the effective batch ``B``, never on
+how ``B`` is split into ``b * k * P``; so ``(b, k, P)`` and ``(B, 1, 1)`` see
+the same windows, which the exactness of accumulation needs.
 
-* :class:`EpochSampler` decides the global order of samples in an epoch. It
-  depends only on the seed, the epoch and the effective batch ``B``, never on
-  how ``B`` is split into ``b * k * P``; so ``(b, k, P)`` and ``(B, 1, 1)`` see
-  the same windows. With ``group_by_length`` it sorts each window by length,
-  so that the window's ``k`` micro-batches pad little while its sample set
-  stays a uniform random draw, new every epoch. Sorting "mega-batches" of
-  several windows (``group_windows > 1``, as the Trainer's ``group_by_length``
-  does) pads less, at a price: each update then holds samples of similar
-  length, and where length goes with the label (spam is long) of similar label.
-* :class:`ShardLayout` knows how Accelerate deals that order out to processes
-  (global batch ``g`` of size ``b`` goes to process ``g % P``; the last short
-  batch and any missing batches are filled with repeats of the epoch's first
-  samples, appended after the real rows). From ``(N, b, P)`` alone it tells how
-  many real samples each micro-batch and each window holds, with no look-ahead
-  and no communication. PyTorch and Accelerate expose no such count, hence
-  this hand-written arithmetic; ``train_one_epoch`` checks it against the
-  prepared dataloader's length.
+With ``group_by_length`` it sorts each window by length, so that the window's
+``k`` micro-batches pad little while its sample set stays a uniform random
+draw, new every epoch. Sorting "mega-batches" of
+several windows (``group_windows > 1``, as the Trainer's ``group_by_length``
+does) pads less, at a price: each update then holds samples of similar
+length, and where length goes with the label (spam is long) of similar label.
 """
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
 from typing import Iterator, Optional, Sequence
 
 import torch
@@ -103,58 +93,3 @@ class EpochSampler(Sampler[int]):
 
     def __iter__(self) -> Iterator[int]:
         return iter(self.order())
-
-
-@dataclass(frozen=True)
-class ShardLayout:
-    """Where the real samples are in one epoch of a prepared dataloader.
-
-    The global stream is the sampler's order cut into batches of ``b``; real
-    samples are its first ``N`` positions, anything after them is a repeat that
-    Accelerate added so all processes get the same number of full batches.
-
-    Args:
-        num_samples: ``N``, samples in the data set.
-        batch_size: ``b``, micro-batch size per process.
-        num_processes: ``P``.
-        process_index: This process's rank.
-    """
-
-    num_samples: int
-    batch_size: int
-    num_processes: int = 1
-    process_index: int = 0
-
-    @property
-    def micro_batches_per_process(self) -> int:
-        """Micro-batches each process sees in one epoch."""
-        global_batches = math.ceil(self.num_samples / self.batch_size)
-        return math.ceil(global_batches / self.num_processes)
-
-    def _real_before(self, position: int) -> int:
-        return min(self.num_samples, max(0, position))
-
-    def real_in_micro_batch(self, j: int, process_index: Optional[int] = None) -> int:
-        """Real samples in this process's micro-batch ``j`` (its first rows)."""
-        p = self.process_index if process_index is None else process_index
-        start = (j * self.num_processes + p) * self.batch_size
-        return self._real_before(start + self.batch_size) - self._real_before(start)
-
-    def real_in_window(self, first: int, stop: int) -> int:
-        """Real samples, over all processes, in micro-batches ``first .. stop-1``."""
-        per_step = self.num_processes * self.batch_size
-        return self._real_before(stop * per_step) - self._real_before(first * per_step)
-
-    def windows(self, k: int) -> list[tuple[int, int]]:
-        """``(first, stop)`` micro-batch ranges of the epoch's windows; the last may be short."""
-        m = self.micro_batches_per_process
-        return [(s, min(s + k, m)) for s in range(0, m, k)]
-
-    def window_of(self, j: int, k: int) -> tuple[int, int]:
-        """The ``(first, stop)`` range of the window holding micro-batch ``j``."""
-        first = (j // k) * k
-        return first, min(first + k, self.micro_batches_per_process)
-
-    def updates_per_epoch(self, k: int) -> int:
-        """Optimizer updates in one epoch: ``ceil(micro-batches / k)``."""
-        return math.ceil(self.micro_batches_per_process / k)

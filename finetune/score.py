@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from finetune.errors import ConfigError, DataError, ModelError, run_command
+from finetune.errors import ConfigError, DataError, run_command
 from finetune.predict import DEFAULT_BATCH_SIZE, Predictor
 
 _SCORE_SECTIONS = ("data", "evaluation")
@@ -67,7 +67,7 @@ def scoring_config(output_dir: str | os.PathLike, file: str | os.PathLike, overr
         ConfigError: for an override outside ``data.*`` / ``evaluation.*`` or an invalid value.
     """
     from finetune.config import config_from_dict, parse_override, read_yaml
-    from finetune.runner import CONFIG_FILE
+    from finetune.outputs import CONFIG_FILE
 
     path = Path(output_dir) / CONFIG_FILE
     raw = read_yaml(path) if path.is_file() else {}
@@ -117,10 +117,9 @@ def model_labels(output_dir: str | os.PathLike) -> list[str]:
     """
     from transformers import AutoConfig
 
-    path = Path(output_dir)
-    if not (path / "config.json").is_file():
-        raise ModelError(f"{path}: no model here (no config.json); pass a run's output_dir")
-    config = AutoConfig.from_pretrained(path)
+    from finetune.modeling import require_saved_model
+
+    config = AutoConfig.from_pretrained(require_saved_model(output_dir))
     return [config.id2label[i] for i in range(config.num_labels)]
 
 
@@ -157,13 +156,7 @@ def score_file(output_dir: str | os.PathLike, file: str | os.PathLike, overrides
     names = predictor.labels if predictor is not None else model_labels(output_dir)
     texts, pairs, references = load_labelled(file, cfg.data, names)
 
-    pos_label = None
-    if cfg.evaluation.average == "binary":
-        if cfg.evaluation.positive_label not in names:
-            raise ConfigError(f"evaluation.positive_label: {cfg.evaluation.positive_label!r} is not a label of "
-                              f"the model ({', '.join(names)})")
-        pos_label = names.index(cfg.evaluation.positive_label)
-    suite = MetricSuite(cfg.evaluation.metrics, len(names), cfg.evaluation.average, pos_label)
+    suite = MetricSuite.from_config(cfg.evaluation, names, whose="the model")
 
     predictor = predictor or Predictor.load(output_dir, batch_size=batch_size)
     logits = predictor.logits(texts, pairs, progress=True)
@@ -204,11 +197,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def run(args: argparse.Namespace) -> Score:
     """Check the arguments, score, print and write the outputs."""
+    from finetune.modeling import require_saved_model
     from finetune.plot import DPI, confusion_figure
 
-    output_dir = Path(args.output_dir)
-    if not (output_dir / "config.json").is_file():
-        raise ModelError(f"{output_dir}: no model here (no config.json); pass a run's output_dir")
+    output_dir = require_saved_model(args.output_dir)
     if args.batch_size < 1:
         raise ConfigError(f"--batch-size: must be >= 1, got {args.batch_size}")
     png = Path(args.png) if args.png else output_dir / f"confusion_{Path(args.file).stem}.png"

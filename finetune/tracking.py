@@ -15,7 +15,7 @@ from typing import Any, Optional
 
 from finetune.errors import ConfigError
 
-LOG_FILE = "train_log.jsonl"
+from finetune.outputs import LOG_FILE
 
 
 def _jsonable(value: Any) -> Any:

@@ -34,7 +34,7 @@ def record_run(b: int, k: int, epochs: int = 2, lr: float = 1e-3, warmup: int = 
     """Train the tiny BERT for ``epochs`` with ``(b, k, P)`` and record every update.
 
     ``P`` is whatever the launcher started; the processes are joined by
-    :func:`finetune.scaling.init_process_state`, as ``train.py`` joins them
+    :func:`finetune.launch.init_process_state`, as ``train.py`` joins them
     (``cpu=True`` skips it and runs one process on the CPU, for in-process use).
     Returns the records of this process:
     weights after each update (rank 0 keeps them), learning rates, log records,
@@ -44,11 +44,12 @@ def record_run(b: int, k: int, epochs: int = 2, lr: float = 1e-3, warmup: int = 
     from accelerate import Accelerator
 
     from finetune.config import OptimConfig
-    from finetune.loop import TrainState, evaluate_model, train_one_epoch
+    from finetune.evaluation import evaluate_model
+    from finetune.loop import TrainState, train_one_epoch
     from finetune.metrics import MetricSuite
     from finetune.optimization import build_optimizer, build_scheduler, plan_updates
     from finetune.sampling import EpochSampler
-    from finetune.scaling import init_process_state
+    from finetune.launch import init_process_state
 
     if not cpu:
         cpu = init_process_state().device.type == "cpu"

@@ -15,9 +15,11 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
 from finetune.config import OptimConfig
+from finetune.cpu import cpu_speedups
 from finetune.loop import TrainState, train_one_epoch
 from finetune.optimization import build_optimizer, build_scheduler, plan_updates
-from finetune.sampling import EpochSampler, ShardLayout
+from finetune.accumulation import ShardLayout
+from finetune.sampling import EpochSampler
 from helpers import pad_collate, tiny_bert, token_dataset
 
 # 76 samples: with b=8 that is 10 micro-batches (the last holds 4), so k=4 gives
@@ -66,10 +68,10 @@ def _run(b: int, k: int, epochs: int = 2, lr: float = 1e-3, schedule: str = "lin
 
     records = []
     state = TrainState()
-    for epoch in range(epochs):
-        train_one_epoch(model, optimizer, scheduler, dl, acc, epoch, state=state, max_grad_norm=max_grad_norm,
-                        log_every=log_every, on_log=records.append, on_update=on_update,
-                        sparse_embedding_grad=sparse_embedding)
+    with cpu_speedups(model, optimizer, acc, sparse_embedding=sparse_embedding):
+        for epoch in range(epochs):
+            train_one_epoch(model, optimizer, scheduler, dl, acc, epoch, state=state, max_grad_norm=max_grad_norm,
+                            log_every=log_every, on_log=records.append, on_update=on_update)
     return dict(snapshots=snapshots, records=records, state=state, plan=plan, scheduler=scheduler,
                 scheduler_calls=scheduler_calls["n"], optimizer=optimizer, model=model, acc=acc, data=data,
                 embedding_grads=embedding_grads, grads=grads)

@@ -20,20 +20,14 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
-from finetune.checkpoint import (
-    STATE_FILE,
-    StopSignals,
-    check_compatible,
-    clear_previous_run,
-    list_checkpoints,
-    resolve_resume,
-    resume_command,
-    run_fingerprint,
-)
+from finetune.accumulation import Batching
+from finetune.checkpoint import STATE_FILE, check_compatible, list_checkpoints, resolve_resume, run_fingerprint
 from finetune.config import config_from_dict
 from finetune.errors import ConfigError
 from finetune.optimization import plan_updates
-from finetune.runner import Batching, check_output_dir
+from finetune.outputs import clear_previous_run
+from finetune.runner import check_output_dir
+from finetune.signals import StopSignals, resume_command
 from helpers import REPO, make_texts, offline_env, save_tiny_model, write_tsv
 
 WORKER = REPO / "tests" / "interrupt_worker.py"
@@ -99,7 +93,7 @@ def test_overwrite_clears_the_earlier_runs_state_only(tmp_path):
 
 
 def _fake_run(cfg, processes=1, samples=48):
-    from finetune.runner import resolve_batching
+    from finetune.accumulation import resolve_batching
 
     batching = resolve_batching(cfg.training, processes)
     micro = -(-samples // (batching.per_device_batch_size * processes))

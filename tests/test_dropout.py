@@ -1,4 +1,4 @@
-"""``training.fast_dropout_masks``: dropout masks drawn 16 bits at a time (``finetune.dropout``)."""
+"""``training.fast_dropout_masks``: dropout masks drawn 16 bits at a time (``finetune.cpu.dropout``)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-import finetune.dropout as fd
+import finetune.cpu.dropout as fd
+from finetune.cpu import cpu_speedups, plan_cpu_speedups
 from helpers import tiny_bert
 from tiny_run import fit_tiny_run
 
@@ -204,7 +205,8 @@ def test_it_applies_on_the_cpu_to_an_uncompiled_model(device, compiled, expected
         model._compiled_call_impl = lambda *a, **kw: None  # what model.compile() (training.torch_compile) sets
         if compiled.endswith("DDP"):
             model = SimpleNamespace(module=model)
-    assert fd.fast_dropout_applies(model, SimpleNamespace(device=torch.device(device))) is expected
+    accelerator = SimpleNamespace(device=torch.device(device), num_processes=1, scaler=None)
+    assert plan_cpu_speedups(model, accelerator).dropout_masks is expected
 
 
 @pytest.mark.parametrize("fast", [True, False])
@@ -249,14 +251,41 @@ def test_bf16_autocast_on_the_cpu_trains_through_the_switch():
     assert torch.isfinite(query.grad).all() and query.grad.abs().sum() > 0
 
 
+def _switched_on_a_cpu(model):
+    accelerator = SimpleNamespace(device=torch.device("cpu"), num_processes=1, scaler=None,
+                                  gradient_accumulation_steps=1)
+    return cpu_speedups(model, torch.optim.SGD(model.parameters(), lr=0.1), accelerator)
+
+
 def test_before_transformers_5_only_the_dropout_modules_switch(monkeypatch):
     # older releases pick attention classes at construction: renaming the implementation would not reach them
     import transformers
 
     monkeypatch.setattr(transformers, "__version__", "4.57.1")
     model = tiny_bert(dropout=0.1)
-    with fd.fast_dropout(model) as switched:
+    with _switched_on_a_cpu(model) as plan:
+        assert plan.dropout_masks and not plan.attention
         assert model.config._attn_implementation == "sdpa"
-        assert switched > 0
         assert any(type(m) is fd.FastDropout for m in model.modules())
     assert model.config._attn_implementation == "sdpa"
+    assert not any(type(m) is fd.FastDropout for m in model.modules())
+
+
+def test_a_missing_private_api_leaves_the_attention_alone_with_one_line(monkeypatch, caplog):
+    model = tiny_bert(dropout=0.1)
+    monkeypatch.delattr(torch, "_softmax_backward_data")
+    with caplog.at_level("INFO", logger="finetune"), _switched_on_a_cpu(model) as plan:
+        assert plan.dropout_masks and not plan.attention
+        assert model.config._attn_implementation == "sdpa"
+        assert any(type(m) is fd.FastDropout for m in model.modules())
+        model.train()
+        ids = torch.randint(5, 30, (2, 6))
+        model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits.sum().backward()  # trains, no failure
+    lines = [r.getMessage() for r in caplog.records if "attention left as sdpa" in r.getMessage()]
+    assert len(lines) == 1 and "_softmax_backward_data" in lines[0]
+
+
+def test_each_private_api_is_checked():
+    model = tiny_bert(dropout=0.1)
+    assert fd.attention_switch_unavailable(model.config) is None
+    assert "_attn_implementation_internal" in fd.attention_switch_unavailable(SimpleNamespace())

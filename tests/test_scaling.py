@@ -28,7 +28,7 @@ import yaml
 
 from finetune.config import TrainingConfig
 from finetune.errors import ConfigError
-from finetune.runner import resolve_batching
+from finetune.accumulation import resolve_batching
 from helpers import REPO, free_port, make_texts, offline_env, save_tiny_model, write_tsv
 
 ACCEL_CONFIGS = REPO / "configs" / "accelerate"

@@ -1,4 +1,4 @@
-"""``training.sparse_embedding_grad``: the word-embedding gradient as rows, made dense once per update."""
+"""``training.sparse_embedding_grad``: the word-embedding gradient as rows, added into one dense buffer."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from finetune.loop import densify_sparse_grads, sparse_embedding_for
-from finetune.modeling import sparse_capable_embedding
+from finetune.cpu import cpu_speedups, plan_cpu_speedups
+from finetune.cpu.sparse_embedding import DenseGradBuffer, sparse_capable_embedding
 from helpers import tiny_bert
 from tiny_run import fit_tiny_run
 
@@ -30,7 +30,9 @@ def test_densified_rows_equal_the_dense_accumulated_gradient():
     assert sparse.weight.grad.is_sparse
     plain = torch.nn.Parameter(torch.ones(3))
     plain.grad = torch.full((3,), 2.0)
-    assert densify_sparse_grads([sparse.weight, plain]) == 1
+    buffer = DenseGradBuffer()
+    buffer.densify(sparse.weight)
+    buffer.densify(plain)
     assert not sparse.weight.grad.is_sparse
     torch.testing.assert_close(sparse.weight.grad, dense.weight.grad, rtol=1e-6, atol=0)
     assert torch.count_nonzero(sparse.weight.grad[0]) == 0
@@ -39,12 +41,13 @@ def test_densified_rows_equal_the_dense_accumulated_gradient():
 
 def test_the_dense_buffer_is_reused_and_zeroed_between_updates():
     embedding = torch.nn.Embedding(20, 4, sparse=True)
+    buffer = DenseGradBuffer()
     embedding(torch.tensor([1, 2])).sum().backward()
-    densify_sparse_grads([embedding.weight])
+    buffer.densify(embedding.weight)
     first = embedding.weight.grad
     embedding.weight.grad = None  # zero_grad(set_to_none=True)
     embedding(torch.tensor([5])).sum().backward()
-    densify_sparse_grads([embedding.weight])
+    buffer.densify(embedding.weight)
     second = embedding.weight.grad
     assert second.data_ptr() == first.data_ptr()
     # only row 5 of the second update, nothing left of rows 1 and 2
@@ -86,7 +89,7 @@ def test_it_applies_on_one_cpu_process_only(device, processes, scaler, compiled,
     model = tiny_bert()
     if compiled:
         model._compiled_call_impl = lambda *a, **kw: None  # what nn.Module.compile() sets
-    assert (sparse_embedding_for(model, accelerator) is not None) is expected
+    assert plan_cpu_speedups(model, accelerator).sparse_embedding is expected
     assert model.get_input_embeddings().sparse is False  # asking changes nothing
 
 
@@ -138,7 +141,7 @@ def test_an_exception_hands_back_a_dense_gradient_and_a_dense_embedding(fresh_ac
         return forward(*args, **kwargs)
 
     model.forward = failing_forward
-    with pytest.raises(RuntimeError, match="boom"):
+    with pytest.raises(RuntimeError, match="boom"), cpu_speedups(model, optimizer, acc):
         train_one_epoch(model, optimizer, None, dl, acc, 0)
     embedding = model.get_input_embeddings()
     assert embedding.sparse is False

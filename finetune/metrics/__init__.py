@@ -99,6 +99,23 @@ class MetricSuite:
         ValueError: If ``num_labels`` < 1 or ``pos_label`` is not a class id.
     """
 
+    @classmethod
+    def from_config(cls, evaluation, label_names, whose: str = "the data") -> "MetricSuite":
+        """The suite of an ``evaluation`` config section for classes ``label_names`` (in class-id order).
+
+        Raises:
+            ConfigError: if ``evaluation.positive_label`` is not one of ``label_names``
+                (``whose`` says whose labels they are, for the message).
+        """
+        names = list(label_names)
+        pos_label = None
+        if evaluation.average == "binary":
+            if evaluation.positive_label not in names:
+                raise ConfigError(f"evaluation.positive_label: {evaluation.positive_label!r} is not a label of "
+                                  f"{whose} ({', '.join(names)})")
+            pos_label = names.index(evaluation.positive_label)
+        return cls(evaluation.metrics, len(names), evaluation.average, pos_label)
+
     def __init__(self, names: list[str], num_labels: int, average: str = "macro", pos_label: int | None = None):
         names = list(names)
         if not names:

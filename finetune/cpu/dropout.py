@@ -2,9 +2,8 @@
 
 Torch's CPU dropout draws its mask with ``bernoulli_``: one Mersenne Twister
 draw per element unless MKL's vectorised generator is available, which is
-only on Intel CPUs (about 7.3 ns per element on the project's AMD machine).
-With many short sequences masks are a tenth of a BERT step's time there. In
-attention it is worse: ``scaled_dot_product_attention`` with ``dropout_p > 0``
+only on Intel CPUs. On other CPUs, with many short sequences, drawing masks
+can take a tenth of a BERT step's time. In attention it is worse: ``scaled_dot_product_attention`` with ``dropout_p > 0``
 leaves its fused CPU kernel for an unfused path that masks the same way.
 
 Here one 64-bit draw from torch's generator gives four 16-bit words, and an
@@ -19,6 +18,7 @@ Written by hand because torch has no faster CPU mask generator and
 transformers no dropout hook: :func:`fast_dropout` switches a model's
 ``nn.Dropout`` modules to :class:`FastDropout` and its ``sdpa`` attention to
 :func:`attention_forward` for as long as training runs, then switches back.
+:func:`finetune.cpu.cpu_speedups` decides when it applies.
 """
 
 from __future__ import annotations
@@ -157,54 +157,67 @@ def attention_forward(module, query, key, value, attention_mask, dropout: float 
     return out.transpose(1, 2).contiguous(), None
 
 
-def _register() -> bool:
-    """Register :func:`attention_forward` and sdpa's masks under :data:`ATTENTION_NAME`; False where impossible.
+def attention_switch_unavailable(config) -> Optional[str]:
+    """Why the attention of a model with ``config`` cannot be switched, or ``None`` if it can.
 
-    transformers 5 routes BERT-family attention through ``AttentionInterface``
-    and builds masks through ``masking_utils`` keyed by the config's
-    implementation name. Older releases (the package allows 4.46 on) pick
-    attention classes at construction, so switching the name there would do
-    nothing or worse: only the ``nn.Dropout`` modules switch.
+    The switch leans on three things transformers and torch do not promise to
+    keep: transformers 5's attention and mask registries (older releases pick
+    attention classes at construction, so renaming would do nothing or worse),
+    the config's ``_attn_implementation_internal`` field, and
+    ``torch._softmax_backward_data`` for the written-out backward. Each is
+    checked here, so that a release that changed one leaves the attention
+    alone instead of failing mid-run.
     """
     import transformers
 
     if int(transformers.__version__.split(".")[0]) < 5:
-        return False
+        return f"transformers {transformers.__version__} predates the attention registry"
     try:
-        from transformers import AttentionInterface
-        from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
-    except ImportError:
-        return False
+        from transformers import AttentionInterface  # noqa: F401
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward  # noqa: F401
+        from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask  # noqa: F401
+    except ImportError as exc:
+        return f"transformers has no {exc.name or 'attention registry'}"
+    if not hasattr(config, "_attn_implementation_internal"):
+        return "the model config has no _attn_implementation_internal"
+    if not callable(getattr(torch, "_softmax_backward_data", None)):
+        return "torch has no _softmax_backward_data"
+    return None
+
+
+def _register() -> None:
+    """Register :func:`attention_forward` and sdpa's masks under :data:`ATTENTION_NAME`."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+
     AttentionInterface.register(ATTENTION_NAME, attention_forward)
     ALL_MASK_ATTENTION_FUNCTIONS.register(ATTENTION_NAME, sdpa_mask)  # the same masks as sdpa
-    return True
 
 
-def fast_dropout_applies(model, accelerator) -> bool:
-    """Whether ``train_one_epoch`` uses :func:`fast_dropout`: on a CPU, for a model that is not compiled."""
-    from finetune.modeling import is_compiled
-
-    # a compiled model's graphs hold torch's dropout, and switching would retrace them
-    return accelerator.device.type == "cpu" and not is_compiled(model)
-
-
-@contextlib.contextmanager
-def fast_dropout(model: nn.Module) -> Iterator[int]:
-    """Inside, the model's ``nn.Dropout`` modules and ``sdpa`` attention draw masks with :func:`keep_mask`.
-
-    Only modules of exactly ``nn.Dropout`` and configs whose attention is
-    ``sdpa`` are switched. On exit, exceptions included, each is handed back
-    as it was, so a saved model or a loop of the caller's own never sees the
-    switch. Yields how many dropout modules were switched.
-    """
-    switched = [m for m in model.modules() if type(m) is nn.Dropout]
-    configs = []
+def sdpa_configs(model: nn.Module) -> list:
+    """The distinct configs of ``model``'s modules whose attention is ``sdpa``."""
+    configs: list = []
     for module in model.modules():
         config = getattr(module, "config", None)
         if getattr(config, "_attn_implementation_internal", None) == "sdpa" and all(c is not config for c in configs):
             configs.append(config)
-    if configs and not _register():
-        configs = []
+    return configs
+
+
+@contextlib.contextmanager
+def fast_dropout(model: nn.Module, attention: bool = True) -> Iterator[int]:
+    """Inside, the model's ``nn.Dropout`` modules (and ``sdpa`` attention) draw masks with :func:`keep_mask`.
+
+    Only modules of exactly ``nn.Dropout`` and configs whose attention is
+    ``sdpa`` are switched; pass ``attention=False`` to leave attention alone
+    (see :func:`attention_switch_unavailable`). On exit, exceptions included,
+    each is handed back as it was, so a saved model or a loop of the caller's
+    own never sees the switch. Yields how many dropout modules were switched.
+    """
+    switched = [m for m in model.modules() if type(m) is nn.Dropout]
+    configs = sdpa_configs(model) if attention else []
+    if configs:
+        _register()
     try:
         for m in switched:
             m.__class__ = FastDropout

@@ -1,0 +1,183 @@
+"""The arithmetic of exact gradient accumulation, in one place.
+
+Names: ``b`` samples per micro-batch and process, ``k`` micro-batches per
+update (accumulation steps), ``P`` processes, effective batch ``B = b*k*P``.
+An *update* consumes one *window*: ``k`` consecutive micro-batches on every
+process; an epoch's last window may hold fewer, and its last micro-batch fewer
+samples. ``docs/accumulation.md`` states the contract this module serves.
+
+* :func:`resolve_batching` derives ``k`` from ``B`` (or checks the two agree).
+* :class:`ShardLayout` knows which samples each micro-batch and each window
+  really holds once Accelerate has dealt the epoch out to the processes.
+* :func:`window_loss_scale` is the factor that makes a window's gradient the
+  mean over its real samples, whatever ``k``, ``P`` and the window's size.
+* :func:`updates_per_epoch` counts the updates an epoch makes, which is what
+  the learning-rate schedule is sized in.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+from finetune.config import TrainingConfig
+from finetune.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Batching:
+    """Micro-batch ``b``, accumulation ``k``, processes ``P`` and effective batch ``B = b*k*P``."""
+
+    per_device_batch_size: int
+    gradient_accumulation_steps: int
+    num_processes: int
+
+    @property
+    def effective_batch_size(self) -> int:
+        return self.per_device_batch_size * self.gradient_accumulation_steps * self.num_processes
+
+
+def resolve_batching(training: TrainingConfig, num_processes: int) -> Batching:
+    """Derive ``k`` from ``effective_batch_size`` (or take it as given) for ``P`` processes.
+
+    With ``per_device_train_batch_size: auto`` this is the first micro-batch to
+    try (the largest power of two dividing ``B / P``); the run's setup may
+    halve it (doubling ``k``) if it does not fit, see :mod:`finetune.autobatch`.
+
+    Raises:
+        ConfigError: if ``B`` is not divisible by ``b * P``, or both keys are
+            given and disagree.
+    """
+    b = training.per_device_train_batch_size
+    k = training.gradient_accumulation_steps
+    B = training.effective_batch_size
+    if b == "auto":
+        from finetune.autobatch import initial_micro_batch
+
+        b = initial_micro_batch(B, num_processes)
+        return Batching(b, B // (b * num_processes), num_processes)
+    if B is None:
+        return Batching(b, k or 1, num_processes)
+    if B % (b * num_processes) != 0:
+        step = b * num_processes
+        nearest = sorted({max(step, B // step * step), (B // step + 1) * step})
+        raise ConfigError(
+            f"training.effective_batch_size: {B} samples per update cannot be split over {num_processes} "
+            f"process{'es' if num_processes > 1 else ''} with per_device_train_batch_size {b} "
+            f"(it must be a multiple of {b} x {num_processes} = {step})",
+            hint=f"set training.effective_batch_size to a multiple of {step} ({' or '.join(map(str, nearest))} "
+            f"are nearest), or change per_device_train_batch_size or the number of processes",
+        )
+    derived = B // (b * num_processes)
+    if k is not None and k != derived:
+        raise ConfigError(
+            f"training.gradient_accumulation_steps: {k} contradicts effective_batch_size {B} = "
+            f"{b} x {num_processes} processes x {derived}; set only one of them"
+        )
+    return Batching(b, derived, num_processes)
+
+
+def updates_per_epoch(micro_batches_per_process: int, k: int) -> int:
+    """Optimizer updates in one epoch: ``ceil(micro-batches per process / k)``, the ragged window included."""
+    return math.ceil(micro_batches_per_process / k)
+
+
+@dataclass(frozen=True)
+class ShardLayout:
+    """Where the real samples are in one epoch of a prepared dataloader.
+
+    Accelerate deals the sampler's order out in batches of ``b``: global batch
+    ``g`` goes to process ``g % P``, and the last short batch and any missing
+    batches are filled with repeats of the epoch's first samples, appended
+    after the real rows. The real samples are therefore the stream's first
+    ``N`` positions. From ``(N, b, P)`` alone this tells how many real samples
+    each micro-batch and each window holds, with no look-ahead and no
+    communication. PyTorch and Accelerate expose no such count, hence this
+    hand-written arithmetic; :func:`layout_for` checks it against the prepared
+    dataloader's length.
+
+    Args:
+        num_samples: ``N``, samples in the data set.
+        batch_size: ``b``, micro-batch size per process.
+        num_processes: ``P``.
+        process_index: This process's rank.
+    """
+
+    num_samples: int
+    batch_size: int
+    num_processes: int = 1
+    process_index: int = 0
+
+    @property
+    def micro_batches_per_process(self) -> int:
+        """Micro-batches each process sees in one epoch."""
+        global_batches = math.ceil(self.num_samples / self.batch_size)
+        return math.ceil(global_batches / self.num_processes)
+
+    def _real_before(self, position: int) -> int:
+        return min(self.num_samples, max(0, position))
+
+    def real_in_micro_batch(self, j: int, process_index: Optional[int] = None) -> int:
+        """Real samples in this process's micro-batch ``j`` (its first rows)."""
+        p = self.process_index if process_index is None else process_index
+        start = (j * self.num_processes + p) * self.batch_size
+        return self._real_before(start + self.batch_size) - self._real_before(start)
+
+    def real_in_window(self, first: int, stop: int) -> int:
+        """Real samples, over all processes, in micro-batches ``first .. stop-1``."""
+        per_step = self.num_processes * self.batch_size
+        return self._real_before(stop * per_step) - self._real_before(first * per_step)
+
+    def windows(self, k: int) -> list[tuple[int, int]]:
+        """``(first, stop)`` micro-batch ranges of the epoch's windows; the last may be short."""
+        m = self.micro_batches_per_process
+        return [(s, min(s + k, m)) for s in range(0, m, k)]
+
+    def window_of(self, j: int, k: int) -> tuple[int, int]:
+        """The ``(first, stop)`` range of the window holding micro-batch ``j``."""
+        first = (j // k) * k
+        return first, min(first + k, self.micro_batches_per_process)
+
+    def updates_per_epoch(self, k: int) -> int:
+        """Optimizer updates in one epoch (see :func:`updates_per_epoch`)."""
+        return updates_per_epoch(self.micro_batches_per_process, k)
+
+
+def layout_for(dataloader, accelerator) -> ShardLayout:
+    """The :class:`ShardLayout` of a dataloader prepared by ``accelerator`` (or a plain one).
+
+    Raises:
+        ValueError: if the dataloader is not dealt out as the layout assumes
+            (``split_batches``, ``drop_last``, or a batch sampler of varying sizes).
+    """
+    num_processes = accelerator.num_processes
+    total = getattr(dataloader, "total_batch_size", None)
+    batch_size = total // num_processes if total else dataloader.batch_size
+    if batch_size is None:
+        raise ValueError("train_one_epoch needs a dataloader with a fixed batch_size")
+    layout = ShardLayout(len(dataloader.dataset), batch_size, num_processes, accelerator.process_index)
+    if len(dataloader) != layout.micro_batches_per_process:
+        raise ValueError(
+            f"dataloader has {len(dataloader)} micro-batches per process, expected "
+            f"{layout.micro_batches_per_process} for {layout.num_samples} samples, b={batch_size}, "
+            f"P={num_processes}: use drop_last=False and no split_batches"
+        )
+    return layout
+
+
+def window_loss_scale(real_samples_in_window: int, accelerator) -> float:
+    """Factor applied to a micro-batch's *summed* loss before ``accelerator.backward``.
+
+    The update must apply ``(1 / N_w) * sum of per-sample gradients`` over the
+    window's ``N_w`` real samples on all processes. ``accelerator.backward``
+    divides by ``k``, and DDP (FSDP, DeepSpeed) average gradients over the
+    ``P`` processes; both are undone here: ``scale = k * P / N_w``. Dividing
+    each micro-batch's *mean* loss by ``k`` instead would be exact only for a
+    full window of equal micro-batches.
+
+    Args:
+        real_samples_in_window: ``N_w`` (see :meth:`ShardLayout.real_in_window`).
+        accelerator: The run's ``Accelerator``.
+    """
+    return accelerator.gradient_accumulation_steps * accelerator.num_processes / real_samples_in_window

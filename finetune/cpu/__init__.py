@@ -1,0 +1,155 @@
+"""Speed-ups for training on a CPU, behind one switch: :func:`cpu_speedups`.
+
+A CPU pays for work that a GPU hides. Three things are switched on for as
+long as training runs, and switched back when it ends:
+
+* **Dropout masks drawn 16 bits at a time** (``training.fast_dropout_masks``,
+  :mod:`finetune.cpu.dropout`): torch's CPU ``bernoulli_`` draws one number per
+  element outside Intel's MKL; the model's ``nn.Dropout`` modules and its
+  ``sdpa`` attention draw four elements per 64-bit number instead.
+* **The word embedding's gradient as rows** (``training.sparse_embedding_grad``,
+  :mod:`finetune.cpu.sparse_embedding`): the backward returns the rows a
+  micro-batch used, added into one reused dense buffer.
+* **Gradient buffers kept between updates** when accumulating: zeroed in
+  place rather than freed, so each window's backward finds the memory layout
+  the last one left, and the C heap does not grow with holes that the next
+  forward pass cannot reuse.
+
+None of them changes what an update computes beyond float rounding (the
+masks keep dropout's distribution, ``p`` on a grid of 2**-16), and the
+accumulation tests run with and without them. None applies on a GPU (fused
+Philox dropout, microsecond zeroing, a caching allocator), and the first two
+leave a compiled model alone, whose graphs were traced without them.
+
+``fit`` enters the switch around the whole training; in a notebook::
+
+    with cpu_speedups(model, optimizer, accelerator):
+        for epoch in range(epochs):
+            train_one_epoch(model, optimizer, scheduler, dataloader, accelerator, epoch, state=state)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+from dataclasses import dataclass
+from typing import Iterator, Optional
+
+from finetune.cpu.dropout import attention_switch_unavailable, fast_dropout, sdpa_configs
+from finetune.cpu.sparse_embedding import sparse_capable_embedding, sparse_embedding_rows
+
+logger = logging.getLogger("finetune")
+
+
+def is_compiled(model) -> bool:
+    """Whether ``model`` (or the module inside DDP's wrapper) runs through ``torch.compile``.
+
+    ``torch.compile(model)`` returns a wrapper with ``_orig_mod``;
+    ``model.compile()``, as ``training.torch_compile`` does, compiles in place
+    and sets ``_compiled_call_impl``. Both are read with ``getattr``, so a torch
+    that renamed them makes this answer False, never fail.
+    """
+    for candidate in (model, getattr(model, "module", model)):
+        if hasattr(candidate, "_orig_mod") or getattr(candidate, "_compiled_call_impl", None) is not None:
+            return True
+    return False
+
+
+@dataclass(frozen=True)
+class CpuSpeedups:
+    """Which of the speed-ups apply to a model on an accelerator's device."""
+
+    dropout_masks: bool = False
+    # False where the attention cannot be switched (see attention_switch_unavailable); dropout modules still are
+    attention: bool = False
+    sparse_embedding: bool = False
+    keep_grads: bool = False
+
+    def describe(self) -> str:
+        """The start-up line's words for what is on (empty when nothing is)."""
+        words = []
+        if self.sparse_embedding:
+            words.append("embedding_grad=sparse")
+        if self.dropout_masks:
+            words.append("dropout_masks=fast")
+        return " ".join(words)
+
+
+def plan_cpu_speedups(model, accelerator, *, dropout_masks: bool = True, sparse_embedding: bool = True,
+                      quiet: bool = False) -> CpuSpeedups:
+    """What :func:`cpu_speedups` would switch on for ``model`` on ``accelerator``'s device.
+
+    Args:
+        model: The (prepared) model.
+        accelerator: The ``Accelerator`` (its device, process count and grad scaler decide).
+        dropout_masks: Allow the 16-bit dropout masks.
+        sparse_embedding: Allow the sparse word-embedding gradient.
+        quiet: Do not log why the attention stays as it is.
+    """
+    if accelerator.device.type != "cpu":
+        return CpuSpeedups()
+    compiled = is_compiled(model)
+    masks = dropout_masks and not compiled
+    attention = False
+    if masks:
+        configs = sdpa_configs(model)
+        reason = attention_switch_unavailable(configs[0]) if configs else "its attention is not sdpa"
+        attention = reason is None
+        if configs and reason is not None and not quiet:
+            logger.info("cpu speed-ups: attention left as sdpa (%s)", reason)
+    # DDP's buckets, FSDP's and DeepSpeed's shards and fp16's grad scaler expect dense gradients
+    rows = (sparse_embedding and not compiled and accelerator.num_processes == 1
+            and getattr(accelerator, "scaler", None) is None and sparse_capable_embedding(model) is not None)
+    return CpuSpeedups(dropout_masks=masks, attention=attention, sparse_embedding=rows, keep_grads=True)
+
+
+@contextlib.contextmanager
+def kept_gradients(optimizer, accelerator) -> Iterator[None]:
+    """Inside, ``optimizer.zero_grad()`` zeroes the gradients in place while ``k > 1`` instead of freeing them.
+
+    With ``k > 1`` the gradient buffers live from a window's first micro-batch
+    to its last anyway. Freed at each update and reallocated in the middle of
+    the next window's first backward pass, they leave holes in the C heap
+    that the next forward pass's tensors do not fit, and the process grows
+    window after window. With ``k = 1`` they are freed, so no forward pass
+    holds them. (The optimizer's own method is shadowed on the instance and
+    restored on exit.)
+    """
+    zero_grad = optimizer.zero_grad
+
+    @functools.wraps(zero_grad)
+    def zero_grad_keeping_buffers(set_to_none: Optional[bool] = None):
+        return zero_grad(set_to_none=accelerator.gradient_accumulation_steps == 1)
+
+    optimizer.zero_grad = zero_grad_keeping_buffers
+    try:
+        yield
+    finally:
+        del optimizer.zero_grad  # the class's method again
+
+
+@contextlib.contextmanager
+def cpu_speedups(model, optimizer, accelerator, *, dropout_masks: bool = True,
+                 sparse_embedding: bool = True) -> Iterator[CpuSpeedups]:
+    """Switch on the CPU speed-ups that apply (:func:`plan_cpu_speedups`); all are undone on exit.
+
+    Args:
+        model: The prepared model.
+        optimizer: The prepared optimizer.
+        accelerator: The ``Accelerator``.
+        dropout_masks: ``training.fast_dropout_masks``.
+        sparse_embedding: ``training.sparse_embedding_grad``.
+
+    Yields:
+        The :class:`CpuSpeedups` in force.
+    """
+    plan = plan_cpu_speedups(model, accelerator, dropout_masks=dropout_masks, sparse_embedding=sparse_embedding)
+    with contextlib.ExitStack() as switches:
+        if plan.dropout_masks:
+            switches.enter_context(fast_dropout(model, attention=plan.attention))
+        if plan.sparse_embedding:
+            switches.enter_context(sparse_embedding_rows(sparse_capable_embedding(model)))
+        if plan.keep_grads:
+            switches.enter_context(kept_gradients(optimizer, accelerator))
+        yield plan

@@ -1,0 +1,89 @@
+"""Stopping cleanly on SIGTERM / SIGINT, and the command that resumes the run.
+
+A preempted or interrupted run finishes its current update, saves a
+checkpoint (see :class:`finetune.checkpoint.Checkpointer`), prints the command
+that resumes it, and exits with the code a shell reports for that signal.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import sys
+import threading
+from typing import Any, Optional
+
+from finetune.errors import FinetuneError
+
+
+class RunInterrupted(FinetuneError):
+    """A signal stopped the run at a window boundary; a checkpoint was saved.
+
+    ``exit_code`` is ``128 + signal number``: 143 for SIGTERM, 130 for SIGINT,
+    what a shell reports for a process killed by that signal.
+    """
+
+    def __init__(self, message: str, signum: int):
+        super().__init__(message)
+        self.signum = signum
+        self.exit_code = 128 + signum
+
+
+class StopSignals:
+    """Context manager: SIGTERM and SIGINT ask the run to stop at the next window boundary.
+
+    The first signal is only recorded (:attr:`signum`); the loop finishes the
+    current update, saves a checkpoint and exits. A second signal restores the
+    default action and re-raises it, for a user who does not want to wait (a
+    checkpoint being written then stays a temporary directory, never resumed).
+    Handlers can only be installed from the main thread; elsewhere this does nothing.
+    """
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+    def __init__(self) -> None:
+        self.signum: Optional[int] = None
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> "StopSignals":
+        if threading.current_thread() is threading.main_thread():
+            for sig in self.SIGNALS:
+                self._previous[sig] = signal.getsignal(sig)
+                signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for sig, previous in self._previous.items():
+            signal.signal(sig, previous)
+        self._previous.clear()
+
+    def _handle(self, signum: int, frame) -> None:
+        # no logging here: a handler may run while the main thread holds a logging lock
+        if self.signum is not None:
+            signal.signal(signum, signal.SIG_DFL)
+            signal.raise_signal(signum)
+            return
+        self.signum = signum
+
+
+def resume_command(num_processes: int = 1, argv: Optional[list[str]] = None) -> str:
+    """The command that resumes this run: the same arguments plus ``output.resume_from=latest``."""
+    argv = list(sys.argv if argv is None else argv)
+    if not argv or not argv[0].endswith("train.py"):
+        return "set output.resume_from=latest and run fit again"
+    script = argv[0]
+    try:
+        relative = os.path.relpath(script)
+        script = relative if not relative.startswith("..") else script
+    except ValueError:
+        pass
+    args = [a for a in argv[1:] if not a.startswith("output.resume_from=")] + ["output.resume_from=latest"]
+    launched = "ACCELERATE_USE_CPU" in os.environ or "LOCAL_RANK" in os.environ
+    if launched:
+        launcher = ["accelerate", "launch"]
+        if num_processes > 1:
+            launcher += ["--multi_gpu", "--num_processes", str(num_processes)]
+    else:
+        launcher = ["python"]
+    return shlex.join(launcher + [script] + args)
