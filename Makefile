@@ -1,7 +1,7 @@
 # Quickstart targets: `make train` (default config) and `make test` (the test suite).
 # Both create .venv on first use. The venv sees the system's site-packages, so a GPU
 # machine keeps the CUDA torch it already has; where no torch is installed, TORCH is
-# installed first (on this project's CPU machines, a CPU build that pip finds on disk).
+# installed first (a CPU build, unless TORCH names another).
 
 PYTHON ?= python3
 VENV   ?= .venv
@@ -26,7 +26,7 @@ train: install
 test: install
 	$(BIN)/python -m pytest -q tests $(ARGS)
 
-# the side-by-side comparison with transformers.Trainer (README: Performance); ~25 min on 2 CPU cores
+# the side-by-side comparison with transformers.Trainer (bench/README.md); ~25 min on 2 CPU cores
 bench: install
 	$(BIN)/python bench/run.py $(ARGS)
 

@@ -1,7 +1,7 @@
 """What every arm of the benchmark shares: the job, the data, the model, the measurements.
 
 Each arm builds its data and model through the package's own loaders
-(:func:`finetune.data.load_splits`, :func:`finetune.data.tokenize_splits`,
+(:func:`finetune.data.load_splits`, :func:`finetune.tokens.tokenize_splits`,
 :func:`finetune.modeling.load_model`) from the same YAML config, in the same
 order after the same seed as :func:`finetune.runner.setup_run`, so the
 validation split, the token ids and the new head's initial weights are the
@@ -84,7 +84,8 @@ def load_job(cfg):
     """
     from accelerate.utils import set_seed
 
-    from finetune.data import load_splits, tokenize_splits
+    from finetune.data import load_splits
+    from finetune.tokens import tokenize_splits
     from finetune.metrics import MetricSuite
     from finetune.modeling import load_model, load_tokenizer
 

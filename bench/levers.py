@@ -215,7 +215,8 @@ def micro(threads: int, overrides: Optional[list[str]] = None) -> dict[str, Any]
     from transformers import DataCollatorWithPadding
 
     from bench.common import load_job
-    from finetune.data import load_splits, tokenize_splits
+    from finetune.data import load_splits
+    from finetune.tokens import tokenize_splits
     from finetune.evaluation import evaluate_model
     from finetune.modeling import load_tokenizer
 
@@ -292,7 +293,8 @@ def window_mix(overrides: Optional[list[str]] = None) -> dict[str, dict[str, dic
     window of 32 is not 0 either), and the share of windows that miss a label.
     """
     from bench.run import JOB_BATCHING
-    from finetune.data import load_splits, tokenize_splits
+    from finetune.data import load_splits
+    from finetune.tokens import tokenize_splits
     from finetune.modeling import load_tokenizer
     from finetune.sampling import EpochSampler
 

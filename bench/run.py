@@ -261,7 +261,8 @@ def flops_model(dataset: str, s: Settings) -> dict[str, float]:
     import datasets
 
     from bench.common import job_config
-    from finetune.data import load_splits, tokenize_splits
+    from finetune.data import load_splits
+    from finetune.tokens import tokenize_splits
     from finetune.modeling import load_model_config, load_tokenizer
 
     datasets.disable_progress_bars()

@@ -26,7 +26,7 @@ _EXPORTS = {
     "Config": "finetune.config",
     "load_config": "finetune.config",
     "setup_run": "finetune.runner",
-    "build_accelerator": "finetune.launch",
+    "build_accelerator": "finetune.runner",
     "fit": "finetune.runner",
     "Run": "finetune.runner",
     "plan_updates": "finetune.optimization",

@@ -1,7 +1,7 @@
 """``per_device_train_batch_size: auto``: the largest micro-batch that fits, with ``B`` unchanged.
 
 Accumulation trades memory for time without changing the math: a run at
-``(b, k)`` and one at ``(b/2, 2k)`` make the same updates (ACCUMULATION.md).
+``(b, k)`` and one at ``(b/2, 2k)`` make the same updates (docs/accumulation.md).
 So when memory is short the micro-batch can be halved and ``k`` doubled with
 nothing else changing. That is what this module does, once, before training:
 

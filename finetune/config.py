@@ -163,12 +163,12 @@ class TrainingConfig:
     torch_compile: bool = False
     # On one process on a CPU, the word embedding's backward returns only the rows each
     # micro-batch used, added into a dense gradient buffer that is reused (the same gradient,
-    # to float rounding; see finetune.loop.sparse_embedding_for). Elsewhere it has no effect.
+    # to float rounding; see finetune.cpu). Elsewhere it has no effect.
     sparse_embedding_grad: bool = True
     # On a CPU, draw dropout masks (hidden and attention) 16 bits at a time from torch's generator
     # rather than with bernoulli_ (one draw per element off Intel CPUs): the drop probability is
     # rounded to a multiple of 2**-16, and the model is handed back with torch's dropout (see
-    # finetune.dropout). No effect on a GPU or with torch_compile.
+    # finetune.cpu.dropout). No effect on a GPU or with torch_compile.
     fast_dropout_masks: bool = True
     # Evaluate on the validation set at the end of each epoch.
     eval_each_epoch: bool = True

@@ -4,9 +4,9 @@
 :class:`~finetune.config.DataConfig` through the ``datasets`` library and
 returns a ``DatasetDict`` whose splits all have the same columns: ``text``,
 optionally ``text_pair``, and ``labels`` (a ``ClassLabel`` of class ids), plus
-the :class:`LabelSpace` mapping ids to names. :func:`tokenize_splits` then
-tokenizes every split once, without padding: padding is done per micro-batch
-by ``transformers.DataCollatorWithPadding``.
+the :class:`LabelSpace` mapping ids to names (:func:`finetune.tokens.tokenize_splits`
+then tokenizes them). :func:`read_table` reads an unlabelled file the same way,
+for ``finetune.predict``.
 
 Sources:
 
@@ -43,7 +43,6 @@ import dataclasses
 import functools
 import logging
 import math
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
@@ -192,155 +191,6 @@ def _encode_against(table: _Table, cfg: DataConfig, label_space: LabelSpace) -> 
     return _encode_labels(table, _label_keys(table), label_space)
 
 
-def tokenize_splits(
-    splits: datasets.DatasetDict, tokenizer: Any, max_length: int, cache_dir: Optional[str | Path] = None
-) -> datasets.DatasetDict:
-    """Tokenize every split once, truncating but not padding.
-
-    Args:
-        splits: What :func:`load_splits` returned.
-        tokenizer: A ``transformers`` tokenizer.
-        max_length: Longest input in tokens (special tokens included); longer
-            ones are truncated (for pairs, the longer text first).
-        cache_dir: Keep each tokenized split in this folder as an Arrow file
-            named by :func:`tokenized_cache_key`, and load it from there when
-            the same split, tokenizer and ``max_length`` come again (``None``:
-            tokenize in memory every time). Only fast tokenizers are cached;
-            others are tokenized in memory.
-
-    Returns:
-        The splits with ``labels``, ``input_ids``, ``attention_mask``,
-        ``token_type_ids`` (when the tokenizer makes them) and ``length`` (the
-        number of tokens, for length-grouped batching); the text columns are
-        removed. Padding is left to a ``DataCollatorWithPadding`` per batch.
-
-    Raises:
-        ConfigError: ``cache_dir`` cannot be created or written.
-    """
-
-    def encode(batch: dict[str, list]) -> dict[str, list]:
-        encoded = tokenizer(batch[TEXT], batch.get(TEXT_PAIR), truncation=True, max_length=max_length, padding=False)
-        encoded["length"] = [len(ids) for ids in encoded["input_ids"]]
-        return encoded
-
-    folder = prepare_cache_dir(cache_dir) if cache_dir is not None else None
-    settings = _tokenizer_digest(tokenizer, max_length) if folder is not None else None
-    tokenized = {}
-    for name, split in splits.items():
-        text_columns = [c for c in (TEXT, TEXT_PAIR) if c in split.column_names]
-        key = _split_key(split, settings) if settings is not None else None
-        cache_file = str(folder / f"{key}.arrow") if key is not None else None
-        if cache_file is not None:
-            logger.info("%s split: %s %s", name, "tokens from" if Path(cache_file).exists() else "caching tokens in",
-                        cache_file)
-        # datasets' own cache: with an explicit file name, map() loads it when it exists, and
-        # otherwise writes it through a temporary file that is renamed when complete. Our key is
-        # also the result's fingerprint, which spares map() hashing the tokenizer with dill
-        # (about 0.6 s per split for a 30k-word vocabulary, more than a cache hit costs).
-        tokenized[name] = split.map(
-            encode,
-            batched=True,
-            remove_columns=text_columns,
-            desc=f"Tokenizing {name}",
-            cache_file_name=cache_file,
-            load_from_cache_file=cache_file is not None,
-            new_fingerprint=key,
-        )
-    return datasets.DatasetDict(tokenized)
-
-
-# Bump when what tokenize_splits writes changes, so no run reads an older layout.
-_CACHE_LAYOUT = 1
-
-
-def tokenized_cache_key(split: datasets.Dataset, tokenizer: Any, max_length: int) -> Optional[str]:
-    """A SHA-256 over everything a tokenized split depends on; ``None`` if the tokenizer cannot be keyed.
-
-    ``datasets`` keys its own cache by a fingerprint of the steps that built a
-    split, which for in-memory splits (how :func:`load_splits` returns a file
-    read with label checks, carves and subsets) is not stable from one run to
-    the next. So the key is written here, from what the result depends on: the
-    split's rows and schema (its Arrow data, read in its current order), the
-    fast tokenizer's full definition (vocabulary, normalizer, pre-tokenizer,
-    post-processor; minus the truncation and padding state that calling it
-    changes), the truncation side, the model input names, ``max_length``, and
-    the versions of the libraries that produce or read the tokens. A change to
-    any of them is a different key, so a stale file is never read.
-    """
-    settings = _tokenizer_digest(tokenizer, max_length)
-    return None if settings is None else _split_key(split, settings)
-
-
-def _tokenizer_digest(tokenizer: Any, max_length: int) -> Optional[bytes]:
-    """The tokenizer-and-settings half of :func:`tokenized_cache_key`."""
-    import hashlib
-    import json
-
-    import tokenizers
-    import transformers
-
-    from finetune import __version__
-
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is None:  # a slow (pure Python) tokenizer: no stable definition to hash
-        return None
-    definition = json.loads(backend.to_str())
-    definition.pop("truncation", None)
-    definition.pop("padding", None)
-    settings = {
-        "layout": _CACHE_LAYOUT,
-        "finetune": __version__,
-        "datasets": datasets.__version__,
-        "tokenizers": tokenizers.__version__,
-        "transformers": transformers.__version__,
-        "tokenizer_class": type(tokenizer).__name__,
-        "truncation_side": getattr(tokenizer, "truncation_side", None),
-        "model_input_names": list(getattr(tokenizer, "model_input_names", [])),
-        "max_length": max_length,
-        "definition": definition,
-    }
-    return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).digest()
-
-
-def _split_key(split: datasets.Dataset, tokenizer_digest: bytes) -> str:
-    """The rows half of :func:`tokenized_cache_key`, joined with the tokenizer's."""
-    import hashlib
-
-    digest = hashlib.sha256(tokenizer_digest)
-    digest.update(str(len(split)).encode())
-    for batch in split.with_format("arrow").iter(batch_size=10_000):
-        # the Arrow IPC bytes of each batch: values, nulls and the schema (features, label names)
-        sink = pa.BufferOutputStream()
-        with pa.ipc.new_stream(sink, batch.schema) as writer:
-            writer.write_table(batch)
-        digest.update(sink.getvalue())
-    return digest.hexdigest()
-
-
-def default_cache_dir() -> Path:
-    """Where tokenized splits are kept unless ``data.cache_dir`` says otherwise: beside the ``datasets`` cache."""
-    return Path(datasets.config.HF_DATASETS_CACHE) / "finetune-tokenized"
-
-
-def prepare_cache_dir(cache_dir: str | Path) -> Path:
-    """Create the tokenized-split cache folder and check that it can be written; returns its path.
-
-    Raises:
-        ConfigError: It cannot be created or written (one line naming the folder).
-    """
-    folder = Path(cache_dir).expanduser()
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=folder):  # the files are written the same way: a temporary, then renamed
-            pass
-    except OSError as exc:
-        raise ConfigError(
-            f"data.cache_dir: cannot write tokenized splits to {folder} ({exc.strerror or exc}); "
-            f"set data.cache_dir to another folder or data.cache_tokenized: false"
-        ) from None
-    return folder
-
-
 # --------------------------------------------------------------------------- splits in the making
 
 
@@ -390,8 +240,39 @@ class _Table:
 # --------------------------------------------------------------------------- local files
 
 
+def read_table(spec: str, key: str, cfg: Optional[DataConfig] = None) -> datasets.Dataset:
+    """The rows of one local CSV, TSV, JSON(L) or Parquet file, with the file's own columns.
+
+    The same readers, formats, header and quoting rules and encoding checks as
+    training data (``cfg``'s, or the defaults: format from the extension, a
+    header line), without any column or label checks: for files that carry
+    no labels, such as those ``finetune.predict`` classifies.
+
+    Raises:
+        DataError: naming ``key`` and the file when it is missing, empty, unreadable or not UTF-8.
+    """
+    table = _read_local(spec, key, cfg or DataConfig(train_file=spec))
+    return table.ds
+
+
+def quiet_progress_bars() -> None:
+    """Silence the bars of reading a file and loading weights, for commands that show a bar of their own."""
+    from transformers.utils import logging as hf_logging
+
+    datasets.disable_progress_bars()
+    hf_logging.disable_progress_bar()
+
+
 def _load_local(spec: str, key: str, cfg: DataConfig) -> _Table:
     """Read one local file or class folder into a :class:`_Table` with standard columns."""
+    table = _read_local(spec, key, cfg)
+    if table.files is not None:
+        return table  # the folder layout: its columns are standard already
+    return _standardize(table, cfg.text_column, cfg.text_pair_column, cfg.label_column)
+
+
+def _read_local(spec: str, key: str, cfg: DataConfig) -> _Table:
+    """Read one local file (its own columns) or class folder into a :class:`_Table`."""
     path = Path(resolve_path(spec, key))
     if not path.exists():
         raise DataError(f"{key}: {path} not found")
@@ -405,12 +286,10 @@ def _load_local(spec: str, key: str, cfg: DataConfig) -> _Table:
     if fmt in ("csv", "tsv", "json") and cfg.encoding_errors == "strict":
         _check_utf8(path)
     if fmt in ("csv", "tsv"):
-        table = _load_delimited(path, fmt, cfg)
-    elif fmt == "json":
-        table = _load_json(path, cfg)
-    else:
-        table = _table(_run_builder("parquet", path), str(path), unit="row")
-    return _standardize(table, cfg.text_column, cfg.text_pair_column, cfg.label_column)
+        return _load_delimited(path, fmt, cfg)
+    if fmt == "json":
+        return _load_json(path, cfg)
+    return _table(_run_builder("parquet", path), str(path), unit="row")
 
 
 def _detect_format(path: Path, fmt: str, key: str) -> str:

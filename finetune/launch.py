@@ -13,9 +13,9 @@ command runs one real ``P``-process DDP job on a laptop, a CI runner or a GPU
 node. The accumulation arithmetic does not change with ``P``: see
 :mod:`finetune.accumulation`.
 
-:func:`build_accelerator` builds the run's ``Accelerator`` on that state, with
-``k`` resolved for the launched process count; :func:`configure_cpu_threads`
-gives each process on a CPU its share of the cores.
+:func:`configure_cpu_threads` gives each process on a CPU its share of the
+cores. Inference uses these too; the training run's ``Accelerator`` is built on
+them by :func:`finetune.runner.build_accelerator`.
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ def init_process_state():
 
     Call it before building the ``Accelerator`` (then pass ``cpu=True`` to the
     ``Accelerator`` when the returned state's device is the CPU; see
-    :func:`build_accelerator`).
+    :func:`finetune.runner.build_accelerator`).
 
     Returns:
         The ``accelerate.PartialState``, with ``num_processes`` equal to what the
@@ -123,39 +123,3 @@ def configure_cpu_threads(device: torch.device, num_processes: int) -> Optional[
         threads = max(1, cores // max(1, local))
     torch.set_num_threads(threads)
     return threads
-
-
-def build_accelerator(cfg, project_dir: Optional[str] = None):
-    """An ``Accelerator`` for a :class:`~finetune.config.Config`, with ``k`` resolved for the launched processes.
-
-    Several processes on a machine without a GPU are joined over gloo on the
-    CPU (see :func:`init_process_state`).
-
-    Raises:
-        ConfigError: if the effective batch cannot be split over the processes, or a
-            tracker in ``logging.report_to`` is unknown or its package is not installed.
-        LaunchError: if the precision cannot run on this hardware (fp16 without a GPU),
-            or the launched processes cannot be joined.
-    """
-    from accelerate import Accelerator
-
-    from finetune.accumulation import resolve_batching
-    from finetune.tracking import check_trackers
-
-    # Accelerate would drop a tracker whose package is missing without a word: fail before any work
-    check_trackers(cfg.logging.report_to)
-    state = init_process_state()
-    if cfg.training.mixed_precision == "fp16" and state.device.type == "cpu":
-        raise LaunchError(
-            "training.mixed_precision: fp16 needs a GPU; this process runs on the CPU (use bf16 or no)"
-        )
-    batching = resolve_batching(cfg.training, state.num_processes)
-    configure_cpu_threads(state.device, state.num_processes)
-    return Accelerator(
-        # agree with the state: on a CPU state AcceleratorState would otherwise still pick DeepSpeed if asked
-        cpu=state.device.type == "cpu",
-        gradient_accumulation_steps=batching.gradient_accumulation_steps,
-        mixed_precision=cfg.training.mixed_precision,
-        log_with=cfg.logging.report_to or None,
-        project_dir=project_dir or cfg.output.output_dir,
-    )

@@ -3,7 +3,7 @@
 The schedule's length is the number of updates the run will make, counted on
 the prepared (per-process) dataloader: ``ceil(micro-batches / k)`` per epoch.
 Sizing it in micro-batches (or stepping it per micro-batch) would end the
-schedule ``k`` times too late; see ACCUMULATION.md §3.
+schedule ``k`` times too late; see docs/accumulation.md, rule 3.
 """
 
 from __future__ import annotations

@@ -217,53 +217,40 @@ def read_texts(path: str | os.PathLike, text_column: str = "text",
     """Texts (and second texts of pairs) from a ``.txt``, ``.csv``, ``.tsv`` or ``.jsonl`` file.
 
     ``.txt`` holds one text per line (blank lines are skipped); the others
+    are read by :func:`finetune.data.read_table`, as training data is, and
     name the text in ``text_column`` (a CSV/TSV header, or a JSON key).
 
     Raises:
         DataError: naming the file (and line or column) if it is missing, has
             an unsupported extension, lacks the column, or holds a bad line.
     """
+    from finetune.data import read_table
+
     path = Path(path)
     suffix = _suffix(path, INPUT_FORMATS, "--file")
     if not path.is_file():
         raise DataError(f"--file {path}: not found")
-    texts: list[str] = []
-    pairs: Optional[list[str]] = [] if text_pair_column else None
-    try:
-        with open(path, encoding="utf-8-sig", newline="") as fh:
-            if suffix == ".txt":
-                if text_pair_column:
-                    raise DataError(f"--file {path}: a .txt file holds single texts; this model takes pairs "
-                                    f"(use .csv or .jsonl with a {text_pair_column!r} column)")
+    wanted = [text_column] + ([text_pair_column] if text_pair_column else [])
+    if suffix == ".txt":
+        if text_pair_column:
+            raise DataError(f"--file {path}: a .txt file holds single texts; this model takes pairs "
+                            f"(use .csv or .jsonl with a {text_pair_column!r} column)")
+        try:
+            with open(path, encoding="utf-8-sig", newline="") as fh:
                 texts = [line.rstrip("\r\n") for line in fh if line.strip()]
-            elif suffix in (".csv", ".tsv"):
-                reader = csv.DictReader(fh, delimiter="\t" if suffix == ".tsv" else ",")
-                columns = reader.fieldnames or []
-                for column in [text_column] + ([text_pair_column] if text_pair_column else []):
-                    if column not in columns:
-                        raise DataError(f"--file {path}: no column {column!r} in the header "
-                                        f"({', '.join(columns) or 'empty'}); pass --text-column")
-                for row in reader:
-                    texts.append(row[text_column] or "")
-                    if pairs is not None:
-                        pairs.append(row[text_pair_column] or "")
-            else:
-                for number, line in enumerate(fh, start=1):
-                    if not line.strip():
-                        continue
-                    try:
-                        record = json.loads(line)
-                    except json.JSONDecodeError as exc:
-                        raise DataError(f"--file {path}: line {number}: not JSON ({exc.msg})") from None
-                    for column in [text_column] + ([text_pair_column] if text_pair_column else []):
-                        if not isinstance(record, dict) or not isinstance(record.get(column), str):
-                            raise DataError(f"--file {path}: line {number}: no text under key {column!r}; "
-                                            f"pass --text-column")
-                    texts.append(record[text_column])
-                    if pairs is not None:
-                        pairs.append(record[text_pair_column])
-    except UnicodeDecodeError as exc:
-        raise DataError(f"--file {path}: not UTF-8 text (byte offset {exc.start})") from None
+        except UnicodeDecodeError as exc:
+            raise DataError(f"--file {path}: not UTF-8 text (byte offset {exc.start})") from None
+        pairs = None
+    else:
+        # the readers training uses: the same formats, quoting and encoding checks
+        table = read_table(str(path), "--file")
+        for column in wanted:
+            if column not in table.column_names:
+                where = "in the header" if suffix in (".csv", ".tsv") else "among the keys"
+                raise DataError(f"--file {path}: no column {column!r} {where} "
+                                f"({', '.join(table.column_names) or 'empty'}); pass --text-column")
+        texts = ["" if t is None else str(t) for t in table[text_column]]
+        pairs = ["" if t is None else str(t) for t in table[text_pair_column]] if text_pair_column else None
     if not texts:
         raise DataError(f"--file {path}: no texts in it")
     return texts, pairs
@@ -314,6 +301,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def run(args: argparse.Namespace) -> None:
     """Check every argument, load the model, predict, write. Raises FinetuneError on bad input."""
+    from finetune.data import quiet_progress_bars
+
+    quiet_progress_bars()  # the bars of reading the file and loading the weights; the file's bar is ours
     if not args.texts and not args.file:
         raise ConfigError("nothing to classify: give texts or --file")
     if args.texts and args.file:
@@ -350,10 +340,7 @@ def run(args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry point; returns the exit code (2 for bad input)."""
-    from transformers.utils import logging as hf_logging
-
     args = parse_args(argv)
-    hf_logging.disable_progress_bar()  # the weight-loading bar; the file's bar is ours
     return run_command(lambda: run(args), debug=args.debug)
 
 

@@ -4,7 +4,7 @@
 
 * :func:`setup_run` loads tokenizer, data, model, optimizer, dataloaders and
   schedule and prepares them with Accelerate (the ``Accelerator`` comes from
-  :func:`finetune.launch.build_accelerator`);
+  :func:`build_accelerator`);
 * :func:`fit` trains all epochs with :func:`finetune.loop.train_one_epoch`
   inside :func:`finetune.cpu.cpu_speedups`, evaluates, checkpoints, and
   writes the outputs.
@@ -26,16 +26,49 @@ from finetune.accumulation import Batching, layout_for, resolve_batching
 from finetune.checkpoint import Checkpointer, resolve_resume
 from finetune.config import Config, save_config
 from finetune.cpu import cpu_speedups, plan_cpu_speedups
-from finetune.errors import ConfigError, FinetuneError
+from finetune.errors import ConfigError, FinetuneError, LaunchError
 from finetune.evaluation import evaluate_model
-from finetune.launch import build_accelerator
+from finetune.launch import configure_cpu_threads, init_process_state
 from finetune.loop import EpochResult, NonFiniteLossError, TrainState, train_one_epoch
 from finetune.optimization import UpdatePlan, build_optimizer, build_scheduler, plan_updates
 from finetune.outputs import CONFIG_FILE, METRICS_FILE, clear_previous_run
 from finetune.sampling import EpochSampler
-from finetune.tracking import RunLogger, flat_hparams
+from finetune.tracking import RunLogger, check_trackers, flat_hparams
 
 logger = logging.getLogger("finetune")
+
+
+def build_accelerator(cfg, project_dir: Optional[str] = None):
+    """An ``Accelerator`` for a :class:`~finetune.config.Config`, with ``k`` resolved for the launched processes.
+
+    Several processes on a machine without a GPU are joined over gloo on the
+    CPU (see :func:`finetune.launch.init_process_state`).
+
+    Raises:
+        ConfigError: if the effective batch cannot be split over the processes, or a
+            tracker in ``logging.report_to`` is unknown or its package is not installed.
+        LaunchError: if the precision cannot run on this hardware (fp16 without a GPU),
+            or the launched processes cannot be joined.
+    """
+    from accelerate import Accelerator
+
+    # Accelerate would drop a tracker whose package is missing without a word: fail before any work
+    check_trackers(cfg.logging.report_to)
+    state = init_process_state()
+    if cfg.training.mixed_precision == "fp16" and state.device.type == "cpu":
+        raise LaunchError(
+            "training.mixed_precision: fp16 needs a GPU; this process runs on the CPU (use bf16 or no)"
+        )
+    batching = resolve_batching(cfg.training, state.num_processes)
+    configure_cpu_threads(state.device, state.num_processes)
+    return Accelerator(
+        # agree with the state: on a CPU state AcceleratorState would otherwise still pick DeepSpeed if asked
+        cpu=state.device.type == "cpu",
+        gradient_accumulation_steps=batching.gradient_accumulation_steps,
+        mixed_precision=cfg.training.mixed_precision,
+        log_with=cfg.logging.report_to or None,
+        project_dir=project_dir or cfg.output.output_dir,
+    )
 
 
 @dataclass
@@ -149,7 +182,7 @@ def setup_run(cfg: Config, accelerator=None) -> Run:
     Args:
         cfg: A validated config (see :func:`finetune.config.load_config`).
         accelerator: An existing ``Accelerator`` (its ``gradient_accumulation_steps``
-            must match the config); built with :func:`~finetune.launch.build_accelerator` when ``None``.
+            must match the config); built with :func:`build_accelerator` when ``None``.
 
     Returns:
         A :class:`Run` whose model, optimizer and dataloaders are prepared.
@@ -207,7 +240,7 @@ def check_batching(cfg: Config, accelerator) -> Batching:
 
 def tokenized_cache_dir(cfg: Config) -> Optional[Path]:
     """The checked folder of the tokenization cache, or ``None`` when ``data.cache_tokenized`` is off."""
-    from finetune.data import default_cache_dir, prepare_cache_dir
+    from finetune.tokens import default_cache_dir, prepare_cache_dir
 
     if not cfg.data.cache_tokenized:
         return None
@@ -224,7 +257,7 @@ def load_data(cfg: Config, accelerator):
 
 def tokenize_data(cfg: Config, splits, tokenizer, accelerator, cache_dir: Optional[Path]):
     """The tokenized splits; the main process tokenizes (and caches) first, the others then read its files."""
-    from finetune.data import tokenize_splits
+    from finetune.tokens import tokenize_splits
 
     with accelerator.main_process_first():
         return tokenize_splits(splits, tokenizer, cfg.data.max_length, cache_dir=cache_dir)

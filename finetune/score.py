@@ -197,9 +197,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def run(args: argparse.Namespace) -> Score:
     """Check the arguments, score, print and write the outputs."""
+    from finetune.data import quiet_progress_bars
     from finetune.modeling import require_saved_model
     from finetune.plot import DPI, confusion_figure
 
+    quiet_progress_bars()  # the bars of reading the file and loading the weights; the scoring bar is ours
     output_dir = require_saved_model(args.output_dir)
     if args.batch_size < 1:
         raise ConfigError(f"--batch-size: must be >= 1, got {args.batch_size}")
@@ -223,13 +225,7 @@ def run(args: argparse.Namespace) -> Score:
 
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry point; returns the exit code (2 for bad input)."""
-    import datasets
-    from transformers.utils import logging as hf_logging
-
     args = parse_args(argv)
-    # the bars of reading the file and loading the weights; the scoring bar is ours
-    datasets.disable_progress_bars()
-    hf_logging.disable_progress_bar()
     return run_command(lambda: run(args), debug=args.debug)
 
 

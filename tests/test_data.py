@@ -18,7 +18,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from finetune.config import DataConfig
-from finetune.data import LabelSpace, load_splits, tokenize_splits
+from finetune.data import LabelSpace, load_splits
+from finetune.tokens import tokenize_splits
 from finetune.errors import DataError
 from finetune.resources import resolve_path
 

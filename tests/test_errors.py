@@ -31,6 +31,7 @@ import torch
 import yaml
 
 import finetune.data
+import finetune.tokens
 import finetune.runner
 from finetune.errors import DataError
 from finetune.train import main
@@ -201,7 +202,7 @@ def work(monkeypatch):
     so the good-config control below behaves like a real start-up.
     """
     calls: list[str] = []
-    tokenize = finetune.data.tokenize_splits
+    tokenize = finetune.tokens.tokenize_splits
 
     def spy_tokenize(*args, **kwargs):
         calls.append("tokenize")
@@ -211,7 +212,7 @@ def work(monkeypatch):
         calls.append("fit")
         return {}
 
-    monkeypatch.setattr(finetune.data, "tokenize_splits", spy_tokenize)
+    monkeypatch.setattr(finetune.tokens, "tokenize_splits", spy_tokenize)
     monkeypatch.setattr(finetune.runner, "fit", spy_fit)
     return calls
 

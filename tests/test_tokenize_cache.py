@@ -13,7 +13,8 @@ import sys
 import datasets
 import pytest
 
-from finetune.data import default_cache_dir, load_splits, tokenize_splits, tokenized_cache_key
+from finetune.data import load_splits
+from finetune.tokens import default_cache_dir, tokenize_splits, tokenized_cache_key
 from finetune.config import DataConfig
 from finetune.errors import ConfigError
 from helpers import REPO, make_texts, offline_env, save_tiny_model, write_tsv
@@ -119,7 +120,7 @@ def test_key_is_the_same_in_another_process(tiny, tokenizer):
     script = (
         "import sys; sys.path.insert(0, 'tests')\n"
         "from transformers import AutoTokenizer\n"
-        "from finetune.data import tokenized_cache_key\n"
+        "from finetune.tokens import tokenized_cache_key\n"
         "from test_tokenize_cache import splits_of\n"
         f"split = splits_of({str(tiny['data'])!r})['train']\n"
         f"print(tokenized_cache_key(split, AutoTokenizer.from_pretrained({str(tiny['model'])!r}), 16))\n"

@@ -1,0 +1,160 @@
+"""The package's shape: no import cycles, inference apart from training, docs whose links resolve."""
+
+from __future__ import annotations
+
+import ast
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from helpers import REPO
+
+PACKAGE = REPO / "finetune"
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(REPO).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _imports(path: Path, known: set[str]) -> set[str]:
+    """The finetune modules ``path`` imports, at module level or inside functions."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            # `from finetune.metrics import _classification` imports a submodule when there is one
+            names = [f"{node.module}.{alias.name}" for alias in node.names] + [node.module]
+        else:
+            continue
+        for name in names:
+            while name and name not in known:
+                name = name.rpartition(".")[0]
+            if name and name != "finetune":
+                found.add(name)
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    files = {_module_name(p): p for p in PACKAGE.rglob("*.py") if "metrics/" not in str(p.relative_to(PACKAGE))
+             or p.parent == PACKAGE / "metrics"}
+    known = set(files)
+    return {name: _imports(path, known) - {name} for name, path in files.items()}
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return stack[stack.index(nxt):] + [nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (found := visit(node)):
+            return found
+    return None
+
+
+def test_the_import_graph_has_no_cycle():
+    graph = import_graph()
+    assert "finetune.runner" in graph and graph["finetune.runner"]  # the graph was really read
+    assert _cycle(graph) is None, " -> ".join(_cycle(graph))
+
+
+def test_a_cycle_would_be_found():
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+
+
+TRAINING_SIDE = {"finetune.runner", "finetune.loop", "finetune.checkpoint", "finetune.cpu", "finetune.signals",
+                 "finetune.accumulation", "finetune.optimization", "finetune.autobatch", "finetune.sampling"}
+
+
+def _reachable(graph: dict[str, set[str]], start: str) -> set[str]:
+    seen, todo = set(), [start]
+    while todo:
+        node = todo.pop()
+        for nxt in graph.get(node, ()):
+            if nxt not in seen:
+                seen.add(nxt)
+                todo.append(nxt)
+    return seen
+
+
+@pytest.mark.parametrize("module", ["finetune.predict", "finetune.score", "finetune.plot"])
+def test_inference_reaches_nothing_of_the_training_side(module):
+    graph = import_graph()
+    assert not _reachable(graph, module) & TRAINING_SIDE
+
+
+def test_importing_predict_loads_neither_the_runner_nor_the_loop():
+    code = ("import sys, finetune.predict, finetune.score; "
+            "print(' '.join(sorted(m for m in sys.modules if m.startswith('finetune'))))")
+    loaded = set(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                                cwd=REPO).stdout.split())
+    assert "finetune.predict" in loaded
+    assert not loaded & TRAINING_SIDE
+
+
+# --------------------------------------------------------------------------- docs
+
+DOCS = [REPO / "README.md", REPO / "CHANGELOG.md", REPO / "bench" / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+
+
+def _anchors(path: Path) -> set[str]:
+    """GitHub's anchors of a Markdown file's headings."""
+    anchors = set()
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.startswith("#"):
+            title = line.lstrip("#").strip().lower()
+            anchors.add(re.sub(r"[^\w\- ]", "", title).replace(" ", "-"))
+    return anchors
+
+
+def _links(path: Path) -> list[str]:
+    text = re.sub(r"```.*?```", "", path.read_text(encoding="utf-8"), flags=re.S)  # code blocks hold no links
+    return LINK.findall(text)
+
+
+def test_docs_exist_and_the_readme_is_a_front_page():
+    assert {p.name for p in (REPO / "docs").glob("*.md")} >= {
+        "accumulation.md", "configuration.md", "errors.md", "checkpoints.md", "logging.md", "performance.md"}
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    assert len(readme.splitlines()) <= 250
+    assert "../shared" not in readme
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: str(p.relative_to(REPO)))
+def test_every_link_resolves_inside_the_repository(doc):
+    for link in _links(doc):
+        if re.match(r"^[a-z]+:", link):
+            continue  # a web address
+        target, _, anchor = link.partition("#")
+        path = (doc.parent / target).resolve() if target else doc
+        assert path.exists(), f"{doc.name}: {link}: no such file"
+        assert REPO in path.parents or path == REPO, f"{doc.name}: {link}: outside the repository"
+        if anchor:
+            assert anchor in _anchors(path), f"{doc.name}: {link}: no heading for #{anchor} in {path.name}"
+
+
+def test_the_link_check_catches_a_broken_link(tmp_path):
+    doc = tmp_path / "x.md"
+    doc.write_text("# Title\n\nsee [this](#title) and [that](missing.md)\n", encoding="utf-8")
+    assert _links(doc) == ["#title", "missing.md"]
+    assert "title" in _anchors(doc)
+    assert not (tmp_path / "missing.md").exists()
