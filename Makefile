@@ -9,7 +9,7 @@ TORCH  ?= torch==2.13.0
 CONFIG ?= configs/default.yaml
 BIN    := $(VENV)/bin
 
-.PHONY: install train test bench clean
+.PHONY: install train test bench gpu-check clean
 
 $(BIN)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv --system-site-packages $(VENV)
@@ -29,6 +29,10 @@ test: install
 # the side-by-side comparison with transformers.Trainer (bench/README.md); ~25 min on 2 CPU cores
 bench: install
 	$(BIN)/python bench/run.py $(ARGS)
+
+# on a CUDA machine: the tests marked gpu, then the speed comparison on a bert-base-sized model (bench/gpu.sh)
+gpu-check: install
+	PATH=$(BIN):$$PATH bench/gpu.sh $(ARGS)
 
 clean:
 	rm -rf $(VENV) outputs .pytest_cache

@@ -94,8 +94,7 @@ def load_job(cfg):
     splits, labels = load_splits(cfg.data, seed=cfg.training.seed)
     tokenized = tokenize_splits(splits, tokenizer, cfg.data.max_length)
     model = load_model(cfg.model, labels.id2label, max_length=cfg.data.max_length)
-    pos_label = labels.label2id[cfg.evaluation.positive_label] if cfg.evaluation.average == "binary" else None
-    metrics = MetricSuite(cfg.evaluation.metrics, len(labels), cfg.evaluation.average, pos_label)
+    metrics = MetricSuite.from_config(cfg.evaluation, labels.names)
     return tokenizer, tokenized, labels, model, metrics
 
 

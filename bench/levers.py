@@ -50,9 +50,9 @@ EVAL_SUBSET = ["data.max_eval_samples=64"]
 
 def lever_jobs(s, steps: int):
     """The lever arms (``bench.run.Job``), baseline first."""
-    from bench.run import JOB_BATCHING, Job, selected
+    from bench.run import Job, selected
 
-    b, k = JOB_BATCHING["sms"]
+    b, k = s.batching["sms"]
     base = ArmSpec("ours", "sms", b, k, max_steps=steps, precision=s.precision,
                    overrides=EVAL_SUBSET + list(s.extra_overrides), threads=s.threads)
 
@@ -96,7 +96,7 @@ def _cuda() -> bool:
 
 def run(s, lever_steps: int) -> int:
     """Run the lever arms and the micro-benchmarks; write ``levers.md`` and ``levers.json``."""
-    from bench.run import JOB_BATCHING, code_version, machine_info, rounds, run_helper, run_job
+    from bench.run import code_version, machine_info, rounds, run_helper, run_job
 
     started = time.perf_counter()
     code = code_version()
@@ -117,7 +117,7 @@ def run(s, lever_steps: int) -> int:
             print(f"levers:     {status} ({result['wall_seconds']:.0f}s)", flush=True)
     rows = summarize(jobs, results)
     report = {"smoke": s.smoke, "precision": s.precision, "repeats": s.repeats, "lever_steps": lever_steps,
-              "b": JOB_BATCHING["sms"][0], "k": JOB_BATCHING["sms"][1],
+              "b": s.batching["sms"][0], "k": s.batching["sms"][1],
               "machine": machine_info(s.threads, code["commit"]), "code": code,
               "micro": micro, "rows": rows, "results": results,
               "wall_minutes": (time.perf_counter() - started) / 60}

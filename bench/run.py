@@ -54,9 +54,8 @@ if __package__ in (None, ""):
 from bench import arm_ours  # noqa: E402
 from bench.common import REPO, ArmSpec, write_result  # noqa: E402
 
-# The jobs of the shipped configs: (b, k) per dataset, B = 32 in both.
+# The jobs of the shipped configs: (b, k) per dataset, B = 32 in both; --batching b,k replaces them.
 JOB_BATCHING = {"sms": (8, 4), "bbc": (8, 4)}  # each job's config
-B = 32
 
 
 @dataclass
@@ -90,6 +89,7 @@ class Settings:
     accuracy_steps: Optional[int] = None  # None: the full epoch
     accuracy_seeds: int = 1
     first_seed: int = 42
+    batching: dict[str, tuple[int, int]] = field(default_factory=lambda: dict(JOB_BATCHING))
 
 
 # --------------------------------------------------------------------------- the plan
@@ -118,7 +118,7 @@ def main_jobs(s: Settings, trainer_k1: bool) -> list[Job]:
     """
     jobs = []
     for dataset in s.datasets:
-        b, k = JOB_BATCHING[dataset]
+        b, k = s.batching[dataset]
         steps = s.sms_steps if dataset == "sms" else s.bbc_steps
         base = ArmSpec("ours", dataset, b, k, max_steps=steps, precision=s.precision,
                        overrides=SPEED_EVAL + list(s.extra_overrides), threads=s.threads)
@@ -128,12 +128,12 @@ def main_jobs(s: Settings, trainer_k1: bool) -> list[Job]:
             Job(f"{dataset}/accelerate", replace(base, arm="accelerate"),
                 label=f"Accelerate example loop, b={b} k={k}"),
         ]
-        if dataset == "bbc":
-            # the same samples in every arm: (8, 1) makes four times the updates
+        if dataset == "bbc" and k > 1:
+            # the same samples in every arm: (b, 1) makes k times the updates
             jobs += [
-                Job("bbc/ours b8k1", replace(base, b=8, k=1, max_steps=steps * 4), "accumulation",
-                    "finetune, b=8 k=1 (B=8)"),
-                Job("bbc/ours b32k1", replace(base, b=32, k=1), "accumulation", "finetune, b=32 k=1"),
+                Job("bbc/ours bk1", replace(base, b=b, k=1, max_steps=steps * k), "accumulation",
+                    f"finetune, b={b} k=1 (B={b})"),
+                Job("bbc/ours Bk1", replace(base, b=b * k, k=1), "accumulation", f"finetune, b={b * k} k=1"),
             ]
     return [j for j in jobs if selected(j.name, s.only)]
 
@@ -152,8 +152,8 @@ def accuracy_jobs(s: Settings, trainer_k1: bool) -> list[Job]:
     """
     if "sms" not in s.datasets or s.accuracy_seeds < 1:
         return []
-    b, k = JOB_BATCHING["sms"]
-    tb, tk = (B, 1) if trainer_k1 else (b, k)
+    b, k = s.batching["sms"]
+    tb, tk = (b * k, 1) if trainer_k1 else (b, k)
     base = ArmSpec("ours", "sms", b, k, max_steps=s.accuracy_steps, precision=s.precision,
                    overrides=list(s.extra_overrides), threads=s.threads)
     jobs = [
@@ -267,7 +267,7 @@ def flops_model(dataset: str, s: Settings) -> dict[str, float]:
 
     datasets.disable_progress_bars()
 
-    spec = ArmSpec("ours", dataset, *JOB_BATCHING[dataset], overrides=list(s.extra_overrides))
+    spec = ArmSpec("ours", dataset, *s.batching[dataset], overrides=list(s.extra_overrides))
     cfg = job_config(spec)
     config = load_model_config(cfg.model, cfg.data.max_length)
     d, layers, ff = config.hidden_size, config.num_hidden_layers, config.intermediate_size
@@ -462,7 +462,8 @@ def markdown(report: dict[str, Any]) -> str:
     if peak:
         lines += [f"Matmul peak ({peak['dtype']}, {peak['device']}): {peak['peak_gflops']:.0f} GFLOP/s "
                   f"(by size: {peak['gflops_by_size']})", ""]
-    titles = {"sms": "SMS spam (the default job)", "bbc": "BBC News, max_length 256"}
+    lengths = [o.split("=", 1)[1] for o in report.get("overrides", []) if o.startswith("data.max_length=")]
+    titles = {"sms": "SMS spam (the default job)", "bbc": f"BBC News, max_length {lengths[-1] if lengths else 256}"}
     for dataset in ("sms", "bbc"):
         mains = [r for n, r in rows.items() if n.startswith(dataset + "/") and r["role"] == "main"]
         if not mains:
@@ -496,20 +497,22 @@ def markdown(report: dict[str, Any]) -> str:
         lines += ["", "The seed draws the validation carve, the new head's weights, the sample order and dropout; "
                   "each arm runs every seed. The Trainer in the package's sample order sees the same samples in "
                   "every update as the package.", ""]
-    acc = {n: r for n, r in rows.items() if n in ("bbc/ours", "bbc/ours b8k1", "bbc/ours b32k1")}
+    acc = {n: r for n, r in rows.items() if n in ("bbc/ours", "bbc/ours bk1", "bbc/ours Bk1")}
     if len(acc) == 3 and all("samples_per_s" in r for r in acc.values()):
-        k4, k1, b32 = acc["bbc/ours"], acc["bbc/ours b8k1"], acc["bbc/ours b32k1"]
+        bk, b1, big = acc["bbc/ours"], acc["bbc/ours bk1"], acc["bbc/ours Bk1"]
+        b, k = report.get("batching", JOB_BATCHING)["bbc"]
         key = "gpu_peak_mib" if gpu else "rss_peak_mib"
         lines += [
             "## Accumulation: time and memory (package CLI, BBC News, same samples)", "",
-            f"| batching | samples/s | x (8, 1) | {mem_name} | x (8, 1) |",
+            f"| batching | samples/s | x ({b}, 1) | {mem_name} | x ({b}, 1) |",
             "| --- | ---: | ---: | ---: | ---: |",
         ]
-        for name, r in (("b=8, k=4 (B=32)", k4), ("b=8, k=1 (B=8)", k1), ("b=32, k=1 (B=32)", b32)):
-            lines.append(f"| {name} | {_fmt(r['samples_per_s'])} | {r['samples_per_s'] / k1['samples_per_s']:.3f} "
-                         f"| {_fmt(r[key], '.0f')} | {r[key] / k1[key]:.3f} |")
-        lines += ["", "(8, 1) makes four times the updates of the others on the same samples, so its time "
-                  "includes four times the optimizer steps: that is the cost accumulation saves.", ""]
+        for name, r in ((f"b={b}, k={k} (B={b * k})", bk), (f"b={b}, k=1 (B={b})", b1),
+                        (f"b={b * k}, k=1 (B={b * k})", big)):
+            lines.append(f"| {name} | {_fmt(r['samples_per_s'])} | {r['samples_per_s'] / b1['samples_per_s']:.3f} "
+                         f"| {_fmt(r[key], '.0f')} | {r[key] / b1[key]:.3f} |")
+        lines += ["", f"({b}, 1) makes {k} times the updates of the others on the same samples, so its time "
+                  f"includes {k} times the optimizer steps: that is the cost accumulation saves.", ""]
     failures = [r for r in report["results"] if not r.get("ok")]
     if failures:
         lines += ["## Failed runs", ""] + [f"- {r['job']}: {r['error']}: {' / '.join(r['log_tail'])}"
@@ -541,6 +544,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--datasets", default="sms,bbc", help="comma-separated: sms, bbc")
     parser.add_argument("--sms-steps", type=int, default=24, help="updates per SMS speed run (default 24)")
     parser.add_argument("--bbc-steps", type=int, default=4, help="updates per BBC News run (default 4)")
+    parser.add_argument("--batching", default=None, metavar="b,k",
+                        help="micro-batch and accumulation steps of every job (default: each config's, 8,4)")
     parser.add_argument("--accuracy-seeds", type=int, default=1,
                         help="full-epoch SMS runs per arm for the accuracy comparison, with seeds 42, 43, ... "
                              "(default 1; 0 skips them)")
@@ -579,7 +584,15 @@ def settings_from(args: argparse.Namespace) -> Settings:
         datasets=[d for d in args.datasets.split(",") if d],
         only=[o for o in args.only.split(",") if o],
         extra_overrides=args.override,
+        batching=_batching(args.batching),
     )
+
+
+def _batching(text: Optional[str]) -> dict[str, tuple[int, int]]:
+    if not text:
+        return dict(JOB_BATCHING)
+    b, k = (int(x) for x in text.split(","))
+    return {dataset: (b, k) for dataset in JOB_BATCHING}
 
 
 def combine(folders: list[str], out: Path, command: str) -> int:
@@ -686,6 +699,7 @@ def main(argv=None) -> int:
         "repeats": s.repeats,
         "accuracy_seeds": s.accuracy_seeds,
         "overrides": s.extra_overrides,
+        "batching": s.batching,
         "machine": machine_info(s.threads, code["commit"]),
         "code": code,
         "trainer_grad_check": finding,

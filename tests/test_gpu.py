@@ -1,0 +1,189 @@
+"""The accumulation contract on a CUDA GPU: fp32, bf16, fp16 with the grad scaler, fused AdamW, DDP over NCCL.
+
+Marked ``gpu`` and skipped without CUDA; ``bench/gpu.sh`` runs them on a GPU
+machine (``pytest -m gpu``), then the speed comparison.
+
+Tolerances. In fp32 the weights of ``(b, k)`` and ``(b*k, 1)`` are compared
+after every update with rtol 1e-5, as on the CPU: TF32 is off for these
+tests (``torch.backends.cuda.matmul.allow_tf32 = False``, cuDNN's too), so
+the two differ only by the order cuBLAS sums in for different batch shapes.
+In bf16 the products round to 8 bits of mantissa, so the contract is checked
+on the gradient an update applies (relative error of the whole gradient
+below 2e-2), not on weights that Adam's normalisation would amplify.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from helpers import REPO, free_port, offline_env, pad_collate, tiny_bert, token_dataset
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run bench/gpu.sh on a GPU machine)"),
+]
+
+N = 76  # b=8: 10 micro-batches, the last holding 4; k=4: windows of 4, 4 and 2 micro-batches
+
+
+@pytest.fixture(autouse=True)
+def strict_fp32(fresh_accelerate_state):
+    matmul, cudnn = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    yield
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = matmul, cudnn
+
+
+def _train(b: int, k: int, mixed_precision: str = "no", epochs: int = 2, lr: float = 1e-3, implementation="auto",
+           kwargs_handlers=None):
+    """Train the tiny BERT on the GPU; record weights after and the gradient applied at every update."""
+    from accelerate import Accelerator
+
+    from finetune.config import OptimConfig
+    from finetune.loop import TrainState, train_one_epoch
+    from finetune.optimization import build_optimizer, build_scheduler, plan_updates
+    from finetune.sampling import EpochSampler
+
+    acc = Accelerator(gradient_accumulation_steps=k, mixed_precision=mixed_precision,
+                      kwargs_handlers=kwargs_handlers or [])
+    assert acc.device.type == "cuda"
+    data = token_dataset(N, seed=1)
+    model = tiny_bert(seed=0)
+    opt_cfg = OptimConfig(learning_rate=lr, lr_scheduler_type="linear", warmup_steps=1, weight_decay=0.01,
+                          implementation=implementation)
+    optimizer = build_optimizer(model, opt_cfg, device=acc.device)
+    dl = DataLoader(data, batch_size=b, sampler=EpochSampler(len(data), seed=7, window_size=b * k),
+                    collate_fn=pad_collate)
+    model, optimizer, dl = acc.prepare(model, optimizer, dl)
+    plan = plan_updates(len(dl), k, epochs, None, warmup_steps=1)
+    scheduler = build_scheduler(optimizer, opt_cfg, plan)
+    grads, weights, lrs, skipped = [], [], [], []
+    step = optimizer.step
+
+    def recording_step(*args, **kwargs):
+        params = acc.unwrap_model(model).named_parameters()
+        grads.append(torch.cat([p.grad.detach().float().flatten() for _, p in params]).cpu())
+        lrs.append(optimizer.param_groups[0]["lr"])
+        return step(*args, **kwargs)
+
+    optimizer.step = recording_step
+
+    def on_update(state):
+        skipped.append(acc.optimizer_step_was_skipped)
+        weights.append({n: p.detach().float().cpu().clone() for n, p in acc.unwrap_model(model).named_parameters()})
+        return False
+
+    state = TrainState()
+    for epoch in range(epochs):
+        train_one_epoch(model, optimizer, scheduler, dl, acc, epoch, state=state, max_grad_norm=1.0,
+                        on_update=on_update)
+    return dict(grads=grads, weights=weights, lrs=lrs, skipped=skipped, scheduler=scheduler, plan=plan,
+                optimizer=optimizer, state=state)
+
+
+def test_fp32_windows_equal_the_big_batch_after_every_update():
+    big, small = _train(32, 1), _train(8, 4)
+    assert len(big["weights"]) == len(small["weights"]) == 6  # 3 updates per epoch, the last ragged
+    for update, (a, b) in enumerate(zip(big["weights"], small["weights"])):
+        for name in a:
+            torch.testing.assert_close(b[name], a[name], rtol=1e-5, atol=1e-7,
+                                       msg=lambda m: f"update {update + 1}, {name}: {m}")
+    assert small["scheduler"].get_last_lr()[0] == 0.0  # the schedule ends at the last update
+    assert small["lrs"] == pytest.approx(big["lrs"], rel=1e-12)
+
+
+def _relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).norm() / b.norm())
+
+
+def test_bf16_windows_apply_the_big_batch_gradient():
+    big, small = _train(32, 1, "bf16"), _train(8, 4, "bf16")
+    assert len(big["grads"]) == len(small["grads"]) == 6
+    errors = [_relative_error(s, b) for s, b in zip(small["grads"], big["grads"])]
+    assert max(errors) < 2e-2, errors
+    # the textbook recipe is off by far more on the ragged window (weight 1/k instead of 1/r): 2 of 4 micro-batches
+    assert all(torch.isfinite(w).all() for update in small["weights"] for w in update.values())
+
+
+def test_fp16_overflow_skips_the_step_and_the_schedule():
+    from accelerate.utils import GradScalerKwargs
+
+    # a huge initial scale overflows fp16 gradients: the scaler skips steps, dividing the scale by 16 each time
+    run = _train(8, 4, "fp16", epochs=4, kwargs_handlers=[GradScalerKwargs(init_scale=2.0**32, backoff_factor=2**-4)])
+    skipped = run["skipped"]
+    assert skipped[0] and not all(skipped), skipped
+    real_steps = skipped.count(False)
+    # the scheduler advanced once per update the optimizer really made, never on a skipped one
+    assert run["scheduler"].last_epoch == real_steps
+    assert run["state"].step == len(skipped)
+    # update j's learning rate is schedule(number of real steps before it)
+    from transformers import get_scheduler
+
+    reference = get_scheduler("linear", torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1e-3),
+                              num_warmup_steps=1, num_training_steps=run["plan"].total_updates)
+    expected = []
+    for was_skipped in skipped:
+        expected.append(reference.get_last_lr()[0])
+        if not was_skipped:
+            reference.step()
+    assert run["lrs"] == pytest.approx(expected, rel=1e-12)
+
+
+def test_fused_adamw_is_chosen_on_cuda_and_matches_the_for_loop():
+    from finetune.optimization import adamw_kernel
+
+    assert adamw_kernel("auto", "cuda") == {"fused": True}
+    fused, loop = _train(32, 1, epochs=1), _train(32, 1, epochs=1, implementation="for_loop")
+    assert fused["optimizer"].optimizer.defaults.get("fused") is True
+    assert not loop["optimizer"].optimizer.defaults.get("fused")
+    for name, value in loop["weights"][-1].items():
+        torch.testing.assert_close(fused["weights"][-1][name], value, rtol=1e-5, atol=1e-6, msg=name)
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="DDP over NCCL needs 2 GPUs or more")
+def test_ddp_over_nccl_gives_the_single_process_weights(tmp_path):
+    from scaling_worker import record_run
+
+    single = record_run(b=16, k=1)
+    out = tmp_path / "two"
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+           "--num_machines", "1", "--main_process_port", str(free_port()), "--mixed_precision", "no",
+           "--dynamo_backend", "no", str(REPO / "tests" / "scaling_worker.py"), "--out", str(out),
+           "--b", "4", "--k", "2"]
+    env = offline_env({"NVIDIA_TF32_OVERRIDE": "0"})
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert all(r["backend"] == "nccl" for r in ranks)
+    multi = torch.load(out / "snapshots.pt")
+    assert len(multi) == len(single["snapshots"]) == 6
+    for update, (a, b) in enumerate(zip(single["snapshots"], multi)):
+        for name in a:
+            torch.testing.assert_close(b[name].cpu(), a[name].cpu(), rtol=1e-5, atol=1e-7,
+                                       msg=lambda m: f"update {update + 1}, {name}: {m}")
+    assert ranks[0]["scheduler_calls"] == 6
+
+
+def test_a_gpu_run_of_the_cli_trains_in_bf16(tmp_path):
+    from helpers import make_texts, save_tiny_model, write_tsv
+
+    model_dir = save_tiny_model(tmp_path / "model")
+    data = write_tsv(tmp_path / "train.tsv", make_texts(64, seed=3))
+    out = tmp_path / "out"
+    cmd = [sys.executable, str(REPO / "finetune" / "train.py"), "--config", str(REPO / "configs" / "default.yaml"),
+           f"model.name_or_path={model_dir}", f"data.train_file={data}", f"output.output_dir={out}",
+           "training.mixed_precision=bf16", "training.num_train_epochs=2", "logging.progress_bar=false"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=offline_env(), cwd=REPO,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "device=cuda" in proc.stderr and "precision=bf16" in proc.stderr
+    records = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
+    losses = [r["train/loss"] for r in records if "train/loss" in r]
+    assert all(0 < loss < 10 for loss in losses)
+    assert (out / "model.safetensors").is_file()
