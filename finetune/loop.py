@@ -333,10 +333,24 @@ def apply_update(model, optimizer, scheduler, accelerator, totals: torch.Tensor,
         norm = float(grad_norm)  # host sync; the norm is global, so every process agrees
         if not math.isfinite(norm):
             return Update(lr, grad_norm, what="gradient norm", value=norm)
+    scale = accelerator.scaler.get_scale() if accelerator.scaler is not None else None  # fp16 only: a host sync
     optimizer.step()
-    if scheduler is not None and not accelerator.optimizer_step_was_skipped:
+    if scheduler is not None and not step_was_skipped(accelerator, scale):
         scheduler.step()
     return Update(lr, grad_norm)
+
+
+def step_was_skipped(accelerator, scale_before: Optional[float]) -> bool:
+    """Whether fp16's grad scaler skipped the optimizer step that just ran (an overflow).
+
+    Accelerate's flag comes from whether the optimizer's ``step`` was called,
+    but a fused optimizer (torch's fused AdamW, the default on CUDA) is called
+    and skips the update inside its kernel. The scaler lowers its scale after
+    every overflow, and only then: that is the test that holds for both.
+    """
+    if accelerator.optimizer_step_was_skipped:
+        return True
+    return scale_before is not None and accelerator.scaler.get_scale() < scale_before
 
 
 def skip_nonfinite(update: Update, where: str, state: TrainState, result: EpochResult, on_nonfinite: str,

@@ -74,8 +74,12 @@ def _train(b: int, k: int, mixed_precision: str = "no", epochs: int = 2, lr: flo
 
     optimizer.step = recording_step
 
+    scales = [acc.scaler.get_scale()] if acc.scaler is not None else []
+
     def on_update(state):
-        skipped.append(acc.optimizer_step_was_skipped)
+        if acc.scaler is not None:  # the scaler lowers its scale after an overflow, and only then
+            scales.append(acc.scaler.get_scale())
+            skipped.append(scales[-1] < scales[-2])
         weights.append({n: p.detach().float().cpu().clone() for n, p in acc.unwrap_model(model).named_parameters()})
         return False
 
@@ -111,17 +115,24 @@ def test_bf16_windows_apply_the_big_batch_gradient():
     assert all(torch.isfinite(w).all() for update in small["weights"] for w in update.values())
 
 
-def test_fp16_overflow_skips_the_step_and_the_schedule():
+@pytest.mark.parametrize("implementation", ["fused", "for_loop"])
+def test_fp16_overflow_skips_the_step_and_the_schedule(implementation):
     from accelerate.utils import GradScalerKwargs
 
     # a huge initial scale overflows fp16 gradients: the scaler skips steps, dividing the scale by 16 each time
-    run = _train(8, 4, "fp16", epochs=4, kwargs_handlers=[GradScalerKwargs(init_scale=2.0**32, backoff_factor=2**-4)])
+    run = _train(8, 4, "fp16", epochs=4, implementation=implementation,
+                 kwargs_handlers=[GradScalerKwargs(init_scale=2.0**32, backoff_factor=2**-4)])
     skipped = run["skipped"]
     assert skipped[0] and not all(skipped), skipped
     real_steps = skipped.count(False)
     # the scheduler advanced once per update the optimizer really made, never on a skipped one
     assert run["scheduler"].last_epoch == real_steps
     assert run["state"].step == len(skipped)
+    # a skipped step left the weights as they were
+    weights = [None] + run["weights"]
+    for i, was_skipped in enumerate(skipped):
+        if was_skipped and weights[i] is not None:
+            assert all(torch.equal(weights[i + 1][n], w) for n, w in weights[i].items())
     # update j's learning rate is schedule(number of real steps before it)
     from transformers import get_scheduler
 
@@ -178,7 +189,8 @@ def test_a_gpu_run_of_the_cli_trains_in_bf16(tmp_path):
     out = tmp_path / "out"
     cmd = [sys.executable, str(REPO / "finetune" / "train.py"), "--config", str(REPO / "configs" / "default.yaml"),
            f"model.name_or_path={model_dir}", f"data.train_file={data}", f"output.output_dir={out}",
-           "training.mixed_precision=bf16", "training.num_train_epochs=2", "logging.progress_bar=false"]
+           "training.mixed_precision=bf16", "training.num_train_epochs=2", "data.max_length=32",
+           "logging.progress_bar=false"]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=offline_env(), cwd=REPO,
                           timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]

@@ -141,3 +141,23 @@ def test_finite_loss_with_nan_gradient_is_not_applied(fresh_accelerate_state, po
         assert result.skipped == 1 and result.updates == 3 and state.skipped_updates == 1
         assert torch.isfinite(weight).all()
         assert all(torch.isfinite(s).all() for s in snapshots)
+
+
+def test_a_lowered_grad_scale_counts_as_a_skipped_step():
+    """A fused optimizer runs its step under fp16 and skips the update in its kernel: the scale tells."""
+    from types import SimpleNamespace
+
+    from finetune.loop import step_was_skipped
+
+    class Scaler:
+        def __init__(self, scale: float):
+            self.scale = scale
+
+        def get_scale(self) -> float:
+            return self.scale
+
+    lowered = SimpleNamespace(optimizer_step_was_skipped=False, scaler=Scaler(2.0**15))
+    assert step_was_skipped(lowered, scale_before=2.0**16)
+    assert not step_was_skipped(lowered, scale_before=2.0**15)  # kept (or grown): the step happened
+    assert step_was_skipped(SimpleNamespace(optimizer_step_was_skipped=True, scaler=None), None)
+    assert not step_was_skipped(SimpleNamespace(optimizer_step_was_skipped=False, scaler=None), None)
