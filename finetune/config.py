@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import logging
 import math
 import os
 import types
@@ -27,7 +28,17 @@ import yaml
 
 from finetune.errors import ConfigError
 
-DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "default.yaml"
+logger = logging.getLogger("finetune")
+
+
+def _default_config() -> Path:
+    """``configs/default.yaml`` of a source checkout, or the copy a wheel installs inside the package."""
+    here = Path(__file__).resolve().parent
+    candidates = (here.parent / "configs" / "default.yaml", here / "configs" / "default.yaml")
+    return next((c for c in candidates if c.is_file()), candidates[0])
+
+
+DEFAULT_CONFIG = _default_config()
 
 
 @dataclass
@@ -67,13 +78,17 @@ class DataConfig:
     train_split: str = "train"
     validation_split_name: Optional[str] = "validation"
     # Local files: CSV, TSV, JSON/JSONL, Parquet, or a folder of class sub-folders of .txt files.
-    # ``pkg:<distribution>/<path>`` points inside an installed package.
+    # ``pkg:<distribution>/<path>`` points inside an installed package. In YAML a file may also be
+    # a mapping ``{path: ..., format: ..., has_header: ..., column_names: ...}``: settings that
+    # describe that file only, dropped with it when an override names another file.
     train_file: Optional[str] = None
     validation_file: Optional[str] = None
-    # File format; ``auto`` guesses from the extension (a directory means ``folder``).
+    # File format; ``auto`` goes by the extension (a directory means ``folder``), and reads a
+    # ``.csv`` whose lines all hold the same number of tabs as TSV.
     format: Literal["auto", "csv", "tsv", "json", "parquet", "folder"] = "auto"
-    # CSV/TSV only: whether the first line holds column names.
-    has_header: bool = True
+    # CSV/TSV only: whether the first line holds column names; null (auto): yes, unless
+    # ``column_names`` are given.
+    has_header: Optional[bool] = None
     # CSV/TSV without a header: the column names, in file order.
     column_names: Optional[list[str]] = None
     # Column holding the text.
@@ -127,6 +142,8 @@ class DataConfig:
                 raise ConfigError(f"data.{name}: must be >= 1, got {value}")
         if self.column_names is not None and self.has_header:
             raise ConfigError("data.column_names: only used with data.has_header: false")
+        if self.has_header is None:
+            self.has_header = self.column_names is None
 
 
 @dataclass
@@ -270,9 +287,11 @@ class EvalConfig:
     # Metric names: accuracy, f1, precision, recall, matthews_correlation are built in and
     # work offline; any other name is loaded with ``evaluate.load`` (needs the network).
     metrics: list[str] = field(default_factory=lambda: ["accuracy", "f1"])
-    # Averaging for f1/precision/recall: binary, macro, micro or weighted.
-    average: Literal["binary", "macro", "micro", "weighted"] = "macro"
-    # With ``average: binary``: the label name (as in the data) of the positive class.
+    # Averaging for f1/precision/recall: binary, macro, micro or weighted; auto: binary with two
+    # classes (the positive one is ``positive_label``, else the rarer in the training data), macro
+    # with more. A run resolves it at start-up and logs its choice.
+    average: Literal["auto", "binary", "macro", "micro", "weighted"] = "auto"
+    # The label name (as in the data) of the positive class for binary averaging.
     positive_label: Optional[str] = None
 
     def __post_init__(self) -> None:
@@ -346,6 +365,10 @@ class Config:
     def to_dict(self) -> dict[str, Any]:
         """The config as plain nested dicts (what ``config.yaml`` in the output holds)."""
         return dataclasses.asdict(self)
+
+
+# section name -> its dataclass
+_SECTIONS: dict[str, type] = {f.name: typing.get_type_hints(Config)[f.name] for f in dataclasses.fields(Config)}
 
 
 # --------------------------------------------------------------------------- loading
@@ -459,7 +482,10 @@ def _set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
     parts = dotted.split(".")
     if len(parts) != 2 or not all(parts):
         sections = [f.name for f in dataclasses.fields(Config)]
-        raise ConfigError(f"override {dotted!r}: expected section.key, one of sections {', '.join(sections)}")
+        owners = [f"{section}.{dotted}" for section, cls in _SECTIONS.items()
+                  if dotted in {f.name for f in dataclasses.fields(cls)}]
+        hint = f" (did you mean {' or '.join(owners)}?)" if owners else ""
+        raise ConfigError(f"override {dotted!r}: expected section.key, one of sections {', '.join(sections)}{hint}")
     section, key = parts
     section_fields = {f.name: f for f in dataclasses.fields(Config)}
     if section not in section_fields:
@@ -523,6 +549,51 @@ def read_yaml(path: str | os.PathLike) -> dict[str, Any]:
     return data
 
 
+# What a file mapping (``train_file: {path: ..., format: ...}``) may say about its file.
+FILE_LAYOUT_KEYS = ("format", "has_header", "column_names")
+
+
+def _with_file_layouts(data: dict[str, Any]) -> dict[str, Any]:
+    """``data.train_file`` / ``data.validation_file`` given as mappings, flattened into the data section.
+
+    A mapping holds the file's ``path`` and the settings that describe that
+    file alone; an override that names another file replaces the mapping, and
+    its settings go with it. Both files share one layout, so where both are
+    mappings they must agree.
+
+    Raises:
+        ConfigError: for a mapping without ``path``, an unknown key in it, a
+            setting given both in it and in the data section, or two files that disagree.
+    """
+    section = data.get("data")
+    if not isinstance(section, dict) or not any(isinstance(section.get(k), dict) for k in ("train_file", "validation_file")):
+        return data
+    section = dict(section)
+    layout: dict[str, Any] = {}
+    for file_key in ("train_file", "validation_file"):
+        spec = section.get(file_key)
+        if not isinstance(spec, dict):
+            continue
+        unknown = [k for k in spec if k not in ("path", *FILE_LAYOUT_KEYS)]
+        if unknown:
+            raise ConfigError(f"data.{file_key}.{unknown[0]}: unknown key (a file mapping takes path, "
+                              f"{', '.join(FILE_LAYOUT_KEYS)})")
+        if "path" not in spec:
+            raise ConfigError(f"data.{file_key}.path: required in a file mapping")
+        section[file_key] = spec["path"]
+        for key in FILE_LAYOUT_KEYS:
+            if key not in spec:
+                continue
+            if key in data["data"]:
+                raise ConfigError(f"data.{key}: given both in data.{file_key} and in data; keep one")
+            if key in layout and layout[key] != spec[key]:
+                raise ConfigError(f"data.validation_file.{key}: {spec[key]!r} differs from data.train_file's "
+                                  f"{layout[key]!r}; both files are read with one layout")
+            layout[key] = spec[key]
+    section.update(layout)
+    return {**data, "data": section}
+
+
 def config_from_dict(data: dict[str, Any], source: str | None = None) -> Config:
     """Build and validate a :class:`Config` from nested dicts.
 
@@ -534,7 +605,7 @@ def config_from_dict(data: dict[str, Any], source: str | None = None) -> Config:
         ConfigError: naming the key (and ``source``) on any unknown key, wrong type or bad value.
     """
     try:
-        return _build(Config, data, "")
+        return _build(Config, _with_file_layouts(data), "")
     except ConfigError as exc:
         if source:
             raise ConfigError(f"{source}: {exc.message}", exc.hint) from None
@@ -556,10 +627,30 @@ def load_config(path: str | os.PathLike | None = None, overrides: list[str] | No
     """
     path = Path(path) if path is not None else DEFAULT_CONFIG
     data = read_yaml(path)
+    given = set()
     for text in overrides or []:
         key, value = parse_override(text)
         _set_dotted(data, key, value)
+        given.add(key)
+    _let_the_command_line_choose_the_length(data, given, path)
     return config_from_dict(data, source=str(path))
+
+
+def _let_the_command_line_choose_the_length(data: dict[str, Any], given: set[str], path: Path) -> None:
+    """``training.max_steps`` on the command line replaces the file's ``num_train_epochs``, and the other way round.
+
+    As in the Trainer, where ``max_steps`` overrides the epochs: a user who
+    types ``training.max_steps=5`` for a quick run means five updates.
+    """
+    training = data.get("training")
+    if not isinstance(training, dict):
+        return
+    for chosen, dropped in (("max_steps", "num_train_epochs"), ("num_train_epochs", "max_steps")):
+        if (f"training.{chosen}" in given and f"training.{dropped}" not in given
+                and training.get(chosen) is not None and training.get(dropped) is not None):
+            logger.info("training.%s=%s on the command line replaces training.%s: %s of %s",
+                        chosen, training[chosen], dropped, training[dropped], path)
+            training[dropped] = None
 
 
 def save_config(cfg: Config, path: str | os.PathLike) -> None:

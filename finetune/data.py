@@ -308,7 +308,23 @@ def _detect_format(path: Path, fmt: str, key: str) -> str:
             f"{key}: {path}: unsupported extension {suffix or '(none)'!r} "
             f"(supported: {supported}, or a folder of class sub-folders; or set data.format)"
         )
+    if EXTENSIONS[suffix] == "csv" and _tab_separated(path):
+        logger.info("%s: every line holds the same number of tabs: read as TSV (data.format: csv to refuse)", path)
+        return "tsv"
     return EXTENSIONS[suffix]
+
+
+def _tab_separated(path: Path, lines: int = 20) -> bool:
+    """Whether the first lines of a ``.csv`` file all hold the same, non-zero number of tabs."""
+    counts = set()
+    with open(path, encoding="utf-8-sig", errors="replace", newline="") as fh:
+        for line in fh:
+            if line.strip():
+                counts.add(line.count("\t"))
+                lines -= 1
+            if lines == 0:
+                break
+    return len(counts) == 1 and counts != {0}
 
 
 def _load_delimited(path: Path, fmt: str, cfg: DataConfig) -> _Table:

@@ -189,7 +189,6 @@ def setup_run(cfg: Config, accelerator=None) -> Run:
     """
     from accelerate.utils import set_seed
 
-    from finetune.metrics import MetricSuite
     from finetune.modeling import load_model, load_model_config, load_tokenizer
 
     accelerator = accelerator or build_accelerator(cfg)
@@ -200,7 +199,7 @@ def setup_run(cfg: Config, accelerator=None) -> Run:
     cache_dir = tokenized_cache_dir(cfg)
     splits, labels = load_data(cfg, accelerator)
     model = load_model(cfg.model, labels.id2label, max_length=cfg.data.max_length)
-    metrics = MetricSuite.from_config(cfg.evaluation, labels.names)
+    metrics = metric_suite(cfg, labels.names, splits["train"])
     tokenized = tokenize_data(cfg, splits, tokenizer, accelerator, cache_dir)
     if cfg.training.per_device_train_batch_size == "auto":
         batching = fit_micro_batch(model, tokenized["train"], tokenizer, accelerator, batching)
@@ -221,6 +220,25 @@ def setup_run(cfg: Config, accelerator=None) -> Run:
     set_seed(cfg.training.seed)
     return Run(cfg, accelerator, batching, tokenizer, labels, model, optimizer, scheduler, train_dl, eval_dl,
                metrics, plan)
+
+
+def metric_suite(cfg: Config, label_names, train_split):
+    """The validation metrics, with ``evaluation.average: auto`` decided from the training labels.
+
+    The decision is logged and written back into ``cfg``, so ``config.yaml``
+    (and ``finetune.score`` after it) says what the run computed.
+    """
+    from finetune.data import LABELS
+    from finetune.metrics import MetricSuite, resolve_average
+
+    counts = np.bincount(np.asarray(train_split[LABELS]), minlength=len(label_names))
+    average, positive = resolve_average(cfg.evaluation, label_names, counts)
+    if cfg.evaluation.average == "auto":
+        why = "evaluation.positive_label" if cfg.evaluation.positive_label else "the rarer of two"
+        chosen = f"binary, positive class {positive!r} ({why})" if average == "binary" else average
+        logger.info("evaluation.average: auto -> %s", chosen)
+    cfg.evaluation.average, cfg.evaluation.positive_label = average, positive
+    return MetricSuite.from_config(cfg.evaluation, label_names, counts=counts)
 
 
 def check_batching(cfg: Config, accelerator) -> Batching:

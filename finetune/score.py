@@ -2,13 +2,15 @@
 
 Usage::
 
-    python -m finetune.score outputs/sms_spam --file held_out.tsv
-    python -m finetune.score outputs/sms_spam --file test.csv data.format=csv data.has_header=true
+    python -m finetune.score outputs/sms_spam --file held_out.tsv   # read like the training file
+    python -m finetune.score outputs/sms_spam --file test.csv       # a CSV whose header names text and label
     python -m finetune.score outputs/bbc_news --file test.csv evaluation.metrics=[accuracy] --json scores.json
 
 The file is read as training read its data: with the ``data`` settings of the
 run's saved ``config.yaml`` (format, header, column names, empty texts), which
-``data.key=value`` arguments override. Labels are matched to the model's by
+``data.key=value`` arguments override; a CSV/TSV file whose first line names
+the run's text and label columns is read by that header instead of the run's
+format and column names. Labels are matched to the model's by
 name; a label the model was not trained on is an error naming its row. The
 metrics are the run's ``evaluation`` settings (the same
 :class:`~finetune.metrics.MetricSuite` as validation during training), plus
@@ -66,7 +68,7 @@ def scoring_config(output_dir: str | os.PathLike, file: str | os.PathLike, overr
     Raises:
         ConfigError: for an override outside ``data.*`` / ``evaluation.*`` or an invalid value.
     """
-    from finetune.config import config_from_dict, parse_override, read_yaml
+    from finetune.config import FILE_LAYOUT_KEYS, config_from_dict, parse_override, read_yaml
     from finetune.outputs import CONFIG_FILE
 
     path = Path(output_dir) / CONFIG_FILE
@@ -84,9 +86,26 @@ def scoring_config(output_dir: str | os.PathLike, file: str | os.PathLike, overr
             raise ConfigError(f"override {text!r}: the file to score is --file")
         tree[section][name] = value
         given.add(key)
-    if tree["data"].get("has_header") and "data.column_names" not in given:
-        tree["data"]["column_names"] = None  # a header names the columns; the run's names were for a headerless file
+    columns = [tree["data"].get("text_column", "text"), tree["data"].get("label_column", "label")]
+    if _header_names(file, columns):
+        # the run's format, header and column names described its training file; this file names its columns
+        for key in FILE_LAYOUT_KEYS:
+            if f"data.{key}" not in given:
+                tree["data"].pop(key, None)
     return config_from_dict(tree, source=f"{path} with --file {file}" if path.is_file() else f"--file {file}")
+
+
+def _header_names(file: str | os.PathLike, columns: Sequence[str]) -> bool:
+    """Whether a CSV/TSV file's first line names all of ``columns`` (so it has a header of its own)."""
+    import csv
+
+    path = Path(file)
+    if path.suffix.lower() not in (".csv", ".tsv", ".tab") or not path.is_file():
+        return False
+    with open(path, encoding="utf-8-sig", errors="replace", newline="") as fh:
+        first = fh.readline()
+    fields = next(csv.reader([first], delimiter="\t" if "\t" in first else ","), [])
+    return set(columns) <= {f.strip() for f in fields}
 
 
 def load_labelled(file: str | os.PathLike, data_cfg, labels: Sequence[str]):
@@ -156,7 +175,10 @@ def score_file(output_dir: str | os.PathLike, file: str | os.PathLike, overrides
     names = predictor.labels if predictor is not None else model_labels(output_dir)
     texts, pairs, references = load_labelled(file, cfg.data, names)
 
-    suite = MetricSuite.from_config(cfg.evaluation, names, whose="the model")
+    import numpy as np
+
+    suite = MetricSuite.from_config(cfg.evaluation, names, whose="the model",
+                                    counts=np.bincount(np.asarray(references), minlength=len(names)))
 
     predictor = predictor or Predictor.load(output_dir, batch_size=batch_size)
     logits = predictor.logits(texts, pairs, progress=True)

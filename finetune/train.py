@@ -4,6 +4,7 @@ Usage::
 
     accelerate launch finetune/train.py --config configs/default.yaml [section.key=value ...]
     accelerate launch -m finetune.train --config configs/bbc_news.yaml training.seed=1
+    finetune train --data reviews.csv --text sentence --label sentiment --output outputs/reviews
 
 With no ``--config``, ``configs/default.yaml`` is used. Bad input (config,
 data, model, launch) ends with one line on stderr and exit code 2; pass
@@ -33,15 +34,47 @@ from finetune.errors import FinetuneError, run_command  # noqa: E402
 logger = logging.getLogger("finetune")
 
 
+EPILOG = """config sections and the keys most often set:
+  model       name_or_path (a folder, a Hub id, or pkg:<wheel>/<path>), dropout
+  data        train_file, validation_file, text_column, label_column, max_length, format, column_names
+  training    per_device_train_batch_size, effective_batch_size, num_train_epochs, max_steps, mixed_precision, seed
+  optim       learning_rate, weight_decay, lr_scheduler_type, warmup_ratio
+  evaluation  metrics, average, positive_label
+  logging     log_every, report_to
+  output      output_dir, overwrite, resume_from, checkpoint_every
+
+examples:
+  finetune train --data reviews.csv --text sentence --label sentiment --output outputs/reviews
+  finetune train --config configs/bbc_news.yaml training.max_steps=50 optim.learning_rate=3e-5
+  accelerate launch --multi_gpu --num_processes 4 -m finetune.cli train --data reviews.csv
+
+every key: docs/configuration.md"""
+
+# the short path's flags and the keys they set
+SHORTCUTS = {"data": "data.train_file", "text": "data.text_column", "label": "data.label_column",
+             "output": "output.output_dir"}
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="finetune/train.py",
+        prog="finetune train",
         description="Fine-tune a BERT-family text classifier with exact gradient accumulation.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--config", default=None, help="YAML config (default: configs/default.yaml)")
+    parser.add_argument("--data", metavar="FILE", help="training data: CSV, TSV, JSON Lines, Parquet or a class "
+                        "folder (sets data.train_file; its layout is found from the file)")
+    parser.add_argument("--text", metavar="COLUMN", help="column of the texts (data.text_column)")
+    parser.add_argument("--label", metavar="COLUMN", help="column of the labels (data.label_column)")
+    parser.add_argument("--output", metavar="DIR", help="where the run writes (output.output_dir)")
     parser.add_argument("--debug", action="store_true", help="show tracebacks for input errors")
     parser.add_argument("overrides", nargs="*", metavar="section.key=value", help="dotted config overrides")
-    return parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)
+    shortcuts = [f"{key}={getattr(args, flag)}" for flag, key in SHORTCUTS.items() if getattr(args, flag)]
+    args.shortcut = bool(shortcuts)
+    args.overrides = shortcuts + list(args.overrides)
+    return args
 
 
 def _is_main_rank() -> bool:
@@ -62,12 +95,16 @@ def _name_config_file(exc: FinetuneError, config_path: str | None) -> None:
         exc.message = f"{Path(config_path) if config_path else DEFAULT_CONFIG}: {exc.message}"
 
 
-def run_training(config_path: str | None, overrides: list[str]) -> dict:
+def run_training(config_path: str | None, overrides: list[str], show_config: bool = False) -> dict:
     """Load the config, build the run, train it. Returns the metrics summary."""
+    import yaml
+
     from finetune.config import load_config
     from finetune.runner import build_accelerator, check_output_dir, describe, fit, setup_run
 
     cfg = load_config(config_path, overrides)
+    if show_config and _is_main_rank():
+        logger.info("the config of this run:\n%s", yaml.safe_dump(cfg.to_dict(), sort_keys=False).rstrip())
     try:
         check_output_dir(cfg)
         accelerator = build_accelerator(cfg)
@@ -90,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         level=logging.INFO if _is_main_rank() else logging.WARNING,
     )
-    code = run_command(lambda: run_training(args.config, args.overrides), debug=args.debug,
+    code = run_command(lambda: run_training(args.config, args.overrides, args.shortcut), debug=args.debug,
                        quiet=not _is_main_rank())
     if code and not _is_main_rank():
         # torchrun stops every process as soon as one exits: were another rank first, the main

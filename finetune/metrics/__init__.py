@@ -16,7 +16,7 @@ from __future__ import annotations
 import difflib
 import numbers
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 
@@ -72,6 +72,34 @@ def _first_line(error: BaseException) -> str:
     return lines[0] if lines else type(error).__name__
 
 
+def resolve_average(evaluation, label_names, counts=None) -> tuple[str, Optional[str]]:
+    """The averaging and positive class that ``evaluation`` stands for, with ``average: auto`` decided.
+
+    ``auto`` is binary averaging for two classes, with ``positive_label`` as
+    the positive class, or else the class with fewer training samples (the
+    one a detector is usually for: spam, fraud, a defect); macro averaging
+    for more classes, or for two of the same size without a ``positive_label``.
+
+    Args:
+        evaluation: The ``evaluation`` config section.
+        label_names: Class names in class-id order.
+        counts: Training samples per class, in class-id order (``None``: unknown).
+
+    Returns:
+        ``(average, positive label name or None)``.
+    """
+    if evaluation.average != "auto":
+        return evaluation.average, evaluation.positive_label
+    names = list(label_names)
+    if len(names) != 2:
+        return "macro", None
+    if evaluation.positive_label is not None:
+        return "binary", evaluation.positive_label
+    if counts is None or counts[0] == counts[1]:
+        return "macro", None
+    return "binary", names[0 if counts[0] < counts[1] else 1]
+
+
 class MetricSuite:
     """The configured metrics, computed with evaluate's API (local modules, combine).
 
@@ -100,21 +128,25 @@ class MetricSuite:
     """
 
     @classmethod
-    def from_config(cls, evaluation, label_names, whose: str = "the data") -> "MetricSuite":
+    def from_config(cls, evaluation, label_names, whose: str = "the data", counts=None) -> "MetricSuite":
         """The suite of an ``evaluation`` config section for classes ``label_names`` (in class-id order).
+
+        ``evaluation.average: auto`` is resolved by :func:`resolve_average`
+        (``counts``: samples per class, to find the rarer of two).
 
         Raises:
             ConfigError: if ``evaluation.positive_label`` is not one of ``label_names``
                 (``whose`` says whose labels they are, for the message).
         """
         names = list(label_names)
+        average, positive = resolve_average(evaluation, names, counts)
         pos_label = None
-        if evaluation.average == "binary":
-            if evaluation.positive_label not in names:
-                raise ConfigError(f"evaluation.positive_label: {evaluation.positive_label!r} is not a label of "
+        if average == "binary":
+            if positive not in names:
+                raise ConfigError(f"evaluation.positive_label: {positive!r} is not a label of "
                                   f"{whose} ({', '.join(names)})")
-            pos_label = names.index(evaluation.positive_label)
-        return cls(evaluation.metrics, len(names), evaluation.average, pos_label)
+            pos_label = names.index(positive)
+        return cls(evaluation.metrics, len(names), average, pos_label)
 
     def __init__(self, names: list[str], num_labels: int, average: str = "macro", pos_label: int | None = None):
         names = list(names)

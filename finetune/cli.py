@@ -1,0 +1,55 @@
+"""The ``finetune`` command: one entry point for training and for using a trained model.
+
+Usage::
+
+    finetune train [--config F] [--data FILE --text COLUMN --label COLUMN --output DIR] [section.key=value ...]
+    finetune predict OUTPUT_DIR "a text" ... | --file FILE [--output FILE]
+    finetune score OUTPUT_DIR --file FILE [section.key=value ...]
+    finetune plot OUTPUT_DIR
+
+Several processes: ``accelerate launch -m finetune.cli train ...`` (or
+``accelerate launch finetune/train.py ...`` from a clone). ``finetune COMMAND
+--help`` explains each command.
+"""
+
+from __future__ import annotations
+
+import difflib
+import sys
+
+COMMANDS = {
+    "train": ("finetune.train", "fine-tune a model (the default config, or --config, plus overrides)"),
+    "predict": ("finetune.predict", "classify texts or a file with a trained model"),
+    "score": ("finetune.score", "metrics and a confusion matrix of a trained model on a labelled file"),
+    "plot": ("finetune.plot", "draw a run's curves.png from its train_log.jsonl"),
+}
+
+
+def usage() -> str:
+    lines = ["usage: finetune COMMAND [ARGS ...]", "", "commands:"]
+    lines += [f"  {name:<8} {text}" for name, (_, text) in COMMANDS.items()]
+    lines += ["", "finetune COMMAND --help for a command's arguments; "
+              "finetune train --data reviews.csv --text sentence --label sentiment trains on your own file"]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Dispatch to the command's own entry point; returns its exit code."""
+    import importlib
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(usage(), file=sys.stdout if argv else sys.stderr)
+        return 0 if argv else 2
+    command, rest = argv[0], argv[1:]
+    if command not in COMMANDS:
+        close = difflib.get_close_matches(command, list(COMMANDS), n=1)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        print(f"error: unknown command {command!r}{hint}; commands: {', '.join(COMMANDS)}", file=sys.stderr)
+        return 2
+    module = importlib.import_module(COMMANDS[command][0])
+    return module.main(rest)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

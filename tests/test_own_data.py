@@ -1,0 +1,165 @@
+"""A user's own data on the first try: the default config plus the file and its two columns.
+
+Each test starts from ``configs/default.yaml`` (the SMS file's layout travels
+with its ``data.train_file`` mapping) and overrides only the data file, its
+text and label columns and the output folder, plus the tiny model and a short
+run so the suite stays fast.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+
+import pytest
+
+from finetune.config import DEFAULT_CONFIG, load_config
+from finetune.errors import ConfigError
+from helpers import REPO, make_texts, save_tiny_model
+from tiny_run import reset_accelerate
+
+
+def _write(path, fmt: str, rows):
+    """``rows`` of (label, text) as a file of format ``fmt`` with columns ``sentence`` and ``sentiment``."""
+    if fmt in ("csv", "tsv"):
+        with open(path, "w", newline="", encoding="utf-8") as fh:
+            writer = csv.writer(fh, delimiter="," if fmt == "csv" else "\t")
+            writer.writerow(["id", "sentence", "sentiment"])
+            writer.writerows([(i, text, label) for i, (label, text) in enumerate(rows)])
+    elif fmt == "jsonl":
+        path.write_text("".join(json.dumps({"sentence": t, "sentiment": label}) + "\n" for label, t in rows),
+                        encoding="utf-8")
+    elif fmt == "parquet":
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        pq.write_table(pa.table({"sentence": [t for _, t in rows], "sentiment": [label for label, _ in rows]}), path)
+    else:  # a folder of class sub-folders
+        for i, (label, text) in enumerate(rows):
+            (path / label).mkdir(parents=True, exist_ok=True)
+            (path / label / f"{i}.txt").write_text(text, encoding="utf-8")
+    return path
+
+
+def _train(tmp_path, overrides):
+    from finetune.runner import fit, setup_run
+
+    cfg = load_config(None, overrides)
+    reset_accelerate()
+    try:
+        run = setup_run(cfg)
+        return run, fit(run)
+    finally:
+        reset_accelerate()
+
+
+@pytest.mark.parametrize("fmt, name", [("csv", "reviews.csv"), ("tsv", "reviews.tsv"), ("jsonl", "reviews.jsonl"),
+                                       ("parquet", "reviews.parquet"), ("folder", "reviews")])
+def test_the_default_config_trains_on_a_users_file(tmp_path, fmt, name):
+    data = _write(tmp_path / name, fmt, make_texts(60, seed=1))
+    model = save_tiny_model(tmp_path / "model")
+    columns = [] if fmt == "folder" else ["data.text_column=sentence", "data.label_column=sentiment"]
+    run, summary = _train(tmp_path, [f"data.train_file={data}", *columns, f"output.output_dir={tmp_path / 'out'}",
+                                     f"model.name_or_path={model}", "data.max_length=32", "training.max_steps=3"])
+    assert summary["train"]["updates"] == 3
+    assert summary["labels"] == ["ham", "spam"]
+    # two classes: binary F1 of the rarer one, without being told
+    assert run.cfg.evaluation.average == "binary" and run.cfg.evaluation.positive_label == "spam"
+    assert 0.0 <= summary["eval"]["f1"] <= 1.0
+    saved = (tmp_path / "out" / "config.yaml").read_text(encoding="utf-8")
+    assert "positive_label: spam" in saved and "column_names: null" in saved
+
+
+def test_the_short_command_trains_on_a_csv(tmp_path):
+    from finetune.cli import main
+
+    data = _write(tmp_path / "reviews.csv", "csv", make_texts(60, seed=2))
+    model = save_tiny_model(tmp_path / "model")
+    out = tmp_path / "out"
+    reset_accelerate()
+    try:
+        code = main(["train", "--data", str(data), "--text", "sentence", "--label", "sentiment", "--output", str(out),
+                     f"model.name_or_path={model}", "data.max_length=32", "training.max_steps=2",
+                     "logging.progress_bar=false"])
+    finally:
+        reset_accelerate()
+    assert code == 0
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["train"]["updates"] == 2 and metrics["labels"] == ["ham", "spam"]
+
+
+def test_an_override_of_the_file_drops_the_settings_of_the_old_one():
+    sms = load_config(None, [])
+    assert (sms.data.format, sms.data.has_header, sms.data.column_names) == ("tsv", False, ["label", "text"])
+    mine = load_config(None, ["data.train_file=reviews.csv"])
+    assert (mine.data.format, mine.data.has_header, mine.data.column_names) == ("auto", True, None)
+
+
+@pytest.mark.parametrize("mapping, message", [
+    ({"path": "a.csv", "delimiter": ";"}, "data.train_file.delimiter: unknown key"),
+    ({"format": "csv"}, "data.train_file.path: required in a file mapping"),
+])
+def test_a_bad_file_mapping_is_one_line(mapping, message):
+    from finetune.config import config_from_dict
+
+    with pytest.raises(ConfigError, match=message):
+        config_from_dict({"data": {"train_file": mapping}})
+    with pytest.raises(ConfigError, match="data.format: given both in data.train_file and in data"):
+        config_from_dict({"data": {"train_file": {"path": "a.csv", "format": "csv"}, "format": "tsv"}})
+
+
+def test_a_csv_of_tab_separated_lines_is_read_as_tsv(tmp_path, caplog):
+    from finetune.config import DataConfig
+    from finetune.data import load_splits
+
+    path = tmp_path / "sms.csv"
+    path.write_text("text\tlabel\n" + "".join(f"{t}, more\t{label}\n" for label, t in make_texts(30, seed=3)),
+                    encoding="utf-8")
+    with caplog.at_level(logging.INFO, logger="finetune"):
+        splits, labels = load_splits(DataConfig(train_file=str(path)), seed=0)
+    assert labels.names == ["ham", "spam"]
+    assert len(splits["train"]) + len(splits["validation"]) == 30
+    assert any("read as TSV" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize("config", ["default.yaml", "bbc_news.yaml", "bert_base_sst2.yaml"])
+def test_max_steps_on_the_command_line_wins_over_the_files_epochs(config, caplog):
+    with caplog.at_level(logging.INFO, logger="finetune"):
+        cfg = load_config(REPO / "configs" / config, ["training.max_steps=5"])
+    assert cfg.training.max_steps == 5 and cfg.training.num_train_epochs is None
+    assert any("replaces training.num_train_epochs" in r.getMessage() for r in caplog.records)
+    with pytest.raises(ConfigError, match="either training.max_steps or training.num_train_epochs"):
+        load_config(REPO / "configs" / config, ["training.max_steps=5", "training.num_train_epochs=1"])
+
+
+def test_max_steps_on_the_default_config_makes_five_updates_on_a_schedule_of_five(tmp_path):
+    run, summary = _train(tmp_path, ["training.max_steps=5", f"output.output_dir={tmp_path / 'out'}",
+                                     "logging.progress_bar=false", "data.max_eval_samples=16"])
+    assert run.plan.total_updates == 5 and summary["train"]["updates"] == 5
+    assert run.scheduler.get_last_lr()[0] == 0.0  # the linear schedule ended at the last of the five
+    records = [json.loads(line) for line in (tmp_path / "out" / "train_log.jsonl").read_text().splitlines()]
+    lrs = [r["train/lr"] for r in records if "train/lr" in r]
+    assert [r["step"] for r in records if "train/lr" in r] == [1, 2, 3, 4, 5]
+    assert lrs[0] == 0.0 and min(lrs[1:]) > 0  # one warmup update from 0, and no end before the last
+
+
+def test_a_bare_key_is_told_its_section():
+    with pytest.raises(ConfigError, match=r"did you mean training.max_steps\?"):
+        load_config(DEFAULT_CONFIG, ["max_steps=5"])
+
+
+def test_auto_average_is_macro_beyond_two_classes_and_binary_on_the_rarer_of_two():
+    from types import SimpleNamespace
+
+    from finetune.metrics import resolve_average
+
+    auto = SimpleNamespace(average="auto", positive_label=None)
+    assert resolve_average(auto, ["a", "b", "c"], [5, 5, 1]) == ("macro", None)
+    assert resolve_average(auto, ["ham", "spam"], [90, 10]) == ("binary", "spam")
+    assert resolve_average(auto, ["neg", "pos"], [10, 90]) == ("binary", "neg")
+    assert resolve_average(auto, ["neg", "pos"], [50, 50]) == ("macro", None)  # nothing makes one positive
+    given = SimpleNamespace(average="auto", positive_label="pos")
+    assert resolve_average(given, ["neg", "pos"], [10, 90]) == ("binary", "pos")
+    explicit = SimpleNamespace(average="weighted", positive_label=None)
+    assert resolve_average(explicit, ["neg", "pos"], [10, 90]) == ("weighted", None)
