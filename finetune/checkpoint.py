@@ -6,6 +6,8 @@ A checkpoint is a directory ``<output_dir>/checkpoints/checkpoint-<update>/`` wi
   ``optimizer.bin``, ``random_states_<rank>.pkl`` (one per process: Python,
   NumPy, torch CPU and CUDA generators), ``scaler.pt`` under fp16;
 * ``scheduler.pt``: the learning-rate scheduler's ``state_dict``;
+* ``config.json``, the tokenizer's files and ``config.yaml``: with the weights,
+  a model that ``from_pretrained`` and ``finetune predict`` load;
 * ``trainer_state.json``: the loop's :class:`~finetune.loop.TrainState`
   (epoch, updates, micro-batches of the epoch already consumed, counters), the
   run's *fingerprint* (what must not change on resume), the evaluation history,
@@ -170,7 +172,8 @@ def run_fingerprint(run) -> dict[str, Any]:
         "per_device_train_batch_size": run.batching.per_device_batch_size,
         "gradient_accumulation_steps": run.batching.gradient_accumulation_steps,
         "train_samples": len(run.train_dataloader.dataset),
-        **{f"plan.{k}": v for k, v in asdict(run.plan).items()},
+        # k is compared above as gradient_accumulation_steps
+        **{f"plan.{k}": v for k, v in asdict(run.plan).items() if k != "gradient_accumulation_steps"},
     })
     return json.loads(json.dumps(fingerprint))  # as it reads back from the file (tuples -> lists)
 
@@ -276,6 +279,7 @@ def save_checkpoint(run, history: list[dict[str, Any]], pending_eval_epoch: Opti
     if acc.is_main_process:
         if run.scheduler is not None:
             torch.save(run.scheduler.state_dict(), tmp / SCHEDULER_FILE)
+        write_model_files(run, tmp)
         meta = {
             "format": FORMAT_VERSION,
             "state": run.state.to_dict(),
@@ -307,6 +311,21 @@ def save_checkpoint(run, history: list[dict[str, Any]], pending_eval_epoch: Opti
         logger.info("checkpoint saved: %s (%s)", final, reason or f"update {step}")
     acc.wait_for_everyone()
     return final
+
+
+def write_model_files(run, directory: Path) -> None:
+    """Beside the weights ``save_state`` wrote: the model's ``config.json``, the tokenizer and the run's config.
+
+    With them a checkpoint directory is a model that ``from_pretrained``,
+    ``transformers.pipeline`` and ``finetune predict`` load, so a run stopped
+    before its end can still be used.
+    """
+    from finetune.config import save_config
+    from finetune.outputs import CONFIG_FILE
+
+    run.accelerator.unwrap_model(run.model).config.save_pretrained(directory)
+    run.tokenizer.save_pretrained(directory)
+    save_config(run.cfg, directory / CONFIG_FILE)
 
 
 def _prune(root: Path, keep_last: Optional[int], keep: Path) -> None:

@@ -52,14 +52,17 @@ class TrainState:
     tokens_seen: int = 0
     skipped_updates: int = 0
     skipped_in_row: int = 0
+    # seconds spent training so far (windows only: no evaluation, checkpoints or start-up), over resumes too
+    train_seconds: float = 0.0
 
-    def to_dict(self) -> dict[str, int]:
+    def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
-    def count_window(self, totals: torch.Tensor, stop: int, applied: bool) -> None:
+    def count_window(self, totals: torch.Tensor, stop: int, applied: bool, seconds: float) -> None:
         """A window ending at micro-batch ``stop`` is done; ``totals`` are its reduced loss, samples, tokens."""
         self.samples_seen += int(totals[1])
         self.tokens_seen += int(totals[2])
+        self.train_seconds += seconds
         self.micro_batch = stop
         if applied:
             self.step += 1
@@ -163,6 +166,7 @@ def train_one_epoch(
     state = state if state is not None else TrainState(epoch=epoch)
     state.epoch = epoch
     k = accelerator.gradient_accumulation_steps
+    check_schedule_fits(scheduler, k)
     layout = layout_for(dataloader, accelerator)
     batches = epoch_batches(dataloader, accelerator, epoch, state.micro_batch, k)
     window = WindowStats(accelerator.device)
@@ -192,7 +196,7 @@ def train_one_epoch(
         else:
             skip_nonfinite(update, window.where(update, accelerator.process_index), state, result,
                            on_nonfinite, max_skipped)
-        state.count_window(totals, stop, update.applied)
+        state.count_window(totals, stop, update.applied, seconds=window.seconds())
         result.count_window(totals, update.applied)
         at_end = stop == layout.micro_batches_per_process
         if logs.due(stop, k, log_every, last=at_end or state.step == max_updates):
@@ -210,6 +214,22 @@ def train_one_epoch(
 
 
 # --------------------------------------------------------------------------- the steps, in loop order
+
+
+def check_schedule_fits(scheduler, k: int) -> None:
+    """Refuse to train at ``k`` with a scheduler sized for another ``k`` (its length would be wrong).
+
+    Raises:
+        ValueError: saying how to size the schedule again.
+    """
+    planned = getattr(scheduler, "planned_accumulation_steps", 0)
+    if planned and planned != k:
+        raise ValueError(
+            f"the scheduler was sized for gradient_accumulation_steps={planned} "
+            f"({scheduler.planned_updates} updates), "
+            f"but the accelerator now accumulates {k}: build it again for the new k, e.g. "
+            f"build_scheduler(optimizer, cfg.optim, plan_updates(len(dataloader), {k}, epochs, None))"
+        )
 
 
 def epoch_batches(dataloader, accelerator, epoch: int, start: int, k: int):
@@ -271,10 +291,12 @@ class WindowStats:
         self.totals = torch.zeros(3, dtype=torch.float64, device=device)  # loss sum, samples, tokens
         self.first_bad = torch.full((), -1, dtype=torch.long, device=device)
         self.first = self.stop = self.real_samples = 0
+        self.t0 = time.perf_counter()
 
     def start(self, first: int, stop: int, real_samples: int) -> None:
         """Begin the window of micro-batches ``first .. stop-1`` holding ``real_samples`` (all processes)."""
         self.first, self.stop, self.real_samples = first, stop, real_samples
+        self.t0 = time.perf_counter()
         self.totals.zero_()
         self.first_bad.fill_(-1)
 
@@ -284,6 +306,10 @@ class WindowStats:
         self.totals[2] += tokens.double()
         bad_now = (~torch.isfinite(loss_sum)) & (self.first_bad < 0)
         self.first_bad.copy_(torch.where(bad_now, torch.full_like(self.first_bad, j), self.first_bad))
+
+    def seconds(self) -> float:
+        """Time since the window started."""
+        return time.perf_counter() - self.t0
 
     def reduce(self, accelerator) -> torch.Tensor:
         """The window's totals summed over all processes, on the CPU (every process gets the same)."""

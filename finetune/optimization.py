@@ -15,6 +15,7 @@ from typing import Optional
 import torch
 from transformers import get_scheduler
 
+from finetune.accumulation import updates_per_epoch
 from finetune.config import OptimConfig
 from finetune.errors import ConfigError
 
@@ -107,6 +108,8 @@ class UpdatePlan:
     num_epochs: int
     total_updates: int
     warmup_updates: int
+    # the k these updates were counted with (0: not recorded)
+    gradient_accumulation_steps: int = 0
 
 
 def plan_updates(
@@ -128,7 +131,7 @@ def plan_updates(
         warmup_steps: Warmup in updates; wins over ``warmup_ratio`` when > 0.
         warmup_ratio: Warmup as a fraction of the total updates.
     """
-    per_epoch = math.ceil(micro_batches_per_epoch / gradient_accumulation_steps)
+    per_epoch = updates_per_epoch(micro_batches_per_epoch, gradient_accumulation_steps)
     if per_epoch == 0:
         raise ValueError("the training set yields no micro-batch")
     if max_steps is not None:
@@ -139,7 +142,7 @@ def plan_updates(
         total = max(1, math.ceil(n * per_epoch))
         epochs = math.ceil(n)
     warmup = warmup_steps if warmup_steps > 0 else math.ceil(warmup_ratio * total)
-    return UpdatePlan(per_epoch, epochs, total, min(warmup, total))
+    return UpdatePlan(per_epoch, epochs, total, min(warmup, total), gradient_accumulation_steps)
 
 
 def build_scheduler(optimizer: torch.optim.Optimizer, cfg: OptimConfig, plan: UpdatePlan):
@@ -148,9 +151,14 @@ def build_scheduler(optimizer: torch.optim.Optimizer, cfg: OptimConfig, plan: Up
     Step it once per update (``train_one_epoch`` does); do not pass it to
     ``accelerator.prepare``, whose wrapper steps it once per process.
     """
-    return get_scheduler(
+    scheduler = get_scheduler(
         cfg.lr_scheduler_type,
         optimizer=optimizer,
         num_warmup_steps=plan.warmup_updates,
         num_training_steps=plan.total_updates,
     )
+    # train_one_epoch checks that k has not changed under the schedule; plain ints, since the
+    # scheduler's state_dict (checkpoints, read with weights_only=True) carries its attributes
+    scheduler.planned_accumulation_steps = plan.gradient_accumulation_steps
+    scheduler.planned_updates = plan.total_updates
+    return scheduler

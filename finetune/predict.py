@@ -9,9 +9,11 @@ Usage::
 Each prediction has the label, its probability (``score``) and the
 probability of every class. Command-line texts print as JSON lines; ``--file``
 reads ``.txt`` (one text per line), ``.csv``/``.tsv`` (with a header) or
-``.jsonl`` (one object per line) and writes ``.csv`` or ``.jsonl`` in the same
-order as the input (to stdout as JSON lines without ``--output``), with a
-progress bar.
+``.jsonl`` (one object per line) and writes ``.csv`` or ``.jsonl``: one row
+per input row, in the same order, with every column of the input kept and the
+prediction added (to stdout as JSON lines without ``--output``), with a
+progress bar. A blank line of a ``.txt`` (or an empty text) gets an empty
+label, score and probabilities, so the rows still line up with the input.
 
 The model runs where training would run (Accelerate's device choice: a GPU
 if there is one), in float32, on batches of similar length so padding stays
@@ -28,7 +30,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any, Iterable, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 from finetune.errors import ConfigError, DataError, ModelError, run_command
 
@@ -212,13 +214,15 @@ def _suffix(path: Path, allowed: Sequence[str], what: str) -> str:
     return suffix
 
 
-def read_texts(path: str | os.PathLike, text_column: str = "text",
-               text_pair_column: Optional[str] = None) -> tuple[list[str], Optional[list[str]]]:
-    """Texts (and second texts of pairs) from a ``.txt``, ``.csv``, ``.tsv`` or ``.jsonl`` file.
+def read_rows(path: str | os.PathLike, text_column: str = "text",
+              text_pair_column: Optional[str] = None) -> list[dict[str, Any]]:
+    """The rows of a ``.txt``, ``.csv``, ``.tsv`` or ``.jsonl`` file, every column kept, one per input line.
 
-    ``.txt`` holds one text per line (blank lines are skipped); the others
-    are read by :func:`finetune.data.read_table`, as training data is, and
-    name the text in ``text_column`` (a CSV/TSV header, or a JSON key).
+    ``.txt`` holds one text per line: each line is a row ``{"text": line}``,
+    blank lines included (they get an empty prediction), so output rows line
+    up with input lines. The others are read by
+    :func:`finetune.data.read_table`, as training data is, and must hold
+    ``text_column`` (a CSV/TSV header, or a JSON key).
 
     Raises:
         DataError: naming the file (and line or column) if it is missing, has
@@ -230,54 +234,65 @@ def read_texts(path: str | os.PathLike, text_column: str = "text",
     suffix = _suffix(path, INPUT_FORMATS, "--file")
     if not path.is_file():
         raise DataError(f"--file {path}: not found")
-    wanted = [text_column] + ([text_pair_column] if text_pair_column else [])
     if suffix == ".txt":
         if text_pair_column:
             raise DataError(f"--file {path}: a .txt file holds single texts; this model takes pairs "
                             f"(use .csv or .jsonl with a {text_pair_column!r} column)")
         try:
             with open(path, encoding="utf-8-sig", newline="") as fh:
-                texts = [line.rstrip("\r\n") for line in fh if line.strip()]
+                rows = [{"text": line.rstrip("\r\n")} for line in fh]
         except UnicodeDecodeError as exc:
             raise DataError(f"--file {path}: not UTF-8 text (byte offset {exc.start})") from None
-        pairs = None
     else:
         # the readers training uses: the same formats, quoting and encoding checks
         table = read_table(str(path), "--file")
-        for column in wanted:
+        for column in [text_column] + ([text_pair_column] if text_pair_column else []):
             if column not in table.column_names:
                 where = "in the header" if suffix in (".csv", ".tsv") else "among the keys"
                 raise DataError(f"--file {path}: no column {column!r} {where} "
                                 f"({', '.join(table.column_names) or 'empty'}); pass --text-column")
-        texts = ["" if t is None else str(t) for t in table[text_column]]
-        pairs = ["" if t is None else str(t) for t in table[text_pair_column]] if text_pair_column else None
-    if not texts:
+        rows = table.to_list()
+    if not any(_text(row, text_column) for row in rows):
         raise DataError(f"--file {path}: no texts in it")
-    return texts, pairs
+    return rows
 
 
-def write_predictions(path: str | os.PathLike, texts: Sequence[str], predictions: Iterable[dict[str, Any]],
-                      labels: Sequence[str], text_pairs: Optional[Sequence[str]] = None) -> None:
-    """Write predictions as ``.csv`` (``text, label, score, prob_<label>...``) or ``.jsonl``."""
+def _text(row: dict[str, Any], column: Optional[str]) -> str:
+    value = row.get(column) if column else None
+    return "" if value is None else str(value)
+
+
+def predict_rows(predictor: "Predictor", rows: list[dict[str, Any]], text_column: str,
+                 text_pair_column: Optional[str] = None, progress: bool = False) -> list[dict[str, Any]]:
+    """Each row with its ``label``, ``score`` and ``probabilities`` added; an empty text gets empty ones."""
+    texts = [_text(row, text_column) for row in rows]
+    pairs = [_text(row, text_pair_column) for row in rows] if text_pair_column else None
+    filled = [i for i, text in enumerate(texts) if text.strip()]
+    predictions = predictor.predict([texts[i] for i in filled], [pairs[i] for i in filled] if pairs else None,
+                                    progress)
+    empty = {"label": "", "score": None, "probabilities": {name: None for name in predictor.labels}}
+    out = [{**row, **empty} for row in rows]
+    for i, prediction in zip(filled, predictions):
+        out[i] = {**rows[i], **prediction}
+    return out
+
+
+def write_predictions(path: str | os.PathLike, rows: list[dict[str, Any]], labels: Sequence[str]) -> None:
+    """Write predicted rows as ``.csv`` (the input's columns, ``label``, ``score``, ``prob_<label>``...) or ``.jsonl``."""
     path = Path(path)
     suffix = _suffix(path, OUTPUT_FORMATS, "--output")
     with open(path, "w", encoding="utf-8", newline="") as fh:
         if suffix == ".csv":
+            columns = [c for c in rows[0] if c not in ("label", "score", "probabilities")]
             writer = csv.writer(fh)
-            writer.writerow(["text"] + (["text_pair"] if text_pairs is not None else [])
-                            + ["label", "score"] + [f"prob_{name}" for name in labels])
-            for i, (text, p) in enumerate(zip(texts, predictions)):
-                writer.writerow([text] + ([text_pairs[i]] if text_pairs is not None else [])
-                                + [p["label"], p["score"]] + [p["probabilities"][name] for name in labels])
+            writer.writerow(columns + ["label", "score"] + [f"prob_{name}" for name in labels])
+            for row in rows:
+                probabilities = row["probabilities"]
+                writer.writerow([row[c] for c in columns] + [row["label"], row["score"]]
+                                + [probabilities[name] for name in labels])
         else:
-            for record in _records(texts, predictions, text_pairs):
-                fh.write(json.dumps(record, ensure_ascii=False) + "\n")
-
-
-def _records(texts, predictions, text_pairs=None):
-    for i, (text, p) in enumerate(zip(texts, predictions)):
-        head = {"text": text, **({"text_pair": text_pairs[i]} if text_pairs is not None else {})}
-        yield {**head, **p}
+            for row in rows:
+                fh.write(json.dumps(row, ensure_ascii=False) + "\n")
 
 
 # --------------------------------------------------------------------------- command line
@@ -322,20 +337,19 @@ def run(args: argparse.Namespace) -> None:
     cfg = saved_config(output_dir)
     text_column = args.text_column or (cfg.data.text_column if cfg is not None else "text")
     pair_column = args.text_pair_column or (cfg.data.text_pair_column if cfg is not None else None)
-    pairs = None
     if args.file:
-        texts, pairs = read_texts(args.file, text_column, pair_column)
+        rows = read_rows(args.file, text_column, pair_column)
     else:
         if pair_column:
             raise ConfigError(f"this model takes text pairs ({pair_column!r}): use --file with both columns")
-        texts = list(args.texts)
+        rows, text_column = [{"text": text} for text in args.texts], "text"
     predictor = Predictor.load(output_dir, batch_size=args.batch_size)
-    predictions = predictor.predict(texts, pairs, progress=bool(args.file))
+    predicted = predict_rows(predictor, rows, text_column, pair_column, progress=bool(args.file))
     if args.output:
-        write_predictions(args.output, texts, predictions, predictor.labels, pairs)
+        write_predictions(args.output, predicted, predictor.labels)
     else:
-        for record in _records(texts, predictions, pairs):
-            print(json.dumps(record, ensure_ascii=False))
+        for row in predicted:
+            print(json.dumps(row, ensure_ascii=False))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -29,7 +29,7 @@ from finetune.cpu import cpu_speedups, plan_cpu_speedups
 from finetune.errors import ConfigError, FinetuneError, LaunchError
 from finetune.evaluation import evaluate_model
 from finetune.launch import configure_cpu_threads, init_process_state
-from finetune.loop import EpochResult, NonFiniteLossError, TrainState, train_one_epoch
+from finetune.loop import NonFiniteLossError, TrainState, train_one_epoch
 from finetune.optimization import UpdatePlan, build_optimizer, build_scheduler, plan_updates
 from finetune.outputs import CONFIG_FILE, METRICS_FILE, clear_previous_run
 from finetune.sampling import EpochSampler
@@ -401,12 +401,12 @@ def fit(
                     resume_step=run.state.step if resuming else None)
     try:
         with checkpoints:  # SIGTERM / SIGINT now stop at the next window boundary
-            results, finished = train_epochs(run, checkpoints, log, history, pending_eval, on_epoch_end, on_update)
+            finished = train_epochs(run, checkpoints, log, history, pending_eval, on_epoch_end, on_update)
     except NonFiniteLossError as exc:
         raise NonFiniteLossError(f"{exc.message}; {checkpoints.last_good()}") from None
     if finished and run.eval_dataloader is not None and not cfg.training.eval_each_epoch:
         evaluate_and_log(run, log, history, epoch=None)
-    summary = summarize(run, results, history, stopped_early=not finished)
+    summary = summarize(run, history, stopped_early=not finished)
     if finished:
         write_outputs(run, summary)
     if cfg.logging.report_to:
@@ -428,16 +428,15 @@ def start_outputs(run: Run, fresh: bool) -> None:
 
 
 def train_epochs(run: Run, checkpoints: Checkpointer, log: RunLogger, history: list[dict[str, Any]],
-                 pending_eval: Optional[int], on_epoch_end, on_update) -> tuple[list[EpochResult], bool]:
+                 pending_eval: Optional[int], on_epoch_end, on_update) -> bool:
     """The epochs from the run's state on, each followed by its evaluation and checkpoint.
 
     Returns:
-        The epochs' results, and False when ``on_update`` ended the run early.
+        False when ``on_update`` ended the run early.
     """
     from tqdm.auto import tqdm
 
     cfg, acc = run.cfg, run.accelerator
-    results: list[EpochResult] = []
 
     def on_any_update(state: TrainState) -> bool:
         stop = checkpoints.on_update(state)  # on every process, every update: it may all-reduce
@@ -466,7 +465,6 @@ def train_epochs(run: Run, checkpoints: Checkpointer, log: RunLogger, history: l
                 on_log=log.log, on_update=on_any_update, max_updates=run.plan.total_updates,
                 on_nonfinite=cfg.training.on_nonfinite, max_skipped=cfg.training.max_skipped, progress=progress,
             )
-            results.append(result)
             logger.info("epoch %d: %d updates, loss %.4f, %d samples in %.1fs",
                         epoch, result.updates, result.loss, result.samples, result.seconds)
             finished = not result.stopped_early or run.state.step >= run.plan.total_updates
@@ -474,10 +472,10 @@ def train_epochs(run: Run, checkpoints: Checkpointer, log: RunLogger, history: l
                 eval_due = finished and run.eval_dataloader is not None and cfg.training.eval_each_epoch
                 checkpoints.interrupt(pending_eval_epoch=epoch if eval_due else None)
             if not finished:
-                return results, False  # a callback asked to stop: no evaluation of a partial epoch
+                return False  # a callback asked to stop: no evaluation of a partial epoch
             end_of_epoch(epoch)
             checkpoints.check_signal()  # a signal during the evaluation: stop on the epoch's checkpoint
-    return results, True
+    return True
 
 
 def evaluate_and_log(run: Run, log: RunLogger, history: list[dict[str, Any]], epoch: Optional[int]):
@@ -496,7 +494,7 @@ def evaluate_and_log(run: Run, log: RunLogger, history: list[dict[str, Any]], ep
     return metrics
 
 
-def summarize(run: Run, results: list[EpochResult], history: list[dict[str, Any]],
+def summarize(run: Run, history: list[dict[str, Any]],
               stopped_early: bool = False) -> dict[str, Any]:
     """The run's summary: what ``metrics.json`` holds."""
     final = history[-1] if history else {}
@@ -506,7 +504,7 @@ def summarize(run: Run, results: list[EpochResult], history: list[dict[str, Any]
             "skipped_updates": run.state.skipped_updates,
             "samples": run.state.samples_seen,
             "tokens": run.state.tokens_seen,
-            "seconds": sum(r.seconds for r in results),
+            "seconds": run.state.train_seconds,  # the whole run's, as the counts around it
             "effective_batch_size": run.batching.effective_batch_size,
             "gradient_accumulation_steps": run.batching.gradient_accumulation_steps,
             "num_processes": run.batching.num_processes,

@@ -367,3 +367,24 @@ def test_dropout_draws_fresh_masks_on_every_micro_batch(fresh_accelerate_state):
     assert len({tuple(m.tolist()) for m in masks}) == 8
     rate = torch.cat(masks).float().mean().item()
     assert 0.4 < rate < 0.6
+
+
+def test_a_k_changed_under_the_schedule_is_refused(fresh_accelerate_state):
+    from accelerate import Accelerator
+
+    acc = Accelerator(cpu=True, gradient_accumulation_steps=4)
+    data = token_dataset(N, seed=1)
+    model = tiny_bert(seed=0)
+    opt_cfg = OptimConfig(learning_rate=1e-3)
+    optimizer = build_optimizer(model, opt_cfg)
+    dl = DataLoader(data, batch_size=8, sampler=EpochSampler(len(data), seed=7, window_size=32), collate_fn=pad_collate)
+    model, optimizer, dl = acc.prepare(model, optimizer, dl)
+    scheduler = build_scheduler(optimizer, opt_cfg, plan_updates(len(dl), 4, 2, None))
+    train_one_epoch(model, optimizer, scheduler, dl, acc, 0)  # sized for k=4: fine
+    acc.gradient_accumulation_steps = 2  # changed between epochs, as from a notebook
+    before = [p.detach().clone() for p in model.parameters()]
+    with pytest.raises(ValueError, match=r"sized for gradient_accumulation_steps=4 \(6 updates\).*accumulates 2"):
+        train_one_epoch(model, optimizer, scheduler, dl, acc, 1)
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))  # refused before any update
+    resized = build_scheduler(optimizer, opt_cfg, plan_updates(len(dl), 2, 2, None))
+    assert train_one_epoch(model, optimizer, resized, dl, acc, 1).updates == 5  # ceil(10 / 2)

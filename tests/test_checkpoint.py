@@ -244,7 +244,9 @@ def test_reference_run_checkpoints(reference):
     assert meta["state"]["epoch"] == 1 and meta["state"]["micro_batch"] == 6  # mid-epoch, window boundary
     assert [r["step"] for r in meta["history"]] == [4]  # the first epoch's evaluation
     files = {p.name for p in (reference / "checkpoints" / "checkpoint-6").iterdir()}
-    assert files == {"model.safetensors", "optimizer.bin", "random_states_0.pkl", "scheduler.pt", STATE_FILE}
+    assert files == {"model.safetensors", "optimizer.bin", "random_states_0.pkl", "scheduler.pt", STATE_FILE,
+                     # and what makes it a model: transformers' config, the tokenizer, the run's config
+                     "config.json", "tokenizer.json", "tokenizer_config.json", "config.yaml"}
 
 
 @pytest.mark.slow
@@ -264,6 +266,10 @@ def test_sigterm_mid_epoch_then_resume_is_exact(setup, reference):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "resumed from" in proc.stderr and "checkpoint-3: update 3, epoch 0, micro-batch 9" in proc.stderr
     _assert_same_run(out, reference)
+    # metrics.json's time covers the same span as its counts: the updates before the stop too
+    train = json.loads((out / "metrics.json").read_text())["train"]
+    assert train["seconds"] > meta["state"]["train_seconds"] > 0
+    assert train["samples"] == json.loads((reference / "metrics.json").read_text())["train"]["samples"]
 
 
 @pytest.mark.slow
@@ -344,3 +350,35 @@ def test_two_processes_stop_together_when_one_is_signalled(setup):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert [r["step"] for r in _records(out) if "train/loss" in r] == list(range(1, 9))
     assert json.loads((out / "metrics.json").read_text())["train"]["updates"] == 8
+
+
+def test_a_checkpoint_of_an_interrupted_run_is_a_model(tmp_path, capsys):
+    """``from_pretrained``, ``pipeline`` and ``finetune predict`` load a checkpoint directory."""
+    import torch
+    from transformers import AutoModelForSequenceClassification, pipeline
+
+    from finetune.predict import Predictor, main
+    from tiny_run import fit_tiny_run
+
+    runs = []
+    cfg, summary = fit_tiny_run(tmp_path, before_fit=runs.append, on_update=lambda state: state.step >= 2,
+                                output={"checkpoint_every": 2})
+    run = runs[0]
+    weights = run.accelerator.unwrap_model(run.model).state_dict()  # stopped right after update 2
+    assert summary["train"]["stopped_early"] and not (tmp_path / "out" / "model.safetensors").exists()
+    checkpoint = tmp_path / "out" / "checkpoints" / "checkpoint-2"
+    model = AutoModelForSequenceClassification.from_pretrained(checkpoint)
+    for name, value in model.state_dict().items():
+        assert torch.equal(value, weights[name]), name
+    assert model.config.id2label == {0: "ham", 1: "spam"}
+    texts = ["win a free prize now", "see you at lunch"]
+    predictor = Predictor.load(checkpoint, device="cpu")
+    assert predictor.max_length == cfg.data.max_length  # the run's config came with it
+    expected = predictor.predict(texts)
+    from_pipeline = pipeline("text-classification", model=str(checkpoint), device="cpu", top_k=None)(texts)
+    for ours, theirs in zip(expected, from_pipeline):
+        assert {d["label"]: d["score"] for d in theirs} == pytest.approx(ours["probabilities"], abs=1e-5)
+    capsys.readouterr()
+    assert main([str(checkpoint), *texts]) == 0
+    printed = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [p["label"] for p in printed] == [p["label"] for p in expected]

@@ -78,7 +78,7 @@ def test_cli_texts_print_json_lines(trained):
 
 def _write_inputs(tmp_path):
     txt = tmp_path / "in.txt"
-    txt.write_text("\n".join(TEXTS[:3]) + "\n\n", encoding="utf-8")  # a blank line is skipped
+    txt.write_text("\n".join(TEXTS[:3]) + "\n\n", encoding="utf-8")  # a blank line: an empty prediction
     with open(tmp_path / "in.csv", "w", newline="", encoding="utf-8") as fh:
         writer = csv.writer(fh)
         writer.writerow(["id", "message"])
@@ -98,15 +98,17 @@ def test_files_in_and_out(trained, predictor, tmp_path, capsys):
     with open(tmp_path / "a.csv", newline="", encoding="utf-8") as fh:
         rows = list(csv.DictReader(fh))
     assert list(rows[0]) == ["text", "label", "score", "prob_ham", "prob_spam"]
-    assert [r["text"] for r in rows] == TEXTS[:3]
-    for row, p in zip(rows, expected):
+    assert [r["text"] for r in rows] == TEXTS[:3] + [""]  # one row per input line, the blank one too
+    assert rows[3]["label"] == rows[3]["score"] == rows[3]["prob_spam"] == ""
+    for row, p in zip(rows[:3], expected):
         assert row["label"] == p["label"]
         assert float(row["prob_spam"]) == pytest.approx(p["probabilities"]["spam"], abs=1e-5)
 
     assert main([str(out), "--file", str(csv_in), "--text-column", "message", "--output",
                  str(tmp_path / "b.jsonl")]) == 0
     records = [json.loads(line) for line in (tmp_path / "b.jsonl").read_text(encoding="utf-8").splitlines()]
-    assert [r["text"] for r in records] == TEXTS
+    assert [r["message"] for r in records] == TEXTS
+    assert [r["id"] for r in records] == list(range(len(TEXTS)))  # the input's other columns are kept
     assert [r["label"] for r in records] == [p["label"] for p in expected]
 
     capsys.readouterr()

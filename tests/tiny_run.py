@@ -41,10 +41,11 @@ def tiny_config(root: Path, **sections):
     return config_from_dict(data)
 
 
-def fit_tiny_run(root: Path, before_fit=None, **sections):
+def fit_tiny_run(root: Path, before_fit=None, on_update=None, **sections):
     """Train the tiny run with ``fit``; returns ``(config, summary)``. The model is in ``config.output.output_dir``.
 
-    ``before_fit`` is called with the prepared run between ``setup_run`` and ``fit``.
+    ``before_fit`` is called with the prepared run between ``setup_run`` and ``fit``;
+    ``on_update`` is ``fit``'s callback (True ends the run).
     """
     import torch
 
@@ -59,7 +60,7 @@ def fit_tiny_run(root: Path, before_fit=None, **sections):
         run = setup_run(cfg)
         if before_fit is not None:
             before_fit(run)
-        summary = fit(run)
+        summary = fit(run, on_update=on_update)
     finally:
         if saved is None:
             del os.environ["FINETUNE_CPU_THREADS"]
