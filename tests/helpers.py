@@ -86,6 +86,14 @@ def write_tsv(path: Path, rows: list[tuple[str, str]]) -> Path:
     return path
 
 
+def tsv_train_file(path: Path) -> str:
+    """The override ``data.train_file=<mapping>`` for a file of :func:`write_tsv`: headerless ``label<TAB>text``.
+
+    The layout goes with the file, as in ``configs/default.yaml``'s mapping for the SMS file.
+    """
+    return f"data.train_file={{path: '{path}', format: tsv, has_header: false, column_names: [label, text]}}"
+
+
 def write_csv(path: Path, rows: list[tuple[str, str]]) -> Path:
     with open(path, "w", encoding="utf-8", newline="") as fh:
         writer = csv.writer(fh)

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from helpers import REPO, make_texts, save_tiny_model, write_tsv
+from helpers import REPO, make_texts, save_tiny_model, tsv_train_file, write_tsv
 
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))  # bench/ is not part of the installed package
@@ -26,7 +26,7 @@ def tiny_job(tmp_path_factory):
     model = save_tiny_model(root / "tiny-bert")
     data = write_tsv(root / "sms.csv", make_texts(80, seed=5))
     # the default (SMS) job's config, pointed at the tiny model and data
-    return [f"model.name_or_path={model}", f"data.train_file={data}", "data.max_length=32",
+    return [f"model.name_or_path={model}", tsv_train_file(data), "data.max_length=32",
             "training.per_device_eval_batch_size=16"]
 
 

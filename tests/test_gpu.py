@@ -22,7 +22,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from helpers import REPO, free_port, offline_env, pad_collate, tiny_bert, token_dataset
+from helpers import REPO, free_port, offline_env, pad_collate, tiny_bert, token_dataset, tsv_train_file
 
 pytestmark = [
     pytest.mark.gpu,
@@ -188,7 +188,7 @@ def test_a_gpu_run_of_the_cli_trains_in_bf16(tmp_path):
     data = write_tsv(tmp_path / "train.tsv", make_texts(64, seed=3))
     out = tmp_path / "out"
     cmd = [sys.executable, str(REPO / "finetune" / "train.py"), "--config", str(REPO / "configs" / "default.yaml"),
-           f"model.name_or_path={model_dir}", f"data.train_file={data}", f"output.output_dir={out}",
+           f"model.name_or_path={model_dir}", tsv_train_file(data), f"output.output_dir={out}",
            "training.mixed_precision=bf16", "training.num_train_epochs=2", "data.max_length=32",
            "logging.progress_bar=false"]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=offline_env(), cwd=REPO,

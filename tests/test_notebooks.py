@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import REPO, make_texts, offline_env, save_tiny_model, write_tsv
+from helpers import REPO, make_texts, offline_env, save_tiny_model, tsv_train_file, write_tsv
 
 nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")
@@ -33,7 +33,7 @@ def assets(tmp_path_factory):
 def _tiny_overrides(model: Path, data: Path) -> list[str]:
     return [
         f"model.name_or_path={model}",
-        f"data.train_file={data}",
+        tsv_train_file(data),
         "data.max_length=32",
         "evaluation.metrics=[accuracy,f1]",
         "logging.progress_bar=false",

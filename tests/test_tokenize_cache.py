@@ -17,7 +17,7 @@ from finetune.data import load_splits
 from finetune.tokens import default_cache_dir, tokenize_splits, tokenized_cache_key
 from finetune.config import DataConfig
 from finetune.errors import ConfigError
-from helpers import REPO, make_texts, offline_env, save_tiny_model, write_tsv
+from helpers import REPO, make_texts, offline_env, save_tiny_model, tsv_train_file, write_tsv
 
 
 @pytest.fixture(scope="module")
@@ -164,7 +164,7 @@ def test_runs_cache_by_default_and_not_when_off(tiny, tmp_path, fresh_accelerate
 
     def run_with(*overrides):
         cfg = load_config(REPO / "configs" / "default.yaml", [
-            f"model.name_or_path={tiny['model']}", f"data.train_file={tiny['data']}", "data.max_length=16",
+            f"model.name_or_path={tiny['model']}", tsv_train_file(tiny["data"]), "data.max_length=16",
             "training.per_device_train_batch_size=4", "training.effective_batch_size=8",
             f"output.output_dir={tmp_path / 'out'}", *overrides,
         ])
