@@ -12,6 +12,7 @@ import shlex
 import signal
 import sys
 import threading
+from pathlib import Path
 from typing import Any, Optional
 
 from finetune.errors import FinetuneError
@@ -70,20 +71,33 @@ class StopSignals:
 def resume_command(num_processes: int = 1, argv: Optional[list[str]] = None) -> str:
     """The command that resumes this run: the same arguments plus ``output.resume_from=latest``."""
     argv = list(sys.argv if argv is None else argv)
-    if not argv or not argv[0].endswith("train.py"):
-        return "set output.resume_from=latest and run fit again"
-    script = argv[0]
-    try:
-        relative = os.path.relpath(script)
-        script = relative if not relative.startswith("..") else script
-    except ValueError:
-        pass
-    args = [a for a in argv[1:] if not a.startswith("output.resume_from=")] + ["output.resume_from=latest"]
     launched = "ACCELERATE_USE_CPU" in os.environ or "LOCAL_RANK" in os.environ
+    command = Path(argv[0]).name if argv else ""
+    if command == "finetune" or (command == "cli.py" and argv[1:2] == ["train"]):
+        # the installed command (or `accelerate launch -m finetune.cli train`)
+        script, args = (["-m", "finetune.cli", "train"] if launched else ["finetune", "train"]), argv[2:]
+    elif command in ("finetune-train", "train.py"):
+        script, args = ([_relative(argv[0])] if command == "train.py" else ["-m", "finetune.train"]), argv[1:]
+        if not launched and command == "finetune-train":
+            script = ["finetune-train"]
+    else:
+        return "set output.resume_from=latest and run fit again"
+    args = [a for a in args if not a.startswith("output.resume_from=")] + ["output.resume_from=latest"]
     if launched:
         launcher = ["accelerate", "launch"]
         if num_processes > 1:
             launcher += ["--multi_gpu", "--num_processes", str(num_processes)]
-    else:
+    elif script[0].endswith(".py"):
         launcher = ["python"]
-    return shlex.join(launcher + [script] + args)
+    else:
+        launcher = []
+    return shlex.join(launcher + script + args)
+
+
+def _relative(script: str) -> str:
+    """``script`` relative to the working folder when it lies below it."""
+    try:
+        relative = os.path.relpath(script)
+    except ValueError:
+        return script
+    return relative if not relative.startswith("..") else script

@@ -144,6 +144,12 @@ def test_resume_command_repeats_the_arguments(monkeypatch):
     )
     monkeypatch.setenv("LOCAL_RANK", "0")
     assert resume_command(2, argv).startswith("accelerate launch --multi_gpu --num_processes 2 finetune/train.py ")
+    monkeypatch.delenv("LOCAL_RANK")
+    installed = ["/venv/bin/finetune", "train", "--data", "a b.csv", "output.resume_from=x"]
+    assert resume_command(1, installed) == "finetune train --data 'a b.csv' output.resume_from=latest"
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    assert resume_command(4, ["/x/finetune/cli.py", "train", "--data", "r.csv"]) == (
+        "accelerate launch --multi_gpu --num_processes 4 -m finetune.cli train --data r.csv output.resume_from=latest")
 
 
 def test_log_records_fall_on_the_same_steps_after_a_mid_epoch_resume(fresh_accelerate_state):

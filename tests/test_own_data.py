@@ -42,10 +42,10 @@ def _write(path, fmt: str, rows):
     return path
 
 
-def _train(tmp_path, overrides):
+def _train(tmp_path, overrides, config=None):
     from finetune.runner import fit, setup_run
 
-    cfg = load_config(None, overrides)
+    cfg = load_config(config, overrides)
     reset_accelerate()
     try:
         run = setup_run(cfg)
@@ -133,15 +133,18 @@ def test_max_steps_on_the_command_line_wins_over_the_files_epochs(config, caplog
         load_config(REPO / "configs" / config, ["training.max_steps=5", "training.num_train_epochs=1"])
 
 
-def test_max_steps_on_the_default_config_makes_five_updates_on_a_schedule_of_five(tmp_path):
+@pytest.mark.parametrize("config", ["default.yaml", "bbc_news.yaml"])  # bert_base_sst2 needs the Hub
+def test_max_steps_on_a_shipped_config_makes_five_updates_on_a_schedule_of_five(tmp_path, config):
     run, summary = _train(tmp_path, ["training.max_steps=5", f"output.output_dir={tmp_path / 'out'}",
-                                     "logging.progress_bar=false", "data.max_eval_samples=16"])
+                                     "logging.progress_bar=false", "data.max_eval_samples=16"],
+                          config=REPO / "configs" / config)
     assert run.plan.total_updates == 5 and summary["train"]["updates"] == 5
     assert run.scheduler.get_last_lr()[0] == 0.0  # the linear schedule ended at the last of the five
     records = [json.loads(line) for line in (tmp_path / "out" / "train_log.jsonl").read_text().splitlines()]
     lrs = [r["train/lr"] for r in records if "train/lr" in r]
     assert [r["step"] for r in records if "train/lr" in r] == [1, 2, 3, 4, 5]
-    assert lrs[0] == 0.0 and min(lrs[1:]) > 0  # one warmup update from 0, and no end before the last
+    warmup = run.plan.warmup_updates
+    assert lrs[:1] == [0.0] * min(1, warmup) and min(lrs[warmup:]) > 0  # warmup from 0; no end before the last
 
 
 def test_a_bare_key_is_told_its_section():

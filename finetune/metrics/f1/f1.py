@@ -1,3 +1,3 @@
-"""F1 score as a local ``evaluate`` metric module, loadable offline (see ``finetune/metrics/_averaged.py``)."""
+"""F1 score as a local ``evaluate`` metric module, loadable offline (see ``finetune/metrics/_modules.py``)."""
 
-from finetune.metrics._averaged import F1  # noqa: F401  the class evaluate.load finds here
+from finetune.metrics._modules import F1  # noqa: F401  the class evaluate.load finds here

@@ -1,3 +1,3 @@
-"""Precision as a local ``evaluate`` metric module, loadable offline (see ``finetune/metrics/_averaged.py``)."""
+"""Precision as a local ``evaluate`` metric module, loadable offline (see ``finetune/metrics/_modules.py``)."""
 
-from finetune.metrics._averaged import Precision  # noqa: F401  the class evaluate.load finds here
+from finetune.metrics._modules import Precision  # noqa: F401  the class evaluate.load finds here

@@ -1,3 +1,3 @@
-"""Recall as a local ``evaluate`` metric module, loadable offline (see ``finetune/metrics/_averaged.py``)."""
+"""Recall as a local ``evaluate`` metric module, loadable offline (see ``finetune/metrics/_modules.py``)."""
 
-from finetune.metrics._averaged import Recall  # noqa: F401  the class evaluate.load finds here
+from finetune.metrics._modules import Recall  # noqa: F401  the class evaluate.load finds here

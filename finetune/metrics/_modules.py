@@ -1,11 +1,11 @@
-"""The base of the precision, recall and F1 metric modules: one computation, averaged as scikit-learn's.
+"""The built-in metrics as ``evaluate`` metric classes: accuracy, precision, recall, F1, Matthews correlation.
 
-Each of ``precision/``, ``recall/`` and ``f1/`` holds a script that
+Each sub-folder (``accuracy/``, ``f1/``, ...) holds a script that
 ``evaluate.load`` can load offline. The script imports its one class from here
-(``evaluate.load`` takes the first metric class in the script's namespace),
-so the three share one computation. Hand-written with numpy (see
-``_classification.py``) because the Hub's scripts need the network and call
-scikit-learn, which ``finetune`` does not depend on.
+(``evaluate.load`` takes the first metric class in the script's namespace), so
+the scripts share one computation and one description. Hand-written with numpy
+(see ``_classification.py``) because the Hub's scripts need the network and
+call scikit-learn, which ``finetune`` does not depend on.
 """
 
 import evaluate
@@ -33,6 +33,51 @@ Examples:
     >>> metric.compute(predictions=[0, 2, 1, 0], references=[0, 1, 1, 0])
     {example}
 """
+
+
+_PLAIN_KWARGS_DESCRIPTION = """
+Args:
+    predictions (`list` of `int`): Predicted class ids.
+    references (`list` of `int`): True class ids.
+
+Returns:
+    {score} (`float`): {meaning}.
+
+Examples:
+    >>> metric = evaluate.load("finetune/metrics/{score}")
+    >>> metric.compute(predictions=[0, 2, 1, 0], references=[0, 1, 1, 0])
+    {example}
+"""
+
+
+class Accuracy(evaluate.Metric):
+    """Accuracy, the fraction of correct predictions, as scikit-learn's ``accuracy_score``."""
+
+    def _info(self):
+        kwargs = _PLAIN_KWARGS_DESCRIPTION.format(
+            score="accuracy", meaning="The fraction of predictions equal to the references, in [0, 1]",
+            example={"accuracy": _classification.accuracy(np.array([0, 2, 1, 0]), np.array([0, 1, 1, 0]))})
+        return _classification.class_id_metric_info(
+            "Accuracy = (number of correct predictions) / (number of predictions).\n", "", kwargs)
+
+    def _compute(self, predictions, references):
+        return {"accuracy": _classification.accuracy(predictions, references)}
+
+
+class MatthewsCorrelation(evaluate.Metric):
+    """The Matthews correlation coefficient over all classes, as scikit-learn's ``matthews_corrcoef``."""
+
+    def _info(self):
+        example = _classification.matthews_correlation(np.array([0, 2, 1, 0]), np.array([0, 1, 1, 0]))
+        kwargs = _PLAIN_KWARGS_DESCRIPTION.format(
+            score="matthews_correlation",
+            meaning="The coefficient, in [-1, 1]; 0.0 when only one class is predicted or true",
+            example={"matthews_correlation": example})
+        description = "Matthews correlation coefficient (multiclass R_K statistic); 0 where undefined.\n"
+        return _classification.class_id_metric_info(description, "", kwargs)
+
+    def _compute(self, predictions, references):
+        return {"matthews_correlation": _classification.matthews_correlation(predictions, references)}
 
 
 class AveragedMetric(evaluate.Metric):
