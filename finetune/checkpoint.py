@@ -152,6 +152,10 @@ def resolve_resume(output_dir: str | os.PathLike, resume_from: Optional[str]) ->
 
 # --------------------------------------------------------------------------- what must not change
 
+# fingerprint keys added after the checkpoint format was released
+ADDED_KEYS = frozenset({"precision"})
+
+
 def run_fingerprint(run) -> dict[str, Any]:
     """What a resume must find unchanged for the rest of the run to be the same run.
 
@@ -168,6 +172,7 @@ def run_fingerprint(run) -> dict[str, Any]:
             if name not in MAY_CHANGE_ON_RESUME:
                 fingerprint[name] = value
     fingerprint.update({
+        "precision": run.accelerator.mixed_precision,  # what training.mixed_precision: auto chose here
         "processes": run.batching.num_processes,
         "per_device_train_batch_size": run.batching.per_device_batch_size,
         "gradient_accumulation_steps": run.batching.gradient_accumulation_steps,
@@ -188,7 +193,8 @@ def check_compatible(meta: dict[str, Any], run, path: Path) -> None:
     current = run_fingerprint(run)
     # config keys first (what the user changed), then what follows from them (b, k, P, the plan)
     keys = list(current) + [k for k in saved if k not in current]
-    changed = [k for k in keys if saved.get(k) != current.get(k)]
+    # keys that checkpoints of earlier releases lack are not a change
+    changed = [k for k in keys if saved.get(k) != current.get(k) and (k in saved or k not in ADDED_KEYS)]
     if changed:
         shown = "; ".join(f"{k}: {saved.get(k)!r} -> {current.get(k)!r}" for k in changed[:3])
         more = f" (and {len(changed) - 3} more)" if len(changed) > 3 else ""

@@ -169,8 +169,10 @@ class TrainingConfig:
     max_steps: Optional[int] = None
     # Clip the accumulated gradient's global norm to this (null or 0: no clipping).
     max_grad_norm: Optional[float] = 1.0
-    # ``no``, ``bf16`` or ``fp16`` autocast through Accelerate (bf16 also runs on CPU).
-    mixed_precision: Literal["no", "bf16", "fp16"] = "no"
+    # ``auto``: bf16 where the device computes it natively (a CUDA GPU that supports it; a CPU
+    # with AVX512-BF16 or AMX), fp32 elsewhere; or ``no`` (fp32), ``bf16``, ``fp16`` (GPUs only).
+    # The start-up line says what ``auto`` chose and why.
+    mixed_precision: Literal["auto", "no", "bf16", "fp16"] = "auto"
     # Seed for weights of the new head, data order and dropout (whose stream restarts
     # from it once setup is done, so it does not depend on what setup drew).
     seed: int = 42

@@ -123,3 +123,50 @@ def configure_cpu_threads(device: torch.device, num_processes: int) -> Optional[
         threads = max(1, cores // max(1, local))
     torch.set_num_threads(threads)
     return threads
+
+
+# CPU flags (as /proc/cpuinfo names them) of units that compute bf16 products natively
+NATIVE_BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
+
+
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags from ``/proc/cpuinfo`` (empty where there is none, e.g. macOS)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def choose_precision(requested: str, device: torch.device, *, flags: Optional[set[str]] = None,
+                     cuda_bf16: Optional[bool] = None) -> tuple[str, str]:
+    """The precision ``training.mixed_precision`` stands for on ``device``, and why.
+
+    ``auto`` is bf16 where the hardware computes it natively, since there it
+    trains faster at the same accuracy, and fp32 where bf16 would be emulated
+    (much slower than fp32). fp16 is never chosen: it needs a loss scaler and
+    is only worth it on GPUs without bf16, where it is asked for by name.
+
+    Args:
+        requested: ``auto``, ``no``, ``bf16`` or ``fp16``.
+        device: Where training runs.
+        flags: The CPU's flags (default: :func:`cpu_flags`); for tests.
+        cuda_bf16: Whether the GPU supports bf16 (default: ask torch); for tests.
+
+    Returns:
+        ``(precision, reason)``, the precision as Accelerate names it (``no``, ``bf16``, ``fp16``).
+    """
+    if requested != "auto":
+        return requested, "training.mixed_precision"
+    if device.type == "cuda":
+        native = torch.cuda.is_bf16_supported() if cuda_bf16 is None else cuda_bf16
+        return ("bf16", "auto: the GPU computes bf16") if native else ("no", "auto: the GPU has no bf16 units")
+    if device.type == "cpu":
+        found = sorted(set(NATIVE_BF16_CPU_FLAGS) & (cpu_flags() if flags is None else flags))
+        if found:
+            return "bf16", f"auto: the CPU computes bf16 ({', '.join(found)})"
+        return "no", "auto: the CPU would emulate bf16 (no avx512_bf16 or amx_bf16)"
+    return "no", f"auto: fp32 on {device.type}"

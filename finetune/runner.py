@@ -28,7 +28,7 @@ from finetune.config import Config, save_config
 from finetune.cpu import cpu_speedups, plan_cpu_speedups
 from finetune.errors import ConfigError, FinetuneError, LaunchError
 from finetune.evaluation import evaluate_model
-from finetune.launch import configure_cpu_threads, init_process_state
+from finetune.launch import choose_precision, configure_cpu_threads, init_process_state
 from finetune.loop import NonFiniteLossError, TrainState, train_one_epoch
 from finetune.optimization import UpdatePlan, build_optimizer, build_scheduler, plan_updates
 from finetune.outputs import CONFIG_FILE, METRICS_FILE, clear_previous_run
@@ -55,7 +55,8 @@ def build_accelerator(cfg, project_dir: Optional[str] = None):
     # Accelerate would drop a tracker whose package is missing without a word: fail before any work
     check_trackers(cfg.logging.report_to)
     state = init_process_state()
-    if cfg.training.mixed_precision == "fp16" and state.device.type == "cpu":
+    precision, _ = choose_precision(cfg.training.mixed_precision, state.device)
+    if precision == "fp16" and state.device.type == "cpu":
         raise LaunchError(
             "training.mixed_precision: fp16 needs a GPU; this process runs on the CPU (use bf16 or no)"
         )
@@ -65,7 +66,7 @@ def build_accelerator(cfg, project_dir: Optional[str] = None):
         # agree with the state: on a CPU state AcceleratorState would otherwise still pick DeepSpeed if asked
         cpu=state.device.type == "cpu",
         gradient_accumulation_steps=batching.gradient_accumulation_steps,
-        mixed_precision=cfg.training.mixed_precision,
+        mixed_precision=precision,
         log_with=cfg.logging.report_to or None,
         project_dir=project_dir or cfg.output.output_dir,
     )
@@ -313,7 +314,7 @@ def describe(run: Run) -> str:
     return (
         f"processes={acc.num_processes} backend={backend} device={acc.device} "
         f"{'threads=' + str(torch.get_num_threads()) + ' ' if acc.device.type == 'cpu' else ''}"
-        f"precision={acc.mixed_precision} "
+        f"precision={acc.mixed_precision} ({choose_precision(training.mixed_precision, acc.device)[1]}) "
         f"{speedups + ' ' if speedups else ''}"
         f"b={b.per_device_batch_size} k={b.gradient_accumulation_steps} "
         f"P={b.num_processes} effective_batch={b.effective_batch_size} "
@@ -508,6 +509,7 @@ def summarize(run: Run, history: list[dict[str, Any]],
             "effective_batch_size": run.batching.effective_batch_size,
             "gradient_accumulation_steps": run.batching.gradient_accumulation_steps,
             "num_processes": run.batching.num_processes,
+            "mixed_precision": run.accelerator.mixed_precision,
             "stopped_early": stopped_early,
         },
         "eval": {k.removeprefix("eval/"): v for k, v in final.items() if k.startswith("eval/")},

@@ -92,14 +92,14 @@ def test_overwrite_clears_the_earlier_runs_state_only(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model.safetensors", "notes.txt"]
 
 
-def _fake_run(cfg, processes=1, samples=48):
+def _fake_run(cfg, processes=1, samples=48, precision="no"):
     from finetune.accumulation import resolve_batching
 
     batching = resolve_batching(cfg.training, processes)
     micro = -(-samples // (batching.per_device_batch_size * processes))
     plan = plan_updates(micro, batching.gradient_accumulation_steps, cfg.training.num_train_epochs,
                         cfg.training.max_steps)
-    return SimpleNamespace(cfg=cfg, batching=batching, plan=plan,
+    return SimpleNamespace(cfg=cfg, batching=batching, plan=plan, accelerator=SimpleNamespace(mixed_precision=precision),
                            train_dataloader=SimpleNamespace(dataset=range(samples)))
 
 
@@ -123,6 +123,12 @@ def test_a_resume_under_other_settings_is_refused(tmp_path):
         check_compatible(saved, _fake_run(config_from_dict(
             {**base, "training": {**base["training"], "gradient_accumulation_steps": None,
                                   "effective_batch_size": 24}}), processes=2), path)
+    # mixed_precision: auto on a machine that computes bf16 is not the fp32 run the checkpoint was on
+    with pytest.raises(ConfigError, match="precision: 'no' -> 'bf16'"):
+        check_compatible(saved, _fake_run(config_from_dict(base), precision="bf16"), path)
+    # a checkpoint written before the fingerprint named the precision still resumes
+    older = {"fingerprint": {k: v for k, v in saved["fingerprint"].items() if k != "precision"}}
+    check_compatible(older, variant(), path)
     assert Batching(4, 3, 1).effective_batch_size == 12
 
 
@@ -194,7 +200,7 @@ def setup(tmp_path_factory):
                  "validation_split": 0.2, "max_length": 32},
         # 48 training rows, b=4: 12 micro-batches, k=3: 4 updates per epoch, 8 in all
         "training": {"per_device_train_batch_size": 4, "gradient_accumulation_steps": 3, "num_train_epochs": 2,
-                     "seed": 1},
+                     "seed": 1, "mixed_precision": "no"},
         "optim": {"learning_rate": 1e-3, "warmup_steps": 1},
         "evaluation": {"metrics": ["accuracy"], "average": "macro"},
         "logging": {"progress_bar": False},

@@ -89,7 +89,18 @@ def test_resolved_config_written(trained):
     out, _ = trained
     saved = yaml.safe_load((out / "config.yaml").read_text())
     assert saved["training"]["gradient_accumulation_steps"] == 3
-    assert saved["training"]["mixed_precision"] == "no"
+    assert saved["training"]["mixed_precision"] == "auto"  # as configured; what it chose is in metrics.json
+
+
+def test_auto_precision_is_decided_and_said(trained):
+    import torch
+
+    from finetune.launch import choose_precision
+
+    out, proc = trained
+    chosen, why = choose_precision("auto", torch.device("cpu"))
+    assert f"precision={chosen} ({why})" in proc.stderr  # the start line says what and why
+    assert json.loads((out / "metrics.json").read_text())["train"]["mixed_precision"] == chosen
 
 
 def test_pipeline_loads_the_model(trained):

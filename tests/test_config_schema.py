@@ -26,7 +26,7 @@ def write(tmp_path: Path, text: str) -> Path:
 def test_defaults_and_types(tmp_path):
     cfg = load_config(write(tmp_path, BASE))
     assert cfg.training.per_device_train_batch_size == 8
-    assert cfg.training.mixed_precision == "no"
+    assert cfg.training.mixed_precision == "auto"
     assert cfg.training.sparse_embedding_grad is True
     assert cfg.training.fast_dropout_masks is True
     assert cfg.optim.learning_rate == 5e-5

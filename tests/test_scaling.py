@@ -196,7 +196,7 @@ def cli_config(tmp_path_factory):
         "data": {"train_file": str(data), "format": "tsv", "has_header": False, "column_names": ["label", "text"],
                  "validation_split": 0.2, "max_length": 32},
         "training": {"per_device_train_batch_size": 4, "effective_batch_size": 16, "num_train_epochs": 2,
-                     "per_device_eval_batch_size": 4, "seed": 3, "max_grad_norm": 0.5},
+                     "per_device_eval_batch_size": 4, "seed": 3, "max_grad_norm": 0.5, "mixed_precision": "no"},
         "optim": {"learning_rate": 1e-3, "warmup_steps": 1},
         "evaluation": {"metrics": ["accuracy", "f1"], "average": "binary", "positive_label": "spam"},
         "logging": {"progress_bar": False},

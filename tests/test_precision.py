@@ -1,0 +1,40 @@
+"""``training.mixed_precision: auto``: bf16 where the hardware computes it, fp32 where it would be emulated."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from finetune.launch import choose_precision, cpu_flags
+
+
+@pytest.mark.parametrize("device, flags, cuda_bf16, expected", [
+    ("cpu", {"sse2", "avx2", "avx512f", "avx512_bf16"}, None, "bf16"),  # e.g. AMD Zen 4/5, Intel Cooper Lake
+    ("cpu", {"sse2", "avx2", "amx_tile", "amx_bf16"}, None, "bf16"),  # Intel Sapphire Rapids and later
+    ("cpu", {"sse2", "avx2", "avx512f"}, None, "no"),  # AVX-512 without bf16: emulated, slower than fp32
+    ("cpu", set(), None, "no"),  # no /proc/cpuinfo (macOS): fp32
+    ("cuda", set(), True, "bf16"),  # Ampere and later
+    ("cuda", set(), False, "no"),  # older GPUs: fp32 unless fp16 is asked for
+])
+def test_auto_follows_the_hardware(device, flags, cuda_bf16, expected):
+    precision, why = choose_precision("auto", torch.device(device), flags=flags, cuda_bf16=cuda_bf16)
+    assert precision == expected
+    assert why.startswith("auto: ")
+    if expected == "bf16" and device == "cpu":
+        assert "bf16" in why and any(f in why for f in ("avx512_bf16", "amx_bf16"))
+
+
+@pytest.mark.parametrize("requested", ["no", "bf16", "fp16"])
+def test_an_explicit_precision_is_kept(requested):
+    assert choose_precision(requested, torch.device("cpu"), flags={"avx512_bf16"}) == (
+        requested, "training.mixed_precision")
+
+
+@pytest.mark.skipif(not Path("/proc/cpuinfo").exists(), reason="reads Linux's /proc/cpuinfo")
+def test_the_cpu_flags_are_read():
+    flags = cpu_flags()
+    assert flags and all(" " not in f for f in flags)
+    expected = "bf16" if {"avx512_bf16", "amx_bf16"} & flags else "no"
+    assert choose_precision("auto", torch.device("cpu"))[0] == expected
