@@ -111,8 +111,10 @@ class DataConfig:
     # update's samples only, which stay a uniform random draw; more pads less, but each update
     # then holds samples of similar length (and of similar label, where length goes with it).
     length_group_windows: int = 1
-    # Worker processes for the training DataLoader (0 loads in the main process).
-    num_workers: int = 0
+    # Worker processes for the training DataLoader (0 loads in the main process); ``auto``: none on a
+    # CPU, where a worker competes with training for the cores, and up to 4 per process on a GPU, where
+    # collating in the main process leaves the GPU waiting.
+    num_workers: Union[int, Literal["auto"]] = "auto"
     # Keep each tokenized split on disk, keyed by its rows, the tokenizer and max_length, so a
     # rerun on the same data loads the tokens instead of tokenizing again (false: every run tokenizes).
     cache_tokenized: bool = True
@@ -134,7 +136,7 @@ class DataConfig:
             raise ConfigError(f"data.max_length: must be at least 2, got {self.max_length}")
         if self.length_group_windows < 1:
             raise ConfigError(f"data.length_group_windows: must be >= 1, got {self.length_group_windows}")
-        if self.num_workers < 0:
+        if self.num_workers != "auto" and self.num_workers < 0:
             raise ConfigError(f"data.num_workers: must be >= 0, got {self.num_workers}")
         for name in ("max_train_samples", "max_eval_samples"):
             value = getattr(self, name)

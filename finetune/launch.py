@@ -170,3 +170,28 @@ def choose_precision(requested: str, device: torch.device, *, flags: Optional[se
             return "bf16", f"auto: the CPU computes bf16 ({', '.join(found)})"
         return "no", "auto: the CPU would emulate bf16 (no avx512_bf16 or amx_bf16)"
     return "no", f"auto: fp32 on {device.type}"
+
+
+def choose_workers(requested, device: torch.device, num_processes: int, cores: Optional[int] = None) -> int:
+    """The DataLoader workers ``data.num_workers`` stands for on ``device``.
+
+    ``auto`` is 0 on a CPU: collating a padded micro-batch is cheap next to its
+    forward and backward pass there, and a worker would take a core from them.
+    On a GPU the main process's collation and kernel launches are what the GPU
+    waits for, so ``auto`` is up to 4 workers per process, one core per
+    process left for training.
+
+    Args:
+        requested: ``auto`` or a number.
+        device: Where training runs.
+        num_processes: Processes on this machine share its cores.
+        cores: CPU cores available (default: this process's affinity); for tests.
+    """
+    if requested != "auto":
+        return int(requested)
+    if device.type != "cuda":
+        return 0
+    if cores is None:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", num_processes))
+    return max(0, min(4, cores // max(1, local) - 1))

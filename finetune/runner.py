@@ -28,7 +28,7 @@ from finetune.config import Config, save_config
 from finetune.cpu import cpu_speedups, plan_cpu_speedups
 from finetune.errors import ConfigError, FinetuneError, LaunchError
 from finetune.evaluation import evaluate_model
-from finetune.launch import choose_precision, configure_cpu_threads, init_process_state
+from finetune.launch import choose_precision, choose_workers, configure_cpu_threads, init_process_state
 from finetune.loop import NonFiniteLossError, TrainState, train_one_epoch
 from finetune.optimization import UpdatePlan, build_optimizer, build_scheduler, plan_updates
 from finetune.outputs import CONFIG_FILE, METRICS_FILE, clear_previous_run
@@ -127,6 +127,7 @@ def build_dataloaders(cfg: Config, tokenized, tokenizer, accelerator, batching: 
     train = train.remove_columns(["length"])
     sampler = training_sampler(cfg, lengths, batching.effective_batch_size)
     pin = accelerator.device.type == "cuda"
+    workers = choose_workers(cfg.data.num_workers, accelerator.device, accelerator.num_processes)
     # A DataLoader without a generator draws a seed from the global torch RNG each time it is
     # iterated; its own generator leaves the global RNG (dropout) to the updates alone, which
     # makes a resumed run's dropout masks those of the uninterrupted run.
@@ -137,9 +138,9 @@ def build_dataloaders(cfg: Config, tokenized, tokenizer, accelerator, batching: 
         collate_fn=collate,
         drop_last=False,
         generator=torch.Generator().manual_seed(cfg.training.seed),
-        num_workers=cfg.data.num_workers,
+        num_workers=workers,
         pin_memory=pin,
-        persistent_workers=cfg.data.num_workers > 0,
+        persistent_workers=workers > 0,
     )
     eval_dl = None
     if "validation" in tokenized:
@@ -316,6 +317,7 @@ def describe(run: Run) -> str:
         f"{'threads=' + str(torch.get_num_threads()) + ' ' if acc.device.type == 'cpu' else ''}"
         f"precision={acc.mixed_precision} ({choose_precision(training.mixed_precision, acc.device)[1]}) "
         f"{speedups + ' ' if speedups else ''}"
+        f"workers={run.train_dataloader.num_workers} "
         f"b={b.per_device_batch_size} k={b.gradient_accumulation_steps} "
         f"P={b.num_processes} effective_batch={b.effective_batch_size} "
         f"train_samples={len(run.train_dataloader.dataset)} updates={run.plan.total_updates} "

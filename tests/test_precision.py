@@ -38,3 +38,18 @@ def test_the_cpu_flags_are_read():
     assert flags and all(" " not in f for f in flags)
     expected = "bf16" if {"avx512_bf16", "amx_bf16"} & flags else "no"
     assert choose_precision("auto", torch.device("cpu"))[0] == expected
+
+
+@pytest.mark.parametrize("device, cores, processes, expected", [
+    ("cpu", 16, 1, 0),  # a worker would take a core from the forward and backward passes
+    ("cuda", 16, 1, 4),
+    ("cuda", 16, 8, 1),  # eight GPUs share the cores: one worker each, one core each for training
+    ("cuda", 2, 1, 1),
+    ("cuda", 1, 1, 0),
+])
+def test_auto_workers_follow_the_device_and_the_cores(monkeypatch, device, cores, processes, expected):
+    from finetune.launch import choose_workers
+
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    assert choose_workers("auto", torch.device(device), processes, cores=cores) == expected
+    assert choose_workers(3, torch.device(device), processes, cores=cores) == 3  # a number is kept
