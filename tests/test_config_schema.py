@@ -25,6 +25,8 @@ def write(tmp_path: Path, text: str) -> Path:
 
 def test_defaults_and_types(tmp_path):
     cfg = load_config(write(tmp_path, BASE))
+    assert cfg.data.num_workers == "auto" and cfg.evaluation.average == "auto"
+    assert cfg.data.has_header is True  # no column_names: the file's first line is its header
     assert cfg.training.per_device_train_batch_size == 8
     assert cfg.training.mixed_precision == "auto"
     assert cfg.training.sparse_embedding_grad is True
@@ -50,6 +52,11 @@ def test_defaults_and_types(tmp_path):
         (BASE.replace("data:\n", "data:\n  length_group_windows: 0\n"), "data.length_group_windows: must be >= 1, got 0"),
         (BASE + "  sparse_embedding_grad: sometimes\n", "training.sparse_embedding_grad: expected bool, got str"),
         (BASE + "  fast_dropout_masks: 1\n", "training.fast_dropout_masks: expected bool, got int"),
+        (BASE + "  mixed_precision: autom\n", "training.mixed_precision: expected one of"),
+        (BASE.replace("data:\n", "data:\n  num_workers: many\n"), "data.num_workers: expected int or 'auto'"),
+        (BASE.replace("data:\n", "data:\n  num_workers: -1\n"), "data.num_workers: must be >= 0, got -1"),
+        (BASE.replace("data:\n", "data:\n  has_header: maybe\n"), "data.has_header: expected bool or null"),
+        (BASE + "evaluation:\n  average: atuo\n", "did you mean 'auto'"),
     ],
 )
 def test_bad_values_name_the_key_and_file(tmp_path, text, needle):
