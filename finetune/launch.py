@@ -118,11 +118,22 @@ def configure_cpu_threads(device: torch.device, num_processes: int) -> Optional[
         except ValueError:
             raise LaunchError(f"FINETUNE_CPU_THREADS: expected a whole number, got {pinned!r}") from None
     else:
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-        local = int(os.environ.get("LOCAL_WORLD_SIZE", num_processes))
-        threads = max(1, cores // max(1, local))
+        threads = max(1, cores_per_process(num_processes))
     torch.set_num_threads(threads)
     return threads
+
+
+def cores_per_process(num_processes: int, cores: Optional[int] = None) -> int:
+    """This machine's share of CPU cores for each of its processes (``LOCAL_WORLD_SIZE`` of them, if set).
+
+    Args:
+        num_processes: Processes launched, when the launcher does not say how many run on this machine.
+        cores: CPU cores available (default: this process's affinity).
+    """
+    if cores is None:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", num_processes))
+    return cores // max(1, local)
 
 
 # CPU flags (as /proc/cpuinfo names them) of units that compute bf16 products natively
@@ -191,7 +202,4 @@ def choose_workers(requested, device: torch.device, num_processes: int, cores: O
         return int(requested)
     if device.type != "cuda":
         return 0
-    if cores is None:
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    local = int(os.environ.get("LOCAL_WORLD_SIZE", num_processes))
-    return max(0, min(4, cores // max(1, local) - 1))
+    return max(0, min(4, cores_per_process(num_processes, cores) - 1))

@@ -31,7 +31,7 @@ from finetune.evaluation import evaluate_model
 from finetune.launch import choose_precision, choose_workers, configure_cpu_threads, init_process_state
 from finetune.loop import NonFiniteLossError, TrainState, train_one_epoch
 from finetune.optimization import UpdatePlan, build_optimizer, build_scheduler, plan_updates
-from finetune.outputs import CONFIG_FILE, METRICS_FILE, clear_previous_run
+from finetune.outputs import CONFIG_FILE, CURVES_FILE, METRICS_FILE, clear_previous_run
 from finetune.sampling import EpochSampler
 from finetune.tracking import RunLogger, check_trackers, flat_hparams
 
@@ -240,7 +240,7 @@ def metric_suite(cfg: Config, label_names, train_split):
         chosen = f"binary, positive class {positive!r} ({why})" if average == "binary" else average
         logger.info("evaluation.average: auto -> %s", chosen)
     cfg.evaluation.average, cfg.evaluation.positive_label = average, positive
-    return MetricSuite.from_config(cfg.evaluation, label_names, counts=counts)
+    return MetricSuite.from_config(cfg.evaluation, label_names)
 
 
 def check_batching(cfg: Config, accelerator) -> Batching:
@@ -536,7 +536,7 @@ def write_curves(out: Path) -> None:
     try:
         plot_curves(out)
     except FinetuneError as exc:
-        logger.warning("%s not written: %s", out / "curves.png", exc.message)
+        logger.warning("%s not written: %s", out / CURVES_FILE, exc.message)
 
 
 def _fmt(metrics: dict[str, Any]) -> str:
