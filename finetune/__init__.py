@@ -22,6 +22,7 @@ _EXPORTS = {
     "ShardLayout": "finetune.accumulation",
     "resolve_batching": "finetune.accumulation",
     "Batching": "finetune.accumulation",
+    "AccumulationSchedule": "finetune.accumulation",
     "cpu_speedups": "finetune.cpu",
     "Config": "finetune.config",
     "load_config": "finetune.config",

@@ -13,13 +13,15 @@ samples. ``docs/accumulation.md`` states the contract this module serves.
   mean over its real samples, whatever ``k``, ``P`` and the window's size.
 * :func:`updates_per_epoch` counts the updates an epoch makes, which is what
   the learning-rate schedule is sized in.
+* :class:`AccumulationSchedule` lets ``k`` change from one epoch to the next
+  (``training.accumulation_schedule``).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Optional
+from typing import Mapping, Optional, TypeVar
 
 from finetune.config import TrainingConfig
 from finetune.errors import ConfigError
@@ -38,8 +40,79 @@ class Batching:
         return self.per_device_batch_size * self.gradient_accumulation_steps * self.num_processes
 
 
+T = TypeVar("T")
+
+
+def value_at_epoch(changes: Mapping[int, T], epoch: int) -> T:
+    """The value of a ``{first epoch: value}`` step function at ``epoch`` (the last key ``<= epoch``)."""
+    keys = [e for e in changes if e <= epoch]
+    return changes[max(keys)] if keys else changes[min(changes)]
+
+
+@dataclass(frozen=True)
+class AccumulationSchedule:
+    """``k`` epoch by epoch, as a step function ``{first epoch: k}``.
+
+    Each ``k`` holds from its epoch until the next key, as in Lightning's
+    ``accumulate_grad_batches={0: 8, 4: 2}``. ``b`` and ``P`` stay fixed, so
+    the effective batch of epoch ``e`` is ``b * k_e * P``.
+    """
+
+    changes: tuple[tuple[int, int], ...]
+
+    @classmethod
+    def constant(cls, k: int) -> "AccumulationSchedule":
+        return cls(((0, k),))
+
+    @classmethod
+    def from_dict(cls, changes: Mapping[int, int]) -> "AccumulationSchedule":
+        """From ``{first epoch: k}``; it must say what epoch 0 uses."""
+        if 0 not in changes:
+            raise ValueError("an accumulation schedule needs a k for epoch 0")
+        return cls(tuple(sorted((int(e), int(k)) for e, k in changes.items())))
+
+    def k_at(self, epoch: int) -> int:
+        """``k`` of epoch ``epoch`` (counted from 0)."""
+        return value_at_epoch(dict(self.changes), epoch)
+
+    @property
+    def is_constant(self) -> bool:
+        return len({k for _, k in self.changes}) == 1
+
+    def __str__(self) -> str:
+        return "{" + ", ".join(f"{e}: {k}" for e, k in self.changes) + "}"
+
+
+def resolve_accumulation(training: TrainingConfig, batching: Batching) -> AccumulationSchedule:
+    """The run's ``k`` per epoch: ``training.accumulation_schedule`` over the ``k`` of ``batching``.
+
+    Epochs before the schedule's first key use ``batching``'s ``k`` (from
+    ``gradient_accumulation_steps`` or ``effective_batch_size``, else 1).
+
+    Raises:
+        ConfigError: if the schedule sets epoch 0 to another ``k`` than the one
+            ``gradient_accumulation_steps`` or ``effective_batch_size`` gives.
+    """
+    k = batching.gradient_accumulation_steps
+    schedule = training.accumulation_schedule
+    if not schedule:
+        return AccumulationSchedule.constant(k)
+    given = training.gradient_accumulation_steps is not None or training.effective_batch_size is not None
+    if 0 in schedule and given and schedule[0] != k:
+        source = ("gradient_accumulation_steps" if training.gradient_accumulation_steps is not None
+                  else f"effective_batch_size {training.effective_batch_size}")
+        raise ConfigError(
+            f"training.accumulation_schedule: epoch 0 accumulates {schedule[0]}, but training.{source} "
+            f"gives k={k}; set epoch 0's k in one place"
+        )
+    return AccumulationSchedule.from_dict({0: k, **schedule})
+
+
 def resolve_batching(training: TrainingConfig, num_processes: int) -> Batching:
     """Derive ``k`` from ``effective_batch_size`` (or take it as given) for ``P`` processes.
+
+    With ``training.accumulation_schedule``, this is epoch 0's batching and
+    ``k`` is the schedule's for epoch 0 (see :func:`resolve_accumulation`).
 
     With ``per_device_train_batch_size: auto`` this is the first micro-batch to
     try (the largest power of two dividing ``B / P``); the run's setup may
@@ -58,7 +131,8 @@ def resolve_batching(training: TrainingConfig, num_processes: int) -> Batching:
         b = initial_micro_batch(B, num_processes)
         return Batching(b, B // (b * num_processes), num_processes)
     if B is None:
-        return Batching(b, k or 1, num_processes)
+        schedule = training.accumulation_schedule or {}
+        return Batching(b, k or schedule.get(0, 1), num_processes)
     if B % (b * num_processes) != 0:
         step = b * num_processes
         nearest = sorted({max(step, B // step * step), (B // step + 1) * step})

@@ -153,7 +153,7 @@ def resolve_resume(output_dir: str | os.PathLike, resume_from: Optional[str]) ->
 # --------------------------------------------------------------------------- what must not change
 
 # fingerprint keys added after the checkpoint format was released
-ADDED_KEYS = frozenset({"precision"})
+ADDED_KEYS = frozenset({"precision", "training.accumulation_schedule", "plan.epoch_updates", "plan.accumulation"})
 
 
 def run_fingerprint(run) -> dict[str, Any]:

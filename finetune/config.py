@@ -165,6 +165,11 @@ class TrainingConfig:
     # Samples per optimizer update across all processes (``B = b * k * P``). When
     # set, ``k`` is derived from it at start-up so a config means the same on 1 or 8 GPUs.
     effective_batch_size: Optional[int] = None
+    # ``k`` by epoch, ``{first epoch: k}``: each ``k`` holds until the next key (Lightning's
+    # ``accumulate_grad_batches`` dict), e.g. ``{0: 8, 4: 2}``; epochs before the first key use the
+    # ``k`` above. ``b`` stays, so epoch ``e`` updates on ``b * k_e * P`` samples, and the
+    # learning-rate schedule is sized in the updates each epoch really makes. Null: one ``k``.
+    accumulation_schedule: Optional[dict[int, int]] = None
     # Passes over the training data (null: 1, or as many as ``max_steps`` needs).
     num_train_epochs: Optional[float] = None
     # Stop after this many optimizer updates instead of counting epochs. Sizes the schedule.
@@ -224,6 +229,7 @@ class TrainingConfig:
             )
         if self.effective_batch_size is not None and self.effective_batch_size < 1:
             raise ConfigError(f"training.effective_batch_size: must be >= 1, got {self.effective_batch_size}")
+        self._check_accumulation_schedule()
         if self.num_train_epochs is not None and self.num_train_epochs <= 0:
             raise ConfigError(f"training.num_train_epochs: must be > 0, got {self.num_train_epochs}")
         if self.max_steps is not None and self.max_steps < 1:
@@ -236,6 +242,23 @@ class TrainingConfig:
             raise ConfigError(f"training.max_grad_norm: must be >= 0 or null, got {self.max_grad_norm}")
         if self.max_skipped < 1:
             raise ConfigError(f"training.max_skipped: must be >= 1, got {self.max_skipped}")
+
+    def _check_accumulation_schedule(self) -> None:
+        schedule = self.accumulation_schedule
+        if schedule is None:
+            return
+        if not schedule:
+            raise ConfigError("training.accumulation_schedule: empty; give {first epoch: k, ...} or null")
+        for epoch, k in schedule.items():
+            if epoch < 0:
+                raise ConfigError(f"training.accumulation_schedule: epoch {epoch} is negative (epochs count from 0)")
+            if k < 1:
+                raise ConfigError(f"training.accumulation_schedule: k must be >= 1, got {k} for epoch {epoch}")
+        if self.per_device_train_batch_size == "auto":
+            raise ConfigError(
+                "training.accumulation_schedule: needs a fixed per_device_train_batch_size (auto chooses b "
+                "and k from one effective batch)"
+            )
 
 
 @dataclass
@@ -386,6 +409,9 @@ def _type_name(tp: Any) -> str:
     if origin is list:
         (inner,) = typing.get_args(tp)
         return f"list of {_type_name(inner)}"
+    if origin is dict:
+        key_type, value_type = typing.get_args(tp)
+        return f"mapping of {_type_name(key_type)} to {_type_name(value_type)}"
     if tp is type(None):
         return "null"
     return getattr(tp, "__name__", str(tp))
@@ -398,6 +424,9 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         args = typing.get_args(tp)
         if value is None and type(None) in args:
             return None
+        options = [a for a in args if a is not type(None)]
+        if len(options) == 1 and typing.get_origin(options[0]) in (list, dict):
+            return _coerce(value, options[0], key)  # its own error names the item at fault
         for arg in args:
             if arg is type(None):
                 continue
@@ -423,6 +452,16 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         if not isinstance(value, list):
             raise ConfigError(f"{key}: expected {_type_name(tp)}, got {_describe(value)}")
         return [_coerce(v, inner, f"{key}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:
+        key_type, value_type = typing.get_args(tp)
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key}: expected {_type_name(tp)}, got {_describe(value)}")
+        out = {}
+        for k, v in value.items():
+            if key_type is int and isinstance(k, str) and k.strip().lstrip("-").isdigit():
+                k = int(k)  # JSON and some YAML writers quote mapping keys
+            out[_coerce(k, key_type, f"{key} key {k!r}")] = _coerce(v, value_type, f"{key}[{k!r}]")
+        return out
     if tp is bool:
         if isinstance(value, bool):
             return value

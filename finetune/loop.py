@@ -121,7 +121,8 @@ def train_one_epoch(
 
     Call it with objects already passed through ``accelerator.prepare`` (the
     scheduler excepted: pass it unprepared, this function steps it once per
-    update). The accumulation steps ``k`` are ``accelerator.gradient_accumulation_steps``.
+    update). The accumulation steps ``k`` are ``accelerator.gradient_accumulation_steps``;
+    under an accumulation schedule set it to ``plan.k_at(epoch)`` before each call.
     Each update applies the mean gradient over its window's real samples on
     all processes, so ``(b, k, P)`` trains the same weights as ``(b*k*P, 1, 1)``,
     the epoch's ragged last window included. On a CPU, wrap the epochs in
@@ -166,11 +167,11 @@ def train_one_epoch(
     state = state if state is not None else TrainState(epoch=epoch)
     state.epoch = epoch
     k = accelerator.gradient_accumulation_steps
-    check_schedule_fits(scheduler, k)
+    check_schedule_fits(scheduler, k, epoch)
     layout = layout_for(dataloader, accelerator)
     batches = epoch_batches(dataloader, accelerator, epoch, state.micro_batch, k)
     window = WindowStats(accelerator.device)
-    logs = LogWindow(accelerator.device)
+    logs = LogWindow(accelerator.device, k, effective_batch=layout.batch_size * k * layout.num_processes)
     result = EpochResult(epoch=epoch)
     model.train()
     t0 = time.perf_counter()
@@ -216,19 +217,28 @@ def train_one_epoch(
 # --------------------------------------------------------------------------- the steps, in loop order
 
 
-def check_schedule_fits(scheduler, k: int) -> None:
-    """Refuse to train at ``k`` with a scheduler sized for another ``k`` (its length would be wrong).
+def check_schedule_fits(scheduler, k: int, epoch: int) -> None:
+    """Refuse to train epoch ``epoch`` at ``k`` with a scheduler sized for another ``k`` there.
+
+    The schedule's length counts each epoch's updates with that epoch's ``k``;
+    an epoch run at another ``k`` would make a different number of updates and
+    end the learning-rate schedule early or late.
 
     Raises:
-        ValueError: saying how to size the schedule again.
+        ValueError: saying how to size the schedule for the ``k`` wanted.
     """
-    planned = getattr(scheduler, "planned_accumulation_steps", 0)
-    if planned and planned != k:
+    planned = getattr(scheduler, "planned_accumulation", None)
+    if not planned:
+        return  # a scheduler not built by build_scheduler: nothing recorded to check against
+    expected = planned[min(epoch, len(planned) - 1)]
+    if expected != k:
         raise ValueError(
-            f"the scheduler was sized for gradient_accumulation_steps={planned} "
-            f"({scheduler.planned_updates} updates), "
-            f"but the accelerator now accumulates {k}: build it again for the new k, e.g. "
-            f"build_scheduler(optimizer, cfg.optim, plan_updates(len(dataloader), {k}, epochs, None))"
+            f"epoch {epoch}: the learning-rate scheduler was sized for k={expected} "
+            f"({scheduler.planned_updates} updates over k={planned}), but the accelerator accumulates {k}. "
+            f"To change k by epoch, size the schedule for it: plan = plan_updates(len(dataloader), "
+            f"AccumulationSchedule.from_dict({{0: ..., <epoch>: ...}}), epochs, None); "
+            f"build_scheduler(optimizer, cfg.optim, plan); and before each epoch set "
+            f"accelerator.gradient_accumulation_steps = plan.k_at(epoch)"
         )
 
 
@@ -404,7 +414,8 @@ def skip_nonfinite(update: Update, where: str, state: TrainState, result: EpochR
 class LogWindow:
     """The updates since the last record, averaged into one flat record."""
 
-    def __init__(self, device) -> None:
+    def __init__(self, device, k: int, effective_batch: int) -> None:
+        self.k, self.effective_batch = k, effective_batch  # the epoch's; a schedule may change them
         self.totals = torch.zeros(3, dtype=torch.float64)  # loss sum, samples, tokens (already on the host)
         self.grad_norm = torch.zeros((), dtype=torch.float32, device=device)  # summed on the device: no sync
         self.lr_sum = 0.0
@@ -446,6 +457,8 @@ class LogWindow:
             "train/samples_per_s": float(self.totals[1]) / elapsed,
             "train/tokens_per_s": float(self.totals[2]) / elapsed,
             "train/skipped_updates": state.skipped_updates,
+            "train/accumulation_steps": self.k,
+            "train/effective_batch_size": self.effective_batch,
         }
         self.totals.zero_()
         self.grad_norm.zero_()

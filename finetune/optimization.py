@@ -1,7 +1,8 @@
 """AdamW and a learning-rate schedule sized in real optimizer updates.
 
 The schedule's length is the number of updates the run will make, counted on
-the prepared (per-process) dataloader: ``ceil(micro-batches / k)`` per epoch.
+the prepared (per-process) dataloader: ``ceil(micro-batches / k)`` per epoch,
+each epoch with its own ``k`` under ``training.accumulation_schedule``.
 Sizing it in micro-batches (or stepping it per micro-batch) would end the
 schedule ``k`` times too late; see docs/accumulation.md, rule 3.
 """
@@ -10,12 +11,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Union
 
 import torch
 from transformers import get_scheduler
 
-from finetune.accumulation import updates_per_epoch
+from finetune.accumulation import AccumulationSchedule, updates_per_epoch
 from finetune.config import OptimConfig
 from finetune.errors import ConfigError
 
@@ -102,19 +103,29 @@ def build_optimizer(
 
 @dataclass(frozen=True)
 class UpdatePlan:
-    """How long the run is, in optimizer updates."""
+    """How long the run is, in optimizer updates, and with which ``k`` each epoch accumulates."""
 
+    # updates of epoch 0 (of every epoch when k is constant)
     updates_per_epoch: int
     num_epochs: int
     total_updates: int
     warmup_updates: int
-    # the k these updates were counted with (0: not recorded)
+    # the k of epoch 0 these updates were counted with (0: not recorded)
     gradient_accumulation_steps: int = 0
+    # per epoch: the updates it makes (the last one's may stop short at total_updates) and its k
+    epoch_updates: tuple[int, ...] = ()
+    accumulation: tuple[int, ...] = ()
+
+    def k_at(self, epoch: int) -> int:
+        """``k`` of ``epoch``; epochs past the plan keep the last epoch's."""
+        if not self.accumulation:
+            return self.gradient_accumulation_steps
+        return self.accumulation[min(epoch, len(self.accumulation) - 1)]
 
 
 def plan_updates(
     micro_batches_per_epoch: int,
-    gradient_accumulation_steps: int,
+    gradient_accumulation_steps: Union[int, AccumulationSchedule],
     num_train_epochs: Optional[float],
     max_steps: Optional[int],
     warmup_steps: int = 0,
@@ -122,27 +133,40 @@ def plan_updates(
 ) -> UpdatePlan:
     """Count the updates the run will really make.
 
+    Each epoch makes ``ceil(micro-batches / k_e)`` updates with its own ``k_e``;
+    the schedule's length is their sum (up to ``max_steps``, or over a
+    fractional last epoch). Sizing it with one ``k`` while ``k`` changes would
+    end the schedule early or late.
+
     Args:
         micro_batches_per_epoch: ``len(prepared train dataloader)`` (per process).
-        gradient_accumulation_steps: ``k``.
+        gradient_accumulation_steps: ``k``, or an :class:`~finetune.accumulation.AccumulationSchedule`.
         num_train_epochs: Epochs (may be fractional); ``None`` means 1, or as
             many as ``max_steps`` needs.
         max_steps: Total updates, overriding epochs.
         warmup_steps: Warmup in updates; wins over ``warmup_ratio`` when > 0.
         warmup_ratio: Warmup as a fraction of the total updates.
     """
-    per_epoch = updates_per_epoch(micro_batches_per_epoch, gradient_accumulation_steps)
-    if per_epoch == 0:
+    schedule = (gradient_accumulation_steps if isinstance(gradient_accumulation_steps, AccumulationSchedule)
+                else AccumulationSchedule.constant(gradient_accumulation_steps))
+    if micro_batches_per_epoch == 0:
         raise ValueError("the training set yields no micro-batch")
+    ks: list[int] = []
+    counts: list[int] = []
     if max_steps is not None:
         total = max_steps
-        epochs = math.ceil(max_steps / per_epoch)
+        while sum(counts) < max_steps:
+            ks.append(schedule.k_at(len(ks)))
+            counts.append(updates_per_epoch(micro_batches_per_epoch, ks[-1]))
     else:
         n = 1.0 if num_train_epochs is None else num_train_epochs
-        total = max(1, math.ceil(n * per_epoch))
-        epochs = math.ceil(n)
+        for epoch in range(math.ceil(n)):
+            ks.append(schedule.k_at(epoch))
+            full = updates_per_epoch(micro_batches_per_epoch, ks[-1])
+            counts.append(full if epoch + 1 <= n else math.ceil((n - epoch) * full))
+        total = max(1, sum(counts))
     warmup = warmup_steps if warmup_steps > 0 else math.ceil(warmup_ratio * total)
-    return UpdatePlan(per_epoch, epochs, total, min(warmup, total), gradient_accumulation_steps)
+    return UpdatePlan(counts[0], len(counts), total, min(warmup, total), ks[0], tuple(counts), tuple(ks))
 
 
 def build_scheduler(optimizer: torch.optim.Optimizer, cfg: OptimConfig, plan: UpdatePlan):
@@ -157,8 +181,8 @@ def build_scheduler(optimizer: torch.optim.Optimizer, cfg: OptimConfig, plan: Up
         num_warmup_steps=plan.warmup_updates,
         num_training_steps=plan.total_updates,
     )
-    # train_one_epoch checks that k has not changed under the schedule; plain ints, since the
-    # scheduler's state_dict (checkpoints, read with weights_only=True) carries its attributes
-    scheduler.planned_accumulation_steps = plan.gradient_accumulation_steps
+    # train_one_epoch checks that each epoch's k is the one the schedule was sized for; plain ints,
+    # since the scheduler's state_dict (checkpoints, read with weights_only=True) carries its attributes
+    scheduler.planned_accumulation = list(plan.accumulation) or [plan.gradient_accumulation_steps]
     scheduler.planned_updates = plan.total_updates
     return scheduler

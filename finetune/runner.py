@@ -22,7 +22,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 import torch
 
-from finetune.accumulation import Batching, layout_for, resolve_batching
+from finetune.accumulation import Batching, layout_for, resolve_accumulation, resolve_batching
 from finetune.checkpoint import Checkpointer, resolve_resume
 from finetune.config import Config, save_config
 from finetune.cpu import cpu_speedups, plan_cpu_speedups
@@ -99,15 +99,17 @@ def _collator(tokenizer, accelerator):
     return DataCollatorWithPadding(tokenizer, pad_to_multiple_of=multiple)
 
 
-def training_sampler(cfg: Config, lengths, effective_batch_size: int) -> EpochSampler:
-    """The training order of a config: seeded, length-grouped within windows of the effective batch
-    (or within mega-batches of ``data.length_group_windows`` windows)."""
+def training_sampler(cfg: Config, lengths, batching: Batching) -> EpochSampler:
+    """The training order of a config: seeded, length-grouped within windows of each epoch's effective
+    batch (or within mega-batches of ``data.length_group_windows`` windows)."""
+    schedule = resolve_accumulation(cfg.training, batching)
+    per_k = batching.per_device_batch_size * batching.num_processes
     return EpochSampler(
         len(lengths),
         seed=cfg.training.seed,
         lengths=lengths,
         group_by_length=cfg.data.group_by_length,
-        window_size=effective_batch_size,
+        window_size={epoch: per_k * k for epoch, k in schedule.changes},
         group_windows=cfg.data.length_group_windows,
     )
 
@@ -125,7 +127,7 @@ def build_dataloaders(cfg: Config, tokenized, tokenizer, accelerator, batching: 
     train = tokenized["train"]
     lengths = train["length"]
     train = train.remove_columns(["length"])
-    sampler = training_sampler(cfg, lengths, batching.effective_batch_size)
+    sampler = training_sampler(cfg, lengths, batching)
     pin = accelerator.device.type == "cuda"
     workers = choose_workers(cfg.data.num_workers, accelerator.device, accelerator.num_processes)
     # A DataLoader without a generator draws a seed from the global torch RNG each time it is
@@ -250,6 +252,7 @@ def check_batching(cfg: Config, accelerator) -> Batching:
         ConfigError: if the ``Accelerator`` accumulates another ``k`` than the config.
     """
     batching = resolve_batching(cfg.training, accelerator.num_processes)
+    resolve_accumulation(cfg.training, batching)  # a schedule that contradicts k fails here, before any work
     if accelerator.gradient_accumulation_steps != batching.gradient_accumulation_steps:
         raise ConfigError(
             f"training.gradient_accumulation_steps: the Accelerator accumulates "
@@ -296,7 +299,7 @@ def plan_for(cfg: Config, train_dl, accelerator, batching: Batching) -> UpdatePl
     layout = layout_for(train_dl, accelerator)
     return plan_updates(
         layout.micro_batches_per_process,
-        batching.gradient_accumulation_steps,
+        resolve_accumulation(cfg.training, batching),
         cfg.training.num_train_epochs,
         cfg.training.max_steps,
         cfg.optim.warmup_steps,
@@ -318,11 +321,23 @@ def describe(run: Run) -> str:
         f"precision={acc.mixed_precision} ({choose_precision(training.mixed_precision, acc.device)[1]}) "
         f"{speedups + ' ' if speedups else ''}"
         f"workers={run.train_dataloader.num_workers} "
-        f"b={b.per_device_batch_size} k={b.gradient_accumulation_steps} "
+        f"b={b.per_device_batch_size} k={_accumulation(run)} "
         f"P={b.num_processes} effective_batch={b.effective_batch_size} "
         f"train_samples={len(run.train_dataloader.dataset)} updates={run.plan.total_updates} "
-        f"({run.plan.updates_per_epoch}/epoch x {run.plan.num_epochs} epochs, warmup {run.plan.warmup_updates})"
+        f"({_updates_by_epoch(run.plan)}, warmup {run.plan.warmup_updates})"
     )
+
+
+def _accumulation(run: Run) -> str:
+    """``k``, or under a schedule the ``k`` of each of its epochs: ``4 (by epoch {0: 4, 2: 2})``."""
+    schedule = resolve_accumulation(run.cfg.training, run.batching)
+    return str(run.batching.gradient_accumulation_steps) + ("" if schedule.is_constant else f" (by epoch {schedule})")
+
+
+def _updates_by_epoch(plan: UpdatePlan) -> str:
+    if len(set(plan.epoch_updates)) <= 1:
+        return f"{plan.updates_per_epoch}/epoch x {plan.num_epochs} epochs"
+    return f"{'+'.join(map(str, plan.epoch_updates))} over {plan.num_epochs} epochs"
 
 
 def check_output_dir(cfg: Config) -> None:
@@ -462,6 +477,7 @@ def train_epochs(run: Run, checkpoints: Checkpointer, log: RunLogger, history: l
         for epoch in range(run.state.epoch, run.plan.num_epochs):
             if run.state.step >= run.plan.total_updates:
                 break
+            acc.gradient_accumulation_steps = run.plan.k_at(epoch)  # training.accumulation_schedule
             result = train_one_epoch(
                 run.model, run.optimizer, run.scheduler, run.train_dataloader, acc, epoch,
                 state=run.state, max_grad_norm=cfg.training.max_grad_norm, log_every=cfg.logging.log_every,

@@ -15,10 +15,12 @@ length, and where length goes with the label (spam is long) of similar label.
 
 from __future__ import annotations
 
-from typing import Iterator, Optional, Sequence
+from typing import Iterator, Mapping, Optional, Sequence, Union
 
 import torch
 from torch.utils.data import Sampler
+
+from finetune.accumulation import value_at_epoch
 
 # A mega-batch holds this many effective batches before it is sorted by length.
 # 1 sorts within each window: its samples stay the uniform random draw of the
@@ -40,6 +42,8 @@ class EpochSampler(Sampler[int]):
         lengths: Token count per sample; required when ``group_by_length``.
         group_by_length: Sort by length within each mega-batch to cut padding.
         window_size: The effective batch ``B``; windows are shuffled as units.
+            Under an accumulation schedule, ``{first epoch: B}``: each epoch
+            groups within its own windows.
         group_windows: Mega-batch size, in windows (1: sort within each window only).
     """
 
@@ -49,7 +53,7 @@ class EpochSampler(Sampler[int]):
         seed: int,
         lengths: Optional[Sequence[int]] = None,
         group_by_length: bool = False,
-        window_size: int = 1,
+        window_size: Union[int, Mapping[int, int]] = 1,
         group_windows: int = DEFAULT_GROUP_WINDOWS,
     ):
         if group_by_length and (lengths is None or len(lengths) != num_samples):
@@ -58,13 +62,18 @@ class EpochSampler(Sampler[int]):
         self.seed = seed
         self.lengths = torch.as_tensor(list(lengths)) if lengths is not None else None
         self.group_by_length = group_by_length
-        self.window_size = max(1, window_size)
+        self.window_sizes = dict(window_size) if isinstance(window_size, Mapping) else {0: window_size}
         self.group_windows = max(1, group_windows)
         self.epoch = 0
 
     def set_epoch(self, epoch: int) -> None:
         """Select the order of ``epoch`` (call before iterating)."""
         self.epoch = epoch
+
+    @property
+    def window_size(self) -> int:
+        """``B`` of the current epoch."""
+        return max(1, value_at_epoch(self.window_sizes, self.epoch))
 
     def __len__(self) -> int:
         return self.num_samples

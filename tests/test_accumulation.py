@@ -18,7 +18,7 @@ from finetune.config import OptimConfig
 from finetune.cpu import cpu_speedups
 from finetune.loop import TrainState, train_one_epoch
 from finetune.optimization import build_optimizer, build_scheduler, plan_updates
-from finetune.accumulation import ShardLayout
+from finetune.accumulation import Batching, ShardLayout
 from finetune.sampling import EpochSampler
 from helpers import pad_collate, tiny_bert, token_dataset
 
@@ -298,7 +298,7 @@ def test_runner_passes_length_group_windows_to_the_sampler(tmp_path):
 
     def sampler(**data):
         cfg = config_from_dict({"data": {"train_file": "t.csv", **data}, "training": {"seed": 3}})
-        return training_sampler(cfg, lengths, 32)
+        return training_sampler(cfg, lengths, Batching(8, 4, 1))
 
     assert sampler().group_windows == 1
     wide = sampler(length_group_windows=16)
@@ -383,7 +383,7 @@ def test_a_k_changed_under_the_schedule_is_refused(fresh_accelerate_state):
     train_one_epoch(model, optimizer, scheduler, dl, acc, 0)  # sized for k=4: fine
     acc.gradient_accumulation_steps = 2  # changed between epochs, as from a notebook
     before = [p.detach().clone() for p in model.parameters()]
-    with pytest.raises(ValueError, match=r"sized for gradient_accumulation_steps=4 \(6 updates\).*accumulates 2"):
+    with pytest.raises(ValueError, match=r"epoch 1: .*sized for k=4 \(6 updates.*accumulates 2.*plan.k_at"):
         train_one_epoch(model, optimizer, scheduler, dl, acc, 1)
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))  # refused before any update
     resized = build_scheduler(optimizer, opt_cfg, plan_updates(len(dl), 2, 2, None))
