@@ -46,6 +46,7 @@ import torch
 
 from finetune.errors import ConfigError, ModelError
 from finetune.outputs import CHECKPOINTS_DIR
+from finetune.selection import Selection
 from finetune.signals import RunInterrupted, StopSignals, resume_command
 
 logger = logging.getLogger("finetune")
@@ -246,7 +247,7 @@ def _fsync_dir(path: Path) -> None:
 
 
 def save_checkpoint(run, history: list[dict[str, Any]], pending_eval_epoch: Optional[int] = None,
-                    reason: str = "") -> Path:
+                    reason: str = "", protect: Optional[Path] = None) -> Path:
     """Save the run's full state at the current window boundary; call it on every process.
 
     ``accelerator.save_state`` writes model (safetensors), optimizer, RNG states
@@ -266,6 +267,7 @@ def save_checkpoint(run, history: list[dict[str, Any]], pending_eval_epoch: Opti
         pending_eval_epoch: The epoch whose evaluation has not run yet (a stop
             right after its last update), or ``None``.
         reason: Why it was saved, for the log line.
+        protect: A checkpoint that pruning must keep (the best one).
 
     Returns:
         The checkpoint directory.
@@ -313,7 +315,7 @@ def save_checkpoint(run, history: list[dict[str, Any]], pending_eval_epoch: Opti
         else:
             os.replace(tmp, final)
         _fsync_dir(root)
-        _prune(root, run.cfg.output.keep_last, keep=final)
+        _prune(root, run.cfg.output.keep_last, keep={final, protect})
         logger.info("checkpoint saved: %s (%s)", final, reason or f"update {step}")
     acc.wait_for_everyone()
     return final
@@ -334,17 +336,19 @@ def write_model_files(run, directory: Path) -> None:
     save_config(run.cfg, directory / CONFIG_FILE)
 
 
-def _prune(root: Path, keep_last: Optional[int], keep: Path) -> None:
-    """Delete checkpoints beyond ``keep_last`` (oldest first) and leftovers of interrupted saves."""
+def _prune(root: Path, keep_last: Optional[int], keep: set) -> None:
+    """Delete checkpoints beyond ``keep_last`` (oldest first, never one in ``keep``) and leftovers of
+    interrupted saves. The ones in ``keep`` count towards ``keep_last``."""
     for child in root.iterdir():
         if child.is_dir() and child.name.startswith((TMP_PREFIX, OLD_PREFIX)):
             shutil.rmtree(child, ignore_errors=True)  # a save cut short by a kill
     if keep_last is None:
         return
     complete = list_checkpoints(root.parent)
-    for path in complete[: max(0, len(complete) - keep_last)]:
-        if path != keep:
-            shutil.rmtree(path, ignore_errors=True)
+    kept = [p for p in complete if p in keep]
+    others = [p for p in complete if p not in keep]
+    for path in others[: max(0, len(others) - max(0, keep_last - len(kept)))]:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def load_checkpoint(run, path: str | os.PathLike, meta: Optional[dict[str, Any]] = None) -> dict[str, Any]:
@@ -379,6 +383,20 @@ def load_checkpoint(run, path: str | os.PathLike, meta: Optional[dict[str, Any]]
     return meta
 
 
+def load_model_weights(run, path: Path) -> None:
+    """Load only the weights of checkpoint ``path`` into the run's model (on every process).
+
+    Raises:
+        ModelError: if the checkpoint or its weights file is gone.
+    """
+    from safetensors.torch import load_model
+
+    weights = path / "model.safetensors"
+    if not weights.is_file():
+        raise ModelError(f"{weights}: missing; cannot load the best model (was the checkpoint deleted?)")
+    load_model(run.accelerator.unwrap_model(run.model), str(weights), strict=True, device=str(run.accelerator.device))
+
+
 # --------------------------------------------------------------------------- the callback fit uses
 
 class Checkpointer:
@@ -406,6 +424,7 @@ class Checkpointer:
         self._resume_meta = read_state(self.resume_path) if self.resume_path is not None else None
         if self._resume_meta is not None:
             check_compatible(self._resume_meta, run, self.resume_path)
+        self.selection = Selection.from_config(run.cfg.evaluation)
         self.signals = StopSignals()
         self.stop_signum: Optional[int] = None
         self.last_saved: Optional[Path] = self.resume_path
@@ -440,9 +459,16 @@ class Checkpointer:
         """Save a checkpoint now (all processes), unless checkpoints are off."""
         if not self.enabled:
             return None
-        self.last_saved = save_checkpoint(self.run, self.history, pending_eval_epoch, reason)
+        self.last_saved = save_checkpoint(self.run, self.history, pending_eval_epoch, reason, protect=self.best())
         self._saved_at = self._position()
         return self.last_saved
+
+    def best(self) -> Optional[Path]:
+        """The best evaluation's checkpoint (``evaluation.metric_for_best_model``), or ``None``."""
+        if self.selection is None:
+            return None
+        step = self.selection.judge(self.history).best_step
+        return None if step is None else checkpoints_root(self.run.cfg.output.output_dir) / f"{CHECKPOINT_PREFIX}{step}"
 
     def __enter__(self) -> "Checkpointer":
         self.signals.__enter__()

@@ -320,12 +320,43 @@ class EvalConfig:
     average: Literal["auto", "binary", "macro", "micro", "weighted"] = "auto"
     # The label name (as in the data) of the positive class for binary averaging.
     positive_label: Optional[str] = None
+    # Also evaluate every this many updates (null: only at epoch ends, see training.eval_each_epoch).
+    eval_every: Optional[int] = None
+    # The metric that picks the best evaluation (``loss`` or a name from ``metrics``); each evaluation
+    # record then says whether it is the best so far, and that checkpoint is never pruned.
+    # Null: no selection, unless one of the two keys below asks for it, which then select on ``loss``.
+    metric_for_best_model: Optional[str] = None
+    # Null: lower is better for a loss or an error (loss, mse, ...), higher for every other metric.
+    greater_is_better: Optional[bool] = None
+    # At the end, make the saved model (and metrics.json's eval) the best evaluation's, not the last.
+    load_best_model_at_end: bool = False
+    # Stop the run after this many evaluations in a row without improvement (null: never).
+    early_stopping_patience: Optional[int] = None
+    # An evaluation improves only when it beats the best by more than this.
+    early_stopping_threshold: float = 0.0
 
     def __post_init__(self) -> None:
         if not self.metrics:
             raise ConfigError("evaluation.metrics: name at least one metric")
         if self.average == "binary" and self.positive_label is None:
             raise ConfigError("evaluation.positive_label: required when evaluation.average is binary")
+        if self.eval_every is not None and self.eval_every < 1:
+            raise ConfigError(f"evaluation.eval_every: must be >= 1 or null, got {self.eval_every}")
+        if self.early_stopping_patience is not None and self.early_stopping_patience < 1:
+            raise ConfigError(
+                f"evaluation.early_stopping_patience: must be >= 1 or null, got {self.early_stopping_patience}"
+            )
+        if self.early_stopping_threshold < 0:
+            raise ConfigError(
+                f"evaluation.early_stopping_threshold: must be >= 0, got {self.early_stopping_threshold}"
+            )
+        if self.metric_for_best_model is not None:
+            name = self.metric_for_best_model.removeprefix("eval/")
+            if name != "loss" and name not in self.metrics:
+                raise ConfigError(
+                    f"evaluation.metric_for_best_model: {self.metric_for_best_model!r} is not computed "
+                    f"(loss or one of evaluation.metrics: {', '.join(self.metrics)})"
+                )
 
 
 @dataclass
@@ -648,11 +679,19 @@ def config_from_dict(data: dict[str, Any], source: str | None = None) -> Config:
         ConfigError: naming the key (and ``source``) on any unknown key, wrong type or bad value.
     """
     try:
-        return _build(Config, _with_file_layouts(data), "")
+        return _check_across_sections(_build(Config, _with_file_layouts(data), ""))
     except ConfigError as exc:
         if source:
             raise ConfigError(f"{source}: {exc.message}", exc.hint) from None
         raise
+
+
+def _check_across_sections(cfg: Config) -> Config:
+    """Rules that tie keys of two sections together."""
+    if cfg.evaluation.load_best_model_at_end and not cfg.output.save_checkpoints:
+        raise ConfigError("evaluation.load_best_model_at_end: needs output.save_checkpoints: true "
+                          "(the best model is kept as its checkpoint)")
+    return cfg
 
 
 def load_config(path: str | os.PathLike | None = None, overrides: list[str] | None = None) -> Config:

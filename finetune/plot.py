@@ -6,7 +6,7 @@ training):
 
 * loss per update, with a smoothed line and the validation loss at each evaluation;
 * learning rate per update;
-* validation metrics per epoch;
+* validation metrics at each evaluation;
 
 with the updates at epoch boundaries marked on all three.
 
@@ -161,7 +161,7 @@ def curves_figure(records: list[dict[str, Any]], title: Optional[str] = None):
     else:
         ax_eval.text(0.5, 0.5, "no validation records", ha="center", va="center", transform=ax_eval.transAxes,
                      color="0.5")
-    ax_eval.set_title("validation metrics (per epoch)")
+    ax_eval.set_title("validation metrics")
     ax_eval.set_xlabel("update")
 
     for ax in (ax_loss, ax_lr, ax_eval):

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from finetune.accumulation import Batching, layout_for, resolve_accumulation, resolve_batching
-from finetune.checkpoint import Checkpointer, resolve_resume
+from finetune.checkpoint import Checkpointer, load_model_weights, resolve_resume
 from finetune.config import Config, save_config
 from finetune.cpu import cpu_speedups, plan_cpu_speedups
 from finetune.errors import ConfigError, FinetuneError, LaunchError
@@ -33,6 +33,7 @@ from finetune.loop import NonFiniteLossError, TrainState, train_one_epoch
 from finetune.optimization import UpdatePlan, build_optimizer, build_scheduler, plan_updates
 from finetune.outputs import CONFIG_FILE, CURVES_FILE, METRICS_FILE, clear_previous_run
 from finetune.sampling import EpochSampler
+from finetune.selection import Selection
 from finetune.tracking import RunLogger, check_trackers, flat_hparams
 
 logger = logging.getLogger("finetune")
@@ -382,22 +383,26 @@ def fit(
     on_epoch_end: Optional[Callable[[int, dict[str, Any]], None]] = None,
     on_update: Optional[Callable[[TrainState], bool]] = None,
 ) -> dict[str, Any]:
-    """Train all epochs, evaluate after each, log, checkpoint, and write the outputs.
+    """Train all epochs, evaluate, log, checkpoint, keep the best model, and write the outputs.
 
     Resumes from ``output.resume_from`` when set. Checkpoints (see
     :mod:`finetune.checkpoint`) are saved every ``output.checkpoint_every``
-    updates and after each epoch's evaluation; SIGTERM / SIGINT end the run after
-    the current update with a checkpoint.
+    updates, after each evaluation, and when SIGTERM / SIGINT end the run
+    (after the current update). Evaluations run at epoch ends and every
+    ``evaluation.eval_every`` updates; ``evaluation.metric_for_best_model``
+    marks the best, ``evaluation.early_stopping_patience`` may end the run
+    early (outputs are written as for a finished run), and
+    ``evaluation.load_best_model_at_end`` makes the saved model the best one.
 
     Args:
         run: From :func:`setup_run`.
-        on_epoch_end: Called with ``(epoch, eval metrics)`` after each evaluation.
+        on_epoch_end: Called with ``(epoch, eval metrics)`` after each epoch's evaluation.
         on_update: Called after every update with the loop's state (after the
             checkpoint callback); returning True ends the run there, without
             final evaluation or outputs.
 
     Returns:
-        The summary ``{"train": {...}, "eval": {...}, "epochs": [...], "labels": [...]}``,
+        The summary ``{"train": {...}, "eval": {...}, "best": {...}, "epochs": [...], "labels": [...]}``,
         as written to ``metrics.json``; ``train.stopped_early`` is True when
         ``on_update`` ended the run (then nothing is written).
 
@@ -417,14 +422,17 @@ def fit(
     resuming = run.state.step > 0 or run.state.micro_batch > 0 or run.state.epoch > 0
     log = RunLogger(acc, cfg.output.output_dir, use_trackers=bool(cfg.logging.report_to),
                     resume_step=run.state.step if resuming else None)
+    evaluations = Evaluations(run, log, history, checkpoints)
     try:
         with checkpoints:  # SIGTERM / SIGINT now stop at the next window boundary
-            finished = train_epochs(run, checkpoints, log, history, pending_eval, on_epoch_end, on_update)
+            ending = train_epochs(run, checkpoints, evaluations, pending_eval, on_epoch_end, on_update)
     except NonFiniteLossError as exc:
         raise NonFiniteLossError(f"{exc.message}; {checkpoints.last_good()}") from None
-    if finished and run.eval_dataloader is not None and not cfg.training.eval_each_epoch:
-        evaluate_and_log(run, log, history, epoch=None)
-    summary = summarize(run, history, stopped_early=not finished)
+    finished = ending != STOPPED_BY_CALLER
+    if finished and run.eval_dataloader is not None and not evaluations.done_at(run.state.step):
+        evaluations.evaluate(epoch=None)  # the final weights were not evaluated yet
+    best = evaluations.best_at_end() if finished else None
+    summary = summarize(run, history, stopped_early=not finished, early_stopped=ending == EARLY_STOPPED, best=best)
     if finished:
         write_outputs(run, summary)
     if cfg.logging.report_to:
@@ -445,24 +453,98 @@ def start_outputs(run: Run, fresh: bool) -> None:
     save_config(run.cfg, out / CONFIG_FILE)
 
 
-def train_epochs(run: Run, checkpoints: Checkpointer, log: RunLogger, history: list[dict[str, Any]],
-                 pending_eval: Optional[int], on_epoch_end, on_update) -> bool:
+# how train_epochs ended
+COMPLETED, EARLY_STOPPED, STOPPED_BY_CALLER = "completed", "early stopped", "stopped by the caller"
+
+
+class Evaluations:
+    """When to evaluate, and what each evaluation means for the best model and early stopping.
+
+    Evaluations run at each epoch's end (``training.eval_each_epoch``) and
+    every ``evaluation.eval_every`` updates. Under a selection
+    (:class:`~finetune.selection.Selection`) each record says whether it is the
+    best so far, and a checkpoint is saved right after every evaluation, so
+    that the best weights exist on disk whenever they were seen.
+    """
+
+    def __init__(self, run: Run, log: RunLogger, history: list[dict[str, Any]], checkpoints: Checkpointer):
+        self.run, self.log, self.history, self.checkpoints = run, log, history, checkpoints
+        self.selection = Selection.from_config(run.cfg.evaluation)
+        self.every = run.cfg.evaluation.eval_every
+        self._announced = False
+
+    def due_at_epoch_end(self, step: int) -> bool:
+        if self.run.eval_dataloader is None:
+            return False
+        return self.run.cfg.training.eval_each_epoch or bool(self.every and step % self.every == 0)
+
+    def due_mid_epoch(self, step: int) -> bool:
+        return self.run.eval_dataloader is not None and bool(self.every and step % self.every == 0)
+
+    def done_at(self, step: int) -> bool:
+        return bool(self.history) and self.history[-1]["step"] == step
+
+    def evaluate(self, epoch: Optional[int]) -> dict[str, Any]:
+        """Evaluate now, log the record (marked best or not) and keep it; returns the metrics."""
+        return evaluate_and_log(self.run, self.log, self.history, epoch, self.selection)
+
+    def checkpoint_after(self, step: int) -> None:
+        """Under a selection, every evaluation's weights are saved: the best must exist on disk."""
+        if self.selection is not None:
+            self.checkpoints.save(f"evaluation at update {step}")
+
+    def should_stop(self) -> bool:
+        """Early stopping: the last ``early_stopping_patience`` evaluations did not improve."""
+        if self.selection is None or not self.history:
+            return False
+        judgement = self.selection.judge(self.history)
+        if judgement.should_stop and not self._announced and self.run.accelerator.is_main_process:
+            self._announced = True
+            logger.info(judgement.why_stopped())
+        return judgement.should_stop
+
+    def best_at_end(self) -> Optional[dict[str, Any]]:
+        """The best evaluation; under ``load_best_model_at_end`` its weights are loaded into the model."""
+        if self.selection is None or not self.history:
+            return None
+        judgement = self.selection.judge(self.history)
+        if judgement.best is None:
+            return None
+        best = {"step": judgement.best_step, "metric": self.selection.metric, "value": judgement.best_value,
+                "greater_is_better": self.selection.greater_is_better,
+                "checkpoint": str(self.checkpoints.best()) if judgement.best_step != self.run.state.step else None}
+        if self.run.cfg.evaluation.load_best_model_at_end and judgement.best_step != self.run.state.step:
+            load_model_weights(self.run, self.checkpoints.best())
+            logger.info("evaluation.load_best_model_at_end: the saved model is update %d's (%s %.6g), not "
+                        "update %d's", judgement.best_step, self.selection.metric, judgement.best_value,
+                        self.run.state.step)
+        return best
+
+
+def train_epochs(run: Run, checkpoints: Checkpointer, evaluations: Evaluations, pending_eval: Optional[int],
+                 on_epoch_end, on_update) -> str:
     """The epochs from the run's state on, each followed by its evaluation and checkpoint.
 
     Returns:
-        False when ``on_update`` ended the run early.
+        How the epochs ended: ``COMPLETED``, ``EARLY_STOPPED`` or ``STOPPED_BY_CALLER``.
     """
     from tqdm.auto import tqdm
 
     cfg, acc = run.cfg, run.accelerator
 
     def on_any_update(state: TrainState) -> bool:
+        at_epoch_end = state.micro_batch >= len(run.train_dataloader) or state.step >= run.plan.total_updates
+        early = False
+        if not at_epoch_end and evaluations.due_mid_epoch(state.step):
+            evaluations.evaluate(epoch=None)
+            evaluations.checkpoint_after(state.step)
+            early = evaluations.should_stop()
         stop = checkpoints.on_update(state)  # on every process, every update: it may all-reduce
-        return (bool(on_update(state)) if on_update is not None else False) or stop
+        return (bool(on_update(state)) if on_update is not None else False) or stop or early
 
     def end_of_epoch(epoch: int) -> None:
-        if run.eval_dataloader is not None and cfg.training.eval_each_epoch:
-            metrics = evaluate_and_log(run, log, history, epoch)
+        if evaluations.due_at_epoch_end(run.state.step):
+            metrics = evaluations.evaluate(epoch)
             if on_epoch_end is not None:
                 on_epoch_end(epoch, metrics)
         checkpoints.save(f"end of epoch {epoch}")
@@ -475,48 +557,63 @@ def train_epochs(run: Run, checkpoints: Checkpointer, log: RunLogger, history: l
         if pending_eval is not None:
             end_of_epoch(pending_eval)  # the run was stopped between an epoch's last update and its evaluation
         for epoch in range(run.state.epoch, run.plan.num_epochs):
-            if run.state.step >= run.plan.total_updates:
+            if run.state.step >= run.plan.total_updates or evaluations.should_stop():
                 break
             acc.gradient_accumulation_steps = run.plan.k_at(epoch)  # training.accumulation_schedule
             result = train_one_epoch(
                 run.model, run.optimizer, run.scheduler, run.train_dataloader, acc, epoch,
                 state=run.state, max_grad_norm=cfg.training.max_grad_norm, log_every=cfg.logging.log_every,
-                on_log=log.log, on_update=on_any_update, max_updates=run.plan.total_updates,
+                on_log=evaluations.log.log, on_update=on_any_update, max_updates=run.plan.total_updates,
                 on_nonfinite=cfg.training.on_nonfinite, max_skipped=cfg.training.max_skipped, progress=progress,
             )
             logger.info("epoch %d: %d updates, loss %.4f, %d samples in %.1fs",
                         epoch, result.updates, result.loss, result.samples, result.seconds)
             finished = not result.stopped_early or run.state.step >= run.plan.total_updates
             if checkpoints.stop_signum is not None:
-                eval_due = finished and run.eval_dataloader is not None and cfg.training.eval_each_epoch
+                eval_due = finished and evaluations.due_at_epoch_end(run.state.step)
                 checkpoints.interrupt(pending_eval_epoch=epoch if eval_due else None)
             if not finished:
-                return False  # a callback asked to stop: no evaluation of a partial epoch
+                # an evaluation mid-epoch ended the run, or a callback asked to stop (no evaluation of a part)
+                return EARLY_STOPPED if evaluations.should_stop() else STOPPED_BY_CALLER
             end_of_epoch(epoch)
             checkpoints.check_signal()  # a signal during the evaluation: stop on the epoch's checkpoint
-    return True
+            if evaluations.should_stop():
+                return EARLY_STOPPED
+    return COMPLETED
 
 
-def evaluate_and_log(run: Run, log: RunLogger, history: list[dict[str, Any]], epoch: Optional[int]):
+def evaluate_and_log(run: Run, log: RunLogger, history: list[dict[str, Any]], epoch: Optional[int],
+                     selection: Optional[Selection] = None):
     """Evaluate on the validation split, log the record and keep it in ``history``; returns the metrics.
 
-    ``epoch`` is the epoch just finished (``None`` for the one evaluation after training).
+    ``epoch`` is the epoch just finished (``None`` mid-epoch, or for the evaluation after training).
+    Under a ``selection`` the record says whether it is the best evaluation so far (``is_best``).
     """
     metrics = evaluate_model(run.model, run.eval_dataloader, run.accelerator, run.metrics)
     record: dict[str, Any] = {"step": run.state.step}
     if epoch is not None:
         record["epoch"] = epoch + 1
         logger.info("epoch %d eval: %s", epoch, _fmt(metrics))
+    else:
+        logger.info("update %d eval: %s", run.state.step, _fmt(metrics))
     record.update({f"eval/{k}": v for k, v in metrics.items()})
+    if selection is not None:
+        record["is_best"] = selection.judge(history + [record]).best is record
     log.log(record)
     history.append(record)
     return metrics
 
 
-def summarize(run: Run, history: list[dict[str, Any]],
-              stopped_early: bool = False) -> dict[str, Any]:
-    """The run's summary: what ``metrics.json`` holds."""
+def summarize(run: Run, history: list[dict[str, Any]], stopped_early: bool = False, early_stopped: bool = False,
+              best: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+    """The run's summary: what ``metrics.json`` holds.
+
+    ``eval`` holds the metrics of the saved model: the best evaluation's under
+    ``evaluation.load_best_model_at_end``, else the last one's.
+    """
     final = history[-1] if history else {}
+    if best is not None and run.cfg.evaluation.load_best_model_at_end:
+        final = next(r for r in history if r["step"] == best["step"])
     return {
         "train": {
             "updates": run.state.step,
@@ -524,13 +621,17 @@ def summarize(run: Run, history: list[dict[str, Any]],
             "samples": run.state.samples_seen,
             "tokens": run.state.tokens_seen,
             "seconds": run.state.train_seconds,  # the whole run's, as the counts around it
+            "epoch": run.state.epoch + run.state.micro_batch / max(1, len(run.train_dataloader)),
             "effective_batch_size": run.batching.effective_batch_size,
             "gradient_accumulation_steps": run.batching.gradient_accumulation_steps,
+            "accumulation_by_epoch": list(run.plan.accumulation),
             "num_processes": run.batching.num_processes,
             "mixed_precision": run.accelerator.mixed_precision,
             "stopped_early": stopped_early,
+            "early_stopped": early_stopped,
         },
         "eval": {k.removeprefix("eval/"): v for k, v in final.items() if k.startswith("eval/")},
+        "best": best,
         "epochs": history,
         "labels": list(run.labels.names),
     }

@@ -1,0 +1,132 @@
+"""The best model, early stopping and evaluation every N updates.
+
+The end-to-end run selects on the validation loss with ``greater_is_better:
+true``: the loss falls as the model learns, so by that measure the run peaks
+at its first evaluation, and everything after it is "no improvement". That
+makes a run whose metric peaks early, deterministically: early stopping must
+end it, the best checkpoint must survive ``keep_last: 1``, and the saved model
+must be the best checkpoint's weights.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import yaml
+from safetensors.torch import load_file
+
+from finetune.checkpoint import _prune, list_checkpoints
+from finetune.config import EvalConfig, config_from_dict
+from finetune.errors import ConfigError
+from finetune.selection import Selection
+from helpers import REPO, make_texts, offline_env, save_tiny_model, write_tsv
+from test_checkpoint import _fake_checkpoint
+
+
+def _history(*values, metric="f1"):
+    return [{"step": 10 * (i + 1), f"eval/{metric}": v} for i, v in enumerate(values)]
+
+
+def test_the_direction_follows_the_metric_unless_told():
+    assert Selection.from_config(EvalConfig()) is None  # nothing asked: no selection
+    assert Selection.from_config(EvalConfig(load_best_model_at_end=True)).describe() == "loss (lower is better)"
+    assert Selection.from_config(EvalConfig(metric_for_best_model="eval/f1")).describe() == "f1 (higher is better)"
+    assert not Selection.from_config(EvalConfig(metrics=["mse"], metric_for_best_model="mse")).greater_is_better
+    told = EvalConfig(metric_for_best_model="loss", greater_is_better=True)
+    assert Selection.from_config(told).greater_is_better
+
+
+def test_an_improvement_must_beat_the_best_by_more_than_the_threshold():
+    selection = Selection("f1", greater_is_better=True, patience=2, threshold=0.005)
+    judgement = selection.judge(_history(0.5, 0.7, 0.69, 0.71, 0.705))
+    # 0.71 beats 0.7 by 0.01 > 0.005; 0.705 does not beat 0.71
+    assert (judgement.best_step, judgement.best_value, judgement.evaluations_since_best) == (40, 0.71, 1)
+    assert not judgement.should_stop
+    judgement = selection.judge(_history(0.5, 0.7, 0.703, 0.704))  # +0.003, +0.004: not enough
+    assert (judgement.best_step, judgement.evaluations_since_best, judgement.should_stop) == (20, 2, True)
+    assert "f1 has not improved on 0.7 (update 20) by more than 0.005 for 2 evaluations" in judgement.why_stopped()
+    lower = Selection("loss", greater_is_better=False)
+    assert lower.judge(_history(0.9, 0.5, 0.6, metric="loss")).best_step == 20
+    assert lower.judge(_history(float("nan"), 0.6, metric="loss")).best_step == 20  # NaN is never best
+    with pytest.raises(ConfigError, match=r"metric_for_best_model: 'f1' is not among the evaluation's results \(loss\)"):
+        selection.judge(_history(0.5, metric="loss"))
+
+
+def test_pruning_keeps_the_best_checkpoint(tmp_path):
+    root = tmp_path / "checkpoints"
+    paths = [_fake_checkpoint(root / f"checkpoint-{s}", s) for s in (2, 4, 6, 8)]
+    _prune(root, keep_last=2, keep={paths[-1], paths[0]})
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["checkpoint-2", "checkpoint-8"]
+    _prune(root, keep_last=1, keep={paths[-1], None})
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["checkpoint-8"]
+
+
+@pytest.mark.parametrize("evaluation, message", [
+    ({"eval_every": 0}, r"evaluation.eval_every: must be >= 1 or null, got 0"),
+    ({"early_stopping_patience": 0}, r"evaluation.early_stopping_patience: must be >= 1 or null, got 0"),
+    ({"early_stopping_threshold": -0.1}, r"evaluation.early_stopping_threshold: must be >= 0, got -0.1"),
+    ({"metric_for_best_model": "f2"}, r"evaluation.metric_for_best_model: 'f2' is not computed \(loss or one of "
+                                      r"evaluation.metrics: accuracy, f1\)"),
+    ({"greater_is_better": "yes"}, r"evaluation.greater_is_better: expected bool or null"),
+    ({"load_best_model_at_end": True, "__output": {"save_checkpoints": False}},
+     r"evaluation.load_best_model_at_end: needs output.save_checkpoints: true"),
+])
+def test_a_bad_selection_key_is_one_line_naming_it(evaluation, message):
+    output = evaluation.pop("__output", {})
+    with pytest.raises(ConfigError, match=message):
+        config_from_dict({"data": {"train_file": "x.tsv"}, "evaluation": evaluation, "output": output})
+
+
+# --------------------------------------------------------------------------- end to end
+
+@pytest.fixture(scope="module")
+def peaked(tmp_path_factory):
+    root = tmp_path_factory.mktemp("selection")
+    cfg = {
+        "model": {"name_or_path": str(save_tiny_model(root / "tiny-bert"))},
+        "data": {"train_file": str(write_tsv(root / "sms.tsv", make_texts(60, seed=3))), "format": "tsv",
+                 "has_header": False, "column_names": ["label", "text"], "validation_split": 0.2, "max_length": 32},
+        # 48 training rows, b=4, k=2: 6 updates per epoch, 18 planned
+        "training": {"per_device_train_batch_size": 4, "gradient_accumulation_steps": 2, "num_train_epochs": 3,
+                     "seed": 1, "mixed_precision": "no"},
+        "optim": {"learning_rate": 3e-3},
+        "evaluation": {"metrics": ["accuracy"], "average": "macro", "eval_every": 2,
+                       "metric_for_best_model": "loss", "greater_is_better": True,
+                       "load_best_model_at_end": True, "early_stopping_patience": 3},
+        "logging": {"progress_bar": False},
+        "output": {"keep_last": 1, "output_dir": str(root / "out")},
+    }
+    path = root / "cfg.yaml"
+    path.write_text(yaml.safe_dump(cfg), encoding="utf-8")
+    proc = subprocess.run([sys.executable, "finetune/train.py", "--config", str(path)], cwd=REPO,
+                          env=offline_env({"FINETUNE_CPU_THREADS": "1"}), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return root / "out", proc.stderr
+
+
+@pytest.mark.slow
+def test_early_stopping_ends_a_run_that_peaked_and_keeps_the_best_model(peaked):
+    out, stderr = peaked
+    evals = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines() if '"eval/loss"' in line]
+    # every 2 updates; the losses fall, so by "higher is better" the first evaluation stays the best
+    assert [r["step"] for r in evals] == [2, 4, 6, 8]
+    assert [r["is_best"] for r in evals] == [True, False, False, False]
+    assert all(later["eval/loss"] < evals[0]["eval/loss"] for later in evals[1:])
+    # three evaluations without improvement: stopped at update 8 of 18, with a line saying why
+    assert "early stopping: loss has not improved on" in stderr and "(update 2)" in stderr
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["train"]["updates"] == 8 and metrics["train"]["early_stopped"] is True
+    assert metrics["best"]["step"] == 2 and metrics["best"]["metric"] == "loss"
+    assert metrics["eval"]["loss"] == evals[0]["eval/loss"]  # the saved model's metrics, not the last ones
+    # the best checkpoint outlived keep_last: 1, and the shipped model is its weights
+    assert [p.name for p in list_checkpoints(out)] == ["checkpoint-2", "checkpoint-8"]
+    best = load_file(out / "checkpoints" / "checkpoint-2" / "model.safetensors")
+    last = load_file(out / "checkpoints" / "checkpoint-8" / "model.safetensors")
+    shipped = load_file(out / "model.safetensors")
+    assert set(shipped) <= set(best)
+    assert all(shipped[k].equal(best[k]) for k in shipped)
+    assert not all(shipped[k].equal(last[k]) for k in shipped)
+
