@@ -38,9 +38,9 @@ import logging
 from typing import Any, Callable
 
 import torch
-import torch.nn.functional as F
 
 from finetune.errors import ConfigError, LaunchError
+from finetune.tasks import Task
 
 logger = logging.getLogger("finetune")
 
@@ -116,7 +116,7 @@ def trial_step(model: torch.nn.Module, batch: dict[str, torch.Tensor], accelerat
             labels = inputs.pop("labels")
             with accelerator.autocast():
                 logits = model(**inputs).logits
-            F.cross_entropy(logits.float(), labels, reduction="sum").backward()
+            Task.of_model(model).per_sample_loss(logits, labels).sum().backward()
             del reserve, inputs, labels, logits
     except Exception as exc:  # noqa: BLE001 - anything but an out-of-memory error is re-raised
         if not is_out_of_memory(exc):

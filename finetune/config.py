@@ -58,6 +58,11 @@ class ModelConfig:
     ignore_mismatched_sizes: bool = False
     # Dropout override for hidden layers and attention (null keeps the model's).
     dropout: Optional[float] = None
+    # ``single_label``: one class per text (cross-entropy); ``multi_label``: any number of labels per
+    # text (a list column, or a string column split on ``data.label_delimiter``; per-label binary
+    # cross-entropy); ``regression``: a number per text (squared error). Saved as the model's
+    # ``problem_type``, so ``transformers.pipeline`` applies softmax, sigmoid or nothing to match.
+    problem_type: Literal["single_label", "multi_label", "regression"] = "single_label"
 
     def __post_init__(self) -> None:
         if not self.name_or_path:
@@ -95,8 +100,12 @@ class DataConfig:
     text_column: str = "text"
     # Column holding the second text of a sentence pair (null for single texts).
     text_pair_column: Optional[str] = None
-    # Column holding the label (strings or integers).
+    # Column holding the label: strings or integers (single_label), a list of them or a delimited
+    # string (multi_label), numbers (regression).
     label_column: str = "label"
+    # multi_label: the separator of several labels in one string field, e.g. ``","`` or ``"|"``
+    # (null: the column holds lists, as JSON arrays or Parquet lists).
+    label_delimiter: Optional[str] = None
     # Fraction of train carved out (seeded, stratified) when no validation set is given.
     validation_split: float = 0.1
     # Longer inputs are truncated to this many tokens.
@@ -198,6 +207,10 @@ class TrainingConfig:
     fast_dropout_masks: bool = True
     # Evaluate on the validation set at the end of each epoch.
     eval_each_epoch: bool = True
+    # single_label only: weight each class's loss, for imbalanced data. ``balanced``: n / (C * n_c)
+    # from the training labels; or a mapping {label name: weight} (unlisted labels weigh 1). The loss
+    # is the sample mean of weighted per-sample losses, the same for any b, k, P (finetune.tasks).
+    class_weights: Optional[Union[Literal["balanced"], dict[str, float]]] = None
     # Non-finite loss: ``stop`` the run, or ``skip`` that update.
     on_nonfinite: Literal["stop", "skip"] = "stop"
     # With ``on_nonfinite: skip``, stop after this many skipped updates in a row.
@@ -242,6 +255,12 @@ class TrainingConfig:
             raise ConfigError(f"training.max_grad_norm: must be >= 0 or null, got {self.max_grad_norm}")
         if self.max_skipped < 1:
             raise ConfigError(f"training.max_skipped: must be >= 1, got {self.max_skipped}")
+        if isinstance(self.class_weights, dict):
+            if not self.class_weights:
+                raise ConfigError("training.class_weights: empty; give balanced, {label: weight, ...} or null")
+            for label, weight in self.class_weights.items():
+                if not weight > 0:
+                    raise ConfigError(f"training.class_weights: weight of {label!r} must be > 0, got {weight}")
 
     def _check_accumulation_schedule(self) -> None:
         schedule = self.accumulation_schedule
@@ -307,16 +326,21 @@ class OptimConfig:
             raise ConfigError(f"optim.lr_scheduler_type: unknown schedule {self.lr_scheduler_type!r}{hint}")
 
 
+DEFAULT_METRICS = ["accuracy", "f1"]
+
+
 @dataclass
 class EvalConfig:
     """Metrics computed on the validation set."""
 
     # Metric names: accuracy, f1, precision, recall, matthews_correlation are built in and
     # work offline; any other name is loaded with ``evaluate.load`` (needs the network).
-    metrics: list[str] = field(default_factory=lambda: ["accuracy", "f1"])
+    # For multi_label: accuracy (all of a text's labels right), f1, precision, recall. For regression:
+    # pearson, spearmanr, mse, mae (the default [accuracy, f1] becomes [pearson, spearmanr, mse]).
+    metrics: list[str] = field(default_factory=lambda: list(DEFAULT_METRICS))
     # Averaging for f1/precision/recall: binary, macro, micro or weighted; auto: binary with two
     # classes (the positive one is ``positive_label``, else the rarer in the training data), macro
-    # with more. A run resolves it at start-up and logs its choice.
+    # with more, micro for multi_label. A run resolves it at start-up and logs its choice.
     average: Literal["auto", "binary", "macro", "micro", "weighted"] = "auto"
     # The label name (as in the data) of the positive class for binary averaging.
     positive_label: Optional[str] = None
@@ -350,13 +374,6 @@ class EvalConfig:
             raise ConfigError(
                 f"evaluation.early_stopping_threshold: must be >= 0, got {self.early_stopping_threshold}"
             )
-        if self.metric_for_best_model is not None:
-            name = self.metric_for_best_model.removeprefix("eval/")
-            if name != "loss" and name not in self.metrics:
-                raise ConfigError(
-                    f"evaluation.metric_for_best_model: {self.metric_for_best_model!r} is not computed "
-                    f"(loss or one of evaluation.metrics: {', '.join(self.metrics)})"
-                )
 
 
 @dataclass
@@ -686,8 +703,48 @@ def config_from_dict(data: dict[str, Any], source: str | None = None) -> Config:
         raise
 
 
+# the metrics each problem type computes offline, and its default ones
+PROBLEM_METRICS = {
+    "single_label": None,  # the built-in classification metrics, and any evaluate.load name
+    "multi_label": ("accuracy", "f1", "precision", "recall"),
+    "regression": ("pearson", "spearmanr", "mse", "mae"),
+}
+REGRESSION_DEFAULT_METRICS = ["pearson", "spearmanr", "mse"]
+
+
+def _metrics_for_problem_type(evaluation: "EvalConfig", problem_type: str) -> None:
+    """Regression with the classification default gets regression metrics; a metric the problem type
+    cannot compute is refused."""
+    if problem_type == "regression" and evaluation.metrics == DEFAULT_METRICS:
+        evaluation.metrics = list(REGRESSION_DEFAULT_METRICS)
+    allowed = PROBLEM_METRICS[problem_type]
+    if allowed is not None:
+        wrong = [m for m in evaluation.metrics if m not in allowed]
+        if wrong:
+            raise ConfigError(f"evaluation.metrics: {wrong[0]!r} is not computed for {problem_type} "
+                              f"(one of: {', '.join(allowed)})")
+    if problem_type != "single_label" and evaluation.average == "binary":
+        raise ConfigError(f"evaluation.average: binary needs single_label; {problem_type} uses micro, macro "
+                          "or weighted")
+    if evaluation.metric_for_best_model is not None:
+        name = evaluation.metric_for_best_model.removeprefix("eval/")
+        if name != "loss" and name not in evaluation.metrics:
+            raise ConfigError(
+                f"evaluation.metric_for_best_model: {evaluation.metric_for_best_model!r} is not computed "
+                f"(loss or one of evaluation.metrics: {', '.join(evaluation.metrics)})"
+            )
+
+
 def _check_across_sections(cfg: Config) -> Config:
     """Rules that tie keys of two sections together."""
+    problem_type = cfg.model.problem_type
+    if cfg.training.class_weights is not None and problem_type != "single_label":
+        raise ConfigError(f"training.class_weights: apply to single_label only (model.problem_type is {problem_type})")
+    if cfg.data.label_delimiter is not None and problem_type != "multi_label":
+        raise ConfigError(f"data.label_delimiter: splits multi_label labels only (model.problem_type is {problem_type})")
+    if cfg.data.label_delimiter == "":
+        raise ConfigError("data.label_delimiter: must not be empty (null: the column holds lists)")
+    _metrics_for_problem_type(cfg.evaluation, problem_type)
     if cfg.evaluation.load_best_model_at_end and not cfg.output.save_checkpoints:
         raise ConfigError("evaluation.load_best_model_at_end: needs output.save_checkpoints: true "
                           "(the best model is kept as its checkpoint)")

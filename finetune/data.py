@@ -80,13 +80,16 @@ _SHOW_LABELS = 10
 
 @dataclass
 class LabelSpace:
-    """The classes of a data set, in class-id order.
+    """The labels of a data set, in label-id order, and what kind of labels they are.
 
     Args:
-        names: Class names (as strings); position ``i`` is class id ``i``.
+        names: Label names (as strings); position ``i`` is label id ``i``. For
+            regression, one name: the target's (the label column's).
+        problem_type: single_label, multi_label or regression (see :mod:`finetune.tasks`).
     """
 
     names: list[str]
+    problem_type: str = "single_label"
 
     @property
     def label2id(self) -> dict[str, int]:
@@ -105,7 +108,8 @@ class LabelSpace:
 # --------------------------------------------------------------------------- public API
 
 
-def load_splits(cfg: DataConfig, seed: int) -> tuple[datasets.DatasetDict, LabelSpace]:
+def load_splits(cfg: DataConfig, seed: int, problem_type: str = "single_label"
+                ) -> tuple[datasets.DatasetDict, LabelSpace]:
     """Load train and validation data with uniform columns and class ids.
 
     Args:
@@ -117,10 +121,11 @@ def load_splits(cfg: DataConfig, seed: int) -> tuple[datasets.DatasetDict, Label
         ``(splits, label_space)``. ``splits`` has ``"train"`` and, unless
         ``validation_split`` is 0 and no validation data is given,
         ``"validation"``; each with columns ``text``, ``text_pair`` (only with
-        ``data.text_pair_column``) and ``labels`` (a ``ClassLabel`` whose
-        names are ``label_space.names``). ``label_space`` comes from the train
-        data: a ``ClassLabel``'s names in order, else the distinct labels
-        sorted (integers numerically).
+        ``data.text_pair_column``) and ``labels``: a ``ClassLabel`` whose
+        names are ``label_space.names`` (single_label), a 0/1 float vector
+        over them (multi_label), or a float (regression). ``label_space``
+        comes from the train data: a ``ClassLabel``'s names in order, else the
+        distinct labels sorted (integers numerically).
 
     Raises:
         DataError: one line naming the file (and row, column or label) for any
@@ -137,9 +142,17 @@ def load_splits(cfg: DataConfig, seed: int) -> tuple[datasets.DatasetDict, Label
         validation = _load_local(cfg.validation_file, "data.validation_file", cfg)
 
     train = _drop_or_reject_empty_texts(train, cfg)
-    train_keys = _label_keys(train)
-    label_space = _label_space(train, train_keys)
-    splits = {"train": _encode_labels(train, train_keys, label_space)}
+    if problem_type == "single_label":
+        train_keys = _label_keys(train)
+        label_space = _label_space(train, train_keys)
+        splits = {"train": _encode_labels(train, train_keys, label_space)}
+    elif problem_type == "multi_label":
+        train_sets = _label_sets(train, cfg.label_delimiter)
+        label_space = _multi_label_space(train, train_sets)
+        splits = {"train": _encode_label_sets(train, train_sets, label_space)}
+    else:
+        label_space = LabelSpace([train.label_column], "regression")
+        splits = {"train": _encode_targets(train)}
 
     if validation is not None:
         splits["validation"] = _encode_against(validation, cfg, label_space)
@@ -188,6 +201,10 @@ def load_labelled_file(spec: str, cfg: DataConfig, label_space: LabelSpace, key:
 
 def _encode_against(table: _Table, cfg: DataConfig, label_space: LabelSpace) -> datasets.Dataset:
     table = _drop_or_reject_empty_texts(table, cfg)
+    if label_space.problem_type == "multi_label":
+        return _encode_label_sets(table, _label_sets(table, cfg.label_delimiter), label_space)
+    if label_space.problem_type == "regression":
+        return _encode_targets(table)
     return _encode_labels(table, _label_keys(table), label_space)
 
 
@@ -683,13 +700,124 @@ def _encode_labels(table: _Table, keys: list[str], label_space: LabelSpace) -> d
     return ds.add_column(LABELS, ids, feature=datasets.ClassLabel(names=label_space.names))
 
 
+def _label_sets(table: _Table, delimiter: Optional[str]) -> list[list[str]]:
+    """multi_label: each row's labels as class names, from a list or a delimited string.
+
+    An empty list (or string) is a text with no label, which multi-label data
+    may hold; a missing value is an error, as for single labels.
+    """
+    feature = table.ds.features[_RAW_LABEL]
+    inner = getattr(feature, "feature", None)
+    values = _arrow(table.ds).column(_RAW_LABEL).to_pylist()
+    sets: list[list[str]] = []
+    missing: list[int] = []
+    for i, value in enumerate(values):
+        if value is None:
+            missing.append(i)
+            sets.append([])
+            continue
+        if isinstance(value, str):
+            if delimiter is None:
+                raise DataError(
+                    f"{table.source}: label {value!r} at {table.where(i)} in column {table.label_column!r} is a "
+                    f"string; for multi_label set data.label_delimiter to split it (e.g. ','), or give lists"
+                )
+            value = [part.strip() for part in value.split(delimiter)]
+            value = [part for part in value if part]
+        elif not isinstance(value, list):
+            raise DataError(f"{table.source}: label {value!r} at {table.where(i)} in column "
+                            f"{table.label_column!r} is not a list of labels (multi_label)")
+        try:
+            keys = [_label_key(v, inner) for v in value]
+        except ValueError as exc:
+            raise DataError(f"{table.source}: label {value!r} at {table.where(i)} in column "
+                            f"{table.label_column!r}: an item {exc}") from None
+        if any(k is None for k in keys):
+            raise DataError(f"{table.source}: an empty label in {value!r} at {table.where(i)} "
+                            f"(column {table.label_column!r})")
+        sets.append(sorted(set(keys)))  # type: ignore[arg-type]
+    if missing:
+        raise DataError(
+            f"{table.source}: {len(missing)} row{'s' if len(missing) > 1 else ''} without labels in column "
+            f"{table.label_column!r} ({table.where_many(missing)}); a text with none has an empty list"
+        )
+    return sets
+
+
+def _multi_label_space(train: _Table, sets: list[list[str]]) -> LabelSpace:
+    present = {key for keys in sets for key in keys}
+    if len(present) < 2:
+        raise DataError(f"{train.source}: the train data uses {len(present)} label"
+                        f"{'' if len(present) == 1 else 's'} in column {train.label_column!r}; "
+                        "multi_label needs at least two")
+    # integers numerically ("2" before "10"), then names
+    names = sorted(present, key=lambda n: (0, int(n), "") if n.lstrip("-").isdigit() else (1, 0, n))
+    return LabelSpace(names, "multi_label")
+
+
+def _encode_label_sets(table: _Table, sets: list[list[str]], label_space: LabelSpace) -> datasets.Dataset:
+    """Replace the raw label column by 0/1 float vectors over ``label_space`` (named ``labels``)."""
+    label2id = label_space.label2id
+    for i, keys in enumerate(sets):
+        unseen = [k for k in keys if k not in label2id]
+        if unseen:
+            raise DataError(
+                f"{table.source}: label {unseen[0]!r} at {table.where(i)} not among the {len(label_space)} "
+                f"labels of the train data ({_short_list(label_space.names, _SHOW_LABELS)})"
+            )
+    vectors = np.zeros((len(sets), len(label_space)), dtype=np.float32)
+    for i, keys in enumerate(sets):
+        vectors[i, [label2id[k] for k in keys]] = 1.0
+    ds = table.ds.remove_columns(_RAW_LABEL)
+    return ds.add_column(LABELS, vectors.tolist(), feature=datasets.Sequence(datasets.Value("float32")))
+
+
+def _encode_targets(table: _Table) -> datasets.Dataset:
+    """regression: the label column as float targets (named ``labels``); one line for a row that is no number."""
+    values = _arrow(table.ds).column(_RAW_LABEL).to_pylist()
+    targets: list[float] = []
+    missing: list[int] = []
+    for i, value in enumerate(values):
+        number: Optional[float] = None
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            number = float(value)
+        elif isinstance(value, str) and value.strip():
+            try:
+                number = float(value)
+            except ValueError:
+                raise DataError(f"{table.source}: label {value!r} at {table.where(i)} in column "
+                                f"{table.label_column!r} is not a number (regression)") from None
+        elif value is not None and not (isinstance(value, str) and not value.strip()):
+            raise DataError(f"{table.source}: label {value!r} at {table.where(i)} in column "
+                            f"{table.label_column!r} is not a number (regression)")
+        if number is None or math.isnan(number):
+            missing.append(i)
+        elif math.isinf(number):
+            raise DataError(f"{table.source}: label {value!r} at {table.where(i)} is infinite")
+        targets.append(number if number is not None else 0.0)
+    if missing:
+        raise DataError(
+            f"{table.source}: {len(missing)} row{'s' if len(missing) > 1 else ''} without a number in column "
+            f"{table.label_column!r} ({table.where_many(missing)})"
+        )
+    ds = table.ds.remove_columns(_RAW_LABEL)
+    return ds.add_column(LABELS, targets, feature=datasets.Value("float32"))
+
+
 # --------------------------------------------------------------------------- validation carve and caps
 
 
 def _carve_validation(
     train: datasets.Dataset, source: str, fraction: float, seed: int, label_space: LabelSpace
 ) -> tuple[datasets.Dataset, datasets.Dataset]:
-    """Split ``fraction`` of ``train`` off as validation, stratified by label and seeded."""
+    """Split ``fraction`` of ``train`` off as validation, seeded; stratified by class for single_label."""
+    if label_space.problem_type != "single_label":
+        n_validation = math.ceil(fraction * len(train))
+        if len(train) - n_validation < 1:
+            raise DataError(f"{source}: {len(train)} rows are too few to carve a validation set "
+                            f"(data.validation_split: {fraction}); give data.validation_file")
+        parts = train.train_test_split(test_size=n_validation, seed=seed)
+        return parts["train"], parts["test"]
     counts = np.bincount(np.asarray(_arrow(train).column(LABELS)), minlength=len(label_space))
     present = int((counts > 0).sum())
     too_few = [label_space.names[i] for i in np.flatnonzero(counts == 1)]

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
-import torch.nn.functional as F
+
+from finetune.tasks import Task
 
 
 @torch.no_grad()
-def evaluate_model(model: torch.nn.Module, dataloader, accelerator, metrics=None) -> dict[str, float]:
+def evaluate_model(model: torch.nn.Module, dataloader, accelerator, metrics=None,
+                   task: Optional[Task] = None) -> dict[str, float]:
     """Loss and metrics of ``model`` on a prepared evaluation dataloader.
 
     Per-sample losses, predictions and references are collected with
@@ -20,18 +24,21 @@ def evaluate_model(model: torch.nn.Module, dataloader, accelerator, metrics=None
         accelerator: The ``Accelerator``.
         metrics: A :class:`finetune.metrics.MetricSuite` (or anything with
             ``compute(predictions, references) -> dict``); ``None`` for loss only.
+        task: The :class:`~finetune.tasks.Task` whose loss and predictions to
+            use; ``None``: the model's ``config.problem_type``, unweighted.
 
     Returns:
         ``{"loss": ..., "num_samples": ..., <metric>: ...}`` as Python numbers.
     """
+    task = task or Task.of_model(accelerator.unwrap_model(model))
     was_training = model.training
     model.eval()
     losses, preds, refs = [], [], []
     for batch in dataloader:
         labels = batch.pop("labels")
-        logits = model(**batch).logits.float()
-        loss = F.cross_entropy(logits, labels, reduction="none")
-        loss, pred, ref = accelerator.gather_for_metrics((loss, logits.argmax(-1), labels))
+        logits = model(**batch).logits
+        loss = task.per_sample_loss(logits, labels)
+        loss, pred, ref = accelerator.gather_for_metrics((loss, task.predictions(logits), labels))
         losses.append(loss.cpu())
         preds.append(pred.cpu())
         refs.append(ref.cpu())

@@ -27,10 +27,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Optional
 
 import torch
-import torch.nn.functional as F
 
 from finetune.accumulation import layout_for, window_loss_scale
 from finetune.errors import FinetuneError
+from finetune.tasks import LossFn, Task
 
 
 class NonFiniteLossError(FinetuneError):
@@ -54,6 +54,9 @@ class TrainState:
     skipped_in_row: int = 0
     # seconds spent training so far (windows only: no evaluation, checkpoints or start-up), over resumes too
     train_seconds: float = 0.0
+    # summed per-sample loss and samples of the updates made (skipped windows excluded): the run's mean loss
+    loss_sum: float = 0.0
+    loss_samples: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -67,6 +70,8 @@ class TrainState:
         if applied:
             self.step += 1
             self.skipped_in_row = 0
+            self.loss_sum += float(totals[0])
+            self.loss_samples += int(totals[1])
 
 
 @dataclass
@@ -116,6 +121,7 @@ def train_one_epoch(
     on_nonfinite: str = "stop",
     max_skipped: int = 10,
     progress=None,
+    loss_fn: Optional[LossFn] = None,
 ) -> EpochResult:
     """Train one epoch with exact gradient accumulation.
 
@@ -131,7 +137,7 @@ def train_one_epoch(
     Args:
         model: The prepared model; its ``forward`` must return ``.logits``.
             The batch's ``labels`` are popped before the call, and the loss is
-            computed here (per-sample cross-entropy in float32).
+            computed here with ``loss_fn``.
         optimizer: The prepared optimizer.
         scheduler: A learning-rate scheduler sized in updates (or ``None``);
             see :func:`finetune.optimization.plan_updates`.
@@ -156,6 +162,11 @@ def train_one_epoch(
             ``"skip"`` drops that update (no optimizer or scheduler step).
         max_skipped: With ``"skip"``, raise after this many skipped updates in a row.
         progress: Optional tqdm bar, advanced by one per update.
+        loss_fn: ``loss_fn(logits, labels) -> per-sample losses`` (a 1-D tensor,
+            one value per row, not reduced). ``None``: the loss of the model's
+            ``config.problem_type`` (cross-entropy, per-label binary
+            cross-entropy, or squared error; see :mod:`finetune.tasks`). The
+            update is the mean of these values over the window's real samples.
 
     Returns:
         An :class:`EpochResult`.
@@ -166,6 +177,7 @@ def train_one_epoch(
     """
     state = state if state is not None else TrainState(epoch=epoch)
     state.epoch = epoch
+    loss_fn = loss_fn or Task.of_model(accelerator.unwrap_model(model)).per_sample_loss
     k = accelerator.gradient_accumulation_steps
     check_schedule_fits(scheduler, k, epoch)
     layout = layout_for(dataloader, accelerator)
@@ -183,7 +195,7 @@ def train_one_epoch(
         real = layout.real_in_micro_batch(j)
         with accelerator.accumulate(model):  # no_sync for all but the window's last micro-batch
             check_sync_agrees(accelerator, j, stop)
-            loss_sum, tokens = micro_batch_loss(model, batch, real)
+            loss_sum, tokens = micro_batch_loss(model, batch, real, loss_fn)
             accelerator.backward(loss_sum * window_loss_scale(window.real_samples, accelerator))
         window.add(j, loss_sum.detach(), real, tokens)
         if j < stop - 1:
@@ -272,16 +284,19 @@ def check_sync_agrees(accelerator, j: int, stop: int) -> None:
         )
 
 
-def micro_batch_loss(model, batch: dict[str, torch.Tensor], real: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The summed float32 cross-entropy of the micro-batch's first ``real`` rows, and their non-pad tokens.
+def micro_batch_loss(model, batch: dict[str, torch.Tensor], real: int,
+                     loss_fn: LossFn) -> tuple[torch.Tensor, torch.Tensor]:
+    """The summed per-sample loss of the micro-batch's first ``real`` rows, and their non-pad tokens.
 
     A sum, not a mean: :func:`~finetune.accumulation.window_loss_scale` turns
     the window's sums into the mean over its real samples. Rows past ``real``
     repeat earlier samples to even out processes and get weight 0.
     """
     labels = batch.pop("labels")
-    logits = model(**batch).logits
-    per_sample = F.cross_entropy(logits.float(), labels, reduction="none")
+    per_sample = loss_fn(model(**batch).logits, labels)
+    if per_sample.shape != labels.shape[:1]:
+        raise ValueError(f"loss_fn must return one loss per row (shape ({labels.shape[0]},)), "
+                         f"got shape {tuple(per_sample.shape)}")
     if real < labels.shape[0]:
         keep = torch.arange(labels.shape[0], device=per_sample.device) < real
         per_sample = torch.where(keep, per_sample, torch.zeros_like(per_sample))

@@ -80,7 +80,7 @@ def load_model(cfg: ModelConfig, id2label: dict[int, str], max_length: Optional[
 
     Args:
         cfg: The ``model`` section.
-        id2label: Class ids to names, from the training data.
+        id2label: Label ids to names, from the training data (regression: one, the target's).
         max_length: ``data.max_length``, checked against the model's position limit.
 
     Raises:
@@ -89,6 +89,8 @@ def load_model(cfg: ModelConfig, id2label: dict[int, str], max_length: Optional[
             ``model.ignore_mismatched_sizes``), or a too-long ``max_length``.
     """
     from transformers import AutoModelForSequenceClassification
+
+    from finetune.tasks import TRANSFORMERS_PROBLEM_TYPES
 
     location = _location(cfg.name_or_path, "model.name_or_path")
     label2id = {name: i for i, name in id2label.items()}
@@ -104,6 +106,8 @@ def load_model(cfg: ModelConfig, id2label: dict[int, str], max_length: Optional[
     config.num_labels = len(id2label)
     config.id2label = dict(id2label)
     config.label2id = label2id
+    # transformers' pipelines read it: softmax for single labels, sigmoid for multi-label, none for regression
+    config.problem_type = TRANSFORMERS_PROBLEM_TYPES[cfg.problem_type]
     if cfg.dropout is not None:
         for name in ("hidden_dropout_prob", "attention_probs_dropout_prob", "classifier_dropout"):
             if hasattr(config, name):

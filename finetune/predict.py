@@ -7,7 +7,9 @@ Usage::
     python -m finetune.predict outputs/sms_spam --file messages.jsonl --output predictions.jsonl
 
 Each prediction has the label, its probability (``score``) and the
-probability of every class. Command-line texts print as JSON lines; ``--file``
+probability of every class; for a multi-label model, ``labels`` (every label
+whose sigmoid probability is over ``--threshold``, 0.5 by default) and each
+label's probability; for a regression model, the predicted number (``score``). Command-line texts print as JSON lines; ``--file``
 reads ``.txt`` (one text per line), ``.csv``/``.tsv`` (with a header) or
 ``.jsonl`` (one object per line) and writes ``.csv`` or ``.jsonl``: one row
 per input row, in the same order, with every column of the input kept and the
@@ -55,7 +57,7 @@ def saved_config(output_dir: str | os.PathLike):
 
 
 class Predictor:
-    """Batched class probabilities from a sequence-classification model.
+    """Batched predictions of a sequence-classification model, for its problem type.
 
     ``transformers.pipeline("text-classification")`` gives the same numbers
     (tested); this runs the texts longest first, so a file of mixed lengths
@@ -68,11 +70,14 @@ class Predictor:
         batch_size: Texts per forward pass.
         max_length: Truncate inputs to this many tokens (``None``: the
             tokenizer's and the model's limits).
+        threshold: multi-label models: the probability over which a label is predicted.
     """
 
     def __init__(self, model, tokenizer, *, device=None, batch_size: int = DEFAULT_BATCH_SIZE,
-                 max_length: Optional[int] = None):
+                 max_length: Optional[int] = None, threshold: float = 0.5):
         import torch
+
+        from finetune.tasks import problem_type_of
 
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -88,10 +93,12 @@ class Predictor:
             limits.append(tokenizer_limit)
         self.max_length = min(x for x in limits if x is not None) if any(x is not None for x in limits) else None
         self.labels = [model.config.id2label[i] for i in range(model.config.num_labels)]
+        self.problem_type = problem_type_of(model.config)
+        self.threshold = threshold
 
     @classmethod
     def load(cls, output_dir: str | os.PathLike, *, device=None, batch_size: int = DEFAULT_BATCH_SIZE,
-             max_length: Optional[int] = None) -> "Predictor":
+             max_length: Optional[int] = None, threshold: float = 0.5) -> "Predictor":
         """Load the model and tokenizer that a run saved in ``output_dir``.
 
         Args:
@@ -124,7 +131,8 @@ class Predictor:
         model.eval()
         if device is None:
             device = _training_device()
-        return cls(model, tokenizer, device=device, batch_size=batch_size, max_length=max_length)
+        return cls(model, tokenizer, device=device, batch_size=batch_size, max_length=max_length,
+                   threshold=threshold)
 
     def logits(self, texts: Sequence[str], text_pairs: Optional[Sequence[str]] = None,
                progress: bool = False) -> "np.ndarray":  # noqa: F821
@@ -170,27 +178,53 @@ class Predictor:
 
     def probabilities(self, texts: Sequence[str], text_pairs: Optional[Sequence[str]] = None,
                       progress: bool = False) -> "np.ndarray":  # noqa: F821
-        """Class probabilities (softmax of :meth:`logits`), columns in class-id order (``self.labels``)."""
+        """Label probabilities, columns in label-id order (``self.labels``): the softmax of :meth:`logits`
+        for a single-label model, each label's sigmoid for a multi-label one.
+
+        Raises:
+            ValueError: for a regression model (its outputs are numbers: use :meth:`logits`).
+        """
         import numpy as np
 
+        if self.problem_type == "regression":
+            raise ValueError("a regression model predicts numbers, not probabilities: use logits()")
         logits = self.logits(texts, text_pairs, progress).astype(np.float64)
+        if self.problem_type == "multi_label":
+            return (1.0 / (1.0 + np.exp(-logits))).astype(np.float32)
         logits -= logits.max(axis=1, keepdims=True)
         exp = np.exp(logits)
         return (exp / exp.sum(axis=1, keepdims=True)).astype(np.float32)
 
     def predict(self, texts: Sequence[str], text_pairs: Optional[Sequence[str]] = None,
                 progress: bool = False) -> list[dict[str, Any]]:
-        """``{"label", "score", "probabilities": {label: p}}`` per text, in input order."""
+        """One dict per text, in input order.
+
+        * single label: ``{"label", "score", "probabilities": {label: p}}``;
+        * multi-label: ``{"labels": [every label with p > threshold], "probabilities": {label: p}}``;
+        * regression: ``{"score": the predicted number}``.
+        """
+        if self.problem_type == "regression":
+            return [{"score": float(row[0])} for row in self.logits(texts, text_pairs, progress)]
         probs = self.probabilities(texts, text_pairs, progress)
         results = []
         for row in probs:
+            probabilities = {name: float(p) for name, p in zip(self.labels, row)}
+            if self.problem_type == "multi_label":
+                chosen = [name for name, p in zip(self.labels, row) if p > self.threshold]
+                results.append({"labels": chosen, "probabilities": probabilities})
+                continue
             best = int(row.argmax())
-            results.append({
-                "label": self.labels[best],
-                "score": float(row[best]),
-                "probabilities": {name: float(p) for name, p in zip(self.labels, row)},
-            })
+            results.append({"label": self.labels[best], "score": float(row[best]), "probabilities": probabilities})
         return results
+
+    def empty_prediction(self) -> dict[str, Any]:
+        """What an empty text gets, so that output rows still line up with the input."""
+        if self.problem_type == "regression":
+            return {"score": None}
+        probabilities = {name: None for name in self.labels}
+        if self.problem_type == "multi_label":
+            return {"labels": [], "probabilities": probabilities}
+        return {"label": "", "score": None, "probabilities": probabilities}
 
 
 def _training_device():
@@ -270,26 +304,38 @@ def predict_rows(predictor: "Predictor", rows: list[dict[str, Any]], text_column
     filled = [i for i, text in enumerate(texts) if text.strip()]
     predictions = predictor.predict([texts[i] for i in filled], [pairs[i] for i in filled] if pairs else None,
                                     progress)
-    empty = {"label": "", "score": None, "probabilities": {name: None for name in predictor.labels}}
+    empty = predictor.empty_prediction()
     out = [{**row, **empty} for row in rows]
     for i, prediction in zip(filled, predictions):
         out[i] = {**rows[i], **prediction}
     return out
 
 
-def write_predictions(path: str | os.PathLike, rows: list[dict[str, Any]], labels: Sequence[str]) -> None:
-    """Write predicted rows as ``.csv`` (the input's columns, ``label``, ``score``, ``prob_<label>``...) or ``.jsonl``."""
+PREDICTED = ("label", "labels", "score", "probabilities")
+
+
+def write_predictions(path: str | os.PathLike, rows: list[dict[str, Any]], labels: Sequence[str],
+                      label_delimiter: str = ",") -> None:
+    """Write predicted rows as ``.csv`` or ``.jsonl``.
+
+    A CSV holds the input's columns, then what was predicted: ``label``,
+    ``score`` and ``prob_<label>`` per label (single label); ``labels``
+    joined by ``label_delimiter`` and ``prob_<label>`` (multi-label);
+    ``score`` (regression). A JSON line holds the row's dict as it is.
+    """
     path = Path(path)
     suffix = _suffix(path, OUTPUT_FORMATS, "--output")
     with open(path, "w", encoding="utf-8", newline="") as fh:
         if suffix == ".csv":
-            columns = [c for c in rows[0] if c not in ("label", "score", "probabilities")]
+            columns = [c for c in rows[0] if c not in PREDICTED]
+            predicted = [c for c in ("label", "labels", "score") if c in rows[0]]
+            probabilities = [f"prob_{name}" for name in labels] if "probabilities" in rows[0] else []
             writer = csv.writer(fh)
-            writer.writerow(columns + ["label", "score"] + [f"prob_{name}" for name in labels])
+            writer.writerow(columns + predicted + probabilities)
             for row in rows:
-                probabilities = row["probabilities"]
-                writer.writerow([row[c] for c in columns] + [row["label"], row["score"]]
-                                + [probabilities[name] for name in labels])
+                values = [label_delimiter.join(row[c]) if c == "labels" else row[c] for c in predicted]
+                probs = [row["probabilities"][name] for name in labels] if probabilities else []
+                writer.writerow([row[c] for c in columns] + values + probs)
         else:
             for row in rows:
                 fh.write(json.dumps(row, ensure_ascii=False) + "\n")
@@ -310,6 +356,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--text-pair-column", default=None,
                         help="column of the second text, for models trained on pairs (default: the run's)")
     parser.add_argument("--batch-size", type=int, default=DEFAULT_BATCH_SIZE, help="texts per forward pass")
+    parser.add_argument("--threshold", type=float, default=0.5,
+                        help="multi-label models: predict every label whose probability is over this")
     parser.add_argument("--debug", action="store_true", help="show tracebacks for input errors")
     return parser.parse_args(argv)
 
@@ -327,6 +375,8 @@ def run(args: argparse.Namespace) -> None:
         raise ConfigError("--output: only with --file")
     if args.batch_size < 1:
         raise ConfigError(f"--batch-size: must be >= 1, got {args.batch_size}")
+    if not 0.0 < args.threshold < 1.0:
+        raise ConfigError(f"--threshold: must be between 0 and 1, got {args.threshold}")
     if args.output:
         _suffix(Path(args.output), OUTPUT_FORMATS, "--output")
         if not Path(args.output).resolve().parent.is_dir():
@@ -343,10 +393,11 @@ def run(args: argparse.Namespace) -> None:
         if pair_column:
             raise ConfigError(f"this model takes text pairs ({pair_column!r}): use --file with both columns")
         rows, text_column = [{"text": text} for text in args.texts], "text"
-    predictor = Predictor.load(output_dir, batch_size=args.batch_size)
+    predictor = Predictor.load(output_dir, batch_size=args.batch_size, threshold=args.threshold)
     predicted = predict_rows(predictor, rows, text_column, pair_column, progress=bool(args.file))
     if args.output:
-        write_predictions(args.output, predicted, predictor.labels)
+        delimiter = (cfg.data.label_delimiter if cfg is not None else None) or ","
+        write_predictions(args.output, predicted, predictor.labels, delimiter)
     else:
         for row in predicted:
             print(json.dumps(row, ensure_ascii=False))

@@ -31,9 +31,13 @@ from finetune.evaluation import evaluate_model
 from finetune.launch import choose_precision, choose_workers, configure_cpu_threads, init_process_state
 from finetune.loop import NonFiniteLossError, TrainState, train_one_epoch
 from finetune.optimization import UpdatePlan, build_optimizer, build_scheduler, plan_updates
-from finetune.outputs import CONFIG_FILE, CURVES_FILE, METRICS_FILE, clear_previous_run
+from finetune.outputs import (
+    CONFIG_FILE, CURVES_FILE, METRICS_FILE, MODEL_CARD_FILE, MODEL_CARD_MARK, RESULTS_FILE, clear_previous_run,
+    write_atomic,
+)
 from finetune.sampling import EpochSampler
 from finetune.selection import Selection
+from finetune.tasks import Task
 from finetune.tracking import RunLogger, check_trackers, flat_hparams
 
 logger = logging.getLogger("finetune")
@@ -89,6 +93,8 @@ class Run:
     eval_dataloader: Any
     metrics: Any
     plan: UpdatePlan
+    # the problem type's loss (with class weights) and predictions
+    task: Task = field(default_factory=Task)
     state: TrainState = field(default_factory=TrainState)
 
 
@@ -204,7 +210,8 @@ def setup_run(cfg: Config, accelerator=None) -> Run:
     cache_dir = tokenized_cache_dir(cfg)
     splits, labels = load_data(cfg, accelerator)
     model = load_model(cfg.model, labels.id2label, max_length=cfg.data.max_length)
-    metrics = metric_suite(cfg, labels.names, splits["train"])
+    metrics = metric_suite(cfg, labels, splits["train"])
+    task = build_task(cfg, labels, splits["train"])
     tokenized = tokenize_data(cfg, splits, tokenizer, accelerator, cache_dir)
     if cfg.training.per_device_train_batch_size == "auto":
         batching = fit_micro_batch(model, tokenized["train"], tokenizer, accelerator, batching)
@@ -224,26 +231,63 @@ def setup_run(cfg: Config, accelerator=None) -> Run:
     # generators over this one (finetune.checkpoint).
     set_seed(cfg.training.seed)
     return Run(cfg, accelerator, batching, tokenizer, labels, model, optimizer, scheduler, train_dl, eval_dl,
-               metrics, plan)
+               metrics, plan, task)
 
 
-def metric_suite(cfg: Config, label_names, train_split):
-    """The validation metrics, with ``evaluation.average: auto`` decided from the training labels.
+def metric_suite(cfg: Config, labels, train_split):
+    """The validation metrics of the problem type, with ``evaluation.average: auto`` decided.
 
-    The decision is logged and written back into ``cfg``, so ``config.yaml``
-    (and ``finetune.score`` after it) says what the run computed.
+    For single labels ``auto`` looks at the training labels (binary for two
+    classes, positive the rarer); for multi-label it is micro. The decision is
+    logged and written back into ``cfg``, so ``config.yaml`` (and
+    ``finetune.score`` after it) says what the run computed.
     """
     from finetune.data import LABELS
     from finetune.metrics import MetricSuite, resolve_average
+    from finetune.metrics.other_tasks import MultiLabelMetrics, RegressionMetrics
 
-    counts = np.bincount(np.asarray(train_split[LABELS]), minlength=len(label_names))
-    average, positive = resolve_average(cfg.evaluation, label_names, counts)
-    if cfg.evaluation.average == "auto":
-        why = "evaluation.positive_label" if cfg.evaluation.positive_label else "the rarer of two"
+    evaluation = cfg.evaluation
+    if labels.problem_type == "regression":
+        return RegressionMetrics(evaluation.metrics)
+    if labels.problem_type == "multi_label":
+        if evaluation.average == "auto":
+            evaluation.average = "micro"
+            logger.info("evaluation.average: auto -> micro (multi_label)")
+        return MultiLabelMetrics(evaluation.metrics, len(labels.names), evaluation.average)
+    counts = np.bincount(np.asarray(train_split[LABELS]), minlength=len(labels.names))
+    average, positive = resolve_average(evaluation, labels.names, counts)
+    if evaluation.average == "auto":
+        why = "evaluation.positive_label" if evaluation.positive_label else "the rarer of two"
         chosen = f"binary, positive class {positive!r} ({why})" if average == "binary" else average
         logger.info("evaluation.average: auto -> %s", chosen)
-    cfg.evaluation.average, cfg.evaluation.positive_label = average, positive
-    return MetricSuite.from_config(cfg.evaluation, label_names)
+    evaluation.average, evaluation.positive_label = average, positive
+    return MetricSuite.from_config(evaluation, labels.names)
+
+
+def build_task(cfg: Config, labels, train_split) -> Task:
+    """The run's :class:`~finetune.tasks.Task`: its problem type, with ``training.class_weights`` resolved.
+
+    Raises:
+        ConfigError: if a class weight names a label the training data does not have.
+    """
+    from finetune.data import LABELS
+    from finetune.tasks import balanced_weights
+
+    spec = cfg.training.class_weights
+    if spec is None:
+        return Task(labels.problem_type)
+    names = list(labels.names)
+    if spec == "balanced":
+        counts = np.bincount(np.asarray(train_split[LABELS]), minlength=len(names))
+        weights = balanced_weights(counts.tolist())
+    else:
+        unknown = [name for name in spec if name not in names]
+        if unknown:
+            raise ConfigError(f"training.class_weights: {unknown[0]!r} is not a label of the training data "
+                              f"({', '.join(names[:10])}{', ...' if len(names) > 10 else ''})")
+        weights = [float(spec.get(name, 1.0)) for name in names]
+    logger.info("training.class_weights: %s", ", ".join(f"{n}={w:.4g}" for n, w in zip(names, weights)))
+    return Task("single_label", torch.tensor(weights, dtype=torch.float32))
 
 
 def check_batching(cfg: Config, accelerator) -> Batching:
@@ -276,7 +320,7 @@ def load_data(cfg: Config, accelerator):
     from finetune.data import load_splits
 
     with accelerator.main_process_first():
-        return load_splits(cfg.data, seed=cfg.training.seed)
+        return load_splits(cfg.data, seed=cfg.training.seed, problem_type=cfg.model.problem_type)
 
 
 def tokenize_data(cfg: Config, splits, tokenizer, accelerator, cache_dir: Optional[Path]):
@@ -565,6 +609,7 @@ def train_epochs(run: Run, checkpoints: Checkpointer, evaluations: Evaluations, 
                 state=run.state, max_grad_norm=cfg.training.max_grad_norm, log_every=cfg.logging.log_every,
                 on_log=evaluations.log.log, on_update=on_any_update, max_updates=run.plan.total_updates,
                 on_nonfinite=cfg.training.on_nonfinite, max_skipped=cfg.training.max_skipped, progress=progress,
+                loss_fn=run.task.per_sample_loss,
             )
             logger.info("epoch %d: %d updates, loss %.4f, %d samples in %.1fs",
                         epoch, result.updates, result.loss, result.samples, result.seconds)
@@ -589,7 +634,7 @@ def evaluate_and_log(run: Run, log: RunLogger, history: list[dict[str, Any]], ep
     ``epoch`` is the epoch just finished (``None`` mid-epoch, or for the evaluation after training).
     Under a ``selection`` the record says whether it is the best evaluation so far (``is_best``).
     """
-    metrics = evaluate_model(run.model, run.eval_dataloader, run.accelerator, run.metrics)
+    metrics = evaluate_model(run.model, run.eval_dataloader, run.accelerator, run.metrics, run.task)
     record: dict[str, Any] = {"step": run.state.step}
     if epoch is not None:
         record["epoch"] = epoch + 1
@@ -621,6 +666,8 @@ def summarize(run: Run, history: list[dict[str, Any]], stopped_early: bool = Fal
             "samples": run.state.samples_seen,
             "tokens": run.state.tokens_seen,
             "seconds": run.state.train_seconds,  # the whole run's, as the counts around it
+            "loss": run.state.loss_sum / run.state.loss_samples if run.state.loss_samples else None,
+            "train_samples": len(run.train_dataloader.dataset),
             "epoch": run.state.epoch + run.state.micro_batch / max(1, len(run.train_dataloader)),
             "effective_batch_size": run.batching.effective_batch_size,
             "gradient_accumulation_steps": run.batching.gradient_accumulation_steps,
@@ -638,12 +685,30 @@ def summarize(run: Run, history: list[dict[str, Any]], stopped_early: bool = Fal
 
 
 def write_outputs(run: Run, summary: dict[str, Any]) -> None:
-    """The final model, ``metrics.json`` and ``curves.png`` in ``output.output_dir``."""
+    """The final model, ``metrics.json``, ``all_results.json``, the model card and ``curves.png``.
+
+    Each file is written to a temporary name and renamed, so a run stopped
+    while writing leaves the old file or the new one.
+    """
+    from finetune.model_card import all_results, model_card
+
     out = Path(run.cfg.output.output_dir)
     save_model(run, out)
-    if run.accelerator.is_main_process:
-        (out / METRICS_FILE).write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
-        write_curves(out)
+    if not run.accelerator.is_main_process:
+        return
+    write_atomic(out / METRICS_FILE, json.dumps(summary, indent=2) + "\n")
+    write_atomic(out / RESULTS_FILE, json.dumps(all_results(summary), indent=2) + "\n")
+    write_model_card(out / MODEL_CARD_FILE, model_card(run.cfg, summary))
+    write_curves(out)
+
+
+def write_model_card(path: Path, card: str) -> bool:
+    """Write the model card, unless ``path`` is a README the user wrote (then warn and keep it)."""
+    if path.exists() and MODEL_CARD_MARK not in path.read_text(encoding="utf-8", errors="replace"):
+        logger.warning("%s was not written by finetune: kept as it is, and no model card written", path)
+        return False
+    write_atomic(path, card)
+    return True
 
 
 def write_curves(out: Path) -> None:

@@ -14,8 +14,10 @@ format and column names. Labels are matched to the model's by
 name; a label the model was not trained on is an error naming its row. The
 metrics are the run's ``evaluation`` settings (the same
 :class:`~finetune.metrics.MetricSuite` as validation during training), plus
-the loss; a confusion matrix is printed and written as a PNG (by default
-``<output_dir>/confusion_<file name>.png``).
+the loss; for a single-label model a confusion matrix is printed and written
+as a PNG (by default ``<output_dir>/confusion_<file name>.png``). Multi-label
+and regression models are scored with their own metrics and loss (see
+:mod:`finetune.tasks`), without a confusion matrix.
 
 (Not named ``evaluate``: a module of that name would hide the ``evaluate``
 library for ``accelerate launch finetune/...``.)
@@ -49,14 +51,14 @@ class Score:
     metrics: dict[str, float]
     # class names in class-id order (the model's)
     labels: list[str]
-    # confusion[i][j]: samples of true class i predicted as class j
+    # confusion[i][j]: samples of true class i predicted as class j (single-label models; else None)
     confusion: Any
     predictions: Any
     references: Any
 
     def to_dict(self) -> dict[str, Any]:
         return {"file": self.file, "metrics": self.metrics, "labels": self.labels,
-                "confusion_matrix": self.confusion.tolist()}
+                "confusion_matrix": None if self.confusion is None else self.confusion.tolist()}
 
 
 def scoring_config(output_dir: str | os.PathLike, file: str | os.PathLike, overrides: Sequence[str] = ()):
@@ -75,7 +77,9 @@ def scoring_config(output_dir: str | os.PathLike, file: str | os.PathLike, overr
     raw = read_yaml(path) if path.is_file() else {}
     data = dict(raw.get("data") or {})
     data.update(_DATA_FIXED, train_file=str(file))
-    tree = {"data": data, "evaluation": dict(raw.get("evaluation") or {})}
+    tree = {"data": data, "evaluation": dict(raw.get("evaluation") or {}),
+            # what the run trained decides how its labels are read (a list, a delimited string, a number)
+            "model": {"problem_type": (raw.get("model") or {}).get("problem_type", "single_label")}}
     given = set()
     for text in overrides:
         key, value = parse_override(text)
@@ -108,7 +112,7 @@ def _header_names(file: str | os.PathLike, columns: Sequence[str]) -> bool:
     return set(columns) <= {f.strip() for f in fields}
 
 
-def load_labelled(file: str | os.PathLike, data_cfg, labels: Sequence[str]):
+def load_labelled(file: str | os.PathLike, data_cfg, labels: Sequence[str], problem_type: str = "single_label"):
     """Texts and class ids of a labelled file, read with ``finetune.data``'s readers.
 
     Unlike training data, the file may hold fewer classes than the model
@@ -123,13 +127,13 @@ def load_labelled(file: str | os.PathLike, data_cfg, labels: Sequence[str]):
     """
     from finetune import data as fdata
 
-    ds = fdata.load_labelled_file(str(file), data_cfg, fdata.LabelSpace(list(labels)), key="--file")
+    ds = fdata.load_labelled_file(str(file), data_cfg, fdata.LabelSpace(list(labels), problem_type), key="--file")
     pairs = ds[fdata.TEXT_PAIR] if fdata.TEXT_PAIR in ds.column_names else None
     return ds[fdata.TEXT], pairs, ds[fdata.LABELS]
 
 
-def model_labels(output_dir: str | os.PathLike) -> list[str]:
-    """The saved model's class names in class-id order (from its ``config.json``).
+def model_labels(output_dir: str | os.PathLike) -> tuple[list[str], str]:
+    """The saved model's label names in label-id order, and its problem type (from its ``config.json``).
 
     Raises:
         ModelError: if ``output_dir`` holds no model config.
@@ -137,9 +141,26 @@ def model_labels(output_dir: str | os.PathLike) -> list[str]:
     from transformers import AutoConfig
 
     from finetune.modeling import require_saved_model
+    from finetune.tasks import problem_type_of
 
     config = AutoConfig.from_pretrained(require_saved_model(output_dir))
-    return [config.id2label[i] for i in range(config.num_labels)]
+    return [config.id2label[i] for i in range(config.num_labels)], problem_type_of(config)
+
+
+def metrics_for(evaluation, names: Sequence[str], problem_type: str, references):
+    """The metric suite of a problem type for the model's labels (``average: auto`` resolved on ``references``)."""
+    import numpy as np
+
+    from finetune.metrics import MetricSuite
+    from finetune.metrics.other_tasks import MultiLabelMetrics, RegressionMetrics
+
+    if problem_type == "regression":
+        return RegressionMetrics(evaluation.metrics)
+    if problem_type == "multi_label":
+        average = "micro" if evaluation.average == "auto" else evaluation.average
+        return MultiLabelMetrics(evaluation.metrics, len(names), average)
+    return MetricSuite.from_config(evaluation, names, whose="the model",
+                                   counts=np.bincount(np.asarray(references), minlength=len(names)))
 
 
 def confusion_matrix(references, predictions, num_labels: int):
@@ -165,30 +186,30 @@ def score_file(output_dir: str | os.PathLike, file: str | os.PathLike, overrides
     Raises:
         FinetuneError: one line naming the file, row or key for bad input.
     """
+    import numpy as np
     import torch
-    import torch.nn.functional as F
 
-    from finetune.metrics import MetricSuite
+    from finetune.tasks import Task
 
     cfg = scoring_config(output_dir, file, overrides)
     # read the file before loading the weights: bad data fails fast
-    names = predictor.labels if predictor is not None else model_labels(output_dir)
-    texts, pairs, references = load_labelled(file, cfg.data, names)
-
-    import numpy as np
-
-    suite = MetricSuite.from_config(cfg.evaluation, names, whose="the model",
-                                    counts=np.bincount(np.asarray(references), minlength=len(names)))
+    if predictor is not None:
+        names, problem_type = predictor.labels, predictor.problem_type
+    else:
+        names, problem_type = model_labels(output_dir)
+    texts, pairs, references = load_labelled(file, cfg.data, names, problem_type)
+    suite = metrics_for(cfg.evaluation, names, problem_type, references)
 
     predictor = predictor or Predictor.load(output_dir, batch_size=batch_size)
-    logits = predictor.logits(texts, pairs, progress=True)
-    refs = torch.as_tensor(references, dtype=torch.long)
-    predictions = logits.argmax(axis=1)
-    # the loss evaluate_model reports: mean per-sample cross-entropy on float32 logits
-    loss = F.cross_entropy(torch.from_numpy(logits), refs).item()
+    task = Task(problem_type, threshold=predictor.threshold)
+    logits = torch.from_numpy(predictor.logits(texts, pairs, progress=True))
+    refs = torch.as_tensor(np.asarray(references))
+    predictions = task.predictions(logits).numpy()
+    # the loss evaluate_model reports: the mean per-sample loss of the problem type on float32 logits
+    loss = task.per_sample_loss(logits, refs).double().mean().item()
     metrics = {"loss": loss, "num_samples": len(texts), **suite.compute(predictions, refs.numpy())}
-    return Score(str(file), metrics, list(names), confusion_matrix(refs.numpy(), predictions, len(names)),
-                 predictions, refs.numpy())
+    confusion = confusion_matrix(refs.numpy(), predictions, len(names)) if problem_type == "single_label" else None
+    return Score(str(file), metrics, list(names), confusion, predictions, refs.numpy())
 
 
 def format_confusion(matrix, names: Sequence[str]) -> str:
@@ -236,10 +257,11 @@ def run(args: argparse.Namespace) -> Score:
     width = max(len(k) for k in result.metrics)
     for key, value in result.metrics.items():
         print(f"  {key.ljust(width)}  {value:.4f}" if isinstance(value, float) else f"  {key.ljust(width)}  {value}")
-    print(format_confusion(result.confusion, result.labels))
-    confusion_figure(result.confusion, result.labels, title=f"{output_dir.name} on {Path(args.file).name}").savefig(
-        png, dpi=DPI)
-    print(f"confusion matrix: {png}")
+    if result.confusion is not None:
+        print(format_confusion(result.confusion, result.labels))
+        confusion_figure(result.confusion, result.labels,
+                         title=f"{output_dir.name} on {Path(args.file).name}").savefig(png, dpi=DPI)
+        print(f"confusion matrix: {png}")
     if args.json:
         Path(args.json).write_text(json.dumps(result.to_dict(), indent=2) + "\n", encoding="utf-8")
     return result

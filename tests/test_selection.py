@@ -130,3 +130,52 @@ def test_early_stopping_ends_a_run_that_peaked_and_keeps_the_best_model(peaked):
     assert all(shipped[k].equal(best[k]) for k in shipped)
     assert not all(shipped[k].equal(last[k]) for k in shipped)
 
+
+
+@pytest.mark.slow
+def test_the_output_folder_has_a_model_card_and_the_trainers_result_names(peaked):
+    from finetune.config import load_config
+    from finetune.outputs import MODEL_CARD_MARK
+
+    out, _ = peaked
+    metrics = json.loads((out / "metrics.json").read_text())
+    results = json.loads((out / "all_results.json").read_text())
+    assert results["train_runtime"] == pytest.approx(metrics["train"]["seconds"], abs=1e-3)
+    assert results["train_samples_per_second"] == pytest.approx(metrics["train"]["samples"] / results["train_runtime"],
+                                                                rel=1e-3)
+    assert results["epoch"] == pytest.approx(8 / 6, abs=1e-3)  # 8 updates of 6 per epoch
+    assert results["eval_loss"] == metrics["eval"]["loss"] and results["eval_accuracy"] == metrics["eval"]["accuracy"]
+    assert results["eval_samples"] == 12 and results["train_samples"] == 48
+    # the run's mean training loss: the sample-weighted mean of its update records
+    train = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines() if "train/loss" in line]
+    assert results["train_loss"] == pytest.approx(sum(r["train/loss"] * 8 for r in train) / (8 * len(train)), rel=1e-9)
+
+    card = (out / "README.md").read_text()
+    _, front, body = card.split("---\n", 2)
+    meta = yaml.safe_load(front)
+    assert meta["pipeline_tag"] == "text-classification" and "base_model" not in meta  # a local path is no Hub id
+    reported = {m["type"]: m["value"] for m in meta["model-index"][0]["results"][0]["metrics"]}
+    assert reported == {"loss": metrics["eval"]["loss"], "accuracy": metrics["eval"]["accuracy"]}
+    assert body.startswith(MODEL_CARD_MARK)
+    assert "2 labels: `ham`, `spam`" in body
+    assert "4 x 2 x 1 = 8 samples per update (b x k x P)" in body
+    assert "the best was at update 2" in body and "the weights here are the best evaluation's" in body
+    # the reproduce command names a config that loads, into a new folder
+    command = next(line for line in body.splitlines() if line.startswith("finetune train"))
+    args = command.split()[2:]
+    cfg = load_config(args[1], args[2:])
+    assert cfg.output.output_dir == f"{out}-again" and cfg.evaluation.early_stopping_patience == 3
+
+
+def test_a_readme_the_user_wrote_is_never_replaced(tmp_path):
+    from finetune.outputs import MODEL_CARD_MARK
+    from finetune.runner import write_model_card
+
+    mine = tmp_path / "README.md"
+    mine.write_text("# my notes\n", encoding="utf-8")
+    assert not write_model_card(mine, f"---\n---\n{MODEL_CARD_MARK}\ncard\n")
+    assert mine.read_text() == "# my notes\n"
+    ours = tmp_path / "ours.md"
+    assert write_model_card(ours, f"---\n---\n{MODEL_CARD_MARK}\nold\n")
+    assert write_model_card(ours, f"---\n---\n{MODEL_CARD_MARK}\nnew\n")  # a card of an earlier run is replaced
+    assert ours.read_text().endswith("new\n")

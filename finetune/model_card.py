@@ -1,0 +1,163 @@
+"""What others read in an output folder: the model card (``README.md``) and ``all_results.json``.
+
+The card's YAML front matter uses the Hub's model-card metadata (``base_model``,
+``datasets``, ``metrics``, ``model-index``), so a folder pushed to the Hub
+shows its results; the body says in words what was trained on what, with
+which batches and schedule, what it scored, and the command that trains it
+again. ``all_results.json`` repeats the summary under the key names the
+Trainer writes (``train_runtime``, ``train_samples_per_second``,
+``eval_<metric>``, ``epoch``), for tools written against Trainer outputs.
+"""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from finetune.outputs import CONFIG_FILE, MODEL_CARD_MARK
+
+# metric names as the Hub's model-index spells them, and how the card titles them
+_TITLES = {"accuracy": "Accuracy", "f1": "F1", "precision": "Precision", "recall": "Recall",
+           "matthews_correlation": "Matthews correlation", "loss": "Loss", "pearson": "Pearson",
+           "spearmanr": "Spearman", "mse": "MSE", "mae": "MAE", "subset_accuracy": "Subset accuracy"}
+
+
+def all_results(summary: dict[str, Any]) -> dict[str, Any]:
+    """``metrics.json``'s summary under the Trainer's ``all_results.json`` names, where they mean the same."""
+    train = summary["train"]
+    seconds = train["seconds"]
+    results: dict[str, Any] = {
+        "epoch": round(train["epoch"], 4),
+        "train_runtime": round(seconds, 4),
+        "train_samples_per_second": round(train["samples"] / seconds, 3) if seconds > 0 else None,
+        "train_steps_per_second": round(train["updates"] / seconds, 3) if seconds > 0 else None,
+        "train_loss": train["loss"],
+        "train_samples": train["train_samples"],
+        "total_updates": train["updates"],
+    }
+    for key, value in summary["eval"].items():
+        results["eval_samples" if key == "num_samples" else f"eval_{key}"] = value
+    return results
+
+
+def _is_hub_id(name: str) -> bool:
+    """A Hub model id (``org/name`` or ``name``), not a local path or a file inside a package."""
+    return not (name.startswith(("pkg:", "/", ".", "~")) or Path(name).exists())
+
+
+def _data_name(cfg) -> str:
+    data = cfg.data
+    if data.dataset_name:
+        return data.dataset_name + (f" ({data.dataset_config})" if data.dataset_config else "")
+    return Path(str(data.train_file)).name
+
+
+def reproduce_command(num_processes: int, output_dir: str) -> str:
+    """The command that trains this model again from the folder's ``config.yaml``, into a new folder."""
+    args = ["--config", f"{output_dir}/{CONFIG_FILE}", f"output.output_dir={output_dir}-again"]
+    if num_processes > 1:
+        launcher = ["accelerate", "launch", "--multi_gpu", "--num_processes", str(num_processes), "-m",
+                    "finetune.cli", "train"]
+    else:
+        launcher = ["finetune", "train"]
+    return shlex.join(launcher + args)
+
+
+def _predicts(problem_type: str, labels: list[str]) -> str:
+    names = ", ".join(f"`{x}`" for x in labels)
+    if problem_type == "regression":
+        return f"It predicts a number, `{labels[0]}` (regression, trained on squared error)."
+    if problem_type == "multi_label":
+        return (f"It predicts any number of {len(labels)} labels (multi-label: a sigmoid per label, "
+                f"over 0.5 counts): {names}.")
+    return f"It predicts one of {len(labels)} labels: {names}."
+
+
+def model_card(cfg, summary: dict[str, Any]) -> str:
+    """The ``README.md`` of an output folder."""
+    train, results = summary["train"], summary["eval"]
+    base = cfg.model.name_or_path
+    labels = summary["labels"]
+    metrics = {k: v for k, v in results.items() if k != "num_samples" and isinstance(v, (int, float))}
+    name = Path(cfg.output.output_dir).name
+    front: dict[str, Any] = {"library_name": "transformers", "pipeline_tag": "text-classification",
+                             "tags": ["finetune", "text-classification"]}
+    if _is_hub_id(base):
+        front["base_model"] = base
+    if cfg.data.dataset_name:
+        front["datasets"] = [cfg.data.dataset_name]
+    if metrics:
+        front["metrics"] = [m for m in metrics if m != "loss"] or ["loss"]
+        front["model-index"] = [{
+            "name": name,
+            "results": [{
+                "task": {"type": "text-classification", "name": "Text Classification"},
+                "dataset": {"name": _data_name(cfg), "type": cfg.data.dataset_name or "local file",
+                            "split": "validation"},
+                "metrics": [{"type": m, "value": float(v), "name": _TITLES.get(m, m)} for m, v in metrics.items()],
+            }],
+        }]
+    b, k, P = cfg.training.per_device_train_batch_size, train["gradient_accumulation_steps"], train["num_processes"]
+    if isinstance(b, str):  # auto: the micro-batch the run chose
+        b = train["effective_batch_size"] // (k * P)
+    by_epoch = train.get("accumulation_by_epoch") or [k]
+    if len(set(by_epoch)) > 1:
+        batching = ("accumulation by epoch " + ", ".join(f"epoch {e}: {b} x {kk} x {P} = {b * kk * P}"
+                                                          for e, kk in enumerate(by_epoch)))
+    else:
+        batching = f"{b} x {k} x {P} = {train['effective_batch_size']} samples per update (b x k x P)"
+    optim = cfg.optim
+    warmup = f"{optim.warmup_steps} updates" if optim.warmup_steps else f"ratio {optim.warmup_ratio:g}"
+    best = summary.get("best")
+    chosen = ""
+    if best:
+        which = "the best evaluation's" if cfg.evaluation.load_best_model_at_end else "the last update's"
+        chosen = (f" Evaluations were compared on `{best['metric']}`; the best was at update {best['step']}"
+                  f" ({best['value']:.4g}); the weights here are {which}.")
+    stopped = " The run ended early: the validation metric stopped improving." if train.get("early_stopped") else ""
+    rows = "\n".join(f"| {_TITLES.get(m, m)} | {v:.4f} |" for m, v in metrics.items())
+    lines = [
+        "---",
+        yaml.safe_dump(front, sort_keys=False).rstrip(),
+        "---",
+        MODEL_CARD_MARK,
+        "",
+        f"# {name}",
+        "",
+        f"A text classifier fine-tuned from `{base}` on {_data_name(cfg)} with "
+        f"[finetune](https://pypi.org/project/finetune/). {_predicts(cfg.model.problem_type, labels)}"
+        f"{chosen}{stopped}",
+        "",
+        "## Training",
+        "",
+        f"- Effective batch: {batching}",
+        f"- Updates: {train['updates']} over {train['epoch']:.2f} epochs of {train['train_samples']} texts",
+        f"- Optimizer: AdamW, learning rate {optim.learning_rate:g} ({optim.lr_scheduler_type} schedule, "
+        f"warmup {warmup}), weight decay {optim.weight_decay:g}",
+        f"- Precision: {train['mixed_precision']}; max length {cfg.data.max_length} tokens; seed {cfg.training.seed}",
+        "",
+        "## Results on the validation set",
+        "",
+        "| metric | value |",
+        "|---|---|",
+        rows,
+        "",
+        "## Use",
+        "",
+        "```python",
+        "from transformers import pipeline",
+        "",
+        f'classifier = pipeline("text-classification", model="{cfg.output.output_dir}")',
+        "```",
+        "",
+        "## Reproduce",
+        "",
+        "```bash",
+        reproduce_command(P, cfg.output.output_dir),
+        "```",
+        "",
+    ]
+    return "\n".join(lines)

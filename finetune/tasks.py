@@ -1,0 +1,108 @@
+"""Problem types: what a label is, the per-sample loss, and what a prediction is.
+
+===============  ====================  ==================================================  ======================
+problem type     label of a text       per-sample loss ``l_i`` (float32)                   prediction
+===============  ====================  ==================================================  ======================
+single_label     one class id          ``w[y_i] * CE(z_i, y_i)`` (``w`` = 1 without        ``argmax z_i``
+                                       class weights)
+multi_label      a 0/1 vector over     ``mean_j BCE(z_ij, y_ij)``: the mean over the L      ``sigmoid(z_ij) > t``
+                 the L labels          labels, as transformers' ``BCEWithLogitsLoss``
+regression       a number              ``(z_i - y_i) ** 2``, as transformers' ``MSELoss``  ``z_i``
+===============  ====================  ==================================================  ======================
+
+Every update applies the gradient of ``(1/N_w) * sum_i l_i`` over its window's
+``N_w`` real samples, whatever ``b``, ``k`` and ``P`` (docs/accumulation.md):
+the loop only sums ``l_i`` over a micro-batch's real rows. With class weights
+that is the *sample* mean of weighted losses, not PyTorch's
+``CrossEntropyLoss(weight=w)``, which divides by ``sum_i w[y_i]``: that
+denominator depends on the labels of the whole window, so a micro-batch could
+not be scaled before the window is seen, and it changes from window to window
+with the label mix. ``training.class_weights: balanced`` sets
+``w_c = n / (C * n_c)`` (scikit-learn's "balanced"), whose mean over the
+training samples is 1, so the loss keeps its scale.
+
+A caller's own loss (``train_one_epoch(loss_fn=...)``) has the same shape:
+``loss_fn(logits, labels) -> per-sample losses``, a 1-D tensor of ``b`` values
+that does not reduce over the batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch
+import torch.nn.functional as F
+
+PROBLEM_TYPES = ("single_label", "multi_label", "regression")
+# what transformers' PretrainedConfig.problem_type calls each (its pipelines read it)
+TRANSFORMERS_PROBLEM_TYPES = {
+    "single_label": "single_label_classification",
+    "multi_label": "multi_label_classification",
+    "regression": "regression",
+}
+# threshold on sigmoid(logit) above which a label is predicted (multi_label)
+DEFAULT_THRESHOLD = 0.5
+
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def problem_type_of(model_config) -> str:
+    """The short problem type of a transformers config (single_label when it says none)."""
+    long = getattr(model_config, "problem_type", None) or "single_label_classification"
+    for short, name in TRANSFORMERS_PROBLEM_TYPES.items():
+        if name == long:
+            return short
+    raise ValueError(f"unknown problem_type {long!r} in the model's config")
+
+
+@dataclass(frozen=True)
+class Task:
+    """A problem type with its loss and its predictions.
+
+    Args:
+        problem_type: single_label, multi_label or regression.
+        class_weights: single_label only: one weight per class id (float32), or ``None``.
+        threshold: multi_label only: the sigmoid probability above which a label is predicted.
+    """
+
+    problem_type: str = "single_label"
+    class_weights: Optional[torch.Tensor] = None
+    threshold: float = DEFAULT_THRESHOLD
+
+    def __post_init__(self) -> None:
+        if self.problem_type not in PROBLEM_TYPES:
+            raise ValueError(f"problem_type must be one of {', '.join(PROBLEM_TYPES)}, got {self.problem_type!r}")
+        if self.class_weights is not None and self.problem_type != "single_label":
+            raise ValueError("class weights apply to single_label only")
+
+    @classmethod
+    def of_model(cls, model) -> "Task":
+        """The task a model's config declares (``config.problem_type``), without class weights."""
+        return cls(problem_type_of(model.config))
+
+    def per_sample_loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """``l_i`` for each row, in float32 (see the table above)."""
+        logits = logits.float()
+        if self.problem_type == "single_label":
+            loss = F.cross_entropy(logits, labels, reduction="none")
+            if self.class_weights is not None:
+                loss = loss * self.class_weights.to(loss.device)[labels]
+            return loss
+        if self.problem_type == "multi_label":
+            return F.binary_cross_entropy_with_logits(logits, labels.float(), reduction="none").mean(-1)
+        return (logits.squeeze(-1) - labels.float()) ** 2
+
+    def predictions(self, logits: torch.Tensor) -> torch.Tensor:
+        """Class ids, 0/1 label vectors, or numbers (see the table above)."""
+        if self.problem_type == "single_label":
+            return logits.argmax(-1)
+        if self.problem_type == "multi_label":
+            return (torch.sigmoid(logits.float()) > self.threshold).long()
+        return logits.float().squeeze(-1)
+
+
+def balanced_weights(counts: list[int]) -> list[float]:
+    """``n / (C * n_c)`` per class (scikit-learn's "balanced"); a class absent from the data gets 1."""
+    n, classes = sum(counts), len(counts)
+    return [n / (classes * c) if c else 1.0 for c in counts]

@@ -1,0 +1,351 @@
+"""Multi-label, regression, class weights and a caller's loss: the accumulation contract for each.
+
+For every loss the package computes, and for one a caller passes, ``(b, k)``
+must train the weights of ``(b*k, 1)`` after every update, the ragged last
+window included. The end-to-end runs then check that the saved model carries
+its ``problem_type``, so ``transformers.pipeline`` gives what ``finetune
+predict`` gives.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.utils.data import DataLoader
+
+from finetune.config import OptimConfig, config_from_dict
+from finetune.errors import ConfigError, DataError
+from finetune.loop import TrainState, train_one_epoch
+from finetune.optimization import build_optimizer, build_scheduler, plan_updates
+from finetune.sampling import EpochSampler
+from finetune.tasks import Task, balanced_weights
+from helpers import WORDS, pad_collate, tiny_bert, token_dataset
+from tiny_run import fit_tiny_run, reset_accelerate
+
+# 76 samples, b=8: windows of 4, 4 and 2 micro-batches at k=4, the last micro-batch short
+N = 76
+
+
+def _data(problem_type: str, num_labels: int = 3):
+    data = token_dataset(N, seed=1, num_labels=num_labels)
+    g = torch.Generator().manual_seed(2)
+    for item in data:
+        if problem_type == "multi_label":
+            item["labels"] = (torch.rand(num_labels, generator=g) < 0.4).float().tolist()
+        elif problem_type == "regression":
+            item["labels"] = float(torch.randn((), generator=g)) * 2 + 1
+    return data
+
+
+def _run(b: int, k: int, problem_type: str = "single_label", num_labels: int = 3, loss_fn=None):
+    from accelerate import Accelerator
+
+    acc = Accelerator(cpu=True, gradient_accumulation_steps=k)
+    model = tiny_bert(num_labels=1 if problem_type == "regression" else num_labels, seed=0)
+    model.config.problem_type = {"single_label": "single_label_classification",
+                                 "multi_label": "multi_label_classification", "regression": "regression"}[problem_type]
+    opt_cfg = OptimConfig(learning_rate=1e-3, warmup_steps=1)
+    optimizer = build_optimizer(model, opt_cfg)
+    data = _data(problem_type, num_labels)
+    dl = DataLoader(data, batch_size=b, sampler=EpochSampler(N, seed=7, window_size=b * k), collate_fn=pad_collate)
+    model, optimizer, dl = acc.prepare(model, optimizer, dl)
+    scheduler = build_scheduler(optimizer, opt_cfg, plan_updates(len(dl), k, 2, None, warmup_steps=1))
+    snapshots, records, state = [], [], TrainState()
+    for epoch in range(2):
+        train_one_epoch(model, optimizer, scheduler, dl, acc, epoch, state=state, loss_fn=loss_fn,
+                        on_log=records.append,
+                        on_update=lambda s: snapshots.append(
+                            {n: p.detach().clone() for n, p in acc.unwrap_model(model).named_parameters()}))
+    return snapshots, records, data
+
+
+def _assert_same(a, b):
+    assert len(a) == len(b) == 6  # 3 updates per epoch, 2 epochs
+    for update, (sa, sb) in enumerate(zip(a, b)):
+        for name in sa:
+            torch.testing.assert_close(sa[name], sb[name], rtol=1e-5, atol=1e-7,
+                                       msg=lambda m: f"update {update}, {name}: {m}")
+
+
+def _differs(a, b) -> bool:
+    return any(not torch.allclose(a[-1][n], b[-1][n], rtol=1e-4, atol=1e-6) for n in a[-1])
+
+
+@pytest.mark.parametrize("problem_type", ["multi_label", "regression"])
+def test_accumulated_windows_equal_the_big_batch(fresh_accelerate_state, problem_type):
+    big, big_records, data = _run(32, 1, problem_type)
+    small, records, _ = _run(8, 4, problem_type)
+    _assert_same(big, small)
+    # the logged loss is the big batch's: the per-sample loss's mean over the window
+    assert [r["train/loss"] for r in records] == pytest.approx([r["train/loss"] for r in big_records], rel=1e-5)
+
+
+def test_the_multi_label_and_regression_losses_are_transformers_own():
+    """The per-sample losses average to what the model computes itself from its problem_type."""
+    torch.manual_seed(0)
+    for problem_type, num_labels, labels in (
+        ("multi_label", 3, (torch.rand(5, 3) < 0.5).float()),
+        ("regression", 1, torch.randn(5)),
+    ):
+        model = tiny_bert(num_labels=num_labels).eval()
+        model.config.problem_type = {"multi_label": "multi_label_classification", "regression": "regression"}[
+            problem_type]
+        ids = torch.randint(5, 30, (5, 7))
+        out = model(input_ids=ids, labels=labels)
+        ours = Task(problem_type).per_sample_loss(out.logits, labels)
+        assert ours.shape == (5,)
+        assert ours.mean().item() == pytest.approx(out.loss.item(), rel=1e-6)
+
+
+def test_class_weights_keep_the_contract_and_use_the_sample_mean(fresh_accelerate_state):
+    weights = torch.tensor([1.0, 3.0, 0.5])
+    weighted = Task("single_label", weights).per_sample_loss
+    big, big_records, data = _run(32, 1, loss_fn=weighted)
+    small, records, _ = _run(8, 4, loss_fn=weighted)
+    _assert_same(big, small)
+    plain, _, _ = _run(8, 4)
+    assert _differs(small, plain)  # the weights are really applied
+    # the first update's loss is (1/N) sum_i w[y_i] CE_i over its window, under the initial weights
+    order = EpochSampler(N, seed=7, window_size=32).order()[:32]
+    model = tiny_bert(num_labels=3, seed=0).eval()
+    batch = pad_collate([data[i] for i in order])
+    labels = batch.pop("labels")
+    with torch.no_grad():
+        ce = F.cross_entropy(model(**batch).logits, labels, reduction="none")
+    assert records[0]["train/loss"] == pytest.approx((weights[labels] * ce).sum().item() / 32, rel=1e-5)
+    # not PyTorch's weighted mean, which divides by the sum of the weights
+    torch_mean = F.cross_entropy(model(**batch).logits, labels, weight=weights).item()
+    assert records[0]["train/loss"] != pytest.approx(torch_mean, rel=1e-3)
+
+
+def test_a_callers_loss_keeps_the_contract(fresh_accelerate_state):
+    def smoothed(logits, labels):
+        return F.cross_entropy(logits.float(), labels, reduction="none", label_smoothing=0.2)
+
+    big, _, _ = _run(32, 1, loss_fn=smoothed)
+    small, _, _ = _run(8, 4, loss_fn=smoothed)
+    _assert_same(big, small)
+    plain, _, _ = _run(8, 4)
+    assert _differs(small, plain)
+
+
+def test_a_loss_that_reduces_is_refused(fresh_accelerate_state):
+    with pytest.raises(ValueError, match=r"loss_fn must return one loss per row \(shape \(8,\)\), got shape \(\)"):
+        _run(8, 4, loss_fn=lambda logits, labels: F.cross_entropy(logits, labels))
+
+
+def test_balanced_weights_average_to_one_over_the_samples():
+    counts = [90, 9, 1]
+    weights = balanced_weights(counts)
+    assert weights == pytest.approx([100 / 270, 100 / 27, 100 / 3])
+    assert sum(w * c for w, c in zip(weights, counts)) / sum(counts) == pytest.approx(1.0)
+
+
+# --------------------------------------------------------------------------- reading the labels
+
+def _cfg(tmp_path, problem_type, **data):
+    return config_from_dict({"data": {"validation_split": 0.0, **data}, "model": {"problem_type": problem_type}})
+
+
+def test_multi_label_reads_lists_and_delimited_strings(tmp_path):
+    from finetune.data import load_splits
+
+    jsonl = tmp_path / "tags.jsonl"
+    jsonl.write_text("\n".join(json.dumps(r) for r in [
+        {"text": "a", "label": ["sport", "news"]}, {"text": "b", "label": []}, {"text": "c", "label": ["art"]},
+    ]) + "\n", encoding="utf-8")
+    cfg = _cfg(tmp_path, "multi_label", train_file=str(jsonl))
+    splits, labels = load_splits(cfg.data, seed=0, problem_type="multi_label")
+    assert labels.names == ["art", "news", "sport"] and labels.problem_type == "multi_label"
+    assert splits["train"]["labels"] == [[0.0, 1.0, 1.0], [0.0, 0.0, 0.0], [1.0, 0.0, 0.0]]
+
+    csv_file = tmp_path / "tags.csv"
+    csv_file.write_text('text,label\na,"sport| news"\nb,\nc,art\n', encoding="utf-8")
+    cfg = _cfg(tmp_path, "multi_label", train_file=str(csv_file), label_delimiter="|")
+    with pytest.raises(DataError, match=r"tags.csv: 1 row without labels in column 'label' \(line 3\)"):
+        load_splits(cfg.data, seed=0, problem_type="multi_label")
+    csv_file.write_text('text,label\na,"sport| news"\nb,art\n', encoding="utf-8")
+    splits, labels = load_splits(cfg.data, seed=0, problem_type="multi_label")
+    assert splits["train"]["labels"] == [[0.0, 1.0, 1.0], [1.0, 0.0, 0.0]]
+    # strings without a delimiter: one line saying what to set
+    cfg = _cfg(tmp_path, "multi_label", train_file=str(csv_file))
+    with pytest.raises(DataError, match=r"line 2 .* is a string; for multi_label set data.label_delimiter"):
+        load_splits(cfg.data, seed=0, problem_type="multi_label")
+
+
+def test_a_validation_label_the_training_data_lacks_names_its_row(tmp_path):
+    from finetune.data import load_splits
+
+    train, val = tmp_path / "train.jsonl", tmp_path / "val.jsonl"
+    train.write_text('{"text": "a", "label": ["x", "y"]}\n{"text": "b", "label": ["y"]}\n', encoding="utf-8")
+    val.write_text('{"text": "c", "label": ["y"]}\n{"text": "d", "label": ["z"]}\n', encoding="utf-8")
+    cfg = _cfg(tmp_path, "multi_label", train_file=str(train), validation_file=str(val))
+    with pytest.raises(DataError, match=r"val.jsonl: label 'z' at line 2 not among the 2 labels"):
+        load_splits(cfg.data, seed=0, problem_type="multi_label")
+
+
+def test_regression_reads_numbers_and_names_a_row_that_is_not_one(tmp_path):
+    from finetune.data import load_splits
+
+    good = tmp_path / "scores.csv"
+    good.write_text("text,similarity\na,0.5\nb,4\nc,-1.25\n", encoding="utf-8")
+    cfg = _cfg(tmp_path, "regression", train_file=str(good), label_column="similarity")
+    splits, labels = load_splits(cfg.data, seed=0, problem_type="regression")
+    assert labels.names == ["similarity"] and splits["train"]["labels"] == [0.5, 4.0, -1.25]
+    bad = tmp_path / "bad.csv"
+    bad.write_text("text,similarity\na,0.5\nb,high\n", encoding="utf-8")
+    cfg = _cfg(tmp_path, "regression", train_file=str(bad), label_column="similarity")
+    with pytest.raises(DataError, match=r"bad.csv: label 'high' at line 3 in column 'similarity' is not a number"):
+        load_splits(cfg.data, seed=0, problem_type="regression")
+
+
+@pytest.mark.parametrize("sections, message", [
+    ({"model": {"problem_type": "multilabel"}}, r"model.problem_type: expected one of .* \(did you mean 'multi_label'\?\)"),
+    ({"training": {"class_weights": "balance"}}, r"training.class_weights: expected 'balanced' or mapping"),
+    ({"training": {"class_weights": {"spam": 0}}}, r"training.class_weights: weight of 'spam' must be > 0"),
+    ({"training": {"class_weights": "balanced"}, "model": {"problem_type": "regression"}},
+     r"training.class_weights: apply to single_label only"),
+    ({"data": {"label_delimiter": ","}}, r"data.label_delimiter: splits multi_label labels only"),
+    ({"model": {"problem_type": "regression"}, "evaluation": {"metrics": ["accuracy"]}},
+     r"evaluation.metrics: 'accuracy' is not computed for regression \(one of: pearson, spearmanr, mse, mae\)"),
+    ({"model": {"problem_type": "multi_label"}, "evaluation": {"metrics": ["matthews_correlation"]}},
+     r"evaluation.metrics: 'matthews_correlation' is not computed for multi_label"),
+])
+def test_a_bad_problem_type_setting_is_one_line_naming_the_key(sections, message):
+    tree = {"data": {"train_file": "x.csv"}}
+    for section, values in sections.items():
+        tree.setdefault(section, {}).update(values)
+    with pytest.raises(ConfigError, match=message):
+        config_from_dict(tree)
+
+
+def test_regression_gets_regression_metrics_by_default():
+    cfg = config_from_dict({"data": {"train_file": "x.csv"}, "model": {"problem_type": "regression"}})
+    assert cfg.evaluation.metrics == ["pearson", "spearmanr", "mse"]
+
+
+# --------------------------------------------------------------------------- metrics
+
+def test_multi_label_metrics_follow_their_definitions():
+    from finetune.metrics.other_tasks import MultiLabelMetrics
+
+    ref = [[1, 0, 1], [0, 1, 0], [1, 1, 0], [0, 0, 0]]
+    pred = [[1, 0, 0], [0, 1, 0], [1, 0, 1], [0, 0, 0]]
+    # per label (tp, fp, fn): label 0 (2, 0, 0), label 1 (1, 0, 1), label 2 (0, 1, 1)
+    micro = MultiLabelMetrics(["accuracy", "f1", "precision", "recall"], 3, "micro").compute(pred, ref)
+    assert micro == pytest.approx({"accuracy": 0.5, "f1": 6 / 9, "precision": 3 / 4, "recall": 3 / 5})
+    macro = MultiLabelMetrics(["f1"], 3, "macro").compute(pred, ref)
+    assert macro["f1"] == pytest.approx((1.0 + 2 / 3 + 0.0) / 3)
+    weighted = MultiLabelMetrics(["f1"], 3, "weighted").compute(pred, ref)
+    assert weighted["f1"] == pytest.approx((2 * 1.0 + 2 * 2 / 3 + 1 * 0.0) / 5)
+
+
+def test_regression_metrics_follow_their_definitions():
+    from finetune.metrics.other_tasks import RegressionMetrics
+
+    pred = [1.0, 2.0, 2.0, 5.0, 4.0]
+    ref = [1.5, 1.0, 3.0, 4.0, 4.0]
+    m = RegressionMetrics(["pearson", "spearmanr", "mse", "mae"]).compute(pred, ref)
+    assert m["mse"] == pytest.approx((0.25 + 1 + 1 + 1 + 0) / 5) and m["mae"] == pytest.approx(3.5 / 5)
+    p, r = torch.tensor(pred, dtype=torch.float64), torch.tensor(ref, dtype=torch.float64)
+    assert m["pearson"] == pytest.approx(torch.corrcoef(torch.stack([p, r]))[0, 1].item())
+    # average ranks with ties: pred -> 1, 2.5, 2.5, 5, 4; ref -> 2, 1, 3, 4.5, 4.5
+    rp, rr = torch.tensor([1, 2.5, 2.5, 5, 4]), torch.tensor([2, 1, 3, 4.5, 4.5])
+    assert m["spearmanr"] == pytest.approx(torch.corrcoef(torch.stack([rp, rr]))[0, 1].item())
+
+
+# --------------------------------------------------------------------------- end to end, and pipeline()
+
+TEXTS = ["free cash prize call now", "see you at dinner tonight", "win", "urgent claim your offer txt now free",
+         "sorry late for the meeting tomorrow morning", "hello ok thanks love you"]
+
+
+def _tagged_rows(n: int, seed: int):
+    """Texts tagged ``money`` (cash, prize, free) and ``hurry`` (now, urgent), either, both or none."""
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(n):
+        words = [rng.choice(WORDS) for _ in range(rng.randint(3, 12))]
+        tags = [t for t, cue in (("money", {"cash", "prize", "free"}), ("hurry", {"now", "urgent"}))
+                if cue & set(words)]
+        rows.append({"text": " ".join(words), "tags": tags, "score": sum(w in WORDS[:10] for w in words) / len(words)})
+    return rows
+
+
+@pytest.fixture(scope="module")
+def problem_runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("problems")
+    runs = {}
+    for problem_type, label_column in (("multi_label", "tags"), ("regression", "score")):
+        folder = root / problem_type
+        folder.mkdir()
+        for name, n, seed in (("train", 120, 1), ("val", 30, 2)):
+            with open(folder / f"{name}.jsonl", "w", encoding="utf-8") as fh:
+                for row in _tagged_rows(n, seed):
+                    fh.write(json.dumps(row) + "\n")
+        cfg, summary = fit_tiny_run(
+            folder,
+            model={"problem_type": problem_type},
+            data={"train_file": str(folder / "train.jsonl"), "validation_file": str(folder / "val.jsonl"),
+                  "format": "auto", "has_header": None, "column_names": None, "label_column": label_column},
+            evaluation={"metrics": ["accuracy", "f1"] if problem_type == "multi_label" else ["pearson", "mse"],
+                        "average": "auto", "positive_label": None},
+            training={"num_train_epochs": 8},
+        )
+        runs[problem_type] = (folder / "out", summary)
+    return runs
+
+
+@pytest.mark.slow
+def test_a_multi_label_run_learns_and_pipeline_agrees_with_predict(problem_runs):
+    from transformers import AutoConfig, pipeline
+
+    from finetune.predict import Predictor
+
+    out, summary = problem_runs["multi_label"]
+    assert AutoConfig.from_pretrained(out).problem_type == "multi_label_classification"
+    assert summary["labels"] == ["hurry", "money"]
+    assert set(summary["eval"]) == {"loss", "num_samples", "accuracy", "f1"}
+    reset_accelerate()
+    predictor = Predictor.load(out, device="cpu")
+    ours = predictor.predict(TEXTS)
+    theirs = pipeline("text-classification", model=str(out), device="cpu", top_k=None)(TEXTS)
+    for mine, scores in zip(ours, theirs):
+        # the pipeline applies a sigmoid per label, because the saved config says multi_label
+        assert mine["probabilities"] == pytest.approx({d["label"]: d["score"] for d in scores}, abs=1e-5)
+        assert mine["labels"] == [d for d in predictor.labels if mine["probabilities"][d] > 0.5]
+    # it learned the cue of "hurry": every text with "now" or "urgent" scores above every other
+    hurry = [p["probabilities"]["hurry"] for p in ours]
+    assert min(h for h, t in zip(hurry, TEXTS) if "now" in t or "urgent" in t) > max(
+        h for h, t in zip(hurry, TEXTS) if not ("now" in t or "urgent" in t))
+    # a higher threshold predicts fewer labels, down to none for a text
+    strict = Predictor(predictor.model, predictor.tokenizer, threshold=0.9).predict(TEXTS)
+    assert [p["labels"] for p in strict] == [[d for d in predictor.labels if p["probabilities"][d] > 0.9]
+                                            for p in strict]
+    assert any(not p["labels"] for p in strict)
+
+
+@pytest.mark.slow
+def test_a_regression_run_learns_and_pipeline_agrees_with_predict(problem_runs):
+    from transformers import AutoConfig, pipeline
+
+    from finetune.predict import Predictor
+    from finetune.score import score_file
+
+    out, summary = problem_runs["regression"]
+    assert AutoConfig.from_pretrained(out).problem_type == "regression"
+    assert set(summary["eval"]) == {"loss", "num_samples", "pearson", "mse"}
+    assert summary["eval"]["loss"] == pytest.approx(summary["eval"]["mse"], rel=1e-5)  # the loss is the MSE
+    reset_accelerate()
+    predictor = Predictor.load(out, device="cpu")
+    ours = predictor.predict(TEXTS)
+    theirs = pipeline("text-classification", model=str(out), device="cpu", function_to_apply="none")(TEXTS)
+    assert [p["score"] for p in ours] == pytest.approx([t["score"] for t in theirs], abs=1e-5)
+    # score reads the validation file as training did and reports what validation reported
+    result = score_file(out, out.parent / "val.jsonl", predictor=predictor)
+    assert result.confusion is None
+    assert result.metrics["mse"] == pytest.approx(summary["eval"]["mse"], rel=1e-4)
