@@ -129,11 +129,12 @@ def PackageOrderTrainer(cfg, spec: ArmSpec, lengths):
     """A ``Trainer`` subclass whose training sampler is the package's own (:func:`finetune.runner.training_sampler`)."""
     from transformers import Trainer
 
+    from finetune.accumulation import Batching
     from finetune.runner import training_sampler
 
     class _Trainer(Trainer):
         def _get_train_sampler(self, train_dataset=None):
-            return training_sampler(cfg, lengths, spec.b * spec.k)
+            return training_sampler(cfg, lengths, Batching(spec.b, spec.k, 1))
 
     return _Trainer
 

@@ -607,6 +607,8 @@ def parse_override(text: str) -> tuple[str, Any]:
         value = yaml.safe_load(raw) if raw.strip() else None
     except yaml.YAMLError:
         value = raw
+    if value == "" and raw.strip() not in ('""', "''"):
+        value = raw.strip()  # `|` and `>` alone are YAML block markers that read as empty: the user meant the character
     return key, value
 
 

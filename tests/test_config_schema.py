@@ -113,3 +113,47 @@ def test_missing_and_malformed_files(tmp_path):
 def test_parse_override_keeps_strings():
     assert parse_override("model.name_or_path=bert-base-uncased") == ("model.name_or_path", "bert-base-uncased")
     assert parse_override("data.column_names=[label, text]") == ("data.column_names", ["label", "text"])
+
+
+def test_parse_override_keeps_a_lone_yaml_marker():
+    assert parse_override("data.label_delimiter=|") == ("data.label_delimiter", "|")
+    assert parse_override("data.label_delimiter=>") == ("data.label_delimiter", ">")
+    assert parse_override("data.label_delimiter=''") == ("data.label_delimiter", "")
+
+
+def test_the_keys_of_the_run_features_have_defaults_and_typed_overrides(tmp_path):
+    cfg = load_config(write(tmp_path, BASE))
+    assert cfg.training.accumulation_schedule is None and cfg.training.class_weights is None
+    assert cfg.model.problem_type == "single_label" and cfg.data.label_delimiter is None
+    e = cfg.evaluation
+    assert (e.eval_every, e.metric_for_best_model, e.greater_is_better, e.load_best_model_at_end,
+            e.early_stopping_patience, e.early_stopping_threshold) == (None, None, None, False, None, 0.0)
+    cfg = load_config(write(tmp_path, BASE), [
+        "training.accumulation_schedule={0: 4, 2: 1}", "training.class_weights={ham: 1, spam: 3}",
+        "model.problem_type=multi_label", "training.class_weights=null", "data.label_delimiter=|",
+        "evaluation.eval_every=50", "evaluation.metric_for_best_model=f1", "evaluation.early_stopping_patience=2",
+    ])
+    assert cfg.training.accumulation_schedule == {0: 4, 2: 1}
+    assert cfg.model.problem_type == "multi_label" and cfg.data.label_delimiter == "|"
+    assert (cfg.evaluation.eval_every, cfg.evaluation.metric_for_best_model) == (50, "f1")
+
+
+@pytest.mark.parametrize("text, needle", [
+    (BASE + "  accumulation_schedule: {0: 0}\n", "training.accumulation_schedule: k must be >= 1, got 0 for epoch 0"),
+    (BASE + "  accumulation_schedule: [8, 2]\n", "training.accumulation_schedule: expected mapping of int to int"),
+    (BASE + "  class_weights: heavy\n", "training.class_weights: expected 'balanced' or mapping of str to float"),
+    (BASE + "model:\n  problem_type: multiclass\n", "model.problem_type: expected one of"),
+    (BASE.replace("data:\n", "data:\n  label_delimiter: ','\n"), "data.label_delimiter: splits multi_label labels only"),
+    (BASE + "evaluation:\n  eval_every: 0\n", "evaluation.eval_every: must be >= 1 or null, got 0"),
+    (BASE + "evaluation:\n  metric_for_best_model: bleu\n", "evaluation.metric_for_best_model: 'bleu' is not computed"),
+    (BASE + "evaluation:\n  greater_is_better: sometimes\n", "evaluation.greater_is_better: expected bool or null"),
+    (BASE + "evaluation:\n  load_best_model_at_end: 1\n", "evaluation.load_best_model_at_end: expected bool"),
+    (BASE + "evaluation:\n  early_stopping_patience: 0\n", "evaluation.early_stopping_patience: must be >= 1"),
+    (BASE + "evaluation:\n  early_stopping_threshold: -1\n", "evaluation.early_stopping_threshold: must be >= 0"),
+])
+def test_a_bad_run_feature_value_names_the_key_and_file(tmp_path, text, needle):
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    message = str(info.value)
+    assert needle in message and str(path) in message and "\n" not in message

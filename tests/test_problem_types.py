@@ -67,7 +67,8 @@ def _assert_same(a, b):
     assert len(a) == len(b) == 6  # 3 updates per epoch, 2 epochs
     for update, (sa, sb) in enumerate(zip(a, b)):
         for name in sa:
-            torch.testing.assert_close(sa[name], sb[name], rtol=1e-5, atol=1e-7,
+            # atol: the attention's key bias gets a zero gradient up to rounding, noise of 1e-7 either way
+            torch.testing.assert_close(sa[name], sb[name], rtol=1e-5, atol=1e-6,
                                        msg=lambda m: f"update {update}, {name}: {m}")
 
 
@@ -343,7 +344,8 @@ def test_a_regression_run_learns_and_pipeline_agrees_with_predict(problem_runs):
     reset_accelerate()
     predictor = Predictor.load(out, device="cpu")
     ours = predictor.predict(TEXTS)
-    theirs = pipeline("text-classification", model=str(out), device="cpu", function_to_apply="none")(TEXTS)
+    # no function_to_apply: the saved problem_type tells pipeline to leave the number as it is
+    theirs = pipeline("text-classification", model=str(out), device="cpu")(TEXTS)
     assert [p["score"] for p in ours] == pytest.approx([t["score"] for t in theirs], abs=1e-5)
     # score reads the validation file as training did and reports what validation reported
     result = score_file(out, out.parent / "val.jsonl", predictor=predictor)
