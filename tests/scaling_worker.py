@@ -30,7 +30,7 @@ EVAL_BATCH = 4
 
 
 def record_run(b: int, k: int, epochs: int = 2, lr: float = 1e-3, warmup: int = 1, max_grad_norm=0.05,
-               cpu: bool = False) -> dict:
+               cpu: bool = False, schedule: dict | None = None) -> dict:
     """Train the tiny BERT for ``epochs`` with ``(b, k, P)`` and record every update.
 
     ``P`` is whatever the launcher started; the processes are joined by
@@ -39,7 +39,8 @@ def record_run(b: int, k: int, epochs: int = 2, lr: float = 1e-3, warmup: int = 
     Returns the records of this process:
     weights after each update (rank 0 keeps them), learning rates, log records,
     scheduler calls, the micro-batches during whose backward DDP communicated,
-    evaluation results, and the process setup.
+    evaluation results, and the process setup. ``schedule`` (``{first epoch: k}``)
+    replaces ``k`` with an accumulation schedule.
     """
     from accelerate import Accelerator
 
@@ -53,17 +54,20 @@ def record_run(b: int, k: int, epochs: int = 2, lr: float = 1e-3, warmup: int = 
 
     if not cpu:
         cpu = init_process_state().device.type == "cpu"
-    acc = Accelerator(cpu=cpu, gradient_accumulation_steps=k)
+    from finetune.accumulation import AccumulationSchedule
+
+    ks = AccumulationSchedule.from_dict(schedule) if schedule else AccumulationSchedule.constant(k)
+    acc = Accelerator(cpu=cpu, gradient_accumulation_steps=ks.k_at(0))
     P = acc.num_processes
     data = token_dataset(N_TRAIN, seed=1)
     model = tiny_bert(seed=0)
     opt_cfg = OptimConfig(learning_rate=lr, lr_scheduler_type="linear", warmup_steps=warmup, weight_decay=0.01)
     optimizer = build_optimizer(model, opt_cfg)
-    sampler = EpochSampler(len(data), seed=7, window_size=b * k * P)
+    sampler = EpochSampler(len(data), seed=7, window_size={epoch: b * kk * P for epoch, kk in ks.changes})
     train_dl = DataLoader(data, batch_size=b, sampler=sampler, collate_fn=pad_collate)
     eval_dl = DataLoader(token_dataset(N_EVAL, seed=2), batch_size=EVAL_BATCH, collate_fn=pad_collate)
     model, optimizer, train_dl, eval_dl = acc.prepare(model, optimizer, train_dl, eval_dl)
-    plan = plan_updates(len(train_dl), k, epochs, None, warmup_steps=warmup)
+    plan = plan_updates(len(train_dl), ks, epochs, None, warmup_steps=warmup)
     scheduler = build_scheduler(optimizer, opt_cfg, plan)
 
     calls = {"scheduler": 0, "forward": 0}
@@ -102,6 +106,7 @@ def record_run(b: int, k: int, epochs: int = 2, lr: float = 1e-3, warmup: int = 
     records: list[dict] = []
     train_state = TrainState()
     for epoch in range(epochs):
+        acc.gradient_accumulation_steps = plan.k_at(epoch)
         train_one_epoch(model, optimizer, scheduler, train_dl, acc, epoch, state=train_state,
                         max_grad_norm=max_grad_norm, on_log=records.append, on_update=on_update)
     lrs = [r["train/lr"] for r in records]
@@ -130,8 +135,12 @@ def main() -> None:
     parser.add_argument("--out", required=True)
     parser.add_argument("--b", type=int, required=True)
     parser.add_argument("--k", type=int, required=True)
+    parser.add_argument("--schedule", default=None, help="an accumulation schedule, e.g. 0:2,1:1")
     args = parser.parse_args()
-    result = record_run(args.b, args.k)
+    schedule = None
+    if args.schedule:
+        schedule = {int(e): int(k) for e, k in (part.split(":") for part in args.schedule.split(","))}
+    result = record_run(args.b, args.k, schedule=schedule)
     out = Path(args.out)
     snapshots = result.pop("snapshots")
     (out / f"rank{result['process_index']}.json").write_text(json.dumps(result), encoding="utf-8")

@@ -122,6 +122,39 @@ def two_processes(tmp_path_factory):
     return ranks
 
 
+@pytest.mark.slow
+def test_an_accumulation_schedule_on_two_processes_gives_the_single_process_weights(tmp_path):
+    """``k`` by epoch, ``{0: 2, 1: 1}`` on 2 processes of ``b=4``, is ``{0: 4, 1: 2}`` on one: B = 16, then 8."""
+    from accelerate.state import AcceleratorState, GradientState
+
+    from scaling_worker import record_run
+
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+    try:
+        single = record_run(b=4, k=4, cpu=True, schedule={0: 4, 1: 2})
+    finally:
+        AcceleratorState._reset_state(True)
+        GradientState._reset_state()
+    cmd = _launcher("--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--main_process_port",
+                    str(free_port()), "--mixed_precision", "no", "--dynamo_backend", "no",
+                    str(REPO / "tests" / "scaling_worker.py"), "--out", str(tmp_path), "--b", "4", "--k", "2",
+                    "--schedule", "0:2,1:1")
+    proc = _run(cmd)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    rank0 = json.loads((tmp_path / "rank0.json").read_text())
+    multi = torch.load(tmp_path / "snapshots.pt")
+    # epoch 0: windows of 16, 16, 2 samples; epoch 1: of 8, 8, 8, 8, 2
+    assert rank0["plan"] == [3, 8] and rank0["steps"] == rank0["scheduler_calls"] == 8
+    assert len(multi) == len(single["snapshots"]) == 8
+    for update, (a, b) in enumerate(zip(single["snapshots"], multi)):
+        for name in a:
+            torch.testing.assert_close(b[name], a[name], rtol=1e-5, atol=1e-7,
+                                       msg=lambda m: f"update {update + 1}, {name}: {m}")
+    assert [r["train/effective_batch_size"] for r in rank0["records"]] == [16] * 3 + [8] * 5
+    assert rank0["lrs"] == pytest.approx(single["lrs"], rel=1e-12) and rank0["final_lr"] == 0.0
+
+
 def test_two_processes_are_one_ddp_job_over_gloo(two_processes):
     assert [r["process_index"] for r in two_processes] == [0, 1]
     for r in two_processes:
