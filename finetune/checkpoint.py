@@ -11,7 +11,10 @@ A checkpoint is a directory ``<output_dir>/checkpoints/checkpoint-<update>/`` wi
 * ``trainer_state.json``: the loop's :class:`~finetune.loop.TrainState`
   (epoch, updates, micro-batches of the epoch already consumed, counters), the
   run's *fingerprint* (what must not change on resume), the evaluation history,
-  and whether the epoch's evaluation is still due.
+  and whether the epoch's evaluation is still due;
+* ``manifest.json``, written last: every other file's size and SHA-256. A
+  resume verifies it and passes over a checkpoint whose files changed (a
+  warning names the file), to the next older one that is intact.
 
 Checkpoints are taken only between updates (at a window boundary): every
 ``output.checkpoint_every`` updates from the ``on_update`` callback of
@@ -31,9 +34,12 @@ in fp32 on the same hardware and thread count).
 from __future__ import annotations
 
 import contextlib
+import errno
+import hashlib
 import json
 import logging
 import os
+import pickle
 import re
 import shutil
 import signal
@@ -44,7 +50,7 @@ from typing import Any, Optional
 
 import torch
 
-from finetune.errors import ConfigError, ModelError
+from finetune.errors import ConfigError, ModelError, OutputError
 from finetune.outputs import CHECKPOINTS_DIR
 from finetune.selection import Selection
 from finetune.signals import RunInterrupted, StopSignals, resume_command
@@ -56,7 +62,10 @@ TMP_PREFIX = ".tmp-" + CHECKPOINT_PREFIX
 OLD_PREFIX = ".old-" + CHECKPOINT_PREFIX
 STATE_FILE = "trainer_state.json"
 SCHEDULER_FILE = "scheduler.pt"
-FORMAT_VERSION = 1
+MANIFEST_FILE = "manifest.json"
+# 2: with manifest.json. Checkpoints of format 1 (no manifest) still resume, unverified.
+FORMAT_VERSION = 2
+READABLE_FORMATS = (1, 2)
 
 _NAME = re.compile(rf"^(\.old-)?{CHECKPOINT_PREFIX}(\d+)$")  # OLD_PREFIX or the final name
 
@@ -95,7 +104,7 @@ def read_state(path: str | os.PathLike) -> dict[str, Any]:
         raise ConfigError(f"output.resume_from: {path} is not a complete checkpoint (no {STATE_FILE})") from None
     except (OSError, ValueError) as exc:
         raise ConfigError(f"output.resume_from: {path / STATE_FILE} cannot be read ({exc})") from None
-    if not isinstance(meta, dict) or meta.get("format") != FORMAT_VERSION:
+    if not isinstance(meta, dict) or meta.get("format") not in READABLE_FORMATS:
         raise ConfigError(f"output.resume_from: {path / STATE_FILE} is not a finetune checkpoint (format "
                           f"{meta.get('format') if isinstance(meta, dict) else '?'}, expected {FORMAT_VERSION})")
     return meta
@@ -124,37 +133,103 @@ def list_checkpoints(output_dir: str | os.PathLike) -> list[Path]:
 
 
 def resolve_resume(output_dir: str | os.PathLike, resume_from: Optional[str]) -> Optional[Path]:
-    """The checkpoint ``output.resume_from`` names, or ``None`` for a fresh run.
+    """The checkpoint ``output.resume_from`` names at first sight (no file verified), or ``None`` for a fresh run.
+
+    A start-up check, before any work: :class:`Checkpointer` then verifies the
+    files and, for ``latest`` and ``auto``, passes over damaged checkpoints.
 
     Args:
         output_dir: ``output.output_dir``.
-        resume_from: ``latest`` (the complete checkpoint with the most updates
-            under ``<output_dir>/checkpoints``) or a checkpoint directory.
+        resume_from: ``auto`` (the newest complete checkpoint under
+            ``<output_dir>/checkpoints``, or ``None`` when there is none),
+            ``latest`` (the same, but there must be one) or a checkpoint directory.
 
     Raises:
-        ConfigError: if there is nothing complete to resume from.
+        ConfigError: if ``latest`` finds nothing complete, or the directory is no checkpoint.
     """
     if not resume_from:
         return None
-    if resume_from == "latest":
+    if resume_from in ("auto", "latest"):
         found = list_checkpoints(output_dir)
-        if not found:
+        if not found and resume_from == "latest":
             raise ConfigError(
                 f"output.resume_from: latest, but {checkpoints_root(output_dir)} holds no complete checkpoint "
-                f"(drop output.resume_from to start afresh, with output.overwrite=true)"
+                f"(output.resume_from=auto starts afresh when there is none)"
             )
-        return found[-1]
+        return found[-1] if found else None
     path = Path(resume_from).expanduser()
     if not path.is_dir():
-        raise ConfigError(f"output.resume_from: {path} is not a directory (give a checkpoint directory or latest)")
+        raise ConfigError(f"output.resume_from: {path} is not a directory (give a checkpoint directory, latest "
+                          f"or auto)")
     read_state(path)
     return path
+
+
+def unreadable_checkpoints(output_dir: str | os.PathLike) -> list[Path]:
+    """Directories named like checkpoints whose ``trainer_state.json`` is missing or cannot be read."""
+    root = checkpoints_root(output_dir)
+    if not root.is_dir():
+        return []
+    bad = []
+    for child in sorted(root.iterdir()):
+        if child.is_dir() and _NAME.match(child.name) and not child.name.startswith("."):
+            try:
+                read_state(child)
+            except ConfigError:
+                bad.append(child)
+    return bad
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def write_manifest(directory: Path) -> None:
+    """``manifest.json``: the size and SHA-256 of every file in the checkpoint directory (written last)."""
+    files = sorted(p for p in directory.rglob("*") if p.is_file() and p.name != MANIFEST_FILE)
+    entries = {p.relative_to(directory).as_posix(): {"size": p.stat().st_size, "sha256": _sha256(p)} for p in files}
+    (directory / MANIFEST_FILE).write_text(json.dumps({"files": entries}, indent=1) + "\n", encoding="utf-8")
+
+
+def verify_checkpoint(path: Path) -> Optional[str]:
+    """What is wrong with a checkpoint's files, or ``None`` when they are the ones saved.
+
+    A checkpoint of format 1 has no manifest: it is taken as it is.
+    """
+    try:
+        meta = read_state(path)
+    except ConfigError as exc:
+        return exc.message.split(": ", 1)[-1]
+    if meta.get("format", 1) < 2:
+        return None
+    try:
+        manifest = json.loads((path / MANIFEST_FILE).read_text(encoding="utf-8"))["files"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return f"{MANIFEST_FILE} is missing or unreadable"
+    for name, entry in manifest.items():
+        file = path / name
+        if not file.is_file():
+            return f"{name} is missing"
+        size = file.stat().st_size
+        if size != entry["size"]:
+            return f"{name} has {size} bytes, {entry['size']} were saved"
+        if _sha256(file) != entry["sha256"]:
+            return f"{name} does not hold the bytes that were saved (SHA-256 differs)"
+    return None
 
 
 # --------------------------------------------------------------------------- what must not change
 
 # fingerprint keys added after the checkpoint format was released
-ADDED_KEYS = frozenset({"precision", "training.accumulation_schedule", "plan.epoch_updates", "plan.accumulation"})
+ADDED_KEYS = frozenset({
+    "precision", "effective_batch_size", "data.train_sha256",
+    "training.accumulation_schedule", "plan.epoch_updates", "plan.accumulation",
+    "model.problem_type", "data.label_delimiter", "training.class_weights",
+})
 
 
 def run_fingerprint(run) -> dict[str, Any]:
@@ -173,6 +248,10 @@ def run_fingerprint(run) -> dict[str, Any]:
             if name not in MAY_CHANGE_ON_RESUME:
                 fingerprint[name] = value
     fingerprint.update({
+        # the training rows themselves: a file edited in place is another run
+        "data.train_sha256": getattr(run, "data_sha256", None),
+        # first of what follows from the config: a changed effective batch is named as such
+        "effective_batch_size": run.batching.effective_batch_size,
         "precision": run.accelerator.mixed_precision,  # what training.mixed_precision: auto chose here
         "processes": run.batching.num_processes,
         "per_device_train_batch_size": run.batching.per_device_batch_size,
@@ -252,9 +331,11 @@ def save_checkpoint(run, history: list[dict[str, Any]], pending_eval_epoch: Opti
 
     ``accelerator.save_state`` writes model (safetensors), optimizer, RNG states
     of every process and the fp16 scaler; the scheduler and the loop's state are
-    added here. Everything goes into a temporary directory that is renamed to
+    added here, and last ``manifest.json`` (every file's size and SHA-256).
+    Everything goes into a temporary directory that is renamed to
     ``checkpoint-<update>`` once complete; afterwards the oldest checkpoints
-    beyond ``output.keep_last`` are deleted.
+    beyond ``output.keep_last`` are deleted. Before writing, the free space is
+    checked against the size of the last checkpoint.
 
     The scheduler is saved here rather than through
     ``accelerator.register_for_checkpointing`` because ``load_state`` unpickles
@@ -271,17 +352,43 @@ def save_checkpoint(run, history: list[dict[str, Any]], pending_eval_epoch: Opti
 
     Returns:
         The checkpoint directory.
+
+    Raises:
+        OutputError: on every process, when any of them cannot write (a full disk, a
+            permission): the temporary directory is removed, earlier checkpoints are untouched.
     """
     acc = run.accelerator
     root = checkpoints_root(run.cfg.output.output_dir)
     step = run.state.step
     final = root / f"{CHECKPOINT_PREFIX}{step}"
     tmp = root / f"{TMP_PREFIX}{step}"
+    problem = None
     if acc.is_main_process:
-        if tmp.exists():
-            shutil.rmtree(tmp)
-        tmp.mkdir(parents=True)
+        problem = _space_problem(root)
+        if problem is None:
+            problem = _attempt(lambda: _fresh_dir(tmp), root)
+    _stop_on_problem(acc, problem, tmp, step)
+    problem = _attempt(lambda: _write_state(run, tmp, history, pending_eval_epoch, reason), root)
+    _stop_on_problem(acc, problem, tmp, step)  # every rank's RNG file is in place, or all stop
+    if acc.is_main_process:
+        problem = _attempt(lambda: _publish(tmp, final, root), root)
+    _stop_on_problem(acc, problem, tmp, step)
+    if acc.is_main_process:
+        _prune(root, run.cfg.output.keep_last, keep={final, protect})
+        logger.info("checkpoint saved: %s (%s)", final, reason or f"update {step}")
     acc.wait_for_everyone()
+    return final
+
+
+def _fresh_dir(tmp: Path) -> None:
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+
+
+def _write_state(run, tmp: Path, history, pending_eval_epoch, reason: str) -> None:
+    """Everything but the manifest into ``tmp``: Accelerate's state on every process, then ours on the main one."""
+    acc = run.accelerator
     with _quiet_accelerate():
         acc.save_state(str(tmp), safe_serialization=True)
     if acc.is_main_process:
@@ -292,33 +399,88 @@ def save_checkpoint(run, history: list[dict[str, Any]], pending_eval_epoch: Opti
             "format": FORMAT_VERSION,
             "state": run.state.to_dict(),
             "num_processes": acc.num_processes,
+            "cpu_threads": torch.get_num_threads() if acc.device.type == "cpu" else None,
             "fingerprint": run_fingerprint(run),
             "history": history,
             "pending_eval_epoch": pending_eval_epoch,
             "reason": reason,
             "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         }
-        # written last: with the rename below, its presence marks a complete checkpoint
         (tmp / STATE_FILE).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
-    acc.wait_for_everyone()  # every rank's RNG file is in place
-    if acc.is_main_process:
-        _fsync_tree(tmp)
-        if final.exists():
-            # the same update saved again (its epoch's evaluation ran since): swap, never leaving
-            # a half-built directory under the final name
-            old = root / f"{OLD_PREFIX}{step}"
-            if old.exists():
-                shutil.rmtree(old)
-            os.replace(final, old)
-            os.replace(tmp, final)
+
+
+def _publish(tmp: Path, final: Path, root: Path) -> None:
+    """The manifest (last), flush to disk, and the rename that makes the checkpoint exist."""
+    write_manifest(tmp)
+    _fsync_tree(tmp)
+    if final.exists():
+        # the same update saved again (its epoch's evaluation ran since): swap, never leaving
+        # a half-built directory under the final name
+        old = root / f"{OLD_PREFIX}{final.name.removeprefix(CHECKPOINT_PREFIX)}"
+        if old.exists():
             shutil.rmtree(old)
-        else:
-            os.replace(tmp, final)
-        _fsync_dir(root)
-        _prune(root, run.cfg.output.keep_last, keep={final, protect})
-        logger.info("checkpoint saved: %s (%s)", final, reason or f"update {step}")
-    acc.wait_for_everyone()
-    return final
+        os.replace(final, old)
+        os.replace(tmp, final)
+        shutil.rmtree(old)
+    else:
+        os.replace(tmp, final)
+    _fsync_dir(root)
+
+
+def _size(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+def _space_problem(root: Path) -> Optional[str]:
+    """Not enough free space for another checkpoint the size of the last one, said in words; else ``None``."""
+    previous = list_checkpoints(root.parent)
+    if not previous:
+        return None
+    needed = _size(previous[-1])
+    free = shutil.disk_usage(root).free
+    if free >= needed:
+        return None
+    return (f"no space left for a checkpoint: {free / 1e6:.0f} MB free, the last one took {needed / 1e6:.0f} MB")
+
+
+def _attempt(action, root: Path) -> Optional[str]:
+    """Run ``action``; a failed write (a full disk, a permission, an OS error) comes back as a phrase."""
+    try:
+        action()
+    except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            return "no space left on device"
+        return f"{exc.strerror or exc}" + (f" ({exc.filename})" if getattr(exc, "filename", None) else "")
+    except RuntimeError as exc:
+        # torch.save reports a failed write as a RuntimeError from its zip writer, without the OS's reason
+        text = str(exc)
+        if not any(mark in text for mark in ("PytorchStreamWriter", "unexpected pos", "file write failed")):
+            raise
+        if shutil.disk_usage(root).free < (1 << 20):
+            return "no space left on device"
+        return f"the write failed ({text.splitlines()[0][:120]})"
+    return None
+
+
+def _stop_on_problem(acc, problem: Optional[str], tmp: Path, step: int) -> None:
+    """All processes learn whether any failed to write; then all stop, the partial checkpoint removed.
+
+    Raises:
+        OutputError: one line naming the folder and what failed.
+    """
+    if acc.num_processes > 1:
+        from accelerate.utils import gather_object
+
+        problems = [p for p in gather_object([problem]) if p]
+        problem = problems[0] if problems else None
+    if problem is None:
+        return
+    if acc.is_main_process:
+        shutil.rmtree(tmp, ignore_errors=True)
+    raise OutputError(
+        f"cannot save {CHECKPOINT_PREFIX}{step} in {tmp.parent}: {problem}; the partial checkpoint was removed "
+        f"and the earlier ones are intact (free space, then run the same command to resume)"
+    )
 
 
 def write_model_files(run, directory: Path) -> None:
@@ -371,16 +533,41 @@ def load_checkpoint(run, path: str | os.PathLike, meta: Optional[dict[str, Any]]
     torch.manual_seed(0x5EED)
     sentinel = torch.get_rng_state()
     # model via safetensors; optimizer and RNG states via torch.load(weights_only=True)
-    with _quiet_accelerate():
-        acc.load_state(str(path))
+    try:
+        with _quiet_accelerate():
+            acc.load_state(str(path))
+    except pickle.UnpicklingError as exc:
+        # weights_only refused an object that is not plain data: never unpickle it
+        first = (str(exc).strip().splitlines() or [""])[0]
+        raise ModelError(f"{path}: a file holds objects that are not plain tensors and data, so it is not "
+                         f"loaded (torch.load weights_only: {first[:120]})") from None
     if torch.equal(torch.get_rng_state(), sentinel):
         raise ModelError(f"{path}: could not restore the random number generator states "
                          f"(random_states_{acc.process_index}.pkl)")
     if run.scheduler is not None:
         run.scheduler.load_state_dict(torch.load(path / SCHEDULER_FILE, map_location="cpu", weights_only=True))
+    check_finite(run, path)
     for key, value in meta["state"].items():
         setattr(run.state, key, value)
     return meta
+
+
+def check_finite(run, path: Path) -> None:
+    """The loaded weights and optimizer state hold no NaN or inf (a checkpoint saved from a diverged run).
+
+    Raises:
+        ModelError: naming the first tensor that is not finite.
+    """
+    model = run.accelerator.unwrap_model(run.model)
+    for name, param in model.named_parameters():
+        if not torch.isfinite(param).all():
+            raise ModelError(f"{path}: weight {name} holds NaN or inf values; resume from an earlier checkpoint "
+                             f"(output.resume_from=<its directory>)")
+    for group_state in run.optimizer.state.values():
+        for key, value in group_state.items():
+            if torch.is_tensor(value) and value.is_floating_point() and not torch.isfinite(value).all():
+                raise ModelError(f"{path}: the optimizer state ({key}) holds NaN or inf values; resume from an "
+                                 f"earlier checkpoint (output.resume_from=<its directory>)")
 
 
 def load_model_weights(run, path: Path) -> None:
@@ -395,6 +582,58 @@ def load_model_weights(run, path: Path) -> None:
     if not weights.is_file():
         raise ModelError(f"{weights}: missing; cannot load the best model (was the checkpoint deleted?)")
     load_model(run.accelerator.unwrap_model(run.model), str(weights), strict=True, device=str(run.accelerator.device))
+
+
+def choose_checkpoint(run) -> Optional[Path]:
+    """The checkpoint this run resumes from, its files verified; ``None`` for a fresh start.
+
+    ``latest`` and ``auto`` take the newest checkpoint whose files match its
+    manifest, passing over (with one warning line each) damaged ones and
+    directories without a readable ``trainer_state.json``. ``auto`` also
+    requires the same run (:func:`check_compatible`); it starts afresh when the
+    folder holds no checkpoint, and under ``output.overwrite`` (which then
+    clears the folder's earlier run).
+
+    Raises:
+        ConfigError: if no intact checkpoint is left, a named one is damaged, or under
+            ``auto`` the folder holds only checkpoints of another run.
+    """
+    out = run.cfg.output
+    spec = out.resume_from
+    if not spec or (spec == "auto" and out.overwrite):
+        return None
+    if spec not in ("auto", "latest"):
+        path = resolve_resume(out.output_dir, spec)
+        problem = verify_checkpoint(path)
+        if problem:
+            raise ConfigError(f"output.resume_from: {path} is damaged: {problem}; name an older checkpoint")
+        return path
+    for bad in unreadable_checkpoints(out.output_dir):
+        logger.warning("passing over %s: its %s is missing or unreadable", bad, STATE_FILE)
+    candidates = list_checkpoints(out.output_dir)
+    if not candidates:
+        return resolve_resume(out.output_dir, spec)  # auto: a fresh start; latest: the error
+    other_run = None
+    for path in reversed(candidates):
+        problem = verify_checkpoint(path)
+        if problem:
+            logger.warning("passing over %s: %s", path, problem)
+            continue
+        if spec == "latest":
+            return path
+        try:
+            check_compatible(read_state(path), run, path)
+        except ConfigError as exc:
+            other_run = other_run or exc.message.split(" was written by a run with other settings: ")[-1]
+            continue
+        return path
+    if other_run is not None:
+        raise ConfigError(
+            f"output.output_dir: {out.output_dir} holds checkpoints of another run ({other_run}); "
+            f"pass output.overwrite=true to replace that run, or choose another output.output_dir"
+        )
+    raise ConfigError(f"output.resume_from: {spec}, but no checkpoint in {checkpoints_root(out.output_dir)} is "
+                      f"intact (see the warnings above); name one, or pass output.overwrite=true to start afresh")
 
 
 # --------------------------------------------------------------------------- the callback fit uses
@@ -420,7 +659,7 @@ class Checkpointer:
         out = run.cfg.output
         self.enabled = out.save_checkpoints
         self.every = out.checkpoint_every
-        self.resume_path = resolve_resume(out.output_dir, out.resume_from)
+        self.resume_path = choose_checkpoint(run)
         self._resume_meta = read_state(self.resume_path) if self.resume_path is not None else None
         if self._resume_meta is not None:
             check_compatible(self._resume_meta, run, self.resume_path)
@@ -443,6 +682,11 @@ class Checkpointer:
             return None
         meta = load_checkpoint(self.run, self.resume_path, self._resume_meta)
         self.history[:] = meta.get("history", [])
+        threads, saved_threads = torch.get_num_threads(), meta.get("cpu_threads")
+        if self.run.accelerator.device.type == "cpu" and saved_threads and saved_threads != threads:
+            logger.warning("resuming with %d CPU threads per process, the checkpoint ran with %d: the rest of the "
+                           "run is the same training but not bitwise the uninterrupted run (FINETUNE_CPU_THREADS=%d "
+                           "restores that)", threads, saved_threads, saved_threads)
         self._saved_at = self._position()
         state = self.run.state
         logger.info("resumed from %s: update %d, epoch %d, micro-batch %d", self.resume_path, state.step,
@@ -545,4 +789,6 @@ class Checkpointer:
         """Where the last checkpoint is, for a message (the non-finite stop)."""
         if self.last_saved is None:
             return "no checkpoint saved yet"
-        return f"last good checkpoint: {self.last_saved} (resume with output.resume_from=latest)"
+        return (f"last good checkpoint: {self.last_saved}. Resuming it with the same settings replays the same "
+                f"updates; to go on with others (a lower optim.learning_rate, say), start a run from its weights: "
+                f"model.name_or_path={self.last_saved} output.output_dir=<a new folder>")

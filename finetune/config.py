@@ -400,17 +400,22 @@ class OutputConfig:
 
     # Where the model, logs, metrics and checkpoints go.
     output_dir: str = "outputs/run"
-    # Allow a fresh run in a non-empty output_dir: the earlier run's checkpoints/, train_log.jsonl
-    # and metrics.json are deleted at start (after every input check), other files replaced.
+    # Start afresh in an output_dir that holds an earlier run: what finetune wrote there (its
+    # checkpoint-<n> folders, train_log.jsonl, metrics.json, all_results.json, curves.png) is deleted
+    # at start, after every input check; the model files are replaced at the end; files finetune did
+    # not write are never touched.
     overwrite: bool = False
     # Save a checkpoint every this many updates (null: only at epoch ends). Always also at each
     # epoch end and on SIGTERM / SIGINT; only ever between updates.
     checkpoint_every: Optional[int] = None
     # Keep at most this many checkpoints (null: all).
     keep_last: Optional[int] = 2
-    # ``latest`` (the newest complete checkpoint in output_dir/checkpoints) or a checkpoint
-    # directory to resume from, exactly where it stopped (null: start fresh). Wins over overwrite.
-    resume_from: Optional[str] = None
+    # ``auto``: resume from the newest intact checkpoint of this same run in output_dir/checkpoints, and
+    # start afresh when there is none, so the same command serves a first start and every restart (a
+    # folder holding another run's checkpoints is refused, never deleted, unless overwrite says so).
+    # ``latest``: the newest intact checkpoint, which must exist. A checkpoint directory: that one.
+    # Null: always start afresh. ``latest`` and a directory win over overwrite; ``auto`` yields to it.
+    resume_from: Optional[str] = "auto"
     # Save checkpoints at all (model, optimizer, scheduler, RNG and loop state).
     save_checkpoints: bool = True
 
@@ -422,7 +427,7 @@ class OutputConfig:
         if self.keep_last is not None and self.keep_last < 1:
             raise ConfigError(f"output.keep_last: must be >= 1 or null, got {self.keep_last}")
         if self.resume_from is not None and not self.resume_from.strip():
-            raise ConfigError("output.resume_from: must be latest, a checkpoint directory, or null")
+            raise ConfigError("output.resume_from: must be auto, latest, a checkpoint directory, or null")
 
 
 @dataclass
@@ -794,7 +799,11 @@ def _let_the_command_line_choose_the_length(data: dict[str, Any], given: set[str
             training[dropped] = None
 
 
+def config_yaml(cfg: Config) -> str:
+    """The resolved config as YAML text (what the run really used)."""
+    return yaml.safe_dump(cfg.to_dict(), sort_keys=False)
+
+
 def save_config(cfg: Config, path: str | os.PathLike) -> None:
     """Write the resolved config as YAML (what the run really used)."""
-    with open(path, "w", encoding="utf-8") as fh:
-        yaml.safe_dump(cfg.to_dict(), fh, sort_keys=False)
+    Path(path).write_text(config_yaml(cfg), encoding="utf-8")

@@ -845,6 +845,27 @@ def _subset(ds: datasets.Dataset, limit: Optional[int], seed: int) -> datasets.D
     return ds.select(rows)
 
 
+def content_sha256(ds: datasets.Dataset) -> str:
+    """SHA-256 of a split's rows (values and schema, in its order): what a resume compares, so that a file
+    edited in place is not taken for the same data."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    digest_rows(digest, ds)
+    return digest.hexdigest()
+
+
+def digest_rows(digest, ds: datasets.Dataset) -> None:
+    """Feed a split's row count and rows to a ``hashlib`` digest: the Arrow IPC bytes of each batch
+    (values, nulls and the schema: features, label names), in the split's current order."""
+    digest.update(str(len(ds)).encode())
+    for batch in ds.with_format("arrow").iter(batch_size=10_000):
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, batch.schema) as writer:
+            writer.write_table(batch)
+        digest.update(sink.getvalue())
+
+
 # --------------------------------------------------------------------------- small helpers
 
 

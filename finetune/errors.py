@@ -49,6 +49,16 @@ class LaunchError(FinetuneError):
     """A launch setting (process count, precision, device) that cannot work."""
 
 
+class OutputError(FinetuneError):
+    """The output folder cannot be written: no space left, a permission or another OS error.
+
+    Not the user's input, but told the same way: one line naming the folder;
+    what was on disk before is left intact.
+    """
+
+    exit_code = 4
+
+
 def run_command(action: Callable[[], object], debug: bool = False, quiet: bool = False) -> int:
     """Run a command-line action; a :class:`FinetuneError` becomes one line and its exit code.
 

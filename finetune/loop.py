@@ -21,6 +21,7 @@ the contract the loop keeps.
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from dataclasses import asdict, dataclass, field
@@ -31,6 +32,8 @@ import torch
 from finetune.accumulation import layout_for, window_loss_scale
 from finetune.errors import FinetuneError
 from finetune.tasks import LossFn, Task
+
+logger = logging.getLogger("finetune")
 
 
 class NonFiniteLossError(FinetuneError):
@@ -208,7 +211,7 @@ def train_one_epoch(
             logs.add(totals, update)
         else:
             skip_nonfinite(update, window.where(update, accelerator.process_index), state, result,
-                           on_nonfinite, max_skipped)
+                           on_nonfinite, max_skipped, warn=accelerator.is_main_process)
         state.count_window(totals, stop, update.applied, seconds=window.seconds())
         result.count_window(totals, update.applied)
         at_end = stop == layout.micro_batches_per_process
@@ -405,8 +408,9 @@ def step_was_skipped(accelerator, scale_before: Optional[float]) -> bool:
 
 
 def skip_nonfinite(update: Update, where: str, state: TrainState, result: EpochResult, on_nonfinite: str,
-                   max_skipped: int) -> None:
-    """Apply ``training.on_nonfinite`` to an update that was not made: raise, or count the skip.
+                   max_skipped: int, warn: bool = True) -> None:
+    """Apply ``training.on_nonfinite`` to an update that was not made: raise, or count the skip (with a
+    warning line when ``warn``, so a skip is seen when it happens, not only in the log's counter).
 
     Raises:
         NonFiniteLossError: under ``"stop"``, or after ``max_skipped`` skips in a row.
@@ -419,6 +423,10 @@ def skip_nonfinite(update: Update, where: str, state: TrainState, result: EpochR
     state.skipped_updates += 1
     state.skipped_in_row += 1
     result.skipped += 1
+    if warn:
+        logger.warning("skipped update %d: non-finite %s (%s) at %s (epoch %d); %d skipped in a row, at most %d "
+                       "(training.max_skipped)", state.step + 1, update.what, update.value, where, state.epoch,
+                       state.skipped_in_row, max_skipped)
     if state.skipped_in_row >= max_skipped:
         raise NonFiniteLossError(
             f"{state.skipped_in_row} updates in a row had a non-finite {update.what} "

@@ -10,15 +10,26 @@ The layout of an output folder::
     all_results.json       the summary under the Trainer's key names (train_runtime, eval_loss, ...)
     README.md              the model card: base model, data, labels, batching, results, how to reproduce
     curves.png             loss, learning rate and evaluation curves
+    .finetune.lock         locked while a run writes here: one run per folder
 
 Every module that reads or writes these names imports them from here.
 """
 
 from __future__ import annotations
 
+import json
+import logging
 import os
+import re
 import shutil
+import socket
+import time
 from pathlib import Path
+from typing import Optional
+
+from finetune.errors import ConfigError
+
+logger = logging.getLogger("finetune")
 
 CONFIG_FILE = "config.yaml"
 LOG_FILE = "train_log.jsonl"
@@ -26,6 +37,10 @@ CHECKPOINTS_DIR = "checkpoints"
 METRICS_FILE = "metrics.json"
 CURVES_FILE = "curves.png"
 RESULTS_FILE = "all_results.json"
+# held by the running run (see OutputLock)
+LOCK_FILE = ".finetune.lock"
+# checkpoint-<n>, and the temporary and previous copies of one being saved (see finetune.checkpoint)
+_CHECKPOINT_NAME = re.compile(r"^(\.tmp-|\.old-)?checkpoint-\d+$")
 MODEL_CARD_FILE = "README.md"
 # the model card's first line after its front matter: how a card finetune wrote is told from a user's README
 MODEL_CARD_MARK = "<!-- model card written by finetune; rewritten by each run in this folder -->"
@@ -44,24 +59,98 @@ def write_atomic(path: str | os.PathLike, text: str) -> None:
 
 
 def clear_previous_run(output_dir: str | os.PathLike) -> list[Path]:
-    """Delete what an earlier run left that a fresh run would otherwise resume from or append to.
+    """Delete what an earlier run wrote that a fresh run would otherwise resume from or append to.
 
-    That is ``checkpoints/``, ``train_log.jsonl``, ``metrics.json``,
+    That is the ``checkpoint-<n>`` folders (and leftovers of interrupted
+    saves) in ``checkpoints/``, ``train_log.jsonl``, ``metrics.json``,
     ``all_results.json`` and ``curves.png`` (a rerun that dies early must not
     leave the old run's results beside its new log); the model files, the
-    model card and ``config.yaml`` are replaced as the new run writes them. Used for
-    ``output.overwrite: true`` without ``resume_from``, on the main process.
+    model card and ``config.yaml`` are replaced as the new run writes them.
+    Nothing finetune does not write is touched: other files in
+    ``checkpoints/`` stay, and so does the folder then. Used for
+    ``output.overwrite: true`` on a fresh start, on the main process.
 
     Returns:
         The paths removed.
     """
     out = Path(output_dir)
     removed = []
-    for path in (out / CHECKPOINTS_DIR, out / LOG_FILE, out / METRICS_FILE, out / RESULTS_FILE, out / CURVES_FILE):
-        if path.is_dir():
-            shutil.rmtree(path)
-            removed.append(path)
-        elif path.exists():
+    checkpoints = out / CHECKPOINTS_DIR
+    if checkpoints.is_dir():
+        for child in sorted(checkpoints.iterdir()):
+            if child.is_dir() and _CHECKPOINT_NAME.match(child.name):
+                shutil.rmtree(child)
+                removed.append(child)
+        if not any(checkpoints.iterdir()):
+            checkpoints.rmdir()
+    for path in (out / LOG_FILE, out / METRICS_FILE, out / RESULTS_FILE, out / CURVES_FILE):
+        if path.is_file():
             path.unlink()
             removed.append(path)
     return removed
+
+
+class OutputLock:
+    """One run per output folder: an exclusive lock on ``<output_dir>/.finetune.lock`` while the run lives.
+
+    The lock is the operating system's (``fcntl.flock``), so it is released
+    whenever the process ends, killed or not: a crashed run never leaves a
+    stale lock. The file stays, holding the last holder's pid, host and start
+    time for the message a second run gets. On a file system without locks
+    (some network mounts) the run goes on with a warning.
+    """
+
+    def __init__(self, output_dir: str | os.PathLike):
+        self.path = Path(output_dir) / LOCK_FILE
+        self._fd: Optional[int] = None
+
+    def acquire(self) -> None:
+        """Take the lock.
+
+        Raises:
+            ConfigError: naming the folder and the run that holds it.
+        """
+        import fcntl
+
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _read_holder(fd)
+            os.close(fd)
+            raise ConfigError(f"output.output_dir: {self.path.parent} is in use by another run ({holder}); "
+                              f"wait for it to end, or choose another output.output_dir") from None
+        except OSError as exc:  # no locks on this file system
+            logger.warning("output.output_dir: cannot lock %s (%s): a second run in this folder would not be "
+                           "detected", self.path, exc.strerror or exc)
+            os.close(fd)
+            return
+        holder = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.strftime("%Y-%m-%d %H:%M:%S")}
+        os.ftruncate(fd, 0)
+        os.write(fd, (json.dumps(holder) + "\n").encode())
+        self._fd = fd
+
+    def release(self) -> None:
+        if self._fd is not None:
+            import fcntl
+
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+            self._fd = None
+
+    def __enter__(self) -> "OutputLock":
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+def _read_holder(fd: int) -> str:
+    try:
+        os.lseek(fd, 0, os.SEEK_SET)
+        info = json.loads(os.read(fd, 4096).decode() or "{}")
+        return f"pid {info['pid']} on {info['host']}, since {info['since']}"
+    except (OSError, ValueError, KeyError):
+        return "holder unknown"

@@ -12,9 +12,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
+import shutil
+import signal
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -24,7 +27,7 @@ import torch
 
 from finetune.accumulation import Batching, layout_for, resolve_accumulation, resolve_batching
 from finetune.checkpoint import Checkpointer, load_model_weights, resolve_resume
-from finetune.config import Config, save_config
+from finetune.config import Config, config_yaml
 from finetune.cpu import cpu_speedups, plan_cpu_speedups
 from finetune.errors import ConfigError, FinetuneError, LaunchError
 from finetune.evaluation import evaluate_model
@@ -32,8 +35,8 @@ from finetune.launch import choose_precision, choose_workers, configure_cpu_thre
 from finetune.loop import NonFiniteLossError, TrainState, train_one_epoch
 from finetune.optimization import UpdatePlan, build_optimizer, build_scheduler, plan_updates
 from finetune.outputs import (
-    CONFIG_FILE, CURVES_FILE, METRICS_FILE, MODEL_CARD_FILE, MODEL_CARD_MARK, RESULTS_FILE, clear_previous_run,
-    write_atomic,
+    CONFIG_FILE, CURVES_FILE, LOCK_FILE, METRICS_FILE, MODEL_CARD_FILE, MODEL_CARD_MARK, RESULTS_FILE,
+    OutputLock, clear_previous_run, write_atomic,
 )
 from finetune.sampling import EpochSampler
 from finetune.selection import Selection
@@ -95,6 +98,8 @@ class Run:
     plan: UpdatePlan
     # the problem type's loss (with class weights) and predictions
     task: Task = field(default_factory=Task)
+    # SHA-256 of the training rows (texts and labels, in the data's order): resuming needs the same data
+    data_sha256: str = ""
     state: TrainState = field(default_factory=TrainState)
 
 
@@ -200,6 +205,7 @@ def setup_run(cfg: Config, accelerator=None) -> Run:
     """
     from accelerate.utils import set_seed
 
+    from finetune.data import content_sha256
     from finetune.modeling import load_model, load_model_config, load_tokenizer
 
     accelerator = accelerator or build_accelerator(cfg)
@@ -231,7 +237,7 @@ def setup_run(cfg: Config, accelerator=None) -> Run:
     # generators over this one (finetune.checkpoint).
     set_seed(cfg.training.seed)
     return Run(cfg, accelerator, batching, tokenizer, labels, model, optimizer, scheduler, train_dl, eval_dl,
-               metrics, plan, task)
+               metrics, plan, task, content_sha256(splits["train"]))
 
 
 def metric_suite(cfg: Config, labels, train_split):
@@ -386,11 +392,12 @@ def _updates_by_epoch(plan: UpdatePlan) -> str:
 
 
 def check_output_dir(cfg: Config) -> None:
-    """Refuse to write into a non-empty output directory unless told to.
+    """Refuse, before any work, an output directory the run must not write into.
 
     Raises:
-        ConfigError: if ``output.output_dir`` exists, is not empty, and neither
-            ``output.resume_from`` nor ``output.overwrite`` is set; or if
+        ConfigError: if ``output.output_dir`` cannot be created or written; if it
+            holds an earlier run's files that nothing says to resume or replace
+            (``auto`` resumes only from a checkpoint; ``overwrite`` replaces); or if
             ``output.resume_from`` names no complete checkpoint.
     """
     out = Path(cfg.output.output_dir)
@@ -402,23 +409,79 @@ def check_output_dir(cfg: Config) -> None:
         raise ConfigError(f"output.output_dir: cannot create {out}: {existing} is a file")
     if not os.access(existing, os.W_OK | os.X_OK):
         raise ConfigError(f"output.output_dir: cannot write in {existing} (permission denied)")
-    if out.is_dir() and any(out.iterdir()) and not (cfg.output.resume_from or cfg.output.overwrite):
+    resume = resolve_resume(out, cfg.output.resume_from)
+    occupied = out.is_dir() and any(p.name != LOCK_FILE for p in out.iterdir())
+    if occupied and resume is None and not cfg.output.overwrite:
+        if cfg.output.resume_from == "auto":
+            raise ConfigError(
+                f"output.output_dir: {out} holds an earlier run's files but no checkpoint to resume from; "
+                f"pass output.overwrite=true to replace that run, or choose another output.output_dir"
+            )
         raise ConfigError(
-            f"output.output_dir: {out} is not empty; set output.resume_from=latest to continue it "
+            f"output.output_dir: {out} is not empty; set output.resume_from=auto to continue it "
             f"or output.overwrite=true to write over it"
         )
-    resolve_resume(out, cfg.output.resume_from)
+
+
+# output folders whose lock this process holds: fit inside train.py's lock does not take it twice
+_LOCKED: set[Path] = set()
+
+
+@contextlib.contextmanager
+def output_lock(accelerator, output_dir: str | os.PathLike):
+    """Hold the output folder's :class:`~finetune.outputs.OutputLock` (main process) for the block.
+
+    Every process learns whether the main one got it, so all stop together
+    when another run holds the folder; none of them has written anything then.
+
+    Raises:
+        ConfigError: on every process, naming the folder and the run that holds it.
+    """
+    path = Path(output_dir).resolve()
+    if path in _LOCKED:
+        yield
+        return
+    lock = OutputLock(path)
+    problem = None
+    if accelerator.is_main_process:
+        try:
+            lock.acquire()
+        except ConfigError as exc:
+            problem = exc.message
+    if accelerator.num_processes > 1:
+        from accelerate.utils import broadcast_object_list
+
+        problem = broadcast_object_list([problem])[0]
+    if problem is not None:
+        raise ConfigError(problem)
+    _LOCKED.add(path)
+    try:
+        yield
+    finally:
+        _LOCKED.discard(path)
+        lock.release()
 
 
 def save_model(run: Run, directory: str | os.PathLike) -> None:
-    """Save model (safetensors) and tokenizer so ``transformers.pipeline`` can load them."""
+    """Save model (safetensors) and tokenizer so ``transformers.pipeline`` can load them.
+
+    They are written into a temporary folder beside, then each file is renamed
+    into ``directory``: a stop while writing leaves every file whole, old or new.
+    """
     acc = run.accelerator
     acc.wait_for_everyone()
     unwrapped = acc.unwrap_model(run.model)
     state_dict = acc.get_state_dict(run.model)
     if acc.is_main_process:
-        unwrapped.save_pretrained(directory, state_dict=state_dict, safe_serialization=True)
-        run.tokenizer.save_pretrained(directory)
+        directory = Path(directory)
+        staging = directory / ".tmp-model"
+        if staging.exists():
+            shutil.rmtree(staging)
+        unwrapped.save_pretrained(staging, state_dict=state_dict, safe_serialization=True)
+        run.tokenizer.save_pretrained(staging)
+        for file in sorted(staging.iterdir()):
+            os.replace(file, directory / file.name)
+        staging.rmdir()
     acc.wait_for_everyone()
 
 
@@ -456,29 +519,40 @@ def fit(
             (or too many skips); the message names the last good checkpoint.
         ConfigError: if ``output.resume_from`` names no checkpoint, or one of another setup.
     """
+    with output_lock(run.accelerator, run.cfg.output.output_dir):  # one run per folder, from here to the end
+        return _fit(run, on_epoch_end, on_update)
+
+
+def _fit(run: Run, on_epoch_end, on_update) -> dict[str, Any]:
     cfg, acc = run.cfg, run.accelerator
     history: list[dict[str, Any]] = []
-    checkpoints = Checkpointer(run, history)  # checks output.resume_from before anything is written
+    checkpoints = Checkpointer(run, history)  # chooses and verifies the checkpoint before anything is written
     start_outputs(run, fresh=checkpoints.resume_path is None)
     if cfg.logging.report_to:
         acc.init_trackers(cfg.logging.project_name, config=flat_hparams(cfg.to_dict()))
     pending_eval = checkpoints.restore()
     resuming = run.state.step > 0 or run.state.micro_batch > 0 or run.state.epoch > 0
     log = RunLogger(acc, cfg.output.output_dir, use_trackers=bool(cfg.logging.report_to),
-                    resume_step=run.state.step if resuming else None)
+                    resume_step=run.state.step if resuming else None, history=history)
     evaluations = Evaluations(run, log, history, checkpoints)
-    try:
-        with checkpoints:  # SIGTERM / SIGINT now stop at the next window boundary
+    # SIGTERM / SIGINT: during training, stop at the next window boundary with a checkpoint; once training
+    # is over, the final evaluation and writes still complete (they are what the run is for), then it ends.
+    with checkpoints:
+        try:
             ending = train_epochs(run, checkpoints, evaluations, pending_eval, on_epoch_end, on_update)
-    except NonFiniteLossError as exc:
-        raise NonFiniteLossError(f"{exc.message}; {checkpoints.last_good()}") from None
-    finished = ending != STOPPED_BY_CALLER
-    if finished and run.eval_dataloader is not None and not evaluations.done_at(run.state.step):
-        evaluations.evaluate(epoch=None)  # the final weights were not evaluated yet
-    best = evaluations.best_at_end() if finished else None
-    summary = summarize(run, history, stopped_early=not finished, early_stopped=ending == EARLY_STOPPED, best=best)
-    if finished:
-        write_outputs(run, summary)
+        except NonFiniteLossError as exc:
+            raise NonFiniteLossError(f"{exc.message}; {checkpoints.last_good()}") from None
+        finished = ending != STOPPED_BY_CALLER
+        if finished and run.eval_dataloader is not None and not evaluations.done_at(run.state.step):
+            evaluations.evaluate(epoch=None)  # the final weights were not evaluated yet
+        best = evaluations.best_at_end() if finished else None
+        summary = summarize(run, history, stopped_early=not finished, early_stopped=ending == EARLY_STOPPED,
+                            best=best)
+        if finished:
+            write_outputs(run, summary)
+        if checkpoints.signals.signum is not None and acc.is_main_process:
+            logger.warning("%s came while the final outputs were written; they are complete",
+                           signal.Signals(checkpoints.signals.signum).name)
     if cfg.logging.report_to:
         acc.end_training()
     return summary
@@ -494,7 +568,7 @@ def start_outputs(run: Run, fresh: bool) -> None:
         for path in clear_previous_run(out):
             logger.info("output.overwrite: removed %s of an earlier run", path)
     out.mkdir(parents=True, exist_ok=True)
-    save_config(run.cfg, out / CONFIG_FILE)
+    write_atomic(out / CONFIG_FILE, config_yaml(run.cfg))
 
 
 # how train_epochs ended

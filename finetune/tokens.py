@@ -16,9 +16,8 @@ from pathlib import Path
 from typing import Any, Optional
 
 import datasets
-import pyarrow as pa
 
-from finetune.data import TEXT, TEXT_PAIR
+from finetune.data import TEXT, TEXT_PAIR, digest_rows
 from finetune.errors import ConfigError
 
 logger = logging.getLogger("finetune.data")
@@ -139,13 +138,7 @@ def _split_key(split: datasets.Dataset, tokenizer_digest: bytes) -> str:
     import hashlib
 
     digest = hashlib.sha256(tokenizer_digest)
-    digest.update(str(len(split)).encode())
-    for batch in split.with_format("arrow").iter(batch_size=10_000):
-        # the Arrow IPC bytes of each batch: values, nulls and the schema (features, label names)
-        sink = pa.BufferOutputStream()
-        with pa.ipc.new_stream(sink, batch.schema) as writer:
-            writer.write_table(batch)
-        digest.update(sink.getvalue())
+    digest_rows(digest, split)
     return digest.hexdigest()
 
 

@@ -35,19 +35,23 @@ class RunLogger:
         resume_step: When resuming, records with ``step`` above this that an
             interrupted run had already written are dropped from the file first,
             so the log has each update once.
+        history: When resuming, the checkpoint's evaluation records: an
+            evaluation record at ``resume_step`` is kept only if it is one of
+            them (an evaluation cut short after its record was written runs again).
     """
 
     def __init__(self, accelerator, output_dir: str | os.PathLike, use_trackers: bool = False,
-                 resume_step: Optional[int] = None):
+                 resume_step: Optional[int] = None, history: Optional[list[dict[str, Any]]] = None):
         self.accelerator = accelerator
         self.path = Path(output_dir) / LOG_FILE
         self.use_trackers = use_trackers
         if accelerator.is_main_process:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             if resume_step is not None and self.path.exists():
-                self._truncate_after(resume_step)
+                self._truncate_after(resume_step, history or [])
 
-    def _truncate_after(self, step: int) -> None:
+    def _truncate_after(self, step: int, history: list[dict[str, Any]]) -> None:
+        saved_evals = [json.dumps({k: _jsonable(v) for k, v in r.items()}, sort_keys=True) for r in history]
         kept = []
         with open(self.path, encoding="utf-8") as fh:
             for line in fh:
@@ -57,7 +61,9 @@ class RunLogger:
                     record = json.loads(line)
                 except json.JSONDecodeError:
                     break  # a line cut by a kill: everything after it is suspect too
-                if record.get("step", 0) <= step:
+                at = record.get("step", 0)
+                is_eval = any(k.startswith("eval/") for k in record)
+                if at < step or (at == step and (not is_eval or json.dumps(record, sort_keys=True) in saved_evals)):
                     kept.append(line if line.endswith("\n") else line + "\n")
         tmp = self.path.with_suffix(".jsonl.tmp")
         tmp.write_text("".join(kept), encoding="utf-8")

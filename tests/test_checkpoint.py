@@ -75,8 +75,12 @@ def test_output_dir_rules_refuse_before_touching_anything(tmp_path):
     out.mkdir()
     (out / "train_log.jsonl").write_text('{"step": 1}\n', encoding="utf-8")
     before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
-    with pytest.raises(ConfigError, match="output.output_dir: .* is not empty"):
+    # the default, auto, resumes only from a checkpoint: an earlier run's files alone are not replaced
+    with pytest.raises(ConfigError, match="output.output_dir: .* holds an earlier run's files but no checkpoint "
+                                          "to resume from; pass output.overwrite=true"):
         check_output_dir(_cfg(out))
+    with pytest.raises(ConfigError, match="output.output_dir: .* is not empty"):
+        check_output_dir(_cfg(out, resume_from=None))
     with pytest.raises(ConfigError, match="output.resume_from: latest, but .* holds no complete checkpoint"):
         check_output_dir(_cfg(out, resume_from="latest"))
     check_output_dir(_cfg(out, overwrite=True))
@@ -85,11 +89,21 @@ def test_output_dir_rules_refuse_before_touching_anything(tmp_path):
 
 def test_overwrite_clears_the_earlier_runs_state_only(tmp_path):
     _fake_checkpoint(tmp_path / "checkpoints" / "checkpoint-4", 4)
-    for name in ("train_log.jsonl", "metrics.json", "curves.png", "model.safetensors", "notes.txt"):
+    _fake_checkpoint(tmp_path / "checkpoints" / ".tmp-checkpoint-6", 6)
+    (tmp_path / "checkpoints" / "best-by-hand").mkdir()  # a user's copy: not finetune's to delete
+    (tmp_path / "checkpoints" / "notes.md").write_text("mine", encoding="utf-8")
+    for name in ("train_log.jsonl", "metrics.json", "all_results.json", "curves.png", "model.safetensors",
+                 "notes.txt"):
         (tmp_path / name).write_text("x", encoding="utf-8")
     removed = clear_previous_run(tmp_path)
-    assert sorted(p.name for p in removed) == ["checkpoints", "curves.png", "metrics.json", "train_log.jsonl"]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.safetensors", "notes.txt"]
+    assert sorted(p.name for p in removed) == [".tmp-checkpoint-6", "all_results.json", "checkpoint-4", "curves.png",
+                                               "metrics.json", "train_log.jsonl"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoints", "model.safetensors", "notes.txt"]
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["best-by-hand", "notes.md"]
+    # a checkpoints folder that held only checkpoints goes with them
+    _fake_checkpoint(tmp_path / "again" / "checkpoints" / "checkpoint-2", 2)
+    clear_previous_run(tmp_path / "again")
+    assert not (tmp_path / "again" / "checkpoints").exists()
 
 
 def _fake_run(cfg, processes=1, samples=48, precision="no"):
@@ -257,6 +271,7 @@ def test_reference_run_checkpoints(reference):
     assert [r["step"] for r in meta["history"]] == [4]  # the first epoch's evaluation
     files = {p.name for p in (reference / "checkpoints" / "checkpoint-6").iterdir()}
     assert files == {"model.safetensors", "optimizer.bin", "random_states_0.pkl", "scheduler.pt", STATE_FILE,
+                     "manifest.json",  # every other file's size and SHA-256
                      # and what makes it a model: transformers' config, the tokenizer, the run's config
                      "config.json", "tokenizer.json", "tokenizer_config.json", "config.yaml"}
 
