@@ -10,6 +10,10 @@ Run as ``python tests/interrupt_worker.py --config ...`` (or under ``accelerate 
   checkpoint of that update: every file written, the directory not yet renamed.
 * ``FINETUNE_TEST_NAN_AT=<n>`` makes the model return NaN logits on its ``n``-th
   training forward pass (from 0, counted over the whole run).
+* ``FINETUNE_TEST_ENOSPC_AT=<update>`` makes the write of that update's checkpoint fail
+  as a full disk does (``OSError(ENOSPC)`` once its files are written).
+* ``FINETUNE_TEST_SIGNAL_IN_FINAL_WRITE=<SIGTERM|SIGINT>`` sends that signal while the
+  final model is being written.
 
 Nothing here is imported by the package; it only wraps it.
 """
@@ -77,7 +81,36 @@ def _nan_at(index: int) -> None:
     finetune.modeling.load_model = load_model
 
 
+def _enospc_at(step: str) -> None:
+    import errno
+
+    original = finetune.checkpoint._write_state
+
+    def write_state(run, tmp, *args, **kwargs):
+        original(run, tmp, *args, **kwargs)  # the files are written, then the disk is full
+        if tmp.name == f"{finetune.checkpoint.TMP_PREFIX}{step}":
+            raise OSError(errno.ENOSPC, "No space left on device", str(tmp / finetune.checkpoint.STATE_FILE))
+
+    finetune.checkpoint._write_state = write_state
+
+
+def _signal_in_final_write(name: str) -> None:
+    import finetune.runner
+
+    original = finetune.runner.save_model
+
+    def save_model(run, directory):
+        os.kill(os.getpid(), getattr(signal, name))
+        return original(run, directory)
+
+    finetune.runner.save_model = save_model
+
+
 if __name__ == "__main__":
+    if os.environ.get("FINETUNE_TEST_ENOSPC_AT"):
+        _enospc_at(os.environ["FINETUNE_TEST_ENOSPC_AT"])
+    if os.environ.get("FINETUNE_TEST_SIGNAL_IN_FINAL_WRITE"):
+        _signal_in_final_write(os.environ["FINETUNE_TEST_SIGNAL_IN_FINAL_WRITE"])
     if os.environ.get("FINETUNE_TEST_SIGNAL"):
         _signal_at(os.environ["FINETUNE_TEST_SIGNAL"])
     if os.environ.get("FINETUNE_TEST_KILL_SAVING"):

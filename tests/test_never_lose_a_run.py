@@ -1,0 +1,376 @@
+"""What surrounds stopping and resuming: restarts, concurrent starts, damaged checkpoints, full disks.
+
+Each scenario runs ``tests/interrupt_worker.py`` (``finetune/train.py`` with a
+fault injected) in a subprocess on a tiny BERT, as an operator or a job
+manager would: the same command again after a stop, a second run in a live
+folder, bytes changed in a checkpoint, a disk that fills up.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from finetune.checkpoint import (
+    MANIFEST_FILE, STATE_FILE, _attempt, _space_problem, check_compatible, list_checkpoints, run_fingerprint,
+    verify_checkpoint,
+)
+from finetune.config import config_from_dict
+from finetune.errors import ConfigError
+from finetune.outputs import LOCK_FILE, OutputLock
+from finetune.tracking import RunLogger
+from helpers import REPO, make_texts, offline_env, save_tiny_model, write_tsv
+
+WORKER = REPO / "tests" / "interrupt_worker.py"
+TIMING = {"train/samples_per_s", "train/tokens_per_s"}
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory):
+    """The issue's short job: 12 updates of 16 samples (b=8, k=2), a checkpoint every 3, dropout on."""
+    root = tmp_path_factory.mktemp("job")
+    cfg = {
+        "model": {"name_or_path": str(save_tiny_model(root / "tiny-bert")), "dropout": 0.1},
+        "data": {"train_file": str(write_tsv(root / "sms.tsv", make_texts(60, seed=3))), "format": "tsv",
+                 "has_header": False, "column_names": ["label", "text"], "validation_split": 0.2, "max_length": 32},
+        "training": {"num_train_epochs": None, "max_steps": 12, "per_device_train_batch_size": 8,
+                     "effective_batch_size": 16, "seed": 1, "mixed_precision": "no"},
+        "optim": {"learning_rate": 1e-3},
+        "evaluation": {"metrics": ["accuracy"], "average": "macro"},
+        "logging": {"progress_bar": False},
+        "output": {"checkpoint_every": 3, "keep_last": 3},
+    }
+    path = root / "job.yaml"
+    path.write_text(yaml.safe_dump(cfg), encoding="utf-8")
+    reference = root / "reference"
+    proc = _train(path, reference)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return root, path, reference
+
+
+def _train(cfg: Path, out: Path, *overrides: str, threads: str = "1", **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(WORKER), "--config", str(cfg), f"output.output_dir={out}", *overrides],
+        cwd=REPO, env=offline_env({"FINETUNE_CPU_THREADS": threads, **env}), capture_output=True, text=True,
+        timeout=240,
+    )
+
+
+def _errors(proc) -> list[str]:
+    return [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+
+
+def _records(out: Path) -> list[dict]:
+    lines = (out / "train_log.jsonl").read_text(encoding="utf-8").splitlines()
+    return [{k: v for k, v in json.loads(line).items() if k not in TIMING} for line in lines]
+
+
+def _same_model(out: Path, reference: Path) -> bool:
+    return (out / "model.safetensors").read_bytes() == (reference / "model.safetensors").read_bytes()
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    """Every file's bytes; the lock file aside, which names the last run that held the folder."""
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*"))
+            if p.is_file() and p.name != LOCK_FILE}
+
+
+def _stopped(job, name: str, at: int) -> Path:
+    """A copy of the job stopped by SIGTERM after update ``at`` (checkpoints every 3 updates, and at ``at``)."""
+    root, cfg, _ = job
+    out = root / name
+    proc = _train(cfg, out, FINETUNE_TEST_SIGNAL=f"{at}:SIGTERM")
+    assert proc.returncode == 143, proc.stderr[-3000:]
+    return out
+
+
+# --------------------------------------------------------------------------- restart = resume
+
+@pytest.mark.slow
+def test_the_identical_command_resumes_after_a_preemption(job):
+    root, cfg, reference = job
+    out = _stopped(job, "requeued", 5)
+    proc = _train(cfg, out)  # requeued as it was: no resume_from on the command line
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "resumed from" in proc.stderr and "checkpoint-5: update 5" in proc.stderr
+    assert _same_model(out, reference) and _records(out) == _records(reference)
+    # and once more: a finished run requeued resumes from its last checkpoint and changes nothing
+    before = (out / "model.safetensors").read_bytes()
+    proc = _train(cfg, out)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (out / "model.safetensors").read_bytes() == before and _records(out) == _records(reference)
+
+
+@pytest.mark.slow
+def test_another_runs_checkpoints_are_refused_and_left_alone(job):
+    root, cfg, reference = job
+    out = root / "other"
+    shutil.copytree(reference, out)
+    before = _files(out)
+    proc = _train(cfg, out, "optim.learning_rate=3e-4")
+    assert proc.returncode == 2 and len(_errors(proc)) == 1, proc.stderr[-3000:]
+    line = _errors(proc)[0]
+    assert f"{out} holds checkpoints of another run (optim.learning_rate: 0.001 -> 0.0003" in line
+    assert "pass output.overwrite=true" in line
+    assert _files(out) == before  # not a byte changed
+    # told to, it replaces that run
+    proc = _train(cfg, out, "optim.learning_rate=3e-4", "output.overwrite=true")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert not _same_model(out, reference)
+
+
+@pytest.mark.slow
+def test_a_data_file_edited_in_place_is_another_run(job):
+    root, cfg, _ = job
+    data = write_tsv(root / "edited.tsv", make_texts(60, seed=3))
+    source = yaml.safe_load(cfg.read_text())
+    source["data"]["train_file"] = str(data)
+    own_cfg = root / "edited.yaml"
+    own_cfg.write_text(yaml.safe_dump(source), encoding="utf-8")
+    out = root / "edited"
+    assert _train(own_cfg, out, FINETUNE_TEST_SIGNAL="3:SIGTERM").returncode == 143
+    rows = make_texts(60, seed=3)
+    rows[10] = (rows[10][0], rows[10][1] + " free")  # same path, same row count, one text changed
+    write_tsv(data, rows)
+    before = _files(out)
+    proc = _train(own_cfg, out)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "holds checkpoints of another run (data.train_sha256:" in _errors(proc)[0]
+    assert _files(out) == before
+
+
+@pytest.mark.slow
+def test_another_thread_count_on_resume_is_said(job):
+    root, cfg, reference = job
+    out = _stopped(job, "threads", 3)
+    proc = _train(cfg, out, threads="2")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "resuming with 2 CPU threads per process, the checkpoint ran with 1" in proc.stderr
+
+
+# --------------------------------------------------------------------------- one run per folder
+
+def test_a_live_folder_turns_a_second_run_away_without_touching_it(job, tmp_path):
+    root, cfg, reference = job
+    out = tmp_path / "live"
+    shutil.copytree(reference, out)
+    before = _files(out)
+    with OutputLock(out):  # this test process is the live run
+        proc = _train(cfg, out)
+    assert proc.returncode == 2 and len(_errors(proc)) == 1, proc.stderr[-3000:]
+    assert f"output.output_dir: {out} is in use by another run (pid {os.getpid()} on" in _errors(proc)[0]
+    assert _files(out) == before
+    assert json.loads((out / LOCK_FILE).read_text())["pid"] == os.getpid()  # still ours
+
+
+def test_a_lock_left_by_a_dead_run_is_not_in_the_way(tmp_path):
+    # a run killed with SIGKILL leaves the file; the operating system has released its lock
+    proc = subprocess.run([sys.executable, "-c", (
+        "import os, sys; sys.path.insert(0, '.'); from finetune.outputs import OutputLock; "
+        f"OutputLock({str(tmp_path)!r}).acquire(); os.kill(os.getpid(), 9)")], cwd=REPO)
+    assert proc.returncode == -9 and (tmp_path / LOCK_FILE).is_file()
+    with OutputLock(tmp_path):
+        holder = json.loads((tmp_path / LOCK_FILE).read_text())
+        assert holder["pid"] == os.getpid()
+        with pytest.raises(ConfigError, match=rf"is in use by another run \(pid {os.getpid()} on"):
+            _second_holder(tmp_path)
+
+
+def _second_holder(folder: Path) -> None:
+    """Another open file description of the lock: flock sees it as a second holder, as another process would."""
+    OutputLock(folder).acquire()
+
+
+# --------------------------------------------------------------------------- checkpoints that prove themselves
+
+@pytest.mark.slow
+def test_damaged_checkpoints_are_passed_over_for_the_newest_intact_one(job):
+    root, cfg, reference = job
+    out = _stopped(job, "damaged", 7)  # checkpoints 3, 6 and 7
+    ckpt = out / "checkpoints"
+    with open(ckpt / "checkpoint-7" / "model.safetensors", "r+b") as fh:  # 4 KiB of random bytes inside
+        fh.seek(2048)
+        fh.write(os.urandom(4096))
+    (ckpt / "checkpoint-6" / STATE_FILE).write_text("{garbage", encoding="utf-8")
+    proc = _train(cfg, out)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    warnings = [line for line in proc.stderr.splitlines() if "passing over" in line]
+    assert len(warnings) == 2, proc.stderr[-3000:]
+    assert "checkpoint-6: its trainer_state.json is missing or unreadable" in warnings[0]
+    assert "checkpoint-7: model.safetensors does not hold the bytes that were saved" in warnings[1]
+    assert "checkpoint-3: update 3" in proc.stderr
+    assert _same_model(out, reference) and _records(out) == _records(reference)
+
+
+@pytest.mark.slow
+def test_with_no_intact_checkpoint_left_the_run_stops_in_one_line(job):
+    root, cfg, _ = job
+    out = _stopped(job, "all-damaged", 4)  # checkpoints 3 and 4
+    for ckpt in list_checkpoints(out):
+        with open(ckpt / "optimizer.bin", "r+b") as fh:
+            fh.truncate(100)
+    before = _files(out)
+    proc = _train(cfg, out)
+    assert proc.returncode == 2 and len(_errors(proc)) == 1, proc.stderr[-3000:]
+    assert "no checkpoint in" in _errors(proc)[0] and "is intact" in _errors(proc)[0]
+    assert "optimizer.bin has 100 bytes" in proc.stderr
+    assert _files(out) == before
+
+
+def test_verification_names_what_changed(tmp_path, job):
+    _, _, reference = job
+    ckpt = tmp_path / "checkpoint-12"
+    shutil.copytree(list_checkpoints(reference)[-1], ckpt)
+    assert verify_checkpoint(ckpt) is None
+    (ckpt / "model.safetensors").unlink()  # once reported as a missing pytorch_model.bin
+    assert verify_checkpoint(ckpt) == "model.safetensors is missing"
+    (ckpt / MANIFEST_FILE).unlink()
+    assert verify_checkpoint(ckpt) == "manifest.json is missing or unreadable"
+
+
+class _NotPlainData:
+    pass
+
+
+@pytest.mark.slow
+def test_an_unsafe_pickle_is_refused_in_one_line(job, tmp_path):
+    root, cfg, _ = job
+    out = _stopped(job, "unsafe", 3)
+    ckpt = out / "checkpoints" / "checkpoint-3"
+    with open(ckpt / "optimizer.bin", "wb") as fh:
+        pickle.dump({"state": _NotPlainData()}, fh)
+    # a checkpoint of the first format has no manifest to catch the change: the loader must refuse it
+    meta = json.loads((ckpt / STATE_FILE).read_text())
+    meta["format"] = 1
+    (ckpt / STATE_FILE).write_text(json.dumps(meta), encoding="utf-8")
+    (ckpt / MANIFEST_FILE).unlink()
+    proc = _train(cfg, out, f"output.resume_from={ckpt}")
+    assert proc.returncode == 2 and len(_errors(proc)) == 1, proc.stderr[-3000:]
+    assert "not plain tensors and data, so it is not loaded" in _errors(proc)[0]
+    assert "Traceback" not in proc.stderr
+
+
+def test_loaded_weights_must_be_finite(job, tmp_path):
+    """A checkpoint whose files are intact but whose weights are NaN (saved from a run that diverged)."""
+    from finetune.checkpoint import check_finite
+    from helpers import tiny_bert
+
+    model = tiny_bert()
+    optimizer = torch.optim.AdamW(model.parameters())
+    run = type("Run", (), {"model": model, "optimizer": optimizer,
+                           "accelerator": type("A", (), {"unwrap_model": staticmethod(lambda m: m)})()})()
+    check_finite(run, tmp_path)
+    with torch.no_grad():
+        model.classifier.weight[0, 0] = float("nan")
+    with pytest.raises(Exception, match=r"weight classifier.weight holds NaN or inf values"):
+        check_finite(run, tmp_path)
+
+
+# --------------------------------------------------------------------------- a full disk
+
+@pytest.mark.slow
+def test_a_full_disk_is_one_line_and_keeps_the_earlier_checkpoints(job):
+    root, cfg, _ = job
+    out = root / "full"
+    proc = _train(cfg, out, FINETUNE_TEST_ENOSPC_AT="6")
+    assert proc.returncode == 4 and len(_errors(proc)) == 1, proc.stderr[-3000:]
+    line = _errors(proc)[0]
+    assert f"cannot save checkpoint-6 in {out / 'checkpoints'}: no space left on device" in line
+    assert "Traceback" not in proc.stderr
+    assert [p.name for p in (out / "checkpoints").iterdir()] == ["checkpoint-3"]  # no temporary left
+    assert verify_checkpoint(out / "checkpoints" / "checkpoint-3") is None
+    proc = _train(cfg, out)  # space freed: the same command resumes
+    assert proc.returncode == 0 and "checkpoint-3: update 3" in proc.stderr, proc.stderr[-3000:]
+
+
+def test_torchs_failed_write_on_a_full_disk_is_named_as_such(tmp_path, monkeypatch):
+    def torch_write():
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 2048 vs 1964")
+
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(10**9, 10**9, 0))
+    assert _attempt(torch_write, tmp_path) == "no space left on device"
+    with pytest.raises(RuntimeError, match="something else"):  # another error is not taken for a write failure
+        _attempt(lambda: (_ for _ in ()).throw(RuntimeError("something else")), tmp_path)
+
+
+def test_a_save_is_refused_before_writing_when_the_last_checkpoint_would_not_fit(tmp_path, monkeypatch):
+    ckpt = tmp_path / "checkpoints" / "checkpoint-3"
+    ckpt.mkdir(parents=True)
+    (ckpt / STATE_FILE).write_text(json.dumps({"format": 2, "state": {}}), encoding="utf-8")
+    (ckpt / "model.safetensors").write_bytes(b"\0" * 5_000_000)
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(10**9, 10**9 - 10**6, 10**6))
+    assert _space_problem(tmp_path / "checkpoints") == (
+        "no space left for a checkpoint: 1 MB free, the last one took 5 MB")
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(10**9, 0, 10**9))
+    assert _space_problem(tmp_path / "checkpoints") is None
+
+
+# --------------------------------------------------------------------------- the smaller items
+
+@pytest.mark.slow
+def test_a_signal_during_the_final_writes_lets_them_finish(job):
+    root, cfg, reference = job
+    out = root / "final-signal"
+    proc = _train(cfg, out, FINETUNE_TEST_SIGNAL_IN_FINAL_WRITE="SIGTERM")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "SIGTERM came while the final outputs were written; they are complete" in proc.stderr
+    assert _same_model(out, reference)
+    for name in ("metrics.json", "all_results.json"):
+        json.loads((out / name).read_text())
+    assert not list(out.glob(".*tmp*"))
+
+
+@pytest.mark.slow
+def test_a_skipped_update_is_said_when_it_happens_and_a_nan_stop_says_how_to_go_on(job):
+    root, cfg, _ = job
+    proc = _train(cfg, root / "skip", "training.on_nonfinite=skip", FINETUNE_TEST_NAN_AT="4")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "skipped update 3: non-finite loss (nan)" in proc.stderr  # forward 4: the 3rd window of 2
+    out = root / "nan-stop"
+    proc = _train(cfg, out, FINETUNE_TEST_NAN_AT="8")  # update 5: after checkpoint-3
+    assert proc.returncode == 3, proc.stderr[-3000:]
+    line = _errors(proc)[0]
+    assert "start a run from its weights: model.name_or_path=" in line
+    suggested = line.split("model.name_or_path=")[1].split(" ")[0]
+    assert suggested == str(out / "checkpoints" / "checkpoint-3")
+    # what it says works: a new run from those weights, with a lower learning rate
+    proc = _train(cfg, root / "nan-go-on", f"model.name_or_path={suggested}", "optim.learning_rate=1e-4")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+def test_an_evaluation_cut_short_on_resume_leaves_no_duplicate_record(tmp_path):
+    log = tmp_path / "train_log.jsonl"
+    kept_eval = {"step": 4, "epoch": 1, "eval/loss": 0.5}
+    lines = [{"step": 3, "train/loss": 0.7}, {"step": 4, "train/loss": 0.6}, kept_eval,
+             {"step": 4, "eval/loss": 0.4}, {"step": 5, "train/loss": 0.3}]
+    log.write_text("".join(json.dumps(r) + "\n" for r in lines), encoding="utf-8")
+    acc = type("A", (), {"is_main_process": True})()
+    RunLogger(acc, tmp_path, resume_step=4, history=[kept_eval])
+    assert [json.loads(line) for line in log.read_text().splitlines()] == lines[:3]
+
+
+def test_a_changed_effective_batch_is_named_as_such(tmp_path):
+    from types import SimpleNamespace
+
+    from finetune.accumulation import resolve_batching
+    from finetune.optimization import plan_updates
+
+    def fake(B):
+        cfg = config_from_dict({"data": {"train_file": "x.tsv"},
+                                "training": {"per_device_train_batch_size": 4, "effective_batch_size": B}})
+        batching = resolve_batching(cfg.training, 1)
+        plan = plan_updates(12, batching.gradient_accumulation_steps, 1, None)
+        return SimpleNamespace(cfg=cfg, batching=batching, plan=plan, accelerator=SimpleNamespace(mixed_precision="no"),
+                               train_dataloader=SimpleNamespace(dataset=range(48)), data_sha256="x")
+
+    with pytest.raises(ConfigError, match=r"other settings: effective_batch_size: 12 -> 24; "):
+        check_compatible({"fingerprint": run_fingerprint(fake(12))}, fake(24), tmp_path)
