@@ -78,7 +78,9 @@ def clear_previous_run(output_dir: str | os.PathLike) -> list[Path]:
     checkpoints = out / CHECKPOINTS_DIR
     if checkpoints.is_dir():
         for child in sorted(checkpoints.iterdir()):
-            if child.is_dir() and _CHECKPOINT_NAME.match(child.name):
+            match = _CHECKPOINT_NAME.match(child.name)
+            # a final checkpoint-<n> holds finetune's trainer_state.json; a .tmp-/.old- one is a save in progress
+            if child.is_dir() and match and (match.group(1) or (child / "trainer_state.json").is_file()):
                 shutil.rmtree(child)
                 removed.append(child)
         if not any(checkpoints.iterdir()):

@@ -194,7 +194,10 @@ def plot_curves(output_dir: str | os.PathLike, path: str | os.PathLike | None = 
     path = Path(path) if path is not None else output_dir / CURVES_FILE
     if not path.resolve().parent.is_dir():
         raise DataError(f"{path}: its directory does not exist")
-    fig.savefig(path, dpi=DPI)
+    # through a temporary name: a stop while drawing leaves the old picture or the new one
+    tmp = path.with_name(f".{path.name}.tmp")
+    fig.savefig(tmp, dpi=DPI, format=path.suffix.lstrip(".") or "png")
+    os.replace(tmp, path)
     return path
 
 

@@ -91,6 +91,7 @@ def test_overwrite_clears_the_earlier_runs_state_only(tmp_path):
     _fake_checkpoint(tmp_path / "checkpoints" / "checkpoint-4", 4)
     _fake_checkpoint(tmp_path / "checkpoints" / ".tmp-checkpoint-6", 6)
     (tmp_path / "checkpoints" / "best-by-hand").mkdir()  # a user's copy: not finetune's to delete
+    (tmp_path / "checkpoints" / "checkpoint-1").mkdir()  # named like one, but not written by finetune
     (tmp_path / "checkpoints" / "notes.md").write_text("mine", encoding="utf-8")
     for name in ("train_log.jsonl", "metrics.json", "all_results.json", "curves.png", "model.safetensors",
                  "notes.txt"):
@@ -99,7 +100,7 @@ def test_overwrite_clears_the_earlier_runs_state_only(tmp_path):
     assert sorted(p.name for p in removed) == [".tmp-checkpoint-6", "all_results.json", "checkpoint-4", "curves.png",
                                                "metrics.json", "train_log.jsonl"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoints", "model.safetensors", "notes.txt"]
-    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["best-by-hand", "notes.md"]
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["best-by-hand", "checkpoint-1", "notes.md"]
     # a checkpoints folder that held only checkpoints goes with them
     _fake_checkpoint(tmp_path / "again" / "checkpoints" / "checkpoint-2", 2)
     clear_previous_run(tmp_path / "again")

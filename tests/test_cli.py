@@ -163,10 +163,16 @@ def test_bad_key_is_one_line_and_touches_nothing(assets, trained, tmp_path):
 def test_non_empty_output_dir_is_refused(assets, trained, tmp_path):
     out, _ = trained
     model, data = assets
-    cfg = write_config(tmp_path / "cfg.yaml", model, data, out)
-    # without a launcher the script's own exit code (2: bad input) comes through
-    proc = subprocess.run([sys.executable, "finetune/train.py", "--config", str(cfg)], cwd=REPO, env=offline_env(),
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 2
-    assert "output.output_dir" in proc.stderr and "is not empty" in proc.stderr
-    assert "Traceback" not in proc.stderr
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file() and p.name != ".finetune.lock"}
+    for overrides, message in (
+        ({"output": {"output_dir": str(out), "resume_from": None}}, "is not empty"),
+        ({"optim": {"learning_rate": 3e-4}}, "holds checkpoints of another run (optim.learning_rate: 0.001 -> 0.0003"),
+    ):
+        cfg = write_config(tmp_path / "cfg.yaml", model, data, out, **overrides)
+        # without a launcher the script's own exit code (2: bad input) comes through
+        proc = subprocess.run([sys.executable, "finetune/train.py", "--config", str(cfg)], cwd=REPO,
+                              env=offline_env(), capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 2, proc.stderr[-3000:]
+        assert "output.output_dir" in proc.stderr and message in proc.stderr
+        assert "Traceback" not in proc.stderr
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file() and p.name != ".finetune.lock"} == before
