@@ -154,3 +154,24 @@ def run_cli(args: list[str], timeout: float = 300, env: Optional[dict[str, str]]
         launcher + [str(REPO / "finetune" / "train.py")] + args,
         cwd=REPO, env=offline_env(env), capture_output=True, text=True, timeout=timeout,
     )
+
+
+def write_sms_job(root: Path, **sections: dict) -> Path:
+    """``root/cfg.yaml``: a small run of the tiny BERT (dropout 0.1) on 60 generated SMS-like rows, 48 of them
+    for training, in fp32; ``sections`` update the config's sections (``training={"max_steps": 12}``)."""
+    import yaml
+
+    cfg: dict[str, dict] = {
+        "model": {"name_or_path": str(save_tiny_model(root / "tiny-bert")), "dropout": 0.1},
+        "data": {"train_file": str(write_tsv(root / "sms.tsv", make_texts(60, seed=3))), "format": "tsv",
+                 "has_header": False, "column_names": ["label", "text"], "validation_split": 0.2, "max_length": 32},
+        "training": {"seed": 1, "mixed_precision": "no"},
+        "optim": {"learning_rate": 1e-3},
+        "evaluation": {"metrics": ["accuracy"], "average": "macro"},
+        "logging": {"progress_bar": False},
+    }
+    for section, values in sections.items():
+        cfg.setdefault(section, {}).update(values)
+    path = root / "cfg.yaml"
+    path.write_text(yaml.safe_dump(cfg), encoding="utf-8")
+    return path

@@ -14,7 +14,6 @@ import sys
 
 import pytest
 import torch
-import yaml
 from torch.utils.data import DataLoader
 
 from finetune.accumulation import AccumulationSchedule, Batching, resolve_accumulation, resolve_batching
@@ -23,7 +22,7 @@ from finetune.errors import ConfigError
 from finetune.loop import TrainState, train_one_epoch
 from finetune.optimization import build_optimizer, build_scheduler, plan_updates
 from finetune.sampling import EpochSampler
-from helpers import REPO, make_texts, offline_env, pad_collate, save_tiny_model, tiny_bert, token_dataset, write_tsv
+from helpers import REPO, offline_env, pad_collate, tiny_bert, token_dataset, write_sms_job
 
 # 76 samples, b=8: 10 micro-batches per epoch. k=4: windows 4, 4, 2 (3 updates); k=2: 5 updates.
 N = 76
@@ -171,19 +170,12 @@ def test_a_schedule_that_contradicts_k_is_refused():
 def scheduled(tmp_path_factory):
     """A run of 48 training rows, b=4 (12 micro-batches): k=3 in epoch 0 (4 updates), k=2 after (6 updates)."""
     root = tmp_path_factory.mktemp("schedule")
-    cfg = {
-        "model": {"name_or_path": str(save_tiny_model(root / "tiny-bert")), "dropout": 0.1},
-        "data": {"train_file": str(write_tsv(root / "sms.tsv", make_texts(60, seed=3))), "format": "tsv",
-                 "has_header": False, "column_names": ["label", "text"], "validation_split": 0.2, "max_length": 32},
-        "training": {"per_device_train_batch_size": 4, "accumulation_schedule": {0: 3, 1: 2}, "num_train_epochs": 2,
-                     "seed": 1, "mixed_precision": "no"},
-        "optim": {"learning_rate": 1e-3, "warmup_steps": 1},
-        "evaluation": {"metrics": ["accuracy"], "average": "macro"},
-        "logging": {"progress_bar": False},
-        "output": {"checkpoint_every": 2},
-    }
-    path = root / "cfg.yaml"
-    path.write_text(yaml.safe_dump(cfg), encoding="utf-8")
+    path = write_sms_job(
+        root,
+        training={"per_device_train_batch_size": 4, "accumulation_schedule": {0: 3, 1: 2}, "num_train_epochs": 2},
+        optim={"warmup_steps": 1},
+        output={"checkpoint_every": 2},
+    )
     reference = root / "reference"
     proc = _run(path, reference)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -17,6 +17,22 @@ training:
 """
 
 
+# the keys of the run features: accumulation schedule, class weights, problem types, best model
+RUN_FEATURE_CASES = [
+    (BASE + "  accumulation_schedule: {0: 0}\n", "training.accumulation_schedule: k must be >= 1, got 0 for epoch 0"),
+    (BASE + "  accumulation_schedule: [8, 2]\n", "training.accumulation_schedule: expected mapping of int to int"),
+    (BASE + "  class_weights: heavy\n", "training.class_weights: expected 'balanced' or mapping of str to float"),
+    (BASE + "model:\n  problem_type: multiclass\n", "model.problem_type: expected one of"),
+    (BASE.replace("data:\n", "data:\n  label_delimiter: ','\n"), "data.label_delimiter: splits multi_label labels only"),
+    (BASE + "evaluation:\n  eval_every: 0\n", "evaluation.eval_every: must be >= 1 or null, got 0"),
+    (BASE + "evaluation:\n  metric_for_best_model: bleu\n", "evaluation.metric_for_best_model: 'bleu' is not computed"),
+    (BASE + "evaluation:\n  greater_is_better: sometimes\n", "evaluation.greater_is_better: expected bool or null"),
+    (BASE + "evaluation:\n  load_best_model_at_end: 1\n", "evaluation.load_best_model_at_end: expected bool"),
+    (BASE + "evaluation:\n  early_stopping_patience: 0\n", "evaluation.early_stopping_patience: must be >= 1"),
+    (BASE + "evaluation:\n  early_stopping_threshold: -1\n", "evaluation.early_stopping_threshold: must be >= 0"),
+]
+
+
 def write(tmp_path: Path, text: str) -> Path:
     path = tmp_path / "c.yaml"
     path.write_text(text, encoding="utf-8")
@@ -57,7 +73,7 @@ def test_defaults_and_types(tmp_path):
         (BASE.replace("data:\n", "data:\n  num_workers: -1\n"), "data.num_workers: must be >= 0, got -1"),
         (BASE.replace("data:\n", "data:\n  has_header: maybe\n"), "data.has_header: expected bool or null"),
         (BASE + "evaluation:\n  average: atuo\n", "did you mean 'auto'"),
-    ],
+    ] + RUN_FEATURE_CASES,
 )
 def test_bad_values_name_the_key_and_file(tmp_path, text, needle):
     path = write(tmp_path, text)
@@ -136,24 +152,3 @@ def test_the_keys_of_the_run_features_have_defaults_and_typed_overrides(tmp_path
     assert cfg.training.accumulation_schedule == {0: 4, 2: 1}
     assert cfg.model.problem_type == "multi_label" and cfg.data.label_delimiter == "|"
     assert (cfg.evaluation.eval_every, cfg.evaluation.metric_for_best_model) == (50, "f1")
-
-
-@pytest.mark.parametrize("text, needle", [
-    (BASE + "  accumulation_schedule: {0: 0}\n", "training.accumulation_schedule: k must be >= 1, got 0 for epoch 0"),
-    (BASE + "  accumulation_schedule: [8, 2]\n", "training.accumulation_schedule: expected mapping of int to int"),
-    (BASE + "  class_weights: heavy\n", "training.class_weights: expected 'balanced' or mapping of str to float"),
-    (BASE + "model:\n  problem_type: multiclass\n", "model.problem_type: expected one of"),
-    (BASE.replace("data:\n", "data:\n  label_delimiter: ','\n"), "data.label_delimiter: splits multi_label labels only"),
-    (BASE + "evaluation:\n  eval_every: 0\n", "evaluation.eval_every: must be >= 1 or null, got 0"),
-    (BASE + "evaluation:\n  metric_for_best_model: bleu\n", "evaluation.metric_for_best_model: 'bleu' is not computed"),
-    (BASE + "evaluation:\n  greater_is_better: sometimes\n", "evaluation.greater_is_better: expected bool or null"),
-    (BASE + "evaluation:\n  load_best_model_at_end: 1\n", "evaluation.load_best_model_at_end: expected bool"),
-    (BASE + "evaluation:\n  early_stopping_patience: 0\n", "evaluation.early_stopping_patience: must be >= 1"),
-    (BASE + "evaluation:\n  early_stopping_threshold: -1\n", "evaluation.early_stopping_threshold: must be >= 0"),
-])
-def test_a_bad_run_feature_value_names_the_key_and_file(tmp_path, text, needle):
-    path = write(tmp_path, text)
-    with pytest.raises(ConfigError) as info:
-        load_config(path)
-    message = str(info.value)
-    assert needle in message and str(path) in message and "\n" not in message

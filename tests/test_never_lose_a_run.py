@@ -28,7 +28,7 @@ from finetune.config import config_from_dict
 from finetune.errors import ConfigError
 from finetune.outputs import LOCK_FILE, OutputLock
 from finetune.tracking import RunLogger
-from helpers import REPO, make_texts, offline_env, save_tiny_model, write_tsv
+from helpers import REPO, make_texts, offline_env, write_sms_job, write_tsv
 
 WORKER = REPO / "tests" / "interrupt_worker.py"
 TIMING = {"train/samples_per_s", "train/tokens_per_s"}
@@ -38,19 +38,11 @@ TIMING = {"train/samples_per_s", "train/tokens_per_s"}
 def job(tmp_path_factory):
     """The issue's short job: 12 updates of 16 samples (b=8, k=2), a checkpoint every 3, dropout on."""
     root = tmp_path_factory.mktemp("job")
-    cfg = {
-        "model": {"name_or_path": str(save_tiny_model(root / "tiny-bert")), "dropout": 0.1},
-        "data": {"train_file": str(write_tsv(root / "sms.tsv", make_texts(60, seed=3))), "format": "tsv",
-                 "has_header": False, "column_names": ["label", "text"], "validation_split": 0.2, "max_length": 32},
-        "training": {"num_train_epochs": None, "max_steps": 12, "per_device_train_batch_size": 8,
-                     "effective_batch_size": 16, "seed": 1, "mixed_precision": "no"},
-        "optim": {"learning_rate": 1e-3},
-        "evaluation": {"metrics": ["accuracy"], "average": "macro"},
-        "logging": {"progress_bar": False},
-        "output": {"checkpoint_every": 3, "keep_last": 3},
-    }
-    path = root / "job.yaml"
-    path.write_text(yaml.safe_dump(cfg), encoding="utf-8")
+    path = write_sms_job(
+        root,
+        training={"max_steps": 12, "per_device_train_batch_size": 8, "effective_batch_size": 16},
+        output={"checkpoint_every": 3, "keep_last": 3},
+    )
     reference = root / "reference"
     proc = _train(path, reference)
     assert proc.returncode == 0, proc.stderr[-3000:]
