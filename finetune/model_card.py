@@ -128,7 +128,7 @@ def model_card(cfg, summary: dict[str, Any]) -> str:
         f"# {name}",
         "",
         f"A text classifier fine-tuned from `{base}` on {_data_name(cfg)} with "
-        f"[finetune](https://pypi.org/project/finetune/). {_predicts(cfg.model.problem_type, labels)}"
+        f"finetune. {_predicts(cfg.model.problem_type, labels)}"
         f"{chosen}{stopped}",
         "",
         "## Training",
