@@ -103,9 +103,38 @@ class Run:
     state: TrainState = field(default_factory=TrainState)
 
 
-def _collator(tokenizer, accelerator):
+class BucketPadding:
+    """Pad each micro-batch to the smallest of a few fixed lengths that holds its longest text.
+
+    ``torch.compile`` builds a graph per input shape; with padding to the
+    longest text of each micro-batch nearly every micro-batch is a new shape.
+    Four buckets (a quarter of ``data.max_length`` apart, the last one
+    ``max_length`` itself) bound the graphs at four per batch size. The
+    collators of transformers pad to the longest text, to ``max_length`` or to
+    a multiple; none pads to the nearest of a few sizes, hence this wrapper.
+    """
+
+    def __init__(self, tokenizer, max_length: int, buckets: int = 4):
+        from transformers import DataCollatorWithPadding
+
+        self.sizes = sorted({max(1, -(-max_length * i // buckets)) for i in range(1, buckets + 1)})
+        self._pad = {size: DataCollatorWithPadding(tokenizer, padding="max_length", max_length=size)
+                     for size in self.sizes}
+
+    def size_for(self, longest: int) -> int:
+        return next((size for size in self.sizes if size >= longest), self.sizes[-1])
+
+    def __call__(self, features: list[dict[str, Any]]) -> dict[str, Any]:
+        longest = max(len(f["input_ids"]) for f in features)
+        return self._pad[self.size_for(longest)](features)
+
+
+def _collator(tokenizer, accelerator, cfg: Optional[Config] = None):
+    """Dynamic padding; under ``training.torch_compile``, padding to a few fixed lengths (:class:`BucketPadding`)."""
     from transformers import DataCollatorWithPadding
 
+    if cfg is not None and cfg.training.torch_compile:
+        return BucketPadding(tokenizer, cfg.data.max_length)
     # multiples of 8 let GPU tensor cores work on padded shapes; on the CPU it only adds padding
     multiple = 8 if accelerator.device.type == "cuda" else None
     return DataCollatorWithPadding(tokenizer, pad_to_multiple_of=multiple)
@@ -135,7 +164,7 @@ def build_dataloaders(cfg: Config, tokenized, tokenizer, accelerator, batching: 
     """
     from torch.utils.data import DataLoader
 
-    collate = _collator(tokenizer, accelerator)
+    collate = _collator(tokenizer, accelerator, cfg)
     train = tokenized["train"]
     lengths = train["length"]
     train = train.remove_columns(["length"])

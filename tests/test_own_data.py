@@ -166,3 +166,23 @@ def test_auto_average_is_macro_beyond_two_classes_and_binary_on_the_rarer_of_two
     assert resolve_average(given, ["neg", "pos"], [10, 90]) == ("binary", "pos")
     explicit = SimpleNamespace(average="weighted", positive_label=None)
     assert resolve_average(explicit, ["neg", "pos"], [10, 90]) == ("weighted", None)
+
+
+def test_compiled_runs_pad_to_a_few_lengths(tmp_path):
+    """Under training.torch_compile every micro-batch has one of four lengths, so compiled graphs are reused."""
+    from transformers import AutoTokenizer
+
+    from finetune.runner import BucketPadding
+    from helpers import save_tiny_model
+
+    tokenizer = AutoTokenizer.from_pretrained(save_tiny_model(tmp_path / "tiny"))
+    collate = BucketPadding(tokenizer, max_length=128)
+    assert collate.sizes == [32, 64, 96, 128]
+    assert BucketPadding(tokenizer, max_length=100).sizes == [25, 50, 75, 100]
+    features = [{"input_ids": list(range(5, 5 + n)), "attention_mask": [1] * n} for n in (3, 40, 17)]
+    batch = collate(features)
+    assert batch["input_ids"].shape == (3, 64)  # the longest, 40, fits in the bucket of 64
+    assert batch["attention_mask"].sum(1).tolist() == [3, 40, 17]  # the texts themselves are unchanged
+    lengths = {collate(features[:1] * 2)["input_ids"].shape[1] for features in
+               ([{"input_ids": [5] * n, "attention_mask": [1] * n}] for n in range(1, 129))}
+    assert lengths == {32, 64, 96, 128}
