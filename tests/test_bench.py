@@ -240,3 +240,21 @@ def test_profile_probe_finds_the_mask_draws_it_groups(tiny_job, fresh_accelerate
     assert off["groups"]["dropout masks"] < fast["groups"]["dropout masks"] / 10
     assert off["groups"]["dropout masks"] < torch_masks["groups"]["dropout masks"] / 10
     assert "| dropout masks |" in markdown("profile", fast)
+
+
+def test_the_compile_table_compares_each_precisions_steady_state_with_its_eager_run():
+    from bench.compile import table
+
+    rows = [
+        {"precision": "bf16", "compile": False, "warmup_s": 10.0, "steady_s_per_update": 0.5, "samples_per_s": 60.0,
+         "wall_s": 75.0, "f1": 0.97},
+        {"precision": "bf16", "compile": True, "warmup_s": 40.0, "steady_s_per_update": 0.8, "samples_per_s": 32.0,
+         "wall_s": 140.0, "f1": 0.968},
+        {"precision": "no", "compile": False, "warmup_s": 14.0, "steady_s_per_update": 0.75, "samples_per_s": 41.0,
+         "wall_s": 106.0, "f1": 0.97},
+        {"precision": "no", "compile": True, "warmup_s": 99.0, "steady_s_per_update": 0.5, "samples_per_s": 17.0,
+         "wall_s": 254.0, "f1": 0.968},
+    ]
+    lines = table(rows).splitlines()
+    assert lines[3] == "| bf16 | true | 40.0 | 0.800 | 0.62 | 32.0 | 140 | 0.9680 |"  # 0.5 / 0.8
+    assert lines[5] == "| no | true | 99.0 | 0.500 | 1.50 | 17.0 | 254 | 0.9680 |"  # against fp32's own eager run
