@@ -720,16 +720,29 @@ REGRESSION_DEFAULT_METRICS = ["pearson", "spearmanr", "mse"]
 
 
 def _metrics_for_problem_type(evaluation: "EvalConfig", problem_type: str) -> None:
-    """Regression with the classification default gets regression metrics; a metric the problem type
-    cannot compute is refused."""
-    if problem_type == "regression" and evaluation.metrics == DEFAULT_METRICS:
-        evaluation.metrics = list(REGRESSION_DEFAULT_METRICS)
+    """Keep the metrics the problem type computes.
+
+    A config written for single labels (the shipped ones list accuracy, f1, ...
+    matthews_correlation) must work with ``model.problem_type=multi_label`` or
+    ``regression`` on the command line: a metric the problem type has no
+    meaning for is left out with a warning, and when none is left the problem
+    type's defaults are used (regression: pearson, spearmanr, mse).
+    """
     allowed = PROBLEM_METRICS[problem_type]
-    if allowed is not None:
-        wrong = [m for m in evaluation.metrics if m not in allowed]
-        if wrong:
-            raise ConfigError(f"evaluation.metrics: {wrong[0]!r} is not computed for {problem_type} "
-                              f"(one of: {', '.join(allowed)})")
+    if allowed is None:
+        return  # single labels: the built-in metrics and any evaluate.load name
+    kept = [m for m in evaluation.metrics if m in allowed]
+    dropped = [m for m in evaluation.metrics if m not in allowed]
+    if not kept:
+        kept = list(REGRESSION_DEFAULT_METRICS if problem_type == "regression" else DEFAULT_METRICS)
+    if dropped and evaluation.metrics != DEFAULT_METRICS:
+        logger.warning("evaluation.metrics: %s not computed for %s (it computes %s); using %s",
+                       ", ".join(dropped), problem_type, ", ".join(allowed), ", ".join(kept))
+    evaluation.metrics = kept
+
+
+def _check_evaluation_for_problem_type(evaluation: "EvalConfig", problem_type: str) -> None:
+    """Averaging and the best-model metric must fit the problem type and the metrics computed."""
     if problem_type != "single_label" and evaluation.average == "binary":
         raise ConfigError(f"evaluation.average: binary needs single_label; {problem_type} uses micro, macro "
                           "or weighted")
@@ -752,6 +765,7 @@ def _check_across_sections(cfg: Config) -> Config:
     if cfg.data.label_delimiter == "":
         raise ConfigError("data.label_delimiter: must not be empty (null: the column holds lists)")
     _metrics_for_problem_type(cfg.evaluation, problem_type)
+    _check_evaluation_for_problem_type(cfg.evaluation, problem_type)
     if cfg.evaluation.load_best_model_at_end and not cfg.output.save_checkpoints:
         raise ConfigError("evaluation.load_best_model_at_end: needs output.save_checkpoints: true "
                           "(the best model is kept as its checkpoint)")

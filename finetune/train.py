@@ -35,17 +35,20 @@ logger = logging.getLogger("finetune")
 
 
 EPILOG = """config sections and the keys most often set:
-  model       name_or_path (a folder, a Hub id, or pkg:<wheel>/<path>), dropout
-  data        train_file, validation_file, text_column, label_column, max_length, format, column_names
-  training    per_device_train_batch_size, effective_batch_size, num_train_epochs, max_steps, mixed_precision, seed
+  model       name_or_path (a folder, a Hub id, or pkg:<wheel>/<path>), problem_type, dropout
+  data        train_file, validation_file, text_column, label_column, label_delimiter, max_length, format
+  training    per_device_train_batch_size, effective_batch_size, accumulation_schedule, num_train_epochs,
+              max_steps, mixed_precision, class_weights, seed
   optim       learning_rate, weight_decay, lr_scheduler_type, warmup_ratio
-  evaluation  metrics, average, positive_label
+  evaluation  metrics, average, positive_label, eval_every, metric_for_best_model, load_best_model_at_end,
+              early_stopping_patience
   logging     log_every, report_to
-  output      output_dir, overwrite, resume_from, checkpoint_every
+  output      output_dir, resume_from (auto: the same command resumes), overwrite, checkpoint_every
 
 examples:
   finetune train --data reviews.csv --text sentence --label sentiment --output outputs/reviews
   finetune train --config configs/bbc_news.yaml training.max_steps=50 optim.learning_rate=3e-5
+  finetune train --data tagged.jsonl --label tags --output outputs/tags model.problem_type=multi_label
   accelerate launch --multi_gpu --num_processes 4 -m finetune.cli train --data reviews.csv
 
 every key: docs/configuration.md"""

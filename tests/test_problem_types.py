@@ -211,10 +211,8 @@ def test_regression_reads_numbers_and_names_a_row_that_is_not_one(tmp_path):
     ({"training": {"class_weights": "balanced"}, "model": {"problem_type": "regression"}},
      r"training.class_weights: apply to single_label only"),
     ({"data": {"label_delimiter": ","}}, r"data.label_delimiter: splits multi_label labels only"),
-    ({"model": {"problem_type": "regression"}, "evaluation": {"metrics": ["accuracy"]}},
-     r"evaluation.metrics: 'accuracy' is not computed for regression \(one of: pearson, spearmanr, mse, mae\)"),
-    ({"model": {"problem_type": "multi_label"}, "evaluation": {"metrics": ["matthews_correlation"]}},
-     r"evaluation.metrics: 'matthews_correlation' is not computed for multi_label"),
+    ({"model": {"problem_type": "multi_label"}, "evaluation": {"average": "binary", "positive_label": "x"}},
+     r"evaluation.average: binary needs single_label"),
 ])
 def test_a_bad_problem_type_setting_is_one_line_naming_the_key(sections, message):
     tree = {"data": {"train_file": "x.csv"}}
@@ -224,9 +222,21 @@ def test_a_bad_problem_type_setting_is_one_line_naming_the_key(sections, message
         config_from_dict(tree)
 
 
-def test_regression_gets_regression_metrics_by_default():
-    cfg = config_from_dict({"data": {"train_file": "x.csv"}, "model": {"problem_type": "regression"}})
-    assert cfg.evaluation.metrics == ["pearson", "spearmanr", "mse"]
+def test_a_single_label_metric_list_keeps_what_the_problem_type_computes(caplog):
+    def metrics(problem_type, names=None):
+        evaluation = {"metrics": names} if names else {}
+        return config_from_dict({"data": {"train_file": "x.csv"}, "model": {"problem_type": problem_type},
+                                 "evaluation": evaluation}).evaluation.metrics
+
+    assert metrics("regression") == ["pearson", "spearmanr", "mse"]  # the default list has no regression metric
+    assert metrics("multi_label") == ["accuracy", "f1"]
+    caplog.clear()
+    # the shipped configs' list, with problem_type given on the command line
+    shipped = ["accuracy", "f1", "precision", "recall", "matthews_correlation"]
+    assert metrics("multi_label", shipped) == ["accuracy", "f1", "precision", "recall"]
+    assert "evaluation.metrics: matthews_correlation not computed for multi_label" in caplog.text
+    assert metrics("regression", shipped + ["mae"]) == ["mae"]
+    assert metrics("single_label", shipped) == shipped
 
 
 # --------------------------------------------------------------------------- metrics
