@@ -263,23 +263,33 @@ def run_fingerprint(run) -> dict[str, Any]:
     return json.loads(json.dumps(fingerprint))  # as it reads back from the file (tuples -> lists)
 
 
+def changed_settings(meta: dict[str, Any], run) -> Optional[str]:
+    """What differs between a checkpoint's fingerprint and this run's, in words (``None``: nothing).
+
+    Up to three keys with old and new values: config keys first (what the user
+    changed), then what follows from them (the effective batch, b, k, P, the plan).
+    """
+    saved = meta.get("fingerprint", {})
+    current = run_fingerprint(run)
+    keys = list(current) + [k for k in saved if k not in current]
+    # keys that checkpoints of earlier releases lack are not a change
+    changed = [k for k in keys if saved.get(k) != current.get(k) and (k in saved or k not in ADDED_KEYS)]
+    if not changed:
+        return None
+    shown = "; ".join(f"{k}: {saved.get(k)!r} -> {current.get(k)!r}" for k in changed[:3])
+    return shown + (f" (and {len(changed) - 3} more)" if len(changed) > 3 else "")
+
+
 def check_compatible(meta: dict[str, Any], run, path: Path) -> None:
     """Refuse to resume a checkpoint written under another setup (one line naming what changed).
 
     Raises:
         ConfigError: listing up to three differing keys with old and new values.
     """
-    saved = meta.get("fingerprint", {})
-    current = run_fingerprint(run)
-    # config keys first (what the user changed), then what follows from them (b, k, P, the plan)
-    keys = list(current) + [k for k in saved if k not in current]
-    # keys that checkpoints of earlier releases lack are not a change
-    changed = [k for k in keys if saved.get(k) != current.get(k) and (k in saved or k not in ADDED_KEYS)]
+    changed = changed_settings(meta, run)
     if changed:
-        shown = "; ".join(f"{k}: {saved.get(k)!r} -> {current.get(k)!r}" for k in changed[:3])
-        more = f" (and {len(changed) - 3} more)" if len(changed) > 3 else ""
         raise ConfigError(
-            f"output.resume_from: {path} was written by a run with other settings: {shown}{more}; "
+            f"output.resume_from: {path} was written by a run with other settings: {changed}; "
             f"resume with the same settings, or start afresh"
         )
 
@@ -621,12 +631,10 @@ def choose_checkpoint(run) -> Optional[Path]:
             continue
         if spec == "latest":
             return path
-        try:
-            check_compatible(read_state(path), run, path)
-        except ConfigError as exc:
-            other_run = other_run or exc.message.split(" was written by a run with other settings: ")[-1]
-            continue
-        return path
+        changed = changed_settings(read_state(path), run)
+        if changed is None:
+            return path
+        other_run = other_run or changed
     if other_run is not None:
         raise ConfigError(
             f"output.output_dir: {out.output_dir} holds checkpoints of another run ({other_run}); "

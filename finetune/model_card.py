@@ -66,6 +66,40 @@ def reproduce_command(num_processes: int, output_dir: str) -> str:
     return shlex.join(launcher + args)
 
 
+def _front_matter(cfg, name: str, metrics: dict[str, float]) -> dict[str, Any]:
+    """The Hub's model-card metadata: base model, data set, metrics and a ``model-index`` of the results."""
+    front: dict[str, Any] = {"library_name": "transformers", "pipeline_tag": "text-classification",
+                             "tags": ["finetune", "text-classification"]}
+    if _is_hub_id(cfg.model.name_or_path):
+        front["base_model"] = cfg.model.name_or_path
+    if cfg.data.dataset_name:
+        front["datasets"] = [cfg.data.dataset_name]
+    if metrics:
+        front["metrics"] = [m for m in metrics if m != "loss"] or ["loss"]
+        front["model-index"] = [{
+            "name": name,
+            "results": [{
+                "task": {"type": "text-classification", "name": "Text Classification"},
+                "dataset": {"name": _data_name(cfg), "type": cfg.data.dataset_name or "local file",
+                            "split": "validation"},
+                "metrics": [{"type": m, "value": float(v), "name": _TITLES.get(m, m)} for m, v in metrics.items()],
+            }],
+        }]
+    return front
+
+
+def _batching(cfg, train: dict[str, Any]) -> str:
+    """The effective batch as ``b x k x P``, epoch by epoch under an accumulation schedule."""
+    b, k, P = cfg.training.per_device_train_batch_size, train["gradient_accumulation_steps"], train["num_processes"]
+    if isinstance(b, str):  # auto: the micro-batch the run chose
+        b = train["effective_batch_size"] // (k * P)
+    by_epoch = train.get("accumulation_by_epoch") or [k]
+    if len(set(by_epoch)) > 1:
+        return "accumulation by epoch " + ", ".join(f"epoch {e}: {b} x {kk} x {P} = {b * kk * P}"
+                                                     for e, kk in enumerate(by_epoch))
+    return f"{b} x {k} x {P} = {train['effective_batch_size']} samples per update (b x k x P)"
+
+
 def _predicts(problem_type: str, labels: list[str]) -> str:
     names = ", ".join(f"`{x}`" for x in labels)
     if problem_type == "regression":
@@ -83,32 +117,7 @@ def model_card(cfg, summary: dict[str, Any]) -> str:
     labels = summary["labels"]
     metrics = {k: v for k, v in results.items() if k != "num_samples" and isinstance(v, (int, float))}
     name = Path(cfg.output.output_dir).name
-    front: dict[str, Any] = {"library_name": "transformers", "pipeline_tag": "text-classification",
-                             "tags": ["finetune", "text-classification"]}
-    if _is_hub_id(base):
-        front["base_model"] = base
-    if cfg.data.dataset_name:
-        front["datasets"] = [cfg.data.dataset_name]
-    if metrics:
-        front["metrics"] = [m for m in metrics if m != "loss"] or ["loss"]
-        front["model-index"] = [{
-            "name": name,
-            "results": [{
-                "task": {"type": "text-classification", "name": "Text Classification"},
-                "dataset": {"name": _data_name(cfg), "type": cfg.data.dataset_name or "local file",
-                            "split": "validation"},
-                "metrics": [{"type": m, "value": float(v), "name": _TITLES.get(m, m)} for m, v in metrics.items()],
-            }],
-        }]
-    b, k, P = cfg.training.per_device_train_batch_size, train["gradient_accumulation_steps"], train["num_processes"]
-    if isinstance(b, str):  # auto: the micro-batch the run chose
-        b = train["effective_batch_size"] // (k * P)
-    by_epoch = train.get("accumulation_by_epoch") or [k]
-    if len(set(by_epoch)) > 1:
-        batching = ("accumulation by epoch " + ", ".join(f"epoch {e}: {b} x {kk} x {P} = {b * kk * P}"
-                                                          for e, kk in enumerate(by_epoch)))
-    else:
-        batching = f"{b} x {k} x {P} = {train['effective_batch_size']} samples per update (b x k x P)"
+    front = _front_matter(cfg, name, metrics)
     optim = cfg.optim
     warmup = f"{optim.warmup_steps} updates" if optim.warmup_steps else f"ratio {optim.warmup_ratio:g}"
     best = summary.get("best")
@@ -133,7 +142,7 @@ def model_card(cfg, summary: dict[str, Any]) -> str:
         "",
         "## Training",
         "",
-        f"- Effective batch: {batching}",
+        f"- Effective batch: {_batching(cfg, train)}",
         f"- Updates: {train['updates']} over {train['epoch']:.2f} epochs of {train['train_samples']} texts",
         f"- Optimizer: AdamW, learning rate {optim.learning_rate:g} ({optim.lr_scheduler_type} schedule, "
         f"warmup {warmup}), weight decay {optim.weight_decay:g}",
@@ -156,7 +165,7 @@ def model_card(cfg, summary: dict[str, Any]) -> str:
         "## Reproduce",
         "",
         "```bash",
-        reproduce_command(P, cfg.output.output_dir),
+        reproduce_command(train["num_processes"], cfg.output.output_dir),
         "```",
         "",
     ]

@@ -277,26 +277,27 @@ def metric_suite(cfg: Config, labels, train_split):
     logged and written back into ``cfg``, so ``config.yaml`` (and
     ``finetune.score`` after it) says what the run computed.
     """
-    from finetune.data import LABELS
-    from finetune.metrics import MetricSuite, resolve_average
-    from finetune.metrics.other_tasks import MultiLabelMetrics, RegressionMetrics
+    from finetune.metrics import metric_suite_for, resolve_average
 
     evaluation = cfg.evaluation
-    if labels.problem_type == "regression":
-        return RegressionMetrics(evaluation.metrics)
-    if labels.problem_type == "multi_label":
-        if evaluation.average == "auto":
-            evaluation.average = "micro"
-            logger.info("evaluation.average: auto -> micro (multi_label)")
-        return MultiLabelMetrics(evaluation.metrics, len(labels.names), evaluation.average)
-    counts = np.bincount(np.asarray(train_split[LABELS]), minlength=len(labels.names))
-    average, positive = resolve_average(evaluation, labels.names, counts)
-    if evaluation.average == "auto":
+    counts = class_counts(train_split, len(labels.names)) if labels.problem_type == "single_label" else None
+    if evaluation.average == "auto" and labels.problem_type == "multi_label":
+        evaluation.average = "micro"
+        logger.info("evaluation.average: auto -> micro (multi_label)")
+    elif evaluation.average == "auto" and labels.problem_type == "single_label":
+        average, positive = resolve_average(evaluation, labels.names, counts)
         why = "evaluation.positive_label" if evaluation.positive_label else "the rarer of two"
-        chosen = f"binary, positive class {positive!r} ({why})" if average == "binary" else average
-        logger.info("evaluation.average: auto -> %s", chosen)
-    evaluation.average, evaluation.positive_label = average, positive
-    return MetricSuite.from_config(evaluation, labels.names)
+        logger.info("evaluation.average: auto -> %s",
+                    f"binary, positive class {positive!r} ({why})" if average == "binary" else average)
+        evaluation.average, evaluation.positive_label = average, positive
+    return metric_suite_for(evaluation, labels.names, labels.problem_type, counts)
+
+
+def class_counts(train_split, num_labels: int) -> np.ndarray:
+    """Training samples per class id (single labels)."""
+    from finetune.data import LABELS
+
+    return np.bincount(np.asarray(train_split[LABELS]), minlength=num_labels)
 
 
 def build_task(cfg: Config, labels, train_split) -> Task:
@@ -305,7 +306,6 @@ def build_task(cfg: Config, labels, train_split) -> Task:
     Raises:
         ConfigError: if a class weight names a label the training data does not have.
     """
-    from finetune.data import LABELS
     from finetune.tasks import balanced_weights
 
     spec = cfg.training.class_weights
@@ -313,8 +313,7 @@ def build_task(cfg: Config, labels, train_split) -> Task:
         return Task(labels.problem_type)
     names = list(labels.names)
     if spec == "balanced":
-        counts = np.bincount(np.asarray(train_split[LABELS]), minlength=len(names))
-        weights = balanced_weights(counts.tolist())
+        weights = balanced_weights(class_counts(train_split, len(names)).tolist())
     else:
         unknown = [name for name in spec if name not in names]
         if unknown:
@@ -452,10 +451,6 @@ def check_output_dir(cfg: Config) -> None:
         )
 
 
-# output folders whose lock this process holds: fit inside train.py's lock does not take it twice
-_LOCKED: set[Path] = set()
-
-
 @contextlib.contextmanager
 def output_lock(accelerator, output_dir: str | os.PathLike):
     """Hold the output folder's :class:`~finetune.outputs.OutputLock` (main process) for the block.
@@ -466,11 +461,7 @@ def output_lock(accelerator, output_dir: str | os.PathLike):
     Raises:
         ConfigError: on every process, naming the folder and the run that holds it.
     """
-    path = Path(output_dir).resolve()
-    if path in _LOCKED:
-        yield
-        return
-    lock = OutputLock(path)
+    lock = OutputLock(output_dir)
     problem = None
     if accelerator.is_main_process:
         try:
@@ -483,11 +474,9 @@ def output_lock(accelerator, output_dir: str | os.PathLike):
         problem = broadcast_object_list([problem])[0]
     if problem is not None:
         raise ConfigError(problem)
-    _LOCKED.add(path)
     try:
         yield
     finally:
-        _LOCKED.discard(path)
         lock.release()
 
 

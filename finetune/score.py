@@ -147,22 +147,6 @@ def model_labels(output_dir: str | os.PathLike) -> tuple[list[str], str]:
     return [config.id2label[i] for i in range(config.num_labels)], problem_type_of(config)
 
 
-def metrics_for(evaluation, names: Sequence[str], problem_type: str, references):
-    """The metric suite of a problem type for the model's labels (``average: auto`` resolved on ``references``)."""
-    import numpy as np
-
-    from finetune.metrics import MetricSuite
-    from finetune.metrics.other_tasks import MultiLabelMetrics, RegressionMetrics
-
-    if problem_type == "regression":
-        return RegressionMetrics(evaluation.metrics)
-    if problem_type == "multi_label":
-        average = "micro" if evaluation.average == "auto" else evaluation.average
-        return MultiLabelMetrics(evaluation.metrics, len(names), average)
-    return MetricSuite.from_config(evaluation, names, whose="the model",
-                                   counts=np.bincount(np.asarray(references), minlength=len(names)))
-
-
 def confusion_matrix(references, predictions, num_labels: int):
     """``K x K`` counts: row = true class id, column = predicted class id."""
     import numpy as np
@@ -189,6 +173,7 @@ def score_file(output_dir: str | os.PathLike, file: str | os.PathLike, overrides
     import numpy as np
     import torch
 
+    from finetune.metrics import metric_suite_for
     from finetune.tasks import Task
 
     cfg = scoring_config(output_dir, file, overrides)
@@ -198,7 +183,8 @@ def score_file(output_dir: str | os.PathLike, file: str | os.PathLike, overrides
     else:
         names, problem_type = model_labels(output_dir)
     texts, pairs, references = load_labelled(file, cfg.data, names, problem_type)
-    suite = metrics_for(cfg.evaluation, names, problem_type, references)
+    counts = np.bincount(np.asarray(references), minlength=len(names)) if problem_type == "single_label" else None
+    suite = metric_suite_for(cfg.evaluation, names, problem_type, counts, whose="the model")
 
     predictor = predictor or Predictor.load(output_dir, batch_size=batch_size)
     task = Task(problem_type, threshold=predictor.threshold)

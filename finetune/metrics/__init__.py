@@ -241,3 +241,21 @@ class MetricSuite:
             f"evaluation.metrics: result {key!r} is a {type(value).__name__}, not a number; "
             "use metrics that return single numbers"
         )
+
+
+def metric_suite_for(evaluation, label_names, problem_type: str = "single_label", counts=None,
+                     whose: str = "the data"):
+    """The metrics of an ``evaluation`` section for a problem type: what training validates with and
+    ``finetune score`` scores with.
+
+    ``average: auto`` is resolved as :func:`resolve_average` says for single
+    labels (``counts``: samples per class) and is micro for multi-label.
+    """
+    from finetune.metrics.other_tasks import MultiLabelMetrics, RegressionMetrics
+
+    if problem_type == "regression":
+        return RegressionMetrics(evaluation.metrics)
+    if problem_type == "multi_label":
+        average = "micro" if evaluation.average == "auto" else evaluation.average
+        return MultiLabelMetrics(evaluation.metrics, len(label_names), average)
+    return MetricSuite.from_config(evaluation, label_names, whose=whose, counts=counts)
