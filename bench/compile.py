@@ -4,16 +4,20 @@ Usage::
 
     python bench/compile.py                       # the default job, 120 updates per arm, bf16 (auto) and fp32
     python bench/compile.py --updates 300 --precisions auto
+    python bench/compile.py --config configs/bbc_news.yaml --precisions bf16 --updates 60 --warmup 20 \
+        --override model.name_or_path=<bench/bert_base.py folder> --override data.max_length=128 \
+        --override training.per_device_train_batch_size=64 --override training.effective_batch_size=256 \
+        --arm "compiled, no workers=training.torch_compile=true,data.num_workers=0"
 
-Each arm is a real ``finetune/train.py`` run of the default config (no
-checkpoints) in its own process, one after the other in one invocation; the
-per-update records of its ``train_log.jsonl`` give the time of the first 20
-updates (where compiling happens) and the median time of the updates after
-them (the steady state). Compiled runs pad each micro-batch to one of four
-lengths (``finetune.runner.BucketPadding``), so a handful of graphs serve the
-whole run. Prints a Markdown table for ``bench/README.md``.
+Each arm is a real ``finetune/train.py`` run (no checkpoints) in its own
+process, one after the other in one invocation; the per-update records of its
+``train_log.jsonl`` give the time of the first ``--warmup`` updates (where
+compiling happens) and the median time of the updates after them (the steady
+state). Compiled runs pad each micro-batch to one of four lengths
+(``finetune.runner.BucketPadding``), so a handful of graphs serve the whole
+run. ``--arm LABEL=key=value,...`` adds an arm (in every precision) with its
+own overrides. Prints a Markdown table for ``bench/README.md``.
 """
-
 from __future__ import annotations
 
 import argparse
@@ -27,20 +31,23 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-WARMUP = 20  # updates counted as warm-up
+DEFAULT_CONFIG = REPO / "configs" / "default.yaml"
 
 
-def run_arm(out: Path, updates: int, precision: str, compile_: bool) -> dict:
-    """Train the default job for ``updates`` updates; per-update seconds from its log, and its validation F1."""
-    command = [sys.executable, str(REPO / "finetune" / "train.py"), f"training.max_steps={updates}",
-               f"training.mixed_precision={precision}", f"training.torch_compile={str(compile_).lower()}",
-               f"output.output_dir={out}", "logging.progress_bar=false", "output.save_checkpoints=false"]
+def run_arm(out: Path, updates: int, precision: str, label: str, overrides: list[str], config: Path = DEFAULT_CONFIG,
+            warmup: int = 20) -> dict:
+    """Train ``config`` for ``updates`` updates; per-update seconds from its log, and its validation F1."""
+    command = [sys.executable, str(REPO / "finetune" / "train.py"), "--config", str(config),
+               "training.num_train_epochs=null", f"training.max_steps={updates}",
+               f"training.mixed_precision={precision}", *overrides,
+               f"output.output_dir={out}", "logging.progress_bar=false", "output.save_checkpoints=false",
+               "logging.log_every=1"]
     start = time.perf_counter()
     proc = subprocess.run(command, cwd=REPO, env={**os.environ, "HF_HUB_OFFLINE": "1"}, capture_output=True,
                           text=True)
     wall = time.perf_counter() - start
     if proc.returncode != 0:
-        raise SystemExit(f"arm {precision}/compile={compile_} failed:\n{proc.stderr[-3000:]}")
+        raise SystemExit(f"arm {precision}/{label} failed:\n{proc.stderr[-3000:]}")
     records = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()
                if '"train/loss"' in line]
     seconds, seen = [], 0
@@ -48,23 +55,26 @@ def run_arm(out: Path, updates: int, precision: str, compile_: bool) -> dict:
         samples = record["train/samples"] - seen
         seen = record["train/samples"]
         seconds.append(samples / record["train/samples_per_s"])
-    steady = seconds[WARMUP:]
+    steady = seconds[warmup:]
     metrics = json.loads((out / "metrics.json").read_text())
     return {
-        "precision": metrics["train"]["mixed_precision"], "compile": compile_, "updates": len(records),
-        "warmup_s": sum(seconds[:WARMUP]), "steady_s_per_update": statistics.median(steady),
+        "precision": metrics["train"]["mixed_precision"], "arm": label, "updates": len(records),
+        "warmup_s": sum(seconds[:warmup]), "steady_s_per_update": statistics.median(steady),
         "samples_per_s": seen / sum(seconds), "wall_s": wall, "f1": metrics["eval"].get("f1"),
     }
 
 
-def table(rows: list[dict]) -> str:
-    lines = ["| precision | torch_compile | first 20 updates s | steady s/update (median) | x eager steady | "
+def table(rows: list[dict], warmup: int = 20) -> str:
+    """One row per arm; the steady state against the first arm of the same precision (eager)."""
+    lines = [f"| precision | arm | first {warmup} updates s | steady s/update (median) | x eager steady | "
              "samples/s over the run | run wall s | validation F1 |",
              "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
-    eager = {r["precision"]: r["steady_s_per_update"] for r in rows if not r["compile"]}
+    eager: dict[str, float] = {}
+    for r in rows:
+        eager.setdefault(r["precision"], r["steady_s_per_update"])
     for r in rows:
         speedup = eager[r["precision"]] / r["steady_s_per_update"]
-        lines.append(f"| {r['precision']} | {str(r['compile']).lower()} | {r['warmup_s']:.1f} | "
+        lines.append(f"| {r['precision']} | {r['arm']} | {r['warmup_s']:.1f} | "
                      f"{r['steady_s_per_update']:.3f} | {speedup:.2f} | {r['samples_per_s']:.1f} | {r['wall_s']:.0f} | "
                      f"{r['f1']:.4f} |")
     return "\n".join(lines)
@@ -73,17 +83,34 @@ def table(rows: list[dict]) -> str:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--updates", type=int, default=120, help="updates per arm (default 120)")
+    parser.add_argument("--warmup", type=int, default=20, help="updates counted as warm-up (default 20)")
     parser.add_argument("--precisions", default="auto,no", help="comma-separated mixed_precision values")
+    parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help="the job (default: configs/default.yaml)")
+    parser.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
+                        help="a dotted override for every arm (repeatable)")
+    parser.add_argument("--arm", action="append", default=[], metavar="LABEL=KEY=VALUE,...",
+                        help="an extra arm with its own overrides (repeatable)")
+    parser.add_argument("--json", type=Path, help="also write every row to this file")
     args = parser.parse_args(argv)
+    if args.warmup >= args.updates:
+        parser.error("--warmup must be below --updates: the steady state needs updates after it")
+    arms = [("eager", ["training.torch_compile=false"]), ("compiled", ["training.torch_compile=true"])]
+    for spec in args.arm:
+        label, _, overrides = spec.partition("=")
+        arms.append((label, [o for o in overrides.split(",") if o]))
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for precision in args.precisions.split(","):
-            for compile_ in (False, True):
-                rows.append(run_arm(Path(tmp) / f"{precision}-{compile_}", args.updates, precision, compile_))
-                print(json.dumps(rows[-1]), file=sys.stderr)
+            for i, (label, overrides) in enumerate(arms):
+                rows.append(run_arm(Path(tmp) / f"{precision}-{i}", args.updates, precision, label,
+                                    args.override + overrides, args.config, args.warmup))
+                print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(rows, indent=1))
     command = " ".join(["python bench/compile.py", *(argv if argv is not None else sys.argv[1:])])
     print(f"Command: `{command}`\n")
-    print(table(rows))
+    print(table(rows, args.warmup))
 
 
 if __name__ == "__main__":

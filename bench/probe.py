@@ -6,8 +6,9 @@ none is a comparison with the Trainer, which is ``bench/run.py``'s job::
     python -m bench.probe masks      # dropout mask generators and one attention's time (seconds)
     python -m bench.probe profile    # torch.profiler over 12 updates of the SMS job (about 1 minute)
     python -m bench.probe rss        # RSS around every forward, backward and update: BBC News (8, 4) and (8, 1)
+    python -m bench.probe device     # on a GPU: how busy the GPU is over updates of the BBC News job, top kernels
 
-``profile`` and ``rss`` take dotted overrides after the name (for example
+``profile``, ``rss`` and ``device`` take dotted overrides after the name (for example
 ``training.fast_dropout_masks=false``), applied to the job's config. Like the
 benchmark, every probe uses 2 torch threads unless ``--threads N`` comes first.
 """
@@ -141,6 +142,62 @@ def profile(threads: int, overrides: list[str], updates: int = 12, warmup: int =
             "top": [{"op": k, "share": t / total, "calls": c} for k, t, c in top]}
 
 
+def _train_updates(cfg, run, until: int, **kw) -> None:
+    """Train until ``run.state.step`` reaches ``until``, epoch after epoch."""
+    while run.state.step < until:
+        _train_epoch_of(cfg, run, until, **kw)
+
+
+def _train_epoch_of(cfg, run, until: int, **kw):
+    from finetune.loop import train_one_epoch
+
+    return train_one_epoch(run.model, run.optimizer, run.scheduler, run.train_dataloader, run.accelerator,
+                           run.state.epoch, state=run.state, max_grad_norm=cfg.training.max_grad_norm,
+                           max_updates=until, **kw)
+
+
+def device(threads: int, overrides: list[str], updates: int = 10, warmup: int = 10) -> dict[str, Any]:
+    """Wall time against GPU kernel time over ``updates`` updates of the BBC News job (after ``warmup``).
+
+    If the kernels' summed time is well under the wall time, the GPU waits for
+    the host (Python, kernel launches, collation): the answer is fewer, larger
+    kernels (compile) or more work per kernel (a larger micro-batch), not
+    faster kernels.
+    """
+    import torch
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    gpu = torch.cuda.is_available()
+    sync = torch.cuda.synchronize if gpu else (lambda: None)
+    cfg, run = _setup(overrides, "bbc", 8, 4, warmup + 2 * updates, threads)
+    _train_updates(cfg, run, warmup)
+    sync()
+    started = time.perf_counter()
+    _train_updates(cfg, run, warmup + updates)
+    sync()
+    wall = time.perf_counter() - started
+    with torch_profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if gpu else [])) as prof:
+        _train_updates(cfg, run, warmup + 2 * updates)
+        sync()
+    kernels: dict[str, list[float]] = {}
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            kernels.setdefault(event.name, []).append(event.time_range.elapsed_us() / 1e6)
+    kernel_s = sum(sum(v) for v in kernels.values())
+    top = sorted(kernels.items(), key=lambda kv: -sum(kv[1]))[:15]
+    cpu = sorted(((e.key, e.self_cpu_time_total / 1e6, e.count) for e in prof.key_averages()), key=lambda e: -e[1])
+    samples = run.batching.effective_batch_size
+    return {"updates": updates, "overrides": overrides, "device": torch.cuda.get_device_name() if gpu else "CPU",
+            "effective_batch_size": samples, "wall_s_per_update": wall / updates,
+            "kernel_s_per_update": kernel_s / updates, "gpu_busy": kernel_s / max(wall, 1e-9),
+            "samples_per_s": samples * updates / wall, "peak_mib": torch.cuda.max_memory_allocated() / 2**20 if gpu else float("nan"),
+            "kernels": [{"kernel": k[:90], "s_per_update": sum(v) / updates, "calls_per_update": len(v) / updates}
+                        for k, v in top],
+            "cpu_ops": [{"op": k, "s_per_update": t / updates, "calls_per_update": c / updates}
+                        for k, t, c in cpu[:15]]}
+
+
 def _rss_mib() -> float:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
@@ -206,6 +263,18 @@ def markdown(name: str, result: dict[str, Any]) -> str:
                   for k, v in result["groups"].items()]
         lines += ["", "| op | self CPU share | calls |", "| --- | ---: | ---: |"]
         lines += [f"| `{t['op']}` | {100 * t['share']:.1f}% | {t['calls']} |" for t in result["top"]]
+    elif name == "device":
+        lines = [f"{result['device']}, BBC News job, B={result['effective_batch_size']}, {result['updates']} updates"
+                 f"{' with ' + ' '.join(result['overrides']) if result['overrides'] else ''}: "
+                 f"{result['wall_s_per_update'] * 1e3:.1f} ms per update, GPU kernels "
+                 f"{result['kernel_s_per_update'] * 1e3:.1f} ms ({100 * result['gpu_busy']:.0f}% busy), "
+                 f"{result['samples_per_s']:.0f} samples/s, peak {result['peak_mib']:.0f} MiB", "",
+                 "| kernel | ms per update | calls per update |", "| --- | ---: | ---: |"]
+        lines += [f"| `{k['kernel']}` | {k['s_per_update'] * 1e3:.2f} | {k['calls_per_update']:.0f} |"
+                  for k in result["kernels"]]
+        lines += ["", "| op (self CPU, profiled) | ms per update | calls per update |", "| --- | ---: | ---: |"]
+        lines += [f"| `{k['op']}` | {k['s_per_update'] * 1e3:.2f} | {k['calls_per_update']:.0f} |"
+                  for k in result["cpu_ops"]]
     else:
         lines = ["RSS (MiB) of the BBC News job, highest after a forward pass in each update, and the "
                  f"process's peak{' with ' + ' '.join(result['overrides']) if result['overrides'] else ''}:", "",
@@ -227,14 +296,15 @@ def main(argv=None) -> int:
         result = rss_one(threads, b, k, updates, argv[4:])
         print(json.dumps(result))
         return 0
-    if not argv or argv[0] not in ("masks", "profile", "rss"):
+    if not argv or argv[0] not in ("masks", "profile", "rss", "device"):
         print(__doc__.strip().splitlines()[0] + "\nusage: python -m bench.probe [--threads N] "
-              "masks | profile [section.key=value ...] | rss [section.key=value ...]")
+              "masks | profile [section.key=value ...] | rss [section.key=value ...] | device [section.key=value ...]")
         return 2
     name, overrides = argv[0], argv[1:]
     started = time.perf_counter()
-    result = masks(threads) if name == "masks" else profile(threads, overrides) if name == "profile" \
-        else rss(threads, overrides)
+    probes = {"masks": lambda: masks(threads), "profile": lambda: profile(threads, overrides),
+              "rss": lambda: rss(threads, overrides), "device": lambda: device(threads, overrides)}
+    result = probes[name]()
     result["seconds"] = time.perf_counter() - started
     RESULTS.mkdir(parents=True, exist_ok=True)
     write_result(RESULTS / f"probe_{name}.json", result)

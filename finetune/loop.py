@@ -222,6 +222,7 @@ def train_one_epoch(
         if should_stop(state, on_update, max_updates) and not at_end:
             result.stopped_early = True
             break
+        window.restart_clock()  # the next window's time includes fetching its first micro-batch
 
     if state.micro_batch >= layout.micro_batches_per_process:
         state.micro_batch, state.epoch = 0, epoch + 1  # the next call starts the next epoch
@@ -324,7 +325,6 @@ class WindowStats:
     def start(self, first: int, stop: int, real_samples: int) -> None:
         """Begin the window of micro-batches ``first .. stop-1`` holding ``real_samples`` (all processes)."""
         self.first, self.stop, self.real_samples = first, stop, real_samples
-        self.t0 = time.perf_counter()
         self.totals.zero_()
         self.first_bad.fill_(-1)
 
@@ -335,8 +335,12 @@ class WindowStats:
         bad_now = (~torch.isfinite(loss_sum)) & (self.first_bad < 0)
         self.first_bad.copy_(torch.where(bad_now, torch.full_like(self.first_bad, j), self.first_bad))
 
+    def restart_clock(self) -> None:
+        """Start timing the next window (after this one's logging and callbacks, before its first fetch)."""
+        self.t0 = time.perf_counter()
+
     def seconds(self) -> float:
-        """Time since the window started."""
+        """Time since the clock started: the window's fetches, forwards, backwards and update."""
         return time.perf_counter() - self.t0
 
     def reduce(self, accelerator) -> torch.Tensor:

@@ -246,15 +246,15 @@ def test_the_compile_table_compares_each_precisions_steady_state_with_its_eager_
     from bench.compile import table
 
     rows = [
-        {"precision": "bf16", "compile": False, "warmup_s": 10.0, "steady_s_per_update": 0.5, "samples_per_s": 60.0,
+        {"precision": "bf16", "arm": "eager", "warmup_s": 10.0, "steady_s_per_update": 0.5, "samples_per_s": 60.0,
          "wall_s": 75.0, "f1": 0.97},
-        {"precision": "bf16", "compile": True, "warmup_s": 40.0, "steady_s_per_update": 0.8, "samples_per_s": 32.0,
+        {"precision": "bf16", "arm": "compiled", "warmup_s": 40.0, "steady_s_per_update": 0.8, "samples_per_s": 32.0,
          "wall_s": 140.0, "f1": 0.968},
-        {"precision": "no", "compile": False, "warmup_s": 14.0, "steady_s_per_update": 0.75, "samples_per_s": 41.0,
+        {"precision": "no", "arm": "eager", "warmup_s": 14.0, "steady_s_per_update": 0.75, "samples_per_s": 41.0,
          "wall_s": 106.0, "f1": 0.97},
-        {"precision": "no", "compile": True, "warmup_s": 99.0, "steady_s_per_update": 0.5, "samples_per_s": 17.0,
+        {"precision": "no", "arm": "compiled", "warmup_s": 99.0, "steady_s_per_update": 0.5, "samples_per_s": 17.0,
          "wall_s": 254.0, "f1": 0.968},
     ]
     lines = table(rows).splitlines()
-    assert lines[3] == "| bf16 | true | 40.0 | 0.800 | 0.62 | 32.0 | 140 | 0.9680 |"  # 0.5 / 0.8
-    assert lines[5] == "| no | true | 99.0 | 0.500 | 1.50 | 17.0 | 254 | 0.9680 |"  # against fp32's own eager run
+    assert lines[3] == "| bf16 | compiled | 40.0 | 0.800 | 0.62 | 32.0 | 140 | 0.9680 |"  # 0.5 / 0.8
+    assert lines[5] == "| no | compiled | 99.0 | 0.500 | 1.50 | 17.0 | 254 | 0.9680 |"  # against fp32's own eager run
