@@ -196,10 +196,6 @@ class TrainingConfig:
     # compile time at start-up (and at each new shape until shapes turn dynamic)
     # for faster steps; off by default, measure it with ``bench/run.py --levers``.
     torch_compile: bool = False
-    # Under torch_compile: compile only the repeated blocks (the encoder layers), whose one
-    # graph serves every layer, for a warm-up a fraction of the whole model's; false: the
-    # whole model as one graph (finetune.modeling.compile_model).
-    compile_regions: bool = True
     # On one process on a CPU, the word embedding's backward returns only the rows each
     # micro-batch used, added into a dense gradient buffer that is reused (the same gradient,
     # to float rounding; see finetune.cpu). Elsewhere it has no effect.

@@ -124,35 +124,6 @@ def load_model(cfg: ModelConfig, id2label: dict[int, str], max_length: Optional[
         raise ModelError(f"model.name_or_path: cannot load {location}: {_first_line(exc)}") from None
 
 
-def compile_model(model, regions: bool = True) -> str:
-    """Compile ``model`` in place with ``torch.compile``; returns what was compiled, for the start line.
-
-    ``regions``: compile only the repeated blocks (a BERT's encoder layers).
-    They share one code object, so one compiled graph serves all of them and
-    the warm-up is a fraction of the whole model's; the embeddings, pooler and
-    head stay eager. In place (``nn.Module.compile``), so parameter names,
-    ``state_dict`` keys and ``save_pretrained`` stay as without compiling.
-    (Accelerate's ``compile_regions`` does the same on a copy of the model,
-    whose compiled blocks add ``_orig_mod`` to every key below them.)
-    """
-    blocks = repeated_blocks(model) if regions else None
-    if blocks is None:
-        model.compile()
-        return "the whole model"
-    for block in blocks:
-        block.compile()
-    return f"its {len(blocks)} {type(blocks[0]).__name__} blocks"
-
-
-def repeated_blocks(model):
-    """The model's largest ``ModuleList`` of modules of one class (a BERT's encoder layers), or ``None``."""
-    import torch
-
-    lists = [m for m in model.modules() if isinstance(m, torch.nn.ModuleList) and len(m) > 1
-             and all(type(child) is type(m[0]) for child in m)]
-    return max(lists, key=len) if lists else None
-
-
 def require_saved_model(path: str | Path) -> Path:
     """``path`` as a folder holding a saved model (a run's output folder).
 

@@ -235,7 +235,7 @@ def setup_run(cfg: Config, accelerator=None) -> Run:
     from accelerate.utils import set_seed
 
     from finetune.data import content_sha256
-    from finetune.modeling import compile_model, load_model, load_model_config, load_tokenizer
+    from finetune.modeling import load_model, load_model_config, load_tokenizer
 
     accelerator = accelerator or build_accelerator(cfg)
     batching = check_batching(cfg, accelerator)
@@ -251,8 +251,7 @@ def setup_run(cfg: Config, accelerator=None) -> Run:
     if cfg.training.per_device_train_batch_size == "auto":
         batching = fit_micro_batch(model, tokenized["train"], tokenizer, accelerator, batching)
     if cfg.training.torch_compile:
-        compiled = compile_model(model, regions=cfg.training.compile_regions)
-        logger.info("torch.compile: %s", compiled)
+        model.compile()  # in place: state_dict keys, unwrap_model and save_pretrained stay as without compiling
     train_dl, eval_dl = build_dataloaders(cfg, tokenized, tokenizer, accelerator, batching)
     optimizer = build_optimizer(model, cfg.optim, device=accelerator.device)
     model, optimizer, train_dl, eval_dl = prepare(accelerator, model, optimizer, train_dl, eval_dl)
