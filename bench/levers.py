@@ -67,6 +67,7 @@ def lever_jobs(s, steps: int):
         ours("baseline (package defaults)"),
         ours("no length grouping", "data.group_by_length=false"),
         ours("length grouping over 16 windows", "data.length_group_windows=16"),
+        ours("equal micro-batches", "data.balance_micro_batches=false"),
         ours("dense embedding gradient", "training.sparse_embedding_grad=false"),
         ours("torch dropout masks", "training.fast_dropout_masks=false"),
         ours("dropout off (bound)", "model.dropout=0.0"),

@@ -157,8 +157,26 @@ def updates_per_epoch(micro_batches_per_process: int, k: int) -> int:
     return math.ceil(micro_batches_per_process / k)
 
 
+class _Windows:
+    """Windows of ``k`` micro-batches over an epoch; a subclass says ``micro_batches_per_process``."""
+
+    def windows(self, k: int) -> list[tuple[int, int]]:
+        """``(first, stop)`` micro-batch ranges of the epoch's windows; the last may be short."""
+        m = self.micro_batches_per_process
+        return [(s, min(s + k, m)) for s in range(0, m, k)]
+
+    def window_of(self, j: int, k: int) -> tuple[int, int]:
+        """The ``(first, stop)`` range of the window holding micro-batch ``j``."""
+        first = (j // k) * k
+        return first, min(first + k, self.micro_batches_per_process)
+
+    def updates_per_epoch(self, k: int) -> int:
+        """Optimizer updates in one epoch (see :func:`updates_per_epoch`)."""
+        return updates_per_epoch(self.micro_batches_per_process, k)
+
+
 @dataclass(frozen=True)
-class ShardLayout:
+class ShardLayout(_Windows):
     """Where the real samples are in one epoch of a prepared dataloader.
 
     Accelerate deals the sampler's order out in batches of ``b``: global batch
@@ -203,28 +221,48 @@ class ShardLayout:
         per_step = self.num_processes * self.batch_size
         return self._real_before(stop * per_step) - self._real_before(first * per_step)
 
-    def windows(self, k: int) -> list[tuple[int, int]]:
-        """``(first, stop)`` micro-batch ranges of the epoch's windows; the last may be short."""
-        m = self.micro_batches_per_process
-        return [(s, min(s + k, m)) for s in range(0, m, k)]
-
-    def window_of(self, j: int, k: int) -> tuple[int, int]:
-        """The ``(first, stop)`` range of the window holding micro-batch ``j``."""
-        first = (j // k) * k
-        return first, min(first + k, self.micro_batches_per_process)
-
-    def updates_per_epoch(self, k: int) -> int:
-        """Optimizer updates in one epoch (see :func:`updates_per_epoch`)."""
-        return updates_per_epoch(self.micro_batches_per_process, k)
 
 
-def layout_for(dataloader, accelerator) -> ShardLayout:
-    """The :class:`ShardLayout` of a dataloader prepared by ``accelerator`` (or a plain one).
+@dataclass(frozen=True)
+class SizedLayout(_Windows):
+    """One process's epoch of micro-batches of known, varying sizes (:class:`~finetune.sampling.BalancedBatches`).
+
+    Every sample is real (one process: nothing is repeated to even out
+    processes), so a micro-batch's real samples are its size.
+
+    Args:
+        sizes: Samples in each micro-batch of the epoch.
+        batch_size: ``b`` of the equal cut, which sets the effective batch ``b * k``.
+    """
+
+    sizes: tuple[int, ...]
+    batch_size: int
+    num_processes: int = 1
+
+    @property
+    def micro_batches_per_process(self) -> int:
+        return len(self.sizes)
+
+    def real_in_micro_batch(self, j: int) -> int:
+        return self.sizes[j]
+
+    def real_in_window(self, first: int, stop: int) -> int:
+        return sum(self.sizes[first:stop])
+
+
+def layout_for(dataloader, accelerator) -> "ShardLayout | SizedLayout":
+    """The layout of a dataloader prepared by ``accelerator`` (or a plain one), for its current epoch.
 
     Raises:
         ValueError: if the dataloader is not dealt out as the layout assumes
-            (``split_batches``, ``drop_last``, or a batch sampler of varying sizes).
+            (``split_batches``, ``drop_last``, a batch sampler of varying sizes
+            that does not say them, or one that does on several processes).
     """
+    batch_sampler = getattr(dataloader, "batch_sampler", None)
+    if callable(getattr(batch_sampler, "sizes", None)):
+        if accelerator.num_processes != 1:
+            raise ValueError("micro-batches of varying sizes (BalancedBatches) work on one process only")
+        return SizedLayout(tuple(batch_sampler.sizes()), batch_sampler.batch_size)
     num_processes = accelerator.num_processes
     total = getattr(dataloader, "total_batch_size", None)
     batch_size = total // num_processes if total else dataloader.batch_size

@@ -183,8 +183,8 @@ def train_one_epoch(
     loss_fn = loss_fn or Task.of_model(accelerator.unwrap_model(model)).per_sample_loss
     k = accelerator.gradient_accumulation_steps
     check_schedule_fits(scheduler, k, epoch)
-    layout = layout_for(dataloader, accelerator)
     batches = epoch_batches(dataloader, accelerator, epoch, state.micro_batch, k)
+    layout = layout_for(dataloader, accelerator)  # after the epoch is set: micro-batch sizes may depend on it
     window = WindowStats(accelerator.device)
     logs = LogWindow(accelerator.device, k, effective_batch=layout.batch_size * k * layout.num_processes)
     result = EpochResult(epoch=epoch)
@@ -271,7 +271,7 @@ def epoch_batches(dataloader, accelerator, epoch: int, start: int, k: int):
         dataloader.set_epoch(epoch)  # Accelerate's: passes the epoch down to the sampler
     else:
         # a plain torch DataLoader (e.g. from a notebook) has no set_epoch of its own
-        for obj in (getattr(dataloader, "sampler", None),
+        for obj in (getattr(dataloader, "batch_sampler", None), getattr(dataloader, "sampler", None),
                     getattr(getattr(dataloader, "batch_sampler", None), "sampler", None)):
             if hasattr(obj, "set_epoch"):
                 obj.set_epoch(epoch)

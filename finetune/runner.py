@@ -38,7 +38,7 @@ from finetune.outputs import (
     CONFIG_FILE, CURVES_FILE, LOCK_FILE, METRICS_FILE, MODEL_CARD_FILE, MODEL_CARD_MARK, RESULTS_FILE,
     OutputLock, clear_previous_run, write_atomic,
 )
-from finetune.sampling import EpochSampler
+from finetune.sampling import BalancedBatches, EpochSampler
 from finetune.selection import Selection
 from finetune.tasks import Task
 from finetune.tracking import RunLogger, check_trackers, flat_hparams
@@ -155,6 +155,24 @@ def training_sampler(cfg: Config, lengths, batching: Batching) -> EpochSampler:
     )
 
 
+def balance_micro_batches(cfg: Config, num_processes: int) -> bool:
+    """Whether ``data.balance_micro_batches`` applies: one process, length grouping, no ``torch_compile``.
+
+    On several processes Accelerate deals micro-batches of one size round-robin, and a
+    compiled model would see a new batch shape at nearly every micro-batch.
+
+    Raises:
+        ConfigError: for ``true`` where it cannot apply.
+    """
+    setting = cfg.data.balance_micro_batches
+    why_not = ("it needs one process" if num_processes > 1
+               else "it needs data.group_by_length: true" if not cfg.data.group_by_length
+               else "it does not combine with training.torch_compile" if cfg.training.torch_compile else None)
+    if setting is True and why_not:
+        raise ConfigError(f"data.balance_micro_batches: true, but {why_not}; use auto (or false)")
+    return setting is True or (setting == "auto" and why_not is None)
+
+
 def build_dataloaders(cfg: Config, tokenized, tokenizer, accelerator, batching: Batching):
     """Training and evaluation dataloaders (unprepared).
 
@@ -169,6 +187,11 @@ def build_dataloaders(cfg: Config, tokenized, tokenizer, accelerator, batching: 
     lengths = train["length"]
     train = train.remove_columns(["length"])
     sampler = training_sampler(cfg, lengths, batching)
+    b = batching.per_device_batch_size
+    if balance_micro_batches(cfg, accelerator.num_processes):
+        batches: dict[str, Any] = {"batch_sampler": BalancedBatches(sampler, b)}
+    else:
+        batches = {"batch_size": b, "sampler": sampler, "drop_last": False}
     pin = accelerator.device.type == "cuda"
     workers = choose_workers(cfg.data.num_workers, accelerator.device, accelerator.num_processes)
     # A DataLoader without a generator draws a seed from the global torch RNG each time it is
@@ -176,10 +199,8 @@ def build_dataloaders(cfg: Config, tokenized, tokenizer, accelerator, batching: 
     # makes a resumed run's dropout masks those of the uninterrupted run.
     train_dl = DataLoader(
         train,
-        batch_size=batching.per_device_batch_size,
-        sampler=sampler,
+        **batches,
         collate_fn=collate,
-        drop_last=False,
         generator=torch.Generator().manual_seed(cfg.training.seed),
         num_workers=workers,
         pin_memory=pin,
@@ -400,6 +421,7 @@ def describe(run: Run) -> str:
         f"precision={acc.mixed_precision} ({choose_precision(training.mixed_precision, acc.device)[1]}) "
         f"{speedups + ' ' if speedups else ''}"
         f"workers={run.train_dataloader.num_workers} "
+        f"micro-batches={'balanced' if hasattr(run.train_dataloader.batch_sampler, 'sizes') else 'equal'} "
         f"b={b.per_device_batch_size} k={_accumulation(run)} "
         f"P={b.num_processes} effective_batch={b.effective_batch_size} "
         f"train_samples={len(run.train_dataloader.dataset)} updates={run.plan.total_updates} "

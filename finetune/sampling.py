@@ -102,3 +102,101 @@ class EpochSampler(Sampler[int]):
 
     def __iter__(self) -> Iterator[int]:
         return iter(self.order())
+
+
+class BalancedBatches(Sampler[list[int]]):
+    """Each window of :class:`EpochSampler` cut into micro-batches where they pad least (one process).
+
+    A window's samples, longest first, are cut into as many micro-batches as
+    cuts of ``batch_size`` would make, but at the points that minimise the
+    padded tokens (:func:`least_padding_sizes`): short texts go in larger
+    micro-batches, long ones in smaller. No micro-batch holds more padded
+    tokens than the window's first equal cut (``batch_size`` x its longest
+    text), so memory peaks no higher. The windows, and so the updates, are
+    those of the sampler: the loop sums per-sample losses and scales by the
+    window's sample count, which does not depend on where the window is cut.
+    PyTorch's and Accelerate's batch samplers cut equal sizes only, hence this.
+
+    Args:
+        sampler: The epoch order; needs its ``lengths``.
+        batch_size: ``b``, the micro-batch of an equal cut.
+    """
+
+    def __init__(self, sampler: EpochSampler, batch_size: int):
+        if sampler.lengths is None:
+            raise ValueError("BalancedBatches needs an EpochSampler with lengths")
+        self.sampler = sampler
+        self.batch_size = batch_size
+        self._epoch: Optional[int] = None
+        self._batches: list[list[int]] = []
+
+    def set_epoch(self, epoch: int) -> None:
+        self.sampler.set_epoch(epoch)
+
+    def micro_batches(self) -> list[list[int]]:
+        """The current epoch's micro-batches (sample indices), in training order."""
+        if self._epoch != self.sampler.epoch:
+            order = torch.as_tensor(self.sampler.order(), dtype=torch.long)
+            lengths = self.sampler.lengths
+            self._batches = []
+            for window in torch.split(order, self.sampler.window_size):
+                # longest first (the sampler's sort, or none when it does not group by length)
+                window = window[torch.sort(lengths[window], descending=True, stable=True).indices]
+                groups = -(-len(window) // self.batch_size)
+                sizes = least_padding_sizes(lengths[window].tolist(), groups,
+                                            cap=self.batch_size * int(lengths[window[0]]))
+                self._batches += [part.tolist() for part in torch.split(window, sizes)]
+            self._epoch = self.sampler.epoch
+        return self._batches
+
+    def sizes(self) -> list[int]:
+        """Samples in each micro-batch of the current epoch."""
+        return [len(batch) for batch in self.micro_batches()]
+
+    def __iter__(self) -> Iterator[list[int]]:
+        return iter(self.micro_batches())
+
+    def __len__(self) -> int:
+        # windows are multiples of batch_size, so an epoch has as many micro-batches as equal cuts make
+        return -(-self.sampler.num_samples // self.batch_size)
+
+
+def least_padding_sizes(lengths: Sequence[int], groups: int, cap: int) -> list[int]:
+    """Sizes of ``groups`` consecutive micro-batches of ``lengths`` (longest first) with the fewest padded tokens.
+
+    A micro-batch padded to its first (longest) text costs ``rows x that
+    length``; none may cost more than ``cap``, and each holds one sample at
+    least. Dynamic programming over the cut points, ``O(n^2 groups)``
+    comparisons done as ``n x groups`` vector operations.
+
+    Raises:
+        ValueError: if no cut fits within ``cap``.
+    """
+    import numpy as np
+
+    n = len(lengths)
+    length = np.asarray(lengths, dtype=np.int64)
+    inf = np.iinfo(np.int64).max // 4
+    # best[i]: fewest padded tokens for lengths[i:] in the groups placed so far (from the end)
+    best = np.full(n + 1, inf, dtype=np.int64)
+    best[n] = 0
+    ends = np.zeros((groups + 1, n + 1), dtype=np.int64)
+    for g in range(1, groups + 1):
+        new = np.full(n + 1, inf, dtype=np.int64)
+        for i in range(n - g, -1, -1):
+            # rows from i: at least one, at most what fits the cap, leaving one sample per later group
+            most = min(cap // max(int(length[i]), 1), n - i - (g - 1))
+            if most < 1:
+                continue
+            stop = np.arange(i + 1, i + most + 1)
+            cost = (stop - i) * length[i] + best[stop]
+            pick = int(np.argmin(cost))
+            new[i], ends[g, i] = cost[pick], stop[pick]
+        best = new
+    if best[0] >= inf:
+        raise ValueError(f"no cut of {n} samples into {groups} micro-batches fits {cap} padded tokens each")
+    sizes, i = [], 0
+    for g in range(groups, 0, -1):
+        sizes.append(int(ends[g, i]) - i)
+        i = int(ends[g, i])
+    return sizes
