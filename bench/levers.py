@@ -280,7 +280,9 @@ def micro(threads: int, overrides: Optional[list[str]] = None) -> dict[str, Any]
 
 ORDERS = {
     "random (no grouping)": {"group_by_length": False},
-    "sorted within each window (default)": {"group_by_length": True, "group_windows": 1},
+    "sorted within each window, equal micro-batches": {"group_by_length": True, "group_windows": 1},
+    "sorted within each window, balanced micro-batches (default)": {"group_by_length": True, "group_windows": 1,
+                                                                    "balanced": True},
     "mega-batches of 16 windows": {"group_by_length": True, "group_windows": 16},
 }
 
@@ -297,7 +299,7 @@ def window_mix(overrides: Optional[list[str]] = None) -> dict[str, dict[str, dic
     from finetune.data import load_splits
     from finetune.tokens import tokenize_splits
     from finetune.modeling import load_tokenizer
-    from finetune.sampling import EpochSampler
+    from finetune.sampling import BalancedBatches, EpochSampler
 
     result = {}
     for dataset in ("sms", "bbc"):
@@ -310,10 +312,15 @@ def window_mix(overrides: Optional[list[str]] = None) -> dict[str, dict[str, dic
         overall = [sum(1 for v in y if v == c) / len(y) for c in range(len(labels))]
         result[dataset] = {}
         for name, kwargs in ORDERS.items():
-            order = EpochSampler(len(y), seed=cfg.training.seed, lengths=lengths, window_size=b * k, **kwargs).order()
+            kwargs = dict(kwargs)
+            balanced = kwargs.pop("balanced", False)
+            sampler = EpochSampler(len(y), seed=cfg.training.seed, lengths=lengths, window_size=b * k, **kwargs)
+            order = sampler.order()
+            cuts = BalancedBatches(sampler, b).micro_batches() if balanced else \
+                [order[i : i + b] for i in range(0, len(order), b)]
             real = padded = 0
-            for i in range(0, len(order), b):
-                batch = [lengths[j] for j in order[i : i + b]]
+            for cut in cuts:
+                batch = [lengths[j] for j in cut]
                 real += sum(batch)
                 padded += len(batch) * max(batch)
             distances, missing = [], 0
