@@ -7,6 +7,7 @@ none is a comparison with the Trainer, which is ``bench/run.py``'s job::
     python -m bench.probe profile    # torch.profiler over 12 updates of the SMS job (about 1 minute)
     python -m bench.probe rss        # RSS around every forward, backward and update: BBC News (8, 4) and (8, 1)
     python -m bench.probe device     # on a GPU: how busy the GPU is over updates of the BBC News job, top kernels
+    python -m bench.probe packing    # forward and backward of SMS windows cut equally, balanced, or packed
 
 ``profile``, ``rss`` and ``device`` take dotted overrides after the name (for example
 ``training.fast_dropout_masks=false``), applied to the job's config. Like the
@@ -198,6 +199,129 @@ def device(threads: int, overrides: list[str], updates: int = 10, warmup: int = 
                         for k, t, c in cpu[:15]]}
 
 
+def packing(threads: int, overrides: list[str], windows: int = 12, repeats: int = 3) -> dict[str, Any]:
+    """Seconds of forward and backward over ``windows`` SMS windows (b=8, k=4), each cut three ways.
+
+    *equal*: the sorted window in four micro-batches of 8 (the cut on several
+    processes); *balanced*: :class:`~finetune.sampling.BalancedBatches`' cut
+    (the default on one process); *packed*: the window's texts packed
+    first-fit into rows of ``max_length`` tokens, the rows in four
+    micro-batches, attention kept within each text by a block-diagonal mask,
+    positions restarting at each text, and each text's first token pooled into
+    the classifier (BERT's pooler and head, called by hand). Arms alternate;
+    medians of ``repeats``. Padding is each arm's share of padded positions.
+    """
+    import torch
+
+    from bench.common import load_job
+    from bench.levers import _alternating
+    from finetune.sampling import BalancedBatches, EpochSampler
+
+    set_threads(threads)
+    cfg = job_config(ArmSpec("ours", "sms", 8, 4, precision="bf16" if _bf16_native() else "no"),
+                     ["data.balance_micro_batches=false"] + overrides)
+    tokenizer, tokenized, labels, model, _ = load_job(cfg)
+    ids, lengths = tokenized["train"]["input_ids"], tokenized["train"]["length"]
+    sampler = EpochSampler(len(lengths), seed=cfg.training.seed, lengths=lengths, group_by_length=True,
+                           window_size=32)
+    order, balanced = sampler.order(), BalancedBatches(sampler, 8).micro_batches()
+    width = cfg.data.max_length
+    cuts = {
+        "equal": [[order[w + i:w + i + 8] for i in range(0, 32, 8)] for w in range(0, 32 * windows, 32)],
+        "balanced": [balanced[4 * w:4 * w + 4] for w in range(windows)],
+    }
+    cuts["packed"] = [_pack([ids[j] for j in sum(window, [])], width) for window in cuts["equal"]]
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.training.mixed_precision == "bf16")
+    model.train()
+
+    def padded_batch(rows):
+        x = torch.zeros(len(rows), max(map(len, rows)), dtype=torch.long)
+        for r, row in enumerate(rows):
+            x[r, :len(row)] = torch.tensor(row)
+        return x, (torch.arange(x.shape[1]) < torch.tensor([len(r) for r in rows])[:, None]).long()
+
+    def plain(name):
+        def step():
+            for window in cuts[name]:
+                for micro in window:
+                    x, mask = padded_batch([ids[j] for j in micro])
+                    with autocast:
+                        logits = model(input_ids=x, attention_mask=mask).logits
+                    logits.float().sum().backward()
+        return step
+
+    def packed():
+        bert = model.bert
+        for window in cuts["packed"]:
+            for x, positions, keep, firsts in window:
+                with autocast:
+                    hidden = bert(input_ids=x, attention_mask=keep, position_ids=positions).last_hidden_state
+                    pooled = bert.pooler.activation(bert.pooler.dense(hidden[firsts]))
+                    logits = model.classifier(model.dropout(pooled))
+                logits.float().sum().backward()
+
+    def share(name):
+        if name == "packed":
+            real = sum(len(ids[j]) for window in cuts["equal"] for micro in window for j in micro)
+            return 1 - real / sum(x.numel() for window in cuts["packed"] for x, *_ in window)
+        rows = [[len(ids[j]) for j in micro] for window in cuts[name] for micro in window]
+        return 1 - sum(map(sum, rows)) / sum(len(r) * max(r) for r in rows)
+
+    seconds = _alternating({"equal": plain("equal"), "balanced": plain("balanced"), "packed": packed},
+                           repeats=repeats, warmup=1)
+    return {"windows": windows, "threads": threads, "precision": cfg.training.mixed_precision,
+            "seconds": seconds, "padding": {name: share(name) for name in seconds}}
+
+
+def _pack(texts: list[list[int]], width: int) -> list[tuple]:
+    """Texts packed first-fit (longest first) into rows of ``width``, the rows in four micro-batches.
+
+    Each micro-batch: token ids, positions restarting per text, a boolean
+    ``(rows, 1, L, L)`` mask keeping attention within each text, and the
+    ``(row, column)`` index of each text's first token.
+    """
+    import torch
+
+    rows: list[list[list[int]]] = []
+    for text in sorted(texts, key=len, reverse=True):
+        row = next((r for r in rows if sum(map(len, r)) + len(text) <= width), None)
+        if row is None:
+            rows.append([text])
+        else:
+            row.append(text)
+    rows.sort(key=lambda r: sum(map(len, r)))
+    per = -(-len(rows) // 4)
+    out = []
+    for start in range(0, len(rows), per):
+        group = rows[start:start + per]
+        length = max(sum(map(len, r)) for r in group)
+        x = torch.zeros(len(group), length, dtype=torch.long)
+        positions = torch.zeros_like(x)
+        segment = torch.full((len(group), length), -1)
+        first_rows, first_cols = [], []
+        for r, row in enumerate(group):
+            at = 0
+            for s, text in enumerate(row):
+                x[r, at:at + len(text)] = torch.tensor(text)
+                positions[r, at:at + len(text)] = torch.arange(len(text))
+                segment[r, at:at + len(text)] = s
+                first_rows.append(r)
+                first_cols.append(at)
+                at += len(text)
+        keep = (segment[:, :, None] == segment[:, None, :]) & (segment[:, :, None] >= 0)
+        keep |= torch.eye(length, dtype=torch.bool)  # a padded position attends to itself: no empty row
+        out.append((x, positions, keep[:, None], (torch.tensor(first_rows), torch.tensor(first_cols))))
+    return out
+
+
+def _bf16_native() -> bool:
+    import torch
+
+    from finetune.launch import choose_precision
+
+    return choose_precision("auto", torch.device("cpu"))[0] == "bf16"
+
+
 def _rss_mib() -> float:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
@@ -263,6 +387,13 @@ def markdown(name: str, result: dict[str, Any]) -> str:
                   for k, v in result["groups"].items()]
         lines += ["", "| op | self CPU share | calls |", "| --- | ---: | ---: |"]
         lines += [f"| `{t['op']}` | {100 * t['share']:.1f}% | {t['calls']} |" for t in result["top"]]
+    elif name == "packing":
+        base = result["seconds"]["equal"]
+        lines = [f"Forward and backward of {result['windows']} SMS windows (b=8, k=4), {result['threads']} threads, "
+                 f"{result['precision']}, medians of alternating repeats:", "",
+                 "| cut | padded positions | seconds | x equal |", "| --- | ---: | ---: | ---: |"]
+        lines += [f"| {name} | {100 * result['padding'][name]:.1f}% | {t:.2f} | {base / t:.2f} |"
+                  for name, t in result["seconds"].items()]
     elif name == "device":
         lines = [f"{result['device']}, BBC News job, B={result['effective_batch_size']}, {result['updates']} updates"
                  f"{' with ' + ' '.join(result['overrides']) if result['overrides'] else ''}: "
@@ -296,14 +427,15 @@ def main(argv=None) -> int:
         result = rss_one(threads, b, k, updates, argv[4:])
         print(json.dumps(result))
         return 0
-    if not argv or argv[0] not in ("masks", "profile", "rss", "device"):
+    if not argv or argv[0] not in ("masks", "profile", "rss", "device", "packing"):
         print(__doc__.strip().splitlines()[0] + "\nusage: python -m bench.probe [--threads N] "
-              "masks | profile [section.key=value ...] | rss [section.key=value ...] | device [section.key=value ...]")
+              "masks | profile [section.key=value ...] | rss [section.key=value ...] | device [section.key=value ...] | packing")
         return 2
     name, overrides = argv[0], argv[1:]
     started = time.perf_counter()
     probes = {"masks": lambda: masks(threads), "profile": lambda: profile(threads, overrides),
-              "rss": lambda: rss(threads, overrides), "device": lambda: device(threads, overrides)}
+              "rss": lambda: rss(threads, overrides), "device": lambda: device(threads, overrides),
+              "packing": lambda: packing(threads, overrides)}
     result = probes[name]()
     result["seconds"] = time.perf_counter() - started
     RESULTS.mkdir(parents=True, exist_ok=True)

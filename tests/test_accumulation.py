@@ -141,6 +141,17 @@ def test_gradient_buffers_are_kept_between_updates_only_when_accumulating(fresh_
     assert all(g is None for update in _run(b=32, k=1)["grads"] for g in update.values())
 
 
+def test_the_heap_is_trimmed_after_every_update_inside_the_switch_only(fresh_accelerate_state, monkeypatch):
+    import finetune.cpu
+
+    trims = []
+    monkeypatch.setattr(finetune.cpu, "malloc_trim", lambda: lambda pad: trims.append(pad))
+    run = _run(b=8, k=4)
+    assert trims == [0] * 6  # one per update: 3 updates per epoch, 2 epochs
+    run["optimizer"].step()  # outside cpu_speedups: the hook is gone
+    assert trims == [0] * 6
+
+
 def test_textbook_loss_over_k_differs_on_ragged_window(fresh_accelerate_state):
     """The comparison above is sensitive: the textbook recipe (mean loss / k) fails it."""
     from accelerate import Accelerator

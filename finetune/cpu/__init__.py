@@ -1,6 +1,6 @@
 """Speed-ups for training on a CPU, behind one switch: :func:`cpu_speedups`.
 
-A CPU pays for work that a GPU hides. Three things are switched on for as
+A CPU pays for work that a GPU hides. Four things are switched on for as
 long as training runs, and switched back when it ends:
 
 * **Dropout masks drawn 16 bits at a time** (``training.fast_dropout_masks``,
@@ -14,6 +14,10 @@ long as training runs, and switched back when it ends:
   place rather than freed, so each window's backward finds the memory layout
   the last one left, and the C heap does not grow with holes that the next
   forward pass cannot reuse.
+* **Free heap handed back after each update** (glibc's ``malloc_trim``): the
+  activations of micro-batches of many shapes leave free chunks scattered in
+  the C heap, which otherwise stay counted in the process's memory and grow
+  it window after window.
 
 None of them changes what an update computes beyond float rounding (the
 masks keep dropout's distribution, ``p`` on a grid of 2**-16), and the
@@ -65,6 +69,7 @@ class CpuSpeedups:
     attention: bool = False
     sparse_embedding: bool = False
     keep_grads: bool = False
+    trim_heap: bool = False
 
     def describe(self) -> str:
         """The start-up line's words for what is on (empty when nothing is)."""
@@ -101,7 +106,8 @@ def plan_cpu_speedups(model, accelerator, *, dropout_masks: bool = True, sparse_
     # DDP's buckets, FSDP's and DeepSpeed's shards and fp16's grad scaler expect dense gradients
     rows = (sparse_embedding and not compiled and accelerator.num_processes == 1
             and getattr(accelerator, "scaler", None) is None and sparse_capable_embedding(model) is not None)
-    return CpuSpeedups(dropout_masks=masks, attention=attention, sparse_embedding=rows, keep_grads=True)
+    return CpuSpeedups(dropout_masks=masks, attention=attention, sparse_embedding=rows, keep_grads=True,
+                       trim_heap=malloc_trim() is not None)
 
 
 @contextlib.contextmanager
@@ -129,6 +135,37 @@ def kept_gradients(optimizer, accelerator) -> Iterator[None]:
         del optimizer.zero_grad  # the class's method again
 
 
+@functools.lru_cache(maxsize=None)
+def malloc_trim():
+    """glibc's ``malloc_trim``, or ``None`` where the C library has none (macOS, musl)."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return None
+
+
+@contextlib.contextmanager
+def trimmed_heap(optimizer) -> Iterator[None]:
+    """Inside, every optimizer step ends by handing the C heap's free memory back to the system.
+
+    The forward and backward passes of micro-batches of varying shapes free
+    their activations in chunks that later tensors of other sizes do not
+    reuse; glibc keeps them, and the resident size climbs window after window.
+    ``malloc_trim(0)`` after each update returns them, for about a millisecond.
+    PyTorch's CPU allocator has no such call, hence ``ctypes``.
+    """
+    trim = malloc_trim()
+    inner = getattr(optimizer, "optimizer", optimizer)  # Accelerate's wrapper steps the torch optimizer inside
+    handle = inner.register_step_post_hook(lambda *_: trim(0))
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
 @contextlib.contextmanager
 def cpu_speedups(model, optimizer, accelerator, *, dropout_masks: bool = True,
                  sparse_embedding: bool = True) -> Iterator[CpuSpeedups]:
@@ -152,4 +189,6 @@ def cpu_speedups(model, optimizer, accelerator, *, dropout_masks: bool = True,
             switches.enter_context(sparse_embedding_rows(sparse_capable_embedding(model)))
         if plan.keep_grads:
             switches.enter_context(kept_gradients(optimizer, accelerator))
+        if plan.trim_heap:
+            switches.enter_context(trimmed_heap(optimizer))
         yield plan
