@@ -267,10 +267,10 @@ def packing(threads: int, overrides: list[str], windows: int = 12, repeats: int 
         rows = [[len(ids[j]) for j in micro] for window in cuts[name] for micro in window]
         return 1 - sum(map(sum, rows)) / sum(len(r) * max(r) for r in rows)
 
-    seconds = _alternating({"equal": plain("equal"), "balanced": plain("balanced"), "packed": packed},
-                           repeats=repeats, warmup=1)
+    times = _alternating({"equal": plain("equal"), "balanced": plain("balanced"), "packed": packed},
+                         repeats=repeats, warmup=1)
     return {"windows": windows, "threads": threads, "precision": cfg.training.mixed_precision,
-            "seconds": seconds, "padding": {name: share(name) for name in seconds}}
+            "times": times, "padding": {name: share(name) for name in times}}
 
 
 def _pack(texts: list[list[int]], width: int) -> list[tuple]:
@@ -388,12 +388,12 @@ def markdown(name: str, result: dict[str, Any]) -> str:
         lines += ["", "| op | self CPU share | calls |", "| --- | ---: | ---: |"]
         lines += [f"| `{t['op']}` | {100 * t['share']:.1f}% | {t['calls']} |" for t in result["top"]]
     elif name == "packing":
-        base = result["seconds"]["equal"]
+        base = result["times"]["equal"]
         lines = [f"Forward and backward of {result['windows']} SMS windows (b=8, k=4), {result['threads']} threads, "
                  f"{result['precision']}, medians of alternating repeats:", "",
                  "| cut | padded positions | seconds | x equal |", "| --- | ---: | ---: | ---: |"]
         lines += [f"| {name} | {100 * result['padding'][name]:.1f}% | {t:.2f} | {base / t:.2f} |"
-                  for name, t in result["seconds"].items()]
+                  for name, t in result["times"].items()]
     elif name == "device":
         lines = [f"{result['device']}, BBC News job, B={result['effective_batch_size']}, {result['updates']} updates"
                  f"{' with ' + ' '.join(result['overrides']) if result['overrides'] else ''}: "
