@@ -43,8 +43,10 @@ def _config(assets, tmp_path, b):
     })
 
 
-def _oom_above(threshold: int, seen: list[int]):
-    """``load_model`` whose model raises out-of-memory on training micro-batches larger than ``threshold``."""
+def _oom_above(threshold: int, seen: list[tuple[int, int]]):
+    """``load_model`` whose model runs out of memory on training micro-batches of more padded tokens than
+    ``threshold`` rows of the widest micro-batch seen (memory follows rows x padded length; the trial's
+    worst-case batch comes first and is the widest). ``seen`` gets each micro-batch's (rows, length)."""
     import finetune.modeling
 
     real = finetune.modeling.load_model
@@ -54,11 +56,12 @@ def _oom_above(threshold: int, seen: list[int]):
         forward = model.forward
 
         def limited(**batch):
-            rows = batch["input_ids"].shape[0]
+            rows, length = batch["input_ids"].shape
             if model.training:
-                seen.append(rows)
-                if rows > threshold:
-                    raise torch.OutOfMemoryError(f"simulated: CUDA out of memory. Tried to allocate {rows} rows")
+                seen.append((rows, length))
+                widest = max(width for _, width in seen)
+                if rows * length > threshold * widest:
+                    raise torch.OutOfMemoryError(f"simulated: CUDA out of memory. Tried {rows} rows of {length}")
             return forward(**batch)
 
         model.forward = limited
@@ -75,7 +78,7 @@ def _train(cfg, monkeypatch, threshold):
 
     AcceleratorState._reset_state(True)
     GradientState._reset_state()
-    seen: list[int] = []
+    seen: list[tuple[int, int]] = []
     monkeypatch.setattr("finetune.modeling.load_model", _oom_above(threshold, seen))
     run = setup_run(cfg)
     train_one_epoch(run.model, run.optimizer, run.scheduler, run.train_dataloader, run.accelerator, 0,
@@ -110,7 +113,7 @@ def test_auto_backs_off_and_trains_as_the_chosen_batching(assets, tmp_path, monk
     with caplog.at_level(logging.INFO, logger="finetune"):
         auto, auto_weights, seen = _train(_config(assets, tmp_path, "auto"), monkeypatch, threshold=8)
     # tried 32 and 16 (out of memory), then 8: halving b and doubling k, B unchanged
-    assert seen[:3] == [32, 16, 8]
+    assert [rows for rows, _ in seen[:3]] == [32, 16, 8]
     assert (auto.batching.per_device_batch_size, auto.batching.gradient_accumulation_steps) == (8, 4)
     assert auto.batching.effective_batch_size == B
     assert auto.accelerator.gradient_accumulation_steps == 4
@@ -119,7 +122,9 @@ def test_auto_backs_off_and_trains_as_the_chosen_batching(assets, tmp_path, monk
     assert "auto micro-batch: b=8, k=4" in caplog.text
 
     direct, direct_weights, direct_seen = _train(_config(assets, tmp_path, 8), monkeypatch, threshold=8)
-    assert max(direct_seen) == 8
+    # balanced cuts may put more than 8 short texts in a micro-batch, never more padded tokens than 8 long ones
+    widest = max(length for _, length in direct_seen)
+    assert all(rows * length <= 8 * widest for rows, length in direct_seen)
     # the trial steps left no trace: same weights, bit for bit, as a run started at b=8, k=4
     assert auto_weights.keys() == direct_weights.keys()
     for name, tensor in direct_weights.items():
