@@ -118,8 +118,9 @@ class DataConfig:
     group_by_length: bool = True
     # Cut each update's length-sorted samples into its k micro-batches where they pad least: short
     # texts in larger micro-batches, long ones in smaller, none holding more padded tokens than the
-    # largest equal cut. The update is the same. ``auto``: on one process with group_by_length and
-    # without torch_compile (finetune.sampling.BalancedBatches); ``true`` where it cannot apply is an error.
+    # largest equal cut. The update is the same. ``auto``: on one CPU process with group_by_length and
+    # without torch_compile (finetune.sampling.BalancedBatches; on a GPU the many shapes cost more than
+    # the padding saves); ``true`` where it cannot apply is an error.
     balance_micro_batches: Union[bool, Literal["auto"]] = "auto"
     # How many effective batches share one length-sorted mega-batch. 1 sorts within each
     # update's samples only, which stay a uniform random draw; more pads less, but each update

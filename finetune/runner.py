@@ -155,11 +155,14 @@ def training_sampler(cfg: Config, lengths, batching: Batching) -> EpochSampler:
     )
 
 
-def balance_micro_batches(cfg: Config, num_processes: int) -> bool:
-    """Whether ``data.balance_micro_batches`` applies: one process, length grouping, no ``torch_compile``.
+def balance_micro_batches(cfg: Config, num_processes: int, device_type: str) -> bool:
+    """Whether ``data.balance_micro_batches`` applies.
 
-    On several processes Accelerate deals micro-batches of one size round-robin, and a
-    compiled model would see a new batch shape at nearly every micro-batch.
+    ``auto``: on one process on a CPU, with length grouping and no ``torch_compile``. On
+    several processes Accelerate deals micro-batches of one size round-robin; a compiled
+    model would meet a new batch shape at nearly every micro-batch; and on a GPU, where a
+    micro-batch costs its kernel launches more than its padding, the many new shapes cost
+    more than the padding saved (3.5x slower on an H100, ``bench/README.md``).
 
     Raises:
         ConfigError: for ``true`` where it cannot apply.
@@ -170,7 +173,7 @@ def balance_micro_batches(cfg: Config, num_processes: int) -> bool:
                else "it does not combine with training.torch_compile" if cfg.training.torch_compile else None)
     if setting is True and why_not:
         raise ConfigError(f"data.balance_micro_batches: true, but {why_not}; use auto (or false)")
-    return setting is True or (setting == "auto" and why_not is None)
+    return setting is True or (setting == "auto" and why_not is None and device_type == "cpu")
 
 
 def build_dataloaders(cfg: Config, tokenized, tokenizer, accelerator, batching: Batching):
@@ -188,7 +191,7 @@ def build_dataloaders(cfg: Config, tokenized, tokenizer, accelerator, batching: 
     train = train.remove_columns(["length"])
     sampler = training_sampler(cfg, lengths, batching)
     b = batching.per_device_batch_size
-    if balance_micro_batches(cfg, accelerator.num_processes):
+    if balance_micro_batches(cfg, accelerator.num_processes, accelerator.device.type):
         batches: dict[str, Any] = {"batch_sampler": BalancedBatches(sampler, b)}
     else:
         batches = {"batch_size": b, "sampler": sampler, "drop_last": False}

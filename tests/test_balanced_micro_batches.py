@@ -159,18 +159,20 @@ def test_balanced_micro_batches_equal_the_big_batch_after_every_update(fresh_acc
         assert rs["train/samples"] == rb["train/samples"]
 
 
-def test_the_setting_applies_on_one_process_with_length_grouping_only():
+def test_the_setting_applies_on_one_cpu_process_with_length_grouping_only():
     from finetune.config import config_from_dict
     from finetune.runner import balance_micro_batches
 
     def cfg(**data):
         return config_from_dict({"data": {"train_file": "x.csv", **data}, "training": {}})
 
-    assert balance_micro_batches(cfg(), 1) is True
-    assert balance_micro_batches(cfg(), 2) is False
-    assert balance_micro_batches(cfg(group_by_length=False), 1) is False
-    assert balance_micro_batches(cfg(balance_micro_batches=False), 1) is False
+    assert balance_micro_batches(cfg(), 1, "cpu") is True
+    assert balance_micro_batches(cfg(), 1, "cuda") is False  # measured slower on a GPU: not by default
+    assert balance_micro_batches(cfg(balance_micro_batches=True), 1, "cuda") is True
+    assert balance_micro_batches(cfg(), 2, "cpu") is False
+    assert balance_micro_batches(cfg(group_by_length=False), 1, "cpu") is False
+    assert balance_micro_batches(cfg(balance_micro_batches=False), 1, "cpu") is False
     with pytest.raises(ConfigError, match="data.balance_micro_batches: true, but it needs one process"):
-        balance_micro_batches(cfg(balance_micro_batches=True), 2)
+        balance_micro_batches(cfg(balance_micro_batches=True), 2, "cpu")
     with pytest.raises(ConfigError, match="needs data.group_by_length: true"):
-        balance_micro_batches(cfg(balance_micro_batches=True, group_by_length=False), 1)
+        balance_micro_batches(cfg(balance_micro_batches=True, group_by_length=False), 1, "cpu")
