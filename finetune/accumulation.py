@@ -222,7 +222,6 @@ class ShardLayout(_Windows):
         return self._real_before(stop * per_step) - self._real_before(first * per_step)
 
 
-
 @dataclass(frozen=True)
 class SizedLayout(_Windows):
     """One process's epoch of micro-batches of known, varying sizes (:class:`~finetune.sampling.BalancedBatches`).

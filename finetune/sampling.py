@@ -140,7 +140,7 @@ class BalancedBatches(Sampler[list[int]]):
             lengths = self.sampler.lengths
             self._batches = []
             for window in torch.split(order, self.sampler.window_size):
-                # longest first (the sampler's sort, or none when it does not group by length)
+                # longest first: already so when the sampler groups by length, sorted here otherwise
                 window = window[torch.sort(lengths[window], descending=True, stable=True).indices]
                 groups = -(-len(window) // self.batch_size)
                 sizes = least_padding_sizes(lengths[window].tolist(), groups,

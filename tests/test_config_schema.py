@@ -30,6 +30,8 @@ RUN_FEATURE_CASES = [
     (BASE + "evaluation:\n  load_best_model_at_end: 1\n", "evaluation.load_best_model_at_end: expected bool"),
     (BASE + "evaluation:\n  early_stopping_patience: 0\n", "evaluation.early_stopping_patience: must be >= 1"),
     (BASE + "evaluation:\n  early_stopping_threshold: -1\n", "evaluation.early_stopping_threshold: must be >= 0"),
+    (BASE.replace("data:\n", "data:\n  balance_micro_batches: sometimes\n"),
+     "data.balance_micro_batches: expected bool or 'auto'"),
 ]
 
 
@@ -141,6 +143,7 @@ def test_the_keys_of_the_run_features_have_defaults_and_typed_overrides(tmp_path
     cfg = load_config(write(tmp_path, BASE))
     assert cfg.training.accumulation_schedule is None and cfg.training.class_weights is None
     assert cfg.model.problem_type == "single_label" and cfg.data.label_delimiter is None
+    assert cfg.data.balance_micro_batches == "auto"
     e = cfg.evaluation
     assert (e.eval_every, e.metric_for_best_model, e.greater_is_better, e.load_best_model_at_end,
             e.early_stopping_patience, e.early_stopping_threshold) == (None, None, None, False, None, 0.0)
@@ -148,7 +151,9 @@ def test_the_keys_of_the_run_features_have_defaults_and_typed_overrides(tmp_path
         "training.accumulation_schedule={0: 4, 2: 1}", "training.class_weights={ham: 1, spam: 3}",
         "model.problem_type=multi_label", "training.class_weights=null", "data.label_delimiter=|",
         "evaluation.eval_every=50", "evaluation.metric_for_best_model=f1", "evaluation.early_stopping_patience=2",
+        "data.balance_micro_batches=false",
     ])
+    assert cfg.data.balance_micro_batches is False
     assert cfg.training.accumulation_schedule == {0: 4, 2: 1}
     assert cfg.model.problem_type == "multi_label" and cfg.data.label_delimiter == "|"
     assert (cfg.evaluation.eval_every, cfg.evaluation.metric_for_best_model) == (50, "f1")

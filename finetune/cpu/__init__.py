@@ -154,7 +154,7 @@ def trimmed_heap(optimizer) -> Iterator[None]:
     The forward and backward passes of micro-batches of varying shapes free
     their activations in chunks that later tensors of other sizes do not
     reuse; glibc keeps them, and the resident size climbs window after window.
-    ``malloc_trim(0)`` after each update returns them, for about a millisecond.
+    ``malloc_trim(0)`` once per update, not per micro-batch, returns them.
     PyTorch's CPU allocator has no such call, hence ``ctypes``.
     """
     trim = malloc_trim()
