@@ -232,13 +232,12 @@ def test_profile_probe_finds_the_mask_draws_it_groups(tiny_job, fresh_accelerate
 
     fast, fast_ops = run("model.dropout=0.1")
     torch_masks, torch_ops = run("model.dropout=0.1", "training.fast_dropout_masks=false")
-    off, _ = run("model.dropout=0.0")
+    off, off_ops = run("model.dropout=0.0")
     # 16-bit masks are random_ draws and torch's are bernoulli_; without dropout only the DataLoader's
-    # one seed draw per epoch is left in the group
+    # seed draws are left in the group. Calls are counted, not timed: a loaded machine changes times.
     assert fast_ops.get("aten::random_", 0) > 10 and "aten::bernoulli_" not in fast_ops
     assert torch_ops.get("aten::bernoulli_", 0) > 10
-    assert off["groups"]["dropout masks"] < fast["groups"]["dropout masks"] / 10
-    assert off["groups"]["dropout masks"] < torch_masks["groups"]["dropout masks"] / 10
+    assert sum(off_ops.values()) * 10 < min(sum(fast_ops.values()), sum(torch_ops.values()))
     assert "| dropout masks |" in markdown("profile", fast)
 
 
