@@ -149,6 +149,8 @@ def accuracy_jobs(s: Settings, trainer_k1: bool) -> list[Job]:
     sample order (:class:`finetune.sampling.EpochSampler`, same seed and
     windows): with the same samples in every update, what is left between it
     and the package is arithmetic (and dropout's draws), not the order's luck.
+    When the precision is bf16 the package also trains in fp32, so that its
+    "F1 - finetune" column is what bf16 costs, seed by seed.
     """
     if "sms" not in s.datasets or s.accuracy_seeds < 1:
         return []
@@ -165,6 +167,10 @@ def accuracy_jobs(s: Settings, trainer_k1: bool) -> list[Job]:
         Job("sms/accelerate accuracy", replace(base, arm="accelerate"), "accuracy",
             f"Accelerate example loop, b={b} k={k}"),
     ]
+    if s.precision == "bf16":
+        # what bf16 costs in accuracy, paired seed by seed with the package's bf16 run
+        jobs.append(Job("sms/ours accuracy, fp32", replace(base, precision="no"), "accuracy",
+                        f"finetune (this package) in fp32, b={b} k={k}"))
     return [j for j in jobs if selected(j.name, s.only)]
 
 

@@ -213,6 +213,27 @@ def test_code_version_names_the_package_tree_and_uncommitted_changes(tmp_path, m
     assert bench.run.code_version()["dirty"] is True
 
 
+def test_bf16_accuracy_runs_bring_the_package_in_fp32_to_pair_with(tmp_path):
+    """In bf16 the package also trains in fp32, seed by seed, so its paired F1 difference is bf16's cost."""
+    from bench.run import Settings, accuracy_jobs, seeded_rounds
+
+    def jobs(precision, only=()):
+        s = Settings(out=tmp_path, repeats=1, threads=1, precision=precision, smoke=False, sms_steps=2, bbc_steps=1,
+                     datasets=["sms"], only=list(only), accuracy_seeds=2)
+        return accuracy_jobs(s, trainer_k1=True)
+
+    fp32 = [j for j in jobs("bf16") if j.name == "sms/ours accuracy, fp32"]
+    assert len(fp32) == 1 and fp32[0].spec.precision == "no" and fp32[0].spec.arm == "ours"
+    assert {j.spec.precision for j in jobs("bf16") if j.name != fp32[0].name} == {"bf16"}
+    assert "sms/ours accuracy, fp32" not in [j.name for j in jobs("no")]
+    # --only "ours accuracy" runs the pair; every seed trains both
+    pair = jobs("bf16", only=["ours accuracy"])
+    assert [j.name for j in pair] == ["sms/ours accuracy", "sms/ours accuracy, fp32"]
+    assert [[(j.name, j.seed) for j in r] for r in seeded_rounds(pair, 2)] == [
+        [("sms/ours accuracy", 42), ("sms/ours accuracy, fp32", 42)],
+        [("sms/ours accuracy, fp32", 43), ("sms/ours accuracy", 43)]]
+
+
 def test_only_selects_arms_by_substring_or_exact_name():
     from bench.run import selected
 
