@@ -352,6 +352,11 @@ def aggregate(jobs: list[Job], results: list[dict], peak: Optional[dict], fms: d
         if not ref or "samples_per_s" not in ref or "samples_per_s" not in row:
             continue
         row["samples_per_s_x_trainer"] = row["samples_per_s"] / ref["samples_per_s"]
+        if row["role"] != "accuracy" and name != f"{dataset}/trainer":
+            by_round = _paired_speed(results, name, f"{dataset}/trainer")
+            if by_round:
+                row["samples_per_s_x_trainer_by_round"] = by_round
+                row["samples_per_s_x_trainer_paired"] = statistics.median(by_round)
         row["tokens_per_s_x_trainer"] = row["tokens_per_s"] / ref["tokens_per_s"]
         memory_key = "gpu_peak_mib" if row.get("gpu_peak_mib") else "rss_peak_mib"
         if row.get(memory_key) and ref.get(memory_key):
@@ -359,6 +364,21 @@ def aggregate(jobs: list[Job], results: list[dict], peak: Optional[dict], fms: d
         if row["role"] != "accuracy" and "f1" in row.get("eval", {}) and "f1" in ref.get("eval", {}):
             row["f1_minus_trainer_pt"] = 100 * (row["eval"]["f1"] - ref["eval"]["f1"])
     return out
+
+
+def _paired_speed(results: list[dict], name: str, ref: str) -> list[float]:
+    """Each round's samples/s of ``name`` over ``ref``'s in the same round, rounds in order.
+
+    The speed of a shared machine drifts over minutes by more than the gap
+    between arms; the arms of one round run back to back, so their ratio
+    cancels most of the drift that a ratio of medians over all rounds keeps.
+    """
+    def speeds(job: str) -> dict:
+        return {r["round"]: r["samples"] / r["train_seconds"] for r in results
+                if r["job"] == job and r.get("ok") and r.get("round") is not None}
+
+    mine, theirs = speeds(name), speeds(ref)
+    return [mine[k] / theirs[k] for k in mine if k in theirs]  # in the order the rounds ran
 
 
 def _paired_f1(row: dict, ref: dict, name: str) -> None:
@@ -485,6 +505,11 @@ def markdown(report: dict[str, Any]) -> str:
                 f"| {_fmt(r.get('memory_x_trainer'), '.2f')} "
                 f"| {_fmt(100 * r['mfu'] if r.get('mfu') is not None else None, '.1f', '%')} |"
             )
+        paired = [r for r in mains if r.get("samples_per_s_x_trainer_by_round")]
+        if paired:
+            lines += ["", "Samples/s x Trainer paired by round (each round runs every arm back to back): " + "; ".join(
+                f"{r['label']} {r['samples_per_s_x_trainer_paired']:.2f} (median; rounds "
+                f"{', '.join(f'{x:.2f}' for x in r['samples_per_s_x_trainer_by_round'])})" for r in paired) + "."]
         lines.append("")
     accuracy = [r for r in rows.values() if r["role"] == "accuracy"]
     if accuracy:
@@ -644,7 +669,9 @@ def combine(folders: list[str], out: Path, command: str) -> int:
             jobs.setdefault(name, Job(name, ArmSpec("ours", name.split("/")[0], row["b"], row["k"]), row["role"],
                                       row["label"]))
     first = reports[0]
-    results = [r for report in reports for r in report["results"]]
+    # round 0 of one report did not run beside round 0 of another: rounds pair within a report only
+    results = [{**r, "round": f"{i}.{r['round']}"} if r.get("round") is not None else r
+               for i, report in enumerate(reports) for r in report["results"]]
     report = {
         **first,
         "command": command,
@@ -694,6 +721,7 @@ def main(argv=None) -> int:
             which = f"seed {job.seed}" if job.seed is not None else f"repeat {repeat + 1}"
             print(f"bench: [{index}/{total}] {which}: {job.name} ...", flush=True)
             result = run_job(job, s, index)
+            result["round"] = repeat  # the arms of one round run back to back: their ratio is paired
             results.append(result)
             status = (f"{result['samples'] / result['train_seconds']:.1f} samples/s" if result.get("ok")
                       else result["error"])

@@ -133,6 +133,60 @@ def test_accuracy_rows_pair_seeds():
     assert "| 0.9000 / 0.9600 / n/a |" in row and "| -1.50 |" in row
 
 
+def test_speed_ratios_pair_the_arms_of_each_round():
+    """A machine that slows between rounds moves both arms of a round: the paired ratio sees through it."""
+    from bench.run import Job, aggregate, markdown
+
+    def result(job, rnd, samples_per_s):
+        return {"job": job, "round": rnd, "seed": None, "ok": True, "updates": 4, "samples": 128, "tokens": 2560,
+                "train_seconds": 128 / samples_per_s, "eval": {}}
+
+    jobs = [Job("sms/ours", ArmSpec("ours", "sms", 8, 4), label="finetune"),
+            Job("sms/trainer", ArmSpec("trainer", "sms", 8, 4), label="Trainer")]
+    # round by round the package is 1.5x, 2.0x and 1.6x the Trainer, on a machine that halves its speed
+    # after the first round; the medians over all rounds pair the package's round 2 with the Trainer's round 0
+    results = [result("sms/ours", 0, 90.0), result("sms/trainer", 0, 60.0),
+               result("sms/ours", 1, 60.0), result("sms/trainer", 1, 30.0),
+               result("sms/ours", 2, 48.0), result("sms/trainer", 2, 30.0),
+               {"job": "sms/ours", "round": 3, "seed": None, "ok": False, "error": "exit 1", "log_tail": ["x"]},
+               result("sms/trainer", 3, 50.0)]  # the package's run of round 3 failed: that round pairs nothing
+    rows = aggregate(jobs, results, peak=None, fms={})
+    ours = rows["sms/ours"]
+    assert ours["samples_per_s_x_trainer_by_round"] == pytest.approx([1.5, 2.0, 1.6])
+    assert ours["samples_per_s_x_trainer_paired"] == pytest.approx(1.6)
+    assert ours["samples_per_s_x_trainer"] == pytest.approx(60.0 / 40.0)  # the ratio of medians differs
+    assert "samples_per_s_x_trainer_paired" not in rows["sms/trainer"]
+    report = {"machine": {"gpu": None, "cpu": "cpu", "cores_available": 1, "threads_per_arm": 1, "memory_gib": 1,
+                          "torch": "t", "transformers": "t", "accelerate": "a", "commit": "c"},
+              "rows": rows, "results": results, "smoke": False, "command": "bench", "precision": "no",
+              "repeats": 3, "wall_minutes": 0.1, "trainer_grad_check": None, "peak": None}
+    assert "finetune 1.60 (median; rounds 1.50, 2.00, 1.60)" in markdown(report)
+
+
+def test_combine_pairs_rounds_within_each_report_only(tmp_path):
+    import json
+
+    from bench.run import main
+
+    def report(ours, trainer):
+        results = [{"job": job, "round": 0, "seed": None, "ok": True, "updates": 4, "samples": 128, "tokens": 2560,
+                    "train_seconds": 128 / speed, "eval": {}} for job, speed in (("sms/ours", ours),
+                                                                                 ("sms/trainer", trainer))]
+        rows = {job: {"label": job, "role": "main", "b": 8, "k": 4} for job in ("sms/ours", "sms/trainer")}
+        return {"command": "run", "smoke": False, "precision": "no", "repeats": 1, "accuracy_seeds": 0,
+                "overrides": [], "wall_minutes": 1.0, "trainer_grad_check": None, "peak": None, "flops_model": {},
+                "rows": rows, "results": results, "code": {"commit": "c", "finetune_tree": "t", "dirty": False},
+                "machine": {"gpu": None, "cpu": "cpu", "cores_available": 1, "threads_per_arm": 1, "memory_gib": 1,
+                            "torch": "t", "transformers": "t", "accelerate": "a", "commit": "c"}}
+
+    for name, speeds in (("fast", (90.0, 60.0)), ("slow", (40.0, 20.0))):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "bench.json").write_text(json.dumps(report(*speeds)))
+    assert main(["--combine", str(tmp_path / "fast"), str(tmp_path / "slow"), "--out", str(tmp_path / "both")]) == 0
+    ours = json.loads((tmp_path / "both" / "bench.json").read_text())["rows"]["sms/ours"]
+    assert ours["samples_per_s_x_trainer_by_round"] == pytest.approx([1.5, 2.0])
+
+
 def test_combine_pools_seeds_of_two_reports_and_refuses_overlaps(tmp_path, capsys):
     """``--combine``: accuracy runs of other seeds, run later, join the same rows; the same seed twice is refused."""
     import json
