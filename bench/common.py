@@ -85,16 +85,18 @@ def load_job(cfg):
     from accelerate.utils import set_seed
 
     from finetune.data import load_splits
-    from finetune.tokens import tokenize_splits
-    from finetune.metrics import MetricSuite
     from finetune.modeling import load_model, load_tokenizer
+    from finetune.runner import metric_suite
+    from finetune.tokens import tokenize_splits
 
     set_seed(cfg.training.seed)
     tokenizer = load_tokenizer(cfg.model)
     splits, labels = load_splits(cfg.data, seed=cfg.training.seed)
     tokenized = tokenize_splits(splits, tokenizer, cfg.data.max_length)
     model = load_model(cfg.model, labels.id2label, max_length=cfg.data.max_length)
-    metrics = MetricSuite.from_config(cfg.evaluation, labels.names)
+    # the package's own decision for `average: auto` (binary F1 of the rarer class on SMS), so that every
+    # arm reports the same F1
+    metrics = metric_suite(cfg, labels, splits["train"])
     return tokenizer, tokenized, labels, model, metrics
 
 

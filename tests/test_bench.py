@@ -40,6 +40,22 @@ def _check(result, updates, samples):
     assert result["rss_peak_mib"] > 10
 
 
+def test_peer_arms_score_the_f1_the_package_scores(tiny_job):
+    """``average: auto`` is the package's decision in every arm: the binary F1 of the rarer class, not macro."""
+    from bench.common import job_config, load_job
+
+    cfg = job_config(ArmSpec("trainer", "sms", b=4, k=2, max_steps=2, overrides=tiny_job, threads=1))
+    _, tokenized, labels, _, metrics = load_job(cfg)
+    assert metrics.average == "binary" and labels.names[metrics.pos_label] == "spam"  # 30% of the tiny set
+    # binary and macro F1 differ on the same predictions: the arms would not be compared on one metric
+    predictions = [0, 1, 1, 0, 0, 0]
+    references = [0, 1, 0, 0, 0, 1]
+    spam = labels.names.index("spam")
+    flip = (lambda x: x) if spam == 1 else (lambda x: 1 - x)
+    scores = metrics.compute([flip(p) for p in predictions], [flip(r) for r in references])
+    assert scores["f1"] == pytest.approx(0.5)  # spam: one hit, one miss, one false alarm
+
+
 def test_peer_arms_train_and_count(tiny_job, fresh_accelerate_state):
     from bench import arm_accelerate, arm_trainer
 
