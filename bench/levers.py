@@ -8,6 +8,8 @@ package's defaults:
   mega-batches of 16 windows (``data.length_group_windows=16``);
 * the word embedding's gradient dense (``training.sparse_embedding_grad=false``)
   against its default sparse rows, made dense once per update;
+* the C heap's free memory handed back after every update
+  (``training.cpu_heap=trim``) against the default, which keeps it;
 * torch's own dropout masks (``training.fast_dropout_masks=false``) against
   the default 16-bit masks, and dropout off (``model.dropout=0.0``), which
   bounds what any mask generator can gain (it changes the training, so it is
@@ -70,6 +72,7 @@ def lever_jobs(s, steps: int):
         ours("equal micro-batches", "data.balance_micro_batches=false"),
         ours("dense embedding gradient", "training.sparse_embedding_grad=false"),
         ours("torch dropout masks", "training.fast_dropout_masks=false"),
+        ours("heap trimmed after each update", "training.cpu_heap=trim"),
         ours("dropout off (bound)", "model.dropout=0.0"),
         ours("AdamW for_loop", "optim.implementation=for_loop"),
         ours("AdamW foreach", "optim.implementation=foreach"),

@@ -119,7 +119,7 @@ def _train(cfg, run, until: int, **kw):
     from finetune.loop import train_one_epoch
 
     with cpu_speedups(run.model, run.optimizer, run.accelerator, dropout_masks=cfg.training.fast_dropout_masks,
-                      sparse_embedding=cfg.training.sparse_embedding_grad):
+                      sparse_embedding=cfg.training.sparse_embedding_grad, heap=cfg.training.cpu_heap):
         return train_one_epoch(run.model, run.optimizer, run.scheduler, run.train_dataloader, run.accelerator, 0,
                                state=run.state, max_grad_norm=cfg.training.max_grad_norm, max_updates=until, **kw)
 

@@ -211,6 +211,11 @@ class TrainingConfig:
     # rounded to a multiple of 2**-16, and the model is handed back with torch's dropout (see
     # finetune.cpu.dropout). No effect on a GPU or with torch_compile.
     fast_dropout_masks: bool = True
+    # On a CPU (with glibc), the C heap's free memory between updates: ``keep`` leaves it to glibc to
+    # reuse in the next window; ``trim`` hands it back to the system after every update (lower
+    # resident memory, and page faults to get it back each window: slower). Both are measured in
+    # bench/README.md. No effect on a GPU.
+    cpu_heap: Literal["keep", "trim"] = "keep"
     # Evaluate on the validation set at the end of each epoch.
     eval_each_epoch: bool = True
     # single_label only: weight each class's loss, for imbalanced data. ``balanced``: n / (C * n_c)

@@ -417,7 +417,8 @@ def describe(run: Run) -> str:
     backend = getattr(acc.state, "backend", None) or "none"
     training = run.cfg.training
     speedups = plan_cpu_speedups(run.model, acc, dropout_masks=training.fast_dropout_masks,
-                                 sparse_embedding=training.sparse_embedding_grad, quiet=True).describe()
+                                 sparse_embedding=training.sparse_embedding_grad, heap=training.cpu_heap,
+                                 quiet=True).describe()
     return (
         f"processes={acc.num_processes} backend={backend} device={acc.device} "
         f"{'threads=' + str(torch.get_num_threads()) + ' ' if acc.device.type == 'cpu' else ''}"
@@ -713,7 +714,7 @@ def train_epochs(run: Run, checkpoints: Checkpointer, evaluations: Evaluations, 
     progress = tqdm(total=run.plan.total_updates, initial=run.state.step, desc="train", unit="update",
                     disable=not (acc.is_main_process and cfg.logging.progress_bar), dynamic_ncols=True)
     speedups = cpu_speedups(run.model, run.optimizer, acc, dropout_masks=cfg.training.fast_dropout_masks,
-                            sparse_embedding=cfg.training.sparse_embedding_grad)
+                            sparse_embedding=cfg.training.sparse_embedding_grad, heap=cfg.training.cpu_heap)
     with progress, speedups:
         if pending_eval is not None:
             end_of_epoch(pending_eval)  # the run was stopped between an epoch's last update and its evaluation

@@ -29,7 +29,8 @@ B = 32
 
 
 def _run(b: int, k: int, epochs: int = 2, lr: float = 1e-3, schedule: str = "linear", warmup: int = 1,
-         max_grad_norm=None, data=None, mixed_precision="no", log_every: int = 1, sparse_embedding=True):
+         max_grad_norm=None, data=None, mixed_precision="no", log_every: int = 1, sparse_embedding=True,
+         heap="keep"):
     from accelerate import Accelerator
     from accelerate.state import AcceleratorState, GradientState
 
@@ -68,7 +69,7 @@ def _run(b: int, k: int, epochs: int = 2, lr: float = 1e-3, schedule: str = "lin
 
     records = []
     state = TrainState()
-    with cpu_speedups(model, optimizer, acc, sparse_embedding=sparse_embedding):
+    with cpu_speedups(model, optimizer, acc, sparse_embedding=sparse_embedding, heap=heap):
         for epoch in range(epochs):
             train_one_epoch(model, optimizer, scheduler, dl, acc, epoch, state=state, max_grad_norm=max_grad_norm,
                             log_every=log_every, on_log=records.append, on_update=on_update)
@@ -141,15 +142,39 @@ def test_gradient_buffers_are_kept_between_updates_only_when_accumulating(fresh_
     assert all(g is None for update in _run(b=32, k=1)["grads"] for g in update.values())
 
 
-def test_the_heap_is_trimmed_after_every_update_inside_the_switch_only(fresh_accelerate_state, monkeypatch):
+def test_cpu_heap_trim_trims_after_every_update_inside_the_switch_only(fresh_accelerate_state, monkeypatch):
     import finetune.cpu
 
     trims = []
     monkeypatch.setattr(finetune.cpu, "malloc_trim", lambda: lambda pad: trims.append(pad))
-    run = _run(b=8, k=4)
+    run = _run(b=8, k=4, heap="trim")
     assert trims == [0] * 6  # one per update: 3 updates per epoch, 2 epochs
     run["optimizer"].step()  # outside cpu_speedups: the hook is gone
     assert trims == [0] * 6
+
+
+def test_cpu_heap_keep_the_default_never_trims(fresh_accelerate_state, monkeypatch):
+    import finetune.cpu
+    from finetune.config import TrainingConfig
+
+    assert TrainingConfig().cpu_heap == "keep"
+    trims = []
+    monkeypatch.setattr(finetune.cpu, "malloc_trim", lambda: lambda pad: trims.append(pad))
+    run = _run(b=8, k=4)
+    assert len(run["snapshots"]) == 6 and trims == []
+
+
+def test_cpu_heap_trim_without_glibc_switches_nothing(fresh_accelerate_state, monkeypatch):
+    from accelerate import Accelerator
+
+    import finetune.cpu
+    from finetune.cpu import plan_cpu_speedups
+
+    acc = Accelerator(cpu=True)
+    assert plan_cpu_speedups(tiny_bert(seed=0), acc, heap="trim").describe().endswith("heap=trim")
+    monkeypatch.setattr(finetune.cpu, "malloc_trim", lambda: None)
+    plan = plan_cpu_speedups(tiny_bert(seed=0), acc, heap="trim")
+    assert not plan.trim_heap and "heap=" not in plan.describe()
 
 
 def test_textbook_loss_over_k_differs_on_ragged_window(fresh_accelerate_state):

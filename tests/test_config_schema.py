@@ -49,6 +49,7 @@ def test_defaults_and_types(tmp_path):
     assert cfg.training.mixed_precision == "auto"
     assert cfg.training.sparse_embedding_grad is True
     assert cfg.training.fast_dropout_masks is True
+    assert cfg.training.cpu_heap == "keep"
     assert cfg.optim.learning_rate == 5e-5
 
 
@@ -70,6 +71,7 @@ def test_defaults_and_types(tmp_path):
         (BASE.replace("data:\n", "data:\n  length_group_windows: 0\n"), "data.length_group_windows: must be >= 1, got 0"),
         (BASE + "  sparse_embedding_grad: sometimes\n", "training.sparse_embedding_grad: expected bool, got str"),
         (BASE + "  fast_dropout_masks: 1\n", "training.fast_dropout_masks: expected bool, got int"),
+        (BASE + "  cpu_heap: free\n", "training.cpu_heap: expected one of"),
         (BASE + "  mixed_precision: autom\n", "training.mixed_precision: expected one of"),
         (BASE.replace("data:\n", "data:\n  num_workers: many\n"), "data.num_workers: expected int or 'auto'"),
         (BASE.replace("data:\n", "data:\n  num_workers: -1\n"), "data.num_workers: must be >= 0, got -1"),

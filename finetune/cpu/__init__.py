@@ -1,6 +1,6 @@
 """Speed-ups for training on a CPU, behind one switch: :func:`cpu_speedups`.
 
-A CPU pays for work that a GPU hides. Four things are switched on for as
+A CPU pays for work that a GPU hides. Up to four things are switched on for as
 long as training runs, and switched back when it ends:
 
 * **Dropout masks drawn 16 bits at a time** (``training.fast_dropout_masks``,
@@ -14,10 +14,14 @@ long as training runs, and switched back when it ends:
   place rather than freed, so each window's backward finds the memory layout
   the last one left, and the C heap does not grow with holes that the next
   forward pass cannot reuse.
-* **Free heap handed back after each update** (glibc's ``malloc_trim``): the
-  activations of micro-batches of many shapes leave free chunks scattered in
-  the C heap, which otherwise stay counted in the process's memory and grow
-  it window after window.
+* **Free heap handed back after each update**, only with
+  ``training.cpu_heap: trim`` (glibc's ``malloc_trim``): the activations of
+  micro-batches of many shapes leave free chunks scattered in the C heap, which
+  otherwise stay counted in the process's memory and grow it window after
+  window. The default, ``keep``, leaves them to glibc to reuse: every page
+  handed back is faulted in again by the next window (tens of thousands of
+  page faults per update for a small BERT), which costs more time than the
+  memory is worth to most users.
 
 None of them changes what an update computes beyond float rounding (the
 masks keep dropout's distribution, ``p`` on a grid of 2**-16), and the
@@ -78,11 +82,13 @@ class CpuSpeedups:
             words.append("embedding_grad=sparse")
         if self.dropout_masks:
             words.append("dropout_masks=fast")
+        if self.trim_heap:
+            words.append("heap=trim")
         return " ".join(words)
 
 
 def plan_cpu_speedups(model, accelerator, *, dropout_masks: bool = True, sparse_embedding: bool = True,
-                      quiet: bool = False) -> CpuSpeedups:
+                      heap: str = "keep", quiet: bool = False) -> CpuSpeedups:
     """What :func:`cpu_speedups` would switch on for ``model`` on ``accelerator``'s device.
 
     Args:
@@ -90,6 +96,7 @@ def plan_cpu_speedups(model, accelerator, *, dropout_masks: bool = True, sparse_
         accelerator: The ``Accelerator`` (its device, process count and grad scaler decide).
         dropout_masks: Allow the 16-bit dropout masks.
         sparse_embedding: Allow the sparse word-embedding gradient.
+        heap: ``training.cpu_heap``: ``"trim"`` hands free heap memory back after each update.
         quiet: Do not log why the attention stays as it is.
     """
     if accelerator.device.type != "cpu":
@@ -106,8 +113,10 @@ def plan_cpu_speedups(model, accelerator, *, dropout_masks: bool = True, sparse_
     # DDP's buckets, FSDP's and DeepSpeed's shards and fp16's grad scaler expect dense gradients
     rows = (sparse_embedding and not compiled and accelerator.num_processes == 1
             and getattr(accelerator, "scaler", None) is None and sparse_capable_embedding(model) is not None)
+    if heap not in ("keep", "trim"):
+        raise ValueError(f"heap must be 'keep' or 'trim', got {heap!r}")
     return CpuSpeedups(dropout_masks=masks, attention=attention, sparse_embedding=rows, keep_grads=True,
-                       trim_heap=malloc_trim() is not None)
+                       trim_heap=heap == "trim" and malloc_trim() is not None)
 
 
 @contextlib.contextmanager
@@ -151,11 +160,13 @@ def malloc_trim():
 def trimmed_heap(optimizer) -> Iterator[None]:
     """Inside, every optimizer step ends by handing the C heap's free memory back to the system.
 
-    The forward and backward passes of micro-batches of varying shapes free
-    their activations in chunks that later tensors of other sizes do not
-    reuse; glibc keeps them, and the resident size climbs window after window.
-    ``malloc_trim(0)`` once per update, not per micro-batch, returns them.
-    PyTorch's CPU allocator has no such call, hence ``ctypes``.
+    The lowest resident memory (``training.cpu_heap: trim``), at the cost of
+    faulting those pages in again in the next window. The forward and backward
+    passes of micro-batches of varying shapes free their activations in chunks
+    that later tensors of other sizes do not reuse; glibc keeps them, and the
+    resident size climbs window after window. ``malloc_trim(0)`` once per
+    update, not per micro-batch, returns them. PyTorch's CPU allocator has no
+    such call, hence ``ctypes``.
     """
     trim = malloc_trim()
     inner = getattr(optimizer, "optimizer", optimizer)  # Accelerate's wrapper steps the torch optimizer inside
@@ -168,7 +179,7 @@ def trimmed_heap(optimizer) -> Iterator[None]:
 
 @contextlib.contextmanager
 def cpu_speedups(model, optimizer, accelerator, *, dropout_masks: bool = True,
-                 sparse_embedding: bool = True) -> Iterator[CpuSpeedups]:
+                 sparse_embedding: bool = True, heap: str = "keep") -> Iterator[CpuSpeedups]:
     """Switch on the CPU speed-ups that apply (:func:`plan_cpu_speedups`); all are undone on exit.
 
     Args:
@@ -177,11 +188,13 @@ def cpu_speedups(model, optimizer, accelerator, *, dropout_masks: bool = True,
         accelerator: The ``Accelerator``.
         dropout_masks: ``training.fast_dropout_masks``.
         sparse_embedding: ``training.sparse_embedding_grad``.
+        heap: ``training.cpu_heap``: ``"keep"`` or ``"trim"``.
 
     Yields:
         The :class:`CpuSpeedups` in force.
     """
-    plan = plan_cpu_speedups(model, accelerator, dropout_masks=dropout_masks, sparse_embedding=sparse_embedding)
+    plan = plan_cpu_speedups(model, accelerator, dropout_masks=dropout_masks, sparse_embedding=sparse_embedding,
+                             heap=heap)
     with contextlib.ExitStack() as switches:
         if plan.dropout_masks:
             switches.enter_context(fast_dropout(model, attention=plan.attention))
