@@ -8,8 +8,9 @@ none is a comparison with the Trainer, which is ``bench/run.py``'s job::
     python -m bench.probe rss        # RSS around every forward, backward and update: BBC News (8, 4) and (8, 1)
     python -m bench.probe device     # on a GPU: how busy the GPU is over updates of the BBC News job, top kernels
     python -m bench.probe packing    # forward and backward of SMS windows cut equally, balanced, or packed
+    python -m bench.probe heap       # training.cpu_heap keep against trim, paired rounds, page faults per update
 
-``profile``, ``rss`` and ``device`` take dotted overrides after the name (for example
+``profile``, ``rss``, ``device`` and ``heap`` take dotted overrides after the name (for example
 ``training.fast_dropout_masks=false``), applied to the job's config. Like the
 benchmark, every probe uses 2 torch threads unless ``--threads N`` comes first.
 """
@@ -369,6 +370,39 @@ def rss(threads: int, overrides: list[str]) -> dict[str, Any]:
     return {"threads": threads, "overrides": overrides, "runs": out}
 
 
+def heap(threads: int, overrides: list[str], rounds: int = 6, updates: int = 8, warmup: int = 3) -> dict[str, Any]:
+    """``training.cpu_heap`` keep against trim on the SMS job, in one process, paired round by round.
+
+    Both settings leave glibc's thresholds adaptive (``trim`` only adds a
+    ``malloc_trim`` after each update), so one process can alternate them:
+    each round trains ``updates`` updates with each, in alternating order.
+    Reports non-pad tokens/s (the rounds' windows differ, so compare within a
+    round), minor page faults and system CPU seconds per update.
+    """
+    cfg, run = _setup(overrides, "sms", 8, 4, warmup + 2 * rounds * updates, threads)
+    _train_heap(cfg, run, warmup, "keep")
+    out: dict[str, list] = {"keep": [], "trim": []}
+    for r in range(rounds):
+        for setting in (("trim", "keep") if r % 2 == 0 else ("keep", "trim")):
+            before, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+            result = _train_heap(cfg, run, run.state.step + updates, setting)
+            seconds, after = time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_SELF)
+            out[setting].append({"tokens_per_s": result.tokens / seconds,
+                                 "faults_per_update": (after.ru_minflt - before.ru_minflt) / updates,
+                                 "system_s_per_update": (after.ru_stime - before.ru_stime) / updates})
+    ratios = [k["tokens_per_s"] / t["tokens_per_s"] for k, t in zip(out["keep"], out["trim"])]
+    return {"threads": threads, "overrides": overrides, "rounds": rounds, "updates": updates, "runs": out,
+            "keep_over_trim_by_round": ratios, "keep_over_trim_median": statistics.median(ratios)}
+
+
+def _train_heap(cfg, run, until: int, setting: str):
+    from finetune.cpu import cpu_speedups
+
+    with cpu_speedups(run.model, run.optimizer, run.accelerator, dropout_masks=cfg.training.fast_dropout_masks,
+                      sparse_embedding=cfg.training.sparse_embedding_grad, heap=setting):
+        return _train_epoch_of(cfg, run, until)
+
+
 def markdown(name: str, result: dict[str, Any]) -> str:
     if name == "masks":
         lines = [f"Dropout masks for a {tuple(result['shape'])} tensor, {result['threads']} threads, "
@@ -394,6 +428,18 @@ def markdown(name: str, result: dict[str, Any]) -> str:
                  "| cut | padded positions | seconds | x equal |", "| --- | ---: | ---: | ---: |"]
         lines += [f"| {name} | {100 * result['padding'][name]:.1f}% | {t:.2f} | {base / t:.2f} |"
                   for name, t in result["times"].items()]
+    elif name == "heap":
+        lines = [f"`training.cpu_heap` on the SMS job (b=8, k=4), {result['threads']} threads, one process, "
+                 f"{result['rounds']} rounds of {result['updates']} updates per setting"
+                 f"{' with ' + ' '.join(result['overrides']) if result['overrides'] else ''}; keep / trim "
+                 f"by round: {', '.join(f'{r:.2f}' for r in result['keep_over_trim_by_round'])} "
+                 f"(median {result['keep_over_trim_median']:.2f})", "",
+                 "| setting | tokens/s (median) | page faults per update (median) | system s per update (median) |",
+                 "| --- | ---: | ---: | ---: |"]
+        for setting, runs in result["runs"].items():
+            med = {key: statistics.median(r[key] for r in runs) for key in runs[0]}
+            lines.append(f"| {setting} | {med['tokens_per_s']:.0f} | {med['faults_per_update']:.0f} "
+                         f"| {med['system_s_per_update']:.3f} |")
     elif name == "device":
         lines = [f"{result['device']}, BBC News job, B={result['effective_batch_size']}, {result['updates']} updates"
                  f"{' with ' + ' '.join(result['overrides']) if result['overrides'] else ''}: "
@@ -427,15 +473,16 @@ def main(argv=None) -> int:
         result = rss_one(threads, b, k, updates, argv[4:])
         print(json.dumps(result))
         return 0
-    if not argv or argv[0] not in ("masks", "profile", "rss", "device", "packing"):
+    if not argv or argv[0] not in ("masks", "profile", "rss", "device", "packing", "heap"):
         print(__doc__.strip().splitlines()[0] + "\nusage: python -m bench.probe [--threads N] "
-              "masks | profile [section.key=value ...] | rss [section.key=value ...] | device [section.key=value ...] | packing")
+              "masks | profile [section.key=value ...] | rss [section.key=value ...] | device [section.key=value ...] | packing "
+              "| heap [section.key=value ...]")
         return 2
     name, overrides = argv[0], argv[1:]
     started = time.perf_counter()
     probes = {"masks": lambda: masks(threads), "profile": lambda: profile(threads, overrides),
               "rss": lambda: rss(threads, overrides), "device": lambda: device(threads, overrides),
-              "packing": lambda: packing(threads, overrides)}
+              "packing": lambda: packing(threads, overrides), "heap": lambda: heap(threads, overrides)}
     result = probes[name]()
     result["seconds"] = time.perf_counter() - started
     RESULTS.mkdir(parents=True, exist_ok=True)

@@ -332,6 +332,21 @@ def test_profile_probe_finds_the_mask_draws_it_groups(tiny_job, fresh_accelerate
     assert "| dropout masks |" in markdown("profile", fast)
 
 
+def test_heap_probe_trims_in_the_trim_rounds_only_and_pairs_them_with_keep(tiny_job, fresh_accelerate_state,
+                                                                            monkeypatch):
+    import finetune.cpu
+    from bench.probe import heap, markdown
+
+    trims = []
+    monkeypatch.setattr(finetune.cpu, "malloc_trim", lambda: lambda pad: trims.append(pad))
+    result = heap(1, tiny_job, rounds=2, updates=2, warmup=1)
+    assert trims == [0] * 4  # two rounds of two trimmed updates; the warm-up and the keep rounds never trim
+    keep, trim = result["runs"]["keep"], result["runs"]["trim"]
+    assert len(keep) == len(trim) == 2 and all(r["faults_per_update"] >= 0 for r in keep + trim)
+    assert result["keep_over_trim_by_round"] == [k["tokens_per_s"] / t["tokens_per_s"] for k, t in zip(keep, trim)]
+    assert "| trim |" in markdown("heap", result)
+
+
 def test_the_compile_table_compares_each_precisions_steady_state_with_its_eager_run():
     from bench.compile import table
 
