@@ -485,47 +485,70 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     """Check ``value`` against the annotation ``tp``; return it (ints widened to float)."""
     origin = typing.get_origin(tp)
     if origin in (Union, types.UnionType):
-        args = typing.get_args(tp)
-        if value is None and type(None) in args:
-            return None
-        options = [a for a in args if a is not type(None)]
-        if len(options) == 1 and typing.get_origin(options[0]) in (list, dict):
-            return _coerce(value, options[0], key)  # its own error names the item at fault
-        for arg in args:
-            if arg is type(None):
-                continue
-            try:
-                return _coerce(value, arg, key)
-            except ConfigError:
-                pass
-        raise ConfigError(f"{key}: expected {_type_name(tp)}, got {_describe(value)}")
+        return _coerce_union(value, tp, key)
     if origin is Literal:
-        allowed = typing.get_args(tp)
-        # YAML 1.1 reads a bare `no` as False; `mixed_precision: no` means the string.
-        if value is False and "no" in allowed:
-            value = "no"
-        if value in allowed and isinstance(value, str):
-            return value
-        close = difflib.get_close_matches(str(value), [str(a) for a in allowed], n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise ConfigError(f"{key}: expected one of {_type_name(tp)}, got {_describe(value)}{hint}")
+        return _coerce_literal(value, tp, key)
     if origin is list:
-        (inner,) = typing.get_args(tp)
-        if isinstance(value, str) and inner is str:
-            value = [value]  # `report_to: tensorboard` reads as a one-item list
-        if not isinstance(value, list):
-            raise ConfigError(f"{key}: expected {_type_name(tp)}, got {_describe(value)}")
-        return [_coerce(v, inner, f"{key}[{i}]") for i, v in enumerate(value)]
+        return _coerce_list(value, tp, key)
     if origin is dict:
-        key_type, value_type = typing.get_args(tp)
-        if not isinstance(value, dict):
-            raise ConfigError(f"{key}: expected {_type_name(tp)}, got {_describe(value)}")
-        out = {}
-        for k, v in value.items():
-            if key_type is int and isinstance(k, str) and k.strip().lstrip("-").isdigit():
-                k = int(k)  # JSON and some YAML writers quote mapping keys
-            out[_coerce(k, key_type, f"{key} key {k!r}")] = _coerce(v, value_type, f"{key}[{k!r}]")
-        return out
+        return _coerce_dict(value, tp, key)
+    return _coerce_scalar(value, tp, key)
+
+
+def _coerce_union(value: Any, tp: Any, key: str) -> Any:
+    """``Optional[X]`` and ``X | Y``: null where allowed, else the first member type that accepts the value."""
+    args = typing.get_args(tp)
+    if value is None and type(None) in args:
+        return None
+    options = [a for a in args if a is not type(None)]
+    if len(options) == 1 and typing.get_origin(options[0]) in (list, dict):
+        return _coerce(value, options[0], key)  # its own error names the item at fault
+    for arg in options:
+        try:
+            return _coerce(value, arg, key)
+        except ConfigError:
+            pass
+    raise ConfigError(f"{key}: expected {_type_name(tp)}, got {_describe(value)}")
+
+
+def _coerce_literal(value: Any, tp: Any, key: str) -> str:
+    """One of a ``Literal``'s strings, with the closest one suggested when the value is not."""
+    allowed = typing.get_args(tp)
+    # YAML 1.1 reads a bare `no` as False; `mixed_precision: no` means the string.
+    if value is False and "no" in allowed:
+        value = "no"
+    if value in allowed and isinstance(value, str):
+        return value
+    close = difflib.get_close_matches(str(value), [str(a) for a in allowed], n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    raise ConfigError(f"{key}: expected one of {_type_name(tp)}, got {_describe(value)}{hint}")
+
+
+def _coerce_list(value: Any, tp: Any, key: str) -> list:
+    """A list whose items each pass; errors name the item (``key[i]``)."""
+    (inner,) = typing.get_args(tp)
+    if isinstance(value, str) and inner is str:
+        value = [value]  # `report_to: tensorboard` reads as a one-item list
+    if not isinstance(value, list):
+        raise ConfigError(f"{key}: expected {_type_name(tp)}, got {_describe(value)}")
+    return [_coerce(v, inner, f"{key}[{i}]") for i, v in enumerate(value)]
+
+
+def _coerce_dict(value: Any, tp: Any, key: str) -> dict:
+    """A mapping whose keys and values each pass; errors name the entry."""
+    key_type, value_type = typing.get_args(tp)
+    if not isinstance(value, dict):
+        raise ConfigError(f"{key}: expected {_type_name(tp)}, got {_describe(value)}")
+    out = {}
+    for k, v in value.items():
+        if key_type is int and isinstance(k, str) and k.strip().lstrip("-").isdigit():
+            k = int(k)  # JSON and some YAML writers quote mapping keys
+        out[_coerce(k, key_type, f"{key} key {k!r}")] = _coerce(v, value_type, f"{key}[{k!r}]")
+    return out
+
+
+def _coerce_scalar(value: Any, tp: Any, key: str) -> Any:
+    """``bool``, ``int``, ``float`` (ints widened, YAML 1.1's ``3e-5`` strings read) or ``str``, strictly."""
     if tp is bool:
         if isinstance(value, bool):
             return value
