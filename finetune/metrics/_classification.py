@@ -110,25 +110,7 @@ def precision_recall_f1(
     if average not in AVERAGES:
         raise ValueError(f"average must be one of {AVERAGES}, got {average!r}")
     pred, ref = class_ids(predictions, references)
-    present = np.union1d(pred, ref)
-    if average == "binary":
-        if present.size > 2:
-            raise ValueError(
-                f"average='binary' needs at most two classes, found {present.size}; "
-                "use macro, micro or weighted"
-            )
-        if pos_label not in present and present.size == 2:
-            raise ValueError(f"pos_label={pos_label} is not one of the classes {present.tolist()}")
-        label_array = np.asarray([pos_label], dtype=np.int64)
-    elif labels is None:
-        label_array = present
-    else:
-        label_array = np.asarray(labels, dtype=np.int64).reshape(-1)
-        if label_array.size == 0:
-            raise ValueError("labels must not be empty")
-        if np.unique(label_array).size != label_array.size:
-            raise ValueError(f"labels has repeated classes: {label_array.tolist()}")
-
+    label_array = _labels_to_score(np.union1d(pred, ref), average, pos_label, labels)
     tp_sum, pred_sum, true_sum = _label_counts(pred, ref, label_array)
     if average == "micro":
         tp_sum, pred_sum, true_sum = (np.array([s.sum()]) for s in (tp_sum, pred_sum, true_sum))
@@ -144,6 +126,29 @@ def precision_recall_f1(
         # scikit-learn falls back to the plain mean when every support is 0.
         weights = None
     return tuple(float(np.average(s, weights=weights)) for s in (precision, recall, f1))
+
+
+def _labels_to_score(present: np.ndarray, average: str, pos_label: int,
+                     labels: Sequence[int] | None) -> np.ndarray:
+    """The classes :func:`precision_recall_f1` scores: ``pos_label`` alone for ``binary``, else ``labels``
+    (checked) or the classes ``present`` in either array."""
+    if average == "binary":
+        if present.size > 2:
+            raise ValueError(
+                f"average='binary' needs at most two classes, found {present.size}; "
+                "use macro, micro or weighted"
+            )
+        if pos_label not in present and present.size == 2:
+            raise ValueError(f"pos_label={pos_label} is not one of the classes {present.tolist()}")
+        return np.asarray([pos_label], dtype=np.int64)
+    if labels is None:
+        return present
+    label_array = np.asarray(labels, dtype=np.int64).reshape(-1)
+    if label_array.size == 0:
+        raise ValueError("labels must not be empty")
+    if np.unique(label_array).size != label_array.size:
+        raise ValueError(f"labels has repeated classes: {label_array.tolist()}")
+    return label_array
 
 
 def accuracy(predictions, references) -> float:
