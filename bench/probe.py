@@ -116,11 +116,10 @@ def _setup(overrides: list[str], dataset: str, b: int, k: int, updates: int, thr
 
 
 def _train(cfg, run, until: int, **kw):
-    from finetune.cpu import cpu_speedups
+    from finetune.cpu import cpu_speedups, speedup_settings
     from finetune.loop import train_one_epoch
 
-    with cpu_speedups(run.model, run.optimizer, run.accelerator, dropout_masks=cfg.training.fast_dropout_masks,
-                      sparse_embedding=cfg.training.sparse_embedding_grad, heap=cfg.training.cpu_heap):
+    with cpu_speedups(run.model, run.optimizer, run.accelerator, **speedup_settings(cfg.training)):
         return train_one_epoch(run.model, run.optimizer, run.scheduler, run.train_dataloader, run.accelerator, 0,
                                state=run.state, max_grad_norm=cfg.training.max_grad_norm, max_updates=until, **kw)
 
@@ -396,10 +395,10 @@ def heap(threads: int, overrides: list[str], rounds: int = 6, updates: int = 8, 
 
 
 def _train_heap(cfg, run, until: int, setting: str):
-    from finetune.cpu import cpu_speedups
+    from finetune.cpu import cpu_speedups, speedup_settings
 
-    with cpu_speedups(run.model, run.optimizer, run.accelerator, dropout_masks=cfg.training.fast_dropout_masks,
-                      sparse_embedding=cfg.training.sparse_embedding_grad, heap=setting):
+    settings = {**speedup_settings(cfg.training), "heap": setting}
+    with cpu_speedups(run.model, run.optimizer, run.accelerator, **settings):
         return _train_epoch_of(cfg, run, until)
 
 

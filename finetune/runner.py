@@ -28,7 +28,7 @@ import torch
 from finetune.accumulation import Batching, layout_for, resolve_accumulation, resolve_batching
 from finetune.checkpoint import Checkpointer, load_model_weights, resolve_resume
 from finetune.config import Config, config_yaml
-from finetune.cpu import cpu_speedups, plan_cpu_speedups
+from finetune.cpu import cpu_speedups, plan_cpu_speedups, speedup_settings
 from finetune.errors import ConfigError, FinetuneError, LaunchError
 from finetune.evaluation import evaluate_model
 from finetune.launch import choose_precision, choose_workers, configure_cpu_threads, init_process_state
@@ -416,9 +416,7 @@ def describe(run: Run) -> str:
     b = run.batching
     backend = getattr(acc.state, "backend", None) or "none"
     training = run.cfg.training
-    speedups = plan_cpu_speedups(run.model, acc, dropout_masks=training.fast_dropout_masks,
-                                 sparse_embedding=training.sparse_embedding_grad, heap=training.cpu_heap,
-                                 quiet=True).describe()
+    speedups = plan_cpu_speedups(run.model, acc, quiet=True, **speedup_settings(training)).describe()
     return (
         f"processes={acc.num_processes} backend={backend} device={acc.device} "
         f"{'threads=' + str(torch.get_num_threads()) + ' ' if acc.device.type == 'cpu' else ''}"
@@ -713,8 +711,7 @@ def train_epochs(run: Run, checkpoints: Checkpointer, evaluations: Evaluations, 
 
     progress = tqdm(total=run.plan.total_updates, initial=run.state.step, desc="train", unit="update",
                     disable=not (acc.is_main_process and cfg.logging.progress_bar), dynamic_ncols=True)
-    speedups = cpu_speedups(run.model, run.optimizer, acc, dropout_masks=cfg.training.fast_dropout_masks,
-                            sparse_embedding=cfg.training.sparse_embedding_grad, heap=cfg.training.cpu_heap)
+    speedups = cpu_speedups(run.model, run.optimizer, acc, **speedup_settings(cfg.training))
     with progress, speedups:
         if pending_eval is not None:
             end_of_epoch(pending_eval)  # the run was stopped between an epoch's last update and its evaluation

@@ -177,6 +177,17 @@ def test_cpu_heap_trim_without_glibc_switches_nothing(fresh_accelerate_state, mo
     assert not plan.trim_heap and "heap=" not in plan.describe()
 
 
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_an_unknown_cpu_heap_setting_is_refused_on_every_device(device):
+    from types import SimpleNamespace
+
+    from finetune.cpu import plan_cpu_speedups
+
+    accelerator = SimpleNamespace(device=torch.device(device), num_processes=1, scaler=None)
+    with pytest.raises(ValueError, match="heap must be 'keep' or 'trim', got 'trimm'"):
+        plan_cpu_speedups(tiny_bert(seed=0), accelerator, heap="trimm")
+
+
 def test_textbook_loss_over_k_differs_on_ragged_window(fresh_accelerate_state):
     """The comparison above is sensitive: the textbook recipe (mean loss / k) fails it."""
     from accelerate import Accelerator

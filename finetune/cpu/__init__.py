@@ -87,6 +87,12 @@ class CpuSpeedups:
         return " ".join(words)
 
 
+def speedup_settings(training) -> dict:
+    """The keyword arguments of :func:`cpu_speedups` and :func:`plan_cpu_speedups` that a ``TrainingConfig`` sets."""
+    return {"dropout_masks": training.fast_dropout_masks, "sparse_embedding": training.sparse_embedding_grad,
+            "heap": training.cpu_heap}
+
+
 def plan_cpu_speedups(model, accelerator, *, dropout_masks: bool = True, sparse_embedding: bool = True,
                       heap: str = "keep", quiet: bool = False) -> CpuSpeedups:
     """What :func:`cpu_speedups` would switch on for ``model`` on ``accelerator``'s device.
@@ -99,6 +105,8 @@ def plan_cpu_speedups(model, accelerator, *, dropout_masks: bool = True, sparse_
         heap: ``training.cpu_heap``: ``"trim"`` hands free heap memory back after each update.
         quiet: Do not log why the attention stays as it is.
     """
+    if heap not in ("keep", "trim"):
+        raise ValueError(f"heap must be 'keep' or 'trim', got {heap!r}")
     if accelerator.device.type != "cpu":
         return CpuSpeedups()
     compiled = is_compiled(model)
@@ -113,8 +121,6 @@ def plan_cpu_speedups(model, accelerator, *, dropout_masks: bool = True, sparse_
     # DDP's buckets, FSDP's and DeepSpeed's shards and fp16's grad scaler expect dense gradients
     rows = (sparse_embedding and not compiled and accelerator.num_processes == 1
             and getattr(accelerator, "scaler", None) is None and sparse_capable_embedding(model) is not None)
-    if heap not in ("keep", "trim"):
-        raise ValueError(f"heap must be 'keep' or 'trim', got {heap!r}")
     return CpuSpeedups(dropout_masks=masks, attention=attention, sparse_embedding=rows, keep_grads=True,
                        trim_heap=heap == "trim" and malloc_trim() is not None)
 
