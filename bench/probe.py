@@ -4,7 +4,7 @@ Each prints a Markdown table (and writes ``bench/results/probe_<name>.json``);
 none is a comparison with the Trainer, which is ``bench/run.py``'s job::
 
     python -m bench.probe masks      # dropout mask generators and one attention's time (seconds)
-    python -m bench.probe profile    # torch.profiler over 12 updates of the SMS job (about 1 minute)
+    python -m bench.probe profile    # where 12 updates of the SMS job spend their wall time, by op (about 1 minute)
     python -m bench.probe rss        # RSS around every forward, backward and update: BBC News (8, 4) and (8, 1)
     python -m bench.probe device     # on a GPU: how busy the GPU is over updates of the BBC News job, top kernels
     python -m bench.probe packing    # forward and backward of SMS windows cut equally, balanced, or packed
@@ -34,9 +34,11 @@ from bench.common import REPO, ArmSpec, job_config, set_threads, write_result  #
 
 RESULTS = REPO / "bench" / "results"
 
-# Self-CPU-time groups of the profile: op names as torch.profiler reports them.
+# Groups of the profile's ops, by aten name.
 GROUPS = {
     "matrix products": ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm"),
+    # autocast's casts of the weights (and, in the backward pass, of their gradients back to fp32)
+    "dtype casts": ("aten::_to_copy",),
     "dropout masks": ("aten::bernoulli_", "aten::random_", "aten::uniform_"),
     "optimizer step": ("aten::_fused_adamw_", "aten::_foreach_", "aten::lerp_", "aten::addcdiv_", "aten::addcmul_"),
 }
@@ -125,22 +127,87 @@ def _train(cfg, run, until: int, **kw):
 
 
 def profile(threads: int, overrides: list[str], updates: int = 12, warmup: int = 3) -> dict[str, Any]:
-    """Self CPU time by op over ``updates`` updates of the SMS job (after ``warmup`` updates), grouped."""
-    from torch.profiler import ProfilerActivity
-    from torch.profiler import profile as torch_profile
+    """Where the wall time of ``updates`` updates of the SMS job goes (after ``warmup`` updates), by op and group.
 
-    cfg, run = _setup(overrides, "sms", 8, 4, warmup + updates, threads)
+    The same updates are timed twice: once plain, for the wall time, and once
+    under :class:`OpClock`, which times every aten op as it is dispatched
+    (backward ops included). Shares are of the time inside ops. Timed, the
+    ops run a little slower than plain (the clock's Python between them
+    evicts caches), so their sum can exceed the plain wall time, and what
+    they leave out (Python, the autograd engine, data loading) cannot be
+    measured this way: compare the sum with the plain time per update. torch.profiler is not used for the shares: its event
+    buffers change how the C heap is reused, and on the CPU it made the
+    casts of the feed-forward weights fault their pages in on every call,
+    inflating them several times (about a third of the profiled time).
+    """
+    cfg, run = _setup(overrides, "sms", 8, 4, warmup + 2 * updates, threads)
     _train(cfg, run, warmup)
-    with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
-        _train(cfg, run, warmup + updates)
-    events = [(e.key, e.self_cpu_time_total, e.count) for e in prof.key_averages()]
-    total = sum(t for _, t, _ in events)
-    top = sorted(events, key=lambda e: -e[1])[:15]
-    groups = {name: sum(t for key, t, _ in events if key.startswith(ops)) / total for name, ops in GROUPS.items()}
-    members = {name: {key: c for key, _, c in events if key.startswith(ops)} for name, ops in GROUPS.items()}
-    return {"updates": updates, "overrides": overrides, "threads": threads, "self_cpu_seconds": total / 1e6,
+    started = time.perf_counter()
+    _train(cfg, run, warmup + updates)
+    plain = (time.perf_counter() - started) / updates
+    clock = OpClock()
+    started = time.perf_counter()
+    with clock:
+        _train(cfg, run, warmup + 2 * updates)
+    timed = (time.perf_counter() - started) / updates
+    ops = {op: (calls / updates, seconds / updates) for op, (calls, seconds) in clock.ops.items()}
+    in_ops = sum(s for _, s in ops.values())
+    groups = {name: sum(s for op, (_, s) in ops.items() if op.startswith(prefixes)) / in_ops
+              for name, prefixes in GROUPS.items()}
+    groups["other ops"] = 1 - sum(groups.values())
+    members = {name: {op: round(c) for op, (c, _) in ops.items() if op.startswith(prefixes)}
+               for name, prefixes in GROUPS.items()}
+    top = sorted(ops.items(), key=lambda item: -item[1][1])[:15]
+    return {"updates": updates, "overrides": overrides, "threads": threads,
+            "wall_s_per_update": plain, "timed_wall_s_per_update": timed, "op_s_per_update": in_ops,
             "groups": groups, "group_calls": members,
-            "top": [{"op": k, "share": t / total, "calls": c} for k, t, c in top]}
+            "new_shape_matmuls": {"calls_per_update": clock.new_shape_calls / updates,
+                                  "share": clock.new_shape_seconds / updates / in_ops},
+            "top": [{"op": op, "share": s / in_ops, "calls_per_update": c, "ms_per_call": 1e3 * s / c}
+                    for op, (c, s) in top]}
+
+
+def op_clock_class():
+    """:class:`OpClock`'s base, ``TorchDispatchMode``; it lives in a private torch module, so it is looked up here."""
+    try:
+        from torch.utils._python_dispatch import TorchDispatchMode
+    except ImportError as exc:
+        raise SystemExit(f"`profile` needs torch's TorchDispatchMode, which this torch lacks ({exc})") from exc
+    return TorchDispatchMode
+
+
+class OpClock(op_clock_class()):
+    """Times every aten op as it is dispatched, below autograd: the forward's and the backward's ops alike.
+
+    Each op is timed as a whole (the ops it calls in turn are not seen), so
+    the times add up without double counting. Matrix products are also
+    counted at shapes not seen before, where oneDNN builds a kernel first.
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.ops: dict[str, list] = {}
+        self.shapes: set = set()
+        self.new_shape_calls = 0
+        self.new_shape_seconds = 0.0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        import torch
+
+        started = time.perf_counter()
+        out = func(*args, **(kwargs or {}))
+        seconds = time.perf_counter() - started
+        op = func.name().split(".")[0]
+        record = self.ops.setdefault(op, [0, 0.0])
+        record[0] += 1
+        record[1] += seconds
+        if op in GROUPS["matrix products"]:
+            shape = (op,) + tuple((tuple(a.shape), a.stride(), a.dtype) for a in args if isinstance(a, torch.Tensor))
+            if shape not in self.shapes:
+                self.shapes.add(shape)
+                self.new_shape_calls += 1
+                self.new_shape_seconds += seconds
+        return out
 
 
 def _train_updates(cfg, run, until: int, **kw) -> None:
@@ -411,15 +478,21 @@ def markdown(name: str, result: dict[str, Any]) -> str:
                   "| attention | ms |", "| --- | ---: |"]
         lines += [f"| {k} | {v:.3f} |" for k, v in result["attention_ms"].items()]
     elif name == "profile":
-        lines = [f"torch.profiler, SMS job (b=8, k=4), {result['updates']} updates, {result['threads']} threads, "
-                 f"{result['self_cpu_seconds']:.1f} s of self CPU time"
-                 f"{' with ' + ' '.join(result['overrides']) if result['overrides'] else ''}:", "",
-                 "| group | share | ops (calls) |", "| --- | ---: | --- |"]
+        new = result["new_shape_matmuls"]
+        lines = [f"SMS job (b=8, k=4), {result['updates']} updates, {result['threads']} threads"
+                 f"{' with ' + ' '.join(result['overrides']) if result['overrides'] else ''}: "
+                 f"{result['wall_s_per_update']:.3f} s per update untimed; with every op timed, "
+                 f"{result['timed_wall_s_per_update']:.3f} s, of which {result['op_s_per_update']:.3f} s inside ops "
+                 "(shares below are of that):", "",
+                 "| group | share | ops (calls per update) |", "| --- | ---: | --- |"]
         lines += [f"| {k} | {100 * v:.1f}% | "
-                  f"{', '.join(f'`{op}` ({c})' for op, c in result['group_calls'][k].items())} |"
+                  f"{', '.join(f'`{op}` ({c})' for op, c in result['group_calls'].get(k, {}).items())} |"
                   for k, v in result["groups"].items()]
-        lines += ["", "| op | self CPU share | calls |", "| --- | ---: | ---: |"]
-        lines += [f"| `{t['op']}` | {100 * t['share']:.1f}% | {t['calls']} |" for t in result["top"]]
+        lines += ["", f"Matrix products at a shape not seen before (oneDNN builds a kernel first): "
+                  f"{new['calls_per_update']:.0f} calls per update, {100 * new['share']:.1f}% of the time.", "",
+                  "| op | share | calls per update | ms per call |", "| --- | ---: | ---: | ---: |"]
+        lines += [f"| `{t['op']}` | {100 * t['share']:.1f}% | {t['calls_per_update']:.0f} | {t['ms_per_call']:.3f} |"
+                  for t in result["top"]]
     elif name == "packing":
         base = result["times"]["equal"]
         lines = [f"Forward and backward of {result['windows']} SMS windows (b=8, k=4), {result['threads']} threads, "

@@ -332,6 +332,26 @@ def test_profile_probe_finds_the_mask_draws_it_groups(tiny_job, fresh_accelerate
     assert "| dropout masks |" in markdown("profile", fast)
 
 
+def test_op_clock_sees_backward_ops_and_counts_matmuls_at_new_shapes_once():
+    import torch
+
+    from bench.probe import OpClock
+
+    a = torch.randn(4, 3, requires_grad=True)
+    b = torch.randn(3, 5, requires_grad=True)
+    clock = OpClock()
+    with clock:
+        (a @ b).sum().backward()  # one mm forward, two backward (the gradients of a and b)
+    assert clock.ops["aten::mm"][0] == 3 and clock.new_shape_calls == 3
+    with clock:
+        (a @ b).sum().backward()  # the same three shapes again
+    assert clock.ops["aten::mm"][0] == 6 and clock.new_shape_calls == 3
+    with clock:
+        (torch.randn(7, 3) @ b).sum().backward()  # a new batch size: the forward and b's gradient are new
+    assert clock.ops["aten::mm"][0] == 8 and clock.new_shape_calls == 5
+    assert clock.ops["aten::mm"][1] > 0 and clock.new_shape_seconds <= clock.ops["aten::mm"][1]
+
+
 def test_heap_probe_trims_in_the_trim_rounds_only_and_pairs_them_with_keep(tiny_job, fresh_accelerate_state,
                                                                             monkeypatch):
     import finetune.cpu
