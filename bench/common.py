@@ -42,6 +42,8 @@ class ArmSpec:
             data set), applied by every arm that reads the config.
         options: Arm-specific switches (``group_by_length`` for the Trainer).
         threads: CPU threads for torch.
+        env: Extra environment variables for the arm's process (settings
+            read from the environment only, such as oneDNN's).
     """
 
     arm: str
@@ -53,6 +55,7 @@ class ArmSpec:
     overrides: list[str] = field(default_factory=list)
     options: list[str] = field(default_factory=list)
     threads: int = 1
+    env: dict[str, str] = field(default_factory=dict)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))

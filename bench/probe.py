@@ -127,29 +127,31 @@ def _train(cfg, run, until: int, **kw):
 
 
 def profile(threads: int, overrides: list[str], updates: int = 12, warmup: int = 3) -> dict[str, Any]:
-    """Where the wall time of ``updates`` updates of the SMS job goes (after ``warmup`` updates), by op and group.
+    """Where the time of ``updates`` updates of the SMS job goes (after ``warmup`` updates), by op and group.
 
-    The same updates are timed twice: once plain, for the wall time, and once
-    under :class:`OpClock`, which times every aten op as it is dispatched
-    (backward ops included). Shares are of the time inside ops. Timed, the
-    ops run a little slower than plain (the clock's Python between them
-    evicts caches), so their sum can exceed the plain wall time, and what
-    they leave out (Python, the autograd engine, data loading) cannot be
-    measured this way: compare the sum with the plain time per update. torch.profiler is not used for the shares: its event
-    buffers change how the C heap is reused, and on the CPU it made the
-    casts of the feed-forward weights fault their pages in on every call,
-    inflating them several times (about a third of the profiled time).
+    :class:`OpClock` times every aten op as it is dispatched, backward ops
+    included, over ``updates`` updates; the next ``updates`` run without it,
+    for the plain time per update. Shares are of the time inside ops. Timed,
+    the ops run a little slower than plain (the clock's Python between them
+    evicts caches), so their sum can exceed the plain time, and what they
+    leave out (Python, the autograd engine, data loading) cannot be measured
+    this way. torch.profiler is not used for the shares: its event buffers
+    change how the C heap is reused, and on the CPU it made the casts of the
+    feed-forward weights fault their pages in on every call, inflating them
+    several times (to about a third of the profiled time).
     """
     cfg, run = _setup(overrides, "sms", 8, 4, warmup + 2 * updates, threads)
-    _train(cfg, run, warmup)
-    started = time.perf_counter()
-    _train(cfg, run, warmup + updates)
-    plain = (time.perf_counter() - started) / updates
     clock = OpClock()
+    with clock:  # the warm-up's shapes count as seen
+        _train(cfg, run, warmup)
+    clock.restart()
     started = time.perf_counter()
     with clock:
-        _train(cfg, run, warmup + 2 * updates)
+        _train(cfg, run, warmup + updates)
     timed = (time.perf_counter() - started) / updates
+    started = time.perf_counter()
+    _train(cfg, run, warmup + 2 * updates)
+    plain = (time.perf_counter() - started) / updates
     ops = {op: (calls / updates, seconds / updates) for op, (calls, seconds) in clock.ops.items()}
     in_ops = sum(s for _, s in ops.values())
     groups = {name: sum(s for op, (_, s) in ops.items() if op.startswith(prefixes)) / in_ops
@@ -186,8 +188,12 @@ class OpClock(op_clock_class()):
 
     def __init__(self):
         super().__init__()
-        self.ops: dict[str, list] = {}
         self.shapes: set = set()
+        self.restart()
+
+    def restart(self) -> None:
+        """Forget the times and counts so far; the shapes seen stay seen."""
+        self.ops: dict[str, list] = {}
         self.new_shape_calls = 0
         self.new_shape_seconds = 0.0
 

@@ -221,10 +221,10 @@ def run_job(job: Job, s: Settings, index: int) -> dict[str, Any]:
     result_file = workdir / "result.json"
     if job.spec.arm == "ours":
         cmd = arm_ours.command(job.spec, workdir)
-        env = _env(s, {"BENCH_MEMORY_OUT": str(workdir / "memory.json")})
+        env = _env(s, {"BENCH_MEMORY_OUT": str(workdir / "memory.json"), **job.spec.env})
     else:
         cmd = [sys.executable, "-m", f"bench.arm_{job.spec.arm}", str(spec_file), str(result_file)]
-        env = _env(s)
+        env = _env(s, job.spec.env)
     start = time.perf_counter()
     with open(workdir / "log.txt", "w", encoding="utf-8") as log:
         try:

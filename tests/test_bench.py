@@ -350,6 +350,10 @@ def test_op_clock_sees_backward_ops_and_counts_matmuls_at_new_shapes_once():
         (torch.randn(7, 3) @ b).sum().backward()  # a new batch size: the forward and b's gradient are new
     assert clock.ops["aten::mm"][0] == 8 and clock.new_shape_calls == 5
     assert clock.ops["aten::mm"][1] > 0 and clock.new_shape_seconds <= clock.ops["aten::mm"][1]
+    clock.restart()  # times start again; the shapes seen stay seen
+    with clock:
+        (a @ b).sum().backward()
+    assert clock.ops["aten::mm"][0] == 3 and clock.new_shape_calls == 0
 
 
 def test_heap_probe_trims_in_the_trim_rounds_only_and_pairs_them_with_keep(tiny_job, fresh_accelerate_state,
