@@ -140,6 +140,8 @@ def profile(threads: int, overrides: list[str], updates: int = 12, warmup: int =
     feed-forward weights fault their pages in on every call, inflating them
     several times (to about a third of the profiled time).
     """
+    if TorchDispatchMode is None:
+        raise SystemExit("`profile` needs torch.utils._python_dispatch.TorchDispatchMode, which this torch lacks")
     cfg, run = _setup(overrides, "sms", 8, 4, warmup + 2 * updates, threads)
     clock = OpClock()
     with clock:  # the warm-up's shapes count as seen
@@ -169,16 +171,13 @@ def profile(threads: int, overrides: list[str], updates: int = 12, warmup: int =
                     for op, (c, s) in top]}
 
 
-def op_clock_class():
-    """:class:`OpClock`'s base, ``TorchDispatchMode``; it lives in a private torch module, so it is looked up here."""
-    try:
-        from torch.utils._python_dispatch import TorchDispatchMode
-    except ImportError as exc:
-        raise SystemExit(f"`profile` needs torch's TorchDispatchMode, which this torch lacks ({exc})") from exc
-    return TorchDispatchMode
+try:  # OpClock's base lives in a private torch module: only `profile` needs it, and says so if it is gone
+    from torch.utils._python_dispatch import TorchDispatchMode
+except ImportError:
+    TorchDispatchMode = None
 
 
-class OpClock(op_clock_class()):
+class OpClock(TorchDispatchMode or object):
     """Times every aten op as it is dispatched, below autograd: the forward's and the backward's ops alike.
 
     Each op is timed as a whole (the ops it calls in turn are not seen), so
