@@ -126,11 +126,11 @@ def run(spec: ArmSpec) -> dict:
 
 
 def PackageOrderTrainer(cfg, spec: ArmSpec, lengths):
-    """A ``Trainer`` subclass whose training sampler is the package's own (:func:`finetune.runner.training_sampler`)."""
+    """A ``Trainer`` subclass whose training sampler is the package's own (:func:`finetune.dataloaders.training_sampler`)."""
     from transformers import Trainer
 
     from finetune.accumulation import Batching
-    from finetune.runner import training_sampler
+    from finetune.dataloaders import training_sampler
 
     class _Trainer(Trainer):
         def _get_train_sampler(self, train_dataset=None):

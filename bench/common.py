@@ -3,7 +3,7 @@
 Each arm builds its data and model through the package's own loaders
 (:func:`finetune.data.load_splits`, :func:`finetune.tokens.tokenize_splits`,
 :func:`finetune.modeling.load_model`) from the same YAML config, in the same
-order after the same seed as :func:`finetune.runner.setup_run`, so the
+order after the same seed as :func:`finetune.assembly.setup_run`, so the
 validation split, the token ids and the new head's initial weights are the
 same in all arms.
 """
@@ -82,14 +82,14 @@ def job_config(spec: ArmSpec, extra: Optional[list[str]] = None):
 def load_job(cfg):
     """Tokenizer, tokenized splits (with a ``length`` column), labels, model and metrics of a config.
 
-    Seeds first and loads in :func:`finetune.runner.setup_run`'s order, so the
+    Seeds first and loads in :func:`finetune.assembly.setup_run`'s order, so the
     new classification head starts from the same weights as the package's run.
     """
     from accelerate.utils import set_seed
 
     from finetune.data import load_splits
     from finetune.modeling import load_model, load_tokenizer
-    from finetune.runner import metric_suite
+    from finetune.assembly import metric_suite
     from finetune.tokens import tokenize_splits
 
     set_seed(cfg.training.seed)

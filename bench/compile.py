@@ -14,7 +14,7 @@ process, one after the other in one invocation; the per-update records of its
 ``train_log.jsonl`` give the time of the first ``--warmup`` updates (where
 compiling happens) and the median time of the updates after them (the steady
 state). Compiled runs pad each micro-batch to one of four lengths
-(``finetune.runner.BucketPadding``), so a handful of graphs serve the whole
+(``finetune.dataloaders.BucketPadding``), so a handful of graphs serve the whole
 run. ``--arm LABEL=key=value,...`` adds an arm (in every precision) with its
 own overrides. Prints a Markdown table for ``bench/README.md``.
 """

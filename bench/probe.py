@@ -111,7 +111,7 @@ def attention(repeats: int, length: int = 32) -> dict[str, float]:
 
 def _setup(overrides: list[str], dataset: str, b: int, k: int, updates: int, threads: int):
     os.environ["FINETUNE_CPU_THREADS"] = str(threads)
-    from finetune.runner import setup_run
+    from finetune.assembly import setup_run
 
     cfg = job_config(ArmSpec("ours", dataset, b, k, max_steps=updates), ["logging.progress_bar=false"] + overrides)
     return cfg, setup_run(cfg)

@@ -27,19 +27,6 @@ from finetune.config import TrainingConfig
 from finetune.errors import ConfigError
 
 
-@dataclass(frozen=True)
-class Batching:
-    """Micro-batch ``b``, accumulation ``k``, processes ``P`` and effective batch ``B = b*k*P``."""
-
-    per_device_batch_size: int
-    gradient_accumulation_steps: int
-    num_processes: int
-
-    @property
-    def effective_batch_size(self) -> int:
-        return self.per_device_batch_size * self.gradient_accumulation_steps * self.num_processes
-
-
 T = TypeVar("T")
 
 
@@ -83,17 +70,71 @@ class AccumulationSchedule:
         return "{" + ", ".join(f"{e}: {k}" for e, k in self.changes) + "}"
 
 
-def resolve_accumulation(training: TrainingConfig, batching: Batching) -> AccumulationSchedule:
-    """The run's ``k`` per epoch: ``training.accumulation_schedule`` over the ``k`` of ``batching``.
+@dataclass(frozen=True)
+class Batching:
+    """The run's batching, decided once at setup: ``b``, ``P`` and ``k`` epoch by epoch.
 
-    Epochs before the schedule's first key use ``batching``'s ``k`` (from
+    Everything that needs ``k`` (the sampler's windows, the update plan, the
+    loop's accelerator, checkpoints, the model card) reads it from here.
+    ``B = b * k * P`` is the effective batch.
+
+    Args:
+        per_device_batch_size: ``b``, samples per micro-batch and process.
+        gradient_accumulation_steps: ``k`` of epoch 0.
+        num_processes: ``P``.
+        schedule: ``k`` by epoch (``training.accumulation_schedule``); default: this ``k`` throughout.
+    """
+
+    per_device_batch_size: int
+    gradient_accumulation_steps: int
+    num_processes: int
+    schedule: Optional[AccumulationSchedule] = None
+
+    def __post_init__(self) -> None:
+        if self.schedule is None:
+            object.__setattr__(self, "schedule", AccumulationSchedule.constant(self.gradient_accumulation_steps))
+        elif self.schedule.k_at(0) != self.gradient_accumulation_steps:
+            raise ValueError(f"the schedule's epoch 0 accumulates {self.schedule.k_at(0)}, not "
+                             f"{self.gradient_accumulation_steps}")
+
+    @property
+    def effective_batch_size(self) -> int:
+        """``B`` of epoch 0."""
+        return self.effective_batch_size_at(0)
+
+    def k_at(self, epoch: int) -> int:
+        """``k`` of ``epoch`` (counted from 0)."""
+        return self.schedule.k_at(epoch)
+
+    def effective_batch_size_at(self, epoch: int) -> int:
+        return self.per_device_batch_size * self.k_at(epoch) * self.num_processes
+
+    def window_sizes(self) -> dict[int, int]:
+        """Samples per window, ``{first epoch: b * k * P}``, as the sampler groups them."""
+        return {epoch: self.per_device_batch_size * k * self.num_processes for epoch, k in self.schedule.changes}
+
+    def with_micro_batch(self, b: int, k: int) -> "Batching":
+        """The same effective batch cut into ``k`` micro-batches of ``b`` (the automatic micro-batch)."""
+        if b * k != self.per_device_batch_size * self.gradient_accumulation_steps or not self.schedule.is_constant:
+            raise ValueError(f"b={b}, k={k} does not keep the effective batch {self.effective_batch_size}")
+        return Batching(b, k, self.num_processes)
+
+    def describe_k(self) -> str:
+        """``k``, or under a schedule the ``k`` of each of its epochs: ``4 (by epoch {0: 4, 2: 2})``."""
+        k = str(self.gradient_accumulation_steps)
+        return k if self.schedule.is_constant else f"{k} (by epoch {self.schedule})"
+
+
+def resolve_accumulation(training: TrainingConfig, k: int) -> AccumulationSchedule:
+    """The run's ``k`` per epoch: ``training.accumulation_schedule`` over epoch 0's ``k``.
+
+    Epochs before the schedule's first key use ``k`` (from
     ``gradient_accumulation_steps`` or ``effective_batch_size``, else 1).
 
     Raises:
         ConfigError: if the schedule sets epoch 0 to another ``k`` than the one
             ``gradient_accumulation_steps`` or ``effective_batch_size`` gives.
     """
-    k = batching.gradient_accumulation_steps
     schedule = training.accumulation_schedule
     if not schedule:
         return AccumulationSchedule.constant(k)
@@ -109,19 +150,22 @@ def resolve_accumulation(training: TrainingConfig, batching: Batching) -> Accumu
 
 
 def resolve_batching(training: TrainingConfig, num_processes: int) -> Batching:
-    """Derive ``k`` from ``effective_batch_size`` (or take it as given) for ``P`` processes.
+    """The run's :class:`Batching` for ``P`` processes: ``k`` derived from ``effective_batch_size`` (or taken
+    as given), and ``training.accumulation_schedule`` over it.
 
-    With ``training.accumulation_schedule``, this is epoch 0's batching and
-    ``k`` is the schedule's for epoch 0 (see :func:`resolve_accumulation`).
-
-    With ``per_device_train_batch_size: auto`` this is the first micro-batch to
+    With ``per_device_train_batch_size: auto`` ``b`` is the first micro-batch to
     try (the largest power of two dividing ``B / P``); the run's setup may
     halve it (doubling ``k``) if it does not fit, see :mod:`finetune.autobatch`.
 
     Raises:
-        ConfigError: if ``B`` is not divisible by ``b * P``, or both keys are
-            given and disagree.
+        ConfigError: if ``B`` is not divisible by ``b * P``, both keys are
+            given and disagree, or the schedule contradicts them.
     """
+    b, k = _micro_batch_and_k(training, num_processes)
+    return Batching(b, k, num_processes, resolve_accumulation(training, k))
+
+
+def _micro_batch_and_k(training: TrainingConfig, num_processes: int) -> tuple[int, int]:
     b = training.per_device_train_batch_size
     k = training.gradient_accumulation_steps
     B = training.effective_batch_size
@@ -129,10 +173,10 @@ def resolve_batching(training: TrainingConfig, num_processes: int) -> Batching:
         from finetune.autobatch import initial_micro_batch
 
         b = initial_micro_batch(B, num_processes)
-        return Batching(b, B // (b * num_processes), num_processes)
+        return b, B // (b * num_processes)
     if B is None:
         schedule = training.accumulation_schedule or {}
-        return Batching(b, k or schedule.get(0, 1), num_processes)
+        return b, k or schedule.get(0, 1)
     if B % (b * num_processes) != 0:
         step = b * num_processes
         nearest = sorted({max(step, B // step * step), (B // step + 1) * step})
@@ -149,7 +193,15 @@ def resolve_batching(training: TrainingConfig, num_processes: int) -> Batching:
             f"training.gradient_accumulation_steps: {k} contradicts effective_batch_size {B} = "
             f"{b} x {num_processes} processes x {derived}; set only one of them"
         )
-    return Batching(b, derived, num_processes)
+    return b, derived
+
+
+def accumulate_as(accelerator, batching: Batching, epoch: int) -> None:
+    """Tell Accelerate the ``k`` of ``epoch``: ``accumulate()`` syncs and ``backward`` divides by it.
+
+    The one place a run writes ``k`` into the ``Accelerator``, before each epoch.
+    """
+    accelerator.gradient_accumulation_steps = batching.k_at(epoch)
 
 
 def updates_per_epoch(micro_batches_per_process: int, k: int) -> int:

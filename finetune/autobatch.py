@@ -185,3 +185,20 @@ def choose_micro_batch(
         b, k, effective_batch_size, num_processes, ", ".join(tried),
     )
     return b, k
+
+
+def fit_micro_batch(model, train_dataset, collate: Callable[[list], dict], accelerator, batching):
+    """``per_device_train_batch_size: auto``: the largest ``b`` that fits with ``B`` unchanged.
+
+    Returns:
+        The run's :class:`~finetune.accumulation.Batching` with that ``b`` and the ``k`` that keeps ``B``.
+    """
+    model.to(accelerator.device)
+    b, k = choose_micro_batch(
+        model,
+        lambda size: worst_case_batch(train_dataset, collate, size),
+        accelerator,
+        batching.effective_batch_size,
+        start=batching.per_device_batch_size,
+    )
+    return batching.with_micro_batch(b, k)

@@ -1,4 +1,5 @@
-"""Checkpoints and exact resume, and :class:`Checkpointer`, the callback with which ``fit`` saves them.
+"""Checkpoints and exact resume: the format, finding and verifying checkpoints, and :class:`Checkpointer`,
+with which ``fit`` saves and restores them.
 
 A checkpoint is a directory ``<output_dir>/checkpoints/checkpoint-<update>/`` with
 
@@ -44,16 +45,17 @@ import re
 import shutil
 import signal
 import time
-from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import torch
 
 from finetune.errors import ConfigError, ModelError, OutputError
 from finetune.outputs import CHECKPOINTS_DIR
-from finetune.selection import Selection
-from finetune.signals import RunInterrupted, StopSignals, resume_command
+from finetune.selection import EvalHistory
+
+if TYPE_CHECKING:
+    from finetune.assembly import Run
 
 logger = logging.getLogger("finetune")
 
@@ -232,7 +234,7 @@ ADDED_KEYS = frozenset({
 })
 
 
-def run_fingerprint(run) -> dict[str, Any]:
+def run_fingerprint(run: "Run") -> dict[str, Any]:
     """What a resume must find unchanged for the rest of the run to be the same run.
 
     The config sections that shape the trajectory (model, data, training,
@@ -257,8 +259,14 @@ def run_fingerprint(run) -> dict[str, Any]:
         "per_device_train_batch_size": run.batching.per_device_batch_size,
         "gradient_accumulation_steps": run.batching.gradient_accumulation_steps,
         "train_samples": len(run.train_dataloader.dataset),
-        # k is compared above as gradient_accumulation_steps
-        **{f"plan.{k}": v for k, v in asdict(run.plan).items() if k != "gradient_accumulation_steps"},
+        # the update plan (k is compared above as gradient_accumulation_steps); these key names are the ones
+        # checkpoints have always carried, so that older checkpoints compare
+        "plan.updates_per_epoch": run.plan.updates_per_epoch,
+        "plan.num_epochs": run.plan.num_epochs,
+        "plan.total_updates": run.plan.total_updates,
+        "plan.warmup_updates": run.plan.warmup_updates,
+        "plan.epoch_updates": run.plan.epoch_updates,
+        "plan.accumulation": run.plan.accumulation,
     })
     return json.loads(json.dumps(fingerprint))  # as it reads back from the file (tuples -> lists)
 
@@ -353,7 +361,7 @@ def save_checkpoint(run, history: list[dict[str, Any]], pending_eval_epoch: Opti
     ``weights_only=True``.
 
     Args:
-        run: The :class:`~finetune.runner.Run`; ``run.state`` must sit at a window boundary.
+        run: The :class:`~finetune.assembly.Run`; ``run.state`` must sit at a window boundary.
         history: Evaluation records so far (restored into ``metrics.json`` on resume).
         pending_eval_epoch: The epoch whose evaluation has not run yet (a stop
             right after its last update), or ``None``.
@@ -647,21 +655,22 @@ def choose_checkpoint(run) -> Optional[Path]:
 # --------------------------------------------------------------------------- the callback fit uses
 
 class Checkpointer:
-    """Checkpoints and interruption for :func:`finetune.runner.fit`.
+    """Saving and restoring the run's checkpoints, for :func:`finetune.fitting.fit`.
 
-    :meth:`on_update` is the ``on_update`` callback of ``train_one_epoch``:
-    every ``output.checkpoint_every`` updates it saves a checkpoint, and once a
-    signal was received (on any process: the flag is all-reduced so that all
-    ranks stop after the same update) it saves one and returns True, which ends
-    the epoch at that window boundary. The last update of an epoch (or of the
-    run) is left to ``fit``, which saves after the epoch's evaluation.
+    :meth:`restore` loads the checkpoint ``output.resume_from`` names (chosen
+    and verified when this is made, before anything is written).
+    :meth:`after_update` saves every ``output.checkpoint_every`` updates, or
+    at once when the run is stopping; ``fit`` saves after each epoch's
+    evaluation with :meth:`save`. When to stop is not decided here (see
+    :class:`finetune.signals.StopSignals`), nor which evaluation is best (see
+    :class:`finetune.selection.EvalHistory`, which every checkpoint saves).
 
     Args:
-        run: The :class:`~finetune.runner.Run`.
-        history: The list ``fit`` appends evaluation records to (saved with each checkpoint).
+        run: The :class:`~finetune.assembly.Run`.
+        history: The run's evaluation history (saved with each checkpoint; restored on resume).
     """
 
-    def __init__(self, run, history: list[dict[str, Any]]):
+    def __init__(self, run: "Run", history: EvalHistory):
         self.run = run
         self.history = history
         out = run.cfg.output
@@ -671,17 +680,13 @@ class Checkpointer:
         self._resume_meta = read_state(self.resume_path) if self.resume_path is not None else None
         if self._resume_meta is not None:
             check_compatible(self._resume_meta, run, self.resume_path)
-        self.selection = Selection.from_config(run.cfg.evaluation)
-        self.signals = StopSignals()
-        self.stop_signum: Optional[int] = None
         self.last_saved: Optional[Path] = self.resume_path
         self._saved_at: Optional[tuple[int, int, int]] = None
-        self._announced = False
 
     # -- resume
 
     def restore(self) -> Optional[int]:
-        """Load the checkpoint named by ``output.resume_from`` (if any) into the run.
+        """Load the checkpoint named by ``output.resume_from`` (if any) into the run and the history.
 
         Returns:
             The epoch whose evaluation is still due, or ``None``.
@@ -689,7 +694,7 @@ class Checkpointer:
         if self.resume_path is None:
             return None
         meta = load_checkpoint(self.run, self.resume_path, self._resume_meta)
-        self.history[:] = meta.get("history", [])
+        self.history.restore(meta.get("history", []))
         threads, saved_threads = torch.get_num_threads(), meta.get("cpu_threads")
         if self.run.accelerator.device.type == "cpu" and saved_threads and saved_threads != threads:
             logger.warning("resuming with %d CPU threads per process, the checkpoint ran with %d: the rest of the "
@@ -711,87 +716,40 @@ class Checkpointer:
         """Save a checkpoint now (all processes), unless checkpoints are off."""
         if not self.enabled:
             return None
-        self.last_saved = save_checkpoint(self.run, self.history, pending_eval_epoch, reason, protect=self.best())
+        self.last_saved = save_checkpoint(self.run, self.history.records, pending_eval_epoch, reason,
+                                          protect=self.best())
         self._saved_at = self._position()
         return self.last_saved
 
+    def save_unless_saved(self, reason: str, pending_eval_epoch: Optional[int] = None) -> None:
+        """Save, unless a checkpoint of this very position exists already (a stop right after a save)."""
+        if self._saved_at != self._position():
+            self.save(reason, pending_eval_epoch)
+
     def best(self) -> Optional[Path]:
         """The best evaluation's checkpoint (``evaluation.metric_for_best_model``), or ``None``."""
-        if self.selection is None:
-            return None
-        step = self.selection.judge(self.history).best_step
+        step = self.history.best_step
         return None if step is None else checkpoints_root(self.run.cfg.output.output_dir) / f"{CHECKPOINT_PREFIX}{step}"
 
-    def __enter__(self) -> "Checkpointer":
-        self.signals.__enter__()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.signals.__exit__(*exc)
-
-    def _stop_agreed(self) -> Optional[int]:
-        """The signal number if any process received one (the same answer on every process)."""
-        acc = self.run.accelerator
-        local = self.signals.signum or 0
-        if acc.num_processes > 1:
-            # one tiny all-reduce per update so that every rank stops after the same update;
-            # max: SIGTERM (a preemption) wins over SIGINT
-            flag = torch.tensor([local], dtype=torch.int64, device=acc.device)
-            local = int(acc.reduce(flag, reduction="max").item())
-        return local or None
-
-    def on_update(self, state) -> bool:
-        """``train_one_epoch``'s callback: checkpoint every N updates; True to stop after a signal."""
-        if self.stop_signum is None:
-            self.stop_signum = self._stop_agreed()
-            if self.stop_signum is not None and not self._announced and self.run.accelerator.is_main_process:
-                self._announced = True
-                logger.warning("%s received: stopping after update %d to save a checkpoint (send it again to "
-                               "stop at once)", signal.Signals(self.stop_signum).name, state.step)
+    def after_update(self, state, stopping: Optional[int] = None) -> None:
+        """After every update: a checkpoint every ``output.checkpoint_every`` updates, or now when the run
+        stops on signal ``stopping``. The last update of an epoch (or of the run) is left to ``fit``,
+        which saves after the epoch's evaluation."""
         per_epoch = len(self.run.train_dataloader)
         if state.micro_batch >= per_epoch or state.step >= self.run.plan.total_updates:
-            return self.stop_signum is not None  # fit saves after the epoch's evaluation
+            return
         if self._saved_at == self._position():
-            return self.stop_signum is not None  # nothing new (a skipped update)
-        if self.stop_signum is not None:
-            self.save(f"{signal.Signals(self.stop_signum).name} after update {state.step}")
-            return True
-        if self.every and state.step % self.every == 0 and (self._saved_at or (-1,))[0] != state.step:
+            return  # nothing new (a skipped update)
+        if stopping is not None:
+            self.save(f"{signal.Signals(stopping).name} after update {state.step}")
+        elif self.every and state.step % self.every == 0 and (self._saved_at or (-1,))[0] != state.step:
             self.save(f"every {self.every} updates")
-        return False
 
-    def interrupt(self, pending_eval_epoch: Optional[int]) -> None:
-        """Save (if not saved at this position already) and raise :class:`RunInterrupted`.
-
-        Args:
-            pending_eval_epoch: The epoch that just finished training and whose
-                evaluation has not run (``None`` mid-epoch, or when none is due).
-
-        Raises:
-            RunInterrupted: always, with the command that resumes the run.
-        """
-        signum = self.stop_signum or self.signals.signum or signal.SIGTERM
-        name = signal.Signals(signum).name
-        state = self.run.state
-        if self._saved_at != self._position():
-            self.save(f"{name} after update {state.step}", pending_eval_epoch)
+    def where(self) -> str:
+        """Where the last checkpoint is, for the message of a stopped run."""
         if self.enabled and self.last_saved is not None:
-            where = f"checkpoint {self.last_saved}"
-        else:
-            where = "no checkpoint saved (output.save_checkpoints is false)"
-        raise RunInterrupted(
-            f"interrupted by {name} after update {state.step} (epoch {state.epoch}, micro-batch "
-            f"{state.micro_batch}); {where}; resume with: "
-            f"{resume_command(self.run.accelerator.num_processes)}",
-            signum,
-        )
-
-    def check_signal(self) -> None:
-        """Between epochs: stop if a signal came during evaluation (the epoch's checkpoint is saved)."""
-        if self.stop_signum is None:
-            self.stop_signum = self._stop_agreed()
-        if self.stop_signum is not None:
-            self.interrupt(None)
+            return f"checkpoint {self.last_saved}"
+        return "no checkpoint saved (output.save_checkpoints is false)"
 
     def last_good(self) -> str:
         """Where the last checkpoint is, for a message (the non-finite stop)."""

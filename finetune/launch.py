@@ -15,7 +15,7 @@ node. The accumulation arithmetic does not change with ``P``: see
 
 :func:`configure_cpu_threads` gives each process on a CPU its share of the
 cores. Inference uses these too; the training run's ``Accelerator`` is built on
-them by :func:`finetune.runner.build_accelerator`.
+them by :func:`build_accelerator`.
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ def init_process_state():
 
     Call it before building the ``Accelerator`` (then pass ``cpu=True`` to the
     ``Accelerator`` when the returned state's device is the CPU; see
-    :func:`finetune.runner.build_accelerator`).
+    :func:`build_accelerator`).
 
     Returns:
         The ``accelerate.PartialState``, with ``num_processes`` equal to what the
@@ -203,3 +203,39 @@ def choose_workers(requested, device: torch.device, num_processes: int, cores: O
     if device.type != "cuda":
         return 0
     return max(0, min(4, cores_per_process(num_processes, cores) - 1))
+
+
+def build_accelerator(cfg, project_dir: Optional[str] = None):
+    """An ``Accelerator`` for a :class:`~finetune.config.Config` on the launched processes.
+
+    ``k`` is not decided here: :func:`~finetune.assembly.setup_run` resolves
+    the run's batching once and sets the accelerator's accumulation steps.
+
+    Several processes on a machine without a GPU are joined over gloo on the
+    CPU (see :func:`finetune.launch.init_process_state`).
+
+    Raises:
+        ConfigError: if a tracker in ``logging.report_to`` is unknown or its package is not installed.
+        LaunchError: if the precision cannot run on this hardware (fp16 without a GPU),
+            or the launched processes cannot be joined.
+    """
+    from accelerate import Accelerator
+
+    from finetune.tracking import check_trackers
+
+    # Accelerate would drop a tracker whose package is missing without a word: fail before any work
+    check_trackers(cfg.logging.report_to)
+    state = init_process_state()
+    precision, _ = choose_precision(cfg.training.mixed_precision, state.device)
+    if precision == "fp16" and state.device.type == "cpu":
+        raise LaunchError(
+            "training.mixed_precision: fp16 needs a GPU; this process runs on the CPU (use bf16 or no)"
+        )
+    configure_cpu_threads(state.device, state.num_processes)
+    return Accelerator(
+        # agree with the state: on a CPU state AcceleratorState would otherwise still pick DeepSpeed if asked
+        cpu=state.device.type == "cpu",
+        mixed_precision=precision,
+        log_with=cfg.logging.report_to or None,
+        project_dir=project_dir or cfg.output.output_dir,
+    )

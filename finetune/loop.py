@@ -25,13 +25,16 @@ import logging
 import math
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import torch
 
 from finetune.accumulation import layout_for, window_loss_scale
 from finetune.errors import FinetuneError
 from finetune.tasks import LossFn, Task
+
+if TYPE_CHECKING:
+    from finetune.optimization import UpdatePlan
 
 logger = logging.getLogger("finetune")
 
@@ -125,13 +128,15 @@ def train_one_epoch(
     max_skipped: int = 10,
     progress=None,
     loss_fn: Optional[LossFn] = None,
+    plan: Optional["UpdatePlan"] = None,
 ) -> EpochResult:
     """Train one epoch with exact gradient accumulation.
 
     Call it with objects already passed through ``accelerator.prepare`` (the
     scheduler excepted: pass it unprepared, this function steps it once per
     update). The accumulation steps ``k`` are ``accelerator.gradient_accumulation_steps``;
-    under an accumulation schedule set it to ``plan.k_at(epoch)`` before each call.
+    under an accumulation schedule set it to ``plan.k_at(epoch)`` before each call
+    (and pass ``plan``, which checks it).
     Each update applies the mean gradient over its window's real samples on
     all processes, so ``(b, k, P)`` trains the same weights as ``(b*k*P, 1, 1)``,
     the epoch's ragged last window included. On a CPU, wrap the epochs in
@@ -159,8 +164,8 @@ def train_one_epoch(
             caller decides who writes it.
         on_update: Called after every update with ``state``; returning True
             ends the epoch there (a window boundary), e.g. to checkpoint and stop.
-        max_updates: Stop once ``state.step`` reaches this (the end of the
-            schedule: pass ``plan.total_updates`` when training by ``max_steps``).
+        max_updates: Stop once ``state.step`` reaches this (default: ``plan.total_updates``
+            when ``plan`` is given, else no limit).
         on_nonfinite: ``"stop"`` raises :class:`NonFiniteLossError`;
             ``"skip"`` drops that update (no optimizer or scheduler step).
         max_skipped: With ``"skip"``, raise after this many skipped updates in a row.
@@ -170,6 +175,9 @@ def train_one_epoch(
             ``config.problem_type`` (cross-entropy, per-label binary
             cross-entropy, or squared error; see :mod:`finetune.tasks`). The
             update is the mean of these values over the window's real samples.
+        plan: The :class:`~finetune.optimization.UpdatePlan` the scheduler was
+            sized with: the epoch is refused before any update when the
+            accelerator's ``k`` is not the one the plan counted for it.
 
     Returns:
         An :class:`EpochResult`.
@@ -177,12 +185,15 @@ def train_one_epoch(
     Raises:
         NonFiniteLossError: on a NaN/inf loss under the ``stop`` policy, or too
             many skips in a row.
+        ValueError: if ``k`` is not the one ``plan`` counted for this epoch.
     """
     state = state if state is not None else TrainState(epoch=epoch)
     state.epoch = epoch
     loss_fn = loss_fn or Task.of_model(accelerator.unwrap_model(model)).per_sample_loss
     k = accelerator.gradient_accumulation_steps
-    check_schedule_fits(scheduler, k, epoch)
+    if plan is not None:
+        plan.check_accumulation(k, epoch)
+        max_updates = plan.total_updates if max_updates is None else max_updates
     batches = epoch_batches(dataloader, accelerator, epoch, state.micro_batch, k)
     layout = layout_for(dataloader, accelerator)  # after the epoch is set: micro-batch sizes may depend on it
     window = WindowStats(accelerator.device)
@@ -231,31 +242,6 @@ def train_one_epoch(
 
 
 # --------------------------------------------------------------------------- the steps, in loop order
-
-
-def check_schedule_fits(scheduler, k: int, epoch: int) -> None:
-    """Refuse to train epoch ``epoch`` at ``k`` with a scheduler sized for another ``k`` there.
-
-    The schedule's length counts each epoch's updates with that epoch's ``k``;
-    an epoch run at another ``k`` would make a different number of updates and
-    end the learning-rate schedule early or late.
-
-    Raises:
-        ValueError: saying how to size the schedule for the ``k`` wanted.
-    """
-    planned = getattr(scheduler, "planned_accumulation", None)
-    if not planned:
-        return  # a scheduler not built by build_scheduler: nothing recorded to check against
-    expected = planned[min(epoch, len(planned) - 1)]
-    if expected != k:
-        raise ValueError(
-            f"epoch {epoch}: the learning-rate scheduler was sized for k={expected} "
-            f"({scheduler.planned_updates} updates over k={planned}), but the accelerator accumulates {k}. "
-            f"To change k by epoch, size the schedule for it: plan = plan_updates(len(dataloader), "
-            f"AccumulationSchedule.from_dict({{0: ..., <epoch>: ...}}), epochs, None); "
-            f"build_scheduler(optimizer, cfg.optim, plan); and before each epoch set "
-            f"accelerator.gradient_accumulation_steps = plan.k_at(epoch)"
-        )
 
 
 def epoch_batches(dataloader, accelerator, epoch: int, start: int, k: int):

@@ -88,11 +88,9 @@ def _front_matter(cfg, name: str, metrics: dict[str, float]) -> dict[str, Any]:
     return front
 
 
-def _batching(cfg, train: dict[str, Any]) -> str:
+def _batching(train: dict[str, Any]) -> str:
     """The effective batch as ``b x k x P``, epoch by epoch under an accumulation schedule."""
-    b, k, P = cfg.training.per_device_train_batch_size, train["gradient_accumulation_steps"], train["num_processes"]
-    if isinstance(b, str):  # auto: the micro-batch the run chose
-        b = train["effective_batch_size"] // (k * P)
+    b, k, P = train["per_device_train_batch_size"], train["gradient_accumulation_steps"], train["num_processes"]
     by_epoch = train.get("accumulation_by_epoch") or [k]
     if len(set(by_epoch)) > 1:
         return "accumulation by epoch " + ", ".join(f"epoch {e}: {b} x {kk} x {P} = {b * kk * P}"
@@ -142,7 +140,7 @@ def model_card(cfg, summary: dict[str, Any]) -> str:
         "",
         "## Training",
         "",
-        f"- Effective batch: {_batching(cfg, train)}",
+        f"- Effective batch: {_batching(train)}",
         f"- Updates: {train['updates']} over {train['epoch']:.2f} epochs of {train['train_samples']} texts",
         f"- Optimizer: AdamW, learning rate {optim.learning_rate:g} ({optim.lr_scheduler_type} schedule, "
         f"warmup {warmup}), weight decay {optim.weight_decay:g}",

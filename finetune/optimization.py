@@ -103,24 +103,51 @@ def build_optimizer(
 
 @dataclass(frozen=True)
 class UpdatePlan:
-    """How long the run is, in optimizer updates, and with which ``k`` each epoch accumulates."""
+    """How long the run is, in optimizer updates, epoch by epoch.
+
+    ``k`` is not stored here: the plan was counted with ``schedule`` (the
+    run's :class:`~finetune.accumulation.AccumulationSchedule`, the same object
+    the run's batching holds) and reads it from there.
+    """
 
     # updates of epoch 0 (of every epoch when k is constant)
     updates_per_epoch: int
     num_epochs: int
     total_updates: int
     warmup_updates: int
-    # the k of epoch 0 these updates were counted with (0: not recorded)
-    gradient_accumulation_steps: int = 0
-    # per epoch: the updates it makes (the last one's may stop short at total_updates) and its k
+    # the k of each epoch, as the updates were counted
+    schedule: AccumulationSchedule
+    # per epoch: the updates it makes (the last one's may stop short at total_updates)
     epoch_updates: tuple[int, ...] = ()
-    accumulation: tuple[int, ...] = ()
 
     def k_at(self, epoch: int) -> int:
-        """``k`` of ``epoch``; epochs past the plan keep the last epoch's."""
-        if not self.accumulation:
-            return self.gradient_accumulation_steps
-        return self.accumulation[min(epoch, len(self.accumulation) - 1)]
+        """``k`` of ``epoch``."""
+        return self.schedule.k_at(epoch)
+
+    @property
+    def accumulation(self) -> tuple[int, ...]:
+        """``k`` of each epoch of the plan."""
+        return tuple(self.k_at(epoch) for epoch in range(self.num_epochs))
+
+    def check_accumulation(self, k: int, epoch: int) -> None:
+        """Refuse to train epoch ``epoch`` at ``k`` when the plan counted it at another ``k``.
+
+        An epoch run at another ``k`` makes a different number of updates, so a
+        learning-rate schedule sized by this plan would end early or late.
+
+        Raises:
+            ValueError: saying how to size the schedule for the ``k`` wanted.
+        """
+        expected = self.k_at(epoch)
+        if expected != k:
+            raise ValueError(
+                f"epoch {epoch}: the learning-rate scheduler was sized for k={expected} "
+                f"({self.total_updates} updates over k={list(self.accumulation)}), but the accelerator accumulates "
+                f"{k}. To change k by epoch, size the schedule for it: plan = plan_updates(len(dataloader), "
+                f"AccumulationSchedule.from_dict({{0: ..., <epoch>: ...}}), epochs, None); "
+                f"build_scheduler(optimizer, cfg.optim, plan); and before each epoch set "
+                f"accelerator.gradient_accumulation_steps = plan.k_at(epoch)"
+            )
 
 
 def plan_updates(
@@ -140,7 +167,8 @@ def plan_updates(
 
     Args:
         micro_batches_per_epoch: ``len(prepared train dataloader)`` (per process).
-        gradient_accumulation_steps: ``k``, or an :class:`~finetune.accumulation.AccumulationSchedule`.
+        gradient_accumulation_steps: ``k``, or an :class:`~finetune.accumulation.AccumulationSchedule`
+            (a run passes its ``batching.schedule``).
         num_train_epochs: Epochs (may be fractional); ``None`` means 1, or as
             many as ``max_steps`` needs.
         max_steps: Total updates, overriding epochs.
@@ -151,38 +179,32 @@ def plan_updates(
                 else AccumulationSchedule.constant(gradient_accumulation_steps))
     if micro_batches_per_epoch == 0:
         raise ValueError("the training set yields no micro-batch")
-    ks: list[int] = []
     counts: list[int] = []
     if max_steps is not None:
         total = max_steps
         while sum(counts) < max_steps:
-            ks.append(schedule.k_at(len(ks)))
-            counts.append(updates_per_epoch(micro_batches_per_epoch, ks[-1]))
+            counts.append(updates_per_epoch(micro_batches_per_epoch, schedule.k_at(len(counts))))
     else:
         n = 1.0 if num_train_epochs is None else num_train_epochs
         for epoch in range(math.ceil(n)):
-            ks.append(schedule.k_at(epoch))
-            full = updates_per_epoch(micro_batches_per_epoch, ks[-1])
+            full = updates_per_epoch(micro_batches_per_epoch, schedule.k_at(epoch))
             counts.append(full if epoch + 1 <= n else math.ceil((n - epoch) * full))
         total = max(1, sum(counts))
     warmup = warmup_steps if warmup_steps > 0 else math.ceil(warmup_ratio * total)
-    return UpdatePlan(counts[0], len(counts), total, min(warmup, total), ks[0], tuple(counts), tuple(ks))
+    return UpdatePlan(counts[0], len(counts), total, min(warmup, total), schedule, tuple(counts))
 
 
 def build_scheduler(optimizer: torch.optim.Optimizer, cfg: OptimConfig, plan: UpdatePlan):
     """``transformers.get_scheduler`` sized in updates.
 
     Step it once per update (``train_one_epoch`` does); do not pass it to
-    ``accelerator.prepare``, whose wrapper steps it once per process.
+    ``accelerator.prepare``, whose wrapper steps it once per process. Pass the
+    same ``plan`` to ``train_one_epoch`` so that it refuses an epoch run at a
+    ``k`` the schedule was not sized for.
     """
-    scheduler = get_scheduler(
+    return get_scheduler(
         cfg.lr_scheduler_type,
         optimizer=optimizer,
         num_warmup_steps=plan.warmup_updates,
         num_training_steps=plan.total_updates,
     )
-    # train_one_epoch checks that each epoch's k is the one the schedule was sized for; plain ints,
-    # since the scheduler's state_dict (checkpoints, read with weights_only=True) carries its attributes
-    scheduler.planned_accumulation = list(plan.accumulation) or [plan.gradient_accumulation_steps]
-    scheduler.planned_updates = plan.total_updates
-    return scheduler

@@ -1,4 +1,4 @@
-"""The best model and early stopping, judged from the run's evaluation history.
+"""The evaluation history, the best model and early stopping, judged from the records.
 
 Everything here is a function of the evaluation records ``fit`` keeps (and
 saves in every checkpoint), so a resumed run knows its best evaluation and how
@@ -108,3 +108,58 @@ class Judgement:
         return (f"early stopping: {self.selection.metric} has not improved on {self.best_value:.6g} "
                 f"(update {self.best_step}) by more than {self.selection.threshold:g} for "
                 f"{self.evaluations_since_best} evaluations (evaluation.early_stopping_patience)")
+
+
+class EvalHistory:
+    """The run's evaluation records and, under a :class:`Selection`, which one is best.
+
+    One object, shared: the evaluations add records to it, the run's logger
+    keeps a resumed ``train_log.jsonl`` in step with it, each checkpoint saves
+    it (and pruning spares the best one's checkpoint), and ``metrics.json``
+    reports it. Everything it says is a function of the records, so a resumed
+    run knows its best evaluation from the checkpoint alone.
+
+    Args:
+        selection: How evaluations are compared, or ``None`` (no best model, no early stopping).
+        records: Earlier records (a resumed run's).
+    """
+
+    def __init__(self, selection: Optional[Selection] = None, records: Optional[list[dict[str, Any]]] = None):
+        self.selection = selection
+        self.records: list[dict[str, Any]] = list(records or [])
+
+    @classmethod
+    def from_config(cls, cfg: EvalConfig) -> "EvalHistory":
+        return cls(Selection.from_config(cfg))
+
+    def restore(self, records: list[dict[str, Any]]) -> None:
+        """Replace the records with a checkpoint's."""
+        self.records[:] = records
+
+    def add(self, record: dict[str, Any]) -> dict[str, Any]:
+        """Keep an evaluation record; under a selection it first says whether it is the best so far (``is_best``)."""
+        if self.selection is not None:
+            record["is_best"] = self.selection.judge(self.records + [record]).best is record
+        self.records.append(record)
+        return record
+
+    def done_at(self, step: int) -> bool:
+        """Whether the last evaluation was at update ``step``."""
+        return bool(self.records) and self.records[-1]["step"] == step
+
+    def judge(self) -> Optional[Judgement]:
+        """Where the run stands, or ``None`` without a selection or before any evaluation."""
+        if self.selection is None or not self.records:
+            return None
+        return self.selection.judge(self.records)
+
+    @property
+    def best_step(self) -> Optional[int]:
+        """The update of the best evaluation so far (``None``: no selection, or none yet)."""
+        judgement = self.judge()
+        return None if judgement is None else judgement.best_step
+
+    def should_stop(self) -> bool:
+        """Early stopping: the last ``early_stopping_patience`` evaluations did not improve."""
+        judgement = self.judge()
+        return judgement is not None and judgement.should_stop

@@ -1,8 +1,10 @@
-"""Stopping cleanly on SIGTERM / SIGINT, and the command that resumes the run.
+"""Stopping cleanly on SIGTERM / SIGINT: the signals, the stop every process agrees on, and the command that
+resumes the run.
 
 A preempted or interrupted run finishes its current update, saves a
-checkpoint (see :class:`finetune.checkpoint.Checkpointer`), prints the command
-that resumes it, and exits with the code a shell reports for that signal.
+checkpoint (:class:`finetune.checkpoint.Checkpointer` saves it;
+:func:`finetune.fitting.fit` decides when), prints the command that resumes
+it, and exits with the code a shell reports for that signal.
 """
 
 from __future__ import annotations
@@ -11,11 +13,14 @@ import os
 import shlex
 import signal
 import sys
+import logging
 import threading
 from pathlib import Path
 from typing import Any, Optional
 
 from finetune.errors import FinetuneError
+
+logger = logging.getLogger("finetune")
 
 
 class RunInterrupted(FinetuneError):
@@ -39,13 +44,43 @@ class StopSignals:
     default action and re-raises it, for a user who does not want to wait (a
     checkpoint being written then stays a temporary directory, never resumed).
     Handlers can only be installed from the main thread; elsewhere this does nothing.
+
+    A signal reaches one process (or some); :meth:`agree` makes it every
+    process's decision, so that all stop after the same update.
     """
 
     SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
     def __init__(self) -> None:
+        # the signal this process received, and the one all processes agreed to stop on
         self.signum: Optional[int] = None
+        self.agreed: Optional[int] = None
         self._previous: dict[int, Any] = {}
+
+    def agree(self, accelerator, step: Optional[int] = None) -> Optional[int]:
+        """The signal to stop on if any process received one: the same answer on every process.
+
+        Call it on every process at the same point (after each update, and
+        between epochs). Once agreed, the answer stays; the first time, the
+        main process says so in one line (naming update ``step`` when given).
+        """
+        if self.agreed is not None:
+            return self.agreed
+        local = self.signum or 0
+        if accelerator.num_processes > 1:
+            import torch
+
+            # one tiny all-reduce per update so that every rank stops after the same update;
+            # max: SIGTERM (a preemption) wins over SIGINT
+            flag = torch.tensor([local], dtype=torch.int64, device=accelerator.device)
+            local = int(accelerator.reduce(flag, reduction="max").item())
+        if local:
+            self.agreed = local
+            if accelerator.is_main_process:
+                after = f"after update {step} " if step is not None else ""
+                logger.warning("%s received: stopping %sto save a checkpoint (send it again to stop at once)",
+                               signal.Signals(local).name, after)
+        return self.agreed
 
     def __enter__(self) -> "StopSignals":
         if threading.current_thread() is threading.main_thread():
@@ -66,6 +101,16 @@ class StopSignals:
             signal.raise_signal(signum)
             return
         self.signum = signum
+
+
+def interruption(signum: int, state, where: str, num_processes: int) -> RunInterrupted:
+    """The error that ends a run stopped by ``signum``: where it stopped, its checkpoint, how to resume."""
+    name = signal.Signals(signum).name
+    return RunInterrupted(
+        f"interrupted by {name} after update {state.step} (epoch {state.epoch}, micro-batch "
+        f"{state.micro_batch}); {where}; resume with: {resume_command(num_processes)}",
+        signum,
+    )
 
 
 def resume_command(num_processes: int = 1, argv: Optional[list[str]] = None) -> str:

@@ -103,7 +103,10 @@ def run_training(config_path: str | None, overrides: list[str], show_config: boo
     import yaml
 
     from finetune.config import load_config
-    from finetune.runner import build_accelerator, check_output_dir, describe, fit, setup_run
+    from finetune.assembly import describe, setup_run
+    from finetune.fitting import fit
+    from finetune.launch import build_accelerator
+    from finetune.output_dir import check_output_dir
 
     cfg = load_config(config_path, overrides)
     if show_config and _is_main_rank():

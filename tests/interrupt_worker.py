@@ -28,25 +28,27 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import finetune.checkpoint  # noqa: E402
+import finetune.signals  # noqa: E402
 import finetune.modeling  # noqa: E402
 from finetune.train import main  # noqa: E402
 
 
 def _signal_at(spec: str) -> None:
-    step, name = spec.split(":")
+    step_spec, name = spec.split(":")
     sig = getattr(signal, name)
-    original = finetune.checkpoint.Checkpointer.on_update
+    original = finetune.signals.StopSignals.agree
 
-    def on_update(self, state):
+    # the agreement runs on every process after every update: the signal arrives just before it
+    def agree(self, accelerator, step=None):
         rank = os.environ.get("FINETUNE_TEST_SIGNAL_RANK")
         if rank is not None and os.environ.get("RANK", "0") != rank:
-            return original(self, state)
-        if state.step == int(step) and not getattr(self, "_test_signalled", False):
+            return original(self, accelerator, step)
+        if step == int(step_spec) and not getattr(self, "_test_signalled", False):
             self._test_signalled = True
             os.kill(os.getpid(), sig)
-        return original(self, state)
+        return original(self, accelerator, step)
 
-    finetune.checkpoint.Checkpointer.on_update = on_update
+    finetune.signals.StopSignals.agree = agree
 
 
 def _kill_saving(step: str) -> None:
@@ -95,15 +97,15 @@ def _enospc_at(step: str) -> None:
 
 
 def _signal_in_final_write(name: str) -> None:
-    import finetune.runner
+    import finetune.results
 
-    original = finetune.runner.save_model
+    original = finetune.results.save_model
 
     def save_model(run, directory):
         os.kill(os.getpid(), getattr(signal, name))
         return original(run, directory)
 
-    finetune.runner.save_model = save_model
+    finetune.results.save_model = save_model
 
 
 if __name__ == "__main__":

@@ -108,7 +108,7 @@ def record_run(b: int, k: int, epochs: int = 2, lr: float = 1e-3, warmup: int = 
     for epoch in range(epochs):
         acc.gradient_accumulation_steps = plan.k_at(epoch)
         train_one_epoch(model, optimizer, scheduler, train_dl, acc, epoch, state=train_state,
-                        max_grad_norm=max_grad_norm, on_log=records.append, on_update=on_update)
+                        max_grad_norm=max_grad_norm, on_log=records.append, on_update=on_update, plan=plan)
     lrs = [r["train/lr"] for r in records]
     metrics = MetricSuite(["accuracy", "f1"], 2, "binary", pos_label=1)
     evaluation = evaluate_model(model, eval_dl, acc, metrics)

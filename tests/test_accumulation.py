@@ -339,7 +339,7 @@ def test_default_length_grouping_sorts_within_windows_whose_samples_stay_random(
 def test_runner_passes_length_group_windows_to_the_sampler(tmp_path):
     """``data.length_group_windows`` reaches the order: 16 windows per sorted mega-batch, 1 by default."""
     from finetune.config import config_from_dict
-    from finetune.runner import training_sampler
+    from finetune.dataloaders import training_sampler
 
     lengths = [int(x) for x in torch.randint(1, 100, (600,), generator=torch.Generator().manual_seed(1))]
 
@@ -426,12 +426,14 @@ def test_a_k_changed_under_the_schedule_is_refused(fresh_accelerate_state):
     optimizer = build_optimizer(model, opt_cfg)
     dl = DataLoader(data, batch_size=8, sampler=EpochSampler(len(data), seed=7, window_size=32), collate_fn=pad_collate)
     model, optimizer, dl = acc.prepare(model, optimizer, dl)
-    scheduler = build_scheduler(optimizer, opt_cfg, plan_updates(len(dl), 4, 2, None))
-    train_one_epoch(model, optimizer, scheduler, dl, acc, 0)  # sized for k=4: fine
+    plan = plan_updates(len(dl), 4, 2, None)
+    scheduler = build_scheduler(optimizer, opt_cfg, plan)
+    train_one_epoch(model, optimizer, scheduler, dl, acc, 0, plan=plan)  # sized for k=4: fine
     acc.gradient_accumulation_steps = 2  # changed between epochs, as from a notebook
     before = [p.detach().clone() for p in model.parameters()]
     with pytest.raises(ValueError, match=r"epoch 1: .*sized for k=4 \(6 updates.*accumulates 2.*plan.k_at"):
-        train_one_epoch(model, optimizer, scheduler, dl, acc, 1)
+        train_one_epoch(model, optimizer, scheduler, dl, acc, 1, plan=plan)
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))  # refused before any update
-    resized = build_scheduler(optimizer, opt_cfg, plan_updates(len(dl), 2, 2, None))
-    assert train_one_epoch(model, optimizer, resized, dl, acc, 1).updates == 5  # ceil(10 / 2)
+    resized = plan_updates(len(dl), 2, 2, None)
+    scheduler = build_scheduler(optimizer, opt_cfg, resized)
+    assert train_one_epoch(model, optimizer, scheduler, dl, acc, 1, plan=resized).updates == 5  # ceil(10 / 2)

@@ -16,7 +16,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from finetune.accumulation import AccumulationSchedule, Batching, resolve_accumulation, resolve_batching
+from finetune.accumulation import AccumulationSchedule, Batching, resolve_batching
 from finetune.config import OptimConfig, config_from_dict
 from finetune.errors import ConfigError
 from finetune.loop import TrainState, train_one_epoch
@@ -64,7 +64,7 @@ def _train(batch_sizes: dict[int, int], ks: dict[int, int]):
         model, optimizer, loaders[epoch] = _prepared(acc, model, optimizer, data, b, windows)
     # the plan of the small-batch run: both runs make its updates, on one schedule
     plan = plan_updates(-(-N // 8), SCHEDULE, 2, None, warmup_steps=1)
-    plan = dataclasses.replace(plan, accumulation=(ks[0], ks[1]))
+    plan = dataclasses.replace(plan, schedule=AccumulationSchedule.from_dict(ks))  # same updates, this run's k
     scheduler = build_scheduler(optimizer, opt_cfg, plan)
     calls = []
     step = scheduler.step
@@ -108,12 +108,13 @@ def test_a_notebook_k_change_without_a_schedule_is_refused_with_the_way_to_do_it
     opt_cfg = OptimConfig(learning_rate=1e-3)
     optimizer = build_optimizer(model, opt_cfg)
     model, optimizer, dl = _prepared(acc, model, optimizer, token_dataset(N, seed=1), 8, 32)
-    scheduler = build_scheduler(optimizer, opt_cfg, plan_updates(len(dl), SCHEDULE, 2, None))
+    plan = plan_updates(len(dl), SCHEDULE, 2, None)
+    scheduler = build_scheduler(optimizer, opt_cfg, plan)
     acc.gradient_accumulation_steps = 4
-    train_one_epoch(model, optimizer, scheduler, dl, acc, 0)
+    train_one_epoch(model, optimizer, scheduler, dl, acc, 0, plan=plan)
     # epoch 1 was planned at k=2: keeping 4 would end the schedule early
     with pytest.raises(ValueError, match=r"epoch 1: the learning-rate scheduler was sized for k=2.*accumulates 4"):
-        train_one_epoch(model, optimizer, scheduler, dl, acc, 1)
+        train_one_epoch(model, optimizer, scheduler, dl, acc, 1, plan=plan)
 
 
 def test_the_sampler_groups_each_epoch_within_its_own_windows():
@@ -137,9 +138,14 @@ def _training(**training):
 def test_the_schedule_resolves_over_the_configured_k():
     # epochs before the first key use the configured k; the config's own spelling of k works
     t = _training(per_device_train_batch_size=8, gradient_accumulation_steps=4, accumulation_schedule={2: 1})
-    assert resolve_accumulation(t, resolve_batching(t, 1)).changes == ((0, 4), (2, 1))
+    assert resolve_batching(t, 1).schedule.changes == ((0, 4), (2, 1))
     t = _training(per_device_train_batch_size=8, accumulation_schedule={0: 4, 3: 2})
-    assert resolve_batching(t, 2) == Batching(8, 4, 2)
+    batching = resolve_batching(t, 2)
+    assert batching == Batching(8, 4, 2, AccumulationSchedule.from_dict({0: 4, 3: 2}))
+    # one object answers every question about k: the windows the sampler groups by, B of each epoch
+    assert [batching.k_at(e) for e in range(5)] == [4, 4, 4, 2, 2]
+    assert batching.window_sizes() == {0: 64, 3: 32}
+    assert [batching.effective_batch_size_at(e) for e in (0, 3)] == [64, 32]
     # YAML or JSON may quote the epochs
     assert _training(accumulation_schedule={"0": 3}).accumulation_schedule == {0: 3}
 
@@ -161,7 +167,7 @@ def test_a_bad_schedule_is_one_line_naming_the_key(training, message):
 def test_a_schedule_that_contradicts_k_is_refused():
     t = _training(per_device_train_batch_size=8, effective_batch_size=64, accumulation_schedule={0: 2, 1: 4})
     with pytest.raises(ConfigError, match=r"epoch 0 accumulates 2, but training.effective_batch_size 64 gives k=8"):
-        resolve_accumulation(t, resolve_batching(t, 1))
+        resolve_batching(t, 1)
 
 
 # --------------------------------------------------------------------------- end to end, with resume

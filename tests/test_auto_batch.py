@@ -74,7 +74,7 @@ def _train(cfg, monkeypatch, threshold):
     from accelerate.state import AcceleratorState, GradientState
 
     from finetune.loop import train_one_epoch
-    from finetune.runner import setup_run
+    from finetune.assembly import setup_run
 
     AcceleratorState._reset_state(True)
     GradientState._reset_state()

@@ -161,7 +161,7 @@ def test_balanced_micro_batches_equal_the_big_batch_after_every_update(fresh_acc
 
 def test_the_setting_applies_on_one_cpu_process_with_length_grouping_only():
     from finetune.config import config_from_dict
-    from finetune.runner import balance_micro_batches
+    from finetune.dataloaders import balance_micro_batches
 
     def cfg(**data):
         return config_from_dict({"data": {"train_file": "x.csv", **data}, "training": {}})

@@ -96,7 +96,7 @@ def test_trainer_in_package_order_draws_the_package_sampler(tiny_job, tmp_path, 
     """The accuracy comparison's fourth arm: the Trainer's sampler yields exactly the package's training order."""
     from bench import arm_trainer
     from bench.common import job_config
-    from finetune.runner import setup_run
+    from finetune.assembly import setup_run
 
     spec = ArmSpec("trainer", "sms", b=8, k=1, overrides=tiny_job + [f"output.output_dir={tmp_path}"], threads=1,
                    options=["package_order"])

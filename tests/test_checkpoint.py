@@ -26,7 +26,7 @@ from finetune.config import config_from_dict
 from finetune.errors import ConfigError
 from finetune.optimization import plan_updates
 from finetune.outputs import clear_previous_run
-from finetune.runner import check_output_dir
+from finetune.output_dir import check_output_dir
 from finetune.signals import StopSignals, resume_command
 from helpers import REPO, make_texts, offline_env, save_tiny_model, write_tsv
 

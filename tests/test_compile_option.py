@@ -24,7 +24,7 @@ def assets(tmp_path_factory):
 def _train(assets, out, compile_model: bool):
     from accelerate.state import AcceleratorState, GradientState
 
-    from finetune.runner import fit, setup_run
+    from finetune import fit, setup_run
 
     AcceleratorState._reset_state(True)
     GradientState._reset_state()

@@ -32,7 +32,7 @@ import yaml
 
 import finetune.data
 import finetune.tokens
-import finetune.runner
+import finetune.fitting
 from finetune.errors import DataError
 from finetune.train import main
 from helpers import make_texts, run_cli, save_tiny_model, tiny_bert, write_csv
@@ -213,7 +213,7 @@ def work(monkeypatch):
         return {}
 
     monkeypatch.setattr(finetune.tokens, "tokenize_splits", spy_tokenize)
-    monkeypatch.setattr(finetune.runner, "fit", spy_fit)
+    monkeypatch.setattr(finetune.fitting, "fit", spy_fit)
     return calls
 
 

@@ -43,7 +43,7 @@ def _write(path, fmt: str, rows):
 
 
 def _train(tmp_path, overrides, config=None):
-    from finetune.runner import fit, setup_run
+    from finetune import fit, setup_run
 
     cfg = load_config(config, overrides)
     reset_accelerate()
@@ -172,7 +172,7 @@ def test_compiled_runs_pad_to_a_few_lengths(tmp_path):
     """Under training.torch_compile every micro-batch has one of four lengths, so compiled graphs are reused."""
     from transformers import AutoTokenizer
 
-    from finetune.runner import BucketPadding
+    from finetune.dataloaders import BucketPadding
     from helpers import save_tiny_model
 
     tokenizer = AutoTokenizer.from_pretrained(save_tiny_model(tmp_path / "tiny"))

@@ -169,7 +169,7 @@ def test_the_output_folder_has_a_model_card_and_the_trainers_result_names(peaked
 
 def test_a_readme_the_user_wrote_is_never_replaced(tmp_path):
     from finetune.outputs import MODEL_CARD_MARK
-    from finetune.runner import write_model_card
+    from finetune.results import write_model_card
 
     mine = tmp_path / "README.md"
     mine.write_text("# my notes\n", encoding="utf-8")

@@ -160,7 +160,7 @@ def test_default_location_is_inside_the_datasets_cache(monkeypatch, tmp_path):
 def test_runs_cache_by_default_and_not_when_off(tiny, tmp_path, fresh_accelerate_state):
     """``setup_run`` caches in ``data.cache_dir``; a second run reads it; ``cache_tokenized: false`` writes nothing."""
     from finetune.config import load_config
-    from finetune.runner import setup_run
+    from finetune.assembly import setup_run
 
     def run_with(*overrides):
         cfg = load_config(REPO / "configs" / "default.yaml", [

@@ -50,7 +50,7 @@ def fit_tiny_run(root: Path, before_fit=None, on_update=None, **sections):
     """
     import torch
 
-    from finetune.runner import fit, setup_run
+    from finetune import fit, setup_run
 
     cfg = tiny_config(root, **sections)
     reset_accelerate()

@@ -1,0 +1,241 @@
+"""Assembling a run from a :class:`~finetune.config.Config`: everything training needs, built and prepared.
+
+:func:`setup_run` is the one entry (``train.py``, ``fit`` and the notebooks use
+it); its steps run in the order that fails cheapest first::
+
+    batching (b, k by epoch, P)      resolve_batching, once: every later step reads it
+    tokenizer, model config          before the data is read: a bad model path fails at once
+    data, labels, metrics, task      dataloaders.load_data, metric_suite, build_task
+    tokens                           dataloaders.tokenize_data (cached)
+    micro-batch (auto)               autobatch.fit_micro_batch: the same B, a smaller b, a larger k
+    dataloaders, optimizer           dataloaders.build_dataloaders, optimization.build_optimizer
+    accelerator.prepare, plan        the update plan counted on the prepared dataloader
+    scheduler                        sized in updates, not prepared
+
+:func:`describe` is the start line that says what the run will do.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from finetune.accumulation import Batching, accumulate_as, layout_for, resolve_batching
+from finetune.autobatch import fit_micro_batch
+from finetune.config import Config
+from finetune.cpu import plan_cpu_speedups, speedup_settings
+from finetune.dataloaders import build_dataloaders, collator, load_data, tokenize_data, tokenized_cache_dir
+from finetune.errors import ConfigError
+from finetune.launch import build_accelerator, choose_precision
+from finetune.loop import TrainState
+from finetune.optimization import UpdatePlan, build_optimizer, build_scheduler, plan_updates
+from finetune.tasks import Task
+
+logger = logging.getLogger("finetune")
+
+
+@dataclass
+class Run:
+    """Everything a run is made of, prepared by Accelerate (the scheduler excepted)."""
+
+    cfg: Config
+    accelerator: Any
+    batching: Batching
+    tokenizer: Any
+    labels: Any
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    train_dataloader: Any
+    eval_dataloader: Any
+    metrics: Any
+    plan: UpdatePlan
+    # the problem type's loss (with class weights) and predictions
+    task: Task = field(default_factory=Task)
+    # SHA-256 of the training rows (texts and labels, in the data's order): resuming needs the same data
+    data_sha256: str = ""
+    state: TrainState = field(default_factory=TrainState)
+
+
+def setup_run(cfg: Config, accelerator=None) -> Run:
+    """Load and prepare everything the config describes.
+
+    Nothing is written to ``output.output_dir`` here, so a bad data file or
+    model path fails before any earlier output is touched. Every check that
+    can reject the input runs before tokenization, which takes minutes on a
+    large data set: the model's path and position limit even before the data
+    is read.
+
+    Args:
+        cfg: A validated config (see :func:`finetune.config.load_config`).
+        accelerator: An existing ``Accelerator``; built with
+            :func:`~finetune.launch.build_accelerator` when ``None``. Its
+            ``gradient_accumulation_steps`` is set from the run's batching.
+
+    Returns:
+        A :class:`Run` whose model, optimizer and dataloaders are prepared.
+
+    Raises:
+        ConfigError: for a config this data, model or accelerator cannot run.
+    """
+    from accelerate.utils import set_seed
+
+    from finetune.data import content_sha256
+    from finetune.modeling import load_model, load_model_config, load_tokenizer
+
+    accelerator = accelerator or build_accelerator(cfg)
+    batching = check_batching(cfg, accelerator)
+    set_seed(cfg.training.seed)
+    tokenizer = load_tokenizer(cfg.model)
+    load_model_config(cfg.model, cfg.data.max_length)
+    cache_dir = tokenized_cache_dir(cfg)
+    splits, labels = load_data(cfg, accelerator)
+    model = load_model(cfg.model, labels.id2label, max_length=cfg.data.max_length)
+    metrics = metric_suite(cfg, labels, splits["train"])
+    task = build_task(cfg, labels, splits["train"])
+    tokenized = tokenize_data(cfg, splits, tokenizer, accelerator, cache_dir)
+    if cfg.training.per_device_train_batch_size == "auto":
+        batching = fit_micro_batch(model, tokenized["train"], collator(tokenizer, accelerator), accelerator, batching)
+    accumulate_as(accelerator, batching, epoch=0)  # before prepare: DeepSpeed reads k there
+    if cfg.training.torch_compile:
+        model.compile()  # in place: state_dict keys, unwrap_model and save_pretrained stay as without compiling
+    train_dl, eval_dl = build_dataloaders(cfg, tokenized, tokenizer, accelerator, batching)
+    optimizer = build_optimizer(model, cfg.optim, device=accelerator.device)
+    model, optimizer, train_dl, eval_dl = prepare(accelerator, model, optimizer, train_dl, eval_dl)
+    plan = plan_for(cfg, train_dl, accelerator, batching)
+    # Not prepared (its wrapper steps P times per call), nor registered for checkpointing:
+    # finetune.checkpoint saves it and reads it back with weights_only=True.
+    scheduler = build_scheduler(optimizer, cfg.optim, plan)
+    # Training's own random draws (dropout) start from the seed itself, not from wherever setup
+    # left the generators: the new head's initialisation draws a number that depends on the label
+    # count and the architecture. So one seed gives one dropout stream whatever the model, as with
+    # the Trainer, which seeds after the model is built. A resumed run restores its checkpointed
+    # generators over this one (finetune.checkpoint).
+    set_seed(cfg.training.seed)
+    return Run(cfg, accelerator, batching, tokenizer, labels, model, optimizer, scheduler, train_dl, eval_dl,
+               metrics, plan, task, content_sha256(splits["train"]))
+
+
+def check_batching(cfg: Config, accelerator) -> Batching:
+    """The run's :class:`~finetune.accumulation.Batching` (``b``, ``k`` by epoch, ``P``), decided here once.
+
+    Raises:
+        ConfigError: if the config's batch cannot be split over the processes, or the ``Accelerator``
+            already accumulates another ``k`` (given to ``Accelerator`` or to ``accelerate launch``).
+    """
+    batching = resolve_batching(cfg.training, accelerator.num_processes)
+    given = accelerator.gradient_accumulation_steps
+    if given not in (1, batching.gradient_accumulation_steps):
+        raise ConfigError(
+            f"training.gradient_accumulation_steps: the Accelerator accumulates {given} steps (from its "
+            f"gradient_accumulation_steps or accelerate launch --gradient_accumulation_steps), the config "
+            f"{batching.gradient_accumulation_steps}; set k in the config only"
+        )
+    return batching
+
+
+def metric_suite(cfg: Config, labels, train_split):
+    """The validation metrics of the problem type, with ``evaluation.average: auto`` decided.
+
+    For single labels ``auto`` looks at the training labels (binary for two
+    classes, positive the rarer); for multi-label it is micro. The decision is
+    logged and written back into ``cfg``, so ``config.yaml`` (and
+    ``finetune.score`` after it) says what the run computed.
+    """
+    from finetune.metrics import metric_suite_for, resolve_average
+
+    evaluation = cfg.evaluation
+    counts = class_counts(train_split, len(labels.names)) if labels.problem_type == "single_label" else None
+    if evaluation.average == "auto" and labels.problem_type == "multi_label":
+        evaluation.average = "micro"
+        logger.info("evaluation.average: auto -> micro (multi_label)")
+    elif evaluation.average == "auto" and labels.problem_type == "single_label":
+        average, positive = resolve_average(evaluation, labels.names, counts)
+        why = "evaluation.positive_label" if evaluation.positive_label else "the rarer of two"
+        logger.info("evaluation.average: auto -> %s",
+                    f"binary, positive class {positive!r} ({why})" if average == "binary" else average)
+        evaluation.average, evaluation.positive_label = average, positive
+    return metric_suite_for(evaluation, labels.names, labels.problem_type, counts)
+
+
+def class_counts(train_split, num_labels: int) -> np.ndarray:
+    """Training samples per class id (single labels)."""
+    from finetune.data import LABELS
+
+    return np.bincount(np.asarray(train_split[LABELS]), minlength=num_labels)
+
+
+def build_task(cfg: Config, labels, train_split) -> Task:
+    """The run's :class:`~finetune.tasks.Task`: its problem type, with ``training.class_weights`` resolved.
+
+    Raises:
+        ConfigError: if a class weight names a label the training data does not have.
+    """
+    from finetune.tasks import balanced_weights
+
+    spec = cfg.training.class_weights
+    if spec is None:
+        return Task(labels.problem_type)
+    names = list(labels.names)
+    if spec == "balanced":
+        weights = balanced_weights(class_counts(train_split, len(names)).tolist())
+    else:
+        unknown = [name for name in spec if name not in names]
+        if unknown:
+            raise ConfigError(f"training.class_weights: {unknown[0]!r} is not a label of the training data "
+                              f"({', '.join(names[:10])}{', ...' if len(names) > 10 else ''})")
+        weights = [float(spec.get(name, 1.0)) for name in names]
+    logger.info("training.class_weights: %s", ", ".join(f"{n}={w:.4g}" for n, w in zip(names, weights)))
+    return Task("single_label", torch.tensor(weights, dtype=torch.float32))
+
+
+def prepare(accelerator, model, optimizer, train_dl, eval_dl):
+    """Everything but the scheduler through ``accelerator.prepare``; ``eval_dl`` may be ``None``."""
+    if eval_dl is None:
+        model, optimizer, train_dl = accelerator.prepare(model, optimizer, train_dl)
+        return model, optimizer, train_dl, None
+    return accelerator.prepare(model, optimizer, train_dl, eval_dl)
+
+
+def plan_for(cfg: Config, train_dl, accelerator, batching: Batching) -> UpdatePlan:
+    """The run's length in updates, counted on the prepared (per-process) training dataloader."""
+    layout = layout_for(train_dl, accelerator)
+    return plan_updates(
+        layout.micro_batches_per_process,
+        batching.schedule,
+        cfg.training.num_train_epochs,
+        cfg.training.max_steps,
+        cfg.optim.warmup_steps,
+        cfg.optim.warmup_ratio,
+    )
+
+
+def describe(run: Run) -> str:
+    """One start-up line: processes, backend, device, CPU speed-ups, b/k/P/B, updates."""
+    acc = run.accelerator
+    b = run.batching
+    backend = getattr(acc.state, "backend", None) or "none"
+    training = run.cfg.training
+    speedups = plan_cpu_speedups(run.model, acc, quiet=True, **speedup_settings(training)).describe()
+    return (
+        f"processes={acc.num_processes} backend={backend} device={acc.device} "
+        f"{'threads=' + str(torch.get_num_threads()) + ' ' if acc.device.type == 'cpu' else ''}"
+        f"precision={acc.mixed_precision} ({choose_precision(training.mixed_precision, acc.device)[1]}) "
+        f"{speedups + ' ' if speedups else ''}"
+        f"workers={run.train_dataloader.num_workers} "
+        f"micro-batches={'balanced' if hasattr(run.train_dataloader.batch_sampler, 'sizes') else 'equal'} "
+        f"b={b.per_device_batch_size} k={b.describe_k()} "
+        f"P={b.num_processes} effective_batch={b.effective_batch_size} "
+        f"train_samples={len(run.train_dataloader.dataset)} updates={run.plan.total_updates} "
+        f"({_updates_by_epoch(run.plan)}, warmup {run.plan.warmup_updates})"
+    )
+
+
+def _updates_by_epoch(plan: UpdatePlan) -> str:
+    if len(set(plan.epoch_updates)) <= 1:
+        return f"{plan.updates_per_epoch}/epoch x {plan.num_epochs} epochs"
+    return f"{'+'.join(map(str, plan.epoch_updates))} over {plan.num_epochs} epochs"

@@ -1,0 +1,167 @@
+"""From data files to micro-batches: loading and tokenizing the splits, collating, the training order, the cut.
+
+* :func:`load_data` and :func:`tokenize_data` read the splits and their tokens
+  (the main process first, so the others find its caches);
+* :func:`collator` pads each micro-batch (:class:`BucketPadding` under ``torch_compile``);
+* :func:`training_sampler` decides the training order: seeded, length-grouped
+  within each epoch's windows of ``b * k * P`` samples;
+* :func:`balance_micro_batches` decides whether a window is cut into equal
+  micro-batches or where it pads least (:class:`~finetune.sampling.BalancedBatches`);
+* :func:`build_dataloaders` puts them together.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+import torch
+
+from finetune.accumulation import Batching
+from finetune.config import Config
+from finetune.errors import ConfigError
+from finetune.launch import choose_workers
+from finetune.sampling import BalancedBatches, EpochSampler
+
+
+def tokenized_cache_dir(cfg: Config) -> Optional[Path]:
+    """The checked folder of the tokenization cache, or ``None`` when ``data.cache_tokenized`` is off."""
+    from finetune.tokens import default_cache_dir, prepare_cache_dir
+
+    if not cfg.data.cache_tokenized:
+        return None
+    return prepare_cache_dir(cfg.data.cache_dir or default_cache_dir())
+
+
+def load_data(cfg: Config, accelerator):
+    """The data's splits and label space (the main process first, so that others find its caches)."""
+    from finetune.data import load_splits
+
+    with accelerator.main_process_first():
+        return load_splits(cfg.data, seed=cfg.training.seed, problem_type=cfg.model.problem_type)
+
+
+def tokenize_data(cfg: Config, splits, tokenizer, accelerator, cache_dir: Optional[Path]):
+    """The tokenized splits; the main process tokenizes (and caches) first, the others then read its files."""
+    from finetune.tokens import tokenize_splits
+
+    with accelerator.main_process_first():
+        return tokenize_splits(splits, tokenizer, cfg.data.max_length, cache_dir=cache_dir)
+
+
+class BucketPadding:
+    """Pad each micro-batch to the smallest of a few fixed lengths that holds its longest text.
+
+    ``torch.compile`` builds a graph per input shape; with padding to the
+    longest text of each micro-batch nearly every micro-batch is a new shape.
+    Four buckets (a quarter of ``data.max_length`` apart, the last one
+    ``max_length`` itself) bound the graphs at four per batch size. The
+    collators of transformers pad to the longest text, to ``max_length`` or to
+    a multiple; none pads to the nearest of a few sizes, hence this wrapper.
+    """
+
+    def __init__(self, tokenizer, max_length: int, buckets: int = 4):
+        from transformers import DataCollatorWithPadding
+
+        self.sizes = sorted({max(1, -(-max_length * i // buckets)) for i in range(1, buckets + 1)})
+        self._pad = {size: DataCollatorWithPadding(tokenizer, padding="max_length", max_length=size)
+                     for size in self.sizes}
+
+    def size_for(self, longest: int) -> int:
+        return next((size for size in self.sizes if size >= longest), self.sizes[-1])
+
+    def __call__(self, features: list[dict[str, Any]]) -> dict[str, Any]:
+        longest = max(len(f["input_ids"]) for f in features)
+        return self._pad[self.size_for(longest)](features)
+
+
+def collator(tokenizer, accelerator, cfg: Optional[Config] = None):
+    """Dynamic padding; under ``training.torch_compile``, padding to a few fixed lengths (:class:`BucketPadding`)."""
+    from transformers import DataCollatorWithPadding
+
+    if cfg is not None and cfg.training.torch_compile:
+        return BucketPadding(tokenizer, cfg.data.max_length)
+    # multiples of 8 let GPU tensor cores work on padded shapes; on the CPU it only adds padding
+    multiple = 8 if accelerator.device.type == "cuda" else None
+    return DataCollatorWithPadding(tokenizer, pad_to_multiple_of=multiple)
+
+
+def training_sampler(cfg: Config, lengths, batching: Batching) -> EpochSampler:
+    """The training order of a config: seeded, length-grouped within windows of each epoch's effective
+    batch (or within mega-batches of ``data.length_group_windows`` windows)."""
+    return EpochSampler(
+        len(lengths),
+        seed=cfg.training.seed,
+        lengths=lengths,
+        group_by_length=cfg.data.group_by_length,
+        window_size=batching.window_sizes(),
+        group_windows=cfg.data.length_group_windows,
+    )
+
+
+def balance_micro_batches(cfg: Config, num_processes: int, device_type: str) -> bool:
+    """Whether ``data.balance_micro_batches`` applies.
+
+    ``auto``: on one process on a CPU, with length grouping and no ``torch_compile``. On
+    several processes Accelerate deals micro-batches of one size round-robin; a compiled
+    model would meet a new batch shape at nearly every micro-batch; and on a GPU, where a
+    micro-batch costs its kernel launches more than its padding, the many new shapes cost
+    more than the padding saved (3.5x slower on an H100, ``bench/README.md``).
+
+    Raises:
+        ConfigError: for ``true`` where it cannot apply.
+    """
+    setting = cfg.data.balance_micro_batches
+    why_not = ("it needs one process" if num_processes > 1
+               else "it needs data.group_by_length: true" if not cfg.data.group_by_length
+               else "it does not combine with training.torch_compile" if cfg.training.torch_compile else None)
+    if setting is True and why_not:
+        raise ConfigError(f"data.balance_micro_batches: true, but {why_not}; use auto (or false)")
+    return setting is True or (setting == "auto" and why_not is None and device_type == "cpu")
+
+
+def build_dataloaders(cfg: Config, tokenized, tokenizer, accelerator, batching: Batching):
+    """Training and evaluation dataloaders (unprepared).
+
+    The training order comes from :class:`~finetune.sampling.EpochSampler`;
+    evaluation runs over the validation set sorted by length (the order does
+    not matter to the metrics, and sorting pads least).
+    """
+    from torch.utils.data import DataLoader
+
+    collate = collator(tokenizer, accelerator, cfg)
+    train = tokenized["train"]
+    lengths = train["length"]
+    train = train.remove_columns(["length"])
+    sampler = training_sampler(cfg, lengths, batching)
+    b = batching.per_device_batch_size
+    if balance_micro_batches(cfg, accelerator.num_processes, accelerator.device.type):
+        batches: dict[str, Any] = {"batch_sampler": BalancedBatches(sampler, b)}
+    else:
+        batches = {"batch_size": b, "sampler": sampler, "drop_last": False}
+    pin = accelerator.device.type == "cuda"
+    workers = choose_workers(cfg.data.num_workers, accelerator.device, accelerator.num_processes)
+    # A DataLoader without a generator draws a seed from the global torch RNG each time it is
+    # iterated; its own generator leaves the global RNG (dropout) to the updates alone, which
+    # makes a resumed run's dropout masks those of the uninterrupted run.
+    train_dl = DataLoader(
+        train,
+        **batches,
+        collate_fn=collate,
+        generator=torch.Generator().manual_seed(cfg.training.seed),
+        num_workers=workers,
+        pin_memory=pin,
+        persistent_workers=workers > 0,
+    )
+    eval_dl = None
+    if "validation" in tokenized:
+        # longest first, so padding is least and an out-of-memory shows at the first batch
+        # (select by argsort rather than Dataset.sort, which trips a pyarrow deprecation warning)
+        order = np.argsort(-np.asarray(tokenized["validation"]["length"]), kind="stable")
+        val = tokenized["validation"].select(order).remove_columns(["length"])
+        eval_dl = DataLoader(
+            val, batch_size=cfg.training.per_device_eval_batch_size, collate_fn=collate, pin_memory=pin,
+            generator=torch.Generator().manual_seed(cfg.training.seed),
+        )
+    return train_dl, eval_dl

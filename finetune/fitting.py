@@ -1,0 +1,275 @@
+"""Fitting a run: the epochs, when to evaluate, checkpoints and stops, and the outputs at the end.
+
+:func:`fit` holds the output folder's lock, resumes from a checkpoint when
+there is one, and runs :func:`train_epochs`: each epoch is
+:func:`finetune.loop.train_one_epoch` with ``k`` set from the run's batching,
+followed by its evaluation and checkpoint. :class:`Evaluations` decides when
+an evaluation is due and what it means for the best model and early stopping.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import signal
+from typing import Any, Callable, Optional
+
+from finetune.accumulation import accumulate_as
+from finetune.assembly import Run
+from finetune.checkpoint import Checkpointer, load_model_weights
+from finetune.cpu import cpu_speedups, speedup_settings
+from finetune.evaluation import evaluate_model
+from finetune.loop import NonFiniteLossError, TrainState, train_one_epoch
+from finetune.output_dir import output_lock, start_outputs
+from finetune.results import summarize, write_outputs
+from finetune.selection import EvalHistory
+from finetune.signals import StopSignals, interruption
+from finetune.tracking import RunLogger, flat_hparams
+
+logger = logging.getLogger("finetune")
+
+
+def fit(
+    run: Run,
+    on_epoch_end: Optional[Callable[[int, dict[str, Any]], None]] = None,
+    on_update: Optional[Callable[[TrainState], bool]] = None,
+) -> dict[str, Any]:
+    """Train all epochs, evaluate, log, checkpoint, keep the best model, and write the outputs.
+
+    Resumes from ``output.resume_from`` when set. Checkpoints (see
+    :mod:`finetune.checkpoint`) are saved every ``output.checkpoint_every``
+    updates, after each evaluation, and when SIGTERM / SIGINT end the run
+    (after the current update). Evaluations run at epoch ends and every
+    ``evaluation.eval_every`` updates; ``evaluation.metric_for_best_model``
+    marks the best, ``evaluation.early_stopping_patience`` may end the run
+    early (outputs are written as for a finished run), and
+    ``evaluation.load_best_model_at_end`` makes the saved model the best one.
+
+    Args:
+        run: From :func:`setup_run`.
+        on_epoch_end: Called with ``(epoch, eval metrics)`` after each epoch's evaluation.
+        on_update: Called after every update with the loop's state (after the
+            checkpoint callback); returning True ends the run there, without
+            final evaluation or outputs.
+
+    Returns:
+        The summary ``{"train": {...}, "eval": {...}, "best": {...}, "epochs": [...], "labels": [...]}``,
+        as written to ``metrics.json``; ``train.stopped_early`` is True when
+        ``on_update`` ended the run (then nothing is written).
+
+    Raises:
+        RunInterrupted: after a signal, once the checkpoint is saved (exit code 128 + signal).
+        NonFiniteLossError: on a non-finite loss under ``training.on_nonfinite: stop``
+            (or too many skips); the message names the last good checkpoint.
+        ConfigError: if ``output.resume_from`` names no checkpoint, or one of another setup.
+    """
+    with output_lock(run.accelerator, run.cfg.output.output_dir):  # one run per folder, from here to the end
+        return _fit(run, on_epoch_end, on_update)
+
+
+def _fit(run: Run, on_epoch_end, on_update) -> dict[str, Any]:
+    cfg, acc = run.cfg, run.accelerator
+    history = EvalHistory.from_config(cfg.evaluation)
+    checkpoints = Checkpointer(run, history)  # chooses and verifies the checkpoint before anything is written
+    start_outputs(cfg, acc, fresh=checkpoints.resume_path is None)
+    if cfg.logging.report_to:
+        acc.init_trackers(cfg.logging.project_name, config=flat_hparams(cfg.to_dict()))
+    pending_eval = checkpoints.restore()
+    resuming = run.state.step > 0 or run.state.micro_batch > 0 or run.state.epoch > 0
+    log = RunLogger(acc, cfg.output.output_dir, use_trackers=bool(cfg.logging.report_to),
+                    resume_step=run.state.step if resuming else None, history=history.records)
+    evaluations = Evaluations(run, log, history, checkpoints)
+    # SIGTERM / SIGINT: during training, stop at the next window boundary with a checkpoint; once training
+    # is over, the final evaluation and writes still complete (they are what the run is for), then it ends.
+    with StopSignals() as signals:
+        try:
+            ending = train_epochs(run, checkpoints, evaluations, signals, pending_eval, on_epoch_end, on_update)
+        except NonFiniteLossError as exc:
+            raise NonFiniteLossError(f"{exc.message}; {checkpoints.last_good()}") from None
+        finished = ending is not RunEnd.STOPPED_BY_CALLER
+        if finished and run.eval_dataloader is not None and not history.done_at(run.state.step):
+            evaluations.evaluate(epoch=None)  # the final weights were not evaluated yet
+        best = evaluations.best_at_end() if finished else None
+        summary = summarize(run, history.records, stopped_early=not finished,
+                            early_stopped=ending is RunEnd.EARLY_STOPPED, best=best)
+        if finished:
+            write_outputs(run, summary)
+        if signals.signum is not None and acc.is_main_process:
+            logger.warning("%s came while the final outputs were written; they are complete",
+                           signal.Signals(signals.signum).name)
+    if cfg.logging.report_to:
+        acc.end_training()
+    return summary
+
+
+class RunEnd(enum.Enum):
+    """How :func:`train_epochs` ended."""
+
+    COMPLETED = "completed"
+    # early stopping: evaluation.early_stopping_patience evaluations without improvement
+    EARLY_STOPPED = "early stopped"
+    # fit's on_update callback asked to stop: nothing more is evaluated or written
+    STOPPED_BY_CALLER = "stopped by the caller"
+
+
+class Evaluations:
+    """When to evaluate, and what each evaluation means for the best model and early stopping.
+
+    Evaluations run at each epoch's end (``training.eval_each_epoch``) and
+    every ``evaluation.eval_every`` updates. Each record goes to the run's
+    :class:`~finetune.selection.EvalHistory`, which says under a selection
+    whether it is the best so far; a checkpoint is then saved right after every
+    evaluation, so that the best weights exist on disk whenever they were seen.
+    """
+
+    def __init__(self, run: Run, log: RunLogger, history: EvalHistory, checkpoints: Checkpointer):
+        self.run, self.log, self.history, self.checkpoints = run, log, history, checkpoints
+        self.every = run.cfg.evaluation.eval_every
+        self._announced = False
+
+    def due_at_epoch_end(self, step: int) -> bool:
+        if self.run.eval_dataloader is None:
+            return False
+        return self.run.cfg.training.eval_each_epoch or bool(self.every and step % self.every == 0)
+
+    def due_mid_epoch(self, step: int) -> bool:
+        return self.run.eval_dataloader is not None and bool(self.every and step % self.every == 0)
+
+    def evaluate(self, epoch: Optional[int]) -> dict[str, Any]:
+        """Evaluate now, log the record (marked best or not) and keep it; returns the metrics."""
+        return evaluate_and_log(self.run, self.log, self.history, epoch)
+
+    def checkpoint_after(self, step: int) -> None:
+        """Under a selection, every evaluation's weights are saved: the best must exist on disk."""
+        if self.history.selection is not None:
+            self.checkpoints.save(f"evaluation at update {step}")
+
+    def should_stop(self) -> bool:
+        """Early stopping (said once, on the main process)."""
+        stop = self.history.should_stop()
+        if stop and not self._announced and self.run.accelerator.is_main_process:
+            self._announced = True
+            logger.info(self.history.judge().why_stopped())
+        return stop
+
+    def best_at_end(self) -> Optional[dict[str, Any]]:
+        """The best evaluation; under ``load_best_model_at_end`` its weights are loaded into the model."""
+        judgement = self.history.judge()
+        if judgement is None or judgement.best is None:
+            return None
+        selection, at_end = judgement.selection, judgement.best_step == self.run.state.step
+        best = {"step": judgement.best_step, "metric": selection.metric, "value": judgement.best_value,
+                "greater_is_better": selection.greater_is_better,
+                "checkpoint": None if at_end else str(self.checkpoints.best())}
+        if self.run.cfg.evaluation.load_best_model_at_end and not at_end:
+            load_model_weights(self.run, self.checkpoints.best())
+            logger.info("evaluation.load_best_model_at_end: the saved model is update %d's (%s %.6g), not "
+                        "update %d's", judgement.best_step, selection.metric, judgement.best_value,
+                        self.run.state.step)
+        return best
+
+
+def train_epochs(run: Run, checkpoints: Checkpointer, evaluations: Evaluations, signals: StopSignals,
+                 pending_eval: Optional[int], on_epoch_end, on_update) -> RunEnd:
+    """The epochs from the run's state on, each followed by its evaluation and checkpoint.
+
+    Each epoch trains at its own ``k`` (the run's batching says which); a
+    signal stops the run at the next window boundary with a checkpoint.
+
+    Raises:
+        RunInterrupted: after a signal, once the checkpoint is saved.
+    """
+    from tqdm.auto import tqdm
+
+    cfg, acc = run.cfg, run.accelerator
+
+    def after_update(state: TrainState) -> bool:
+        at_epoch_end = state.micro_batch >= len(run.train_dataloader) or state.step >= run.plan.total_updates
+        early = False
+        if not at_epoch_end and evaluations.due_mid_epoch(state.step):
+            evaluations.evaluate(epoch=None)
+            evaluations.checkpoint_after(state.step)
+            early = evaluations.should_stop()
+        stopping = signals.agree(acc, step=state.step)  # on every process, every update: it may all-reduce
+        checkpoints.after_update(state, stopping)
+        asked = bool(on_update(state)) if on_update is not None else False
+        return asked or stopping is not None or early
+
+    def end_of_epoch(epoch: int) -> None:
+        if evaluations.due_at_epoch_end(run.state.step):
+            metrics = evaluations.evaluate(epoch)
+            if on_epoch_end is not None:
+                on_epoch_end(epoch, metrics)
+        checkpoints.save(f"end of epoch {epoch}")
+
+    progress = tqdm(total=run.plan.total_updates, initial=run.state.step, desc="train", unit="update",
+                    disable=not (acc.is_main_process and cfg.logging.progress_bar), dynamic_ncols=True)
+    speedups = cpu_speedups(run.model, run.optimizer, acc, **speedup_settings(cfg.training))
+    with progress, speedups:
+        if pending_eval is not None:
+            end_of_epoch(pending_eval)  # the run was stopped between an epoch's last update and its evaluation
+        for epoch in range(run.state.epoch, run.plan.num_epochs):
+            if run.state.step >= run.plan.total_updates or evaluations.should_stop():
+                break
+            accumulate_as(acc, run.batching, epoch)  # training.accumulation_schedule
+            result = train_one_epoch(
+                run.model, run.optimizer, run.scheduler, run.train_dataloader, acc, epoch,
+                state=run.state, max_grad_norm=cfg.training.max_grad_norm, log_every=cfg.logging.log_every,
+                on_log=evaluations.log.log, on_update=after_update, plan=run.plan,
+                on_nonfinite=cfg.training.on_nonfinite, max_skipped=cfg.training.max_skipped, progress=progress,
+                loss_fn=run.task.per_sample_loss,
+            )
+            logger.info("epoch %d: %d updates, loss %.4f, %d samples in %.1fs",
+                        epoch, result.updates, result.loss, result.samples, result.seconds)
+            finished = not result.stopped_early or run.state.step >= run.plan.total_updates
+            if signals.agreed is not None:
+                eval_due = finished and evaluations.due_at_epoch_end(run.state.step)
+                interrupt(run, checkpoints, signals.agreed, pending_eval_epoch=epoch if eval_due else None)
+            if not finished:
+                # an evaluation mid-epoch ended the run, or a callback asked to stop (no evaluation of a part)
+                return RunEnd.EARLY_STOPPED if evaluations.should_stop() else RunEnd.STOPPED_BY_CALLER
+            end_of_epoch(epoch)
+            if signals.agree(acc) is not None:
+                interrupt(run, checkpoints, signals.agreed, None)  # a signal during the evaluation
+            if evaluations.should_stop():
+                return RunEnd.EARLY_STOPPED
+    return RunEnd.COMPLETED
+
+
+def interrupt(run: Run, checkpoints: Checkpointer, signum: int, pending_eval_epoch: Optional[int]) -> None:
+    """Stop on a signal: save (unless this position is saved already), then raise.
+
+    Args:
+        pending_eval_epoch: The epoch that just finished training and whose
+            evaluation has not run (``None`` mid-epoch, or when none is due).
+
+    Raises:
+        RunInterrupted: always, with the command that resumes the run.
+    """
+    state = run.state
+    checkpoints.save_unless_saved(f"{signal.Signals(signum).name} after update {state.step}", pending_eval_epoch)
+    raise interruption(signum, state, checkpoints.where(), run.accelerator.num_processes)
+
+
+def evaluate_and_log(run: Run, log: RunLogger, history: EvalHistory, epoch: Optional[int]) -> dict[str, Any]:
+    """Evaluate on the validation split, keep the record in ``history`` (marked best or not) and log it.
+
+    ``epoch`` is the epoch just finished (``None`` mid-epoch, or for the evaluation after training).
+
+    Returns:
+        The metrics.
+    """
+    metrics = evaluate_model(run.model, run.eval_dataloader, run.accelerator, run.metrics, run.task)
+    record: dict[str, Any] = {"step": run.state.step}
+    if epoch is not None:
+        record["epoch"] = epoch + 1
+        logger.info("epoch %d eval: %s", epoch, _fmt(metrics))
+    else:
+        logger.info("update %d eval: %s", run.state.step, _fmt(metrics))
+    record.update({f"eval/{k}": v for k, v in metrics.items()})
+    log.log(history.add(record))
+    return metrics
+
+
+def _fmt(metrics: dict[str, Any]) -> str:
+    return " ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in metrics.items())

@@ -1,0 +1,118 @@
+"""What a finished run writes: the model, ``metrics.json``, ``all_results.json``, the model card, ``curves.png``.
+
+:func:`summarize` makes the run's summary (what ``metrics.json`` holds) and
+:func:`write_outputs` writes every file of it, each atomically.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Optional
+
+from finetune.errors import FinetuneError
+from finetune.outputs import CURVES_FILE, METRICS_FILE, MODEL_CARD_FILE, MODEL_CARD_MARK, RESULTS_FILE, write_atomic
+
+if TYPE_CHECKING:
+    from finetune.assembly import Run
+
+logger = logging.getLogger("finetune")
+
+
+def summarize(run: "Run", history: list[dict[str, Any]], stopped_early: bool = False, early_stopped: bool = False,
+              best: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+    """The run's summary: what ``metrics.json`` holds.
+
+    ``eval`` holds the metrics of the saved model: the best evaluation's under
+    ``evaluation.load_best_model_at_end``, else the last one's.
+    """
+    final = history[-1] if history else {}
+    if best is not None and run.cfg.evaluation.load_best_model_at_end:
+        final = next(r for r in history if r["step"] == best["step"])
+    return {
+        "train": {
+            "updates": run.state.step,
+            "skipped_updates": run.state.skipped_updates,
+            "samples": run.state.samples_seen,
+            "tokens": run.state.tokens_seen,
+            "seconds": run.state.train_seconds,  # the whole run's, as the counts around it
+            "loss": run.state.loss_sum / run.state.loss_samples if run.state.loss_samples else None,
+            "train_samples": len(run.train_dataloader.dataset),
+            "epoch": run.state.epoch + run.state.micro_batch / max(1, len(run.train_dataloader)),
+            "effective_batch_size": run.batching.effective_batch_size,
+            "per_device_train_batch_size": run.batching.per_device_batch_size,
+            "gradient_accumulation_steps": run.batching.gradient_accumulation_steps,
+            "accumulation_by_epoch": list(run.plan.accumulation),
+            "num_processes": run.batching.num_processes,
+            "mixed_precision": run.accelerator.mixed_precision,
+            "stopped_early": stopped_early,
+            "early_stopped": early_stopped,
+        },
+        "eval": {k.removeprefix("eval/"): v for k, v in final.items() if k.startswith("eval/")},
+        "best": best,
+        "epochs": history,
+        "labels": list(run.labels.names),
+    }
+
+
+def write_outputs(run: "Run", summary: dict[str, Any]) -> None:
+    """The final model, ``metrics.json``, ``all_results.json``, the model card and ``curves.png``.
+
+    Each file is written to a temporary name and renamed, so a run stopped
+    while writing leaves the old file or the new one.
+    """
+    from finetune.model_card import all_results, model_card
+
+    out = Path(run.cfg.output.output_dir)
+    save_model(run, out)
+    if not run.accelerator.is_main_process:
+        return
+    write_atomic(out / METRICS_FILE, json.dumps(summary, indent=2) + "\n")
+    write_atomic(out / RESULTS_FILE, json.dumps(all_results(summary), indent=2) + "\n")
+    write_model_card(out / MODEL_CARD_FILE, model_card(run.cfg, summary))
+    write_curves(out)
+
+
+def save_model(run: "Run", directory: str | os.PathLike) -> None:
+    """Save model (safetensors) and tokenizer so ``transformers.pipeline`` can load them.
+
+    They are written into a temporary folder beside, then each file is renamed
+    into ``directory``: a stop while writing leaves every file whole, old or new.
+    """
+    acc = run.accelerator
+    acc.wait_for_everyone()
+    unwrapped = acc.unwrap_model(run.model)
+    state_dict = acc.get_state_dict(run.model)
+    if acc.is_main_process:
+        directory = Path(directory)
+        staging = directory / ".tmp-model"
+        if staging.exists():
+            shutil.rmtree(staging)
+        unwrapped.save_pretrained(staging, state_dict=state_dict, safe_serialization=True)
+        run.tokenizer.save_pretrained(staging)
+        for file in sorted(staging.iterdir()):
+            os.replace(file, directory / file.name)
+        staging.rmdir()
+    acc.wait_for_everyone()
+
+
+def write_model_card(path: Path, card: str) -> bool:
+    """Write the model card, unless ``path`` is a README the user wrote (then warn and keep it)."""
+    if path.exists() and MODEL_CARD_MARK not in path.read_text(encoding="utf-8", errors="replace"):
+        logger.warning("%s was not written by finetune: kept as it is, and no model card written", path)
+        return False
+    write_atomic(path, card)
+    return True
+
+
+def write_curves(out: Path) -> None:
+    """``curves.png`` from the run's log; a missing matplotlib costs the picture, not the run."""
+    from finetune.plot import plot_curves
+
+    try:
+        plot_curves(out)
+    except FinetuneError as exc:
+        logger.warning("%s not written: %s", out / CURVES_FILE, exc.message)
