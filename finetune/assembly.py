@@ -12,7 +12,7 @@ it); its steps run in the order that fails cheapest first::
     accelerator.prepare, plan        the update plan counted on the prepared dataloader
     scheduler                        sized in updates, not prepared
 
-:func:`describe` is the start line that says what the run will do.
+What the run will do is said in one line by :func:`finetune.start_line.describe`.
 """
 
 from __future__ import annotations
@@ -27,10 +27,9 @@ import torch
 from finetune.accumulation import Batching, accumulate_as, layout_for, resolve_batching
 from finetune.autobatch import fit_micro_batch
 from finetune.config import Config
-from finetune.cpu import plan_cpu_speedups, speedup_settings
 from finetune.dataloaders import build_dataloaders, collator, load_data, tokenize_data, tokenized_cache_dir
 from finetune.errors import ConfigError
-from finetune.launch import build_accelerator, choose_precision
+from finetune.launch import build_accelerator
 from finetune.loop import TrainState
 from finetune.optimization import UpdatePlan, build_optimizer, build_scheduler, plan_updates
 from finetune.tasks import Task
@@ -212,30 +211,3 @@ def plan_for(cfg: Config, train_dl, accelerator, batching: Batching) -> UpdatePl
         cfg.optim.warmup_steps,
         cfg.optim.warmup_ratio,
     )
-
-
-def describe(run: Run) -> str:
-    """One start-up line: processes, backend, device, CPU speed-ups, b/k/P/B, updates."""
-    acc = run.accelerator
-    b = run.batching
-    backend = getattr(acc.state, "backend", None) or "none"
-    training = run.cfg.training
-    speedups = plan_cpu_speedups(run.model, acc, quiet=True, **speedup_settings(training)).describe()
-    return (
-        f"processes={acc.num_processes} backend={backend} device={acc.device} "
-        f"{'threads=' + str(torch.get_num_threads()) + ' ' if acc.device.type == 'cpu' else ''}"
-        f"precision={acc.mixed_precision} ({choose_precision(training.mixed_precision, acc.device)[1]}) "
-        f"{speedups + ' ' if speedups else ''}"
-        f"workers={run.train_dataloader.num_workers} "
-        f"micro-batches={'balanced' if hasattr(run.train_dataloader.batch_sampler, 'sizes') else 'equal'} "
-        f"b={b.per_device_batch_size} k={b.describe_k()} "
-        f"P={b.num_processes} effective_batch={b.effective_batch_size} "
-        f"train_samples={len(run.train_dataloader.dataset)} updates={run.plan.total_updates} "
-        f"({_updates_by_epoch(run.plan)}, warmup {run.plan.warmup_updates})"
-    )
-
-
-def _updates_by_epoch(plan: UpdatePlan) -> str:
-    if len(set(plan.epoch_updates)) <= 1:
-        return f"{plan.updates_per_epoch}/epoch x {plan.num_epochs} epochs"
-    return f"{'+'.join(map(str, plan.epoch_updates))} over {plan.num_epochs} epochs"

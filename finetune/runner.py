@@ -3,7 +3,8 @@
 Each name still imports from here, with a ``DeprecationWarning`` naming its
 module now; this alias goes in a later release:
 
-* :mod:`finetune.assembly`: ``Run``, ``setup_run``, ``describe`` (building and preparing a run);
+* :mod:`finetune.assembly`: ``Run``, ``setup_run`` (building and preparing a run);
+* :mod:`finetune.start_line`: ``describe``;
 * :mod:`finetune.launch`: ``build_accelerator``;
 * :mod:`finetune.dataloaders`: collators, the training order, the micro-batch cut;
 * :mod:`finetune.output_dir`: the output folder's checks and lock;
@@ -20,7 +21,7 @@ from typing import Any
 _MOVED = {
     "Run": "finetune.assembly",
     "setup_run": "finetune.assembly",
-    "describe": "finetune.assembly",
+    "describe": "finetune.start_line",
     "metric_suite": "finetune.assembly",
     "build_task": "finetune.assembly",
     "build_accelerator": "finetune.launch",

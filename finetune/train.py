@@ -34,24 +34,21 @@ from finetune.errors import FinetuneError, run_command  # noqa: E402
 logger = logging.getLogger("finetune")
 
 
-EPILOG = """config sections and the keys most often set:
-  model       name_or_path (a folder, a Hub id, or pkg:<wheel>/<path>), problem_type, dropout
-  data        train_file, validation_file, text_column, label_column, label_delimiter, max_length, format
-  training    per_device_train_batch_size, effective_batch_size, accumulation_schedule, num_train_epochs,
-              max_steps, mixed_precision, class_weights, seed
-  optim       learning_rate, weight_decay, lr_scheduler_type, warmup_ratio
-  evaluation  metrics, average, positive_label, eval_every, metric_for_best_model, load_best_model_at_end,
-              early_stopping_patience
-  logging     log_every, report_to
-  output      output_dir, resume_from (auto: the same command resumes), overwrite, checkpoint_every
-
-examples:
+EXAMPLES = """examples:
   finetune train --data reviews.csv --text sentence --label sentiment --output outputs/reviews
   finetune train --config configs/bbc_news.yaml training.max_steps=50 optim.learning_rate=3e-5
   finetune train --data tagged.jsonl --label tags --output outputs/tags model.problem_type=multi_label
-  accelerate launch --multi_gpu --num_processes 4 -m finetune.cli train --data reviews.csv
+  finetune train --explain training.effective_batch_size
+  accelerate launch --multi_gpu --num_processes 4 -m finetune.cli train --data reviews.csv"""
 
-every key: docs/configuration.md"""
+
+def epilog() -> str:
+    """The keys of every section (from the schema), examples, and where each key is explained."""
+    from finetune.config_reference import cli_keys
+
+    return (f"config keys, by section (section.key=value; --explain section.key for one):\n{cli_keys()}\n\n"
+            f"{EXAMPLES}\n\nevery key: docs/configuration.md")
+
 
 # the short path's flags and the keys they set
 SHORTCUTS = {"data": "data.train_file", "text": "data.text_column", "label": "data.label_column",
@@ -62,7 +59,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="finetune train",
         description="Fine-tune a BERT-family text classifier with exact gradient accumulation.",
-        epilog=EPILOG,
+        epilog=epilog(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--config", default=None, help="YAML config (default: configs/default.yaml)")
@@ -71,6 +68,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--text", metavar="COLUMN", help="column of the texts (data.text_column)")
     parser.add_argument("--label", metavar="COLUMN", help="column of the labels (data.label_column)")
     parser.add_argument("--output", metavar="DIR", help="where the run writes (output.output_dir)")
+    parser.add_argument("--explain", metavar="SECTION.KEY", help="print one config key's type, default and meaning, "
+                        "then exit")
     parser.add_argument("--debug", action="store_true", help="show tracebacks for input errors")
     parser.add_argument("overrides", nargs="*", metavar="section.key=value", help="dotted config overrides")
     args = parser.parse_intermixed_args(argv)
@@ -103,10 +102,11 @@ def run_training(config_path: str | None, overrides: list[str], show_config: boo
     import yaml
 
     from finetune.config import load_config
-    from finetune.assembly import describe, setup_run
+    from finetune.assembly import setup_run
     from finetune.fitting import fit
     from finetune.launch import build_accelerator
     from finetune.output_dir import check_output_dir
+    from finetune.start_line import describe
 
     cfg = load_config(config_path, overrides)
     if show_config and _is_main_rank():
@@ -126,9 +126,30 @@ def run_training(config_path: str | None, overrides: list[str], show_config: boo
     return summary
 
 
+def explain(key: str) -> int:
+    """``--explain section.key``: print the key's reference; exit code 2 for a key the schema lacks."""
+    from finetune.config_reference import key_help
+    from finetune.config import SECTIONS
+
+    try:
+        print(key_help(key))
+        return 0
+    except KeyError:
+        import difflib
+
+        known = [f"{section}.{f.name}" for section, cls in SECTIONS.items() for f in dataclasses.fields(cls)]
+        close = difflib.get_close_matches(key, known, n=1, cutoff=0.5) or [
+            k for k in known if k.split(".")[1] == key.rpartition(".")[2]]
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        print(f"error: --explain {key}: no such config key{hint}", file=sys.stderr)
+        return 2
+
+
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry point; returns the process exit code."""
     args = parse_args(argv)
+    if args.explain:
+        return explain(args.explain)
     logging.basicConfig(
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         level=logging.INFO if _is_main_rank() else logging.WARNING,

