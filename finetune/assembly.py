@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 import torch
@@ -60,7 +60,7 @@ class Run:
     state: TrainState = field(default_factory=TrainState)
 
 
-def setup_run(cfg: Config, accelerator=None) -> Run:
+def setup_run(cfg: Config, accelerator=None, batching: Optional[Batching] = None) -> Run:
     """Load and prepare everything the config describes.
 
     Nothing is written to ``output.output_dir`` here, so a bad data file or
@@ -74,6 +74,9 @@ def setup_run(cfg: Config, accelerator=None) -> Run:
         accelerator: An existing ``Accelerator``; built with
             :func:`~finetune.launch.build_accelerator` when ``None``. Its
             ``gradient_accumulation_steps`` is set from the run's batching.
+        batching: The run's batching, when the caller resolved it already (``train.py`` does, to
+            refuse a batch the launched processes cannot split before anything is built);
+            resolved here from ``cfg`` when ``None``.
 
     Returns:
         A :class:`Run` whose model, optimizer and dataloaders are prepared.
@@ -87,7 +90,7 @@ def setup_run(cfg: Config, accelerator=None) -> Run:
     from finetune.modeling import load_model, load_model_config, load_tokenizer
 
     accelerator = accelerator or build_accelerator(cfg)
-    batching = check_batching(cfg, accelerator)
+    batching = check_batching(cfg, accelerator, batching)
     set_seed(cfg.training.seed)
     tokenizer = load_tokenizer(cfg.model)
     load_model_config(cfg.model, cfg.data.max_length)
@@ -119,14 +122,20 @@ def setup_run(cfg: Config, accelerator=None) -> Run:
                metrics, plan, task, content_sha256(splits["train"]))
 
 
-def check_batching(cfg: Config, accelerator) -> Batching:
-    """The run's :class:`~finetune.accumulation.Batching` (``b``, ``k`` by epoch, ``P``), decided here once.
+def check_batching(cfg: Config, accelerator, batching: Optional[Batching] = None) -> Batching:
+    """The run's :class:`~finetune.accumulation.Batching` (``b``, ``k`` by epoch, ``P``): ``batching`` when
+    given, else decided here, once.
 
     Raises:
         ConfigError: if the config's batch cannot be split over the processes, or the ``Accelerator``
             already accumulates another ``k`` (given to ``Accelerator`` or to ``accelerate launch``).
+        ValueError: if ``batching`` was resolved for another number of processes than the accelerator's.
     """
-    batching = resolve_batching(cfg.training, accelerator.num_processes)
+    if batching is None:
+        batching = resolve_batching(cfg.training, accelerator.num_processes)
+    elif batching.num_processes != accelerator.num_processes:
+        raise ValueError(f"the batching was resolved for {batching.num_processes} processes, the Accelerator "
+                         f"has {accelerator.num_processes}")
     given = accelerator.gradient_accumulation_steps
     if given not in (1, batching.gradient_accumulation_steps):
         raise ConfigError(

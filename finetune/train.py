@@ -104,7 +104,8 @@ def run_training(config_path: str | None, overrides: list[str], show_config: boo
     from finetune.config import load_config
     from finetune.assembly import setup_run
     from finetune.fitting import fit
-    from finetune.launch import build_accelerator
+    from finetune.accumulation import resolve_batching
+    from finetune.launch import build_accelerator, init_process_state
     from finetune.output_dir import check_output_dir
     from finetune.start_line import describe
 
@@ -113,8 +114,10 @@ def run_training(config_path: str | None, overrides: list[str], show_config: boo
         logger.info("the config of this run:\n%s", yaml.safe_dump(cfg.to_dict(), sort_keys=False).rstrip())
     try:
         check_output_dir(cfg)
+        # k is decided here, once: a batch the launched processes cannot split is refused before anything is built
+        batching = resolve_batching(cfg.training, init_process_state().num_processes)
         accelerator = build_accelerator(cfg)
-        run = setup_run(cfg, accelerator)
+        run = setup_run(cfg, accelerator, batching)
         logger.info(describe(run))
         summary = fit(run)
     except FinetuneError as exc:
