@@ -21,6 +21,7 @@ import difflib
 import logging
 import math
 import os
+import re
 import types
 import typing
 from pathlib import Path
@@ -185,15 +186,26 @@ def _build(cls: type, data: Any, prefix: str) -> Any:
     for key, value in data.items():
         path = f"{prefix}.{key}" if prefix else str(key)
         if key not in names:
-            close = difflib.get_close_matches(str(key), names, n=1, cutoff=0.5)
-            hint = f" (did you mean {prefix + '.' if prefix else ''}{close[0]}?)" if close else ""
-            raise ConfigError(f"{path}: unknown key{hint}")
+            raise ConfigError(f"{path}: unknown key{_key_hint(str(key), names, prefix)}")
         tp = hints[key]
         if dataclasses.is_dataclass(tp):
             kwargs[key] = _build(tp, value, path)
         else:
             kwargs[key] = _coerce(value, tp, path)
     return cls(**kwargs)
+
+
+def _key_hint(key: str, names: list[str], prefix: str) -> str:
+    """`` (did you mean ...?)`` for an unknown key: a near miss in its section, else the section that has it."""
+    close = difflib.get_close_matches(key, names, n=1, cutoff=0.5)
+    if close:
+        return f" (did you mean {prefix + '.' if prefix else ''}{close[0]}?)"
+    if prefix in SECTIONS:  # a key of another section written under this one: training.learning_rate
+        elsewhere = [f"{section}.{key}" for section, cls in SECTIONS.items()
+                     if section != prefix and key in {f.name for f in dataclasses.fields(cls)}]
+        if elsewhere:
+            return f" (did you mean {' or '.join(elsewhere)}?)"
+    return ""
 
 
 def _set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
@@ -416,7 +428,60 @@ def load_config(path: str | os.PathLike | None = None, overrides: list[str] | No
         _set_dotted(data, key, value)
         given.add(key)
     _let_the_command_line_choose_the_length(data, given, path)
-    return config_from_dict(data, source=str(path))
+    try:
+        return config_from_dict(data)
+    except ConfigError as exc:
+        raise ConfigError(f"{origin_of(exc.message, path, overrides or [])}: {exc.message}", exc.hint) from None
+
+
+_KEY_AT_START = re.compile(r"^([a-z_]+)\.([a-z_]+)\b")
+
+
+def origin_of(message: str, path: str | os.PathLike | None, overrides: list[str]) -> str:
+    """Where the key that ``message`` starts with came from, for the front of an error line.
+
+    ``command line`` when an override (or ``--data``, ``--text``, ...) set it;
+    else the YAML file, with the key's line when the file has it; the file
+    alone for a message about no particular key.
+
+    Args:
+        message: An error message; ``section.key: ...`` names the key at fault.
+        path: The YAML file (``None``: the default config).
+        overrides: The ``section.key=value`` overrides of the command line.
+    """
+    path = Path(path) if path is not None else DEFAULT_CONFIG
+    match = _KEY_AT_START.match(message)
+    if match is None:
+        return str(path)
+    section, key = match.groups()
+    if f"{section}.{key}" in {text.split("=", 1)[0].strip() for text in overrides}:
+        return "command line"
+    line = _line_of(path, section, key)
+    return f"{path}:{line}" if line else str(path)
+
+
+def _line_of(path: Path, section: str, key: str) -> int | None:
+    """The line of ``section: key:`` in a YAML file, or ``None`` where the file does not write it."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            root = yaml.compose(fh)
+    except (OSError, yaml.YAMLError, UnicodeDecodeError):
+        return None
+    section_node = _value_of(root, section)
+    key_node = _key_node(section_node, key)
+    return key_node.start_mark.line + 1 if key_node is not None else None
+
+
+def _key_node(mapping, name: str):
+    """The key node ``name`` of a YAML mapping node (``None`` when absent, or not a mapping)."""
+    if not isinstance(mapping, yaml.MappingNode):
+        return None
+    return next((k for k, _ in mapping.value if isinstance(k, yaml.ScalarNode) and k.value == name), None)
+
+
+def _value_of(mapping, name: str):
+    key = _key_node(mapping, name)
+    return next(v for k, v in mapping.value if k is key) if key is not None else None
 
 
 def _let_the_command_line_choose_the_length(data: dict[str, Any], given: set[str], path: Path) -> None:

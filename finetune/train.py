@@ -83,18 +83,19 @@ def _is_main_rank() -> bool:
     return os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0")) == "0"
 
 
-def _name_config_file(exc: FinetuneError, config_path: str | None) -> None:
-    """Put the config file in front of a message that starts with one of its keys.
+def _name_origin(exc: FinetuneError, config_path: str | None, overrides: list[str]) -> None:
+    """Put where the key at fault came from in front of a message that starts with that key.
 
-    Checks made after loading (the batch split over the launched processes, the
-    data's labels, the model's limits) know the key at fault, not the file it
-    came from; ``load_config`` names the file for its own checks.
+    Checks made after loading (a data file that is missing, the batch split
+    over the launched processes, the data's labels, the model's limits) know
+    the key, not where it was set: the command line, or the YAML file and its
+    line (``load_config`` does the same for its own checks).
     """
-    from finetune.config import DEFAULT_CONFIG, Config
+    from finetune.config import Config, origin_of
 
     keys = tuple(f"{f.name}." for f in dataclasses.fields(Config))
     if exc.message.startswith(keys):
-        exc.message = f"{Path(config_path) if config_path else DEFAULT_CONFIG}: {exc.message}"
+        exc.message = f"{origin_of(exc.message, config_path, overrides)}: {exc.message}"
 
 
 def run_training(config_path: str | None, overrides: list[str], show_config: bool = False) -> dict:
@@ -121,7 +122,7 @@ def run_training(config_path: str | None, overrides: list[str], show_config: boo
         logger.info(describe(run))
         summary = fit(run)
     except FinetuneError as exc:
-        _name_config_file(exc, config_path)
+        _name_origin(exc, config_path, overrides)
         raise
     if accelerator.is_main_process and summary.get("eval"):
         shown = " ".join(f"{k}={v:.4f}" for k, v in summary["eval"].items() if isinstance(v, float))

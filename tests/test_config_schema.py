@@ -159,3 +159,44 @@ def test_the_keys_of_the_run_features_have_defaults_and_typed_overrides(tmp_path
     assert cfg.training.accumulation_schedule == {0: 4, 2: 1}
     assert cfg.model.problem_type == "multi_label" and cfg.data.label_delimiter == "|"
     assert (cfg.evaluation.eval_every, cfg.evaluation.metric_for_best_model) == (50, "f1")
+
+
+# --------------------------------------------------------------------------- where a bad value came from
+
+def test_an_override_error_names_the_command_line_not_the_file(tmp_path):
+    path = write(tmp_path, "data:\n  train_file: x.csv\noptim:\n  learning_rate: 3.0e-5\n")
+    with pytest.raises(ConfigError) as exc:
+        load_config(path, ["optim.learnig_rate=1e-4"])
+    assert exc.value.message == "command line: optim.learnig_rate: unknown key (did you mean optim.learning_rate?)"
+    with pytest.raises(ConfigError) as exc:
+        load_config(path, ["optim.learning_rate=-1"])  # the file's own value was fine: the override is at fault
+    assert exc.value.message.startswith("command line: optim.learning_rate: must be > 0")
+    assert str(path) not in exc.value.message
+
+
+def test_a_file_error_names_the_file_and_the_keys_line(tmp_path):
+    path = write(tmp_path, "data:\n  train_file: x.csv\ntraining:\n  seed: 1\n  max_skipped: 0\n")
+    with pytest.raises(ConfigError) as exc:
+        load_config(path, ["training.seed=2"])
+    assert exc.value.message == f"{path}:5: training.max_skipped: must be >= 1, got 0"
+
+
+def test_a_key_in_the_wrong_section_is_told_its_section(tmp_path):
+    path = write(tmp_path, "data:\n  train_file: x.csv\n")
+    with pytest.raises(ConfigError, match=r"^command line: training.learning_rate: unknown key "
+                                          r"\(did you mean optim.learning_rate\?\)$"):
+        load_config(path, ["training.learning_rate=abc"])
+    with pytest.raises(ConfigError, match=r"^command line: data.seed: unknown key \(did you mean training.seed\?\)$"):
+        load_config(path, ["data.seed=1"])
+
+
+def test_a_missing_data_file_from_the_command_line_is_blamed_on_it(tmp_path, capsys):
+    from finetune.train import main
+
+    missing = tmp_path / "mr_trian.csv"
+    code = main(["--data", str(missing), "--output", str(tmp_path / "out")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2
+    assert err[-1].startswith(f"error: command line: data.train_file: {missing}") and "not found" in err[-1]
+    assert "default.yaml" not in err[-1]
+    assert not (tmp_path / "out").exists()
