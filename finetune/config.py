@@ -19,16 +19,15 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import logging
-import math
 import os
 import re
-import types
 import typing
 from pathlib import Path
-from typing import Any, Literal, Union
+from typing import Any
 
 import yaml
 
+from finetune.coerce import _coerce, _describe
 from finetune.errors import ConfigError
 from finetune.schema import (  # noqa: F401  (the schema's names, importable from here as before)
     DEFAULT_METRICS, SECTIONS, Config, DataConfig, EvalConfig, LoggingConfig, ModelConfig, OptimConfig, OutputConfig,
@@ -37,7 +36,7 @@ from finetune.schema import (  # noqa: F401  (the schema's names, importable fro
 
 __all__ = ["Config", "ModelConfig", "DataConfig", "TrainingConfig", "OptimConfig", "EvalConfig", "LoggingConfig",
            "OutputConfig", "DEFAULT_CONFIG", "load_config", "config_from_dict", "parse_override", "read_yaml",
-           "config_yaml", "save_config", "type_name"]
+           "config_yaml", "save_config", "origin_of"]
 
 logger = logging.getLogger("finetune")
 
@@ -53,122 +52,6 @@ DEFAULT_CONFIG = _default_config()
 
 
 # --------------------------------------------------------------------------- loading
-
-def type_name(tp: Any) -> str:
-    origin = typing.get_origin(tp)
-    if origin is Literal:
-        return " | ".join(repr(a) for a in typing.get_args(tp))
-    if origin in (Union, types.UnionType):
-        return " or ".join(type_name(a) for a in typing.get_args(tp))
-    if origin is list:
-        (inner,) = typing.get_args(tp)
-        return f"list of {type_name(inner)}"
-    if origin is dict:
-        key_type, value_type = typing.get_args(tp)
-        return f"mapping of {type_name(key_type)} to {type_name(value_type)}"
-    if tp is type(None):
-        return "null"
-    return getattr(tp, "__name__", str(tp))
-
-
-def _coerce(value: Any, tp: Any, key: str) -> Any:
-    """Check ``value`` against the annotation ``tp``; return it (ints widened to float)."""
-    origin = typing.get_origin(tp)
-    if origin in (Union, types.UnionType):
-        return _coerce_union(value, tp, key)
-    if origin is Literal:
-        return _coerce_literal(value, tp, key)
-    if origin is list:
-        return _coerce_list(value, tp, key)
-    if origin is dict:
-        return _coerce_dict(value, tp, key)
-    return _coerce_scalar(value, tp, key)
-
-
-def _coerce_union(value: Any, tp: Any, key: str) -> Any:
-    """``Optional[X]`` and ``X | Y``: null where allowed, else the first member type that accepts the value."""
-    args = typing.get_args(tp)
-    if value is None and type(None) in args:
-        return None
-    options = [a for a in args if a is not type(None)]
-    if len(options) == 1 and typing.get_origin(options[0]) in (list, dict):
-        return _coerce(value, options[0], key)  # its own error names the item at fault
-    for arg in options:
-        try:
-            return _coerce(value, arg, key)
-        except ConfigError:
-            pass
-    raise ConfigError(f"{key}: expected {type_name(tp)}, got {_describe(value)}")
-
-
-def _coerce_literal(value: Any, tp: Any, key: str) -> str:
-    """One of a ``Literal``'s strings, with the closest one suggested when the value is not."""
-    allowed = typing.get_args(tp)
-    # YAML 1.1 reads a bare `no` as False; `mixed_precision: no` means the string.
-    if value is False and "no" in allowed:
-        value = "no"
-    if value in allowed and isinstance(value, str):
-        return value
-    close = difflib.get_close_matches(str(value), [str(a) for a in allowed], n=1)
-    hint = f" (did you mean {close[0]!r}?)" if close else ""
-    raise ConfigError(f"{key}: expected one of {type_name(tp)}, got {_describe(value)}{hint}")
-
-
-def _coerce_list(value: Any, tp: Any, key: str) -> list:
-    """A list whose items each pass; errors name the item (``key[i]``)."""
-    (inner,) = typing.get_args(tp)
-    if isinstance(value, str) and inner is str:
-        value = [value]  # `report_to: tensorboard` reads as a one-item list
-    if not isinstance(value, list):
-        raise ConfigError(f"{key}: expected {type_name(tp)}, got {_describe(value)}")
-    return [_coerce(v, inner, f"{key}[{i}]") for i, v in enumerate(value)]
-
-
-def _coerce_dict(value: Any, tp: Any, key: str) -> dict:
-    """A mapping whose keys and values each pass; errors name the entry."""
-    key_type, value_type = typing.get_args(tp)
-    if not isinstance(value, dict):
-        raise ConfigError(f"{key}: expected {type_name(tp)}, got {_describe(value)}")
-    out = {}
-    for k, v in value.items():
-        if key_type is int and isinstance(k, str) and k.strip().lstrip("-").isdigit():
-            k = int(k)  # JSON and some YAML writers quote mapping keys
-        out[_coerce(k, key_type, f"{key} key {k!r}")] = _coerce(v, value_type, f"{key}[{k!r}]")
-    return out
-
-
-def _coerce_scalar(value: Any, tp: Any, key: str) -> Any:
-    """``bool``, ``int``, ``float`` (ints widened, YAML 1.1's ``3e-5`` strings read) or ``str``, strictly."""
-    if tp is bool:
-        if isinstance(value, bool):
-            return value
-    elif tp is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-    elif tp is float:
-        if isinstance(value, str):
-            # PyYAML follows YAML 1.1, which reads `3e-5` (no dot) as a string
-            try:
-                value = float(value)
-            except ValueError:
-                pass
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            if not math.isfinite(float(value)):
-                raise ConfigError(f"{key}: must be a finite number, got {value!r}")
-            return float(value)
-    elif tp is str:
-        if isinstance(value, str):
-            return value
-    raise ConfigError(f"{key}: expected {type_name(tp)}, got {_describe(value)}")
-
-
-def _describe(value: Any) -> str:
-    if value is None:
-        return "null"
-    text = repr(value)
-    if len(text) > 60:
-        text = text[:57] + "..."
-    return f"{type(value).__name__} {text}"
 
 
 def _build(cls: type, data: Any, prefix: str) -> Any:

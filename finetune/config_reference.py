@@ -23,7 +23,7 @@ import typing
 from pathlib import Path
 from typing import Any
 
-from finetune.config import type_name
+from finetune.coerce import type_name
 from finetune.schema import SECTIONS
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "configuration.md"
