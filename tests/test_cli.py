@@ -154,7 +154,8 @@ def test_bad_key_is_one_line_and_touches_nothing(assets, trained, tmp_path):
     assert proc.returncode != 0  # accelerate's launcher turns every failure into 1
     assert "Traceback" not in proc.stderr
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
-    assert errors == [f"error: {cfg}: training.per_device_train_bach_size: unknown key "
+    line = next(i for i, text in enumerate(cfg.read_text().splitlines(), 1) if "per_device_train_bach_size" in text)
+    assert errors == [f"error: {cfg}:{line}: training.per_device_train_bach_size: unknown key "
                       f"(did you mean training.per_device_train_batch_size?)"]
     after = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
     assert after == before

@@ -341,7 +341,8 @@ def test_cli_effective_batch_that_two_processes_cannot_split_is_one_line(cli_con
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     # printed once (by the main process), naming B=12, b=4 and P=2
     assert len(errors) == 1, proc.stderr[-3000:]
-    assert errors[0].startswith(f"error: {cfg}: training.effective_batch_size: ")
+    # the value came from the command line, and the line says so (not the config file it overrode)
+    assert errors[0].startswith("error: command line: training.effective_batch_size: ")
     assert {"12", "4", "2"} <= set(re.findall(r"\d+", errors[0].split("effective_batch_size:")[1]))
     assert not (tmp_path / "out").exists()
 
