@@ -111,7 +111,7 @@ class Batching:
 
     def window_sizes(self) -> dict[int, int]:
         """Samples per window, ``{first epoch: b * k * P}``, as the sampler groups them."""
-        return {epoch: self.per_device_batch_size * k * self.num_processes for epoch, k in self.schedule.changes}
+        return {epoch: self.effective_batch_size_at(epoch) for epoch, _ in self.schedule.changes}
 
     def with_micro_batch(self, b: int, k: int) -> "Batching":
         """The same effective batch cut into ``k`` micro-batches of ``b`` (the automatic micro-batch)."""

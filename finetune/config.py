@@ -84,11 +84,26 @@ def _key_hint(key: str, names: list[str], prefix: str) -> str:
     if close:
         return f" (did you mean {prefix + '.' if prefix else ''}{close[0]}?)"
     if prefix in SECTIONS:  # a key of another section written under this one: training.learning_rate
-        elsewhere = [f"{section}.{key}" for section, cls in SECTIONS.items()
-                     if section != prefix and key in {f.name for f in dataclasses.fields(cls)}]
-        if elsewhere:
-            return f" (did you mean {' or '.join(elsewhere)}?)"
+        return _did_you_mean(sections_having(key, besides=prefix))
     return ""
+
+
+def sections_having(key: str, besides: str = "") -> list[str]:
+    """``section.key`` for each section of the schema (but ``besides``) that has a key named ``key``."""
+    return [f"{section}.{key}" for section, cls in SECTIONS.items()
+            if section != besides and key in {f.name for f in dataclasses.fields(cls)}]
+
+
+def unknown_key_hint(dotted: str) -> str:
+    """`` (did you mean ...?)`` for a ``section.key`` the schema lacks (``""`` when nothing is near)."""
+    section, _, key = dotted.rpartition(".")
+    if section in SECTIONS:
+        return _key_hint(key, [f.name for f in dataclasses.fields(SECTIONS[section])], section)
+    return _did_you_mean(sections_having(key))
+
+
+def _did_you_mean(candidates: list[str]) -> str:
+    return f" (did you mean {' or '.join(candidates)}?)" if candidates else ""
 
 
 def _set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
@@ -96,10 +111,8 @@ def _set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
     parts = dotted.split(".")
     if len(parts) != 2 or not all(parts):
         sections = [f.name for f in dataclasses.fields(Config)]
-        owners = [f"{section}.{dotted}" for section, cls in SECTIONS.items()
-                  if dotted in {f.name for f in dataclasses.fields(cls)}]
-        hint = f" (did you mean {' or '.join(owners)}?)" if owners else ""
-        raise ConfigError(f"override {dotted!r}: expected section.key, one of sections {', '.join(sections)}{hint}")
+        raise ConfigError(f"override {dotted!r}: expected section.key, one of sections {', '.join(sections)}"
+                          f"{_did_you_mean(sections_having(dotted))}")
     section, key = parts
     section_fields = {f.name: f for f in dataclasses.fields(Config)}
     if section not in section_fields:

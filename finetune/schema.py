@@ -30,11 +30,6 @@ def setting(default: Any = dataclasses.MISSING, help: str = "", *, factory: Opti
     return field(default=default, metadata=metadata)
 
 
-def help_of(section: type, name: str) -> str:
-    """The help text of key ``name`` of a section's dataclass."""
-    return next(f.metadata.get("help", "") for f in dataclasses.fields(section) if f.name == name)
-
-
 @dataclass
 class ModelConfig:
     """Which pretrained encoder to fine-tune."""

@@ -9,11 +9,11 @@ it, and exits with the code a shell reports for that signal.
 
 from __future__ import annotations
 
+import logging
 import os
 import shlex
 import signal
 import sys
-import logging
 import threading
 from pathlib import Path
 from typing import Any, Optional

@@ -102,10 +102,10 @@ def run_training(config_path: str | None, overrides: list[str], show_config: boo
     """Load the config, build the run, train it. Returns the metrics summary."""
     import yaml
 
-    from finetune.config import load_config
-    from finetune.assembly import setup_run
-    from finetune.fitting import fit
     from finetune.accumulation import resolve_batching
+    from finetune.assembly import setup_run
+    from finetune.config import load_config
+    from finetune.fitting import fit
     from finetune.launch import build_accelerator, init_process_state
     from finetune.output_dir import check_output_dir
     from finetune.start_line import describe
@@ -132,20 +132,14 @@ def run_training(config_path: str | None, overrides: list[str], show_config: boo
 
 def explain(key: str) -> int:
     """``--explain section.key``: print the key's reference; exit code 2 for a key the schema lacks."""
+    from finetune.config import unknown_key_hint
     from finetune.config_reference import key_help
-    from finetune.config import SECTIONS
 
     try:
         print(key_help(key))
         return 0
     except KeyError:
-        import difflib
-
-        known = [f"{section}.{f.name}" for section, cls in SECTIONS.items() for f in dataclasses.fields(cls)]
-        close = difflib.get_close_matches(key, known, n=1, cutoff=0.5) or [
-            k for k in known if k.split(".")[1] == key.rpartition(".")[2]]
-        hint = f" (did you mean {close[0]}?)" if close else ""
-        print(f"error: --explain {key}: no such config key{hint}", file=sys.stderr)
+        print(f"error: --explain {key}: no such config key{unknown_key_hint(key)}", file=sys.stderr)
         return 2
 
 

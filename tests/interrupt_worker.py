@@ -28,8 +28,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import finetune.checkpoint  # noqa: E402
-import finetune.signals  # noqa: E402
 import finetune.modeling  # noqa: E402
+import finetune.signals  # noqa: E402
 from finetune.train import main  # noqa: E402
 
 

@@ -122,8 +122,8 @@ def test_a_cycle_would_be_found():
 
 
 TRAINING_SIDE = {"finetune.assembly", "finetune.fitting", "finetune.dataloaders", "finetune.output_dir",
-                 "finetune.results", "finetune.runner", "finetune.loop", "finetune.checkpoint", "finetune.cpu", "finetune.signals",
-                 "finetune.accumulation", "finetune.optimization", "finetune.autobatch", "finetune.sampling"}
+                 "finetune.results", "finetune.runner", "finetune.loop", "finetune.checkpoint", "finetune.cpu",
+                 "finetune.signals", "finetune.accumulation", "finetune.optimization", "finetune.autobatch", "finetune.sampling"}
 
 
 def _reachable(graph: dict[str, set[str]], start: str) -> set[str]:
