@@ -54,7 +54,7 @@ def fit(
 
     Returns:
         The summary ``{"train": {...}, "eval": {...}, "best": {...}, "epochs": [...], "labels": [...]}``,
-        as written to ``metrics.json``; ``train.stopped_early`` is True when
+        as written to ``metrics.json``; ``train.ended`` is ``"stopped_by_caller"`` when
         ``on_update`` ended the run (then nothing is written).
 
     Raises:
@@ -90,8 +90,7 @@ def _fit(run: Run, on_epoch_end, on_update) -> dict[str, Any]:
         if finished and run.eval_dataloader is not None and not history.done_at(run.state.step):
             evaluations.evaluate(epoch=None)  # the final weights were not evaluated yet
         best = evaluations.best_at_end() if finished else None
-        summary = summarize(run, history.records, stopped_early=not finished,
-                            early_stopped=ending is RunEnd.EARLY_STOPPED, best=best)
+        summary = summarize(run, history.records, ended=ending.value, best=best)
         if finished:
             write_outputs(run, summary)
         if signals.signum is not None and acc.is_main_process:
@@ -105,11 +104,12 @@ def _fit(run: Run, on_epoch_end, on_update) -> dict[str, Any]:
 class RunEnd(enum.Enum):
     """How :func:`train_epochs` ended."""
 
+    # the values are metrics.json's train.ended
     COMPLETED = "completed"
     # early stopping: evaluation.early_stopping_patience evaluations without improvement
-    EARLY_STOPPED = "early stopped"
+    EARLY_STOPPED = "early_stopped"
     # fit's on_update callback asked to stop: nothing more is evaluated or written
-    STOPPED_BY_CALLER = "stopped by the caller"
+    STOPPED_BY_CALLER = "stopped_by_caller"
 
 
 class Evaluations:

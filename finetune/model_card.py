@@ -124,7 +124,7 @@ def model_card(cfg, summary: dict[str, Any]) -> str:
         which = "the best evaluation's" if cfg.evaluation.load_best_model_at_end else "the last update's"
         chosen = (f" Evaluations were compared on `{best['metric']}`; the best was at update {best['step']}"
                   f" ({best['value']:.4g}); the weights here are {which}.")
-    stopped = " The run ended early: the validation metric stopped improving." if train.get("early_stopped") else ""
+    stopped = " The run ended early: the validation metric stopped improving." if train.get("ended") == "early_stopped" else ""
     rows = "\n".join(f"| {_TITLES.get(m, m)} | {v:.4f} |" for m, v in metrics.items())
     lines = [
         "---",

@@ -22,9 +22,13 @@ if TYPE_CHECKING:
 logger = logging.getLogger("finetune")
 
 
-def summarize(run: "Run", history: list[dict[str, Any]], stopped_early: bool = False, early_stopped: bool = False,
+def summarize(run: "Run", history: list[dict[str, Any]], ended: str = "completed",
               best: Optional[dict[str, Any]] = None) -> dict[str, Any]:
     """The run's summary: what ``metrics.json`` holds.
+
+    ``train.ended`` says how training ended: ``completed`` (every planned
+    update), ``early_stopped`` (``evaluation.early_stopping_patience``) or
+    ``stopped_by_caller`` (``fit``'s ``on_update``; then nothing is written).
 
     ``eval`` holds the metrics of the saved model: the best evaluation's under
     ``evaluation.load_best_model_at_end``, else the last one's.
@@ -48,8 +52,7 @@ def summarize(run: "Run", history: list[dict[str, Any]], stopped_early: bool = F
             "accumulation_by_epoch": list(run.plan.accumulation),
             "num_processes": run.batching.num_processes,
             "mixed_precision": run.accelerator.mixed_precision,
-            "stopped_early": stopped_early,
-            "early_stopped": early_stopped,
+            "ended": ended,
         },
         "eval": {k.removeprefix("eval/"): v for k, v in final.items() if k.startswith("eval/")},
         "best": best,

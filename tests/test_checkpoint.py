@@ -393,7 +393,7 @@ def test_a_checkpoint_of_an_interrupted_run_is_a_model(tmp_path, capsys):
                                 output={"checkpoint_every": 2})
     run = runs[0]
     weights = run.accelerator.unwrap_model(run.model).state_dict()  # stopped right after update 2
-    assert summary["train"]["stopped_early"] and not (tmp_path / "out" / "model.safetensors").exists()
+    assert summary["train"]["ended"] == "stopped_by_caller" and not (tmp_path / "out" / "model.safetensors").exists()
     checkpoint = tmp_path / "out" / "checkpoints" / "checkpoint-2"
     model = AutoModelForSequenceClassification.from_pretrained(checkpoint)
     for name, value in model.state_dict().items():

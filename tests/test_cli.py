@@ -81,6 +81,8 @@ def test_one_log_record_per_update(trained):
     assert train[-1]["train/lr"] > 0
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["train"]["updates"] == 2 * updates_per_epoch
+    # one field says how training ended, not two that can be read to disagree
+    assert metrics["train"]["ended"] == "completed" and not {"stopped_early", "early_stopped"} & set(metrics["train"])
     assert set(metrics["eval"]) >= {"loss", "accuracy", "f1"}
     assert metrics["eval"]["num_samples"] == round(0.2 * N_ROWS)
 

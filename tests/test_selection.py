@@ -118,7 +118,7 @@ def test_early_stopping_ends_a_run_that_peaked_and_keeps_the_best_model(peaked):
     # three evaluations without improvement: stopped at update 8 of 18, with a line saying why
     assert "early stopping: loss has not improved on" in stderr and "(update 2)" in stderr
     metrics = json.loads((out / "metrics.json").read_text())
-    assert metrics["train"]["updates"] == 8 and metrics["train"]["early_stopped"] is True
+    assert metrics["train"]["updates"] == 8 and metrics["train"]["ended"] == "early_stopped"
     assert metrics["best"]["step"] == 2 and metrics["best"]["metric"] == "loss"
     assert metrics["eval"]["loss"] == evals[0]["eval/loss"]  # the saved model's metrics, not the last ones
     # the best checkpoint outlived keep_last: 1, and the shipped model is its weights
