@@ -212,6 +212,7 @@ def train_epochs(run: Run, checkpoints: Checkpointer, evaluations: Evaluations, 
             if run.state.step >= run.plan.total_updates or evaluations.should_stop():
                 break
             accumulate_as(acc, run.batching, epoch)  # training.accumulation_schedule
+            first_update = run.state.step + 1
             result = train_one_epoch(
                 run.model, run.optimizer, run.scheduler, run.train_dataloader, acc, epoch,
                 state=run.state, max_grad_norm=cfg.training.max_grad_norm, log_every=cfg.logging.log_every,
@@ -219,8 +220,7 @@ def train_epochs(run: Run, checkpoints: Checkpointer, evaluations: Evaluations, 
                 on_nonfinite=cfg.training.on_nonfinite, max_skipped=cfg.training.max_skipped, progress=progress,
                 loss_fn=run.task.per_sample_loss,
             )
-            logger.info("epoch %d: %d updates, loss %.4f, %d samples in %.1fs",
-                        epoch, result.updates, result.loss, result.samples, result.seconds)
+            logger.info(epoch_line(run, epoch, first_update, result))
             finished = not result.stopped_early or run.state.step >= run.plan.total_updates
             if signals.agreed is not None:
                 eval_due = finished and evaluations.due_at_epoch_end(run.state.step)
@@ -234,6 +234,19 @@ def train_epochs(run: Run, checkpoints: Checkpointer, evaluations: Evaluations, 
             if evaluations.should_stop():
                 return RunEnd.EARLY_STOPPED
     return RunEnd.COMPLETED
+
+
+def epoch_line(run: Run, epoch: int, first_update: int, result) -> str:
+    """What one epoch's training did, saying whether the epoch ended or stopped part-way (a signal,
+    ``training.max_steps``, a callback) and which updates ran here (a resumed epoch starts part-way)."""
+    state = run.state
+    if state.epoch > epoch:  # train_one_epoch moves the state to the next epoch at the epoch's end
+        where = f"epoch {epoch} done"
+    else:
+        where = (f"epoch {epoch} stopped at update {state.step}, micro-batch {state.micro_batch} of "
+                 f"{len(run.train_dataloader)}")
+    updates = f"updates {first_update}-{state.step}" if result.updates else "no updates"
+    return f"{where}: {updates}, loss {result.loss:.4f} over {result.samples} samples in {result.seconds:.1f}s"
 
 
 def interrupt(run: Run, checkpoints: Checkpointer, signum: int, pending_eval_epoch: Optional[int]) -> None:

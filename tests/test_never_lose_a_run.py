@@ -90,10 +90,16 @@ def _stopped(job, name: str, at: int) -> Path:
 @pytest.mark.slow
 def test_the_identical_command_resumes_after_a_preemption(job):
     root, cfg, reference = job
-    out = _stopped(job, "requeued", 5)
+    out = root / "requeued"
+    stop = _train(cfg, out, FINETUNE_TEST_SIGNAL="5:SIGTERM")
+    assert stop.returncode == 143, stop.stderr[-3000:]
+    # 3 updates an epoch: the log says epoch 1 stopped part-way, not that it ended
+    assert "epoch 1 stopped at update 5, micro-batch 4 of 6: updates 4-5, loss" in stop.stderr, stop.stderr[-3000:]
+    assert "epoch 0 done: updates 1-3, loss" in stop.stderr and "epoch 1 done" not in stop.stderr
     proc = _train(cfg, out)  # requeued as it was: no resume_from on the command line
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "resumed from" in proc.stderr and "checkpoint-5: update 5" in proc.stderr
+    assert "epoch 1 done: updates 6-6, loss" in proc.stderr and "epoch 0 done" not in proc.stderr
     assert _same_model(out, reference) and _records(out) == _records(reference)
     # and once more: a finished run requeued resumes from its last checkpoint and changes nothing
     before = (out / "model.safetensors").read_bytes()
