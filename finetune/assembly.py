@@ -58,6 +58,8 @@ class Run:
     # SHA-256 of the training rows (texts and labels, in the data's order): resuming needs the same data
     data_sha256: str = ""
     state: TrainState = field(default_factory=TrainState)
+    # the weights made new for the data's labels (the classification head), empty when the model had its head
+    new_head: tuple[str, ...] = ()
 
 
 def setup_run(cfg: Config, accelerator=None, batching: Optional[Batching] = None) -> Run:
@@ -87,7 +89,7 @@ def setup_run(cfg: Config, accelerator=None, batching: Optional[Batching] = None
     from accelerate.utils import set_seed
 
     from finetune.data import content_sha256
-    from finetune.modeling import load_model, load_model_config, load_tokenizer
+    from finetune.modeling import load_model_config, load_model_reporting, load_tokenizer
 
     accelerator = accelerator or build_accelerator(cfg)
     batching = check_batching(cfg, accelerator, batching)
@@ -96,7 +98,7 @@ def setup_run(cfg: Config, accelerator=None, batching: Optional[Batching] = None
     load_model_config(cfg.model, cfg.data.max_length)
     cache_dir = tokenized_cache_dir(cfg)
     splits, labels = load_data(cfg, accelerator)
-    model = load_model(cfg.model, labels.id2label, max_length=cfg.data.max_length)
+    model, new_head = load_model_reporting(cfg.model, labels.id2label, max_length=cfg.data.max_length)
     metrics = metric_suite(cfg, labels, splits["train"])
     task = build_task(cfg, labels, splits["train"])
     tokenized = tokenize_data(cfg, splits, tokenizer, accelerator, cache_dir)
@@ -119,7 +121,7 @@ def setup_run(cfg: Config, accelerator=None, batching: Optional[Batching] = None
     # generators over this one (finetune.checkpoint).
     set_seed(cfg.training.seed)
     return Run(cfg, accelerator, batching, tokenizer, labels, model, optimizer, scheduler, train_dl, eval_dl,
-               metrics, plan, task, content_sha256(splits["train"]))
+               metrics, plan, task, content_sha256(splits["train"]), new_head=new_head)
 
 
 def check_batching(cfg: Config, accelerator, batching: Optional[Batching] = None) -> Batching:
@@ -160,11 +162,11 @@ def metric_suite(cfg: Config, labels, train_split):
     counts = class_counts(train_split, len(labels.names)) if labels.problem_type == "single_label" else None
     if evaluation.average == "auto" and labels.problem_type == "multi_label":
         evaluation.average = "micro"
-        logger.info("evaluation.average: auto -> micro (multi_label)")
+        logger.debug("evaluation.average: auto -> micro (multi_label)")  # the start line says it
     elif evaluation.average == "auto" and labels.problem_type == "single_label":
         average, positive = resolve_average(evaluation, labels.names, counts)
         why = "evaluation.positive_label" if evaluation.positive_label else "the rarer of two"
-        logger.info("evaluation.average: auto -> %s",
+        logger.debug("evaluation.average: auto -> %s",  # the start line says it
                     f"binary, positive class {positive!r} ({why})" if average == "binary" else average)
         evaluation.average, evaluation.positive_label = average, positive
     return metric_suite_for(evaluation, labels.names, labels.problem_type, counts)
@@ -197,7 +199,8 @@ def build_task(cfg: Config, labels, train_split) -> Task:
             raise ConfigError(f"training.class_weights: {unknown[0]!r} is not a label of the training data "
                               f"({', '.join(names[:10])}{', ...' if len(names) > 10 else ''})")
         weights = [float(spec.get(name, 1.0)) for name in names]
-    logger.info("training.class_weights: %s", ", ".join(f"{n}={w:.4g}" for n, w in zip(names, weights)))
+    # the start line says it
+    logger.debug("training.class_weights: %s", ", ".join(f"{n}={w:.4g}" for n, w in zip(names, weights)))
     return Task("single_label", torch.tensor(weights, dtype=torch.float32))
 
 

@@ -74,6 +74,8 @@ _NAME = re.compile(rf"^(\.old-)?{CHECKPOINT_PREFIX}(\d+)$")  # OLD_PREFIX or the
 # Config keys that may change between a run and its resume: they do not touch the
 # training trajectory. Every other key of these sections must be identical.
 COMPARED_SECTIONS = ("model", "data", "training", "optim")
+# config keys that setup may settle (write back) after the early comparison of config_changes
+SETTLED_IN_SETUP = frozenset({"data.validation_split_name"})
 MAY_CHANGE_ON_RESUME = frozenset({
     "training.on_nonfinite",
     "training.max_skipped",
@@ -234,6 +236,13 @@ ADDED_KEYS = frozenset({
 })
 
 
+def config_fingerprint(cfg) -> dict[str, Any]:
+    """The config keys of a run's fingerprint: those of the sections that shape the trajectory."""
+    sections = cfg.to_dict()
+    return {f"{section}.{key}": value for section in COMPARED_SECTIONS for key, value in sections[section].items()
+            if f"{section}.{key}" not in MAY_CHANGE_ON_RESUME}
+
+
 def run_fingerprint(run: "Run") -> dict[str, Any]:
     """What a resume must find unchanged for the rest of the run to be the same run.
 
@@ -242,13 +251,7 @@ def run_fingerprint(run: "Run") -> dict[str, Any]:
     ``P``, the number of training samples and the update plan (so the
     schedule, sized in updates, is the one the checkpoint was on).
     """
-    cfg = run.cfg.to_dict()
-    fingerprint: dict[str, Any] = {}
-    for section in COMPARED_SECTIONS:
-        for key, value in cfg[section].items():
-            name = f"{section}.{key}"
-            if name not in MAY_CHANGE_ON_RESUME:
-                fingerprint[name] = value
+    fingerprint = config_fingerprint(run.cfg)
     fingerprint.update({
         # the training rows themselves: a file edited in place is another run
         "data.train_sha256": getattr(run, "data_sha256", None),
@@ -286,6 +289,63 @@ def changed_settings(meta: dict[str, Any], run) -> Optional[str]:
         return None
     shown = "; ".join(f"{k}: {saved.get(k)!r} -> {current.get(k)!r}" for k in changed[:3])
     return shown + (f" (and {len(changed) - 3} more)" if len(changed) > 3 else "")
+
+
+def config_changes(meta: dict[str, Any], cfg) -> Optional[str]:
+    """What differs between a checkpoint's config keys and ``cfg``'s, in words (``None``: nothing).
+
+    The half of :func:`changed_settings` that needs no model and no data, so
+    that a folder of another run is refused before either is loaded. Keys
+    that setup settles (:data:`SETTLED_IN_SETUP`) wait for the full check.
+    """
+    saved = meta.get("fingerprint", {})
+    current = json.loads(json.dumps(config_fingerprint(cfg)))
+    changed = [k for k, v in current.items()
+               if k not in SETTLED_IN_SETUP and saved.get(k) != v and (k in saved or k not in ADDED_KEYS)]
+    if not changed:
+        return None
+    shown = "; ".join(f"{k}: {saved.get(k)!r} -> {current.get(k)!r}" for k in changed[:3])
+    return shown + (f" (and {len(changed) - 3} more)" if len(changed) > 3 else "")
+
+
+def refuse_another_runs_checkpoints(cfg) -> None:
+    """Before anything is loaded: refuse to resume when the checkpoints at hand are another run's.
+
+    ``output.resume_from: auto`` needs one checkpoint with this config;
+    ``latest`` or a named checkpoint must have it. Their files are verified,
+    and the data and the plan compared, once the run is built
+    (:func:`choose_checkpoint`); this reads only each ``trainer_state.json``.
+
+    Raises:
+        ConfigError: the message :func:`choose_checkpoint` or :func:`check_compatible` would give.
+    """
+    out = cfg.output
+    spec = out.resume_from
+    if not spec or (spec == "auto" and out.overwrite):
+        return
+    if spec in ("auto", "latest"):
+        candidates = list_checkpoints(out.output_dir)
+    else:
+        candidates = [resolve_resume(out.output_dir, spec)]
+    readable = [(path, _readable_state(path)) for path in candidates]
+    changes = [config_changes(meta, cfg) for _, meta in readable if meta is not None]
+    if not changes or any(change is None for change in changes):
+        return
+    if spec == "auto":
+        raise ConfigError(
+            f"output.output_dir: {out.output_dir} holds checkpoints of another run ({changes[-1]}); "
+            f"pass output.overwrite=true to replace that run, or choose another output.output_dir"
+        )
+    path = readable[-1][0]
+    raise ConfigError(f"output.resume_from: {path} was written by a run with other settings: {changes[-1]}; "
+                      f"resume with the same settings, or start afresh")
+
+
+def _readable_state(path: Path) -> Optional[dict[str, Any]]:
+    try:
+        return read_state(path)
+    except ConfigError:
+        return None  # damaged: choose_checkpoint passes it over, or says so
 
 
 def check_compatible(meta: dict[str, Any], run, path: Path) -> None:

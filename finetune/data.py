@@ -164,7 +164,7 @@ def load_splits(cfg: DataConfig, seed: int, problem_type: str = "single_label"
     splits["train"] = _subset(splits["train"], cfg.max_train_samples, seed)
     if "validation" in splits:
         splits["validation"] = _subset(splits["validation"], cfg.max_eval_samples, seed)
-    logger.info(
+    logger.debug(  # the start line says it too
         "data: %d train rows, %s validation rows, %d classes (%s)",
         len(splits["train"]),
         len(splits["validation"]) if "validation" in splits else "no",
@@ -529,6 +529,9 @@ def _load_hub(cfg: DataConfig) -> tuple[_Table, Optional[_Table]]:
             logger.info(
                 "%s has no split %r; carving validation from %r", shown, cfg.validation_split_name, cfg.train_split
             )
+            # written back, as the run's other decisions are: config.yaml and the model card then say
+            # that the validation rows were held out of the training split
+            cfg.validation_split_name = None
     return train, validation
 
 

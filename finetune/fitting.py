@@ -200,7 +200,7 @@ def train_epochs(run: Run, checkpoints: Checkpointer, evaluations: Evaluations, 
             metrics = evaluations.evaluate(epoch)
             if on_epoch_end is not None:
                 on_epoch_end(epoch, metrics)
-        checkpoints.save(f"end of epoch {epoch}")
+        checkpoints.save(f"end of epoch {epoch}" if run.state.epoch > epoch else f"last update, in epoch {epoch}")
 
     progress = tqdm(total=run.plan.total_updates, initial=run.state.step, desc="train", unit="update",
                     disable=not (acc.is_main_process and cfg.logging.progress_bar), dynamic_ncols=True)

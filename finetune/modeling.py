@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import logging
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 from finetune.config import ModelConfig
 from finetune.errors import ModelError
-from finetune.resources import resolve_path
+from finetune.resources import PACKAGED_HUB_MODELS, is_package_path, package_of, package_version, resolve_path
 
 
 def _location(name_or_path: str, key: str) -> str:
@@ -76,7 +78,20 @@ def load_model_config(cfg: ModelConfig, max_length: Optional[int] = None):
 
 
 def load_model(cfg: ModelConfig, id2label: dict[int, str], max_length: Optional[int] = None):
-    """``AutoModelForSequenceClassification`` with the data's labels.
+    """``AutoModelForSequenceClassification`` with the data's labels (see :func:`load_model_reporting`)."""
+    return load_model_reporting(cfg, id2label, max_length)[0]
+
+
+def load_model_reporting(cfg: ModelConfig, id2label: dict[int, str], max_length: Optional[int] = None
+                         ) -> tuple[Any, tuple[str, ...]]:
+    """``AutoModelForSequenceClassification`` with the data's labels, and the names of its new head's weights.
+
+    A classification head made for the data's labels is what fine-tuning
+    expects, so transformers' load report, which lists its weights as
+    missing, is held back when that is all it says; the caller names the new
+    head once (the start line does). A report of anything else (encoder
+    weights missing, unexpected or of another shape) is shown as transformers
+    wrote it.
 
     Args:
         cfg: The ``model`` section.
@@ -113,15 +128,93 @@ def load_model(cfg: ModelConfig, id2label: dict[int, str], max_length: Optional[
             if hasattr(config, name):
                 setattr(config, name, cfg.dropout)
     try:
-        return AutoModelForSequenceClassification.from_pretrained(
-            location,
-            config=config,
-            revision=cfg.revision,
-            trust_remote_code=cfg.trust_remote_code,
-            ignore_mismatched_sizes=cfg.ignore_mismatched_sizes,
-        )
+        with _held_load_report() as held:
+            model, info = AutoModelForSequenceClassification.from_pretrained(
+                location,
+                config=config,
+                revision=cfg.revision,
+                trust_remote_code=cfg.trust_remote_code,
+                ignore_mismatched_sizes=cfg.ignore_mismatched_sizes,
+                output_loading_info=True,
+            )
     except (OSError, ValueError) as exc:
         raise ModelError(f"model.name_or_path: cannot load {location}: {_first_line(exc)}") from None
+    new_head, other = _new_head(model, info)
+    if other:
+        for record in held:  # not only the head: transformers' own report says what and why
+            logging.getLogger(record.name).handle(record)
+    return model, new_head
+
+
+def _new_head(model, info: dict) -> tuple[tuple[str, ...], bool]:
+    """The weights that start untrained outside the encoder (the head), and whether anything else was reported."""
+    encoder = f"{model.base_model_prefix}."
+    mismatched = {k[0] if isinstance(k, (tuple, list)) else k for k in info.get("mismatched_keys") or ()}
+    fresh = set(info.get("missing_keys") or ()) | mismatched
+    head = tuple(sorted(k for k in fresh if not k.startswith(encoder)))
+    other = len(fresh) > len(head) or bool(info.get("unexpected_keys")) or bool(info.get("error_msgs"))
+    return head, other
+
+
+@contextlib.contextmanager
+def _held_load_report():
+    """Hold back transformers' load report while a model loads; yields the held records.
+
+    Hand-written because transformers has no switch for the report alone: it
+    is one WARNING record of ``transformers.modeling_utils`` whose text starts
+    with the class name and ``LOAD REPORT``. Were that wording to change, the
+    report would simply be shown, as without this.
+    """
+    held: list[logging.LogRecord] = []
+
+    def hold(record: logging.LogRecord) -> bool:
+        if "LOAD REPORT" in str(record.msg):
+            held.append(record)
+            return False
+        return True
+
+    source = logging.getLogger("transformers.modeling_utils")
+    source.addFilter(hold)
+    try:
+        yield held
+    finally:
+        source.removeFilter(hold)
+
+
+def hub_id(name_or_path: str) -> Optional[str]:
+    """The Hugging Face Hub id of the model ``model.name_or_path`` names, where one is known.
+
+    A Hub id is its own; a model shipped in a Python package the package's
+    (:data:`~finetune.resources.PACKAGED_HUB_MODELS`); a folder of the Hub's
+    cache (``.../models--org--name/snapshots/<commit>``) the id it was
+    downloaded as. A local folder of any other kind has none: its contents
+    may be anything.
+    """
+    if is_package_path(name_or_path):
+        return PACKAGED_HUB_MODELS.get(package_of(name_or_path)[0])
+    path = Path(name_or_path).expanduser()
+    cached = next((p.name for p in (path, *path.parents) if p.name.startswith("models--")), None)
+    if cached:
+        return cached[len("models--"):].replace("--", "/")
+    if path.exists() or name_or_path.startswith((".", "/", "~")):
+        return None
+    return name_or_path
+
+
+def model_name(name_or_path: str) -> str:
+    """The starting model, named so that the name means something on another machine.
+
+    Its Hub id where one is known (:func:`hub_id`); else, for a model inside
+    a Python package, its path there and the package with its version, and
+    for a local folder, the folder's name.
+    """
+    known = hub_id(name_or_path)
+    if known:
+        return known
+    if is_package_path(name_or_path):
+        dist, inner = package_of(name_or_path)
+        return f"{inner} of the Python package {dist} {package_version(dist)}"
+    return f"the local model {Path(name_or_path).expanduser().resolve().name}"
 
 
 def require_saved_model(path: str | Path) -> Path:

@@ -16,7 +16,7 @@ import logging
 import os
 from pathlib import Path
 
-from finetune.checkpoint import resolve_resume
+from finetune.checkpoint import refuse_another_runs_checkpoints, resolve_resume
 from finetune.config import Config, config_yaml
 from finetune.errors import ConfigError
 from finetune.outputs import CONFIG_FILE, LOCK_FILE, OutputLock, clear_previous_run, write_atomic
@@ -31,7 +31,8 @@ def check_output_dir(cfg: Config) -> None:
         ConfigError: if ``output.output_dir`` cannot be created or written; if it
             holds an earlier run's files that nothing says to resume or replace
             (``auto`` resumes only from a checkpoint; ``overwrite`` replaces); or if
-            ``output.resume_from`` names no complete checkpoint.
+            ``output.resume_from`` names no complete checkpoint, or only checkpoints of
+            a run with other settings.
     """
     out = Path(cfg.output.output_dir)
     if out.exists() and not out.is_dir():
@@ -54,6 +55,7 @@ def check_output_dir(cfg: Config) -> None:
             f"output.output_dir: {out} is not empty; set output.resume_from=auto to continue it "
             f"or output.overwrite=true to write over it"
         )
+    refuse_another_runs_checkpoints(cfg)
 
 
 @contextlib.contextmanager

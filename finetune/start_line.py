@@ -1,8 +1,13 @@
-"""The start line: what a run will do, said once before its first update.
+"""The start line: what a run will do, said once, before its first update and after every input check.
 
-Processes and backend, device and threads, the precision and why it was
-chosen, the CPU speed-ups in force, the micro-batch cut, ``b``, ``k`` (by
-epoch under a schedule), ``P``, the effective batch, and the updates.
+It reads as the run does: what (the model, its head, the data and its
+validation rows), how (the precision and why it was chosen, ``b x k x P``,
+the updates, the metrics' averaging), and where (processes, backend, device,
+threads, the CPU speed-ups in force, the micro-batch cut), then the output
+folder. The decisions setup takes on its way (the averaging, the class
+weights, the rows read) are said here rather than line by line before it, so
+the first line of a run says what will happen and anything wrong in the input
+is the one line before it.
 """
 
 from __future__ import annotations
@@ -11,29 +16,60 @@ import torch
 
 from finetune.assembly import Run
 from finetune.cpu import plan_cpu_speedups, speedup_settings
+from finetune.data_sources import data_sources
 from finetune.launch import choose_precision
+from finetune.modeling import model_name
 from finetune.optimization import UpdatePlan
 
 
 def describe(run: Run) -> str:
-    """One start-up line: processes, backend, device, CPU speed-ups, b/k/P/B, updates."""
-    acc = run.accelerator
-    b = run.batching
+    """One line: what the run trains on what, how, and where, then its output folder."""
+    return f"start: {_what(run)} | {_how(run)} | {_where(run)} -> {run.cfg.output.output_dir}"
+
+
+def _what(run: Run) -> str:
+    cfg = run.cfg
+    sources = data_sources(cfg.data, cfg.training.seed)
+    head = "new head" if run.new_head else "its trained head"
+    validation = (f"; validation: {len(run.eval_dataloader.dataset)} rows, {sources.validation}"
+                  if run.eval_dataloader is not None else "; no validation")
+    return (f"fine-tune {model_name(cfg.model.name_or_path)} ({head}) for {_labels(run)} "
+            f"on {sources.train}: {len(run.train_dataloader.dataset)} train rows{validation}")
+
+
+def _labels(run: Run) -> str:
+    names, problem_type = list(run.labels.names), run.labels.problem_type
+    if problem_type == "regression":
+        return f"regression on {names[0]}"
+    shown = ", ".join(names[:8]) + (", ..." if len(names) > 8 else "")
+    kind = "multi-label, " if problem_type == "multi_label" else ""
+    return f"{len(names)} {'labels' if kind else 'classes'} ({kind}{shown})"
+
+
+def _how(run: Run) -> str:
+    acc, b, training, evaluation = run.accelerator, run.batching, run.cfg.training, run.cfg.evaluation
+    parts = [
+        f"precision={acc.mixed_precision} ({choose_precision(training.mixed_precision, acc.device)[1]})",
+        f"b={b.per_device_batch_size} k={b.describe_k()} P={b.num_processes} effective_batch={b.effective_batch_size}",
+        f"updates={run.plan.total_updates} ({_updates_by_epoch(run.plan)}, warmup {run.plan.warmup_updates})",
+    ]
+    if run.labels.problem_type != "regression":
+        positive = f" on {evaluation.positive_label!r}" if evaluation.average == "binary" else ""
+        parts.append(f"average={evaluation.average}{positive}")
+    weights = run.task.class_weights
+    if weights is not None:
+        parts.append("class_weights=" + ",".join(f"{n}:{w:.4g}" for n, w in zip(run.labels.names, weights.tolist())))
+    return " ".join(parts)
+
+
+def _where(run: Run) -> str:
+    acc, training = run.accelerator, run.cfg.training
     backend = getattr(acc.state, "backend", None) or "none"
-    training = run.cfg.training
+    threads = f" threads={torch.get_num_threads()}" if acc.device.type == "cpu" else ""
     speedups = plan_cpu_speedups(run.model, acc, quiet=True, **speedup_settings(training)).describe()
-    return (
-        f"processes={acc.num_processes} backend={backend} device={acc.device} "
-        f"{'threads=' + str(torch.get_num_threads()) + ' ' if acc.device.type == 'cpu' else ''}"
-        f"precision={acc.mixed_precision} ({choose_precision(training.mixed_precision, acc.device)[1]}) "
-        f"{speedups + ' ' if speedups else ''}"
-        f"workers={run.train_dataloader.num_workers} "
-        f"micro-batches={'balanced' if hasattr(run.train_dataloader.batch_sampler, 'sizes') else 'equal'} "
-        f"b={b.per_device_batch_size} k={b.describe_k()} "
-        f"P={b.num_processes} effective_batch={b.effective_batch_size} "
-        f"train_samples={len(run.train_dataloader.dataset)} updates={run.plan.total_updates} "
-        f"({_updates_by_epoch(run.plan)}, warmup {run.plan.warmup_updates})"
-    )
+    cut = "balanced" if hasattr(run.train_dataloader.batch_sampler, "sizes") else "equal"
+    return (f"processes={acc.num_processes} backend={backend} device={acc.device}{threads}"
+            f"{' ' + speedups if speedups else ''} workers={run.train_dataloader.num_workers} micro-batches={cut}")
 
 
 def _updates_by_epoch(plan: UpdatePlan) -> str:

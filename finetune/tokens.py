@@ -61,9 +61,10 @@ def tokenize_splits(
         text_columns = [c for c in (TEXT, TEXT_PAIR) if c in split.column_names]
         key = _split_key(split, settings) if settings is not None else None
         cache_file = str(folder / f"{key}.arrow") if key is not None else None
-        if cache_file is not None:
-            logger.info("%s split: %s %s", name, "tokens from" if Path(cache_file).exists() else "caching tokens in",
-                        cache_file)
+        if cache_file is not None and Path(cache_file).exists():
+            logger.debug("%s split: tokens from %s", name, cache_file)
+        elif cache_file is not None:
+            logger.debug("%s split: tokenizing %d rows into %s", name, len(split), cache_file)  # datasets shows a bar
         # datasets' own cache: with an explicit file name, map() loads it when it exists, and
         # otherwise writes it through a temporary file that is renamed when complete. Our key is
         # also the result's fingerprint, which spares map() hashing the tokenizer with dill

@@ -74,7 +74,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("overrides", nargs="*", metavar="section.key=value", help="dotted config overrides")
     args = parser.parse_intermixed_args(argv)
     shortcuts = [f"{key}={getattr(args, flag)}" for flag, key in SHORTCUTS.items() if getattr(args, flag)]
-    args.shortcut = bool(shortcuts)
     args.overrides = shortcuts + list(args.overrides)
     return args
 
@@ -98,8 +97,14 @@ def _name_origin(exc: FinetuneError, config_path: str | None, overrides: list[st
         exc.message = f"{origin_of(exc.message, config_path, overrides)}: {exc.message}"
 
 
-def run_training(config_path: str | None, overrides: list[str], show_config: bool = False) -> dict:
-    """Load the config, build the run, train it. Returns the metrics summary."""
+def run_training(config_path: str | None, overrides: list[str]) -> dict:
+    """Load the config, build the run, train it. Returns the metrics summary.
+
+    What is logged comes in the run's order: notes on the config, the start
+    line (:func:`finetune.start_line.describe`) once every input is checked,
+    then the progress. The whole config goes to the output folder's
+    ``config.yaml`` and, with ``--debug``, to the log.
+    """
     import yaml
 
     from finetune.accumulation import resolve_batching
@@ -111,8 +116,8 @@ def run_training(config_path: str | None, overrides: list[str], show_config: boo
     from finetune.start_line import describe
 
     cfg = load_config(config_path, overrides)
-    if show_config and _is_main_rank():
-        logger.info("the config of this run:\n%s", yaml.safe_dump(cfg.to_dict(), sort_keys=False).rstrip())
+    if _is_main_rank():
+        logger.debug("the config of this run:\n%s", yaml.safe_dump(cfg.to_dict(), sort_keys=False).rstrip())
     try:
         check_output_dir(cfg)
         # k is decided here, once: a batch the launched processes cannot split is refused before anything is built
@@ -128,6 +133,17 @@ def run_training(config_path: str | None, overrides: list[str], show_config: boo
         shown = " ".join(f"{k}={v:.4f}" for k, v in summary["eval"].items() if isinstance(v, float))
         logger.info("done: %s -> %s", shown, cfg.output.output_dir)
     return summary
+
+
+def quiet_library_progress() -> None:
+    """No progress bars of transformers' own (loading and writing weights) in the command's log.
+
+    Each takes a second or less and leaves a bar line between the log's lines;
+    the run's own bar shows its progress. Notebooks keep transformers' default.
+    """
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.disable_progress_bar()
 
 
 def explain(key: str) -> int:
@@ -152,7 +168,10 @@ def main(argv: list[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         level=logging.INFO if _is_main_rank() else logging.WARNING,
     )
-    code = run_command(lambda: run_training(args.config, args.overrides, args.shortcut), debug=args.debug,
+    if args.debug and _is_main_rank():
+        logger.setLevel(logging.DEBUG)
+    quiet_library_progress()
+    code = run_command(lambda: run_training(args.config, args.overrides), debug=args.debug,
                        quiet=not _is_main_rank())
     if code and not _is_main_rank():
         # torchrun stops every process as soon as one exits: were another rank first, the main

@@ -63,7 +63,7 @@ def _kill_saving(step: str) -> None:
 
 
 def _nan_at(index: int) -> None:
-    original = finetune.modeling.load_model
+    original = finetune.modeling.load_model_reporting
     calls = {"n": 0}
 
     def hook(module, args, output):
@@ -75,12 +75,12 @@ def _nan_at(index: int) -> None:
             output.logits = output.logits * float("nan")  # still in the graph: backward runs as for a real NaN
         return output
 
-    def load_model(*args, **kwargs):
-        model = original(*args, **kwargs)
+    def load_model_reporting(*args, **kwargs):
+        model, new_head = original(*args, **kwargs)
         model.register_forward_hook(hook)
-        return model
+        return model, new_head
 
-    finetune.modeling.load_model = load_model
+    finetune.modeling.load_model_reporting = load_model_reporting
 
 
 def _enospc_at(step: str) -> None:

@@ -119,6 +119,8 @@ def test_another_runs_checkpoints_are_refused_and_left_alone(job):
     line = _errors(proc)[0]
     assert f"{out} holds checkpoints of another run (optim.learning_rate: 0.001 -> 0.0003" in line
     assert "pass output.overwrite=true" in line
+    # refused first: before the model or the data were read, the start line or anything else said
+    assert proc.stderr.strip().splitlines() == [line], proc.stderr[-3000:]
     assert _files(out) == before  # not a byte changed
     # told to, it replaces that run
     proc = _train(cfg, out, "optim.learning_rate=3e-4", "output.overwrite=true")

@@ -1,0 +1,54 @@
+"""Where a run's rows come from, named for people: the start line and the model card say it the same way.
+
+A run trains on a Hub data set's split or on a local file, and validates on
+another split, another file, or rows held out of the training data. Local
+files are named by their file name (a path on one machine means nothing on
+another), Hub data sets by their id and configuration.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from finetune.config import DataConfig
+
+
+@dataclass(frozen=True)
+class DataSources:
+    """The training and validation data of a run, in words."""
+
+    # the training data: "glue (sst2)" or a file's name
+    train: str
+    # the validation data: "glue (sst2) validation split", a file's name, or the rows held out of train
+    validation: str
+    # the Hub data set id, when the data is one
+    hub_id: Optional[str] = None
+    hub_config: Optional[str] = None
+    # the data set the validation results are on, and its split, as a Hub model card's model-index names them
+    results_name: str = ""
+    results_split: str = ""
+
+
+def data_sources(cfg: DataConfig, seed: int) -> DataSources:
+    """Name the training and validation data of the ``data`` section (``seed``: that of the held-out rows)."""
+    if cfg.dataset_name:
+        train = cfg.dataset_name + (f" ({cfg.dataset_config})" if cfg.dataset_config else "")
+        hub = {"hub_id": cfg.dataset_name, "hub_config": cfg.dataset_config}
+    else:
+        train = _file_name(cfg.train_file)
+        hub = {}
+    held_out = (f"{cfg.validation_split:.0%} of the training rows held out (stratified, seed {seed})"
+                if cfg.validation_split > 0 else "none")
+    if cfg.validation_file:
+        name = _file_name(cfg.validation_file)
+        return DataSources(train, name, results_name=name, results_split="all rows", **hub)
+    if cfg.dataset_name and cfg.validation_split_name:
+        return DataSources(train, f"{train} {cfg.validation_split_name} split", results_name=train,
+                           results_split=cfg.validation_split_name, **hub)
+    return DataSources(train, held_out, results_name=train, results_split=held_out, **hub)
+
+
+def _file_name(spec: Optional[str]) -> str:
+    return Path(str(spec)).name

