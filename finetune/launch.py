@@ -32,6 +32,8 @@ logger = logging.getLogger("finetune")
 
 # Environment variables through which launchers tell a process the world size:
 # torchrun (what `accelerate launch` uses) and the MPI flavours Accelerate reads.
+# warnings a process gives once, however often it asks for the process state
+_SAID_ONCE: set[str] = set()
 _WORLD_SIZE_VARS = ["WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE"]
 
 
@@ -49,6 +51,23 @@ def launched_world_size() -> int:
             except ValueError:
                 raise LaunchError(f"{name}: expected a whole number of processes, got {value!r}") from None
     return 1
+
+
+def several_processes_asked_for_one_started() -> bool:
+    """Whether ``accelerate launch --num_processes N`` (N > 1) started this one process alone.
+
+    Accelerate's launcher starts the script once, as a single process, when
+    it is not told ``--multi_gpu`` (or a config file's equivalent) and finds
+    no GPUs, whatever ``--num_processes`` says. That launcher still sets
+    ``MASTER_ADDR`` and ``MASTER_PORT`` for more than one process, and it
+    always sets ``ACCELERATE_MIXED_PRECISION``; a launcher that did start
+    several processes also sets ``WORLD_SIZE`` (torchrun) or its MPI
+    equivalent. The number asked for is not in the environment.
+    """
+    env = os.environ
+    launched_by_accelerate = "ACCELERATE_MIXED_PRECISION" in env
+    rendezvous = "MASTER_ADDR" in env and "MASTER_PORT" in env
+    return launched_by_accelerate and rendezvous and not any(env.get(name) for name in _WORLD_SIZE_VARS)
 
 
 def _requested_engine() -> str | None:
@@ -91,6 +110,13 @@ def init_process_state():
         raise LaunchError(
             f"the launcher started {world} processes but Accelerate joined {state.num_processes} "
             f"({state.distributed_type}); check accelerate launch's --num_processes and --num_machines"
+        )
+    if world == 1 and several_processes_asked_for_one_started() and "one process" not in _SAID_ONCE:
+        _SAID_ONCE.add("one process")  # the state is asked for twice in a run (the batching, the Accelerator)
+        logger.warning(
+            "accelerate launch was asked for several processes but started one (without --multi_gpu it starts "
+            "one process where it finds no GPUs): this run trains on 1 process; for N processes on the CPU, "
+            "accelerate launch --multi_gpu --num_processes N ..."
         )
     if fell_back and state.is_main_process:
         logger.info(

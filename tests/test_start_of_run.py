@@ -119,3 +119,20 @@ def test_the_model_is_named_so_that_it_means_something_elsewhere(tmp_path):
     assert model_name(str(cached)) == "FacebookAI/roberta-base"
     assert model_name(str(tmp_path)) == f"the local model {tmp_path.name}"
     assert model_name("pkg:some-dist/inner/model") == "inner/model of the Python package some-dist ?"
+
+
+@pytest.mark.slow
+def test_a_launch_that_started_fewer_processes_than_asked_says_so(tmp_path, own_data_run):
+    _, one_process = own_data_run
+    assert "asked for several processes" not in one_process  # one asked, one started: nothing to say
+    model = save_tiny_model(tmp_path / "tiny-bert")
+    data = _write_csv(tmp_path / "reviews.csv", make_texts(40, seed=3))
+    # no --multi_gpu and no GPU: Accelerate's launcher starts one process whatever --num_processes says
+    launcher = [sys.executable, "-m", "accelerate.commands.launch", "-q", "--num_processes", "2", "--num_machines",
+                "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
+    proc = run_cli(["--data", str(data), "--output", str(tmp_path / "out"), f"model.name_or_path={model}",
+                    "training.max_steps=1", "data.max_length=32", "logging.progress_bar=false"], launcher=launcher)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    warnings = [line for line in _log_lines(proc.stderr) if "asked for several processes but started one" in line]
+    assert len(warnings) == 1 and "accelerate launch --multi_gpu --num_processes N" in warnings[0]
+    assert "processes=1 " in proc.stderr  # and the start line says what it got
