@@ -7,6 +7,9 @@ import os
 import subprocess
 import sys
 import zipfile
+from pathlib import Path
+
+import pytest
 
 from helpers import REPO, offline_env
 
@@ -44,3 +47,48 @@ def test_the_wheel_trains_with_the_default_config_from_anywhere(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     metrics = json.loads((work / "out" / "metrics.json").read_text())
     assert metrics["train"]["updates"] == 2 and metrics["labels"] == ["ham", "spam"]
+
+
+def _own_data_block() -> list[str]:
+    """The README's "Your own data" commands, as written (comments dropped)."""
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    section = readme.split("## Your own data", 1)[1]
+    block = section.split("```bash\n", 1)[1].split("```", 1)[0]
+    return [line.split("  #")[0].strip() for line in block.splitlines() if line.strip()]
+
+
+def _write_reviews(folder, rows) -> None:
+    """The README's example files: reviews.csv and reviews.jsonl (sentence, sentiment) and reviews/<label>/."""
+    import csv
+
+    with open(folder / "reviews.csv", "w", encoding="utf-8", newline="") as fh:
+        csv.writer(fh).writerows([("sentence", "sentiment"), *((text, label) for label, text in rows)])
+    with open(folder / "reviews.jsonl", "w", encoding="utf-8") as fh:
+        fh.writelines(json.dumps({"sentence": text, "sentiment": label}) + "\n" for label, text in rows)
+    for i, (label, text) in enumerate(rows):
+        (folder / "reviews" / label).mkdir(parents=True, exist_ok=True)
+        (folder / "reviews" / label / f"{i}.txt").write_text(text, encoding="utf-8")
+
+
+@pytest.mark.slow
+def test_the_readmes_own_data_commands_run_as_written_after_its_set_up(tmp_path):
+    from helpers import make_texts
+
+    setup, *commands = _own_data_block()
+    assert setup == "source .venv/bin/activate" and len(commands) == 3
+    # the environment `make` made (in a checkout set up otherwise, the one these tests run in)
+    venv = REPO / ".venv" if (REPO / ".venv" / "bin" / "activate").is_file() else Path(sys.prefix)
+    if not (venv / "bin" / "activate").is_file():
+        pytest.skip(f"the tests run outside a virtual environment ({sys.prefix}); the README's set-up makes one")
+    env = {k: v for k, v in offline_env({"FINETUNE_CPU_THREADS": "2"}).items() if k != "VIRTUAL_ENV"}
+    env["PATH"] = os.pathsep.join(p for p in env["PATH"].split(os.pathsep) if not p.startswith(str(venv)))
+    for i, command in enumerate(commands):
+        work = tmp_path / f"user{i}"  # each command is an alternative, run where a user would: beside the data
+        work.mkdir()
+        (work / ".venv").symlink_to(venv)
+        _write_reviews(work, make_texts(40, seed=i))
+        proc = subprocess.run(["bash", "-c", f"{setup} && {command}"], cwd=work, env=env, capture_output=True,
+                              text=True, timeout=600)
+        assert proc.returncode == 0, f"{command}\n{proc.stderr[-3000:]}"
+        metrics = json.loads((work / "outputs" / "reviews" / "metrics.json").read_text())
+        assert metrics["labels"] == ["ham", "spam"] and metrics["train"]["updates"] == 2, command
