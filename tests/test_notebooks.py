@@ -104,6 +104,8 @@ def test_quickstart(assets, tmp_path):
                          "'pipeline': classifier(TEXTS), 'predicted': predictor.predict(TEXTS)}")
     outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
     assert not [o for o in outputs if o.get("output_type") == "error"]
+    # no bar that cannot draw here: tqdm's widget without ipywidgets warns "IProgress not found"
+    assert not [o for o in outputs if "IProgress" in o.get("text", "")]
     # the curves were drawn inline
     assert any("image/png" in o.get("data", {}) for o in outputs)
     train = [r for r in result["records"] if "train/loss" in r]
@@ -140,3 +142,12 @@ def test_accumulation(assets):
     # ... the textbook recipe too on the full windows, but not from the first ragged window on
     assert max(result["textbook_diff"][:2]) < 1e-5
     assert min(result["textbook_diff"][2:]) > max(100 * max(result["exact_diff"]), 1e-6)
+
+
+def test_the_documented_headless_run_has_its_command():
+    # docs/notebooks.md: `jupyter nbconvert --to notebook --execute ...` with the test extras `make` installs
+    import shutil
+
+    assert shutil.which("jupyter-nbconvert", path=str(Path(sys.executable).parent)) is not None
+    docs = (REPO / "docs" / "notebooks.md").read_text(encoding="utf-8")
+    assert "jupyter nbconvert --to notebook --execute notebooks/accumulation.ipynb" in docs
