@@ -7,7 +7,8 @@ it); its steps run in the order that fails cheapest first::
     tokenizer, model config          before the data is read: a bad model path fails at once
     data, labels, metrics, task      dataloaders.load_data, metric_suite, build_task
     tokens                           dataloaders.tokenize_data (cached)
-    micro-batch (auto)               autobatch.fit_micro_batch: the same B, a smaller b, a larger k
+    micro-batch (auto), memory       autobatch.fit_micro_batch: the same B, a smaller b, a larger k, and
+                                     gradient checkpointing when the micro-batch would be too small
     dataloaders, optimizer           dataloaders.build_dataloaders, optimization.build_optimizer
     accelerator.prepare, plan        the update plan counted on the prepared dataloader
     scheduler                        sized in updates, not prepared
@@ -25,7 +26,7 @@ import numpy as np
 import torch
 
 from finetune.accumulation import Batching, accumulate_as, layout_for, resolve_batching
-from finetune.autobatch import fit_micro_batch
+from finetune.autobatch import Checkpointing, fit_micro_batch, fixed_checkpointing
 from finetune.config import Config
 from finetune.dataloaders import build_dataloaders, collator, load_data, tokenize_data, tokenized_cache_dir
 from finetune.errors import ConfigError
@@ -60,6 +61,8 @@ class Run:
     state: TrainState = field(default_factory=TrainState)
     # the weights made new for the data's labels (the classification head), empty when the model had its head
     new_head: tuple[str, ...] = ()
+    # training.gradient_checkpointing as decided (autobatch: with the micro-batch under auto)
+    checkpointing: Checkpointing = field(default_factory=Checkpointing)
 
 
 def setup_run(cfg: Config, accelerator=None, batching: Optional[Batching] = None) -> Run:
@@ -103,7 +106,10 @@ def setup_run(cfg: Config, accelerator=None, batching: Optional[Batching] = None
     task = build_task(cfg, labels, splits["train"])
     tokenized = tokenize_data(cfg, splits, tokenizer, accelerator, cache_dir)
     if cfg.training.per_device_train_batch_size == "auto":
-        batching = fit_micro_batch(model, tokenized["train"], collator(tokenizer, accelerator), accelerator, batching)
+        batching, checkpointing = fit_micro_batch(model, tokenized["train"], collator(tokenizer, accelerator),
+                                                  accelerator, batching, cfg.training.gradient_checkpointing)
+    else:
+        checkpointing = fixed_checkpointing(model, cfg.training.gradient_checkpointing)
     accumulate_as(accelerator, batching, epoch=0)  # before prepare: DeepSpeed reads k there
     if cfg.training.torch_compile:
         model.compile()  # in place: state_dict keys, unwrap_model and save_pretrained stay as without compiling
@@ -121,7 +127,8 @@ def setup_run(cfg: Config, accelerator=None, batching: Optional[Batching] = None
     # generators over this one (finetune.checkpoint).
     set_seed(cfg.training.seed)
     return Run(cfg, accelerator, batching, tokenizer, labels, model, optimizer, scheduler, train_dl, eval_dl,
-               metrics, plan, task, content_sha256(splits["train"]), new_head=new_head)
+               metrics, plan, task, content_sha256(splits["train"]), new_head=new_head,
+               checkpointing=checkpointing)
 
 
 def check_batching(cfg: Config, accelerator, batching: Optional[Batching] = None) -> Batching:

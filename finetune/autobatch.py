@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import gc
 import logging
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
@@ -174,31 +175,91 @@ def choose_micro_batch(
         if not failed:
             break
         if b == 1:
-            raise LaunchError(
-                "training.per_device_train_batch_size: auto found no micro-batch that fits: even b=1 ran out "
-                "of memory (on at least one process); lower data.max_length or use a larger device"
-            )
+            raise LaunchError(_NOTHING_FITS)
         b //= 2
     k = effective_batch_size // (b * num_processes)
-    logger.info(
+    logger.debug(  # the start line gives b and k
         "auto micro-batch: b=%d, k=%d (effective batch %d over %d processes); tried b=%s",
         b, k, effective_batch_size, num_processes, ", ".join(tried),
     )
     return b, k
 
 
-def fit_micro_batch(model, train_dataset, collate: Callable[[list], dict], accelerator, batching):
+# Below this many samples a micro-batch leaves a GPU's kernels underfed and pays the per-micro-batch cost
+# (kernel launches, the optimizer's share) 2-8x more often; recomputing the forward costs about a third
+# more compute. So the automatic micro-batch prefers checkpointing to a micro-batch smaller than this.
+USEFUL_MICRO_BATCH = 8
+
+
+@dataclass(frozen=True)
+class Checkpointing:
+    """Whether the run recomputes activations (``training.gradient_checkpointing``), and why."""
+
+    on: bool = False
+    why: str = "off"
+
+    def describe(self) -> str:
+        return f"checkpointing={'on' if self.on else 'off'} ({self.why})"
+
+
+def fixed_checkpointing(model, setting) -> Checkpointing:
+    """``training.gradient_checkpointing`` with a fixed micro-batch: as set; ``auto`` is off (nothing to fit)."""
+    from finetune.modeling import set_gradient_checkpointing
+
+    on = setting is True
+    set_gradient_checkpointing(model, on)
+    return Checkpointing(on, "set" if setting != "auto" else "auto: the micro-batch is set")
+
+
+def fit_micro_batch(model, train_dataset, collate: Callable[[list], dict], accelerator, batching,
+                    checkpointing=False):
     """``per_device_train_batch_size: auto``: the largest ``b`` that fits with ``B`` unchanged.
 
+    The levers in order: the micro-batch first (the math does not change),
+    then, under ``training.gradient_checkpointing: auto``, recomputation when
+    the micro-batch that fits without it is below :data:`USEFUL_MICRO_BATCH`
+    (or below ``B / P``, when that is smaller) and a larger one fits with it.
+
     Returns:
-        The run's :class:`~finetune.accumulation.Batching` with that ``b`` and the ``k`` that keeps ``B``.
+        ``(batching, checkpointing)``: the run's :class:`~finetune.accumulation.Batching` with that ``b``
+        and the ``k`` that keeps ``B``, and the :class:`Checkpointing` chosen.
+
+    Raises:
+        LaunchError: if even ``b = 1`` runs out of memory, with every lever allowed.
     """
+    from finetune.modeling import set_gradient_checkpointing
+
     model.to(accelerator.device)
-    b, k = choose_micro_batch(
-        model,
-        lambda size: worst_case_batch(train_dataset, collate, size),
-        accelerator,
-        batching.effective_batch_size,
-        start=batching.per_device_batch_size,
-    )
-    return batching.with_micro_batch(b, k)
+
+    def largest(recompute: bool) -> tuple[int, int]:
+        set_gradient_checkpointing(model, recompute)
+        return choose_micro_batch(model, lambda size: worst_case_batch(train_dataset, collate, size), accelerator,
+                                  batching.effective_batch_size, start=batching.per_device_batch_size)
+
+    if checkpointing != "auto":
+        b, k = largest(checkpointing)
+        return batching.with_micro_batch(b, k), Checkpointing(checkpointing, "set")
+    useful = min(USEFUL_MICRO_BATCH, batching.per_device_batch_size)
+    try:
+        b, k = largest(False)
+    except LaunchError:
+        b, k = 0, 0
+    if b >= useful:
+        return batching.with_micro_batch(b, k), Checkpointing(False, f"auto: b={b} fits without it")
+    if not getattr(model, "supports_gradient_checkpointing", False):
+        if not b:
+            raise LaunchError(_NOTHING_FITS + f"; {type(model).__name__} has no gradient checkpointing")
+        return batching.with_micro_batch(b, k), Checkpointing(False, f"auto: {type(model).__name__} has none")
+    try:
+        with_it = largest(True)
+    except LaunchError:
+        raise LaunchError(_NOTHING_FITS + ", with gradient checkpointing too") from None
+    if with_it[0] > b:
+        return (batching.with_micro_batch(*with_it),
+                Checkpointing(True, f"auto: b={with_it[0]} with it, {b or 'none'} without"))
+    set_gradient_checkpointing(model, False)
+    return batching.with_micro_batch(b, k), Checkpointing(False, f"auto: b={b} either way")
+
+
+_NOTHING_FITS = ("training.per_device_train_batch_size: auto found no micro-batch that fits: even b=1 ran out of "
+                 "memory (on at least one process); lower data.max_length or use a larger device")

@@ -82,6 +82,8 @@ MAY_CHANGE_ON_RESUME = frozenset({
     "training.eval_each_epoch",
     "training.per_device_eval_batch_size",
     "data.num_workers",
+    # recomputation replays the same values (and dropout masks): a run that ran out of memory may resume with it
+    "training.gradient_checkpointing",
     # compared through the resolved b, k, P below, so that either spelling resumes
     "training.gradient_accumulation_steps",
     "training.effective_batch_size",

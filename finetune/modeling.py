@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from finetune.config import ModelConfig
-from finetune.errors import ModelError
+from finetune.errors import ConfigError, ModelError
 from finetune.resources import PACKAGED_HUB_MODELS, is_package_path, package_of, package_version, resolve_path
 
 
@@ -179,6 +179,40 @@ def _held_load_report():
         yield held
     finally:
         source.removeFilter(hold)
+
+
+def set_gradient_checkpointing(model, on: bool) -> None:
+    """Switch transformers' gradient checkpointing of ``model`` on or off.
+
+    Non-reentrant (``use_reentrant=False``): it needs no input that requires
+    a gradient, works with the embedding's own backward, and restores the
+    random-number generators before recomputing, so dropout draws the same
+    masks twice and the update is the one without checkpointing.
+
+    Raises:
+        ConfigError: if it is asked for and the model's class does not support it.
+    """
+    # transformers renamed it activation checkpointing; the gradient_checkpointing_* names are the older ones
+    renamed = hasattr(model, "activation_checkpointing_enable")
+    if not on:
+        if is_checkpointing(model) and renamed:
+            model.activation_checkpointing_disable()
+        elif is_checkpointing(model):
+            model.gradient_checkpointing_disable()
+        return
+    if not getattr(model, "supports_gradient_checkpointing", False):
+        raise ConfigError(f"training.gradient_checkpointing: {type(model).__name__} does not support it")
+    if renamed:
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
+def is_checkpointing(model) -> bool:
+    """Whether ``model`` recomputes its layers' activations in the backward pass."""
+    if hasattr(model, "is_activation_checkpointing"):
+        return bool(model.is_activation_checkpointing)
+    return bool(getattr(model, "is_gradient_checkpointing", False))
 
 
 def hub_id(name_or_path: str) -> Optional[str]:

@@ -154,6 +154,12 @@ class TrainingConfig:
         "largest power of two dividing `B / P` and halve it (doubling `k`) while a trial micro-batch of "
         "the longest samples runs out of memory, so `B` and the updates stay exactly the same. See "
         ":mod:`finetune.autobatch`.")
+    gradient_checkpointing: Union[bool, Literal["auto"]] = setting("auto",
+        "Recompute each encoder layer's activations in the backward pass instead of keeping them "
+        "(transformers' `gradient_checkpointing_enable`, non-reentrant; dropout masks are replayed, so "
+        "the update is the same): far less activation memory for about a third more compute. `auto`: on "
+        "only with `per_device_train_batch_size: auto`, when the largest micro-batch that fits without it "
+        "is below `min(8, B / P)` and a larger one fits with it. The start line says what was chosen.")
     per_device_eval_batch_size: int = setting(64, "Batch size per process for evaluation.")
     gradient_accumulation_steps: Optional[int] = setting(None,
         "Micro-batches accumulated per optimizer update (`k`). Null when `effective_batch_size` is given.")

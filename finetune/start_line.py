@@ -52,6 +52,7 @@ def _how(run: Run) -> str:
         f"precision={acc.mixed_precision} ({choose_precision(training.mixed_precision, acc.device)[1]})",
         f"b={b.per_device_batch_size} k={b.describe_k()} P={b.num_processes} effective_batch={b.effective_batch_size}",
         f"updates={run.plan.total_updates} ({_updates_by_epoch(run.plan)}, warmup {run.plan.warmup_updates})",
+        run.checkpointing.describe(),
     ]
     if run.labels.problem_type != "regression":
         positive = f" on {evaluation.positive_label!r}" if evaluation.average == "binary" else ""

@@ -17,6 +17,7 @@ from torch.utils.data import DataLoader
 from finetune.config import OptimConfig
 from finetune.cpu import cpu_speedups
 from finetune.loop import TrainState, train_one_epoch
+from finetune.modeling import is_checkpointing, set_gradient_checkpointing
 from finetune.optimization import build_optimizer, build_scheduler, plan_updates
 from finetune.accumulation import Batching, ShardLayout
 from finetune.sampling import EpochSampler
@@ -30,7 +31,7 @@ B = 32
 
 def _run(b: int, k: int, epochs: int = 2, lr: float = 1e-3, schedule: str = "linear", warmup: int = 1,
          max_grad_norm=None, data=None, mixed_precision="no", log_every: int = 1, sparse_embedding=True,
-         heap="keep"):
+         heap="keep", checkpointing=False, dropout=0.0, dropout_masks=True):
     from accelerate import Accelerator
     from accelerate.state import AcceleratorState, GradientState
 
@@ -38,7 +39,8 @@ def _run(b: int, k: int, epochs: int = 2, lr: float = 1e-3, schedule: str = "lin
     GradientState._reset_state()
     acc = Accelerator(cpu=True, gradient_accumulation_steps=k, mixed_precision=mixed_precision)
     data = data if data is not None else token_dataset(N, seed=1)
-    model = tiny_bert(seed=0)
+    model = tiny_bert(seed=0, dropout=dropout)
+    set_gradient_checkpointing(model, checkpointing)
     embedding_grads = []  # is each micro-batch's word-embedding gradient sparse?
     model.get_input_embeddings().weight.register_hook(lambda g: embedding_grads.append(g.is_sparse))
     opt_cfg = OptimConfig(learning_rate=lr, lr_scheduler_type=schedule, warmup_steps=warmup, weight_decay=0.01)
@@ -69,7 +71,9 @@ def _run(b: int, k: int, epochs: int = 2, lr: float = 1e-3, schedule: str = "lin
 
     records = []
     state = TrainState()
-    with cpu_speedups(model, optimizer, acc, sparse_embedding=sparse_embedding, heap=heap):
+    torch.manual_seed(11)  # dropout's stream starts here in every run
+    with cpu_speedups(model, optimizer, acc, sparse_embedding=sparse_embedding, heap=heap,
+                      dropout_masks=dropout_masks):
         for epoch in range(epochs):
             train_one_epoch(model, optimizer, scheduler, dl, acc, epoch, state=state, max_grad_norm=max_grad_norm,
                             log_every=log_every, on_log=records.append, on_update=on_update)
@@ -129,6 +133,32 @@ def test_sparse_and_dense_embedding_gradients_both_keep_the_contract(fresh_accel
     assert not torch.equal(sparse["snapshots"][0][name], sparse["snapshots"][-1][name])  # the embedding learned
     # the model is handed back as it came: a loop of the caller's own gets dense gradients
     assert sparse["model"].get_input_embeddings().sparse is False
+
+
+@pytest.mark.parametrize("max_grad_norm", [None, 1.0])
+def test_gradient_checkpointing_keeps_the_contract(fresh_accelerate_state, max_grad_norm):
+    # (8, 4) recomputing its activations trains the weights of (32, 1) that keeps them, ragged windows included
+    big = _run(b=32, k=1, max_grad_norm=max_grad_norm)
+    recomputed = _run(b=8, k=4, max_grad_norm=max_grad_norm, checkpointing=True)
+    assert is_checkpointing(recomputed["model"]) and not is_checkpointing(big["model"])
+    _assert_same_weights(big["snapshots"], recomputed["snapshots"])
+
+
+@pytest.mark.parametrize("dropout_masks", [True, False])
+def test_recomputation_replays_the_dropout_masks(fresh_accelerate_state, dropout_masks):
+    # Dropout on: the recomputed forward must draw the masks the first forward drew, with the CPU's 16-bit
+    # masks and the embedding's row gradient on or off. (Against (32, 1) the masks differ whatever
+    # checkpointing does: 32 rows draw their masks in another order than four micro-batches of 8.)
+    kept = _run(b=8, k=4, dropout=0.1, dropout_masks=dropout_masks)
+    recomputed = _run(b=8, k=4, dropout=0.1, dropout_masks=dropout_masks, checkpointing=True)
+    assert len(kept["snapshots"]) == 6
+    for update, (a, b) in enumerate(zip(kept["snapshots"], recomputed["snapshots"])):
+        for name in a:
+            assert torch.equal(a[name], b[name]), f"update {update}, {name}"
+    # and dropout was on: without it the weights differ
+    plain = _run(b=8, k=4, checkpointing=True)
+    last, dropped = plain["snapshots"][-1], kept["snapshots"][-1]
+    assert not all(torch.equal(last[name], dropped[name]) for name in last)
 
 
 def test_gradient_buffers_are_kept_between_updates_only_when_accumulating(fresh_accelerate_state):

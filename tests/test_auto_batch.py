@@ -17,6 +17,7 @@ import torch
 from finetune.autobatch import choose_micro_batch, initial_micro_batch
 from finetune.config import config_from_dict
 from finetune.errors import ConfigError, LaunchError
+from finetune.modeling import is_checkpointing, load_model_reporting as _LOAD_MODEL
 from helpers import REPO, free_port, make_texts, offline_env, save_tiny_model, write_tsv
 
 B = 32
@@ -43,16 +44,15 @@ def _config(assets, tmp_path, b):
     })
 
 
-def _oom_above(threshold: int, seen: list[tuple[int, int]]):
-    """``load_model`` whose model runs out of memory on training micro-batches of more padded tokens than
-    ``threshold`` rows of the widest micro-batch seen (memory follows rows x padded length; the trial's
-    worst-case batch comes first and is the widest). ``seen`` gets each micro-batch's (rows, length)."""
-    import finetune.modeling
-
-    real = finetune.modeling.load_model
+def _oom_above(threshold: int, seen: list[tuple[int, int]], recomputing: int = 0):
+    """``load_model_reporting`` whose model runs out of memory on training micro-batches of more padded tokens
+    than ``threshold`` rows of the widest micro-batch seen (memory follows rows x padded length; the trial's
+    worst-case batch comes first and is the widest), or ``recomputing`` rows with gradient checkpointing on.
+    ``seen`` gets each micro-batch's (rows, length)."""
+    real = _LOAD_MODEL  # not the wrapper an earlier call of the same test left in place
 
     def load(*args, **kwargs):
-        model = real(*args, **kwargs)
+        model, new_head = real(*args, **kwargs)
         forward = model.forward
 
         def limited(**batch):
@@ -60,17 +60,17 @@ def _oom_above(threshold: int, seen: list[tuple[int, int]]):
             if model.training:
                 seen.append((rows, length))
                 widest = max(width for _, width in seen)
-                if rows * length > threshold * widest:
+                if rows * length > (recomputing if is_checkpointing(model) else threshold) * widest:
                     raise torch.OutOfMemoryError(f"simulated: CUDA out of memory. Tried {rows} rows of {length}")
             return forward(**batch)
 
         model.forward = limited
-        return model
+        return model, new_head
 
     return load
 
 
-def _train(cfg, monkeypatch, threshold):
+def _train(cfg, monkeypatch, threshold, recomputing=0):
     from accelerate.state import AcceleratorState, GradientState
 
     from finetune.loop import train_one_epoch
@@ -79,7 +79,7 @@ def _train(cfg, monkeypatch, threshold):
     AcceleratorState._reset_state(True)
     GradientState._reset_state()
     seen: list[tuple[int, int]] = []
-    monkeypatch.setattr("finetune.modeling.load_model", _oom_above(threshold, seen))
+    monkeypatch.setattr("finetune.modeling.load_model_reporting", _oom_above(threshold, seen, recomputing))
     run = setup_run(cfg)
     train_one_epoch(run.model, run.optimizer, run.scheduler, run.train_dataloader, run.accelerator, 0,
                     state=run.state, max_grad_norm=1.0)
@@ -110,7 +110,7 @@ def test_auto_needs_the_effective_batch():
 
 def test_auto_backs_off_and_trains_as_the_chosen_batching(assets, tmp_path, monkeypatch, caplog,
                                                           fresh_accelerate_state):
-    with caplog.at_level(logging.INFO, logger="finetune"):
+    with caplog.at_level(logging.DEBUG, logger="finetune"):
         auto, auto_weights, seen = _train(_config(assets, tmp_path, "auto"), monkeypatch, threshold=8)
     # tried 32 and 16 (out of memory), then 8: halving b and doubling k, B unchanged
     assert [rows for rows, _ in seen[:3]] == [32, 16, 8]
@@ -134,8 +134,41 @@ def test_auto_backs_off_and_trains_as_the_chosen_batching(assets, tmp_path, monk
 
 
 def test_auto_gives_up_when_nothing_fits(assets, tmp_path, monkeypatch, fresh_accelerate_state):
-    with pytest.raises(LaunchError, match="even b=1 ran out of memory"):
+    with pytest.raises(LaunchError, match="even b=1 ran out of memory .*, with gradient checkpointing too"):
         _train(_config(assets, tmp_path, "auto"), monkeypatch, threshold=0)
+    cfg = _config(assets, tmp_path, "auto")
+    cfg.training.gradient_checkpointing = False  # without the lever: the message names none
+    with pytest.raises(LaunchError, match="even b=1 ran out of memory \\(on at least one process\\); lower"):
+        _train(cfg, monkeypatch, threshold=0)
+
+
+def test_a_job_that_fits_no_micro_batch_trains_with_checkpointing(assets, tmp_path, monkeypatch,
+                                                                  fresh_accelerate_state):
+    # nothing fits without recomputation (not even b=1); with it, 8 rows do
+    auto, auto_weights, seen = _train(_config(assets, tmp_path, "auto"), monkeypatch, threshold=0, recomputing=8)
+    assert (auto.batching.per_device_batch_size, auto.batching.gradient_accumulation_steps) == (8, 4)
+    assert auto.checkpointing.on and auto.checkpointing.why == "auto: b=8 with it, none without"
+    assert auto.state.step == 2  # trained to the end
+    # the levers in order: the micro-batch halved to 1 without it, then from 32 again with it
+    assert [rows for rows, _ in seen[:9]] == [32, 16, 8, 4, 2, 1, 32, 16, 8]
+    # and it trained as a run set to b=8 with checkpointing: the trials left no trace
+    cfg = _config(assets, tmp_path, 8)
+    cfg.training.gradient_checkpointing = True
+    direct, direct_weights, _ = _train(cfg, monkeypatch, threshold=0, recomputing=8)
+    for name, tensor in direct_weights.items():
+        assert torch.equal(auto_weights[name], tensor), name
+
+
+def test_checkpointing_stays_off_when_the_micro_batch_is_useful_without_it(assets, tmp_path, monkeypatch,
+                                                                           fresh_accelerate_state):
+    auto, _, _ = _train(_config(assets, tmp_path, "auto"), monkeypatch, threshold=8, recomputing=32)
+    assert not auto.checkpointing.on and auto.checkpointing.why == "auto: b=8 fits without it"
+    # below min(8, B/P) without it and larger with it: on
+    auto, _, _ = _train(_config(assets, tmp_path, "auto"), monkeypatch, threshold=4, recomputing=32)
+    assert auto.checkpointing.on and auto.batching.per_device_batch_size == 32
+    # a set micro-batch has nothing to fit: auto is off, true is on
+    fixed, _, _ = _train(_config(assets, tmp_path, 8), monkeypatch, threshold=64)
+    assert not fixed.checkpointing.on and fixed.checkpointing.why == "auto: the micro-batch is set"
 
 
 class _OneProcess:

@@ -113,6 +113,7 @@ def test_overrides_are_typed(tmp_path):
         ("optimizer.lr=1", "unknown section 'optimizer'"),
         ("lr=1", "expected section.key"),
         ("training.seed=abc", "training.seed: expected int"),
+        ("training.gradient_checkpointing=maybe", "training.gradient_checkpointing: expected bool or 'auto'"),
     ],
 )
 def test_bad_overrides(tmp_path, override, needle):
