@@ -175,7 +175,7 @@ def choose_micro_batch(
         if not failed:
             break
         if b == 1:
-            raise LaunchError(_NOTHING_FITS)
+            raise LaunchError(_nothing_fits())
         b //= 2
     k = effective_batch_size // (b * num_processes)
     logger.debug(  # the start line gives b and k
@@ -248,12 +248,12 @@ def fit_micro_batch(model, train_dataset, collate: Callable[[list], dict], accel
         return batching.with_micro_batch(b, k), Checkpointing(False, f"auto: b={b} fits without it")
     if not getattr(model, "supports_gradient_checkpointing", False):
         if not b:
-            raise LaunchError(_NOTHING_FITS + f"; {type(model).__name__} has no gradient checkpointing")
+            raise LaunchError(_nothing_fits(f" ({type(model).__name__} has no gradient checkpointing)"))
         return batching.with_micro_batch(b, k), Checkpointing(False, f"auto: {type(model).__name__} has none")
     try:
         with_it = largest(True)
     except LaunchError:
-        raise LaunchError(_NOTHING_FITS + ", with gradient checkpointing too") from None
+        raise LaunchError(_nothing_fits(", with gradient checkpointing too")) from None
     if with_it[0] > b:
         return (batching.with_micro_batch(*with_it),
                 Checkpointing(True, f"auto: b={with_it[0]} with it, {b or 'none'} without"))
@@ -261,5 +261,6 @@ def fit_micro_batch(model, train_dataset, collate: Callable[[list], dict], accel
     return batching.with_micro_batch(b, k), Checkpointing(False, f"auto: b={b} either way")
 
 
-_NOTHING_FITS = ("training.per_device_train_batch_size: auto found no micro-batch that fits: even b=1 ran out of "
-                 "memory (on at least one process); lower data.max_length or use a larger device")
+def _nothing_fits(also: str = "") -> str:
+    return ("training.per_device_train_batch_size: auto found no micro-batch that fits: even b=1 ran out of memory "
+            f"(on at least one process){also}; lower data.max_length or use a larger device")
