@@ -284,13 +284,7 @@ def changed_settings(meta: dict[str, Any], run) -> Optional[str]:
     """
     saved = meta.get("fingerprint", {})
     current = run_fingerprint(run)
-    keys = list(current) + [k for k in saved if k not in current]
-    # keys that checkpoints of earlier releases lack are not a change
-    changed = [k for k in keys if saved.get(k) != current.get(k) and (k in saved or k not in ADDED_KEYS)]
-    if not changed:
-        return None
-    shown = "; ".join(f"{k}: {saved.get(k)!r} -> {current.get(k)!r}" for k in changed[:3])
-    return shown + (f" (and {len(changed) - 3} more)" if len(changed) > 3 else "")
+    return _differences(saved, current, list(current) + [k for k in saved if k not in current])
 
 
 def config_changes(meta: dict[str, Any], cfg) -> Optional[str]:
@@ -301,13 +295,30 @@ def config_changes(meta: dict[str, Any], cfg) -> Optional[str]:
     that setup settles (:data:`SETTLED_IN_SETUP`) wait for the full check.
     """
     saved = meta.get("fingerprint", {})
-    current = json.loads(json.dumps(config_fingerprint(cfg)))
-    changed = [k for k, v in current.items()
-               if k not in SETTLED_IN_SETUP and saved.get(k) != v and (k in saved or k not in ADDED_KEYS)]
+    current = json.loads(json.dumps(config_fingerprint(cfg)))  # as it reads back from the file
+    return _differences(saved, current, [k for k in current if k not in SETTLED_IN_SETUP])
+
+
+def _differences(saved: dict[str, Any], current: dict[str, Any], keys: list[str]) -> Optional[str]:
+    """Up to three of ``keys`` whose values differ, with old and new values (``None``: none differs)."""
+    # keys that checkpoints of earlier releases lack are not a change
+    changed = [k for k in keys if saved.get(k) != current.get(k) and (k in saved or k not in ADDED_KEYS)]
     if not changed:
         return None
     shown = "; ".join(f"{k}: {saved.get(k)!r} -> {current.get(k)!r}" for k in changed[:3])
     return shown + (f" (and {len(changed) - 3} more)" if len(changed) > 3 else "")
+
+
+def _another_runs_folder(output_dir, change: str) -> ConfigError:
+    """The refusal of a folder whose every checkpoint is another run's (``resume_from: auto``)."""
+    return ConfigError(f"output.output_dir: {output_dir} holds checkpoints of another run ({change}); "
+                       f"pass output.overwrite=true to replace that run, or choose another output.output_dir")
+
+
+def _another_runs_checkpoint(path, change: str) -> ConfigError:
+    """The refusal of a named (or ``latest``) checkpoint written under other settings."""
+    return ConfigError(f"output.resume_from: {path} was written by a run with other settings: {change}; "
+                       f"resume with the same settings, or start afresh")
 
 
 def refuse_another_runs_checkpoints(cfg) -> None:
@@ -334,13 +345,8 @@ def refuse_another_runs_checkpoints(cfg) -> None:
     if not changes or any(change is None for change in changes):
         return
     if spec == "auto":
-        raise ConfigError(
-            f"output.output_dir: {out.output_dir} holds checkpoints of another run ({changes[-1]}); "
-            f"pass output.overwrite=true to replace that run, or choose another output.output_dir"
-        )
-    path = readable[-1][0]
-    raise ConfigError(f"output.resume_from: {path} was written by a run with other settings: {changes[-1]}; "
-                      f"resume with the same settings, or start afresh")
+        raise _another_runs_folder(out.output_dir, changes[-1])
+    raise _another_runs_checkpoint(readable[-1][0], changes[-1])
 
 
 def _readable_state(path: Path) -> Optional[dict[str, Any]]:
@@ -358,10 +364,7 @@ def check_compatible(meta: dict[str, Any], run, path: Path) -> None:
     """
     changed = changed_settings(meta, run)
     if changed:
-        raise ConfigError(
-            f"output.resume_from: {path} was written by a run with other settings: {changed}; "
-            f"resume with the same settings, or start afresh"
-        )
+        raise _another_runs_checkpoint(path, changed)
 
 
 # --------------------------------------------------------------------------- saving and loading
@@ -706,10 +709,7 @@ def choose_checkpoint(run) -> Optional[Path]:
             return path
         other_run = other_run or changed
     if other_run is not None:
-        raise ConfigError(
-            f"output.output_dir: {out.output_dir} holds checkpoints of another run ({other_run}); "
-            f"pass output.overwrite=true to replace that run, or choose another output.output_dir"
-        )
+        raise _another_runs_folder(out.output_dir, other_run)
     raise ConfigError(f"output.resume_from: {spec}, but no checkpoint in {checkpoints_root(out.output_dir)} is "
                       f"intact (see the warnings above); name one, or pass output.overwrite=true to start afresh")
 

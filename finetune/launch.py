@@ -20,6 +20,7 @@ them by :func:`build_accelerator`.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from typing import Optional
@@ -32,8 +33,6 @@ logger = logging.getLogger("finetune")
 
 # Environment variables through which launchers tell a process the world size:
 # torchrun (what `accelerate launch` uses) and the MPI flavours Accelerate reads.
-# warnings a process gives once, however often it asks for the process state
-_SAID_ONCE: set[str] = set()
 _WORLD_SIZE_VARS = ["WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE"]
 
 
@@ -68,6 +67,15 @@ def several_processes_asked_for_one_started() -> bool:
     launched_by_accelerate = "ACCELERATE_MIXED_PRECISION" in env
     rendezvous = "MASTER_ADDR" in env and "MASTER_PORT" in env
     return launched_by_accelerate and rendezvous and not any(env.get(name) for name in _WORLD_SIZE_VARS)
+
+
+@functools.cache  # once per process: a run asks for the process state twice (the batching, the Accelerator)
+def _warn_one_process_started() -> None:
+    logger.warning(
+        "accelerate launch was asked for several processes but started one (without --multi_gpu it starts "
+        "one process where it finds no GPUs): this run trains on 1 process; for N processes on the CPU, "
+        "accelerate launch --multi_gpu --num_processes N ..."
+    )
 
 
 def _requested_engine() -> str | None:
@@ -111,13 +119,8 @@ def init_process_state():
             f"the launcher started {world} processes but Accelerate joined {state.num_processes} "
             f"({state.distributed_type}); check accelerate launch's --num_processes and --num_machines"
         )
-    if world == 1 and several_processes_asked_for_one_started() and "one process" not in _SAID_ONCE:
-        _SAID_ONCE.add("one process")  # the state is asked for twice in a run (the batching, the Accelerator)
-        logger.warning(
-            "accelerate launch was asked for several processes but started one (without --multi_gpu it starts "
-            "one process where it finds no GPUs): this run trains on 1 process; for N processes on the CPU, "
-            "accelerate launch --multi_gpu --num_processes N ..."
-        )
+    if world == 1 and several_processes_asked_for_one_started():
+        _warn_one_process_started()
     if fell_back and state.is_main_process:
         logger.info(
             "no GPU found: running %d processes as one DDP job on the CPU over %s", world, state.backend
