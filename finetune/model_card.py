@@ -117,8 +117,8 @@ def _predicts(problem_type: str, labels: list[str]) -> str:
 def model_card(cfg, summary: dict[str, Any]) -> str:
     """The ``README.md`` of an output folder."""
     train, results = summary["train"], summary["eval"]
-    base = model_name(cfg.model.name_or_path)
-    base = f"`{base}`" if hub_id(cfg.model.name_or_path) else base  # an id in code type, words as words
+    known = hub_id(cfg.model.name_or_path)
+    base = f"`{known}`" if known else model_name(cfg.model.name_or_path)  # an id in code type, words as words
     sources = data_sources(cfg.data, cfg.training.seed)
     labels = summary["labels"]
     metrics = {k: v for k, v in results.items() if k != "num_samples" and isinstance(v, (int, float))}
@@ -132,7 +132,8 @@ def model_card(cfg, summary: dict[str, Any]) -> str:
         which = "the best evaluation's" if cfg.evaluation.load_best_model_at_end else "the last update's"
         chosen = (f" Evaluations were compared on `{best['metric']}`; the best was at update {best['step']}"
                   f" ({best['value']:.4g}); the weights here are {which}.")
-    stopped = " The run ended early: the validation metric stopped improving." if train.get("ended") == "early_stopped" else ""
+    stopped = (" The run ended early: the validation metric stopped improving."
+               if train.get("ended") == "early_stopped" else "")
     rows = "\n".join(f"| {_TITLES.get(m, m)} | {v:.4f} |" for m, v in metrics.items())
     lines = [
         "---",

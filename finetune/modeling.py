@@ -141,8 +141,7 @@ def load_model_reporting(cfg: ModelConfig, id2label: dict[int, str], max_length:
         raise ModelError(f"model.name_or_path: cannot load {location}: {_first_line(exc)}") from None
     new_head, other = _new_head(model, info)
     if other:
-        for record in held:  # not only the head: transformers' own report says what and why
-            logging.getLogger(record.name).handle(record)
+        _show(held)  # not only the head: transformers' own report says what and why
     return model, new_head
 
 
@@ -177,8 +176,17 @@ def _held_load_report():
     source.addFilter(hold)
     try:
         yield held
+    except BaseException:
+        source.removeFilter(hold)
+        _show(held)  # a load that failed: the report may say why
+        raise
     finally:
         source.removeFilter(hold)
+
+
+def _show(records: list[logging.LogRecord]) -> None:
+    for record in records:
+        logging.getLogger(record.name).handle(record)
 
 
 def set_gradient_checkpointing(model, on: bool) -> None:

@@ -27,7 +27,8 @@ def own_data_run(tmp_path_factory):
     data = _write_csv(root / "reviews.csv", make_texts(60, seed=3))
     out = root / "out"
     proc = run_cli(["--data", str(data), "--output", str(out), f"model.name_or_path={model}",
-                    "training.max_steps=2", "training.per_device_train_batch_size=8", "training.effective_batch_size=16",
+                    "training.max_steps=2", "training.per_device_train_batch_size=8",
+                    "training.effective_batch_size=16",
                     "data.max_length=32", "training.mixed_precision=no", "logging.progress_bar=false"])
     assert proc.returncode == 0, proc.stderr[-3000:]
     return out, proc.stderr
@@ -99,7 +100,8 @@ def test_the_load_report_is_kept_when_more_than_the_head_is_new(tmp_path):
     finally:
         logging.getLogger("transformers.modeling_utils").removeHandler(reports)
     assert new_head == ("classifier.bias", "classifier.weight")
-    assert len(reports.texts) == 1 and "LOAD REPORT" in reports.texts[0] and "bert.pooler.dense.weight" in reports.texts[0]
+    (report,) = reports.texts
+    assert "LOAD REPORT" in report and "bert.pooler.dense.weight" in report
 
 
 class _Reports(logging.Handler):
@@ -136,3 +138,19 @@ def test_a_launch_that_started_fewer_processes_than_asked_says_so(tmp_path, own_
     warnings = [line for line in _log_lines(proc.stderr) if "asked for several processes but started one" in line]
     assert len(warnings) == 1 and "accelerate launch --multi_gpu --num_processes N" in warnings[0]
     assert "processes=1 " in proc.stderr  # and the start line says what it got
+
+
+def test_a_load_that_fails_still_shows_the_report_that_says_why():
+    from finetune.modeling import _held_load_report
+
+    source = logging.getLogger("transformers.modeling_utils")
+    reports = _Reports()
+    source.addHandler(reports)
+    try:
+        with pytest.raises(RuntimeError, match="size mismatch"), _held_load_report():
+            source.warning("BertForSequenceClassification LOAD REPORT from: x\nclassifier.weight | MISMATCH")
+            assert reports.texts == []  # held while the load runs
+            raise RuntimeError("size mismatch: see the report above")
+    finally:
+        source.removeHandler(reports)
+    assert len(reports.texts) == 1 and "MISMATCH" in reports.texts[0]
