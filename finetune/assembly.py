@@ -5,7 +5,8 @@ it); its steps run in the order that fails cheapest first::
 
     batching (b, k by epoch, P)      resolve_batching, once: every later step reads it
     tokenizer, model config          before the data is read: a bad model path fails at once
-    data, labels, metrics, task      dataloaders.load_data, metric_suite, build_task
+    data, model, adapters            dataloaders.load_data, modeling.load_model_reporting, modeling.add_adapters
+    metrics, task                    metric_suite, build_task
     tokens                           dataloaders.tokenize_data (cached)
     micro-batch (auto), memory       autobatch.fit_micro_batch: the same B, a smaller b, a larger k, and
                                      gradient checkpointing when the micro-batch would be too small
@@ -63,6 +64,8 @@ class Run:
     new_head: tuple[str, ...] = ()
     # training.gradient_checkpointing as decided (autobatch: with the micro-batch under auto)
     checkpointing: Checkpointing = field(default_factory=Checkpointing)
+    # model.lora_rank: a finetune.lora.LoraPlan, what the adapters are and train (None: every weight is trained)
+    lora: Optional[Any] = None
 
 
 def setup_run(cfg: Config, accelerator=None, batching: Optional[Batching] = None) -> Run:
@@ -92,7 +95,7 @@ def setup_run(cfg: Config, accelerator=None, batching: Optional[Batching] = None
     from accelerate.utils import set_seed
 
     from finetune.data import content_sha256
-    from finetune.modeling import load_model_config, load_model_reporting, load_tokenizer
+    from finetune.modeling import add_adapters, load_model_config, load_model_reporting, load_tokenizer
 
     accelerator = accelerator or build_accelerator(cfg)
     batching = check_batching(cfg, accelerator, batching)
@@ -102,6 +105,7 @@ def setup_run(cfg: Config, accelerator=None, batching: Optional[Batching] = None
     cache_dir = tokenized_cache_dir(cfg)
     splits, labels = load_data(cfg, accelerator)
     model, new_head = load_model_reporting(cfg.model, labels.id2label, max_length=cfg.data.max_length)
+    model, lora = add_adapters(model, cfg.model, accelerator)
     metrics = metric_suite(cfg, labels, splits["train"])
     task = build_task(cfg, labels, splits["train"])
     tokenized = tokenize_data(cfg, splits, tokenizer, accelerator, cache_dir)
@@ -128,7 +132,7 @@ def setup_run(cfg: Config, accelerator=None, batching: Optional[Batching] = None
     set_seed(cfg.training.seed)
     return Run(cfg, accelerator, batching, tokenizer, labels, model, optimizer, scheduler, train_dl, eval_dl,
                metrics, plan, task, content_sha256(splits["train"]), new_head=new_head,
-               checkpointing=checkpointing)
+               checkpointing=checkpointing, lora=lora)
 
 
 def check_batching(cfg: Config, accelerator, batching: Optional[Batching] = None) -> Batching:

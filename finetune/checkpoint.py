@@ -5,10 +5,13 @@ A checkpoint is a directory ``<output_dir>/checkpoints/checkpoint-<update>/`` wi
 
 * what ``accelerator.save_state`` writes: ``model.safetensors``,
   ``optimizer.bin``, ``random_states_<rank>.pkl`` (one per process: Python,
-  NumPy, torch CPU and CUDA generators), ``scaler.pt`` under fp16;
+  NumPy, torch CPU and CUDA generators), ``scaler.pt`` under fp16; a LoRA run
+  saves ``adapter/`` (its trained weights alone, PEFT's format) in place of
+  ``model.safetensors`` (:mod:`finetune.lora`);
 * ``scheduler.pt``: the learning-rate scheduler's ``state_dict``;
 * ``config.json``, the tokenizer's files and ``config.yaml``: with the weights,
-  a model that ``from_pretrained`` and ``finetune predict`` load;
+  a model that ``from_pretrained`` and ``finetune predict`` load (a LoRA
+  checkpoint: ``finetune predict``, which adds the adapter to its base model);
 * ``trainer_state.json``: the loop's :class:`~finetune.loop.TrainState`
   (epoch, updates, micro-batches of the epoch already consumed, counters), the
   run's *fingerprint* (what must not change on resume), the evaluation history,
@@ -235,6 +238,7 @@ ADDED_KEYS = frozenset({
     "precision", "effective_batch_size", "data.train_sha256",
     "training.accumulation_schedule", "plan.epoch_updates", "plan.accumulation",
     "model.problem_type", "data.label_delimiter", "training.class_weights",
+    "model.lora_rank", "model.lora_alpha", "model.lora_dropout", "model.lora_target_modules",
 })
 
 
@@ -463,6 +467,13 @@ def save_checkpoint(run, history: list[dict[str, Any]], pending_eval_epoch: Opti
     return final
 
 
+def _model_weights_of(run):
+    """Accelerate's saving and loading of the whole model, or, for a LoRA run, of its adapter alone."""
+    from finetune.lora import adapter_in_checkpoints, is_lora
+
+    return adapter_in_checkpoints(run.accelerator, run.model) if is_lora(run.model) else contextlib.nullcontext()
+
+
 def _fresh_dir(tmp: Path) -> None:
     if tmp.exists():
         shutil.rmtree(tmp)
@@ -472,7 +483,7 @@ def _fresh_dir(tmp: Path) -> None:
 def _write_state(run, tmp: Path, history, pending_eval_epoch, reason: str) -> None:
     """Everything but the manifest into ``tmp``: Accelerate's state on every process, then ours on the main one."""
     acc = run.accelerator
-    with _quiet_accelerate():
+    with _quiet_accelerate(), _model_weights_of(run):
         acc.save_state(str(tmp), safe_serialization=True)
     if acc.is_main_process:
         if run.scheduler is not None:
@@ -617,7 +628,7 @@ def load_checkpoint(run, path: str | os.PathLike, meta: Optional[dict[str, Any]]
     sentinel = torch.get_rng_state()
     # model via safetensors; optimizer and RNG states via torch.load(weights_only=True)
     try:
-        with _quiet_accelerate():
+        with _quiet_accelerate(), _model_weights_of(run):
             acc.load_state(str(path))
     except pickle.UnpicklingError as exc:
         # weights_only refused an object that is not plain data: never unpickle it
@@ -661,6 +672,11 @@ def load_model_weights(run, path: Path) -> None:
     """
     from safetensors.torch import load_model
 
+    from finetune.lora import ADAPTER_DIR, is_lora, load_adapter_weights
+
+    if is_lora(run.model):
+        load_adapter_weights(run.accelerator.unwrap_model(run.model), path / ADAPTER_DIR)
+        return
     weights = path / "model.safetensors"
     if not weights.is_file():
         raise ModelError(f"{weights}: missing; cannot load the best model (was the checkpoint deleted?)")

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import shlex
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import yaml
 
@@ -114,6 +114,18 @@ def _predicts(problem_type: str, labels: list[str]) -> str:
     return f"It predicts one of {len(labels)} labels: {names}."
 
 
+def _adapters(lora: Optional[dict[str, Any]]) -> list[str]:
+    """The card's line on LoRA, when the run trained adapters."""
+    if not lora:
+        return []
+    share = 100.0 * lora["trainable_weights"] / max(1, lora["total_weights"])
+    return [f"- Weights trained: LoRA adapters of rank {lora['rank']} (alpha {lora['alpha']:g}) on "
+            f"{', '.join(f'`{t}`' for t in lora['target_modules'])}, and the head "
+            f"({', '.join(f'`{h}`' for h in lora['trained_in_full'])}) in full: {lora['trainable_weights']:,} of "
+            f"{lora['total_weights']:,} ({share:.2f}%). The weights here have the adapters merged in; the adapter "
+            f"alone, for PEFT, is in `adapter/`."]
+
+
 def model_card(cfg, summary: dict[str, Any]) -> str:
     """The ``README.md`` of an output folder."""
     train, results = summary["train"], summary["eval"]
@@ -155,6 +167,7 @@ def model_card(cfg, summary: dict[str, Any]) -> str:
         f"warmup {warmup}), weight decay {optim.weight_decay:g}",
         f"- Arithmetic: {_ARITHMETIC.get(train['mixed_precision'], train['mixed_precision'])}; "
         f"max length {cfg.data.max_length} tokens; seed {cfg.training.seed}",
+        *_adapters(train.get("lora")),
         "",
         f"## Results on the validation data: {sources.validation}"
         + (f" ({results['num_samples']} texts)" if "num_samples" in results else ""),

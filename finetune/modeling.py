@@ -145,6 +145,26 @@ def load_model_reporting(cfg: ModelConfig, id2label: dict[int, str], max_length:
     return model, new_head
 
 
+def add_adapters(model, cfg: ModelConfig, accelerator):
+    """``model`` with LoRA adapters when ``model.lora_rank`` is set (:mod:`finetune.lora`), and their
+    :class:`~finetune.lora.LoraPlan` (``None`` without).
+
+    Raises:
+        ConfigError: for LoRA under FSDP or DeepSpeed, whose sharded saving would bypass the adapter's
+            checkpoints, or for target modules that match nothing or the head.
+    """
+    from accelerate.utils import DistributedType
+
+    from finetune.lora import add_lora
+
+    if cfg.lora_rank is None:
+        return model, None
+    if accelerator.distributed_type in (DistributedType.FSDP, DistributedType.DEEPSPEED):
+        raise ConfigError(f"model.lora_rank: LoRA under {accelerator.distributed_type.value} is not supported; "
+                          f"launch with one process or --multi_gpu (DDP)")
+    return add_lora(model, cfg)
+
+
 def _new_head(model, info: dict) -> tuple[tuple[str, ...], bool]:
     """The weights that start untrained outside the encoder (the head), and whether anything else was reported."""
     encoder = f"{model.base_model_prefix}."

@@ -5,7 +5,8 @@ The layout of an output folder::
     config.yaml            the resolved config of the run
     train_log.jsonl        one record per update (or per log_every updates) and per evaluation
     checkpoints/           checkpoint-<update>/ folders (see finetune.checkpoint)
-    model.safetensors, config.json, tokenizer files   the final model (transformers' format)
+    model.safetensors, config.json, tokenizer files   the final model (transformers' format; LoRA: merged)
+    adapter/               a LoRA run's adapter alone (PEFT's format: adapter_config.json, adapter_model.safetensors)
     metrics.json           the run's summary
     all_results.json       the summary under the Trainer's key names (train_runtime, eval_loss, ...)
     README.md              the model card: base model, data, labels, batching, results, how to reproduce
@@ -41,6 +42,9 @@ RESULTS_FILE = "all_results.json"
 LOCK_FILE = ".finetune.lock"
 # checkpoint-<n>, and the temporary and previous copies of one being saved (see finetune.checkpoint)
 _CHECKPOINT_NAME = re.compile(r"^(\.tmp-|\.old-)?checkpoint-\d+$")
+# a LoRA run's adapter, in the output folder and in each checkpoint (see finetune.lora)
+ADAPTER_DIR = "adapter"
+ADAPTER_CONFIG = "adapter_config.json"
 MODEL_CARD_FILE = "README.md"
 # the model card's first line after its front matter: how a card finetune wrote is told from a user's README
 MODEL_CARD_MARK = "<!-- model card written by finetune; rewritten by each run in this folder -->"
@@ -66,7 +70,8 @@ def clear_previous_run(output_dir: str | os.PathLike) -> list[Path]:
     ``all_results.json`` and ``curves.png`` (a rerun that dies early must not
     leave the old run's results beside its new log); the model files, the
     model card and ``config.yaml`` are replaced as the new run writes them.
-    Nothing finetune does not write is touched: other files in
+    A LoRA run's ``adapter/`` goes too, lest it sit beside another run's
+    model. Nothing finetune does not write is touched: other files in
     ``checkpoints/`` stay, and so does the folder then. Used for
     ``output.overwrite: true`` on a fresh start, on the main process.
 
@@ -85,6 +90,10 @@ def clear_previous_run(output_dir: str | os.PathLike) -> list[Path]:
                 removed.append(child)
         if not any(checkpoints.iterdir()):
             checkpoints.rmdir()
+    adapter = out / ADAPTER_DIR
+    if (adapter / ADAPTER_CONFIG).is_file():
+        shutil.rmtree(adapter)
+        removed.append(adapter)
     for path in (out / LOG_FILE, out / METRICS_FILE, out / RESULTS_FILE, out / CURVES_FILE):
         if path.is_file():
             path.unlink()

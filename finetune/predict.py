@@ -102,8 +102,8 @@ class Predictor:
         """Load the model and tokenizer that a run saved in ``output_dir``.
 
         Args:
-            output_dir: A run's ``output.output_dir`` (or any directory
-                ``AutoModelForSequenceClassification`` can load).
+            output_dir: A run's ``output.output_dir``, one of its checkpoints (a
+                LoRA run's too), or any directory ``AutoModelForSequenceClassification`` can load.
             device: ``None`` picks the device as training does (Accelerate's
                 ``PartialState``: GPU if available, else CPU, using all cores).
             batch_size: Texts per forward pass.
@@ -116,6 +116,7 @@ class Predictor:
         """
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
+        from finetune.lora import is_adapter_checkpoint, load_adapter_checkpoint
         from finetune.modeling import require_saved_model
 
         path = require_saved_model(output_dir)
@@ -124,7 +125,10 @@ class Predictor:
             max_length = cfg.data.max_length if cfg is not None else None
         try:
             tokenizer = AutoTokenizer.from_pretrained(path)
-            model = AutoModelForSequenceClassification.from_pretrained(path)
+            if is_adapter_checkpoint(path):  # a LoRA run's checkpoint: its base model plus adapter/, merged
+                model = load_adapter_checkpoint(path)
+            else:
+                model = AutoModelForSequenceClassification.from_pretrained(path)
         except (OSError, ValueError) as exc:
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
             raise ModelError(f"{path}: cannot load the model: {first}") from None

@@ -13,8 +13,11 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
-from finetune.errors import FinetuneError
-from finetune.outputs import CURVES_FILE, METRICS_FILE, MODEL_CARD_FILE, MODEL_CARD_MARK, RESULTS_FILE, write_atomic
+from finetune.errors import FinetuneError, OutputError
+from finetune.lora import is_lora, merged_copy, save_adapter
+from finetune.outputs import (
+    ADAPTER_CONFIG, ADAPTER_DIR, CURVES_FILE, METRICS_FILE, MODEL_CARD_FILE, MODEL_CARD_MARK, RESULTS_FILE, write_atomic,
+)
 
 if TYPE_CHECKING:
     from finetune.assembly import Run
@@ -52,6 +55,9 @@ def summarize(run: "Run", history: list[dict[str, Any]], ended: str = "completed
             "accumulation_by_epoch": list(run.plan.accumulation),
             "num_processes": run.batching.num_processes,
             "mixed_precision": run.accelerator.mixed_precision,
+            "gradient_checkpointing": run.checkpointing.on,
+            # what LoRA trained (model.lora_rank), or null: every weight
+            "lora": lora_record(run.lora),
             "ended": ended,
         },
         "eval": {k.removeprefix("eval/"): v for k, v in final.items() if k.startswith("eval/")},
@@ -59,6 +65,15 @@ def summarize(run: "Run", history: list[dict[str, Any]], ended: str = "completed
         "epochs": history,
         "labels": list(run.labels.names),
     }
+
+
+def lora_record(plan) -> Optional[dict[str, Any]]:
+    """``metrics.json``'s account of a :class:`~finetune.lora.LoraPlan` (``None`` without LoRA)."""
+    if plan is None:
+        return None
+    return {"rank": plan.rank, "alpha": plan.alpha, "dropout": plan.dropout, "target_modules": list(plan.targets),
+            "adapted_modules": plan.adapted, "trained_in_full": list(plan.head),
+            "trainable_weights": plan.trainable, "total_weights": plan.total}
 
 
 def write_outputs(run: "Run", summary: dict[str, Any]) -> None:
@@ -82,24 +97,48 @@ def write_outputs(run: "Run", summary: dict[str, Any]) -> None:
 def save_model(run: "Run", directory: str | os.PathLike) -> None:
     """Save model (safetensors) and tokenizer so ``transformers.pipeline`` can load them.
 
+    A LoRA run saves the model with its adapters merged in, and the adapter
+    alone in ``adapter/`` (:mod:`finetune.lora`).
+
     They are written into a temporary folder beside, then each file is renamed
     into ``directory``: a stop while writing leaves every file whole, old or new.
     """
     acc = run.accelerator
     acc.wait_for_everyone()
     unwrapped = acc.unwrap_model(run.model)
-    state_dict = acc.get_state_dict(run.model)
+    adapted = is_lora(unwrapped)
+    state_dict = None if adapted else acc.get_state_dict(run.model)
     if acc.is_main_process:
         directory = Path(directory)
         staging = directory / ".tmp-model"
         if staging.exists():
             shutil.rmtree(staging)
-        unwrapped.save_pretrained(staging, state_dict=state_dict, safe_serialization=True)
+        if adapted:  # the merged model where transformers looks, the adapter beside it for PEFT
+            merged_copy(unwrapped).save_pretrained(staging, safe_serialization=True)
+            save_adapter(unwrapped, staging / ADAPTER_DIR)
+        else:
+            unwrapped.save_pretrained(staging, state_dict=state_dict, safe_serialization=True)
         run.tokenizer.save_pretrained(staging)
         for file in sorted(staging.iterdir()):
+            if file.is_dir():
+                _clear_earlier_adapter(directory / file.name)
             os.replace(file, directory / file.name)
         staging.rmdir()
     acc.wait_for_everyone()
+
+
+def _clear_earlier_adapter(folder: Path) -> None:
+    """An earlier run's ``adapter/`` is replaced whole, never mixed with this run's files; a folder of that
+    name that holds no adapter is the user's, and the save stops rather than touch it.
+
+    Raises:
+        OutputError: for a folder named ``adapter`` that finetune did not write.
+    """
+    if not folder.exists():
+        return
+    if not (folder / ADAPTER_CONFIG).is_file():
+        raise OutputError(f"{folder}: a folder finetune did not write is in the way of the LoRA adapter; move it")
+    shutil.rmtree(folder)
 
 
 def write_model_card(path: Path, card: str) -> bool:

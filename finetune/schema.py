@@ -45,6 +45,15 @@ class ModelConfig:
         "Re-initialise a classification head whose shape differs from the data's labels.")
     dropout: Optional[float] = setting(None,
         "Dropout override for hidden layers and attention (null keeps the model's).")
+    lora_rank: Optional[int] = setting(None,
+        "Train LoRA adapters of this rank (PEFT) instead of every weight: the encoder stays frozen, the modules "
+        "of `lora_target_modules` learn low-rank updates, the head trains in full. The output folder holds the "
+        "merged model and `adapter/`. null trains every weight. See docs/memory.md.")
+    lora_alpha: float = setting(16.0, "LoRA's scale: each update is multiplied by `lora_alpha / lora_rank`.")
+    lora_dropout: float = setting(0.1, "Dropout on the input of each LoRA update.")
+    lora_target_modules: Union[Literal["auto"], list[str]] = setting("auto",
+        "Modules given adapters, by name suffix as PEFT matches them. `auto`: every linear projection of the "
+        "transformer blocks (BERT: `query, key, value, output.dense, intermediate.dense`).")
     problem_type: Literal["single_label", "multi_label", "regression"] = setting("single_label",
         "`single_label`: one class per text (cross-entropy); `multi_label`: any number of labels per text "
         "(a list column, or a string column split on `data.label_delimiter`; per-label binary "
@@ -56,6 +65,15 @@ class ModelConfig:
             raise ConfigError("model.name_or_path: must not be empty")
         if self.dropout is not None and not 0.0 <= self.dropout < 1.0:
             raise ConfigError(f"model.dropout: must be in [0, 1), got {self.dropout}")
+        if self.lora_rank is not None and self.lora_rank < 1:
+            raise ConfigError(f"model.lora_rank: must be at least 1 (or null to train every weight), got "
+                              f"{self.lora_rank}")
+        if self.lora_alpha <= 0:
+            raise ConfigError(f"model.lora_alpha: must be positive, got {self.lora_alpha}")
+        if not 0.0 <= self.lora_dropout < 1.0:
+            raise ConfigError(f"model.lora_dropout: must be in [0, 1), got {self.lora_dropout}")
+        if isinstance(self.lora_target_modules, list) and not self.lora_target_modules:
+            raise ConfigError("model.lora_target_modules: an empty list adapts nothing; name modules, or auto")
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """The start line: what a run will do, said once, before its first update and after every input check.
 
-It reads as the run does: what (the model, its head, the data and its
+It reads as the run does: what (the model, its head, LoRA's adapters, the data and its
 validation rows), how (the precision and why it was chosen, ``b x k x P``,
 the updates, the metrics' averaging), and where (processes, backend, device,
 threads, the CPU speed-ups in force, the micro-batch cut), then the output
@@ -33,7 +33,8 @@ def _what(run: Run) -> str:
     head = "new head" if run.new_head else "its trained head"
     validation = (f"; validation: {len(run.eval_dataloader.dataset)} rows, {sources.validation}"
                   if run.eval_dataloader is not None else "; no validation")
-    return (f"fine-tune {model_name(cfg.model.name_or_path)} ({head}) for {_labels(run)} "
+    adapters = f" with {run.lora.describe()}" if run.lora is not None else ""
+    return (f"fine-tune {model_name(cfg.model.name_or_path)} ({head}){adapters} for {_labels(run)} "
             f"on {sources.train}: {len(run.train_dataloader.dataset)} train rows{validation}")
 
 

@@ -47,6 +47,30 @@ def tiny_bert(num_labels: int = 2, seed: int = 0, dropout: float = 0.0):
     return BertForSequenceClassification(tiny_bert_config(num_labels, dropout))
 
 
+# The encoder families the package supports, as transformers' model types; tiny_model builds each.
+ARCHITECTURES = ("bert", "roberta", "xlm-roberta", "distilbert", "electra", "deberta-v2", "modernbert", "albert")
+_ARCHITECTURE_SIZES = {
+    "distilbert": {"dim": 32, "n_layers": 2, "n_heads": 2, "hidden_dim": 37},
+    "electra": {"embedding_size": 16},
+    "albert": {"embedding_size": 16},
+    "deberta-v2": {"relative_attention": True, "pos_att_type": ["p2c", "c2p"], "position_buckets": 8},
+    # token ids inside the tiny vocabulary (ModernBERT's defaults point past it)
+    "modernbert": {"global_attn_every_n_layers": 2, "local_attention": 16, "pad_token_id": 0, "bos_token_id": 2,
+                   "eos_token_id": 3, "cls_token_id": 2, "sep_token_id": 3},
+}
+
+
+def tiny_model(model_type: str, num_labels: int = 3, seed: int = 0):
+    """A 2-layer random ``...ForSequenceClassification`` of transformers' ``model_type`` (float32)."""
+    from transformers import AutoConfig, AutoModelForSequenceClassification
+
+    sizes = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 37,
+             "vocab_size": len(SPECIAL) + len(WORDS), "max_position_embeddings": 64, "num_labels": num_labels}
+    config = AutoConfig.for_model(model_type, **sizes, **_ARCHITECTURE_SIZES.get(model_type, {}))
+    torch.manual_seed(seed)
+    return AutoModelForSequenceClassification.from_config(config)
+
+
 def save_tiny_model(directory: Path, num_labels: int = 2, seed: int = 0) -> Path:
     """Save a tiny random BERT with a matching WordPiece tokenizer to ``directory``."""
     from transformers import BertModel, BertTokenizerFast

@@ -14,7 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
-from finetune.config import OptimConfig
+from finetune.config import ModelConfig, OptimConfig
+from finetune.lora import add_lora
 from finetune.cpu import cpu_speedups
 from finetune.loop import TrainState, train_one_epoch
 from finetune.modeling import is_checkpointing, set_gradient_checkpointing
@@ -31,7 +32,7 @@ B = 32
 
 def _run(b: int, k: int, epochs: int = 2, lr: float = 1e-3, schedule: str = "linear", warmup: int = 1,
          max_grad_norm=None, data=None, mixed_precision="no", log_every: int = 1, sparse_embedding=True,
-         heap="keep", checkpointing=False, dropout=0.0, dropout_masks=True):
+         heap="keep", checkpointing=False, dropout=0.0, dropout_masks=True, lora_rank=None):
     from accelerate import Accelerator
     from accelerate.state import AcceleratorState, GradientState
 
@@ -40,9 +41,13 @@ def _run(b: int, k: int, epochs: int = 2, lr: float = 1e-3, schedule: str = "lin
     acc = Accelerator(cpu=True, gradient_accumulation_steps=k, mixed_precision=mixed_precision)
     data = data if data is not None else token_dataset(N, seed=1)
     model = tiny_bert(seed=0, dropout=dropout)
+    if lora_rank is not None:  # adapters drawn from their own seed, alike in every run
+        torch.manual_seed(3)
+        model, _ = add_lora(model, ModelConfig(lora_rank=lora_rank, lora_dropout=dropout))
     set_gradient_checkpointing(model, checkpointing)
     embedding_grads = []  # is each micro-batch's word-embedding gradient sparse?
-    model.get_input_embeddings().weight.register_hook(lambda g: embedding_grads.append(g.is_sparse))
+    if model.get_input_embeddings().weight.requires_grad:
+        model.get_input_embeddings().weight.register_hook(lambda g: embedding_grads.append(g.is_sparse))
     opt_cfg = OptimConfig(learning_rate=lr, lr_scheduler_type=schedule, warmup_steps=warmup, weight_decay=0.01)
     optimizer = build_optimizer(model, opt_cfg)
     sampler = EpochSampler(len(data), seed=7, window_size=b * k)
@@ -159,6 +164,25 @@ def test_recomputation_replays_the_dropout_masks(fresh_accelerate_state, dropout
     plain = _run(b=8, k=4, checkpointing=True)
     last, dropped = plain["snapshots"][-1], kept["snapshots"][-1]
     assert not all(torch.equal(last[name], dropped[name]) for name in last)
+
+
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_lora_keeps_the_contract(fresh_accelerate_state, checkpointing):
+    # LoRA's adapters and the head trained by (8, 4), recomputing or not, are (32, 1)'s after every update
+    big = _run(b=32, k=1, max_grad_norm=1.0, lora_rank=4)
+    small = _run(b=8, k=4, max_grad_norm=1.0, lora_rank=4, checkpointing=checkpointing)
+    assert is_checkpointing(small["model"]) == checkpointing
+    _assert_same_weights(big["snapshots"], small["snapshots"])
+    # what trains is the adapters and the head; the encoder's own weights never move
+    first, last = small["snapshots"][0], small["snapshots"][-1]
+    trained = {n for n, p in small["model"].named_parameters() if p.requires_grad}
+    assert trained and all(".lora_" in n or ".modules_to_save." in n for n in trained)
+    frozen = tiny_bert(seed=0).state_dict()
+    for name, value in last.items():
+        if name in trained:
+            assert not torch.equal(value, first[name]) or "lora_A" in name, name  # B and the head move at once
+        elif ".original_module." not in name and ".lora_" not in name:
+            assert torch.equal(value, frozen[name.removeprefix("base_model.model.").replace(".base_layer", "")]), name
 
 
 def test_gradient_buffers_are_kept_between_updates_only_when_accumulating(fresh_accelerate_state):

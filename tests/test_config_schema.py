@@ -114,6 +114,13 @@ def test_overrides_are_typed(tmp_path):
         ("lr=1", "expected section.key"),
         ("training.seed=abc", "training.seed: expected int"),
         ("training.gradient_checkpointing=maybe", "training.gradient_checkpointing: expected bool or 'auto'"),
+        ("model.lora_rank=0", "model.lora_rank: must be at least 1 (or null to train every weight), got 0"),
+        ("model.lora_rank=8.5", "model.lora_rank: expected int or null, got float 8.5"),
+        ("model.lora_alpha=0", "model.lora_alpha: must be positive, got 0.0"),
+        ("model.lora_dropout=1", "model.lora_dropout: must be in [0, 1), got 1.0"),
+        ("model.lora_target_modules=[]", "model.lora_target_modules: an empty list adapts nothing"),
+        ("model.lora_target_modules=7", "model.lora_target_modules: expected 'auto' or list of str"),
+        ("training.lora_rank=8", "training.lora_rank: unknown key (did you mean model.lora_rank?)"),
     ],
 )
 def test_bad_overrides(tmp_path, override, needle):

@@ -80,9 +80,10 @@ def test_the_import_graph_has_no_cycle():
 MAX_IMPORTS = 12
 MAX_LINES = 450
 # Modules still over MAX_LINES, each a single phase: the data readers (one per file layout and label kind),
-# the checkpoint format with its saving, verifying and restoring, and the loop, whose docstrings are the
-# algorithm's documentation. Adding a module here is a decision, not a default.
-LONG_MODULES = {"finetune.data", "finetune.checkpoint", "finetune.loop"}
+# the checkpoint format with its saving, verifying and restoring, the loop, whose docstrings are the
+# algorithm's documentation, and the schema, one documented field per key, which grows with every setting
+# (docs/configuration.md is generated from it). Adding a module here is a decision, not a default.
+LONG_MODULES = {"finetune.data", "finetune.checkpoint", "finetune.loop", "finetune.schema"}
 
 
 def _lines(module: str) -> int:

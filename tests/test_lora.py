@@ -1,0 +1,253 @@
+"""LoRA adapters (``model.lora_rank``): what they adapt per architecture, what a run saves, and exact resume.
+
+The accumulation contract with LoRA ((8, 4) against (32, 1), with and without
+gradient checkpointing) is in tests/test_accumulation.py, beside the others.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from finetune.config import ModelConfig, load_config
+from finetune.errors import ConfigError, ModelError
+from finetune.lora import add_lora, auto_target_modules, head_modules, layer_stack
+from helpers import ARCHITECTURES, tiny_model
+
+TEXTS = ["win a free prize now", "see you at lunch", "urgent cash offer txt", "good morning love"]
+
+
+def _linear_names_in_blocks(model) -> set[str]:
+    stack_name, stack = layer_stack(model)
+    return {f"{stack_name}.{n}" for n, m in stack.named_modules() if isinstance(m, torch.nn.Linear)}
+
+
+@pytest.mark.parametrize("model_type", ARCHITECTURES)
+def test_auto_adapts_every_projection_of_the_blocks_and_trains_the_head_in_full(model_type):
+    model = tiny_model(model_type)
+    blocks = _linear_names_in_blocks(model)
+    head = head_modules(model)
+    encoder_weights = {n: p.detach().clone() for n, p in model.named_parameters()}
+    head_weights = sum(p.numel() for name in head for p in model.get_submodule(name).parameters())
+    adapted, plan = add_lora(model, ModelConfig(lora_rank=4))
+    prefix = "base_model.model."
+    with_adapters = {n.removeprefix(prefix) for n, m in adapted.named_modules() if hasattr(m, "lora_A")}
+    # every linear projection in the transformer blocks, and nothing else (no pooler, no embedding, no head)
+    assert with_adapters == blocks and plan.adapted == len(blocks)
+    assert len(blocks) >= 4 * len(layer_stack(model)[1]) or model_type == "albert"  # albert shares one layer
+    trained = {n for n, p in adapted.named_parameters() if p.requires_grad}
+    in_full = {n for n in trained if ".modules_to_save." in n}
+    assert {n.removeprefix(prefix).split(".")[0] for n in in_full} == set(head)
+    assert trained == in_full | {n for n in trained if ".lora_A." in n or ".lora_B." in n}
+    # the head in full: each of its weights trains
+    assert sum(p.numel() for n, p in adapted.named_parameters() if n in in_full) == head_weights
+    # a forward and backward: gradients reach the trained weights and only them
+    ids = torch.randint(5, 30, (3, 9))
+    out = adapted(input_ids=ids, attention_mask=torch.ones_like(ids), labels=torch.tensor([0, 1, 2]))
+    out.loss.backward()
+    assert all((p.grad is not None) == p.requires_grad for p in adapted.parameters())
+    lora_b = [p.grad for n, p in adapted.named_parameters() if ".lora_B." in n]
+    assert lora_b and all(g.abs().sum() > 0 for g in lora_b)  # B starts at zero: its gradient is what moves first
+    # an untrained adapter leaves the model's function as it was
+    for name, value in encoder_weights.items():
+        assert torch.equal(adapted.get_base_model().get_parameter(name), value), name
+
+
+def test_auto_names_the_projections_by_their_shortest_unambiguous_suffix():
+    assert auto_target_modules(tiny_model("bert")) == ["query", "key", "value", "output.dense", "intermediate.dense"]
+    assert auto_target_modules(tiny_model("distilbert")) == ["q_lin", "k_lin", "v_lin", "out_lin", "lin1", "lin2"]
+    assert auto_target_modules(tiny_model("modernbert")) == ["Wqkv", "Wo", "Wi"]
+
+
+@pytest.mark.parametrize("config", [{"hidden_size": 768, "num_hidden_layers": 12, "intermediate_size": 3072},
+                                    {"hidden_size": 1024, "num_hidden_layers": 24, "intermediate_size": 4096,
+                                     "num_attention_heads": 16}], ids=["bert-base", "bert-large"])
+def test_rank_8_trains_under_two_percent_of_a_full_sized_model(config):
+    from transformers import BertConfig, BertForSequenceClassification
+
+    with torch.device("meta"):  # sizes only: no memory, no initialisation
+        model = BertForSequenceClassification(BertConfig(num_labels=2, **config))
+    total = sum(p.numel() for p in model.parameters())
+    _, plan = add_lora(model, ModelConfig(lora_rank=8))
+    assert plan.total == total
+    assert 0.005 < plan.trainable / plan.total < 0.02
+    # each adapted projection: r x (inputs + outputs); the head: hidden x 2 + 2
+    h, ffn, layers = config["hidden_size"], config["intermediate_size"], config["num_hidden_layers"]
+    per_layer = 8 * (4 * (h + h) + (h + ffn) + (ffn + h))
+    assert plan.trainable == layers * per_layer + h * 2 + 2
+
+
+def test_bad_target_modules_are_one_line_errors_naming_the_key():
+    with pytest.raises(ConfigError, match=r"model.lora_target_modules: 'qkv' matches no module of "
+                                          r"BertForSequenceClassification \(auto would adapt query, key"):
+        add_lora(tiny_model("bert"), ModelConfig(lora_rank=4, lora_target_modules=["query", "qkv"]))
+    with pytest.raises(ConfigError, match=r"'dense' matches classifier.dense, which is outside the encoder"):
+        add_lora(tiny_model("roberta"), ModelConfig(lora_rank=4, lora_target_modules=["dense"]))
+    with pytest.raises(ConfigError, match="model.lora_target_modules: an empty list adapts nothing"):
+        ModelConfig(lora_rank=4, lora_target_modules=[])
+    with pytest.raises(ConfigError, match="model.lora_rank: must be at least 1"):
+        load_config(None, ["model.lora_rank=0"])
+
+
+def test_lora_under_fsdp_or_deepspeed_is_refused_before_training():
+    from accelerate.utils import DistributedType
+
+    from finetune.modeling import add_adapters
+
+    cfg = load_config(None, ["model.lora_rank=4"])
+    for kind in (DistributedType.FSDP, DistributedType.DEEPSPEED):
+        with pytest.raises(ConfigError, match=f"model.lora_rank: LoRA under {kind.value} is not supported"):
+            add_adapters(tiny_model("bert"), cfg.model, SimpleNamespace(distributed_type=kind))
+
+
+# --------------------------------------------------------------------------- a LoRA run, end to end
+
+
+@pytest.fixture(scope="module")
+def lora_runs(tmp_path_factory):
+    """A LoRA run to its end, and the same run stopped after update 3 (mid-epoch) and resumed."""
+    from tiny_run import fit_tiny_run
+
+    sections = {"model": {"lora_rank": 4, "dropout": 0.1},  # dropout on: the random states are restored
+                "output": {"checkpoint_every": 3, "keep_last": None}}
+    whole_root, part_root = tmp_path_factory.mktemp("whole"), tmp_path_factory.mktemp("part")
+    runs, at_3 = [], {}
+
+    def keep_weights_at_3(state):
+        if state.step == 3:
+            model = runs[-1].accelerator.unwrap_model(runs[-1].model)
+            at_3.update({n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad})
+        return False
+
+    def keep_run(run):
+        from finetune.start_line import describe
+
+        runs.append(run)
+        lines.append(describe(run))
+
+    lines = []
+    whole = fit_tiny_run(whole_root, before_fit=keep_run, on_update=keep_weights_at_3, **sections)
+    stopped = fit_tiny_run(part_root, on_update=lambda state: state.step >= 3, **sections)
+    resumed = fit_tiny_run(part_root, **{**sections, "output": {**sections["output"], "resume_from": "latest"}})
+    return SimpleNamespace(whole=whole, stopped=stopped, resumed=resumed, run=runs[0], start_line=lines[0],
+                           weights_at_3=at_3,
+                           out=Path(whole[0].output.output_dir), part=Path(resumed[0].output.output_dir))
+
+
+def test_a_lora_checkpoint_holds_the_trained_weights_only(lora_runs):
+    from safetensors import safe_open
+
+    checkpoint = lora_runs.part / "checkpoints" / "checkpoint-3"
+    assert lora_runs.stopped[1]["train"]["ended"] == "stopped_by_caller"
+    assert not (checkpoint / "model.safetensors").exists()
+    adapter = checkpoint / "adapter" / "adapter_model.safetensors"
+    with safe_open(str(adapter), "pt") as fh:
+        saved = {name: fh.get_tensor(name) for name in fh.keys()}
+    trained = lora_runs.weights_at_3
+    assert len(saved) == len(trained)
+    assert sum(t.numel() for t in saved.values()) == sum(t.numel() for t in trained.values())
+    # the whole model is several times the adapter's size
+    assert (lora_runs.out / "model.safetensors").stat().st_size > 4 * adapter.stat().st_size
+
+
+def test_a_resumed_lora_run_ends_bitwise_equal_to_the_uninterrupted_one(lora_runs):
+    whole, part = lora_runs.out, lora_runs.part
+    for name in ("model.safetensors", "adapter/adapter_model.safetensors"):
+        assert (part / name).read_bytes() == (whole / name).read_bytes(), name
+    metrics = [json.loads((d / "metrics.json").read_text()) for d in (whole, part)]
+    for m in metrics:
+        m["train"].pop("seconds")
+    assert metrics[0] == metrics[1]
+
+
+def test_the_merged_model_and_the_adapter_load_without_finetune_and_predict_alike(lora_runs):
+    from peft import PeftModel
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer, pipeline
+
+    run, out = lora_runs.run, lora_runs.out
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    batch = tokenizer(TEXTS, padding=True, return_tensors="pt")
+    trained = run.accelerator.unwrap_model(run.model).eval()
+    with torch.no_grad():
+        expected = trained(**batch).logits
+        merged = AutoModelForSequenceClassification.from_pretrained(out).eval()
+        assert not any(".lora_" in n for n, _ in merged.named_parameters())
+        torch.testing.assert_close(merged(**batch).logits, expected, rtol=1e-5, atol=1e-5)
+        # PEFT's way: the base model, this run's labels, and adapter/
+        base = AutoModelForSequenceClassification.from_pretrained(run.cfg.model.name_or_path,
+                                                                  config=merged.config)
+        with_adapter = PeftModel.from_pretrained(base, str(out / "adapter")).eval()
+        torch.testing.assert_close(with_adapter(**batch).logits, expected, rtol=1e-5, atol=1e-5)
+    scores = pipeline("text-classification", model=str(out), device="cpu", top_k=None)(TEXTS)
+    probabilities = expected.softmax(-1)
+    for row, probs in zip(scores, probabilities):
+        by_label = {d["label"]: d["score"] for d in row}
+        assert [by_label[merged.config.id2label[i]] for i in range(2)] == pytest.approx(probs.tolist(), abs=1e-5)
+
+
+def test_finetune_predict_loads_a_lora_checkpoint(lora_runs):
+    from transformers import AutoTokenizer
+
+    from finetune.predict import Predictor
+    from tiny_run import tiny_config
+
+    checkpoint = lora_runs.out / "checkpoints" / "checkpoint-3"
+    predictor = Predictor.load(checkpoint, device="cpu")
+    # the base model with the adapter of update 3: set the weights of update 3 into a fresh LoRA model
+    cfg = tiny_config(lora_runs.out.parent)
+    from finetune.modeling import load_model
+
+    model, _ = add_lora(load_model(cfg.model, {0: "ham", 1: "spam"}), ModelConfig(lora_rank=4))
+    for name, param in model.named_parameters():
+        if param.requires_grad:
+            param.data.copy_(lora_runs.weights_at_3[name])
+    tokenizer = AutoTokenizer.from_pretrained(checkpoint)
+    with torch.no_grad():
+        expected = model.eval()(**tokenizer(TEXTS, padding=True, return_tensors="pt")).logits
+    np_logits = predictor.logits(TEXTS)
+    torch.testing.assert_close(torch.from_numpy(np_logits), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_a_lora_run_says_what_it_trains(lora_runs):
+    record = json.loads((lora_runs.out / "metrics.json").read_text())["train"]["lora"]
+    plan = lora_runs.run.lora
+    assert record["rank"] == 4 and record["target_modules"] == auto_target_modules(tiny_model("bert"))
+    assert record["trainable_weights"] == plan.trainable == sum(
+        p.numel() for p in lora_runs.run.model.parameters() if p.requires_grad)
+    card = (lora_runs.out / "README.md").read_text()
+    assert "LoRA adapters of rank 4 (alpha 16) on `query`, `key`" in card and "`adapter/`" in card
+    assert f"(new head) with LoRA r=4 alpha=16 dropout=0.1 on query, key, value, output.dense, " \
+           f"intermediate.dense (12 modules) + classifier in full: {plan.trainable:,} of" in lora_runs.start_line
+
+
+def test_a_fresh_run_clears_an_earlier_lora_runs_adapter_only(tmp_path):
+    from finetune.outputs import clear_previous_run
+
+    (tmp_path / "adapter").mkdir()
+    (tmp_path / "adapter" / "adapter_config.json").write_text("{}")
+    (tmp_path / "mine").mkdir()
+    removed = clear_previous_run(tmp_path)
+    assert tmp_path / "adapter" in removed and not (tmp_path / "adapter").exists() and (tmp_path / "mine").is_dir()
+
+
+def test_a_damaged_adapter_is_refused_on_resume(tmp_path):
+    from safetensors.torch import save_file
+
+    from finetune.lora import load_adapter_weights
+
+    model, _ = add_lora(tiny_model("bert"), ModelConfig(lora_rank=4))
+    model.save_pretrained(str(tmp_path))
+    with pytest.raises(ModelError, match="missing"):
+        load_adapter_weights(model, tmp_path / "elsewhere")
+    save_file({"classifier.weight": torch.zeros(3, 32)}, str(tmp_path / "adapter_model.safetensors"))
+    with pytest.raises(ModelError, match="holds 1 tensors for a model that trains 26"):
+        load_adapter_weights(model, tmp_path)
+    # as many tensors (2 layers x 6 projections x A, B, and the head's weight and bias), of another rank
+    other, _ = add_lora(tiny_model("bert"), ModelConfig(lora_rank=2))
+    other.save_pretrained(str(tmp_path / "rank2"))
+    with pytest.raises(ModelError, match="does not fit this model"):
+        load_adapter_weights(model, tmp_path / "rank2")
