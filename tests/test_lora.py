@@ -113,7 +113,11 @@ def lora_runs(tmp_path_factory):
     from tiny_run import fit_tiny_run
 
     sections = {"model": {"lora_rank": 4, "dropout": 0.1},  # dropout on: the random states are restored
-                "output": {"checkpoint_every": 3, "keep_last": None}}
+                "output": {"checkpoint_every": 3, "keep_last": None},
+                # the best evaluation's adapter is loaded back at the end; "best" is the highest loss, so
+                # that it is the first epoch's, not the last weights
+                "evaluation": {"metric_for_best_model": "loss", "greater_is_better": True,
+                               "load_best_model_at_end": True}}
     whole_root, part_root = tmp_path_factory.mktemp("whole"), tmp_path_factory.mktemp("part")
     runs, at_3 = [], {}
 
@@ -161,7 +165,19 @@ def test_a_resumed_lora_run_ends_bitwise_equal_to_the_uninterrupted_one(lora_run
     metrics = [json.loads((d / "metrics.json").read_text()) for d in (whole, part)]
     for m in metrics:
         m["train"].pop("seconds")
+        m["best"].pop("checkpoint")  # in each run's own folder
     assert metrics[0] == metrics[1]
+
+
+def test_the_saved_adapter_is_the_best_evaluations(lora_runs):
+    best = lora_runs.whole[1]["best"]
+    assert best["step"] == 10
+    saved = (lora_runs.out / "adapter" / "adapter_model.safetensors").read_bytes()
+    assert saved == (lora_runs.out / "checkpoints" / f"checkpoint-{best['step']}" / "adapter" /
+                     "adapter_model.safetensors").read_bytes()
+    # and it is not simply the last one's
+    assert saved != (lora_runs.out / "checkpoints" / "checkpoint-18" / "adapter" /
+                     "adapter_model.safetensors").read_bytes()
 
 
 def test_the_merged_model_and_the_adapter_load_without_finetune_and_predict_alike(lora_runs):
