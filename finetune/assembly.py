@@ -8,8 +8,9 @@ it); its steps run in the order that fails cheapest first::
     data, model, adapters            dataloaders.load_data, modeling.load_model_reporting, modeling.add_adapters
     metrics, task                    metric_suite, build_task
     tokens                           dataloaders.tokenize_data (cached)
-    micro-batch (auto), memory       autobatch.fit_micro_batch: the same B, a smaller b, a larger k, and
-                                     gradient checkpointing when the micro-batch would be too small
+    micro-batch, memory              autobatch.fit_in_memory: under auto the same B, a smaller b, a larger k,
+                                     and gradient checkpointing when the micro-batch would be too small; then
+                                     the memory plan (finetune.memory), refused when a set b cannot fit
     dataloaders, optimizer           dataloaders.build_dataloaders, optimization.build_optimizer
     accelerator.prepare, plan        the update plan counted on the prepared dataloader
     scheduler                        sized in updates, not prepared
@@ -27,7 +28,7 @@ import numpy as np
 import torch
 
 from finetune.accumulation import Batching, accumulate_as, layout_for, resolve_batching
-from finetune.autobatch import Checkpointing, fit_micro_batch, fixed_checkpointing
+from finetune.autobatch import Checkpointing, fit_in_memory
 from finetune.config import Config
 from finetune.dataloaders import build_dataloaders, collator, load_data, tokenize_data, tokenized_cache_dir
 from finetune.errors import ConfigError
@@ -66,6 +67,8 @@ class Run:
     checkpointing: Checkpointing = field(default_factory=Checkpointing)
     # model.lora_rank: a finetune.lora.LoraPlan, what the adapters are and train (None: every weight is trained)
     lora: Optional[Any] = None
+    # the expected peak memory by part, measured before training (finetune.memory; None under FSDP, DeepSpeed)
+    memory: Optional[Any] = None  # a finetune.memory.MemoryPlan
 
 
 def setup_run(cfg: Config, accelerator=None, batching: Optional[Batching] = None) -> Run:
@@ -109,11 +112,9 @@ def setup_run(cfg: Config, accelerator=None, batching: Optional[Batching] = None
     metrics = metric_suite(cfg, labels, splits["train"])
     task = build_task(cfg, labels, splits["train"])
     tokenized = tokenize_data(cfg, splits, tokenizer, accelerator, cache_dir)
-    if cfg.training.per_device_train_batch_size == "auto":
-        batching, checkpointing = fit_micro_batch(model, tokenized["train"], collator(tokenizer, accelerator),
-                                                  accelerator, batching, cfg.training.gradient_checkpointing)
-    else:
-        checkpointing = fixed_checkpointing(model, cfg.training.gradient_checkpointing)
+    batching, checkpointing, memory = fit_in_memory(model, tokenized["train"], collator(tokenizer, accelerator),
+                                                    accelerator, batching, cfg.training, cfg.data.max_length,
+                                                    lora=lora is not None)
     accumulate_as(accelerator, batching, epoch=0)  # before prepare: DeepSpeed reads k there
     if cfg.training.torch_compile:
         model.compile()  # in place: state_dict keys, unwrap_model and save_pretrained stay as without compiling
@@ -132,7 +133,7 @@ def setup_run(cfg: Config, accelerator=None, batching: Optional[Batching] = None
     set_seed(cfg.training.seed)
     return Run(cfg, accelerator, batching, tokenizer, labels, model, optimizer, scheduler, train_dl, eval_dl,
                metrics, plan, task, content_sha256(splits["train"]), new_head=new_head,
-               checkpointing=checkpointing, lora=lora)
+               checkpointing=checkpointing, lora=lora, memory=memory)
 
 
 def check_batching(cfg: Config, accelerator, batching: Optional[Batching] = None) -> Batching:

@@ -36,11 +36,14 @@ from __future__ import annotations
 import gc
 import logging
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import torch
 
 from finetune.errors import ConfigError, LaunchError
+from finetune.memory import (
+    GB, MemoryPlan, is_out_of_memory, levers_that_fit, measure_activations, plan_memory, rng_fork, tensor_bytes,
+)
 from finetune.tasks import Task
 
 logger = logging.getLogger("finetune")
@@ -61,13 +64,6 @@ def initial_micro_batch(effective_batch_size: int, num_processes: int) -> int:
     return per_process & -per_process
 
 
-def is_out_of_memory(exc: BaseException) -> bool:
-    """Whether ``exc`` says a device ran out of memory (CUDA, XPU, MPS, CPU allocator)."""
-    from accelerate.utils.memory import should_reduce_batch_size
-
-    return isinstance(exc, torch.OutOfMemoryError) or should_reduce_batch_size(exc)
-
-
 def worst_case_batch(dataset, collate: Callable[[list], dict], batch_size: int) -> dict[str, torch.Tensor]:
     """The ``batch_size`` longest samples of ``dataset`` (by its ``length`` column), collated.
 
@@ -80,13 +76,6 @@ def worst_case_batch(dataset, collate: Callable[[list], dict], batch_size: int) 
     rows = [longest[i % len(longest)] for i in range(batch_size)]
     columns = [c for c in dataset.column_names if c != "length"]
     return collate([{c: dataset[i][c] for c in columns} for i in rows])
-
-
-def _rng_fork(device: torch.device):
-    if device.type == "cpu":
-        return torch.random.fork_rng(devices=[])
-    index = device.index if device.index is not None else 0
-    return torch.random.fork_rng(devices=[index], device_type=device.type)
 
 
 def trial_step(model: torch.nn.Module, batch: dict[str, torch.Tensor], accelerator) -> bool:
@@ -109,7 +98,7 @@ def trial_step(model: torch.nn.Module, batch: dict[str, torch.Tensor], accelerat
     was_training = model.training
     ok = True
     try:
-        with _rng_fork(device):
+        with rng_fork(device):
             model.train()
             trainable = [p for p in model.parameters() if p.requires_grad]
             reserve = [torch.empty_like(p) for p in trainable for _ in range(reserve_factor)]
@@ -264,3 +253,86 @@ def fit_micro_batch(model, train_dataset, collate: Callable[[list], dict], accel
 def _nothing_fits(also: str = "") -> str:
     return ("training.per_device_train_batch_size: auto found no micro-batch that fits: even b=1 ran out of memory "
             f"(on at least one process){also}; lower data.max_length or use a larger device")
+
+
+def fit_in_memory(model, train_dataset, collate: Callable[[list], dict], accelerator, batching, training,
+                  max_length: int, lora: bool):
+    """The micro-batch, checkpointing and memory plan of a run: what must fit in memory, decided once.
+
+    ``per_device_train_batch_size: auto`` finds ``b`` (and checkpointing under
+    ``auto``) by trial steps (:func:`fit_micro_batch`); a set ``b`` takes
+    checkpointing as configured. Either way the memory plan follows, and with
+    a set ``b`` (whose fit no trial has checked) it is held to the device's
+    memory under ``training.memory_check``.
+
+    Args:
+        model: The unprepared model.
+        train_dataset: The tokenized training split.
+        collate: The training collator.
+        accelerator: The run's ``Accelerator``.
+        batching: The run's :class:`~finetune.accumulation.Batching`.
+        training: The ``training`` section.
+        max_length: ``data.max_length``.
+        lora: Whether the model trains LoRA adapters.
+
+    Returns:
+        ``(batching, checkpointing, memory plan)``; the plan is ``None`` under FSDP or DeepSpeed.
+
+    Raises:
+        LaunchError: when nothing fits (the automatic micro-batch), or the plan does not (a set one).
+    """
+    automatic = training.per_device_train_batch_size == "auto"
+    if automatic:
+        batching, checkpointing = fit_micro_batch(model, train_dataset, collate, accelerator, batching,
+                                                  training.gradient_checkpointing)
+    else:
+        checkpointing = fixed_checkpointing(model, training.gradient_checkpointing)
+    memory = plan_run_memory(model, train_dataset, collate, accelerator, batching, checkpointing.on,
+                             check=training.memory_check and not automatic, max_length=max_length, lora=lora)
+    return batching, checkpointing, memory
+
+
+def plan_run_memory(model, dataset, collate, accelerator, batching, checkpointing: bool, *, check: bool,
+                    max_length: int, lora: bool) -> Optional[MemoryPlan]:
+    """The run's :class:`MemoryPlan`, measured on the model on its device; ``None`` under FSDP or DeepSpeed,
+    whose shards a whole-model plan would overstate.
+
+    Args:
+        model: The unprepared model (moved to ``accelerator.device`` here, as ``prepare`` would).
+        dataset: The tokenized training split (its ``length`` column finds the longest rows).
+        collate: The training collator.
+        accelerator: The run's ``Accelerator``.
+        batching: The run's :class:`~finetune.accumulation.Batching`, ``b`` decided.
+        checkpointing: Whether the run recomputes activations.
+        check: Refuse a plan larger than the device's memory.
+        max_length: ``data.max_length``, for the shorter lengths the refusal may suggest.
+        lora: Whether the model trains LoRA adapters already.
+
+    Raises:
+        LaunchError: when ``check`` and the plan does not fit: one line naming the settings that would.
+    """
+    from accelerate.utils import DistributedType
+
+    if accelerator.distributed_type in (DistributedType.FSDP, DistributedType.DEEPSPEED):
+        return None
+    try:
+        model.to(accelerator.device)
+    except Exception as exc:  # noqa: BLE001 - only running out of memory is told here
+        if not is_out_of_memory(exc):
+            raise
+        raise LaunchError(f"memory: the model's weights ({tensor_bytes(model.parameters()) / GB:.2f}GB) do not fit "
+                          f"in {accelerator.device}'s free memory; use a larger device") from None
+    activations = measure_activations(model, lambda b: worst_case_batch(dataset, collate, b), accelerator)
+    if activations is None:
+        return None
+    plan = plan_memory(model, activations, batching.per_device_batch_size, checkpointing, accelerator.device,
+                       accelerator.num_processes)
+    if check and not plan.fits:
+        can_checkpoint = bool(getattr(model, "supports_gradient_checkpointing", False))
+        levers = levers_that_fit(plan, model, activations, batching, max_length, lora, can_checkpoint)
+        advice = (f"any of these alone would fit: {'; '.join(levers)}" if levers
+                  else "no single setting fits: combine a smaller micro-batch, training.gradient_checkpointing=true"
+                       " and model.lora_rank=8, or use a larger device")
+        raise LaunchError(f"memory: the run needs about {plan.describe().removeprefix('memory=')}; {advice} "
+                          f"(training.memory_check=false trains anyway)")
+    return plan

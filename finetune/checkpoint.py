@@ -87,6 +87,7 @@ MAY_CHANGE_ON_RESUME = frozenset({
     "data.num_workers",
     # recomputation replays the same values (and dropout masks): a run that ran out of memory may resume with it
     "training.gradient_checkpointing",
+    "training.memory_check",
     # compared through the resolved b, k, P below, so that either spelling resumes
     "training.gradient_accumulation_steps",
     "training.effective_batch_size",

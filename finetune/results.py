@@ -62,6 +62,8 @@ def summarize(run: "Run", history: list[dict[str, Any]], ended: str = "completed
         },
         "eval": {k.removeprefix("eval/"): v for k, v in final.items() if k.startswith("eval/")},
         "best": best,
+        # the expected peak memory by part, in bytes (finetune.memory), or null under FSDP / DeepSpeed
+        "memory_plan": run.memory.record() if run.memory is not None else None,
         "epochs": history,
         "labels": list(run.labels.names),
     }

@@ -178,6 +178,9 @@ class TrainingConfig:
         "the update is the same): far less activation memory for about a third more compute. `auto`: on "
         "only with `per_device_train_batch_size: auto`, when the largest micro-batch that fits without it "
         "is below `min(8, B / P)` and a larger one fits with it. The start line says what was chosen.")
+    memory_check: bool = setting(True,
+        "With a micro-batch set, refuse before training a run whose memory plan (the start line's `memory=`) "
+        "exceeds the device's free memory, naming the settings that would fit. false: train anyway.")
     per_device_eval_batch_size: int = setting(64, "Batch size per process for evaluation.")
     gradient_accumulation_steps: Optional[int] = setting(None,
         "Micro-batches accumulated per optimizer update (`k`). Null when `effective_batch_size` is given.")

@@ -3,7 +3,7 @@
 It reads as the run does: what (the model, its head, LoRA's adapters, the data and its
 validation rows), how (the precision and why it was chosen, ``b x k x P``,
 the updates, the metrics' averaging), and where (processes, backend, device,
-threads, the CPU speed-ups in force, the micro-batch cut), then the output
+threads, the memory plan, the CPU speed-ups in force, the micro-batch cut), then the output
 folder. The decisions setup takes on its way (the averaging, the class
 weights, the rows read) are said here rather than line by line before it, so
 the first line of a run says what will happen and anything wrong in the input
@@ -70,7 +70,8 @@ def _where(run: Run) -> str:
     threads = f" threads={torch.get_num_threads()}" if acc.device.type == "cpu" else ""
     speedups = plan_cpu_speedups(run.model, acc, quiet=True, **speedup_settings(training)).describe()
     cut = "balanced" if hasattr(run.train_dataloader.batch_sampler, "sizes") else "equal"
-    return (f"processes={acc.num_processes} backend={backend} device={acc.device}{threads}"
+    memory = f" {run.memory.describe()}" if run.memory is not None else ""
+    return (f"processes={acc.num_processes} backend={backend} device={acc.device}{threads}{memory}"
             f"{' ' + speedups if speedups else ''} workers={run.train_dataloader.num_workers} micro-batches={cut}")
 
 

@@ -1,0 +1,303 @@
+"""The memory plan: what a run's peak memory is made of, said before training, and checked against the device.
+
+Training holds, at its peak (the backward pass of a window's micro-batch)::
+
+    weights        every parameter and buffer (frozen ones too)
+    gradients      one per trained weight (DDP adds its buckets, a second copy)
+    optimizer      AdamW's two moments per trained weight
+    activations    what the forward pass saved for the backward, for b rows at the longest length,
+                   plus the working set of one layer's backward
+
+The first three follow from the parameters. The activations depend on the
+architecture, the attention kernel, autocast and checkpointing, so they are
+measured rather than derived from a formula: one forward pass each at ``b = 1``
+and ``b = 2`` on the longest training rows, counting the bytes autograd saves
+(``torch.autograd.graph.saved_tensors_hooks``), per encoder block and outside
+them. What ``b = 2`` saves beyond ``b = 1`` is the per-row cost; what is left
+at ``b = 1`` is fixed (autocast's cast copies of the weights). From that the
+plan predicts any ``b``, with checkpointing (each block keeps only its input;
+one block is recomputed at a time) and without.
+
+Hand-written: accelerate's ``estimate-memory`` counts parameters and AdamW
+state only, and transformers and PEFT have no activation estimate.
+
+With a micro-batch set in the config, a plan larger than the device's memory
+(a GPU's free memory, a CPU's available RAM) stops the run before training
+with one line that names the settings that would fit. The automatic
+micro-batch trusts its own trial steps instead (``finetune.autobatch``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, replace
+from typing import Any, Iterator, Optional
+
+import torch
+
+GB = 1e9
+
+
+@dataclass(frozen=True)
+class Activations:
+    """Bytes the forward pass saves for the backward, measured per training row at the longest length."""
+
+    fixed: int  # saved whatever b (autocast's cast copies of the weights)
+    per_row_block: int  # in one encoder block (mean over the blocks)
+    per_row_block_input: int  # a block's input: what checkpointing keeps of a block
+    per_row_other: int  # outside the blocks (embeddings, head, loss)
+    blocks: int
+    length: int  # the length measured at
+
+    def estimate(self, b: int, checkpointing: bool, length: Optional[int] = None) -> int:
+        """Saved activations plus one block's backward working set, for ``b`` rows of ``length`` tokens.
+
+        Another length scales the per-row bytes in proportion, which over-states a shorter length's
+        (attention's share falls with the square of it): a plan for a shorter ``max_length`` errs high.
+        """
+        kept = self.per_row_block_input * self.blocks + self.per_row_block if checkpointing \
+            else self.per_row_block * self.blocks
+        per_row = self.per_row_other + kept + self.per_row_block  # + the block whose backward is running
+        scale = (length or self.length) / self.length
+        return self.fixed + round(b * per_row * scale)
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """The expected peak of a run, in bytes, by what takes it, and what the device has."""
+
+    weights: int
+    gradients: int
+    optimizer: int
+    activations: int
+    micro_batch: int
+    length: int
+    checkpointing: bool
+    device: str
+    available: Optional[int]  # free GPU memory or available RAM, beside what the run already holds
+    resident: int = 0  # of the total, what is already allocated on the device (the loaded weights)
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.gradients + self.optimizer + self.activations
+
+    @property
+    def fits(self) -> bool:
+        return self.available is None or self.total - self.resident <= self.available
+
+    def describe(self) -> str:
+        """The start line's words: ``memory=1.9GB (weights 0.4 + gradients 0.4 + adamw 0.9 + ...)``."""
+        have = (f" of {(self.available + self.resident) / GB:.1f}GB "
+                f"{'available' if self.device == 'cpu' else 'free'}" if self.available is not None else "")
+        return (f"memory={self.total / GB:.2f}GB (weights {self.weights / GB:.2f} + gradients "
+                f"{self.gradients / GB:.2f} + adamw {self.optimizer / GB:.2f} + activations "
+                f"{self.activations / GB:.2f} at b={self.micro_batch} x {self.length} tokens){have}")
+
+    def record(self) -> dict[str, Any]:
+        """``metrics.json``'s ``memory_plan``: every part in bytes."""
+        return {"weights": self.weights, "gradients": self.gradients, "optimizer": self.optimizer,
+                "activations": self.activations, "total": self.total, "micro_batch": self.micro_batch,
+                "length": self.length, "gradient_checkpointing": self.checkpointing, "device": self.device,
+                "available": None if self.available is None else self.available + self.resident}
+
+
+def tensor_bytes(tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def blocks_of(model) -> torch.nn.ModuleList:
+    """The encoder's transformer blocks (a LoRA model's too)."""
+    from finetune.lora import is_lora, layer_stack
+
+    base = model.get_base_model() if is_lora(model) else model
+    return layer_stack(base)[1]
+
+
+@contextlib.contextmanager
+def _counting_saved_tensors(model, blocks) -> Iterator[dict]:
+    """Inside, every tensor autograd saves is counted once (by storage), by the block it was saved in.
+
+    Yields ``{"block": bytes, "input": bytes, "other": bytes, "calls": blocks run}``; the parameters
+    themselves, which autograd saves too, are not activations and not counted.
+    """
+    counts = {"block": 0, "input": 0, "other": 0, "calls": 0}
+    weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    weights |= {b.untyped_storage().data_ptr() for b in model.buffers()}
+    seen: set[int] = set()
+    where = ["other"]
+
+    def pack(tensor):
+        storage = tensor.untyped_storage()
+        key = storage.data_ptr()
+        if key not in weights and key not in seen:
+            seen.add(key)
+            counts[where[0]] += storage.nbytes()
+        return tensor
+
+    def enter(module, args):
+        where[0] = "block"
+        counts["calls"] += 1  # ALBERT calls its one shared block once per layer
+        counts["input"] += tensor_bytes(a for a in args[:1] if torch.is_tensor(a))
+
+    def leave(module, args, output):
+        where[0] = "other"
+
+    handles = [h for block in blocks for h in (block.register_forward_pre_hook(enter),
+                                               block.register_forward_hook(leave))]
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+            yield counts
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def measure_activations(model, make_batch, accelerator) -> Optional[Activations]:
+    """Probe ``model`` with forward passes of 1 and 2 of the longest rows (see the module's docstring).
+
+    Runs as training does (train mode, autocast) without checkpointing, which
+    the estimate accounts for; the random-number generators are restored and
+    no gradient is left behind. ``None`` when even one row runs out of memory
+    without checkpointing (a run that only fits with it): then there is no plan.
+
+    Args:
+        model: The unprepared model, on ``accelerator.device``.
+        make_batch: ``b -> the collated worst-case micro-batch of b rows``.
+        accelerator: The run's ``Accelerator``.
+    """
+    from finetune.modeling import is_checkpointing, set_gradient_checkpointing
+
+    blocks = blocks_of(model)
+    recomputing, was_training = is_checkpointing(model), model.training
+    set_gradient_checkpointing(model, False)
+    model.train()
+    counts = []
+    try:
+        with rng_fork(accelerator.device):
+            for b in (1, 2):
+                inputs = {k: v.to(accelerator.device) for k, v in make_batch(b).items() if k != "labels"}
+                length = inputs["input_ids"].shape[1]
+                try:
+                    with _counting_saved_tensors(model, blocks) as count, accelerator.autocast():
+                        model(**inputs)
+                except Exception as exc:  # noqa: BLE001 - only running out of memory ends the probe early
+                    if not is_out_of_memory(exc):
+                        raise
+                    break
+                finally:
+                    del inputs
+                counts.append((count, length))
+    finally:
+        set_gradient_checkpointing(model, recomputing)
+        model.train(was_training)
+        _free_cached(accelerator.device)
+    if not counts:
+        return None
+    (one, length) = counts[0]
+    # without a second probe (it ran out of memory), all of b=1's bytes count per row: an estimate that errs high
+    two = counts[1][0] if len(counts) > 1 else {key: 2 * value for key, value in one.items()}
+    calls = max(1, one["calls"])
+    per_row = {key: max(0, two[key] - one[key]) for key in ("block", "input", "other")}
+    fixed = max(0, one["block"] + one["other"] - per_row["block"] - per_row["other"])
+    return Activations(fixed=fixed, per_row_block=per_row["block"] // calls,
+                       per_row_block_input=per_row["input"] // calls, per_row_other=per_row["other"],
+                       blocks=calls, length=length)
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """Whether ``exc`` says a device ran out of memory (CUDA, XPU, MPS, CPU allocator)."""
+    from accelerate.utils.memory import should_reduce_batch_size
+
+    return isinstance(exc, torch.OutOfMemoryError) or should_reduce_batch_size(exc)
+
+
+def _free_cached(device: torch.device) -> None:
+    """What a probe left in the device's cache goes back, before training allocates."""
+    import gc
+
+    gc.collect()
+    if device.type != "cpu":
+        from accelerate.utils.memory import clear_device_cache
+
+        clear_device_cache()
+
+
+def rng_fork(device: torch.device):
+    """Inside, the random-number generators of ``device`` (and the CPU's) draw; on exit they are as before."""
+    if device.type == "cpu":
+        return torch.random.fork_rng(devices=[])
+    index = device.index if device.index is not None else 0
+    return torch.random.fork_rng(devices=[index], device_type=device.type)
+
+
+def available_memory(device: torch.device) -> Optional[int]:
+    """Free memory on a GPU, available RAM on a CPU (Linux's ``MemAvailable``); ``None`` where unknown."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    if device.type == "cpu":
+        try:
+            with open("/proc/meminfo", encoding="ascii") as fh:
+                for line in fh:
+                    if line.startswith("MemAvailable:"):
+                        return int(line.split()[1]) * 1024
+        except OSError:
+            return None
+    return None
+
+
+def plan_memory(model, activations: Activations, b: int, checkpointing: bool, device: torch.device,
+                num_processes: int = 1) -> MemoryPlan:
+    """The :class:`MemoryPlan` of training ``model`` at micro-batch ``b`` on ``device``."""
+    weights = tensor_bytes(model.parameters()) + tensor_bytes(model.buffers())
+    trained = tensor_bytes(p for p in model.parameters() if p.requires_grad)
+    on_device = next(model.parameters()).device
+    resident = weights if on_device.type == device.type else 0
+    return MemoryPlan(weights=weights, gradients=trained * (2 if num_processes > 1 else 1), optimizer=2 * trained,
+                      activations=activations.estimate(b, checkpointing), micro_batch=b,
+                      length=activations.length, checkpointing=checkpointing, device=device.type,
+                      available=available_memory(device), resident=resident)
+
+
+def levers_that_fit(plan: MemoryPlan, model, activations: Activations, batching, max_length: int,
+                    lora: bool, can_checkpoint: bool) -> list[str]:
+    """The settings that alone would make ``plan`` fit, as ``key=value`` overrides, in the order to try them."""
+    found = []
+    for b in _smaller_micro_batches(batching):
+        if replace(plan, micro_batch=b, activations=activations.estimate(b, plan.checkpointing)).fits:
+            k = batching.effective_batch_size // (b * batching.num_processes)
+            found.append(f"training.per_device_train_batch_size={b} (k={k})")
+            break
+    if can_checkpoint and not plan.checkpointing and replace(
+            plan, checkpointing=True, activations=activations.estimate(plan.micro_batch, True)).fits:
+        found.append("training.gradient_checkpointing=true")
+    if not lora and replace(plan, gradients=_lora_share(model, plan.gradients),
+                            optimizer=_lora_share(model, plan.optimizer)).fits:
+        found.append("model.lora_rank=8")
+    for length in (max_length // 2, max_length // 4):
+        if length >= 32 and replace(plan, activations=activations.estimate(
+                plan.micro_batch, plan.checkpointing, length=min(length, activations.length))).fits:
+            found.append(f"data.max_length={length}")
+            break
+    return found
+
+
+def _smaller_micro_batches(batching) -> list[int]:
+    """The micro-batches below ``b`` that keep ``B`` (halving, as the automatic micro-batch does)."""
+    b, sizes = batching.per_device_batch_size, []
+    while b > 1 and b % 2 == 0:
+        b //= 2
+        sizes.append(b)
+    return sizes
+
+
+def _lora_share(model, full: int) -> int:
+    """``full`` (gradients or optimizer bytes) scaled to what LoRA at rank 8 would train of ``model``."""
+    from finetune.lora import is_lora
+
+    if is_lora(model):
+        return full
+    blocks = blocks_of(model)
+    adapters = sum(8 * (m.in_features + m.out_features) for m in blocks.modules() if isinstance(m, torch.nn.Linear))
+    encoder = sum(p.numel() for p in model.base_model.parameters())
+    trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    return round(full * (adapters + trained - encoder) / max(1, trained))

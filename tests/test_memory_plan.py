@@ -1,0 +1,152 @@
+"""The memory plan (finetune.memory): its parts, its activation estimate, and the refusal of a run that cannot fit.
+
+How close the plan comes to a measured peak is the benchmark's to say
+(bench/memory_levers.py), not a timed or memory-measuring test's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+from finetune.config import ModelConfig
+from finetune.errors import LaunchError
+from finetune.lora import add_lora
+from finetune.memory import _counting_saved_tensors, blocks_of, measure_activations, plan_memory
+from helpers import pad_collate, tiny_bert, token_dataset
+
+
+class _CpuAccelerator:
+    device = torch.device("cpu")
+    num_processes = 1
+
+    @staticmethod
+    def autocast():
+        import contextlib
+
+        return contextlib.nullcontext()
+
+
+def _batches(rows: int = 40, max_len: int = 30):
+    data = token_dataset(rows, seed=2, max_len=max_len)
+    longest = sorted(data, key=lambda x: -len(x["input_ids"]))
+    return lambda b: pad_collate([longest[i % len(longest)] for i in range(b)])
+
+
+def _saved_bytes(model, batch) -> dict:
+    with _counting_saved_tensors(model, blocks_of(model)) as count:
+        model(**{k: v for k, v in batch.items() if k != "labels"})
+    return count
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_the_plan_counts_weights_gradients_and_optimizer_state(lora):
+    model = tiny_bert(dropout=0.1)
+    if lora:
+        model, _ = add_lora(model, ModelConfig(lora_rank=4))
+    activations = measure_activations(model, _batches(), _CpuAccelerator())
+    plan = plan_memory(model, activations, b=8, checkpointing=False, device=torch.device("cpu"))
+    every = sum(p.numel() * 4 for p in model.parameters()) + sum(b.numel() * b.element_size() for b in model.buffers())
+    trained = sum(p.numel() * 4 for p in model.parameters() if p.requires_grad)
+    assert plan.weights == every and plan.gradients == trained and plan.optimizer == 2 * trained
+    assert plan.total == plan.weights + plan.gradients + plan.optimizer + plan.activations
+    assert (plan.gradients < plan.weights / 2) == lora  # LoRA trains a small share
+    assert plan.resident == plan.weights  # the loaded model is already in the process's memory
+    assert plan.available is not None and plan.available > 0  # MemAvailable of this machine
+
+
+def test_the_activation_estimate_extrapolates_from_one_and_two_rows_to_any_micro_batch():
+    model = tiny_bert(dropout=0.1).train()
+    make = _batches()
+    activations = measure_activations(model, make, _CpuAccelerator())
+    longest = max(len(x["input_ids"]) for x in token_dataset(40, seed=2, max_len=30))
+    assert activations.blocks == 2 and activations.length == longest
+    for b in (4, 16):
+        measured = _saved_bytes(model, make(b))
+        saved = activations.fixed + b * (activations.per_row_other + activations.blocks * activations.per_row_block)
+        assert saved == pytest.approx(measured["block"] + measured["other"], rel=0.02), b
+        # a block's input is what checkpointing keeps of it: b rows x length x hidden floats
+        assert activations.per_row_block_input == longest * 32 * 4
+    # the estimate adds one block's backward working set, and checkpointing keeps the blocks' inputs only
+    full, recomputed = activations.estimate(16, False), activations.estimate(16, True)
+    assert full - saved == 16 * activations.per_row_block
+    assert recomputed < full
+    assert full - recomputed == 16 * activations.blocks * (activations.per_row_block - activations.per_row_block_input) \
+        - 16 * activations.per_row_block
+    # a probe leaves no trace: no gradient, the random stream where it was
+    assert all(p.grad is None for p in model.parameters())
+
+
+def test_a_probe_that_runs_out_of_memory_gives_no_plan():
+    model = tiny_bert()
+
+    def out_of_memory(*args, **kwargs):
+        raise torch.OutOfMemoryError("simulated")
+
+    model.forward = out_of_memory
+    assert measure_activations(model, _batches(), _CpuAccelerator()) is None
+
+
+def test_the_plan_is_said_in_one_part_of_the_start_line_and_recorded():
+    model = tiny_bert()
+    activations = measure_activations(model, _batches(), _CpuAccelerator())
+    plan = replace(plan_memory(model, activations, b=8, checkpointing=False, device=torch.device("cpu")),
+                   available=10**10 - 1000, resident=1000)
+    assert plan.describe().startswith(f"memory={plan.total / 1e9:.2f}GB (weights ")
+    assert plan.describe().endswith(f"at b=8 x {activations.length} tokens) of 10.0GB available")
+    record = plan.record()
+    assert record["total"] == plan.total and record["available"] == 10**10 and record["micro_batch"] == 8
+
+
+# --------------------------------------------------------------------------- the refusal, in a real setup
+
+
+@pytest.fixture
+def tiny_job(tmp_path):
+    from tiny_run import tiny_config
+
+    return tiny_config(tmp_path, training={"per_device_train_batch_size": 16, "gradient_accumulation_steps": 2})
+
+
+def _setup(cfg, monkeypatch, available):
+    from finetune.assembly import setup_run
+    from tiny_run import reset_accelerate
+
+    reset_accelerate()
+    monkeypatch.setattr("finetune.memory.available_memory", lambda device: available)
+    try:
+        return setup_run(cfg)
+    finally:
+        reset_accelerate()
+
+
+def test_a_set_micro_batch_that_cannot_fit_stops_before_training_naming_what_would(tiny_job, monkeypatch, tmp_path):
+    plan = _setup(tiny_job, monkeypatch, available=10**12).memory
+    assert plan is not None and plan.micro_batch == 16 and plan.fits
+    # a device with a little less than the plan needs beyond the loaded weights
+    short = plan.total - plan.resident - 1
+    with pytest.raises(LaunchError) as info:
+        _setup(tiny_job, monkeypatch, available=short)
+    message = info.value.message
+    assert message.startswith(f"memory: the run needs about {plan.total / 1e9:.2f}GB (weights ")
+    assert "\n" not in message and "training.memory_check=false trains anyway" in message
+    # each lever named is one that fits alone by the plan's own arithmetic: a half micro-batch fits here
+    assert "training.per_device_train_batch_size=8 (k=4)" in message
+    assert "training.gradient_checkpointing=true" in message and "model.lora_rank=8" in message
+    assert not (tmp_path / "out").exists()  # nothing written
+    # with nothing that fits alone, it says so
+    with pytest.raises(LaunchError, match="no single setting fits: combine"):
+        _setup(tiny_job, monkeypatch, available=1000)
+    # memory_check: false trains anyway, and the plan is still made
+    tiny_job.training.memory_check = False
+    assert _setup(tiny_job, monkeypatch, available=1000).memory.total == plan.total
+
+
+def test_the_automatic_micro_batch_trusts_its_trials_not_the_plan(tiny_job, monkeypatch):
+    tiny_job.training.per_device_train_batch_size = "auto"
+    tiny_job.training.gradient_accumulation_steps = None
+    tiny_job.training.effective_batch_size = 32
+    run = _setup(tiny_job, monkeypatch, available=1000)  # the trial steps fit on this machine
+    assert run.memory is not None and not run.memory.fits
