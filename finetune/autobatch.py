@@ -252,7 +252,8 @@ def fit_micro_batch(model, train_dataset, collate: Callable[[list], dict], accel
 
 def _nothing_fits(also: str = "") -> str:
     return ("training.per_device_train_batch_size: auto found no micro-batch that fits: even b=1 ran out of memory "
-            f"(on at least one process){also}; lower data.max_length or use a larger device")
+            f"(on at least one process){also}; lower data.max_length, train LoRA adapters (model.lora_rank=8), "
+            f"or use a larger device")
 
 
 def fit_in_memory(model, train_dataset, collate: Callable[[list], dict], accelerator, batching, training,
@@ -327,7 +328,9 @@ def plan_run_memory(model, dataset, collate, accelerator, batching, checkpointin
         return None
     plan = plan_memory(model, activations, batching.per_device_batch_size, checkpointing, accelerator.device,
                        accelerator.num_processes)
-    if check and not plan.fits:
+    # every process agrees, as the automatic micro-batch's processes do: one refusing alone would leave the others
+    # waiting in prepare's first collective
+    if check and any_process_failed(not plan.fits, accelerator):
         can_checkpoint = bool(getattr(model, "supports_gradient_checkpointing", False))
         levers = levers_that_fit(plan, model, activations, batching, max_length, lora, can_checkpoint)
         advice = (f"any of these alone would fit: {'; '.join(levers)}" if levers

@@ -115,6 +115,12 @@ CASES = [
          config={"evaluation": {"metrics": ["f1"], "average": "binary", "positive_label": "spm"}}),
     Case("config-output-dir-under-a-file", ["{cfg}", "output.output_dir", "{root}/notes.txt is a file"],
          config={"output": {"output_dir": "{root}/notes.txt/run"}}, files={"notes.txt": "a file, not a folder"}),
+    Case("config-lora-target-matches-nothing",
+         ["{cfg}", "model.lora_target_modules: 'qkv' matches no module of BertForSequenceClassification",
+          "auto would adapt query, key, value"],
+         config={"model": {"lora_rank": 4, "lora_target_modules": ["qkv"]}}),
+    Case("config-lora-rank-zero", ["{cfg}", "model.lora_rank: must be at least 1", "got 0"],
+         config={"model": {"lora_rank": 0}}),
     # ---- data
     Case("data-file-missing", ["{cfg}", "data.train_file", "{root}/missing.csv", "not found"],
          config={"data": {"train_file": "{root}/missing.csv"}}),
