@@ -114,51 +114,82 @@ def blocks_of(model) -> torch.nn.ModuleList:
 
 
 @contextlib.contextmanager
-def _counting_saved_tensors(model, blocks) -> Iterator[dict]:
-    """Inside, every tensor autograd saves is counted once (by storage), by the block it was saved in.
+def _counting_saved_tensors(model) -> Iterator[dict]:
+    """Inside, every tensor autograd saves is counted once (by storage); yields ``{"saved": bytes}``.
 
-    Yields ``{"block": bytes, "input": bytes, "other": bytes, "calls": blocks run}``; the parameters
-    themselves, which autograd saves too, are not activations and not counted.
+    The parameters themselves, which autograd saves too, are not activations and not counted.
     """
-    counts = {"block": 0, "input": 0, "other": 0, "calls": 0}
+    counts = {"saved": 0}
     weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
     weights |= {b.untyped_storage().data_ptr() for b in model.buffers()}
     seen: set[int] = set()
-    where = ["other"]
 
     def pack(tensor):
         storage = tensor.untyped_storage()
         key = storage.data_ptr()
         if key not in weights and key not in seen:
             seen.add(key)
-            counts[where[0]] += storage.nbytes()
+            counts["saved"] += storage.nbytes()
         return tensor
 
-    def enter(module, args):
-        where[0] = "block"
-        counts["calls"] += 1  # ALBERT calls its one shared block once per layer
-        counts["input"] += tensor_bytes(a for a in args[:1] if torch.is_tensor(a))
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        yield counts
 
-    def leave(module, args, output):
-        where[0] = "other"
 
-    handles = [h for block in blocks for h in (block.register_forward_pre_hook(enter),
-                                               block.register_forward_hook(leave))]
+@contextlib.contextmanager
+def _watching_blocks(blocks) -> Iterator[dict]:
+    """Inside, the blocks' calls are counted with their inputs' bytes, and the first block's first call kept.
+
+    Yields ``{"calls": n, "input": bytes, "first": (args, kwargs) or None}``.
+    """
+    seen = {"calls": 0, "input": 0, "first": None}
+
+    def enter(module, args, kwargs):
+        seen["calls"] += 1  # ALBERT calls its one shared block once per layer
+        seen["input"] += tensor_bytes(a for a in args[:1] if torch.is_tensor(a))
+        if seen["first"] is None:
+            seen["first"] = (args, kwargs)
+
+    handles = [block.register_forward_pre_hook(enter, with_kwargs=True) for block in blocks]
     try:
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-            yield counts
+        yield seen
     finally:
         for handle in handles:
             handle.remove()
 
 
+def _one_pass(model, blocks, inputs, accelerator, can_recompute: bool) -> dict:
+    """What one training forward pass saves outside the blocks and in one block, and what the blocks take in.
+
+    With checkpointing on, the blocks save nothing during the pass (each keeps
+    its input), so the pass costs little memory and what it saves is the part
+    outside the blocks; the first block's call is then run again alone,
+    without checkpointing, to count what a block saves. A model that cannot
+    recompute is counted whole, its blocks' share being the whole less nothing:
+    its estimate errs high by what lies outside the blocks.
+    """
+    from finetune.modeling import set_gradient_checkpointing
+
+    set_gradient_checkpointing(model, can_recompute)
+    with _watching_blocks(blocks) as seen, _counting_saved_tensors(model) as whole, accelerator.autocast():
+        model(**inputs)
+    calls = max(1, seen["calls"])
+    if not can_recompute:
+        return {"other": 0, "block": whole["saved"] / calls, "input": seen["input"], "calls": calls}
+    set_gradient_checkpointing(model, False)
+    args, kwargs = seen["first"]
+    with _counting_saved_tensors(model) as block, accelerator.autocast():
+        blocks[0](*args, **kwargs)
+    return {"other": whole["saved"], "block": block["saved"], "input": seen["input"], "calls": calls}
+
+
 def measure_activations(model, make_batch, accelerator) -> Optional[Activations]:
     """Probe ``model`` with forward passes of 1 and 2 of the longest rows (see the module's docstring).
 
-    Runs as training does (train mode, autocast) without checkpointing, which
-    the estimate accounts for; the random-number generators are restored and
-    no gradient is left behind. ``None`` when even one row runs out of memory
-    without checkpointing (a run that only fits with it): then there is no plan.
+    Runs as training does (train mode, autocast), with checkpointing on where
+    the model supports it, so that the probe holds little memory whatever the
+    run uses; the random-number generators are restored and no gradient is
+    left behind. ``None`` when even one row runs out of memory.
 
     Args:
         model: The unprepared model, on ``accelerator.device``.
@@ -169,7 +200,7 @@ def measure_activations(model, make_batch, accelerator) -> Optional[Activations]
 
     blocks = blocks_of(model)
     recomputing, was_training = is_checkpointing(model), model.training
-    set_gradient_checkpointing(model, False)
+    can_recompute = bool(getattr(model, "supports_gradient_checkpointing", False))
     model.train()
     counts = []
     try:
@@ -178,29 +209,27 @@ def measure_activations(model, make_batch, accelerator) -> Optional[Activations]
                 inputs = {k: v.to(accelerator.device) for k, v in make_batch(b).items() if k != "labels"}
                 length = inputs["input_ids"].shape[1]
                 try:
-                    with _counting_saved_tensors(model, blocks) as count, accelerator.autocast():
-                        model(**inputs)
+                    counts.append((_one_pass(model, blocks, inputs, accelerator, can_recompute), length))
                 except Exception as exc:  # noqa: BLE001 - only running out of memory ends the probe early
                     if not is_out_of_memory(exc):
                         raise
                     break
                 finally:
                     del inputs
-                counts.append((count, length))
     finally:
         set_gradient_checkpointing(model, recomputing)
         model.train(was_training)
         _free_cached(accelerator.device)
     if not counts:
         return None
-    (one, length) = counts[0]
+    one, length = counts[0]
     # without a second probe (it ran out of memory), all of b=1's bytes count per row: an estimate that errs high
     two = counts[1][0] if len(counts) > 1 else {key: 2 * value for key, value in one.items()}
-    calls = max(1, one["calls"])
+    calls = one["calls"]
     per_row = {key: max(0, two[key] - one[key]) for key in ("block", "input", "other")}
-    fixed = max(0, one["block"] + one["other"] - per_row["block"] - per_row["other"])
-    return Activations(fixed=fixed, per_row_block=per_row["block"] // calls,
-                       per_row_block_input=per_row["input"] // calls, per_row_other=per_row["other"],
+    fixed = max(0, round(one["other"] + calls * one["block"] - per_row["other"] - calls * per_row["block"]))
+    return Activations(fixed=fixed, per_row_block=round(per_row["block"]),
+                       per_row_block_input=round(per_row["input"] / calls), per_row_other=round(per_row["other"]),
                        blocks=calls, length=length)
 
 

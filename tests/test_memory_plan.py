@@ -14,7 +14,7 @@ import torch
 from finetune.config import ModelConfig
 from finetune.errors import LaunchError
 from finetune.lora import add_lora
-from finetune.memory import _counting_saved_tensors, blocks_of, measure_activations, plan_memory
+from finetune.memory import _counting_saved_tensors, measure_activations, plan_memory
 from helpers import pad_collate, tiny_bert, token_dataset
 
 
@@ -35,10 +35,11 @@ def _batches(rows: int = 40, max_len: int = 30):
     return lambda b: pad_collate([longest[i % len(longest)] for i in range(b)])
 
 
-def _saved_bytes(model, batch) -> dict:
-    with _counting_saved_tensors(model, blocks_of(model)) as count:
+def _saved_bytes(model, batch) -> int:
+    """What the whole forward pass saves, without checkpointing: the probe's two parts measured at once."""
+    with _counting_saved_tensors(model) as count:
         model(**{k: v for k, v in batch.items() if k != "labels"})
-    return count
+    return count["saved"]
 
 
 @pytest.mark.parametrize("lora", [False, True])
@@ -66,7 +67,8 @@ def test_the_activation_estimate_extrapolates_from_one_and_two_rows_to_any_micro
     for b in (4, 16):
         measured = _saved_bytes(model, make(b))
         saved = activations.fixed + b * (activations.per_row_other + activations.blocks * activations.per_row_block)
-        assert saved == pytest.approx(measured["block"] + measured["other"], rel=0.02), b
+        # one block replayed alone counts again what the blocks share (the attention mask): a little high
+        assert measured <= saved <= 1.1 * measured, b
         # a block's input is what checkpointing keeps of it: b rows x length x hidden floats
         assert activations.per_row_block_input == longest * 32 * 4
     # the estimate adds one block's backward working set, and checkpointing keeps the blocks' inputs only
