@@ -50,7 +50,8 @@ class ModelConfig:
         "of `lora_target_modules` learn low-rank updates, the head trains in full. The output folder holds the "
         "merged model and `adapter/`. null trains every weight. See docs/memory.md.")
     lora_alpha: float = setting(16.0, "LoRA's scale: each update is multiplied by `lora_alpha / lora_rank`.")
-    lora_dropout: float = setting(0.1, "Dropout on the input of each LoRA update.")
+    lora_dropout: float = setting(0.0,
+        "Dropout on the input of each LoRA update (PEFT's default, 0, keeps no copy of each input).")
     lora_target_modules: Union[Literal["auto"], list[str]] = setting("auto",
         "Modules given adapters, by name suffix as PEFT matches them. `auto`: every linear projection of the "
         "transformer blocks (BERT: `query, key, value, output.dense, intermediate.dense`).")

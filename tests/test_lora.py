@@ -112,7 +112,7 @@ def lora_runs(tmp_path_factory):
     """A LoRA run to its end, and the same run stopped after update 3 (mid-epoch) and resumed."""
     from tiny_run import fit_tiny_run
 
-    sections = {"model": {"lora_rank": 4, "dropout": 0.1},  # dropout on: the random states are restored
+    sections = {"model": {"lora_rank": 4, "dropout": 0.1, "lora_dropout": 0.1},  # the random states are restored
                 "output": {"checkpoint_every": 3, "keep_last": None},
                 # the best evaluation's adapter is loaded back at the end; "best" is the highest loss, so
                 # that it is the first epoch's, not the last weights
