@@ -9,7 +9,7 @@ Run as ``python tests/interrupt_worker.py --config ...`` (or under ``accelerate 
 * ``FINETUNE_TEST_KILL_SAVING=<update>`` SIGKILLs this process while it saves the
   checkpoint of that update: every file written, the directory not yet renamed.
 * ``FINETUNE_TEST_NAN_AT=<n>`` makes the model return NaN logits on its ``n``-th
-  training forward pass (from 0, counted over the whole run).
+  training forward pass (from 0, counted over the whole run; the memory plan's probe is not training).
 * ``FINETUNE_TEST_ENOSPC_AT=<update>`` makes the write of that update's checkpoint fail
   as a full disk does (``OSError(ENOSPC)`` once its files are written).
 * ``FINETUNE_TEST_SIGNAL_IN_FINAL_WRITE=<SIGTERM|SIGINT>`` sends that signal while the
@@ -63,11 +63,23 @@ def _kill_saving(step: str) -> None:
 
 
 def _nan_at(index: int) -> None:
+    import finetune.autobatch
+
     original = finetune.modeling.load_model_reporting
     calls = {"n": 0}
+    probe, probing = finetune.autobatch.measure_activations, [False]
+
+    def measure_activations(*args, **kwargs):  # the memory plan's forward passes are not training's
+        probing[0] = True
+        try:
+            return probe(*args, **kwargs)
+        finally:
+            probing[0] = False
+
+    finetune.autobatch.measure_activations = measure_activations
 
     def hook(module, args, output):
-        if not module.training:
+        if not module.training or probing[0]:
             return output
         n = calls["n"]
         calls["n"] += 1
