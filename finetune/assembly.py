@@ -113,8 +113,7 @@ def setup_run(cfg: Config, accelerator=None, batching: Optional[Batching] = None
     task = build_task(cfg, labels, splits["train"])
     tokenized = tokenize_data(cfg, splits, tokenizer, accelerator, cache_dir)
     batching, checkpointing, memory = fit_in_memory(model, tokenized["train"], collator(tokenizer, accelerator),
-                                                    accelerator, batching, cfg.training, cfg.data.max_length,
-                                                    lora=lora is not None)
+                                                    accelerator, batching, cfg.training, cfg.data.max_length)
     accumulate_as(accelerator, batching, epoch=0)  # before prepare: DeepSpeed reads k there
     if cfg.training.torch_compile:
         model.compile()  # in place: state_dict keys, unwrap_model and save_pretrained stay as without compiling

@@ -33,7 +33,6 @@ micro-batch needs and may choose a smaller ``b`` than would fit.
 
 from __future__ import annotations
 
-import gc
 import logging
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
@@ -42,7 +41,8 @@ import torch
 
 from finetune.errors import ConfigError, LaunchError
 from finetune.memory import (
-    GB, MemoryPlan, is_out_of_memory, levers_that_fit, measure_activations, plan_memory, rng_fork, tensor_bytes,
+    GB, MemoryPlan, free_cached, is_out_of_memory, levers_that_fit, measure_activations, plan_memory, rng_fork,
+    tensor_bytes,
 )
 from finetune.tasks import Task
 
@@ -114,12 +114,7 @@ def trial_step(model: torch.nn.Module, batch: dict[str, torch.Tensor], accelerat
         ok = False
     model.zero_grad(set_to_none=True)
     model.train(was_training)
-    # free what the trial (or its failure) left behind before the next try or training
-    gc.collect()
-    if device.type != "cpu":
-        from accelerate.utils.memory import clear_device_cache
-
-        clear_device_cache()
+    free_cached(device)  # what the trial (or its failure) left behind, before the next try or training
     return ok
 
 
@@ -216,7 +211,7 @@ def fit_micro_batch(model, train_dataset, collate: Callable[[list], dict], accel
     Raises:
         LaunchError: if even ``b = 1`` runs out of memory, with every lever allowed.
     """
-    from finetune.modeling import set_gradient_checkpointing
+    from finetune.modeling import set_gradient_checkpointing, supports_checkpointing
 
     model.to(accelerator.device)
 
@@ -235,7 +230,7 @@ def fit_micro_batch(model, train_dataset, collate: Callable[[list], dict], accel
         b, k = 0, 0
     if b >= useful:
         return batching.with_micro_batch(b, k), Checkpointing(False, f"auto: b={b} fits without it")
-    if not getattr(model, "supports_gradient_checkpointing", False):
+    if not supports_checkpointing(model):
         if not b:
             raise LaunchError(_nothing_fits(f" ({type(model).__name__} has no gradient checkpointing)"))
         return batching.with_micro_batch(b, k), Checkpointing(False, f"auto: {type(model).__name__} has none")
@@ -257,7 +252,7 @@ def _nothing_fits(also: str = "") -> str:
 
 
 def fit_in_memory(model, train_dataset, collate: Callable[[list], dict], accelerator, batching, training,
-                  max_length: int, lora: bool):
+                  max_length: int):
     """The micro-batch, checkpointing and memory plan of a run: what must fit in memory, decided once.
 
     ``per_device_train_batch_size: auto`` finds ``b`` (and checkpointing under
@@ -274,7 +269,6 @@ def fit_in_memory(model, train_dataset, collate: Callable[[list], dict], acceler
         batching: The run's :class:`~finetune.accumulation.Batching`.
         training: The ``training`` section.
         max_length: ``data.max_length``.
-        lora: Whether the model trains LoRA adapters.
 
     Returns:
         ``(batching, checkpointing, memory plan)``; the plan is ``None`` under FSDP or DeepSpeed.
@@ -289,12 +283,12 @@ def fit_in_memory(model, train_dataset, collate: Callable[[list], dict], acceler
     else:
         checkpointing = fixed_checkpointing(model, training.gradient_checkpointing)
     memory = plan_run_memory(model, train_dataset, collate, accelerator, batching, checkpointing.on,
-                             check=training.memory_check and not automatic, max_length=max_length, lora=lora)
+                             check=training.memory_check and not automatic, max_length=max_length)
     return batching, checkpointing, memory
 
 
 def plan_run_memory(model, dataset, collate, accelerator, batching, checkpointing: bool, *, check: bool,
-                    max_length: int, lora: bool) -> Optional[MemoryPlan]:
+                    max_length: int) -> Optional[MemoryPlan]:
     """The run's :class:`MemoryPlan`, measured on the model on its device; ``None`` under FSDP or DeepSpeed,
     whose shards a whole-model plan would overstate.
 
@@ -307,7 +301,6 @@ def plan_run_memory(model, dataset, collate, accelerator, batching, checkpointin
         checkpointing: Whether the run recomputes activations.
         check: Refuse a plan larger than the device's memory.
         max_length: ``data.max_length``, for the shorter lengths the refusal may suggest.
-        lora: Whether the model trains LoRA adapters already.
 
     Raises:
         LaunchError: when ``check`` and the plan does not fit: one line naming the settings that would.
@@ -331,8 +324,7 @@ def plan_run_memory(model, dataset, collate, accelerator, batching, checkpointin
     # every process agrees, as the automatic micro-batch's processes do: one refusing alone would leave the others
     # waiting in prepare's first collective
     if check and any_process_failed(not plan.fits, accelerator):
-        can_checkpoint = bool(getattr(model, "supports_gradient_checkpointing", False))
-        levers = levers_that_fit(plan, model, activations, batching, max_length, lora, can_checkpoint)
+        levers = levers_that_fit(plan, model, activations, batching, max_length)
         advice = (f"any of these alone would fit: {'; '.join(levers)}" if levers
                   else "no single setting fits: combine a smaller micro-batch, training.gradient_checkpointing=true"
                        " and model.lora_rank=8, or use a larger device")

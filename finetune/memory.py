@@ -35,6 +35,8 @@ from typing import Any, Iterator, Optional
 
 import torch
 
+from finetune.lora import is_lora
+
 GB = 1e9
 
 
@@ -107,7 +109,7 @@ def tensor_bytes(tensors) -> int:
 
 def blocks_of(model) -> torch.nn.ModuleList:
     """The encoder's transformer blocks (a LoRA model's too)."""
-    from finetune.lora import is_lora, layer_stack
+    from finetune.lora import layer_stack
 
     base = model.get_base_model() if is_lora(model) else model
     return layer_stack(base)[1]
@@ -196,11 +198,11 @@ def measure_activations(model, make_batch, accelerator) -> Optional[Activations]
         make_batch: ``b -> the collated worst-case micro-batch of b rows``.
         accelerator: The run's ``Accelerator``.
     """
-    from finetune.modeling import is_checkpointing, set_gradient_checkpointing
+    from finetune.modeling import is_checkpointing, set_gradient_checkpointing, supports_checkpointing
 
     blocks = blocks_of(model)
     recomputing, was_training = is_checkpointing(model), model.training
-    can_recompute = bool(getattr(model, "supports_gradient_checkpointing", False))
+    can_recompute = supports_checkpointing(model)
     model.train()
     counts = []
     try:
@@ -219,7 +221,7 @@ def measure_activations(model, make_batch, accelerator) -> Optional[Activations]
     finally:
         set_gradient_checkpointing(model, recomputing)
         model.train(was_training)
-        _free_cached(accelerator.device)
+        free_cached(accelerator.device)
     if not counts:
         return None
     one, length = counts[0]
@@ -240,8 +242,8 @@ def is_out_of_memory(exc: BaseException) -> bool:
     return isinstance(exc, torch.OutOfMemoryError) or should_reduce_batch_size(exc)
 
 
-def _free_cached(device: torch.device) -> None:
-    """What a probe left in the device's cache goes back, before training allocates."""
+def free_cached(device: torch.device) -> None:
+    """What a probe or a trial step left behind goes back (and the device's cache), before training allocates."""
     import gc
 
     gc.collect()
@@ -287,20 +289,21 @@ def plan_memory(model, activations: Activations, b: int, checkpointing: bool, de
                       available=available_memory(device), resident=resident)
 
 
-def levers_that_fit(plan: MemoryPlan, model, activations: Activations, batching, max_length: int,
-                    lora: bool, can_checkpoint: bool) -> list[str]:
+def levers_that_fit(plan: MemoryPlan, model, activations: Activations, batching, max_length: int) -> list[str]:
     """The settings that alone would make ``plan`` fit, as ``key=value`` overrides, in the order to try them."""
+    from finetune.modeling import supports_checkpointing
+
     found = []
     for b in _smaller_micro_batches(batching):
         if replace(plan, micro_batch=b, activations=activations.estimate(b, plan.checkpointing)).fits:
             k = batching.effective_batch_size // (b * batching.num_processes)
             found.append(f"training.per_device_train_batch_size={b} (k={k})")
             break
-    if can_checkpoint and not plan.checkpointing and replace(
+    if supports_checkpointing(model) and not plan.checkpointing and replace(
             plan, checkpointing=True, activations=activations.estimate(plan.micro_batch, True)).fits:
         found.append("training.gradient_checkpointing=true")
-    if not lora and replace(plan, gradients=_lora_share(model, plan.gradients),
-                            optimizer=_lora_share(model, plan.optimizer)).fits:
+    if not is_lora(model) and replace(plan, gradients=_lora_share(model, plan.gradients),
+                                      optimizer=_lora_share(model, plan.optimizer)).fits:
         found.append("model.lora_rank=8")
     for length in (max_length // 2, max_length // 4):
         if length >= 32 and replace(plan, activations=activations.estimate(
@@ -321,10 +324,6 @@ def _smaller_micro_batches(batching) -> list[int]:
 
 def _lora_share(model, full: int) -> int:
     """``full`` (gradients or optimizer bytes) scaled to what LoRA at rank 8 would train of ``model``."""
-    from finetune.lora import is_lora
-
-    if is_lora(model):
-        return full
     blocks = blocks_of(model)
     adapters = sum(8 * (m.in_features + m.out_features) for m in blocks.modules() if isinstance(m, torch.nn.Linear))
     encoder = sum(p.numel() for p in model.base_model.parameters())

@@ -228,12 +228,17 @@ def set_gradient_checkpointing(model, on: bool) -> None:
         elif is_checkpointing(model):
             model.gradient_checkpointing_disable()
         return
-    if not getattr(model, "supports_gradient_checkpointing", False):
+    if not supports_checkpointing(model):
         raise ConfigError(f"training.gradient_checkpointing: {type(model).__name__} does not support it")
     if renamed:
         model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
     else:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
+def supports_checkpointing(model) -> bool:
+    """Whether transformers can recompute ``model``'s layers (its class's ``supports_gradient_checkpointing``)."""
+    return bool(getattr(model, "supports_gradient_checkpointing", False))
 
 
 def is_checkpointing(model) -> bool:
