@@ -4,7 +4,7 @@ With ``model.lora_rank`` set, the encoder's weights stay frozen and each
 projection of its transformer blocks learns a low-rank update ``B @ A``
 (scaled by ``lora_alpha / lora_rank``); the classification head, new for the
 data's labels, is trained in full. Only the trained weights get gradients and
-AdamW state, which is where the memory goes: see docs/memory.md.
+AdamW state: that is the memory LoRA saves (docs/memory.md measures how much).
 
 The accumulation contract is untouched: the loss, its weights and the
 optimizer step are the ones of full fine-tuning, over fewer parameters.
@@ -32,7 +32,7 @@ import logging
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterator, Optional
+from typing import TYPE_CHECKING, Iterator
 
 import torch
 
@@ -309,8 +309,12 @@ def load_adapter_checkpoint(path: Path):
         return PeftModel.from_pretrained(model, str(path / ADAPTER_DIR)).merge_and_unload()
 
 
-def base_model_of(adapter_dir: Path) -> Optional[str]:
-    """The base model an adapter folder names (``base_model_name_or_path`` in its config)."""
+def base_model_of(adapter_dir: Path) -> str:
+    """The base model an adapter folder names (``base_model_name_or_path`` in its config).
+
+    Raises:
+        ModelError: if its config cannot be read or names none.
+    """
     try:
         return json.loads((Path(adapter_dir) / ADAPTER_CONFIG).read_text(encoding="utf-8"))["base_model_name_or_path"]
     except (OSError, ValueError, KeyError) as exc:
