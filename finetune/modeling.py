@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import weakref
 from pathlib import Path
 from typing import Any, Optional
 
@@ -209,6 +210,12 @@ def _show(records: list[logging.LogRecord]) -> None:
         logging.getLogger(record.name).handle(record)
 
 
+# A classifier never decodes, so the key/value cache some configs switch on (BERT's, for its decoder use) is unused;
+# left on under checkpointing, transformers warns on the first recomputing forward that it turns the cache off. The
+# models whose cache was switched off here get it back when checkpointing goes off (after a probe or a trial).
+_CACHE_SWITCHED_OFF: "weakref.WeakSet" = weakref.WeakSet()
+
+
 def set_gradient_checkpointing(model, on: bool) -> None:
     """Switch transformers' gradient checkpointing of ``model`` on or off.
 
@@ -227,9 +234,15 @@ def set_gradient_checkpointing(model, on: bool) -> None:
             model.activation_checkpointing_disable()
         elif is_checkpointing(model):
             model.gradient_checkpointing_disable()
+        if model in _CACHE_SWITCHED_OFF:
+            model.config.use_cache = True
+            _CACHE_SWITCHED_OFF.discard(model)
         return
     if not supports_checkpointing(model):
         raise ConfigError(f"training.gradient_checkpointing: {type(model).__name__} does not support it")
+    if getattr(model.config, "use_cache", False):
+        model.config.use_cache = False
+        _CACHE_SWITCHED_OFF.add(model)
     if renamed:
         model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
     else:

@@ -6,6 +6,7 @@ How close the plan comes to a measured peak is the benchmark's to say
 
 from __future__ import annotations
 
+import logging
 from dataclasses import replace
 
 import pytest
@@ -15,6 +16,7 @@ from finetune.config import ModelConfig
 from finetune.errors import LaunchError
 from finetune.lora import add_lora
 from finetune.memory import _counting_saved_tensors, measure_activations, plan_memory
+from finetune.modeling import is_checkpointing
 from helpers import pad_collate, tiny_bert, token_dataset
 
 
@@ -89,6 +91,23 @@ def test_a_probe_that_runs_out_of_memory_gives_no_plan():
 
     model.forward = out_of_memory
     assert measure_activations(model, _batches(), _CpuAccelerator()) is None
+
+
+def test_the_probe_leaves_the_model_as_it_found_it_without_a_word_from_transformers():
+    """The probe recomputes; BERT's config has the decoder cache on, which transformers warns about under recomputation."""
+    model = tiny_bert()
+    assert model.config.use_cache and not is_checkpointing(model)
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = records.append
+    logging.Logger.warning_once.cache_clear()  # transformers says a warning once per process: let this test hear it
+    logging.getLogger("transformers").addHandler(handler)
+    try:
+        assert measure_activations(model, _batches(), _CpuAccelerator()) is not None
+    finally:
+        logging.getLogger("transformers").removeHandler(handler)
+    assert [record.getMessage() for record in records] == []
+    assert model.config.use_cache and not is_checkpointing(model)
 
 
 def test_the_plan_is_said_in_one_part_of_the_start_line_and_recorded():
