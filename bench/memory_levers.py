@@ -7,11 +7,13 @@ setting in its own process, one after the other::
 
     python bench/memory_levers.py                       # both sizes, every setting
     python bench/memory_levers.py --sizes base --updates 2
+    python bench/memory_levers.py --heaps keep,release     # every setting under both training.cpu_heap values
     python bench/memory_levers.py --lora-f1 --seeds 0,1,2   # the default job: LoRA r=8 against full fine-tuning
 
 Each process notes its resident size before the model is built, runs the
 package's own ``setup_run`` (which makes the memory plan) and ``updates``
-updates of ``train_one_epoch``, and reports its peak resident size less that
+updates of ``train_one_epoch`` inside ``cpu_speedups``, as ``fit`` trains,
+with ``training.cpu_heap`` as ``--heaps`` says, and reports its peak resident size less that
 baseline (on a GPU, ``torch.cuda.max_memory_allocated`` too), samples/s over
 the updates, and the plan. Memory peaks once per micro-batch and once at the
 first optimizer step (AdamW's state), so one update shows it; the first
@@ -86,13 +88,14 @@ def child(model: str, setting: str, updates: int, out: Path) -> None:
     import finetune.modeling
     from finetune.assembly import setup_run
     from finetune.config import load_config
+    from finetune.cpu import cpu_speedups, speedup_settings
     from finetune.loop import train_one_epoch
 
     workdir = Path(tempfile.mkdtemp(prefix="memory-levers-"))
     cfg = load_config(REPO / "configs" / "bbc_news.yaml", [
         f"model.name_or_path={model}", "data.max_length=512", "training.mixed_precision=no",
         f"training.max_steps={updates}", "logging.progress_bar=false", f"output.output_dir={workdir}",
-        *SETTINGS[setting]])
+        f"training.cpu_heap={os.environ.get('BENCH_CPU_HEAP', 'keep')}", *SETTINGS[setting]])
     if os.environ.get("BENCH_ONE_MICRO_BATCH"):  # B = b: one micro-batch per update
         cfg.training.effective_batch_size = cfg.training.per_device_train_batch_size
     else:
@@ -109,16 +112,17 @@ def child(model: str, setting: str, updates: int, out: Path) -> None:
     run = setup_run(cfg)
     baseline = baseline[0]
     stamps = [time.perf_counter()]
-    train_one_epoch(run.model, run.optimizer, run.scheduler, run.train_dataloader, run.accelerator, 0,
-                    state=run.state, max_grad_norm=1.0,
-                    on_update=lambda state: stamps.append(time.perf_counter()) or state.step >= updates)
+    with cpu_speedups(run.model, run.optimizer, run.accelerator, **speedup_settings(cfg.training)):
+        train_one_epoch(run.model, run.optimizer, run.scheduler, run.train_dataloader, run.accelerator, 0,
+                        state=run.state, max_grad_norm=1.0,
+                        on_update=lambda state: stamps.append(time.perf_counter()) or state.step >= updates)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     gpu = torch.cuda.max_memory_allocated() if torch.cuda.is_available() else None
     per_update = [b - a for a, b in zip(stamps, stamps[1:])]
     timed = per_update[1:] or per_update  # past the first update when there is more than one
     samples = run.batching.effective_batch_size
     out.write_text(json.dumps({
-        "setting": setting, "peak_rss_above_baseline": peak - baseline, "gpu_peak": gpu,
+        "setting": setting, "heap": cfg.training.cpu_heap, "peak_rss_above_baseline": peak - baseline, "gpu_peak": gpu,
         "samples_per_s": samples / statistics.median(timed), "updates": len(per_update),
         "plan": run.memory.record() if run.memory else None,
         "trainable": sum(p.numel() for p in run.model.parameters() if p.requires_grad),
@@ -143,39 +147,42 @@ def tokenize_once(cfg) -> None:
         trim(0)
 
 
-def measure(sizes: list[str], updates: int, models_root: Path, settings: list[str], one_micro_batch: bool
-            ) -> list[dict]:
+def measure(sizes: list[str], updates: int, models_root: Path, settings: list[str], one_micro_batch: bool,
+            heaps: list[str]) -> list[dict]:
     rows = []
     for size in sizes:
         model = random_model(size, models_root)
-        for setting in settings:
-            with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as fh:
-                out = Path(fh.name)
-            env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-            if one_micro_batch:
-                env["BENCH_ONE_MICRO_BATCH"] = "1"
-            proc = subprocess.run([sys.executable, __file__, "--child", str(model), setting, str(updates), str(out)],
-                                  env=env, capture_output=True, text=True)
-            if proc.returncode != 0:
-                print(f"{size} {setting}: failed\n{proc.stderr[-2000:]}", file=sys.stderr)
-                continue
-            row = {"size": size, **json.loads(out.read_text())}
-            rows.append(row)
-            print(json.dumps(row), flush=True)
+        for heap in heaps:
+            for setting in settings:
+                with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as fh:
+                    out = Path(fh.name)
+                env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "BENCH_CPU_HEAP": heap}
+                if one_micro_batch:
+                    env["BENCH_ONE_MICRO_BATCH"] = "1"
+                proc = subprocess.run([sys.executable, __file__, "--child", str(model), setting, str(updates),
+                                       str(out)], env=env, capture_output=True, text=True)
+                if proc.returncode != 0:
+                    print(f"{size} {setting} heap={heap}: failed\n{proc.stderr[-2000:]}", file=sys.stderr)
+                    continue
+                row = {"size": size, **json.loads(out.read_text())}
+                rows.append(row)
+                print(json.dumps(row), flush=True)
     return rows
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| model | setting | peak RSS above baseline (GB) | x b=8 k=4 | plan (GB) | plan / measured | "
+    lines = ["| model | cpu_heap | setting | peak RSS above baseline (GB) | x b=8 k=4 | plan (GB) | plan / measured | "
              "activations' part (GB) | samples/s | x b=8 k=4 | trained weights |",
-             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+             "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for row in rows:
-        ref = next((r for r in rows if r["size"] == row["size"] and r["setting"] == "b=8 k=4"), row)
+        # each row against the plain setting on the same model and heap
+        ref = next((r for r in rows if r["size"] == row["size"] and r.get("heap") == row.get("heap")
+                    and r["setting"] == "b=8 k=4"), row)
         plan = row["plan"]
         measured = row["peak_rss_above_baseline"]
         activations = measured - (plan["weights"] + plan["gradients"] + plan["optimizer"]) if plan else None
         lines.append(
-            f"| bert-{row['size']}-sized | {row['setting']} | {measured / 1e9:.2f} | "
+            f"| bert-{row['size']}-sized | {row.get('heap', 'keep')} | {row['setting']} | {measured / 1e9:.2f} | "
             f"{measured / ref['peak_rss_above_baseline']:.2f} | {plan['total'] / 1e9:.2f} | "
             f"{plan['total'] / measured:.2f} | {activations / 1e9:.2f} | {row['samples_per_s']:.2f} | "
             f"{row['samples_per_s'] / ref['samples_per_s']:.2f} | "
@@ -213,6 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--one-micro-batch", action="store_true",
                         help="k=1 in every setting: the same peak memory (it comes once per micro-batch and at the "
                              "first optimizer step) in a fraction of the time; samples/s are then per B=b")
+    parser.add_argument("--heaps", default="keep", help="comma-separated training.cpu_heap values: keep, trim, release")
     parser.add_argument("--models", default=str(Path(tempfile.gettempdir()) / "finetune-bench-models"),
                         help="where the random models are saved once")
     parser.add_argument("--lora-f1", action="store_true", help="the default job's F1, LoRA against full")
@@ -232,7 +240,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{name}: F1 mean {statistics.mean(f1):.4f} (seeds: {', '.join(f'{x:.4f}' for x in f1)})")
     else:
         chosen = args.settings.split(",") if args.settings else list(SETTINGS)
-        rows = measure(args.sizes.split(","), args.updates, Path(args.models), chosen, args.one_micro_batch)
+        rows = measure(args.sizes.split(","), args.updates, Path(args.models), chosen, args.one_micro_batch,
+                       args.heaps.split(","))
         print(table(rows))
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1) + "\n", encoding="utf-8")

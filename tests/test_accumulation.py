@@ -8,6 +8,8 @@ is ragged and whose last micro-batch is short.
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -16,13 +18,13 @@ from torch.utils.data import DataLoader
 
 from finetune.config import ModelConfig, OptimConfig
 from finetune.lora import add_lora
-from finetune.cpu import cpu_speedups
+from finetune.cpu import cpu_speedups, malloc_trim
 from finetune.loop import TrainState, train_one_epoch
 from finetune.modeling import is_checkpointing, set_gradient_checkpointing
 from finetune.optimization import build_optimizer, build_scheduler, plan_updates
 from finetune.accumulation import Batching, ShardLayout
 from finetune.sampling import EpochSampler
-from helpers import pad_collate, tiny_bert, token_dataset
+from helpers import REPO, pad_collate, tiny_bert, token_dataset
 
 # 76 samples: with b=8 that is 10 micro-batches (the last holds 4), so k=4 gives
 # windows of 4, 4 and 2 micro-batches: a ragged last window and a short last micro-batch.
@@ -231,6 +233,53 @@ def test_cpu_heap_trim_without_glibc_switches_nothing(fresh_accelerate_state, mo
     assert not plan.trim_heap and "heap=" not in plan.describe()
 
 
+def test_cpu_heap_release_sets_glibcs_threshold_once_when_training_starts(fresh_accelerate_state, monkeypatch):
+    from accelerate import Accelerator
+
+    import finetune.cpu
+    from finetune.cpu import M_MMAP_THRESHOLD, plan_cpu_speedups
+
+    calls = []
+    monkeypatch.setattr(finetune.cpu, "mallopt", lambda: lambda option, value: calls.append((option, value)) or 1)
+    assert plan_cpu_speedups(tiny_bert(seed=0), Accelerator(cpu=True), heap="release").describe().endswith(
+        "heap=release")
+    assert calls == []  # planning (the start line) changes nothing
+    _run(b=8, k=4, heap="release")
+    assert calls == [(M_MMAP_THRESHOLD, 1 << 20)]
+    monkeypatch.setattr(finetune.cpu, "mallopt", lambda: None)  # no glibc: nothing to switch, nothing said
+    assert "heap=" not in plan_cpu_speedups(tiny_bert(seed=0), Accelerator(cpu=True), heap="release").describe()
+
+
+_FREE_LARGE_BLOCKS = """
+import os, sys, torch
+from finetune.cpu import release_large_blocks
+if sys.argv[1] == "release":
+    release_large_blocks()
+def resident():
+    with open("/proc/self/statm") as fh:
+        return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+torch.ones(8 << 20, dtype=torch.uint8)  # made and freed at once: glibc's adaptive threshold rises above 4 MiB
+large, small = [], []
+for _ in range(50):  # 4 MiB activations between small tensors, as in a forward pass with adapters
+    large.append(torch.ones(4 << 20, dtype=torch.uint8))
+    small.append(torch.ones(64))
+before = resident()
+large.clear()
+print((before - resident()) / (200 << 20))
+"""
+
+
+def test_cpu_heap_release_hands_freed_large_tensors_back_where_keep_holds_them():
+    if malloc_trim() is None:
+        pytest.skip("glibc's allocator only")
+    handed_back = {}
+    for heap in ("keep", "release"):
+        proc = subprocess.run([sys.executable, "-c", _FREE_LARGE_BLOCKS, heap], capture_output=True, text=True,
+                              cwd=REPO, check=True)
+        handed_back[heap] = float(proc.stdout)
+    assert handed_back["keep"] < 0.5 and handed_back["release"] > 0.95, handed_back
+
+
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
 def test_an_unknown_cpu_heap_setting_is_refused_on_every_device(device):
     from types import SimpleNamespace
@@ -238,7 +287,7 @@ def test_an_unknown_cpu_heap_setting_is_refused_on_every_device(device):
     from finetune.cpu import plan_cpu_speedups
 
     accelerator = SimpleNamespace(device=torch.device(device), num_processes=1, scaler=None)
-    with pytest.raises(ValueError, match="heap must be 'keep' or 'trim', got 'trimm'"):
+    with pytest.raises(ValueError, match="heap must be one of 'keep', 'trim', 'release', got 'trimm'"):
         plan_cpu_speedups(tiny_bert(seed=0), accelerator, heap="trimm")
 
 

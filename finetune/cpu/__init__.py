@@ -1,7 +1,8 @@
 """Speed-ups for training on a CPU, behind one switch: :func:`cpu_speedups`.
 
 A CPU pays for work that a GPU hides. Up to four things are switched on for as
-long as training runs, and switched back when it ends:
+long as training runs, and switched back when it ends (the last two are the
+choices of one setting, and the very last stays):
 
 * **Dropout masks drawn 16 bits at a time** (``training.fast_dropout_masks``,
   :mod:`finetune.cpu.dropout`): torch's CPU ``bernoulli_`` draws one number per
@@ -22,6 +23,15 @@ long as training runs, and switched back when it ends:
   handed back is faulted in again by the next window (tens of thousands of
   page faults per update for a small BERT), which costs more time than the
   memory is worth to most users.
+* **Large blocks mapped on their own**, only with ``training.cpu_heap:
+  release`` (glibc's ``mallopt``): every allocation of 1 MiB or more gets its
+  own mapping, handed back the moment the tensor is freed. glibc's default
+  raises that threshold as large blocks are freed, up to 32 MiB, so a
+  forward pass's mid-sized activations come from the heap between small
+  tensors, and the freed space is kept; LoRA's small adapter tensors make it
+  worse. The price is a page fault per 4 KiB of each large tensor. It is the
+  one switch not undone on exit: glibc cannot go back to its adaptive
+  threshold, so the process keeps it.
 
 None of them changes what an update computes beyond float rounding (the
 masks keep dropout's distribution, ``p`` on a grid of 2**-16), and the
@@ -49,6 +59,12 @@ from finetune.cpu.sparse_embedding import sparse_capable_embedding, sparse_embed
 
 logger = logging.getLogger("finetune")
 
+HEAP_SETTINGS = ("keep", "trim", "release")  # training.cpu_heap
+M_MMAP_THRESHOLD = -3  # glibc's malloc.h
+# Every activation of a BERT-sized micro-batch at a few hundred tokens is larger; the weights' and adapters' small
+# tensors, and the row-sized tensors of short texts, stay in the heap, where reusing freed space is fast.
+RELEASED_BLOCK = 1 << 20
+
 
 def is_compiled(model) -> bool:
     """Whether ``model`` (or the module inside DDP's wrapper) runs through ``torch.compile``.
@@ -74,6 +90,7 @@ class CpuSpeedups:
     sparse_embedding: bool = False
     keep_grads: bool = False
     trim_heap: bool = False
+    release_heap: bool = False
 
     def describe(self) -> str:
         """The start-up line's words for what is on (empty when nothing is)."""
@@ -84,6 +101,8 @@ class CpuSpeedups:
             words.append("dropout_masks=fast")
         if self.trim_heap:
             words.append("heap=trim")
+        if self.release_heap:
+            words.append("heap=release")
         return " ".join(words)
 
 
@@ -102,11 +121,12 @@ def plan_cpu_speedups(model, accelerator, *, dropout_masks: bool = True, sparse_
         accelerator: The ``Accelerator`` (its device, process count and grad scaler decide).
         dropout_masks: Allow the 16-bit dropout masks.
         sparse_embedding: Allow the sparse word-embedding gradient.
-        heap: ``training.cpu_heap``: ``"trim"`` hands free heap memory back after each update.
+        heap: ``training.cpu_heap``: ``"trim"`` hands free heap memory back after each update,
+            ``"release"`` maps large blocks on their own.
         quiet: Do not log why the attention stays as it is.
     """
-    if heap not in ("keep", "trim"):
-        raise ValueError(f"heap must be 'keep' or 'trim', got {heap!r}")
+    if heap not in HEAP_SETTINGS:
+        raise ValueError(f"heap must be one of {', '.join(map(repr, HEAP_SETTINGS))}, got {heap!r}")
     if accelerator.device.type != "cpu":
         return CpuSpeedups()
     compiled = is_compiled(model)
@@ -122,7 +142,8 @@ def plan_cpu_speedups(model, accelerator, *, dropout_masks: bool = True, sparse_
     rows = (sparse_embedding and not compiled and accelerator.num_processes == 1
             and getattr(accelerator, "scaler", None) is None and sparse_capable_embedding(model) is not None)
     return CpuSpeedups(dropout_masks=masks, attention=attention, sparse_embedding=rows, keep_grads=True,
-                       trim_heap=heap == "trim" and malloc_trim() is not None)
+                       trim_heap=heap == "trim" and malloc_trim() is not None,
+                       release_heap=heap == "release" and mallopt() is not None)
 
 
 @contextlib.contextmanager
@@ -162,6 +183,31 @@ def malloc_trim():
         return None
 
 
+@functools.lru_cache(maxsize=None)
+def mallopt():
+    """glibc's ``mallopt``, or ``None`` where the C library has none (macOS, musl)."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallopt
+    except (OSError, AttributeError):
+        return None
+
+
+def release_large_blocks() -> None:
+    """From now on, glibc maps every block of :data:`RELEASED_BLOCK` bytes or more on its own (``cpu_heap: release``).
+
+    Freed, such a block goes back to the system at once instead of staying in
+    the heap for a later tensor that may not fit it. Setting the threshold
+    also ends glibc's adaptive one for the rest of the process (there is no
+    call that restores it). torch's CPU allocator takes its memory from
+    ``malloc`` and has no such setting of its own, hence ``ctypes``.
+    """
+    if not mallopt()(M_MMAP_THRESHOLD, RELEASED_BLOCK):
+        logger.warning("training.cpu_heap: release: glibc's mallopt refused the threshold; the heap is as before")
+
+
 @contextlib.contextmanager
 def trimmed_heap(optimizer) -> Iterator[None]:
     """Inside, every optimizer step ends by handing the C heap's free memory back to the system.
@@ -186,7 +232,7 @@ def trimmed_heap(optimizer) -> Iterator[None]:
 @contextlib.contextmanager
 def cpu_speedups(model, optimizer, accelerator, *, dropout_masks: bool = True,
                  sparse_embedding: bool = True, heap: str = "keep") -> Iterator[CpuSpeedups]:
-    """Switch on the CPU speed-ups that apply (:func:`plan_cpu_speedups`); all are undone on exit.
+    """Switch on the CPU speed-ups that apply (:func:`plan_cpu_speedups`); all but ``cpu_heap: release`` are undone on exit.
 
     Args:
         model: The prepared model.
@@ -194,7 +240,7 @@ def cpu_speedups(model, optimizer, accelerator, *, dropout_masks: bool = True,
         accelerator: The ``Accelerator``.
         dropout_masks: ``training.fast_dropout_masks``.
         sparse_embedding: ``training.sparse_embedding_grad``.
-        heap: ``training.cpu_heap``: ``"keep"`` or ``"trim"``.
+        heap: ``training.cpu_heap``: ``"keep"``, ``"trim"`` or ``"release"``.
 
     Yields:
         The :class:`CpuSpeedups` in force.
@@ -210,4 +256,6 @@ def cpu_speedups(model, optimizer, accelerator, *, dropout_masks: bool = True,
             switches.enter_context(kept_gradients(optimizer, accelerator))
         if plan.trim_heap:
             switches.enter_context(trimmed_heap(optimizer))
+        if plan.release_heap:
+            release_large_blocks()
         yield plan
