@@ -88,6 +88,7 @@ MAY_CHANGE_ON_RESUME = frozenset({
     # recomputation replays the same values (and dropout masks): a run that ran out of memory may resume with it
     "training.gradient_checkpointing",
     "training.memory_check",
+    "training.cpu_heap",  # where freed memory goes, not what is computed
     # compared through the resolved b, k, P below, so that either spelling resumes
     "training.gradient_accumulation_steps",
     "training.effective_batch_size",
@@ -240,6 +241,7 @@ ADDED_KEYS = frozenset({
     "training.accumulation_schedule", "plan.epoch_updates", "plan.accumulation",
     "model.problem_type", "data.label_delimiter", "training.class_weights",
     "model.lora_rank", "model.lora_alpha", "model.lora_dropout", "model.lora_target_modules",
+    "optim.layer_lr_decay", "data.truncation", "data.head_tokens",
 })
 
 

@@ -81,7 +81,8 @@ def decay_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
 def build_optimizer(
     model: torch.nn.Module, cfg: OptimConfig, device: Optional[torch.device] = None
 ) -> torch.optim.AdamW:
-    """AdamW with no weight decay on biases and normalisation weights (:func:`decay_groups`).
+    """AdamW with no weight decay on biases and normalisation weights (:func:`decay_groups`), and with
+    ``optim.layer_lr_decay`` a learning rate per depth (:func:`layer_rate_groups`).
 
     Args:
         model: The (unprepared) model.
@@ -91,6 +92,8 @@ def build_optimizer(
             the device the parameters are on now.
     """
     groups = decay_groups(model, cfg.weight_decay)
+    if cfg.layer_lr_decay is not None:
+        groups = layer_rate_groups(model, groups, cfg.learning_rate, cfg.layer_lr_decay)
     device_type = torch.device(device).type if device is not None else groups[0]["params"][0].device.type
     return torch.optim.AdamW(
         groups,
@@ -99,6 +102,83 @@ def build_optimizer(
         eps=cfg.adam_epsilon,
         **adamw_kernel(cfg.implementation, device_type),
     )
+
+
+def layer_depths(model: torch.nn.Module) -> tuple[dict[int, int], int]:
+    """Each parameter's depth in the encoder, by ``id``, and the number of blocks ``L``.
+
+    0: the embeddings and what the encoder runs before its blocks (ELECTRA's
+    and ALBERT's projections to the hidden size), and any embedding table
+    (DeBERTa's relative positions); 1 to ``L``: the transformer blocks of
+    :func:`~finetune.lora.layer_stack`, bottom to top; ``L + 1``: the rest,
+    above the blocks (BERT's pooler, ModernBERT's final norm, the head). ALBERT
+    shares one block across its layers, so its ``L`` is 1. A LoRA model's
+    adapters sit in its blocks and take their depth.
+
+    Raises:
+        ConfigError: for a model whose blocks cannot be found.
+    """
+    from finetune.lora import is_lora, layer_stack
+
+    base = model.get_base_model() if is_lora(model) else model
+    try:
+        _, blocks = layer_stack(base)
+    except ConfigError:
+        raise ConfigError(f"optim.layer_lr_decay: finds no transformer blocks in {type(base).__name__}") from None
+    depth = {id(p): i for i, block in enumerate(blocks, start=1) for p in block.parameters()}
+    top = len(blocks) + 1
+    encoder = getattr(base, base.base_model_prefix)
+    below = True  # parameters are registered in the order the encoder runs its parts
+    for name, param in encoder.named_parameters():
+        if id(param) in depth:
+            below = False
+        else:
+            depth[id(param)] = 0 if below or "embed" in name.lower() else top
+    for param in model.parameters():
+        depth.setdefault(id(param), top)
+    return depth, len(blocks)
+
+
+def layer_rate_groups(model: torch.nn.Module, groups: list[dict], learning_rate: float, decay: float) -> list[dict]:
+    """``groups`` split by depth, each with ``lr = learning_rate * decay ** max(0, L - depth)``.
+
+    The head and the top block train at ``learning_rate``, each block below at
+    ``decay`` times the one above, the embeddings at ``decay ** L``. Each
+    group keeps its weight decay. transformers' schedulers multiply every
+    group's rate by the same factor, so the ratios hold all run long; the
+    start line says the rates (:func:`describe_layer_rates`). Written here
+    because neither transformers nor accelerate builds such groups.
+    """
+    depth, blocks = layer_depths(model)
+    split = []
+    for group in groups:
+        by_depth: dict[int, list] = {}
+        for param in group["params"]:
+            by_depth.setdefault(depth[id(param)], []).append(param)
+        for d in sorted(by_depth, reverse=True):
+            split.append({**group, "params": by_depth[d], "lr": learning_rate * decay ** max(0, blocks - d),
+                          "depth": d})
+    return split
+
+
+def describe_layer_rates(groups: list[dict]) -> str:
+    """``head + block 6 0.0001, block 5 9e-05, ..., embeddings 5.31e-05``: the peak rate per depth, top first.
+
+    Empty for groups without depths (``optim.layer_lr_decay`` off). Read from the groups' ``initial_lr``
+    (set by the scheduler) where there is one, so that it says the peak rates at any time.
+    """
+    rates = {group["depth"]: group.get("initial_lr", group["lr"]) for group in groups if "depth" in group}
+    if not rates:
+        return ""
+    blocks = max(rates) - 1  # the head is always above the blocks
+
+    def name(d: int) -> str:
+        if d == 0:
+            return "embeddings"
+        return f"head + block {d}" if d == blocks else f"block {d}" if d <= blocks else "head"
+
+    shown = {d: rate for d, rate in rates.items() if not (d == blocks + 1 and rates.get(blocks) == rate)}
+    return ", ".join(f"{name(d)} {rate:.3g}" for d, rate in sorted(shown.items(), reverse=True))
 
 
 @dataclass(frozen=True)

@@ -311,6 +311,11 @@ class OptimConfig:
         "Any `transformers.get_scheduler` name: linear, cosine, constant, constant_with_warmup, ...")
     warmup_ratio: float = setting(0.0, "Warmup as a fraction of all updates (ignored when `warmup_steps` > 0).")
     warmup_steps: int = setting(0, "Warmup in optimizer updates.")
+    layer_lr_decay: Optional[float] = setting(None,
+        "Layer-wise learning rates (Sun et al. 2019; ELECTRA): the head and the top transformer block train at "
+        "`learning_rate`, each block below at the rate of the one above times this factor (e.g. 0.9), the "
+        "embeddings one step below the first block. The schedule scales every rate alike; the rates are "
+        "logged at start. `null`: one rate for all.")
     implementation: Literal["auto", "fused", "foreach", "for_loop"] = setting("auto",
         "AdamW kernel: `auto` uses torch's fused kernel where it has one for the device (CUDA, CPU, ...; "
         "several times faster per step than the per-parameter loop), else torch's default; or force "
@@ -330,6 +335,8 @@ class OptimConfig:
             raise ConfigError(f"optim.warmup_ratio: must be in [0, 1], got {self.warmup_ratio}")
         if self.warmup_steps < 0:
             raise ConfigError(f"optim.warmup_steps: must be >= 0, got {self.warmup_steps}")
+        if self.layer_lr_decay is not None and not 0.0 < self.layer_lr_decay <= 1.0:
+            raise ConfigError(f"optim.layer_lr_decay: must be in (0, 1] (e.g. 0.9) or null, got {self.layer_lr_decay}")
         from transformers import SchedulerType  # local: keep `import finetune.config` light
 
         known = [s.value for s in SchedulerType]

@@ -19,7 +19,7 @@ from finetune.cpu import plan_cpu_speedups, speedup_settings
 from finetune.data_sources import data_sources
 from finetune.launch import choose_precision
 from finetune.modeling import model_name
-from finetune.optimization import UpdatePlan
+from finetune.optimization import UpdatePlan, describe_layer_rates
 
 
 def describe(run: Run) -> str:
@@ -55,6 +55,9 @@ def _how(run: Run) -> str:
         f"updates={run.plan.total_updates} ({_updates_by_epoch(run.plan)}, warmup {run.plan.warmup_updates})",
         run.checkpointing.describe(),
     ]
+    layer_rates = describe_layer_rates(run.optimizer.param_groups)
+    if layer_rates:
+        parts.append(f"lr_by_depth=(x{run.cfg.optim.layer_lr_decay:g} per block down: {layer_rates})")
     if run.labels.problem_type != "regression":
         positive = f" on {evaluation.positive_label!r}" if evaluation.average == "binary" else ""
         parts.append(f"average={evaluation.average}{positive}")

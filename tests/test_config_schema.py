@@ -63,6 +63,8 @@ def test_defaults_and_types(tmp_path):
         (BASE + "optim:\n  learning_rate: -1\n", "optim.learning_rate: must be > 0"),
         (BASE + "optim:\n  warmup_ratio: 1.5\n", "optim.warmup_ratio: must be in [0, 1]"),
         (BASE + "optim:\n  lr_scheduler_type: cosin\n", "did you mean 'cosine'"),
+        (BASE + "optim:\n  layer_lr_decay: 1.2\n", "optim.layer_lr_decay: must be in (0, 1] (e.g. 0.9) or null, got 1.2"),
+        (BASE + "optim:\n  layer_lr_decay: steep\n", "optim.layer_lr_decay: expected float or null"),
         (BASE + "  max_steps: 10\n  num_train_epochs: 2\n", "training.max_steps: set either"),
         (BASE + "modle:\n  name_or_path: x\n", "modle: unknown key (did you mean model?)"),
         ("training:\n  seed: 1\n", "data: required section is missing"),
