@@ -32,6 +32,7 @@ from bench.common import (  # noqa: E402
     write_result,
 )
 from finetune.optimization import decay_groups  # noqa: E402
+from finetune.truncation import model_inputs  # noqa: E402
 
 
 def run(spec: ArmSpec) -> dict:
@@ -50,8 +51,8 @@ def run(spec: ArmSpec) -> dict:
     )
     tokenizer, tokenized, labels, model, metrics = load_job(cfg)
     collator = CountingCollator(tokenizer, pad_to_multiple_of=8 if accelerator.device.type == "cuda" else None)
-    train = tokenized["train"].remove_columns(["length"])
-    validation = tokenized["validation"].remove_columns(["length"])
+    train = model_inputs(tokenized["train"])
+    validation = model_inputs(tokenized["validation"])
     t, o = cfg.training, cfg.optim
     train_dataloader = DataLoader(train, shuffle=True, collate_fn=collator, batch_size=spec.b, drop_last=False)
     eval_dataloader = DataLoader(validation, shuffle=False, collate_fn=collator,

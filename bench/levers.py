@@ -223,6 +223,7 @@ def micro(threads: int, overrides: Optional[list[str]] = None) -> dict[str, Any]
     from bench.common import load_job
     from finetune.data import load_splits
     from finetune.tokens import tokenize_splits
+    from finetune.truncation import model_inputs
     from finetune.evaluation import evaluate_model
     from finetune.modeling import load_tokenizer
 
@@ -269,9 +270,9 @@ def micro(threads: int, overrides: Optional[list[str]] = None) -> dict[str, Any]
     collate = DataCollatorWithPadding(tokenizer)
     validation = tokenized["validation"]
     size = cfg.training.per_device_eval_batch_size
-    sorted_dl = accelerator.prepare(DataLoader(validation.sort("length", reverse=True).remove_columns(["length"]),
+    sorted_dl = accelerator.prepare(DataLoader(model_inputs(validation.sort("length", reverse=True)),
                                                batch_size=size, collate_fn=collate))
-    shuffled_dl = accelerator.prepare(DataLoader(validation.shuffle(seed=0).remove_columns(["length"]),
+    shuffled_dl = accelerator.prepare(DataLoader(model_inputs(validation.shuffle(seed=0)),
                                                  batch_size=size, collate_fn=collate))
     model = accelerator.prepare(model)
     out["eval_seconds"] = _alternating({

@@ -7,7 +7,7 @@ it); its steps run in the order that fails cheapest first::
     tokenizer, model config          before the data is read: a bad model path fails at once
     data, model, adapters            dataloaders.load_data, modeling.load_model_reporting, modeling.add_adapters
     metrics, task                    metric_suite, build_task
-    tokens                           dataloaders.tokenize_data (cached)
+    tokens                           dataloaders.tokenize_data (cached), cut as data.truncation says
     micro-batch, memory              autobatch.fit_in_memory: under auto the same B, a smaller b, a larger k,
                                      and gradient checkpointing when the micro-batch would be too small; then
                                      the memory plan (finetune.memory), refused when a set b cannot fit
@@ -30,7 +30,9 @@ import torch
 from finetune.accumulation import Batching, accumulate_as, layout_for, resolve_batching
 from finetune.autobatch import Checkpointing, fit_in_memory
 from finetune.config import Config
-from finetune.dataloaders import build_dataloaders, collator, load_data, tokenize_data, tokenized_cache_dir
+from finetune.dataloaders import (
+    build_dataloaders, collator, count_long_texts, load_data, tokenize_data, tokenized_cache_dir,
+)
 from finetune.errors import ConfigError
 from finetune.launch import build_accelerator
 from finetune.loop import TrainState
@@ -69,6 +71,8 @@ class Run:
     lora: Optional[Any] = None
     # the expected peak memory by part, measured before training (finetune.memory; None under FSDP, DeepSpeed)
     memory: Optional[Any] = None  # a finetune.memory.MemoryPlan
+    # how many training texts data.max_length cut, and to what (a finetune.truncation.LongTexts)
+    long_texts: Optional[Any] = None
 
 
 def setup_run(cfg: Config, accelerator=None, batching: Optional[Batching] = None) -> Run:
@@ -112,6 +116,7 @@ def setup_run(cfg: Config, accelerator=None, batching: Optional[Batching] = None
     metrics = metric_suite(cfg, labels, splits["train"])
     task = build_task(cfg, labels, splits["train"])
     tokenized = tokenize_data(cfg, splits, tokenizer, accelerator, cache_dir)
+    cut = count_long_texts(cfg, tokenized["train"])
     batching, checkpointing, memory = fit_in_memory(model, tokenized["train"], collator(tokenizer, accelerator),
                                                     accelerator, batching, cfg.training, cfg.data.max_length)
     accumulate_as(accelerator, batching, epoch=0)  # before prepare: DeepSpeed reads k there
@@ -132,7 +137,7 @@ def setup_run(cfg: Config, accelerator=None, batching: Optional[Batching] = None
     set_seed(cfg.training.seed)
     return Run(cfg, accelerator, batching, tokenizer, labels, model, optimizer, scheduler, train_dl, eval_dl,
                metrics, plan, task, content_sha256(splits["train"]), new_head=new_head,
-               checkpointing=checkpointing, lora=lora, memory=memory)
+               checkpointing=checkpointing, lora=lora, memory=memory, long_texts=cut)
 
 
 def check_batching(cfg: Config, accelerator, batching: Optional[Batching] = None) -> Batching:

@@ -45,6 +45,7 @@ from finetune.memory import (
     tensor_bytes,
 )
 from finetune.tasks import Task
+from finetune.truncation import BOOKKEEPING
 
 logger = logging.getLogger("finetune")
 
@@ -74,7 +75,7 @@ def worst_case_batch(dataset, collate: Callable[[list], dict], batch_size: int) 
     longest = torch.argsort(lengths, descending=True, stable=True).tolist()
     # fewer samples than b (a tiny data set): repeat them, the shape is what matters
     rows = [longest[i % len(longest)] for i in range(batch_size)]
-    columns = [c for c in dataset.column_names if c != "length"]
+    columns = [c for c in dataset.column_names if c not in BOOKKEEPING]
     return collate([{c: dataset[i][c] for c in columns} for i in rows])
 
 

@@ -45,9 +45,18 @@ def load_data(cfg: Config, accelerator):
 def tokenize_data(cfg: Config, splits, tokenizer, accelerator, cache_dir: Optional[Path]):
     """The tokenized splits; the main process tokenizes (and caches) first, the others then read its files."""
     from finetune.tokens import tokenize_splits
+    from finetune.truncation import truncation_of
 
     with accelerator.main_process_first():
-        return tokenize_splits(splits, tokenizer, cfg.data.max_length, cache_dir=cache_dir)
+        return tokenize_splits(splits, tokenizer, cfg.data.max_length, cache_dir=cache_dir,
+                               truncation=truncation_of(cfg.data))
+
+
+def count_long_texts(cfg: Config, train):
+    """How many texts of the tokenized ``train`` split ``data.max_length`` cut (a :class:`~finetune.truncation.LongTexts`)."""
+    from finetune.truncation import long_texts, truncation_of
+
+    return long_texts(train, truncation_of(cfg.data))
 
 
 class BucketPadding:
@@ -130,10 +139,11 @@ def build_dataloaders(cfg: Config, tokenized, tokenizer, accelerator, batching: 
     """
     from torch.utils.data import DataLoader
 
+    from finetune.truncation import LENGTH, model_inputs
+
     collate = collator(tokenizer, accelerator, cfg)
-    train = tokenized["train"]
-    lengths = train["length"]
-    train = train.remove_columns(["length"])
+    lengths = tokenized["train"][LENGTH]
+    train = model_inputs(tokenized["train"])
     sampler = training_sampler(cfg, lengths, batching)
     b = batching.per_device_batch_size
     if balance_micro_batches(cfg, accelerator.num_processes, accelerator.device.type):
@@ -158,8 +168,8 @@ def build_dataloaders(cfg: Config, tokenized, tokenizer, accelerator, batching: 
     if "validation" in tokenized:
         # longest first, so padding is least and an out-of-memory shows at the first batch
         # (select by argsort rather than Dataset.sort, which trips a pyarrow deprecation warning)
-        order = np.argsort(-np.asarray(tokenized["validation"]["length"]), kind="stable")
-        val = tokenized["validation"].select(order).remove_columns(["length"])
+        order = np.argsort(-np.asarray(tokenized["validation"][LENGTH]), kind="stable")
+        val = model_inputs(tokenized["validation"].select(order))
         eval_dl = DataLoader(
             val, batch_size=cfg.training.per_device_eval_batch_size, collate_fn=collate, pin_memory=pin,
             generator=torch.Generator().manual_seed(cfg.training.seed),

@@ -114,6 +114,15 @@ def _predicts(problem_type: str, labels: list[str]) -> str:
     return f"It predicts one of {len(labels)} labels: {names}."
 
 
+def _long_texts(record: Optional[dict[str, Any]]) -> list[str]:
+    """The line on the training texts the window cut (none when every text fit)."""
+    if not record or not record["longer_than_max_length"]:
+        return []
+    return [f"- Long texts: {record['longer_than_max_length']} of {record['rows']} training texts were longer than "
+            f"{record['max_length']} tokens (the longest {record['longest_tokens']:,}) and kept their "
+            f"{record['kept']} (`data.truncation: {record['truncation']}`); `finetune predict` cuts texts the same way"]
+
+
 def _adapters(lora: Optional[dict[str, Any]]) -> list[str]:
     """The card's line on LoRA, when the run trained adapters."""
     if not lora:
@@ -167,6 +176,7 @@ def model_card(cfg, summary: dict[str, Any]) -> str:
         f"warmup {warmup}), weight decay {optim.weight_decay:g}",
         f"- Arithmetic: {_ARITHMETIC.get(train['mixed_precision'], train['mixed_precision'])}; "
         f"max length {cfg.data.max_length} tokens; seed {cfg.training.seed}",
+        *_long_texts(train.get("long_texts")),
         *_adapters(train.get("lora")),
         "",
         f"## Results on the validation data: {sources.validation}"

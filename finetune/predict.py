@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from finetune.errors import ConfigError, DataError, ModelError, run_command
+from finetune.truncation import BOOKKEEPING, Truncation
 
 INPUT_FORMATS = (".txt", ".csv", ".tsv", ".jsonl")
 OUTPUT_FORMATS = (".csv", ".jsonl")
@@ -70,11 +71,14 @@ class Predictor:
         batch_size: Texts per forward pass.
         max_length: Truncate inputs to this many tokens (``None``: the
             tokenizer's and the model's limits).
+        truncation: What a longer text keeps: ``head``, ``tail`` or ``head_tail`` (``data.truncation``).
+        head_tokens: ``head_tail``: the text's tokens kept from its start (``data.head_tokens``).
         threshold: multi-label models: the probability over which a label is predicted.
     """
 
     def __init__(self, model, tokenizer, *, device=None, batch_size: int = DEFAULT_BATCH_SIZE,
-                 max_length: Optional[int] = None, threshold: float = 0.5):
+                 max_length: Optional[int] = None, threshold: float = 0.5, truncation: str = "head",
+                 head_tokens: Optional[int] = None):
         import torch
 
         from finetune.tasks import problem_type_of
@@ -92,6 +96,7 @@ class Predictor:
         if tokenizer_limit is not None and tokenizer_limit < 10**6:  # "no limit" is stored as a huge int
             limits.append(tokenizer_limit)
         self.max_length = min(x for x in limits if x is not None) if any(x is not None for x in limits) else None
+        self.truncation = Truncation(truncation, self.max_length, head_tokens) if self.max_length else None
         self.labels = [model.config.id2label[i] for i in range(model.config.num_labels)]
         self.problem_type = problem_type_of(model.config)
         self.threshold = threshold
@@ -120,9 +125,12 @@ class Predictor:
         from finetune.modeling import require_saved_model
 
         path = require_saved_model(output_dir)
+        cfg = saved_config(path)
         if max_length is None:
-            cfg = saved_config(path)
             max_length = cfg.data.max_length if cfg is not None else None
+        # the run's own cut: a head_tail model sees head and tail at prediction too
+        truncation = cfg.data.truncation if cfg is not None else "head"
+        head_tokens = cfg.data.head_tokens if cfg is not None else None
         try:
             tokenizer = AutoTokenizer.from_pretrained(path)
             if is_adapter_checkpoint(path):  # a LoRA run's checkpoint: its base model plus adapter/, merged
@@ -136,7 +144,7 @@ class Predictor:
         if device is None:
             device = _training_device()
         return cls(model, tokenizer, device=device, batch_size=batch_size, max_length=max_length,
-                   threshold=threshold)
+                   threshold=threshold, truncation=truncation, head_tokens=head_tokens)
 
     def logits(self, texts: Sequence[str], text_pairs: Optional[Sequence[str]] = None,
                progress: bool = False) -> "np.ndarray":  # noqa: F821
@@ -163,9 +171,12 @@ class Predictor:
         out = np.zeros((len(texts), len(self.labels)), dtype=np.float32)
         if not texts:
             return out
-        encoded = self.tokenizer(texts, list(text_pairs) if text_pairs is not None else None,
-                                 truncation=self.max_length is not None, max_length=self.max_length)
-        features = [{key: encoded[key][i] for key in encoded} for i in range(len(texts))]
+        pairs = list(text_pairs) if text_pairs is not None else None
+        if self.truncation is not None:
+            encoded = self.truncation.encode(self.tokenizer, texts, pairs)
+        else:
+            encoded = dict(self.tokenizer(texts, pairs))
+        features = [{key: encoded[key][i] for key in encoded if key not in BOOKKEEPING} for i in range(len(texts))]
         order = sorted(range(len(texts)), key=lambda i: -len(features[i]["input_ids"]))
         collate = DataCollatorWithPadding(self.tokenizer, return_tensors="pt")
         was_training = self.model.training

@@ -58,6 +58,8 @@ def summarize(run: "Run", history: list[dict[str, Any]], ended: str = "completed
             "gradient_checkpointing": run.checkpointing.on,
             # what LoRA trained (model.lora_rank), or null: every weight
             "lora": lora_record(run.lora),
+            # how many training texts data.max_length cut, and what they kept
+            "long_texts": run.long_texts.record() if run.long_texts is not None else None,
             "ended": ended,
         },
         "eval": {k.removeprefix("eval/"): v for k, v in final.items() if k.startswith("eval/")},

@@ -112,7 +112,15 @@ class DataConfig:
         "column holds lists, as JSON arrays or Parquet lists).")
     validation_split: float = setting(0.1,
         "Fraction of train carved out (seeded, stratified) when no validation set is given.")
-    max_length: int = setting(128, "Longer inputs are truncated to this many tokens.")
+    max_length: int = setting(128, "Longer inputs are cut to this many tokens (special tokens included).")
+    truncation: Literal["head", "tail", "head_tail"] = setting("head",
+        "What a text longer than max_length keeps: its first tokens (`head`), its last (`tail`), or "
+        "`head_tail`: head_tokens from the start and the rest of the window from the end (Sun et al. 2019: "
+        "128 + 382 of 512 beat either end on IMDb). Special tokens stay where the tokenizer puts them. The "
+        "start line says how many texts were cut. A text pair is cut by the tokenizer (`head` only).")
+    head_tokens: Optional[int] = setting(None,
+        "head_tail only: the text's tokens kept from its start (special tokens not counted); the rest of "
+        "the window comes from its end. null: a quarter of max_length (128 of 512).")
     on_empty_text: Literal["error", "drop"] = setting("error",
         "What to do with empty or null texts: stop with an error, or drop the rows.")
     encoding_errors: Literal["strict", "replace"] = setting("strict",
@@ -152,6 +160,14 @@ class DataConfig:
             raise ConfigError(f"data.max_length: must be at least 2, got {self.max_length}")
         if self.length_group_windows < 1:
             raise ConfigError(f"data.length_group_windows: must be >= 1, got {self.length_group_windows}")
+        if self.truncation != "head" and self.text_pair_column is not None:
+            raise ConfigError(f"data.truncation: {self.truncation} cuts single texts; with data.text_pair_column "
+                              f"only head is supported (the tokenizer's longest-first cut)")
+        if self.head_tokens is not None and self.truncation != "head_tail":
+            raise ConfigError(f"data.head_tokens: applies to data.truncation: head_tail, not {self.truncation}")
+        if self.head_tokens is not None and not 0 <= self.head_tokens < self.max_length:
+            raise ConfigError(f"data.head_tokens: must be >= 0 and smaller than data.max_length "
+                              f"({self.max_length}), got {self.head_tokens}")
         if self.num_workers != "auto" and self.num_workers < 0:
             raise ConfigError(f"data.num_workers: must be >= 0, got {self.num_workers}")
         for name in ("max_train_samples", "max_eval_samples"):

@@ -19,12 +19,14 @@ import datasets
 
 from finetune.data import TEXT, TEXT_PAIR, digest_rows
 from finetune.errors import ConfigError
+from finetune.truncation import Truncation
 
 logger = logging.getLogger("finetune.data")
 
 
 def tokenize_splits(
-    splits: datasets.DatasetDict, tokenizer: Any, max_length: int, cache_dir: Optional[str | Path] = None
+    splits: datasets.DatasetDict, tokenizer: Any, max_length: int, cache_dir: Optional[str | Path] = None,
+    truncation: Optional[Truncation] = None,
 ) -> datasets.DatasetDict:
     """Tokenize every split once, truncating but not padding.
 
@@ -32,30 +34,34 @@ def tokenize_splits(
         splits: What :func:`load_splits` returned.
         tokenizer: A ``transformers`` tokenizer.
         max_length: Longest input in tokens (special tokens included); longer
-            ones are truncated (for pairs, the longer text first).
+            ones are cut as ``truncation`` says (for pairs, the longer text first).
         cache_dir: Keep each tokenized split in this folder as an Arrow file
             named by :func:`tokenized_cache_key`, and load it from there when
             the same split, tokenizer and ``max_length`` come again (``None``:
             tokenize in memory every time). Only fast tokenizers are cached;
             others are tokenized in memory.
+        truncation: What a longer text keeps (:class:`~finetune.truncation.Truncation`); default: its head.
 
     Returns:
         The splits with ``labels``, ``input_ids``, ``attention_mask``,
-        ``token_type_ids`` (when the tokenizer makes them) and ``length`` (the
-        number of tokens, for length-grouped batching); the text columns are
+        ``token_type_ids`` (when the tokenizer makes them), ``length`` (the
+        number of tokens, for length-grouped batching) and ``full_length``
+        (the whole text's tokens, to count what was cut); the text columns are
         removed. Padding is left to a ``DataCollatorWithPadding`` per batch.
 
     Raises:
         ConfigError: ``cache_dir`` cannot be created or written.
     """
 
+    truncation = truncation or Truncation("head", max_length)
+    if truncation.max_length != max_length:
+        raise ValueError(f"truncation is for max_length {truncation.max_length}, not {max_length}")
+
     def encode(batch: dict[str, list]) -> dict[str, list]:
-        encoded = tokenizer(batch[TEXT], batch.get(TEXT_PAIR), truncation=True, max_length=max_length, padding=False)
-        encoded["length"] = [len(ids) for ids in encoded["input_ids"]]
-        return encoded
+        return truncation.encode(tokenizer, batch[TEXT], batch.get(TEXT_PAIR))
 
     folder = prepare_cache_dir(cache_dir) if cache_dir is not None else None
-    settings = _tokenizer_digest(tokenizer, max_length) if folder is not None else None
+    settings = _tokenizer_digest(tokenizer, truncation) if folder is not None else None
     tokenized = {}
     for name, split in splits.items():
         text_columns = [c for c in (TEXT, TEXT_PAIR) if c in split.column_names]
@@ -82,10 +88,11 @@ def tokenize_splits(
 
 
 # Bump when what tokenize_splits writes changes, so no run reads an older layout.
-_CACHE_LAYOUT = 1
+_CACHE_LAYOUT = 2
 
 
-def tokenized_cache_key(split: datasets.Dataset, tokenizer: Any, max_length: int) -> Optional[str]:
+def tokenized_cache_key(split: datasets.Dataset, tokenizer: Any, max_length: int,
+                        truncation: Optional[Truncation] = None) -> Optional[str]:
     """A SHA-256 over everything a tokenized split depends on; ``None`` if the tokenizer cannot be keyed.
 
     ``datasets`` keys its own cache by a fingerprint of the steps that built a
@@ -95,15 +102,16 @@ def tokenized_cache_key(split: datasets.Dataset, tokenizer: Any, max_length: int
     split's rows and schema (its Arrow data, read in its current order), the
     fast tokenizer's full definition (vocabulary, normalizer, pre-tokenizer,
     post-processor; minus the truncation and padding state that calling it
-    changes), the truncation side, the model input names, ``max_length``, and
+    changes), the truncation side, the model input names, ``max_length``, what
+    a longer text keeps (``data.truncation``, ``data.head_tokens``), and
     the versions of the libraries that produce or read the tokens. A change to
     any of them is a different key, so a stale file is never read.
     """
-    settings = _tokenizer_digest(tokenizer, max_length)
+    settings = _tokenizer_digest(tokenizer, truncation or Truncation("head", max_length))
     return None if settings is None else _split_key(split, settings)
 
 
-def _tokenizer_digest(tokenizer: Any, max_length: int) -> Optional[bytes]:
+def _tokenizer_digest(tokenizer: Any, truncation: Truncation) -> Optional[bytes]:
     """The tokenizer-and-settings half of :func:`tokenized_cache_key`."""
     import hashlib
     import json
@@ -128,7 +136,8 @@ def _tokenizer_digest(tokenizer: Any, max_length: int) -> Optional[bytes]:
         "tokenizer_class": type(tokenizer).__name__,
         "truncation_side": getattr(tokenizer, "truncation_side", None),
         "model_input_names": list(getattr(tokenizer, "model_input_names", [])),
-        "max_length": max_length,
+        "max_length": truncation.max_length,
+        "truncation": [truncation.side, truncation.head if truncation.side == "head_tail" else None],
         "definition": definition,
     }
     return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).digest()

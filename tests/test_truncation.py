@@ -1,0 +1,164 @@
+"""data.truncation: what a text longer than max_length keeps, in training, the tokens cache, prediction and the report."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+
+from finetune.config import DataConfig
+from finetune.errors import ConfigError
+from finetune.truncation import Truncation, long_texts
+from helpers import SPECIAL, WORDS, make_texts, run_cli, save_tiny_model
+
+CLS, SEP = SPECIAL.index("[CLS]"), SPECIAL.index("[SEP]")
+
+
+@pytest.fixture(scope="module")
+def tokenizers(tmp_path_factory):
+    """The tiny model's WordPiece vocabulary as a fast (Rust) and a slow (Python) tokenizer."""
+    from transformers import AutoTokenizer, BertTokenizerLegacy
+
+    folder = save_tiny_model(tmp_path_factory.mktemp("tok") / "tiny-bert")
+    fast = AutoTokenizer.from_pretrained(folder)
+    slow = BertTokenizerLegacy(vocab_file=str(folder / "vocab.txt"), do_lower_case=True)
+    assert hasattr(fast, "backend_tokenizer") and not hasattr(slow, "backend_tokenizer")
+    return {"fast": fast, "slow": slow}
+
+
+def _text(n: int) -> tuple[str, list[int]]:
+    """A text of ``n`` words, each one token, and its content ids (every word differs from its neighbours)."""
+    words = [WORDS[i % len(WORDS)] for i in range(n)]
+    return " ".join(words), [len(SPECIAL) + i % len(WORDS) for i in range(n)]
+
+
+@pytest.mark.parametrize("kind", ["fast", "slow"])
+def test_head_tail_keeps_exactly_the_head_and_tail_tokens_asked_for_around_the_special_tokens(tokenizers, kind):
+    tokenizer = tokenizers[kind]
+    text, content = _text(40)
+    encoded = Truncation("head_tail", max_length=16, head_tokens=5).encode(tokenizer, [text])
+    # 16 = [CLS] + 5 from the start + 9 from the end + [SEP]
+    assert encoded["input_ids"] == [[CLS, *content[:5], *content[-9:], SEP]]
+    assert encoded["attention_mask"] == [[1] * 16]
+    assert encoded["length"] == [16] and encoded["full_length"] == [42]
+    if "token_type_ids" in encoded:
+        assert encoded["token_type_ids"] == [[0] * 16]
+
+
+@pytest.mark.parametrize("kind", ["fast", "slow"])
+def test_tail_keeps_the_last_tokens_and_head_is_the_tokenizers_own_cut(tokenizers, kind):
+    tokenizer = tokenizers[kind]
+    text, content = _text(40)
+    assert Truncation("tail", max_length=10).encode(tokenizer, [text])["input_ids"] == [[CLS, *content[-8:], SEP]]
+    head = Truncation("head", max_length=10).encode(tokenizer, [text])
+    assert head["input_ids"] == [tokenizer(text, truncation=True, max_length=10)["input_ids"]]
+
+
+@pytest.mark.parametrize("side", ["head", "tail", "head_tail"])
+def test_a_text_that_fits_comes_out_as_the_tokenizer_makes_it(tokenizers, side):
+    tokenizer = tokenizers["fast"]
+    texts = [_text(n)[0] for n in (0, 3, 14)]  # 14 words + 2 special tokens = the window exactly
+    encoded = Truncation(side, max_length=16, head_tokens=4 if side == "head_tail" else None).encode(tokenizer, texts)
+    whole = tokenizer(texts)
+    for key in whole:
+        assert encoded[key] == whole[key], key
+    assert encoded["length"] == encoded["full_length"] == [2, 5, 16]
+
+
+def test_the_default_head_is_a_quarter_of_the_window():
+    assert Truncation("head_tail", max_length=512).head == 128
+    assert Truncation("head_tail", max_length=512, head_tokens=0).head == 0
+
+
+def test_a_text_pair_is_cut_by_the_tokenizer_and_only_at_its_head(tokenizers):
+    tokenizer = tokenizers["fast"]
+    first, second = _text(30)[0], _text(3)[0]
+    encoded = Truncation("head", max_length=12).encode(tokenizer, [first], [second])
+    assert encoded["input_ids"] == [tokenizer(first, second, truncation=True, max_length=12)["input_ids"]]
+    assert encoded["full_length"] == [36]
+    with pytest.raises(ConfigError, match="^data.truncation: head_tail cuts single texts; with data.text_pair_column"):
+        Truncation("head_tail", max_length=12).encode(tokenizer, [first], [second])
+
+
+def test_the_tokens_cache_keeps_each_cut_apart(tokenizers):
+    import datasets
+
+    from finetune.tokens import tokenized_cache_key
+
+    split = datasets.Dataset.from_dict({"text": [_text(40)[0]], "labels": [0]})
+    tokenizer = tokenizers["fast"]
+    keys = {tokenized_cache_key(split, tokenizer, 16, truncation) for truncation in (
+        None, Truncation("head", 16), Truncation("tail", 16), Truncation("head_tail", 16),
+        Truncation("head_tail", 16, head_tokens=2))}
+    assert len(keys) == 4  # None is head's key
+
+
+def test_long_texts_counts_what_the_window_cut(tokenizers):
+    import datasets
+
+    texts = [_text(n)[0] for n in (3, 14, 15, 40)]
+    truncation = Truncation("head_tail", max_length=16, head_tokens=4)
+    split = datasets.Dataset.from_dict(truncation.encode(tokenizers["fast"], texts))
+    counted = long_texts(split, truncation)
+    assert (counted.rows, counted.longer, counted.longest) == (4, 2, 42)
+    assert counted.describe() == "2 longer than 16 tokens, up to 42: kept their first 4 and last tokens"
+    assert long_texts(split, Truncation("head", max_length=64)).describe() == ""
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"truncation": "middle"}, None),  # the schema's one-of check, tested with the other keys' errors
+    ({"truncation": "tail", "text_pair_column": "b"}, "data.truncation: tail cuts single texts; with "
+                                                       "data.text_pair_column only head is supported"),
+    ({"head_tokens": 8}, "data.head_tokens: applies to data.truncation: head_tail, not head"),
+    ({"truncation": "head_tail", "head_tokens": 128}, "data.head_tokens: must be >= 0 and smaller than "
+                                                      "data.max_length (128), got 128"),
+    ({"truncation": "head_tail", "head_tokens": -1}, "data.head_tokens: must be >= 0"),
+])
+def test_bad_truncation_settings_are_refused_in_one_line(overrides, message):
+    if message is None:
+        with pytest.raises(ValueError, match="truncation must be one of head, tail, head_tail"):
+            Truncation(overrides["truncation"], 16)
+        return
+    with pytest.raises(ConfigError, match=f"^{message.replace('(', '[(]').replace(')', '[)]')}"):
+        DataConfig(train_file="x.csv", **overrides)
+
+
+@pytest.fixture(scope="module")
+def head_tail_run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("head_tail")
+    model = save_tiny_model(root / "tiny-bert")
+    data = root / "train.csv"
+    with open(data, "w", encoding="utf-8", newline="") as fh:
+        csv.writer(fh).writerows([("label", "text"), *make_texts(60, seed=4)])
+    out = root / "out"
+    proc = run_cli(["--data", str(data), "--output", str(out), f"model.name_or_path={model}",
+                    "training.max_steps=2", "data.max_length=8", "data.truncation=head_tail", "data.head_tokens=2",
+                    "training.mixed_precision=no", "logging.progress_bar=false"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out, proc.stderr
+
+
+@pytest.mark.slow
+def test_a_head_tail_run_says_what_it_cut_and_predicts_with_the_same_cut(head_tail_run, tokenizers):
+    import numpy as np
+
+    from finetune.predict import Predictor
+
+    out, stderr = head_tail_run
+    record = json.loads((out / "metrics.json").read_text())["train"]["long_texts"]
+    start = next(line for line in stderr.splitlines() if "start: " in line)
+    assert f"{record['longer_than_max_length']} longer than 8 tokens, up to {record['longest_tokens']}: kept their " \
+           f"first 2 and last tokens" in start
+    assert 0 < record["longer_than_max_length"] <= record["rows"] == 54 and record["truncation"] == "head_tail"
+    assert "kept their first 2 and last tokens (`data.truncation: head_tail`)" in (out / "README.md").read_text()
+
+    predictor = Predictor.load(out)
+    assert predictor.truncation == Truncation("head_tail", 8, 2)
+    text, content = _text(20)
+    # the model sees [CLS], the first 2 words, the last 4 and [SEP]: only those words change its output
+    changed_middle = " ".join([*text.split()[:2], *["ok"] * 14, *text.split()[-4:]])
+    changed_end = " ".join([*text.split()[:-1], "ok"])
+    logits = predictor.logits([text, changed_middle, changed_end])
+    np.testing.assert_array_equal(logits[0], logits[1])
+    assert not np.array_equal(logits[0], logits[2])
