@@ -406,3 +406,17 @@ def test_the_memory_table_compares_each_setting_with_the_plain_one_and_its_plan(
     # against the plain setting under the same heap
     assert lines[5] == ("| bert-base-sized | release | b=8 k=4 LoRA r=8 | 1.50 | 0.50 | 2.20 | 1.47 | 1.50 | 1.00 "
                         "| 0.67 | 1.00% |")
+
+
+def test_the_long_texts_table_averages_each_setting_over_its_seeds():
+    from bench.long_texts import summary
+
+    def row(setting, seed, accuracy, f1, speed, cut=10):
+        return {"experiment": "truncation", "setting": setting, "seed": seed, "accuracy": accuracy, "f1": f1,
+                "samples_per_s": speed, "texts_cut": cut, "train_rows": 100, "wall_s": 1.0}
+
+    lines = summary([row("max_length=128 head", 0, 0.90, 0.80, 10.0), row("max_length=128 head", 1, 0.94, 0.90, 12.0),
+                     row("max_length=128 head_tail", 0, 0.96, 0.95, 11.0)]).splitlines()
+    assert lines[2] == "| truncation | max_length=128 head | 0.9200 | 0.8500 | 0.8000-0.9000 | 11.0 | 10 of 100 | 2 |"
+    assert lines[3] == ("| truncation | max_length=128 head_tail | 0.9600 | 0.9500 | 0.9500-0.9500 | 11.0 | 10 of 100 "
+                        "| 1 |")
