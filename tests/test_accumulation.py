@@ -262,7 +262,7 @@ torch.ones(8 << 20, dtype=torch.uint8)  # made and freed at once: glibc's adapti
 large, small = [], []
 for _ in range(50):  # 4 MiB activations between small tensors, as in a forward pass with adapters
     large.append(torch.ones(4 << 20, dtype=torch.uint8))
-    small.append(torch.ones(64))
+    small.append(torch.ones(16 << 10))  # 64 KiB: from the heap under either setting
 before = resident()
 large.clear()
 print((before - resident()) / (200 << 20))
