@@ -172,27 +172,25 @@ def kept_gradients(optimizer, accelerator) -> Iterator[None]:
 
 
 @functools.lru_cache(maxsize=None)
+def _glibc(name: str):
+    """The C library's function ``name``, or ``None`` where it has none (macOS, musl: no glibc extensions)."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        return getattr(ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6"), name)
+    except (OSError, AttributeError):
+        return None
+
+
 def malloc_trim():
-    """glibc's ``malloc_trim``, or ``None`` where the C library has none (macOS, musl)."""
-    import ctypes
-    import ctypes.util
-
-    try:
-        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
-    except (OSError, AttributeError):
-        return None
+    """glibc's ``malloc_trim``, or ``None``."""
+    return _glibc("malloc_trim")
 
 
-@functools.lru_cache(maxsize=None)
 def mallopt():
-    """glibc's ``mallopt``, or ``None`` where the C library has none (macOS, musl)."""
-    import ctypes
-    import ctypes.util
-
-    try:
-        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallopt
-    except (OSError, AttributeError):
-        return None
+    """glibc's ``mallopt``, or ``None``."""
+    return _glibc("mallopt")
 
 
 def release_large_blocks() -> None:
