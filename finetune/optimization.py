@@ -170,15 +170,10 @@ def describe_layer_rates(groups: list[dict]) -> str:
     rates = {group["depth"]: group.get("initial_lr", group["lr"]) for group in groups if "depth" in group}
     if not rates:
         return ""
-    blocks = max(rates) - 1  # the head is always above the blocks
-
-    def name(d: int) -> str:
-        if d == 0:
-            return "embeddings"
-        return f"head + block {d}" if d == blocks else f"block {d}" if d <= blocks else "head"
-
-    shown = {d: rate for d, rate in rates.items() if not (d == blocks + 1 and rates.get(blocks) == rate)}
-    return ", ".join(f"{name(d)} {rate:.3g}" for d, rate in sorted(shown.items(), reverse=True))
+    head = max(rates)  # one above the top block, which trains at the head's rate (layer_rate_groups)
+    rates.pop(head - 1, None)
+    names = {0: "embeddings", head: f"head + block {head - 1}"}
+    return ", ".join(f"{names.get(d, f'block {d}')} {rate:.3g}" for d, rate in sorted(rates.items(), reverse=True))
 
 
 @dataclass(frozen=True)

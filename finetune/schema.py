@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Literal, Optional, Union
 
 from finetune.errors import ConfigError
+from finetune.truncation import refuse_cutting_pairs
 
 
 def setting(default: Any = dataclasses.MISSING, help: str = "", *, factory: Optional[Callable[[], Any]] = None):
@@ -160,9 +161,8 @@ class DataConfig:
             raise ConfigError(f"data.max_length: must be at least 2, got {self.max_length}")
         if self.length_group_windows < 1:
             raise ConfigError(f"data.length_group_windows: must be >= 1, got {self.length_group_windows}")
-        if self.truncation != "head" and self.text_pair_column is not None:
-            raise ConfigError(f"data.truncation: {self.truncation} cuts single texts; with data.text_pair_column "
-                              f"only head is supported (the tokenizer's longest-first cut)")
+        if self.text_pair_column is not None:
+            refuse_cutting_pairs(self.truncation)
         if self.head_tokens is not None and self.truncation != "head_tail":
             raise ConfigError(f"data.head_tokens: applies to data.truncation: head_tail, not {self.truncation}")
         if self.head_tokens is not None and not 0 <= self.head_tokens < self.max_length:

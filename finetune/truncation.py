@@ -33,6 +33,17 @@ LENGTH, FULL_LENGTH = "length", "full_length"
 BOOKKEEPING = (LENGTH, FULL_LENGTH)
 
 
+def refuse_cutting_pairs(side: str) -> None:
+    """A text pair is cut by the tokenizer's longest-first rule, so ``head`` is the one truncation it takes.
+
+    Raises:
+        ConfigError: for any other ``side``.
+    """
+    if side != "head":
+        raise ConfigError(f"data.truncation: {side} cuts single texts; with data.text_pair_column "
+                          f"only head is supported (the tokenizer's longest-first cut)")
+
+
 def default_head_tokens(max_length: int) -> int:
     """A quarter of the window: 128 of 512, as Sun et al. measured best."""
     return max_length // 4
@@ -85,9 +96,7 @@ class Truncation:
         return encoded
 
     def _encode_pairs(self, tokenizer: Any, texts: Sequence[str], pairs: Sequence[str]) -> dict[str, list]:
-        if self.side != "head":
-            raise ConfigError(f"data.truncation: {self.side} cuts single texts; with data.text_pair_column "
-                              f"only head is supported (the tokenizer's longest-first cut)")
+        refuse_cutting_pairs(self.side)
         encoded = dict(tokenizer(list(texts), list(pairs), truncation=True, max_length=self.max_length))
         encoded[LENGTH] = [len(ids) for ids in encoded["input_ids"]]
         whole = tokenizer(list(texts), list(pairs), verbose=False)["input_ids"]
