@@ -39,6 +39,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
+from finetune.cpu import dropout_as_in_training
 from finetune.errors import ConfigError, LaunchError
 from finetune.memory import (
     GB, MemoryPlan, free_cached, is_out_of_memory, levers_that_fit, measure_activations, plan_memory, rng_fork,
@@ -277,6 +278,11 @@ def fit_in_memory(model, train_dataset, collate: Callable[[list], dict], acceler
     Raises:
         LaunchError: when nothing fits (the automatic micro-batch), or the plan does not (a set one).
     """
+    with dropout_as_in_training(model, accelerator, training):
+        return _fit_in_memory(model, train_dataset, collate, accelerator, batching, training, max_length)
+
+
+def _fit_in_memory(model, train_dataset, collate, accelerator, batching, training, max_length: int):
     automatic = training.per_device_train_batch_size == "auto"
     if automatic:
         batching, checkpointing = fit_micro_batch(model, train_dataset, collate, accelerator, batching,

@@ -83,6 +83,31 @@ def test_the_activation_estimate_extrapolates_from_one_and_two_rows_to_any_micro
     assert all(p.grad is None for p in model.parameters())
 
 
+@pytest.mark.parametrize("compiled", [False, True])
+def test_the_probe_counts_the_dropout_masks_training_will_save(compiled):
+    """On a CPU training draws 16-bit masks (finetune.cpu) where torch saves float32 noise: the probe must see the former."""
+    from types import SimpleNamespace
+
+    from finetune.cpu import dropout_as_in_training
+    from finetune.cpu.dropout import fast_dropout
+
+    model, make = tiny_bert(dropout=0.1).train(), _batches()
+    training = SimpleNamespace(fast_dropout_masks=True, torch_compile=compiled)
+    torch_dropout = measure_activations(model, make, _CpuAccelerator())
+    with dropout_as_in_training(model, _CpuAccelerator(), training) as switched:
+        as_trained = measure_activations(model, make, _CpuAccelerator())
+    assert switched is not compiled  # a compiled run keeps torch's dropout, and so does its probe
+    assert all(type(m) is torch.nn.Dropout for m in model.modules() if "Dropout" in type(m).__name__)
+    if compiled:
+        assert as_trained == torch_dropout
+        return
+    assert as_trained.per_row_block < torch_dropout.per_row_block
+    with fast_dropout(model):
+        measured = _saved_bytes(model, make(16))
+    saved = as_trained.fixed + 16 * (as_trained.per_row_other + as_trained.blocks * as_trained.per_row_block)
+    assert measured <= saved <= 1.1 * measured
+
+
 def test_a_probe_that_runs_out_of_memory_gives_no_plan():
     model = tiny_bert()
 

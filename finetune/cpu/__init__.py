@@ -228,6 +228,25 @@ def trimmed_heap(optimizer) -> Iterator[None]:
 
 
 @contextlib.contextmanager
+def dropout_as_in_training(model, accelerator, training) -> Iterator[bool]:
+    """Inside, ``model`` draws dropout masks as :func:`cpu_speedups` will make it in training; yields whether switched.
+
+    For what runs before training and must see what training saves: the
+    memory probe and the automatic micro-batch's trial steps. Torch's own
+    dropout saves a float32 noise tensor per element it drops, the fast one a
+    16-bit mask, so a probe under the wrong one counts a mask twice the size.
+    Compiled runs keep torch's dropout (:func:`plan_cpu_speedups`).
+    """
+    plan = plan_cpu_speedups(model, accelerator, dropout_masks=training.fast_dropout_masks and not
+                             training.torch_compile, sparse_embedding=False, quiet=True)
+    if not plan.dropout_masks:
+        yield False
+        return
+    with fast_dropout(model, attention=plan.attention):
+        yield True
+
+
+@contextlib.contextmanager
 def cpu_speedups(model, optimizer, accelerator, *, dropout_masks: bool = True,
                  sparse_embedding: bool = True, heap: str = "keep") -> Iterator[CpuSpeedups]:
     """Switch on the CPU speed-ups that apply (:func:`plan_cpu_speedups`); all but ``cpu_heap: release`` are undone on exit.
