@@ -117,7 +117,7 @@ def setup_run(cfg: Config, accelerator=None, batching: Optional[Batching] = None
     task = build_task(cfg, labels, splits["train"])
     tokenized = tokenize_data(cfg, splits, tokenizer, accelerator, cache_dir)
     cut = count_long_texts(cfg, tokenized["train"])
-    batching, checkpointing, memory = fit_in_memory(model, tokenized["train"], collator(tokenizer, accelerator),
+    batching, checkpointing, memory = fit_in_memory(model, tokenized["train"], collator(tokenizer, accelerator, cfg),
                                                     accelerator, batching, cfg.training, cfg.data.max_length)
     accumulate_as(accelerator, batching, epoch=0)  # before prepare: DeepSpeed reads k there
     if cfg.training.torch_compile:

@@ -39,6 +39,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
+from finetune.chunks import document_logits, split_batch
 from finetune.cpu import dropout_as_in_training
 from finetune.errors import ConfigError, LaunchError
 from finetune.memory import (
@@ -104,10 +105,10 @@ def trial_step(model: torch.nn.Module, batch: dict[str, torch.Tensor], accelerat
             model.train()
             trainable = [p for p in model.parameters() if p.requires_grad]
             reserve = [torch.empty_like(p) for p in trainable for _ in range(reserve_factor)]
-            inputs = {k: v.to(device) for k, v in batch.items()}
-            labels = inputs.pop("labels")
+            inputs, chunk_rows = split_batch({k: v.to(device) for k, v in batch.items()})
+            labels = batch["labels"].to(device)
             with accelerator.autocast():
-                logits = model(**inputs).logits
+                logits = document_logits(model(**inputs).logits, chunk_rows)
             Task.of_model(model).per_sample_loss(logits, labels).sum().backward()
             del reserve, inputs, labels, logits
     except Exception as exc:  # noqa: BLE001 - anything but an out-of-memory error is re-raised

@@ -241,7 +241,7 @@ ADDED_KEYS = frozenset({
     "training.accumulation_schedule", "plan.epoch_updates", "plan.accumulation",
     "model.problem_type", "data.label_delimiter", "training.class_weights",
     "model.lora_rank", "model.lora_alpha", "model.lora_dropout", "model.lora_target_modules",
-    "optim.layer_lr_decay", "data.truncation", "data.head_tokens",
+    "optim.layer_lr_decay", "data.truncation", "data.head_tokens", "data.stride",
 })
 
 

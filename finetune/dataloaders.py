@@ -86,14 +86,20 @@ class BucketPadding:
 
 
 def collator(tokenizer, accelerator, cfg: Optional[Config] = None):
-    """Dynamic padding; under ``training.torch_compile``, padding to a few fixed lengths (:class:`BucketPadding`)."""
+    """Dynamic padding; under ``training.torch_compile``, padding to a few fixed lengths (:class:`BucketPadding`);
+    under ``data.truncation: chunks``, a row per window and a label per text
+    (:class:`~finetune.chunks.ChunkCollator`)."""
     from transformers import DataCollatorWithPadding
 
+    from finetune.chunks import ChunkCollator
+
     if cfg is not None and cfg.training.torch_compile:
-        return BucketPadding(tokenizer, cfg.data.max_length)
-    # multiples of 8 let GPU tensor cores work on padded shapes; on the CPU it only adds padding
-    multiple = 8 if accelerator.device.type == "cuda" else None
-    return DataCollatorWithPadding(tokenizer, pad_to_multiple_of=multiple)
+        pad = BucketPadding(tokenizer, cfg.data.max_length)
+    else:
+        # multiples of 8 let GPU tensor cores work on padded shapes; on the CPU it only adds padding
+        multiple = 8 if accelerator.device.type == "cuda" else None
+        pad = DataCollatorWithPadding(tokenizer, pad_to_multiple_of=multiple)
+    return ChunkCollator(pad) if cfg is not None and cfg.data.truncation == "chunks" else pad
 
 
 def training_sampler(cfg: Config, lengths, batching: Batching) -> EpochSampler:

@@ -6,6 +6,7 @@ from typing import Optional
 
 import torch
 
+from finetune.chunks import document_logits, split_batch
 from finetune.tasks import Task
 
 
@@ -16,7 +17,9 @@ def evaluate_model(model: torch.nn.Module, dataloader, accelerator, metrics=None
 
     Per-sample losses, predictions and references are collected with
     ``accelerator.gather_for_metrics``, which drops the samples Accelerate
-    repeated to even out processes: every example counts exactly once.
+    repeated to even out processes: every example counts exactly once. A text
+    split into windows (``data.truncation: chunks``) is one example, its
+    output the mean of its windows' logits.
 
     Args:
         model: The prepared model.
@@ -35,8 +38,9 @@ def evaluate_model(model: torch.nn.Module, dataloader, accelerator, metrics=None
     model.eval()
     losses, preds, refs = [], [], []
     for batch in dataloader:
-        labels = batch.pop("labels")
-        logits = model(**batch).logits
+        inputs, chunk_rows = split_batch(batch)
+        labels = batch["labels"]
+        logits = document_logits(model(**inputs).logits, chunk_rows)  # a text's windows: one output, one sample
         loss = task.per_sample_loss(logits, labels)
         loss, pred, ref = accelerator.gather_for_metrics((loss, task.predictions(logits), labels))
         losses.append(loss.cpu())

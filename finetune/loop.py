@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 import torch
 
 from finetune.accumulation import layout_for, window_loss_scale
+from finetune.chunks import document_logits, split_batch, tokens_per_text
 from finetune.errors import FinetuneError
 from finetune.tasks import LossFn, Task
 
@@ -276,22 +277,26 @@ def check_sync_agrees(accelerator, j: int, stop: int) -> None:
 
 def micro_batch_loss(model, batch: dict[str, torch.Tensor], real: int,
                      loss_fn: LossFn) -> tuple[torch.Tensor, torch.Tensor]:
-    """The summed per-sample loss of the micro-batch's first ``real`` rows, and their non-pad tokens.
+    """The summed per-sample loss of the micro-batch's first ``real`` samples, and their non-pad tokens.
 
     A sum, not a mean: :func:`~finetune.accumulation.window_loss_scale` turns
-    the window's sums into the mean over its real samples. Rows past ``real``
-    repeat earlier samples to even out processes and get weight 0.
+    the window's sums into the mean over its real samples. Samples past
+    ``real`` repeat earlier ones to even out processes and get weight 0. A
+    sample split into windows (``data.truncation: chunks``) is one sample: its
+    output is the mean of its windows' logits (:mod:`finetune.chunks`).
     """
-    labels = batch.pop("labels")
-    per_sample = loss_fn(model(**batch).logits, labels)
+    inputs, chunk_rows = split_batch(batch)
+    labels = batch["labels"]
+    per_sample = loss_fn(document_logits(model(**inputs).logits, chunk_rows), labels)
     if per_sample.shape != labels.shape[:1]:
         raise ValueError(f"loss_fn must return one loss per row (shape ({labels.shape[0]},)), "
                          f"got shape {tuple(per_sample.shape)}")
+    tokens = tokens_per_text(batch["attention_mask"], chunk_rows)
     if real < labels.shape[0]:
         keep = torch.arange(labels.shape[0], device=per_sample.device) < real
         per_sample = torch.where(keep, per_sample, torch.zeros_like(per_sample))
-        return per_sample.sum(), batch["attention_mask"][:real].sum()
-    return per_sample.sum(), batch["attention_mask"].sum()
+        return per_sample.sum(), tokens[:real].sum()
+    return per_sample.sum(), tokens.sum()
 
 
 class WindowStats:

@@ -35,6 +35,7 @@ from typing import Any, Iterator, Optional
 
 import torch
 
+from finetune.chunks import split_batch
 from finetune.lora import is_lora
 
 GB = 1e9
@@ -208,7 +209,7 @@ def measure_activations(model, make_batch, accelerator) -> Optional[Activations]
     try:
         with rng_fork(accelerator.device):
             for b in (1, 2):
-                inputs = {k: v.to(accelerator.device) for k, v in make_batch(b).items() if k != "labels"}
+                inputs = {k: v.to(accelerator.device) for k, v in split_batch(make_batch(b))[0].items()}
                 length = inputs["input_ids"].shape[1]
                 try:
                     counts.append((_one_pass(model, blocks, inputs, accelerator, can_recompute), length))

@@ -118,9 +118,15 @@ def _long_texts(record: Optional[dict[str, Any]]) -> list[str]:
     """The line on the training texts the window cut (none when every text fit)."""
     if not record or not record["longer_than_max_length"]:
         return []
+    if record["truncation"] == "chunks":
+        done = (f"were split into {record['kept']} ({record['chunks']:,} windows in all; a text's prediction "
+                f"is the mean of its windows' logits)")
+        same = "`finetune predict` splits and averages the same way; `pipeline()` sees one window"
+    else:
+        done, same = f"kept their {record['kept']}", "`finetune predict` cuts texts the same way"
     return [f"- Long texts: {record['longer_than_max_length']} of {record['rows']} training texts were longer than "
-            f"{record['max_length']} tokens (the longest {record['longest_tokens']:,}) and kept their "
-            f"{record['kept']} (`data.truncation: {record['truncation']}`); `finetune predict` cuts texts the same way"]
+            f"{record['max_length']} tokens (the longest {record['longest_tokens']:,}) and {done} "
+            f"(`data.truncation: {record['truncation']}`); {same}"]
 
 
 def _adapters(lora: Optional[dict[str, Any]]) -> list[str]:

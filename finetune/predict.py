@@ -35,7 +35,8 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from finetune.errors import ConfigError, DataError, ModelError, run_command
-from finetune.truncation import BOOKKEEPING, Truncation
+from finetune.chunks import ChunkCollator, document_logits, split_batch
+from finetune.truncation import BOOKKEEPING, LENGTH, Truncation
 
 INPUT_FORMATS = (".txt", ".csv", ".tsv", ".jsonl")
 OUTPUT_FORMATS = (".csv", ".jsonl")
@@ -71,14 +72,16 @@ class Predictor:
         batch_size: Texts per forward pass.
         max_length: Truncate inputs to this many tokens (``None``: the
             tokenizer's and the model's limits).
-        truncation: What a longer text keeps: ``head``, ``tail`` or ``head_tail`` (``data.truncation``).
+        truncation: What a longer text keeps: ``head``, ``tail``, ``head_tail`` or ``chunks``
+            (``data.truncation``; under ``chunks`` a text's output is the mean of its windows' logits).
         head_tokens: ``head_tail``: the text's tokens kept from its start (``data.head_tokens``).
+        stride: ``chunks``: the tokens each window shares with the one before (``data.stride``).
         threshold: multi-label models: the probability over which a label is predicted.
     """
 
     def __init__(self, model, tokenizer, *, device=None, batch_size: int = DEFAULT_BATCH_SIZE,
                  max_length: Optional[int] = None, threshold: float = 0.5, truncation: str = "head",
-                 head_tokens: Optional[int] = None):
+                 head_tokens: Optional[int] = None, stride: Optional[int] = None):
         import torch
 
         from finetune.tasks import problem_type_of
@@ -96,7 +99,7 @@ class Predictor:
         if tokenizer_limit is not None and tokenizer_limit < 10**6:  # "no limit" is stored as a huge int
             limits.append(tokenizer_limit)
         self.max_length = min(x for x in limits if x is not None) if any(x is not None for x in limits) else None
-        self.truncation = Truncation(truncation, self.max_length, head_tokens) if self.max_length else None
+        self.truncation = Truncation(truncation, self.max_length, head_tokens, stride) if self.max_length else None
         self.labels = [model.config.id2label[i] for i in range(model.config.num_labels)]
         self.problem_type = problem_type_of(model.config)
         self.threshold = threshold
@@ -131,6 +134,7 @@ class Predictor:
         # the run's own cut: a head_tail model sees head and tail at prediction too
         truncation = cfg.data.truncation if cfg is not None else "head"
         head_tokens = cfg.data.head_tokens if cfg is not None else None
+        stride = cfg.data.stride if cfg is not None else None
         try:
             tokenizer = AutoTokenizer.from_pretrained(path)
             if is_adapter_checkpoint(path):  # a LoRA run's checkpoint: its base model plus adapter/, merged
@@ -144,7 +148,7 @@ class Predictor:
         if device is None:
             device = _training_device()
         return cls(model, tokenizer, device=device, batch_size=batch_size, max_length=max_length,
-                   threshold=threshold, truncation=truncation, head_tokens=head_tokens)
+                   threshold=threshold, truncation=truncation, head_tokens=head_tokens, stride=stride)
 
     def logits(self, texts: Sequence[str], text_pairs: Optional[Sequence[str]] = None,
                progress: bool = False) -> "np.ndarray":  # noqa: F821
@@ -152,7 +156,9 @@ class Predictor:
 
         Texts are tokenized once, then run longest first in batches of
         ``batch_size`` so each batch pads to similar lengths; the rows are put
-        back in input order.
+        back in input order. Under ``chunks`` a batch holds ``batch_size``
+        texts with all their windows, and a text's row is the mean of its
+        windows' logits, as in training.
 
         Args:
             texts: The texts.
@@ -177,15 +183,19 @@ class Predictor:
         else:
             encoded = dict(self.tokenizer(texts, pairs))
         features = [{key: encoded[key][i] for key in encoded if key not in BOOKKEEPING} for i in range(len(texts))]
-        order = sorted(range(len(texts)), key=lambda i: -len(features[i]["input_ids"]))
+        lengths = encoded[LENGTH] if LENGTH in encoded else [len(ids) for ids in encoded["input_ids"]]
+        order = sorted(range(len(texts)), key=lambda i: -lengths[i])
         collate = DataCollatorWithPadding(self.tokenizer, return_tensors="pt")
+        if self.truncation is not None and self.truncation.chunked:
+            collate = ChunkCollator(collate)
         was_training = self.model.training
         self.model.eval()
         with tqdm(total=len(texts), disable=not progress, unit="text", desc="predict") as bar, torch.inference_mode():
             for start in range(0, len(order), self.batch_size):
                 rows = order[start:start + self.batch_size]
-                batch = {k: v.to(self.device) for k, v in collate([features[i] for i in rows]).items()}
-                out[rows] = self.model(**batch).logits.float().cpu().numpy()
+                inputs, chunk_rows = split_batch(
+                    {k: v.to(self.device) for k, v in collate([features[i] for i in rows]).items()})
+                out[rows] = document_logits(self.model(**inputs).logits, chunk_rows).float().cpu().numpy()
                 bar.update(len(rows))
         if was_training:
             self.model.train()

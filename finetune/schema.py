@@ -114,14 +114,21 @@ class DataConfig:
     validation_split: float = setting(0.1,
         "Fraction of train carved out (seeded, stratified) when no validation set is given.")
     max_length: int = setting(128, "Longer inputs are cut to this many tokens (special tokens included).")
-    truncation: Literal["head", "tail", "head_tail"] = setting("head",
-        "What a text longer than max_length keeps: its first tokens (`head`), its last (`tail`), or "
+    truncation: Literal["head", "tail", "head_tail", "chunks"] = setting("head",
+        "What a text longer than max_length keeps: its first tokens (`head`), its last (`tail`), "
         "`head_tail`: head_tokens from the start and the rest of the window from the end (Sun et al. 2019: "
-        "128 + 382 of 512 beat either end on IMDb). Special tokens stay where the tokenizer puts them. The "
-        "start line says how many texts were cut. A text pair is cut by the tokenizer (`head` only).")
+        "128 + 382 of 512 beat either end on IMDb), or `chunks`: all of it, as overlapping windows whose "
+        "logits are averaged into the text's one output, in training, evaluation and prediction; each text "
+        "weighs the same in an update whatever its number of windows. Special tokens stay where the "
+        "tokenizer puts them. The start line says how many texts were cut. A text pair is cut by the "
+        "tokenizer (`head` only). See docs/long_texts.md.")
     head_tokens: Optional[int] = setting(None,
         "head_tail only: the text's tokens kept from its start (special tokens not counted); the rest of "
         "the window comes from its end. null: a quarter of max_length (128 of 512).")
+    stride: Optional[int] = setting(None,
+        "chunks only: the text tokens each window shares with the one before (special tokens not counted), "
+        "so that what one window cuts at its edge the next sees with context. null: a quarter of "
+        "max_length (128 of 512).")
     on_empty_text: Literal["error", "drop"] = setting("error",
         "What to do with empty or null texts: stop with an error, or drop the rows.")
     encoding_errors: Literal["strict", "replace"] = setting("strict",
@@ -168,6 +175,11 @@ class DataConfig:
         if self.head_tokens is not None and not 0 <= self.head_tokens < self.max_length:
             raise ConfigError(f"data.head_tokens: must be >= 0 and smaller than data.max_length "
                               f"({self.max_length}), got {self.head_tokens}")
+        if self.stride is not None and self.truncation != "chunks":
+            raise ConfigError(f"data.stride: applies to data.truncation: chunks, not {self.truncation}")
+        if self.stride is not None and not 0 <= self.stride < self.max_length:
+            raise ConfigError(f"data.stride: must be >= 0 and smaller than data.max_length "
+                              f"({self.max_length}), got {self.stride}")
         if self.num_workers != "auto" and self.num_workers < 0:
             raise ConfigError(f"data.num_workers: must be >= 0, got {self.num_workers}")
         for name in ("max_train_samples", "max_eval_samples"):

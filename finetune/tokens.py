@@ -103,7 +103,7 @@ def tokenized_cache_key(split: datasets.Dataset, tokenizer: Any, max_length: int
     fast tokenizer's full definition (vocabulary, normalizer, pre-tokenizer,
     post-processor; minus the truncation and padding state that calling it
     changes), the truncation side, the model input names, ``max_length``, what
-    a longer text keeps (``data.truncation``, ``data.head_tokens``), and
+    a longer text keeps (``data.truncation``, ``data.head_tokens``, ``data.stride``), and
     the versions of the libraries that produce or read the tokens. A change to
     any of them is a different key, so a stale file is never read.
     """
@@ -137,7 +137,7 @@ def _tokenizer_digest(tokenizer: Any, truncation: Truncation) -> Optional[bytes]
         "truncation_side": getattr(tokenizer, "truncation_side", None),
         "model_input_names": list(getattr(tokenizer, "model_input_names", [])),
         "max_length": truncation.max_length,
-        "truncation": [truncation.side, truncation.head if truncation.side == "head_tail" else None],
+        "truncation": truncation.key(),
         "definition": definition,
     }
     return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).digest()

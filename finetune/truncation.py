@@ -6,15 +6,20 @@ review's last sentence, a ticket's resolution). ``head_tail`` keeps
 ``data.head_tokens`` from the start and the rest of the window from the end:
 Sun et al. (2019, "How to Fine-Tune BERT for Text Classification") found the
 first 128 and last 382 tokens of 512 beat both ends alone on IMDb, so the
-default head is a quarter of the window. Special tokens ([CLS], [SEP], <s>,
-</s>) are kept where the tokenizer puts them: only the text's own tokens are
-cut.
+default head is a quarter of the window. ``chunks`` keeps everything: the
+text becomes overlapping windows of ``max_length`` tokens, each sharing
+``data.stride`` tokens with the one before, and the model's outputs for a
+document's windows are averaged into one (:mod:`finetune.chunks`). Special
+tokens ([CLS], [SEP], <s>, </s>) are kept where the tokenizer puts them, in
+every window: only the text's own tokens are cut.
 
-transformers' tokenizers cut one side only (``truncation_side``); cutting the
-middle out is written here. Each text is tokenized whole, once, with the
-special-token mask, and every returned list (ids, attention mask, token
-types) is cut at the same positions, so slow and fast tokenizers agree and a
-text that fits comes out exactly as the tokenizer makes it.
+transformers' tokenizers cut one side only (``truncation_side``), and only
+fast ones return overlapping windows (``return_overflowing_tokens``), each
+with its own rules; cutting the middle out and the windows are written here.
+Each text is tokenized whole, once, with the special-token mask, and every
+returned list (ids, attention mask, token types) is cut at the same
+positions, so slow and fast tokenizers agree and a text that fits comes out
+exactly as the tokenizer makes it.
 
 A text pair (``data.text_pair_column``) is cut by the tokenizer, ``head`` only:
 which of two texts to cut, and where, is the tokenizer's longest-first rule.
@@ -27,10 +32,10 @@ from typing import Any, Optional, Sequence
 
 from finetune.errors import ConfigError
 
-TRUNCATIONS = ("head", "tail", "head_tail")
-LENGTH, FULL_LENGTH = "length", "full_length"
+TRUNCATIONS = ("head", "tail", "head_tail", "chunks")
+LENGTH, FULL_LENGTH, CHUNK_COUNT = "length", "full_length", "chunks"
 # columns of a tokenized split for the sampler and the start line, not for the model
-BOOKKEEPING = (LENGTH, FULL_LENGTH)
+BOOKKEEPING = (LENGTH, FULL_LENGTH, CHUNK_COUNT)
 
 
 def refuse_cutting_pairs(side: str) -> None:
@@ -49,13 +54,20 @@ def default_head_tokens(max_length: int) -> int:
     return max_length // 4
 
 
+def default_stride(max_length: int) -> int:
+    """A quarter of the window: a word cut at one window's edge is whole, with some context, in the next."""
+    return max_length // 4
+
+
 @dataclass(frozen=True)
 class Truncation:
-    """``data.truncation`` at ``data.max_length``, with ``data.head_tokens`` for ``head_tail``."""
+    """``data.truncation`` at ``data.max_length``, with ``data.head_tokens`` for ``head_tail`` and
+    ``data.stride`` for ``chunks``."""
 
     side: str = "head"
     max_length: int = 128
     head_tokens: Optional[int] = None
+    stride_tokens: Optional[int] = None
 
     def __post_init__(self) -> None:
         if self.side not in TRUNCATIONS:
@@ -66,10 +78,28 @@ class Truncation:
         """Tokens of the text kept from its start under ``head_tail`` (special tokens not counted)."""
         return self.head_tokens if self.head_tokens is not None else default_head_tokens(self.max_length)
 
+    @property
+    def stride(self) -> int:
+        """Tokens each window shares with the one before under ``chunks`` (special tokens not counted)."""
+        return self.stride_tokens if self.stride_tokens is not None else default_stride(self.max_length)
+
+    @property
+    def chunked(self) -> bool:
+        """Whether a long text becomes several rows (``chunks``) rather than one cut row."""
+        return self.side == "chunks"
+
+    def key(self) -> list:
+        """What the tokens depend on beside ``max_length``: the side and its one number."""
+        number = {"head_tail": self.head, "chunks": self.stride}.get(self.side)
+        return [self.side, number]
+
     def describe(self) -> str:
-        """What a cut text keeps, in words: ``first tokens``, ``last tokens``, ``first 128 and last tokens``."""
+        """What a long text keeps, in words: ``first tokens``, ``last tokens``, ``first 128 and last tokens``;
+        under ``chunks``, what it becomes: ``windows overlapping by 32 tokens``."""
         if self.side == "head_tail":
             return f"first {self.head} and last tokens"
+        if self.side == "chunks":
+            return f"windows overlapping by {self.stride} tokens"
         return "first tokens" if self.side == "head" else "last tokens"
 
     def encode(self, tokenizer: Any, texts: Sequence[str], pairs: Optional[Sequence[str]] = None
@@ -85,6 +115,8 @@ class Truncation:
             return self._encode_pairs(tokenizer, texts, pairs)
         whole = tokenizer(list(texts), return_special_tokens_mask=True, verbose=False)
         masks = whole.pop("special_tokens_mask")
+        if self.chunked:
+            return self._encode_chunks(whole, masks)
         encoded: dict[str, list] = {key: [] for key in whole}
         for row, mask in enumerate(masks):
             keep = self.kept_positions(mask)
@@ -92,6 +124,20 @@ class Truncation:
                 row_values = values[row]
                 encoded[key].append(row_values if keep is None else [row_values[i] for i in keep])
         encoded[LENGTH] = [len(ids) for ids in encoded["input_ids"]]
+        encoded[FULL_LENGTH] = [len(mask) for mask in masks]
+        return encoded
+
+    def _encode_chunks(self, whole, masks: list) -> dict[str, list]:
+        """Each text's lists as a list of windows; ``length`` is what the text's windows pad to together."""
+        encoded: dict[str, list] = {key: [] for key in whole}
+        for row, mask in enumerate(masks):
+            windows = self.chunk_positions(mask)
+            for key, values in whole.items():
+                row_values = values[row]
+                encoded[key].append([[row_values[i] for i in window] for window in windows])
+        encoded[CHUNK_COUNT] = [len(windows) for windows in encoded["input_ids"]]
+        # the text's windows pad to its longest (its first), so a text costs windows x that in a micro-batch
+        encoded[LENGTH] = [len(windows) * len(windows[0]) for windows in encoded["input_ids"]]
         encoded[FULL_LENGTH] = [len(mask) for mask in masks]
         return encoded
 
@@ -112,12 +158,7 @@ class Truncation:
         total = len(special_tokens_mask)
         if total <= self.max_length:
             return None
-        prefix = next((i for i, special in enumerate(special_tokens_mask) if not special), total)
-        suffix = next((i for i, special in enumerate(reversed(special_tokens_mask)) if not special), 0)
-        content = range(prefix, total - suffix)
-        if any(special_tokens_mask[i] for i in content):
-            raise ConfigError(f"data.truncation: {self.side}: this tokenizer puts special tokens inside a text; "
-                              f"use head")
+        prefix, content, suffix = self._parts(special_tokens_mask)
         budget = max(0, self.max_length - prefix - suffix)
         if self.side == "head":
             kept = content[:budget]
@@ -127,6 +168,40 @@ class Truncation:
             head = min(self.head, budget)
             kept = [*content[:head], *content[len(content) - (budget - head):]]
         return [*range(prefix), *kept, *range(total - suffix, total)]
+
+    def chunk_positions(self, special_tokens_mask: Sequence[int]) -> list[list[int]]:
+        """The positions of each window of a tokenized text under ``chunks``: one window when it fits whole.
+
+        Windows start every ``max_length - special tokens - stride`` text tokens;
+        the last one ends at the text's end and may be shorter.
+
+        Raises:
+            ConfigError: for a stride that leaves a window no new token, or special tokens inside the text.
+        """
+        total = len(special_tokens_mask)
+        if total <= self.max_length:
+            return [list(range(total))]
+        prefix, content, suffix = self._parts(special_tokens_mask)
+        budget = self.max_length - prefix - suffix
+        step = budget - self.stride
+        if step < 1:
+            raise ConfigError(f"data.stride: {self.stride} leaves a window no new token: a window holds {budget} "
+                              f"text tokens (data.max_length {self.max_length} less {prefix + suffix} special); "
+                              f"use a stride below {budget}")
+        starts = range(0, max(1, len(content) - self.stride), step)
+        ends = [*range(total - suffix, total)]
+        return [[*range(prefix), *content[start:start + budget], *ends] for start in starts]
+
+    def _parts(self, special_tokens_mask: Sequence[int]) -> tuple[int, range, int]:
+        """The special tokens before the text, the text's positions, and the special tokens after it."""
+        total = len(special_tokens_mask)
+        prefix = next((i for i, special in enumerate(special_tokens_mask) if not special), total)
+        suffix = next((i for i, special in enumerate(reversed(special_tokens_mask)) if not special), 0)
+        content = range(prefix, total - suffix)
+        if any(special_tokens_mask[i] for i in content):
+            raise ConfigError(f"data.truncation: {self.side}: this tokenizer puts special tokens inside a text; "
+                              f"use head")
+        return prefix, content, suffix
 
 
 @dataclass(frozen=True)
@@ -139,24 +214,35 @@ class LongTexts:
     max_length: int
     truncation: str  # data.truncation
     kept: str  # what a cut text kept, in words (Truncation.describe)
+    chunks: Optional[int] = None  # data.truncation: chunks: the windows of all rows
 
     def describe(self) -> str:
-        """``412 longer than 256 tokens, up to 4,102: kept their first 64 and last tokens``; empty when none is."""
+        """``412 longer than 256 tokens, up to 4,102: kept their first 64 and last tokens``; empty when none is.
+
+        Under ``chunks``: ``412 longer than 256 tokens, up to 4,102: split into windows overlapping by 64
+        tokens (3,310 windows in all)``.
+        """
         if not self.longer:
             return ""
-        return f"{self.longer} longer than {self.max_length} tokens, up to {self.longest:,}: kept their {self.kept}"
+        done = (f"split into {self.kept} ({self.chunks:,} windows in all)" if self.chunks is not None
+                else f"kept their {self.kept}")
+        return f"{self.longer} longer than {self.max_length} tokens, up to {self.longest:,}: {done}"
 
     def record(self) -> dict[str, Any]:
-        return {"rows": self.rows, "longer_than_max_length": self.longer, "longest_tokens": self.longest,
-                "max_length": self.max_length, "truncation": self.truncation, "kept": self.kept}
+        record = {"rows": self.rows, "longer_than_max_length": self.longer, "longest_tokens": self.longest,
+                  "max_length": self.max_length, "truncation": self.truncation, "kept": self.kept}
+        if self.chunks is not None:
+            record["chunks"] = self.chunks
+        return record
 
 
 def long_texts(split, truncation: Truncation) -> LongTexts:
-    """Count the texts of a tokenized ``split`` longer than the window."""
+    """Count the texts of a tokenized ``split`` longer than the window (and their windows under ``chunks``)."""
     full = split[FULL_LENGTH] if len(split) else []
+    chunks = sum(split[CHUNK_COUNT]) if truncation.chunked and len(split) else None
     return LongTexts(rows=len(split), longer=sum(n > truncation.max_length for n in full),
                      longest=max(full, default=0), max_length=truncation.max_length,
-                     truncation=truncation.side, kept=truncation.describe())
+                     truncation=truncation.side, kept=truncation.describe(), chunks=chunks)
 
 
 def model_inputs(split):
@@ -166,4 +252,4 @@ def model_inputs(split):
 
 def truncation_of(data) -> Truncation:
     """The :class:`Truncation` a ``DataConfig`` (or a saved run's) sets."""
-    return Truncation(data.truncation, data.max_length, data.head_tokens)
+    return Truncation(data.truncation, data.max_length, data.head_tokens, data.stride)
