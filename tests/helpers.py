@@ -148,6 +148,27 @@ def pad_collate(items: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
     return {"input_ids": ids, "attention_mask": mask, "labels": torch.tensor([x["labels"] for x in items])}
 
 
+def chunked_texts(n: int, seed: int = 1) -> list[dict[str, Any]]:
+    """``n`` texts of 1 to 5 windows each, as data.truncation: chunks tokenizes them (windows of varying length)."""
+    g = torch.Generator().manual_seed(seed)
+    texts = []
+    for i in range(n):
+        windows = [[2, *torch.randint(5, 35, (int(torch.randint(3, 14, (1,), generator=g)),), generator=g).tolist(), 3]
+                   for _ in range(1 + i % 5)]
+        texts.append({"input_ids": windows, "labels": int(torch.randint(0, 2, (1,), generator=g))})
+    return texts
+
+
+def chunk_collate(texts: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+    """:func:`pad_collate` for :func:`chunked_texts`: a row per window (finetune.chunks.ChunkCollator)."""
+    from finetune.chunks import ChunkCollator
+
+    def rows(windows):
+        return {k: v for k, v in pad_collate([{**w, "labels": 0} for w in windows]).items() if k != "labels"}
+
+    return ChunkCollator(rows)(texts)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

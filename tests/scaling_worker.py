@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from helpers import pad_collate, tiny_bert, token_dataset  # noqa: E402
+from helpers import chunk_collate, chunked_texts, pad_collate, tiny_bert, token_dataset  # noqa: E402
 
 # 34 training samples with b=4 and P=2: 9 global micro-batches, so process 1's
 # last micro-batch is all repeats and process 0's holds 2 real samples; with
@@ -30,7 +30,7 @@ EVAL_BATCH = 4
 
 
 def record_run(b: int, k: int, epochs: int = 2, lr: float = 1e-3, warmup: int = 1, max_grad_norm=0.05,
-               cpu: bool = False, schedule: dict | None = None) -> dict:
+               cpu: bool = False, schedule: dict | None = None, chunks: bool = False) -> dict:
     """Train the tiny BERT for ``epochs`` with ``(b, k, P)`` and record every update.
 
     ``P`` is whatever the launcher started; the processes are joined by
@@ -40,7 +40,8 @@ def record_run(b: int, k: int, epochs: int = 2, lr: float = 1e-3, warmup: int = 
     weights after each update (rank 0 keeps them), learning rates, log records,
     scheduler calls, the micro-batches during whose backward DDP communicated,
     evaluation results, and the process setup. ``schedule`` (``{first epoch: k}``)
-    replaces ``k`` with an accumulation schedule.
+    replaces ``k`` with an accumulation schedule. ``chunks``: texts of 1 to 5
+    windows each (``data.truncation: chunks``) instead of single rows.
     """
     from accelerate import Accelerator
 
@@ -59,13 +60,15 @@ def record_run(b: int, k: int, epochs: int = 2, lr: float = 1e-3, warmup: int = 
     ks = AccumulationSchedule.from_dict(schedule) if schedule else AccumulationSchedule.constant(k)
     acc = Accelerator(cpu=cpu, gradient_accumulation_steps=ks.k_at(0))
     P = acc.num_processes
-    data = token_dataset(N_TRAIN, seed=1)
+    data = chunked_texts(N_TRAIN, seed=1) if chunks else token_dataset(N_TRAIN, seed=1)
+    evaluated = chunked_texts(N_EVAL, seed=2) if chunks else token_dataset(N_EVAL, seed=2)
+    collate = chunk_collate if chunks else pad_collate
     model = tiny_bert(seed=0)
     opt_cfg = OptimConfig(learning_rate=lr, lr_scheduler_type="linear", warmup_steps=warmup, weight_decay=0.01)
     optimizer = build_optimizer(model, opt_cfg)
     sampler = EpochSampler(len(data), seed=7, window_size={epoch: b * kk * P for epoch, kk in ks.changes})
-    train_dl = DataLoader(data, batch_size=b, sampler=sampler, collate_fn=pad_collate)
-    eval_dl = DataLoader(token_dataset(N_EVAL, seed=2), batch_size=EVAL_BATCH, collate_fn=pad_collate)
+    train_dl = DataLoader(data, batch_size=b, sampler=sampler, collate_fn=collate)
+    eval_dl = DataLoader(evaluated, batch_size=EVAL_BATCH, collate_fn=collate)
     model, optimizer, train_dl, eval_dl = acc.prepare(model, optimizer, train_dl, eval_dl)
     plan = plan_updates(len(train_dl), ks, epochs, None, warmup_steps=warmup)
     scheduler = build_scheduler(optimizer, opt_cfg, plan)
@@ -136,11 +139,12 @@ def main() -> None:
     parser.add_argument("--b", type=int, required=True)
     parser.add_argument("--k", type=int, required=True)
     parser.add_argument("--schedule", default=None, help="an accumulation schedule, e.g. 0:2,1:1")
+    parser.add_argument("--chunks", action="store_true", help="texts of several windows (data.truncation: chunks)")
     args = parser.parse_args()
     schedule = None
     if args.schedule:
         schedule = {int(e): int(k) for e, k in (part.split(":") for part in args.schedule.split(","))}
-    result = record_run(args.b, args.k, schedule=schedule)
+    result = record_run(args.b, args.k, schedule=schedule, chunks=args.chunks)
     out = Path(args.out)
     snapshots = result.pop("snapshots")
     (out / f"rank{result['process_index']}.json").write_text(json.dumps(result), encoding="utf-8")

@@ -24,7 +24,7 @@ from finetune.modeling import is_checkpointing, set_gradient_checkpointing
 from finetune.optimization import build_optimizer, build_scheduler, plan_updates
 from finetune.accumulation import Batching, ShardLayout
 from finetune.sampling import EpochSampler
-from helpers import REPO, pad_collate, tiny_bert, token_dataset
+from helpers import REPO, chunk_collate, chunked_texts, pad_collate, tiny_bert, token_dataset
 
 # 76 samples: with b=8 that is 10 micro-batches (the last holds 4), so k=4 gives
 # windows of 4, 4 and 2 micro-batches: a ragged last window and a short last micro-batch.
@@ -34,7 +34,7 @@ B = 32
 
 def _run(b: int, k: int, epochs: int = 2, lr: float = 1e-3, schedule: str = "linear", warmup: int = 1,
          max_grad_norm=None, data=None, mixed_precision="no", log_every: int = 1, sparse_embedding=True,
-         heap="keep", checkpointing=False, dropout=0.0, dropout_masks=True, lora_rank=None):
+         heap="keep", checkpointing=False, dropout=0.0, dropout_masks=True, lora_rank=None, collate=pad_collate):
     from accelerate import Accelerator
     from accelerate.state import AcceleratorState, GradientState
 
@@ -53,7 +53,7 @@ def _run(b: int, k: int, epochs: int = 2, lr: float = 1e-3, schedule: str = "lin
     opt_cfg = OptimConfig(learning_rate=lr, lr_scheduler_type=schedule, warmup_steps=warmup, weight_decay=0.01)
     optimizer = build_optimizer(model, opt_cfg)
     sampler = EpochSampler(len(data), seed=7, window_size=b * k)
-    dl = DataLoader(data, batch_size=b, sampler=sampler, collate_fn=pad_collate)
+    dl = DataLoader(data, batch_size=b, sampler=sampler, collate_fn=collate)
     model, optimizer, dl = acc.prepare(model, optimizer, dl)
     plan = plan_updates(len(dl), k, epochs, None, warmup_steps=warmup)
     scheduler = build_scheduler(optimizer, opt_cfg, plan)
@@ -185,6 +185,44 @@ def test_lora_keeps_the_contract(fresh_accelerate_state, checkpointing):
             assert not torch.equal(value, first[name]) or "lora_A" in name, name  # B and the head move at once
         elif ".original_module." not in name and ".lora_" not in name:
             assert torch.equal(value, frozen[name.removeprefix("base_model.model.").replace(".base_layer", "")]), name
+
+
+@pytest.mark.parametrize("max_grad_norm", [None, 1.0])
+def test_chunked_texts_keep_the_contract_text_by_text(fresh_accelerate_state, max_grad_norm):
+    """Texts of 1 to 5 windows: (8, 4) trains (32, 1)'s weights after every update, ragged last window included."""
+    from finetune.chunks import CHUNK_ROWS
+
+    data, collate = chunked_texts(N), chunk_collate
+    big = _run(b=32, k=1, max_grad_norm=max_grad_norm, data=data, collate=collate)
+    small = _run(b=8, k=4, max_grad_norm=max_grad_norm, data=data, collate=collate)
+    assert len(big["snapshots"]) == len(small["snapshots"]) == 6  # windows of 32, 32 and 12 texts, 2 epochs
+    _assert_same_weights(big["snapshots"], small["snapshots"])
+    # a micro-batch holds whole texts: each text's windows are rows of the micro-batch its index is in
+    batch = collate(data[:8])
+    assert batch["input_ids"].shape[0] == sum(len(text["input_ids"]) for text in data[:8]) == 1 + 2 + 3 + 4 + 5 + 1 + 2 + 3
+    assert batch[CHUNK_ROWS][2].tolist() == [3, 4, 5, -1, -1] and batch["labels"].shape == (8,)
+
+
+def test_each_text_weighs_the_same_in_an_update_whatever_its_windows(fresh_accelerate_state):
+    """The first update's loss is the mean over texts of the loss of the mean of each text's windows' logits."""
+    # the label goes with the number of windows, so weighing windows instead of texts would show in the loss
+    data = [{**text, "labels": int(len(text["input_ids"]) >= 3)} for text in chunked_texts(N)]
+    run = _run(b=8, k=4, data=data, collate=chunk_collate)  # its first record: the loss before the first update
+    model = tiny_bert(seed=0).eval()
+    order = EpochSampler(len(data), seed=7, window_size=32).order()[:32]
+    per_text, per_window = [], []
+    with torch.no_grad():
+        for i in order:
+            rows = pad_collate([{"input_ids": w, "labels": 0} for w in data[i]["input_ids"]])
+            logits = model(input_ids=rows["input_ids"], attention_mask=rows["attention_mask"]).logits
+            label = torch.tensor([data[i]["labels"]])
+            per_text.append(F.cross_entropy(logits.mean(0, keepdim=True), label))
+            per_window += list(F.cross_entropy(logits, label.expand(len(logits)), reduction="none"))
+    expected = torch.stack(per_text).double().mean().item()
+    assert run["records"][0]["train/loss"] == pytest.approx(expected, rel=1e-5)
+    # what it would be if each window were a sample: texts of many windows would weigh more
+    assert torch.stack(per_window).double().mean().item() != pytest.approx(expected, rel=1e-2)
+    assert run["records"][0]["train/samples"] == 32  # texts, not windows
 
 
 def test_gradient_buffers_are_kept_between_updates_only_when_accumulating(fresh_accelerate_state):

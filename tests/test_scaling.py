@@ -155,6 +155,43 @@ def test_an_accumulation_schedule_on_two_processes_gives_the_single_process_weig
     assert rank0["lrs"] == pytest.approx(single["lrs"], rel=1e-12) and rank0["final_lr"] == 0.0
 
 
+@pytest.mark.slow
+def test_chunked_texts_on_two_processes_give_the_single_process_weights_and_evaluation(tmp_path):
+    """Texts of 1 to 5 windows: ``(4, 2, 2)`` trains ``(16, 1, 1)``'s weights; the evaluation counts each text once.
+
+    Process 1's last micro-batch is all repeated texts (weight 0), and the
+    evaluation's last batches are padded with repeats that ``gather_for_metrics``
+    drops: it must see texts, one output each, not windows.
+    """
+    from accelerate.state import AcceleratorState, GradientState
+
+    from scaling_worker import N_EVAL, record_run
+
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+    try:
+        single = record_run(b=16, k=1, cpu=True, chunks=True)
+    finally:
+        AcceleratorState._reset_state(True)
+        GradientState._reset_state()
+    cmd = _launcher("--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--main_process_port",
+                    str(free_port()), "--mixed_precision", "no", "--dynamo_backend", "no",
+                    str(REPO / "tests" / "scaling_worker.py"), "--out", str(tmp_path), "--b", "4", "--k", "2",
+                    "--chunks")
+    proc = _run(cmd)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    rank0 = json.loads((tmp_path / "rank0.json").read_text())
+    multi = torch.load(tmp_path / "snapshots.pt")
+    assert len(multi) == len(single["snapshots"]) == 6
+    for update, (a, b) in enumerate(zip(single["snapshots"], multi)):
+        for name in a:
+            torch.testing.assert_close(b[name], a[name], rtol=1e-5, atol=1e-7,
+                                       msg=lambda m: f"update {update + 1}, {name}: {m}")
+    assert rank0["eval"]["num_samples"] == single["eval"]["num_samples"] == N_EVAL
+    assert rank0["eval"]["loss"] == pytest.approx(single["eval"]["loss"], rel=1e-5)
+    assert rank0["eval"]["accuracy"] == single["eval"]["accuracy"]
+
+
 def test_two_processes_are_one_ddp_job_over_gloo(two_processes):
     assert [r["process_index"] for r in two_processes] == [0, 1]
     for r in two_processes:
