@@ -74,6 +74,17 @@ def test_windows_cover_every_token_once_in_order_and_neighbours_share_exactly_th
     assert len(windows) == 1 + -(-(words - 14) // step)  # no window more than the end needs
 
 
+@pytest.mark.parametrize("stride", [0, 4, 13])
+def test_a_fast_tokenizers_overflowing_windows_are_the_same_as_docs_long_texts_says(tokenizers, stride):
+    """docs/long_texts.md tells pipeline users to split with return_overflowing_tokens: it must make these windows."""
+    tokenizer = tokenizers["fast"]
+    for words in (3, 14, 15, 29, 40, 77):
+        text = _text(words)[0] + " unbelievable"  # and a word outside the vocabulary: [UNK]
+        ours = Truncation("chunks", max_length=16, stride_tokens=stride).encode(tokenizer, [text])["input_ids"][0]
+        theirs = tokenizer(text, truncation=True, max_length=16, stride=stride, return_overflowing_tokens=True)
+        assert ours == theirs["input_ids"], words
+
+
 def test_the_default_stride_is_a_quarter_of_the_window():
     assert Truncation("chunks", max_length=512).stride == 128
     assert Truncation("chunks", max_length=512).describe() == "windows overlapping by 128 tokens"
