@@ -9,12 +9,13 @@ Two experiments, each run by ``finetune/train.py`` in its own process, one after
 * ``truncation``: BBC News (configs/bbc_news.yaml; articles of several hundred
   tokens) at each ``data.max_length`` of ``--lengths``, with each
   ``data.truncation`` of ``--truncations`` (``head_tail`` at its default head,
-  a quarter of the window).
+  ``chunks`` at its default stride, each a quarter of the window).
 * ``layer_decay``: the default job (configs/default.yaml) with
   ``optim.layer_lr_decay`` off and at ``--decay``.
 
 A row is the mean over the seeds (and the spread, min to max); samples/s is
-training's, from ``metrics.json`` (samples over the run's training seconds).
+training's, from ``metrics.json`` (samples over the run's training seconds;
+a sample is a text, under ``chunks`` too, whose windows the table counts).
 ``--epochs`` overrides the configs' epochs for every run.
 """
 
@@ -48,6 +49,7 @@ def train(config: str, overrides: list[str], seed: int) -> dict:
     return {"accuracy": metrics["eval"]["accuracy"], "f1": metrics["eval"]["f1"],
             "samples_per_s": metrics["train"]["samples"] / metrics["train"]["seconds"],
             "texts_cut": cut.get("longer_than_max_length"), "train_rows": cut.get("rows"),
+            "windows": cut.get("chunks"),
             "wall_s": time.perf_counter() - start}
 
 
@@ -68,8 +70,9 @@ def experiments(args) -> list[tuple[str, str, list[str]]]:
 
 
 def summary(rows: list[dict]) -> str:
-    lines = ["| experiment | setting | accuracy | macro F1 (BBC) / F1 (SMS) | F1 min-max | samples/s | texts cut | seeds |",
-             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    lines = ["| experiment | setting | accuracy | macro F1 (BBC) / F1 (SMS) | F1 min-max | samples/s | texts cut "
+             "| windows | seeds |",
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     keys = list(dict.fromkeys((r["experiment"], r["setting"]) for r in rows))
     for experiment, setting in keys:
         runs = [r for r in rows if (r["experiment"], r["setting"]) == (experiment, setting)]
@@ -78,7 +81,8 @@ def summary(rows: list[dict]) -> str:
         cut_text = f"{cut} of {runs[0]['train_rows']}" if cut is not None else "-"
         lines.append(f"| {experiment} | {setting} | {statistics.mean(r['accuracy'] for r in runs):.4f} | "
                      f"{statistics.mean(f1):.4f} | {min(f1):.4f}-{max(f1):.4f} | "
-                     f"{statistics.mean(r['samples_per_s'] for r in runs):.1f} | {cut_text} | {len(runs)} |")
+                     f"{statistics.mean(r['samples_per_s'] for r in runs):.1f} | {cut_text} | "
+                     f"{runs[0].get('windows') or '-'} | {len(runs)} |")
     return "\n".join(lines)
 
 
@@ -87,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", choices=["truncation", "layer_decay"], help="one experiment (default: both)")
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--lengths", default="128,256", help="BBC News's data.max_length values")
-    parser.add_argument("--truncations", default="head,head_tail", help="data.truncation values")
+    parser.add_argument("--truncations", default="head,head_tail,chunks", help="data.truncation values")
     parser.add_argument("--decay", type=float, default=0.9, help="optim.layer_lr_decay against one rate")
     parser.add_argument("--epochs", type=int, help="training.num_train_epochs for every run (default: the config's)")
     parser.add_argument("--json", help="also write the runs here")

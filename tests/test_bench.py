@@ -411,12 +411,16 @@ def test_the_memory_table_compares_each_setting_with_the_plain_one_and_its_plan(
 def test_the_long_texts_table_averages_each_setting_over_its_seeds():
     from bench.long_texts import summary
 
-    def row(setting, seed, accuracy, f1, speed, cut=10):
+    def row(setting, seed, accuracy, f1, speed, cut=10, windows=None):
         return {"experiment": "truncation", "setting": setting, "seed": seed, "accuracy": accuracy, "f1": f1,
-                "samples_per_s": speed, "texts_cut": cut, "train_rows": 100, "wall_s": 1.0}
+                "samples_per_s": speed, "texts_cut": cut, "train_rows": 100, "windows": windows, "wall_s": 1.0}
 
     lines = summary([row("max_length=128 head", 0, 0.90, 0.80, 10.0), row("max_length=128 head", 1, 0.94, 0.90, 12.0),
-                     row("max_length=128 head_tail", 0, 0.96, 0.95, 11.0)]).splitlines()
-    assert lines[2] == "| truncation | max_length=128 head | 0.9200 | 0.8500 | 0.8000-0.9000 | 11.0 | 10 of 100 | 2 |"
+                     row("max_length=128 head_tail", 0, 0.96, 0.95, 11.0),
+                     row("max_length=128 chunks", 0, 0.97, 0.96, 3.0, windows=130)]).splitlines()
+    assert lines[2] == ("| truncation | max_length=128 head | 0.9200 | 0.8500 | 0.8000-0.9000 | 11.0 | 10 of 100 | - "
+                        "| 2 |")
     assert lines[3] == ("| truncation | max_length=128 head_tail | 0.9600 | 0.9500 | 0.9500-0.9500 | 11.0 | 10 of 100 "
-                        "| 1 |")
+                        "| - | 1 |")
+    assert lines[4] == ("| truncation | max_length=128 chunks | 0.9700 | 0.9600 | 0.9600-0.9600 | 3.0 | 10 of 100 "
+                        "| 130 | 1 |")
