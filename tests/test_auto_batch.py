@@ -30,13 +30,13 @@ def assets(tmp_path_factory):
     return save_tiny_model(root / "tiny-bert"), write_tsv(root / "sms.csv", make_texts(70, seed=4))
 
 
-def _config(assets, tmp_path, b):
+def _config(assets, tmp_path, b, **data_settings):
     model, data = assets
     return config_from_dict({
         # dropout on: the trial step must not shift the random stream the run's dropout draws from
         "model": {"name_or_path": str(model), "dropout": 0.1},
         "data": {"train_file": str(data), "format": "tsv", "has_header": False, "column_names": ["label", "text"],
-                 "validation_split": 0.2, "max_length": 32},
+                 "validation_split": 0.2, "max_length": 32, **data_settings},
         "training": {"per_device_train_batch_size": b, "effective_batch_size": B, "seed": 3},
         "optim": {"learning_rate": 1e-3, "warmup_steps": 1},
         "evaluation": {"metrics": ["accuracy"]},
@@ -130,6 +130,21 @@ def test_auto_backs_off_and_trains_as_the_chosen_batching(assets, tmp_path, monk
     for name, tensor in direct_weights.items():
         assert torch.equal(auto_weights[name], tensor), name
     # and training moved them (a run that did nothing would also compare equal)
+    assert auto.state.step == direct.state.step == 2
+
+
+def test_auto_tries_chunked_texts_with_all_their_windows_and_trains_as_the_chosen_batching(
+        assets, tmp_path, monkeypatch, fresh_accelerate_state):
+    """Under data.truncation: chunks a trial's b texts bring every window: the memory is the windows'."""
+    chunks = {"max_length": 8, "truncation": "chunks", "stride": 2}
+    auto, auto_weights, seen = _train(_config(assets, tmp_path, "auto", **chunks), monkeypatch, threshold=40)
+    b = auto.batching.per_device_batch_size
+    assert b < 32 and auto.batching.effective_batch_size == B  # 32 texts' windows did not fit: b was halved
+    # the first trial: the 32 longest texts, each with its windows (several each: more rows than texts)
+    assert seen[0][0] > 2 * 32
+    direct, direct_weights, _ = _train(_config(assets, tmp_path, b, **chunks), monkeypatch, threshold=40)
+    for name, tensor in direct_weights.items():
+        assert torch.equal(auto_weights[name], tensor), name
     assert auto.state.step == direct.state.step == 2
 
 
