@@ -31,3 +31,17 @@ def fresh_accelerate_state():
     AcceleratorState._reset_state(True)
     GradientState._reset_state()
     PartialState._reset_state()
+
+
+@pytest.fixture(scope="session")
+def tokenizers(tmp_path_factory):
+    """The tiny model's WordPiece vocabulary as a fast (Rust) and a slow (Python) tokenizer."""
+    from transformers import AutoTokenizer, BertTokenizerLegacy
+
+    from helpers import save_tiny_model
+
+    folder = save_tiny_model(tmp_path_factory.mktemp("tok") / "tiny-bert")
+    fast = AutoTokenizer.from_pretrained(folder)
+    slow = BertTokenizerLegacy(vocab_file=str(folder / "vocab.txt"), do_lower_case=True)
+    assert hasattr(fast, "backend_tokenizer") and not hasattr(slow, "backend_tokenizer")
+    return {"fast": fast, "slow": slow}

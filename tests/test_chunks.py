@@ -17,20 +17,9 @@ from finetune.chunks import CHUNK_ROWS, ChunkCollator, document_logits, split_ba
 from finetune.config import DataConfig
 from finetune.errors import ConfigError
 from finetune.truncation import Truncation, long_texts
-from helpers import SPECIAL, WORDS, save_tiny_model
+from helpers import SPECIAL, WORDS
 
 CLS, SEP = SPECIAL.index("[CLS]"), SPECIAL.index("[SEP]")
-
-
-@pytest.fixture(scope="module")
-def tokenizers(tmp_path_factory):
-    """The tiny model's WordPiece vocabulary as a fast (Rust) and a slow (Python) tokenizer."""
-    from transformers import AutoTokenizer, BertTokenizerLegacy
-
-    folder = save_tiny_model(tmp_path_factory.mktemp("tok") / "tiny-bert")
-    fast = AutoTokenizer.from_pretrained(folder)
-    slow = BertTokenizerLegacy(vocab_file=str(folder / "vocab.txt"), do_lower_case=True)
-    return {"fast": fast, "slow": slow}
 
 
 def _text(n: int) -> tuple[str, list[int]]:

@@ -92,9 +92,8 @@ def test_both_keys_must_agree():
 # --- the loop on 2 processes -------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def one_process():
-    """``(b=16, k=1, P=1)``, in this process."""
+def _in_this_process(**settings) -> dict:
+    """``scaling_worker.record_run`` on one process, in this one, with Accelerate's singletons reset around it."""
     from accelerate.state import AcceleratorState, GradientState
 
     from scaling_worker import record_run
@@ -102,19 +101,18 @@ def one_process():
     AcceleratorState._reset_state(True)
     GradientState._reset_state()
     try:
-        return record_run(b=16, k=1, cpu=True)
+        return record_run(cpu=True, **settings)
     finally:
         AcceleratorState._reset_state(True)
         GradientState._reset_state()
 
 
-@pytest.fixture(scope="module")
-def two_processes(tmp_path_factory):
-    """``(b=4, k=2, P=2)`` through ``accelerate launch --multi_gpu`` on the CPU, without telling it cpu."""
-    out = tmp_path_factory.mktemp("two_processes")
+def _on_two_processes(out: Path, *args: str) -> list[dict]:
+    """``tests/scaling_worker.py ARGS`` through ``accelerate launch --multi_gpu`` on the CPU, without telling it
+    cpu; each rank's record, rank 0's with its weights after every update (``snapshots``)."""
     cmd = _launcher("--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--main_process_port",
                     str(free_port()), "--mixed_precision", "no", "--dynamo_backend", "no",
-                    str(REPO / "tests" / "scaling_worker.py"), "--out", str(out), "--b", "4", "--k", "2")
+                    str(REPO / "tests" / "scaling_worker.py"), "--out", str(out), *args)
     proc = _run(cmd)
     assert proc.returncode == 0, proc.stderr[-4000:]
     ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
@@ -122,28 +120,24 @@ def two_processes(tmp_path_factory):
     return ranks
 
 
+@pytest.fixture(scope="module")
+def one_process():
+    """``(b=16, k=1, P=1)``, in this process."""
+    return _in_this_process(b=16, k=1)
+
+
+@pytest.fixture(scope="module")
+def two_processes(tmp_path_factory):
+    """``(b=4, k=2, P=2)`` on two processes."""
+    return _on_two_processes(tmp_path_factory.mktemp("two_processes"), "--b", "4", "--k", "2")
+
+
 @pytest.mark.slow
 def test_an_accumulation_schedule_on_two_processes_gives_the_single_process_weights(tmp_path):
     """``k`` by epoch, ``{0: 2, 1: 1}`` on 2 processes of ``b=4``, is ``{0: 4, 1: 2}`` on one: B = 16, then 8."""
-    from accelerate.state import AcceleratorState, GradientState
-
-    from scaling_worker import record_run
-
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
-    try:
-        single = record_run(b=4, k=4, cpu=True, schedule={0: 4, 1: 2})
-    finally:
-        AcceleratorState._reset_state(True)
-        GradientState._reset_state()
-    cmd = _launcher("--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--main_process_port",
-                    str(free_port()), "--mixed_precision", "no", "--dynamo_backend", "no",
-                    str(REPO / "tests" / "scaling_worker.py"), "--out", str(tmp_path), "--b", "4", "--k", "2",
-                    "--schedule", "0:2,1:1")
-    proc = _run(cmd)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    rank0 = json.loads((tmp_path / "rank0.json").read_text())
-    multi = torch.load(tmp_path / "snapshots.pt")
+    single = _in_this_process(b=4, k=4, schedule={0: 4, 1: 2})
+    rank0 = _on_two_processes(tmp_path, "--b", "4", "--k", "2", "--schedule", "0:2,1:1")[0]
+    multi = rank0["snapshots"]
     # epoch 0: windows of 16, 16, 2 samples; epoch 1: of 8, 8, 8, 8, 2
     assert rank0["plan"] == [3, 8] and rank0["steps"] == rank0["scheduler_calls"] == 8
     assert len(multi) == len(single["snapshots"]) == 8
@@ -163,25 +157,11 @@ def test_chunked_texts_on_two_processes_give_the_single_process_weights_and_eval
     evaluation's last batches are padded with repeats that ``gather_for_metrics``
     drops: it must see texts, one output each, not windows.
     """
-    from accelerate.state import AcceleratorState, GradientState
+    from scaling_worker import N_EVAL
 
-    from scaling_worker import N_EVAL, record_run
-
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
-    try:
-        single = record_run(b=16, k=1, cpu=True, chunks=True)
-    finally:
-        AcceleratorState._reset_state(True)
-        GradientState._reset_state()
-    cmd = _launcher("--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--main_process_port",
-                    str(free_port()), "--mixed_precision", "no", "--dynamo_backend", "no",
-                    str(REPO / "tests" / "scaling_worker.py"), "--out", str(tmp_path), "--b", "4", "--k", "2",
-                    "--chunks")
-    proc = _run(cmd)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    rank0 = json.loads((tmp_path / "rank0.json").read_text())
-    multi = torch.load(tmp_path / "snapshots.pt")
+    single = _in_this_process(b=16, k=1, chunks=True)
+    rank0 = _on_two_processes(tmp_path, "--b", "4", "--k", "2", "--chunks")[0]
+    multi = rank0["snapshots"]
     assert len(multi) == len(single["snapshots"]) == 6
     for update, (a, b) in enumerate(zip(single["snapshots"], multi)):
         for name in a:

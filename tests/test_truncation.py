@@ -15,18 +15,6 @@ from helpers import SPECIAL, WORDS, make_texts, run_cli, save_tiny_model
 CLS, SEP = SPECIAL.index("[CLS]"), SPECIAL.index("[SEP]")
 
 
-@pytest.fixture(scope="module")
-def tokenizers(tmp_path_factory):
-    """The tiny model's WordPiece vocabulary as a fast (Rust) and a slow (Python) tokenizer."""
-    from transformers import AutoTokenizer, BertTokenizerLegacy
-
-    folder = save_tiny_model(tmp_path_factory.mktemp("tok") / "tiny-bert")
-    fast = AutoTokenizer.from_pretrained(folder)
-    slow = BertTokenizerLegacy(vocab_file=str(folder / "vocab.txt"), do_lower_case=True)
-    assert hasattr(fast, "backend_tokenizer") and not hasattr(slow, "backend_tokenizer")
-    return {"fast": fast, "slow": slow}
-
-
 def _text(n: int) -> tuple[str, list[int]]:
     """A text of ``n`` words, each one token, and its content ids (every word differs from its neighbours)."""
     words = [WORDS[i % len(WORDS)] for i in range(n)]
