@@ -92,6 +92,7 @@ def collator(tokenizer, accelerator, cfg: Optional[Config] = None):
     from transformers import DataCollatorWithPadding
 
     from finetune.chunks import ChunkCollator
+    from finetune.truncation import truncation_of
 
     if cfg is not None and cfg.training.torch_compile:
         pad = BucketPadding(tokenizer, cfg.data.max_length)
@@ -99,7 +100,7 @@ def collator(tokenizer, accelerator, cfg: Optional[Config] = None):
         # multiples of 8 let GPU tensor cores work on padded shapes; on the CPU it only adds padding
         multiple = 8 if accelerator.device.type == "cuda" else None
         pad = DataCollatorWithPadding(tokenizer, pad_to_multiple_of=multiple)
-    return ChunkCollator(pad) if cfg is not None and cfg.data.truncation == "chunks" else pad
+    return ChunkCollator(pad) if cfg is not None and truncation_of(cfg.data).chunked else pad
 
 
 def training_sampler(cfg: Config, lengths, batching: Batching) -> EpochSampler:

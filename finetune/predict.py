@@ -131,10 +131,9 @@ class Predictor:
         cfg = saved_config(path)
         if max_length is None:
             max_length = cfg.data.max_length if cfg is not None else None
-        # the run's own cut: a head_tail model sees head and tail at prediction too
-        truncation = cfg.data.truncation if cfg is not None else "head"
-        head_tokens = cfg.data.head_tokens if cfg is not None else None
-        stride = cfg.data.stride if cfg is not None else None
+        # the run's own cut: a head_tail model sees head and tail at prediction too, a chunks model all its windows
+        cut = ({"truncation": cfg.data.truncation, "head_tokens": cfg.data.head_tokens, "stride": cfg.data.stride}
+               if cfg is not None else {})
         try:
             tokenizer = AutoTokenizer.from_pretrained(path)
             if is_adapter_checkpoint(path):  # a LoRA run's checkpoint: its base model plus adapter/, merged
@@ -148,7 +147,7 @@ class Predictor:
         if device is None:
             device = _training_device()
         return cls(model, tokenizer, device=device, batch_size=batch_size, max_length=max_length,
-                   threshold=threshold, truncation=truncation, head_tokens=head_tokens, stride=stride)
+                   threshold=threshold, **cut)
 
     def logits(self, texts: Sequence[str], text_pairs: Optional[Sequence[str]] = None,
                progress: bool = False) -> "np.ndarray":  # noqa: F821
