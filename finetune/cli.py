@@ -6,6 +6,7 @@ Usage::
     finetune predict OUTPUT_DIR "a text" ... | --file FILE [--output FILE]
     finetune score OUTPUT_DIR --file FILE [section.key=value ...]
     finetune plot OUTPUT_DIR
+    finetune sweep [--config F] --sweep SWEEP.yaml [--seeds N] [--storage URL] [section.key=value ...]
 
 Several processes: ``accelerate launch -m finetune.cli train ...`` (or
 ``accelerate launch finetune/train.py ...`` from a clone). ``finetune COMMAND
@@ -22,6 +23,7 @@ COMMANDS = {
     "predict": ("finetune.predict", "classify texts or a file with a trained model"),
     "score": ("finetune.score", "metrics and a confusion matrix of a trained model on a labelled file"),
     "plot": ("finetune.plot", "draw a run's curves.png from its train_log.jsonl"),
+    "sweep": ("finetune.sweep", "search the config for the best run (Optuna), or run it over seeds"),
 }
 
 

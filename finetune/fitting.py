@@ -33,6 +33,7 @@ def fit(
     run: Run,
     on_epoch_end: Optional[Callable[[int, dict[str, Any]], None]] = None,
     on_update: Optional[Callable[[TrainState], bool]] = None,
+    on_evaluation: Optional[Callable[[Run, dict[str, Any]], bool]] = None,
 ) -> dict[str, Any]:
     """Train all epochs, evaluate, log, checkpoint, keep the best model, and write the outputs.
 
@@ -51,11 +52,14 @@ def fit(
         on_update: Called after every update with the loop's state (after the
             checkpoint callback); returning True ends the run there, without
             final evaluation or outputs.
+        on_evaluation: Called after every evaluation with ``(run, eval metrics)``
+            (on every process, with the same metrics); returning True ends the
+            run there as ``on_update`` does. A sweep's pruner is one.
 
     Returns:
         The summary ``{"train": {...}, "eval": {...}, "best": {...}, "epochs": [...], "labels": [...]}``,
         as written to ``metrics.json``; ``train.ended`` is ``"stopped_by_caller"`` when
-        ``on_update`` ended the run (then nothing is written).
+        ``on_update`` or ``on_evaluation`` ended the run (then nothing is written).
 
     Raises:
         RunInterrupted: after a signal, once the checkpoint is saved (exit code 128 + signal).
@@ -64,10 +68,10 @@ def fit(
         ConfigError: if ``output.resume_from`` names no checkpoint, or one of another setup.
     """
     with output_lock(run.accelerator, run.cfg.output.output_dir):  # one run per folder, from here to the end
-        return _fit(run, on_epoch_end, on_update)
+        return _fit(run, on_epoch_end, on_update, on_evaluation)
 
 
-def _fit(run: Run, on_epoch_end, on_update) -> dict[str, Any]:
+def _fit(run: Run, on_epoch_end, on_update, on_evaluation) -> dict[str, Any]:
     cfg, acc = run.cfg, run.accelerator
     history = EvalHistory.from_config(cfg.evaluation)
     checkpoints = Checkpointer(run, history)  # chooses and verifies the checkpoint before anything is written
@@ -78,7 +82,7 @@ def _fit(run: Run, on_epoch_end, on_update) -> dict[str, Any]:
     resuming = run.state.step > 0 or run.state.micro_batch > 0 or run.state.epoch > 0
     log = RunLogger(acc, cfg.output.output_dir, use_trackers=bool(cfg.logging.report_to),
                     resume_step=run.state.step if resuming else None, history=history.records)
-    evaluations = Evaluations(run, log, history, checkpoints)
+    evaluations = Evaluations(run, log, history, checkpoints, on_evaluation)
     # SIGTERM / SIGINT: during training, stop at the next window boundary with a checkpoint; once training
     # is over, the final evaluation and writes still complete (they are what the run is for), then it ends.
     with StopSignals() as signals:
@@ -108,7 +112,7 @@ class RunEnd(enum.Enum):
     COMPLETED = "completed"
     # early stopping: evaluation.early_stopping_patience evaluations without improvement
     EARLY_STOPPED = "early_stopped"
-    # fit's on_update callback asked to stop: nothing more is evaluated or written
+    # fit's on_update or on_evaluation callback asked to stop: nothing more is evaluated or written
     STOPPED_BY_CALLER = "stopped_by_caller"
 
 
@@ -122,9 +126,13 @@ class Evaluations:
     evaluation, so that the best weights exist on disk whenever they were seen.
     """
 
-    def __init__(self, run: Run, log: RunLogger, history: EvalHistory, checkpoints: Checkpointer):
+    def __init__(self, run: Run, log: RunLogger, history: EvalHistory, checkpoints: Checkpointer,
+                 on_evaluation: Optional[Callable[[Run, dict[str, Any]], bool]] = None):
         self.run, self.log, self.history, self.checkpoints = run, log, history, checkpoints
         self.every = run.cfg.evaluation.eval_every
+        self.on_evaluation = on_evaluation
+        # the on_evaluation callback asked the run to end
+        self.caller_stopped = False
         self._announced = False
 
     def due_at_epoch_end(self, step: int) -> bool:
@@ -136,8 +144,11 @@ class Evaluations:
         return self.run.eval_dataloader is not None and bool(self.every and step % self.every == 0)
 
     def evaluate(self, epoch: Optional[int]) -> dict[str, Any]:
-        """Evaluate now, log the record (marked best or not) and keep it; returns the metrics."""
-        return evaluate_and_log(self.run, self.log, self.history, epoch)
+        """Evaluate now, log the record (marked best or not) and keep it, tell the caller; returns the metrics."""
+        metrics = evaluate_and_log(self.run, self.log, self.history, epoch)
+        if self.on_evaluation is not None and self.on_evaluation(self.run, metrics):
+            self.caller_stopped = True
+        return metrics
 
     def checkpoint_after(self, step: int) -> None:
         """Under a selection, every evaluation's weights are saved: the best must exist on disk."""
@@ -193,7 +204,7 @@ def train_epochs(run: Run, checkpoints: Checkpointer, evaluations: Evaluations, 
         stopping = signals.agree(acc, step=state.step)  # on every process, every update: it may all-reduce
         checkpoints.after_update(state, stopping)
         asked = bool(on_update(state)) if on_update is not None else False
-        return asked or stopping is not None or early
+        return asked or evaluations.caller_stopped or stopping is not None or early
 
     def end_of_epoch(epoch: int) -> None:
         if evaluations.due_at_epoch_end(run.state.step):
@@ -227,10 +238,13 @@ def train_epochs(run: Run, checkpoints: Checkpointer, evaluations: Evaluations, 
                 interrupt(run, checkpoints, signals.agreed, pending_eval_epoch=epoch if eval_due else None)
             if not finished:
                 # an evaluation mid-epoch ended the run, or a callback asked to stop (no evaluation of a part)
-                return RunEnd.EARLY_STOPPED if evaluations.should_stop() else RunEnd.STOPPED_BY_CALLER
+                early = evaluations.should_stop() and not evaluations.caller_stopped
+                return RunEnd.EARLY_STOPPED if early else RunEnd.STOPPED_BY_CALLER
             end_of_epoch(epoch)
             if signals.agree(acc) is not None:
                 interrupt(run, checkpoints, signals.agreed, None)  # a signal during the evaluation
+            if evaluations.caller_stopped:
+                return RunEnd.STOPPED_BY_CALLER
             if evaluations.should_stop():
                 return RunEnd.EARLY_STOPPED
     return RunEnd.COMPLETED

@@ -97,8 +97,10 @@ def _name_origin(exc: FinetuneError, config_path: str | None, overrides: list[st
         exc.message = f"{origin_of(exc.message, config_path, overrides)}: {exc.message}"
 
 
-def run_training(config_path: str | None, overrides: list[str]) -> dict:
+def run_training(config_path: str | None, overrides: list[str], on_evaluation=None) -> dict:
     """Load the config, build the run, train it. Returns the metrics summary.
+
+    ``on_evaluation`` is :func:`finetune.fitting.fit`'s callback (a sweep's pruner).
 
     What is logged comes in the run's order: notes on the config, the start
     line (:func:`finetune.start_line.describe`) once every input is checked,
@@ -125,7 +127,7 @@ def run_training(config_path: str | None, overrides: list[str]) -> dict:
         accelerator = build_accelerator(cfg)
         run = setup_run(cfg, accelerator, batching)
         logger.info(describe(run))
-        summary = fit(run)
+        summary = fit(run, on_evaluation=on_evaluation)
     except FinetuneError as exc:
         _name_origin(exc, config_path, overrides)
         raise

@@ -1,0 +1,171 @@
+"""A sweep's Optuna study: its storage, what it was made with, its trials' budget, and continuing interrupted trials.
+
+The study lives in a database: an SQLite file in the sweep's folder by
+default, or a server (``--storage postgresql://...``) that several workers
+share. Everything a worker needs to decide is read from there, so a sweep
+killed and started again, or joined by another worker, continues where the
+study stands:
+
+* **What it was made with.** The first worker records the space and the
+  run's config (``output`` and ``logging`` aside) on the study; a worker with
+  another space or config is refused before any trial starts.
+* **The budget.** ``trials`` counts the trials the sampler drew, in the
+  order the storage numbered them; a drawn trial numbered past the budget
+  (several workers asked at once) ends at once without running, marked so,
+  so exactly ``trials`` run whatever the number of workers.
+* **Continuing.** A trial stopped by SIGTERM / SIGINT leaves its checkpoint
+  and is continued by a new trial with the same values in the same folder
+  (Optuna's pattern for retried trials): the run resumes from its checkpoint,
+  not from the start. A worker killed without a word (SIGKILL, a lost
+  machine) stops its trial's heartbeat; once the heartbeat is stale, the next
+  worker to start a trial fails it and queues its continuation the same way.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any, Optional
+
+from finetune.errors import ConfigError
+
+logger = logging.getLogger("finetune")
+
+# trial user attributes
+FOLDER = "folder"              # the trial's folder, relative to the sweep's
+CONTINUES = "continues"        # number of the interrupted trial this one continues
+INTERRUPTED = "interrupted"    # why the trial stopped before its end (then continued by another)
+BEYOND_BUDGET = "beyond_budget"
+SAME_AS = "same_as"            # a finished trial with the same values: its result is this one's
+FAILED = "failed"              # why the trial failed (a non-finite loss, an input error)
+STOPPED_SWEEP = "stopped_sweep"  # an input error in this trial stopped the sweep
+# study user attributes
+SPACE_ATTR, CONFIG_ATTR, BASE_PARAMS_ATTR = "finetune.space", "finetune.config", "finetune.base_params"
+
+# Seconds between a running trial's heartbeats, and without one before the trial counts as lost.
+HEARTBEAT_S, GRACE_S = 30, 120
+
+
+def open_storage(url: str):
+    """Optuna's database storage at ``url``, with heartbeats so that a lost worker's trial is continued.
+
+    Raises:
+        ConfigError: ``--storage`` named, when the URL is malformed, its driver is
+            missing or the database cannot be reached.
+    """
+    import optuna
+    import sqlalchemy.exc
+
+    engine = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {"pool_pre_ping": True}
+    try:
+        return optuna.storages.RDBStorage(url, engine_kwargs=engine, heartbeat_interval=HEARTBEAT_S,
+                                          grace_period=GRACE_S, failed_trial_callback=queue_continuation)
+    except ModuleNotFoundError as exc:
+        driver = {"psycopg2": "pip install psycopg2-binary", "pymysql": "pip install pymysql"}.get(exc.name, "")
+        raise ConfigError(f"--storage {redact(url)}: its database driver {exc.name} is not installed"
+                          + (f" ({driver})" if driver else "")) from None
+    except (sqlalchemy.exc.SQLAlchemyError, ValueError) as exc:
+        first = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
+        raise ConfigError(f"--storage {redact(url)}: cannot open the study's database: {first}") from None
+
+
+def redact(url: str) -> str:
+    """A storage URL without its password, for messages and the start line."""
+    head, sep, tail = url.partition("://")
+    if "@" in tail and ":" in tail.split("@", 1)[0]:
+        user = tail.split("@", 1)[0].split(":", 1)[0]
+        tail = f"{user}:***@{tail.split('@', 1)[1]}"
+    return f"{head}{sep}{tail}"
+
+
+def load_or_create(storage, name: str, direction: str, made_with: dict[str, str]):
+    """The study ``name`` in ``storage``, created if new; one made with another space or config is refused.
+
+    Args:
+        made_with: ``{SPACE_ATTR: ..., CONFIG_ATTR: ...}``, canonical JSON.
+
+    Raises:
+        ConfigError: naming what differs, before any trial starts.
+    """
+    import optuna
+
+    study = optuna.create_study(storage=storage, study_name=name, direction=direction, load_if_exists=True)
+    if study.direction.name.lower() != direction:
+        raise ConfigError(f"--study-name {name}: this study {study.direction.name.lower()}s its objective, this "
+                          f"sweep would {direction} it (another evaluation.metric_for_best_model or "
+                          f"greater_is_better); choose another --output or --study-name")
+    for attr, text in made_with.items():
+        recorded = study.user_attrs.get(attr)
+        if recorded is None:
+            study.set_user_attr(attr, text)
+        elif recorded != text:
+            raise ConfigError(f"--study-name {name}: the study was made with another "
+                              f"{'space' if attr == SPACE_ATTR else 'config'} ({first_difference(recorded, text)}); "
+                              f"run the same files again to continue it, or choose another --output or --study-name")
+    return study
+
+
+def first_difference(recorded: str, current: str) -> str:
+    """The first key whose value differs between two canonical JSON mappings, said both ways."""
+    old, new = json.loads(recorded), json.loads(current)
+    flat_old, flat_new = _flatten(old), _flatten(new)
+    for key in sorted(set(flat_old) | set(flat_new)):
+        if flat_old.get(key, "absent") != flat_new.get(key, "absent"):
+            return f"{key}: {json.dumps(flat_old.get(key, 'absent'))} there, {json.dumps(flat_new.get(key, 'absent'))} here"
+    return "the same keys, in another order"
+
+
+def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
+    if not isinstance(tree, dict) or not tree:
+        return {prefix: tree}
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        flat.update(_flatten(value, f"{prefix}.{key}" if prefix else str(key)))
+    return flat
+
+
+def counts_against_budget(trial) -> bool:
+    """A trial the sampler drew (not a continuation) that ran or runs: what ``trials`` counts."""
+    attrs = trial.user_attrs
+    return CONTINUES not in attrs and not attrs.get(BEYOND_BUDGET) and not attrs.get(STOPPED_SWEEP)
+
+
+def drawn_before(study, number: int) -> int:
+    """How many trials numbered below ``number`` count against the budget."""
+    return sum(1 for t in study.get_trials(deepcopy=False) if t.number < number and counts_against_budget(t))
+
+
+def budget_left(study, trials: int) -> int:
+    """Trials still to run for a budget of ``trials``: those queued, and those the sampler has yet to draw."""
+    from optuna.trial import TrialState
+
+    every = study.get_trials(deepcopy=False)
+    queued = sum(1 for t in every if t.state == TrialState.WAITING)
+    return queued + max(trials - sum(1 for t in every if counts_against_budget(t)), 0)
+
+
+def running(study) -> int:
+    """Trials running now (here or in another worker)."""
+    from optuna.trial import TrialState
+
+    return sum(1 for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)))
+
+
+def queue_continuation(study, trial) -> None:
+    """Queue a trial with ``trial``'s values that continues it in its folder (it resumes from its checkpoint).
+
+    Also Optuna's callback for a trial whose worker was lost (its heartbeat went stale).
+    """
+    study.enqueue_trial(trial.params, user_attrs={FOLDER: trial.user_attrs.get(FOLDER), CONTINUES: trial.number})
+    logger.warning("trial %d (%s) stopped before its end; queued to continue from its checkpoint", trial.number,
+                   trial.user_attrs.get(FOLDER))
+
+
+def finished_same(study, params: dict[str, Any], number: int) -> Optional[Any]:
+    """A completed trial with exactly these values (and a result), other than ``number``; else ``None``."""
+    from optuna.trial import TrialState
+
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        if trial.number != number and trial.params == params and trial.value is not None:
+            return trial
+    return None

@@ -1,0 +1,380 @@
+"""``finetune sweep``: search a run's config for the best evaluation, resumable, on one machine or many.
+
+Usage::
+
+    finetune sweep --config configs/default.yaml --sweep configs/sweep.yaml
+    finetune sweep --config run.yaml --sweep sweep.yaml --seeds 5            # then the best config over 5 seeds
+    finetune sweep --config run.yaml --seeds 5                               # the config as given, over 5 seeds
+    finetune sweep --sweep sweep.yaml --storage postgresql://user@host/db    # one of several workers
+
+Each trial is an ordinary run of this package in its own folder under the
+sweep's folder (``--output``), trained in this process. Optuna draws the
+values and prunes; the study lives in ``study.db`` in that folder (or in
+``--storage``), so the same command run again continues the sweep, and
+several workers given the same ``--storage`` share it. Because accumulation is
+exact, ``training.effective_batch_size`` is searched at the memory of the
+config's micro-batch. docs/sweeps.md explains it all.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import difflib
+import json
+import logging
+import os
+import shlex
+import sys
+import warnings
+from pathlib import Path
+from typing import Any, Optional
+
+from finetune.errors import ConfigError, run_command
+from finetune.search_space import Dimension, SearchSpace, overrides, parse_space, render
+from finetune.study import BASE_PARAMS_ATTR, CONFIG_ATTR, SPACE_ATTR, budget_left, load_or_create, open_storage, \
+    redact, running
+from finetune.sweep_report import Header, seed_statistics, state_of, write_reports
+from finetune.sweep_trial import Phase, TrialRunner
+
+logger = logging.getLogger("finetune")
+
+FILE_KEYS = {"space", "trials", "sampler", "pruner", "seeds", "trial_seeds"}
+SAMPLERS = ("tpe", "random", "grid")
+PRUNERS = ("median", "percentile", "hyperband", "none")
+PRUNER_KEYS = {"type", "startup_trials", "min_trials", "percentile"}
+DEFAULT_TRIALS = 20
+# seconds between looks at the study while other workers finish the search's last trials
+WAIT_S = 10.0
+
+
+@dataclasses.dataclass
+class Sweep:
+    """A sweep's settings, from its file and the command line."""
+
+    config: Optional[str]
+    overrides: list[str]
+    space: SearchSpace
+    trials: int
+    sampler: str
+    sampler_seed: Optional[int]
+    pruner: dict[str, Any]
+    seeds: int
+    trial_seeds: int
+    output: Path
+    storage: str
+    study_name: str
+    command: str
+    # the sweep file, for the front of its errors
+    where: str = "--sweep"
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="finetune sweep", description=__doc__.splitlines()[0],
+                                     epilog="every option and the sweep file: docs/sweeps.md")
+    parser.add_argument("--config", help="the run's YAML config (default: configs/default.yaml)")
+    parser.add_argument("--sweep", metavar="FILE", help="the sweep's YAML: space, trials, sampler, pruner, seeds")
+    parser.add_argument("--output", metavar="DIR", help="the sweep's folder (default: the config's "
+                        "output.output_dir with -sweep appended)")
+    parser.add_argument("--storage", metavar="URL", help="the study's database, shared by several workers "
+                        "(default: sqlite:///<output>/study.db)")
+    parser.add_argument("--study-name", help="the study's name in --storage (default: the folder's name)")
+    parser.add_argument("--trials", type=int, help="trials the sampler draws (default: the file's, else 20)")
+    parser.add_argument("--sampler", help=f"one of {', '.join(SAMPLERS)} (default: tpe)")
+    parser.add_argument("--sampler-seed", type=int, help="the sampler's seed, for a reproducible one-worker sweep")
+    parser.add_argument("--pruner", help=f"one of {', '.join(PRUNERS)} (default: median)")
+    parser.add_argument("--seeds", type=int, help="then run the best config (without a space: the config) over "
+                        "this many seeds: training.seed, +1, ...")
+    parser.add_argument("--trial-seeds", type=int, help="run every trial over this many seeds; its objective is "
+                        "their mean (default: 1)")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks for input errors")
+    parser.add_argument("overrides", nargs="*", metavar="section.key=value", help="config overrides for every trial")
+    return parser.parse_intermixed_args(argv)
+
+
+def read_sweep_file(path: Optional[str]) -> dict[str, Any]:
+    if path is None:
+        return {}
+    from finetune.config import read_yaml
+
+    data = read_yaml(path)
+    for key in data:
+        if key not in FILE_KEYS:
+            close = difflib.get_close_matches(str(key), sorted(FILE_KEYS), n=1)
+            hint = f" (did you mean {close[0]}?)" if close else ""
+            raise ConfigError(f"{path}: unknown key {key!r}{hint}; a sweep file has {', '.join(sorted(FILE_KEYS))}")
+    return data
+
+
+def build_sweep(args: argparse.Namespace, argv: list[str]) -> Sweep:
+    """The settings: the flags over the sweep file over the defaults, each checked (one line per bad value)."""
+    from finetune.config import load_config
+
+    data = read_sweep_file(args.sweep)
+    where = args.sweep or "--sweep"
+    space = parse_space(data.get("space"), where)
+    pick = lambda flag, key, default: flag if flag is not None else data.get(key, default)  # noqa: E731
+    trials = _count(pick(args.trials, "trials", DEFAULT_TRIALS if space.dimensions else 0), "trials", where, 0)
+    seeds = _count(pick(args.seeds, "seeds", 0), "seeds", where, 0)
+    trial_seeds = _count(pick(args.trial_seeds, "trial_seeds", 1), "trial_seeds", where, 1)
+    if not space.dimensions and not seeds:
+        raise ConfigError(f"{where}: nothing to run: give a space (--sweep FILE with space:) or --seeds N")
+    if space.dimensions and trials < 1:
+        raise ConfigError(f"{where}: trials: must be >= 1 with a space, got {trials}")
+    sampler = pick(args.sampler, "sampler", "tpe")
+    sampler_seed = args.sampler_seed
+    if isinstance(sampler, dict):
+        sampler, sampler_seed = sampler.get("type", "tpe"), sampler.get("seed", sampler_seed)
+    if sampler not in SAMPLERS:
+        raise ConfigError(f"{where}: sampler: {sampler!r} is not one of {', '.join(SAMPLERS)}")
+    if sampler == "grid" and any(d.kind != "choice" for d in space.dimensions):
+        raise ConfigError(f"{where}: sampler: grid needs a list of choices for every key of the space")
+    pruner = _pruner_settings(pick(args.pruner, "pruner", "median"), where)
+    cfg = load_config(args.config, args.overrides)
+    output = Path(args.output or f"{cfg.output.output_dir.rstrip('/')}-sweep")
+    storage = args.storage or f"sqlite:///{(output / 'study.db').resolve()}"
+    command = shlex.join(["finetune", "sweep", *argv])
+    return Sweep(args.config, list(args.overrides), space, trials, sampler, sampler_seed, pruner, seeds,
+                 trial_seeds, output, storage, args.study_name or output.resolve().name, command, where)
+
+
+def _count(value: Any, key: str, where: str, least: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise ConfigError(f"{where}: {key}: must be an integer >= {least}, got {value!r}")
+    return value
+
+
+def _pruner_settings(value: Any, where: str) -> dict[str, Any]:
+    settings = {"type": value} if isinstance(value, str) or value is None else value
+    if not isinstance(settings, dict):
+        raise ConfigError(f"{where}: pruner: expected a name or a mapping with type, got {value!r}")
+    unknown = sorted(set(settings) - PRUNER_KEYS)
+    if unknown:
+        raise ConfigError(f"{where}: pruner: unknown {', '.join(unknown)}; a pruner has {', '.join(sorted(PRUNER_KEYS))}")
+    settings = {"type": "none" if settings.get("type") is None else settings["type"],
+                **{k: v for k, v in settings.items() if k != "type"}}
+    if settings["type"] not in PRUNERS:
+        raise ConfigError(f"{where}: pruner: {settings['type']!r} is not one of {', '.join(PRUNERS)}")
+    for key in ("startup_trials", "min_trials"):
+        if key in settings:
+            _count(settings[key], f"pruner: {key}", where, 0 if key == "startup_trials" else 1)
+    percentile = settings.get("percentile", 50.0)
+    if isinstance(percentile, bool) or not isinstance(percentile, (int, float)) or not 0 < percentile < 100:
+        raise ConfigError(f"{where}: pruner: percentile: must be a number between 0 and 100, got {percentile!r}")
+    return settings
+
+
+def make_sampler(sweep: Sweep):
+    import optuna
+
+    if sweep.sampler == "grid":
+        return optuna.samplers.GridSampler({d.key: list(d.choices) for d in sweep.space.dimensions},
+                                           seed=sweep.sampler_seed)
+    if sweep.sampler == "random":
+        return optuna.samplers.RandomSampler(seed=sweep.sampler_seed)
+    return optuna.samplers.TPESampler(seed=sweep.sampler_seed)
+
+
+def make_pruner(settings: dict[str, Any]):
+    import optuna
+
+    kind = settings["type"]
+    if kind == "none":
+        return optuna.pruners.NopPruner()
+    if kind == "hyperband":
+        return optuna.pruners.HyperbandPruner()
+    startup, least = settings.get("startup_trials", 5), settings.get("min_trials", 1)
+    if kind == "median":
+        return optuna.pruners.MedianPruner(n_startup_trials=startup, n_min_trials=least)
+    return optuna.pruners.PercentilePruner(settings.get("percentile", 50.0), n_startup_trials=startup,
+                                           n_min_trials=least)
+
+
+def describe_pruner(settings: dict[str, Any]) -> str:
+    extra = ", ".join(f"{k} {v}" for k, v in settings.items() if k != "type")
+    return settings["type"] + (f" ({extra})" if extra else "")
+
+
+def objective_of(cfg) -> tuple[str, bool]:
+    """The metric a trial is scored by and its direction: ``evaluation.metric_for_best_model`` (default: loss)."""
+    from finetune.selection import Selection
+
+    selection = Selection.from_config(cfg.evaluation)
+    if selection is not None:
+        return selection.metric, selection.greater_is_better
+    return "loss", False
+
+
+def check_space_against_config(sweep: Sweep, where: str) -> None:
+    """Every choice and both ends of every range must make a config this package accepts: checked before any trial."""
+    from finetune.accumulation import resolve_batching
+    from finetune.config import load_config
+
+    for dim in sweep.space.dimensions:
+        for value in dim.probes():
+            try:
+                cfg = load_config(sweep.config, [*sweep.overrides, *overrides({dim.key: value})])
+                resolve_batching(cfg.training, 1)
+            except ConfigError as exc:
+                reason = exc.message.removeprefix("command line: ")
+                raise ConfigError(f"{where}: space: {dim.key}: {render(value)} is refused: {reason}") from None
+
+
+def made_with(sweep: Sweep, cfg) -> dict[str, str]:
+    """The study's identity: the space, and the run's config without where it writes and what it logs."""
+    config = {k: v for k, v in cfg.to_dict().items() if k not in ("output", "logging")}
+    return {SPACE_ATTR: sweep.space.identity(), CONFIG_ATTR: json.dumps(config, sort_keys=True, default=str)}
+
+
+def start_line(sweep: Sweep, metric: str, greater: bool, done: int) -> str:
+    parts = [f"sweep in {sweep.output}: objective {metric} ({'higher' if greater else 'lower'} is better)"]
+    if sweep.space.dimensions:
+        parts.append(f"space {sweep.space.describe()}")
+        parts.append(f"{sweep.trials} trials ({done} done), sampler {sweep.sampler}"
+                     + (f" (seed {sweep.sampler_seed})" if sweep.sampler_seed is not None else "")
+                     + f", pruner {describe_pruner(sweep.pruner)}")
+    if sweep.trial_seeds > 1:
+        parts.append(f"each trial over {sweep.trial_seeds} seeds")
+    if sweep.seeds:
+        parts.append(f"then {'the best config' if sweep.space.dimensions else 'the config'} over {sweep.seeds} seeds")
+    parts.append(f"storage {redact(sweep.storage)} (study {sweep.study_name!r})")
+    return "; ".join(parts)
+
+
+def run_sweep(sweep: Sweep) -> dict[str, Any]:
+    """Run (or continue) the sweep: the search, then the seeds. Returns what ``sweep.md`` reports."""
+    import optuna
+
+    from finetune.config import load_config
+
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise ConfigError("finetune sweep runs each trial in one process: start one worker per GPU "
+                          "(CUDA_VISIBLE_DEVICES=i finetune sweep ... --storage URL) instead of accelerate launch")
+    cfg = load_config(sweep.config, sweep.overrides)
+    metric, greater = objective_of(cfg)
+    check_space_against_config(sweep, sweep.where)
+    sweep.output.mkdir(parents=True, exist_ok=True)
+    optuna.logging.set_verbosity(optuna.logging.ERROR)  # every trial's ending is logged here, in one line
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+    storage = open_storage(sweep.storage)
+    direction = "maximize" if greater else "minimize"
+    identity = made_with(sweep, cfg)
+    search = (load_or_create(storage, sweep.study_name, direction, identity) if sweep.space.dimensions else None)
+    done = sum(1 for t in search.get_trials(deepcopy=False) if t.state.is_finished()) if search else 0
+    logger.info(start_line(sweep, metric, greater, done))
+    header = Header(metric, greater, sweep.space, sweep.sampler, describe_pruner(sweep.pruner),
+                    redact(sweep.storage), sweep.trials, sweep.command)
+    studies: dict[str, Any] = {"search": search, "seeds": None}
+    report = lambda *_: write_reports(sweep.output, header, studies["search"], studies["seeds"],  # noqa: E731
+                                      seed_results(studies["seeds"]))
+    runner = TrialRunner(sweep.output, sweep.config, sweep.overrides, metric,
+                         prune=sweep.pruner["type"] != "none", on_trial_end=progress_line(sweep, metric, greater, report))
+    base_seed = cfg.training.seed
+    if search is not None:
+        search.sampler, search.pruner = make_sampler(sweep), make_pruner(sweep.pruner)
+        trial_seeds = [base_seed + i for i in range(sweep.trial_seeds)] if sweep.trial_seeds > 1 else []
+        runner.phase = Phase("search", search, sweep.space, sweep.trials, lambda n, _: f"trial-{n:04d}", trial_seeds)
+        run_phase(runner)
+        wait_for_others(runner)
+    if sweep.seeds:
+        seeds = [base_seed + i for i in range(sweep.seeds)]
+        studies["seeds"] = seeds_study(storage, sweep, direction, identity, search, seeds)
+        fixed = overrides(json.loads(studies["seeds"].user_attrs[BASE_PARAMS_ATTR]))
+        space = SearchSpace((Dimension("training.seed", "choice", choices=tuple(seeds)),))
+        runner.phase = Phase("seeds", studies["seeds"], space, sweep.seeds,
+                             lambda _, params: f"seeds/seed-{params['training.seed']}", fixed=fixed)
+        runner.prune = False
+        run_phase(runner)
+        wait_for_others(runner)
+    report()
+    results = {"search": search is not None, "seeds": seed_results(studies["seeds"])}
+    if results["seeds"]:
+        mean, std = seed_statistics([v for _, v in results["seeds"]])
+        logger.info("over %d seeds: %s mean %.4f, standard deviation %.4f (%s)", len(results["seeds"]), metric, mean,
+                    std, ", ".join(f"seed {s}: {v:.4f}" for s, v in results["seeds"]))
+    logger.info("sweep done: %s", sweep.output / "sweep.md")
+    return results
+
+
+def run_phase(runner: TrialRunner) -> None:
+    """Run the phase's trials until its budget is spent (queued continuations first)."""
+    phase = runner.phase
+    while budget_left(phase.study, phase.trials) > 0:
+        phase.study.optimize(runner, n_trials=1)
+
+
+def wait_for_others(runner: TrialRunner) -> None:
+    """Wait while other workers finish the phase's last trials; run any continuation they leave queued."""
+    import time
+
+    phase, said = runner.phase, False
+    while running(phase.study) or budget_left(phase.study, phase.trials):
+        if budget_left(phase.study, phase.trials):
+            run_phase(runner)
+            continue
+        if not said:
+            logger.info("%s: waiting for %d trial(s) other workers run", phase.name, running(phase.study))
+            said = True
+        time.sleep(WAIT_S)
+        import optuna
+
+        optuna.storages.fail_stale_trials(phase.study)  # a lost worker's trial is queued to continue here
+
+
+def seeds_study(storage, sweep: Sweep, direction: str, identity: dict[str, str], search, seeds: list[int]):
+    """The study of the seeds runs: the best trial's values (or none) with each seed queued once."""
+    best = {}
+    if search is not None:
+        best = next(iter(sorted_best(search, direction)), {})
+    study = load_or_create(storage, f"{sweep.study_name}.seeds", direction, identity)
+    if BASE_PARAMS_ATTR not in study.user_attrs:
+        study.set_user_attr(BASE_PARAMS_ATTR, json.dumps(best, sort_keys=True))
+    for seed in seeds:
+        study.enqueue_trial({"training.seed": seed}, skip_if_exists=True)
+    return study
+
+
+def sorted_best(study, direction: str) -> list[dict[str, Any]]:
+    """The finished trials' values, best first."""
+    scored = [t for t in study.get_trials(deepcopy=False) if state_of(t) in ("complete", "same")]
+    scored.sort(key=lambda t: t.value, reverse=direction == "maximize")
+    return [t.params for t in scored]
+
+
+def seed_results(study) -> list[tuple[int, float]]:
+    if study is None:
+        return []
+    scored = [t for t in study.get_trials(deepcopy=False) if state_of(t) == "complete"]
+    return sorted((t.params["training.seed"], t.value) for t in scored)
+
+
+def progress_line(sweep: Sweep, metric: str, greater: bool, report):
+    """The callback at each trial's end: one line, then the reports rewritten."""
+
+    def on_trial_end(phase: Phase, number: int, record: dict[str, Any]) -> None:
+        values = " ".join(overrides(record["params"])) or "the config"
+        state = record["state"]
+        if state in ("complete", "same"):
+            what = f"{metric} {record['value']:.4f}" + (f" (same values as trial {record['same_as']})"
+                                                        if state == "same" else "")
+        else:
+            what = f"{state}: {record.get('why', '')}"
+        seconds = f" in {record['seconds']:.0f}s" if "seconds" in record else ""
+        logger.info("%s trial %d%s: %s; %s", phase.name, number, seconds, what, values)
+        report()
+
+    return on_trial_end
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parse_args(argv)
+    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
+    from finetune.train import quiet_library_progress
+
+    quiet_library_progress()
+    return run_command(lambda: run_sweep(build_sweep(args, argv)), debug=args.debug)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,185 @@
+"""What a sweep writes in its folder, from its studies: ``trials.csv``, ``sweep.md``, ``best.yaml`` and ``sweep.png``.
+
+Every worker rewrites them after each trial it ends, from the studies'
+records, so they are current whichever worker ran what. A trial and the
+continuations that resumed it are one row (they share one folder).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+import yaml
+
+from finetune.outputs import write_atomic
+from finetune.search_space import SearchSpace, render
+from finetune.study import BEYOND_BUDGET, FAILED, FOLDER, INTERRUPTED, SAME_AS, STOPPED_SWEEP
+
+TRIALS_CSV, SWEEP_MD, BEST_YAML, SWEEP_PNG = "trials.csv", "sweep.md", "best.yaml", "sweep.png"
+
+
+@dataclass(frozen=True)
+class Header:
+    """What the report's first lines say: the objective and how the search was run."""
+
+    metric: str
+    greater_is_better: bool
+    space: SearchSpace
+    sampler: str
+    pruner: str
+    storage: str
+    trials: int
+    command: str
+
+
+def state_of(trial) -> str:
+    """A trial's ending in words: complete, same, pruned, failed, input error, interrupted, running."""
+    attrs, state = trial.user_attrs, trial.state.name
+    if state == "COMPLETE":
+        return "same" if SAME_AS in attrs else "complete"
+    if state == "FAIL":
+        if attrs.get(INTERRUPTED):
+            return "interrupted"
+        return "input error" if attrs.get(STOPPED_SWEEP) else "failed"
+    return state.lower()
+
+
+def trial_rows(study, root: Path) -> list[dict[str, Any]]:
+    """One row per trial folder, in the order the trials were drawn: the last attempt's ending and value."""
+    rows: dict[str, dict[str, Any]] = {}
+    for trial in sorted(study.get_trials(deepcopy=False), key=lambda t: t.number):
+        folder = trial.user_attrs.get(FOLDER)
+        if folder is None or trial.user_attrs.get(BEYOND_BUDGET):
+            continue  # queued and not started, or never run
+        row = rows.setdefault(folder, {"trial": trial.number, "folder": folder, "state": "", "value": None,
+                                       **trial.params, "updates": None, "seconds": 0.0, "attempts": 0, "note": ""})
+        row["attempts"] += 1
+        row["state"] = state_of(trial)
+        # a pruned trial's value would be its last report, not a finished run's: it has none
+        row["value"] = trial.value if row["state"] in ("complete", "same") else None
+        if trial.datetime_start is not None:
+            end = trial.datetime_complete
+            row["seconds"] += round((end - trial.datetime_start).total_seconds(), 1) if end else 0.0
+        row["note"] = note_of(trial)
+        row["updates"] = updates_of(root / folder)
+    return list(rows.values())
+
+
+def note_of(trial) -> str:
+    attrs = trial.user_attrs
+    if SAME_AS in attrs:
+        return f"same values as trial {attrs[SAME_AS]}: its result, not trained again"
+    if trial.state.name == "PRUNED":
+        steps = trial.intermediate_values
+        return f"pruned after {max(steps)} training texts" if steps else "pruned"
+    return attrs.get(INTERRUPTED) or attrs.get(FAILED) or ""
+
+
+def updates_of(folder: Path) -> Optional[int]:
+    """The updates a trial's run (its first seed's) trained, from its log."""
+    logs = sorted(folder.glob("train_log.jsonl")) or sorted(folder.glob("seed-*/train_log.jsonl"))
+    if not logs:
+        return None
+    last = None
+    with open(logs[0], encoding="utf-8") as fh:
+        for line in fh:
+            record = json.loads(line)
+            if "eval/loss" not in record and "step" in record:
+                last = record["step"]
+    return last
+
+
+def best_row(rows: list[dict[str, Any]], greater_is_better: bool) -> Optional[dict[str, Any]]:
+    scored = [r for r in rows if r["state"] in ("complete", "same") and r["value"] is not None]
+    if not scored:
+        return None
+    return (max if greater_is_better else min)(scored, key=lambda r: r["value"])
+
+
+def write_reports(root: Path, header: Header, search, seeds, seed_values: list[tuple[int, float]]) -> None:
+    """Rewrite the four files from the studies (``search`` or ``seeds`` may be ``None``)."""
+    rows = trial_rows(search, root) if search is not None else []
+    best = best_row(rows, header.greater_is_better)
+    if rows:
+        write_atomic(root / TRIALS_CSV, trials_csv(rows))
+    if best is not None:
+        write_atomic(root / BEST_YAML, best_yaml(root, best))
+    write_atomic(root / SWEEP_MD, sweep_markdown(header, rows, best, seed_values))
+    if rows or seed_values:
+        from finetune.sweep_plot import save_sweep_figure
+
+        save_sweep_figure(root / SWEEP_PNG, header, rows, seed_values)
+
+
+def trials_csv(rows: list[dict[str, Any]]) -> str:
+    out = io.StringIO()
+    columns = list(dict.fromkeys(key for row in rows for key in row))
+    writer = csv.DictWriter(out, fieldnames=columns, lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    return out.getvalue()
+
+
+def best_yaml(root: Path, best: dict[str, Any]) -> str:
+    """The best trial's whole config, writing to ``<sweep>/best`` so that training it starts a new run."""
+    configs = sorted((root / best["folder"]).glob("config.yaml")) or sorted(
+        (root / best["folder"]).glob("seed-*/config.yaml"))
+    config = yaml.safe_load(configs[0].read_text(encoding="utf-8"))
+    config["output"]["output_dir"] = str(root / "best")
+    config["output"]["resume_from"] = "auto"
+    head = (f"# The best trial of the sweep in {root}: trial {best['trial']}, value {best['value']:.4f}.\n"
+            f"# Train it: finetune train --config {root / BEST_YAML}\n")
+    return head + yaml.safe_dump(config, sort_keys=False)
+
+
+def short(value: Any) -> str:
+    """A value for a table: floats to 4 significant digits (trials.csv and best.yaml keep them whole)."""
+    return f"{value:.4g}" if isinstance(value, float) else render(value)
+
+
+def seed_statistics(values: list[float]) -> tuple[float, float]:
+    """Mean and sample standard deviation (0 for one seed)."""
+    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
+
+
+def sweep_markdown(header: Header, rows: list[dict[str, Any]], best: Optional[dict[str, Any]],
+                   seed_values: list[tuple[int, float]]) -> str:
+    direction = "higher" if header.greater_is_better else "lower"
+    lines = ["# Sweep", "", f"`{header.command}`", "",
+             f"- objective: `{header.metric}` of each trial's saved model ({direction} is better)",
+             f"- space: {header.space.describe()}", f"- sampler: {header.sampler}; pruner: {header.pruner}",
+             f"- storage: {header.storage}", ""]
+    if rows:
+        counts = {state: sum(r["state"] == state for r in rows) for state in dict.fromkeys(r["state"] for r in rows)}
+        done = ", ".join(f"{n} {state}" for state, n in counts.items())
+        lines += [f"{len(rows)} of {header.trials} trials: {done}.", ""]
+        keys = header.space.keys()
+        lines += ["| trial | state | " + " | ".join(f"`{k}`" for k in keys) + f" | {header.metric} | updates | s |",
+                  "| ---: | --- | " + " | ".join("---:" for _ in keys) + " | ---: | ---: | ---: |"]
+        ordered = sorted(rows, key=lambda r: (r["value"] is None, -(r["value"] or 0) if header.greater_is_better
+                                              else (r["value"] or 0)))
+        for r in ordered:
+            value = "" if r["value"] is None else f"{r['value']:.4f}"
+            lines.append(f"| {r['trial']} | {r['state']} | " + " | ".join(short(r.get(k)) for k in keys)
+                         + f" | {value} | {r['updates'] if r['updates'] is not None else ''} | {r['seconds']:.0f} |")
+        lines.append("")
+    if best is not None:
+        values = ", ".join(f"`{k}={short(best.get(k))}`" for k in header.space.keys())
+        lines += [f"Best: trial {best['trial']} ({best['folder']}), {header.metric} {best['value']:.4f}: {values}.",
+                  f"Train it again: `finetune train --config {BEST_YAML}` (it writes to `best/`).", ""]
+    if seed_values:
+        mean, std = seed_statistics([v for _, v in seed_values])
+        lines += [f"## Over {len(seed_values)} seeds", "",
+                  f"{header.metric}: mean {mean:.4f}, standard deviation {std:.4f}", "",
+                  f"| seed | {header.metric} |", "| ---: | ---: |"]
+        lines += [f"| {seed} | {value:.4f} |" for seed, value in seed_values]
+        lines.append("")
+    if rows or seed_values:
+        lines += [f"![the objective against each searched value]({SWEEP_PNG})", ""]
+    return "\n".join(lines)

@@ -1,0 +1,224 @@
+"""One trial of a sweep: the ordinary run (or one run per seed) its values make, and what the study learns of it.
+
+A trial's runs are ordinary runs of this package, trained in this process by
+:func:`finetune.train.run_training` with the config, the command line's
+overrides and the trial's values, in the trial's folder (or one folder per
+seed). The folder's ``trial.json`` says what the trial was and how it ended.
+How each ending reaches the study:
+
+* finished: its value is the objective, ``evaluation.metric_for_best_model``
+  of the saved model (the mean over the trial's seeds);
+* pruned: each evaluation (of the first seed) is reported to Optuna at the
+  number of training texts seen, which is the same for every effective batch
+  at the same point of an epoch; the pruner's "stop" ends the run after that
+  evaluation, with nothing more written;
+* a non-finite loss (``training.on_nonfinite``): failed, and the sweep goes on;
+* SIGTERM / SIGINT: the run saves its checkpoint, a continuation of the
+  trial is queued (:func:`finetune.study.queue_continuation`), the sweep ends;
+* an input error (a data file, a value the config refuses): the sweep ends
+  with its one line.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from finetune.errors import FinetuneError
+from finetune.loop import NonFiniteLossError
+from finetune.outputs import write_atomic
+from finetune.search_space import SearchSpace, overrides
+from finetune.signals import RunInterrupted
+from finetune.study import (BEYOND_BUDGET, CONTINUES, FAILED, FOLDER, INTERRUPTED, SAME_AS, STOPPED_SWEEP,
+                            drawn_before, finished_same, queue_continuation)
+
+logger = logging.getLogger("finetune")
+
+TRIAL_FILE = "trial.json"
+
+
+@dataclass
+class Phase:
+    """What a study's trials run: the search over the space, or the best config over seeds.
+
+    Args:
+        study: The Optuna study.
+        space: What a trial draws (under seeds: ``training.seed``'s choices).
+        trials: The budget of drawn trials.
+        folder: A trial's folder name from its number and values.
+        seeds: Each trial's seeds (its objective is the mean); empty: the config's seed.
+        fixed: Overrides every trial of the phase shares (under seeds: the best trial's values).
+    """
+
+    name: str
+    study: Any
+    space: SearchSpace
+    trials: int
+    folder: Callable[[int, dict[str, Any]], str]
+    seeds: list[int] = field(default_factory=list)
+    fixed: list[str] = field(default_factory=list)
+
+
+@dataclass
+class TrialRunner:
+    """Optuna's objective for one phase: runs a trial and returns its value (NaN: failed, not scored).
+
+    Args:
+        root: The sweep's folder.
+        config: The run's YAML config (``None``: the default config).
+        overrides: The command line's ``section.key=value``.
+        metric: The objective (``evaluation.metric_for_best_model``).
+        prune: Report evaluations to the pruner.
+        on_trial_end: Called with ``(phase, trial number, trial.json's record)`` once the trial ended.
+    """
+
+    root: Path
+    config: Optional[str]
+    overrides: list[str]
+    metric: str
+    prune: bool
+    on_trial_end: Callable[[Phase, int, dict[str, Any]], None]
+    phase: Optional[Phase] = None
+
+    def __call__(self, trial) -> float:
+        phase = self.phase
+        params = phase.space.suggest(trial)
+        folder = trial.user_attrs.get(FOLDER) or phase.folder(trial.number, params)
+        trial.set_user_attr(FOLDER, folder)
+        record: dict[str, Any] = {"trial": trial.number, "study": phase.study.study_name, "params": params,
+                                  "fixed": phase.fixed, "continues": trial.user_attrs.get(CONTINUES)}
+        if CONTINUES not in trial.user_attrs:
+            if drawn_before(phase.study, trial.number) >= phase.trials:
+                # another worker drew the last trial of the budget at the same time: this one does not run
+                trial.set_user_attr(BEYOND_BUDGET, True)
+                return float("nan")
+            same = finished_same(phase.study, params, trial.number)
+            if same is not None:
+                # runs are exact and seeded: the same values give the same result, so it is not trained twice
+                trial.set_user_attr(SAME_AS, same.number)
+                self._end(trial, folder, {**record, "state": "same", "same_as": same.number, "value": same.value})
+                return same.value
+        return self._run(trial, params, folder, record)
+
+    def _run(self, trial, params: dict[str, Any], folder: str, record: dict[str, Any]) -> float:
+        import optuna
+
+        phase, start = self.phase, time.perf_counter()
+        seeds = phase.seeds or [None]
+        values, runs = [], []
+        for index, seed in enumerate(seeds):
+            run_dir = self.root / folder / (f"seed-{seed}" if len(seeds) > 1 else "")
+            run_args = self.run_overrides(params, run_dir, seed, continuing=CONTINUES in trial.user_attrs)
+            runs.append({"output_dir": str(run_dir), "command": train_command(self.config, run_args)})
+            hook = pruning_hook(trial, self.metric) if self.prune and index == 0 else None
+            try:
+                summary = finished_summary(run_dir) or self._train(run_args, hook)
+            except RunInterrupted as exc:
+                trial.set_user_attr(INTERRUPTED, exc.message)
+                queue_continuation(phase.study, trial)
+                self._end(trial, folder, {**record, "state": "interrupted", "runs": runs, "why": exc.message})
+                raise
+            except NonFiniteLossError as exc:
+                trial.set_user_attr(FAILED, exc.message)
+                self._end(trial, folder, {**record, "state": "failed", "runs": runs, "why": exc.message})
+                return float("nan")
+            except FinetuneError as exc:
+                trial.set_user_attr(STOPPED_SWEEP, True)
+                trial.set_user_attr(FAILED, exc.message)
+                raise
+            if summary["train"].get("ended") == "stopped_by_caller":
+                self._end(trial, folder, {**record, "state": "pruned", "runs": runs,
+                                          "why": pruned_why(trial, self.metric)})
+                raise optuna.TrialPruned()
+            values.append(summary["eval"][self.metric])
+        value = statistics.fmean(values)
+        self._end(trial, folder, {**record, "state": "complete", "value": value, "values": values, "runs": runs,
+                                  "seconds": round(time.perf_counter() - start, 1)})
+        return value
+
+    def run_overrides(self, params: dict[str, Any], run_dir: Path, seed: Optional[int], continuing: bool) -> list[str]:
+        """``finetune train``'s overrides of one run: the command line's, the phase's, the trial's, its folder."""
+        extra = [f"output.output_dir={run_dir}", "output.resume_from=auto"]
+        if continuing:
+            extra.append("output.overwrite=true")  # resume the checkpoint if there is one, else start the trial over
+        if seed is not None:
+            extra.append(f"training.seed={seed}")
+        return [*self.overrides, *self.phase.fixed, *overrides(params), *extra]
+
+    def _train(self, run_args: list[str], hook) -> dict[str, Any]:
+        import gc
+
+        from finetune.train import run_training
+
+        try:
+            return run_training(self.config, run_args, on_evaluation=hook)
+        finally:
+            gc.collect()
+            _free_accelerator_memory()
+
+    def _end(self, trial, folder: str, record: dict[str, Any]) -> None:
+        path = self.root / folder / TRIAL_FILE
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(path, json.dumps(record, indent=1, default=str) + "\n")
+        self.on_trial_end(self.phase, trial.number, record)
+
+
+def train_command(config: Optional[str], run_args: list[str]) -> str:
+    """The ``finetune train`` command that makes (or resumes) this run by hand."""
+    import shlex
+
+    return shlex.join(["finetune", "train", *(["--config", config] if config else []), *run_args])
+
+
+def pruning_hook(trial, metric: str):
+    """``fit``'s ``on_evaluation``: report the metric at the texts seen so far, and stop when the pruner says so."""
+
+    def on_evaluation(run, metrics: dict[str, Any]) -> bool:
+        trial.report(float(metrics[metric]), texts_seen(run))
+        return trial.should_prune()
+
+    return on_evaluation
+
+
+def texts_seen(run) -> int:
+    """Training texts seen so far: equal at the same point of an epoch whatever the effective batch."""
+    state, per_epoch = run.state, len(run.train_dataloader)
+    epochs = state.epoch + state.micro_batch / per_epoch
+    return round(epochs * len(run.train_dataloader.dataset))
+
+
+def pruned_why(trial, metric: str) -> str:
+    """The pruned trial's last report beside the median of the finished trials at the same point."""
+    from optuna.trial import TrialState
+
+    frozen = trial.study.get_trials(deepcopy=False)
+    own = next(t for t in frozen if t.number == trial.number).intermediate_values
+    if not own:
+        return "pruned before its first evaluation"
+    step = max(own)
+    others = [t.intermediate_values[step] for t in frozen
+              if t.state == TrialState.COMPLETE and step in t.intermediate_values]
+    median = f", the median of {len(others)} finished trials there is {statistics.median(others):.4f}" if others else ""
+    return f"pruned after {step} training texts: {metric} {own[step]:.4f}{median}"
+
+
+def finished_summary(run_dir: Path) -> Optional[dict[str, Any]]:
+    """A finished run's ``metrics.json`` (a continued trial keeps the seeds it finished), else ``None``."""
+    path = run_dir / "metrics.json"
+    if not path.is_file():
+        return None
+    summary = json.loads(path.read_text(encoding="utf-8"))
+    return summary if summary.get("train", {}).get("ended") in ("completed", "early_stopped") else None
+
+
+def _free_accelerator_memory() -> None:
+    """Give a finished trial's GPU memory back before the next trial's model is built."""
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
