@@ -23,6 +23,7 @@ study stands:
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 from typing import Any, Optional
@@ -57,9 +58,13 @@ def open_storage(url: str):
     import sqlalchemy.exc
 
     engine = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {"pool_pre_ping": True}
+    # the callback's name changed in Optuna 4.9; take the one this Optuna has
+    parameters = inspect.signature(optuna.storages.RDBStorage).parameters
+    callback = ("heartbeat_stale_trial_callback" if "heartbeat_stale_trial_callback" in parameters
+                else "failed_trial_callback")
     try:
         return optuna.storages.RDBStorage(url, engine_kwargs=engine, heartbeat_interval=HEARTBEAT_S,
-                                          grace_period=GRACE_S, failed_trial_callback=queue_continuation)
+                                          grace_period=GRACE_S, **{callback: queue_continuation})
     except ModuleNotFoundError as exc:
         driver = {"psycopg2": "pip install psycopg2-binary", "pymysql": "pip install pymysql"}.get(exc.name, "")
         raise ConfigError(f"--storage {redact(url)}: its database driver {exc.name} is not installed"

@@ -90,7 +90,7 @@ def updates_of(folder: Path) -> Optional[int]:
     with open(logs[0], encoding="utf-8") as fh:
         for line in fh:
             record = json.loads(line)
-            if "eval/loss" not in record and "step" in record:
+            if "train/loss" in record:
                 last = record["step"]
     return last
 

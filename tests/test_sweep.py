@@ -1,0 +1,359 @@
+"""``finetune sweep``: what it writes, continuing after SIGTERM, several workers, pruning, seeds, bad input.
+
+Every sweep here searches the tiny BERT on 48 generated SMS-like rows; a
+trial is a run of a second or two. The sweeps that must be separate
+processes (a signal, two workers, a PostgreSQL server) are marked slow.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from helpers import REPO, offline_env, write_sms_job
+
+SPACE = {"optim.learning_rate": {"low": 1e-3, "high": 3e-2, "log": True},
+         "training.effective_batch_size": [4, 8]}
+
+
+def sms_job(root: Path, epochs: int = 2, **sections) -> Path:
+    """The tiny job: micro-batch 4, selection on accuracy (or ``evaluation`` given), fp32."""
+    training = {"per_device_train_batch_size": 4, "effective_batch_size": 8, "num_train_epochs": epochs,
+                "seed": 1, "mixed_precision": "no", **sections.pop("training", {})}
+    evaluation = {"metrics": ["accuracy"], "average": "macro", "metric_for_best_model": "accuracy",
+                  **sections.pop("evaluation", {})}
+    return write_sms_job(root, training=training, evaluation=evaluation,
+                         output={"output_dir": str(root / "out")}, **sections)
+
+
+def sweep_file(root: Path, name: str = "sweep.yaml", **settings) -> Path:
+    path = root / name
+    path.write_text(yaml.safe_dump({"space": SPACE, "trials": 4, "sampler": {"type": "random", "seed": 0},
+                                    **settings}), encoding="utf-8")
+    return path
+
+
+def sweep_in_process(args: list[str]) -> int:
+    from finetune.sweep import main
+
+    os.environ["FINETUNE_CPU_THREADS"] = "1"  # a 32-wide model gains nothing from a second thread
+    return main(args)
+
+
+def sweep_process(args: list[str], **popen) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "finetune.cli", "sweep", *args], cwd=REPO,
+                            env=offline_env({"FINETUNE_CPU_THREADS": "1"}), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, **popen)
+
+
+def load_study(folder: Path, name: str | None = None):
+    import optuna
+
+    return optuna.load_study(study_name=name or folder.resolve().name, storage=f"sqlite:///{folder / 'study.db'}")
+
+
+def steps_logged(run_dir: Path) -> list[int]:
+    lines = (run_dir / "train_log.jsonl").read_text().splitlines()
+    return [r["step"] for r in map(json.loads, lines) if "train/loss" in r]
+
+
+# --- the space ---------------------------------------------------------------------------------------------------
+
+
+def test_space_kinds_follow_the_schema_and_values_read_back():
+    from finetune.config import parse_override
+    from finetune.search_space import overrides, parse_space
+
+    space = parse_space({"optim.learning_rate": {"low": "1e-5", "high": 1e-4, "log": True},
+                         "optim.warmup_ratio": {"low": 0, "high": 1},
+                         "training.max_steps": {"low": 10, "high": 40},
+                         "optim.lr_scheduler_type": ["linear", "cosine"]}, "s.yaml")
+    kinds = {d.key: d.kind for d in space.dimensions}
+    assert kinds == {"optim.learning_rate": "float", "optim.warmup_ratio": "float",
+                     "training.max_steps": "int", "optim.lr_scheduler_type": "choice"}
+    assert space.dimensions[0].low == 1e-5 and space.dimensions[0].log
+    values = {"optim.learning_rate": 1e-05, "optim.warmup_ratio": 0.1, "training.max_steps": 30,
+              "optim.lr_scheduler_type": "cosine", "data.text_column": "true"}
+    # YAML 1.1 reads `1e-05` as a string: every override must read back as the value drawn
+    assert dict(parse_override(o) for o in overrides(values)) == values
+
+
+# --- a 4-trial sweep and what it writes -------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def four_trials(tmp_path_factory):
+    from accelerate.state import AcceleratorState, GradientState
+
+    root = tmp_path_factory.mktemp("sweep4")
+    config, spec = sms_job(root), sweep_file(root, pruner="none")
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+    code = sweep_in_process(["--config", str(config), "--sweep", str(spec)])
+    return root, root / "out-sweep", code
+
+
+def test_four_trials_write_every_file(four_trials):
+    _, out, code = four_trials
+    assert code == 0
+    rows = list(csv.DictReader((out / "trials.csv").open()))
+    assert [r["folder"] for r in rows] == [f"trial-000{i}" for i in range(4)]
+    for row in rows:
+        run = out / row["folder"]
+        metrics = json.loads((run / "metrics.json").read_text())
+        assert row["state"] == "complete"
+        assert float(row["value"]) == pytest.approx(metrics["eval"]["accuracy"], abs=1e-12)
+        assert int(row["updates"]) == metrics["train"]["updates"]
+        saved = yaml.safe_load((run / "config.yaml").read_text())
+        assert saved["optim"]["learning_rate"] == pytest.approx(float(row["optim.learning_rate"]))
+        assert saved["training"]["effective_batch_size"] == int(row["training.effective_batch_size"])
+        assert json.loads((run / "trial.json").read_text())["state"] == "complete"
+    best = max(rows, key=lambda r: float(r["value"]))
+    from finetune.config import load_config
+
+    cfg = load_config(out / "best.yaml")
+    assert cfg.optim.learning_rate == pytest.approx(float(best["optim.learning_rate"]))
+    assert cfg.training.effective_batch_size == int(best["training.effective_batch_size"])
+    assert Path(cfg.output.output_dir) == out / "best"
+    report = (out / "sweep.md").read_text()
+    assert f"Best: trial {best['trial']} ({best['folder']})" in report and "4 of 4 trials: 4 complete" in report
+    assert (out / "sweep.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    study = load_study(out)
+    assert study.best_trial.number == int(best["trial"])
+
+
+def test_the_same_command_again_continues_and_more_trials_extend(four_trials):
+    root, out, _ = four_trials
+    before = {p.name: (p / "metrics.json").stat().st_mtime_ns for p in out.glob("trial-*")}
+    assert sweep_in_process(["--config", str(root / "cfg.yaml"), "--sweep", str(root / "sweep.yaml")]) == 0
+    assert {p.name: (p / "metrics.json").stat().st_mtime_ns for p in out.glob("trial-*")} == before
+    assert len(load_study(out).trials) == 4
+
+
+# --- exactness: the search is over the math, not the memory -----------------------------------------------------
+
+
+def test_the_micro_batch_does_not_change_a_trial(tmp_path, fresh_accelerate_state):
+    """Same values, micro-batch 2 or 4 (k doubles): the same objective; a repeated point is not trained again."""
+    from accelerate.state import AcceleratorState, GradientState
+
+    values = []
+    for micro in (2, 4):
+        root = tmp_path / f"micro{micro}"
+        root.mkdir()
+        # no dropout: its masks are drawn per micro-batch, the one thing a micro-batch may change
+        config = sms_job(root, training={"per_device_train_batch_size": micro},
+                         evaluation={"metric_for_best_model": "loss"}, model={"dropout": 0.0})
+        spec = sweep_file(root, space={"optim.learning_rate": [1e-2]}, trials=2, pruner="none")
+        AcceleratorState._reset_state(True)
+        GradientState._reset_state()
+        assert sweep_in_process(["--config", str(config), "--sweep", str(spec)]) == 0
+        study = load_study(root / "out-sweep")
+        first, second = study.trials
+        assert second.value == first.value and second.user_attrs["same_as"] == 0
+        assert not (root / "out-sweep" / "trial-0001" / "metrics.json").exists()  # not trained twice
+        values.append(first.value)
+    assert values[0] == pytest.approx(values[1], rel=1e-5)
+
+
+# --- pruning ----------------------------------------------------------------------------------------------------
+
+
+def test_pruning_stops_a_trial_worse_than_the_median(tmp_path, fresh_accelerate_state):
+    root = tmp_path
+    config = sms_job(root, epochs=3, evaluation={"metric_for_best_model": "loss"})
+    # a learning rate that learns, then one that barely moves: the second is worse at its first evaluation
+    spec = sweep_file(root, space={"optim.learning_rate": [3e-2, 1e-7]}, trials=2,
+                      sampler={"type": "grid", "seed": 1}, pruner={"type": "median", "startup_trials": 1})
+    assert sweep_in_process(["--config", str(config), "--sweep", str(spec)]) == 0
+    study = load_study(root / "out-sweep")
+    by_lr = {t.params["optim.learning_rate"]: t for t in study.trials}
+    good, bad = by_lr[3e-2], by_lr[1e-7]
+    assert good.number == 0, "the grid's seed must put the learning rate that learns first"
+    assert good.state.name == "COMPLETE" and bad.state.name == "PRUNED"
+    step = min(bad.intermediate_values)
+    assert bad.intermediate_values[step] > good.intermediate_values[step]  # worse than the median of one
+    bad_dir = root / "out-sweep" / bad.user_attrs["folder"]
+    assert not (bad_dir / "metrics.json").exists()
+    assert max(steps_logged(bad_dir)) < max(steps_logged(root / "out-sweep" / good.user_attrs["folder"]))
+    record = json.loads((bad_dir / "trial.json").read_text())
+    assert record["state"] == "pruned" and "the median of 1 finished trials" in record["why"]
+
+
+# --- seeds ------------------------------------------------------------------------------------------------------
+
+
+def test_seeds_report_mean_and_deviation_of_their_scores(tmp_path, fresh_accelerate_state):
+    config = sms_job(tmp_path)
+    assert sweep_in_process(["--config", str(config), "--seeds", "3", "optim.learning_rate=1e-2"]) == 0
+    out = tmp_path / "out-sweep"
+    scores = {s: json.loads((out / "seeds" / f"seed-{s}" / "metrics.json").read_text())["eval"]["accuracy"]
+              for s in (1, 2, 3)}
+    report = (out / "sweep.md").read_text()
+    mean, std = statistics.fmean(scores.values()), statistics.stdev(scores.values())
+    assert f"accuracy: mean {mean:.4f}, standard deviation {std:.4f}" in report
+    for seed, value in scores.items():
+        assert f"| {seed} | {value:.4f} |" in report
+        saved = yaml.safe_load((out / "seeds" / f"seed-{seed}" / "config.yaml").read_text())
+        assert saved["training"]["seed"] == seed and saved["optim"]["learning_rate"] == 1e-2
+
+
+# --- bad input: one line, exit 2, before any trial ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("settings, args, message", [
+    ({"space": {"optim.learnig_rate": [1e-3]}}, [], "space: optim.learnig_rate: no such config key (did you mean "),
+    ({"space": {"optim.learning_rate": {"low": 1e-2, "high": 1e-3}}}, [], "low must be below high"),
+    ({"space": {"optim.learning_rate": {"low": 0.0, "high": 1e-3, "log": True}}}, [], "a log range needs low > 0"),
+    ({"space": {"optim.learning_rate": {"low": 1e-3}}}, [], "missing high"),
+    ({"space": {"training.max_steps": {"low": 1, "high": 2.5}}}, [], "is an integer key"),
+    ({"space": {"training.per_device_train_batch_size": [4, 8]}}, [], "the micro-batch is memory, not math"),
+    ({"space": {"training.effective_batch_size": [6]}}, [], "space: training.effective_batch_size: 6 is refused"),
+    ({"space": {"optim.learning_rate": []}}, [], "no choices"),
+    ({"trails": 3}, [], "unknown key 'trails' (did you mean trials?)"),
+    ({"sampler": "bayes"}, [], "sampler: 'bayes' is not one of tpe, random, grid"),
+    ({"pruner": {"type": "median", "startup": 2}}, [], "pruner: unknown startup"),
+    ({"trials": 0}, [], "trials: must be >= 1"),
+    ({"sampler": "grid", "space": SPACE}, [], "grid needs a list of choices"),
+    ({}, ["--seeds", "-1"], "seeds: must be an integer >= 0"),
+    ({}, ["--storage", "mysqlx://nowhere/db"], "--storage mysqlx://nowhere/db: "),
+])
+def test_bad_input_is_one_line_before_any_trial(tmp_path, capsys, settings, args, message):
+    config = sms_job(tmp_path)
+    spec = tmp_path / "bad.yaml"
+    spec.write_text(yaml.safe_dump({"space": {"optim.learning_rate": [1e-3]}, **settings}), encoding="utf-8")
+    assert sweep_in_process(["--config", str(config), "--sweep", str(spec), *args]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0], err
+    assert not list((tmp_path / "out-sweep").glob("trial-*"))
+
+
+def test_a_folder_made_with_another_space_is_refused(four_trials, capsys):
+    root, out, _ = four_trials
+    other = sweep_file(root, "other.yaml", space={"optim.learning_rate": [1e-3, 2e-3]})
+    assert sweep_in_process(["--config", str(root / "cfg.yaml"), "--sweep", str(other)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "the study was made with another space" in err[0], err
+    assert len(load_study(out).trials) == 4
+
+
+# --- in separate processes: a signal, two workers, a shared server ----------------------------------------------
+
+
+@pytest.mark.slow
+def test_sigterm_in_the_third_trial_then_the_same_command_finishes_it(tmp_path):
+    config = sms_job(tmp_path, epochs=25)
+    spec = sweep_file(tmp_path, pruner="none")
+    args = ["--config", str(config), "--sweep", str(spec)]
+    out = tmp_path / "out-sweep"
+    proc = sweep_process(args)
+    third = out / "trial-0002"
+    deadline = time.monotonic() + 240
+    while not ((third / "train_log.jsonl").exists() and len(steps_logged(third)) >= 3):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0][-3000:]
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGTERM)
+    log = proc.communicate(timeout=120)[0]
+    assert proc.returncode == 143, log[-3000:]
+    stopped_at = max(steps_logged(third))
+    assert (third / "checkpoints").is_dir() and not (third / "metrics.json").exists()
+
+    again = sweep_process(args)
+    log = again.communicate(timeout=400)[0]
+    assert again.returncode == 0, log[-3000:]
+    assert "resum" in log.lower()
+    study = load_study(out)
+    complete = [t for t in study.trials if t.state.name == "COMPLETE"]
+    assert sorted(t.user_attrs["folder"] for t in complete) == [f"trial-000{i}" for i in range(4)]
+    continuation = next(t for t in complete if t.user_attrs["folder"] == "trial-0002")
+    assert continuation.user_attrs["continues"] == 2
+    steps = steps_logged(third)
+    assert steps == list(range(1, len(steps) + 1)) and len(steps) > stopped_at  # each update once
+    rows = list(csv.DictReader((out / "trials.csv").open()))
+    assert [(r["folder"], r["state"], r["attempts"]) for r in rows][2] == ("trial-0002", "complete", "2")
+
+
+@pytest.mark.slow
+def test_two_workers_share_one_sqlite_study(tmp_path):
+    config = sms_job(tmp_path)
+    spec = sweep_file(tmp_path, trials=6, pruner="none", sampler="random")
+    args = ["--config", str(config), "--sweep", str(spec)]
+    workers = [sweep_process(args) for _ in range(2)]
+    logs = [w.communicate(timeout=600)[0] for w in workers]
+    assert [w.returncode for w in workers] == [0, 0], [log[-2000:] for log in logs]
+    out = tmp_path / "out-sweep"
+    study = load_study(out)
+    ran = [t for t in study.trials if not t.user_attrs.get("beyond_budget")]
+    assert len(ran) == 6 and all(t.state.name == "COMPLETE" for t in ran)
+    folders = sorted(t.user_attrs["folder"] for t in ran)
+    assert folders == sorted(set(folders)) == sorted(p.name for p in out.glob("trial-*") if (p / "metrics.json").exists())
+    for folder in folders:
+        steps = steps_logged(out / folder)
+        assert steps == list(range(1, len(steps) + 1))  # one run in each folder, not two
+    per_worker = [sum("search trial" in line for line in log.splitlines()) for log in logs]
+    assert sum(per_worker) == 6 and min(per_worker) >= 1, per_worker
+
+
+def postgres_binaries() -> str | None:
+    for folder in [os.environ.get("PG_BIN", ""), "/usr/local/bin", *sorted(Path("/usr/lib/postgresql").glob("*/bin"))]:
+        if folder and (Path(folder) / "initdb").exists() and (Path(folder) / "pg_ctl").exists():
+            return str(folder)
+    return None
+
+
+@pytest.fixture
+def postgres_url(tmp_path):
+    """A PostgreSQL server of this test's own, in a temporary folder; its URL. Stopped at the end."""
+    pytest.importorskip("psycopg2", reason="the PostgreSQL driver psycopg2 is not installed (pip install psycopg2-binary)")
+    binaries = postgres_binaries()
+    if binaries is None:
+        pytest.skip("no PostgreSQL server binaries (apt-get install postgresql)")
+    from helpers import free_port
+
+    data, port = tmp_path / "pg", free_port()
+    # the server refuses to run as root: run it as the postgres user where the tests run as root
+    run_as = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+    if run_as:
+        shutil.chown(tmp_path, "postgres")
+    subprocess.run([*run_as, f"{binaries}/initdb", "-D", str(data), "-U", "sweep", "--auth=trust"],
+                   check=True, capture_output=True)
+    subprocess.run([*run_as, f"{binaries}/pg_ctl", "-D", str(data), "-l", str(tmp_path / "pg.log"), "-w", "-o",
+                    f"-p {port} -k {tmp_path} -c listen_addresses=127.0.0.1", "start"], check=True,
+                   capture_output=True)
+    try:
+        yield f"postgresql://sweep@127.0.0.1:{port}/postgres"
+    finally:
+        subprocess.run([*run_as, f"{binaries}/pg_ctl", "-D", str(data), "-m", "fast", "stop"], capture_output=True)
+
+
+@pytest.mark.slow
+def test_two_workers_share_a_postgresql_study(tmp_path, postgres_url):
+    work = tmp_path / "work"
+    work.mkdir()
+    config = sms_job(work)
+    spec = sweep_file(work, trials=4, pruner="none")
+    # each worker its own folder, as on two machines: the study on the server is what they share
+    args = [["--config", str(config), "--sweep", str(spec), "--storage", postgres_url, "--study-name", "shared",
+             "--output", str(work / f"machine{i}")] for i in range(2)]
+    workers = [sweep_process(a) for a in args]
+    logs = [w.communicate(timeout=600)[0] for w in workers]
+    assert [w.returncode for w in workers] == [0, 0], [log[-2000:] for log in logs]
+    import optuna
+
+    study = optuna.load_study(study_name="shared", storage=postgres_url)
+    ran = [t for t in study.trials if not t.user_attrs.get("beyond_budget")]
+    assert len(ran) == 4 and all(t.state.name == "COMPLETE" for t in ran)
+    runs = [p.name for i in range(2) for p in (work / f"machine{i}").glob("trial-*") if (p / "metrics.json").exists()]
+    assert sorted(runs) == sorted(t.user_attrs["folder"] for t in ran)  # every trial ran once, on one machine
+    assert "storage postgresql://sweep@127.0.0.1" in logs[0]
