@@ -52,9 +52,10 @@ MODEL_CARD_MARK = "<!-- model card written by finetune; rewritten by each run in
 
 def write_atomic(path: str | os.PathLike, text: str) -> None:
     """Write ``text`` to ``path`` through a temporary file and a rename: a reader, or a run stopped
-    mid-write, sees the old file or the new one, never a part."""
+    mid-write, sees the old file or the new one, never a part. The temporary file is this process's
+    own: several sweep workers rewrite the same report."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     with open(tmp, "w", encoding="utf-8") as fh:
         fh.write(text)
         fh.flush()

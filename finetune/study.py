@@ -26,6 +26,7 @@ from __future__ import annotations
 import inspect
 import json
 import logging
+import time
 from typing import Any, Optional
 
 from finetune.errors import ConfigError
@@ -45,6 +46,8 @@ SPACE_ATTR, CONFIG_ATTR, BASE_PARAMS_ATTR = "finetune.space", "finetune.config",
 
 # Seconds between a running trial's heartbeats, and without one before the trial counts as lost.
 HEARTBEAT_S, GRACE_S = 30, 120
+# tries at opening a database another worker may be creating
+ATTEMPTS = 4
 
 
 def open_storage(url: str):
@@ -63,11 +66,20 @@ def open_storage(url: str):
     callback = ("heartbeat_stale_trial_callback" if "heartbeat_stale_trial_callback" in parameters
                 else "failed_trial_callback")
     try:
-        return optuna.storages.RDBStorage(url, engine_kwargs=engine, heartbeat_interval=HEARTBEAT_S,
-                                          grace_period=GRACE_S, **{callback: queue_continuation})
-    except ModuleNotFoundError as exc:
-        driver = {"psycopg2": "pip install psycopg2-binary", "pymysql": "pip install pymysql"}.get(exc.name, "")
-        raise ConfigError(f"--storage {redact(url)}: its database driver {exc.name} is not installed"
+        for attempt in range(ATTEMPTS):
+            try:
+                return optuna.storages.RDBStorage(url, engine_kwargs=engine, heartbeat_interval=HEARTBEAT_S,
+                                                  grace_period=GRACE_S, **{callback: queue_continuation})
+            except (sqlalchemy.exc.OperationalError, sqlalchemy.exc.IntegrityError):
+                # two workers starting at once both create the tables; the one that lost finds them next time
+                if attempt == ATTEMPTS - 1:
+                    raise
+                time.sleep(1.0 + attempt)
+    except ImportError as exc:  # Optuna's, raised from the driver's ModuleNotFoundError
+        name = getattr(exc.__cause__, "name", None) or exc.name or "module"
+        driver = {"psycopg": "pip install 'psycopg[binary]'", "psycopg2": "pip install psycopg2-binary",
+                  "pymysql": "pip install pymysql"}.get(name, "")
+        raise ConfigError(f"--storage {redact(url)}: its database driver {name} is not installed"
                           + (f" ({driver})" if driver else "")) from None
     except (sqlalchemy.exc.SQLAlchemyError, ValueError) as exc:
         first = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]

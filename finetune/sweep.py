@@ -164,15 +164,17 @@ def _pruner_settings(value: Any, where: str) -> dict[str, Any]:
     return settings
 
 
-def make_sampler(sweep: Sweep):
+def make_sampler(sweep: Sweep, trials_so_far: int):
+    """The sampler; a seeded one is seeded past the trials the study holds, so a continued sweep draws new values."""
     import optuna
 
+    seed = None if sweep.sampler_seed is None else sweep.sampler_seed + trials_so_far
+
     if sweep.sampler == "grid":
-        return optuna.samplers.GridSampler({d.key: list(d.choices) for d in sweep.space.dimensions},
-                                           seed=sweep.sampler_seed)
+        return optuna.samplers.GridSampler({d.key: list(d.choices) for d in sweep.space.dimensions}, seed=seed)
     if sweep.sampler == "random":
-        return optuna.samplers.RandomSampler(seed=sweep.sampler_seed)
-    return optuna.samplers.TPESampler(seed=sweep.sampler_seed)
+        return optuna.samplers.RandomSampler(seed=seed)
+    return optuna.samplers.TPESampler(seed=seed)
 
 
 def make_pruner(settings: dict[str, Any]):
@@ -263,7 +265,7 @@ def run_sweep(sweep: Sweep) -> dict[str, Any]:
     done = sum(1 for t in search.get_trials(deepcopy=False) if t.state.is_finished()) if search else 0
     logger.info(start_line(sweep, metric, greater, done))
     header = Header(metric, greater, sweep.space, sweep.sampler, describe_pruner(sweep.pruner),
-                    redact(sweep.storage), sweep.trials, sweep.command)
+                    redact(sweep.storage), sweep.trials, sweep.command, sweep.config, tuple(sweep.overrides))
     studies: dict[str, Any] = {"search": search, "seeds": None}
     report = lambda *_: write_reports(sweep.output, header, studies["search"], studies["seeds"],  # noqa: E731
                                       seed_results(studies["seeds"]))
@@ -271,7 +273,7 @@ def run_sweep(sweep: Sweep) -> dict[str, Any]:
                          prune=sweep.pruner["type"] != "none", on_trial_end=progress_line(sweep, metric, greater, report))
     base_seed = cfg.training.seed
     if search is not None:
-        search.sampler, search.pruner = make_sampler(sweep), make_pruner(sweep.pruner)
+        search.sampler, search.pruner = make_sampler(sweep, len(search.trials)), make_pruner(sweep.pruner)
         trial_seeds = [base_seed + i for i in range(sweep.trial_seeds)] if sweep.trial_seeds > 1 else []
         runner.phase = Phase("search", search, sweep.space, sweep.trials, lambda n, _: f"trial-{n:04d}", trial_seeds)
         run_phase(runner)

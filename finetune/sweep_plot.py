@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -53,7 +54,9 @@ def save_sweep_figure(path: Path, header, rows: list[dict[str, Any]], seed_value
         ax.set_title(f"best config over {len(values)} seeds" if dimensions else f"over {len(values)} seeds")
         ax.legend(fontsize="small")
         ax.grid(alpha=0.3)
-    fig.savefig(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # several workers draw it: each its own, then a rename
+    fig.savefig(tmp, format="png")
+    os.replace(tmp, path)
 
 
 def header_floor(scored: list[dict[str, Any]]) -> float:

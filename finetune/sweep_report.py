@@ -18,7 +18,7 @@ from typing import Any, Optional
 import yaml
 
 from finetune.outputs import write_atomic
-from finetune.search_space import SearchSpace, render
+from finetune.search_space import SearchSpace, overrides, render
 from finetune.study import BEYOND_BUDGET, FAILED, FOLDER, INTERRUPTED, SAME_AS, STOPPED_SWEEP
 
 TRIALS_CSV, SWEEP_MD, BEST_YAML, SWEEP_PNG = "trials.csv", "sweep.md", "best.yaml", "sweep.png"
@@ -36,6 +36,9 @@ class Header:
     storage: str
     trials: int
     command: str
+    # the run's config and the command line's overrides, from which best.yaml is made
+    config: Optional[str] = None
+    overrides: tuple[str, ...] = ()
 
 
 def state_of(trial) -> str:
@@ -109,7 +112,7 @@ def write_reports(root: Path, header: Header, search, seeds, seed_values: list[t
     if rows:
         write_atomic(root / TRIALS_CSV, trials_csv(rows))
     if best is not None:
-        write_atomic(root / BEST_YAML, best_yaml(root, best))
+        write_atomic(root / BEST_YAML, best_yaml(root, header, best))
     write_atomic(root / SWEEP_MD, sweep_markdown(header, rows, best, seed_values))
     if rows or seed_values:
         from finetune.sweep_plot import save_sweep_figure
@@ -126,11 +129,16 @@ def trials_csv(rows: list[dict[str, Any]]) -> str:
     return out.getvalue()
 
 
-def best_yaml(root: Path, best: dict[str, Any]) -> str:
-    """The best trial's whole config, writing to ``<sweep>/best`` so that training it starts a new run."""
-    configs = sorted((root / best["folder"]).glob("config.yaml")) or sorted(
-        (root / best["folder"]).glob("seed-*/config.yaml"))
-    config = yaml.safe_load(configs[0].read_text(encoding="utf-8"))
+def best_yaml(root: Path, header: Header, best: dict[str, Any]) -> str:
+    """The best trial's whole config, writing to ``<sweep>/best`` so that training it starts a new run.
+
+    Made from the config and the trial's values, not read from the trial's folder: with workers on several
+    machines, the best trial may have run on another.
+    """
+    from finetune.config import load_config
+
+    params = {key: best[key] for key in header.space.keys()}
+    config = load_config(header.config, [*header.overrides, *overrides(params)]).to_dict()
     config["output"]["output_dir"] = str(root / "best")
     config["output"]["resume_from"] = "auto"
     head = (f"# The best trial of the sweep in {root}: trial {best['trial']}, value {best['value']:.4f}.\n"

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from finetune.checkpoint import list_checkpoints
 from finetune.errors import FinetuneError
 from finetune.loop import NonFiniteLossError
 from finetune.outputs import write_atomic
@@ -144,8 +145,8 @@ class TrialRunner:
     def run_overrides(self, params: dict[str, Any], run_dir: Path, seed: Optional[int], continuing: bool) -> list[str]:
         """``finetune train``'s overrides of one run: the command line's, the phase's, the trial's, its folder."""
         extra = [f"output.output_dir={run_dir}", "output.resume_from=auto"]
-        if continuing:
-            extra.append("output.overwrite=true")  # resume the checkpoint if there is one, else start the trial over
+        if continuing and not list_checkpoints(run_dir):
+            extra.append("output.overwrite=true")  # stopped before its first checkpoint: the trial starts over
         if seed is not None:
             extra.append(f"training.seed={seed}")
         return [*self.overrides, *self.phase.fixed, *overrides(params), *extra]

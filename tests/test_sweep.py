@@ -15,6 +15,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -272,12 +273,14 @@ def test_sigterm_in_the_third_trial_then_the_same_command_finishes_it(tmp_path):
     again = sweep_process(args)
     log = again.communicate(timeout=400)[0]
     assert again.returncode == 0, log[-3000:]
-    assert "resum" in log.lower()
+    assert f"resumed from {third / 'checkpoints'}" in log
     study = load_study(out)
     complete = [t for t in study.trials if t.state.name == "COMPLETE"]
-    assert sorted(t.user_attrs["folder"] for t in complete) == [f"trial-000{i}" for i in range(4)]
+    # trial 3 continued trial 2 in its folder; the sampler's fourth trial is number 4
+    assert sorted(t.user_attrs["folder"] for t in complete) == ["trial-0000", "trial-0001", "trial-0002", "trial-0004"]
     continuation = next(t for t in complete if t.user_attrs["folder"] == "trial-0002")
-    assert continuation.user_attrs["continues"] == 2
+    assert continuation.number == 3 and continuation.user_attrs["continues"] == 2
+    assert len({tuple(t.params.values()) for t in complete}) == 4
     steps = steps_logged(third)
     assert steps == list(range(1, len(steps) + 1)) and len(steps) > stopped_at  # each update once
     rows = list(csv.DictReader((out / "trials.csv").open()))
@@ -315,26 +318,32 @@ def postgres_binaries() -> str | None:
 @pytest.fixture
 def postgres_url(tmp_path):
     """A PostgreSQL server of this test's own, in a temporary folder; its URL. Stopped at the end."""
-    pytest.importorskip("psycopg2", reason="the PostgreSQL driver psycopg2 is not installed (pip install psycopg2-binary)")
+    pytest.importorskip("psycopg", reason="the PostgreSQL driver psycopg is not installed (pip install 'psycopg[binary]')")
     binaries = postgres_binaries()
     if binaries is None:
         pytest.skip("no PostgreSQL server binaries (apt-get install postgresql)")
     from helpers import free_port
 
-    data, port = tmp_path / "pg", free_port()
-    # the server refuses to run as root: run it as the postgres user where the tests run as root
+    # the server refuses to run as root: where the tests run as root, it runs as the postgres user, in a
+    # folder of its own (pytest's temporary folders are closed to other users)
+    home = Path(tempfile.mkdtemp(prefix="finetune-test-pg-"))
     run_as = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
     if run_as:
-        shutil.chown(tmp_path, "postgres")
-    subprocess.run([*run_as, f"{binaries}/initdb", "-D", str(data), "-U", "sweep", "--auth=trust"],
-                   check=True, capture_output=True)
-    subprocess.run([*run_as, f"{binaries}/pg_ctl", "-D", str(data), "-l", str(tmp_path / "pg.log"), "-w", "-o",
-                    f"-p {port} -k {tmp_path} -c listen_addresses=127.0.0.1", "start"], check=True,
-                   capture_output=True)
+        shutil.chown(home, "postgres")
+    data, port = home / "data", free_port()
+    started = False
     try:
-        yield f"postgresql://sweep@127.0.0.1:{port}/postgres"
+        for command in (["initdb", "-D", str(data), "-U", "sweep", "--auth=trust"],
+                        ["pg_ctl", "-D", str(data), "-l", str(home / "server.log"), "-w", "-o",
+                         f"-p {port} -k {home} -c listen_addresses=127.0.0.1", "start"]):
+            done = subprocess.run([*run_as, f"{binaries}/{command[0]}", *command[1:]], capture_output=True, text=True)
+            assert done.returncode == 0, f"{command[0]}: {done.stdout[-1500:]}{done.stderr[-1500:]}"
+        started = True
+        yield f"postgresql+psycopg://sweep@127.0.0.1:{port}/postgres"
     finally:
-        subprocess.run([*run_as, f"{binaries}/pg_ctl", "-D", str(data), "-m", "fast", "stop"], capture_output=True)
+        if started:
+            subprocess.run([*run_as, f"{binaries}/pg_ctl", "-D", str(data), "-m", "fast", "stop"], capture_output=True)
+        shutil.rmtree(home, ignore_errors=True)
 
 
 @pytest.mark.slow
@@ -356,4 +365,4 @@ def test_two_workers_share_a_postgresql_study(tmp_path, postgres_url):
     assert len(ran) == 4 and all(t.state.name == "COMPLETE" for t in ran)
     runs = [p.name for i in range(2) for p in (work / f"machine{i}").glob("trial-*") if (p / "metrics.json").exists()]
     assert sorted(runs) == sorted(t.user_attrs["folder"] for t in ran)  # every trial ran once, on one machine
-    assert "storage postgresql://sweep@127.0.0.1" in logs[0]
+    assert "storage postgresql+psycopg://sweep@127.0.0.1" in logs[0]
