@@ -366,3 +366,13 @@ def test_two_workers_share_a_postgresql_study(tmp_path, postgres_url):
     runs = [p.name for i in range(2) for p in (work / f"machine{i}").glob("trial-*") if (p / "metrics.json").exists()]
     assert sorted(runs) == sorted(t.user_attrs["folder"] for t in ran)  # every trial ran once, on one machine
     assert "storage postgresql+psycopg://sweep@127.0.0.1" in logs[0]
+
+
+def test_the_shipped_sweep_file_fits_the_default_config():
+    from finetune.sweep import build_sweep, check_space_against_config, parse_args
+
+    spec = REPO / "configs" / "sweeps" / "default.yaml"
+    args = ["--sweep", str(spec), "evaluation.metric_for_best_model=f1"]
+    sweep = build_sweep(parse_args(args), args)
+    assert sweep.space.keys() == ["optim.learning_rate", "training.effective_batch_size"] and sweep.trials == 12
+    check_space_against_config(sweep, str(spec))  # every batch splits into the default micro-batch
