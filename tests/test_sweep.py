@@ -213,6 +213,13 @@ def test_seeds_report_mean_and_deviation_of_their_scores(tmp_path, fresh_acceler
 # --- bad input: one line, exit 2, before any trial ----------------------------------------------------------------
 
 
+@pytest.fixture(scope="module")
+def bad_input_job(tmp_path_factory):
+    root = tmp_path_factory.mktemp("bad-input")
+    sms_job(root)
+    return root
+
+
 @pytest.mark.parametrize("settings, args, message", [
     ({"space": {"optim.learnig_rate": [1e-3]}}, [], "space: optim.learnig_rate: no such config key (did you mean "),
     ({"space": {"optim.learning_rate": {"low": 1e-2, "high": 1e-3}}}, [], "low must be below high"),
@@ -230,8 +237,8 @@ def test_seeds_report_mean_and_deviation_of_their_scores(tmp_path, fresh_acceler
     ({}, ["--seeds", "-1"], "seeds: must be an integer >= 0"),
     ({}, ["--storage", "mysqlx://nowhere/db"], "--storage mysqlx://nowhere/db: "),
 ])
-def test_bad_input_is_one_line_before_any_trial(tmp_path, capsys, settings, args, message):
-    config = sms_job(tmp_path)
+def test_bad_input_is_one_line_before_any_trial(bad_input_job, capsys, settings, args, message):
+    tmp_path, config = bad_input_job, bad_input_job / "cfg.yaml"
     spec = tmp_path / "bad.yaml"
     spec.write_text(yaml.safe_dump({"space": {"optim.learning_rate": [1e-3]}, **settings}), encoding="utf-8")
     assert sweep_in_process(["--config", str(config), "--sweep", str(spec), *args]) == 2
@@ -254,7 +261,7 @@ def test_a_folder_made_with_another_space_is_refused(four_trials, capsys):
 
 @pytest.mark.slow
 def test_sigterm_in_the_third_trial_then_the_same_command_finishes_it(tmp_path):
-    config = sms_job(tmp_path, epochs=25)
+    config = sms_job(tmp_path, epochs=6)
     spec = sweep_file(tmp_path, pruner="none")
     args = ["--config", str(config), "--sweep", str(spec)]
     out = tmp_path / "out-sweep"
@@ -285,6 +292,21 @@ def test_sigterm_in_the_third_trial_then_the_same_command_finishes_it(tmp_path):
     assert steps == list(range(1, len(steps) + 1)) and len(steps) > stopped_at  # each update once
     rows = list(csv.DictReader((out / "trials.csv").open()))
     assert [(r["folder"], r["state"], r["attempts"]) for r in rows][2] == ("trial-0002", "complete", "2")
+
+    # the continued trial is bitwise the trial run without a stop
+    from finetune.search_space import overrides
+
+    whole = tmp_path / "uninterrupted"
+    done = subprocess.run([sys.executable, "-m", "finetune.cli", "train", "--config", str(config),
+                           *overrides(continuation.params), f"output.output_dir={whole}"], cwd=REPO,
+                          env=offline_env({"FINETUNE_CPU_THREADS": "1"}), capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    from safetensors.torch import load_file
+
+    resumed, straight = load_file(third / "model.safetensors"), load_file(whole / "model.safetensors")
+    assert resumed.keys() == straight.keys() and all(resumed[k].equal(straight[k]) for k in resumed)
+    assert json.loads((third / "metrics.json").read_text())["eval"] == json.loads(
+        (whole / "metrics.json").read_text())["eval"]
 
 
 @pytest.mark.slow
