@@ -40,6 +40,7 @@ INTERRUPTED = "interrupted"    # why the trial stopped before its end (then cont
 BEYOND_BUDGET = "beyond_budget"
 SAME_AS = "same_as"            # a finished trial with the same values: its result is this one's
 FAILED = "failed"              # why the trial failed (a non-finite loss, an input error)
+PRUNED = "pruned"              # why the pruner stopped the trial
 STOPPED_SWEEP = "stopped_sweep"  # an input error in this trial stopped the sweep
 # study user attributes
 SPACE_ATTR, CONFIG_ATTR, BASE_PARAMS_ATTR = "finetune.space", "finetune.config", "finetune.base_params"

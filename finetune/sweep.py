@@ -34,7 +34,7 @@ from finetune.errors import ConfigError, run_command
 from finetune.search_space import Dimension, SearchSpace, overrides, parse_space, render
 from finetune.study import BASE_PARAMS_ATTR, CONFIG_ATTR, SPACE_ATTR, budget_left, load_or_create, open_storage, \
     redact, running
-from finetune.sweep_report import Header, seed_statistics, state_of, write_reports
+from finetune.sweep_report import Header, best_trial, seed_statistics, state_of, write_reports
 from finetune.sweep_trial import Phase, TrialRunner
 
 logger = logging.getLogger("finetune")
@@ -65,7 +65,8 @@ class Sweep:
     storage: str
     study_name: str
     command: str
-    # the sweep file, for the front of its errors
+    # the run's config as loaded (the overrides applied), and the sweep file, for the front of its errors
+    run_config: Any = None
     where: str = "--sweep"
 
 
@@ -135,7 +136,7 @@ def build_sweep(args: argparse.Namespace, argv: list[str]) -> Sweep:
     storage = args.storage or f"sqlite:///{(output / 'study.db').resolve()}"
     command = shlex.join(["finetune", "sweep", *argv])
     return Sweep(args.config, list(args.overrides), space, trials, sampler, sampler_seed, pruner, seeds,
-                 trial_seeds, output, storage, args.study_name or output.resolve().name, command, where)
+                 trial_seeds, output, storage, args.study_name or output.resolve().name, command, cfg, where)
 
 
 def _count(value: Any, key: str, where: str, least: int) -> int:
@@ -247,12 +248,10 @@ def run_sweep(sweep: Sweep) -> dict[str, Any]:
     """Run (or continue) the sweep: the search, then the seeds. Returns what ``sweep.md`` reports."""
     import optuna
 
-    from finetune.config import load_config
-
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         raise ConfigError("finetune sweep runs each trial in one process: start one worker per GPU "
                           "(CUDA_VISIBLE_DEVICES=i finetune sweep ... --storage URL) instead of accelerate launch")
-    cfg = load_config(sweep.config, sweep.overrides)
+    cfg = sweep.run_config
     metric, greater = objective_of(cfg)
     check_space_against_config(sweep, sweep.where)
     sweep.output.mkdir(parents=True, exist_ok=True)
@@ -270,24 +269,22 @@ def run_sweep(sweep: Sweep) -> dict[str, Any]:
     report = lambda *_: write_reports(sweep.output, header, studies["search"], studies["seeds"],  # noqa: E731
                                       seed_results(studies["seeds"]))
     runner = TrialRunner(sweep.output, sweep.config, sweep.overrides, metric,
-                         prune=sweep.pruner["type"] != "none", on_trial_end=progress_line(sweep, metric, greater, report))
+                         on_trial_end=progress_line(sweep, metric, greater, report))
     base_seed = cfg.training.seed
     if search is not None:
         search.sampler, search.pruner = make_sampler(sweep, len(search.trials)), make_pruner(sweep.pruner)
         trial_seeds = [base_seed + i for i in range(sweep.trial_seeds)] if sweep.trial_seeds > 1 else []
-        runner.phase = Phase("search", search, sweep.space, sweep.trials, lambda n, _: f"trial-{n:04d}", trial_seeds)
+        runner.phase = Phase("search", search, sweep.space, sweep.trials, lambda n, _: f"trial-{n:04d}", trial_seeds,
+                             prune=sweep.pruner["type"] != "none")
         run_phase(runner)
-        wait_for_others(runner)
     if sweep.seeds:
         seeds = [base_seed + i for i in range(sweep.seeds)]
-        studies["seeds"] = seeds_study(storage, sweep, direction, identity, search, seeds)
+        studies["seeds"] = seeds_study(storage, sweep, greater, identity, search, seeds)
         fixed = overrides(json.loads(studies["seeds"].user_attrs[BASE_PARAMS_ATTR]))
         space = SearchSpace((Dimension("training.seed", "choice", choices=tuple(seeds)),))
         runner.phase = Phase("seeds", studies["seeds"], space, sweep.seeds,
                              lambda _, params: f"seeds/seed-{params['training.seed']}", fixed=fixed)
-        runner.prune = False
         run_phase(runner)
-        wait_for_others(runner)
     report()
     results = {"search": search is not None, "seeds": seed_results(studies["seeds"])}
     if results["seeds"]:
@@ -299,48 +296,38 @@ def run_sweep(sweep: Sweep) -> dict[str, Any]:
 
 
 def run_phase(runner: TrialRunner) -> None:
-    """Run the phase's trials until its budget is spent (queued continuations first)."""
-    phase = runner.phase
-    while budget_left(phase.study, phase.trials) > 0:
-        phase.study.optimize(runner, n_trials=1)
-
-
-def wait_for_others(runner: TrialRunner) -> None:
-    """Wait while other workers finish the phase's last trials; run any continuation they leave queued."""
+    """Run the phase's trials until its budget is spent (queued continuations first), then wait while other
+    workers finish its last ones, running any continuation they leave queued."""
     import time
 
+    import optuna
+
     phase, said = runner.phase, False
-    while running(phase.study) or budget_left(phase.study, phase.trials):
+    while True:
         if budget_left(phase.study, phase.trials):
-            run_phase(runner)
+            phase.study.optimize(runner, n_trials=1)
             continue
+        others = running(phase.study)
+        if not others:
+            return
         if not said:
-            logger.info("%s: waiting for %d trial(s) other workers run", phase.name, running(phase.study))
+            logger.info("%s: waiting for %d trial(s) other workers run", phase.name, others)
             said = True
         time.sleep(WAIT_S)
-        import optuna
-
         optuna.storages.fail_stale_trials(phase.study)  # a lost worker's trial is queued to continue here
 
 
-def seeds_study(storage, sweep: Sweep, direction: str, identity: dict[str, str], search, seeds: list[int]):
+def seeds_study(storage, sweep: Sweep, greater: bool, identity: dict[str, str], search, seeds: list[int]):
     """The study of the seeds runs: the best trial's values (or none) with each seed queued once."""
-    best = {}
-    if search is not None:
-        best = next(iter(sorted_best(search, direction)), {})
+    winner = best_trial(search, greater) if search is not None else None
+    best = winner.params if winner is not None else {}
+    direction = "maximize" if greater else "minimize"
     study = load_or_create(storage, f"{sweep.study_name}.seeds", direction, identity)
     if BASE_PARAMS_ATTR not in study.user_attrs:
         study.set_user_attr(BASE_PARAMS_ATTR, json.dumps(best, sort_keys=True))
     for seed in seeds:
         study.enqueue_trial({"training.seed": seed}, skip_if_exists=True)
     return study
-
-
-def sorted_best(study, direction: str) -> list[dict[str, Any]]:
-    """The finished trials' values, best first."""
-    scored = [t for t in study.get_trials(deepcopy=False) if state_of(t) in ("complete", "same")]
-    scored.sort(key=lambda t: t.value, reverse=direction == "maximize")
-    return [t.params for t in scored]
 
 
 def seed_results(study) -> list[tuple[int, float]]:

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 from finetune.plot import DPI, _matplotlib
 
 PANEL_INCHES = 4.0
 
 
-def save_sweep_figure(path: Path, header, rows: list[dict[str, Any]], seed_values: list[tuple[int, float]]) -> None:
+def save_sweep_figure(path: Path, header, rows: list[dict[str, Any]], best: Optional[dict[str, Any]],
+                      seed_values: list[tuple[int, float]]) -> None:
     """One panel per searched key (finished trials as dots, the best ringed), one for the seeds when run."""
     Figure = _matplotlib()
     dimensions = list(header.space.dimensions) if rows else []
@@ -19,7 +20,6 @@ def save_sweep_figure(path: Path, header, rows: list[dict[str, Any]], seed_value
     fig = Figure(figsize=(PANEL_INCHES * panels, PANEL_INCHES * 0.8), dpi=DPI, layout="constrained")
     axes = fig.subplots(1, panels, squeeze=False)[0]
     scored = [r for r in rows if r["state"] in ("complete", "same") and r["value"] is not None]
-    best = (max if header.greater_is_better else min)(scored, key=lambda r: r["value"]) if scored else None
     for ax, dim in zip(axes, dimensions):
         if dim.kind == "choice":
             labels = [str(c) for c in dim.choices]

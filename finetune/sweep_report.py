@@ -19,7 +19,7 @@ import yaml
 
 from finetune.outputs import write_atomic
 from finetune.search_space import SearchSpace, overrides, render
-from finetune.study import BEYOND_BUDGET, FAILED, FOLDER, INTERRUPTED, SAME_AS, STOPPED_SWEEP
+from finetune.study import BEYOND_BUDGET, FAILED, FOLDER, INTERRUPTED, PRUNED, SAME_AS, STOPPED_SWEEP
 
 TRIALS_CSV, SWEEP_MD, BEST_YAML, SWEEP_PNG = "trials.csv", "sweep.md", "best.yaml", "sweep.png"
 
@@ -78,10 +78,7 @@ def note_of(trial) -> str:
     attrs = trial.user_attrs
     if SAME_AS in attrs:
         return f"same values as trial {attrs[SAME_AS]}: its result, not trained again"
-    if trial.state.name == "PRUNED":
-        steps = trial.intermediate_values
-        return f"pruned after {max(steps)} training texts" if steps else "pruned"
-    return attrs.get(INTERRUPTED) or attrs.get(FAILED) or ""
+    return attrs.get(PRUNED) or attrs.get(INTERRUPTED) or attrs.get(FAILED) or ""
 
 
 def updates_of(folder: Path) -> Optional[int]:
@@ -98,17 +95,17 @@ def updates_of(folder: Path) -> Optional[int]:
     return last
 
 
-def best_row(rows: list[dict[str, Any]], greater_is_better: bool) -> Optional[dict[str, Any]]:
-    scored = [r for r in rows if r["state"] in ("complete", "same") and r["value"] is not None]
-    if not scored:
-        return None
-    return (max if greater_is_better else min)(scored, key=lambda r: r["value"])
+def best_trial(study, greater_is_better: bool):
+    """The finished trial with the best value (the first of equals), or ``None`` before any finished."""
+    scored = [t for t in study.get_trials(deepcopy=False) if state_of(t) in ("complete", "same")]
+    return (max if greater_is_better else min)(scored, key=lambda t: t.value) if scored else None
 
 
 def write_reports(root: Path, header: Header, search, seeds, seed_values: list[tuple[int, float]]) -> None:
     """Rewrite the four files from the studies (``search`` or ``seeds`` may be ``None``)."""
     rows = trial_rows(search, root) if search is not None else []
-    best = best_row(rows, header.greater_is_better)
+    winner = best_trial(search, header.greater_is_better) if search is not None else None
+    best = next(r for r in rows if r["folder"] == winner.user_attrs[FOLDER]) if winner is not None else None
     if rows:
         write_atomic(root / TRIALS_CSV, trials_csv(rows))
     if best is not None:
@@ -117,7 +114,7 @@ def write_reports(root: Path, header: Header, search, seeds, seed_values: list[t
     if rows or seed_values:
         from finetune.sweep_plot import save_sweep_figure
 
-        save_sweep_figure(root / SWEEP_PNG, header, rows, seed_values)
+        save_sweep_figure(root / SWEEP_PNG, header, rows, best, seed_values)
 
 
 def trials_csv(rows: list[dict[str, Any]]) -> str:

@@ -35,7 +35,7 @@ from finetune.loop import NonFiniteLossError
 from finetune.outputs import write_atomic
 from finetune.search_space import SearchSpace, overrides
 from finetune.signals import RunInterrupted
-from finetune.study import (BEYOND_BUDGET, CONTINUES, FAILED, FOLDER, INTERRUPTED, SAME_AS, STOPPED_SWEEP,
+from finetune.study import (BEYOND_BUDGET, CONTINUES, FAILED, FOLDER, INTERRUPTED, PRUNED, SAME_AS, STOPPED_SWEEP,
                             drawn_before, finished_same, queue_continuation)
 
 logger = logging.getLogger("finetune")
@@ -54,6 +54,7 @@ class Phase:
         folder: A trial's folder name from its number and values.
         seeds: Each trial's seeds (its objective is the mean); empty: the config's seed.
         fixed: Overrides every trial of the phase shares (under seeds: the best trial's values).
+        prune: Report each trial's evaluations to the study's pruner.
     """
 
     name: str
@@ -63,6 +64,7 @@ class Phase:
     folder: Callable[[int, dict[str, Any]], str]
     seeds: list[int] = field(default_factory=list)
     fixed: list[str] = field(default_factory=list)
+    prune: bool = False
 
 
 @dataclass
@@ -74,7 +76,6 @@ class TrialRunner:
         config: The run's YAML config (``None``: the default config).
         overrides: The command line's ``section.key=value``.
         metric: The objective (``evaluation.metric_for_best_model``).
-        prune: Report evaluations to the pruner.
         on_trial_end: Called with ``(phase, trial number, trial.json's record)`` once the trial ended.
     """
 
@@ -82,7 +83,6 @@ class TrialRunner:
     config: Optional[str]
     overrides: list[str]
     metric: str
-    prune: bool
     on_trial_end: Callable[[Phase, int, dict[str, Any]], None]
     phase: Optional[Phase] = None
 
@@ -116,7 +116,7 @@ class TrialRunner:
             run_dir = self.root / folder / (f"seed-{seed}" if len(seeds) > 1 else "")
             run_args = self.run_overrides(params, run_dir, seed, continuing=CONTINUES in trial.user_attrs)
             runs.append({"output_dir": str(run_dir), "command": train_command(self.config, run_args)})
-            hook = pruning_hook(trial, self.metric) if self.prune and index == 0 else None
+            hook = pruning_hook(trial, self.metric) if phase.prune and index == 0 else None
             try:
                 summary = finished_summary(run_dir) or self._train(run_args, hook)
             except RunInterrupted as exc:
@@ -133,8 +133,9 @@ class TrialRunner:
                 trial.set_user_attr(FAILED, exc.message)
                 raise
             if summary["train"].get("ended") == "stopped_by_caller":
-                self._end(trial, folder, {**record, "state": "pruned", "runs": runs,
-                                          "why": pruned_why(trial, self.metric)})
+                why = pruned_why(trial, self.metric)
+                trial.set_user_attr(PRUNED, why)
+                self._end(trial, folder, {**record, "state": "pruned", "runs": runs, "why": why})
                 raise optuna.TrialPruned()
             values.append(summary["eval"][self.metric])
         value = statistics.fmean(values)

@@ -190,6 +190,8 @@ def test_pruning_stops_a_trial_worse_than_the_median(tmp_path, fresh_accelerate_
     assert max(steps_logged(bad_dir)) < max(steps_logged(root / "out-sweep" / good.user_attrs["folder"]))
     record = json.loads((bad_dir / "trial.json").read_text())
     assert record["state"] == "pruned" and "the median of 1 finished trials" in record["why"]
+    row = next(r for r in csv.DictReader((root / "out-sweep" / "trials.csv").open()) if r["state"] == "pruned")
+    assert row["note"] == record["why"] and row["value"] == ""
 
 
 # --- seeds ------------------------------------------------------------------------------------------------------
