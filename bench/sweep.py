@@ -1,8 +1,12 @@
 """What pruning saves and what a search finds, on the default job: the same trials with and without pruning, then the
 best config against the default config over the same seeds.
 
-    python bench/sweep.py                       # 12 trials, 5 seeds, 3 epochs (hours on 2 CPU cores)
+    python bench/sweep.py                       # 12 trials, 5 seeds (about an hour on 2 CPU cores)
     python bench/sweep.py --trials 4 --seeds 2  # a quick look
+
+Every run is the default job (one epoch) evaluated four times an epoch
+(``evaluation.evals_per_epoch=4``), so the pruner can stop a trial within its
+epoch at the same shares of the data for every effective batch.
 
 1. ``finetune sweep`` over ``configs/sweeps/default.yaml``'s space (learning
    rate, effective batch; objective f1 of spam) without pruning;
@@ -33,14 +37,14 @@ SPACE = REPO / "configs" / "sweeps" / "default.yaml"
 METRIC = "evaluation.metric_for_best_model=f1"
 
 
-EPOCHS: list[str] = []
+EVERY_RUN: list[str] = []
 
 
 def sweep(args: list[str]) -> float:
     """Run one ``finetune sweep``; its wall time in seconds."""
     start = time.perf_counter()
     done = subprocess.run([sys.executable, "-m", "finetune.cli", "sweep", *args, METRIC, "logging.progress_bar=false",
-                           "output.save_checkpoints=false", *EPOCHS],
+                           "output.save_checkpoints=false", *EVERY_RUN],
                           cwd=REPO, env={**os.environ, "HF_HUB_OFFLINE": "1"}, capture_output=True, text=True)
     if done.returncode != 0:
         raise RuntimeError(f"finetune sweep {' '.join(args)} failed:\n{done.stderr[-3000:]}{done.stdout[-3000:]}")
@@ -72,11 +76,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trials", type=int, default=12)
     parser.add_argument("--seeds", type=int, default=5)
-    parser.add_argument("--epochs", type=int, default=3, help="training.num_train_epochs of every run: the pruner "
-                        "compares trials at epoch ends, so a 1-epoch job gives it nothing to stop early")
+    parser.add_argument("--epochs", type=int, default=1, help="training.num_train_epochs of every run")
+    parser.add_argument("--evals-per-epoch", type=int, default=4, help="evaluation.evals_per_epoch of every run: "
+                        "the points where the pruner compares trials")
     parser.add_argument("--json", help="also write the results here")
     args = parser.parse_args(argv)
-    EPOCHS[:] = [f"training.num_train_epochs={args.epochs}"]
+    EVERY_RUN[:] = [f"training.num_train_epochs={args.epochs}", f"evaluation.evals_per_epoch={args.evals_per_epoch}"]
     root = Path(tempfile.mkdtemp(prefix="bench-sweep-"))
     keys = ["optim.learning_rate", "training.effective_batch_size"]
 

@@ -41,7 +41,8 @@ def fit(
     :mod:`finetune.checkpoint`) are saved every ``output.checkpoint_every``
     updates, after each evaluation, and when SIGTERM / SIGINT end the run
     (after the current update). Evaluations run at epoch ends and every
-    ``evaluation.eval_every`` updates; ``evaluation.metric_for_best_model``
+    ``evaluation.eval_every`` updates (or ``evaluation.evals_per_epoch``
+    times an epoch); ``evaluation.metric_for_best_model``
     marks the best, ``evaluation.early_stopping_patience`` may end the run
     early (outputs are written as for a finished run), and
     ``evaluation.load_best_model_at_end`` makes the saved model the best one.
@@ -120,7 +121,9 @@ class Evaluations:
     """When to evaluate, and what each evaluation means for the best model and early stopping.
 
     Evaluations run at each epoch's end (``training.eval_each_epoch``) and
-    every ``evaluation.eval_every`` updates. Each record goes to the run's
+    every ``evaluation.eval_every`` updates, or ``evaluation.evals_per_epoch``
+    times an epoch, at the same shares of the data for every batch size
+    (the epoch's end among them). Each record goes to the run's
     :class:`~finetune.selection.EvalHistory`, which says under a selection
     whether it is the best so far; a checkpoint is then saved right after every
     evaluation, so that the best weights exist on disk whenever they were seen.
@@ -130,6 +133,7 @@ class Evaluations:
                  on_evaluation: Optional[Callable[[Run, dict[str, Any]], bool]] = None):
         self.run, self.log, self.history, self.checkpoints = run, log, history, checkpoints
         self.every = run.cfg.evaluation.eval_every
+        self.shares = run.cfg.evaluation.evals_per_epoch
         self.on_evaluation = on_evaluation
         # the on_evaluation callback asked the run to end
         self.caller_stopped = False
@@ -138,10 +142,20 @@ class Evaluations:
     def due_at_epoch_end(self, step: int) -> bool:
         if self.run.eval_dataloader is None:
             return False
-        return self.run.cfg.training.eval_each_epoch or bool(self.every and step % self.every == 0)
+        return (self.run.cfg.training.eval_each_epoch or self.shares is not None
+                or bool(self.every and step % self.every == 0))
 
-    def due_mid_epoch(self, step: int) -> bool:
-        return self.run.eval_dataloader is not None and bool(self.every and step % self.every == 0)
+    def due_mid_epoch(self, state: TrainState) -> bool:
+        """After an update inside an epoch: every ``eval_every`` updates, or when a share of the epoch is complete."""
+        if self.run.eval_dataloader is None:
+            return False
+        if self.shares is not None:
+            k = self.run.accelerator.gradient_accumulation_steps
+            window_start = (state.micro_batch - 1) // k * k  # windows start at multiples of k from the epoch's start
+            per_epoch = len(self.run.train_dataloader)
+            return epoch_share(state.micro_batch, per_epoch, self.shares) > epoch_share(window_start, per_epoch,
+                                                                                          self.shares)
+        return bool(self.every and state.step % self.every == 0)
 
     def evaluate(self, epoch: Optional[int]) -> dict[str, Any]:
         """Evaluate now, log the record (marked best or not) and keep it, tell the caller; returns the metrics."""
@@ -180,6 +194,11 @@ class Evaluations:
         return best
 
 
+def epoch_share(micro_batch: int, per_epoch: int, shares: int) -> int:
+    """How many of an epoch's ``shares`` equal parts are complete after its first ``micro_batch`` micro-batches."""
+    return micro_batch * shares // per_epoch
+
+
 def train_epochs(run: Run, checkpoints: Checkpointer, evaluations: Evaluations, signals: StopSignals,
                  pending_eval: Optional[int], on_epoch_end, on_update) -> RunEnd:
     """The epochs from the run's state on, each followed by its evaluation and checkpoint.
@@ -197,7 +216,7 @@ def train_epochs(run: Run, checkpoints: Checkpointer, evaluations: Evaluations, 
     def after_update(state: TrainState) -> bool:
         at_epoch_end = state.micro_batch >= len(run.train_dataloader) or state.step >= run.plan.total_updates
         early = False
-        if not at_epoch_end and evaluations.due_mid_epoch(state.step):
+        if not at_epoch_end and evaluations.due_mid_epoch(state):
             evaluations.evaluate(epoch=None)
             evaluations.checkpoint_after(state.step)
             early = evaluations.should_stop()

@@ -394,6 +394,11 @@ class EvalConfig:
         "The label name (as in the data) of the positive class for binary averaging.")
     eval_every: Optional[int] = setting(None,
         "Also evaluate every this many updates (null: only at epoch ends, see training.eval_each_epoch).")
+    evals_per_epoch: Optional[int] = setting(None,
+        "Evaluate this many times per epoch, at the update that completes each equal share of the "
+        "epoch's micro-batches (the last at the epoch's end). The points fall at the same share of the "
+        "data whatever the effective batch, so runs with different batches are compared at the same "
+        "texts seen (what a sweep's pruner needs); eval_every's points move with the batch. Null: off.")
     metric_for_best_model: Optional[str] = setting(None,
         "The metric that picks the best evaluation (`loss` or a name from `metrics`); each evaluation "
         "record then says whether it is the best so far, and that checkpoint is never pruned. Null: no "
@@ -414,6 +419,11 @@ class EvalConfig:
             raise ConfigError("evaluation.positive_label: required when evaluation.average is binary")
         if self.eval_every is not None and self.eval_every < 1:
             raise ConfigError(f"evaluation.eval_every: must be >= 1 or null, got {self.eval_every}")
+        if self.evals_per_epoch is not None and self.evals_per_epoch < 1:
+            raise ConfigError(f"evaluation.evals_per_epoch: must be >= 1 or null, got {self.evals_per_epoch}")
+        if self.evals_per_epoch is not None and self.eval_every is not None:
+            raise ConfigError("evaluation.evals_per_epoch: set it or evaluation.eval_every, not both "
+                              "(one counts shares of an epoch, the other updates)")
         if self.early_stopping_patience is not None and self.early_stopping_patience < 1:
             raise ConfigError(
                 f"evaluation.early_stopping_patience: must be >= 1 or null, got {self.early_stopping_patience}"

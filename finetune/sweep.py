@@ -223,6 +223,17 @@ def check_space_against_config(sweep: Sweep, where: str) -> None:
                 raise ConfigError(f"{where}: space: {dim.key}: {render(value)} is refused: {reason}") from None
 
 
+def warn_if_pruning_misaligned(sweep: Sweep, cfg) -> None:
+    """``eval_every`` counts updates, whose texts differ between effective batches: the pruner would compare
+    trials only at epoch ends, where their reports meet; ``evals_per_epoch`` puts them at the same texts."""
+    searched = {d.key for d in sweep.space.dimensions}
+    if (cfg.evaluation.eval_every and sweep.pruner.get("type") != "none"
+            and "training.effective_batch_size" in searched):
+        logger.warning("evaluation.eval_every=%d evaluates at different texts seen for each effective batch, so the "
+                       "pruner can compare trials only at epoch ends; evaluation.evals_per_epoch evaluates at the "
+                       "same shares of the data for every batch", cfg.evaluation.eval_every)
+
+
 def made_with(sweep: Sweep, cfg) -> dict[str, str]:
     """The study's identity: the space, and the run's config without where it writes and what it logs."""
     config = {k: v for k, v in cfg.to_dict().items() if k not in ("output", "logging")}
@@ -254,6 +265,7 @@ def run_sweep(sweep: Sweep) -> dict[str, Any]:
     cfg = sweep.run_config
     metric, greater = objective_of(cfg)
     check_space_against_config(sweep, sweep.where)
+    warn_if_pruning_misaligned(sweep, cfg)
     sweep.output.mkdir(parents=True, exist_ok=True)
     optuna.logging.set_verbosity(optuna.logging.ERROR)  # every trial's ending is logged here, in one line
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)

@@ -31,6 +31,7 @@ from typing import Any, Callable, Optional
 
 from finetune.checkpoint import list_checkpoints
 from finetune.errors import FinetuneError
+from finetune.fitting import epoch_share
 from finetune.loop import NonFiniteLossError
 from finetune.outputs import write_atomic
 from finetune.search_space import SearchSpace, overrides
@@ -188,10 +189,18 @@ def pruning_hook(trial, metric: str):
 
 
 def texts_seen(run) -> int:
-    """Training texts seen so far: equal at the same point of an epoch whatever the effective batch."""
+    """Training texts seen so far, the step an evaluation is reported at.
+
+    Epoch ends fall at the same count for every effective batch; so do
+    ``evaluation.evals_per_epoch``'s shares, which are reported at the count
+    where their share ends (the update that completes a share ends somewhere in
+    its last window, which differs between batches). ``eval_every``'s
+    evaluations are reported where they happened.
+    """
     state, per_epoch = run.state, len(run.train_dataloader)
-    epochs = state.epoch + state.micro_batch / per_epoch
-    return round(epochs * len(run.train_dataloader.dataset))
+    shares = run.cfg.evaluation.evals_per_epoch
+    done = epoch_share(state.micro_batch, per_epoch, shares) / shares if shares else state.micro_batch / per_epoch
+    return round((state.epoch + done) * len(run.train_dataloader.dataset))
 
 
 def pruned_why(trial, metric: str) -> str:

@@ -194,6 +194,30 @@ def test_pruning_stops_a_trial_worse_than_the_median(tmp_path, fresh_accelerate_
     assert row["note"] == record["why"] and row["value"] == ""
 
 
+def test_evals_per_epoch_reports_every_batch_at_the_same_texts_seen(tmp_path, fresh_accelerate_state):
+    # 48 training rows in micro-batches of 4: 12 per epoch, in 5 shares ending after micro-batches 2.4, 4.8, 7.2,
+    # 9.6 and 12. B=8 (k=2) completes one share per update from update 2 on; B=16 (k=4) completes shares 1, 3
+    # (2 and 3 in one update: one evaluation) and 5
+    config = sms_job(tmp_path, epochs=1, evaluation={"evals_per_epoch": 5})
+    spec = sweep_file(tmp_path, space={"training.effective_batch_size": [8, 16]}, trials=2,
+                      sampler={"type": "grid", "seed": 0}, pruner={"type": "median", "startup_trials": 10})
+    assert sweep_in_process(["--config", str(config), "--sweep", str(spec)]) == 0
+    study = load_study(tmp_path / "out-sweep")
+    by_batch = {t.params["training.effective_batch_size"]: t for t in study.trials}
+    assert {b: t.state.name for b, t in by_batch.items()} == {8: "COMPLETE", 16: "COMPLETE"}
+    at_share = [round(48 * i / 5) for i in range(1, 6)]  # the texts seen where share i ends
+    assert sorted(by_batch[8].intermediate_values) == at_share
+    assert sorted(by_batch[16].intermediate_values) == [at_share[0], at_share[2], at_share[4]]
+    for batch, steps in ((8, [2, 3, 4, 5, 6]), (16, [1, 2, 3])):
+        folder = tmp_path / "out-sweep" / by_batch[batch].user_attrs["folder"]
+        records = [json.loads(line) for line in (folder / "train_log.jsonl").read_text().splitlines()]
+        evals = [r for r in records if "eval/accuracy" in r]
+        assert [r["step"] for r in evals] == steps
+        # what each evaluation reported is what it measured
+        assert [by_batch[batch].intermediate_values[t] for t in sorted(by_batch[batch].intermediate_values)] == \
+            [r["eval/accuracy"] for r in evals]
+
+
 # --- seeds ------------------------------------------------------------------------------------------------------
 
 
