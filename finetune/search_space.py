@@ -115,6 +115,10 @@ def render(value: Any) -> str:
             mantissa, exponent = text.split("e")
             text = f"{mantissa}.0e{exponent}"  # YAML 1.1 reads `1e-05` as a string
         return text
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(render(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{json.dumps(str(k))}: {render(v)}" for k, v in value.items()) + "}"
     if isinstance(value, str) and yaml.safe_load(value) != value:
         return json.dumps(value)
     return str(value)

@@ -39,7 +39,7 @@ from finetune.sweep_trial import Phase, TrialRunner
 
 logger = logging.getLogger("finetune")
 
-FILE_KEYS = {"space", "trials", "sampler", "pruner", "seeds", "trial_seeds"}
+FILE_KEYS = {"space", "fixed", "trials", "sampler", "pruner", "seeds", "trial_seeds"}
 SAMPLERS = ("tpe", "random", "grid")
 PRUNERS = ("median", "percentile", "hyperband", "none")
 PRUNER_KEYS = {"type", "startup_trials", "min_trials", "percentile"}
@@ -131,12 +131,34 @@ def build_sweep(args: argparse.Namespace, argv: list[str]) -> Sweep:
     if sampler == "grid" and any(d.kind != "choice" for d in space.dimensions):
         raise ConfigError(f"{where}: sampler: grid needs a list of choices for every key of the space")
     pruner = _pruner_settings(pick(args.pruner, "pruner", "median"), where)
-    cfg = load_config(args.config, args.overrides)
+    fixed = fixed_overrides(data.get("fixed"), space, args.config, where)
+    cfg = load_config(args.config, [*fixed, *args.overrides])
     output = Path(args.output or f"{cfg.output.output_dir.rstrip('/')}-sweep")
     storage = args.storage or f"sqlite:///{(output / 'study.db').resolve()}"
     command = shlex.join(["finetune", "sweep", *argv])
-    return Sweep(args.config, list(args.overrides), space, trials, sampler, sampler_seed, pruner, seeds,
+    return Sweep(args.config, [*fixed, *args.overrides], space, trials, sampler, sampler_seed, pruner, seeds,
                  trial_seeds, output, storage, args.study_name or output.resolve().name, command, cfg, where)
+
+
+def fixed_overrides(raw: Any, space: SearchSpace, config: Optional[str], where: str) -> list[str]:
+    """The sweep file's ``fixed:`` mapping (config keys every trial gets) as overrides, each checked against the
+    config; the command line's overrides come after them and win."""
+    from finetune.config import load_config
+
+    if raw is None:
+        return []
+    if not isinstance(raw, dict) or not all(isinstance(key, str) for key in raw):
+        raise ConfigError(f"{where}: fixed: expected a mapping of section.key to a value, got {raw!r}")
+    searched = {d.key for d in space.dimensions}
+    for key in raw:
+        if key in searched:
+            raise ConfigError(f"{where}: fixed: {key}: is also in the space; a key is either searched or fixed")
+    fixed = overrides(raw)
+    try:
+        load_config(config, fixed)
+    except ConfigError as exc:
+        raise ConfigError(f"{where}: fixed: {exc.message.removeprefix('command line: ')}") from None
+    return fixed
 
 
 def _count(value: Any, key: str, where: str, least: int) -> int:

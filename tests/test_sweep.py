@@ -198,9 +198,10 @@ def test_evals_per_epoch_reports_every_batch_at_the_same_texts_seen(tmp_path, fr
     # 48 training rows in micro-batches of 4: 12 per epoch, in 5 shares ending after micro-batches 2.4, 4.8, 7.2,
     # 9.6 and 12. B=8 (k=2) completes one share per update from update 2 on; B=16 (k=4) completes shares 1, 3
     # (2 and 3 in one update: one evaluation) and 5
-    config = sms_job(tmp_path, epochs=1, evaluation={"evals_per_epoch": 5})
+    config = sms_job(tmp_path, epochs=1)
     spec = sweep_file(tmp_path, space={"training.effective_batch_size": [8, 16]}, trials=2,
-                      sampler={"type": "grid", "seed": 0}, pruner={"type": "median", "startup_trials": 10})
+                      sampler={"type": "grid", "seed": 0}, pruner={"type": "median", "startup_trials": 10},
+                      fixed={"evaluation.evals_per_epoch": 5})  # the sweep file's settings for every trial
     assert sweep_in_process(["--config", str(config), "--sweep", str(spec)]) == 0
     study = load_study(tmp_path / "out-sweep")
     by_batch = {t.params["training.effective_batch_size"]: t for t in study.trials}
@@ -213,6 +214,7 @@ def test_evals_per_epoch_reports_every_batch_at_the_same_texts_seen(tmp_path, fr
         records = [json.loads(line) for line in (folder / "train_log.jsonl").read_text().splitlines()]
         evals = [r for r in records if "eval/accuracy" in r]
         assert [r["step"] for r in evals] == steps
+        assert "evaluation.evals_per_epoch=5" in json.loads((folder / "trial.json").read_text())["runs"][0]["command"]
         # what each evaluation reported is what it measured
         assert [by_batch[batch].intermediate_values[t] for t in sorted(by_batch[batch].intermediate_values)] == \
             [r["eval/accuracy"] for r in evals]
@@ -261,6 +263,10 @@ def bad_input_job(tmp_path_factory):
     ({"trials": 0}, [], "trials: must be >= 1"),
     ({"sampler": "grid", "space": SPACE}, [], "grid needs a list of choices"),
     ({}, ["--seeds", "-1"], "seeds: must be an integer >= 0"),
+    ({"fixed": {"evaluation.evals_per_epch": 4}}, [], "fixed: evaluation.evals_per_epch: unknown key"),
+    ({"fixed": {"evaluation.evals_per_epoch": 0}}, [], "fixed: evaluation.evals_per_epoch: must be >= 1"),
+    ({"fixed": {"optim.learning_rate": 1e-3}}, [], "fixed: optim.learning_rate: is also in the space"),
+    ({"fixed": ["evaluation.evals_per_epoch=4"]}, [], "fixed: expected a mapping of section.key to a value"),
     ({}, ["--storage", "mysqlx://nowhere/db"], "--storage mysqlx://nowhere/db: "),
 ])
 def test_bad_input_is_one_line_before_any_trial(bad_input_job, capsys, settings, args, message):
@@ -420,7 +426,9 @@ def test_the_shipped_sweep_file_fits_the_default_config():
     from finetune.sweep import build_sweep, check_space_against_config, parse_args
 
     spec = REPO / "configs" / "sweeps" / "default.yaml"
-    args = ["--sweep", str(spec), "evaluation.metric_for_best_model=f1"]
+    args = ["--sweep", str(spec)]
     sweep = build_sweep(parse_args(args), args)
     assert sweep.space.keys() == ["optim.learning_rate", "training.effective_batch_size"] and sweep.trials == 12
+    evaluation = sweep.run_config.evaluation
+    assert (evaluation.metric_for_best_model, evaluation.evals_per_epoch) == ("f1", 4)
     check_space_against_config(sweep, str(spec))  # every batch splits into the default micro-batch
