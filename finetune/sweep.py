@@ -2,7 +2,7 @@
 
 Usage::
 
-    finetune sweep --config configs/default.yaml --sweep configs/sweep.yaml
+    finetune sweep --config configs/default.yaml --sweep configs/sweeps/default.yaml
     finetune sweep --config run.yaml --sweep sweep.yaml --seeds 5            # then the best config over 5 seeds
     finetune sweep --config run.yaml --seeds 5                               # the config as given, over 5 seeds
     finetune sweep --sweep sweep.yaml --storage postgresql://user@host/db    # one of several workers
@@ -74,7 +74,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="finetune sweep", description=__doc__.splitlines()[0],
                                      epilog="every option and the sweep file: docs/sweeps.md")
     parser.add_argument("--config", help="the run's YAML config (default: configs/default.yaml)")
-    parser.add_argument("--sweep", metavar="FILE", help="the sweep's YAML: space, trials, sampler, pruner, seeds")
+    parser.add_argument("--sweep", metavar="FILE",
+                        help="the sweep's YAML: space, fixed, trials, sampler, pruner, seeds")
     parser.add_argument("--output", metavar="DIR", help="the sweep's folder (default: the config's "
                         "output.output_dir with -sweep appended)")
     parser.add_argument("--storage", metavar="URL", help="the study's database, shared by several workers "
