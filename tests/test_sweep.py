@@ -432,3 +432,18 @@ def test_the_shipped_sweep_file_fits_the_default_config():
     evaluation = sweep.run_config.evaluation
     assert (evaluation.metric_for_best_model, evaluation.evals_per_epoch) == ("f1", 4)
     check_space_against_config(sweep, str(spec))  # every batch splits into the default micro-batch
+
+
+@pytest.mark.parametrize("evaluation, warned", [("evaluation.eval_every=5", True),
+                                                ("evaluation.evals_per_epoch=4", False)])
+def test_eval_every_with_a_searched_batch_is_warned_of(bad_input_job, caplog, evaluation, warned):
+    import logging
+
+    from finetune.sweep import build_sweep, parse_args, warn_if_pruning_misaligned
+
+    spec = sweep_file(bad_input_job, "batch.yaml")  # SPACE searches the effective batch
+    args = ["--config", str(bad_input_job / "cfg.yaml"), "--sweep", str(spec), evaluation]
+    sweep = build_sweep(parse_args(args), args)
+    with caplog.at_level(logging.WARNING, logger="finetune"):
+        warn_if_pruning_misaligned(sweep, sweep.run_config)
+    assert ("evaluation.eval_every=5 evaluates at different texts seen" in caplog.text) is warned
