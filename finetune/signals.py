@@ -47,6 +47,12 @@ class StopSignals:
 
     A signal reaches one process (or some); :meth:`agree` makes it every
     process's decision, so that all stop after the same update.
+
+    Scopes nest: a sweep holds one around its trials, and each trial's ``fit``
+    one around its training. A signal the outer scope received before the inner
+    one began (while a trial's model was loading) is the inner one's from its
+    start, so training stops after its first update; one the inner scope
+    received is the outer one's too once it ends.
     """
 
     SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -56,6 +62,7 @@ class StopSignals:
         self.signum: Optional[int] = None
         self.agreed: Optional[int] = None
         self._previous: dict[int, Any] = {}
+        self._outer: Optional[StopSignals] = None
 
     def agree(self, accelerator, step: Optional[int] = None) -> Optional[int]:
         """The signal to stop on if any process received one: the same answer on every process.
@@ -87,12 +94,19 @@ class StopSignals:
             for sig in self.SIGNALS:
                 self._previous[sig] = signal.getsignal(sig)
                 signal.signal(sig, self._handle)
+            self._outer = next((h.__self__ for h in self._previous.values()
+                                if isinstance(getattr(h, "__self__", None), StopSignals)), None)
+            if self._outer is not None:
+                self.signum = self._outer.signum
         return self
 
     def __exit__(self, *exc) -> None:
         for sig, previous in self._previous.items():
             signal.signal(sig, previous)
         self._previous.clear()
+        if self._outer is not None and self._outer.signum is None:
+            self._outer.signum = self.signum
+        self._outer = None
 
     def _handle(self, signum: int, frame) -> None:
         # no logging here: a handler may run while the main thread holds a logging lock

@@ -172,9 +172,18 @@ def running(study) -> int:
 def queue_continuation(study, trial) -> None:
     """Queue a trial with ``trial``'s values that continues it in its folder (it resumes from its checkpoint).
 
-    Also Optuna's callback for a trial whose worker was lost (its heartbeat went stale).
+    Also Optuna's callback for a trial whose worker was lost (its heartbeat went stale). Made as Optuna's own
+    retry callback makes a retried trial: a waiting trial with the values set and the system attributes copied,
+    among them the grid sampler's point, so that the grid counts the continuation as that point's.
     """
-    study.enqueue_trial(trial.params, user_attrs={FOLDER: trial.user_attrs.get(FOLDER), CONTINUES: trial.number})
+    import optuna
+
+    # a running trial's own object has no system attributes: its record in the study has
+    trial = next(t for t in study.get_trials(deepcopy=False) if t.number == trial.number)
+    study.add_trial(optuna.trial.create_trial(
+        state=optuna.trial.TrialState.WAITING, params=trial.params, distributions=trial.distributions,
+        user_attrs={FOLDER: trial.user_attrs.get(FOLDER), CONTINUES: trial.number},
+        system_attrs=dict(trial.system_attrs)))
     logger.warning("trial %d (%s) stopped before its end; queued to continue from its checkpoint", trial.number,
                    trial.user_attrs.get(FOLDER))
 

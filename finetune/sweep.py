@@ -25,6 +25,7 @@ import json
 import logging
 import os
 import shlex
+import signal
 import sys
 import warnings
 from pathlib import Path
@@ -32,6 +33,7 @@ from typing import Any, Optional
 
 from finetune.errors import ConfigError, run_command
 from finetune.search_space import Dimension, SearchSpace, overrides, parse_space, render
+from finetune.signals import RunInterrupted, StopSignals
 from finetune.study import BASE_PARAMS_ATTR, CONFIG_ATTR, SPACE_ATTR, budget_left, load_or_create, open_storage, \
     redact, running
 from finetune.sweep_report import Header, best_trial, seed_statistics, state_of, write_reports
@@ -189,13 +191,17 @@ def _pruner_settings(value: Any, where: str) -> dict[str, Any]:
 
 
 def make_sampler(sweep: Sweep, trials_so_far: int):
-    """The sampler; a seeded one is seeded past the trials the study holds, so a continued sweep draws new values."""
+    """The sampler; a seeded one is seeded past the trials the study holds, so a continued sweep draws new values.
+
+    The grid is the exception: its seed orders the grid, and a trial's point is its index in that order, so every
+    process of the study (a continuation, another worker) must order it alike: the seed as given.
+    """
     import optuna
 
-    seed = None if sweep.sampler_seed is None else sweep.sampler_seed + trials_so_far
-
     if sweep.sampler == "grid":
-        return optuna.samplers.GridSampler({d.key: list(d.choices) for d in sweep.space.dimensions}, seed=seed)
+        grid = {d.key: list(d.choices) for d in sweep.space.dimensions}
+        return optuna.samplers.GridSampler(grid, seed=sweep.sampler_seed)
+    seed = None if sweep.sampler_seed is None else sweep.sampler_seed + trials_so_far
     if sweep.sampler == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     return optuna.samplers.TPESampler(seed=seed)
@@ -306,20 +312,8 @@ def run_sweep(sweep: Sweep) -> dict[str, Any]:
     runner = TrialRunner(sweep.output, sweep.config, sweep.overrides, metric,
                          on_trial_end=progress_line(sweep, metric, greater, report))
     base_seed = cfg.training.seed
-    if search is not None:
-        search.sampler, search.pruner = make_sampler(sweep, len(search.trials)), make_pruner(sweep.pruner)
-        trial_seeds = [base_seed + i for i in range(sweep.trial_seeds)] if sweep.trial_seeds > 1 else []
-        runner.phase = Phase("search", search, sweep.space, sweep.trials, lambda n, _: f"trial-{n:04d}", trial_seeds,
-                             prune=sweep.pruner["type"] != "none")
-        run_phase(runner)
-    if sweep.seeds:
-        seeds = [base_seed + i for i in range(sweep.seeds)]
-        studies["seeds"] = seeds_study(storage, sweep, greater, identity, search, seeds)
-        fixed = overrides(json.loads(studies["seeds"].user_attrs[BASE_PARAMS_ATTR]))
-        space = SearchSpace((Dimension("training.seed", "choice", choices=tuple(seeds)),))
-        runner.phase = Phase("seeds", studies["seeds"], space, sweep.seeds,
-                             lambda _, params: f"seeds/seed-{params['training.seed']}", fixed=fixed)
-        run_phase(runner)
+    with StopSignals() as signals:  # a signal outside a trial's training ends the sweep between trials
+        run_phases(sweep, runner, signals, storage, studies, identity, greater, base_seed)
     report()
     results = {"search": search is not None, "seeds": seed_results(studies["seeds"])}
     if results["seeds"]:
@@ -330,15 +324,41 @@ def run_sweep(sweep: Sweep) -> dict[str, Any]:
     return results
 
 
-def run_phase(runner: TrialRunner) -> None:
+def run_phases(sweep: Sweep, runner: TrialRunner, signals: StopSignals, storage, studies: dict[str, Any],
+               identity: dict[str, str], greater: bool, base_seed: int) -> None:
+    """The search (with a space), then the seeds runs (with ``--seeds``)."""
+    search = studies["search"]
+    if search is not None:
+        search.sampler, search.pruner = make_sampler(sweep, len(search.trials)), make_pruner(sweep.pruner)
+        trial_seeds = [base_seed + i for i in range(sweep.trial_seeds)] if sweep.trial_seeds > 1 else []
+        runner.phase = Phase("search", search, sweep.space, sweep.trials, lambda n, _: f"trial-{n:04d}", trial_seeds,
+                             prune=sweep.pruner["type"] != "none")
+        run_phase(runner, signals)
+    if sweep.seeds:
+        seeds = [base_seed + i for i in range(sweep.seeds)]
+        studies["seeds"] = seeds_study(storage, sweep, greater, identity, search, seeds)
+        fixed = overrides(json.loads(studies["seeds"].user_attrs[BASE_PARAMS_ATTR]))
+        space = SearchSpace((Dimension("training.seed", "choice", choices=tuple(seeds)),))
+        runner.phase = Phase("seeds", studies["seeds"], space, sweep.seeds,
+                             lambda _, params: f"seeds/seed-{params['training.seed']}", fixed=fixed)
+        run_phase(runner, signals)
+
+
+def run_phase(runner: TrialRunner, signals: StopSignals) -> None:
     """Run the phase's trials until its budget is spent (queued continuations first), then wait while other
-    workers finish its last ones, running any continuation they leave queued."""
+    workers finish its last ones, running any continuation they leave queued.
+
+    Raises:
+        RunInterrupted: a signal came outside a trial's training (a signal during it ends that trial with a
+            checkpoint and a queued continuation, and reaches here as the same error).
+    """
     import time
 
     import optuna
 
     phase, said = runner.phase, False
     while True:
+        stop_if_signalled(signals)
         if budget_left(phase.study, phase.trials):
             phase.study.optimize(runner, n_trials=1)
             continue
@@ -350,6 +370,13 @@ def run_phase(runner: TrialRunner) -> None:
             said = True
         time.sleep(WAIT_S)
         optuna.storages.fail_stale_trials(phase.study)  # a lost worker's trial is queued to continue here
+
+
+def stop_if_signalled(signals: StopSignals) -> None:
+    if signals.signum is not None:
+        name = signal.Signals(signals.signum).name
+        raise RunInterrupted(f"interrupted by {name} between trials; run the same command to continue the sweep",
+                             signals.signum)
 
 
 def seeds_study(storage, sweep: Sweep, greater: bool, identity: dict[str, str], search, seeds: list[int]):

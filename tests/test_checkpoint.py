@@ -156,6 +156,20 @@ def test_first_signal_is_recorded_and_handlers_restored():
     assert signal.getsignal(signal.SIGTERM) is previous
 
 
+def test_nested_scopes_share_a_signal_in_both_directions():
+    with StopSignals() as outer:
+        os.kill(os.getpid(), signal.SIGTERM)  # before the inner scope: a sweep's trial still loading
+        with StopSignals() as inner:
+            assert inner.signum == signal.SIGTERM  # so its training stops at the first window boundary
+        assert outer.signum == signal.SIGTERM
+    with StopSignals() as outer:
+        with StopSignals() as inner:
+            assert inner.signum is None
+            os.kill(os.getpid(), signal.SIGINT)
+            assert (inner.signum, outer.signum) == (signal.SIGINT, None)
+        assert outer.signum == signal.SIGINT  # the enclosing scope learns of it when the inner one ends
+
+
 def test_resume_command_repeats_the_arguments(monkeypatch):
     for name in ("ACCELERATE_USE_CPU", "LOCAL_RANK"):
         monkeypatch.delenv(name, raising=False)

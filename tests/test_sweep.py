@@ -291,6 +291,52 @@ def test_a_folder_made_with_another_space_is_refused(four_trials, capsys):
 # --- in separate processes: a signal, two workers, a shared server ----------------------------------------------
 
 
+def test_a_signal_outside_training_stops_the_sweep_cleanly(tmp_path, fresh_accelerate_state, monkeypatch):
+    import finetune.sweep_trial
+    import finetune.train
+
+    config = sms_job(tmp_path, epochs=1)  # 6 updates a trial
+    spec = sweep_file(tmp_path, space={"optim.learning_rate": [1e-3, 2e-3, 3e-3]}, trials=3,
+                      sampler={"type": "grid", "seed": 0}, pruner="none")
+    args = ["--config", str(config), "--sweep", str(spec)]
+    out = tmp_path / "out-sweep"
+
+    # 1. while the first trial's outputs are written: it completes, and the sweep stops before the next
+    end = finetune.sweep_trial.TrialRunner._end
+
+    def end_then_signal(runner, trial, folder, record):
+        end(runner, trial, folder, record)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(finetune.sweep_trial.TrialRunner, "_end", end_then_signal)
+    assert sweep_in_process(args) == 143
+    assert [t.state.name for t in load_study(out).trials] == ["COMPLETE"]
+    monkeypatch.undo()
+
+    # 2. while the second trial loads its model: it stops after its first update, with a checkpoint
+    run_training = finetune.train.run_training
+
+    def signal_then_train(*a, **kw):
+        os.kill(os.getpid(), signal.SIGINT)
+        return run_training(*a, **kw)
+
+    monkeypatch.setattr(finetune.train, "run_training", signal_then_train)
+    assert sweep_in_process(args) == 130
+    second = out / "trial-0001"
+    assert steps_logged(second) == [1] and (second / "checkpoints" / "checkpoint-1").is_dir()
+    assert json.loads((second / "trial.json").read_text())["state"] == "interrupted"
+    monkeypatch.undo()
+
+    # 3. the same command finishes the sweep: the second trial resumed (trial 2 continues it in its folder),
+    # each update once, and the grid's third point drawn as trial 3: every point once
+    assert sweep_in_process(args) == 0
+    complete = [t for t in load_study(out).trials if t.state.name == "COMPLETE"]
+    assert [(t.number, t.user_attrs["folder"]) for t in complete] == [(0, "trial-0000"), (2, "trial-0001"),
+                                                                      (3, "trial-0003")]
+    assert sorted(t.params["optim.learning_rate"] for t in complete) == [1e-3, 2e-3, 3e-3]
+    assert steps_logged(second) == [1, 2, 3, 4, 5, 6]
+
+
 @pytest.mark.slow
 def test_sigterm_in_the_third_trial_then_the_same_command_finishes_it(tmp_path):
     config = sms_job(tmp_path, epochs=6)
