@@ -24,7 +24,7 @@ train: install
 		--mixed_precision no --dynamo_backend no finetune/train.py --config $(CONFIG) $(ARGS)
 
 test: install
-	$(BIN)/python -m pytest -q tests $(ARGS)
+	$(BIN)/python -m pytest -q --durations=15 tests $(ARGS)
 
 # the side-by-side comparison with transformers.Trainer (bench/README.md); ~25 min on 2 CPU cores
 bench: install
