@@ -177,7 +177,9 @@ def sweep_markdown(header: Header, rows: list[dict[str, Any]], best: Optional[di
     if best is not None:
         values = ", ".join(f"`{k}={short(best.get(k))}`" for k in header.space.keys())
         lines += [f"Best: trial {best['trial']} ({best['folder']}), {header.metric} {best['value']:.4f}: {values}.",
-                  f"Train it again: `finetune train --config {BEST_YAML}` (it writes to `best/`).", ""]
+                  f"Its model is in its folder (on the worker that ran it): `finetune predict {best['folder']} "
+                  f"\"a text\"` from here. Train it again: `finetune train --config {BEST_YAML}` (it writes to "
+                  "`best/`).", ""]
     if seed_values:
         mean, std = seed_statistics([v for _, v in seed_values])
         lines += [f"## Over {len(seed_values)} seeds", "",

@@ -105,7 +105,7 @@ def four_trials(tmp_path_factory):
     return root, root / "out-sweep", code
 
 
-def test_four_trials_write_every_file(four_trials):
+def test_four_trials_write_every_file(four_trials, capsys):
     _, out, code = four_trials
     assert code == 0
     rows = list(csv.DictReader((out / "trials.csv").open()))
@@ -129,6 +129,12 @@ def test_four_trials_write_every_file(four_trials):
     assert Path(cfg.output.output_dir) == out / "best"
     report = (out / "sweep.md").read_text()
     assert f"Best: trial {best['trial']} ({best['folder']})" in report and "4 of 4 trials: 4 complete" in report
+    assert f"`finetune predict {best['folder']} \"a text\"` from here" in report
+    from finetune.predict import main as predict
+
+    capsys.readouterr()
+    assert predict([str(out / best["folder"]), "a text"]) == 0  # the command the report gives works as given
+    assert json.loads(capsys.readouterr().out.splitlines()[-1])["label"] in ("ham", "spam")
     assert (out / "sweep.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     study = load_study(out)
     assert study.best_trial.number == int(best["trial"])
