@@ -1,7 +1,7 @@
 """What pruning saves and what a search finds, on the default job: the same trials with and without pruning, then the
 best config against the default config over the same seeds.
 
-    python bench/sweep.py                       # 12 trials, 5 seeds (about an hour on 2 CPU cores)
+    python bench/sweep.py                       # 12 trials, 5 seeds (about 70 minutes on 2 CPU cores)
     python bench/sweep.py --trials 4 --seeds 2  # a quick look
 
 Every run is the default job (one epoch) evaluated four times an epoch

@@ -44,7 +44,7 @@ logger = logging.getLogger("finetune")
 FILE_KEYS = {"space", "fixed", "trials", "sampler", "pruner", "seeds", "trial_seeds"}
 SAMPLERS = ("tpe", "random", "grid")
 PRUNERS = ("median", "percentile", "hyperband", "none")
-PRUNER_KEYS = {"type", "startup_trials", "min_trials", "percentile"}
+PRUNER_KEYS = {"type", "startup_trials", "min_trials", "warmup_texts", "percentile"}
 DEFAULT_TRIALS = 20
 # seconds between looks at the study while other workers finish the search's last trials
 WAIT_S = 10.0
@@ -181,9 +181,9 @@ def _pruner_settings(value: Any, where: str) -> dict[str, Any]:
                 **{k: v for k, v in settings.items() if k != "type"}}
     if settings["type"] not in PRUNERS:
         raise ConfigError(f"{where}: pruner: {settings['type']!r} is not one of {', '.join(PRUNERS)}")
-    for key in ("startup_trials", "min_trials"):
+    for key in ("startup_trials", "min_trials", "warmup_texts"):
         if key in settings:
-            _count(settings[key], f"pruner: {key}", where, 0 if key == "startup_trials" else 1)
+            _count(settings[key], f"pruner: {key}", where, 1 if key == "min_trials" else 0)
     percentile = settings.get("percentile", 50.0)
     if isinstance(percentile, bool) or not isinstance(percentile, (int, float)) or not 0 < percentile < 100:
         raise ConfigError(f"{where}: pruner: percentile: must be a number between 0 and 100, got {percentile!r}")
@@ -215,11 +215,13 @@ def make_pruner(settings: dict[str, Any]):
         return optuna.pruners.NopPruner()
     if kind == "hyperband":
         return optuna.pruners.HyperbandPruner()
-    startup, least = settings.get("startup_trials", 5), settings.get("min_trials", 1)
+    # a trial reports at the training texts it has seen, so Optuna's warm-up steps are texts
+    startup, least, warmup = (settings.get("startup_trials", 5), settings.get("min_trials", 1),
+                              settings.get("warmup_texts", 0))
     if kind == "median":
-        return optuna.pruners.MedianPruner(n_startup_trials=startup, n_min_trials=least)
+        return optuna.pruners.MedianPruner(n_startup_trials=startup, n_warmup_steps=warmup, n_min_trials=least)
     return optuna.pruners.PercentilePruner(settings.get("percentile", 50.0), n_startup_trials=startup,
-                                           n_min_trials=least)
+                                           n_warmup_steps=warmup, n_min_trials=least)
 
 
 def describe_pruner(settings: dict[str, Any]) -> str:

@@ -177,19 +177,23 @@ def test_the_micro_batch_does_not_change_a_trial(tmp_path, fresh_accelerate_stat
 # --- pruning ----------------------------------------------------------------------------------------------------
 
 
-def test_pruning_stops_a_trial_worse_than_the_median(tmp_path, fresh_accelerate_state):
+@pytest.mark.parametrize("warmup_texts, pruned_at", [(None, 48), (49, 96)])
+def test_pruning_stops_a_trial_worse_than_the_median(tmp_path, fresh_accelerate_state, warmup_texts, pruned_at):
     root = tmp_path
     config = sms_job(root, epochs=3, evaluation={"metric_for_best_model": "loss"})
     # a learning rate that learns, then one that barely moves: the second is worse at its first evaluation
+    # (48 training texts, an epoch), or at the first one past the pruner's warm-up
+    pruner = {"type": "median", "startup_trials": 1, **({"warmup_texts": warmup_texts} if warmup_texts else {})}
     spec = sweep_file(root, space={"optim.learning_rate": [3e-2, 1e-7]}, trials=2,
-                      sampler={"type": "grid", "seed": 1}, pruner={"type": "median", "startup_trials": 1})
+                      sampler={"type": "grid", "seed": 1}, pruner=pruner)
     assert sweep_in_process(["--config", str(config), "--sweep", str(spec)]) == 0
     study = load_study(root / "out-sweep")
     by_lr = {t.params["optim.learning_rate"]: t for t in study.trials}
     good, bad = by_lr[3e-2], by_lr[1e-7]
     assert good.number == 0, "the grid's seed must put the learning rate that learns first"
     assert good.state.name == "COMPLETE" and bad.state.name == "PRUNED"
-    step = min(bad.intermediate_values)
+    step = max(bad.intermediate_values)
+    assert step == pruned_at
     assert bad.intermediate_values[step] > good.intermediate_values[step]  # worse than the median of one
     bad_dir = root / "out-sweep" / bad.user_attrs["folder"]
     assert not (bad_dir / "metrics.json").exists()
@@ -267,6 +271,7 @@ def bad_input_job(tmp_path_factory):
     ({"sampler": "bayes"}, [], "sampler: 'bayes' is not one of tpe, random, grid"),
     ({"pruner": {"type": "median", "startup": 2}}, [], "pruner: unknown startup"),
     ({"trials": 0}, [], "trials: must be >= 1"),
+    ({"pruner": {"type": "median", "warmup_texts": -5}}, [], "pruner: warmup_texts: must be an integer >= 0"),
     ({"sampler": "grid", "space": SPACE}, [], "grid needs a list of choices"),
     ({}, ["--seeds", "-1"], "seeds: must be an integer >= 0"),
     ({"fixed": {"evaluation.evals_per_epch": 4}}, [], "fixed: evaluation.evals_per_epch: unknown key"),
