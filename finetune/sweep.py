@@ -152,9 +152,8 @@ def fixed_overrides(raw: Any, space: SearchSpace, config: Optional[str], where: 
         return []
     if not isinstance(raw, dict) or not all(isinstance(key, str) for key in raw):
         raise ConfigError(f"{where}: fixed: expected a mapping of section.key to a value, got {raw!r}")
-    searched = {d.key for d in space.dimensions}
     for key in raw:
-        if key in searched:
+        if key in space.keys():
             raise ConfigError(f"{where}: fixed: {key}: is also in the space; a key is either searched or fixed")
     fixed = overrides(raw)
     try:
@@ -254,15 +253,14 @@ def check_space_against_config(sweep: Sweep, where: str) -> None:
                 raise ConfigError(f"{where}: space: {dim.key}: {render(value)} is refused: {reason}") from None
 
 
-def warn_if_pruning_misaligned(sweep: Sweep, cfg) -> None:
+def warn_if_pruning_misaligned(sweep: Sweep) -> None:
     """``eval_every`` counts updates, whose texts differ between effective batches: the pruner would compare
     trials only at epoch ends, where their reports meet; ``evals_per_epoch`` puts them at the same texts."""
-    searched = {d.key for d in sweep.space.dimensions}
-    if (cfg.evaluation.eval_every and sweep.pruner.get("type") != "none"
-            and "training.effective_batch_size" in searched):
+    every = sweep.run_config.evaluation.eval_every
+    if every and sweep.pruner.get("type") != "none" and "training.effective_batch_size" in sweep.space.keys():
         logger.warning("evaluation.eval_every=%d evaluates at different texts seen for each effective batch, so the "
                        "pruner can compare trials only at epoch ends; evaluation.evals_per_epoch evaluates at the "
-                       "same shares of the data for every batch", cfg.evaluation.eval_every)
+                       "same shares of the data for every batch", every)
 
 
 def made_with(sweep: Sweep, cfg) -> dict[str, str]:
@@ -296,7 +294,7 @@ def run_sweep(sweep: Sweep) -> dict[str, Any]:
     cfg = sweep.run_config
     metric, greater = objective_of(cfg)
     check_space_against_config(sweep, sweep.where)
-    warn_if_pruning_misaligned(sweep, cfg)
+    warn_if_pruning_misaligned(sweep)
     sweep.output.mkdir(parents=True, exist_ok=True)
     optuna.logging.set_verbosity(optuna.logging.ERROR)  # every trial's ending is logged here, in one line
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)

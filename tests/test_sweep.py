@@ -502,5 +502,5 @@ def test_eval_every_with_a_searched_batch_is_warned_of(bad_input_job, caplog, ev
     args = ["--config", str(bad_input_job / "cfg.yaml"), "--sweep", str(spec), evaluation]
     sweep = build_sweep(parse_args(args), args)
     with caplog.at_level(logging.WARNING, logger="finetune"):
-        warn_if_pruning_misaligned(sweep, sweep.run_config)
+        warn_if_pruning_misaligned(sweep)
     assert ("evaluation.eval_every=5 evaluates at different texts seen" in caplog.text) is warned
