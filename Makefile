@@ -23,8 +23,10 @@ train: install
 	HF_HUB_OFFLINE=$${HF_HUB_OFFLINE:-1} $(BIN)/accelerate launch -q --num_processes 1 --num_machines 1 \
 		--mixed_precision no --dynamo_backend no finetune/train.py --config $(CONFIG) $(ARGS)
 
+# one worker per core (pytest-xdist), each test file kept on one worker so that its module-scoped
+# set-up runs once; most time goes to single-threaded subprocess start-up, which overlaps well
 test: install
-	$(BIN)/python -m pytest -q --durations=15 tests $(ARGS)
+	$(BIN)/python -m pytest -q -n auto --dist loadfile --durations=15 tests $(ARGS)
 
 # the side-by-side comparison with transformers.Trainer (bench/README.md); ~25 min on 2 CPU cores
 bench: install
