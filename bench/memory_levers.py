@@ -185,7 +185,7 @@ def table(rows: list[dict]) -> str:
         lines.append(
             f"| bert-{row['size']}-sized | {row.get('heap', 'keep')} | {row['setting']} | {measured / 1e9:.2f} | "
             f"{measured / ref['peak_rss_above_baseline']:.2f} | {plan['total'] / 1e9:.2f} | "
-            f"{plan['total'] / measured:.2f} | {activations / 1e9:.2f} | {row['samples_per_s']:.2f} | "
+            f"{plan['total'] / measured:.2f} | {activations / 1e9:.2f} | {row['samples_per_s']:.3f} | "
             f"{row['samples_per_s'] / ref['samples_per_s']:.2f} | "
             f"{100 * row['trainable'] / row['weights']:.2f}% |")
     return "\n".join(lines)

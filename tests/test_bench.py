@@ -400,11 +400,11 @@ def test_the_memory_table_compares_each_setting_with_the_plain_one_and_its_plan(
     lines = table([row("b=8 k=4", 4e9, 3e9, 2.0), row("b=8 k=4 LoRA r=8", 2e9, 2.2e9, 1.0, trainable=1),
                    row("b=8 k=4", 3e9, 3e9, 1.5, heap="release"),
                    row("b=8 k=4 LoRA r=8", 1.5e9, 2.2e9, 1.0, trainable=1, heap="release")]).splitlines()
-    assert lines[2] == "| bert-base-sized | keep | b=8 k=4 | 4.00 | 1.00 | 3.00 | 0.75 | 4.00 | 2.00 | 1.00 | 100.00% |"
-    assert lines[3] == ("| bert-base-sized | keep | b=8 k=4 LoRA r=8 | 2.00 | 0.50 | 2.20 | 1.10 | 2.00 | 1.00 | 0.50 "
+    assert lines[2] == "| bert-base-sized | keep | b=8 k=4 | 4.00 | 1.00 | 3.00 | 0.75 | 4.00 | 2.000 | 1.00 | 100.00% |"
+    assert lines[3] == ("| bert-base-sized | keep | b=8 k=4 LoRA r=8 | 2.00 | 0.50 | 2.20 | 1.10 | 2.00 | 1.000 | 0.50 "
                         "| 1.00% |")
     # against the plain setting under the same heap
-    assert lines[5] == ("| bert-base-sized | release | b=8 k=4 LoRA r=8 | 1.50 | 0.50 | 2.20 | 1.47 | 1.50 | 1.00 "
+    assert lines[5] == ("| bert-base-sized | release | b=8 k=4 LoRA r=8 | 1.50 | 0.50 | 2.20 | 1.47 | 1.50 | 1.000 "
                         "| 0.67 | 1.00% |")
 
 
