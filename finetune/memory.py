@@ -244,11 +244,23 @@ def is_out_of_memory(exc: BaseException) -> bool:
 
 
 def free_cached(device: torch.device) -> None:
-    """What a probe or a trial step left behind goes back (and the device's cache), before training allocates."""
+    """What a probe or a trial step left behind goes back (and the device's cache), before training allocates.
+
+    On the CPU the freed activations stay in glibc's heap (a probe runs before
+    ``cpu_heap: release`` maps large blocks on their own), and training's large
+    blocks do not reuse that space: trimming hands it back, or it stays in the
+    process's resident size for the whole run.
+    """
     import gc
 
     gc.collect()
-    if device.type != "cpu":
+    if device.type == "cpu":
+        from finetune.cpu import malloc_trim
+
+        trim = malloc_trim()
+        if trim is not None:
+            trim(0)
+    else:
         from accelerate.utils.memory import clear_device_cache
 
         clear_device_cache()

@@ -196,3 +196,26 @@ def test_the_automatic_micro_batch_trusts_its_trials_not_the_plan(tiny_job, monk
     tiny_job.training.effective_batch_size = 32
     run = _setup(tiny_job, monkeypatch, available=1000)  # the trial steps fit on this machine
     assert run.memory is not None and not run.memory.fits
+
+
+def _resident_anonymous_bytes() -> int:
+    with open("/proc/self/status", encoding="ascii") as fh:
+        line = next(line for line in fh if line.startswith("RssAnon:"))
+    return int(line.split()[1]) * 1024
+
+
+def test_what_a_probe_freed_goes_back_to_the_system_before_training():
+    from finetune.cpu import malloc_trim
+    from finetune.memory import free_cached
+
+    if malloc_trim() is None:
+        pytest.skip("glibc's heap only")
+    # many small activations (under glibc's mapping threshold, so they come from the heap), freed but for the
+    # last, which pins the heap's top so that glibc cannot give the space back by itself
+    blocks = [torch.ones(16 * 1024) for _ in range(4096)]  # 64 KiB each, 256 MiB in all
+    keep = blocks[-1]
+    del blocks
+    held = _resident_anonymous_bytes()
+    free_cached(torch.device("cpu"))
+    assert held - _resident_anonymous_bytes() > 200 * 2**20
+    assert keep.sum().item() == 16 * 1024
