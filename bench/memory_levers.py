@@ -134,7 +134,7 @@ def child(model: str, setting: str, updates: int, out: Path) -> None:
 def tokenize_once(cfg) -> None:
     """Tokenize the data into the package's cache, so that the measured run reads it from there; the heap this
     used is handed back before the baseline is taken."""
-    from finetune.cpu import malloc_trim
+    from finetune.cpu import release_free_heap
     from finetune.dataloaders import load_data, tokenize_data, tokenized_cache_dir
     from finetune.launch import build_accelerator
     from finetune.modeling import load_tokenizer
@@ -143,9 +143,7 @@ def tokenize_once(cfg) -> None:
     splits, _ = load_data(cfg, accelerator)
     tokenize_data(cfg, splits, load_tokenizer(cfg.model), accelerator, tokenized_cache_dir(cfg))
     del splits
-    trim = malloc_trim()
-    if trim is not None:
-        trim(0)
+    release_free_heap()
 
 
 def measure(sizes: list[str], updates: int, models_root: Path, settings: list[str], micro_batches: int,

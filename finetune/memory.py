@@ -255,11 +255,9 @@ def free_cached(device: torch.device) -> None:
 
     gc.collect()
     if device.type == "cpu":
-        from finetune.cpu import malloc_trim
+        from finetune.cpu import release_free_heap
 
-        trim = malloc_trim()
-        if trim is not None:
-            trim(0)
+        release_free_heap()
     else:
         from accelerate.utils.memory import clear_device_cache
 

@@ -188,6 +188,13 @@ def malloc_trim():
     return _glibc("malloc_trim")
 
 
+def release_free_heap() -> None:
+    """The C heap's free memory goes back to the system (glibc's ``malloc_trim(0)``); elsewhere nothing happens."""
+    trim = malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
 def mallopt():
     """glibc's ``mallopt``, or ``None``."""
     return _glibc("mallopt")
