@@ -3,7 +3,8 @@
 With ``model.lora_rank`` set, the encoder's weights stay frozen and each
 projection of its transformer blocks learns a low-rank update ``B @ A``
 (scaled by ``lora_alpha / lora_rank``); the classification head, new for the
-data's labels, is trained in full. Only the trained weights get gradients and
+data's labels, is trained in full, with what runs between it and the blocks
+(BERT's pooler: :func:`head_modules`). Only the trained weights get gradients and
 AdamW state: that is the memory LoRA saves (docs/memory.md measures how much).
 
 The accumulation contract is untouched: the loss, its weights and the
@@ -126,11 +127,38 @@ def _matches(name: str, suffix: str) -> bool:
     return name == suffix or name.endswith(f".{suffix}")
 
 
+def _matches_within(name: str, module: str) -> bool:
+    """Whether ``name`` is ``module`` or inside it."""
+    return name == module or name.startswith(f"{module}.")
+
+
 def head_modules(model) -> list[str]:
-    """The modules outside the encoder that hold weights: the classification head (and a pooler kept there)."""
+    """The modules LoRA trains in full: the classification head and whatever runs above the transformer blocks.
+
+    Outside the encoder, the head itself (``classifier``, DistilBERT's
+    ``pre_classifier``, DeBERTa's pooler, ModernBERT's ``head``). Inside it,
+    the modules registered after the blocks of :func:`layer_stack`: BERT's and
+    ALBERT's pooler, ModernBERT's final norm. They serve the head alone, and
+    BERT's pooler was pretrained for next-sentence prediction, a task the new
+    labels are not; frozen, it would stand between the adapted blocks and the
+    head (docs/memory.md measures what training it changes). ``layer_depths``
+    gives the same modules the head's depth.
+    """
     prefix = model.base_model_prefix
-    return [name for name, module in model.named_children()
-            if name != prefix and any(True for _ in module.parameters())]
+    outside = [name for name, module in model.named_children() if name != prefix and _holds_weights(module)]
+    try:
+        stack_name, _ = layer_stack(model)
+    except ConfigError:  # no blocks to be above (targets named by hand): the head alone
+        return outside
+    blocks = stack_name.split(".")[1]  # the base model's child that holds them
+    children = [name for name, _ in getattr(model, prefix).named_children()]
+    above = children[children.index(blocks) + 1:]  # registered in the order the encoder runs them
+    base = getattr(model, prefix)
+    return outside + [f"{prefix}.{name}" for name in above if _holds_weights(base.get_submodule(name))]
+
+
+def _holds_weights(module: torch.nn.Module) -> bool:
+    return any(True for _ in module.parameters())
 
 
 def check_targets(model, targets: list[str]) -> int:
@@ -141,6 +169,7 @@ def check_targets(model, targets: list[str]) -> int:
     """
     prefix = f"{model.base_model_prefix}."
     names = [name for name, _ in model.named_modules() if name]
+    head = head_modules(model)
     adapted: set[str] = set()
     for target in targets:
         found = [n for n in names if _matches(n, target)]
@@ -151,6 +180,10 @@ def check_targets(model, targets: list[str]) -> int:
         if outside:
             raise ConfigError(f"model.lora_target_modules: {target!r} matches {outside[0]}, which is outside the "
                               f"encoder (the head is trained in full); name a longer suffix")
+        in_head = [n for n in found if any(_matches_within(n, module) for module in head)]
+        if in_head:
+            raise ConfigError(f"model.lora_target_modules: {target!r} matches {in_head[0]}, which is above the "
+                              f"transformer blocks and trained in full with the head; name a longer suffix")
         adapted.update(found)
     return len(adapted)
 

@@ -36,7 +36,7 @@ from typing import Any, Iterator, Optional
 import torch
 
 from finetune.chunks import split_batch
-from finetune.lora import is_lora
+from finetune.lora import head_modules, is_lora
 
 GB = 1e9
 
@@ -334,9 +334,10 @@ def _smaller_micro_batches(batching) -> list[int]:
 
 
 def _lora_share(model, full: int) -> int:
-    """``full`` (gradients or optimizer bytes) scaled to what LoRA at rank 8 would train of ``model``."""
+    """``full`` (gradients or optimizer bytes) scaled to what LoRA at rank 8 would train of ``model``:
+    an adapter on each projection of the blocks, and the head (with the pooler) in full."""
     blocks = blocks_of(model)
     adapters = sum(8 * (m.in_features + m.out_features) for m in blocks.modules() if isinstance(m, torch.nn.Linear))
-    encoder = sum(p.numel() for p in model.base_model.parameters())
+    head = sum(p.numel() for name in head_modules(model) for p in model.get_submodule(name).parameters())
     trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    return round(full * (adapters + trained - encoder) / max(1, trained))
+    return round(full * (adapters + head) / max(1, trained))

@@ -41,7 +41,7 @@ def test_auto_adapts_every_projection_of_the_blocks_and_trains_the_head_in_full(
     assert len(blocks) >= 4 * len(layer_stack(model)[1]) or model_type == "albert"  # albert shares one layer
     trained = {n for n, p in adapted.named_parameters() if p.requires_grad}
     in_full = {n for n in trained if ".modules_to_save." in n}
-    assert {n.removeprefix(prefix).split(".")[0] for n in in_full} == set(head)
+    assert {n.removeprefix(prefix).split(".modules_to_save.")[0] for n in in_full} == set(head)
     assert trained == in_full | {n for n in trained if ".lora_A." in n or ".lora_B." in n}
     # the head in full: each of its weights trains
     assert sum(p.numel() for n, p in adapted.named_parameters() if n in in_full) == head_weights
@@ -75,10 +75,27 @@ def test_rank_8_trains_under_two_percent_of_a_full_sized_model(config):
     _, plan = add_lora(model, ModelConfig(lora_rank=8))
     assert plan.total == total
     assert 0.005 < plan.trainable / plan.total < 0.02
-    # each adapted projection: r x (inputs + outputs); the head: hidden x 2 + 2
+    # each adapted projection: r x (inputs + outputs); the pooler: hidden x hidden + hidden; the head: hidden x 2 + 2
     h, ffn, layers = config["hidden_size"], config["intermediate_size"], config["num_hidden_layers"]
     per_layer = 8 * (4 * (h + h) + (h + ffn) + (ffn + h))
-    assert plan.trainable == layers * per_layer + h * 2 + 2
+    assert plan.trainable == layers * per_layer + h * h + h + h * 2 + 2
+
+
+@pytest.mark.parametrize("model_type, above", [("bert", ["bert.pooler"]), ("albert", ["albert.pooler"]),
+                                                ("modernbert", ["model.final_norm"]), ("roberta", []),
+                                                ("distilbert", []), ("electra", []), ("deberta-v2", [])])
+def test_what_runs_above_the_blocks_is_trained_in_full_with_the_head(model_type, above):
+    model = tiny_model(model_type)
+    outside = [name for name, _ in model.named_children() if name != model.base_model_prefix]
+    head = head_modules(model)
+    assert head == [n for n in outside if any(True for _ in model.get_submodule(n).parameters())] + above
+    tensors = {name: len(list(model.get_submodule(name).parameters())) for name in above}
+    adapted, plan = add_lora(model, ModelConfig(lora_rank=4))
+    assert list(plan.head) == head
+    for name in above:  # trained as a copy in full, not adapted, and not frozen
+        trained = [n for n, p in adapted.named_parameters() if p.requires_grad and f".{name}.modules_to_save." in n]
+        assert len(trained) == tensors[name] > 0, name
+        assert not any(hasattr(m, "lora_A") for n, m in adapted.named_modules() if f".{name}." in n)
 
 
 def test_bad_target_modules_are_one_line_errors_naming_the_key():
@@ -87,6 +104,9 @@ def test_bad_target_modules_are_one_line_errors_naming_the_key():
         add_lora(tiny_model("bert"), ModelConfig(lora_rank=4, lora_target_modules=["query", "qkv"]))
     with pytest.raises(ConfigError, match=r"'dense' matches classifier.dense, which is outside the encoder"):
         add_lora(tiny_model("roberta"), ModelConfig(lora_rank=4, lora_target_modules=["dense"]))
+    with pytest.raises(ConfigError, match=r"'pooler.dense' matches bert.pooler.dense, which is above the transformer "
+                                          r"blocks and trained in full with the head"):
+        add_lora(tiny_model("bert"), ModelConfig(lora_rank=4, lora_target_modules=["query", "pooler.dense"]))
     with pytest.raises(ConfigError, match="model.lora_target_modules: an empty list adapts nothing"):
         ModelConfig(lora_rank=4, lora_target_modules=[])
     with pytest.raises(ConfigError, match="model.lora_rank: must be at least 1"):
@@ -154,8 +174,9 @@ def test_a_lora_checkpoint_holds_the_trained_weights_only(lora_runs):
     trained = lora_runs.weights_at_3
     assert len(saved) == len(trained)
     assert sum(t.numel() for t in saved.values()) == sum(t.numel() for t in trained.values())
-    # the whole model is several times the adapter's size
-    assert (lora_runs.out / "model.safetensors").stat().st_size > 4 * adapter.stat().st_size
+    # the whole model is several times the adapter's size (3x on a tiny model, whose pooler, trained in
+    # full, is a fifth of the adapter)
+    assert (lora_runs.out / "model.safetensors").stat().st_size > 3 * adapter.stat().st_size
 
 
 def test_a_resumed_lora_run_ends_bitwise_equal_to_the_uninterrupted_one(lora_runs):
@@ -238,7 +259,8 @@ def test_a_lora_run_says_what_it_trains(lora_runs):
     card = (lora_runs.out / "README.md").read_text()
     assert "LoRA adapters of rank 4 (alpha 16) on `query`, `key`" in card and "`adapter/`" in card
     assert f"(new head) with LoRA r=4 alpha=16 dropout=0.1 on query, key, value, output.dense, " \
-           f"intermediate.dense (12 modules) + classifier in full: {plan.trainable:,} of" in lora_runs.start_line
+           f"intermediate.dense (12 modules) + classifier, bert.pooler in full: {plan.trainable:,} of" \
+           in lora_runs.start_line
 
 
 def test_a_fresh_run_clears_an_earlier_lora_runs_adapter_only(tmp_path):
@@ -261,9 +283,9 @@ def test_a_damaged_adapter_is_refused_on_resume(tmp_path):
     with pytest.raises(ModelError, match="missing"):
         load_adapter_weights(model, tmp_path / "elsewhere")
     save_file({"classifier.weight": torch.zeros(3, 32)}, str(tmp_path / "adapter_model.safetensors"))
-    with pytest.raises(ModelError, match="holds 1 tensors for a model that trains 26"):
+    with pytest.raises(ModelError, match="holds 1 tensors for a model that trains 28"):
         load_adapter_weights(model, tmp_path)
-    # as many tensors (2 layers x 6 projections x A, B, and the head's weight and bias), of another rank
+    # as many tensors (2 layers x 6 projections x A, B, the head's and the pooler's weight and bias), of another rank
     other, _ = add_lora(tiny_model("bert"), ModelConfig(lora_rank=2))
     other.save_pretrained(str(tmp_path / "rank2"))
     with pytest.raises(ModelError, match="does not fit this model"):
