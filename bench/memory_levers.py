@@ -228,7 +228,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="where the random models are saved once")
     parser.add_argument("--lora-f1", action="store_true", help="the default job's F1, LoRA against full")
     parser.add_argument("--seeds", default="0,1,2")
-    parser.add_argument("--lora-lr", type=float, default=5e-4, help="LoRA's peak learning rate")
+    parser.add_argument("--lora-lr", type=float, default=2e-3,
+                        help="LoRA's peak learning rate (docs/memory.md measures 5e-4 to 4e-3)")
     parser.add_argument("--json", help="also write the rows here")
     args = parser.parse_args(argv)
     if args.child:
