@@ -151,10 +151,10 @@ def head_modules(model) -> list[str]:
     except ConfigError:  # no blocks to be above (targets named by hand): the head alone
         return outside
     blocks = stack_name.split(".")[1]  # the base model's child that holds them
-    children = [name for name, _ in getattr(model, prefix).named_children()]
-    above = children[children.index(blocks) + 1:]  # registered in the order the encoder runs them
-    base = getattr(model, prefix)
-    return outside + [f"{prefix}.{name}" for name in above if _holds_weights(base.get_submodule(name))]
+    children = list(getattr(model, prefix).named_children())
+    names = [name for name, _ in children]
+    above = children[names.index(blocks) + 1:]  # registered in the order the encoder runs them
+    return outside + [f"{prefix}.{name}" for name, module in above if _holds_weights(module)]
 
 
 def _holds_weights(module: torch.nn.Module) -> bool:

@@ -49,8 +49,7 @@ class ModelConfig:
     lora_rank: Optional[int] = setting(None,
         "Train LoRA adapters of this rank (PEFT) instead of every weight: the encoder stays frozen, the modules "
         "of `lora_target_modules` learn low-rank updates, the head (with a pooler above the blocks) trains in full. "
-        "The output folder holds the "
-        "merged model and `adapter/`. null trains every weight. See docs/memory.md.")
+        "The output folder holds the merged model and `adapter/`. null trains every weight. See docs/memory.md.")
     lora_alpha: float = setting(16.0, "LoRA's scale: each update is multiplied by `lora_alpha / lora_rank`.")
     lora_dropout: float = setting(0.0,
         "Dropout on the input of each LoRA update (PEFT's default, 0, keeps no copy of each input).")
