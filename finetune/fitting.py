@@ -248,7 +248,7 @@ def train_epochs(run: Run, checkpoints: Checkpointer, evaluations: Evaluations, 
                 state=run.state, max_grad_norm=cfg.training.max_grad_norm, log_every=cfg.logging.log_every,
                 on_log=evaluations.log.log, on_update=after_update, plan=run.plan,
                 on_nonfinite=cfg.training.on_nonfinite, max_skipped=cfg.training.max_skipped, progress=progress,
-                loss_fn=run.task.per_sample_loss,
+                loss_fn=run.task.per_sample_loss, cast_once_per_update=cfg.training.cast_once_per_update,
             )
             logger.info(epoch_line(run, epoch, first_update, result))
             finished = not result.stopped_early or run.state.step >= run.plan.total_updates

@@ -4,12 +4,14 @@
 body is the algorithm; each step is a named piece further down this file::
 
     for each micro-batch j of the epoch:
-        at a window's first micro-batch: count the window's real samples N_w
+        at a window's first micro-batch: count the window's real samples N_w,
+            keep autocast's weight copies until the update           WeightCasts
         inside accelerator.accumulate(model):
             loss = summed loss of the micro-batch's real samples     micro_batch_loss
             backward(loss * k * P / N_w)                             window_loss_scale
         add loss, samples and tokens to the window's totals          WindowStats
         at the window's last micro-batch (Accelerate syncs there):
+            drop the weight copies                                   WeightCasts
             reduce the totals over processes, once                   WindowStats.reduce
             clip, step optimizer and scheduler, or skip              apply_update
             count, log, and maybe stop                               LogWindow, should_stop
@@ -33,6 +35,7 @@ from finetune.accumulation import layout_for, window_loss_scale
 from finetune.chunks import document_logits, split_batch, tokens_per_text
 from finetune.errors import FinetuneError
 from finetune.tasks import LossFn, Task
+from finetune.weight_casts import WeightCasts, casts_once_per_update
 
 if TYPE_CHECKING:
     from finetune.optimization import UpdatePlan
@@ -130,6 +133,7 @@ def train_one_epoch(
     progress=None,
     loss_fn: Optional[LossFn] = None,
     plan: Optional["UpdatePlan"] = None,
+    cast_once_per_update: bool = True,
 ) -> EpochResult:
     """Train one epoch with exact gradient accumulation.
 
@@ -179,6 +183,9 @@ def train_one_epoch(
         plan: The :class:`~finetune.optimization.UpdatePlan` the scheduler was
             sized with: the epoch is refused before any update when the
             accelerator's ``k`` is not the one the plan counted for it.
+        cast_once_per_update: Under bf16/fp16 autocast, make the low-precision
+            copies of the weights once per window instead of once per
+            micro-batch (bitwise the same update; see :mod:`finetune.weight_casts`).
 
     Returns:
         An :class:`EpochResult`.
@@ -203,38 +210,42 @@ def train_one_epoch(
     model.train()
     t0 = time.perf_counter()
 
-    for j, batch in enumerate(batches, start=state.micro_batch):
-        first, stop = layout.window_of(j, k)
-        if j == first:
-            window.start(first, stop, real_samples=layout.real_in_window(first, stop))
-        real = layout.real_in_micro_batch(j)
-        with accelerator.accumulate(model):  # no_sync for all but the window's last micro-batch
-            check_sync_agrees(accelerator, j, stop)
-            loss_sum, tokens = micro_batch_loss(model, batch, real, loss_fn)
-            accelerator.backward(loss_sum * window_loss_scale(window.real_samples, accelerator))
-        window.add(j, loss_sum.detach(), real, tokens)
-        if j < stop - 1:
-            continue
+    with WeightCasts(casts_once_per_update(accelerator, cast_once_per_update)) as casts:
+        for j, batch in enumerate(batches, start=state.micro_batch):
+            first, stop = layout.window_of(j, k)
+            if j == first:
+                window.start(first, stop, real_samples=layout.real_in_window(first, stop))
+                casts.keep()  # the window's micro-batches share one cast of each weight
+            real = layout.real_in_micro_batch(j)
+            with accelerator.accumulate(model):  # no_sync for all but the window's last micro-batch
+                check_sync_agrees(accelerator, j, stop)
+                loss_sum, tokens = micro_batch_loss(model, batch, real, loss_fn)
+                accelerator.backward(loss_sum * window_loss_scale(window.real_samples, accelerator))
+            window.add(j, loss_sum.detach(), real, tokens)
+            if j < stop - 1:
+                continue
 
-        totals = window.reduce(accelerator)  # one collective and one host transfer per update
-        update = apply_update(model, optimizer, scheduler, accelerator, totals, max_grad_norm)
-        optimizer.zero_grad()
-        if update.applied:
-            logs.add(totals, update)
-        else:
-            skip_nonfinite(update, window.where(update, accelerator.process_index), state, result,
-                           on_nonfinite, max_skipped, warn=accelerator.is_main_process)
-        state.count_window(totals, stop, update.applied, seconds=window.seconds())
-        result.count_window(totals, update.applied)
-        at_end = stop == layout.micro_batches_per_process
-        if logs.due(stop, k, log_every, last=at_end or state.step == max_updates):
-            report(logs.record(state, epoch + stop / layout.micro_batches_per_process), result, on_log, progress)
-        if progress is not None:
-            progress.update(1)
-        if should_stop(state, on_update, max_updates) and not at_end:
-            result.stopped_early = True
-            break
-        window.restart_clock()  # the next window's time includes fetching its first micro-batch
+            casts.drop()  # before the weights change
+            totals = window.reduce(accelerator)  # one collective and one host transfer per update
+            update = apply_update(model, optimizer, scheduler, accelerator, totals, max_grad_norm)
+            optimizer.zero_grad()
+            if update.applied:
+                logs.add(totals, update)
+            else:
+                skip_nonfinite(update, window.where(update, accelerator.process_index), state, result,
+                               on_nonfinite, max_skipped, warn=accelerator.is_main_process)
+            state.count_window(totals, stop, update.applied, seconds=window.seconds())
+            result.count_window(totals, update.applied)
+            at_end = stop == layout.micro_batches_per_process
+            if logs.due(stop, k, log_every, last=at_end or state.step == max_updates):
+                record = logs.record(state, epoch + stop / layout.micro_batches_per_process)
+                report(record, result, on_log, progress)
+            if progress is not None:
+                progress.update(1)
+            if should_stop(state, on_update, max_updates) and not at_end:
+                result.stopped_early = True
+                break
+            window.restart_clock()  # the next window's time includes fetching its first micro-batch
 
     if state.micro_batch >= layout.micro_batches_per_process:
         state.micro_batch, state.epoch = 0, epoch + 1  # the next call starts the next epoch
