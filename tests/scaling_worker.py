@@ -30,7 +30,8 @@ EVAL_BATCH = 4
 
 
 def record_run(b: int, k: int, epochs: int = 2, lr: float = 1e-3, warmup: int = 1, max_grad_norm=0.05,
-               cpu: bool = False, schedule: dict | None = None, chunks: bool = False) -> dict:
+               cpu: bool = False, schedule: dict | None = None, chunks: bool = False,
+               mixed_precision: str = "no", cast_once_per_update: bool = True) -> dict:
     """Train the tiny BERT for ``epochs`` with ``(b, k, P)`` and record every update.
 
     ``P`` is whatever the launcher started; the processes are joined by
@@ -42,6 +43,8 @@ def record_run(b: int, k: int, epochs: int = 2, lr: float = 1e-3, warmup: int = 
     evaluation results, and the process setup. ``schedule`` (``{first epoch: k}``)
     replaces ``k`` with an accumulation schedule. ``chunks``: texts of 1 to 5
     windows each (``data.truncation: chunks``) instead of single rows.
+    ``mixed_precision`` and ``cast_once_per_update`` as the Accelerator's and
+    ``train_one_epoch``'s.
     """
     from accelerate import Accelerator
 
@@ -58,7 +61,7 @@ def record_run(b: int, k: int, epochs: int = 2, lr: float = 1e-3, warmup: int = 
     from finetune.accumulation import AccumulationSchedule
 
     ks = AccumulationSchedule.from_dict(schedule) if schedule else AccumulationSchedule.constant(k)
-    acc = Accelerator(cpu=cpu, gradient_accumulation_steps=ks.k_at(0))
+    acc = Accelerator(cpu=cpu, gradient_accumulation_steps=ks.k_at(0), mixed_precision=mixed_precision)
     P = acc.num_processes
     data = chunked_texts(N_TRAIN, seed=1) if chunks else token_dataset(N_TRAIN, seed=1)
     evaluated = chunked_texts(N_EVAL, seed=2) if chunks else token_dataset(N_EVAL, seed=2)
@@ -111,7 +114,8 @@ def record_run(b: int, k: int, epochs: int = 2, lr: float = 1e-3, warmup: int = 
     for epoch in range(epochs):
         acc.gradient_accumulation_steps = plan.k_at(epoch)
         train_one_epoch(model, optimizer, scheduler, train_dl, acc, epoch, state=train_state,
-                        max_grad_norm=max_grad_norm, on_log=records.append, on_update=on_update, plan=plan)
+                        max_grad_norm=max_grad_norm, on_log=records.append, on_update=on_update, plan=plan,
+                        cast_once_per_update=cast_once_per_update)
     lrs = [r["train/lr"] for r in records]
     metrics = MetricSuite(["accuracy", "f1"], 2, "binary", pos_label=1)
     evaluation = evaluate_model(model, eval_dl, acc, metrics)
@@ -140,12 +144,20 @@ def main() -> None:
     parser.add_argument("--k", type=int, required=True)
     parser.add_argument("--schedule", default=None, help="an accumulation schedule, e.g. 0:2,1:1")
     parser.add_argument("--chunks", action="store_true", help="texts of several windows (data.truncation: chunks)")
+    parser.add_argument("--bf16-casts", action="store_true",
+                        help="train twice in bf16, weight casts per micro-batch (snapshots_every.pt), then once "
+                             "per update (the records and snapshots.pt)")
     args = parser.parse_args()
     schedule = None
     if args.schedule:
         schedule = {int(e): int(k) for e, k in (part.split(":") for part in args.schedule.split(","))}
-    result = record_run(args.b, args.k, schedule=schedule, chunks=args.chunks)
     out = Path(args.out)
+    if args.bf16_casts:
+        every = record_run(args.b, args.k, mixed_precision="bf16", cast_once_per_update=False)
+        if every["process_index"] == 0:
+            torch.save(every["snapshots"], out / "snapshots_every.pt")
+    result = record_run(args.b, args.k, schedule=schedule, chunks=args.chunks,
+                        mixed_precision="bf16" if args.bf16_casts else "no")
     snapshots = result.pop("snapshots")
     (out / f"rank{result['process_index']}.json").write_text(json.dumps(result), encoding="utf-8")
     if result["process_index"] == 0:

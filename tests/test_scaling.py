@@ -172,6 +172,20 @@ def test_chunked_texts_on_two_processes_give_the_single_process_weights_and_eval
     assert rank0["eval"]["accuracy"] == single["eval"]["accuracy"]
 
 
+@pytest.mark.slow
+def test_weight_casts_kept_for_the_window_under_ddp_train_the_same_weights_bitwise(tmp_path):
+    """bf16 on 2 processes: autocast's copies shared by a window's micro-batches (DDP skips the all-reduce for
+    all but the last) give bitwise the weights of copies made in every micro-batch."""
+    rank0 = _on_two_processes(tmp_path, "--b", "4", "--k", "2", "--bf16-casts")[0]
+    every, once = torch.load(tmp_path / "snapshots_every.pt"), rank0["snapshots"]
+    assert rank0["distributed_type"] == "DistributedType.MULTI_CPU" and len(once) == len(every) == 6
+    for update, (a, b) in enumerate(zip(every, once)):
+        for name in a:
+            assert torch.equal(a[name], b[name]), f"update {update + 1}, {name}"
+    assert not torch.equal(once[0]["classifier.weight"], once[-1]["classifier.weight"])
+    assert rank0["comm_at"] == [2, 4, 5, 7, 9, 10]  # once per window, at its last micro-batch (one bucket)
+
+
 def test_two_processes_are_one_ddp_job_over_gloo(two_processes):
     assert [r["process_index"] for r in two_processes] == [0, 1]
     for r in two_processes:
