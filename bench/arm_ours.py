@@ -30,10 +30,17 @@ def command(spec: ArmSpec, workdir: Path) -> list[str]:
     ]
     if spec.max_steps is not None:
         overrides += ["training.num_train_epochs=null", f"training.max_steps={spec.max_steps}"]
-    launcher = [sys.executable, "-m", "accelerate.commands.launch", "-q", "--num_processes", "1",
+    launcher = [sys.executable, "-m", "accelerate.commands.launch", "-q", *engine_config(spec), "--num_processes", "1",
                 "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
     return launcher + [str(REPO / "bench" / "memprobe.py"), str(REPO / "finetune" / "train.py"),
                        "--config", str(DATASETS[spec.dataset])] + overrides + list(spec.overrides)
+
+
+def engine_config(spec: ArmSpec) -> list[str]:
+    """``--config_file`` of the shipped Accelerate config that the spec's ``engine=<name>`` option names
+    (``fsdp``, ``deepspeed_zero2``), or nothing: the launcher's flags then run plain, one process."""
+    engines = [o.split("=", 1)[1] for o in spec.options if o.startswith("engine=")]
+    return ["--config_file", str(REPO / "configs" / "accelerate" / f"{engines[0]}.yaml")] if engines else []
 
 
 def collect(workdir: Path) -> dict:

@@ -3,13 +3,18 @@
 #
 #   bench/gpu.sh [OUT_DIR]          # default bench/results/gpu; also: make gpu-check
 #
-# 1. The tests marked `gpu` (tests/test_gpu.py): the accumulation contract on CUDA in fp32, a
-#    bf16 run, fp16 with the grad scaler (a skipped step does not advance the schedule), fused
-#    AdamW, and DDP over NCCL when there are two GPUs or more.
+# 1. The tests marked `gpu`: the accumulation contract on CUDA in fp32, a bf16 run, fp16 with the
+#    grad scaler (a skipped step does not advance the schedule), fused AdamW, DDP over NCCL when
+#    there are two GPUs or more (tests/test_gpu.py); FSDP and DeepSpeed ZeRO-2 launched on one GPU
+#    with the shipped configs: the contract, a stop and an exact resume, the saved model in
+#    pipeline() (tests/test_gpu_engines.py; DeepSpeed's skipped where it is not installed).
 # 2. The speed comparison against transformers.Trainer and an Accelerate loop on a bert-base-sized
 #    model (random weights, the embedded tokenizer: bench/bert_base.py) at max_length 128 in bf16,
 #    on BBC News: samples/s, non-pad tokens/s, peak GPU memory, MFU against the matmul peak
-#    measured on that GPU, and (b, k) against (b, 1) and (b*k, 1).
+#    measured on that GPU, and (b, k) against (b, 1) and (b*k, 1); the package under FSDP (and
+#    DeepSpeed, where installed) as rows of the same table.
+# 3. training.cast_once_per_update on against off on the same job: CUDA kernels, aten ops and
+#    milliseconds per micro-batch (python -m bench.probe casts).
 #
 # Settings: GPU_BATCHING=b,k (default 64,4), GPU_STEPS (updates per run, default 40),
 # GPU_REPEATS (default 3), FINETUNE_TOKENIZER=<folder> to use another tokenizer than the
@@ -21,9 +26,20 @@ mkdir -p "$out"
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 python -c "import torch; assert torch.cuda.is_available(), 'bench/gpu.sh: no CUDA GPU here'; print('gpu:', torch.cuda.get_device_name(), torch.__version__)"
-python -m pytest -m gpu -v -rs -p no:cacheprovider tests/test_gpu.py 2>&1 | tee "$out/gpu-tests.log"
+# a failing test does not stop the measurements below; the script's exit status reports it at the end
+tests=0
+python -m pytest -m gpu -v -rs -p no:cacheprovider tests/test_gpu.py tests/test_gpu_engines.py 2>&1 \
+    | tee "$out/gpu-tests.log" || tests=$?
 python -m bench.bert_base "$out/bert-base" ${FINETUNE_TOKENIZER:+--tokenizer "$FINETUNE_TOKENIZER"}
+engines=fsdp
+python -c "import deepspeed" 2>/dev/null && engines=fsdp,deepspeed_zero2
+b_k=${GPU_BATCHING:-64,4}
 python bench/run.py --datasets bbc --accuracy-seeds 0 --skip-grad-check --precision bf16 \
-    --batching "${GPU_BATCHING:-64,4}" --bbc-steps "${GPU_STEPS:-40}" --repeats "${GPU_REPEATS:-3}" \
+    --batching "$b_k" --bbc-steps "${GPU_STEPS:-40}" --repeats "${GPU_REPEATS:-3}" --engines "$engines" \
     --override model.name_or_path="$out/bert-base" --override data.max_length=128 --out "$out/bench"
 cat "$out/bench/bench.md"
+python -m bench.probe casts model.name_or_path="$out/bert-base" data.max_length=128 training.mixed_precision=bf16 \
+    training.per_device_train_batch_size="${b_k%,*}" training.effective_batch_size="$(( ${b_k%,*} * ${b_k#*,} ))" \
+    | tee "$out/casts.md"
+[ "$tests" = 0 ] || echo "bench/gpu.sh: tests marked gpu failed (see $out/gpu-tests.log)" >&2
+exit "$tests"

@@ -9,8 +9,9 @@ none is a comparison with the Trainer, which is ``bench/run.py``'s job::
     python -m bench.probe device     # on a GPU: how busy the GPU is over updates of the BBC News job, top kernels
     python -m bench.probe packing    # forward and backward of SMS windows cut equally, balanced, or packed
     python -m bench.probe heap       # training.cpu_heap keep against trim, paired rounds, page faults per update
+    python -m bench.probe casts      # training.cast_once_per_update on against off: ops, kernels, ms per micro-batch
 
-``profile``, ``rss``, ``device`` and ``heap`` take dotted overrides after the name (for example
+``profile``, ``rss``, ``device``, ``heap`` and ``casts`` take dotted overrides after the name (for example
 ``training.fast_dropout_masks=false``), applied to the job's config. Like the
 benchmark, every probe uses 2 torch threads unless ``--threads N`` comes first.
 """
@@ -24,6 +25,7 @@ import statistics
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -466,6 +468,69 @@ def heap(threads: int, overrides: list[str], rounds: int = 6, updates: int = 8, 
             "keep_over_trim_by_round": ratios, "keep_over_trim_median": statistics.median(ratios)}
 
 
+def casts(threads: int, overrides: list[str], rounds: int = 6, updates: int = 4, warmup: int = 3) -> dict[str, Any]:
+    """``training.cast_once_per_update`` on against off on the BBC News job, in one process, paired by round.
+
+    The setting is an argument of ``train_one_epoch``, so one run alternates
+    it: each round trains ``updates`` updates with each, in alternating order.
+    Per micro-batch: the wall time (median over the rounds), the aten ops
+    dispatched (forward and backward, counted over one update by
+    :class:`OpClock`), of them the casts (``_to_copy``), and on a GPU the CUDA
+    kernels launched (one profiled update). Casts are kept only under bf16 or
+    fp16 autocast: pass ``training.mixed_precision=bf16`` where it is not ``auto``'s choice.
+    """
+    import torch
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    if TorchDispatchMode is None:
+        raise SystemExit("`casts` needs torch.utils._python_dispatch.TorchDispatchMode, which this torch lacks")
+    gpu = torch.cuda.is_available()
+    sync = torch.cuda.synchronize if gpu else (lambda: None)
+    settings = {"per micro-batch": False, "once per update": True}
+    per_round = 2 * updates + 2 * (1 + gpu)  # timed, counted and profiled updates of both settings
+    cfg, run = _setup(overrides, "bbc", 8, 4, warmup + rounds * 2 * updates + per_round, threads)
+    k = run.accelerator.gradient_accumulation_steps
+    _train_updates(cfg, run, warmup)
+    out: dict[str, dict[str, Any]] = {name: {"ms_per_micro_batch": []} for name in settings}
+    for name, once in settings.items():
+        clock = OpClock()
+        with clock, _counting_forwards(run.model) as forwards:
+            _train_updates(cfg, run, run.state.step + 1, cast_once_per_update=once)
+        out[name]["ops_per_micro_batch"] = sum(calls for calls, _ in clock.ops.values()) / forwards[0]
+        out[name]["casts_per_micro_batch"] = clock.ops.get("aten::_to_copy", [0])[0] / forwards[0]
+        if gpu:
+            with torch_profile(activities=[ProfilerActivity.CUDA]) as prof, _counting_forwards(run.model) as forwards:
+                _train_updates(cfg, run, run.state.step + 1, cast_once_per_update=once)
+                sync()
+            kernels = sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+            out[name]["kernels_per_micro_batch"] = kernels / forwards[0]
+    for r in range(rounds):
+        for name in (settings if r % 2 == 0 else reversed(settings)):
+            sync()
+            started = time.perf_counter()
+            with _counting_forwards(run.model) as forwards:
+                _train_updates(cfg, run, run.state.step + updates, cast_once_per_update=settings[name])
+                sync()
+            out[name]["ms_per_micro_batch"].append(1e3 * (time.perf_counter() - started) / forwards[0])
+    times = {name: statistics.median(r["ms_per_micro_batch"]) for name, r in out.items()}
+    return {"threads": threads, "overrides": overrides, "device": torch.cuda.get_device_name() if gpu else "CPU",
+            "precision": run.accelerator.mixed_precision, "k": k, "rounds": rounds, "updates": updates,
+            "runs": out, "median_ms_per_micro_batch": times,
+            "speedup": times["per micro-batch"] / times["once per update"]}
+
+
+@contextmanager
+def _counting_forwards(model):
+    """The model's forward calls inside the block, in a one-item list: micro-batches, ragged windows included."""
+    count = [0]
+    handle = model.register_forward_pre_hook(lambda module, args: count.__setitem__(0, count[0] + 1))
+    try:
+        yield count
+    finally:
+        handle.remove()
+
+
 def _train_heap(cfg, run, until: int, setting: str):
     from finetune.cpu import cpu_speedups, speedup_settings
 
@@ -529,6 +594,19 @@ def markdown(name: str, result: dict[str, Any]) -> str:
         lines += ["", "| op (self CPU, profiled) | ms per update | calls per update |", "| --- | ---: | ---: |"]
         lines += [f"| `{k['op']}` | {k['s_per_update'] * 1e3:.2f} | {k['calls_per_update']:.0f} |"
                   for k in result["cpu_ops"]]
+    elif name == "casts":
+        gpu = "kernels_per_micro_batch" in result["runs"]["per micro-batch"]
+        lines = [f"`training.cast_once_per_update` on the BBC News job, {result['device']}, {result['precision']}, "
+                 f"k={result['k']}, {result['rounds']} rounds of {result['updates']} updates per setting"
+                 f"{' with ' + ' '.join(result['overrides']) if result['overrides'] else ''}; once per update is "
+                 f"{result['speedup']:.3f}x per micro-batch (medians):", "",
+                 "| weight casts | ms per micro-batch (median) | aten ops per micro-batch | of them casts |"
+                 + (" CUDA kernels per micro-batch |" if gpu else ""),
+                 "| --- | ---: | ---: | ---: |" + (" ---: |" if gpu else "")]
+        for setting, r in result["runs"].items():
+            lines.append(f"| {setting} | {result['median_ms_per_micro_batch'][setting]:.1f} "
+                         f"| {r['ops_per_micro_batch']:.0f} | {r['casts_per_micro_batch']:.0f} |"
+                         + (f" {r['kernels_per_micro_batch']:.0f} |" if gpu else ""))
     else:
         lines = ["RSS (MiB) of the BBC News job, highest after a forward pass in each update, and the "
                  f"process's peak{' with ' + ' '.join(result['overrides']) if result['overrides'] else ''}:", "",
@@ -550,16 +628,17 @@ def main(argv=None) -> int:
         result = rss_one(threads, b, k, updates, argv[4:])
         print(json.dumps(result))
         return 0
-    if not argv or argv[0] not in ("masks", "profile", "rss", "device", "packing", "heap"):
+    if not argv or argv[0] not in ("masks", "profile", "rss", "device", "packing", "heap", "casts"):
         print(__doc__.strip().splitlines()[0] + "\nusage: python -m bench.probe [--threads N] "
               "masks | profile [section.key=value ...] | rss [section.key=value ...] | device [section.key=value ...] | packing "
-              "| heap [section.key=value ...]")
+              "| heap [section.key=value ...] | casts [section.key=value ...]")
         return 2
     name, overrides = argv[0], argv[1:]
     started = time.perf_counter()
     probes = {"masks": lambda: masks(threads), "profile": lambda: profile(threads, overrides),
               "rss": lambda: rss(threads, overrides), "device": lambda: device(threads, overrides),
-              "packing": lambda: packing(threads, overrides), "heap": lambda: heap(threads, overrides)}
+              "packing": lambda: packing(threads, overrides), "heap": lambda: heap(threads, overrides),
+              "casts": lambda: casts(threads, overrides)}
     result = probes[name]()
     result["seconds"] = time.perf_counter() - started
     RESULTS.mkdir(parents=True, exist_ok=True)

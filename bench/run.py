@@ -90,10 +90,14 @@ class Settings:
     accuracy_seeds: int = 1
     first_seed: int = 42
     batching: dict[str, tuple[int, int]] = field(default_factory=lambda: dict(JOB_BATCHING))
+    engines: list[str] = field(default_factory=list)  # shipped Accelerate configs to add rows for (GPU)
 
 
 # --------------------------------------------------------------------------- the plan
 
+
+# --engines: the shipped Accelerate configs (configs/accelerate/<name>.yaml) as the table names them
+ENGINE_NAMES = {"fsdp": "FSDP2", "deepspeed_zero2": "DeepSpeed ZeRO-2"}
 
 # Speed runs evaluate on this many validation samples only: evaluation is not timed, and
 # the accuracy comes from the full-epoch runs.
@@ -128,6 +132,9 @@ def main_jobs(s: Settings, trainer_k1: bool) -> list[Job]:
             Job(f"{dataset}/accelerate", replace(base, arm="accelerate"),
                 label=f"Accelerate example loop, b={b} k={k}"),
         ]
+        jobs += [Job(f"{dataset}/ours {engine}", replace(base, options=[f"engine={engine}"]),
+                     label=f"finetune under {ENGINE_NAMES.get(engine, engine)}, one process, b={b} k={k}")
+                 for engine in s.engines]
         if dataset == "bbc" and k > 1:
             # the same samples in every arm: (b, 1) makes k times the updates
             jobs += [
@@ -584,6 +591,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--only", default="", help="comma-separated substrings of arm names (or =name for one arm exactly): run only those")
     parser.add_argument("--override", action="append", default=[], metavar="section.key=value",
                         help="extra config override for every arm (e.g. another model)")
+    parser.add_argument("--engines", default="", metavar="NAME,...",
+                        help="also run the package under these configs/accelerate/<NAME>.yaml, one process each "
+                             "(fsdp, deepspeed_zero2; GPUs only)")
     parser.add_argument("--skip-grad-check", action="store_true", help="do not run the Trainer gradient check")
     parser.add_argument("--combine", nargs="+", metavar="RESULTS_DIR",
                         help="run nothing: pool the runs of earlier results folders (e.g. accuracy runs of "
@@ -600,6 +610,12 @@ def settings_from(args: argparse.Namespace) -> Settings:
         from finetune.launch import choose_precision
 
         precision = choose_precision("auto", torch.device("cuda" if torch.cuda.is_available() else "cpu"))[0]
+    engines = [e for e in args.engines.split(",") if e]
+    for engine in engines:
+        if not (REPO / "configs" / "accelerate" / f"{engine}.yaml").is_file():
+            raise SystemExit(f"--engines: no configs/accelerate/{engine}.yaml (fsdp, deepspeed_zero2)")
+    if engines and not torch.cuda.is_available():
+        raise SystemExit("--engines needs a CUDA GPU: Accelerate runs FSDP and DeepSpeed on GPUs only")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     return Settings(
@@ -617,6 +633,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         only=[o for o in args.only.split(",") if o],
         extra_overrides=args.override,
         batching=_batching(args.batching),
+        engines=engines,
     )
 
 

@@ -54,6 +54,8 @@ def summarize(run: "Run", history: list[dict[str, Any]], ended: str = "completed
             "gradient_accumulation_steps": run.batching.gradient_accumulation_steps,
             "accumulation_by_epoch": list(run.plan.accumulation),
             "num_processes": run.batching.num_processes,
+            # Accelerate's: NO (one process), MULTI_GPU / MULTI_CPU (DDP), FSDP or DEEPSPEED
+            "distributed_type": run.accelerator.distributed_type.value,
             "mixed_precision": run.accelerator.mixed_precision,
             "gradient_checkpointing": run.checkpointing.on,
             # what LoRA trained (model.lora_rank), or null: every weight

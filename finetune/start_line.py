@@ -76,7 +76,8 @@ def _where(run: Run) -> str:
     speedups = plan_cpu_speedups(run.model, acc, quiet=True, **speedup_settings(training)).describe()
     cut = "balanced" if hasattr(run.train_dataloader.batch_sampler, "sizes") else "equal"
     memory = f" {run.memory.describe()}" if run.memory is not None else ""
-    return (f"processes={acc.num_processes} backend={backend} device={acc.device}{threads}{memory}"
+    engine = f" engine={acc.distributed_type.value}" if acc.distributed_type.value in ("FSDP", "DEEPSPEED") else ""
+    return (f"processes={acc.num_processes} backend={backend}{engine} device={acc.device}{threads}{memory}"
             f"{' ' + speedups if speedups else ''} workers={run.train_dataloader.num_workers} micro-batches={cut}")
 
 

@@ -426,3 +426,21 @@ def test_the_long_texts_table_averages_each_setting_over_its_seeds():
                         "| - | 1 |")
     assert lines[4] == ("| truncation | max_length=128 chunks | 0.9700 | 0.9600 | 0.9600-0.9600 | 3.0 | 10 of 100 "
                         "| 130 | 1 |")
+
+
+def test_casts_probe_counts_a_windows_weight_casts_once_when_kept(tiny_job, fresh_accelerate_state):
+    from bench.probe import casts, markdown
+
+    # 64 training texts: every window holds k = 4 micro-batches, so each setting's counted update is a full one
+    result = casts(1, tiny_job + ["training.mixed_precision=bf16", "data.max_train_samples=64"], rounds=2, updates=1,
+                   warmup=1)
+    every, once = result["runs"]["per micro-batch"], result["runs"]["once per update"]
+    k = result["k"]
+    assert result["precision"] == "bf16" and k == 4
+    # the tiny BERT's linear layers: 2 x 6 in the blocks, the pooler and the head, a weight and a bias each
+    weights = 2 * (2 * 6 + 2)
+    assert every["casts_per_micro_batch"] - once["casts_per_micro_batch"] == pytest.approx(weights * (k - 1) / k)
+    # (the other ops differ a little between the two counted updates: one of them starts an epoch)
+    assert once["ops_per_micro_batch"] < every["ops_per_micro_batch"]
+    assert len(every["ms_per_micro_batch"]) == len(once["ms_per_micro_batch"]) == 2
+    assert "| once per update |" in markdown("casts", result)
