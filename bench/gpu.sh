@@ -15,6 +15,8 @@
 #    DeepSpeed, where installed) as rows of the same table.
 # 3. training.cast_once_per_update on against off on the same job: CUDA kernels, aten ops and
 #    milliseconds per micro-batch (python -m bench.probe casts).
+# 4. A micro-batch replayed from CUDA graphs against the eager one, on the same job: milliseconds per
+#    micro-batch and the accumulated gradient's difference (python -m bench.cuda_graphs).
 #
 # Settings: GPU_BATCHING=b,k (default 64,4), GPU_STEPS (updates per run, default 40),
 # GPU_REPEATS (default 3), FINETUNE_TOKENIZER=<folder> to use another tokenizer than the
@@ -26,7 +28,7 @@ mkdir -p "$out"
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 python -c "import torch; assert torch.cuda.is_available(), 'bench/gpu.sh: no CUDA GPU here'; print('gpu:', torch.cuda.get_device_name(), torch.__version__)"
-# a failing test does not stop the measurements below; the script's exit status reports it at the end
+# a failing test or probe does not stop the measurements after it; the exit status reports it at the end
 tests=0
 python -m pytest -m gpu -v -rs -p no:cacheprovider tests/test_gpu.py tests/test_gpu_engines.py 2>&1 \
     | tee "$out/gpu-tests.log" || tests=$?
@@ -38,8 +40,11 @@ python bench/run.py --datasets bbc --accuracy-seeds 0 --skip-grad-check --precis
     --batching "$b_k" --bbc-steps "${GPU_STEPS:-40}" --repeats "${GPU_REPEATS:-3}" --engines "$engines" \
     --override model.name_or_path="$out/bert-base" --override data.max_length=128 --out "$out/bench"
 cat "$out/bench/bench.md"
+failed=""
 python -m bench.probe casts model.name_or_path="$out/bert-base" data.max_length=128 training.mixed_precision=bf16 \
     training.per_device_train_batch_size="${b_k%,*}" training.effective_batch_size="$(( ${b_k%,*} * ${b_k#*,} ))" \
-    | tee "$out/casts.md"
-[ "$tests" = 0 ] || echo "bench/gpu.sh: tests marked gpu failed (see $out/gpu-tests.log)" >&2
-exit "$tests"
+    2>&1 | tee "$out/casts.md" || failed="$failed casts"
+python -m bench.cuda_graphs model.name_or_path="$out/bert-base" data.max_length=128 training.mixed_precision=bf16 \
+    training.per_device_train_batch_size="${b_k%,*}" 2>&1 | tee "$out/cuda_graphs.md" || failed="$failed cuda_graphs"
+[ "$tests" = 0 ] || failed="$failed tests (see $out/gpu-tests.log)"
+[ -z "$failed" ] || { echo "bench/gpu.sh: failed:$failed" >&2; exit 1; }
