@@ -210,7 +210,7 @@ def train_one_epoch(
     model.train()
     t0 = time.perf_counter()
 
-    with WeightCasts(casts_once_per_update(accelerator, cast_once_per_update)) as casts:
+    with WeightCasts(casts_once_per_update(accelerator, model, cast_once_per_update)) as casts:
         for j, batch in enumerate(batches, start=state.micro_batch):
             first, stop = layout.window_of(j, k)
             if j == first:

@@ -242,7 +242,8 @@ class TrainingConfig:
         "Under bf16 or fp16 autocast, make the low-precision copies of the weights once per update and share "
         "them among the window's micro-batches, instead of casting every weight again in each micro-batch: "
         "the weights only change at the update, so the update is bitwise the same, with fewer kernels per "
-        "micro-batch (see finetune.weight_casts). No effect in fp32, under FSDP or under DeepSpeed.")
+        "micro-batch (see finetune.weight_casts). No effect in fp32, with gradient checkpointing (the copies "
+        "would then outlive the forward and add to the peak), under FSDP or under DeepSpeed.")
     sparse_embedding_grad: bool = setting(True,
         "On one process on a CPU, the word embedding's backward returns only the rows each micro-batch "
         "used, added into a dense gradient buffer that is reused (the same gradient, to float rounding; "

@@ -19,9 +19,15 @@ and the backward pass run as before. Each micro-batch's backward still casts
 its gradients back to fp32 before adding them up: accumulating in fp32 is
 what keeps the sum exact.
 
-Not applied under FSDP (a kept copy would hold every block's gathered weights
-at once, which sharding exists to avoid) or DeepSpeed (whose bf16 mode keeps
-its own low-precision weights). torch has no documented handle on autocast's
+Not applied with gradient checkpointing: no layer then saves its weights'
+copies for the backward pass, so plain autocast frees them at the end of each
+forward, and keeping them through the backward would add their size to the
+peak that checkpointing exists to lower. Without checkpointing every layer
+saves its copies for its backward anyway, so keeping them between
+micro-batches leaves the peak as it was. Not applied under FSDP either (a
+kept copy would hold every block's gathered weights at once, which sharding
+exists to avoid), or DeepSpeed (whose bf16 mode keeps its own low-precision
+weights). torch has no documented handle on autocast's
 nesting level; :func:`torch.autocast` itself moves it with
 ``torch.autocast_increment_nesting`` and ``torch.autocast_decrement_nesting``,
 so this module checks for those at run time and casts per micro-batch, as
@@ -36,13 +42,16 @@ _NESTING_API = all(hasattr(torch, name) for name in
                    ("autocast_increment_nesting", "autocast_decrement_nesting", "clear_autocast_cache"))
 
 
-def casts_once_per_update(accelerator, enabled: bool = True) -> bool:
-    """Whether the run's autocast copies can be kept for a window: asked for, under autocast, on one
-    process or DDP, with torch's nesting counter at hand."""
+def casts_once_per_update(accelerator, model, enabled: bool = True) -> bool:
+    """Whether the run's autocast copies are kept for a window: asked for, under autocast, without gradient
+    checkpointing, on one process or DDP, with torch's nesting counter at hand."""
     from accelerate.utils import DistributedType
 
+    from finetune.modeling import is_checkpointing
+
     return (enabled and _NESTING_API and accelerator.mixed_precision in ("bf16", "fp16")
-            and accelerator.distributed_type not in (DistributedType.FSDP, DistributedType.DEEPSPEED))
+            and accelerator.distributed_type not in (DistributedType.FSDP, DistributedType.DEEPSPEED)
+            and not is_checkpointing(accelerator.unwrap_model(model)))
 
 
 class WeightCasts:
