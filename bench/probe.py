@@ -476,7 +476,7 @@ def casts(threads: int, overrides: list[str], rounds: int = 6, updates: int = 4,
     Per micro-batch: the wall time (median over the rounds), the aten ops
     dispatched (forward and backward, counted over one update by
     :class:`OpClock`), of them the casts (``_to_copy``), and on a GPU the CUDA
-    kernels launched (one profiled update). Casts are kept only under bf16 or
+    kernels launched (one profiled update) and the peak memory. Casts are kept only under bf16 or
     fp16 autocast: pass ``training.mixed_precision=bf16`` where it is not ``auto``'s choice.
     """
     import torch
@@ -508,11 +508,16 @@ def casts(threads: int, overrides: list[str], rounds: int = 6, updates: int = 4,
     for r in range(rounds):
         for name in (settings if r % 2 == 0 else reversed(settings)):
             sync()
+            if gpu:
+                torch.cuda.reset_peak_memory_stats()
             started = time.perf_counter()
             with _counting_forwards(run.model) as forwards:
                 _train_updates(cfg, run, run.state.step + updates, cast_once_per_update=settings[name])
                 sync()
             out[name]["ms_per_micro_batch"].append(1e3 * (time.perf_counter() - started) / forwards[0])
+            if gpu:  # the largest peak of the setting's rounds
+                peak = torch.cuda.max_memory_allocated() / 2**20
+                out[name]["peak_mib"] = max(out[name].get("peak_mib", 0.0), peak)
     times = {name: statistics.median(r["ms_per_micro_batch"]) for name, r in out.items()}
     return {"threads": threads, "overrides": overrides, "device": torch.cuda.get_device_name() if gpu else "CPU",
             "precision": run.accelerator.mixed_precision, "k": k, "rounds": rounds, "updates": updates,
@@ -601,12 +606,12 @@ def markdown(name: str, result: dict[str, Any]) -> str:
                  f"{' with ' + ' '.join(result['overrides']) if result['overrides'] else ''}; once per update is "
                  f"{result['speedup']:.3f}x per micro-batch (medians):", "",
                  "| weight casts | ms per micro-batch (median) | aten ops per micro-batch | of them casts |"
-                 + (" CUDA kernels per micro-batch |" if gpu else ""),
-                 "| --- | ---: | ---: | ---: |" + (" ---: |" if gpu else "")]
+                 + (" CUDA kernels per micro-batch | GPU peak MiB |" if gpu else ""),
+                 "| --- | ---: | ---: | ---: |" + (" ---: | ---: |" if gpu else "")]
         for setting, r in result["runs"].items():
             lines.append(f"| {setting} | {result['median_ms_per_micro_batch'][setting]:.1f} "
                          f"| {r['ops_per_micro_batch']:.0f} | {r['casts_per_micro_batch']:.0f} |"
-                         + (f" {r['kernels_per_micro_batch']:.0f} |" if gpu else ""))
+                         + (f" {r['kernels_per_micro_batch']:.0f} | {r['peak_mib']:.0f} |" if gpu else ""))
     else:
         lines = ["RSS (MiB) of the BBC News job, highest after a forward pass in each update, and the "
                  f"process's peak{' with ' + ' '.join(result['overrides']) if result['overrides'] else ''}:", "",
