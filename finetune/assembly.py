@@ -73,6 +73,9 @@ class Run:
     memory: Optional[Any] = None  # a finetune.memory.MemoryPlan
     # how many training texts data.max_length cut, and to what (a finetune.truncation.LongTexts)
     long_texts: Optional[Any] = None
+    # training.cuda_graphs where it applies: a finetune.cuda_graphs.GraphedMicroBatches, made by fit before the
+    # first update (finetune.cuda_graphs.graphs_for_run); None: eager steps
+    graphs: Optional[Any] = None
 
 
 def setup_run(cfg: Config, accelerator=None, batching: Optional[Batching] = None) -> Run:
@@ -114,7 +117,7 @@ def setup_run(cfg: Config, accelerator=None, batching: Optional[Batching] = None
     model, new_head = load_model_reporting(cfg.model, labels.id2label, max_length=cfg.data.max_length)
     model, lora = add_adapters(model, cfg.model, accelerator)
     metrics = metric_suite(cfg, labels, splits["train"])
-    task = build_task(cfg, labels, splits["train"])
+    task = build_task(cfg, labels, splits["train"], device=accelerator.device)
     tokenized = tokenize_data(cfg, splits, tokenizer, accelerator, cache_dir)
     cut = count_long_texts(cfg, tokenized["train"])
     batching, checkpointing, memory = fit_in_memory(model, tokenized["train"], collator(tokenizer, accelerator, cfg),
@@ -195,8 +198,9 @@ def class_counts(train_split, num_labels: int) -> np.ndarray:
     return np.bincount(np.asarray(train_split[LABELS]), minlength=num_labels)
 
 
-def build_task(cfg: Config, labels, train_split) -> Task:
-    """The run's :class:`~finetune.tasks.Task`: its problem type, with ``training.class_weights`` resolved.
+def build_task(cfg: Config, labels, train_split, device=None) -> Task:
+    """The run's :class:`~finetune.tasks.Task`: its problem type, with ``training.class_weights`` resolved
+    (on ``device``, so that the loss moves nothing to the device in each step).
 
     Raises:
         ConfigError: if a class weight names a label the training data does not have.
@@ -217,7 +221,7 @@ def build_task(cfg: Config, labels, train_split) -> Task:
         weights = [float(spec.get(name, 1.0)) for name in names]
     # the start line says it
     logger.debug("training.class_weights: %s", ", ".join(f"{n}={w:.4g}" for n, w in zip(names, weights)))
-    return Task("single_label", torch.tensor(weights, dtype=torch.float32))
+    return Task("single_label", torch.tensor(weights, dtype=torch.float32, device=device))
 
 
 def prepare(accelerator, model, optimizer, train_dl, eval_dl):

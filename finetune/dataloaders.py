@@ -2,7 +2,7 @@
 
 * :func:`load_data` and :func:`tokenize_data` read the splits and their tokens
   (the main process first, so the others find its caches);
-* :func:`collator` pads each micro-batch (:class:`BucketPadding` under ``torch_compile``);
+* :func:`collator` pads each micro-batch (:class:`BucketPadding` under ``torch_compile`` or ``cuda_graphs``);
 * :func:`training_sampler` decides the training order: seeded, length-grouped
   within each epoch's windows of ``b * k * P`` samples;
 * :func:`balance_micro_batches` decides whether a window is cut into equal
@@ -85,8 +85,15 @@ class BucketPadding:
         return self._pad[self.size_for(longest)](features)
 
 
+def fixed_lengths(cfg: Config, accelerator) -> bool:
+    """Whether ``training.cuda_graphs`` wants micro-batches of a few fixed lengths: on a CUDA device (elsewhere it
+    falls back to eager steps, which gain nothing from padding further)."""
+    return cfg.training.cuda_graphs and accelerator.device.type == "cuda"
+
+
 def collator(tokenizer, accelerator, cfg: Optional[Config] = None):
-    """Dynamic padding; under ``training.torch_compile``, padding to a few fixed lengths (:class:`BucketPadding`);
+    """Dynamic padding; under ``training.torch_compile`` or ``training.cuda_graphs``, padding to a few fixed
+    lengths (:class:`BucketPadding`);
     under ``data.truncation: chunks``, a row per window and a label per text
     (:class:`~finetune.chunks.ChunkCollator`)."""
     from transformers import DataCollatorWithPadding
@@ -94,7 +101,7 @@ def collator(tokenizer, accelerator, cfg: Optional[Config] = None):
     from finetune.chunks import ChunkCollator
     from finetune.truncation import truncation_of
 
-    if cfg is not None and cfg.training.torch_compile:
+    if cfg is not None and (cfg.training.torch_compile or fixed_lengths(cfg, accelerator)):
         pad = BucketPadding(tokenizer, cfg.data.max_length)
     else:
         # multiples of 8 let GPU tensor cores work on padded shapes; on the CPU it only adds padding

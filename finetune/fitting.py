@@ -18,6 +18,7 @@ from finetune.accumulation import accumulate_as
 from finetune.assembly import Run
 from finetune.checkpoint import Checkpointer, load_model_weights
 from finetune.cpu import cpu_speedups, speedup_settings
+from finetune.cuda_graphs import graphs_for_run
 from finetune.evaluation import evaluate_model
 from finetune.loop import NonFiniteLossError, TrainState, train_one_epoch
 from finetune.output_dir import output_lock, start_outputs
@@ -235,6 +236,7 @@ def train_epochs(run: Run, checkpoints: Checkpointer, evaluations: Evaluations, 
     progress = tqdm(total=run.plan.total_updates, initial=run.state.step, desc="train", unit="update",
                     disable=not (acc.is_main_process and cfg.logging.progress_bar), dynamic_ncols=True)
     speedups = cpu_speedups(run.model, run.optimizer, acc, **speedup_settings(cfg.training))
+    run.graphs = graphs_for_run(run)  # training.cuda_graphs: each length is captured at its first micro-batch
     with progress, speedups:
         if pending_eval is not None:
             end_of_epoch(pending_eval)  # the run was stopped between an epoch's last update and its evaluation
@@ -249,6 +251,7 @@ def train_epochs(run: Run, checkpoints: Checkpointer, evaluations: Evaluations, 
                 on_log=evaluations.log.log, on_update=after_update, plan=run.plan,
                 on_nonfinite=cfg.training.on_nonfinite, max_skipped=cfg.training.max_skipped, progress=progress,
                 loss_fn=run.task.per_sample_loss, cast_once_per_update=cfg.training.cast_once_per_update,
+                graphs=run.graphs,
             )
             logger.info(epoch_line(run, epoch, first_update, result))
             finished = not result.stopped_early or run.state.step >= run.plan.total_updates

@@ -9,6 +9,7 @@ body is the algorithm; each step is a named piece further down this file::
         inside accelerator.accumulate(model):
             loss = summed loss of the micro-batch's real samples     micro_batch_loss
             backward(loss * k * P / N_w)                             window_loss_scale
+            (or both replayed from a CUDA graph)                     GraphedMicroBatches
         add loss, samples and tokens to the window's totals          WindowStats
         at the window's last micro-batch (Accelerate syncs there):
             drop the weight copies                                   WeightCasts
@@ -38,6 +39,7 @@ from finetune.tasks import LossFn, Task
 from finetune.weight_casts import WeightCasts, casts_once_per_update
 
 if TYPE_CHECKING:
+    from finetune.cuda_graphs import GraphedMicroBatches
     from finetune.optimization import UpdatePlan
 
 logger = logging.getLogger("finetune")
@@ -134,6 +136,7 @@ def train_one_epoch(
     loss_fn: Optional[LossFn] = None,
     plan: Optional["UpdatePlan"] = None,
     cast_once_per_update: bool = True,
+    graphs: Optional["GraphedMicroBatches"] = None,
 ) -> EpochResult:
     """Train one epoch with exact gradient accumulation.
 
@@ -186,6 +189,9 @@ def train_one_epoch(
         cast_once_per_update: Under bf16/fp16 autocast, make the low-precision
             copies of the weights once per window instead of once per
             micro-batch (bitwise the same update; see :mod:`finetune.weight_casts`).
+        graphs: Replay each micro-batch's forward and backward from CUDA
+            graphs (:class:`~finetune.cuda_graphs.GraphedMicroBatches`, built
+            once per run); a micro-batch it does not take runs eagerly.
 
     Returns:
         An :class:`EpochResult`.
@@ -210,7 +216,8 @@ def train_one_epoch(
     model.train()
     t0 = time.perf_counter()
 
-    with WeightCasts(casts_once_per_update(accelerator, model, cast_once_per_update)) as casts:
+    # a graph casts inside its own autocast region, with the cache off
+    with WeightCasts(casts_once_per_update(accelerator, model, cast_once_per_update and graphs is None)) as casts:
         for j, batch in enumerate(batches, start=state.micro_batch):
             first, stop = layout.window_of(j, k)
             if j == first:
@@ -219,8 +226,13 @@ def train_one_epoch(
             real = layout.real_in_micro_batch(j)
             with accelerator.accumulate(model):  # no_sync for all but the window's last micro-batch
                 check_sync_agrees(accelerator, j, stop)
-                loss_sum, tokens = micro_batch_loss(model, batch, real, loss_fn)
-                accelerator.backward(loss_sum * window_loss_scale(window.real_samples, accelerator))
+                scale = window_loss_scale(window.real_samples, accelerator)
+                if graphs is not None and graphs.takes(batch):
+                    # accelerator.backward divides by k; the replayed backward is told the same scale
+                    loss_sum, tokens = graphs.forward_backward(batch, real, scale / k)
+                else:
+                    loss_sum, tokens = micro_batch_loss(model, batch, real, loss_fn)
+                    accelerator.backward(loss_sum * scale)
             window.add(j, loss_sum.detach(), real, tokens)
             if j < stop - 1:
                 continue
@@ -228,7 +240,7 @@ def train_one_epoch(
             casts.drop()  # before the weights change
             totals = window.reduce(accelerator)  # one collective and one host transfer per update
             update = apply_update(model, optimizer, scheduler, accelerator, totals, max_grad_norm)
-            optimizer.zero_grad()
+            optimizer.zero_grad(set_to_none=graphs is None)  # a captured backward adds into the gradients' memory
             if update.applied:
                 logs.add(totals, update)
             else:

@@ -238,6 +238,12 @@ class TrainingConfig:
         "Compile the model's forward with `torch.compile` (inductor). It pays a compile time at start-up "
         "(and at each new shape until shapes turn dynamic) for faster steps; off by default, measure it "
         "with `bench/run.py --levers`.")
+    cuda_graphs: bool = setting(False,
+        "On one CUDA GPU, replay each micro-batch's forward and backward from a CUDA graph, one per padding "
+        "length: one launch instead of a kernel launch per operation (see finetune.cuda_graphs). Micro-batches "
+        "are padded to `b` rows (the added rows weigh 0) and to four lengths up to `data.max_length`. Where it "
+        "cannot apply (a CPU, several processes, fp16, gradient checkpointing, chunked texts) the run trains "
+        "eagerly and says why once. Not yet measured on a GPU, so off by default.")
     cast_once_per_update: bool = setting(True,
         "Under bf16 or fp16 autocast, make the low-precision copies of the weights once per update and share "
         "them among the window's micro-batches, instead of casting every weight again in each micro-batch: "
@@ -305,6 +311,8 @@ class TrainingConfig:
             )
         if self.max_grad_norm is not None and self.max_grad_norm < 0:
             raise ConfigError(f"training.max_grad_norm: must be >= 0 or null, got {self.max_grad_norm}")
+        if self.cuda_graphs and self.torch_compile:
+            raise ConfigError("training.cuda_graphs: does not combine with training.torch_compile; choose one")
         if self.max_skipped < 1:
             raise ConfigError(f"training.max_skipped: must be >= 1, got {self.max_skipped}")
         if isinstance(self.class_weights, dict):

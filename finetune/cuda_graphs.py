@@ -1,0 +1,256 @@
+"""A micro-batch's forward and backward replayed from CUDA graphs (``training.cuda_graphs``).
+
+On a GPU a base-sized encoder's micro-batch is bound by its kernel launches
+(about 1,250 per micro-batch of bert-base), not by the kernels: the host
+takes longer to launch them than the GPU takes to run them. A CUDA graph
+launches a captured sequence of kernels in one call. What a graph needs, and
+how the contract of ``docs/accumulation.md`` is kept:
+
+- **Fixed shapes.** Every micro-batch is padded to ``b`` rows and to one of a
+  few lengths (the lengths of :class:`~finetune.dataloaders.BucketPadding`,
+  which the collator then pads to). The added rows repeat the first text and
+  weigh 0, as the repeated samples that even out processes already do; the
+  loss sums the real rows only. One graph per length, all sharing one memory
+  pool (they never run at the same time).
+- **Gradients that stay put.** A captured backward adds into the memory the
+  gradients had at capture, so they exist before it (zeros) and are zeroed in
+  place after each update, never freed; a gradient replaced since the capture
+  (``zero_grad(set_to_none=True)`` by a caller) makes the graphs be captured
+  again, never replayed into freed memory.
+- **Inputs that stay put.** Each micro-batch is copied into the graph's own
+  input tensors, and the window's loss scale into a device tensor, before the
+  replay. The optimizer step, clipping and the scheduler run as before,
+  between windows.
+- **Random numbers.** Dropout in a replay draws from the default CUDA
+  generator, which advances by the same amount at each replay. The warm-up
+  and the capture run under :func:`torch.random.fork_rng`, so the run's
+  stream is the replays' alone, wherever a run (or its resume) captures.
+
+Why by hand and not inductor's ``mode="reduce-overhead"``: its CUDA graph
+trees hand the same output memory to successive replays, and with gradient
+accumulation a replay may overwrite a gradient the window still holds
+(pytorch/pytorch#169545). Here the graph's only output is the loss; the
+gradients are the parameters' own.
+
+Where it does not apply, the micro-batch runs eagerly and the reason is
+logged once: no CUDA device; several processes (DDP's all-reduce hooks,
+FSDP's and DeepSpeed's engines are not capture-safe); fp16 (its grad scaler
+reads the scale on the host); gradient checkpointing (it saves and restores
+the generator's state, which a capture forbids); ``data.truncation: chunks``
+(the windows per text vary); a batch of other keys or longer than the longest
+length; more than :data:`MAX_GRAPHS` lengths.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from typing import Callable, Optional
+
+import torch
+
+logger = logging.getLogger("finetune")
+
+# lengths (graphs) kept at most; each holds its inputs, the pool is shared
+MAX_GRAPHS = 8
+# eager runs before a capture (on a side stream on CUDA), every row weighted 0: they add nothing to the gradients
+WARMUP_RUNS = 3
+TOKEN_KEYS = ("input_ids", "attention_mask", "token_type_ids")
+
+
+def why_not_graphed(accelerator, *, checkpointing: bool, chunked: bool) -> Optional[str]:
+    """Why micro-batches cannot be replayed from CUDA graphs in this run (``None``: they can)."""
+    from accelerate.utils import DistributedType
+
+    if not hasattr(torch.cuda, "graph"):
+        return "this torch has no torch.cuda.graph"
+    if accelerator.device.type != "cuda":
+        return "no CUDA device"
+    if accelerator.num_processes > 1 or accelerator.distributed_type in (DistributedType.FSDP,
+                                                                         DistributedType.DEEPSPEED):
+        return "several processes or a sharding engine (their communication is not captured safely)"
+    if accelerator.mixed_precision == "fp16":
+        return "fp16 (the grad scaler's checks run on the host)"
+    if checkpointing:
+        return "gradient checkpointing (it saves the generator's state, which a capture forbids)"
+    if chunked:
+        return "data.truncation: chunks (the number of windows per text varies)"
+    return None
+
+
+def why_not_for_run(run) -> Optional[str]:
+    """:func:`why_not_graphed` for a :class:`~finetune.assembly.Run`."""
+    from finetune.truncation import truncation_of
+
+    return why_not_graphed(run.accelerator, checkpointing=run.checkpointing.on,
+                           chunked=truncation_of(run.cfg.data).chunked)
+
+
+def graphs_for_run(run) -> Optional["GraphedMicroBatches"]:
+    """``training.cuda_graphs`` for a :class:`~finetune.assembly.Run`: its :class:`GraphedMicroBatches`, or
+    ``None`` where the setting is off or cannot apply (then said once, with why)."""
+    from finetune.dataloaders import BucketPadding
+
+    if not run.cfg.training.cuda_graphs:
+        return None
+    why = why_not_for_run(run)
+    if why is not None:
+        logger.warning("training.cuda_graphs: not applied (%s); micro-batches run eagerly", why)
+        return None
+    return GraphedMicroBatches(run.model, run.task.per_sample_loss, rows=run.batching.per_device_batch_size,
+                               lengths=BucketPadding(run.tokenizer, run.cfg.data.max_length).sizes,
+                               pad_token_id=run.tokenizer.pad_token_id or 0,
+                               precision=run.accelerator.mixed_precision)
+
+
+def record_cuda_graph(step: Callable[[], torch.Tensor], pool) -> tuple[Callable[[], torch.Tensor], object]:
+    """Capture ``step`` in a CUDA graph; returns its replay (which returns ``step``'s output tensor, updated in
+    place) and the graph's memory pool, to share with the next capture."""
+    graph = torch.cuda.CUDAGraph()
+    # thread_local: the dataloader's pin-memory thread may allocate host memory meanwhile, which is harmless
+    with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
+        out = step()
+
+    def replay() -> torch.Tensor:
+        graph.replay()
+        return out
+
+    return replay, graph.pool()
+
+
+class GraphedMicroBatches:
+    """Forward and backward of fixed-shape micro-batches, one captured graph per length.
+
+    Args:
+        model: The prepared model (one process), in training mode.
+        loss_fn: ``loss_fn(logits, labels) -> per-sample losses``, capture-safe
+            (no host transfer: class weights already on the device).
+        rows: Every micro-batch is padded to this many rows (the run's ``b``).
+        lengths: The lengths micro-batches are padded to (ascending).
+        pad_token_id: What ``input_ids`` are padded with.
+        precision: ``"bf16"`` (autocast) or ``"no"`` (fp32).
+        recorder: How a step is captured: :func:`record_cuda_graph` (tests pass one that reruns it eagerly).
+    """
+
+    def __init__(self, model, loss_fn, rows: int, lengths: list[int], pad_token_id: int = 0,
+                 precision: str = "no", recorder=record_cuda_graph) -> None:
+        # the model's own forward, without the autocast Accelerate wraps around it: the step enters its own,
+        # with the weight-cast cache off, as torch asks under capture
+        self.forward = type(model).forward.__get__(model)
+        self.model, self.loss_fn, self.rows, self.lengths = model, loss_fn, rows, sorted(lengths)
+        self.pad_token_id, self.recorder = pad_token_id, recorder
+        self.dtype = {"bf16": torch.bfloat16, "no": None}[precision]
+        self.device = next(model.parameters()).device
+        self.graphs: dict[int, tuple[Callable[[], torch.Tensor], dict[str, torch.Tensor]]] = {}
+        self.pool = None
+        self.scale = torch.zeros((), dtype=torch.float32, device=self.device)
+        self.keys: Optional[tuple[str, ...]] = None
+        self.grads: list[tuple[torch.nn.Parameter, torch.Tensor]] = []
+        self.capture_seconds = 0.0
+        self.said: set[str] = set()
+
+    def takes(self, batch: dict[str, torch.Tensor]) -> bool:
+        """Whether this micro-batch can be replayed; when not (said once per reason), the caller runs it eagerly."""
+        n, length = batch["input_ids"].shape
+        keys = tuple(sorted(batch))
+        other = sorted(set(keys) - set(TOKEN_KEYS) - {"labels"})
+        why = (f"it has {other[0]!r}, which the graph does not pass to the model" if other
+               else "its keys differ from the first micro-batch's" if self.keys not in (None, keys)
+               else f"{n} rows, more than b={self.rows}" if n > self.rows
+               else f"length {length}, longer than {self.lengths[-1]}" if length > self.lengths[-1]
+               else f"more than {MAX_GRAPHS} lengths" if self._width(length) not in self.graphs
+               and len(self.graphs) >= MAX_GRAPHS else None)
+        if why is not None and why not in self.said:
+            self.said.add(why)
+            logger.warning("training.cuda_graphs: a micro-batch runs eagerly: %s", why)
+        return why is None
+
+    def forward_backward(self, batch: dict[str, torch.Tensor], real: int,
+                         loss_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """Replay the micro-batch's forward and the backward of ``loss_scale`` times its summed loss over its first
+        ``real`` rows, adding into the parameters' gradients; returns that sum and the rows' non-pad tokens."""
+        if not self._gradients_intact():
+            self._forget("the gradients were replaced since the capture")
+        width = self._width(batch["input_ids"].shape[1])
+        if width not in self.graphs:
+            self._capture(width, batch)
+        replay, inputs = self.graphs[width]
+        self._load(inputs, batch, real)
+        self.scale.fill_(loss_scale)
+        loss_sum = replay().clone()  # the next replay overwrites the graph's output
+        return loss_sum, batch["attention_mask"][:real].sum()
+
+    def record(self) -> dict:
+        """What was captured, for ``metrics.json``."""
+        return {"lengths": sorted(self.graphs), "capture_seconds": round(self.capture_seconds, 3)}
+
+    # ----------------------------------------------------------------------------------------- the parts
+
+    def _width(self, length: int) -> int:
+        return next(size for size in self.lengths if size >= length)
+
+    def _step(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+        """What a graph holds: forward, the weighted sum of per-sample losses, backward; returns the sum."""
+        model_inputs = {key: inputs[key] for key in TOKEN_KEYS if key in inputs}
+        with torch.autocast(self.device.type, dtype=self.dtype, enabled=self.dtype is not None, cache_enabled=False):
+            logits = self.forward(**model_inputs).logits
+        per_sample = self.loss_fn(logits.float(), inputs["labels"])
+        # where, not a product: a padded row's NaN must not reach the sum
+        loss_sum = torch.where(inputs["weights"], per_sample, torch.zeros_like(per_sample)).sum()
+        (loss_sum * self.scale).backward()
+        return loss_sum.detach()
+
+    def _load(self, inputs: dict[str, torch.Tensor], batch: dict[str, torch.Tensor], real: int) -> None:
+        """Copy ``batch`` into the graph's inputs: its rows first, then the first row again; pad tokens after its
+        length; rows past ``real`` weigh 0."""
+        n, length = batch["input_ids"].shape
+        for key, value in batch.items():
+            target = inputs[key]
+            if key in TOKEN_KEYS:
+                target[:n, :length].copy_(value, non_blocking=True)
+                target[:n, length:].fill_(self.pad_token_id if key == "input_ids" else 0)
+            else:
+                target[:n].copy_(value, non_blocking=True)
+            target[n:] = target[0]
+        torch.lt(inputs["row"], real, out=inputs["weights"])
+
+    def _capture(self, width: int, batch: dict[str, torch.Tensor]) -> None:
+        started = time.perf_counter()
+        self.keys = tuple(sorted(batch))
+        inputs = {key: value.new_zeros((self.rows, width) if key in TOKEN_KEYS else
+                                       (self.rows,) + tuple(value.shape[1:])) for key, value in batch.items()}
+        inputs["row"] = torch.arange(self.rows, device=self.device)
+        inputs["weights"] = torch.zeros(self.rows, dtype=torch.bool, device=self.device)
+        self._load(inputs, batch, real=0)  # every row weighs 0 in the warm-up
+        had_gradient = {p for p in self.model.parameters() if p.grad is not None}
+        cuda = self.device.type == "cuda"
+        devices = [self.device.index if self.device.index is not None else torch.cuda.current_device()] if cuda else []
+        with torch.random.fork_rng(devices=devices):
+            side = torch.cuda.Stream() if cuda else None
+            if cuda:
+                side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side) if cuda else contextlib.nullcontext():
+                for _ in range(WARMUP_RUNS):
+                    self._step(inputs)
+            if cuda:
+                torch.cuda.current_stream().wait_stream(side)
+            # a gradient the warm-up created (zeros, on the side stream) is made again on this one
+            for p in self.model.parameters():
+                if p.grad is not None and p not in had_gradient:
+                    p.grad = torch.zeros_like(p)
+            replay, self.pool = self.recorder(lambda: self._step(inputs), self.pool)
+        self.graphs[width] = (replay, inputs)
+        self.grads = [(p, p.grad) for p in self.model.parameters() if p.grad is not None]
+        self.capture_seconds += time.perf_counter() - started
+        logger.debug("training.cuda_graphs: captured length %d (%d graphs, %.1f s in all)", width,
+                     len(self.graphs), self.capture_seconds)
+
+    def _gradients_intact(self) -> bool:
+        return all(p.grad is grad for p, grad in self.grads)
+
+    def _forget(self, why: str) -> None:
+        if why not in self.said:
+            self.said.add(why)
+            logger.warning("training.cuda_graphs: %s; capturing again", why)
+        self.graphs, self.pool, self.grads = {}, None, []

@@ -1,0 +1,256 @@
+"""``training.cuda_graphs``: micro-batches replayed from CUDA graphs train the eager run's weights.
+
+Each test runs on the CPU and, marked ``gpu``, on a CUDA GPU. On the CPU no
+graph can be captured, so :func:`rerun` stands in for
+:func:`finetune.cuda_graphs.record_cuda_graph`: its "replay" runs the step
+again. Everything else is the package's own code: the fixed shapes (rows
+padded to ``b`` with weight 0, lengths to the buckets), the inputs and loss
+scale copied in, the warm-up that must add nothing and draw no random
+numbers, the gradients kept in place between updates. On a GPU the same tests
+capture real graphs (``bench/gpu.sh`` runs them).
+"""
+
+from __future__ import annotations
+
+import logging
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from finetune.config import OptimConfig, config_from_dict
+from finetune.cuda_graphs import GraphedMicroBatches, record_cuda_graph, why_not_graphed
+from finetune.errors import ConfigError
+from finetune.loop import TrainState, train_one_epoch
+from finetune.optimization import build_optimizer, build_scheduler, plan_updates
+from finetune.sampling import EpochSampler
+from finetune.tasks import Task
+from helpers import pad_collate, tiny_bert, token_dataset
+
+# 38 samples, b=4, k=3: windows of 3, 3, 3 and 1 micro-batches; the last micro-batch holds 2 rows
+N, B_MICRO, K = 38, 4, 3
+LENGTHS = [12, 18, 26]  # token_dataset's texts are 5 to 25 tokens long
+
+DEVICES = [
+    "cpu",
+    pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
+                                                                     reason="needs a CUDA GPU (bench/gpu.sh)")]),
+]
+
+
+def rerun(step, pool):
+    """Stands in for a capture where no GPU is: each "replay" runs the step again."""
+    return step, pool
+
+
+class CountingRecorder:
+    """The device's recorder, counting its captures."""
+
+    def __init__(self, device: str) -> None:
+        self.record = record_cuda_graph if device == "cuda" else rerun
+        self.captures = 0
+
+    def __call__(self, step, pool):
+        self.captures += 1
+        return self.record(step, pool)
+
+
+@pytest.fixture(autouse=True)
+def strict_fp32(fresh_accelerate_state):
+    """TF32 off, so that the GPU's fp32 differs from itself only in the order of its sums."""
+    matmul, cudnn = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    yield
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = matmul, cudnn
+
+
+def _train(device: str, graphed: bool, epochs: int = 2) -> dict:
+    """``(4, 3)`` on the tiny BERT for ``epochs``, eagerly or replayed; the weights after every update."""
+    from accelerate import Accelerator
+
+    acc = Accelerator(cpu=device == "cpu", gradient_accumulation_steps=K)
+    model = tiny_bert(seed=0)
+    opt_cfg = OptimConfig(learning_rate=1e-3, warmup_steps=1)
+    optimizer = build_optimizer(model, opt_cfg, device=acc.device)
+    data = token_dataset(N, seed=1)
+    dl = DataLoader(data, batch_size=B_MICRO, sampler=EpochSampler(N, seed=7, window_size=B_MICRO * K),
+                    collate_fn=pad_collate)
+    model, optimizer, dl = acc.prepare(model, optimizer, dl)
+    scheduler = build_scheduler(optimizer, opt_cfg, plan_updates(len(dl), K, epochs, None, warmup_steps=1))
+    recorder = CountingRecorder(device)
+    graphs = GraphedMicroBatches(model, Task().per_sample_loss, rows=B_MICRO, lengths=LENGTHS,
+                                 recorder=recorder) if graphed else None
+    snapshots, records, grads = [], [], []
+
+    def on_update(state):
+        snapshots.append([p.detach().cpu().clone() for p in acc.unwrap_model(model).parameters()])
+        grads.append([p.grad for p in model.parameters()])
+        return False
+
+    state = TrainState()
+    for epoch in range(epochs):
+        train_one_epoch(model, optimizer, scheduler, dl, acc, epoch, state=state, max_grad_norm=1.0,
+                        on_log=records.append, on_update=on_update, graphs=graphs)
+    shapes = [tuple(batch["input_ids"].shape) for batch in dl]
+    return {"snapshots": snapshots, "records": records, "grads": grads, "graphs": graphs, "recorder": recorder,
+            "shapes": shapes}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_replayed_micro_batches_train_the_eager_weights(device):
+    """(4, 3) replayed = (4, 3) eager after every update, the short last micro-batch padded with rows of weight 0."""
+    eager, replayed = _train(device, graphed=False), _train(device, graphed=True)
+    assert len(replayed["snapshots"]) == len(eager["snapshots"]) == 8
+    for update, (a, b) in enumerate(zip(eager["snapshots"], replayed["snapshots"])):
+        for pa, pb in zip(a, b):
+            torch.testing.assert_close(pb, pa, rtol=1e-5, atol=1e-6, msg=lambda m: f"update {update + 1}: {m}")
+    assert not torch.equal(replayed["snapshots"][0][5], replayed["snapshots"][-1][5])
+    for a, b in zip(eager["records"], replayed["records"]):
+        assert b["train/loss"] == pytest.approx(a["train/loss"], rel=1e-6)
+        assert (b["train/samples"], b["train/tokens"]) == (a["train/samples"], a["train/tokens"])
+    # the micro-batches were padded (the last in rows, most in length), and each length captured once over 2 epochs
+    shapes = replayed["shapes"]
+    widths = sorted({next(size for size in LENGTHS if size >= length) for _, length in shapes})
+    assert shapes[-1][0] < B_MICRO and any(length not in LENGTHS for _, length in shapes) and len(widths) > 1
+    assert replayed["graphs"].record()["lengths"] == widths and replayed["recorder"].captures == len(widths)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_gradients_stay_in_place_from_update_to_update(device):
+    """A captured backward adds into the gradients' memory: zero_grad must zero them, not free them."""
+    run = _train(device, graphed=True, epochs=1)
+    first, last = run["grads"][0], run["grads"][-1]
+    assert all(a is not None and a is b for a, b in zip(first, last))
+    assert all(float(g.abs().sum()) == 0.0 for g in last)  # zeroed after the last update
+
+
+def _one_micro_batch(device: str, dropout: float = 0.1):
+    torch.manual_seed(0)
+    model = tiny_bert(seed=0, dropout=dropout).to(device).train()
+    batch = {k: v.to(device) for k, v in pad_collate(token_dataset(3, seed=2)).items()}
+    recorder = CountingRecorder(device)
+    graphs = GraphedMicroBatches(model, Task().per_sample_loss, rows=B_MICRO, lengths=LENGTHS, recorder=recorder)
+    return model, batch, graphs, recorder
+
+
+def _rng_state(device: str) -> torch.Tensor:
+    return torch.cuda.get_rng_state() if device == "cuda" else torch.get_rng_state()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_the_capture_adds_nothing_and_draws_no_random_numbers(device):
+    """A replay that captured first gives the gradient, the loss and the generator of a replay that did not.
+
+    The gradients already hold a sum, as they do when a new length first
+    appears in the middle of a window: the warm-up must add nothing to it.
+    """
+    model, batch, graphs, recorder = _one_micro_batch(device)
+    short = {k: v[:, :6] if v.dim() == 2 else v for k, v in batch.items()}
+    assert batch["input_ids"].shape[1] > LENGTHS[0]
+    graphs.forward_backward(short, real=3, loss_scale=0.5)  # another length first, so the scale is not 0
+    for p in model.parameters():
+        p.grad = torch.full_like(p, 0.25)
+    torch.manual_seed(5)
+    first_loss, tokens = graphs.forward_backward(batch, real=3, loss_scale=0.5)
+    first = [p.grad.clone() for p in model.parameters()]
+    after_first = _rng_state(device)
+    for p in model.parameters():
+        p.grad.fill_(0.25)
+    torch.manual_seed(5)
+    second_loss, _ = graphs.forward_backward(batch, real=3, loss_scale=0.5)
+    assert recorder.captures == 2
+    assert torch.equal(_rng_state(device), after_first)
+    assert torch.equal(first_loss, second_loss)
+    for a, p in zip(first, model.parameters()):
+        assert torch.equal(a, p.grad)
+    assert int(tokens) == int(batch["attention_mask"].sum())
+    # dropout was on: the draws of a replay matter (a third replay, from where the second left, differs)
+    third_loss, _ = graphs.forward_backward(batch, real=3, loss_scale=0.5)
+    assert not torch.equal(third_loss, second_loss)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_rows_past_real_weigh_nothing(device):
+    """The loss and gradient of 3 real rows padded to 4 are those of the 3 rows alone, eagerly."""
+    model, batch, graphs, _ = _one_micro_batch(device, dropout=0.0)
+    loss_sum, _ = graphs.forward_backward(batch, real=2, loss_scale=1.0)
+    replayed = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    two = {k: v[:2] for k, v in batch.items()}
+    per_sample = Task().per_sample_loss(model(**{k: v for k, v in two.items() if k != "labels"}).logits,
+                                        two["labels"])
+    per_sample.sum().backward()
+    torch.testing.assert_close(loss_sum, per_sample.sum().detach(), rtol=1e-6, atol=1e-7)
+    for a, p in zip(replayed, model.parameters()):
+        torch.testing.assert_close(a, p.grad, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_gradients_freed_by_a_caller_make_the_graphs_be_captured_again(device, caplog):
+    model, batch, graphs, recorder = _one_micro_batch(device, dropout=0.0)
+    graphs.forward_backward(batch, real=3, loss_scale=1.0)
+    expected = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad(set_to_none=True)  # a replay would now add into freed memory
+    with caplog.at_level(logging.WARNING, logger="finetune"):
+        graphs.forward_backward(batch, real=3, loss_scale=1.0)
+        model.zero_grad(set_to_none=True)
+        graphs.forward_backward(batch, real=3, loss_scale=1.0)
+    assert recorder.captures == 3
+    assert sum("gradients were replaced" in r.message for r in caplog.records) == 1  # said once
+    for a, p in zip(expected, model.parameters()):
+        assert torch.equal(a, p.grad)
+
+
+def test_micro_batches_a_graph_cannot_hold_run_eagerly_said_once(caplog):
+    model, batch, graphs, _ = _one_micro_batch("cpu", dropout=0.0)
+    wide = {k: torch.cat([v, v]) for k, v in batch.items()}  # 6 rows > b=4
+    long = {k: (torch.nn.functional.pad(v, (0, 30)) if v.dim() == 2 else v) for k, v in batch.items()}
+    other = dict(batch, position_ids=torch.zeros_like(batch["input_ids"]))
+    with caplog.at_level(logging.WARNING, logger="finetune"):
+        assert graphs.takes(batch)
+        assert not graphs.takes(wide) and not graphs.takes(wide)
+        assert not graphs.takes(long)
+        assert not graphs.takes(other)
+    said = [r.message for r in caplog.records]
+    assert len(said) == 3
+    assert "6 rows, more than b=4" in said[0] and "longer than 26" in said[1] and "'position_ids'" in said[2]
+
+
+@pytest.mark.parametrize("device, processes, engine, precision, checkpointing, chunked, why", [
+    ("cuda", 1, "NO", "bf16", False, False, None),
+    ("cuda", 1, "NO", "no", False, False, None),
+    ("cpu", 1, "NO", "no", False, False, "no CUDA device"),
+    ("cuda", 2, "MULTI_GPU", "bf16", False, False, "several processes"),
+    ("cuda", 1, "FSDP", "bf16", False, False, "sharding engine"),
+    ("cuda", 1, "NO", "fp16", False, False, "fp16"),
+    ("cuda", 1, "NO", "bf16", True, False, "gradient checkpointing"),
+    ("cuda", 1, "NO", "bf16", False, True, "chunks"),
+])
+def test_where_micro_batches_are_replayed(device, processes, engine, precision, checkpointing, chunked, why):
+    from accelerate.utils import DistributedType
+
+    accelerator = SimpleNamespace(device=torch.device(device), num_processes=processes,
+                                  distributed_type=DistributedType[engine], mixed_precision=precision)
+    said = why_not_graphed(accelerator, checkpointing=checkpointing, chunked=chunked)
+    assert said is None if why is None else why in said
+
+
+def test_cuda_graphs_and_torch_compile_are_refused_together():
+    with pytest.raises(ConfigError, match="training.cuda_graphs: does not combine with training.torch_compile"):
+        config_from_dict({"data": {"train_file": "x.tsv"}, "training": {"cuda_graphs": True, "torch_compile": True}})
+
+
+def test_without_a_gpu_the_setting_says_so_and_the_run_trains_eagerly(caplog):
+    from finetune.autobatch import Checkpointing
+    from finetune.cuda_graphs import graphs_for_run
+
+    cfg = config_from_dict({"data": {"train_file": "x.tsv"}, "training": {"cuda_graphs": True}})
+    accelerator = SimpleNamespace(device=torch.device("cpu"), num_processes=1, mixed_precision="no",
+                                  distributed_type=None)
+    run = SimpleNamespace(cfg=cfg, accelerator=accelerator, checkpointing=Checkpointing())
+    with caplog.at_level(logging.WARNING, logger="finetune"):
+        graphs = graphs_for_run(run)
+    assert graphs is None
+    assert [r.message for r in caplog.records] == [
+        "training.cuda_graphs: not applied (no CUDA device); micro-batches run eagerly"]
