@@ -7,12 +7,14 @@
 #    grad scaler (a skipped step does not advance the schedule), fused AdamW, DDP over NCCL when
 #    there are two GPUs or more (tests/test_gpu.py); FSDP and DeepSpeed ZeRO-2 launched on one GPU
 #    with the shipped configs: the contract, a stop and an exact resume, the saved model in
-#    pipeline() (tests/test_gpu_engines.py; DeepSpeed's skipped where it is not installed).
+#    pipeline() (tests/test_gpu_engines.py; DeepSpeed's skipped where it is not installed);
+#    training.cuda_graphs capturing real graphs: the eager weights, the warm-up adding nothing and
+#    drawing no random numbers, gradients kept in place (tests/test_cuda_graphs.py).
 # 2. The speed comparison against transformers.Trainer and an Accelerate loop on a bert-base-sized
 #    model (random weights, the embedded tokenizer: bench/bert_base.py) at max_length 128 in bf16,
 #    on BBC News: samples/s, non-pad tokens/s, peak GPU memory, MFU against the matmul peak
 #    measured on that GPU, and (b, k) against (b, 1) and (b*k, 1); the package under FSDP (and
-#    DeepSpeed, where installed) as rows of the same table.
+#    DeepSpeed, where installed) and with training.cuda_graphs as rows of the same table.
 # 3. training.cast_once_per_update on against off on the same job: CUDA kernels, aten ops and
 #    milliseconds per micro-batch (python -m bench.probe casts).
 # 4. A micro-batch replayed from CUDA graphs against the eager one, on the same job: milliseconds per
@@ -30,14 +32,14 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 python -c "import torch; assert torch.cuda.is_available(), 'bench/gpu.sh: no CUDA GPU here'; print('gpu:', torch.cuda.get_device_name(), torch.__version__)"
 # a failing test or probe does not stop the measurements after it; the exit status reports it at the end
 tests=0
-python -m pytest -m gpu -v -rs -p no:cacheprovider tests/test_gpu.py tests/test_gpu_engines.py 2>&1 \
+python -m pytest -m gpu -v -rs -p no:cacheprovider tests/test_gpu.py tests/test_gpu_engines.py tests/test_cuda_graphs.py 2>&1 \
     | tee "$out/gpu-tests.log" || tests=$?
 python -m bench.bert_base "$out/bert-base" ${FINETUNE_TOKENIZER:+--tokenizer "$FINETUNE_TOKENIZER"}
 engines=fsdp
 python -c "import deepspeed" 2>/dev/null && engines=fsdp,deepspeed_zero2
 b_k=${GPU_BATCHING:-64,4}
 python bench/run.py --datasets bbc --accuracy-seeds 0 --skip-grad-check --precision bf16 \
-    --batching "$b_k" --bbc-steps "${GPU_STEPS:-40}" --repeats "${GPU_REPEATS:-3}" --engines "$engines" \
+    --batching "$b_k" --bbc-steps "${GPU_STEPS:-40}" --repeats "${GPU_REPEATS:-3}" --engines "$engines" --graphs \
     --override model.name_or_path="$out/bert-base" --override data.max_length=128 --out "$out/bench"
 cat "$out/bench/bench.md"
 failed=""

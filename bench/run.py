@@ -91,6 +91,7 @@ class Settings:
     first_seed: int = 42
     batching: dict[str, tuple[int, int]] = field(default_factory=lambda: dict(JOB_BATCHING))
     engines: list[str] = field(default_factory=list)  # shipped Accelerate configs to add rows for (GPU)
+    graphs: bool = False  # a row for training.cuda_graphs (GPU)
 
 
 # --------------------------------------------------------------------------- the plan
@@ -135,6 +136,10 @@ def main_jobs(s: Settings, trainer_k1: bool) -> list[Job]:
         jobs += [Job(f"{dataset}/ours {engine}", replace(base, options=[f"engine={engine}"]),
                      label=f"finetune under {ENGINE_NAMES.get(engine, engine)}, one process, b={b} k={k}")
                  for engine in s.engines]
+        if s.graphs:
+            jobs.append(Job(f"{dataset}/ours graphs",
+                            replace(base, overrides=base.overrides + ["training.cuda_graphs=true"]),
+                            label=f"finetune, micro-batches replayed from CUDA graphs, b={b} k={k}"))
         if dataset == "bbc" and k > 1:
             # the same samples in every arm: (b, 1) makes k times the updates
             jobs += [
@@ -594,6 +599,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--engines", default="", metavar="NAME,...",
                         help="also run the package under these configs/accelerate/<NAME>.yaml, one process each "
                              "(fsdp, deepspeed_zero2; GPUs only)")
+    parser.add_argument("--graphs", action="store_true",
+                        help="also run the package with training.cuda_graphs: true (GPUs only)")
     parser.add_argument("--skip-grad-check", action="store_true", help="do not run the Trainer gradient check")
     parser.add_argument("--combine", nargs="+", metavar="RESULTS_DIR",
                         help="run nothing: pool the runs of earlier results folders (e.g. accuracy runs of "
@@ -616,6 +623,8 @@ def settings_from(args: argparse.Namespace) -> Settings:
             raise SystemExit(f"--engines: no configs/accelerate/{engine}.yaml (fsdp, deepspeed_zero2)")
     if engines and not torch.cuda.is_available():
         raise SystemExit("--engines needs a CUDA GPU: Accelerate runs FSDP and DeepSpeed on GPUs only")
+    if args.graphs and not torch.cuda.is_available():
+        raise SystemExit("--graphs needs a CUDA GPU: elsewhere training.cuda_graphs trains eagerly")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     return Settings(
@@ -634,6 +643,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         extra_overrides=args.override,
         batching=_batching(args.batching),
         engines=engines,
+        graphs=args.graphs,
     )
 
 

@@ -119,6 +119,12 @@ def record_cuda_graph(step: Callable[[], torch.Tensor], pool) -> tuple[Callable[
     return replay, graph.pool()
 
 
+def rerun_eagerly(step: Callable[[], torch.Tensor], pool) -> tuple[Callable[[], torch.Tensor], object]:
+    """A recorder that captures nothing: each "replay" runs the step again. The fixed-shape step without
+    graphs, for checks on a CPU and for measuring what the graphs themselves save."""
+    return step, pool
+
+
 class GraphedMicroBatches:
     """Forward and backward of fixed-shape micro-batches, one captured graph per length.
 
@@ -130,7 +136,7 @@ class GraphedMicroBatches:
         lengths: The lengths micro-batches are padded to (ascending).
         pad_token_id: What ``input_ids`` are padded with.
         precision: ``"bf16"`` (autocast) or ``"no"`` (fp32).
-        recorder: How a step is captured: :func:`record_cuda_graph` (tests pass one that reruns it eagerly).
+        recorder: How a step is captured: :func:`record_cuda_graph`, or :func:`rerun_eagerly`.
     """
 
     def __init__(self, model, loss_fn, rows: int, lengths: list[int], pad_token_id: int = 0,

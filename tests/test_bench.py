@@ -449,9 +449,7 @@ def test_casts_probe_counts_a_windows_weight_casts_once_when_kept(tiny_job, fres
 def test_fixed_shape_micro_batches_give_the_eager_gradient(tiny_job, fresh_accelerate_state):
     """What a CUDA graph needs, checked on the CPU: micro-batches padded to b rows (added rows weigh 0) and to
     one of four lengths accumulate the gradient of the package's own micro-batches."""
-    import torch
-
-    from bench.cuda_graphs import markdown, measure, static_batch
+    from bench.cuda_graphs import markdown, measure
 
     # 72 texts in micro-batches of 16: the fifth holds 8, so the static way pads it with 8 rows of weight 0
     result = measure(tiny_job + ["training.per_device_train_batch_size=16"], micro_batches=5, rounds=1, threads=1)
@@ -460,10 +458,3 @@ def test_fixed_shape_micro_batches_give_the_eager_gradient(tiny_job, fresh_accel
     assert result["gradient_relative_difference"]["static"] < 1e-5
     assert result["mean_loss"]["static"] == pytest.approx(result["mean_loss"]["eager"], rel=1e-6)
     assert "| static |" in markdown(result)
-
-    batch = {"input_ids": torch.tensor([[2, 7, 3], [2, 3, 0]]), "attention_mask": torch.tensor([[1, 1, 1], [1, 1, 0]]),
-             "labels": torch.tensor([1, 0])}
-    padded = static_batch(batch, rows=4, sizes=[4, 8], pad_id=0)
-    assert padded["input_ids"].tolist() == [[2, 7, 3, 0], [2, 3, 0, 0], [2, 7, 3, 0], [2, 7, 3, 0]]
-    assert padded["attention_mask"].tolist() == [[1, 1, 1, 0], [1, 1, 0, 0], [1, 1, 1, 0], [1, 1, 1, 0]]
-    assert padded["labels"].tolist() == [1, 0, 1, 1] and padded["weights"].tolist() == [1, 1, 0, 0]

@@ -1,9 +1,9 @@
 """``training.cuda_graphs``: micro-batches replayed from CUDA graphs train the eager run's weights.
 
 Each test runs on the CPU and, marked ``gpu``, on a CUDA GPU. On the CPU no
-graph can be captured, so :func:`rerun` stands in for
-:func:`finetune.cuda_graphs.record_cuda_graph`: its "replay" runs the step
-again. Everything else is the package's own code: the fixed shapes (rows
+graph can be captured, so :func:`~finetune.cuda_graphs.rerun_eagerly`
+stands in for :func:`~finetune.cuda_graphs.record_cuda_graph`: its "replay"
+runs the step again. Everything else is the package's own code: the fixed shapes (rows
 padded to ``b`` with weight 0, lengths to the buckets), the inputs and loss
 scale copied in, the warm-up that must add nothing and draw no random
 numbers, the gradients kept in place between updates. On a GPU the same tests
@@ -20,7 +20,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from finetune.config import OptimConfig, config_from_dict
-from finetune.cuda_graphs import GraphedMicroBatches, record_cuda_graph, why_not_graphed
+from finetune.cuda_graphs import GraphedMicroBatches, record_cuda_graph, rerun_eagerly, why_not_graphed
 from finetune.errors import ConfigError
 from finetune.loop import TrainState, train_one_epoch
 from finetune.optimization import build_optimizer, build_scheduler, plan_updates
@@ -39,16 +39,11 @@ DEVICES = [
 ]
 
 
-def rerun(step, pool):
-    """Stands in for a capture where no GPU is: each "replay" runs the step again."""
-    return step, pool
-
-
 class CountingRecorder:
     """The device's recorder, counting its captures."""
 
     def __init__(self, device: str) -> None:
-        self.record = record_cuda_graph if device == "cuda" else rerun
+        self.record = record_cuda_graph if device == "cuda" else rerun_eagerly
         self.captures = 0
 
     def __call__(self, step, pool):
