@@ -1,9 +1,11 @@
-"""FSDP and DeepSpeed ZeRO-2 on one GPU, launched with the shipped Accelerate configs.
+"""FSDP, DeepSpeed ZeRO-2 and CUDA graphs on one GPU, launched with the shipped Accelerate configs.
 
 Marked ``gpu`` and skipped without CUDA (``bench/gpu.sh`` runs them); the
-DeepSpeed cases are skipped where ``deepspeed`` is not installed. Each engine
+DeepSpeed cases are skipped where ``deepspeed`` is not installed. Each setup
 trains the same small job through ``accelerate launch --config_file
-configs/accelerate/<engine>.yaml --num_processes 1 finetune/train.py``:
+configs/accelerate/<config>.yaml --num_processes 1 finetune/train.py``: FSDP's
+and DeepSpeed's configs, and the single-GPU config with
+``training.cuda_graphs: true`` (every micro-batch replayed from a graph):
 
 - the contract: ``(b, k) = (4, 4)`` against ``(16, 1)``, in fp32 with TF32
   and dropout off, so the two differ only by the order cuBLAS sums in for
@@ -50,7 +52,12 @@ ENGINES = [
     pytest.param("fsdp", id="fsdp"),
     pytest.param("deepspeed_zero2", id="deepspeed", marks=pytest.mark.skipif(
         importlib.util.find_spec("deepspeed") is None, reason="deepspeed is not installed (bench/README.md)")),
+    pytest.param("graphs", id="cuda-graphs"),
 ]
+# each setup: its Accelerate config and the overrides it adds to the job
+SETUPS = {"fsdp": ("fsdp", []), "deepspeed_zero2": ("deepspeed_zero2", []),
+          "graphs": ("single_gpu", ["training.cuda_graphs=true"])}
+DISTRIBUTED_TYPE = {"fsdp": "FSDP", "deepspeed_zero2": "DEEPSPEED", "graphs": "NO"}
 TIMING_KEYS = {"train/samples_per_s", "train/tokens_per_s", "time", "seconds"}
 
 
@@ -78,9 +85,10 @@ def job(tmp_path_factory) -> Path:
 
 def _launch(engine: str, job: Path, out: Path, *overrides: str, env: dict | None = None,
             script: Path = REPO / "finetune" / "train.py") -> subprocess.CompletedProcess:
+    config, setup = SETUPS[engine]
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
-           str(ACCELERATE_CONFIGS / f"{engine}.yaml"), "--num_processes", "1", "--main_process_port",
-           str(free_port()), str(script), "--config", str(job), f"output.output_dir={out}", *overrides]
+           str(ACCELERATE_CONFIGS / f"{config}.yaml"), "--num_processes", "1", "--main_process_port",
+           str(free_port()), str(script), "--config", str(job), f"output.output_dir={out}", *setup, *overrides]
     return subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=600,
                           env=offline_env({"NVIDIA_TF32_OVERRIDE": "0", **(env or {})}))
 
@@ -115,9 +123,14 @@ def runs(job, tmp_path_factory):
 @pytest.mark.parametrize("engine", ENGINES)
 def test_the_engine_trains_and_is_recorded(engine, runs):
     metrics = json.loads((runs(engine) / "metrics.json").read_text(encoding="utf-8"))
-    assert metrics["train"]["distributed_type"] == ("FSDP" if engine == "fsdp" else "DEEPSPEED")
+    assert metrics["train"]["distributed_type"] == DISTRIBUTED_TYPE[engine]
     assert metrics["train"]["updates"] == 8 and metrics["train"]["num_processes"] == 1
     assert metrics["train"]["gradient_accumulation_steps"] == 4
+    graphs = metrics["train"]["cuda_graphs"]
+    if engine == "graphs":  # texts of up to 32 tokens: lengths 8, 16, 24, 32, of which the job meets some
+        assert graphs["lengths"] and set(graphs["lengths"]) <= {8, 16, 24, 32} and graphs["capture_seconds"] > 0
+    else:
+        assert graphs is None
 
 
 @pytest.mark.parametrize("engine", ENGINES)
