@@ -86,9 +86,9 @@ class BucketPadding:
 
 
 def fixed_lengths(cfg: Config, accelerator) -> bool:
-    """Whether ``training.cuda_graphs`` wants micro-batches of a few fixed lengths: on a CUDA device (elsewhere it
-    falls back to eager steps, which gain nothing from padding further)."""
-    return cfg.training.cuda_graphs and accelerator.device.type == "cuda"
+    """Whether ``training.cuda_graphs`` wants micro-batches of a few fixed lengths: on one process on a CUDA
+    device (elsewhere it falls back to eager steps, which gain nothing from padding further)."""
+    return cfg.training.cuda_graphs and accelerator.device.type == "cuda" and accelerator.num_processes == 1
 
 
 def collator(tokenizer, accelerator, cfg: Optional[Config] = None):
