@@ -33,6 +33,17 @@ def fresh_accelerate_state():
     PartialState._reset_state()
 
 
+@pytest.fixture
+def strict_fp32(fresh_accelerate_state):
+    """TF32 off on a GPU, so that its fp32 differs from itself only in the order of its sums."""
+    import torch
+
+    matmul, cudnn = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    yield
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = matmul, cudnn
+
+
 @pytest.fixture(scope="session")
 def tokenizers(tmp_path_factory):
     """The tiny model's WordPiece vocabulary as a fast (Rust) and a slow (Python) tokenizer."""

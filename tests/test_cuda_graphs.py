@@ -28,6 +28,8 @@ from finetune.sampling import EpochSampler
 from finetune.tasks import Task
 from helpers import pad_collate, tiny_bert, token_dataset
 
+pytestmark = pytest.mark.usefixtures("strict_fp32")
+
 # 38 samples, b=4, k=3: windows of 3, 3, 3 and 1 micro-batches; the last micro-batch holds 2 rows
 N, B_MICRO, K = 38, 4, 3
 LENGTHS = [12, 18, 26]  # token_dataset's texts are 5 to 25 tokens long
@@ -49,15 +51,6 @@ class CountingRecorder:
     def __call__(self, step, pool):
         self.captures += 1
         return self.record(step, pool)
-
-
-@pytest.fixture(autouse=True)
-def strict_fp32(fresh_accelerate_state):
-    """TF32 off, so that the GPU's fp32 differs from itself only in the order of its sums."""
-    matmul, cudnn = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
-    yield
-    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = matmul, cudnn
 
 
 def _train(device: str, graphed: bool, epochs: int = 2) -> dict:

@@ -26,18 +26,11 @@ from helpers import REPO, free_port, offline_env, pad_collate, tiny_bert, token_
 
 pytestmark = [
     pytest.mark.gpu,
+    pytest.mark.usefixtures("strict_fp32"),
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run bench/gpu.sh on a GPU machine)"),
 ]
 
 N = 76  # b=8: 10 micro-batches, the last holding 4; k=4: windows of 4, 4 and 2 micro-batches
-
-
-@pytest.fixture(autouse=True)
-def strict_fp32(fresh_accelerate_state):
-    matmul, cudnn = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
-    yield
-    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = matmul, cudnn
 
 
 def _train(b: int, k: int, mixed_precision: str = "no", epochs: int = 2, lr: float = 1e-3, implementation="auto",
