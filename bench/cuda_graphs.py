@@ -88,7 +88,8 @@ def measure(overrides: list[str], micro_batches: int = 24, rounds: int = 5, thre
         return total
 
     def fixed_shapes(recorder) -> Callable[[], torch.Tensor]:
-        graphs = GraphedMicroBatches(model, loss_fn, rows=b, lengths=sizes, pad_token_id=run.tokenizer.pad_token_id or 0,
+        graphs = GraphedMicroBatches(model, loss_fn, rows=b, lengths=sizes,
+                                     pad_token_id=run.tokenizer.pad_token_id or 0,
                                      precision=accelerator.mixed_precision, recorder=recorder)
 
         def way() -> torch.Tensor:

@@ -146,7 +146,10 @@ class GraphedMicroBatches:
         self.forward = type(model).forward.__get__(model)
         self.model, self.loss_fn, self.rows, self.lengths = model, loss_fn, rows, sorted(lengths)
         self.pad_token_id, self.recorder = pad_token_id, recorder
-        self.dtype = {"bf16": torch.bfloat16, "no": None}[precision]
+        if precision not in ("bf16", "no"):
+            raise ValueError(f"precision must be 'bf16' or 'no', got {precision!r} (fp16's grad scaler is not "
+                             "captured)")
+        self.dtype = torch.bfloat16 if precision == "bf16" else None
         self.device = next(model.parameters()).device
         self.graphs: dict[int, tuple[Callable[[], torch.Tensor], dict[str, torch.Tensor]]] = {}
         self.pool = None
