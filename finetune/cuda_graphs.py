@@ -89,9 +89,9 @@ def why_not_for_run(run) -> Optional[str]:
 
 def graphs_for_run(run) -> Optional["GraphedMicroBatches"]:
     """``training.cuda_graphs`` for a :class:`~finetune.assembly.Run`: its :class:`GraphedMicroBatches`, or
-    ``None`` where the setting is off or cannot apply (then said once, with why)."""
-    from finetune.dataloaders import BucketPadding
-
+    ``None`` where the setting is off or cannot apply (then said once, with why). Its lengths are those the
+    training collator pads to (:func:`finetune.dataloaders.fixed_lengths` chose
+    :class:`~finetune.dataloaders.BucketPadding` where graphs can run)."""
     if not run.cfg.training.cuda_graphs:
         return None
     why = why_not_for_run(run)
@@ -99,7 +99,7 @@ def graphs_for_run(run) -> Optional["GraphedMicroBatches"]:
         logger.warning("training.cuda_graphs: not applied (%s); micro-batches run eagerly", why)
         return None
     return GraphedMicroBatches(run.model, run.task.per_sample_loss, rows=run.batching.per_device_batch_size,
-                               lengths=BucketPadding(run.tokenizer, run.cfg.data.max_length).sizes,
+                               lengths=run.train_dataloader.collate_fn.sizes,
                                pad_token_id=run.tokenizer.pad_token_id or 0,
                                precision=run.accelerator.mixed_precision)
 

@@ -86,9 +86,14 @@ class BucketPadding:
 
 
 def fixed_lengths(cfg: Config, accelerator) -> bool:
-    """Whether ``training.cuda_graphs`` wants micro-batches of a few fixed lengths: on one process on a CUDA
-    device (elsewhere it falls back to eager steps, which gain nothing from padding further)."""
-    return cfg.training.cuda_graphs and accelerator.device.type == "cuda" and accelerator.num_processes == 1
+    """Whether ``training.cuda_graphs`` wants micro-batches of a few fixed lengths: where graphs can run
+    (elsewhere it falls back to eager steps, which gain nothing from padding further). Gradient checkpointing,
+    which ``auto`` decides later, is the one reason not known yet."""
+    from finetune.cuda_graphs import why_not_graphed
+    from finetune.truncation import truncation_of
+
+    return cfg.training.cuda_graphs and why_not_graphed(
+        accelerator, checkpointing=False, chunked=truncation_of(cfg.data).chunked) is None
 
 
 def collator(tokenizer, accelerator, cfg: Optional[Config] = None):

@@ -242,3 +242,39 @@ def test_without_a_gpu_the_setting_says_so_and_the_run_trains_eagerly(caplog):
     assert graphs is None
     assert [r.message for r in caplog.records] == [
         "training.cuda_graphs: not applied (no CUDA device); micro-batches run eagerly"]
+
+
+@pytest.mark.parametrize("device, precision, truncation, fixed", [
+    ("cuda", "bf16", "head", True),
+    ("cpu", "no", "head", False),  # graphs fall back there: no padding beyond the longest text
+    ("cuda", "fp16", "head", False),
+    ("cuda", "bf16", "chunks", False),
+])
+def test_the_collator_pads_to_fixed_lengths_where_graphs_can_run(device, precision, truncation, fixed, tokenizers):
+    from accelerate.utils import DistributedType
+
+    from finetune.dataloaders import BucketPadding, collator
+
+    cfg = config_from_dict({"data": {"train_file": "x.tsv", "max_length": 32, "truncation": truncation},
+                            "training": {"cuda_graphs": True}})
+    accelerator = SimpleNamespace(device=torch.device(device), num_processes=1, mixed_precision=precision,
+                                  distributed_type=DistributedType.NO)
+    pad = collator(tokenizers["fast"], accelerator, cfg)
+    assert isinstance(getattr(pad, "pad", pad), BucketPadding) is fixed
+
+
+def test_the_graphs_pad_to_the_lengths_of_the_runs_collator():
+    from accelerate.utils import DistributedType
+
+    from finetune.autobatch import Checkpointing
+    from finetune.cuda_graphs import graphs_for_run
+
+    cfg = config_from_dict({"data": {"train_file": "x.tsv"}, "training": {"cuda_graphs": True}})
+    accelerator = SimpleNamespace(device=torch.device("cuda"), num_processes=1, mixed_precision="bf16",
+                                  distributed_type=DistributedType.NO)
+    run = SimpleNamespace(cfg=cfg, accelerator=accelerator, checkpointing=Checkpointing(), model=tiny_bert(),
+                          task=Task(), batching=SimpleNamespace(per_device_batch_size=16),
+                          tokenizer=SimpleNamespace(pad_token_id=0),
+                          train_dataloader=SimpleNamespace(collate_fn=SimpleNamespace(sizes=[32, 64, 96, 128])))
+    graphs = graphs_for_run(run)
+    assert (graphs.rows, graphs.lengths, graphs.dtype) == (16, [32, 64, 96, 128], torch.bfloat16)
