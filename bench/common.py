@@ -135,7 +135,8 @@ class CountingCollator:
 
 
 def peak_memory() -> dict[str, Optional[float]]:
-    """Peak resident memory of this process (MiB) and, on a GPU, peak allocated device memory (MiB)."""
+    """Peak resident memory of this process (MiB) and, on a GPU, peak allocated and peak reserved device memory
+    (MiB): a CUDA graph's memory pool counts as allocated only while it is captured, as reserved for good."""
     import torch
 
     # ru_maxrss is in KiB on Linux (bytes on macOS)
@@ -143,9 +144,11 @@ def peak_memory() -> dict[str, Optional[float]]:
     out: dict[str, Optional[float]] = {
         "rss_peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale,
         "gpu_peak_mib": None,
+        "gpu_reserved_peak_mib": None,
     }
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         out["gpu_peak_mib"] = torch.cuda.max_memory_allocated() / 2**20
+        out["gpu_reserved_peak_mib"] = torch.cuda.max_memory_reserved() / 2**20
     return out
 
 

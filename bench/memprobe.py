@@ -2,7 +2,8 @@
 
 ``accelerate launch bench/memprobe.py finetune/train.py ARGS`` runs the
 package's unchanged CLI in the launched process and writes, at exit, that
-process's peak resident memory (and on a GPU ``max_memory_allocated``) to the
+process's peak resident memory (and on a GPU ``max_memory_allocated`` and
+``max_memory_reserved``, which alone counts a CUDA graph's pool) to the
 JSON file named by ``BENCH_MEMORY_OUT``. The script's folder replaces this
 one at the head of ``sys.path``, as if it had been launched directly.
 """
@@ -19,10 +20,12 @@ from pathlib import Path
 
 def _peak() -> dict:
     scale = 1 / 1024 if sys.platform != "darwin" else 1 / 2**20  # ru_maxrss: KiB on Linux, bytes on macOS
-    out = {"rss_peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale, "gpu_peak_mib": None}
+    out = {"rss_peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale, "gpu_peak_mib": None,
+           "gpu_reserved_peak_mib": None}
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
         out["gpu_peak_mib"] = torch.cuda.max_memory_allocated() / 2**20
+        out["gpu_reserved_peak_mib"] = torch.cuda.max_memory_reserved() / 2**20
     return out
 
 

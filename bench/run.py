@@ -9,7 +9,8 @@ first, and reports medians over the repeats as a Markdown table and JSON:
   no evaluation, no saving), with the ratio to the Trainer's, over a fixed
   number of updates at each job's own ``(b, k)``, three repeats;
 * peak memory of the training process (RSS on the CPU; ``max_memory_allocated``
-  on a GPU), with the ratio to the Trainer's;
+  on a GPU, with the ratio to the Trainer's, and ``max_memory_reserved``, which
+  alone counts a CUDA graph's memory pool);
 * final validation accuracy and F1 after the SMS job's full epoch in each arm,
   over ``--accuracy-seeds`` seeds (42, 43, ...; one by default, to keep the
   benchmark near 25 minutes on two cores), each arm paired with the Trainer
@@ -335,6 +336,7 @@ def aggregate(jobs: list[Job], results: list[dict], peak: Optional[dict], fms: d
             row["samples_per_s_runs"] = [round(r["samples"] / r["train_seconds"], 3) for r in runs]
             row["rss_peak_mib"] = _median([r.get("rss_peak_mib") for r in runs])
             row["gpu_peak_mib"] = _median([r.get("gpu_peak_mib") for r in runs])
+            row["gpu_reserved_peak_mib"] = _median([r.get("gpu_reserved_peak_mib") for r in runs])
             names = sorted({m for r in runs for m in r["eval"]})
             if job.role == "accuracy":
                 # runs of different seeds are different draws, not repeats: their mean, and each seed's
@@ -507,16 +509,22 @@ def markdown(report: dict[str, Any]) -> str:
         if not mains:
             continue
         lines += [f"## {titles[dataset]}: speed and memory ({mains[0].get('updates', '?')} updates per run)", "",
-                  f"| arm | samples/s | non-pad tokens/s | x Trainer | {mem_name} | x Trainer | MFU |",
-                  "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+                  f"| arm | samples/s | non-pad tokens/s | x Trainer | {mem_name} | x Trainer "
+                  f"|{' GPU reserved MiB |' if gpu else ''} MFU |",
+                  f"| --- | ---: | ---: | ---: | ---: | ---: |{' ---: |' if gpu else ''} ---: |"]
         for r in mains:
             mem = r.get("gpu_peak_mib") if gpu else r.get("rss_peak_mib")
+            reserved = f" {_fmt(r.get('gpu_reserved_peak_mib'), '.0f')} |" if gpu else ""
             lines.append(
                 f"| {r['label']} | {_fmt(r.get('samples_per_s'))} | {_fmt(r.get('tokens_per_s'), '.0f')} "
                 f"| {_fmt(r.get('samples_per_s_x_trainer'), '.2f')} | {_fmt(mem, '.0f')} "
-                f"| {_fmt(r.get('memory_x_trainer'), '.2f')} "
-                f"| {_fmt(100 * r['mfu'] if r.get('mfu') is not None else None, '.1f', '%')} |"
+                f"| {_fmt(r.get('memory_x_trainer'), '.2f')} |{reserved} "
+                f"{_fmt(100 * r['mfu'] if r.get('mfu') is not None else None, '.1f', '%')} |"
             )
+        if gpu:
+            lines += ["", "GPU peak: `torch.cuda.max_memory_allocated`. A CUDA graph's memory pool (the "
+                      "training.cuda_graphs row) counts as allocated only while it is captured and as reserved "
+                      "for the rest of the run: compare that row by the reserved peak."]
         paired = [r for r in mains if r.get("samples_per_s_x_trainer_by_round")]
         if paired:
             lines += ["", "Samples/s x Trainer paired by round (each round runs every arm back to back): " + "; ".join(

@@ -119,6 +119,18 @@ def record_cuda_graph(step: Callable[[], torch.Tensor], pool) -> tuple[Callable[
     return replay, graph.pool()
 
 
+def pool_bytes(pool) -> Optional[int]:
+    """The device memory a graph memory pool holds, or ``None`` for no pool (a CPU).
+
+    Between replays that memory (the graphs' activations) is reserved but not counted as allocated, so
+    ``torch.cuda.max_memory_allocated`` leaves it out of a run's peak: this is the part to add.
+    """
+    if pool is None or not torch.cuda.is_available():
+        return None
+    segments = torch.cuda.memory_snapshot()
+    return sum(s["total_size"] for s in segments if tuple(s.get("segment_pool_id", ())) == tuple(pool))
+
+
 def rerun_eagerly(step: Callable[[], torch.Tensor], pool) -> tuple[Callable[[], torch.Tensor], object]:
     """A recorder that captures nothing: each "replay" runs the step again. The fixed-shape step without
     graphs, for checks on a CPU and for measuring what the graphs themselves save."""
@@ -191,8 +203,10 @@ class GraphedMicroBatches:
         return loss_sum, batch["attention_mask"][:real].sum()
 
     def record(self) -> dict:
-        """What was captured, for ``metrics.json``."""
-        return {"lengths": sorted(self.graphs), "capture_seconds": round(self.capture_seconds, 3)}
+        """What was captured, for ``metrics.json``: the lengths, the seconds their capture took, and the bytes
+        their shared memory pool holds (``None`` without one)."""
+        return {"lengths": sorted(self.graphs), "capture_seconds": round(self.capture_seconds, 3),
+                "pool_bytes": pool_bytes(self.pool)}
 
     # ----------------------------------------------------------------------------------------- the parts
 

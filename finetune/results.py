@@ -58,7 +58,8 @@ def summarize(run: "Run", history: list[dict[str, Any]], ended: str = "completed
             "distributed_type": run.accelerator.distributed_type.value,
             "mixed_precision": run.accelerator.mixed_precision,
             "gradient_checkpointing": run.checkpointing.on,
-            # training.cuda_graphs as applied: the lengths captured and the seconds their capture took, or null
+            # training.cuda_graphs as applied: the lengths captured, the seconds their capture took and the bytes
+            # their memory pool holds (left out of torch.cuda.max_memory_allocated), or null
             "cuda_graphs": run.graphs.record() if run.graphs is not None else None,
             # what LoRA trained (model.lora_rank), or null: every weight
             "lora": lora_record(run.lora),

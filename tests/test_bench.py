@@ -179,6 +179,33 @@ def test_speed_ratios_pair_the_arms_of_each_round():
     assert "finetune 1.60 (median; rounds 1.50, 2.00, 1.60)" in markdown(report)
 
 
+def test_a_gpu_table_shows_the_reserved_peak_that_counts_a_graph_pool():
+    """On a GPU the speed table shows the reserved peak beside the allocated one (a CUDA graph's pool is only in
+    the reserved), and the ratio to the Trainer stays on the allocated peak."""
+    from bench.run import Job, aggregate, markdown
+
+    def result(job, allocated, reserved):
+        return {"job": job, "round": 0, "seed": None, "ok": True, "updates": 4, "samples": 128, "tokens": 2560,
+                "train_seconds": 2.0, "eval": {}, "gpu_peak_mib": allocated, "gpu_reserved_peak_mib": reserved}
+
+    jobs = [Job("bbc/ours graphs", ArmSpec("ours", "bbc", 64, 4), label="finetune cuda_graphs"),
+            Job("bbc/trainer", ArmSpec("trainer", "bbc", 64, 4), label="Trainer")]
+    rows = aggregate(jobs, [result("bbc/ours graphs", 3000.0, 5200.0), result("bbc/trainer", 4000.0, 4400.0)],
+                     peak=None, fms={})
+    assert rows["bbc/ours graphs"]["gpu_reserved_peak_mib"] == 5200.0
+    assert rows["bbc/ours graphs"]["memory_x_trainer"] == pytest.approx(0.75)
+    report = {"machine": {"gpu": "H100", "cpu": "cpu", "cores_available": 1, "threads_per_arm": 1, "memory_gib": 1,
+                          "torch": "t", "transformers": "t", "accelerate": "a", "commit": "c"},
+              "rows": rows, "results": [], "smoke": False, "command": "bench", "precision": "bf16",
+              "repeats": 1, "wall_minutes": 0.1, "trainer_grad_check": None, "peak": None}
+    lines = markdown(report).splitlines()
+    header = next(line for line in lines if line.startswith("| arm |"))
+    row = next(line for line in lines if line.startswith("| finetune cuda_graphs |"))
+    assert header.split("|")[5:8] == [" GPU peak MiB ", " x Trainer ", " GPU reserved MiB "]
+    assert row.split("|")[5:8] == [" 3000 ", " 0.75 ", " 5200 "]
+    assert len(row.split("|")) == len(header.split("|"))
+
+
 def test_combine_pairs_rounds_within_each_report_only(tmp_path):
     import json
 

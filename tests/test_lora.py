@@ -202,6 +202,8 @@ def test_the_saved_adapter_is_the_best_evaluations(lora_runs):
                      "adapter_model.safetensors").read_bytes()
 
 
+# PEFT's own loader reads transformers' renamed is_gradient_checkpointing: its warning, not the package's
+@pytest.mark.filterwarnings("ignore:.*is_gradient_checkpointing.*:FutureWarning")
 def test_the_merged_model_and_the_adapter_load_without_finetune_and_predict_alike(lora_runs):
     from peft import PeftModel
     from transformers import AutoModelForSequenceClassification, AutoTokenizer, pipeline
