@@ -12,6 +12,7 @@ from __future__ import annotations
 import enum
 import logging
 import signal
+import sys
 from typing import Any, Callable, Optional
 
 from finetune.accumulation import accumulate_as
@@ -28,6 +29,22 @@ from finetune.signals import StopSignals, interruption
 from finetune.tracking import RunLogger, flat_hparams
 
 logger = logging.getLogger("finetune")
+
+# seconds between redraws of the progress bar where stderr is a file (a batch job's log), not a terminal: each
+# redraw appends a bar's worth of text there, one per update otherwise
+PROGRESS_SECONDS_IN_A_FILE = 30.0
+
+
+def progress_bar(total: int, done: int, enabled: bool, file=None):
+    """The run's bar, counting updates: redrawn as tqdm does in a terminal or a notebook, every
+    :data:`PROGRESS_SECONDS_IN_A_FILE` seconds into a file or a pipe."""
+    from tqdm.auto import tqdm
+
+    stream = file if file is not None else sys.stderr
+    # a notebook's output redraws in place, though its stream is no terminal
+    in_place = (hasattr(stream, "isatty") and stream.isatty()) or "ipykernel" in sys.modules
+    return tqdm(total=total, initial=done, desc="train", unit="update", disable=not enabled, file=stream,
+                dynamic_ncols=True, mininterval=0.1 if in_place else PROGRESS_SECONDS_IN_A_FILE)
 
 
 def fit(
@@ -210,7 +227,6 @@ def train_epochs(run: Run, checkpoints: Checkpointer, evaluations: Evaluations, 
     Raises:
         RunInterrupted: after a signal, once the checkpoint is saved.
     """
-    from tqdm.auto import tqdm
 
     cfg, acc = run.cfg, run.accelerator
 
@@ -233,8 +249,8 @@ def train_epochs(run: Run, checkpoints: Checkpointer, evaluations: Evaluations, 
                 on_epoch_end(epoch, metrics)
         checkpoints.save(f"end of epoch {epoch}" if run.state.epoch > epoch else f"last update, in epoch {epoch}")
 
-    progress = tqdm(total=run.plan.total_updates, initial=run.state.step, desc="train", unit="update",
-                    disable=not (acc.is_main_process and cfg.logging.progress_bar), dynamic_ncols=True)
+    progress = progress_bar(run.plan.total_updates, run.state.step,
+                            enabled=acc.is_main_process and cfg.logging.progress_bar)
     speedups = cpu_speedups(run.model, run.optimizer, acc, **speedup_settings(cfg.training))
     run.graphs = graphs_for_run(run)  # training.cuda_graphs: each length is captured at its first micro-batch
     with progress, speedups:

@@ -456,7 +456,9 @@ class LoggingConfig:
     report_to: list[str] = setting(factory=list, help=(
         "Accelerate trackers to send the records to: tensorboard, wandb, mlflow, ... (empty: none)."))
     project_name: str = setting("finetune", "Project / run-group name handed to the trackers.")
-    progress_bar: bool = setting(True, "Show a tqdm progress bar (main process only).")
+    progress_bar: bool = setting(True, "Show a tqdm progress bar (main process only): redrawn at each update in "
+                                 "a terminal or a notebook, every 30 s when stderr is a file or a pipe (a batch "
+                                 "job's log).")
 
     def __post_init__(self) -> None:
         if self.log_every < 1:

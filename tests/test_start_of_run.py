@@ -154,3 +154,29 @@ def test_a_load_that_fails_still_shows_the_report_that_says_why():
     finally:
         source.removeHandler(reports)
     assert len(reports.texts) == 1 and "MISMATCH" in reports.texts[0]
+
+
+def test_the_progress_bar_redraws_in_a_terminal_and_seldom_into_a_log_file(monkeypatch):
+    """A batch job's log gets a bar at the start and at the end, not one per update; a terminal and a notebook
+    see each update."""
+    import io
+    import time
+
+    from finetune.fitting import progress_bar
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    def redraws(stream) -> int:
+        with progress_bar(10, 0, enabled=True, file=stream) as bar:
+            for _ in range(4):
+                time.sleep(0.15)  # past tqdm's interval in a terminal
+                bar.update(1)
+            return stream.getvalue().count("update")
+
+    monkeypatch.delitem(sys.modules, "ipykernel", raising=False)
+    assert redraws(io.StringIO()) == 1  # the first draw only, until the close
+    assert redraws(Terminal()) == 5
+    monkeypatch.setitem(sys.modules, "ipykernel", sys)  # any module: inside a notebook's kernel
+    assert redraws(io.StringIO()) == 5
