@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # The GPU check in one command, on a CUDA machine (no network needed):
 #
-#   bench/gpu.sh [OUT_DIR]          # default bench/results/gpu; also: make gpu-check
+#   bench/gpu.sh [OUT_DIR [PART ...]]   # default bench/results/gpu, every part; also: make gpu-check
+#
+# The parts, run in this order, each also on its own (`bench/gpu.sh bench/results/gpu speed`, or
+# `make gpu-check ARGS="bench/results/gpu speed"`): tests, speed, casts, graphs (1. to 4. below).
 #
 # 1. The tests marked `gpu`: the accumulation contract on CUDA in fp32, a bf16 run, fp16 with the
 #    grad scaler (a skipped step does not advance the schedule), fused AdamW, DDP over NCCL when
@@ -26,27 +29,41 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-bench/results/gpu}
+[ $# -gt 0 ] && shift
+parts=" ${*:-tests speed casts graphs} "
+for part in $parts; do
+    case $part in tests|speed|casts|graphs) ;; *) echo "bench/gpu.sh: no part '$part' (tests, speed, casts, graphs)" >&2; exit 2;; esac
+done
+wants() { [[ $parts == *" $1 "* ]]; }
 mkdir -p "$out"
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 python -c "import torch; assert torch.cuda.is_available(), 'bench/gpu.sh: no CUDA GPU here'; print('gpu:', torch.cuda.get_device_name(), torch.__version__)"
 # a failing test or probe does not stop the measurements after it; the exit status reports it at the end
-tests=0
-python -m pytest -m gpu -v -rs -p no:cacheprovider tests/test_gpu.py tests/test_gpu_engines.py tests/test_cuda_graphs.py 2>&1 \
-    | tee "$out/gpu-tests.log" || tests=$?
-python -m bench.bert_base "$out/bert-base" ${FINETUNE_TOKENIZER:+--tokenizer "$FINETUNE_TOKENIZER"}
-engines=fsdp
-python -c "import deepspeed" 2>/dev/null && engines=fsdp,deepspeed_zero2
-b_k=${GPU_BATCHING:-64,4}
-python bench/run.py --datasets bbc --accuracy-seeds 0 --skip-grad-check --precision bf16 \
-    --batching "$b_k" --bbc-steps "${GPU_STEPS:-40}" --repeats "${GPU_REPEATS:-3}" --engines "$engines" --graphs \
-    --override model.name_or_path="$out/bert-base" --override data.max_length=128 --out "$out/bench"
-cat "$out/bench/bench.md"
 failed=""
-python -m bench.probe casts model.name_or_path="$out/bert-base" data.max_length=128 training.mixed_precision=bf16 \
-    training.per_device_train_batch_size="${b_k%,*}" training.effective_batch_size="$(( ${b_k%,*} * ${b_k#*,} ))" \
-    2>&1 | tee "$out/casts.md" || failed="$failed casts"
-python -m bench.cuda_graphs model.name_or_path="$out/bert-base" data.max_length=128 training.mixed_precision=bf16 \
-    training.per_device_train_batch_size="${b_k%,*}" 2>&1 | tee "$out/cuda_graphs.md" || failed="$failed cuda_graphs"
-[ "$tests" = 0 ] || failed="$failed tests (see $out/gpu-tests.log)"
+if wants tests; then
+    python -m pytest -m gpu -v -rs -p no:cacheprovider tests/test_gpu.py tests/test_gpu_engines.py tests/test_cuda_graphs.py 2>&1 \
+        | tee "$out/gpu-tests.log" || failed="$failed tests (see $out/gpu-tests.log)"
+fi
+if wants speed || wants casts || wants graphs; then
+    [ -f "$out/bert-base/config.json" ] || python -m bench.bert_base "$out/bert-base" ${FINETUNE_TOKENIZER:+--tokenizer "$FINETUNE_TOKENIZER"}
+fi
+b_k=${GPU_BATCHING:-64,4}
+if wants speed; then
+    engines=fsdp
+    python -c "import deepspeed" 2>/dev/null && engines=fsdp,deepspeed_zero2
+    python bench/run.py --datasets bbc --accuracy-seeds 0 --skip-grad-check --precision bf16 \
+        --batching "$b_k" --bbc-steps "${GPU_STEPS:-40}" --repeats "${GPU_REPEATS:-3}" --engines "$engines" --graphs \
+        --override model.name_or_path="$out/bert-base" --override data.max_length=128 --out "$out/bench" \
+        && cat "$out/bench/bench.md" || failed="$failed speed"
+fi
+if wants casts; then
+    python -m bench.probe casts model.name_or_path="$out/bert-base" data.max_length=128 training.mixed_precision=bf16 \
+        training.per_device_train_batch_size="${b_k%,*}" training.effective_batch_size="$(( ${b_k%,*} * ${b_k#*,} ))" \
+        2>&1 | tee "$out/casts.md" || failed="$failed casts"
+fi
+if wants graphs; then
+    python -m bench.cuda_graphs model.name_or_path="$out/bert-base" data.max_length=128 training.mixed_precision=bf16 \
+        training.per_device_train_batch_size="${b_k%,*}" 2>&1 | tee "$out/cuda_graphs.md" || failed="$failed cuda_graphs"
+fi
 [ -z "$failed" ] || { echo "bench/gpu.sh: failed:$failed" >&2; exit 1; }

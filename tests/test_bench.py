@@ -206,6 +206,43 @@ def test_a_gpu_table_shows_the_reserved_peak_that_counts_a_graph_pool():
     assert len(row.split("|")) == len(header.split("|"))
 
 
+def test_the_gpu_check_runs_the_parts_asked_for_and_goes_on_past_a_failing_one(tmp_path):
+    """bench/gpu.sh's plumbing, with a stand-in ``python`` that logs each call (and fails the ones named in
+    FAIL): the parts run in order, a failing part does not stop the next, and the exit status names it."""
+    import os
+    import subprocess
+
+    shims = tmp_path / "bin"
+    shims.mkdir()
+    log = tmp_path / "calls.log"
+    (shims / "python").write_text('#!/usr/bin/env bash\necho "$*" >> "$CALLS"\n'
+                                  '[ -n "$FAIL" ] && [[ "$*" == *"$FAIL"* ]] && exit 1\nexit 0\n')
+    (shims / "python").chmod(0o755)
+    (tmp_path / "out" / "bench").mkdir(parents=True)
+    (tmp_path / "out" / "bench" / "bench.md").write_text("the table\n")  # what bench/run.py writes
+
+    def gpu_check(*args, fail=""):
+        log.unlink(missing_ok=True)
+        env = {**os.environ, "PATH": f"{shims}:{os.environ['PATH']}", "CALLS": str(log), "FAIL": fail}
+        proc = subprocess.run(["bash", str(REPO / "bench" / "gpu.sh"), str(tmp_path / "out"), *args], env=env,
+                              capture_output=True, text=True, timeout=60)
+        calls = log.read_text().splitlines() if log.exists() else []
+        return proc, calls
+
+    proc, calls = gpu_check("graphs", "speed")
+    assert proc.returncode == 0, proc.stderr
+    assert "the table" in proc.stdout
+    expected = ["-c import torch", "-m bench.bert_base", "-c import deepspeed", "bench/run.py --datasets",
+                "-m bench.cuda_graphs"]  # the script's order; one model for both
+    assert len(calls) == len(expected) and all(c.startswith(e) for c, e in zip(calls, expected)), calls
+    proc, calls = gpu_check(fail="-m pytest")
+    assert proc.returncode == 1 and "failed: tests" in proc.stderr
+    assert [" ".join(c.split()[:2]) for c in calls if c.startswith("-m ")] == [
+        "-m pytest", "-m bench.bert_base", "-m bench.probe", "-m bench.cuda_graphs"]
+    proc, calls = gpu_check("speeds")
+    assert proc.returncode == 2 and "no part 'speeds'" in proc.stderr and calls == []
+
+
 def test_combine_pairs_rounds_within_each_report_only(tmp_path):
     import json
 
