@@ -69,11 +69,14 @@ def _train(device: str, graphed: bool, epochs: int = 2) -> dict:
     recorder = CountingRecorder(device)
     graphs = GraphedMicroBatches(model, Task().per_sample_loss, rows=B_MICRO, lengths=LENGTHS,
                                  recorder=recorder) if graphed else None
-    snapshots, records, grads = [], [], []
+    snapshots, records, grads, input_memory = [], [], [], []
 
     def on_update(state):
         snapshots.append([p.detach().cpu().clone() for p in acc.unwrap_model(model).parameters()])
         grads.append([p.grad for p in model.parameters()])
+        if graphs is not None:  # where each graph's inputs live: a replay reads the memory it was captured with
+            input_memory.append({(width, key): t.data_ptr() for width, (_, inputs) in graphs.graphs.items()
+                                 for key, t in inputs.items()})
         return False
 
     state = TrainState()
@@ -82,7 +85,7 @@ def _train(device: str, graphed: bool, epochs: int = 2) -> dict:
                         on_log=records.append, on_update=on_update, graphs=graphs)
     shapes = [tuple(batch["input_ids"].shape) for batch in dl]
     return {"snapshots": snapshots, "records": records, "grads": grads, "graphs": graphs, "recorder": recorder,
-            "shapes": shapes}
+            "shapes": shapes, "input_memory": input_memory}
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -103,6 +106,10 @@ def test_replayed_micro_batches_train_the_eager_weights(device):
     assert shapes[-1][0] < B_MICRO and any(length not in LENGTHS for _, length in shapes) and len(widths) > 1
     record = replayed["graphs"].record()
     assert record["lengths"] == widths and replayed["recorder"].captures == len(widths)
+    # each micro-batch was copied into its graph's inputs, never into new tensors
+    for before, after in zip(replayed["input_memory"], replayed["input_memory"][1:]):
+        assert all(after[place] == pointer for place, pointer in before.items())
+    assert len(replayed["input_memory"][-1]) > len(replayed["input_memory"][0])  # lengths captured later too
     if device == "cuda":  # the pool holds the graphs' activations: some memory, and not the weights'
         assert 0 < record["pool_bytes"] < torch.cuda.memory_reserved()
     else:
