@@ -75,8 +75,9 @@ def _train(device: str, graphed: bool, epochs: int = 2) -> dict:
         snapshots.append([p.detach().cpu().clone() for p in acc.unwrap_model(model).parameters()])
         grads.append([p.grad for p in model.parameters()])
         if graphs is not None:  # where each graph's inputs live: a replay reads the memory it was captured with
-            input_memory.append({(width, key): t.data_ptr() for width, (_, inputs) in graphs.graphs.items()
-                                 for key, t in inputs.items()})
+            input_memory.append({("loss scale",): graphs.scale.data_ptr(),
+                                 **{(width, key): t.data_ptr() for width, (_, inputs) in graphs.graphs.items()
+                                    for key, t in inputs.items()}})
         return False
 
     state = TrainState()
@@ -106,7 +107,7 @@ def test_replayed_micro_batches_train_the_eager_weights(device):
     assert shapes[-1][0] < B_MICRO and any(length not in LENGTHS for _, length in shapes) and len(widths) > 1
     record = replayed["graphs"].record()
     assert record["lengths"] == widths and replayed["recorder"].captures == len(widths)
-    # each micro-batch was copied into its graph's inputs, never into new tensors
+    # each micro-batch (and the window's loss scale) was copied into the graphs' inputs, never into new tensors
     for before, after in zip(replayed["input_memory"], replayed["input_memory"][1:]):
         assert all(after[place] == pointer for place, pointer in before.items())
     assert len(replayed["input_memory"][-1]) > len(replayed["input_memory"][0])  # lengths captured later too
