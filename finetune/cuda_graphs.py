@@ -127,7 +127,10 @@ def pool_bytes(pool) -> Optional[int]:
     """
     if pool is None or not torch.cuda.is_available():
         return None
-    segments = torch.cuda.memory_snapshot()
+    try:
+        segments = torch.cuda.memory_snapshot()
+    except RuntimeError:  # an allocator backend without snapshots (cudaMallocAsync): unknown, not a failed run
+        return None
     return sum(s["total_size"] for s in segments if tuple(s.get("segment_pool_id", ())) == tuple(pool))
 
 
