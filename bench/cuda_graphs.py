@@ -20,8 +20,9 @@ same micro-batches, three ways:
 Each way accumulates the gradient of the same micro-batches, as one window,
 into gradients zeroed in place. The report gives milliseconds per
 micro-batch (median over ``--rounds``, ways alternating), the relative
-difference of each way's accumulated gradient from ``eager``'s, and how long
-capturing took. Without CUDA, ``graphed`` is left out and the rest runs (the
+difference of each way's accumulated gradient from ``eager``'s, how long
+capturing took, after how many micro-batches it has paid for itself, and the
+graphs' memory pool. Without CUDA, ``graphed`` is left out and the rest runs (the
 test suite checks ``static`` against ``eager`` that way). Dropout is off
 (``model.dropout=0``), so that the gradients can be compared. ``static``
 against ``graphed`` is what the graphs themselves save; ``eager`` against
@@ -129,7 +130,18 @@ def measure(overrides: list[str], micro_batches: int = 24, rounds: int = 5, thre
         "mean_loss": losses,
         "graphs": len(graphed.graphs) if graphed else 0,
         "capture_seconds": graphed.capture_seconds if graphed else None,
+        "pool_bytes": graphed.record()["pool_bytes"] if graphed else None,
     }
+
+
+def break_even(result: dict[str, Any]) -> Optional[float]:
+    """Micro-batches after which capturing has paid for itself against eager (``inf``: never; ``None``: nothing
+    was captured). Each length is captured once, so a run of more micro-batches than this gains."""
+    ms, seconds = result["ms_per_micro_batch"], result.get("capture_seconds")
+    if "graphed" not in ms or seconds is None:
+        return None
+    saved = ms["eager"] - ms["graphed"]
+    return 1e3 * seconds / saved if saved > 0 else float("inf")
 
 
 def markdown(result: dict[str, Any]) -> str:
@@ -143,6 +155,13 @@ def markdown(result: dict[str, Any]) -> str:
              "| --- | ---: | ---: | ---: |"]
     for name, ms in result["ms_per_micro_batch"].items():
         lines.append(f"| {name} | {ms:.2f} | {base / ms:.2f} | {result['gradient_relative_difference'][name]:.2e} |")
+    pays = break_even(result)
+    if pays is not None:
+        when = (f"after {pays:.0f} micro-batches of this size" if pays != float("inf")
+                else "never: graphed is not faster than eager")
+        pool = (f"; the graphs' memory pool holds {result['pool_bytes'] / 2**20:.0f} MiB"
+                if result.get("pool_bytes") else "")
+        lines += ["", f"Capturing pays for itself {when}{pool}."]
     return "\n".join(lines) + "\n"
 
 

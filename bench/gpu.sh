@@ -21,7 +21,8 @@
 # 3. training.cast_once_per_update on against off on the same job: CUDA kernels, aten ops and
 #    milliseconds per micro-batch (python -m bench.probe casts).
 # 4. A micro-batch replayed from CUDA graphs against the eager one, on the same job: milliseconds per
-#    micro-batch and the accumulated gradient's difference (python -m bench.cuda_graphs).
+#    micro-batch, the accumulated gradient's difference, the micro-batches after which capturing pays
+#    for itself, and the graphs' memory pool (python -m bench.cuda_graphs).
 #
 # Settings: GPU_BATCHING=b,k (default 64,4), GPU_STEPS (updates per run, default 40),
 # GPU_REPEATS (default 3), FINETUNE_TOKENIZER=<folder> to use another tokenizer than the

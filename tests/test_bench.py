@@ -522,3 +522,18 @@ def test_fixed_shape_micro_batches_give_the_eager_gradient(tiny_job, fresh_accel
     assert result["gradient_relative_difference"]["static"] < 1e-5
     assert result["mean_loss"]["static"] == pytest.approx(result["mean_loss"]["eager"], rel=1e-6)
     assert "| static |" in markdown(result)
+    assert "pays for itself" not in markdown(result)  # nothing captured
+
+
+def test_the_graphs_report_says_after_how_many_micro_batches_capturing_pays():
+    from bench.cuda_graphs import break_even, markdown
+
+    result = {"device": "GPU", "precision": "bf16", "micro_batches": 24, "rows": 64, "lengths": [32, 64, 96, 128],
+              "rounds": 5, "overrides": [], "graphs": 4, "capture_seconds": 2.0, "pool_bytes": 3 * 2**30,
+              "ms_per_micro_batch": {"eager": 45.0, "static": 46.0, "graphed": 25.0},
+              "gradient_relative_difference": {"eager": 0.0, "static": 1e-7, "graphed": 1e-7}}
+    assert break_even(result) == pytest.approx(100.0)  # 2 s of capture at 20 ms saved per micro-batch
+    text = markdown(result)
+    assert "after 100 micro-batches of this size" in text and "holds 3072 MiB" in text
+    slower = {**result, "ms_per_micro_batch": {"eager": 45.0, "static": 46.0, "graphed": 47.0}}
+    assert break_even(slower) == float("inf") and "graphed is not faster" in markdown(slower)
