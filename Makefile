@@ -32,7 +32,8 @@ test: install
 bench: install
 	$(BIN)/python bench/run.py $(ARGS)
 
-# on a CUDA machine: the tests marked gpu, then the speed comparison on a bert-base-sized model (bench/gpu.sh)
+# on a CUDA machine: the tests marked gpu, then the speed comparison on a bert-base-sized model (bench/gpu.sh);
+# ARGS="OUT_DIR PART ..." runs some of its parts (tests, speed, casts, graphs)
 gpu-check: install
 	PATH=$(BIN):$$PATH bench/gpu.sh $(ARGS)
 
