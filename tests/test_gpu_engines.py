@@ -129,6 +129,7 @@ def test_the_engine_trains_and_is_recorded(engine, runs):
     graphs = metrics["train"]["cuda_graphs"]
     if engine == "graphs":  # texts of up to 32 tokens: lengths 8, 16, 24, 32, of which the job meets some
         assert graphs["lengths"] and set(graphs["lengths"]) <= {8, 16, 24, 32} and graphs["capture_seconds"] > 0
+        assert graphs["pool_bytes"] > 0  # the graphs' activations, which max_memory_allocated leaves out
     else:
         assert graphs is None
 
