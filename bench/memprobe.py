@@ -18,7 +18,10 @@ import sys
 from pathlib import Path
 
 
-def _peak() -> dict:
+def peak_memory() -> dict:
+    """Peak resident memory of this process (MiB) and, on a GPU, peak allocated and peak reserved device memory
+    (MiB): a CUDA graph's memory pool counts as allocated only while it is captured, as reserved for good. Reads
+    torch only where the process has imported it (the arms in ``bench/common.py`` share this)."""
     scale = 1 / 1024 if sys.platform != "darwin" else 1 / 2**20  # ru_maxrss: KiB on Linux, bytes on macOS
     out = {"rss_peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale, "gpu_peak_mib": None,
            "gpu_reserved_peak_mib": None}
@@ -39,7 +42,7 @@ def main() -> None:
     except SystemExit as exc:
         code = exc.code
     finally:
-        Path(os.environ["BENCH_MEMORY_OUT"]).write_text(json.dumps(_peak()) + "\n", encoding="utf-8")
+        Path(os.environ["BENCH_MEMORY_OUT"]).write_text(json.dumps(peak_memory()) + "\n", encoding="utf-8")
     sys.exit(code)
 
 

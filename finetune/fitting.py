@@ -227,7 +227,6 @@ def train_epochs(run: Run, checkpoints: Checkpointer, evaluations: Evaluations, 
     Raises:
         RunInterrupted: after a signal, once the checkpoint is saved.
     """
-
     cfg, acc = run.cfg, run.accelerator
 
     def after_update(state: TrainState) -> bool:
