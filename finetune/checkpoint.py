@@ -51,8 +51,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
-import torch
-
+# torch is imported where a checkpoint is written or read, not here: the output folder's checks
+# (finetune.output_dir) run before anything heavy is loaded, so a refused run answers at once.
 from finetune.errors import ConfigError, ModelError, OutputError
 from finetune.outputs import CHECKPOINTS_DIR
 from finetune.selection import EvalHistory
@@ -241,7 +241,7 @@ ADDED_KEYS = frozenset({
     "training.accumulation_schedule", "plan.epoch_updates", "plan.accumulation",
     "model.problem_type", "data.label_delimiter", "training.class_weights",
     "model.lora_rank", "model.lora_alpha", "model.lora_dropout", "model.lora_target_modules",
-    "optim.layer_lr_decay", "data.truncation", "data.head_tokens", "data.stride",
+    "optim.layer_lr_decay", "data.truncation", "data.head_tokens", "data.stride", "optim.lr_scheduler_kwargs",
 })
 
 
@@ -485,6 +485,8 @@ def _fresh_dir(tmp: Path) -> None:
 
 def _write_state(run, tmp: Path, history, pending_eval_epoch, reason: str) -> None:
     """Everything but the manifest into ``tmp``: Accelerate's state on every process, then ours on the main one."""
+    import torch
+
     acc = run.accelerator
     with _quiet_accelerate(), _model_weights_of(run):
         acc.save_state(str(tmp), safe_serialization=True)
@@ -622,6 +624,8 @@ def load_checkpoint(run, path: str | os.PathLike, meta: Optional[dict[str, Any]]
     Raises:
         ModelError: if the RNG states could not be restored (the resume would not be exact).
     """
+    import torch
+
     path = Path(path)
     meta = meta if meta is not None else read_state(path)
     acc = run.accelerator
@@ -655,6 +659,8 @@ def check_finite(run, path: Path) -> None:
     Raises:
         ModelError: naming the first tensor that is not finite.
     """
+    import torch
+
     model = run.accelerator.unwrap_model(run.model)
     for name, param in model.named_parameters():
         if not torch.isfinite(param).all():
@@ -772,6 +778,8 @@ class Checkpointer:
         Returns:
             The epoch whose evaluation is still due, or ``None``.
         """
+        import torch
+
         if self.resume_path is None:
             return None
         meta = load_checkpoint(self.run, self.resume_path, self._resume_meta)

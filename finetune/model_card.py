@@ -129,6 +129,12 @@ def _long_texts(record: Optional[dict[str, Any]]) -> list[str]:
             f"(`data.truncation: {record['truncation']}`); {same}"]
 
 
+def _schedule(optim) -> str:
+    """``cosine schedule``; with the schedule's own arguments, ``warmup_stable_decay schedule (num_decay_steps=4)``."""
+    arguments = ", ".join(f"{k}={v}" for k, v in optim.lr_scheduler_kwargs.items())
+    return f"{optim.lr_scheduler_type} schedule" + (f" ({arguments})" if arguments else "")
+
+
 def _adapters(lora: Optional[dict[str, Any]]) -> list[str]:
     """The card's line on LoRA, when the run trained adapters."""
     if not lora:
@@ -178,7 +184,7 @@ def model_card(cfg, summary: dict[str, Any]) -> str:
         "",
         f"- Effective batch: {_batching(train)}",
         f"- Updates: {train['updates']} over {train['epoch']:.2f} epochs of {train['train_samples']} texts",
-        f"- Optimizer: AdamW, learning rate {optim.learning_rate:g} ({optim.lr_scheduler_type} schedule, "
+        f"- Optimizer: AdamW, learning rate {optim.learning_rate:g} ({_schedule(optim)}, "
         f"warmup {warmup}), weight decay {optim.weight_decay:g}",
         f"- Arithmetic: {_ARITHMETIC.get(train['mixed_precision'], train['mixed_precision'])}; "
         f"max length {cfg.data.max_length} tokens; seed {cfg.training.seed}",

@@ -282,4 +282,5 @@ def build_scheduler(optimizer: torch.optim.Optimizer, cfg: OptimConfig, plan: Up
         optimizer=optimizer,
         num_warmup_steps=plan.warmup_updates,
         num_training_steps=plan.total_updates,
+        scheduler_specific_kwargs=dict(cfg.lr_scheduler_kwargs),
     )

@@ -350,7 +350,13 @@ class OptimConfig:
     adam_beta2: float = setting(0.999, "AdamW's second-moment decay.")
     adam_epsilon: float = setting(1e-8, "AdamW's epsilon.")
     lr_scheduler_type: str = setting("linear",
-        "Any `transformers.get_scheduler` name: linear, cosine, constant, constant_with_warmup, ...")
+        "A `transformers.get_scheduler` schedule of updates: linear, cosine, cosine_with_restarts, polynomial, "
+        "constant, constant_with_warmup, inverse_sqrt, cosine_with_min_lr, warmup_stable_decay, ... "
+        "(reduce_lr_on_plateau steps on a metric, not once per update, and is refused).")
+    lr_scheduler_kwargs: dict[str, Union[int, float, str]] = setting(factory=dict, help=(
+        "The schedule's own arguments (the Trainer's `lr_scheduler_kwargs`), checked when the config is "
+        "read: `min_lr_rate` for cosine_with_min_lr, `num_decay_steps` (updates) for warmup_stable_decay, "
+        "`num_cycles` for cosine_with_restarts, `power` and `lr_end` for polynomial."))
     warmup_ratio: float = setting(0.0, "Warmup as a fraction of all updates (ignored when `warmup_steps` > 0).")
     warmup_steps: int = setting(0, "Warmup in optimizer updates.")
     layer_lr_decay: Optional[float] = setting(None,
@@ -379,13 +385,52 @@ class OptimConfig:
             raise ConfigError(f"optim.warmup_steps: must be >= 0, got {self.warmup_steps}")
         if self.layer_lr_decay is not None and not 0.0 < self.layer_lr_decay <= 1.0:
             raise ConfigError(f"optim.layer_lr_decay: must be in (0, 1] (e.g. 0.9) or null, got {self.layer_lr_decay}")
-        from transformers import SchedulerType  # local: keep `import finetune.config` light
+        if self.lr_scheduler_type not in PLAIN_SCHEDULES or self.lr_scheduler_kwargs:
+            check_schedule(self.lr_scheduler_type, self.lr_scheduler_kwargs)
 
-        known = [s.value for s in SchedulerType]
-        if self.lr_scheduler_type not in known:
-            close = difflib.get_close_matches(self.lr_scheduler_type, known, n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else f" (one of: {', '.join(known)})"
-            raise ConfigError(f"optim.lr_scheduler_type: unknown schedule {self.lr_scheduler_type!r}{hint}")
+
+# transformers' schedules that step once per update and need no argument of their own: a config that
+# names one of them, without lr_scheduler_kwargs, is checked without importing torch and transformers
+# (seconds). Any other schedule is built once on a stand-in optimizer by check_schedule.
+PLAIN_SCHEDULES = ("linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup",
+                   "inverse_sqrt")
+
+
+def check_schedule(name: str, kwargs: dict) -> None:
+    """Refuse a schedule this package cannot step, before any data or model is read.
+
+    transformers' name for it must exist, ``kwargs`` must be its arguments
+    (those it needs included), and it must step once per update: schedules
+    that step on a validation metric (``reduce_lr_on_plateau``) are not
+    schedules of updates.
+    """
+    import inspect
+
+    import torch
+    from transformers import SchedulerType, get_scheduler
+
+    known = [s.value for s in SchedulerType]
+    if name not in known:
+        close = difflib.get_close_matches(name, known, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else f" (one of: {', '.join(known)})"
+        raise ConfigError(f"optim.lr_scheduler_type: unknown schedule {name!r}{hint}")
+    stand_in = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    try:
+        schedule = get_scheduler(name, stand_in, num_warmup_steps=1, num_training_steps=100,
+                                 scheduler_specific_kwargs=dict(kwargs))
+    except (TypeError, ValueError) as exc:
+        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        if not kwargs:  # the key at fault is the schedule's name: it needs arguments of its own
+            raise ConfigError(f"optim.lr_scheduler_type: {name!r} needs arguments of its own in "
+                              f"optim.lr_scheduler_kwargs: {reason}") from None
+        raise ConfigError(f"optim.lr_scheduler_kwargs: the {name!r} schedule cannot be made with "
+                          f"{dict(kwargs)}: {reason}") from None
+    needed = [p.name for p in inspect.signature(schedule.step).parameters.values()
+              if p.default is inspect.Parameter.empty and p.kind is p.POSITIONAL_OR_KEYWORD]
+    if needed:
+        raise ConfigError(f"optim.lr_scheduler_type: {name!r} steps on a validation metric ({needed[0]}), and "
+                          f"finetune steps the schedule once per optimizer update; choose a schedule of updates "
+                          f"(linear, cosine, ...)")
 
 
 DEFAULT_METRICS = ["accuracy", "f1"]

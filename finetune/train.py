@@ -109,32 +109,41 @@ def run_training(config_path: str | None, overrides: list[str], on_evaluation=No
     """
     import yaml
 
-    from finetune.accumulation import resolve_batching
-    from finetune.assembly import setup_run
     from finetune.config import load_config
-    from finetune.fitting import fit
-    from finetune.launch import build_accelerator, init_process_state
     from finetune.output_dir import check_output_dir
-    from finetune.start_line import describe
 
+    # the config and the output folder are checked before torch and transformers are imported, which
+    # takes seconds: a mistyped key or a folder that must not be written is said at once
     cfg = load_config(config_path, overrides)
     if _is_main_rank():
         logger.debug("the config of this run:\n%s", yaml.safe_dump(cfg.to_dict(), sort_keys=False).rstrip())
     try:
         check_output_dir(cfg)
-        # k is decided here, once: a batch the launched processes cannot split is refused before anything is built
-        batching = resolve_batching(cfg.training, init_process_state().num_processes)
-        accelerator = build_accelerator(cfg)
-        run = setup_run(cfg, accelerator, batching)
-        logger.info(describe(run))
-        summary = fit(run, on_evaluation=on_evaluation)
+        is_main, summary = build_and_fit(cfg, on_evaluation)
     except FinetuneError as exc:
         _name_origin(exc, config_path, overrides)
         raise
-    if accelerator.is_main_process and summary.get("eval"):
+    if is_main and summary.get("eval"):
         shown = " ".join(f"{k}={v:.4f}" for k, v in summary["eval"].items() if isinstance(v, float))
         logger.info("done: %s -> %s", shown, cfg.output.output_dir)
     return summary
+
+
+def build_and_fit(cfg, on_evaluation=None) -> tuple[bool, dict]:
+    """Decide k, build the run, say what it will do and train it. Returns (main process?, summary)."""
+    from finetune.accumulation import resolve_batching
+    from finetune.assembly import setup_run
+    from finetune.fitting import fit
+    from finetune.launch import build_accelerator, init_process_state
+    from finetune.start_line import describe
+
+    quiet_library_progress()
+    # k is decided here, once: a batch the launched processes cannot split is refused before anything is built
+    batching = resolve_batching(cfg.training, init_process_state().num_processes)
+    accelerator = build_accelerator(cfg)
+    run = setup_run(cfg, accelerator, batching)
+    logger.info(describe(run))
+    return accelerator.is_main_process, fit(run, on_evaluation=on_evaluation)
 
 
 def quiet_library_progress() -> None:
@@ -172,7 +181,6 @@ def main(argv: list[str] | None = None) -> int:
     )
     if args.debug and _is_main_rank():
         logger.setLevel(logging.DEBUG)
-    quiet_library_progress()
     code = run_command(lambda: run_training(args.config, args.overrides), debug=args.debug,
                        quiet=not _is_main_rank())
     if code and not _is_main_rank():

@@ -66,6 +66,16 @@ def test_defaults_and_types(tmp_path):
         (BASE + "optim:\n  learning_rate: -1\n", "optim.learning_rate: must be > 0"),
         (BASE + "optim:\n  warmup_ratio: 1.5\n", "optim.warmup_ratio: must be in [0, 1]"),
         (BASE + "optim:\n  lr_scheduler_type: cosin\n", "did you mean 'cosine'"),
+        (BASE + "optim:\n  lr_scheduler_type: reduce_lr_on_plateau\n",
+         "optim.lr_scheduler_type: 'reduce_lr_on_plateau' steps on a validation metric (metrics), and finetune "
+         "steps the schedule once per optimizer update"),
+        (BASE + "optim:\n  lr_scheduler_type: warmup_stable_decay\n",
+         "optim.lr_scheduler_type: 'warmup_stable_decay' needs arguments of its own in optim.lr_scheduler_kwargs: "
+         "get_wsd_schedule() missing 1 required positional argument: 'num_decay_steps'"),
+        (BASE + "optim:\n  lr_scheduler_kwargs: {num_cycles: 2}\n",
+         "optim.lr_scheduler_kwargs: the 'linear' schedule cannot be made with {'num_cycles': 2}: "),
+        (BASE + "optim:\n  lr_scheduler_kwargs: 0.1\n",
+         "optim.lr_scheduler_kwargs: expected mapping of str to int or float or str, got float 0.1"),
         (BASE + "optim:\n  layer_lr_decay: 1.2\n", "optim.layer_lr_decay: must be in (0, 1] (e.g. 0.9) or null, got 1.2"),
         (BASE + "optim:\n  layer_lr_decay: steep\n", "optim.layer_lr_decay: expected float or null"),
         (BASE + "  max_steps: 10\n  num_train_epochs: 2\n", "training.max_steps: set either"),
@@ -218,3 +228,52 @@ def test_a_missing_data_file_from_the_command_line_is_blamed_on_it(tmp_path, cap
     assert err[-1].startswith(f"error: command line: data.train_file: {missing}") and "not found" in err[-1]
     assert "default.yaml" not in err[-1]
     assert not (tmp_path / "out").exists()
+
+
+# --- the learning-rate schedule ----------------------------------------------------------------------------------
+
+
+def test_the_schedules_checked_without_transformers_are_plain_schedules_of_updates():
+    """The names the config accepts without importing transformers: each one transformers knows, makes with
+    no argument of its own and steps with none (the check that every other name goes through)."""
+    from finetune.schema import PLAIN_SCHEDULES, check_schedule
+
+    for name in PLAIN_SCHEDULES:
+        check_schedule(name, {})
+
+
+def test_a_schedules_own_arguments_reach_it(tmp_path):
+    """warmup_stable_decay with num_decay_steps=4 over 12 updates: the peak rate after warmup, then down to 0
+    over the last 4 updates."""
+    import torch
+
+    from finetune.optimization import build_scheduler, plan_updates
+
+    cfg = load_config(write(tmp_path, BASE + "optim:\n  learning_rate: 1.0\n  lr_scheduler_type: warmup_stable_decay"
+                                             "\n  lr_scheduler_kwargs: {num_decay_steps: 4}\n"))
+    assert cfg.optim.lr_scheduler_kwargs == {"num_decay_steps": 4}
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=cfg.optim.learning_rate)
+    scheduler = build_scheduler(optimizer, cfg.optim, plan_updates(12, 1, 1, None, warmup_steps=2))
+    rates = []
+    for _ in range(12):
+        rates.append(scheduler.get_last_lr()[0])
+        optimizer.step()
+        scheduler.step()
+    assert rates[:2] == [0.0, 0.5] and rates[2:8] == [1.0] * 6
+    assert rates[8] == 1.0 and 1.0 > rates[9] > rates[10] > rates[11] > 0.0
+
+
+def test_a_config_is_checked_without_importing_torch_or_transformers():
+    """Reading and checking a config takes no import of torch or transformers (seconds): a mistyped key or a
+    value out of range is said at once."""
+    import subprocess
+    import sys
+
+    from helpers import REPO
+
+    code = ("import sys; from finetune.config import load_config; cfg = load_config('configs/default.yaml', "
+            "['optim.lr_scheduler_type=cosine']); print(cfg.optim.lr_scheduler_type, "
+            "sorted(m for m in ('torch', 'transformers') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["cosine", "[]"]

