@@ -23,11 +23,12 @@ from __future__ import annotations
 import functools
 import logging
 import os
-from typing import Optional
-
-import torch
+from typing import TYPE_CHECKING, Optional
 
 from finetune.errors import LaunchError
+
+if TYPE_CHECKING:
+    import torch
 
 logger = logging.getLogger("finetune")
 
@@ -148,6 +149,8 @@ def configure_cpu_threads(device: torch.device, num_processes: int) -> Optional[
             raise LaunchError(f"FINETUNE_CPU_THREADS: expected a whole number, got {pinned!r}") from None
     else:
         threads = max(1, cores_per_process(num_processes))
+    import torch
+
     torch.set_num_threads(threads)
     return threads
 
@@ -202,6 +205,8 @@ def choose_precision(requested: str, device: torch.device, *, flags: Optional[se
     if requested != "auto":
         return requested, "training.mixed_precision"
     if device.type == "cuda":
+        import torch
+
         native = torch.cuda.is_bf16_supported() if cuda_bf16 is None else cuda_bf16
         return ("bf16", "auto: the GPU computes bf16") if native else ("no", "auto: the GPU has no bf16 units")
     if device.type == "cpu":

@@ -296,6 +296,10 @@ def run_sweep(sweep: Sweep) -> dict[str, Any]:
     check_space_against_config(sweep, sweep.where)
     warn_if_pruning_misaligned(sweep)
     sweep.output.mkdir(parents=True, exist_ok=True)
+    # after the checks above, which need neither torch nor transformers: a bad sweep file is said at once
+    from finetune.train import quiet_library_progress
+
+    quiet_library_progress()
     optuna.logging.set_verbosity(optuna.logging.ERROR)  # every trial's ending is logged here, in one line
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
     storage = open_storage(sweep.storage)
@@ -421,9 +425,6 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
-    from finetune.train import quiet_library_progress
-
-    quiet_library_progress()
     return run_command(lambda: run_sweep(build_sweep(args, argv)), debug=args.debug)
 
 

@@ -109,17 +109,22 @@ def run_training(config_path: str | None, overrides: list[str], on_evaluation=No
     """
     import yaml
 
+    from finetune.accumulation import resolve_batching
     from finetune.config import load_config
+    from finetune.launch import launched_world_size
     from finetune.output_dir import check_output_dir
 
-    # the config and the output folder are checked before torch and transformers are imported, which
-    # takes seconds: a mistyped key or a folder that must not be written is said at once
+    # the config, the output folder and the batch's split are checked before torch and transformers are
+    # imported, which takes seconds: a mistyped key or a folder that must not be written is said at once
     cfg = load_config(config_path, overrides)
     if _is_main_rank():
         logger.debug("the config of this run:\n%s", yaml.safe_dump(cfg.to_dict(), sort_keys=False).rstrip())
     try:
         check_output_dir(cfg)
-        is_main, summary = build_and_fit(cfg, on_evaluation)
+        # k is decided here, once, for the processes the launcher started (build_accelerator checks that they
+        # all joined): a batch they cannot split is refused before anything is built
+        batching = resolve_batching(cfg.training, launched_world_size())
+        is_main, summary = build_and_fit(cfg, batching, on_evaluation)
     except FinetuneError as exc:
         _name_origin(exc, config_path, overrides)
         raise
@@ -129,18 +134,15 @@ def run_training(config_path: str | None, overrides: list[str], on_evaluation=No
     return summary
 
 
-def build_and_fit(cfg, on_evaluation=None) -> tuple[bool, dict]:
-    """Decide k, build the run, say what it will do and train it. Returns (main process?, summary)."""
-    from finetune.accumulation import resolve_batching
+def build_and_fit(cfg, batching, on_evaluation=None) -> tuple[bool, dict]:
+    """Join the processes, build the run, say what it will do and train it. Returns (main process?, summary)."""
     from finetune.assembly import setup_run
     from finetune.fitting import fit
-    from finetune.launch import build_accelerator, init_process_state
+    from finetune.launch import build_accelerator
     from finetune.start_line import describe
 
     quiet_library_progress()
-    # k is decided here, once: a batch the launched processes cannot split is refused before anything is built
-    batching = resolve_batching(cfg.training, init_process_state().num_processes)
-    accelerator = build_accelerator(cfg)
+    accelerator = build_accelerator(cfg)  # refuses a launch whose processes did not all join
     run = setup_run(cfg, accelerator, batching)
     logger.info(describe(run))
     return accelerator.is_main_process, fit(run, on_evaluation=on_evaluation)
