@@ -12,6 +12,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# The test workers (pytest -n auto: one per core) share the machine's cores, so every run here, in a
+# worker or as a command it starts, computes on one thread: a second thread per run would only wait,
+# spinning, for a core another worker holds. Set before torch is imported.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("FINETUNE_CPU_THREADS", "1")
 # The Arrow files `datasets` writes and the package's tokenized-split cache go to a folder of
 # this session (inherited by the CLI runs), not the user's ~/.cache. Set before datasets is imported.
 _DATASETS_CACHE = tempfile.mkdtemp(prefix="finetune-tests-datasets-")

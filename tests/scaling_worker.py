@@ -137,31 +137,48 @@ def record_run(b: int, k: int, epochs: int = 2, lr: float = 1e-3, warmup: int = 
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--out", required=True)
-    parser.add_argument("--b", type=int, required=True)
-    parser.add_argument("--k", type=int, required=True)
-    parser.add_argument("--schedule", default=None, help="an accumulation schedule, e.g. 0:2,1:1")
-    parser.add_argument("--chunks", action="store_true", help="texts of several windows (data.truncation: chunks)")
-    parser.add_argument("--bf16-casts", action="store_true",
-                        help="train twice in bf16, weight casts per micro-batch (snapshots_every.pt), then once "
-                             "per update (the records and snapshots.pt)")
-    args = parser.parse_args()
-    schedule = None
-    if args.schedule:
-        schedule = {int(e): int(k) for e, k in (part.split(":") for part in args.schedule.split(","))}
-    out = Path(args.out)
-    if args.bf16_casts:
-        every = record_run(args.b, args.k, mixed_precision="bf16", cast_once_per_update=False)
+# what tests/test_scaling.py runs on two processes, by name: (b, k) and the run's other settings
+SCENARIOS = {
+    "plain": dict(b=4, k=2),
+    "schedule": dict(b=4, k=2, schedule={0: 2, 1: 1}),
+    "chunks": dict(b=4, k=2, chunks=True),
+    # trained twice in bf16: weight casts in every micro-batch (snapshots_every.pt), then once per update
+    "casts": dict(b=4, k=2, mixed_precision="bf16"),
+}
+
+
+def run_scenario(name: str, out: Path) -> None:
+    """One of :data:`SCENARIOS` into ``out``: each rank's record (``rank<r>.json``), rank 0's weights after every
+    update (``snapshots.pt``)."""
+    out.mkdir(parents=True, exist_ok=True)
+    settings = SCENARIOS[name]
+    if name == "casts":
+        every = record_run(**settings, cast_once_per_update=False)
         if every["process_index"] == 0:
             torch.save(every["snapshots"], out / "snapshots_every.pt")
-    result = record_run(args.b, args.k, schedule=schedule, chunks=args.chunks,
-                        mixed_precision="bf16" if args.bf16_casts else "no")
+    result = record_run(**settings)
     snapshots = result.pop("snapshots")
     (out / f"rank{result['process_index']}.json").write_text(json.dumps(result), encoding="utf-8")
     if result["process_index"] == 0:
         torch.save(snapshots, out / "snapshots.pt")
+
+
+def main() -> None:
+    """``scaling_worker.py --out DIR NAME ...``: the scenarios named, one after another, each into ``DIR/NAME``.
+
+    One launch runs them all: starting two processes costs more than any of their runs.
+    """
+    from accelerate.state import AcceleratorState, GradientState
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", required=True)
+    parser.add_argument("scenarios", nargs="+", choices=sorted(SCENARIOS))
+    args = parser.parse_args()
+    for name in args.scenarios:
+        run_scenario(name, Path(args.out) / name)
+        # the next scenario's Accelerator is made afresh (its precision may differ); the process group stays
+        AcceleratorState._reset_state()
+        GradientState._reset_state()
 
 
 if __name__ == "__main__":

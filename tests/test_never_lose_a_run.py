@@ -76,12 +76,24 @@ def _files(folder: Path) -> dict[str, bytes]:
             if p.is_file() and p.name != LOCK_FILE}
 
 
-def _stopped(job, name: str, at: int) -> Path:
-    """A copy of the job stopped by SIGTERM after update ``at`` (checkpoints every 3 updates, and at ``at``)."""
+@pytest.fixture(scope="module")
+def stopped(job):
+    """The job stopped by SIGTERM after update 7: checkpoints 3, 6 and 7 (every 3 updates, and at the stop).
+
+    Each test that resumes, damages or replaces those checkpoints works on a copy (:func:`_copy`): one
+    stopped run serves them all, the same state each time.
+    """
     root, cfg, _ = job
-    out = root / name
-    proc = _train(cfg, out, FINETUNE_TEST_SIGNAL=f"{at}:SIGTERM")
+    out = root / "stopped-at-7"
+    proc = _train(cfg, out, FINETUNE_TEST_SIGNAL="7:SIGTERM")
     assert proc.returncode == 143, proc.stderr[-3000:]
+    assert [p.name for p in list_checkpoints(out)] == ["checkpoint-3", "checkpoint-6", "checkpoint-7"]
+    return out
+
+
+def _copy(stopped: Path, name: str) -> Path:
+    out = stopped.parent / name
+    shutil.copytree(stopped, out)
     return out
 
 
@@ -93,14 +105,28 @@ def test_the_identical_command_resumes_after_a_preemption(job):
     out = root / "requeued"
     stop = _train(cfg, out, FINETUNE_TEST_SIGNAL="5:SIGTERM")
     assert stop.returncode == 143, stop.stderr[-3000:]
+    # one line says where it stopped, which checkpoint holds it and how to go on
+    assert len(_errors(stop)) == 1, stop.stderr[-3000:]
+    assert "interrupted by SIGTERM after update 5 (epoch 1, micro-batch 4)" in _errors(stop)[0]
+    assert "checkpoint-5" in _errors(stop)[0] and "output.resume_from=latest" in _errors(stop)[0]
     # 3 updates an epoch: the log says epoch 1 stopped part-way, not that it ended
     assert "epoch 1 stopped at update 5, micro-batch 4 of 6: updates 4-5, loss" in stop.stderr, stop.stderr[-3000:]
     assert "epoch 0 done: updates 1-3, loss" in stop.stderr and "epoch 1 done" not in stop.stderr
+    saved = json.loads((out / "checkpoints" / "checkpoint-5" / STATE_FILE).read_text())["state"]
+    assert (saved["epoch"], saved["micro_batch"]) == (1, 4)  # mid-epoch: 4 of 6 micro-batches
+    assert [r["step"] for r in _records(out) if "train/loss" in r] == [1, 2, 3, 4, 5]
     proc = _train(cfg, out)  # requeued as it was: no resume_from on the command line
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "resumed from" in proc.stderr and "checkpoint-5: update 5" in proc.stderr
     assert "epoch 1 done: updates 6-6, loss" in proc.stderr and "epoch 0 done" not in proc.stderr
     assert _same_model(out, reference) and _records(out) == _records(reference)
+    metrics, expected = (json.loads((d / "metrics.json").read_text()) for d in (out, reference))
+    # metrics.json's time covers the same span as its counts: the updates before the stop too
+    assert metrics["train"]["seconds"] > saved["train_seconds"] > 0
+    for m in (metrics, expected):
+        m["train"].pop("seconds")
+        m["memory_plan"].pop("available")  # the machine's free memory at each start
+    assert metrics == expected
     # and once more: a finished run requeued resumes from its last checkpoint and changes nothing
     before = (out / "model.safetensors").read_bytes()
     proc = _train(cfg, out)
@@ -149,9 +175,9 @@ def test_a_data_file_edited_in_place_is_another_run(job):
 
 
 @pytest.mark.slow
-def test_another_thread_count_on_resume_is_said(job):
+def test_another_thread_count_on_resume_is_said(job, stopped):
     root, cfg, reference = job
-    out = _stopped(job, "threads", 3)
+    out = _copy(stopped, "threads")
     proc = _train(cfg, out, threads="2")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "resuming with 2 CPU threads per process, the checkpoint ran with 1" in proc.stderr
@@ -193,9 +219,9 @@ def _second_holder(folder: Path) -> None:
 # --------------------------------------------------------------------------- checkpoints that prove themselves
 
 @pytest.mark.slow
-def test_damaged_checkpoints_are_passed_over_for_the_newest_intact_one(job):
+def test_damaged_checkpoints_are_passed_over_for_the_newest_intact_one(job, stopped):
     root, cfg, reference = job
-    out = _stopped(job, "damaged", 7)  # checkpoints 3, 6 and 7
+    out = _copy(stopped, "damaged")  # checkpoints 3, 6 and 7
     ckpt = out / "checkpoints"
     with open(ckpt / "checkpoint-7" / "model.safetensors", "r+b") as fh:  # 4 KiB of random bytes inside
         fh.seek(2048)
@@ -212,9 +238,9 @@ def test_damaged_checkpoints_are_passed_over_for_the_newest_intact_one(job):
 
 
 @pytest.mark.slow
-def test_with_no_intact_checkpoint_left_the_run_stops_in_one_line(job):
+def test_with_no_intact_checkpoint_left_the_run_stops_in_one_line(job, stopped):
     root, cfg, _ = job
-    out = _stopped(job, "all-damaged", 4)  # checkpoints 3 and 4
+    out = _copy(stopped, "all-damaged")  # checkpoints 3, 6 and 7
     for ckpt in list_checkpoints(out):
         with open(ckpt / "optimizer.bin", "r+b") as fh:
             fh.truncate(100)
@@ -242,9 +268,9 @@ class _NotPlainData:
 
 
 @pytest.mark.slow
-def test_an_unsafe_pickle_is_refused_in_one_line(job, tmp_path):
+def test_an_unsafe_pickle_is_refused_in_one_line(job, stopped):
     root, cfg, _ = job
-    out = _stopped(job, "unsafe", 3)
+    out = _copy(stopped, "unsafe")
     ckpt = out / "checkpoints" / "checkpoint-3"
     with open(ckpt / "optimizer.bin", "wb") as fh:
         pickle.dump({"state": _NotPlainData()}, fh)

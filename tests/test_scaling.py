@@ -107,17 +107,20 @@ def _in_this_process(**settings) -> dict:
         GradientState._reset_state()
 
 
-def _on_two_processes(out: Path, *args: str) -> list[dict]:
-    """``tests/scaling_worker.py ARGS`` through ``accelerate launch --multi_gpu`` on the CPU, without telling it
-    cpu; each rank's record, rank 0's with its weights after every update (``snapshots``)."""
+def _on_two_processes(out: Path, *scenarios: str) -> dict[str, list[dict]]:
+    """``tests/scaling_worker.py`` through ``accelerate launch --multi_gpu`` on the CPU, without telling it cpu:
+    each scenario's rank records by name, rank 0's with its weights after every update (``snapshots``)."""
     cmd = _launcher("--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--main_process_port",
                     str(free_port()), "--mixed_precision", "no", "--dynamo_backend", "no",
-                    str(REPO / "tests" / "scaling_worker.py"), "--out", str(out), *args)
+                    str(REPO / "tests" / "scaling_worker.py"), "--out", str(out), *scenarios)
     proc = _run(cmd)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
-    ranks[0]["snapshots"] = torch.load(out / "snapshots.pt")
-    return ranks
+    runs = {}
+    for name in scenarios:
+        ranks = [json.loads((out / name / f"rank{r}.json").read_text()) for r in (0, 1)]
+        ranks[0]["snapshots"] = torch.load(out / name / "snapshots.pt")
+        runs[name] = ranks
+    return runs
 
 
 @pytest.fixture(scope="module")
@@ -127,16 +130,25 @@ def one_process():
 
 
 @pytest.fixture(scope="module")
-def two_processes(tmp_path_factory):
+def on_two_processes(tmp_path_factory):
+    """Every scenario of ``tests/scaling_worker.py`` on two processes, in one launch (``(b=4, k=2, P=2)`` each)."""
+    out = tmp_path_factory.mktemp("two_processes")
+    runs = _on_two_processes(out, "plain", "schedule", "chunks", "casts")
+    runs["casts"][0]["snapshots_every"] = torch.load(out / "casts" / "snapshots_every.pt")
+    return runs
+
+
+@pytest.fixture(scope="module")
+def two_processes(on_two_processes):
     """``(b=4, k=2, P=2)`` on two processes."""
-    return _on_two_processes(tmp_path_factory.mktemp("two_processes"), "--b", "4", "--k", "2")
+    return on_two_processes["plain"]
 
 
 @pytest.mark.slow
-def test_an_accumulation_schedule_on_two_processes_gives_the_single_process_weights(tmp_path):
+def test_an_accumulation_schedule_on_two_processes_gives_the_single_process_weights(on_two_processes):
     """``k`` by epoch, ``{0: 2, 1: 1}`` on 2 processes of ``b=4``, is ``{0: 4, 1: 2}`` on one: B = 16, then 8."""
     single = _in_this_process(b=4, k=4, schedule={0: 4, 1: 2})
-    rank0 = _on_two_processes(tmp_path, "--b", "4", "--k", "2", "--schedule", "0:2,1:1")[0]
+    rank0 = on_two_processes["schedule"][0]
     multi = rank0["snapshots"]
     # epoch 0: windows of 16, 16, 2 samples; epoch 1: of 8, 8, 8, 8, 2
     assert rank0["plan"] == [3, 8] and rank0["steps"] == rank0["scheduler_calls"] == 8
@@ -150,7 +162,7 @@ def test_an_accumulation_schedule_on_two_processes_gives_the_single_process_weig
 
 
 @pytest.mark.slow
-def test_chunked_texts_on_two_processes_give_the_single_process_weights_and_evaluation(tmp_path):
+def test_chunked_texts_on_two_processes_give_the_single_process_weights_and_evaluation(on_two_processes):
     """Texts of 1 to 5 windows: ``(4, 2, 2)`` trains ``(16, 1, 1)``'s weights; the evaluation counts each text once.
 
     Process 1's last micro-batch is all repeated texts (weight 0), and the
@@ -160,7 +172,7 @@ def test_chunked_texts_on_two_processes_give_the_single_process_weights_and_eval
     from scaling_worker import N_EVAL
 
     single = _in_this_process(b=16, k=1, chunks=True)
-    rank0 = _on_two_processes(tmp_path, "--b", "4", "--k", "2", "--chunks")[0]
+    rank0 = on_two_processes["chunks"][0]
     multi = rank0["snapshots"]
     assert len(multi) == len(single["snapshots"]) == 6
     for update, (a, b) in enumerate(zip(single["snapshots"], multi)):
@@ -173,11 +185,11 @@ def test_chunked_texts_on_two_processes_give_the_single_process_weights_and_eval
 
 
 @pytest.mark.slow
-def test_weight_casts_kept_for_the_window_under_ddp_train_the_same_weights_bitwise(tmp_path):
+def test_weight_casts_kept_for_the_window_under_ddp_train_the_same_weights_bitwise(on_two_processes):
     """bf16 on 2 processes: autocast's copies shared by a window's micro-batches (DDP skips the all-reduce for
     all but the last) give bitwise the weights of copies made in every micro-batch."""
-    rank0 = _on_two_processes(tmp_path, "--b", "4", "--k", "2", "--bf16-casts")[0]
-    every, once = torch.load(tmp_path / "snapshots_every.pt"), rank0["snapshots"]
+    rank0 = on_two_processes["casts"][0]
+    every, once = rank0["snapshots_every"], rank0["snapshots"]
     assert rank0["distributed_type"] == "DistributedType.MULTI_CPU" and len(once) == len(every) == 6
     for update, (a, b) in enumerate(zip(every, once)):
         for name in a:
