@@ -434,10 +434,11 @@ def test_debug_flag_shows_the_traceback(assets, tmp_path):
     assert not any(line.startswith("error:") for line in proc.stderr.splitlines())
 
 
-@pytest.mark.parametrize("case_id", ["config-unknown-key", "override-unknown-key", "config-output-dir-under-a-file"])
-def test_config_and_output_folder_errors_are_said_before_torch_is_imported(case_id, assets, tmp_path):
-    """A mistyped key or a folder the run must not write into is said at once: importing torch and
-    transformers, which takes seconds, waits until the config and the output folder are checked."""
+@pytest.mark.parametrize("case_id", ["config-unknown-key", "override-unknown-key", "config-output-dir-under-a-file",
+                                     "launch-more-processes-than-batch-splits"])
+def test_config_folder_and_batch_errors_are_said_before_torch_is_imported(case_id, assets, tmp_path):
+    """A mistyped key, a folder the run must not write into or a batch the launched processes cannot split
+    is said at once: importing torch and transformers, which takes seconds, waits for those checks."""
     import subprocess
 
     from helpers import REPO, offline_env
@@ -445,7 +446,9 @@ def test_config_and_output_folder_errors_are_said_before_torch_is_imported(case_
     argv, names, out = prepare(CASES_BY_ID[case_id], assets, tmp_path)
     code = (f"import sys; from finetune.train import main; code = main({argv!r}); "
             f"print(code, sorted(m for m in ('torch', 'transformers') if m in sys.modules))")
-    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=offline_env(), capture_output=True,
+    # a launcher's processes are told how many they are (what torchrun sets); refused before they join
+    launched = {"WORLD_SIZE": str(CASES_BY_ID[case_id].processes)} if CASES_BY_ID[case_id].processes else {}
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=offline_env(launched), capture_output=True,
                           text=True, timeout=60)
     assert done.stdout.split() == ["2", "[]"], done.stderr[-2000:]
     error, _ = error_lines(done.stderr)
