@@ -59,6 +59,12 @@ class OutputError(FinetuneError):
     exit_code = 4
 
 
+class NonFiniteLossError(FinetuneError):
+    """The loss of an update was NaN or infinite and the policy (``training.on_nonfinite: stop``) says stop."""
+
+    exit_code = 3
+
+
 def run_command(action: Callable[[], object], debug: bool = False, quiet: bool = False) -> int:
     """Run a command-line action; a :class:`FinetuneError` becomes one line and its exit code.
 

@@ -34,7 +34,7 @@ import torch
 
 from finetune.accumulation import layout_for, window_loss_scale
 from finetune.chunks import document_logits, split_batch, tokens_per_text
-from finetune.errors import FinetuneError
+from finetune.errors import NonFiniteLossError
 from finetune.tasks import LossFn, Task
 from finetune.weight_casts import WeightCasts, casts_once_per_update
 
@@ -43,12 +43,6 @@ if TYPE_CHECKING:
     from finetune.optimization import UpdatePlan
 
 logger = logging.getLogger("finetune")
-
-
-class NonFiniteLossError(FinetuneError):
-    """The loss of an update was NaN or infinite and the policy says stop."""
-
-    exit_code = 3
 
 
 @dataclass

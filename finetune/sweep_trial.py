@@ -30,9 +30,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from finetune.checkpoint import list_checkpoints
-from finetune.errors import FinetuneError
-from finetune.fitting import epoch_share
-from finetune.loop import NonFiniteLossError
+from finetune.errors import FinetuneError, NonFiniteLossError
 from finetune.outputs import write_atomic
 from finetune.search_space import SearchSpace, overrides
 from finetune.signals import RunInterrupted
@@ -197,6 +195,8 @@ def texts_seen(run) -> int:
     its last window, which differs between batches). ``eval_every``'s
     evaluations are reported where they happened.
     """
+    from finetune.fitting import epoch_share
+
     state, per_epoch = run.state, len(run.train_dataloader)
     shares = run.cfg.evaluation.evals_per_epoch
     done = epoch_share(state.micro_batch, per_epoch, shares) / shares if shares else state.micro_batch / per_epoch
