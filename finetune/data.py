@@ -54,7 +54,7 @@ import pyarrow.compute as pc
 
 from finetune.config import DataConfig
 from finetune.errors import ConfigError, DataError, FinetuneError
-from finetune.resources import resolve_path
+from finetune.resources import data_path
 
 logger = logging.getLogger(__name__)
 
@@ -290,9 +290,7 @@ def _load_local(spec: str, key: str, cfg: DataConfig) -> _Table:
 
 def _read_local(spec: str, key: str, cfg: DataConfig) -> _Table:
     """Read one local file (its own columns) or class folder into a :class:`_Table`."""
-    path = Path(resolve_path(spec, key))
-    if not path.exists():
-        raise DataError(f"{key}: {path} not found")
+    path = data_path(spec, key)
     fmt = _detect_format(path, cfg.format, key)
     if fmt == "folder":
         return _load_folder(path, cfg)

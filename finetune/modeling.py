@@ -13,7 +13,7 @@ from finetune.errors import ConfigError, ModelError
 from finetune.resources import PACKAGED_HUB_MODELS, is_package_path, package_of, package_version, resolve_path
 
 
-def _location(name_or_path: str, key: str) -> str:
+def model_location(name_or_path: str, key: str) -> str:
     """Resolve ``pkg:`` specs; check local paths; pass Hub ids (``name``, ``org/name``) through."""
     location = resolve_path(name_or_path, key)
     path = Path(location).expanduser()
@@ -31,7 +31,7 @@ def load_tokenizer(cfg: ModelConfig):
     from transformers import AutoTokenizer
 
     key = "model.tokenizer_name_or_path" if cfg.tokenizer_name_or_path else "model.name_or_path"
-    location = _location(cfg.tokenizer_name_or_path or cfg.name_or_path, key)
+    location = model_location(cfg.tokenizer_name_or_path or cfg.name_or_path, key)
     try:
         return AutoTokenizer.from_pretrained(
             location, revision=cfg.revision, trust_remote_code=cfg.trust_remote_code
@@ -62,7 +62,7 @@ def load_model_config(cfg: ModelConfig, max_length: Optional[int] = None):
     """
     from transformers import AutoConfig
 
-    location = _location(cfg.name_or_path, "model.name_or_path")
+    location = model_location(cfg.name_or_path, "model.name_or_path")
     try:
         config = AutoConfig.from_pretrained(location, revision=cfg.revision, trust_remote_code=cfg.trust_remote_code)
     except (OSError, ValueError) as exc:
@@ -108,7 +108,7 @@ def load_model_reporting(cfg: ModelConfig, id2label: dict[int, str], max_length:
 
     from finetune.tasks import TRANSFORMERS_PROBLEM_TYPES
 
-    location = _location(cfg.name_or_path, "model.name_or_path")
+    location = model_location(cfg.name_or_path, "model.name_or_path")
     label2id = {name: i for i, name in id2label.items()}
     config = load_model_config(cfg, max_length)
     trained_labels = getattr(config, "id2label", None) or {}

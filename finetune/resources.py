@@ -13,7 +13,7 @@ from __future__ import annotations
 import importlib.metadata
 from pathlib import Path
 
-from finetune.errors import ConfigError
+from finetune.errors import ConfigError, DataError
 
 PREFIX = "pkg:"
 
@@ -59,6 +59,18 @@ def resolve_package_path(spec: str, key: str = "path") -> Path:
 def resolve_path(spec: str, key: str = "path") -> str:
     """Resolve ``pkg:`` specs; return any other path or Hub id unchanged."""
     return str(resolve_package_path(spec, key)) if is_package_path(spec) else spec
+
+
+def data_path(spec: str, key: str) -> Path:
+    """The local data file or folder a config value names (``pkg:`` specs resolved).
+
+    Raises:
+        DataError: if nothing is there.
+    """
+    path = Path(resolve_path(spec, key))
+    if not path.exists():
+        raise DataError(f"{key}: {path} not found")
+    return path
 
 
 def package_of(spec: str) -> tuple[str, str]:

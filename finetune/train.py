@@ -121,6 +121,7 @@ def run_training(config_path: str | None, overrides: list[str], on_evaluation=No
         logger.debug("the config of this run:\n%s", yaml.safe_dump(cfg.to_dict(), sort_keys=False).rstrip())
     try:
         check_output_dir(cfg)
+        check_inputs_exist(cfg)
         # k is decided here, once, for the processes the launcher started (build_accelerator checks that they
         # all joined): a batch they cannot split is refused before anything is built
         batching = resolve_batching(cfg.training, launched_world_size())
@@ -132,6 +133,25 @@ def run_training(config_path: str | None, overrides: list[str], on_evaluation=No
         shown = " ".join(f"{k}={v:.4f}" for k, v in summary["eval"].items() if isinstance(v, float))
         logger.info("done: %s -> %s", shown, cfg.output.output_dir)
     return summary
+
+
+def check_inputs_exist(cfg) -> None:
+    """The local model, tokenizer and data files the config names are there, in the order the run reads them.
+
+    A path mistyped is the commonest first error, so it is looked for before torch and transformers are
+    imported; what is there is read, and checked further, when the run loads it. A Hub id or a Hub data set
+    is looked up then.
+    """
+    from finetune.modeling import model_location
+    from finetune.resources import data_path
+
+    model = cfg.model
+    if model.tokenizer_name_or_path:
+        model_location(model.tokenizer_name_or_path, "model.tokenizer_name_or_path")
+    model_location(model.name_or_path, "model.name_or_path")
+    for key in ("train_file", "validation_file"):
+        if getattr(cfg.data, key) is not None:
+            data_path(getattr(cfg.data, key), f"data.{key}")
 
 
 def build_and_fit(cfg, batching, on_evaluation=None) -> tuple[bool, dict]:

@@ -435,10 +435,11 @@ def test_debug_flag_shows_the_traceback(assets, tmp_path):
 
 
 @pytest.mark.parametrize("case_id", ["config-unknown-key", "override-unknown-key", "config-output-dir-under-a-file",
-                                     "launch-more-processes-than-batch-splits"])
-def test_config_folder_and_batch_errors_are_said_before_torch_is_imported(case_id, assets, tmp_path):
-    """A mistyped key, a folder the run must not write into or a batch the launched processes cannot split
-    is said at once: importing torch and transformers, which takes seconds, waits for those checks."""
+                                     "launch-more-processes-than-batch-splits", "data-file-missing",
+                                     "data-folder-missing", "model-path-missing"])
+def test_first_hour_errors_are_said_before_torch_is_imported(case_id, assets, tmp_path):
+    """A mistyped key or path, a folder the run must not write into or a batch the launched processes cannot
+    split is said at once: importing torch and transformers, which takes seconds, waits for those checks."""
     import subprocess
 
     from helpers import REPO, offline_env
