@@ -1,6 +1,6 @@
 """Training curves and confusion matrices as PNG files.
 
-``python -m finetune.plot <output_dir>`` reads ``<output_dir>/train_log.jsonl``
+``finetune plot <output_dir>`` (or ``python -m finetune.plot``) reads ``<output_dir>/train_log.jsonl``
 and writes ``<output_dir>/curves.png`` (``fit`` does the same at the end of
 training):
 
@@ -236,8 +236,8 @@ def confusion_figure(matrix, names: Sequence[str], title: Optional[str] = None):
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m finetune.plot <output_dir> [--output PATH]``; returns the exit code."""
-    parser = argparse.ArgumentParser(prog="python -m finetune.plot",
+    """``finetune plot <output_dir> [--output PATH]``; returns the exit code."""
+    parser = argparse.ArgumentParser(prog="finetune plot",
                                      description="Plot a run's loss, learning rate and validation metrics.")
     parser.add_argument("output_dir", help="the run's output directory (holds train_log.jsonl)")
     parser.add_argument("--output", default=None, help=f"PNG to write (default: <output_dir>/{CURVES_FILE})")

@@ -369,7 +369,7 @@ def write_predictions(path: str | os.PathLike, rows: list[dict[str, Any]], label
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m finetune.predict",
+    parser = argparse.ArgumentParser(prog="finetune predict",
                                      description="Classify texts with a fine-tuned model.")
     parser.add_argument("output_dir", help="a run's output directory (the saved model)")
     parser.add_argument("texts", nargs="*", help="texts to classify (printed as JSON lines)")

@@ -1,10 +1,10 @@
-"""Score a fine-tuned model on a labelled file: ``python -m finetune.score``.
+"""Score a fine-tuned model on a labelled file: ``finetune score`` (or ``python -m finetune.score``).
 
 Usage::
 
-    python -m finetune.score outputs/sms_spam --file held_out.tsv   # read like the training file
-    python -m finetune.score outputs/sms_spam --file test.csv       # a CSV whose header names text and label
-    python -m finetune.score outputs/bbc_news --file test.csv evaluation.metrics=[accuracy] --json scores.json
+    finetune score outputs/sms_spam --file held_out.tsv   # read like the training file
+    finetune score outputs/sms_spam --file test.csv       # a CSV whose header names text and label
+    finetune score outputs/bbc_news --file test.csv evaluation.metrics=[accuracy] --json scores.json
 
 The file is read as training read its data: with the ``data`` settings of the
 run's saved ``config.yaml`` (format, header, column names, empty texts), which
@@ -209,7 +209,7 @@ def format_confusion(matrix, names: Sequence[str]) -> str:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m finetune.score",
+    parser = argparse.ArgumentParser(prog="finetune score",
                                      description="Score a fine-tuned model on a labelled file.")
     parser.add_argument("output_dir", help="a run's output directory (the saved model and config.yaml)")
     parser.add_argument("--file", required=True, help="labelled data: csv, tsv, json/jsonl, parquet or a class folder")

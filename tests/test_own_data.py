@@ -189,3 +189,14 @@ def test_compiled_runs_pad_to_a_few_lengths(tmp_path):
     lengths = {collate(features[:1] * 2)["input_ids"].shape[1] for features in
                ([{"input_ids": [5] * n, "attention_mask": [1] * n}] for n in range(1, 129))}
     assert lengths == {32, 64, 96, 128}
+
+
+@pytest.mark.parametrize("command", ["train", "predict", "score", "plot", "sweep"])
+def test_each_commands_help_names_the_command_a_user_types(command, capsys):
+    from finetune.cli import COMMANDS, main
+
+    assert command in COMMANDS
+    with pytest.raises(SystemExit) as done:
+        main([command, "--help"])
+    assert done.value.code == 0
+    assert capsys.readouterr().out.startswith(f"usage: finetune {command} ")
