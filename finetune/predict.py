@@ -35,7 +35,6 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from finetune.errors import ConfigError, DataError, ModelError, run_command
-from finetune.chunks import ChunkCollator, document_logits, split_batch
 from finetune.truncation import BOOKKEEPING, LENGTH, Truncation
 
 INPUT_FORMATS = (".txt", ".csv", ".tsv", ".jsonl")
@@ -169,6 +168,8 @@ class Predictor:
         import torch
         from tqdm.auto import tqdm
         from transformers import DataCollatorWithPadding
+
+        from finetune.chunks import ChunkCollator, document_logits, split_batch
 
         texts = list(texts)
         if text_pairs is not None and len(text_pairs) != len(texts):
@@ -388,9 +389,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def run(args: argparse.Namespace) -> None:
     """Check every argument, load the model, predict, write. Raises FinetuneError on bad input."""
-    from finetune.data import quiet_progress_bars
-
-    quiet_progress_bars()  # the bars of reading the file and loading the weights; the file's bar is ours
     if not args.texts and not args.file:
         raise ConfigError("nothing to classify: give texts or --file")
     if args.texts and args.file:
@@ -411,6 +409,11 @@ def run(args: argparse.Namespace) -> None:
     cfg = saved_config(output_dir)
     text_column = args.text_column or (cfg.data.text_column if cfg is not None else "text")
     pair_column = args.text_pair_column or (cfg.data.text_pair_column if cfg is not None else None)
+    # after the checks above, which need neither datasets nor transformers (seconds to import): a wrong
+    # argument is said at once
+    from finetune.data import quiet_progress_bars
+
+    quiet_progress_bars()  # the bars of reading the file and loading the weights; the file's bar is ours
     if args.file:
         rows = read_rows(args.file, text_column, pair_column)
     else:
