@@ -36,7 +36,7 @@ def test_the_wheel_trains_with_the_default_config_from_anywhere(tmp_path):
 
     work = tmp_path / "elsewhere"  # not the checkout: the config must come from the installed package
     work.mkdir()
-    env = offline_env({"PYTHONPATH": "", "FINETUNE_CPU_THREADS": "2"})
+    env = offline_env({"PYTHONPATH": ""})
     where = subprocess.run([str(python), "-c", "import finetune, finetune.config as c; print(finetune.__file__); "
                             "print(c.DEFAULT_CONFIG)"], cwd=work, env=env, check=True, capture_output=True,
                            text=True).stdout.split()
@@ -80,7 +80,7 @@ def test_the_readmes_own_data_commands_run_as_written_after_its_set_up(tmp_path)
     venv = REPO / ".venv" if (REPO / ".venv" / "bin" / "activate").is_file() else Path(sys.prefix)
     if not (venv / "bin" / "activate").is_file():
         pytest.skip(f"the tests run outside a virtual environment ({sys.prefix}); the README's set-up makes one")
-    env = {k: v for k, v in offline_env({"FINETUNE_CPU_THREADS": "2"}).items() if k != "VIRTUAL_ENV"}
+    env = {k: v for k, v in offline_env().items() if k != "VIRTUAL_ENV"}
     env["PATH"] = os.pathsep.join(p for p in env["PATH"].split(os.pathsep) if not p.startswith(str(venv)))
     for i, command in enumerate(commands):
         work = tmp_path / f"user{i}"  # each command is an alternative, run where a user would: beside the data
