@@ -189,6 +189,27 @@ def offline_env(extra: Optional[dict[str, str]] = None) -> dict[str, str]:
     return env
 
 
+# what takes seconds to import: a check that answers at once must not need any of them
+HEAVY_MODULES = ("torch", "transformers", "datasets")
+
+
+def call_in_a_fresh_python(function: str, *args: Any, env: Optional[dict[str, str]] = None
+                           ) -> tuple[str, list[str], str]:
+    """``function(*args)`` (``"finetune.train.main"``) in a new Python process, offline.
+
+    Returns:
+        The repr of what it returned, which of :data:`HEAVY_MODULES` it imported, and its stderr.
+    """
+    module, name = function.rsplit(".", 1)
+    code = (f"import sys; from {module} import {name}; result = {name}(*{list(args)!r}); print(repr(result)); "
+            f"print(','.join(m for m in {HEAVY_MODULES!r} if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=offline_env(env), capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+    result, imported = done.stdout.splitlines()[-2:]
+    return result, [m for m in imported.split(",") if m], done.stderr
+
+
 def run_cli(args: list[str], timeout: float = 300, env: Optional[dict[str, str]] = None,
             launcher: Optional[list[str]] = None) -> subprocess.CompletedProcess:
     """Run ``accelerate launch finetune/train.py ARGS`` (or another launcher) in a subprocess."""

@@ -440,17 +440,12 @@ def test_debug_flag_shows_the_traceback(assets, tmp_path):
 def test_first_hour_errors_are_said_before_torch_is_imported(case_id, assets, tmp_path):
     """A mistyped key or path, a folder the run must not write into or a batch the launched processes cannot
     split is said at once: importing torch and transformers, which takes seconds, waits for those checks."""
-    import subprocess
-
-    from helpers import REPO, offline_env
+    from helpers import call_in_a_fresh_python
 
     argv, names, out = prepare(CASES_BY_ID[case_id], assets, tmp_path)
-    code = (f"import sys; from finetune.train import main; code = main({argv!r}); "
-            f"print(code, sorted(m for m in ('torch', 'transformers') if m in sys.modules))")
     # a launcher's processes are told how many they are (what torchrun sets); refused before they join
     launched = {"WORLD_SIZE": str(CASES_BY_ID[case_id].processes)} if CASES_BY_ID[case_id].processes else {}
-    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=offline_env(launched), capture_output=True,
-                          text=True, timeout=60)
-    assert done.stdout.split() == ["2", "[]"], done.stderr[-2000:]
-    error, _ = error_lines(done.stderr)
+    code, imported, stderr = call_in_a_fresh_python("finetune.train.main", argv, env=launched)
+    assert (code, imported) == ("2", []), stderr[-2000:]
+    error, _ = error_lines(stderr)
     assert all(fill(needle, names) in error for needle in CASES_BY_ID[case_id].needles)

@@ -66,12 +66,11 @@ def test_batching_and_length_sorting_do_not_change_results(predictor):
 def test_a_wrong_folder_is_said_before_torch_is_imported(tmp_path):
     """``finetune predict`` checks its arguments and the run's folder before importing torch, transformers and
     datasets (seconds): a mistyped folder is answered at once."""
-    code = (f"import sys; from finetune.predict import main; code = main([{str(tmp_path / 'nope')!r}, 'a text']); "
-            f"print(code, sorted(m for m in ('torch', 'transformers', 'datasets') if m in sys.modules))")
-    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=offline_env(), capture_output=True, text=True,
-                          timeout=60)
-    assert done.stdout.split() == ["2", "[]"], done.stderr[-2000:]
-    assert done.stderr.strip() == f"error: {tmp_path / 'nope'}: not found (pass a run's output_dir)"
+    from helpers import call_in_a_fresh_python
+
+    code, imported, stderr = call_in_a_fresh_python("finetune.predict.main", [str(tmp_path / "nope"), "a text"])
+    assert (code, imported) == ("2", []), stderr[-2000:]
+    assert stderr.strip() == f"error: {tmp_path / 'nope'}: not found (pass a run's output_dir)"
 
 
 def test_cli_texts_print_json_lines(trained):

@@ -294,12 +294,12 @@ def test_a_bad_sweep_file_is_said_before_torch_is_imported(bad_input_job):
     """A mistyped key in the space is answered at once: torch and transformers (seconds) wait for the checks."""
     spec = bad_input_job / "typo.yaml"
     spec.write_text(yaml.safe_dump({"space": {"optim.learnig_rate": [1e-3]}}), encoding="utf-8")
-    code = (f"import sys; from finetune.sweep import main; code = main(['--config', {str(bad_input_job / 'cfg.yaml')!r}, "
-            f"'--sweep', {str(spec)!r}]); print(code, sorted(m for m in ('torch', 'transformers') if m in sys.modules))")
-    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=offline_env(), capture_output=True, text=True,
-                          timeout=60)
-    assert done.stdout.split() == ["2", "[]"], done.stderr[-2000:]
-    assert "space: optim.learnig_rate: no such config key" in done.stderr
+    from helpers import call_in_a_fresh_python
+
+    code, imported, stderr = call_in_a_fresh_python("finetune.sweep.main",
+                                                    ["--config", str(bad_input_job / "cfg.yaml"), "--sweep", str(spec)])
+    assert (code, imported) == ("2", []), stderr[-2000:]
+    assert "space: optim.learnig_rate: no such config key" in stderr
 
 
 def test_a_folder_made_with_another_space_is_refused(four_trials, capsys):
