@@ -150,8 +150,9 @@ def check_inputs_exist(cfg) -> None:
         model_location(model.tokenizer_name_or_path, "model.tokenizer_name_or_path")
     model_location(model.name_or_path, "model.name_or_path")
     for key in ("train_file", "validation_file"):
-        if getattr(cfg.data, key) is not None:
-            data_path(getattr(cfg.data, key), f"data.{key}")
+        spec = getattr(cfg.data, key)
+        if spec is not None:
+            data_path(spec, f"data.{key}")
 
 
 def build_and_fit(cfg, batching, on_evaluation=None) -> tuple[bool, dict]:
