@@ -145,6 +145,12 @@ def parse_override(text: str) -> tuple[str, Any]:
         value = raw
     if value == "" and raw.strip() not in ('""', "''"):
         value = raw.strip()  # `|` and `>` alone are YAML block markers that read as empty: the user meant the character
+    if isinstance(value, dict) and any(isinstance(k, str) and ":" in k and v is None for k, v in value.items()):
+        # `{0:8,4:2}` is valid YAML for the keys '0:8' and '4:2' without values: a shell-typed mapping
+        # is far likelier to have meant `{0: 8, 4: 2}`, and the schema's complaint would not say why
+        spaced = re.sub(r"([:,])(?=\S)", r"\1 ", raw.strip())
+        raise ConfigError(f"override {text!r}: YAML needs a space after each ':' of a mapping; "
+                          f"write {key}=\"{spaced}\"")
     return key, value
 
 

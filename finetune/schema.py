@@ -309,6 +309,9 @@ class TrainingConfig:
             raise ConfigError(
                 "training.max_steps: set either training.max_steps or training.num_train_epochs, not both"
             )
+        if not 0 <= self.seed < 2**32:
+            # the range numpy's and torch's generators accept (set_seed seeds both)
+            raise ConfigError(f"training.seed: must be in [0, 2**32 - 1], got {self.seed}")
         if self.max_grad_norm is not None and self.max_grad_norm < 0:
             raise ConfigError(f"training.max_grad_norm: must be >= 0 or null, got {self.max_grad_norm}")
         if self.cuda_graphs and self.torch_compile:

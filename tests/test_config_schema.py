@@ -62,6 +62,8 @@ def test_defaults_and_types(tmp_path):
         (BASE + "  per_device_train_batchsize: 4\n", "training.per_device_train_batchsize: unknown key (did you mean training.per_device_train_batch_size?)"),
         (BASE + "  seed: abc\n", "training.seed: expected int, got str 'abc'"),
         (BASE + "  seed: 1.5\n", "training.seed: expected int"),
+        (BASE + "  seed: -1\n", "training.seed: must be in [0, 2**32 - 1], got -1"),
+        (BASE + "  seed: 4294967296\n", "training.seed: must be in [0, 2**32 - 1], got 4294967296"),
         (BASE + "  mixed_precision: fp8\n", "training.mixed_precision: expected one of"),
         (BASE + "optim:\n  learning_rate: -1\n", "optim.learning_rate: must be > 0"),
         (BASE + "optim:\n  warmup_ratio: 1.5\n", "optim.warmup_ratio: must be in [0, 1]"),
@@ -141,6 +143,9 @@ def test_overrides_are_typed(tmp_path):
         ("model.lora_target_modules=[]", "model.lora_target_modules: an empty list adapts nothing"),
         ("model.lora_target_modules=7", "model.lora_target_modules: expected 'auto' or list of str"),
         ("training.lora_rank=8", "training.lora_rank: unknown key (did you mean model.lora_rank?)"),
+        # YAML reads {0:8,4:2} as two keys without values: the line says how to write the mapping
+        ("training.accumulation_schedule={0:8,4:2}", "YAML needs a space after each ':' of a mapping; "
+                                                      "write training.accumulation_schedule=\"{0: 8, 4: 2}\""),
     ],
 )
 def test_bad_overrides(tmp_path, override, needle):
