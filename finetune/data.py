@@ -229,6 +229,8 @@ class _Table:
     text_column: str = TEXT  # the user's column names, for messages
     pair_column: Optional[str] = None
     label_column: str = "label"
+    # CSV/TSV: an empty field reads as null, so "no value" and "empty string" look the same
+    empty_field_is_null: bool = False
 
     def where(self, i: int) -> str:
         """Where row ``i`` of ``ds`` is, e.g. ``line 5``."""
@@ -372,7 +374,7 @@ def _load_delimited(path: Path, fmt: str, cfg: DataConfig) -> _Table:
         encoding="utf-8-sig",  # drops a BOM that would otherwise glue onto the first column name
         encoding_errors=cfg.encoding_errors,
     )
-    table = _table(ds, str(path), unit="line", offset=2 if cfg.has_header else 1)
+    table = _table(ds, str(path), unit="line", offset=2 if cfg.has_header else 1, empty_field_is_null=True)
     blank = functools.reduce(pc.and_, [pc.is_null(column) for column in _arrow(ds).columns])
     rows = np.flatnonzero(~_mask(blank))
     if len(rows) == 0:
@@ -705,11 +707,15 @@ def _label_sets(table: _Table, delimiter: Optional[str]) -> list[list[str]]:
     """multi_label: each row's labels as class names, from a list or a delimited string.
 
     An empty list (or string) is a text with no label, which multi-label data
-    may hold; a missing value is an error, as for single labels.
+    may hold; a missing value is an error, as for single labels. A CSV or TSV
+    field cannot tell the two apart: there, with a delimiter, an empty field
+    is the empty string, and the run logs how many texts have no label.
     """
     feature = table.ds.features[_RAW_LABEL]
     inner = getattr(feature, "feature", None)
     values = _arrow(table.ds).column(_RAW_LABEL).to_pylist()
+    if table.empty_field_is_null and delimiter is not None:
+        values = ["" if value is None else value for value in values]
     sets: list[list[str]] = []
     missing: list[int] = []
     for i, value in enumerate(values):
@@ -725,6 +731,8 @@ def _label_sets(table: _Table, delimiter: Optional[str]) -> list[list[str]]:
                 )
             value = [part.strip() for part in value.split(delimiter)]
             value = [part for part in value if part]
+        elif delimiter is not None and isinstance(value, (int, float)) and not isinstance(value, bool):
+            value = [value]  # a delimited column whose every field held one integer label reads as numbers
         elif not isinstance(value, list):
             raise DataError(f"{table.source}: label {value!r} at {table.where(i)} in column "
                             f"{table.label_column!r} is not a list of labels (multi_label)")
@@ -740,8 +748,13 @@ def _label_sets(table: _Table, delimiter: Optional[str]) -> list[list[str]]:
     if missing:
         raise DataError(
             f"{table.source}: {len(missing)} row{'s' if len(missing) > 1 else ''} without labels in column "
-            f"{table.label_column!r} ({table.where_many(missing)}); a text with none has an empty list"
+            f"{table.label_column!r} ({table.where_many(missing)}); a text with none has an empty "
+            + ("field when data.label_delimiter is set" if table.empty_field_is_null else "list")
         )
+    unlabelled = [i for i, keys in enumerate(sets) if not keys]
+    if unlabelled:
+        logger.info("%s: %d of %d texts have no label (%s)", table.source, len(unlabelled), len(sets),
+                    table.where_many(unlabelled))
     return sets
 
 

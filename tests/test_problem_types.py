@@ -10,6 +10,7 @@ predict`` gives.
 from __future__ import annotations
 
 import json
+import logging
 import random
 
 import pytest
@@ -152,7 +153,7 @@ def _cfg(tmp_path, problem_type, **data):
     return config_from_dict({"data": {"validation_split": 0.0, **data}, "model": {"problem_type": problem_type}})
 
 
-def test_multi_label_reads_lists_and_delimited_strings(tmp_path):
+def test_multi_label_reads_lists_and_delimited_strings(tmp_path, caplog):
     from finetune.data import load_splits
 
     jsonl = tmp_path / "tags.jsonl"
@@ -164,14 +165,27 @@ def test_multi_label_reads_lists_and_delimited_strings(tmp_path):
     assert labels.names == ["art", "news", "sport"] and labels.problem_type == "multi_label"
     assert splits["train"]["labels"] == [[0.0, 1.0, 1.0], [0.0, 0.0, 0.0], [1.0, 0.0, 0.0]]
 
+    # a CSV field cannot hold an empty list: with a delimiter, an empty field is a text with no label, and
+    # the run says how many there are
     csv_file = tmp_path / "tags.csv"
-    csv_file.write_text('text,label\na,"sport| news"\nb,\nc,art\n', encoding="utf-8")
+    csv_file.write_text('text,label\na,"sport| news"\nb,\nc,art\nd,""\n', encoding="utf-8")
     cfg = _cfg(tmp_path, "multi_label", train_file=str(csv_file), label_delimiter="|")
-    with pytest.raises(DataError, match=r"tags.csv: 1 row without labels in column 'label' \(line 3\)"):
+    with caplog.at_level(logging.INFO, logger="finetune"):
+        splits, labels = load_splits(cfg.data, seed=0, problem_type="multi_label")
+    assert labels.names == ["art", "news", "sport"]
+    assert splits["train"]["labels"] == [[0.0, 1.0, 1.0], [0.0, 0.0, 0.0], [1.0, 0.0, 0.0], [0.0, 0.0, 0.0]]
+    assert "tags.csv: 2 of 4 texts have no label (lines 3, 5)" in caplog.text
+    # integer labels, one per field, read as numbers: each is a set of one
+    csv_file.write_text('text,label\na,1\nb,\nc,2\n', encoding="utf-8")
+    splits, labels = load_splits(cfg.data, seed=0, problem_type="multi_label")
+    assert labels.names == ["1", "2"] and splits["train"]["labels"] == [[1.0, 0.0], [0.0, 0.0], [0.0, 1.0]]
+    # without a delimiter an empty field is a missing label, as for single labels
+    csv_file.write_text('text,label\na,\nb,\n', encoding="utf-8")
+    cfg = _cfg(tmp_path, "multi_label", train_file=str(csv_file))
+    with pytest.raises(DataError, match=r"tags.csv: 2 rows without labels in column 'label' \(lines 2, 3\); a text "
+                                        r"with none has an empty field when data.label_delimiter is set"):
         load_splits(cfg.data, seed=0, problem_type="multi_label")
     csv_file.write_text('text,label\na,"sport| news"\nb,art\n', encoding="utf-8")
-    splits, labels = load_splits(cfg.data, seed=0, problem_type="multi_label")
-    assert splits["train"]["labels"] == [[0.0, 1.0, 1.0], [1.0, 0.0, 0.0]]
     # strings without a delimiter: one line saying what to set
     cfg = _cfg(tmp_path, "multi_label", train_file=str(csv_file))
     with pytest.raises(DataError, match=r"line 2 .* is a string; for multi_label set data.label_delimiter"):
