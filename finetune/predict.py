@@ -384,7 +384,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--threshold", type=float, default=0.5,
                         help="multi-label models: predict every label whose probability is over this")
     parser.add_argument("--debug", action="store_true", help="show tracebacks for input errors")
-    return parser.parse_args(argv)
+    # intermixed: texts may come before or after the options
+    return parser.parse_intermixed_args(argv)
 
 
 def run(args: argparse.Namespace) -> None:
@@ -403,6 +404,8 @@ def run(args: argparse.Namespace) -> None:
         _suffix(Path(args.output), OUTPUT_FORMATS, "--output")
         if not Path(args.output).resolve().parent.is_dir():
             raise DataError(f"--output {args.output}: its directory does not exist")
+        if Path(args.output).resolve() == Path(args.file).resolve():
+            raise ConfigError(f"--output {args.output}: is the --file being classified; name another file")
     output_dir = Path(args.output_dir)
     if not output_dir.is_dir():
         raise ModelError(f"{output_dir}: not found (pass a run's output_dir)")

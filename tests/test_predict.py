@@ -134,14 +134,26 @@ def test_files_in_and_out(trained, predictor, tmp_path, capsys):
      "error: --output {tmp}/x.parquet: unsupported extension '.parquet' (use .csv, .jsonl)"),
     (["--file", "{tmp}/missing.txt"], "error: --file {tmp}/missing.txt: not found"),
     ([], "error: nothing to classify: give texts or --file"),
+    (["--file", "{tmp}/in.csv", "--text-column", "message", "--output", "{tmp}/./in.csv"],
+     "error: --output {tmp}/./in.csv: is the --file being classified; name another file"),
 ])
 def test_bad_input_is_one_line(trained, tmp_path, capsys, args, message):
     from finetune.predict import main
 
     out, _, _ = trained
-    _write_inputs(tmp_path)
+    inputs = _write_inputs(tmp_path)
+    before = [path.read_bytes() for path in inputs]
     assert main([str(out)] + [a.format(tmp=tmp_path) for a in args]) == 2
     assert capsys.readouterr().err.strip().splitlines() == [message.format(tmp=tmp_path)]
+    assert [path.read_bytes() for path in inputs] == before
+
+
+def test_options_may_come_between_texts(trained, capsys):
+    from finetune.predict import main
+
+    out, _, _ = trained
+    assert main([str(out), TEXTS[0], "--batch-size", "1", TEXTS[1]]) == 0
+    assert [json.loads(line)["text"] for line in capsys.readouterr().out.splitlines()] == TEXTS[:2]
 
 
 def test_not_a_model_directory(tmp_path, capsys):
