@@ -53,7 +53,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from finetune.config import DataConfig
-from finetune.errors import ConfigError, DataError, FinetuneError
+from finetune.errors import ConfigError, DataError, FileLayoutError, FinetuneError
 from finetune.resources import data_path
 
 logger = logging.getLogger(__name__)
@@ -400,7 +400,7 @@ def _check_field_count(path: Path, sep: str, quoting: int, names: Optional[list[
                 continue  # blank line
             if len(row) != len(header):
                 source = "data.column_names" if names is not None else "the header"
-                raise DataError(
+                raise FileLayoutError(
                     f"{path}: line {reader.line_num} has {len(row)} fields but {source} has "
                     f"{len(header)} ({', '.join(header)})"
                 )
@@ -562,7 +562,7 @@ def _standardize(table: _Table, text_column: str, pair_column: Optional[str], la
     wanted.append(("data.label_column", label_column, _RAW_LABEL))
     for key, column, _ in wanted:
         if column not in ds.column_names:
-            raise DataError(
+            raise FileLayoutError(
                 f"{table.source}: no column {column!r} ({key}); columns found: {', '.join(ds.column_names)}"
             )
     ds = ds.select_columns([column for _, column, _ in wanted])

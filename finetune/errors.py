@@ -41,6 +41,10 @@ class DataError(FinetuneError):
     """A missing or malformed data file, column, text or label."""
 
 
+class FileLayoutError(DataError):
+    """A data file whose fields or columns do not match the layout it is read with (format, header, columns)."""
+
+
 class ModelError(FinetuneError):
     """A model path or checkpoint that cannot be used."""
 

@@ -50,6 +50,30 @@ MODEL_CARD_FILE = "README.md"
 MODEL_CARD_MARK = "<!-- model card written by finetune; rewritten by each run in this folder -->"
 
 
+# what a run's saved model is made of, besides the names above: transformers' config and weights, the tokenizer
+_MODEL_FILE = re.compile(r"^(config\.json|.*\.safetensors|.*\.bin|tokenizer.*|vocab\..*|merges\.txt|"
+                         r"special_tokens_map\.json|added_tokens\.json|.*\.model)$")
+
+
+def refuse_a_run_file(path: str | os.PathLike, output_dir: str | os.PathLike, flag: str) -> None:
+    """Refuse ``path`` as a command's output when it is one of the files the run in ``output_dir`` wrote.
+
+    ``finetune predict`` and ``finetune score`` write next to a run when told
+    to; replacing its ``config.yaml``, its log or its model would break the run.
+
+    Raises:
+        ConfigError: naming the flag and the file.
+    """
+    target, out = Path(path).resolve(), Path(output_dir).resolve()
+    if target.parent == out:
+        ours = target.name in (CONFIG_FILE, LOG_FILE, METRICS_FILE, CURVES_FILE, RESULTS_FILE, LOCK_FILE,
+                               MODEL_CARD_FILE) or _MODEL_FILE.match(target.name)
+    else:
+        ours = out in target.parents and target.relative_to(out).parts[0] in (CHECKPOINTS_DIR, ADAPTER_DIR)
+    if ours:
+        raise ConfigError(f"{flag} {path}: is a file of the run in {output_dir}; name another file")
+
+
 def write_atomic(path: str | os.PathLike, text: str) -> None:
     """Write ``text`` to ``path`` through a temporary file and a rename: a reader, or a run stopped
     mid-write, sees the old file or the new one, never a part. The temporary file is this process's

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from finetune.errors import ConfigError, DataError, ModelError, run_command
+from finetune.outputs import refuse_a_run_file
 from finetune.truncation import BOOKKEEPING, LENGTH, Truncation
 
 INPUT_FORMATS = (".txt", ".csv", ".tsv", ".jsonl")
@@ -409,6 +410,8 @@ def run(args: argparse.Namespace) -> None:
     output_dir = Path(args.output_dir)
     if not output_dir.is_dir():
         raise ModelError(f"{output_dir}: not found (pass a run's output_dir)")
+    if args.output:
+        refuse_a_run_file(args.output, output_dir, "--output")
     cfg = saved_config(output_dir)
     text_column = args.text_column or (cfg.data.text_column if cfg is not None else "text")
     pair_column = args.text_pair_column or (cfg.data.text_pair_column if cfg is not None else None)

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from finetune.errors import ConfigError, DataError, run_command
+from finetune.errors import ConfigError, DataError, FileLayoutError, run_command
 from finetune.predict import DEFAULT_BATCH_SIZE, Predictor
 
 _SCORE_SECTIONS = ("data", "evaluation")
@@ -112,6 +112,18 @@ def _header_names(file: str | os.PathLike, columns: Sequence[str]) -> bool:
     return set(columns) <= {f.strip() for f in fields}
 
 
+def _layout_hint(data_cfg) -> Optional[str]:
+    """How the file was read, when that came from the run's config rather than from the file itself."""
+    layout = [f"format: {data_cfg.format}"] if data_cfg.format != "auto" else []
+    if data_cfg.column_names:
+        layout += ["no header", f"columns {', '.join(data_cfg.column_names)}"]
+    if not layout:
+        return None
+    return (f"read as the run's data was ({'; '.join(layout)}); a CSV/TSV file whose header names "
+            f"{data_cfg.text_column!r} and {data_cfg.label_column!r} is read by its header, or set "
+            f"data.format, data.has_header and data.column_names")
+
+
 def load_labelled(file: str | os.PathLike, data_cfg, labels: Sequence[str], problem_type: str = "single_label"):
     """Texts and class ids of a labelled file, read with ``finetune.data``'s readers.
 
@@ -182,7 +194,10 @@ def score_file(output_dir: str | os.PathLike, file: str | os.PathLike, overrides
         names, problem_type = predictor.labels, predictor.problem_type
     else:
         names, problem_type = model_labels(output_dir)
-    texts, pairs, references = load_labelled(file, cfg.data, names, problem_type)
+    try:
+        texts, pairs, references = load_labelled(file, cfg.data, names, problem_type)
+    except FileLayoutError as exc:
+        raise FileLayoutError(exc.message, exc.hint or _layout_hint(cfg.data)) from None
     counts = np.bincount(np.asarray(references), minlength=len(names)) if problem_type == "single_label" else None
     suite = metric_suite_for(cfg.evaluation, names, problem_type, counts, whose="the model")
 
@@ -228,6 +243,7 @@ def run(args: argparse.Namespace) -> Score:
     """Check the arguments, score, print and write the outputs."""
     from finetune.data import quiet_progress_bars
     from finetune.modeling import require_saved_model
+    from finetune.outputs import refuse_a_run_file
     from finetune.plot import DPI, confusion_figure
 
     quiet_progress_bars()  # the bars of reading the file and loading the weights; the scoring bar is ours
@@ -238,6 +254,8 @@ def run(args: argparse.Namespace) -> Score:
     for flag, target in (("--png", png), ("--json", Path(args.json) if args.json else None)):
         if target is not None and not target.resolve().parent.is_dir():
             raise DataError(f"{flag} {target}: its directory does not exist")
+        if target is not None:
+            refuse_a_run_file(target, output_dir, flag)
     result = score_file(output_dir, args.file, args.overrides, args.batch_size)
     print(f"{result.file}: {result.metrics['num_samples']} samples")
     width = max(len(k) for k in result.metrics)

@@ -222,6 +222,41 @@ def test_score_cli(trained, tmp_path, capsys):
     assert "scoring reads only data.<key> and evaluation.<key>" in capsys.readouterr().err
 
 
+def test_a_file_read_with_the_runs_layout_says_so_when_it_fails(trained, tmp_path, capsys):
+    from finetune.score import main
+
+    out, _, _ = trained
+    # a header that does not name the run's columns: the file is read as the run's headerless TSV was
+    other = tmp_path / "other.csv"
+    other.write_text("message,class\nhello there,ham\n", encoding="utf-8")
+    assert main([str(out), "--file", str(other)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"error: {other}: line 1 has 1 fields but data.column_names has 2 (label, text)",
+                   "hint: read as the run's data was (format: tsv; no header; columns label, text); a CSV/TSV "
+                   "file whose header names 'text' and 'label' is read by its header, or set data.format, "
+                   "data.has_header and data.column_names"]
+
+
+def test_the_runs_own_files_are_never_an_output(trained, tmp_path, capsys):
+    from finetune import predict, score
+
+    out, _, _ = trained
+    labelled = write_tsv(tmp_path / "held_out.tsv", [("ham", "hello there"), ("spam", "free cash")])
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    for main, flag, name in ((score.main, "--json", "config.yaml"), (score.main, "--json", "tokenizer.json"),
+                             (score.main, "--png", "curves.png"), (score.main, "--json", "checkpoints/x.json"),
+                             (predict.main, "--output", "train_log.jsonl")):
+        assert main([str(out), "--file", str(labelled), flag, str(out / name)]) == 2
+        assert capsys.readouterr().err.strip() == (f"error: {flag} {out / name}: is a file of the run in {out}; "
+                                                   f"name another file")
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+    # a file of the user's own in the run's folder is written as asked
+    assert score.main([str(out), "--file", str(labelled), "--json", str(out / "held_out.json")]) == 0
+    assert json.loads((out / "held_out.json").read_text())["metrics"]["num_samples"] == 2
+    for made in (out / "held_out.json", out / "confusion_held_out.png"):
+        made.unlink()
+
+
 def test_text_pairs_match_the_pipeline(trained, predictor):
     """Sentence pairs go through the tokenizer as pairs (token_type_ids 1 on the second text)."""
     from transformers import pipeline
