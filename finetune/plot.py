@@ -27,7 +27,7 @@ from typing import Any, Optional, Sequence
 
 from finetune.errors import DataError, FinetuneError, run_command
 
-from finetune.outputs import CURVES_FILE, LOG_FILE
+from finetune.outputs import CURVES_FILE, LOG_FILE, refuse_a_run_file
 # Figure size in inches and resolution: curves.png is 1500 x 420 pixels.
 CURVES_SIZE = (15.0, 4.2)
 DPI = 100
@@ -187,16 +187,21 @@ def plot_curves(output_dir: str | os.PathLike, path: str | os.PathLike | None = 
         records = read_log(output_dir)
     except ValueError as exc:  # json.JSONDecodeError
         raise DataError(f"{output_dir / LOG_FILE}: not JSON lines ({exc})") from None
+    path = Path(path) if path is not None else output_dir / CURVES_FILE
+    if not path.resolve().parent.is_dir():
+        raise DataError(f"{path}: its directory does not exist")
+    if path.resolve() != (output_dir / CURVES_FILE).resolve():
+        refuse_a_run_file(path, output_dir, "--output")
     try:
         fig = curves_figure(records, title=str(output_dir))
     except DataError as exc:
         raise DataError(f"{output_dir / LOG_FILE}: {exc.message}") from None
-    path = Path(path) if path is not None else output_dir / CURVES_FILE
-    if not path.resolve().parent.is_dir():
-        raise DataError(f"{path}: its directory does not exist")
+    kind = path.suffix.lstrip(".").lower() or "png"
+    if kind not in fig.canvas.get_supported_filetypes():
+        raise DataError(f"{path}: not a picture format matplotlib writes (.png, .pdf, .svg, ...)")
     # through a temporary name: a stop while drawing leaves the old picture or the new one
     tmp = path.with_name(f".{path.name}.tmp")
-    fig.savefig(tmp, dpi=DPI, format=path.suffix.lstrip(".") or "png")
+    fig.savefig(tmp, dpi=DPI, format=kind)
     os.replace(tmp, path)
     return path
 

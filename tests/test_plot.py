@@ -87,3 +87,20 @@ def test_cli_without_a_log_is_one_line(tmp_path, capsys):
     assert main([str(tmp_path)]) == 2
     assert "no training records" in capsys.readouterr().err
     assert not (tmp_path / "curves.png").exists()
+
+
+def test_an_output_that_is_no_picture_or_a_file_of_the_run_is_one_line(tmp_path, capsys):
+    (tmp_path / "train_log.jsonl").write_text(json.dumps({"step": 1, "epoch": 1, "train/loss": 0.3}) + "\n")
+    (tmp_path / "config.yaml").write_text("training: {}\n")
+    for name, message in (("config.yaml", f"--output {tmp_path / 'config.yaml'}: is a file of the run in {tmp_path}; "
+                                          "name another file"),
+                          ("curves.yaml", f"{tmp_path / 'curves.yaml'}: not a picture format matplotlib writes "
+                                          "(.png, .pdf, .svg, ...)")):
+        assert main([str(tmp_path), "--output", str(tmp_path / name)]) == 2
+        assert capsys.readouterr().err.strip().splitlines() == [f"error: {message}"]
+    assert (tmp_path / "config.yaml").read_text() == "training: {}\n" and not (tmp_path / "curves.yaml").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.yaml", "train_log.jsonl"]
+    # the run's own curves.png is what plot redraws; another format is written as its suffix says
+    assert main([str(tmp_path)]) == 0 and main([str(tmp_path), "--output", str(tmp_path / "curves.svg")]) == 0
+    assert (tmp_path / "curves.png").read_bytes()[:4] == b"\x89PNG"
+    assert b"<svg" in (tmp_path / "curves.svg").read_bytes()[:500]
