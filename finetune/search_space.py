@@ -39,6 +39,9 @@ REFUSED = {
     "training.gradient_checkpointing": "gradient checkpointing changes memory and time, not the result",
     "training.per_device_eval_batch_size": "the evaluation batch changes memory, not the result",
     "training.seed": "seeds are not searched: --seeds N runs the best config over N seeds",
+    # Accelerate fixes the precision of a process at its first Accelerator, and trials share the process
+    "training.mixed_precision": "the trials share one process, which keeps one precision: set it in fixed "
+                                "or the config, and compare precisions with two sweeps",
 }
 REFUSED_SECTIONS = {"output": "where a trial writes is the sweep's choice",
                     "logging": "logging does not change a run's result"}

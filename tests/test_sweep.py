@@ -265,6 +265,8 @@ def bad_input_job(tmp_path_factory):
     ({"space": {"optim.learning_rate": {"low": 1e-3}}}, [], "missing high"),
     ({"space": {"training.max_steps": {"low": 1, "high": 2.5}}}, [], "is an integer key"),
     ({"space": {"training.per_device_train_batch_size": [4, 8]}}, [], "the micro-batch is memory, not math"),
+    ({"space": {"training.mixed_precision": ["no", "bf16"]}}, [], "the trials share one process, which keeps one "
+                                                                   "precision"),
     ({"space": {"training.effective_batch_size": [6]}}, [], "space: training.effective_batch_size: 6 is refused"),
     ({"space": {"optim.learning_rate": []}}, [], "no choices"),
     ({"trails": 3}, [], "unknown key 'trails' (did you mean trials?)"),
