@@ -41,6 +41,7 @@ import codecs
 import csv
 import dataclasses
 import functools
+import json
 import logging
 import math
 from dataclasses import dataclass
@@ -575,7 +576,10 @@ def _standardize(table: _Table, text_column: str, pair_column: Optional[str], la
         feature = ds.features[name]
         if isinstance(feature, datasets.Value) and feature.dtype in ("string", "large_string"):
             continue
-        if isinstance(feature, datasets.Value):
+        mixed = _texts_of_mixed_types(ds, name)
+        if mixed is not None:
+            ds = ds.remove_columns(name).add_column(name, mixed, feature=datasets.Value("string"))
+        elif isinstance(feature, datasets.Value):
             # Numbers (or an all-empty column) read from CSV: texts nonetheless.
             ds = ds.cast_column(name, datasets.Value("string"))
         else:
@@ -615,7 +619,8 @@ def _drop_or_reject_empty_texts(table: _Table, cfg: DataConfig) -> _Table:
 def _label_keys(table: _Table) -> list[str]:
     """Each row's label as a class name; DataError on missing or unusable labels."""
     feature = table.ds.features[_RAW_LABEL]
-    values = _arrow(table.ds).column(_RAW_LABEL).to_pylist()
+    values = _column_values(table.ds, _RAW_LABEL)
+    _refuse_mixed_label_types(table, values)
     keys: list[Optional[str]] = []
     for i, value in enumerate(values):
         try:
@@ -636,6 +641,22 @@ def _label_keys(table: _Table) -> list[str]:
             f"{table.label_column!r} ({table.where_many(missing)})"
         )
     return keys  # type: ignore[return-value]  # no None left
+
+
+def _refuse_mixed_label_types(table: _Table, values: list[Any]) -> None:
+    """A typed file (JSON) whose labels are numbers in some rows and strings in others is refused.
+
+    ``0`` and ``"ham"`` in one column are two ways of writing labels, most
+    likely from two sources joined: read as they are, they would be four
+    classes where there are two.
+    """
+    numbers = [i for i, v in enumerate(values) if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    strings = [i for i, v in enumerate(values) if isinstance(v, str)]
+    if numbers and strings:
+        raise DataError(
+            f"{table.source}: column {table.label_column!r} holds numbers ({table.where_many(numbers)}) and "
+            f"strings ({table.where_many(strings)}); write every label the same way"
+        )
 
 
 def _label_key(value: Any, feature: Any) -> Optional[str]:
@@ -713,7 +734,7 @@ def _label_sets(table: _Table, delimiter: Optional[str]) -> list[list[str]]:
     """
     feature = table.ds.features[_RAW_LABEL]
     inner = getattr(feature, "feature", None)
-    values = _arrow(table.ds).column(_RAW_LABEL).to_pylist()
+    values = _column_values(table.ds, _RAW_LABEL)
     if table.empty_field_is_null and delimiter is not None:
         values = ["" if value is None else value for value in values]
     sets: list[list[str]] = []
@@ -788,7 +809,7 @@ def _encode_label_sets(table: _Table, sets: list[list[str]], label_space: LabelS
 
 def _encode_targets(table: _Table) -> datasets.Dataset:
     """regression: the label column as float targets (named ``labels``); one line for a row that is no number."""
-    values = _arrow(table.ds).column(_RAW_LABEL).to_pylist()
+    values = _column_values(table.ds, _RAW_LABEL)
     targets: list[float] = []
     missing: list[int] = []
     for i, value in enumerate(values):
@@ -881,6 +902,31 @@ def digest_rows(digest, ds: datasets.Dataset) -> None:
 
 
 # --------------------------------------------------------------------------- small helpers
+
+
+def _texts_of_mixed_types(ds: datasets.Dataset, column: str) -> Optional[list[Optional[str]]]:
+    """A JSON text column that mixes strings and numbers (datasets' ``Json`` feature) as strings; else None."""
+    json_feature = getattr(datasets, "Json", None)
+    if json_feature is None or not isinstance(ds.features[column], json_feature):
+        return None
+    values = _column_values(ds, column)
+    if not all(value is None or isinstance(value, (str, int, float)) for value in values):
+        return None  # lists or objects among them: not texts, said by the caller
+    return [None if value is None else str(value) for value in values]
+
+
+def _column_values(ds: datasets.Dataset, column: str) -> list[Any]:
+    """A column's values as Python objects, honouring any selection of rows.
+
+    A JSON column whose rows hold values of several types (``0`` and
+    ``"ham"``) gets datasets' ``Json`` feature, stored as each value's JSON
+    text (``'"ham"'``): such values are decoded here.
+    """
+    values = _arrow(ds).column(column).to_pylist()
+    json_feature = getattr(datasets, "Json", None)  # datasets' releases before the Json feature have no such columns
+    if json_feature is not None and isinstance(ds.features[column], json_feature):
+        values = [None if value is None else json.loads(value) for value in values]
+    return values
 
 
 def _arrow(ds: datasets.Dataset) -> pa.Table:

@@ -125,6 +125,15 @@ def test_jsonl(tmp_path):
     assert labels.names == ["a", "b"]
 
 
+def test_jsonl_texts_of_several_types_are_texts(tmp_path):
+    # a number among the texts gives the column datasets' Json feature, which stores each value as JSON text:
+    # read as written, not '"s0"'
+    lines = [json.dumps({"text": text, "label": label}) for text, label in [("s0", "a"), (2024, "b"), ("s2", "a")]]
+    path = write(tmp_path / "t.jsonl", "\n".join(lines) + "\n")
+    splits, labels = load_splits(cfg(path), seed=0)
+    assert splits["train"]["text"] == ["s0", "2024", "s2"] and labels.names == ["a", "b"]
+
+
 def test_parquet(tmp_path):
     path = tmp_path / "t.parquet"
     pq.write_table(pa.table({"text": ["x", "y", "z"], "label": [1, 0, 1]}), path)
@@ -373,6 +382,12 @@ def _error_cases(tmp: Path) -> dict[str, tuple[dict, str]]:
         "null label in jsonl": (
             {"train_file": write(tmp / "nulllabel.jsonl", '{"text":"a","label":1}\n{"text":"b","label":null}\n')},
             r"nulllabel\.jsonl: 1 row without a label .*\(line 2\)",
+        ),
+        "numbers and strings in one label column": (
+            {"train_file": write(tmp / "mixed.jsonl", '{"text":"a","label":0}\n{"text":"b","label":"spam"}\n'
+                                                     '{"text":"c","label":1}\n')},
+            r"mixed\.jsonl: column 'label' holds numbers \(lines 1, 3\) and strings \(line 2\); "
+            r"write every label the same way",
         ),
         "one class": (
             {"train_file": write(tmp / "oneclass.csv", "text,label\na,only\nb,only\n")},
