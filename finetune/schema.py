@@ -233,7 +233,7 @@ class TrainingConfig:
         "line says what `auto` chose and why.")
     seed: int = setting(42,
         "Seed for weights of the new head, data order and dropout (whose stream restarts from it once "
-        "setup is done, so it does not depend on what setup drew).")
+        "setup is done, so it does not depend on what setup drew); from 0 to 2**32 - 1.")
     torch_compile: bool = setting(False,
         "Compile the model's forward with `torch.compile` (inductor). It pays a compile time at start-up "
         "(and at each new shape until shapes turn dynamic) for faster steps; off by default, measure it "
