@@ -147,6 +147,8 @@ def test_a_head_tail_run_says_what_it_cut_and_predicts_with_the_same_cut(head_ta
     # the model sees [CLS], the first 2 words, the last 4 and [SEP]: only those words change its output
     changed_middle = " ".join([*text.split()[:2], *["ok"] * 14, *text.split()[-4:]])
     changed_end = " ".join([*text.split()[:-1], "ok"])
-    logits = predictor.logits([text, changed_middle, changed_end])
-    np.testing.assert_array_equal(logits[0], logits[1])
-    assert not np.array_equal(logits[0], logits[2])
+    # one text per call: rows of one batch may take different matmul kernel paths (oneDNN's AMX tiles),
+    # which differ in the last bit; a batch of one with the same ids is bitwise the same computation
+    logits, middle, end = (predictor.logits([one])[0] for one in (text, changed_middle, changed_end))
+    np.testing.assert_array_equal(logits, middle)
+    assert not np.array_equal(logits, end)
