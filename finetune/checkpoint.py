@@ -689,7 +689,9 @@ def load_model_weights(run, path: Path) -> None:
     weights = path / "model.safetensors"
     if not weights.is_file():
         raise ModelError(f"{weights}: missing; cannot load the best model (was the checkpoint deleted?)")
-    load_model(run.accelerator.unwrap_model(run.model), str(weights), strict=True, device=str(run.accelerator.device))
+    model = run.accelerator.unwrap_model(run.model)
+    # the weights' own device: safetensors refuses "cpu:0", the Accelerator's device on a multi-process CPU run
+    load_model(model, str(weights), strict=True, device=str(next(model.parameters()).device))
 
 
 def choose_checkpoint(run) -> Optional[Path]:

@@ -289,13 +289,13 @@ def adapter_in_checkpoints(accelerator, model) -> Iterator[None]:
     before. Outside this context nothing changes.
     """
     def save_adapter_instead(models, weights, output_dir):
-        index = _index_of(models, model)
+        index = _index_of(models, model, accelerator)
         weights.pop(index)  # Accelerate writes no model.safetensors for it
         if accelerator.is_main_process:
             save_adapter(accelerator.unwrap_model(model), Path(output_dir) / ADAPTER_DIR)
 
     def load_adapter_instead(models, input_dir):
-        models.pop(_index_of(models, model))
+        models.pop(_index_of(models, model, accelerator))
         load_adapter_weights(accelerator.unwrap_model(model), Path(input_dir) / ADAPTER_DIR)
 
     handles = [accelerator.register_save_state_pre_hook(save_adapter_instead),
@@ -307,8 +307,11 @@ def adapter_in_checkpoints(accelerator, model) -> Iterator[None]:
             handle.remove()
 
 
-def _index_of(models: list, model) -> int:
-    return next(i for i, m in enumerate(models) if m is model)
+def _index_of(models: list, model, accelerator) -> int:
+    """Where ``model`` is in Accelerate's list of prepared models, which holds it wrapped or not: under DDP
+    the module as it was before wrapping, under FSDP the wrapper."""
+    target = accelerator.unwrap_model(model)
+    return next(i for i, m in enumerate(models) if accelerator.unwrap_model(m) is target)
 
 
 # --------------------------------------------------------------------------- using a LoRA checkpoint

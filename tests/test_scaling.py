@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -388,6 +389,70 @@ def test_cli_effective_batch_that_two_processes_cannot_split_is_one_line(cli_con
     assert errors[0].startswith("error: command line: training.effective_batch_size: ")
     assert {"12", "4", "2"} <= set(re.findall(r"\d+", errors[0].split("effective_batch_size:")[1]))
     assert not (tmp_path / "out").exists()
+
+
+# --- LoRA and the best model on two processes -----------------------------------------------
+
+LORA_TWO = ("model.lora_rank=4", "evaluation.eval_every=2", "evaluation.load_best_model_at_end=true",
+            # the highest loss is the "best": an early checkpoint, so loading it changes the final weights
+            "evaluation.metric_for_best_model=loss", "evaluation.greater_is_better=true", "output.keep_last=null")
+
+
+def _two_processes(cfg: Path, out: Path, *overrides: str) -> subprocess.CompletedProcess:
+    proc = _run(_train_cmd(["--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--main_process_port",
+                            str(free_port()), "--mixed_precision", "no", "--dynamo_backend", "no"],
+                           cfg, out, *overrides))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return proc
+
+
+@pytest.fixture(scope="module")
+def lora_on_two_processes(cli_config):
+    """A LoRA run on two processes that loads its best checkpoint at the end; then a copy of its folder cut
+    back to the checkpoint after that best, resumed on two processes with the same command."""
+    cfg, root = cli_config
+    whole, resumed = root / "lora", root / "lora-resumed"
+    _two_processes(cfg, whole, *LORA_TWO)
+    best = json.loads((whole / "metrics.json").read_text())["best"]["step"]
+    final_outputs = {"model.safetensors", "metrics.json", "adapter"}
+    shutil.copytree(whole, resumed, ignore=lambda folder, names: final_outputs & set(names) if folder == str(whole)
+                    else set())
+    for checkpoint in (resumed / "checkpoints").iterdir():
+        if int(checkpoint.name.split("-")[1]) > best + 2:
+            shutil.rmtree(checkpoint)
+    proc = _two_processes(cfg, resumed, *LORA_TWO)
+    return whole, resumed, best, proc.stderr
+
+
+@pytest.mark.slow
+def test_lora_on_two_processes_ends_with_its_best_checkpoint_merged(lora_on_two_processes):
+    from finetune.lora import load_adapter_checkpoint
+
+    whole, _, best, _ = lora_on_two_processes
+    updates = json.loads((whole / "metrics.json").read_text())["train"]["updates"]
+    assert best < updates  # else the check below could not tell the best model from the last one
+    assert (whole / "adapter" / "adapter_model.safetensors").is_file()
+    final = _weights(whole)
+    expected = load_adapter_checkpoint(whole / "checkpoints" / f"checkpoint-{best}").state_dict()
+    last = load_adapter_checkpoint(whole / "checkpoints" / f"checkpoint-{updates}").state_dict()
+    assert final.keys() == expected.keys()
+    for key in final:
+        torch.testing.assert_close(final[key], expected[key], rtol=0, atol=0, msg=lambda m: f"{key}: {m}")
+    assert any(not torch.equal(final[key], last[key]) for key in final)
+
+
+@pytest.mark.slow
+def test_lora_on_two_processes_resumes_exactly(lora_on_two_processes):
+    whole, resumed, best, stderr = lora_on_two_processes
+    assert best + 2 < json.loads((whole / "metrics.json").read_text())["train"]["updates"]  # updates left to train
+    assert f"resumed from {resumed / 'checkpoints' / f'checkpoint-{best + 2}'}: update {best + 2}" in stderr
+    a, b = _weights(whole), _weights(resumed)
+    assert a.keys() == b.keys() and all(torch.equal(a[key], b[key]) for key in a)
+
+    def timeless(record):
+        return {k: v for k, v in record.items() if "time" not in k and "per_s" not in k}
+
+    assert [timeless(r) for r in _log(resumed)] == [timeless(r) for r in _log(whole)]
 
 
 # --- the shipped Accelerate configs ----------------------------------------------------------

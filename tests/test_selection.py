@@ -179,3 +179,22 @@ def test_a_readme_the_user_wrote_is_never_replaced(tmp_path):
     assert write_model_card(ours, f"---\n---\n{MODEL_CARD_MARK}\nold\n")
     assert write_model_card(ours, f"---\n---\n{MODEL_CARD_MARK}\nnew\n")  # a card of an earlier run is replaced
     assert ours.read_text().endswith("new\n")
+
+
+def test_the_best_weights_load_where_the_accelerator_numbers_the_cpu(tmp_path):
+    """A DDP job on the CPU has the device ``cpu:0``, a name safetensors refuses: the weights go to the model's."""
+    from types import SimpleNamespace
+
+    import torch
+    from safetensors.torch import save_model
+
+    from finetune.checkpoint import load_model_weights
+    from helpers import tiny_bert
+
+    best = tiny_bert(seed=1)
+    save_model(best, str(tmp_path / "model.safetensors"))
+    model = tiny_bert(seed=2)
+    accelerator = SimpleNamespace(device=torch.device("cpu", 0), unwrap_model=lambda m: m)
+    load_model_weights(SimpleNamespace(model=model, accelerator=accelerator), tmp_path)
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), best.state_dict().values()))
+    assert not torch.equal(tiny_bert(seed=2).classifier.weight, best.classifier.weight)
