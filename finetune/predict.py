@@ -267,10 +267,12 @@ def _training_device():
 # --------------------------------------------------------------------------- files
 
 
-def _suffix(path: Path, allowed: Sequence[str], what: str) -> str:
+def _suffix(path: Path, allowed: Sequence[str], what: str, exists: bool = False) -> str:
     suffix = path.suffix.lower()
     if suffix not in allowed:
         raise DataError(f"{what} {path}: unsupported extension {suffix or '(none)'!r} (use {', '.join(allowed)})")
+    if exists and not path.is_file():
+        raise DataError(f"{what} {path}: not found")
     return suffix
 
 
@@ -291,9 +293,7 @@ def read_rows(path: str | os.PathLike, text_column: str = "text",
     from finetune.data import read_table
 
     path = Path(path)
-    suffix = _suffix(path, INPUT_FORMATS, "--file")
-    if not path.is_file():
-        raise DataError(f"--file {path}: not found")
+    suffix = _suffix(path, INPUT_FORMATS, "--file", exists=True)
     if suffix == ".txt":
         if text_pair_column:
             raise DataError(f"--file {path}: a .txt file holds single texts; this model takes pairs "
@@ -397,6 +397,8 @@ def run(args: argparse.Namespace) -> None:
         raise ConfigError("give texts or --file, not both")
     if args.output and not args.file:
         raise ConfigError("--output: only with --file")
+    if args.file:
+        _suffix(Path(args.file), INPUT_FORMATS, "--file", exists=True)  # before the imports below
     if args.batch_size < 1:
         raise ConfigError(f"--batch-size: must be >= 1, got {args.batch_size}")
     if not 0.0 < args.threshold < 1.0:

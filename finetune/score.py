@@ -241,21 +241,26 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def run(args: argparse.Namespace) -> Score:
     """Check the arguments, score, print and write the outputs."""
-    from finetune.data import quiet_progress_bars
     from finetune.modeling import require_saved_model
     from finetune.outputs import refuse_a_run_file
-    from finetune.plot import DPI, confusion_figure
+    from finetune.resources import data_path
 
-    quiet_progress_bars()  # the bars of reading the file and loading the weights; the scoring bar is ours
     output_dir = require_saved_model(args.output_dir)
     if args.batch_size < 1:
         raise ConfigError(f"--batch-size: must be >= 1, got {args.batch_size}")
+    data_path(args.file, "--file")
     png = Path(args.png) if args.png else output_dir / f"confusion_{Path(args.file).stem}.png"
     for flag, target in (("--png", png), ("--json", Path(args.json) if args.json else None)):
         if target is not None and not target.resolve().parent.is_dir():
             raise DataError(f"{flag} {target}: its directory does not exist")
         if target is not None:
             refuse_a_run_file(target, output_dir, flag)
+    # after the checks above, which need neither datasets nor torch (seconds to import): a wrong argument
+    # is said at once
+    from finetune.data import quiet_progress_bars
+    from finetune.plot import DPI, confusion_figure
+
+    quiet_progress_bars()  # the bars of reading the file and loading the weights; the scoring bar is ours
     result = score_file(output_dir, args.file, args.overrides, args.batch_size)
     print(f"{result.file}: {result.metrics['num_samples']} samples")
     width = max(len(k) for k in result.metrics)

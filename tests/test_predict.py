@@ -73,6 +73,20 @@ def test_a_wrong_folder_is_said_before_torch_is_imported(tmp_path):
     assert stderr.strip() == f"error: {tmp_path / 'nope'}: not found (pass a run's output_dir)"
 
 
+@pytest.mark.parametrize("command, line", [
+    ("finetune.predict.main", "error: --file {file}: not found"),
+    ("finetune.score.main", "error: --file: {file} not found"),
+])
+def test_a_missing_file_is_said_before_torch_is_imported(tmp_path, command, line):
+    from helpers import call_in_a_fresh_python
+
+    (tmp_path / "config.json").write_text("{}", encoding="utf-8")  # a run's folder, as far as the checks go
+    missing = tmp_path / "held_out.csv"
+    code, imported, stderr = call_in_a_fresh_python(command, [str(tmp_path), "--file", str(missing)])
+    assert (code, imported) == ("2", []), stderr[-2000:]
+    assert stderr.strip() == line.format(file=missing)
+
+
 def test_cli_texts_print_json_lines(trained):
     out, _, _ = trained
     proc = subprocess.run([sys.executable, "-m", "finetune.predict", str(out), *TEXTS[:2]], cwd=REPO,
