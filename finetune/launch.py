@@ -266,6 +266,7 @@ def build_accelerator(cfg, project_dir: Optional[str] = None):
             "training.mixed_precision: fp16 needs a GPU; this process runs on the CPU (use bf16 or no)"
         )
     configure_cpu_threads(state.device, state.num_processes)
+    forget_an_earlier_precision(precision, state.num_processes)
     return Accelerator(
         # agree with the state: on a CPU state AcceleratorState would otherwise still pick DeepSpeed if asked
         cpu=state.device.type == "cpu",
@@ -273,3 +274,30 @@ def build_accelerator(cfg, project_dir: Optional[str] = None):
         log_with=cfg.logging.report_to or None,
         project_dir=project_dir or cfg.output.output_dir,
     )
+
+
+def forget_an_earlier_precision(precision: str, num_processes: int) -> None:
+    """Let a run take another precision than an earlier run in the same process (a notebook cell run again
+    with other settings, a sweep's next trial).
+
+    Accelerate fixes a process's precision at its first ``Accelerator`` and refuses another one afterwards
+    ("restart your runtime"). In a single process nothing an earlier run left depends on that setting, so
+    it is forgotten, as transformers' ``TrainingArguments`` forgets it for each new Trainer; the device and
+    any process group (Accelerate's ``PartialState``) stay. Accelerate has no public way to do this: its
+    private one is looked up, and where it is gone the run says in one line to start a new process.
+
+    Raises:
+        LaunchError: if the precision cannot be changed in this process (several processes, or Accelerate
+            without the reset).
+    """
+    from accelerate.state import AcceleratorState
+
+    earlier = (getattr(AcceleratorState, "_shared_state", None) or {}).get("_mixed_precision")
+    if earlier is None or earlier == precision:
+        return
+    reset = getattr(AcceleratorState, "_reset_state", None)
+    if num_processes > 1 or reset is None:
+        raise LaunchError(f"training.mixed_precision: {precision}, but this process already trained in {earlier}, "
+                          f"and Accelerate keeps a process's first precision; start a new process (or kernel)")
+    logger.debug("Accelerate's precision %s of an earlier run in this process replaced by %s", earlier, precision)
+    reset()

@@ -39,9 +39,6 @@ REFUSED = {
     "training.gradient_checkpointing": "gradient checkpointing changes memory and time, not the result",
     "training.per_device_eval_batch_size": "the evaluation batch changes memory, not the result",
     "training.seed": "seeds are not searched: --seeds N runs the best config over N seeds",
-    # Accelerate fixes the precision of a process at its first Accelerator, and trials share the process
-    "training.mixed_precision": "the trials share one process, which keeps one precision: set it in fixed "
-                                "or the config, and compare precisions with two sweeps",
 }
 REFUSED_SECTIONS = {"output": "where a trial writes is the sweep's choice",
                     "logging": "logging does not change a run's result"}
@@ -152,6 +149,9 @@ def _dimension(key: str, value: Any, where: str) -> Dimension:
     if isinstance(value, list):
         if not value:
             raise ConfigError(f"{where}: no choices; give a list of values or a range {{low: ..., high: ...}}")
+        if typing.get_origin(key_type) is typing.Literal and "no" in typing.get_args(key_type):
+            # YAML 1.1 reads a bare `no` as false, which such a key reads as "no": say "no" in the trials too
+            value = ["no" if v is False else v for v in value]
         if len(set(map(render, value))) != len(value):
             raise ConfigError(f"{where}: choices repeat a value: {value}")
         if not all(v is None or isinstance(v, (bool, int, float, str)) for v in value):

@@ -53,3 +53,41 @@ def test_auto_workers_follow_the_device_and_the_cores(monkeypatch, device, cores
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
     assert choose_workers("auto", torch.device(device), processes, cores=cores) == expected
     assert choose_workers(3, torch.device(device), processes, cores=cores) == 3  # a number is kept
+
+
+def _config(tmp_path, precision: str):
+    from finetune.config import config_from_dict
+
+    return config_from_dict({"data": {"dataset_name": "unused"}, "training": {"mixed_precision": precision},
+                             "output": {"output_dir": str(tmp_path)}})
+
+
+def test_a_second_run_in_one_process_may_take_another_precision(fresh_accelerate_state, tmp_path):
+    """A notebook cell run again with another precision (or a sweep's next trial) gets it, where Accelerate
+    alone refuses a process's second precision."""
+    from finetune.launch import build_accelerator
+
+    first = build_accelerator(_config(tmp_path, "no"))
+    assert first.mixed_precision == "no"
+    second = build_accelerator(_config(tmp_path, "bf16"))
+    assert second.mixed_precision == "bf16"
+    layer = torch.nn.Linear(4, 4)
+    with second.autocast():
+        assert layer(torch.ones(2, 4)).dtype == torch.bfloat16
+    assert build_accelerator(_config(tmp_path, "bf16")).mixed_precision == "bf16"  # the same again: kept
+
+
+def test_where_the_precision_cannot_change_the_run_says_so_in_one_line(fresh_accelerate_state, tmp_path,
+                                                                        monkeypatch):
+    from accelerate.state import AcceleratorState
+
+    from finetune.errors import LaunchError
+    from finetune.launch import build_accelerator, forget_an_earlier_precision
+
+    build_accelerator(_config(tmp_path, "no"))
+    with pytest.raises(LaunchError, match=r"^training.mixed_precision: bf16, but this process already trained "
+                                          r"in no, .*start a new process \(or kernel\)$"):
+        forget_an_earlier_precision("bf16", num_processes=2)  # the other processes would keep theirs
+    monkeypatch.delattr(AcceleratorState, "_reset_state")  # an Accelerate without the private reset
+    with pytest.raises(LaunchError, match="already trained in no"):
+        build_accelerator(_config(tmp_path, "bf16"))

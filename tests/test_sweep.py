@@ -174,6 +174,25 @@ def test_the_micro_batch_does_not_change_a_trial(tmp_path, fresh_accelerate_stat
     assert values[0] == pytest.approx(values[1], rel=1e-5)
 
 
+def test_trials_in_one_process_may_differ_in_precision(tmp_path, fresh_accelerate_state):
+    """Accelerate keeps a process's first precision; the trials share the process and still get their own."""
+    config = sms_job(tmp_path, epochs=1)
+    spec = tmp_path / "sweep.yaml"
+    # a bare `no`, as users write it: YAML reads false
+    spec.write_text("space:\n  training.mixed_precision: [no, bf16]\ntrials: 2\nsampler: grid\npruner: none\n",
+                    encoding="utf-8")
+    assert sweep_in_process(["--config", str(config), "--sweep", str(spec)]) == 0
+    with open(tmp_path / "out-sweep" / "trials.csv", encoding="utf-8") as fh:
+        rows = {row["training.mixed_precision"]: row for row in csv.DictReader(fh)}
+    assert set(rows) == {"no", "bf16"} and {row["state"] for row in rows.values()} == {"complete"}
+    losses = {}
+    for precision, row in rows.items():
+        metrics = json.loads((tmp_path / "out-sweep" / row["folder"] / "metrics.json").read_text())
+        assert metrics["train"]["mixed_precision"] == precision
+        losses[precision] = metrics["eval"]["loss"]
+    assert losses["no"] != losses["bf16"]  # each trial computed in its own precision
+
+
 # --- pruning ----------------------------------------------------------------------------------------------------
 
 
@@ -265,8 +284,6 @@ def bad_input_job(tmp_path_factory):
     ({"space": {"optim.learning_rate": {"low": 1e-3}}}, [], "missing high"),
     ({"space": {"training.max_steps": {"low": 1, "high": 2.5}}}, [], "is an integer key"),
     ({"space": {"training.per_device_train_batch_size": [4, 8]}}, [], "the micro-batch is memory, not math"),
-    ({"space": {"training.mixed_precision": ["no", "bf16"]}}, [], "the trials share one process, which keeps one "
-                                                                   "precision"),
     ({"space": {"training.effective_batch_size": [6]}}, [], "space: training.effective_batch_size: 6 is refused"),
     ({"space": {"optim.learning_rate": []}}, [], "no choices"),
     ({"trails": 3}, [], "unknown key 'trails' (did you mean trials?)"),
