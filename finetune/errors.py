@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from typing import Callable
 
 
@@ -69,17 +70,22 @@ class NonFiniteLossError(FinetuneError):
     exit_code = 3
 
 
-def run_command(action: Callable[[], object], debug: bool = False, quiet: bool = False) -> int:
+def is_main_rank() -> bool:
+    """Whether this is the first process of a launch (or no launcher started it): the one that speaks."""
+    return os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0")) == "0"
+
+
+def run_command(action: Callable[[], object], debug: bool = False) -> int:
     """Run a command-line action; a :class:`FinetuneError` becomes one line and its exit code.
 
     The one place where the ``error:`` / ``hint:`` lines of every ``finetune``
-    command are printed.
+    command are printed. Under a launcher every process meets the same error,
+    and the main one alone prints it.
 
     Args:
         action: The command's work.
         debug: Re-raise instead (also when ``FINETUNE_DEBUG`` is set and not 0),
             so the traceback shows.
-        quiet: Print nothing (processes other than the main one).
 
     Returns:
         0, or the error's ``exit_code``. Other exceptions are bugs and propagate.
@@ -90,9 +96,13 @@ def run_command(action: Callable[[], object], debug: bool = False, quiet: bool =
     except FinetuneError as exc:
         if debug:
             raise
-        if not quiet:
+        if is_main_rank():
             print(f"error: {exc.message}", file=sys.stderr)
             if exc.hint:
                 print(f"hint: {exc.hint}", file=sys.stderr)
+        else:
+            # torchrun stops every process as soon as one exits: were this one first, the main one
+            # could be killed before it printed the line
+            time.sleep(3)
         return exc.exit_code
     return 0

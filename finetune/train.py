@@ -26,10 +26,8 @@ if __name__ == "__main__" and not __package__:
 import argparse  # noqa: E402
 import dataclasses  # noqa: E402
 import logging  # noqa: E402
-import os  # noqa: E402
-import time  # noqa: E402
 
-from finetune.errors import FinetuneError, run_command  # noqa: E402
+from finetune.errors import FinetuneError, is_main_rank, run_command  # noqa: E402
 
 logger = logging.getLogger("finetune")
 
@@ -78,10 +76,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def _is_main_rank() -> bool:
-    return os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0")) == "0"
-
-
 def _name_origin(exc: FinetuneError, config_path: str | None, overrides: list[str]) -> None:
     """Put where the key at fault came from in front of a message that starts with that key.
 
@@ -117,7 +111,7 @@ def run_training(config_path: str | None, overrides: list[str], on_evaluation=No
     # the config, the output folder and the batch's split are checked before torch and transformers are
     # imported, which takes seconds: a mistyped key or a folder that must not be written is said at once
     cfg = load_config(config_path, overrides)
-    if _is_main_rank():
+    if is_main_rank():
         logger.debug("the config of this run:\n%s", yaml.safe_dump(cfg.to_dict(), sort_keys=False).rstrip())
     try:
         check_output_dir(cfg)
@@ -200,17 +194,11 @@ def main(argv: list[str] | None = None) -> int:
         return explain(args.explain)
     logging.basicConfig(
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        level=logging.INFO if _is_main_rank() else logging.WARNING,
+        level=logging.INFO if is_main_rank() else logging.WARNING,
     )
-    if args.debug and _is_main_rank():
+    if args.debug and is_main_rank():
         logger.setLevel(logging.DEBUG)
-    code = run_command(lambda: run_training(args.config, args.overrides), debug=args.debug,
-                       quiet=not _is_main_rank())
-    if code and not _is_main_rank():
-        # torchrun stops every process as soon as one exits: were another rank first, the main
-        # one, which meets the same error, could be killed before it printed the line.
-        time.sleep(3)
-    return code
+    return run_command(lambda: run_training(args.config, args.overrides), debug=args.debug)
 
 
 if __name__ == "__main__":

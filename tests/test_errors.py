@@ -449,3 +449,26 @@ def test_first_hour_errors_are_said_before_torch_is_imported(case_id, assets, tm
     assert (code, imported) == ("2", []), stderr[-2000:]
     error, _ = error_lines(stderr)
     assert all(fill(needle, names) in error for needle in CASES_BY_ID[case_id].needles)
+
+
+@pytest.mark.parametrize("rank, printed", [(None, True), ("0", True), ("1", False)])
+def test_under_a_launcher_the_main_process_alone_prints_the_error(monkeypatch, capsys, rank, printed):
+    """Every launched process meets the same bad input: one line in all, and the others wait for it to be
+    printed (torchrun stops the rest as soon as one exits)."""
+    import finetune.errors
+    from finetune.errors import ConfigError, run_command
+
+    waited = []
+    monkeypatch.setattr(finetune.errors.time, "sleep", waited.append)
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    if rank is None:
+        monkeypatch.delenv("RANK", raising=False)
+    else:
+        monkeypatch.setenv("RANK", rank)
+
+    def refused():
+        raise ConfigError("training.bogus: unknown key")
+
+    assert run_command(refused) == 2
+    assert capsys.readouterr().err == ("error: training.bogus: unknown key\n" if printed else "")
+    assert bool(waited) is not printed
