@@ -383,10 +383,10 @@ def test_debug_raises_instead(how, assets, tmp_path, monkeypatch, work, fresh_ac
 
 def test_only_the_main_process_prints(assets, tmp_path, capsys, monkeypatch, work, fresh_accelerate_state):
     """Other ranks stay silent, and wait so that torchrun does not kill the main one before it prints."""
-    import finetune.train
+    import finetune.errors
 
     waits: list[float] = []
-    monkeypatch.setattr(finetune.train.time, "sleep", waits.append)
+    monkeypatch.setattr(finetune.errors.time, "sleep", waits.append)
     monkeypatch.setenv("RANK", "1")
     argv, _, _ = prepare(CASES_BY_ID["config-max-steps-and-epochs"], assets, tmp_path)
     assert main(argv) == 2
