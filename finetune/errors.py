@@ -71,8 +71,16 @@ class NonFiniteLossError(FinetuneError):
 
 
 def is_main_rank() -> bool:
-    """Whether this is the first process of a launch (or no launcher started it): the one that speaks."""
-    return os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0")) == "0"
+    """Whether this is the first process of a launch of several (or no such launch): the one that speaks.
+
+    A ``RANK`` alone (a cluster's job array, say) does not make a process silent: torchrun sets
+    ``WORLD_SIZE`` beside it.
+    """
+    try:
+        several = int(os.environ.get("WORLD_SIZE", "1")) > 1
+    except ValueError:  # the launch's own check names the variable
+        several = False
+    return not several or os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0")) == "0"
 
 
 def run_command(action: Callable[[], object], debug: bool = False) -> int:

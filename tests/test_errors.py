@@ -388,6 +388,7 @@ def test_only_the_main_process_prints(assets, tmp_path, capsys, monkeypatch, wor
     waits: list[float] = []
     monkeypatch.setattr(finetune.errors.time, "sleep", waits.append)
     monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
     argv, _, _ = prepare(CASES_BY_ID["config-max-steps-and-epochs"], assets, tmp_path)
     assert main(argv) == 2
     assert "error:" not in capsys.readouterr().err
@@ -451,8 +452,11 @@ def test_first_hour_errors_are_said_before_torch_is_imported(case_id, assets, tm
     assert all(fill(needle, names) in error for needle in CASES_BY_ID[case_id].needles)
 
 
-@pytest.mark.parametrize("rank, printed", [(None, True), ("0", True), ("1", False)])
-def test_under_a_launcher_the_main_process_alone_prints_the_error(monkeypatch, capsys, rank, printed):
+@pytest.mark.parametrize("rank, world, printed", [
+    (None, None, True), ("0", "2", True), ("1", "2", False),
+    ("1", None, True),  # a RANK without a launch of several processes (a job array's): not a silent rank
+])
+def test_under_a_launcher_the_main_process_alone_prints_the_error(monkeypatch, capsys, rank, world, printed):
     """Every launched process meets the same bad input: one line in all, and the others wait for it to be
     printed (torchrun stops the rest as soon as one exits)."""
     import finetune.errors
@@ -461,10 +465,11 @@ def test_under_a_launcher_the_main_process_alone_prints_the_error(monkeypatch, c
     waited = []
     monkeypatch.setattr(finetune.errors.time, "sleep", waited.append)
     monkeypatch.delenv("LOCAL_RANK", raising=False)
-    if rank is None:
-        monkeypatch.delenv("RANK", raising=False)
-    else:
-        monkeypatch.setenv("RANK", rank)
+    for name, value in (("RANK", rank), ("WORLD_SIZE", world)):
+        if value is None:
+            monkeypatch.delenv(name, raising=False)
+        else:
+            monkeypatch.setenv(name, value)
 
     def refused():
         raise ConfigError("training.bogus: unknown key")
