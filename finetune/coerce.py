@@ -65,12 +65,16 @@ def _coerce_union(value: Any, tp: Any, key: str) -> Any:
     raise ConfigError(f"{key}: expected {type_name(tp)}, got {_describe(value)}")
 
 
+def literal_spelling(value: Any, tp: Any) -> Any:
+    """``value`` as a ``Literal`` key reads it: YAML 1.1 reads a bare `no` as False, and
+    ``mixed_precision: no`` means the string."""
+    return "no" if value is False and "no" in typing.get_args(tp) else value
+
+
 def _coerce_literal(value: Any, tp: Any, key: str) -> str:
     """One of a ``Literal``'s strings, with the closest one suggested when the value is not."""
     allowed = typing.get_args(tp)
-    # YAML 1.1 reads a bare `no` as False; `mixed_precision: no` means the string.
-    if value is False and "no" in allowed:
-        value = "no"
+    value = literal_spelling(value, tp)
     if value in allowed and isinstance(value, str):
         return value
     close = difflib.get_close_matches(str(value), [str(a) for a in allowed], n=1)

@@ -27,6 +27,7 @@ from typing import Any, Optional, Union
 
 import yaml
 
+from finetune.coerce import literal_spelling
 from finetune.config import unknown_key_hint
 from finetune.errors import ConfigError
 from finetune.schema import SECTIONS
@@ -149,9 +150,8 @@ def _dimension(key: str, value: Any, where: str) -> Dimension:
     if isinstance(value, list):
         if not value:
             raise ConfigError(f"{where}: no choices; give a list of values or a range {{low: ..., high: ...}}")
-        if typing.get_origin(key_type) is typing.Literal and "no" in typing.get_args(key_type):
-            # YAML 1.1 reads a bare `no` as false, which such a key reads as "no": say "no" in the trials too
-            value = ["no" if v is False else v for v in value]
+        if typing.get_origin(key_type) is typing.Literal:  # the trials say the value as the key reads it
+            value = [literal_spelling(v, key_type) for v in value]
         if len(set(map(render, value))) != len(value):
             raise ConfigError(f"{where}: choices repeat a value: {value}")
         if not all(v is None or isinstance(v, (bool, int, float, str)) for v in value):
