@@ -42,6 +42,12 @@ def _launcher(*flags: str) -> list[str]:
     return [sys.executable, "-m", "accelerate.commands.launch", *flags]
 
 
+def _two_process_flags() -> list[str]:
+    """``accelerate launch`` flags for two processes on this machine, each call on a free port."""
+    return ["--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--main_process_port", str(free_port()),
+            "--mixed_precision", "no", "--dynamo_backend", "no"]
+
+
 def _run(cmd: list[str], env: dict | None = None) -> subprocess.CompletedProcess:
     """Run ``cmd`` in its own process group and kill the whole group if it outlives TIMEOUT."""
     proc = subprocess.Popen(cmd, cwd=REPO, env=offline_env({**CPU_ONLY, **(env or {})}), stdout=subprocess.PIPE,
@@ -111,9 +117,7 @@ def _in_this_process(**settings) -> dict:
 def _on_two_processes(out: Path, *scenarios: str) -> dict[str, list[dict]]:
     """``tests/scaling_worker.py`` through ``accelerate launch --multi_gpu`` on the CPU, without telling it cpu:
     each scenario's rank records by name, rank 0's with its weights after every update (``snapshots``)."""
-    cmd = _launcher("--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--main_process_port",
-                    str(free_port()), "--mixed_precision", "no", "--dynamo_backend", "no",
-                    str(REPO / "tests" / "scaling_worker.py"), "--out", str(out), *scenarios)
+    cmd = _launcher(*_two_process_flags(), str(REPO / "tests" / "scaling_worker.py"), "--out", str(out), *scenarios)
     proc = _run(cmd)
     assert proc.returncode == 0, proc.stderr[-4000:]
     runs = {}
@@ -378,9 +382,7 @@ def test_cli_same_model_log_and_metrics_on_every_process_count(cli_runs, name):
 
 def test_cli_effective_batch_that_two_processes_cannot_split_is_one_line(cli_config, tmp_path):
     cfg, _ = cli_config
-    proc = _run(_train_cmd(["--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--main_process_port",
-                            str(free_port()), "--mixed_precision", "no", "--dynamo_backend", "no"],
-                           cfg, tmp_path / "out", "training.effective_batch_size=12"))
+    proc = _run(_train_cmd(_two_process_flags(), cfg, tmp_path / "out", "training.effective_batch_size=12"))
     assert proc.returncode != 0
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     # printed once (by the main process), naming B=12, b=4 and P=2
@@ -399,9 +401,7 @@ LORA_TWO = ("model.lora_rank=4", "evaluation.eval_every=2", "evaluation.load_bes
 
 
 def _two_processes(cfg: Path, out: Path, *overrides: str) -> subprocess.CompletedProcess:
-    proc = _run(_train_cmd(["--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--main_process_port",
-                            str(free_port()), "--mixed_precision", "no", "--dynamo_backend", "no"],
-                           cfg, out, *overrides))
+    proc = _run(_train_cmd(_two_process_flags(), cfg, out, *overrides))
     assert proc.returncode == 0, proc.stderr[-4000:]
     return proc
 
