@@ -60,13 +60,21 @@ _ARCHITECTURE_SIZES = {
 }
 
 
-def tiny_model(model_type: str, num_labels: int = 3, seed: int = 0):
-    """A 2-layer random ``...ForSequenceClassification`` of transformers' ``model_type`` (float32)."""
+def tiny_model(model_type: str, num_labels: int = 3, seed: int = 0, dropout: Optional[float] = None):
+    """A 2-layer random ``...ForSequenceClassification`` of transformers' ``model_type`` (float32).
+
+    ``dropout`` sets every dropout probability of the config (each family names its own), for the
+    comparisons that need the same computation in every run; ``None`` keeps the family's defaults.
+    """
     from transformers import AutoConfig, AutoModelForSequenceClassification
 
     sizes = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 37,
              "vocab_size": len(SPECIAL) + len(WORDS), "max_position_embeddings": 64, "num_labels": num_labels}
     config = AutoConfig.for_model(model_type, **sizes, **_ARCHITECTURE_SIZES.get(model_type, {}))
+    if dropout is not None:
+        for key, value in config.to_dict().items():
+            if "dropout" in key and isinstance(value, float):
+                setattr(config, key, dropout)
     torch.manual_seed(seed)
     return AutoModelForSequenceClassification.from_config(config)
 

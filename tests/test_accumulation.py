@@ -24,7 +24,7 @@ from finetune.modeling import is_checkpointing, set_gradient_checkpointing
 from finetune.optimization import build_optimizer, build_scheduler, plan_updates
 from finetune.accumulation import Batching, ShardLayout
 from finetune.sampling import EpochSampler
-from helpers import REPO, chunk_collate, chunked_texts, pad_collate, tiny_bert, token_dataset
+from helpers import ARCHITECTURES, REPO, chunk_collate, chunked_texts, pad_collate, tiny_bert, tiny_model, token_dataset
 
 # 76 samples: with b=8 that is 10 micro-batches (the last holds 4), so k=4 gives
 # windows of 4, 4 and 2 micro-batches: a ragged last window and a short last micro-batch.
@@ -34,7 +34,8 @@ B = 32
 
 def _run(b: int, k: int, epochs: int = 2, lr: float = 1e-3, schedule: str = "linear", warmup: int = 1,
          max_grad_norm=None, data=None, mixed_precision="no", log_every: int = 1, sparse_embedding=True,
-         heap="keep", checkpointing=False, dropout=0.0, dropout_masks=True, lora_rank=None, collate=pad_collate):
+         heap="keep", checkpointing=False, dropout=0.0, dropout_masks=True, lora_rank=None, collate=pad_collate,
+         model_type="bert"):
     from accelerate import Accelerator
     from accelerate.state import AcceleratorState, GradientState
 
@@ -42,7 +43,7 @@ def _run(b: int, k: int, epochs: int = 2, lr: float = 1e-3, schedule: str = "lin
     GradientState._reset_state()
     acc = Accelerator(cpu=True, gradient_accumulation_steps=k, mixed_precision=mixed_precision)
     data = data if data is not None else token_dataset(N, seed=1)
-    model = tiny_bert(seed=0, dropout=dropout)
+    model = tiny_bert(seed=0, dropout=dropout) if model_type == "bert" else tiny_model(model_type, num_labels=2, dropout=dropout)
     if lora_rank is not None:  # adapters drawn from their own seed, alike in every run
         torch.manual_seed(3)
         model, _ = add_lora(model, ModelConfig(lora_rank=lora_rank, lora_dropout=dropout))
@@ -125,6 +126,20 @@ def test_accumulated_windows_equal_big_batch_after_every_update(fresh_accelerate
             assert rs["train/grad_norm"] == pytest.approx(rb["train/grad_norm"], rel=1e-5)
 
 
+@pytest.mark.parametrize("model_type", [t for t in ARCHITECTURES if t != "bert"])
+def test_every_supported_encoder_family_keeps_the_contract(fresh_accelerate_state, model_type):
+    # Each family pads, positions and embeds in its own way (RoBERTa's positions count from its padding id,
+    # DeBERTa's are relative, ModernBERT's attention is local in some layers, ALBERT and ELECTRA project
+    # their embeddings): (8, 4) must still train the weights of (32, 1), with its word embedding's
+    # gradient accumulated sparsely and the norm clipped.
+    big = _run(b=32, k=1, max_grad_norm=0.5, model_type=model_type)
+    small = _run(b=8, k=4, max_grad_norm=0.5, model_type=model_type)
+    assert len(small["embedding_grads"]) == 20 and all(small["embedding_grads"])
+    _assert_same_weights(big["snapshots"], small["snapshots"])
+    moved = [name for name, weight in small["snapshots"][-1].items() if not torch.equal(weight, small["snapshots"][0][name])]
+    assert any("embed" in name for name in moved) and any("classifier" in name or "head" in name for name in moved)
+
+
 @pytest.mark.parametrize("max_grad_norm", [None, 0.02])
 def test_sparse_and_dense_embedding_gradients_both_keep_the_contract(fresh_accelerate_state, max_grad_norm):
     """The default accumulates the word-embedding rows sparsely and makes them dense once per update."""
@@ -164,6 +179,21 @@ def test_recomputation_replays_the_dropout_masks(fresh_accelerate_state, dropout
             assert torch.equal(a[name], b[name]), f"update {update}, {name}"
     # and dropout was on: without it the weights differ
     plain = _run(b=8, k=4, checkpointing=True)
+    last, dropped = plain["snapshots"][-1], kept["snapshots"][-1]
+    assert not all(torch.equal(last[name], dropped[name]) for name in last)
+
+
+@pytest.mark.parametrize("model_type", [t for t in ARCHITECTURES if t not in ("bert", "albert")])
+def test_every_family_that_recomputes_replays_its_dropout_masks(fresh_accelerate_state, model_type):
+    # Each family drops out in its own places (DeBERTa's own attention, ModernBERT's embedding and MLP dropout,
+    # DistilBERT's head); the CPU's 16-bit masks must replay in all of them. (ALBERT's checkpointing is refused.)
+    kept = _run(b=8, k=4, dropout=0.1, model_type=model_type)
+    recomputed = _run(b=8, k=4, dropout=0.1, model_type=model_type, checkpointing=True)
+    assert is_checkpointing(recomputed["model"])
+    for update, (a, b) in enumerate(zip(kept["snapshots"], recomputed["snapshots"])):
+        for name in a:
+            assert torch.equal(a[name], b[name]), f"update {update}, {name}"
+    plain = _run(b=8, k=4, model_type=model_type, checkpointing=True)
     last, dropped = plain["snapshots"][-1], kept["snapshots"][-1]
     assert not all(torch.equal(last[name], dropped[name]) for name in last)
 
