@@ -125,9 +125,7 @@ def load_model_reporting(cfg: ModelConfig, id2label: dict[int, str], max_length:
     # transformers' pipelines read it: softmax for single labels, sigmoid for multi-label, none for regression
     config.problem_type = TRANSFORMERS_PROBLEM_TYPES[cfg.problem_type]
     if cfg.dropout is not None:
-        for name in ("hidden_dropout_prob", "attention_probs_dropout_prob", "classifier_dropout"):
-            if hasattr(config, name):
-                setattr(config, name, cfg.dropout)
+        set_dropout(config, cfg.dropout)
     try:
         with _held_load_report() as held:
             model, info = AutoModelForSequenceClassification.from_pretrained(
@@ -144,6 +142,22 @@ def load_model_reporting(cfg: ModelConfig, id2label: dict[int, str], max_length:
     if other:
         _show(held)  # not only the head: transformers' own report says what and why
     return model, new_head
+
+
+def set_dropout(config, p: float) -> None:
+    """Set every dropout probability of a transformers config to ``p`` (``model.dropout``).
+
+    Each family names its own: BERT's ``hidden_dropout_prob`` and
+    ``attention_probs_dropout_prob``, DistilBERT's ``dropout``,
+    ``attention_dropout`` and ``seq_classif_dropout``, ModernBERT's
+    ``embedding_dropout`` and ``mlp_dropout``, DeBERTa's ``pooler_dropout``,
+    ELECTRA's ``summary_last_dropout``. A head's ``classifier_dropout`` of
+    ``None`` means "the hidden dropout", so it is set too.
+    """
+    names = [name for name, value in config.to_dict().items()
+             if "dropout" in name and (value is None or (isinstance(value, (int, float)) and not isinstance(value, bool)))]
+    for name in names:
+        setattr(config, name, p)
 
 
 def add_adapters(model, cfg: ModelConfig, accelerator):

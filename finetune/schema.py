@@ -45,7 +45,9 @@ class ModelConfig:
     ignore_mismatched_sizes: bool = setting(False,
         "Re-initialise a classification head whose shape differs from the data's labels.")
     dropout: Optional[float] = setting(None,
-        "Dropout override for hidden layers and attention (null keeps the model's).")
+        "Dropout override: every dropout probability of the model's config, in each family's own names "
+        "(hidden layers, attention, embeddings, the head; DistilBERT's `dropout`, ModernBERT's `mlp_dropout`, "
+        "...). null keeps the model's.")
     lora_rank: Optional[int] = setting(None,
         "Train LoRA adapters of this rank (PEFT) instead of every weight: the encoder stays frozen, the modules "
         "of `lora_target_modules` learn low-rank updates, the head (with a pooler above the blocks) trains in full. "

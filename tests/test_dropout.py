@@ -10,7 +10,7 @@ import torch
 
 import finetune.cpu.dropout as fd
 from finetune.cpu import cpu_speedups, plan_cpu_speedups
-from helpers import tiny_bert
+from helpers import ARCHITECTURES, tiny_bert, tiny_model
 from tiny_run import fit_tiny_run
 
 
@@ -289,3 +289,28 @@ def test_each_private_api_is_checked():
     model = tiny_bert(dropout=0.1)
     assert fd.attention_switch_unavailable(model.config) is None
     assert "_attn_implementation_internal" in fd.attention_switch_unavailable(SimpleNamespace())
+
+
+@pytest.mark.parametrize("model_type", ARCHITECTURES)
+def test_model_dropout_reaches_every_dropout_of_each_family(tmp_path, model_type):
+    # model.dropout sets the family's own names (DistilBERT's `dropout`, ModernBERT's `mlp_dropout`, ...):
+    # at 0 a training-mode forward is the evaluation forward; at 0.5 it is not
+    from finetune.config import ModelConfig
+    from finetune.modeling import load_model
+
+    tiny_model(model_type, num_labels=2, dropout=0.1).save_pretrained(tmp_path)
+    ids = torch.tensor([[2, 7, 9, 11, 12, 13, 3]])
+
+    def train_and_eval_logits(p):
+        model = load_model(ModelConfig(name_or_path=str(tmp_path), dropout=p), {0: "a", 1: "b"})
+        torch.manual_seed(0)
+        trained = model.train()(input_ids=ids).logits
+        return trained, model.eval()(input_ids=ids).logits
+
+    kept_off, eval_off = train_and_eval_logits(0.0)
+    assert torch.equal(kept_off, eval_off)
+    dropped, evaluated = train_and_eval_logits(0.5)
+    assert not torch.allclose(dropped, evaluated)
+    # and the saved 0.1 was not already off: without the override, training mode drops out
+    model = load_model(ModelConfig(name_or_path=str(tmp_path)), {0: "a", 1: "b"})
+    assert not torch.allclose(model.train()(input_ids=ids).logits, model.eval()(input_ids=ids).logits)
