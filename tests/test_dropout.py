@@ -314,3 +314,21 @@ def test_model_dropout_reaches_every_dropout_of_each_family(tmp_path, model_type
     # and the saved 0.1 was not already off: without the override, training mode drops out
     model = load_model(ModelConfig(name_or_path=str(tmp_path)), {0: "a", 1: "b"})
     assert not torch.allclose(model.train()(input_ids=ids).logits, model.eval()(input_ids=ids).logits)
+
+
+@pytest.mark.parametrize("model_type", ARCHITECTURES)
+def test_the_switched_attention_computes_each_familys_own(model_type, monkeypatch):
+    # A dropout of 1e-7 rounds to no drop at all, so inside the switch a training forward must be the
+    # family's evaluation forward, padding masks included; ModernBERT's local layers (a sliding window)
+    # and DeBERTa's own attention stay with transformers, the others' plain layers take the switched path.
+    written_out = []
+    original = fd._Attention.apply
+    monkeypatch.setattr(fd._Attention, "apply", lambda *args: written_out.append(1) or original(*args))
+    model = tiny_model(model_type, num_labels=2, dropout=1e-7)
+    ids = torch.tensor([[2, 7, 9, 11, 12, 13, 3, 0, 0], [2, 8, 8, 9, 10, 11, 12, 13, 3]])
+    mask = (torch.arange(9) < torch.tensor([[7], [9]])).long()
+    expected = model.eval()(input_ids=ids, attention_mask=mask).logits
+    with fd.fast_dropout(model.train()):
+        switched = model(input_ids=ids, attention_mask=mask).logits
+    torch.testing.assert_close(switched, expected, rtol=1e-6, atol=1e-7)
+    assert len(written_out) == {"deberta-v2": 0, "modernbert": 1}.get(model_type, 2)
