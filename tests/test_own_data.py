@@ -133,6 +133,40 @@ def test_max_steps_on_the_command_line_wins_over_the_files_epochs(config, caplog
         load_config(REPO / "configs" / config, ["training.max_steps=5", "training.num_train_epochs=1"])
 
 
+@pytest.mark.parametrize("override, ks", [("training.gradient_accumulation_steps=2", [2, 2]),
+                                          ("training.accumulation_schedule={0: 8, 1: 2}", [8, 2])])
+def test_k_on_the_command_line_wins_over_the_files_effective_batch(override, ks, caplog):
+    # the README's `finetune train --data ... training.accumulation_schedule=...` reads the default config,
+    # whose effective_batch_size 32 would otherwise contradict the k that was typed
+    from finetune.accumulation import resolve_batching
+
+    with caplog.at_level(logging.INFO, logger="finetune"):
+        cfg = load_config(DEFAULT_CONFIG, [override])
+    batching = resolve_batching(cfg.training, num_processes=1)
+    assert cfg.training.effective_batch_size is None
+    assert [batching.k_at(epoch) for epoch in (0, 1)] == ks
+    assert any("replaces training.effective_batch_size: 32" in r.getMessage() for r in caplog.records)
+    # typed together, they must still agree
+    with pytest.raises(ConfigError, match="contradicts effective_batch_size 32"):
+        resolve_batching(load_config(DEFAULT_CONFIG, ["training.gradient_accumulation_steps=2",
+                                                      "training.effective_batch_size=32"]).training, 1)
+
+
+def test_an_effective_batch_on_the_command_line_wins_over_the_files_k(tmp_path):
+    from finetune.accumulation import resolve_batching
+
+    path = tmp_path / "k.yaml"
+    path.write_text(DEFAULT_CONFIG.read_text(encoding="utf-8").replace(
+        "effective_batch_size: 32", "gradient_accumulation_steps: 4"), encoding="utf-8")
+    cfg = load_config(path, ["training.effective_batch_size=64"])
+    assert cfg.training.gradient_accumulation_steps is None
+    assert resolve_batching(cfg.training, num_processes=2).k_at(0) == 4  # 64 = 8 x 2 processes x 4
+    # under per_device_train_batch_size: auto the effective batch is what chooses b and k: a k typed beside it
+    # is refused, not taken over the file's effective batch
+    with pytest.raises(ConfigError, match="k is derived from effective_batch_size"):
+        load_config(DEFAULT_CONFIG, ["training.per_device_train_batch_size=auto", "training.gradient_accumulation_steps=2"])
+
+
 @pytest.mark.parametrize("config", ["default.yaml", "bbc_news.yaml"])  # bert_base_sst2 needs the Hub
 def test_max_steps_on_a_shipped_config_makes_five_updates_on_a_schedule_of_five(tmp_path, config):
     # the shipped config's batching and schedule, on shorter texts and without checkpoints: what is under
