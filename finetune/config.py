@@ -29,6 +29,7 @@ import yaml
 
 from finetune.coerce import _coerce, _describe
 from finetune.errors import ConfigError
+from finetune.overrides import let_the_command_line_choose
 from finetune.schema import (  # noqa: F401  (the schema's names, importable from here as before)
     DEFAULT_METRICS, SECTIONS, Config, DataConfig, EvalConfig, LoggingConfig, ModelConfig, OptimConfig, OutputConfig,
     TrainingConfig,
@@ -329,7 +330,7 @@ def load_config(path: str | os.PathLike | None = None, overrides: list[str] | No
         key, value = parse_override(text)
         _set_dotted(data, key, value)
         given.add(key)
-    _let_the_command_line_choose(data, given, path)
+    let_the_command_line_choose(data, given, path)
     try:
         return config_from_dict(data)
     except ConfigError as exc:
@@ -384,51 +385,6 @@ def _key_node(mapping, name: str):
 def _value_of(mapping, name: str):
     key = _key_node(mapping, name)
     return next(v for k, v in mapping.value if k is key) if key is not None else None
-
-
-# (chosen on the command line, what it replaces in the file): each pair says one thing twice
-_COMMAND_LINE_CHOICES = (
-    ("max_steps", "num_train_epochs"),
-    ("num_train_epochs", "max_steps"),
-    ("gradient_accumulation_steps", "effective_batch_size"),
-    ("accumulation_schedule", "effective_batch_size"),
-    ("effective_batch_size", "gradient_accumulation_steps"),
-)
-
-
-def _let_the_command_line_choose(data: dict[str, Any], given: set[str], path: Path) -> None:
-    """A key given on the command line replaces the file's key that says the same thing another way.
-
-    The run's length: ``training.max_steps`` replaces ``num_train_epochs``,
-    and the other way round, as in the Trainer, where ``max_steps``
-    overrides the epochs: a user who types ``training.max_steps=5`` for a
-    quick run means five updates. The batch: ``gradient_accumulation_steps``
-    or ``accumulation_schedule`` replaces the file's
-    ``effective_batch_size`` (``k`` is then what was typed), and
-    ``effective_batch_size`` replaces the file's ``gradient_accumulation_steps``
-    (``k`` then follows from it), except under ``per_device_train_batch_size:
-    auto``, which needs the effective batch. Both given in one place still
-    contradict each other unless they agree.
-    """
-    training = data.get("training")
-    if not isinstance(training, dict):
-        return
-    auto_batch = training.get("per_device_train_batch_size") == "auto"  # it needs effective_batch_size
-    for chosen, dropped in _COMMAND_LINE_CHOICES:
-        if auto_batch and dropped == "effective_batch_size":
-            continue
-        if (f"training.{chosen}" in given and f"training.{dropped}" not in given
-                and training.get(chosen) is not None and training.get(dropped) is not None):
-            logger.info("training.%s=%s on the command line replaces training.%s: %s of %s",
-                        chosen, _spelled(training[chosen]), dropped, training[dropped], path)
-            training[dropped] = None
-
-
-def _spelled(value: Any) -> str:
-    """An override's value as it was typed: ``{0: 8, 4: 2}`` for a mapping."""
-    if isinstance(value, dict):
-        return "{" + ", ".join(f"{k}: {v}" for k, v in value.items()) + "}"
-    return str(value)
 
 
 def config_yaml(cfg: Config) -> str:

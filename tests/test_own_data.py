@@ -167,6 +167,21 @@ def test_an_effective_batch_on_the_command_line_wins_over_the_files_k(tmp_path):
         load_config(DEFAULT_CONFIG, ["training.per_device_train_batch_size=auto", "training.gradient_accumulation_steps=2"])
 
 
+def test_a_file_on_the_command_line_replaces_the_configs_hub_data_set_and_the_other_way_round(caplog):
+    # `--config configs/bert_base_sst2.yaml --data mine.csv`: the BERT-base recipe on one's own file
+    with caplog.at_level(logging.INFO, logger="finetune"):
+        cfg = load_config(REPO / "configs" / "bert_base_sst2.yaml", ["data.train_file=mine.csv"])
+    assert (cfg.data.train_file, cfg.data.dataset_name, cfg.data.dataset_config) == ("mine.csv", None, None)
+    assert any("replaces data.dataset_name: glue, data.dataset_config: sst2" in r.getMessage() for r in caplog.records)
+    # a Hub data set over the default config: its SMS file goes, and the layout that file's mapping gave
+    cfg = load_config(DEFAULT_CONFIG, ["data.dataset_name=glue", "data.dataset_config=sst2"])
+    assert (cfg.data.dataset_name, cfg.data.dataset_config, cfg.data.train_file) == ("glue", "sst2", None)
+    assert (cfg.data.format, cfg.data.has_header, cfg.data.column_names) == ("auto", True, None)
+    # both typed: one of them must go
+    with pytest.raises(ConfigError, match="set only one of data.train_file and data.dataset_name"):
+        load_config(DEFAULT_CONFIG, ["data.dataset_name=glue", "data.train_file=mine.csv"])
+
+
 @pytest.mark.parametrize("config", ["default.yaml", "bbc_news.yaml"])  # bert_base_sst2 needs the Hub
 def test_max_steps_on_a_shipped_config_makes_five_updates_on_a_schedule_of_five(tmp_path, config):
     # the shipped config's batching and schedule, on shorter texts and without checkpoints: what is under
