@@ -48,7 +48,8 @@ def tiny_bert(num_labels: int = 2, seed: int = 0, dropout: float = 0.0):
 
 
 # The encoder families the package supports, as transformers' model types; tiny_model builds each.
-ARCHITECTURES = ("bert", "roberta", "xlm-roberta", "distilbert", "electra", "deberta-v2", "modernbert", "albert")
+ARCHITECTURES = ("bert", "roberta", "xlm-roberta", "distilbert", "electra", "deberta-v2", "modernbert", "albert",
+                 "mpnet", "camembert", "mobilebert", "roformer", "ernie", "data2vec-text")
 _ARCHITECTURE_SIZES = {
     "distilbert": {"dim": 32, "n_layers": 2, "n_heads": 2, "hidden_dim": 37},
     "electra": {"embedding_size": 16},

@@ -320,7 +320,8 @@ def test_model_dropout_reaches_every_dropout_of_each_family(tmp_path, model_type
 def test_the_switched_attention_computes_each_familys_own(model_type, monkeypatch):
     # A dropout of 1e-7 rounds to no drop at all, so inside the switch a training forward must be the
     # family's evaluation forward, padding masks included; ModernBERT's local layers (a sliding window)
-    # and DeBERTa's own attention stay with transformers, the others' plain layers take the switched path.
+    # and the attention DeBERTa, MPNet (a position bias) and RoFormer (rotary) compute themselves stay with
+    # transformers, the others' plain layers take the switched path.
     written_out = []
     original = fd._Attention.apply
     monkeypatch.setattr(fd._Attention, "apply", lambda *args: written_out.append(1) or original(*args))
@@ -331,4 +332,4 @@ def test_the_switched_attention_computes_each_familys_own(model_type, monkeypatc
     with fd.fast_dropout(model.train()):
         switched = model(input_ids=ids, attention_mask=mask).logits
     torch.testing.assert_close(switched, expected, rtol=1e-6, atol=1e-7)
-    assert len(written_out) == {"deberta-v2": 0, "modernbert": 1}.get(model_type, 2)
+    assert len(written_out) == {"deberta-v2": 0, "modernbert": 1, "mpnet": 0, "roformer": 0}.get(model_type, 2)

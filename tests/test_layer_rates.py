@@ -44,6 +44,9 @@ def test_each_parameter_trains_at_the_rate_of_its_depth_and_keeps_its_weight_dec
     decays = {id(p): group["weight_decay"] for group in decay_groups(model, 0.01) for p in group["params"]}
     depths = set()
     for name, param in model.named_parameters():
+        if not param.requires_grad:  # RoFormer's fixed sinusoidal positions: nothing to train
+            assert id(param) not in rates, name
+            continue
         depth = _expected_depth(name, stack, len(blocks), model.base_model_prefix)
         depths.add(depth)
         lr, weight_decay = rates[id(param)]
