@@ -11,6 +11,7 @@ from typing import Any, Optional
 from finetune.config import ModelConfig
 from finetune.errors import ConfigError, ModelError
 from finetune.resources import PACKAGED_HUB_MODELS, is_package_path, package_of, package_version, resolve_path
+from finetune.truncation import position_limit
 
 
 def model_location(name_or_path: str, key: str) -> str:
@@ -69,7 +70,7 @@ def load_model_config(cfg: ModelConfig, max_length: Optional[int] = None):
         raise ModelError(
             f"model.name_or_path: cannot load {location}: {_first_line(exc)}", _hub_hint(location)
         ) from None
-    limit = getattr(config, "max_position_embeddings", None)
+    limit = position_limit(config)
     if max_length is not None and limit is not None and max_length > limit:
         raise ModelError(
             f"data.max_length: {max_length} exceeds the position limit {limit} of model.name_or_path {location}",

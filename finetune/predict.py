@@ -36,7 +36,7 @@ from typing import Any, Optional, Sequence
 
 from finetune.errors import ConfigError, DataError, ModelError, run_command
 from finetune.outputs import refuse_a_run_file
-from finetune.truncation import BOOKKEEPING, LENGTH, Truncation
+from finetune.truncation import BOOKKEEPING, LENGTH, Truncation, prediction_length
 
 INPUT_FORMATS = (".txt", ".csv", ".tsv", ".jsonl")
 OUTPUT_FORMATS = (".csv", ".jsonl")
@@ -94,11 +94,7 @@ class Predictor:
         if device is not None:
             self.model.to(self.device)
         self.batch_size = batch_size
-        limits = [getattr(model.config, "max_position_embeddings", None), max_length]
-        tokenizer_limit = getattr(tokenizer, "model_max_length", None)
-        if tokenizer_limit is not None and tokenizer_limit < 10**6:  # "no limit" is stored as a huge int
-            limits.append(tokenizer_limit)
-        self.max_length = min(x for x in limits if x is not None) if any(x is not None for x in limits) else None
+        self.max_length = prediction_length(model.config, tokenizer, max_length)
         self.truncation = Truncation(truncation, self.max_length, head_tokens, stride) if self.max_length else None
         self.labels = [model.config.id2label[i] for i in range(model.config.num_labels)]
         self.problem_type = problem_type_of(model.config)

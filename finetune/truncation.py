@@ -38,6 +38,30 @@ LENGTH, FULL_LENGTH, CHUNK_COUNT = "length", "full_length", "chunks"
 BOOKKEEPING = (LENGTH, FULL_LENGTH, CHUNK_COUNT)
 
 
+def position_limit(config) -> Optional[int]:
+    """The most tokens the model's position embeddings take; ``None`` when it has none to run out of.
+
+    DeBERTa-v3 (``position_biased_input: false``) adds no absolute positions:
+    its attention sees relative ones in log-sized buckets, so it runs on texts
+    longer than its ``max_position_embeddings`` of 512, as long-text
+    fine-tuning of it commonly does.
+    """
+    if getattr(config, "position_biased_input", True) is False:
+        return None
+    return getattr(config, "max_position_embeddings", None)
+
+
+def prediction_length(config, tokenizer, max_length: Optional[int]) -> Optional[int]:
+    """The tokens a text keeps: ``max_length`` (the run's ``data.max_length``) within the model's positions;
+    without one, what the model and its tokenizer say they take."""
+    limits = [position_limit(config), max_length]
+    tokenizer_limit = getattr(tokenizer, "model_max_length", None)
+    if max_length is None and tokenizer_limit is not None and tokenizer_limit < 10**6:  # "no limit": a huge int
+        limits.append(tokenizer_limit)
+    known = [x for x in limits if x is not None]
+    return min(known) if known else None
+
+
 def refuse_cutting_pairs(side: str) -> None:
     """A text pair is cut by the tokenizer's longest-first rule, so ``head`` is the one truncation it takes.
 
