@@ -38,17 +38,28 @@ LENGTH, FULL_LENGTH, CHUNK_COUNT = "length", "full_length", "chunks"
 BOOKKEEPING = (LENGTH, FULL_LENGTH, CHUNK_COUNT)
 
 
+# Model types whose embeddings number positions from the padding id + 1 (RoBERTa's scheme), so that
+# roberta-base's 514 position embeddings take 512 tokens. transformers' configs do not say so themselves.
+_POSITIONS_AFTER_PADDING = frozenset({"roberta", "roberta-prelayernorm", "xlm-roberta", "xlm-roberta-xl", "camembert",
+                                      "data2vec-text", "mpnet", "longformer", "xmod", "ibert", "luke"})
+
+
 def position_limit(config) -> Optional[int]:
     """The most tokens the model's position embeddings take; ``None`` when it has none to run out of.
 
-    DeBERTa-v3 (``position_biased_input: false``) adds no absolute positions:
-    its attention sees relative ones in log-sized buckets, so it runs on texts
+    RoBERTa and its kin number positions from the padding id + 1, so
+    ``max_position_embeddings`` (514) holds two fewer tokens (512). DeBERTa-v3
+    (``position_biased_input: false``) adds no absolute positions: its
+    attention sees relative ones in log-sized buckets, so it runs on texts
     longer than its ``max_position_embeddings`` of 512, as long-text
     fine-tuning of it commonly does.
     """
     if getattr(config, "position_biased_input", True) is False:
         return None
-    return getattr(config, "max_position_embeddings", None)
+    limit = getattr(config, "max_position_embeddings", None)
+    if limit is not None and getattr(config, "model_type", None) in _POSITIONS_AFTER_PADDING:
+        limit -= (getattr(config, "pad_token_id", None) or 0) + 1
+    return limit
 
 
 def prediction_length(config, tokenizer, max_length: Optional[int]) -> Optional[int]:

@@ -205,3 +205,25 @@ def test_deberta_v3_trains_and_predicts_past_its_512_positions(tmp_path):
     with torch.no_grad():
         whole = predictor.model(**ids).logits[0].numpy()
     np.testing.assert_allclose(predictor.logits([text])[0], whole, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("model_type, limit", [("roberta", 62), ("xlm-roberta", 62), ("camembert", 62),
+                                               ("data2vec-text", 62), ("mpnet", 62), ("bert", 64), ("electra", 64)])
+def test_the_position_limit_is_what_the_model_runs(tmp_path, model_type, limit):
+    # RoBERTa's kin number positions from the padding id + 1: 64 position embeddings take 62 tokens, as
+    # roberta-base's 514 take 512. The limit is checked against the model itself, one token past it failing.
+    import torch
+
+    from finetune.config import ModelConfig
+    from finetune.errors import ModelError
+    from finetune.modeling import load_model_config
+    from helpers import tiny_model
+
+    model = tiny_model(model_type).eval()
+    model(input_ids=torch.full((1, limit), 7))
+    with pytest.raises((IndexError, RuntimeError)):
+        model(input_ids=torch.full((1, limit + 1), 7))
+    model.config.save_pretrained(tmp_path)
+    assert load_model_config(ModelConfig(name_or_path=str(tmp_path)), max_length=limit) is not None
+    with pytest.raises(ModelError, match=f"data.max_length: {limit + 1} exceeds the position limit {limit} "):
+        load_model_config(ModelConfig(name_or_path=str(tmp_path)), max_length=limit + 1)
