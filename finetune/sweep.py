@@ -23,7 +23,6 @@ import dataclasses
 import difflib
 import json
 import logging
-import os
 import shlex
 import signal
 import sys
@@ -288,7 +287,9 @@ def run_sweep(sweep: Sweep) -> dict[str, Any]:
     """Run (or continue) the sweep: the search, then the seeds. Returns what ``sweep.md`` reports."""
     import optuna
 
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+    from finetune.launch import launched_world_size
+
+    if launched_world_size() > 1:  # MPI launchers too; a malformed count is one line, not a traceback
         raise ConfigError("finetune sweep runs each trial in one process: start one worker per GPU "
                           "(CUDA_VISIBLE_DEVICES=i finetune sweep ... --storage URL) instead of accelerate launch")
     cfg = sweep.run_config

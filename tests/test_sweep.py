@@ -309,6 +309,22 @@ def test_bad_input_is_one_line_before_any_trial(bad_input_job, capsys, settings,
     assert not list((tmp_path / "out-sweep").glob("trial-*"))
 
 
+@pytest.mark.parametrize("variable, value, message", [
+    ("WORLD_SIZE", "2", "finetune sweep runs each trial in one process: start one worker per GPU"),
+    ("PMI_SIZE", "4", "finetune sweep runs each trial in one process: start one worker per GPU"),  # an MPI launch
+    ("WORLD_SIZE", "two", "WORLD_SIZE: expected a whole number of processes, got 'two'"),
+])
+def test_a_launched_sweep_is_refused_in_one_line(bad_input_job, capsys, monkeypatch, variable, value, message):
+    monkeypatch.setenv(variable, value)
+    monkeypatch.setenv("RANK", "0")  # the main process: it says why
+    spec = bad_input_job / "launched.yaml"
+    spec.write_text(yaml.safe_dump({"space": {"optim.learning_rate": [1e-3]}}), encoding="utf-8")
+    assert sweep_in_process(["--config", str(bad_input_job / "cfg.yaml"), "--sweep", str(spec)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0], err
+    assert not list((bad_input_job / "out-sweep").glob("trial-*"))
+
+
 def test_a_bad_sweep_file_is_said_before_torch_is_imported(bad_input_job):
     """A mistyped key in the space is answered at once: torch and transformers (seconds) wait for the checks."""
     spec = bad_input_job / "typo.yaml"
