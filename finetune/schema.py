@@ -85,7 +85,8 @@ class DataConfig:
     """Where the labelled texts come from and how they become batches."""
 
     dataset_name: Optional[str] = setting(None,
-        "Hub data set id (`glue`) or a `datasets` builder name; null for local files.")
+        "Hub data set id (`glue`) or a `datasets` builder name; null for local files. Typed on the command "
+        "line, it replaces the config file's `train_file` and `validation_file` (and `--data` its data set).")
     dataset_config: Optional[str] = setting(None, "Hub data set configuration (`sst2`).")
     train_split: str = setting("train", "The training split's name with `dataset_name`.")
     validation_split_name: Optional[str] = setting(
@@ -214,10 +215,12 @@ class TrainingConfig:
         "exceeds the device's free memory, naming the settings that would fit. false: train anyway.")
     per_device_eval_batch_size: int = setting(64, "Batch size per process for evaluation.")
     gradient_accumulation_steps: Optional[int] = setting(None,
-        "Micro-batches accumulated per optimizer update (`k`). Null when `effective_batch_size` is given.")
+        "Micro-batches accumulated per optimizer update (`k`). Null when `effective_batch_size` is given; "
+        "typed on the command line, it replaces the config file's `effective_batch_size`.")
     effective_batch_size: Optional[int] = setting(None,
         "Samples per optimizer update across all processes (`B = b * k * P`). When set, `k` is derived "
-        "from it at start-up so a config means the same on 1 or 8 GPUs.")
+        "from it at start-up so a config means the same on 1 or 8 GPUs. Typed on the command line, it "
+        "replaces the config file's `gradient_accumulation_steps`.")
     accumulation_schedule: Optional[dict[int, int]] = setting(None,
         "`k` by epoch, `{first epoch: k}`: each `k` holds until the next key (Lightning's "
         "`accumulate_grad_batches` dict), e.g. `{0: 8, 4: 2}`; epochs before the first key use the `k` "
