@@ -196,7 +196,8 @@ def add_lora(model, cfg: "ModelConfig") -> tuple[torch.nn.Module, LoraPlan]:
         cfg: The ``model`` section; ``cfg.lora_rank`` must be set.
 
     Raises:
-        ConfigError: for target modules that match nothing or match the head.
+        ConfigError: for target modules that match nothing or match the head, or a
+            model PEFT cannot wrap.
     """
     from peft import LoraConfig, get_peft_model
 
@@ -205,8 +206,13 @@ def add_lora(model, cfg: "ModelConfig") -> tuple[torch.nn.Module, LoraPlan]:
     head = head_modules(model)
     config = LoraConfig(task_type="SEQ_CLS", r=cfg.lora_rank, lora_alpha=cfg.lora_alpha,
                         lora_dropout=cfg.lora_dropout, target_modules=list(targets), modules_to_save=list(head))
-    with _no_rename_warning():
-        peft_model = get_peft_model(model, config)
+    try:
+        with _no_rename_warning():
+            peft_model = get_peft_model(model, config)
+    except (TypeError, ValueError) as exc:  # a layout PEFT cannot wrap, said in its words
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise ConfigError(f"model.lora_rank: PEFT cannot adapt {type(model).__name__}: {first}",
+                          hint="train every weight (model.lora_rank: null)") from None
     trainable, total = trained_weights(peft_model)
     plan = LoraPlan(cfg.lora_rank, cfg.lora_alpha, cfg.lora_dropout, tuple(targets), adapted, tuple(head),
                     trainable, total)

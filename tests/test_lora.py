@@ -292,3 +292,11 @@ def test_a_damaged_adapter_is_refused_on_resume(tmp_path):
     other.save_pretrained(str(tmp_path / "rank2"))
     with pytest.raises(ModelError, match="does not fit this model"):
         load_adapter_weights(model, tmp_path / "rank2")
+
+
+def test_a_model_peft_cannot_wrap_is_one_line():
+    # XLM keeps one normalisation per layer in a ModuleList above its blocks, which PEFT cannot train in full
+    with pytest.raises(ConfigError, match="model.lora_rank: PEFT cannot adapt XLMForSequenceClassification: "
+                                          "modules_to_save cannot be applied to modules of type") as caught:
+        add_lora(tiny_model("xlm"), ModelConfig(lora_rank=4))
+    assert "\n" not in caught.value.message and "lora_rank: null" in caught.value.hint
