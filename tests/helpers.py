@@ -99,6 +99,39 @@ def save_tiny_model(directory: Path, num_labels: int = 2, seed: int = 0) -> Path
     return directory
 
 
+def save_tiny_deberta_v3(directory: Path, max_positions: int = 64) -> Path:
+    """A tiny random DeBERTa-v3 encoder with a SentencePiece tokenizer trained here, saved as the Hub's are.
+
+    Like ``microsoft/deberta-v3-base``: relative positions only (``position_biased_input: false``), and a
+    tokenizer that is an ``spm.model`` with no ``tokenizer.json``, which transformers reads with the
+    ``sentencepiece`` library. Its ``model_max_length`` is ``max_positions``, as 512 is there.
+    """
+    import json
+
+    import sentencepiece
+    from transformers import AutoConfig, AutoModel
+
+    directory.mkdir(parents=True, exist_ok=True)
+    corpus = directory / "corpus.txt"
+    rng = random.Random(0)
+    corpus.write_text("\n".join(" ".join(rng.choice(WORDS) for _ in range(12)) for _ in range(300)), encoding="utf-8")
+    sentencepiece.SentencePieceTrainer.train(
+        input=str(corpus), model_prefix=str(directory / "spm"), vocab_size=48, model_type="unigram",
+        pad_id=0, bos_id=1, eos_id=2, unk_id=3, pad_piece="[PAD]", bos_piece="[CLS]", eos_piece="[SEP]",
+        unk_piece="[UNK]", user_defined_symbols=["[MASK]"], minloglevel=2)
+    (directory / "spm.vocab").unlink()
+    corpus.unlink()
+    (directory / "tokenizer_config.json").write_text(json.dumps(
+        {"do_lower_case": False, "vocab_type": "spm", "model_max_length": max_positions}), encoding="utf-8")
+    config = AutoConfig.for_model("deberta-v2", hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                  intermediate_size=37, vocab_size=64, max_position_embeddings=max_positions,
+                                  relative_attention=True, pos_att_type=["p2c", "c2p"], position_buckets=8,
+                                  position_biased_input=False, pad_token_id=0)
+    torch.manual_seed(0)
+    AutoModel.from_config(config).save_pretrained(directory)
+    return directory
+
+
 def make_texts(n: int, seed: int = 0) -> list[tuple[str, str]]:
     """``n`` (label, text) pairs; spam uses spam-ish words, so the task is learnable."""
     rng = random.Random(seed)

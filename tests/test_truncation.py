@@ -155,51 +155,42 @@ def test_a_head_tail_run_says_what_it_cut_and_predicts_with_the_same_cut(head_ta
 
 
 def test_deberta_v3_trains_and_predicts_past_its_512_positions(tmp_path):
-    # DeBERTa-v3 adds no absolute positions (position_biased_input: false), so data.max_length may exceed
-    # max_position_embeddings; its tokenizer's model_max_length (here 64, as 512 there) must not cut the
-    # run's texts at prediction either
+    # DeBERTa-v3 as the Hub has it: relative positions only (position_biased_input: false) and a tokenizer
+    # that is a SentencePiece model alone. data.max_length may exceed max_position_embeddings (64 here, 512
+    # there), and the tokenizer's model_max_length (the same) must not cut the run's texts at prediction
     import random
-    import shutil
 
     import numpy as np
     import torch
-    from transformers import AutoConfig, AutoModel
 
     from finetune.config import ModelConfig
     from finetune.errors import ModelError
     from finetune.modeling import load_model_config
     from finetune.predict import Predictor
+    from helpers import save_tiny_deberta_v3
     from tiny_run import fit_tiny_run
 
-    model_dir = tmp_path / "tiny-deberta-v3"
-    model_dir.mkdir()
-    for file in save_tiny_model(tmp_path / "bert").iterdir():  # its tokenizer: 64 tokens at most
-        if file.name not in ("config.json", "model.safetensors"):
-            shutil.copy(file, model_dir / file.name)
-    config = AutoConfig.for_model("deberta-v2", hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                                  intermediate_size=37, vocab_size=len(SPECIAL) + len(WORDS), max_position_embeddings=64,
-                                  relative_attention=True, pos_att_type=["p2c", "c2p"], position_buckets=8,
-                                  position_biased_input=False)
-    torch.manual_seed(0)
-    AutoModel.from_config(config).save_pretrained(model_dir)
-    assert load_model_config(ModelConfig(name_or_path=str(model_dir)), max_length=100).position_biased_input is False
-    config.position_biased_input = True  # absolute positions: 64 is a limit again
-    config.save_pretrained(tmp_path / "absolute")
-    with pytest.raises(ModelError, match="data.max_length: 100 exceeds the position limit 64"):
-        load_model_config(ModelConfig(name_or_path=str(tmp_path / "absolute")), max_length=100)
+    model_dir = save_tiny_deberta_v3(tmp_path / "tiny-deberta-v3", max_positions=64)
+    assert load_model_config(ModelConfig(name_or_path=str(model_dir)), max_length=200).position_biased_input is False
+    absolute = load_model_config(ModelConfig(name_or_path=str(model_dir)))
+    absolute.position_biased_input = True  # absolute positions: 64 is a limit again
+    absolute.save_pretrained(tmp_path / "absolute")
+    with pytest.raises(ModelError, match="data.max_length: 200 exceeds the position limit 64"):
+        load_model_config(ModelConfig(name_or_path=str(tmp_path / "absolute")), max_length=200)
 
     rng = random.Random(0)
-    rows = [(label, " ".join(rng.choice(WORDS[:10] if label == "spam" else WORDS[10:]) for _ in range(rng.randint(60, 90))))
+    rows = [(label, " ".join(rng.choice(WORDS[:10] if label == "spam" else WORDS[10:]) for _ in range(rng.randint(40, 60))))
             for label in ("spam", "ham") * 20]
     train = tmp_path / "long.tsv"
     train.write_text("".join(f"{label}\t{text}\n" for label, text in rows), encoding="utf-8")
     cfg, summary = fit_tiny_run(tmp_path, model={"name_or_path": str(model_dir)},
-                                data={"train_file": str(train), "validation_file": str(train), "max_length": 100},
+                                data={"train_file": str(train), "validation_file": str(train), "max_length": 200},
                                 training={"num_train_epochs": 1})
-    assert summary["train"]["long_texts"]["longer_than_max_length"] == 0  # 62 to 92 tokens: none cut at 100
+    cut = summary["train"]["long_texts"]
+    assert cut["longer_than_max_length"] == 0 and cut["longest_tokens"] > 64  # past the positions, none cut
     predictor = Predictor.load(cfg.output.output_dir)
-    assert predictor.max_length == 100
-    text = rows[0][1]
+    assert type(predictor.tokenizer).__name__ == "DebertaV2Tokenizer" and predictor.max_length == 200
+    text = max((text for _, text in rows), key=len)
     ids = predictor.tokenizer(text, return_tensors="pt")
     assert ids["input_ids"].shape[1] > 64
     with torch.no_grad():
