@@ -252,6 +252,27 @@ def test_hub_data_set_path(monkeypatch):
         load_splits(dataclasses.replace(config, train_split="nope"), seed=0)
 
 
+def test_a_data_set_repository_loads_through_datasets_itself(tmp_path):
+    # A Hub data set as its repository lays it out (data/<split>-*.parquet), loaded from a local clone: the
+    # real load_dataset call a Hub id makes, offline. The ClassLabel names travel in the Parquet metadata.
+    features = datasets.Features({"sentence": datasets.Value("string"),
+                                  "label": datasets.ClassLabel(names=["negative", "positive"])})
+    (tmp_path / "repo" / "data").mkdir(parents=True)
+    for split, n in (("train", 30), ("validation", 8)):
+        rows = {"sentence": [f"{split} sentence {i}" for i in range(n)], "label": [i % 2 for i in range(n)]}
+        datasets.Dataset.from_dict(rows, features=features).to_parquet(
+            str(tmp_path / "repo" / "data" / f"{split}-00000-of-00001.parquet"))
+    config = DataConfig(dataset_name=str(tmp_path / "repo"), text_column="sentence")
+    splits, labels = load_splits(config, seed=0)
+    assert labels.names == ["negative", "positive"]
+    assert len(splits["train"]) == 30 and len(splits["validation"]) == 8  # the repository's own split
+    assert splits["validation"]["text"][3] == "validation sentence 3" and names_of(splits["validation"])[3] == "positive"
+    with pytest.raises(DataError, match=r"data\.train_split: .*repo has no split 'nope' \(splits: train, validation\)"):
+        load_splits(dataclasses.replace(config, train_split="nope"), seed=0)
+    with pytest.raises(DataError, match=r"data\.dataset_name: cannot load '.*missing-repo'"):
+        load_splits(dataclasses.replace(config, dataset_name=str(tmp_path / "missing-repo")), seed=0)
+
+
 def test_stratified_carve(tmp_path):
     path = balanced_csv(tmp_path / "t.csv", {"a": 60, "b": 30, "c": 10})
     config = cfg(path, validation_split=0.2)
