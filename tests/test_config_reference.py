@@ -76,3 +76,27 @@ def test_explain_prints_one_key_and_refuses_an_unknown_one(capsys):
     assert key_help("optim.learning_rate").startswith("optim.learning_rate: float (default: 5e-05)")
     assert train_main(["--explain", "training.learning_rate"]) == 2
     assert "no such config key (did you mean optim.learning_rate?)" in capsys.readouterr().err
+
+
+def test_the_trainer_guide_maps_real_trainer_arguments_to_real_keys():
+    # docs/trainer.md's table: the left column's names are fields of the installed TrainingArguments (or
+    # EarlyStoppingCallback's arguments), the middle column's are keys of the schema
+    import inspect
+    import re
+
+    from transformers import EarlyStoppingCallback, TrainingArguments
+
+    page = (DOC.parent / "trainer.md").read_text(encoding="utf-8")
+    rows = [line.split(" | ") for line in page.splitlines() if line.startswith("| `") and "`TrainingArguments`" not in line]
+    trainer_names = {f.name for f in dataclasses.fields(TrainingArguments)}
+    trainer_names |= set(inspect.signature(EarlyStoppingCallback.__init__).parameters)
+    ours = set(_keys())
+    assert len(rows) >= 25
+    for row in rows:
+        theirs = re.findall(r"`([a-z_0-9]+)`", row[0].strip("| "))
+        keys = re.findall(r"`([a-z_]+\.[a-z_0-9]+)`", row[1])
+        assert theirs and keys, row
+        assert set(theirs) <= trainer_names | {"EarlyStoppingCallback"}, (row[0], set(theirs) - trainer_names)
+        assert set(keys) <= ours, (row[1], set(keys) - ours)
+    prose = re.findall(r"`(model\.[a-z_]+)`", page)
+    assert prose and set(prose) <= ours
