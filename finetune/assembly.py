@@ -199,17 +199,17 @@ def class_counts(train_split, num_labels: int) -> np.ndarray:
 
 
 def build_task(cfg: Config, labels, train_split, device=None) -> Task:
-    """The run's :class:`~finetune.tasks.Task`: its problem type, with ``training.class_weights`` resolved
-    (on ``device``, so that the loss moves nothing to the device in each step).
+    """The run's :class:`~finetune.tasks.Task`: its problem type and ``training.label_smoothing``, with
+    ``training.class_weights`` resolved (on ``device``, so that the loss moves nothing to the device in each step).
 
     Raises:
         ConfigError: if a class weight names a label the training data does not have.
     """
     from finetune.tasks import balanced_weights
 
-    spec = cfg.training.class_weights
+    spec, smoothing = cfg.training.class_weights, cfg.training.label_smoothing
     if spec is None:
-        return Task(labels.problem_type)
+        return Task(labels.problem_type, label_smoothing=smoothing)
     names = list(labels.names)
     if spec == "balanced":
         weights = balanced_weights(class_counts(train_split, len(names)).tolist())
@@ -221,7 +221,7 @@ def build_task(cfg: Config, labels, train_split, device=None) -> Task:
         weights = [float(spec.get(name, 1.0)) for name in names]
     # the start line says it
     logger.debug("training.class_weights: %s", ", ".join(f"{n}={w:.4g}" for n, w in zip(names, weights)))
-    return Task("single_label", torch.tensor(weights, dtype=torch.float32, device=device))
+    return Task("single_label", torch.tensor(weights, dtype=torch.float32, device=device), label_smoothing=smoothing)
 
 
 def prepare(accelerator, model, optimizer, train_dl, eval_dl):

@@ -298,6 +298,8 @@ def _check_across_sections(cfg: Config) -> Config:
     problem_type = cfg.model.problem_type
     if cfg.training.class_weights is not None and problem_type != "single_label":
         raise ConfigError(f"training.class_weights: apply to single_label only (model.problem_type is {problem_type})")
+    if cfg.training.label_smoothing and problem_type != "single_label":
+        raise ConfigError(f"training.label_smoothing: applies to single_label only (model.problem_type is {problem_type})")
     if cfg.data.label_delimiter is not None and problem_type != "multi_label":
         raise ConfigError(f"data.label_delimiter: splits multi_label labels only (model.problem_type is {problem_type})")
     if cfg.data.label_delimiter == "":

@@ -275,11 +275,17 @@ class TrainingConfig:
         "single_label only: weight each class's loss, for imbalanced data. `balanced`: n / (C * n_c) from "
         "the training labels; or a mapping {label name: weight} (unlisted labels weigh 1). The loss is "
         "the sample mean of weighted per-sample losses, the same for any b, k, P (finetune.tasks).")
+    label_smoothing: float = setting(0.0,
+        "single_label only: cross-entropy against smoothed targets (the Trainer's `label_smoothing_factor`): "
+        "the true class gets 1 - e + e/C, every other class e/C. Each sample's loss is smoothed, so the "
+        "contract holds; the evaluation loss is smoothed too, as the Trainer's. 0: plain cross-entropy.")
     on_nonfinite: Literal["stop", "skip"] = setting("stop",
         "Non-finite loss: `stop` the run, or `skip` that update.")
     max_skipped: int = setting(10, "With `on_nonfinite: skip`, stop after this many skipped updates in a row.")
 
     def __post_init__(self) -> None:
+        if not 0.0 <= self.label_smoothing < 1.0:
+            raise ConfigError(f"training.label_smoothing: must be in [0, 1), got {self.label_smoothing}")
         if self.per_device_train_batch_size == "auto":
             if self.effective_batch_size is None:
                 raise ConfigError(

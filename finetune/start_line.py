@@ -64,6 +64,8 @@ def _how(run: Run) -> str:
     if run.labels.problem_type != "regression":
         positive = f" on {evaluation.positive_label!r}" if evaluation.average == "binary" else ""
         parts.append(f"average={evaluation.average}{positive}")
+    if run.task.label_smoothing:
+        parts.append(f"label_smoothing={run.task.label_smoothing:g}")
     weights = run.task.class_weights
     if weights is not None:
         parts.append("class_weights=" + ",".join(f"{n}:{w:.4g}" for n, w in zip(run.labels.names, weights.tolist())))

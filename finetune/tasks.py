@@ -3,8 +3,9 @@
 ===============  ====================  ==================================================  ======================
 problem type     label of a text       per-sample loss ``l_i`` (float32)                   prediction
 ===============  ====================  ==================================================  ======================
-single_label     one class id          ``w[y_i] * CE(z_i, y_i)`` (``w`` = 1 without        ``argmax z_i``
-                                       class weights)
+single_label     one class id          ``w[y_i] * CE_e(z_i, y_i)`` (``w`` = 1 without      ``argmax z_i``
+                                       class weights; ``CE_e`` against targets smoothed
+                                       by ``e``, plain CE at ``e`` = 0)
 multi_label      a 0/1 vector over     ``mean_j BCE(z_ij, y_ij)``: the mean over the L      ``sigmoid(z_ij) > t``
                  the L labels          labels, as transformers' ``BCEWithLogitsLoss``
 regression       a number              ``(z_i - y_i) ** 2``, as transformers' ``MSELoss``  ``z_i``
@@ -63,18 +64,22 @@ class Task:
     Args:
         problem_type: single_label, multi_label or regression.
         class_weights: single_label only: one weight per class id (float32), or ``None``.
+        label_smoothing: single_label only: ``e`` of the smoothed targets (torch's ``label_smoothing``).
         threshold: multi_label only: the sigmoid probability above which a label is predicted.
     """
 
     problem_type: str = "single_label"
     class_weights: Optional[torch.Tensor] = None
     threshold: float = DEFAULT_THRESHOLD
+    label_smoothing: float = 0.0
 
     def __post_init__(self) -> None:
         if self.problem_type not in PROBLEM_TYPES:
             raise ValueError(f"problem_type must be one of {', '.join(PROBLEM_TYPES)}, got {self.problem_type!r}")
         if self.class_weights is not None and self.problem_type != "single_label":
             raise ValueError("class weights apply to single_label only")
+        if self.label_smoothing and self.problem_type != "single_label":
+            raise ValueError("label smoothing applies to single_label only")
 
     @classmethod
     def of_model(cls, model) -> "Task":
@@ -85,7 +90,7 @@ class Task:
         """``l_i`` for each row, in float32 (see the table above)."""
         logits = logits.float()
         if self.problem_type == "single_label":
-            loss = F.cross_entropy(logits, labels, reduction="none")
+            loss = F.cross_entropy(logits, labels, reduction="none", label_smoothing=self.label_smoothing)
             if self.class_weights is not None:
                 loss = loss * self.class_weights.to(loss.device)[labels]
             return loss

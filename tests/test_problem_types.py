@@ -135,6 +135,36 @@ def test_a_callers_loss_keeps_the_contract(fresh_accelerate_state):
     assert _differs(small, plain)
 
 
+def test_label_smoothing_is_the_trainers_and_keeps_the_contract_with_class_weights(fresh_accelerate_state):
+    from transformers.trainer_pt_utils import LabelSmoother
+
+    # the mean of the per-sample losses is the Trainer's label_smoothing_factor loss on the same logits
+    torch.manual_seed(0)
+    logits, labels = torch.randn(6, 3), torch.tensor([0, 2, 1, 1, 0, 2])
+    ours = Task("single_label", label_smoothing=0.1).per_sample_loss(logits, labels)
+    assert ours.shape == (6,)
+    assert ours.mean().item() == pytest.approx(LabelSmoother(0.1)({"logits": logits}, labels).item(), rel=1e-6)
+    # with class weights: (8, 4) is (32, 1) after every update, and the smoothing is really applied
+    weights = torch.tensor([1.0, 3.0, 0.5])
+    smoothed = Task("single_label", weights, label_smoothing=0.2).per_sample_loss
+    big, big_records, _ = _run(32, 1, loss_fn=smoothed)
+    small, records, _ = _run(8, 4, loss_fn=smoothed)
+    _assert_same(big, small)
+    assert [r["train/loss"] for r in records] == pytest.approx([r["train/loss"] for r in big_records], rel=1e-5)
+    weighted_only, _, _ = _run(8, 4, loss_fn=Task("single_label", weights).per_sample_loss)
+    assert _differs(small, weighted_only)
+
+
+def test_a_run_smooths_its_labels_and_says_so(tmp_path):
+    from finetune.start_line import describe
+
+    seen = []
+    fit_tiny_run(tmp_path, before_fit=lambda run: seen.append((run.task, describe(run))),
+                 training={"label_smoothing": 0.1, "num_train_epochs": None, "max_steps": 2})
+    (task, start), = seen
+    assert task == Task("single_label", label_smoothing=0.1) and " label_smoothing=0.1 " in start
+
+
 def test_a_loss_that_reduces_is_refused(fresh_accelerate_state):
     with pytest.raises(ValueError, match=r"loss_fn must return one loss per row \(shape \(8,\)\), got shape \(\)"):
         _run(8, 4, loss_fn=lambda logits, labels: F.cross_entropy(logits, labels))
@@ -225,6 +255,9 @@ def test_regression_reads_numbers_and_names_a_row_that_is_not_one(tmp_path):
     ({"training": {"class_weights": "balanced"}, "model": {"problem_type": "regression"}},
      r"training.class_weights: apply to single_label only"),
     ({"data": {"label_delimiter": ","}}, r"data.label_delimiter: splits multi_label labels only"),
+    ({"training": {"label_smoothing": 1.0}}, r"training.label_smoothing: must be in \[0, 1\), got 1.0"),
+    ({"training": {"label_smoothing": 0.1}, "model": {"problem_type": "regression"}},
+     r"training.label_smoothing: applies to single_label only \(model.problem_type is regression\)"),
     ({"model": {"problem_type": "multi_label"}, "evaluation": {"average": "binary", "positive_label": "x"}},
      r"evaluation.average: binary needs single_label"),
 ])
