@@ -10,7 +10,7 @@ Each prediction has the label, its probability (``score``) and the
 probability of every class; for a multi-label model, ``labels`` (every label
 whose sigmoid probability is over ``--threshold``, 0.5 by default) and each
 label's probability; for a regression model, the predicted number (``score``). Command-line texts print as JSON lines; ``--file``
-reads ``.txt`` (one text per line), ``.csv``/``.tsv`` (with a header) or
+reads ``.txt`` (one text per line; ``--file -`` reads such lines from standard input), ``.csv``/``.tsv`` (with a header) or
 ``.jsonl`` (one object per line) and writes ``.csv`` or ``.jsonl``: one row
 per input row, in the same order, with every column of the input kept and the
 prediction added (to stdout as JSON lines without ``--output``), with a
@@ -27,7 +27,6 @@ small; texts are truncated to the run's ``data.max_length`` (from the saved
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import os
 import sys
@@ -36,10 +35,10 @@ from typing import Any, Optional, Sequence
 
 from finetune.errors import ConfigError, DataError, ModelError, run_command
 from finetune.outputs import refuse_a_run_file
+from finetune.prediction_files import (INPUT_FORMATS, OUTPUT_FORMATS, STDIN, checked_suffix, predict_rows,
+                                       read_rows, write_predictions)
 from finetune.truncation import BOOKKEEPING, LENGTH, Truncation, prediction_length
 
-INPUT_FORMATS = (".txt", ".csv", ".tsv", ".jsonl")
-OUTPUT_FORMATS = (".csv", ".jsonl")
 DEFAULT_BATCH_SIZE = 64
 
 
@@ -260,109 +259,6 @@ def _training_device():
     return state.device
 
 
-# --------------------------------------------------------------------------- files
-
-
-def _suffix(path: Path, allowed: Sequence[str], what: str, exists: bool = False) -> str:
-    suffix = path.suffix.lower()
-    if suffix not in allowed:
-        raise DataError(f"{what} {path}: unsupported extension {suffix or '(none)'!r} (use {', '.join(allowed)})")
-    if exists and not path.is_file():
-        raise DataError(f"{what} {path}: not found")
-    return suffix
-
-
-def read_rows(path: str | os.PathLike, text_column: str = "text",
-              text_pair_column: Optional[str] = None) -> list[dict[str, Any]]:
-    """The rows of a ``.txt``, ``.csv``, ``.tsv`` or ``.jsonl`` file, every column kept, one per input line.
-
-    ``.txt`` holds one text per line: each line is a row ``{"text": line}``,
-    blank lines included (they get an empty prediction), so output rows line
-    up with input lines. The others are read by
-    :func:`finetune.data.read_table`, as training data is, and must hold
-    ``text_column`` (a CSV/TSV header, or a JSON key).
-
-    Raises:
-        DataError: naming the file (and line or column) if it is missing, has
-            an unsupported extension, lacks the column, or holds a bad line.
-    """
-    from finetune.data import read_table
-
-    path = Path(path)
-    suffix = _suffix(path, INPUT_FORMATS, "--file", exists=True)
-    if suffix == ".txt":
-        if text_pair_column:
-            raise DataError(f"--file {path}: a .txt file holds single texts; this model takes pairs "
-                            f"(use .csv or .jsonl with a {text_pair_column!r} column)")
-        try:
-            with open(path, encoding="utf-8-sig", newline="") as fh:
-                rows = [{"text": line.rstrip("\r\n")} for line in fh]
-        except UnicodeDecodeError as exc:
-            raise DataError(f"--file {path}: not UTF-8 text (byte offset {exc.start})") from None
-    else:
-        # the readers training uses: the same formats, quoting and encoding checks
-        table = read_table(str(path), "--file")
-        for column in [text_column] + ([text_pair_column] if text_pair_column else []):
-            if column not in table.column_names:
-                where = "in the header" if suffix in (".csv", ".tsv") else "among the keys"
-                raise DataError(f"--file {path}: no column {column!r} {where} "
-                                f"({', '.join(table.column_names) or 'empty'}); pass --text-column")
-        rows = table.to_list()
-    if not any(_text(row, text_column) for row in rows):
-        raise DataError(f"--file {path}: no texts in it")
-    return rows
-
-
-def _text(row: dict[str, Any], column: Optional[str]) -> str:
-    value = row.get(column) if column else None
-    return "" if value is None else str(value)
-
-
-def predict_rows(predictor: "Predictor", rows: list[dict[str, Any]], text_column: str,
-                 text_pair_column: Optional[str] = None, progress: bool = False) -> list[dict[str, Any]]:
-    """Each row with its ``label``, ``score`` and ``probabilities`` added; an empty text gets empty ones."""
-    texts = [_text(row, text_column) for row in rows]
-    pairs = [_text(row, text_pair_column) for row in rows] if text_pair_column else None
-    filled = [i for i, text in enumerate(texts) if text.strip()]
-    predictions = predictor.predict([texts[i] for i in filled], [pairs[i] for i in filled] if pairs else None,
-                                    progress)
-    empty = predictor.empty_prediction()
-    out = [{**row, **empty} for row in rows]
-    for i, prediction in zip(filled, predictions):
-        out[i] = {**rows[i], **prediction}
-    return out
-
-
-PREDICTED = ("label", "labels", "score", "probabilities")
-
-
-def write_predictions(path: str | os.PathLike, rows: list[dict[str, Any]], labels: Sequence[str],
-                      label_delimiter: str = ",") -> None:
-    """Write predicted rows as ``.csv`` or ``.jsonl``.
-
-    A CSV holds the input's columns, then what was predicted: ``label``,
-    ``score`` and ``prob_<label>`` per label (single label); ``labels``
-    joined by ``label_delimiter`` and ``prob_<label>`` (multi-label);
-    ``score`` (regression). A JSON line holds the row's dict as it is.
-    """
-    path = Path(path)
-    suffix = _suffix(path, OUTPUT_FORMATS, "--output")
-    with open(path, "w", encoding="utf-8", newline="") as fh:
-        if suffix == ".csv":
-            columns = [c for c in rows[0] if c not in PREDICTED]
-            predicted = [c for c in ("label", "labels", "score") if c in rows[0]]
-            probabilities = [f"prob_{name}" for name in labels] if "probabilities" in rows[0] else []
-            writer = csv.writer(fh)
-            writer.writerow(columns + predicted + probabilities)
-            for row in rows:
-                values = [label_delimiter.join(row[c]) if c == "labels" else row[c] for c in predicted]
-                probs = [row["probabilities"][name] for name in labels] if probabilities else []
-                writer.writerow([row[c] for c in columns] + values + probs)
-        else:
-            for row in rows:
-                fh.write(json.dumps(row, ensure_ascii=False) + "\n")
-
-
 # --------------------------------------------------------------------------- command line
 
 
@@ -371,7 +267,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                      description="Classify texts with a fine-tuned model.")
     parser.add_argument("output_dir", help="a run's output directory (the saved model)")
     parser.add_argument("texts", nargs="*", help="texts to classify (printed as JSON lines)")
-    parser.add_argument("--file", default=None, help="classify the texts of a .txt, .csv, .tsv or .jsonl file")
+    parser.add_argument("--file", default=None, help="classify the texts of a .txt, .csv, .tsv or .jsonl file "
+                        "(-: one text per line from standard input)")
     parser.add_argument("--output", default=None, help="write the file's predictions to a .csv or .jsonl file")
     parser.add_argument("--text-column", default=None,
                         help="CSV column / JSON key of the text (default: the run's data.text_column)")
@@ -393,17 +290,17 @@ def run(args: argparse.Namespace) -> None:
         raise ConfigError("give texts or --file, not both")
     if args.output and not args.file:
         raise ConfigError("--output: only with --file")
-    if args.file:
-        _suffix(Path(args.file), INPUT_FORMATS, "--file", exists=True)  # before the imports below
+    if args.file and args.file != STDIN:
+        checked_suffix(Path(args.file), INPUT_FORMATS, "--file", exists=True)  # before the imports below
     if args.batch_size < 1:
         raise ConfigError(f"--batch-size: must be >= 1, got {args.batch_size}")
     if not 0.0 < args.threshold < 1.0:
         raise ConfigError(f"--threshold: must be between 0 and 1, got {args.threshold}")
     if args.output:
-        _suffix(Path(args.output), OUTPUT_FORMATS, "--output")
+        checked_suffix(Path(args.output), OUTPUT_FORMATS, "--output")
         if not Path(args.output).resolve().parent.is_dir():
             raise DataError(f"--output {args.output}: its directory does not exist")
-        if Path(args.output).resolve() == Path(args.file).resolve():
+        if args.file != STDIN and Path(args.output).resolve() == Path(args.file).resolve():
             raise ConfigError(f"--output {args.output}: is the --file being classified; name another file")
     output_dir = Path(args.output_dir)
     if not output_dir.is_dir():

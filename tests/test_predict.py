@@ -100,6 +100,28 @@ def test_cli_texts_print_json_lines(trained):
         assert sum(r["probabilities"].values()) == pytest.approx(1.0, abs=1e-6)
 
 
+def test_standard_input_is_one_text_per_line(trained, predictor, tmp_path):
+    # `cat messages.txt | finetune predict RUN --file -`: a line per text, a blank line an empty prediction,
+    # UTF-8 whatever the terminal's locale says
+    out, _, _ = trained
+    lines = [TEXTS[0], "", TEXTS[1] + " caf\u00e9"]
+    proc = subprocess.run([sys.executable, "-m", "finetune.predict", str(out), "--file", "-"], cwd=REPO,
+                          input=("\n".join(lines) + "\n").encode("utf-8"), env=offline_env({"LC_ALL": "C"}),
+                          capture_output=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr.decode()[-2000:]
+    printed = [json.loads(line) for line in proc.stdout.decode("utf-8").splitlines()]
+    assert [r["text"] for r in printed] == lines
+    assert printed[1]["label"] == "" and printed[1]["score"] is None
+    expected = predictor.predict([lines[0], lines[2]])
+    assert [printed[0]["label"], printed[2]["label"]] == [p["label"] for p in expected]
+    assert printed[2]["probabilities"] == pytest.approx(expected[1]["probabilities"], abs=1e-5)
+    # and into a file
+    proc = subprocess.run([sys.executable, "-m", "finetune.predict", str(out), "--file", "-", "--output",
+                           str(tmp_path / "p.jsonl")], cwd=REPO, input=TEXTS[0].encode(), env=offline_env(),
+                          capture_output=True, timeout=120)
+    assert proc.returncode == 0 and json.loads((tmp_path / "p.jsonl").read_text(encoding="utf-8"))["text"] == TEXTS[0]
+
+
 def _write_inputs(tmp_path):
     txt = tmp_path / "in.txt"
     txt.write_text("\n".join(TEXTS[:3]) + "\n\n", encoding="utf-8")  # a blank line: an empty prediction

@@ -1,0 +1,138 @@
+"""The files ``finetune predict`` reads and writes: texts in, one prediction per input row out.
+
+``--file`` takes ``.txt`` (one text per line; ``-`` reads such lines from
+standard input), ``.csv``/``.tsv`` with a header, or ``.jsonl``; ``--output``
+writes ``.csv`` or ``.jsonl``. Every input row gets one output row, in order,
+its columns kept and the prediction added; an empty text gets an empty
+prediction, so the rows line up.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+from finetune.errors import DataError
+
+INPUT_FORMATS = (".txt", ".csv", ".tsv", ".jsonl")
+STDIN = "-"  # --file -: one text per line from standard input, as a .txt file
+OUTPUT_FORMATS = (".csv", ".jsonl")
+
+
+def checked_suffix(path: Path, allowed: Sequence[str], what: str, exists: bool = False) -> str:
+    """``path``'s lower-case extension, one of ``allowed``; with ``exists``, the file must be there.
+
+    Raises:
+        DataError: naming ``what`` (``--file``, ``--output``) and the path.
+    """
+    suffix = path.suffix.lower()
+    if suffix not in allowed:
+        raise DataError(f"{what} {path}: unsupported extension {suffix or '(none)'!r} (use {', '.join(allowed)})")
+    if exists and not path.is_file():
+        raise DataError(f"{what} {path}: not found")
+    return suffix
+
+
+def read_rows(path: str | os.PathLike, text_column: str = "text",
+              text_pair_column: Optional[str] = None) -> list[dict[str, Any]]:
+    """The rows of a ``.txt``, ``.csv``, ``.tsv`` or ``.jsonl`` file, every column kept, one per input line.
+
+    ``.txt`` holds one text per line: each line is a row ``{"text": line}``,
+    blank lines included (they get an empty prediction), so output rows line
+    up with input lines; ``-`` reads such lines from standard input. The others are read by
+    :func:`finetune.data.read_table`, as training data is, and must hold
+    ``text_column`` (a CSV/TSV header, or a JSON key).
+
+    Raises:
+        DataError: naming the file (and line or column) if it is missing, has
+            an unsupported extension, lacks the column, or holds a bad line.
+    """
+    from finetune.data import read_table
+
+    stdin = str(path) == STDIN
+    path = Path(path)
+    suffix = ".txt" if stdin else checked_suffix(path, INPUT_FORMATS, "--file", exists=True)
+    if suffix == ".txt":
+        if text_pair_column:
+            raise DataError(f"--file {path}: {'standard input' if stdin else 'a .txt file'} holds single texts; "
+                            f"this model takes pairs (use .csv or .jsonl with a {text_pair_column!r} column)")
+        rows = _text_lines(sys.stdin.buffer if stdin else path, path)
+    else:
+        # the readers training uses: the same formats, quoting and encoding checks
+        table = read_table(str(path), "--file")
+        for column in [text_column] + ([text_pair_column] if text_pair_column else []):
+            if column not in table.column_names:
+                where = "in the header" if suffix in (".csv", ".tsv") else "among the keys"
+                raise DataError(f"--file {path}: no column {column!r} {where} "
+                                f"({', '.join(table.column_names) or 'empty'}); pass --text-column")
+        rows = table.to_list()
+    if not any(_text(row, text_column) for row in rows):
+        raise DataError(f"--file {path}: no texts in it")
+    return rows
+
+
+def _text_lines(source, path: Path) -> list[dict[str, Any]]:
+    """``{"text": line}`` for each line of a file or a binary stream, read as UTF-8 (a BOM dropped)."""
+    try:
+        if isinstance(source, Path):
+            with open(source, encoding="utf-8-sig", newline="") as fh:
+                return [{"text": line.rstrip("\r\n")} for line in fh]
+        return [{"text": line.rstrip("\r\n")} for line in io.TextIOWrapper(source, encoding="utf-8-sig", newline="")]
+    except UnicodeDecodeError as exc:
+        raise DataError(f"--file {path}: not UTF-8 text (byte offset {exc.start})") from None
+
+
+def _text(row: dict[str, Any], column: Optional[str]) -> str:
+    value = row.get(column) if column else None
+    return "" if value is None else str(value)
+
+
+def predict_rows(predictor, rows: list[dict[str, Any]], text_column: str,
+                 text_pair_column: Optional[str] = None, progress: bool = False) -> list[dict[str, Any]]:
+    """Each row with its ``label``, ``score`` and ``probabilities`` added by ``predictor`` (a
+    :class:`finetune.predict.Predictor`); an empty text gets empty ones."""
+    texts = [_text(row, text_column) for row in rows]
+    pairs = [_text(row, text_pair_column) for row in rows] if text_pair_column else None
+    filled = [i for i, text in enumerate(texts) if text.strip()]
+    predictions = predictor.predict([texts[i] for i in filled], [pairs[i] for i in filled] if pairs else None,
+                                    progress)
+    empty = predictor.empty_prediction()
+    out = [{**row, **empty} for row in rows]
+    for i, prediction in zip(filled, predictions):
+        out[i] = {**rows[i], **prediction}
+    return out
+
+
+PREDICTED = ("label", "labels", "score", "probabilities")
+
+
+def write_predictions(path: str | os.PathLike, rows: list[dict[str, Any]], labels: Sequence[str],
+                      label_delimiter: str = ",") -> None:
+    """Write predicted rows as ``.csv`` or ``.jsonl``.
+
+    A CSV holds the input's columns, then what was predicted: ``label``,
+    ``score`` and ``prob_<label>`` per label (single label); ``labels``
+    joined by ``label_delimiter`` and ``prob_<label>`` (multi-label);
+    ``score`` (regression). A JSON line holds the row's dict as it is.
+    """
+    path = Path(path)
+    suffix = checked_suffix(path, OUTPUT_FORMATS, "--output")
+    with open(path, "w", encoding="utf-8", newline="") as fh:
+        if suffix == ".csv":
+            columns = [c for c in rows[0] if c not in PREDICTED]
+            predicted = [c for c in ("label", "labels", "score") if c in rows[0]]
+            probabilities = [f"prob_{name}" for name in labels] if "probabilities" in rows[0] else []
+            writer = csv.writer(fh)
+            writer.writerow(columns + predicted + probabilities)
+            for row in rows:
+                values = [label_delimiter.join(row[c]) if c == "labels" else row[c] for c in predicted]
+                probs = [row["probabilities"][name] for name in labels] if probabilities else []
+                writer.writerow([row[c] for c in columns] + values + probs)
+        else:
+            for row in rows:
+                fh.write(json.dumps(row, ensure_ascii=False) + "\n")
