@@ -2,7 +2,7 @@
 
 Usage::
 
-    finetune train [--config F] [--data FILE --text COLUMN --label COLUMN --output DIR] [section.key=value ...]
+    finetune train [--config F] [--data FILE --text COLUMN --label COLUMN --model NAME --output DIR] [section.key=value ...]
     finetune predict OUTPUT_DIR "a text" ... | --file FILE [--output FILE]
     finetune score OUTPUT_DIR --file FILE [section.key=value ...]
     finetune plot OUTPUT_DIR

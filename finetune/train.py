@@ -34,6 +34,7 @@ logger = logging.getLogger("finetune")
 
 EXAMPLES = """examples:
   finetune train --data reviews.csv --text sentence --label sentiment --output outputs/reviews
+  finetune train --data reviews.csv --model microsoft/deberta-v3-base --output outputs/reviews-deberta
   finetune train --config configs/bbc_news.yaml training.max_steps=50 optim.learning_rate=3e-5
   finetune train --data tagged.jsonl --label tags --output outputs/tags model.problem_type=multi_label
   finetune train --explain training.effective_batch_size
@@ -50,7 +51,7 @@ def epilog() -> str:
 
 # the short path's flags and the keys they set
 SHORTCUTS = {"data": "data.train_file", "text": "data.text_column", "label": "data.label_column",
-             "output": "output.output_dir"}
+             "model": "model.name_or_path", "output": "output.output_dir"}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -65,6 +66,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "folder (sets data.train_file; its layout is found from the file)")
     parser.add_argument("--text", metavar="COLUMN", help="column of the texts (data.text_column)")
     parser.add_argument("--label", metavar="COLUMN", help="column of the labels (data.label_column)")
+    parser.add_argument("--model", metavar="NAME", help="the pretrained encoder: a Hub id (microsoft/deberta-v3-base) "
+                        "or a local folder (model.name_or_path)")
     parser.add_argument("--output", metavar="DIR", help="where the run writes (output.output_dir)")
     parser.add_argument("--explain", metavar="SECTION.KEY", help="print one config key's type, default and meaning, "
                         "then exit")

@@ -79,14 +79,14 @@ def test_the_short_command_trains_on_a_csv(tmp_path):
     out = tmp_path / "out"
     reset_accelerate()
     try:
-        code = main(["train", "--data", str(data), "--text", "sentence", "--label", "sentiment", "--output", str(out),
-                     f"model.name_or_path={model}", "data.max_length=32", "training.max_steps=2",
-                     "logging.progress_bar=false"])
+        code = main(["train", "--data", str(data), "--text", "sentence", "--label", "sentiment", "--model", str(model),
+                     "--output", str(out), "data.max_length=32", "training.max_steps=2", "logging.progress_bar=false"])
     finally:
         reset_accelerate()
     assert code == 0
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["train"]["updates"] == 2 and metrics["labels"] == ["ham", "spam"]
+    assert load_config(out / "config.yaml").model.name_or_path == str(model)  # --model trained that model
 
 
 def test_an_override_of_the_file_drops_the_settings_of_the_old_one():
