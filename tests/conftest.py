@@ -52,12 +52,15 @@ def strict_fp32(fresh_accelerate_state):
 @pytest.fixture(scope="session")
 def tokenizers(tmp_path_factory):
     """The tiny model's WordPiece vocabulary as a fast (Rust) and a slow (Python) tokenizer."""
-    from transformers import AutoTokenizer, BertTokenizerLegacy
+    import transformers
+    from transformers import AutoTokenizer
 
     from helpers import save_tiny_model
 
     folder = save_tiny_model(tmp_path_factory.mktemp("tok") / "tiny-bert")
     fast = AutoTokenizer.from_pretrained(folder)
-    slow = BertTokenizerLegacy(vocab_file=str(folder / "vocab.txt"), do_lower_case=True)
+    # transformers 5 renamed the pure-Python tokenizer; 4.x calls it BertTokenizer
+    slow_class = getattr(transformers, "BertTokenizerLegacy", None) or transformers.BertTokenizer
+    slow = slow_class(vocab_file=str(folder / "vocab.txt"), do_lower_case=True)
     assert hasattr(fast, "backend_tokenizer") and not hasattr(slow, "backend_tokenizer")
     return {"fast": fast, "slow": slow}

@@ -89,7 +89,7 @@ def save_tiny_model(directory: Path, num_labels: int = 2, seed: int = 0) -> Path
     vocab.write_text("\n".join(SPECIAL + WORDS) + "\n", encoding="utf-8")
     # transformers 5 takes the vocabulary as `vocab` and silently ignores `vocab_file`,
     # which left every word [UNK]: the tiny model could not tell texts apart
-    tokenizer = BertTokenizerFast(vocab=str(vocab), do_lower_case=True, model_max_length=64)
+    tokenizer = BertTokenizerFast(vocab=str(vocab), vocab_file=str(vocab), do_lower_case=True, model_max_length=64)
     tokenizer.save_pretrained(directory)
     torch.manual_seed(seed)
     # A bare encoder, like the embedded MiniLM: the classification head is created by fine-tuning.

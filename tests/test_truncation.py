@@ -189,7 +189,7 @@ def test_deberta_v3_trains_and_predicts_past_its_512_positions(tmp_path):
     cut = summary["train"]["long_texts"]
     assert cut["longer_than_max_length"] == 0 and cut["longest_tokens"] > 64  # past the positions, none cut
     predictor = Predictor.load(cfg.output.output_dir)
-    assert type(predictor.tokenizer).__name__ == "DebertaV2Tokenizer" and predictor.max_length == 200
+    assert type(predictor.tokenizer).__name__.startswith("DebertaV2Tokenizer") and predictor.max_length == 200
     text = max((text for _, text in rows), key=len)
     ids = predictor.tokenizer(text, return_tensors="pt")
     assert ids["input_ids"].shape[1] > 64
