@@ -77,15 +77,13 @@ def run(spec: ArmSpec) -> dict:
             adam_beta2=o.adam_beta2,
             adam_epsilon=o.adam_epsilon,
             lr_scheduler_type=o.lr_scheduler_type,
-            # a float below 1 is a fraction of the updates, rounded up as the package does
-            warmup_steps=o.warmup_steps if o.warmup_steps > 0 else o.warmup_ratio,
             max_grad_norm=t.max_grad_norm or 0.0,
             num_train_epochs=t.num_train_epochs or 1.0,
             max_steps=t.max_steps if t.max_steps is not None else -1,
             bf16=spec.precision == "bf16",
             use_cpu=not cuda,
             seed=t.seed,
-            train_sampling_strategy=strategy,
+            **_sampling_and_warmup_for_this_release(TrainingArguments, strategy, o),
             eval_strategy="no",
             save_strategy="no",
             report_to="none",
@@ -148,3 +146,21 @@ def main(argv=None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def _sampling_and_warmup_for_this_release(arguments_class, strategy: str, optim) -> dict:
+    """The sampler and the warmup in the installed release's names.
+
+    transformers 5 takes ``train_sampling_strategy`` and a warmup fraction as a
+    float ``warmup_steps`` (rounded up, as the package does); 4.x took
+    ``group_by_length`` and ``warmup_ratio``.
+    """
+    import dataclasses
+
+    names = {f.name for f in dataclasses.fields(arguments_class)}
+    fraction = optim.warmup_steps <= 0
+    if "train_sampling_strategy" in names:
+        return {"train_sampling_strategy": strategy,
+                "warmup_steps": optim.warmup_ratio if fraction else optim.warmup_steps}
+    warmup = {"warmup_ratio": optim.warmup_ratio} if fraction else {"warmup_steps": optim.warmup_steps}
+    return {"group_by_length": strategy == "group_by_length", **warmup}

@@ -196,14 +196,16 @@ def _held_load_report():
     """Hold back transformers' load report while a model loads; yields the held records.
 
     Hand-written because transformers has no switch for the report alone: it
-    is one WARNING record of ``transformers.modeling_utils`` whose text starts
-    with the class name and ``LOAD REPORT``. Were that wording to change, the
-    report would simply be shown, as without this.
+    is a WARNING record of ``transformers.modeling_utils`` whose text holds
+    ``LOAD REPORT`` (transformers 5) or starts ``Some weights of`` (4.x: the
+    weights newly initialised, or those of the checkpoint not used). Were that
+    wording to change, the report would simply be shown, as without this.
     """
     held: list[logging.LogRecord] = []
 
     def hold(record: logging.LogRecord) -> bool:
-        if "LOAD REPORT" in str(record.msg):
+        text = str(record.msg)
+        if "LOAD REPORT" in text or text.startswith("Some weights of"):
             held.append(record)
             return False
         return True

@@ -80,11 +80,16 @@ def test_explain_prints_one_key_and_refuses_an_unknown_one(capsys):
 
 def test_the_trainer_guide_maps_real_trainer_arguments_to_real_keys():
     # docs/trainer.md's table: the left column's names are fields of the installed TrainingArguments (or
-    # EarlyStoppingCallback's arguments), the middle column's are keys of the schema
+    # EarlyStoppingCallback's arguments), the middle column's are keys of the schema. The guide names
+    # transformers 5's arguments (4.x had group_by_length and warmup_ratio for two of them).
     import inspect
     import re
 
+    import transformers
     from transformers import EarlyStoppingCallback, TrainingArguments
+
+    if int(transformers.__version__.split(".")[0]) < 5:
+        pytest.skip("docs/trainer.md names transformers 5's TrainingArguments")
 
     page = (DOC.parent / "trainer.md").read_text(encoding="utf-8")
     rows = [line.split(" | ") for line in page.splitlines() if line.startswith("| `") and "`TrainingArguments`" not in line]

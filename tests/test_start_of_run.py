@@ -54,8 +54,10 @@ def test_the_start_line_comes_first_and_says_what_will_happen(own_data_run):
                             "reviews.csv: 54 train rows; validation: 6 rows, 10% of the training rows held out")
     assert "precision=no (" in start and " b=8 k=2 P=1 effective_batch=16 updates=2 " in start
     assert start.endswith(f"-> {out}")
-    # then the progress: the first line after it is the first epoch's
-    assert lines[len(notes) + 1].startswith("epoch 0 ")
+    # then the progress: the first line after it is the first epoch's (transformers 4.x adds a note that the
+    # CPU's attention switch needs transformers 5)
+    after = [line for line in lines[len(notes) + 1:] if "predates the attention registry" not in line]
+    assert after[0].startswith("epoch 0 ")
     # the config is in the output folder (and the log at --debug), not in the log of every run
     assert yaml.safe_load((out / "config.yaml").read_text())["data"]["train_file"].endswith("reviews.csv")
     assert "the config of this run" not in stderr and "model:\n" not in stderr
@@ -101,7 +103,7 @@ def test_the_load_report_is_kept_when_more_than_the_head_is_new(tmp_path):
         logging.getLogger("transformers.modeling_utils").removeHandler(reports)
     assert new_head == ("classifier.bias", "classifier.weight")
     (report,) = reports.texts
-    assert "LOAD REPORT" in report and "bert.pooler.dense.weight" in report
+    assert ("LOAD REPORT" in report or report.startswith("Some weights of")) and "bert.pooler.dense.weight" in report
 
 
 class _Reports(logging.Handler):
