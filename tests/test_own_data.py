@@ -89,6 +89,42 @@ def test_the_short_command_trains_on_a_csv(tmp_path):
     assert load_config(out / "config.yaml").model.name_or_path == str(model)  # --model trained that model
 
 
+@pytest.mark.slow
+def test_a_hub_model_id_trains_from_the_hub_cache_offline(tmp_path):
+    # `--model org/name` takes the Hub's code path: the id is looked up, not a folder; offline, transformers
+    # reads it from the Hub cache, laid out here as huggingface_hub lays it out
+    import shutil
+    import subprocess
+    import sys
+
+    from helpers import offline_env
+
+    snapshot = tmp_path / "hub" / "models--tiny-org--tiny-bert" / "snapshots" / "0123abcd"
+    shutil.copytree(save_tiny_model(tmp_path / "model"), snapshot)
+    (snapshot.parent.parent / "refs").mkdir()
+    (snapshot.parent.parent / "refs" / "main").write_text("0123abcd", encoding="utf-8")
+    data = _write(tmp_path / "reviews.csv", "csv", make_texts(40, seed=5))
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, "-m", "finetune.cli", "train", "--data", str(data), "--text", "sentence",
+                           "--label", "sentiment", "--model", "tiny-org/tiny-bert", "--output", str(out),
+                           "data.max_length=32", "training.max_steps=2", "logging.progress_bar=false"],
+                          cwd=tmp_path, env=offline_env({"HF_HUB_CACHE": str(tmp_path / "hub")}), capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "start: fine-tune tiny-org/tiny-bert (new head)" in proc.stderr
+    assert load_config(out / "config.yaml").model.name_or_path == "tiny-org/tiny-bert"
+    assert "base_model: tiny-org/tiny-bert" in (out / "README.md").read_text(encoding="utf-8")  # the card's Hub id
+    # a Hub id that is not in the cache is one line, offline as online
+    proc = subprocess.run([sys.executable, "-m", "finetune.cli", "train", "--data", str(data), "--text", "sentence",
+                           "--label", "sentiment", "--model", "tiny-org/absent", "--output", str(tmp_path / "x")],
+                          cwd=tmp_path, env=offline_env({"HF_HUB_CACHE": str(tmp_path / "hub")}), capture_output=True,
+                          text=True, timeout=300)
+    error, hint = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and error.startswith(
+        "error: command line: model.name_or_path: cannot load a tokenizer from tiny-org/absent: "), proc.stderr
+    assert hint == "hint: 'tiny-org/absent' is not a local path, so it was taken as a Hugging Face Hub id"
+
+
 def test_an_override_of_the_file_drops_the_settings_of_the_old_one():
     sms = load_config(None, [])
     assert (sms.data.format, sms.data.has_header, sms.data.column_names) == ("tsv", False, ["label", "text"])
