@@ -75,6 +75,11 @@ def is_lora(model) -> bool:
     return hasattr(model, "peft_config") and hasattr(model, "get_base_model")
 
 
+def base_model(model):
+    """The transformers model inside PEFT's wrapper; ``model`` itself when it carries no adapters."""
+    return model.get_base_model() if is_lora(model) else model
+
+
 def layer_stack(model) -> tuple[str, torch.nn.ModuleList]:
     """The encoder's transformer blocks: the ``nn.ModuleList`` inside the base model holding the most weights.
 

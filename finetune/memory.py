@@ -110,10 +110,9 @@ def tensor_bytes(tensors) -> int:
 
 def blocks_of(model) -> torch.nn.ModuleList:
     """The encoder's transformer blocks (a LoRA model's too)."""
-    from finetune.lora import layer_stack
+    from finetune.lora import base_model, layer_stack
 
-    base = model.get_base_model() if is_lora(model) else model
-    return layer_stack(base)[1]
+    return layer_stack(base_model(model))[1]
 
 
 @contextlib.contextmanager

@@ -256,8 +256,9 @@ def set_gradient_checkpointing(model, on: bool) -> None:
             _CACHE_SWITCHED_OFF.discard(model)
         return
     if not supports_checkpointing(model):
-        named = model.get_base_model() if hasattr(model, "get_base_model") else model  # not PEFT's wrapper
-        raise ConfigError(f"training.gradient_checkpointing: {type(named).__name__} does not support it",
+        from finetune.lora import base_model
+
+        raise ConfigError(f"training.gradient_checkpointing: {type(base_model(model)).__name__} does not support it",
                           hint="set it to false; a smaller micro-batch, LoRA or a shorter max_length save memory too")
     if getattr(model.config, "use_cache", False):
         model.config.use_cache = False

@@ -118,9 +118,9 @@ def layer_depths(model: torch.nn.Module) -> tuple[dict[int, int], int]:
     Raises:
         ConfigError: for a model whose blocks cannot be found.
     """
-    from finetune.lora import is_lora, layer_stack
+    from finetune.lora import base_model, layer_stack
 
-    base = model.get_base_model() if is_lora(model) else model
+    base = base_model(model)
     try:
         _, blocks = layer_stack(base)
     except ConfigError:
