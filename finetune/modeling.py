@@ -155,10 +155,10 @@ def set_dropout(config, p: float) -> None:
     ELECTRA's ``summary_last_dropout``. A head's ``classifier_dropout`` of
     ``None`` means "the hidden dropout", so it is set too.
     """
-    names = [name for name, value in config.to_dict().items()
-             if "dropout" in name and (value is None or (isinstance(value, (int, float)) and not isinstance(value, bool)))]
-    for name in names:
-        setattr(config, name, p)
+    for name, value in config.to_dict().items():
+        probability = value is None or (isinstance(value, (int, float)) and not isinstance(value, bool))
+        if "dropout" in name and probability:
+            setattr(config, name, p)
 
 
 def add_adapters(model, cfg: ModelConfig, accelerator):

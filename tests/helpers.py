@@ -73,9 +73,9 @@ def tiny_model(model_type: str, num_labels: int = 3, seed: int = 0, dropout: Opt
              "vocab_size": len(SPECIAL) + len(WORDS), "max_position_embeddings": 64, "num_labels": num_labels}
     config = AutoConfig.for_model(model_type, **sizes, **_ARCHITECTURE_SIZES.get(model_type, {}))
     if dropout is not None:
-        for key, value in config.to_dict().items():
-            if "dropout" in key and isinstance(value, float):
-                setattr(config, key, dropout)
+        from finetune.modeling import set_dropout
+
+        set_dropout(config, dropout)
     torch.manual_seed(seed)
     return AutoModelForSequenceClassification.from_config(config)
 
