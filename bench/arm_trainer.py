@@ -144,10 +144,6 @@ def main(argv=None) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
-
-
 def _sampling_and_warmup_for_this_release(arguments_class, strategy: str, optim) -> dict:
     """The sampler and the warmup in the installed release's names.
 
@@ -164,3 +160,7 @@ def _sampling_and_warmup_for_this_release(arguments_class, strategy: str, optim)
                 "warmup_steps": optim.warmup_ratio if fraction else optim.warmup_steps}
     warmup = {"warmup_ratio": optim.warmup_ratio} if fraction else {"warmup_steps": optim.warmup_steps}
     return {"group_by_length": strategy == "group_by_length", **warmup}
+
+
+if __name__ == "__main__":
+    sys.exit(main())

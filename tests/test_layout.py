@@ -107,6 +107,31 @@ def test_modules_stay_short_enough_to_read():
     assert all(_lines(name) > MAX_LINES for name in LONG_MODULES)  # a module that got shorter leaves the list
 
 
+def _main_guard_comes_last(path: Path) -> bool:
+    """A script's ``if __name__ == "__main__":`` runs when Python reaches it: whatever is defined after it is
+    not defined yet when ``main()`` runs, which imports (what the tests do) never show."""
+    body = ast.parse(path.read_text(encoding="utf-8")).body
+    guards = [i for i, node in enumerate(body)
+              if isinstance(node, ast.If) and ast.unparse(node.test) == "__name__ == '__main__'"]
+    return all(i == len(body) - 1 for i in guards)
+
+
+def test_a_script_defines_everything_before_it_runs():
+    scripts = [p for folder in ("finetune", "bench", "tests") for p in sorted((REPO / folder).rglob("*.py"))
+               if "__main__" in p.read_text(encoding="utf-8")]
+    assert len(scripts) >= 15  # the check reads real scripts
+    late = [str(p.relative_to(REPO)) for p in scripts if not _main_guard_comes_last(p)]
+    assert not late, f"definitions after the `if __name__ == '__main__':` block, undefined when it runs: {late}"
+
+
+def test_the_main_guard_check_sees_a_late_definition(tmp_path):
+    script = tmp_path / "arm.py"
+    script.write_text('def main():\n    helper()\n\n\nif __name__ == "__main__":\n    main()\n\n\ndef helper():\n    pass\n')
+    assert not _main_guard_comes_last(script)
+    script.write_text('def main():\n    pass\n\n\nif __name__ == "__main__":\n    main()\n')
+    assert _main_guard_comes_last(script)
+
+
 def test_each_decision_has_the_file_the_readme_names():
     """The README's map says where each decision lives; the names it gives must exist there."""
     readme = (REPO / "README.md").read_text(encoding="utf-8")
