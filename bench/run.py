@@ -490,6 +490,10 @@ def markdown(report: dict[str, Any]) -> str:
         f"wall time {report['wall_minutes']:.1f} min",
         "",
     ]
+    rounds_run = report.get("rounds") or {}
+    if rounds_run.get("done", 0) < rounds_run.get("planned", 0):
+        lines += [f"**Cut short:** {rounds_run['done']} of {rounds_run['planned']} rounds ran; the tables are "
+                  f"theirs.", ""]
     finding = report.get("trainer_grad_check")
     if finding:
         lines += [f"**Trainer and accumulation:** {finding['summary']}."]
@@ -711,18 +715,25 @@ def combine(folders: list[str], out: Path, command: str) -> int:
         **first,
         "command": command,
         "combined_from": [r["command"] for r in reports],
+        "rounds": None,  # each report's own rounds; the pooled medians say nothing of a cut
         "repeats": max(r["repeats"] for r in reports),
         "accuracy_seeds": sum(r.get("accuracy_seeds", 0) for r in reports),
         "rows": aggregate(list(jobs.values()), results, first.get("peak"), first.get("flops_model") or {}),
         "results": results,
         "wall_minutes": sum(r["wall_minutes"] for r in reports),
     }
+    publish(report, out)
+    return 0
+
+
+def publish(report: dict[str, Any], out: Path, quiet: bool = False) -> None:
+    """Write ``bench.json`` and ``bench.md`` into ``out``; print the Markdown unless ``quiet``."""
     out.mkdir(parents=True, exist_ok=True)
     write_result(out / "bench.json", report)
     text = markdown(report)
     (out / "bench.md").write_text(text, encoding="utf-8")
-    print(text)
-    return 0
+    if not quiet:
+        print(text)
 
 
 def main(argv=None) -> int:
@@ -749,20 +760,8 @@ def main(argv=None) -> int:
     jobs = speed + accuracy
     plan = rounds(speed, s.repeats) + seeded_rounds(accuracy, s.accuracy_seeds, s.first_seed)
     total = sum(len(r) for r in plan)
-    results, index = [], 0
-    for repeat, round_jobs in enumerate(plan):
-        for job in round_jobs:
-            index += 1
-            which = f"seed {job.seed}" if job.seed is not None else f"repeat {repeat + 1}"
-            print(f"bench: [{index}/{total}] {which}: {job.name} ...", flush=True)
-            result = run_job(job, s, index)
-            result["round"] = repeat  # the arms of one round run back to back: their ratio is paired
-            results.append(result)
-            status = (f"{result['samples'] / result['train_seconds']:.1f} samples/s" if result.get("ok")
-                      else result["error"])
-            print(f"bench:     {status} ({result['wall_seconds']:.0f}s)", flush=True)
     fms = {d: flops_model(d, s) for d in s.datasets}
-    report = {
+    header = {
         "command": command,
         "smoke": s.smoke,
         "precision": s.precision,
@@ -775,14 +774,26 @@ def main(argv=None) -> int:
         "trainer_grad_check": finding,
         "peak": peak,
         "flops_model": fms,
-        "rows": aggregate(jobs, results, peak, fms),
-        "results": results,
-        "wall_minutes": (time.perf_counter() - started) / 60,
     }
-    write_result(s.out / "bench.json", report)
-    text = markdown(report)
-    (s.out / "bench.md").write_text(text, encoding="utf-8")
-    print(text)
+    results, index = [], 0
+    for repeat, round_jobs in enumerate(plan):
+        for job in round_jobs:
+            index += 1
+            which = f"seed {job.seed}" if job.seed is not None else f"repeat {repeat + 1}"
+            print(f"bench: [{index}/{total}] {which}: {job.name} ...", flush=True)
+            result = run_job(job, s, index)
+            result["round"] = repeat  # the arms of one round run back to back: their ratio is paired
+            results.append(result)
+            status = (f"{result['samples'] / result['train_seconds']:.1f} samples/s" if result.get("ok")
+                      else result["error"])
+            print(f"bench:     {status} ({result['wall_seconds']:.0f}s)", flush=True)
+        # after every round, so that a run stopped on a time limit leaves the tables of the rounds it finished
+        publish({**header, "rows": aggregate(jobs, results, peak, fms), "results": results,
+                 "wall_minutes": (time.perf_counter() - started) / 60,
+                 "rounds": {"done": repeat + 1, "planned": len(plan)}}, s.out, quiet=repeat + 1 < len(plan))
+    if not plan:
+        publish({**header, "rows": aggregate(jobs, results, peak, fms), "results": results,
+                 "wall_minutes": (time.perf_counter() - started) / 60, "rounds": {"done": 0, "planned": 0}}, s.out)
     return 0 if all(r.get("ok") for r in results) else 1
 
 

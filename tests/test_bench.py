@@ -179,6 +179,36 @@ def test_speed_ratios_pair_the_arms_of_each_round():
     assert "finetune 1.60 (median; rounds 1.50, 2.00, 1.60)" in markdown(report)
 
 
+def test_a_benchmark_stopped_mid_run_leaves_the_tables_of_its_finished_rounds(tmp_path, monkeypatch):
+    """A run killed on a time limit (a GPU lease) keeps what it measured: the report is written after every
+    round, says how many ran, and the arms' ratios pair the rounds that finished."""
+    import json
+
+    from bench import run
+
+    calls = []
+
+    def fake_job(job, s, index):
+        calls.append(job.name)
+        if len(calls) > 4:  # the second round's first arm: the lease ends here
+            raise KeyboardInterrupt
+        speed = 100.0 if job.name == "sms/ours" else 50.0
+        return {"job": job.name, "seed": None, "ok": True, "updates": 4, "samples": 128, "tokens": 2560,
+                "train_seconds": 128 / speed, "wall_seconds": 1.0, "eval": {}}
+
+    monkeypatch.setattr(run, "run_job", fake_job)
+    monkeypatch.setattr(run, "run_helper", lambda *a, **k: None)
+    monkeypatch.setattr(run, "flops_model", lambda dataset, s: None)
+    out = tmp_path / "bench"
+    with pytest.raises(KeyboardInterrupt):
+        run.main(["--datasets", "sms", "--accuracy-seeds", "0", "--skip-grad-check", "--repeats", "3",
+                  "--only", "=sms/ours,=sms/trainer,=sms/accelerate,bk1", "--out", str(out)])
+    report = json.loads((out / "bench.json").read_text(encoding="utf-8"))
+    assert report["rounds"] == {"done": 1, "planned": 3}
+    assert len(report["results"]) == 3 and report["rows"]["sms/ours"]["samples_per_s_x_trainer_paired"] == 2.0
+    assert "**Cut short:** 1 of 3 rounds ran" in (out / "bench.md").read_text(encoding="utf-8")
+
+
 def test_a_gpu_table_shows_the_reserved_peak_that_counts_a_graph_pool():
     """On a GPU the speed table shows the reserved peak beside the allocated one (a CUDA graph's pool is only in
     the reserved), and the ratio to the Trainer stays on the allocated peak."""
