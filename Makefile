@@ -32,8 +32,8 @@ test: install
 bench: install
 	$(BIN)/python bench/run.py $(ARGS)
 
-# on a CUDA machine: the tests marked gpu, then the speed comparison on a bert-base-sized model (bench/gpu.sh);
-# ARGS="OUT_DIR PART ..." runs some of its parts (tests, speed, casts, graphs)
+# on a CUDA machine: the tests marked gpu, the speed comparison on a bert-base-sized model, the probes, FSDP and
+# DeepSpeed (bench/gpu.sh); ARGS="OUT_DIR PART ..." runs some of its parts (tests, speed, graphs, casts, engines)
 gpu-check: install
 	PATH=$(BIN):$$PATH bench/gpu.sh $(ARGS)
 

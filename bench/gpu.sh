@@ -3,68 +3,145 @@
 #
 #   bench/gpu.sh [OUT_DIR [PART ...]]   # default bench/results/gpu, every part; also: make gpu-check
 #
-# The parts, run in this order, each also on its own (`bench/gpu.sh bench/results/gpu speed`, or
-# `make gpu-check ARGS="bench/results/gpu speed"`): tests, speed, casts, graphs (1. to 4. below).
+# The parts, in the order given (by default this one), each also on its own (`bench/gpu.sh bench/results/gpu speed`, or
+# `make gpu-check ARGS="bench/results/gpu speed"`):
 #
-# 1. The tests marked `gpu`: the accumulation contract on CUDA in fp32, a bf16 run, fp16 with the
-#    grad scaler (a skipped step does not advance the schedule), fused AdamW, DDP over NCCL when
-#    there are two GPUs or more (tests/test_gpu.py); FSDP and DeepSpeed ZeRO-2 launched on one GPU
-#    with the shipped configs: the contract, a stop and an exact resume, the saved model in
-#    pipeline() (tests/test_gpu_engines.py; DeepSpeed's skipped where it is not installed);
-#    training.cuda_graphs capturing real graphs: the eager weights, the warm-up adding nothing and
-#    drawing no random numbers, gradients kept in place (tests/test_cuda_graphs.py).
-# 2. The speed comparison against transformers.Trainer and an Accelerate loop on a bert-base-sized
-#    model (random weights, the embedded tokenizer: bench/bert_base.py) at max_length 128 in bf16,
-#    on BBC News: samples/s, non-pad tokens/s, peak GPU memory, MFU against the matmul peak
-#    measured on that GPU, and (b, k) against (b, 1) and (b*k, 1); the package under FSDP (and
-#    DeepSpeed, where installed) and with training.cuda_graphs as rows of the same table.
-# 3. training.cast_once_per_update on against off on the same job: CUDA kernels, aten ops and
-#    milliseconds per micro-batch (python -m bench.probe casts).
-# 4. A micro-batch replayed from CUDA graphs against the eager one, on the same job: milliseconds per
-#    micro-batch, the accumulated gradient's difference, the micro-batches after which capturing pays
-#    for itself, and the graphs' memory pool (python -m bench.cuda_graphs).
+#   tests    the tests marked `gpu`, FSDP's and DeepSpeed's left to `engines`: the accumulation contract on
+#            CUDA in fp32, a bf16 run, fp16 with the grad scaler (a skipped step does not advance the
+#            schedule), fused AdamW, DDP over NCCL with two GPUs or more (tests/test_gpu.py);
+#            training.cuda_graphs capturing real graphs: the eager weights, the warm-up adding nothing and
+#            drawing no random numbers, gradients kept in place (tests/test_cuda_graphs.py), and launched
+#            through the CLI: the contract, a stop and an exact resume, pipeline() (tests/test_gpu_engines.py)
+#   speed    against transformers.Trainer on a bert-base-sized model (random weights, the embedded
+#            tokenizer: bench/bert_base.py) at max_length 128 in bf16 on BBC News: samples/s, non-pad
+#            tokens/s, peak GPU memory, MFU against the matmul peak measured on that GPU; the package at
+#            (b, k), at (b, 1) and with training.cuda_graphs (GPU_ARMS=all adds the Accelerate loop and
+#            (b*k, 1))
+#   graphs   a micro-batch replayed from CUDA graphs against the eager one: milliseconds per micro-batch,
+#            the gradient's difference, the micro-batches after which capturing pays, the graphs' memory
+#            pool (python -m bench.cuda_graphs)
+#   casts    training.cast_once_per_update on against off: CUDA kernels, aten ops and milliseconds per
+#            micro-batch (python -m bench.probe casts)
+#   engines  FSDP and DeepSpeed ZeRO-2 launched on one GPU with the shipped configs: the contract, a stop
+#            and an exact resume, pipeline() (tests/test_gpu_engines.py; DeepSpeed's skipped where it is not
+#            installed), and the package under each against the Trainer (bench/run.py --engines)
 #
-# Settings: GPU_BATCHING=b,k (default 64,4), GPU_STEPS (updates per run, default 40),
-# GPU_REPEATS (default 3), FINETUNE_TOKENIZER=<folder> to use another tokenizer than the
-# embedded MiniLM's. bench/README.md ("On a GPU") lists the wheels to bring to an offline machine.
+# OUT_DIR receives a few flat files: parts.log (each part: passed, failed, timed out or skipped, and its
+# seconds), tests.log, speed.md, speed.json, graphs.md, casts.md, engines.log, engines.md; the working
+# files (the model, every run) go to GPU_WORK (default OUT_DIR/work). A failing part does not stop the
+# next; the exit status names the parts that failed.
+#
+# Settings: GPU_BUDGET_S=<seconds> fits the check into a time limit: each part runs under what is left,
+# less GPU_RESERVE_S (default 60) for each part after it, and a part left less than that is skipped (a
+# cut speed part keeps the rounds it finished). GPU_BATCHING=b,k (default 64,4), GPU_STEPS (updates per speed run, default
+# 40), GPU_REPEATS (default 2), GPU_ARMS (bench/run.py --only; `all` for every arm), PYTHON (default
+# python3). GPU_KIT=<folder> (default .gpu): what bench/gpu_kit.sh made for a machine without network;
+# its wheels are installed under GPU_WORK and its tokenizer used unless FINETUNE_TOKENIZER names one.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+self="$(cd "$(dirname "$0")" && pwd)/$(basename "$0")"
+cd "$(dirname "$self")/.."
+all="tests speed graphs casts engines"
 out=${1:-bench/results/gpu}
 [ $# -gt 0 ] && shift
-parts=" ${*:-tests speed casts graphs} "
+parts=${*:-$all}
 for part in $parts; do
-    case $part in tests|speed|casts|graphs) ;; *) echo "bench/gpu.sh: no part '$part' (tests, speed, casts, graphs)" >&2; exit 2;; esac
+    [[ " $all " == *" $part "* ]] || { echo "bench/gpu.sh: no part '$part' ($all)" >&2; exit 2; }
 done
-wants() { [[ $parts == *" $1 "* ]]; }
 mkdir -p "$out"
-export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-python -c "import torch; assert torch.cuda.is_available(), 'bench/gpu.sh: no CUDA GPU here'; print('gpu:', torch.cuda.get_device_name(), torch.__version__)"
-# a failing test or probe does not stop the measurements after it; the exit status reports it at the end
-failed=""
-if wants tests; then
-    python -m pytest -m gpu -v -rs -p no:cacheprovider tests/test_gpu.py tests/test_gpu_engines.py tests/test_cuda_graphs.py 2>&1 \
-        | tee "$out/gpu-tests.log" || failed="$failed tests (see $out/gpu-tests.log)"
+out=$(cd "$out" && pwd)
+work=${GPU_WORK:-$out/work}
+mkdir -p "$work"
+work=$(cd "$work" && pwd)
+py=${PYTHON:-python3}
+budget=${GPU_BUDGET_S:-0}
+reserve=${GPU_RESERVE_S:-60}
+if [ -z "${GPU_ONE_PART:-}" ]; then  # the part runs below inherit this set-up
+    export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1
+    export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+    kit=${GPU_KIT:-.gpu}
+    if compgen -G "$kit/wheels/*.whl" >/dev/null; then
+        [ -d "$work/site" ] || "$py" -m pip install --quiet --no-index --no-deps --no-compile --target "$work/site" "$kit"/wheels/*.whl
+        export PYTHONPATH="$PYTHONPATH:$work/site"
+    fi
+    if [ -d "$kit/tokenizer" ] && [ -z "${FINETUNE_TOKENIZER:-}" ]; then
+        FINETUNE_TOKENIZER=$(cd "$kit/tokenizer" && pwd)
+        export FINETUNE_TOKENIZER
+    fi
+    "$py" -c "import torch; assert torch.cuda.is_available(), 'bench/gpu.sh: no CUDA GPU here'; print('gpu:', torch.cuda.get_device_name(), torch.__version__)"
 fi
-if wants speed || wants casts || wants graphs; then
-    [ -f "$out/bert-base/config.json" ] || python -m bench.bert_base "$out/bert-base" ${FINETUNE_TOKENIZER:+--tokenizer "$FINETUNE_TOKENIZER"}
-fi
+
 b_k=${GPU_BATCHING:-64,4}
-if wants speed; then
-    engines=fsdp
-    python -c "import deepspeed" 2>/dev/null && engines=fsdp,deepspeed_zero2
-    python bench/run.py --datasets bbc --accuracy-seeds 0 --skip-grad-check --precision bf16 \
-        --batching "$b_k" --bbc-steps "${GPU_STEPS:-40}" --repeats "${GPU_REPEATS:-3}" --engines "$engines" --graphs \
-        --override model.name_or_path="$out/bert-base" --override data.max_length=128 --out "$out/bench" \
-        && cat "$out/bench/bench.md" || failed="$failed speed"
+b=${b_k%,*}
+k=${b_k#*,}
+model="$work/bert-base"
+job=(model.name_or_path="$model" data.max_length=128 training.mixed_precision=bf16 training.per_device_train_batch_size="$b")
+speed=(bench/run.py --datasets bbc --accuracy-seeds 0 --skip-grad-check --precision bf16 --batching "$b_k"
+       --bbc-steps "${GPU_STEPS:-40}" --repeats "${GPU_REPEATS:-2}" --override model.name_or_path="$model"
+       --override data.max_length=128)
+arms=${GPU_ARMS:-=bbc/ours,=bbc/trainer,bbc/ours bk1,bbc/ours graphs}
+[ "$arms" = all ] && arms=""
+
+bert_base() { [ -f "$model/config.json" ] || "$py" -m bench.bert_base "$model" ${FINETUNE_TOKENIZER:+--tokenizer "$FINETUNE_TOKENIZER"}; }
+part_tests() {
+    "$py" -m pytest -m gpu -v -rs -p no:cacheprovider -k "not fsdp and not deepspeed" \
+        tests/test_gpu.py tests/test_cuda_graphs.py tests/test_gpu_engines.py 2>&1 | tee "$out/tests.log"
+}
+part_speed() {
+    local status=0
+    bert_base && "$py" "${speed[@]}" --graphs --only "$arms" --out "$work/speed" || status=$?
+    # what the rounds that finished measured, also after a stop on the time limit
+    cp "$work/speed/bench.md" "$out/speed.md" 2>/dev/null && cp "$work/speed/bench.json" "$out/speed.json"
+    return $status
+}
+part_graphs() { bert_base && "$py" -m bench.cuda_graphs "${job[@]}" 2>&1 | tee "$out/graphs.md"; }
+part_casts() {
+    bert_base && "$py" -m bench.probe casts "${job[@]}" training.effective_batch_size=$((b * k)) 2>&1 | tee "$out/casts.md"
+}
+part_engines() {
+    local status=0 engines=fsdp
+    "$py" -c "import deepspeed" 2>/dev/null && engines=fsdp,deepspeed_zero2
+    "$py" -m pytest -m gpu -v -rs -p no:cacheprovider -k "fsdp or deepspeed" tests/test_gpu_engines.py 2>&1 \
+        | tee "$out/engines.log" || status=$?
+    bert_base && "$py" "${speed[@]}" --engines "$engines" --only "=bbc/trainer,=bbc/ours,bbc/ours fsdp,bbc/ours deepspeed" \
+        --out "$work/engines" || status=$?
+    cp "$work/engines/bench.md" "$out/engines.md" 2>/dev/null || true
+    return $status
+}
+
+# One part, run by the loop below as a child of this script (what `timeout` can signal as a whole)
+if [ -n "${GPU_ONE_PART:-}" ]; then
+    set -o pipefail
+    "part_$GPU_ONE_PART"
+    exit
 fi
-if wants casts; then
-    python -m bench.probe casts model.name_or_path="$out/bert-base" data.max_length=128 training.mixed_precision=bf16 \
-        training.per_device_train_batch_size="${b_k%,*}" training.effective_batch_size="$(( ${b_k%,*} * ${b_k#*,} ))" \
-        2>&1 | tee "$out/casts.md" || failed="$failed casts"
-fi
-if wants graphs; then
-    python -m bench.cuda_graphs model.name_or_path="$out/bert-base" data.max_length=128 training.mixed_precision=bf16 \
-        training.per_device_train_batch_size="${b_k%,*}" 2>&1 | tee "$out/cuda_graphs.md" || failed="$failed cuda_graphs"
-fi
-[ -z "$failed" ] || { echo "bench/gpu.sh: failed:$failed" >&2; exit 1; }
+
+# Each part's seconds and outcome go to parts.log as they happen: a check cut short says how far it got.
+started=$SECONDS
+failed=""
+set -- $parts
+: > "$out/parts.log"
+while [ $# -gt 0 ]; do
+    part=$1; shift
+    limit=()
+    if [ "$budget" -gt 0 ]; then
+        left=$(( budget - (SECONDS - started) - reserve * $# ))
+        if [ "$left" -lt "$reserve" ]; then
+            echo "$part: skipped, ${left}s of GPU_BUDGET_S=$budget left for it" | tee -a "$out/parts.log"
+            continue
+        fi
+        limit=(timeout --signal=INT --kill-after=20 "$left")
+        echo "== $part (at most ${left}s)"
+    else
+        echo "== $part"
+    fi
+    t0=$SECONDS
+    status=0
+    GPU_ONE_PART=$part GPU_WORK=$work "${limit[@]}" bash "$self" "$out" || status=$?
+    case $status in
+        0) outcome=passed ;;
+        124|137) outcome="timed out"; failed="$failed $part" ;;
+        *) outcome="failed ($status)"; failed="$failed $part" ;;
+    esac
+    echo "$part: $outcome in $((SECONDS - t0))s" | tee -a "$out/parts.log"
+done
+[ -z "$failed" ] || { echo "bench/gpu.sh: failed:$failed (see $out/parts.log)" >&2; exit 1; }

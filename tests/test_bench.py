@@ -237,39 +237,75 @@ def test_a_gpu_table_shows_the_reserved_peak_that_counts_a_graph_pool():
 
 
 def test_the_gpu_check_runs_the_parts_asked_for_and_goes_on_past_a_failing_one(tmp_path):
-    """bench/gpu.sh's plumbing, with a stand-in ``python`` that logs each call (and fails the ones named in
-    FAIL): the parts run in order, a failing part does not stop the next, and the exit status names it."""
+    """bench/gpu.sh's plumbing, with a stand-in ``python3`` that logs each call (fails the ones named in FAIL,
+    sleeps in the ones named in SLOW): the parts run in the order asked, a failing part does not stop the
+    next, a part that overruns its share of GPU_BUDGET_S is stopped, one with no time left is skipped,
+    parts.log says which, and the results land flat in the output folder."""
     import os
     import subprocess
 
     shims = tmp_path / "bin"
     shims.mkdir()
     log = tmp_path / "calls.log"
-    (shims / "python").write_text('#!/usr/bin/env bash\necho "$*" >> "$CALLS"\n'
-                                  '[ -n "$FAIL" ] && [[ "$*" == *"$FAIL"* ]] && exit 1\nexit 0\n')
-    (shims / "python").chmod(0o755)
-    (tmp_path / "out" / "bench").mkdir(parents=True)
-    (tmp_path / "out" / "bench" / "bench.md").write_text("the table\n")  # what bench/run.py writes
+    (shims / "python3").write_text(
+        '#!/usr/bin/env bash\necho "$*" >> "$CALLS"\n'
+        '[ "$1 $2" = "-m bench.bert_base" ] && mkdir -p "$3" && touch "$3/config.json"\n'  # the model, once
+        '[ -n "$SLOW" ] && [[ "$*" == *"$SLOW"* ]] && sleep 30\n'
+        '[ -n "$FAIL" ] && [[ "$*" == *"$FAIL"* ]] && exit 1\nexit 0\n')
+    (shims / "python3").chmod(0o755)
+    out, work = tmp_path / "out", tmp_path / "work"
+    (work / "speed").mkdir(parents=True)
+    (work / "speed" / "bench.md").write_text("the table\n")  # what bench/run.py writes
+    (work / "speed" / "bench.json").write_text("{}\n")
 
-    def gpu_check(*args, fail=""):
+    def gpu_check(*args, fail="", slow="", **env):
         log.unlink(missing_ok=True)
-        env = {**os.environ, "PATH": f"{shims}:{os.environ['PATH']}", "CALLS": str(log), "FAIL": fail}
-        proc = subprocess.run(["bash", str(REPO / "bench" / "gpu.sh"), str(tmp_path / "out"), *args], env=env,
+        env = {**os.environ, "PATH": f"{shims}:{os.environ['PATH']}", "CALLS": str(log), "FAIL": fail,
+               "SLOW": slow, "GPU_WORK": str(work), "GPU_KIT": str(tmp_path / "no-kit"), **env}
+        proc = subprocess.run(["bash", str(REPO / "bench" / "gpu.sh"), str(out), *args], env=env,
                               capture_output=True, text=True, timeout=60)
         calls = log.read_text().splitlines() if log.exists() else []
-        return proc, calls
+        parts = (out / "parts.log").read_text().splitlines() if (out / "parts.log").exists() else []
+        return proc, calls, parts
 
-    proc, calls = gpu_check("graphs", "speed")
+    proc, calls, parts = gpu_check("graphs", "speed")
     assert proc.returncode == 0, proc.stderr
-    assert "the table" in proc.stdout
-    expected = ["-c import torch", "-m bench.bert_base", "-c import deepspeed", "bench/run.py --datasets",
-                "-m bench.cuda_graphs"]  # the script's order; one model for both
+    expected = ["-c import torch", "-m bench.bert_base", "-m bench.cuda_graphs", "bench/run.py --datasets"]
     assert len(calls) == len(expected) and all(c.startswith(e) for c, e in zip(calls, expected)), calls
-    proc, calls = gpu_check(fail="-m pytest")
-    assert proc.returncode == 1 and "failed: tests" in proc.stderr
+    assert [p.split(":")[0] + ":" + p.split(":")[1].split(" in ")[0] for p in parts] == ["graphs: passed",
+                                                                                         "speed: passed"]
+    assert (out / "speed.md").read_text() == "the table\n"  # the table, where a GPU lease brings files back
+
+    proc, calls, parts = gpu_check(fail="-m pytest")
+    assert proc.returncode == 1 and "failed: tests engines" in proc.stderr
     assert [" ".join(c.split()[:2]) for c in calls if c.startswith("-m ")] == [
-        "-m pytest", "-m bench.bert_base", "-m bench.probe", "-m bench.cuda_graphs"]
-    proc, calls = gpu_check("speeds")
+        "-m pytest", "-m bench.cuda_graphs", "-m bench.probe", "-m pytest"]
+    assert [p.split(" in ")[0] for p in parts] == ["tests: failed (1)", "speed: passed", "graphs: passed",
+                                                   "casts: passed", "engines: failed (1)"]
+
+    # 2 s of budget: the probe, which sleeps, is stopped when they are up
+    proc, calls, parts = gpu_check("casts", slow="bench.probe", GPU_BUDGET_S="2", GPU_RESERVE_S="1")
+    assert proc.returncode == 1 and "failed: casts" in proc.stderr
+    assert len(parts) == 1 and parts[0].startswith("casts: timed out in ") and int(parts[0].split()[-1][:-1]) < 10
+    # 3 s, of which the part after casts keeps 2: casts would have 1, under the 2 a part needs, and is skipped
+    proc, calls, parts = gpu_check("casts", "tests", GPU_BUDGET_S="3", GPU_RESERVE_S="2")
+    assert proc.returncode == 0, proc.stderr
+    assert parts[0] == "casts: skipped, 1s of GPU_BUDGET_S=3 left for it" and parts[1].startswith("tests: passed")
+    assert not any("bench.probe" in c for c in calls) and any(c.startswith("-m pytest") for c in calls)
+
+    # a kit for a machine without network: its wheels installed once under the work folder, its tokenizer used
+    kit = tmp_path / "kit"
+    (kit / "wheels").mkdir(parents=True)
+    (kit / "wheels" / "datasets-1-py3-none-any.whl").write_bytes(b"")
+    (kit / "tokenizer").mkdir()
+    (work / "bert-base" / "config.json").unlink()
+    proc, calls, parts = gpu_check("graphs", GPU_KIT=str(kit), FINETUNE_TOKENIZER="")
+    assert proc.returncode == 0, proc.stderr
+    assert calls[0].startswith("-m pip install") and calls[0].endswith(f"--target {work}/site {kit}/wheels/"
+                                                                         "datasets-1-py3-none-any.whl")
+    assert calls[2] == f"-m bench.bert_base {work}/bert-base --tokenizer {kit}/tokenizer"
+
+    proc, calls, parts = gpu_check("speeds")
     assert proc.returncode == 2 and "no part 'speeds'" in proc.stderr and calls == []
 
 
