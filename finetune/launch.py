@@ -208,7 +208,11 @@ def choose_precision(requested: str, device: torch.device, *, flags: Optional[se
         import torch
 
         native = torch.cuda.is_bf16_supported() if cuda_bf16 is None else cuda_bf16
-        return ("bf16", "auto: the GPU computes bf16") if native else ("no", "auto: the GPU has no bf16 units")
+        if native:
+            return "bf16", "auto: the GPU computes bf16"
+        # not chosen for the user (it needs a loss scaler, and activations can overflow), but named: the
+        # tensor cores of a GPU without bf16 (a T4, a V100) compute fp16, not fp32
+        return "no", "auto: the GPU has no bf16 units; training.mixed_precision=fp16 runs its fp16 tensor cores"
     if device.type == "cpu":
         found = sorted(set(NATIVE_BF16_CPU_FLAGS) & (cpu_flags() if flags is None else flags))
         if found:

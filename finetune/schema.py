@@ -234,8 +234,9 @@ class TrainingConfig:
         "Clip the accumulated gradient's global norm to this (null or 0: no clipping).")
     mixed_precision: Literal["auto", "no", "bf16", "fp16"] = setting("auto",
         "`auto`: bf16 where the device computes it natively (a CUDA GPU that supports it; a CPU with "
-        "AVX512-BF16 or AMX), fp32 elsewhere; or `no` (fp32), `bf16`, `fp16` (GPUs only). The start-up "
-        "line says what `auto` chose and why.")
+        "AVX512-BF16 or AMX), fp32 elsewhere; or `no` (fp32), `bf16`, `fp16` (GPUs only, with a loss "
+        "scaler: on a GPU without bf16, such as a T4 or a V100, the precision its tensor cores compute; never "
+        "chosen by `auto`). The start-up line says what `auto` chose and why.")
     seed: int = setting(42,
         "Seed for weights of the new head, data order and dropout (whose stream restarts from it once "
         "setup is done, so it does not depend on what setup drew); from 0 to 2**32 - 1.")

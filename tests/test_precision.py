@@ -24,6 +24,8 @@ def test_auto_follows_the_hardware(device, flags, cuda_bf16, expected):
     assert why.startswith("auto: ")
     if expected == "bf16" and device == "cpu":
         assert "bf16" in why and any(f in why for f in ("avx512_bf16", "amx_bf16"))
+    if device == "cuda" and expected == "no":  # the faster setting such a GPU has, named
+        assert "training.mixed_precision=fp16" in why
 
 
 @pytest.mark.parametrize("requested", ["no", "bf16", "fp16"])
