@@ -38,7 +38,9 @@ FSDP's and DeepSpeed's engines are not capture-safe); fp16 (its grad scaler
 reads the scale on the host); gradient checkpointing (it saves and restores
 the generator's state, which a capture forbids); ``data.truncation: chunks``
 (the windows per text vary); a batch of other keys or longer than the longest
-length; more than :data:`MAX_GRAPHS` lengths.
+length; more than :data:`MAX_GRAPHS` lengths; and, from the micro-batch on
+whose capture CUDA refused (a model whose forward reads a tensor on the host),
+every micro-batch.
 """
 
 from __future__ import annotations
@@ -173,18 +175,22 @@ class GraphedMicroBatches:
         self.grads: list[tuple[torch.nn.Parameter, torch.Tensor]] = []
         self.capture_seconds = 0.0
         self.said: set[str] = set()
+        self.failed: Optional[str] = None  # why no graph is replayed any more, once a capture failed
 
     def takes(self, batch: dict[str, torch.Tensor]) -> bool:
-        """Whether this micro-batch can be replayed; when not (said once per reason), the caller runs it eagerly."""
-        n, length = batch["input_ids"].shape
-        keys = tuple(sorted(batch))
-        other = sorted(set(keys) - set(TOKEN_KEYS) - {"labels"})
-        why = (f"it has {other[0]!r}, which the graph does not pass to the model" if other
-               else "its keys differ from the first micro-batch's" if self.keys not in (None, keys)
-               else f"{n} rows, more than b={self.rows}" if n > self.rows
-               else f"length {length}, longer than {self.lengths[-1]}" if length > self.lengths[-1]
-               else f"more than {MAX_GRAPHS} lengths" if self._width(length) not in self.graphs
-               and len(self.graphs) >= MAX_GRAPHS else None)
+        """Whether this micro-batch can be replayed; when not (said once per reason), the caller runs it eagerly.
+
+        A length met for the first time is captured here, so that a model whose forward cannot be captured
+        (one that reads a tensor on the host, say) is found before its micro-batch is due: that micro-batch
+        and every later one then run eagerly, which the capture's warm-up left the gradients ready for.
+        """
+        why = self._why_not(batch)
+        if why is None:
+            try:
+                self._graph_for(batch)
+            except RuntimeError as error:  # CUDA refuses the capture; the stream and the memory stay usable
+                self.failed = f"the capture failed ({str(error).strip().splitlines()[0]}), so from here on"
+                why = self.failed
         if why is not None and why not in self.said:
             self.said.add(why)
             logger.warning("training.cuda_graphs: a micro-batch runs eagerly: %s", why)
@@ -194,12 +200,7 @@ class GraphedMicroBatches:
                          loss_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
         """Replay the micro-batch's forward and the backward of ``loss_scale`` times its summed loss over its first
         ``real`` rows, adding into the parameters' gradients; returns that sum and the rows' non-pad tokens."""
-        if not self._gradients_intact():
-            self._forget("the gradients were replaced since the capture")
-        width = self._width(batch["input_ids"].shape[1])
-        if width not in self.graphs:
-            self._capture(width, batch)
-        replay, inputs = self.graphs[width]
+        replay, inputs = self._graph_for(batch)
         self._load(inputs, batch, real)
         self.scale.fill_(loss_scale)
         loss_sum = replay().clone()  # the next replay overwrites the graph's output
@@ -212,6 +213,27 @@ class GraphedMicroBatches:
                 "pool_bytes": pool_bytes(self.pool)}
 
     # ----------------------------------------------------------------------------------------- the parts
+
+    def _why_not(self, batch: dict[str, torch.Tensor]) -> Optional[str]:
+        n, length = batch["input_ids"].shape
+        keys = tuple(sorted(batch))
+        other = sorted(set(keys) - set(TOKEN_KEYS) - {"labels"})
+        return (self.failed if self.failed is not None
+                else f"it has {other[0]!r}, which the graph does not pass to the model" if other
+                else "its keys differ from the first micro-batch's" if self.keys not in (None, keys)
+                else f"{n} rows, more than b={self.rows}" if n > self.rows
+                else f"length {length}, longer than {self.lengths[-1]}" if length > self.lengths[-1]
+                else f"more than {MAX_GRAPHS} lengths" if self._width(length) not in self.graphs
+                and len(self.graphs) >= MAX_GRAPHS else None)
+
+    def _graph_for(self, batch: dict[str, torch.Tensor]) -> tuple[Callable[[], torch.Tensor], dict[str, torch.Tensor]]:
+        """The replay and the inputs of the batch's length, captured first where needed."""
+        if not self._gradients_intact():
+            self._forget("the gradients were replaced since the capture")
+        width = self._width(batch["input_ids"].shape[1])
+        if width not in self.graphs:
+            self._capture(width, batch)
+        return self.graphs[width]
 
     def _width(self, length: int) -> int:
         return next(size for size in self.lengths if size >= length)

@@ -248,8 +248,8 @@ class TrainingConfig:
         "On one CUDA GPU, replay each micro-batch's forward and backward from a CUDA graph, one per padding "
         "length: one launch instead of a kernel launch per operation (see finetune.cuda_graphs). Micro-batches "
         "are padded to `b` rows (the added rows weigh 0) and to four lengths up to `data.max_length`. Where it "
-        "cannot apply (a CPU, several processes, fp16, gradient checkpointing, chunked texts) the run trains "
-        "eagerly and says why once. Not yet measured on a GPU, so off by default.")
+        "cannot apply (a CPU, several processes, fp16, gradient checkpointing, chunked texts, a model whose "
+        "forward CUDA cannot capture) the run trains eagerly and says why once. Not yet measured on a GPU, so off by default.")
     cast_once_per_update: bool = setting(True,
         "Under bf16 or fp16 autocast, make the low-precision copies of the weights once per update and share "
         "them among the window's micro-batches, instead of casting every weight again in each micro-batch: "

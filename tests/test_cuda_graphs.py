@@ -18,6 +18,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from torch.utils.data import DataLoader
+from transformers import BertForSequenceClassification
 
 from finetune.config import OptimConfig, config_from_dict
 from finetune.cuda_graphs import GraphedMicroBatches, record_cuda_graph, rerun_eagerly, why_not_graphed
@@ -53,12 +54,31 @@ class CountingRecorder:
         return self.record(step, pool)
 
 
-def _train(device: str, graphed: bool, epochs: int = 2) -> dict:
+class HostReadingBert(BertForSequenceClassification):
+    """A forward that reads a tensor on the host, as some models' do: CUDA refuses to capture it."""
+
+    def forward(self, input_ids=None, **kwargs):
+        if not bool((input_ids >= 0).all()):
+            raise ValueError("a negative token id")
+        return super().forward(input_ids=input_ids, **kwargs)
+
+
+class RefusingRecorder(CountingRecorder):
+    """On a CPU, where nothing is captured: the refusal CUDA gives a forward like HostReadingBert's."""
+
+    def __call__(self, step, pool):
+        self.captures += 1
+        raise RuntimeError("CUDA error: operation not permitted when stream is capturing\nCUDA kernel errors ...")
+
+
+def _train(device: str, graphed: bool, epochs: int = 2, host_reading: bool = False) -> dict:
     """``(4, 3)`` on the tiny BERT for ``epochs``, eagerly or replayed; the weights after every update."""
     from accelerate import Accelerator
 
     acc = Accelerator(cpu=device == "cpu", gradient_accumulation_steps=K)
     model = tiny_bert(seed=0)
+    if host_reading:
+        model.__class__ = HostReadingBert
     opt_cfg = OptimConfig(learning_rate=1e-3, warmup_steps=1)
     optimizer = build_optimizer(model, opt_cfg, device=acc.device)
     data = token_dataset(N, seed=1)
@@ -66,7 +86,7 @@ def _train(device: str, graphed: bool, epochs: int = 2) -> dict:
                     collate_fn=pad_collate)
     model, optimizer, dl = acc.prepare(model, optimizer, dl)
     scheduler = build_scheduler(optimizer, opt_cfg, plan_updates(len(dl), K, epochs, None, warmup_steps=1))
-    recorder = CountingRecorder(device)
+    recorder = RefusingRecorder(device) if host_reading and device == "cpu" else CountingRecorder(device)
     graphs = GraphedMicroBatches(model, Task().per_sample_loss, rows=B_MICRO, lengths=LENGTHS,
                                  recorder=recorder) if graphed else None
     snapshots, records, grads, input_memory = [], [], [], []
@@ -124,6 +144,24 @@ def test_gradients_stay_in_place_from_update_to_update(device):
     first, last = run["grads"][0], run["grads"][-1]
     assert all(a is not None and a is b for a, b in zip(first, last))
     assert all(float(g.abs().sum()) == 0.0 for g in last)  # zeroed after the last update
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_model_whose_capture_fails_trains_eagerly_from_there_said_once(device, caplog):
+    """A forward that reads a tensor on the host cannot be captured: the run goes on eagerly, with the eager
+    run's weights (the warm-up before the failed capture added nothing), and says why once."""
+    eager = _train(device, graphed=False, epochs=1, host_reading=True)
+    with caplog.at_level(logging.WARNING, logger="finetune"):
+        fallen = _train(device, graphed=True, epochs=1, host_reading=True)
+    assert len(fallen["snapshots"]) == len(eager["snapshots"]) == 4
+    for update, (a, b) in enumerate(zip(eager["snapshots"], fallen["snapshots"])):
+        for pa, pb in zip(a, b):
+            torch.testing.assert_close(pb, pa, rtol=1e-5, atol=1e-6, msg=lambda m: f"update {update + 1}: {m}")
+    said = [r.message for r in caplog.records if "training.cuda_graphs" in r.message]
+    assert len(said) == 1 and "a micro-batch runs eagerly: the capture failed (" in said[0], said
+    if device == "cpu":
+        assert "(CUDA error: operation not permitted when stream is capturing), so from here on" in said[0]
+    assert fallen["recorder"].captures == 1 and fallen["graphs"].record()["lengths"] == []
 
 
 def _one_micro_batch(device: str, dropout: float = 0.1):
