@@ -27,7 +27,7 @@ from finetune.loop import TrainState, train_one_epoch
 from finetune.optimization import build_optimizer, build_scheduler, plan_updates
 from finetune.sampling import EpochSampler
 from finetune.tasks import Task
-from helpers import pad_collate, tiny_bert, token_dataset
+from helpers import ARCHITECTURES, pad_collate, tiny_bert, tiny_model, token_dataset
 
 pytestmark = pytest.mark.usefixtures("strict_fp32")
 
@@ -71,12 +71,13 @@ class RefusingRecorder(CountingRecorder):
         raise RuntimeError("CUDA error: operation not permitted when stream is capturing\nCUDA kernel errors ...")
 
 
-def _train(device: str, graphed: bool, epochs: int = 2, host_reading: bool = False) -> dict:
-    """``(4, 3)`` on the tiny BERT for ``epochs``, eagerly or replayed; the weights after every update."""
+def _train(device: str, graphed: bool, epochs: int = 2, host_reading: bool = False, model_type: str = "bert") -> dict:
+    """``(4, 3)`` on a tiny model (BERT by default) for ``epochs``, eagerly or replayed; the weights after every
+    update."""
     from accelerate import Accelerator
 
     acc = Accelerator(cpu=device == "cpu", gradient_accumulation_steps=K)
-    model = tiny_bert(seed=0)
+    model = tiny_bert(seed=0) if model_type == "bert" else tiny_model(model_type, num_labels=2, dropout=0.0)
     if host_reading:
         model.__class__ = HostReadingBert
     opt_cfg = OptimConfig(learning_rate=1e-3, warmup_steps=1)
@@ -88,7 +89,7 @@ def _train(device: str, graphed: bool, epochs: int = 2, host_reading: bool = Fal
     scheduler = build_scheduler(optimizer, opt_cfg, plan_updates(len(dl), K, epochs, None, warmup_steps=1))
     recorder = RefusingRecorder(device) if host_reading and device == "cpu" else CountingRecorder(device)
     graphs = GraphedMicroBatches(model, Task().per_sample_loss, rows=B_MICRO, lengths=LENGTHS,
-                                 recorder=recorder) if graphed else None
+                                 pad_token_id=model.config.pad_token_id or 0, recorder=recorder) if graphed else None
     snapshots, records, grads, input_memory = [], [], [], []
 
     def on_update(state):
@@ -162,6 +163,28 @@ def test_a_model_whose_capture_fails_trains_eagerly_from_there_said_once(device,
     if device == "cpu":
         assert "(CUDA error: operation not permitted when stream is capturing), so from here on" in said[0]
     assert fallen["recorder"].captures == 1 and fallen["graphs"].record()["lengths"] == []
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (bench/gpu.sh)")
+@pytest.mark.parametrize("model_type", ARCHITECTURES)
+def test_every_family_trains_its_eager_weights_replayed_or_not(model_type, caplog):
+    """Each supported family, on a GPU: replayed where CUDA captures its forward, eagerly from the first
+    refused capture where it does not (said as a warning in the test report); the eager weights either way.
+    BERT's must capture."""
+    import warnings
+
+    eager = _train("cuda", graphed=False, epochs=1, model_type=model_type)
+    with caplog.at_level(logging.WARNING, logger="finetune"):
+        replayed = _train("cuda", graphed=True, epochs=1, model_type=model_type)
+    for update, (a, b) in enumerate(zip(eager["snapshots"], replayed["snapshots"])):
+        for pa, pb in zip(a, b):
+            torch.testing.assert_close(pb, pa, rtol=1e-5, atol=1e-6, msg=lambda m: f"update {update + 1}: {m}")
+    captured = replayed["graphs"].record()["lengths"]
+    if not captured:
+        said = [r.message for r in caplog.records if "training.cuda_graphs" in r.message]
+        warnings.warn(f"{model_type}: not captured, trained eagerly: {said}")
+    assert captured or model_type != "bert"
 
 
 def _one_micro_batch(device: str, dropout: float = 0.1):
