@@ -17,6 +17,9 @@
 #            tokens/s, peak GPU memory, MFU against the matmul peak measured on that GPU; the package at
 #            (b, k), at (b, 1) and with training.cuda_graphs (GPU_ARMS=all adds the Accelerate loop and
 #            (b*k, 1))
+#   host     where an update's time goes: wall time against the GPU's kernel time, the top kernels, and the
+#            host's waits for the GPU per update with the package's asynchronous copies of the micro-batches
+#            against blocking ones, in alternating rounds (python -m bench.probe device)
 #   graphs   a micro-batch replayed from CUDA graphs against the eager one: milliseconds per micro-batch,
 #            the gradient's difference, the micro-batches after which capturing pays, the graphs' memory
 #            pool (python -m bench.cuda_graphs)
@@ -26,9 +29,9 @@
 #            and an exact resume, pipeline() (tests/test_gpu_engines.py; DeepSpeed's skipped where it is not
 #            installed), and the package under each against the Trainer (bench/run.py --engines)
 #
-# OUT_DIR receives a few flat files: parts.log (each part: passed, failed, timed out or skipped, and its
-# seconds), tests.log, speed.md, speed.json, graphs.md, casts.md, engines.log, engines.md; the working
-# files (the model, every run) go to GPU_WORK (default OUT_DIR/work). A failing part does not stop the
+# OUT_DIR receives eight flat files: parts.log (each part: passed, failed, timed out or skipped, and its
+# seconds), tests.log, speed.md, host.md, graphs.md, casts.md, engines.log, engines.md; the working files
+# (the model, every run, the speed part's bench.json) go to GPU_WORK (default OUT_DIR/work). A failing part does not stop the
 # next; the exit status names the parts that failed.
 #
 # Settings: GPU_BUDGET_S=<seconds> fits the check into a time limit: each part runs under what is left,
@@ -40,7 +43,7 @@
 set -euo pipefail
 self="$(cd "$(dirname "$0")" && pwd)/$(basename "$0")"
 cd "$(dirname "$self")/.."
-all="tests speed graphs casts engines"
+all="tests speed host graphs casts engines"
 out=${1:-bench/results/gpu}
 [ $# -gt 0 ] && shift
 parts=${*:-$all}
@@ -89,9 +92,11 @@ part_tests() {
 part_speed() {
     local status=0
     bert_base && "$py" "${speed[@]}" --graphs --only "$arms" --out "$work/speed" || status=$?
-    # what the rounds that finished measured, also after a stop on the time limit
-    cp "$work/speed/bench.md" "$out/speed.md" 2>/dev/null && cp "$work/speed/bench.json" "$out/speed.json"
+    cp "$work/speed/bench.md" "$out/speed.md" 2>/dev/null || true  # the rounds that finished, also after a stop
     return $status
+}
+part_host() {
+    bert_base && "$py" -m bench.probe device "${job[@]}" training.effective_batch_size=$((b * k)) 2>&1 | tee "$out/host.md"
 }
 part_graphs() { bert_base && "$py" -m bench.cuda_graphs "${job[@]}" 2>&1 | tee "$out/graphs.md"; }
 part_casts() {

@@ -27,7 +27,7 @@ import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 if __package__ in (None, ""):
     sys.path[0] = str(Path(__file__).resolve().parent.parent)
@@ -111,12 +111,19 @@ def attention(repeats: int, length: int = 32) -> dict[str, float]:
     return {name: t * 1e3 for name, t in _alternating(fns, repeats=repeats * 3, warmup=3).items()}
 
 
-def _setup(overrides: list[str], dataset: str, b: int, k: int, updates: int, threads: int):
+def _setup(overrides: list[str], dataset: str, b: int, k: int, updates: int, threads: int,
+           blocking_copies: bool = False):
+    """The job's config and its :func:`~finetune.assembly.setup_run`; ``blocking_copies`` builds it with
+    Accelerate's default of copying each batch to the device synchronously instead of the package's
+    asynchronous copies."""
     os.environ["FINETUNE_CPU_THREADS"] = str(threads)
     from finetune.assembly import setup_run
+    from finetune.launch import build_accelerator
 
     cfg = job_config(ArmSpec("ours", dataset, b, k, max_steps=updates), ["logging.progress_bar=false"] + overrides)
-    return cfg, setup_run(cfg)
+    accelerator = build_accelerator(cfg)
+    accelerator.dataloader_config.non_blocking = not blocking_copies  # read when the loaders are prepared
+    return cfg, setup_run(cfg, accelerator)
 
 
 def _train(cfg, run, until: int, **kw):
@@ -231,13 +238,17 @@ def _train_epoch_of(cfg, run, until: int, **kw):
                            max_updates=until, **kw)
 
 
-def device(threads: int, overrides: list[str], updates: int = 10, warmup: int = 10) -> dict[str, Any]:
-    """Wall time against GPU kernel time over ``updates`` updates of the BBC News job (after ``warmup``).
+def device(threads: int, overrides: list[str], updates: int = 10, warmup: int = 10, rounds: int = 2) -> dict[str, Any]:
+    """Wall time against GPU kernel time over ``updates`` updates of the BBC News job (after ``warmup``), and
+    what the host's waits for the GPU cost: the same job with each micro-batch copied to the GPU
+    synchronously (Accelerate's default), timed in alternating rounds, and the waits per update of each
+    (``torch.cuda.set_sync_debug_mode``).
 
     If the kernels' summed time is well under the wall time, the GPU waits for
     the host (Python, kernel launches, collation): the answer is fewer, larger
-    kernels (compile) or more work per kernel (a larger micro-batch), not
-    faster kernels.
+    kernels (CUDA graphs, compile) or more work per kernel (a larger
+    micro-batch), and no wait per micro-batch, during which the host cannot
+    queue the next one's kernels.
     """
     import torch
     from torch.profiler import ProfilerActivity
@@ -245,16 +256,25 @@ def device(threads: int, overrides: list[str], updates: int = 10, warmup: int = 
 
     gpu = torch.cuda.is_available()
     sync = torch.cuda.synchronize if gpu else (lambda: None)
-    cfg, run = _setup(overrides, "bbc", 8, 4, warmup + 2 * updates, threads)
-    _train_updates(cfg, run, warmup)
-    sync()
-    started = time.perf_counter()
-    _train_updates(cfg, run, warmup + updates)
-    sync()
-    wall = time.perf_counter() - started
+    total = warmup + (rounds + 2) * updates
+    setups = {name: _setup(overrides, "bbc", 8, 4, total, threads, blocking_copies=blocking)
+              for name, blocking in (("asynchronous copies (the default)", False), ("blocking copies", True))}
+    for cfg, run in setups.values():
+        _train_updates(cfg, run, warmup)
+    walls: dict[str, list[float]] = {name: [] for name in setups}
+    for r in range(rounds):
+        for name, (cfg, run) in (list(setups.items())[::-1] if r % 2 else setups.items()):
+            sync()
+            started = time.perf_counter()
+            _train_updates(cfg, run, run.state.step + updates)
+            sync()
+            walls[name].append(time.perf_counter() - started)
+    waits = {name: _waits_per_update(cfg, run, updates) for name, (cfg, run) in setups.items()}
+    cfg, run = setups["asynchronous copies (the default)"]
     with torch_profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if gpu else [])) as prof:
-        _train_updates(cfg, run, warmup + 2 * updates)
+        _train_updates(cfg, run, run.state.step + updates)
         sync()
+    wall = statistics.median(walls["asynchronous copies (the default)"])
     kernels: dict[str, list[float]] = {}
     for event in prof.events():
         if event.device_type == torch.autograd.DeviceType.CUDA:
@@ -263,14 +283,37 @@ def device(threads: int, overrides: list[str], updates: int = 10, warmup: int = 
     top = sorted(kernels.items(), key=lambda kv: -sum(kv[1]))[:15]
     cpu = sorted(((e.key, e.self_cpu_time_total / 1e6, e.count) for e in prof.key_averages()), key=lambda e: -e[1])
     samples = run.batching.effective_batch_size
-    return {"updates": updates, "overrides": overrides, "device": torch.cuda.get_device_name() if gpu else "CPU",
-            "effective_batch_size": samples, "wall_s_per_update": wall / updates,
-            "kernel_s_per_update": kernel_s / updates, "gpu_busy": kernel_s / max(wall, 1e-9),
-            "samples_per_s": samples * updates / wall, "peak_mib": torch.cuda.max_memory_allocated() / 2**20 if gpu else float("nan"),
+    return {"updates": updates, "rounds": rounds, "overrides": overrides,
+            "device": torch.cuda.get_device_name() if gpu else "CPU",
+            "effective_batch_size": samples, "micro_batches_per_update": run.batching.gradient_accumulation_steps,
+            "wall_s_per_update": wall / updates, "kernel_s_per_update": kernel_s / updates,
+            "gpu_busy": kernel_s / max(wall, 1e-9), "samples_per_s": samples * updates / wall,
+            "copies": {name: {"wall_s_per_update": [w / updates for w in walls[name]],
+                              "waits_per_update": waits[name]} for name in setups},
+            "peak_mib": torch.cuda.max_memory_allocated() / 2**20 if gpu else float("nan"),
             "kernels": [{"kernel": k[:90], "s_per_update": sum(v) / updates, "calls_per_update": len(v) / updates}
                         for k, v in top],
             "cpu_ops": [{"op": k, "s_per_update": t / updates, "calls_per_update": c / updates}
                         for k, t, c in cpu[:15]]}
+
+
+def _waits_per_update(cfg, run, updates: int) -> Optional[float]:
+    """How often the host waits for the GPU per update over ``updates`` updates (``None`` without a GPU)."""
+    import warnings
+
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            _train_updates(cfg, run, run.state.step + updates)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    return sum("synchroniz" in str(w.message) for w in caught) / updates
 
 
 def packing(threads: int, overrides: list[str], windows: int = 12, repeats: int = 3) -> dict[str, Any]:
@@ -593,7 +636,13 @@ def markdown(name: str, result: dict[str, Any]) -> str:
                  f"{result['wall_s_per_update'] * 1e3:.1f} ms per update, GPU kernels "
                  f"{result['kernel_s_per_update'] * 1e3:.1f} ms ({100 * result['gpu_busy']:.0f}% busy), "
                  f"{result['samples_per_s']:.0f} samples/s, peak {result['peak_mib']:.0f} MiB", "",
-                 "| kernel | ms per update | calls per update |", "| --- | ---: | ---: |"]
+                 f"Copies of the micro-batches to the device ({result['micro_batches_per_update']} per update), "
+                 f"{result['rounds']} alternating rounds:", "",
+                 "| copies | ms per update, by round | host waits for the GPU per update |", "| --- | --- | ---: |"]
+        for setting, r in result["copies"].items():
+            waits = "n/a (no GPU)" if r["waits_per_update"] is None else f"{r['waits_per_update']:.1f}"
+            lines.append(f"| {setting} | {', '.join(f'{1e3 * w:.1f}' for w in r['wall_s_per_update'])} | {waits} |")
+        lines += ["", "| kernel | ms per update | calls per update |", "| --- | ---: | ---: |"]
         lines += [f"| `{k['kernel']}` | {k['s_per_update'] * 1e3:.2f} | {k['calls_per_update']:.0f} |"
                   for k in result["kernels"]]
         lines += ["", "| op (self CPU, profiled) | ms per update | calls per update |", "| --- | ---: | ---: |"]

@@ -258,6 +258,7 @@ def build_accelerator(cfg, project_dir: Optional[str] = None):
             or the launched processes cannot be joined.
     """
     from accelerate import Accelerator
+    from accelerate.utils import DataLoaderConfiguration
 
     from finetune.tracking import check_trackers
 
@@ -277,6 +278,10 @@ def build_accelerator(cfg, project_dir: Optional[str] = None):
         mixed_precision=precision,
         log_with=cfg.logging.report_to or None,
         project_dir=project_dir or cfg.output.output_dir,
+        # a blocking copy of each micro-batch to the GPU waits for every kernel queued before it, so the host
+        # could not launch a micro-batch's kernels while the GPU runs the last one's; the training loaders
+        # pin their batches on a GPU, which makes the copy asynchronous and ordered on the stream
+        dataloader_config=DataLoaderConfiguration(non_blocking=True),
     )
 
 

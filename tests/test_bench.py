@@ -278,10 +278,11 @@ def test_the_gpu_check_runs_the_parts_asked_for_and_goes_on_past_a_failing_one(t
 
     proc, calls, parts = gpu_check(fail="-m pytest")
     assert proc.returncode == 1 and "failed: tests engines" in proc.stderr
-    assert [" ".join(c.split()[:2]) for c in calls if c.startswith("-m ")] == [
-        "-m pytest", "-m bench.cuda_graphs", "-m bench.probe", "-m pytest"]
-    assert [p.split(" in ")[0] for p in parts] == ["tests: failed (1)", "speed: passed", "graphs: passed",
-                                                   "casts: passed", "engines: failed (1)"]
+    assert [" ".join(c.split()[:3]) for c in calls if c.startswith("-m ")] == [
+        "-m pytest -m", "-m bench.probe device", "-m bench.cuda_graphs model.name_or_path=" + str(work / "bert-base"),
+        "-m bench.probe casts", "-m pytest -m"]
+    assert [p.split(" in ")[0] for p in parts] == ["tests: failed (1)", "speed: passed", "host: passed",
+                                                   "graphs: passed", "casts: passed", "engines: failed (1)"]
 
     # 2 s of budget: the probe, which sleeps, is stopped when they are up
     proc, calls, parts = gpu_check("casts", slow="bench.probe", GPU_BUDGET_S="2", GPU_RESERVE_S="1")

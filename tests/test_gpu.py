@@ -192,3 +192,38 @@ def test_a_gpu_run_of_the_cli_trains_in_bf16(tmp_path):
     losses = [r["train/loss"] for r in records if "train/loss" in r]
     assert all(0 < loss < 10 for loss in losses)
     assert (out / "model.safetensors").is_file()
+
+
+def test_the_loop_waits_for_the_gpu_at_updates_not_at_micro_batches(tmp_path, fresh_accelerate_state):
+    """A blocking copy of a micro-batch to the GPU, or a value read on the host, makes the host wait for every
+    kernel queued before it, so it cannot launch one micro-batch's kernels while the GPU runs the last one's.
+    The run's loaders copy asynchronously and the loop reads the GPU when an update is made, not per
+    micro-batch: at k=8 a blocking copy alone would wait 8 times an update."""
+    import warnings
+
+    from finetune.assembly import setup_run
+    from finetune.config import load_config
+    from finetune.loop import train_one_epoch
+    from helpers import make_texts, save_tiny_model, write_tsv
+
+    model_dir = save_tiny_model(tmp_path / "model")
+    data = write_tsv(tmp_path / "train.tsv", make_texts(160, seed=3))
+    cfg = load_config(str(REPO / "configs" / "default.yaml"), [
+        f"model.name_or_path={model_dir}", tsv_train_file(data), f"output.output_dir={tmp_path / 'out'}",
+        "training.per_device_train_batch_size=4", "training.effective_batch_size=32", "data.max_length=32",
+        "data.num_workers=0", "training.mixed_precision=bf16", "logging.progress_bar=false"])
+    run = setup_run(cfg)
+    assert run.accelerator.dataloader_config.non_blocking
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            result = train_one_epoch(run.model, run.optimizer, run.scheduler, run.train_dataloader, run.accelerator,
+                                     0, state=run.state, max_grad_norm=cfg.training.max_grad_norm, plan=run.plan)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    waits = [str(w.message) for w in caught if "synchroniz" in str(w.message)]
+    updates = result.updates
+    assert updates >= 4
+    assert len(waits) <= 3 * updates, f"{len(waits)} waits in {updates} updates of 8 micro-batches: {waits[:5]}"

@@ -93,3 +93,14 @@ def test_where_the_precision_cannot_change_the_run_says_so_in_one_line(fresh_acc
     monkeypatch.delattr(AcceleratorState, "_reset_state")  # an Accelerate without the private reset
     with pytest.raises(LaunchError, match="already trained in no"):
         build_accelerator(_config(tmp_path, "bf16"))
+
+
+def test_the_accelerator_copies_batches_to_the_device_asynchronously(fresh_accelerate_state, tmp_path):
+    """Accelerate's default copy waits for the GPU at every micro-batch; the package's does not (the GPU test
+    counts the waits: tests/test_gpu.py)."""
+    from finetune.launch import build_accelerator
+
+    accelerator = build_accelerator(_config(tmp_path, "no"))
+    assert accelerator.dataloader_config.non_blocking
+    loader = accelerator.prepare(torch.utils.data.DataLoader(list(range(8)), batch_size=4))
+    assert [batch.tolist() for batch in loader] == [[0, 1, 2, 3], [4, 5, 6, 7]]
