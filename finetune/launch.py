@@ -278,11 +278,19 @@ def build_accelerator(cfg, project_dir: Optional[str] = None):
         mixed_precision=precision,
         log_with=cfg.logging.report_to or None,
         project_dir=project_dir or cfg.output.output_dir,
-        # a blocking copy of each micro-batch to the GPU waits for every kernel queued before it, so the host
-        # could not launch a micro-batch's kernels while the GPU runs the last one's; the training loaders
-        # pin their batches on a GPU, which makes the copy asynchronous and ordered on the stream
-        dataloader_config=DataLoaderConfiguration(non_blocking=True),
+        dataloader_config=DataLoaderConfiguration(non_blocking=copies_asynchronously(state.device)),
     )
+
+
+def copies_asynchronously(device: torch.device) -> bool:
+    """Whether batches are copied to ``device`` without waiting: on a CUDA GPU.
+
+    A blocking copy of a micro-batch to a GPU waits for every kernel queued before it, so the host could not
+    launch one micro-batch's kernels while the GPU runs the last one's. The loaders pin their batches on a
+    CUDA GPU, where an asynchronous copy is then ordered on the stream like a kernel. Elsewhere nothing is
+    gained (a CPU copies nothing) or the loaders do not pin.
+    """
+    return device.type == "cuda"
 
 
 def forget_an_earlier_precision(precision: str, num_processes: int) -> None:

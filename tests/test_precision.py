@@ -95,12 +95,12 @@ def test_where_the_precision_cannot_change_the_run_says_so_in_one_line(fresh_acc
         build_accelerator(_config(tmp_path, "bf16"))
 
 
-def test_the_accelerator_copies_batches_to_the_device_asynchronously(fresh_accelerate_state, tmp_path):
-    """Accelerate's default copy waits for the GPU at every micro-batch; the package's does not (the GPU test
-    counts the waits: tests/test_gpu.py)."""
-    from finetune.launch import build_accelerator
+def test_batches_are_copied_to_a_gpu_asynchronously(fresh_accelerate_state, tmp_path):
+    """Accelerate's default copy waits for the GPU at every micro-batch; the package's does not there (the GPU
+    test counts the waits: tests/test_gpu.py), and copies nothing on a CPU."""
+    from finetune.launch import build_accelerator, copies_asynchronously
 
+    assert copies_asynchronously(torch.device("cuda", 0))
+    assert not copies_asynchronously(torch.device("cpu")) and not copies_asynchronously(torch.device("mps"))
     accelerator = build_accelerator(_config(tmp_path, "no"))
-    assert accelerator.dataloader_config.non_blocking
-    loader = accelerator.prepare(torch.utils.data.DataLoader(list(range(8)), batch_size=4))
-    assert [batch.tolist() for batch in loader] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert accelerator.dataloader_config.non_blocking is copies_asynchronously(accelerator.device)
