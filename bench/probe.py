@@ -297,8 +297,9 @@ def device(threads: int, overrides: list[str], updates: int = 10, warmup: int = 
                         for k, t, c in cpu[:15]]}
 
 
-def _waits_per_update(cfg, run, updates: int) -> Optional[float]:
-    """How often the host waits for the GPU per update over ``updates`` updates (``None`` without a GPU)."""
+def _waits_per_update(cfg, run, updates: int) -> Optional[dict[str, float]]:
+    """How often the host waits for the GPU per update over ``updates`` updates, in the model's code
+    (transformers) and outside it (``None`` without a GPU)."""
     import warnings
 
     import torch
@@ -313,7 +314,9 @@ def _waits_per_update(cfg, run, updates: int) -> Optional[float]:
             _train_updates(cfg, run, run.state.step + updates)
     finally:
         torch.cuda.set_sync_debug_mode("default")
-    return sum("synchroniz" in str(w.message) for w in caught) / updates
+    waits = [w.filename for w in caught if "synchroniz" in str(w.message)]
+    in_model = sum("/transformers/" in w for w in waits)
+    return {"outside the model": (len(waits) - in_model) / updates, "in the model": in_model / updates}
 
 
 def packing(threads: int, overrides: list[str], windows: int = 12, repeats: int = 3) -> dict[str, Any]:
@@ -638,10 +641,12 @@ def markdown(name: str, result: dict[str, Any]) -> str:
                  f"{result['samples_per_s']:.0f} samples/s, peak {result['peak_mib']:.0f} MiB", "",
                  f"Copies of the micro-batches to the device ({result['micro_batches_per_update']} per update), "
                  f"{result['rounds']} alternating rounds:", "",
-                 "| copies | ms per update, by round | host waits for the GPU per update |", "| --- | --- | ---: |"]
+                 "| copies | ms per update, by round | host waits for the GPU per update: outside the model, "
+                 "in it (transformers) |", "| --- | --- | ---: |"]
         for setting, r in result["copies"].items():
-            waits = "n/a (no GPU)" if r["waits_per_update"] is None else f"{r['waits_per_update']:.1f}"
-            lines.append(f"| {setting} | {', '.join(f'{1e3 * w:.1f}' for w in r['wall_s_per_update'])} | {waits} |")
+            w = r["waits_per_update"]
+            waits = "n/a (no GPU)" if w is None else f"{w['outside the model']:.1f}, {w['in the model']:.1f}"
+            lines.append(f"| {setting} | {', '.join(f'{1e3 * x:.1f}' for x in r['wall_s_per_update'])} | {waits} |")
         lines += ["", "| kernel | ms per update | calls per update |", "| --- | ---: | ---: |"]
         lines += [f"| `{k['kernel']}` | {k['s_per_update'] * 1e3:.2f} | {k['calls_per_update']:.0f} |"
                   for k in result["kernels"]]

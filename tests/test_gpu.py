@@ -196,9 +196,9 @@ def test_a_gpu_run_of_the_cli_trains_in_bf16(tmp_path):
 
 def test_the_loop_waits_for_the_gpu_at_updates_not_at_micro_batches(tmp_path, fresh_accelerate_state):
     """A blocking copy of a micro-batch to the GPU, or a value read on the host, makes the host wait for every
-    kernel queued before it, so it cannot launch one micro-batch's kernels while the GPU runs the last one's.
-    The run's loaders copy asynchronously and the loop reads the GPU when an update is made, not per
-    micro-batch: at k=8 a blocking copy alone would wait 8 times an update."""
+    kernel queued before it. The run's loaders copy asynchronously and the loop reads the GPU when an update is
+    made, not per micro-batch: at k=8 a blocking copy alone would wait 8 times an update. (transformers' own
+    forward reads the padding mask on the host to choose an attention kernel: its waits are not the loop's.)"""
     import warnings
 
     from finetune.assembly import setup_run
@@ -223,7 +223,9 @@ def test_the_loop_waits_for_the_gpu_at_updates_not_at_micro_batches(tmp_path, fr
                                      0, state=run.state, max_grad_norm=cfg.training.max_grad_norm, plan=run.plan)
     finally:
         torch.cuda.set_sync_debug_mode("default")
-    waits = [str(w.message) for w in caught if "synchroniz" in str(w.message)]
-    updates = result.updates
-    assert updates >= 4
-    assert len(waits) <= 3 * updates, f"{len(waits)} waits in {updates} updates of 8 micro-batches: {waits[:5]}"
+    waits = [f"{w.filename}:{w.lineno}" for w in caught if "synchroniz" in str(w.message)]
+    loop_waits = [w for w in waits if "/transformers/" not in w]
+    assert result.updates >= 4
+    assert len(loop_waits) <= 3 * result.updates, (
+        f"{len(loop_waits)} waits outside the model in {result.updates} updates of 8 micro-batches "
+        f"({len(waits) - len(loop_waits)} in it): {sorted(set(loop_waits))}")
