@@ -10,7 +10,7 @@ nothing else changing. That is what this module does, once, before training:
 * Try one forward and backward, as training runs them, on the worst
   micro-batch the data can produce: the ``b`` longest training samples
   (``b`` rows padded to the longest length), with room held for the optimizer
-  state (and DDP's gradient buckets) that training adds later.
+  state that training adds later.
 * All processes agree: each reports whether its trial ran out of memory, and
   one failure anywhere makes every process halve ``b``; they all end with the
   same ``b`` and ``k = B / (b * P)``.
@@ -95,9 +95,10 @@ def trial_step(model: torch.nn.Module, batch: dict[str, torch.Tensor], accelerat
         accelerator: The run's ``Accelerator`` (device and autocast).
     """
     device = accelerator.device
-    # Copies of the trainable parameters held during the trial for what training adds
-    # later: AdamW's two moments, plus DDP's gradient buckets on several processes.
-    reserve_factor = 2 + (accelerator.num_processes > 1)
+    # Copies of the trainable parameters held during the trial for what training adds later: AdamW's two
+    # moments. On several processes DDP's all-reduce buckets hold the gradients themselves (as views,
+    # launch.build_accelerator), so the trial's own gradients stand for them.
+    reserve_factor = 2
     was_training = model.training
     ok = True
     try:
@@ -327,8 +328,7 @@ def plan_run_memory(model, dataset, collate, accelerator, batching, checkpointin
     activations = measure_activations(model, lambda b: worst_case_batch(dataset, collate, b), accelerator)
     if activations is None:
         return None
-    plan = plan_memory(model, activations, batching.per_device_batch_size, checkpointing, accelerator.device,
-                       accelerator.num_processes)
+    plan = plan_memory(model, activations, batching.per_device_batch_size, checkpointing, accelerator.device)
     # every process agrees, as the automatic micro-batch's processes do: one refusing alone would leave the others
     # waiting in prepare's first collective
     if check and any_process_failed(not plan.fits, accelerator):

@@ -279,7 +279,20 @@ def build_accelerator(cfg, project_dir: Optional[str] = None):
         log_with=cfg.logging.report_to or None,
         project_dir=project_dir or cfg.output.output_dir,
         dataloader_config=DataLoaderConfiguration(non_blocking=copies_asynchronously(state.device)),
+        kwargs_handlers=ddp_settings(),
     )
+
+
+def ddp_settings() -> list:
+    """The Accelerate handlers for DDP on several processes: gradients as views into its all-reduce buckets.
+
+    Without, DDP holds every gradient twice, the parameter's own and its bucket's copy. As views they are
+    zeroed in place after each update (:func:`finetune.loop.frees_gradients`), so the buckets are the only
+    copy from the first update on.
+    """
+    from accelerate.utils import DistributedDataParallelKwargs
+
+    return [DistributedDataParallelKwargs(gradient_as_bucket_view=True)]
 
 
 def copies_asynchronously(device: torch.device) -> bool:

@@ -234,7 +234,7 @@ def train_one_epoch(
             casts.drop()  # before the weights change
             totals = window.reduce(accelerator)  # one collective and one host transfer per update
             update = apply_update(model, optimizer, scheduler, accelerator, totals, max_grad_norm)
-            optimizer.zero_grad(set_to_none=graphs is None)  # a captured backward adds into the gradients' memory
+            optimizer.zero_grad(set_to_none=frees_gradients(model, graphs))
             if update.applied:
                 logs.add(totals, update)
             else:
@@ -404,6 +404,17 @@ def apply_update(model, optimizer, scheduler, accelerator, totals: torch.Tensor,
     if scheduler is not None and not step_was_skipped(accelerator, scale):
         scheduler.step()
     return Update(lr, grad_norm)
+
+
+def frees_gradients(model, graphs: Optional["GraphedMicroBatches"] = None) -> bool:
+    """Whether an update frees the gradients, so that the next forward pass does not hold them, rather than
+    zeroing them in place.
+
+    In place where their memory must stay: a captured backward adds into it (CUDA graphs), and DDP's
+    gradients are views into its all-reduce buckets, which DDP holds anyway: freed, the next window's
+    backward would allocate a second copy beside the buckets until the window's all-reduce.
+    """
+    return graphs is None and not getattr(model, "gradient_as_bucket_view", False)
 
 
 def step_was_skipped(accelerator, scale_before: Optional[float]) -> bool:

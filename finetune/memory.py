@@ -3,7 +3,7 @@
 Training holds, at its peak (the backward pass of a window's micro-batch)::
 
     weights        every parameter and buffer (frozen ones too)
-    gradients      one per trained weight (DDP adds its buckets, a second copy)
+    gradients      one per trained weight (on several processes, views into DDP's all-reduce buckets)
     optimizer      AdamW's two moments per trained weight
     activations    what the forward pass saved for the backward, for b rows at the longest length,
                    plus the working set of one layer's backward
@@ -286,14 +286,13 @@ def available_memory(device: torch.device) -> Optional[int]:
     return None
 
 
-def plan_memory(model, activations: Activations, b: int, checkpointing: bool, device: torch.device,
-                num_processes: int = 1) -> MemoryPlan:
+def plan_memory(model, activations: Activations, b: int, checkpointing: bool, device: torch.device) -> MemoryPlan:
     """The :class:`MemoryPlan` of training ``model`` at micro-batch ``b`` on ``device``."""
     weights = tensor_bytes(model.parameters()) + tensor_bytes(model.buffers())
     trained = tensor_bytes(p for p in model.parameters() if p.requires_grad)
     on_device = next(model.parameters()).device
     resident = weights if on_device.type == device.type else 0
-    return MemoryPlan(weights=weights, gradients=trained * (2 if num_processes > 1 else 1), optimizer=2 * trained,
+    return MemoryPlan(weights=weights, gradients=trained, optimizer=2 * trained,
                       activations=activations.estimate(b, checkpointing), micro_batch=b,
                       length=activations.length, checkpointing=checkpointing, device=device.type,
                       available=available_memory(device), resident=resident)

@@ -54,14 +54,15 @@ def record_run(b: int, k: int, epochs: int = 2, lr: float = 1e-3, warmup: int = 
     from finetune.metrics import MetricSuite
     from finetune.optimization import build_optimizer, build_scheduler, plan_updates
     from finetune.sampling import EpochSampler
-    from finetune.launch import init_process_state
+    from finetune.launch import ddp_settings, init_process_state
 
     if not cpu:
         cpu = init_process_state().device.type == "cpu"
     from finetune.accumulation import AccumulationSchedule
 
     ks = AccumulationSchedule.from_dict(schedule) if schedule else AccumulationSchedule.constant(k)
-    acc = Accelerator(cpu=cpu, gradient_accumulation_steps=ks.k_at(0), mixed_precision=mixed_precision)
+    acc = Accelerator(cpu=cpu, gradient_accumulation_steps=ks.k_at(0), mixed_precision=mixed_precision,
+                      kwargs_handlers=ddp_settings())
     P = acc.num_processes
     data = chunked_texts(N_TRAIN, seed=1) if chunks else token_dataset(N_TRAIN, seed=1)
     evaluated = chunked_texts(N_EVAL, seed=2) if chunks else token_dataset(N_EVAL, seed=2)
@@ -119,8 +120,13 @@ def record_run(b: int, k: int, epochs: int = 2, lr: float = 1e-3, warmup: int = 
     lrs = [r["train/lr"] for r in records]
     metrics = MetricSuite(["accuracy", "f1"], 2, "binary", pos_label=1)
     evaluation = evaluate_model(model, eval_dl, acc, metrics)
+    gradients = [p.grad for p in model.parameters() if p.grad is not None]
     return {
         "num_processes": P,
+        # after the last update: the gradients kept, and the distinct memory they live in
+        "gradients": len(gradients),
+        "gradient_storages": len({g.untyped_storage().data_ptr() for g in gradients}),
+        "trained_parameters": sum(p.requires_grad for p in model.parameters()),
         "backend": acc.state.backend,
         "distributed_type": str(acc.distributed_type),
         "process_index": acc.process_index,

@@ -232,6 +232,14 @@ def test_ddp_all_reduces_once_per_update(two_processes):
         assert comm == [end for end in window_ends for _ in range(buckets)]
 
 
+def test_ddp_holds_each_gradient_once_as_a_view_into_its_buckets(two_processes):
+    """DDP all-reduces through buckets of its own; the gradients are views into them (``ddp_settings``), kept
+    from update to update (``frees_gradients``), rather than a second copy of every gradient beside them."""
+    for r in two_processes:
+        assert r["gradients"] == r["trained_parameters"] > 20  # kept after the last update: not freed
+        assert r["gradient_storages"] <= 2  # the tiny BERT fits one or two buckets of 25 MB
+
+
 def test_schedule_advances_once_per_update_on_two_processes(one_process, two_processes):
     for r in two_processes:
         assert r["plan"] == [3, 6] and r["steps"] == 6

@@ -162,7 +162,8 @@ def kept_gradients(optimizer, accelerator) -> Iterator[None]:
 
     @functools.wraps(zero_grad)
     def zero_grad_keeping_buffers(set_to_none: Optional[bool] = None):
-        return zero_grad(set_to_none=accelerator.gradient_accumulation_steps == 1)
+        # freed only where the caller allows it (not DDP's bucket views) and nothing is accumulated
+        return zero_grad(set_to_none=set_to_none is not False and accelerator.gradient_accumulation_steps == 1)
 
     optimizer.zero_grad = zero_grad_keeping_buffers
     try:
