@@ -52,6 +52,8 @@ SETTINGS = {
     "b=8 k=4 LoRA r=8": ["training.per_device_train_batch_size=8", "model.lora_rank=8"],
     "b=8 k=4 LoRA r=8 + checkpointing": ["training.per_device_train_batch_size=8", "model.lora_rank=8",
                                          "training.gradient_checkpointing=true"],
+    "b=8 k=4 frozen embeddings": ["training.per_device_train_batch_size=8", "model.freeze_embeddings=true"],
+    "b=8 k=4 frozen embeddings + 6 blocks": ["training.per_device_train_batch_size=8", "model.freeze_blocks=6"],
 }
 EFFECTIVE_BATCH = 32
 

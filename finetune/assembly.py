@@ -5,7 +5,8 @@ it); its steps run in the order that fails cheapest first::
 
     batching (b, k by epoch, P)      resolve_batching, once: every later step reads it
     tokenizer, model config          before the data is read: a bad model path fails at once
-    data, model, adapters            dataloaders.load_data, modeling.load_model_reporting, modeling.add_adapters
+    data, model, what it trains      dataloaders.load_data, modeling.load_model_reporting,
+                                     modeling.choose_trained_weights (LoRA adapters, frozen layers, or all)
     metrics, task                    metric_suite, build_task
     tokens                           dataloaders.tokenize_data (cached), cut as data.truncation says
     micro-batch, memory              autobatch.fit_in_memory: under auto the same B, a smaller b, a larger k,
@@ -69,6 +70,8 @@ class Run:
     checkpointing: Checkpointing = field(default_factory=Checkpointing)
     # model.lora_rank: a finetune.lora.LoraPlan, what the adapters are and train (None: every weight is trained)
     lora: Optional[Any] = None
+    # model.freeze_embeddings / freeze_blocks: a finetune.freezing.Frozen (None: nothing frozen)
+    frozen: Optional[Any] = None
     # the expected peak memory by part, measured before training (finetune.memory; None under FSDP, DeepSpeed)
     memory: Optional[Any] = None  # a finetune.memory.MemoryPlan
     # how many training texts data.max_length cut, and to what (a finetune.truncation.LongTexts)
@@ -105,7 +108,7 @@ def setup_run(cfg: Config, accelerator=None, batching: Optional[Batching] = None
     from accelerate.utils import set_seed
 
     from finetune.data import content_sha256
-    from finetune.modeling import add_adapters, load_model_config, load_model_reporting, load_tokenizer
+    from finetune.modeling import choose_trained_weights, load_model_config, load_model_reporting, load_tokenizer
 
     accelerator = accelerator or build_accelerator(cfg)
     batching = check_batching(cfg, accelerator, batching)
@@ -115,7 +118,7 @@ def setup_run(cfg: Config, accelerator=None, batching: Optional[Batching] = None
     cache_dir = tokenized_cache_dir(cfg)
     splits, labels = load_data(cfg, accelerator)
     model, new_head = load_model_reporting(cfg.model, labels.id2label, max_length=cfg.data.max_length)
-    model, lora = add_adapters(model, cfg.model, accelerator)
+    model, lora, frozen = choose_trained_weights(model, cfg.model, accelerator)  # before the memory plan
     metrics = metric_suite(cfg, labels, splits["train"])
     task = build_task(cfg, labels, splits["train"], device=accelerator.device)
     tokenized = tokenize_data(cfg, splits, tokenizer, accelerator, cache_dir)
@@ -140,7 +143,7 @@ def setup_run(cfg: Config, accelerator=None, batching: Optional[Batching] = None
     set_seed(cfg.training.seed)
     return Run(cfg, accelerator, batching, tokenizer, labels, model, optimizer, scheduler, train_dl, eval_dl,
                metrics, plan, task, content_sha256(splits["train"]), new_head=new_head,
-               checkpointing=checkpointing, lora=lora, memory=memory, long_texts=cut)
+               checkpointing=checkpointing, lora=lora, frozen=frozen, memory=memory, long_texts=cut)
 
 
 def check_batching(cfg: Config, accelerator, batching: Optional[Batching] = None) -> Batching:

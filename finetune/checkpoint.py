@@ -242,7 +242,7 @@ ADDED_KEYS = frozenset({
     "model.problem_type", "data.label_delimiter", "training.class_weights",
     "model.lora_rank", "model.lora_alpha", "model.lora_dropout", "model.lora_target_modules",
     "optim.layer_lr_decay", "data.truncation", "data.head_tokens", "data.stride", "optim.lr_scheduler_kwargs",
-    "training.label_smoothing",
+    "training.label_smoothing", "model.freeze_embeddings", "model.freeze_blocks",
 })
 
 

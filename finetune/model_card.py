@@ -147,6 +147,17 @@ def _adapters(lora: Optional[dict[str, Any]]) -> list[str]:
             f"alone, for PEFT, is in `adapter/`."]
 
 
+def _frozen(frozen: Optional[dict[str, Any]]) -> list[str]:
+    """The card's line on the weights kept as pretrained, when the run froze some."""
+    if not frozen:
+        return []
+    blocks = frozen["blocks"]
+    which = f" and the lowest {blocks} transformer block{'s' if blocks > 1 else ''}" if blocks else ""
+    share = 100.0 * frozen["frozen_weights"] / max(1, frozen["total_weights"])
+    return [f"- Weights kept as pretrained: the embeddings{which}, {frozen['frozen_weights']:,} of "
+            f"{frozen['total_weights']:,} ({share:.1f}%)."]
+
+
 def model_card(cfg, summary: dict[str, Any]) -> str:
     """The ``README.md`` of an output folder."""
     train, results = summary["train"], summary["eval"]
@@ -190,6 +201,7 @@ def model_card(cfg, summary: dict[str, Any]) -> str:
         f"max length {cfg.data.max_length} tokens; seed {cfg.training.seed}",
         *_long_texts(train.get("long_texts")),
         *_adapters(train.get("lora")),
+        *_frozen(train.get("frozen")),
         "",
         f"## Results on the validation data: {sources.validation}"
         + (f" ({results['num_samples']} texts)" if "num_samples" in results else ""),

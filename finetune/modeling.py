@@ -161,24 +161,27 @@ def set_dropout(config, p: float) -> None:
             setattr(config, name, p)
 
 
-def add_adapters(model, cfg: ModelConfig, accelerator):
-    """``model`` with LoRA adapters when ``model.lora_rank`` is set (:mod:`finetune.lora`), and their
-    :class:`~finetune.lora.LoraPlan` (``None`` without).
+def choose_trained_weights(model, cfg: ModelConfig, accelerator):
+    """``model`` set to train what ``model.*`` asks: LoRA adapters (``model.lora_rank``, :mod:`finetune.lora`),
+    every weight but the bottom of the encoder (``model.freeze_embeddings``, ``model.freeze_blocks``,
+    :mod:`finetune.freezing`), or every weight. Returns ``(model, LoraPlan or None, Frozen or None)``.
 
     Raises:
         ConfigError: for LoRA under FSDP or DeepSpeed, whose sharded saving would bypass the adapter's
-            checkpoints, or for target modules that match nothing or the head.
+            checkpoints; for target modules that match nothing or the head; for more frozen blocks than
+            the model has.
     """
     from accelerate.utils import DistributedType
 
+    from finetune.freezing import freeze_bottom
     from finetune.lora import add_lora
 
     if cfg.lora_rank is None:
-        return model, None
+        return model, None, freeze_bottom(model, cfg.freeze_embeddings, cfg.freeze_blocks)
     if accelerator.distributed_type in (DistributedType.FSDP, DistributedType.DEEPSPEED):
         raise ConfigError(f"model.lora_rank: LoRA under {accelerator.distributed_type.value} is not supported; "
                           f"launch with one process or --multi_gpu (DDP)")
-    return add_lora(model, cfg)
+    return (*add_lora(model, cfg), None)
 
 
 def _new_head(model, info: dict) -> tuple[tuple[str, ...], bool]:

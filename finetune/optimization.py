@@ -18,6 +18,7 @@ from transformers import get_scheduler
 
 from finetune.accumulation import AccumulationSchedule, updates_per_epoch
 from finetune.config import OptimConfig
+from finetune.depths import layer_depths
 from finetune.errors import ConfigError
 
 
@@ -102,41 +103,6 @@ def build_optimizer(
         eps=cfg.adam_epsilon,
         **adamw_kernel(cfg.implementation, device_type),
     )
-
-
-def layer_depths(model: torch.nn.Module) -> tuple[dict[int, int], int]:
-    """Each parameter's depth in the encoder, by ``id``, and the number of blocks ``L``.
-
-    0: the embeddings and what the encoder runs before its blocks (ELECTRA's
-    and ALBERT's projections to the hidden size), and any embedding table
-    (DeBERTa's relative positions); 1 to ``L``: the transformer blocks of
-    :func:`~finetune.lora.layer_stack`, bottom to top; ``L + 1``: the rest,
-    above the blocks (BERT's pooler, ModernBERT's final norm, the head). ALBERT
-    shares one block across its layers, so its ``L`` is 1. A LoRA model's
-    adapters sit in its blocks and take their depth.
-
-    Raises:
-        ConfigError: for a model whose blocks cannot be found.
-    """
-    from finetune.lora import base_model, layer_stack
-
-    base = base_model(model)
-    try:
-        _, blocks = layer_stack(base)
-    except ConfigError:
-        raise ConfigError(f"optim.layer_lr_decay: finds no transformer blocks in {type(base).__name__}") from None
-    depth = {id(p): i for i, block in enumerate(blocks, start=1) for p in block.parameters()}
-    top = len(blocks) + 1
-    encoder = getattr(base, base.base_model_prefix)
-    below = True  # parameters are registered in the order the encoder runs its parts
-    for name, param in encoder.named_parameters():
-        if id(param) in depth:
-            below = False
-        else:
-            depth[id(param)] = 0 if below or "embed" in name.lower() else top
-    for param in model.parameters():
-        depth.setdefault(id(param), top)
-    return depth, len(blocks)
 
 
 def layer_rate_groups(model: torch.nn.Module, groups: list[dict], learning_rate: float, decay: float) -> list[dict]:

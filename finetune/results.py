@@ -63,6 +63,8 @@ def summarize(run: "Run", history: list[dict[str, Any]], ended: str = "completed
             "cuda_graphs": run.graphs.record() if run.graphs is not None else None,
             # what LoRA trained (model.lora_rank), or null: every weight
             "lora": lora_record(run.lora),
+            # what model.freeze_embeddings / freeze_blocks kept as pretrained, or null: nothing
+            "frozen": run.frozen.record() if run.frozen is not None else None,
             # how many training texts data.max_length cut, and what they kept
             "long_texts": run.long_texts.record() if run.long_texts is not None else None,
             "ended": ended,

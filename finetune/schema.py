@@ -48,6 +48,14 @@ class ModelConfig:
         "Dropout override: every dropout probability of the model's config, in each family's own names "
         "(hidden layers, attention, embeddings, the head; DistilBERT's `dropout`, ModernBERT's `mlp_dropout`, "
         "...). null keeps the model's.")
+    freeze_embeddings: bool = setting(False,
+        "Keep the embeddings at their pretrained values (word, position and type embeddings with their norm; "
+        "ELECTRA's and ALBERT's projections): no gradients or AdamW state for them. A large vocabulary makes "
+        "them most of the weights (XLM-RoBERTa-base: 192M of 278M). See docs/memory.md.")
+    freeze_blocks: int = setting(0,
+        "Keep the lowest this many transformer blocks at their pretrained values too, and the embeddings with "
+        "them: besides their gradients and AdamW state, the backward pass stops at the first trained block, "
+        "so their activations are not kept. 0: every block trains; the number of blocks: the head alone.")
     lora_rank: Optional[int] = setting(None,
         "Train LoRA adapters of this rank (PEFT) instead of every weight: the encoder stays frozen, the modules "
         "of `lora_target_modules` learn low-rank updates, the head (with a pooler above the blocks) trains in full. "
@@ -78,6 +86,12 @@ class ModelConfig:
             raise ConfigError(f"model.lora_dropout: must be in [0, 1), got {self.lora_dropout}")
         if isinstance(self.lora_target_modules, list) and not self.lora_target_modules:
             raise ConfigError("model.lora_target_modules: an empty list adapts nothing; name modules, or auto")
+        if self.freeze_blocks < 0:
+            raise ConfigError(f"model.freeze_blocks: must be 0 or more, got {self.freeze_blocks}")
+        if self.lora_rank is not None and (self.freeze_embeddings or self.freeze_blocks):
+            key = "model.freeze_blocks" if self.freeze_blocks else "model.freeze_embeddings"
+            raise ConfigError(f"{key}: LoRA (model.lora_rank) keeps the whole encoder frozen already; "
+                              f"use one or the other")
 
 
 @dataclass

@@ -34,7 +34,8 @@ def _what(run: Run) -> str:
     head = "new head" if run.new_head else "its trained head"
     validation = (f"; validation: {len(run.eval_dataloader.dataset)} rows, {sources.validation}"
                   if run.eval_dataloader is not None else "; no validation")
-    adapters = f" with {run.lora.describe()}" if run.lora is not None else ""
+    adapters = (f" with {run.lora.describe()}" if run.lora is not None
+                else f" {run.frozen.describe()}" if run.frozen is not None else "")
     cut = run.long_texts.describe() if run.long_texts is not None else ""
     return (f"fine-tune {model_name(cfg.model.name_or_path)} ({head}){adapters} for {_labels(run)} "
             f"on {sources.train}: {len(run.train_dataloader.dataset)} train rows{f' ({cut})' if cut else ''}"

@@ -18,6 +18,7 @@ from torch.utils.data import DataLoader
 
 from finetune.config import ModelConfig, OptimConfig
 from finetune.errors import ConfigError
+from finetune.freezing import freeze_bottom
 from finetune.lora import add_lora
 from finetune.cpu import cpu_speedups, malloc_trim
 from finetune.loop import TrainState, train_one_epoch
@@ -36,7 +37,7 @@ B = 32
 def _run(b: int, k: int, epochs: int = 2, lr: float = 1e-3, schedule: str = "linear", warmup: int = 1,
          max_grad_norm=None, data=None, mixed_precision="no", log_every: int = 1, sparse_embedding=True,
          heap="keep", checkpointing=False, dropout=0.0, dropout_masks=True, lora_rank=None, collate=pad_collate,
-         model_type="bert"):
+         model_type="bert", freeze_blocks=None):
     from accelerate import Accelerator
     from accelerate.state import AcceleratorState, GradientState
 
@@ -49,6 +50,8 @@ def _run(b: int, k: int, epochs: int = 2, lr: float = 1e-3, schedule: str = "lin
         torch.manual_seed(3)
         model, _ = add_lora(model, ModelConfig(lora_rank=lora_rank, lora_dropout=dropout))
     set_gradient_checkpointing(model, checkpointing)
+    if freeze_blocks is not None:  # the embeddings, and the lowest freeze_blocks blocks
+        freeze_bottom(model, freeze_embeddings=True, freeze_blocks=freeze_blocks)
     embedding_grads = []  # is each micro-batch's word-embedding gradient sparse?
     if model.get_input_embeddings().weight.requires_grad:
         model.get_input_embeddings().weight.register_hook(lambda g: embedding_grads.append(g.is_sparse))
@@ -263,6 +266,20 @@ def test_each_text_weighs_the_same_in_an_update_whatever_its_windows(fresh_accel
     # what it would be if each window were a sample: texts of many windows would weigh more
     assert torch.stack(per_window).double().mean().item() != pytest.approx(expected, rel=1e-2)
     assert run["records"][0]["train/samples"] == 32  # texts, not windows
+
+
+@pytest.mark.parametrize("freeze_blocks", [0, 1])
+def test_a_frozen_bottom_keeps_the_contract_for_what_trains(fresh_accelerate_state, freeze_blocks):
+    # the clipped norm is the trained weights' alone in both runs; the frozen ones never move
+    big = _run(b=32, k=1, max_grad_norm=0.5, freeze_blocks=freeze_blocks)
+    small = _run(b=8, k=4, max_grad_norm=0.5, freeze_blocks=freeze_blocks)
+    _assert_same_weights(big["snapshots"], small["snapshots"])
+    first, last = small["snapshots"][0], small["snapshots"][-1]
+    frozen = [n for n in last if "embeddings" in n or (freeze_blocks and ".layer.0." in n)]
+    assert frozen and all(torch.equal(first[n], last[n]) for n in frozen)
+    assert small["embedding_grads"] == []  # the word embedding has no gradient at all
+    assert not torch.equal(first["bert.encoder.layer.1.output.dense.weight"],
+                           last["bert.encoder.layer.1.output.dense.weight"])
 
 
 def test_gradient_buffers_are_kept_between_updates_only_when_accumulating(fresh_accelerate_state):

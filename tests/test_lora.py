@@ -116,12 +116,12 @@ def test_bad_target_modules_are_one_line_errors_naming_the_key():
 def test_lora_under_fsdp_or_deepspeed_is_refused_before_training():
     from accelerate.utils import DistributedType
 
-    from finetune.modeling import add_adapters
+    from finetune.modeling import choose_trained_weights
 
     cfg = load_config(None, ["model.lora_rank=4"])
     for kind in (DistributedType.FSDP, DistributedType.DEEPSPEED):
         with pytest.raises(ConfigError, match=f"model.lora_rank: LoRA under {kind.value} is not supported"):
-            add_adapters(tiny_model("bert"), cfg.model, SimpleNamespace(distributed_type=kind))
+            choose_trained_weights(tiny_model("bert"), cfg.model, SimpleNamespace(distributed_type=kind))
 
 
 # --------------------------------------------------------------------------- a LoRA run, end to end
