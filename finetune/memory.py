@@ -46,10 +46,10 @@ class Activations:
     """Bytes the forward pass saves for the backward, measured per training row at the longest length."""
 
     fixed: int  # saved whatever b (autocast's cast copies of the weights)
-    per_row_block: int  # in one encoder block (mean over the blocks)
+    per_row_block: int  # in one encoder block that keeps activations
     per_row_block_input: int  # a block's input: what checkpointing keeps of a block
     per_row_other: int  # outside the blocks (embeddings, head, loss)
-    blocks: int
+    blocks: int  # block calls that keep activations: not frozen blocks below the first trained one
     length: int  # the length measured at
 
     def estimate(self, b: int, checkpointing: bool, length: Optional[int] = None) -> int:
@@ -140,17 +140,24 @@ def _counting_saved_tensors(model) -> Iterator[dict]:
 
 @contextlib.contextmanager
 def _watching_blocks(blocks) -> Iterator[dict]:
-    """Inside, the blocks' calls are counted with their inputs' bytes, and the first block's first call kept.
+    """Inside, the calls of blocks that keep activations are counted with their inputs' bytes, and the first
+    of them kept with its block.
 
-    Yields ``{"calls": n, "input": bytes, "first": (args, kwargs) or None}``.
+    A block keeps activations where a gradient flows through it: it trains, or its input needs a gradient.
+    Frozen blocks below the first trained one (``model.freeze_blocks``) keep none and are not counted.
+    Yields ``{"calls": n, "input": bytes, "first": (block, args, kwargs) or None}``.
     """
     seen = {"calls": 0, "input": 0, "first": None}
 
     def enter(module, args, kwargs):
+        hidden = args[0] if args and torch.is_tensor(args[0]) else kwargs.get("hidden_states")
+        if not (any(p.requires_grad for p in module.parameters())
+                or (torch.is_tensor(hidden) and hidden.requires_grad)):
+            return
         seen["calls"] += 1  # ALBERT calls its one shared block once per layer
         seen["input"] += tensor_bytes(a for a in args[:1] if torch.is_tensor(a))
         if seen["first"] is None:
-            seen["first"] = (args, kwargs)
+            seen["first"] = (module, args, kwargs)
 
     handles = [block.register_forward_pre_hook(enter, with_kwargs=True) for block in blocks]
     try:
@@ -175,14 +182,16 @@ def _one_pass(model, blocks, inputs, accelerator, can_recompute: bool) -> dict:
     set_gradient_checkpointing(model, can_recompute)
     with _watching_blocks(blocks) as seen, _counting_saved_tensors(model) as whole, accelerator.autocast():
         model(**inputs)
-    calls = max(1, seen["calls"])
+    calls = seen["calls"]
     if not can_recompute:
-        return {"other": 0, "block": whole["saved"] / calls, "input": seen["input"], "calls": calls}
+        return {"other": 0, "block": whole["saved"] / max(1, calls), "input": seen["input"], "calls": calls}
+    if seen["first"] is None:  # every block frozen: the head alone trains
+        return {"other": whole["saved"], "block": 0, "input": 0, "calls": 0}
     set_gradient_checkpointing(model, False)
-    args, kwargs = seen["first"]
-    with _counting_saved_tensors(model) as block, accelerator.autocast():
-        blocks[0](*args, **kwargs)
-    return {"other": whole["saved"], "block": block["saved"], "input": seen["input"], "calls": calls}
+    block, args, kwargs = seen["first"]
+    with _counting_saved_tensors(model) as saved, accelerator.autocast():
+        block(*args, **kwargs)
+    return {"other": whole["saved"], "block": saved["saved"], "input": seen["input"], "calls": calls}
 
 
 def measure_activations(model, make_batch, accelerator) -> Optional[Activations]:
@@ -231,7 +240,8 @@ def measure_activations(model, make_batch, accelerator) -> Optional[Activations]
     per_row = {key: max(0, two[key] - one[key]) for key in ("block", "input", "other")}
     fixed = max(0, round(one["other"] + calls * one["block"] - per_row["other"] - calls * per_row["block"]))
     return Activations(fixed=fixed, per_row_block=round(per_row["block"]),
-                       per_row_block_input=round(per_row["input"] / calls), per_row_other=round(per_row["other"]),
+                       per_row_block_input=round(per_row["input"] / max(1, calls)),
+                       per_row_other=round(per_row["other"]),
                        blocks=calls, length=length)
 
 

@@ -49,9 +49,9 @@ def _run(b: int, k: int, epochs: int = 2, lr: float = 1e-3, schedule: str = "lin
     if lora_rank is not None:  # adapters drawn from their own seed, alike in every run
         torch.manual_seed(3)
         model, _ = add_lora(model, ModelConfig(lora_rank=lora_rank, lora_dropout=dropout))
-    set_gradient_checkpointing(model, checkpointing)
-    if freeze_blocks is not None:  # the embeddings, and the lowest freeze_blocks blocks
+    if freeze_blocks is not None:  # the embeddings, and the lowest freeze_blocks blocks (before checkpointing, as setup)
         freeze_bottom(model, freeze_embeddings=True, freeze_blocks=freeze_blocks)
+    set_gradient_checkpointing(model, checkpointing)
     embedding_grads = []  # is each micro-batch's word-embedding gradient sparse?
     if model.get_input_embeddings().weight.requires_grad:
         model.get_input_embeddings().weight.register_hook(lambda g: embedding_grads.append(g.is_sparse))
@@ -268,11 +268,11 @@ def test_each_text_weighs_the_same_in_an_update_whatever_its_windows(fresh_accel
     assert run["records"][0]["train/samples"] == 32  # texts, not windows
 
 
-@pytest.mark.parametrize("freeze_blocks", [0, 1])
-def test_a_frozen_bottom_keeps_the_contract_for_what_trains(fresh_accelerate_state, freeze_blocks):
+@pytest.mark.parametrize("freeze_blocks, checkpointing", [(0, False), (1, False), (1, True)])
+def test_a_frozen_bottom_keeps_the_contract_for_what_trains(fresh_accelerate_state, freeze_blocks, checkpointing):
     # the clipped norm is the trained weights' alone in both runs; the frozen ones never move
     big = _run(b=32, k=1, max_grad_norm=0.5, freeze_blocks=freeze_blocks)
-    small = _run(b=8, k=4, max_grad_norm=0.5, freeze_blocks=freeze_blocks)
+    small = _run(b=8, k=4, max_grad_norm=0.5, freeze_blocks=freeze_blocks, checkpointing=checkpointing)
     _assert_same_weights(big["snapshots"], small["snapshots"])
     first, last = small["snapshots"][0], small["snapshots"][-1]
     frozen = [n for n in last if "embeddings" in n or (freeze_blocks and ".layer.0." in n)]

@@ -82,17 +82,40 @@ def test_frozen_blocks_keep_no_activations_and_the_plan_counts_only_what_trains(
         model = tiny_model("bert", num_labels=2)
         freeze_bottom(model, freeze_embeddings=blocks is not None, freeze_blocks=blocks or 0)
         activations = measure_activations(model, lambda b: {k: v[:b] for k, v in batch.items()}, accelerator)
-        return model, plan_memory(model, activations, b=8, checkpointing=False, device=torch.device("cpu"))
+        return model, activations, plan_memory(model, activations, b=8, checkpointing=False,
+                                               device=torch.device("cpu"))
 
-    model, everything = plan(None)
-    _, embeddings = plan(0)
-    frozen_model, one_block = plan(1)
+    model, all_blocks, everything = plan(None)
+    _, _, embeddings = plan(0)
+    frozen_model, one_kept, one_block = plan(1)
     trained = sum(p.numel() * p.element_size() for p in frozen_model.parameters() if p.requires_grad)
     assert one_block.gradients == trained and one_block.optimizer == 2 * trained
     assert embeddings.gradients < everything.gradients and one_block.gradients < embeddings.gradients
     assert one_block.weights == everything.weights  # frozen weights are still held
-    # the first block is not run backwards: the autograd graph keeps nothing of it
+    # the first block is not run backwards: the autograd graph keeps nothing of it, and the plan counts the
+    # one block that keeps activations, at a trained block's size
+    assert (all_blocks.blocks, one_kept.blocks) == (2, 1)
+    assert one_kept.per_row_block == all_blocks.per_row_block > 0
     assert one_block.activations < embeddings.activations
+    _, none_kept, head_alone = plan(2)
+    assert none_kept.blocks == 0 and head_alone.activations < one_block.activations
+
+
+@pytest.mark.filterwarnings("ignore:Full backward hook is firing")  # the hook on a block whose input needs none
+def test_under_checkpointing_the_backward_pass_stops_at_the_first_trained_block():
+    """transformers makes the embeddings' output require a gradient when it checkpoints, for its reentrant
+    mode; with the bottom frozen that would run the backward pass through every frozen block."""
+    from finetune.modeling import set_gradient_checkpointing
+
+    model = tiny_model("bert", num_labels=2)
+    freeze_bottom(model, freeze_embeddings=True, freeze_blocks=1)
+    set_gradient_checkpointing(model, True)
+    _, blocks = layer_stack(model)
+    backward_through = []
+    for i, block in enumerate(blocks):
+        block.register_full_backward_pre_hook(lambda module, grad, i=i: backward_through.append(i))
+    _train_a_little(model, steps=1)
+    assert backward_through == [1]  # the second block only: the first, frozen, is not run backwards
 
 
 def test_frozen_settings_the_model_cannot_take_are_one_line():
