@@ -188,7 +188,7 @@ class GraphedMicroBatches:
         if why is None:
             try:
                 self._graph_for(batch)
-            except RuntimeError as error:  # CUDA refuses the capture; the stream and the memory stay usable
+            except RuntimeError as error:  # CUDA refused the capture: eagerly from here (the GPU tests hold it)
                 self.failed = f"the capture failed ({str(error).strip().splitlines()[0]}), so from here on"
                 why = self.failed
         if why is not None and why not in self.said:

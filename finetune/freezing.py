@@ -7,9 +7,9 @@ flows into a frozen block whose input needs none, so a frozen block's
 activations are not kept and it is not run backwards. The memory plan
 measures the activations of the model as frozen, so it counts that.
 
-Which weights a depth holds is :func:`finetune.optimization.layer_depths`'
-count, as the layer-wise learning rates use it, for every supported family:
-depth 0 is the embeddings and what runs before the first block (ELECTRA's and
+Which weights a depth holds is :func:`finetune.depths.layer_depths`' count,
+as the layer-wise learning rates use it, for every supported family: depth 0
+is the embeddings and what runs before the first block (ELECTRA's and
 ALBERT's projections, DeBERTa's relative-position table), 1 to ``L`` the
 blocks from the bottom. Frozen blocks freeze the embeddings below them too:
 training those would send a gradient back through every frozen block, which
@@ -22,8 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from finetune.errors import ConfigError
 from finetune.depths import layer_depths
+from finetune.errors import ConfigError
 
 
 @dataclass(frozen=True)
