@@ -251,8 +251,8 @@ def fit_micro_batch(model, train_dataset, collate: Callable[[list], dict], accel
 
 def _nothing_fits(also: str = "") -> str:
     return ("training.per_device_train_batch_size: auto found no micro-batch that fits: even b=1 ran out of memory "
-            f"(on at least one process){also}; lower data.max_length, train LoRA adapters (model.lora_rank=8), "
-            f"or use a larger device")
+            f"(on at least one process){also}; lower data.max_length, freeze the lower layers (model.freeze_blocks), "
+            f"train LoRA adapters (model.lora_rank=8), or use a larger device")
 
 
 def fit_in_memory(model, train_dataset, collate: Callable[[list], dict], accelerator, batching, training,

@@ -36,6 +36,7 @@ from typing import Any, Iterator, Optional
 import torch
 
 from finetune.chunks import split_batch
+from finetune.errors import ConfigError
 from finetune.lora import head_modules, is_lora
 
 GB = 1e9
@@ -321,6 +322,10 @@ def levers_that_fit(plan: MemoryPlan, model, activations: Activations, batching,
     if supports_checkpointing(model) and not plan.checkpointing and replace(
             plan, checkpointing=True, activations=activations.estimate(plan.micro_batch, True)).fits:
         found.append("training.gradient_checkpointing=true")
+    embeddings = _trained_embedding_bytes(model)
+    if embeddings and replace(plan, gradients=plan.gradients - embeddings,
+                              optimizer=plan.optimizer - 2 * embeddings).fits:
+        found.append("model.freeze_embeddings=true")
     if not is_lora(model) and replace(plan, gradients=_lora_share(model, plan.gradients),
                                       optimizer=_lora_share(model, plan.optimizer)).fits:
         found.append("model.lora_rank=8")
@@ -330,6 +335,19 @@ def levers_that_fit(plan: MemoryPlan, model, activations: Activations, batching,
             found.append(f"data.max_length={length}")
             break
     return found
+
+
+def _trained_embedding_bytes(model) -> int:
+    """The bytes of the embeddings' weights that train (0 under LoRA, frozen, or a model of unknown layers)."""
+    from finetune.depths import layer_depths
+
+    if is_lora(model):
+        return 0
+    try:
+        depth, _ = layer_depths(model, setting="model.freeze_embeddings")
+    except ConfigError:
+        return 0
+    return tensor_bytes(p for p in model.parameters() if p.requires_grad and depth[id(p)] == 0)
 
 
 def _smaller_micro_batches(batching) -> list[int]:

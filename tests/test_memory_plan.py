@@ -171,7 +171,10 @@ def _setup(cfg, monkeypatch, available):
 
 
 def test_a_set_micro_batch_that_cannot_fit_stops_before_training_naming_what_would(tiny_job, monkeypatch, tmp_path):
-    plan = _setup(tiny_job, monkeypatch, available=10**12).memory
+    from finetune.depths import layer_depths
+
+    run = _setup(tiny_job, monkeypatch, available=10**12)
+    plan = run.memory
     assert plan is not None and plan.micro_batch == 16 and plan.fits
     # a device with a little less than the plan needs beyond the loaded weights
     short = plan.total - plan.resident - 1
@@ -183,6 +186,13 @@ def test_a_set_micro_batch_that_cannot_fit_stops_before_training_naming_what_wou
     # each lever named is one that fits alone by the plan's own arithmetic: a half micro-batch fits here
     assert "training.per_device_train_batch_size=8 (k=4)" in message
     assert "training.gradient_checkpointing=true" in message and "model.lora_rank=8" in message
+    assert "model.freeze_embeddings=true" in message  # the embeddings' gradients and AdamW state are > 1 byte
+    # frozen embeddings save their gradient and two moments, no more: a byte beyond that, and only LoRA fits
+    depth, _ = layer_depths(run.model)
+    embeddings = sum(p.numel() * p.element_size() for p in run.model.parameters() if depth[id(p)] == 0)
+    with pytest.raises(LaunchError) as info:
+        _setup(tiny_job, monkeypatch, available=plan.total - plan.resident - 3 * embeddings - 1)
+    assert "model.freeze_embeddings=true" not in info.value.message and "model.lora_rank=8" in info.value.message
     assert not (tmp_path / "out").exists()  # nothing written
     # with nothing that fits alone, it says so
     with pytest.raises(LaunchError, match="no single setting fits: combine"):
