@@ -63,6 +63,12 @@ if [ -z "${GPU_ONE_PART:-}" ]; then  # the part runs below inherit this set-up
     export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
     kit=${GPU_KIT:-.gpu}
     if compgen -G "$kit/wheels/*.whl" >/dev/null; then
+        here=$("$py" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')
+        if [ -f "$kit/python-version" ] && [ "$(cat "$kit/python-version")" != "$here" ]; then
+            echo "bench/gpu.sh: $kit holds wheels for Python $(cat "$kit/python-version"), this is $here:" \
+                 "bench/gpu_kit.sh $kit $here" >&2
+            exit 2
+        fi
         [ -d "$work/site" ] || "$py" -m pip install --quiet --no-index --no-deps --no-compile --target "$work/site" "$kit"/wheels/*.whl
         export PYTHONPATH="$PYTHONPATH:$work/site"
     fi

