@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -33,19 +31,13 @@ REPO = Path(__file__).resolve().parent.parent
 SETTINGS = ("views (the package)", "copies (DDP's default)")
 
 
-def peak_bytes(device) -> int:
-    import torch
-
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device)
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
-
-
 def child(setting: str, updates: int, out: Path) -> None:
     """One process of a launch: train ``updates`` updates under ``setting``, write what it measured."""
     from accelerate import Accelerator
     from accelerate.utils import DistributedDataParallelKwargs
 
+    from bench.memory_levers import rss_bytes
+    from bench.memprobe import peak_memory
     from finetune.assembly import setup_run
     from finetune.config import load_config
     from finetune.cpu import cpu_speedups, speedup_settings
@@ -53,7 +45,8 @@ def child(setting: str, updates: int, out: Path) -> None:
     from finetune.loop import train_one_epoch
 
     state = init_process_state()
-    before = peak_bytes(state.device) if state.device.type == "cuda" else _rss()
+    gpu = state.device.type == "cuda"
+    before_mib = 0.0 if gpu else rss_bytes() / 2**20  # a GPU's peak counts from nothing allocated
     handlers = ddp_settings() if setting == SETTINGS[0] else [DistributedDataParallelKwargs()]
     accelerator = Accelerator(cpu=state.device.type == "cpu", kwargs_handlers=handlers)
     cfg = load_config(str(REPO / "configs" / "default.yaml"), [
@@ -64,16 +57,12 @@ def child(setting: str, updates: int, out: Path) -> None:
         train_one_epoch(run.model, run.optimizer, run.scheduler, run.train_dataloader, accelerator, 0,
                         state=run.state, max_grad_norm=cfg.training.max_grad_norm, plan=run.plan, max_updates=updates)
     trained = sum(p.numel() * p.element_size() for p in run.model.parameters() if p.requires_grad)
+    peak = peak_memory()
     result = {"setting": setting, "rank": accelerator.process_index, "updates": run.state.step,
-              "peak_over_baseline_mib": (peak_bytes(state.device) - before) / 2**20,
+              "peak_over_baseline_mib": (peak["gpu_peak_mib"] if gpu else peak["rss_peak_mib"]) - before_mib,
               "gradients_mib": trained / 2**20, "device": state.device.type,
               "k": accelerator.gradient_accumulation_steps}
     (out.parent / f"{out.name}.{accelerator.process_index}.json").write_text(json.dumps(result), encoding="utf-8")
-
-
-def _rss() -> int:
-    with open("/proc/self/statm", encoding="ascii") as fh:
-        return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
 def launch(setting: str, updates: int, out: Path) -> list[dict]:
