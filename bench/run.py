@@ -776,6 +776,12 @@ def main(argv=None) -> int:
         "flops_model": fms,
     }
     results, index = [], 0
+
+    def report(rounds_done: int) -> dict[str, Any]:
+        return {**header, "rows": aggregate(jobs, results, peak, fms), "results": results,
+                "wall_minutes": (time.perf_counter() - started) / 60,
+                "rounds": {"done": rounds_done, "planned": len(plan)}}
+
     for repeat, round_jobs in enumerate(plan):
         for job in round_jobs:
             index += 1
@@ -788,12 +794,9 @@ def main(argv=None) -> int:
                       else result["error"])
             print(f"bench:     {status} ({result['wall_seconds']:.0f}s)", flush=True)
         # after every round, so that a run stopped on a time limit leaves the tables of the rounds it finished
-        publish({**header, "rows": aggregate(jobs, results, peak, fms), "results": results,
-                 "wall_minutes": (time.perf_counter() - started) / 60,
-                 "rounds": {"done": repeat + 1, "planned": len(plan)}}, s.out, quiet=repeat + 1 < len(plan))
+        publish(report(repeat + 1), s.out, quiet=repeat + 1 < len(plan))
     if not plan:
-        publish({**header, "rows": aggregate(jobs, results, peak, fms), "results": results,
-                 "wall_minutes": (time.perf_counter() - started) / 60, "rounds": {"done": 0, "planned": 0}}, s.out)
+        publish(report(0), s.out)
     return 0 if all(r.get("ok") for r in results) else 1
 
 
