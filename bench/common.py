@@ -14,7 +14,7 @@ import json
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from bench.memprobe import peak_memory  # noqa: F401 (the arms' peak, as the probe's)
 
@@ -139,6 +139,26 @@ def set_threads(threads: int) -> None:
     import torch
 
     torch.set_num_threads(max(1, threads))
+
+
+def host_waits(train: Callable[[], Any]) -> tuple[Any, list[str]]:
+    """Run ``train`` on a CUDA GPU with torch's synchronisation check on; returns what it returned and, for
+    each time the host waited for the GPU (a blocking copy, a value read on the host), the ``file:line``
+    of the Python code that waited. ``tests/test_gpu.py`` bounds them, ``python -m bench.probe device``
+    counts them."""
+    import warnings
+
+    import torch
+
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            result = train()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    return result, [f"{w.filename}:{w.lineno}" for w in caught if "synchroniz" in str(w.message)]
 
 
 def write_result(path: str | os.PathLike, result: dict[str, Any]) -> None:

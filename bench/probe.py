@@ -300,21 +300,13 @@ def device(threads: int, overrides: list[str], updates: int = 10, warmup: int = 
 def _waits_per_update(cfg, run, updates: int) -> Optional[dict[str, float]]:
     """How often the host waits for the GPU per update over ``updates`` updates, in the model's code
     (transformers) and outside it (``None`` without a GPU)."""
-    import warnings
-
     import torch
+
+    from bench.common import host_waits
 
     if not torch.cuda.is_available():
         return None
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("warn")
-    try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            _train_updates(cfg, run, run.state.step + updates)
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
-    waits = [w.filename for w in caught if "synchroniz" in str(w.message)]
+    _, waits = host_waits(lambda: _train_updates(cfg, run, run.state.step + updates))
     in_model = sum("/transformers/" in w for w in waits)
     return {"outside the model": (len(waits) - in_model) / updates, "in the model": in_model / updates}
 

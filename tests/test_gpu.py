@@ -199,8 +199,9 @@ def test_the_loop_waits_for_the_gpu_at_updates_not_at_micro_batches(tmp_path, fr
     kernel queued before it. The run's loaders copy asynchronously and the loop reads the GPU when an update is
     made, not per micro-batch: at k=8 a blocking copy alone would wait 8 times an update. (transformers' own
     forward reads the padding mask on the host to choose an attention kernel: its waits are not the loop's.)"""
-    import warnings
-
+    if str(REPO) not in sys.path:
+        sys.path.insert(0, str(REPO))  # bench/ is not part of the installed package
+    from bench.common import host_waits
     from finetune.assembly import setup_run
     from finetune.config import load_config
     from finetune.loop import train_one_epoch
@@ -214,16 +215,9 @@ def test_the_loop_waits_for_the_gpu_at_updates_not_at_micro_batches(tmp_path, fr
         "data.num_workers=0", "training.mixed_precision=bf16", "logging.progress_bar=false"])
     run = setup_run(cfg)
     assert run.accelerator.dataloader_config.non_blocking
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("warn")
-    try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            result = train_one_epoch(run.model, run.optimizer, run.scheduler, run.train_dataloader, run.accelerator,
-                                     0, state=run.state, max_grad_norm=cfg.training.max_grad_norm, plan=run.plan)
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
-    waits = [f"{w.filename}:{w.lineno}" for w in caught if "synchroniz" in str(w.message)]
+    result, waits = host_waits(lambda: train_one_epoch(
+        run.model, run.optimizer, run.scheduler, run.train_dataloader, run.accelerator, 0, state=run.state,
+        max_grad_norm=cfg.training.max_grad_norm, plan=run.plan))
     loop_waits = [w for w in waits if "/transformers/" not in w]
     assert result.updates >= 4
     assert len(loop_waits) <= 3 * result.updates, (
