@@ -80,6 +80,16 @@ def tiny_model(model_type: str, num_labels: int = 3, seed: int = 0, dropout: Opt
     return AutoModelForSequenceClassification.from_config(config)
 
 
+class Flat(torch.nn.Module):
+    """A model whose encoder has no transformer blocks the package can find (a remote-code model, say)."""
+
+    base_model_prefix = "encoder"
+
+    def __init__(self):
+        super().__init__()
+        self.encoder = torch.nn.Linear(4, 4)
+
+
 def save_tiny_model(directory: Path, num_labels: int = 2, seed: int = 0) -> Path:
     """Save a tiny random BERT with a matching WordPiece tokenizer to ``directory``."""
     from transformers import BertModel, BertTokenizerFast

@@ -17,7 +17,7 @@ from finetune.freezing import freeze_bottom
 from finetune.lora import layer_stack
 from finetune.depths import layer_depths
 from finetune.optimization import build_optimizer
-from helpers import ARCHITECTURES, pad_collate, tiny_model, token_dataset
+from helpers import ARCHITECTURES, Flat, pad_collate, tiny_model, token_dataset
 
 
 def _train_a_little(model, steps: int = 3):
@@ -127,14 +127,6 @@ def test_frozen_settings_the_model_cannot_take_are_one_line():
     with pytest.raises(ConfigError, match=r"^model.freeze_embeddings: LoRA \(model.lora_rank\) keeps the whole "
                                           r"encoder frozen already; use one or the other$"):
         ModelConfig(lora_rank=8, freeze_embeddings=True)
-
-    class Flat(torch.nn.Module):  # a remote-code model, say, with its encoder in no shape the package knows
-        base_model_prefix = "encoder"
-
-        def __init__(self):
-            super().__init__()
-            self.encoder = torch.nn.Linear(4, 4)
-
     with pytest.raises(ConfigError, match=r"^model.freeze_blocks: finds no transformer blocks in Flat$"):
         freeze_bottom(Flat(), freeze_embeddings=False, freeze_blocks=1)
 

@@ -5,13 +5,12 @@ from __future__ import annotations
 import re
 
 import pytest
-import torch
 
 from finetune.config import ModelConfig, OptimConfig
 from finetune.errors import ConfigError
 from finetune.lora import add_lora, layer_stack
 from finetune.optimization import build_optimizer, decay_groups, describe_layer_rates
-from helpers import ARCHITECTURES, tiny_model
+from helpers import ARCHITECTURES, Flat, tiny_model
 
 LR, DECAY = 1e-3, 0.5
 
@@ -119,12 +118,5 @@ def test_a_decay_outside_zero_to_one_is_refused_in_one_line(value):
 
 
 def test_a_model_without_blocks_is_refused_naming_the_key():
-    class Flat(torch.nn.Module):
-        base_model_prefix = "encoder"
-
-        def __init__(self):
-            super().__init__()
-            self.encoder = torch.nn.Linear(4, 4)
-
     with pytest.raises(ConfigError, match="^optim.layer_lr_decay: finds no transformer blocks in Flat"):
         build_optimizer(Flat(), OptimConfig(layer_lr_decay=DECAY))
