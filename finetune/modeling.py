@@ -270,23 +270,13 @@ def set_gradient_checkpointing(model, on: bool) -> None:
         model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
     else:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    if _frozen_bottom(model):
-        # transformers makes the embeddings' output require a gradient, which reentrant checkpointing needs
-        # and this non-reentrant one does not: under frozen embeddings and blocks (model.freeze_*) it would run
-        # the backward pass through every frozen block, and keep their inputs, for gradients nobody uses
-        try:
-            model.disable_input_require_grads()
-        except AttributeError:  # no hook was added (a model without input embeddings of that kind)
-            pass
-
-
-def _frozen_bottom(model) -> bool:
-    """Whether the input embeddings are frozen in a model without LoRA (``model.freeze_*``)."""
-    from finetune.lora import is_lora
-
-    embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
-    return (embeddings is not None and not is_lora(model)
-            and not any(p.requires_grad for p in embeddings.parameters()))
+    # transformers also makes the embeddings' output require a gradient, which reentrant checkpointing needs
+    # and this one does not; left on, it outlives checkpointing (the memory probe switches it on and off), and
+    # under frozen embeddings and blocks (model.freeze_*) it runs the backward pass through every frozen block
+    try:
+        model.disable_input_require_grads()
+    except AttributeError:  # no such hook was added (a release or a model that adds none)
+        pass
 
 
 def supports_checkpointing(model) -> bool:
