@@ -133,7 +133,11 @@ def _counting_saved_tensors(model) -> Iterator[dict]:
         if key not in weights and key not in seen:
             seen.add(key)
             counts["saved"] += storage.nbytes()
-        return tensor
+        # Detached: an op that saves its own output (tanh, softmax) would otherwise hold, in its graph node, a
+        # tensor whose grad_fn is that node, a cycle through autograd's C++ that Python's collector cannot see.
+        # It kept every probe's graph alive for the whole run, with its activations and the parameters'
+        # gradient accumulators (which a CUDA graph's capture then refused: they belong to another stream).
+        return tensor.detach()
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
         yield counts

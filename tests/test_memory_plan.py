@@ -6,6 +6,7 @@ How close the plan comes to a measured peak is the benchmark's to say
 
 from __future__ import annotations
 
+import gc
 import logging
 from dataclasses import replace
 
@@ -108,6 +109,21 @@ def test_the_probe_counts_the_dropout_masks_training_will_save(compiled):
     # with transformers 4.x's attention (torch's SDPA dropout, not switched) the plan ran 11% over: still an
     # over-estimate, never under
     assert measured <= saved <= (1.1 if attention_switch_unavailable(model.config) is None else 1.15) * measured
+
+
+def _tensors_in_a_graph() -> int:
+    gc.collect()
+    return sum(1 for o in gc.get_objects() if issubclass(type(o), torch.Tensor) and o.grad_fn is not None)
+
+
+def test_the_probe_leaves_no_autograd_graph_alive():
+    """Its graphs go with its forward passes. A graph kept alive held the probe's activations for the whole run,
+    and the parameters' gradient accumulators with it, made on the default stream: a CUDA graph's capture,
+    which runs on its own stream, was then refused (training.cuda_graphs fell back to eager on every GPU)."""
+    model = tiny_bert(dropout=0.1).train()
+    before = _tensors_in_a_graph()
+    assert measure_activations(model, _batches(), _CpuAccelerator()) is not None
+    assert _tensors_in_a_graph() == before
 
 
 def test_a_probe_that_runs_out_of_memory_gives_no_plan():
