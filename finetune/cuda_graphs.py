@@ -39,7 +39,8 @@ reads the scale on the host); gradient checkpointing (it saves and restores
 the generator's state, which a capture forbids); ``data.truncation: chunks``
 (the windows per text vary); a batch of other keys or longer than the longest
 length; more than :data:`MAX_GRAPHS` lengths; and, from the micro-batch on
-whose capture CUDA refused (a model whose forward reads a tensor on the host),
+whose capture CUDA refused (a model whose forward reads a tensor on the host, or
+a tensor of an eager forward, a kept loss say, still holding its autograd graph),
 every micro-batch.
 """
 
@@ -65,8 +66,8 @@ def why_not_graphed(accelerator, *, checkpointing: bool, chunked: bool) -> Optio
     """Why micro-batches cannot be replayed from CUDA graphs in this run (``None``: they can)."""
     from accelerate.utils import DistributedType
 
-    if not hasattr(torch.cuda, "graph"):
-        return "this torch has no torch.cuda.graph"
+    if not hasattr(torch.cuda, "graph") or not hasattr(torch.Generator, "clone_state"):
+        return "this torch has no torch.cuda.graph or cannot restore its generator after a refused capture (torch 2.5+)"
     if accelerator.device.type != "cuda":
         return "no CUDA device"
     if accelerator.num_processes > 1 or accelerator.distributed_type in (DistributedType.FSDP,
@@ -110,15 +111,39 @@ def record_cuda_graph(step: Callable[[], torch.Tensor], pool) -> tuple[Callable[
     """Capture ``step`` in a CUDA graph; returns its replay (which returns ``step``'s output tensor, updated in
     place) and the graph's memory pool, to share with the next capture."""
     graph = torch.cuda.CUDAGraph()
-    # thread_local: the dataloader's pin-memory thread may allocate host memory meanwhile, which is harmless
-    with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
-        out = step()
+    stream = torch.cuda.current_stream()
+    generator = torch.cuda.default_generators[stream.device.index]
+    before = generator.clone_state()
+    try:
+        # thread_local: the dataloader's pin-memory thread may allocate host memory meanwhile, which is harmless
+        with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
+            out = step()
+    except RuntimeError:
+        # A capture CUDA refused ends without torch's epilogue: the generator stays in capture mode (the next
+        # eager dropout raises "Offset increment outside graph capture") and the capture stream stays current.
+        # Both go back to where they were, for the eager micro-batches that follow.
+        torch.cuda.set_stream(stream)
+        generator.graphsafe_set_state(before)
+        raise
 
     def replay() -> torch.Tensor:
         graph.replay()
         return out
 
     return replay, graph.pool()
+
+
+def refusal(error: RuntimeError) -> str:
+    """CUDA's reason for refusing a capture, in one line, with what causes the one a caller can fix."""
+    # CUDA invalidates a capture at the refused operation, and ending it then raises again: the first error says why
+    while "previous error during capture" in str(error) and isinstance(error.__context__, RuntimeError):
+        error = error.__context__
+    said = str(error).strip().splitlines()[0]
+    if "legacy stream depend on a capturing" in said:
+        # the parameters' gradient accumulators outlive a graph only while that graph lives, and one made on the
+        # default stream cannot take a gradient made on the capture's stream
+        said += "; a tensor from an eager forward, such as a kept loss, still holds its autograd graph"
+    return said
 
 
 def pool_bytes(pool) -> Optional[int]:
@@ -189,7 +214,7 @@ class GraphedMicroBatches:
             try:
                 self._graph_for(batch)
             except RuntimeError as error:  # CUDA refused the capture: eagerly from here (the GPU tests hold it)
-                self.failed = f"the capture failed ({str(error).strip().splitlines()[0]}), so from here on"
+                self.failed = f"the capture failed ({refusal(error)}), so from here on"
                 why = self.failed
         if why is not None and why not in self.said:
             self.said.add(why)

@@ -71,13 +71,15 @@ class RefusingRecorder(CountingRecorder):
         raise RuntimeError("CUDA error: operation not permitted when stream is capturing\nCUDA kernel errors ...")
 
 
-def _train(device: str, graphed: bool, epochs: int = 2, host_reading: bool = False, model_type: str = "bert") -> dict:
+def _train(device: str, graphed: bool, epochs: int = 2, host_reading: bool = False, model_type: str = "bert",
+           dropout: float = 0.0) -> dict:
     """``(4, 3)`` on a tiny model (BERT by default) for ``epochs``, eagerly or replayed; the weights after every
-    update."""
+    update. Each run starts its random streams (dropout's) from the same seed."""
     from accelerate import Accelerator
 
     acc = Accelerator(cpu=device == "cpu", gradient_accumulation_steps=K)
-    model = tiny_bert(seed=0) if model_type == "bert" else tiny_model(model_type, num_labels=2, dropout=0.0)
+    model = (tiny_bert(seed=0, dropout=dropout) if model_type == "bert"
+             else tiny_model(model_type, num_labels=2, dropout=dropout))
     if host_reading:
         model.__class__ = HostReadingBert
     opt_cfg = OptimConfig(learning_rate=1e-3, warmup_steps=1)
@@ -150,10 +152,12 @@ def test_gradients_stay_in_place_from_update_to_update(device):
 @pytest.mark.parametrize("device", DEVICES)
 def test_a_model_whose_capture_fails_trains_eagerly_from_there_said_once(device, caplog):
     """A forward that reads a tensor on the host cannot be captured: the run goes on eagerly, with the eager
-    run's weights (the warm-up before the failed capture added nothing), and says why once."""
-    eager = _train(device, graphed=False, epochs=1, host_reading=True)
+    run's weights (the warm-up before the failed capture added nothing), and says why once. Dropout is on: a
+    refused capture must leave the generator and the stream as they were for the eager micro-batches (CUDA ends it
+    without torch's epilogue)."""
+    eager = _train(device, graphed=False, epochs=1, host_reading=True, dropout=0.1)
     with caplog.at_level(logging.WARNING, logger="finetune"):
-        fallen = _train(device, graphed=True, epochs=1, host_reading=True)
+        fallen = _train(device, graphed=True, epochs=1, host_reading=True, dropout=0.1)
     assert len(fallen["snapshots"]) == len(eager["snapshots"]) == 4
     for update, (a, b) in enumerate(zip(eager["snapshots"], fallen["snapshots"])):
         for pa, pb in zip(a, b):
@@ -163,6 +167,46 @@ def test_a_model_whose_capture_fails_trains_eagerly_from_there_said_once(device,
     if device == "cpu":
         assert "(CUDA error: operation not permitted when stream is capturing), so from here on" in said[0]
     assert fallen["recorder"].captures == 1 and fallen["graphs"].record()["lengths"] == []
+
+
+def test_a_refused_capture_is_said_by_its_first_error_with_the_cause_a_caller_can_fix():
+    """Ending an invalidated capture raises again ("a previous error"): the warning gives the error before it."""
+    from finetune.cuda_graphs import refusal
+
+    try:
+        try:
+            raise RuntimeError("CUDA error: operation would make the legacy stream depend on a capturing blocking "
+                               "stream\nSearch for `cudaErrorStreamCaptureImplicit' ...")
+        except RuntimeError:
+            raise RuntimeError("CUDA error: operation failed due to a previous error during capture\nSearch ...")
+    except RuntimeError as error:
+        said = refusal(error)
+    assert said.startswith("CUDA error: operation would make the legacy stream depend on a capturing blocking stream")
+    assert said.endswith("a tensor from an eager forward, such as a kept loss, still holds its autograd graph")
+    assert refusal(RuntimeError("CUDA error: operation not permitted when stream is capturing\nmore")) == \
+        "CUDA error: operation not permitted when stream is capturing"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (bench/gpu.sh)")
+def test_a_graph_kept_from_an_eager_forward_is_named_and_training_goes_on_eagerly(caplog):
+    """A loss kept from an eager forward holds the parameters' gradient accumulators, made on the default stream:
+    CUDA refuses the capture (the accumulators cannot take a gradient made on the capture's stream). The warning
+    says what to drop, and eager micro-batches with dropout run on the stream and generator they had."""
+    model, batch, graphs, _ = _one_micro_batch("cuda")
+    inputs = {k: v for k, v in batch.items() if k != "labels"}
+    kept = Task().per_sample_loss(model(**inputs).logits, batch["labels"]).sum()
+    generator = torch.cuda.get_rng_state()
+    with caplog.at_level(logging.WARNING, logger="finetune"):
+        assert not graphs.takes(batch)
+    said = [r.message for r in caplog.records if "training.cuda_graphs" in r.message]
+    assert len(said) == 1 and "still holds its autograd graph" in said[0], said
+    assert torch.cuda.current_stream() == torch.cuda.default_stream()
+    assert torch.equal(torch.cuda.get_rng_state(), generator)
+    del kept
+    model.zero_grad(set_to_none=True)
+    Task().per_sample_loss(model(**inputs).logits, batch["labels"]).sum().backward()  # dropout draws eagerly
+    assert all(bool(torch.isfinite(p.grad).all()) for p in model.parameters() if p.grad is not None)
 
 
 @pytest.mark.gpu
