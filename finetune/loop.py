@@ -393,6 +393,8 @@ def apply_update(model, optimizer, scheduler, accelerator, totals: torch.Tensor,
     if not math.isfinite(window_loss):
         return Update(lr, what="loss", value=window_loss)
     grad_norm = accelerator.clip_grad_norm_(model.parameters(), max_grad_norm if max_grad_norm else float("inf"))
+    if hasattr(grad_norm, "full_tensor"):  # FSDP2's norm is a DTensor, which plain tensors cannot be added to
+        grad_norm = grad_norm.full_tensor()
     # A finite loss can still give NaN/inf gradients, which would poison the weights. Under fp16 the grad
     # scaler owns that case (it skips the step, and the scheduler with it); DeepSpeed returns no norm.
     if grad_norm is not None and accelerator.scaler is None:

@@ -31,7 +31,7 @@ EVAL_BATCH = 4
 
 def record_run(b: int, k: int, epochs: int = 2, lr: float = 1e-3, warmup: int = 1, max_grad_norm=0.05,
                cpu: bool = False, schedule: dict | None = None, chunks: bool = False,
-               mixed_precision: str = "no", cast_once_per_update: bool = True) -> dict:
+               mixed_precision: str = "no", cast_once_per_update: bool = True, fsdp2: bool = False) -> dict:
     """Train the tiny BERT for ``epochs`` with ``(b, k, P)`` and record every update.
 
     ``P`` is whatever the launcher started; the processes are joined by
@@ -44,7 +44,9 @@ def record_run(b: int, k: int, epochs: int = 2, lr: float = 1e-3, warmup: int = 
     replaces ``k`` with an accumulation schedule. ``chunks``: texts of 1 to 5
     windows each (``data.truncation: chunks``) instead of single rows.
     ``mixed_precision`` and ``cast_once_per_update`` as the Accelerator's and
-    ``train_one_epoch``'s.
+    ``train_one_epoch``'s. ``fsdp2``: the model sharded by torch's ``fully_shard`` (each block, then the whole)
+    instead of wrapped in DDP: Accelerate runs its FSDP on GPUs only, so this is how the loop meets FSDP2's
+    sharded parameters, gradients and gradient norm on the CPU.
     """
     from accelerate import Accelerator
 
@@ -68,12 +70,21 @@ def record_run(b: int, k: int, epochs: int = 2, lr: float = 1e-3, warmup: int = 
     evaluated = chunked_texts(N_EVAL, seed=2) if chunks else token_dataset(N_EVAL, seed=2)
     collate = chunk_collate if chunks else pad_collate
     model = tiny_bert(seed=0)
+    if fsdp2:
+        from torch.distributed.fsdp import fully_shard
+
+        for block in model.bert.encoder.layer:
+            fully_shard(block)
+        fully_shard(model)
     opt_cfg = OptimConfig(learning_rate=lr, lr_scheduler_type="linear", warmup_steps=warmup, weight_decay=0.01)
     optimizer = build_optimizer(model, opt_cfg)
     sampler = EpochSampler(len(data), seed=7, window_size={epoch: b * kk * P for epoch, kk in ks.changes})
     train_dl = DataLoader(data, batch_size=b, sampler=sampler, collate_fn=collate)
     eval_dl = DataLoader(evaluated, batch_size=EVAL_BATCH, collate_fn=collate)
-    model, optimizer, train_dl, eval_dl = acc.prepare(model, optimizer, train_dl, eval_dl)
+    if fsdp2:  # sharded already: prepared, it would be wrapped in DDP as well
+        optimizer, train_dl, eval_dl = acc.prepare(optimizer, train_dl, eval_dl)
+    else:
+        model, optimizer, train_dl, eval_dl = acc.prepare(model, optimizer, train_dl, eval_dl)
     plan = plan_updates(len(train_dl), ks, epochs, None, warmup_steps=warmup)
     scheduler = build_scheduler(optimizer, opt_cfg, plan)
 
@@ -106,8 +117,11 @@ def record_run(b: int, k: int, epochs: int = 2, lr: float = 1e-3, warmup: int = 
     snapshots, lrs = [], []
 
     def on_update(train_state):
+        # a sharded parameter's whole value is gathered from every process, so every process asks for it
+        weights = {n: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone()
+                   for n, p in acc.unwrap_model(model).named_parameters()}
         if acc.is_main_process:
-            snapshots.append({n: p.detach().clone() for n, p in acc.unwrap_model(model).named_parameters()})
+            snapshots.append(weights)
         return False
 
     records: list[dict] = []
@@ -120,7 +134,8 @@ def record_run(b: int, k: int, epochs: int = 2, lr: float = 1e-3, warmup: int = 
     lrs = [r["train/lr"] for r in records]
     metrics = MetricSuite(["accuracy", "f1"], 2, "binary", pos_label=1)
     evaluation = evaluate_model(model, eval_dl, acc, metrics)
-    gradients = [p.grad for p in model.parameters() if p.grad is not None]
+    gradients = [p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad
+                 for p in model.parameters() if p.grad is not None]
     return {
         "num_processes": P,
         # after the last update: the gradients kept, and the distinct memory they live in
@@ -150,6 +165,7 @@ SCENARIOS = {
     "chunks": dict(b=4, k=2, chunks=True),
     # trained twice in bf16: weight casts in every micro-batch (snapshots_every.pt), then once per update
     "casts": dict(b=4, k=2, mixed_precision="bf16"),
+    "fsdp2": dict(b=4, k=2, fsdp2=True),
 }
 
 
