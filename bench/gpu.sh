@@ -92,7 +92,7 @@ arms=${GPU_ARMS:-=bbc/ours,=bbc/trainer,bbc/ours bk1,bbc/ours graphs}
 
 bert_base() { [ -f "$model/config.json" ] || "$py" -m bench.bert_base "$model" ${FINETUNE_TOKENIZER:+--tokenizer "$FINETUNE_TOKENIZER"}; }
 part_tests() {
-    "$py" -m pytest -m gpu -v -rs -p no:cacheprovider -k "not fsdp and not deepspeed" \
+    "$py" -m pytest -m gpu -v -s -rs -p no:cacheprovider -k "not fsdp and not deepspeed" \
         tests/test_gpu.py tests/test_cuda_graphs.py tests/test_gpu_engines.py 2>&1 | tee "$out/tests.log"
 }
 part_speed() {
@@ -111,7 +111,7 @@ part_casts() {
 part_engines() {
     local status=0 engines=fsdp
     "$py" -c "import deepspeed" 2>/dev/null && engines=fsdp,deepspeed_zero2
-    "$py" -m pytest -m gpu -v -rs -p no:cacheprovider -k "fsdp or deepspeed" tests/test_gpu_engines.py 2>&1 \
+    "$py" -m pytest -m gpu -v -s -rs -p no:cacheprovider -k "fsdp or deepspeed" tests/test_gpu_engines.py 2>&1 \
         | tee "$out/engines.log" || status=$?
     bert_base && "$py" "${speed[@]}" --engines "$engines" --only "=bbc/trainer,=bbc/ours,bbc/ours fsdp,bbc/ours deepspeed" \
         --out "$work/engines" || status=$?

@@ -236,6 +236,31 @@ def test_a_gpu_table_shows_the_reserved_peak_that_counts_a_graph_pool():
     assert len(row.split("|")) == len(header.split("|"))
 
 
+def test_the_accumulation_table_compares_b_k_with_b_1_without_the_big_batch_arm():
+    """The GPU check runs (b, k) and (b, 1), not (b*k, 1): its peak memory target, (64, 4) against (64, 1), needs
+    the table all the same."""
+    from bench.run import Job, aggregate, markdown
+
+    def result(job, seconds, peak):
+        return {"job": job, "round": 0, "seed": None, "ok": True, "updates": 4, "samples": 256, "tokens": 2560,
+                "train_seconds": seconds, "eval": {}, "gpu_peak_mib": peak, "gpu_reserved_peak_mib": peak}
+
+    jobs = [Job("bbc/ours", ArmSpec("ours", "bbc", 64, 4), label="finetune"),
+            Job("bbc/ours bk1", ArmSpec("ours", "bbc", 64, 1), "accumulation", "finetune, b=64 k=1")]
+    rows = aggregate(jobs, [result("bbc/ours", 2.0, 5200.0), result("bbc/ours bk1", 2.5, 5000.0)],
+                     peak=None, fms={})
+    report = {"machine": {"gpu": "H100", "cpu": "cpu", "cores_available": 1, "threads_per_arm": 1, "memory_gib": 1,
+                          "torch": "t", "transformers": "t", "accelerate": "a", "commit": "c"},
+              "rows": rows, "results": [], "smoke": False, "command": "bench", "precision": "bf16",
+              "repeats": 1, "wall_minutes": 0.1, "trainer_grad_check": None, "peak": None,
+              "batching": {"bbc": [64, 4]}}
+    lines = markdown(report).splitlines()
+    table = lines[lines.index("## Accumulation: time and memory (package CLI, BBC News, same samples)") + 2:]
+    assert table[2] == "| b=64, k=4 (B=256) | 128.0 | 1.250 | 5200 | 1.040 |"
+    assert table[3] == "| b=64, k=1 (B=64) | 102.4 | 1.000 | 5000 | 1.000 |"
+    assert table[4] == ""
+
+
 def test_the_gpu_check_runs_the_parts_asked_for_and_goes_on_past_a_failing_one(tmp_path):
     """bench/gpu.sh's plumbing, with a stand-in ``python3`` that logs each call (fails the ones named in FAIL,
     sleeps in the ones named in SLOW): the parts run in the order asked, a failing part does not stop the

@@ -93,6 +93,15 @@ def _launch(engine: str, job: Path, out: Path, *overrides: str, env: dict | None
                           env=offline_env({"NVIDIA_TF32_OVERRIDE": "0", **(env or {})}))
 
 
+def _succeeded(proc: subprocess.CompletedProcess) -> bool:
+    """Whether a launch exited 0. When not, the end of its stderr is printed at once: bench/gpu.sh runs these
+    tests with ``-s``, so a check its time limit cuts short still says why a launch failed."""
+    if proc.returncode != 0:
+        print(f"\nlaunch failed (exit {proc.returncode}): {' '.join(map(str, proc.args[-4:]))}\n"
+              f"{proc.stderr[-4000:]}", flush=True)
+    return proc.returncode == 0
+
+
 def _records(out: Path) -> list[dict]:
     lines = (out / "train_log.jsonl").read_text(encoding="utf-8").splitlines()
     return [{k: v for k, v in json.loads(line).items() if k not in TIMING_KEYS} for line in lines]
@@ -113,7 +122,7 @@ def runs(job, tmp_path_factory):
         if engine not in cache:
             out = tmp_path_factory.mktemp(f"{engine}-reference")
             proc = _launch(engine, job, out)
-            assert proc.returncode == 0, proc.stderr[-4000:]
+            assert _succeeded(proc), proc.stderr[-4000:]
             cache[engine] = out
         return cache[engine]
 
@@ -140,7 +149,7 @@ def test_accumulated_windows_equal_the_big_batch(engine, job, tmp_path):
     small, big = tmp_path / "small", tmp_path / "big"
     for out, b in ((small, 4), (big, 16)):
         proc = _launch(engine, job, out, f"training.per_device_train_batch_size={b}", "model.dropout=0")
-        assert proc.returncode == 0, proc.stderr[-4000:]
+        assert _succeeded(proc), proc.stderr[-4000:]
     small_log, big_log = _records(small), _records(big)
     losses = [(r["step"], r["train/loss"]) for r in small_log if "train/loss" in r]
     assert len(losses) == 8 and [s for s, _ in losses] == list(range(1, 9))
@@ -161,7 +170,7 @@ def test_a_stopped_run_resumes_to_the_same_model(engine, job, runs, tmp_path):
     assert proc.returncode != 0
     assert "interrupted by SIGTERM after update 3" in proc.stderr, proc.stderr[-4000:]
     proc = _launch(engine, job, out, "output.resume_from=latest", script=worker)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert _succeeded(proc), proc.stderr[-4000:]
     assert "resumed from" in proc.stderr
     assert (out / "model.safetensors").read_bytes() == (reference / "model.safetensors").read_bytes()
     assert _records(out) == _records(reference)
