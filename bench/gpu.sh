@@ -29,10 +29,11 @@
 #            and an exact resume, pipeline() (tests/test_gpu_engines.py; DeepSpeed's skipped where it is not
 #            installed), and the package under each against the Trainer (bench/run.py --engines)
 #
-# OUT_DIR receives eight flat files: parts.log (each part: passed, failed, timed out or skipped, and its
-# seconds), tests.log, speed.md, host.md, graphs.md, casts.md, engines.log, engines.md; the working files
-# (the model, every run, the speed part's bench.json) go to GPU_WORK (default OUT_DIR/work). A failing part does not stop the
-# next; the exit status names the parts that failed.
+# OUT_DIR receives ten flat files: parts.log (each part: passed, failed, timed out or skipped, and its
+# seconds), tests.log, speed.md and speed.json (the tables, and every run with its seconds per update), host.md,
+# graphs.md, casts.md, engines.log, engines.md and engines.json; the working files (the model, every run) go to
+# GPU_WORK (default OUT_DIR/work). A failing part does not stop the next; the exit status names the parts that
+# failed.
 #
 # Settings: GPU_BUDGET_S=<seconds> fits the check into a time limit: each part runs under what is left,
 # less GPU_RESERVE_S (default 60) for each part after it, and a part left less than that is skipped (a
@@ -98,7 +99,9 @@ part_tests() {
 part_speed() {
     local status=0
     bert_base && "$py" "${speed[@]}" --graphs --only "$arms" --out "$work/speed" || status=$?
-    cp "$work/speed/bench.md" "$out/speed.md" 2>/dev/null || true  # the rounds that finished, also after a stop
+    # the rounds that finished, also after a stop; the raw runs hold what the tables summarize (each update's seconds)
+    cp "$work/speed/bench.md" "$out/speed.md" 2>/dev/null || true
+    cp "$work/speed/bench.json" "$out/speed.json" 2>/dev/null || true
     return $status
 }
 part_host() {
@@ -116,6 +119,7 @@ part_engines() {
     bert_base && "$py" "${speed[@]}" --engines "$engines" --only "=bbc/trainer,=bbc/ours,bbc/ours fsdp,bbc/ours deepspeed" \
         --out "$work/engines" || status=$?
     cp "$work/engines/bench.md" "$out/engines.md" 2>/dev/null || true
+    cp "$work/engines/bench.json" "$out/engines.json" 2>/dev/null || true
     return $status
 }
 

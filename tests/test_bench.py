@@ -301,6 +301,7 @@ def test_the_gpu_check_runs_the_parts_asked_for_and_goes_on_past_a_failing_one(t
     assert [p.split(":")[0] + ":" + p.split(":")[1].split(" in ")[0] for p in parts] == ["graphs: passed",
                                                                                          "speed: passed"]
     assert (out / "speed.md").read_text() == "the table\n"  # the table, where a GPU lease brings files back
+    assert (out / "speed.json").read_text() == "{}\n"  # and the raw runs
 
     proc, calls, parts = gpu_check(fail="-m pytest")
     assert proc.returncode == 1 and "failed: tests engines" in proc.stderr
