@@ -129,7 +129,7 @@ def train_one_epoch(
     progress=None,
     loss_fn: Optional[LossFn] = None,
     plan: Optional["UpdatePlan"] = None,
-    cast_once_per_update: bool = True,
+    cast_once_per_update: bool = False,
     graphs: Optional["GraphedMicroBatches"] = None,
 ) -> EpochResult:
     """Train one epoch with exact gradient accumulation.
@@ -183,6 +183,7 @@ def train_one_epoch(
         cast_once_per_update: Under bf16/fp16 autocast, make the low-precision
             copies of the weights once per window instead of once per
             micro-batch (bitwise the same update; see :mod:`finetune.weight_casts`).
+            Off by default: fewer kernels, but no faster where measured.
         graphs: Replay each micro-batch's forward and backward from CUDA
             graphs (:class:`~finetune.cuda_graphs.GraphedMicroBatches`, built
             once per run); a micro-batch it does not take runs eagerly.

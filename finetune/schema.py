@@ -264,11 +264,12 @@ class TrainingConfig:
         "are padded to `b` rows (the added rows weigh 0) and to four lengths up to `data.max_length`. Where it "
         "cannot apply (a CPU, several processes, fp16, gradient checkpointing, chunked texts, a model whose "
         "forward CUDA cannot capture) the run trains eagerly and says why once. Not yet measured on a GPU, so off by default.")
-    cast_once_per_update: bool = setting(True,
+    cast_once_per_update: bool = setting(False,
         "Under bf16 or fp16 autocast, make the low-precision copies of the weights once per update and share "
         "them among the window's micro-batches, instead of casting every weight again in each micro-batch: "
         "the weights only change at the update, so the update is bitwise the same, with fewer kernels per "
-        "micro-batch (see finetune.weight_casts). No effect in fp32, with gradient checkpointing (the copies "
+        "micro-batch (see finetune.weight_casts). Off by default: measured no faster, on a CPU (0.998x) or "
+        "on an H200 (0.94x; bench/README.md). No effect in fp32, with gradient checkpointing (the copies "
         "would then outlive the forward and add to the peak), under FSDP or under DeepSpeed.")
     sparse_embedding_grad: bool = setting(True,
         "On one process on a CPU, the word embedding's backward returns only the rows each micro-batch "
