@@ -27,7 +27,8 @@
 #            micro-batch (python -m bench.probe casts)
 #   engines  FSDP and DeepSpeed ZeRO-2 launched on one GPU with the shipped configs: the contract, a stop
 #            and an exact resume, pipeline() (tests/test_gpu_engines.py; DeepSpeed's skipped where it is not
-#            installed), and the package under each against the Trainer (bench/run.py --engines)
+#            installed), and the package under each against the Trainer (bench/run.py --engines, one
+#            repeat)
 #
 # OUT_DIR receives ten flat files: parts.log (each part: passed, failed, timed out or skipped, and its
 # seconds), tests.log, speed.md and speed.json (the tables, and every run with its seconds per update), host.md,
@@ -38,8 +39,8 @@
 # Settings: GPU_BUDGET_S=<seconds> fits the check into a time limit: each part runs under what is left,
 # less GPU_RESERVE_S (default 60) for each part after it, and a part left less than that is skipped (a
 # cut speed part keeps the rounds it finished). GPU_BATCHING=b,k (default 64,4), GPU_STEPS (updates per speed run, default
-# 40), GPU_REPEATS (default 2), GPU_ARMS (bench/run.py --only; `all` for every arm), PYTHON (default
-# python3). GPU_KIT=<folder> (default .gpu): what bench/gpu_kit.sh made for a machine without network;
+# 40), GPU_REPEATS (default 2), GPU_ARMS (bench/run.py --only; `all` for every arm), GPU_ENGINE_REPEATS (the
+# engine rows' repeats, default 1), PYTHON (default python3). GPU_KIT=<folder> (default .gpu): what bench/gpu_kit.sh made for a machine without network;
 # its wheels are installed under GPU_WORK and its tokenizer used unless FINETUNE_TOKENIZER names one.
 set -euo pipefail
 self="$(cd "$(dirname "$0")" && pwd)/$(basename "$0")"
@@ -116,7 +117,9 @@ part_engines() {
     "$py" -c "import deepspeed" 2>/dev/null && engines=fsdp,deepspeed_zero2
     "$py" -m pytest -m gpu -v -s -rs -p no:cacheprovider -k "fsdp or deepspeed" tests/test_gpu_engines.py 2>&1 \
         | tee "$out/engines.log" || status=$?
-    bert_base && "$py" "${speed[@]}" --engines "$engines" --only "=bbc/trainer,=bbc/ours,bbc/ours fsdp,bbc/ours deepspeed" \
+    # one repeat by default: the rows are for the engines' cost against the Trainer, which the speed part pins down
+    bert_base && "$py" "${speed[@]}" --repeats "${GPU_ENGINE_REPEATS:-1}" --engines "$engines" \
+        --only "=bbc/trainer,bbc/ours fsdp,bbc/ours deepspeed" \
         --out "$work/engines" || status=$?
     cp "$work/engines/bench.md" "$out/engines.md" 2>/dev/null || true
     cp "$work/engines/bench.json" "$out/engines.json" 2>/dev/null || true
