@@ -29,6 +29,7 @@ from bench.common import (  # noqa: E402
     load_job,
     peak_memory,
     set_threads,
+    update_seconds,
     write_result,
 )
 from finetune.optimization import decay_groups  # noqa: E402
@@ -72,6 +73,7 @@ def run(spec: ArmSpec) -> dict:
     micro_batches = 0
     collator.counting = True
     begin = time.perf_counter()
+    ends = []  # each update's end: the run's steady rate, and its cold start
     for _epoch in range(math.ceil(total / updates_per_epoch)):
         model.train()
         for batch in train_dataloader:
@@ -87,6 +89,7 @@ def run(spec: ArmSpec) -> dict:
                 optimizer.zero_grad()
             if accelerator.sync_gradients:
                 updates += 1
+                ends.append(time.perf_counter())
                 if updates >= total:
                     break
         if updates >= total:
@@ -110,6 +113,7 @@ def run(spec: ArmSpec) -> dict:
         "samples": samples,
         "tokens": tokens,
         "train_seconds": seconds,
+        "update_seconds": update_seconds(begin, ends),
         "eval_seconds": time.perf_counter() - t_eval,
         "total_seconds": time.perf_counter() - t_start,
         "eval": {k: float(v) for k, v in scores.items()},

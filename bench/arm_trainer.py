@@ -35,6 +35,7 @@ from bench.common import (  # noqa: E402
     load_job,
     peak_memory,
     set_threads,
+    update_seconds,
     write_result,
 )
 
@@ -59,6 +60,10 @@ def run(spec: ArmSpec) -> dict:
         def on_train_begin(self, args, state, control, **kwargs):
             collator.counting = True
             clock["begin"] = time.perf_counter()
+            clock["steps"] = []
+
+        def on_step_end(self, args, state, control, **kwargs):
+            clock["steps"].append(time.perf_counter())  # an update's end: the run's steady rate, and its cold start
 
         def on_train_end(self, args, state, control, **kwargs):
             clock["end"] = time.perf_counter()
@@ -113,6 +118,7 @@ def run(spec: ArmSpec) -> dict:
         "samples": samples,
         "tokens": tokens,
         "train_seconds": seconds,
+        "update_seconds": update_seconds(clock["begin"], clock["steps"]),
         "eval_seconds": eval_seconds,
         "total_seconds": time.perf_counter() - t_start,
         "eval": {k: float(v) for k, v in scores.items()},

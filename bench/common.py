@@ -161,5 +161,10 @@ def host_waits(train: Callable[[], Any]) -> tuple[Any, list[str]]:
     return result, [f"{w.filename}:{w.lineno}" for w in caught if "synchroniz" in str(w.message)]
 
 
+def update_seconds(begin: float, ends: list[float]) -> list[float]:
+    """Each update's seconds, from the clock times at which the updates ended and the training began."""
+    return [b - a for a, b in zip([begin] + ends[:-1], ends)]
+
+
 def write_result(path: str | os.PathLike, result: dict[str, Any]) -> None:
     Path(path).write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")

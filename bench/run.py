@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import statistics
@@ -352,8 +353,12 @@ def aggregate(jobs: list[Job], results: list[dict], peak: Optional[dict], fms: d
                     row["mfu"] = flops / 1e9 / peak["peak_gflops"]
             steady = [statistics.median(r["update_seconds"][3:]) for r in runs if len(r.get("update_seconds", [])) > 4]
             if steady:
-                row["steady_update_seconds"] = _median(steady)
+                row["steady_update_seconds"] = per_update = _median(steady)
                 row["first_update_seconds"] = _median([r["update_seconds"][0] for r in runs])
+                row["steady_samples_per_s"] = row["samples"] / row["updates"] / per_update
+                # the run's seconds beyond its updates at the steady rate: cold start, warm-up, new shapes
+                row["cold_seconds"] = _median([r["train_seconds"] - len(r["update_seconds"]) * per_update
+                                               for r in runs if r.get("update_seconds")])
         out[job.name] = row
     # ratios to the Trainer of the same dataset; accuracy rows paired by seed with it and with the package
     for name, row in out.items():
@@ -378,6 +383,39 @@ def aggregate(jobs: list[Job], results: list[dict], peak: Optional[dict], fms: d
         if row["role"] != "accuracy" and "f1" in row.get("eval", {}) and "f1" in ref.get("eval", {}):
             row["f1_minus_trainer_pt"] = 100 * (row["eval"]["f1"] - ref["eval"]["f1"])
     return out
+
+
+def _steady_state_table(mains: list[dict], trainer: Optional[dict]) -> list[str]:
+    """Each arm's cold start and steady rate, and how long a run must be for it to beat the Trainer."""
+    timed = [r for r in mains if r.get("steady_update_seconds")]
+    if not timed:
+        return []
+    lines = ["| arm | first update s | steady s/update | steady samples/s | x Trainer | start beyond steady s "
+             "| faster than the Trainer |", "| --- | ---: | ---: | ---: | ---: | ---: | --- |"]
+    for r in timed:
+        ratio = (r["steady_samples_per_s"] / trainer["steady_samples_per_s"]
+                 if trainer and trainer.get("steady_samples_per_s") else None)
+        lines.append(f"| {r['label']} | {_fmt(r['first_update_seconds'], '.3f')} "
+                     f"| {_fmt(r['steady_update_seconds'], '.4f')} | {_fmt(r['steady_samples_per_s'])} "
+                     f"| {_fmt(ratio, '.2f')} | {_fmt(r['cold_seconds'], '.2f')} "
+                     f"| {overtakes(r, trainer) if trainer and r is not trainer else ''} |")
+    return lines + ["", "Steady: the median update after the first three. Start beyond steady: the run's training "
+                    "seconds less its updates at the steady rate (first kernels, warm-up, new shapes). The package's "
+                    "updates are timed from its log (training windows only), the Trainer's and the Accelerate "
+                    "loop's from one update's end to the next.", ""]
+
+
+def overtakes(row: dict, trainer: dict) -> str:
+    """For how long a run of ``row``'s arm is faster than the Trainer's, from both arms' start-up and steady rate."""
+    if not trainer.get("steady_update_seconds"):
+        return "n/a"
+    gain = trainer["steady_update_seconds"] - row["steady_update_seconds"]  # per update, once warm
+    head = trainer["cold_seconds"] - row["cold_seconds"]  # at the start
+    if gain > 0:
+        return "from the first update" if head >= 0 else f"after {math.ceil(-head / gain)} updates"
+    if head > 0 and gain < 0:
+        return f"for the first {math.floor(head / -gain)} updates only"
+    return "never"
 
 
 def _paired_speed(results: list[dict], name: str, ref: str) -> list[float]:
@@ -534,7 +572,7 @@ def markdown(report: dict[str, Any]) -> str:
             lines += ["", "Samples/s x Trainer paired by round (each round runs every arm back to back): " + "; ".join(
                 f"{r['label']} {r['samples_per_s_x_trainer_paired']:.2f} (median; rounds "
                 f"{', '.join(f'{x:.2f}' for x in r['samples_per_s_x_trainer_by_round'])})" for r in paired) + "."]
-        lines.append("")
+        lines += [""] + _steady_state_table(mains, rows.get(f"{dataset}/trainer"))
     accuracy = [r for r in rows.values() if r["role"] == "accuracy"]
     if accuracy:
         seeds = sorted({s for r in accuracy for s in r.get("eval_by_seed", {})}, key=int)

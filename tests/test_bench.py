@@ -60,8 +60,11 @@ def test_peer_arms_train_and_count(tiny_job, fresh_accelerate_state):
     from bench import arm_accelerate, arm_trainer
 
     spec = ArmSpec("trainer", "sms", b=4, k=2, max_steps=2, overrides=tiny_job, threads=1)
-    _check(arm_trainer.run(spec), updates=2, samples=16)
-    _check(arm_accelerate.run(ArmSpec(**{**spec.__dict__, "arm": "accelerate"})), updates=2, samples=16)
+    for result in (arm_trainer.run(spec), arm_accelerate.run(ArmSpec(**{**spec.__dict__, "arm": "accelerate"}))):
+        _check(result, updates=2, samples=16)
+        # each update timed, from the training's start: their sum is the training's time, to the last update's end
+        assert len(result["update_seconds"]) == 2 and all(t > 0 for t in result["update_seconds"])
+        assert sum(result["update_seconds"]) <= result["train_seconds"] < sum(result["update_seconds"]) + 0.5
 
 
 def test_package_arm_and_report(tiny_job, tmp_path):
@@ -234,6 +237,35 @@ def test_a_gpu_table_shows_the_reserved_peak_that_counts_a_graph_pool():
     assert header.split("|")[5:8] == [" GPU peak MiB ", " x Trainer ", " GPU reserved MiB "]
     assert row.split("|")[5:8] == [" 3000 ", " 0.75 ", " 5200 "]
     assert len(row.split("|")) == len(header.split("|"))
+
+
+def test_the_report_gives_each_arms_cold_start_steady_rate_and_the_run_length_where_it_beats_the_trainer():
+    """10 updates of 256 samples each: the package starts 2.75 s slower than the Trainer and then takes 0.25 s less
+    per update, so it is ahead from the 11th update on."""
+    from bench.run import Job, aggregate, markdown, overtakes
+
+    def result(job, seconds):
+        return {"job": job, "round": 0, "seed": None, "ok": True, "updates": 10, "samples": 2560, "tokens": 25600,
+                "train_seconds": sum(seconds), "eval": {}, "update_seconds": seconds}
+
+    jobs = [Job("bbc/ours", ArmSpec("ours", "bbc", 64, 4), label="finetune"),
+            Job("bbc/trainer", ArmSpec("trainer", "bbc", 64, 4), label="Trainer")]
+    rows = aggregate(jobs, [result("bbc/ours", [2.0, 1.0, 0.5] + [0.25] * 7), result("bbc/trainer", [0.5] * 10)],
+                     peak=None, fms={})
+    ours, trainer = rows["bbc/ours"], rows["bbc/trainer"]
+    assert ours["steady_update_seconds"] == 0.25 and ours["steady_samples_per_s"] == 1024
+    assert ours["first_update_seconds"] == 2.0 and ours["cold_seconds"] == 2.75 and trainer["cold_seconds"] == 0
+    assert overtakes(ours, trainer) == "after 11 updates"
+    assert overtakes(trainer, ours) == "for the first 11 updates only"
+    assert overtakes({**ours, "cold_seconds": -1.0}, trainer) == "from the first update"
+    assert overtakes({**ours, "steady_update_seconds": 0.5}, trainer) == "never"
+    report = {"machine": {"gpu": "H100", "cpu": "cpu", "cores_available": 1, "threads_per_arm": 1, "memory_gib": 1,
+                          "torch": "t", "transformers": "t", "accelerate": "a", "commit": "c"},
+              "rows": rows, "results": [], "smoke": False, "command": "bench", "precision": "bf16",
+              "repeats": 1, "wall_minutes": 0.1, "trainer_grad_check": None, "peak": None}
+    lines = markdown(report).splitlines()
+    assert "| finetune | 2.000 | 0.2500 | 1024.0 | 2.00 | 2.75 | after 11 updates |" in lines
+    assert "| Trainer | 0.500 | 0.5000 | 512.0 | 1.00 | 0.00 |  |" in lines
 
 
 def test_the_accumulation_table_compares_b_k_with_b_1_without_the_big_batch_arm():
