@@ -127,8 +127,12 @@ def init_process_state():
             "no GPU found: running %d processes as one DDP job on the CPU over %s", world, state.backend
         )
     engine = _requested_engine()
+    if engine == "DeepSpeed" and state.device.type == "cpu":
+        # Accelerate's DeepSpeed state breaks on the CPU (an AttributeError deep in Accelerator's set-up)
+        raise LaunchError("DeepSpeed needs GPUs; on the CPU launch without configs/accelerate/deepspeed_zero2.yaml "
+                          "(one process, or --multi_gpu --num_processes N for DDP over gloo)")
     if engine and state.is_main_process and state.device.type == "cpu":
-        # Accelerate supports FSDP and DeepSpeed on GPUs only; on the CPU it runs plain DDP.
+        # Accelerate supports FSDP on GPUs only; on the CPU it runs plain DDP.
         logger.warning("%s was requested but needs GPUs; Accelerate runs plain DDP on the CPU instead", engine)
     return state
 

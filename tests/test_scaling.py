@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import shutil
@@ -527,6 +528,27 @@ def test_accelerate_configs_select_their_engine():
     assert kinds["multi_node"].multi_gpu and kinds["multi_node"].num_machines == 2
     assert kinds["multi_node"].rdzv_backend == "static"
     assert kinds["fsdp"].use_fsdp and kinds["deepspeed_zero2"].use_deepspeed
+
+
+@pytest.mark.parametrize("engine, variable", [("FSDP", "ACCELERATE_USE_FSDP"),
+                                              ("DeepSpeed", "ACCELERATE_USE_DEEPSPEED")])
+def test_an_engine_asked_for_on_the_cpu_runs_as_ddp_or_is_refused_in_one_line(engine, variable, monkeypatch,
+                                                                              fresh_accelerate_state, caplog):
+    """Accelerate runs FSDP on GPUs only, and plain DDP on the CPU: said once. Its DeepSpeed state breaks on the
+    CPU (with deepspeed installed, Accelerator() raises an AttributeError), so DeepSpeed is refused first."""
+    from finetune.errors import LaunchError
+    from finetune.launch import init_process_state
+
+    monkeypatch.setenv(variable, "true")
+    if engine == "DeepSpeed":
+        with pytest.raises(LaunchError, match="^DeepSpeed needs GPUs; on the CPU launch without "
+                                              "configs/accelerate/deepspeed_zero2.yaml"):
+            init_process_state()
+        return
+    with caplog.at_level(logging.WARNING, logger="finetune"):
+        assert init_process_state().device.type == "cpu"
+    assert [r.getMessage() for r in caplog.records] == [
+        "FSDP was requested but needs GPUs; Accelerate runs plain DDP on the CPU instead"]
 
 
 def test_fsdp_config_builds_the_plugin_for_bert(monkeypatch):
