@@ -226,6 +226,18 @@ def test_the_automatic_micro_batch_trusts_its_trials_not_the_plan(tiny_job, monk
     assert run.memory is not None and not run.memory.fits
 
 
+def test_a_run_set_up_for_training_holds_no_autograd_graph(tiny_job, monkeypatch):
+    """What runs before training (the automatic micro-batch's trials, the memory plan's probe) leaves no graph
+    alive: a graph made there would hold the gradient accumulators a CUDA graph's capture must make afresh."""
+    tiny_job.training.per_device_train_batch_size = "auto"
+    tiny_job.training.gradient_accumulation_steps = None
+    tiny_job.training.effective_batch_size = 32
+    before = _tensors_in_a_graph()
+    run = _setup(tiny_job, monkeypatch, available=10**12)
+    assert run.memory is not None and run.batching.per_device_batch_size > 1  # the trials and the probe ran
+    assert _tensors_in_a_graph() == before
+
+
 def _resident_anonymous_bytes() -> int:
     with open("/proc/self/status", encoding="ascii") as fh:
         line = next(line for line in fh if line.startswith("RssAnon:"))
