@@ -135,8 +135,8 @@ def _counting_saved_tensors(model) -> Iterator[dict]:
             counts["saved"] += storage.nbytes()
         # Detached: an op that saves its own output (tanh, softmax) would otherwise hold, in its graph node, a
         # tensor whose grad_fn is that node, a cycle through autograd's C++ that Python's collector cannot see.
-        # It kept every probe's graph alive for the whole run, with its activations and the parameters'
-        # gradient accumulators (which a CUDA graph's capture then refused: they belong to another stream).
+        # The probe's graph would live for the whole run, with its activations and the parameters' gradient
+        # accumulators, which a CUDA graph's capture refuses (they belong to another stream).
         return tensor.detach()
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):

@@ -117,9 +117,9 @@ def _tensors_in_a_graph() -> int:
 
 
 def test_the_probe_leaves_no_autograd_graph_alive():
-    """Its graphs go with its forward passes. A graph kept alive held the probe's activations for the whole run,
-    and the parameters' gradient accumulators with it, made on the default stream: a CUDA graph's capture,
-    which runs on its own stream, was then refused (training.cuda_graphs fell back to eager on every GPU)."""
+    """Its graphs go with its forward passes. A graph kept alive would hold the probe's activations for the whole
+    run, and the parameters' gradient accumulators with it, made on the default stream: a CUDA graph's capture,
+    which runs on its own stream, would then be refused."""
     model = tiny_bert(dropout=0.1).train()
     before = _tensors_in_a_graph()
     assert measure_activations(model, _batches(), _CpuAccelerator()) is not None
