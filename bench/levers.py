@@ -136,6 +136,8 @@ def run(s, lever_steps: int) -> int:
 
 def summarize(jobs, results) -> dict[str, dict[str, Any]]:
     """Medians per lever: samples/s, ratio to the baseline, steady update time, warm-up overhead."""
+    from bench.run import steady_state
+
     rows = {}
     for job in jobs:
         runs = [r for r in results if r["job"] == job.name and r.get("ok")]
@@ -144,13 +146,9 @@ def summarize(jobs, results) -> dict[str, dict[str, Any]]:
         if runs:
             row["samples_per_s"] = statistics.median(r["samples"] / r["train_seconds"] for r in runs)
             row["rss_peak_mib"] = statistics.median(r["rss_peak_mib"] for r in runs)
-            per_update = [r["update_seconds"] for r in runs if len(r.get("update_seconds", [])) > 4]
-            if per_update:
-                steady = statistics.median(statistics.median(u[3:]) for u in per_update)
-                row["steady_update_seconds"] = steady
-                # time beyond `updates x steady`: warm-up, compilation, recompilation on new shapes
-                row["overhead_seconds"] = statistics.median(
-                    r["train_seconds"] - len(r["update_seconds"]) * steady for r in runs if r.get("update_seconds"))
+            timed = steady_state(runs)
+            if timed is not None:  # the time beyond `updates x steady`: warm-up, compilation, new shapes
+                row["steady_update_seconds"], row["overhead_seconds"] = timed
         rows[job.name] = row
     base = rows.get("lever/baseline (package defaults)", {}).get("samples_per_s")
     for row in rows.values():

@@ -351,14 +351,11 @@ def aggregate(jobs: list[Job], results: list[dict], peak: Optional[dict], fms: d
                 row["train_gflops_per_s"] = flops / 1e9
                 if peak:
                     row["mfu"] = flops / 1e9 / peak["peak_gflops"]
-            steady = [statistics.median(r["update_seconds"][3:]) for r in runs if len(r.get("update_seconds", [])) > 4]
-            if steady:
-                row["steady_update_seconds"] = per_update = _median(steady)
+            timed = steady_state(runs)
+            if timed is not None:
+                row["steady_update_seconds"], row["cold_seconds"] = timed
                 row["first_update_seconds"] = _median([r["update_seconds"][0] for r in runs])
-                row["steady_samples_per_s"] = row["samples"] / row["updates"] / per_update
-                # the run's seconds beyond its updates at the steady rate: cold start, warm-up, new shapes
-                row["cold_seconds"] = _median([r["train_seconds"] - len(r["update_seconds"]) * per_update
-                                               for r in runs if r.get("update_seconds")])
+                row["steady_samples_per_s"] = row["samples"] / row["updates"] / row["steady_update_seconds"]
         out[job.name] = row
     # ratios to the Trainer of the same dataset; accuracy rows paired by seed with it and with the package
     for name, row in out.items():
@@ -383,6 +380,18 @@ def aggregate(jobs: list[Job], results: list[dict], peak: Optional[dict], fms: d
         if row["role"] != "accuracy" and "f1" in row.get("eval", {}) and "f1" in ref.get("eval", {}):
             row["f1_minus_trainer_pt"] = 100 * (row["eval"]["f1"] - ref["eval"]["f1"])
     return out
+
+
+def steady_state(runs: list[dict]) -> Optional[tuple[float, float]]:
+    """The runs' steady seconds per update (the median update after the first three, median over the runs of more
+    than four updates) and their start beyond it: the median of a run's training seconds less its updates at the
+    steady rate (cold start, warm-up, new shapes). ``None`` where no run timed enough updates."""
+    steady = [statistics.median(r["update_seconds"][3:]) for r in runs if len(r.get("update_seconds", [])) > 4]
+    if not steady:
+        return None
+    per_update = statistics.median(steady)
+    return per_update, statistics.median(r["train_seconds"] - len(r["update_seconds"]) * per_update
+                                         for r in runs if r.get("update_seconds"))
 
 
 def _steady_state_table(mains: list[dict], trainer: Optional[dict]) -> list[str]:

@@ -267,6 +267,12 @@ def test_the_report_gives_each_arms_cold_start_steady_rate_and_the_run_length_wh
     assert "| finetune | 2.000 | 0.2500 | 1024.0 | 2.00 | 2.75 | after 11 updates |" in lines
     assert "| Trainer | 0.500 | 0.5000 | 512.0 | 1.00 | 0.00 |  |" in lines
 
+    # the levers' table reads the same two figures
+    from bench.levers import summarize
+
+    lever = summarize(jobs[:1], [{**result("bbc/ours", [2.0, 1.0, 0.5] + [0.25] * 7), "rss_peak_mib": 1.0}])
+    assert (lever["bbc/ours"]["steady_update_seconds"], lever["bbc/ours"]["overhead_seconds"]) == (0.25, 2.75)
+
 
 def test_the_accumulation_table_compares_b_k_with_b_1_without_the_big_batch_arm():
     """The GPU check runs (b, k) and (b, 1), not (b*k, 1): its peak memory target, (64, 4) against (64, 1), needs
