@@ -93,16 +93,22 @@ arms=${GPU_ARMS:-=bbc/ours,=bbc/trainer,bbc/ours bk1,bbc/ours graphs}
 [ "$arms" = all ] && arms=""
 
 bert_base() { [ -f "$model/config.json" ] || "$py" -m bench.bert_base "$model" ${FINETUNE_TOKENIZER:+--tokenizer "$FINETUNE_TOKENIZER"}; }
+# the tests marked gpu that -k selects; -s: a failed launch prints its stderr at once, which a time limit keeps
+gpu_tests() { "$py" -m pytest -m gpu -v -s -rs -p no:cacheprovider -k "$@"; }
+# a comparison's report into OUT as NAME.md and NAME.json: the rounds that finished, also after a stop, and the
+# raw runs the tables summarize (each update's seconds)
+bring_back() {
+    cp "$work/$1/bench.md" "$out/$1.md" 2>/dev/null || true
+    cp "$work/$1/bench.json" "$out/$1.json" 2>/dev/null || true
+}
 part_tests() {
-    "$py" -m pytest -m gpu -v -s -rs -p no:cacheprovider -k "not fsdp and not deepspeed" \
-        tests/test_gpu.py tests/test_cuda_graphs.py tests/test_gpu_engines.py 2>&1 | tee "$out/tests.log"
+    gpu_tests "not fsdp and not deepspeed" tests/test_gpu.py tests/test_cuda_graphs.py tests/test_gpu_engines.py 2>&1 \
+        | tee "$out/tests.log"
 }
 part_speed() {
     local status=0
     bert_base && "$py" "${speed[@]}" --graphs --only "$arms" --out "$work/speed" || status=$?
-    # the rounds that finished, also after a stop; the raw runs hold what the tables summarize (each update's seconds)
-    cp "$work/speed/bench.md" "$out/speed.md" 2>/dev/null || true
-    cp "$work/speed/bench.json" "$out/speed.json" 2>/dev/null || true
+    bring_back speed
     return $status
 }
 part_host() {
@@ -115,14 +121,12 @@ part_casts() {
 part_engines() {
     local status=0 engines=fsdp
     "$py" -c "import deepspeed" 2>/dev/null && engines=fsdp,deepspeed_zero2
-    "$py" -m pytest -m gpu -v -s -rs -p no:cacheprovider -k "fsdp or deepspeed" tests/test_gpu_engines.py 2>&1 \
-        | tee "$out/engines.log" || status=$?
+    gpu_tests "fsdp or deepspeed" tests/test_gpu_engines.py 2>&1 | tee "$out/engines.log" || status=$?
     # one repeat by default: the rows are for the engines' cost against the Trainer, which the speed part pins down
     bert_base && "$py" "${speed[@]}" --repeats "${GPU_ENGINE_REPEATS:-1}" --engines "$engines" \
         --only "=bbc/trainer,bbc/ours fsdp,bbc/ours deepspeed" \
         --out "$work/engines" || status=$?
-    cp "$work/engines/bench.md" "$out/engines.md" 2>/dev/null || true
-    cp "$work/engines/bench.json" "$out/engines.json" 2>/dev/null || true
+    bring_back engines
     return $status
 }
 
