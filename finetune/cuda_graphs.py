@@ -32,6 +32,12 @@ accumulation a replay may overwrite a gradient the window still holds
 (pytorch/pytorch#169545). Here the graph's only output is the loss; the
 gradients are the parameters' own.
 
+With ``training.torch_compile`` as well, the graphs hold inductor's fused
+kernels: the model's forward is compiled in inductor's default mode (no graphs
+of its own), compiled during the warm-up, before the capture (a capture must
+not compile: compiling launches kernels of its own), and captured by hand as
+above. Fusion cuts what the GPU does; the graph cuts what the host does.
+
 Where it does not apply, the micro-batch runs eagerly and the reason is
 logged once: no CUDA device; several processes (DDP's all-reduce hooks,
 FSDP's and DeepSpeed's engines are not capture-safe); fp16 (its grad scaler
@@ -104,7 +110,7 @@ def graphs_for_run(run) -> Optional["GraphedMicroBatches"]:
     return GraphedMicroBatches(run.model, run.task.per_sample_loss, rows=run.batching.per_device_batch_size,
                                lengths=run.train_dataloader.collate_fn.sizes,
                                pad_token_id=run.tokenizer.pad_token_id or 0,
-                               precision=run.accelerator.mixed_precision)
+                               precision=run.accelerator.mixed_precision, compiled=run.cfg.training.torch_compile)
 
 
 def record_cuda_graph(step: Callable[[], torch.Tensor], pool) -> tuple[Callable[[], torch.Tensor], object]:
@@ -179,13 +185,18 @@ class GraphedMicroBatches:
         pad_token_id: What ``input_ids`` are padded with.
         precision: ``"bf16"`` (autocast) or ``"no"`` (fp32).
         recorder: How a step is captured: :func:`record_cuda_graph`, or :func:`rerun_eagerly`.
+        compiled: Compile the model's forward with ``torch.compile`` (inductor's default mode), so that the graphs
+            hold its fused kernels.
     """
 
     def __init__(self, model, loss_fn, rows: int, lengths: list[int], pad_token_id: int = 0,
-                 precision: str = "no", recorder=record_cuda_graph) -> None:
+                 precision: str = "no", recorder=record_cuda_graph, compiled: bool = False) -> None:
         # the model's own forward, without the autocast Accelerate wraps around it: the step enters its own,
-        # with the weight-cast cache off, as torch asks under capture
-        self.forward = type(model).forward.__get__(model)
+        # with the weight-cast cache off, as torch asks under capture. Compiled, it is this forward that is
+        # compiled (not the model's own compiled call, which goes through Accelerate's wrapper)
+        forward = type(model).forward.__get__(model)
+        self.forward = torch.compile(forward) if compiled else forward
+        self.compiled = compiled
         self.model, self.loss_fn, self.rows, self.lengths = model, loss_fn, rows, sorted(lengths)
         self.pad_token_id, self.recorder = pad_token_id, recorder
         if precision not in ("bf16", "no"):
@@ -232,10 +243,11 @@ class GraphedMicroBatches:
         return loss_sum, batch["attention_mask"][:real].sum()
 
     def record(self) -> dict:
-        """What was captured, for ``metrics.json``: the lengths, the seconds their capture took, and the bytes
-        their shared memory pool holds (``None`` without one)."""
+        """What was captured, for ``metrics.json``: the lengths, the seconds their capture took (compiling
+        included), whether the forward was compiled, and the bytes their shared memory pool holds (``None``
+        without one)."""
         return {"lengths": sorted(self.graphs), "capture_seconds": round(self.capture_seconds, 3),
-                "pool_bytes": pool_bytes(self.pool)}
+                "compiled": self.compiled, "pool_bytes": pool_bytes(self.pool)}
 
     # ----------------------------------------------------------------------------------------- the parts
 
@@ -303,6 +315,7 @@ class GraphedMicroBatches:
             side = torch.cuda.Stream() if cuda else None
             if cuda:
                 side.wait_stream(torch.cuda.current_stream())
+            # the warm-up also compiles a compiled forward (and its backward) for this length
             with torch.cuda.stream(side) if cuda else contextlib.nullcontext():
                 for _ in range(WARMUP_RUNS):
                     self._step(inputs)

@@ -263,7 +263,8 @@ class TrainingConfig:
         "length: one launch instead of a kernel launch per operation (see finetune.cuda_graphs). Micro-batches "
         "are padded to `b` rows (the added rows weigh 0) and to four lengths up to `data.max_length`. Where it "
         "cannot apply (a CPU, several processes, fp16, gradient checkpointing, chunked texts, a model whose "
-        "forward CUDA cannot capture) the run trains eagerly and says why once. Not yet measured on a GPU, so off by default.")
+        "forward CUDA cannot capture) the run trains eagerly and says why once. With `training.torch_compile` "
+        "the graphs hold the compiled forward's fused kernels. Not yet measured on a GPU, so off by default.")
     cast_once_per_update: bool = setting(False,
         "Under bf16 or fp16 autocast, make the low-precision copies of the weights once per update and share "
         "them among the window's micro-batches, instead of casting every weight again in each micro-batch: "
@@ -341,8 +342,6 @@ class TrainingConfig:
             raise ConfigError(f"training.seed: must be in [0, 2**32 - 1], got {self.seed}")
         if self.max_grad_norm is not None and self.max_grad_norm < 0:
             raise ConfigError(f"training.max_grad_norm: must be >= 0 or null, got {self.max_grad_norm}")
-        if self.cuda_graphs and self.torch_compile:
-            raise ConfigError("training.cuda_graphs: does not combine with training.torch_compile; choose one")
         if self.max_skipped < 1:
             raise ConfigError(f"training.max_skipped: must be >= 1, got {self.max_skipped}")
         if isinstance(self.class_weights, dict):

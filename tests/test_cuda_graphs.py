@@ -22,7 +22,6 @@ from transformers import BertForSequenceClassification
 
 from finetune.config import OptimConfig, config_from_dict
 from finetune.cuda_graphs import GraphedMicroBatches, record_cuda_graph, rerun_eagerly, why_not_graphed
-from finetune.errors import ConfigError
 from finetune.loop import TrainState, train_one_epoch
 from finetune.optimization import build_optimizer, build_scheduler, plan_updates
 from finetune.sampling import EpochSampler
@@ -48,10 +47,15 @@ class CountingRecorder:
     def __init__(self, device: str) -> None:
         self.record = record_cuda_graph if device == "cuda" else rerun_eagerly
         self.captures = 0
+        self.compiled_by_capture: list[int] = []  # graphs torch.compile had made when each capture ended
 
     def __call__(self, step, pool):
+        from torch._dynamo.utils import counters
+
         self.captures += 1
-        return self.record(step, pool)
+        recorded = self.record(step, pool)
+        self.compiled_by_capture.append(counters["stats"]["unique_graphs"])
+        return recorded
 
 
 class HostReadingBert(BertForSequenceClassification):
@@ -72,9 +76,10 @@ class RefusingRecorder(CountingRecorder):
 
 
 def _train(device: str, graphed: bool, epochs: int = 2, host_reading: bool = False, model_type: str = "bert",
-           dropout: float = 0.0) -> dict:
-    """``(4, 3)`` on a tiny model (BERT by default) for ``epochs``, eagerly or replayed; the weights after every
-    update. Each run starts its random streams (dropout's) from the same seed."""
+           dropout: float = 0.0, compiled: bool = False, capture: bool = True) -> dict:
+    """``(4, 3)`` on a tiny model (BERT by default) for ``epochs``, eagerly or replayed (``compiled``: the
+    graphs' forward compiled; ``capture=False``: fixed shapes without graphs, on any device); the weights after
+    every update. Each run starts its random streams (dropout's) from the same seed."""
     from accelerate import Accelerator
 
     acc = Accelerator(cpu=device == "cpu", gradient_accumulation_steps=K)
@@ -89,9 +94,11 @@ def _train(device: str, graphed: bool, epochs: int = 2, host_reading: bool = Fal
                     collate_fn=pad_collate)
     model, optimizer, dl = acc.prepare(model, optimizer, dl)
     scheduler = build_scheduler(optimizer, opt_cfg, plan_updates(len(dl), K, epochs, None, warmup_steps=1))
-    recorder = RefusingRecorder(device) if host_reading and device == "cpu" else CountingRecorder(device)
+    recorder = (RefusingRecorder(device) if host_reading and device == "cpu"
+                else CountingRecorder(device if capture else "cpu"))
     graphs = GraphedMicroBatches(model, Task().per_sample_loss, rows=B_MICRO, lengths=LENGTHS,
-                                 pad_token_id=model.config.pad_token_id or 0, recorder=recorder) if graphed else None
+                                 pad_token_id=model.config.pad_token_id or 0, recorder=recorder,
+                                 compiled=compiled) if graphed else None
     snapshots, records, grads, input_memory = [], [], [], []
 
     def on_update(state):
@@ -138,6 +145,39 @@ def test_replayed_micro_batches_train_the_eager_weights(device):
         assert 0 < record["pool_bytes"] < torch.cuda.memory_reserved()
     else:
         assert record["pool_bytes"] is None
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_compiled_forward_compiles_in_the_warm_up_and_replays_to_the_uncompiled_weights(device, monkeypatch):
+    """``training.torch_compile`` with ``training.cuda_graphs``: each length's forward and backward are compiled in
+    its warm-up, never in a capture or a replay, and the replays train the weights of the same compiled steps
+    run without graphs, which are those of eager steps to the compiled kernels' rounding.
+
+    On a CPU, dynamo's ``aot_eager`` backend stands in for inductor (which compiles for minutes there): the
+    forward and backward graphs AOTAutograd traces, run by eager kernels, so the weights are the eager ones.
+    """
+    from torch._dynamo.utils import counters
+
+    if device == "cpu":
+        compile_for_real = torch.compile
+        monkeypatch.setattr(torch, "compile", lambda fn, **kw: compile_for_real(fn, **{**kw, "backend": "aot_eager"}))
+    torch._dynamo.reset()
+    counters.clear()
+    replayed = _train(device, graphed=True, compiled=True)
+    compiled_graphs = counters["stats"]["unique_graphs"]
+    recorder = replayed["recorder"]
+    assert replayed["graphs"].record()["compiled"] and replayed["graphs"].record()["lengths"]
+    assert recorder.captures == len(replayed["graphs"].graphs) > 1
+    # compiled before the first capture ended, and nothing compiled after the last (its replays and 2 epochs' worth)
+    assert 0 < recorder.compiled_by_capture[0] and recorder.compiled_by_capture[-1] == compiled_graphs
+    assert counters["aot_autograd"]["total"] > 0  # the backward went through the compiled graph too
+    reference = (_train(device, graphed=False) if device == "cpu"
+                 else _train(device, graphed=True, compiled=True, capture=False))
+    for update, (a, b) in enumerate(zip(reference["snapshots"], replayed["snapshots"])):
+        for pa, pb in zip(a, b):
+            torch.testing.assert_close(pb, pa, rtol=1e-5, atol=1e-6, msg=lambda m: f"update {update + 1}: {m}")
+    for a, b in zip(reference["records"], replayed["records"]):
+        assert b["train/loss"] == pytest.approx(a["train/loss"], rel=1e-6)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -342,9 +382,25 @@ def test_where_micro_batches_are_replayed(device, processes, engine, precision, 
     assert said is None if why is None else why in said
 
 
-def test_cuda_graphs_and_torch_compile_are_refused_together():
-    with pytest.raises(ConfigError, match="training.cuda_graphs: does not combine with training.torch_compile"):
-        config_from_dict({"data": {"train_file": "x.tsv"}, "training": {"cuda_graphs": True, "torch_compile": True}})
+@pytest.mark.parametrize("torch_compile", [False, True])
+def test_a_runs_graphs_hold_the_compiled_forward_under_torch_compile(torch_compile, monkeypatch):
+    """The two settings combine: the graphs of a run with ``training.torch_compile`` compile the model's own
+    forward (the test above trains them)."""
+    import finetune.cuda_graphs as cuda_graphs
+
+    monkeypatch.setattr(cuda_graphs, "why_not_for_run", lambda run: None)  # as on one CUDA GPU
+    monkeypatch.setattr(torch, "compile", lambda fn, **kwargs: ("compiled", fn))
+    cfg = config_from_dict({"data": {"train_file": "x.tsv"},
+                            "training": {"cuda_graphs": True, "torch_compile": torch_compile}})
+    model = tiny_bert(seed=0)
+    run = SimpleNamespace(cfg=cfg, model=model, task=Task(), batching=SimpleNamespace(per_device_batch_size=B_MICRO),
+                          train_dataloader=SimpleNamespace(collate_fn=SimpleNamespace(sizes=LENGTHS)),
+                          tokenizer=SimpleNamespace(pad_token_id=0), accelerator=SimpleNamespace(mixed_precision="no"))
+    graphs = cuda_graphs.graphs_for_run(run)
+    assert graphs.record()["compiled"] is torch_compile
+    forward = graphs.forward[1] if torch_compile else graphs.forward
+    assert graphs.forward[0] == "compiled" if torch_compile else not isinstance(forward, tuple)
+    assert forward.__func__ is type(model).forward and forward.__self__ is model  # the model's own, unwrapped
 
 
 def test_without_a_gpu_the_setting_says_so_and_the_run_trains_eagerly(caplog):
