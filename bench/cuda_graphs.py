@@ -2,7 +2,7 @@
 
 ::
 
-    python -m bench.cuda_graphs [--micro-batches 24] [--rounds 5] [section.key=value ...]
+    python -m bench.cuda_graphs [--micro-batches 24] [--rounds 5] [--compiled] [section.key=value ...]
 
 On the BBC News job (with overrides: the GPU check's bert-base-sized model,
 ``data.max_length=128``, ``training.mixed_precision=bf16``,
@@ -15,18 +15,22 @@ same micro-batches, three ways:
   nothing (``rerun_eagerly``): the same micro-batches on fixed shapes, padded
   to ``b`` rows (the added rows weigh 0) and to one of four lengths;
 - ``graphed``: the same class capturing one CUDA graph per length
-  (``training.cuda_graphs``; CUDA only).
+  (``training.cuda_graphs``; CUDA only);
+- with ``--compiled``, ``compiled`` and ``compiled graphed``: ``static`` and
+  ``graphed`` with the model's forward compiled (``training.torch_compile``
+  as well), each compiling its own.
 
 Each way accumulates the gradient of the same micro-batches, as one window,
 into gradients zeroed in place. The report gives milliseconds per
-micro-batch (median over ``--rounds``, ways alternating), the relative
-difference of each way's accumulated gradient from ``eager``'s, how long
-capturing took, after how many micro-batches it has paid for itself, and the
-graphs' memory pool. Without CUDA, ``graphed`` is left out and the rest runs (the
-test suite checks ``static`` against ``eager`` that way). Dropout is off
-(``model.dropout=0``), so that the gradients can be compared. ``static``
-against ``graphed`` is what the graphs themselves save; ``eager`` against
-``static`` what the padding costs.
+micro-batch (median over ``--rounds``, ways alternating) and samples per
+second, the relative difference of each way's accumulated gradient from
+``eager``'s, how long each way's set-up took (capturing, compiling), after
+how many micro-batches it has paid for itself against ``eager``, and the
+graphs' memory pool. Without CUDA the graphed ways are left out and the rest
+runs (the test suite checks ``static`` against ``eager`` that way). Dropout
+is off (``model.dropout=0``), so that the gradients can be compared.
+``static`` against ``graphed`` is what the graphs themselves save; ``eager``
+against ``static`` what the padding costs.
 """
 
 from __future__ import annotations
@@ -52,8 +56,9 @@ def _gradient(model) -> torch.Tensor:
     return torch.cat([p.grad.detach().float().flatten() for p in model.parameters() if p.grad is not None])
 
 
-def measure(overrides: list[str], micro_batches: int = 24, rounds: int = 5, threads: int = 2) -> dict[str, Any]:
-    """Run the three ways over the same ``micro_batches`` micro-batches, ``rounds`` times each, alternating."""
+def measure(overrides: list[str], micro_batches: int = 24, rounds: int = 5, threads: int = 2,
+            compiled: bool = False) -> dict[str, Any]:
+    """Run the ways over the same ``micro_batches`` micro-batches, ``rounds`` times each, alternating."""
     import os
 
     from finetune.assembly import setup_run
@@ -88,10 +93,11 @@ def measure(overrides: list[str], micro_batches: int = 24, rounds: int = 5, thre
             total += loss_sum.detach().float()
         return total
 
-    def fixed_shapes(recorder) -> Callable[[], torch.Tensor]:
+    def fixed_shapes(recorder, compile_forward: bool = False) -> Callable[[], torch.Tensor]:
         graphs = GraphedMicroBatches(model, loss_fn, rows=b, lengths=sizes,
                                      pad_token_id=run.tokenizer.pad_token_id or 0,
-                                     precision=accelerator.mixed_precision, recorder=recorder)
+                                     precision=accelerator.mixed_precision, recorder=recorder,
+                                     compiled=compile_forward)
 
         def way() -> torch.Tensor:
             total = torch.zeros((), device=device)
@@ -105,6 +111,10 @@ def measure(overrides: list[str], micro_batches: int = 24, rounds: int = 5, thre
     ways: dict[str, Callable[[], torch.Tensor]] = {"eager": eager, "static": fixed_shapes(rerun_eagerly)}
     if cuda:
         ways["graphed"] = fixed_shapes(record_cuda_graph)
+    if compiled:
+        ways["compiled"] = fixed_shapes(rerun_eagerly, compile_forward=True)
+        if cuda:
+            ways["compiled graphed"] = fixed_shapes(record_cuda_graph, compile_forward=True)
     times: dict[str, list[float]] = {name: [] for name in ways}
     gradients, losses = {}, {}
     for r in range(rounds + 1):  # round 0 warms every way up (and captures the graphs), untimed
@@ -119,49 +129,49 @@ def measure(overrides: list[str], micro_batches: int = 24, rounds: int = 5, thre
                 times[name].append(1e3 * (time.perf_counter() - started) / len(batches))
             gradients[name], losses[name] = _gradient(model), float(total) / samples
     reference = gradients["eager"]
-    graphed = ways["graphed"].graphs if cuda else None
     return {
         "device": torch.cuda.get_device_name() if cuda else "CPU", "precision": accelerator.mixed_precision,
         "overrides": overrides, "micro_batches": len(batches), "rows": b, "lengths": sizes, "rounds": rounds,
+        "samples_per_micro_batch": samples / len(batches),
         "ms_per_micro_batch": {name: statistics.median(t) for name, t in times.items()},
         "ms_runs": times,
         "gradient_relative_difference": {name: float((g - reference).norm() / reference.norm())
                                          for name, g in gradients.items()},
         "mean_loss": losses,
-        "graphs": len(graphed.graphs) if graphed else 0,
-        "capture_seconds": graphed.capture_seconds if graphed else None,
-        "pool_bytes": graphed.record()["pool_bytes"] if graphed else None,
+        # each fixed-shape way's set-up: its warm-ups, compiling and capturing, paid once per length
+        "setups": {name: {"graphs": len(way.graphs.graphs), "seconds": way.graphs.capture_seconds,
+                          "pool_bytes": way.graphs.record()["pool_bytes"]}
+                   for name, way in ways.items() if hasattr(way, "graphs")},
     }
 
 
-def break_even(result: dict[str, Any]) -> Optional[float]:
-    """Micro-batches after which capturing has paid for itself against eager (``inf``: never; ``None``: nothing
-    was captured). Each length is captured once, so a run of more micro-batches than this gains."""
-    ms, seconds = result["ms_per_micro_batch"], result.get("capture_seconds")
-    if "graphed" not in ms or seconds is None:
-        return None
-    saved = ms["eager"] - ms["graphed"]
-    return 1e3 * seconds / saved if saved > 0 else float("inf")
+def break_even(result: dict[str, Any], way: str) -> float:
+    """Micro-batches after which ``way``'s set-up (warm-up, compiling, capturing) has paid for itself against
+    eager (``inf``: never). Each length is set up once, so a run of more micro-batches than this gains."""
+    ms = result["ms_per_micro_batch"]
+    saved = ms["eager"] - ms[way]
+    return 1e3 * result["setups"][way]["seconds"] / saved if saved > 0 else float("inf")
 
 
 def markdown(result: dict[str, Any]) -> str:
     base = result["ms_per_micro_batch"]["eager"]
     lines = [f"{result['device']}, {result['precision']}, BBC News job, {result['micro_batches']} micro-batches of "
              f"{result['rows']} rows (lengths {result['lengths']}), {result['rounds']} rounds"
-             f"{' with ' + ' '.join(result['overrides']) if result['overrides'] else ''}"
-             + (f"; {result['graphs']} graphs captured in {result['capture_seconds']:.1f} s"
-                if result["graphs"] else "") + ":", "",
-             "| way | ms per micro-batch (median) | x eager | gradient's relative difference from eager |",
-             "| --- | ---: | ---: | ---: |"]
+             f"{' with ' + ' '.join(result['overrides']) if result['overrides'] else ''}:", "",
+             "| way | ms per micro-batch (median) | samples/s | x eager | gradient's relative difference from eager "
+             "| set-up s | pays after micro-batches | graphs' pool MiB |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for name, ms in result["ms_per_micro_batch"].items():
-        lines.append(f"| {name} | {ms:.2f} | {base / ms:.2f} | {result['gradient_relative_difference'][name]:.2e} |")
-    pays = break_even(result)
-    if pays is not None:
-        when = (f"after {pays:.0f} micro-batches of this size" if pays != float("inf")
-                else "never: graphed is not faster than eager")
-        pool = (f"; the graphs' memory pool holds {result['pool_bytes'] / 2**20:.0f} MiB"
-                if result.get("pool_bytes") else "")
-        lines += ["", f"Capturing pays for itself {when}{pool}."]
+        setup = result["setups"].get(name)
+        pays = None if setup is None else break_even(result, name)
+        pool = setup["pool_bytes"] if setup else None
+        lines.append(f"| {name} | {ms:.2f} | {1e3 * result['samples_per_micro_batch'] / ms:.1f} | {base / ms:.2f} "
+                     f"| {result['gradient_relative_difference'][name]:.2e} "
+                     f"| {'' if setup is None else format(setup['seconds'], '.1f')} "
+                     f"| {'' if pays is None else 'never' if pays == float('inf') else format(pays, '.0f')} "
+                     f"| {'' if not pool else format(pool / 2**20, '.0f')} |")
+    lines += ["", "Set-up: each length's warm-up, compiling and capture, once per run; \"pays after\" counts the "
+              "micro-batches of this size after which a way is ahead of eager."]
     return "\n".join(lines) + "\n"
 
 
@@ -172,9 +182,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--micro-batches", type=int, default=24)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--compiled", action="store_true",
+                        help="also the fixed-shape ways with the forward compiled (training.torch_compile)")
     parser.add_argument("overrides", nargs="*", metavar="section.key=value")
     args = parser.parse_args(argv)
-    result = measure(args.overrides, args.micro_batches, args.rounds, args.threads)
+    result = measure(args.overrides, args.micro_batches, args.rounds, args.threads, args.compiled)
     RESULTS.mkdir(parents=True, exist_ok=True)
     write_result(RESULTS / "cuda_graphs.json", result)
     print(markdown(result), end="")

@@ -15,14 +15,14 @@
 #   speed    against transformers.Trainer on a bert-base-sized model (random weights, the embedded
 #            tokenizer: bench/bert_base.py) at max_length 128 in bf16 on BBC News: samples/s, non-pad
 #            tokens/s, peak GPU memory, MFU against the matmul peak measured on that GPU; the package at
-#            (b, k), at (b, 1) and with training.cuda_graphs (GPU_ARMS=all adds the Accelerate loop and
-#            (b*k, 1))
+#            (b, k), at (b, 1) and with training.cuda_graphs (GPU_ARMS=all adds the Accelerate loop, (b*k, 1)
+#            and the package compiled and graphed)
 #   host     where an update's time goes: wall time against the GPU's kernel time, the top kernels, and the
 #            host's waits for the GPU per update with the package's asynchronous copies of the micro-batches
 #            against blocking ones, in alternating rounds (python -m bench.probe device)
-#   graphs   a micro-batch replayed from CUDA graphs against the eager one: milliseconds per micro-batch,
-#            the gradient's difference, the micro-batches after which capturing pays, the graphs' memory
-#            pool (python -m bench.cuda_graphs)
+#   graphs   a micro-batch replayed from CUDA graphs against the eager one, each also with the forward
+#            compiled: milliseconds per micro-batch, the gradient's difference, the micro-batches after which
+#            compiling and capturing pay, the graphs' memory pool (python -m bench.cuda_graphs --compiled)
 #   casts    training.cast_once_per_update on against off: CUDA kernels, aten ops and milliseconds per
 #            micro-batch (python -m bench.probe casts)
 #   engines  FSDP and DeepSpeed ZeRO-2 launched on one GPU with the shipped configs: the contract, a stop
@@ -114,7 +114,7 @@ part_speed() {
 part_host() {
     bert_base && "$py" -m bench.probe device "${job[@]}" training.effective_batch_size=$((b * k)) 2>&1 | tee "$out/host.md"
 }
-part_graphs() { bert_base && "$py" -m bench.cuda_graphs "${job[@]}" 2>&1 | tee "$out/graphs.md"; }
+part_graphs() { bert_base && "$py" -m bench.cuda_graphs --compiled "${job[@]}" 2>&1 | tee "$out/graphs.md"; }
 part_casts() {
     bert_base && "$py" -m bench.probe casts "${job[@]}" training.effective_batch_size=$((b * k)) 2>&1 | tee "$out/casts.md"
 }

@@ -343,8 +343,8 @@ def test_the_gpu_check_runs_the_parts_asked_for_and_goes_on_past_a_failing_one(t
 
     proc, calls, parts = gpu_check(fail="-m pytest")
     assert proc.returncode == 1 and "failed: tests engines" in proc.stderr
-    assert [" ".join(c.split()[:3]) for c in calls if c.startswith("-m ")] == [
-        "-m pytest -m", "-m bench.probe device", "-m bench.cuda_graphs model.name_or_path=" + str(work / "bert-base"),
+    assert [" ".join(c.split()[:3 + c.startswith("-m bench.cuda_graphs")]) for c in calls if c.startswith("-m ")] == [
+        "-m pytest -m", "-m bench.probe device", "-m bench.cuda_graphs --compiled model.name_or_path=" + str(work / "bert-base"),
         "-m bench.probe casts", "-m pytest -m"]
     assert [p.split(" in ")[0] for p in parts] == ["tests: failed (1)", "speed: passed", "host: passed",
                                                    "graphs: passed", "casts: passed", "engines: failed (1)"]
@@ -516,6 +516,24 @@ def test_only_selects_arms_by_substring_or_exact_name():
     assert all(selected(n, []) for n in names)
 
 
+def test_the_gpu_checks_default_arms_leave_out_the_compiled_graphs_whose_compile_outlasts_a_short_run(tmp_path):
+    import re
+
+    from bench.run import Settings, main_jobs
+
+    default_arms = re.search(r'arms=\$\{GPU_ARMS:-([^}]*)\}', (REPO / "bench" / "gpu.sh").read_text()).group(1)
+    s = Settings(out=tmp_path, repeats=1, threads=1, precision="bf16", smoke=False, sms_steps=None, bbc_steps=40,
+                 datasets=["bbc"], batching={"bbc": (64, 4)}, graphs=True)
+    every = {j.name: j for j in main_jobs(s, trainer_k1=False)}
+    assert set(every["bbc/ours compiled graphs"].spec.overrides) >= {"training.cuda_graphs=true",
+                                                                    "training.torch_compile=true"}
+    s.only = default_arms.split(",")
+    assert sorted(j.name for j in main_jobs(s, trainer_k1=False)) == [
+        "bbc/ours", "bbc/ours bk1", "bbc/ours graphs", "bbc/trainer"]
+    s.only = ["=bbc/trainer", "=bbc/ours compiled graphs"]
+    assert sorted(j.name for j in main_jobs(s, trainer_k1=False)) == ["bbc/ours compiled graphs", "bbc/trainer"]
+
+
 def test_profile_probe_finds_the_mask_draws_it_groups(tiny_job, fresh_accelerate_state):
     from bench.probe import markdown, profile
 
@@ -656,30 +674,46 @@ def test_casts_probe_counts_a_windows_weight_casts_once_when_kept(tiny_job, fres
     assert "| once per update |" in markdown("casts", result)
 
 
-def test_fixed_shape_micro_batches_give_the_eager_gradient(tiny_job, fresh_accelerate_state):
+def test_fixed_shape_micro_batches_give_the_eager_gradient(tiny_job, fresh_accelerate_state, monkeypatch):
     """What a CUDA graph needs, checked on the CPU: micro-batches padded to b rows (added rows weigh 0) and to
-    one of four lengths accumulate the gradient of the package's own micro-batches."""
+    one of four lengths accumulate the gradient of the package's own micro-batches, with the forward compiled
+    too (``--compiled``; dynamo's aot_eager backend stands in for inductor, which compiles for minutes here)."""
+    import torch
+
     from bench.cuda_graphs import markdown, measure
 
+    compile_for_real = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: compile_for_real(fn, **{**kw, "backend": "aot_eager"}))
     # 72 texts in micro-batches of 16: the fifth holds 8, so the static way pads it with 8 rows of weight 0
-    result = measure(tiny_job + ["training.per_device_train_batch_size=16"], micro_batches=5, rounds=1, threads=1)
+    result = measure(tiny_job + ["training.per_device_train_batch_size=16"], micro_batches=5, rounds=1, threads=1,
+                     compiled=True)
     assert result["micro_batches"] == 5 and result["rows"] == 16 and result["lengths"] == [8, 16, 24, 32]
-    assert "graphed" not in result["ms_per_micro_batch"]  # no CUDA here
-    assert result["gradient_relative_difference"]["static"] < 1e-5
-    assert result["mean_loss"]["static"] == pytest.approx(result["mean_loss"]["eager"], rel=1e-6)
-    assert "| static |" in markdown(result)
-    assert "pays for itself" not in markdown(result)  # nothing captured
+    assert list(result["ms_per_micro_batch"]) == ["eager", "static", "compiled"]  # no CUDA here: nothing graphed
+    for way in ("static", "compiled"):
+        assert result["gradient_relative_difference"][way] < 1e-5
+        assert result["mean_loss"][way] == pytest.approx(result["mean_loss"]["eager"], rel=1e-6)
+    assert result["setups"]["static"]["graphs"] == result["setups"]["compiled"]["graphs"] >= 1  # one per length met
+    assert result["setups"]["compiled"]["seconds"] > result["setups"]["static"]["seconds"]  # the compiling
+    text = markdown(result)
+    assert "| static |" in text and "| compiled |" in text
 
 
-def test_the_graphs_report_says_after_how_many_micro_batches_capturing_pays():
+def test_the_graphs_report_says_after_how_many_micro_batches_each_way_pays():
     from bench.cuda_graphs import break_even, markdown
 
     result = {"device": "GPU", "precision": "bf16", "micro_batches": 24, "rows": 64, "lengths": [32, 64, 96, 128],
-              "rounds": 5, "overrides": [], "graphs": 4, "capture_seconds": 2.0, "pool_bytes": 3 * 2**30,
-              "ms_per_micro_batch": {"eager": 45.0, "static": 46.0, "graphed": 25.0},
-              "gradient_relative_difference": {"eager": 0.0, "static": 1e-7, "graphed": 1e-7}}
-    assert break_even(result) == pytest.approx(100.0)  # 2 s of capture at 20 ms saved per micro-batch
-    text = markdown(result)
-    assert "after 100 micro-batches of this size" in text and "holds 3072 MiB" in text
-    slower = {**result, "ms_per_micro_batch": {"eager": 45.0, "static": 46.0, "graphed": 47.0}}
-    assert break_even(slower) == float("inf") and "graphed is not faster" in markdown(slower)
+              "rounds": 5, "overrides": [], "samples_per_micro_batch": 64.0,
+              "ms_per_micro_batch": {"eager": 45.0, "static": 46.0, "graphed": 25.0, "compiled graphed": 15.0},
+              "gradient_relative_difference": {"eager": 0.0, "static": 1e-7, "graphed": 1e-7,
+                                               "compiled graphed": 1e-3},
+              "setups": {"static": {"graphs": 4, "seconds": 0.5, "pool_bytes": None},
+                         "graphed": {"graphs": 4, "seconds": 2.0, "pool_bytes": 3 * 2**30},
+                         "compiled graphed": {"graphs": 4, "seconds": 60.0, "pool_bytes": 2 * 2**30}}}
+    assert break_even(result, "graphed") == pytest.approx(100.0)  # 2 s of capture at 20 ms saved per micro-batch
+    assert break_even(result, "compiled graphed") == pytest.approx(2000.0)  # 60 s at 30 ms
+    assert break_even(result, "static") == float("inf")  # slower than eager
+    lines = markdown(result).splitlines()
+    assert "| graphed | 25.00 | 2560.0 | 1.80 | 1.00e-07 | 2.0 | 100 | 3072 |" in lines
+    assert "| compiled graphed | 15.00 | 4266.7 | 3.00 | 1.00e-03 | 60.0 | 2000 | 2048 |" in lines
+    assert "| static | 46.00 | 1391.3 | 0.98 | 1.00e-07 | 0.5 | never |  |" in lines
+    assert "| eager | 45.00 | 1422.2 | 1.00 | 0.00e+00 |  |  |  |" in lines
