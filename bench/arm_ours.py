@@ -32,8 +32,18 @@ def command(spec: ArmSpec, workdir: Path) -> list[str]:
         overrides += ["training.num_train_epochs=null", f"training.max_steps={spec.max_steps}"]
     launcher = [sys.executable, "-m", "accelerate.commands.launch", "-q", *engine_config(spec), "--num_processes", "1",
                 "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
-    return launcher + [str(REPO / "bench" / "memprobe.py"), str(REPO / "finetune" / "train.py"),
-                       "--config", str(DATASETS[spec.dataset])] + overrides + list(spec.overrides)
+    root = checkout(spec)
+    config = root / DATASETS[spec.dataset].relative_to(REPO)
+    return launcher + [str(REPO / "bench" / "memprobe.py"), str(root / "finetune" / "train.py"),
+                       "--config", str(config)] + overrides + list(spec.overrides)
+
+
+def checkout(spec: ArmSpec) -> Path:
+    """The checkout whose package (and configs) the run trains: the spec's ``checkout=<folder>`` option
+    (``bench/run.py --baseline``), or this one. Its ``finetune/train.py`` puts its own folder first on the
+    import path, so the run imports that checkout's package."""
+    folders = [o.split("=", 1)[1] for o in spec.options if o.startswith("checkout=")]
+    return Path(folders[0]) if folders else REPO
 
 
 def engine_config(spec: ArmSpec) -> list[str]:

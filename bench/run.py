@@ -25,14 +25,18 @@ first, and reports medians over the repeats as a Markdown table and JSON:
   accuracy comparison at ``k = 1`` with the same effective batch.
 
 ``--levers`` instead measures the package's performance options one at a time
-(:mod:`bench.levers`). ``--smoke`` runs everything for a few updates, to check
-the benchmark itself; its numbers mean nothing.
+(:mod:`bench.levers`). ``--baseline CHECKOUT`` adds a row trained by the
+package (and configs) of another checkout, in the same rounds: a change's
+before and after, each paired with the same Trainer runs. ``--smoke`` runs
+everything for a few updates, to check the benchmark itself; its numbers mean
+nothing.
 
 Usage::
 
     python bench/run.py                      # full comparison, ~25 min on 2 CPU cores
     python bench/run.py --levers             # the levers
     python bench/run.py --smoke              # a few updates per arm
+    git worktree add /tmp/before <commit> && python bench/run.py --datasets sms --baseline /tmp/before
 """
 
 from __future__ import annotations
@@ -94,6 +98,7 @@ class Settings:
     batching: dict[str, tuple[int, int]] = field(default_factory=lambda: dict(JOB_BATCHING))
     engines: list[str] = field(default_factory=list)  # shipped Accelerate configs to add rows for (GPU)
     graphs: bool = False  # a row for training.cuda_graphs (GPU)
+    baseline: Optional[Path] = None  # another checkout of the package, for a row of its own (before and after)
 
 
 # --------------------------------------------------------------------------- the plan
@@ -138,6 +143,9 @@ def main_jobs(s: Settings, trainer_k1: bool) -> list[Job]:
         jobs += [Job(f"{dataset}/ours {engine}", replace(base, options=[f"engine={engine}"]),
                      label=f"finetune under {ENGINE_NAMES.get(engine, engine)}, one process, b={b} k={k}")
                  for engine in s.engines]
+        if s.baseline is not None:
+            jobs.append(Job(f"{dataset}/ours baseline", replace(base, options=[f"checkout={s.baseline}"]),
+                            label=f"finetune at {checkout_commit(s.baseline)}, b={b} k={k}"))
         if s.graphs:
             jobs += [
                 Job(f"{dataset}/ours graphs", replace(base, overrides=base.overrides + ["training.cuda_graphs=true"]),
@@ -155,6 +163,15 @@ def main_jobs(s: Settings, trainer_k1: bool) -> list[Job]:
                 Job("bbc/ours Bk1", replace(base, b=b * k, k=1), "accumulation", f"finetune, b={b * k} k=1"),
             ]
     return [j for j in jobs if selected(j.name, s.only)]
+
+
+def checkout_commit(folder: Path) -> str:
+    """The short commit a checkout of the package is at (``--baseline``), or its folder where git cannot say."""
+    try:
+        return subprocess.run(["git", "-C", str(folder), "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return str(folder)
 
 
 # Accuracy run r trains with seed first_seed + r (default 42, the shipped config's). The seed
@@ -668,6 +685,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--graphs", action="store_true",
                         help="also run the package with training.cuda_graphs: true, and with training.torch_compile "
                              "as well (GPUs only)")
+    parser.add_argument("--baseline", metavar="CHECKOUT",
+                        help="also run the package of another checkout (git worktree add /tmp/before <commit>) "
+                             "with its own configs, in the same rounds: before and after, side by side")
     parser.add_argument("--skip-grad-check", action="store_true", help="do not run the Trainer gradient check")
     parser.add_argument("--combine", nargs="+", metavar="RESULTS_DIR",
                         help="run nothing: pool the runs of earlier results folders (e.g. accuracy runs of "
@@ -692,6 +712,9 @@ def settings_from(args: argparse.Namespace) -> Settings:
         raise SystemExit("--engines needs a CUDA GPU: Accelerate runs FSDP and DeepSpeed on GPUs only")
     if args.graphs and not torch.cuda.is_available():
         raise SystemExit("--graphs needs a CUDA GPU: elsewhere training.cuda_graphs trains eagerly")
+    baseline = Path(args.baseline).resolve() if args.baseline else None
+    if baseline is not None and not (baseline / "finetune" / "train.py").is_file():
+        raise SystemExit(f"--baseline: {baseline} is not a checkout of this package (no finetune/train.py)")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     return Settings(
@@ -711,6 +734,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         batching=_batching(args.batching),
         engines=engines,
         graphs=args.graphs,
+        baseline=baseline,
     )
 
 

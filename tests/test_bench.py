@@ -95,6 +95,33 @@ def test_package_arm_and_report(tiny_job, tmp_path):
     assert "| 2.00 |" in row and "| 0.50 |" in row  # x Trainer in speed and in memory
 
 
+def test_a_baseline_checkout_trains_its_own_package_in_the_same_rounds(tiny_job, tmp_path):
+    """``--baseline``: a row trained by another checkout's package and configs (before and after, side by side).
+    The copy here marks its own import, so the run shows which package it trained with."""
+    import shutil
+
+    from bench.run import Job, Settings, main_jobs, run_job
+
+    before = tmp_path / "before"
+    for folder in ("finetune", "configs"):
+        shutil.copytree(REPO / folder, before / folder, ignore=shutil.ignore_patterns("__pycache__"))
+    with open(before / "finetune" / "__init__.py", "a", encoding="utf-8") as init:
+        init.write("\nimport os as _os\nif _os.environ.get('MARK'):\n"
+                   "    open(_os.environ['MARK'], 'w').write(__file__)\n")
+    settings = Settings(out=tmp_path / "out", repeats=1, threads=1, precision="no", smoke=True, sms_steps=2,
+                        bbc_steps=1, datasets=["sms"], baseline=before)
+    planned = {j.name: j for j in main_jobs(settings, trainer_k1=False)}
+    assert planned["sms/ours baseline"].label == f"finetune at {before}, b=8 k=4"  # no git here to name a commit
+    spec = planned["sms/ours baseline"].spec
+    mark = tmp_path / "mark"
+    spec = ArmSpec(**{**spec.__dict__, "b": 4, "k": 2, "max_steps": 2, "overrides": tiny_job,
+                      "env": {"MARK": str(mark)}})
+    result = run_job(Job("sms/ours baseline", spec, label="before"), settings, 1)
+    assert result["ok"], result
+    _check(result, updates=2, samples=16)
+    assert mark.read_text() == str(before / "finetune" / "__init__.py")
+
+
 def test_trainer_in_package_order_draws_the_package_sampler(tiny_job, tmp_path, fresh_accelerate_state):
     """The accuracy comparison's fourth arm: the Trainer's sampler yields exactly the package's training order."""
     from bench import arm_trainer
