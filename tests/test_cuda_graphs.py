@@ -171,6 +171,7 @@ def test_a_compiled_forward_compiles_in_the_warm_up_and_replays_to_the_uncompile
     # compiled before the first capture ended, and nothing compiled after the last (its replays and 2 epochs' worth)
     assert 0 < recorder.compiled_by_capture[0] and recorder.compiled_by_capture[-1] == compiled_graphs
     assert counters["aot_autograd"]["total"] > 0  # the backward went through the compiled graph too
+    torch._dynamo.reset()  # the reference compiles afresh, as the replayed run did: the same kernels, length by length
     reference = (_train(device, graphed=False) if device == "cpu"
                  else _train(device, graphed=True, compiled=True, capture=False))
     for update, (a, b) in enumerate(zip(reference["snapshots"], replayed["snapshots"])):
