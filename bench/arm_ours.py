@@ -42,15 +42,15 @@ def checkout(spec: ArmSpec) -> Path:
     """The checkout whose package (and configs) the run trains: the spec's ``checkout=<folder>`` option
     (``bench/run.py --baseline``), or this one. Its ``finetune/train.py`` puts its own folder first on the
     import path, so the run imports that checkout's package."""
-    folders = [o.split("=", 1)[1] for o in spec.options if o.startswith("checkout=")]
-    return Path(folders[0]) if folders else REPO
+    folder = spec.option("checkout")
+    return Path(folder) if folder else REPO
 
 
 def engine_config(spec: ArmSpec) -> list[str]:
     """``--config_file`` of the shipped Accelerate config that the spec's ``engine=<name>`` option names
     (``fsdp``, ``deepspeed_zero2``), or nothing: the launcher's flags then run plain, one process."""
-    engines = [o.split("=", 1)[1] for o in spec.options if o.startswith("engine=")]
-    return ["--config_file", str(REPO / "configs" / "accelerate" / f"{engines[0]}.yaml")] if engines else []
+    engine = spec.option("engine")
+    return ["--config_file", str(REPO / "configs" / "accelerate" / f"{engine}.yaml")] if engine else []
 
 
 def collect(workdir: Path) -> dict:

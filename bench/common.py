@@ -57,6 +57,10 @@ class ArmSpec:
     threads: int = 1
     env: dict[str, str] = field(default_factory=dict)
 
+    def option(self, name: str) -> Optional[str]:
+        """The value of the ``name=<value>`` option (``engine``, ``checkout``), or ``None`` where it is not given."""
+        return next((o.split("=", 1)[1] for o in self.options if o.startswith(f"{name}=")), None)
+
     def to_json(self) -> str:
         return json.dumps(asdict(self))
 

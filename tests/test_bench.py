@@ -95,6 +95,17 @@ def test_package_arm_and_report(tiny_job, tmp_path):
     assert "| 2.00 |" in row and "| 0.50 |" in row  # x Trainer in speed and in memory
 
 
+def test_the_package_arm_reads_its_engine_and_checkout_options(tmp_path):
+    from bench.arm_ours import command
+
+    plain = command(ArmSpec("ours", "bbc", 8, 4), tmp_path)
+    assert "--config_file" not in plain and str(REPO / "finetune" / "train.py") in plain
+    both = command(ArmSpec("ours", "bbc", 8, 4, options=["engine=fsdp", f"checkout={tmp_path}"]), tmp_path)
+    assert both[both.index("--config_file") + 1] == str(REPO / "configs" / "accelerate" / "fsdp.yaml")
+    assert str(tmp_path / "finetune" / "train.py") in both
+    assert both[both.index("--config") + 1] == str(tmp_path / "configs" / "bbc_news.yaml")
+
+
 def test_a_baseline_checkout_trains_its_own_package_in_the_same_rounds(tiny_job, tmp_path):
     """``--baseline``: a row trained by another checkout's package and configs (before and after, side by side).
     The copy here marks its own import, so the run shows which package it trained with."""
