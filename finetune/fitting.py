@@ -9,6 +9,7 @@ an evaluation is due and what it means for the best model and early stopping.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import logging
 import signal
@@ -45,6 +46,14 @@ def progress_bar(total: int, done: int, enabled: bool, file=None):
     in_place = (hasattr(stream, "isatty") and stream.isatty()) or "ipykernel" in sys.modules
     return tqdm(total=total, initial=done, desc="train", unit="update", disable=not enabled, file=stream,
                 dynamic_ncols=True, mininterval=0.1 if in_place else PROGRESS_SECONDS_IN_A_FILE)
+
+
+def log_lines_above(bar):
+    """Log lines written while the bar is shown go above it, each on a line of its own, instead of being appended
+    to the bar's text (tqdm's redirection of the console's logging handlers)."""
+    from tqdm.contrib.logging import logging_redirect_tqdm
+
+    return logging_redirect_tqdm(tqdm_class=type(bar)) if not bar.disable else contextlib.nullcontext()
 
 
 def fit(
@@ -252,7 +261,7 @@ def train_epochs(run: Run, checkpoints: Checkpointer, evaluations: Evaluations, 
                             enabled=acc.is_main_process and cfg.logging.progress_bar)
     speedups = cpu_speedups(run.model, run.optimizer, acc, **speedup_settings(cfg.training))
     run.graphs = graphs_for_run(run)  # training.cuda_graphs: each length is captured at its first micro-batch
-    with progress, speedups:
+    with progress, speedups, log_lines_above(progress):
         if pending_eval is not None:
             end_of_epoch(pending_eval)  # the run was stopped between an epoch's last update and its evaluation
         for epoch in range(run.state.epoch, run.plan.num_epochs):

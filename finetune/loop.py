@@ -516,12 +516,13 @@ class LogWindow:
 
 
 def report(record: dict[str, Any], result: EpochResult, on_log, progress) -> None:
-    """Hand a record to the caller and show it on the progress bar."""
+    """Hand a record to the caller and show it on the progress bar, at the bar's next redraw."""
     result.records.append(record)
     if on_log is not None:
         on_log(record)
     if progress is not None:
-        progress.set_postfix(loss=f"{record['train/loss']:.4f}", lr=f"{record['train/lr']:.2e}")
+        # not redrawn now: a redraw per record would defeat the bar's interval into a batch job's log
+        progress.set_postfix(loss=f"{record['train/loss']:.4f}", lr=f"{record['train/lr']:.2e}", refresh=False)
 
 
 def should_stop(state: TrainState, on_update, max_updates: Optional[int]) -> bool:

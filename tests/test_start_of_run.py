@@ -159,12 +159,13 @@ def test_a_load_that_fails_still_shows_the_report_that_says_why():
 
 
 def test_the_progress_bar_redraws_in_a_terminal_and_seldom_into_a_log_file(monkeypatch):
-    """A batch job's log gets a bar at the start and at the end, not one per update; a terminal and a notebook
-    see each update."""
+    """A batch job's log gets a bar at the start and at the end, not one per update (the records' loss included);
+    a terminal and a notebook see each update."""
     import io
     import time
 
     from finetune.fitting import progress_bar
+    from finetune.loop import EpochResult, report
 
     class Terminal(io.StringIO):
         def isatty(self) -> bool:
@@ -172,13 +173,42 @@ def test_the_progress_bar_redraws_in_a_terminal_and_seldom_into_a_log_file(monke
 
     def redraws(stream) -> int:
         with progress_bar(10, 0, enabled=True, file=stream) as bar:
-            for _ in range(4):
+            for step in range(1, 5):  # as the loop does: a record (log_every=1), then the bar's step
                 time.sleep(0.15)  # past tqdm's interval in a terminal
+                report({"train/loss": 1.0 / step, "train/lr": 1e-5}, EpochResult(epoch=0), None, bar)
                 bar.update(1)
-            return stream.getvalue().count("update")
+            drawn = stream.getvalue()
+        assert "loss=0.2500" in stream.getvalue()  # the last record shows, at the latest when the bar closes
+        return drawn.count("update")
 
     monkeypatch.delitem(sys.modules, "ipykernel", raising=False)
     assert redraws(io.StringIO()) == 1  # the first draw only, until the close
     assert redraws(Terminal()) == 5
     monkeypatch.setitem(sys.modules, "ipykernel", sys)  # any module: inside a notebook's kernel
     assert redraws(io.StringIO()) == 5
+
+
+def test_a_log_line_written_while_the_bar_is_shown_starts_a_line_of_its_own(monkeypatch):
+    """An evaluation's line in a terminal goes above the bar, not after the bar's text on the bar's line."""
+    import io
+
+    from finetune.fitting import log_lines_above, progress_bar
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    stream = Terminal()
+    monkeypatch.setattr(sys, "stderr", stream)
+    handler = logging.StreamHandler(sys.stderr)  # what logging.basicConfig gives the command
+    handler.setFormatter(logging.Formatter("LOG %(message)s"))
+    logging.getLogger().addHandler(handler)
+    try:
+        with progress_bar(10, 0, enabled=True) as bar, log_lines_above(bar):
+            bar.update(1)
+            logging.getLogger("finetune").warning("epoch 0 eval")
+    finally:
+        logging.getLogger().removeHandler(handler)
+    before, _, after = stream.getvalue().partition("LOG epoch 0 eval\n")
+    assert before.endswith("\r") and "update" in before  # the bar was cleared before the line ...
+    assert after.startswith("\rtrain:")  # ... and drawn again below it
