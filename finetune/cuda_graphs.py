@@ -20,7 +20,9 @@ how the contract of ``docs/accumulation.md`` is kept:
 - **Inputs that stay put.** Each micro-batch is copied into the graph's own
   input tensors, and the window's loss scale into a device tensor, before the
   replay. The optimizer step, clipping and the scheduler run as before,
-  between windows.
+  between windows: a few multi-tensor kernels per update, against some two
+  thousand per micro-batch, and the non-finite check reads the norm on the
+  host before the step, which a replay could not.
 - **Random numbers.** Dropout in a replay draws from the default CUDA
   generator, which advances by the same amount at each replay. The warm-up
   and the capture run under :func:`torch.random.fork_rng`, so the run's
