@@ -55,6 +55,8 @@ from typing import TYPE_CHECKING, Any, Optional
 # (finetune.output_dir) run before anything heavy is loaded, so a refused run answers at once.
 from finetune.errors import ConfigError, ModelError, OutputError
 from finetune.outputs import CHECKPOINTS_DIR
+from finetune.resplit import (SPLIT_KEYS, k_in_epoch, may_change_split, micro_batch_on_new_split, reseed,
+                              sharded_state, split_change)
 from finetune.selection import EvalHistory
 
 if TYPE_CHECKING:
@@ -89,9 +91,11 @@ MAY_CHANGE_ON_RESUME = frozenset({
     "training.gradient_checkpointing",
     "training.memory_check",
     "training.cpu_heap",  # where freed memory goes, not what is computed
-    # compared through the resolved b, k, P below, so that either spelling resumes
+    # compared through the resolved b, k, P below, so that either spelling resumes, and another split of the
+    # same effective batch too (finetune.resplit)
     "training.gradient_accumulation_steps",
     "training.effective_batch_size",
+    "training.per_device_train_batch_size",
 })
 
 
@@ -242,7 +246,7 @@ ADDED_KEYS = frozenset({
     "model.problem_type", "data.label_delimiter", "training.class_weights",
     "model.lora_rank", "model.lora_alpha", "model.lora_dropout", "model.lora_target_modules",
     "optim.layer_lr_decay", "data.truncation", "data.head_tokens", "data.stride", "optim.lr_scheduler_kwargs",
-    "training.label_smoothing", "model.freeze_embeddings", "model.freeze_blocks",
+    "training.label_smoothing", "model.freeze_embeddings", "model.freeze_blocks", "sharded_state",
 })
 
 
@@ -269,6 +273,7 @@ def run_fingerprint(run: "Run") -> dict[str, Any]:
         "effective_batch_size": run.batching.effective_batch_size,
         "precision": run.accelerator.mixed_precision,  # what training.mixed_precision: auto chose here
         "processes": run.batching.num_processes,
+        "sharded_state": sharded_state(run.accelerator),  # FSDP's and DeepSpeed's: laid out for these processes
         "per_device_train_batch_size": run.batching.per_device_batch_size,
         "gradient_accumulation_steps": run.batching.gradient_accumulation_steps,
         "train_samples": len(run.train_dataloader.dataset),
@@ -289,10 +294,19 @@ def changed_settings(meta: dict[str, Any], run) -> Optional[str]:
 
     Up to three keys with old and new values: config keys first (what the user
     changed), then what follows from them (the effective batch, b, k, P, the plan).
+    Another split of the same effective batch is no difference where it may change
+    (:func:`finetune.resplit.may_change_split`).
     """
     saved = meta.get("fingerprint", {})
     current = run_fingerprint(run)
-    return _differences(saved, current, list(current) + [k for k in saved if k not in current])
+    keys = list(current) + [k for k in saved if k not in current]
+    if may_change_split(saved, current):
+        return _differences(saved, current, [k for k in keys if k not in SPLIT_KEYS])
+    changed = _differences(saved, current, keys)
+    engine = saved.get("sharded_state") or current["sharded_state"]
+    if changed and engine and split_change(saved, current):
+        changed += f" ({engine} checkpoints are sharded: they resume on the b, k and P that wrote them)"
+    return changed
 
 
 def config_changes(meta: dict[str, Any], cfg) -> Optional[str]:
@@ -613,11 +627,14 @@ def _prune(root: Path, keep_last: Optional[int], keep: set) -> None:
         shutil.rmtree(path, ignore_errors=True)
 
 
-def load_checkpoint(run, path: str | os.PathLike, meta: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+def load_checkpoint(run, path: str | os.PathLike, meta: Optional[dict[str, Any]] = None,
+                    fresh_streams: bool = False) -> dict[str, Any]:
     """Restore model, optimizer, scheduler, RNG states and ``run.state`` from a checkpoint.
 
     Call on every process, after :func:`check_compatible`, as late as possible
     before training (the restored RNG states are the ones the next update needs).
+    With ``fresh_streams`` (a resume on another split, :mod:`finetune.resplit`) the
+    processes are seeded afresh instead: the checkpoint holds the streams of other processes.
 
     Returns:
         The checkpoint's ``trainer_state.json`` (``history``, ``pending_eval_epoch``, ...).
@@ -643,7 +660,7 @@ def load_checkpoint(run, path: str | os.PathLike, meta: Optional[dict[str, Any]]
         first = (str(exc).strip().splitlines() or [""])[0]
         raise ModelError(f"{path}: a file holds objects that are not plain tensors and data, so it is not "
                          f"loaded (torch.load weights_only: {first[:120]})") from None
-    if torch.equal(torch.get_rng_state(), sentinel):
+    if torch.equal(torch.get_rng_state(), sentinel) and not fresh_streams:
         raise ModelError(f"{path}: could not restore the random number generator states "
                          f"(random_states_{acc.process_index}.pkl)")
     if run.scheduler is not None:
@@ -651,6 +668,8 @@ def load_checkpoint(run, path: str | os.PathLike, meta: Optional[dict[str, Any]]
     check_finite(run, path)
     for key, value in meta["state"].items():
         setattr(run.state, key, value)
+    if fresh_streams:
+        reseed(run.cfg.training.seed, run.state.step)
     return meta
 
 
@@ -768,8 +787,10 @@ class Checkpointer:
         self.every = out.checkpoint_every
         self.resume_path = choose_checkpoint(run)
         self._resume_meta = read_state(self.resume_path) if self.resume_path is not None else None
+        self._split_change: Optional[str] = None  # "(b, k, P) = ... -> ..." when resuming on another split
         if self._resume_meta is not None:
             check_compatible(self._resume_meta, run, self.resume_path)
+            self._split_change = split_change(self._resume_meta.get("fingerprint", {}), run_fingerprint(run))
         self.last_saved: Optional[Path] = self.resume_path
         self._saved_at: Optional[tuple[int, int, int]] = None
 
@@ -785,10 +806,13 @@ class Checkpointer:
 
         if self.resume_path is None:
             return None
-        meta = load_checkpoint(self.run, self.resume_path, self._resume_meta)
+        meta = load_checkpoint(self.run, self.resume_path, self._resume_meta, fresh_streams=bool(self._split_change))
         self.history.restore(meta.get("history", []))
+        if self._split_change:
+            self._go_on_at_the_new_split(meta["fingerprint"])
         threads, saved_threads = torch.get_num_threads(), meta.get("cpu_threads")
-        if self.run.accelerator.device.type == "cpu" and saved_threads and saved_threads != threads:
+        if (self.run.accelerator.device.type == "cpu" and saved_threads and saved_threads != threads
+                and not self._split_change):
             logger.warning("resuming with %d CPU threads per process, the checkpoint ran with %d: the rest of the "
                            "run is the same training but not bitwise the uninterrupted run (FINETUNE_CPU_THREADS=%d "
                            "restores that)", threads, saved_threads, saved_threads)
@@ -797,6 +821,15 @@ class Checkpointer:
         logger.info("resumed from %s: update %d, epoch %d, micro-batch %d", self.resume_path, state.step,
                     state.epoch, state.micro_batch)
         return meta.get("pending_eval_epoch")
+
+    def _go_on_at_the_new_split(self, saved: dict[str, Any]) -> None:
+        """Move the epoch's position to the new ``k`` (the same windows trained), and say what changed."""
+        state, run = self.run.state, self.run
+        state.micro_batch = micro_batch_on_new_split(state.micro_batch, k_in_epoch(saved, state.epoch),
+                                                     run.plan.k_at(state.epoch), len(run.train_dataloader))
+        logger.warning("resuming on another split of the effective batch of %d: %s. The updates are the same to "
+                       "float rounding, not bitwise the uninterrupted run's, and dropout draws other masks",
+                       run.batching.effective_batch_size, self._split_change)
 
     # -- saving
 

@@ -109,13 +109,16 @@ def test_overwrite_clears_the_earlier_runs_state_only(tmp_path):
 
 
 def _fake_run(cfg, processes=1, samples=48, precision="no"):
+    from accelerate.utils import DistributedType
+
     from finetune.accumulation import resolve_batching
 
     batching = resolve_batching(cfg.training, processes)
     micro = -(-samples // (batching.per_device_batch_size * processes))
     plan = plan_updates(micro, batching.gradient_accumulation_steps, cfg.training.num_train_epochs,
                         cfg.training.max_steps)
-    return SimpleNamespace(cfg=cfg, batching=batching, plan=plan, accelerator=SimpleNamespace(mixed_precision=precision),
+    accelerator = SimpleNamespace(mixed_precision=precision, distributed_type=DistributedType.NO)
+    return SimpleNamespace(cfg=cfg, batching=batching, plan=plan, accelerator=accelerator,
                            train_dataloader=SimpleNamespace(dataset=range(samples)))
 
 
@@ -139,6 +142,10 @@ def test_a_resume_under_other_settings_is_refused(tmp_path):
         check_compatible(saved, _fake_run(config_from_dict(
             {**base, "training": {**base["training"], "gradient_accumulation_steps": None,
                                   "effective_batch_size": 24}}), processes=2), path)
+    # the same B split otherwise (b=2, k=3, P=2): the same run, on other processes (finetune.resplit)
+    check_compatible(saved, _fake_run(config_from_dict(
+        {**base, "training": {**base["training"], "per_device_train_batch_size": 2, "gradient_accumulation_steps": None,
+                              "effective_batch_size": 12}}), processes=2), path)
     # mixed_precision: auto on a machine that computes bf16 is not the fp32 run the checkpoint was on
     with pytest.raises(ConfigError, match="precision: 'no' -> 'bf16'"):
         check_compatible(saved, _fake_run(config_from_dict(base), precision="bf16"), path)

@@ -387,6 +387,8 @@ def test_an_evaluation_cut_short_on_resume_leaves_no_duplicate_record(tmp_path):
 def test_a_changed_effective_batch_is_named_as_such(tmp_path):
     from types import SimpleNamespace
 
+    from accelerate.utils import DistributedType
+
     from finetune.accumulation import resolve_batching
     from finetune.optimization import plan_updates
 
@@ -395,7 +397,8 @@ def test_a_changed_effective_batch_is_named_as_such(tmp_path):
                                 "training": {"per_device_train_batch_size": 4, "effective_batch_size": B}})
         batching = resolve_batching(cfg.training, 1)
         plan = plan_updates(12, batching.gradient_accumulation_steps, 1, None)
-        return SimpleNamespace(cfg=cfg, batching=batching, plan=plan, accelerator=SimpleNamespace(mixed_precision="no"),
+        accelerator = SimpleNamespace(mixed_precision="no", distributed_type=DistributedType.NO)
+        return SimpleNamespace(cfg=cfg, batching=batching, plan=plan, accelerator=accelerator,
                                train_dataloader=SimpleNamespace(dataset=range(48)), data_sha256="x")
 
     with pytest.raises(ConfigError, match=r"other settings: effective_batch_size: 12 -> 24; "):

@@ -323,20 +323,33 @@ def _train_cmd(launch_flags: list[str], cfg: Path, out: Path, *overrides: str) -
                      f"output.output_dir={out}", *overrides)
 
 
+# a checkpoint in the middle of epoch 0 (of 4 updates, the last one ragged) for the resumes on another split
+MID_EPOCH_CHECKPOINTS = ("output.checkpoint_every=3", "output.keep_last=null")
+
+
+def _one_process_flags() -> list[str]:
+    return ["--config_file", str(ACCEL_CONFIGS / "single_gpu.yaml")]
+
+
+def _multi_gpu_flags() -> list[str]:
+    """The multi-GPU config on a machine without a GPU: two processes over gloo."""
+    return ["--config_file", str(ACCEL_CONFIGS / "multi_gpu.yaml"), "--num_processes", "2",
+            "--main_process_port", str(free_port())]
+
+
 @pytest.fixture(scope="module")
 def cli_runs(cli_config):
     cfg, root = cli_config
     runs = {}
     # (b=16, k=1, P=1): the reference
     out = root / "one"
-    proc = _run(_train_cmd(["--config_file", str(ACCEL_CONFIGS / "single_gpu.yaml")], cfg, out,
-                           "training.per_device_train_batch_size=16"))
+    proc = _run(_train_cmd(_one_process_flags(), cfg, out, "training.per_device_train_batch_size=16",
+                           *MID_EPOCH_CHECKPOINTS))
     assert proc.returncode == 0, proc.stderr[-4000:]
     runs["one"] = (out, proc.stderr)
-    # (b=4, k=2, P=2): the multi-GPU config on a machine without a GPU
+    # (b=4, k=2, P=2)
     out = root / "two"
-    proc = _run(_train_cmd(["--config_file", str(ACCEL_CONFIGS / "multi_gpu.yaml"), "--num_processes", "2",
-                            "--main_process_port", str(free_port())], cfg, out))
+    proc = _run(_train_cmd(_multi_gpu_flags(), cfg, out, *MID_EPOCH_CHECKPOINTS))
     assert proc.returncode == 0, proc.stderr[-4000:]
     runs["two"] = (out, proc.stderr)
     # (b=8, k=1, P=2): two machines of one process each, over loopback
@@ -424,6 +437,51 @@ def test_cli_effective_batch_that_two_processes_cannot_split_is_one_line(cli_con
     assert not (tmp_path / "out").exists()
 
 
+# --- resuming on another split of the effective batch -------------------------------------------
+
+
+def _cut_back(finished: Path, copy: Path, step: int) -> Path:
+    """A copy of a finished run's folder as it stood when ``checkpoint-<step>`` was its newest checkpoint."""
+    final_outputs = {"model.safetensors", "metrics.json", "adapter"}
+    shutil.copytree(finished, copy, ignore=lambda folder, names: final_outputs & set(names)
+                    if folder == str(finished) else set())
+    for checkpoint in (copy / "checkpoints").iterdir():
+        if int(checkpoint.name.split("-")[1]) > step:
+            shutil.rmtree(checkpoint)
+    return copy
+
+
+@pytest.mark.parametrize("written_by, flags, b, split, micro_batch", [
+    ("two", _one_process_flags, 4, "(4, 2, 2) -> (4, 4, 1)", 12),  # a job requeued onto fewer processes
+    ("one", _multi_gpu_flags, 8, "(16, 1, 1) -> (8, 1, 2)", 3),  # onto more (no random streams for process 1)
+], ids=["two-to-one", "one-to-two"])
+def test_a_checkpoint_resumes_on_another_split_of_the_effective_batch_to_the_same_model(
+        cli_config, cli_runs, tmp_path, written_by, flags, b, split, micro_batch):
+    """Stopped after update 3 of 8 (mid-epoch), resumed on another (b, k, P) with B = 16: the windows already
+    trained are skipped at the new k, and the run ends with the model, log and metrics of every other split."""
+    cfg, _ = cli_config
+    reference, _ = cli_runs["one"]
+    out = _cut_back(cli_runs[written_by][0], tmp_path / "resumed", step=3)
+    proc = _run(_train_cmd(flags(), cfg, out, f"training.per_device_train_batch_size={b}", *MID_EPOCH_CHECKPOINTS))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert f"resuming on another split of the effective batch of 16: (b, k, P) = {split}" in proc.stderr
+    assert f"checkpoint-3: update 3, epoch 0, micro-batch {micro_batch}" in proc.stderr  # 3 windows at the new k
+
+    ref_w, w = _weights(reference), _weights(out)
+    assert ref_w.keys() == w.keys()
+    for key in ref_w:
+        torch.testing.assert_close(w[key], ref_w[key], rtol=1e-5, atol=1e-7, msg=lambda m: f"{key}: {m}")
+    train = [r for r in _log(out) if "train/loss" in r]
+    ref_train = [r for r in _log(reference) if "train/loss" in r]
+    assert [r["step"] for r in train] == [r["step"] for r in ref_train] == list(range(1, 9))
+    for a, r in zip(ref_train, train):
+        assert r["train/loss"] == pytest.approx(a["train/loss"], rel=1e-5)
+        assert (r["train/samples"], r["train/tokens"], r["train/lr"]) == (a["train/samples"], a["train/tokens"],
+                                                                           a["train/lr"])
+    metrics, ref_metrics = (json.loads((o / "metrics.json").read_text()) for o in (out, reference))
+    assert metrics["train"]["updates"] == 8 and metrics["eval"]["accuracy"] == ref_metrics["eval"]["accuracy"]
+
+
 # --- LoRA and the best model on two processes -----------------------------------------------
 
 LORA_TWO = ("model.lora_rank=4", "evaluation.eval_every=2", "evaluation.load_best_model_at_end=true",
@@ -445,12 +503,7 @@ def lora_on_two_processes(cli_config):
     whole, resumed = root / "lora", root / "lora-resumed"
     _two_processes(cfg, whole, *LORA_TWO)
     best = json.loads((whole / "metrics.json").read_text())["best"]["step"]
-    final_outputs = {"model.safetensors", "metrics.json", "adapter"}
-    shutil.copytree(whole, resumed, ignore=lambda folder, names: final_outputs & set(names) if folder == str(whole)
-                    else set())
-    for checkpoint in (resumed / "checkpoints").iterdir():
-        if int(checkpoint.name.split("-")[1]) > best + 2:
-            shutil.rmtree(checkpoint)
+    _cut_back(whole, resumed, best + 2)
     proc = _two_processes(cfg, resumed, *LORA_TWO)
     return whole, resumed, best, proc.stderr
 
