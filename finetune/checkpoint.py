@@ -812,7 +812,7 @@ class Checkpointer:
             self._go_on_at_the_new_split(meta["fingerprint"])
         threads, saved_threads = torch.get_num_threads(), meta.get("cpu_threads")
         if (self.run.accelerator.device.type == "cpu" and saved_threads and saved_threads != threads
-                and not self._split_change):
+                and not self._split_change and self.run.accelerator.is_main_process):
             logger.warning("resuming with %d CPU threads per process, the checkpoint ran with %d: the rest of the "
                            "run is the same training but not bitwise the uninterrupted run (FINETUNE_CPU_THREADS=%d "
                            "restores that)", threads, saved_threads, saved_threads)
@@ -827,9 +827,10 @@ class Checkpointer:
         state, run = self.run.state, self.run
         state.micro_batch = micro_batch_on_new_split(state.micro_batch, k_in_epoch(saved, state.epoch),
                                                      run.plan.k_at(state.epoch), len(run.train_dataloader))
-        logger.warning("resuming on another split of the effective batch of %d: %s. The updates are the same to "
-                       "float rounding, not bitwise the uninterrupted run's, and dropout draws other masks",
-                       run.batching.effective_batch_size, self._split_change)
+        if run.accelerator.is_main_process:
+            logger.warning("resuming on another split of the effective batch of %d: %s. The updates are the same "
+                           "to float rounding, not bitwise the uninterrupted run's, and dropout draws other masks",
+                           run.batching.effective_batch_size, self._split_change)
 
     # -- saving
 
