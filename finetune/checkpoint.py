@@ -299,7 +299,9 @@ def changed_settings(meta: dict[str, Any], run) -> Optional[str]:
     """
     saved = meta.get("fingerprint", {})
     current = run_fingerprint(run)
-    keys = list(current) + [k for k in saved if k not in current]
+    # a key only the checkpoint has: one the schema dropped, unless it is one that may change (a release that
+    # compared it directly)
+    keys = list(current) + [k for k in saved if k not in current and k not in MAY_CHANGE_ON_RESUME]
     if may_change_split(saved, current):
         return _differences(saved, current, [k for k in keys if k not in SPLIT_KEYS])
     changed = _differences(saved, current, keys)

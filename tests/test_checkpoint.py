@@ -152,6 +152,10 @@ def test_a_resume_under_other_settings_is_refused(tmp_path):
     # a checkpoint written before the fingerprint named the precision still resumes
     older = {"fingerprint": {k: v for k, v in saved["fingerprint"].items() if k != "precision"}}
     check_compatible(older, variant(), path)
+    # and one whose fingerprint held b as a config key, before another split of B could resume
+    assert "training.per_device_train_batch_size" not in saved["fingerprint"]
+    with_b = {"fingerprint": {**saved["fingerprint"], "training.per_device_train_batch_size": 4}}
+    check_compatible(with_b, variant(), path)
     assert Batching(4, 3, 1).effective_batch_size == 12
 
 
