@@ -24,6 +24,8 @@ class FinetuneError(Exception):
     """
 
     exit_code = 2
+    # said by the main process alone (every process meets the same input error), or by each that met it
+    every_process = False
 
     def __init__(self, message: str, hint: str | None = None):
         super().__init__(message)
@@ -62,6 +64,16 @@ class OutputError(FinetuneError):
     """
 
     exit_code = 4
+
+
+class OutOfMemory(FinetuneError):
+    """A device ran out of memory mid-run; the line names the newest checkpoint, the hint what resumes it on less.
+
+    Said by each process that ran out: under a launcher it may be another than the main one.
+    """
+
+    exit_code = 5
+    every_process = True
 
 
 class NonFiniteLossError(FinetuneError):
@@ -104,11 +116,11 @@ def run_command(action: Callable[[], object], debug: bool = False) -> int:
     except FinetuneError as exc:
         if debug:
             raise
-        if is_main_rank():
+        if is_main_rank() or exc.every_process:
             print(f"error: {exc.message}", file=sys.stderr)
             if exc.hint:
                 print(f"hint: {exc.hint}", file=sys.stderr)
-        else:
+        if not is_main_rank():
             # torchrun stops every process as soon as one exits: were this one first, the main one
             # could be killed before it printed the line
             time.sleep(3)

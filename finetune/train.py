@@ -157,13 +157,15 @@ def build_and_fit(cfg, batching, on_evaluation=None) -> tuple[bool, dict]:
     from finetune.assembly import setup_run
     from finetune.fitting import fit
     from finetune.launch import build_accelerator
+    from finetune.out_of_memory import said_in_one_line_when_out_of_memory
     from finetune.start_line import describe
 
     quiet_library_progress()
     accelerator = build_accelerator(cfg)  # refuses a launch whose processes did not all join
     run = setup_run(cfg, accelerator, batching)
     logger.info(describe(run))
-    return accelerator.is_main_process, fit(run, on_evaluation=on_evaluation)
+    with said_in_one_line_when_out_of_memory(run):
+        return accelerator.is_main_process, fit(run, on_evaluation=on_evaluation)
 
 
 def quiet_library_progress() -> None:

@@ -14,6 +14,9 @@ Run as ``python tests/interrupt_worker.py --config ...`` (or under ``accelerate 
   as a full disk does (``OSError(ENOSPC)`` once its files are written).
 * ``FINETUNE_TEST_SIGNAL_IN_FINAL_WRITE=<SIGTERM|SIGINT>`` sends that signal while the
   final model is being written.
+* ``FINETUNE_TEST_OOM=<n>:<rows>`` makes the device run out of memory (``torch.OutOfMemoryError``) on every
+  training micro-batch of more than ``rows`` rows from the ``n``-th training forward pass on (from 0), as a
+  device that fits ``rows`` would; ``FINETUNE_TEST_OOM_EVAL=<rows>`` does so on evaluation batches.
 
 Nothing here is imported by the package; it only wraps it.
 """
@@ -62,14 +65,17 @@ def _kill_saving(step: str) -> None:
     finetune.checkpoint._fsync_tree = fsync_tree
 
 
-def _nan_at(index: int) -> None:
+def _hook_training_forwards(hook) -> None:
+    """Call ``hook(module, output, n)`` after every training forward pass of the run's model, the ``n``-th from 0
+    (the memory plan's probe aside: its forward passes are not training's), and ``hook(module, output, None)`` after
+    every forward pass in evaluation."""
     import finetune.autobatch
 
     original = finetune.modeling.load_model_reporting
     calls = {"n": 0}
     probe, probing = finetune.autobatch.measure_activations, [False]
 
-    def measure_activations(*args, **kwargs):  # the memory plan's forward passes are not training's
+    def measure_activations(*args, **kwargs):
         probing[0] = True
         try:
             return probe(*args, **kwargs)
@@ -78,21 +84,44 @@ def _nan_at(index: int) -> None:
 
     finetune.autobatch.measure_activations = measure_activations
 
-    def hook(module, args, output):
-        if not module.training or probing[0]:
+    def counted(module, args, output):
+        if probing[0]:
             return output
-        n = calls["n"]
+        if not module.training:
+            return hook(module, output, None)
         calls["n"] += 1
+        return hook(module, output, calls["n"] - 1)
+
+    def load_model_reporting(*args, **kwargs):
+        model, new_head = original(*args, **kwargs)
+        model.register_forward_hook(counted)
+        return model, new_head
+
+    finetune.modeling.load_model_reporting = load_model_reporting
+
+
+def _nan_at(index: int) -> None:
+    def hook(module, output, n):
         if n == index:
             output.logits = output.logits * float("nan")  # still in the graph: backward runs as for a real NaN
         return output
 
-    def load_model_reporting(*args, **kwargs):
-        model, new_head = original(*args, **kwargs)
-        model.register_forward_hook(hook)
-        return model, new_head
+    _hook_training_forwards(hook)
 
-    finetune.modeling.load_model_reporting = load_model_reporting
+
+def _oom(spec: str, eval_rows: str) -> None:
+    import torch
+
+    start, rows = (int(x) for x in spec.split(":")) if spec else (None, None)
+
+    def hook(module, output, n):
+        limit = rows if n is not None and start is not None and n >= start else None
+        limit = int(eval_rows) if n is None and eval_rows else limit
+        if limit is not None and output.logits.shape[0] > limit:
+            raise torch.OutOfMemoryError(f"out of memory (test): {output.logits.shape[0]} rows, room for {limit}")
+        return output
+
+    _hook_training_forwards(hook)
 
 
 def _enospc_at(step: str) -> None:
@@ -131,4 +160,6 @@ if __name__ == "__main__":
         _kill_saving(os.environ["FINETUNE_TEST_KILL_SAVING"])
     if os.environ.get("FINETUNE_TEST_NAN_AT"):
         _nan_at(int(os.environ["FINETUNE_TEST_NAN_AT"]))
+    if os.environ.get("FINETUNE_TEST_OOM") or os.environ.get("FINETUNE_TEST_OOM_EVAL"):
+        _oom(os.environ.get("FINETUNE_TEST_OOM", ""), os.environ.get("FINETUNE_TEST_OOM_EVAL", ""))
     sys.exit(main(sys.argv[1:]))

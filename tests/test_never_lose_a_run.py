@@ -301,6 +301,57 @@ def test_loaded_weights_must_be_finite(job, tmp_path):
         check_finite(run, tmp_path)
 
 
+# --------------------------------------------------------------------------- out of memory mid-run
+
+# equal cuts: a balanced micro-batch may hold more than b short texts, which the injected device counts as rows
+EQUAL_CUTS = "data.balance_micro_batches=false"
+
+
+def _hints(proc) -> list[str]:
+    return [line for line in proc.stderr.splitlines() if line.startswith("hint:")]
+
+
+@pytest.mark.slow
+def test_out_of_memory_mid_run_is_one_line_whose_hint_resumes_the_same_updates(job):
+    """A device with room for 4 rows from update 5 on: b=8 stops with exit code 5, naming the newest checkpoint,
+    and the hint's half micro-batch (k doubled, the same B) resumes it on that device to the end."""
+    root, cfg, _ = job
+    out = root / "out-of-memory"
+    proc = _train(cfg, out, EQUAL_CUTS, FINETUNE_TEST_OOM="8:4")  # forwards 8 and 9 are update 5's
+    assert proc.returncode == 5, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    checkpoint = out / "checkpoints" / "checkpoint-3"
+    assert _errors(proc) == [f"error: out of memory on cpu in update 5 (epoch 1), at b=8; the newest checkpoint is "
+                             f"{checkpoint}"]
+    assert _hints(proc) == ["hint: the same command with training.per_device_train_batch_size=4 resumes it from "
+                            "checkpoint-3, at k=4: the same updates (effective batch 16) on about half the "
+                            "activation memory"]
+    assert verify_checkpoint(checkpoint) is None  # intact: its files are those its manifest lists
+    # what it says works: the same command with the hint's setting, on the same device
+    setting = _hints(proc)[0].split("the same command with ")[1].split(" resumes")[0]
+    proc = _train(cfg, out, EQUAL_CUTS, setting, FINETUNE_TEST_OOM="8:4")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"resumed from {checkpoint}: update 3" in proc.stderr
+    assert [r["step"] for r in _records(out) if "train/loss" in r] == list(range(1, 13))
+
+
+@pytest.mark.slow
+def test_out_of_memory_in_an_evaluation_before_any_checkpoint_says_how_to_start_again(job):
+    root, cfg, _ = job
+    out = root / "out-of-memory-evaluating"
+    proc = _train(cfg, out, FINETUNE_TEST_OOM_EVAL="8")  # the 12 validation rows: one batch of 12 at the default
+    assert proc.returncode == 5, proc.stderr[-3000:]
+    assert _errors(proc) == ["error: out of memory on cpu evaluating after update 3, at "
+                             "training.per_device_eval_batch_size=64; no checkpoint was saved yet"]
+    assert _hints(proc) == ["hint: the same command with training.per_device_eval_batch_size=6 output.overwrite=true "
+                            "starts it again (it saved no checkpoint); the evaluation batch does not change the "
+                            "training"]
+    settings = _hints(proc)[0].split("the same command with ")[1].split(" starts")[0].split()
+    proc = _train(cfg, out, *settings, FINETUNE_TEST_OOM_EVAL="8")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads((out / "metrics.json").read_text())["train"]["updates"] == 12
+
+
 # --------------------------------------------------------------------------- a full disk
 
 @pytest.mark.slow

@@ -1,0 +1,85 @@
+"""A device that runs out of memory mid-run: one line saying where, and the settings that go on with less.
+
+The memory plan refuses a micro-batch it measures as too large before training starts (:mod:`finetune.memory`),
+but a run can still run out later: a longer evaluation batch, a fragmented allocator, another process on the
+GPU. What the run trained is in its newest checkpoint, and the cheapest way on keeps the run itself: half the
+micro-batch at twice the accumulation, the same effective batch and so the same updates, which the same
+command then resumes (:mod:`finetune.resplit`). Where the split may not change, gradient checkpointing, which
+may change on resume as well.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import traceback
+from typing import Optional
+
+from finetune.checkpoint import list_checkpoints
+from finetune.errors import OutOfMemory
+from finetune.evaluation import evaluate_model
+from finetune.memory import is_out_of_memory
+from finetune.resplit import sharded_state
+
+
+@contextlib.contextmanager
+def said_in_one_line_when_out_of_memory(run):
+    """Turn a device's out-of-memory error raised inside into :class:`~finetune.errors.OutOfMemory` (the rest
+    propagates as it is)."""
+    try:
+        yield
+    except Exception as exc:  # noqa: BLE001 - only running out of memory is told here
+        if not is_out_of_memory(exc):
+            raise
+        raise out_of_memory_error(run, exc) from None
+
+
+def out_of_memory_error(run, exc: BaseException) -> OutOfMemory:
+    """The one-line error for ``exc`` (an out-of-memory error raised while ``run`` trained or evaluated)."""
+    acc, state = run.accelerator, run.state
+    device = f"{acc.device}" + (f" (process {acc.process_index})" if acc.num_processes > 1 else "")
+    newest = list_checkpoints(run.cfg.output.output_dir)
+    if raised_in(exc, evaluate_model):
+        eval_b = run.cfg.training.per_device_eval_batch_size
+        message = f"out of memory on {device} evaluating after update {state.step}, at " \
+                  f"training.per_device_eval_batch_size={eval_b}; {checkpoint_said(newest)}"
+        # half the batches it ran: a validation set smaller than the batch size ran as one batch of all of it
+        rows = min(eval_b, -(-len(run.eval_dataloader.dataset) // acc.num_processes))
+        hint = (f"{same_command_with(f'training.per_device_eval_batch_size={rows // 2}', newest)}; the evaluation "
+                f"batch does not change the training") if rows > 1 else None
+        return OutOfMemory(message, hint=hint)
+    b, k = run.batching.per_device_batch_size, run.plan.k_at(state.epoch)
+    message = f"out of memory on {device} in update {state.step + 1} (epoch {state.epoch}), at b={b}; " \
+              f"{checkpoint_said(newest)}"
+    return OutOfMemory(message, hint=memory_saving_hint(run, b, k, newest))
+
+
+def raised_in(exc: BaseException, function) -> bool:
+    """Whether ``function`` was running when ``exc`` was raised."""
+    return any(frame.f_code is function.__code__ for frame, _ in traceback.walk_tb(exc.__traceback__))
+
+
+def checkpoint_said(newest: list) -> str:
+    return f"the newest checkpoint is {newest[-1]}" if newest else "no checkpoint was saved yet"
+
+
+def same_command_with(settings: str, newest: list) -> str:
+    """How the run goes on with ``settings``: from its newest checkpoint, or, with none, afresh in its folder."""
+    if newest:
+        return f"the same command with {settings} resumes it from {newest[-1].name}"
+    return f"the same command with {settings} output.overwrite=true starts it again (it saved no checkpoint)"
+
+
+def memory_saving_hint(run, b: int, k: int, newest: list) -> Optional[str]:
+    """The settings that train the same updates on less memory, as a ``hint:`` line (``None``: none left)."""
+    training = run.cfg.training
+    B = run.batching.effective_batch_size
+    if b % 2 == 0 and training.accumulation_schedule is None and sharded_state(run.accelerator) is None:
+        # effective_batch_size typed beside b keeps B where the config gave k instead
+        keep_b = "" if training.effective_batch_size is not None else f" training.effective_batch_size={B}"
+        return (f"{same_command_with(f'training.per_device_train_batch_size={b // 2}{keep_b}', newest)}, at "
+                f"k={2 * k}: the same updates (effective batch {B}) on about half the activation memory")
+    if not run.checkpointing.on:
+        return (f"{same_command_with('training.gradient_checkpointing=true', newest)}: the same updates, "
+                f"recomputing activations in the backward pass (about a third more compute)")
+    return ("a shorter data.max_length, LoRA adapters (model.lora_rank) or frozen blocks (model.freeze_blocks) "
+            "need less; each is a new run (docs/memory.md)")
