@@ -45,7 +45,8 @@ def split_change(saved: dict[str, Any], current: dict[str, Any]) -> Optional[str
     def split(f: dict[str, Any]) -> tuple:
         return f.get("per_device_train_batch_size"), f.get("gradient_accumulation_steps"), f.get("processes")
 
-    if all(saved.get(key) == current.get(key) for key in SPLIT_KEYS):
+    # a key older checkpoints lack (plan.accumulation) is no change
+    if all(saved[key] == current.get(key) for key in SPLIT_KEYS if key in saved):
         return None
     return f"(b, k, P) = {split(saved)} -> {split(current)}"
 
