@@ -41,9 +41,9 @@ import torch
 
 from finetune.chunks import document_logits, split_batch
 from finetune.cpu import dropout_as_in_training
-from finetune.errors import ConfigError, LaunchError
+from finetune.errors import ConfigError, LaunchError, is_out_of_memory
 from finetune.memory import (
-    GB, MemoryPlan, free_cached, is_out_of_memory, levers_that_fit, measure_activations, plan_memory, rng_fork,
+    GB, MemoryPlan, free_cached, levers_that_fit, measure_activations, plan_memory, rng_fork,
     tensor_bytes,
 )
 from finetune.tasks import Task

@@ -82,6 +82,14 @@ class NonFiniteLossError(FinetuneError):
     exit_code = 3
 
 
+def is_out_of_memory(exc: BaseException) -> bool:
+    """Whether ``exc`` says a device ran out of memory (CUDA, XPU, MPS, CPU allocator)."""
+    import torch
+    from accelerate.utils.memory import should_reduce_batch_size
+
+    return isinstance(exc, torch.OutOfMemoryError) or should_reduce_batch_size(exc)
+
+
 def is_main_rank() -> bool:
     """Whether this is the first process of a launch of several (or no such launch): the one that speaks.
 

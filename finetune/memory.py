@@ -36,7 +36,7 @@ from typing import Any, Iterator, Optional
 import torch
 
 from finetune.chunks import split_batch
-from finetune.errors import ConfigError
+from finetune.errors import ConfigError, is_out_of_memory
 from finetune.lora import head_modules, is_lora
 
 GB = 1e9
@@ -248,13 +248,6 @@ def measure_activations(model, make_batch, accelerator) -> Optional[Activations]
                        per_row_block_input=round(per_row["input"] / max(1, calls)),
                        per_row_other=round(per_row["other"]),
                        blocks=calls, length=length)
-
-
-def is_out_of_memory(exc: BaseException) -> bool:
-    """Whether ``exc`` says a device ran out of memory (CUDA, XPU, MPS, CPU allocator)."""
-    from accelerate.utils.memory import should_reduce_batch_size
-
-    return isinstance(exc, torch.OutOfMemoryError) or should_reduce_batch_size(exc)
 
 
 def free_cached(device: torch.device) -> None:

@@ -15,9 +15,8 @@ import traceback
 from typing import Optional
 
 from finetune.checkpoint import list_checkpoints
-from finetune.errors import OutOfMemory
+from finetune.errors import OutOfMemory, is_out_of_memory
 from finetune.evaluation import evaluate_model
-from finetune.memory import is_out_of_memory
 from finetune.resplit import sharded_state
 
 

@@ -184,6 +184,43 @@ def test_bad_input_is_one_line(trained, tmp_path, capsys, args, message):
     assert [path.read_bytes() for path in inputs] == before
 
 
+@pytest.mark.parametrize("command", ["predict", "score"])
+def test_out_of_memory_is_one_line_whose_hint_is_followed_until_it_fits(trained, tmp_path, capsys, monkeypatch,
+                                                                       command):
+    import importlib
+
+    import torch
+
+    from finetune.predict import Predictor
+
+    original = Predictor.logits
+
+    def logits(self, *args, **kwargs):  # a device with room for batches of 8 texts
+        if self.batch_size > 8:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (test)")
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(Predictor, "logits", logits)
+    main = importlib.import_module(f"finetune.{command}").main
+    out, _, _ = trained
+    labelled = make_texts(20, seed=5)
+    if command == "score":
+        args = [str(out), "--file", str(write_tsv(tmp_path / "texts.tsv", labelled)), "data.format=tsv"]
+    else:  # one text per line
+        (tmp_path / "texts.txt").write_text("".join(text + "\n" for _, text in labelled), encoding="utf-8")
+        args = [str(out), "--file", str(tmp_path / "texts.txt")]
+    batch, codes = 32, []
+    while True:
+        codes.append(main([*args, "--batch-size", str(batch)]))
+        err = capsys.readouterr().err.strip().splitlines()
+        if codes[-1] == 0:
+            break
+        assert err == [f"error: out of memory at --batch-size {batch}, on the longest texts (they run first)",
+                       f"hint: --batch-size {batch // 2}"]
+        batch = int(err[1].split()[-1])
+    assert codes == [5, 5, 0] and batch == 8
+
+
 def test_options_may_come_between_texts(trained, capsys):
     from finetune.predict import main
 
