@@ -75,6 +75,11 @@ class OutOfMemory(FinetuneError):
     exit_code = 5
     every_process = True
 
+    def __init__(self, message: str, hint: str | None = None, settings: str | None = None):
+        super().__init__(message, hint)
+        # the overrides the hint names (``None``: none that keep the run), for a caller with its own hint (a sweep)
+        self.settings = settings
+
 
 class NonFiniteLossError(FinetuneError):
     """The loss of an update was NaN or infinite and the policy (``training.on_nonfinite: stop``) says stop."""

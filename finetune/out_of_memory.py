@@ -43,13 +43,14 @@ def out_of_memory_error(run, exc: BaseException) -> OutOfMemory:
                   f"training.per_device_eval_batch_size={eval_b}; {checkpoint_said(newest)}"
         # half the batches it ran: a validation set smaller than the batch size ran as one batch of all of it
         rows = min(eval_b, -(-len(run.eval_dataloader.dataset) // acc.num_processes))
-        hint = (f"{same_command_with(f'training.per_device_eval_batch_size={rows // 2}', newest)}; the evaluation "
-                f"batch does not change the training") if rows > 1 else None
-        return OutOfMemory(message, hint=hint)
-    b, k = run.batching.per_device_batch_size, run.plan.k_at(state.epoch)
-    message = f"out of memory on {device} in update {state.step + 1} (epoch {state.epoch}), at b={b}; " \
-              f"{checkpoint_said(newest)}"
-    return OutOfMemory(message, hint=memory_saving_hint(run, b, k, newest))
+        settings = f"training.per_device_eval_batch_size={rows // 2}" if rows > 1 else None
+        what = "the evaluation batch does not change the training"
+    else:
+        b, k = run.batching.per_device_batch_size, run.plan.k_at(state.epoch)
+        message = f"out of memory on {device} in update {state.step + 1} (epoch {state.epoch}), at b={b}; " \
+                  f"{checkpoint_said(newest)}"
+        settings, what = memory_saving_settings(run, b, k)
+    return OutOfMemory(message, hint=hint_line(settings, what, newest), settings=settings)
 
 
 def raised_in(exc: BaseException, function) -> bool:
@@ -68,17 +69,24 @@ def same_command_with(settings: str, newest: list) -> str:
     return f"the same command with {settings} output.overwrite=true starts it again (it saved no checkpoint)"
 
 
-def memory_saving_hint(run, b: int, k: int, newest: list) -> Optional[str]:
-    """The settings that train the same updates on less memory, as a ``hint:`` line (``None``: none left)."""
+def hint_line(settings: Optional[str], what: str, newest: list) -> str:
+    """The ``hint:`` line: how the same command goes on with ``settings``, and what they do (or, with none, what
+    is left)."""
+    return f"{same_command_with(settings, newest)}: {what}" if settings else what
+
+
+def memory_saving_settings(run, b: int, k: int) -> tuple[Optional[str], str]:
+    """The overrides that train the same updates on less memory, and what they do; with none left, ``None`` and
+    the levers that start a new run."""
     training = run.cfg.training
     B = run.batching.effective_batch_size
     if b % 2 == 0 and training.accumulation_schedule is None and sharded_state(run.accelerator) is None:
         # effective_batch_size typed beside b keeps B where the config gave k instead
         keep_b = "" if training.effective_batch_size is not None else f" training.effective_batch_size={B}"
-        return (f"{same_command_with(f'training.per_device_train_batch_size={b // 2}{keep_b}', newest)}, at "
-                f"k={2 * k}: the same updates (effective batch {B}) on about half the activation memory")
+        return (f"training.per_device_train_batch_size={b // 2}{keep_b}",
+                f"k={2 * k}, the same updates (effective batch {B}) on about half the activation memory")
     if not run.checkpointing.on:
-        return (f"{same_command_with('training.gradient_checkpointing=true', newest)}: the same updates, "
-                f"recomputing activations in the backward pass (about a third more compute)")
-    return ("a shorter data.max_length, LoRA adapters (model.lora_rank) or frozen blocks (model.freeze_blocks) "
-            "need less; each is a new run (docs/memory.md)")
+        return ("training.gradient_checkpointing=true",
+                "the same updates, recomputing activations in the backward pass (about a third more compute)")
+    return None, ("a shorter data.max_length, LoRA adapters (model.lora_rank) or frozen blocks "
+                  "(model.freeze_blocks) need less; each is a new run (docs/memory.md)")

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from finetune.checkpoint import list_checkpoints
-from finetune.errors import FinetuneError, NonFiniteLossError
+from finetune.errors import FinetuneError, NonFiniteLossError, OutOfMemory
 from finetune.outputs import write_atomic
 from finetune.search_space import SearchSpace, overrides
 from finetune.signals import RunInterrupted
@@ -130,6 +130,11 @@ class TrialRunner:
             except FinetuneError as exc:
                 trial.set_user_attr(STOPPED_SWEEP, True)
                 trial.set_user_attr(FAILED, exc.message)
+                if isinstance(exc, OutOfMemory) and exc.settings:
+                    # a trial's own hint ("the same command with ...") does not continue a sweep, whose study
+                    # refuses another config
+                    raise OutOfMemory(exc.message, hint=f"the sweep's study keeps the config it was made with: "
+                                      f"run the sweep again with {exc.settings} and another --output") from None
                 raise
             if summary["train"].get("ended") == "stopped_by_caller":
                 why = pruned_why(trial, self.metric)

@@ -324,7 +324,7 @@ def test_out_of_memory_mid_run_is_one_line_whose_hint_resumes_the_same_updates(j
     assert _errors(proc) == [f"error: out of memory on cpu in update 5 (epoch 1), at b=8; the newest checkpoint is "
                              f"{checkpoint}"]
     assert _hints(proc) == ["hint: the same command with training.per_device_train_batch_size=4 resumes it from "
-                            "checkpoint-3, at k=4: the same updates (effective batch 16) on about half the "
+                            "checkpoint-3: k=4, the same updates (effective batch 16) on about half the "
                             "activation memory"]
     assert verify_checkpoint(checkpoint) is None  # intact: its files are those its manifest lists
     # what it says works: the same command with the hint's setting, on the same device
@@ -344,7 +344,7 @@ def test_out_of_memory_in_an_evaluation_before_any_checkpoint_says_how_to_start_
     assert _errors(proc) == ["error: out of memory on cpu evaluating after update 3, at "
                              "training.per_device_eval_batch_size=64; no checkpoint was saved yet"]
     assert _hints(proc) == ["hint: the same command with training.per_device_eval_batch_size=6 output.overwrite=true "
-                            "starts it again (it saved no checkpoint); the evaluation batch does not change the "
+                            "starts it again (it saved no checkpoint): the evaluation batch does not change the "
                             "training"]
     settings = _hints(proc)[0].split("the same command with ")[1].split(" starts")[0].split()
     proc = _train(cfg, out, *settings, FINETUNE_TEST_OOM_EVAL="8")

@@ -9,9 +9,14 @@ from types import SimpleNamespace
 import pytest
 from accelerate.utils import DistributedType
 
-from finetune.out_of_memory import memory_saving_hint
+from finetune.out_of_memory import hint_line, memory_saving_settings
 
 CHECKPOINTS = [Path("out/checkpoints/checkpoint-40")]
+
+
+def memory_saving_hint(run, b: int, k: int, newest: list) -> str:
+    """The training hint as the error says it."""
+    return hint_line(*memory_saving_settings(run, b, k), newest)
 
 
 def run(b=8, k=4, B=32, given_B=True, schedule=None, engine=DistributedType.NO, checkpointing=False):
@@ -24,7 +29,7 @@ def run(b=8, k=4, B=32, given_B=True, schedule=None, engine=DistributedType.NO, 
 
 def test_half_the_micro_batch_at_twice_k_keeps_the_effective_batch():
     assert memory_saving_hint(run(), 8, 4, CHECKPOINTS) == (
-        "the same command with training.per_device_train_batch_size=4 resumes it from checkpoint-40, at k=8: the "
+        "the same command with training.per_device_train_batch_size=4 resumes it from checkpoint-40: k=8, the "
         "same updates (effective batch 32) on about half the activation memory")
 
 
@@ -56,3 +61,4 @@ def test_where_the_split_cannot_change_gradient_checkpointing_is_the_lever(kind)
 def test_with_checkpointing_on_already_the_levers_that_start_a_new_run_are_named():
     hint = memory_saving_hint(run(b=1, checkpointing=True), 1, 32, CHECKPOINTS)
     assert "data.max_length" in hint and "model.lora_rank" in hint and "new run" in hint
+    assert memory_saving_settings(run(b=1, checkpointing=True), 1, 32)[0] is None  # nothing that keeps the run

@@ -395,6 +395,35 @@ def test_a_signal_outside_training_stops_the_sweep_cleanly(tmp_path, fresh_accel
     assert steps_logged(second) == [1, 2, 3, 4, 5, 6]
 
 
+def test_a_trial_out_of_memory_stops_the_sweep_with_the_setting_for_a_new_sweep(tmp_path, fresh_accelerate_state,
+                                                                                monkeypatch, capsys):
+    """A trial's own hint ("the same command with ...") cannot continue a sweep, whose study refuses another
+    config: the sweep says to run it again with the setting, in another folder."""
+    import torch
+
+    import finetune.loop
+
+    config = sms_job(tmp_path, epochs=1)  # b=4, k=2
+    spec = sweep_file(tmp_path, space={"optim.learning_rate": [1e-3, 2e-3]}, trials=2,
+                      sampler={"type": "grid", "seed": 0}, pruner="none")
+    calls, original = [0], finetune.loop.micro_batch_loss
+
+    def micro_batch_loss(*args, **kwargs):  # the third micro-batch does not fit: update 2's first
+        calls[0] += 1
+        if calls[0] == 3:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (test)")
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(finetune.loop, "micro_batch_loss", micro_batch_loss)
+    assert sweep_in_process(["--config", str(config), "--sweep", str(spec)]) == 5
+    said = [line for line in capsys.readouterr().err.splitlines() if line.startswith(("error:", "hint:"))]
+    assert said == ["error: out of memory on cpu in update 2 (epoch 0), at b=4; no checkpoint was saved yet",
+                    "hint: the sweep's study keeps the config it was made with: run the sweep again with "
+                    "training.per_device_train_batch_size=2 and another --output"]
+    trial = load_study(tmp_path / "out-sweep").trials[0]
+    assert trial.state.name == "FAIL" and trial.user_attrs["failed"].startswith("out of memory on cpu in update 2")
+
+
 @pytest.mark.slow
 def test_sigterm_in_the_third_trial_then_the_same_command_finishes_it(tmp_path):
     config = sms_job(tmp_path, epochs=6)
