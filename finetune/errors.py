@@ -9,6 +9,7 @@ keeps its traceback.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
@@ -93,6 +94,18 @@ def is_out_of_memory(exc: BaseException) -> bool:
     from accelerate.utils.memory import should_reduce_batch_size
 
     return isinstance(exc, torch.OutOfMemoryError) or should_reduce_batch_size(exc)
+
+
+@contextlib.contextmanager
+def out_of_memory_told_as(error: Callable[[BaseException], OutOfMemory]):
+    """Inside, a device's out-of-memory error becomes ``error(exc)``: an :class:`OutOfMemory` saying where and what
+    to do, in one line instead of a traceback. Every other exception propagates as it is."""
+    try:
+        yield
+    except Exception as exc:  # noqa: BLE001 - only running out of memory is told here
+        if not is_out_of_memory(exc):
+            raise
+        raise error(exc) from None
 
 
 def is_main_rank() -> bool:

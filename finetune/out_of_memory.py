@@ -10,30 +10,18 @@ may change on resume as well.
 
 from __future__ import annotations
 
-import contextlib
 import traceback
 from typing import Optional
 
 from finetune.checkpoint import list_checkpoints
-from finetune.errors import OutOfMemory, is_out_of_memory
+from finetune.errors import OutOfMemory
 from finetune.evaluation import evaluate_model
 from finetune.resplit import sharded_state
 
 
-@contextlib.contextmanager
-def said_in_one_line_when_out_of_memory(run):
-    """Turn a device's out-of-memory error raised inside into :class:`~finetune.errors.OutOfMemory` (the rest
-    propagates as it is)."""
-    try:
-        yield
-    except Exception as exc:  # noqa: BLE001 - only running out of memory is told here
-        if not is_out_of_memory(exc):
-            raise
-        raise out_of_memory_error(run, exc) from None
-
-
 def out_of_memory_error(run, exc: BaseException) -> OutOfMemory:
-    """The one-line error for ``exc`` (an out-of-memory error raised while ``run`` trained or evaluated)."""
+    """The one-line error for ``exc`` (an out-of-memory error raised while ``run`` trained or evaluated), for
+    :func:`finetune.errors.out_of_memory_told_as`."""
     acc, state = run.accelerator, run.state
     device = f"{acc.device}" + (f" (process {acc.process_index})" if acc.num_processes > 1 else "")
     newest = list_checkpoints(run.cfg.output.output_dir)

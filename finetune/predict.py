@@ -27,14 +27,13 @@ small; texts are truncated to the run's ``data.max_length`` (from the saved
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import sys
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from finetune.errors import ConfigError, DataError, ModelError, OutOfMemory, is_out_of_memory, run_command
+from finetune.errors import ConfigError, DataError, ModelError, OutOfMemory, out_of_memory_told_as, run_command
 from finetune.outputs import refuse_a_run_file
 from finetune.prediction_files import (INPUT_FORMATS, OUTPUT_FORMATS, STDIN, checked_suffix, predict_rows,
                                        read_rows, write_predictions)
@@ -323,7 +322,7 @@ def run(args: argparse.Namespace) -> None:
             raise ConfigError(f"this model takes text pairs ({pair_column!r}): use --file with both columns")
         rows, text_column = [{"text": text} for text in args.texts], "text"
     predictor = Predictor.load(output_dir, batch_size=args.batch_size, threshold=args.threshold)
-    with said_in_one_line_when_out_of_memory(args.batch_size):
+    with out_of_memory_told_as(lambda _: batch_too_large(args.batch_size)):
         predicted = predict_rows(predictor, rows, text_column, pair_column, progress=bool(args.file))
     if args.output:
         delimiter = (cfg.data.label_delimiter if cfg is not None else None) or ","
@@ -333,18 +332,12 @@ def run(args: argparse.Namespace) -> None:
             print(json.dumps(row, ensure_ascii=False))
 
 
-@contextlib.contextmanager
-def said_in_one_line_when_out_of_memory(batch_size: int):
-    """A device's out-of-memory error inside becomes :class:`~finetune.errors.OutOfMemory` with the ``--batch-size``
-    that halves the batches (the longest texts run first, so it comes at the start, not after hours)."""
-    try:
-        yield
-    except Exception as exc:  # noqa: BLE001 - only running out of memory is told here
-        if not is_out_of_memory(exc):
-            raise
-        hint = f"--batch-size {batch_size // 2}" if batch_size > 1 else None
-        raise OutOfMemory(f"out of memory at --batch-size {batch_size}, on the longest texts (they run first)",
-                          hint=hint) from None
+def batch_too_large(batch_size: int) -> OutOfMemory:
+    """Out of memory predicting: the ``--batch-size`` that halves the batches (the longest texts run first, so it
+    comes at the start, not after hours)."""
+    hint = f"--batch-size {batch_size // 2}" if batch_size > 1 else None
+    return OutOfMemory(f"out of memory at --batch-size {batch_size}, on the longest texts (they run first)",
+                       hint=hint)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -33,8 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from finetune.errors import ConfigError, DataError, FileLayoutError, run_command
-from finetune.predict import DEFAULT_BATCH_SIZE, Predictor, said_in_one_line_when_out_of_memory
+from finetune.errors import ConfigError, DataError, FileLayoutError, out_of_memory_told_as, run_command
+from finetune.predict import DEFAULT_BATCH_SIZE, Predictor, batch_too_large
 
 _SCORE_SECTIONS = ("data", "evaluation")
 # The labelled file is the only data: no second file, no carve, no caps.
@@ -261,7 +261,7 @@ def run(args: argparse.Namespace) -> Score:
     from finetune.plot import DPI, confusion_figure
 
     quiet_progress_bars()  # the bars of reading the file and loading the weights; the scoring bar is ours
-    with said_in_one_line_when_out_of_memory(args.batch_size):
+    with out_of_memory_told_as(lambda _: batch_too_large(args.batch_size)):
         result = score_file(output_dir, args.file, args.overrides, args.batch_size)
     print(f"{result.file}: {result.metrics['num_samples']} samples")
     width = max(len(k) for k in result.metrics)

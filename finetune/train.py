@@ -27,7 +27,7 @@ import argparse  # noqa: E402
 import dataclasses  # noqa: E402
 import logging  # noqa: E402
 
-from finetune.errors import FinetuneError, is_main_rank, run_command  # noqa: E402
+from finetune.errors import FinetuneError, is_main_rank, out_of_memory_told_as, run_command  # noqa: E402
 
 logger = logging.getLogger("finetune")
 
@@ -157,14 +157,14 @@ def build_and_fit(cfg, batching, on_evaluation=None) -> tuple[bool, dict]:
     from finetune.assembly import setup_run
     from finetune.fitting import fit
     from finetune.launch import build_accelerator
-    from finetune.out_of_memory import said_in_one_line_when_out_of_memory
+    from finetune.out_of_memory import out_of_memory_error
     from finetune.start_line import describe
 
     quiet_library_progress()
     accelerator = build_accelerator(cfg)  # refuses a launch whose processes did not all join
     run = setup_run(cfg, accelerator, batching)
     logger.info(describe(run))
-    with said_in_one_line_when_out_of_memory(run):
+    with out_of_memory_told_as(lambda exc: out_of_memory_error(run, exc)):
         return accelerator.is_main_process, fit(run, on_evaluation=on_evaluation)
 
 
