@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import io
 import logging
 import re
 import subprocess
@@ -158,18 +159,20 @@ def test_a_load_that_fails_still_shows_the_report_that_says_why():
     assert len(reports.texts) == 1 and "MISMATCH" in reports.texts[0]
 
 
+class Terminal(io.StringIO):
+    """A stream that says it is a terminal, as the progress bar asks."""
+
+    def isatty(self) -> bool:
+        return True
+
+
 def test_the_progress_bar_redraws_in_a_terminal_and_seldom_into_a_log_file(monkeypatch):
     """A batch job's log gets a bar at the start and at the end, not one per update (the records' loss included);
     a terminal and a notebook see each update."""
-    import io
     import time
 
     from finetune.fitting import progress_bar
     from finetune.loop import EpochResult, report
-
-    class Terminal(io.StringIO):
-        def isatty(self) -> bool:
-            return True
 
     def redraws(stream) -> int:
         with progress_bar(10, 0, enabled=True, file=stream) as bar:
@@ -190,13 +193,7 @@ def test_the_progress_bar_redraws_in_a_terminal_and_seldom_into_a_log_file(monke
 
 def test_a_log_line_written_while_the_bar_is_shown_starts_a_line_of_its_own(monkeypatch):
     """An evaluation's line in a terminal goes above the bar, not after the bar's text on the bar's line."""
-    import io
-
     from finetune.fitting import log_lines_above, progress_bar
-
-    class Terminal(io.StringIO):
-        def isatty(self) -> bool:
-            return True
 
     stream = Terminal()
     monkeypatch.setattr(sys, "stderr", stream)
