@@ -52,8 +52,10 @@ def split_change(saved: dict[str, Any], current: dict[str, Any]) -> Optional[str
 
 
 def k_in_epoch(fingerprint: dict[str, Any], epoch: int) -> int:
-    """The ``k`` a fingerprint's run accumulated in ``epoch`` (its plan's, else its first epoch's)."""
-    by_epoch = fingerprint.get("plan.accumulation") or []
+    """The ``k`` a fingerprint's run accumulated in ``epoch``; past its plan's last epoch (the position of a run
+    stopped after its last update), its first epoch's. Only fingerprints that may change their split come here,
+    and every such one records the plan's ``k`` per epoch."""
+    by_epoch = fingerprint["plan.accumulation"]
     return by_epoch[epoch] if epoch < len(by_epoch) else fingerprint["gradient_accumulation_steps"]
 
 

@@ -54,7 +54,7 @@ def test_the_split_change_is_named_and_the_same_split_is_none():
 def test_k_of_an_epoch_comes_from_the_checkpoint_plan():
     scheduled = fingerprint(4, 8, 1, **{"plan.accumulation": [8, 8, 2]})
     assert [k_in_epoch(scheduled, epoch) for epoch in (0, 2)] == [8, 2]
-    assert k_in_epoch({"gradient_accumulation_steps": 4}, 1) == 4  # older checkpoints: no plan.accumulation
+    assert k_in_epoch(scheduled, 3) == 8  # past the plan's epochs: a run stopped after its last update
 
 
 def _changes(saved: dict, current: dict, monkeypatch) -> str | None:
