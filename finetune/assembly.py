@@ -128,7 +128,7 @@ def setup_run(cfg: Config, accelerator=None, batching: Optional[Batching] = None
     accumulate_as(accelerator, batching, epoch=0)  # before prepare: DeepSpeed reads k there
     if cfg.training.torch_compile:
         model.compile()  # in place: state_dict keys, unwrap_model and save_pretrained stay as without compiling
-    train_dl, eval_dl = build_dataloaders(cfg, tokenized, tokenizer, accelerator, batching)
+    train_dl, eval_dl = build_dataloaders(cfg, tokenized, tokenizer, accelerator, batching, checkpointing.on)
     optimizer = build_optimizer(model, cfg.optim, device=accelerator.device)
     model, optimizer, train_dl, eval_dl = prepare(accelerator, model, optimizer, train_dl, eval_dl)
     plan = plan_for(cfg, train_dl, accelerator, batching)

@@ -96,6 +96,8 @@ MAY_CHANGE_ON_RESUME = frozenset({
     "training.gradient_accumulation_steps",
     "training.effective_batch_size",
     "training.per_device_train_batch_size",
+    # compared as applied (the fingerprint's cuda_graphs), so that auto resumes what true or false wrote
+    "training.cuda_graphs",
 })
 
 
@@ -247,6 +249,7 @@ ADDED_KEYS = frozenset({
     "model.lora_rank", "model.lora_alpha", "model.lora_dropout", "model.lora_target_modules",
     "optim.layer_lr_decay", "data.truncation", "data.head_tokens", "data.stride", "optim.lr_scheduler_kwargs",
     "training.label_smoothing", "model.freeze_embeddings", "model.freeze_blocks", "sharded_state",
+    "cuda_graphs",
 })
 
 
@@ -265,6 +268,8 @@ def run_fingerprint(run: "Run") -> dict[str, Any]:
     ``P``, the number of training samples and the update plan (so the
     schedule, sized in updates, is the one the checkpoint was on).
     """
+    from finetune.cuda_graphs import graphed_run  # torch: not before a config error is said
+
     fingerprint = config_fingerprint(run.cfg)
     fingerprint.update({
         # the training rows themselves: a file edited in place is another run
@@ -274,6 +279,8 @@ def run_fingerprint(run: "Run") -> dict[str, Any]:
         "precision": run.accelerator.mixed_precision,  # what training.mixed_precision: auto chose here
         "processes": run.batching.num_processes,
         "sharded_state": sharded_state(run.accelerator),  # FSDP's and DeepSpeed's: laid out for these processes
+        # micro-batches padded to the graphs' shapes draw other dropout masks: another trajectory, in tolerance
+        "cuda_graphs": graphed_run(run),
         "per_device_train_batch_size": run.batching.per_device_batch_size,
         "gradient_accumulation_steps": run.batching.gradient_accumulation_steps,
         "train_samples": len(run.train_dataloader.dataset),
@@ -297,8 +304,8 @@ def changed_settings(meta: dict[str, Any], run) -> Optional[str]:
     Another split of the same effective batch is no difference where it may change
     (:func:`finetune.resplit.may_change_split`).
     """
-    saved = meta.get("fingerprint", {})
     current = run_fingerprint(run)
+    saved = with_graphs_as_applied(meta.get("fingerprint", {}), current)
     # a key only the checkpoint has: one the schema dropped, unless it is one that may change (a release that
     # compared it directly)
     keys = list(current) + [k for k in saved if k not in current and k not in MAY_CHANGE_ON_RESUME]
@@ -309,6 +316,14 @@ def changed_settings(meta: dict[str, Any], run) -> Optional[str]:
     if changed and engine and split_change(saved, current):
         changed += f" ({engine} checkpoints are sharded: they resume on the b, k and P that wrote them)"
     return changed
+
+
+def with_graphs_as_applied(saved: dict[str, Any], current: dict[str, Any]) -> dict[str, Any]:
+    """A checkpoint's fingerprint with ``cuda_graphs`` as applied. Checkpoints written before ``auto`` record
+    ``training.cuda_graphs`` as spelled, ``true`` or ``false``: ``true`` was applied where graphs apply now."""
+    if "cuda_graphs" in saved or "training.cuda_graphs" not in saved:
+        return saved
+    return {**saved, "cuda_graphs": saved["training.cuda_graphs"] is True and current["cuda_graphs"]}
 
 
 def config_changes(meta: dict[str, Any], cfg) -> Optional[str]:

@@ -85,28 +85,32 @@ class BucketPadding:
         return self._pad[self.size_for(longest)](features)
 
 
-def fixed_lengths(cfg: Config, accelerator) -> bool:
-    """Whether ``training.cuda_graphs`` wants micro-batches of a few fixed lengths: where graphs can run
-    (elsewhere it falls back to eager steps, which gain nothing from padding further). Gradient checkpointing,
-    which ``auto`` decides later, is the one reason not known yet."""
-    from finetune.cuda_graphs import why_not_graphed
+def fixed_lengths(cfg: Config, accelerator, checkpointing: bool = False) -> bool:
+    """Whether ``training.cuda_graphs`` wants micro-batches of a few fixed lengths: where graphs run
+    (eager steps gain nothing from padding further). The memory plan's probe asks before
+    ``gradient_checkpointing: auto`` is decided, and so pads as graphs would, the longer of the two."""
+    from finetune.cuda_graphs import graphed
     from finetune.truncation import truncation_of
 
-    return cfg.training.cuda_graphs and why_not_graphed(
-        accelerator, checkpointing=False, chunked=truncation_of(cfg.data).chunked) is None
+    return graphed(cfg.training.cuda_graphs, accelerator, checkpointing=checkpointing,
+                   chunked=truncation_of(cfg.data).chunked)
 
 
-def collator(tokenizer, accelerator, cfg: Optional[Config] = None):
+def collator(tokenizer, accelerator, cfg: Optional[Config] = None, checkpointing: bool = False,
+             evaluation: bool = False):
     """Dynamic padding; under ``training.torch_compile`` or ``training.cuda_graphs``, padding to a few fixed
     lengths (:class:`BucketPadding`);
     under ``data.truncation: chunks``, a row per window and a label per text
-    (:class:`~finetune.chunks.ChunkCollator`)."""
+    (:class:`~finetune.chunks.ChunkCollator`). ``checkpointing``: gradient checkpointing is on (no graphs
+    then); ``evaluation``: the evaluation loader's, fixed only for a compiled model (graphs replay training's
+    micro-batches alone)."""
     from transformers import DataCollatorWithPadding
 
     from finetune.chunks import ChunkCollator
     from finetune.truncation import truncation_of
 
-    if cfg is not None and (cfg.training.torch_compile or fixed_lengths(cfg, accelerator)):
+    graphs = not evaluation and cfg is not None and fixed_lengths(cfg, accelerator, checkpointing)
+    if cfg is not None and (cfg.training.torch_compile or graphs):
         pad = BucketPadding(tokenizer, cfg.data.max_length)
     else:
         # multiples of 8 let GPU tensor cores work on padded shapes; on the CPU it only adds padding
@@ -149,18 +153,20 @@ def balance_micro_batches(cfg: Config, num_processes: int, device_type: str) -> 
     return setting is True or (setting == "auto" and why_not is None and device_type == "cpu")
 
 
-def build_dataloaders(cfg: Config, tokenized, tokenizer, accelerator, batching: Batching):
+def build_dataloaders(cfg: Config, tokenized, tokenizer, accelerator, batching: Batching,
+                      checkpointing: bool = False):
     """Training and evaluation dataloaders (unprepared).
 
     The training order comes from :class:`~finetune.sampling.EpochSampler`;
     evaluation runs over the validation set sorted by length (the order does
-    not matter to the metrics, and sorting pads least).
+    not matter to the metrics, and sorting pads least). ``checkpointing``:
+    gradient checkpointing as decided, under which no CUDA graph runs.
     """
     from torch.utils.data import DataLoader
 
     from finetune.truncation import LENGTH, model_inputs
 
-    collate = collator(tokenizer, accelerator, cfg)
+    collate = collator(tokenizer, accelerator, cfg, checkpointing)
     lengths = tokenized["train"][LENGTH]
     train = model_inputs(tokenized["train"])
     sampler = training_sampler(cfg, lengths, batching)
@@ -190,7 +196,8 @@ def build_dataloaders(cfg: Config, tokenized, tokenizer, accelerator, batching: 
         order = np.argsort(-np.asarray(tokenized["validation"][LENGTH]), kind="stable")
         val = model_inputs(tokenized["validation"].select(order))
         eval_dl = DataLoader(
-            val, batch_size=cfg.training.per_device_eval_batch_size, collate_fn=collate, pin_memory=pin,
+            val, batch_size=cfg.training.per_device_eval_batch_size, pin_memory=pin,
+            collate_fn=collator(tokenizer, accelerator, cfg, checkpointing, evaluation=True),
             generator=torch.Generator().manual_seed(cfg.training.seed),
         )
     return train_dl, eval_dl

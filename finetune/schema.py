@@ -258,13 +258,15 @@ class TrainingConfig:
         "Compile the model's forward with `torch.compile` (inductor). It pays a compile time at start-up "
         "(and at each new shape until shapes turn dynamic) for faster steps; off by default, measure it "
         "with `bench/run.py --levers`.")
-    cuda_graphs: bool = setting(False,
+    cuda_graphs: Union[bool, Literal["auto"]] = setting("auto",
         "On one CUDA GPU, replay each micro-batch's forward and backward from a CUDA graph, one per padding "
         "length: one launch instead of a kernel launch per operation (see finetune.cuda_graphs). Micro-batches "
-        "are padded to `b` rows (the added rows weigh 0) and to four lengths up to `data.max_length`. Where it "
-        "cannot apply (a CPU, several processes, fp16, gradient checkpointing, chunked texts, a model whose "
-        "forward CUDA cannot capture) the run trains eagerly and says why once. With `training.torch_compile` "
-        "the graphs hold the compiled forward's fused kernels. Not yet measured on a GPU, so off by default.")
+        "are padded to `b` rows (the added rows weigh 0) and to four lengths up to `data.max_length`. `auto`: "
+        "on where it was measured to pay, in bf16 (1.55x eager for bert-base on an H200, bench/README.md); "
+        "`true` also in fp32. Where it cannot apply (a CPU, several processes, fp16, gradient checkpointing, "
+        "chunked texts, a model whose forward CUDA cannot capture) the run trains eagerly, and says why once "
+        "where `true` asked for graphs. With `training.torch_compile` the graphs hold the compiled forward's "
+        "fused kernels.")
     cast_once_per_update: bool = setting(False,
         "Under bf16 or fp16 autocast, make the low-precision copies of the weights once per update and share "
         "them among the window's micro-batches, instead of casting every weight again in each micro-batch: "

@@ -16,7 +16,7 @@ import torch
 
 from finetune.assembly import Run
 from finetune.cpu import plan_cpu_speedups, speedup_settings
-from finetune.cuda_graphs import why_not_for_run
+from finetune.cuda_graphs import graphed_run
 from finetune.data_sources import data_sources
 from finetune.launch import choose_precision
 from finetune.modeling import model_name
@@ -81,7 +81,7 @@ def _where(run: Run) -> str:
     cut = "balanced" if hasattr(run.train_dataloader.batch_sampler, "sizes") else "equal"
     memory = f" {run.memory.describe()}" if run.memory is not None else ""
     engine = f" engine={acc.distributed_type.value}" if acc.distributed_type.value in ("FSDP", "DEEPSPEED") else ""
-    graphs = " cuda_graphs=on" if training.cuda_graphs and why_not_for_run(run) is None else ""
+    graphs = " cuda_graphs=on" if graphed_run(run) else ""
     return (f"processes={acc.num_processes} backend={backend}{engine} device={acc.device}{threads}{memory}{graphs}"
             f"{' ' + speedups if speedups else ''} workers={run.train_dataloader.num_workers} micro-batches={cut}")
 

@@ -19,6 +19,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import torch
 import yaml
 
 from finetune.accumulation import Batching
@@ -108,18 +109,20 @@ def test_overwrite_clears_the_earlier_runs_state_only(tmp_path):
     assert not (tmp_path / "again" / "checkpoints").exists()
 
 
-def _fake_run(cfg, processes=1, samples=48, precision="no"):
+def _fake_run(cfg, processes=1, samples=48, precision="no", device="cpu"):
     from accelerate.utils import DistributedType
 
     from finetune.accumulation import resolve_batching
+    from finetune.autobatch import Checkpointing
 
     batching = resolve_batching(cfg.training, processes)
     micro = -(-samples // (batching.per_device_batch_size * processes))
     plan = plan_updates(micro, batching.gradient_accumulation_steps, cfg.training.num_train_epochs,
                         cfg.training.max_steps)
-    accelerator = SimpleNamespace(mixed_precision=precision, distributed_type=DistributedType.NO)
+    accelerator = SimpleNamespace(mixed_precision=precision, distributed_type=DistributedType.NO,
+                                  device=torch.device(device), num_processes=processes)
     return SimpleNamespace(cfg=cfg, batching=batching, plan=plan, accelerator=accelerator,
-                           train_dataloader=SimpleNamespace(dataset=range(samples)))
+                           checkpointing=Checkpointing(), train_dataloader=SimpleNamespace(dataset=range(samples)))
 
 
 def test_a_resume_under_other_settings_is_refused(tmp_path):
@@ -157,6 +160,36 @@ def test_a_resume_under_other_settings_is_refused(tmp_path):
     with_b = {"fingerprint": {**saved["fingerprint"], "training.per_device_train_batch_size": 4}}
     check_compatible(with_b, variant(), path)
     assert Batching(4, 3, 1).effective_batch_size == 12
+
+
+def test_cuda_graphs_resume_as_applied_whatever_the_spelling(tmp_path):
+    """Graphs pad micro-batches to other shapes, which draw other dropout masks: a checkpoint resumes only
+    where graphs are applied as they were. ``auto`` resumes what ``false`` wrote wherever both mean eager."""
+    path = tmp_path / "checkpoint-3"
+
+    def run(cuda_graphs, device="cpu", precision="bf16"):
+        cfg = config_from_dict({"data": {"train_file": "x.tsv"},
+                                "training": {"per_device_train_batch_size": 4, "cuda_graphs": cuda_graphs}})
+        return _fake_run(cfg, device=device, precision=precision)
+
+    saved = {"fingerprint": run_fingerprint(run(False, "cuda"))}
+    assert saved["fingerprint"]["cuda_graphs"] is False
+    fp32 = {"fingerprint": run_fingerprint(run(False, "cuda", precision="no"))}
+    check_compatible(fp32, run("auto", "cuda", precision="no"), path)  # auto leaves fp32 eager
+    with pytest.raises(ConfigError, match="other settings: cuda_graphs: False -> True;"):
+        check_compatible(saved, run("auto", "cuda"), path)
+    check_compatible({"fingerprint": run_fingerprint(run(True, "cuda"))}, run("auto", "cuda"), path)
+
+    # checkpoints written before auto, which compared the setting as spelled
+    def older(cuda_graphs, device="cpu"):
+        fingerprint = {k: v for k, v in run_fingerprint(run(cuda_graphs, device)).items() if k != "cuda_graphs"}
+        return {"fingerprint": {**fingerprint, "training.cuda_graphs": cuda_graphs}}
+
+    check_compatible(older(False), run("auto"), path)  # eager on a CPU, before and after
+    check_compatible(older(True), run("auto"), path)  # true on a CPU trained eagerly
+    check_compatible(older(True, "cuda"), run("auto", "cuda"), path)
+    with pytest.raises(ConfigError, match="other settings: cuda_graphs: False -> True;"):
+        check_compatible(older(False, "cuda"), run("auto", "cuda"), path)
 
 
 def test_first_signal_is_recorded_and_handlers_restored():

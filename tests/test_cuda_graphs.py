@@ -383,13 +383,36 @@ def test_where_micro_batches_are_replayed(device, processes, engine, precision, 
     assert said is None if why is None else why in said
 
 
+@pytest.mark.parametrize("setting, device, processes, precision, replayed", [
+    ("auto", "cuda", 1, "bf16", True),  # where it was measured to pay
+    ("auto", "cuda", 1, "no", False),  # fp32: not measured
+    ("auto", "cpu", 1, "bf16", False),
+    ("auto", "cuda", 2, "bf16", False),
+    ("auto", "cuda", 1, "fp16", False),
+    (True, "cuda", 1, "no", True),
+    (True, "cuda", 1, "bf16", True),
+    (True, "cpu", 1, "bf16", False),
+    (False, "cuda", 1, "bf16", False),
+])
+def test_auto_replays_bf16_micro_batches_on_one_gpu_and_true_fp32_ones_too(setting, device, processes, precision,
+                                                                           replayed):
+    from accelerate.utils import DistributedType
+
+    from finetune.cuda_graphs import graphed
+
+    accelerator = SimpleNamespace(device=torch.device(device), num_processes=processes, mixed_precision=precision,
+                                  distributed_type=DistributedType.MULTI_GPU if processes > 1 else DistributedType.NO)
+    assert graphed(setting, accelerator, checkpointing=False, chunked=False) is replayed
+    assert graphed(setting, accelerator, checkpointing=True, chunked=False) is False
+
+
 @pytest.mark.parametrize("torch_compile", [False, True])
 def test_a_runs_graphs_hold_the_compiled_forward_under_torch_compile(torch_compile, monkeypatch):
     """The two settings combine: the graphs of a run with ``training.torch_compile`` compile the model's own
     forward (the test above trains them)."""
     import finetune.cuda_graphs as cuda_graphs
 
-    monkeypatch.setattr(cuda_graphs, "why_not_for_run", lambda run: None)  # as on one CUDA GPU
+    monkeypatch.setattr(cuda_graphs, "graphed_run", lambda run: True)  # as on one CUDA GPU
     monkeypatch.setattr(torch, "compile", lambda fn, **kwargs: ("compiled", fn))
     cfg = config_from_dict({"data": {"train_file": "x.tsv"},
                             "training": {"cuda_graphs": True, "torch_compile": torch_compile}})
@@ -404,38 +427,61 @@ def test_a_runs_graphs_hold_the_compiled_forward_under_torch_compile(torch_compi
     assert forward.__func__ is type(model).forward and forward.__self__ is model  # the model's own, unwrapped
 
 
-def test_without_a_gpu_the_setting_says_so_and_the_run_trains_eagerly(caplog):
+@pytest.mark.parametrize("setting, said", [
+    (True, ["training.cuda_graphs: not applied (no CUDA device); micro-batches run eagerly"]),
+    ("auto", []),  # nothing was asked for: the default says nothing where it does not apply
+])
+def test_without_a_gpu_the_setting_says_so_and_the_run_trains_eagerly(setting, said, caplog):
     from finetune.autobatch import Checkpointing
     from finetune.cuda_graphs import graphs_for_run
 
-    cfg = config_from_dict({"data": {"train_file": "x.tsv"}, "training": {"cuda_graphs": True}})
+    cfg = config_from_dict({"data": {"train_file": "x.tsv"}, "training": {"cuda_graphs": setting}})
     accelerator = SimpleNamespace(device=torch.device("cpu"), num_processes=1, mixed_precision="no",
                                   distributed_type=None)
     run = SimpleNamespace(cfg=cfg, accelerator=accelerator, checkpointing=Checkpointing())
     with caplog.at_level(logging.WARNING, logger="finetune"):
         graphs = graphs_for_run(run)
     assert graphs is None
-    assert [r.message for r in caplog.records] == [
-        "training.cuda_graphs: not applied (no CUDA device); micro-batches run eagerly"]
+    assert [r.message for r in caplog.records] == said
 
 
-@pytest.mark.parametrize("device, precision, truncation, fixed", [
-    ("cuda", "bf16", "head", True),
-    ("cpu", "no", "head", False),  # graphs fall back there: no padding beyond the longest text
-    ("cuda", "fp16", "head", False),
-    ("cuda", "bf16", "chunks", False),
+@pytest.mark.parametrize("setting, device, precision, truncation, fixed", [
+    (True, "cuda", "bf16", "head", True),
+    ("auto", "cuda", "bf16", "head", True),
+    ("auto", "cuda", "no", "head", False),
+    (True, "cpu", "no", "head", False),  # graphs fall back there: no padding beyond the longest text
+    (True, "cuda", "fp16", "head", False),
+    (True, "cuda", "bf16", "chunks", False),
 ])
-def test_the_collator_pads_to_fixed_lengths_where_graphs_can_run(device, precision, truncation, fixed, tokenizers):
+def test_the_training_collator_pads_to_fixed_lengths_where_graphs_run(setting, device, precision, truncation, fixed,
+                                                                      tokenizers):
     from accelerate.utils import DistributedType
 
     from finetune.dataloaders import BucketPadding, collator
 
     cfg = config_from_dict({"data": {"train_file": "x.tsv", "max_length": 32, "truncation": truncation},
-                            "training": {"cuda_graphs": True}})
+                            "training": {"cuda_graphs": setting}})
     accelerator = SimpleNamespace(device=torch.device(device), num_processes=1, mixed_precision=precision,
                                   distributed_type=DistributedType.NO)
-    pad = collator(tokenizers["fast"], accelerator, cfg)
-    assert isinstance(getattr(pad, "pad", pad), BucketPadding) is fixed
+
+    def fixed_by(**kw) -> bool:
+        pad = collator(tokenizers["fast"], accelerator, cfg, **kw)
+        return isinstance(getattr(pad, "pad", pad), BucketPadding)
+
+    assert fixed_by() is fixed
+    assert not fixed_by(checkpointing=True)  # gradient checkpointing as decided: no graphs, so no padding for them
+    assert not fixed_by(evaluation=True)  # evaluation is never replayed from graphs
+
+
+def test_a_compiled_model_evaluates_on_fixed_lengths_too(tokenizers):
+    from accelerate.utils import DistributedType
+
+    from finetune.dataloaders import BucketPadding, collator
+
+    cfg = config_from_dict({"data": {"train_file": "x.tsv", "max_length": 32}, "training": {"torch_compile": True}})
+    accelerator = SimpleNamespace(device=torch.device("cpu"), num_processes=1, mixed_precision="no",
+                                  distributed_type=DistributedType.NO)
+    assert isinstance(collator(tokenizers["fast"], accelerator, cfg, evaluation=True), BucketPadding)
 
 
 def test_the_graphs_pad_to_the_lengths_of_the_runs_collator():

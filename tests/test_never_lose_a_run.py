@@ -441,6 +441,7 @@ def test_a_changed_effective_batch_is_named_as_such(tmp_path):
     from accelerate.utils import DistributedType
 
     from finetune.accumulation import resolve_batching
+    from finetune.autobatch import Checkpointing
     from finetune.optimization import plan_updates
 
     def fake(B):
@@ -448,9 +449,11 @@ def test_a_changed_effective_batch_is_named_as_such(tmp_path):
                                 "training": {"per_device_train_batch_size": 4, "effective_batch_size": B}})
         batching = resolve_batching(cfg.training, 1)
         plan = plan_updates(12, batching.gradient_accumulation_steps, 1, None)
-        accelerator = SimpleNamespace(mixed_precision="no", distributed_type=DistributedType.NO)
+        accelerator = SimpleNamespace(mixed_precision="no", distributed_type=DistributedType.NO,
+                                      device=torch.device("cpu"), num_processes=1)
         return SimpleNamespace(cfg=cfg, batching=batching, plan=plan, accelerator=accelerator,
-                               train_dataloader=SimpleNamespace(dataset=range(48)), data_sha256="x")
+                               checkpointing=Checkpointing(), train_dataloader=SimpleNamespace(dataset=range(48)),
+                               data_sha256="x")
 
     with pytest.raises(ConfigError, match=r"other settings: effective_batch_size: 12 -> 24; "):
         check_compatible({"fingerprint": run_fingerprint(fake(12))}, fake(24), tmp_path)
