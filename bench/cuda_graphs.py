@@ -69,7 +69,10 @@ def measure(overrides: list[str], micro_batches: int = 24, rounds: int = 5, thre
     os.environ["FINETUNE_CPU_THREADS"] = str(threads)
     cfg = job_config(ArmSpec("ours", "bbc", 8, 1, max_steps=micro_batches),
                      ["logging.progress_bar=false", "model.dropout=0", "training.effective_batch_size=null",
-                      "training.gradient_accumulation_steps=1", "data.balance_micro_batches=false"] + overrides)
+                      "training.gradient_accumulation_steps=1", "data.balance_micro_batches=false",
+                      # the eager way's micro-batches padded as an eager run pads them (the fixed-shape ways pad
+                      # them again to their lengths)
+                      "training.cuda_graphs=false"] + overrides)
     run = setup_run(cfg)
     model, accelerator, loss_fn = run.model, run.accelerator, run.task.per_sample_loss
     device, cuda = accelerator.device, accelerator.device.type == "cuda"

@@ -15,8 +15,8 @@
 #   speed    against transformers.Trainer on a bert-base-sized model (random weights, the embedded
 #            tokenizer: bench/bert_base.py) at max_length 128 in bf16 on BBC News: samples/s, non-pad
 #            tokens/s, peak GPU memory, MFU against the matmul peak measured on that GPU; the package at
-#            (b, k), at (b, 1) and with training.cuda_graphs (GPU_ARMS=all adds the Accelerate loop, (b*k, 1)
-#            and the package compiled and graphed)
+#            (b, k) (its micro-batches replayed from CUDA graphs: training.cuda_graphs: auto), at (b, 1) and
+#            eager (GPU_ARMS=all adds the Accelerate loop, (b*k, 1) and the package compiled and graphed)
 #   host     where an update's time goes: wall time against the GPU's kernel time, the top kernels, and the
 #            host's waits for the GPU per update with the package's asynchronous copies of the micro-batches
 #            against blocking ones, in alternating rounds (python -m bench.probe device)
@@ -89,7 +89,7 @@ job=(model.name_or_path="$model" data.max_length=128 training.mixed_precision=bf
 speed=(bench/run.py --datasets bbc --accuracy-seeds 0 --skip-grad-check --precision bf16 --batching "$b_k"
        --bbc-steps "${GPU_STEPS:-40}" --repeats "${GPU_REPEATS:-2}" --override model.name_or_path="$model"
        --override data.max_length=128)
-arms=${GPU_ARMS:-=bbc/ours,=bbc/trainer,bbc/ours bk1,bbc/ours graphs}
+arms=${GPU_ARMS:-=bbc/ours,=bbc/trainer,bbc/ours bk1,bbc/ours eager}
 [ "$arms" = all ] && arms=""
 
 bert_base() { [ -f "$model/config.json" ] || "$py" -m bench.bert_base "$model" ${FINETUNE_TOKENIZER:+--tokenizer "$FINETUNE_TOKENIZER"}; }

@@ -120,7 +120,9 @@ def _setup(overrides: list[str], dataset: str, b: int, k: int, updates: int, thr
     from finetune.assembly import setup_run
     from finetune.launch import build_accelerator
 
-    cfg = job_config(ArmSpec("ours", dataset, b, k, max_steps=updates), ["logging.progress_bar=false"] + overrides)
+    # eager micro-batches, dynamically padded: the probes time train_one_epoch's own steps, without graphs
+    cfg = job_config(ArmSpec("ours", dataset, b, k, max_steps=updates),
+                     ["logging.progress_bar=false", "training.cuda_graphs=false"] + overrides)
     accelerator = build_accelerator(cfg)
     accelerator.dataloader_config.non_blocking = not blocking_copies  # read when the loaders are prepared
     return cfg, setup_run(cfg, accelerator)

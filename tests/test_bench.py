@@ -567,7 +567,10 @@ def test_the_gpu_checks_default_arms_leave_out_the_compiled_graphs_whose_compile
                                                                     "training.torch_compile=true"}
     s.only = default_arms.split(",")
     assert sorted(j.name for j in main_jobs(s, trainer_k1=False)) == [
-        "bbc/ours", "bbc/ours bk1", "bbc/ours graphs", "bbc/trainer"]
+        "bbc/ours", "bbc/ours bk1", "bbc/ours eager", "bbc/trainer"]
+    # the package's own arm is graphed by its default (training.cuda_graphs: auto); the eager arm turns it off
+    assert "training.cuda_graphs=false" in every["bbc/ours eager"].spec.overrides
+    assert not any(o.startswith("training.cuda_graphs") for o in every["bbc/ours"].spec.overrides)
     s.only = ["=bbc/trainer", "=bbc/ours compiled graphs"]
     assert sorted(j.name for j in main_jobs(s, trainer_k1=False)) == ["bbc/ours compiled graphs", "bbc/trainer"]
 
@@ -639,22 +642,22 @@ def test_heap_probe_trims_in_the_trim_rounds_only_and_pairs_them_with_keep(tiny_
     assert "| trim |" in markdown("heap", result)
 
 
-def test_the_compile_table_compares_each_precisions_steady_state_with_its_eager_run():
+def test_the_compile_table_compares_each_precisions_steady_state_with_its_uncompiled_run():
     from bench.compile import table
 
     rows = [
-        {"precision": "bf16", "arm": "eager", "warmup_s": 10.0, "steady_s_per_update": 0.5, "samples_per_s": 60.0,
+        {"precision": "bf16", "arm": "not compiled", "warmup_s": 10.0, "steady_s_per_update": 0.5, "samples_per_s": 60.0,
          "wall_s": 75.0, "f1": 0.97},
         {"precision": "bf16", "arm": "compiled", "warmup_s": 40.0, "steady_s_per_update": 0.8, "samples_per_s": 32.0,
          "wall_s": 140.0, "f1": 0.968},
-        {"precision": "no", "arm": "eager", "warmup_s": 14.0, "steady_s_per_update": 0.75, "samples_per_s": 41.0,
+        {"precision": "no", "arm": "not compiled", "warmup_s": 14.0, "steady_s_per_update": 0.75, "samples_per_s": 41.0,
          "wall_s": 106.0, "f1": 0.97},
         {"precision": "no", "arm": "compiled", "warmup_s": 99.0, "steady_s_per_update": 0.5, "samples_per_s": 17.0,
          "wall_s": 254.0, "f1": 0.968},
     ]
     lines = table(rows).splitlines()
     assert lines[3] == "| bf16 | compiled | 40.0 | 0.800 | 0.62 | 32.0 | 140 | 0.9680 |"  # 0.5 / 0.8
-    assert lines[5] == "| no | compiled | 99.0 | 0.500 | 1.50 | 17.0 | 254 | 0.9680 |"  # against fp32's own eager run
+    assert lines[5] == "| no | compiled | 99.0 | 0.500 | 1.50 | 17.0 | 254 | 0.9680 |"  # against fp32's own uncompiled run
 
 
 def test_the_memory_table_compares_each_setting_with_the_plain_one_and_its_plan():
