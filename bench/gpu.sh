@@ -17,9 +17,10 @@
 #            tokens/s, peak GPU memory, MFU against the matmul peak measured on that GPU; the package at
 #            (b, k) (its micro-batches replayed from CUDA graphs: training.cuda_graphs: auto), at (b, 1) and
 #            eager (GPU_ARMS=all adds the Accelerate loop, (b*k, 1) and the package compiled and graphed)
-#   host     where an update's time goes: wall time against the GPU's kernel time, the top kernels, and the
-#            host's waits for the GPU per update with the package's asynchronous copies of the micro-batches
-#            against blocking ones, in alternating rounds (python -m bench.probe device)
+#   host     where an update's time goes, in alternating rounds of eager steps, eager ones with blocking copies
+#            of the micro-batches and micro-batches replayed from CUDA graphs: wall time against the GPU's
+#            kernel time, the host's waits for the GPU per update, the top kernels and host ops of the eager
+#            and the graphed way (python -m bench.probe device)
 #   graphs   a micro-batch replayed from CUDA graphs against the eager one, each also with the forward
 #            compiled: milliseconds per micro-batch, the gradient's difference, the micro-batches after which
 #            compiling and capturing pay, the graphs' memory pool (python -m bench.cuda_graphs --compiled)

@@ -6,7 +6,7 @@ none is a comparison with the Trainer, which is ``bench/run.py``'s job::
     python -m bench.probe masks      # dropout mask generators and one attention's time (seconds)
     python -m bench.probe profile    # where 12 updates of the SMS job spend their wall time, by op (about 1 minute)
     python -m bench.probe rss        # RSS around every forward, backward and update: BBC News (8, 4) and (8, 1)
-    python -m bench.probe device     # on a GPU: how busy the GPU is over updates of the BBC News job, top kernels
+    python -m bench.probe device     # on a GPU: how busy the GPU is over updates of the BBC News job, eager and graphed
     python -m bench.probe packing    # forward and backward of SMS windows cut equally, balanced, or packed
     python -m bench.probe heap       # training.cpu_heap keep against trim, paired rounds, page faults per update
     python -m bench.probe casts      # training.cast_once_per_update on against off: ops, kernels, ms per micro-batch
@@ -241,65 +241,82 @@ def _train_epoch_of(cfg, run, until: int, **kw):
 
 
 def device(threads: int, overrides: list[str], updates: int = 10, warmup: int = 10, rounds: int = 2) -> dict[str, Any]:
-    """Wall time against GPU kernel time over ``updates`` updates of the BBC News job (after ``warmup``), and
-    what the host's waits for the GPU cost: the same job with each micro-batch copied to the GPU
-    synchronously (Accelerate's default), timed in alternating rounds, and the waits per update of each
-    (``torch.cuda.set_sync_debug_mode``).
+    """Wall time against GPU kernel time over ``updates`` updates of the BBC News job (after ``warmup``), in
+    alternating rounds of three ways: eager steps; eager steps with each micro-batch copied to the GPU
+    synchronously (Accelerate's default); and on a GPU, micro-batches replayed from CUDA graphs
+    (``training.cuda_graphs``). Each way's waits for the GPU per update (``torch.cuda.set_sync_debug_mode``),
+    and the kernels and host ops of the eager and the graphed way, profiled.
 
     If the kernels' summed time is well under the wall time, the GPU waits for
     the host (Python, kernel launches, collation): the answer is fewer, larger
     kernels (CUDA graphs, compile) or more work per kernel (a larger
     micro-batch), and no wait per micro-batch, during which the host cannot
-    queue the next one's kernels.
+    queue the next one's kernels. What is left of that gap with graphs is what
+    they do not capture: the update, the copies, the loop's bookkeeping.
     """
+    import torch
+
+    from finetune.cuda_graphs import graphs_for_run
+
+    gpu = torch.cuda.is_available()
+    sync = torch.cuda.synchronize if gpu else (lambda: None)
+    total = warmup + (rounds + 4) * updates
+    ways = {"eager": (False, False), "eager, blocking copies": (True, False)}
+    if gpu:
+        ways["graphed"] = (False, True)
+    setups = {}
+    for name, (blocking, graphed) in ways.items():
+        cfg, run = _setup(overrides + (["training.cuda_graphs=true"] if graphed else []), "bbc", 8, 4, total,
+                          threads, blocking_copies=blocking)
+        setups[name] = (cfg, run, {"graphs": graphs_for_run(run)} if graphed else {})
+    for cfg, run, kw in setups.values():
+        _train_updates(cfg, run, warmup, **kw)
+    walls: dict[str, list[float]] = {name: [] for name in setups}
+    for r in range(rounds):
+        for name, (cfg, run, kw) in (list(setups.items())[::-1] if r % 2 else setups.items()):
+            sync()
+            started = time.perf_counter()
+            _train_updates(cfg, run, run.state.step + updates, **kw)
+            sync()
+            walls[name].append(time.perf_counter() - started)
+    waits = {name: _waits_per_update(cfg, run, updates, **kw) for name, (cfg, run, kw) in setups.items()}
+    profiled = {name: _profile_updates(*setups[name], updates, sync) for name in ("eager", "graphed") if name in setups}
+    samples = setups["eager"][1].batching.effective_batch_size
+    return {"updates": updates, "rounds": rounds, "overrides": overrides,
+            "device": torch.cuda.get_device_name() if gpu else "CPU",
+            "effective_batch_size": samples,
+            "micro_batches_per_update": setups["eager"][1].batching.gradient_accumulation_steps,
+            "ways": {name: {"wall_s_per_update": [w / updates for w in walls[name]],
+                            "samples_per_s": samples * updates / statistics.median(walls[name]),
+                            "waits_per_update": waits[name], **profiled.get(name, {})} for name in setups},
+            "peak_mib": torch.cuda.max_memory_allocated() / 2**20 if gpu else float("nan")}
+
+
+def _profile_updates(cfg, run, kw: dict, updates: int, sync) -> dict[str, Any]:
+    """The GPU kernels (summed time per update, the top 15) and the host's ops (self time, the top 15) of
+    ``updates`` more updates."""
     import torch
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
-    gpu = torch.cuda.is_available()
-    sync = torch.cuda.synchronize if gpu else (lambda: None)
-    total = warmup + (rounds + 2) * updates
-    setups = {name: _setup(overrides, "bbc", 8, 4, total, threads, blocking_copies=blocking)
-              for name, blocking in (("asynchronous copies (the default)", False), ("blocking copies", True))}
-    for cfg, run in setups.values():
-        _train_updates(cfg, run, warmup)
-    walls: dict[str, list[float]] = {name: [] for name in setups}
-    for r in range(rounds):
-        for name, (cfg, run) in (list(setups.items())[::-1] if r % 2 else setups.items()):
-            sync()
-            started = time.perf_counter()
-            _train_updates(cfg, run, run.state.step + updates)
-            sync()
-            walls[name].append(time.perf_counter() - started)
-    waits = {name: _waits_per_update(cfg, run, updates) for name, (cfg, run) in setups.items()}
-    cfg, run = setups["asynchronous copies (the default)"]
-    with torch_profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if gpu else [])) as prof:
-        _train_updates(cfg, run, run.state.step + updates)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    with torch_profile(activities=activities) as prof:
+        _train_updates(cfg, run, run.state.step + updates, **kw)
         sync()
-    wall = statistics.median(walls["asynchronous copies (the default)"])
     kernels: dict[str, list[float]] = {}
     for event in prof.events():
         if event.device_type == torch.autograd.DeviceType.CUDA:
             kernels.setdefault(event.name, []).append(event.time_range.elapsed_us() / 1e6)
-    kernel_s = sum(sum(v) for v in kernels.values())
     top = sorted(kernels.items(), key=lambda kv: -sum(kv[1]))[:15]
     cpu = sorted(((e.key, e.self_cpu_time_total / 1e6, e.count) for e in prof.key_averages()), key=lambda e: -e[1])
-    samples = run.batching.effective_batch_size
-    return {"updates": updates, "rounds": rounds, "overrides": overrides,
-            "device": torch.cuda.get_device_name() if gpu else "CPU",
-            "effective_batch_size": samples, "micro_batches_per_update": run.batching.gradient_accumulation_steps,
-            "wall_s_per_update": wall / updates, "kernel_s_per_update": kernel_s / updates,
-            "gpu_busy": kernel_s / max(wall, 1e-9), "samples_per_s": samples * updates / wall,
-            "copies": {name: {"wall_s_per_update": [w / updates for w in walls[name]],
-                              "waits_per_update": waits[name]} for name in setups},
-            "peak_mib": torch.cuda.max_memory_allocated() / 2**20 if gpu else float("nan"),
+    return {"kernel_s_per_update": sum(sum(v) for v in kernels.values()) / updates,
             "kernels": [{"kernel": k[:90], "s_per_update": sum(v) / updates, "calls_per_update": len(v) / updates}
                         for k, v in top],
             "cpu_ops": [{"op": k, "s_per_update": t / updates, "calls_per_update": c / updates}
                         for k, t, c in cpu[:15]]}
 
 
-def _waits_per_update(cfg, run, updates: int) -> Optional[dict[str, float]]:
+def _waits_per_update(cfg, run, updates: int, **kw) -> Optional[dict[str, float]]:
     """How often the host waits for the GPU per update over ``updates`` updates, in the model's code
     (transformers) and outside it (``None`` without a GPU)."""
     import torch
@@ -308,7 +325,7 @@ def _waits_per_update(cfg, run, updates: int) -> Optional[dict[str, float]]:
 
     if not torch.cuda.is_available():
         return None
-    _, waits = host_waits(lambda: _train_updates(cfg, run, run.state.step + updates))
+    _, waits = host_waits(lambda: _train_updates(cfg, run, run.state.step + updates, **kw))
     in_model = sum("/transformers/" in w for w in waits)
     return {"outside the model": (len(waits) - in_model) / updates, "in the model": in_model / updates}
 
@@ -628,25 +645,33 @@ def markdown(name: str, result: dict[str, Any]) -> str:
             lines.append(f"| {setting} | {med['tokens_per_s']:.0f} | {med['faults_per_update']:.0f} "
                          f"| {med['system_s_per_update']:.3f} |")
     elif name == "device":
-        lines = [f"{result['device']}, BBC News job, B={result['effective_batch_size']}, {result['updates']} updates"
-                 f"{' with ' + ' '.join(result['overrides']) if result['overrides'] else ''}: "
-                 f"{result['wall_s_per_update'] * 1e3:.1f} ms per update, GPU kernels "
-                 f"{result['kernel_s_per_update'] * 1e3:.1f} ms ({100 * result['gpu_busy']:.0f}% busy), "
-                 f"{result['samples_per_s']:.0f} samples/s, peak {result['peak_mib']:.0f} MiB", "",
-                 f"Copies of the micro-batches to the device ({result['micro_batches_per_update']} per update), "
-                 f"{result['rounds']} alternating rounds:", "",
-                 "| copies | ms per update, by round | host waits for the GPU per update: outside the model, "
-                 "in it (transformers) |", "| --- | --- | ---: |"]
-        for setting, r in result["copies"].items():
+        lines = [f"{result['device']}, BBC News job, B={result['effective_batch_size']}, "
+                 f"{result['micro_batches_per_update']} micro-batches per update, {result['updates']} updates per "
+                 f"round, {result['rounds']} alternating rounds"
+                 f"{' with ' + ' '.join(result['overrides']) if result['overrides'] else ''}; peak "
+                 f"{result['peak_mib']:.0f} MiB:", "",
+                 "| way | ms per update, by round | samples/s | GPU kernels ms per update | GPU busy "
+                 "| host waits for the GPU per update: outside the model, in it (transformers) |",
+                 "| --- | --- | ---: | ---: | ---: | ---: |"]
+        for way, r in result["ways"].items():
             w = r["waits_per_update"]
             waits = "n/a (no GPU)" if w is None else f"{w['outside the model']:.1f}, {w['in the model']:.1f}"
-            lines.append(f"| {setting} | {', '.join(f'{1e3 * x:.1f}' for x in r['wall_s_per_update'])} | {waits} |")
-        lines += ["", "| kernel | ms per update | calls per update |", "| --- | ---: | ---: |"]
-        lines += [f"| `{k['kernel']}` | {k['s_per_update'] * 1e3:.2f} | {k['calls_per_update']:.0f} |"
-                  for k in result["kernels"]]
-        lines += ["", "| op (self CPU, profiled) | ms per update | calls per update |", "| --- | ---: | ---: |"]
-        lines += [f"| `{k['op']}` | {k['s_per_update'] * 1e3:.2f} | {k['calls_per_update']:.0f} |"
-                  for k in result["cpu_ops"]]
+            kernel = r.get("kernel_s_per_update")
+            busy = "" if not kernel else f"{100 * kernel / statistics.median(r['wall_s_per_update']):.0f}%"
+            lines.append(f"| {way} | {', '.join(f'{1e3 * x:.1f}' for x in r['wall_s_per_update'])} "
+                         f"| {r['samples_per_s']:.0f} | {'' if not kernel else f'{1e3 * kernel:.1f}'} | {busy} "
+                         f"| {waits} |")
+        for way, r in result["ways"].items():
+            if "kernels" not in r:
+                continue
+            if r["kernels"]:
+                lines += ["", f"| kernel ({way}) | ms per update | calls per update |", "| --- | ---: | ---: |"]
+                lines += [f"| `{k['kernel']}` | {k['s_per_update'] * 1e3:.2f} | {k['calls_per_update']:.0f} |"
+                          for k in r["kernels"]]
+            lines += ["", f"| op ({way}, self CPU, profiled) | ms per update | calls per update |",
+                      "| --- | ---: | ---: |"]
+            lines += [f"| `{k['op']}` | {k['s_per_update'] * 1e3:.2f} | {k['calls_per_update']:.0f} |"
+                      for k in r["cpu_ops"]]
     elif name == "casts":
         gpu = "kernels_per_micro_batch" in result["runs"]["per micro-batch"]
         lines = [f"`training.cast_once_per_update` on the BBC News job, {result['device']}, {result['precision']}, "

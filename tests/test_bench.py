@@ -697,6 +697,22 @@ def test_the_long_texts_table_averages_each_setting_over_its_seeds():
                         "| 130 | 1 |")
 
 
+def test_device_probe_times_its_ways_in_alternating_rounds_and_profiles_the_eager_one(tiny_job,
+                                                                                       fresh_accelerate_state):
+    """On the CPU: the two eager ways, each timed once per round, the eager one profiled (the graphed way and
+    the GPU's kernels and waits need a GPU: bench/gpu.sh runs this probe there)."""
+    from bench.probe import device, markdown
+
+    result = device(1, tiny_job + ["data.max_train_samples=64"], updates=1, warmup=1, rounds=2)
+    ways = result["ways"]
+    assert list(ways) == ["eager", "eager, blocking copies"]
+    assert all(len(w["wall_s_per_update"]) == 2 and w["waits_per_update"] is None for w in ways.values())
+    assert {op["op"] for op in ways["eager"]["cpu_ops"]} & {"aten::addmm", "aten::mm", "aten::linear"}
+    assert "cpu_ops" not in ways["eager, blocking copies"]
+    table = markdown("device", result)
+    assert "| eager, blocking copies | " in table and "| op (eager, self CPU, profiled) |" in table
+
+
 def test_casts_probe_counts_a_windows_weight_casts_once_when_kept(tiny_job, fresh_accelerate_state):
     from bench.probe import casts, markdown
 

@@ -174,7 +174,7 @@ def test_ddp_over_nccl_gives_the_single_process_weights(tmp_path):
     assert ranks[0]["scheduler_calls"] == 6
 
 
-def test_a_gpu_run_of_the_cli_trains_in_bf16(tmp_path):
+def test_a_gpu_run_of_the_cli_trains_in_bf16_replayed_from_graphs(tmp_path):
     from helpers import make_texts, save_tiny_model, write_tsv
 
     model_dir = save_tiny_model(tmp_path / "model")
@@ -188,6 +188,10 @@ def test_a_gpu_run_of_the_cli_trains_in_bf16(tmp_path):
                           timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "device=cuda" in proc.stderr and "precision=bf16" in proc.stderr
+    # training.cuda_graphs: auto replays bf16 micro-batches from graphs on one GPU
+    assert "cuda_graphs=on" in proc.stderr and "runs eagerly" not in proc.stderr
+    graphs = json.loads((out / "metrics.json").read_text(encoding="utf-8"))["train"]["cuda_graphs"]
+    assert graphs["lengths"] and graphs["pool_bytes"] > 0
     records = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
     losses = [r["train/loss"] for r in records if "train/loss" in r]
     assert all(0 < loss < 10 for loss in losses)
