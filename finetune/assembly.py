@@ -32,7 +32,7 @@ from finetune.accumulation import Batching, accumulate_as, layout_for, resolve_b
 from finetune.autobatch import Checkpointing, fit_in_memory
 from finetune.config import Config
 from finetune.dataloaders import (
-    build_dataloaders, collator, count_long_texts, load_data, tokenize_data, tokenized_cache_dir,
+    build_dataloaders, collator, count_long_texts, load_data, longest_text, tokenize_data, tokenized_cache_dir,
 )
 from finetune.errors import ConfigError
 from finetune.launch import build_accelerator
@@ -123,7 +123,9 @@ def setup_run(cfg: Config, accelerator=None, batching: Optional[Batching] = None
     task = build_task(cfg, labels, splits["train"], device=accelerator.device)
     tokenized = tokenize_data(cfg, splits, tokenizer, accelerator, cache_dir)
     cut = count_long_texts(cfg, tokenized["train"])
-    batching, checkpointing, memory = fit_in_memory(model, tokenized["train"], collator(tokenizer, accelerator, cfg),
+    longest = longest_text(tokenized["train"])
+    batching, checkpointing, memory = fit_in_memory(model, tokenized["train"],
+                                                    collator(tokenizer, accelerator, cfg, longest=longest),
                                                     accelerator, batching, cfg.training, cfg.data.max_length)
     accumulate_as(accelerator, batching, epoch=0)  # before prepare: DeepSpeed reads k there
     if cfg.training.torch_compile:

@@ -59,21 +59,32 @@ def count_long_texts(cfg: Config, train):
     return long_texts(train, truncation_of(cfg.data))
 
 
+def longest_text(split) -> Optional[int]:
+    """The most tokens a text of the tokenized ``split`` has (``None`` for an empty one)."""
+    from finetune.truncation import LENGTH
+
+    return max(split[LENGTH], default=None)
+
+
 class BucketPadding:
     """Pad each micro-batch to the smallest of a few fixed lengths that holds its longest text.
 
-    ``torch.compile`` builds a graph per input shape; with padding to the
-    longest text of each micro-batch nearly every micro-batch is a new shape.
-    Four buckets (a quarter of ``data.max_length`` apart, the last one
-    ``max_length`` itself) bound the graphs at four per batch size. The
-    collators of transformers pad to the longest text, to ``max_length`` or to
-    a multiple; none pads to the nearest of a few sizes, hence this wrapper.
+    ``torch.compile`` builds a graph per input shape, and a CUDA graph holds
+    one; with padding to the longest text of each micro-batch nearly every
+    micro-batch is a new shape. ``buckets`` lengths, evenly apart up to the
+    longest text they must hold (``longest``, the training set's, or
+    ``max_length`` itself), bound the graphs at that many per batch size: a
+    row is padded by less than one bucket's width, which ``longest`` narrows
+    where every text is shorter than ``max_length``. The collators of
+    transformers pad to the longest text, to ``max_length`` or to a multiple;
+    none pads to the nearest of a few sizes, hence this wrapper.
     """
 
-    def __init__(self, tokenizer, max_length: int, buckets: int = 4):
+    def __init__(self, tokenizer, max_length: int, buckets: int = 4, longest: Optional[int] = None):
         from transformers import DataCollatorWithPadding
 
-        self.sizes = sorted({max(1, -(-max_length * i // buckets)) for i in range(1, buckets + 1)})
+        top = max_length if longest is None else max(1, min(max_length, longest))
+        self.sizes = sorted({max(1, -(-top * i // buckets)) for i in range(1, buckets + 1)})
         self._pad = {size: DataCollatorWithPadding(tokenizer, padding="max_length", max_length=size)
                      for size in self.sizes}
 
@@ -97,21 +108,25 @@ def fixed_lengths(cfg: Config, accelerator, checkpointing: bool = False) -> bool
 
 
 def collator(tokenizer, accelerator, cfg: Optional[Config] = None, checkpointing: bool = False,
-             evaluation: bool = False):
+             evaluation: bool = False, longest: Optional[int] = None):
     """Dynamic padding; under ``training.torch_compile`` or ``training.cuda_graphs``, padding to a few fixed
-    lengths (:class:`BucketPadding`);
+    lengths (:class:`BucketPadding`) up to ``longest`` (the training set's longest text);
     under ``data.truncation: chunks``, a row per window and a label per text
     (:class:`~finetune.chunks.ChunkCollator`). ``checkpointing``: gradient checkpointing is on (no graphs
     then); ``evaluation``: the evaluation loader's, fixed only for a compiled model (graphs replay training's
-    micro-batches alone)."""
+    micro-batches alone), up to ``max_length`` (its texts may be longer than training's)."""
     from transformers import DataCollatorWithPadding
 
     from finetune.chunks import ChunkCollator
+    from finetune.cuda_graphs import MAX_GRAPHS
     from finetune.truncation import truncation_of
 
     graphs = not evaluation and cfg is not None and fixed_lengths(cfg, accelerator, checkpointing)
     if cfg is not None and (cfg.training.torch_compile or graphs):
-        pad = BucketPadding(tokenizer, cfg.data.max_length)
+        # each length is a compile (seconds) under torch_compile, a capture (a fraction of a second) for graphs
+        # alone: these take as many lengths as a run keeps graphs, and pad less
+        buckets = 4 if cfg.training.torch_compile else MAX_GRAPHS
+        pad = BucketPadding(tokenizer, cfg.data.max_length, buckets, longest=None if evaluation else longest)
     else:
         # multiples of 8 let GPU tensor cores work on padded shapes; on the CPU it only adds padding
         multiple = 8 if accelerator.device.type == "cuda" else None
@@ -166,8 +181,8 @@ def build_dataloaders(cfg: Config, tokenized, tokenizer, accelerator, batching: 
 
     from finetune.truncation import LENGTH, model_inputs
 
-    collate = collator(tokenizer, accelerator, cfg, checkpointing)
     lengths = tokenized["train"][LENGTH]
+    collate = collator(tokenizer, accelerator, cfg, checkpointing, longest=longest_text(tokenized["train"]))
     train = model_inputs(tokenized["train"])
     sampler = training_sampler(cfg, lengths, batching)
     b = batching.per_device_batch_size

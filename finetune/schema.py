@@ -261,7 +261,8 @@ class TrainingConfig:
     cuda_graphs: Union[bool, Literal["auto"]] = setting("auto",
         "On one CUDA GPU, replay each micro-batch's forward and backward from a CUDA graph, one per padding "
         "length: one launch instead of a kernel launch per operation (see finetune.cuda_graphs). Micro-batches "
-        "are padded to `b` rows (the added rows weigh 0) and to four lengths up to `data.max_length`. `auto`: "
+        "are padded to `b` rows (the added rows weigh 0) and to one of eight lengths up to the longest training "
+        "text (four under `torch_compile`, each a compile). `auto`: "
         "on where it was measured to pay, in bf16 (1.55x eager for bert-base on an H200, bench/README.md); "
         "`true` also in fp32. Where it cannot apply (a CPU, several processes, fp16, gradient checkpointing, "
         "chunked texts, a model whose forward CUDA cannot capture) the run trains eagerly, and says why once "

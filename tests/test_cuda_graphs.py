@@ -473,6 +473,40 @@ def test_the_training_collator_pads_to_fixed_lengths_where_graphs_run(setting, d
     assert not fixed_by(evaluation=True)  # evaluation is never replayed from graphs
 
 
+def test_graphs_pad_to_as_many_lengths_as_they_keep_up_to_the_longest_training_text(tokenizers):
+    """A capture costs a fraction of a second and a compile seconds: graphs alone take MAX_GRAPHS lengths,
+    compiled ones four, each evenly apart up to the longest training text, so that short texts under a long
+    max_length are not padded to a quarter of it; evaluation (compiled) pads up to max_length."""
+    from accelerate.utils import DistributedType
+
+    from finetune.cuda_graphs import MAX_GRAPHS
+    from finetune.dataloaders import collator
+
+    accelerator = SimpleNamespace(device=torch.device("cuda"), num_processes=1, mixed_precision="bf16",
+                                  distributed_type=DistributedType.NO)
+
+    def sizes(longest, **training):
+        cfg = config_from_dict({"data": {"train_file": "x.tsv", "max_length": 512}, "training": training})
+        return collator(tokenizers["fast"], accelerator, cfg, longest=longest).sizes
+
+    assert MAX_GRAPHS == 8
+    assert sizes(100) == [13, 25, 38, 50, 63, 75, 88, 100]
+    assert sizes(None) == [64, 128, 192, 256, 320, 384, 448, 512]
+    assert sizes(900) == sizes(None)  # windows of chunked texts count all their tokens: max_length holds
+    assert sizes(100, torch_compile=True) == [25, 50, 75, 100]
+    cfg = config_from_dict({"data": {"train_file": "x.tsv", "max_length": 512}, "training": {"torch_compile": True}})
+    assert collator(tokenizers["fast"], accelerator, cfg, evaluation=True, longest=100).sizes == [128, 256, 384, 512]
+    # a micro-batch is padded by less than one length's width: at most 12 tokens a row here, not 127
+    pad = collator(tokenizers["fast"], accelerator, config_from_dict(
+        {"data": {"train_file": "x.tsv", "max_length": 512}}), longest=100)
+
+    def padding(n: int) -> int:
+        return pad([{"input_ids": [5] * n, "attention_mask": [1] * n}])["input_ids"].shape[1] - n
+
+    widths = [padding(n) for n in range(1, 101)]
+    assert max(widths) == 12 and min(widths) == 0
+
+
 def test_a_compiled_model_evaluates_on_fixed_lengths_too(tokenizers):
     from accelerate.utils import DistributedType
 
