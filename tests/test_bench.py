@@ -774,3 +774,19 @@ def test_the_graphs_report_says_after_how_many_micro_batches_each_way_pays():
     assert "| compiled graphed | 15.00 | 4266.7 | 3.00 | 1.00e-03 | 60.0 | 2000 | 2048 |" in lines
     assert "| static | 46.00 | 1391.3 | 0.98 | 1.00e-07 | 0.5 | never |  |" in lines
     assert "| eager | 45.00 | 1422.2 | 1.00 | 0.00e+00 |  |  |  |" in lines
+
+
+def test_the_padding_count_follows_each_way_over_the_same_micro_batches(tiny_job):
+    """Texts of at most 32 tokens under a max_length of 128: lengths up to the longest text pad far less than
+    lengths up to max_length, and eight less than four; every way computes at least the texts' own tokens."""
+    from bench.padding import measure, table
+
+    result = measure(REPO / "configs" / "default.yaml", 128, [o for o in tiny_job if "max_length" not in o])
+    tokens, real = result["tokens"], result["real_tokens"]
+    assert result["longest"] <= 32 and result["texts"] > 0
+    assert all(t >= real for t in tokens.values())
+    assert tokens["8 up to the longest"] <= tokens["4 up to the longest"] < tokens["4 up to max_length"]
+    # four lengths up to 128: every micro-batch of texts of at most 32 tokens pads to 32
+    assert tokens["4 up to max_length"] == 32 * sum(1 for _ in range(result["texts"]))
+    assert result["x_real"]["dynamic"] == pytest.approx(tokens["dynamic"] / real)
+    assert "| 128 | " in table([result])
