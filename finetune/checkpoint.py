@@ -326,6 +326,37 @@ def with_graphs_as_applied(saved: dict[str, Any], current: dict[str, Any]) -> di
     return {**saved, "cuda_graphs": saved["training.cuda_graphs"] is True and current["cuda_graphs"]}
 
 
+def padding_lengths(run) -> Optional[list[int]]:
+    """The fixed lengths a run pads its training micro-batches to (``None``: each to its longest text)."""
+    collate = run.train_dataloader.collate_fn
+    sizes = getattr(getattr(collate, "pad", collate), "sizes", None)  # a ChunkCollator wraps its padding
+    return list(sizes) if sizes is not None else None
+
+
+def padding_change(meta: dict[str, Any], current: Optional[list[int]], graphed_now: bool) -> Optional[str]:
+    """How a checkpoint's micro-batches were padded against how this run's are, in words (``None``: alike).
+
+    Other padding gives the same updates to float rounding, and dropout other masks: a resume goes on, with a
+    warning. Checkpoints written before the lengths were recorded padded a compiled or graphed run's
+    micro-batches to four lengths a quarter of ``data.max_length`` apart, and an eager run's to their longest.
+    """
+    if "padding_lengths" in meta:
+        saved = meta["padding_lengths"]
+    else:
+        fingerprint = meta.get("fingerprint", {})
+        graphed = fingerprint.get("cuda_graphs", fingerprint.get("training.cuda_graphs") is True and graphed_now)
+        top = fingerprint.get("data.max_length")
+        fixed = (fingerprint.get("training.torch_compile") is True or graphed) and isinstance(top, int)
+        saved = sorted({max(1, -(-top * i // 4)) for i in range(1, 5)}) if fixed else None
+    if saved == current:
+        return None
+    return f"{_padding_in_words(saved)} -> {_padding_in_words(current)}"
+
+
+def _padding_in_words(lengths: Optional[list[int]]) -> str:
+    return "each to its longest text" if lengths is None else f"to lengths {lengths}"
+
+
 def config_changes(meta: dict[str, Any], cfg) -> Optional[str]:
     """What differs between a checkpoint's config keys and ``cfg``'s, in words (``None``: nothing).
 
@@ -531,6 +562,7 @@ def _write_state(run, tmp: Path, history, pending_eval_epoch, reason: str) -> No
             "state": run.state.to_dict(),
             "num_processes": acc.num_processes,
             "cpu_threads": torch.get_num_threads() if acc.device.type == "cpu" else None,
+            "padding_lengths": padding_lengths(run),
             "fingerprint": run_fingerprint(run),
             "history": history,
             "pending_eval_epoch": pending_eval_epoch,
@@ -833,11 +865,23 @@ class Checkpointer:
             logger.warning("resuming with %d CPU threads per process, the checkpoint ran with %d: the rest of the "
                            "run is the same training but not bitwise the uninterrupted run (FINETUNE_CPU_THREADS=%d "
                            "restores that)", threads, saved_threads, saved_threads)
+        self._warn_of_other_padding(meta)
         self._saved_at = self._position()
         state = self.run.state
         logger.info("resumed from %s: update %d, epoch %d, micro-batch %d", self.resume_path, state.step,
                     state.epoch, state.micro_batch)
         return meta.get("pending_eval_epoch")
+
+    def _warn_of_other_padding(self, meta: dict[str, Any]) -> None:
+        """Say so where this run pads its micro-batches otherwise than the checkpoint's run did (another
+        release's fixed lengths, say): the same training, not bitwise."""
+        from finetune.cuda_graphs import graphed_run
+
+        change = padding_change(meta, padding_lengths(self.run), graphed_run(self.run))
+        if change and not self._split_change and self.run.accelerator.is_main_process:
+            logger.warning("resuming with micro-batches padded otherwise than the checkpoint's run padded them "
+                           "(%s): the rest of the run is the same training to float rounding, but not bitwise the "
+                           "uninterrupted run, and dropout draws other masks", change)
 
     def _go_on_at_the_new_split(self, saved: dict[str, Any]) -> None:
         """Move the epoch's position to the new ``k`` (the same windows trained), and say what changed."""

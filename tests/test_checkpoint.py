@@ -449,3 +449,46 @@ def test_a_checkpoint_of_an_interrupted_run_is_a_model(tmp_path, capsys):
     assert main([str(checkpoint), *texts]) == 0
     printed = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [p["label"] for p in printed] == [p["label"] for p in expected]
+
+
+def test_padding_of_a_checkpoint_against_the_runs_is_named_where_it_differs():
+    from finetune.checkpoint import padding_change
+
+    assert padding_change({"padding_lengths": None}, None, False) is None
+    assert padding_change({"padding_lengths": [8, 16]}, [8, 16], True) is None
+    assert padding_change({"padding_lengths": None}, [4, 8], True) == "each to its longest text -> to lengths [4, 8]"
+    # written before the lengths were recorded: a compiled (or graphed) run padded to quarters of max_length
+    compiled = {"fingerprint": {"training.torch_compile": True, "data.max_length": 32}}
+    assert padding_change(compiled, [8, 16, 24, 32], False) is None
+    assert padding_change(compiled, [4, 8, 12, 16], False) == "to lengths [8, 16, 24, 32] -> to lengths [4, 8, 12, 16]"
+    eager = {"fingerprint": {"training.torch_compile": False, "data.max_length": 32}}
+    assert padding_change(eager, None, False) is None
+    graphed = {"fingerprint": {"training.torch_compile": False, "training.cuda_graphs": True, "data.max_length": 32}}
+    assert padding_change(graphed, [4, 8], True) == "to lengths [8, 16, 24, 32] -> to lengths [4, 8]"
+    assert padding_change(graphed, None, False) is None  # true on a CPU: eager, each to its longest text
+
+
+def test_a_resume_that_pads_otherwise_says_it_is_not_bitwise(tmp_path, caplog):
+    """A checkpoint whose run padded to fixed lengths (another release's, say) resumes in a run that pads each
+    micro-batch to its longest text: it goes on, and one warning says the rest is not bitwise."""
+    import logging
+
+    from finetune.checkpoint import MANIFEST_FILE, write_manifest
+    from tiny_run import fit_tiny_run
+
+    fit_tiny_run(tmp_path, on_update=lambda state: state.step >= 2, output={"checkpoint_every": 2})
+    checkpoint = tmp_path / "out" / "checkpoints" / "checkpoint-2"
+    state = json.loads((checkpoint / STATE_FILE).read_text(encoding="utf-8"))
+    assert state["padding_lengths"] is None  # eager on a CPU: each micro-batch to its longest text
+    state["padding_lengths"] = [8, 16, 24, 32]
+    (checkpoint / STATE_FILE).write_text(json.dumps(state), encoding="utf-8")
+    (checkpoint / MANIFEST_FILE).unlink()
+    write_manifest(checkpoint)
+    with caplog.at_level(logging.WARNING, logger="finetune"):
+        _, summary = fit_tiny_run(tmp_path, on_update=lambda state: state.step >= 3,
+                                  output={"checkpoint_every": 2, "resume_from": "latest"})
+    said = [r.getMessage() for r in caplog.records if "padded otherwise" in r.getMessage()]
+    assert said == ["resuming with micro-batches padded otherwise than the checkpoint's run padded them (to lengths "
+                    "[8, 16, 24, 32] -> each to its longest text): the rest of the run is the same training to float "
+                    "rounding, but not bitwise the uninterrupted run, and dropout draws other masks"]
+    assert summary["train"]["updates"] == 3
