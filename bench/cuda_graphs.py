@@ -18,7 +18,14 @@ same micro-batches, three ways:
   (``training.cuda_graphs``; CUDA only);
 - with ``--compiled``, ``compiled`` and ``compiled graphed``: ``static`` and
   ``graphed`` with the model's forward compiled (``training.torch_compile``
-  as well), each compiling its own.
+  as well), each compiling its own; and ``compiled layers`` and ``compiled
+  layers graphed``: each encoder block compiled on its own instead (regional
+  compilation: one compile that every block of the same kind reuses, so a
+  shorter cold start). Eagerly, the blocks' compiled calls cost the host
+  more than their fusion saves (bench/README.md, the H100's torch.compile
+  table); replayed from a graph they cost it nothing, which these ways
+  measure. The package does not offer it: it is an experiment, for a GPU to
+  decide.
 
 Each way accumulates the gradient of the same micro-batches, as one window,
 into gradients zeroed in place. The report gives milliseconds per
@@ -35,6 +42,7 @@ against ``static`` what the padding costs.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import statistics
 import sys
@@ -50,6 +58,28 @@ import torch  # noqa: E402
 from bench.common import REPO, ArmSpec, job_config, write_result  # noqa: E402
 
 RESULTS = REPO / "bench" / "results"
+
+
+def compiled_blocks(model) -> Callable[[], contextlib.AbstractContextManager]:
+    """Regional compilation, for one way alone: a context that swaps each encoder block's forward for its
+    compiled one while inside (compiled at the first call inside, which a warm-up makes), and hands the
+    model back as it was on the way out, for the other ways."""
+    from finetune.memory import blocks_of
+
+    blocks = list(blocks_of(model))
+    compiled = [torch.compile(block.forward) for block in blocks]
+
+    @contextlib.contextmanager
+    def inside():
+        for block, forward in zip(blocks, compiled):
+            block.forward = forward  # an instance attribute over the class's method
+        try:
+            yield
+        finally:
+            for block in blocks:
+                del block.forward
+
+    return inside
 
 
 def _gradient(model) -> torch.Tensor:
@@ -96,7 +126,7 @@ def measure(overrides: list[str], micro_batches: int = 24, rounds: int = 5, thre
             total += loss_sum.detach().float()
         return total
 
-    def fixed_shapes(recorder, compile_forward: bool = False) -> Callable[[], torch.Tensor]:
+    def fixed_shapes(recorder, compile_forward: bool = False, regions=None) -> Callable[[], torch.Tensor]:
         graphs = GraphedMicroBatches(model, loss_fn, rows=b, lengths=sizes,
                                      pad_token_id=run.tokenizer.pad_token_id or 0,
                                      precision=accelerator.mixed_precision, recorder=recorder,
@@ -104,8 +134,10 @@ def measure(overrides: list[str], micro_batches: int = 24, rounds: int = 5, thre
 
         def way() -> torch.Tensor:
             total = torch.zeros((), device=device)
-            for batch in batches:
-                total += graphs.forward_backward(batch, batch["labels"].shape[0], scale)[0].float()
+            # regions: the blocks compiled for this way's warm-ups, captures and eager reruns alone
+            with regions() if regions is not None else contextlib.nullcontext():
+                for batch in batches:
+                    total += graphs.forward_backward(batch, batch["labels"].shape[0], scale)[0].float()
             return total
 
         way.graphs = graphs
@@ -118,6 +150,9 @@ def measure(overrides: list[str], micro_batches: int = 24, rounds: int = 5, thre
         ways["compiled"] = fixed_shapes(rerun_eagerly, compile_forward=True)
         if cuda:
             ways["compiled graphed"] = fixed_shapes(record_cuda_graph, compile_forward=True)
+        ways["compiled layers"] = fixed_shapes(rerun_eagerly, regions=compiled_blocks(model))
+        if cuda:
+            ways["compiled layers graphed"] = fixed_shapes(record_cuda_graph, regions=compiled_blocks(model))
     times: dict[str, list[float]] = {name: [] for name in ways}
     gradients, losses = {}, {}
     for r in range(rounds + 1):  # round 0 warms every way up (and captures the graphs), untimed

@@ -745,14 +745,44 @@ def test_fixed_shape_micro_batches_give_the_eager_gradient(tiny_job, fresh_accel
     result = measure(tiny_job + ["training.per_device_train_batch_size=16"], micro_batches=5, rounds=1, threads=1,
                      compiled=True)
     assert result["micro_batches"] == 5 and result["rows"] == 16 and result["lengths"] == [8, 16, 24, 32]
-    assert list(result["ms_per_micro_batch"]) == ["eager", "static", "compiled"]  # no CUDA here: nothing graphed
-    for way in ("static", "compiled"):
+    # no CUDA here: nothing graphed
+    assert list(result["ms_per_micro_batch"]) == ["eager", "static", "compiled", "compiled layers"]
+    for way in ("static", "compiled", "compiled layers"):
         assert result["gradient_relative_difference"][way] < 1e-5
         assert result["mean_loss"][way] == pytest.approx(result["mean_loss"]["eager"], rel=1e-6)
     assert result["setups"]["static"]["graphs"] == result["setups"]["compiled"]["graphs"] >= 1  # one per length met
-    assert result["setups"]["compiled"]["seconds"] > result["setups"]["static"]["seconds"]  # the compiling
+    for way in ("compiled", "compiled layers"):
+        assert result["setups"][way]["seconds"] > result["setups"]["static"]["seconds"]  # the compiling
     text = markdown(result)
-    assert "| static |" in text and "| compiled |" in text
+    assert "| static |" in text and "| compiled |" in text and "| compiled layers |" in text
+
+
+def test_regional_compilation_compiles_the_blocks_for_its_way_alone(monkeypatch):
+    """The compiled blocks' forwards are swapped in inside the way's context only (one compile, which every
+    block reuses), and the model is handed back with its own forwards for the other ways."""
+    import torch
+    from torch._dynamo.utils import counters
+
+    from bench.cuda_graphs import compiled_blocks
+    from finetune.memory import blocks_of
+    from helpers import tiny_model
+
+    compile_for_real = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: compile_for_real(fn, **{**kw, "backend": "aot_eager"}))
+    torch._dynamo.reset()
+    counters.clear()
+    model = tiny_model("bert", num_labels=2, dropout=0.0)
+    ids = torch.randint(5, 30, (2, 8))
+    expected = model(input_ids=ids).logits
+    inside = compiled_blocks(model)
+    assert counters["stats"]["unique_graphs"] == 0  # nothing compiled until a block runs inside
+    with inside():
+        assert all("forward" in vars(block) for block in blocks_of(model))
+        torch.testing.assert_close(model(input_ids=ids).logits, expected)
+    assert counters["stats"]["unique_graphs"] == 1  # one compile for both blocks
+    assert not any("forward" in vars(block) for block in blocks_of(model))
+    model(input_ids=ids)
+    assert counters["stats"]["unique_graphs"] == 1  # outside: the blocks' own forwards, nothing compiled
 
 
 def test_the_graphs_report_says_after_how_many_micro_batches_each_way_pays():
