@@ -340,14 +340,15 @@ def padding_change(meta: dict[str, Any], current: Optional[list[int]], graphed_n
     warning. Checkpoints written before the lengths were recorded padded a compiled or graphed run's
     micro-batches to four lengths a quarter of ``data.max_length`` apart, and an eager run's to their longest.
     """
+    from finetune.dataloaders import bucket_lengths
+
     if "padding_lengths" in meta:
         saved = meta["padding_lengths"]
     else:
-        fingerprint = meta.get("fingerprint", {})
-        graphed = fingerprint.get("cuda_graphs", fingerprint.get("training.cuda_graphs") is True and graphed_now)
+        fingerprint = with_graphs_as_applied(meta.get("fingerprint", {}), {"cuda_graphs": graphed_now})
         top = fingerprint.get("data.max_length")
-        fixed = (fingerprint.get("training.torch_compile") is True or graphed) and isinstance(top, int)
-        saved = sorted({max(1, -(-top * i // 4)) for i in range(1, 5)}) if fixed else None
+        fixed = fingerprint.get("training.torch_compile") is True or fingerprint.get("cuda_graphs") is True
+        saved = bucket_lengths(top, 4) if fixed and isinstance(top, int) else None
     if saved == current:
         return None
     return f"{_padding_in_words(saved)} -> {_padding_in_words(current)}"

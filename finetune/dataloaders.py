@@ -66,6 +66,11 @@ def longest_text(split) -> Optional[int]:
     return max(split[LENGTH], default=None)
 
 
+def bucket_lengths(top: int, buckets: int) -> list[int]:
+    """``buckets`` lengths evenly apart up to ``top``, the last ``top`` itself (fewer where ``top`` is short)."""
+    return sorted({max(1, -(-top * i // buckets)) for i in range(1, buckets + 1)})
+
+
 class BucketPadding:
     """Pad each micro-batch to the smallest of a few fixed lengths that holds its longest text.
 
@@ -83,8 +88,7 @@ class BucketPadding:
     def __init__(self, tokenizer, max_length: int, buckets: int = 4, longest: Optional[int] = None):
         from transformers import DataCollatorWithPadding
 
-        top = max_length if longest is None else max(1, min(max_length, longest))
-        self.sizes = sorted({max(1, -(-top * i // buckets)) for i in range(1, buckets + 1)})
+        self.sizes = bucket_lengths(max_length if longest is None else max(1, min(max_length, longest)), buckets)
         self._pad = {size: DataCollatorWithPadding(tokenizer, padding="max_length", max_length=size)
                      for size in self.sizes}
 
