@@ -13,8 +13,10 @@ body is the algorithm; each step is a named piece further down this file::
         add loss, samples and tokens to the window's totals          WindowStats
         at the window's last micro-batch (Accelerate syncs there):
             drop the weight copies                                   WeightCasts
-            reduce the totals over processes, once                   WindowStats.reduce
-            clip, step optimizer and scheduler, or skip              apply_update
+            clip the window's gradient                               clip_gradients
+            reduce the totals over processes, and read them and
+                the gradient's norm on the host: one wait            WindowStats.read
+            step optimizer and scheduler, or skip                    apply_update
             count, log, and maybe stop                               LogWindow, should_stop
 
 The arithmetic (which samples are real, the window's scale, the updates per
@@ -206,7 +208,7 @@ def train_one_epoch(
     batches = epoch_batches(dataloader, accelerator, epoch, state.micro_batch, k)
     layout = layout_for(dataloader, accelerator)  # after the epoch is set: micro-batch sizes may depend on it
     window = WindowStats(accelerator.device)
-    logs = LogWindow(accelerator.device, k, effective_batch=layout.batch_size * k * layout.num_processes)
+    logs = LogWindow(k, effective_batch=layout.batch_size * k * layout.num_processes)
     result = EpochResult(epoch=epoch)
     model.train()
     t0 = time.perf_counter()
@@ -233,8 +235,9 @@ def train_one_epoch(
                 continue
 
             casts.drop()  # before the weights change
-            totals = window.reduce(accelerator)  # one collective and one host transfer per update
-            update = apply_update(model, optimizer, scheduler, accelerator, totals, max_grad_norm)
+            grad_norm = clip_gradients(model, accelerator, max_grad_norm)
+            totals, norm = window.read(accelerator, grad_norm)  # one collective and one wait for the device per update
+            update = apply_update(optimizer, scheduler, accelerator, totals, norm)
             optimizer.zero_grad(set_to_none=frees_gradients(model, graphs))
             if update.applied:
                 logs.add(totals, update)
@@ -352,9 +355,15 @@ class WindowStats:
         """Time since the clock started: the window's fetches, forwards, backwards and update."""
         return time.perf_counter() - self.t0
 
-    def reduce(self, accelerator) -> torch.Tensor:
-        """The window's totals summed over all processes, on the CPU (every process gets the same)."""
-        return accelerator.reduce(self.totals.clone(), reduction="sum").cpu()
+    def read(self, accelerator, grad_norm: Optional[torch.Tensor]) -> tuple[torch.Tensor, Optional[float]]:
+        """The window's totals summed over all processes (every process gets the same) and the gradient's norm,
+        on the host, in one transfer: the loop's one wait for the device per update."""
+        totals = accelerator.reduce(self.totals.clone(), reduction="sum")
+        if grad_norm is None:  # DeepSpeed clips inside its engine
+            return totals.cpu(), None
+        both = torch.cat([totals, torch.as_tensor(grad_norm, device=totals.device).reshape(1).to(totals.dtype)])
+        both = both.cpu()
+        return both[:3], float(both[3])
 
     def where(self, update: "Update", process_index: int) -> str:
         """Where a non-finite value first appeared, for the error message."""
@@ -371,8 +380,8 @@ class Update:
 
     # the learning rate the update used (or would have used)
     lr: float
-    # the gradient norm before clipping: a tensor or a float, None where the engine clips itself (DeepSpeed)
-    grad_norm: Any = None
+    # the gradient norm before clipping; None where the engine clips itself (DeepSpeed)
+    grad_norm: Optional[float] = None
     # when the update was skipped: "loss" or "gradient norm", and the value that was not finite
     what: Optional[str] = None
     value: float = 0.0
@@ -382,31 +391,46 @@ class Update:
         return self.what is None
 
 
-def apply_update(model, optimizer, scheduler, accelerator, totals: torch.Tensor,
-                 max_grad_norm: Optional[float]) -> Update:
-    """Clip the accumulated gradient, then step the optimizer and the scheduler, unless a value is not finite.
+def clip_gradients(model, accelerator, max_grad_norm: Optional[float]) -> Optional[torch.Tensor]:
+    """Clip the window's accumulated gradient to ``max_grad_norm`` (``None`` or 0: measure it only).
 
+    Returns the norm before clipping, still on the device (``None`` where the
+    engine clips itself: DeepSpeed). Clipping before the host has read the
+    window's loss lets one transfer bring both; a window that is then skipped
+    drops its gradient whatever clipping did to it.
+    """
+    grad_norm = accelerator.clip_grad_norm_(model.parameters(), max_grad_norm if max_grad_norm else float("inf"))
+    if hasattr(grad_norm, "full_tensor"):  # FSDP2's norm is a DTensor, which plain tensors cannot join
+        grad_norm = grad_norm.full_tensor()
+    return grad_norm
+
+
+def apply_update(optimizer, scheduler, accelerator, totals: torch.Tensor, grad_norm: Optional[float]) -> Update:
+    """Step the optimizer and the scheduler with the clipped gradient, unless a value is not finite.
+
+    ``totals`` and ``grad_norm`` are on the host (:meth:`WindowStats.read`).
     The scheduler steps once per update that the optimizer really made: not on
     a skipped window, and not when fp16's grad scaler skipped the step.
     """
     lr = float(optimizer.param_groups[0]["lr"])
-    window_loss = (totals[0] / totals[1]).item()
+    window_loss = float(totals[0] / totals[1])
     if not math.isfinite(window_loss):
-        return Update(lr, what="loss", value=window_loss)
-    grad_norm = accelerator.clip_grad_norm_(model.parameters(), max_grad_norm if max_grad_norm else float("inf"))
-    if hasattr(grad_norm, "full_tensor"):  # FSDP2's norm is a DTensor, which plain tensors cannot be added to
-        grad_norm = grad_norm.full_tensor()
+        skipped = Update(lr, grad_norm, what="loss", value=window_loss)
     # A finite loss can still give NaN/inf gradients, which would poison the weights. Under fp16 the grad
     # scaler owns that case (it skips the step, and the scheduler with it); DeepSpeed returns no norm.
-    if grad_norm is not None and accelerator.scaler is None:
-        norm = float(grad_norm)  # host sync; the norm is global, so every process agrees
-        if not math.isfinite(norm):
-            return Update(lr, grad_norm, what="gradient norm", value=norm)
-    scale = accelerator.scaler.get_scale() if accelerator.scaler is not None else None  # fp16 only: a host sync
-    optimizer.step()
-    if scheduler is not None and not step_was_skipped(accelerator, scale):
-        scheduler.step()
-    return Update(lr, grad_norm)
+    elif grad_norm is not None and accelerator.scaler is None and not math.isfinite(grad_norm):
+        skipped = Update(lr, grad_norm, what="gradient norm", value=grad_norm)
+    else:
+        scale = accelerator.scaler.get_scale() if accelerator.scaler is not None else None  # fp16 only: a host sync
+        optimizer.step()
+        if scheduler is not None and not step_was_skipped(accelerator, scale):
+            scheduler.step()
+        return Update(lr, grad_norm)
+    if accelerator.scaler is not None:
+        # clipping unscaled the gradients, which opens a step of the grad scaler: it closes here, with no
+        # optimizer step, as it would have had the step met the non-finite gradients of a non-finite loss
+        accelerator.scaler.update()
+    return skipped
 
 
 def frees_gradients(model, graphs: Optional["GraphedMicroBatches"] = None) -> bool:
@@ -463,21 +487,18 @@ def skip_nonfinite(update: Update, where: str, state: TrainState, result: EpochR
 class LogWindow:
     """The updates since the last record, averaged into one flat record."""
 
-    def __init__(self, device, k: int, effective_batch: int) -> None:
+    def __init__(self, k: int, effective_batch: int) -> None:
         self.k, self.effective_batch = k, effective_batch  # the epoch's; a schedule may change them
         self.totals = torch.zeros(3, dtype=torch.float64)  # loss sum, samples, tokens (already on the host)
-        self.grad_norm = torch.zeros((), dtype=torch.float32, device=device)  # summed on the device: no sync
+        self.grad_norm = 0.0
         self.lr_sum = 0.0
         self.updates = 0
         self.t0 = time.perf_counter()
 
     def add(self, totals: torch.Tensor, update: Update) -> None:
         self.totals += totals
-        norm = update.grad_norm
-        if norm is None:
-            self.grad_norm += float("nan")  # DeepSpeed: the engine clipped; no norm to report
-        else:
-            self.grad_norm += norm.detach().float() if torch.is_tensor(norm) else float(norm)
+        # DeepSpeed: the engine clipped; no norm to report
+        self.grad_norm += update.grad_norm if update.grad_norm is not None else float("nan")
         self.lr_sum += update.lr
         self.updates += 1
 
@@ -500,7 +521,7 @@ class LogWindow:
             "epoch": epoch,
             "train/loss": float(self.totals[0] / self.totals[1]),
             "train/lr": self.lr_sum / self.updates,
-            "train/grad_norm": self.grad_norm.item() / self.updates,  # host sync, once per record
+            "train/grad_norm": self.grad_norm / self.updates,
             "train/samples": state.samples_seen,
             "train/tokens": state.tokens_seen,
             "train/samples_per_s": float(self.totals[1]) / elapsed,
@@ -510,8 +531,8 @@ class LogWindow:
             "train/effective_batch_size": self.effective_batch,
         }
         self.totals.zero_()
-        self.grad_norm.zero_()
-        self.lr_sum, self.updates, self.t0 = 0.0, 0, now
+        self.grad_norm = self.lr_sum = 0.0
+        self.updates, self.t0 = 0, now
         return record
 
 

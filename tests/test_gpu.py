@@ -201,8 +201,9 @@ def test_a_gpu_run_of_the_cli_trains_in_bf16_replayed_from_graphs(tmp_path):
 def test_the_loop_waits_for_the_gpu_at_updates_not_at_micro_batches(tmp_path, fresh_accelerate_state):
     """A blocking copy of a micro-batch to the GPU, or a value read on the host, makes the host wait for every
     kernel queued before it. The run's loaders copy asynchronously and the loop reads the GPU when an update is
-    made, not per micro-batch: at k=8 a blocking copy alone would wait 8 times an update. (transformers' own
-    forward reads the padding mask on the host to choose an attention kernel: its waits are not the loop's.)"""
+    made, not per micro-batch: once an update, for the window's totals and its gradient's norm together, where
+    at k=8 a blocking copy alone would wait 8 times an update. (transformers' own forward reads the padding mask
+    on the host to choose an attention kernel: its waits are not the loop's.)"""
     if str(REPO) not in sys.path:
         sys.path.insert(0, str(REPO))  # bench/ is not part of the installed package
     from bench.common import host_waits
@@ -224,6 +225,6 @@ def test_the_loop_waits_for_the_gpu_at_updates_not_at_micro_batches(tmp_path, fr
         max_grad_norm=cfg.training.max_grad_norm, plan=run.plan))
     loop_waits = [w for w in waits if "/transformers/" not in w]
     assert result.updates >= 4
-    assert len(loop_waits) <= 3 * result.updates, (
+    assert len(loop_waits) <= result.updates, (
         f"{len(loop_waits)} waits outside the model in {result.updates} updates of 8 micro-batches "
         f"({len(waits) - len(loop_waits)} in it): {sorted(set(loop_waits))}")

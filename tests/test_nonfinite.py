@@ -161,3 +161,32 @@ def test_a_lowered_grad_scale_counts_as_a_skipped_step():
     assert not step_was_skipped(lowered, scale_before=2.0**15)  # kept (or grown): the step happened
     assert step_was_skipped(SimpleNamespace(optimizer_step_was_skipped=True, scaler=None), None)
     assert not step_was_skipped(SimpleNamespace(optimizer_step_was_skipped=False, scaler=None), None)
+
+
+def test_a_window_skipped_for_its_loss_under_fp16_closes_the_grad_scalers_step():
+    """The loop clips before it reads the window's loss (one transfer brings both), and under fp16 clipping
+    unscales the gradients, which opens a step of the grad scaler. A window then skipped for its loss must
+    close that step, or the next window's clipping fails ("unscale_() has already been called")."""
+    from types import SimpleNamespace
+
+    from finetune.loop import apply_update, clip_gradients
+
+    model = torch.nn.Linear(3, 1)
+    before = model.weight.detach().clone()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=4.0)
+
+    def clip_grad_norm_(parameters, max_norm):  # what Accelerate's does under fp16: unscale, then clip
+        scaler.unscale_(optimizer)
+        return torch.nn.utils.clip_grad_norm_(parameters, max_norm)
+
+    accelerator = SimpleNamespace(scaler=scaler, optimizer_step_was_skipped=False, clip_grad_norm_=clip_grad_norm_)
+    nan_loss = torch.tensor([float("nan"), 2.0, 6.0], dtype=torch.float64)
+    for _ in range(3):
+        scaler.scale(model(torch.full((2, 3), float("nan"))).sum()).backward()
+        norm = clip_gradients(model, accelerator, max_grad_norm=1.0)
+        update = apply_update(optimizer, None, accelerator, nan_loss, float(norm))
+        assert update.what == "loss" and not update.applied
+        optimizer.zero_grad()
+    assert torch.equal(model.weight, before)
+    assert scaler.get_scale() == 4.0 * 0.5**3  # each skipped window's non-finite gradient lowered the scale
