@@ -25,7 +25,6 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-import numpy as np
 import torch
 
 from finetune.accumulation import Batching, accumulate_as, layout_for, resolve_batching
@@ -180,6 +179,7 @@ def metric_suite(cfg: Config, labels, train_split):
     logged and written back into ``cfg``, so ``config.yaml`` (and
     ``finetune.score`` after it) says what the run computed.
     """
+    from finetune.data import class_counts
     from finetune.metrics import metric_suite_for, resolve_average
 
     evaluation = cfg.evaluation
@@ -196,13 +196,6 @@ def metric_suite(cfg: Config, labels, train_split):
     return metric_suite_for(evaluation, labels.names, labels.problem_type, counts)
 
 
-def class_counts(train_split, num_labels: int) -> np.ndarray:
-    """Training samples per class id (single labels)."""
-    from finetune.data import LABELS
-
-    return np.bincount(np.asarray(train_split[LABELS]), minlength=num_labels)
-
-
 def build_task(cfg: Config, labels, train_split, device=None) -> Task:
     """The run's :class:`~finetune.tasks.Task`: its problem type and ``training.label_smoothing``, with
     ``training.class_weights`` resolved (on ``device``, so that the loss moves nothing to the device in each step).
@@ -210,6 +203,7 @@ def build_task(cfg: Config, labels, train_split, device=None) -> Task:
     Raises:
         ConfigError: if a class weight names a label the training data does not have.
     """
+    from finetune.data import class_counts
     from finetune.tasks import balanced_weights
 
     spec, smoothing = cfg.training.class_weights, cfg.training.label_smoothing

@@ -40,6 +40,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from finetune.chunks import document_logits, split_batch
+from finetune.columns import read_column
 from finetune.cpu import dropout_as_in_training
 from finetune.errors import ConfigError, LaunchError, is_out_of_memory
 from finetune.memory import (
@@ -47,7 +48,7 @@ from finetune.memory import (
     tensor_bytes,
 )
 from finetune.tasks import Task
-from finetune.truncation import BOOKKEEPING
+from finetune.truncation import BOOKKEEPING, LENGTH
 
 logger = logging.getLogger("finetune")
 
@@ -73,7 +74,7 @@ def worst_case_batch(dataset, collate: Callable[[list], dict], batch_size: int) 
     Padding makes every row as long as the longest sample, so this is the
     largest micro-batch, in memory, that an epoch can hand the model.
     """
-    lengths = torch.as_tensor(dataset["length"])
+    lengths = torch.as_tensor(read_column(dataset, LENGTH))
     longest = torch.argsort(lengths, descending=True, stable=True).tolist()
     # fewer samples than b (a tiny data set): repeat them, the shape is what matters
     rows = [longest[i % len(longest)] for i in range(batch_size)]

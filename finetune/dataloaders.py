@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from finetune.accumulation import Batching
+from finetune.columns import read_column
 from finetune.config import Config
 from finetune.errors import ConfigError
 from finetune.launch import choose_workers
@@ -63,7 +64,7 @@ def longest_text(split) -> Optional[int]:
     """The most tokens a text of the tokenized ``split`` has (``None`` for an empty one)."""
     from finetune.truncation import LENGTH
 
-    return max(split[LENGTH], default=None)
+    return max(read_column(split, LENGTH), default=None)
 
 
 def bucket_lengths(top: int, buckets: int) -> list[int]:
@@ -185,8 +186,8 @@ def build_dataloaders(cfg: Config, tokenized, tokenizer, accelerator, batching: 
 
     from finetune.truncation import LENGTH, model_inputs
 
-    lengths = tokenized["train"][LENGTH]
-    collate = collator(tokenizer, accelerator, cfg, checkpointing, longest=longest_text(tokenized["train"]))
+    lengths = read_column(tokenized["train"], LENGTH)
+    collate = collator(tokenizer, accelerator, cfg, checkpointing, longest=max(lengths, default=None))
     train = model_inputs(tokenized["train"])
     sampler = training_sampler(cfg, lengths, batching)
     b = batching.per_device_batch_size
@@ -212,7 +213,7 @@ def build_dataloaders(cfg: Config, tokenized, tokenizer, accelerator, batching: 
     if "validation" in tokenized:
         # longest first, so padding is least and an out-of-memory shows at the first batch
         # (select by argsort rather than Dataset.sort, which trips a pyarrow deprecation warning)
-        order = np.argsort(-np.asarray(tokenized["validation"][LENGTH]), kind="stable")
+        order = np.argsort(-np.asarray(read_column(tokenized["validation"], LENGTH)), kind="stable")
         val = model_inputs(tokenized["validation"].select(order))
         eval_dl = DataLoader(
             val, batch_size=cfg.training.per_device_eval_batch_size, pin_memory=pin,

@@ -138,10 +138,11 @@ def load_labelled(file: str | os.PathLike, data_cfg, labels: Sequence[str], prob
             (unless ``data.on_empty_text: drop``) and labels the model does not have.
     """
     from finetune import data as fdata
+    from finetune.columns import read_column
 
     ds = fdata.load_labelled_file(str(file), data_cfg, fdata.LabelSpace(list(labels), problem_type), key="--file")
-    pairs = ds[fdata.TEXT_PAIR] if fdata.TEXT_PAIR in ds.column_names else None
-    return ds[fdata.TEXT], pairs, ds[fdata.LABELS]
+    pairs = read_column(ds, fdata.TEXT_PAIR) if fdata.TEXT_PAIR in ds.column_names else None
+    return read_column(ds, fdata.TEXT), pairs, read_column(ds, fdata.LABELS)
 
 
 def model_labels(output_dir: str | os.PathLike) -> tuple[list[str], str]:

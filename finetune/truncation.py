@@ -30,6 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
+from finetune.columns import read_column
 from finetune.errors import ConfigError
 
 TRUNCATIONS = ("head", "tail", "head_tail", "chunks")
@@ -273,8 +274,8 @@ class LongTexts:
 
 def long_texts(split, truncation: Truncation) -> LongTexts:
     """Count the texts of a tokenized ``split`` longer than the window (and their windows under ``chunks``)."""
-    full = split[FULL_LENGTH] if len(split) else []
-    chunks = sum(split[CHUNK_COUNT]) if truncation.chunked and len(split) else None
+    full = read_column(split, FULL_LENGTH) if len(split) else []
+    chunks = sum(read_column(split, CHUNK_COUNT)) if truncation.chunked and len(split) else None
     return LongTexts(rows=len(split), longer=sum(n > truncation.max_length for n in full),
                      longest=max(full, default=0), max_length=truncation.max_length,
                      truncation=truncation.side, kept=truncation.describe(), chunks=chunks)

@@ -290,6 +290,67 @@ def test_stratified_carve(tmp_path):
         assert abs(counts[label] - total * 20 / 100) <= 1
 
 
+@pytest.mark.parametrize("seed", [0, 7, 42])
+def test_the_stratified_carve_takes_the_rows_datasets_would(seed):
+    """The carve reads the labels at once and draws with datasets' own stratified draw (datasets' method reads
+    them a row at a time): the same rows in the same order as ``train_test_split(stratify_by_column=...)``, so
+    that a run's split, and the checkpoints that fingerprint its rows, stay as they were."""
+    import numpy as np
+
+    from finetune.data import LABELS, _stratified_split
+
+    labels = np.random.default_rng(seed).choice(3, size=103, p=[0.6, 0.3, 0.1]).tolist()
+    table = datasets.Dataset.from_dict({"text": [f"text {i}" for i in range(103)], LABELS: labels},
+                                       features=datasets.Features({"text": datasets.Value("string"),
+                                                                   LABELS: datasets.ClassLabel(names=["a", "b", "c"])}))
+    train, validation = _stratified_split(table, np.asarray(labels), 26, seed)
+    theirs = table.train_test_split(test_size=26, stratify_by_column=LABELS, seed=seed)
+    assert train["text"][:] == theirs["train"]["text"][:]
+    assert validation["text"][:] == theirs["test"]["text"][:]
+
+
+def test_a_column_is_read_with_the_rows_a_selection_kept_in_their_order():
+    from finetune.columns import read_column
+
+    ds = datasets.Dataset.from_dict({"n": list(range(10)), "s": [str(i) for i in range(10)]})
+    assert read_column(ds, "n") == list(range(10))
+    assert read_column(ds.select([7, 2, 2, 5]), "s") == ["7", "2", "2", "5"]
+    assert read_column(ds.shuffle(seed=3), "n") == ds.shuffle(seed=3)["n"][:]
+
+
+def test_a_run_reads_no_column_of_its_data_a_row_at_a_time(tmp_path, monkeypatch):
+    """A data set's ``ds[name]`` is a lazy column, formatted one row at a time when iterated or indexed: at
+    300,000 rows that made a run's start take minutes (``python -m bench.startup``). Training, evaluating and
+    saving a run, with a carved validation set and balanced class weights, and scoring a file, read whole
+    columns at once (what the evaluate library does inside its own modules is its own)."""
+    import sys
+
+    from datasets.arrow_dataset import Column
+
+    import finetune
+    from finetune.score import score_file
+    from tiny_run import fit_tiny_run
+
+    package = str(Path(finetune.__file__).parent)
+    read_by_package = []
+
+    def watched(method):
+        def read(self, *args):
+            caller = sys._getframe(1).f_code
+            if caller.co_filename.startswith(package):
+                read_by_package.append(f"{Path(caller.co_filename).name}: {caller.co_name}")
+            return method(self, *args)
+        return read
+
+    monkeypatch.setattr(Column, "__iter__", watched(Column.__iter__))
+    monkeypatch.setattr(Column, "__getitem__", watched(Column.__getitem__))
+    cfg, summary = fit_tiny_run(tmp_path, data={"validation_file": None, "validation_split": 0.2},
+                                training={"class_weights": "balanced", "num_train_epochs": 1})
+    scored = score_file(cfg.output.output_dir, tmp_path / "train.tsv")
+    assert summary["train"]["updates"] > 0 and summary["eval"] and scored.metrics["num_samples"] == 150
+    assert not read_by_package, sorted(set(read_by_package))
+
+
 def test_carve_needs_two_rows_per_class(tmp_path):
     path = write(tmp_path / "t.csv", "text,label\na,x\nb,x\nc,x\nd,lonely\n")
     with pytest.raises(DataError, match="'lonely' has only 1 row"):

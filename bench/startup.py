@@ -1,0 +1,110 @@
+"""How long a run takes to start on a large data set: everything before its first update, timed.
+
+Usage::
+
+    python -m bench.startup                                   # 300,000 rows, this checkout
+    git worktree add /tmp/before <commit>
+    python -m bench.startup --baseline /tmp/before            # that checkout and this one, side by side
+
+Times ``finetune.assembly.setup_run`` (reading the file, carving the
+validation set, tokenizing, the memory plan, building the loaders) on the
+default config, its SMS file repeated to ``--rows`` rows (each copy numbered,
+so that every text is distinct) and tokenized afresh
+(``data.cache_tokenized=false``). A data set of that size is where the
+package's own work shows beside tokenizing: a step that reads a column of
+the data set one row at a time costs seconds per hundred thousand rows.
+
+Each way runs in a fresh process, the ways alternating by round, and
+reports the median of its rounds. Prints a Markdown table for bench/README.md.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+# run in a fresh interpreter, with the checkout to time first on the import path
+CHILD = """
+import json, sys, time
+sys.path.insert(0, sys.argv[1])
+from finetune.assembly import setup_run
+from finetune.config import load_config
+cfg = load_config(sys.argv[2], sys.argv[3:])
+began = time.perf_counter()
+run = setup_run(cfg)
+print("RESULT " + json.dumps({"seconds": time.perf_counter() - began, "train_rows": len(run.train_dataloader.dataset)}))
+"""
+
+
+def write_rows(path: Path, rows: int) -> None:
+    """The default config's SMS messages, repeated and numbered up to ``rows`` rows, as a TSV with a header."""
+    from finetune.config import load_config
+    from finetune.resources import data_path
+
+    cfg = load_config(str(REPO / "configs" / "default.yaml"), [])
+    source = data_path(cfg.data.train_file, "data.train_file")
+    with open(source, encoding="utf-8", newline="") as f:
+        messages = [(label, text) for label, text in csv.reader(f, delimiter="\t") if text.strip()]
+    with open(path, "w", encoding="utf-8", newline="") as f:
+        out = csv.writer(f, delimiter="\t", lineterminator="\n")
+        out.writerow(["label", "text"])
+        for i in range(rows):
+            label, text = messages[i % len(messages)]
+            out.writerow([label, f"{text} ({i // len(messages)})"])
+
+
+def time_setup(checkout: Path, data: Path, workdir: Path) -> dict:
+    overrides = [f"data.train_file={data}", "data.cache_tokenized=false", "logging.progress_bar=false",
+                 f"output.output_dir={workdir / 'out'}", "output.overwrite=true"]
+    done = subprocess.run([sys.executable, "-c", CHILD, str(checkout), str(checkout / "configs" / "default.yaml"),
+                           *overrides], cwd=workdir, capture_output=True, text=True)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    if done.returncode != 0 or not lines:
+        raise SystemExit(f"setup_run failed at {checkout}:\n{done.stderr[-3000:]}")
+    return json.loads(lines[-1][len("RESULT "):])
+
+
+def commit_of(checkout: Path) -> str:
+    """The checkout's short commit, marked where its files differ from it."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", str(checkout), *args], capture_output=True, text=True).stdout.strip()
+
+    commit = git("rev-parse", "--short", "HEAD") or str(checkout)
+    return commit + (" with changes" if git("status", "--porcelain", "--untracked-files=no") else "")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=300_000)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--baseline", type=Path, help="another checkout of the package (git worktree add ...)")
+    args = parser.parse_args(argv)
+    ways = {f"this checkout, {commit_of(REPO)}": REPO}
+    if args.baseline is not None:
+        ways = {f"baseline, {commit_of(args.baseline)}": args.baseline.resolve(), **ways}
+    seconds: dict[str, list[float]] = {name: [] for name in ways}
+    with tempfile.TemporaryDirectory() as tmp:
+        data = Path(tmp) / "texts.tsv"
+        write_rows(data, args.rows)
+        for _ in range(args.rounds):
+            for name, checkout in ways.items():
+                result = time_setup(checkout, data, Path(tmp))
+                seconds[name].append(result["seconds"])
+                print(f"{name}: {result['seconds']:.1f} s ({result['train_rows']} training rows)", file=sys.stderr)
+    command = " ".join(["python -m bench.startup", *(argv if argv is not None else sys.argv[1:])])
+    lines = [f"Command: `{command}`", "", "| way | `setup_run` seconds (median) | rounds |", "| --- | ---: | --- |"]
+    for name, values in seconds.items():
+        lines.append(f"| {name} | {statistics.median(values):.1f} | {', '.join(f'{v:.1f}' for v in values)} |")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
