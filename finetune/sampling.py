@@ -166,8 +166,8 @@ def least_padding_sizes(lengths: Sequence[int], groups: int, cap: int) -> list[i
 
     A micro-batch padded to its first (longest) text costs ``rows x that
     length``; none may cost more than ``cap``, and each holds one sample at
-    least. Dynamic programming over the cut points, ``O(n^2 groups)``
-    comparisons done as ``n x groups`` vector operations.
+    least. Dynamic programming over the cut points: for each group, every
+    start and every row count at once, as one ``n x rows`` array.
 
     Raises:
         ValueError: if no cut fits within ``cap``.
@@ -183,15 +183,19 @@ def least_padding_sizes(lengths: Sequence[int], groups: int, cap: int) -> list[i
     ends = np.zeros((groups + 1, n + 1), dtype=np.int64)
     for g in range(1, groups + 1):
         new = np.full(n + 1, inf, dtype=np.int64)
-        for i in range(n - g, -1, -1):
-            # rows from i: at least one, at most what fits the cap, leaving one sample per later group
-            most = min(cap // max(int(length[i]), 1), n - i - (g - 1))
-            if most < 1:
-                continue
-            stop = np.arange(i + 1, i + most + 1)
-            cost = (stop - i) * length[i] + best[stop]
-            pick = int(np.argmin(cost))
-            new[i], ends[g, i] = cost[pick], stop[pick]
+        start = np.arange(n - g + 1)
+        # rows from each start: at least one, at most what fits the cap, leaving one sample per later group
+        most = np.minimum(cap // np.maximum(length[start], 1), n - start - (g - 1))
+        start, most = start[most >= 1], most[most >= 1]
+        if len(start):
+            rows = np.arange(1, int(most.max()) + 1)
+            stop = np.minimum(start[:, None] + rows, n)
+            cost = rows * length[start][:, None] + best[stop]
+            # row counts past a start's most never win: above any reachable cost, even an unreachable one
+            cost = np.where(rows <= most[:, None], cost, 2 * inf)
+            pick = np.argmin(cost, axis=1)  # the fewest rows among equal costs
+            new[start] = cost[np.arange(len(start)), pick]
+            ends[g, start] = stop[np.arange(len(start)), pick]
         best = new
     if best[0] >= inf:
         raise ValueError(f"no cut of {n} samples into {groups} micro-batches fits {cap} padded tokens each")
