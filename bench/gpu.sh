@@ -27,14 +27,16 @@
 #            compiling and capturing pay, the graphs' memory pool (python -m bench.cuda_graphs --compiled)
 #   casts    training.cast_once_per_update on against off: CUDA kernels, aten ops and milliseconds per
 #            micro-batch (python -m bench.probe casts)
+#   predict  finetune predict's --precision: texts per second in float32 and under bf16 and fp16 autocast, the
+#            labels that agree with float32's, on BBC News texts (python -m bench.predict)
 #   engines  FSDP and DeepSpeed ZeRO-2 launched on one GPU with the shipped configs: the contract, a stop
 #            and an exact resume, pipeline() (tests/test_gpu_engines.py; DeepSpeed's skipped where it is not
 #            installed), and the package under each against the Trainer (bench/run.py --engines, one
 #            repeat)
 #
-# OUT_DIR receives ten flat files: parts.log (each part: passed, failed, timed out or skipped, and its
+# OUT_DIR receives eleven flat files: parts.log (each part: passed, failed, timed out or skipped, and its
 # seconds), tests.log, speed.md and speed.json (the tables, and every run with its seconds per update), host.md,
-# graphs.md, casts.md, engines.log, engines.md and engines.json; the working files (the model, every run) go to
+# graphs.md, casts.md, predict.md, engines.log, engines.md and engines.json; the working files (the model, every run) go to
 # GPU_WORK (default OUT_DIR/work). A failing part does not stop the next; the exit status names the parts that
 # failed.
 #
@@ -47,7 +49,7 @@
 set -euo pipefail
 self="$(cd "$(dirname "$0")" && pwd)/$(basename "$0")"
 cd "$(dirname "$self")/.."
-all="tests speed host graphs casts engines"
+all="tests speed host graphs casts predict engines"
 out=${1:-bench/results/gpu}
 [ $# -gt 0 ] && shift
 parts=${*:-$all}
@@ -119,6 +121,10 @@ part_host() {
 part_graphs() { bert_base && "$py" -m bench.cuda_graphs --compiled "${job[@]}" 2>&1 | tee "$out/graphs.md"; }
 part_casts() {
     bert_base && "$py" -m bench.probe casts "${job[@]}" training.effective_batch_size=$((b * k)) 2>&1 | tee "$out/casts.md"
+}
+part_predict() {
+    bert_base && "$py" -m bench.predict "$model" --config configs/bbc_news.yaml --texts 2000 --batch-size 128 \
+        --rounds 3 2>&1 | tee "$out/predict.md"
 }
 part_engines() {
     local status=0 engines=fsdp

@@ -18,8 +18,8 @@ progress bar. A blank line of a ``.txt`` (or an empty text) gets an empty
 label, score and probabilities, so the rows still line up with the input.
 
 The model runs where training would run (Accelerate's device choice: a GPU
-if there is one), in float32, on batches of similar length so padding stays
-small; texts are truncated to the run's ``data.max_length`` (from the saved
+if there is one), in float32 unless ``--precision bf16`` (or ``fp16``) asks
+for autocast, on batches of similar length so padding stays small; texts are truncated to the run's ``data.max_length`` (from the saved
 ``config.yaml``). The same directory also works in plain
 ``transformers.pipeline("text-classification", model=output_dir)``.
 """
@@ -76,11 +76,14 @@ class Predictor:
         head_tokens: ``head_tail``: the text's tokens kept from its start (``data.head_tokens``).
         stride: ``chunks``: the tokens each window shares with the one before (``data.stride``).
         threshold: multi-label models: the probability over which a label is predicted.
+        precision: The forward passes' arithmetic, as ``training.mixed_precision`` names it: ``no``
+            (float32), ``bf16`` or ``fp16`` (autocast; fp16 on a CUDA GPU only). Logits come back in float32
+            either way.
     """
 
     def __init__(self, model, tokenizer, *, device=None, batch_size: int = DEFAULT_BATCH_SIZE,
                  max_length: Optional[int] = None, threshold: float = 0.5, truncation: str = "head",
-                 head_tokens: Optional[int] = None, stride: Optional[int] = None):
+                 head_tokens: Optional[int] = None, stride: Optional[int] = None, precision: str = "no"):
         import torch
 
         from finetune.tasks import problem_type_of
@@ -90,6 +93,8 @@ class Predictor:
         self.model = model
         self.tokenizer = tokenizer
         self.device = torch.device(device) if device is not None else next(model.parameters()).device
+        self.autocast = autocast_dtype(precision, self.device)
+        self.precision = precision
         if device is not None:
             self.model.to(self.device)
         self.batch_size = batch_size
@@ -101,7 +106,7 @@ class Predictor:
 
     @classmethod
     def load(cls, output_dir: str | os.PathLike, *, device=None, batch_size: int = DEFAULT_BATCH_SIZE,
-             max_length: Optional[int] = None, threshold: float = 0.5) -> "Predictor":
+             max_length: Optional[int] = None, threshold: float = 0.5, precision: str = "no") -> "Predictor":
         """Load the model and tokenizer that a run saved in ``output_dir``.
 
         Args:
@@ -112,6 +117,7 @@ class Predictor:
             batch_size: Texts per forward pass.
             max_length: Truncation length; ``None`` uses ``data.max_length``
                 from the run's ``config.yaml`` when there is one.
+            precision: ``no`` (float32), ``bf16`` or ``fp16`` (see the class).
 
         Raises:
             ModelError: if ``output_dir`` holds no loadable model.
@@ -142,11 +148,11 @@ class Predictor:
         if device is None:
             device = _training_device()
         return cls(model, tokenizer, device=device, batch_size=batch_size, max_length=max_length,
-                   threshold=threshold, **cut)
+                   threshold=threshold, precision=precision, **cut)
 
     def logits(self, texts: Sequence[str], text_pairs: Optional[Sequence[str]] = None,
                progress: bool = False) -> "np.ndarray":  # noqa: F821
-        """Float32 logits, one row per text, in input order.
+        """Float32 logits, one row per text, in input order (computed in the predictor's ``precision``).
 
         Texts are tokenized once, then run longest first in batches of
         ``batch_size`` so each batch pads to similar lengths; the rows are put
@@ -191,7 +197,9 @@ class Predictor:
                 rows = order[start:start + self.batch_size]
                 inputs, chunk_rows = split_batch(
                     {k: v.to(self.device) for k, v in collate([features[i] for i in rows]).items()})
-                out[rows] = document_logits(self.model(**inputs).logits, chunk_rows).float().cpu().numpy()
+                with torch.autocast(self.device.type, dtype=self.autocast, enabled=self.autocast is not None):
+                    logits = self.model(**inputs).logits
+                out[rows] = document_logits(logits.float(), chunk_rows).cpu().numpy()
                 bar.update(len(rows))
         if was_training:
             self.model.train()
@@ -248,6 +256,25 @@ class Predictor:
         return {"label": "", "score": None, "probabilities": probabilities}
 
 
+# --precision's values, as training.mixed_precision names them
+PRECISIONS = ("no", "bf16", "fp16")
+
+
+def autocast_dtype(precision: str, device) -> Optional[Any]:
+    """The ``torch.dtype`` autocast computes in for ``precision`` on ``device`` (``None``: float32, no autocast).
+
+    Raises:
+        ConfigError: for another name, or fp16 off a CUDA GPU (a CPU would emulate it, far slower than float32).
+    """
+    import torch
+
+    if precision not in PRECISIONS:
+        raise ConfigError(f"precision: must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+    if precision == "fp16" and device.type != "cuda":
+        raise ConfigError(f"precision fp16: needs a CUDA GPU, the model is on {device.type} (use bf16 or no)")
+    return {"no": None, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
+
+
 def _training_device():
     """The device training would use in a single process (Accelerate's choice), with all CPU cores."""
     from accelerate import PartialState
@@ -277,6 +304,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--batch-size", type=int, default=DEFAULT_BATCH_SIZE, help="texts per forward pass")
     parser.add_argument("--threshold", type=float, default=0.5,
                         help="multi-label models: predict every label whose probability is over this")
+    add_precision_argument(parser)
     parser.add_argument("--debug", action="store_true", help="show tracebacks for input errors")
     # intermixed: texts may come before or after the options
     return parser.parse_intermixed_args(argv)
@@ -296,6 +324,8 @@ def run(args: argparse.Namespace) -> None:
         raise ConfigError(f"--batch-size: must be >= 1, got {args.batch_size}")
     if not 0.0 < args.threshold < 1.0:
         raise ConfigError(f"--threshold: must be between 0 and 1, got {args.threshold}")
+    if args.precision not in PRECISIONS:
+        raise ConfigError(f"--precision: must be one of {', '.join(PRECISIONS)}, got {args.precision!r}")
     if args.output:
         checked_suffix(Path(args.output), OUTPUT_FORMATS, "--output")
         if not Path(args.output).resolve().parent.is_dir():
@@ -321,7 +351,8 @@ def run(args: argparse.Namespace) -> None:
         if pair_column:
             raise ConfigError(f"this model takes text pairs ({pair_column!r}): use --file with both columns")
         rows, text_column = [{"text": text} for text in args.texts], "text"
-    predictor = Predictor.load(output_dir, batch_size=args.batch_size, threshold=args.threshold)
+    predictor = Predictor.load(output_dir, batch_size=args.batch_size, threshold=args.threshold,
+                               precision=args.precision)
     with out_of_memory_told_as(lambda _: batch_too_large(args.batch_size)):
         predicted = predict_rows(predictor, rows, text_column, pair_column, progress=bool(args.file))
     if args.output:
@@ -330,6 +361,14 @@ def run(args: argparse.Namespace) -> None:
     else:
         for row in predicted:
             print(json.dumps(row, ensure_ascii=False))
+
+
+def add_precision_argument(parser: argparse.ArgumentParser) -> None:
+    """``--precision``, shared by ``predict`` and ``score``."""
+    parser.add_argument("--precision", default="no", metavar="{no,bf16,fp16}",
+                        help="arithmetic of the forward passes: no (float32, the default), or bf16 or fp16 "
+                        "autocast: faster where the hardware computes it (a GPU, a CPU with AMX or avx512_bf16), "
+                        "with probabilities that differ from float32's in their last digits")
 
 
 def batch_too_large(batch_size: int) -> OutOfMemory:

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from finetune.errors import ConfigError, DataError, FileLayoutError, out_of_memory_told_as, run_command
-from finetune.predict import DEFAULT_BATCH_SIZE, Predictor, batch_too_large
+from finetune.predict import DEFAULT_BATCH_SIZE, PRECISIONS, Predictor, add_precision_argument, batch_too_large
 
 _SCORE_SECTIONS = ("data", "evaluation")
 # The labelled file is the only data: no second file, no carve, no caps.
@@ -55,9 +55,11 @@ class Score:
     confusion: Any
     predictions: Any
     references: Any
+    # the forward passes' arithmetic: "no" (float32), "bf16" or "fp16"
+    precision: str = "no"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"file": self.file, "metrics": self.metrics, "labels": self.labels,
+        return {"file": self.file, "precision": self.precision, "metrics": self.metrics, "labels": self.labels,
                 "confusion_matrix": None if self.confusion is None else self.confusion.tolist()}
 
 
@@ -170,7 +172,8 @@ def confusion_matrix(references, predictions, num_labels: int):
 
 
 def score_file(output_dir: str | os.PathLike, file: str | os.PathLike, overrides: Sequence[str] = (),
-               batch_size: int = DEFAULT_BATCH_SIZE, predictor: Optional[Predictor] = None) -> Score:
+               batch_size: int = DEFAULT_BATCH_SIZE, predictor: Optional[Predictor] = None,
+               precision: str = "no") -> Score:
     """The configured metrics, the loss and the confusion matrix of a run's model on a labelled file.
 
     Args:
@@ -179,6 +182,9 @@ def score_file(output_dir: str | os.PathLike, file: str | os.PathLike, overrides
         overrides: ``data.key=value`` / ``evaluation.key=value`` settings.
         batch_size: Texts per forward pass.
         predictor: An already loaded :class:`~finetune.predict.Predictor` (default: load from ``output_dir``).
+        precision: The forward passes' arithmetic when loading: ``no`` (float32), ``bf16`` or ``fp16``. A
+            bf16 run evaluated under bf16 autocast: scored in bf16 in the evaluation's batches, its loss in
+            ``metrics.json`` comes back to the last digit.
 
     Raises:
         FinetuneError: one line naming the file, row or key for bad input.
@@ -202,7 +208,7 @@ def score_file(output_dir: str | os.PathLike, file: str | os.PathLike, overrides
     counts = np.bincount(np.asarray(references), minlength=len(names)) if problem_type == "single_label" else None
     suite = metric_suite_for(cfg.evaluation, names, problem_type, counts, whose="the model")
 
-    predictor = predictor or Predictor.load(output_dir, batch_size=batch_size)
+    predictor = predictor or Predictor.load(output_dir, batch_size=batch_size, precision=precision)
     task = Task(problem_type, threshold=predictor.threshold)
     logits = torch.from_numpy(predictor.logits(texts, pairs, progress=True))
     refs = torch.as_tensor(np.asarray(references))
@@ -211,7 +217,7 @@ def score_file(output_dir: str | os.PathLike, file: str | os.PathLike, overrides
     loss = task.per_sample_loss(logits, refs).double().mean().item()
     metrics = {"loss": loss, "num_samples": len(texts), **suite.compute(predictions, refs.numpy())}
     confusion = confusion_matrix(refs.numpy(), predictions, len(names)) if problem_type == "single_label" else None
-    return Score(str(file), metrics, list(names), confusion, predictions, refs.numpy())
+    return Score(str(file), metrics, list(names), confusion, predictions, refs.numpy(), predictor.precision)
 
 
 def format_confusion(matrix, names: Sequence[str]) -> str:
@@ -233,6 +239,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="confusion-matrix PNG to write (default: <output_dir>/confusion_<file name>.png)")
     parser.add_argument("--json", default=None, help="also write the metrics and the matrix to this JSON file")
     parser.add_argument("--batch-size", type=int, default=DEFAULT_BATCH_SIZE, help="texts per forward pass")
+    add_precision_argument(parser)
     parser.add_argument("--debug", action="store_true", help="show tracebacks for input errors")
     parser.add_argument("overrides", nargs="*", metavar="section.key=value",
                         help="data.* / evaluation.* settings replacing the run's")
@@ -249,6 +256,8 @@ def run(args: argparse.Namespace) -> Score:
     output_dir = require_saved_model(args.output_dir)
     if args.batch_size < 1:
         raise ConfigError(f"--batch-size: must be >= 1, got {args.batch_size}")
+    if args.precision not in PRECISIONS:
+        raise ConfigError(f"--precision: must be one of {', '.join(PRECISIONS)}, got {args.precision!r}")
     data_path(args.file, "--file")
     png = Path(args.png) if args.png else output_dir / f"confusion_{Path(args.file).stem}.png"
     for flag, target in (("--png", png), ("--json", Path(args.json) if args.json else None)):
@@ -263,8 +272,9 @@ def run(args: argparse.Namespace) -> Score:
 
     quiet_progress_bars()  # the bars of reading the file and loading the weights; the scoring bar is ours
     with out_of_memory_told_as(lambda _: batch_too_large(args.batch_size)):
-        result = score_file(output_dir, args.file, args.overrides, args.batch_size)
-    print(f"{result.file}: {result.metrics['num_samples']} samples")
+        result = score_file(output_dir, args.file, args.overrides, args.batch_size, precision=args.precision)
+    arithmetic = f", computed in {result.precision} autocast" if result.precision != "no" else ""
+    print(f"{result.file}: {result.metrics['num_samples']} samples{arithmetic}")
     width = max(len(k) for k in result.metrics)
     for key, value in result.metrics.items():
         print(f"  {key.ljust(width)}  {value:.4f}" if isinstance(value, float) else f"  {key.ljust(width)}  {value}")

@@ -383,9 +383,10 @@ def test_the_gpu_check_runs_the_parts_asked_for_and_goes_on_past_a_failing_one(t
     assert proc.returncode == 1 and "failed: tests engines" in proc.stderr
     assert [" ".join(c.split()[:3 + c.startswith("-m bench.cuda_graphs")]) for c in calls if c.startswith("-m ")] == [
         "-m pytest -m", "-m bench.probe device", "-m bench.cuda_graphs --compiled model.name_or_path=" + str(work / "bert-base"),
-        "-m bench.probe casts", "-m pytest -m"]
+        "-m bench.probe casts", "-m bench.predict " + str(work / "bert-base"), "-m pytest -m"]
     assert [p.split(" in ")[0] for p in parts] == ["tests: failed (1)", "speed: passed", "host: passed",
-                                                   "graphs: passed", "casts: passed", "engines: failed (1)"]
+                                                   "graphs: passed", "casts: passed", "predict: passed",
+                                                   "engines: failed (1)"]
 
     # 2 s of budget: the probe, which sleeps, is stopped when they are up
     proc, calls, parts = gpu_check("casts", slow="bench.probe", GPU_BUDGET_S="2", GPU_RESERVE_S="1")
@@ -820,3 +821,16 @@ def test_the_padding_count_follows_each_way_over_the_same_micro_batches(tiny_job
     assert tokens["4 up to max_length"] == 32 * sum(1 for _ in range(result["texts"]))
     assert result["x_real"]["dynamic"] == pytest.approx(tokens["dynamic"] / real)
     assert "| 128 | " in table([result])
+
+
+def test_the_prediction_benchmark_times_each_precision_on_the_same_texts(tmp_path, capsys):
+    from bench.predict import main
+
+    model = save_tiny_model(tmp_path / "tiny")
+    assert main([str(model), "--texts", "40", "--rounds", "1", "--batch-size", "16"]) == 0
+    table = capsys.readouterr().out.splitlines()
+    rows = {line.split(" | ")[0].strip("| "): line.split(" | ") for line in table if line.startswith("| ")}
+    assert set(rows) == {"precision", "---", "float32", "bf16 autocast"}
+    assert rows["float32"][2] == "1.00" and rows["float32"][-1].strip(" |") == "0.0e+00"
+    assert 0 < float(rows["bf16 autocast"][-1].strip(" |")) < 0.1  # bf16 moves the probabilities, a little
+    assert "(40 texts, batch 16, cpu)" in table[0]

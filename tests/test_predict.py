@@ -172,6 +172,9 @@ def test_files_in_and_out(trained, predictor, tmp_path, capsys):
     ([], "error: nothing to classify: give texts or --file"),
     (["--file", "{tmp}/in.csv", "--text-column", "message", "--output", "{tmp}/./in.csv"],
      "error: --output {tmp}/./in.csv: is the --file being classified; name another file"),
+    (["--file", "{tmp}/in.txt", "--precision", "fp8"], "error: --precision: must be one of no, bf16, fp16, got 'fp8'"),
+    (["--file", "{tmp}/in.txt", "--precision", "fp16"],
+     "error: precision fp16: needs a CUDA GPU, the model is on cpu (use bf16 or no)"),
 ])
 def test_bad_input_is_one_line(trained, tmp_path, capsys, args, message):
     from finetune.predict import main
@@ -257,6 +260,52 @@ def test_score_reproduces_the_validation_metrics(trained, predictor):
     assert matrix.sum() == 40 and matrix.trace() / 40 == pytest.approx(final["accuracy"])
     assert list(matrix.sum(axis=1)) == [sum(1 for label, _ in make_texts(40, seed=4) if label == name)
                                         for name in ("ham", "spam")]
+
+
+def test_bf16_predictions_are_computed_under_bf16_autocast(trained, predictor):
+    """``precision="bf16"``: the model's forward runs under bf16 autocast (its logits move off float32's by
+    bf16's rounding, not by more: the labels stay), and comes back as float32."""
+    import torch
+
+    from finetune.predict import Predictor
+
+    out, _, _ = trained
+    fast = Predictor.load(out, precision="bf16")
+    seen = []
+    fast.model.register_forward_hook(
+        lambda module, args, output: seen.append((torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu"),
+                                                  output.logits.dtype)))
+    exact, rounded = predictor.logits(TEXTS), fast.logits(TEXTS)
+    assert seen and all(s == (True, torch.bfloat16, torch.bfloat16) for s in seen)
+    assert rounded.dtype == exact.dtype == "float32"
+    assert not (rounded == exact).all()
+    assert abs(rounded - exact).max() < 0.05 and (rounded.argmax(1) == exact.argmax(1)).all()
+
+
+def test_score_in_the_runs_bf16_reproduces_its_validation_metrics(tmp_path, capsys):
+    """A bf16 run's metrics.json comes from evaluations under bf16 autocast. Scoring its validation file in
+    bf16, in the evaluation's batches (all 40 texts, longest first), gives its loss to the last digit; in
+    float32 the loss moves by float32's distance from bf16."""
+    from finetune.score import score_file
+
+    cfg, summary = fit_tiny_run(tmp_path, training={"mixed_precision": "bf16"})
+    evaluated = summary["eval"]
+    result = score_file(cfg.output.output_dir, cfg.data.validation_file, precision="bf16", batch_size=64)
+    assert result.precision == "bf16" and result.to_dict()["precision"] == "bf16"
+    assert result.metrics["loss"] == pytest.approx(evaluated["loss"], rel=1e-12)
+    for name in ("accuracy", "f1", "matthews_correlation"):
+        assert result.metrics[name] == evaluated[name], name
+    reset_accelerate()
+    exact = score_file(cfg.output.output_dir, cfg.data.validation_file, precision="no", batch_size=64)
+    assert exact.metrics["loss"] != pytest.approx(evaluated["loss"], rel=1e-5)
+    from finetune.score import main
+
+    reset_accelerate()
+    report = tmp_path / "score.json"
+    assert main([str(cfg.output.output_dir), "--file", str(cfg.data.validation_file), "--precision", "bf16",
+                 "--json", str(report)]) == 0
+    assert capsys.readouterr().out.splitlines()[0].endswith(": 40 samples, computed in bf16 autocast")
+    assert json.loads(report.read_text())["precision"] == "bf16"
 
 
 def test_score_cli(trained, tmp_path, capsys):

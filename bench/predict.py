@@ -1,0 +1,90 @@
+"""Predictions per second in float32 and under bf16 (and, on a GPU, fp16) autocast, side by side.
+
+Usage::
+
+    make train                                       # writes outputs/sms_spam, the default run
+    python -m bench.predict                          # its model on 3,000 of the default job's texts
+    python -m bench.predict outputs/my_run --texts 20000 --config configs/bbc_news.yaml
+
+Each precision predicts the same texts with the run's model
+(``finetune.predict.Predictor``, the ``--precision`` of ``finetune predict``
+and ``finetune score``), the precisions alternating by round; a round's
+first pass is timed too, so run a round or two more for a steadier median.
+Beside the speed: how many labels agree with float32's, and the largest
+difference of a probability. Prints a Markdown table for bench/README.md.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def job_texts(config: Path, n: int) -> list[str]:
+    """The first ``n`` training texts of ``config``'s data, read as a run reads them (repeated when fewer)."""
+    from finetune.columns import read_column
+    from finetune.config import load_config
+    from finetune.data import TEXT, load_splits, quiet_progress_bars
+
+    quiet_progress_bars()
+    cfg = load_config(str(config), [])
+    splits, _ = load_splits(cfg.data, seed=cfg.training.seed)
+    texts = read_column(splits["train"], TEXT)
+    return [texts[i % len(texts)] for i in range(n)]
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("output_dir", nargs="?", default=str(REPO / "outputs" / "sms_spam"))
+    parser.add_argument("--config", type=Path, default=REPO / "configs" / "default.yaml",
+                        help="whose training texts to predict (default: the default job's SMS messages)")
+    parser.add_argument("--texts", type=int, default=3000)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--batch-size", type=int, default=64)
+    args = parser.parse_args(argv)
+    if not (Path(args.output_dir) / "config.json").is_file():
+        raise SystemExit(f"{args.output_dir}: no trained model (run `make train` first, or name a run's folder)")
+
+    import numpy as np
+
+    from finetune.predict import Predictor
+
+    texts = job_texts(args.config, args.texts)
+    base = Predictor.load(args.output_dir, batch_size=args.batch_size)
+    precisions = ["no", "bf16"] + (["fp16"] if base.device.type == "cuda" else [])
+    predictors = {"no": base}
+    for precision in precisions[1:]:
+        predictors[precision] = Predictor.load(args.output_dir, batch_size=args.batch_size, precision=precision)
+    seconds: dict[str, list[float]] = {p: [] for p in precisions}
+    probabilities: dict[str, np.ndarray] = {}
+    sync = __import__("torch").cuda.synchronize if base.device.type == "cuda" else (lambda: None)
+    for _ in range(args.rounds):
+        for precision in precisions:
+            sync()
+            began = time.perf_counter()
+            probabilities[precision] = predictors[precision].probabilities(texts)
+            sync()
+            seconds[precision].append(time.perf_counter() - began)
+            print(f"{precision}: {seconds[precision][-1]:.2f} s", file=sys.stderr)
+    exact = probabilities["no"]
+    command = " ".join(["python -m bench.predict", *(argv if argv is not None else sys.argv[1:])])
+    lines = [f"Command: `{command}` ({len(texts)} texts, batch {args.batch_size}, {base.device})", "",
+             "| precision | texts/s (median) | x float32 | labels as float32's | largest probability difference |",
+             "| --- | ---: | ---: | ---: | ---: |"]
+    fp32_rate = len(texts) / statistics.median(seconds["no"])
+    for precision in precisions:
+        rate = len(texts) / statistics.median(seconds[precision])
+        agree = float((probabilities[precision].argmax(1) == exact.argmax(1)).mean())
+        largest = float(abs(probabilities[precision] - exact).max())
+        name = "float32" if precision == "no" else f"{precision} autocast"
+        lines.append(f"| {name} | {rate:.0f} | {rate / fp32_rate:.2f} | {agree:.2%} | {largest:.1e} |")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
