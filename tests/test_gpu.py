@@ -198,17 +198,20 @@ def test_a_gpu_run_of_the_cli_trains_in_bf16_replayed_from_graphs(tmp_path):
     assert (out / "model.safetensors").is_file()
 
 
-def test_the_loop_waits_for_the_gpu_at_updates_not_at_micro_batches(tmp_path, fresh_accelerate_state):
+@pytest.mark.parametrize("graphed", [False, True])
+def test_the_loop_waits_for_the_gpu_at_updates_not_at_micro_batches(tmp_path, fresh_accelerate_state, graphed):
     """A blocking copy of a micro-batch to the GPU, or a value read on the host, makes the host wait for every
     kernel queued before it. The run's loaders copy asynchronously and the loop reads the GPU when an update is
     made, not per micro-batch: once an update, for the window's totals and its gradient's norm together, where
-    at k=8 a blocking copy alone would wait 8 times an update. (transformers' own forward reads the padding mask
-    on the host to choose an attention kernel: its waits are not the loop's.)"""
+    at k=8 a blocking copy alone would wait 8 times an update. Eager and replayed from CUDA graphs (the default
+    here). Not the loop's: transformers' own forward reads the padding mask on the host to choose an attention
+    kernel, and torch.cuda.graph synchronizes around each capture (once per length)."""
     if str(REPO) not in sys.path:
         sys.path.insert(0, str(REPO))  # bench/ is not part of the installed package
     from bench.common import host_waits
     from finetune.assembly import setup_run
     from finetune.config import load_config
+    from finetune.cuda_graphs import graphs_for_run
     from finetune.loop import train_one_epoch
     from helpers import make_texts, save_tiny_model, write_tsv
 
@@ -220,11 +223,14 @@ def test_the_loop_waits_for_the_gpu_at_updates_not_at_micro_batches(tmp_path, fr
         "data.num_workers=0", "training.mixed_precision=bf16", "logging.progress_bar=false"])
     run = setup_run(cfg)
     assert run.accelerator.dataloader_config.non_blocking
+    graphs = graphs_for_run(run) if graphed else None
+    assert (graphs is not None) == graphed
     result, waits = host_waits(lambda: train_one_epoch(
         run.model, run.optimizer, run.scheduler, run.train_dataloader, run.accelerator, 0, state=run.state,
-        max_grad_norm=cfg.training.max_grad_norm, plan=run.plan))
-    loop_waits = [w for w in waits if "/transformers/" not in w]
+        max_grad_norm=cfg.training.max_grad_norm, plan=run.plan, graphs=graphs))
+    loop_waits = [w for w in waits if "/transformers/" not in w and "/torch/cuda/graphs.py" not in w]
     assert result.updates >= 4
+    assert not graphed or graphs.graphs  # the micro-batches were replayed
     assert len(loop_waits) <= result.updates, (
         f"{len(loop_waits)} waits outside the model in {result.updates} updates of 8 micro-batches "
         f"({len(waits) - len(loop_waits)} in it): {sorted(set(loop_waits))}")
