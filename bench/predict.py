@@ -50,6 +50,7 @@ def main(argv=None) -> int:
         raise SystemExit(f"{args.output_dir}: no trained model (run `make train` first, or name a run's folder)")
 
     import numpy as np
+    import torch
 
     from finetune.predict import Predictor
 
@@ -61,7 +62,7 @@ def main(argv=None) -> int:
         predictors[precision] = Predictor.load(args.output_dir, batch_size=args.batch_size, precision=precision)
     seconds: dict[str, list[float]] = {p: [] for p in precisions}
     probabilities: dict[str, np.ndarray] = {}
-    sync = __import__("torch").cuda.synchronize if base.device.type == "cuda" else (lambda: None)
+    sync = torch.cuda.synchronize if base.device.type == "cuda" else (lambda: None)
     for _ in range(args.rounds):
         for precision in precisions:
             sync()
