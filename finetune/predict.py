@@ -19,7 +19,8 @@ label, score and probabilities, so the rows still line up with the input.
 
 The model runs where training would run (Accelerate's device choice: a GPU
 if there is one), in float32 unless ``--precision bf16`` (or ``fp16``) asks
-for autocast, on batches of similar length so padding stays small; texts are truncated to the run's ``data.max_length`` (from the saved
+for autocast, on batches of similar length so padding stays small; texts
+are truncated to the run's ``data.max_length`` (from the saved
 ``config.yaml``). The same directory also works in plain
 ``transformers.pipeline("text-classification", model=output_dir)``.
 """
@@ -367,8 +368,8 @@ def add_precision_argument(parser: argparse.ArgumentParser) -> None:
     """``--precision``, shared by ``predict`` and ``score``."""
     parser.add_argument("--precision", default="no", metavar="{no,bf16,fp16}",
                         help="arithmetic of the forward passes: no (float32, the default), or bf16 or fp16 "
-                        "autocast: faster where the hardware computes it (a GPU, a CPU with AMX or avx512_bf16), "
-                        "with probabilities that differ from float32's in their last digits")
+                        "autocast, for hardware that computes them natively (a CPU with AMX or avx512_bf16, a "
+                        "recent GPU): faster, with probabilities that differ from float32's in their last digits")
 
 
 def batch_too_large(batch_size: int) -> OutOfMemory:
