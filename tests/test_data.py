@@ -291,11 +291,18 @@ def test_stratified_carve(tmp_path):
 
 
 @pytest.mark.parametrize("seed", [0, 7, 42])
-def test_the_stratified_carve_takes_the_rows_datasets_would(seed):
+@pytest.mark.parametrize("draw", ["datasets' draw", "datasets' method"])
+def test_the_stratified_carve_takes_the_rows_datasets_would(seed, draw, monkeypatch):
     """The carve reads the labels at once and draws with datasets' own stratified draw (datasets' method reads
     them a row at a time): the same rows in the same order as ``train_test_split(stratify_by_column=...)``, so
-    that a run's split, and the checkpoints that fingerprint its rows, stay as they were."""
+    that a run's split, and the checkpoints that fingerprint its rows, stay as they were. Where the draw's
+    module is gone, the method itself."""
+    import sys
+
     import numpy as np
+
+    if draw == "datasets' method":
+        monkeypatch.setitem(sys.modules, "datasets.utils.stratify", None)  # an import of it raises ImportError
 
     from finetune.data import LABELS, _stratified_split
 
