@@ -269,11 +269,21 @@ def autocast_dtype(precision: str, device) -> Optional[Any]:
     """
     import torch
 
-    if precision not in PRECISIONS:
-        raise ConfigError(f"precision: must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+    check_precision(precision, "precision")
     if precision == "fp16" and device.type != "cuda":
         raise ConfigError(f"precision fp16: needs a CUDA GPU, the model is on {device.type} (use bf16 or no)")
     return {"no": None, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
+
+
+def check_precision(precision: str, key: str) -> None:
+    """Refuse a name :data:`PRECISIONS` lacks, saying ``key`` (``--precision`` on a command line): before
+    torch is imported, so that a command's wrong argument is said at once.
+
+    Raises:
+        ConfigError: naming ``key``.
+    """
+    if precision not in PRECISIONS:
+        raise ConfigError(f"{key}: must be one of {', '.join(PRECISIONS)}, got {precision!r}")
 
 
 def _training_device():
@@ -325,8 +335,7 @@ def run(args: argparse.Namespace) -> None:
         raise ConfigError(f"--batch-size: must be >= 1, got {args.batch_size}")
     if not 0.0 < args.threshold < 1.0:
         raise ConfigError(f"--threshold: must be between 0 and 1, got {args.threshold}")
-    if args.precision not in PRECISIONS:
-        raise ConfigError(f"--precision: must be one of {', '.join(PRECISIONS)}, got {args.precision!r}")
+    check_precision(args.precision, "--precision")
     if args.output:
         checked_suffix(Path(args.output), OUTPUT_FORMATS, "--output")
         if not Path(args.output).resolve().parent.is_dir():

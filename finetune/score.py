@@ -34,7 +34,8 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from finetune.errors import ConfigError, DataError, FileLayoutError, out_of_memory_told_as, run_command
-from finetune.predict import DEFAULT_BATCH_SIZE, PRECISIONS, Predictor, add_precision_argument, batch_too_large
+from finetune.predict import (DEFAULT_BATCH_SIZE, Predictor, add_precision_argument, batch_too_large,
+                              check_precision)
 
 _SCORE_SECTIONS = ("data", "evaluation")
 # The labelled file is the only data: no second file, no carve, no caps.
@@ -256,8 +257,7 @@ def run(args: argparse.Namespace) -> Score:
     output_dir = require_saved_model(args.output_dir)
     if args.batch_size < 1:
         raise ConfigError(f"--batch-size: must be >= 1, got {args.batch_size}")
-    if args.precision not in PRECISIONS:
-        raise ConfigError(f"--precision: must be one of {', '.join(PRECISIONS)}, got {args.precision!r}")
+    check_precision(args.precision, "--precision")
     data_path(args.file, "--file")
     png = Path(args.png) if args.png else output_dir / f"confusion_{Path(args.file).stem}.png"
     for flag, target in (("--png", png), ("--json", Path(args.json) if args.json else None)):

@@ -239,6 +239,15 @@ def test_not_a_model_directory(tmp_path, capsys):
     assert capsys.readouterr().err.strip() == f"error: {tmp_path}: no model here (no config.json); pass a run's output_dir"
 
 
+def test_score_refuses_an_unknown_precision_in_one_line(trained, tmp_path, capsys):
+    from finetune.score import main
+
+    out, cfg, _ = trained
+    assert main([str(out), "--file", str(cfg.data.validation_file), "--precision", "fp8"]) == 2
+    assert capsys.readouterr().err.strip() == "error: --precision: must be one of no, bf16, fp16, got 'fp8'"
+    assert not list(out.glob("confusion_*.png"))
+
+
 def png_size(path) -> tuple[int, int]:
     data = path.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n"
