@@ -44,14 +44,17 @@ print("RESULT " + json.dumps({"seconds": time.perf_counter() - began, "train_row
 
 
 def write_rows(path: Path, rows: int) -> None:
-    """The default config's SMS messages, repeated and numbered up to ``rows`` rows, as a TSV with a header."""
+    """The default config's SMS messages (read as a run reads them, none carved off), repeated and numbered up
+    to ``rows`` rows, as a TSV with a header."""
+    from finetune.columns import read_column
     from finetune.config import load_config
-    from finetune.resources import data_path
+    from finetune.data import LABELS, TEXT, load_splits, quiet_progress_bars
 
-    cfg = load_config(str(REPO / "configs" / "default.yaml"), [])
-    source = data_path(cfg.data.train_file, "data.train_file")
-    with open(source, encoding="utf-8", newline="") as f:
-        messages = [(label, text) for label, text in csv.reader(f, delimiter="\t") if text.strip()]
+    quiet_progress_bars()
+    cfg = load_config(str(REPO / "configs" / "default.yaml"), ["data.validation_split=0"])
+    splits, labels = load_splits(cfg.data, seed=cfg.training.seed)
+    messages = list(zip([labels.names[i] for i in read_column(splits["train"], LABELS)],
+                        read_column(splits["train"], TEXT)))
     with open(path, "w", encoding="utf-8", newline="") as f:
         out = csv.writer(f, delimiter="\t", lineterminator="\n")
         out.writerow(["label", "text"])

@@ -834,3 +834,18 @@ def test_the_prediction_benchmark_times_each_precision_on_the_same_texts(tmp_pat
     assert rows["float32"][2] == "1.00" and rows["float32"][-1].strip(" |") == "0.0e+00"
     assert 0 < float(rows["bf16 autocast"][-1].strip(" |")) < 0.1  # bf16 moves the probabilities, a little
     assert "(40 texts, batch 16, cpu)" in table[0]
+
+
+def test_the_start_up_benchmark_times_each_checkout_on_the_same_generated_rows(tmp_path, capsys):
+    """The default job's messages, read as a run reads them, repeated and numbered up to --rows; each way's
+    setup_run timed in a fresh process (here this checkout against itself as the baseline)."""
+    from bench.startup import main, write_rows
+
+    write_rows(tmp_path / "texts.tsv", 5000)
+    lines = (tmp_path / "texts.tsv").read_text(encoding="utf-8").splitlines()
+    assert lines[0] == "label\ttext" and len(lines) == 5001
+    assert lines[1].split("\t")[0] in ("ham", "spam") and lines[1].endswith(" (0)") and lines[-1].endswith(" (1)")
+    assert main(["--rows", "300", "--rounds", "1", "--baseline", str(REPO)]) == 0
+    rows = [line.split(" | ") for line in capsys.readouterr().out.splitlines() if line.startswith("| ")][2:]
+    assert [row[0].split(",")[0] for row in rows] == ["| baseline", "| this checkout"]
+    assert all(0 < float(row[1]) < 120 and row[2].strip(" |") == row[1] for row in rows)  # one round: its own median
