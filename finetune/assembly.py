@@ -107,7 +107,8 @@ def setup_run(cfg: Config, accelerator=None, batching: Optional[Batching] = None
     from accelerate.utils import set_seed
 
     from finetune.data import content_sha256
-    from finetune.modeling import choose_trained_weights, load_model_config, load_model_reporting, load_tokenizer
+    from finetune.modeling import (choose_trained_weights, compile_model, load_model_config, load_model_reporting,
+                                   load_tokenizer)
 
     accelerator = accelerator or build_accelerator(cfg)
     batching = check_batching(cfg, accelerator, batching)
@@ -127,8 +128,7 @@ def setup_run(cfg: Config, accelerator=None, batching: Optional[Batching] = None
                                                     collator(tokenizer, accelerator, cfg, longest=longest),
                                                     accelerator, batching, cfg.training, cfg.data.max_length)
     accumulate_as(accelerator, batching, epoch=0)  # before prepare: DeepSpeed reads k there
-    if cfg.training.torch_compile:
-        model.compile()  # in place: state_dict keys, unwrap_model and save_pretrained stay as without compiling
+    compile_model(model, cfg.training.torch_compile)
     train_dl, eval_dl = build_dataloaders(cfg, tokenized, tokenizer, accelerator, batching, checkpointing.on)
     optimizer = build_optimizer(model, cfg.optim, device=accelerator.device)
     model, optimizer, train_dl, eval_dl = prepare(accelerator, model, optimizer, train_dl, eval_dl)

@@ -35,10 +35,13 @@ accumulation a replay may overwrite a gradient the window still holds
 gradients are the parameters' own.
 
 With ``training.torch_compile`` as well, the graphs hold inductor's fused
-kernels: the model's forward is compiled in inductor's default mode (no graphs
-of its own), compiled during the warm-up, before the capture (a capture must
-not compile: compiling launches kernels of its own), and captured by hand as
-above. Fusion cuts what the GPU does; the graph cuts what the host does.
+kernels: the model's forward (or, under ``blocks``, each encoder block) is
+compiled in inductor's default mode (no graphs of its own), compiled during
+the warm-up, before the capture (a capture must not compile: compiling
+launches kernels of its own), and captured by hand as above. Fusion cuts what
+the GPU does; the graph cuts what the host does. Compiled blocks cost the host
+a guard check per block each micro-batch when run eagerly; replayed from a
+graph they cost it nothing.
 
 Where it does not apply, the micro-batch runs eagerly and the reason is
 logged once: no CUDA device; several processes (DDP's all-reduce hooks,
@@ -209,17 +212,19 @@ class GraphedMicroBatches:
         pad_token_id: What ``input_ids`` are padded with.
         precision: ``"bf16"`` (autocast) or ``"no"`` (fp32).
         recorder: How a step is captured: :func:`record_cuda_graph`, or :func:`rerun_eagerly`.
-        compiled: Compile the model's forward with ``torch.compile`` (inductor's default mode), so that the graphs
-            hold its fused kernels.
+        compiled: ``training.torch_compile``. ``True``: compile the model's forward with ``torch.compile``
+            (inductor's default mode), so that the graphs hold its fused kernels. ``"blocks"``: the encoder
+            blocks were compiled in place beforehand (:func:`finetune.modeling.compile_model`), so the graphs
+            hold theirs; nothing is compiled here.
     """
 
     def __init__(self, model, loss_fn, rows: int, lengths: list[int], pad_token_id: int = 0,
-                 precision: str = "no", recorder=record_cuda_graph, compiled: bool = False) -> None:
+                 precision: str = "no", recorder=record_cuda_graph, compiled: bool | str = False) -> None:
         # the model's own forward, without the autocast Accelerate wraps around it: the step enters its own,
         # with the weight-cast cache off, as torch asks under capture. Compiled, it is this forward that is
         # compiled (not the model's own compiled call, which goes through Accelerate's wrapper)
         forward = type(model).forward.__get__(model)
-        self.forward = torch.compile(forward) if compiled else forward
+        self.forward = torch.compile(forward) if compiled is True else forward
         self.compiled = compiled
         self.model, self.loss_fn, self.rows, self.lengths = model, loss_fn, rows, sorted(lengths)
         self.pad_token_id, self.recorder = pad_token_id, recorder
@@ -268,7 +273,7 @@ class GraphedMicroBatches:
 
     def record(self) -> dict:
         """What was captured, for ``metrics.json``: the lengths, the seconds their capture took (compiling
-        included), whether the forward was compiled, and the bytes their shared memory pool holds (``None``
+        included), what was compiled (``training.torch_compile``), and the bytes their shared memory pool holds (``None``
         without one)."""
         return {"lengths": sorted(self.graphs), "capture_seconds": round(self.capture_seconds, 3),
                 "compiled": self.compiled, "pool_bytes": pool_bytes(self.pool)}

@@ -386,7 +386,9 @@ def test_the_gpu_check_runs_the_parts_asked_for_and_goes_on_past_a_failing_one(t
         "-m bench.probe casts", "-m bench.predict " + str(work / "bert-base"), "-m pytest -m"]
     assert [p.split(" in ")[0] for p in parts] == ["tests: failed (1)", "speed: passed", "host: passed",
                                                    "graphs: passed", "casts: passed", "predict: passed",
-                                                   "engines: failed (1)"]
+                                                   "engines: failed (1)", "compile: passed"]
+    compile_run = [c for c in calls if c.startswith("bench/run.py")][-1]
+    assert "--bbc-steps 120 --repeats 1 --graphs --only =bbc/trainer,=bbc/ours,=bbc/ours compiled graphs," in compile_run
 
     # 2 s of budget: the probe, which sleeps, is stopped when they are up
     proc, calls, parts = gpu_check("casts", slow="bench.probe", GPU_BUDGET_S="2", GPU_RESERVE_S="1")
@@ -572,8 +574,36 @@ def test_the_gpu_checks_default_arms_leave_out_the_compiled_graphs_whose_compile
     # the package's own arm is graphed by its default (training.cuda_graphs: auto); the eager arm turns it off
     assert "training.cuda_graphs=false" in every["bbc/ours eager"].spec.overrides
     assert not any(o.startswith("training.cuda_graphs") for o in every["bbc/ours"].spec.overrides)
+    assert set(every["bbc/ours compiled blocks graphs"].spec.overrides) >= {"training.cuda_graphs=true",
+                                                                           "training.torch_compile=blocks"}
     s.only = ["=bbc/trainer", "=bbc/ours compiled graphs"]
     assert sorted(j.name for j in main_jobs(s, trainer_k1=False)) == ["bbc/ours compiled graphs", "bbc/trainer"]
+
+
+def test_every_benchmark_run_compiles_into_an_empty_cache_of_its_own(tmp_path, monkeypatch):
+    """A compiled arm's cold start is a first run's: no run finds the kernels an earlier round or arm compiled."""
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    import bench.run as bench_run
+    from bench.run import Settings, main_jobs, run_job
+
+    seen = []
+
+    def fake_run(cmd, cwd, env, stdout, stderr, timeout):
+        seen.append((env["TORCHINDUCTOR_CACHE_DIR"], env["TRITON_CACHE_DIR"]))
+        return SimpleNamespace(returncode=1)
+
+    monkeypatch.setattr(bench_run.subprocess, "run", fake_run)
+    s = Settings(out=tmp_path, repeats=1, threads=1, precision="bf16", smoke=False, sms_steps=None, bbc_steps=40,
+                 datasets=["bbc"], batching={"bbc": (64, 4)}, graphs=True)
+    jobs = {j.name: j for j in main_jobs(s, trainer_k1=False)}
+    for index, name in enumerate(["bbc/ours compiled graphs", "bbc/ours compiled blocks graphs",
+                                  "bbc/ours compiled graphs"]):
+        assert run_job(jobs[name], s, index)["ok"] is False
+    inductor = [Path(a) for a, _ in seen]
+    assert len(set(inductor)) == 3 and all(not p.exists() for p in inductor)
+    assert all(p.is_relative_to(tmp_path / "runs") for a, b in seen for p in (Path(a), Path(b)))
 
 
 def test_profile_probe_finds_the_mask_draws_it_groups(tiny_job, fresh_accelerate_state):
@@ -659,6 +689,30 @@ def test_the_compile_table_compares_each_precisions_steady_state_with_its_uncomp
     lines = table(rows).splitlines()
     assert lines[3] == "| bf16 | compiled | 40.0 | 0.800 | 0.62 | 32.0 | 140 | 0.9680 |"  # 0.5 / 0.8
     assert lines[5] == "| no | compiled | 99.0 | 0.500 | 1.50 | 17.0 | 254 | 0.9680 |"  # against fp32's own uncompiled run
+
+
+def test_each_compiled_arm_starts_on_an_empty_compile_cache_and_its_rerun_on_the_one_it_filled(monkeypatch, capsys):
+    """bench/compile.py's warm-up is a first run's: no arm finds another's kernels. ``--rerun`` times the second
+    run of each compiled arm on its own cache; the uncompiled arm has nothing to rerun."""
+    import bench.compile as compile_bench
+
+    runs = []
+
+    def fake_run_arm(out, updates, precision, label, overrides, config, warmup, cache=None):
+        runs.append((label, overrides[-1], cache))
+        return {"precision": precision, "arm": label, "warmup_s": 1.0, "steady_s_per_update": 0.5,
+                "samples_per_s": 10.0, "wall_s": 2.0, "f1": 0.9}
+
+    monkeypatch.setattr(compile_bench, "run_arm", fake_run_arm)
+    compile_bench.main(["--precisions", "bf16", "--updates", "4", "--warmup", "1", "--rerun"])
+    assert [(label, override) for label, override, _ in runs] == [
+        ("not compiled", "training.torch_compile=false"), ("compiled", "training.torch_compile=true"),
+        ("compiled (rerun)", "training.torch_compile=true"), ("compiled blocks", "training.torch_compile=blocks"),
+        ("compiled blocks (rerun)", "training.torch_compile=blocks")]
+    caches = [cache for _, _, cache in runs]
+    assert caches[1] == caches[2] and caches[3] == caches[4]  # a rerun finds its first run's cache
+    assert len({caches[0], caches[1], caches[3]}) == 3  # and no arm another's
+    assert "| bf16 | compiled blocks (rerun) |" in capsys.readouterr().out
 
 
 def test_the_memory_table_compares_each_setting_with_the_plain_one_and_its_plan():

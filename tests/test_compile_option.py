@@ -1,4 +1,5 @@
-"""``training.torch_compile``: the model is compiled in place, trains, and saves a loadable model.
+"""``training.torch_compile``: the model (``true``) or each encoder block (``blocks``) is compiled in place,
+trains, and saves a loadable model; the blocks share one compile.
 
 Inductor takes minutes on a CPU, so the test compiles with dynamo's ``eager``
 backend: the forward is still captured by ``torch.compile`` (graphs are
@@ -21,7 +22,7 @@ def assets(tmp_path_factory):
     return save_tiny_model(root / "tiny-bert"), write_tsv(root / "sms.csv", make_texts(60, seed=6))
 
 
-def _train(assets, out, compile_model: bool):
+def _train(assets, out, compile_model):
     from accelerate.state import AcceleratorState, GradientState
 
     from finetune import fit, setup_run
@@ -47,10 +48,8 @@ def _train(assets, out, compile_model: bool):
     return run
 
 
-def test_compiled_model_trains_like_the_eager_one_and_saves(assets, tmp_path, monkeypatch, fresh_accelerate_state):
-    from torch._dynamo.utils import counters
-    from transformers import AutoModelForSequenceClassification
-
+def _compiling_with_dynamos_eager_backend(monkeypatch) -> list[str]:
+    """``Module.compile`` with dynamo's ``eager`` backend; the list of the classes it compiled, as they are."""
     compiled = []
     real_compile = torch.nn.Module.compile
 
@@ -59,13 +58,26 @@ def test_compiled_model_trains_like_the_eager_one_and_saves(assets, tmp_path, mo
         return real_compile(self, *args, **{**kwargs, "backend": "eager"})
 
     monkeypatch.setattr(torch.nn.Module, "compile", eager_backend_compile)
+    return compiled
+
+
+@pytest.mark.parametrize("setting, compiled_classes", [
+    (True, ["BertForSequenceClassification"]),
+    ("blocks", ["BertLayer", "BertLayer"]),  # the tiny model's two blocks, and nothing else
+])
+def test_compiled_model_trains_like_the_eager_one_and_saves(setting, compiled_classes, assets, tmp_path, monkeypatch,
+                                                            fresh_accelerate_state):
+    from torch._dynamo.utils import counters
+    from transformers import AutoModelForSequenceClassification
+
+    compiled = _compiling_with_dynamos_eager_backend(monkeypatch)
     torch._dynamo.reset()
     counters.clear()
-    run = _train(assets, tmp_path / "compiled", compile_model=True)
-    assert compiled == ["BertForSequenceClassification"]
+    run = _train(assets, tmp_path / "compiled", compile_model=setting)
+    assert compiled == compiled_classes
     assert counters["stats"]["unique_graphs"] > 0  # the forward really went through torch.compile
     plain = _train(assets, tmp_path / "plain", compile_model=False)
-    assert compiled == ["BertForSequenceClassification"]  # not compiled when the option is off
+    assert compiled == compiled_classes  # not compiled when the option is off
     trained = dict(run.accelerator.unwrap_model(run.model).named_parameters())
     reference = dict(plain.accelerator.unwrap_model(plain.model).named_parameters())
     assert trained.keys() == reference.keys()
@@ -76,3 +88,38 @@ def test_compiled_model_trains_like_the_eager_one_and_saves(assets, tmp_path, mo
     for name, tensor in saved.named_parameters():
         torch.testing.assert_close(tensor, trained[name].detach().cpu())
     torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("setting", [True, "blocks"])
+def test_a_compile_serves_every_block_and_every_length_after_the_second(setting, monkeypatch):
+    """What docs/performance.md says a compile costs: the first length compiles, the second compiles once more
+    with the length dynamic, and every later length reuses that; under ``blocks`` one compile serves every block
+    (not one per block: the tiny model has two)."""
+    from torch._dynamo.utils import counters
+
+    from finetune.modeling import compile_model
+    from helpers import tiny_bert
+
+    _compiling_with_dynamos_eager_backend(monkeypatch)
+    torch._dynamo.reset()
+    counters.clear()
+    model = tiny_bert().train()
+    compile_model(model, setting)
+    graphs_after = []
+    for length in (8, 16, 24, 32):
+        ids = torch.randint(5, 25, (4, length))
+        model(input_ids=ids, attention_mask=torch.ones_like(ids), labels=torch.zeros(4, dtype=torch.long)).loss.backward()
+        graphs_after.append(counters["stats"]["unique_graphs"])
+    assert graphs_after == [1, 2, 2, 2]
+    torch._dynamo.reset()
+
+
+def test_blocks_name_the_setting_where_a_model_has_none(monkeypatch):
+    from finetune.errors import ConfigError
+    from finetune.modeling import compile_model
+
+    _compiling_with_dynamos_eager_backend(monkeypatch)
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2))
+    model.base_model_prefix = "encoder"
+    with pytest.raises(ConfigError, match=r"^training.torch_compile: blocks finds no transformer blocks in Sequential$"):
+        compile_model(model, "blocks")

@@ -23,6 +23,7 @@ from transformers import BertForSequenceClassification
 from finetune.config import OptimConfig, config_from_dict
 from finetune.cuda_graphs import GraphedMicroBatches, record_cuda_graph, rerun_eagerly, why_not_graphed
 from finetune.loop import TrainState, train_one_epoch
+from finetune.modeling import compile_model
 from finetune.optimization import build_optimizer, build_scheduler, plan_updates
 from finetune.sampling import EpochSampler
 from finetune.tasks import Task
@@ -76,10 +77,11 @@ class RefusingRecorder(CountingRecorder):
 
 
 def _train(device: str, graphed: bool, epochs: int = 2, host_reading: bool = False, model_type: str = "bert",
-           dropout: float = 0.0, compiled: bool = False, capture: bool = True) -> dict:
-    """``(4, 3)`` on a tiny model (BERT by default) for ``epochs``, eagerly or replayed (``compiled``: the
-    graphs' forward compiled; ``capture=False``: fixed shapes without graphs, on any device); the weights after
-    every update. Each run starts its random streams (dropout's) from the same seed."""
+           dropout: float = 0.0, compiled: bool | str = False, capture: bool = True) -> dict:
+    """``(4, 3)`` on a tiny model (BERT by default) for ``epochs``, eagerly or replayed (``compiled``:
+    ``training.torch_compile``, the graphs' forward compiled, or the blocks under ``"blocks"``; ``capture=False``:
+    fixed shapes without graphs, on any device); the weights after every update. Each run starts its random
+    streams (dropout's) from the same seed."""
     from accelerate import Accelerator
 
     acc = Accelerator(cpu=device == "cpu", gradient_accumulation_steps=K)
@@ -87,6 +89,8 @@ def _train(device: str, graphed: bool, epochs: int = 2, host_reading: bool = Fal
              else tiny_model(model_type, num_labels=2, dropout=dropout))
     if host_reading:
         model.__class__ = HostReadingBert
+    if compiled == "blocks":
+        compile_model(model, "blocks")
     opt_cfg = OptimConfig(learning_rate=1e-3, warmup_steps=1)
     optimizer = build_optimizer(model, opt_cfg, device=acc.device)
     data = token_dataset(N, seed=1)
@@ -147,11 +151,14 @@ def test_replayed_micro_batches_train_the_eager_weights(device):
         assert record["pool_bytes"] is None
 
 
+@pytest.mark.parametrize("compiled", [True, "blocks"])
 @pytest.mark.parametrize("device", DEVICES)
-def test_a_compiled_forward_compiles_in_the_warm_up_and_replays_to_the_uncompiled_weights(device, monkeypatch):
-    """``training.torch_compile`` with ``training.cuda_graphs``: each length's forward and backward are compiled in
-    its warm-up, never in a capture or a replay, and the replays train the weights of the same compiled steps
-    run without graphs, which are those of eager steps to the compiled kernels' rounding.
+def test_a_compiled_forward_compiles_in_the_warm_up_and_replays_to_the_uncompiled_weights(device, compiled,
+                                                                                         monkeypatch):
+    """``training.torch_compile`` with ``training.cuda_graphs``: each length's forward and backward (the whole
+    forward's, or under ``blocks`` the encoder blocks') are compiled in its warm-up, never in a capture or a
+    replay, and the replays train the weights of the same compiled steps run without graphs, which are those of
+    eager steps to the compiled kernels' rounding.
 
     On a CPU, dynamo's ``aot_eager`` backend stands in for inductor (which compiles for minutes there): the
     forward and backward graphs AOTAutograd traces, run by eager kernels, so the weights are the eager ones.
@@ -163,17 +170,17 @@ def test_a_compiled_forward_compiles_in_the_warm_up_and_replays_to_the_uncompile
         monkeypatch.setattr(torch, "compile", lambda fn, **kw: compile_for_real(fn, **{**kw, "backend": "aot_eager"}))
     torch._dynamo.reset()
     counters.clear()
-    replayed = _train(device, graphed=True, compiled=True)
+    replayed = _train(device, graphed=True, compiled=compiled)
     compiled_graphs = counters["stats"]["unique_graphs"]
     recorder = replayed["recorder"]
-    assert replayed["graphs"].record()["compiled"] and replayed["graphs"].record()["lengths"]
+    assert replayed["graphs"].record()["compiled"] == compiled and replayed["graphs"].record()["lengths"]
     assert recorder.captures == len(replayed["graphs"].graphs) > 1
     # compiled before the first capture ended, and nothing compiled after the last (its replays and 2 epochs' worth)
     assert 0 < recorder.compiled_by_capture[0] and recorder.compiled_by_capture[-1] == compiled_graphs
     assert counters["aot_autograd"]["total"] > 0  # the backward went through the compiled graph too
     torch._dynamo.reset()  # the reference compiles afresh, as the replayed run did: the same kernels, length by length
     reference = (_train(device, graphed=False) if device == "cpu"
-                 else _train(device, graphed=True, compiled=True, capture=False))
+                 else _train(device, graphed=True, compiled=compiled, capture=False))
     for update, (a, b) in enumerate(zip(reference["snapshots"], replayed["snapshots"])):
         for pa, pb in zip(a, b):
             torch.testing.assert_close(pb, pa, rtol=1e-5, atol=1e-6, msg=lambda m: f"update {update + 1}: {m}")
@@ -406,10 +413,11 @@ def test_auto_replays_bf16_micro_batches_on_one_gpu_and_true_fp32_ones_too(setti
     assert graphed(setting, accelerator, checkpointing=True, chunked=False) is False
 
 
-@pytest.mark.parametrize("torch_compile", [False, True])
+@pytest.mark.parametrize("torch_compile", [False, True, "blocks"])
 def test_a_runs_graphs_hold_the_compiled_forward_under_torch_compile(torch_compile, monkeypatch):
-    """The two settings combine: the graphs of a run with ``training.torch_compile`` compile the model's own
-    forward (the test above trains them)."""
+    """The two settings combine: the graphs of a run with ``training.torch_compile: true`` compile the model's own
+    forward; under ``blocks`` they compile nothing themselves (setup compiled the blocks in place), and call the
+    model's plain forward, which runs the compiled blocks (the test above trains both)."""
     import finetune.cuda_graphs as cuda_graphs
 
     monkeypatch.setattr(cuda_graphs, "graphed_run", lambda run: True)  # as on one CUDA GPU
@@ -421,9 +429,9 @@ def test_a_runs_graphs_hold_the_compiled_forward_under_torch_compile(torch_compi
                           train_dataloader=SimpleNamespace(collate_fn=SimpleNamespace(sizes=LENGTHS)),
                           tokenizer=SimpleNamespace(pad_token_id=0), accelerator=SimpleNamespace(mixed_precision="no"))
     graphs = cuda_graphs.graphs_for_run(run)
-    assert graphs.record()["compiled"] is torch_compile
-    forward = graphs.forward[1] if torch_compile else graphs.forward
-    assert graphs.forward[0] == "compiled" if torch_compile else not isinstance(forward, tuple)
+    assert graphs.record()["compiled"] == torch_compile
+    forward = graphs.forward[1] if torch_compile is True else graphs.forward
+    assert graphs.forward[0] == "compiled" if torch_compile is True else not isinstance(forward, tuple)
     assert forward.__func__ is type(model).forward and forward.__self__ is model  # the model's own, unwrapped
 
 

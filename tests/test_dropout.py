@@ -207,12 +207,17 @@ def test_evaluation_inside_the_switch_is_unchanged():
 @pytest.mark.parametrize(
     "device, compiled, expected",
     [("cpu", None, True), ("cuda", None, False), ("cpu", "wrapped", False), ("cpu", "in place", False),
-     ("cpu", "in place inside DDP", False)],
+     ("cpu", "in place inside DDP", False), ("cpu", "a block in place", False),
+     ("cpu", "a block in place inside DDP", False)],
 )
 def test_it_applies_on_the_cpu_to_an_uncompiled_model(device, compiled, expected):
     model = tiny_bert()
     if compiled == "wrapped":
         model = SimpleNamespace(_orig_mod=model)  # what torch.compile(model) returns carries
+    elif compiled is not None and compiled.startswith("a block"):
+        model.bert.encoder.layer[1]._compiled_call_impl = lambda *a, **kw: None  # training.torch_compile: blocks
+        if compiled.endswith("DDP"):
+            model = SimpleNamespace(module=model)
     elif compiled is not None:
         model._compiled_call_impl = lambda *a, **kw: None  # what model.compile() (training.torch_compile) sets
         if compiled.endswith("DDP"):

@@ -67,17 +67,21 @@ RELEASED_BLOCK = 1 << 20
 
 
 def is_compiled(model) -> bool:
-    """Whether ``model`` (or the module inside DDP's wrapper) runs through ``torch.compile``.
+    """Whether ``model`` (or the module inside DDP's wrapper), or any module inside it, runs through
+    ``torch.compile``.
 
     ``torch.compile(model)`` returns a wrapper with ``_orig_mod``;
-    ``model.compile()``, as ``training.torch_compile`` does, compiles in place
-    and sets ``_compiled_call_impl``. Both are read with ``getattr``, so a torch
-    that renamed them makes this answer False, never fail.
+    ``module.compile()``, as ``training.torch_compile`` does to the model
+    (``true``) or to each encoder block (``blocks``), compiles in place and sets
+    ``_compiled_call_impl``. Both are read with ``getattr``, so a torch that
+    renamed them makes this answer False, never fail.
     """
-    for candidate in (model, getattr(model, "module", model)):
+    inner = getattr(model, "module", model)
+    for candidate in (model, inner):
         if hasattr(candidate, "_orig_mod") or getattr(candidate, "_compiled_call_impl", None) is not None:
             return True
-    return False
+    modules = getattr(inner, "modules", None)
+    return callable(modules) and any(getattr(module, "_compiled_call_impl", None) is not None for module in modules())
 
 
 @dataclass(frozen=True)
