@@ -33,23 +33,27 @@
 #            and an exact resume, pipeline() (tests/test_gpu_engines.py; DeepSpeed's skipped where it is not
 #            installed), and the package under each against the Trainer (bench/run.py --engines, one
 #            repeat)
+#   compile  the package compiled and replayed from CUDA graphs, the whole forward (training.torch_compile:
+#            true) and each block (blocks), against the Trainer and the uncompiled graphs over a longer run
+#            (GPU_COMPILE_STEPS updates, default 120; one repeat), each run compiling into an empty cache:
+#            the compile's cold start and the steady rate after it, so how long a run must be for each to pay
 #
-# OUT_DIR receives eleven flat files: parts.log (each part: passed, failed, timed out or skipped, and its
+# OUT_DIR receives thirteen flat files: parts.log (each part: passed, failed, timed out or skipped, and its
 # seconds), tests.log, speed.md and speed.json (the tables, and every run with its seconds per update), host.md,
-# graphs.md, casts.md, predict.md, engines.log, engines.md and engines.json; the working files (the model, every run) go to
-# GPU_WORK (default OUT_DIR/work). A failing part does not stop the next; the exit status names the parts that
+# graphs.md, casts.md, predict.md, engines.log, engines.md, engines.json, compile.md and compile.json; the working
+# files (the model, every run) go to GPU_WORK (default OUT_DIR/work). A failing part does not stop the next; the exit status names the parts that
 # failed.
 #
 # Settings: GPU_BUDGET_S=<seconds> fits the check into a time limit: each part runs under what is left,
 # less GPU_RESERVE_S (default 60) for each part after it, and a part left less than that is skipped (a
 # cut speed part keeps the rounds it finished). GPU_BATCHING=b,k (default 64,4), GPU_STEPS (updates per speed run, default
 # 40), GPU_REPEATS (default 2), GPU_ARMS (bench/run.py --only; `all` for every arm), GPU_ENGINE_REPEATS (the
-# engine rows' repeats, default 1), PYTHON (default python3). GPU_KIT=<folder> (default .gpu): what bench/gpu_kit.sh made for a machine without network;
+# engine rows' repeats, default 1), GPU_COMPILE_STEPS (updates per compile run, default 120), PYTHON (default python3). GPU_KIT=<folder> (default .gpu): what bench/gpu_kit.sh made for a machine without network;
 # its wheels are installed under GPU_WORK and its tokenizer used unless FINETUNE_TOKENIZER names one.
 set -euo pipefail
 self="$(cd "$(dirname "$0")" && pwd)/$(basename "$0")"
 cd "$(dirname "$self")/.."
-all="tests speed host graphs casts predict engines"
+all="tests speed host graphs casts predict engines compile"
 out=${1:-bench/results/gpu}
 [ $# -gt 0 ] && shift
 parts=${*:-$all}
@@ -135,6 +139,14 @@ part_engines() {
         --only "=bbc/trainer,bbc/ours fsdp,bbc/ours deepspeed" \
         --out "$work/engines" || status=$?
     bring_back engines
+    return $status
+}
+part_compile() {
+    local status=0
+    bert_base && "$py" "${speed[@]}" --bbc-steps "${GPU_COMPILE_STEPS:-120}" --repeats 1 --graphs \
+        --only "=bbc/trainer,=bbc/ours,=bbc/ours compiled graphs,=bbc/ours compiled blocks graphs" \
+        --out "$work/compile" || status=$?
+    bring_back compile
     return $status
 }
 

@@ -156,6 +156,10 @@ def main_jobs(s: Settings, trainer_k1: bool) -> list[Job]:
                 Job(f"{dataset}/ours compiled graphs",
                     replace(base, overrides=base.overrides + ["training.cuda_graphs=true", "training.torch_compile=true"]),
                     label=f"finetune, compiled and replayed from CUDA graphs, b={b} k={k}"),
+                Job(f"{dataset}/ours compiled blocks graphs",
+                    replace(base, overrides=base.overrides + ["training.cuda_graphs=true",
+                                                              "training.torch_compile=blocks"]),
+                    label=f"finetune, each block compiled, replayed from CUDA graphs, b={b} k={k}"),
             ]
         if dataset == "bbc" and k > 1:
             # the same samples in every arm: (b, 1) makes k times the updates
@@ -263,6 +267,10 @@ def run_job(job: Job, s: Settings, index: int) -> dict[str, Any]:
     else:
         cmd = [sys.executable, "-m", f"bench.arm_{job.spec.arm}", str(spec_file), str(result_file)]
         env = _env(s, job.spec.env)
+    # a compile cache of its own, empty: a compiled arm's warm-up is a first run's on this machine, not one that
+    # finds the kernels of an earlier round, arm or benchmark
+    env.update(TORCHINDUCTOR_CACHE_DIR=str(workdir / "compile-cache" / "inductor"),
+               TRITON_CACHE_DIR=str(workdir / "compile-cache" / "triton"))
     start = time.perf_counter()
     with open(workdir / "log.txt", "w", encoding="utf-8") as log:
         try:
@@ -686,7 +694,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                              "(fsdp, deepspeed_zero2; GPUs only)")
     parser.add_argument("--graphs", action="store_true",
                         help="also run the package with training.cuda_graphs: false (eager micro-batches), and with "
-                             "training.cuda_graphs: true and training.torch_compile (GPUs only)")
+                             "training.cuda_graphs: true and training.torch_compile: true or blocks (GPUs only)")
     parser.add_argument("--baseline", metavar="CHECKOUT",
                         help="also run the package of another checkout (git worktree add /tmp/before <commit>) "
                              "with its own configs, in the same rounds: before and after, side by side")
