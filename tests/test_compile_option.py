@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from finetune.config import config_from_dict
-from helpers import make_texts, save_tiny_model, write_tsv
+from helpers import ARCHITECTURES, make_texts, save_tiny_model, tiny_model, write_tsv
 
 
 @pytest.fixture(scope="module")
@@ -123,3 +123,39 @@ def test_blocks_name_the_setting_where_a_model_has_none(monkeypatch):
     model.base_model_prefix = "encoder"
     with pytest.raises(ConfigError, match=r"^training.torch_compile: blocks finds no transformer blocks in Sequential$"):
         compile_model(model, "blocks")
+
+
+@pytest.mark.parametrize("model_type", ARCHITECTURES)
+def test_every_familys_blocks_compile_and_give_the_eager_gradient(model_type, monkeypatch):
+    """``blocks`` finds each supported family's blocks, and its compiled blocks (AOTAutograd's graphs, run by eager
+    kernels: dynamo's ``aot_eager`` backend stands in for inductor) give the eager forward's loss and gradient."""
+    from torch._dynamo.utils import counters
+
+    from finetune.lora import layer_stack
+    from finetune.modeling import compile_model
+
+    compiled_for_real = torch.nn.Module.compile
+    monkeypatch.setattr(torch.nn.Module, "compile",
+                        lambda self, *a, **kw: compiled_for_real(self, *a, **{**kw, "backend": "aot_eager"}))
+    ids = torch.randint(5, 25, (4, 12))
+    mask = torch.ones_like(ids)
+    mask[0, 8:] = 0  # a padded row
+
+    def loss_and_gradient(compiled: bool):
+        model = tiny_model(model_type, num_labels=2, dropout=0.0).train()
+        if compiled:
+            compile_model(model, "blocks")
+        loss = model(input_ids=ids, attention_mask=mask, labels=torch.tensor([0, 1, 0, 1])).loss
+        loss.backward()
+        return model, loss.detach(), torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+
+    torch._dynamo.reset()
+    counters.clear()
+    model, loss, gradient = loss_and_gradient(compiled=True)
+    blocks = layer_stack(model)[1]
+    assert all(getattr(block, "_compiled_call_impl", None) is not None for block in blocks)
+    assert counters["stats"]["unique_graphs"] > 0 and counters["aot_autograd"]["total"] > 0
+    _, eager_loss, eager_gradient = loss_and_gradient(compiled=False)
+    torch.testing.assert_close(loss, eager_loss, rtol=1e-6, atol=0)
+    torch.testing.assert_close(gradient, eager_gradient, rtol=1e-5, atol=1e-6)
+    torch._dynamo.reset()
