@@ -128,9 +128,9 @@ def collator(tokenizer, accelerator, cfg: Optional[Config] = None, checkpointing
 
     graphs = not evaluation and cfg is not None and fixed_lengths(cfg, accelerator, checkpointing)
     if cfg is not None and (cfg.training.torch_compile or graphs):
-        # four lengths under torch_compile, as its GPU measurements ran (its first length compiles, the second
-        # compiles again with the length dynamic, which serves the rest); graphs alone capture a length in a
-        # fraction of a second, so they take as many lengths as a run keeps graphs, and pad less
+        # four lengths under torch_compile, the number its GPU figures were measured with (the first length
+        # compiles, the second compiles again with the length dynamic, which serves the rest); graphs alone
+        # capture a length in a fraction of a second, so they take as many lengths as a run keeps graphs
         buckets = 4 if cfg.training.torch_compile else MAX_GRAPHS
         pad = BucketPadding(tokenizer, cfg.data.max_length, buckets, longest=None if evaluation else longest)
     else:
