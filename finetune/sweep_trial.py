@@ -166,6 +166,7 @@ class TrialRunner:
         finally:
             gc.collect()
             _free_accelerator_memory()
+            _forget_compiled_code()
 
     def _end(self, trial, folder: str, record: dict[str, Any]) -> None:
         path = self.root / folder / TRIAL_FILE
@@ -238,3 +239,14 @@ def _free_accelerator_memory() -> None:
 
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
+
+
+def _forget_compiled_code() -> None:
+    """Clear ``torch.compile``'s caches after a trial, so that the next trial compiles as a run alone would.
+
+    They outlive a run in this process: the next trial's model would be recompiled for each new value of a
+    searched setting its graphs hold (a dropout rate), and past dynamo's limit on graphs per function it
+    would run eagerly, without a word from the run. Inductor's cache on disk keeps compiling again quick."""
+    import torch
+
+    torch.compiler.reset()

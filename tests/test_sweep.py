@@ -193,6 +193,45 @@ def test_trials_in_one_process_may_differ_in_precision(tmp_path, fresh_accelerat
     assert losses["no"] != losses["bf16"]  # each trial computed in its own precision
 
 
+def test_each_trial_compiles_as_a_run_alone_would(tmp_path, fresh_accelerate_state, monkeypatch):
+    """Trials share a process, and torch.compile's caches with it: a compiled block is recompiled for each new
+    dropout rate, and past dynamo's limit (8 per function) it would silently run eagerly. Each trial starts from
+    cleared caches instead, so each compiles its own graphs, whatever the trials before it compiled. Dynamo's
+    ``eager`` backend stands in for inductor; the backend counts the graphs each trial compiles."""
+    import torch
+
+    import finetune.sweep_trial
+
+    compiled = []
+
+    def counting_backend(graph, example_inputs):
+        compiled.append(graph)
+        return graph.forward
+
+    real_compile = torch.nn.Module.compile
+    monkeypatch.setattr(torch.nn.Module, "compile",
+                        lambda self, *a, **kw: real_compile(self, *a, **{**kw, "backend": counting_backend}))
+    per_trial = []
+    train = finetune.sweep_trial.TrialRunner._train
+
+    def counting_train(self, run_args, hook):
+        before = len(compiled)
+        try:
+            return train(self, run_args, hook)
+        finally:
+            per_trial.append(len(compiled) - before)
+
+    monkeypatch.setattr(finetune.sweep_trial.TrialRunner, "_train", counting_train)
+    config = sms_job(tmp_path, epochs=None, training={"torch_compile": "blocks", "max_steps": 1})
+    # each trial compiles a block for training and for evaluation: six reach dynamo's limit of 8 graphs a function
+    rates = [round(0.05 + 0.01 * i, 2) for i in range(6)]
+    spec = sweep_file(tmp_path, space={"model.dropout": rates}, trials=len(rates), sampler="grid", pruner="none")
+    torch.compiler.reset()
+    assert sweep_in_process(["--config", str(config), "--sweep", str(spec)]) == 0
+    assert len(per_trial) == len(rates) and all(count > 0 for count in per_trial), per_trial
+    torch.compiler.reset()
+
+
 # --- pruning ----------------------------------------------------------------------------------------------------
 
 
