@@ -17,8 +17,8 @@ compiling happens) and the median time of the updates after them (the steady
 state). The arms: not compiled, ``compiled`` (the whole forward,
 ``training.torch_compile=true``) and ``compiled blocks`` (each encoder block,
 ``training.torch_compile=blocks``). Compiled runs pad each micro-batch to one of
-four lengths (``finetune.dataloaders.BucketPadding``), so a handful of graphs
-serve the whole run.
+eight lengths (``finetune.dataloaders.BucketPadding``); the first two compile,
+and the second's graph, with the length dynamic, serves the rest.
 
 Each arm compiles into a compile cache of its own, empty at its start
 (``TORCHINDUCTOR_CACHE_DIR``, ``TRITON_CACHE_DIR``): its warm-up is a first

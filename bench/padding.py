@@ -13,10 +13,10 @@ epoch 0, ``b`` texts each):
 - ``4 up to max_length``: one of four lengths a quarter of ``data.max_length``
   apart (what ``training.torch_compile`` padded to before the lengths
   followed the data);
-- ``4 up to the longest``: ``training.torch_compile``'s lengths, a quarter of
-  the longest training text apart;
-- ``8 up to the longest``: ``training.cuda_graphs``'s (eight lengths, one
-  graph each).
+- ``4 up to the longest``: what ``training.torch_compile`` padded to before it
+  took the graphs' eight, a quarter of the longest training text apart;
+- ``8 up to the longest``: ``training.cuda_graphs``'s and
+  ``training.torch_compile``'s (eight lengths, one graph each).
 
 Counts only: no model runs. Each way's tokens are also given as a multiple of
 the texts' own (non-pad) tokens. Prints a Markdown table for bench/README.md.

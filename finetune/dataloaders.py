@@ -75,13 +75,15 @@ def bucket_lengths(top: int, buckets: int) -> list[int]:
 class BucketPadding:
     """Pad each micro-batch to the smallest of a few fixed lengths that holds its longest text.
 
-    ``torch.compile`` builds a graph per input shape, and a CUDA graph holds
-    one; with padding to the longest text of each micro-batch nearly every
-    micro-batch is a new shape. ``buckets`` lengths, evenly apart up to the
-    longest text they must hold (``longest``, the training set's, or
-    ``max_length`` itself), bound the graphs at that many per batch size: a
-    row is padded by less than one bucket's width, which ``longest`` narrows
-    where every text is shorter than ``max_length``. The collators of
+    A CUDA graph holds one shape; with padding to the longest text of each
+    micro-batch nearly every micro-batch is a new shape. ``buckets`` lengths,
+    evenly apart up to the longest text they must hold (``longest``, the
+    training set's, or ``max_length`` itself), bound the graphs at that many
+    per batch size: a row is padded by less than one bucket's width, which
+    ``longest`` narrows where every text is shorter than ``max_length``.
+    (``torch.compile`` alone needs no such bound: from its second shape it
+    compiles the length as dynamic. A compiled run pads to these lengths all
+    the same, as its measurements did.) The collators of
     transformers pad to the longest text, to ``max_length`` or to a multiple;
     none pads to the nearest of a few sizes, hence this wrapper.
     """
@@ -128,11 +130,10 @@ def collator(tokenizer, accelerator, cfg: Optional[Config] = None, checkpointing
 
     graphs = not evaluation and cfg is not None and fixed_lengths(cfg, accelerator, checkpointing)
     if cfg is not None and (cfg.training.torch_compile or graphs):
-        # four lengths under torch_compile, the number its GPU figures were measured with (the first length
-        # compiles, the second compiles again with the length dynamic, which serves the rest); graphs alone
-        # capture a length in a fraction of a second, so they take as many lengths as a run keeps graphs
-        buckets = 4 if cfg.training.torch_compile else MAX_GRAPHS
-        pad = BucketPadding(tokenizer, cfg.data.max_length, buckets, longest=None if evaluation else longest)
+        # as many lengths as a run keeps graphs: each is a capture of a fraction of a second, and under
+        # torch_compile no compile of its own (the first length compiles, the second compiles again with the
+        # length dynamic, and that serves the rest), so more lengths only pad less
+        pad = BucketPadding(tokenizer, cfg.data.max_length, MAX_GRAPHS, longest=None if evaluation else longest)
     else:
         # multiples of 8 let GPU tensor cores work on padded shapes; on the CPU it only adds padding
         multiple = 8 if accelerator.device.type == "cuda" else None

@@ -257,14 +257,15 @@ class TrainingConfig:
     torch_compile: Union[bool, Literal["blocks"]] = setting(False,
         "Compile the model's forward with `torch.compile` (inductor): `true` the whole forward, `blocks` each "
         "encoder block on its own (regional compilation: one compile that every block reuses, a shorter cold "
-        "start, the embeddings and the head left eager). It pays a compile time at start-up (one for the "
-        "first padding length, one more when a second turns the length dynamic) for faster steps; off by "
-        "default, measure it with `bench/compile.py` (see docs/performance.md).")
+        "start, the embeddings and the head left eager). Micro-batches are padded to one of eight lengths up to "
+        "the longest training text. It pays a compile time at start-up (one for the first length, one more "
+        "when a second turns the length dynamic) for faster steps; off by default, measure it with "
+        "`bench/compile.py` (see docs/performance.md).")
     cuda_graphs: Union[bool, Literal["auto"]] = setting("auto",
         "On one CUDA GPU, replay each micro-batch's forward and backward from a CUDA graph, one per padding "
         "length: one launch instead of a kernel launch per operation (see finetune.cuda_graphs). Micro-batches "
         "are padded to `b` rows (the added rows weigh 0) and to one of eight lengths up to the longest training "
-        "text (four under `torch_compile`). `auto`: "
+        "text. `auto`: "
         "on where it was measured to pay, in bf16 (1.55x eager for bert-base on an H200, bench/README.md); "
         "`true` also in fp32. Where it cannot apply (a CPU, several processes, fp16, gradient checkpointing, "
         "chunked texts, a model whose forward CUDA cannot capture) the run trains eagerly, and says why once "

@@ -257,7 +257,7 @@ def test_auto_average_is_macro_beyond_two_classes_and_binary_on_the_rarer_of_two
 
 
 def test_compiled_runs_pad_to_a_few_lengths(tmp_path):
-    """Under training.torch_compile every micro-batch has one of four lengths, so compiled graphs are reused."""
+    """BucketPadding pads every micro-batch to one of its lengths (four here), whatever its longest text."""
     from transformers import AutoTokenizer
 
     from finetune.dataloaders import BucketPadding
