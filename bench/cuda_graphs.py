@@ -238,9 +238,10 @@ def markdown(result: dict[str, Any]) -> str:
                      f"| {'' if pays is None else 'never' if pays == float('inf') else format(pays, '.0f')} "
                      f"| {'' if not pool else format(pool / 2**20, '.0f')} |")
     lines += ["", "Set-up: each length's warm-up, compiling and capture, once per run; \"pays after\" counts the "
-              "micro-batches of this size after which a way is ahead of eager.", "",
-              f"Micro-batches without padding: {result['unpadded_micro_batches']} of {result['micro_batches']} (the "
-              "no-mask ways compute the right loss on these alone)."]
+              "micro-batches of this size after which a way is ahead of eager."]
+    if "unpadded_micro_batches" in result:  # results from before the no-mask ways have no count
+        lines += ["", f"Micro-batches without padding: {result['unpadded_micro_batches']} of "
+                  f"{result['micro_batches']} (the no-mask ways compute the right loss on these alone)."]
     return "\n".join(lines) + "\n"
 
 
