@@ -145,17 +145,19 @@ def test_the_engine_trains_and_is_recorded(engine, runs):
         assert graphs is None
 
 
-def test_compiled_graphs_train_through_the_cli_as_the_uncompiled_ones(job, tmp_path):
-    """``training.cuda_graphs`` with ``training.torch_compile``: every micro-batch replayed from a graph of the
-    compiled forward, none eagerly, and the losses of the uncompiled graphs to the compiled kernels' rounding
-    (dropout off: inductor draws its masks from other random numbers than eager kernels)."""
+@pytest.mark.parametrize("setting", [True, "blocks"])
+def test_compiled_graphs_train_through_the_cli_as_the_uncompiled_ones(setting, job, tmp_path):
+    """``training.cuda_graphs`` with ``training.torch_compile`` (the whole forward, or each block): every
+    micro-batch replayed from a graph of the compiled code, none eagerly, and the losses of the uncompiled graphs
+    to the compiled kernels' rounding (dropout off: inductor draws its masks from other random numbers than
+    eager kernels)."""
     plain, compiled = tmp_path / "plain", tmp_path / "compiled"
-    for out, extra in ((plain, []), (compiled, ["training.torch_compile=true"])):
+    for out, extra in ((plain, []), (compiled, [f"training.torch_compile={str(setting).lower()}"])):
         proc = _launch("graphs", job, out, "model.dropout=0", *extra)
         assert _succeeded(proc), proc.stderr[-4000:]
         assert "runs eagerly" not in proc.stderr, proc.stderr[-4000:]
     graphs = json.loads((compiled / "metrics.json").read_text(encoding="utf-8"))["train"]["cuda_graphs"]
-    assert graphs["compiled"] and graphs["lengths"] and graphs["capture_seconds"] > 0
+    assert graphs["compiled"] == setting and graphs["lengths"] and graphs["capture_seconds"] > 0
     losses = [r["train/loss"] for r in _records(compiled) if "train/loss" in r]
     expected = [r["train/loss"] for r in _records(plain) if "train/loss" in r]
     assert len(losses) == 8 and losses == pytest.approx(expected, rel=1e-4)
