@@ -82,7 +82,10 @@ def _where(run: Run) -> str:
     memory = f" {run.memory.describe()}" if run.memory is not None else ""
     engine = f" engine={acc.distributed_type.value}" if acc.distributed_type.value in ("FSDP", "DEEPSPEED") else ""
     graphs = " cuda_graphs=on" if graphed_run(run) else ""
+    # said: the first updates carry its compile
+    compiled = f" torch_compile={str(training.torch_compile).lower()}" if training.torch_compile else ""
     return (f"processes={acc.num_processes} backend={backend}{engine} device={acc.device}{threads}{memory}{graphs}"
+            f"{compiled}"
             f"{' ' + speedups if speedups else ''} workers={run.train_dataloader.num_workers} micro-batches={cut}")
 
 

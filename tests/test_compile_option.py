@@ -159,3 +159,19 @@ def test_every_familys_blocks_compile_and_give_the_eager_gradient(model_type, mo
     torch.testing.assert_close(loss, eager_loss, rtol=1e-6, atol=0)
     torch.testing.assert_close(gradient, eager_gradient, rtol=1e-5, atol=1e-6)
     torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("setting, said", [(False, None), (True, "torch_compile=true"), ("blocks", "torch_compile=blocks")])
+def test_the_start_line_says_what_compiles(setting, said, tmp_path, monkeypatch, fresh_accelerate_state):
+    """The first updates of a compiled run carry its compile: the start line says so."""
+    from finetune import setup_run
+    from finetune.start_line import describe
+    from tiny_run import tiny_config
+
+    _compiling_with_dynamos_eager_backend(monkeypatch)
+    line = describe(setup_run(tiny_config(tmp_path, training={"torch_compile": setting})))
+    if said is None:
+        assert "torch_compile" not in line
+    else:
+        assert f" {said} " in line
+    torch._dynamo.reset()
