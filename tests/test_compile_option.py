@@ -175,3 +175,24 @@ def test_the_start_line_says_what_compiles(setting, said, tmp_path, monkeypatch,
     else:
         assert f" {said} " in line
     torch._dynamo.reset()
+
+
+def test_a_run_with_compiled_blocks_stopped_and_resumed_saves_the_same_model(tmp_path, monkeypatch,
+                                                                            fresh_accelerate_state):
+    """A checkpoint of a run whose blocks are compiled in place holds the plain weights, and its resume (blocks
+    compiled again) ends on the uninterrupted run's model, byte for byte (dropout on: the restored generators
+    give the same masks; dynamo's eager backend runs torch's own kernels)."""
+    from pathlib import Path
+
+    from tiny_run import fit_tiny_run
+
+    compiled = _compiling_with_dynamos_eager_backend(monkeypatch)
+    sections = {"model": {"dropout": 0.1}, "training": {"torch_compile": "blocks"}, "output": {"checkpoint_every": 3}}
+    cfg, _ = fit_tiny_run(tmp_path / "whole", **sections)
+    part = tmp_path / "part"
+    fit_tiny_run(part, on_update=lambda state: state.step >= 4, **sections)
+    resumed, _ = fit_tiny_run(part, **{**sections, "output": {**sections["output"], "resume_from": "latest"}})
+    assert compiled == ["BertLayer"] * 6  # each of the three runs compiled its two blocks
+    assert (Path(resumed.output.output_dir) / "model.safetensors").read_bytes() == \
+        (Path(cfg.output.output_dir) / "model.safetensors").read_bytes()
+    torch._dynamo.reset()
