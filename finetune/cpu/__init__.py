@@ -77,11 +77,10 @@ def is_compiled(model) -> bool:
     renamed them makes this answer False, never fail.
     """
     inner = getattr(model, "module", model)
-    for candidate in (model, inner):
-        if hasattr(candidate, "_orig_mod") or getattr(candidate, "_compiled_call_impl", None) is not None:
-            return True
-    modules = getattr(inner, "modules", None)
-    return callable(modules) and any(getattr(module, "_compiled_call_impl", None) is not None for module in modules())
+    if hasattr(model, "_orig_mod") or hasattr(inner, "_orig_mod"):
+        return True
+    modules = inner.modules() if callable(getattr(inner, "modules", None)) else [inner]  # the model among them
+    return any(getattr(module, "_compiled_call_impl", None) is not None for module in (model, *modules))
 
 
 @dataclass(frozen=True)
