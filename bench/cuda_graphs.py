@@ -71,7 +71,7 @@ def compiled_blocks(model) -> Callable[[], contextlib.AbstractContextManager]:
     """Regional compilation, for one way alone: a context that swaps each encoder block's forward for its
     compiled one while inside (compiled at the first call inside, which a warm-up makes), and hands the
     model back as it was on the way out, for the other ways."""
-    from finetune.memory import blocks_of
+    from finetune.lora import blocks_of
 
     blocks = list(blocks_of(model))
     compiled = [torch.compile(block.forward) for block in blocks]

@@ -101,6 +101,15 @@ def layer_stack(model) -> tuple[str, torch.nn.ModuleList]:
     return max(stacks, key=lambda item: (size[item[0]], -len(item[0])))
 
 
+def blocks_of(model) -> torch.nn.ModuleList:
+    """The encoder's transformer blocks (a LoRA model's too): :func:`layer_stack` of its base model.
+
+    Raises:
+        ConfigError: if the model has no such list.
+    """
+    return layer_stack(base_model(model))[1]
+
+
 def auto_target_modules(model) -> list[str]:
     """The attention and feed-forward projections of ``model``'s blocks, as short module-name suffixes.
 

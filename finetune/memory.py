@@ -37,7 +37,7 @@ import torch
 
 from finetune.chunks import split_batch
 from finetune.errors import ConfigError, is_out_of_memory
-from finetune.lora import head_modules, is_lora
+from finetune.lora import blocks_of, head_modules, is_lora
 
 GB = 1e9
 
@@ -107,13 +107,6 @@ class MemoryPlan:
 
 def tensor_bytes(tensors) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
-
-
-def blocks_of(model) -> torch.nn.ModuleList:
-    """The encoder's transformer blocks (a LoRA model's too)."""
-    from finetune.lora import base_model, layer_stack
-
-    return layer_stack(base_model(model))[1]
 
 
 @contextlib.contextmanager

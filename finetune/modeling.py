@@ -294,10 +294,10 @@ def compile_model(model, setting) -> None:
     if setting is True:
         model.compile()
     elif setting == "blocks":
-        from finetune.lora import base_model, layer_stack
+        from finetune.lora import base_model, blocks_of
 
         try:
-            blocks = layer_stack(base_model(model))[1]
+            blocks = blocks_of(model)
         except ConfigError:
             raise ConfigError(f"training.torch_compile: blocks finds no transformer blocks in "
                               f"{type(base_model(model)).__name__}", hint="set it to true to compile the whole "

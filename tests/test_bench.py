@@ -836,7 +836,7 @@ def test_regional_compilation_compiles_the_blocks_for_its_way_alone(monkeypatch)
     from torch._dynamo.utils import counters
 
     from bench.cuda_graphs import compiled_blocks
-    from finetune.memory import blocks_of
+    from finetune.lora import blocks_of
     from helpers import tiny_model
 
     compile_for_real = torch.compile

@@ -48,14 +48,16 @@ def _train(assets, out, compile_model):
     return run
 
 
-def _compiling_with_dynamos_eager_backend(monkeypatch) -> list[str]:
-    """``Module.compile`` with dynamo's ``eager`` backend; the list of the classes it compiled, as they are."""
+def _compiling_with_dynamos_backend(monkeypatch, backend: str = "eager") -> list[str]:
+    """``Module.compile`` with one of dynamo's debugging backends instead of inductor (``eager``: torch's own
+    kernels on the captured graph; ``aot_eager``: AOTAutograd's forward and backward graphs too); the list of
+    the classes it compiled, as they are."""
     compiled = []
     real_compile = torch.nn.Module.compile
 
     def eager_backend_compile(self, *args, **kwargs):
         compiled.append(type(self).__name__)
-        return real_compile(self, *args, **{**kwargs, "backend": "eager"})
+        return real_compile(self, *args, **{**kwargs, "backend": backend})
 
     monkeypatch.setattr(torch.nn.Module, "compile", eager_backend_compile)
     return compiled
@@ -70,7 +72,7 @@ def test_compiled_model_trains_like_the_eager_one_and_saves(setting, compiled_cl
     from torch._dynamo.utils import counters
     from transformers import AutoModelForSequenceClassification
 
-    compiled = _compiling_with_dynamos_eager_backend(monkeypatch)
+    compiled = _compiling_with_dynamos_backend(monkeypatch)
     torch._dynamo.reset()
     counters.clear()
     run = _train(assets, tmp_path / "compiled", compile_model=setting)
@@ -100,7 +102,7 @@ def test_a_compile_serves_every_block_and_every_length_after_the_second(setting,
     from finetune.modeling import compile_model
     from helpers import tiny_bert
 
-    _compiling_with_dynamos_eager_backend(monkeypatch)
+    _compiling_with_dynamos_backend(monkeypatch)
     torch._dynamo.reset()
     counters.clear()
     model = tiny_bert().train()
@@ -118,7 +120,7 @@ def test_blocks_name_the_setting_where_a_model_has_none(monkeypatch):
     from finetune.errors import ConfigError
     from finetune.modeling import compile_model
 
-    _compiling_with_dynamos_eager_backend(monkeypatch)
+    _compiling_with_dynamos_backend(monkeypatch)
     model = torch.nn.Sequential(torch.nn.Linear(2, 2))
     model.base_model_prefix = "encoder"
     with pytest.raises(ConfigError, match=r"^training.torch_compile: blocks finds no transformer blocks in Sequential$"):
@@ -131,12 +133,10 @@ def test_every_familys_blocks_compile_and_give_the_eager_gradient(model_type, mo
     kernels: dynamo's ``aot_eager`` backend stands in for inductor) give the eager forward's loss and gradient."""
     from torch._dynamo.utils import counters
 
-    from finetune.lora import layer_stack
+    from finetune.lora import blocks_of
     from finetune.modeling import compile_model
 
-    compiled_for_real = torch.nn.Module.compile
-    monkeypatch.setattr(torch.nn.Module, "compile",
-                        lambda self, *a, **kw: compiled_for_real(self, *a, **{**kw, "backend": "aot_eager"}))
+    _compiling_with_dynamos_backend(monkeypatch, "aot_eager")
     ids = torch.randint(5, 25, (4, 12))
     mask = torch.ones_like(ids)
     mask[0, 8:] = 0  # a padded row
@@ -152,8 +152,7 @@ def test_every_familys_blocks_compile_and_give_the_eager_gradient(model_type, mo
     torch._dynamo.reset()
     counters.clear()
     model, loss, gradient = loss_and_gradient(compiled=True)
-    blocks = layer_stack(model)[1]
-    assert all(getattr(block, "_compiled_call_impl", None) is not None for block in blocks)
+    assert all(getattr(block, "_compiled_call_impl", None) is not None for block in blocks_of(model))
     assert counters["stats"]["unique_graphs"] > 0 and counters["aot_autograd"]["total"] > 0
     _, eager_loss, eager_gradient = loss_and_gradient(compiled=False)
     torch.testing.assert_close(loss, eager_loss, rtol=1e-6, atol=0)
@@ -168,7 +167,7 @@ def test_the_start_line_says_what_compiles(setting, said, tmp_path, monkeypatch,
     from finetune.start_line import describe
     from tiny_run import tiny_config
 
-    _compiling_with_dynamos_eager_backend(monkeypatch)
+    _compiling_with_dynamos_backend(monkeypatch)
     line = describe(setup_run(tiny_config(tmp_path, training={"torch_compile": setting})))
     if said is None:
         assert "torch_compile" not in line
@@ -186,7 +185,7 @@ def test_a_run_with_compiled_blocks_stopped_and_resumed_saves_the_same_model(tmp
 
     from tiny_run import fit_tiny_run
 
-    compiled = _compiling_with_dynamos_eager_backend(monkeypatch)
+    compiled = _compiling_with_dynamos_backend(monkeypatch)
     sections = {"model": {"dropout": 0.1}, "training": {"torch_compile": "blocks"}, "output": {"checkpoint_every": 3}}
     cfg, _ = fit_tiny_run(tmp_path / "whole", **sections)
     part = tmp_path / "part"
