@@ -38,7 +38,8 @@ With ``training.torch_compile`` as well, the graphs hold inductor's fused
 kernels: the model's forward (or, under ``blocks``, each encoder block) is
 compiled in inductor's default mode (no graphs of its own), compiled during
 the warm-up, before the capture (a capture must not compile: compiling
-launches kernels of its own), and captured by hand as above. Fusion cuts what
+launches kernels of its own; the warm-up keeps the attention mask as the
+capture does, :func:`_show_padding`), and captured by hand as above. Fusion cuts what
 the GPU does; the graph cuts what the host does. Compiled blocks cost the host
 a guard check per block each micro-batch when run eagerly; replayed from a
 graph they cost it nothing.
@@ -200,6 +201,21 @@ def rerun_eagerly(step: Callable[[], torch.Tensor], pool) -> tuple[Callable[[], 
     return step, pool
 
 
+def _show_padding(inputs: dict[str, torch.Tensor]) -> None:
+    """Mark one position of the warm-up's inputs as padding (the last row's last token; no row loses its only
+    token), so that the warm-up keeps the attention mask as the capture will.
+
+    Eagerly, transformers drops a mask without padding before attention; while a graph is captured it cannot
+    look at the mask, so it keeps it. A compiled block (``training.torch_compile: blocks``) warmed up without
+    the mask would be compiled again in the capture, for the mask, which CUDA refuses: compiling runs kernels
+    and reads values on the host. Micro-batches whose texts fill their length, as long texts do, met exactly
+    that. The warm-up's rows weigh 0 and each replay loads its own inputs, so the mark changes nothing else.
+    """
+    mask = inputs.get("attention_mask")
+    if mask is not None and mask.shape[1] > 1:
+        mask[-1, -1] = 0
+
+
 class GraphedMicroBatches:
     """Forward and backward of fixed-shape micro-batches, one captured graph per length.
 
@@ -337,6 +353,7 @@ class GraphedMicroBatches:
         inputs["row"] = torch.arange(self.rows, device=self.device)
         inputs["weights"] = torch.zeros(self.rows, dtype=torch.bool, device=self.device)
         self._load(inputs, batch, real=0)  # every row weighs 0 in the warm-up
+        _show_padding(inputs)
         had_gradient = {p for p in self.model.parameters() if p.grad is not None}
         cuda = self.device.type == "cuda"
         devices = [self.device.index if self.device.index is not None else torch.cuda.current_device()] if cuda else []

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 from types import SimpleNamespace
+from unittest import mock
 
 import pytest
 import torch
@@ -186,6 +187,65 @@ def test_a_compiled_forward_compiles_in_the_warm_up_and_replays_to_the_uncompile
             torch.testing.assert_close(pb, pa, rtol=1e-5, atol=1e-6, msg=lambda m: f"update {update + 1}: {m}")
     for a, b in zip(reference["records"], replayed["records"]):
         assert b["train/loss"] == pytest.approx(a["train/loss"], rel=1e-6)
+
+
+class CapturingRecorder(CountingRecorder):
+    """The device's recorder, counting what torch.compile compiles while a graph is captured and replayed. On a
+    CPU, the step runs once as the capture and again at each replay, each time with
+    ``torch.cuda.is_current_stream_capturing()`` saying yes: transformers asks it before dropping a mask without
+    padding, and what a capture decided there is what its replays run."""
+
+    def __init__(self, device: str) -> None:
+        super().__init__(device)
+        self.compiled_in_capture = 0
+
+    def __call__(self, step, pool):
+        from torch._dynamo.utils import counters
+
+        before = counters["stats"]["unique_graphs"]
+        if self.record is record_cuda_graph:
+            recorded = super().__call__(step, pool)
+        else:
+            def capturing_step():
+                with mock.patch.object(torch.cuda, "is_current_stream_capturing", lambda: True):
+                    return step()
+
+            capturing_step()
+            recorded = super().__call__(capturing_step, pool)
+        self.compiled_in_capture += counters["stats"]["unique_graphs"] - before
+        return recorded
+
+
+@pytest.mark.parametrize("compiled", [True, "blocks"])
+@pytest.mark.parametrize("device", DEVICES)
+def test_micro_batches_without_padding_compile_in_the_warm_up_not_in_the_capture(device, compiled, monkeypatch):
+    """Texts that fill their length (long ones do) make micro-batches whose mask is all ones, which transformers
+    drops eagerly and keeps under capture. Compiled blocks warmed up without the mask were compiled again in
+    the capture, for the mask, and CUDA refused it: the run fell back to eager steps. The warm-up now keeps
+    the mask as the capture does, so everything compiles before the capture, and the replays compile nothing."""
+    from torch._dynamo.utils import counters
+
+    if device == "cpu":
+        compile_for_real = torch.compile
+        monkeypatch.setattr(torch, "compile", lambda fn=None, **kw: compile_for_real(fn, **{**kw, "backend": "eager"}))
+    torch._dynamo.reset()
+    counters.clear()
+    model = tiny_bert(seed=0).to(device).train()
+    if compiled == "blocks":
+        compile_model(model, "blocks")
+    g = torch.Generator().manual_seed(3)
+    full = {"input_ids": torch.randint(5, 35, (B_MICRO, LENGTHS[0]), generator=g),
+            "attention_mask": torch.ones(B_MICRO, LENGTHS[0], dtype=torch.long),
+            "labels": torch.randint(0, 2, (B_MICRO,), generator=g)}
+    full = {key: value.to(device) for key, value in full.items()}
+    recorder = CapturingRecorder(device)
+    graphs = GraphedMicroBatches(model, Task().per_sample_loss, rows=B_MICRO, lengths=LENGTHS, recorder=recorder,
+                                 compiled=compiled)
+    assert graphs.takes(full) and recorder.captures == 1
+    for _ in range(2):
+        graphs.forward_backward(full, real=B_MICRO, loss_scale=1.0)
+    assert counters["stats"]["unique_graphs"] > 0 and recorder.compiled_in_capture == 0
+    assert graphs.failed is None and graphs.record()["lengths"] == [LENGTHS[0]]
 
 
 @pytest.mark.parametrize("device", DEVICES)
