@@ -72,5 +72,7 @@ def collect(workdir: Path) -> dict:
         "train_seconds": train["seconds"],
         "eval": {k: v for k, v in metrics["eval"].items() if k not in ("loss", "num_samples")},
         "update_seconds": update_seconds,
+        # training.cuda_graphs as applied: a refused capture leaves the run eager, which its rate alone hides
+        "cuda_graphs": train.get("cuda_graphs"),
         **memory,
     }

@@ -383,6 +383,9 @@ def aggregate(jobs: list[Job], results: list[dict], peak: Optional[dict], fms: d
                 row["train_gflops_per_s"] = flops / 1e9
                 if peak:
                     row["mfu"] = flops / 1e9 / peak["peak_gflops"]
+            refused = [r["cuda_graphs"]["refused"] for r in runs if (r.get("cuda_graphs") or {}).get("refused")]
+            if refused:
+                row["graphs_refused"] = refused[0]
             timed = steady_state(runs)
             if timed is not None:
                 row["steady_update_seconds"], row["cold_seconds"] = timed
@@ -608,6 +611,10 @@ def markdown(report: dict[str, Any]) -> str:
             lines += ["", "GPU peak: `torch.cuda.max_memory_allocated`. A CUDA graph's memory pool (the "
                       "training.cuda_graphs row) counts as allocated only while it is captured and as reserved "
                       "for the rest of the run: compare that row by the reserved peak."]
+        refused = [r for r in mains if r.get("graphs_refused")]
+        if refused:
+            lines += ["", "Replayed from CUDA graphs only in part, the rest eagerly: " + "; ".join(
+                f"{r['label']}: {r['graphs_refused']}" for r in refused) + "."]
         paired = [r for r in mains if r.get("samples_per_s_x_trainer_by_round")]
         if paired:
             lines += ["", "Samples/s x Trainer paired by round (each round runs every arm back to back): " + "; ".join(

@@ -289,10 +289,11 @@ class GraphedMicroBatches:
 
     def record(self) -> dict:
         """What was captured, for ``metrics.json``: the lengths, the seconds their capture took (compiling
-        included), what was compiled (``training.torch_compile``), and the bytes their shared memory pool
-        holds (``None`` without one)."""
+        included), what was compiled (``training.torch_compile``), the bytes their shared memory pool holds
+        (``None`` without one), and why micro-batches ran eagerly from a refused capture on (``None``: none
+        was refused), which a run's speed alone would hide."""
         return {"lengths": sorted(self.graphs), "capture_seconds": round(self.capture_seconds, 3),
-                "compiled": self.compiled, "pool_bytes": pool_bytes(self.pool)}
+                "compiled": self.compiled, "pool_bytes": pool_bytes(self.pool), "refused": self.failed}
 
     # ----------------------------------------------------------------------------------------- the parts
 

@@ -277,6 +277,33 @@ def test_a_gpu_table_shows_the_reserved_peak_that_counts_a_graph_pool():
     assert len(row.split("|")) == len(header.split("|"))
 
 
+def test_a_run_whose_graphs_were_refused_is_named_under_the_speed_table():
+    """A refused capture leaves a run eager from there (metrics.json's ``train.cuda_graphs.refused``): its rate
+    alone would pass for the graphs', so the report names the arm and CUDA's reason."""
+    from bench.run import Job, aggregate, markdown
+
+    said = "the capture failed (CUDA error: operation not permitted when stream is capturing), so from here on"
+
+    def result(job, refused):
+        return {"job": job, "round": 0, "seed": None, "ok": True, "updates": 4, "samples": 128, "tokens": 2560,
+                "train_seconds": 2.0, "eval": {}, "gpu_peak_mib": 3000.0, "gpu_reserved_peak_mib": 5000.0,
+                "cuda_graphs": {"lengths": [128], "refused": refused}}
+
+    jobs = [Job("bbc/ours", ArmSpec("ours", "bbc", 64, 4), label="finetune graphed"),
+            Job("bbc/ours blocks", ArmSpec("ours", "bbc", 64, 4), label="finetune blocks"),
+            Job("bbc/trainer", ArmSpec("trainer", "bbc", 64, 4), label="Trainer")]
+    rows = aggregate(jobs, [result("bbc/ours", None), result("bbc/ours blocks", said),
+                            {**result("bbc/trainer", None), "cuda_graphs": None}], peak=None, fms={})
+    assert rows["bbc/ours blocks"]["graphs_refused"] == said
+    assert "graphs_refused" not in rows["bbc/ours"] and "graphs_refused" not in rows["bbc/trainer"]
+    report = {"machine": {"gpu": "H200", "cpu": "cpu", "cores_available": 1, "threads_per_arm": 1, "memory_gib": 1,
+                          "torch": "t", "transformers": "t", "accelerate": "a", "commit": "c"},
+              "rows": rows, "results": [], "smoke": False, "command": "bench", "precision": "bf16",
+              "repeats": 1, "wall_minutes": 0.1, "trainer_grad_check": None, "peak": None}
+    notes = [line for line in markdown(report).splitlines() if line.startswith("Replayed from CUDA graphs only")]
+    assert notes == [f"Replayed from CUDA graphs only in part, the rest eagerly: finetune blocks: {said}."]
+
+
 def test_the_report_gives_each_arms_cold_start_steady_rate_and_the_run_length_where_it_beats_the_trainer():
     """10 updates of 256 samples each: the package starts 2.75 s slower than the Trainer and then takes 0.25 s less
     per update, so it is ahead from the 11th update on."""

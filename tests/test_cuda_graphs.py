@@ -142,6 +142,7 @@ def test_replayed_micro_batches_train_the_eager_weights(device):
     assert shapes[-1][0] < B_MICRO and any(length not in LENGTHS for _, length in shapes) and len(widths) > 1
     record = replayed["graphs"].record()
     assert record["lengths"] == widths and replayed["recorder"].captures == len(widths)
+    assert record["refused"] is None
     # each micro-batch (and the window's loss scale) was copied into the graphs' inputs, never into new tensors
     for before, after in zip(replayed["input_memory"], replayed["input_memory"][1:]):
         assert all(after[place] == pointer for place, pointer in before.items())
@@ -275,6 +276,7 @@ def test_a_model_whose_capture_fails_trains_eagerly_from_there_said_once(device,
     if device == "cpu":
         assert "(CUDA error: operation not permitted when stream is capturing), so from here on" in said[0]
     assert fallen["recorder"].captures == 1 and fallen["graphs"].record()["lengths"] == []
+    assert fallen["graphs"].record()["refused"] == said[0].split("a micro-batch runs eagerly: ")[1]
 
 
 def test_a_refused_capture_is_said_by_its_first_error_with_the_cause_a_caller_can_fix():
