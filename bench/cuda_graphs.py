@@ -34,7 +34,8 @@ same micro-batches, in these ways:
   have no padding. They compute the micro-batches' own loss only where no row
   is padded: the report counts those, and the gradient's difference shows it.
 
-Each way accumulates the gradient of the same micro-batches, as one window,
+A way whose capture CUDA refuses gets no row, and the report gives CUDA's
+reason; the other ways are measured. Each way accumulates the gradient of the same micro-batches, as one window,
 into gradients zeroed in place. The report gives milliseconds per
 micro-batch (median over ``--rounds``, ways alternating) and samples per
 second, the relative difference of each way's accumulated gradient from
@@ -116,7 +117,7 @@ def measure(overrides: list[str], micro_batches: int = 24, rounds: int = 5, thre
     import os
 
     from finetune.assembly import setup_run
-    from finetune.cuda_graphs import GraphedMicroBatches, record_cuda_graph, rerun_eagerly
+    from finetune.cuda_graphs import GraphedMicroBatches, record_cuda_graph, refusal, rerun_eagerly
     from finetune.dataloaders import BucketPadding
     from finetune.loop import micro_batch_loss
 
@@ -182,26 +183,34 @@ def measure(overrides: list[str], micro_batches: int = 24, rounds: int = 5, thre
         if cuda:
             ways["compiled layers graphed"] = fixed_shapes(record_cuda_graph, regions=compiled_blocks(model))
     times: dict[str, list[float]] = {name: [] for name in ways}
-    gradients, losses = {}, {}
+    gradients, losses, refused = {}, {}, {}
     for r in range(rounds + 1):  # round 0 warms every way up (and captures the graphs), untimed
         order = list(ways) if r % 2 == 0 else list(reversed(ways))
         for name in order:
+            if name in refused:
+                continue
             model.zero_grad(set_to_none=False)  # in place: a captured backward adds into the gradients' memory
             sync()
             started = time.perf_counter()
-            total = ways[name]()
+            try:
+                total = ways[name]()
+            except RuntimeError as error:  # CUDA refused a capture: that way is reported so, the others measured
+                refused[name] = refusal(error)
+                continue
             sync()
             if r > 0:
                 times[name].append(1e3 * (time.perf_counter() - started) / len(batches))
             gradients[name], losses[name] = _gradient(model), float(total) / samples
     reference = gradients["eager"]
+    ways = {name: way for name, way in ways.items() if name not in refused}
     return {
         "device": torch.cuda.get_device_name() if cuda else "CPU", "precision": accelerator.mixed_precision,
         "overrides": overrides, "micro_batches": len(batches), "rows": b, "lengths": sizes, "rounds": rounds,
         "unpadded_micro_batches": sum(unpadded(batch, sizes) for batch in batches),
         "samples_per_micro_batch": samples / len(batches),
-        "ms_per_micro_batch": {name: statistics.median(t) for name, t in times.items()},
-        "ms_runs": times,
+        "ms_per_micro_batch": {name: statistics.median(times[name]) for name in ways},
+        "ms_runs": {name: times[name] for name in ways},
+        "refused": refused,  # way: CUDA's reason for refusing its capture
         "gradient_relative_difference": {name: float((g - reference).norm() / reference.norm())
                                          for name, g in gradients.items()},
         "mean_loss": losses,
@@ -239,6 +248,8 @@ def markdown(result: dict[str, Any]) -> str:
                      f"| {'' if not pool else format(pool / 2**20, '.0f')} |")
     lines += ["", "Set-up: each length's warm-up, compiling and capture, once per run; \"pays after\" counts the "
               "micro-batches of this size after which a way is ahead of eager."]
+    for name, why in result.get("refused", {}).items():  # results from before this have none
+        lines += ["", f"{name}: no row, CUDA refused its capture ({why})."]
     if "unpadded_micro_batches" in result:  # results from before the no-mask ways have no count
         lines += ["", f"Micro-batches without padding: {result['unpadded_micro_batches']} of "
                   f"{result['micro_batches']} (the no-mask ways compute the right loss on these alone)."]

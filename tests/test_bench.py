@@ -856,6 +856,28 @@ def test_the_unmasked_way_is_exact_where_no_micro_batch_is_padded(tiny_job, fres
     assert "Micro-batches without padding: 4 of 4" in markdown(result)
 
 
+def test_a_way_whose_capture_is_refused_is_named_and_the_others_measured(tiny_job, fresh_accelerate_state,
+                                                                          monkeypatch):
+    """A refused capture ends that way alone (its error no longer ends the GPU check's part): here every
+    fixed-shape way's recorder raises as CUDA does, and eager is still measured and reported."""
+    import finetune.cuda_graphs
+    from bench.cuda_graphs import markdown, measure
+
+    def refusing(step, pool):
+        raise RuntimeError("CUDA error: operation not permitted when stream is capturing\nSearch for ...")
+
+    monkeypatch.setattr(finetune.cuda_graphs, "rerun_eagerly", refusing)
+    result = measure(tiny_job + ["training.per_device_train_batch_size=16"], micro_batches=2, rounds=1, threads=1)
+    assert list(result["ms_per_micro_batch"]) == ["eager"] and result["ms_per_micro_batch"]["eager"] > 0
+    assert result["refused"] == {way: "CUDA error: operation not permitted when stream is capturing"
+                                 for way in ("static", "static, no mask")}
+    assert set(result["setups"]) == set() and list(result["gradient_relative_difference"]) == ["eager"]
+    text = markdown(result)
+    assert "static: no row, CUDA refused its capture (CUDA error: operation not permitted when stream is " \
+           "capturing)." in text.splitlines()
+    assert "| static |" not in text
+
+
 def test_regional_compilation_compiles_the_blocks_for_its_way_alone(monkeypatch):
     """The compiled blocks' forwards are swapped in inside the way's context only (one compile, which every
     block reuses), and the model is handed back with its own forwards for the other ways."""
