@@ -35,8 +35,9 @@ same micro-batches, in these ways:
   is padded: the report counts those, and the gradient's difference shows it.
 
 A way whose capture CUDA refuses gets no row, and the report gives CUDA's
-reason; the other ways are measured. Each way accumulates the gradient of the same micro-batches, as one window,
-into gradients zeroed in place. The report gives milliseconds per
+reason; the other ways are measured. Each way accumulates the gradient of
+the same micro-batches, as one window, into gradients zeroed in place. The
+report gives milliseconds per
 micro-batch (median over ``--rounds``, ways alternating) and samples per
 second, the relative difference of each way's accumulated gradient from
 ``eager``'s, how long each way's set-up took (capturing, compiling), after

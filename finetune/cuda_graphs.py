@@ -39,10 +39,10 @@ kernels: the model's forward (or, under ``blocks``, each encoder block) is
 compiled in inductor's default mode (no graphs of its own), compiled during
 the warm-up, before the capture (a capture must not compile: compiling
 launches kernels of its own; the warm-up keeps the attention mask as the
-capture does, :func:`_show_padding`), and captured by hand as above. Fusion cuts what
-the GPU does; the graph cuts what the host does. Compiled blocks cost the host
-a guard check per block each micro-batch when run eagerly; replayed from a
-graph they cost it nothing.
+capture does, :func:`_show_padding`), and captured by hand as above. Fusion
+cuts what the GPU does; the graph cuts what the host does. Compiled blocks
+cost the host a guard check per block each micro-batch when run eagerly;
+replayed from a graph they cost it nothing.
 
 Where it does not apply, the micro-batch runs eagerly and the reason is
 logged once: no CUDA device; several processes (DDP's all-reduce hooks,
