@@ -35,18 +35,17 @@ same micro-batches, in these ways:
   is padded: the report counts those, and the gradient's difference shows it.
 
 A way whose capture CUDA refuses gets no row, and the report gives CUDA's
-reason; the other ways are measured. Each way accumulates the gradient of
-the same micro-batches, as one window, into gradients zeroed in place. The
-report gives milliseconds per
-micro-batch (median over ``--rounds``, ways alternating) and samples per
-second, the relative difference of each way's accumulated gradient from
-``eager``'s, how long each way's set-up took (capturing, compiling), after
-how many micro-batches it has paid for itself against ``eager``, and the
-graphs' memory pool. Without CUDA the graphed ways are left out and the rest
-runs (the test suite checks ``static`` against ``eager`` that way). Dropout
-is off (``model.dropout=0``), so that the gradients can be compared.
-``static`` against ``graphed`` is what the graphs themselves save; ``eager``
-against ``static`` what the padding costs.
+reason; the other ways are measured. Each way accumulates the gradient of the
+same micro-batches, as one window, into gradients zeroed in place. The report
+gives milliseconds per micro-batch (median over ``--rounds``, ways
+alternating) and samples per second, the relative difference of each way's
+accumulated gradient from ``eager``'s, how long each way's set-up took
+(capturing, compiling), after how many micro-batches it has paid for itself
+against ``eager``, and the graphs' memory pool. Without CUDA the graphed ways
+are left out and the rest runs (the test suite checks ``static`` against
+``eager`` that way). Dropout is off (``model.dropout=0``), so that the
+gradients can be compared. ``static`` against ``graphed`` is what the graphs
+themselves save; ``eager`` against ``static`` what the padding costs.
 """
 
 from __future__ import annotations
