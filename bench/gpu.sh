@@ -49,7 +49,7 @@
 # less GPU_RESERVE_S (default 60) for each part after it, and a part left less than that is skipped (a
 # cut speed part keeps the rounds it finished). GPU_BATCHING=b,k (default 64,4), GPU_STEPS (updates per speed run, default
 # 40), GPU_REPEATS (default 2), GPU_ARMS (bench/run.py --only; `all` for every arm), GPU_ENGINE_REPEATS (the
-# engine rows' repeats, default 1), GPU_COMPILE_STEPS (updates per compile run, default 120), PYTHON (default python3). GPU_KIT=<folder> (default .gpu): what bench/gpu_kit.sh made for a machine without network;
+# engine rows' repeats, default 1; 0 runs its tests alone), GPU_COMPILE_STEPS (updates per compile run, default 120), PYTHON (default python3). GPU_KIT=<folder> (default .gpu): what bench/gpu_kit.sh made for a machine without network;
 # its wheels are installed under GPU_WORK and its tokenizer used unless FINETUNE_TOKENIZER names one.
 set -euo pipefail
 self="$(cd "$(dirname "$0")" && pwd)/$(basename "$0")"
@@ -135,6 +135,8 @@ part_engines() {
     local status=0 engines=fsdp
     "$py" -c "import deepspeed" 2>/dev/null && engines=fsdp,deepspeed_zero2
     gpu_tests "fsdp or deepspeed" tests/test_gpu_engines.py 2>&1 | tee "$out/engines.log" || status=$?
+    # no repeats: the tests alone, which can share the GPU with the tests part (timings could not)
+    [ "${GPU_ENGINE_REPEATS:-1}" = 0 ] && return $status
     # one repeat by default: the rows are for the engines' cost against the Trainer, which the speed part pins down
     bert_base && "$py" "${speed[@]}" --repeats "${GPU_ENGINE_REPEATS:-1}" --engines "$engines" \
         --only "=bbc/trainer,bbc/ours fsdp,bbc/ours deepspeed" \

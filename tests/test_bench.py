@@ -417,6 +417,12 @@ def test_the_gpu_check_runs_the_parts_asked_for_and_goes_on_past_a_failing_one(t
     compile_run = [c for c in calls if c.startswith("bench/run.py")][-1]
     assert "--bbc-steps 120 --repeats 1 --graphs --only =bbc/trainer,=bbc/ours,=bbc/ours compiled graphs," in compile_run
 
+    # the engines' tests without their speed rows, to run beside the tests part
+    proc, calls, parts = gpu_check("engines", GPU_ENGINE_REPEATS="0")
+    assert proc.returncode == 0, proc.stderr
+    assert [c.split()[1] for c in calls if c.startswith("-m ")] == ["pytest"]
+    assert not any(c.startswith("bench/run.py") for c in calls) and parts[0].startswith("engines: passed")
+
     # 2 s of budget: the probe, which sleeps, is stopped when they are up
     proc, calls, parts = gpu_check("casts", slow="bench.probe", GPU_BUDGET_S="2", GPU_RESERVE_S="1")
     assert proc.returncode == 1 and "failed: casts" in proc.stderr
