@@ -249,6 +249,27 @@ def test_micro_batches_without_padding_compile_in_the_warm_up_not_in_the_capture
     assert graphs.failed is None and graphs.record()["lengths"] == [LENGTHS[0]]
 
 
+@pytest.mark.parametrize("compiled", [True, "blocks"])
+@pytest.mark.parametrize("device", DEVICES)
+def test_compiled_replays_draw_new_dropout_masks(device, compiled, monkeypatch):
+    """Inductor draws a compiled dropout's masks from seeds it takes from the device's generator at each call: a
+    replay must take new ones, not repeat the capture's. The same micro-batch replayed three times, dropout on,
+    gives three losses. (On a CPU each "replay" runs the step again: the check has teeth on a GPU.)"""
+    if device == "cpu":
+        compile_for_real = torch.compile
+        monkeypatch.setattr(torch, "compile", lambda fn=None, **kw: compile_for_real(fn, **{**kw, "backend": "eager"}))
+    torch._dynamo.reset()
+    model = tiny_bert(seed=0, dropout=0.1).to(device).train()
+    if compiled == "blocks":
+        compile_model(model, "blocks")
+    batch = {k: v.to(device) for k, v in pad_collate(token_dataset(B_MICRO, seed=2)).items()}
+    graphs = GraphedMicroBatches(model, Task().per_sample_loss, rows=B_MICRO, lengths=LENGTHS,
+                                 recorder=CountingRecorder(device), compiled=compiled)
+    losses = [float(graphs.forward_backward(batch, real=B_MICRO, loss_scale=1.0)[0]) for _ in range(3)]
+    assert len(set(losses)) == 3, losses
+    assert graphs.record()["lengths"] and graphs.failed is None
+
+
 @pytest.mark.parametrize("model_type", ARCHITECTURES)
 def test_every_familys_blocks_compile_in_the_warm_up_of_micro_batches_without_padding(model_type, monkeypatch):
     """The same for each supported family's compiled blocks, on the CPU (dynamo's eager backend): thirteen of the
