@@ -266,7 +266,7 @@ class TrainingConfig:
         "length: one launch instead of a kernel launch per operation (see finetune.cuda_graphs). Micro-batches "
         "are padded to `b` rows (the added rows weigh 0) and to one of eight lengths up to the longest training "
         "text. `auto`: "
-        "on where it was measured to pay, in bf16 (1.55x eager for bert-base on an H200, bench/README.md); "
+        "on where it was measured to pay, in bf16 (1.5x eager for bert-base on an H200, bench/README.md); "
         "`true` also in fp32. Where it cannot apply (a CPU, several processes, fp16, gradient checkpointing, "
         "chunked texts, a model whose forward CUDA cannot capture) the run trains eagerly, and says why once "
         "where `true` asked for graphs. With `training.torch_compile` the graphs hold the compiled forward's "
