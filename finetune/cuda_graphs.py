@@ -354,7 +354,8 @@ class GraphedMicroBatches:
         inputs["row"] = torch.arange(self.rows, device=self.device)
         inputs["weights"] = torch.zeros(self.rows, dtype=torch.bool, device=self.device)
         self._load(inputs, batch, real=0)  # every row weighs 0 in the warm-up
-        _show_padding(inputs)
+        if self.recorder is not rerun_eagerly:  # whose "replays" run eagerly, as the warm-up does unmarked
+            _show_padding(inputs)
         had_gradient = {p for p in self.model.parameters() if p.grad is not None}
         cuda = self.device.type == "cuda"
         devices = [self.device.index if self.device.index is not None else torch.cuda.current_device()] if cuda else []
