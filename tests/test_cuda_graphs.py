@@ -190,6 +190,15 @@ def test_a_compiled_forward_compiles_in_the_warm_up_and_replays_to_the_uncompile
         assert b["train/loss"] == pytest.approx(a["train/loss"], rel=1e-6)
 
 
+def _unpadded_micro_batch(device: str = "cpu") -> dict[str, torch.Tensor]:
+    """``b`` texts that fill the shortest length: a mask of ones, which transformers drops when it can look."""
+    g = torch.Generator().manual_seed(3)
+    batch = {"input_ids": torch.randint(5, 30, (B_MICRO, LENGTHS[0]), generator=g),
+             "attention_mask": torch.ones(B_MICRO, LENGTHS[0], dtype=torch.long),
+             "labels": torch.randint(0, 2, (B_MICRO,), generator=g)}
+    return {key: value.to(device) for key, value in batch.items()}
+
+
 class CapturingRecorder(CountingRecorder):
     """The device's recorder, counting what torch.compile compiles while a graph is captured and replayed. On a
     CPU, the step runs once as the capture and again at each replay, each time with
@@ -234,11 +243,7 @@ def test_micro_batches_without_padding_compile_in_the_warm_up_not_in_the_capture
     model = tiny_bert(seed=0).to(device).train()
     if compiled == "blocks":
         compile_model(model, "blocks")
-    g = torch.Generator().manual_seed(3)
-    full = {"input_ids": torch.randint(5, 35, (B_MICRO, LENGTHS[0]), generator=g),
-            "attention_mask": torch.ones(B_MICRO, LENGTHS[0], dtype=torch.long),
-            "labels": torch.randint(0, 2, (B_MICRO,), generator=g)}
-    full = {key: value.to(device) for key, value in full.items()}
+    full = _unpadded_micro_batch(device)
     recorder = CapturingRecorder(device)
     graphs = GraphedMicroBatches(model, Task().per_sample_loss, rows=B_MICRO, lengths=LENGTHS, recorder=recorder,
                                  compiled=compiled)
@@ -261,10 +266,7 @@ def test_fixed_shapes_without_graphs_compile_in_the_warm_up_too(monkeypatch):
     counters.clear()
     model = tiny_bert(seed=0).train()
     compile_model(model, "blocks")
-    g = torch.Generator().manual_seed(3)
-    full = {"input_ids": torch.randint(5, 35, (B_MICRO, LENGTHS[0]), generator=g),
-            "attention_mask": torch.ones(B_MICRO, LENGTHS[0], dtype=torch.long),
-            "labels": torch.randint(0, 2, (B_MICRO,), generator=g)}
+    full = _unpadded_micro_batch()
     graphs = GraphedMicroBatches(model, Task().per_sample_loss, rows=B_MICRO, lengths=LENGTHS,
                                  recorder=rerun_eagerly, compiled="blocks")
     assert graphs.takes(full)
@@ -306,10 +308,7 @@ def test_every_familys_blocks_compile_in_the_warm_up_of_micro_batches_without_pa
     counters.clear()
     model = tiny_model(model_type, num_labels=2, dropout=0.0).train()
     compile_model(model, "blocks")
-    g = torch.Generator().manual_seed(3)
-    full = {"input_ids": torch.randint(5, 30, (B_MICRO, LENGTHS[0]), generator=g),
-            "attention_mask": torch.ones(B_MICRO, LENGTHS[0], dtype=torch.long),
-            "labels": torch.randint(0, 2, (B_MICRO,), generator=g)}
+    full = _unpadded_micro_batch()
     recorder = CapturingRecorder("cpu")
     graphs = GraphedMicroBatches(model, Task().per_sample_loss, rows=B_MICRO, lengths=LENGTHS, recorder=recorder,
                                  compiled="blocks")
