@@ -202,8 +202,9 @@ def rerun_eagerly(step: Callable[[], torch.Tensor], pool) -> tuple[Callable[[], 
 
 
 def _show_padding(inputs: dict[str, torch.Tensor]) -> None:
-    """Mark one position of the warm-up's inputs as padding (the last row's last token; no row loses its only
-    token), so that the warm-up keeps the attention mask as the capture will.
+    """Where the warm-up's attention mask has no padding, mark one position as padding (the last row's last
+    token), so that the warm-up keeps the mask as the capture will. A mask with padding is kept anyway, and
+    stays as it is: with left padding, its last position may be a text's only token.
 
     Eagerly, transformers drops a mask without padding before attention; while a graph is captured it cannot
     look at the mask, so it keeps it. A compiled block (``training.torch_compile: blocks``) warmed up without
@@ -212,7 +213,7 @@ def _show_padding(inputs: dict[str, torch.Tensor]) -> None:
     that. The warm-up's rows weigh 0 and each replay loads its own inputs, so the mark changes nothing else.
     """
     mask = inputs.get("attention_mask")
-    if mask is not None and mask.shape[1] > 1:
+    if mask is not None and mask.shape[1] > 1 and bool(mask.all()):  # a wait, once per captured length
         mask[-1, -1] = 0
 
 

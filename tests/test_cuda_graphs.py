@@ -254,6 +254,25 @@ def test_micro_batches_without_padding_compile_in_the_warm_up_not_in_the_capture
     assert graphs.failed is None and graphs.record()["lengths"] == [LENGTHS[0]]
 
 
+def test_the_warm_ups_padding_mark_goes_only_where_no_position_is_padding():
+    """The mark is needed only where the mask has no padding, and there every row keeps the rest of its tokens. A
+    mask that has padding keeps it as it is: a left-padded micro-batch whose last text is its last token alone,
+    marked there, would leave that row nothing to attend to."""
+    from finetune.cuda_graphs import _show_padding
+
+    full = {"attention_mask": torch.ones(B_MICRO, LENGTHS[0], dtype=torch.long)}
+    _show_padding(full)
+    assert int((full["attention_mask"] == 0).sum()) == 1 and bool((full["attention_mask"].sum(1) > 0).all())
+    mask = torch.ones(B_MICRO, LENGTHS[0], dtype=torch.long)
+    mask[-1, :-1] = 0  # left padding
+    padded = {"attention_mask": mask.clone()}
+    _show_padding(padded)
+    assert torch.equal(padded["attention_mask"], mask)
+    one_token = {"attention_mask": torch.ones(B_MICRO, 1, dtype=torch.long)}
+    _show_padding(one_token)
+    assert bool(one_token["attention_mask"].all())  # a length of one: no row may lose its token
+
+
 def test_fixed_shapes_without_graphs_compile_in_the_warm_up_too(monkeypatch):
     """``rerun_eagerly`` (the fixed shapes without graphs, which bench.cuda_graphs times as ``static``) runs each
     "replay" eagerly, where transformers drops a mask without padding: its warm-up must drop it too, or the
