@@ -179,6 +179,14 @@ def write_csv(path: Path, rows: list[tuple[str, str]]) -> Path:
     return path
 
 
+def compiling_with(monkeypatch, backend: str) -> None:
+    """``torch.compile`` (and so ``Module.compile``, which calls it) with one of dynamo's debugging backends instead
+    of inductor, which compiles for minutes on a CPU: ``eager`` runs torch's own kernels on the captured graph,
+    ``aot_eager`` AOTAutograd's forward and backward graphs too."""
+    compile_for_real = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda fn=None, **kw: compile_for_real(fn, **{**kw, "backend": backend}))
+
+
 def token_dataset(n: int, seed: int = 0, vocab: int = 35, max_len: int = 24, num_labels: int = 2):
     """``n`` pre-tokenized samples of varying length (for loop-level tests)."""
     g = torch.Generator().manual_seed(seed)

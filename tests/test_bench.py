@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from helpers import REPO, make_texts, save_tiny_model, tsv_train_file, write_tsv
+from helpers import REPO, compiling_with, make_texts, save_tiny_model, tsv_train_file, write_tsv
 
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))  # bench/ is not part of the installed package
@@ -823,12 +823,9 @@ def test_fixed_shape_micro_batches_give_the_eager_gradient(tiny_job, fresh_accel
     """What a CUDA graph needs, checked on the CPU: micro-batches padded to b rows (added rows weigh 0) and to
     one of four lengths accumulate the gradient of the package's own micro-batches, with the forward compiled
     too (``--compiled``; dynamo's aot_eager backend stands in for inductor, which compiles for minutes here)."""
-    import torch
-
     from bench.cuda_graphs import markdown, measure
 
-    compile_for_real = torch.compile
-    monkeypatch.setattr(torch, "compile", lambda fn, **kw: compile_for_real(fn, **{**kw, "backend": "aot_eager"}))
+    compiling_with(monkeypatch, "aot_eager")
     # 72 texts in micro-batches of 16: the fifth holds 8, so the static way pads it with 8 rows of weight 0
     result = measure(tiny_job + ["training.per_device_train_batch_size=16"], micro_batches=5, rounds=1, threads=1,
                      compiled=True)
@@ -894,8 +891,7 @@ def test_regional_compilation_compiles_the_blocks_for_its_way_alone(monkeypatch)
     from finetune.lora import blocks_of
     from helpers import tiny_model
 
-    compile_for_real = torch.compile
-    monkeypatch.setattr(torch, "compile", lambda fn, **kw: compile_for_real(fn, **{**kw, "backend": "aot_eager"}))
+    compiling_with(monkeypatch, "aot_eager")
     torch._dynamo.reset()
     counters.clear()
     model = tiny_model("bert", num_labels=2, dropout=0.0)

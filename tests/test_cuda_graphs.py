@@ -28,7 +28,7 @@ from finetune.modeling import compile_model
 from finetune.optimization import build_optimizer, build_scheduler, plan_updates
 from finetune.sampling import EpochSampler
 from finetune.tasks import Task
-from helpers import ARCHITECTURES, pad_collate, tiny_bert, tiny_model, token_dataset
+from helpers import ARCHITECTURES, compiling_with, pad_collate, tiny_bert, tiny_model, token_dataset
 
 pytestmark = pytest.mark.usefixtures("strict_fp32")
 
@@ -168,8 +168,7 @@ def test_a_compiled_forward_compiles_in_the_warm_up_and_replays_to_the_uncompile
     from torch._dynamo.utils import counters
 
     if device == "cpu":
-        compile_for_real = torch.compile
-        monkeypatch.setattr(torch, "compile", lambda fn, **kw: compile_for_real(fn, **{**kw, "backend": "aot_eager"}))
+        compiling_with(monkeypatch, "aot_eager")
     torch._dynamo.reset()
     counters.clear()
     replayed = _train(device, graphed=True, compiled=compiled)
@@ -236,8 +235,7 @@ def test_micro_batches_without_padding_compile_in_the_warm_up_not_in_the_capture
     from torch._dynamo.utils import counters
 
     if device == "cpu":
-        compile_for_real = torch.compile
-        monkeypatch.setattr(torch, "compile", lambda fn=None, **kw: compile_for_real(fn, **{**kw, "backend": "eager"}))
+        compiling_with(monkeypatch, "eager")
     torch._dynamo.reset()
     counters.clear()
     model = tiny_bert(seed=0).to(device).train()
@@ -279,8 +277,7 @@ def test_fixed_shapes_without_graphs_compile_in_the_warm_up_too(monkeypatch):
     blocks compile again at the first replay, outside the set-up time the benchmark reports."""
     from torch._dynamo.utils import counters
 
-    compile_for_real = torch.compile
-    monkeypatch.setattr(torch, "compile", lambda fn=None, **kw: compile_for_real(fn, **{**kw, "backend": "eager"}))
+    compiling_with(monkeypatch, "eager")
     torch._dynamo.reset()
     counters.clear()
     model = tiny_bert(seed=0).train()
@@ -301,8 +298,7 @@ def test_compiled_replays_draw_new_dropout_masks(device, compiled, monkeypatch):
     replay must take new ones, not repeat the capture's. The same micro-batch replayed three times, dropout on,
     gives three losses. (On a CPU each "replay" runs the step again: the check has teeth on a GPU.)"""
     if device == "cpu":
-        compile_for_real = torch.compile
-        monkeypatch.setattr(torch, "compile", lambda fn=None, **kw: compile_for_real(fn, **{**kw, "backend": "eager"}))
+        compiling_with(monkeypatch, "eager")
     torch._dynamo.reset()
     model = tiny_bert(seed=0, dropout=0.1).to(device).train()
     if compiled == "blocks":
@@ -321,8 +317,7 @@ def test_every_familys_blocks_compile_in_the_warm_up_of_micro_batches_without_pa
     fourteen dropped the mask in the warm-up and compiled again in the capture; DeBERTa-v2 builds its own mask."""
     from torch._dynamo.utils import counters
 
-    compile_for_real = torch.compile
-    monkeypatch.setattr(torch, "compile", lambda fn=None, **kw: compile_for_real(fn, **{**kw, "backend": "eager"}))
+    compiling_with(monkeypatch, "eager")
     torch._dynamo.reset()
     counters.clear()
     model = tiny_model(model_type, num_labels=2, dropout=0.0).train()
