@@ -40,17 +40,19 @@
 #            the compile's cold start and the steady rate after it, so how long a run must be for each to pay
 #
 # OUT_DIR receives thirteen flat files: parts.log (each part: passed, failed, timed out or skipped, and its
-# seconds), tests.log, speed.md and speed.json (the tables, and every run with its seconds per update), host.md,
-# graphs.md, casts.md, predict.md, engines.log, engines.md, engines.json, compile.md and compile.json; the working
-# files (the model, every run) go to GPU_WORK (default OUT_DIR/work). A failing part does not stop the next; the exit status names the parts that
-# failed.
+# seconds), tests.log, speed.md and speed.json (the tables, and every run with its seconds per update),
+# host.md, graphs.md, casts.md, predict.md, engines.log, engines.md, engines.json, compile.md and
+# compile.json; the working files (the model, every run) go to GPU_WORK (default OUT_DIR/work). A failing part
+# does not stop the next; the exit status names the parts that failed.
 #
-# Settings: GPU_BUDGET_S=<seconds> fits the check into a time limit: each part runs under what is left,
-# less GPU_RESERVE_S (default 60) for each part after it, and a part left less than that is skipped (a
-# cut speed part keeps the rounds it finished). GPU_BATCHING=b,k (default 64,4), GPU_STEPS (updates per speed run, default
-# 40), GPU_REPEATS (default 2), GPU_ARMS (bench/run.py --only; `all` for every arm), GPU_ENGINE_REPEATS (the
-# engine rows' repeats, default 1; 0 runs its tests alone), GPU_COMPILE_STEPS (updates per compile run, default 120), PYTHON (default python3). GPU_KIT=<folder> (default .gpu): what bench/gpu_kit.sh made for a machine without network;
-# its wheels are installed under GPU_WORK and its tokenizer used unless FINETUNE_TOKENIZER names one.
+# Settings: GPU_BUDGET_S=<seconds> fits the check into a time limit: each part runs under what is left, less
+# GPU_RESERVE_S (default 60) for each part after it, and a part left less than that is skipped (a cut speed
+# part keeps the rounds it finished). GPU_BATCHING=b,k (default 64,4), GPU_STEPS (updates per speed run,
+# default 40), GPU_REPEATS (default 2), GPU_ARMS (bench/run.py --only; `all` for every arm),
+# GPU_ENGINE_REPEATS (the engine rows' repeats, default 1; 0 runs its tests alone), GPU_COMPILE_STEPS (updates
+# per compile run, default 120), PYTHON (default python3). GPU_KIT=<folder> (default .gpu): what
+# bench/gpu_kit.sh made for a machine without network; its wheels are installed under GPU_WORK and its
+# tokenizer used unless FINETUNE_TOKENIZER names one.
 set -euo pipefail
 self="$(cd "$(dirname "$0")" && pwd)/$(basename "$0")"
 cd "$(dirname "$self")/.."
