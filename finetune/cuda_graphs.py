@@ -211,10 +211,13 @@ def _show_padding(inputs: dict[str, torch.Tensor]) -> None:
     the mask would be compiled again in the capture, for the mask, which CUDA refuses: compiling runs kernels
     and reads values on the host. Micro-batches whose texts fill their length, as long texts do, met exactly
     that. The warm-up's rows weigh 0 and each replay loads its own inputs, so the mark changes nothing else.
+
+    Computed on the device: asking the host whether the mask has padding, or writing a Python number into it,
+    would make the host wait for the GPU.
     """
     mask = inputs.get("attention_mask")
-    if mask is not None and mask.shape[1] > 1 and bool(mask.all()):  # a wait, once per captured length
-        mask[-1, -1] = 0
+    if mask is not None and mask.shape[1] > 1:
+        mask[-1:, -1:].mul_(mask.all().logical_not().to(mask.dtype))  # times 0 where no position is padding
 
 
 class GraphedMicroBatches:

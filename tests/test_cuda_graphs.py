@@ -252,22 +252,29 @@ def test_micro_batches_without_padding_compile_in_the_warm_up_not_in_the_capture
     assert graphs.failed is None and graphs.record()["lengths"] == [LENGTHS[0]]
 
 
-def test_the_warm_ups_padding_mark_goes_only_where_no_position_is_padding():
+def test_the_warm_ups_padding_mark_goes_only_where_no_position_is_padding(monkeypatch):
     """The mark is needed only where the mask has no padding, and there every row keeps the rest of its tokens. A
     mask that has padding keeps it as it is: a left-padded micro-batch whose last text is its last token alone,
-    marked there, would leave that row nothing to attend to."""
+    marked there, would leave that row nothing to attend to. The mark is made on the device: on a GPU, reading
+    the mask on the host or writing a Python number into it makes the host wait for every queued kernel, so
+    both raise here."""
     from finetune.cuda_graphs import _show_padding
 
+    def host_wait(*args, **kwargs):
+        raise AssertionError("a host read of, or host write into, the mask")
+
     full = {"attention_mask": torch.ones(B_MICRO, LENGTHS[0], dtype=torch.long)}
-    _show_padding(full)
-    assert int((full["attention_mask"] == 0).sum()) == 1 and bool((full["attention_mask"].sum(1) > 0).all())
     mask = torch.ones(B_MICRO, LENGTHS[0], dtype=torch.long)
     mask[-1, :-1] = 0  # left padding
     padded = {"attention_mask": mask.clone()}
-    _show_padding(padded)
-    assert torch.equal(padded["attention_mask"], mask)
     one_token = {"attention_mask": torch.ones(B_MICRO, 1, dtype=torch.long)}
-    _show_padding(one_token)
+    with monkeypatch.context() as guard:
+        for name in ("__bool__", "item", "tolist", "__setitem__"):
+            guard.setattr(torch.Tensor, name, host_wait)
+        for inputs in (full, padded, one_token):
+            _show_padding(inputs)
+    assert int((full["attention_mask"] == 0).sum()) == 1 and bool((full["attention_mask"].sum(1) > 0).all())
+    assert torch.equal(padded["attention_mask"], mask)
     assert bool(one_token["attention_mask"].all())  # a length of one: no row may lose its token
 
 
