@@ -24,16 +24,11 @@ same micro-batches, in these ways:
   shorter cold start). Eagerly, the blocks' compiled calls cost the host
   more than their fusion saves (bench/README.md, the H100's torch.compile
   table); replayed from a graph they cost it nothing, which these ways
-  measure (``training.torch_compile: blocks``);
-- ``static, no mask`` and ``graphed, no mask``: ``static`` and ``graphed`` with
-  the model called without ``attention_mask``, an experiment. Eagerly,
-  transformers drops a mask with no padding before SDPA, which can then run
-  its flash kernel; while a graph is captured (or dynamo traces) it cannot
-  look, keeps the mask, and SDPA runs a kernel that takes one. These ways say
-  what the graphs would gain if the package told them which micro-batches
-  have no padding. They compute the micro-batches' own loss only where no row
-  is padded: the report counts those, and the gradient's difference shows it.
+  measure (``training.torch_compile: blocks``).
 
+(The model called without its attention mask inside graphs, for micro-batches
+without padding, was measured here once and ran slower than with the mask:
+bench/README.md, the H100's second lease.)
 A way whose capture CUDA refuses gets no row, and the report gives CUDA's
 reason; the other ways are measured. Each way accumulates the gradient of the
 same micro-batches, as one window, into gradients zeroed in place. The report
@@ -90,23 +85,6 @@ def compiled_blocks(model) -> Callable[[], contextlib.AbstractContextManager]:
     return inside
 
 
-def unmasked(graphs_class):
-    """``graphs_class`` (:class:`finetune.cuda_graphs.GraphedMicroBatches`) calling the model without
-    ``attention_mask``: right for micro-batches without padding alone (the ``no mask`` ways)."""
-
-    class Unmasked(graphs_class):
-        def _step(self, inputs):
-            return super()._step({key: value for key, value in inputs.items() if key != "attention_mask"})
-
-    return Unmasked
-
-
-def unpadded(batch: dict[str, torch.Tensor], lengths: list[int]) -> bool:
-    """Whether every row of ``batch`` fills the fixed length it is padded to (so its mask is all ones)."""
-    mask = batch["attention_mask"]
-    return mask.shape[1] in lengths and bool(mask.all())
-
-
 def _gradient(model) -> torch.Tensor:
     return torch.cat([p.grad.detach().float().flatten() for p in model.parameters() if p.grad is not None])
 
@@ -151,9 +129,8 @@ def measure(overrides: list[str], micro_batches: int = 24, rounds: int = 5, thre
             total += loss_sum.detach().float()
         return total
 
-    def fixed_shapes(recorder, compile_forward: bool = False, regions=None,
-                     graphs_class=GraphedMicroBatches) -> Callable[[], torch.Tensor]:
-        graphs = graphs_class(model, loss_fn, rows=b, lengths=sizes,
+    def fixed_shapes(recorder, compile_forward: bool = False, regions=None) -> Callable[[], torch.Tensor]:
+        graphs = GraphedMicroBatches(model, loss_fn, rows=b, lengths=sizes,
                                      pad_token_id=run.tokenizer.pad_token_id or 0,
                                      precision=accelerator.mixed_precision, recorder=recorder,
                                      compiled=compile_forward)
@@ -172,9 +149,6 @@ def measure(overrides: list[str], micro_batches: int = 24, rounds: int = 5, thre
     ways: dict[str, Callable[[], torch.Tensor]] = {"eager": eager, "static": fixed_shapes(rerun_eagerly)}
     if cuda:
         ways["graphed"] = fixed_shapes(record_cuda_graph)
-    ways["static, no mask"] = fixed_shapes(rerun_eagerly, graphs_class=unmasked(GraphedMicroBatches))
-    if cuda:
-        ways["graphed, no mask"] = fixed_shapes(record_cuda_graph, graphs_class=unmasked(GraphedMicroBatches))
     if compiled:
         ways["compiled"] = fixed_shapes(rerun_eagerly, compile_forward=True)
         if cuda:
@@ -206,7 +180,6 @@ def measure(overrides: list[str], micro_batches: int = 24, rounds: int = 5, thre
     return {
         "device": torch.cuda.get_device_name() if cuda else "CPU", "precision": accelerator.mixed_precision,
         "overrides": overrides, "micro_batches": len(batches), "rows": b, "lengths": sizes, "rounds": rounds,
-        "unpadded_micro_batches": sum(unpadded(batch, sizes) for batch in batches),
         "samples_per_micro_batch": samples / len(batches),
         "ms_per_micro_batch": {name: statistics.median(times[name]) for name in ways},
         "ms_runs": {name: times[name] for name in ways},
@@ -250,9 +223,6 @@ def markdown(result: dict[str, Any]) -> str:
               "micro-batches of this size after which a way is ahead of eager."]
     for name, why in result.get("refused", {}).items():  # results from before this have none
         lines += ["", f"{name}: no row, CUDA refused its capture ({why})."]
-    if "unpadded_micro_batches" in result:  # results from before the no-mask ways have no count
-        lines += ["", f"Micro-batches without padding: {result['unpadded_micro_batches']} of "
-                  f"{result['micro_batches']} (the no-mask ways compute the right loss on these alone)."]
     return "\n".join(lines) + "\n"
 
 

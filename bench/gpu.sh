@@ -22,8 +22,7 @@
 #            kernel time, the host's waits for the GPU per update, the top kernels and host ops of the eager
 #            and the graphed way (python -m bench.probe device)
 #   graphs   a micro-batch replayed from CUDA graphs against the eager one, each also with the forward
-#            compiled, with each encoder block compiled on its own (training.torch_compile: blocks) and
-#            with the model called without its attention mask (an experiment, exact where no row is padded):
+#            compiled and with each encoder block compiled on its own (training.torch_compile: blocks):
 #            milliseconds per micro-batch, the gradient's difference, the micro-batches after which
 #            compiling and capturing pay, the graphs' memory pool (python -m bench.cuda_graphs --compiled)
 #   casts    training.cast_once_per_update on against off: CUDA kernels, aten ops and milliseconds per

@@ -831,11 +831,7 @@ def test_fixed_shape_micro_batches_give_the_eager_gradient(tiny_job, fresh_accel
                      compiled=True)
     assert result["micro_batches"] == 5 and result["rows"] == 16 and result["lengths"] == [8, 16, 24, 32]
     # no CUDA here: nothing graphed
-    assert list(result["ms_per_micro_batch"]) == ["eager", "static", "static, no mask", "compiled", "compiled layers"]
-    # the tiny texts are 2 to 20 words at max_length 32: some micro-batches are padded, and there the model called
-    # without its mask computes another loss
-    assert result["unpadded_micro_batches"] < result["micro_batches"]
-    assert result["gradient_relative_difference"]["static, no mask"] > 1e-3
+    assert list(result["ms_per_micro_batch"]) == ["eager", "static", "compiled", "compiled layers"]
     for way in ("static", "compiled", "compiled layers"):
         assert result["gradient_relative_difference"][way] < 1e-5
         assert result["mean_loss"][way] == pytest.approx(result["mean_loss"]["eager"], rel=1e-6)
@@ -844,19 +840,6 @@ def test_fixed_shape_micro_batches_give_the_eager_gradient(tiny_job, fresh_accel
         assert result["setups"][way]["seconds"] > result["setups"]["static"]["seconds"]  # the compiling
     text = markdown(result)
     assert "| static |" in text and "| compiled |" in text and "| compiled layers |" in text
-
-
-def test_the_unmasked_way_is_exact_where_no_micro_batch_is_padded(tiny_job, fresh_accelerate_state):
-    """``no mask``: the model called without ``attention_mask`` gives the eager gradient where every text fills
-    its micro-batch's length (at max_length 4 the tiny texts, of 2 words or more, all take 4 tokens)."""
-    from bench.cuda_graphs import markdown, measure
-
-    result = measure(tiny_job + ["data.max_length=4", "training.per_device_train_batch_size=16"], micro_batches=4,
-                     rounds=1, threads=1)
-    assert result["unpadded_micro_batches"] == result["micro_batches"] == 4
-    assert result["gradient_relative_difference"]["static, no mask"] < 1e-5
-    assert result["mean_loss"]["static, no mask"] == pytest.approx(result["mean_loss"]["eager"], rel=1e-6)
-    assert "Micro-batches without padding: 4 of 4" in markdown(result)
 
 
 def test_a_way_whose_capture_is_refused_is_named_and_the_others_measured(tiny_job, fresh_accelerate_state,
@@ -872,8 +855,7 @@ def test_a_way_whose_capture_is_refused_is_named_and_the_others_measured(tiny_jo
     monkeypatch.setattr(finetune.cuda_graphs, "rerun_eagerly", refusing)
     result = measure(tiny_job + ["training.per_device_train_batch_size=16"], micro_batches=2, rounds=1, threads=1)
     assert list(result["ms_per_micro_batch"]) == ["eager"] and result["ms_per_micro_batch"]["eager"] > 0
-    assert result["refused"] == {way: "CUDA error: operation not permitted when stream is capturing"
-                                 for way in ("static", "static, no mask")}
+    assert result["refused"] == {"static": "CUDA error: operation not permitted when stream is capturing"}
     assert set(result["setups"]) == set() and list(result["gradient_relative_difference"]) == ["eager"]
     text = markdown(result)
     assert "static: no row, CUDA refused its capture (CUDA error: operation not permitted when stream is " \
