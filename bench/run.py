@@ -588,6 +588,10 @@ def markdown(report: dict[str, Any]) -> str:
     if peak:
         lines += [f"Matmul peak ({peak['dtype']}, {peak['device']}): {peak['peak_gflops']:.0f} GFLOP/s "
                   f"(by size: {peak['gflops_by_size']})", ""]
+        if "warmup_seconds" in peak:
+            lines += [f"Before the first round the machine ran a small BERT's training steps in "
+                      f"{peak['warmup_seconds']:.1f} s (bench/peak.py), so that no arm pays the machine's first "
+                      "load of CUDA's libraries.", ""]
     lengths = [o.split("=", 1)[1] for o in report.get("overrides", []) if o.startswith("data.max_length=")]
     titles = {"sms": "SMS spam (the default job)", "bbc": f"BBC News, max_length {lengths[-1] if lengths else 256}"}
     for dataset in ("sms", "bbc"):

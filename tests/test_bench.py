@@ -304,6 +304,27 @@ def test_a_run_whose_graphs_were_refused_is_named_under_the_speed_table():
     assert notes == [f"Replayed from CUDA graphs only in part, the rest eagerly: finetune blocks: {said}."]
 
 
+def test_the_machine_warm_up_trains_a_small_bert_and_the_report_says_how_long_it_took():
+    """Before the first round (on a GPU) the peak helper runs a few real training steps, so that the first arm
+    does not pay the machine's first load of CUDA's libraries; the report gives their time."""
+    import torch
+
+    from bench.peak import warm_up_kernels
+    from bench.run import markdown
+
+    warm = warm_up_kernels("bf16", torch.device("cpu"), layers=1, hidden=64)
+    assert warm["warmup_weight_change"] > 0 and warm["warmup_seconds"] > 0  # the steps trained the weights
+    peak = {"dtype": "bfloat16", "device": "H100", "peak_gflops": 7e5, "gflops_by_size": {}, **warm}
+    report = {"machine": {"gpu": "H100", "cpu": "cpu", "cores_available": 1, "threads_per_arm": 1, "memory_gib": 1,
+                          "torch": "t", "transformers": "t", "accelerate": "a", "commit": "c"},
+              "rows": {}, "results": [], "smoke": False, "command": "bench", "precision": "bf16",
+              "repeats": 1, "wall_minutes": 0.1, "trainer_grad_check": None, "peak": peak}
+    said = [line for line in markdown(report).splitlines() if line.startswith("Before the first round")]
+    assert said == [f"Before the first round the machine ran a small BERT's training steps in "
+                    f"{warm['warmup_seconds']:.1f} s (bench/peak.py), so that no arm pays the machine's first load "
+                    "of CUDA's libraries."]
+
+
 def test_the_report_gives_each_arms_cold_start_steady_rate_and_the_run_length_where_it_beats_the_trainer():
     """10 updates of 256 samples each: the package starts 2.75 s slower than the Trainer and then takes 0.25 s less
     per update, so it is ahead from the 11th update on."""
