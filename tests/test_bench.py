@@ -930,10 +930,6 @@ def test_the_graphs_report_says_after_how_many_micro_batches_each_way_pays():
     assert "| compiled graphed | 15.00 | 4266.7 | 3.00 | 1.00e-03 | 60.0 | 2000 | 2048 |" in lines
     assert "| static | 46.00 | 1391.3 | 0.98 | 1.00e-07 | 0.5 | never |  |" in lines
     assert "| eager | 45.00 | 1422.2 | 1.00 | 0.00e+00 |  |  |  |" in lines
-    assert not any(line.startswith("Micro-batches without padding") for line in lines)  # not counted then
-    lines = markdown({**result, "unpadded_micro_batches": 20}).splitlines()
-    assert lines[-1] == ("Micro-batches without padding: 20 of 24 (the no-mask ways compute the right loss on these "
-                         "alone).")
 
 
 def test_the_padding_count_follows_each_way_over_the_same_micro_batches(tiny_job):
