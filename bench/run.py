@@ -592,6 +592,9 @@ def markdown(report: dict[str, Any]) -> str:
             lines += [f"Before the first round the machine ran a small BERT's training steps in "
                       f"{peak['warmup_seconds']:.1f} s (bench/peak.py), so that no arm pays the machine's first "
                       "load of CUDA's libraries.", ""]
+        if "warmup_error" in peak:
+            lines += [f"The machine's warm-up before the first round failed ({peak['warmup_error']}): the first "
+                      "arm may have paid the machine's first load of CUDA's libraries.", ""]
     lengths = [o.split("=", 1)[1] for o in report.get("overrides", []) if o.startswith("data.max_length=")]
     titles = {"sms": "SMS spam (the default job)", "bbc": f"BBC News, max_length {lengths[-1] if lengths else 256}"}
     for dataset in ("sms", "bbc"):

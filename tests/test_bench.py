@@ -323,6 +323,10 @@ def test_the_machine_warm_up_trains_a_small_bert_and_the_report_says_how_long_it
     assert said == [f"Before the first round the machine ran a small BERT's training steps in "
                     f"{warm['warmup_seconds']:.1f} s (bench/peak.py), so that no arm pays the machine's first load "
                     "of CUDA's libraries."]
+    failed = {**report, "peak": {**peak, "warmup_error": "OutOfMemoryError: CUDA out of memory"}}
+    failed["peak"].pop("warmup_seconds")
+    assert "The machine's warm-up before the first round failed (OutOfMemoryError: CUDA out of memory): the first " \
+           "arm may have paid the machine's first load of CUDA's libraries." in markdown(failed).splitlines()
 
 
 def test_the_report_gives_each_arms_cold_start_steady_rate_and_the_run_length_where_it_beats_the_trainer():
