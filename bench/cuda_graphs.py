@@ -29,6 +29,7 @@ same micro-batches, in these ways:
 (The model called without its attention mask inside graphs, for micro-batches
 without padding, was measured here once and ran slower than with the mask:
 bench/README.md, the H100's second lease.)
+
 A way whose capture CUDA refuses gets no row, and the report gives CUDA's
 reason; the other ways are measured. Each way accumulates the gradient of the
 same micro-batches, as one window, into gradients zeroed in place. The report
