@@ -179,10 +179,11 @@ def write_csv(path: Path, rows: list[tuple[str, str]]) -> Path:
     return path
 
 
-def compiling_with(monkeypatch, backend: str) -> None:
+def compiling_with(monkeypatch, backend) -> None:
     """``torch.compile`` (and so ``Module.compile``, which calls it) with one of dynamo's debugging backends instead
     of inductor, which compiles for minutes on a CPU: ``eager`` runs torch's own kernels on the captured graph,
-    ``aot_eager`` AOTAutograd's forward and backward graphs too."""
+    ``aot_eager`` AOTAutograd's forward and backward graphs too. A callable backend (``(graph, example_inputs) ->
+    callable``) serves as well, to count what is compiled."""
     compile_for_real = torch.compile
     monkeypatch.setattr(torch, "compile", lambda fn=None, **kw: compile_for_real(fn, **{**kw, "backend": backend}))
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from helpers import REPO, offline_env, write_sms_job
+from helpers import REPO, compiling_with, offline_env, write_sms_job
 
 SPACE = {"optim.learning_rate": {"low": 1e-3, "high": 3e-2, "log": True},
          "training.effective_batch_size": [4, 8]}
@@ -208,9 +208,7 @@ def test_each_trial_compiles_as_a_run_alone_would(tmp_path, fresh_accelerate_sta
         compiled.append(graph)
         return graph.forward
 
-    real_compile = torch.nn.Module.compile
-    monkeypatch.setattr(torch.nn.Module, "compile",
-                        lambda self, *a, **kw: real_compile(self, *a, **{**kw, "backend": counting_backend}))
+    compiling_with(monkeypatch, counting_backend)
     per_trial = []
     train = finetune.sweep_trial.TrialRunner._train
 
