@@ -256,7 +256,7 @@ def test_auto_average_is_macro_beyond_two_classes_and_binary_on_the_rarer_of_two
     assert resolve_average(explicit, ["neg", "pos"], [10, 90]) == ("weighted", None)
 
 
-def test_compiled_runs_pad_to_a_few_lengths(tmp_path):
+def test_bucket_padding_pads_every_micro_batch_to_one_of_a_few_lengths(tmp_path):
     """BucketPadding pads every micro-batch to one of its lengths (four here), whatever its longest text."""
     from transformers import AutoTokenizer
 
