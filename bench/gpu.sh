@@ -25,6 +25,10 @@
 #            compiled and with each encoder block compiled on its own (training.torch_compile: blocks):
 #            milliseconds per micro-batch, the gradient's difference, the micro-batches after which
 #            compiling and capturing pay, the graphs' memory pool (python -m bench.cuda_graphs --compiled)
+#   update   would capturing the update pay: the update (clipping, fused AdamW's step, zeroing) made eagerly as the
+#            loop makes it, against replayed from one CUDA graph with the non-finite check on the device, each
+#            behind graphed micro-batches: milliseconds per update, the weights' difference, the skip of a NaN
+#            (python -m bench.captured_update)
 #   casts    training.cast_once_per_update on against off: CUDA kernels, aten ops and milliseconds per
 #            micro-batch (python -m bench.probe casts)
 #   predict  finetune predict's --precision: texts per second in float32 and under bf16 and fp16 autocast, the
@@ -38,9 +42,9 @@
 #            (GPU_COMPILE_STEPS updates, default 120; one repeat), each run compiling into an empty cache:
 #            the compile's cold start and the steady rate after it, so how long a run must be for each to pay
 #
-# OUT_DIR receives thirteen flat files: parts.log (each part: passed, failed, timed out or skipped, and its
+# OUT_DIR receives fourteen flat files: parts.log (each part: passed, failed, timed out or skipped, and its
 # seconds), tests.log, speed.md and speed.json (the tables, and every run with its seconds per update),
-# host.md, graphs.md, casts.md, predict.md, engines.log, engines.md, engines.json, compile.md and
+# host.md, graphs.md, update.md, casts.md, predict.md, engines.log, engines.md, engines.json, compile.md and
 # compile.json; the working files (the model, every run) go to GPU_WORK (default OUT_DIR/work). A failing part
 # does not stop the next; the exit status names the parts that failed.
 #
@@ -55,7 +59,7 @@
 set -euo pipefail
 self="$(cd "$(dirname "$0")" && pwd)/$(basename "$0")"
 cd "$(dirname "$self")/.."
-all="tests speed host graphs casts predict engines compile"
+all="tests speed host graphs update casts predict engines compile"
 out=${1:-bench/results/gpu}
 [ $# -gt 0 ] && shift
 parts=${*:-$all}
@@ -125,6 +129,10 @@ part_host() {
     bert_base && "$py" -m bench.probe device "${job[@]}" training.effective_batch_size=$((b * k)) 2>&1 | tee "$out/host.md"
 }
 part_graphs() { bert_base && "$py" -m bench.cuda_graphs --compiled "${job[@]}" 2>&1 | tee "$out/graphs.md"; }
+part_update() {
+    bert_base && "$py" -m bench.captured_update "${job[@]}" training.effective_batch_size=$((b * k)) 2>&1 \
+        | tee "$out/update.md"
+}
 part_casts() {
     bert_base && "$py" -m bench.probe casts "${job[@]}" training.effective_batch_size=$((b * k)) 2>&1 | tee "$out/casts.md"
 }

@@ -435,10 +435,13 @@ def test_the_gpu_check_runs_the_parts_asked_for_and_goes_on_past_a_failing_one(t
     assert proc.returncode == 1 and "failed: tests engines" in proc.stderr
     assert [" ".join(c.split()[:3 + c.startswith("-m bench.cuda_graphs")]) for c in calls if c.startswith("-m ")] == [
         "-m pytest -m", "-m bench.probe device", "-m bench.cuda_graphs --compiled model.name_or_path=" + str(work / "bert-base"),
+        "-m bench.captured_update model.name_or_path=" + str(work / "bert-base"),
         "-m bench.probe casts", "-m bench.predict " + str(work / "bert-base"), "-m pytest -m"]
     assert [p.split(" in ")[0] for p in parts] == ["tests: failed (1)", "speed: passed", "host: passed",
-                                                   "graphs: passed", "casts: passed", "predict: passed",
-                                                   "engines: failed (1)", "compile: passed"]
+                                                   "graphs: passed", "update: passed", "casts: passed",
+                                                   "predict: passed", "engines: failed (1)", "compile: passed"]
+    update_run = next(c for c in calls if c.startswith("-m bench.captured_update"))
+    assert "training.per_device_train_batch_size=64" in update_run and "training.effective_batch_size=256" in update_run
     compile_run = [c for c in calls if c.startswith("bench/run.py")][-1]
     assert "--bbc-steps 120 --repeats 1 --graphs --only =bbc/trainer,=bbc/ours,=bbc/ours compiled graphs," in compile_run
 
@@ -886,6 +889,24 @@ def test_a_way_whose_capture_is_refused_is_named_and_the_others_measured(tiny_jo
     assert "static: no row, CUDA refused its capture (CUDA error: operation not permitted when stream is " \
            "capturing)." in text.splitlines()
     assert "| static |" not in text
+
+
+def test_the_captured_update_makes_the_loops_updates_and_skips_a_nan_inside_the_step(tiny_job,
+                                                                                     fresh_accelerate_state):
+    """The update replayed from one graph (here run again, no CUDA) against the loop's eager one: the same weights
+    to the bit through the schedule's warm-up (each update at its own learning rate, filled into the step's
+    device tensors), and a NaN in the gradient skipped inside fused AdamW's step, with its state kept."""
+    from bench.captured_update import markdown, measure
+
+    # 72 training texts: 9 micro-batches of 8, two full windows of k = 4
+    result = measure(tiny_job, windows=3, rounds=1, threads=1)
+    assert (result["b"], result["k"], result["windows"]) == (8, 4, 2)
+    assert result["weights_moved"] > 1e-5  # the second update's rate is past the warm-up's 0
+    assert result["max_weight_difference"] == 0.0
+    assert result["skip"] == {"weights_kept": True, "state_kept": True, "gradients_zeroed": True}
+    assert set(result["ms_per_update"]) == {"eager update", "captured update"}
+    text = markdown(result)
+    assert "| captured update |" in text and "A NaN in the gradient: weights kept yes" in text
 
 
 def test_regional_compilation_compiles_the_blocks_for_its_way_alone(monkeypatch):
