@@ -308,7 +308,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--file", default=None, help="classify the texts of a .txt, .csv, .tsv or .jsonl file "
                         "(-: one text per line from standard input)")
     parser.add_argument("--output", default=None, help="write the file's predictions to a .csv or .jsonl file")
-    parser.add_argument("--text-column", default=None,
+    parser.add_argument("--text", "--text-column", dest="text_column", metavar="COLUMN", default=None,
                         help="CSV column / JSON key of the text (default: the run's data.text_column)")
     parser.add_argument("--text-pair-column", default=None,
                         help="column of the second text, for models trained on pairs (default: the run's)")

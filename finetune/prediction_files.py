@@ -69,7 +69,7 @@ def read_rows(path: str | os.PathLike, text_column: str = "text",
             if column not in table.column_names:
                 where = "in the header" if suffix in (".csv", ".tsv") else "among the keys"
                 raise DataError(f"--file {path}: no column {column!r} {where} "
-                                f"({', '.join(table.column_names) or 'empty'}); pass --text-column")
+                                f"({', '.join(table.column_names) or 'empty'}); pass --text")
         rows = table.to_list()
     if not any(_text(row, text_column) for row in rows):
         raise DataError(f"--file {path}: no texts in it")

@@ -236,6 +236,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                      description="Score a fine-tuned model on a labelled file.")
     parser.add_argument("output_dir", help="a run's output directory (the saved model and config.yaml)")
     parser.add_argument("--file", required=True, help="labelled data: csv, tsv, json/jsonl, parquet or a class folder")
+    parser.add_argument("--text", metavar="COLUMN", help="column of the texts (data.text_column; default: the run's)")
+    parser.add_argument("--label", metavar="COLUMN", help="column of the labels (data.label_column; default: the "
+                        "run's)")
     parser.add_argument("--png", default=None,
                         help="confusion-matrix PNG to write (default: <output_dir>/confusion_<file name>.png)")
     parser.add_argument("--json", default=None, help="also write the metrics and the matrix to this JSON file")
@@ -245,7 +248,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("overrides", nargs="*", metavar="section.key=value",
                         help="data.* / evaluation.* settings replacing the run's")
     # intermixed: settings may come before or after the options
-    return parser.parse_intermixed_args(argv)
+    args = parser.parse_intermixed_args(argv)
+    # the flags of `finetune train --data`, as the settings they stand for
+    columns = [f"data.{key}={value}" for key, value in (("text_column", args.text), ("label_column", args.label))
+               if value]
+    args.overrides = columns + list(args.overrides)
+    return args
 
 
 def run(args: argparse.Namespace) -> Score:

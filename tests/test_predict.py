@@ -151,7 +151,7 @@ def test_files_in_and_out(trained, predictor, tmp_path, capsys):
         assert row["label"] == p["label"]
         assert float(row["prob_spam"]) == pytest.approx(p["probabilities"]["spam"], abs=1e-5)
 
-    assert main([str(out), "--file", str(csv_in), "--text-column", "message", "--output",
+    assert main([str(out), "--file", str(csv_in), "--text", "message", "--output",
                  str(tmp_path / "b.jsonl")]) == 0
     records = [json.loads(line) for line in (tmp_path / "b.jsonl").read_text(encoding="utf-8").splitlines()]
     assert [r["message"] for r in records] == TEXTS
@@ -166,7 +166,7 @@ def test_files_in_and_out(trained, predictor, tmp_path, capsys):
 
 @pytest.mark.parametrize("args, message", [
     (["--file", "{tmp}/in.csv"],
-     "error: --file {tmp}/in.csv: no column 'text' in the header (id, message); pass --text-column"),
+     "error: --file {tmp}/in.csv: no column 'text' in the header (id, message); pass --text"),
     (["--file", "{tmp}/in.txt", "--output", "{tmp}/x.parquet"],
      "error: --output {tmp}/x.parquet: unsupported extension '.parquet' (use .csv, .jsonl)"),
     (["--file", "{tmp}/missing.txt"], "error: --file {tmp}/missing.txt: not found"),
@@ -320,6 +320,13 @@ def test_score_in_the_runs_bf16_reproduces_its_validation_metrics(tmp_path, caps
     assert json.loads(report.read_text())["precision"] == "bf16"
 
 
+def test_the_text_column_flag_is_named_as_trains_and_keeps_its_longer_name():
+    from finetune.predict import parse_args
+
+    assert parse_args(["out", "--text", "body"]).text_column == "body"
+    assert parse_args(["out", "--text-column", "body"]).text_column == "body"
+
+
 def test_score_cli(trained, tmp_path, capsys):
     from finetune.score import main
 
@@ -331,9 +338,9 @@ def test_score_cli(trained, tmp_path, capsys):
         writer.writerow(["message", "class"])
         writer.writerows([(text, label) for label, text in rows])
     png, report = tmp_path / "cm.png", tmp_path / "score.json"
+    # --text and --label, as `finetune train --data` takes them: the header names them, so it is read by it
     assert main([str(out), "--file", str(tmp_path / "spam.csv"), "--png", str(png), "--json", str(report),
-                 "data.format=csv", "data.has_header=true", "data.text_column=message", "data.label_column=class",
-                 "evaluation.metrics=[accuracy,recall]"]) == 0
+                 "--text", "message", "--label", "class", "evaluation.metrics=[accuracy,recall]"]) == 0
     printed = capsys.readouterr().out
     saved = json.loads(report.read_text())
     assert saved["metrics"]["num_samples"] == len(rows)
