@@ -85,8 +85,17 @@ def _key_hint(key: str, names: list[str], prefix: str) -> str:
     if close:
         return f" (did you mean {prefix + '.' if prefix else ''}{close[0]}?)"
     if prefix in SECTIONS:  # a key of another section written under this one: training.learning_rate
-        return _did_you_mean(sections_having(key, besides=prefix))
+        return _did_you_mean(sections_having(key, besides=prefix) or near_misses_elsewhere(key, besides=prefix))
     return ""
+
+
+def near_misses_elsewhere(key: str, besides: str) -> list[str]:
+    """``section.name`` of the closest key of the other sections, for a misspelt key under the wrong section
+    (``training.learning_rat``); empty when none is near."""
+    others = {f"{section}.{f.name}": f.name for section, cls in SECTIONS.items() if section != besides
+              for f in dataclasses.fields(cls)}
+    close = difflib.get_close_matches(key, list(others.values()), n=1, cutoff=0.8)
+    return [dotted for dotted, name in others.items() if close and name == close[0]]
 
 
 def sections_having(key: str, besides: str = "") -> list[str]:

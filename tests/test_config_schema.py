@@ -221,6 +221,13 @@ def test_a_key_in_the_wrong_section_is_told_its_section(tmp_path):
         load_config(path, ["training.learning_rate=abc"])
     with pytest.raises(ConfigError, match=r"^command line: data.seed: unknown key \(did you mean training.seed\?\)$"):
         load_config(path, ["data.seed=1"])
+    # misspelt as well (the Trainer keeps the rate beside the batch): the near miss of the other sections
+    with pytest.raises(ConfigError, match=r"^command line: training.learning_rat: unknown key "
+                                          r"\(did you mean optim.learning_rate\?\)$"):
+        load_config(path, ["training.learning_rat=1e-5"])
+    # nothing near anywhere: no guess
+    with pytest.raises(ConfigError, match=r"^command line: training.lr: unknown key$"):
+        load_config(path, ["training.lr=1e-5"])
 
 
 def test_a_missing_data_file_from_the_command_line_is_blamed_on_it(tmp_path, capsys):
