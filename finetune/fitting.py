@@ -177,11 +177,8 @@ class Evaluations:
         if self.run.eval_dataloader is None:
             return False
         if self.shares is not None:
-            k = self.run.accelerator.gradient_accumulation_steps
-            window_start = (state.micro_batch - 1) // k * k  # windows start at multiples of k from the epoch's start
-            per_epoch = len(self.run.train_dataloader)
-            return epoch_share(state.micro_batch, per_epoch, self.shares) > epoch_share(window_start, per_epoch,
-                                                                                          self.shares)
+            return completes_share(state.micro_batch, self.run.accelerator.gradient_accumulation_steps,
+                                   len(self.run.train_dataloader), self.shares)
         return bool(self.every and state.step % self.every == 0)
 
     def evaluate(self, epoch: Optional[int]) -> dict[str, Any]:
@@ -224,6 +221,12 @@ class Evaluations:
 def epoch_share(micro_batch: int, per_epoch: int, shares: int) -> int:
     """How many of an epoch's ``shares`` equal parts are complete after its first ``micro_batch`` micro-batches."""
     return micro_batch * shares // per_epoch
+
+
+def completes_share(micro_batch: int, k: int, per_epoch: int, shares: int) -> bool:
+    """Whether the window ending after micro-batch ``micro_batch`` of its epoch completes one of its ``shares``."""
+    window_start = (micro_batch - 1) // k * k  # windows start at multiples of k from the epoch's start
+    return epoch_share(micro_batch, per_epoch, shares) > epoch_share(window_start, per_epoch, shares)
 
 
 def train_epochs(run: Run, checkpoints: Checkpointer, evaluations: Evaluations, signals: StopSignals,

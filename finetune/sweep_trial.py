@@ -198,14 +198,18 @@ def texts_seen(run) -> int:
     Epoch ends fall at the same count for every effective batch; so do
     ``evaluation.evals_per_epoch``'s shares, which are reported at the count
     where their share ends (the update that completes a share ends somewhere in
-    its last window, which differs between batches). ``eval_every``'s
-    evaluations are reported where they happened.
+    its last window, which differs between batches). Other evaluations are
+    reported where they happened: ``eval_every``'s, and the last one of a run
+    that ``training.max_steps`` ended inside a share, which would otherwise
+    repeat the count of the share before it (a step the study keeps once).
     """
-    from finetune.fitting import epoch_share
+    from finetune.fitting import completes_share, epoch_share
 
     state, per_epoch = run.state, len(run.train_dataloader)
     shares = run.cfg.evaluation.evals_per_epoch
-    done = epoch_share(state.micro_batch, per_epoch, shares) / shares if shares else state.micro_batch / per_epoch
+    done = state.micro_batch / per_epoch
+    if shares and completes_share(state.micro_batch, run.accelerator.gradient_accumulation_steps, per_epoch, shares):
+        done = epoch_share(state.micro_batch, per_epoch, shares) / shares
     return round((state.epoch + done) * len(run.train_dataloader.dataset))
 
 

@@ -286,6 +286,26 @@ def test_evals_per_epoch_reports_every_batch_at_the_same_texts_seen(tmp_path, fr
             [r["eval/accuracy"] for r in evals]
 
 
+def test_a_run_cut_inside_a_share_reports_its_last_evaluation_where_it_happened(tmp_path, fresh_accelerate_state):
+    # B=8 (k=2) over 48 rows in micro-batches of 4: 6 updates an epoch, a share of 5 ending at each update from
+    # 2 on. training.max_steps=7 ends the run 2 micro-batches into epoch 1, inside its first share: the last
+    # evaluation is reported at the 56 texts seen, not again at the 48 of epoch 0's end (a step kept once)
+    config = sms_job(tmp_path, epochs=2)
+    spec = sweep_file(tmp_path, space={"training.effective_batch_size": [8]}, trials=1,
+                      sampler={"type": "grid", "seed": 0}, pruner={"type": "median", "startup_trials": 10},
+                      fixed={"evaluation.evals_per_epoch": 5, "training.max_steps": 7})
+    assert sweep_in_process(["--config", str(config), "--sweep", str(spec)]) == 0
+    (trial,) = load_study(tmp_path / "out-sweep").trials
+    at_share = [round(48 * i / 5) for i in range(1, 6)]
+    assert sorted(trial.intermediate_values) == at_share + [56]
+    folder = tmp_path / "out-sweep" / trial.user_attrs["folder"]
+    records = [json.loads(line) for line in (folder / "train_log.jsonl").read_text().splitlines()]
+    evals = [r for r in records if "eval/accuracy" in r]
+    assert [r["step"] for r in evals] == [2, 3, 4, 5, 6, 7]
+    assert [trial.intermediate_values[t] for t in sorted(trial.intermediate_values)] == \
+        [r["eval/accuracy"] for r in evals]
+
+
 # --- seeds ------------------------------------------------------------------------------------------------------
 
 
