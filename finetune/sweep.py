@@ -75,6 +75,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="finetune sweep", description=__doc__.splitlines()[0],
                                      epilog="every option and the sweep file: docs/sweeps.md")
     parser.add_argument("--config", help="the run's YAML config (default: configs/default.yaml)")
+    parser.add_argument("--data", metavar="FILE", help="training data, as finetune train --data takes it "
+                        "(data.train_file)")
+    parser.add_argument("--text", metavar="COLUMN", help="column of the texts (data.text_column)")
+    parser.add_argument("--label", metavar="COLUMN", help="column of the labels (data.label_column)")
+    parser.add_argument("--model", metavar="NAME", help="the pretrained encoder (model.name_or_path)")
     parser.add_argument("--sweep", metavar="FILE",
                         help="the sweep's YAML: space, fixed, trials, sampler, pruner, seeds")
     parser.add_argument("--output", metavar="DIR", help="the sweep's folder (default: the config's "
@@ -92,7 +97,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "their mean (default: 1)")
     parser.add_argument("--debug", action="store_true", help="show tracebacks for input errors")
     parser.add_argument("overrides", nargs="*", metavar="section.key=value", help="config overrides for every trial")
-    return parser.parse_intermixed_args(argv)
+    args = parser.parse_intermixed_args(argv)
+    from finetune.train import shortcut_overrides
+
+    args.overrides = shortcut_overrides(args, ("data", "text", "label", "model")) + list(args.overrides)
+    return args
 
 
 def read_sweep_file(path: Optional[str]) -> dict[str, Any]:

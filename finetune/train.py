@@ -74,9 +74,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--debug", action="store_true", help="show tracebacks for input errors")
     parser.add_argument("overrides", nargs="*", metavar="section.key=value", help="dotted config overrides")
     args = parser.parse_intermixed_args(argv)
-    shortcuts = [f"{key}={getattr(args, flag)}" for flag, key in SHORTCUTS.items() if getattr(args, flag)]
-    args.overrides = shortcuts + list(args.overrides)
+    args.overrides = shortcut_overrides(args, SHORTCUTS) + list(args.overrides)
     return args
+
+
+def shortcut_overrides(args: argparse.Namespace, flags) -> list[str]:
+    """The short path's ``flags`` that ``args`` has, as the settings they stand for.
+
+    With ``--data`` on the default config and no output folder named, the run
+    writes to ``outputs/<the data's name>``: the default config's folder is
+    named for its own data set, which ``--data`` replaced.
+    """
+    given = [f"{SHORTCUTS[flag]}={getattr(args, flag)}" for flag in flags if getattr(args, flag)]
+    named = any(o.startswith("output.output_dir=") for o in [*given, *args.overrides])
+    if args.data and args.config is None and not named:
+        given.append(f"output.output_dir=outputs/{Path(args.data.rstrip('/')).stem or 'data'}")
+    return given
 
 
 def _name_origin(exc: FinetuneError, config_path: str | None, overrides: list[str]) -> None:

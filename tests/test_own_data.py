@@ -71,19 +71,21 @@ def test_the_default_config_trains_on_a_users_file(tmp_path, fmt, name):
     assert "positive_label: spam" in saved and "column_names: null" in saved
 
 
-def test_the_short_command_trains_on_a_csv(tmp_path):
+def test_the_short_command_trains_on_a_csv_into_a_folder_named_for_it(tmp_path, monkeypatch):
     from finetune.cli import main
 
     data = _write(tmp_path / "reviews.csv", "csv", make_texts(60, seed=2))
     model = save_tiny_model(tmp_path / "model")
-    out = tmp_path / "out"
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "outputs" / "reviews"  # no --output: named for the file, not for the default config's data
     reset_accelerate()
     try:
         code = main(["train", "--data", str(data), "--text", "sentence", "--label", "sentiment", "--model", str(model),
-                     "--output", str(out), "data.max_length=32", "training.max_steps=2", "logging.progress_bar=false"])
+                     "data.max_length=32", "training.max_steps=2", "logging.progress_bar=false"])
     finally:
         reset_accelerate()
     assert code == 0
+    assert not (tmp_path / "outputs" / "sms_spam").exists()
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["train"]["updates"] == 2 and metrics["labels"] == ["ham", "spam"]
     assert load_config(out / "config.yaml").model.name_or_path == str(model)  # --model trained that model
@@ -123,6 +125,31 @@ def test_a_hub_model_id_trains_from_the_hub_cache_offline(tmp_path):
     assert proc.returncode == 2 and error.startswith(
         "error: command line: model.name_or_path: cannot load a tokenizer from tiny-org/absent: "), proc.stderr
     assert hint == "hint: 'tiny-org/absent' is not a local path, so it was taken as a Hugging Face Hub id"
+
+
+@pytest.mark.parametrize("argv, output", [
+    (["--data", "data/reviews.csv"], "outputs/reviews"),
+    (["--data", "reviews/"], "outputs/reviews"),  # a class folder
+    (["--data", "reviews.csv", "--output", "mine"], "mine"),
+    (["--data", "reviews.csv", "output.output_dir=mine"], "mine"),
+    (["--data", "reviews.csv", "--config", "configs/bbc_news.yaml"], None),  # a config of one's own names its folder
+    ([], None),
+])
+def test_data_on_the_default_config_writes_to_a_folder_named_for_the_data(argv, output):
+    from finetune.train import parse_args
+
+    outputs = [o.split("=", 1)[1] for o in parse_args(argv).overrides if o.startswith("output.output_dir=")]
+    assert outputs == ([output] if output else [])
+
+
+def test_a_sweep_takes_the_data_flags_of_train():
+    from finetune.sweep import parse_args
+
+    args = parse_args(["--data", "reviews.csv", "--text", "sentence", "--label", "sentiment", "--output", "sw",
+                       "training.seed=3"])
+    assert args.overrides == ["data.train_file=reviews.csv", "data.text_column=sentence",
+                              "data.label_column=sentiment", "output.output_dir=outputs/reviews", "training.seed=3"]
+    assert args.output == "sw"  # the sweep's own folder
 
 
 def test_an_override_of_the_file_drops_the_settings_of_the_old_one():
