@@ -90,6 +90,7 @@ def _where(run: Run) -> str:
 
 
 def _updates_by_epoch(plan: UpdatePlan) -> str:
+    epochs = f"{plan.num_epochs} epoch{'s' if plan.num_epochs != 1 else ''}"
     if len(set(plan.epoch_updates)) <= 1:
-        return f"{plan.updates_per_epoch}/epoch x {plan.num_epochs} epochs"
-    return f"{'+'.join(map(str, plan.epoch_updates))} over {plan.num_epochs} epochs"
+        return f"{plan.updates_per_epoch}/epoch x {epochs}"
+    return f"{'+'.join(map(str, plan.epoch_updates))} over {epochs}"

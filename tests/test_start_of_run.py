@@ -54,6 +54,7 @@ def test_the_start_line_comes_first_and_says_what_will_happen(own_data_run):
     assert start.startswith("start: fine-tune the local model tiny-bert (new head) for 2 classes (ham, spam) on "
                             "reviews.csv: 54 train rows; validation: 6 rows, 10% of the training rows held out")
     assert "precision=no (" in start and " b=8 k=2 P=1 effective_batch=16 updates=2 " in start
+    assert "updates=2 (4/epoch x 1 epoch, warmup " in start  # 7 micro-batches of 8 in an epoch; one epoch
     assert start.endswith(f"-> {out}")
     # then the progress: the first line after it is the first epoch's (transformers 4.x adds a note that the
     # CPU's attention switch needs transformers 5)
