@@ -31,15 +31,17 @@ class DataSources:
     results_split: str = ""
 
 
-def data_sources(cfg: DataConfig, seed: int) -> DataSources:
-    """Name the training and validation data of the ``data`` section (``seed``: that of the held-out rows)."""
+def data_sources(cfg: DataConfig, seed: int, problem_type: str = "single_label") -> DataSources:
+    """Name the training and validation data of the ``data`` section (``seed``: that of the held-out rows,
+    which are stratified by class for ``problem_type`` single_label, drawn at random otherwise)."""
     if cfg.dataset_name:
         train = cfg.dataset_name + (f" ({cfg.dataset_config})" if cfg.dataset_config else "")
         hub = {"hub_id": cfg.dataset_name, "hub_config": cfg.dataset_config}
     else:
         train = _file_name(cfg.train_file)
         hub = {}
-    held_out = (f"{cfg.validation_split:.0%} of the training rows held out (stratified, seed {seed})"
+    drawn = "stratified" if problem_type == "single_label" else "random"
+    held_out = (f"{cfg.validation_split:.0%} of the training rows held out ({drawn}, seed {seed})"
                 if cfg.validation_split > 0 else "none")
     if cfg.validation_file:
         name = _file_name(cfg.validation_file)

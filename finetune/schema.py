@@ -129,7 +129,7 @@ class DataConfig:
         'multi_label: the separator of several labels in one string field, e.g. `","` or `"|"` (null: the '
         "column holds lists, as JSON arrays or Parquet lists).")
     validation_split: float = setting(0.1,
-        "Fraction of train carved out (seeded, stratified) when no validation set is given.")
+        "Fraction of train carved out (seeded; stratified by class for single_label) when no validation set is given.")
     max_length: int = setting(128, "Longer inputs are cut to this many tokens (special tokens included).")
     truncation: Literal["head", "tail", "head_tail", "chunks"] = setting("head",
         "What a text longer than max_length keeps: its first tokens (`head`), its last (`tail`), "

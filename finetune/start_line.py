@@ -30,7 +30,7 @@ def describe(run: Run) -> str:
 
 def _what(run: Run) -> str:
     cfg = run.cfg
-    sources = data_sources(cfg.data, cfg.training.seed)
+    sources = data_sources(cfg.data, cfg.training.seed, cfg.model.problem_type)
     head = "new head" if run.new_head else "its trained head"
     validation = (f"; validation: {len(run.eval_dataloader.dataset)} rows, {sources.validation}"
                   if run.eval_dataloader is not None else "; no validation")

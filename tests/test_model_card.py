@@ -41,6 +41,19 @@ def test_rows_held_out_of_the_training_file_are_said_to_be():
     assert f"## Results on the validation data: {held_out} (87 texts)" in body
 
 
+def test_rows_held_out_at_random_are_not_said_to_be_stratified():
+    """Several labels per text, or a number: the carve is a seeded random draw (there are no classes to
+    stratify by), and the start line and the card say so."""
+    from finetune.data_sources import data_sources
+
+    cfg = config_from_dict({"data": {"train_file": "tags.jsonl"}, "model": {"problem_type": "multi_label"}})
+    for problem_type, drawn in (("single_label", "stratified"), ("multi_label", "random"), ("regression", "random")):
+        assert data_sources(cfg.data, 42, problem_type).validation == \
+            f"10% of the training rows held out ({drawn}, seed 42)"
+    body = model_card(cfg, _summary()).split("---\n", 2)[2]
+    assert "## Results on the validation data: 10% of the training rows held out (random, seed 42)" in body
+
+
 def test_a_hub_data_set_is_named_with_its_config_and_split():
     meta, body = _card({"dataset_name": "glue", "dataset_config": "sst2"})
     assert meta["datasets"] == ["glue"]
