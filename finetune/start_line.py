@@ -47,8 +47,9 @@ def _labels(run: Run) -> str:
     if problem_type == "regression":
         return f"regression on {names[0]}"
     shown = ", ".join(names[:8]) + (", ..." if len(names) > 8 else "")
-    kind = "multi-label, " if problem_type == "multi_label" else ""
-    return f"{len(names)} {'labels' if kind else 'classes'} ({kind}{shown})"
+    if problem_type == "multi_label":
+        return f"{len(names)} labels, any number per text ({shown})"
+    return f"{len(names)} classes ({shown})"
 
 
 def _how(run: Run) -> str:

@@ -336,6 +336,8 @@ def _tagged_rows(n: int, seed: int):
 
 @pytest.fixture(scope="module")
 def problem_runs(tmp_path_factory):
+    from finetune.start_line import describe
+
     root = tmp_path_factory.mktemp("problems")
     runs = {}
     for problem_type, label_column in (("multi_label", "tags"), ("regression", "score")):
@@ -345,8 +347,10 @@ def problem_runs(tmp_path_factory):
             with open(folder / f"{name}.jsonl", "w", encoding="utf-8") as fh:
                 for row in _tagged_rows(n, seed):
                     fh.write(json.dumps(row) + "\n")
+        said = []
         cfg, summary = fit_tiny_run(
             folder,
+            before_fit=lambda run: said.append(describe(run)),
             model={"problem_type": problem_type},
             data={"train_file": str(folder / "train.jsonl"), "validation_file": str(folder / "val.jsonl"),
                   "format": "auto", "has_header": None, "column_names": None, "label_column": label_column},
@@ -354,7 +358,7 @@ def problem_runs(tmp_path_factory):
                         "average": "auto", "positive_label": None},
             training={"num_train_epochs": 8},
         )
-        runs[problem_type] = (folder / "out", summary)
+        runs[problem_type] = (folder / "out", summary, said[0])
     return runs
 
 
@@ -364,7 +368,8 @@ def test_a_multi_label_run_learns_and_pipeline_agrees_with_predict(problem_runs)
 
     from finetune.predict import Predictor
 
-    out, summary = problem_runs["multi_label"]
+    out, summary, start = problem_runs["multi_label"]
+    assert "for 2 labels, any number per text (hurry, money) on train.jsonl" in start
     assert AutoConfig.from_pretrained(out).problem_type == "multi_label_classification"
     assert summary["labels"] == ["hurry", "money"]
     assert set(summary["eval"]) == {"loss", "num_samples", "accuracy", "f1"}
@@ -394,7 +399,8 @@ def test_a_regression_run_learns_and_pipeline_agrees_with_predict(problem_runs):
     from finetune.predict import Predictor
     from finetune.score import score_file
 
-    out, summary = problem_runs["regression"]
+    out, summary, start = problem_runs["regression"]
+    assert "for regression on score on train.jsonl" in start
     assert AutoConfig.from_pretrained(out).problem_type == "regression"
     assert set(summary["eval"]) == {"loss", "num_samples", "pearson", "mse"}
     assert summary["eval"]["loss"] == pytest.approx(summary["eval"]["mse"], rel=1e-5)  # the loss is the MSE
