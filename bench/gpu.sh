@@ -26,8 +26,8 @@
 #            milliseconds per micro-batch, the gradient's difference, the micro-batches after which
 #            compiling and capturing pay, the graphs' memory pool (python -m bench.cuda_graphs --compiled)
 #   update   would capturing the update pay: the update (clipping, fused AdamW's step, zeroing) made eagerly as the
-#            loop makes it, against replayed from one CUDA graph with the non-finite check on the device, each
-#            behind graphed micro-batches: milliseconds per update, the weights' difference, the skip of a NaN
+#            loop makes it, against launched before the host's read with the non-finite check on the device, and
+#            replayed from one CUDA graph, each behind graphed micro-batches: milliseconds per update, the weights' difference, the skip of a NaN
 #            (python -m bench.captured_update)
 #   casts    training.cast_once_per_update on against off: CUDA kernels, aten ops and milliseconds per
 #            micro-batch (python -m bench.probe casts)
