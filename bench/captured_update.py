@@ -72,7 +72,8 @@ def _adamw_state(optimizer) -> list[torch.Tensor]:
 
 class CapturedUpdate:
     """Clipping, the non-finite check, fused AdamW's step and the zeroing of the gradients, as one step that
-    is captured in a CUDA graph (or, with :func:`~finetune.cuda_graphs.rerun_eagerly`, run again each time).
+    is captured in a CUDA graph (or, with :func:`~finetune.cuda_graphs.rerun_eagerly`, launched eagerly each time,
+    the skip still decided on the device).
 
     The learning rates stay Python numbers in ``optimizer.param_groups``, where a scheduler writes them; only
     while the step is captured do the groups hold device tensors, which each :meth:`__call__` fills from them.
@@ -118,7 +119,7 @@ class CapturedUpdate:
         self.capture_seconds = time.perf_counter() - started
 
     def _device_rates(self):
-        """While inside: the groups hold the device tensors of the learning rates, captureable, and the optimizer
+        """While inside: the groups hold the device tensors of the learning rates, capturable, and the optimizer
         the ``found_inf`` flag; on the way out, the Python numbers a scheduler writes, and no flag."""
         import contextlib
 
