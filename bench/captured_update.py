@@ -279,9 +279,9 @@ def skip_check(model, optimizer, window: Callable[[int], None], update: Callable
 def markdown(result: dict[str, Any]) -> str:
     eager = result["ms_per_update"]["eager update"]
     lines = [f"{result['device']}, {result['precision']}, BBC News job, b={result['b']}, k={result['k']}, "
-             f"{result['windows']} updates per round, {result['rounds']} rounds"
+             f"{result['windows']} update{'s' if result['windows'] != 1 else ''} per round, {result['rounds']} round{'s' if result['rounds'] != 1 else ''}"
              f"{' with ' + ' '.join(result['overrides']) if result['overrides'] else ''}; the micro-batches "
-             f"replayed from CUDA graphs in both ways{'' if result['device'] != 'CPU' else ' (on a CPU: run again)'}:",
+             f"replayed from CUDA graphs in every way{'' if result['device'] != 'CPU' else ' (on a CPU: run again)'}:",
              "", "| update | ms per update (median) | by round | x eager |", "| --- | ---: | --- | ---: |"]
     for name, ms in result["ms_per_update"].items():
         lines.append(f"| {name} | {ms:.2f} | {', '.join(f'{x:.2f}' for x in result['ms_runs'][name])} "
