@@ -278,8 +278,9 @@ def skip_check(model, optimizer, window: Callable[[int], None], update: Callable
 
 def markdown(result: dict[str, Any]) -> str:
     eager = result["ms_per_update"]["eager update"]
+    plural = lambda n, what: f"{n} {what}{'s' if n != 1 else ''}"  # noqa: E731
     lines = [f"{result['device']}, {result['precision']}, BBC News job, b={result['b']}, k={result['k']}, "
-             f"{result['windows']} update{'s' if result['windows'] != 1 else ''} per round, {result['rounds']} round{'s' if result['rounds'] != 1 else ''}"
+             f"{plural(result['windows'], 'update')} per round, {plural(result['rounds'], 'round')}"
              f"{' with ' + ' '.join(result['overrides']) if result['overrides'] else ''}; the micro-batches "
              f"replayed from CUDA graphs in every way{'' if result['device'] != 'CPU' else ' (on a CPU: run again)'}:",
              "", "| update | ms per update (median) | by round | x eager |", "| --- | ---: | --- | ---: |"]
