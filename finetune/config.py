@@ -79,12 +79,40 @@ def _build(cls: type, data: Any, prefix: str) -> Any:
     return cls(**kwargs)
 
 
+# TrainingArguments' names (and EarlyStoppingCallback's) that no section has, and the key that does their work
+# here: what a Trainer user types first gets its key in the error. docs/trainer.md has the whole table, and
+# tests/test_config_reference.py holds the two to each other.
+TRAINER_NAMES = {
+    "auto_find_batch_size": "training.per_device_train_batch_size",
+    "optim": "optim.implementation",
+    "logging_steps": "logging.log_every",
+    "eval_strategy": "evaluation.eval_every",
+    "eval_steps": "evaluation.eval_every",
+    "save_strategy": "output.checkpoint_every",
+    "save_steps": "output.checkpoint_every",
+    "save_total_limit": "output.keep_last",
+    "resume_from_checkpoint": "output.resume_from",
+    "data_seed": "training.seed",
+    "bf16": "training.mixed_precision",
+    "fp16": "training.mixed_precision",
+    "train_sampling_strategy": "data.group_by_length",
+    "dataloader_num_workers": "data.num_workers",
+    "project": "logging.project_name",
+    "disable_tqdm": "logging.progress_bar",
+    "label_smoothing_factor": "training.label_smoothing",
+}
+
+
 def _key_hint(key: str, names: list[str], prefix: str) -> str:
-    """`` (did you mean ...?)`` for an unknown key: a near miss in its section, else the section that has it."""
+    """`` (did you mean ...?)`` for an unknown key: the Trainer's name for a key, a near miss in its section,
+    else the section that has it."""
+    if key in TRAINER_NAMES:
+        return f" (the Trainer's {key} is {TRAINER_NAMES[key]} here; docs/trainer.md)"
     close = difflib.get_close_matches(key, names, n=1, cutoff=0.5)
     if close:
         return f" (did you mean {prefix + '.' if prefix else ''}{close[0]}?)"
-    if prefix in SECTIONS:  # a key of another section written under this one: training.learning_rate
+    # a key of another section written under this one (training.learning_rate), or at the top (learning_rate)
+    if prefix in SECTIONS or not prefix:
         return _did_you_mean(sections_having(key, besides=prefix) or near_misses_elsewhere(key, besides=prefix))
     return ""
 
@@ -109,6 +137,8 @@ def unknown_key_hint(dotted: str) -> str:
     section, _, key = dotted.rpartition(".")
     if section in SECTIONS:
         return _key_hint(key, [f.name for f in dataclasses.fields(SECTIONS[section])], section)
+    if key in TRAINER_NAMES:
+        return _key_hint(key, [], "")
     return _did_you_mean(sections_having(key))
 
 
@@ -122,7 +152,7 @@ def _set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
     if len(parts) != 2 or not all(parts):
         sections = [f.name for f in dataclasses.fields(Config)]
         raise ConfigError(f"override {dotted!r}: expected section.key, one of sections {', '.join(sections)}"
-                          f"{_did_you_mean(sections_having(dotted))}")
+                          f"{unknown_key_hint(dotted)}")
     section, key = parts
     section_fields = {f.name: f for f in dataclasses.fields(Config)}
     if section not in section_fields:
@@ -348,7 +378,7 @@ def load_config(path: str | os.PathLike | None = None, overrides: list[str] | No
         raise ConfigError(f"{origin_of(exc.message, path, overrides or [])}: {exc.message}", exc.hint) from None
 
 
-_KEY_AT_START = re.compile(r"^([a-z_]+)\.([a-z_]+)\b")
+_KEY_AT_START = re.compile(r"^([a-z_]+)\.([a-z_0-9]+)\b")
 
 
 def origin_of(message: str, path: str | os.PathLike | None, overrides: list[str]) -> str:

@@ -230,6 +230,34 @@ def test_a_key_in_the_wrong_section_is_told_its_section(tmp_path):
         load_config(path, ["training.lr=1e-5"])
 
 
+@pytest.mark.parametrize("yaml_text, overrides, message", [
+    ("", ["training.logging_steps=10"], "command line: training.logging_steps: unknown key (the Trainer's "
+     "logging_steps is logging.log_every here; docs/trainer.md)"),
+    ("", ["save_steps=100"], "override 'save_steps': expected section.key, one of sections data, model, training, "
+     "optim, evaluation, logging, output (the Trainer's save_steps is output.checkpoint_every here; docs/trainer.md)"),
+    ("bf16: true\n", [], "{path}: bf16: unknown key (the Trainer's bf16 is training.mixed_precision here; "
+     "docs/trainer.md)"),
+    ("learning_rate: 3.0e-5\n", [], "{path}: learning_rate: unknown key (did you mean optim.learning_rate?)"),
+])
+def test_a_trainer_argument_is_told_the_key_that_does_its_work(tmp_path, yaml_text, overrides, message):
+    path = write(tmp_path, "data:\n  train_file: x.csv\n" + yaml_text)
+    with pytest.raises(ConfigError) as exc:
+        load_config(path, overrides)
+    assert exc.value.message == message.format(path=path)
+
+
+def test_an_error_in_a_key_with_digits_is_placed_where_it_was_set(tmp_path):
+    # adam_beta1: the key's digits are part of its name when the error says where it came from
+    path = write(tmp_path, "data:\n  train_file: x.csv\noptim:\n  adam_beta2: 0.999\n")
+    with pytest.raises(ConfigError) as exc:
+        load_config(path, ["optim.adam_beta1=2"])
+    assert exc.value.message == "command line: optim.adam_beta1: must be in [0, 1), got 2.0"
+    path = write(tmp_path, "data:\n  train_file: x.csv\noptim:\n  adam_beta2: 2\n")
+    with pytest.raises(ConfigError) as exc:
+        load_config(path, [])
+    assert exc.value.message == f"{path}:4: optim.adam_beta2: must be in [0, 1), got 2.0"
+
+
 def test_a_missing_data_file_from_the_command_line_is_blamed_on_it(tmp_path, capsys):
     from finetune.train import main
 
