@@ -18,9 +18,9 @@
 #            (b, k) (its micro-batches replayed from CUDA graphs: training.cuda_graphs: auto), at (b, 1) and
 #            eager (GPU_ARMS=all adds the Accelerate loop, (b*k, 1) and the package compiled and graphed)
 #   host     where an update's time goes, in alternating rounds of eager steps, eager ones with blocking copies
-#            of the micro-batches and micro-batches replayed from CUDA graphs: wall time against the GPU's
-#            kernel time, the host's waits for the GPU per update, the top kernels and host ops of the eager
-#            and the graphed way (python -m bench.probe device)
+#            of the micro-batches, micro-batches replayed from CUDA graphs, and from graphs of compiled blocks:
+#            wall time against the GPU's kernel time, the host's waits for the GPU per update, the top kernels
+#            and host ops of each way but the blocking copies (python -m bench.probe device)
 #   graphs   a micro-batch replayed from CUDA graphs against the eager one, each also with the forward
 #            compiled and with each encoder block compiled on its own (training.torch_compile: blocks):
 #            milliseconds per micro-batch, the gradient's difference, the micro-batches after which

@@ -242,10 +242,11 @@ def _train_epoch_of(cfg, run, until: int, **kw):
 
 def device(threads: int, overrides: list[str], updates: int = 10, warmup: int = 10, rounds: int = 2) -> dict[str, Any]:
     """Wall time against GPU kernel time over ``updates`` updates of the BBC News job (after ``warmup``), in
-    alternating rounds of three ways: eager steps; eager steps with each micro-batch copied to the GPU
+    alternating rounds of four ways: eager steps; eager steps with each micro-batch copied to the GPU
     synchronously (Accelerate's default); and on a GPU, micro-batches replayed from CUDA graphs
-    (``training.cuda_graphs``). Each way's waits for the GPU per update (``torch.cuda.set_sync_debug_mode``),
-    and the kernels and host ops of the eager and the graphed way, profiled.
+    (``training.cuda_graphs``), also with each encoder block compiled (``training.torch_compile: blocks``, the
+    fastest update measured). Each way's waits for the GPU per update (``torch.cuda.set_sync_debug_mode``),
+    and the kernels and host ops of the eager and the graphed ways, profiled.
 
     If the kernels' summed time is well under the wall time, the GPU waits for
     the host (Python, kernel launches, collation): the answer is fewer, larger
@@ -261,13 +262,15 @@ def device(threads: int, overrides: list[str], updates: int = 10, warmup: int = 
     gpu = torch.cuda.is_available()
     sync = torch.cuda.synchronize if gpu else (lambda: None)
     total = warmup + (rounds + 4) * updates
-    ways = {"eager": (False, False), "eager, blocking copies": (True, False)}
+    # each way: blocking copies, replayed from graphs, and what it compiles
+    ways = {"eager": (False, False, []), "eager, blocking copies": (True, False, [])}
     if gpu:
-        ways["graphed"] = (False, True)
+        ways["graphed"] = (False, True, [])
+        ways["graphed, compiled blocks"] = (False, True, ["training.torch_compile=blocks"])
     setups = {}
-    for name, (blocking, graphed) in ways.items():
-        cfg, run = _setup(overrides + (["training.cuda_graphs=true"] if graphed else []), "bbc", 8, 4, total,
-                          threads, blocking_copies=blocking)
+    for name, (blocking, graphed, compiled) in ways.items():
+        cfg, run = _setup(overrides + compiled + (["training.cuda_graphs=true"] if graphed else []), "bbc", 8, 4,
+                          total, threads, blocking_copies=blocking)
         setups[name] = (cfg, run, {"graphs": graphs_for_run(run)} if graphed else {})
     for cfg, run, kw in setups.values():
         _train_updates(cfg, run, warmup, **kw)
@@ -280,7 +283,8 @@ def device(threads: int, overrides: list[str], updates: int = 10, warmup: int = 
             sync()
             walls[name].append(time.perf_counter() - started)
     waits = {name: _waits_per_update(cfg, run, updates, **kw) for name, (cfg, run, kw) in setups.items()}
-    profiled = {name: _profile_updates(*setups[name], updates, sync) for name in ("eager", "graphed") if name in setups}
+    profiled = {name: _profile_updates(*setups[name], updates, sync) for name in setups
+                if name != "eager, blocking copies"}
     samples = setups["eager"][1].batching.effective_batch_size
     return {"updates": updates, "rounds": rounds, "overrides": overrides,
             "device": torch.cuda.get_device_name() if gpu else "CPU",
