@@ -628,7 +628,8 @@ def _label_keys(table: _Table) -> list[str]:
             keys.append(_label_key(value, feature))
         except ValueError as exc:
             raise DataError(
-                f"{table.source}: label {value!r} at {table.where(i)} in column {table.label_column!r} {exc}"
+                f"{table.source}: label {value!r} at {table.where(i)} in column {table.label_column!r} {exc}",
+                hint=_problem_type_hint(value),
             ) from None
     missing = [i for i, key in enumerate(keys) if key is None]
     if len(missing) == len(keys):
@@ -683,6 +684,15 @@ def _label_key(value: Any, feature: Any) -> Optional[str]:
     if isinstance(value, str):
         return value if value.strip() else None
     raise ValueError(f"is a {type(value).__name__}, not a class (labels must be strings or integers)")
+
+
+def _problem_type_hint(value: Any) -> Optional[str]:
+    """The ``model.problem_type`` whose labels look like ``value``, a label a class cannot be."""
+    if isinstance(value, (list, tuple)):
+        return "several labels per text: set model.problem_type=multi_label"
+    if isinstance(value, float):
+        return "a number to predict: set model.problem_type=regression"
+    return None
 
 
 def _label_space(train: _Table, keys: list[str]) -> LabelSpace:
