@@ -96,6 +96,29 @@ def redact(url: str) -> str:
     return f"{head}{sep}{tail}"
 
 
+def refuse_another_sweep(storage, name: str, made_with: dict[str, str], searches: bool) -> None:
+    """A sweep's folder (its study name) holds one sweep: another one there is refused before any trial, since
+    its reports would replace the first one's.
+
+    A sweep without a space (seeds only) meets the search of an earlier sweep, or any sweep meets seeds runs
+    made with another space or config: both are refused, naming what to do. A search made with another space
+    or config is :func:`load_or_create`'s to refuse.
+
+    Raises:
+        ConfigError: naming the study and what differs.
+    """
+    import optuna
+
+    existing = set(optuna.get_all_study_names(storage))
+    if name in existing and not searches:
+        raise ConfigError(f"--study-name {name}: the study holds a search, and this sweep has no space, so its "
+                          f"report would replace the search's; run the search's command again (--seeds N adds "
+                          f"the seeds runs to it), or choose another --output or --study-name")
+    if f"{name}.seeds" in existing:
+        seeds = optuna.load_study(study_name=f"{name}.seeds", storage=storage)
+        _check_made_with(seeds, name, made_with)
+
+
 def load_or_create(storage, name: str, direction: str, made_with: dict[str, str]):
     """The study ``name`` in ``storage``, created if new; one made with another space or config is refused.
 
@@ -112,15 +135,20 @@ def load_or_create(storage, name: str, direction: str, made_with: dict[str, str]
         raise ConfigError(f"--study-name {name}: this study {study.direction.name.lower()}s its objective, this "
                           f"sweep would {direction} it (another evaluation.metric_for_best_model or "
                           f"greater_is_better); choose another --output or --study-name")
+    _check_made_with(study, name, made_with)
+    for attr, text in made_with.items():
+        if study.user_attrs.get(attr) is None:
+            study.set_user_attr(attr, text)
+    return study
+
+
+def _check_made_with(study, name: str, made_with: dict[str, str]) -> None:
     for attr, text in made_with.items():
         recorded = study.user_attrs.get(attr)
-        if recorded is None:
-            study.set_user_attr(attr, text)
-        elif recorded != text:
+        if recorded is not None and recorded != text:
             raise ConfigError(f"--study-name {name}: the study was made with another "
                               f"{'space' if attr == SPACE_ATTR else 'config'} ({first_difference(recorded, text)}); "
                               f"run the same files again to continue it, or choose another --output or --study-name")
-    return study
 
 
 def first_difference(recorded: str, current: str) -> str:

@@ -34,7 +34,7 @@ from finetune.errors import ConfigError, run_command
 from finetune.search_space import Dimension, SearchSpace, overrides, parse_space, render
 from finetune.signals import RunInterrupted, StopSignals
 from finetune.study import BASE_PARAMS_ATTR, CONFIG_ATTR, SPACE_ATTR, budget_left, load_or_create, open_storage, \
-    redact, running
+    redact, refuse_another_sweep, running
 from finetune.sweep_report import Header, best_trial, seed_statistics, state_of, write_reports
 from finetune.sweep_trial import Phase, TrialRunner
 
@@ -315,6 +315,7 @@ def run_sweep(sweep: Sweep) -> dict[str, Any]:
     storage = open_storage(sweep.storage)
     direction = "maximize" if greater else "minimize"
     identity = made_with(sweep, cfg)
+    refuse_another_sweep(storage, sweep.study_name, identity, searches=bool(sweep.space.dimensions))
     search = (load_or_create(storage, sweep.study_name, direction, identity) if sweep.space.dimensions else None)
     done = sum(1 for t in search.get_trials(deepcopy=False) if t.state.is_finished()) if search else 0
     logger.info(start_line(sweep, metric, greater, done))

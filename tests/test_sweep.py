@@ -403,6 +403,31 @@ def test_a_folder_made_with_another_space_is_refused(four_trials, capsys):
     assert len(load_study(out).trials) == 4
 
 
+def test_a_sweep_without_a_space_leaves_a_searchs_folder_as_it_was(four_trials, capsys):
+    """Seeds alone (no space) in a search's folder would write its own sweep.md over the search's: refused
+    before any run, the folder untouched."""
+    root, out, _ = four_trials
+    before = {p: p.read_bytes() for p in out.glob("*") if p.is_file()}
+    assert sweep_in_process(["--config", str(root / "cfg.yaml"), "--seeds", "2"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "the study holds a search, and this sweep has no space" in err[0], err
+    assert {p: p.read_bytes() for p in out.glob("*") if p.is_file()} == before
+    assert not (out / "seeds").exists()
+
+
+def test_a_search_is_refused_in_the_folder_of_seeds_runs_made_without_it(tmp_path, fresh_accelerate_state, capsys):
+    config = sms_job(tmp_path, epochs=1)
+    assert sweep_in_process(["--config", str(config), "--seeds", "1"]) == 0
+    report = (tmp_path / "out-sweep" / "sweep.md").read_bytes()
+    spec = sweep_file(tmp_path, space={"optim.learning_rate": [1e-3]}, trials=1, pruner="none")
+    capsys.readouterr()
+    assert sweep_in_process(["--config", str(config), "--sweep", str(spec), "--seeds", "1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "the study was made with another space" in err[0], err
+    assert not list((tmp_path / "out-sweep").glob("trial-*"))  # refused before its first trial
+    assert (tmp_path / "out-sweep" / "sweep.md").read_bytes() == report
+
+
 # --- in separate processes: a signal, two workers, a shared server ----------------------------------------------
 
 
