@@ -143,6 +143,7 @@ def load_or_create(storage, name: str, direction: str, made_with: dict[str, str]
 
 
 def _check_made_with(study, name: str, made_with: dict[str, str]) -> None:
+    """Refuse a study whose recorded space or config is not ``made_with``'s (one not yet recorded passes)."""
     for attr, text in made_with.items():
         recorded = study.user_attrs.get(attr)
         if recorded is not None and recorded != text:
