@@ -105,9 +105,10 @@ class Judgement:
         return patience is not None and self.evaluations_since_best >= patience
 
     def why_stopped(self) -> str:
+        n = self.evaluations_since_best
         return (f"early stopping: {self.selection.metric} has not improved on {self.best_value:.6g} "
                 f"(update {self.best_step}) by more than {self.selection.threshold:g} for "
-                f"{self.evaluations_since_best} evaluations (evaluation.early_stopping_patience)")
+                f"{n} evaluation{'s' if n != 1 else ''} (evaluation.early_stopping_patience)")
 
 
 class EvalHistory:

@@ -48,6 +48,8 @@ def test_an_improvement_must_beat_the_best_by_more_than_the_threshold():
     judgement = selection.judge(_history(0.5, 0.7, 0.703, 0.704))  # +0.003, +0.004: not enough
     assert (judgement.best_step, judgement.evaluations_since_best, judgement.should_stop) == (20, 2, True)
     assert "f1 has not improved on 0.7 (update 20) by more than 0.005 for 2 evaluations" in judgement.why_stopped()
+    impatient = Selection("f1", greater_is_better=True, patience=1).judge(_history(0.5, 0.7, 0.6))
+    assert "f1 has not improved on 0.7 (update 20) by more than 0 for 1 evaluation (" in impatient.why_stopped()
     lower = Selection("loss", greater_is_better=False)
     assert lower.judge(_history(0.9, 0.5, 0.6, metric="loss")).best_step == 20
     assert lower.judge(_history(float("nan"), 0.6, metric="loss")).best_step == 20  # NaN is never best
