@@ -151,3 +151,26 @@ def test_the_documented_headless_run_has_its_command():
     assert shutil.which("jupyter-nbconvert", path=str(Path(sys.executable).parent)) is not None
     docs = (REPO / "docs" / "notebooks.md").read_text(encoding="utf-8")
     assert "jupyter nbconvert --to notebook --execute notebooks/accumulation.ipynb" in docs
+
+
+def test_the_readmes_notebook_code_trains_as_written(assets, tmp_path):
+    """README's "From a notebook" block, run as it stands in a fresh Python from the repository, with the tiny
+    model and data added to its overrides: two epochs, each update logged through ``on_log``, each epoch
+    evaluated."""
+    import re
+
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    code = re.search(r"## From a notebook.*?```python\n(.*?)```", readme, re.S).group(1)
+    given = '["training.num_train_epochs=2"]'
+    assert given in code  # the block's own overrides, which the tiny run extends
+    tiny = [*_tiny_overrides(*assets), f"output.output_dir={tmp_path / 'out'}"]
+    code = code.replace(given, json.dumps(["training.num_train_epochs=2", *tiny]))
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=offline_env({"FINETUNE_CPU_THREADS": "1"}),
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    epochs = [line for line in lines if line.startswith(("0 ", "1 ")) and "{" in line]
+    assert [line.split()[0] for line in epochs] == ["0", "1"]
+    assert all("'accuracy':" in line and "'f1':" in line for line in epochs)
+    steps = [int(line.split()[0]) for line in lines if "{" not in line]
+    assert steps == list(range(1, len(steps) + 1)) and len(steps) >= 4  # every update, in order, over both epochs
