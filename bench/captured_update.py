@@ -62,8 +62,9 @@ from bench.common import REPO, ArmSpec, job_config, write_result  # noqa: E402
 RESULTS = REPO / "bench" / "results"
 
 
-def _flat_weights(model) -> torch.Tensor:
-    return torch.cat([p.detach().float().flatten() for p in model.parameters()])
+def _flat_weights(tensors) -> torch.Tensor:
+    """The weights (``model.parameters()``, or copies of them) as one float vector."""
+    return torch.cat([t.detach().float().flatten() for t in tensors])
 
 
 def _adamw_state(optimizer) -> list[torch.Tensor]:
@@ -82,6 +83,7 @@ class CapturedUpdate:
 
     def __init__(self, model, optimizer, accelerator, max_grad_norm: float, loss_total: torch.Tensor,
                  recorder) -> None:
+        from finetune.cuda_graphs import side_stream
         from finetune.loop import clip_gradients
 
         self.inner = getattr(optimizer, "optimizer", optimizer)  # Accelerate's wrapper holds torch's AdamW
@@ -107,13 +109,7 @@ class CapturedUpdate:
         # AdamW's state where there is none and changes no weight
         started = time.perf_counter()
         with self._device_rates():
-            if torch.cuda.is_available() and device.type == "cuda":
-                side = torch.cuda.Stream()
-                side.wait_stream(torch.cuda.current_stream())
-                with torch.cuda.stream(side):
-                    step(force_skip=True)
-                torch.cuda.current_stream().wait_stream(side)
-            else:
+            with side_stream(device):
                 step(force_skip=True)
             self.replay, _ = recorder(step, None)
         self.capture_seconds = time.perf_counter() - started
@@ -243,7 +239,7 @@ def measure(overrides: list[str], windows: int = 10, rounds: int = 5, threads: i
             sync()
             if r > 0:
                 times[name].append(1e3 * (time.perf_counter() - started) / windows)
-            weights[name] = _flat_weights(model)
+            weights[name] = _flat_weights(model.parameters())
     return {
         "device": torch.cuda.get_device_name() if cuda else "CPU", "precision": accelerator.mixed_precision,
         "overrides": overrides, "b": b, "k": k, "windows": windows, "rounds": rounds,
@@ -251,14 +247,10 @@ def measure(overrides: list[str], windows: int = 10, rounds: int = 5, threads: i
         "ms_runs": times,
         "max_weight_difference": {name: float((weights[name] - weights["eager update"]).abs().max())
                                   for name in ways if name != "eager update"},
-        "weights_moved": float((weights["eager update"] - _flat_weights_of(start)).abs().max()),
+        "weights_moved": float((weights["eager update"] - _flat_weights(start)).abs().max()),
         "capture_seconds": captured.capture_seconds,
         "skip": skip_check(model, optimizer, window, ways["captured update"], sync),
     }
-
-
-def _flat_weights_of(tensors: list[torch.Tensor]) -> torch.Tensor:
-    return torch.cat([t.float().flatten() for t in tensors])
 
 
 def skip_check(model, optimizer, window: Callable[[int], None], update: Callable[[], None], sync) -> dict[str, bool]:
@@ -266,12 +258,12 @@ def skip_check(model, optimizer, window: Callable[[int], None], update: Callable
     step counts) must stay as they were, and the gradients must be zeroed for the next window."""
     inner = getattr(optimizer, "optimizer", optimizer)
     window(0)
-    weights, state = _flat_weights(model), [t.clone() for t in _adamw_state(inner)]
+    weights, state = _flat_weights(model.parameters()), [t.clone() for t in _adamw_state(inner)]
     first = next(p for p in model.parameters() if p.grad is not None)
     first.grad.view(-1)[0] = float("nan")
     update()
     sync()
-    return {"weights_kept": bool(torch.equal(_flat_weights(model), weights)),
+    return {"weights_kept": bool(torch.equal(_flat_weights(model.parameters()), weights)),
             "state_kept": all(torch.equal(a, b) for a, b in zip(_adamw_state(inner), state)),
             "gradients_zeroed": all(bool((p.grad == 0).all()) for p in model.parameters() if p.grad is not None)}
 

@@ -167,6 +167,20 @@ def record_cuda_graph(step: Callable[[], torch.Tensor], pool) -> tuple[Callable[
     return replay, graph.pool()
 
 
+@contextlib.contextmanager
+def side_stream(device: torch.device):
+    """Run the block on a side stream that starts after the current stream's work, and make the current stream
+    wait for it: torch's recipe for the eager runs before a capture. Off CUDA, the block runs as it is."""
+    if device.type != "cuda":
+        yield
+        return
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        yield
+    torch.cuda.current_stream().wait_stream(side)
+
+
 def refusal(error: RuntimeError) -> str:
     """CUDA's reason for refusing a capture, in one line, with what causes the one a caller can fix."""
     # CUDA invalidates a capture at the refused operation, and ending it then raises again: the first error says why
@@ -364,15 +378,10 @@ class GraphedMicroBatches:
         cuda = self.device.type == "cuda"
         devices = [self.device.index if self.device.index is not None else torch.cuda.current_device()] if cuda else []
         with torch.random.fork_rng(devices=devices):
-            side = torch.cuda.Stream() if cuda else None
-            if cuda:
-                side.wait_stream(torch.cuda.current_stream())
             # the warm-up also compiles a compiled forward (and its backward) for this length
-            with torch.cuda.stream(side) if cuda else contextlib.nullcontext():
+            with side_stream(self.device):
                 for _ in range(WARMUP_RUNS):
                     self._step(inputs)
-            if cuda:
-                torch.cuda.current_stream().wait_stream(side)
             # a gradient the warm-up created (zeros, on the side stream) is made again on this one
             for p in self.model.parameters():
                 if p.grad is not None and p not in had_gradient:
