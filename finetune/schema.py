@@ -261,8 +261,8 @@ class TrainingConfig:
         "the longest training text. It pays a compile time at start-up (one for the first length, one more "
         "when a second turns the length dynamic) for faster steps; off by default, measure it with "
         "`bench/compile.py` (see docs/performance.md). On a GPU with CUDA graphs, `blocks` is the one to try: "
-        "for bert-base at 64 x 128 tokens on an H100 it updated 1.3x as fast as the graphs alone and paid for "
-        "its compile after about 240 updates.")
+        "for bert-base at 64 x 128 tokens on an H100 it updated 1.25x to 1.3x as fast as the graphs alone and "
+        "paid for its compile after about 500 updates.")
     cuda_graphs: Union[bool, Literal["auto"]] = setting("auto",
         "On one CUDA GPU, replay each micro-batch's forward and backward from a CUDA graph, one per padding "
         "length: one launch instead of a kernel launch per operation (see finetune.cuda_graphs). Micro-batches "

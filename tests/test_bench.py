@@ -903,10 +903,12 @@ def test_the_captured_update_makes_the_loops_updates_and_skips_a_nan_inside_the_
     assert (result["b"], result["k"], result["windows"]) == (8, 4, 2)
     assert result["weights_moved"] > 1e-5  # the second update's rate is past the warm-up's 0
     assert result["max_weight_difference"] == {"eager, skip on the device": 0.0, "captured update": 0.0}
+    assert result["eager_rounds_difference"] == 0.0  # rounds 0 and 1 of the eager update: the floor, 0 on a CPU
     assert result["skip"] == {"weights_kept": True, "state_kept": True, "gradients_zeroed": True}
     assert list(result["ms_per_update"]) == ["eager update", "eager, skip on the device", "captured update"]
     text = markdown(result)
     assert "| captured update |" in text and "A NaN in the gradient, captured: weights kept yes" in text
+    assert "the eager update's own rounds, from the same weights and micro-batches, 0 (" in text
 
 
 def test_regional_compilation_compiles_the_blocks_for_its_way_alone(monkeypatch):
