@@ -323,6 +323,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def run(args: argparse.Namespace) -> None:
     """Check every argument, load the model, predict, write. Raises FinetuneError on bad input."""
+    for flag, column in (("--text", args.text_column), ("--text-pair-column", args.text_pair_column)):
+        if column is not None and not args.file:  # `--text "a sentence"` would otherwise classify nothing
+            raise ConfigError(f"{flag} {column!r}: names a column of a --file; texts to classify follow the "
+                              f"run's folder: finetune predict {args.output_dir} \"a text\"")
     if not args.texts and not args.file:
         raise ConfigError("nothing to classify: give texts or --file")
     if args.texts and args.file:

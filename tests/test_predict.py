@@ -171,6 +171,10 @@ def test_files_in_and_out(trained, predictor, tmp_path, capsys):
      "error: --output {tmp}/x.parquet: unsupported extension '.parquet' (use .csv, .jsonl)"),
     (["--file", "{tmp}/missing.txt"], "error: --file {tmp}/missing.txt: not found"),
     ([], "error: nothing to classify: give texts or --file"),
+    (["--text", "Shares fell sharply."], "error: --text 'Shares fell sharply.': names a column of a --file; texts "
+     "to classify follow the run's folder: finetune predict {out} \"a text\""),
+    (["a text", "--text-pair-column", "second"], "error: --text-pair-column 'second': names a column of a --file; "
+     "texts to classify follow the run's folder: finetune predict {out} \"a text\""),
     (["--file", "{tmp}/in.csv", "--text-column", "message", "--output", "{tmp}/./in.csv"],
      "error: --output {tmp}/./in.csv: is the --file being classified; name another file"),
     (["--file", "{tmp}/in.txt", "--precision", "fp8"], "error: --precision: must be one of no, bf16, fp16, got 'fp8'"),
@@ -184,7 +188,7 @@ def test_bad_input_is_one_line(trained, tmp_path, capsys, args, message):
     inputs = _write_inputs(tmp_path)
     before = [path.read_bytes() for path in inputs]
     assert main([str(out)] + [a.format(tmp=tmp_path) for a in args]) == 2
-    assert capsys.readouterr().err.strip().splitlines() == [message.format(tmp=tmp_path)]
+    assert capsys.readouterr().err.strip().splitlines() == [message.format(tmp=tmp_path, out=out)]
     assert [path.read_bytes() for path in inputs] == before
 
 
