@@ -41,11 +41,15 @@
 #            true) and each block (blocks), against the Trainer and the uncompiled graphs over a longer run
 #            (GPU_COMPILE_STEPS updates, default 120; one repeat), each run compiling into an empty cache:
 #            the compile's cold start and the steady rate after it, so how long a run must be for each to pay
+#   autotune compiled blocks with inductor's max-autotune (without its own graphs: the package captures) against
+#            the default compile, both replayed from CUDA graphs, and the Trainer (GPU_COMPILE_STEPS updates, one
+#            repeat, empty caches): whether autotuned matrix products and fused epilogues lift the steady MFU,
+#            and what their longer compile costs
 #
-# OUT_DIR receives fourteen flat files: parts.log (each part: passed, failed, timed out or skipped, and its
+# OUT_DIR receives sixteen flat files: parts.log (each part: passed, failed, timed out or skipped, and its
 # seconds), tests.log, speed.md and speed.json (the tables, and every run with its seconds per update),
-# host.md, graphs.md, update.md, casts.md, predict.md, engines.log, engines.md, engines.json, compile.md and
-# compile.json; the working files (the model, every run) go to GPU_WORK (default OUT_DIR/work). A failing part
+# host.md, graphs.md, update.md, casts.md, predict.md, engines.log, engines.md, engines.json, compile.md,
+# compile.json, autotune.md and autotune.json; the working files (the model, every run) go to GPU_WORK (default OUT_DIR/work). A failing part
 # does not stop the next; the exit status names the parts that failed.
 #
 # Settings: GPU_BUDGET_S=<seconds> fits the check into a time limit: each part runs under what is left, less
@@ -59,7 +63,7 @@
 set -euo pipefail
 self="$(cd "$(dirname "$0")" && pwd)/$(basename "$0")"
 cd "$(dirname "$self")/.."
-all="tests speed host graphs update casts predict engines compile"
+all="tests speed host graphs update casts predict engines compile autotune"
 out=${1:-bench/results/gpu}
 [ $# -gt 0 ] && shift
 parts=${*:-$all}
@@ -159,6 +163,14 @@ part_compile() {
         --only "=bbc/trainer,=bbc/ours,=bbc/ours compiled graphs,=bbc/ours compiled blocks graphs" \
         --out "$work/compile" || status=$?
     bring_back compile
+    return $status
+}
+part_autotune() {
+    local status=0
+    bert_base && "$py" "${speed[@]}" --bbc-steps "${GPU_COMPILE_STEPS:-120}" --repeats 1 --graphs \
+        --only "=bbc/trainer,=bbc/ours compiled blocks graphs,=bbc/ours compiled blocks autotuned graphs" \
+        --out "$work/autotune" || status=$?
+    bring_back autotune
     return $status
 }
 

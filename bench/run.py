@@ -106,6 +106,8 @@ class Settings:
 
 # --engines: the shipped Accelerate configs (configs/accelerate/<name>.yaml) as the table names them
 ENGINE_NAMES = {"fsdp": "FSDP2", "deepspeed_zero2": "DeepSpeed ZeRO-2"}
+# what torch.compile's mode="max-autotune-no-cudagraphs" turns on, as environment variables inductor reads
+AUTOTUNE_ENV = {"TORCHINDUCTOR_MAX_AUTOTUNE": "1", "TORCHINDUCTOR_COORDINATE_DESCENT_TUNING": "1"}
 
 # Speed runs evaluate on this many validation samples only: evaluation is not timed, and
 # the accuracy comes from the full-epoch runs.
@@ -160,6 +162,14 @@ def main_jobs(s: Settings, trainer_k1: bool) -> list[Job]:
                     replace(base, overrides=base.overrides + ["training.cuda_graphs=true",
                                                               "training.torch_compile=blocks"]),
                     label=f"finetune, each block compiled, replayed from CUDA graphs, b={b} k={k}"),
+                # inductor's max-autotune without its own graphs (the package captures by hand): matrix products
+                # chosen by timing cuBLAS against Triton's templates, with bias and activation fused into them,
+                # and the element-wise kernels' launch shapes tuned. Settings inductor reads from the environment
+                Job(f"{dataset}/ours compiled blocks autotuned graphs",
+                    replace(base, overrides=base.overrides + ["training.cuda_graphs=true",
+                                                              "training.torch_compile=blocks"],
+                            env={**base.env, **AUTOTUNE_ENV}),
+                    label=f"finetune, each block compiled with max-autotune, replayed from CUDA graphs, b={b} k={k}"),
             ]
         if dataset == "bbc" and k > 1:
             # the same samples in every arm: (b, 1) makes k times the updates

@@ -439,11 +439,14 @@ def test_the_gpu_check_runs_the_parts_asked_for_and_goes_on_past_a_failing_one(t
         "-m bench.probe casts", "-m bench.predict " + str(work / "bert-base"), "-m pytest -m"]
     assert [p.split(" in ")[0] for p in parts] == ["tests: failed (1)", "speed: passed", "host: passed",
                                                    "graphs: passed", "update: passed", "casts: passed",
-                                                   "predict: passed", "engines: failed (1)", "compile: passed"]
+                                                   "predict: passed", "engines: failed (1)", "compile: passed",
+                                                   "autotune: passed"]
     update_run = next(c for c in calls if c.startswith("-m bench.captured_update"))
     assert "training.per_device_train_batch_size=64" in update_run and "training.effective_batch_size=256" in update_run
-    compile_run = [c for c in calls if c.startswith("bench/run.py")][-1]
+    compile_run, autotune_run = [c for c in calls if c.startswith("bench/run.py")][-2:]
     assert "--bbc-steps 120 --repeats 1 --graphs --only =bbc/trainer,=bbc/ours,=bbc/ours compiled graphs," in compile_run
+    assert ("--bbc-steps 120 --repeats 1 --graphs --only =bbc/trainer,=bbc/ours compiled blocks graphs,"
+            "=bbc/ours compiled blocks autotuned graphs --out " + str(work / "autotune")) in autotune_run
 
     # the engines' tests without their speed rows, to run beside the tests part
     proc, calls, parts = gpu_check("engines", GPU_ENGINE_REPEATS="0")
@@ -639,6 +642,11 @@ def test_the_gpu_checks_default_arms_leave_out_the_compiled_graphs_whose_compile
                                                                            "training.torch_compile=blocks"}
     s.only = ["=bbc/trainer", "=bbc/ours compiled graphs"]
     assert sorted(j.name for j in main_jobs(s, trainer_k1=False)) == ["bbc/ours compiled graphs", "bbc/trainer"]
+    # the autotuned arm is the compiled blocks' arm with inductor's max-autotune settings in its environment alone
+    autotuned, blocks = every["bbc/ours compiled blocks autotuned graphs"].spec, every["bbc/ours compiled blocks graphs"].spec
+    assert autotuned.overrides == blocks.overrides
+    assert autotuned.env == {**blocks.env, "TORCHINDUCTOR_MAX_AUTOTUNE": "1", "TORCHINDUCTOR_COORDINATE_DESCENT_TUNING": "1"}
+    assert not any(key.startswith("TORCHINDUCTOR") for key in blocks.env)
 
 
 def test_every_benchmark_run_compiles_into_an_empty_cache_of_its_own(tmp_path, monkeypatch):
@@ -649,10 +657,11 @@ def test_every_benchmark_run_compiles_into_an_empty_cache_of_its_own(tmp_path, m
     import bench.run as bench_run
     from bench.run import Settings, main_jobs, run_job
 
-    seen = []
+    seen, autotuned = [], []
 
     def fake_run(cmd, cwd, env, stdout, stderr, timeout):
         seen.append((env["TORCHINDUCTOR_CACHE_DIR"], env["TRITON_CACHE_DIR"]))
+        autotuned.append(env.get("TORCHINDUCTOR_MAX_AUTOTUNE"))
         return SimpleNamespace(returncode=1)
 
     monkeypatch.setattr(bench_run.subprocess, "run", fake_run)
@@ -660,10 +669,11 @@ def test_every_benchmark_run_compiles_into_an_empty_cache_of_its_own(tmp_path, m
                  datasets=["bbc"], batching={"bbc": (64, 4)}, graphs=True)
     jobs = {j.name: j for j in main_jobs(s, trainer_k1=False)}
     for index, name in enumerate(["bbc/ours compiled graphs", "bbc/ours compiled blocks graphs",
-                                  "bbc/ours compiled graphs"]):
+                                  "bbc/ours compiled graphs", "bbc/ours compiled blocks autotuned graphs"]):
         assert run_job(jobs[name], s, index)["ok"] is False
     inductor = [Path(a) for a, _ in seen]
-    assert len(set(inductor)) == 3 and all(not p.exists() for p in inductor)
+    assert len(set(inductor)) == 4 and all(not p.exists() for p in inductor)
+    assert autotuned == [None, None, None, "1"]  # the autotuned arm's process alone is told to autotune
     assert all(p.is_relative_to(tmp_path / "runs") for a, b in seen for p in (Path(a), Path(b)))
 
 
