@@ -49,8 +49,8 @@
 # OUT_DIR receives sixteen flat files: parts.log (each part: passed, failed, timed out or skipped, and its
 # seconds), tests.log, speed.md and speed.json (the tables, and every run with its seconds per update),
 # host.md, graphs.md, update.md, casts.md, predict.md, engines.log, engines.md, engines.json, compile.md,
-# compile.json, autotune.md and autotune.json; the working files (the model, every run) go to GPU_WORK (default OUT_DIR/work). A failing part
-# does not stop the next; the exit status names the parts that failed.
+# compile.json, autotune.md and autotune.json; the working files (the model, every run) go to GPU_WORK (default
+# OUT_DIR/work). A failing part does not stop the next; the exit status names the parts that failed.
 #
 # Settings: GPU_BUDGET_S=<seconds> fits the check into a time limit: each part runs under what is left, less
 # GPU_RESERVE_S (default 60) for each part after it, and a part left less than that is skipped (a cut speed
