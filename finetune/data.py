@@ -505,12 +505,21 @@ def _not_utf8(path: Path, offset: int) -> str:
 
 
 def _load_hub(cfg: DataConfig) -> tuple[_Table, Optional[_Table]]:
+    from finetune import hub
+
     name = cfg.dataset_name
     shown = name + (f"/{cfg.dataset_config}" if cfg.dataset_config else "")
+    offline = hub.unreachable(name, "dataset")
+    if offline is not None:  # datasets has no per-call switch to its cache alone: say what the wait is
+        logger.warning("the Hugging Face Hub cannot be reached (%s): datasets retries for a while before it "
+                       "reads %s from its local cache; HF_HUB_OFFLINE=1 reads the cache at once", offline, shown)
     try:
         loaded = datasets.load_dataset(name, cfg.dataset_config)
     except Exception as exc:  # noqa: BLE001 - network, missing data set, bad config name, ...
-        raise DataError(f"data.dataset_name: cannot load {shown!r}: {_root_message(exc)}") from None
+        why = (f"the Hub cannot be reached ({offline}), and the local cache did not serve it: {_root_message(exc)}"
+               if offline is not None else _root_message(exc))
+        raise DataError(f"data.dataset_name: cannot load {shown!r}: {why}",
+                        hint=None if offline is None else "give the data as a file instead (--data)") from None
     if cfg.train_split not in loaded:
         raise DataError(f"data.train_split: {shown} has no split {cfg.train_split!r} (splits: {', '.join(loaded)})")
 

@@ -353,11 +353,14 @@ def load_adapter_checkpoint(path: Path):
     from peft import PeftModel
     from transformers import AutoConfig, AutoModelForSequenceClassification
 
+    from finetune import hub
+
     path = Path(path)
     base = base_model_of(path / ADAPTER_DIR)
     config = AutoConfig.from_pretrained(path)
     try:
-        model = AutoModelForSequenceClassification.from_pretrained(base, config=config)
+        model = AutoModelForSequenceClassification.from_pretrained(
+            base, config=config, **hub.model_options(base, is_local=Path(base).expanduser().exists(), weights=True))
     except (OSError, ValueError) as exc:
         raise ModelError(f"{path}: a LoRA checkpoint, whose base model {base} cannot be loaded: "
                          f"{(str(exc).strip().splitlines() or [type(exc).__name__])[0]}") from None

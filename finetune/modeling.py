@@ -8,6 +8,7 @@ import weakref
 from pathlib import Path
 from typing import Any, Optional
 
+from finetune import hub
 from finetune.config import ModelConfig
 from finetune.errors import ConfigError, ModelError
 from finetune.resources import PACKAGED_HUB_MODELS, is_package_path, package_of, package_version, resolve_path
@@ -35,11 +36,11 @@ def load_tokenizer(cfg: ModelConfig):
     location = model_location(cfg.tokenizer_name_or_path or cfg.name_or_path, key)
     try:
         return AutoTokenizer.from_pretrained(
-            location, revision=cfg.revision, trust_remote_code=cfg.trust_remote_code
+            location, revision=cfg.revision, trust_remote_code=cfg.trust_remote_code, **_hub_options(location)
         )
     except (OSError, ValueError) as exc:
         raise ModelError(
-            f"{key}: cannot load a tokenizer from {location}: {_first_line(exc)}", _hub_hint(location)
+            f"{key}: cannot load a tokenizer from {location}: {_why_not_loaded(location, exc)}", _hub_hint(location)
         ) from None
 
 
@@ -65,10 +66,11 @@ def load_model_config(cfg: ModelConfig, max_length: Optional[int] = None):
 
     location = model_location(cfg.name_or_path, "model.name_or_path")
     try:
-        config = AutoConfig.from_pretrained(location, revision=cfg.revision, trust_remote_code=cfg.trust_remote_code)
+        config = AutoConfig.from_pretrained(location, revision=cfg.revision, trust_remote_code=cfg.trust_remote_code,
+                                            **_hub_options(location))
     except (OSError, ValueError) as exc:
         raise ModelError(
-            f"model.name_or_path: cannot load {location}: {_first_line(exc)}", _hub_hint(location)
+            f"model.name_or_path: cannot load {location}: {_why_not_loaded(location, exc)}", _hub_hint(location)
         ) from None
     limit = position_limit(config)
     if max_length is not None and limit is not None and max_length > limit:
@@ -136,9 +138,10 @@ def load_model_reporting(cfg: ModelConfig, id2label: dict[int, str], max_length:
                 trust_remote_code=cfg.trust_remote_code,
                 ignore_mismatched_sizes=cfg.ignore_mismatched_sizes,
                 output_loading_info=True,
+                **_hub_options(location, weights=True),
             )
     except (OSError, ValueError) as exc:
-        raise ModelError(f"model.name_or_path: cannot load {location}: {_first_line(exc)}") from None
+        raise ModelError(f"model.name_or_path: cannot load {location}: {_why_not_loaded(location, exc)}") from None
     new_head, other = _new_head(model, info)
     if other:
         _show(held)  # not only the head: transformers' own report says what and why
@@ -364,6 +367,23 @@ def require_saved_model(path: str | Path) -> Path:
     if not (path / "config.json").is_file():
         raise ModelError(f"{path}: no model here (no config.json); pass a run's output_dir")
     return path
+
+
+def _is_local(location: str) -> bool:
+    return Path(location).expanduser().exists()
+
+
+def _hub_options(location: str, weights: bool = False) -> dict:
+    """``local_files_only`` for a Hub id while the Hub cannot be reached (:mod:`finetune.hub`)."""
+    return hub.model_options(location, _is_local(location), weights)
+
+
+def _why_not_loaded(location: str, exc: BaseException) -> str:
+    """The loader's reason, or, where the Hub could not be reached, that the local cache lacks it too."""
+    offline = hub.offline_reason(location, _is_local(location))
+    if offline is not None and isinstance(exc, OSError):  # a file it did not find; a ValueError says its own
+        return f"not in the local Hugging Face cache, and the Hub cannot be reached ({offline})"
+    return _first_line(exc)
 
 
 def _hub_hint(location: str) -> Optional[str]:

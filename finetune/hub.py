@@ -1,0 +1,68 @@
+"""Whether the Hugging Face Hub can be reached, asked once, before a model or data set is looked up there.
+
+Unreachable, the Hub costs every file that transformers and datasets look up
+their own retries: about a minute for a model, half a minute for a data set,
+and a warning line per retry, before either reads its local cache. Compute
+nodes without network meet this on every run. One request with no retries
+(:func:`unreachable`) says so at once; a model and its tokenizer are then read
+from the local cache only (``local_files_only``, a public argument of every
+``from_pretrained``), and a data set's error says what to do. Nothing is asked
+of the Hub where ``HF_HUB_OFFLINE`` is set: the user has said so already.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from typing import Optional
+
+logger = logging.getLogger("finetune")
+
+# seconds the one request may take; huggingface_hub's own wait for a file's metadata is 10 s as well
+TIMEOUT_S = 10.0
+
+
+@functools.lru_cache(maxsize=None)
+def unreachable(repo_id: str, repo_type: str = "model") -> Optional[str]:
+    """Why the Hub gave no answer about ``repo_id`` just now (the transport's error, in one line), or ``None``:
+    it answered (an answer that refuses, a repository not found or gated, counts: the Hub is there, and the
+    loaders' own errors say what it refused), offline mode is on, or the id is not one the Hub could hold."""
+    from huggingface_hub import HfApi, constants
+    from huggingface_hub.errors import HfHubHTTPError
+
+    if constants.HF_HUB_OFFLINE:
+        return None
+    api = HfApi()
+    info = api.dataset_info if repo_type == "dataset" else api.model_info
+    try:
+        info(repo_id, timeout=TIMEOUT_S)
+    except (HfHubHTTPError, ValueError):  # an HTTP answer, or an id the Hub would refuse (the loaders say so)
+        return None
+    except Exception as exc:  # noqa: BLE001 - no answer at all, whatever the HTTP library calls it
+        lines = str(exc).strip().splitlines()
+        return lines[0] if lines else type(exc).__name__
+    return None
+
+
+def model_options(location: str, is_local: bool, weights: bool = False) -> dict:
+    """``from_pretrained``'s keyword arguments for ``location``: ``local_files_only`` where it is a Hub id and the
+    Hub cannot be reached (said once per id), else none. ``weights``: for a model class's ``from_pretrained``,
+    whose look-up of a PEFT adapter takes only its own ``adapter_kwargs``, so these go there too."""
+    if is_local:
+        return {}
+    why = unreachable(location)
+    if why is None:
+        return {}
+    _say_once(location, why)
+    return {"local_files_only": True, **({"adapter_kwargs": {"local_files_only": True}} if weights else {})}
+
+
+def offline_reason(location: str, is_local: bool) -> Optional[str]:
+    """For an error's message: why ``location`` was looked up in the local cache only (``None``: it was not)."""
+    return None if is_local else unreachable(location)
+
+
+@functools.lru_cache(maxsize=None)
+def _say_once(location: str, why: str) -> None:
+    logger.warning("the Hugging Face Hub cannot be reached (%s): %s is read from the local cache only "
+                   "(HF_HUB_OFFLINE=1 skips this check)", why, location)

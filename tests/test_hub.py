@@ -1,0 +1,147 @@
+"""An unreachable Hugging Face Hub: one quick request says so, and a Hub id is read from the local cache alone.
+
+The Hub here is a port of this machine: closed (no answer at all), or served by a small HTTP server that answers
+404 (an answer: the Hub is there). Nothing leaves the machine.
+"""
+
+from __future__ import annotations
+
+import http.server
+import sys
+import threading
+
+import pytest
+
+from helpers import free_port, make_texts, run_cli, save_tiny_model, tsv_train_file, write_tsv
+
+# what lets the runs below ask the Hub at all: the suite's environment turns offline mode on
+ONLINE = {"HF_HUB_OFFLINE": "0", "TRANSFORMERS_OFFLINE": "0", "HF_DATASETS_OFFLINE": "0"}
+REPO_ID = "someone/tiny-bert"
+
+
+@pytest.fixture
+def hub_endpoint(monkeypatch):
+    """Point huggingface_hub at ``http://127.0.0.1:PORT`` with offline mode off; returns a setter for the port."""
+    from huggingface_hub import constants
+
+    from finetune import hub
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    hub.unreachable.cache_clear()
+
+    def point_at(port: int) -> None:
+        monkeypatch.setattr(constants, "ENDPOINT", f"http://127.0.0.1:{port}")
+        hub.unreachable.cache_clear()  # asked once per id and process: a new endpoint is a new question
+
+    yield point_at
+    hub.unreachable.cache_clear()
+
+
+def test_no_answer_is_unreachable_and_any_answer_is_not(hub_endpoint):
+    from finetune import hub
+
+    hub_endpoint(free_port())  # nothing listens there
+    why = hub.unreachable(REPO_ID)
+    assert why is not None and why.strip()
+
+    class NotFound(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(404)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), NotFound)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        hub_endpoint(server.server_address[1])
+        # a refusal is an answer: the loaders' own errors say what was refused (a repository not found, gated)
+        assert hub.unreachable(REPO_ID) is None
+        assert hub.unreachable("someone/a-data-set", "dataset") is None
+        assert hub.model_options(REPO_ID, is_local=False) == {}
+    finally:
+        server.shutdown()
+
+
+def test_offline_mode_asks_nothing(monkeypatch):
+    from huggingface_hub import HfApi, constants
+
+    from finetune import hub
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(HfApi, "model_info", lambda *a, **k: pytest.fail("the Hub was asked in offline mode"))
+    hub.unreachable.cache_clear()
+    assert hub.unreachable(REPO_ID) is None and hub.model_options(REPO_ID, is_local=False) == {}
+    hub.unreachable.cache_clear()
+
+
+def test_a_local_path_is_never_looked_up(monkeypatch):
+    from finetune import hub
+
+    monkeypatch.setattr(hub, "unreachable", lambda *a: pytest.fail("a local path was looked up on the Hub"))
+    assert hub.model_options("/some/folder", is_local=True) == {}
+    assert hub.offline_reason("/some/folder", is_local=True) is None
+
+
+def _train(tmp_path, hf_home, model: str):
+    data = write_tsv(tmp_path / "train.tsv", make_texts(40))
+    env = {**ONLINE, "HF_HOME": str(hf_home), "HF_ENDPOINT": f"http://127.0.0.1:{free_port()}"}
+    return run_cli([f"model.name_or_path={model}", tsv_train_file(data), "data.max_length=32", "training.max_steps=1",
+                    "training.per_device_train_batch_size=8", "training.effective_batch_size=8",
+                    "logging.progress_bar=false", f"output.output_dir={tmp_path / 'out'}"],
+                   env=env, launcher=[sys.executable], timeout=120)
+
+
+def _no_retries(proc) -> bool:
+    return "Retrying in" not in proc.stderr and "thrown while requesting" not in proc.stderr
+
+
+def test_a_hub_id_not_in_the_cache_fails_at_once_when_the_hub_is_unreachable(tmp_path):
+    proc = _train(tmp_path, tmp_path / "hf", REPO_ID)
+    assert proc.returncode == 2, proc.stderr
+    last = proc.stderr.strip().splitlines()[-2:]
+    assert last[0].startswith(f"error: command line: model.name_or_path: cannot load a tokenizer from {REPO_ID}: "
+                              "not in the local Hugging Face cache, and the Hub cannot be reached ("), last
+    assert last[1] == f"hint: '{REPO_ID}' is not a local path, so it was taken as a Hugging Face Hub id"
+    assert _no_retries(proc), proc.stderr  # huggingface_hub's retries, a minute of them, were skipped
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_hub_id_in_the_cache_trains_when_the_hub_is_unreachable(tmp_path):
+    # the cache's documented layout: models--<org>--<name>/refs/main names the snapshot that holds the files
+    cached = tmp_path / "hf" / "hub" / ("models--" + REPO_ID.replace("/", "--"))
+    revision = "0" * 40
+    save_tiny_model(cached / "snapshots" / revision)
+    (cached / "refs").mkdir()
+    (cached / "refs" / "main").write_text(revision)
+    proc = _train(tmp_path, tmp_path / "hf", REPO_ID)
+    assert proc.returncode == 0, proc.stderr
+    assert ("the Hugging Face Hub cannot be reached (" in proc.stderr
+            and f"): {REPO_ID} is read from the local cache only (HF_HUB_OFFLINE=1 skips this check)" in proc.stderr)
+    assert proc.stderr.count("cannot be reached") == 1  # said once, for the tokenizer, the config and the weights
+    assert _no_retries(proc), proc.stderr
+    assert (tmp_path / "out" / "model.safetensors").is_file()
+
+
+def test_a_hub_data_set_that_cannot_be_loaded_says_the_hub_was_unreachable(monkeypatch, caplog):
+    import datasets
+
+    from finetune import data, hub
+    from finetune.config import DataConfig
+    from finetune.errors import DataError
+
+    monkeypatch.setattr(hub, "unreachable", lambda repo_id, repo_type="model": "[Errno -2] Name or service not known")
+
+    def not_cached(name, config):
+        raise FileNotFoundError(f"Dataset {name} is not cached")
+
+    monkeypatch.setattr(datasets, "load_dataset", not_cached)
+    with pytest.raises(DataError) as caught:
+        data._load_hub(DataConfig(dataset_name="glue", dataset_config="sst2"))
+    assert str(caught.value) == ("data.dataset_name: cannot load 'glue/sst2': the Hub cannot be reached ([Errno -2] "
+                                 "Name or service not known), and the local cache did not serve it: "
+                                 "FileNotFoundError: Dataset glue is not cached")
+    assert caught.value.hint == "give the data as a file instead (--data)"
+    assert "HF_HUB_OFFLINE=1 reads the cache at once" in caplog.text
+
