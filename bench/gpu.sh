@@ -157,21 +157,19 @@ part_engines() {
     bring_back engines
     return $status
 }
-part_compile() {
+# a comparison of compiled arms over GPU_COMPILE_STEPS updates, one repeat, into OUT as NAME.md and NAME.json
+compiled_runs() {
     local status=0
-    bert_base && "$py" "${speed[@]}" --bbc-steps "${GPU_COMPILE_STEPS:-120}" --repeats 1 --graphs \
-        --only "=bbc/trainer,=bbc/ours,=bbc/ours compiled graphs,=bbc/ours compiled blocks graphs" \
-        --out "$work/compile" || status=$?
-    bring_back compile
+    bert_base && "$py" "${speed[@]}" --bbc-steps "${GPU_COMPILE_STEPS:-120}" --repeats 1 --graphs --only "$2" \
+        --out "$work/$1" || status=$?
+    bring_back "$1"
     return $status
 }
+part_compile() {
+    compiled_runs compile "=bbc/trainer,=bbc/ours,=bbc/ours compiled graphs,=bbc/ours compiled blocks graphs"
+}
 part_autotune() {
-    local status=0
-    bert_base && "$py" "${speed[@]}" --bbc-steps "${GPU_COMPILE_STEPS:-120}" --repeats 1 --graphs \
-        --only "=bbc/trainer,=bbc/ours compiled blocks graphs,=bbc/ours compiled blocks autotuned graphs" \
-        --out "$work/autotune" || status=$?
-    bring_back autotune
-    return $status
+    compiled_runs autotune "=bbc/trainer,=bbc/ours compiled blocks graphs,=bbc/ours compiled blocks autotuned graphs"
 }
 
 # One part, run by the loop below as a child of this script (what `timeout` can signal as a whole)
