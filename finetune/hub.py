@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 from typing import Optional
 
 logger = logging.getLogger("finetune")
@@ -64,5 +65,7 @@ def offline_reason(location: str, is_local: bool) -> Optional[str]:
 
 @functools.lru_cache(maxsize=None)
 def _say_once(location: str, why: str) -> None:
+    if os.environ.get("RANK", "0") != "0":  # every process of a launch asks; the first one speaks for them
+        return
     logger.warning("the Hugging Face Hub cannot be reached (%s): %s is read from the local cache only "
                    "(HF_HUB_OFFLINE=1 skips this check)", why, location)
