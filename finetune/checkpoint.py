@@ -370,20 +370,43 @@ def config_changes(meta: dict[str, Any], cfg) -> Optional[str]:
     return _differences(saved, current, [k for k in current if k not in SETTLED_IN_SETUP])
 
 
+def _changed_keys(saved: dict[str, Any], current: dict[str, Any], keys: list[str]) -> list[str]:
+    # keys that checkpoints of earlier releases lack are not a change
+    return [k for k in keys if saved.get(k) != current.get(k) and (k in saved or k not in ADDED_KEYS)]
+
+
 def _differences(saved: dict[str, Any], current: dict[str, Any], keys: list[str]) -> Optional[str]:
     """Up to three of ``keys`` whose values differ, with old and new values (``None``: none differs)."""
-    # keys that checkpoints of earlier releases lack are not a change
-    changed = [k for k in keys if saved.get(k) != current.get(k) and (k in saved or k not in ADDED_KEYS)]
+    changed = _changed_keys(saved, current, keys)
     if not changed:
         return None
     shown = "; ".join(f"{k}: {saved.get(k)!r} -> {current.get(k)!r}" for k in changed[:3])
     return shown + (f" (and {len(changed) - 3} more)" if len(changed) > 3 else "")
 
 
-def _another_runs_folder(output_dir, change: str) -> ConfigError:
+# what a run asked to train longer (or shorter) changes; its checkpoints cannot take it, its model can
+LENGTH_KEYS = ("training.num_train_epochs", "training.max_steps")
+
+
+def _another_runs_folder(output_dir, change: str, hint: Optional[str] = None) -> ConfigError:
     """The refusal of a folder whose every checkpoint is another run's (``resume_from: auto``)."""
     return ConfigError(f"output.output_dir: {output_dir} holds checkpoints of another run ({change}); "
-                       f"pass output.overwrite=true to replace that run, or choose another output.output_dir")
+                       f"pass output.overwrite=true to replace that run, or choose another output.output_dir", hint)
+
+
+def _longer_run_hint(output_dir, meta: dict[str, Any], cfg, newest: Path) -> Optional[str]:
+    """Where only the run's length changed: how to train that run's model further, as a new run. Its schedule
+    was planned for the length it had (the learning rate decays to its end), so it cannot be resumed for
+    longer; a run that starts from its weights has a schedule of its own."""
+    saved = meta.get("fingerprint", {})
+    current = json.loads(json.dumps(config_fingerprint(cfg)))
+    changed = _changed_keys(saved, current, [k for k in current if k not in SETTLED_IN_SETUP])
+    if not changed or not set(changed) <= set(LENGTH_KEYS):
+        return None
+    folder = Path(output_dir)
+    model = folder if (folder / "config.json").is_file() else newest  # the finished model, or the last checkpoint
+    return (f"to train that run's model further, start a new run from it: the same command with --model {model} "
+            f"--output {folder.with_name(folder.name + '-continued')} (a schedule and optimizer of its own)")
 
 
 def _another_runs_checkpoint(path, change: str) -> ConfigError:
@@ -416,7 +439,8 @@ def refuse_another_runs_checkpoints(cfg) -> None:
     if not changes or any(change is None for change in changes):
         return
     if spec == "auto":
-        raise _another_runs_folder(out.output_dir, changes[-1])
+        newest, meta = next((path, meta) for path, meta in reversed(readable) if meta is not None)
+        raise _another_runs_folder(out.output_dir, changes[-1], _longer_run_hint(out.output_dir, meta, cfg, newest))
     raise _another_runs_checkpoint(readable[-1][0], changes[-1])
 
 

@@ -135,6 +135,28 @@ def test_the_identical_command_resumes_after_a_preemption(job):
 
 
 @pytest.mark.slow
+def test_a_longer_run_in_a_runs_folder_is_told_to_start_from_that_runs_model(job, stopped):
+    """Its schedule was planned for its own length, so a run cannot be resumed for longer; the refusal says how
+    to go on from its model: the finished one, or, stopped, its newest checkpoint (a model folder too)."""
+    root, cfg, reference = job
+    finished, interrupted = root / "longer", _copy(stopped, "stopped-longer")
+    shutil.copytree(reference, finished)
+    for out, model in ((finished, finished), (interrupted, interrupted / "checkpoints" / "checkpoint-7")):
+        before = _files(out)
+        proc = _train(cfg, out, "training.max_steps=20")
+        assert proc.returncode == 2, proc.stderr[-3000:]
+        assert proc.stderr.strip().splitlines()[-2:] == [
+            _errors(proc)[0],
+            f"hint: to train that run's model further, start a new run from it: the same command with --model "
+            f"{model} --output {out.parent / (out.name + '-continued')} (a schedule and optimizer of its own)"]
+        assert "holds checkpoints of another run (training.max_steps: 12 -> 20)" in _errors(proc)[0]
+        assert _files(out) == before
+    # any other change as well: not a longer run of the same training, no such hint
+    proc = _train(cfg, finished, "training.max_steps=20", "optim.learning_rate=3e-4")
+    assert proc.returncode == 2 and "hint:" not in proc.stderr, proc.stderr[-3000:]
+
+
+@pytest.mark.slow
 def test_another_runs_checkpoints_are_refused_and_left_alone(job):
     root, cfg, reference = job
     out = root / "other"
