@@ -511,8 +511,8 @@ def _load_hub(cfg: DataConfig) -> tuple[_Table, Optional[_Table]]:
     shown = name + (f"/{cfg.dataset_config}" if cfg.dataset_config else "")
     offline = hub.unreachable(name, "dataset")
     if offline is not None:  # datasets has no per-call switch to its cache alone: say what the wait is
-        logger.warning("the Hugging Face Hub cannot be reached (%s): datasets retries for a while before it "
-                       "reads %s from its local cache; HF_HUB_OFFLINE=1 reads the cache at once", offline, shown)
+        hub.say_once(f"the Hugging Face Hub cannot be reached ({offline}): datasets retries for a while before it "
+                     f"reads {shown} from its local cache; HF_HUB_OFFLINE=1 reads the cache at once")
     try:
         loaded = datasets.load_dataset(name, cfg.dataset_config)
     except Exception as exc:  # noqa: BLE001 - network, missing data set, bad config name, ...

@@ -54,7 +54,8 @@ def model_options(location: str, is_local: bool, weights: bool = False) -> dict:
     why = unreachable(location)
     if why is None:
         return {}
-    _say_once(location, why)
+    say_once(f"the Hugging Face Hub cannot be reached ({why}): {location} is read from the local cache only "
+             "(HF_HUB_OFFLINE=1 skips this check)")
     return {"local_files_only": True, **({"adapter_kwargs": {"local_files_only": True}} if weights else {})}
 
 
@@ -64,8 +65,8 @@ def offline_reason(location: str, is_local: bool) -> Optional[str]:
 
 
 @functools.lru_cache(maxsize=None)
-def _say_once(location: str, why: str) -> None:
-    if os.environ.get("RANK", "0") != "0":  # every process of a launch asks; the first one speaks for them
-        return
-    logger.warning("the Hugging Face Hub cannot be reached (%s): %s is read from the local cache only "
-                   "(HF_HUB_OFFLINE=1 skips this check)", why, location)
+def say_once(message: str) -> None:
+    """Log ``message`` as a warning once per process, and from a launch's first process only: every process
+    asks the Hub, the first one speaks for them."""
+    if os.environ.get("RANK", "0") == "0":
+        logger.warning(message)
