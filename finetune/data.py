@@ -69,6 +69,8 @@ EXTENSIONS = {
     ".jsonl": "json",
     ".parquet": "parquet",
 }
+# what users most often have instead of a text file: the error says how to make one
+SPREADSHEETS = (".xlsx", ".xls", ".xlsm", ".ods", ".numbers")
 
 # Column names inside the returned splits.
 TEXT = "text"
@@ -325,7 +327,9 @@ def _detect_format(path: Path, fmt: str, key: str) -> str:
         supported = ", ".join(EXTENSIONS)
         raise DataError(
             f"{key}: {path}: unsupported extension {suffix or '(none)'!r} "
-            f"(supported: {supported}, or a folder of class sub-folders; or set data.format)"
+            f"(supported: {supported}, or a folder of class sub-folders; or set data.format)",
+            hint="save the spreadsheet as CSV (its File > Save as) and pass that file"
+            if suffix in SPREADSHEETS else None,
         )
     if EXTENSIONS[suffix] == "csv" and _tab_separated(path):
         logger.info("%s: every line holds the same number of tabs: read as TSV (data.format: csv to refuse)", path)
