@@ -439,7 +439,7 @@ def _load_folder(root: Path, cfg: DataConfig) -> _Table:
             try:
                 text = raw.decode("utf-8", errors=cfg.encoding_errors)
             except UnicodeDecodeError as exc:
-                raise DataError(_not_utf8(path, exc.start)) from None
+                raise _not_utf8(path, exc.start) from None
             texts.append(text.removeprefix("\ufeff"))
             labels.append(folder.name)
             files.append(path.relative_to(root).as_posix())
@@ -492,16 +492,19 @@ def _check_utf8(path: Path) -> None:
             try:
                 decoder.decode(chunk, final=not chunk)
             except UnicodeDecodeError as exc:
-                raise DataError(_not_utf8(path, consumed - pending + exc.start)) from None
+                raise _not_utf8(path, consumed - pending + exc.start) from None
             if not chunk:
                 return
             consumed += len(chunk)
 
 
-def _not_utf8(path: Path, offset: int) -> str:
-    return (
+def _not_utf8(path: Path, offset: int) -> DataError:
+    # a spreadsheet's plain "CSV" on Windows is Windows-1252: converting keeps its accents, replacing loses them
+    return DataError(
         f"{path}: not UTF-8 text (byte offset {offset}); "
-        "set data.encoding_errors: replace to substitute U+FFFD for undecodable bytes"
+        "set data.encoding_errors: replace to substitute U+FFFD for undecodable bytes",
+        hint="to keep every character, save the file as UTF-8 (a spreadsheet's 'CSV UTF-8'), or convert it: "
+             f"iconv -f cp1252 -t utf-8 {path} > {path.with_name('utf8-' + path.name)}",
     )
 
 
