@@ -228,7 +228,7 @@ def read_yaml(path: str | os.PathLike) -> dict[str, Any]:
 
 
 # What a file mapping (``train_file: {path: ..., format: ...}``) may say about its file.
-FILE_LAYOUT_KEYS = ("format", "has_header", "column_names")
+FILE_LAYOUT_KEYS = ("format", "has_header", "column_names", "encoding")
 
 
 def _with_file_layouts(data: dict[str, Any]) -> dict[str, Any]:

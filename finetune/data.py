@@ -57,6 +57,7 @@ from finetune.columns import read_column
 from finetune.config import DataConfig
 from finetune.errors import ConfigError, DataError, FileLayoutError, FinetuneError
 from finetune.resources import data_path
+from finetune.text_encoding import is_utf8, python_codec
 
 logger = logging.getLogger(__name__)
 
@@ -263,7 +264,8 @@ class _Table:
 # --------------------------------------------------------------------------- local files
 
 
-def read_table(spec: str, key: str, cfg: Optional[DataConfig] = None) -> datasets.Dataset:
+def read_table(spec: str, key: str, cfg: Optional[DataConfig] = None,
+               encoding_flag: str = "data.encoding") -> datasets.Dataset:
     """The rows of one local CSV, TSV, JSON(L) or Parquet file, with the file's own columns.
 
     The same readers, formats, header and quoting rules and encoding checks as
@@ -272,9 +274,10 @@ def read_table(spec: str, key: str, cfg: Optional[DataConfig] = None) -> dataset
     no labels, such as those ``finetune.predict`` classifies.
 
     Raises:
-        DataError: naming ``key`` and the file when it is missing, empty, unreadable or not UTF-8.
+        DataError: naming ``key`` and the file when it is missing, empty, unreadable or not in ``cfg``'s
+            encoding (which ``encoding_flag`` sets, the error says).
     """
-    table = _read_local(spec, key, cfg or DataConfig(train_file=spec))
+    table = _read_local(spec, key, cfg or DataConfig(train_file=spec), encoding_flag)
     return table.ds
 
 
@@ -294,10 +297,10 @@ def _load_local(spec: str, key: str, cfg: DataConfig) -> _Table:
     return _standardize(table, cfg.text_column, cfg.text_pair_column, cfg.label_column)
 
 
-def _read_local(spec: str, key: str, cfg: DataConfig) -> _Table:
+def _read_local(spec: str, key: str, cfg: DataConfig, encoding_flag: str = "data.encoding") -> _Table:
     """Read one local file (its own columns) or class folder into a :class:`_Table`."""
     path = data_path(spec, key)
-    fmt = _detect_format(path, cfg.format, key)
+    fmt = _detect_format(path, cfg.format, key, cfg.encoding)
     if fmt == "folder":
         return _load_folder(path, cfg)
     if not path.is_file():
@@ -305,7 +308,7 @@ def _read_local(spec: str, key: str, cfg: DataConfig) -> _Table:
     if path.stat().st_size == 0:
         raise DataError(f"{path}: empty file (no rows)")
     if fmt in ("csv", "tsv", "json") and cfg.encoding_errors == "strict":
-        _check_utf8(path)
+        _check_decodes(path, cfg.encoding, encoding_flag)
     if fmt in ("csv", "tsv"):
         return _load_delimited(path, fmt, cfg)
     if fmt == "json":
@@ -313,7 +316,7 @@ def _read_local(spec: str, key: str, cfg: DataConfig) -> _Table:
     return _table(_run_builder("parquet", path), str(path), unit="row")
 
 
-def _detect_format(path: Path, fmt: str, key: str) -> str:
+def _detect_format(path: Path, fmt: str, key: str, encoding: str) -> str:
     if path.is_dir():
         if fmt not in ("auto", "folder"):
             raise DataError(f"{key}: {path} is a folder but data.format is {fmt}")
@@ -331,22 +334,25 @@ def _detect_format(path: Path, fmt: str, key: str) -> str:
             hint="save the spreadsheet as CSV (its File > Save as) and pass that file"
             if suffix in SPREADSHEETS else None,
         )
-    if EXTENSIONS[suffix] == "csv" and _tab_separated(path):
+    if EXTENSIONS[suffix] == "csv" and _tab_separated(path, encoding):
         logger.info("%s: every line holds the same number of tabs: read as TSV (data.format: csv to refuse)", path)
         return "tsv"
     return EXTENSIONS[suffix]
 
 
-def _tab_separated(path: Path, lines: int = 20) -> bool:
+def _tab_separated(path: Path, encoding: str, lines: int = 20) -> bool:
     """Whether the first lines of a ``.csv`` file all hold the same, non-zero number of tabs."""
     counts = set()
-    with open(path, encoding="utf-8-sig", errors="replace", newline="") as fh:
-        for line in fh:
-            if line.strip():
-                counts.add(line.count("\t"))
-                lines -= 1
-            if lines == 0:
-                break
+    try:
+        with open(path, encoding=python_codec(encoding), errors="replace", newline="") as fh:
+            for line in fh:
+                if line.strip():
+                    counts.add(line.count("\t"))
+                    lines -= 1
+                if lines == 0:
+                    break
+    except UnicodeError:  # no text in that encoding at all (UTF-16 without its mark): the check after says where
+        return False
     return len(counts) == 1 and counts != {0}
 
 
@@ -361,7 +367,7 @@ def _load_delimited(path: Path, fmt: str, cfg: DataConfig) -> _Table:
         if not cfg.column_names:
             raise ConfigError(f"data.column_names: required with data.has_header: false ({path})")
         header, names = None, list(cfg.column_names)
-    _check_field_count(path, sep, quoting, names)
+    _check_field_count(path, sep, quoting, names, cfg.encoding)
     ds = _run_builder(
         "csv",
         path,
@@ -377,7 +383,7 @@ def _load_delimited(path: Path, fmt: str, cfg: DataConfig) -> _Table:
         na_values=[""],
         # Blank lines become all-null rows (skipped below) so row numbers stay line numbers.
         skip_blank_lines=False,
-        encoding="utf-8-sig",  # drops a BOM that would otherwise glue onto the first column name
+        encoding=python_codec(cfg.encoding),
         encoding_errors=cfg.encoding_errors,
     )
     table = _table(ds, str(path), unit="line", offset=2 if cfg.has_header else 1, empty_field_is_null=True)
@@ -388,13 +394,13 @@ def _load_delimited(path: Path, fmt: str, cfg: DataConfig) -> _Table:
     return table.keep(rows)
 
 
-def _check_field_count(path: Path, sep: str, quoting: int, names: Optional[list[str]]) -> None:
+def _check_field_count(path: Path, sep: str, quoting: int, names: Optional[list[str]], encoding: str) -> None:
     """Reject a first data row whose field count differs from the header or ``column_names``.
 
     pandas would otherwise shift columns silently (turning the first field into
     the index) or drop the extra fields.
     """
-    with open(path, encoding="utf-8-sig", errors="replace", newline="") as fh:
+    with open(path, encoding=python_codec(encoding), errors="replace", newline="") as fh:
         reader = csv.reader(fh, delimiter=sep, quoting=quoting)
         header = names
         if header is None:
@@ -414,9 +420,10 @@ def _check_field_count(path: Path, sep: str, quoting: int, names: Optional[list[
 
 
 def _load_json(path: Path, cfg: DataConfig) -> _Table:
-    # The json builder applies `encoding_errors` only when re-decoding from an
-    # encoding other than "utf-8"; "utf-8-sig" reads the same bytes and gets there.
-    options = {"encoding": "utf-8-sig", "encoding_errors": "replace"} if cfg.encoding_errors == "replace" else {}
+    # The json builder reads UTF-8 itself, and re-decodes from any encoding named other than "utf-8", applying
+    # `encoding_errors` there; "utf-8-sig" reads the same bytes as UTF-8 and gets there.
+    plain = is_utf8(cfg.encoding) and cfg.encoding_errors == "strict"
+    options = {} if plain else {"encoding": python_codec(cfg.encoding), "encoding_errors": cfg.encoding_errors}
     ds = _run_builder("json", path, **options)
     with open(path, "rb") as fh:
         start = fh.read(4096).lstrip(codecs.BOM_UTF8 + b" \t\r\n")
@@ -437,9 +444,9 @@ def _load_folder(root: Path, cfg: DataConfig) -> _Table:
         for path in paths:
             raw = path.read_bytes()
             try:
-                text = raw.decode("utf-8", errors=cfg.encoding_errors)
-            except UnicodeDecodeError as exc:
-                raise _not_utf8(path, exc.start) from None
+                text = raw.decode(cfg.encoding, errors=cfg.encoding_errors)
+            except UnicodeError as exc:
+                raise _undecodable(path, getattr(exc, "start", 0), cfg.encoding) from None
             texts.append(text.removeprefix("\ufeff"))
             labels.append(folder.name)
             files.append(path.relative_to(root).as_posix())
@@ -481,9 +488,9 @@ def _root_message(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {message}"
 
 
-def _check_utf8(path: Path) -> None:
-    """Raise DataError with the byte offset of the first byte that is not UTF-8."""
-    decoder = codecs.getincrementaldecoder("utf-8")()
+def _check_decodes(path: Path, encoding: str, flag: str = "data.encoding") -> None:
+    """Raise DataError with the byte offset of the first byte that ``encoding`` cannot decode."""
+    decoder = codecs.getincrementaldecoder(encoding)()
     consumed = 0
     with open(path, "rb") as fh:
         while True:
@@ -491,20 +498,23 @@ def _check_utf8(path: Path) -> None:
             pending = len(decoder.getstate()[0])  # bytes of a character cut at the chunk's end
             try:
                 decoder.decode(chunk, final=not chunk)
-            except UnicodeDecodeError as exc:
-                raise _not_utf8(path, consumed - pending + exc.start) from None
+            except UnicodeError as exc:  # a UnicodeDecodeError, or UTF-16's missing byte-order mark (offset 0)
+                raise _undecodable(path, consumed - pending + getattr(exc, "start", 0), encoding, flag) from None
             if not chunk:
                 return
             consumed += len(chunk)
 
 
-def _not_utf8(path: Path, offset: int) -> DataError:
-    # a spreadsheet's plain "CSV" on Windows is Windows-1252: converting keeps its accents, replacing loses them
+def _undecodable(path: Path, offset: int, encoding: str, flag: str = "data.encoding") -> DataError:
+    """The error of a file that is not ``encoding`` text, naming the setting that names its encoding (``flag``)."""
+    utf8 = is_utf8(encoding)
+    replace = ", or data.encoding_errors: replace to substitute U+FFFD for undecodable bytes" if flag.startswith(
+        "data.") else ""
     return DataError(
-        f"{path}: not UTF-8 text (byte offset {offset}); "
-        "set data.encoding_errors: replace to substitute U+FFFD for undecodable bytes",
-        hint="to keep every character, save the file as UTF-8 (a spreadsheet's 'CSV UTF-8'), or convert it: "
-             f"iconv -f cp1252 -t utf-8 {path} > {path.with_name('utf8-' + path.name)}",
+        f"{path}: not {'UTF-8' if utf8 else encoding} text (byte offset {offset}); set {flag} to the file's{replace}",
+        # a spreadsheet's plain "CSV" on Windows is Windows-1252: reading it as such keeps its accents
+        hint=f"a spreadsheet's plain CSV on Windows is {flag}{' ' if flag.startswith('--') else '='}cp1252"
+        if utf8 else None,
     )
 
 

@@ -36,6 +36,7 @@ from typing import Any, Optional, Sequence
 
 from finetune.errors import ConfigError, DataError, ModelError, OutOfMemory, out_of_memory_told_as, run_command
 from finetune.outputs import refuse_a_run_file
+from finetune.text_encoding import check_encoding
 from finetune.prediction_files import (INPUT_FORMATS, OUTPUT_FORMATS, STDIN, checked_suffix, predict_rows,
                                        read_rows, write_predictions)
 from finetune.truncation import BOOKKEEPING, LENGTH, Truncation, prediction_length
@@ -310,6 +311,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--output", default=None, help="write the file's predictions to a .csv or .jsonl file")
     parser.add_argument("--text", "--text-column", dest="text_column", metavar="COLUMN", default=None,
                         help="CSV column / JSON key of the text (default: the run's data.text_column)")
+    parser.add_argument("--encoding", default=None, help="text encoding of the --file (cp1252, latin-1, ...; "
+                        "default: the run's data.encoding)")
     parser.add_argument("--text-pair-column", default=None,
                         help="column of the second text, for models trained on pairs (default: the run's)")
     parser.add_argument("--batch-size", type=int, default=DEFAULT_BATCH_SIZE, help="texts per forward pass")
@@ -337,6 +340,10 @@ def run(args: argparse.Namespace) -> None:
         checked_suffix(Path(args.file), INPUT_FORMATS, "--file", exists=True)  # before the imports below
     if args.batch_size < 1:
         raise ConfigError(f"--batch-size: must be >= 1, got {args.batch_size}")
+    if args.encoding is not None:
+        if not args.file:
+            raise ConfigError(f"--encoding {args.encoding}: only with --file")
+        check_encoding(args.encoding, "--encoding")
     if not 0.0 < args.threshold < 1.0:
         raise ConfigError(f"--threshold: must be between 0 and 1, got {args.threshold}")
     check_precision(args.precision, "--precision")
@@ -354,13 +361,14 @@ def run(args: argparse.Namespace) -> None:
     cfg = saved_config(output_dir)
     text_column = args.text_column or (cfg.data.text_column if cfg is not None else "text")
     pair_column = args.text_pair_column or (cfg.data.text_pair_column if cfg is not None else None)
+    encoding = args.encoding or (cfg.data.encoding if cfg is not None else "utf-8")
     # after the checks above, which need neither datasets nor transformers (seconds to import): a wrong
     # argument is said at once
     from finetune.data import quiet_progress_bars
 
     quiet_progress_bars()  # the bars of reading the file and loading the weights; the file's bar is ours
     if args.file:
-        rows = read_rows(args.file, text_column, pair_column)
+        rows = read_rows(args.file, text_column, pair_column, encoding)
     else:
         if pair_column:
             raise ConfigError(f"this model takes text pairs ({pair_column!r}): use --file with both columns")

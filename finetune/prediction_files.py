@@ -39,19 +39,20 @@ def checked_suffix(path: Path, allowed: Sequence[str], what: str, exists: bool =
 
 
 def read_rows(path: str | os.PathLike, text_column: str = "text",
-              text_pair_column: Optional[str] = None) -> list[dict[str, Any]]:
+              text_pair_column: Optional[str] = None, encoding: str = "utf-8") -> list[dict[str, Any]]:
     """The rows of a ``.txt``, ``.csv``, ``.tsv`` or ``.jsonl`` file, every column kept, one per input line.
 
     ``.txt`` holds one text per line: each line is a row ``{"text": line}``,
     blank lines included (they get an empty prediction), so output rows line
     up with input lines; ``-`` reads such lines from standard input. The others are read by
     :func:`finetune.data.read_table`, as training data is, and must hold
-    ``text_column`` (a CSV/TSV header, or a JSON key).
+    ``text_column`` (a CSV/TSV header, or a JSON key). Text is read in ``encoding`` (``data.encoding``'s names).
 
     Raises:
         DataError: naming the file (and line or column) if it is missing, has
             an unsupported extension, lacks the column, or holds a bad line.
     """
+    from finetune.config import DataConfig
     from finetune.data import read_table
 
     stdin = str(path) == STDIN
@@ -61,10 +62,10 @@ def read_rows(path: str | os.PathLike, text_column: str = "text",
         if text_pair_column:
             raise DataError(f"--file {path}: {'standard input' if stdin else 'a .txt file'} holds single texts; "
                             f"this model takes pairs (use .csv or .jsonl with a {text_pair_column!r} column)")
-        rows = _text_lines(sys.stdin.buffer if stdin else path, path)
+        rows = _text_lines(sys.stdin.buffer if stdin else path, path, encoding)
     else:
         # the readers training uses: the same formats, quoting and encoding checks
-        table = read_table(str(path), "--file")
+        table = read_table(str(path), "--file", DataConfig(train_file=str(path), encoding=encoding), "--encoding")
         for column in [text_column] + ([text_pair_column] if text_pair_column else []):
             if column not in table.column_names:
                 where = "in the header" if suffix in (".csv", ".tsv") else "among the keys"
@@ -76,15 +77,19 @@ def read_rows(path: str | os.PathLike, text_column: str = "text",
     return rows
 
 
-def _text_lines(source, path: Path) -> list[dict[str, Any]]:
-    """``{"text": line}`` for each line of a file or a binary stream, read as UTF-8 (a BOM dropped)."""
+def _text_lines(source, path: Path, encoding: str) -> list[dict[str, Any]]:
+    """``{"text": line}`` for each line of a file or a binary stream, read in ``encoding`` (a UTF-8 BOM dropped)."""
+    from finetune.text_encoding import python_codec
+
+    codec = python_codec(encoding)
     try:
         if isinstance(source, Path):
-            with open(source, encoding="utf-8-sig", newline="") as fh:
+            with open(source, encoding=codec, newline="") as fh:
                 return [{"text": line.rstrip("\r\n")} for line in fh]
-        return [{"text": line.rstrip("\r\n")} for line in io.TextIOWrapper(source, encoding="utf-8-sig", newline="")]
+        return [{"text": line.rstrip("\r\n")} for line in io.TextIOWrapper(source, encoding=codec, newline="")]
     except UnicodeDecodeError as exc:
-        raise DataError(f"--file {path}: not UTF-8 text (byte offset {exc.start})") from None
+        named = "UTF-8" if codec == "utf-8-sig" else encoding
+        raise DataError(f"--file {path}: not {named} text (byte offset {exc.start}); pass its --encoding") from None
 
 
 def _text(row: dict[str, Any], column: Optional[str]) -> str:

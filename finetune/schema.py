@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Literal, Optional, Union
 
 from finetune.errors import ConfigError
+from finetune.text_encoding import check_encoding
 from finetune.truncation import refuse_cutting_pairs
 
 
@@ -148,6 +149,11 @@ class DataConfig:
         "max_length (128 of 512).")
     on_empty_text: Literal["error", "drop"] = setting("error",
         "What to do with empty or null texts: stop with an error, or drop the rows.")
+    encoding: str = setting("utf-8",
+        "The text encoding of the data files (CSV, TSV, JSON Lines, a class folder's .txt files): any name "
+        "Python's codecs know, such as `cp1252` (what a spreadsheet on Windows saves as plain CSV), "
+        "`latin-1` or `utf-16`. A UTF-8 byte-order mark is dropped. Parquet files carry their own. In a file "
+        "mapping it goes with its file.")
     encoding_errors: Literal["strict", "replace"] = setting("strict",
         "Undecodable bytes in text files: `strict` stops, `replace` substitutes U+FFFD.")
     group_by_length: bool = setting(True, "Build micro-batches of similar lengths so dynamic padding pads little.")
@@ -183,6 +189,7 @@ class DataConfig:
             raise ConfigError(f"data.validation_split: must be in [0, 1), got {self.validation_split}")
         if self.max_length < 2:
             raise ConfigError(f"data.max_length: must be at least 2, got {self.max_length}")
+        check_encoding(self.encoding, "data.encoding")
         if self.length_group_windows < 1:
             raise ConfigError(f"data.length_group_windows: must be >= 1, got {self.length_group_windows}")
         if self.text_pair_column is not None:

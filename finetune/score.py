@@ -94,7 +94,7 @@ def scoring_config(output_dir: str | os.PathLike, file: str | os.PathLike, overr
         tree[section][name] = value
         given.add(key)
     columns = [tree["data"].get("text_column", "text"), tree["data"].get("label_column", "label")]
-    if _header_names(file, columns):
+    if _header_names(file, columns, str(tree["data"].get("encoding") or "utf-8")):
         # the run's format, header and column names described its training file; this file names its columns
         for key in FILE_LAYOUT_KEYS:
             if f"data.{key}" not in given:
@@ -102,15 +102,20 @@ def scoring_config(output_dir: str | os.PathLike, file: str | os.PathLike, overr
     return config_from_dict(tree, source=f"{path} with --file {file}" if path.is_file() else f"--file {file}")
 
 
-def _header_names(file: str | os.PathLike, columns: Sequence[str]) -> bool:
+def _header_names(file: str | os.PathLike, columns: Sequence[str], encoding: str = "utf-8") -> bool:
     """Whether a CSV/TSV file's first line names all of ``columns`` (so it has a header of its own)."""
     import csv
+
+    from finetune.text_encoding import python_codec
 
     path = Path(file)
     if path.suffix.lower() not in (".csv", ".tsv", ".tab") or not path.is_file():
         return False
-    with open(path, encoding="utf-8-sig", errors="replace", newline="") as fh:
-        first = fh.readline()
+    try:
+        with open(path, encoding=python_codec(encoding), errors="replace", newline="") as fh:
+            first = fh.readline()
+    except (LookupError, UnicodeError):  # an unknown encoding, or not text in it: the reader says which
+        return False
     fields = next(csv.reader([first], delimiter="\t" if "\t" in first else ","), [])
     return set(columns) <= {f.strip() for f in fields}
 

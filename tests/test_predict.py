@@ -164,6 +164,23 @@ def test_files_in_and_out(trained, predictor, tmp_path, capsys):
     assert [r["probabilities"] for r in printed] == [pytest.approx(p["probabilities"], abs=1e-5) for p in expected]
 
 
+@pytest.mark.parametrize("suffix", [".csv", ".txt"])
+def test_a_file_in_another_encoding_is_read_in_the_encoding_given(trained, tmp_path, capsys, suffix):
+    from finetune.predict import main
+
+    out, _, _ = trained
+    texts = ["café gratuit", "naïve Straße"]
+    path = tmp_path / f"windows{suffix}"
+    path.write_text("".join(f"{t}\n" for t in (["text"] if suffix == ".csv" else []) + texts), encoding="cp1252")
+    assert main([str(out), "--file", str(path)]) == 2  # the run's data.encoding, UTF-8 here
+    assert capsys.readouterr().err.strip().splitlines()[0].startswith(
+        f"error: {'--file ' if suffix == '.txt' else ''}{path}: not UTF-8 text (byte offset "
+        f"{path.read_bytes().index(0xE9)}); ")
+    assert main([str(out), "--file", str(path), "--encoding", "cp1252", "--output", str(tmp_path / "p.jsonl")]) == 0
+    records = [json.loads(line) for line in (tmp_path / "p.jsonl").read_text(encoding="utf-8").splitlines()]
+    assert [r["text"] for r in records] == texts  # written out as UTF-8, every accent kept
+
+
 @pytest.mark.parametrize("args, message", [
     (["--file", "{tmp}/in.csv"],
      "error: --file {tmp}/in.csv: no column 'text' in the header (id, message); pass --text"),
@@ -178,6 +195,9 @@ def test_files_in_and_out(trained, predictor, tmp_path, capsys):
     (["--file", "{tmp}/in.csv", "--text-column", "message", "--output", "{tmp}/./in.csv"],
      "error: --output {tmp}/./in.csv: is the --file being classified; name another file"),
     (["--file", "{tmp}/in.txt", "--precision", "fp8"], "error: --precision: must be one of no, bf16, fp16, got 'fp8'"),
+    (["--file", "{tmp}/in.txt", "--encoding", "klingon"],
+     "error: --encoding: 'klingon' is no text encoding Python knows (utf-8, cp1252, latin-1, utf-16, ...)"),
+    (["a text", "--encoding", "cp1252"], "error: --encoding cp1252: only with --file"),
     (["--file", "{tmp}/in.txt", "--precision", "fp16"],
      "error: precision fp16: needs a CUDA GPU, the model is on cpu (use bf16 or no)"),
 ])
