@@ -95,9 +95,10 @@ def scoring_config(output_dir: str | os.PathLike, file: str | os.PathLike, overr
         given.add(key)
     columns = [tree["data"].get("text_column", "text"), tree["data"].get("label_column", "label")]
     if _header_names(file, columns, str(tree["data"].get("encoding") or "utf-8")):
-        # the run's format, header and column names described its training file; this file names its columns
+        # the run's format, header and column names described its training file; this file names its columns.
+        # Its encoding stays the run's: a header names columns, not how the bytes are written
         for key in FILE_LAYOUT_KEYS:
-            if f"data.{key}" not in given:
+            if f"data.{key}" not in given and key != "encoding":
                 tree["data"].pop(key, None)
     return config_from_dict(tree, source=f"{path} with --file {file}" if path.is_file() else f"--file {file}")
 

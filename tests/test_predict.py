@@ -402,6 +402,25 @@ def test_a_file_read_with_the_runs_layout_says_so_when_it_fails(trained, tmp_pat
                    "data.has_header and data.column_names"]
 
 
+def test_a_file_with_its_own_header_is_scored_in_the_runs_encoding(tmp_path):
+    """The header names the columns, so the run's format, header and column names go; how the bytes are written
+    it cannot say, so the run's data.encoding stays (and data.encoding= on the command line replaces it)."""
+    import yaml
+
+    from finetune.score import scoring_config
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text(yaml.safe_dump({"data": {
+        "train_file": "train.tsv", "format": "tsv", "has_header": False, "column_names": ["label", "text"],
+        "encoding": "cp1252"}}))
+    labelled = tmp_path / "held_out.csv"
+    labelled.write_text("text,label\ncafé,ham\n", encoding="cp1252")
+    data = scoring_config(run, labelled).data
+    assert (data.format, data.has_header, data.column_names, data.encoding) == ("auto", True, None, "cp1252")
+    assert scoring_config(run, labelled, ["data.encoding=latin-1"]).data.encoding == "latin-1"
+
+
 def test_the_runs_own_files_are_never_an_output(trained, tmp_path, capsys):
     from finetune import predict, score
 
