@@ -57,7 +57,7 @@ from finetune.columns import read_column
 from finetune.config import DataConfig
 from finetune.errors import ConfigError, DataError, FileLayoutError, FinetuneError
 from finetune.resources import data_path
-from finetune.text_encoding import is_utf8, python_codec
+from finetune.text_encoding import is_utf8, python_codec, undecodable
 
 logger = logging.getLogger(__name__)
 
@@ -446,7 +446,7 @@ def _load_folder(root: Path, cfg: DataConfig) -> _Table:
             try:
                 text = raw.decode(cfg.encoding, errors=cfg.encoding_errors)
             except UnicodeError as exc:
-                raise _undecodable(path, getattr(exc, "start", 0), cfg.encoding) from None
+                raise undecodable(str(path), getattr(exc, "start", 0), cfg.encoding) from None
             texts.append(text.removeprefix("\ufeff"))
             labels.append(folder.name)
             files.append(path.relative_to(root).as_posix())
@@ -499,23 +499,10 @@ def _check_decodes(path: Path, encoding: str, flag: str = "data.encoding") -> No
             try:
                 decoder.decode(chunk, final=not chunk)
             except UnicodeError as exc:  # a UnicodeDecodeError, or UTF-16's missing byte-order mark (offset 0)
-                raise _undecodable(path, consumed - pending + getattr(exc, "start", 0), encoding, flag) from None
+                raise undecodable(str(path), consumed - pending + getattr(exc, "start", 0), encoding, flag) from None
             if not chunk:
                 return
             consumed += len(chunk)
-
-
-def _undecodable(path: Path, offset: int, encoding: str, flag: str = "data.encoding") -> DataError:
-    """The error of a file that is not ``encoding`` text, naming the setting that names its encoding (``flag``)."""
-    utf8 = is_utf8(encoding)
-    replace = ", or data.encoding_errors: replace to substitute U+FFFD for undecodable bytes" if flag.startswith(
-        "data.") else ""
-    return DataError(
-        f"{path}: not {'UTF-8' if utf8 else encoding} text (byte offset {offset}); set {flag} to the file's{replace}",
-        # a spreadsheet's plain "CSV" on Windows is Windows-1252: reading it as such keeps its accents
-        hint=f"a spreadsheet's plain CSV on Windows is {flag}{' ' if flag.startswith('--') else '='}cp1252"
-        if utf8 else None,
-    )
 
 
 # --------------------------------------------------------------------------- Hub data sets

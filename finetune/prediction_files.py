@@ -79,17 +79,16 @@ def read_rows(path: str | os.PathLike, text_column: str = "text",
 
 def _text_lines(source, path: Path, encoding: str) -> list[dict[str, Any]]:
     """``{"text": line}`` for each line of a file or a binary stream, read in ``encoding`` (a UTF-8 BOM dropped)."""
-    from finetune.text_encoding import python_codec
+    from finetune.text_encoding import python_codec, undecodable
 
-    codec = python_codec(encoding)
+    raw = source.read_bytes() if isinstance(source, Path) else source.read()
     try:
-        if isinstance(source, Path):
-            with open(source, encoding=codec, newline="") as fh:
-                return [{"text": line.rstrip("\r\n")} for line in fh]
-        return [{"text": line.rstrip("\r\n")} for line in io.TextIOWrapper(source, encoding=codec, newline="")]
-    except UnicodeDecodeError as exc:
-        named = "UTF-8" if codec == "utf-8-sig" else encoding
-        raise DataError(f"--file {path}: not {named} text (byte offset {exc.start}); pass its --encoding") from None
+        # decoded whole, so that an error's offset is the file's, not that of a buffered chunk
+        text = raw.decode(python_codec(encoding))
+    except UnicodeError as exc:  # a UnicodeDecodeError, or UTF-16's missing byte-order mark (offset 0)
+        raise undecodable(f"--file {path}", getattr(exc, "start", 0), encoding, "--encoding") from None
+    # newline="": split at \n, \r and \r\n, as a file opened so is read
+    return [{"text": line.rstrip("\r\n")} for line in io.StringIO(text, newline="")]
 
 
 def _text(row: dict[str, Any], column: Optional[str]) -> str:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import codecs
 
-from finetune.errors import ConfigError
+from finetune.errors import ConfigError, DataError
 
 
 def check_encoding(name: str, key: str) -> None:
@@ -22,6 +22,20 @@ def check_encoding(name: str, key: str) -> None:
 
 def is_utf8(name: str) -> bool:
     return codecs.lookup(name).name == "utf-8"
+
+
+def undecodable(where: str, offset: int, encoding: str, flag: str = "data.encoding") -> DataError:
+    """The one-line error of a file that is not ``encoding`` text (``where``: the file, as the message names it),
+    naming the setting that gives a file's encoding (``flag``: ``data.encoding``, or a command's option)."""
+    utf8 = is_utf8(encoding)
+    replace = ", or data.encoding_errors: replace to substitute U+FFFD for undecodable bytes" if flag.startswith(
+        "data.") else ""
+    return DataError(
+        f"{where}: not {'UTF-8' if utf8 else encoding} text (byte offset {offset}); set {flag} to the file's{replace}",
+        # a spreadsheet's plain "CSV" on Windows is Windows-1252: reading it as such keeps its accents
+        hint=f"a spreadsheet's plain CSV on Windows is {flag}{' ' if flag.startswith('--') else '='}cp1252"
+        if utf8 else None,
+    )
 
 
 def python_codec(name: str) -> str:

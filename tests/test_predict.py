@@ -181,6 +181,24 @@ def test_a_file_in_another_encoding_is_read_in_the_encoding_given(trained, tmp_p
     assert [r["text"] for r in records] == texts  # written out as UTF-8, every accent kept
 
 
+def test_a_text_file_not_in_its_encoding_is_one_line_naming_the_files_own_offset(trained, tmp_path, capsys):
+    """Past the reader's first buffer the offset is still the file's, in UTF-8 and in another encoding."""
+    from finetune.predict import main
+
+    out, _, _ = trained
+    long = tmp_path / "long.txt"
+    long.write_bytes(b"free cash now\n" * 2000 + b"caf\xe9\n")
+    assert main([str(out), "--file", str(long)]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"error: --file {long}: not UTF-8 text (byte offset {28003}); set --encoding to the file's",
+        "hint: a spreadsheet's plain CSV on Windows is --encoding cp1252"]
+    wide = tmp_path / "wide.txt"
+    wide.write_bytes(("free cash now\n" * 2000).encode("utf-16") + b"\x00")  # half a character at its end
+    assert main([str(out), "--file", str(wide), "--encoding", "utf-16"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"error: --file {wide}: not utf-16 text (byte offset {2 + 2 * 28000}); set --encoding to the file's"]
+
+
 @pytest.mark.parametrize("args, message", [
     (["--file", "{tmp}/in.csv"],
      "error: --file {tmp}/in.csv: no column 'text' in the header (id, message); pass --text"),
