@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+from pathlib import Path
 from typing import Optional
 
 logger = logging.getLogger("finetune")
@@ -45,11 +46,16 @@ def unreachable(repo_id: str, repo_type: str = "model") -> Optional[str]:
     return None
 
 
-def model_options(location: str, is_local: bool, weights: bool = False) -> dict:
+def is_local(location: str) -> bool:
+    """Whether ``location`` is a path on this machine (what ``from_pretrained`` reads without the Hub)."""
+    return Path(location).expanduser().exists()
+
+
+def model_options(location: str, weights: bool = False) -> dict:
     """``from_pretrained``'s keyword arguments for ``location``: ``local_files_only`` where it is a Hub id and the
     Hub cannot be reached (said once per id), else none. ``weights``: for a model class's ``from_pretrained``,
     whose look-up of a PEFT adapter takes only its own ``adapter_kwargs``, so these go there too."""
-    if is_local:
+    if is_local(location):
         return {}
     why = unreachable(location)
     if why is None:
@@ -59,9 +65,9 @@ def model_options(location: str, is_local: bool, weights: bool = False) -> dict:
     return {"local_files_only": True, **({"adapter_kwargs": {"local_files_only": True}} if weights else {})}
 
 
-def offline_reason(location: str, is_local: bool) -> Optional[str]:
+def offline_reason(location: str) -> Optional[str]:
     """For an error's message: why ``location`` was looked up in the local cache only (``None``: it was not)."""
-    return None if is_local else unreachable(location)
+    return None if is_local(location) else unreachable(location)
 
 
 @functools.lru_cache(maxsize=None)

@@ -360,7 +360,7 @@ def load_adapter_checkpoint(path: Path):
     config = AutoConfig.from_pretrained(path)
     try:
         model = AutoModelForSequenceClassification.from_pretrained(
-            base, config=config, **hub.model_options(base, is_local=Path(base).expanduser().exists(), weights=True))
+            base, config=config, **hub.model_options(base, weights=True))
     except (OSError, ValueError) as exc:
         raise ModelError(f"{path}: a LoRA checkpoint, whose base model {base} cannot be loaded: "
                          f"{(str(exc).strip().splitlines() or [type(exc).__name__])[0]}") from None

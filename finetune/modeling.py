@@ -36,7 +36,7 @@ def load_tokenizer(cfg: ModelConfig):
     location = model_location(cfg.tokenizer_name_or_path or cfg.name_or_path, key)
     try:
         return AutoTokenizer.from_pretrained(
-            location, revision=cfg.revision, trust_remote_code=cfg.trust_remote_code, **_hub_options(location)
+            location, revision=cfg.revision, trust_remote_code=cfg.trust_remote_code, **hub.model_options(location)
         )
     except (OSError, ValueError) as exc:
         raise ModelError(
@@ -67,7 +67,7 @@ def load_model_config(cfg: ModelConfig, max_length: Optional[int] = None):
     location = model_location(cfg.name_or_path, "model.name_or_path")
     try:
         config = AutoConfig.from_pretrained(location, revision=cfg.revision, trust_remote_code=cfg.trust_remote_code,
-                                            **_hub_options(location))
+                                            **hub.model_options(location))
     except (OSError, ValueError) as exc:
         raise ModelError(
             f"model.name_or_path: cannot load {location}: {_why_not_loaded(location, exc)}", _hub_hint(location)
@@ -138,7 +138,7 @@ def load_model_reporting(cfg: ModelConfig, id2label: dict[int, str], max_length:
                 trust_remote_code=cfg.trust_remote_code,
                 ignore_mismatched_sizes=cfg.ignore_mismatched_sizes,
                 output_loading_info=True,
-                **_hub_options(location, weights=True),
+                **hub.model_options(location, weights=True),
             )
     except (OSError, ValueError) as exc:
         raise ModelError(f"model.name_or_path: cannot load {location}: {_why_not_loaded(location, exc)}") from None
@@ -369,18 +369,9 @@ def require_saved_model(path: str | Path) -> Path:
     return path
 
 
-def _is_local(location: str) -> bool:
-    return Path(location).expanduser().exists()
-
-
-def _hub_options(location: str, weights: bool = False) -> dict:
-    """``local_files_only`` for a Hub id while the Hub cannot be reached (:mod:`finetune.hub`)."""
-    return hub.model_options(location, _is_local(location), weights)
-
-
 def _why_not_loaded(location: str, exc: BaseException) -> str:
     """The loader's reason, or, where the Hub could not be reached, that the local cache lacks it too."""
-    offline = hub.offline_reason(location, _is_local(location))
+    offline = hub.offline_reason(location)
     if offline is not None and isinstance(exc, OSError):  # a file it did not find; a ValueError says its own
         return f"not in the local Hugging Face cache, and the Hub cannot be reached ({offline})"
     return _first_line(exc)
@@ -388,7 +379,7 @@ def _why_not_loaded(location: str, exc: BaseException) -> str:
 
 def _hub_hint(location: str) -> Optional[str]:
     """Say why a name that is no local path was looked up on the Hub (a mistyped relative path?)."""
-    if Path(location).expanduser().exists():
+    if hub.is_local(location):
         return None
     return f"{location!r} is not a local path, so it was taken as a Hugging Face Hub id"
 

@@ -59,7 +59,7 @@ def test_no_answer_is_unreachable_and_any_answer_is_not(hub_endpoint):
         # a refusal is an answer: the loaders' own errors say what was refused (a repository not found, gated)
         assert hub.unreachable(REPO_ID) is None
         assert hub.unreachable("someone/a-data-set", "dataset") is None
-        assert hub.model_options(REPO_ID, is_local=False) == {}
+        assert hub.model_options(REPO_ID) == {}
     finally:
         server.shutdown()
 
@@ -72,16 +72,16 @@ def test_offline_mode_asks_nothing(monkeypatch):
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     monkeypatch.setattr(HfApi, "model_info", lambda *a, **k: pytest.fail("the Hub was asked in offline mode"))
     hub.unreachable.cache_clear()
-    assert hub.unreachable(REPO_ID) is None and hub.model_options(REPO_ID, is_local=False) == {}
+    assert hub.unreachable(REPO_ID) is None and hub.model_options(REPO_ID) == {}
     hub.unreachable.cache_clear()
 
 
-def test_a_local_path_is_never_looked_up(monkeypatch):
+def test_a_local_path_is_never_looked_up(monkeypatch, tmp_path):
     from finetune import hub
 
     monkeypatch.setattr(hub, "unreachable", lambda *a: pytest.fail("a local path was looked up on the Hub"))
-    assert hub.model_options("/some/folder", is_local=True) == {}
-    assert hub.offline_reason("/some/folder", is_local=True) is None
+    assert hub.model_options(str(tmp_path)) == {}
+    assert hub.offline_reason(str(tmp_path)) is None
 
 
 def _train(tmp_path, hf_home, model: str):
