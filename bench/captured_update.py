@@ -47,6 +47,7 @@ test suite checks the arithmetic and the skip that way).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import statistics
 import sys
@@ -116,26 +117,21 @@ class CapturedUpdate:
             self.replay, _ = recorder(step, None)
         self.capture_seconds = time.perf_counter() - started
 
+    @contextlib.contextmanager
     def _device_rates(self):
         """While inside: the groups hold the device tensors of the learning rates, capturable, and the optimizer
         the ``found_inf`` flag; on the way out, the Python numbers a scheduler writes, and no flag."""
-        import contextlib
-
-        @contextlib.contextmanager
-        def swapped():
-            floats = [group["lr"] for group in self.inner.param_groups]
-            capturable = [group.get("capturable", False) for group in self.inner.param_groups]
-            for group, lr in zip(self.inner.param_groups, self.lrs):
-                group["lr"], group["capturable"] = lr, True
-            self.inner.found_inf = self.found_inf
-            try:
-                yield
-            finally:
-                del self.inner.found_inf  # an eager step must not read the flag
-                for group, lr, was in zip(self.inner.param_groups, floats, capturable):
-                    group["lr"], group["capturable"] = lr, was
-
-        return swapped()
+        floats = [group["lr"] for group in self.inner.param_groups]
+        capturable = [group.get("capturable", False) for group in self.inner.param_groups]
+        for group, lr in zip(self.inner.param_groups, self.lrs):
+            group["lr"], group["capturable"] = lr, True
+        self.inner.found_inf = self.found_inf
+        try:
+            yield
+        finally:
+            del self.inner.found_inf  # an eager step must not read the flag
+            for group, lr, was in zip(self.inner.param_groups, floats, capturable):
+                group["lr"], group["capturable"] = lr, was
 
     def __call__(self) -> torch.Tensor:
         """Make the update with the optimizer's current learning rates; returns the norm before clipping, on
