@@ -365,9 +365,15 @@ def config_changes(meta: dict[str, Any], cfg) -> Optional[str]:
     that a folder of another run is refused before either is loaded. Keys
     that setup settles (:data:`SETTLED_IN_SETUP`) wait for the full check.
     """
+    return _differences(*_config_fingerprints(meta, cfg))
+
+
+def _config_fingerprints(meta: dict[str, Any], cfg) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
+    """A checkpoint's config keys, ``cfg``'s (as they read back from the file), and the keys that compare before
+    setup: those it does not settle (:data:`SETTLED_IN_SETUP`)."""
     saved = meta.get("fingerprint", {})
-    current = json.loads(json.dumps(config_fingerprint(cfg)))  # as it reads back from the file
-    return _differences(saved, current, [k for k in current if k not in SETTLED_IN_SETUP])
+    current = json.loads(json.dumps(config_fingerprint(cfg)))
+    return saved, current, [k for k in current if k not in SETTLED_IN_SETUP]
 
 
 def _changed_keys(saved: dict[str, Any], current: dict[str, Any], keys: list[str]) -> list[str]:
@@ -398,9 +404,7 @@ def _longer_run_hint(output_dir, meta: dict[str, Any], cfg, newest: Path) -> Opt
     """Where only the run's length changed: how to train that run's model further, as a new run. Its schedule
     was planned for the length it had (the learning rate decays to its end), so it cannot be resumed for
     longer; a run that starts from its weights has a schedule of its own."""
-    saved = meta.get("fingerprint", {})
-    current = json.loads(json.dumps(config_fingerprint(cfg)))
-    changed = _changed_keys(saved, current, [k for k in current if k not in SETTLED_IN_SETUP])
+    changed = _changed_keys(*_config_fingerprints(meta, cfg))
     if not changed or not set(changed) <= set(LENGTH_KEYS):
         return None
     folder = Path(output_dir)
