@@ -57,7 +57,7 @@ from finetune.columns import read_column
 from finetune.config import DataConfig
 from finetune.errors import ConfigError, DataError, FileLayoutError, FinetuneError
 from finetune.resources import data_path
-from finetune.text_encoding import is_utf8, python_codec, undecodable
+from finetune.text_encoding import decode_whole, is_utf8, python_codec, undecodable
 
 logger = logging.getLogger(__name__)
 
@@ -442,12 +442,10 @@ def _load_folder(root: Path, cfg: DataConfig) -> _Table:
         if not paths:
             raise DataError(f"{folder}: class folder holds no .txt files")
         for path in paths:
-            raw = path.read_bytes()
             try:
-                text = raw.decode(cfg.encoding, errors=cfg.encoding_errors)
+                texts.append(decode_whole(path.read_bytes(), cfg.encoding, cfg.encoding_errors))
             except UnicodeError as exc:
                 raise undecodable(str(path), getattr(exc, "start", 0), cfg.encoding) from None
-            texts.append(text.removeprefix("\ufeff"))
             labels.append(folder.name)
             files.append(path.relative_to(root).as_posix())
     ds = datasets.Dataset.from_dict(

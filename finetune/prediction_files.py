@@ -79,12 +79,12 @@ def read_rows(path: str | os.PathLike, text_column: str = "text",
 
 def _text_lines(source, path: Path, encoding: str) -> list[dict[str, Any]]:
     """``{"text": line}`` for each line of a file or a binary stream, read in ``encoding`` (a UTF-8 BOM dropped)."""
-    from finetune.text_encoding import python_codec, undecodable
+    from finetune.text_encoding import decode_whole, undecodable
 
     raw = source.read_bytes() if isinstance(source, Path) else source.read()
     try:
         # decoded whole, so that an error's offset is the file's, not that of a buffered chunk
-        text = raw.decode(python_codec(encoding))
+        text = decode_whole(raw, encoding)
     except UnicodeError as exc:  # a UnicodeDecodeError, or UTF-16's missing byte-order mark (offset 0)
         raise undecodable(f"--file {path}", getattr(exc, "start", 0), encoding, "--encoding") from None
     # newline="": split at \n, \r and \r\n, as a file opened so is read

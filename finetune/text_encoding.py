@@ -42,3 +42,14 @@ def python_codec(name: str) -> str:
     """The codec that reads text in ``name``: UTF-8 as ``utf-8-sig``, which drops a byte-order mark that would
     otherwise glue onto the first column name."""
     return "utf-8-sig" if is_utf8(name) else name
+
+
+def decode_whole(raw: bytes, encoding: str, errors: str = "strict") -> str:
+    """A whole file's bytes as text, by the rule its streaming readers follow (a UTF-8 byte-order mark
+    dropped, UTF-16 without one refused), so a class folder's ``.txt`` or predict's reads as a CSV would.
+
+    Raises:
+        UnicodeError: where ``raw`` is not ``encoding`` text (``.start``: the offset, when there is one).
+    """
+    # bytes.decode("utf-16") takes the machine's byte order where the mark is missing; a stream decoder refuses
+    return codecs.getincrementaldecoder(python_codec(encoding))(errors).decode(raw, final=True)

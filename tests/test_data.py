@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import re
 from collections import Counter
 from pathlib import Path
 
@@ -445,6 +446,23 @@ def test_a_file_in_another_encoding_than_data_encoding_names_the_offset(tmp_path
     path = write(tmp_path / "wrong.csv", "text,label\ncafé,a\n", "utf-8")
     with pytest.raises(DataError, match=r"wrong\.csv: not utf-16 text \(byte offset"):
         load_splits(cfg(path, encoding="utf-16"), seed=0)
+
+
+@pytest.mark.parametrize("layout", ["csv", "folder"])
+def test_utf16_without_its_byte_order_mark_is_refused_by_every_reader(tmp_path, layout):
+    """A CSV is read as a stream, a class folder's .txt whole: both refuse what Python's stream decoder refuses
+    (bytes.decode alone would take the machine's byte order)."""
+    if layout == "folder":
+        path = tmp_path / "classes"
+        for i, label in enumerate("aab"):
+            (path / label).mkdir(parents=True, exist_ok=True)
+            (path / label / f"{i}.txt").write_bytes("café".encode("utf-16-le"))
+        refused = path / "a" / "0.txt"
+    else:
+        path = refused = tmp_path / "wide.csv"
+        path.write_bytes("text,label\ncafé,a\ntea,b\n".encode("utf-16-le"))
+    with pytest.raises(DataError, match=rf"{re.escape(str(refused))}: not utf-16 text \(byte offset 0\)"):
+        load_splits(cfg(str(path), encoding="utf-16"), seed=0)
 
 
 # --------------------------------------------------------------------------- errors

@@ -197,6 +197,10 @@ def test_a_text_file_not_in_its_encoding_is_one_line_naming_the_files_own_offset
     assert main([str(out), "--file", str(wide), "--encoding", "utf-16"]) == 2
     assert capsys.readouterr().err.strip().splitlines() == [
         f"error: --file {wide}: not utf-16 text (byte offset {2 + 2 * 28000}); set --encoding to the file's"]
+    wide.write_bytes("free cash now\n".encode("utf-16-le"))  # no byte-order mark: refused, as data.py's reader does
+    assert main([str(out), "--file", str(wide), "--encoding", "utf-16"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"error: --file {wide}: not utf-16 text (byte offset 0); set --encoding to the file's"]
 
 
 @pytest.mark.parametrize("args, message", [
