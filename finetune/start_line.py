@@ -12,6 +12,8 @@ is the one line before it.
 
 from __future__ import annotations
 
+import logging
+
 import torch
 
 from finetune.assembly import Run
@@ -22,10 +24,32 @@ from finetune.launch import choose_precision
 from finetune.modeling import model_name
 from finetune.optimization import UpdatePlan, describe_layer_rates
 
+logger = logging.getLogger("finetune")
+
+
+def say(run: Run) -> None:
+    """Log the start line, then what in it is worth a second look."""
+    logger.info(describe(run))
+    for line in warnings(run):
+        logger.warning(line)
+
 
 def describe(run: Run) -> str:
     """One line: what the run trains on what, how, and where, then its output folder."""
     return f"start: {_what(run)} | {_how(run)} | {_where(run)} -> {run.cfg.output.output_dir}"
+
+
+# below it, LoRA's adapters (which start at zero) barely move within a run of full fine-tuning's length
+LORA_RATE_AT_LEAST = 3e-4
+
+
+def warnings(run: Run) -> list[str]:
+    """What the start line shows that is worth a second look, each as a line of its own."""
+    lr = run.cfg.optim.learning_rate
+    if run.lora is not None and lr < LORA_RATE_AT_LEAST:
+        return [f"LoRA (model.lora_rank) at optim.learning_rate={lr:g}, a full fine-tuning rate: adapters start at "
+                f"zero and usually want 5 to 20 times it (2e-3 on the default job; docs/memory.md, LoRA adapters)"]
+    return []
 
 
 def _what(run: Run) -> str:
@@ -58,6 +82,7 @@ def _how(run: Run) -> str:
         f"precision={acc.mixed_precision} ({choose_precision(training.mixed_precision, acc.device)[1]})",
         f"b={b.per_device_batch_size} k={b.describe_k()} P={b.num_processes} effective_batch={b.effective_batch_size}",
         f"updates={run.plan.total_updates} ({_updates_by_epoch(run.plan)}, warmup {run.plan.warmup_updates})",
+        f"lr={run.cfg.optim.learning_rate:g} ({run.cfg.optim.lr_scheduler_type})",
         run.checkpointing.describe(),
     ]
     layer_rates = describe_layer_rates(run.optimizer.param_groups)

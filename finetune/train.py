@@ -171,12 +171,12 @@ def build_and_fit(cfg, batching, on_evaluation=None) -> tuple[bool, dict]:
     from finetune.fitting import fit
     from finetune.launch import build_accelerator
     from finetune.out_of_memory import out_of_memory_error
-    from finetune.start_line import describe
+    from finetune.start_line import say
 
     quiet_library_progress()
     accelerator = build_accelerator(cfg)  # refuses a launch whose processes did not all join
     run = setup_run(cfg, accelerator, batching)
-    logger.info(describe(run))
+    say(run)
     with out_of_memory_told_as(lambda exc: out_of_memory_error(run, exc)):
         return accelerator.is_main_process, fit(run, on_evaluation=on_evaluation)
 

@@ -6,7 +6,9 @@ gradient checkpointing) is in tests/test_accumulation.py, beside the others.
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import logging
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -127,6 +129,26 @@ def test_lora_under_fsdp_or_deepspeed_is_refused_before_training():
 # --------------------------------------------------------------------------- a LoRA run, end to end
 
 
+def _said_at_start(run, learning_rate: float) -> list[tuple[str, str]]:
+    """The records ``start_line.say`` logs for ``run`` at another peak learning rate."""
+    from finetune.start_line import say
+
+    cfg = dataclasses.replace(run.cfg, optim=dataclasses.replace(run.cfg.optim, learning_rate=learning_rate))
+    records = []
+    handler = logging.Handler()
+    handler.emit = lambda record: records.append((record.levelname, record.getMessage()))
+    logger = logging.getLogger("finetune")
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        say(dataclasses.replace(run, cfg=cfg))
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+    return records
+
+
 @pytest.fixture(scope="module")
 def lora_runs(tmp_path_factory):
     """A LoRA run to its end, and the same run stopped after update 3 (mid-epoch) and resumed."""
@@ -152,12 +174,14 @@ def lora_runs(tmp_path_factory):
 
         runs.append(run)
         lines.append(describe(run))
+        said.update({lr: _said_at_start(run, lr) for lr in (1e-4, 3e-4)})
+        said["full fine-tuning"] = _said_at_start(dataclasses.replace(run, lora=None), 1e-4)
 
-    lines = []
+    lines, said = [], {}
     whole = fit_tiny_run(whole_root, before_fit=keep_run, on_update=keep_weights_at_3, **sections)
     stopped = fit_tiny_run(part_root, on_update=lambda state: state.step >= 3, **sections)
     resumed = fit_tiny_run(part_root, **{**sections, "output": {**sections["output"], "resume_from": "latest"}})
-    return SimpleNamespace(whole=whole, stopped=stopped, resumed=resumed, run=runs[0], start_line=lines[0],
+    return SimpleNamespace(whole=whole, stopped=stopped, resumed=resumed, run=runs[0], start_line=lines[0], said=said,
                            weights_at_3=at_3,
                            out=Path(whole[0].output.output_dir), part=Path(resumed[0].output.output_dir))
 
@@ -300,3 +324,13 @@ def test_a_model_peft_cannot_wrap_is_one_line():
                                           "modules_to_save cannot be applied to modules of type") as caught:
         add_lora(tiny_model("xlm"), ModelConfig(lora_rank=4))
     assert "\n" not in caught.value.message and "lora_rank: null" in caught.value.hint
+
+
+def test_lora_at_a_full_fine_tuning_rate_is_told_so_after_the_start_line(lora_runs):
+    start, *rest = lora_runs.said[1e-4]
+    assert start[0] == "INFO" and start[1].startswith("start: ") and " lr=0.0001 (linear) " in start[1]
+    assert rest == [("WARNING", "LoRA (model.lora_rank) at optim.learning_rate=0.0001, a full fine-tuning rate: "
+                                "adapters start at zero and usually want 5 to 20 times it (2e-3 on the default job; "
+                                "docs/memory.md, LoRA adapters)")]
+    assert [level for level, _ in lora_runs.said[3e-4]] == ["INFO"]  # LoRA's rates
+    assert [level for level, _ in lora_runs.said["full fine-tuning"]] == ["INFO"]  # full fine-tuning at its own
