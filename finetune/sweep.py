@@ -118,6 +118,18 @@ def read_sweep_file(path: Optional[str]) -> dict[str, Any]:
     return data
 
 
+def _shipped_sweep() -> str:
+    """The default job's sweep file, as a path from here where it is below the working folder (a checkout's
+    ``configs/sweeps/default.yaml``), else where the package installed it."""
+    from finetune.config import DEFAULT_CONFIG
+
+    path = DEFAULT_CONFIG.parent / "sweeps" / "default.yaml"
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
 def build_sweep(args: argparse.Namespace, argv: list[str]) -> Sweep:
     """The settings: the flags over the sweep file over the defaults, each checked (one line per bad value)."""
     from finetune.config import load_config
@@ -130,7 +142,8 @@ def build_sweep(args: argparse.Namespace, argv: list[str]) -> Sweep:
     seeds = _count(pick(args.seeds, "seeds", 0), "seeds", where, 0)
     trial_seeds = _count(pick(args.trial_seeds, "trial_seeds", 1), "trial_seeds", where, 1)
     if not space.dimensions and not seeds:
-        raise ConfigError(f"{where}: nothing to run: give a space (--sweep FILE with space:) or --seeds N")
+        raise ConfigError(f"{where}: nothing to run: give a space (--sweep FILE with space:) or --seeds N",
+                          hint=f"--sweep {_shipped_sweep()} searches a classifier's learning rate and effective batch, by F1")
     if space.dimensions and trials < 1:
         raise ConfigError(f"{where}: trials: must be >= 1 with a space, got {trials}")
     sampler = pick(args.sampler, "sampler", "tpe")

@@ -662,3 +662,18 @@ def test_eval_every_with_a_searched_batch_is_warned_of(bad_input_job, caplog, ev
     with caplog.at_level(logging.WARNING, logger="finetune"):
         warn_if_pruning_misaligned(sweep)
     assert ("evaluation.eval_every=5 evaluates at different texts seen" in caplog.text) is warned
+
+
+def test_nothing_to_search_names_the_shipped_sweep_file_which_runs(bad_input_job, capsys, monkeypatch):
+    from finetune.sweep import read_sweep_file
+
+    monkeypatch.chdir(REPO)
+    assert sweep_in_process(["--config", str(bad_input_job / "cfg.yaml")]) == 2
+    error, hint = capsys.readouterr().err.strip().splitlines()
+    assert error == "error: --sweep: nothing to run: give a space (--sweep FILE with space:) or --seeds N"
+    assert hint == ("hint: --sweep configs/sweeps/default.yaml searches a classifier's learning rate and effective "
+                    "batch, by F1")
+    assert read_sweep_file(hint.split()[2])["space"]  # the named file is a sweep file with a space
+    monkeypatch.chdir(bad_input_job)  # from elsewhere, the whole path
+    assert sweep_in_process(["--config", str(bad_input_job / "cfg.yaml")]) == 2
+    assert f"--sweep {REPO / 'configs' / 'sweeps' / 'default.yaml'} " in capsys.readouterr().err
