@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from finetune.errors import ConfigError, run_command
+from finetune.overrides import notes_said_once
 from finetune.search_space import Dimension, SearchSpace, overrides, parse_space, render
 from finetune.signals import RunInterrupted, StopSignals
 from finetune.study import BASE_PARAMS_ATTR, CONFIG_ATTR, SPACE_ATTR, budget_left, load_or_create, open_storage, \
@@ -449,7 +450,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
-    return run_command(lambda: run_sweep(build_sweep(args, argv)), debug=args.debug)
+    with notes_said_once():
+        return run_command(lambda: run_sweep(build_sweep(args, argv)), debug=args.debug)
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import json
+import logging
 import os
 import shutil
 import signal
@@ -677,3 +678,20 @@ def test_nothing_to_search_names_the_shipped_sweep_file_which_runs(bad_input_job
     monkeypatch.chdir(bad_input_job)  # from elsewhere, the whole path
     assert sweep_in_process(["--config", str(bad_input_job / "cfg.yaml")]) == 2
     assert f"--sweep {REPO / 'configs' / 'sweeps' / 'default.yaml'} " in capsys.readouterr().err
+
+
+def test_a_note_on_the_command_lines_keys_is_said_once_per_sweep(bad_input_job, caplog):
+    """The sweep reads its config for each value of the space it checks, then for each trial: the note that
+    training.max_steps replaces the file's epochs would repeat with each."""
+    spec = bad_input_job / "batches.yaml"
+    spec.write_text(yaml.safe_dump({"space": {"training.effective_batch_size": [8, 16, 32]}}), encoding="utf-8")
+    with caplog.at_level(logging.INFO, logger="finetune"):
+        # the storage is refused after the space's values were checked, before any trial
+        assert sweep_in_process(["--config", str(bad_input_job / "cfg.yaml"), "--sweep", str(spec),
+                                 "--storage", "mysqlx://nowhere/db", "training.max_steps=2"]) == 2
+        in_the_sweep = [r for r in caplog.records if "replaces training.num_train_epochs" in r.getMessage()]
+        assert len(in_the_sweep) == 1
+        from finetune.config import load_config
+
+        load_config(bad_input_job / "cfg.yaml", ["training.max_steps=2"])  # outside a sweep, each read says it
+    assert len([r for r in caplog.records if "replaces training.num_train_epochs" in r.getMessage()]) == 2
