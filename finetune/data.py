@@ -38,6 +38,7 @@ Decisions worth knowing:
 from __future__ import annotations
 
 import codecs
+import contextlib
 import csv
 import dataclasses
 import functools
@@ -512,14 +513,22 @@ def _load_hub(cfg: DataConfig) -> tuple[_Table, Optional[_Table]]:
     name = cfg.dataset_name
     shown = name + (f"/{cfg.dataset_config}" if cfg.dataset_config else "")
     offline = hub.unreachable(name, "dataset")
-    if offline is not None:  # datasets has no per-call switch to its cache alone: say what the wait is
-        hub.say_once(f"the Hugging Face Hub cannot be reached ({offline}): datasets retries for a while before it "
-                     f"reads {shown} from its local cache; HF_HUB_OFFLINE=1 reads the cache at once")
+    switch = hub.datasets_cache_only() if offline is not None else contextlib.nullcontext(False)
     try:
-        loaded = datasets.load_dataset(name, cfg.dataset_config)
+        with switch as cache_only:
+            if offline is not None:
+                hub.say_once(f"the Hugging Face Hub cannot be reached ({offline}): {shown} is read from datasets' "
+                             "local cache only (HF_HUB_OFFLINE=1 skips this check)" if cache_only else
+                             f"the Hugging Face Hub cannot be reached ({offline}): datasets retries for a while "
+                             f"before it reads {shown} from its local cache; HF_HUB_OFFLINE=1 reads it at once")
+            loaded = datasets.load_dataset(name, cfg.dataset_config)
     except Exception as exc:  # noqa: BLE001 - network, missing data set, bad config name, ...
-        why = (f"the Hub cannot be reached ({offline}), and the local cache did not serve it: {_root_message(exc)}"
-               if offline is not None else _root_message(exc))
+        if offline is None:
+            why = _root_message(exc)
+        elif isinstance(exc, ConnectionError):  # read from the cache alone, datasets' way of saying "not cached"
+            why = f"not in datasets' local cache, and the Hub cannot be reached ({offline})"
+        else:
+            why = f"the Hub cannot be reached ({offline}), and the local cache did not serve it: {_root_message(exc)}"
         raise DataError(f"data.dataset_name: cannot load {shown!r}: {why}",
                         hint=None if offline is None else "give the data as a file instead (--data)") from None
     if cfg.train_split not in loaded:

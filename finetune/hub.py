@@ -6,17 +6,19 @@ and a warning line per retry, before either reads its local cache. Compute
 nodes without network meet this on every run. One request with no retries
 (:func:`unreachable`) says so at once; a model and its tokenizer are then read
 from the local cache only (``local_files_only``, a public argument of every
-``from_pretrained``), and a data set's error says what to do. Nothing is asked
-of the Hub where ``HF_HUB_OFFLINE`` is set: the user has said so already.
+``from_pretrained``), and a data set from datasets' cache only
+(:func:`datasets_cache_only`). Nothing is asked of the Hub where
+``HF_HUB_OFFLINE`` is set: the user has said so already.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
 from pathlib import Path
-from typing import Optional
+from typing import Iterator, Optional
 
 logger = logging.getLogger("finetune")
 
@@ -68,6 +70,27 @@ def model_options(location: str, weights: bool = False) -> dict:
 def offline_reason(location: str) -> Optional[str]:
     """For an error's message: why ``location`` was looked up in the local cache only (``None``: it was not)."""
     return None if is_local(location) else unreachable(location)
+
+
+@contextlib.contextmanager
+def datasets_cache_only() -> Iterator[bool]:
+    """Within it, ``datasets.load_dataset`` reads its local cache without asking the Hub; yields whether it could.
+
+    datasets has no argument for that: its offline switch, ``datasets.config.HF_HUB_OFFLINE``, is read from the
+    environment at import and looked up at each call, so it is set for the call's length. A datasets release
+    without that attribute yields False, and its load asks the Hub as it always did.
+    """
+    import datasets.config
+
+    if not hasattr(datasets.config, "HF_HUB_OFFLINE"):
+        yield False
+        return
+    before = datasets.config.HF_HUB_OFFLINE
+    datasets.config.HF_HUB_OFFLINE = True
+    try:
+        yield True
+    finally:
+        datasets.config.HF_HUB_OFFLINE = before
 
 
 @functools.lru_cache(maxsize=None)

@@ -133,15 +133,68 @@ def test_a_hub_data_set_that_cannot_be_loaded_says_the_hub_was_unreachable(monke
 
     monkeypatch.setattr(hub, "unreachable", lambda repo_id, repo_type="model": "[Errno -2] Name or service not known")
 
-    def not_cached(name, config):
-        raise FileNotFoundError(f"Dataset {name} is not cached")
+    def unreadable(name, config):
+        raise FileNotFoundError(f"{name}: no arrow file for {config}")
 
-    monkeypatch.setattr(datasets, "load_dataset", not_cached)
+    monkeypatch.setattr(datasets, "load_dataset", unreadable)
     with pytest.raises(DataError) as caught:
         data._load_hub(DataConfig(dataset_name="glue", dataset_config="sst2"))
     assert str(caught.value) == ("data.dataset_name: cannot load 'glue/sst2': the Hub cannot be reached ([Errno -2] "
                                  "Name or service not known), and the local cache did not serve it: "
-                                 "FileNotFoundError: Dataset glue is not cached")
+                                 "FileNotFoundError: glue: no arrow file for sst2")
     assert caught.value.hint == "give the data as a file instead (--data)"
-    assert "HF_HUB_OFFLINE=1 reads the cache at once" in caplog.text
+    assert "glue/sst2 is read from datasets' local cache only (HF_HUB_OFFLINE=1 skips this check)" in caplog.text
 
+
+
+def _cache_as_hub_data_set(hf_home, repo_id: str, rows: list[tuple[str, str]]) -> None:
+    """``repo_id`` in datasets' cache as a download from the Hub leaves it: built by datasets' own Parquet
+    builder, then laid out as ``<namespace>___<name>/<config>/<version>/<revision>/`` with its ``dataset_info.json``
+    and one Arrow file per split."""
+    import json
+
+    import datasets
+
+    build = hf_home / "build"
+    build.mkdir(parents=True)
+    labels, texts = zip(*rows)
+    datasets.Dataset.from_dict({"text": list(texts), "label": list(labels)}).to_parquet(str(build / "train.parquet"))
+    datasets.load_dataset("parquet", data_files={"train": str(build / "train.parquet")}, cache_dir=str(build / "cache"))
+    built = next((build / "cache" / "parquet").glob("*/*/*/dataset_info.json")).parent
+    namespace, name = repo_id.split("/")
+    cached = hf_home / "datasets" / f"{namespace}___{name}" / "default" / "0.0.0" / ("0" * 40)
+    cached.mkdir(parents=True)
+    info = json.loads((built / "dataset_info.json").read_text())
+    (cached / "dataset_info.json").write_text(json.dumps({**info, "dataset_name": name}))
+    (cached / f"{name}-train.arrow").write_bytes((built / "parquet-train.arrow").read_bytes())
+
+
+def _train_on_hub_data(tmp_path, hf_home, repo_id: str):
+    model = save_tiny_model(tmp_path / "tiny-bert")
+    env = {**ONLINE, "HF_HOME": str(hf_home), "HF_DATASETS_CACHE": str(hf_home / "datasets"),
+           "HF_ENDPOINT": f"http://127.0.0.1:{free_port()}"}
+    return run_cli([f"model.name_or_path={model}", f"data.dataset_name={repo_id}", "data.max_length=32",
+                    "training.max_steps=1", "training.per_device_train_batch_size=8",
+                    "training.effective_batch_size=8", "logging.progress_bar=false",
+                    f"output.output_dir={tmp_path / 'out'}"], env=env, launcher=[sys.executable], timeout=120)
+
+
+def test_a_hub_data_set_in_the_cache_trains_at_once_when_the_hub_is_unreachable(tmp_path):
+    _cache_as_hub_data_set(tmp_path / "hf", "someone/sms", make_texts(40))
+    proc = _train_on_hub_data(tmp_path, tmp_path / "hf", "someone/sms")
+    assert proc.returncode == 0, proc.stderr
+    assert ("the Hugging Face Hub cannot be reached (" in proc.stderr and "): someone/sms is read from datasets' "
+            "local cache only (HF_HUB_OFFLINE=1 skips this check)" in proc.stderr)
+    assert _no_retries(proc), proc.stderr  # datasets' own, half a minute of them, were skipped
+    assert "for 2 classes (ham, spam) on someone/sms: 36 train rows" in proc.stderr  # the cached 40, less validation
+
+
+def test_a_hub_data_set_not_in_the_cache_fails_at_once_when_the_hub_is_unreachable(tmp_path):
+    proc = _train_on_hub_data(tmp_path, tmp_path / "hf", "someone/elsewhere")
+    assert proc.returncode == 2, proc.stderr
+    last = proc.stderr.strip().splitlines()[-2:]
+    assert last[0].startswith("error: command line: data.dataset_name: cannot load 'someone/elsewhere': not in "
+                              "datasets' local cache, and the Hub cannot be reached ("), last
+    assert last[1] == "hint: give the data as a file instead (--data)"
+    assert _no_retries(proc), proc.stderr
+    assert not (tmp_path / "out").exists()
