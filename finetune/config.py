@@ -29,7 +29,7 @@ import yaml
 
 from finetune.coerce import _coerce, _describe
 from finetune.errors import ConfigError
-from finetune.overrides import let_the_command_line_choose
+from finetune.overrides import let_the_command_line_choose, notes_said_once
 from finetune.schema import (  # noqa: F401  (the schema's names, importable from here as before)
     DEFAULT_METRICS, SECTIONS, Config, DataConfig, EvalConfig, LoggingConfig, ModelConfig, OptimConfig, OutputConfig,
     TrainingConfig,
@@ -37,7 +37,7 @@ from finetune.schema import (  # noqa: F401  (the schema's names, importable fro
 
 __all__ = ["Config", "ModelConfig", "DataConfig", "TrainingConfig", "OptimConfig", "EvalConfig", "LoggingConfig",
            "OutputConfig", "DEFAULT_CONFIG", "load_config", "config_from_dict", "parse_override", "read_yaml",
-           "config_yaml", "save_config", "origin_of"]
+           "config_yaml", "save_config", "origin_of", "notes_said_once"]
 
 logger = logging.getLogger("finetune")
 

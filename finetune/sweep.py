@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import difflib
 import json
 import logging
 import shlex
@@ -31,21 +30,17 @@ from pathlib import Path
 from typing import Any, Optional
 
 from finetune.errors import ConfigError, run_command
-from finetune.overrides import notes_said_once
 from finetune.search_space import Dimension, SearchSpace, overrides, parse_space, render
 from finetune.signals import RunInterrupted, StopSignals
 from finetune.study import BASE_PARAMS_ATTR, CONFIG_ATTR, SPACE_ATTR, budget_left, load_or_create, open_storage, \
     redact, refuse_another_sweep, running
+from finetune.sweep_file import DEFAULT_TRIALS, PRUNERS, SAMPLERS, describe_pruner, fixed_overrides, \
+    pruner_settings, read_sweep_file, shipped_sweep, whole_number
 from finetune.sweep_report import Header, best_trial, seed_statistics, state_of, write_reports
 from finetune.sweep_trial import Phase, TrialRunner
 
 logger = logging.getLogger("finetune")
 
-FILE_KEYS = {"space", "fixed", "trials", "sampler", "pruner", "seeds", "trial_seeds"}
-SAMPLERS = ("tpe", "random", "grid")
-PRUNERS = ("median", "percentile", "hyperband", "none")
-PRUNER_KEYS = {"type", "startup_trials", "min_trials", "warmup_texts", "percentile"}
-DEFAULT_TRIALS = 20
 # seconds between looks at the study while other workers finish the search's last trials
 WAIT_S = 10.0
 
@@ -105,32 +100,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def read_sweep_file(path: Optional[str]) -> dict[str, Any]:
-    if path is None:
-        return {}
-    from finetune.config import read_yaml
-
-    data = read_yaml(path)
-    for key in data:
-        if key not in FILE_KEYS:
-            close = difflib.get_close_matches(str(key), sorted(FILE_KEYS), n=1)
-            hint = f" (did you mean {close[0]}?)" if close else ""
-            raise ConfigError(f"{path}: unknown key {key!r}{hint}; a sweep file has {', '.join(sorted(FILE_KEYS))}")
-    return data
-
-
-def _shipped_sweep() -> str:
-    """The default job's sweep file, as a path from here where it is below the working folder (a checkout's
-    ``configs/sweeps/default.yaml``), else where the package installed it."""
-    from finetune.config import DEFAULT_CONFIG
-
-    path = DEFAULT_CONFIG.parent / "sweeps" / "default.yaml"
-    try:
-        return str(path.relative_to(Path.cwd()))
-    except ValueError:
-        return str(path)
-
-
 def build_sweep(args: argparse.Namespace, argv: list[str]) -> Sweep:
     """The settings: the flags over the sweep file over the defaults, each checked (one line per bad value)."""
     from finetune.config import load_config
@@ -139,12 +108,13 @@ def build_sweep(args: argparse.Namespace, argv: list[str]) -> Sweep:
     where = args.sweep or "--sweep"
     space = parse_space(data.get("space"), where)
     pick = lambda flag, key, default: flag if flag is not None else data.get(key, default)  # noqa: E731
-    trials = _count(pick(args.trials, "trials", DEFAULT_TRIALS if space.dimensions else 0), "trials", where, 0)
-    seeds = _count(pick(args.seeds, "seeds", 0), "seeds", where, 0)
-    trial_seeds = _count(pick(args.trial_seeds, "trial_seeds", 1), "trial_seeds", where, 1)
+    trials = whole_number(pick(args.trials, "trials", DEFAULT_TRIALS if space.dimensions else 0), "trials", where, 0)
+    seeds = whole_number(pick(args.seeds, "seeds", 0), "seeds", where, 0)
+    trial_seeds = whole_number(pick(args.trial_seeds, "trial_seeds", 1), "trial_seeds", where, 1)
     if not space.dimensions and not seeds:
         raise ConfigError(f"{where}: nothing to run: give a space (--sweep FILE with space:) or --seeds N",
-                          hint=f"--sweep {_shipped_sweep()} searches a classifier's learning rate and effective batch, by F1")
+                          hint=f"--sweep {shipped_sweep()} searches a classifier's learning rate and effective "
+                               "batch, by F1")
     if space.dimensions and trials < 1:
         raise ConfigError(f"{where}: trials: must be >= 1 with a space, got {trials}")
     sampler = pick(args.sampler, "sampler", "tpe")
@@ -155,7 +125,7 @@ def build_sweep(args: argparse.Namespace, argv: list[str]) -> Sweep:
         raise ConfigError(f"{where}: sampler: {sampler!r} is not one of {', '.join(SAMPLERS)}")
     if sampler == "grid" and any(d.kind != "choice" for d in space.dimensions):
         raise ConfigError(f"{where}: sampler: grid needs a list of choices for every key of the space")
-    pruner = _pruner_settings(pick(args.pruner, "pruner", "median"), where)
+    pruner = pruner_settings(pick(args.pruner, "pruner", "median"), where)
     fixed = fixed_overrides(data.get("fixed"), space, args.config, where)
     cfg = load_config(args.config, [*fixed, *args.overrides])
     output = Path(args.output or f"{cfg.output.output_dir.rstrip('/')}-sweep")
@@ -163,52 +133,6 @@ def build_sweep(args: argparse.Namespace, argv: list[str]) -> Sweep:
     command = shlex.join(["finetune", "sweep", *argv])
     return Sweep(args.config, [*fixed, *args.overrides], space, trials, sampler, sampler_seed, pruner, seeds,
                  trial_seeds, output, storage, args.study_name or output.resolve().name, command, cfg, where)
-
-
-def fixed_overrides(raw: Any, space: SearchSpace, config: Optional[str], where: str) -> list[str]:
-    """The sweep file's ``fixed:`` mapping (config keys every trial gets) as overrides, each checked against the
-    config; the command line's overrides come after them and win."""
-    from finetune.config import load_config
-
-    if raw is None:
-        return []
-    if not isinstance(raw, dict) or not all(isinstance(key, str) for key in raw):
-        raise ConfigError(f"{where}: fixed: expected a mapping of section.key to a value, got {raw!r}")
-    for key in raw:
-        if key in space.keys():
-            raise ConfigError(f"{where}: fixed: {key}: is also in the space; a key is either searched or fixed")
-    fixed = overrides(raw)
-    try:
-        load_config(config, fixed)
-    except ConfigError as exc:
-        raise ConfigError(f"{where}: fixed: {exc.message.removeprefix('command line: ')}") from None
-    return fixed
-
-
-def _count(value: Any, key: str, where: str, least: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < least:
-        raise ConfigError(f"{where}: {key}: must be an integer >= {least}, got {value!r}")
-    return value
-
-
-def _pruner_settings(value: Any, where: str) -> dict[str, Any]:
-    settings = {"type": value} if isinstance(value, str) or value is None else value
-    if not isinstance(settings, dict):
-        raise ConfigError(f"{where}: pruner: expected a name or a mapping with type, got {value!r}")
-    unknown = sorted(set(settings) - PRUNER_KEYS)
-    if unknown:
-        raise ConfigError(f"{where}: pruner: unknown {', '.join(unknown)}; a pruner has {', '.join(sorted(PRUNER_KEYS))}")
-    settings = {"type": "none" if settings.get("type") is None else settings["type"],
-                **{k: v for k, v in settings.items() if k != "type"}}
-    if settings["type"] not in PRUNERS:
-        raise ConfigError(f"{where}: pruner: {settings['type']!r} is not one of {', '.join(PRUNERS)}")
-    for key in ("startup_trials", "min_trials", "warmup_texts"):
-        if key in settings:
-            _count(settings[key], f"pruner: {key}", where, 1 if key == "min_trials" else 0)
-    percentile = settings.get("percentile", 50.0)
-    if isinstance(percentile, bool) or not isinstance(percentile, (int, float)) or not 0 < percentile < 100:
-        raise ConfigError(f"{where}: pruner: percentile: must be a number between 0 and 100, got {percentile!r}")
-    return settings
 
 
 def make_sampler(sweep: Sweep, trials_so_far: int):
@@ -243,11 +167,6 @@ def make_pruner(settings: dict[str, Any]):
         return optuna.pruners.MedianPruner(n_startup_trials=startup, n_warmup_steps=warmup, n_min_trials=least)
     return optuna.pruners.PercentilePruner(settings.get("percentile", 50.0), n_startup_trials=startup,
                                            n_warmup_steps=warmup, n_min_trials=least)
-
-
-def describe_pruner(settings: dict[str, Any]) -> str:
-    extra = ", ".join(f"{k} {v}" for k, v in settings.items() if k != "type")
-    return settings["type"] + (f" ({extra})" if extra else "")
 
 
 def objective_of(cfg) -> tuple[str, bool]:
@@ -450,7 +369,9 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
-    with notes_said_once():
+    from finetune.config import notes_said_once
+
+    with notes_said_once():  # a note on the command line's keys, said once for the sweep, not for each read
         return run_command(lambda: run_sweep(build_sweep(args, argv)), debug=args.debug)
 
 
