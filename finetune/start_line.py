@@ -30,7 +30,7 @@ logger = logging.getLogger("finetune")
 def say(run: Run) -> None:
     """Log the start line, then what in it is worth a second look."""
     logger.info(describe(run))
-    for line in warnings(run):
+    for line in cautions(run):
         logger.warning(line)
 
 
@@ -43,7 +43,7 @@ def describe(run: Run) -> str:
 LORA_RATE_AT_LEAST = 3e-4
 
 
-def warnings(run: Run) -> list[str]:
+def cautions(run: Run) -> list[str]:
     """What the start line shows that is worth a second look, each as a line of its own."""
     lr = run.cfg.optim.learning_rate
     if run.lora is not None and lr < LORA_RATE_AT_LEAST:
