@@ -81,15 +81,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def shortcut_overrides(args: argparse.Namespace, flags) -> list[str]:
     """The short path's ``flags`` that ``args`` has, as the settings they stand for.
 
-    With ``--data`` on the default config and no output folder named, the run
-    writes to ``outputs/<the data's name>``: the default config's folder is
-    named for its own data set, which ``--data`` replaced.
+    With ``--data`` on a shipped config (the default, or another of the package's
+    ``configs/``) and no output folder named, the run writes to
+    ``outputs/<the data's name>``: a shipped config's folder is named for its own
+    data set, which ``--data`` replaced. A config of one's own names its folder.
     """
     given = [f"{SHORTCUTS[flag]}={getattr(args, flag)}" for flag in flags if getattr(args, flag)]
     named = any(o.startswith("output.output_dir=") for o in [*given, *args.overrides])
-    if args.data and args.config is None and not named:
+    if args.data and _is_shipped(args.config) and not named:
         given.append(f"output.output_dir=outputs/{Path(args.data.rstrip('/')).stem or 'data'}")
     return given
+
+
+def _is_shipped(config: str | None) -> bool:
+    """Whether ``config`` (``None``: the default) is one of the configs the package ships."""
+    from finetune.config import DEFAULT_CONFIG
+
+    return config is None or Path(config).resolve().parent == DEFAULT_CONFIG.resolve().parent
 
 
 def _name_origin(exc: FinetuneError, config_path: str | None, overrides: list[str]) -> None:

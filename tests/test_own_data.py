@@ -132,12 +132,17 @@ def test_a_hub_model_id_trains_from_the_hub_cache_offline(tmp_path):
     (["--data", "reviews/"], "outputs/reviews"),  # a class folder
     (["--data", "reviews.csv", "--output", "mine"], "mine"),
     (["--data", "reviews.csv", "output.output_dir=mine"], "mine"),
-    (["--data", "reviews.csv", "--config", "configs/bbc_news.yaml"], None),  # a config of one's own names its folder
+    # a shipped config's folder is named for its own data set (outputs/bbc_news), which --data replaced
+    (["--data", "reviews.csv", "--config", str(REPO / "configs" / "bbc_news.yaml")], "outputs/reviews"),
+    (["--data", "reviews.csv", "--config", "{own}"], None),  # a config of one's own names its folder
     ([], None),
 ])
-def test_data_on_the_default_config_writes_to_a_folder_named_for_the_data(argv, output):
+def test_data_on_a_shipped_config_writes_to_a_folder_named_for_the_data(argv, output, tmp_path):
     from finetune.train import parse_args
 
+    own = tmp_path / "bbc_news.yaml"  # a copy, edited or not, is one's own
+    own.write_text((REPO / "configs" / "bbc_news.yaml").read_text(encoding="utf-8"), encoding="utf-8")
+    argv = [str(own) if a == "{own}" else a for a in argv]
     outputs = [o.split("=", 1)[1] for o in parse_args(argv).overrides if o.startswith("output.output_dir=")]
     assert outputs == ([output] if output else [])
 
