@@ -4,8 +4,9 @@
 :class:`~finetune.config.DataConfig` through the ``datasets`` library and
 returns a ``DatasetDict`` whose splits all have the same columns: ``text``,
 optionally ``text_pair``, and ``labels`` (a ``ClassLabel`` of class ids), plus
-the :class:`LabelSpace` mapping ids to names (:func:`finetune.tokens.tokenize_splits`
-then tokenizes them). :func:`read_table` reads an unlabelled file the same way,
+the :class:`~finetune.labels.LabelSpace` mapping ids to names
+(:mod:`finetune.labels` makes the ids; :func:`finetune.tokens.tokenize_splits`
+then tokenizes the splits). :func:`read_table` reads an unlabelled file the same way,
 for ``finetune.predict``.
 
 Sources:
@@ -45,7 +46,6 @@ import functools
 import json
 import logging
 import math
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
@@ -57,8 +57,14 @@ import pyarrow.compute as pc
 from finetune.columns import read_column
 from finetune.config import DataConfig
 from finetune.errors import ConfigError, DataError, FileLayoutError, FinetuneError
+from finetune.labels import LabelSpace, encode_against, encode_train
 from finetune.resources import data_path
+from finetune.tables import LABELS, RAW_LABEL, SHOW_LABELS, TEXT, TEXT_PAIR, Table, as_arrow, as_mask, column_values, \
+    feature_name, short_list
 from finetune.text_encoding import decode_whole, is_utf8, python_codec, undecodable
+
+__all__ = ["LABELS", "TEXT", "TEXT_PAIR", "LabelSpace", "load_splits", "load_labelled_file", "read_table",
+           "quiet_progress_bars", "class_counts", "content_sha256", "digest_rows"]
 
 logger = logging.getLogger(__name__)
 
@@ -74,41 +80,6 @@ EXTENSIONS = {
 # what users most often have instead of a text file: the error says how to make one
 SPREADSHEETS = (".xlsx", ".xls", ".xlsm", ".ods", ".numbers")
 
-# Column names inside the returned splits.
-TEXT = "text"
-TEXT_PAIR = "text_pair"
-LABELS = "labels"
-_RAW_LABEL = "_raw_label"  # the label column before it becomes class ids
-
-_SHOW_ROWS = 5  # rows quoted in an error message before "..."
-_SHOW_LABELS = 10
-
-
-@dataclass
-class LabelSpace:
-    """The labels of a data set, in label-id order, and what kind of labels they are.
-
-    Args:
-        names: Label names (as strings); position ``i`` is label id ``i``. For
-            regression, one name: the target's (the label column's).
-        problem_type: single_label, multi_label or regression (see :mod:`finetune.tasks`).
-    """
-
-    names: list[str]
-    problem_type: str = "single_label"
-
-    @property
-    def label2id(self) -> dict[str, int]:
-        """Class name -> class id."""
-        return {name: i for i, name in enumerate(self.names)}
-
-    @property
-    def id2label(self) -> dict[int, str]:
-        """Class id -> class name (what ``PretrainedConfig.id2label`` expects)."""
-        return dict(enumerate(self.names))
-
-    def __len__(self) -> int:
-        return len(self.names)
 
 
 # --------------------------------------------------------------------------- public API
@@ -147,18 +118,8 @@ def load_splits(cfg: DataConfig, seed: int, problem_type: str = "single_label"
     if cfg.validation_file is not None:
         validation = _load_local(cfg.validation_file, "data.validation_file", cfg)
 
-    train = _drop_or_reject_empty_texts(train, cfg)
-    if problem_type == "single_label":
-        train_keys = _label_keys(train)
-        label_space = _label_space(train, train_keys)
-        splits = {"train": _encode_labels(train, train_keys, label_space)}
-    elif problem_type == "multi_label":
-        train_sets = _label_sets(train, cfg.label_delimiter)
-        label_space = _multi_label_space(train, train_sets)
-        splits = {"train": _encode_label_sets(train, train_sets, label_space)}
-    else:
-        label_space = LabelSpace([train.label_column], "regression")
-        splits = {"train": _encode_targets(train)}
+    encoded, label_space = encode_train(_drop_or_reject_empty_texts(train, cfg), problem_type, cfg.label_delimiter)
+    splits = {"train": encoded}
 
     if validation is not None:
         splits["validation"] = _encode_against(validation, cfg, label_space)
@@ -175,7 +136,7 @@ def load_splits(cfg: DataConfig, seed: int, problem_type: str = "single_label"
         len(splits["train"]),
         len(splits["validation"]) if "validation" in splits else "no",
         len(label_space),
-        _short_list(label_space.names, _SHOW_LABELS),
+        short_list(label_space.names, SHOW_LABELS),
     )
     return datasets.DatasetDict(splits), label_space
 
@@ -205,61 +166,8 @@ def load_labelled_file(spec: str, cfg: DataConfig, label_space: LabelSpace, key:
     return _encode_against(_load_local(spec, key, cfg), cfg, label_space)
 
 
-def _encode_against(table: _Table, cfg: DataConfig, label_space: LabelSpace) -> datasets.Dataset:
-    table = _drop_or_reject_empty_texts(table, cfg)
-    if label_space.problem_type == "multi_label":
-        return _encode_label_sets(table, _label_sets(table, cfg.label_delimiter), label_space)
-    if label_space.problem_type == "regression":
-        return _encode_targets(table)
-    return _encode_labels(table, _label_keys(table), label_space)
-
-
-# --------------------------------------------------------------------------- splits in the making
-
-
-@dataclass
-class _Table:
-    """A split being prepared, and where each of its rows sits in the source.
-
-    Rows may be dropped along the way (blank lines, empty texts); ``positions``
-    keeps each remaining row's 0-based record number in the source so messages
-    can still point at the right line.
-    """
-
-    ds: datasets.Dataset
-    source: str  # file path or Hub split, the prefix of every message
-    positions: np.ndarray
-    unit: str  # "line", "record", "row" or "file"
-    offset: int = 1  # number of the first record in `unit`s (2 after a CSV header)
-    files: Optional[list[str]] = None  # folder layout: record -> relative file path
-    text_column: str = TEXT  # the user's column names, for messages
-    pair_column: Optional[str] = None
-    label_column: str = "label"
-    # CSV/TSV: an empty field reads as null, so "no value" and "empty string" look the same
-    empty_field_is_null: bool = False
-
-    def where(self, i: int) -> str:
-        """Where row ``i`` of ``ds`` is, e.g. ``line 5``."""
-        return f"{self.unit} {self._number(i)}"
-
-    def where_many(self, rows: np.ndarray | list[int]) -> str:
-        """Where the first few of ``rows`` are, e.g. ``lines 5, 9, ...``."""
-        numbers = [self._number(i) for i in rows[:_SHOW_ROWS]]
-        more = ", ..." if len(rows) > _SHOW_ROWS else ""
-        unit = self.unit if len(rows) == 1 else self.unit + "s"
-        return f"{unit} {', '.join(numbers)}{more}"
-
-    def _number(self, i: int) -> str:
-        position = int(self.positions[i])
-        if self.files is not None:
-            return self.files[position]
-        return str(position + self.offset)
-
-    def keep(self, rows: np.ndarray) -> _Table:
-        """This table with only ``rows`` (indices into ``ds``) left."""
-        if len(rows) == len(self.ds):
-            return self
-        return dataclasses.replace(self, ds=self.ds.select(rows), positions=self.positions[rows])
+def _encode_against(table: Table, cfg: DataConfig, label_space: LabelSpace) -> datasets.Dataset:
+    return encode_against(_drop_or_reject_empty_texts(table, cfg), label_space, cfg.label_delimiter)
 
 
 # --------------------------------------------------------------------------- local files
@@ -290,16 +198,16 @@ def quiet_progress_bars() -> None:
     hf_logging.disable_progress_bar()
 
 
-def _load_local(spec: str, key: str, cfg: DataConfig) -> _Table:
-    """Read one local file or class folder into a :class:`_Table` with standard columns."""
+def _load_local(spec: str, key: str, cfg: DataConfig) -> Table:
+    """Read one local file or class folder into a :class:`Table` with standard columns."""
     table = _read_local(spec, key, cfg)
     if table.files is not None:
         return table  # the folder layout: its columns are standard already
     return _standardize(table, cfg.text_column, cfg.text_pair_column, cfg.label_column)
 
 
-def _read_local(spec: str, key: str, cfg: DataConfig, encoding_flag: str = "data.encoding") -> _Table:
-    """Read one local file (its own columns) or class folder into a :class:`_Table`."""
+def _read_local(spec: str, key: str, cfg: DataConfig, encoding_flag: str = "data.encoding") -> Table:
+    """Read one local file (its own columns) or class folder into a :class:`Table`."""
     path = data_path(spec, key)
     fmt = _detect_format(path, cfg.format, key, cfg.encoding)
     if fmt == "folder":
@@ -357,7 +265,7 @@ def _tab_separated(path: Path, encoding: str, lines: int = 20) -> bool:
     return len(counts) == 1 and counts != {0}
 
 
-def _load_delimited(path: Path, fmt: str, cfg: DataConfig) -> _Table:
+def _load_delimited(path: Path, fmt: str, cfg: DataConfig) -> Table:
     sep = "\t" if fmt == "tsv" else ","
     # TSV files such as the SMS spam collection use '"' as a plain character;
     # quote processing would merge rows up to the next quote.
@@ -388,8 +296,8 @@ def _load_delimited(path: Path, fmt: str, cfg: DataConfig) -> _Table:
         encoding_errors=cfg.encoding_errors,
     )
     table = _table(ds, str(path), unit="line", offset=2 if cfg.has_header else 1, empty_field_is_null=True)
-    blank = functools.reduce(pc.and_, [pc.is_null(values) for values in _arrow(ds).columns])
-    rows = np.flatnonzero(~_mask(blank))
+    blank = functools.reduce(pc.and_, [pc.is_null(values) for values in as_arrow(ds).columns])
+    rows = np.flatnonzero(~as_mask(blank))
     if len(rows) == 0:
         raise DataError(f"{path}: empty file (no rows)")
     return table.keep(rows)
@@ -420,7 +328,7 @@ def _check_field_count(path: Path, sep: str, quoting: int, names: Optional[list[
             return
 
 
-def _load_json(path: Path, cfg: DataConfig) -> _Table:
+def _load_json(path: Path, cfg: DataConfig) -> Table:
     # The json builder reads UTF-8 itself, and re-decodes from any encoding named other than "utf-8", applying
     # `encoding_errors` there; "utf-8-sig" reads the same bytes as UTF-8 and gets there.
     plain = is_utf8(cfg.encoding) and cfg.encoding_errors == "strict"
@@ -431,7 +339,7 @@ def _load_json(path: Path, cfg: DataConfig) -> _Table:
     return _table(ds, str(path), unit="record" if start.startswith(b"[") else "line")
 
 
-def _load_folder(root: Path, cfg: DataConfig) -> _Table:
+def _load_folder(root: Path, cfg: DataConfig) -> Table:
     if cfg.text_pair_column is not None:
         raise ConfigError(f"data.text_pair_column: not supported with the folder layout ({root})")
     classes = sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
@@ -450,8 +358,8 @@ def _load_folder(root: Path, cfg: DataConfig) -> _Table:
             labels.append(folder.name)
             files.append(path.relative_to(root).as_posix())
     ds = datasets.Dataset.from_dict(
-        {TEXT: texts, _RAW_LABEL: labels},
-        features=datasets.Features({TEXT: datasets.Value("string"), _RAW_LABEL: datasets.Value("string")}),
+        {TEXT: texts, RAW_LABEL: labels},
+        features=datasets.Features({TEXT: datasets.Value("string"), RAW_LABEL: datasets.Value("string")}),
     )
     return _table(ds, str(root), unit="file", files=files, text_column=TEXT, label_column="sub-folder name")
 
@@ -507,7 +415,7 @@ def _check_decodes(path: Path, encoding: str, flag: str = "data.encoding") -> No
 # --------------------------------------------------------------------------- Hub data sets
 
 
-def _load_hub(cfg: DataConfig) -> tuple[_Table, Optional[_Table]]:
+def _load_hub(cfg: DataConfig) -> tuple[Table, Optional[Table]]:
     from finetune import hub
 
     name = cfg.dataset_name
@@ -534,7 +442,7 @@ def _load_hub(cfg: DataConfig) -> tuple[_Table, Optional[_Table]]:
     if cfg.train_split not in loaded:
         raise DataError(f"data.train_split: {shown} has no split {cfg.train_split!r} (splits: {', '.join(loaded)})")
 
-    def table(split: str) -> _Table:
+    def table(split: str) -> Table:
         ds = loaded[split]
         if len(ds) == 0:
             raise DataError(f"{shown}[{split}]: no rows")
@@ -571,17 +479,17 @@ def _check_column_settings(cfg: DataConfig) -> None:
         seen[column] = key
 
 
-def _table(ds: datasets.Dataset, source: str, unit: str, offset: int = 1, **extra: Any) -> _Table:
-    return _Table(ds=ds, source=source, positions=np.arange(len(ds)), unit=unit, offset=offset, **extra)
+def _table(ds: datasets.Dataset, source: str, unit: str, offset: int = 1, **extra: Any) -> Table:
+    return Table(ds=ds, source=source, positions=np.arange(len(ds)), unit=unit, offset=offset, **extra)
 
 
-def _standardize(table: _Table, text_column: str, pair_column: Optional[str], label_column: str) -> _Table:
+def _standardize(table: Table, text_column: str, pair_column: Optional[str], label_column: str) -> Table:
     """Keep only the text, pair and label columns, under the standard names."""
     ds = table.ds
     wanted = [("data.text_column", text_column, TEXT)]
     if pair_column is not None:
         wanted.append(("data.text_pair_column", pair_column, TEXT_PAIR))
-    wanted.append(("data.label_column", label_column, _RAW_LABEL))
+    wanted.append(("data.label_column", label_column, RAW_LABEL))
     missing = [(key, column) for key, column, _ in wanted if column not in ds.column_names]
     if missing:
         key, column = missing[0]
@@ -606,7 +514,7 @@ def _standardize(table: _Table, text_column: str, pair_column: Optional[str], la
             # Numbers (or an all-empty column) read from CSV: texts nonetheless.
             ds = ds.cast_column(name, datasets.Value("string"))
         else:
-            raise DataError(f"{table.source}: column {column!r} holds {_feature_name(feature)}, not texts")
+            raise DataError(f"{table.source}: column {column!r} holds {feature_name(feature)}, not texts")
     return dataclasses.replace(
         table, ds=ds, text_column=text_column, pair_column=pair_column, label_column=label_column
     )
@@ -625,7 +533,7 @@ def _column_hint(ds: datasets.Dataset, missing_keys: list[str], named: list[str]
         strings = [name for name in free
                    if isinstance(sample.features[name], datasets.Value) and sample.features[name].dtype in
                    ("string", "large_string")]
-        lengths = {name: np.mean([len(v or "") for v in _column_values(sample, name)]) for name in strings}
+        lengths = {name: np.mean([len(v or "") for v in column_values(sample, name)]) for name in strings}
         if lengths:
             guesses["data.text_column"] = max(lengths, key=lengths.get)
     if "data.label_column" in missing_keys:
@@ -633,7 +541,7 @@ def _column_hint(ds: datasets.Dataset, missing_keys: list[str], named: list[str]
         for name in free:
             if name == guesses.get("data.text_column"):
                 continue
-            values = _column_values(sample, name)
+            values = column_values(sample, name)
             try:
                 distinct = len({json.dumps(v, sort_keys=True, default=str) for v in values})
             except TypeError:
@@ -649,7 +557,7 @@ def _column_hint(ds: datasets.Dataset, missing_keys: list[str], named: list[str]
     return f"by the values, try {options} ({keys})"
 
 
-def _drop_or_reject_empty_texts(table: _Table, cfg: DataConfig) -> _Table:
+def _drop_or_reject_empty_texts(table: Table, cfg: DataConfig) -> Table:
     """Apply ``data.on_empty_text`` to null, empty and whitespace-only texts."""
     columns = [(TEXT, table.text_column)]
     if table.pair_column is not None:
@@ -658,7 +566,7 @@ def _drop_or_reject_empty_texts(table: _Table, cfg: DataConfig) -> _Table:
     culprits = []
     for name, source_column in columns:
         texts = table.ds.with_format("arrow")[name]
-        mask = _mask(pc.fill_null(pc.equal(pc.utf8_length(pc.utf8_trim_whitespace(texts)), 0), True))
+        mask = as_mask(pc.fill_null(pc.equal(pc.utf8_length(pc.utf8_trim_whitespace(texts)), 0), True))
         if mask.any():
             culprits.append(repr(source_column))
         empty |= mask
@@ -674,239 +582,6 @@ def _drop_or_reject_empty_texts(table: _Table, cfg: DataConfig) -> _Table:
         raise DataError(f"{table.source}: every text is empty ({what})")
     logger.warning("%s: dropped %s (%s)", table.source, what, table.where_many(rows))
     return table.keep(np.flatnonzero(~empty))
-
-
-def _label_keys(table: _Table) -> list[str]:
-    """Each row's label as a class name; DataError on missing or unusable labels."""
-    feature = table.ds.features[_RAW_LABEL]
-    values = _column_values(table.ds, _RAW_LABEL)
-    _refuse_mixed_label_types(table, values)
-    keys: list[Optional[str]] = []
-    for i, value in enumerate(values):
-        try:
-            keys.append(_label_key(value, feature))
-        except ValueError as exc:
-            raise DataError(
-                f"{table.source}: label {value!r} at {table.where(i)} in column {table.label_column!r} {exc}",
-                hint=_problem_type_hint(value),
-            ) from None
-    missing = [i for i, key in enumerate(keys) if key is None]
-    if len(missing) == len(keys):
-        raise DataError(
-            f"{table.source}: column {table.label_column!r} has no labels in any of its {len(keys)} rows "
-            "(unlabelled data?)"
-        )
-    if missing:
-        raise DataError(
-            f"{table.source}: {len(missing)} row{'s' if len(missing) > 1 else ''} without a label in column "
-            f"{table.label_column!r} ({table.where_many(missing)})"
-        )
-    return keys  # type: ignore[return-value]  # no None left
-
-
-def _refuse_mixed_label_types(table: _Table, values: list[Any]) -> None:
-    """A typed file (JSON) whose labels are numbers in some rows and strings in others is refused.
-
-    ``0`` and ``"ham"`` in one column are two ways of writing labels, most
-    likely from two sources joined: read as they are, they would be four
-    classes where there are two.
-    """
-    numbers = [i for i, v in enumerate(values) if isinstance(v, (int, float)) and not isinstance(v, bool)]
-    strings = [i for i, v in enumerate(values) if isinstance(v, str)]
-    if numbers and strings:
-        raise DataError(
-            f"{table.source}: column {table.label_column!r} holds numbers ({table.where_many(numbers)}) and "
-            f"strings ({table.where_many(strings)}); write every label the same way"
-        )
-
-
-def _label_key(value: Any, feature: Any) -> Optional[str]:
-    """A label value as its class name; None for a missing label.
-
-    Raises:
-        ValueError: with the reason, for values that cannot be a class.
-    """
-    if value is None:
-        return None
-    if isinstance(feature, datasets.ClassLabel):
-        return feature.int2str(value) if value >= 0 else None  # -1 is "no label" in Hub data sets
-    if isinstance(value, bool):
-        return str(value)
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, float):
-        if math.isnan(value):
-            return None
-        if value.is_integer():  # integer labels read as floats, e.g. next to an empty field
-            return str(int(value))
-        raise ValueError("is not a class (labels must be strings or integers)")
-    if isinstance(value, str):
-        return value if value.strip() else None
-    raise ValueError(f"is a {type(value).__name__}, not a class (labels must be strings or integers)")
-
-
-def _problem_type_hint(value: Any) -> Optional[str]:
-    """The ``model.problem_type`` whose labels look like ``value``, a label a class cannot be."""
-    if isinstance(value, (list, tuple)):
-        return "several labels per text: set model.problem_type=multi_label"
-    if isinstance(value, float):
-        return "a number to predict: set model.problem_type=regression"
-    return None
-
-
-def _label_space(train: _Table, keys: list[str]) -> LabelSpace:
-    feature = train.ds.features[_RAW_LABEL]
-    present = set(keys)
-    if len(present) < 2:
-        raise DataError(
-            f"{train.source}: the train data has only one class ({next(iter(present))!r}); "
-            "a classifier needs at least two"
-        )
-    if isinstance(feature, datasets.ClassLabel):
-        return LabelSpace(names=list(feature.names))
-
-    def order(name: str) -> tuple[int, Any]:
-        try:
-            return (0, int(name))
-        except ValueError:
-            return (1, name)
-
-    # Integers sort numerically ("2" before "10") only when every label is one.
-    if all(order(name)[0] == 0 for name in present):
-        return LabelSpace(names=sorted(present, key=lambda name: int(name)))
-    return LabelSpace(names=sorted(present))
-
-
-def _encode_labels(table: _Table, keys: list[str], label_space: LabelSpace) -> datasets.Dataset:
-    """Replace the raw label column by class ids (a ClassLabel feature named ``labels``)."""
-    label2id = label_space.label2id
-    unseen = [i for i, key in enumerate(keys) if key not in label2id]
-    if unseen:
-        first = keys[unseen[0]]
-        others = len({keys[i] for i in unseen}) - 1
-        also = f" and {others} other unseen label{'s' if others > 1 else ''}" if others else ""
-        raise DataError(
-            f"{table.source}: label {first!r} at {table.where(unseen[0])}{also} not among the "
-            f"{len(label_space)} labels of the train data ({_short_list(label_space.names, _SHOW_LABELS)})"
-        )
-    ids = [label2id[key] for key in keys]
-    ds = table.ds.remove_columns(_RAW_LABEL)
-    return ds.add_column(LABELS, ids, feature=datasets.ClassLabel(names=label_space.names))
-
-
-def _label_sets(table: _Table, delimiter: Optional[str]) -> list[list[str]]:
-    """multi_label: each row's labels as class names, from a list or a delimited string.
-
-    An empty list (or string) is a text with no label, which multi-label data
-    may hold; a missing value is an error, as for single labels. A CSV or TSV
-    field cannot tell the two apart: there, with a delimiter, an empty field
-    is the empty string, and the run logs how many texts have no label.
-    """
-    feature = table.ds.features[_RAW_LABEL]
-    inner = getattr(feature, "feature", None)
-    values = _column_values(table.ds, _RAW_LABEL)
-    if table.empty_field_is_null and delimiter is not None:
-        values = ["" if value is None else value for value in values]
-    sets: list[list[str]] = []
-    missing: list[int] = []
-    for i, value in enumerate(values):
-        if value is None:
-            missing.append(i)
-            sets.append([])
-            continue
-        if isinstance(value, str):
-            if delimiter is None:
-                raise DataError(
-                    f"{table.source}: label {value!r} at {table.where(i)} in column {table.label_column!r} is a "
-                    f"string; for multi_label set data.label_delimiter to split it (e.g. ','), or give lists"
-                )
-            value = [part.strip() for part in value.split(delimiter)]
-            value = [part for part in value if part]
-        elif delimiter is not None and isinstance(value, (int, float)) and not isinstance(value, bool):
-            value = [value]  # a delimited column whose every field held one integer label reads as numbers
-        elif not isinstance(value, list):
-            raise DataError(f"{table.source}: label {value!r} at {table.where(i)} in column "
-                            f"{table.label_column!r} is not a list of labels (multi_label)")
-        try:
-            keys = [_label_key(v, inner) for v in value]
-        except ValueError as exc:
-            raise DataError(f"{table.source}: label {value!r} at {table.where(i)} in column "
-                            f"{table.label_column!r}: an item {exc}") from None
-        if any(k is None for k in keys):
-            raise DataError(f"{table.source}: an empty label in {value!r} at {table.where(i)} "
-                            f"(column {table.label_column!r})")
-        sets.append(sorted(set(keys)))  # type: ignore[arg-type]
-    if missing:
-        raise DataError(
-            f"{table.source}: {len(missing)} row{'s' if len(missing) > 1 else ''} without labels in column "
-            f"{table.label_column!r} ({table.where_many(missing)}); a text with none has an empty "
-            + ("field when data.label_delimiter is set" if table.empty_field_is_null else "list")
-        )
-    unlabelled = [i for i, keys in enumerate(sets) if not keys]
-    if unlabelled:
-        logger.info("%s: %d of %d texts have no label (%s)", table.source, len(unlabelled), len(sets),
-                    table.where_many(unlabelled))
-    return sets
-
-
-def _multi_label_space(train: _Table, sets: list[list[str]]) -> LabelSpace:
-    present = {key for keys in sets for key in keys}
-    if len(present) < 2:
-        raise DataError(f"{train.source}: the train data uses {len(present)} label"
-                        f"{'' if len(present) == 1 else 's'} in column {train.label_column!r}; "
-                        "multi_label needs at least two")
-    # integers numerically ("2" before "10"), then names
-    names = sorted(present, key=lambda n: (0, int(n), "") if n.lstrip("-").isdigit() else (1, 0, n))
-    return LabelSpace(names, "multi_label")
-
-
-def _encode_label_sets(table: _Table, sets: list[list[str]], label_space: LabelSpace) -> datasets.Dataset:
-    """Replace the raw label column by 0/1 float vectors over ``label_space`` (named ``labels``)."""
-    label2id = label_space.label2id
-    for i, keys in enumerate(sets):
-        unseen = [k for k in keys if k not in label2id]
-        if unseen:
-            raise DataError(
-                f"{table.source}: label {unseen[0]!r} at {table.where(i)} not among the {len(label_space)} "
-                f"labels of the train data ({_short_list(label_space.names, _SHOW_LABELS)})"
-            )
-    vectors = np.zeros((len(sets), len(label_space)), dtype=np.float32)
-    for i, keys in enumerate(sets):
-        vectors[i, [label2id[k] for k in keys]] = 1.0
-    ds = table.ds.remove_columns(_RAW_LABEL)
-    return ds.add_column(LABELS, vectors.tolist(), feature=datasets.Sequence(datasets.Value("float32")))
-
-
-def _encode_targets(table: _Table) -> datasets.Dataset:
-    """regression: the label column as float targets (named ``labels``); one line for a row that is no number."""
-    values = _column_values(table.ds, _RAW_LABEL)
-    targets: list[float] = []
-    missing: list[int] = []
-    for i, value in enumerate(values):
-        number: Optional[float] = None
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            number = float(value)
-        elif isinstance(value, str) and value.strip():
-            try:
-                number = float(value)
-            except ValueError:
-                raise DataError(f"{table.source}: label {value!r} at {table.where(i)} in column "
-                                f"{table.label_column!r} is not a number (regression)") from None
-        elif value is not None and not (isinstance(value, str) and not value.strip()):
-            raise DataError(f"{table.source}: label {value!r} at {table.where(i)} in column "
-                            f"{table.label_column!r} is not a number (regression)")
-        if number is None or math.isnan(number):
-            missing.append(i)
-        elif math.isinf(number):
-            raise DataError(f"{table.source}: label {value!r} at {table.where(i)} is infinite")
-        targets.append(number if number is not None else 0.0)
-    if missing:
-        raise DataError(
-            f"{table.source}: {len(missing)} row{'s' if len(missing) > 1 else ''} without a number in column "
-            f"{table.label_column!r} ({table.where_many(missing)})"
-        )
-    ds = table.ds.remove_columns(_RAW_LABEL)
-    return ds.add_column(LABELS, targets, feature=datasets.Value("float32"))
 
 
 # --------------------------------------------------------------------------- validation carve and caps
@@ -1003,42 +678,7 @@ def _texts_of_mixed_types(ds: datasets.Dataset, column: str) -> Optional[list[Op
     json_feature = getattr(datasets, "Json", None)
     if json_feature is None or not isinstance(ds.features[column], json_feature):
         return None
-    values = _column_values(ds, column)
+    values = column_values(ds, column)
     if not all(value is None or isinstance(value, (str, int, float)) for value in values):
         return None  # lists or objects among them: not texts, said by the caller
     return [None if value is None else str(value) for value in values]
-
-
-def _column_values(ds: datasets.Dataset, name: str) -> list[Any]:
-    """A column's values as Python objects, honouring any selection of rows.
-
-    A JSON column whose rows hold values of several types (``0`` and
-    ``"ham"``) gets datasets' ``Json`` feature, stored as each value's JSON
-    text (``'"ham"'``): such values are decoded here.
-    """
-    values = read_column(ds, name)
-    json_feature = getattr(datasets, "Json", None)  # datasets' releases before the Json feature have no such columns
-    if json_feature is not None and isinstance(ds.features[name], json_feature):
-        values = [None if value is None else json.loads(value) for value in values]
-    return values
-
-
-def _arrow(ds: datasets.Dataset) -> pa.Table:
-    """The dataset's rows as an Arrow table, honouring any selection of rows."""
-    return ds.with_format("arrow")[:]
-
-
-def _mask(array: pa.ChunkedArray | pa.Array) -> np.ndarray:
-    """A boolean Arrow array as a NumPy one."""
-    return np.asarray(array.to_numpy(zero_copy_only=False), dtype=bool)
-
-
-def _feature_name(feature: Any) -> str:
-    if isinstance(feature, datasets.ClassLabel):
-        return "class labels"
-    return f"{type(feature).__name__} values"
-
-
-def _short_list(names: list[str], limit: int) -> str:
-    shown = ", ".join(names[:limit])
-    return shown + (f", ... ({len(names)} in all)" if len(names) > limit else "")

@@ -1,0 +1,304 @@
+"""The label column into label ids: a class per row, a set of classes per row, or a number to predict.
+
+The label space comes from the training split (:func:`encode_train`): a
+``ClassLabel``'s names in order, else the distinct labels sorted (integers
+numerically); every other split is encoded against it (:func:`encode_against`),
+where a label the training data never had is an error naming its row.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import datasets
+import numpy as np
+
+from finetune.errors import DataError
+from finetune.tables import LABELS, RAW_LABEL, SHOW_LABELS, Table, column_values, short_list
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class LabelSpace:
+    """The labels of a data set, in label-id order, and what kind of labels they are.
+
+    Args:
+        names: Label names (as strings); position ``i`` is label id ``i``. For
+            regression, one name: the target's (the label column's).
+        problem_type: single_label, multi_label or regression (see :mod:`finetune.tasks`).
+    """
+
+    names: list[str]
+    problem_type: str = "single_label"
+
+    @property
+    def label2id(self) -> dict[str, int]:
+        """Class name -> class id."""
+        return {name: i for i, name in enumerate(self.names)}
+
+    @property
+    def id2label(self) -> dict[int, str]:
+        """Class id -> class name (what ``PretrainedConfig.id2label`` expects)."""
+        return dict(enumerate(self.names))
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+
+def encode_train(train: Table, problem_type: str, delimiter: Optional[str]) -> tuple[datasets.Dataset, LabelSpace]:
+    """The training split with its labels as ids, and the label space found in it."""
+    if problem_type == "single_label":
+        keys = _label_keys(train)
+        label_space = _label_space(train, keys)
+        return _encode_labels(train, keys, label_space), label_space
+    if problem_type == "multi_label":
+        sets = _label_sets(train, delimiter)
+        label_space = _multi_label_space(train, sets)
+        return _encode_label_sets(train, sets, label_space), label_space
+    return _encode_targets(train), LabelSpace([train.label_column], "regression")
+
+
+def encode_against(table: Table, label_space: LabelSpace, delimiter: Optional[str]) -> datasets.Dataset:
+    """Another split (or a file to score) with its labels as ids of ``label_space``."""
+    if label_space.problem_type == "multi_label":
+        return _encode_label_sets(table, _label_sets(table, delimiter), label_space)
+    if label_space.problem_type == "regression":
+        return _encode_targets(table)
+    return _encode_labels(table, _label_keys(table), label_space)
+
+
+def _label_keys(table: Table) -> list[str]:
+    """Each row's label as a class name; DataError on missing or unusable labels."""
+    feature = table.ds.features[RAW_LABEL]
+    values = column_values(table.ds, RAW_LABEL)
+    _refuse_mixed_label_types(table, values)
+    keys: list[Optional[str]] = []
+    for i, value in enumerate(values):
+        try:
+            keys.append(_label_key(value, feature))
+        except ValueError as exc:
+            raise DataError(
+                f"{table.source}: label {value!r} at {table.where(i)} in column {table.label_column!r} {exc}",
+                hint=_problem_type_hint(value),
+            ) from None
+    missing = [i for i, key in enumerate(keys) if key is None]
+    if len(missing) == len(keys):
+        raise DataError(
+            f"{table.source}: column {table.label_column!r} has no labels in any of its {len(keys)} rows "
+            "(unlabelled data?)"
+        )
+    if missing:
+        raise DataError(
+            f"{table.source}: {len(missing)} row{'s' if len(missing) > 1 else ''} without a label in column "
+            f"{table.label_column!r} ({table.where_many(missing)})"
+        )
+    return keys  # type: ignore[return-value]  # no None left
+
+
+def _refuse_mixed_label_types(table: Table, values: list[Any]) -> None:
+    """A typed file (JSON) whose labels are numbers in some rows and strings in others is refused.
+
+    ``0`` and ``"ham"`` in one column are two ways of writing labels, most
+    likely from two sources joined: read as they are, they would be four
+    classes where there are two.
+    """
+    numbers = [i for i, v in enumerate(values) if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    strings = [i for i, v in enumerate(values) if isinstance(v, str)]
+    if numbers and strings:
+        raise DataError(
+            f"{table.source}: column {table.label_column!r} holds numbers ({table.where_many(numbers)}) and "
+            f"strings ({table.where_many(strings)}); write every label the same way"
+        )
+
+
+def _label_key(value: Any, feature: Any) -> Optional[str]:
+    """A label value as its class name; None for a missing label.
+
+    Raises:
+        ValueError: with the reason, for values that cannot be a class.
+    """
+    if value is None:
+        return None
+    if isinstance(feature, datasets.ClassLabel):
+        return feature.int2str(value) if value >= 0 else None  # -1 is "no label" in Hub data sets
+    if isinstance(value, bool):
+        return str(value)
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        if math.isnan(value):
+            return None
+        if value.is_integer():  # integer labels read as floats, e.g. next to an empty field
+            return str(int(value))
+        raise ValueError("is not a class (labels must be strings or integers)")
+    if isinstance(value, str):
+        return value if value.strip() else None
+    raise ValueError(f"is a {type(value).__name__}, not a class (labels must be strings or integers)")
+
+
+def _problem_type_hint(value: Any) -> Optional[str]:
+    """The ``model.problem_type`` whose labels look like ``value``, a label a class cannot be."""
+    if isinstance(value, (list, tuple)):
+        return "several labels per text: set model.problem_type=multi_label"
+    if isinstance(value, float):
+        return "a number to predict: set model.problem_type=regression"
+    return None
+
+
+def _label_space(train: Table, keys: list[str]) -> LabelSpace:
+    feature = train.ds.features[RAW_LABEL]
+    present = set(keys)
+    if len(present) < 2:
+        raise DataError(
+            f"{train.source}: the train data has only one class ({next(iter(present))!r}); "
+            "a classifier needs at least two"
+        )
+    if isinstance(feature, datasets.ClassLabel):
+        return LabelSpace(names=list(feature.names))
+
+    def order(name: str) -> tuple[int, Any]:
+        try:
+            return (0, int(name))
+        except ValueError:
+            return (1, name)
+
+    # Integers sort numerically ("2" before "10") only when every label is one.
+    if all(order(name)[0] == 0 for name in present):
+        return LabelSpace(names=sorted(present, key=lambda name: int(name)))
+    return LabelSpace(names=sorted(present))
+
+
+def _encode_labels(table: Table, keys: list[str], label_space: LabelSpace) -> datasets.Dataset:
+    """Replace the raw label column by class ids (a ClassLabel feature named ``labels``)."""
+    label2id = label_space.label2id
+    unseen = [i for i, key in enumerate(keys) if key not in label2id]
+    if unseen:
+        first = keys[unseen[0]]
+        others = len({keys[i] for i in unseen}) - 1
+        also = f" and {others} other unseen label{'s' if others > 1 else ''}" if others else ""
+        raise DataError(
+            f"{table.source}: label {first!r} at {table.where(unseen[0])}{also} not among the "
+            f"{len(label_space)} labels of the train data ({short_list(label_space.names, SHOW_LABELS)})"
+        )
+    ids = [label2id[key] for key in keys]
+    ds = table.ds.remove_columns(RAW_LABEL)
+    return ds.add_column(LABELS, ids, feature=datasets.ClassLabel(names=label_space.names))
+
+
+def _label_sets(table: Table, delimiter: Optional[str]) -> list[list[str]]:
+    """multi_label: each row's labels as class names, from a list or a delimited string.
+
+    An empty list (or string) is a text with no label, which multi-label data
+    may hold; a missing value is an error, as for single labels. A CSV or TSV
+    field cannot tell the two apart: there, with a delimiter, an empty field
+    is the empty string, and the run logs how many texts have no label.
+    """
+    feature = table.ds.features[RAW_LABEL]
+    inner = getattr(feature, "feature", None)
+    values = column_values(table.ds, RAW_LABEL)
+    if table.empty_field_is_null and delimiter is not None:
+        values = ["" if value is None else value for value in values]
+    sets: list[list[str]] = []
+    missing: list[int] = []
+    for i, value in enumerate(values):
+        if value is None:
+            missing.append(i)
+            sets.append([])
+            continue
+        if isinstance(value, str):
+            if delimiter is None:
+                raise DataError(
+                    f"{table.source}: label {value!r} at {table.where(i)} in column {table.label_column!r} is a "
+                    f"string; for multi_label set data.label_delimiter to split it (e.g. ','), or give lists"
+                )
+            value = [part.strip() for part in value.split(delimiter)]
+            value = [part for part in value if part]
+        elif delimiter is not None and isinstance(value, (int, float)) and not isinstance(value, bool):
+            value = [value]  # a delimited column whose every field held one integer label reads as numbers
+        elif not isinstance(value, list):
+            raise DataError(f"{table.source}: label {value!r} at {table.where(i)} in column "
+                            f"{table.label_column!r} is not a list of labels (multi_label)")
+        try:
+            keys = [_label_key(v, inner) for v in value]
+        except ValueError as exc:
+            raise DataError(f"{table.source}: label {value!r} at {table.where(i)} in column "
+                            f"{table.label_column!r}: an item {exc}") from None
+        if any(k is None for k in keys):
+            raise DataError(f"{table.source}: an empty label in {value!r} at {table.where(i)} "
+                            f"(column {table.label_column!r})")
+        sets.append(sorted(set(keys)))  # type: ignore[arg-type]
+    if missing:
+        raise DataError(
+            f"{table.source}: {len(missing)} row{'s' if len(missing) > 1 else ''} without labels in column "
+            f"{table.label_column!r} ({table.where_many(missing)}); a text with none has an empty "
+            + ("field when data.label_delimiter is set" if table.empty_field_is_null else "list")
+        )
+    unlabelled = [i for i, keys in enumerate(sets) if not keys]
+    if unlabelled:
+        logger.info("%s: %d of %d texts have no label (%s)", table.source, len(unlabelled), len(sets),
+                    table.where_many(unlabelled))
+    return sets
+
+
+def _multi_label_space(train: Table, sets: list[list[str]]) -> LabelSpace:
+    present = {key for keys in sets for key in keys}
+    if len(present) < 2:
+        raise DataError(f"{train.source}: the train data uses {len(present)} label"
+                        f"{'' if len(present) == 1 else 's'} in column {train.label_column!r}; "
+                        "multi_label needs at least two")
+    # integers numerically ("2" before "10"), then names
+    names = sorted(present, key=lambda n: (0, int(n), "") if n.lstrip("-").isdigit() else (1, 0, n))
+    return LabelSpace(names, "multi_label")
+
+
+def _encode_label_sets(table: Table, sets: list[list[str]], label_space: LabelSpace) -> datasets.Dataset:
+    """Replace the raw label column by 0/1 float vectors over ``label_space`` (named ``labels``)."""
+    label2id = label_space.label2id
+    for i, keys in enumerate(sets):
+        unseen = [k for k in keys if k not in label2id]
+        if unseen:
+            raise DataError(
+                f"{table.source}: label {unseen[0]!r} at {table.where(i)} not among the {len(label_space)} "
+                f"labels of the train data ({short_list(label_space.names, SHOW_LABELS)})"
+            )
+    vectors = np.zeros((len(sets), len(label_space)), dtype=np.float32)
+    for i, keys in enumerate(sets):
+        vectors[i, [label2id[k] for k in keys]] = 1.0
+    ds = table.ds.remove_columns(RAW_LABEL)
+    return ds.add_column(LABELS, vectors.tolist(), feature=datasets.Sequence(datasets.Value("float32")))
+
+
+def _encode_targets(table: Table) -> datasets.Dataset:
+    """regression: the label column as float targets (named ``labels``); one line for a row that is no number."""
+    values = column_values(table.ds, RAW_LABEL)
+    targets: list[float] = []
+    missing: list[int] = []
+    for i, value in enumerate(values):
+        number: Optional[float] = None
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            number = float(value)
+        elif isinstance(value, str) and value.strip():
+            try:
+                number = float(value)
+            except ValueError:
+                raise DataError(f"{table.source}: label {value!r} at {table.where(i)} in column "
+                                f"{table.label_column!r} is not a number (regression)") from None
+        elif value is not None and not (isinstance(value, str) and not value.strip()):
+            raise DataError(f"{table.source}: label {value!r} at {table.where(i)} in column "
+                            f"{table.label_column!r} is not a number (regression)")
+        if number is None or math.isnan(number):
+            missing.append(i)
+        elif math.isinf(number):
+            raise DataError(f"{table.source}: label {value!r} at {table.where(i)} is infinite")
+        targets.append(number if number is not None else 0.0)
+    if missing:
+        raise DataError(
+            f"{table.source}: {len(missing)} row{'s' if len(missing) > 1 else ''} without a number in column "
+            f"{table.label_column!r} ({table.where_many(missing)})"
+        )
+    ds = table.ds.remove_columns(RAW_LABEL)
+    return ds.add_column(LABELS, targets, feature=datasets.Value("float32"))

@@ -1,0 +1,108 @@
+"""A split being read: its rows, where each one sits in its source, and the column helpers its readers share.
+
+:mod:`finetune.data` reads files and Hub data sets into a :class:`Table` each,
+and :mod:`finetune.labels` turns its label column into ids; both name rows in
+their errors as a user counts them in the file, through :meth:`Table.where`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import datasets
+import numpy as np
+import pyarrow as pa
+
+from finetune.columns import read_column
+
+# Column names inside the returned splits.
+TEXT = "text"
+TEXT_PAIR = "text_pair"
+LABELS = "labels"
+RAW_LABEL = "_raw_label"  # the label column before it becomes class ids
+
+SHOW_ROWS = 5  # rows quoted in an error message before "..."
+SHOW_LABELS = 10
+
+
+@dataclass
+class Table:
+    """A split being prepared, and where each of its rows sits in the source.
+
+    Rows may be dropped along the way (blank lines, empty texts); ``positions``
+    keeps each remaining row's 0-based record number in the source so messages
+    can still point at the right line.
+    """
+
+    ds: datasets.Dataset
+    source: str  # file path or Hub split, the prefix of every message
+    positions: np.ndarray
+    unit: str  # "line", "record", "row" or "file"
+    offset: int = 1  # number of the first record in `unit`s (2 after a CSV header)
+    files: Optional[list[str]] = None  # folder layout: record -> relative file path
+    text_column: str = TEXT  # the user's column names, for messages
+    pair_column: Optional[str] = None
+    label_column: str = "label"
+    # CSV/TSV: an empty field reads as null, so "no value" and "empty string" look the same
+    empty_field_is_null: bool = False
+
+    def where(self, i: int) -> str:
+        """Where row ``i`` of ``ds`` is, e.g. ``line 5``."""
+        return f"{self.unit} {self._number(i)}"
+
+    def where_many(self, rows: np.ndarray | list[int]) -> str:
+        """Where the first few of ``rows`` are, e.g. ``lines 5, 9, ...``."""
+        numbers = [self._number(i) for i in rows[:SHOW_ROWS]]
+        more = ", ..." if len(rows) > SHOW_ROWS else ""
+        unit = self.unit if len(rows) == 1 else self.unit + "s"
+        return f"{unit} {', '.join(numbers)}{more}"
+
+    def _number(self, i: int) -> str:
+        position = int(self.positions[i])
+        if self.files is not None:
+            return self.files[position]
+        return str(position + self.offset)
+
+    def keep(self, rows: np.ndarray) -> Table:
+        """This table with only ``rows`` (indices into ``ds``) left."""
+        if len(rows) == len(self.ds):
+            return self
+        return dataclasses.replace(self, ds=self.ds.select(rows), positions=self.positions[rows])
+
+
+def column_values(ds: datasets.Dataset, name: str) -> list[Any]:
+    """A column's values as Python objects, honouring any selection of rows.
+
+    A JSON column whose rows hold values of several types (``0`` and
+    ``"ham"``) gets datasets' ``Json`` feature, stored as each value's JSON
+    text (``'"ham"'``): such values are decoded here.
+    """
+    values = read_column(ds, name)
+    json_feature = getattr(datasets, "Json", None)  # datasets' releases before the Json feature have no such columns
+    if json_feature is not None and isinstance(ds.features[name], json_feature):
+        values = [None if value is None else json.loads(value) for value in values]
+    return values
+
+
+def as_arrow(ds: datasets.Dataset) -> pa.Table:
+    """The dataset's rows as an Arrow table, honouring any selection of rows."""
+    return ds.with_format("arrow")[:]
+
+
+def as_mask(array: pa.ChunkedArray | pa.Array) -> np.ndarray:
+    """A boolean Arrow array as a NumPy one."""
+    return np.asarray(array.to_numpy(zero_copy_only=False), dtype=bool)
+
+
+def feature_name(feature: Any) -> str:
+    if isinstance(feature, datasets.ClassLabel):
+        return "class labels"
+    return f"{type(feature).__name__} values"
+
+
+def short_list(names: list[str], limit: int) -> str:
+    shown = ", ".join(names[:limit])
+    return shown + (f", ... ({len(names)} in all)" if len(names) > limit else "")
