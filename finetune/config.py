@@ -344,6 +344,8 @@ def _check_across_sections(cfg: Config) -> Config:
         raise ConfigError(f"training.label_smoothing: applies to single_label only (model.problem_type is {problem_type})")
     if cfg.data.label_delimiter is not None and problem_type != "multi_label":
         raise ConfigError(f"data.label_delimiter: splits multi_label labels only (model.problem_type is {problem_type})")
+    if cfg.data.label_map is not None and problem_type == "regression":
+        raise ConfigError("data.label_map: names classes, and regression has none (model.problem_type is regression)")
     if cfg.data.label_delimiter == "":
         raise ConfigError("data.label_delimiter: must not be empty (null: the column holds lists)")
     _metrics_for_problem_type(cfg.evaluation, problem_type)

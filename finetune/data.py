@@ -118,7 +118,8 @@ def load_splits(cfg: DataConfig, seed: int, problem_type: str = "single_label"
     if cfg.validation_file is not None:
         validation = _load_local(cfg.validation_file, "data.validation_file", cfg)
 
-    encoded, label_space = encode_train(_drop_or_reject_empty_texts(train, cfg), problem_type, cfg.label_delimiter)
+    encoded, label_space = encode_train(_drop_or_reject_empty_texts(train, cfg), problem_type, cfg.label_delimiter,
+                                        cfg.label_map)
     splits = {"train": encoded}
 
     if validation is not None:
@@ -167,7 +168,7 @@ def load_labelled_file(spec: str, cfg: DataConfig, label_space: LabelSpace, key:
 
 
 def _encode_against(table: Table, cfg: DataConfig, label_space: LabelSpace) -> datasets.Dataset:
-    return encode_against(_drop_or_reject_empty_texts(table, cfg), label_space, cfg.label_delimiter)
+    return encode_against(_drop_or_reject_empty_texts(table, cfg), label_space, cfg.label_delimiter, cfg.label_map)
 
 
 # --------------------------------------------------------------------------- local files

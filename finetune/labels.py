@@ -8,6 +8,7 @@ where a label the training data never had is an error naming its row.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from dataclasses import dataclass
@@ -49,26 +50,52 @@ class LabelSpace:
         return len(self.names)
 
 
-def encode_train(train: Table, problem_type: str, delimiter: Optional[str]) -> tuple[datasets.Dataset, LabelSpace]:
-    """The training split with its labels as ids, and the label space found in it."""
+def encode_train(train: Table, problem_type: str, delimiter: Optional[str], label_map: Optional[dict[str, str]] = None
+                 ) -> tuple[datasets.Dataset, LabelSpace]:
+    """The training split with its labels as ids, and the label space found in it (``label_map``: the names
+    ``data.label_map`` gives the file's labels, whose order is then the ids')."""
     if problem_type == "single_label":
-        keys = _label_keys(train)
-        label_space = _label_space(train, keys)
+        keys = _named(train, _label_keys(train), label_map)
+        label_space = _label_space(train, keys, label_map)
         return _encode_labels(train, keys, label_space), label_space
     if problem_type == "multi_label":
-        sets = _label_sets(train, delimiter)
-        label_space = _multi_label_space(train, sets)
+        sets = _named_sets(train, _label_sets(train, delimiter), label_map)
+        label_space = _multi_label_space(train, sets, label_map)
         return _encode_label_sets(train, sets, label_space), label_space
     return _encode_targets(train), LabelSpace([train.label_column], "regression")
 
 
-def encode_against(table: Table, label_space: LabelSpace, delimiter: Optional[str]) -> datasets.Dataset:
+def encode_against(table: Table, label_space: LabelSpace, delimiter: Optional[str],
+                   label_map: Optional[dict[str, str]] = None) -> datasets.Dataset:
     """Another split (or a file to score) with its labels as ids of ``label_space``."""
     if label_space.problem_type == "multi_label":
-        return _encode_label_sets(table, _label_sets(table, delimiter), label_space)
+        return _encode_label_sets(table, _named_sets(table, _label_sets(table, delimiter), label_map), label_space)
     if label_space.problem_type == "regression":
         return _encode_targets(table)
-    return _encode_labels(table, _label_keys(table), label_space)
+    return _encode_labels(table, _named(table, _label_keys(table), label_map), label_space)
+
+
+def _named(table: Table, keys: list[str], label_map: Optional[dict[str, str]]) -> list[str]:
+    """Each label as ``data.label_map`` names it; one that is a name of the map already stays (a file written
+    with the names, such as predictions scored). A label the map does not know is an error naming its row."""
+    if label_map is None:
+        return keys
+    names = set(label_map.values())
+    for i, key in enumerate(keys):
+        if key not in label_map and key not in names:
+            raise DataError(f"{table.source}: label {key!r} at {table.where(i)} in column {table.label_column!r} "
+                            f"is not in data.label_map ({short_list(list(label_map), SHOW_LABELS)})")
+    return [label_map.get(key, key) for key in keys]
+
+
+def _named_sets(table: Table, sets: list[list[str]], label_map: Optional[dict[str, str]]) -> list[list[str]]:
+    """multi_label: :func:`_named` for each row's set of labels."""
+    if label_map is None:
+        return sets
+    rows = [i for i, keys in enumerate(sets) for _ in keys]
+    named = iter(_named(dataclasses.replace(table, positions=table.positions[rows]), [k for ks in sets for k in ks],
+                        label_map))
+    return [sorted({next(named) for _ in keys}) for keys in sets]
 
 
 def _label_keys(table: Table) -> list[str]:
@@ -149,7 +176,7 @@ def _problem_type_hint(value: Any) -> Optional[str]:
     return None
 
 
-def _label_space(train: Table, keys: list[str]) -> LabelSpace:
+def _label_space(train: Table, keys: list[str], label_map: Optional[dict[str, str]] = None) -> LabelSpace:
     feature = train.ds.features[RAW_LABEL]
     present = set(keys)
     if len(present) < 2:
@@ -157,6 +184,8 @@ def _label_space(train: Table, keys: list[str]) -> LabelSpace:
             f"{train.source}: the train data has only one class ({next(iter(present))!r}); "
             "a classifier needs at least two"
         )
+    if label_map is not None:
+        return LabelSpace(names=list(dict.fromkeys(label_map.values())))  # the map's order, as a ClassLabel's
     if isinstance(feature, datasets.ClassLabel):
         return LabelSpace(names=list(feature.names))
 
@@ -244,12 +273,15 @@ def _label_sets(table: Table, delimiter: Optional[str]) -> list[list[str]]:
     return sets
 
 
-def _multi_label_space(train: Table, sets: list[list[str]]) -> LabelSpace:
+def _multi_label_space(train: Table, sets: list[list[str]], label_map: Optional[dict[str, str]] = None
+                       ) -> LabelSpace:
     present = {key for keys in sets for key in keys}
     if len(present) < 2:
         raise DataError(f"{train.source}: the train data uses {len(present)} label"
                         f"{'' if len(present) == 1 else 's'} in column {train.label_column!r}; "
                         "multi_label needs at least two")
+    if label_map is not None:
+        return LabelSpace(list(dict.fromkeys(label_map.values())), "multi_label")
     # integers numerically ("2" before "10"), then names
     names = sorted(present, key=lambda n: (0, int(n), "") if n.lstrip("-").isdigit() else (1, 0, n))
     return LabelSpace(names, "multi_label")

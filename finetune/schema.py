@@ -129,6 +129,12 @@ class DataConfig:
     label_delimiter: Optional[str] = setting(None,
         'multi_label: the separator of several labels in one string field, e.g. `","` or `"|"` (null: the '
         "column holds lists, as JSON arrays or Parquet lists).")
+    label_map: Optional[dict[Union[int, str], str]] = setting(None,
+        "Names for the file's labels, `{0: negative, 1: positive}`: the names the model predicts, in the "
+        "order of their ids. Several labels may share a name (`{1: negative, 2: negative, 4: positive, "
+        "5: positive}` merges star ratings into two classes). A label the map lacks is an error naming its "
+        "row; one that is already a name of the map stays. Single- and multi-label; null: the labels as "
+        "they are, sorted.")
     validation_split: float = setting(0.1,
         "Fraction of train carved out (seeded; stratified by class for single_label) when no validation set is given.")
     max_length: int = setting(128, "Longer inputs are cut to this many tokens (special tokens included).")
@@ -190,6 +196,8 @@ class DataConfig:
         if self.max_length < 2:
             raise ConfigError(f"data.max_length: must be at least 2, got {self.max_length}")
         check_encoding(self.encoding, "data.encoding")
+        if self.label_map is not None:
+            self.label_map = _checked_label_map(self.label_map)
         if self.length_group_windows < 1:
             raise ConfigError(f"data.length_group_windows: must be >= 1, got {self.length_group_windows}")
         if self.text_pair_column is not None:
@@ -438,6 +446,19 @@ class OptimConfig:
 # (seconds). Any other schedule is built once on a stand-in optimizer by check_schedule.
 PLAIN_SCHEDULES = ("linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup",
                    "inverse_sqrt")
+
+
+def _checked_label_map(label_map: dict) -> dict[str, str]:
+    """``data.label_map`` with each key spelled as a label read from a file is (``1`` as ``"1"``), its names checked."""
+    if not label_map:
+        raise ConfigError("data.label_map: an empty mapping names nothing (null: the labels as they are)")
+    spelled = {str(key): name.strip() for key, name in label_map.items()}
+    if len(spelled) < len(label_map):
+        raise ConfigError(f"data.label_map: a label given twice, as a number and as a string ({label_map})")
+    for key, name in spelled.items():
+        if not name:
+            raise ConfigError(f"data.label_map[{key!r}]: an empty name")
+    return spelled
 
 
 def check_schedule(name: str, kwargs: dict) -> None:

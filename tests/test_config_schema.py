@@ -143,6 +143,10 @@ def test_overrides_are_typed(tmp_path):
         ("model.lora_target_modules=[]", "model.lora_target_modules: an empty list adapts nothing"),
         ("model.lora_target_modules=7", "model.lora_target_modules: expected 'auto' or list of str"),
         ("training.lora_rank=8", "training.lora_rank: unknown key (did you mean model.lora_rank?)"),
+        ("data.label_map={}", "data.label_map: an empty mapping names nothing"),
+        ("data.label_map={1: a, '1': b}", "data.label_map: a label given twice, as a number and as a string"),
+        ("data.label_map={0: ' '}", "data.label_map['0']: an empty name"),
+        ("data.label_map=[a, b]", "data.label_map: expected mapping of int or str to str, got list"),
         # YAML reads {0:8,4:2} as two keys without values: the line says how to write the mapping
         ("training.accumulation_schedule={0:8,4:2}", "YAML needs a space after each ':' of a mapping; "
                                                       "write training.accumulation_schedule=\"{0: 8, 4: 2}\""),
@@ -161,6 +165,13 @@ def test_missing_and_malformed_files(tmp_path):
         load_config(write(tmp_path, "data: [unclosed\n"))
     with pytest.raises(ConfigError, match="expected a mapping of sections"):
         load_config(write(tmp_path, "- a\n- b\n"))
+
+
+def test_label_map_keys_are_spelled_as_a_files_labels_and_regression_refuses_it(tmp_path):
+    cfg = load_config(write(tmp_path, BASE), ["data.label_map={0: negative, 1: ' positive '}"])
+    assert cfg.data.label_map == {"0": "negative", "1": "positive"}  # as a label read from a file is spelled
+    with pytest.raises(ConfigError, match=r"data\.label_map: names classes, and regression has none"):
+        load_config(write(tmp_path, BASE), ["data.label_map={0: negative}", "model.problem_type=regression"])
 
 
 def test_parse_override_keeps_strings():

@@ -483,6 +483,37 @@ def test_a_missing_column_is_told_the_columns_that_look_like_it(tmp_path):
     assert nothing_like_it.value.hint is None
 
 
+STARS = [1, 2, 4, 5] * 5
+MERGED = {5: "positive", 4: "positive", 1: "negative", 2: "negative"}
+
+
+def test_label_map_names_the_files_labels_in_its_order_and_may_merge_them(tmp_path):
+    path = write(tmp_path / "stars.csv", "text,stars\n" + "".join(f"text {i},{s}\n" for i, s in enumerate(STARS)))
+    splits, labels = load_splits(cfg(path, label_column="stars", label_map=MERGED), seed=0)
+    assert labels.names == ["positive", "negative"]  # the map's order is the ids'
+    assert names_of(splits["train"]) == ["negative" if s < 3 else "positive" for s in STARS]
+    # a file written with the names already (predictions to score, say) reads alike, beside the file's labels
+    named = write(tmp_path / "named.csv", "text,stars\na,positive\nb,1\nc,negative\n")
+    splits, _ = load_splits(cfg(path, label_column="stars", label_map=MERGED, validation_file=named), seed=0)
+    assert names_of(splits["validation"]) == ["positive", "negative", "negative"]
+    unmapped = {1: "negative", 2: "negative", 4: "positive"}
+    with pytest.raises(DataError, match=r"stars\.csv: label '5' at line 5 in column 'stars' is not in "
+                                        r"data\.label_map \(1, 2, 4\)"):
+        load_splits(cfg(path, label_column="stars", label_map=unmapped), seed=0)
+
+
+def test_label_map_names_each_label_of_a_multi_label_row(tmp_path):
+    path = write(tmp_path / "tags.csv", "text,tags\na,s|p\nb,p\nc,t|s\nd,x\n")
+    names = {"s": "sport", "p": "politics", "t": "tech"}
+    config = cfg(path, label_column="tags", label_delimiter="|", label_map=names)
+    with pytest.raises(DataError, match=r"tags\.csv: label 'x' at line 5 in column 'tags' is not in data\.label_map"):
+        load_splits(config, seed=0, problem_type="multi_label")
+    write(tmp_path / "tags.csv", "text,tags\na,s|p\nb,p\nc,t|s\nd,sport\n")
+    splits, labels = load_splits(config, seed=0, problem_type="multi_label")
+    assert labels.names == ["sport", "politics", "tech"]
+    assert splits["train"]["labels"] == [[1.0, 1.0, 0.0], [0.0, 1.0, 0.0], [1.0, 0.0, 1.0], [1.0, 0.0, 0.0]]
+
+
 # --------------------------------------------------------------------------- errors
 
 
