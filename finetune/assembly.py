@@ -107,11 +107,12 @@ def setup_run(cfg: Config, accelerator=None, batching: Optional[Batching] = None
     from accelerate.utils import set_seed
 
     from finetune.data import content_sha256
-    from finetune.modeling import (choose_trained_weights, compile_model, load_model_config, load_model_reporting,
-                                   load_tokenizer)
+    from finetune.modeling import (check_compiler, choose_trained_weights, compile_model, load_model_config,
+                                   load_model_reporting, load_tokenizer)
 
     accelerator = accelerator or build_accelerator(cfg)
     batching = check_batching(cfg, accelerator, batching)
+    check_compiler(cfg.training.torch_compile, accelerator.device)
     set_seed(cfg.training.seed)
     tokenizer = load_tokenizer(cfg.model)
     load_model_config(cfg.model, cfg.data.max_length)

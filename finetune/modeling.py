@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import logging
+import os
+import shutil
+import sys
 import weakref
 from pathlib import Path
 from typing import Any, Optional
@@ -280,6 +284,40 @@ def set_gradient_checkpointing(model, on: bool) -> None:
         model.disable_input_require_grads()
     except AttributeError:  # no such hook was added (a release or a model that adds none)
         pass
+
+
+def check_compiler(setting, device) -> None:
+    """Refuse ``training.torch_compile`` in one line where inductor could not build kernels for ``device``: the
+    compile happens at the first update, and its failure there is a page of traceback from deep in torch."""
+    if not setting:
+        return
+    why = _compiler_missing(device)
+    if why is not None:
+        raise ConfigError(f"training.torch_compile: {why}", hint="set training.torch_compile=false to train "
+                          "without compiling")
+
+
+def _compiler_missing(device) -> Optional[str]:
+    """Why inductor cannot build kernels for ``device`` here (``None``: nothing it needs is missing). Its CPU
+    kernels are C++ built by ``$CXX`` (else g++, clang++ on macOS); its GPU kernels are Triton's, for compute
+    capability 7.0 and newer, whose launchers a C compiler builds (``$CC``, else cc, gcc or clang)."""
+    import torch
+
+    if device.type == "cpu":
+        cxx = os.environ.get("CXX") or ("clang++" if sys.platform == "darwin" else "g++")
+        return None if shutil.which(cxx) else f"inductor builds CPU kernels with the C++ compiler {cxx}, not found"
+    if device.type != "cuda":
+        return None
+    if importlib.util.find_spec("triton") is None:
+        return "inductor builds GPU kernels with Triton, which is not installed"
+    major, minor = torch.cuda.get_device_capability(device)
+    if major < 7:
+        return (f"Triton builds kernels for compute capability 7.0 and newer; {torch.cuda.get_device_name(device)} "
+                f"is {major}.{minor}")
+    compilers = [os.environ["CC"]] if os.environ.get("CC") else ["cc", "gcc", "clang"]
+    if not any(shutil.which(c) for c in compilers):
+        return f"Triton builds its kernels' launchers with a C compiler ({' or '.join(compilers)}), none found"
+    return None
 
 
 def compile_model(model, setting) -> None:

@@ -9,6 +9,8 @@ the real thing.
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 import torch
 
@@ -195,3 +197,48 @@ def test_a_run_with_compiled_blocks_stopped_and_resumed_saves_the_same_model(tmp
     assert (Path(resumed.output.output_dir) / "model.safetensors").read_bytes() == \
         (Path(cfg.output.output_dir) / "model.safetensors").read_bytes()
     torch._dynamo.reset()
+
+
+def test_compiling_without_a_compiler_is_one_line_before_anything_is_built(assets, tmp_path):
+    """Inductor builds CPU kernels with a C++ compiler; where none is, the run stops at once, naming the setting,
+    and not at its first update with a page of inductor's traceback."""
+    from helpers import run_cli
+
+    model, data = assets
+    proc = run_cli([f"model.name_or_path={model}", f"data.train_file={data}", "data.format=tsv",
+                    "data.has_header=false", "data.column_names=[label, text]", "training.torch_compile=blocks",
+                    f"output.output_dir={tmp_path / 'out'}"], env={"CXX": "no-such-c++"}, launcher=[sys.executable],
+                   timeout=120)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.stderr.strip().splitlines()[-2:] == [
+        "error: command line: training.torch_compile: inductor builds CPU kernels with the C++ compiler "
+        "no-such-c++, not found",
+        "hint: set training.torch_compile=false to train without compiling"]
+    assert not (tmp_path / "out").exists()
+
+
+def test_what_inductor_needs_on_a_gpu_is_checked_before_compiling(monkeypatch):
+    import importlib.util
+
+    from finetune.errors import ConfigError
+    from finetune.modeling import check_compiler
+
+    cuda = torch.device("cuda", 0)
+    check_compiler(False, cuda)  # not compiling: nothing is asked of the machine
+    real_find_spec = importlib.util.find_spec
+    triton = {"installed": False}
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: (object() if triton["installed"] else None) if name == "triton"
+                        else real_find_spec(name, *a))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Tesla P100-PCIE-16GB")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (6, 0))
+    with pytest.raises(ConfigError, match="inductor builds GPU kernels with Triton, which is not installed"):
+        check_compiler(True, cuda)
+    triton["installed"] = True
+    with pytest.raises(ConfigError, match=r"compute capability 7\.0 and newer; Tesla P100-PCIE-16GB is 6\.0"):
+        check_compiler("blocks", cuda)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    check_compiler(True, cuda)  # an H100 with Triton and a C compiler
+    monkeypatch.setenv("CC", "no-such-cc")
+    with pytest.raises(ConfigError, match=r"launchers with a C compiler \(no-such-cc\), none found"):
+        check_compiler(True, cuda)
