@@ -1,9 +1,10 @@
 """The label column into label ids: a class per row, a set of classes per row, or a number to predict.
 
-The label space comes from the training split (:func:`encode_train`): a
-``ClassLabel``'s names in order, else the distinct labels sorted (integers
-numerically); every other split is encoded against it (:func:`encode_against`),
-where a label the training data never had is an error naming its row.
+The label space comes from the training split (:func:`encode_train`): the
+names of ``data.label_map`` in its order where it is set, a ``ClassLabel``'s
+names in order, else the distinct labels sorted (integers numerically); every
+other split is encoded against it (:func:`encode_against`), where a label the
+training data never had is an error naming its row.
 """
 
 from __future__ import annotations
@@ -92,10 +93,14 @@ def _named_sets(table: Table, sets: list[list[str]], label_map: Optional[dict[st
     """multi_label: :func:`_named` for each row's set of labels."""
     if label_map is None:
         return sets
-    rows = [i for i, keys in enumerate(sets) for _ in keys]
-    named = iter(_named(dataclasses.replace(table, positions=table.positions[rows]), [k for ks in sets for k in ks],
-                        label_map))
-    return [sorted({next(named) for _ in keys}) for keys in sets]
+    flat = [key for keys in sets for key in keys]
+    rows = [i for i, keys in enumerate(sets) for _ in keys]  # each label's row, for the error's "line N"
+    named = _named(dataclasses.replace(table, positions=table.positions[rows]), flat, label_map)
+    named_sets, start = [], 0
+    for keys in sets:
+        named_sets.append(sorted(set(named[start:start + len(keys)])))
+        start += len(keys)
+    return named_sets
 
 
 def _label_keys(table: Table) -> list[str]:
