@@ -71,9 +71,8 @@ def open_storage(url: str):
             try:
                 return optuna.storages.RDBStorage(url, engine_kwargs=engine, heartbeat_interval=HEARTBEAT_S,
                                                   grace_period=GRACE_S, **{callback: queue_continuation})
-            except (sqlalchemy.exc.OperationalError, sqlalchemy.exc.IntegrityError):
-                # two workers starting at once both create the tables; the one that lost finds them next time
-                if attempt == ATTEMPTS - 1:
+            except sqlalchemy.exc.DBAPIError as exc:
+                if attempt == ATTEMPTS - 1 or not _lost_the_race_to_create(exc):
                     raise
                 time.sleep(1.0 + attempt)
     except ImportError as exc:  # Optuna's, raised from the driver's ModuleNotFoundError
@@ -85,6 +84,17 @@ def open_storage(url: str):
     except (sqlalchemy.exc.SQLAlchemyError, ValueError) as exc:
         first = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
         raise ConfigError(f"--storage {redact(url)}: cannot open the study's database: {first}") from None
+
+
+def _lost_the_race_to_create(exc) -> bool:
+    """Whether ``exc`` is what a worker meets when another one, starting at the same moment, creates the study's
+    tables first (a lock it waited on, a duplicate key, or PostgreSQL's "relation already exists"); the tables are
+    there on its next try. A server not up yet answers as a lock does, and is given the same tries."""
+    import sqlalchemy.exc
+
+    if isinstance(exc, (sqlalchemy.exc.OperationalError, sqlalchemy.exc.IntegrityError)):
+        return True
+    return isinstance(exc, sqlalchemy.exc.ProgrammingError) and "already exists" in str(exc.orig)
 
 
 def redact(url: str) -> str:

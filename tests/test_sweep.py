@@ -695,3 +695,34 @@ def test_a_note_on_the_command_lines_keys_is_said_once_per_sweep(bad_input_job, 
 
         load_config(bad_input_job / "cfg.yaml", ["training.max_steps=2"])  # outside a sweep, each read says it
     assert len([r for r in caplog.records if "replaces training.num_train_epochs" in r.getMessage()]) == 2
+
+
+def test_a_worker_that_loses_the_race_to_create_the_tables_opens_them_on_its_next_try(monkeypatch):
+    """Two workers starting at once on a new PostgreSQL database both create the study's tables; the one that
+    loses meets "relation already exists" (a ProgrammingError, not a lock's OperationalError) and must try again."""
+    import optuna
+    import sqlalchemy.exc
+
+    from finetune import study
+    from finetune.errors import ConfigError
+
+    calls = []
+
+    def storage(answers):
+        def open_it(url, **kwargs):
+            calls.append(url)
+            answer = answers[min(len(calls), len(answers)) - 1]
+            if isinstance(answer, Exception):
+                raise sqlalchemy.exc.ProgrammingError("CREATE TABLE studies (...)", {}, answer)
+            return answer
+        return open_it
+
+    monkeypatch.setattr(study.time, "sleep", lambda seconds: None)
+    monkeypatch.setattr(optuna.storages, "RDBStorage",
+                        storage([Exception('relation "studies" already exists'), "the storage"]))
+    assert study.open_storage("postgresql+psycopg://sweep@db/postgres") == "the storage" and len(calls) == 2
+    calls.clear()  # any other programming error (a schema it may not write to) is said at once
+    monkeypatch.setattr(optuna.storages, "RDBStorage", storage([Exception("permission denied for schema public")]))
+    with pytest.raises(ConfigError, match="cannot open the study's database: permission denied for schema public"):
+        study.open_storage("postgresql+psycopg://sweep@db/postgres")
+    assert len(calls) == 1
