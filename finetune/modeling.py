@@ -300,7 +300,7 @@ def check_compiler(setting, device) -> None:
 def _compiler_missing(device) -> Optional[str]:
     """Why inductor cannot build kernels for ``device`` here (``None``: nothing it needs is missing). Its CPU
     kernels are C++ built by ``$CXX`` (else g++, clang++ on macOS); its GPU kernels are Triton's, for compute
-    capability 7.0 and newer, whose launchers a C compiler builds (``$CC``, else cc, gcc or clang)."""
+    capability 7.0 and newer, whose launchers a C compiler builds (``$CC``, else gcc or clang)."""
     import torch
 
     if device.type == "cpu":
@@ -314,7 +314,7 @@ def _compiler_missing(device) -> Optional[str]:
     if major < 7:
         return (f"Triton builds kernels for compute capability 7.0 and newer; {torch.cuda.get_device_name(device)} "
                 f"is {major}.{minor}")
-    compilers = [os.environ["CC"]] if os.environ.get("CC") else ["cc", "gcc", "clang"]
+    compilers = [os.environ["CC"]] if os.environ.get("CC") else ["gcc", "clang"]  # Triton's own search
     if not any(shutil.which(c) for c in compilers):
         return f"Triton builds its kernels' launchers with a C compiler ({' or '.join(compilers)}), none found"
     return None
