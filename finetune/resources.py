@@ -11,6 +11,7 @@ wherever pip put the package (venv, user site, system site).
 from __future__ import annotations
 
 import importlib.metadata
+import re
 from pathlib import Path
 
 from finetune.errors import ConfigError, DataError
@@ -69,7 +70,11 @@ def data_path(spec: str, key: str) -> Path:
     """
     path = Path(resolve_path(spec, key))
     if not path.exists():
-        raise DataError(f"{key}: {path} not found")
+        # `--data stanfordnlp/imdb`: a Hub id where a file was expected
+        looks_like_hub_id = (key.startswith("data.") and not is_package_path(spec) and not path.suffix
+                             and re.fullmatch(r"[\w.-]+(/[\w.-]+)?", spec) is not None)
+        raise DataError(f"{key}: {path} not found", hint=f"a Hugging Face Hub data set is data.dataset_name={spec}"
+                        if looks_like_hub_id else None)
     return path
 
 
