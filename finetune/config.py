@@ -36,8 +36,8 @@ from finetune.schema import (  # noqa: F401  (the schema's names, importable fro
 )
 
 __all__ = ["Config", "ModelConfig", "DataConfig", "TrainingConfig", "OptimConfig", "EvalConfig", "LoggingConfig",
-           "OutputConfig", "DEFAULT_CONFIG", "load_config", "config_from_dict", "parse_override", "read_yaml",
-           "config_yaml", "save_config", "origin_of", "notes_said_once"]
+           "OutputConfig", "DEFAULT_CONFIG", "SHIPPED_CONFIGS", "load_config", "config_from_dict", "parse_override",
+           "read_yaml", "config_yaml", "save_config", "origin_of", "notes_said_once"]
 
 logger = logging.getLogger("finetune")
 
@@ -50,6 +50,7 @@ def _default_config() -> Path:
 
 
 DEFAULT_CONFIG = _default_config()
+SHIPPED_CONFIGS = DEFAULT_CONFIG.parent  # the package's configs/: its runs' configs, sweeps/ and accelerate/
 
 
 # --------------------------------------------------------------------------- loading

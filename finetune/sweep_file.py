@@ -36,9 +36,9 @@ def read_sweep_file(path: Optional[str]) -> dict[str, Any]:
 def shipped_sweep() -> str:
     """The default job's sweep file, as a path from here where it is below the working folder (a checkout's
     ``configs/sweeps/default.yaml``), else where the package installed it."""
-    from finetune.config import DEFAULT_CONFIG
+    from finetune.config import SHIPPED_CONFIGS
 
-    path = DEFAULT_CONFIG.parent / "sweeps" / "default.yaml"
+    path = SHIPPED_CONFIGS / "sweeps" / "default.yaml"
     try:
         return str(path.relative_to(Path.cwd()))
     except ValueError:

@@ -95,9 +95,9 @@ def shortcut_overrides(args: argparse.Namespace, flags) -> list[str]:
 
 def _is_shipped(config: str | None) -> bool:
     """Whether ``config`` (``None``: the default) is one of the configs the package ships."""
-    from finetune.config import DEFAULT_CONFIG
+    from finetune.config import SHIPPED_CONFIGS
 
-    return config is None or Path(config).resolve().parent == DEFAULT_CONFIG.resolve().parent
+    return config is None or Path(config).resolve().parent == SHIPPED_CONFIGS
 
 
 def _name_origin(exc: FinetuneError, config_path: str | None, overrides: list[str]) -> None:
