@@ -521,7 +521,8 @@ def _standardize(table: Table, text_column: str, pair_column: Optional[str], lab
     )
 
 
-_FLAGS = {"data.text_column": "--text", "data.text_pair_column": "--text-pair-column", "data.label_column": "--label"}
+# the options of finetune train, score and sweep that set the columns a hint guesses
+_FLAGS = {"data.text_column": "--text", "data.label_column": "--label"}
 
 
 def _column_hint(ds: datasets.Dataset, missing_keys: list[str], named: list[str]) -> Optional[str]:

@@ -36,9 +36,9 @@ from typing import Any, Optional, Sequence
 
 from finetune.errors import ConfigError, DataError, ModelError, OutOfMemory, out_of_memory_told_as, run_command
 from finetune.outputs import refuse_a_run_file
-from finetune.text_encoding import check_encoding
 from finetune.prediction_files import (INPUT_FORMATS, OUTPUT_FORMATS, STDIN, checked_suffix, predict_rows,
                                        read_rows, write_predictions)
+from finetune.text_encoding import check_encoding
 from finetune.truncation import BOOKKEEPING, LENGTH, Truncation, prediction_length
 
 DEFAULT_BATCH_SIZE = 64
