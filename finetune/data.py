@@ -39,7 +39,6 @@ Decisions worth knowing:
 from __future__ import annotations
 
 import codecs
-import contextlib
 import csv
 import dataclasses
 import functools
@@ -422,14 +421,8 @@ def _load_hub(cfg: DataConfig) -> tuple[Table, Optional[Table]]:
     name = cfg.dataset_name
     shown = name + (f"/{cfg.dataset_config}" if cfg.dataset_config else "")
     offline = hub.unreachable(name, "dataset")
-    switch = hub.datasets_cache_only() if offline is not None else contextlib.nullcontext(False)
     try:
-        with switch as cache_only:
-            if offline is not None:
-                hub.say_once(f"the Hugging Face Hub cannot be reached ({offline}): {shown} is read from datasets' "
-                             "local cache only (HF_HUB_OFFLINE=1 skips this check)" if cache_only else
-                             f"the Hugging Face Hub cannot be reached ({offline}): datasets retries for a while "
-                             f"before it reads {shown} from its local cache; HF_HUB_OFFLINE=1 reads it at once")
+        with hub.datasets_cache_only(shown, offline):
             loaded = datasets.load_dataset(name, cfg.dataset_config)
     except Exception as exc:  # noqa: BLE001 - network, missing data set, bad config name, ...
         if offline is None:

@@ -73,22 +73,30 @@ def offline_reason(location: str) -> Optional[str]:
 
 
 @contextlib.contextmanager
-def datasets_cache_only() -> Iterator[bool]:
-    """Within it, ``datasets.load_dataset`` reads its local cache without asking the Hub; yields whether it could.
+def datasets_cache_only(shown: str, why: Optional[str]) -> Iterator[None]:
+    """Where the Hub could not be reached (``why``, from :func:`unreachable`; ``None``: it could, and nothing
+    changes), ``datasets.load_dataset`` reads its local cache within it without asking the Hub, said once.
 
     datasets has no argument for that: its offline switch, ``datasets.config.HF_HUB_OFFLINE``, is read from the
     environment at import and looked up at each call, so it is set for the call's length. A datasets release
-    without that attribute yields False, and its load asks the Hub as it always did.
+    without that attribute asks the Hub as it always did, and the warning says what that costs.
     """
     import datasets.config
 
-    if not hasattr(datasets.config, "HF_HUB_OFFLINE"):
-        yield False
+    if why is None:
+        yield
         return
+    if not hasattr(datasets.config, "HF_HUB_OFFLINE"):
+        say_once(f"the Hugging Face Hub cannot be reached ({why}): datasets retries for a while before it reads "
+                 f"{shown} from its local cache; HF_HUB_OFFLINE=1 reads it at once")
+        yield
+        return
+    say_once(f"the Hugging Face Hub cannot be reached ({why}): {shown} is read from datasets' local cache only "
+             "(HF_HUB_OFFLINE=1 skips this check)")
     before = datasets.config.HF_HUB_OFFLINE
     datasets.config.HF_HUB_OFFLINE = True
     try:
-        yield True
+        yield
     finally:
         datasets.config.HF_HUB_OFFLINE = before
 
