@@ -13,7 +13,7 @@ from __future__ import annotations
 import traceback
 from typing import Optional
 
-from finetune.checkpoint import list_checkpoints
+from finetune.checkpoint_files import list_checkpoints
 from finetune.errors import OutOfMemory
 from finetune.evaluation import evaluate_model
 from finetune.resplit import sharded_state

@@ -4,7 +4,7 @@ The layout of an output folder::
 
     config.yaml            the resolved config of the run
     train_log.jsonl        one record per update (or per log_every updates) and per evaluation
-    checkpoints/           checkpoint-<update>/ folders (see finetune.checkpoint)
+    checkpoints/           checkpoint-<update>/ folders (see finetune.checkpoint_files)
     model.safetensors, config.json, tokenizer files   the final model (transformers' format; LoRA: merged)
     adapter/               a LoRA run's adapter alone (PEFT's format: adapter_config.json, adapter_model.safetensors)
     metrics.json           the run's summary
@@ -40,7 +40,7 @@ CURVES_FILE = "curves.png"
 RESULTS_FILE = "all_results.json"
 # held by the running run (see OutputLock)
 LOCK_FILE = ".finetune.lock"
-# checkpoint-<n>, and the temporary and previous copies of one being saved (see finetune.checkpoint)
+# checkpoint-<n>, and the temporary and previous copies of one being saved (see finetune.checkpoint_files)
 _CHECKPOINT_NAME = re.compile(r"^(\.tmp-|\.old-)?checkpoint-\d+$")
 # a LoRA run's adapter, in the output folder and in each checkpoint (see finetune.lora)
 ADAPTER_DIR = "adapter"

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-# The fingerprint keys (finetune.checkpoint.run_fingerprint) that say how B is split: free to change while
+# The fingerprint keys (finetune.resuming.run_fingerprint) that say how B is split: free to change while
 # "effective_batch_size" stays, on an engine without sharded state.
 SPLIT_KEYS = frozenset({"processes", "per_device_train_batch_size", "gradient_accumulation_steps", "plan.accumulation"})
 

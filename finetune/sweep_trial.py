@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from finetune.checkpoint import list_checkpoints
+from finetune.checkpoint_files import list_checkpoints
 from finetune.errors import FinetuneError, NonFiniteLossError, OutOfMemory
 from finetune.outputs import write_atomic
 from finetune.search_space import SearchSpace, overrides

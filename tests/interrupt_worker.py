@@ -31,6 +31,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import finetune.checkpoint  # noqa: E402
+import finetune.checkpoint_files  # noqa: E402
 import finetune.modeling  # noqa: E402
 import finetune.signals  # noqa: E402
 from finetune.train import main  # noqa: E402
@@ -55,14 +56,14 @@ def _signal_at(spec: str) -> None:
 
 
 def _kill_saving(step: str) -> None:
-    original = finetune.checkpoint._fsync_tree
+    original = finetune.checkpoint_files._fsync_tree
 
     def fsync_tree(path):
-        if path.name == f"{finetune.checkpoint.TMP_PREFIX}{step}":
+        if path.name == f"{finetune.checkpoint_files.TMP_PREFIX}{step}":
             os.kill(os.getpid(), signal.SIGKILL)
         return original(path)
 
-    finetune.checkpoint._fsync_tree = fsync_tree
+    finetune.checkpoint_files._fsync_tree = fsync_tree
 
 
 def _hook_training_forwards(hook) -> None:
@@ -131,8 +132,8 @@ def _enospc_at(step: str) -> None:
 
     def write_state(run, tmp, *args, **kwargs):
         original(run, tmp, *args, **kwargs)  # the files are written, then the disk is full
-        if tmp.name == f"{finetune.checkpoint.TMP_PREFIX}{step}":
-            raise OSError(errno.ENOSPC, "No space left on device", str(tmp / finetune.checkpoint.STATE_FILE))
+        if tmp.name == f"{finetune.checkpoint_files.TMP_PREFIX}{step}":
+            raise OSError(errno.ENOSPC, "No space left on device", str(tmp / finetune.checkpoint_files.STATE_FILE))
 
     finetune.checkpoint._write_state = write_state
 

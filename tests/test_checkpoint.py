@@ -23,7 +23,8 @@ import torch
 import yaml
 
 from finetune.accumulation import Batching
-from finetune.checkpoint import STATE_FILE, check_compatible, list_checkpoints, resolve_resume, run_fingerprint
+from finetune.checkpoint_files import STATE_FILE, list_checkpoints, resolve_resume
+from finetune.resuming import check_compatible, run_fingerprint
 from finetune.config import config_from_dict
 from finetune.errors import ConfigError
 from finetune.optimization import plan_updates
@@ -452,7 +453,7 @@ def test_a_checkpoint_of_an_interrupted_run_is_a_model(tmp_path, capsys):
 
 
 def test_padding_of_a_checkpoint_against_the_runs_is_named_where_it_differs():
-    from finetune.checkpoint import padding_change
+    from finetune.resuming import padding_change
 
     assert padding_change({"padding_lengths": None}, None, False) is None
     assert padding_change({"padding_lengths": [8, 16]}, [8, 16], True) is None
@@ -473,7 +474,7 @@ def test_a_resume_that_pads_otherwise_says_it_is_not_bitwise(tmp_path, caplog):
     micro-batch to its longest text: it goes on, and one warning says the rest is not bitwise."""
     import logging
 
-    from finetune.checkpoint import MANIFEST_FILE, write_manifest
+    from finetune.checkpoint_files import MANIFEST_FILE, write_manifest
     from tiny_run import fit_tiny_run
 
     fit_tiny_run(tmp_path, on_update=lambda state: state.step >= 2, output={"checkpoint_every": 2})

@@ -132,7 +132,7 @@ def test_frozen_settings_the_model_cannot_take_are_one_line():
 
 
 def test_a_resume_with_other_frozen_weights_is_another_run():
-    from finetune.checkpoint import _differences, config_fingerprint
+    from finetune.resuming import _differences, config_fingerprint
 
     def fingerprint(**model):
         return config_fingerprint(config_from_dict({"data": {"train_file": "x.tsv"}, "model": model}))

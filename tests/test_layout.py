@@ -83,7 +83,7 @@ MAX_LINES = 450
 # the checkpoint format with its saving, verifying and restoring, the loop, whose docstrings are the
 # algorithm's documentation, and the schema, one documented field per key, which grows with every setting
 # (docs/configuration.md is generated from it). Adding a module here is a decision, not a default.
-LONG_MODULES = {"finetune.data", "finetune.checkpoint", "finetune.loop", "finetune.schema"}
+LONG_MODULES = {"finetune.data", "finetune.loop", "finetune.schema"}
 
 
 def _lines(module: str) -> int:
@@ -137,7 +137,8 @@ def test_each_decision_has_the_file_the_readme_names():
     readme = (REPO / "README.md").read_text(encoding="utf-8")
     homes = {"dataloaders.py": "def balance_micro_batches", "accumulation.py": "def resolve_batching",
              "optimization.py": "def plan_updates", "fitting.py": "class Evaluations",
-             "output_dir.py": "def output_lock", "checkpoint.py": "FORMAT_VERSION"}
+             "output_dir.py": "def output_lock", "checkpoint_files.py": "FORMAT_VERSION",
+             "resuming.py": "def run_fingerprint"}
     for file, definition in homes.items():
         assert f"`{file}`" in readme, file
         assert definition in (PACKAGE / file).read_text(encoding="utf-8"), (file, definition)
@@ -148,7 +149,8 @@ def test_a_cycle_would_be_found():
 
 
 TRAINING_SIDE = {"finetune.assembly", "finetune.fitting", "finetune.dataloaders", "finetune.output_dir",
-                 "finetune.results", "finetune.runner", "finetune.loop", "finetune.checkpoint", "finetune.cpu",
+                 "finetune.results", "finetune.runner", "finetune.loop", "finetune.checkpoint",
+                 "finetune.checkpoint_files", "finetune.resuming", "finetune.cpu",
                  "finetune.signals", "finetune.accumulation", "finetune.optimization", "finetune.autobatch", "finetune.sampling"}
 
 

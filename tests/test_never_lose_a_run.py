@@ -20,10 +20,9 @@ import pytest
 import torch
 import yaml
 
-from finetune.checkpoint import (
-    MANIFEST_FILE, STATE_FILE, _attempt, _space_problem, check_compatible, list_checkpoints, run_fingerprint,
-    verify_checkpoint,
-)
+from finetune.checkpoint import _attempt
+from finetune.checkpoint_files import MANIFEST_FILE, STATE_FILE, list_checkpoints, space_problem, verify_checkpoint
+from finetune.resuming import check_compatible, run_fingerprint
 from finetune.config import config_from_dict
 from finetune.errors import ConfigError
 from finetune.outputs import LOCK_FILE, OutputLock
@@ -407,10 +406,10 @@ def test_a_save_is_refused_before_writing_when_the_last_checkpoint_would_not_fit
     (ckpt / STATE_FILE).write_text(json.dumps({"format": 2, "state": {}}), encoding="utf-8")
     (ckpt / "model.safetensors").write_bytes(b"\0" * 5_000_000)
     monkeypatch.setattr(shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(10**9, 10**9 - 10**6, 10**6))
-    assert _space_problem(tmp_path / "checkpoints") == (
+    assert space_problem(tmp_path / "checkpoints") == (
         "no space left for a checkpoint: 1 MB free, the last one took 5 MB")
     monkeypatch.setattr(shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(10**9, 0, 10**9))
-    assert _space_problem(tmp_path / "checkpoints") is None
+    assert space_problem(tmp_path / "checkpoints") is None
 
 
 # --------------------------------------------------------------------------- the smaller items

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import pytest
 
-import finetune.checkpoint as checkpoint
+import finetune.resuming as resuming
 from finetune.resplit import k_in_epoch, may_change_split, micro_batch_on_new_split, split_change
 
 
 def fingerprint(b: int, k: int, P: int, B: int | None = None, sharded: str | None = None, **more) -> dict:
-    """The keys of finetune.checkpoint.run_fingerprint that the split touches, with one config key."""
+    """The keys of finetune.resuming.run_fingerprint that the split touches, with one config key."""
     return {"optim.learning_rate": 1e-3, "effective_batch_size": B or b * k * P, "sharded_state": sharded,
             "processes": P, "per_device_train_batch_size": b, "gradient_accumulation_steps": k,
             "plan.accumulation": [k, k], **more}
@@ -58,8 +58,8 @@ def test_k_of_an_epoch_comes_from_the_checkpoint_plan():
 
 
 def _changes(saved: dict, current: dict, monkeypatch) -> str | None:
-    monkeypatch.setattr(checkpoint, "run_fingerprint", lambda run: current)
-    return checkpoint.changed_settings({"fingerprint": saved}, run=None)
+    monkeypatch.setattr(resuming, "run_fingerprint", lambda run: current)
+    return resuming.changed_settings({"fingerprint": saved}, run=None)
 
 
 def test_a_resume_on_another_split_is_no_change_but_any_other_setting_still_is(monkeypatch):

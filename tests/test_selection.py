@@ -18,7 +18,7 @@ import pytest
 import yaml
 from safetensors.torch import load_file
 
-from finetune.checkpoint import _prune, list_checkpoints
+from finetune.checkpoint_files import list_checkpoints, prune
 from finetune.config import EvalConfig, config_from_dict
 from finetune.errors import ConfigError
 from finetune.selection import Selection
@@ -60,9 +60,9 @@ def test_an_improvement_must_beat_the_best_by_more_than_the_threshold():
 def test_pruning_keeps_the_best_checkpoint(tmp_path):
     root = tmp_path / "checkpoints"
     paths = [_fake_checkpoint(root / f"checkpoint-{s}", s) for s in (2, 4, 6, 8)]
-    _prune(root, keep_last=2, keep={paths[-1], paths[0]})
+    prune(root, keep_last=2, keep={paths[-1], paths[0]})
     assert [p.name for p in list_checkpoints(tmp_path)] == ["checkpoint-2", "checkpoint-8"]
-    _prune(root, keep_last=1, keep={paths[-1], None})
+    prune(root, keep_last=1, keep={paths[-1], None})
     assert [p.name for p in list_checkpoints(tmp_path)] == ["checkpoint-8"]
 
 
