@@ -36,7 +36,7 @@ from finetune.schema import (  # noqa: F401  (the schema's names, importable fro
 )
 
 __all__ = ["Config", "ModelConfig", "DataConfig", "TrainingConfig", "OptimConfig", "EvalConfig", "LoggingConfig",
-           "OutputConfig", "DEFAULT_CONFIG", "SHIPPED_CONFIGS", "load_config", "config_from_dict", "parse_override",
+           "OutputConfig", "DEFAULT_CONFIG", "SHIPPED_CONFIGS", "is_shipped", "load_config", "config_from_dict", "parse_override",
            "read_yaml", "config_yaml", "save_config", "origin_of", "notes_said_once"]
 
 logger = logging.getLogger("finetune")
@@ -51,6 +51,11 @@ def _default_config() -> Path:
 
 DEFAULT_CONFIG = _default_config()
 SHIPPED_CONFIGS = DEFAULT_CONFIG.parent  # the package's configs/: its runs' configs, sweeps/ and accelerate/
+
+
+def is_shipped(path: str | os.PathLike | None) -> bool:
+    """Whether ``path`` (``None``: the default) is one of the run configs the package ships."""
+    return path is None or Path(path).resolve().parent == SHIPPED_CONFIGS
 
 
 # --------------------------------------------------------------------------- loading
@@ -273,18 +278,20 @@ def _with_file_layouts(data: dict[str, Any]) -> dict[str, Any]:
     return {**data, "data": section}
 
 
-def config_from_dict(data: dict[str, Any], source: str | None = None) -> Config:
+def config_from_dict(data: dict[str, Any], source: str | None = None, metrics_chosen: bool = True) -> Config:
     """Build and validate a :class:`Config` from nested dicts.
 
     Args:
         data: ``{"model": {...}, "training": {...}, ...}``; missing keys take defaults.
         source: File name to prefix error messages with.
+        metrics_chosen: Whether ``evaluation.metrics`` is the user's own list (not a shipped config's): a
+            metric of it that the problem type cannot compute is then left out with a warning, else quietly.
 
     Raises:
         ConfigError: naming the key (and ``source``) on any unknown key, wrong type or bad value.
     """
     try:
-        return _check_across_sections(_build(Config, _with_file_layouts(data), ""))
+        return _check_across_sections(_build(Config, _with_file_layouts(data), ""), metrics_chosen)
     except ConfigError as exc:
         if source:
             raise ConfigError(f"{source}: {exc.message}", exc.hint) from None
@@ -300,14 +307,15 @@ PROBLEM_METRICS = {
 REGRESSION_DEFAULT_METRICS = ["pearson", "spearmanr", "mse"]
 
 
-def _metrics_for_problem_type(evaluation: "EvalConfig", problem_type: str) -> None:
+def _metrics_for_problem_type(evaluation: "EvalConfig", problem_type: str, chosen: bool) -> None:
     """Keep the metrics the problem type computes.
 
     A config written for single labels (the shipped ones list accuracy, f1, ...
     matthews_correlation) must work with ``model.problem_type=multi_label`` or
     ``regression`` on the command line: a metric the problem type has no
-    meaning for is left out with a warning, and when none is left the problem
-    type's defaults are used (regression: pearson, spearmanr, mse).
+    meaning for is left out, and when none is left the problem type's defaults
+    are used (regression: pearson, spearmanr, mse). A list the user ``chosen``
+    is warned of; a shipped config's list, which the user never wrote, is not.
     """
     allowed = PROBLEM_METRICS[problem_type]
     if allowed is None:
@@ -316,7 +324,7 @@ def _metrics_for_problem_type(evaluation: "EvalConfig", problem_type: str) -> No
     dropped = [m for m in evaluation.metrics if m not in allowed]
     if not kept:
         kept = list(REGRESSION_DEFAULT_METRICS if problem_type == "regression" else DEFAULT_METRICS)
-    if dropped and evaluation.metrics != DEFAULT_METRICS:
+    if dropped and chosen and evaluation.metrics != DEFAULT_METRICS:
         logger.warning("evaluation.metrics: %s not computed for %s (it computes %s); using %s",
                        ", ".join(dropped), problem_type, ", ".join(allowed), ", ".join(kept))
     evaluation.metrics = kept
@@ -336,7 +344,7 @@ def _check_evaluation_for_problem_type(evaluation: "EvalConfig", problem_type: s
             )
 
 
-def _check_across_sections(cfg: Config) -> Config:
+def _check_across_sections(cfg: Config, metrics_chosen: bool) -> Config:
     """Rules that tie keys of two sections together."""
     problem_type = cfg.model.problem_type
     if cfg.training.class_weights is not None and problem_type != "single_label":
@@ -349,7 +357,7 @@ def _check_across_sections(cfg: Config) -> Config:
         raise ConfigError("data.label_map: names classes, and regression has none (model.problem_type is regression)")
     if cfg.data.label_delimiter == "":
         raise ConfigError("data.label_delimiter: must not be empty (null: the column holds lists)")
-    _metrics_for_problem_type(cfg.evaluation, problem_type)
+    _metrics_for_problem_type(cfg.evaluation, problem_type, metrics_chosen)
     _check_evaluation_for_problem_type(cfg.evaluation, problem_type)
     if cfg.evaluation.load_best_model_at_end and not cfg.output.save_checkpoints:
         raise ConfigError("evaluation.load_best_model_at_end: needs output.save_checkpoints: true "
@@ -379,7 +387,7 @@ def load_config(path: str | os.PathLike | None = None, overrides: list[str] | No
         given.add(key)
     let_the_command_line_choose(data, given, path)
     try:
-        return config_from_dict(data)
+        return config_from_dict(data, metrics_chosen="evaluation.metrics" in given or not is_shipped(path))
     except ConfigError as exc:
         raise ConfigError(f"{origin_of(exc.message, path, overrides or [])}: {exc.message}", exc.hint) from None
 

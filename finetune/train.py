@@ -86,18 +86,13 @@ def shortcut_overrides(args: argparse.Namespace, flags) -> list[str]:
     ``outputs/<the data's name>``: a shipped config's folder is named for its own
     data set, which ``--data`` replaced. A config of one's own names its folder.
     """
+    from finetune.config import is_shipped
+
     given = [f"{SHORTCUTS[flag]}={getattr(args, flag)}" for flag in flags if getattr(args, flag)]
     named = any(o.startswith("output.output_dir=") for o in [*given, *args.overrides])
-    if args.data and _is_shipped(args.config) and not named:
+    if args.data and is_shipped(args.config) and not named:
         given.append(f"output.output_dir=outputs/{Path(args.data.rstrip('/')).stem or 'data'}")
     return given
-
-
-def _is_shipped(config: str | None) -> bool:
-    """Whether ``config`` (``None``: the default) is one of the configs the package ships."""
-    from finetune.config import SHIPPED_CONFIGS
-
-    return config is None or Path(config).resolve().parent == SHIPPED_CONFIGS
 
 
 def _name_origin(exc: FinetuneError, config_path: str | None, overrides: list[str]) -> None:

@@ -286,6 +286,32 @@ def test_a_single_label_metric_list_keeps_what_the_problem_type_computes(caplog)
     assert metrics("single_label", shipped) == shipped
 
 
+def test_a_shipped_configs_metrics_give_way_to_the_problem_type_without_a_warning(tmp_path, caplog):
+    # the README's regression line (the default config, problem_type on the command line) must not warn of a
+    # metric list its user never wrote; the same list in a config of one's own, or on the command line, is warned of
+    import shutil
+
+    from finetune.config import DEFAULT_CONFIG, load_config
+
+    own = tmp_path / "mine.yaml"
+    shutil.copy(DEFAULT_CONFIG, own)
+    regression = ["model.problem_type=regression"]
+    listed = ["evaluation.metrics=[accuracy, mae]"]
+    said = {}
+    for name, path, overrides in [("shipped", None, regression), ("own", own, regression),
+                                  ("listed", None, regression + listed)]:
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="finetune"):
+            metrics = load_config(path, overrides).evaluation.metrics
+        said[name] = (metrics, [r.getMessage() for r in caplog.records if "evaluation.metrics" in r.getMessage()])
+    assert said["shipped"] == (["pearson", "spearmanr", "mse"], [])
+    assert said["own"][0] == ["pearson", "spearmanr", "mse"]
+    assert said["own"][1] == ["evaluation.metrics: accuracy, f1, precision, recall, matthews_correlation not computed "
+                              "for regression (it computes pearson, spearmanr, mse, mae); using pearson, spearmanr, mse"]
+    assert said["listed"] == (["mae"], ["evaluation.metrics: accuracy not computed for regression (it computes "
+                                        "pearson, spearmanr, mse, mae); using mae"])
+
+
 # --------------------------------------------------------------------------- metrics
 
 def test_multi_label_metrics_follow_their_definitions():
