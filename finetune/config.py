@@ -29,15 +29,16 @@ import yaml
 
 from finetune.coerce import _coerce, _describe
 from finetune.errors import ConfigError
+from finetune.key_hints import key_hint, unknown_key_hint
 from finetune.overrides import let_the_command_line_choose, notes_said_once
 from finetune.schema import (  # noqa: F401  (the schema's names, importable from here as before)
-    DEFAULT_METRICS, SECTIONS, Config, DataConfig, EvalConfig, LoggingConfig, ModelConfig, OptimConfig, OutputConfig,
+    DEFAULT_METRICS, Config, DataConfig, EvalConfig, LoggingConfig, ModelConfig, OptimConfig, OutputConfig,
     TrainingConfig,
 )
 
 __all__ = ["Config", "ModelConfig", "DataConfig", "TrainingConfig", "OptimConfig", "EvalConfig", "LoggingConfig",
            "OutputConfig", "DEFAULT_CONFIG", "SHIPPED_CONFIGS", "is_shipped", "load_config", "config_from_dict", "parse_override",
-           "read_yaml", "config_yaml", "save_config", "origin_of", "notes_said_once"]
+           "read_yaml", "config_yaml", "save_config", "origin_of", "notes_said_once", "unknown_key_hint"]
 
 logger = logging.getLogger("finetune")
 
@@ -76,83 +77,13 @@ def _build(cls: type, data: Any, prefix: str) -> Any:
     for key, value in data.items():
         path = f"{prefix}.{key}" if prefix else str(key)
         if key not in names:
-            raise ConfigError(f"{path}: unknown key{_key_hint(str(key), names, prefix)}")
+            raise ConfigError(f"{path}: unknown key{key_hint(str(key), names, prefix)}")
         tp = hints[key]
         if dataclasses.is_dataclass(tp):
             kwargs[key] = _build(tp, value, path)
         else:
             kwargs[key] = _coerce(value, tp, path)
     return cls(**kwargs)
-
-
-# TrainingArguments' names (and EarlyStoppingCallback's) that no section has, and the key that does their work
-# here: what a Trainer user types first gets its key in the error. docs/trainer.md has the whole table, and
-# tests/test_config_reference.py holds the two to each other.
-TRAINER_NAMES = {
-    "auto_find_batch_size": "training.per_device_train_batch_size",
-    "optim": "optim.implementation",
-    "logging_steps": "logging.log_every",
-    "logging_strategy": "logging.log_every",
-    "eval_strategy": "evaluation.eval_every",
-    "eval_steps": "evaluation.eval_every",
-    "save_strategy": "output.checkpoint_every",
-    "save_steps": "output.checkpoint_every",
-    "save_total_limit": "output.keep_last",
-    "resume_from_checkpoint": "output.resume_from",
-    "data_seed": "training.seed",
-    "bf16": "training.mixed_precision",
-    "fp16": "training.mixed_precision",
-    "tf32": "training.mixed_precision",
-    "torch_compile_mode": "training.torch_compile",
-    "train_sampling_strategy": "data.group_by_length",
-    "dataloader_num_workers": "data.num_workers",
-    "project": "logging.project_name",
-    "disable_tqdm": "logging.progress_bar",
-    "label_smoothing_factor": "training.label_smoothing",
-}
-
-
-def _key_hint(key: str, names: list[str], prefix: str) -> str:
-    """`` (did you mean ...?)`` for an unknown key: the Trainer's name for a key, a near miss in its section,
-    else the section that has it."""
-    if key in TRAINER_NAMES:
-        return f" (the Trainer's {key} is {TRAINER_NAMES[key]} here; docs/trainer.md)"
-    close = difflib.get_close_matches(key, names, n=1, cutoff=0.5)
-    if close:
-        return f" (did you mean {prefix + '.' if prefix else ''}{close[0]}?)"
-    # a key of another section written under this one (training.learning_rate), or at the top (learning_rate)
-    if prefix in SECTIONS or not prefix:
-        return _did_you_mean(sections_having(key, besides=prefix) or near_misses_elsewhere(key, besides=prefix))
-    return ""
-
-
-def near_misses_elsewhere(key: str, besides: str) -> list[str]:
-    """``section.name`` of the closest key of the other sections, for a misspelt key under the wrong section
-    (``training.learning_rat``); empty when none is near."""
-    others = {f"{section}.{f.name}": f.name for section, cls in SECTIONS.items() if section != besides
-              for f in dataclasses.fields(cls)}
-    close = difflib.get_close_matches(key, list(others.values()), n=1, cutoff=0.8)
-    return [dotted for dotted, name in others.items() if close and name == close[0]]
-
-
-def sections_having(key: str, besides: str = "") -> list[str]:
-    """``section.key`` for each section of the schema (but ``besides``) that has a key named ``key``."""
-    return [f"{section}.{key}" for section, cls in SECTIONS.items()
-            if section != besides and key in {f.name for f in dataclasses.fields(cls)}]
-
-
-def unknown_key_hint(dotted: str) -> str:
-    """`` (did you mean ...?)`` for a ``section.key`` the schema lacks (``""`` when nothing is near)."""
-    section, _, key = dotted.rpartition(".")
-    if section in SECTIONS:
-        return _key_hint(key, [f.name for f in dataclasses.fields(SECTIONS[section])], section)
-    if key in TRAINER_NAMES:
-        return _key_hint(key, [], "")
-    return _did_you_mean(sections_having(key))
-
-
-def _did_you_mean(candidates: list[str]) -> str:
-    return f" (did you mean {' or '.join(candidates)}?)" if candidates else ""
 
 
 def _set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
@@ -284,8 +215,7 @@ def config_from_dict(data: dict[str, Any], source: str | None = None, metrics_ch
     Args:
         data: ``{"model": {...}, "training": {...}, ...}``; missing keys take defaults.
         source: File name to prefix error messages with.
-        metrics_chosen: Whether ``evaluation.metrics`` is the user's own list (not a shipped config's): a
-            metric of it that the problem type cannot compute is then left out with a warning, else quietly.
+        metrics_chosen: Whether ``evaluation.metrics`` is the user's list, not a shipped config's (see below).
 
     Raises:
         ConfigError: naming the key (and ``source``) on any unknown key, wrong type or bad value.
@@ -314,8 +244,8 @@ def _metrics_for_problem_type(evaluation: "EvalConfig", problem_type: str, chose
     matthews_correlation) must work with ``model.problem_type=multi_label`` or
     ``regression`` on the command line: a metric the problem type has no
     meaning for is left out, and when none is left the problem type's defaults
-    are used (regression: pearson, spearmanr, mse). A list the user ``chosen``
-    is warned of; a shipped config's list, which the user never wrote, is not.
+    are used (regression: pearson, spearmanr, mse). Warned of where the user
+    ``chosen`` the list, not where a shipped config did.
     """
     allowed = PROBLEM_METRICS[problem_type]
     if allowed is None:

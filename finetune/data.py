@@ -6,15 +6,13 @@ returns a ``DatasetDict`` whose splits all have the same columns: ``text``,
 optionally ``text_pair``, and ``labels`` (a ``ClassLabel`` of class ids), plus
 the :class:`~finetune.labels.LabelSpace` mapping ids to names
 (:mod:`finetune.labels` makes the ids; :func:`finetune.tokens.tokenize_splits`
-then tokenizes the splits). :func:`read_table` reads an unlabelled file the same way,
-for ``finetune.predict``.
+then tokenizes the splits).
 
 Sources:
 
 - Local files (``data.train_file`` / ``data.validation_file``, ``pkg:`` specs
-  allowed): CSV, TSV (``.tsv``/``.tab``; quote characters are plain text),
-  JSON or JSON Lines, Parquet, or a folder with one sub-folder per class
-  holding ``.txt`` files (label = sub-folder name).
+  allowed): CSV, TSV, JSON or JSON Lines, Parquet, or a folder with one
+  sub-folder per class, read by :mod:`finetune.local_files`.
 - Hub data sets (``data.dataset_name``), read with ``datasets.load_dataset``.
 
 Decisions worth knowing:
@@ -38,15 +36,11 @@ Decisions worth knowing:
 
 from __future__ import annotations
 
-import codecs
-import csv
 import dataclasses
-import functools
 import json
 import logging
 import math
-from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
 import datasets
 import numpy as np
@@ -55,30 +49,16 @@ import pyarrow.compute as pc
 
 from finetune.columns import read_column
 from finetune.config import DataConfig
-from finetune.errors import ConfigError, DataError, FileLayoutError, FinetuneError
+from finetune.errors import ConfigError, DataError, FileLayoutError
 from finetune.labels import LabelSpace, encode_against, encode_train
-from finetune.resources import data_path
-from finetune.tables import LABELS, RAW_LABEL, SHOW_LABELS, TEXT, TEXT_PAIR, Table, as_arrow, as_mask, column_values, \
+from finetune.local_files import read_local, root_message
+from finetune.tables import LABELS, RAW_LABEL, SHOW_LABELS, TEXT, TEXT_PAIR, Table, as_mask, column_values, \
     feature_name, short_list
-from finetune.text_encoding import decode_whole, is_utf8, python_codec, undecodable
 
-__all__ = ["LABELS", "TEXT", "TEXT_PAIR", "LabelSpace", "load_splits", "load_labelled_file", "read_table",
+__all__ = ["LABELS", "TEXT", "TEXT_PAIR", "LabelSpace", "load_splits", "load_labelled_file",
            "quiet_progress_bars", "class_counts", "content_sha256", "digest_rows"]
 
 logger = logging.getLogger(__name__)
-
-# Extension -> format for ``data.format: auto``.
-EXTENSIONS = {
-    ".csv": "csv",
-    ".tsv": "tsv",
-    ".tab": "tsv",
-    ".json": "json",
-    ".jsonl": "json",
-    ".parquet": "parquet",
-}
-# what users most often have instead of a text file: the error says how to make one
-SPREADSHEETS = (".xlsx", ".xls", ".xlsm", ".ods", ".numbers")
-
 
 
 # --------------------------------------------------------------------------- public API
@@ -170,24 +150,7 @@ def _encode_against(table: Table, cfg: DataConfig, label_space: LabelSpace) -> d
     return encode_against(_drop_or_reject_empty_texts(table, cfg), label_space, cfg.label_delimiter, cfg.label_map)
 
 
-# --------------------------------------------------------------------------- local files
-
-
-def read_table(spec: str, key: str, cfg: Optional[DataConfig] = None,
-               encoding_flag: str = "data.encoding") -> datasets.Dataset:
-    """The rows of one local CSV, TSV, JSON(L) or Parquet file, with the file's own columns.
-
-    The same readers, formats, header and quoting rules and encoding checks as
-    training data (``cfg``'s, or the defaults: format from the extension, a
-    header line), without any column or label checks: for files that carry
-    no labels, such as those ``finetune.predict`` classifies.
-
-    Raises:
-        DataError: naming ``key`` and the file when it is missing, empty, unreadable or not in ``cfg``'s
-            encoding (which ``encoding_flag`` sets, the error says).
-    """
-    table = _read_local(spec, key, cfg or DataConfig(train_file=spec), encoding_flag)
-    return table.ds
+# --------------------------------------------------------------------------- local files (finetune.local_files reads them)
 
 
 def quiet_progress_bars() -> None:
@@ -200,216 +163,10 @@ def quiet_progress_bars() -> None:
 
 def _load_local(spec: str, key: str, cfg: DataConfig) -> Table:
     """Read one local file or class folder into a :class:`Table` with standard columns."""
-    table = _read_local(spec, key, cfg)
+    table = read_local(spec, key, cfg)
     if table.files is not None:
         return table  # the folder layout: its columns are standard already
     return _standardize(table, cfg.text_column, cfg.text_pair_column, cfg.label_column)
-
-
-def _read_local(spec: str, key: str, cfg: DataConfig, encoding_flag: str = "data.encoding") -> Table:
-    """Read one local file (its own columns) or class folder into a :class:`Table`."""
-    path = data_path(spec, key)
-    fmt = _detect_format(path, cfg.format, key, cfg.encoding)
-    if fmt == "folder":
-        return _load_folder(path, cfg)
-    if not path.is_file():
-        raise DataError(f"{key}: {path} is not a file (data.format: {fmt})")
-    if path.stat().st_size == 0:
-        raise DataError(f"{path}: empty file (no rows)")
-    if fmt in ("csv", "tsv", "json") and cfg.encoding_errors == "strict":
-        _check_decodes(path, cfg.encoding, encoding_flag)
-    if fmt in ("csv", "tsv"):
-        return _load_delimited(path, fmt, cfg)
-    if fmt == "json":
-        return _load_json(path, cfg)
-    return _table(_run_builder("parquet", path), str(path), unit="row")
-
-
-def _detect_format(path: Path, fmt: str, key: str, encoding: str) -> str:
-    if path.is_dir():
-        if fmt not in ("auto", "folder"):
-            raise DataError(f"{key}: {path} is a folder but data.format is {fmt}")
-        return "folder"
-    if fmt == "folder":
-        raise DataError(f"{key}: {path} is not a folder (data.format: folder)")
-    if fmt != "auto":
-        return fmt
-    suffix = path.suffix.lower()
-    if suffix not in EXTENSIONS:
-        supported = ", ".join(EXTENSIONS)
-        raise DataError(
-            f"{key}: {path}: unsupported extension {suffix or '(none)'!r} "
-            f"(supported: {supported}, or a folder of class sub-folders; or set data.format)",
-            hint="save the spreadsheet as CSV (its File > Save as) and pass that file"
-            if suffix in SPREADSHEETS else None,
-        )
-    if EXTENSIONS[suffix] == "csv" and _tab_separated(path, encoding):
-        logger.info("%s: every line holds the same number of tabs: read as TSV (data.format: csv to refuse)", path)
-        return "tsv"
-    return EXTENSIONS[suffix]
-
-
-def _tab_separated(path: Path, encoding: str, lines: int = 20) -> bool:
-    """Whether the first lines of a ``.csv`` file all hold the same, non-zero number of tabs."""
-    counts = set()
-    try:
-        with open(path, encoding=python_codec(encoding), errors="replace", newline="") as fh:
-            for line in fh:
-                if line.strip():
-                    counts.add(line.count("\t"))
-                    lines -= 1
-                if lines == 0:
-                    break
-    except UnicodeError:  # no text in that encoding at all (UTF-16 without its mark): the check after says where
-        return False
-    return len(counts) == 1 and counts != {0}
-
-
-def _load_delimited(path: Path, fmt: str, cfg: DataConfig) -> Table:
-    sep = "\t" if fmt == "tsv" else ","
-    # TSV files such as the SMS spam collection use '"' as a plain character;
-    # quote processing would merge rows up to the next quote.
-    quoting = csv.QUOTE_NONE if fmt == "tsv" else csv.QUOTE_MINIMAL
-    if cfg.has_header:
-        header, names = 0, None
-    else:
-        if not cfg.column_names:
-            raise ConfigError(f"data.column_names: required with data.has_header: false ({path})")
-        header, names = None, list(cfg.column_names)
-    _check_field_count(path, sep, quoting, names, cfg.encoding)
-    ds = _run_builder(
-        "csv",
-        path,
-        sep=sep,
-        quoting=quoting,
-        header=header,
-        names=names,
-        # Whatever the header says, never use a column as the index (pandas
-        # does so silently when rows have one field more than the header).
-        index_col=False,
-        # Only empty fields are missing; "NA", "null", "None" are real texts.
-        keep_default_na=False,
-        na_values=[""],
-        # Blank lines become all-null rows (skipped below) so row numbers stay line numbers.
-        skip_blank_lines=False,
-        encoding=python_codec(cfg.encoding),
-        encoding_errors=cfg.encoding_errors,
-    )
-    table = _table(ds, str(path), unit="line", offset=2 if cfg.has_header else 1, empty_field_is_null=True)
-    blank = functools.reduce(pc.and_, [pc.is_null(values) for values in as_arrow(ds).columns])
-    rows = np.flatnonzero(~as_mask(blank))
-    if len(rows) == 0:
-        raise DataError(f"{path}: empty file (no rows)")
-    return table.keep(rows)
-
-
-def _check_field_count(path: Path, sep: str, quoting: int, names: Optional[list[str]], encoding: str) -> None:
-    """Reject a first data row whose field count differs from the header or ``column_names``.
-
-    pandas would otherwise shift columns silently (turning the first field into
-    the index) or drop the extra fields.
-    """
-    with open(path, encoding=python_codec(encoding), errors="replace", newline="") as fh:
-        reader = csv.reader(fh, delimiter=sep, quoting=quoting)
-        header = names
-        if header is None:
-            header = next(reader, None)
-            if header is None:
-                return
-        for row in reader:
-            if not row:
-                continue  # blank line
-            if len(row) != len(header):
-                source = "data.column_names" if names is not None else "the header"
-                raise FileLayoutError(
-                    f"{path}: line {reader.line_num} has {len(row)} fields but {source} has "
-                    f"{len(header)} ({', '.join(header)})"
-                )
-            return
-
-
-def _load_json(path: Path, cfg: DataConfig) -> Table:
-    # The json builder reads UTF-8 itself, and re-decodes from any encoding named other than "utf-8", applying
-    # `encoding_errors` there; "utf-8-sig" reads the same bytes as UTF-8 and gets there.
-    plain = is_utf8(cfg.encoding) and cfg.encoding_errors == "strict"
-    options = {} if plain else {"encoding": python_codec(cfg.encoding), "encoding_errors": cfg.encoding_errors}
-    ds = _run_builder("json", path, **options)
-    with open(path, "rb") as fh:
-        start = fh.read(4096).lstrip(codecs.BOM_UTF8 + b" \t\r\n")
-    return _table(ds, str(path), unit="record" if start.startswith(b"[") else "line")
-
-
-def _load_folder(root: Path, cfg: DataConfig) -> Table:
-    if cfg.text_pair_column is not None:
-        raise ConfigError(f"data.text_pair_column: not supported with the folder layout ({root})")
-    classes = sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
-    by_class = {c: sorted(f for f in c.iterdir() if f.is_file() and f.suffix.lower() == ".txt") for c in classes}
-    if not any(by_class.values()):
-        raise DataError(f"{root}: no .txt files in any class sub-folder (expected {root}/<class>/<name>.txt)")
-    texts, labels, files = [], [], []
-    for folder, paths in by_class.items():
-        if not paths:
-            raise DataError(f"{folder}: class folder holds no .txt files")
-        for path in paths:
-            try:
-                texts.append(decode_whole(path.read_bytes(), cfg.encoding, cfg.encoding_errors))
-            except UnicodeError as exc:
-                raise undecodable(str(path), getattr(exc, "start", 0), cfg.encoding) from None
-            labels.append(folder.name)
-            files.append(path.relative_to(root).as_posix())
-    ds = datasets.Dataset.from_dict(
-        {TEXT: texts, RAW_LABEL: labels},
-        features=datasets.Features({TEXT: datasets.Value("string"), RAW_LABEL: datasets.Value("string")}),
-    )
-    return _table(ds, str(root), unit="file", files=files, text_column=TEXT, label_column="sub-folder name")
-
-
-def _run_builder(builder: str, path: Path, **options: Any) -> datasets.Dataset:
-    """``datasets.load_dataset(builder)`` on one file, turning any failure into one DataError line."""
-    try:
-        ds = datasets.load_dataset(builder, data_files={"train": str(path)}, split="train", **options)
-    except FinetuneError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - pandas/pyarrow/datasets raise many types for bad input
-        # A file with no rows (a CSV header alone, "[]") leaves the split empty,
-        # which `datasets` reports as a missing split rather than returning 0 rows.
-        if "corresponds to no data" in str(exc):
-            raise DataError(f"{path}: empty file (no rows)") from None
-        raise DataError(f"{path}: cannot read as {builder}: {_root_message(exc)}") from None
-    if len(ds) == 0:
-        raise DataError(f"{path}: empty file (no rows)")
-    return ds
-
-
-def _root_message(exc: BaseException) -> str:
-    """The first line of the innermost cause, which names the real problem."""
-    while True:
-        inner = exc.__cause__ or exc.__context__
-        if inner is None or inner is exc:
-            break
-        exc = inner
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    message = lines[0] if lines else type(exc).__name__
-    if len(message) > 300:
-        message = message[:297] + "..."
-    return f"{type(exc).__name__}: {message}"
-
-
-def _check_decodes(path: Path, encoding: str, flag: str = "data.encoding") -> None:
-    """Raise DataError with the byte offset of the first byte that ``encoding`` cannot decode."""
-    decoder = codecs.getincrementaldecoder(encoding)()
-    consumed = 0
-    with open(path, "rb") as fh:
-        while True:
-            chunk = fh.read(1 << 20)
-            pending = len(decoder.getstate()[0])  # bytes of a character cut at the chunk's end
-            try:
-                decoder.decode(chunk, final=not chunk)
-            except UnicodeError as exc:  # a UnicodeDecodeError, or UTF-16's missing byte-order mark (offset 0)
-                raise undecodable(str(path), consumed - pending + getattr(exc, "start", 0), encoding, flag) from None
-            if not chunk:
-                return
-            consumed += len(chunk)
 
 
 # --------------------------------------------------------------------------- Hub data sets
@@ -426,11 +183,11 @@ def _load_hub(cfg: DataConfig) -> tuple[Table, Optional[Table]]:
             loaded = datasets.load_dataset(name, cfg.dataset_config)
     except Exception as exc:  # noqa: BLE001 - network, missing data set, bad config name, ...
         if offline is None:
-            why = _root_message(exc)
+            why = root_message(exc)
         elif isinstance(exc, ConnectionError):  # read from the cache alone, datasets' way of saying "not cached"
             why = f"not in datasets' local cache, and the Hub cannot be reached ({offline})"
         else:
-            why = f"the Hub cannot be reached ({offline}), and the local cache did not serve it: {_root_message(exc)}"
+            why = f"the Hub cannot be reached ({offline}), and the local cache did not serve it: {root_message(exc)}"
         raise DataError(f"data.dataset_name: cannot load {shown!r}: {why}",
                         hint=None if offline is None else "give the data as a file instead (--data)") from None
     if cfg.train_split not in loaded:
@@ -441,7 +198,7 @@ def _load_hub(cfg: DataConfig) -> tuple[Table, Optional[Table]]:
         if len(ds) == 0:
             raise DataError(f"{shown}[{split}]: no rows")
         return _standardize(
-            _table(ds, f"{shown}[{split}]", unit="row"), cfg.text_column, cfg.text_pair_column, cfg.label_column
+            Table.whole(ds, f"{shown}[{split}]", unit="row"), cfg.text_column, cfg.text_pair_column, cfg.label_column
         )
 
     train = table(cfg.train_split)
@@ -471,10 +228,6 @@ def _check_column_settings(cfg: DataConfig) -> None:
         if column in seen:
             raise ConfigError(f"{key}: names the same column as {seen[column]} ({column!r})")
         seen[column] = key
-
-
-def _table(ds: datasets.Dataset, source: str, unit: str, offset: int = 1, **extra: Any) -> Table:
-    return Table(ds=ds, source=source, positions=np.arange(len(ds)), unit=unit, offset=offset, **extra)
 
 
 def _standardize(table: Table, text_column: str, pair_column: Optional[str], label_column: str) -> Table:

@@ -45,7 +45,7 @@ def read_rows(path: str | os.PathLike, text_column: str = "text",
     ``.txt`` holds one text per line: each line is a row ``{"text": line}``,
     blank lines included (they get an empty prediction), so output rows line
     up with input lines; ``-`` reads such lines from standard input. The others are read by
-    :func:`finetune.data.read_table`, as training data is, and must hold
+    :func:`finetune.local_files.read_table`, as training data is, and must hold
     ``text_column`` (a CSV/TSV header, or a JSON key). Text is read in ``encoding`` (``data.encoding``'s names).
 
     Raises:
@@ -53,7 +53,7 @@ def read_rows(path: str | os.PathLike, text_column: str = "text",
             an unsupported extension, lacks the column, or holds a bad line.
     """
     from finetune.config import DataConfig
-    from finetune.data import read_table
+    from finetune.local_files import read_table
 
     stdin = str(path) == STDIN
     path = Path(path)

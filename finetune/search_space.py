@@ -28,8 +28,8 @@ from typing import Any, Optional, Union
 import yaml
 
 from finetune.coerce import literal_spelling
-from finetune.config import unknown_key_hint
 from finetune.errors import ConfigError
+from finetune.key_hints import unknown_key_hint
 from finetune.schema import SECTIONS
 
 # keys a search must not vary, and why: each names what to search instead

@@ -1,6 +1,6 @@
 """A split being read: its rows, where each one sits in its source, and the column helpers its readers share.
 
-:mod:`finetune.data` reads files and Hub data sets into a :class:`Table` each,
+:mod:`finetune.local_files` and :mod:`finetune.data` read files and Hub data sets into a :class:`Table` each,
 and :mod:`finetune.labels` turns its label column into ids; both name rows in
 their errors as a user counts them in the file, through :meth:`Table.where`.
 """
@@ -48,6 +48,11 @@ class Table:
     label_column: str = "label"
     # CSV/TSV: an empty field reads as null, so "no value" and "empty string" look the same
     empty_field_is_null: bool = False
+
+    @classmethod
+    def whole(cls, ds: datasets.Dataset, source: str, unit: str, offset: int = 1, **extra: Any) -> Table:
+        """A table of every row of ``ds``, as its reader found them."""
+        return cls(ds=ds, source=source, positions=np.arange(len(ds)), unit=unit, offset=offset, **extra)
 
     def where(self, i: int) -> str:
         """Where row ``i`` of ``ds`` is, e.g. ``line 5``."""

@@ -105,9 +105,9 @@ def test_the_trainer_guide_maps_real_trainer_arguments_to_real_keys():
         assert set(keys) <= ours, (row[1], set(keys) - ours)
     prose = re.findall(r"`(model\.[a-z_]+)`", page)
     assert prose and set(prose) <= ours
-    # the errors' hints for the Trainer's names (finetune.config.TRAINER_NAMES) say what this table says: every
+    # the errors' hints for the Trainer's names (finetune.key_hints.TRAINER_NAMES) say what this table says: every
     # name that is no key of ours has its hint, and the hint is a key of its row
-    from finetune.config import TRAINER_NAMES
+    from finetune.key_hints import TRAINER_NAMES
 
     our_names = {key.split(".")[1] for key in ours}
     table = {name: re.findall(r"`([a-z_]+\.[a-z_0-9]+)`", row[1]) for row in rows
