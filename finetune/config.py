@@ -37,8 +37,9 @@ from finetune.schema import (  # noqa: F401  (the schema's names, importable fro
 )
 
 __all__ = ["Config", "ModelConfig", "DataConfig", "TrainingConfig", "OptimConfig", "EvalConfig", "LoggingConfig",
-           "OutputConfig", "DEFAULT_CONFIG", "SHIPPED_CONFIGS", "is_shipped", "load_config", "config_from_dict", "parse_override",
-           "read_yaml", "config_yaml", "save_config", "origin_of", "notes_said_once", "unknown_key_hint"]
+           "OutputConfig", "DEFAULT_CONFIG", "SHIPPED_CONFIGS", "is_shipped", "load_config", "config_from_dict",
+           "parse_override", "read_yaml", "config_yaml", "save_config", "origin_of", "notes_said_once",
+           "unknown_key_hint"]
 
 logger = logging.getLogger("finetune")
 
