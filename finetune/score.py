@@ -58,9 +58,20 @@ class Score:
     references: Any
     # the forward passes' arithmetic: "no" (float32), "bf16" or "fp16"
     precision: str = "no"
+    problem_type: str = "single_label"
+
+    def by_label(self) -> Optional[dict[str, dict[str, float]]]:
+        """Each label's precision, recall, F1 and support, by name; ``None`` for a regression model."""
+        from finetune.metrics import scores_by_label
+
+        if self.problem_type == "regression":
+            return None
+        scores = scores_by_label(self.predictions, self.references, len(self.labels))
+        return {name: {key: values[i] for key, values in scores.items()} for i, name in enumerate(self.labels)}
 
     def to_dict(self) -> dict[str, Any]:
         return {"file": self.file, "precision": self.precision, "metrics": self.metrics, "labels": self.labels,
+                "by_label": self.by_label(),
                 "confusion_matrix": None if self.confusion is None else self.confusion.tolist()}
 
 
@@ -224,7 +235,8 @@ def score_file(output_dir: str | os.PathLike, file: str | os.PathLike, overrides
     loss = task.per_sample_loss(logits, refs).double().mean().item()
     metrics = {"loss": loss, "num_samples": len(texts), **suite.compute(predictions, refs.numpy())}
     confusion = confusion_matrix(refs.numpy(), predictions, len(names)) if problem_type == "single_label" else None
-    return Score(str(file), metrics, list(names), confusion, predictions, refs.numpy(), predictor.precision)
+    return Score(str(file), metrics, list(names), confusion, predictions, refs.numpy(), predictor.precision,
+                 problem_type)
 
 
 def format_confusion(matrix, names: Sequence[str]) -> str:
@@ -235,6 +247,15 @@ def format_confusion(matrix, names: Sequence[str]) -> str:
     rows = [f"{name.ljust(width)}  " + " ".join(str(int(v)).rjust(width) for v in row)
             for name, row in zip(names, matrix)]
     return "\n".join(["confusion matrix (rows: true label, columns: predicted label)", head, *rows])
+
+
+def format_by_label(by_label: dict[str, dict[str, float]]) -> str:
+    """Each label's scores as an aligned text table, one row per label."""
+    width = max([len(str(name)) for name in by_label] + [5])
+    head = f"{'label'.ljust(width)}  precision  recall      f1  support"
+    rows = [f"{str(name).ljust(width)}  {s['precision']:9.4f}  {s['recall']:6.4f}  {s['f1']:6.4f}  {s['support']:7d}"
+            for name, s in by_label.items()]
+    return "\n".join(["by label (each scored alone; support: its texts in the file)", head, *rows])
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -292,6 +313,9 @@ def run(args: argparse.Namespace) -> Score:
     width = max(len(k) for k in result.metrics)
     for key, value in result.metrics.items():
         print(f"  {key.ljust(width)}  {value:.4f}" if isinstance(value, float) else f"  {key.ljust(width)}  {value}")
+    by_label = result.by_label()
+    if by_label is not None:
+        print(format_by_label(by_label))
     if result.confusion is not None:
         print(format_confusion(result.confusion, result.labels))
         confusion_figure(result.confusion, result.labels,

@@ -112,6 +112,33 @@ def test_multiclass_matches_sklearn(average, num_labels, seed):
     assert_matches(suite_scores(pred, ref, num_labels, average), expected)
 
 
+@pytest.mark.parametrize("kind", ["class ids", "label vectors"])
+def test_scores_by_label_match_sklearn_label_by_label(kind):
+    from finetune.metrics import scores_by_label
+
+    rng = np.random.default_rng(5)
+    if kind == "class ids":
+        # label 3 is never predicted (precision 0/0) and label 4 is in neither array (every score 0/0)
+        ref = rng.integers(0, 4, 200)
+        pred = np.where(rng.random(200) < 0.6, ref, rng.integers(0, 3, 200))
+        pred[pred == 3] = 0
+    else:
+        ref = rng.random((200, 5)) < 0.3
+        pred = np.where(rng.random((200, 5)) < 0.7, ref, rng.random((200, 5)) < 0.5)
+        ref[:, 4], pred[:, 3] = False, False
+    got = scores_by_label(pred, ref, 5)
+    precision, recall, f1, support = skm.precision_recall_fscore_support(
+        ref, pred, labels=list(range(5)) if kind == "class ids" else None, average=None, zero_division=0)
+    np.testing.assert_allclose(got["precision"], precision, atol=TOL)
+    np.testing.assert_allclose(got["recall"], recall, atol=TOL)
+    np.testing.assert_allclose(got["f1"], f1, atol=TOL)
+    assert got["support"] == support.tolist()
+    assert got["precision"][3] == 0.0 and got["support"][4] == 0 and got["f1"][4] == 0.0
+    # the macro average is the mean of the labels' F1, as the suite computes it
+    if kind == "class ids":
+        assert np.mean(got["f1"]) == pytest.approx(suite_scores(pred, ref, 5, "macro")["f1"], abs=TOL)
+
+
 @pytest.mark.parametrize("average", ["macro", "micro", "weighted"])
 def test_class_never_predicted_scores_zero_precision(average):
     ref = np.array([0, 1, 2, 2, 1, 0, 2, 1])

@@ -393,8 +393,19 @@ def test_score_cli(trained, tmp_path, capsys):
     assert set(saved["metrics"]) == {"loss", "num_samples", "accuracy", "recall"}
     assert saved["confusion_matrix"][0] == [0, 0] and sum(saved["confusion_matrix"][1]) == len(rows)
     assert "confusion matrix (rows: true label, columns: predicted label)" in printed
-    spam_row = next(line for line in printed.splitlines() if line.startswith("spam "))
+    spam_row = next(line for line in printed.splitlines() if line.startswith("spam ") and "." not in line)
     assert [int(x) for x in spam_row.split()[1:]] == saved["confusion_matrix"][1]
+    # each label alone, from the same predictions: spam's recall is the file's accuracy (it holds spam only),
+    # and ham, never true, has no recall and a precision of 0 when predicted at all
+    spam, ham = saved["by_label"]["spam"], saved["by_label"]["ham"]
+    hits = saved["confusion_matrix"][1][1]
+    assert spam["support"] == len(rows) and ham["support"] == 0
+    assert spam["recall"] == pytest.approx(saved["metrics"]["accuracy"]) == pytest.approx(hits / len(rows))
+    assert spam["precision"] == (1.0 if hits else 0.0) and ham["recall"] == 0.0 and ham["precision"] == 0.0
+    table = printed.split("by label (each scored alone; support: its texts in the file)\n")[1].splitlines()
+    assert table[0].split() == ["label", "precision", "recall", "f1", "support"]
+    assert table[2].split() == ["spam", f"{spam['precision']:.4f}", f"{spam['recall']:.4f}", f"{spam['f1']:.4f}",
+                                str(len(rows))]
     width, height = png_size(png)
     assert width > 200 and height > 200
 

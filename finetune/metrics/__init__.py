@@ -21,7 +21,7 @@ from typing import Any, Optional
 import numpy as np
 
 from finetune.errors import ConfigError
-from finetune.metrics._classification import AVERAGES, class_ids
+from finetune.metrics._classification import AVERAGES, class_ids, scores_from_counts
 
 BUILTIN_METRICS: tuple[str, ...] = ("accuracy", "f1", "precision", "recall", "matthews_correlation")
 
@@ -259,3 +259,22 @@ def metric_suite_for(evaluation, label_names, problem_type: str = "single_label"
         average = "micro" if evaluation.average == "auto" else evaluation.average
         return MultiLabelMetrics(evaluation.metrics, len(label_names), average)
     return MetricSuite.from_config(evaluation, label_names, whose=whose, counts=counts)
+
+
+def scores_by_label(predictions, references, num_labels: int) -> dict[str, list]:
+    """Each label's precision, recall, F1 and support (its true samples), every label scored alone.
+
+    What a macro average hides: the one class a model gets wrong. ``predictions`` and ``references`` are
+    class ids (single-label) or 0/1 label vectors (multi-label); a label absent from both scores 0.
+
+    Returns:
+        ``{"precision": [...], "recall": [...], "f1": [...], "support": [...]}``, each in label-id order.
+    """
+    pred, ref = np.asarray(predictions), np.asarray(references)
+    if pred.ndim == 1:  # class ids: as one-hot vectors, each class is the multi-label case's label
+        pred, ref = (np.eye(num_labels, dtype=bool)[ids] for ids in class_ids(pred, ref))
+    pred, ref = pred.astype(bool), ref.astype(bool)
+    tp, predicted, support = (pred & ref).sum(0), pred.sum(0), ref.sum(0)
+    precision, recall, f1 = scores_from_counts(tp, predicted, support)
+    return {"precision": precision.tolist(), "recall": recall.tolist(), "f1": f1.tolist(),
+            "support": support.astype(int).tolist()}

@@ -115,17 +115,23 @@ def precision_recall_f1(
     if average == "micro":
         tp_sum, pred_sum, true_sum = (np.array([s.sum()]) for s in (tp_sum, pred_sum, true_sum))
 
-    precision = _divide(tp_sum, pred_sum)
-    recall = _divide(tp_sum, true_sum)
-    # F1 from the counts, 2tp / (2tp + fp + fn), as scikit-learn computes it.
-    f1 = _divide(2.0 * tp_sum, (true_sum + pred_sum).astype(np.float64))
-
+    precision, recall, f1 = scores_from_counts(tp_sum, pred_sum, true_sum)
     if average == "weighted" and true_sum.sum() > 0:
         weights = true_sum
     else:
         # scikit-learn falls back to the plain mean when every support is 0.
         weights = None
     return tuple(float(np.average(s, weights=weights)) for s in (precision, recall, f1))
+
+
+def scores_from_counts(tp_sum, pred_sum, true_sum) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Each label's precision, recall and F1 from its true positives, its predictions and its true samples.
+
+    ``zero_division=0``, and F1 from the counts, 2tp / (2tp + fp + fn), as
+    scikit-learn computes them; what every averaging starts from.
+    """
+    tp_sum, pred_sum, true_sum = (np.asarray(s, dtype=np.float64) for s in (tp_sum, pred_sum, true_sum))
+    return _divide(tp_sum, pred_sum), _divide(tp_sum, true_sum), _divide(2.0 * tp_sum, true_sum + pred_sum)
 
 
 def _labels_to_score(present: np.ndarray, average: str, pos_label: int,

@@ -15,14 +15,11 @@ from typing import Sequence
 import numpy as np
 
 from finetune.errors import ConfigError
+from finetune.metrics._classification import scores_from_counts
 
 MULTI_LABEL_METRICS = ("accuracy", "f1", "precision", "recall")
 MULTI_LABEL_AVERAGES = ("micro", "macro", "weighted")
 REGRESSION_METRICS = ("pearson", "spearmanr", "mse", "mae")
-
-
-def _ratio(num: np.ndarray, den: np.ndarray) -> np.ndarray:
-    return np.divide(num, den, out=np.zeros_like(num, dtype=np.float64), where=den > 0)
 
 
 class MultiLabelMetrics:
@@ -51,17 +48,10 @@ class MultiLabelMetrics:
         if pred.shape != ref.shape or pred.ndim != 2 or pred.shape[1] != self.num_labels:
             raise ValueError(f"predictions {pred.shape} and references {ref.shape} must both be "
                              f"(samples, {self.num_labels}) label vectors")
-        tp = (pred & ref).sum(0).astype(np.float64)
-        fp = (pred & ~ref).sum(0).astype(np.float64)
-        fn = (~pred & ref).sum(0).astype(np.float64)
+        tp, predicted, support = (pred & ref).sum(0), pred.sum(0), ref.sum(0)
         if self.average == "micro":
-            tp, fp, fn = tp.sum(keepdims=True), fp.sum(keepdims=True), fn.sum(keepdims=True)
-        scores = {
-            "precision": _ratio(tp, tp + fp),
-            "recall": _ratio(tp, tp + fn),
-            "f1": _ratio(2 * tp, 2 * tp + fp + fn),
-        }
-        support = ref.sum(0).astype(np.float64)
+            tp, predicted, support = (np.array([s.sum()]) for s in (tp, predicted, support))
+        scores = dict(zip(("precision", "recall", "f1"), scores_from_counts(tp, predicted, support)))
         out: dict[str, float] = {}
         for name in self.names:
             if name == "accuracy":
