@@ -2,24 +2,33 @@
 
 from __future__ import annotations
 
-from typing import Optional
+from dataclasses import dataclass
+from typing import Optional, Sequence
 
 import torch
 
 from finetune.chunks import document_logits, split_batch
+from finetune.metrics import scores_by_label
 from finetune.tasks import Task
 
 
-@torch.no_grad()
+# the key of an evaluation record (train_log.jsonl, metrics.json) that holds Evaluation.by_label
+EVAL_BY_LABEL = "eval_by_label"
+
+
+@dataclass
+class Evaluation:
+    """What one pass over the evaluation data measured."""
+
+    metrics: dict[str, float]  # {"loss": ..., "num_samples": ..., <metric>: ...}
+    # each label's precision, recall, F1 and support, by name (finetune.metrics.scores_by_label); None for
+    # regression, or when no label names were given
+    by_label: Optional[dict[str, dict[str, float]]] = None
+
+
 def evaluate_model(model: torch.nn.Module, dataloader, accelerator, metrics=None,
                    task: Optional[Task] = None) -> dict[str, float]:
-    """Loss and metrics of ``model`` on a prepared evaluation dataloader.
-
-    Per-sample losses, predictions and references are collected with
-    ``accelerator.gather_for_metrics``, which drops the samples Accelerate
-    repeated to even out processes: every example counts exactly once. A text
-    split into windows (``data.truncation: chunks``) is one example, its
-    output the mean of its windows' logits.
+    """Loss and metrics of ``model`` on a prepared evaluation dataloader: the metrics of :func:`evaluation_of`.
 
     Args:
         model: The prepared model.
@@ -33,27 +42,44 @@ def evaluate_model(model: torch.nn.Module, dataloader, accelerator, metrics=None
     Returns:
         ``{"loss": ..., "num_samples": ..., <metric>: ...}`` as Python numbers.
     """
+    return evaluation_of(model, dataloader, accelerator, metrics, task).metrics
+
+
+@torch.no_grad()
+def evaluation_of(model: torch.nn.Module, dataloader, accelerator, metrics=None, task: Optional[Task] = None,
+                  labels: Optional[Sequence[str]] = None) -> Evaluation:
+    """Loss, metrics and, given the ``labels``' names, each label's scores, in one pass over the dataloader.
+
+    Per-sample losses, predictions and references are collected with
+    ``accelerator.gather_for_metrics``, which drops the samples Accelerate
+    repeated to even out processes: every example counts exactly once. A text
+    split into windows (``data.truncation: chunks``) is one example, its
+    output the mean of its windows' logits. The arguments are
+    :func:`evaluate_model`'s, and ``labels``: the label names in id order.
+    """
     task = task or Task.of_model(accelerator.unwrap_model(model))
     was_training = model.training
     model.eval()
     losses, preds, refs = [], [], []
     for batch in dataloader:
         inputs, chunk_rows = split_batch(batch)
-        labels = batch["labels"]
         logits = document_logits(model(**inputs).logits, chunk_rows)  # a text's windows: one output, one sample
-        loss = task.per_sample_loss(logits, labels)
-        loss, pred, ref = accelerator.gather_for_metrics((loss, task.predictions(logits), labels))
+        loss = task.per_sample_loss(logits, batch["labels"])
+        loss, pred, ref = accelerator.gather_for_metrics((loss, task.predictions(logits), batch["labels"]))
         losses.append(loss.cpu())
         preds.append(pred.cpu())
         refs.append(ref.cpu())
     if was_training:
         model.train()
     if not losses:
-        return {"loss": float("nan"), "num_samples": 0}
+        return Evaluation({"loss": float("nan"), "num_samples": 0})
     all_loss = torch.cat(losses)
     predictions = torch.cat(preds).numpy()
     references = torch.cat(refs).numpy()
     out: dict[str, float] = {"loss": all_loss.double().mean().item(), "num_samples": int(all_loss.numel())}
     if metrics is not None:
         out.update(metrics.compute(predictions, references))
-    return out
+    by_label = None
+    if labels is not None and task.problem_type != "regression":
+        by_label = scores_by_label(predictions, references, labels)
+    return Evaluation(out, by_label)

@@ -21,7 +21,7 @@ from finetune.assembly import Run
 from finetune.checkpoint import Checkpointer, load_model_weights
 from finetune.cpu import cpu_speedups, speedup_settings
 from finetune.cuda_graphs import graphs_for_run
-from finetune.evaluation import evaluate_model
+from finetune.evaluation import EVAL_BY_LABEL, evaluation_of
 from finetune.loop import NonFiniteLossError, TrainState, train_one_epoch
 from finetune.output_dir import output_lock, start_outputs
 from finetune.results import summarize, write_outputs
@@ -335,7 +335,9 @@ def evaluate_and_log(run: Run, log: RunLogger, history: EvalHistory, epoch: Opti
     Returns:
         The metrics.
     """
-    metrics = evaluate_model(run.model, run.eval_dataloader, run.accelerator, run.metrics, run.task)
+    evaluation = evaluation_of(run.model, run.eval_dataloader, run.accelerator, run.metrics, run.task,
+                               labels=run.labels.names)
+    metrics = evaluation.metrics
     record: dict[str, Any] = {"step": run.state.step}
     if epoch is not None:
         record["epoch"] = epoch + 1
@@ -343,6 +345,8 @@ def evaluate_and_log(run: Run, log: RunLogger, history: EvalHistory, epoch: Opti
     else:
         logger.info("update %d eval: %s", run.state.step, _fmt(metrics))
     record.update({f"eval/{k}": v for k, v in metrics.items()})
+    if evaluation.by_label is not None:
+        record[EVAL_BY_LABEL] = evaluation.by_label  # beside the eval/ scalars, which trackers and the curves take
     log.log(history.add(record))
     return metrics
 

@@ -158,6 +158,17 @@ def _frozen(frozen: Optional[dict[str, Any]]) -> list[str]:
             f"{frozen['total_weights']:,} ({share:.1f}%)."]
 
 
+def _by_label(by_label: Optional[dict[str, dict[str, float]]]) -> list[str]:
+    """The results' table of each label scored alone, and a blank line; nothing for regression."""
+    if not by_label:
+        return []
+    cells = {name.replace("|", "\\|"): s for name, s in by_label.items()}  # a "|" in a name would split its row
+    rows = [f"| {name} | {s['precision']:.4f} | {s['recall']:.4f} | {s['f1']:.4f} | {s['support']} |"
+            for name, s in cells.items()]
+    return ["Each label scored alone:", "", "| label | precision | recall | F1 | support |", "|---|---|---|---|---|",
+            *rows, ""]
+
+
 def model_card(cfg, summary: dict[str, Any]) -> str:
     """The ``README.md`` of an output folder."""
     train, results = summary["train"], summary["eval"]
@@ -210,6 +221,7 @@ def model_card(cfg, summary: dict[str, Any]) -> str:
         "|---|---|",
         rows,
         "",
+        *_by_label(summary.get("eval_by_label")),
         "## Use",
         "",
         "```python",

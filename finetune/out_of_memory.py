@@ -15,7 +15,7 @@ from typing import Optional
 
 from finetune.checkpoint_files import list_checkpoints
 from finetune.errors import OutOfMemory
-from finetune.evaluation import evaluate_model
+from finetune.evaluation import evaluation_of
 from finetune.resplit import sharded_state
 
 
@@ -25,7 +25,7 @@ def out_of_memory_error(run, exc: BaseException) -> OutOfMemory:
     acc, state = run.accelerator, run.state
     device = f"{acc.device}" + (f" (process {acc.process_index})" if acc.num_processes > 1 else "")
     newest = list_checkpoints(run.cfg.output.output_dir)
-    if raised_in(exc, evaluate_model):
+    if raised_in(exc, evaluation_of):
         eval_b = run.cfg.training.per_device_eval_batch_size
         message = f"out of memory on {device} evaluating after update {state.step}, at " \
                   f"training.per_device_eval_batch_size={eval_b}; {checkpoint_said(newest)}"

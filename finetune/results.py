@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
 from finetune.errors import FinetuneError, OutputError
+from finetune.evaluation import EVAL_BY_LABEL
 from finetune.lora import is_lora, merged_copy, save_adapter
 from finetune.outputs import (
     ADAPTER_CONFIG, ADAPTER_DIR, CURVES_FILE, METRICS_FILE, MODEL_CARD_FILE, MODEL_CARD_MARK, RESULTS_FILE, write_atomic,
@@ -70,6 +71,8 @@ def summarize(run: "Run", history: list[dict[str, Any]], ended: str = "completed
             "ended": ended,
         },
         "eval": {k.removeprefix("eval/"): v for k, v in final.items() if k.startswith("eval/")},
+        # the same model's precision, recall, F1 and support of each label alone, or null (regression)
+        "eval_by_label": final.get(EVAL_BY_LABEL),
         "best": best,
         # the expected peak memory by part, in bytes (finetune.memory), or null under FSDP / DeepSpeed
         "memory_plan": run.memory.record() if run.memory is not None else None,

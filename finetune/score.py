@@ -66,8 +66,7 @@ class Score:
 
         if self.problem_type == "regression":
             return None
-        scores = scores_by_label(self.predictions, self.references, len(self.labels))
-        return {name: {key: values[i] for key, values in scores.items()} for i, name in enumerate(self.labels)}
+        return scores_by_label(self.predictions, self.references, self.labels)
 
     def to_dict(self) -> dict[str, Any]:
         return {"file": self.file, "precision": self.precision, "metrics": self.metrics, "labels": self.labels,

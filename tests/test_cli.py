@@ -87,6 +87,25 @@ def test_one_log_record_per_update(trained):
     assert metrics["eval"]["num_samples"] == round(0.2 * N_ROWS)
 
 
+def test_each_label_is_scored_alone_in_the_log_the_results_and_the_card(trained):
+    out, _ = trained
+    records = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
+    evals = [r for r in records if "eval/loss" in r]
+    metrics = json.loads((out / "metrics.json").read_text())
+    for record in evals:
+        by_label = record["eval_by_label"]
+        assert list(by_label) == ["ham", "spam"]
+        assert sum(s["support"] for s in by_label.values()) == record["eval/num_samples"]
+        # a single label's true positives over all texts: the accuracy, whatever the averaging of f1
+        hits = sum(s["recall"] * s["support"] for s in by_label.values())
+        assert hits / record["eval/num_samples"] == pytest.approx(record["eval/accuracy"])
+    assert metrics["eval_by_label"] == evals[-1]["eval_by_label"]  # the saved model's: the last evaluation's
+    card = (out / "README.md").read_text()
+    spam = metrics["eval_by_label"]["spam"]
+    assert (f"| spam | {spam['precision']:.4f} | {spam['recall']:.4f} | {spam['f1']:.4f} | {spam['support']} |"
+            in card)
+
+
 def test_resolved_config_written(trained):
     out, _ = trained
     saved = yaml.safe_load((out / "config.yaml").read_text())

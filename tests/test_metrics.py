@@ -126,7 +126,10 @@ def test_scores_by_label_match_sklearn_label_by_label(kind):
         ref = rng.random((200, 5)) < 0.3
         pred = np.where(rng.random((200, 5)) < 0.7, ref, rng.random((200, 5)) < 0.5)
         ref[:, 4], pred[:, 3] = False, False
-    got = scores_by_label(pred, ref, 5)
+    names = ["a", "b", "c", "d", "e"]
+    by_name = scores_by_label(pred, ref, names)
+    assert list(by_name) == names
+    got = {key: [by_name[name][key] for name in names] for key in ("precision", "recall", "f1", "support")}
     precision, recall, f1, support = skm.precision_recall_fscore_support(
         ref, pred, labels=list(range(5)) if kind == "class ids" else None, average=None, zero_division=0)
     np.testing.assert_allclose(got["precision"], precision, atol=TOL)

@@ -399,6 +399,17 @@ def test_a_multi_label_run_learns_and_pipeline_agrees_with_predict(problem_runs)
     assert AutoConfig.from_pretrained(out).problem_type == "multi_label_classification"
     assert summary["labels"] == ["hurry", "money"]
     assert set(summary["eval"]) == {"loss", "num_samples", "accuracy", "f1"}
+    # each label scored alone: its support is the texts of the validation file that carry it, and the run's
+    # micro F1 (auto averaging for multi-label) is the F1 of the labels' summed counts
+    by_label = summary["eval_by_label"]
+    val = [json.loads(line)["tags"] for line in (out.parent / "val.jsonl").read_text().splitlines()]
+    assert list(by_label) == ["hurry", "money"]
+    assert [by_label[name]["support"] for name in by_label] == [sum(name in tags for tags in val)
+                                                                 for name in by_label]
+    tp = sum(s["recall"] * s["support"] for s in by_label.values())
+    predicted = sum(s["recall"] * s["support"] / s["precision"] for s in by_label.values() if s["precision"])
+    assert summary["eval"]["f1"] == pytest.approx(2 * tp / (sum(s["support"] for s in by_label.values()) + predicted))
+    assert problem_runs["regression"][1]["eval_by_label"] is None
     reset_accelerate()
     predictor = Predictor.load(out, device="cpu")
     ours = predictor.predict(TEXTS)

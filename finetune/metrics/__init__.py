@@ -261,20 +261,21 @@ def metric_suite_for(evaluation, label_names, problem_type: str = "single_label"
     return MetricSuite.from_config(evaluation, label_names, whose=whose, counts=counts)
 
 
-def scores_by_label(predictions, references, num_labels: int) -> dict[str, list]:
+def scores_by_label(predictions, references, names: list[str]) -> dict[str, dict[str, float]]:
     """Each label's precision, recall, F1 and support (its true samples), every label scored alone.
 
     What a macro average hides: the one class a model gets wrong. ``predictions`` and ``references`` are
-    class ids (single-label) or 0/1 label vectors (multi-label); a label absent from both scores 0.
+    class ids (single-label) or 0/1 label vectors (multi-label) over the labels ``names`` (in id order); a
+    label absent from both scores 0.
 
     Returns:
-        ``{"precision": [...], "recall": [...], "f1": [...], "support": [...]}``, each in label-id order.
+        ``{name: {"precision": ..., "recall": ..., "f1": ..., "support": ...}}`` in id order.
     """
     pred, ref = np.asarray(predictions), np.asarray(references)
     if pred.ndim == 1:  # class ids: as one-hot vectors, each class is the multi-label case's label
-        pred, ref = (np.eye(num_labels, dtype=bool)[ids] for ids in class_ids(pred, ref))
+        pred, ref = (np.eye(len(names), dtype=bool)[ids] for ids in class_ids(pred, ref))
     pred, ref = pred.astype(bool), ref.astype(bool)
     tp, predicted, support = (pred & ref).sum(0), pred.sum(0), ref.sum(0)
     precision, recall, f1 = scores_from_counts(tp, predicted, support)
-    return {"precision": precision.tolist(), "recall": recall.tolist(), "f1": f1.tolist(),
-            "support": support.astype(int).tolist()}
+    return {str(name): {"precision": float(precision[i]), "recall": float(recall[i]), "f1": float(f1[i]),
+                        "support": int(support[i])} for i, name in enumerate(names)}
