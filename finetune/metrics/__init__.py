@@ -272,10 +272,12 @@ def scores_by_label(predictions, references, names: list[str]) -> dict[str, dict
         ``{name: {"precision": ..., "recall": ..., "f1": ..., "support": ...}}`` in id order.
     """
     pred, ref = np.asarray(predictions), np.asarray(references)
-    if pred.ndim == 1:  # class ids: as one-hot vectors, each class is the multi-label case's label
-        pred, ref = (np.eye(len(names), dtype=bool)[ids] for ids in class_ids(pred, ref))
-    pred, ref = pred.astype(bool), ref.astype(bool)
-    tp, predicted, support = (pred & ref).sum(0), pred.sum(0), ref.sum(0)
+    if pred.ndim == 1:  # class ids: each class is a label whose true positives are the hits on it
+        pred, ref = class_ids(pred, ref)
+        tp, predicted, support = (np.bincount(ids, minlength=len(names)) for ids in (ref[pred == ref], pred, ref))
+    else:  # 0/1 label vectors
+        pred, ref = pred.astype(bool), ref.astype(bool)
+        tp, predicted, support = (pred & ref).sum(0), pred.sum(0), ref.sum(0)
     precision, recall, f1 = scores_from_counts(tp, predicted, support)
     return {str(name): {"precision": float(precision[i]), "recall": float(recall[i]), "f1": float(f1[i]),
                         "support": int(support[i])} for i, name in enumerate(names)}
