@@ -105,7 +105,7 @@ def load_splits(cfg: DataConfig, seed: int, problem_type: str = "single_label"
         splits["validation"] = _encode_against(validation, cfg, label_space)
     elif cfg.validation_split > 0:
         splits["train"], splits["validation"] = _carve_validation(
-            splits["train"], train.source, cfg.validation_split, seed, label_space
+            splits["train"], train, cfg.validation_split, seed, label_space
         )
 
     splits["train"] = _subset(splits["train"], cfg.max_train_samples, seed)
@@ -336,9 +336,11 @@ def _drop_or_reject_empty_texts(table: Table, cfg: DataConfig) -> Table:
 
 
 def _carve_validation(
-    train: datasets.Dataset, source: str, fraction: float, seed: int, label_space: LabelSpace
+    train: datasets.Dataset, read: Table, fraction: float, seed: int, label_space: LabelSpace
 ) -> tuple[datasets.Dataset, datasets.Dataset]:
-    """Split ``fraction`` of ``train`` off as validation, seeded; stratified by class for single_label."""
+    """Split ``fraction`` of ``train`` (encoded from the table ``read``) off as validation, seeded; stratified by
+    class for single_label."""
+    source = read.source
     if label_space.problem_type != "single_label":
         n_validation = math.ceil(fraction * len(train))
         if len(train) - n_validation < 1:
@@ -350,6 +352,11 @@ def _carve_validation(
     counts = np.bincount(labels, minlength=len(label_space))
     present = int((counts > 0).sum())
     too_few = [label_space.names[i] for i in np.flatnonzero(counts == 1)]
+    if len(too_few) * 2 > present and present > 2:  # most classes on one row each: names, titles or ids
+        raise DataError(
+            f"{source}: column {read.label_column!r} (data.label_column) holds {present} different labels, "
+            f"{len(too_few)} of them on one row only: a label column names a few classes, each on many rows",
+            hint="name the column of the labels: --label COLUMN (data.label_column=COLUMN)")
     if too_few:
         raise DataError(
             f"{source}: class {too_few[0]!r} has only 1 row; carving a stratified validation set "

@@ -365,6 +365,18 @@ def test_carve_needs_two_rows_per_class(tmp_path):
         load_splits(cfg(path, validation_split=0.5), seed=0)
 
 
+def test_a_column_of_mostly_single_row_labels_is_said_not_to_be_a_label_column(tmp_path):
+    # headlines given as the labels: nearly every "class" is one row, which no classifier learns from
+    rows = "".join(f"story {i},Headline number {i // 2 if i < 8 else i}\n" for i in range(40))
+    path = write(tmp_path / "news.csv", "body,headline\n" + rows)
+    with pytest.raises(DataError) as caught:
+        load_splits(cfg(path, text_column="body", label_column="headline", validation_split=0.1), seed=0)
+    assert caught.value.message == (f"{path}: column 'headline' (data.label_column) holds 36 different labels, "
+                                    "32 of them on one row only: a label column names a few classes, each on "
+                                    "many rows")
+    assert caught.value.hint == "name the column of the labels: --label COLUMN (data.label_column=COLUMN)"
+
+
 def test_max_samples_caps_are_seeded_subsets(tmp_path):
     path = balanced_csv(tmp_path / "t.csv", {"a": 50, "b": 50})
     config = cfg(path, validation_split=0.2, max_train_samples=10, max_eval_samples=4)
