@@ -263,7 +263,7 @@ def _standardize(table: Table, text_column: str, pair_column: Optional[str], lab
         else:
             raise DataError(f"{table.source}: column {column!r} holds {feature_name(feature)}, not texts")
     return dataclasses.replace(
-        table, ds=ds, text_column=text_column, pair_column=pair_column, label_column=label_column
+        table, ds=ds, text_column=text_column, pair_column=pair_column, label_column=label_column, as_read=table.ds
     )
 
 
@@ -303,6 +303,14 @@ def _column_hint(ds: datasets.Dataset, missing_keys: list[str], named: list[str]
     options = " ".join(f"{_FLAGS[key]} {column}" for key, column in guesses.items())
     keys = ", ".join(f"{key}={column}" for key, column in guesses.items())
     return f"by the values, try {options} ({keys})"
+
+
+def _another_label_column(table: Table) -> Optional[str]:
+    """The hint of :func:`_column_hint` for a label column that is not one, from the columns the source had."""
+    if table.as_read is None:  # a class folder, whose labels are its sub-folders
+        return None
+    named = [table.text_column, table.pair_column, table.label_column]
+    return _column_hint(table.as_read, ["data.label_column"], named=[c for c in named if c is not None])
 
 
 def _drop_or_reject_empty_texts(table: Table, cfg: DataConfig) -> Table:
@@ -356,7 +364,8 @@ def _carve_validation(
         raise DataError(
             f"{source}: column {read.label_column!r} (data.label_column) holds {present} different labels, "
             f"{len(too_few)} of them on one row only: a label column names a few classes, each on many rows",
-            hint="name the column of the labels: --label COLUMN (data.label_column=COLUMN)")
+            hint=_another_label_column(read) or "name the column of the labels: --label COLUMN "
+                                                "(data.label_column=COLUMN)")
     if too_few:
         raise DataError(
             f"{source}: class {too_few[0]!r} has only 1 row; carving a stratified validation set "

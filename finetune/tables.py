@@ -48,6 +48,8 @@ class Table:
     label_column: str = "label"
     # CSV/TSV: an empty field reads as null, so "no value" and "empty string" look the same
     empty_field_is_null: bool = False
+    # the rows with the source's own columns, kept once the standard ones are chosen: for a hint naming another
+    as_read: Optional[datasets.Dataset] = None
 
     @classmethod
     def whole(cls, ds: datasets.Dataset, source: str, unit: str, offset: int = 1, **extra: Any) -> Table:

@@ -375,6 +375,12 @@ def test_a_column_of_mostly_single_row_labels_is_said_not_to_be_a_label_column(t
                                     "32 of them on one row only: a label column names a few classes, each on "
                                     "many rows")
     assert caught.value.hint == "name the column of the labels: --label COLUMN (data.label_column=COLUMN)"
+    # with a column of labels beside it, the hint names that one, as a missing column's does
+    rows = "".join(f"story {i},Headline number {i // 2 if i < 8 else i},{'abc'[i % 3]}\n" for i in range(40))
+    path = write(tmp_path / "desks.csv", "body,headline,desk\n" + rows)
+    with pytest.raises(DataError) as caught:
+        load_splits(cfg(path, text_column="body", label_column="headline", validation_split=0.1), seed=0)
+    assert caught.value.hint == "by the values, try --label desk (data.label_column=desk)"
 
 
 def test_max_samples_caps_are_seeded_subsets(tmp_path):
