@@ -360,7 +360,7 @@ def _carve_validation(
     counts = np.bincount(labels, minlength=len(label_space))
     present = int((counts > 0).sum())
     too_few = [label_space.names[i] for i in np.flatnonzero(counts == 1)]
-    if len(too_few) * 2 > present and present > 2:  # most classes on one row each: names, titles or ids
+    if len(too_few) * 2 > present >= 10:  # most of many classes on one row each: names, titles or ids
         raise DataError(
             f"{source}: column {read.label_column!r} (data.label_column) holds {present} different labels, "
             f"{len(too_few)} of them on one row only: a label column names a few classes, each on many rows",
