@@ -101,7 +101,8 @@ def test_quickstart(assets, tmp_path):
                   f"LAUNCH_PROCESSES = 1\nLAUNCH_OUTPUT_DIR = {str(tmp_path / 'launched')!r}")
     nb, result = execute("quickstart.ipynb", parameters,
                          "{'records': records, 'updates': run.plan.total_updates, 'labels': list(run.labels.names), "
-                         "'pipeline': classifier(TEXTS), 'predicted': predictor.predict(TEXTS)}")
+                         "'pipeline': classifier(TEXTS), 'predicted': predictor.predict(TEXTS), "
+                         "'speedups': speedups.describe()}")
     outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
     assert not [o for o in outputs if o.get("output_type") == "error"]
     # no bar that cannot draw here: tqdm's widget without ipywidgets warns "IProgress not found"
@@ -112,6 +113,9 @@ def test_quickstart(assets, tmp_path):
     evals = [r for r in result["records"] if "eval/loss" in r]
     assert [r["step"] for r in train] == list(range(1, result["updates"] + 1))
     assert len(evals) == 2 and evals[-1]["step"] == result["updates"]
+    # the epochs ran with fit's CPU speed-ups, as train.py's do, and the model came back whole (the predictor
+    # below uses it, and agrees with the saved one)
+    assert "embedding_grad=sparse" in result["speedups"] and "dropout_masks=fast" in result["speedups"]
     # the in-memory predictor and plain transformers.pipeline on the saved model agree, with the data's label names
     assert result["labels"] == ["ham", "spam"]
     for p, q in zip(result["predicted"], result["pipeline"]):
