@@ -14,10 +14,11 @@ format and column names. Labels are matched to the model's by
 name; a label the model was not trained on is an error naming its row. The
 metrics are the run's ``evaluation`` settings (the same
 :class:`~finetune.metrics.MetricSuite` as validation during training), plus
-the loss; for a single-label model a confusion matrix is printed and written
-as a PNG (by default ``<output_dir>/confusion_<file name>.png``). Multi-label
-and regression models are scored with their own metrics and loss (see
-:mod:`finetune.tasks`), without a confusion matrix.
+the loss, and each label's precision, recall, F1 and support scored alone; for
+a single-label model a confusion matrix is printed and written as a PNG (by
+default ``<output_dir>/confusion_<file name>.png``). Multi-label and regression
+models are scored with their own metrics and loss (see :mod:`finetune.tasks`),
+without a confusion matrix, and regression without the labels' table.
 
 (Not named ``evaluate``: a module of that name would hide the ``evaluate``
 library for ``accelerate launch finetune/...``.)
@@ -267,7 +268,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "run's)")
     parser.add_argument("--png", default=None,
                         help="confusion-matrix PNG to write (default: <output_dir>/confusion_<file name>.png)")
-    parser.add_argument("--json", default=None, help="also write the metrics and the matrix to this JSON file")
+    parser.add_argument("--json", default=None,
+                        help="also write the metrics, each label's scores and the matrix to this JSON file")
     parser.add_argument("--batch-size", type=int, default=DEFAULT_BATCH_SIZE, help="texts per forward pass")
     add_precision_argument(parser)
     parser.add_argument("--debug", action="store_true", help="show tracebacks for input errors")
