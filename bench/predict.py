@@ -28,7 +28,8 @@ def job_texts(config: Path, n: int) -> list[str]:
     """The first ``n`` training texts of ``config``'s data, read as a run reads them (repeated when fewer)."""
     from finetune.columns import read_column
     from finetune.config import load_config
-    from finetune.data import TEXT, load_splits, quiet_progress_bars
+    from finetune.data import TEXT, load_splits
+    from finetune.predict import quiet_progress_bars
 
     quiet_progress_bars()
     cfg = load_config(str(config), [])

@@ -48,7 +48,8 @@ def write_rows(path: Path, rows: int) -> None:
     to ``rows`` rows, as a TSV with a header."""
     from finetune.columns import read_column
     from finetune.config import load_config
-    from finetune.data import LABELS, TEXT, load_splits, quiet_progress_bars
+    from finetune.data import LABELS, TEXT, load_splits
+    from finetune.predict import quiet_progress_bars
 
     quiet_progress_bars()
     cfg = load_config(str(REPO / "configs" / "default.yaml"), ["data.validation_split=0"])

@@ -55,8 +55,8 @@ from finetune.local_files import read_local, root_message
 from finetune.tables import LABELS, RAW_LABEL, SHOW_LABELS, TEXT, TEXT_PAIR, Table, as_mask, column_values, \
     feature_name, short_list
 
-__all__ = ["LABELS", "TEXT", "TEXT_PAIR", "LabelSpace", "load_splits", "load_labelled_file",
-           "quiet_progress_bars", "class_counts", "content_sha256", "digest_rows"]
+__all__ = ["LABELS", "TEXT", "TEXT_PAIR", "LabelSpace", "load_splits", "load_labelled_file", "class_counts",
+           "content_sha256", "digest_rows"]
 
 logger = logging.getLogger(__name__)
 
@@ -151,14 +151,6 @@ def _encode_against(table: Table, cfg: DataConfig, label_space: LabelSpace) -> d
 
 
 # --------------------------------------------------------------------------- local files (finetune.local_files reads them)
-
-
-def quiet_progress_bars() -> None:
-    """Silence the bars of reading a file and loading weights, for commands that show a bar of their own."""
-    from transformers.utils import logging as hf_logging
-
-    datasets.disable_progress_bars()
-    hf_logging.disable_progress_bar()
 
 
 def _load_local(spec: str, key: str, cfg: DataConfig) -> Table:

@@ -324,6 +324,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_intermixed_args(argv)
 
 
+def quiet_progress_bars() -> None:
+    """Silence the bars of reading a file and loading weights, for commands that show a bar of their own
+    (``predict``, ``score``)."""
+    import datasets
+    from transformers.utils import logging as hf_logging
+
+    datasets.disable_progress_bars()
+    hf_logging.disable_progress_bar()
+
+
 def run(args: argparse.Namespace) -> None:
     """Check every argument, load the model, predict, write. Raises FinetuneError on bad input."""
     for flag, column in (("--text", args.text_column), ("--text-pair-column", args.text_pair_column)):
@@ -364,8 +374,6 @@ def run(args: argparse.Namespace) -> None:
     encoding = args.encoding or (cfg.data.encoding if cfg is not None else "utf-8")
     # after the checks above, which need neither datasets nor transformers (seconds to import): a wrong
     # argument is said at once
-    from finetune.data import quiet_progress_bars
-
     quiet_progress_bars()  # the bars of reading the file and loading the weights; the file's bar is ours
     if args.file:
         rows = read_rows(args.file, text_column, pair_column, encoding)

@@ -36,7 +36,7 @@ from typing import Any, Optional, Sequence
 
 from finetune.errors import ConfigError, DataError, FileLayoutError, out_of_memory_told_as, run_command
 from finetune.predict import (DEFAULT_BATCH_SIZE, Predictor, add_precision_argument, batch_too_large,
-                              check_precision)
+                              check_precision, quiet_progress_bars)
 
 _SCORE_SECTIONS = ("data", "evaluation")
 # The labelled file is the only data: no second file, no carve, no caps.
@@ -303,7 +303,6 @@ def run(args: argparse.Namespace) -> Score:
             refuse_a_run_file(target, output_dir, flag)
     # after the checks above, which need neither datasets nor torch (seconds to import): a wrong argument
     # is said at once
-    from finetune.data import quiet_progress_bars
     from finetune.plot import DPI, confusion_figure
 
     quiet_progress_bars()  # the bars of reading the file and loading the weights; the scoring bar is ours
