@@ -59,19 +59,13 @@ class Score:
     references: Any
     # the forward passes' arithmetic: "no" (float32), "bf16" or "fp16"
     precision: str = "no"
-    problem_type: str = "single_label"
-
-    def by_label(self) -> Optional[dict[str, dict[str, float]]]:
-        """Each label's precision, recall, F1 and support, by name; ``None`` for a regression model."""
-        from finetune.metrics import scores_by_label
-
-        if self.problem_type == "regression":
-            return None
-        return scores_by_label(self.predictions, self.references, self.labels)
+    # each label's precision, recall, F1 and support, by name (finetune.metrics.scores_by_label); None for a
+    # regression model
+    by_label: Optional[dict[str, dict[str, float]]] = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"file": self.file, "precision": self.precision, "metrics": self.metrics, "labels": self.labels,
-                "by_label": self.by_label(),
+                "by_label": self.by_label,
                 "confusion_matrix": None if self.confusion is None else self.confusion.tolist()}
 
 
@@ -210,7 +204,7 @@ def score_file(output_dir: str | os.PathLike, file: str | os.PathLike, overrides
     import numpy as np
     import torch
 
-    from finetune.metrics import metric_suite_for
+    from finetune.metrics import metric_suite_for, scores_by_label
     from finetune.tasks import Task
 
     cfg = scoring_config(output_dir, file, overrides)
@@ -235,8 +229,9 @@ def score_file(output_dir: str | os.PathLike, file: str | os.PathLike, overrides
     loss = task.per_sample_loss(logits, refs).double().mean().item()
     metrics = {"loss": loss, "num_samples": len(texts), **suite.compute(predictions, refs.numpy())}
     confusion = confusion_matrix(refs.numpy(), predictions, len(names)) if problem_type == "single_label" else None
+    by_label = scores_by_label(predictions, refs.numpy(), names) if problem_type != "regression" else None
     return Score(str(file), metrics, list(names), confusion, predictions, refs.numpy(), predictor.precision,
-                 problem_type)
+                 by_label)
 
 
 def format_confusion(matrix, names: Sequence[str]) -> str:
@@ -313,9 +308,8 @@ def run(args: argparse.Namespace) -> Score:
     width = max(len(k) for k in result.metrics)
     for key, value in result.metrics.items():
         print(f"  {key.ljust(width)}  {value:.4f}" if isinstance(value, float) else f"  {key.ljust(width)}  {value}")
-    by_label = result.by_label()
-    if by_label is not None:
-        print(format_by_label(by_label))
+    if result.by_label is not None:
+        print(format_by_label(result.by_label))
     if result.confusion is not None:
         print(format_confusion(result.confusion, result.labels))
         confusion_figure(result.confusion, result.labels,

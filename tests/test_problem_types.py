@@ -415,7 +415,7 @@ def test_a_multi_label_run_learns_and_pipeline_agrees_with_predict(problem_runs)
     reset_accelerate()
     predictor = Predictor.load(out, device="cpu")
     # finetune score on the validation file scores each label as the run's last evaluation did
-    assert score_file(out, out.parent / "val.jsonl", predictor=predictor).by_label() == by_label
+    assert score_file(out, out.parent / "val.jsonl", predictor=predictor).by_label == by_label
     ours = predictor.predict(TEXTS)
     theirs = pipeline("text-classification", model=str(out), device="cpu", top_k=None)(TEXTS)
     for mine, scores in zip(ours, theirs):
@@ -453,5 +453,5 @@ def test_a_regression_run_learns_and_pipeline_agrees_with_predict(problem_runs):
     assert [p["score"] for p in ours] == pytest.approx([t["score"] for t in theirs], abs=1e-5)
     # score reads the validation file as training did and reports what validation reported
     result = score_file(out, out.parent / "val.jsonl", predictor=predictor)
-    assert result.confusion is None and result.by_label() is None
+    assert result.confusion is None and result.by_label is None
     assert result.metrics["mse"] == pytest.approx(summary["eval"]["mse"], rel=1e-4)
