@@ -158,6 +158,15 @@ def _frozen(frozen: Optional[dict[str, Any]]) -> list[str]:
             f"{frozen['total_weights']:,} ({share:.1f}%)."]
 
 
+def _results(validation: str, results: dict[str, Any], metrics: dict[str, float],
+             by_label: Optional[dict[str, dict[str, float]]]) -> list[str]:
+    """The results section: the saved model's metrics on the validation data, then each label's."""
+    texts = f" ({results['num_samples']} texts)" if "num_samples" in results else ""
+    rows = "\n".join(f"| {_TITLES.get(m, m)} | {v:.4f} |" for m, v in metrics.items())
+    return [f"## Results on the validation data: {validation}{texts}", "", "| metric | value |", "|---|---|", rows,
+            "", *_by_label(by_label)]
+
+
 # past this many labels the card shows the weakest of them (metrics.json keeps them all)
 CARD_LABELS = 20
 
@@ -200,7 +209,6 @@ def model_card(cfg, summary: dict[str, Any]) -> str:
                   f" ({best['value']:.4g}); the weights here are {which}.")
     stopped = (" The run ended early: the validation metric stopped improving."
                if train.get("ended") == "early_stopped" else "")
-    rows = "\n".join(f"| {_TITLES.get(m, m)} | {v:.4f} |" for m, v in metrics.items())
     lines = [
         "---",
         yaml.safe_dump(front, sort_keys=False).rstrip(),
@@ -225,14 +233,7 @@ def model_card(cfg, summary: dict[str, Any]) -> str:
         *_adapters(train.get("lora")),
         *_frozen(train.get("frozen")),
         "",
-        f"## Results on the validation data: {sources.validation}"
-        + (f" ({results['num_samples']} texts)" if "num_samples" in results else ""),
-        "",
-        "| metric | value |",
-        "|---|---|",
-        rows,
-        "",
-        *_by_label(summary.get("eval_by_label")),
+        *_results(sources.validation, results, metrics, summary.get("eval_by_label")),
         "## Use",
         "",
         "```python",
