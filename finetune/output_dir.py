@@ -17,10 +17,10 @@ import os
 from pathlib import Path
 
 from finetune.checkpoint_files import resolve_resume
-from finetune.resuming import refuse_another_runs_checkpoints
 from finetune.config import Config, config_yaml
 from finetune.errors import ConfigError
 from finetune.outputs import CONFIG_FILE, LOCK_FILE, OutputLock, clear_previous_run, write_atomic
+from finetune.resuming import refuse_another_runs_checkpoints
 
 logger = logging.getLogger("finetune")
 
