@@ -3,8 +3,9 @@
 CSV, TSV (``.tsv``/``.tab``; quote characters are plain text), JSON or JSON
 Lines, Parquet, or a folder with one sub-folder per class holding ``.txt``
 files (label = sub-folder name). The format comes from the extension (a ``.csv``
-whose lines all hold the same number of tabs reads as TSV) unless
-``data.format`` names it. The bytes are checked against ``data.encoding`` before
+whose lines all hold the same number of tabs reads as TSV, and one whose records
+split on ``;`` and not on ``,`` as a spreadsheet's semicolon-separated CSV)
+unless ``data.format`` names it. The bytes are checked against ``data.encoding`` before
 any reader sees them, so that an undecodable byte is named by its offset, and a
 first data row whose field count differs from the header stops the read rather
 than shifting the columns.
@@ -17,11 +18,12 @@ labels); :func:`read_table` is the same read for files without labels
 from __future__ import annotations
 
 import codecs
+import contextlib
 import csv
 import functools
 import logging
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 import datasets
 import numpy as np
@@ -124,8 +126,38 @@ def _tab_separated(path: Path, encoding: str, lines: int = 20) -> bool:
     return len(counts) == 1 and counts != {0}
 
 
+def _csv_separator(path: Path, encoding: str) -> str:
+    """``;`` for a CSV file whose first records split on it into the same number of fields, and not on ``,``.
+
+    Spreadsheets set to a language whose decimal mark is a comma (most of
+    Europe's) save CSV with semicolons. A file that splits evenly on commas
+    stays comma-separated, so a file pandas reads today reads the same.
+    """
+    if _same_field_count(path, encoding, ",") or not _same_field_count(path, encoding, ";"):
+        return ","
+    logger.info("%s: its lines split on ';' and not on ',': read as semicolon-separated", path)
+    return ";"
+
+
+def _same_field_count(path: Path, encoding: str, sep: str, records: int = 20) -> bool:
+    """Whether the first ``records`` records of a CSV file (quoted fields as CSV quotes them) all split on
+    ``sep`` into the same number of fields, two or more."""
+    counts = set()
+    try:
+        with open(path, encoding=python_codec(encoding), errors="replace", newline="") as fh:
+            for row in csv.reader(fh, delimiter=sep):
+                if row:
+                    counts.add(len(row))
+                    records -= 1
+                if records == 0 or len(counts) > 1:
+                    break
+    except (UnicodeError, csv.Error):  # not text in that encoding, or a quote csv cannot parse: the read says
+        return False
+    return len(counts) == 1 and counts != {1}
+
+
 def _load_delimited(path: Path, fmt: str, cfg: DataConfig) -> Table:
-    sep = "\t" if fmt == "tsv" else ","
+    sep = "\t" if fmt == "tsv" else _csv_separator(path, cfg.encoding)
     # TSV files such as the SMS spam collection use '"' as a plain character;
     # quote processing would merge rows up to the next quote.
     quoting = csv.QUOTE_NONE if fmt == "tsv" else csv.QUOTE_MINIMAL
@@ -135,8 +167,26 @@ def _load_delimited(path: Path, fmt: str, cfg: DataConfig) -> Table:
         if not cfg.column_names:
             raise ConfigError(f"data.column_names: required with data.has_header: false ({path})")
         header, names = None, list(cfg.column_names)
-    _check_field_count(path, sep, quoting, names, cfg.encoding)
-    ds = _run_builder(
+    _check_field_count(path, sep, quoting, names, cfg.encoding, rows=1)
+    try:
+        ds = _read_delimited(path, sep, quoting, header, names, cfg)
+    except DataError:
+        # pandas names a later row with too many fields in words of its own ("C error: Expected 2 fields in
+        # line 4, saw 3"); the check over every row names it as the first row's check does, at no cost to a
+        # file that reads
+        _check_field_count(path, sep, quoting, names, cfg.encoding, rows=None)
+        raise
+    table = Table.whole(ds, str(path), unit="line", offset=2 if cfg.has_header else 1, empty_field_is_null=True)
+    blank = functools.reduce(pc.and_, [pc.is_null(values) for values in as_arrow(ds).columns])
+    rows = np.flatnonzero(~as_mask(blank))
+    if len(rows) == 0:
+        raise DataError(f"{path}: empty file (no rows)")
+    return table.keep(rows)
+
+
+def _read_delimited(path: Path, sep: str, quoting: int, header: Optional[int], names: Optional[list[str]],
+                    cfg: DataConfig) -> datasets.Dataset:
+    return _run_builder(
         "csv",
         path,
         sep=sep,
@@ -154,19 +204,16 @@ def _load_delimited(path: Path, fmt: str, cfg: DataConfig) -> Table:
         encoding=python_codec(cfg.encoding),
         encoding_errors=cfg.encoding_errors,
     )
-    table = Table.whole(ds, str(path), unit="line", offset=2 if cfg.has_header else 1, empty_field_is_null=True)
-    blank = functools.reduce(pc.and_, [pc.is_null(values) for values in as_arrow(ds).columns])
-    rows = np.flatnonzero(~as_mask(blank))
-    if len(rows) == 0:
-        raise DataError(f"{path}: empty file (no rows)")
-    return table.keep(rows)
 
 
-def _check_field_count(path: Path, sep: str, quoting: int, names: Optional[list[str]], encoding: str) -> None:
-    """Reject a first data row whose field count differs from the header or ``column_names``.
+def _check_field_count(path: Path, sep: str, quoting: int, names: Optional[list[str]], encoding: str,
+                       rows: Optional[int]) -> None:
+    """Reject a data row, among the first ``rows`` (None: all), whose field count differs from the header or
+    ``column_names``.
 
-    pandas would otherwise shift columns silently (turning the first field into
-    the index) or drop the extra fields.
+    pandas would otherwise shift columns silently when the first data row is
+    the odd one (turning its first field into the index) or drop the extra
+    fields.
     """
     with open(path, encoding=python_codec(encoding), errors="replace", newline="") as fh:
         reader = csv.reader(fh, delimiter=sep, quoting=quoting)
@@ -182,9 +229,21 @@ def _check_field_count(path: Path, sep: str, quoting: int, names: Optional[list[
                 source = "data.column_names" if names is not None else "the header"
                 raise FileLayoutError(
                     f"{path}: line {reader.line_num} has {len(row)} fields but {source} has "
-                    f"{len(header)} ({', '.join(header)})"
+                    f"{len(header)} ({', '.join(header)})",
+                    hint=_quote_hint(sep, quoting) if len(row) > len(header) else None,
                 )
-            return
+            if rows is not None:
+                rows -= 1
+                if rows == 0:
+                    return
+
+
+def _quote_hint(sep: str, quoting: int) -> Optional[str]:
+    """What a row with a field too many most often needs: its text quoted (CSV), or a tab taken out (TSV)."""
+    if quoting == csv.QUOTE_NONE:
+        return "a TSV field cannot hold a tab: take the tabs out of the texts"
+    shown = {",": "a comma", ";": "a semicolon"}.get(sep, repr(sep))
+    return f'a field that holds {shown} must be in double quotes ("like, this")'
 
 
 def _load_json(path: Path, cfg: DataConfig) -> Table:
@@ -226,7 +285,8 @@ def _load_folder(root: Path, cfg: DataConfig) -> Table:
 def _run_builder(builder: str, path: Path, **options: Any) -> datasets.Dataset:
     """``datasets.load_dataset(builder)`` on one file, turning any failure into one DataError line."""
     try:
-        ds = datasets.load_dataset(builder, data_files={"train": str(path)}, split="train", **options)
+        with _failures_not_logged():
+            ds = datasets.load_dataset(builder, data_files={"train": str(path)}, split="train", **options)
     except FinetuneError:
         raise
     except Exception as exc:  # noqa: BLE001 - pandas/pyarrow/datasets raise many types for bad input
@@ -238,6 +298,17 @@ def _run_builder(builder: str, path: Path, **options: Any) -> datasets.Dataset:
     if len(ds) == 0:
         raise DataError(f"{path}: empty file (no rows)")
     return ds
+
+
+@contextlib.contextmanager
+def _failures_not_logged() -> Iterator[None]:
+    """``datasets`` logs a failed read at ERROR before raising it; the raise becomes one line of the package's."""
+    verbosity = datasets.utils.logging.get_verbosity()
+    datasets.utils.logging.set_verbosity(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        datasets.utils.logging.set_verbosity(verbosity)
 
 
 def root_message(exc: BaseException) -> str:

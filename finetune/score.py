@@ -216,7 +216,9 @@ def score_file(output_dir: str | os.PathLike, file: str | os.PathLike, overrides
     try:
         texts, pairs, references = load_labelled(file, cfg.data, names, problem_type)
     except FileLayoutError as exc:
-        raise FileLayoutError(exc.message, exc.hint or _layout_hint(cfg.data)) from None
+        # the run's layout, where the file was read with it, is the likelier cause than what a file read by its
+        # own header is told
+        raise FileLayoutError(exc.message, _layout_hint(cfg.data) or exc.hint) from None
     counts = np.bincount(np.asarray(references), minlength=len(names)) if problem_type == "single_label" else None
     suite = metric_suite_for(cfg.evaluation, names, problem_type, counts, whose="the model")
 
