@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -168,7 +169,9 @@ def _label_key(value: Any, feature: Any) -> Optional[str]:
             return str(int(value))
         raise ValueError("is not a class (labels must be strings or integers)")
     if isinstance(value, str):
-        return value if value.strip() else None
+        # spaces around a label are how it was typed, not a class of its own ("spam " is "spam"), as
+        # around each of a multi-label field's labels
+        return value.strip() or None
     raise ValueError(f"is a {type(value).__name__}, not a class (labels must be strings or integers)")
 
 
@@ -189,6 +192,7 @@ def _label_space(train: Table, keys: list[str], label_map: Optional[dict[str, st
             f"{train.source}: the train data has only one class ({next(iter(present))!r}); "
             "a classifier needs at least two"
         )
+    warn_of_labels_differing_in_case(train, keys)
     if label_map is not None:
         return LabelSpace(names=list(dict.fromkeys(label_map.values())))  # the map's order, as a ClassLabel's
     if isinstance(feature, datasets.ClassLabel):
@@ -204,6 +208,27 @@ def _label_space(train: Table, keys: list[str], label_map: Optional[dict[str, st
     if all(order(name)[0] == 0 for name in present):
         return LabelSpace(names=sorted(present, key=lambda name: int(name)))
     return LabelSpace(names=sorted(present))
+
+
+def warn_of_labels_differing_in_case(train: Table, keys: list[str]) -> None:
+    """Warn of labels of the training data that differ only in case (``spam``, ``Spam``): each is a class.
+
+    Most often one label typed two ways, which would train as two classes
+    and split its rows between them; but a data set may mean them apart, so
+    the run goes on, and the warning names them with their rows.
+    """
+    counts = Counter(keys)
+    groups: dict[str, list[str]] = {}
+    for name in sorted(counts):
+        groups.setdefault(name.casefold(), []).append(name)
+    clashes = [names for names in groups.values() if len(names) > 1]
+    if not clashes:
+        return
+    shown = " and ".join(f"{name!r} ({counts[name]} row{'s' if counts[name] > 1 else ''})" for name in clashes[0])
+    more = f"; {len(clashes) - 1} more such group{'s' if len(clashes) > 2 else ''}" if len(clashes) > 1 else ""
+    logger.warning("%s: labels %s in column %r differ only in case, and train as %d classes%s; if they are one, "
+                   "write it one way in the file (or map them with data.label_map)", train.source, shown,
+                   train.label_column, len(clashes[0]), more)
 
 
 def _encode_labels(table: Table, keys: list[str], label_space: LabelSpace) -> datasets.Dataset:
@@ -285,6 +310,7 @@ def _multi_label_space(train: Table, sets: list[list[str]], label_map: Optional[
         raise DataError(f"{train.source}: the train data uses {len(present)} label"
                         f"{'' if len(present) == 1 else 's'} in column {train.label_column!r}; "
                         "multi_label needs at least two")
+    warn_of_labels_differing_in_case(train, [key for keys in sets for key in keys])
     if label_map is not None:
         return LabelSpace(list(dict.fromkeys(label_map.values())), "multi_label")
     # integers numerically ("2" before "10"), then names
