@@ -114,8 +114,9 @@ class DataConfig:
     validation_file: Optional[str] = setting(
         None, "The validation set, in the training file's layout (null: `validation_split` carves one from train).")
     format: Literal["auto", "csv", "tsv", "json", "parquet", "folder"] = setting("auto",
-        "File format; `auto` goes by the extension (a directory means `folder`), and reads a `.csv` whose "
-        "lines all hold the same number of tabs as TSV.")
+        "File format; `auto` goes by the extension (a directory means `folder`), reads a `.csv` whose "
+        "lines all hold the same number of tabs as TSV, and one whose lines split evenly on `;` and not on `,` "
+        "(as spreadsheets in many languages save CSV) as semicolon-separated.")
     has_header: Optional[bool] = setting(None,
         "CSV/TSV only: whether the first line holds column names; null (auto): yes, unless `column_names` "
         "are given.")
@@ -125,7 +126,8 @@ class DataConfig:
         "Column holding the second text of a sentence pair (null for single texts).")
     label_column: str = setting("label",
         "Column holding the label: strings or integers (single_label), a list of them or a delimited "
-        "string (multi_label), numbers (regression).")
+        "string (multi_label), numbers (regression). Spaces around a label are not part of it; labels "
+        "that differ only in case are classes of their own, and the run warns of them.")
     label_delimiter: Optional[str] = setting(None,
         'multi_label: the separator of several labels in one string field, e.g. `","` or `"|"` (null: the '
         "column holds lists, as JSON arrays or Parquet lists).")

@@ -102,6 +102,38 @@ def test_csv_with_byte_order_mark(tmp_path):
     assert splits["train"]["text"] == ["x", "y"]
 
 
+def test_a_spreadsheets_semicolon_separated_csv_reads_by_its_semicolons(tmp_path, caplog):
+    # as a spreadsheet set to a language with a decimal comma saves it: a byte-order mark, ';' between fields,
+    # and a text holding ';' in double quotes
+    path = tmp_path / "excel.csv"
+    path.write_bytes("Message;Label\nhello, there;ham\n\"win; cash, now\";spam\nok, ok, see you;ham\n"
+                     .encode("utf-8-sig"))
+    with caplog.at_level(logging.INFO, logger="finetune"):
+        splits, labels = load_splits(cfg(str(path), text_column="Message", label_column="Label"), seed=0)
+    assert splits["train"]["text"] == ["hello, there", "win; cash, now", "ok, ok, see you"]
+    assert names_of(splits["train"]) == ["ham", "spam", "ham"]
+    assert any("read as semicolon-separated" in r.getMessage() for r in caplog.records)
+
+
+def test_a_csv_that_splits_evenly_on_commas_stays_comma_separated(tmp_path, caplog):
+    # semicolons in every text, the same number on each line: the commas, which split every line alike, win
+    path = write(tmp_path / "t.csv", "text,label\nhi; there,ham\nwin; now,spam\nsee; you,ham\n")
+    with caplog.at_level(logging.INFO, logger="finetune"):
+        splits, _ = load_splits(cfg(path), seed=0)
+    assert splits["train"]["text"] == ["hi; there", "win; now", "see; you"]
+    assert not any("semicolon" in r.getMessage() for r in caplog.records)
+
+
+def test_a_later_row_with_a_field_too_many_is_named_and_told_to_quote(tmp_path, caplog):
+    path = write(tmp_path / "t.csv", "text,label\nhello there,ham\nwin cash,spam\nok, see you,ham\n")
+    with caplog.at_level(logging.DEBUG), pytest.raises(FileLayoutError) as info:
+        load_splits(cfg(path), seed=0)
+    assert info.value.message == f"{path}: line 4 has 3 fields but the header has 2 (text, label)"
+    assert info.value.hint == 'a field that holds a comma must be in double quotes ("like, this")'
+    # datasets' own record of the failed read would repeat the error above the package's one line
+    assert not [r for r in caplog.records if r.name.startswith("datasets") and r.levelno >= logging.ERROR]
+
+
 def test_tab_extension_is_tsv(tmp_path):
     path = write(tmp_path / "t.tab", 'text\tlabel\nsay "x\ta\ny\tb\n')
     splits, _ = load_splits(cfg(path), seed=0)
@@ -520,6 +552,35 @@ def test_label_map_names_the_files_labels_in_its_order_and_may_merge_them(tmp_pa
         load_splits(cfg(path, label_column="stars", label_map=unmapped), seed=0)
 
 
+def test_spaces_around_a_label_are_not_part_of_it(tmp_path):
+    path = write(tmp_path / "t.csv", 'text,label\na,ham\nb," ham"\nc,"spam "\nd,spam\n')
+    other = write(tmp_path / "v.csv", 'text,label\ne,"  spam"\nf,ham\n')
+    splits, labels = load_splits(cfg(path, validation_file=other), seed=0)
+    assert labels.names == ["ham", "spam"]
+    assert names_of(splits["train"]) == ["ham", "ham", "spam", "spam"]
+    assert names_of(splits["validation"]) == ["spam", "ham"]
+
+
+@pytest.mark.parametrize("problem_type, column", [("single_label", "a,ham\nb,HAM\nc,Ham\nd,spam\ne,ham\n"),
+                                                  ("multi_label", "a,ham\nb,HAM|x\nc,Ham\nd,spam\ne,ham|x\n")])
+def test_labels_that_differ_only_in_case_are_warned_of_with_their_rows(tmp_path, caplog, problem_type, column):
+    path = write(tmp_path / "t.csv", "text,label\n" + column)
+    delimiter = "|" if problem_type == "multi_label" else None
+    with caplog.at_level(logging.WARNING, logger="finetune"):
+        _, labels = load_splits(cfg(path, label_delimiter=delimiter), seed=0, problem_type=problem_type)
+    assert {"HAM", "Ham", "ham"} <= set(labels.names)  # they stay classes: a data set may mean them apart
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warnings == [f"{path}: labels 'HAM' (1 row) and 'Ham' (1 row) and 'ham' (2 rows) in column 'label' "
+                        "differ only in case, and train as 3 classes; if they are one, write it one way in the file "
+                        "(or map them with data.label_map)"]
+    caplog.clear()
+    merged = {"ham": "ham", "HAM": "ham", "Ham": "ham", "spam": "spam", "x": "x"}
+    with caplog.at_level(logging.WARNING, logger="finetune"):
+        _, labels = load_splits(cfg(path, label_delimiter=delimiter, label_map=merged), seed=0,
+                                problem_type=problem_type)
+    assert "HAM" not in labels.names and not caplog.records
+
+
 def test_label_map_names_each_label_of_a_multi_label_row(tmp_path):
     path = write(tmp_path / "tags.csv", "text,tags\na,s|p\nb,p\nc,t|s\nd,x\n")
     names = {"s": "sport", "p": "politics", "t": "tech"}
@@ -616,7 +677,7 @@ def _error_cases(tmp: Path) -> dict[str, tuple[dict, str]]:
         ),
         "too many fields": (
             {"train_file": write(tmp / "fields.csv", "text,label\na,x\nb,y,z\n")},
-            r"fields\.csv: cannot read as csv: .*Expected 2 fields in line 3, saw 3",
+            r"fields\.csv: line 3 has 3 fields but the header has 2 \(text, label\)",
         ),
         "shifted columns": (
             {"train_file": write(tmp / "shifted.csv", "text,label\na,x,1\nb,y,2\n")},
