@@ -36,8 +36,8 @@ from typing import Any, Optional, Sequence
 
 from finetune.errors import ConfigError, DataError, ModelError, OutOfMemory, out_of_memory_told_as, run_command
 from finetune.outputs import refuse_a_run_file
-from finetune.prediction_files import (INPUT_FORMATS, OUTPUT_FORMATS, STDIN, checked_suffix, predict_rows,
-                                       read_rows, write_predictions)
+from finetune.prediction_files import (CLASH_PREFIX, INPUT_FORMATS, OUTPUT_FORMATS, STDIN, checked_suffix,
+                                       columns_named_as_predictions, predict_rows, read_rows, write_predictions)
 from finetune.text_encoding import check_encoding
 from finetune.truncation import BOOKKEEPING, LENGTH, Truncation, prediction_length
 
@@ -383,11 +383,18 @@ def run(args: argparse.Namespace) -> None:
         rows, text_column = [{"text": text} for text in args.texts], "text"
     predictor = Predictor.load(output_dir, batch_size=args.batch_size, threshold=args.threshold,
                                precision=args.precision)
+    clashes = columns_named_as_predictions(rows, predictor.labels)
+    prefix = CLASH_PREFIX if clashes else ""
+    if clashes:
+        named = " and ".join(map(repr, clashes))
+        print(f"note: {args.file} has its own {named} column{'s' if len(clashes) > 1 else ''}, kept as "
+              f"{'they are' if len(clashes) > 1 else 'it is'}: the prediction's columns are named {prefix}<name> "
+              f"({prefix}label, {prefix}score, ...)", file=sys.stderr)
     with out_of_memory_told_as(lambda _: batch_too_large(args.batch_size)):
-        predicted = predict_rows(predictor, rows, text_column, pair_column, progress=bool(args.file))
+        predicted = predict_rows(predictor, rows, text_column, pair_column, progress=bool(args.file), prefix=prefix)
     if args.output:
         delimiter = (cfg.data.label_delimiter if cfg is not None else None) or ","
-        write_predictions(args.output, predicted, predictor.labels, delimiter)
+        write_predictions(args.output, predicted, predictor.labels, delimiter, prefix)
     else:
         for row in predicted:
             print(json.dumps(row, ensure_ascii=False))

@@ -3,8 +3,9 @@
 ``--file`` takes ``.txt`` (one text per line; ``-`` reads such lines from
 standard input), ``.csv``/``.tsv`` with a header, or ``.jsonl``; ``--output``
 writes ``.csv`` or ``.jsonl``. Every input row gets one output row, in order,
-its columns kept and the prediction added; an empty text gets an empty
-prediction, so the rows line up.
+its columns kept and the prediction added (under ``predicted_<name>`` where
+the input has a column of the prediction's names, a labelled file's ``label``);
+an empty text gets an empty prediction, so the rows line up.
 """
 
 from __future__ import annotations
@@ -96,46 +97,68 @@ def _text(row: dict[str, Any], column: Optional[str]) -> str:
     return "" if value is None else str(value)
 
 
+# what a prediction adds to its row: label (single label), labels (multi-label), score, probabilities
+PREDICTED = ("label", "labels", "score", "probabilities")
+# put in front of each of them where the input has a column of their names (a labelled file's `label`)
+CLASH_PREFIX = "predicted_"
+
+
+def columns_named_as_predictions(rows: list[dict[str, Any]], labels: Sequence[str]) -> list[str]:
+    """The columns of ``rows`` that have the name of something a prediction adds (``label``, ``prob_<label>``...).
+
+    A labelled test file has a ``label`` column: written under the same
+    name, the prediction would take the place of the file's own label in
+    the output, so the prediction's fields then take :data:`CLASH_PREFIX`.
+    """
+    columns = {key for row in rows for key in row}
+    return sorted(columns & {*PREDICTED, *(f"prob_{name}" for name in labels)})
+
+
 def predict_rows(predictor, rows: list[dict[str, Any]], text_column: str,
-                 text_pair_column: Optional[str] = None, progress: bool = False) -> list[dict[str, Any]]:
+                 text_pair_column: Optional[str] = None, progress: bool = False,
+                 prefix: str = "") -> list[dict[str, Any]]:
     """Each row with its ``label``, ``score`` and ``probabilities`` added by ``predictor`` (a
-    :class:`finetune.predict.Predictor`); an empty text gets empty ones."""
+    :class:`finetune.predict.Predictor`), each name after ``prefix``; an empty text gets empty ones."""
     texts = [_text(row, text_column) for row in rows]
     pairs = [_text(row, text_pair_column) for row in rows] if text_pair_column else None
     filled = [i for i, text in enumerate(texts) if text.strip()]
     predictions = predictor.predict([texts[i] for i in filled], [pairs[i] for i in filled] if pairs else None,
                                     progress)
-    empty = predictor.empty_prediction()
+    empty = _prefixed(predictor.empty_prediction(), prefix)
     out = [{**row, **empty} for row in rows]
     for i, prediction in zip(filled, predictions):
-        out[i] = {**rows[i], **prediction}
+        out[i] = {**rows[i], **_prefixed(prediction, prefix)}
     return out
 
 
-PREDICTED = ("label", "labels", "score", "probabilities")
+def _prefixed(prediction: dict[str, Any], prefix: str) -> dict[str, Any]:
+    return {f"{prefix}{key}": value for key, value in prediction.items()}
 
 
 def write_predictions(path: str | os.PathLike, rows: list[dict[str, Any]], labels: Sequence[str],
-                      label_delimiter: str = ",") -> None:
+                      label_delimiter: str = ",", prefix: str = "") -> None:
     """Write predicted rows as ``.csv`` or ``.jsonl``.
 
     A CSV holds the input's columns, then what was predicted: ``label``,
     ``score`` and ``prob_<label>`` per label (single label); ``labels``
     joined by ``label_delimiter`` and ``prob_<label>`` (multi-label);
-    ``score`` (regression). A JSON line holds the row's dict as it is.
+    ``score`` (regression); each after ``prefix`` (:data:`CLASH_PREFIX` or none).
+    A JSON line holds the row's dict as it is.
     """
     path = Path(path)
     suffix = checked_suffix(path, OUTPUT_FORMATS, "--output")
+    label_list, probabilities_key = f"{prefix}labels", f"{prefix}probabilities"
+    added = {f"{prefix}{name}" for name in PREDICTED}
     with open(path, "w", encoding="utf-8", newline="") as fh:
         if suffix == ".csv":
-            columns = [c for c in rows[0] if c not in PREDICTED]
-            predicted = [c for c in ("label", "labels", "score") if c in rows[0]]
-            probabilities = [f"prob_{name}" for name in labels] if "probabilities" in rows[0] else []
+            columns = [c for c in rows[0] if c not in added]
+            predicted = [f"{prefix}{c}" for c in ("label", "labels", "score") if f"{prefix}{c}" in rows[0]]
+            probabilities = [f"{prefix}prob_{name}" for name in labels] if probabilities_key in rows[0] else []
             writer = csv.writer(fh)
             writer.writerow(columns + predicted + probabilities)
             for row in rows:
-                values = [label_delimiter.join(row[c]) if c == "labels" else row[c] for c in predicted]
-                probs = [row["probabilities"][name] for name in labels] if probabilities else []
+                values = [label_delimiter.join(row[c]) if c == label_list else row[c] for c in predicted]
+                probs = [row[probabilities_key][name] for name in labels] if probabilities else []
                 writer.writerow([row[c] for c in columns] + values + probs)
         else:
             for row in rows:

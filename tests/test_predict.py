@@ -164,6 +164,38 @@ def test_files_in_and_out(trained, predictor, tmp_path, capsys):
     assert [r["probabilities"] for r in printed] == [pytest.approx(p["probabilities"], abs=1e-5) for p in expected]
 
 
+def test_a_labelled_files_own_label_and_score_are_kept_beside_the_predictions(trained, predictor, tmp_path, capsys):
+    from finetune.predict import main
+
+    out, _, _ = trained
+    truth = ["spam" if "free" in text else "ham" for text in TEXTS]
+    with open(tmp_path / "test.csv", "w", newline="", encoding="utf-8") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(["text", "label", "score"])
+        writer.writerows([[text, label, i] for i, (text, label) in enumerate(zip(TEXTS, truth))])
+    expected = predictor.predict(TEXTS)
+
+    assert main([str(out), "--file", str(tmp_path / "test.csv"), "--output", str(tmp_path / "p.csv")]) == 0
+    assert capsys.readouterr().err.splitlines()[0] == (
+        f"note: {tmp_path / 'test.csv'} has its own 'label' and 'score' columns, kept as they are: the prediction's "
+        "columns are named predicted_<name> (predicted_label, predicted_score, ...)")
+    with open(tmp_path / "p.csv", newline="", encoding="utf-8") as fh:
+        rows = list(csv.DictReader(fh))
+    assert list(rows[0]) == ["text", "label", "score", "predicted_label", "predicted_score", "predicted_prob_ham",
+                             "predicted_prob_spam"]
+    assert [r["label"] for r in rows] == truth and [r["score"] for r in rows] == [str(i) for i in range(len(TEXTS))]
+    assert [r["predicted_label"] for r in rows] == [p["label"] for p in expected]
+    assert [float(r["predicted_prob_spam"]) for r in rows] == pytest.approx(
+        [p["probabilities"]["spam"] for p in expected], abs=1e-5)
+
+    assert main([str(out), "--file", str(tmp_path / "test.csv"), "--output", str(tmp_path / "p.jsonl")]) == 0
+    records = [json.loads(line) for line in (tmp_path / "p.jsonl").read_text(encoding="utf-8").splitlines()]
+    assert [r["label"] for r in records] == truth
+    assert [r["predicted_label"] for r in records] == [p["label"] for p in expected]
+    assert [r["predicted_probabilities"] for r in records] == [pytest.approx(p["probabilities"], abs=1e-5)
+                                                                for p in expected]
+
+
 @pytest.mark.parametrize("suffix", [".csv", ".txt"])
 def test_a_file_in_another_encoding_is_read_in_the_encoding_given(trained, tmp_path, capsys, suffix):
     from finetune.predict import main
