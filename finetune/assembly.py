@@ -31,7 +31,8 @@ from finetune.accumulation import Batching, accumulate_as, layout_for, resolve_b
 from finetune.autobatch import Checkpointing, fit_in_memory
 from finetune.config import Config
 from finetune.dataloaders import (
-    build_dataloaders, collator, count_long_texts, load_data, longest_text, tokenize_data, tokenized_cache_dir,
+    build_dataloaders, collator, count_long_texts, count_seen_in_training, load_data, longest_text, tokenize_data,
+    tokenized_cache_dir,
 )
 from finetune.errors import ConfigError
 from finetune.launch import build_accelerator
@@ -75,6 +76,8 @@ class Run:
     memory: Optional[Any] = None  # a finetune.memory.MemoryPlan
     # how many training texts data.max_length cut, and to what (a finetune.truncation.LongTexts)
     long_texts: Optional[Any] = None
+    # validation rows whose text a training row has too (finetune.dataloaders.count_seen_in_training)
+    seen_in_training: int = 0
     # training.cuda_graphs where it applies: a finetune.cuda_graphs.GraphedMicroBatches, made by fit before the
     # first update (finetune.cuda_graphs.graphs_for_run); None: eager steps
     graphs: Optional[Any] = None
@@ -118,6 +121,7 @@ def setup_run(cfg: Config, accelerator=None, batching: Optional[Batching] = None
     load_model_config(cfg.model, cfg.data.max_length)
     cache_dir = tokenized_cache_dir(cfg)
     splits, labels = load_data(cfg, accelerator)
+    seen = count_seen_in_training(splits)
     model, new_head = load_model_reporting(cfg.model, labels.id2label, max_length=cfg.data.max_length)
     model, lora, frozen = choose_trained_weights(model, cfg.model, accelerator)  # before the memory plan
     metrics = metric_suite(cfg, labels, splits["train"])
@@ -145,7 +149,8 @@ def setup_run(cfg: Config, accelerator=None, batching: Optional[Batching] = None
     set_seed(cfg.training.seed)
     return Run(cfg, accelerator, batching, tokenizer, labels, model, optimizer, scheduler, train_dl, eval_dl,
                metrics, plan, task, content_sha256(splits["train"]), new_head=new_head,
-               checkpointing=checkpointing, lora=lora, frozen=frozen, memory=memory, long_texts=cut)
+               checkpointing=checkpointing, lora=lora, frozen=frozen, memory=memory, long_texts=cut,
+               seen_in_training=seen)
 
 
 def check_batching(cfg: Config, accelerator, batching: Optional[Batching] = None) -> Batching:

@@ -112,7 +112,8 @@ class DataConfig:
         "mapping `{path: ..., format: ..., has_header: ..., column_names: ...}`: settings that describe "
         "that file only, dropped with it when an override names another file.")
     validation_file: Optional[str] = setting(
-        None, "The validation set, in the training file's layout (null: `validation_split` carves one from train).")
+        None, "The validation set, in the training file's layout (null: `validation_split` carves one from train). "
+        "The start line counts its rows whose text a training row has too, and warns past a fifth.")
     format: Literal["auto", "csv", "tsv", "json", "parquet", "folder"] = setting("auto",
         "File format; `auto` goes by the extension (a directory means `folder`), reads a `.csv` whose "
         "lines all hold the same number of tabs as TSV, and one whose lines split evenly on `;` and not on `,` "
@@ -138,7 +139,9 @@ class DataConfig:
         "row; one that is already a name of the map stays. Single- and multi-label; null: the labels as "
         "they are, sorted.")
     validation_split: float = setting(0.1,
-        "Fraction of train carved out (seeded; stratified by class for single_label) when no validation set is given.")
+        "Fraction of train carved out (seeded; stratified by class for single_label) when no validation set is "
+        "given. Rows are carved, not texts: copies of a repeated text can fall on both sides, and the start line "
+        "counts the validation rows whose text is also in train.")
     max_length: int = setting(128, "Longer inputs are cut to this many tokens (special tokens included).")
     truncation: Literal["head", "tail", "head_tail", "chunks"] = setting("head",
         "What a text longer than max_length keeps: its first tokens (`head`), its last (`tail`), "

@@ -43,20 +43,33 @@ def describe(run: Run) -> str:
 LORA_RATE_AT_LEAST = 3e-4
 
 
+# from this share of validation rows trained on, the validation scores are more memory than generalisation
+SEEN_IN_TRAINING_AT_MOST = 0.2
+
+
 def cautions(run: Run) -> list[str]:
     """What the start line shows that is worth a second look, each as a line of its own."""
+    lines = []
     lr = run.cfg.optim.learning_rate
     if run.lora is not None and lr < LORA_RATE_AT_LEAST:
-        return [f"LoRA (model.lora_rank) at optim.learning_rate={lr:g}, a full fine-tuning rate: adapters start at "
-                f"zero and usually want 5 to 20 times it (2e-3 on the default job; docs/memory.md, LoRA adapters)"]
-    return []
+        lines.append(f"LoRA (model.lora_rank) at optim.learning_rate={lr:g}, a full fine-tuning rate: adapters start "
+                     f"at zero and usually want 5 to 20 times it (2e-3 on the default job; docs/memory.md, LoRA "
+                     f"adapters)")
+    if run.eval_dataloader is not None:
+        rows = len(run.eval_dataloader.dataset)
+        if run.seen_in_training > SEEN_IN_TRAINING_AT_MOST * rows:
+            lines.append(f"{run.seen_in_training} of the {rows} validation rows have a text the training rows have "
+                         f"too: their scores say what the model remembers, not how it does on texts it has not seen "
+                         f"(take the repeated texts out of the data, or give another data.validation_file)")
+    return lines
 
 
 def _what(run: Run) -> str:
     cfg = run.cfg
     sources = data_sources(cfg.data, cfg.training.seed, cfg.model.problem_type)
     head = "new head" if run.new_head else "its trained head"
-    validation = (f"; validation: {len(run.eval_dataloader.dataset)} rows, {sources.validation}"
+    seen = f", {run.seen_in_training} of them a text also in train" if run.seen_in_training else ""
+    validation = (f"; validation: {len(run.eval_dataloader.dataset)} rows, {sources.validation}{seen}"
                   if run.eval_dataloader is not None else "; no validation")
     adapters = (f" with {run.lora.describe()}" if run.lora is not None
                 else f" {run.frozen.describe()}" if run.frozen is not None else "")

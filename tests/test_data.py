@@ -581,6 +581,19 @@ def test_labels_that_differ_only_in_case_are_warned_of_with_their_rows(tmp_path,
     assert "HAM" not in labels.names and not caplog.records
 
 
+def test_validation_rows_seen_in_training_compare_the_text_and_its_pair():
+    from finetune.dataloaders import count_seen_in_training
+
+    train = datasets.Dataset.from_dict({"text": ["a", "b", "b", "c"], "labels": [0, 1, 1, 0]})
+    validation = datasets.Dataset.from_dict({"text": ["b", "d", "a", "b"], "labels": [0, 0, 1, 1]})
+    # every copy counts, whatever its label: the model was trained on that text
+    assert count_seen_in_training({"train": train, "validation": validation}) == 3
+    assert count_seen_in_training({"train": train}) == 0
+    pairs = datasets.Dataset.from_dict({"text": ["a", "a"], "text_pair": ["x", "y"], "labels": [0, 1]})
+    seen = datasets.Dataset.from_dict({"text": ["a", "a", "b"], "text_pair": ["y", "z", "x"], "labels": [0, 0, 0]})
+    assert count_seen_in_training({"train": pairs, "validation": seen}) == 1  # (a, z) is a pair not trained
+
+
 def test_label_map_names_each_label_of_a_multi_label_row(tmp_path):
     path = write(tmp_path / "tags.csv", "text,tags\na,s|p\nb,p\nc,t|s\nd,x\n")
     names = {"s": "sport", "p": "politics", "t": "tech"}

@@ -86,6 +86,40 @@ def test_a_data_error_is_the_only_line(tmp_path):
                     "hint: by the values, try --label label (data.label_column=label)"]
 
 
+def test_validation_rows_trained_on_are_counted_and_cautioned_of_past_a_fifth(tmp_path):
+    import dataclasses
+
+    from finetune import setup_run
+    from finetune.config import load_config
+    from finetune.start_line import cautions, describe
+    from tiny_run import reset_accelerate
+
+    train = make_texts(40, seed=5)
+    # a number is in no training text: seven rows the model has not seen
+    unseen = [(label, f"{text} {i}") for i, (label, text) in enumerate(make_texts(7, seed=6))]
+    validation = [*train[:3], *unseen]  # three rows copied from the training file, as a careless split leaves them
+    cfg = load_config(None, [f"data.train_file={_write_csv(tmp_path / 'train.csv', train)}",
+                             f"data.validation_file={_write_csv(tmp_path / 'valid.csv', validation)}",
+                             f"model.name_or_path={save_tiny_model(tmp_path / 'tiny-bert')}", "data.max_length=32",
+                             "training.mixed_precision=no", f"output.output_dir={tmp_path / 'out'}"])
+    reset_accelerate()
+    try:
+        run = setup_run(cfg)
+        fewer = dataclasses.replace(run, seen_in_training=2)  # a fifth: the scores still mostly say how it generalises
+        said = {seen: (describe(r), cautions(r))
+                for seen, r in [(3, run), (2, fewer), (0, dataclasses.replace(run, seen_in_training=0))]}
+    finally:
+        reset_accelerate()
+    assert run.seen_in_training == 3
+    assert "; validation: 10 rows, valid.csv, 3 of them a text also in train |" in said[3][0]
+    assert said[3][1] == [
+        "3 of the 10 validation rows have a text the training rows have too: their scores say what the model "
+        "remembers, not how it does on texts it has not seen (take the repeated texts out of the data, or give "
+        "another data.validation_file)"]
+    assert said[2][1] == [] and ", 2 of them a text also in train |" in said[2][0]
+    assert "also in train" not in said[0][0] and said[0][1] == []
+
+
 def test_the_load_report_is_kept_when_more_than_the_head_is_new(tmp_path):
     from transformers import BertModel
 
