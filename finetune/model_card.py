@@ -159,12 +159,14 @@ def _frozen(frozen: Optional[dict[str, Any]]) -> list[str]:
 
 
 def _results(validation: str, results: dict[str, Any], metrics: dict[str, float],
-             by_label: Optional[dict[str, dict[str, float]]]) -> list[str]:
+             by_label: Optional[dict[str, dict[str, float]]], seen: int = 0) -> list[str]:
     """The results section: the saved model's metrics on the validation data, then each label's."""
     texts = f" ({results['num_samples']} texts)" if "num_samples" in results else ""
     rows = "\n".join(f"| {_TITLES.get(m, m)} | {v:.4f} |" for m, v in metrics.items())
-    return [f"## Results on the validation data: {validation}{texts}", "", "| metric | value |", "|---|---|", rows,
-            "", *_by_label(by_label)]
+    # a reader of the scores should know how many of their texts the model was trained on
+    trained_on = [f"{seen} of these texts are also training texts: the model was trained on them.", ""] if seen else []
+    return [f"## Results on the validation data: {validation}{texts}", "", *trained_on, "| metric | value |",
+            "|---|---|", rows, "", *_by_label(by_label)]
 
 
 # past this many labels the card shows the weakest of them (metrics.json keeps them all)
@@ -233,7 +235,8 @@ def model_card(cfg, summary: dict[str, Any]) -> str:
         *_adapters(train.get("lora")),
         *_frozen(train.get("frozen")),
         "",
-        *_results(sources.validation, results, metrics, summary.get("eval_by_label")),
+        *_results(sources.validation, results, metrics, summary.get("eval_by_label"),
+                  summary.get("validation_seen_in_training", 0)),
         "## Use",
         "",
         "```python",

@@ -73,6 +73,8 @@ def summarize(run: "Run", history: list[dict[str, Any]], ended: str = "completed
         "eval": {k.removeprefix("eval/"): v for k, v in final.items() if k.startswith("eval/")},
         # the same model's precision, recall, F1 and support of each label alone, or null (regression)
         "eval_by_label": final.get(EVAL_BY_LABEL),
+        # validation rows whose text (with its pair) a training row has too
+        "validation_seen_in_training": run.seen_in_training,
         "best": best,
         # the expected peak memory by part, in bytes (finetune.memory), or null under FSDP / DeepSpeed
         "memory_plan": run.memory.record() if run.memory is not None else None,

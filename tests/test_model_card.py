@@ -41,6 +41,15 @@ def test_rows_held_out_of_the_training_file_are_said_to_be():
     assert f"## Results on the validation data: {held_out} (87 texts)" in body
 
 
+def test_validation_texts_the_model_was_trained_on_are_counted_under_the_results():
+    cfg = config_from_dict({"data": {"train_file": "data/sms.csv"}, "output": {"output_dir": "outputs/sms"}})
+    body = model_card(cfg, {**_summary(), "validation_seen_in_training": 12}).split("---\n", 2)[2]
+    heading = "## Results on the validation data: 10% of the training rows held out (stratified, seed 42) (87 texts)"
+    assert f"{heading}\n\n12 of these texts are also training texts: the model was trained on them.\n\n| metric |" in body
+    for summary in (_summary(), {**_summary(), "validation_seen_in_training": 0}):  # a card of before, and none seen
+        assert f"{heading}\n\n| metric |" in model_card(cfg, summary)
+
+
 def test_rows_held_out_at_random_are_not_said_to_be_stratified():
     """Several labels per text, or a number: the carve is a seeded random draw (there are no classes to
     stratify by), and the start line and the card say so."""
