@@ -91,6 +91,8 @@ def test_validation_rows_trained_on_are_counted_and_cautioned_of_past_a_fifth(tm
 
     from finetune import setup_run
     from finetune.config import load_config
+    from finetune.model_card import model_card
+    from finetune.results import summarize
     from finetune.start_line import cautions, describe
     from tiny_run import reset_accelerate
 
@@ -108,6 +110,7 @@ def test_validation_rows_trained_on_are_counted_and_cautioned_of_past_a_fifth(tm
         fewer = dataclasses.replace(run, seen_in_training=2)  # a fifth: the scores still mostly say how it generalises
         said = {seen: (describe(r), cautions(r))
                 for seen, r in [(3, run), (2, fewer), (0, dataclasses.replace(run, seen_in_training=0))]}
+        summary = summarize(run, history=[])
     finally:
         reset_accelerate()
     assert run.seen_in_training == 3
@@ -118,6 +121,10 @@ def test_validation_rows_trained_on_are_counted_and_cautioned_of_past_a_fifth(tm
         "another data.validation_file)"]
     assert said[2][1] == [] and ", 2 of them a text also in train |" in said[2][0]
     assert "also in train" not in said[0][0] and said[0][1] == []
+    # what the run writes says it too: metrics.json, and the card under its results' heading
+    assert summary["validation_seen_in_training"] == 3
+    assert ("## Results on the validation data: valid.csv\n\n3 of these texts are also training texts: the model "
+            "was trained on them.\n" in model_card(cfg, summary))
 
 
 def test_the_load_report_is_kept_when_more_than_the_head_is_new(tmp_path):
