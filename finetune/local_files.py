@@ -176,12 +176,22 @@ def _load_delimited(path: Path, fmt: str, cfg: DataConfig) -> Table:
         # file that reads
         _check_field_count(path, sep, quoting, names, cfg.encoding, rows=None)
         raise
-    table = Table.whole(ds, str(path), unit="line", offset=2 if cfg.has_header else 1, empty_field_is_null=True)
+    table = Table.whole(_header_unpadded(ds), str(path), unit="line", offset=2 if cfg.has_header else 1,
+                        empty_field_is_null=True)
     blank = functools.reduce(pc.and_, [pc.is_null(values) for values in as_arrow(ds).columns])
     rows = np.flatnonzero(~as_mask(blank))
     if len(rows) == 0:
         raise DataError(f"{path}: empty file (no rows)")
     return table.keep(rows)
+
+
+def _header_unpadded(ds: datasets.Dataset) -> datasets.Dataset:
+    """The columns named without the spaces around them (``label `` is ``label``), as a spreadsheet may leave
+    them: a name's padding cannot be seen, nor typed on a command line. Kept where two names would become one."""
+    unpadded = {name: name.strip() for name in ds.column_names}
+    if len(set(unpadded.values())) < len(unpadded) or "" in unpadded.values():
+        return ds
+    return ds.rename_columns({name: new for name, new in unpadded.items() if new != name})
 
 
 def _read_delimited(path: Path, sep: str, quoting: int, header: Optional[int], names: Optional[list[str]],

@@ -119,8 +119,8 @@ class DataConfig:
         "lines all hold the same number of tabs as TSV, and one whose lines split evenly on `;` and not on `,` "
         "(as spreadsheets in many languages save CSV) as semicolon-separated.")
     has_header: Optional[bool] = setting(None,
-        "CSV/TSV only: whether the first line holds column names; null (auto): yes, unless `column_names` "
-        "are given.")
+        "CSV/TSV only: whether the first line holds column names (the spaces around a name are not part of "
+        "it); null (auto): yes, unless `column_names` are given.")
     column_names: Optional[list[str]] = setting(None, "CSV/TSV without a header: the column names, in file order.")
     text_column: str = setting("text", "Column holding the text.")
     text_pair_column: Optional[str] = setting(None,

@@ -115,6 +115,16 @@ def test_a_spreadsheets_semicolon_separated_csv_reads_by_its_semicolons(tmp_path
     assert any("read as semicolon-separated" in r.getMessage() for r in caplog.records)
 
 
+def test_spaces_around_a_headers_names_are_not_part_of_them(tmp_path):
+    path = write(tmp_path / "t.csv", " text ,label  ,id\nhello there,ham,1\nwin cash,spam,2\n")
+    splits, labels = load_splits(cfg(path), seed=0)
+    assert splits["train"]["text"] == ["hello there", "win cash"] and labels.names == ["ham", "spam"]
+    # where two names would become one, the header stays as it is, and the error shows the names as they are
+    both = write(tmp_path / "both.csv", "text,text ,label\na,b,ham\nc,d,spam\n")
+    with pytest.raises(FileLayoutError, match=r"columns found: text, text , label"):
+        load_splits(cfg(both, text_column="texts"), seed=0)
+
+
 def test_a_csv_that_splits_evenly_on_commas_stays_comma_separated(tmp_path, caplog):
     # semicolons in every text, the same number on each line: the commas, which split every line alike, win
     path = write(tmp_path / "t.csv", "text,label\nhi; there,ham\nwin; now,spam\nsee; you,ham\n")
