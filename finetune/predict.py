@@ -10,8 +10,8 @@ Each prediction has the label, its probability (``score``) and the
 probability of every class; for a multi-label model, ``labels`` (every label
 whose sigmoid probability is over ``--threshold``, 0.5 by default) and each
 label's probability; for a regression model, the predicted number (``score``). Command-line texts print as JSON lines; ``--file``
-reads ``.txt`` (one text per line; ``--file -`` reads such lines from standard input), ``.csv``/``.tsv`` (with a header) or
-``.jsonl`` (one object per line) and writes ``.csv`` or ``.jsonl``: one row
+reads ``.txt`` (one text per line; ``--file -`` reads such lines from standard input), ``.csv``/``.tsv`` (with a header),
+``.json``/``.jsonl`` or ``.parquet``, as training reads them, and writes ``.csv`` or ``.jsonl``: one row
 per input row, in the same order, with every column of the input kept and the
 prediction added (to stdout as JSON lines without ``--output``), with a
 progress bar. A blank line of a ``.txt`` (or an empty text) gets an empty
@@ -306,7 +306,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                      description="Classify texts with a fine-tuned model.")
     parser.add_argument("output_dir", help="a run's output directory (the saved model)")
     parser.add_argument("texts", nargs="*", help="texts to classify (printed as JSON lines)")
-    parser.add_argument("--file", default=None, help="classify the texts of a .txt, .csv, .tsv or .jsonl file "
+    parser.add_argument("--file", default=None, help="classify the texts of a .txt, .csv, .tsv, .json, .jsonl or .parquet file "
                         "(-: one text per line from standard input)")
     parser.add_argument("--output", default=None, help="write the file's predictions to a .csv or .jsonl file")
     parser.add_argument("--text", "--text-column", dest="text_column", metavar="COLUMN", default=None,
@@ -397,7 +397,7 @@ def run(args: argparse.Namespace) -> None:
         write_predictions(args.output, predicted, predictor.labels, delimiter, prefix)
     else:
         for row in predicted:
-            print(json.dumps(row, ensure_ascii=False))
+            print(json.dumps(row, ensure_ascii=False, default=str))
 
 
 def add_precision_argument(parser: argparse.ArgumentParser) -> None:

@@ -1,7 +1,8 @@
 """The files ``finetune predict`` reads and writes: texts in, one prediction per input row out.
 
 ``--file`` takes ``.txt`` (one text per line; ``-`` reads such lines from
-standard input), ``.csv``/``.tsv`` with a header, or ``.jsonl``; ``--output``
+standard input), ``.csv``/``.tsv`` with a header, ``.json``/``.jsonl`` or
+``.parquet``; ``--output``
 writes ``.csv`` or ``.jsonl``. Every input row gets one output row, in order,
 its columns kept and the prediction added (under ``predicted_<name>`` where
 the input has a column of the prediction's names, a labelled file's ``label``);
@@ -20,7 +21,8 @@ from typing import Any, Optional, Sequence
 
 from finetune.errors import DataError
 
-INPUT_FORMATS = (".txt", ".csv", ".tsv", ".jsonl")
+# the formats training reads, and plain lines of text
+INPUT_FORMATS = (".txt", ".csv", ".tsv", ".json", ".jsonl", ".parquet")
 STDIN = "-"  # --file -: one text per line from standard input, as a .txt file
 OUTPUT_FORMATS = (".csv", ".jsonl")
 
@@ -41,7 +43,7 @@ def checked_suffix(path: Path, allowed: Sequence[str], what: str, exists: bool =
 
 def read_rows(path: str | os.PathLike, text_column: str = "text",
               text_pair_column: Optional[str] = None, encoding: str = "utf-8") -> list[dict[str, Any]]:
-    """The rows of a ``.txt``, ``.csv``, ``.tsv`` or ``.jsonl`` file, every column kept, one per input line.
+    """The rows of a ``.txt``, ``.csv``, ``.tsv``, ``.json``, ``.jsonl`` or ``.parquet`` file, every column kept.
 
     ``.txt`` holds one text per line: each line is a row ``{"text": line}``,
     blank lines included (they get an empty prediction), so output rows line
@@ -69,7 +71,8 @@ def read_rows(path: str | os.PathLike, text_column: str = "text",
         table = read_table(str(path), "--file", DataConfig(train_file=str(path), encoding=encoding), "--encoding")
         for column in [text_column] + ([text_pair_column] if text_pair_column else []):
             if column not in table.column_names:
-                where = "in the header" if suffix in (".csv", ".tsv") else "among the keys"
+                where = {".csv": "in the header", ".tsv": "in the header", ".parquet": "among the columns"}.get(
+                    suffix, "among the keys")
                 raise DataError(f"--file {path}: no column {column!r} {where} "
                                 f"({', '.join(table.column_names) or 'empty'}); pass --text")
         rows = table.to_list()
@@ -162,4 +165,5 @@ def write_predictions(path: str | os.PathLike, rows: list[dict[str, Any]], label
                 writer.writerow([row[c] for c in columns] + values + probs)
         else:
             for row in rows:
-                fh.write(json.dumps(row, ensure_ascii=False) + "\n")
+                # a Parquet file's dates and times are written as their text, as the CSV writer does
+                fh.write(json.dumps(row, ensure_ascii=False, default=str) + "\n")

@@ -164,6 +164,32 @@ def test_files_in_and_out(trained, predictor, tmp_path, capsys):
     assert [r["probabilities"] for r in printed] == [pytest.approx(p["probabilities"], abs=1e-5) for p in expected]
 
 
+def test_every_format_training_reads_can_be_classified(trained, predictor, tmp_path, capsys):
+    import datetime
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from finetune.predict import main
+
+    out, _, _ = trained
+    expected = [p["label"] for p in predictor.predict(TEXTS)]
+    (tmp_path / "in.json").write_text(json.dumps([{"message": t, "n": i} for i, t in enumerate(TEXTS)]),
+                                      encoding="utf-8")
+    sent = [datetime.datetime(2026, 1, 1 + i) for i in range(len(TEXTS))]
+    pq.write_table(pa.table({"message": TEXTS, "sent": sent}), tmp_path / "in.parquet")
+    for name, kept in (("in.json", "n"), ("in.parquet", "sent")):
+        assert main([str(out), "--file", str(tmp_path / name), "--text", "message", "--output",
+                     str(tmp_path / f"{name}.jsonl")]) == 0, capsys.readouterr().err
+        records = [json.loads(line) for line in (tmp_path / f"{name}.jsonl").read_text(encoding="utf-8").splitlines()]
+        assert [r["label"] for r in records] == expected and [r["message"] for r in records] == TEXTS
+        assert [r[kept] for r in records] == ([*range(len(TEXTS))] if kept == "n" else [str(t) for t in sent])
+    capsys.readouterr()
+    assert main([str(out), "--file", str(tmp_path / "in.parquet"), "--text", "body"]) == 2
+    assert capsys.readouterr().err.strip() == (f"error: --file {tmp_path / 'in.parquet'}: no column 'body' among the "
+                                               "columns (message, sent); pass --text")
+
+
 def test_a_labelled_files_own_label_and_score_are_kept_beside_the_predictions(trained, predictor, tmp_path, capsys):
     from finetune.predict import main
 
