@@ -241,11 +241,21 @@ def _encode_labels(table: Table, keys: list[str], label_space: LabelSpace) -> da
         also = f" and {others} other unseen label{'s' if others > 1 else ''}" if others else ""
         raise DataError(
             f"{table.source}: label {first!r} at {table.where(unseen[0])}{also} not among the "
-            f"{len(label_space)} labels of the train data ({short_list(label_space.names, SHOW_LABELS)})"
+            f"{len(label_space)} labels of the train data ({short_list(label_space.names, SHOW_LABELS)})",
+            hint=_same_but_for_case(first, label_space.names),
         )
     ids = [label2id[key] for key in keys]
     ds = table.ds.remove_columns(RAW_LABEL)
     return ds.add_column(LABELS, ids, feature=datasets.ClassLabel(names=label_space.names))
+
+
+def _same_but_for_case(label: str, names: list[str]) -> Optional[str]:
+    """The hint for a label the training data wrote in another case (``SPAM`` where it has ``spam``)."""
+    known = [name for name in names if name.casefold() == label.casefold()]
+    if not known:
+        return None
+    return (f"the train data writes it {known[0]!r}: labels are told apart by case; write them as the train data "
+            f"does, or name both with data.label_map")
 
 
 def _label_sets(table: Table, delimiter: Optional[str]) -> list[list[str]]:
@@ -326,7 +336,8 @@ def _encode_label_sets(table: Table, sets: list[list[str]], label_space: LabelSp
         if unseen:
             raise DataError(
                 f"{table.source}: label {unseen[0]!r} at {table.where(i)} not among the {len(label_space)} "
-                f"labels of the train data ({short_list(label_space.names, SHOW_LABELS)})"
+                f"labels of the train data ({short_list(label_space.names, SHOW_LABELS)})",
+                hint=_same_but_for_case(unseen[0], label_space.names),
             )
     vectors = np.zeros((len(sets), len(label_space)), dtype=np.float32)
     for i, keys in enumerate(sets):

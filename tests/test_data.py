@@ -571,6 +571,21 @@ def test_spaces_around_a_label_are_not_part_of_it(tmp_path):
     assert names_of(splits["validation"]) == ["spam", "ham"]
 
 
+@pytest.mark.parametrize("problem_type, other", [("single_label", "e,SPAM\n"), ("multi_label", "e,ham|SPAM\n")])
+def test_a_label_the_train_data_writes_in_another_case_is_hinted_so(tmp_path, problem_type, other):
+    path = write(tmp_path / "t.csv", "text,label\na,ham\nb,spam\nc,ham\n")
+    validation = write(tmp_path / "v.csv", "text,label\nd,ham\n" + other)
+    delimiter = "|" if problem_type == "multi_label" else None
+    with pytest.raises(DataError, match=r"v\.csv: label 'SPAM' at line 3 not among the 2 labels") as caught:
+        load_splits(cfg(path, validation_file=validation, label_delimiter=delimiter), seed=0, problem_type=problem_type)
+    assert caught.value.hint == ("the train data writes it 'spam': labels are told apart by case; write them as the "
+                                 "train data does, or name both with data.label_map")
+    write(tmp_path / "v.csv", "text,label\nd,ham\ne,eggs\n")
+    with pytest.raises(DataError) as unrelated:
+        load_splits(cfg(path, validation_file=validation, label_delimiter=delimiter), seed=0, problem_type=problem_type)
+    assert unrelated.value.hint is None
+
+
 @pytest.mark.parametrize("problem_type, column", [("single_label", "a,ham\nb,HAM\nc,Ham\nd,spam\ne,ham\n"),
                                                   ("multi_label", "a,ham\nb,HAM|x\nc,Ham\nd,spam\ne,ham|x\n")])
 def test_labels_that_differ_only_in_case_are_warned_of_with_their_rows(tmp_path, caplog, problem_type, column):
