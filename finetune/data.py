@@ -37,7 +37,6 @@ Decisions worth knowing:
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import math
 from typing import Optional
@@ -47,6 +46,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from finetune.column_hints import another_label_column, column_hint
 from finetune.columns import read_column
 from finetune.config import DataConfig
 from finetune.errors import ConfigError, DataError, FileLayoutError
@@ -234,7 +234,7 @@ def _standardize(table: Table, text_column: str, pair_column: Optional[str], lab
         key, column = missing[0]
         raise FileLayoutError(
             f"{table.source}: no column {column!r} ({key}); columns found: {', '.join(ds.column_names)}",
-            hint=_column_hint(ds, [key for key, _ in missing], named=[c for _, c, _ in wanted]),
+            hint=column_hint(ds, [key for key, _ in missing], configured={key: c for key, c, _ in wanted}),
         )
     ds = ds.select_columns([column for _, column, _ in wanted])
     # Two steps, so that swapping names (text_column: label, label_column: text) works.
@@ -257,52 +257,6 @@ def _standardize(table: Table, text_column: str, pair_column: Optional[str], lab
     return dataclasses.replace(
         table, ds=ds, text_column=text_column, pair_column=pair_column, label_column=label_column, as_read=table.ds
     )
-
-
-# the options of finetune train, score and sweep that set the columns a hint guesses
-_FLAGS = {"data.text_column": "--text", "data.label_column": "--label"}
-
-
-def _column_hint(ds: datasets.Dataset, missing_keys: list[str], named: list[str]) -> Optional[str]:
-    """The columns that look like the missing ones, as the options that name them: the texts in the column of
-    the longest strings, the labels in the column of the fewest distinct values (a handful, or a rare repeat)."""
-    sample = ds.select(range(min(len(ds), 1000)))
-    free = [name for name in ds.column_names if name not in named]
-    guesses = {}
-    if "data.text_column" in missing_keys:
-        strings = [name for name in free
-                   if isinstance(sample.features[name], datasets.Value) and sample.features[name].dtype in
-                   ("string", "large_string")]
-        lengths = {name: np.mean([len(v or "") for v in column_values(sample, name)]) for name in strings}
-        if lengths:
-            guesses["data.text_column"] = max(lengths, key=lengths.get)
-    if "data.label_column" in missing_keys:
-        candidates = {}
-        for name in free:
-            if name == guesses.get("data.text_column"):
-                continue
-            values = column_values(sample, name)
-            try:
-                distinct = len({json.dumps(v, sort_keys=True, default=str) for v in values})
-            except TypeError:
-                continue
-            if 2 <= distinct <= max(2, len(values) // 2):  # an id or a free-text column repeats nothing
-                candidates[name] = distinct
-        if candidates:
-            guesses["data.label_column"] = min(candidates, key=candidates.get)
-    if not guesses:
-        return None
-    options = " ".join(f"{_FLAGS[key]} {column}" for key, column in guesses.items())
-    keys = ", ".join(f"{key}={column}" for key, column in guesses.items())
-    return f"by the values, try {options} ({keys})"
-
-
-def _another_label_column(table: Table) -> Optional[str]:
-    """The hint of :func:`_column_hint` for a label column that is not one, from the columns the source had."""
-    if table.as_read is None:  # a class folder, whose labels are its sub-folders
-        return None
-    named = [table.text_column, table.pair_column, table.label_column]
-    return _column_hint(table.as_read, ["data.label_column"], named=[c for c in named if c is not None])
 
 
 def _drop_or_reject_empty_texts(table: Table, cfg: DataConfig) -> Table:
@@ -356,7 +310,7 @@ def _carve_validation(
         raise DataError(
             f"{source}: column {read.label_column!r} (data.label_column) holds {present} different labels, "
             f"{len(too_few)} of them on one row only: a label column names a few classes, each on many rows",
-            hint=_another_label_column(read) or "name the column of the labels: --label COLUMN "
+            hint=another_label_column(read) or "name the column of the labels: --label COLUMN "
                                                 "(data.label_column=COLUMN)")
     if too_few:
         raise DataError(

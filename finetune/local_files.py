@@ -1,6 +1,6 @@
 """Reading one local file or class folder into a :class:`~finetune.tables.Table`, with the file's own columns.
 
-CSV, TSV (``.tsv``/``.tab``; quote characters are plain text), JSON or JSON
+CSV, TSV (``.tsv``/``.tab``, or ``.txt`` of tab-separated lines; quote characters are plain text), JSON or JSON
 Lines, Parquet, or a folder with one sub-folder per class holding ``.txt``
 files (label = sub-folder name). The format comes from the extension (a ``.csv``
 whose lines all hold the same number of tabs reads as TSV, and one whose records
@@ -48,6 +48,9 @@ EXTENSIONS = {
 }
 # what users most often have instead of a text file: the error says how to make one
 SPREADSHEETS = (".xlsx", ".xls", ".xlsm", ".ods", ".numbers")
+# a .txt whose lines hold tab-separated fields reads as TSV; one text per line carries no label
+_TEXT_LINES_HINT = ("a .txt file reads when each line holds its fields between tabs (label<TAB>text); texts alone "
+                    "go one file per text into a sub-folder per class (--data folder/)")
 
 
 def read_table(spec: str, key: str, cfg: Optional[DataConfig] = None,
@@ -96,13 +99,16 @@ def _detect_format(path: Path, fmt: str, key: str, encoding: str) -> str:
     if fmt != "auto":
         return fmt
     suffix = path.suffix.lower()
+    if suffix == ".txt" and _tab_separated(path, encoding):
+        logger.info("%s: every line holds the same number of tabs: read as TSV", path)
+        return "tsv"
     if suffix not in EXTENSIONS:
         supported = ", ".join(EXTENSIONS)
         raise DataError(
             f"{key}: {path}: unsupported extension {suffix or '(none)'!r} "
             f"(supported: {supported}, or a folder of class sub-folders; or set data.format)",
-            hint="save the spreadsheet as CSV (its File > Save as) and pass that file"
-            if suffix in SPREADSHEETS else None,
+            hint="save the spreadsheet as CSV (its File > Save as) and pass that file" if suffix in SPREADSHEETS
+            else _TEXT_LINES_HINT if suffix == ".txt" else None,
         )
     if EXTENSIONS[suffix] == "csv" and _tab_separated(path, encoding):
         logger.info("%s: every line holds the same number of tabs: read as TSV (data.format: csv to refuse)", path)

@@ -144,6 +144,26 @@ def test_a_later_row_with_a_field_too_many_is_named_and_told_to_quote(tmp_path, 
     assert not [r for r in caplog.records if r.name.startswith("datasets") and r.levelno >= logging.ERROR]
 
 
+def test_a_txt_of_tab_separated_lines_is_tsv_and_a_header_that_is_a_row_is_told_so(tmp_path, caplog):
+    rows = "ham\tsee you at lunch\nspam\tWIN cash now\nham\tok thanks\nspam\tfree prize\n"
+    path = write(tmp_path / "sms.txt", rows)
+    # read with a header, as a file is by default: its first row is taken for the column names
+    with caplog.at_level(logging.INFO, logger="finetune"), pytest.raises(FileLayoutError) as caught:
+        load_splits(cfg(path), seed=0)
+    assert any("read as TSV" in r.getMessage() for r in caplog.records)
+    assert caught.value.message == f"{path}: no column 'text' (data.text_column); columns found: ham, see you at lunch"
+    assert caught.value.hint == ("its first line looks like a row, not a header: column 'ham' holds 'ham' in its rows "
+                                 "too; a file without a header reads with data.has_header=false "
+                                 "data.column_names=[label,text]")
+    splits, labels = load_splits(cfg(path, has_header=False, column_names=["label", "text"]), seed=0)
+    assert splits["train"]["text"][0] == "see you at lunch" and labels.names == ["ham", "spam"]
+    # one text per line is no labelled data: the error says what a .txt must hold, and where texts alone go
+    plain = write(tmp_path / "plain.txt", "see you at lunch\nWIN cash now\n")
+    with pytest.raises(DataError, match=r"plain\.txt: unsupported extension '\.txt'") as unlabelled:
+        load_splits(cfg(plain), seed=0)
+    assert "(label<TAB>text)" in unlabelled.value.hint and "sub-folder per class" in unlabelled.value.hint
+
+
 def test_tab_extension_is_tsv(tmp_path):
     path = write(tmp_path / "t.tab", 'text\tlabel\nsay "x\ta\ny\tb\n')
     splits, _ = load_splits(cfg(path), seed=0)

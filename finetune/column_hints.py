@@ -1,0 +1,93 @@
+"""What a missing or misnamed column is told: the columns whose values look like the ones asked for.
+
+The texts are guessed in the column of the longest strings, the labels in the
+column of the fewest distinct values. Where a guessed column's name is also
+one of its own values (a column named ``ham`` that holds ``ham`` and
+``spam``), the file's first line was a row read as its header, and the hint
+says how to read a file without one instead.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Optional
+
+import datasets
+import numpy as np
+
+from finetune.tables import Table, column_values
+
+# the options of finetune train, score and sweep that set the columns a hint guesses
+FLAGS = {"data.text_column": "--text", "data.label_column": "--label"}
+# rows of the data a guess looks at
+SAMPLE = 1000
+
+
+def column_hint(ds: datasets.Dataset, missing_keys: list[str], configured: dict[str, str]) -> Optional[str]:
+    """The hint for ``missing_keys`` (``data.text_column``, ``data.label_column``) of ``ds``, whose columns the
+    config names as ``configured`` (key -> column): the options that name the columns that look like them, or
+    how to read a file whose first line is a row."""
+    sample = ds.select(range(min(len(ds), SAMPLE)))
+    guesses = _guesses(sample, missing_keys, set(configured.values()))
+    if not guesses:
+        return None
+    as_row = _header_read_from_a_row(sample, guesses, configured)
+    if as_row is not None:
+        return as_row
+    options = " ".join(f"{FLAGS[key]} {column}" for key, column in guesses.items())
+    keys = ", ".join(f"{key}={column}" for key, column in guesses.items())
+    return f"by the values, try {options} ({keys})"
+
+
+def another_label_column(table: Table) -> Optional[str]:
+    """The hint of :func:`column_hint` for a label column that is not one, from the columns the source had."""
+    if table.as_read is None:  # a class folder, whose labels are its sub-folders
+        return None
+    configured = {"data.text_column": table.text_column, "data.text_pair_column": table.pair_column,
+                  "data.label_column": table.label_column}
+    return column_hint(table.as_read, ["data.label_column"],
+                       {key: column for key, column in configured.items() if column is not None})
+
+
+def _guesses(sample: datasets.Dataset, missing_keys: list[str], named: set[str]) -> dict[str, str]:
+    """The column each missing key's values look like, among the columns the config does not name."""
+    free = [name for name in sample.column_names if name not in named]
+    guesses = {}
+    if "data.text_column" in missing_keys:
+        strings = [name for name in free
+                   if isinstance(sample.features[name], datasets.Value) and sample.features[name].dtype in
+                   ("string", "large_string")]
+        lengths = {name: np.mean([len(v or "") for v in column_values(sample, name)]) for name in strings}
+        if lengths:
+            guesses["data.text_column"] = max(lengths, key=lengths.get)
+    if "data.label_column" in missing_keys:
+        candidates = {}
+        for name in free:
+            if name == guesses.get("data.text_column"):
+                continue
+            values = column_values(sample, name)
+            try:
+                distinct = len({json.dumps(v, sort_keys=True, default=str) for v in values})
+            except TypeError:
+                continue
+            if 2 <= distinct <= max(2, len(values) // 2):  # an id or a free-text column repeats nothing
+                candidates[name] = distinct
+        if candidates:
+            guesses["data.label_column"] = min(candidates, key=candidates.get)
+    return guesses
+
+
+def _header_read_from_a_row(sample: datasets.Dataset, guesses: dict[str, str], configured: dict[str, str]
+                            ) -> Optional[str]:
+    """The hint for a first line that is a row: a guessed column whose name is one of its own values."""
+    for column in guesses.values():
+        if column in {str(value) for value in column_values(sample, column)}:
+            break
+    else:
+        return None
+    names = {column: configured[key] for key, column in guesses.items()}
+    found = set(configured.values())
+    in_order = [names.get(column, column if column in found else f"column{i}")
+                for i, column in enumerate(sample.column_names, start=1)]
+    return (f"its first line looks like a row, not a header: column {column!r} holds {column!r} in its rows too; "
+            f"a file without a header reads with data.has_header=false data.column_names=[{','.join(in_order)}]")
