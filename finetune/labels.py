@@ -192,7 +192,7 @@ def _label_space(train: Table, keys: list[str], label_map: Optional[dict[str, st
             f"{train.source}: the train data has only one class ({next(iter(present))!r}); "
             "a classifier needs at least two"
         )
-    warn_of_labels_differing_in_case(train, keys)
+    _warn_of_labels_differing_in_case(train, keys)
     if label_map is not None:
         return LabelSpace(names=list(dict.fromkeys(label_map.values())))  # the map's order, as a ClassLabel's
     if isinstance(feature, datasets.ClassLabel):
@@ -210,7 +210,7 @@ def _label_space(train: Table, keys: list[str], label_map: Optional[dict[str, st
     return LabelSpace(names=sorted(present))
 
 
-def warn_of_labels_differing_in_case(train: Table, keys: list[str]) -> None:
+def _warn_of_labels_differing_in_case(train: Table, keys: list[str]) -> None:
     """Warn of labels of the training data that differ only in case (``spam``, ``Spam``): each is a class.
 
     Most often one label typed two ways, which would train as two classes
@@ -320,7 +320,7 @@ def _multi_label_space(train: Table, sets: list[list[str]], label_map: Optional[
         raise DataError(f"{train.source}: the train data uses {len(present)} label"
                         f"{'' if len(present) == 1 else 's'} in column {train.label_column!r}; "
                         "multi_label needs at least two")
-    warn_of_labels_differing_in_case(train, [key for keys in sets for key in keys])
+    _warn_of_labels_differing_in_case(train, [key for keys in sets for key in keys])
     if label_map is not None:
         return LabelSpace(list(dict.fromkeys(label_map.values())), "multi_label")
     # integers numerically ("2" before "10"), then names

@@ -4,7 +4,7 @@ CSV, TSV (``.tsv``/``.tab``, or ``.txt`` of tab-separated lines; quote character
 Lines, Parquet, or a folder with one sub-folder per class holding ``.txt``
 files (label = sub-folder name). The format comes from the extension (a ``.csv``
 whose lines all hold the same number of tabs reads as TSV, and one whose records
-split on ``;`` and not on ``,`` as a spreadsheet's semicolon-separated CSV)
+split on ``;`` more often than on ``,`` as a spreadsheet's semicolon-separated CSV)
 unless ``data.format`` names it. The bytes are checked against ``data.encoding`` before
 any reader sees them, so that an undecodable byte is named by its offset, and a
 first data row whose field count differs from the header stops the read rather
@@ -133,33 +133,36 @@ def _tab_separated(path: Path, encoding: str, lines: int = 20) -> bool:
 
 
 def _csv_separator(path: Path, encoding: str) -> str:
-    """``;`` for a CSV file whose first records split on it into the same number of fields, and not on ``,``.
+    """``;`` for a CSV file whose first records agree more often on ``;`` than on ``,``: else ``,``.
 
     Spreadsheets set to a language whose decimal mark is a comma (most of
-    Europe's) save CSV with semicolons. A file that splits evenly on commas
-    stays comma-separated, so a file pandas reads today reads the same.
+    Europe's) save CSV with semicolons. A record agrees on a separator when it
+    splits on it into as many fields as the first record (the header), two
+    or more; a row with a field too many still leaves the others agreeing.
+    A tie keeps the comma, so a file pandas reads today reads the same.
     """
-    if _same_field_count(path, encoding, ",") or not _same_field_count(path, encoding, ";"):
+    if _records_agreeing(path, encoding, ";") <= _records_agreeing(path, encoding, ","):
         return ","
-    logger.info("%s: its lines split on ';' and not on ',': read as semicolon-separated", path)
+    logger.info("%s: its lines split on ';', not on ',': read as semicolon-separated", path)
     return ";"
 
 
-def _same_field_count(path: Path, encoding: str, sep: str, records: int = 20) -> bool:
-    """Whether the first ``records`` records of a CSV file (quoted fields as CSV quotes them) all split on
-    ``sep`` into the same number of fields, two or more."""
-    counts = set()
+def _records_agreeing(path: Path, encoding: str, sep: str, records: int = 20) -> int:
+    """How many of a CSV file's first ``records`` records (quoted fields as CSV quotes them) split on ``sep``
+    into as many fields as the first one does; 0 where the first does not split."""
+    counts = []
     try:
         with open(path, encoding=python_codec(encoding), errors="replace", newline="") as fh:
             for row in csv.reader(fh, delimiter=sep):
                 if row:
-                    counts.add(len(row))
-                    records -= 1
-                if records == 0 or len(counts) > 1:
+                    counts.append(len(row))
+                if len(counts) == records:
                     break
     except (UnicodeError, csv.Error):  # not text in that encoding, or a quote csv cannot parse: the read says
-        return False
-    return len(counts) == 1 and counts != {1}
+        return 0
+    if not counts or counts[0] < 2:
+        return 0
+    return counts.count(counts[0])
 
 
 def _load_delimited(path: Path, fmt: str, cfg: DataConfig) -> Table:
@@ -259,7 +262,7 @@ def _quote_hint(sep: str, quoting: int) -> Optional[str]:
     if quoting == csv.QUOTE_NONE:
         return "a TSV field cannot hold a tab: take the tabs out of the texts"
     shown = {",": "a comma", ";": "a semicolon"}.get(sep, repr(sep))
-    return f'a field that holds {shown} must be in double quotes ("like, this")'
+    return f'a field that holds {shown} must be in double quotes ("like{sep} this")'
 
 
 def _load_json(path: Path, cfg: DataConfig) -> Table:

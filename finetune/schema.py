@@ -116,7 +116,7 @@ class DataConfig:
         "The start line counts its rows whose text a training row has too, and warns past a fifth.")
     format: Literal["auto", "csv", "tsv", "json", "parquet", "folder"] = setting("auto",
         "File format; `auto` goes by the extension (a directory means `folder`), reads a `.csv` (or `.txt`) "
-        "whose lines all hold the same number of tabs as TSV, and one whose lines split evenly on `;` and not on `,` "
+        "whose lines all hold the same number of tabs as TSV, and one whose lines split on `;` into the header's fields more often than on `,` "
         "(as spreadsheets in many languages save CSV) as semicolon-separated.")
     has_header: Optional[bool] = setting(None,
         "CSV/TSV only: whether the first line holds column names (the spaces around a name are not part of "

@@ -134,6 +134,14 @@ def test_a_csv_that_splits_evenly_on_commas_stays_comma_separated(tmp_path, capl
     assert not any("semicolon" in r.getMessage() for r in caplog.records)
 
 
+def test_a_semicolon_separated_row_with_a_field_too_many_is_told_to_quote_its_semicolon(tmp_path):
+    path = write(tmp_path / "t.csv", "text;label\nhello, there;ham\nwin; cash;spam\nok, you;ham\n")
+    with pytest.raises(FileLayoutError) as info:
+        load_splits(cfg(path), seed=0)
+    assert info.value.message == f"{path}: line 3 has 3 fields but the header has 2 (text, label)"
+    assert info.value.hint == 'a field that holds a semicolon must be in double quotes ("like; this")'
+
+
 def test_a_later_row_with_a_field_too_many_is_named_and_told_to_quote(tmp_path, caplog):
     path = write(tmp_path / "t.csv", "text,label\nhello there,ham\nwin cash,spam\nok, see you,ham\n")
     with caplog.at_level(logging.DEBUG), pytest.raises(FileLayoutError) as info:
