@@ -193,6 +193,7 @@ def _label_space(train: Table, keys: list[str], label_map: Optional[dict[str, st
             "a classifier needs at least two"
         )
     _warn_of_labels_differing_in_case(train, keys)
+    _warn_of_joined_labels(train, present)
     if label_map is not None:
         return LabelSpace(names=list(dict.fromkeys(label_map.values())))  # the map's order, as a ClassLabel's
     if isinstance(feature, datasets.ClassLabel):
@@ -229,6 +230,33 @@ def _warn_of_labels_differing_in_case(train: Table, keys: list[str]) -> None:
     logger.warning("%s: labels %s in column %r differ only in case, and train as %d classes%s; if they are one, "
                    "write it one way in the file (or map them with data.label_map)", train.source, shown,
                    train.label_column, len(clashes[0]), more)
+
+
+# what joins several labels in one field, most often
+LABEL_JOINERS = ("|", ";", ",")
+
+
+def _warn_of_joined_labels(train: Table, classes: set[str]) -> None:
+    """Warn of single labels that look like several joined (``food|music``): a class for each combination.
+
+    Several labels per text written in one field train, as single labels, one
+    class per combination seen: more classes than labels, each with fewer
+    rows, and none for a combination the training data lacks. The warning
+    comes where at least three classes hold one joiner, and splitting them
+    leaves fewer labels than there are classes.
+    """
+    for joiner in LABEL_JOINERS:
+        joined = sorted(name for name in classes if joiner in name)
+        if len(joined) < 3:
+            continue
+        parts = sorted({part.strip() for name in classes for part in name.split(joiner) if part.strip()})
+        if len(parts) >= len(classes):
+            continue
+        logger.warning("%s: %d of the %d classes in column %r join others with %r (%s): if a text has several "
+                       "labels, model.problem_type=multi_label data.label_delimiter=%r trains one output for each "
+                       "of the %d labels (%s)", train.source, len(joined), len(classes), train.label_column, joiner,
+                       short_list(joined, 3), joiner, len(parts), short_list(parts, SHOW_LABELS))
+        return
 
 
 def _encode_labels(table: Table, keys: list[str], label_space: LabelSpace) -> datasets.Dataset:

@@ -128,7 +128,8 @@ class DataConfig:
     label_column: str = setting("label",
         "Column holding the label: strings or integers (single_label), a list of them or a delimited "
         "string (multi_label), numbers (regression). Spaces around a label are not part of it; labels "
-        "that differ only in case are classes of their own, and the run warns of them.")
+        "that differ only in case are classes of their own, and the run warns of them, as of single labels "
+        "that join several (`food|music`).")
     label_delimiter: Optional[str] = setting(None,
         'multi_label: the separator of several labels in one string field, e.g. `","` or `"|"` (null: the '
         "column holds lists, as JSON arrays or Parquet lists).")

@@ -599,6 +599,25 @@ def test_spaces_around_a_label_are_not_part_of_it(tmp_path):
     assert names_of(splits["validation"]) == ["spam", "ham"]
 
 
+def test_single_labels_that_join_several_are_told_the_multi_label_settings(tmp_path, caplog):
+    combos = ["food|music", "music|news", "food|news", "food", "news", "music", "food|music|news"]
+    path = write(tmp_path / "t.csv", "text,tags\n" + "".join(f"text {i},{c}\n" for i, c in enumerate(combos * 2)))
+    with caplog.at_level(logging.WARNING, logger="finetune"):
+        _, labels = load_splits(cfg(path, label_column="tags"), seed=0)
+    assert len(labels) == 7  # as asked: single labels, one class per combination
+    assert [r.getMessage() for r in caplog.records] == [
+        f"{path}: 4 of the 7 classes in column 'tags' join others with '|' (food|music, food|music|news, food|news, "
+        "... (4 in all)): if a text has several labels, model.problem_type=multi_label data.label_delimiter='|' "
+        "trains one output for each of the 3 labels (food, music, news)"]
+    caplog.clear()
+    # names that hold a comma are classes of their own: split, they would be more labels, not fewer
+    names = ["Arts, Culture", "Business, Finance", "Science, Tech", "Sport", "World"]
+    rows = "".join(f'text {i},"{n}"\n' for i, n in enumerate(names * 2))
+    with caplog.at_level(logging.WARNING, logger="finetune"):
+        _, labels = load_splits(cfg(write(tmp_path / "news.csv", "text,label\n" + rows)), seed=0)
+    assert len(labels) == 5 and not caplog.records
+
+
 @pytest.mark.parametrize("problem_type, other", [("single_label", "e,SPAM\n"), ("multi_label", "e,ham|SPAM\n")])
 def test_a_label_the_train_data_writes_in_another_case_is_hinted_so(tmp_path, problem_type, other):
     path = write(tmp_path / "t.csv", "text,label\na,ham\nb,spam\nc,ham\n")
