@@ -36,11 +36,30 @@ TRAINER_NAMES = {
 }
 
 
+# the argument names of transformers' text-classification example scripts (run_glue.py, run_classification.py)
+# and the short names users type, where no section has the name: the key that does the work here
+SCRIPT_NAMES = {
+    "model_name_or_path": "model.name_or_path",
+    "tokenizer_name": "model.tokenizer_name_or_path",
+    "max_seq_length": "data.max_length",
+    "text_column_names": "data.text_column",
+    "text_column_name": "data.text_column",
+    "label_column_name": "data.label_column",
+    "dataset_config_name": "data.dataset_config",
+    "validation": "data.validation_file",
+    "lr": "optim.learning_rate",
+    "epochs": "training.num_train_epochs",
+    "batch_size": "training.per_device_train_batch_size",
+}
+
+
 def key_hint(key: str, names: list[str], prefix: str) -> str:
     """`` (did you mean ...?)`` for an unknown key: the Trainer's name for a key, a near miss in its section,
     else the section that has it."""
     if key in TRAINER_NAMES:
         return f" (the Trainer's {key} is {TRAINER_NAMES[key]} here; docs/trainer.md)"
+    if key in SCRIPT_NAMES and not prefix:
+        return f" ({key} is {SCRIPT_NAMES[key]} here)"
     close = difflib.get_close_matches(key, names, n=1, cutoff=0.5)
     if close:
         return f" (did you mean {prefix + '.' if prefix else ''}{close[0]}?)"
@@ -65,12 +84,23 @@ def sections_having(key: str, besides: str = "") -> list[str]:
             if section != besides and key in {f.name for f in dataclasses.fields(cls)}]
 
 
+def setting_for_option(name: str) -> str | None:
+    """The ``section.key`` an option of another tool names (``--num_train_epochs``, ``--lr``), or None."""
+    name = name.replace("-", "_")
+    if name in TRAINER_NAMES:
+        return TRAINER_NAMES[name]
+    if name in SCRIPT_NAMES:
+        return SCRIPT_NAMES[name]
+    having = sections_having(name)
+    return having[0] if len(having) == 1 else None
+
+
 def unknown_key_hint(dotted: str) -> str:
     """`` (did you mean ...?)`` for a ``section.key`` the schema lacks (``""`` when nothing is near)."""
     section, _, key = dotted.rpartition(".")
     if section in SECTIONS:
         return key_hint(key, [f.name for f in dataclasses.fields(SECTIONS[section])], section)
-    if key in TRAINER_NAMES:
+    if key in TRAINER_NAMES or key in SCRIPT_NAMES:
         return key_hint(key, [], "")
     return _did_you_mean(sections_having(key))
 

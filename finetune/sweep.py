@@ -93,7 +93,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "their mean (default: 1)")
     parser.add_argument("--debug", action="store_true", help="show tracebacks for input errors")
     parser.add_argument("overrides", nargs="*", metavar="section.key=value", help="config overrides for every trial")
-    args = parser.parse_intermixed_args(argv)
+    args, args.unknown = parser.parse_known_intermixed_args(argv)
     from finetune.train import shortcut_overrides
 
     args.overrides = shortcut_overrides(args, ("data", "text", "label", "model")) + list(args.overrides)
@@ -368,6 +368,11 @@ def progress_line(sweep: Sweep, metric: str, greater: bool, report):
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
+    if args.unknown:
+        from finetune.train import SHORTCUTS, refuse_options
+
+        flags = {flag: SHORTCUTS[flag] for flag in ("data", "text", "label", "model")}
+        return run_command(lambda: refuse_options(args.unknown, argv, "finetune sweep", flags), debug=args.debug)
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
     from finetune.config import notes_said_once
 

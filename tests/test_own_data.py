@@ -157,6 +157,44 @@ def test_a_sweep_takes_the_data_flags_of_train():
     assert args.output == "sw"  # the sweep's own folder
 
 
+@pytest.mark.parametrize("command", ["train", "sweep"])
+@pytest.mark.parametrize("args, line", [
+    # the Trainer's arguments and transformers' example scripts': the setting that does their work
+    (["--num_train_epochs", "3"], "--num_train_epochs: not an option of finetune {command}; the setting is "
+                                  "training.num_train_epochs: write training.num_train_epochs=3"),
+    (["--learning_rate=2e-5"], "--learning_rate: not an option of finetune {command}; the setting is "
+                               "optim.learning_rate: write optim.learning_rate=2e-5"),
+    (["--bf16"], "--bf16: not an option of finetune {command}; the setting is training.mixed_precision: write "
+                 "training.mixed_precision=bf16"),
+    (["--lr", "3e-5"], "--lr: not an option of finetune {command}; the setting is optim.learning_rate: write "
+                       "optim.learning_rate=3e-5"),
+    (["--max_seq_length", "256"], "--max_seq_length: not an option of finetune {command}; the setting is "
+                                  "data.max_length: write data.max_length=256"),
+    # where the command has an option of its own for the setting, the line names it
+    (["--model_name_or_path", "bert-base-uncased"], "--model_name_or_path: not an option of finetune {command}; "
+                                                    "write --model bert-base-uncased"),
+    (["--train_file", "b.csv"], "--train_file: not an option of finetune {command}; write --data b.csv"),
+])
+def test_another_tools_option_is_told_the_setting_that_does_its_work(command, args, line, capsys):
+    from finetune.sweep import main as sweep
+    from finetune.train import main as train
+
+    assert {"train": train, "sweep": sweep}[command](["--data", "reviews.csv", *args, "training.seed=1"]) == 2
+    assert capsys.readouterr().err.splitlines() == [f"error: {line.format(command=command)}"]
+
+
+def test_an_option_nothing_knows_is_told_where_the_options_are(capsys):
+    from finetune.train import main
+
+    assert main(["--data", "reviews.csv", "--frobnicate", "3"]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "error: --frobnicate: not an option of finetune train",
+        "hint: finetune train --help lists its options and every setting, given as section.key=value"]
+    with pytest.raises(ConfigError, match=r"override 'lr': expected section\.key, .* \(lr is optim\.learning_rate "
+                                          r"here\)"):
+        load_config(None, ["lr=3e-5"])
+
+
 def test_an_override_of_the_file_drops_the_settings_of_the_old_one():
     sms = load_config(None, [])
     assert (sms.data.format, sms.data.has_header, sms.data.column_names) == ("tsv", False, ["label", "text"])
