@@ -48,6 +48,8 @@ def main(argv: list[str] | None = None) -> int:
         close = difflib.get_close_matches(command, list(COMMANDS), n=1)
         hint = f" (did you mean {close[0]}?)" if close else ""
         print(f"error: unknown command {command!r}{hint}; commands: {', '.join(COMMANDS)}", file=sys.stderr)
+        if command.startswith("-") or "=" in command:  # train's options or settings, typed without the command
+            print(f"hint: the command comes first: finetune train {' '.join(argv)}", file=sys.stderr)
         return 2
     module = importlib.import_module(COMMANDS[command][0])
     return module.main(rest)

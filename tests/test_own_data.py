@@ -183,6 +183,19 @@ def test_another_tools_option_is_told_the_setting_that_does_its_work(command, ar
     assert capsys.readouterr().err.splitlines() == [f"error: {line.format(command=command)}"]
 
 
+@pytest.mark.parametrize("argv, hint", [
+    (["--data", "reviews.csv", "--text", "sentence"], ["hint: the command comes first: finetune train --data "
+                                                       "reviews.csv --text sentence"]),
+    (["trian", "--data", "reviews.csv"], []),  # a command mistyped is told the command, not train's options
+])
+def test_a_command_line_without_its_command_is_told_where_it_goes(argv, hint, capsys):
+    from finetune.cli import main
+
+    assert main(argv) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].startswith(f"error: unknown command {argv[0]!r}") and err[1:] == hint
+
+
 def test_an_option_nothing_knows_is_told_where_the_options_are(capsys):
     from finetune.train import main
 
