@@ -385,11 +385,9 @@ def run(args: argparse.Namespace) -> None:
                                precision=args.precision)
     clashes = columns_named_as_predictions(rows, predictor.labels)
     prefix = CLASH_PREFIX if clashes else ""
-    if clashes:
-        named = " and ".join(map(repr, clashes))
-        print(f"note: {args.file} has its own {named} column{'s' if len(clashes) > 1 else ''}, kept as "
-              f"{'they are' if len(clashes) > 1 else 'it is'}: the prediction's columns are named {prefix}<name> "
-              f"({prefix}label, {prefix}score, ...)", file=sys.stderr)
+    if args.file:
+        note_the_files_own_columns(args.file, args.output_dir, rows, clashes,
+                                   cfg.data.label_column if cfg is not None else None)
     with out_of_memory_told_as(lambda _: batch_too_large(args.batch_size)):
         predicted = predict_rows(predictor, rows, text_column, pair_column, progress=bool(args.file), prefix=prefix)
     if args.output:
@@ -398,6 +396,20 @@ def run(args: argparse.Namespace) -> None:
     else:
         for row in predicted:
             print(json.dumps(row, ensure_ascii=False, default=str))
+
+
+def note_the_files_own_columns(file: str, output_dir: str, rows: list[dict], clashes: list[str],
+                               label_column: Optional[str]) -> None:
+    """Say on stderr what ``--file``'s own columns change: names the prediction's columns would take (which
+    then take :data:`CLASH_PREFIX`), and the run's label column, whose labels ``finetune score`` compares."""
+    if clashes:
+        named = " and ".join(map(repr, clashes))
+        print(f"note: {file} has its own {named} column{'s' if len(clashes) > 1 else ''}, kept as "
+              f"{'they are' if len(clashes) > 1 else 'it is'}: the prediction's columns are named "
+              f"{CLASH_PREFIX}<name> ({CLASH_PREFIX}label, {CLASH_PREFIX}score, ...)", file=sys.stderr)
+    if label_column is not None and any(label_column in row for row in rows[:1]):
+        print(f"note: {file} has the run's label column {label_column!r}: finetune score {output_dir} --file {file} "
+              f"scores the model on it", file=sys.stderr)
 
 
 def add_precision_argument(parser: argparse.ArgumentParser) -> None:

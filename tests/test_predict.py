@@ -151,8 +151,10 @@ def test_files_in_and_out(trained, predictor, tmp_path, capsys):
         assert row["label"] == p["label"]
         assert float(row["prob_spam"]) == pytest.approx(p["probabilities"]["spam"], abs=1e-5)
 
+    capsys.readouterr()
     assert main([str(out), "--file", str(csv_in), "--text", "message", "--output",
                  str(tmp_path / "b.jsonl")]) == 0
+    assert "note:" not in capsys.readouterr().err  # no column of the predictions' names, nor the run's labels
     records = [json.loads(line) for line in (tmp_path / "b.jsonl").read_text(encoding="utf-8").splitlines()]
     assert [r["message"] for r in records] == TEXTS
     assert [r["id"] for r in records] == list(range(len(TEXTS)))  # the input's other columns are kept
@@ -202,9 +204,11 @@ def test_a_labelled_files_own_label_and_score_are_kept_beside_the_predictions(tr
     expected = predictor.predict(TEXTS)
 
     assert main([str(out), "--file", str(tmp_path / "test.csv"), "--output", str(tmp_path / "p.csv")]) == 0
-    assert capsys.readouterr().err.splitlines()[0] == (
+    assert [line for line in capsys.readouterr().err.splitlines() if line.startswith("note:")] == [
         f"note: {tmp_path / 'test.csv'} has its own 'label' and 'score' columns, kept as they are: the prediction's "
-        "columns are named predicted_<name> (predicted_label, predicted_score, ...)")
+        "columns are named predicted_<name> (predicted_label, predicted_score, ...)",
+        f"note: {tmp_path / 'test.csv'} has the run's label column 'label': finetune score {out} --file "
+        f"{tmp_path / 'test.csv'} scores the model on it"]
     with open(tmp_path / "p.csv", newline="", encoding="utf-8") as fh:
         rows = list(csv.DictReader(fh))
     assert list(rows[0]) == ["text", "label", "score", "predicted_label", "predicted_score", "predicted_prob_ham",
