@@ -53,9 +53,27 @@ SCRIPT_NAMES = {
 }
 
 
+# what the Trainer and its scripts do with a setting that is a command of its own here, or the run's own way
+DONE_ELSEWHERE = {
+    "test_file": "a test set is scored after training, on the saved model: finetune score OUTPUT_DIR --file TEST",
+    "do_predict": "a test set is scored after training, on the saved model: finetune score OUTPUT_DIR --file TEST",
+    "do_eval": "every run evaluates its validation data: evaluation.eval_every or evaluation.evals_per_epoch",
+    "do_train": "finetune train trains",
+    "push_to_hub": "the output folder is a Hub repository as it stands: hf upload (docs/inference.md)",
+    "hub_model_id": "the output folder is a Hub repository as it stands: hf upload (docs/inference.md)",
+}
+
+
+def done_elsewhere(name: str) -> str | None:
+    """How this package does the work of a Trainer setting it has no key for (``test_file``), or None."""
+    return DONE_ELSEWHERE.get(name.replace("-", "_"))
+
+
 def key_hint(key: str, names: list[str], prefix: str) -> str:
     """`` (did you mean ...?)`` for an unknown key: the Trainer's name for a key, a near miss in its section,
     else the section that has it."""
+    if key in DONE_ELSEWHERE:
+        return f" ({DONE_ELSEWHERE[key]})"
     if key in TRAINER_NAMES:
         return f" (the Trainer's {key} is {TRAINER_NAMES[key]} here; docs/trainer.md)"
     if key in SCRIPT_NAMES and not prefix:
@@ -100,7 +118,7 @@ def unknown_key_hint(dotted: str) -> str:
     section, _, key = dotted.rpartition(".")
     if section in SECTIONS:
         return key_hint(key, [f.name for f in dataclasses.fields(SECTIONS[section])], section)
-    if key in TRAINER_NAMES or key in SCRIPT_NAMES:
+    if key in TRAINER_NAMES or key in SCRIPT_NAMES or key in DONE_ELSEWHERE:
         return key_hint(key, [], "")
     return _did_you_mean(sections_having(key))
 

@@ -95,15 +95,15 @@ def refuse_options(unknown: list[str], argv: list[str], command: str, flags: dic
     Raises:
         ConfigError: always, for the first option of ``unknown``.
     """
-    from finetune.config import setting_for_option
+    from finetune.config import done_elsewhere, setting_for_option
 
     option = next(token for token in unknown if token.startswith("-"))
     flag, _, value = option.partition("=")
     name = flag.lstrip("-")
     key = setting_for_option(name)
     if key is None:
-        raise ConfigError(f"{flag}: not an option of {command}",
-                          hint=f"{command} --help lists its options and every setting, given as section.key=value")
+        raise ConfigError(f"{flag}: not an option of {command}", hint=done_elsewhere(name) or (
+            f"{command} --help lists its options and every setting, given as section.key=value"))
     if not value:
         after = argv[argv.index(option) + 1:argv.index(option) + 2] if option in argv else []
         value = after[0] if after and not after[0].startswith("-") and "=" not in after[0] else (

@@ -196,6 +196,21 @@ def test_a_command_line_without_its_command_is_told_where_it_goes(argv, hint, ca
     assert err[0].startswith(f"error: unknown command {argv[0]!r}") and err[1:] == hint
 
 
+def test_a_trainer_setting_this_package_does_another_way_is_told_that_way(capsys):
+    from finetune.train import main
+
+    scored_after = "a test set is scored after training, on the saved model: finetune score OUTPUT_DIR --file TEST"
+    for option in ("--test_file", "--do_predict"):
+        assert main(["--data", "reviews.csv", option, "test.csv"]) == 2
+        assert capsys.readouterr().err.splitlines() == [f"error: {option}: not an option of finetune train",
+                                                        f"hint: {scored_after}"]
+    with pytest.raises(ConfigError, match=r"data\.test_file: unknown key \(a test set is scored after training"):
+        load_config(None, ["data.test_file=test.csv"])
+    with pytest.raises(ConfigError, match=r"output\.push_to_hub: unknown key \(the output folder is a Hub "
+                                          r"repository as it stands: hf upload"):
+        load_config(None, ["output.push_to_hub=true"])
+
+
 def test_an_option_nothing_knows_is_told_where_the_options_are(capsys):
     from finetune.train import main
 
