@@ -29,7 +29,7 @@ import yaml
 
 from finetune.coerce import _coerce, _describe
 from finetune.errors import ConfigError
-from finetune.key_hints import done_elsewhere, key_hint, setting_for_option, unknown_key_hint
+from finetune.key_hints import key_hint, refuse_options, unknown_key_hint
 from finetune.overrides import let_the_command_line_choose, notes_said_once
 from finetune.schema import (  # noqa: F401  (the schema's names, importable from here as before)
     DEFAULT_METRICS, Config, DataConfig, EvalConfig, LoggingConfig, ModelConfig, OptimConfig, OutputConfig,
@@ -39,7 +39,7 @@ from finetune.schema import (  # noqa: F401  (the schema's names, importable fro
 __all__ = ["Config", "ModelConfig", "DataConfig", "TrainingConfig", "OptimConfig", "EvalConfig", "LoggingConfig",
            "OutputConfig", "DEFAULT_CONFIG", "SHIPPED_CONFIGS", "is_shipped", "load_config", "config_from_dict",
            "parse_override", "read_yaml", "config_yaml", "save_config", "origin_of", "notes_said_once",
-           "unknown_key_hint", "setting_for_option", "done_elsewhere"]
+           "unknown_key_hint", "refuse_options"]
 
 logger = logging.getLogger("finetune")
 

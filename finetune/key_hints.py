@@ -1,12 +1,15 @@
 """What a config key the schema lacks is told: the Trainer's name for a key, a near miss in its section, or
-the section that has it (``training.learning_rat``, ``learning_rate``, ``num_train_epoch``).
+the section that has it (``training.learning_rat``, ``learning_rate``, ``num_train_epoch``); and what an option
+the command lacks is told: the setting that does its work (``--num_train_epochs 3``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
+import typing
 
+from finetune.errors import ConfigError
 from finetune.schema import SECTIONS
 
 # TrainingArguments' names (and EarlyStoppingCallback's) that no section has, and the key that does their work
@@ -47,6 +50,9 @@ SCRIPT_NAMES = {
     "label_column_name": "data.label_column",
     "dataset_config_name": "data.dataset_config",
     "validation": "data.validation_file",
+    # TrainingArguments' names of earlier transformers releases, still in many scripts
+    "overwrite_output_dir": "output.overwrite",
+    "evaluation_strategy": "evaluation.eval_every",
     "lr": "optim.learning_rate",
     "epochs": "training.num_train_epochs",
     "batch_size": "training.per_device_train_batch_size",
@@ -113,6 +119,16 @@ def setting_for_option(name: str) -> str | None:
     return having[0] if len(having) == 1 else None
 
 
+def value_to_write(name: str, dotted: str) -> str:
+    """What to write after ``dotted=`` for an option ``name`` typed without a value: ``true`` for a switch
+    (``--overwrite_output_dir``), the precision it names (``--bf16``), else a placeholder."""
+    if name in ("bf16", "fp16"):
+        return name
+    section, _, key = dotted.partition(".")
+    tp = typing.get_type_hints(SECTIONS[section])[key]
+    return "true" if tp is bool or bool in typing.get_args(tp) else "VALUE"
+
+
 def unknown_key_hint(dotted: str) -> str:
     """`` (did you mean ...?)`` for a ``section.key`` the schema lacks (``""`` when nothing is near)."""
     section, _, key = dotted.rpartition(".")
@@ -125,3 +141,39 @@ def unknown_key_hint(dotted: str) -> str:
 
 def _did_you_mean(candidates: list[str]) -> str:
     return f" (did you mean {' or '.join(candidates)}?)" if candidates else ""
+
+
+def refuse_options(unknown: list[str], argv: list[str], command: str, flags: dict[str, str]) -> None:
+    """Stop at an option ``command`` lacks, naming the setting that does its work where there is one.
+
+    The Trainer's arguments and those of transformers' example scripts
+    (``--num_train_epochs 3``, ``--learning_rate=2e-5``, ``--bf16``) are what
+    a user of those types first; here each is a ``section.key=value``.
+
+    Args:
+        unknown: What argparse left over.
+        argv: The command line, for the value after the option.
+        command: The command, as the user typed it.
+        flags: The command's own options and the keys they set (``--data``: ``data.train_file``), which
+            the line names where one sets the key.
+
+    Raises:
+        ConfigError: always, for the first option of ``unknown``.
+    """
+    option = next(token for token in unknown if token.startswith("-"))
+    flag, _, value = option.partition("=")
+    name = flag.lstrip("-")
+    key = setting_for_option(name)
+    if key is None:
+        raise ConfigError(f"{flag}: not an option of {command}", hint=done_elsewhere(name) or (
+            f"{command} --help lists its options and every setting, given as section.key=value"))
+    if name.endswith("_strategy"):  # "steps", "epoch": a count of updates here
+        value = "N"
+    elif not value:
+        after = argv[argv.index(option) + 1:argv.index(option) + 2] if option in argv else []
+        value = after[0] if after and not after[0].startswith("-") and "=" not in after[0] else (
+            value_to_write(name, key))
+    own = {setting: own_flag for own_flag, setting in flags.items()}
+    if key in own:
+        raise ConfigError(f"{flag}: not an option of {command}; write --{own[key]} {value}")
+    raise ConfigError(f"{flag}: not an option of {command}; the setting is {key}: write {key}={value}")

@@ -369,7 +369,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
     if args.unknown:
-        from finetune.train import SHORTCUTS, refuse_options
+        from finetune.config import refuse_options  # key_hints' own, through config: one package import fewer
+        from finetune.train import SHORTCUTS
 
         flags = {flag: SHORTCUTS[flag] for flag in ("data", "text", "label", "model")}
         return run_command(lambda: refuse_options(args.unknown, argv, "finetune sweep", flags), debug=args.debug)

@@ -27,7 +27,7 @@ import argparse  # noqa: E402
 import dataclasses  # noqa: E402
 import logging  # noqa: E402
 
-from finetune.errors import ConfigError, FinetuneError, is_main_rank, out_of_memory_told_as, run_command  # noqa: E402
+from finetune.errors import FinetuneError, is_main_rank, out_of_memory_told_as, run_command  # noqa: E402
 
 logger = logging.getLogger("finetune")
 
@@ -76,42 +76,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args, args.unknown = parser.parse_known_intermixed_args(argv)
     args.overrides = shortcut_overrides(args, SHORTCUTS) + list(args.overrides)
     return args
-
-
-def refuse_options(unknown: list[str], argv: list[str], command: str, flags: dict[str, str]) -> None:
-    """Stop at an option ``command`` lacks, naming the setting that does its work where there is one.
-
-    The Trainer's arguments and those of transformers' example scripts
-    (``--num_train_epochs 3``, ``--learning_rate=2e-5``, ``--bf16``) are what
-    a user of those types first; here each is a ``section.key=value``.
-
-    Args:
-        unknown: What argparse left over.
-        argv: The command line, for the value after the option.
-        command: The command, as the user typed it.
-        flags: The command's own options and the keys they set (``--data``: ``data.train_file``), which
-            the line names where one sets the key.
-
-    Raises:
-        ConfigError: always, for the first option of ``unknown``.
-    """
-    from finetune.config import done_elsewhere, setting_for_option
-
-    option = next(token for token in unknown if token.startswith("-"))
-    flag, _, value = option.partition("=")
-    name = flag.lstrip("-")
-    key = setting_for_option(name)
-    if key is None:
-        raise ConfigError(f"{flag}: not an option of {command}", hint=done_elsewhere(name) or (
-            f"{command} --help lists its options and every setting, given as section.key=value"))
-    if not value:
-        after = argv[argv.index(option) + 1:argv.index(option) + 2] if option in argv else []
-        value = after[0] if after and not after[0].startswith("-") and "=" not in after[0] else (
-            name if name in ("bf16", "fp16") else "VALUE")
-    own = {setting: option for option, setting in flags.items()}
-    if key in own:
-        raise ConfigError(f"{flag}: not an option of {command}; write --{own[key]} {value}")
-    raise ConfigError(f"{flag}: not an option of {command}; the setting is {key}: write {key}={value}")
 
 
 def shortcut_overrides(args: argparse.Namespace, flags) -> list[str]:
@@ -249,6 +213,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
     if args.unknown:
+        from finetune.config import refuse_options  # key_hints' own, through config: one package import fewer
+
         return run_command(lambda: refuse_options(args.unknown, argv, "finetune train", SHORTCUTS),
                            debug=args.debug)
     if args.explain:

@@ -170,6 +170,11 @@ def test_a_sweep_takes_the_data_flags_of_train():
                        "optim.learning_rate=3e-5"),
     (["--max_seq_length", "256"], "--max_seq_length: not an option of finetune {command}; the setting is "
                                   "data.max_length: write data.max_length=256"),
+    # a switch is written true; a strategy's "steps" or "epoch" is a count of updates here
+    (["--overwrite_output_dir"], "--overwrite_output_dir: not an option of finetune {command}; the setting is "
+                                 "output.overwrite: write output.overwrite=true"),
+    (["--eval_strategy", "epoch"], "--eval_strategy: not an option of finetune {command}; the setting is "
+                                   "evaluation.eval_every: write evaluation.eval_every=N"),
     # where the command has an option of its own for the setting, the line names it
     (["--model_name_or_path", "bert-base-uncased"], "--model_name_or_path: not an option of finetune {command}; "
                                                     "write --model bert-base-uncased"),
