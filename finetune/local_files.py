@@ -282,7 +282,8 @@ def _load_folder(root: Path, cfg: DataConfig) -> Table:
     classes = sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
     by_class = {c: sorted(f for f in c.iterdir() if f.is_file() and f.suffix.lower() == ".txt") for c in classes}
     if not any(by_class.values()):
-        raise DataError(f"{root}: no .txt files in any class sub-folder (expected {root}/<class>/<name>.txt)")
+        raise DataError(f"{root}: no .txt files in any class sub-folder (expected {root}/<class>/<name>.txt)",
+                        hint=_files_in_the_folder(root))
     texts, labels, files = [], [], []
     for folder, paths in by_class.items():
         if not paths:
@@ -299,6 +300,22 @@ def _load_folder(root: Path, cfg: DataConfig) -> Table:
         features=datasets.Features({TEXT: datasets.Value("string"), RAW_LABEL: datasets.Value("string")}),
     )
     return Table.whole(ds, str(root), unit="file", files=files, text_column=TEXT, label_column="sub-folder name")
+
+
+def _files_in_the_folder(root: Path) -> Optional[str]:
+    """For a folder given as data that holds data files rather than class sub-folders (``train.csv``,
+    ``valid.csv``): the options that name them, the training file by its name, the validation file by its."""
+    files = sorted(f for f in root.iterdir() if f.is_file() and f.suffix.lower() in EXTENSIONS)
+    if not files:
+        return None
+
+    def named(*words: str) -> Optional[Path]:
+        return next((f for f in files if any(word in f.stem.lower() for word in words)), None)
+
+    train = named("train") or files[0]
+    validation = named("valid", "dev", "val")
+    also = f" data.validation_file={validation}" if validation is not None and validation != train else ""
+    return f"it holds data files ({', '.join(f.name for f in files)}): pass one, --data {train}{also}"
 
 
 def _run_builder(builder: str, path: Path, **options: Any) -> datasets.Dataset:

@@ -172,6 +172,20 @@ def test_a_txt_of_tab_separated_lines_is_tsv_and_a_header_that_is_a_row_is_told_
     assert "(label<TAB>text)" in unlabelled.value.hint and "sub-folder per class" in unlabelled.value.hint
 
 
+def test_a_folder_of_data_files_is_told_to_pass_them(tmp_path):
+    for name in ("train.csv", "dev.csv", "test.csv"):
+        write(tmp_path / "glue" / name, "text,label\na,x\nb,y\n")
+    with pytest.raises(DataError, match=r"glue: no \.txt files in any class sub-folder") as caught:
+        load_splits(cfg(str(tmp_path / "glue")), seed=0)
+    glue = tmp_path / "glue"
+    assert caught.value.hint == (f"it holds data files (dev.csv, test.csv, train.csv): pass one, --data "
+                                 f"{glue / 'train.csv'} data.validation_file={glue / 'dev.csv'}")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(DataError) as nothing:
+        load_splits(cfg(str(tmp_path / "empty")), seed=0)
+    assert nothing.value.hint is None
+
+
 def test_tab_extension_is_tsv(tmp_path):
     path = write(tmp_path / "t.tab", 'text\tlabel\nsay "x\ta\ny\tb\n')
     splits, _ = load_splits(cfg(path), seed=0)
