@@ -137,9 +137,54 @@ def test_scores_by_label_match_sklearn_label_by_label(kind):
     np.testing.assert_allclose(got["f1"], f1, atol=TOL)
     assert got["support"] == support.tolist()
     assert got["precision"][3] == 0.0 and got["support"][4] == 0 and got["f1"][4] == 0.0
+    # the texts the model gave each label, beside those that have it
+    given = np.bincount(pred, minlength=5) if kind == "class ids" else pred.sum(0)
+    assert [by_name[name]["predicted"] for name in names] == given.tolist()
     # the macro average is the mean of the labels' F1, as the suite computes it
     if kind == "class ids":
         assert np.mean(got["f1"]) == pytest.approx(suite_scores(pred, ref, 5, "macro")["f1"], abs=TOL)
+
+
+@pytest.mark.parametrize("pred, ref, said", [
+    ([0, 0, 0, 0], [0, 1, 0, 1], "predicted 'ham' for every one of the 4 validation texts"),
+    ([0, 1, 0, 0], [0, 1, 0, 1], None),  # two answers: it tells texts apart, however badly
+    ([1, 1, 1, 1], [1, 1, 1, 1], None),  # the data has one label: one answer is the right one
+    ([[0, 0], [0, 0], [0, 0]], [[1, 0], [0, 1], [1, 1]], "gave none of the 3 validation texts any label"),
+    ([[1, 1], [1, 1], [1, 1]], [[1, 0], [0, 1], [1, 1]],
+     "gave every one of the 3 validation texts the same labels (ham, spam)"),
+    ([[1, 0], [1, 0], [0, 0]], [[1, 0], [0, 1], [1, 1]], None),
+])
+def test_a_model_that_gives_every_text_the_same_answer_is_cautioned(pred, ref, said):
+    from finetune.metrics import scores_by_label
+    from finetune.results import one_answer_for_every_text
+
+    by_label = scores_by_label(np.asarray(pred), np.asarray(ref), ["ham", "spam"])
+    caution = one_answer_for_every_text({"eval": {"num_samples": len(pred)}, "eval_by_label": by_label})
+    assert caution == (None if said is None else f"the saved model {said}: its scores are those of answering alike "
+                       "whatever the text (a learning rate too high or too low, or too few updates?)")
+    assert one_answer_for_every_text({"eval": {"loss": 0.1}, "eval_by_label": None}) is None  # regression
+
+
+def test_a_run_whose_model_answers_alike_ends_with_the_caution(tmp_path, caplog):
+    import logging
+
+    import torch
+
+    from tiny_run import fit_tiny_run
+
+    def certain_of_ham(run):  # a head that says ham whatever the text, and a rate that cannot move it
+        head = run.accelerator.unwrap_model(run.model).classifier
+        with torch.no_grad():
+            head.weight.zero_()
+            head.bias.copy_(torch.tensor([50.0, -50.0]))
+
+    with caplog.at_level(logging.WARNING, logger="finetune"):
+        _, summary = fit_tiny_run(tmp_path, before_fit=certain_of_ham, training={"max_steps": 2, "num_train_epochs": None},
+                                  optim={"learning_rate": 1e-9})
+    assert summary["eval_by_label"]["ham"]["predicted"] == summary["eval"]["num_samples"] == 40
+    assert [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING] == [
+        "the saved model predicted 'ham' for every one of the 40 validation texts: its scores are those of answering "
+        "alike whatever the text (a learning rate too high or too low, or too few updates?)"]
 
 
 @pytest.mark.parametrize("average", ["macro", "micro", "weighted"])

@@ -269,7 +269,8 @@ def scores_by_label(predictions, references, names: list[str]) -> dict[str, dict
     label absent from both scores 0.
 
     Returns:
-        ``{name: {"precision": ..., "recall": ..., "f1": ..., "support": ...}}`` in id order.
+        ``{name: {"precision": ..., "recall": ..., "f1": ..., "support": ..., "predicted": ...}}`` in id order:
+        ``predicted``, the samples the model gave the label, beside ``support``, those that have it.
     """
     pred, ref = np.asarray(predictions), np.asarray(references)
     if pred.ndim == 1:  # class ids: each class is a label whose true positives are the hits on it
@@ -280,4 +281,4 @@ def scores_by_label(predictions, references, names: list[str]) -> dict[str, dict
         tp, predicted, support = (pred & ref).sum(0), pred.sum(0), ref.sum(0)
     precision, recall, f1 = scores_from_counts(tp, predicted, support)
     return {str(name): {"precision": float(precision[i]), "recall": float(recall[i]), "f1": float(f1[i]),
-                        "support": int(support[i])} for i, name in enumerate(names)}
+                        "support": int(support[i]), "predicted": int(predicted[i])} for i, name in enumerate(names)}
