@@ -16,6 +16,7 @@ Several processes: ``accelerate launch -m finetune.cli train ...`` (or
 from __future__ import annotations
 
 import difflib
+import shlex
 import sys
 
 COMMANDS = {
@@ -49,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
         hint = f" (did you mean {close[0]}?)" if close else ""
         print(f"error: unknown command {command!r}{hint}; commands: {', '.join(COMMANDS)}", file=sys.stderr)
         if command.startswith("-") or "=" in command:  # train's options or settings, typed without the command
-            print(f"hint: the command comes first: finetune train {' '.join(argv)}", file=sys.stderr)
+            print(f"hint: the command comes first: finetune train {shlex.join(argv)}", file=sys.stderr)
         return 2
     module = importlib.import_module(COMMANDS[command][0])
     return module.main(rest)

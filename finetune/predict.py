@@ -306,8 +306,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                      description="Classify texts with a fine-tuned model.")
     parser.add_argument("output_dir", help="a run's output directory (the saved model)")
     parser.add_argument("texts", nargs="*", help="texts to classify (printed as JSON lines)")
-    parser.add_argument("--file", default=None, help="classify the texts of a .txt, .csv, .tsv, .json, .jsonl or .parquet file "
-                        "(-: one text per line from standard input)")
+    parser.add_argument("--file", default=None, help="classify the texts of a .txt, .csv, .tsv, .json, .jsonl or "
+                        ".parquet file (-: one text per line from standard input)")
     parser.add_argument("--output", default=None, help="write the file's predictions to a .csv or .jsonl file")
     parser.add_argument("--text", "--text-column", dest="text_column", metavar="COLUMN", default=None,
                         help="CSV column / JSON key of the text (default: the run's data.text_column)")
@@ -407,7 +407,7 @@ def note_the_files_own_columns(file: str, output_dir: str, rows: list[dict], cla
         print(f"note: {file} has its own {named} column{'s' if len(clashes) > 1 else ''}, kept as "
               f"{'they are' if len(clashes) > 1 else 'it is'}: the prediction's columns are named "
               f"{CLASH_PREFIX}<name> ({CLASH_PREFIX}label, {CLASH_PREFIX}score, ...)", file=sys.stderr)
-    if label_column is not None and any(label_column in row for row in rows[:1]):
+    if label_column is not None and label_column in rows[0]:  # a file has its columns on every row
         print(f"note: {file} has the run's label column {label_column!r}: finetune score {output_dir} --file {file} "
               f"scores the model on it", file=sys.stderr)
 
