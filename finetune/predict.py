@@ -9,13 +9,17 @@ Usage::
 Each prediction has the label, its probability (``score``) and the
 probability of every class; for a multi-label model, ``labels`` (every label
 whose sigmoid probability is over ``--threshold``, 0.5 by default) and each
-label's probability; for a regression model, the predicted number (``score``). Command-line texts print as JSON lines; ``--file``
-reads ``.txt`` (one text per line; ``--file -`` reads such lines from standard input), ``.csv``/``.tsv`` (with a header),
-``.json``/``.jsonl`` or ``.parquet``, as training reads them, and writes ``.csv`` or ``.jsonl``: one row
-per input row, in the same order, with every column of the input kept and the
-prediction added (to stdout as JSON lines without ``--output``), with a
-progress bar. A blank line of a ``.txt`` (or an empty text) gets an empty
-label, score and probabilities, so the rows still line up with the input.
+label's probability; for a regression model, the predicted number
+(``score``). Command-line texts print as JSON lines; ``--file`` reads
+``.txt`` (one text per line; ``--file -`` reads such lines from standard
+input), ``.csv``/``.tsv`` (with a header), ``.json``/``.jsonl`` or
+``.parquet``, as training reads them, and writes ``.csv`` or ``.jsonl``: one
+row per input row, in the same order, with every column of the input kept
+and the prediction added (under ``predicted_<name>`` where the input has a
+column of its names, a labelled file's ``label``; to stdout as JSON lines
+without ``--output``), with a progress bar. A blank line of a ``.txt`` (or
+an empty text) gets an empty label, score and probabilities, so the rows
+still line up with the input.
 
 The model runs where training would run (Accelerate's device choice: a GPU
 if there is one), in float32 unless ``--precision bf16`` (or ``fp16``) asks
