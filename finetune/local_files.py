@@ -132,7 +132,7 @@ def _tab_separated(path: Path, encoding: str, lines: int = 20) -> bool:
     return len(counts) == 1 and counts != {0}
 
 
-def _csv_separator(path: Path, encoding: str) -> str:
+def csv_separator(path: Path, encoding: str) -> str:
     """``;`` for a CSV file whose first records agree more often on ``;`` than on ``,``: else ``,``.
 
     Spreadsheets set to a language whose decimal mark is a comma (most of
@@ -166,7 +166,7 @@ def _records_agreeing(path: Path, encoding: str, sep: str, records: int = 20) ->
 
 
 def _load_delimited(path: Path, fmt: str, cfg: DataConfig) -> Table:
-    sep = "\t" if fmt == "tsv" else _csv_separator(path, cfg.encoding)
+    sep = "\t" if fmt == "tsv" else csv_separator(path, cfg.encoding)
     # TSV files such as the SMS spam collection use '"' as a plain character;
     # quote processing would merge rows up to the next quote.
     quoting = csv.QUOTE_NONE if fmt == "tsv" else csv.QUOTE_MINIMAL

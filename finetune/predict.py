@@ -41,7 +41,8 @@ from typing import Any, Optional, Sequence
 from finetune.errors import ConfigError, DataError, ModelError, OutOfMemory, out_of_memory_told_as, run_command
 from finetune.outputs import refuse_a_run_file
 from finetune.prediction_files import (CLASH_PREFIX, INPUT_FORMATS, OUTPUT_FORMATS, STDIN, checked_suffix,
-                                       columns_named_as_predictions, predict_rows, read_rows, write_predictions)
+                                       columns_named_as_predictions, output_separator, predict_rows, read_rows,
+                                       write_predictions)
 from finetune.text_encoding import check_encoding
 from finetune.truncation import BOOKKEEPING, LENGTH, Truncation, prediction_length
 
@@ -396,7 +397,8 @@ def run(args: argparse.Namespace) -> None:
         predicted = predict_rows(predictor, rows, text_column, pair_column, progress=bool(args.file), prefix=prefix)
     if args.output:
         delimiter = (cfg.data.label_delimiter if cfg is not None else None) or ","
-        write_predictions(args.output, predicted, predictor.labels, delimiter, prefix)
+        write_predictions(args.output, predicted, predictor.labels, delimiter, prefix,
+                          separator=output_separator(args.file, encoding))
     else:
         for row in predicted:
             print(json.dumps(row, ensure_ascii=False, default=str))

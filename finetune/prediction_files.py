@@ -138,9 +138,19 @@ def _prefixed(prediction: dict[str, Any], prefix: str) -> dict[str, Any]:
     return {f"{prefix}{key}": value for key, value in prediction.items()}
 
 
+def output_separator(file: Optional[str], encoding: str) -> str:
+    """The field separator of a ``--output`` CSV: the ``--file``'s own where that is a semicolon-separated
+    ``.csv`` (a spreadsheet in a language with a decimal comma opens it in columns), else the comma."""
+    from finetune.local_files import csv_separator
+
+    if file is None or file == STDIN or Path(file).suffix.lower() != ".csv":
+        return ","
+    return csv_separator(Path(file), encoding)
+
+
 def write_predictions(path: str | os.PathLike, rows: list[dict[str, Any]], labels: Sequence[str],
-                      label_delimiter: str = ",", prefix: str = "") -> None:
-    """Write predicted rows as ``.csv`` or ``.jsonl``.
+                      label_delimiter: str = ",", prefix: str = "", separator: str = ",") -> None:
+    """Write predicted rows as ``.csv`` (fields between ``separator``) or ``.jsonl``.
 
     A CSV holds the input's columns, then what was predicted: ``label``,
     ``score`` and ``prob_<label>`` per label (single label); ``labels``
@@ -157,7 +167,7 @@ def write_predictions(path: str | os.PathLike, rows: list[dict[str, Any]], label
             columns = [c for c in rows[0] if c not in added]
             predicted = [f"{prefix}{c}" for c in ("label", "labels", "score") if f"{prefix}{c}" in rows[0]]
             probabilities = [f"{prefix}prob_{name}" for name in labels] if probabilities_key in rows[0] else []
-            writer = csv.writer(fh)
+            writer = csv.writer(fh, delimiter=separator)
             writer.writerow(columns + predicted + probabilities)
             for row in rows:
                 values = [label_delimiter.join(row[c]) if c == label_list else row[c] for c in predicted]

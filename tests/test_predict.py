@@ -192,6 +192,20 @@ def test_every_format_training_reads_can_be_classified(trained, predictor, tmp_p
                                                "columns (message, sent); pass --text")
 
 
+def test_a_semicolon_separated_file_gets_its_predictions_separated_alike(trained, predictor, tmp_path):
+    from finetune.predict import main
+
+    out, _, _ = trained
+    (tmp_path / "excel.csv").write_text("id;message\n" + "".join(f"{i};{t}\n" for i, t in enumerate(TEXTS)),
+                                        encoding="utf-8")
+    assert main([str(out), "--file", str(tmp_path / "excel.csv"), "--text", "message", "--output",
+                 str(tmp_path / "p.csv")]) == 0
+    with open(tmp_path / "p.csv", newline="", encoding="utf-8") as fh:
+        rows = list(csv.DictReader(fh, delimiter=";"))
+    assert list(rows[0]) == ["id", "message", "label", "score", "prob_ham", "prob_spam"]
+    assert [r["label"] for r in rows] == [p["label"] for p in predictor.predict(TEXTS)]
+
+
 def test_a_labelled_files_own_label_and_score_are_kept_beside_the_predictions(trained, predictor, tmp_path, capsys):
     from finetune.predict import main
 
