@@ -249,10 +249,11 @@ def format_confusion(matrix, names: Sequence[str]) -> str:
 def format_by_label(by_label: dict[str, dict[str, float]]) -> str:
     """Each label's scores as an aligned text table, one row per label."""
     width = max([len(str(name)) for name in by_label] + [5])
-    head = f"{'label'.ljust(width)}  precision  recall      f1  support"
+    head = f"{'label'.ljust(width)}  precision  recall      f1  support  predicted"
     rows = [f"{str(name).ljust(width)}  {s['precision']:9.4f}  {s['recall']:6.4f}  {s['f1']:6.4f}  {s['support']:7d}"
-            for name, s in by_label.items()]
-    return "\n".join(["by label (each scored alone; support: its texts in the file)", head, *rows])
+            f"  {s['predicted']:9d}" for name, s in by_label.items()]
+    return "\n".join(["by label (each scored alone; support: its texts in the file; predicted: the texts given it)",
+                      head, *rows])
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -478,10 +478,12 @@ def test_score_cli(trained, tmp_path, capsys):
     assert spam["support"] == len(rows) and ham["support"] == 0
     assert spam["recall"] == pytest.approx(saved["metrics"]["accuracy"]) == pytest.approx(hits / len(rows))
     assert spam["precision"] == (1.0 if hits else 0.0) and ham["recall"] == 0.0 and ham["precision"] == 0.0
-    table = printed.split("by label (each scored alone; support: its texts in the file)\n")[1].splitlines()
-    assert table[0].split() == ["label", "precision", "recall", "f1", "support"]
+    table = printed.split("by label (each scored alone; support: its texts in the file; predicted: the texts given "
+                          "it)\n")[1].splitlines()
+    assert table[0].split() == ["label", "precision", "recall", "f1", "support", "predicted"]
     assert table[2].split() == ["spam", f"{spam['precision']:.4f}", f"{spam['recall']:.4f}", f"{spam['f1']:.4f}",
-                                str(len(rows))]
+                                str(len(rows)), str(hits)]
+    assert spam["predicted"] == hits and ham["predicted"] == len(rows) - hits  # the confusion matrix's columns
     width, height = png_size(png)
     assert width > 200 and height > 200
 
