@@ -15,7 +15,8 @@ name; a label the model was not trained on is an error naming its row. The
 metrics are the run's ``evaluation`` settings (the same
 :class:`~finetune.metrics.MetricSuite` as validation during training), plus
 the loss, and each label's precision, recall, F1 and support scored alone; for
-a single-label model a confusion matrix is printed and written as a PNG (by
+a single-label model a confusion matrix is printed (past 12 labels, the pairs
+most confused instead) and written as a PNG (by
 default ``<output_dir>/confusion_<file name>.png``). Multi-label and regression
 models are scored with their own metrics and loss (see :mod:`finetune.tasks`),
 without a confusion matrix, and regression without the labels' table.
@@ -246,6 +247,20 @@ def format_confusion(matrix, names: Sequence[str]) -> str:
     return "\n".join(["confusion matrix (rows: true label, columns: predicted label)", head, *rows])
 
 
+# past this many labels a printed matrix is wider than a terminal: the pairs most confused are printed instead
+PRINTED_MATRIX_LABELS = 12
+
+
+def format_confusions(matrix, names: Sequence[str], top: int = 10) -> str:
+    """The ``top`` most frequent mistakes (a true label read as another), most frequent first."""
+    off = [(int(matrix[i, j]), str(names[i]), str(names[j])) for i in range(len(names)) for j in range(len(names))
+           if i != j and matrix[i, j] > 0]
+    off.sort(key=lambda item: -item[0])
+    lines = [f"  {true} -> {predicted}: {count}" for count, true, predicted in off[:top]]
+    return "\n".join([f"most confused (true label -> predicted label: texts; {len(off)} pairs in all)", *lines]
+                     if off else ["most confused: no text was given another label"])
+
+
 def format_by_label(by_label: dict[str, dict[str, float]]) -> str:
     """Each label's scores as an aligned text table, one row per label."""
     width = max([len(str(name)) for name in by_label] + [5])
@@ -314,7 +329,10 @@ def run(args: argparse.Namespace) -> Score:
     if result.by_label is not None:
         print(format_by_label(result.by_label))
     if result.confusion is not None:
-        print(format_confusion(result.confusion, result.labels))
+        if len(result.labels) <= PRINTED_MATRIX_LABELS:
+            print(format_confusion(result.confusion, result.labels))
+        else:
+            print(format_confusions(result.confusion, result.labels))
         confusion_figure(result.confusion, result.labels,
                          title=f"{output_dir.name} on {Path(args.file).name}").savefig(png, dpi=DPI)
         print(f"confusion matrix: {png}")

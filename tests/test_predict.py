@@ -192,6 +192,32 @@ def test_every_format_training_reads_can_be_classified(trained, predictor, tmp_p
                                                "columns (message, sent); pass --text")
 
 
+def test_score_prints_the_most_confused_pairs_where_a_matrix_would_not_fit(trained, tmp_path, capsys, monkeypatch):
+    import numpy as np
+
+    import finetune.score
+    from finetune.score import PRINTED_MATRIX_LABELS, Score, main
+
+    out, _, _ = trained
+    names = [f"intent_{i}" for i in range(PRINTED_MATRIX_LABELS + 1)]
+    matrix = np.diag(np.full(len(names), 5))
+    matrix[3, 7], matrix[0, 1], matrix[12, 0] = 4, 9, 1  # three mistakes: 9, then 4, then 1
+    scored = Score(str(tmp_path / "intents.csv"), {"num_samples": int(matrix.sum()), "accuracy": 0.5}, names, matrix,
+                   None, None)
+    monkeypatch.setattr(finetune.score, "score_file", lambda *args, **kwargs: scored)
+    write_tsv(tmp_path / "intents.csv", [("ham", "hello")])  # looked for before scoring
+    assert main([str(out), "--file", str(tmp_path / "intents.csv"), "--png", str(tmp_path / "m.png")]) == 0
+    printed = capsys.readouterr().out
+    assert "confusion matrix (rows" not in printed
+    assert ("most confused (true label -> predicted label: texts; 3 pairs in all)\n  intent_0 -> intent_1: 9\n"
+            "  intent_3 -> intent_7: 4\n  intent_12 -> intent_0: 1\n") in printed
+    few = Score(scored.file, scored.metrics, names[:2], np.array([[3, 1], [0, 2]]), None, None)
+    monkeypatch.setattr(finetune.score, "score_file", lambda *args, **kwargs: few)
+    assert main([str(out), "--file", str(tmp_path / "intents.csv"), "--png", str(tmp_path / "m.png")]) == 0
+    printed = capsys.readouterr().out
+    assert "confusion matrix (rows: true label, columns: predicted label)" in printed and "most confused" not in printed
+
+
 def test_a_semicolon_separated_file_gets_its_predictions_separated_alike(trained, predictor, tmp_path):
     from finetune.predict import main
 
