@@ -10,9 +10,11 @@ wherever pip put the package (venv, user site, system site).
 
 from __future__ import annotations
 
+import difflib
 import importlib.metadata
 import re
 from pathlib import Path
+from typing import Optional
 
 from finetune.errors import ConfigError, DataError
 
@@ -74,8 +76,18 @@ def data_path(spec: str, key: str) -> Path:
         looks_like_hub_id = (key.startswith("data.") and not is_package_path(spec) and not path.suffix
                              and re.fullmatch(r"[\w.-]+(/[\w.-]+)?", spec) is not None)
         raise DataError(f"{key}: {path} not found", hint=f"a Hugging Face Hub data set is data.dataset_name={spec}"
-                        if looks_like_hub_id else None)
+                        if looks_like_hub_id else _near_names(path))
     return path
+
+
+def _near_names(path: Path) -> Optional[str]:
+    """`did you mean ...?` for a path whose folder holds a name close to its own (``reviewz.csv``)."""
+    try:
+        names = [entry.name for entry in path.parent.iterdir()]
+    except OSError:  # the folder is not there either, or cannot be read
+        return None
+    close = difflib.get_close_matches(path.name, names, n=2, cutoff=0.75)
+    return f"did you mean {' or '.join(str(path.parent / name) for name in close)}?" if close else None
 
 
 def package_of(spec: str) -> tuple[str, str]:

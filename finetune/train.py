@@ -133,8 +133,9 @@ def run_training(config_path: str | None, overrides: list[str], on_evaluation=No
     if is_main_rank():
         logger.debug("the config of this run:\n%s", yaml.safe_dump(cfg.to_dict(), sort_keys=False).rstrip())
     try:
-        check_output_dir(cfg)
+        # a path mistyped first: the folder's check would otherwise name the typo as another run's setting
         check_inputs_exist(cfg)
+        check_output_dir(cfg)
         # k is decided here, once, for the processes the launcher started (build_accelerator checks that they
         # all joined): a batch they cannot split is refused before anything is built
         batching = resolve_batching(cfg.training, launched_world_size())

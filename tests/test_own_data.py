@@ -216,6 +216,21 @@ def test_a_trainer_setting_this_package_does_another_way_is_told_that_way(capsys
         load_config(None, ["output.push_to_hub=true"])
 
 
+def test_a_mistyped_data_file_is_told_the_names_near_it(tmp_path, capsys):
+    from finetune.train import main
+
+    reviews = _write(tmp_path / "reviews.csv", "csv", make_texts(10))
+    (tmp_path / "reviews_old.csv").write_text("text,label\n", encoding="utf-8")
+    assert main(["--data", str(tmp_path / "reveiws.csv"), "--output", str(tmp_path / "out")]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"error: command line: data.train_file: {tmp_path / 'reveiws.csv'} not found",
+        f"hint: did you mean {reviews} or {tmp_path / 'reviews_old.csv'}?"]
+    assert main(["--data", str(tmp_path / "tweets.csv"), "--output", str(tmp_path / "out")]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"error: command line: data.train_file: {tmp_path / 'tweets.csv'} not found"]  # nothing near it
+    assert not (tmp_path / "out").exists()
+
+
 def test_an_option_nothing_knows_is_told_where_the_options_are(capsys):
     from finetune.train import main
 
