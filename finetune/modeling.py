@@ -15,7 +15,8 @@ from typing import Any, Optional
 from finetune import hub
 from finetune.config import ModelConfig
 from finetune.errors import ConfigError, ModelError
-from finetune.resources import PACKAGED_HUB_MODELS, is_package_path, package_of, package_version, resolve_path
+from finetune.resources import (PACKAGED_HUB_MODELS, is_package_path, near_names, package_of, package_version,
+                                resolve_path)
 from finetune.truncation import position_limit
 
 
@@ -28,7 +29,7 @@ def model_location(name_or_path: str, key: str) -> str:
             raise ModelError(f"{key}: {location} is a directory but not a model (no config.json)")
         return str(path)
     if location.startswith((".", "/", "~")) or location.count("/") > 1:
-        raise ModelError(f"{key}: model path not found: {location}")
+        raise ModelError(f"{key}: model path not found: {location}", hint=near_names(path))
     return location
 
 
@@ -419,7 +420,8 @@ def _hub_hint(location: str) -> Optional[str]:
     """Say why a name that is no local path was looked up on the Hub (a mistyped relative path?)."""
     if hub.is_local(location):
         return None
-    return f"{location!r} is not a local path, so it was taken as a Hugging Face Hub id"
+    near = near_names(Path(location))
+    return f"{location!r} is not a local path, so it was taken as a Hugging Face Hub id{'; ' + near if near else ''}"
 
 
 def _first_line(exc: BaseException) -> str:

@@ -76,11 +76,11 @@ def data_path(spec: str, key: str) -> Path:
         looks_like_hub_id = (key.startswith("data.") and not is_package_path(spec) and not path.suffix
                              and re.fullmatch(r"[\w.-]+(/[\w.-]+)?", spec) is not None)
         raise DataError(f"{key}: {path} not found", hint=f"a Hugging Face Hub data set is data.dataset_name={spec}"
-                        if looks_like_hub_id else _near_names(path))
+                        if looks_like_hub_id else near_names(path))
     return path
 
 
-def _near_names(path: Path) -> Optional[str]:
+def near_names(path: Path) -> Optional[str]:
     """`did you mean ...?` for a path whose folder holds a name close to its own (``reviewz.csv``)."""
     try:
         names = [entry.name for entry in path.parent.iterdir()]

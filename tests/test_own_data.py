@@ -229,6 +229,13 @@ def test_a_mistyped_data_file_is_told_the_names_near_it(tmp_path, capsys):
     assert capsys.readouterr().err.splitlines() == [
         f"error: command line: data.train_file: {tmp_path / 'tweets.csv'} not found"]  # nothing near it
     assert not (tmp_path / "out").exists()
+    model = save_tiny_model(tmp_path / "tiny-bert")
+    capsys.readouterr()
+    assert main(["--data", str(reviews), "--model", str(tmp_path / "tiny-brt"), "--output",
+                 str(tmp_path / "out")]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"error: command line: model.name_or_path: model path not found: {tmp_path / 'tiny-brt'}",
+        f"hint: did you mean {model}?"]
 
 
 def test_an_option_nothing_knows_is_told_where_the_options_are(capsys):
