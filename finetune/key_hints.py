@@ -160,7 +160,7 @@ def refuse_options(unknown: list[str], argv: list[str], command: str, flags: dic
     Raises:
         ConfigError: always, for the first option of ``unknown``.
     """
-    option = next(token for token in unknown if token.startswith("-"))
+    option = next((token for token in unknown if token.startswith("-")), unknown[0])
     flag, _, value = option.partition("=")
     name = flag.lstrip("-")
     key = setting_for_option(name)
