@@ -206,6 +206,10 @@ def plot_curves(output_dir: str | os.PathLike, path: str | os.PathLike | None = 
     return path
 
 
+# past this many classes a cell is too small for its count: the colours and finetune score's printed list say it
+COUNTS_WRITTEN_UP_TO = 25
+
+
 def confusion_figure(matrix, names: Sequence[str], title: Optional[str] = None):
     """A confusion matrix as a heat map with the counts written in (rows: true, columns: predicted).
 
@@ -227,12 +231,16 @@ def confusion_figure(matrix, names: Sequence[str], title: Optional[str] = None):
     share = np.divide(m, rows, out=np.zeros(m.shape, dtype=float), where=rows > 0)
     image = ax.imshow(share, cmap="Blues", vmin=0.0, vmax=1.0)
     fig.colorbar(image, ax=ax, label="share of the true class")
-    for i in range(k):
-        for j in range(k):
-            ax.text(j, i, str(int(m[i, j])), ha="center", va="center",
-                    color="white" if share[i, j] > 0.5 else "black", fontsize=9)
-    ax.set_xticks(range(k), labels=list(names), rotation=45 if k > 4 else 0, ha="right" if k > 4 else "center")
-    ax.set_yticks(range(k), labels=list(names))
+    if k <= COUNTS_WRITTEN_UP_TO:
+        for i in range(k):
+            for j in range(k):
+                ax.text(j, i, str(int(m[i, j])), ha="center", va="center",
+                        color="white" if share[i, j] > 0.5 else "black", fontsize=9)
+    # the names shrink with their number to stay one per row of a figure that stops growing at 12 inches
+    names_size = min(10.0, max(3.0, 480.0 / k))
+    ax.set_xticks(range(k), labels=list(names), rotation=45 if k > 4 else 0, ha="right" if k > 4 else "center",
+                  fontsize=names_size)
+    ax.set_yticks(range(k), labels=list(names), fontsize=names_size)
     ax.set_xlabel("predicted")
     ax.set_ylabel("true")
     if title:

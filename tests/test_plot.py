@@ -104,3 +104,20 @@ def test_an_output_that_is_no_picture_or_a_file_of_the_run_is_one_line(tmp_path,
     assert main([str(tmp_path)]) == 0 and main([str(tmp_path), "--output", str(tmp_path / "curves.svg")]) == 0
     assert (tmp_path / "curves.png").read_bytes()[:4] == b"\x89PNG"
     assert b"<svg" in (tmp_path / "curves.svg").read_bytes()[:500]
+
+
+@pytest.mark.parametrize("k", [5, 26, 150])
+def test_a_confusion_matrix_writes_its_counts_where_a_cell_holds_them(k):
+    import numpy as np
+
+    from finetune.plot import COUNTS_WRITTEN_UP_TO, confusion_figure
+
+    matrix = np.random.default_rng(k).integers(0, 5, (k, k)) + np.diag(np.full(k, 30))
+    ax = confusion_figure(matrix, [f"intent_{i}" for i in range(k)]).axes[0]
+    written = [text.get_text() for text in ax.texts]
+    if k <= COUNTS_WRITTEN_UP_TO:
+        assert written == [str(int(v)) for v in matrix.ravel()]  # row by row, each cell its count
+    else:  # too small a cell for a count: the colours, and finetune score's list of the pairs most confused
+        assert written == []
+    assert [tick.get_text() for tick in ax.get_yticklabels()] == [f"intent_{i}" for i in range(k)]
+    assert ax.get_yticklabels()[0].get_fontsize() == min(10.0, max(3.0, 480.0 / k))
