@@ -45,8 +45,15 @@ def another_label_column(table: Table) -> Optional[str]:
         return None
     configured = {"data.text_column": table.text_column, "data.text_pair_column": table.pair_column,
                   "data.label_column": table.label_column}
-    return column_hint(table.as_read, ["data.label_column"],
+    hint = column_hint(table.as_read, ["data.label_column"],
                        {key: column for key, column in configured.items() if column is not None})
+    if hint is not None or table.pair_column is not None:
+        return hint
+    sample = table.as_read.select(range(min(len(table.as_read), SAMPLE)))
+    if _distinct_values(column_values(sample, table.text_column)) is not None:  # the texts are labels: swapped
+        return (f"the two columns look swapped: --text {table.label_column} --label {table.text_column} "
+                f"(data.text_column={table.label_column}, data.label_column={table.text_column})")
+    return None
 
 
 def _guesses(sample: datasets.Dataset, missing_keys: list[str], named: set[str]) -> dict[str, str]:
@@ -65,16 +72,22 @@ def _guesses(sample: datasets.Dataset, missing_keys: list[str], named: set[str])
         for name in free:
             if name == guesses.get("data.text_column"):
                 continue
-            values = column_values(sample, name)
-            try:
-                distinct = len({json.dumps(v, sort_keys=True, default=str) for v in values})
-            except TypeError:
-                continue
-            if 2 <= distinct <= max(2, len(values) // 2):  # an id or a free-text column repeats nothing
+            distinct = _distinct_values(column_values(sample, name))
+            if distinct is not None:
                 candidates[name] = distinct
         if candidates:
             guesses["data.label_column"] = min(candidates, key=candidates.get)
     return guesses
+
+
+def _distinct_values(values: list) -> Optional[int]:
+    """How many different values a column that looks like labels holds: a handful, or a rare repeat; None for
+    a column that does not (an id or a free text repeats nothing)."""
+    try:
+        distinct = len({json.dumps(v, sort_keys=True, default=str) for v in values})
+    except TypeError:
+        return None
+    return distinct if 2 <= distinct <= max(2, len(values) // 2) else None
 
 
 def _header_read_from_a_row(sample: datasets.Dataset, guesses: dict[str, str], configured: dict[str, str]

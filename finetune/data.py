@@ -101,9 +101,16 @@ def load_splits(cfg: DataConfig, seed: int, problem_type: str = "single_label"
                                         cfg.label_map)
     splits = {"train": encoded}
 
+    carve = validation is None and cfg.validation_split > 0
+    if not carve and label_space.problem_type == "single_label":
+        # no carve to refuse a column that is no label column (it needs two rows a class): the run goes on,
+        # but not without a word, said before a validation file's labels are looked up in these
+        not_labels = _not_a_label_column(encoded, train, label_space)
+        if not_labels is not None:
+            logger.warning("%s (%s)", not_labels.message, not_labels.hint)
     if validation is not None:
         splits["validation"] = _encode_against(validation, cfg, label_space)
-    elif cfg.validation_split > 0:
+    elif carve:
         splits["train"], splits["validation"] = _carve_validation(
             splits["train"], train, cfg.validation_split, seed, label_space
         )
@@ -289,6 +296,20 @@ def _drop_or_reject_empty_texts(table: Table, cfg: DataConfig) -> Table:
 # --------------------------------------------------------------------------- validation carve and caps
 
 
+def _not_a_label_column(train: datasets.Dataset, read: Table, label_space: LabelSpace) -> Optional[DataError]:
+    """The error for single labels most of which, of ten or more, are on one row each: names, titles, ids or
+    the texts themselves (columns swapped), not classes; None for a label column."""
+    counts = class_counts(train, len(label_space))
+    present = int((counts > 0).sum())
+    single = int((counts == 1).sum())
+    if not single * 2 > present >= 10:
+        return None
+    return DataError(
+        f"{read.source}: column {read.label_column!r} (data.label_column) holds {present} different labels, "
+        f"{single} of them on one row only: a label column names a few classes, each on many rows",
+        hint=another_label_column(read) or "name the column of the labels: --label COLUMN (data.label_column=COLUMN)")
+
+
 def _carve_validation(
     train: datasets.Dataset, read: Table, fraction: float, seed: int, label_space: LabelSpace
 ) -> tuple[datasets.Dataset, datasets.Dataset]:
@@ -302,16 +323,13 @@ def _carve_validation(
                             f"(data.validation_split: {fraction}); give data.validation_file")
         parts = train.train_test_split(test_size=n_validation, seed=seed)
         return parts["train"], parts["test"]
+    not_labels = _not_a_label_column(train, read, label_space)
+    if not_labels is not None:
+        raise not_labels
     labels = np.asarray(read_column(train, LABELS), dtype=np.int64)
     counts = np.bincount(labels, minlength=len(label_space))
     present = int((counts > 0).sum())
     too_few = [label_space.names[i] for i in np.flatnonzero(counts == 1)]
-    if len(too_few) * 2 > present >= 10:  # most of many classes on one row each: names, titles or ids
-        raise DataError(
-            f"{source}: column {read.label_column!r} (data.label_column) holds {present} different labels, "
-            f"{len(too_few)} of them on one row only: a label column names a few classes, each on many rows",
-            hint=another_label_column(read) or "name the column of the labels: --label COLUMN "
-                                                "(data.label_column=COLUMN)")
     if too_few:
         raise DataError(
             f"{source}: class {too_few[0]!r} has only 1 row; carving a stratified validation set "

@@ -467,6 +467,26 @@ def test_a_column_of_mostly_single_row_labels_is_said_not_to_be_a_label_column(t
     assert caught.value.hint == "by the values, try --label desk (data.label_column=desk)"
 
 
+def test_swapped_text_and_label_columns_are_told_so_with_or_without_a_carve(tmp_path, caplog):
+    rows = "".join(f"message number {i} of the file,{'ham' if i % 3 else 'spam'}\n" for i in range(40))
+    path = write(tmp_path / "sms.csv", "text,label\n" + rows)
+    swapped = "the two columns look swapped: --text text --label label (data.text_column=text, data.label_column=label)"
+    with pytest.raises(DataError) as caught:  # a carve needs two rows a class: it refuses
+        load_splits(cfg(path, text_column="label", label_column="text", validation_split=0.1), seed=0)
+    assert caught.value.hint == swapped
+    # without a carve the run may go on, and is warned, before a validation file's labels are looked up
+    with caplog.at_level(logging.WARNING, logger="finetune"):
+        _, labels = load_splits(cfg(path, text_column="label", label_column="text", validation_split=0.0), seed=0)
+    assert len(labels) == 40
+    assert [r.getMessage() for r in caplog.records] == [
+        f"{path}: column 'text' (data.label_column) holds 40 different labels, 40 of them on one row only: a label "
+        f"column names a few classes, each on many rows ({swapped})"]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="finetune"):
+        load_splits(cfg(path, validation_split=0.0), seed=0)  # the columns the right way round: nothing to say
+    assert not caplog.records
+
+
 def test_max_samples_caps_are_seeded_subsets(tmp_path):
     path = balanced_csv(tmp_path / "t.csv", {"a": 50, "b": 50})
     config = cfg(path, validation_split=0.2, max_train_samples=10, max_eval_samples=4)
