@@ -105,7 +105,7 @@ def load_splits(cfg: DataConfig, seed: int, problem_type: str = "single_label"
     if not carve and label_space.problem_type == "single_label":
         # no carve to refuse a column that is no label column (it needs two rows a class): the run goes on,
         # but not without a word, said before a validation file's labels are looked up in these
-        not_labels = _not_a_label_column(encoded, train, label_space)
+        not_labels = _not_a_label_column(class_counts(encoded, len(label_space)), train)
         if not_labels is not None:
             logger.warning("%s (%s)", not_labels.message, not_labels.hint)
     if validation is not None:
@@ -296,10 +296,9 @@ def _drop_or_reject_empty_texts(table: Table, cfg: DataConfig) -> Table:
 # --------------------------------------------------------------------------- validation carve and caps
 
 
-def _not_a_label_column(train: datasets.Dataset, read: Table, label_space: LabelSpace) -> Optional[DataError]:
-    """The error for single labels most of which, of ten or more, are on one row each: names, titles, ids or
-    the texts themselves (columns swapped), not classes; None for a label column."""
-    counts = class_counts(train, len(label_space))
+def _not_a_label_column(counts: np.ndarray, read: Table) -> Optional[DataError]:
+    """The error for single labels (``counts``: rows per class) most of which, of ten or more, are on one row
+    each: names, titles, ids or the texts themselves (columns swapped), not classes; None for a label column."""
     present = int((counts > 0).sum())
     single = int((counts == 1).sum())
     if not single * 2 > present >= 10:
@@ -323,11 +322,11 @@ def _carve_validation(
                             f"(data.validation_split: {fraction}); give data.validation_file")
         parts = train.train_test_split(test_size=n_validation, seed=seed)
         return parts["train"], parts["test"]
-    not_labels = _not_a_label_column(train, read, label_space)
-    if not_labels is not None:
-        raise not_labels
     labels = np.asarray(read_column(train, LABELS), dtype=np.int64)
     counts = np.bincount(labels, minlength=len(label_space))
+    not_labels = _not_a_label_column(counts, read)
+    if not_labels is not None:
+        raise not_labels
     present = int((counts > 0).sum())
     too_few = [label_space.names[i] for i in np.flatnonzero(counts == 1)]
     if too_few:
