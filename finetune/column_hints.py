@@ -27,7 +27,7 @@ def column_hint(ds: datasets.Dataset, missing_keys: list[str], configured: dict[
     """The hint for ``missing_keys`` (``data.text_column``, ``data.label_column``) of ``ds``, whose columns the
     config names as ``configured`` (key -> column): the options that name the columns that look like them, or
     how to read a file whose first line is a row."""
-    sample = ds.select(range(min(len(ds), SAMPLE)))
+    sample = _sample(ds)
     guesses = _guesses(sample, missing_keys, set(configured.values()))
     if not guesses:
         return None
@@ -49,11 +49,16 @@ def another_label_column(table: Table) -> Optional[str]:
                        {key: column for key, column in configured.items() if column is not None})
     if hint is not None or table.pair_column is not None:
         return hint
-    sample = table.as_read.select(range(min(len(table.as_read), SAMPLE)))
+    sample = _sample(table.as_read)
     if _distinct_values(column_values(sample, table.text_column)) is not None:  # the texts are labels: swapped
         return (f"the two columns look swapped: --text {table.label_column} --label {table.text_column} "
                 f"(data.text_column={table.label_column}, data.label_column={table.text_column})")
     return None
+
+
+def _sample(ds: datasets.Dataset) -> datasets.Dataset:
+    """The first rows of ``ds``, which a guess looks at."""
+    return ds.select(range(min(len(ds), SAMPLE)))
 
 
 def _guesses(sample: datasets.Dataset, missing_keys: list[str], named: set[str]) -> dict[str, str]:
