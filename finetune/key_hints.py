@@ -50,23 +50,25 @@ SCRIPT_NAMES = {
     "label_column_name": "data.label_column",
     "dataset_config_name": "data.dataset_config",
     "validation": "data.validation_file",
-    # TrainingArguments' names of earlier transformers releases, still in many scripts
-    "overwrite_output_dir": "output.overwrite",
-    "evaluation_strategy": "evaluation.eval_every",
     "lr": "optim.learning_rate",
     "epochs": "training.num_train_epochs",
     "batch_size": "training.per_device_train_batch_size",
+    # TrainingArguments' names of earlier transformers releases, still in many scripts
+    "overwrite_output_dir": "output.overwrite",
+    "evaluation_strategy": "evaluation.eval_every",
 }
 
 
 # what the Trainer and its scripts do with a setting that is a command of its own here, or the run's own way
+_SCORED_AFTER = "a test set is scored after training, on the saved model: finetune score OUTPUT_DIR --file TEST"
+_UPLOADED = "the output folder is a Hub repository as it stands: hf upload (docs/inference.md)"
 DONE_ELSEWHERE = {
-    "test_file": "a test set is scored after training, on the saved model: finetune score OUTPUT_DIR --file TEST",
-    "do_predict": "a test set is scored after training, on the saved model: finetune score OUTPUT_DIR --file TEST",
+    "test_file": _SCORED_AFTER,
+    "do_predict": _SCORED_AFTER,
     "do_eval": "every run evaluates its validation data: evaluation.eval_every or evaluation.evals_per_epoch",
     "do_train": "finetune train trains",
-    "push_to_hub": "the output folder is a Hub repository as it stands: hf upload (docs/inference.md)",
-    "hub_model_id": "the output folder is a Hub repository as it stands: hf upload (docs/inference.md)",
+    "push_to_hub": _UPLOADED,
+    "hub_model_id": _UPLOADED,
 }
 
 
