@@ -135,6 +135,38 @@ def parse_override(text: str) -> tuple[str, Any]:
     return key, value
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """The safe loader, refusing a key written twice in one mapping.
+
+    YAML requires a mapping's keys to be unique, and PyYAML keeps the last of two without a word: a
+    ``training:`` section added at the end of a file would silently replace every key of the one above.
+    PyYAML has no switch for the check, hence this subclass. Merge keys (``<<: *base``) still override.
+    """
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            _refuse_repeated_keys(node)
+        return super().construct_mapping(node, deep=deep)
+
+
+def _refuse_repeated_keys(node: yaml.MappingNode) -> None:
+    first_line: dict[tuple[str, str], int] = {}
+    for key, _ in node.value:
+        if not isinstance(key, yaml.ScalarNode) or key.tag == "tag:yaml.org,2002:merge":
+            continue
+        line = key.start_mark.line + 1
+        earlier = first_line.get((key.tag, key.value))
+        if earlier is not None:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"{key.value!r} is written twice in one mapping ({_lines(earlier, line)}); "
+                f"YAML would keep only the last: merge them into one", key.start_mark)
+        first_line[(key.tag, key.value)] = line
+
+
+def _lines(first: int, second: int) -> str:
+    return f"line {first}" if first == second else f"lines {first} and {second}"
+
+
 def read_yaml(path: str | os.PathLike) -> dict[str, Any]:
     """Read a YAML config file with the safe loader.
 
@@ -148,7 +180,7 @@ def read_yaml(path: str | os.PathLike) -> dict[str, Any]:
         raise ConfigError(f"config file {p}: not a file (a YAML file is expected)")
     try:
         with open(p, encoding="utf-8") as fh:
-            data = yaml.safe_load(fh)
+            data = yaml.load(fh, Loader=_UniqueKeyLoader)
     except OSError as exc:  # unreadable: permissions, a broken mount
         raise ConfigError(f"config file {p}: cannot read it ({exc.strerror or exc})") from None
     except yaml.YAMLError as exc:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from finetune.config import load_config, parse_override
+from finetune.config import load_config, parse_override, read_yaml
 from finetune.errors import ConfigError
 
 BASE = """\
@@ -165,6 +165,19 @@ def test_missing_and_malformed_files(tmp_path):
         load_config(write(tmp_path, "data: [unclosed\n"))
     with pytest.raises(ConfigError, match="expected a mapping of sections"):
         load_config(write(tmp_path, "- a\n- b\n"))
+
+
+def test_a_key_written_twice_is_refused_at_any_depth_and_a_merge_key_still_overrides(tmp_path):
+    with pytest.raises(ConfigError, match=r"line 3 not valid YAML: 'seed' is written twice in one mapping "
+                                          r"\(lines 2 and 3\)"):
+        load_config(write(tmp_path, "training:\n  seed: 1\n  seed: 2\n"))
+    with pytest.raises(ConfigError, match=r"'1' is written twice in one mapping \(line 1\)"):
+        read_yaml(write(tmp_path, "training: {accumulation_schedule: {1: 8, 1: 2}}\n"))
+    # `1` and `'1'` are different keys to YAML, and a merge key's values are there to be overridden
+    merged = read_yaml(write(tmp_path, "base: &b {seed: 1, max_steps: 4}\ntraining:\n  <<: *b\n  seed: 2\n"
+                                       "m: {1: a, '1': b}\n"))
+    assert merged["training"] == {"seed": 2, "max_steps": 4}
+    assert merged["m"] == {1: "a", "1": "b"}
 
 
 def test_label_map_keys_are_spelled_as_a_files_labels_and_regression_refuses_it(tmp_path):

@@ -80,6 +80,9 @@ CASES = [
     Case("config-missing", ["config file not found", "{root}/nope.yaml"], config_path="{root}/nope.yaml"),
     Case("config-is-a-folder", ["config file {root}", "not a file"], config_path="{root}"),
     Case("config-not-yaml", ["{cfg}", "line 2", "not valid YAML", "'\\t'"], text="data:\n\ttrain_file: a.csv\n"),
+    # PyYAML alone keeps the second `training:` and drops every key of the first
+    Case("config-section-twice", ["{cfg}", "line 4", "'training' is written twice", "lines 1 and 4"],
+         text="training:\n  seed: 3\ndata: {}\ntraining:\n  max_steps: 2\n"),
     Case("config-not-a-mapping", ["{cfg}", "expected a mapping of sections", "list"], text="- data\n- model\n"),
     Case("config-unknown-key",
          ["{cfg}", "training.per_device_train_bach_size: unknown key",
