@@ -51,7 +51,7 @@ from finetune.columns import read_column
 from finetune.config import DataConfig
 from finetune.errors import ConfigError, DataError, FileLayoutError
 from finetune.labels import LabelSpace, encode_against, encode_train
-from finetune.local_files import read_local, root_message
+from finetune.local_files import read_local, read_saved_splits, root_message
 from finetune.tables import LABELS, RAW_LABEL, SHOW_LABELS, TEXT, TEXT_PAIR, Table, as_mask, column_values, \
     feature_name, short_list
 
@@ -90,8 +90,7 @@ def load_splits(cfg: DataConfig, seed: int, problem_type: str = "single_label"
     """
     _check_column_settings(cfg)
     if cfg.train_file is not None:
-        train = _load_local(cfg.train_file, "data.train_file", cfg)
-        validation = None
+        train, validation = _load_local_train(cfg)
     else:
         train, validation = _load_hub(cfg)
     if cfg.validation_file is not None:
@@ -168,6 +167,15 @@ def _load_local(spec: str, key: str, cfg: DataConfig) -> Table:
     return _standardize(table, cfg.text_column, cfg.text_pair_column, cfg.label_column)
 
 
+def _load_local_train(cfg: DataConfig) -> tuple[Table, Optional[Table]]:
+    """The training file; or, from the splits a ``DatasetDict`` saved to a folder, the training split and,
+    as from a Hub data set, the validation split."""
+    saved = read_saved_splits(cfg.train_file, "data.train_file", cfg.format)
+    if saved is None:
+        return _load_local(cfg.train_file, "data.train_file", cfg), None
+    return _train_and_validation(saved, cfg.train_file, cfg)
+
+
 # --------------------------------------------------------------------------- Hub data sets
 
 
@@ -189,6 +197,12 @@ def _load_hub(cfg: DataConfig) -> tuple[Table, Optional[Table]]:
             why = f"the Hub cannot be reached ({offline}), and the local cache did not serve it: {root_message(exc)}"
         raise DataError(f"data.dataset_name: cannot load {shown!r}: {why}",
                         hint=None if offline is None else "give the data as a file instead (--data)") from None
+    return _train_and_validation(loaded, shown, cfg)
+
+
+def _train_and_validation(loaded: datasets.DatasetDict, shown: str, cfg: DataConfig
+                          ) -> tuple[Table, Optional[Table]]:
+    """A data set's training split and, where it has one, its validation split (else ``None``: one is carved)."""
     if cfg.train_split not in loaded:
         raise DataError(f"data.train_split: {shown} has no split {cfg.train_split!r} (splits: {', '.join(loaded)})")
 

@@ -1,7 +1,8 @@
 """Where a run's rows come from, named for people: the start line and the model card say it the same way.
 
-A run trains on a Hub data set's split or on a local file, and validates on
-another split, another file, or rows held out of the training data. Local
+A run trains on a Hub data set's split, a local file, or a split of a data set
+``datasets`` saved to a folder, and validates on another split, another file,
+or rows held out of the training data. Local
 files are named by their file name (a path on one machine means nothing on
 another), Hub data sets by their id and configuration.
 """
@@ -13,6 +14,7 @@ from pathlib import Path
 from typing import Optional
 
 from finetune.config import DataConfig
+from finetune.resources import resolve_path, saved_by_datasets
 
 
 @dataclass(frozen=True)
@@ -46,10 +48,16 @@ def data_sources(cfg: DataConfig, seed: int, problem_type: str = "single_label")
     if cfg.validation_file:
         name = _file_name(cfg.validation_file)
         return DataSources(train, name, results_name=name, results_split="all rows", **hub)
-    if cfg.dataset_name and cfg.validation_split_name:
+    if cfg.validation_split_name and (cfg.dataset_name or _saved_splits(cfg.train_file)):
         return DataSources(train, f"{train} {cfg.validation_split_name} split", results_name=train,
                            results_split=cfg.validation_split_name, **hub)
     return DataSources(train, held_out, results_name=train, results_split=held_out, **hub)
+
+
+def _saved_splits(spec: Optional[str]) -> bool:
+    """Whether the training data is the splits of a ``DatasetDict`` saved to a folder, which, like a Hub data
+    set, may hold its own validation split."""
+    return spec is not None and saved_by_datasets(Path(resolve_path(spec))) == "dict"
 
 
 def _file_name(spec: Optional[str]) -> str:

@@ -1,8 +1,9 @@
 """Reading one local file or class folder into a :class:`~finetune.tables.Table`, with the file's own columns.
 
 CSV, TSV (``.tsv``/``.tab``, or ``.txt`` of tab-separated lines; quote characters are plain text), JSON or JSON
-Lines, Parquet, or a folder with one sub-folder per class holding ``.txt``
-files (label = sub-folder name). The format comes from the extension (a ``.csv``
+Lines, Parquet, a folder with one sub-folder per class holding ``.txt``
+files (label = sub-folder name), or a folder that ``datasets``' ``save_to_disk``
+wrote (a ``DatasetDict``'s splits are read by :func:`read_saved_splits`). The format comes from the extension (a ``.csv``
 whose lines all hold the same number of tabs reads as TSV, and one whose records
 split on ``;`` more often than on ``,`` as a spreadsheet's semicolon-separated CSV)
 unless ``data.format`` names it. The bytes are checked against ``data.encoding`` before
@@ -21,6 +22,7 @@ import codecs
 import contextlib
 import csv
 import functools
+import json
 import logging
 from pathlib import Path
 from typing import Any, Iterator, Optional
@@ -31,7 +33,7 @@ import pyarrow.compute as pc
 
 from finetune.config import DataConfig
 from finetune.errors import ConfigError, DataError, FileLayoutError, FinetuneError
-from finetune.resources import data_path
+from finetune.resources import SAVED_DATASET_DICT_FILE, data_path, saved_by_datasets
 from finetune.tables import RAW_LABEL, TEXT, Table, as_arrow, as_mask
 from finetune.text_encoding import decode_whole, is_utf8, python_codec, undecodable
 
@@ -74,6 +76,10 @@ def read_local(spec: str, key: str, cfg: DataConfig, encoding_flag: str = "data.
     """Read one local file (its own columns) or class folder into a :class:`Table`."""
     path = data_path(spec, key)
     fmt = _detect_format(path, cfg.format, key, cfg.encoding)
+    if fmt == "saved":
+        return Table.whole(_load_from_disk(path), str(path), unit="row")
+    if fmt == "saved splits":
+        raise _several_splits(path, key)
     if fmt == "folder":
         return _load_folder(path, cfg)
     if not path.is_file():
@@ -89,8 +95,43 @@ def read_local(spec: str, key: str, cfg: DataConfig, encoding_flag: str = "data.
     return Table.whole(_run_builder("parquet", path), str(path), unit="row")
 
 
+def read_saved_splits(spec: str, key: str, fmt: str = "auto") -> Optional[datasets.DatasetDict]:
+    """The splits of a ``DatasetDict`` that ``datasets``' ``save_to_disk`` wrote into the folder ``spec`` names,
+    or ``None`` where ``spec`` names anything else (a file, a class folder, a saved ``Dataset``)."""
+    path = data_path(spec, key)
+    if fmt != "auto" or saved_by_datasets(path) != "dict":
+        return None
+    return _load_from_disk(path)
+
+
+def _load_from_disk(path: Path) -> datasets.Dataset | datasets.DatasetDict:
+    try:
+        with _failures_not_logged():
+            loaded = datasets.load_from_disk(str(path))
+    except Exception as exc:  # noqa: BLE001 - a damaged or partly copied folder fails in pyarrow's or json's words
+        raise DataError(f"{path}: cannot read what datasets saved there: {root_message(exc)}") from None
+    if isinstance(loaded, datasets.Dataset) and len(loaded) == 0:
+        raise DataError(f"{path}: no rows")
+    return loaded
+
+
+def _several_splits(path: Path, key: str) -> DataError:
+    """For a saved ``DatasetDict`` where one set of rows is read (a validation or prediction file)."""
+    try:
+        splits = json.loads((path / SAVED_DATASET_DICT_FILE).read_text(encoding="utf-8"))["splits"]
+    except (OSError, ValueError, KeyError, TypeError):
+        splits = sorted(p.name for p in path.iterdir() if saved_by_datasets(p) == "dataset")
+    likely = next((name for name in ("validation", "test", "dev", "valid") if name in splits), None)
+    chosen = likely or (splits[0] if splits else "<split>")
+    return DataError(f"{key}: {path} holds several splits that datasets saved ({', '.join(splits)}): name one",
+                     hint=f"each is a folder of its own: {path / chosen}")
+
+
 def _detect_format(path: Path, fmt: str, key: str, encoding: str) -> str:
     if path.is_dir():
+        saved = saved_by_datasets(path) if fmt == "auto" else None
+        if saved is not None:
+            return "saved" if saved == "dataset" else "saved splits"
         if fmt not in ("auto", "folder"):
             raise DataError(f"{key}: {path} is a folder but data.format is {fmt}")
         return "folder"
@@ -106,14 +147,21 @@ def _detect_format(path: Path, fmt: str, key: str, encoding: str) -> str:
         supported = ", ".join(EXTENSIONS)
         raise DataError(
             f"{key}: {path}: unsupported extension {suffix or '(none)'!r} "
-            f"(supported: {supported}, or a folder of class sub-folders; or set data.format)",
+            f"(supported: {supported}, or a folder: of class sub-folders, or one datasets' save_to_disk wrote; "
+            f"or set data.format)",
             hint="save the spreadsheet as CSV (its File > Save as) and pass that file" if suffix in SPREADSHEETS
-            else _TEXT_LINES_HINT if suffix == ".txt" else None,
+            else _TEXT_LINES_HINT if suffix == ".txt" else _arrow_hint(path) if suffix == ".arrow" else None,
         )
     if EXTENSIONS[suffix] == "csv" and _tab_separated(path, encoding):
         logger.info("%s: every line holds the same number of tabs: read as TSV (data.format: csv to refuse)", path)
         return "tsv"
     return EXTENSIONS[suffix]
+
+
+def _arrow_hint(path: Path) -> str:
+    if saved_by_datasets(path.parent) == "dataset":
+        return f"datasets' save_to_disk wrote it: pass its folder, {path.parent}"
+    return "write it as Parquet (datasets.Dataset.from_file(path).to_parquet(...)) and pass that file"
 
 
 def _tab_separated(path: Path, encoding: str, lines: int = 20) -> bool:

@@ -40,9 +40,9 @@ from typing import Any, Optional, Sequence
 
 from finetune.errors import ConfigError, DataError, ModelError, OutOfMemory, out_of_memory_told_as, run_command
 from finetune.outputs import refuse_a_run_file
-from finetune.prediction_files import (CLASH_PREFIX, INPUT_FORMATS, OUTPUT_FORMATS, STDIN, checked_suffix,
-                                       columns_named_as_predictions, output_separator, predict_rows, read_rows,
-                                       write_predictions)
+from finetune.prediction_files import (CLASH_PREFIX, OUTPUT_FORMATS, STDIN, checked_suffix,
+                                       columns_named_as_predictions, input_kind, output_separator, predict_rows,
+                                       read_rows, write_predictions)
 from finetune.text_encoding import check_encoding
 from finetune.truncation import BOOKKEEPING, LENGTH, Truncation, prediction_length
 
@@ -352,7 +352,7 @@ def run(args: argparse.Namespace) -> None:
     if args.output and not args.file:
         raise ConfigError("--output: only with --file")
     if args.file and args.file != STDIN:
-        checked_suffix(Path(args.file), INPUT_FORMATS, "--file", exists=True)  # before the imports below
+        input_kind(Path(args.file))  # before the imports below
     if args.batch_size < 1:
         raise ConfigError(f"--batch-size: must be >= 1, got {args.batch_size}")
     if args.encoding is not None:

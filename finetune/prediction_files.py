@@ -1,8 +1,8 @@
 """The files ``finetune predict`` reads and writes: texts in, one prediction per input row out.
 
 ``--file`` takes ``.txt`` (one text per line; ``-`` reads such lines from
-standard input), ``.csv``/``.tsv`` with a header, ``.json``/``.jsonl`` or
-``.parquet``; ``--output``
+standard input), ``.csv``/``.tsv`` with a header, ``.json``/``.jsonl``,
+``.parquet`` or a folder ``datasets``' ``save_to_disk`` wrote; ``--output``
 writes ``.csv`` or ``.jsonl``. Every input row gets one output row, in order,
 its columns kept and the prediction added (under ``predicted_<name>`` where
 the input has a column of the prediction's names, a labelled file's ``label``);
@@ -20,10 +20,12 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from finetune.errors import DataError
+from finetune.resources import saved_by_datasets
 
 # the formats training reads, and plain lines of text
 INPUT_FORMATS = (".txt", ".csv", ".tsv", ".json", ".jsonl", ".parquet")
 STDIN = "-"  # --file -: one text per line from standard input, as a .txt file
+SAVED = "saved"  # what read_rows calls a folder that datasets' save_to_disk wrote, in place of an extension
 OUTPUT_FORMATS = (".csv", ".jsonl")
 
 
@@ -41,9 +43,24 @@ def checked_suffix(path: Path, allowed: Sequence[str], what: str, exists: bool =
     return suffix
 
 
+def input_kind(path: Path) -> str:
+    """What a ``--file`` is: its lower-case extension, one of :data:`INPUT_FORMATS`, or :data:`SAVED`.
+
+    Raises:
+        DataError: naming the path where it is neither, or not there.
+    """
+    if saved_by_datasets(path) is not None:
+        return SAVED
+    if path.is_dir():
+        raise DataError(f"--file {path}: a folder, and not one that datasets' save_to_disk wrote "
+                        f"(give a file: {', '.join(INPUT_FORMATS)})")
+    return checked_suffix(path, INPUT_FORMATS, "--file", exists=True)
+
+
 def read_rows(path: str | os.PathLike, text_column: str = "text",
               text_pair_column: Optional[str] = None, encoding: str = "utf-8") -> list[dict[str, Any]]:
-    """The rows of a ``.txt``, ``.csv``, ``.tsv``, ``.json``, ``.jsonl`` or ``.parquet`` file, every column kept.
+    """The rows of a ``.txt``, ``.csv``, ``.tsv``, ``.json``, ``.jsonl`` or ``.parquet`` file, or of a folder
+    ``datasets`` saved, every column kept.
 
     ``.txt`` holds one text per line: each line is a row ``{"text": line}``,
     blank lines included (they get an empty prediction), so output rows line
@@ -60,7 +77,7 @@ def read_rows(path: str | os.PathLike, text_column: str = "text",
 
     stdin = str(path) == STDIN
     path = Path(path)
-    suffix = ".txt" if stdin else checked_suffix(path, INPUT_FORMATS, "--file", exists=True)
+    suffix = ".txt" if stdin else input_kind(path)
     if suffix == ".txt":
         if text_pair_column:
             raise DataError(f"--file {path}: {'standard input' if stdin else 'a .txt file'} holds single texts; "
@@ -71,8 +88,8 @@ def read_rows(path: str | os.PathLike, text_column: str = "text",
         table = read_table(str(path), "--file", DataConfig(train_file=str(path), encoding=encoding), "--encoding")
         for column in [text_column] + ([text_pair_column] if text_pair_column else []):
             if column not in table.column_names:
-                where = {".csv": "in the header", ".tsv": "in the header", ".parquet": "among the columns"}.get(
-                    suffix, "among the keys")
+                where = {".csv": "in the header", ".tsv": "in the header", ".parquet": "among the columns",
+                         SAVED: "among the columns"}.get(suffix, "among the keys")
                 raise DataError(f"--file {path}: no column {column!r} {where} "
                                 f"({', '.join(table.column_names) or 'empty'}); pass --text")
         rows = table.to_list()

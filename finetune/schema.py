@@ -103,11 +103,15 @@ class DataConfig:
         "Hub data set id (`glue`) or a `datasets` builder name; null for local files. Typed on the command "
         "line, it replaces the config file's `train_file` and `validation_file` (and `--data` its data set).")
     dataset_config: Optional[str] = setting(None, "Hub data set configuration (`sst2`).")
-    train_split: str = setting("train", "The training split's name with `dataset_name`.")
+    train_split: str = setting("train", "The training split's name with `dataset_name`, or in a `train_file` folder of "
+                               "splits that `datasets` saved.")
     validation_split_name: Optional[str] = setting(
-        "validation", "Split names used with `dataset_name` (null: no validation split; one is carved from train).")
+        "validation", "The validation split's name, as `train_split`'s (null: none; one is carved from train, as "
+        "where the data set has no split of this name).")
     train_file: Optional[str] = setting(None,
-        "Local files: CSV, TSV, JSON/JSONL, Parquet, or a folder of class sub-folders of .txt files. "
+        "Local files: CSV, TSV, JSON/JSONL, Parquet, a folder of class sub-folders of .txt files, or a "
+        "folder that `datasets`' `save_to_disk` wrote (of a `DatasetDict`: its `train_split`, and its "
+        "`validation_split_name` as the validation set). "
         "`pkg:<distribution>/<path>` points inside an installed package. In YAML a file may also be a "
         "mapping `{path: ..., format: ..., has_header: ..., column_names: ...}`: settings that describe "
         "that file only, dropped with it when an override names another file.")
@@ -115,7 +119,7 @@ class DataConfig:
         None, "The validation set, in the training file's layout (null: `validation_split` carves one from train). "
         "The start line counts its rows whose text a training row has too, and warns past a fifth.")
     format: Literal["auto", "csv", "tsv", "json", "parquet", "folder"] = setting("auto",
-        "File format; `auto` goes by the extension (a directory means `folder`), reads a `.csv` (or `.txt`) "
+        "File format; `auto` goes by the extension (a directory means `folder`, unless `datasets` saved it), reads a `.csv` (or `.txt`) "
         "whose lines all hold the same number of tabs as TSV, and one whose lines split on `;` into the header's fields more often than on `,` "
         "(as spreadsheets in many languages save CSV) as semicolon-separated.")
     has_header: Optional[bool] = setting(None,

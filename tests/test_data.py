@@ -358,6 +358,63 @@ def test_a_data_set_repository_loads_through_datasets_itself(tmp_path):
         load_splits(dataclasses.replace(config, dataset_name=str(tmp_path / "missing-repo")), seed=0)
 
 
+def saved_splits(root: Path, sizes: dict[str, int]) -> str:
+    """A DatasetDict as `save_to_disk` writes it, each split's rows named after the split."""
+    features = datasets.Features({"sentence": datasets.Value("string"),
+                                  "label": datasets.ClassLabel(names=["negative", "positive"])})
+    splits = {split: datasets.Dataset.from_dict({"sentence": [f"{split} sentence {i}" for i in range(n)],
+                                                 "label": [i % 2 for i in range(n)]}, features=features)
+              for split, n in sizes.items()}
+    datasets.DatasetDict(splits).save_to_disk(str(root))
+    return str(root)
+
+
+def test_a_folder_datasets_saved_trains_on_its_train_split_and_validates_on_its_own(tmp_path, caplog):
+    from finetune.data_sources import data_sources
+
+    saved = saved_splits(tmp_path / "saved", {"train": 30, "validation": 8, "test": 6})
+    config = DataConfig(train_file=saved, text_column="sentence")
+    splits, labels = load_splits(config, seed=0)
+    assert labels.names == ["negative", "positive"]  # the ClassLabel's names, as saved
+    assert splits["train"]["text"] == [f"train sentence {i}" for i in range(30)]
+    assert splits["validation"]["text"] == [f"validation sentence {i}" for i in range(8)]
+    assert names_of(splits["validation"])[3] == "positive"
+    assert data_sources(config, seed=0).validation == "saved validation split"
+    # a split of it is a saved Dataset of its own, and a saved Dataset is a training file like any other
+    alone = DataConfig(train_file=str(tmp_path / "saved" / "test"), text_column="sentence", validation_split=0.5)
+    splits, _ = load_splits(alone, seed=0)
+    assert sorted([*splits["train"]["text"], *splits["validation"]["text"]]) == sorted(
+        f"test sentence {i}" for i in range(6))
+    assert data_sources(alone, seed=0).validation.startswith("50% of the training rows held out")
+    # without a validation split the rows are carved from train (its test split stays untouched), and said so
+    no_validation = saved_splits(tmp_path / "no_validation", {"train": 30, "test": 6})
+    config = DataConfig(train_file=no_validation, text_column="sentence", validation_split=0.2)
+    with caplog.at_level(logging.INFO, logger="finetune.data"):
+        splits, _ = load_splits(config, seed=0)
+    assert len(splits["train"]) == 24 and len(splits["validation"]) == 6
+    assert all(text.startswith("train ") for text in [*splits["train"]["text"], *splits["validation"]["text"]])
+    assert "has no split 'validation'; carving validation from 'train'" in caplog.text
+    assert config.validation_split_name is None  # so config.yaml and the card say the rows were held out
+    assert data_sources(config, seed=0).validation.startswith("20% of the training rows held out")
+    with pytest.raises(DataError, match=r"data\.train_split: .*saved has no split 'nope' "
+                                        r"\(splits: train, validation, test\)"):
+        load_splits(DataConfig(train_file=saved, text_column="sentence", train_split="nope"), seed=0)
+
+
+def test_a_folder_of_saved_splits_where_one_set_of_rows_is_read_is_told_to_name_one(tmp_path):
+    saved = saved_splits(tmp_path / "saved", {"train": 30, "test": 6})
+    config = DataConfig(train_file=saved, validation_file=saved, text_column="sentence")
+    with pytest.raises(DataError, match=r"data\.validation_file: .*saved holds several splits that datasets saved "
+                                        r"\(train, test\): name one") as info:
+        load_splits(config, seed=0)
+    assert info.value.hint == f"each is a folder of its own: {Path(saved) / 'test'}"
+    # one of its Arrow files is told to pass the folder that holds it
+    arrow = next((Path(saved) / "train").glob("*.arrow"))
+    with pytest.raises(DataError, match=r"unsupported extension '\.arrow'") as info:
+        load_splits(DataConfig(train_file=str(arrow), text_column="sentence"), seed=0)
+    assert info.value.hint == f"datasets' save_to_disk wrote it: pass its folder, {arrow.parent}"
+
+
 def test_stratified_carve(tmp_path):
     path = balanced_csv(tmp_path / "t.csv", {"a": 60, "b": 30, "c": 10})
     config = cfg(path, validation_split=0.2)

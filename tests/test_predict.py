@@ -169,6 +169,7 @@ def test_files_in_and_out(trained, predictor, tmp_path, capsys):
 def test_every_format_training_reads_can_be_classified(trained, predictor, tmp_path, capsys):
     import datetime
 
+    import datasets
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -180,7 +181,8 @@ def test_every_format_training_reads_can_be_classified(trained, predictor, tmp_p
                                       encoding="utf-8")
     sent = [datetime.datetime(2026, 1, 1 + i) for i in range(len(TEXTS))]
     pq.write_table(pa.table({"message": TEXTS, "sent": sent}), tmp_path / "in.parquet")
-    for name, kept in (("in.json", "n"), ("in.parquet", "sent")):
+    datasets.Dataset.from_dict({"message": TEXTS, "n": list(range(len(TEXTS)))}).save_to_disk(tmp_path / "saved")
+    for name, kept in (("in.json", "n"), ("in.parquet", "sent"), ("saved", "n")):
         assert main([str(out), "--file", str(tmp_path / name), "--text", "message", "--output",
                      str(tmp_path / f"{name}.jsonl")]) == 0, capsys.readouterr().err
         records = [json.loads(line) for line in (tmp_path / f"{name}.jsonl").read_text(encoding="utf-8").splitlines()]
@@ -311,6 +313,8 @@ def test_a_text_file_not_in_its_encoding_is_one_line_naming_the_files_own_offset
     (["--file", "{tmp}/in.txt", "--output", "{tmp}/x.parquet"],
      "error: --output {tmp}/x.parquet: unsupported extension '.parquet' (use .csv, .jsonl)"),
     (["--file", "{tmp}/missing.txt"], "error: --file {tmp}/missing.txt: not found"),
+    (["--file", "{tmp}"], "error: --file {tmp}: a folder, and not one that datasets' save_to_disk wrote (give a "
+     "file: .txt, .csv, .tsv, .json, .jsonl, .parquet)"),
     ([], "error: nothing to classify: give texts or --file"),
     (["--text", "Shares fell sharply."], "error: --text 'Shares fell sharply.': names a column of a --file; texts "
      "to classify follow the run's folder: finetune predict {out} \"a text\""),
