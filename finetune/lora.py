@@ -354,16 +354,21 @@ def load_adapter_checkpoint(path: Path):
     from transformers import AutoConfig, AutoModelForSequenceClassification
 
     from finetune import hub
+    from finetune.load_reports import held_load_report, new_head_of, show
 
     path = Path(path)
     base = base_model_of(path / ADAPTER_DIR)
     config = AutoConfig.from_pretrained(path)
     try:
-        model = AutoModelForSequenceClassification.from_pretrained(
-            base, config=config, **hub.model_options(base, weights=True))
+        # the base model has no head for the run's labels: the adapter brings it (modules_to_save)
+        with held_load_report() as held:
+            model, info = AutoModelForSequenceClassification.from_pretrained(
+                base, config=config, output_loading_info=True, **hub.model_options(base, weights=True))
     except (OSError, ValueError) as exc:
         raise ModelError(f"{path}: a LoRA checkpoint, whose base model {base} cannot be loaded: "
                          f"{(str(exc).strip().splitlines() or [type(exc).__name__])[0]}") from None
+    if new_head_of(model, info)[1]:
+        show(held)  # more than the head: transformers' report says what
     with _no_rename_warning():
         return PeftModel.from_pretrained(model, str(path / ADAPTER_DIR)).merge_and_unload()
 

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
-import logging
 import os
 import shutil
 import sys
@@ -15,6 +13,8 @@ from typing import Any, Optional
 from finetune import hub
 from finetune.config import ModelConfig
 from finetune.errors import ConfigError, ModelError
+from finetune.load_reports import held_load_report, new_head_of, show
+from finetune.outputs import what_the_folder_holds_instead
 from finetune.resources import (PACKAGED_HUB_MODELS, is_package_path, near_names, package_of, package_version,
                                 resolve_path)
 from finetune.truncation import position_limit
@@ -26,7 +26,8 @@ def model_location(name_or_path: str, key: str) -> str:
     path = Path(location).expanduser()
     if path.exists():
         if path.is_dir() and not (path / "config.json").is_file():
-            raise ModelError(f"{key}: {location} is a directory but not a model (no config.json)")
+            raise ModelError(f"{key}: {location} is a directory but not a model (no config.json)",
+                             hint=what_the_folder_holds_instead(path))
         return str(path)
     if location.startswith((".", "/", "~")) or location.count("/") > 1:
         raise ModelError(f"{key}: model path not found: {location}", hint=near_names(path))
@@ -135,7 +136,7 @@ def load_model_reporting(cfg: ModelConfig, id2label: dict[int, str], max_length:
     if cfg.dropout is not None:
         set_dropout(config, cfg.dropout)
     try:
-        with _held_load_report() as held:
+        with held_load_report() as held:
             model, info = AutoModelForSequenceClassification.from_pretrained(
                 location,
                 config=config,
@@ -147,9 +148,9 @@ def load_model_reporting(cfg: ModelConfig, id2label: dict[int, str], max_length:
             )
     except (OSError, ValueError) as exc:
         raise ModelError(f"model.name_or_path: cannot load {location}: {_why_not_loaded(location, exc)}") from None
-    new_head, other = _new_head(model, info)
+    new_head, other = new_head_of(model, info)
     if other:
-        _show(held)  # not only the head: transformers' own report says what and why
+        show(held)  # not only the head: transformers' own report says what and why
     return model, new_head
 
 
@@ -190,52 +191,6 @@ def choose_trained_weights(model, cfg: ModelConfig, accelerator):
         raise ConfigError(f"model.lora_rank: LoRA under {accelerator.distributed_type.value} is not supported; "
                           f"launch with one process or --multi_gpu (DDP)")
     return (*add_lora(model, cfg), None)
-
-
-def _new_head(model, info: dict) -> tuple[tuple[str, ...], bool]:
-    """The weights that start untrained outside the encoder (the head), and whether anything else was reported."""
-    encoder = f"{model.base_model_prefix}."
-    mismatched = {k[0] if isinstance(k, (tuple, list)) else k for k in info.get("mismatched_keys") or ()}
-    fresh = set(info.get("missing_keys") or ()) | mismatched
-    head = tuple(sorted(k for k in fresh if not k.startswith(encoder)))
-    other = len(fresh) > len(head) or bool(info.get("unexpected_keys")) or bool(info.get("error_msgs"))
-    return head, other
-
-
-@contextlib.contextmanager
-def _held_load_report():
-    """Hold back transformers' load report while a model loads; yields the held records.
-
-    Hand-written because transformers has no switch for the report alone: it
-    is a WARNING record of ``transformers.modeling_utils`` whose text holds
-    ``LOAD REPORT`` (transformers 5) or starts ``Some weights of`` (4.x: the
-    weights newly initialised, or those of the checkpoint not used). Were that
-    wording to change, the report would simply be shown, as without this.
-    """
-    held: list[logging.LogRecord] = []
-
-    def hold(record: logging.LogRecord) -> bool:
-        text = str(record.msg)
-        if "LOAD REPORT" in text or text.startswith("Some weights of"):
-            held.append(record)
-            return False
-        return True
-
-    source = logging.getLogger("transformers.modeling_utils")
-    source.addFilter(hold)
-    try:
-        yield held
-    except BaseException:
-        source.removeFilter(hold)
-        _show(held)  # a load that failed: the report may say why
-        raise
-    finally:
-        source.removeFilter(hold)
-
-
-def _show(records: list[logging.LogRecord]) -> None:
-    for record in records:
-        logging.getLogger(record.name).handle(record)
 
 
 # A classifier never decodes, so the key/value cache some configs switch on (BERT's, for its decoder use) is unused;
@@ -404,7 +359,8 @@ def require_saved_model(path: str | Path) -> Path:
     """
     path = Path(path)
     if not (path / "config.json").is_file():
-        raise ModelError(f"{path}: no model here (no config.json); pass a run's output_dir")
+        raise ModelError(f"{path}: no model here (no config.json); pass a run's output_dir",
+                         hint=what_the_folder_holds_instead(path))
     return path
 
 

@@ -55,6 +55,30 @@ _MODEL_FILE = re.compile(r"^(config\.json|.*\.safetensors|.*\.bin|tokenizer.*|vo
                          r"special_tokens_map\.json|added_tokens\.json|.*\.model)$")
 
 
+def what_the_folder_holds_instead(folder: Path) -> Optional[str]:
+    """For a folder given as a model that holds none (no ``config.json``): where the model it stands for is.
+
+    A LoRA run's ``adapter/`` is the adapter alone, whose run's folder holds the model with it merged; a run
+    that stopped before its end (or is still training) has saved checkpoints but no model yet.
+    """
+    folder = Path(folder)
+    if (folder / ADAPTER_CONFIG).is_file():
+        if (folder.parent / "config.json").is_file():
+            return f"it holds a LoRA adapter alone; {folder.parent} holds the model with it merged"
+        try:
+            base = json.loads((folder / ADAPTER_CONFIG).read_text(encoding="utf-8"))["base_model_name_or_path"]
+        except (OSError, ValueError, KeyError, TypeError):
+            base = "its base model"
+        return f"it holds a LoRA adapter alone, which PEFT loads onto {base} (PeftModel.from_pretrained)"
+    saved = [c for c in (folder / CHECKPOINTS_DIR).glob("checkpoint-*") if (c / "config.json").is_file()
+             and c.name.split("-")[-1].isdigit()]
+    if saved:
+        newest = max(saved, key=lambda c: int(c.name.split("-")[-1]))
+        return (f"its run has saved no model yet (stopped, or still training); its newest checkpoint holds one: "
+                f"{newest}")
+    return None
+
+
 def refuse_a_run_file(path: str | os.PathLike, output_dir: str | os.PathLike, flag: str) -> None:
     """Refuse ``path`` as a command's output when it is one of the files the run in ``output_dir`` wrote.
 

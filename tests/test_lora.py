@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import shutil
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -253,6 +254,15 @@ def test_the_merged_model_and_the_adapter_load_without_finetune_and_predict_alik
         assert [by_label[merged.config.id2label[i]] for i in range(2)] == pytest.approx(probs.tolist(), abs=1e-5)
 
 
+class _Records(logging.Handler):
+    def __init__(self):
+        super().__init__()
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
 def test_finetune_predict_loads_a_lora_checkpoint(lora_runs):
     from transformers import AutoTokenizer
 
@@ -260,7 +270,14 @@ def test_finetune_predict_loads_a_lora_checkpoint(lora_runs):
     from tiny_run import tiny_config
 
     checkpoint = lora_runs.out / "checkpoints" / "checkpoint-3"
-    predictor = Predictor.load(checkpoint, device="cpu")
+    reports = _Records()
+    logging.getLogger("transformers.modeling_utils").addHandler(reports)
+    try:
+        predictor = Predictor.load(checkpoint, device="cpu")
+    finally:
+        logging.getLogger("transformers.modeling_utils").removeHandler(reports)
+    # the base model's head is "missing" until the adapter brings it: no report says so to the user
+    assert [r.getMessage() for r in reports.records if "LOAD REPORT" in r.getMessage()] == []
     # the base model with the adapter of update 3: set the weights of update 3 into a fresh LoRA model
     cfg = tiny_config(lora_runs.out.parent)
     from finetune.modeling import load_model
@@ -274,6 +291,21 @@ def test_finetune_predict_loads_a_lora_checkpoint(lora_runs):
         expected = model.eval()(**tokenizer(TEXTS, padding=True, return_tensors="pt")).logits
     np_logits = predictor.logits(TEXTS)
     torch.testing.assert_close(torch.from_numpy(np_logits), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_the_adapter_folder_given_as_a_model_is_told_where_the_merged_model_is(lora_runs, tmp_path, capsys):
+    from finetune.predict import main
+
+    adapter = lora_runs.out / "adapter"
+    assert main([str(adapter), "hello"]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[1] == (
+        f"hint: it holds a LoRA adapter alone; {lora_runs.out} holds the model with it merged")
+    alone = tmp_path / "adapter"
+    shutil.copytree(adapter, alone)
+    base = json.loads((adapter / "adapter_config.json").read_text())["base_model_name_or_path"]
+    assert main([str(alone), "hello"]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[1] == (
+        f"hint: it holds a LoRA adapter alone, which PEFT loads onto {base} (PeftModel.from_pretrained)")
 
 
 def test_a_lora_run_says_what_it_trains(lora_runs):

@@ -390,6 +390,15 @@ def test_not_a_model_directory(tmp_path, capsys):
 
     assert main([str(tmp_path), "hello"]) == 2
     assert capsys.readouterr().err.strip() == f"error: {tmp_path}: no model here (no config.json); pass a run's output_dir"
+    # a run stopped before its end has checkpoints and no model: the newest checkpoint is named (by its number)
+    for update in (9, 10):
+        (tmp_path / "checkpoints" / f"checkpoint-{update}").mkdir(parents=True)
+        (tmp_path / "checkpoints" / f"checkpoint-{update}" / "config.json").write_text("{}")
+    (tmp_path / "checkpoints" / ".tmp-checkpoint-11").mkdir()  # one being written: no model yet
+    assert main([str(tmp_path), "hello"]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[1] == (
+        "hint: its run has saved no model yet (stopped, or still training); its newest checkpoint holds one: "
+        f"{tmp_path / 'checkpoints' / 'checkpoint-10'}")
 
 
 def test_score_refuses_an_unknown_precision_in_one_line(trained, tmp_path, capsys):

@@ -187,13 +187,13 @@ def test_a_launch_that_started_fewer_processes_than_asked_says_so(tmp_path, own_
 
 
 def test_a_load_that_fails_still_shows_the_report_that_says_why():
-    from finetune.modeling import _held_load_report
+    from finetune.load_reports import held_load_report
 
     source = logging.getLogger("transformers.modeling_utils")
     reports = _Reports()
     source.addHandler(reports)
     try:
-        with pytest.raises(RuntimeError, match="size mismatch"), _held_load_report():
+        with pytest.raises(RuntimeError, match="size mismatch"), held_load_report():
             source.warning("BertForSequenceClassification LOAD REPORT from: x\nclassifier.weight | MISMATCH")
             assert reports.texts == []  # held while the load runs
             raise RuntimeError("size mismatch: see the report above")
