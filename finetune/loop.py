@@ -29,6 +29,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+import warnings
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
@@ -159,7 +160,9 @@ def train_one_epoch(
         epoch: Epoch number (from 0), for the sampler and the records.
         state: Counters carried across epochs and checkpoints; updated in
             place. ``state.micro_batch > 0`` resumes mid-epoch after that many
-            micro-batches (must be a window boundary).
+            micro-batches (must be a window boundary). Pass the same one to
+            every epoch: without it, the records count updates from 1 (and
+            warn of it after epoch 0).
         max_grad_norm: Clip the accumulated gradient's norm to this (``None``
             or 0: measure the norm without clipping).
         log_every: Write a record every this many windows of the epoch (and at its
@@ -198,7 +201,7 @@ def train_one_epoch(
             many skips in a row.
         ValueError: if ``k`` is not the one ``plan`` counted for this epoch.
     """
-    state = state if state is not None else TrainState(epoch=epoch)
+    state = state if state is not None else state_of_a_first_call(epoch)
     state.epoch = epoch
     loss_fn = loss_fn or Task.of_model(accelerator.unwrap_model(model)).per_sample_loss
     k = accelerator.gradient_accumulation_steps
@@ -264,6 +267,16 @@ def train_one_epoch(
 
 
 # --------------------------------------------------------------------------- the steps, in loop order
+
+
+def state_of_a_first_call(epoch: int) -> TrainState:
+    """The counters of a call without ``state``: fresh, so its records count updates from 1. After the first
+    epoch that is not what a loop over epochs wants, and a warning says so (once per calling line)."""
+    if epoch > 0:
+        warnings.warn(f"train_one_epoch: epoch {epoch} without state=, so its records count updates (and "
+                      f"samples) from 1 again; pass one TrainState() to every epoch to count across them",
+                      stacklevel=3)
+    return TrainState(epoch=epoch)
 
 
 def epoch_batches(dataloader, accelerator, epoch: int, start: int, k: int):

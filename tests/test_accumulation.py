@@ -586,8 +586,34 @@ def test_epoch_reaches_the_sampler(fresh_accelerate_state, prepared):
     dl = DataLoader(data, batch_size=8, sampler=sampler, collate_fn=pad_collate)
     if prepared:
         model, optimizer, dl = acc.prepare(model, optimizer, dl)
-    train_one_epoch(model, optimizer, None, dl, acc, 3)
+    train_one_epoch(model, optimizer, None, dl, acc, 3, state=TrainState())
     assert sampler.epoch == 3
+
+
+def test_records_count_updates_across_epochs_with_one_state_and_say_so_without(fresh_accelerate_state):
+    import warnings
+
+    from accelerate import Accelerator
+
+    acc = Accelerator(cpu=True, gradient_accumulation_steps=2)
+    data = token_dataset(16, seed=1)
+    model = tiny_bert(seed=0)
+    optimizer = build_optimizer(model, OptimConfig(learning_rate=1e-3))
+    dl = DataLoader(data, batch_size=4, sampler=EpochSampler(len(data), seed=7), collate_fn=pad_collate)
+    model, optimizer, dl = acc.prepare(model, optimizer, dl)
+    steps, state = [], TrainState()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # one state across epochs: nothing to warn of
+        for epoch in range(2):
+            train_one_epoch(model, optimizer, None, dl, acc, epoch, state=state,
+                            on_log=lambda record: steps.append((record["step"], record["train/samples"])))
+    assert steps == [(1, 8), (2, 16), (3, 24), (4, 32)]
+    steps.clear()
+    train_one_epoch(model, optimizer, None, dl, acc, 0, on_log=lambda record: steps.append(record["step"]))
+    with pytest.warns(UserWarning, match=r"train_one_epoch: epoch 1 without state=, so its records count updates "
+                                         r"\(and samples\) from 1 again; pass one TrainState\(\) to every epoch"):
+        train_one_epoch(model, optimizer, None, dl, acc, 1, on_log=lambda record: steps.append(record["step"]))
+    assert steps == [1, 2, 1, 2]
 
 
 def test_dropout_draws_fresh_masks_on_every_micro_batch(fresh_accelerate_state):
@@ -626,12 +652,14 @@ def test_a_k_changed_under_the_schedule_is_refused(fresh_accelerate_state):
     model, optimizer, dl = acc.prepare(model, optimizer, dl)
     plan = plan_updates(len(dl), 4, 2, None)
     scheduler = build_scheduler(optimizer, opt_cfg, plan)
-    train_one_epoch(model, optimizer, scheduler, dl, acc, 0, plan=plan)  # sized for k=4: fine
+    state = TrainState()
+    train_one_epoch(model, optimizer, scheduler, dl, acc, 0, state=state, plan=plan)  # sized for k=4: fine
     acc.gradient_accumulation_steps = 2  # changed between epochs, as from a notebook
     before = [p.detach().clone() for p in model.parameters()]
     with pytest.raises(ValueError, match=r"epoch 1: .*sized for k=4 \(6 updates.*accumulates 2.*plan.k_at"):
-        train_one_epoch(model, optimizer, scheduler, dl, acc, 1, plan=plan)
+        train_one_epoch(model, optimizer, scheduler, dl, acc, 1, state=state, plan=plan)
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))  # refused before any update
     resized = plan_updates(len(dl), 2, 2, None)
     scheduler = build_scheduler(optimizer, opt_cfg, resized)
-    assert train_one_epoch(model, optimizer, scheduler, dl, acc, 1, plan=resized).updates == 5  # ceil(10 / 2)
+    assert train_one_epoch(model, optimizer, scheduler, dl, acc, 1, state=state,
+                           plan=resized).updates == 5  # ceil(10 / 2)

@@ -111,10 +111,11 @@ def test_a_notebook_k_change_without_a_schedule_is_refused_with_the_way_to_do_it
     plan = plan_updates(len(dl), SCHEDULE, 2, None)
     scheduler = build_scheduler(optimizer, opt_cfg, plan)
     acc.gradient_accumulation_steps = 4
-    train_one_epoch(model, optimizer, scheduler, dl, acc, 0, plan=plan)
+    state = TrainState()
+    train_one_epoch(model, optimizer, scheduler, dl, acc, 0, state=state, plan=plan)
     # epoch 1 was planned at k=2: keeping 4 would end the schedule early
     with pytest.raises(ValueError, match=r"epoch 1: the learning-rate scheduler was sized for k=2.*accumulates 4"):
-        train_one_epoch(model, optimizer, scheduler, dl, acc, 1, plan=plan)
+        train_one_epoch(model, optimizer, scheduler, dl, acc, 1, state=state, plan=plan)
 
 
 def test_the_sampler_groups_each_epoch_within_its_own_windows():
