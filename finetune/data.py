@@ -11,8 +11,9 @@ then tokenizes the splits).
 Sources:
 
 - Local files (``data.train_file`` / ``data.validation_file``, ``pkg:`` specs
-  allowed): CSV, TSV, JSON or JSON Lines, Parquet, or a folder with one
-  sub-folder per class, read by :mod:`finetune.local_files`.
+  allowed): CSV, TSV, JSON or JSON Lines, Parquet, a folder with one
+  sub-folder per class, or a folder ``datasets`` saved (a ``DatasetDict``'s
+  splits chosen as a Hub data set's), read by :mod:`finetune.local_files`.
 - Hub data sets (``data.dataset_name``), read with ``datasets.load_dataset``.
 
 Decisions worth knowing:

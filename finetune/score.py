@@ -275,7 +275,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="finetune score",
                                      description="Score a fine-tuned model on a labelled file.")
     parser.add_argument("output_dir", help="a run's output directory (the saved model and config.yaml)")
-    parser.add_argument("--file", required=True, help="labelled data: csv, tsv, json/jsonl, parquet or a class folder")
+    parser.add_argument("--file", required=True, help="labelled data: csv, tsv, json/jsonl, parquet, a class folder "
+                        "or a folder datasets saved")
     parser.add_argument("--text", metavar="COLUMN", help="column of the texts (data.text_column; default: the run's)")
     parser.add_argument("--label", metavar="COLUMN", help="column of the labels (data.label_column; default: the "
                         "run's)")

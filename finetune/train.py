@@ -62,8 +62,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--config", default=None, help="YAML config (default: configs/default.yaml)")
-    parser.add_argument("--data", metavar="FILE", help="training data: CSV, TSV, JSON Lines, Parquet or a class "
-                        "folder (sets data.train_file; its layout is found from the file)")
+    parser.add_argument("--data", metavar="FILE", help="training data: CSV, TSV, JSON Lines, Parquet, a class "
+                        "folder or a folder datasets saved (sets data.train_file; its layout is found from the file)")
     parser.add_argument("--text", metavar="COLUMN", help="column of the texts (data.text_column)")
     parser.add_argument("--label", metavar="COLUMN", help="column of the labels (data.label_column)")
     parser.add_argument("--model", metavar="NAME", help="the pretrained encoder: a Hub id (microsoft/deberta-v3-base) "
