@@ -1,9 +1,10 @@
 """Reading one local file or class folder into a :class:`~finetune.tables.Table`, with the file's own columns.
 
-CSV, TSV (``.tsv``/``.tab``, or ``.txt`` of tab-separated lines; quote characters are plain text), JSON or JSON
-Lines, Parquet, a folder with one sub-folder per class holding ``.txt``
-files (label = sub-folder name), or a folder that ``datasets``' ``save_to_disk``
-wrote (a ``DatasetDict``'s splits are read by :func:`read_saved_splits`). The format comes from the extension (a ``.csv``
+CSV, TSV (``.tsv``/``.tab``, or ``.txt`` of tab-separated lines; quote characters
+are plain text), JSON or JSON Lines, Parquet, a folder with one sub-folder per
+class holding ``.txt`` files (label = sub-folder name), or a folder that
+``datasets``' ``save_to_disk`` wrote (a ``DatasetDict``'s splits are read by
+:func:`read_saved_splits`). The format comes from the extension (a ``.csv``
 whose lines all hold the same number of tabs reads as TSV, and one whose records
 split on ``;`` more often than on ``,`` as a spreadsheet's semicolon-separated CSV)
 unless ``data.format`` names it. The bytes are checked against ``data.encoding`` before

@@ -119,7 +119,8 @@ class DataConfig:
         None, "The validation set, in the training file's layout (null: `validation_split` carves one from train). "
         "The start line counts its rows whose text a training row has too, and warns past a fifth.")
     format: Literal["auto", "csv", "tsv", "json", "parquet", "folder"] = setting("auto",
-        "File format; `auto` goes by the extension (a directory means `folder`, unless `datasets` saved it), reads a `.csv` (or `.txt`) "
+        "File format; `auto` goes by the extension (a directory means `folder`, unless `datasets` saved it), "
+        "reads a `.csv` (or `.txt`) "
         "whose lines all hold the same number of tabs as TSV, and one whose lines split on `;` into the header's fields more often than on `,` "
         "(as spreadsheets in many languages save CSV) as semicolon-separated.")
     has_header: Optional[bool] = setting(None,
