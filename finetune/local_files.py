@@ -354,6 +354,8 @@ def _load_folder(root: Path, cfg: DataConfig) -> Table:
 def _files_in_the_folder(root: Path) -> Optional[str]:
     """For a folder given as data that holds data files rather than class sub-folders (``train.csv``,
     ``valid.csv``): the options that name them, the training file by its name, the validation file by its."""
+    if saved_by_datasets(root) is not None:
+        return "datasets' save_to_disk wrote it, which data.format: auto reads"
     files = sorted(f for f in root.iterdir() if f.is_file() and f.suffix.lower() in EXTENSIONS)
     if not files:
         return None

@@ -413,6 +413,10 @@ def test_a_folder_of_saved_splits_where_one_set_of_rows_is_read_is_told_to_name_
     with pytest.raises(DataError, match=r"unsupported extension '\.arrow'") as info:
         load_splits(DataConfig(train_file=str(arrow), text_column="sentence"), seed=0)
     assert info.value.hint == f"datasets' save_to_disk wrote it: pass its folder, {arrow.parent}"
+    # read as a folder of class sub-folders because data.format says so: the hint says what auto would do
+    with pytest.raises(DataError, match="no .txt files in any class sub-folder") as info:
+        load_splits(DataConfig(train_file=saved, text_column="sentence", format="folder"), seed=0)
+    assert info.value.hint == "datasets' save_to_disk wrote it, which data.format: auto reads"
 
 
 def test_stratified_carve(tmp_path):
