@@ -66,6 +66,8 @@ class Run:
     state: TrainState = field(default_factory=TrainState)
     # the weights made new for the data's labels (the classification head), empty when the model had its head
     new_head: tuple[str, ...] = ()
+    # regression: the value a new head's output starts at (model.regression_head_bias: mean), else None
+    head_start: Optional[float] = None
     # training.gradient_checkpointing as decided (autobatch: with the micro-batch under auto)
     checkpointing: Checkpointing = field(default_factory=Checkpointing)
     # model.lora_rank: a finetune.lora.LoraPlan, what the adapters are and train (None: every weight is trained)
@@ -111,7 +113,7 @@ def setup_run(cfg: Config, accelerator=None, batching: Optional[Batching] = None
 
     from finetune.data import content_sha256
     from finetune.modeling import (check_compiler, choose_trained_weights, compile_model, load_model_config,
-                                   load_model_reporting, load_tokenizer)
+                                   load_model_reporting, load_tokenizer, start_regression_head)
 
     accelerator = accelerator or build_accelerator(cfg)
     batching = check_batching(cfg, accelerator, batching)
@@ -123,6 +125,7 @@ def setup_run(cfg: Config, accelerator=None, batching: Optional[Batching] = None
     splits, labels = load_data(cfg, accelerator)
     seen = count_seen_in_training(splits)
     model, new_head = load_model_reporting(cfg.model, labels.id2label, max_length=cfg.data.max_length)
+    head_start = start_regression_head(cfg.model, model, new_head, splits["train"])
     model, lora, frozen = choose_trained_weights(model, cfg.model, accelerator)  # before the memory plan
     metrics = metric_suite(cfg, labels, splits["train"])
     task = build_task(cfg, labels, splits["train"], device=accelerator.device)
@@ -150,7 +153,7 @@ def setup_run(cfg: Config, accelerator=None, batching: Optional[Batching] = None
     return Run(cfg, accelerator, batching, tokenizer, labels, model, optimizer, scheduler, train_dl, eval_dl,
                metrics, plan, task, content_sha256(splits["train"]), new_head=new_head,
                checkpointing=checkpointing, lora=lora, frozen=frozen, memory=memory, long_texts=cut,
-               seen_in_training=seen)
+               seen_in_training=seen, head_start=head_start)
 
 
 def check_batching(cfg: Config, accelerator, batching: Optional[Batching] = None) -> Batching:

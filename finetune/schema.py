@@ -72,6 +72,11 @@ class ModelConfig:
         "(a list column, or a string column split on `data.label_delimiter`; per-label binary "
         "cross-entropy); `regression`: a number per text (squared error). Saved as the model's "
         "`problem_type`, so `transformers.pipeline` applies softmax, sigmoid or nothing to match.")
+    regression_head_bias: Literal["mean", "zero"] = setting("mean",
+        "regression: where a new head's output starts. `mean`: its bias is set to the training targets' mean, "
+        "so the first updates learn the texts rather than the targets' offset (on a 0-5.5 rating, 11x lower "
+        "held-out MSE after 3 epochs where measured; docs/configuration.md#problem-types); `zero`: "
+        "transformers' initialisation, as the Trainer starts. A head the model already has is kept as it is.")
 
     def __post_init__(self) -> None:
         if not self.name_or_path:

@@ -68,6 +68,8 @@ def _what(run: Run) -> str:
     cfg = run.cfg
     sources = data_sources(cfg.data, cfg.training.seed, cfg.model.problem_type)
     head = "new head" if run.new_head else "its trained head"
+    if run.head_start is not None:
+        head += f" starting at the targets' mean, {run.head_start:.4g}"
     seen = f", {run.seen_in_training} of them a text also in train" if run.seen_in_training else ""
     validation = (f"; validation: {len(run.eval_dataloader.dataset)} rows, {sources.validation}{seen}"
                   if run.eval_dataloader is not None else "; no validation")

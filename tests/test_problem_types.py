@@ -18,13 +18,13 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
-from finetune.config import OptimConfig, config_from_dict
+from finetune.config import ModelConfig, OptimConfig, config_from_dict
 from finetune.errors import ConfigError, DataError
 from finetune.loop import TrainState, train_one_epoch
 from finetune.optimization import build_optimizer, build_scheduler, plan_updates
 from finetune.sampling import EpochSampler
 from finetune.tasks import Task, balanced_weights
-from helpers import WORDS, pad_collate, tiny_bert, token_dataset
+from helpers import ARCHITECTURES, WORDS, pad_collate, tiny_bert, tiny_model, token_dataset
 from tiny_run import fit_tiny_run, reset_accelerate
 
 # 76 samples, b=8: windows of 4, 4 and 2 micro-batches at k=4, the last micro-batch short
@@ -84,6 +84,32 @@ def test_accumulated_windows_equal_the_big_batch(fresh_accelerate_state, problem
     _assert_same(big, small)
     # the logged loss is the big batch's: the per-sample loss's mean over the window
     assert [r["train/loss"] for r in records] == pytest.approx([r["train/loss"] for r in big_records], rel=1e-5)
+
+
+@pytest.mark.parametrize("model_type", ARCHITECTURES)
+def test_a_new_regression_head_starts_at_the_targets_mean_in_every_family(model_type):
+    import datasets
+
+    from finetune.modeling import start_regression_head
+
+    model = tiny_model(model_type, num_labels=1).eval()
+    head = tuple(n for n, _ in model.named_parameters() if not n.startswith(f"{model.base_model_prefix}."))
+    ids = torch.randint(5, 20, (3, 7), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        before = model(input_ids=ids).logits
+    targets = datasets.Dataset.from_dict({"labels": [1.0, 2.5, 4.0, 3.5]})
+    regression = ModelConfig(problem_type="regression")
+    assert start_regression_head(regression, model, head, targets) == 2.75
+    with torch.no_grad():
+        after = model(input_ids=ids).logits
+    # the output's own bias moved: every prediction shifted by the mean, nothing else changed
+    torch.testing.assert_close(after - before, torch.full_like(before, 2.75))
+    # a head the model had, `zero`, and the other problem types are left as they are
+    for cfg, new_head in ((regression, ()), (ModelConfig(problem_type="regression", regression_head_bias="zero"), head),
+                          (ModelConfig(problem_type="multi_label"), head)):
+        assert start_regression_head(cfg, model, new_head, targets) is None
+        with torch.no_grad():
+            assert torch.equal(model(input_ids=ids).logits, after)
 
 
 def test_the_multi_label_and_regression_losses_are_transformers_own():
@@ -442,6 +468,9 @@ def test_a_regression_run_learns_and_pipeline_agrees_with_predict(problem_runs):
 
     out, summary, start = problem_runs["regression"]
     assert "for regression on score on train.jsonl" in start
+    # the new head starts at the training scores' mean (model.regression_head_bias: mean, the default)
+    scores = [json.loads(line)["score"] for line in (out.parent / "train.jsonl").read_text().splitlines()]
+    assert f"(new head starting at the targets' mean, {sum(scores) / len(scores):.4g})" in start
     assert AutoConfig.from_pretrained(out).problem_type == "regression"
     assert set(summary["eval"]) == {"loss", "num_samples", "pearson", "mse"}
     assert summary["eval"]["loss"] == pytest.approx(summary["eval"]["mse"], rel=1e-5)  # the loss is the MSE
