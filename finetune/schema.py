@@ -283,8 +283,9 @@ class TrainingConfig:
         "scaler: on a GPU without bf16, such as a T4 or a V100, the precision its tensor cores compute; never "
         "chosen by `auto`). The start-up line says what `auto` chose and why.")
     seed: int = setting(42,
-        "Seed for weights of the new head, data order and dropout (whose stream restarts from it once "
-        "setup is done, so it does not depend on what setup drew); from 0 to 2**32 - 1.")
+        "Seed for the validation rows carved out of train (`data.validation_split`), the weights of the new "
+        "head, data order and dropout (whose stream restarts from it once setup is done, so it does not depend "
+        "on what setup drew); from 0 to 2**32 - 1.")
     torch_compile: Union[bool, Literal["blocks"]] = setting(False,
         "Compile the model's forward with `torch.compile` (inductor): `true` the whole forward, `blocks` each "
         "encoder block on its own (regional compilation: one compile that every block reuses, a shorter cold "
