@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Optional
 from finetune.errors import FinetuneError, OutputError
 from finetune.evaluation import EVAL_BY_LABEL
 from finetune.lora import is_lora, merged_copy, save_adapter
+from finetune.metrics import same_answer_for_every_text
 from finetune.outputs import (
     ADAPTER_CONFIG, ADAPTER_DIR, CURVES_FILE, METRICS_FILE, MODEL_CARD_FILE, MODEL_CARD_MARK, RESULTS_FILE, write_atomic,
 )
@@ -84,31 +85,10 @@ def summarize(run: "Run", history: list[dict[str, Any]], ended: str = "completed
 
 
 def one_answer_for_every_text(summary: dict[str, Any]) -> Optional[str]:
-    """A caution when the saved model gave every validation text the same answer, else None.
-
-    A run whose learning rate is far too high or too low, or whose updates
-    are too few, ends predicting the commonest class for every text (or, with
-    several labels per text, no label at all), and its accuracy is then the
-    commonest class's share: a number that looks like learning. The counts
-    come from the final evaluation's labels (``predicted`` beside ``support``).
-    """
-    by_label = summary.get("eval_by_label")
-    texts = summary["eval"].get("num_samples")
-    if not by_label or not texts or "predicted" not in next(iter(by_label.values())):
-        return None
-    present = sum(1 for scores in by_label.values() if scores["support"] > 0)
-    counts = {name: scores["predicted"] for name, scores in by_label.items()}
-    if present < 2 or any(count not in (0, texts) for count in counts.values()):
-        return None  # the texts got different answers, or the data has one label to give
-    given = [name for name, count in counts.items() if count == texts]
-    if not given:  # several labels per text, none above the threshold anywhere
-        said = f"gave none of the {texts} validation texts any label"
-    elif len(given) == 1:
-        said = f"predicted {given[0]!r} for every one of the {texts} validation texts"
-    else:
-        said = f"gave every one of the {texts} validation texts the same labels ({', '.join(given)})"
-    return (f"the saved model {said}: its scores are those of answering alike whatever the text (a learning rate "
-            f"too high or too low, or too few updates?)")
+    """A caution when the saved model gave every validation text the same answer, else None
+    (:func:`finetune.metrics.same_answer_for_every_text`, on the final evaluation)."""
+    return same_answer_for_every_text(summary.get("eval_by_label"), summary["eval"].get("num_samples"),
+                                      "validation texts", "the saved model")
 
 
 def lora_record(plan) -> Optional[dict[str, Any]]:

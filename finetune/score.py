@@ -317,6 +317,7 @@ def run(args: argparse.Namespace) -> Score:
             refuse_a_run_file(target, output_dir, flag)
     # after the checks above, which need neither datasets nor torch (seconds to import): a wrong argument
     # is said at once
+    from finetune.metrics import same_answer_for_every_text
     from finetune.plot import DPI, confusion_figure
 
     quiet_progress_bars()  # the bars of reading the file and loading the weights; the scoring bar is ours
@@ -329,6 +330,10 @@ def run(args: argparse.Namespace) -> Score:
         print(f"  {key.ljust(width)}  {value:.4f}" if isinstance(value, float) else f"  {key.ljust(width)}  {value}")
     if result.by_label is not None:
         print(format_by_label(result.by_label))
+    caution = same_answer_for_every_text(result.by_label, result.metrics.get("num_samples"),
+                                         f"texts of {Path(args.file).name}", "the model")
+    if caution is not None:
+        print(f"warning: {caution}", file=sys.stderr)
     if result.confusion is not None:
         if len(result.labels) <= PRINTED_MATRIX_LABELS:
             print(format_confusion(result.confusion, result.labels))

@@ -537,6 +537,26 @@ def test_score_cli(trained, tmp_path, capsys):
     assert "scoring reads only data.<key> and evaluation.<key>" in capsys.readouterr().err
 
 
+def test_score_warns_when_every_text_got_the_same_answer(trained, tmp_path, capsys):
+    from finetune.score import main
+
+    out, _, _ = trained
+    # one text, under both labels: whatever the model answers, it answers it for every row
+    same = write_tsv(tmp_path / "same.tsv", [("spam", TEXTS[0])] * 3 + [("ham", TEXTS[0])] * 2)
+    assert main([str(out), "--file", str(same), "--json", str(tmp_path / "s.json")]) == 0
+    by_label = json.loads((tmp_path / "s.json").read_text())["by_label"]
+    given = next(name for name, scores in by_label.items() if scores["predicted"] == 5)
+    warnings = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning:")]
+    assert warnings == [
+        f"warning: the model predicted {given!r} for every one of the 5 texts of same.tsv: its scores are those "
+        "of answering alike whatever the text (a learning rate too high or too low, or too few updates?)"]
+    # the two labels answered apart: nothing to warn of
+    apart = write_tsv(tmp_path / "apart.tsv", [("spam", TEXTS[0]), ("ham", TEXTS[1]), ("spam", TEXTS[4])])
+    assert main([str(out), "--file", str(apart), "--json", str(tmp_path / "a.json")]) == 0
+    predicted = [s["predicted"] for s in json.loads((tmp_path / "a.json").read_text())["by_label"].values()]
+    assert ("warning:" in capsys.readouterr().err) == (sorted(predicted) == [0, 3])
+
+
 def test_a_file_read_with_the_runs_layout_says_so_when_it_fails(trained, tmp_path, capsys):
     from finetune.score import main
 

@@ -282,3 +282,36 @@ def scores_by_label(predictions, references, names: list[str]) -> dict[str, dict
     precision, recall, f1 = scores_from_counts(tp, predicted, support)
     return {str(name): {"precision": float(precision[i]), "recall": float(recall[i]), "f1": float(f1[i]),
                         "support": int(support[i]), "predicted": int(predicted[i])} for i, name in enumerate(names)}
+
+
+def same_answer_for_every_text(by_label: Optional[dict[str, dict[str, float]]], texts: Optional[int],
+                               texts_named: str, model_named: str) -> Optional[str]:
+    """A caution when a model gave every text the same answer, else None.
+
+    A run whose learning rate is far too high or too low, or whose updates
+    are too few, ends predicting the commonest class for every text (or, with
+    several labels per text, no label at all), and its accuracy is then the
+    commonest class's share: a number that looks like learning. The counts
+    are those of :func:`scores_by_label` (``predicted`` beside ``support``).
+
+    Args:
+        by_label: Each label's scores, with ``support`` and ``predicted``.
+        texts: How many texts were scored.
+        texts_named: What the texts are, for the sentence (``validation texts``, ``texts of test.csv``).
+        model_named: What the model is (``the saved model``, ``the model``).
+    """
+    if not by_label or not texts or "predicted" not in next(iter(by_label.values())):
+        return None
+    present = sum(1 for scores in by_label.values() if scores["support"] > 0)
+    counts = {name: scores["predicted"] for name, scores in by_label.items()}
+    if present < 2 or any(count not in (0, texts) for count in counts.values()):
+        return None  # the texts got different answers, or the data has one label to give
+    given = [name for name, count in counts.items() if count == texts]
+    if not given:  # several labels per text, none above the threshold anywhere
+        said = f"gave none of the {texts} {texts_named} any label"
+    elif len(given) == 1:
+        said = f"predicted {given[0]!r} for every one of the {texts} {texts_named}"
+    else:
+        said = f"gave every one of the {texts} {texts_named} the same labels ({', '.join(given)})"
+    return (f"{model_named} {said}: its scores are those of answering alike whatever the text (a learning rate "
+            f"too high or too low, or too few updates?)")
