@@ -127,6 +127,10 @@ def _coerce_scalar(value: Any, tp: Any, key: str) -> Any:
     elif tp is str:
         if isinstance(value, str):
             return value
+        if isinstance(value, (bool, int, float)):
+            # in a YAML file: a column named `2024` or `no` is read as a number or a boolean
+            raise ConfigError(f"{key}: expected {type_name(tp)}, got {_describe(value)}",
+                              hint=f"YAML reads the word as {type(value).__name__}: quote it to mean the text")
     raise ConfigError(f"{key}: expected {type_name(tp)}, got {_describe(value)}")
 
 

@@ -32,8 +32,8 @@ from finetune.errors import ConfigError
 from finetune.key_hints import key_hint, refuse_options, unknown_key_hint
 from finetune.overrides import let_the_command_line_choose, notes_said_once
 from finetune.schema import (  # noqa: F401  (the schema's names, importable from here as before)
-    DEFAULT_METRICS, Config, DataConfig, EvalConfig, LoggingConfig, ModelConfig, OptimConfig, OutputConfig,
-    TrainingConfig,
+    DEFAULT_METRICS, SECTIONS, Config, DataConfig, EvalConfig, LoggingConfig, ModelConfig, OptimConfig,
+    OutputConfig, TrainingConfig,
 )
 
 __all__ = ["Config", "ModelConfig", "DataConfig", "TrainingConfig", "OptimConfig", "EvalConfig", "LoggingConfig",
@@ -132,7 +132,25 @@ def parse_override(text: str) -> tuple[str, Any]:
         spaced = re.sub(r"([:,])(?=\S)", r"\1 ", raw.strip())
         raise ConfigError(f"override {text!r}: YAML needs a space after each ':' of a mapping; "
                           f"write {key}=\"{spaced}\"")
-    return key, value
+    return key, _text_where_text_is_meant(key, value, raw.strip())
+
+
+# how YAML spells null: typed so, a key that may be null is set to null, not to the word
+_NULL_SPELLINGS = ("", "~", "null", "Null", "NULL")
+
+
+def _text_where_text_is_meant(dotted: str, value: Any, raw: str) -> Any:
+    """An override's value as the text typed, where the key takes a string and YAML read the text as another
+    scalar: a column named `2024`, `no` or `#1 String` (YAML's int, bool, and a comment, so null), a
+    separator `#`. A quoted value, and null spelled as such, stay YAML's; so does every other key's value."""
+    if isinstance(value, (str, list, dict)) or raw[:1] in ("'", '"') or (value is None and raw in _NULL_SPELLINGS):
+        return value
+    section, _, key = dotted.partition(".")
+    if section not in SECTIONS:
+        return value  # _set_dotted names the unknown section
+    tp = typing.get_type_hints(SECTIONS[section]).get(key)
+    takes_text = tp is str or (typing.get_origin(tp) is typing.Union and str in typing.get_args(tp))
+    return raw if takes_text else value
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):

@@ -158,6 +158,26 @@ def test_bad_overrides(tmp_path, override, needle):
     assert needle in str(info.value)
 
 
+def test_a_key_that_takes_text_gets_the_text_typed_where_yaml_would_read_another_scalar(tmp_path):
+    # columns named as a header names them: a year, a yes/no word, an MRPC header's `#1 String` (a comment to
+    # YAML, so null); the short flags (--text, --label, ...) become such overrides too
+    cfg = load_config(write(tmp_path, BASE), ["data.label_column=2024", "data.text_column=no",
+                                              "data.text_pair_column=#2 String", "data.label_delimiter=#",
+                                              "model.problem_type=multi_label"])
+    assert (cfg.data.label_column, cfg.data.text_column) == ("2024", "no")
+    assert (cfg.data.text_pair_column, cfg.data.label_delimiter) == ("#2 String", "#")
+    # null typed as such, a quoted value and every key that takes no text stay YAML's
+    assert parse_override("data.text_pair_column=null") == ("data.text_pair_column", None)
+    assert parse_override("data.text_pair_column='2024'") == ("data.text_pair_column", "2024")
+    assert parse_override("training.seed=3") == ("training.seed", 3)
+    assert parse_override("training.gradient_checkpointing=no") == ("training.gradient_checkpointing", False)
+    assert load_config(write(tmp_path, BASE), ["optim.learning_rate=3e-5"]).optim.learning_rate == 3e-5
+    # in a YAML file the value is YAML's, and the error says to quote it
+    with pytest.raises(ConfigError, match=r"data\.label_column: expected str, got int 2024") as info:
+        load_config(write(tmp_path, BASE.replace("data:\n", "data:\n  label_column: 2024\n")))
+    assert info.value.hint == "YAML reads the word as int: quote it to mean the text"
+
+
 def test_missing_and_malformed_files(tmp_path):
     with pytest.raises(ConfigError, match="config file not found"):
         load_config(tmp_path / "nope.yaml")
