@@ -225,7 +225,7 @@ def _load_delimited(path: Path, fmt: str, cfg: DataConfig) -> Table:
         if not cfg.column_names:
             raise ConfigError(f"data.column_names: required with data.has_header: false ({path})")
         header, names = None, list(cfg.column_names)
-    _check_field_count(path, sep, quoting, names, cfg.encoding, rows=1)
+    columns = _check_field_count(path, sep, quoting, names, cfg.encoding, rows=1)
     try:
         ds = _read_delimited(path, sep, quoting, header, names, cfg)
     except DataError:
@@ -235,12 +235,21 @@ def _load_delimited(path: Path, fmt: str, cfg: DataConfig) -> Table:
         _check_field_count(path, sep, quoting, names, cfg.encoding, rows=None)
         raise
     table = Table.whole(_header_unpadded(ds), str(path), unit="line", offset=2 if cfg.has_header else 1,
-                        empty_field_is_null=True)
+                        empty_field_is_null=True, repeated_columns=_repeated(columns or []))
     blank = functools.reduce(pc.and_, [pc.is_null(values) for values in as_arrow(ds).columns])
     rows = np.flatnonzero(~as_mask(blank))
     if len(rows) == 0:
         raise DataError(f"{path}: empty file (no rows)")
     return table.keep(rows)
+
+
+def _repeated(header: list[str]) -> dict[str, list[int]]:
+    """The names a header writes more than once (the spaces around a name are not part of it), with their
+    1-based fields."""
+    fields: dict[str, list[int]] = {}
+    for i, name in enumerate(header, start=1):
+        fields.setdefault(name.strip(), []).append(i)
+    return {name: where for name, where in fields.items() if len(where) > 1}
 
 
 def _header_unpadded(ds: datasets.Dataset) -> datasets.Dataset:
@@ -275,9 +284,9 @@ def _read_delimited(path: Path, sep: str, quoting: int, header: Optional[int], n
 
 
 def _check_field_count(path: Path, sep: str, quoting: int, names: Optional[list[str]], encoding: str,
-                       rows: Optional[int]) -> None:
+                       rows: Optional[int]) -> Optional[list[str]]:
     """Reject a data row, among the first ``rows`` (None: all), whose field count differs from the header or
-    ``column_names``.
+    ``column_names``; return the header's names (``column_names`` where given; None for an empty file).
 
     pandas would otherwise shift columns silently when the first data row is
     the odd one (turning its first field into the index) or drop the extra
@@ -289,7 +298,7 @@ def _check_field_count(path: Path, sep: str, quoting: int, names: Optional[list[
         if header is None:
             header = next(reader, None)
             if header is None:
-                return
+                return None
         for row in reader:
             if not row:
                 continue  # blank line
@@ -303,7 +312,8 @@ def _check_field_count(path: Path, sep: str, quoting: int, names: Optional[list[
             if rows is not None:
                 rows -= 1
                 if rows == 0:
-                    return
+                    return header
+    return header
 
 
 def _quote_hint(sep: str, quoting: int) -> Optional[str]:

@@ -48,6 +48,9 @@ class Table:
     label_column: str = "label"
     # CSV/TSV: an empty field reads as null, so "no value" and "empty string" look the same
     empty_field_is_null: bool = False
+    # CSV/TSV: names the header writes more than once, with their fields (1-based); the reader renames the later
+    # ones (`label.1`), so a column named so could be either
+    repeated_columns: dict[str, list[int]] = dataclasses.field(default_factory=dict)
     # the rows with the source's own columns, kept once the standard ones are chosen: for a hint naming another
     as_read: Optional[datasets.Dataset] = None
 

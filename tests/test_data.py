@@ -805,6 +805,12 @@ def _error_cases(tmp: Path) -> dict[str, tuple[dict, str]]:
             {"train_file": write(tmp / "cols.csv", "body,label\na,x\n"), "text_column": "sentence"},
             r"cols\.csv: no column 'sentence' \(data\.text_column\); columns found: body, label",
         ),
+        # a spreadsheet's header with one name twice: the reader renames the second (`label.1`), and the run
+        # would read the first without a word; a repeated column the run does not read is no matter
+        "label column named twice": (
+            {"train_file": write(tmp / "twice.csv", "text, label,label ,id,id\na,x,y,1,2\n")},
+            r"twice\.csv: the header names 'label' in fields 2 and 3, so data\.label_column could mean either",
+        ),
         "label column missing": (
             {"train_file": write(tmp / "nolabel.csv", "text,y\na,x\n")},
             r"nolabel\.csv: no column 'label' \(data\.label_column\); columns found: text, y",
