@@ -2,7 +2,7 @@
 
 CSV, TSV (``.tsv``/``.tab``, or ``.txt`` of tab-separated lines; quote characters
 are plain text), JSON or JSON Lines, Parquet, a folder with one sub-folder per
-class holding ``.txt`` files (label = sub-folder name), or a folder that
+class holding ``.txt`` files (label = sub-folder name; :mod:`finetune.class_folders`), or a folder that
 ``datasets``' ``save_to_disk`` wrote (a ``DatasetDict``'s splits are read by
 :func:`read_saved_splits`). The format comes from the extension (a ``.csv``
 whose lines all hold the same number of tabs reads as TSV, and one whose records
@@ -32,11 +32,12 @@ import datasets
 import numpy as np
 import pyarrow.compute as pc
 
+from finetune.class_folders import read_class_folders
 from finetune.config import DataConfig
 from finetune.errors import ConfigError, DataError, FileLayoutError, FinetuneError
 from finetune.resources import SAVED_DATASET_DICT_FILE, data_path, saved_by_datasets
-from finetune.tables import RAW_LABEL, TEXT, Table, as_arrow, as_mask
-from finetune.text_encoding import decode_whole, is_utf8, python_codec, undecodable
+from finetune.tables import Table, as_arrow, as_mask
+from finetune.text_encoding import is_utf8, python_codec, undecodable
 
 logger = logging.getLogger("finetune.data")  # every note on reading the data has one logger, as tokens.py does too
 
@@ -82,7 +83,7 @@ def read_local(spec: str, key: str, cfg: DataConfig, encoding_flag: str = "data.
     if fmt == "saved splits":
         raise _several_splits(path, key)
     if fmt == "folder":
-        return _load_folder(path, cfg)
+        return read_class_folders(path, cfg, data_extensions=tuple(EXTENSIONS))
     if not path.is_file():
         raise DataError(f"{key}: {path} is not a file (data.format: {fmt})")
     if path.stat().st_size == 0:
@@ -333,50 +334,6 @@ def _load_json(path: Path, cfg: DataConfig) -> Table:
     with open(path, "rb") as fh:
         start = fh.read(4096).lstrip(codecs.BOM_UTF8 + b" \t\r\n")
     return Table.whole(ds, str(path), unit="record" if start.startswith(b"[") else "line")
-
-
-def _load_folder(root: Path, cfg: DataConfig) -> Table:
-    if cfg.text_pair_column is not None:
-        raise ConfigError(f"data.text_pair_column: not supported with the folder layout ({root})")
-    classes = sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
-    by_class = {c: sorted(f for f in c.iterdir() if f.is_file() and f.suffix.lower() == ".txt") for c in classes}
-    if not any(by_class.values()):
-        raise DataError(f"{root}: no .txt files in any class sub-folder (expected {root}/<class>/<name>.txt)",
-                        hint=_files_in_the_folder(root))
-    texts, labels, files = [], [], []
-    for folder, paths in by_class.items():
-        if not paths:
-            raise DataError(f"{folder}: class folder holds no .txt files")
-        for path in paths:
-            try:
-                texts.append(decode_whole(path.read_bytes(), cfg.encoding, cfg.encoding_errors))
-            except UnicodeError as exc:
-                raise undecodable(str(path), getattr(exc, "start", 0), cfg.encoding) from None
-            labels.append(folder.name)
-            files.append(path.relative_to(root).as_posix())
-    ds = datasets.Dataset.from_dict(
-        {TEXT: texts, RAW_LABEL: labels},
-        features=datasets.Features({TEXT: datasets.Value("string"), RAW_LABEL: datasets.Value("string")}),
-    )
-    return Table.whole(ds, str(root), unit="file", files=files, text_column=TEXT, label_column="sub-folder name")
-
-
-def _files_in_the_folder(root: Path) -> Optional[str]:
-    """For a folder given as data that holds data files rather than class sub-folders (``train.csv``,
-    ``valid.csv``): the options that name them, the training file by its name, the validation file by its."""
-    if saved_by_datasets(root) is not None:
-        return "datasets' save_to_disk wrote it, which data.format: auto reads"
-    files = sorted(f for f in root.iterdir() if f.is_file() and f.suffix.lower() in EXTENSIONS)
-    if not files:
-        return None
-
-    def named(*words: str) -> Optional[Path]:
-        return next((f for f in files if any(word in f.stem.lower() for word in words)), None)
-
-    train = named("train") or files[0]
-    validation = named("valid", "dev", "val")
-    also = f" data.validation_file={validation}" if validation is not None and validation != train else ""
-    return f"it holds data files ({', '.join(f.name for f in files)}): pass one, --data {train}{also}"
 
 
 def _run_builder(builder: str, path: Path, **options: Any) -> datasets.Dataset:

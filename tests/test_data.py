@@ -239,6 +239,28 @@ def test_folder_of_classes(tmp_path):
     assert names_of(splits["train"]) == ["sport", "sport", "tech"]
 
 
+def test_a_folder_of_splits_is_told_to_pass_one_and_an_unlabelled_class_is_warned_of(tmp_path, caplog):
+    # IMDB's layout: aclImdb/{train,test}/{pos,neg}/, train/unsup/ unlabelled, and lists of URLs as .txt
+    root = tmp_path / "aclImdb"
+    for split in ("train", "test"):
+        for label in ("pos", "neg"):
+            for i in range(2):
+                write(root / split / label / f"{i}.txt", f"{label} review {i}")
+        write(root / split / "urls_pos.txt", "http://example.com/1")
+    write(root / "train" / "unsup" / "0.txt", "a review without a rating")
+    with pytest.raises(DataError, match=r"aclImdb: its sub-folders are splits \(test, train\), not classes") as info:
+        load_splits(cfg(str(root)), seed=0)
+    assert info.value.hint == (f"pass the training split's folder: --data {root / 'train'} "
+                               f"data.validation_file={root / 'test'}")
+    with caplog.at_level(logging.WARNING, logger="finetune.data"):
+        splits, labels = load_splits(cfg(str(root / "train"), validation_file=str(root / "test")), seed=0)
+    assert labels.names == ["neg", "pos", "unsup"]  # trained as a class, as the folder says, and warned of
+    assert [r.getMessage() for r in caplog.records] == [
+        f"{root / 'train'}: the class folder 'unsup' is named as texts without a label, and trains as a class of "
+        f"its own; move it out of {root / 'train'} if its texts have no label"]
+    assert len(splits["validation"]) == 4
+
+
 def test_sentence_pairs(tmp_path, tokenizer):
     path = write(
         tmp_path / "pairs.csv",
