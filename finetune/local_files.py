@@ -152,12 +152,28 @@ def _detect_format(path: Path, fmt: str, key: str, encoding: str) -> str:
             f"(supported: {supported}, or a folder: of class sub-folders, or one datasets' save_to_disk wrote; "
             f"or set data.format)",
             hint="save the spreadsheet as CSV (its File > Save as) and pass that file" if suffix in SPREADSHEETS
-            else _TEXT_LINES_HINT if suffix == ".txt" else _arrow_hint(path) if suffix == ".arrow" else None,
+            else _TEXT_LINES_HINT if suffix == ".txt" else _arrow_hint(path) if suffix == ".arrow"
+            else _packed_hint(path, suffix),
         )
     if EXTENSIONS[suffix] == "csv" and _tab_separated(path, encoding):
         logger.info("%s: every line holds the same number of tabs: read as TSV (data.format: csv to refuse)", path)
         return "tsv"
     return EXTENSIONS[suffix]
+
+
+# compressed files and archives: the readers' checks (encoding, separator, field counts) read plain files
+_COMPRESSED = {".gz": "gunzip -k", ".bz2": "bunzip2 -k", ".xz": "unxz -k", ".zst": "unzstd"}
+_ARCHIVES = {".zip": "unzip", ".tar": "tar -xf", ".tgz": "tar -xzf"}
+
+
+def _packed_hint(path: Path, suffix: str) -> Optional[str]:
+    if path.name.lower().endswith(".tar.gz"):
+        suffix = ".tgz"
+    if suffix in _COMPRESSED:
+        return f"compressed: {_COMPRESSED[suffix]} {path} writes {path.with_suffix('')}, which reads"
+    if suffix in _ARCHIVES:
+        return f"an archive: {_ARCHIVES[suffix]} {path}, then pass the file or folder it holds"
+    return None
 
 
 def _arrow_hint(path: Path) -> str:

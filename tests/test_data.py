@@ -172,6 +172,20 @@ def test_a_txt_of_tab_separated_lines_is_tsv_and_a_header_that_is_a_row_is_told_
     assert "(label<TAB>text)" in unlabelled.value.hint and "sub-folder per class" in unlabelled.value.hint
 
 
+@pytest.mark.parametrize("name, hint", [
+    ("reviews.csv.gz", "compressed: gunzip -k {path} writes {folder}/reviews.csv, which reads"),
+    ("reviews.jsonl.xz", "compressed: unxz -k {path} writes {folder}/reviews.jsonl, which reads"),
+    ("reviews.zip", "an archive: unzip {path}, then pass the file or folder it holds"),
+    ("reviews.tar.gz", "an archive: tar -xzf {path}, then pass the file or folder it holds"),
+])
+def test_a_compressed_file_or_an_archive_is_told_how_to_unpack_it(tmp_path, name, hint):
+    path = tmp_path / name
+    path.write_bytes(b"\x1f\x8b packed")
+    with pytest.raises(DataError, match="unsupported extension") as info:
+        load_splits(cfg(str(path)), seed=0)
+    assert info.value.hint == hint.format(path=path, folder=tmp_path)
+
+
 def test_a_folder_of_data_files_is_told_to_pass_them(tmp_path):
     for name in ("train.csv", "dev.csv", "test.csv"):
         write(tmp_path / "glue" / name, "text,label\na,x\nb,y\n")
