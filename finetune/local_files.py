@@ -58,19 +58,26 @@ _TEXT_LINES_HINT = ("a .txt file reads when each line holds its fields between t
 
 
 def read_table(spec: str, key: str, cfg: Optional[DataConfig] = None,
-               encoding_flag: str = "data.encoding") -> datasets.Dataset:
+               encoding_flag: str = "data.encoding", columns: tuple[str, ...] = ()) -> datasets.Dataset:
     """The rows of one local CSV, TSV, JSON(L) or Parquet file, with the file's own columns.
 
     The same readers, formats, header and quoting rules and encoding checks as
     training data (``cfg``'s, or the defaults: format from the extension, a
-    header line), without any column or label checks: for files that carry
-    no labels, such as those ``finetune.predict`` classifies.
+    header line), without any label checks: for files that carry no labels,
+    such as those ``finetune.predict`` classifies. Of the file's columns, the
+    ``columns`` the caller reads must not be named twice by its header.
 
     Raises:
         DataError: naming ``key`` and the file when it is missing, empty, unreadable or not in ``cfg``'s
-            encoding (which ``encoding_flag`` sets, the error says).
+            encoding (which ``encoding_flag`` sets, the error says), or when its header names one of
+            ``columns`` twice.
     """
     table = read_local(spec, key, cfg or DataConfig(train_file=spec), encoding_flag)
+    for column in columns:
+        if column in table.repeated_columns:
+            fields = " and ".join(map(str, table.repeated_columns[column]))
+            raise FileLayoutError(f"{key} {spec}: the header names {column!r} in fields {fields}, so the texts "
+                                  f"could be either", hint="rename one of them in the header")
     return table.ds
 
 

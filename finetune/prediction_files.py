@@ -85,7 +85,8 @@ def read_rows(path: str | os.PathLike, text_column: str = "text",
         rows = _text_lines(sys.stdin.buffer if stdin else path, path, encoding)
     else:
         # the readers training uses: the same formats, quoting and encoding checks
-        table = read_table(str(path), "--file", DataConfig(train_file=str(path), encoding=encoding), "--encoding")
+        table = read_table(str(path), "--file", DataConfig(train_file=str(path), encoding=encoding), "--encoding",
+                           columns=(text_column, *([text_pair_column] if text_pair_column else [])))
         for column in [text_column] + ([text_pair_column] if text_pair_column else []):
             if column not in table.column_names:
                 where = {".csv": "in the header", ".tsv": "in the header", ".parquet": "among the columns",

@@ -537,6 +537,21 @@ def test_score_cli(trained, tmp_path, capsys):
     assert "scoring reads only data.<key> and evaluation.<key>" in capsys.readouterr().err
 
 
+def test_a_header_naming_the_text_column_twice_is_refused_as_training_refuses_it(trained, tmp_path, capsys):
+    from finetune.predict import main
+
+    out, _, _ = trained
+    twice = tmp_path / "twice.csv"
+    twice.write_text("text,id,text\nfree cash now,1,see you\n", encoding="utf-8")
+    assert main([str(out), "--file", str(twice)]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"error: --file {twice}: the header names 'text' in fields 1 and 3, so the texts could be either",
+        "hint: rename one of them in the header"]
+    # a repeated column it does not read is no matter
+    (tmp_path / "ids.csv").write_text("id,text,id\n1,free cash now,2\n", encoding="utf-8")
+    assert main([str(out), "--file", str(tmp_path / "ids.csv")]) == 0
+
+
 def test_score_warns_when_every_text_got_the_same_answer(trained, tmp_path, capsys):
     from finetune.score import main
 
