@@ -334,7 +334,7 @@ def flops_model(dataset: str, s: Settings) -> dict[str, float]:
     config = load_model_config(cfg.model, cfg.data.max_length)
     d, layers, ff = config.hidden_size, config.num_hidden_layers, config.intermediate_size
     tokenizer = load_tokenizer(cfg.model)
-    splits, _ = load_splits(cfg.data, seed=cfg.training.seed)
+    splits, _ = load_splits(cfg.data, seed=cfg.split_seed)
     lengths = tokenize_splits(splits, tokenizer, cfg.data.max_length)["train"]["length"]
     return {
         "matmul_params": layers * (4 * d * d + 2 * d * ff),

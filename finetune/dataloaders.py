@@ -40,7 +40,7 @@ def load_data(cfg: Config, accelerator):
     from finetune.data import load_splits
 
     with accelerator.main_process_first():
-        return load_splits(cfg.data, seed=cfg.training.seed, problem_type=cfg.model.problem_type)
+        return load_splits(cfg.data, seed=cfg.split_seed, problem_type=cfg.model.problem_type)
 
 
 def tokenize_data(cfg: Config, splits, tokenizer, accelerator, cache_dir: Optional[Path]):

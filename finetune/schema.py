@@ -153,6 +153,10 @@ class DataConfig:
         "Fraction of train carved out (seeded; stratified by class for single_label) when no validation set is "
         "given. Rows are carved, not texts: copies of a repeated text can fall on both sides, and the start line "
         "counts the validation rows whose text is also in train.")
+    split_seed: Optional[int] = setting(None,
+        "Seed of the validation rows carved out of train and of the `max_*_samples` subsets (null: "
+        "`training.seed`). Set, runs of different `training.seed` (a sweep's `--seeds`) are scored on the same "
+        "held-out rows, so that their spread is the training's alone.")
     max_length: int = setting(128, "Longer inputs are cut to this many tokens (special tokens included).")
     truncation: Literal["head", "tail", "head_tail", "chunks"] = setting("head",
         "What a text longer than max_length keeps: its first tokens (`head`), its last (`tail`), "
@@ -209,6 +213,8 @@ class DataConfig:
             raise ConfigError("data: set only one of data.train_file and data.dataset_name")
         if not 0.0 <= self.validation_split < 1.0:
             raise ConfigError(f"data.validation_split: must be in [0, 1), got {self.validation_split}")
+        if self.split_seed is not None and not 0 <= self.split_seed < 2**32:
+            raise ConfigError(f"data.split_seed: must be in [0, 2**32 - 1] or null, got {self.split_seed}")
         if self.max_length < 2:
             raise ConfigError(f"data.max_length: must be at least 2, got {self.max_length}")
         check_encoding(self.encoding, "data.encoding")
@@ -283,9 +289,9 @@ class TrainingConfig:
         "scaler: on a GPU without bf16, such as a T4 or a V100, the precision its tensor cores compute; never "
         "chosen by `auto`). The start-up line says what `auto` chose and why.")
     seed: int = setting(42,
-        "Seed for the validation rows carved out of train (`data.validation_split`), the weights of the new "
-        "head, data order and dropout (whose stream restarts from it once setup is done, so it does not depend "
-        "on what setup drew); from 0 to 2**32 - 1.")
+        "Seed for the validation rows carved out of train (`data.validation_split`, unless `data.split_seed` "
+        "is set), the weights of the new head, data order and dropout (whose stream restarts from it once setup "
+        "is done, so it does not depend on what setup drew); from 0 to 2**32 - 1.")
     torch_compile: Union[bool, Literal["blocks"]] = setting(False,
         "Compile the model's forward with `torch.compile` (inductor): `true` the whole forward, `blocks` each "
         "encoder block on its own (regional compilation: one compile that every block reuses, a shorter cold "
@@ -641,6 +647,12 @@ class Config:
     def to_dict(self) -> dict[str, Any]:
         """The config as plain nested dicts (what ``config.yaml`` in the output holds)."""
         return dataclasses.asdict(self)
+
+    @property
+    def split_seed(self) -> int:
+        """The seed of the validation carve and the ``max_*_samples`` subsets: ``data.split_seed``, else the
+        run's ``training.seed``."""
+        return self.data.split_seed if self.data.split_seed is not None else self.training.seed
 
 
 # section name -> its dataclass

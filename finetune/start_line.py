@@ -66,7 +66,7 @@ def cautions(run: Run) -> list[str]:
 
 def _what(run: Run) -> str:
     cfg = run.cfg
-    sources = data_sources(cfg.data, cfg.training.seed, cfg.model.problem_type)
+    sources = data_sources(cfg.data, cfg.split_seed, cfg.model.problem_type)
     head = "new head" if run.new_head else "its trained head"
     if run.head_start is not None:
         head += f" starting at the targets' mean, {run.head_start:.4g}"

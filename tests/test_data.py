@@ -540,6 +540,31 @@ def test_a_run_reads_no_column_of_its_data_a_row_at_a_time(tmp_path, monkeypatch
     assert not read_by_package, sorted(set(read_by_package))
 
 
+def test_split_seed_keeps_the_carved_rows_whatever_the_training_seed(tmp_path):
+    from contextlib import nullcontext
+    from types import SimpleNamespace
+
+    from finetune.config import config_from_dict
+    from finetune.data_sources import data_sources
+    from finetune.dataloaders import load_data
+
+    path = balanced_csv(tmp_path / "d.csv", {"a": 30, "b": 30})
+    one_process = SimpleNamespace(main_process_first=nullcontext)
+
+    def carved(training_seed: int, split_seed=None) -> tuple[list[str], str]:
+        cfg = config_from_dict({"data": {"train_file": path, "validation_split": 0.2, "split_seed": split_seed},
+                                "training": {"seed": training_seed}})
+        splits, _ = load_data(cfg, one_process)
+        return sorted(splits["validation"]["text"]), data_sources(cfg.data, cfg.split_seed).validation
+
+    assert carved(1) != carved(2)  # by default the run's seed draws the rows too
+    (rows, named), (same_rows, same_named) = carved(1, split_seed=7), carved(2, split_seed=7)
+    assert rows == same_rows and rows == carved(7)[0]  # the rows training.seed 7 would carve
+    assert named == same_named == "20% of the training rows held out (stratified, seed 7)"
+    with pytest.raises(ConfigError, match=r"data\.split_seed: must be in \[0, 2\*\*32 - 1\] or null, got -1"):
+        config_from_dict({"data": {"train_file": path, "split_seed": -1}})
+
+
 def test_carve_needs_two_rows_per_class(tmp_path):
     path = write(tmp_path / "t.csv", "text,label\na,x\nb,x\nc,x\nd,lonely\n")
     with pytest.raises(DataError, match="'lonely' has only 1 row"):
