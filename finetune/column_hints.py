@@ -23,10 +23,26 @@ FLAGS = {"data.text_column": "--text", "data.label_column": "--label"}
 SAMPLE = 1000
 
 
+# pandas' DataFrame.to_json writes a table by columns unless told otherwise: what its layouts read as
+_PANDAS_LAYOUTS = ({"columns", "index", "data"}, {"schema", "data"})
+PANDAS_JSON_HINT = ("pandas' DataFrame.to_json writes columns, not rows, unless told: write it as JSON Lines, "
+                    "df.to_json('data.jsonl', orient='records', lines=True), and pass that file")
+
+
+def pandas_layout(ds: datasets.Dataset) -> bool:
+    """Whether ``ds`` is a JSON file that pandas wrote by columns (its default ``orient``: one row of mappings
+    from index to value) or as ``split`` or ``table``, rather than as rows."""
+    if set(ds.column_names) in _PANDAS_LAYOUTS:
+        return True
+    return len(ds) == 1 and all(isinstance(feature, dict) for feature in ds.features.values())
+
+
 def column_hint(ds: datasets.Dataset, missing_keys: list[str], configured: dict[str, str]) -> Optional[str]:
     """The hint for ``missing_keys`` (``data.text_column``, ``data.label_column``) of ``ds``, whose columns the
     config names as ``configured`` (key -> column): the options that name the columns that look like them, or
-    how to read a file whose first line is a row."""
+    how to read a file whose first line is a row, or one that pandas wrote by columns."""
+    if pandas_layout(ds):
+        return PANDAS_JSON_HINT
     sample = _sample(ds)
     guesses = _guesses(sample, missing_keys, set(configured.values()))
     if not guesses:

@@ -47,7 +47,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from finetune.column_hints import another_label_column, column_hint
+from finetune.column_hints import PANDAS_JSON_HINT, another_label_column, column_hint, pandas_layout
 from finetune.columns import read_column
 from finetune.config import DataConfig
 from finetune.errors import ConfigError, DataError, FileLayoutError
@@ -280,7 +280,8 @@ def _standardize(table: Table, text_column: str, pair_column: Optional[str], lab
             # Numbers (or an all-empty column) read from CSV: texts nonetheless.
             ds = ds.cast_column(name, datasets.Value("string"))
         else:
-            raise DataError(f"{table.source}: column {column!r} holds {feature_name(feature)}, not texts")
+            raise DataError(f"{table.source}: column {column!r} holds {feature_name(feature)}, not texts",
+                            hint=PANDAS_JSON_HINT if pandas_layout(table.ds) else None)
     return dataclasses.replace(
         table, ds=ds, text_column=text_column, pair_column=pair_column, label_column=label_column, as_read=table.ds
     )

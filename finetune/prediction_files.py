@@ -73,6 +73,7 @@ def read_rows(path: str | os.PathLike, text_column: str = "text",
             an unsupported extension, lacks the column, or holds a bad line.
     """
     from finetune.config import DataConfig
+    from finetune.column_hints import PANDAS_JSON_HINT, pandas_layout
     from finetune.local_files import read_table
 
     stdin = str(path) == STDIN
@@ -87,6 +88,8 @@ def read_rows(path: str | os.PathLike, text_column: str = "text",
         # the readers training uses: the same formats, quoting and encoding checks
         table = read_table(str(path), "--file", DataConfig(train_file=str(path), encoding=encoding), "--encoding",
                            columns=(text_column, *([text_pair_column] if text_pair_column else [])))
+        if pandas_layout(table):  # its one row would be classified as the text of a mapping
+            raise DataError(f"--file {path}: a table written by columns, not rows", hint=PANDAS_JSON_HINT)
         for column in [text_column] + ([text_pair_column] if text_pair_column else []):
             if column not in table.column_names:
                 where = {".csv": "in the header", ".tsv": "in the header", ".parquet": "among the columns",

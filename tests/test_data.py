@@ -186,6 +186,26 @@ def test_a_compressed_file_or_an_archive_is_told_how_to_unpack_it(tmp_path, name
     assert info.value.hint == hint.format(path=path, folder=tmp_path)
 
 
+@pytest.mark.parametrize("orient, message", [
+    ("columns", r"pd\.json: column 'text' holds dict values, not texts"),  # DataFrame.to_json's default
+    ("split", r"pd\.json: no column 'text' \(data\.text_column\); columns found: columns, index, data"),
+])
+def test_a_json_file_pandas_wrote_by_columns_is_told_to_write_rows(tmp_path, orient, message):
+    import pandas as pd
+
+    from finetune.column_hints import PANDAS_JSON_HINT
+
+    path = tmp_path / "pd.json"
+    pd.DataFrame({"text": ["free cash", "see you", "hello"], "label": ["spam", "ham", "ham"]}).to_json(
+        path, orient=orient)
+    with pytest.raises(DataError, match=message) as info:
+        load_splits(cfg(str(path)), seed=0)
+    assert info.value.hint == PANDAS_JSON_HINT
+    path.write_text(pd.DataFrame({"text": ["free cash", "see you"], "label": ["spam", "ham"]}).to_json(
+        orient="records", lines=True), encoding="utf-8")  # as the hint says: it reads
+    assert load_splits(cfg(str(path)), seed=0)[0]["train"]["text"] == ["free cash", "see you"]
+
+
 def test_a_folder_of_data_files_is_told_to_pass_them(tmp_path):
     for name in ("train.csv", "dev.csv", "test.csv"):
         write(tmp_path / "glue" / name, "text,label\na,x\nb,y\n")
