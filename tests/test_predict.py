@@ -561,7 +561,8 @@ def test_a_json_file_pandas_wrote_by_columns_is_not_classified_as_one_text(train
     path = tmp_path / "pd.json"
     pd.DataFrame({"text": TEXTS}).to_json(path)  # pandas' default: one mapping per column
     assert main([str(out), "--file", str(path)]) == 2
-    assert capsys.readouterr().err.strip().splitlines()[0] == f"error: --file {path}: a table written by columns, not rows"
+    said = capsys.readouterr().err.strip().splitlines()
+    assert said[0] == f"error: --file {path}: a table written by columns, not rows"
 
 
 def test_score_warns_when_every_text_got_the_same_answer(trained, tmp_path, capsys):
