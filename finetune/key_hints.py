@@ -86,13 +86,15 @@ def key_hint(key: str, names: list[str], prefix: str) -> str:
         return f" (the Trainer's {key} is {TRAINER_NAMES[key]} here; docs/trainer.md)"
     if key in SCRIPT_NAMES and not prefix:
         return f" ({key} is {SCRIPT_NAMES[key]} here)"
+    # a key of another section written under this one (data.seed), or at the top (learning_rate): its own name
+    # there beats a near name here (data.split_seed)
+    elsewhere = prefix in SECTIONS or not prefix
+    if elsewhere and sections_having(key, besides=prefix):
+        return _did_you_mean(sections_having(key, besides=prefix))
     close = difflib.get_close_matches(key, names, n=1, cutoff=0.5)
     if close:
         return f" (did you mean {prefix + '.' if prefix else ''}{close[0]}?)"
-    # a key of another section written under this one (training.learning_rate), or at the top (learning_rate)
-    if prefix in SECTIONS or not prefix:
-        return _did_you_mean(sections_having(key, besides=prefix) or near_misses_elsewhere(key, besides=prefix))
-    return ""
+    return _did_you_mean(near_misses_elsewhere(key, besides=prefix)) if elsewhere else ""
 
 
 def near_misses_elsewhere(key: str, besides: str) -> list[str]:
