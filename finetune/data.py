@@ -252,10 +252,7 @@ def _standardize(table: Table, text_column: str, pair_column: Optional[str], lab
         wanted.append(("data.text_pair_column", pair_column, TEXT_PAIR))
     wanted.append(("data.label_column", label_column, RAW_LABEL))
     for key, column, _ in wanted:
-        if column in table.repeated_columns:
-            fields = " and ".join(map(str, table.repeated_columns[column]))
-            raise FileLayoutError(f"{table.source}: the header names {column!r} in fields {fields}, so {key} "
-                                  f"could mean either", hint="rename one of them in the header")
+        table.refuse_repeated(column, table.source, f"{key} could mean either")
     missing = [(key, column) for key, column, _ in wanted if column not in ds.column_names]
     if missing:
         key, column = missing[0]

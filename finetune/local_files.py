@@ -74,10 +74,7 @@ def read_table(spec: str, key: str, cfg: Optional[DataConfig] = None,
     """
     table = read_local(spec, key, cfg or DataConfig(train_file=spec), encoding_flag)
     for column in columns:
-        if column in table.repeated_columns:
-            fields = " and ".join(map(str, table.repeated_columns[column]))
-            raise FileLayoutError(f"{key} {spec}: the header names {column!r} in fields {fields}, so the texts "
-                                  f"could be either", hint="rename one of them in the header")
+        table.refuse_repeated(column, f"{key} {spec}", "the texts could be either")
     return table.ds
 
 

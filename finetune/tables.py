@@ -17,6 +17,7 @@ import numpy as np
 import pyarrow as pa
 
 from finetune.columns import read_column
+from finetune.errors import FileLayoutError
 
 # Column names inside the returned splits.
 TEXT = "text"
@@ -58,6 +59,14 @@ class Table:
     def whole(cls, ds: datasets.Dataset, source: str, unit: str, offset: int = 1, **extra: Any) -> Table:
         """A table of every row of ``ds``, as its reader found them."""
         return cls(ds=ds, source=source, positions=np.arange(len(ds)), unit=unit, offset=offset, **extra)
+
+    def refuse_repeated(self, column: str, source: str, so: str) -> None:
+        """Stop where the header names ``column`` more than once: the reader took the first without a word.
+        ``so`` ends the line, saying what could not be told apart (``data.label_column could mean either``)."""
+        if column in self.repeated_columns:
+            fields = " and ".join(map(str, self.repeated_columns[column]))
+            raise FileLayoutError(f"{source}: the header names {column!r} in fields {fields}, so {so}",
+                                  hint="rename one of them in the header")
 
     def where(self, i: int) -> str:
         """Where row ``i`` of ``ds`` is, e.g. ``line 5``."""
