@@ -1,7 +1,8 @@
 """Reading one local file or class folder into a :class:`~finetune.tables.Table`, with the file's own columns.
 
 CSV, TSV (``.tsv``/``.tab``, or ``.txt`` of tab-separated lines; quote characters
-are plain text), JSON or JSON Lines, Parquet, a folder with one sub-folder per
+are plain text), JSON or JSON Lines (each of these also compressed whole: ``reviews.csv.gz``, ``.bz2``,
+``.xz``), Parquet, a folder with one sub-folder per
 class holding ``.txt`` files (label = sub-folder name; :mod:`finetune.class_folders`), or a folder that
 ``datasets``' ``save_to_disk`` wrote (a ``DatasetDict``'s splits are read by
 :func:`read_saved_splits`). The format comes from the extension (a ``.csv``
@@ -37,7 +38,8 @@ from finetune.config import DataConfig
 from finetune.errors import ConfigError, DataError, FileLayoutError, FinetuneError
 from finetune.resources import SAVED_DATASET_DICT_FILE, data_path, saved_by_datasets
 from finetune.tables import Table, as_arrow, as_mask
-from finetune.text_encoding import is_utf8, python_codec, undecodable
+from finetune.text_encoding import (COMPRESSIONS, compression_of, inner_suffix, is_utf8, open_bytes, open_text,
+                                    python_codec, undecodable)
 
 logger = logging.getLogger("finetune.data")  # every note on reading the data has one logger, as tokens.py does too
 
@@ -145,38 +147,48 @@ def _detect_format(path: Path, fmt: str, key: str, encoding: str) -> str:
         raise DataError(f"{key}: {path} is not a folder (data.format: folder)")
     if fmt != "auto":
         return fmt
-    suffix = path.suffix.lower()
+    suffix = inner_suffix(path)
     if suffix == ".txt" and _tab_separated(path, encoding):
         logger.info("%s: every line holds the same number of tabs: read as TSV", path)
         return "tsv"
-    if suffix not in EXTENSIONS:
-        supported = ", ".join(EXTENSIONS)
-        raise DataError(
-            f"{key}: {path}: unsupported extension {suffix or '(none)'!r} "
-            f"(supported: {supported}, or a folder: of class sub-folders, or one datasets' save_to_disk wrote; "
-            f"or set data.format)",
-            hint="save the spreadsheet as CSV (its File > Save as) and pass that file" if suffix in SPREADSHEETS
-            else _TEXT_LINES_HINT if suffix == ".txt" else _arrow_hint(path) if suffix == ".arrow"
-            else _packed_hint(path, suffix),
-        )
+    if suffix not in EXTENSIONS or (suffix == ".parquet" and compression_of(path)):
+        raise _unsupported(path, suffix, key)
     if EXTENSIONS[suffix] == "csv" and _tab_separated(path, encoding):
         logger.info("%s: every line holds the same number of tabs: read as TSV (data.format: csv to refuse)", path)
         return "tsv"
     return EXTENSIONS[suffix]
 
 
-# compressed files and archives: the readers' checks (encoding, separator, field counts) read plain files
-_COMPRESSED = {".gz": "gunzip -k", ".bz2": "bunzip2 -k", ".xz": "unxz -k", ".zst": "unzstd"}
+def _unsupported(path: Path, suffix: str, key: str) -> DataError:
+    """The error of a file whose extension (``suffix``, that of the file it holds where it is compressed) names no
+    format read here, with a hint for what it most often is: a spreadsheet, lines of text, an archive..."""
+    compression = compression_of(path) or ""
+    if suffix == ".parquet":
+        return DataError(f"{key}: {path}: a Parquet file compressed again (Parquet compresses its own columns)",
+                         hint=f"{_UNCOMPRESS[compression]} {path} writes {path.with_suffix('')}, which reads")
+    shown = suffix + compression or "(none)"
+    supported = ", ".join(EXTENSIONS)
+    return DataError(
+        f"{key}: {path}: unsupported extension {shown!r} (supported: {supported}, each also compressed as "
+        f"{', '.join(COMPRESSIONS)}; or a folder: of class sub-folders, or one datasets' save_to_disk wrote; "
+        f"or set data.format)",
+        hint="save the spreadsheet as CSV (its File > Save as) and pass that file" if suffix in SPREADSHEETS
+        else _TEXT_LINES_HINT if suffix == ".txt" else _arrow_hint(path) if suffix == ".arrow" and not compression
+        else _packed_hint(path, suffix, compression),
+    )
+
+
+# how to unpack what is not read as it is: zstd (the standard library has no reader of it) and archives
+_UNCOMPRESS = {".gz": "gunzip -k", ".bz2": "bunzip2 -k", ".xz": "unxz -k", ".zst": "unzstd"}
 _ARCHIVES = {".zip": "unzip", ".tar": "tar -xf", ".tgz": "tar -xzf"}
 
 
-def _packed_hint(path: Path, suffix: str) -> Optional[str]:
-    if path.name.lower().endswith(".tar.gz"):
-        suffix = ".tgz"
-    if suffix in _COMPRESSED:
-        return f"compressed: {_COMPRESSED[suffix]} {path} writes {path.with_suffix('')}, which reads"
-    if suffix in _ARCHIVES:
+def _packed_hint(path: Path, suffix: str, compression: str) -> Optional[str]:
+    if suffix == ".tar" or (suffix in _ARCHIVES and not compression):
         return f"an archive: {_ARCHIVES[suffix]} {path}, then pass the file or folder it holds"
+    if suffix == ".zst":
+        return f"compressed as zstd, which is not read here: {_UNCOMPRESS[suffix]} {path} writes " \
+               f"{path.with_suffix('')}, which reads"
     return None
 
 
@@ -190,7 +202,7 @@ def _tab_separated(path: Path, encoding: str, lines: int = 20) -> bool:
     """Whether the first lines of a ``.csv`` file all hold the same, non-zero number of tabs."""
     counts = set()
     try:
-        with open(path, encoding=python_codec(encoding), errors="replace", newline="") as fh:
+        with open_text(path, encoding, errors="replace") as fh:
             for line in fh:
                 if line.strip():
                     counts.add(line.count("\t"))
@@ -222,7 +234,7 @@ def _records_agreeing(path: Path, encoding: str, sep: str, records: int = 20) ->
     into as many fields as the first one does; 0 where the first does not split."""
     counts = []
     try:
-        with open(path, encoding=python_codec(encoding), errors="replace", newline="") as fh:
+        with open_text(path, encoding, errors="replace") as fh:
             for row in csv.reader(fh, delimiter=sep):
                 if row:
                     counts.append(len(row))
@@ -313,7 +325,7 @@ def _check_field_count(path: Path, sep: str, quoting: int, names: Optional[list[
     the odd one (turning its first field into the index) or drop the extra
     fields.
     """
-    with open(path, encoding=python_codec(encoding), errors="replace", newline="") as fh:
+    with open_text(path, encoding, errors="replace") as fh:
         reader = csv.reader(fh, delimiter=sep, quoting=quoting)
         header = names
         if header is None:
@@ -351,7 +363,7 @@ def _load_json(path: Path, cfg: DataConfig) -> Table:
     plain = is_utf8(cfg.encoding) and cfg.encoding_errors == "strict"
     options = {} if plain else {"encoding": python_codec(cfg.encoding), "encoding_errors": cfg.encoding_errors}
     ds = _run_builder("json", path, **options)
-    with open(path, "rb") as fh:
+    with open_bytes(path) as fh:
         start = fh.read(4096).lstrip(codecs.BOM_UTF8 + b" \t\r\n")
     return Table.whole(ds, str(path), unit="record" if start.startswith(b"[") else "line")
 
@@ -403,14 +415,16 @@ def _check_decodes(path: Path, encoding: str, flag: str = "data.encoding") -> No
     """Raise DataError with the byte offset of the first byte that ``encoding`` cannot decode."""
     decoder = codecs.getincrementaldecoder(encoding)()
     consumed = 0
-    with open(path, "rb") as fh:
+    with open_bytes(path) as fh:
         while True:
             chunk = fh.read(1 << 20)
             pending = len(decoder.getstate()[0])  # bytes of a character cut at the chunk's end
             try:
                 decoder.decode(chunk, final=not chunk)
             except UnicodeError as exc:  # a UnicodeDecodeError, or UTF-16's missing byte-order mark (offset 0)
-                raise undecodable(str(path), consumed - pending + getattr(exc, "start", 0), encoding, flag) from None
+                # a compressed file's offset counts the bytes it holds, which is what `zcat | head -c` shows
+                where = f"{path} (decompressed)" if compression_of(path) else str(path)
+                raise undecodable(where, consumed - pending + getattr(exc, "start", 0), encoding, flag) from None
             if not chunk:
                 return
             consumed += len(chunk)

@@ -351,8 +351,10 @@ def run(args: argparse.Namespace) -> None:
         raise ConfigError("give texts or --file, not both")
     if args.output and not args.file:
         raise ConfigError("--output: only with --file")
-    if args.file and args.file != STDIN:
-        input_kind(Path(args.file))  # before the imports below
+    # a line of a .txt file, or of standard input, is a text: the run's text column names a table's column
+    lines = args.file == STDIN or bool(args.file) and input_kind(Path(args.file)) == ".txt"  # before the imports
+    if lines and args.text_column is not None:
+        raise ConfigError(f"--text {args.text_column!r}: names a column; {args.file} holds one text per line")
     if args.batch_size < 1:
         raise ConfigError(f"--batch-size: must be >= 1, got {args.batch_size}")
     if args.encoding is not None:
@@ -374,7 +376,7 @@ def run(args: argparse.Namespace) -> None:
     if args.output:
         refuse_a_run_file(args.output, output_dir, "--output")
     cfg = saved_config(output_dir)
-    text_column = args.text_column or (cfg.data.text_column if cfg is not None else "text")
+    text_column = "text" if lines else args.text_column or (cfg.data.text_column if cfg is not None else "text")
     pair_column = args.text_pair_column or (cfg.data.text_pair_column if cfg is not None else None)
     encoding = args.encoding or (cfg.data.encoding if cfg is not None else "utf-8")
     # after the checks above, which need neither datasets nor transformers (seconds to import): a wrong

@@ -1,7 +1,8 @@
 """The files ``finetune predict`` reads and writes: texts in, one prediction per input row out.
 
 ``--file`` takes ``.txt`` (one text per line; ``-`` reads such lines from
-standard input), ``.csv``/``.tsv`` with a header, ``.json``/``.jsonl``,
+standard input), ``.csv``/``.tsv`` with a header, ``.json``/``.jsonl`` (each
+of these also compressed whole: ``texts.csv.gz``, ``.bz2``, ``.xz``),
 ``.parquet`` or a folder ``datasets``' ``save_to_disk`` wrote; ``--output``
 writes ``.csv`` or ``.jsonl``. Every input row gets one output row, in order,
 its columns kept and the prediction added (under ``predicted_<name>`` where
@@ -21,6 +22,7 @@ from typing import Any, Optional, Sequence
 
 from finetune.errors import DataError
 from finetune.resources import saved_by_datasets
+from finetune.text_encoding import COMPRESSIONS, compression_of, inner_suffix, open_bytes
 
 # the formats training reads, and plain lines of text
 INPUT_FORMATS = (".txt", ".csv", ".tsv", ".json", ".jsonl", ".parquet")
@@ -29,22 +31,21 @@ SAVED = "saved"  # what read_rows calls a folder that datasets' save_to_disk wro
 OUTPUT_FORMATS = (".csv", ".jsonl")
 
 
-def checked_suffix(path: Path, allowed: Sequence[str], what: str, exists: bool = False) -> str:
-    """``path``'s lower-case extension, one of ``allowed``; with ``exists``, the file must be there.
+def checked_suffix(path: Path, allowed: Sequence[str], what: str) -> str:
+    """``path``'s lower-case extension, one of ``allowed``.
 
     Raises:
-        DataError: naming ``what`` (``--file``, ``--output``) and the path.
+        DataError: naming ``what`` (``--output``) and the path.
     """
     suffix = path.suffix.lower()
     if suffix not in allowed:
         raise DataError(f"{what} {path}: unsupported extension {suffix or '(none)'!r} (use {', '.join(allowed)})")
-    if exists and not path.is_file():
-        raise DataError(f"{what} {path}: not found")
     return suffix
 
 
 def input_kind(path: Path) -> str:
-    """What a ``--file`` is: its lower-case extension, one of :data:`INPUT_FORMATS`, or :data:`SAVED`.
+    """What a ``--file`` is: :data:`SAVED`, or its lower-case extension, one of :data:`INPUT_FORMATS`, that of
+    the file it holds where it is compressed whole (``.csv`` for ``texts.csv.gz``).
 
     Raises:
         DataError: naming the path where it is neither, or not there.
@@ -54,7 +55,14 @@ def input_kind(path: Path) -> str:
     if path.is_dir():
         raise DataError(f"--file {path}: a folder, and not one that datasets' save_to_disk wrote "
                         f"(give a file: {', '.join(INPUT_FORMATS)})")
-    return checked_suffix(path, INPUT_FORMATS, "--file", exists=True)
+    suffix = inner_suffix(path)
+    if suffix not in INPUT_FORMATS or (suffix == ".parquet" and compression_of(path)):
+        shown = suffix + (compression_of(path) or "") or "(none)"
+        raise DataError(f"--file {path}: unsupported extension {shown!r} (use {', '.join(INPUT_FORMATS)}; all "
+                        f"but .parquet also compressed as {', '.join(COMPRESSIONS)})")
+    if not path.is_file():
+        raise DataError(f"--file {path}: not found")
+    return suffix
 
 
 def read_rows(path: str | os.PathLike, text_column: str = "text",
@@ -106,7 +114,11 @@ def _text_lines(source, path: Path, encoding: str) -> list[dict[str, Any]]:
     """``{"text": line}`` for each line of a file or a binary stream, read in ``encoding`` (a UTF-8 BOM dropped)."""
     from finetune.text_encoding import decode_whole, undecodable
 
-    raw = source.read_bytes() if isinstance(source, Path) else source.read()
+    if isinstance(source, Path):
+        with open_bytes(source) as fh:
+            raw = fh.read()
+    else:
+        raw = source.read()
     try:
         # decoded whole, so that an error's offset is the file's, not that of a buffered chunk
         text = decode_whole(raw, encoding)
@@ -164,7 +176,7 @@ def output_separator(file: Optional[str], encoding: str) -> str:
     ``.csv`` (a spreadsheet in a language with a decimal comma opens it in columns), else the comma."""
     from finetune.local_files import csv_separator
 
-    if file is None or file == STDIN or Path(file).suffix.lower() != ".csv":
+    if file is None or file == STDIN or inner_suffix(Path(file)) != ".csv":
         return ","
     return csv_separator(Path(file), encoding)
 

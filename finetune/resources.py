@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Optional
 
 from finetune.errors import ConfigError, DataError
+from finetune.text_encoding import compression_of
 
 PREFIX = "pkg:"
 
@@ -94,6 +95,13 @@ def data_path(spec: str, key: str) -> Path:
         raise DataError(f"{key}: {path} not found", hint=f"a Hugging Face Hub data set is data.dataset_name={spec}"
                         if looks_like_hub_id else near_names(path))
     return path
+
+
+def data_name(spec: str) -> str:
+    """What the outputs named for a data file or folder call it: ``reviews`` for ``data/reviews.csv``,
+    ``reviews.csv.gz`` and ``reviews/`` alike."""
+    path = Path(spec.rstrip("/"))
+    return Path(path.stem).stem if compression_of(path) else path.stem
 
 
 def near_names(path: Path) -> Optional[str]:

@@ -113,15 +113,15 @@ def _header_names(file: str | os.PathLike, columns: Sequence[str], encoding: str
     """Whether a CSV/TSV file's first line names all of ``columns`` (so it has a header of its own)."""
     import csv
 
-    from finetune.text_encoding import python_codec
+    from finetune.text_encoding import inner_suffix, open_text
 
     path = Path(file)
-    if path.suffix.lower() not in (".csv", ".tsv", ".tab") or not path.is_file():
+    if inner_suffix(path) not in (".csv", ".tsv", ".tab") or not path.is_file():
         return False
     try:
-        with open(path, encoding=python_codec(encoding), errors="replace", newline="") as fh:
+        with open_text(path, encoding, errors="replace") as fh:
             first = fh.readline()
-    except (LookupError, UnicodeError):  # an unknown encoding, or not text in it: the reader says which
+    except (LookupError, UnicodeError, DataError):  # an unknown encoding, no text in it, damaged: the read says
         return False
     fields = next(csv.reader([first], delimiter="\t" if "\t" in first else ","), [])
     return set(columns) <= {f.strip() for f in fields}
@@ -302,14 +302,14 @@ def run(args: argparse.Namespace) -> Score:
     """Check the arguments, score, print and write the outputs."""
     from finetune.modeling import require_saved_model
     from finetune.outputs import refuse_a_run_file
-    from finetune.resources import data_path
+    from finetune.resources import data_name, data_path
 
     output_dir = require_saved_model(args.output_dir)
     if args.batch_size < 1:
         raise ConfigError(f"--batch-size: must be >= 1, got {args.batch_size}")
     check_precision(args.precision, "--precision")
     data_path(args.file, "--file")
-    png = Path(args.png) if args.png else output_dir / f"confusion_{Path(args.file).stem}.png"
+    png = Path(args.png) if args.png else output_dir / f"confusion_{data_name(args.file)}.png"
     for flag, target in (("--png", png), ("--json", Path(args.json) if args.json else None)):
         if target is not None and not target.resolve().parent.is_dir():
             raise DataError(f"{flag} {target}: its directory does not exist")

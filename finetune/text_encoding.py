@@ -1,4 +1,5 @@
-"""How a data file's text is decoded (``data.encoding``, ``finetune predict --encoding``).
+"""How a data file's bytes become text: its compression (``reviews.csv.gz``) and its encoding (``data.encoding``,
+``finetune predict --encoding``).
 
 Kept apart from :mod:`finetune.data` so that a setting is checked, and a header peeked at, without importing
 ``datasets``.
@@ -6,9 +7,22 @@ Kept apart from :mod:`finetune.data` so that a setting is checked, and a header 
 
 from __future__ import annotations
 
+import bz2
 import codecs
+import contextlib
+import gzip
+import io
+import lzma
+from pathlib import Path
+from typing import BinaryIO, Iterator, Optional, TextIO
 
 from finetune.errors import ConfigError, DataError
+
+# a file compressed whole, by its last extension: datasets' readers decompress these themselves, and every check
+# that reads the bytes before them opens the file through `open_bytes`, so both read the same text. zstd is not
+# among them: Python's standard library reads it from 3.14 only, and datasets needs the zstandard package for it.
+COMPRESSIONS = {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open}
+_CHECKS = {".gz": "gzip -t", ".bz2": "bzip2 -t", ".xz": "xz -t"}
 
 
 def check_encoding(name: str, key: str) -> None:
@@ -53,3 +67,44 @@ def decode_whole(raw: bytes, encoding: str, errors: str = "strict") -> str:
     """
     # bytes.decode("utf-16") takes the machine's byte order where the mark is missing; a stream decoder refuses
     return codecs.getincrementaldecoder(python_codec(encoding))(errors).decode(raw, final=True)
+
+
+def compression_of(path: Path) -> Optional[str]:
+    """``path``'s compression (``.gz``, ``.bz2``, ``.xz``), or None for a plain file."""
+    suffix = path.suffix.lower()
+    return suffix if suffix in COMPRESSIONS else None
+
+
+def inner_suffix(path: Path) -> str:
+    """The lower-case extension of the file ``path`` holds: ``.csv`` for ``reviews.csv`` and ``reviews.csv.gz``
+    alike, ``""`` for ``reviews.gz``."""
+    return Path(path.stem).suffix.lower() if compression_of(path) else path.suffix.lower()
+
+
+@contextlib.contextmanager
+def open_bytes(path: Path) -> Iterator[BinaryIO]:
+    """``path`` opened to read its bytes, decompressed where its extension names a compression.
+
+    Raises:
+        DataError: naming the file where its compressed bytes are damaged or cut short (found as they are read,
+            so the reads in the ``with`` block are covered too).
+    """
+    compression = compression_of(path)
+    if compression is None:
+        with open(path, "rb") as fh:
+            yield fh
+        return
+    try:
+        with COMPRESSIONS[compression](path, "rb") as fh:
+            yield fh
+    except (OSError, EOFError, lzma.LZMAError) as exc:  # gzip.BadGzipFile is an OSError; a cut file ends in EOFError
+        raise DataError(f"{path}: not a readable {compression} file ({type(exc).__name__}: {exc or 'cut short'})",
+                        hint=f"{_CHECKS[compression]} {path} tests it") from None
+
+
+@contextlib.contextmanager
+def open_text(path: Path, encoding: str, errors: str = "strict") -> Iterator[TextIO]:
+    """``path`` opened as text in ``encoding`` (:func:`python_codec`'s, lines as the csv module wants them:
+    ``newline=""``), decompressed as :func:`open_bytes` does."""
+    with open_bytes(path) as raw:
+        yield io.TextIOWrapper(raw, encoding=python_codec(encoding), errors=errors, newline="")

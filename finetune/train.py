@@ -62,8 +62,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--config", default=None, help="YAML config (default: configs/default.yaml)")
-    parser.add_argument("--data", metavar="FILE", help="training data: CSV, TSV, JSON Lines, Parquet, a class "
-                        "folder or a folder datasets saved (sets data.train_file; its layout is found from the file)")
+    parser.add_argument("--data", metavar="FILE", help="training data: CSV, TSV, JSON Lines (or those as "
+                        ".gz, .bz2, .xz), Parquet, a class folder or a folder datasets saved (sets data.train_file; its layout is found from the file)")
     parser.add_argument("--text", metavar="COLUMN", help="column of the texts (data.text_column)")
     parser.add_argument("--label", metavar="COLUMN", help="column of the labels (data.label_column)")
     parser.add_argument("--model", metavar="NAME", help="the pretrained encoder: a Hub id (microsoft/deberta-v3-base) "
@@ -87,11 +87,12 @@ def shortcut_overrides(args: argparse.Namespace, flags) -> list[str]:
     data set, which ``--data`` replaced. A config of one's own names its folder.
     """
     from finetune.config import is_shipped
+    from finetune.resources import data_name
 
     given = [f"{SHORTCUTS[flag]}={getattr(args, flag)}" for flag in flags if getattr(args, flag)]
     named = any(o.startswith("output.output_dir=") for o in [*given, *args.overrides])
     if args.data and is_shipped(args.config) and not named:
-        given.append(f"output.output_dir=outputs/{Path(args.data.rstrip('/')).stem or 'data'}")
+        given.append(f"output.output_dir=outputs/{data_name(args.data) or 'data'}")
     return given
 
 

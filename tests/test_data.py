@@ -172,16 +172,75 @@ def test_a_txt_of_tab_separated_lines_is_tsv_and_a_header_that_is_a_row_is_told_
     assert "(label<TAB>text)" in unlabelled.value.hint and "sub-folder per class" in unlabelled.value.hint
 
 
-@pytest.mark.parametrize("name, hint", [
-    ("reviews.csv.gz", "compressed: gunzip -k {path} writes {folder}/reviews.csv, which reads"),
-    ("reviews.jsonl.xz", "compressed: unxz -k {path} writes {folder}/reviews.jsonl, which reads"),
-    ("reviews.zip", "an archive: unzip {path}, then pass the file or folder it holds"),
-    ("reviews.tar.gz", "an archive: tar -xzf {path}, then pass the file or folder it holds"),
+COMPRESSED = {".gz": "gzip", ".bz2": "bz2", ".xz": "lzma"}  # the standard library's module of each
+
+
+def compress(path: Path, suffix: str) -> str:
+    """``path``'s bytes compressed whole into ``path`` + ``suffix``, as gzip, bzip2 and xz write them."""
+    import importlib
+
+    packed = path.with_name(path.name + suffix)
+    packed.write_bytes(importlib.import_module(COMPRESSED[suffix]).compress(path.read_bytes()))
+    return str(packed)
+
+
+@pytest.mark.parametrize("name, text, suffix", [
+    ("t.csv", 'text,label\nhello there,pos\n"a, quoted",neg\nfine,pos\n', ".gz"),
+    ("t.csv", "text;label\nhello, there;pos\nawful;neg\nfine;pos\n", ".bz2"),  # the separator is sniffed
+    ("t.tsv", 'text\tlabel\n"quote\tpos\nawful\tneg\n', ".xz"),
+    ("t.txt", "label\ttext\npos\thello\nneg\tawful\n", ".gz"),  # lines of tab-separated fields
+    ("t.jsonl", '{"text": "hello", "label": "pos"}\n{"text": "awful", "label": "neg"}\n', ".xz"),
+    ("t.json", '[{"text": "hello", "label": "pos"}, {"text": "awful", "label": "neg"}]', ".bz2"),
 ])
-def test_a_compressed_file_or_an_archive_is_told_how_to_unpack_it(tmp_path, name, hint):
+def test_a_file_compressed_whole_reads_as_the_file_it_holds(tmp_path, name, text, suffix):
+    plain = write(tmp_path / name, text)
+    packed = compress(Path(plain), suffix)
+    expected, expected_labels = load_splits(cfg(plain), seed=0)
+    Path(plain).unlink()  # nothing is read beside the compressed file
+    splits, labels = load_splits(cfg(packed), seed=0)
+    assert splits["train"].to_list() == expected["train"].to_list() and len(splits["train"]) >= 2
+    assert labels.names == expected_labels.names
+
+
+def test_a_compressed_file_is_checked_as_the_file_it_holds(tmp_path):
+    # a row with a field too many, named by its line in the file the archive holds
+    packed = compress(Path(write(tmp_path / "rows.csv", "text,label\nfine,pos\na, b,neg\n")), ".gz")
+    with pytest.raises(FileLayoutError, match=r"rows\.csv\.gz: line 3 has 3 fields but the header has 2"):
+        load_splits(cfg(packed), seed=0)
+    # an undecodable byte, at its offset in the decompressed text
+    packed = compress(Path(write(tmp_path / "w.csv", "text,label\ncaf\u00e9,pos\nok,neg\n", "cp1252")), ".xz")
+    with pytest.raises(DataError, match=r"w\.csv\.xz \(decompressed\): not UTF-8 text \(byte offset 14\)"):
+        load_splits(cfg(packed), seed=0)
+    assert names_of(load_splits(cfg(packed, encoding="cp1252"), seed=0)[0]["train"]) == ["pos", "neg"]
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda packed: packed[:len(packed) // 2], r"not a readable \.gz file \(EOFError: Compressed file ended"),
+    (lambda packed: b"text,label\nfine,pos\n", r"not a readable \.gz file \(BadGzipFile: Not a gzipped file"),
+])
+def test_a_damaged_compressed_file_is_named(tmp_path, damage, message):
+    path = Path(compress(Path(write(tmp_path / "t.csv", "text,label\n" + "fine,pos\n" * 200)), ".gz"))
+    path.write_bytes(damage(path.read_bytes()))
+    with pytest.raises(DataError, match=re.escape(str(path)) + ": " + message) as info:
+        load_splits(cfg(str(path)), seed=0)
+    assert info.value.hint == f"gzip -t {path} tests it"
+
+
+@pytest.mark.parametrize("name, message, hint", [
+    ("reviews.parquet.gz", "a Parquet file compressed again", "gunzip -k {path} writes {folder}/reviews.parquet, "
+                                                               "which reads"),
+    ("reviews.csv.zst", "unsupported extension '.zst'", "compressed as zstd, which is not read here: unzstd {path} "
+                                                        "writes {folder}/reviews.csv, which reads"),
+    ("reviews.zip", "unsupported extension '.zip'", "an archive: unzip {path}, then pass the file or folder it holds"),
+    ("reviews.tar.gz", "unsupported extension '.tar.gz'", "an archive: tar -xf {path}, then pass the file or folder "
+                                                          "it holds"),
+    ("reviews.tgz", "unsupported extension '.tgz'", "an archive: tar -xzf {path}, then pass the file or folder it "
+                                                    "holds"),
+])
+def test_what_is_not_read_compressed_is_told_how_to_unpack_it(tmp_path, name, message, hint):
     path = tmp_path / name
     path.write_bytes(b"\x1f\x8b packed")
-    with pytest.raises(DataError, match="unsupported extension") as info:
+    with pytest.raises(DataError, match=re.escape(message)) as info:
         load_splits(cfg(str(path)), seed=0)
     assert info.value.hint == hint.format(path=path, folder=tmp_path)
 

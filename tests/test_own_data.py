@@ -130,6 +130,7 @@ def test_a_hub_model_id_trains_from_the_hub_cache_offline(tmp_path):
 @pytest.mark.parametrize("argv, output", [
     (["--data", "data/reviews.csv"], "outputs/reviews"),
     (["--data", "reviews/"], "outputs/reviews"),  # a class folder
+    (["--data", "reviews.csv.gz"], "outputs/reviews"),  # named for the file the compressed one holds
     (["--data", "reviews.csv", "--output", "mine"], "mine"),
     (["--data", "reviews.csv", "output.output_dir=mine"], "mine"),
     # a shipped config's folder is named for its own data set (outputs/bbc_news), which --data replaced

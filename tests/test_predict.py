@@ -166,6 +166,51 @@ def test_files_in_and_out(trained, predictor, tmp_path, capsys):
     assert [r["probabilities"] for r in printed] == [pytest.approx(p["probabilities"], abs=1e-5) for p in expected]
 
 
+def test_a_compressed_file_predicts_and_scores_as_the_file_it_holds(trained, tmp_path, capsys):
+    import gzip
+    import lzma
+
+    from finetune.predict import main
+    from finetune.score import main as score
+
+    out, _, _ = trained
+    for plain, packed in zip(_write_inputs(tmp_path), ("in.txt.gz", "in.csv.xz", "in.jsonl.gz")):
+        (tmp_path / packed).write_bytes((gzip if packed.endswith(".gz") else lzma).compress(plain.read_bytes()))
+        given = ["--text", "message"] if ".csv" in packed else []
+        for name in (plain.name, packed):
+            assert main([str(out), "--file", str(tmp_path / name), *given, "--output",
+                         str(tmp_path / f"{name}.csv")]) == 0, capsys.readouterr().err
+        assert (tmp_path / f"{packed}.csv").read_text() == (tmp_path / f"{plain.name}.csv").read_text()
+    labelled = write_tsv(tmp_path / "held_out.tsv", make_texts(12, seed=4))
+    (tmp_path / "held_out.tsv.gz").write_bytes(gzip.compress(labelled.read_bytes()))
+    capsys.readouterr()
+    for name in ("held_out.tsv", "held_out.tsv.gz"):
+        assert score([str(out), "--file", str(tmp_path / name), "--json", str(tmp_path / f"{name}.json")]) == 0
+    plain, packed = (json.loads((tmp_path / f"{name}.json").read_text()) for name in ("held_out.tsv", "held_out.tsv.gz"))
+    assert packed.pop("file").endswith(".tsv.gz") and plain.pop("file").endswith(".tsv")
+    assert packed == plain and sum(map(sum, plain["confusion_matrix"])) == 12
+    assert capsys.readouterr().out.count(f"confusion matrix: {out / 'confusion_held_out.png'}") == 2
+
+
+def test_lines_are_texts_whatever_the_runs_text_column(trained, predictor, tmp_path, capsys):
+    import shutil
+
+    from finetune.predict import main
+
+    out = Path(shutil.copytree(trained[0], tmp_path / "run"))
+    saved = out / "config.yaml"  # a run that trained on a file whose texts are in a column named 'sentence'
+    saved.write_text(saved.read_text(encoding="utf-8").replace("text_column: text", "text_column: sentence"),
+                     encoding="utf-8")
+    txt = tmp_path / "texts.txt"
+    txt.write_text("\n".join(TEXTS) + "\n", encoding="utf-8")
+    assert main([str(out), "--file", str(txt)]) == 0, capsys.readouterr().err
+    printed = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [r["text"] for r in printed] == TEXTS
+    assert [r["label"] for r in printed] == [p["label"] for p in predictor.predict(TEXTS)]
+    assert main([str(out), "--file", str(txt), "--text", "sentence"]) == 2
+    assert capsys.readouterr().err.strip() == f"error: --text 'sentence': names a column; {txt} holds one text per line"
+
+
 def test_every_format_training_reads_can_be_classified(trained, predictor, tmp_path, capsys):
     import datetime
 
