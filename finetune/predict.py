@@ -352,7 +352,7 @@ def run(args: argparse.Namespace) -> None:
     if args.output and not args.file:
         raise ConfigError("--output: only with --file")
     # a line of a .txt file, or of standard input, is a text: the run's text column names a table's column
-    lines = args.file == STDIN or bool(args.file) and input_kind(Path(args.file)) == ".txt"  # before the imports
+    lines = args.file == STDIN or bool(args.file) and input_kind(args.file) == ".txt"  # before the imports
     if lines and args.text_column is not None:
         raise ConfigError(f"--text {args.text_column!r}: names a column; {args.file} holds one text per line")
     if args.batch_size < 1:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import difflib
 import importlib.metadata
 import re
+import urllib.parse
 from pathlib import Path
 from typing import Optional
 
@@ -87,6 +88,7 @@ def data_path(spec: str, key: str) -> Path:
     Raises:
         DataError: if nothing is there.
     """
+    refuse_a_url(spec, f"{key}: {spec}")
     path = Path(resolve_path(spec, key))
     if not path.exists():
         # `--data stanfordnlp/imdb`: a Hub id where a file was expected
@@ -95,6 +97,29 @@ def data_path(spec: str, key: str) -> Path:
         raise DataError(f"{key}: {path} not found", hint=f"a Hugging Face Hub data set is data.dataset_name={spec}"
                         if looks_like_hub_id else near_names(path))
     return path
+
+
+_URL = re.compile(r"[a-z][a-z0-9+.-]*://", re.IGNORECASE)
+
+
+def refuse_a_url(spec: str, where: str) -> None:
+    """Stop where a data file is given as a URL (``where`` names it: ``data.train_file: <url>``), with how to make
+    it a local file: pandas takes one, and ``Path`` would read ``https://x`` as the folders ``https:/x``.
+
+    Raises:
+        DataError: where ``spec`` is a URL.
+    """
+    if not _URL.match(spec):
+        return
+    hub = re.match(r"hf://datasets/([\w.-]+/[\w.-]+)", spec)
+    if hub:
+        hint = f"a Hugging Face Hub data set is data.dataset_name={hub.group(1)} (its splits are read by name)"
+    elif re.match(r"(https?|ftp)://", spec, re.IGNORECASE):
+        name = urllib.parse.urlsplit(spec).path.rstrip("/").rsplit("/", 1)[-1] or "data.csv"
+        hint = f"curl -L -o {name} '{spec}' downloads it: pass {name}"
+    else:
+        hint = "copy it to a local file with your storage's own tool, and pass that file"
+    raise DataError(f"{where} is a URL; data is read from local files", hint=hint)
 
 
 def data_name(spec: str) -> str:

@@ -358,6 +358,9 @@ def test_a_text_file_not_in_its_encoding_is_one_line_naming_the_files_own_offset
     (["--file", "{tmp}/in.txt", "--output", "{tmp}/x.parquet"],
      "error: --output {tmp}/x.parquet: unsupported extension '.parquet' (use .csv, .jsonl)"),
     (["--file", "{tmp}/missing.txt"], "error: --file {tmp}/missing.txt: not found"),
+    (["--file", "s3://bucket/texts.csv"], "error: --file s3://bucket/texts.csv is a URL; data is read from local "
+                                          "files\nhint: copy it to a local file with your storage's own tool, and "
+                                          "pass that file"),
     (["--file", "{tmp}"], "error: --file {tmp}: a folder, and not one that datasets' save_to_disk wrote (give a "
      "file: .txt, .csv, .tsv, .json, .jsonl, .parquet)"),
     ([], "error: nothing to classify: give texts or --file"),
@@ -381,7 +384,7 @@ def test_bad_input_is_one_line(trained, tmp_path, capsys, args, message):
     inputs = _write_inputs(tmp_path)
     before = [path.read_bytes() for path in inputs]
     assert main([str(out)] + [a.format(tmp=tmp_path) for a in args]) == 2
-    assert capsys.readouterr().err.strip().splitlines() == [message.format(tmp=tmp_path, out=out)]
+    assert capsys.readouterr().err.strip().splitlines() == message.format(tmp=tmp_path, out=out).splitlines()
     assert [path.read_bytes() for path in inputs] == before
 
 
