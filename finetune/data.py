@@ -50,9 +50,9 @@ import pyarrow.compute as pc
 from finetune.column_hints import PANDAS_JSON_HINT, another_label_column, column_hint, pandas_layout
 from finetune.columns import read_column
 from finetune.config import DataConfig
-from finetune.errors import ConfigError, DataError, FileLayoutError
+from finetune.errors import ConfigError, DataError, FileLayoutError, root_message
 from finetune.labels import LabelSpace, encode_against, encode_train
-from finetune.local_files import read_local, read_saved_splits, root_message
+from finetune.local_files import read_local, read_saved_splits
 from finetune.tables import LABELS, RAW_LABEL, SHOW_LABELS, TEXT, TEXT_PAIR, Table, as_mask, column_values, \
     feature_name, short_list
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Optional
 
 from finetune.config import DataConfig
-from finetune.resources import resolve_path, saved_by_datasets
+from finetune.resources import file_name, resolve_path, saved_by_datasets
 
 
 @dataclass(frozen=True)
@@ -40,13 +40,13 @@ def data_sources(cfg: DataConfig, seed: int, problem_type: str = "single_label")
         train = cfg.dataset_name + (f" ({cfg.dataset_config})" if cfg.dataset_config else "")
         hub = {"hub_id": cfg.dataset_name, "hub_config": cfg.dataset_config}
     else:
-        train = _file_name(cfg.train_file)
+        train = file_name(cfg.train_file)
         hub = {}
     drawn = "stratified" if problem_type == "single_label" else "random"
     held_out = (f"{cfg.validation_split:.0%} of the training rows held out ({drawn}, seed {seed})"
                 if cfg.validation_split > 0 else "none")
     if cfg.validation_file:
-        name = _file_name(cfg.validation_file)
+        name = file_name(cfg.validation_file)
         return DataSources(train, name, results_name=name, results_split="all rows", **hub)
     if cfg.validation_split_name and (cfg.dataset_name or _saved_splits(cfg.train_file)):
         return DataSources(train, f"{train} {cfg.validation_split_name} split", results_name=train,
@@ -59,6 +59,3 @@ def _saved_splits(spec: Optional[str]) -> bool:
     set, may hold its own validation split."""
     return spec is not None and saved_by_datasets(Path(resolve_path(spec))) == "dict"
 
-
-def _file_name(spec: Optional[str]) -> str:
-    return Path(str(spec)).name

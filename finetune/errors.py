@@ -88,6 +88,25 @@ class NonFiniteLossError(FinetuneError):
     exit_code = 3
 
 
+def innermost(exc: BaseException) -> BaseException:
+    """The exception at the root of ``exc``'s chain of causes, which names the real problem."""
+    while True:
+        inner = exc.__cause__ or exc.__context__
+        if inner is None or inner is exc:
+            return exc
+        exc = inner
+
+
+def root_message(exc: BaseException) -> str:
+    """The first line of the innermost cause, which names the real problem."""
+    exc = innermost(exc)
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    message = lines[0] if lines else type(exc).__name__
+    if len(message) > 300:
+        message = message[:297] + "..."
+    return f"{type(exc).__name__}: {message}"
+
+
 def is_out_of_memory(exc: BaseException) -> bool:
     """Whether ``exc`` says a device ran out of memory (CUDA, XPU, MPS, CPU allocator)."""
     import torch

@@ -35,7 +35,7 @@ import pyarrow.compute as pc
 
 from finetune.class_folders import read_class_folders
 from finetune.config import DataConfig
-from finetune.errors import ConfigError, DataError, FileLayoutError, FinetuneError
+from finetune.errors import ConfigError, DataError, FileLayoutError, FinetuneError, root_message
 from finetune.resources import SAVED_DATASET_DICT_FILE, data_path, saved_by_datasets
 from finetune.tables import Table, as_arrow, as_mask
 from finetune.text_encoding import (COMPRESSIONS, compression_of, inner_suffix, is_utf8, open_bytes, open_text,
@@ -395,20 +395,6 @@ def _failures_not_logged() -> Iterator[None]:
         yield
     finally:
         datasets.utils.logging.set_verbosity(verbosity)
-
-
-def root_message(exc: BaseException) -> str:
-    """The first line of the innermost cause, which names the real problem."""
-    while True:
-        inner = exc.__cause__ or exc.__context__
-        if inner is None or inner is exc:
-            break
-        exc = inner
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    message = lines[0] if lines else type(exc).__name__
-    if len(message) > 300:
-        message = message[:297] + "..."
-    return f"{type(exc).__name__}: {message}"
 
 
 def _check_decodes(path: Path, encoding: str, flag: str = "data.encoding") -> None:

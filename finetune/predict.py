@@ -43,6 +43,7 @@ from finetune.outputs import refuse_a_run_file
 from finetune.prediction_files import (CLASH_PREFIX, OUTPUT_FORMATS, STDIN, checked_suffix,
                                        columns_named_as_predictions, input_kind, output_separator, predict_rows,
                                        read_rows, write_predictions)
+from finetune.remote_files import is_url, local_copy
 from finetune.text_encoding import check_encoding
 from finetune.truncation import BOOKKEEPING, LENGTH, Truncation, prediction_length
 
@@ -351,8 +352,10 @@ def run(args: argparse.Namespace) -> None:
         raise ConfigError("give texts or --file, not both")
     if args.output and not args.file:
         raise ConfigError("--output: only with --file")
+    # a URL's file is read from its downloaded copy, named as the URL names it
+    file = str(local_copy(args.file, "--file")) if args.file and is_url(args.file) else args.file
     # a line of a .txt file, or of standard input, is a text: the run's text column names a table's column
-    lines = args.file == STDIN or bool(args.file) and input_kind(args.file) == ".txt"  # before the imports
+    lines = file == STDIN or bool(file) and input_kind(file) == ".txt"  # before the imports below
     if lines and args.text_column is not None:
         raise ConfigError(f"--text {args.text_column!r}: names a column; {args.file} holds one text per line")
     if args.batch_size < 1:
@@ -368,7 +371,7 @@ def run(args: argparse.Namespace) -> None:
         checked_suffix(Path(args.output), OUTPUT_FORMATS, "--output")
         if not Path(args.output).resolve().parent.is_dir():
             raise DataError(f"--output {args.output}: its directory does not exist")
-        if args.file != STDIN and Path(args.output).resolve() == Path(args.file).resolve():
+        if file != STDIN and Path(args.output).resolve() == Path(file).resolve():
             raise ConfigError(f"--output {args.output}: is the --file being classified; name another file")
     output_dir = Path(args.output_dir)
     if not output_dir.is_dir():
@@ -383,7 +386,7 @@ def run(args: argparse.Namespace) -> None:
     # argument is said at once
     quiet_progress_bars()  # the bars of reading the file and loading the weights; the file's bar is ours
     if args.file:
-        rows = read_rows(args.file, text_column, pair_column, encoding)
+        rows = read_rows(file, text_column, pair_column, encoding)
     else:
         if pair_column:
             raise ConfigError(f"this model takes text pairs ({pair_column!r}): use --file with both columns")
@@ -400,7 +403,7 @@ def run(args: argparse.Namespace) -> None:
     if args.output:
         delimiter = (cfg.data.label_delimiter if cfg is not None else None) or ","
         write_predictions(args.output, predicted, predictor.labels, delimiter, prefix,
-                          separator=output_separator(args.file, encoding))
+                          separator=output_separator(file, encoding))
     else:
         for row in predicted:
             print(json.dumps(row, ensure_ascii=False, default=str))

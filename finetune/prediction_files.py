@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from finetune.errors import DataError
-from finetune.resources import refuse_a_url, saved_by_datasets
+from finetune.resources import saved_by_datasets
 from finetune.text_encoding import COMPRESSIONS, compression_of, inner_suffix, open_bytes
 
 # the formats training reads, and plain lines of text
@@ -50,7 +50,6 @@ def input_kind(file: str | os.PathLike) -> str:
     Raises:
         DataError: naming the path where it is neither, or not there.
     """
-    refuse_a_url(str(file), f"--file {file}")
     path = Path(file)
     if saved_by_datasets(path) is not None:
         return SAVED

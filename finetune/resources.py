@@ -13,11 +13,11 @@ from __future__ import annotations
 import difflib
 import importlib.metadata
 import re
-import urllib.parse
 from pathlib import Path
 from typing import Optional
 
 from finetune.errors import ConfigError, DataError
+from finetune.remote_files import is_url, local_copy, url_file_name
 from finetune.text_encoding import compression_of
 
 PREFIX = "pkg:"
@@ -83,12 +83,14 @@ def resolve_path(spec: str, key: str = "path") -> str:
 
 
 def data_path(spec: str, key: str) -> Path:
-    """The local data file or folder a config value names (``pkg:`` specs resolved).
+    """The local data file or folder a config value names (``pkg:`` specs resolved, a URL's file downloaded:
+    :mod:`finetune.remote_files`).
 
     Raises:
-        DataError: if nothing is there.
+        DataError: if nothing is there, or a URL cannot be downloaded.
     """
-    refuse_a_url(spec, f"{key}: {spec}")
+    if is_url(spec):
+        return local_copy(spec, key)
     path = Path(resolve_path(spec, key))
     if not path.exists():
         # `--data stanfordnlp/imdb`: a Hub id where a file was expected
@@ -99,33 +101,16 @@ def data_path(spec: str, key: str) -> Path:
     return path
 
 
-_URL = re.compile(r"[a-z][a-z0-9+.-]*://", re.IGNORECASE)
-
-
-def refuse_a_url(spec: str, where: str) -> None:
-    """Stop where a data file is given as a URL (``where`` names it: ``data.train_file: <url>``), with how to make
-    it a local file: pandas takes one, and ``Path`` would read ``https://x`` as the folders ``https:/x``.
-
-    Raises:
-        DataError: where ``spec`` is a URL.
-    """
-    if not _URL.match(spec):
-        return
-    hub = re.match(r"hf://datasets/([\w.-]+/[\w.-]+)", spec)
-    if hub:
-        hint = f"a Hugging Face Hub data set is data.dataset_name={hub.group(1)} (its splits are read by name)"
-    elif re.match(r"(https?|ftp)://", spec, re.IGNORECASE):
-        name = urllib.parse.urlsplit(spec).path.rstrip("/").rsplit("/", 1)[-1] or "data.csv"
-        hint = f"curl -L -o {name} '{spec}' downloads it: pass {name}"
-    else:
-        hint = "copy it to a local file with your storage's own tool, and pass that file"
-    raise DataError(f"{where} is a URL; data is read from local files", hint=hint)
+def file_name(spec: str) -> str:
+    """The name of the file or folder a data setting names, as messages show it: ``reviews.csv`` for
+    ``data/reviews.csv`` and ``https://host/reviews.csv?raw=1`` alike."""
+    return url_file_name(spec) if is_url(spec) else Path(spec.rstrip("/")).name
 
 
 def data_name(spec: str) -> str:
     """What the outputs named for a data file or folder call it: ``reviews`` for ``data/reviews.csv``,
-    ``reviews.csv.gz`` and ``reviews/`` alike."""
-    path = Path(spec.rstrip("/"))
+    ``reviews.csv.gz``, ``reviews/`` and ``https://host/reviews.csv`` alike."""
+    path = Path(file_name(spec))
     return Path(path.stem).stem if compression_of(path) else path.stem
 
 

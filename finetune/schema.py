@@ -115,7 +115,8 @@ class DataConfig:
         "where the data set has no split of this name).")
     train_file: Optional[str] = setting(None,
         "Local files: CSV, TSV, JSON/JSONL (each also compressed whole as .gz, .bz2 or .xz: `reviews.csv.gz`), "
-        "Parquet, a folder of class sub-folders of .txt files, or a "
+        "Parquet, each on disk or at a URL (downloaded once into datasets' cache; `https://...`, "
+        "`hf://datasets/...`), a folder of class sub-folders of .txt files, or a "
         "folder that `datasets`' `save_to_disk` wrote (of a `DatasetDict`: its `train_split`, and its "
         "`validation_split_name` as the validation set). "
         "`pkg:<distribution>/<path>` points inside an installed package. In YAML a file may also be a "

@@ -113,9 +113,10 @@ def _header_names(file: str | os.PathLike, columns: Sequence[str], encoding: str
     """Whether a CSV/TSV file's first line names all of ``columns`` (so it has a header of its own)."""
     import csv
 
+    from finetune.resources import data_path
     from finetune.text_encoding import inner_suffix, open_text
 
-    path = Path(file)
+    path = data_path(str(file), "--file")  # a URL's downloaded copy
     if inner_suffix(path) not in (".csv", ".tsv", ".tab") or not path.is_file():
         return False
     try:
@@ -302,13 +303,13 @@ def run(args: argparse.Namespace) -> Score:
     """Check the arguments, score, print and write the outputs."""
     from finetune.modeling import require_saved_model
     from finetune.outputs import refuse_a_run_file
-    from finetune.resources import data_name, data_path
+    from finetune.resources import data_name, data_path, file_name
 
     output_dir = require_saved_model(args.output_dir)
     if args.batch_size < 1:
         raise ConfigError(f"--batch-size: must be >= 1, got {args.batch_size}")
     check_precision(args.precision, "--precision")
-    data_path(args.file, "--file")
+    data_path(args.file, "--file")  # there, or downloaded where it is a URL
     png = Path(args.png) if args.png else output_dir / f"confusion_{data_name(args.file)}.png"
     for flag, target in (("--png", png), ("--json", Path(args.json) if args.json else None)):
         if target is not None and not target.resolve().parent.is_dir():
@@ -331,7 +332,7 @@ def run(args: argparse.Namespace) -> Score:
     if result.by_label is not None:
         print(format_by_label(result.by_label))
     caution = same_answer_for_every_text(result.by_label, result.metrics.get("num_samples"),
-                                         f"texts of {Path(args.file).name}", "the model")
+                                         f"texts of {file_name(args.file)}", "the model")
     if caution is not None:
         print(f"warning: {caution}", file=sys.stderr)
     if result.confusion is not None:
@@ -340,7 +341,7 @@ def run(args: argparse.Namespace) -> Score:
         else:
             print(format_confusions(result.confusion, result.labels))
         confusion_figure(result.confusion, result.labels,
-                         title=f"{output_dir.name} on {Path(args.file).name}").savefig(png, dpi=DPI)
+                         title=f"{output_dir.name} on {file_name(args.file)}").savefig(png, dpi=DPI)
         print(f"confusion matrix: {png}")
     if args.json:
         Path(args.json).write_text(json.dumps(result.to_dict(), indent=2) + "\n", encoding="utf-8")

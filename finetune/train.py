@@ -63,7 +63,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--config", default=None, help="YAML config (default: configs/default.yaml)")
     parser.add_argument("--data", metavar="FILE", help="training data: CSV, TSV, JSON Lines (or those as "
-                        ".gz, .bz2, .xz), Parquet, a class folder or a folder datasets saved (sets data.train_file; its layout is found from the file)")
+                        ".gz, .bz2, .xz), Parquet, on disk or at a URL; a class folder or a folder datasets saved (sets data.train_file; its layout is found from the file)")
     parser.add_argument("--text", metavar="COLUMN", help="column of the texts (data.text_column)")
     parser.add_argument("--label", metavar="COLUMN", help="column of the labels (data.label_column)")
     parser.add_argument("--model", metavar="NAME", help="the pretrained encoder: a Hub id (microsoft/deberta-v3-base) "

@@ -39,6 +39,16 @@ def fresh_accelerate_state():
 
 
 @pytest.fixture
+def downloads(tmp_path, monkeypatch):
+    """datasets allowed to download, into a cache of the test's own: for URLs that ``helpers.serving`` serves
+    on this machine (the suite is otherwise offline)."""
+    import datasets
+
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(datasets.config, "DOWNLOADED_DATASETS_PATH", str(tmp_path / "downloads"))
+
+
+@pytest.fixture
 def strict_fp32(fresh_accelerate_state):
     """TF32 off on a GPU, so that its fp32 differs from itself only in the order of its sums."""
     import torch

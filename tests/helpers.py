@@ -1,7 +1,9 @@
-"""Tiny offline models and data for the tests: nothing here touches the network."""
+"""Tiny offline models and data for the tests: nothing here touches the network (a URL is served by
+:func:`serving`, on this machine)."""
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import os
 import random
@@ -9,7 +11,7 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 import torch
 
@@ -302,3 +304,39 @@ def write_sms_job(root: Path, **sections: dict) -> Path:
     path = root / "cfg.yaml"
     path.write_text(yaml.safe_dump(cfg), encoding="utf-8")
     return path
+
+
+@contextlib.contextmanager
+def serving(folder: Path) -> Iterator[tuple[str, list[str]]]:
+    """An HTTP server on this machine's loopback serving ``folder``, as a web server or a bucket's HTTP
+    endpoint serves files: each answer carries an ETag of the file's bytes, by which datasets' download cache
+    knows a changed file. Yields the base URL and the list of requests it answered (``"GET /name 200"``)."""
+    import functools
+    import hashlib
+    import http.server
+    import threading
+
+    requests: list[str] = []
+
+    class Handler(http.server.SimpleHTTPRequestHandler):
+        def end_headers(self):
+            served = folder / self.path.split("?")[0].lstrip("/")
+            if served.is_file():
+                self.send_header("ETag", f'"{hashlib.sha256(served.read_bytes()).hexdigest()}"')
+            super().end_headers()
+
+        def log_request(self, code="-", size="-"):
+            requests.append(f"{self.command} {self.path} {int(code)}")
+
+        def log_message(self, *args):  # the test's output stays its own
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0),
+                                             functools.partial(Handler, directory=str(folder)))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", requests
+    finally:
+        server.shutdown()
+        server.server_close()

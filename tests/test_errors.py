@@ -132,13 +132,11 @@ CASES = [
     Case("data-file-a-hub-id", ["{cfg}", "data.train_file", "someone/reviews", "not found"],
          config={"data": {"train_file": "someone/reviews"}},
          hint="a Hugging Face Hub data set is data.dataset_name=someone/reviews"),
-    # pandas reads a URL; a path would be the folders `https:/example.com`, and "not found"
-    Case("data-file-a-url", ["{cfg}", "data.train_file: https://example.com/d/reviews.csv?raw=1 is a URL"],
+    # the suite runs offline: a URL is named with how to download it
+    Case("data-file-a-url", ["{cfg}", "data.train_file: cannot download https://example.com/d/reviews.csv?raw=1: "
+                             "OfflineModeIsEnabled"],
          config={"data": {"train_file": "https://example.com/d/reviews.csv?raw=1"}},
-         hint="curl -L -o reviews.csv 'https://example.com/d/reviews.csv?raw=1' downloads it: pass reviews.csv"),
-    Case("data-file-a-hub-url", ["{cfg}", "data.validation_file: hf://datasets/someone/reviews/test.csv is a URL"],
-         config={"data": {"validation_file": "hf://datasets/someone/reviews/test.csv"}},
-         hint="a Hugging Face Hub data set is data.dataset_name=someone/reviews (its splits are read by name)"),
+         hint="HF_HUB_OFFLINE or HF_DATASETS_OFFLINE is set: unset it for the download, which later runs reuse"),
     Case("data-unsupported-extension", ["data.train_file", "{root}/train.xlsx", "unsupported extension '.xlsx'"],
          config={"data": {"train_file": "{root}/train.xlsx"}}, files={"train.xlsx": "text,label\nhi,ham\n"},
          hint="save the spreadsheet as CSV"),

@@ -192,6 +192,31 @@ def test_a_compressed_file_predicts_and_scores_as_the_file_it_holds(trained, tmp
     assert capsys.readouterr().out.count(f"confusion matrix: {out / 'confusion_held_out.png'}") == 2
 
 
+def test_a_url_predicts_and_scores_as_the_file_it_names(trained, tmp_path, capsys, downloads):
+    from finetune.predict import main
+    from finetune.score import main as score
+    from helpers import serving
+
+    out, _, _ = trained
+    site = tmp_path / "site"
+    site.mkdir()
+    txt, _, _ = _write_inputs(site)
+    write_tsv(site / "held_out.tsv", make_texts(12, seed=4))
+    with serving(site) as (url, _):
+        assert main([str(out), "--file", f"{url}/in.txt", "--output", str(tmp_path / "url.csv")]) == 0
+        assert main([str(out), "--file", str(txt), "--output", str(tmp_path / "local.csv")]) == 0
+        assert (tmp_path / "url.csv").read_text() == (tmp_path / "local.csv").read_text()
+        capsys.readouterr()
+        assert score([str(out), "--file", f"{url}/held_out.tsv", "--json", str(tmp_path / "url.json")]) == 0
+    printed = capsys.readouterr().out
+    assert printed.startswith(f"{url}/held_out.tsv: 12 samples")  # named by its URL, not by the downloaded copy
+    assert f"confusion matrix: {out / 'confusion_held_out.png'}" in printed
+    assert score([str(out), "--file", str(site / "held_out.tsv"), "--json", str(tmp_path / "local.json")]) == 0
+    remote, local = (json.loads((tmp_path / f"{name}.json").read_text()) for name in ("url", "local"))
+    assert remote.pop("file") == f"{url}/held_out.tsv" and local.pop("file") == str(site / "held_out.tsv")
+    assert remote == local
+
+
 def test_lines_are_texts_whatever_the_runs_text_column(trained, predictor, tmp_path, capsys):
     import shutil
 
@@ -358,9 +383,10 @@ def test_a_text_file_not_in_its_encoding_is_one_line_naming_the_files_own_offset
     (["--file", "{tmp}/in.txt", "--output", "{tmp}/x.parquet"],
      "error: --output {tmp}/x.parquet: unsupported extension '.parquet' (use .csv, .jsonl)"),
     (["--file", "{tmp}/missing.txt"], "error: --file {tmp}/missing.txt: not found"),
-    (["--file", "s3://bucket/texts.csv"], "error: --file s3://bucket/texts.csv is a URL; data is read from local "
-                                          "files\nhint: copy it to a local file with your storage's own tool, and "
-                                          "pass that file"),
+    (["--file", "http://127.0.0.1:9/texts.csv"],  # offline, as the suite is: never downloaded, nothing to read
+     "error: --file: cannot download http://127.0.0.1:9/texts.csv: OfflineModeIsEnabled: Offline mode is enabled. "
+     "Tried to reach http://127.0.0.1:9/texts.csv\nhint: HF_HUB_OFFLINE or HF_DATASETS_OFFLINE is set: unset it "
+     "for the download, which later runs reuse"),
     (["--file", "{tmp}"], "error: --file {tmp}: a folder, and not one that datasets' save_to_disk wrote (give a "
      "file: .txt, .csv, .tsv, .json, .jsonl, .parquet)"),
     ([], "error: nothing to classify: give texts or --file"),

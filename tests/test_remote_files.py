@@ -1,0 +1,84 @@
+"""A data file given as a URL: downloaded through datasets' cache and read as the file it names.
+
+The URLs are served by an HTTP server the tests start on this machine's loopback (``helpers.serving``), with
+ETags as web servers send them; nothing leaves the machine.
+"""
+
+from __future__ import annotations
+
+import gzip
+import logging
+
+import datasets
+import pytest
+
+from finetune.config import DataConfig
+from finetune.data import load_splits
+from finetune.errors import DataError
+from finetune.remote_files import local_copy
+from finetune.resources import data_name, file_name
+from helpers import make_texts, serving, write_csv
+
+
+@pytest.fixture
+def site(tmp_path):
+    folder = tmp_path / "site"
+    folder.mkdir()
+    with serving(folder) as (url, requests):
+        yield folder, url, requests
+
+
+def _cfg(train_file: str) -> DataConfig:
+    return DataConfig(train_file=train_file, validation_split=0.0)
+
+
+def test_a_url_trains_as_the_file_it_names(downloads, site, tmp_path):
+    folder, url, _ = site
+    plain = write_csv(tmp_path / "reviews.csv", make_texts(20, seed=3))
+    (folder / "reviews.csv.gz").write_bytes(gzip.compress(plain.read_bytes()))
+    address = f"{url}/reviews.csv.gz?raw=true"  # a query, as a code host's "raw" link has
+    expected, expected_labels = load_splits(_cfg(str(plain)), seed=0)
+    splits, labels = load_splits(_cfg(address), seed=0)
+    assert splits["train"].to_list() == expected["train"].to_list() and len(expected["train"]) == 20
+    assert labels.names == expected_labels.names
+    # named as the file is: the start line's name, and the output folder --data names
+    assert (file_name(address), data_name(address)) == ("reviews.csv.gz", "reviews")
+
+
+def test_a_url_is_downloaded_once_checked_by_its_etag_and_read_offline_from_that_copy(downloads, site, caplog):
+    import finetune.remote_files as remote
+
+    folder, url, requests = site
+    (folder / "texts.csv").write_text("text,label\nfirst,a\n", encoding="utf-8")
+    first = local_copy(f"{url}/texts.csv", "--file")
+    remote._named_copy.cache_clear()  # a new process, as a second run is
+    again = local_copy(f"{url}/texts.csv", "--file")
+    assert again == first and again.name == "texts.csv"
+    assert [r for r in requests if r.startswith("GET")] == ["GET /texts.csv 200"]  # the second asked its ETag alone
+
+    (folder / "texts.csv").write_text("text,label\nsecond,b\n", encoding="utf-8")  # a new ETag
+    remote._named_copy.cache_clear()
+    assert local_copy(f"{url}/texts.csv", "--file").read_text(encoding="utf-8") == "text,label\nsecond,b\n"
+
+    remote._named_copy.cache_clear()
+    datasets.config.HF_HUB_OFFLINE = True  # the monkeypatch of `downloads` puts it back
+    with caplog.at_level(logging.WARNING, logger="finetune.data"):
+        offline = local_copy(f"{url}/texts.csv", "--file")
+    assert offline.read_text(encoding="utf-8") == "text,label\nsecond,b\n"
+    assert caplog.records[-1].getMessage().startswith(f"{url}/texts.csv cannot be reached (OfflineModeIsEnabled: ")
+    assert "reading the copy downloaded on" in caplog.records[-1].getMessage()
+    with pytest.raises(DataError, match=rf"--file: cannot download {url}/other\.csv: OfflineModeIsEnabled"):
+        local_copy(f"{url}/other.csv", "--file")  # never downloaded: nothing to read
+
+
+def test_a_url_that_cannot_be_downloaded_is_one_line(downloads, site):
+    _, url, _ = site
+    with pytest.raises(DataError, match=rf"data\.train_file: cannot download {url}/missing\.csv: \w+: 404"):
+        load_splits(_cfg(f"{url}/missing.csv"), seed=0)
+    with pytest.raises(DataError, match=rf"data\.train_file: {url}/ names no file"):
+        load_splits(_cfg(f"{url}/"), seed=0)
+    # a protocol whose fsspec package is not installed (s3fs for s3://, which some machines have)
+    with pytest.raises(DataError, match=r"cannot download dropbox://folder/x\.csv: ModuleNotFoundError") as info:
+        load_splits(_cfg("dropbox://folder/x.csv"), seed=0)
+    assert info.value.hint == ("fsspec reads dropbox:// with the package dropboxdrivefs (pip install "
+                               "dropboxdrivefs), or copy the file here and pass it")
