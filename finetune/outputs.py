@@ -20,13 +20,14 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import re
 import shutil
 import socket
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 from finetune.errors import ConfigError
 
@@ -96,6 +97,19 @@ def refuse_a_run_file(path: str | os.PathLike, output_dir: str | os.PathLike, fl
         ours = out in target.parents and target.relative_to(out).parts[0] in (CHECKPOINTS_DIR, ADAPTER_DIR)
     if ours:
         raise ConfigError(f"{flag} {path}: is a file of the run in {output_dir}; name another file")
+
+
+def json_ready(value: Any) -> Any:
+    """``value`` with every NaN or infinity (a correlation of a constant, a loss that overflowed) as its text,
+    ``"nan"``, ``"inf"``: JSON has no such numbers, and what ``json.dumps`` writes for them (``NaN``) stops
+    every reader but Python's."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {key: json_ready(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_ready(item) for item in value]
+    return value
 
 
 def write_atomic(path: str | os.PathLike, text: str) -> None:

@@ -18,7 +18,8 @@ from finetune.evaluation import EVAL_BY_LABEL
 from finetune.lora import is_lora, merged_copy, save_adapter
 from finetune.metrics import same_answer_for_every_text
 from finetune.outputs import (
-    ADAPTER_CONFIG, ADAPTER_DIR, CURVES_FILE, METRICS_FILE, MODEL_CARD_FILE, MODEL_CARD_MARK, RESULTS_FILE, write_atomic,
+    ADAPTER_CONFIG, ADAPTER_DIR, CURVES_FILE, METRICS_FILE, MODEL_CARD_FILE, MODEL_CARD_MARK, RESULTS_FILE, json_ready,
+    write_atomic,
 )
 
 if TYPE_CHECKING:
@@ -112,8 +113,8 @@ def write_outputs(run: "Run", summary: dict[str, Any]) -> None:
     save_model(run, out)
     if not run.accelerator.is_main_process:
         return
-    write_atomic(out / METRICS_FILE, json.dumps(summary, indent=2) + "\n")
-    write_atomic(out / RESULTS_FILE, json.dumps(all_results(summary), indent=2) + "\n")
+    write_atomic(out / METRICS_FILE, json.dumps(json_ready(summary), indent=2) + "\n")
+    write_atomic(out / RESULTS_FILE, json.dumps(json_ready(all_results(summary)), indent=2) + "\n")
     write_model_card(out / MODEL_CARD_FILE, model_card(run.cfg, summary))
     write_curves(out)
 

@@ -302,7 +302,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def run(args: argparse.Namespace) -> Score:
     """Check the arguments, score, print and write the outputs."""
     from finetune.modeling import require_saved_model
-    from finetune.outputs import refuse_a_run_file
+    from finetune.outputs import json_ready, refuse_a_run_file
     from finetune.resources import data_name, data_path, file_name
 
     output_dir = require_saved_model(args.output_dir)
@@ -344,7 +344,7 @@ def run(args: argparse.Namespace) -> Score:
                          title=f"{output_dir.name} on {file_name(args.file)}").savefig(png, dpi=DPI)
         print(f"confusion matrix: {png}")
     if args.json:
-        Path(args.json).write_text(json.dumps(result.to_dict(), indent=2) + "\n", encoding="utf-8")
+        Path(args.json).write_text(json.dumps(json_ready(result.to_dict()), indent=2) + "\n", encoding="utf-8")
     return result
 
 

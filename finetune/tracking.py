@@ -8,20 +8,13 @@ named in ``logging.report_to`` through ``accelerator.log``.
 from __future__ import annotations
 
 import json
-import math
 import os
 from pathlib import Path
 from typing import Any, Optional
 
 from finetune.errors import ConfigError
 
-from finetune.outputs import LOG_FILE
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)  # JSON has no NaN/inf; keep them readable
-    return value
+from finetune.outputs import LOG_FILE, json_ready
 
 
 class RunLogger:
@@ -51,7 +44,7 @@ class RunLogger:
                 self._truncate_after(resume_step, history or [])
 
     def _truncate_after(self, step: int, history: list[dict[str, Any]]) -> None:
-        saved_evals = [json.dumps({k: _jsonable(v) for k, v in r.items()}, sort_keys=True) for r in history]
+        saved_evals = [json.dumps(json_ready(r), sort_keys=True) for r in history]
         kept = []
         with open(self.path, encoding="utf-8") as fh:
             for line in fh:
@@ -73,7 +66,7 @@ class RunLogger:
         """Write one record (main process only) and hand it to the trackers."""
         if self.accelerator.is_main_process:
             with open(self.path, "a", encoding="utf-8") as fh:
-                fh.write(json.dumps({k: _jsonable(v) for k, v in record.items()}) + "\n")
+                fh.write(json.dumps(json_ready(record)) + "\n")
         if self.use_trackers:
             scalars = {k: v for k, v in record.items() if isinstance(v, (int, float)) and k != "step"}
             self.accelerator.log(scalars, step=record.get("step"))

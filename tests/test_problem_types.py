@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import random
 
 import pytest
@@ -24,7 +25,7 @@ from finetune.loop import TrainState, train_one_epoch
 from finetune.optimization import build_optimizer, build_scheduler, plan_updates
 from finetune.sampling import EpochSampler
 from finetune.tasks import Task, balanced_weights
-from helpers import ARCHITECTURES, WORDS, pad_collate, tiny_bert, tiny_model, token_dataset
+from helpers import ARCHITECTURES, WORDS, make_texts, pad_collate, tiny_bert, tiny_model, token_dataset
 from tiny_run import fit_tiny_run, reset_accelerate
 
 # 76 samples, b=8: windows of 4, 4 and 2 micro-batches at k=4, the last micro-batch short
@@ -484,3 +485,31 @@ def test_a_regression_run_learns_and_pipeline_agrees_with_predict(problem_runs):
     result = score_file(out, out.parent / "val.jsonl", predictor=predictor)
     assert result.confusion is None and result.by_label is None
     assert result.metrics["mse"] == pytest.approx(summary["eval"]["mse"], rel=1e-4)
+
+
+def test_an_undefined_correlation_is_written_as_json_every_reader_reads(tmp_path):
+    # validation targets all alike: Pearson's and Spearman's correlations are undefined, NaN, for which JSON has
+    # no number; Python's json writes NaN, which jq, JavaScript and strict parsers refuse
+    rows = make_texts(40, seed=3)
+    train = tmp_path / "train.csv"
+    train.write_text("text,score\n" + "".join(f"{text},{len(text) % 5}\n" for _, text in rows), encoding="utf-8")
+    val = tmp_path / "val.csv"
+    val.write_text("text,score\n" + "".join(f"{text},3\n" for _, text in rows[:8]), encoding="utf-8")
+    cfg, summary = fit_tiny_run(
+        tmp_path, model={"problem_type": "regression"},
+        data={"train_file": str(train), "validation_file": str(val), "format": "auto", "has_header": True,
+              "column_names": None, "label_column": "score"},
+        evaluation={"metrics": ["pearson", "spearmanr", "mse"], "average": "auto", "positive_label": None},
+        training={"num_train_epochs": 1})
+    assert math.isnan(summary["eval"]["pearson"]) and math.isfinite(summary["eval"]["mse"])
+
+    def strict(text):
+        return json.loads(text, parse_constant=lambda name: pytest.fail(f"{name} written as a JSON number"))
+
+    out = tmp_path / "out"
+    metrics = strict((out / "metrics.json").read_text(encoding="utf-8"))
+    assert metrics["eval"]["pearson"] == metrics["eval"]["spearmanr"] == "nan"
+    assert metrics["eval"]["mse"] == summary["eval"]["mse"]
+    assert strict((out / "all_results.json").read_text(encoding="utf-8"))["eval_pearson"] == "nan"
+    evaluations = [strict(line) for line in (out / "train_log.jsonl").read_text(encoding="utf-8").splitlines()]
+    assert [r["eval/pearson"] for r in evaluations if "eval/pearson" in r] == ["nan"]
