@@ -105,4 +105,3 @@ def _download_hint(url: str, exc: Exception) -> Optional[str]:
     if hub:
         return f"a Hugging Face Hub data set by its splits is data.dataset_name={hub.group(1)}"
     return None
-
