@@ -28,7 +28,8 @@ Decisions worth knowing:
   file, the count and the first few rows.
 - Without ``data.validation_file`` (or a Hub validation split),
   ``data.validation_split`` of the train rows (rounded up, and at least one
-  per class) is carved out, stratified by label and seeded with ``seed``.
+  per class) is carved out, stratified by label and seeded with ``seed``; with
+  ``data.validation_split_by: text``, of its distinct texts (:mod:`finetune.carve`).
 - ``data.max_train_samples`` / ``data.max_eval_samples`` keep a random subset
   drawn with ``seed`` after the validation carve, in the split's order. A
   random subset rather than the first rows, because files are often sorted by
@@ -39,7 +40,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 from typing import Optional
 
 import datasets
@@ -47,7 +47,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from finetune.column_hints import PANDAS_JSON_HINT, another_label_column, column_hint, pandas_layout
+from finetune.carve import carve_validation, not_a_label_column, subset
+from finetune.column_hints import PANDAS_JSON_HINT, column_hint, pandas_layout
 from finetune.columns import read_column
 from finetune.config import DataConfig
 from finetune.errors import ConfigError, DataError, FileLayoutError, root_message
@@ -105,19 +106,19 @@ def load_splits(cfg: DataConfig, seed: int, problem_type: str = "single_label"
     if not carve and label_space.problem_type == "single_label":
         # no carve to refuse a column that is no label column (it needs two rows a class): the run goes on,
         # but not without a word, said before a validation file's labels are looked up in these
-        not_labels = _not_a_label_column(class_counts(encoded, len(label_space)), train)
+        not_labels = not_a_label_column(class_counts(encoded, len(label_space)), train)
         if not_labels is not None:
             logger.warning("%s (%s)", not_labels.message, not_labels.hint)
     if validation is not None:
         splits["validation"] = _encode_against(validation, cfg, label_space)
     elif carve:
-        splits["train"], splits["validation"] = _carve_validation(
-            splits["train"], train, cfg.validation_split, seed, label_space
+        splits["train"], splits["validation"] = carve_validation(
+            splits["train"], train, cfg.validation_split, seed, label_space, by=cfg.validation_split_by
         )
 
-    splits["train"] = _subset(splits["train"], cfg.max_train_samples, seed)
+    splits["train"] = subset(splits["train"], cfg.max_train_samples, seed)
     if "validation" in splits:
-        splits["validation"] = _subset(splits["validation"], cfg.max_eval_samples, seed)
+        splits["validation"] = subset(splits["validation"], cfg.max_eval_samples, seed)
     logger.debug(  # the start line says it too
         "data: %d train rows, %s validation rows, %d classes (%s)",
         len(splits["train"]),
@@ -309,84 +310,6 @@ def _drop_or_reject_empty_texts(table: Table, cfg: DataConfig) -> Table:
         raise DataError(f"{table.source}: every text is empty ({what})")
     logger.warning("%s: dropped %s (%s)", table.source, what, table.where_many(rows))
     return table.keep(np.flatnonzero(~empty))
-
-
-# --------------------------------------------------------------------------- validation carve and caps
-
-
-def _not_a_label_column(counts: np.ndarray, read: Table) -> Optional[DataError]:
-    """The error for single labels (``counts``: rows per class) most of which, of ten or more, are on one row
-    each: names, titles, ids or the texts themselves (columns swapped), not classes; None for a label column."""
-    present = int((counts > 0).sum())
-    single = int((counts == 1).sum())
-    if not single * 2 > present >= 10:
-        return None
-    return DataError(
-        f"{read.source}: column {read.label_column!r} (data.label_column) holds {present} different labels, "
-        f"{single} of them on one row only: a label column names a few classes, each on many rows",
-        hint=another_label_column(read) or "name the column of the labels: --label COLUMN (data.label_column=COLUMN)")
-
-
-def _carve_validation(
-    train: datasets.Dataset, read: Table, fraction: float, seed: int, label_space: LabelSpace
-) -> tuple[datasets.Dataset, datasets.Dataset]:
-    """Split ``fraction`` of ``train`` (encoded from the table ``read``) off as validation, seeded; stratified by
-    class for single_label."""
-    source = read.source
-    if label_space.problem_type != "single_label":
-        n_validation = math.ceil(fraction * len(train))
-        if len(train) - n_validation < 1:
-            raise DataError(f"{source}: {len(train)} rows are too few to carve a validation set "
-                            f"(data.validation_split: {fraction}); give data.validation_file")
-        parts = train.train_test_split(test_size=n_validation, seed=seed)
-        return parts["train"], parts["test"]
-    labels = np.asarray(read_column(train, LABELS), dtype=np.int64)
-    counts = np.bincount(labels, minlength=len(label_space))
-    not_labels = _not_a_label_column(counts, read)
-    if not_labels is not None:
-        raise not_labels
-    present = int((counts > 0).sum())
-    too_few = [label_space.names[i] for i in np.flatnonzero(counts == 1)]
-    if too_few:
-        raise DataError(
-            f"{source}: class {too_few[0]!r} has only 1 row; carving a stratified validation set "
-            f"(data.validation_split: {fraction}) needs at least 2 per class. Add rows, or give data.validation_file"
-        )
-    # Rounded up like datasets does, and at least one row per class so stratification can work.
-    n_validation = max(math.ceil(fraction * len(train)), present)
-    if len(train) - n_validation < present:
-        raise DataError(
-            f"{source}: {len(train)} rows are too few to carve a validation set with all {present} classes "
-            f"on both sides (data.validation_split: {fraction}); give data.validation_file"
-        )
-    return _stratified_split(train, labels, n_validation, seed)
-
-
-def _stratified_split(train: datasets.Dataset, labels: np.ndarray, n_validation: int,
-                      seed: int) -> tuple[datasets.Dataset, datasets.Dataset]:
-    """``train.train_test_split(test_size=n_validation, stratify_by_column=LABELS, seed=seed)``: the same rows.
-
-    datasets reads the label column for it one formatted row at a time (12 s for 300,000 rows); its own
-    stratified draw, given the labels read at once, takes a tenth of a second. Where that function has moved,
-    datasets' method gives the same split, slowly.
-    """
-    try:
-        from datasets.utils.stratify import stratified_shuffle_split_generate_indices
-    except ImportError:
-        parts = train.train_test_split(test_size=n_validation, stratify_by_column=LABELS, seed=seed)
-        return parts["train"], parts["test"]
-    n_train = len(train) - n_validation
-    train_rows, validation_rows = next(stratified_shuffle_split_generate_indices(
-        labels, n_train, n_validation, rng=np.random.default_rng(seed)))
-    return train.select(train_rows), train.select(validation_rows)
-
-
-def _subset(ds: datasets.Dataset, limit: Optional[int], seed: int) -> datasets.Dataset:
-    """At most ``limit`` rows drawn with ``seed``, kept in the split's order."""
-    if limit is None or limit >= len(ds):
-        return ds
-    rows = np.sort(np.random.default_rng(seed).choice(len(ds), size=limit, replace=False))
-    return ds.select(rows)
 
 
 def class_counts(train: datasets.Dataset, num_labels: int) -> np.ndarray:

@@ -31,6 +31,8 @@ class DataSources:
     # the data set the validation results are on, and its split, as a Hub model card's model-index names them
     results_name: str = ""
     results_split: str = ""
+    # whether the validation rows are carved out of the training data (data.validation_split)
+    carved: bool = False
 
 
 def data_sources(cfg: DataConfig, seed: int, problem_type: str = "single_label") -> DataSources:
@@ -43,7 +45,8 @@ def data_sources(cfg: DataConfig, seed: int, problem_type: str = "single_label")
         train = file_name(cfg.train_file)
         hub = {}
     drawn = "stratified" if problem_type == "single_label" else "random"
-    held_out = (f"{cfg.validation_split:.0%} of the training rows held out ({drawn}, seed {seed})"
+    carved = "rows" if cfg.validation_split_by == "row" else "distinct texts"
+    held_out = (f"{cfg.validation_split:.0%} of the training {carved} held out ({drawn}, seed {seed})"
                 if cfg.validation_split > 0 else "none")
     if cfg.validation_file:
         name = file_name(cfg.validation_file)
@@ -51,7 +54,8 @@ def data_sources(cfg: DataConfig, seed: int, problem_type: str = "single_label")
     if cfg.validation_split_name and (cfg.dataset_name or _saved_splits(cfg.train_file)):
         return DataSources(train, f"{train} {cfg.validation_split_name} split", results_name=train,
                            results_split=cfg.validation_split_name, **hub)
-    return DataSources(train, held_out, results_name=train, results_split=held_out, **hub)
+    return DataSources(train, held_out, results_name=train, results_split=held_out, carved=held_out != "none",
+                       **hub)
 
 
 def _saved_splits(spec: Optional[str]) -> bool:

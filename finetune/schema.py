@@ -153,8 +153,12 @@ class DataConfig:
         "they are, sorted.")
     validation_split: float = setting(0.1,
         "Fraction of train carved out (seeded; stratified by class for single_label) when no validation set is "
-        "given. Rows are carved, not texts: copies of a repeated text can fall on both sides, and the start line "
-        "counts the validation rows whose text is also in train.")
+        "given. Rows are carved by default: copies of a repeated text can fall on both sides, and the start "
+        "line counts the validation rows whose text is also in train (`validation_split_by: text` to prevent it).")
+    validation_split_by: Literal["row", "text"] = setting("row",
+        "What the carve draws. `row`: rows, as `datasets`' `train_test_split` does. `text`: distinct texts (with "
+        "their pair), every copy of one on the same side, so that no validation text is a training text; the "
+        "fraction is then one of the distinct texts.")
     split_seed: Optional[int] = setting(None,
         "Seed of the validation rows carved out of train and of the `max_*_samples` subsets (null: "
         "`training.seed`). Set, runs of different `training.seed` (a sweep's `--seeds`) are scored on the same "

@@ -60,8 +60,14 @@ def cautions(run: Run) -> list[str]:
         if run.seen_in_training > SEEN_IN_TRAINING_AT_MOST * rows:
             lines.append(f"{run.seen_in_training} of the {rows} validation rows have a text the training rows have "
                          f"too: their scores say what the model remembers, not how it does on texts it has not seen "
-                         f"(take the repeated texts out of the data, or give another data.validation_file)")
+                         f"({_unseen_hint(run.cfg)})")
     return lines
+
+
+def _unseen_hint(cfg) -> str:
+    if cfg.data.validation_split_by == "row" and data_sources(cfg.data, cfg.split_seed, cfg.model.problem_type).carved:
+        return "data.validation_split_by=text carves distinct texts, each with all its copies"
+    return "take the repeated texts out of the data, or give another data.validation_file"
 
 
 def _what(run: Run) -> str:

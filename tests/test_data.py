@@ -565,13 +565,14 @@ def test_the_stratified_carve_takes_the_rows_datasets_would(seed, draw, monkeypa
     if draw == "datasets' method":
         monkeypatch.setitem(sys.modules, "datasets.utils.stratify", None)  # an import of it raises ImportError
 
-    from finetune.data import LABELS, _stratified_split
+    from finetune.carve import stratified_split
+    from finetune.data import LABELS
 
     labels = np.random.default_rng(seed).choice(3, size=103, p=[0.6, 0.3, 0.1]).tolist()
     table = datasets.Dataset.from_dict({"text": [f"text {i}" for i in range(103)], LABELS: labels},
                                        features=datasets.Features({"text": datasets.Value("string"),
                                                                    LABELS: datasets.ClassLabel(names=["a", "b", "c"])}))
-    train, validation = _stratified_split(table, np.asarray(labels), 26, seed)
+    train, validation = stratified_split(table, np.asarray(labels), 26, seed)
     theirs = table.train_test_split(test_size=26, stratify_by_column=LABELS, seed=seed)
     assert train["text"][:] == theirs["train"]["text"][:]
     assert validation["text"][:] == theirs["test"]["text"][:]
@@ -642,6 +643,49 @@ def test_split_seed_keeps_the_carved_rows_whatever_the_training_seed(tmp_path):
     assert named == same_named == "20% of the training rows held out (stratified, seed 7)"
     with pytest.raises(ConfigError, match=r"data\.split_seed: must be in \[0, 2\*\*32 - 1\] or null, got -1"):
         config_from_dict({"data": {"train_file": path, "split_seed": -1}})
+
+
+def _repeats_csv(path: Path) -> str:
+    """40 distinct texts of two classes, a quarter of them written 3 to 5 times: 69 rows."""
+    rows = ["text,label"]
+    for i in range(40):
+        rows += [f"{'ab'[i % 2]} text {i},{'ab'[i % 2]}"] * (3 + i % 3 if i % 4 == 0 else 1)
+    return write(path, "\n".join(rows) + "\n")
+
+
+@pytest.mark.parametrize("problem_type", ["single_label", "multi_label", "regression"])
+def test_a_carve_by_text_keeps_every_copy_of_a_text_on_one_side(tmp_path, problem_type):
+    from finetune.dataloaders import count_seen_in_training
+
+    path = _repeats_csv(tmp_path / "r.csv")
+    if problem_type == "regression":
+        path = write(tmp_path / "n.csv", Path(path).read_text().replace(",a\n", ",1.5\n").replace(",b\n", ",3\n"))
+    config = cfg(path, validation_split=0.25, label_delimiter="|" if problem_type == "multi_label" else None)
+    by_row, _ = load_splits(config, seed=3, problem_type=problem_type)
+    assert count_seen_in_training(by_row) > 0  # the default: copies fall on both sides
+    by_text = dataclasses.replace(config, validation_split_by="text")
+    splits, _ = load_splits(by_text, seed=3, problem_type=problem_type)
+    train, validation = Counter(splits["train"]["text"]), Counter(splits["validation"]["text"])
+    assert not set(train) & set(validation) and count_seen_in_training(splits) == 0
+    assert len(validation) == 10 and len(train) == 30  # a quarter of the 40 distinct texts, each with its copies
+    rows_per_text = Counter(line.rsplit(",", 1)[0] for line in Path(path).read_text().splitlines()[1:])
+    assert train + validation == rows_per_text and rows_per_text.total() == 69  # every copy, on its text's side
+    again, _ = load_splits(by_text, seed=3, problem_type=problem_type)
+    other, _ = load_splits(by_text, seed=4, problem_type=problem_type)
+    assert again["validation"]["text"] == splits["validation"]["text"]
+    assert set(other["validation"]["text"]) != set(validation)
+    if problem_type == "single_label":  # stratified over the distinct texts: 5 of each class's 20
+        assert Counter(text.split()[0] for text in validation) == {"a": 5, "b": 5}
+
+
+def test_a_carve_by_text_counts_distinct_texts_per_class_and_names_its_unit(tmp_path):
+    from finetune.data_sources import data_sources
+
+    path = write(tmp_path / "t.csv", "text,label\na,x\nb,x\nc,x\nd,y\nd,y\nd,y\n")  # y: one text, thrice
+    by_text = cfg(path, validation_split=0.5, validation_split_by="text")
+    with pytest.raises(DataError, match=r"class 'y' has only 1 distinct text; carving a stratified validation"):
+        load_splits(by_text, seed=0)
+    assert data_sources(by_text, 7).validation == "50% of the training distinct texts held out (stratified, seed 7)"
 
 
 def test_carve_needs_two_rows_per_class(tmp_path):

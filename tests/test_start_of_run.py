@@ -119,6 +119,12 @@ def test_validation_rows_trained_on_are_counted_and_cautioned_of_past_a_fifth(tm
         "3 of the 10 validation rows have a text the training rows have too: their scores say what the model "
         "remembers, not how it does on texts it has not seen (take the repeated texts out of the data, or give "
         "another data.validation_file)"]
+    # rows carved out of the training file: the carve of distinct texts is what keeps them apart
+    carved = dataclasses.replace(run, cfg=dataclasses.replace(cfg, data=dataclasses.replace(cfg.data,
+                                                                                          validation_file=None)))
+    assert cautions(carved)[0].endswith(
+        "not how it does on texts it has not seen (data.validation_split_by=text carves distinct texts, each with "
+        "all its copies)")
     assert said[2][1] == [] and ", 2 of them a text also in train |" in said[2][0]
     assert "also in train" not in said[0][0] and said[0][1] == []
     # what the run writes says it too: metrics.json, and the card under its results' heading
