@@ -45,8 +45,8 @@ def data_sources(cfg: DataConfig, seed: int, problem_type: str = "single_label")
         train = file_name(cfg.train_file)
         hub = {}
     drawn = "stratified" if problem_type == "single_label" else "random"
-    carved = "rows" if cfg.validation_split_by == "row" else "distinct texts"
-    held_out = (f"{cfg.validation_split:.0%} of the training {carved} held out ({drawn}, seed {seed})"
+    carved = "training rows" if cfg.validation_split_by == "row" else "distinct training texts"
+    held_out = (f"{cfg.validation_split:.0%} of the {carved} held out ({drawn}, seed {seed})"
                 if cfg.validation_split > 0 else "none")
     if cfg.validation_file:
         name = file_name(cfg.validation_file)

@@ -685,7 +685,7 @@ def test_a_carve_by_text_counts_distinct_texts_per_class_and_names_its_unit(tmp_
     by_text = cfg(path, validation_split=0.5, validation_split_by="text")
     with pytest.raises(DataError, match=r"class 'y' has only 1 distinct text; carving a stratified validation"):
         load_splits(by_text, seed=0)
-    assert data_sources(by_text, 7).validation == "50% of the training distinct texts held out (stratified, seed 7)"
+    assert data_sources(by_text, 7).validation == "50% of the distinct training texts held out (stratified, seed 7)"
 
 
 def test_carve_needs_two_rows_per_class(tmp_path):
