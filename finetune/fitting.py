@@ -24,7 +24,7 @@ from finetune.cuda_graphs import graphs_for_run
 from finetune.evaluation import EVAL_BY_LABEL, evaluation_of
 from finetune.loop import NonFiniteLossError, TrainState, train_one_epoch
 from finetune.output_dir import output_lock, start_outputs
-from finetune.results import one_answer_for_every_text, summarize, write_outputs
+from finetune.results import one_answer_for_every_text, summarize, validation_targets, write_outputs
 from finetune.selection import EvalHistory
 from finetune.signals import StopSignals, interruption
 from finetune.tracking import RunLogger, flat_hparams
@@ -125,7 +125,7 @@ def _fit(run: Run, on_epoch_end, on_update, on_evaluation) -> dict[str, Any]:
         summary = summarize(run, history.records, ended=ending.value, best=best)
         if finished:
             write_outputs(run, summary)
-            caution = one_answer_for_every_text(summary)
+            caution = one_answer_for_every_text(summary, validation_targets(run))
             if caution is not None and acc.is_main_process:
                 logger.warning(caution)
         if signals.signum is not None and acc.is_main_process:

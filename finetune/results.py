@@ -13,14 +13,16 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
+from finetune.columns import read_column
 from finetune.errors import FinetuneError, OutputError
 from finetune.evaluation import EVAL_BY_LABEL
 from finetune.lora import is_lora, merged_copy, save_adapter
-from finetune.metrics import same_answer_for_every_text
+from finetune.metrics import one_number_for_every_text, same_answer_for_every_text
 from finetune.outputs import (
     ADAPTER_CONFIG, ADAPTER_DIR, CURVES_FILE, METRICS_FILE, MODEL_CARD_FILE, MODEL_CARD_MARK, RESULTS_FILE, json_ready,
     write_atomic,
 )
+from finetune.tables import LABELS
 
 if TYPE_CHECKING:
     from finetune.assembly import Run
@@ -85,11 +87,21 @@ def summarize(run: "Run", history: list[dict[str, Any]], ended: str = "completed
     }
 
 
-def one_answer_for_every_text(summary: dict[str, Any]) -> Optional[str]:
+def one_answer_for_every_text(summary: dict[str, Any], targets=None) -> Optional[str]:
     """A caution when the saved model gave every validation text the same answer, else None
-    (:func:`finetune.metrics.same_answer_for_every_text`, on the final evaluation)."""
+    (:func:`finetune.metrics.same_answer_for_every_text`, on the final evaluation); for regression, given the
+    validation ``targets``, the same number (:func:`finetune.metrics.one_number_for_every_text`)."""
+    if targets is not None:
+        return one_number_for_every_text(summary["eval"], targets, "validation texts", "the saved model")
     return same_answer_for_every_text(summary.get("eval_by_label"), summary["eval"].get("num_samples"),
                                       "validation texts", "the saved model")
+
+
+def validation_targets(run: "Run") -> Optional[list[float]]:
+    """The regression targets of the run's validation rows (None for classes, or without validation)."""
+    if run.labels.problem_type != "regression" or run.eval_dataloader is None:
+        return None
+    return read_column(run.eval_dataloader.dataset, LABELS)
 
 
 def lora_record(plan) -> Optional[dict[str, Any]]:

@@ -318,7 +318,6 @@ def run(args: argparse.Namespace) -> Score:
             refuse_a_run_file(target, output_dir, flag)
     # after the checks above, which need neither datasets nor torch (seconds to import): a wrong argument
     # is said at once
-    from finetune.metrics import same_answer_for_every_text
     from finetune.plot import DPI, confusion_figure
 
     quiet_progress_bars()  # the bars of reading the file and loading the weights; the scoring bar is ours
@@ -331,9 +330,7 @@ def run(args: argparse.Namespace) -> Score:
         print(f"  {key.ljust(width)}  {value:.4f}" if isinstance(value, float) else f"  {key.ljust(width)}  {value}")
     if result.by_label is not None:
         print(format_by_label(result.by_label))
-    caution = same_answer_for_every_text(result.by_label, result.metrics.get("num_samples"),
-                                         f"texts of {file_name(args.file)}", "the model")
-    if caution is not None:
+    for caution in cautions(result, f"texts of {file_name(args.file)}"):
         print(f"warning: {caution}", file=sys.stderr)
     if result.confusion is not None:
         if len(result.labels) <= PRINTED_MATRIX_LABELS:
@@ -346,6 +343,20 @@ def run(args: argparse.Namespace) -> Score:
     if args.json:
         Path(args.json).write_text(json.dumps(json_ready(result.to_dict()), indent=2) + "\n", encoding="utf-8")
     return result
+
+
+def cautions(result: Score, texts_named: str) -> list[str]:
+    """What in the scores is worth a warning: a model that gave every text one answer (or, for regression, one
+    number), or targets all alike, over which a correlation is undefined."""
+    from finetune.metrics import correlations_over_alike_targets, one_number_for_every_text, same_answer_for_every_text
+
+    if result.by_label is not None:  # classes
+        said = [same_answer_for_every_text(result.by_label, result.metrics.get("num_samples"), texts_named,
+                                           "the model")]
+    else:
+        said = [correlations_over_alike_targets(result.metrics, result.references, texts_named),
+                one_number_for_every_text(result.metrics, result.references, texts_named, "the model")]
+    return [caution for caution in said if caution is not None]
 
 
 def main(argv: list[str] | None = None) -> int:

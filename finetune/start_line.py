@@ -21,8 +21,10 @@ from finetune.cpu import plan_cpu_speedups, speedup_settings
 from finetune.cuda_graphs import graphed_run
 from finetune.data_sources import data_sources
 from finetune.launch import choose_precision
+from finetune.metrics import correlations_over_alike_targets
 from finetune.modeling import model_name
 from finetune.optimization import UpdatePlan, describe_layer_rates
+from finetune.results import validation_targets
 
 logger = logging.getLogger("finetune")
 
@@ -55,6 +57,12 @@ def cautions(run: Run) -> list[str]:
         lines.append(f"LoRA (model.lora_rank) at optim.learning_rate={lr:g}, a full fine-tuning rate: adapters start "
                      f"at zero and usually want 5 to 20 times it (2e-3 on the default job; docs/memory.md, LoRA "
                      f"adapters)")
+    targets = validation_targets(run)
+    alike = correlations_over_alike_targets(
+        run.metrics.names, targets, "validation rows",
+        "give validation rows whose targets differ, or evaluation.metrics=[mse,mae]") if targets is not None else None
+    if alike is not None:
+        lines.append(alike)
     if run.eval_dataloader is not None:
         rows = len(run.eval_dataloader.dataset)
         if run.seen_in_training > SEEN_IN_TRAINING_AT_MOST * rows:

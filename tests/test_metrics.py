@@ -165,6 +165,32 @@ def test_a_model_that_gives_every_text_the_same_answer_is_cautioned(pred, ref, s
     assert one_answer_for_every_text({"eval": {"loss": 0.1}, "eval_by_label": None}) is None  # regression
 
 
+@pytest.mark.parametrize("pred, ref, said", [
+    ([2.5, 2.5, 2.5, 2.5], [1.0, 2.0, 3.0, 4.0], "pearson and spearmanr"),  # one number for every text
+    ([1.0, 2.0, 2.5, 3.0], [1.0, 2.0, 3.0, 4.0], None),  # numbers that differ
+    ([1.0, 2.0, 2.5, 3.0], [3.0, 3.0, 3.0, 3.0], None),  # targets alike: the data's to say, before training
+])
+def test_a_regression_model_that_gives_every_text_one_number_is_cautioned(pred, ref, said):
+    from finetune.metrics.other_tasks import RegressionMetrics
+    from finetune.results import one_answer_for_every_text
+
+    scores = RegressionMetrics(["pearson", "spearmanr", "mse"]).compute(pred, ref)
+    caution = one_answer_for_every_text({"eval": scores}, targets=ref)
+    assert caution == (None if said is None else f"the saved model predicted one number for every one of the 4 "
+                       f"validation texts, so its {said} are undefined (nan): its scores are those of answering "
+                       f"alike whatever the text (a learning rate too high or too low, or too few updates?)")
+
+
+def test_validation_targets_all_alike_are_said_to_leave_the_correlations_undefined():
+    from finetune.metrics import correlations_over_alike_targets
+
+    said = correlations_over_alike_targets(["pearson", "mse"], [3.0] * 8, "validation rows", "give others")
+    assert said == ("the 8 validation rows all have the target 3: pearson over them is undefined (nan) whatever "
+                    "the model predicts; give others")
+    assert correlations_over_alike_targets(["mse", "mae"], [3.0] * 8, "validation rows") is None  # none computed
+    assert correlations_over_alike_targets(["pearson"], [3.0, 3.5], "validation rows") is None
+
+
 def test_a_run_whose_model_answers_alike_ends_with_the_caution(tmp_path, caplog):
     import logging
 

@@ -487,21 +487,31 @@ def test_a_regression_run_learns_and_pipeline_agrees_with_predict(problem_runs):
     assert result.metrics["mse"] == pytest.approx(summary["eval"]["mse"], rel=1e-4)
 
 
-def test_an_undefined_correlation_is_written_as_json_every_reader_reads(tmp_path):
+def test_an_undefined_correlation_is_written_as_json_every_reader_reads(tmp_path, caplog, capsys):
     # validation targets all alike: Pearson's and Spearman's correlations are undefined, NaN, for which JSON has
     # no number; Python's json writes NaN, which jq, JavaScript and strict parsers refuse
     rows = make_texts(40, seed=3)
     train = tmp_path / "train.csv"
     train.write_text("text,score\n" + "".join(f"{text},{len(text) % 5}\n" for _, text in rows), encoding="utf-8")
     val = tmp_path / "val.csv"
-    val.write_text("text,score\n" + "".join(f"{text},3\n" for _, text in rows[:8]), encoding="utf-8")
-    cfg, summary = fit_tiny_run(
-        tmp_path, model={"problem_type": "regression"},
-        data={"train_file": str(train), "validation_file": str(val), "format": "auto", "has_header": True,
-              "column_names": None, "label_column": "score"},
-        evaluation={"metrics": ["pearson", "spearmanr", "mse"], "average": "auto", "positive_label": None},
-        training={"num_train_epochs": 1})
+    val.write_text("text,score\n" + "".join(f"{text} {i},3\n" for i, (_, text) in enumerate(rows[:8])),
+                   encoding="utf-8")
+    from finetune.start_line import cautions
+
+    said = []
+    with caplog.at_level(logging.WARNING, logger="finetune"):
+        cfg, summary = fit_tiny_run(
+            tmp_path, before_fit=lambda run: said.extend(cautions(run)), model={"problem_type": "regression"},
+            data={"train_file": str(train), "validation_file": str(val), "format": "auto", "has_header": True,
+                  "column_names": None, "label_column": "score"},
+            evaluation={"metrics": ["pearson", "spearmanr", "mse"], "average": "auto", "positive_label": None},
+            training={"num_train_epochs": 1})
     assert math.isnan(summary["eval"]["pearson"]) and math.isfinite(summary["eval"]["mse"])
+    # said before training, under the start line, as the data's; not after it as the model's
+    assert said == ["the 8 validation rows all have the target 3: pearson and spearmanr over them are undefined "
+                    "(nan) whatever the model predicts; give validation rows whose targets differ, or "
+                    "evaluation.metrics=[mse,mae]"]
+    assert not [r for r in caplog.records if r.levelno == logging.WARNING]
 
     def strict(text):
         return json.loads(text, parse_constant=lambda name: pytest.fail(f"{name} written as a JSON number"))
@@ -513,3 +523,21 @@ def test_an_undefined_correlation_is_written_as_json_every_reader_reads(tmp_path
     assert strict((out / "all_results.json").read_text(encoding="utf-8"))["eval_pearson"] == "nan"
     evaluations = [strict(line) for line in (out / "train_log.jsonl").read_text(encoding="utf-8").splitlines()]
     assert [r["eval/pearson"] for r in evaluations if "eval/pearson" in r] == ["nan"]
+
+    # finetune score says the same of a file's targets, and of the model where one text has several targets:
+    # whatever number it predicts, it predicts it for every row
+    from finetune.score import main as score
+
+    one_text = tmp_path / "one_text.csv"
+    one_text.write_text("text,score\n" + "".join(f"{rows[0][1]},{target}\n" for target in (1, 2, 4)),
+                        encoding="utf-8")
+    capsys.readouterr()
+    for file in (val, one_text):
+        assert score([str(out), "--file", str(file), "--json", str(tmp_path / "s.json")]) == 0
+        assert strict((tmp_path / "s.json").read_text(encoding="utf-8"))["metrics"]["pearson"] == "nan"
+    assert [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning:")] == [
+        "warning: the 8 texts of val.csv all have the target 3: pearson and spearmanr over them are undefined (nan) "
+        "whatever the model predicts",
+        "warning: the model predicted one number for every one of the 3 texts of one_text.csv, so its pearson and "
+        "spearmanr are undefined (nan): its scores are those of answering alike whatever the text (a learning rate "
+        "too high or too low, or too few updates?)"]

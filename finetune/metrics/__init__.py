@@ -315,3 +315,43 @@ def same_answer_for_every_text(by_label: Optional[dict[str, dict[str, float]]], 
         said = f"gave every one of the {texts} {texts_named} the same labels ({', '.join(given)})"
     return (f"{model_named} {said}: its scores are those of answering alike whatever the text (a learning rate "
             f"too high or too low, or too few updates?)")
+
+
+# the regression metrics that are undefined (NaN) where the predictions or the targets are all alike
+CORRELATIONS = ("pearson", "spearmanr")
+
+
+def undefined_correlations(scores: dict[str, Any]) -> list[str]:
+    """The correlations among ``scores`` that came out undefined (NaN)."""
+    return [name for name in CORRELATIONS if isinstance(scores.get(name), float) and np.isnan(scores[name])]
+
+
+def one_number_for_every_text(scores: dict[str, Any], targets, texts_named: str, model_named: str
+                              ) -> Optional[str]:
+    """A caution when a regression model gave every text the same number, else None.
+
+    A correlation is undefined where either side is constant. With ``targets``
+    that differ, an undefined one says the model answered every text alike, as
+    a classifier that predicts one class does (:func:`same_answer_for_every_text`);
+    targets all alike are the data's to say, before training
+    (:func:`correlations_over_alike_targets`).
+    """
+    undefined = undefined_correlations(scores)
+    if not undefined or np.ptp(np.asarray(targets, dtype=np.float64)) == 0:
+        return None
+    return (f"{model_named} predicted one number for every one of the {len(targets)} {texts_named}, so its "
+            f"{' and '.join(undefined)} {'is' if len(undefined) == 1 else 'are'} undefined (nan): its scores are "
+            f"those of answering alike whatever the text (a learning rate too high or too low, or too few updates?)")
+
+
+def correlations_over_alike_targets(metric_names, targets, texts_named: str, remedy: Optional[str] = None
+                                    ) -> Optional[str]:
+    """A caution when regression targets are all one number and a correlation is among ``metric_names``: it
+    is undefined (NaN) whatever the model predicts; ``remedy`` says what to do about it, where there is a way."""
+    values = np.asarray(targets, dtype=np.float64)
+    chosen = [name for name in CORRELATIONS if name in metric_names]
+    if not chosen or len(values) == 0 or np.ptp(values) != 0:
+        return None
+    return (f"the {len(values)} {texts_named} all have the target {values[0]:g}: {' and '.join(chosen)} over them "
+            f"{'is' if len(chosen) == 1 else 'are'} undefined (nan) whatever the model predicts"
+            + (f"; {remedy}" if remedy else ""))
