@@ -19,6 +19,7 @@ import datasets
 
 from finetune.config import DataConfig
 from finetune.errors import ConfigError, DataError
+from finetune.outputs import is_run_folder
 from finetune.resources import saved_by_datasets
 from finetune.tables import RAW_LABEL, TEXT, Table
 from finetune.text_encoding import decode_whole, undecodable
@@ -45,7 +46,7 @@ def read_class_folders(root: Path, cfg: DataConfig, data_extensions: Sequence[st
     """
     if cfg.text_pair_column is not None:
         raise ConfigError(f"data.text_pair_column: not supported with the folder layout ({root})")
-    classes = sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+    classes = sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".") and not _a_run(p))
     by_class = {c: sorted(f for f in c.iterdir() if f.is_file() and f.suffix.lower() == ".txt") for c in classes}
     if not any(by_class.values()):
         raise DataError(f"{root}: no .txt files in any class sub-folder (expected {root}/<class>/<name>.txt)",
@@ -68,6 +69,16 @@ def read_class_folders(root: Path, cfg: DataConfig, data_extensions: Sequence[st
         features=datasets.Features({TEXT: datasets.Value("string"), RAW_LABEL: datasets.Value("string")}),
     )
     return Table.whole(ds, str(root), unit="file", files=files, text_column=TEXT, label_column="sub-folder name")
+
+
+def _a_run(folder: Path) -> bool:
+    """Whether a sub-folder is a run's output (``--output reviews/run``), which is no class: its tokenizer's
+    ``vocab.txt`` would otherwise train as one."""
+    if not is_run_folder(folder):
+        return False
+    logger.warning("%s: a run's output folder, not a class: left out of the data (an output folder outside the "
+                   "data folder keeps the two apart)", folder)
+    return True
 
 
 def _refuse_splits(root: Path, names: list[str]) -> None:

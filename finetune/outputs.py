@@ -56,6 +56,12 @@ _MODEL_FILE = re.compile(r"^(config\.json|.*\.safetensors|.*\.bin|tokenizer.*|vo
                          r"special_tokens_map\.json|added_tokens\.json|.*\.model)$")
 
 
+def is_run_folder(folder: Path) -> bool:
+    """Whether ``folder`` is a run's output folder: its ``config.yaml`` beside its log, checkpoints or lock."""
+    return (folder / CONFIG_FILE).is_file() and any((folder / name).exists()
+                                                    for name in (LOG_FILE, CHECKPOINTS_DIR, LOCK_FILE))
+
+
 def what_the_folder_holds_instead(folder: Path) -> Optional[str]:
     """For a folder given as a model that holds none (no ``config.json``): where the model it stands for is.
 

@@ -332,6 +332,26 @@ def test_folder_of_classes(tmp_path):
     assert names_of(splits["train"]) == ["sport", "sport", "tech"]
 
 
+def test_a_runs_output_folder_inside_a_class_folder_is_no_class(tmp_path, caplog):
+    # --output reviews/run: the run's folder holds its tokenizer's vocab.txt, a "text" of a class named run
+    for label in ("neg", "pos"):
+        for i in range(3):
+            write(tmp_path / "reviews" / label / f"{i}.txt", f"{label} review {i}")
+    run = tmp_path / "reviews" / "run"
+    write(run / "vocab.txt", "[PAD]\n[UNK]\n")
+    write(run / "config.yaml", "data: {}\n")
+    write(run / "train_log.jsonl", "")
+    with caplog.at_level(logging.WARNING, logger="finetune.data"):
+        splits, labels = load_splits(cfg(str(tmp_path / "reviews")), seed=0)
+    assert labels.names == ["neg", "pos"] and len(splits["train"]) == 6
+    assert [r.getMessage() for r in caplog.records] == [
+        f"{run}: a run's output folder, not a class: left out of the data (an output folder outside the data "
+        "folder keeps the two apart)"]
+    (run / "train_log.jsonl").unlink()  # a folder with a config.yaml alone is a class like any other
+    splits, labels = load_splits(cfg(str(tmp_path / "reviews")), seed=0)
+    assert labels.names == ["neg", "pos", "run"] and len(splits["train"]) == 7  # its vocab.txt
+
+
 def test_a_folder_of_splits_is_told_to_pass_one_and_an_unlabelled_class_is_warned_of(tmp_path, caplog):
     # IMDB's layout: aclImdb/{train,test}/{pos,neg}/, train/unsup/ unlabelled, and lists of URLs as .txt
     root = tmp_path / "aclImdb"
