@@ -23,6 +23,7 @@ from __future__ import annotations
 import codecs
 import contextlib
 import csv
+import dataclasses
 import functools
 import json
 import logging
@@ -36,6 +37,7 @@ import pyarrow.compute as pc
 from finetune.class_folders import read_class_folders
 from finetune.config import DataConfig
 from finetune.errors import ConfigError, DataError, FileLayoutError, FinetuneError, root_message
+from finetune.remote_files import is_url
 from finetune.resources import SAVED_DATASET_DICT_FILE, data_path, saved_by_datasets
 from finetune.tables import Table, as_arrow, as_mask
 from finetune.text_encoding import (COMPRESSIONS, compression_of, inner_suffix, is_utf8, open_bytes, open_text,
@@ -81,8 +83,20 @@ def read_table(spec: str, key: str, cfg: Optional[DataConfig] = None,
 
 
 def read_local(spec: str, key: str, cfg: DataConfig, encoding_flag: str = "data.encoding") -> Table:
-    """Read one local file (its own columns) or class folder into a :class:`Table`."""
+    """Read one local file (its own columns) or class folder into a :class:`Table`; a URL's file is read from
+    its downloaded copy (:mod:`finetune.remote_files`), and named by its URL in the table and in any error."""
     path = data_path(spec, key)
+    if not is_url(spec):
+        return _read_path(path, key, cfg, encoding_flag)
+    try:
+        table = _read_path(path, key, cfg, encoding_flag)
+    except DataError as exc:  # the copy's path is the cache's: the user gave the URL
+        named = str(path)
+        raise type(exc)(exc.message.replace(named, spec), exc.hint and exc.hint.replace(named, spec)) from None
+    return dataclasses.replace(table, source=spec)
+
+
+def _read_path(path: Path, key: str, cfg: DataConfig, encoding_flag: str) -> Table:
     fmt = _detect_format(path, cfg.format, key, cfg.encoding)
     if fmt == "saved":
         return Table.whole(_load_from_disk(path), str(path), unit="row")

@@ -82,3 +82,16 @@ def test_a_url_that_cannot_be_downloaded_is_one_line(downloads, site):
         load_splits(_cfg("dropbox://folder/x.csv"), seed=0)
     assert info.value.hint == ("fsspec reads dropbox:// with the package dropboxdrivefs (pip install "
                                "dropboxdrivefs), or copy the file here and pass it")
+
+
+def test_a_urls_errors_name_the_url_not_its_downloaded_copy(downloads, site):
+    folder, url, _ = site
+    (folder / "rows.csv").write_text("text,label\nfine,pos\na, b,neg\n", encoding="utf-8")
+    with pytest.raises(DataError) as info:
+        load_splits(_cfg(f"{url}/rows.csv"), seed=0)
+    assert info.value.message == f"{url}/rows.csv: line 3 has 3 fields but the header has 2 (text, label)"
+    # a table's later messages (its labels, at their lines) name it too
+    (folder / "train.csv").write_text("text,label\none,pos\ntwo,neg\n", encoding="utf-8")
+    (folder / "val.csv").write_text("text,label\nthree,pos\nfour,maybe\n", encoding="utf-8")
+    with pytest.raises(DataError, match=rf"^{url}/val\.csv: label 'maybe' at line 3 not among the 2 labels"):
+        load_splits(DataConfig(train_file=f"{url}/train.csv", validation_file=f"{url}/val.csv"), seed=0)
