@@ -386,7 +386,7 @@ def run(args: argparse.Namespace) -> None:
     # argument is said at once
     quiet_progress_bars()  # the bars of reading the file and loading the weights; the file's bar is ours
     if args.file:
-        rows = read_rows(file, text_column, pair_column, encoding)
+        rows = read_rows(args.file, text_column, pair_column, encoding)
     else:
         if pair_column:
             raise ConfigError(f"this model takes text pairs ({pair_column!r}): use --file with both columns")

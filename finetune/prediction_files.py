@@ -84,15 +84,19 @@ def read_rows(path: str | os.PathLike, text_column: str = "text",
     from finetune.config import DataConfig
     from finetune.column_hints import PANDAS_JSON_HINT, pandas_layout
     from finetune.local_files import read_table
+    from finetune.remote_files import is_url
+    from finetune.resources import data_path
 
-    stdin = str(path) == STDIN
-    path = Path(path)
-    suffix = ".txt" if stdin else input_kind(path)
+    given = str(path)
+    stdin, url = given == STDIN, is_url(given)
+    local = data_path(given, "--file") if url else Path(given)  # a URL is read from its downloaded copy,
+    path = given if url else local  # and named as given
+    suffix = ".txt" if stdin else input_kind(local)
     if suffix == ".txt":
         if text_pair_column:
             raise DataError(f"--file {path}: {'standard input' if stdin else 'a .txt file'} holds single texts; "
                             f"this model takes pairs (use .csv or .jsonl with a {text_pair_column!r} column)")
-        rows = _text_lines(sys.stdin.buffer if stdin else path, path, encoding)
+        rows = _text_lines(sys.stdin.buffer if stdin else local, path, encoding)
     else:
         # the readers training uses: the same formats, quoting and encoding checks
         table = read_table(str(path), "--file", DataConfig(train_file=str(path), encoding=encoding), "--encoding",
@@ -111,7 +115,7 @@ def read_rows(path: str | os.PathLike, text_column: str = "text",
     return rows
 
 
-def _text_lines(source, path: Path, encoding: str) -> list[dict[str, Any]]:
+def _text_lines(source, path: str | Path, encoding: str) -> list[dict[str, Any]]:
     """``{"text": line}`` for each line of a file or a binary stream, read in ``encoding`` (a UTF-8 BOM dropped)."""
     from finetune.text_encoding import decode_whole, undecodable
 

@@ -208,7 +208,10 @@ def test_a_url_predicts_and_scores_as_the_file_it_names(trained, tmp_path, capsy
         assert (tmp_path / "url.csv").read_text() == (tmp_path / "local.csv").read_text()
         capsys.readouterr()
         assert score([str(out), "--file", f"{url}/held_out.tsv", "--json", str(tmp_path / "url.json")]) == 0
-    printed = capsys.readouterr().out
+        printed = capsys.readouterr().out
+        assert main([str(out), "--file", f"{url}/in.csv", "--text", "body"]) == 2  # named as given
+        assert capsys.readouterr().err.strip() == (f"error: --file {url}/in.csv: no column 'body' in the header "
+                                                   "(id, message); pass --text")
     assert printed.startswith(f"{url}/held_out.tsv: 12 samples")  # named by its URL, not by the downloaded copy
     assert f"confusion matrix: {out / 'confusion_held_out.png'}" in printed
     assert score([str(out), "--file", str(site / "held_out.tsv"), "--json", str(tmp_path / "local.json")]) == 0
