@@ -69,10 +69,35 @@ def _named_copy(url: str, key: str) -> Path:
                            url, root_message(exc), time.strftime("%Y-%m-%d", time.localtime(named.stat().st_mtime)))
             return named
         raise DataError(f"{key}: cannot download {url}: {root_message(exc)}", hint=_download_hint(url, exc)) from None
+    _refuse_a_web_page(cached, url, key)
     if not named.exists() or named.resolve() != cached.resolve():
         _link(named, cached)
     logger.info("%s: read from its downloaded copy, %s", url, named)
     return named
+
+
+def _refuse_a_web_page(cached: Path, url: str, key: str) -> None:
+    """Stop where the server sent a web page for the file: a code host's page that shows a file (GitHub's
+    ``/blob/``) is an HTML page, and its reader would take the page's markup for rows."""
+    with open(cached, "rb") as fh:
+        start = fh.read(512).lstrip(b"\xef\xbb\xbf \t\r\n").lower()
+    if not start.startswith((b"<!doctype html", b"<html")):
+        return
+    raw = _raw_url(url)
+    raise DataError(f"{key}: {url} is a web page (HTML), not the data file",
+                    hint=f"the file itself is at {raw}" if raw else "give the URL of the file itself (a 'raw' or "
+                    "'download' link)")
+
+
+def _raw_url(url: str) -> Optional[str]:
+    """The URL of the file itself for a code host's page that shows it (GitHub's and the Hub's ``/blob/``)."""
+    github = re.match(r"https?://github\.com/([^/]+/[^/]+)/blob/(.+)", url)
+    if github:
+        return f"https://raw.githubusercontent.com/{github.group(1)}/{github.group(2)}"
+    hub = re.match(r"(https?://huggingface\.co/(?:datasets/)?[^/]+/[^/]+)/blob/(.+)", url)
+    if hub:
+        return f"{hub.group(1)}/resolve/{hub.group(2)}"
+    return None
 
 
 def _digest(url: str) -> str:

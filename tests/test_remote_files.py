@@ -95,3 +95,20 @@ def test_a_urls_errors_name_the_url_not_its_downloaded_copy(downloads, site):
     (folder / "val.csv").write_text("text,label\nthree,pos\nfour,maybe\n", encoding="utf-8")
     with pytest.raises(DataError, match=rf"^{url}/val\.csv: label 'maybe' at line 3 not among the 2 labels"):
         load_splits(DataConfig(train_file=f"{url}/train.csv", validation_file=f"{url}/val.csv"), seed=0)
+
+
+def test_a_web_page_in_place_of_the_file_is_refused_with_the_files_own_url(downloads, site):
+    from finetune.remote_files import _raw_url
+
+    folder, url, _ = site
+    # what a code host answers for the page that shows a file: its reader would take the markup for rows
+    (folder / "train.csv").write_text('\n<!DOCTYPE html>\n<html lang="en"><head><title>train.csv</title>',
+                                      encoding="utf-8")
+    with pytest.raises(DataError) as info:
+        load_splits(_cfg(f"{url}/train.csv"), seed=0)
+    assert info.value.message == f"data.train_file: {url}/train.csv is a web page (HTML), not the data file"
+    assert info.value.hint == "give the URL of the file itself (a 'raw' or 'download' link)"
+    assert _raw_url("https://github.com/someone/reviews/blob/main/data/train.csv") == (
+        "https://raw.githubusercontent.com/someone/reviews/main/data/train.csv")
+    assert _raw_url("https://huggingface.co/datasets/someone/reviews/blob/main/train.csv") == (
+        "https://huggingface.co/datasets/someone/reviews/resolve/main/train.csv")
