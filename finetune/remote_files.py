@@ -90,13 +90,16 @@ def _refuse_a_web_page(cached: Path, url: str, key: str) -> None:
 
 
 def _raw_url(url: str) -> Optional[str]:
-    """The URL of the file itself for a code host's page that shows it (GitHub's and the Hub's ``/blob/``)."""
+    """The URL of the file itself for a page that shows it: GitHub's and the Hub's ``/blob/``, a Dropbox
+    shared link's preview (``dl=0``)."""
     github = re.match(r"https?://github\.com/([^/]+/[^/]+)/blob/(.+)", url)
     if github:
         return f"https://raw.githubusercontent.com/{github.group(1)}/{github.group(2)}"
     hub = re.match(r"(https?://huggingface\.co/(?:datasets/)?[^/]+/[^/]+)/blob/(.+)", url)
     if hub:
         return f"{hub.group(1)}/resolve/{hub.group(2)}"
+    if re.match(r"https?://(www\.)?dropbox\.com/", url) and "dl=0" in url:  # a shared link's preview page
+        return url.replace("dl=0", "dl=1")
     return None
 
 

@@ -112,3 +112,6 @@ def test_a_web_page_in_place_of_the_file_is_refused_with_the_files_own_url(downl
         "https://raw.githubusercontent.com/someone/reviews/main/data/train.csv")
     assert _raw_url("https://huggingface.co/datasets/someone/reviews/blob/main/train.csv") == (
         "https://huggingface.co/datasets/someone/reviews/resolve/main/train.csv")
+    assert _raw_url("https://www.dropbox.com/scl/fi/abc/train.csv?rlkey=x&dl=0") == (
+        "https://www.dropbox.com/scl/fi/abc/train.csv?rlkey=x&dl=1")
+    assert _raw_url("https://example.com/train.csv") is None
