@@ -16,6 +16,7 @@ import hashlib
 import logging
 import os
 import re
+import shutil
 import time
 import urllib.parse
 from pathlib import Path
@@ -113,7 +114,10 @@ def _link(named: Path, cached: Path) -> None:
     named.parent.mkdir(parents=True, exist_ok=True)
     aside = named.with_name(f".{named.name}.{os.getpid()}")
     aside.unlink(missing_ok=True)
-    aside.symlink_to(cached)
+    try:
+        aside.symlink_to(cached)
+    except OSError:  # a file system without links: a copy, at the cost of the disk it takes
+        shutil.copyfile(cached, aside)
     os.replace(aside, named)
 
 

@@ -115,3 +115,21 @@ def test_a_web_page_in_place_of_the_file_is_refused_with_the_files_own_url(downl
     assert _raw_url("https://www.dropbox.com/scl/fi/abc/train.csv?rlkey=x&dl=0") == (
         "https://www.dropbox.com/scl/fi/abc/train.csv?rlkey=x&dl=1")
     assert _raw_url("https://example.com/train.csv") is None
+
+
+def test_where_the_file_system_has_no_links_the_copy_is_a_copy(downloads, site, monkeypatch):
+    import finetune.remote_files as remote
+
+    folder, url, _ = site
+    (folder / "texts.csv").write_text("text,label\nfirst,a\n", encoding="utf-8")
+
+    def no_links(self, target):
+        raise OSError(1, "Operation not permitted")
+
+    monkeypatch.setattr(type(folder), "symlink_to", no_links)
+    copy = local_copy(f"{url}/texts.csv", "--file")
+    assert copy.name == "texts.csv" and not copy.is_symlink()
+    assert copy.read_text(encoding="utf-8") == "text,label\nfirst,a\n"
+    (folder / "texts.csv").write_text("text,label\nsecond,b\n", encoding="utf-8")
+    remote._named_copy.cache_clear()
+    assert local_copy(f"{url}/texts.csv", "--file").read_text(encoding="utf-8") == "text,label\nsecond,b\n"
