@@ -45,6 +45,15 @@ def all_results(summary: dict[str, Any]) -> dict[str, Any]:
     return results
 
 
+def _same_data(digest: Optional[str]) -> list[str]:
+    """How to tell that a run again read the same training rows (a card written before the digest was kept has
+    none)."""
+    if not digest:
+        return []
+    return [f"It read the same training rows where its `metrics.json` holds the same `train.data_sha256`: "
+            f"`{digest}`.", ""]
+
+
 def reproduce_command(num_processes: int, output_dir: str) -> str:
     """The command that trains this model again from the folder's ``config.yaml``, into a new folder."""
     args = ["--config", f"{output_dir}/{CONFIG_FILE}", f"output.output_dir={output_dir}-again"]
@@ -251,5 +260,6 @@ def model_card(cfg, summary: dict[str, Any]) -> str:
         reproduce_command(train["num_processes"], cfg.output.output_dir),
         "```",
         "",
+        *_same_data(train.get("data_sha256")),
     ]
     return "\n".join(lines)

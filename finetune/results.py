@@ -73,6 +73,9 @@ def summarize(run: "Run", history: list[dict[str, Any]], ended: str = "completed
             # how many training texts data.max_length cut, and what they kept
             "long_texts": run.long_texts.record() if run.long_texts is not None else None,
             "ended": ended,
+            # SHA-256 of the training rows as read (values and schema, in order): what a resume compares, and what
+            # tells a run again from config.yaml whether it read the same data (a file edited, a URL's changed)
+            "data_sha256": run.data_sha256,
         },
         "eval": {k.removeprefix("eval/"): v for k, v in final.items() if k.startswith("eval/")},
         # the same model's precision, recall, F1 and support of each label alone, or null (regression)

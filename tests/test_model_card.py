@@ -116,3 +116,20 @@ def test_many_labels_show_the_weakest_and_a_pipe_in_a_name_stays_in_its_cell():
     # the weakest twenty, weakest first: F1 0.00 to 0.19 of the thirty labels' 0.00 to 0.29
     assert [float(row[3]) for row in rows] == [i / 100 for i in range(20)]
     assert "scored alone" not in model_card(cfg, _summary())  # a run without them (regression, an older one)
+
+
+def test_the_card_and_metrics_name_the_training_rows_digest_a_run_again_compares(tmp_path):
+    import json
+
+    from tiny_run import fit_tiny_run
+
+    digests = []
+    cfg, summary = fit_tiny_run(tmp_path, before_fit=lambda run: digests.append(run.data_sha256),
+                                training={"num_train_epochs": 1})
+    out = tmp_path / "out"
+    digest = json.loads((out / "metrics.json").read_text(encoding="utf-8"))["train"]["data_sha256"]
+    assert digest == summary["train"]["data_sha256"] == digests[0] and len(digest) == 64
+    card = (out / "README.md").read_text(encoding="utf-8")
+    assert f"It read the same training rows where its `metrics.json` holds the same `train.data_sha256`: " \
+           f"`{digest}`." in card
+    assert "data_sha256" not in model_card(cfg, _summary())  # a summary of before has none to name
