@@ -88,8 +88,10 @@ def _refuse_splits(root: Path, names: list[str]) -> None:
     train = next((n for n in names if n.lower() in ("train", "training")), names[0])
     other = next((n for n in names if n != train and n.lower() in ("validation", "valid", "val", "dev")),
                  next(n for n in names if n != train))
+    unlabelled = sorted(p for p in (root / train).iterdir() if p.is_dir() and p.name.lower() in UNLABELLED_NAMES)
     raise DataError(f"{root}: its sub-folders are splits ({', '.join(names)}), not classes",
-                    hint=f"pass the training split's folder: --data {root / train} data.validation_file={root / other}")
+                    hint=f"pass the training split's folder: --data {root / train} data.validation_file={root / other}"
+                    + "".join(f"; move {p} out of it first: its texts have no label" for p in unlabelled))
 
 
 def _warn_of_unlabelled(root: Path, names: list[str]) -> None:

@@ -364,7 +364,8 @@ def test_a_folder_of_splits_is_told_to_pass_one_and_an_unlabelled_class_is_warne
     with pytest.raises(DataError, match=r"aclImdb: its sub-folders are splits \(test, train\), not classes") as info:
         load_splits(cfg(str(root)), seed=0)
     assert info.value.hint == (f"pass the training split's folder: --data {root / 'train'} "
-                               f"data.validation_file={root / 'test'}")
+                               f"data.validation_file={root / 'test'}; move {root / 'train' / 'unsup'} out of it "
+                               f"first: its texts have no label")
     with caplog.at_level(logging.WARNING, logger="finetune.data"):
         splits, labels = load_splits(cfg(str(root / "train"), validation_file=str(root / "test")), seed=0)
     assert labels.names == ["neg", "pos", "unsup"]  # trained as a class, as the folder says, and warned of
