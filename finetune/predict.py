@@ -352,12 +352,6 @@ def run(args: argparse.Namespace) -> None:
         raise ConfigError("give texts or --file, not both")
     if args.output and not args.file:
         raise ConfigError("--output: only with --file")
-    # a URL's file is read from its downloaded copy, named as the URL names it
-    file = str(local_copy(args.file, "--file")) if args.file and is_url(args.file) else args.file
-    # a line of a .txt file, or of standard input, is a text: the run's text column names a table's column
-    lines = file == STDIN or bool(file) and input_kind(file) == ".txt"  # before the imports below
-    if lines and args.text_column is not None:
-        raise ConfigError(f"--text {args.text_column!r}: names a column; {args.file} holds one text per line")
     if args.batch_size < 1:
         raise ConfigError(f"--batch-size: must be >= 1, got {args.batch_size}")
     if args.encoding is not None:
@@ -371,12 +365,18 @@ def run(args: argparse.Namespace) -> None:
         checked_suffix(Path(args.output), OUTPUT_FORMATS, "--output")
         if not Path(args.output).resolve().parent.is_dir():
             raise DataError(f"--output {args.output}: its directory does not exist")
-        if file != STDIN and Path(args.output).resolve() == Path(file).resolve():
-            raise ConfigError(f"--output {args.output}: is the --file being classified; name another file")
     output_dir = Path(args.output_dir)
     if not output_dir.is_dir():
         raise ModelError(f"{output_dir}: not found (pass a run's output_dir)")
+    # the file last, since a URL's is downloaded first: its copy, named as the URL names it, is what is read
+    file = str(local_copy(args.file, "--file")) if args.file and is_url(args.file) else args.file
+    # a line of a .txt file, or of standard input, is a text: the run's text column names a table's column
+    lines = file == STDIN or bool(file) and input_kind(file) == ".txt"  # before the imports below
+    if lines and args.text_column is not None:
+        raise ConfigError(f"--text {args.text_column!r}: names a column; {args.file} holds one text per line")
     if args.output:
+        if file != STDIN and Path(args.output).resolve() == Path(file).resolve():
+            raise ConfigError(f"--output {args.output}: is the --file being classified; name another file")
         refuse_a_run_file(args.output, output_dir, "--output")
     cfg = saved_config(output_dir)
     text_column = "text" if lines else args.text_column or (cfg.data.text_column if cfg is not None else "text")
