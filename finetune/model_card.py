@@ -81,7 +81,9 @@ def _front_matter(cfg, name: str, metrics: dict[str, float]) -> dict[str, Any]:
     if sources.hub_id:
         front["datasets"] = [sources.hub_id]
     if metrics:
-        dataset = {"name": sources.results_name, "type": sources.hub_id or sources.results_name,
+        # a local data set's type is its name, without the slash of a folder and the one above it
+        # (`bbcnews/data`), which the Hub would read as a data set's id
+        dataset = {"name": sources.results_name, "type": sources.hub_id or sources.results_name.replace("/", "-"),
                    "split": sources.results_split}
         if sources.hub_config:
             dataset["config"] = sources.hub_config

@@ -101,16 +101,26 @@ def data_path(spec: str, key: str) -> Path:
     return path
 
 
+# folder names that say nothing of the data set in them: the start line and the card name the folder above too
+_UNTOLD = ("data", "dataset", "datasets", "corpus", "train", "training", "texts")
+
+
 def file_name(spec: str) -> str:
-    """The name of the file or folder a data setting names, as messages show it: ``reviews.csv`` for
-    ``data/reviews.csv`` and ``https://host/reviews.csv?raw=1`` alike."""
-    return url_file_name(spec) if is_url(spec) else Path(spec.rstrip("/")).name
+    """The name of the file or folder a data setting names, as the start line and the card show it:
+    ``reviews.csv`` for ``data/reviews.csv`` and ``https://host/reviews.csv?raw=1`` alike; a folder named
+    ``data`` or ``train`` with the folder above it (``bbcnews/data``, ``aclImdb/train``)."""
+    if is_url(spec):
+        return url_file_name(spec)
+    path = Path(spec.rstrip("/"))
+    if path.name.lower() in _UNTOLD and path.absolute().parent.name:
+        return f"{path.absolute().parent.name}/{path.name}"
+    return path.name
 
 
 def data_name(spec: str) -> str:
     """What the outputs named for a data file or folder call it: ``reviews`` for ``data/reviews.csv``,
     ``reviews.csv.gz``, ``reviews/`` and ``https://host/reviews.csv`` alike."""
-    path = Path(file_name(spec))
+    path = Path(Path(file_name(spec)).name)
     return Path(path.stem).stem if compression_of(path) else path.stem
 
 

