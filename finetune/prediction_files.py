@@ -186,6 +186,12 @@ def output_separator(file: Optional[str], encoding: str) -> str:
     return csv_separator(Path(file), encoding)
 
 
+def _cell(value: Any) -> Any:
+    """An input column's value as a CSV field: a list or a mapping (a JSON file's list of labels) as JSON, which
+    reads back, where the csv module would write Python's ``['a', 'b']``."""
+    return json.dumps(value, ensure_ascii=False, default=str) if isinstance(value, (list, dict)) else value
+
+
 def write_predictions(path: str | os.PathLike, rows: list[dict[str, Any]], labels: Sequence[str],
                       label_delimiter: str = ",", prefix: str = "", separator: str = ",") -> None:
     """Write predicted rows as ``.csv`` (fields between ``separator``) or ``.jsonl``.
@@ -210,7 +216,7 @@ def write_predictions(path: str | os.PathLike, rows: list[dict[str, Any]], label
             for row in rows:
                 values = [label_delimiter.join(row[c]) if c == label_list else row[c] for c in predicted]
                 probs = [row[probabilities_key][name] for name in labels] if probabilities else []
-                writer.writerow([row[c] for c in columns] + values + probs)
+                writer.writerow([_cell(row[c]) for c in columns] + values + probs)
         else:
             for row in rows:
                 # a Parquet file's dates and times are written as their text, as the CSV writer does

@@ -239,6 +239,20 @@ def test_lines_are_texts_whatever_the_runs_text_column(trained, predictor, tmp_p
     assert capsys.readouterr().err.strip() == f"error: --text 'sentence': names a column; {txt} holds one text per line"
 
 
+def test_a_list_or_mapping_column_is_written_to_csv_as_json(trained, tmp_path):
+    from finetune.predict import main
+
+    out, _, _ = trained
+    rows = [{"text": text, "tags": ["spam", "ads"][: i % 2 + 1], "meta": {"id": i, "src": "ünï"}}
+            for i, text in enumerate(TEXTS)]
+    (tmp_path / "in.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    assert main([str(out), "--file", str(tmp_path / "in.jsonl"), "--output", str(tmp_path / "p.csv")]) == 0
+    with open(tmp_path / "p.csv", newline="", encoding="utf-8") as fh:
+        written = list(csv.DictReader(fh))
+    assert [json.loads(r["tags"]) for r in written] == [r["tags"] for r in rows]  # not Python's ['spam']
+    assert [json.loads(r["meta"]) for r in written] == [r["meta"] for r in rows]
+
+
 def test_every_format_training_reads_can_be_classified(trained, predictor, tmp_path, capsys):
     import datetime
 
