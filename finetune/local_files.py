@@ -188,10 +188,12 @@ def _unsupported(path: Path, suffix: str, key: str) -> DataError:
         f"or set data.format)",
         hint="save the spreadsheet as CSV (its File > Save as) and pass that file" if suffix in SPREADSHEETS
         else _TEXT_LINES_HINT if suffix == ".txt" else _arrow_hint(path) if suffix == ".arrow" and not compression
-        else _packed_hint(path, suffix, compression),
+        else _NO_EXTENSION_HINT if not suffix and not compression else _packed_hint(path, suffix, compression),
     )
 
 
+# a file named without an extension (a spreadsheet's export URL, `.../export?format=csv`) reads once it is named
+_NO_EXTENSION_HINT = "without an extension, the format is named: data.format=csv (or tsv, json, parquet)"
 # how to unpack what is not read as it is: zstd (the standard library has no reader of it) and archives
 _UNCOMPRESS = {".gz": "gunzip -k", ".bz2": "bunzip2 -k", ".xz": "unxz -k", ".zst": "unzstd"}
 _ARCHIVES = {".zip": "unzip", ".tar": "tar -xf", ".tgz": "tar -xzf"}

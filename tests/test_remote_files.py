@@ -133,3 +133,17 @@ def test_where_the_file_system_has_no_links_the_copy_is_a_copy(downloads, site, 
     (folder / "texts.csv").write_text("text,label\nsecond,b\n", encoding="utf-8")
     remote._named_copy.cache_clear()
     assert local_copy(f"{url}/texts.csv", "--file").read_text(encoding="utf-8") == "text,label\nsecond,b\n"
+
+
+def test_a_url_without_an_extension_reads_once_its_format_is_named(downloads, site, tmp_path):
+    # a spreadsheet's CSV export: .../export?format=csv names no extension
+    folder, url, _ = site
+    plain = write_csv(tmp_path / "sheet.csv", make_texts(12, seed=2))
+    (folder / "export").write_bytes(plain.read_bytes())
+    with pytest.raises(DataError, match=rf"^data\.train_file: {url}/export\?format=csv: unsupported extension "
+                                        r"'\(none\)'") as info:
+        load_splits(_cfg(f"{url}/export?format=csv"), seed=0)
+    assert info.value.hint == "without an extension, the format is named: data.format=csv (or tsv, json, parquet)"
+    named = DataConfig(train_file=f"{url}/export?format=csv", format="csv", validation_split=0.0)
+    expected, _ = load_splits(_cfg(str(plain)), seed=0)
+    assert load_splits(named, seed=0)[0]["train"].to_list() == expected["train"].to_list()
