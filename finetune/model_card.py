@@ -11,6 +11,7 @@ Trainer writes (``train_runtime``, ``train_samples_per_second``,
 
 from __future__ import annotations
 
+import re
 import shlex
 from pathlib import Path
 from typing import Any, Optional
@@ -198,6 +199,11 @@ def _by_label(by_label: Optional[dict[str, dict[str, float]]]) -> list[str]:
     return [title, "", "| label | precision | recall | F1 | support |", "|---|---|---|---|---|", *rows, ""]
 
 
+def _linked(name: str, spec: Optional[str]) -> str:
+    """The training data's name, linked to where it was downloaded from when it is a web address."""
+    return f"[{name}]({spec})" if spec and re.match(r"https?://", spec) else name
+
+
 def _cell(text: str) -> str:
     return text.replace("|", "\\|")  # a "|" in a label would split its row
 
@@ -230,7 +236,7 @@ def model_card(cfg, summary: dict[str, Any]) -> str:
         "",
         f"# {name}",
         "",
-        f"A text classifier fine-tuned from {base} on {sources.train} with "
+        f"A text classifier fine-tuned from {base} on {_linked(sources.train, cfg.data.train_file)} with "
         f"finetune. {_predicts(cfg.model.problem_type, labels)}"
         f"{chosen}{stopped}",
         "",

@@ -146,3 +146,11 @@ def test_a_data_folder_of_a_name_that_says_nothing_is_named_with_the_folder_abov
     assert data_name(bbc) == "data"  # --data's output folder keeps the folder's own name: outputs/data
     meta, body = _card({"train_file": "reviews/"})
     assert "on reviews with finetune" in body
+
+
+def test_data_from_a_web_address_is_linked_where_the_card_names_it():
+    url = "https://example.com/d/reviews.csv?raw=1"
+    _, body = _card({"train_file": url})
+    assert f"on [reviews.csv]({url}) with finetune" in body
+    _, body = _card({"train_file": "hf://datasets/someone/reviews/train.csv"})  # no address a browser opens
+    assert "on train.csv with finetune" in body
