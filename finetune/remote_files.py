@@ -11,7 +11,6 @@ downloader's own cache does not serve.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import logging
 import os
@@ -27,6 +26,8 @@ from finetune.errors import DataError, innermost, root_message
 logger = logging.getLogger("finetune.data")
 
 _URL = re.compile(r"[a-z][a-z0-9+.-]*://", re.IGNORECASE)
+# the URLs whose copy this process has named in the log: a run reads its data file more than once
+_SAID: set[str] = set()
 
 
 def is_url(spec: str) -> bool:
@@ -40,19 +41,15 @@ def url_file_name(url: str) -> str:
 
 
 def local_copy(url: str, key: str) -> Path:
-    """The downloaded copy of the file at ``url``, named as the URL names it (downloaded once per process).
+    """The downloaded copy of the file at ``url``, named as the URL names it.
 
-    Where the URL cannot be reached (no network, offline mode) and an earlier run downloaded it, that copy is
-    read, with a warning that it may be out of date.
+    Each call asks the server for the file's ETag (a request without the file): a kernel that sets up a run
+    again reads a file that changed since. Where the URL cannot be reached (no network, offline mode) and an
+    earlier run downloaded it, that copy is read, with a warning that it may be out of date.
 
     Raises:
         DataError: naming ``key`` and the URL where it cannot be downloaded.
     """
-    return _named_copy(url, key)
-
-
-@functools.lru_cache(maxsize=None)
-def _named_copy(url: str, key: str) -> Path:
     import datasets
 
     name = url_file_name(url)
@@ -73,7 +70,9 @@ def _named_copy(url: str, key: str) -> Path:
     _refuse_a_web_page(cached, url, key)
     if not named.exists() or named.resolve() != cached.resolve():
         _link(named, cached)
-    logger.info("%s: read from its downloaded copy, %s", url, named)
+    if url not in _SAID:
+        _SAID.add(url)
+        logger.info("%s: read from its downloaded copy, %s", url, named)
     return named
 
 

@@ -46,21 +46,16 @@ def test_a_url_trains_as_the_file_it_names(downloads, site, tmp_path):
 
 
 def test_a_url_is_downloaded_once_checked_by_its_etag_and_read_offline_from_that_copy(downloads, site, caplog):
-    import finetune.remote_files as remote
-
     folder, url, requests = site
     (folder / "texts.csv").write_text("text,label\nfirst,a\n", encoding="utf-8")
     first = local_copy(f"{url}/texts.csv", "--file")
-    remote._named_copy.cache_clear()  # a new process, as a second run is
     again = local_copy(f"{url}/texts.csv", "--file")
     assert again == first and again.name == "texts.csv"
     assert [r for r in requests if r.startswith("GET")] == ["GET /texts.csv 200"]  # the second asked its ETag alone
 
     (folder / "texts.csv").write_text("text,label\nsecond,b\n", encoding="utf-8")  # a new ETag
-    remote._named_copy.cache_clear()
     assert local_copy(f"{url}/texts.csv", "--file").read_text(encoding="utf-8") == "text,label\nsecond,b\n"
 
-    remote._named_copy.cache_clear()
     datasets.config.HF_HUB_OFFLINE = True  # the monkeypatch of `downloads` puts it back
     with caplog.at_level(logging.WARNING, logger="finetune.data"):
         offline = local_copy(f"{url}/texts.csv", "--file")
@@ -118,8 +113,6 @@ def test_a_web_page_in_place_of_the_file_is_refused_with_the_files_own_url(downl
 
 
 def test_where_the_file_system_has_no_links_the_copy_is_a_copy(downloads, site, monkeypatch):
-    import finetune.remote_files as remote
-
     folder, url, _ = site
     (folder / "texts.csv").write_text("text,label\nfirst,a\n", encoding="utf-8")
 
@@ -131,7 +124,6 @@ def test_where_the_file_system_has_no_links_the_copy_is_a_copy(downloads, site, 
     assert copy.name == "texts.csv" and not copy.is_symlink()
     assert copy.read_text(encoding="utf-8") == "text,label\nfirst,a\n"
     (folder / "texts.csv").write_text("text,label\nsecond,b\n", encoding="utf-8")
-    remote._named_copy.cache_clear()
     assert local_copy(f"{url}/texts.csv", "--file").read_text(encoding="utf-8") == "text,label\nsecond,b\n"
 
 
