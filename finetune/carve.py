@@ -32,37 +32,49 @@ def carve_validation(train: datasets.Dataset, read: Table, fraction: float, seed
     class for single_label. ``by``: ``row`` draws rows, ``text`` draws distinct texts with all their rows."""
     groups = text_groups(train) if by == "text" else np.arange(len(train))
     firsts = np.unique(groups, return_index=True)[1]  # each unit's first row, in unit order
-    units, source = len(firsts), read.source
     if label_space.problem_type != "single_label":
-        n_validation = math.ceil(fraction * units)
-        if units - n_validation < 1:
-            raise DataError(f"{source}: {units} {_UNITS[by]} are too few to carve a validation set "
-                            f"(data.validation_split: {fraction}); give data.validation_file")
-        if by == "row":
-            parts = train.train_test_split(test_size=n_validation, seed=seed)
-            return parts["train"], parts["test"]
-        chosen = np.random.default_rng(seed).permutation(units)[:n_validation]
-        return _rows_of_units(train, groups, chosen)
+        return _carve_at_random(train, groups, len(firsts), read.source, fraction, seed, by)
+    return _carve_stratified(train, groups, firsts, read, fraction, seed, label_space, by)
+
+
+def _carve_at_random(train: datasets.Dataset, groups: np.ndarray, units: int, source: str, fraction: float,
+                     seed: int, by: str) -> tuple[datasets.Dataset, datasets.Dataset]:
+    """Several labels per text, or a number: no classes to stratify by."""
+    n_validation = math.ceil(fraction * units)
+    if units - n_validation < 1:
+        raise DataError(f"{source}: {units} {_UNITS[by]} are too few to carve a validation set "
+                        f"(data.validation_split: {fraction}); give data.validation_file")
+    if by == "row":
+        parts = train.train_test_split(test_size=n_validation, seed=seed)
+        return parts["train"], parts["test"]
+    chosen = np.random.default_rng(seed).permutation(units)[:n_validation]
+    return _rows_of_units(train, groups, chosen)
+
+
+def _carve_stratified(train: datasets.Dataset, groups: np.ndarray, firsts: np.ndarray, read: Table,
+                      fraction: float, seed: int, label_space: LabelSpace, by: str
+                      ) -> tuple[datasets.Dataset, datasets.Dataset]:
+    """One class per text: each class keeps its share on both sides."""
     labels = np.asarray(read_column(train, LABELS), dtype=np.int64)
     not_labels = not_a_label_column(np.bincount(labels, minlength=len(label_space)), read)
     if not_labels is not None:
         raise not_labels
     unit_labels = labels[firsts]  # a text whose copies disagree is stratified by its first row's class
     counts = np.bincount(unit_labels, minlength=len(label_space))
-    present = int((counts > 0).sum())
+    present, units = int((counts > 0).sum()), len(firsts)
     too_few = [label_space.names[i] for i in np.flatnonzero(counts == 1)]
     if too_few:
         one = "row" if by == "row" else "distinct text"
         raise DataError(
-            f"{source}: class {too_few[0]!r} has only 1 {one}; carving a stratified validation set "
+            f"{read.source}: class {too_few[0]!r} has only 1 {one}; carving a stratified validation set "
             f"(data.validation_split: {fraction}) needs at least 2 per class. Add rows, or give data.validation_file"
         )
     # Rounded up like datasets does, and at least one per class so stratification can work.
     n_validation = max(math.ceil(fraction * units), present)
     if units - n_validation < present:
         raise DataError(
-            f"{source}: {units} {_UNITS[by]} are too few to carve a validation set with all {present} classes "
-            f"on both sides (data.validation_split: {fraction}); give data.validation_file"
+            f"{read.source}: {units} {_UNITS[by]} are too few to carve a validation set with all {present} "
+            f"classes on both sides (data.validation_split: {fraction}); give data.validation_file"
         )
     if by == "row":
         return stratified_split(train, labels, n_validation, seed)
