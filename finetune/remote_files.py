@@ -121,13 +121,17 @@ def _link(named: Path, cached: Path) -> None:
 
 
 def _download_hint(url: str, exc: Exception) -> Optional[str]:
-    """What makes a failed download work: offline mode off, the package of the URL's protocol, or a Hub data
-    set by its name."""
+    """What makes a failed download work: offline mode off, credentials, the package of the URL's protocol, or a
+    Hub data set by its name."""
     from huggingface_hub.errors import OfflineModeIsEnabled
 
     missing = innermost(exc)
     if isinstance(missing, OfflineModeIsEnabled):
         return "HF_HUB_OFFLINE or HF_DATASETS_OFFLINE is set: unset it for the download, which later runs reuse"
+    status = getattr(missing, "status", None) or getattr(getattr(missing, "response", None), "status_code", None)
+    if status in (401, 403):  # a private or gated file
+        return ("the server asks who you are: a Hub file reads once `hf auth login` (or HF_TOKEN) holds a token "
+                "that may read it; elsewhere, give a link that needs none, or download it yourself")
     if isinstance(missing, ModuleNotFoundError) and missing.name:
         scheme = urllib.parse.urlsplit(url).scheme
         return f"fsspec reads {scheme}:// with the package {missing.name} (pip install {missing.name}), or copy the " \

@@ -307,10 +307,11 @@ def write_sms_job(root: Path, **sections: dict) -> Path:
 
 
 @contextlib.contextmanager
-def serving(folder: Path) -> Iterator[tuple[str, list[str]]]:
+def serving(folder: Path, private: tuple[str, ...] = ()) -> Iterator[tuple[str, list[str]]]:
     """An HTTP server on this machine's loopback serving ``folder``, as a web server or a bucket's HTTP
     endpoint serves files: each answer carries an ETag of the file's bytes, by which datasets' download cache
-    knows a changed file. Yields the base URL and the list of requests it answered (``"GET /name 200"``)."""
+    knows a changed file; the ``private`` names are answered 403, as a file that needs credentials is. Yields
+    the base URL and the list of requests it answered (``"GET /name 200"``)."""
     import functools
     import hashlib
     import http.server
@@ -319,6 +320,12 @@ def serving(folder: Path) -> Iterator[tuple[str, list[str]]]:
     requests: list[str] = []
 
     class Handler(http.server.SimpleHTTPRequestHandler):
+        def send_head(self):
+            if self.path.split("?")[0].lstrip("/") in private:
+                self.send_error(403, "Forbidden")
+                return None
+            return super().send_head()
+
         def end_headers(self):
             served = folder / self.path.split("?")[0].lstrip("/")
             if served.is_file():

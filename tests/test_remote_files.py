@@ -139,3 +139,14 @@ def test_a_url_without_an_extension_reads_once_its_format_is_named(downloads, si
     named = DataConfig(train_file=f"{url}/export?format=csv", format="csv", validation_split=0.0)
     expected, _ = load_splits(_cfg(str(plain)), seed=0)
     assert load_splits(named, seed=0)[0]["train"].to_list() == expected["train"].to_list()
+
+
+def test_a_private_file_is_told_how_to_give_credentials(downloads, tmp_path):
+    folder = tmp_path / "private_site"
+    folder.mkdir()
+    (folder / "secret.csv").write_text("text,label\na,b\n", encoding="utf-8")
+    with serving(folder, private=("secret.csv",)) as (url, _):
+        with pytest.raises(DataError, match=rf"^data\.train_file: cannot download {url}/secret\.csv: \w+: 403") \
+                as info:
+            load_splits(_cfg(f"{url}/secret.csv"), seed=0)
+    assert info.value.hint.startswith("the server asks who you are: a Hub file reads once `hf auth login`")
