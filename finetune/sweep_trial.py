@@ -31,7 +31,7 @@ from typing import Any, Callable, Optional
 
 from finetune.checkpoint_files import list_checkpoints
 from finetune.errors import FinetuneError, NonFiniteLossError, OutOfMemory
-from finetune.outputs import write_atomic
+from finetune.outputs import json_ready, write_atomic
 from finetune.search_space import SearchSpace, overrides
 from finetune.signals import RunInterrupted
 from finetune.study import (BEYOND_BUDGET, CONTINUES, FAILED, FOLDER, INTERRUPTED, PRUNED, SAME_AS, STOPPED_SWEEP,
@@ -171,7 +171,7 @@ class TrialRunner:
     def _end(self, trial, folder: str, record: dict[str, Any]) -> None:
         path = self.root / folder / TRIAL_FILE
         path.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(path, json.dumps(record, indent=1, default=str) + "\n")
+        write_atomic(path, json.dumps(json_ready(record), indent=1, default=str) + "\n")
         self.on_trial_end(self.phase, trial.number, record)
 
 

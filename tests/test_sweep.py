@@ -726,3 +726,20 @@ def test_a_worker_that_loses_the_race_to_create_the_tables_opens_them_on_its_nex
     with pytest.raises(ConfigError, match="cannot open the study's database: permission denied for schema public"):
         study.open_storage("postgresql+psycopg://sweep@db/postgres")
     assert len(calls) == 1
+
+
+def test_a_trials_undefined_value_is_written_as_json_every_reader_reads(tmp_path):
+    # a sweep on a regression's pearson can end a trial at NaN (targets or predictions all alike): trial.json
+    # holds it as metrics.json does, "nan", which a strict parser reads
+    from types import SimpleNamespace
+
+    from finetune.sweep_trial import TRIAL_FILE, TrialRunner
+
+    ended = []
+    runner = SimpleNamespace(root=tmp_path, phase="search", on_trial_end=lambda *args: ended.append(args))
+    record = {"trial": 0, "state": "complete", "value": float("nan"), "values": [float("nan"), 0.5]}
+    TrialRunner._end(runner, SimpleNamespace(number=0), "trial-0000", record)
+    text = (tmp_path / "trial-0000" / TRIAL_FILE).read_text(encoding="utf-8")
+    written = json.loads(text, parse_constant=lambda name: pytest.fail(f"{name} written as a JSON number"))
+    assert written["value"] == "nan" and written["values"] == ["nan", 0.5]
+    assert ended == [("search", 0, record)]  # the sweep's own record keeps the number
