@@ -89,8 +89,9 @@ def key_hint(key: str, names: list[str], prefix: str) -> str:
     # a key of another section written under this one (data.seed), or at the top (learning_rate): its own name
     # there beats a near name here (data.split_seed)
     elsewhere = prefix in SECTIONS or not prefix
-    if elsewhere and sections_having(key, besides=prefix):
-        return _did_you_mean(sections_having(key, besides=prefix))
+    exact = sections_having(key, besides=prefix) if elsewhere else []
+    if exact:
+        return _did_you_mean(exact)
     close = difflib.get_close_matches(key, names, n=1, cutoff=0.5)
     if close:
         return f" (did you mean {prefix + '.' if prefix else ''}{close[0]}?)"
