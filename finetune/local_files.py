@@ -119,11 +119,12 @@ def _read_path(path: Path, key: str, cfg: DataConfig, encoding_flag: str) -> Tab
 
 def read_saved_splits(spec: str, key: str, fmt: str = "auto") -> Optional[datasets.DatasetDict]:
     """The splits of a ``DatasetDict`` that ``datasets``' ``save_to_disk`` wrote into the folder ``spec`` names,
-    or ``None`` where ``spec`` names anything else (a file, a class folder, a saved ``Dataset``)."""
-    path = data_path(spec, key)
-    if fmt != "auto" or saved_by_datasets(path) != "dict":
+    or ``None`` where ``spec`` names anything else (a file, a class folder, a saved ``Dataset``, or a URL's
+    file: told apart without a request to its server, which the read makes)."""
+    if fmt != "auto" or is_url(spec):
         return None
-    return _load_from_disk(path)
+    path = data_path(spec, key)
+    return _load_from_disk(path) if saved_by_datasets(path) == "dict" else None
 
 
 def _load_from_disk(path: Path) -> datasets.Dataset | datasets.DatasetDict:

@@ -150,3 +150,10 @@ def test_a_private_file_is_told_how_to_give_credentials(downloads, tmp_path):
                 as info:
             load_splits(_cfg(f"{url}/secret.csv"), seed=0)
     assert info.value.hint.startswith("the server asks who you are: a Hub file reads once `hf auth login`")
+
+
+def test_a_url_is_asked_of_its_server_once_as_the_run_reads_it(downloads, site, tmp_path):
+    folder, url, requests = site
+    (folder / "reviews.csv").write_bytes(write_csv(tmp_path / "reviews.csv", make_texts(12, seed=2)).read_bytes())
+    load_splits(_cfg(f"{url}/reviews.csv"), seed=0)
+    assert requests == ["HEAD /reviews.csv 200", "GET /reviews.csv 200"]
