@@ -44,7 +44,8 @@
 #   autotune compiled blocks with inductor's max-autotune (without its own graphs: the package captures) against
 #            the default compile, both replayed from CUDA graphs, and the Trainer (GPU_COMPILE_STEPS updates, one
 #            repeat, empty caches): whether autotuned matrix products and fused epilogues lift the steady MFU,
-#            and what their longer compile costs
+#            and what their longer compile costs (about 8 minutes on an H100: the autotuned arm's first epoch
+#            alone takes 3)
 #
 # OUT_DIR receives sixteen flat files: parts.log (each part: passed, failed, timed out or skipped, and its
 # seconds), tests.log, speed.md and speed.json (the tables, and every run with its seconds per update),
