@@ -29,6 +29,9 @@
 #            loop makes it, against launched before the host's read with the non-finite check on the device, and
 #            replayed from one CUDA graph, each behind graphed micro-batches: milliseconds per update, the weights' difference, the skip of a NaN
 #            (python -m bench.captured_update)
+#   products an encoder layer's matrix products, each alone at the job's shapes: the linear layer's product with its
+#            bias (addmm) against the product with the bias added apart and the product alone, and the backward's
+#            two: milliseconds and TFLOP/s, and an update's sums (python -m bench.products)
 #   casts    training.cast_once_per_update on against off: CUDA kernels, aten ops and milliseconds per
 #            micro-batch (python -m bench.probe casts)
 #   predict  finetune predict's --precision: texts per second in float32 and under bf16 and fp16 autocast, the
@@ -47,9 +50,9 @@
 #            and what their longer compile costs (about 8 minutes on an H100: the autotuned arm's first epoch
 #            alone takes 3)
 #
-# OUT_DIR receives sixteen flat files: parts.log (each part: passed, failed, timed out or skipped, and its
+# OUT_DIR receives eighteen flat files: parts.log (each part: passed, failed, timed out or skipped, and its
 # seconds), tests.log, speed.md and speed.json (the tables, and every run with its seconds per update),
-# host.md, graphs.md, update.md, casts.md, predict.md, engines.log, engines.md, engines.json, compile.md,
+# host.md, graphs.md, update.md, products.md, products.json, casts.md, predict.md, engines.log, engines.md, engines.json, compile.md,
 # compile.json, autotune.md and autotune.json; the working files (the model, every run) go to GPU_WORK (default
 # OUT_DIR/work). A failing part does not stop the next; the exit status names the parts that failed.
 #
@@ -64,7 +67,7 @@
 set -euo pipefail
 self="$(cd "$(dirname "$0")" && pwd)/$(basename "$0")"
 cd "$(dirname "$self")/.."
-all="tests speed host graphs update casts predict engines compile autotune"
+all="tests speed host graphs update products casts predict engines compile autotune"
 out=${1:-bench/results/gpu}
 [ $# -gt 0 ] && shift
 parts=${*:-$all}
@@ -137,6 +140,10 @@ part_graphs() { bert_base && "$py" -m bench.cuda_graphs --compiled "${job[@]}" 2
 part_update() {
     bert_base && "$py" -m bench.captured_update "${job[@]}" training.effective_batch_size=$((b * k)) 2>&1 \
         | tee "$out/update.md"
+}
+part_products() {
+    bert_base && "$py" -m bench.products --model "$model" --batch "$b" --length 128 --micro-batches "$k" \
+        --json "$out/products.json" 2>&1 | tee "$out/products.md"
 }
 part_casts() {
     bert_base && "$py" -m bench.probe casts "${job[@]}" training.effective_batch_size=$((b * k)) 2>&1 | tee "$out/casts.md"

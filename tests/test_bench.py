@@ -436,13 +436,16 @@ def test_the_gpu_check_runs_the_parts_asked_for_and_goes_on_past_a_failing_one(t
     assert [" ".join(c.split()[:3 + c.startswith("-m bench.cuda_graphs")]) for c in calls if c.startswith("-m ")] == [
         "-m pytest -m", "-m bench.probe device", "-m bench.cuda_graphs --compiled model.name_or_path=" + str(work / "bert-base"),
         "-m bench.captured_update model.name_or_path=" + str(work / "bert-base"),
-        "-m bench.probe casts", "-m bench.predict " + str(work / "bert-base"), "-m pytest -m"]
+        "-m bench.products --model", "-m bench.probe casts", "-m bench.predict " + str(work / "bert-base"), "-m pytest -m"]
     assert [p.split(" in ")[0] for p in parts] == ["tests: failed (1)", "speed: passed", "host: passed",
-                                                   "graphs: passed", "update: passed", "casts: passed",
+                                                   "graphs: passed", "update: passed", "products: passed",
+                                                   "casts: passed",
                                                    "predict: passed", "engines: failed (1)", "compile: passed",
                                                    "autotune: passed"]
     update_run = next(c for c in calls if c.startswith("-m bench.captured_update"))
     assert "training.per_device_train_batch_size=64" in update_run and "training.effective_batch_size=256" in update_run
+    products_run = next(c for c in calls if c.startswith("-m bench.products"))
+    assert f"--model {work / 'bert-base'} --batch 64 --length 128 --micro-batches 4 --json {out}/products.json" in products_run
     compile_run, autotune_run = [c for c in calls if c.startswith("bench/run.py")][-2:]
     assert "--bbc-steps 120 --repeats 1 --graphs --only =bbc/trainer,=bbc/ours,=bbc/ours compiled graphs," in compile_run
     assert ("--bbc-steps 120 --repeats 1 --graphs --only =bbc/trainer,=bbc/ours compiled blocks graphs,"
@@ -983,6 +986,40 @@ def test_the_padding_count_follows_each_way_over_the_same_micro_batches(tiny_job
     assert tokens["4 up to max_length"] == 32 * sum(1 for _ in range(result["texts"]))
     assert result["x_real"]["dynamic"] == pytest.approx(tokens["dynamic"] / real)
     assert "| 128 | " in table([result])
+
+
+def test_the_products_probe_times_each_way_of_a_layers_products_and_sums_an_update(tmp_path, capsys):
+    """bench.products on a CPU at a tiny model's sizes: each of a layer's products in every way, its FLOPs, the
+    bias added apart giving linear's output, and an update's sums made of the rows (layers x micro-batches x
+    each product's count)."""
+    import json
+
+    from bench import products
+
+    model = save_tiny_model(tmp_path / "tiny")
+    sizes = json.loads((model / "config.json").read_text())
+    hidden, intermediate, layers = sizes["hidden_size"], sizes["intermediate_size"], sizes["num_hidden_layers"]
+    out = tmp_path / "products.json"
+    assert products.main(["--model", str(model), "--batch", "2", "--length", "4", "--micro-batches", "3",
+                          "--rounds", "2", "--repeats", "2", "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    rows = result["rows"]
+    assert [(r["product"], r["fan_in"], r["fan_out"], r["count"]) for r in rows] == [
+        ("query, key, value", hidden, hidden, 3), ("attention output", hidden, hidden, 1),
+        ("feed-forward in", hidden, intermediate, 1), ("feed-forward out", intermediate, hidden, 1)]
+    assert all(r["tokens"] == 8 and r["flop"] == 2 * 8 * r["fan_in"] * r["fan_out"] for r in rows)
+    assert all(list(r["ms"]) == list(products.FORWARD_WAYS + products.BACKWARD_WAYS) for r in rows)
+    assert all(ms > 0 for r in rows for ms in r["ms"].values())
+    assert all(r["relative_difference"] < 1e-6 for r in rows)  # the bias added apart: linear's output
+
+    sums = result["per_update"]
+    for way in products.FORWARD_WAYS:
+        assert sums[f"forward, {way}"] == pytest.approx(layers * 3 * sum(r["count"] * r["ms"][way] for r in rows))
+    assert sums["backward"] == pytest.approx(
+        layers * 3 * sum(r["count"] * (r["ms"]["grad input"] + r["ms"]["grad weight"]) for r in rows))
+    printed = capsys.readouterr().out
+    assert f"| feed-forward in (8 x {hidden} x {intermediate}) | 1 | " in printed
+    assert f"{layers} layers, 3 micro-batches an update" in printed and "| backward | " in printed
 
 
 def test_the_prediction_benchmark_times_each_precision_on_the_same_texts(tmp_path, capsys):

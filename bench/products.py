@@ -1,0 +1,193 @@
+"""An encoder layer's matrix products, each timed alone: does a linear layer's bias cost its product speed?
+
+::
+
+    python -m bench.products [--model PATH] [--batch 64] [--length 128] [--micro-batches 4] [--rounds 5] [--json F]
+
+Inductor's max-autotune timed bert-base's products at 8,192 tokens (one
+micro-batch of 64 texts of 128 tokens) on an H100: cuBLAS's ``addmm``, the
+product with its bias that ``nn.Linear`` runs, took 0.052 ms for 8192 x 768 x
+768, where a plain ``mm`` of the same size in the backward took 0.020
+(bench/README.md, the H100's fourth lease). If that holds outside the
+autotuner, the forward's products run at about half the backward's rate, and
+adding the bias apart is the lever an update's kernels need toward 40% MFU.
+This probe times each product of one encoder layer in these ways:
+
+- ``linear``: ``F.linear(x, w, b)``, what the model runs;
+- ``mm, then bias``: ``F.linear(x, w)``, and the bias added by a kernel of its
+  own (which a compiled block would fuse into the element-wise kernel after it);
+- ``mm``: the product alone, the floor of both;
+- the backward's two products, which take no bias: ``grad input``
+  (``dy @ w``) and ``grad weight`` (``dy.T @ x``).
+
+In bf16 on a GPU and fp32 on a CPU (where the test suite checks the report),
+the ways alternating over ``--rounds`` rounds of ``--repeats`` calls each,
+every input made once, so each way reads the same memory. The report gives
+each product's milliseconds (median of the rounds) and TFLOP/s, the largest
+difference of ``mm, then bias`` from ``linear``'s output, and the sums an
+update makes: ``layers x micro-batches`` times a layer's products, the
+forward by each way and the backward.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+if __package__ in (None, ""):
+    sys.path[0] = str(Path(__file__).resolve().parent.parent)
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+FORWARD_WAYS = ("linear", "mm, then bias", "mm")
+BACKWARD_WAYS = ("grad input", "grad weight")
+
+
+@dataclass(frozen=True)
+class Product:
+    """One of a layer's linear maps: ``count`` of them per layer, from ``fan_in`` features to ``fan_out``."""
+
+    name: str
+    fan_in: int
+    fan_out: int
+    count: int
+
+
+def layer_products(hidden: int, intermediate: int) -> list[Product]:
+    """A BERT layer's linear maps: query, key and value, the attention's output, the feed-forward's two."""
+    return [Product("query, key, value", hidden, hidden, 3), Product("attention output", hidden, hidden, 1),
+            Product("feed-forward in", hidden, intermediate, 1), Product("feed-forward out", intermediate, hidden, 1)]
+
+
+def milliseconds_per_call(call: Callable[[], object], repeats: int, device: torch.device) -> float:
+    """The mean time of ``repeats`` calls after one untimed call; on CUDA by events around the launches."""
+    call()
+    if device.type == "cuda":
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(repeats):
+            call()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / repeats
+    began = time.perf_counter()
+    for _ in range(repeats):
+        call()
+    return (time.perf_counter() - began) * 1000 / repeats
+
+
+def product_ways(product: Product, tokens: int, dtype: torch.dtype, device: torch.device) -> dict[str, Callable]:
+    """Each way of computing ``product`` over ``tokens`` rows, on inputs made once."""
+    generator = torch.Generator(device=device).manual_seed(0)
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=generator, device=device, dtype=dtype) * shape[-1] ** -0.5
+
+    x, w, b = rand(tokens, product.fan_in), rand(product.fan_out, product.fan_in), rand(product.fan_out)
+    dy = rand(tokens, product.fan_out)
+    return {"linear": lambda: F.linear(x, w, b),
+            "mm, then bias": lambda: F.linear(x, w) + b,
+            "mm": lambda: F.linear(x, w),
+            "grad input": lambda: dy @ w,
+            "grad weight": lambda: dy.t() @ x}
+
+
+def largest_difference(ways: dict[str, Callable]) -> float:
+    """How far ``mm, then bias`` lands from ``linear``, relative to ``linear``'s largest output."""
+    fused, apart = ways["linear"]().float(), ways["mm, then bias"]().float()
+    return ((fused - apart).abs().max() / fused.abs().max()).item()
+
+
+def measure(products: list[Product], tokens: int, rounds: int, repeats: int, dtype: torch.dtype,
+            device: torch.device) -> list[dict]:
+    """Each product's milliseconds per way (median of ``rounds``, ways alternating) and its differences."""
+    rows = []
+    for product in products:
+        ways = product_ways(product, tokens, dtype, device)
+        times: dict[str, list[float]] = {name: [] for name in ways}
+        for round_ in range(rounds):
+            order = list(ways)[round_ % len(ways):] + list(ways)[:round_ % len(ways)]  # the first way rotates
+            for name in order:
+                times[name].append(milliseconds_per_call(ways[name], repeats, device))
+        rows.append({"product": product.name, "count": product.count, "tokens": tokens,
+                     "fan_in": product.fan_in, "fan_out": product.fan_out,
+                     "flop": 2 * tokens * product.fan_in * product.fan_out,
+                     "ms": {name: statistics.median(values) for name, values in times.items()},
+                     "relative_difference": largest_difference(ways)})
+    return rows
+
+
+def per_update(rows: list[dict], layers: int, micro_batches: int) -> dict[str, float]:
+    """The milliseconds an update's products take: every layer's, once per micro-batch, the forward by each way
+    and the backward (both of its products)."""
+    def total(ways) -> float:
+        return layers * micro_batches * sum(row["count"] * sum(row["ms"][way] for way in ways) for row in rows)
+
+    sums = {f"forward, {way}": total([way]) for way in FORWARD_WAYS}
+    sums["backward"] = total(BACKWARD_WAYS)
+    return sums
+
+
+def report(rows: list[dict], sums: dict[str, float], setting: str) -> str:
+    """Markdown: a table of the products, then the update's sums."""
+    ways = FORWARD_WAYS + BACKWARD_WAYS
+    lines = [f"**A layer's products, each alone** ({setting}): milliseconds (median), TFLOP/s in brackets", "",
+             "| product (rows x in x out) | per layer | " + " | ".join(ways) + " | mm, then bias vs linear |",
+             "| --- | ---: |" + " ---: |" * len(ways) + " ---: |"]
+    for row in rows:
+        cells = [f"{row['ms'][way]:.4f} ({row['flop'] / row['ms'][way] / 1e9:.1f})" for way in ways]
+        lines.append(f"| {row['product']} ({row['tokens']} x {row['fan_in']} x {row['fan_out']}) | {row['count']} | "
+                     + " | ".join(cells) + f" | {row['relative_difference']:.1e} |")
+    lines += ["", "| an update's products | ms |", "| --- | ---: |"]
+    lines += [f"| {name} | {ms:.2f} |" for name, ms in sums.items()]
+    return "\n".join(lines)
+
+
+def model_sizes(model: str | None) -> tuple[int, int, int]:
+    """The hidden and intermediate sizes and the layer count of ``model``'s config.json (bert-base's without)."""
+    if model is None:
+        return 768, 3072, 12
+    config = json.loads((Path(model) / "config.json").read_text())
+    return config["hidden_size"], config["intermediate_size"], config["num_hidden_layers"]
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", help="a model folder whose config.json gives the sizes (default: bert-base's)")
+    parser.add_argument("--hidden", type=int, help="the hidden size, over the model's")
+    parser.add_argument("--intermediate", type=int, help="the feed-forward's size, over the model's")
+    parser.add_argument("--layers", type=int, help="the layer count, over the model's")
+    parser.add_argument("--batch", type=int, default=64, help="texts per micro-batch")
+    parser.add_argument("--length", type=int, default=128, help="tokens per text")
+    parser.add_argument("--micro-batches", type=int, default=4, help="micro-batches per update (k)")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=50, help="calls per way and round")
+    parser.add_argument("--json", type=Path, help="also write the rows and sums here")
+    args = parser.parse_args(argv)
+
+    hidden, intermediate, layers = model_sizes(args.model)
+    hidden, intermediate, layers = args.hidden or hidden, args.intermediate or intermediate, args.layers or layers
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    tokens = args.batch * args.length
+    rows = measure(layer_products(hidden, intermediate), tokens, args.rounds, args.repeats, dtype, device)
+    sums = per_update(rows, layers, args.micro_batches)
+    name = torch.cuda.get_device_name() if device.type == "cuda" else "CPU"
+    setting = (f"{name}, {str(dtype).removeprefix('torch.')}, {args.batch} x {args.length} tokens a micro-batch, "
+               f"{layers} layers, {args.micro_batches} micro-batches an update, {args.rounds} rounds of "
+               f"{args.repeats} calls")
+    print(report(rows, sums, setting))
+    if args.json:
+        args.json.write_text(json.dumps({"setting": setting, "rows": rows, "per_update": sums}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
