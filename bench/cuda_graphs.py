@@ -2,7 +2,7 @@
 
 ::
 
-    python -m bench.cuda_graphs [--micro-batches 24] [--rounds 5] [--compiled] [section.key=value ...]
+    python -m bench.cuda_graphs [--micro-batches 24] [--rounds 5] [--compiled] [--bias-apart] [section.key=value ...]
 
 On the BBC News job (with overrides: the GPU check's bert-base-sized model,
 ``data.max_length=128``, ``training.mixed_precision=bf16``,
@@ -25,6 +25,14 @@ same micro-batches, in these ways:
   more than their fusion saves (bench/README.md, the H100's torch.compile
   table); replayed from a graph they cost it nothing, which these ways
   measure (``training.torch_compile: blocks``).
+
+With ``--bias-apart``, ``static``, ``graphed`` and the compiled layers' ways
+once more with the encoder's linear layers computing their product alone and
+adding the bias by a kernel of its own (``<way>, bias apart``): the
+``products`` part of the GPU check times the two alone, and these ways say
+what the difference is worth in
+a whole micro-batch, eager, replayed and compiled (where inductor can fuse the
+bias into the element-wise kernel after the product).
 
 (The model called without its attention mask inside graphs, for micro-batches
 without padding, was measured here once and ran slower than with the mask:
@@ -86,12 +94,56 @@ def compiled_blocks(model) -> Callable[[], contextlib.AbstractContextManager]:
     return inside
 
 
+class BiasApartLinear(torch.nn.Linear):
+    """A linear layer that computes its product alone and adds its bias after it, in a kernel of its own, where
+    ``nn.Linear`` hands both to one ``addmm``. The bias is cast to the product's dtype, as autocast casts it for
+    ``addmm``, so the rest of the block runs in the precision it ran in."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        product = torch.nn.functional.linear(x, self.weight)
+        return product + self.bias.to(product.dtype)
+
+
+def bias_apart(model) -> Callable[[], contextlib.AbstractContextManager]:
+    """For one way alone: a context in which every linear layer with a bias in the encoder's blocks is a
+    :class:`BiasApartLinear` (the same parameters; the class swapped, which dynamo's guards see, so a compiled
+    block compiles again for it), handed back as ``nn.Linear`` on the way out."""
+    from finetune.lora import blocks_of
+
+    linears = [module for block in blocks_of(model) for module in block.modules()
+               if type(module) is torch.nn.Linear and module.bias is not None]
+
+    @contextlib.contextmanager
+    def inside():
+        for linear in linears:
+            linear.__class__ = BiasApartLinear
+        try:
+            yield
+        finally:
+            for linear in linears:
+                linear.__class__ = torch.nn.Linear
+
+    return inside
+
+
+def together(*contexts: Callable[[], contextlib.AbstractContextManager]) -> Callable[[], contextlib.AbstractContextManager]:
+    """The contexts entered in order, as one (the layers swapped before the blocks compile)."""
+    @contextlib.contextmanager
+    def inside():
+        with contextlib.ExitStack() as stack:
+            for context in contexts:
+                stack.enter_context(context())
+            yield
+
+    return inside
+
+
 def _gradient(model) -> torch.Tensor:
     return torch.cat([p.grad.detach().float().flatten() for p in model.parameters() if p.grad is not None])
 
 
 def measure(overrides: list[str], micro_batches: int = 24, rounds: int = 5, threads: int = 2,
-            compiled: bool = False) -> dict[str, Any]:
+            compiled: bool = False, apart: bool = False) -> dict[str, Any]:
     """Run the ways over the same ``micro_batches`` micro-batches, ``rounds`` times each, alternating."""
     import os
 
@@ -157,6 +209,13 @@ def measure(overrides: list[str], micro_batches: int = 24, rounds: int = 5, thre
         ways["compiled layers"] = fixed_shapes(rerun_eagerly, regions=compiled_blocks(model))
         if cuda:
             ways["compiled layers graphed"] = fixed_shapes(record_cuda_graph, regions=compiled_blocks(model))
+    if apart:  # the ways without a compile and with compiled blocks, the fastest (a whole compiled forward is not)
+        for name in [name for name in ways if name in ("static", "graphed") or name.startswith("compiled layers")]:
+            recorder = record_cuda_graph if name.endswith("graphed") else rerun_eagerly
+            regions = bias_apart(model)
+            if name.startswith("compiled layers"):
+                regions = together(regions, compiled_blocks(model))
+            ways[f"{name}, bias apart"] = fixed_shapes(recorder, regions=regions)
     times: dict[str, list[float]] = {name: [] for name in ways}
     gradients, losses, refused = {}, {}, {}
     for r in range(rounds + 1):  # round 0 warms every way up (and captures the graphs), untimed
@@ -236,9 +295,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--compiled", action="store_true",
                         help="also the fixed-shape ways with the forward compiled (training.torch_compile)")
+    parser.add_argument("--bias-apart", action="store_true",
+                        help="also each fixed-shape way with the encoder's biases added apart from their products")
     parser.add_argument("overrides", nargs="*", metavar="section.key=value")
     args = parser.parse_args(argv)
-    result = measure(args.overrides, args.micro_batches, args.rounds, args.threads, args.compiled)
+    result = measure(args.overrides, args.micro_batches, args.rounds, args.threads, args.compiled, args.bias_apart)
     RESULTS.mkdir(parents=True, exist_ok=True)
     write_result(RESULTS / "cuda_graphs.json", result)
     print(markdown(result), end="")

@@ -24,7 +24,8 @@
 #   graphs   a micro-batch replayed from CUDA graphs against the eager one, each also with the forward
 #            compiled and with each encoder block compiled on its own (training.torch_compile: blocks):
 #            milliseconds per micro-batch, the gradient's difference, the micro-batches after which
-#            compiling and capturing pay, the graphs' memory pool (python -m bench.cuda_graphs --compiled)
+#            compiling and capturing pay, the graphs' memory pool; each way also with the encoder's biases added
+#            apart from their products (python -m bench.cuda_graphs --compiled --bias-apart)
 #   update   would capturing the update pay: the update (clipping, fused AdamW's step, zeroing) made eagerly as the
 #            loop makes it, against launched before the host's read with the non-finite check on the device, and
 #            replayed from one CUDA graph, each behind graphed micro-batches: milliseconds per update, the weights' difference, the skip of a NaN
@@ -136,7 +137,7 @@ part_speed() {
 part_host() {
     bert_base && "$py" -m bench.probe device "${job[@]}" training.effective_batch_size=$((b * k)) 2>&1 | tee "$out/host.md"
 }
-part_graphs() { bert_base && "$py" -m bench.cuda_graphs --compiled "${job[@]}" 2>&1 | tee "$out/graphs.md"; }
+part_graphs() { bert_base && "$py" -m bench.cuda_graphs --compiled --bias-apart "${job[@]}" 2>&1 | tee "$out/graphs.md"; }
 part_update() {
     bert_base && "$py" -m bench.captured_update "${job[@]}" training.effective_batch_size=$((b * k)) 2>&1 \
         | tee "$out/update.md"

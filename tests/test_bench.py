@@ -434,7 +434,7 @@ def test_the_gpu_check_runs_the_parts_asked_for_and_goes_on_past_a_failing_one(t
     proc, calls, parts = gpu_check(fail="-m pytest")
     assert proc.returncode == 1 and "failed: tests engines" in proc.stderr
     assert [" ".join(c.split()[:3 + c.startswith("-m bench.cuda_graphs")]) for c in calls if c.startswith("-m ")] == [
-        "-m pytest -m", "-m bench.probe device", "-m bench.cuda_graphs --compiled model.name_or_path=" + str(work / "bert-base"),
+        "-m pytest -m", "-m bench.probe device", "-m bench.cuda_graphs --compiled --bias-apart", 
         "-m bench.captured_update model.name_or_path=" + str(work / "bert-base"),
         "-m bench.products --model", "-m bench.probe casts", "-m bench.predict " + str(work / "bert-base"), "-m pytest -m"]
     assert [p.split(" in ")[0] for p in parts] == ["tests: failed (1)", "speed: passed", "host: passed",
@@ -869,11 +869,12 @@ def test_fixed_shape_micro_batches_give_the_eager_gradient(tiny_job, fresh_accel
     compiling_with(monkeypatch, "aot_eager")
     # 72 texts in micro-batches of 16: the fifth holds 8, so the static way pads it with 8 rows of weight 0
     result = measure(tiny_job + ["training.per_device_train_batch_size=16"], micro_batches=5, rounds=1, threads=1,
-                     compiled=True)
+                     compiled=True, apart=True)
     assert result["micro_batches"] == 5 and result["rows"] == 16 and result["lengths"] == [8, 16, 24, 32]
     # no CUDA here: nothing graphed
-    assert list(result["ms_per_micro_batch"]) == ["eager", "static", "compiled", "compiled layers"]
-    for way in ("static", "compiled", "compiled layers"):
+    assert list(result["ms_per_micro_batch"]) == ["eager", "static", "compiled", "compiled layers",
+                                                  "static, bias apart", "compiled layers, bias apart"]
+    for way in ("static", "compiled", "compiled layers", "static, bias apart", "compiled layers, bias apart"):
         assert result["gradient_relative_difference"][way] < 1e-5
         assert result["mean_loss"][way] == pytest.approx(result["mean_loss"]["eager"], rel=1e-6)
     assert result["setups"]["static"]["graphs"] == result["setups"]["compiled"]["graphs"] >= 1  # one per length met
@@ -881,6 +882,40 @@ def test_fixed_shape_micro_batches_give_the_eager_gradient(tiny_job, fresh_accel
         assert result["setups"][way]["seconds"] > result["setups"]["static"]["seconds"]  # the compiling
     text = markdown(result)
     assert "| static |" in text and "| compiled |" in text and "| compiled layers |" in text
+    assert "| compiled layers, bias apart |" in text
+
+
+def test_biases_added_apart_swap_the_blocks_linear_layers_for_their_way_alone(monkeypatch):
+    """Inside the way's context each linear layer of the blocks adds its bias after its product (the pooler's and
+    the head's stay), to the same logits; a compiled block compiles again for the swapped layers and the model
+    is handed back with plain linear layers, whose compiled blocks are reused."""
+    import torch
+    from torch._dynamo.utils import counters
+
+    from bench.cuda_graphs import BiasApartLinear, bias_apart, compiled_blocks, together
+    from helpers import tiny_model
+
+    compiling_with(monkeypatch, "aot_eager")
+    torch._dynamo.reset()
+    counters.clear()
+    model = tiny_model("bert", num_labels=2, dropout=0.0)
+    ids = torch.randint(5, 30, (2, 8))
+    expected = model(input_ids=ids).logits
+    plain_blocks, apart = compiled_blocks(model), bias_apart(model)
+    with plain_blocks():
+        torch.testing.assert_close(model(input_ids=ids).logits, expected)
+    assert counters["stats"]["unique_graphs"] == 1
+    with together(apart, compiled_blocks(model))():
+        swapped = [m for m in model.modules() if isinstance(m, BiasApartLinear)]
+        assert len(swapped) == 2 * 6  # query, key, value, attention output, feed-forward in and out, per block
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            assert model.bert.encoder.layer[0].output.dense(torch.ones(1, 37)).dtype == torch.bfloat16
+        torch.testing.assert_close(model(input_ids=ids).logits, expected)
+    assert counters["stats"]["unique_graphs"] == 2  # the swapped layers: a compile of their own
+    assert not any(isinstance(m, BiasApartLinear) for m in model.modules())
+    with plain_blocks():
+        model(input_ids=ids)
+    assert counters["stats"]["unique_graphs"] == 2  # plain layers again: the first compile serves
 
 
 def test_a_way_whose_capture_is_refused_is_named_and_the_others_measured(tiny_job, fresh_accelerate_state,
