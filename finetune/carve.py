@@ -6,6 +6,9 @@ Collected data repeats itself, though (the SMS Spam Collection holds 328 repeats
 carve of rows puts copies of one text on both sides, and those validation rows score what the model remembers.
 ``data.validation_split_by: text`` carves texts instead: every copy of a text (with its pair) falls on the same
 side, so no validation text is a training text, and the fraction is one of the distinct texts.
+
+``data.validation_folds: K`` deals the same units (rows or distinct texts) into K folds instead, and holds out
+fold ``data.validation_fold``: the K runs of a config validate on every unit once, each unit in one fold.
 """
 
 from __future__ import annotations
@@ -37,6 +40,50 @@ def carve_validation(train: datasets.Dataset, read: Table, fraction: float, seed
     return _carve_stratified(train, groups, firsts, read, fraction, seed, label_space, by)
 
 
+def carve_fold(train: datasets.Dataset, read: Table, folds: int, fold: int, seed: int, label_space: LabelSpace,
+               by: str = "row") -> tuple[datasets.Dataset, datasets.Dataset]:
+    """Fold ``fold`` (1 to ``folds``) of ``train`` as validation, the other folds as training.
+
+    The units (rows, or distinct texts with all their rows: ``by``) are shuffled with ``seed`` and dealt round
+    the folds in turn, for single_label class by class: each fold then holds each class's share to within one
+    unit, and the folds' sizes differ by one at most. The same seed deals the same folds in every run, so the
+    ``folds`` runs of a config hold out every unit once.
+    """
+    groups = text_groups(train) if by == "text" else np.arange(len(train))
+    firsts = np.unique(groups, return_index=True)[1]
+    units = len(firsts)
+    if units < folds:
+        raise DataError(f"{read.source}: {units} {_UNITS[by]} are too few for {folds} folds "
+                        "(data.validation_folds)")
+    order = np.random.default_rng(seed).permutation(units)
+    if label_space.problem_type == "single_label":
+        _, unit_labels = _unit_labels(train, firsts, read, label_space, by,
+                                      f"dealing {folds} folds by class (data.validation_folds)",
+                                      "Add rows, or leave the class out")
+        order = order[np.argsort(unit_labels[order], kind="stable")]  # by class, shuffled within each
+    fold_of = np.empty(units, dtype=np.int64)
+    fold_of[order] = np.arange(units) % folds
+    return _rows_of_units(train, groups, np.flatnonzero(fold_of == fold - 1))
+
+
+def _unit_labels(train: datasets.Dataset, firsts: np.ndarray, read: Table, label_space: LabelSpace, by: str,
+                 draw: str, remedy: str) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's class and each unit's (a text whose copies disagree: its first row's), after refusing a column
+    that holds no classes and a class with one unit, which a ``draw`` by class cannot put on both sides."""
+    labels = np.asarray(read_column(train, LABELS), dtype=np.int64)
+    not_labels = not_a_label_column(np.bincount(labels, minlength=len(label_space)), read)
+    if not_labels is not None:
+        raise not_labels
+    unit_labels = labels[firsts]
+    counts = np.bincount(unit_labels, minlength=len(label_space))
+    too_few = [label_space.names[i] for i in np.flatnonzero(counts == 1)]
+    if too_few:
+        one = "row" if by == "row" else "distinct text"
+        raise DataError(f"{read.source}: class {too_few[0]!r} has only 1 {one}; {draw} needs at least 2 per class. "
+                        f"{remedy}")
+    return labels, unit_labels
+
+
 def _carve_at_random(train: datasets.Dataset, groups: np.ndarray, units: int, source: str, fraction: float,
                      seed: int, by: str) -> tuple[datasets.Dataset, datasets.Dataset]:
     """Several labels per text, or a number: no classes to stratify by."""
@@ -55,20 +102,11 @@ def _carve_stratified(train: datasets.Dataset, groups: np.ndarray, firsts: np.nd
                       fraction: float, seed: int, label_space: LabelSpace, by: str
                       ) -> tuple[datasets.Dataset, datasets.Dataset]:
     """One class per text: each class keeps its share on both sides."""
-    labels = np.asarray(read_column(train, LABELS), dtype=np.int64)
-    not_labels = not_a_label_column(np.bincount(labels, minlength=len(label_space)), read)
-    if not_labels is not None:
-        raise not_labels
-    unit_labels = labels[firsts]  # a text whose copies disagree is stratified by its first row's class
+    labels, unit_labels = _unit_labels(train, firsts, read, label_space, by,
+                                       f"carving a stratified validation set (data.validation_split: {fraction})",
+                                       "Add rows, or give data.validation_file")
     counts = np.bincount(unit_labels, minlength=len(label_space))
     present, units = int((counts > 0).sum()), len(firsts)
-    too_few = [label_space.names[i] for i in np.flatnonzero(counts == 1)]
-    if too_few:
-        one = "row" if by == "row" else "distinct text"
-        raise DataError(
-            f"{read.source}: class {too_few[0]!r} has only 1 {one}; carving a stratified validation set "
-            f"(data.validation_split: {fraction}) needs at least 2 per class. Add rows, or give data.validation_file"
-        )
     # Rounded up like datasets does, and at least one per class so stratification can work.
     n_validation = max(math.ceil(fraction * units), present)
     if units - n_validation < present:

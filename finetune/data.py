@@ -47,7 +47,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from finetune.carve import carve_validation, not_a_label_column, subset
+from finetune.carve import carve_fold, carve_validation, not_a_label_column, subset
 from finetune.column_hints import PANDAS_JSON_HINT, column_hint, pandas_layout
 from finetune.columns import read_column
 from finetune.config import DataConfig
@@ -102,7 +102,11 @@ def load_splits(cfg: DataConfig, seed: int, problem_type: str = "single_label"
                                         cfg.label_map)
     splits = {"train": encoded}
 
-    carve = validation is None and cfg.validation_split > 0
+    if cfg.validation_folds and validation is not None:
+        raise DataError(f"data.validation_folds: {train.source} has a validation split of its own "
+                        f"({cfg.validation_split_name}), and folds are cut from the training data",
+                        hint="data.validation_split_name=null cuts the folds from the training split alone")
+    carve = validation is None and (cfg.validation_folds is not None or cfg.validation_split > 0)
     if not carve and label_space.problem_type == "single_label":
         # no carve to refuse a column that is no label column (it needs two rows a class): the run goes on,
         # but not without a word, said before a validation file's labels are looked up in these
@@ -111,6 +115,10 @@ def load_splits(cfg: DataConfig, seed: int, problem_type: str = "single_label"
             logger.warning("%s (%s)", not_labels.message, not_labels.hint)
     if validation is not None:
         splits["validation"] = _encode_against(validation, cfg, label_space)
+    elif carve and cfg.validation_folds is not None:
+        splits["train"], splits["validation"] = carve_fold(
+            splits["train"], train, cfg.validation_folds, cfg.validation_fold, seed, label_space,
+            by=cfg.validation_split_by)
     elif carve:
         splits["train"], splits["validation"] = carve_validation(
             splits["train"], train, cfg.validation_split, seed, label_space, by=cfg.validation_split_by

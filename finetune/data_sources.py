@@ -46,8 +46,13 @@ def data_sources(cfg: DataConfig, seed: int, problem_type: str = "single_label")
         hub = {}
     drawn = "stratified" if problem_type == "single_label" else "random"
     carved = "training rows" if cfg.validation_split_by == "row" else "distinct training texts"
-    held_out = (f"{cfg.validation_split:.0%} of the {carved} held out ({drawn}, seed {seed})"
-                if cfg.validation_split > 0 else "none")
+    if cfg.validation_folds is not None:
+        held_out = (f"fold {cfg.validation_fold} of {cfg.validation_folds} of the {carved} held out "
+                    f"({'stratified' if problem_type == 'single_label' else 'shuffled'}, seed {seed})")
+    elif cfg.validation_split > 0:
+        held_out = f"{cfg.validation_split:.0%} of the {carved} held out ({drawn}, seed {seed})"
+    else:
+        held_out = "none"
     if cfg.validation_file:
         name = file_name(cfg.validation_file)
         return DataSources(train, name, results_name=name, results_split="all rows", **hub)

@@ -159,6 +159,13 @@ class DataConfig:
         "What the carve draws. `row`: rows, as `datasets`' `train_test_split` does. `text`: distinct texts (with "
         "their pair), every copy of one on the same side, so that no validation text is a training text; the "
         "fraction is then one of the distinct texts.")
+    validation_folds: Optional[int] = setting(None,
+        "K-fold cross-validation: the training data dealt into this many folds (seeded by the split seed; "
+        "stratified by class for single_label; rows or distinct texts, as `validation_split_by` says), and fold "
+        "`validation_fold` held out in place of `validation_split`'s carve. Every row is in one fold, so the K "
+        "runs of one config validate on all the data once: `finetune sweep --folds K` runs them and reports "
+        "the mean and spread. null: no folds.")
+    validation_fold: int = setting(1, "With `validation_folds`: the fold held out, 1 to `validation_folds`.")
     split_seed: Optional[int] = setting(None,
         "Seed of the validation rows carved out of train and of the `max_*_samples` subsets (null: "
         "`training.seed`). Set, runs of different `training.seed` (a sweep's `--seeds`) are scored on the same "
@@ -219,6 +226,7 @@ class DataConfig:
             raise ConfigError("data: set only one of data.train_file and data.dataset_name")
         if not 0.0 <= self.validation_split < 1.0:
             raise ConfigError(f"data.validation_split: must be in [0, 1), got {self.validation_split}")
+        self._check_folds()
         if self.split_seed is not None and not 0 <= self.split_seed < 2**32:
             raise ConfigError(f"data.split_seed: must be in [0, 2**32 - 1] or null, got {self.split_seed}")
         if self.max_length < 2:
@@ -250,6 +258,22 @@ class DataConfig:
             raise ConfigError("data.column_names: only used with data.has_header: false")
         if self.has_header is None:
             self.has_header = self.column_names is None
+
+    def _check_folds(self) -> None:
+        if self.validation_folds is None:
+            if self.validation_fold != 1:
+                raise ConfigError("data.validation_fold: applies with data.validation_folds, which is null",
+                                  hint=f"data.validation_folds=K holds fold {self.validation_fold} of K out")
+            return
+        if self.validation_folds < 2:
+            raise ConfigError(f"data.validation_folds: must be >= 2 (or null), got {self.validation_folds}")
+        if not 1 <= self.validation_fold <= self.validation_folds:
+            raise ConfigError(f"data.validation_fold: must be 1 to data.validation_folds ({self.validation_folds}), "
+                              f"got {self.validation_fold}")
+        if self.validation_file is not None:
+            raise ConfigError("data.validation_folds: folds are cut from the training data, and "
+                              f"data.validation_file ({self.validation_file}) is a validation set of its own: "
+                              "set one of them")
 
 
 @dataclass

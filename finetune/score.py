@@ -41,8 +41,8 @@ from finetune.predict import (DEFAULT_BATCH_SIZE, Predictor, add_precision_argum
 
 _SCORE_SECTIONS = ("data", "evaluation")
 # The labelled file is the only data: no second file, no carve, no caps.
-_DATA_FIXED = {"dataset_name": None, "validation_file": None, "validation_split": 0.0,
-               "max_train_samples": None, "max_eval_samples": None}
+_DATA_FIXED = {"dataset_name": None, "validation_file": None, "validation_split": 0.0, "validation_folds": None,
+               "validation_fold": 1, "max_train_samples": None, "max_eval_samples": None}
 
 
 @dataclass

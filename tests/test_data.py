@@ -709,6 +709,81 @@ def test_a_carve_by_text_counts_distinct_texts_per_class_and_names_its_unit(tmp_
     assert data_sources(by_text, 7).validation == "50% of the distinct training texts held out (stratified, seed 7)"
 
 
+@pytest.mark.parametrize("problem_type", ["single_label", "multi_label", "regression"])
+@pytest.mark.parametrize("by", ["row", "text"])
+def test_folds_hold_out_every_row_once_with_each_classs_share(tmp_path, problem_type, by):
+    from finetune.dataloaders import count_seen_in_training
+    from finetune.data_sources import data_sources
+
+    path = _repeats_csv(tmp_path / "r.csv")  # 40 distinct texts, 20 a class, 69 rows
+    if problem_type == "regression":
+        path = write(tmp_path / "n.csv", Path(path).read_text().replace(",a\n", ",1.5\n").replace(",b\n", ",3\n"))
+    config = cfg(path, validation_folds=5, validation_split_by=by,
+                 label_delimiter="|" if problem_type == "multi_label" else None)
+    rows = Counter(line for line in Path(path).read_text().splitlines()[1:])
+    held_out = Counter()
+    for fold in range(1, 6):
+        splits, _ = load_splits(dataclasses.replace(config, validation_fold=fold), seed=3, problem_type=problem_type)
+        train, validation = Counter(splits["train"]["text"]), Counter(splits["validation"]["text"])
+        assert (train + validation).total() == 69  # every row on one side of each fold
+        held_out += validation
+        if by == "text":  # 8 of the 40 distinct texts, each with every copy
+            assert len(validation) == 8 and count_seen_in_training(splits) == 0
+        else:
+            assert validation.total() in (13, 14)  # 69 rows dealt round 5 folds
+        if problem_type == "single_label":  # 4 of each class's 20 distinct texts, or a fifth of its rows within one
+            per_class = Counter(text.split()[0] for text in (validation if by == "text" else validation.elements()))
+            if by == "text":
+                assert per_class == {"a": 4, "b": 4}
+            else:  # class a: 49 rows, b: 20
+                assert abs(per_class["a"] - 49 / 5) < 1 and per_class["b"] == 4
+    assert held_out == Counter(line.rsplit(",", 1)[0] for line in rows.elements())  # each row held out once
+    again, _ = load_splits(dataclasses.replace(config, validation_fold=2), seed=3, problem_type=problem_type)
+    other, _ = load_splits(dataclasses.replace(config, validation_fold=2), seed=4, problem_type=problem_type)
+    first, _ = load_splits(dataclasses.replace(config, validation_fold=1), seed=3, problem_type=problem_type)
+    assert again["validation"]["text"] != first["validation"]["text"]
+    assert sorted(other["validation"]["text"]) != sorted(again["validation"]["text"])  # the seed deals the folds
+    unit = "training rows" if by == "row" else "distinct training texts"
+    drawn = "stratified" if problem_type == "single_label" else "shuffled"
+    assert data_sources(dataclasses.replace(config, validation_fold=2), 3, problem_type).validation == (
+        f"fold 2 of 5 of the {unit} held out ({drawn}, seed 3)")
+
+
+def test_folds_are_refused_where_they_cannot_be_cut(tmp_path):
+    from finetune.config import config_from_dict
+
+    path = write(tmp_path / "t.csv", "text,label\na,x\nb,x\nc,x\nd,y\ne,y\nf,lonely\n")
+    with pytest.raises(DataError, match=r"class 'lonely' has only 1 row; dealing 3 folds by class "
+                                        r"\(data.validation_folds\) needs at least 2 per class"):
+        load_splits(cfg(path, validation_folds=3), seed=0)
+    with pytest.raises(DataError, match=r"t.csv: 6 rows are too few for 7 folds \(data.validation_folds\)"):
+        load_splits(cfg(path, validation_folds=7, label_delimiter="|"), seed=0, problem_type="multi_label")
+    for settings, message in [
+        ({"validation_folds": 1}, r"data.validation_folds: must be >= 2 \(or null\), got 1"),
+        ({"validation_folds": 3, "validation_fold": 4}, r"data.validation_fold: must be 1 to data.validation_folds "
+                                                         r"\(3\), got 4"),
+        ({"validation_folds": 3, "validation_fold": 0}, r"data.validation_fold: must be 1 to"),
+        ({"validation_fold": 2}, r"data.validation_fold: applies with data.validation_folds, which is null"),
+        ({"validation_folds": 3, "validation_file": path}, r"data.validation_folds: folds are cut from the training "
+                                                            r"data, and data.validation_file \(.*t.csv\) is a "
+                                                            r"validation set of its own")]:
+        with pytest.raises(ConfigError, match=message):
+            config_from_dict({"data": {"train_file": path, **settings}})
+
+
+def test_folds_refuse_a_data_set_with_its_own_validation_split(tmp_path):
+    ds = datasets.DatasetDict({split: datasets.Dataset.from_dict({"text": ["a", "b", "c", "d"], "label": [0, 1, 0, 1]})
+                               for split in ("train", "validation")})
+    ds.save_to_disk(str(tmp_path / "saved"))
+    with pytest.raises(DataError) as caught:
+        load_splits(cfg(str(tmp_path / "saved"), validation_folds=2), seed=0)
+    assert "has a validation split of its own (validation), and folds are cut from the training data" in \
+        caught.value.message
+    assert caught.value.hint == "data.validation_split_name=null cuts the folds from the training split alone"
+    splits, _ = load_splits(cfg(str(tmp_path / "saved"), validation_folds=2, validation_split_name=None), seed=0)
+    assert len(splits["train"]) == len(splits["validation"]) == 2
+
+
 def test_carve_needs_two_rows_per_class(tmp_path):
     path = write(tmp_path / "t.csv", "text,label\na,x\nb,x\nc,x\nd,lonely\n")
     with pytest.raises(DataError, match="'lonely' has only 1 row"):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 import struct
 import subprocess
 import sys
@@ -501,6 +502,24 @@ def test_score_refuses_an_unknown_precision_in_one_line(trained, tmp_path, capsy
     assert main([str(out), "--file", str(held_out), "--precision", "fp8"]) == 2
     assert capsys.readouterr().err.strip() == "error: --precision: must be one of no, bf16, fp16, got 'fp8'"
     assert not (out / "confusion_held_out_fp8.png").exists()
+
+
+def test_a_run_trained_on_a_fold_scores_every_row_of_a_file(trained, predictor, tmp_path):
+    """A run's folds cut its training data; the file given to score is scored whole."""
+    import shutil
+
+    from finetune.score import score_file
+
+    out, cfg, _ = trained
+    run = Path(shutil.copytree(out, tmp_path / "run"))
+    saved = run / "config.yaml"
+    text = saved.read_text(encoding="utf-8")
+    assert "validation_folds: null" in text and "validation_fold: 1" in text
+    text = re.sub(r"validation_file: .*", "validation_file: null", text)
+    saved.write_text(text.replace("validation_folds: null", "validation_folds: 3")
+                     .replace("validation_fold: 1", "validation_fold: 2"), encoding="utf-8")
+    result = score_file(run, cfg.data.validation_file, predictor=predictor)
+    assert result.metrics["num_samples"] == 40
 
 
 def png_size(path) -> tuple[int, int]:
