@@ -110,9 +110,9 @@ def refuse_another_sweep(storage, name: str, made_with: dict[str, str], searches
     """A sweep's folder (its study name) holds one sweep: another one there is refused before any trial, since
     its reports would replace the first one's.
 
-    A sweep without a space (seeds only) meets the search of an earlier sweep, or any sweep meets seeds runs
-    made with another space or config: both are refused, naming what to do. A search made with another space
-    or config is :func:`load_or_create`'s to refuse.
+    A sweep without a space (seeds or folds only) meets the search of an earlier sweep, or any sweep meets seeds
+    or folds runs made with another space or config: both are refused, naming what to do. A search made with
+    another space or config is :func:`load_or_create`'s to refuse.
 
     Raises:
         ConfigError: naming the study and what differs.
@@ -124,9 +124,9 @@ def refuse_another_sweep(storage, name: str, made_with: dict[str, str], searches
         raise ConfigError(f"--study-name {name}: the study holds a search, and this sweep has no space, so its "
                           f"report would replace the search's; run the search's command again (--seeds N adds "
                           f"the seeds runs to it), or choose another --output or --study-name")
-    if f"{name}.seeds" in existing:
-        seeds = optuna.load_study(study_name=f"{name}.seeds", storage=storage)
-        _check_made_with(seeds, name, made_with)
+    for repeated in (f"{name}.seeds", f"{name}.folds"):
+        if repeated in existing:
+            _check_made_with(optuna.load_study(study_name=repeated, storage=storage), name, made_with)
 
 
 def load_or_create(storage, name: str, direction: str, made_with: dict[str, str]):

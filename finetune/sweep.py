@@ -5,6 +5,7 @@ Usage::
     finetune sweep --config configs/default.yaml --sweep configs/sweeps/default.yaml
     finetune sweep --config run.yaml --sweep sweep.yaml --seeds 5            # then the best config over 5 seeds
     finetune sweep --config run.yaml --seeds 5                               # the config as given, over 5 seeds
+    finetune sweep --config run.yaml --folds 5                               # 5-fold cross-validation of it
     finetune sweep --sweep sweep.yaml --storage postgresql://user@host/db    # one of several workers
 
 Each trial is an ordinary run of this package in its own folder under the
@@ -36,7 +37,8 @@ from finetune.study import BASE_PARAMS_ATTR, CONFIG_ATTR, SPACE_ATTR, budget_lef
     redact, refuse_another_sweep, running
 from finetune.sweep_file import DEFAULT_TRIALS, PRUNERS, SAMPLERS, describe_pruner, fixed_overrides, \
     pruner_settings, read_sweep_file, shipped_sweep, whole_number
-from finetune.sweep_report import Header, best_trial, seed_statistics, state_of, write_reports
+from finetune.sweep_report import Header, Repeats, best_trial, folds_of, seed_statistics, seeds_from, state_of, \
+    write_reports
 from finetune.sweep_trial import Phase, TrialRunner
 
 logger = logging.getLogger("finetune")
@@ -58,6 +60,7 @@ class Sweep:
     pruner: dict[str, Any]
     seeds: int
     trial_seeds: int
+    folds: int
     output: Path
     storage: str
     study_name: str
@@ -77,7 +80,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--label", metavar="COLUMN", help="column of the labels (data.label_column)")
     parser.add_argument("--model", metavar="NAME", help="the pretrained encoder (model.name_or_path)")
     parser.add_argument("--sweep", metavar="FILE",
-                        help="the sweep's YAML: space, fixed, trials, sampler, pruner, seeds")
+                        help="the sweep's YAML: space, fixed, trials, sampler, pruner, seeds, folds")
     parser.add_argument("--output", metavar="DIR", help="the sweep's folder (default: the config's "
                         "output.output_dir with -sweep appended)")
     parser.add_argument("--storage", metavar="URL", help="the study's database, shared by several workers "
@@ -89,6 +92,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--pruner", help=f"one of {', '.join(PRUNERS)} (default: median)")
     parser.add_argument("--seeds", type=int, help="then run the best config (without a space: the config) over "
                         "this many seeds: training.seed, +1, ...")
+    parser.add_argument("--folds", type=int, help="then run the best config (without a space: the config) on "
+                        "each of this many folds of the training data (K-fold cross-validation: "
+                        "data.validation_folds)")
     parser.add_argument("--trial-seeds", type=int, help="run every trial over this many seeds; its objective is "
                         "their mean (default: 1)")
     parser.add_argument("--debug", action="store_true", help="show tracebacks for input errors")
@@ -111,8 +117,14 @@ def build_sweep(args: argparse.Namespace, argv: list[str]) -> Sweep:
     trials = whole_number(pick(args.trials, "trials", DEFAULT_TRIALS if space.dimensions else 0), "trials", where, 0)
     seeds = whole_number(pick(args.seeds, "seeds", 0), "seeds", where, 0)
     trial_seeds = whole_number(pick(args.trial_seeds, "trial_seeds", 1), "trial_seeds", where, 1)
-    if not space.dimensions and not seeds:
-        raise ConfigError(f"{where}: nothing to run: give a space (--sweep FILE with space:) or --seeds N",
+    folds = whole_number(pick(args.folds, "folds", 0), "folds", where, 0)
+    if folds == 1:
+        raise ConfigError(f"{where}: folds: must be >= 2 (or 0: none), got 1")
+    if seeds and folds:
+        raise ConfigError(f"{where}: seeds and folds: give one; seeds keep the validation rows and change the "
+                          "training's randomness, folds keep the seed and change the validation rows")
+    if not space.dimensions and not seeds and not folds:
+        raise ConfigError(f"{where}: nothing to run: give a space (--sweep FILE with space:), --seeds N or --folds K",
                           hint=f"--sweep {shipped_sweep()} searches a classifier's learning rate and effective "
                                "batch, by F1")
     if space.dimensions and trials < 1:
@@ -131,8 +143,17 @@ def build_sweep(args: argparse.Namespace, argv: list[str]) -> Sweep:
     output = Path(args.output or f"{cfg.output.output_dir.rstrip('/')}-sweep")
     storage = args.storage or f"sqlite:///{(output / 'study.db').resolve()}"
     command = shlex.join(["finetune", "sweep", *argv])
+    if folds:  # a config the folds cannot be cut from (a validation file) is said before any trial
+        load_config(args.config, [*fixed, *args.overrides, *folds_of(folds).fixed])
     return Sweep(args.config, [*fixed, *args.overrides], space, trials, sampler, sampler_seed, pruner, seeds,
-                 trial_seeds, output, storage, args.study_name or output.resolve().name, command, cfg, where)
+                 trial_seeds, folds, output, storage, args.study_name or output.resolve().name, command, cfg, where)
+
+
+def repeats_of(sweep: Sweep, seed: int) -> Optional[Repeats]:
+    """What runs after the search: the seeds from ``seed`` on, or the folds, or nothing."""
+    if sweep.seeds:
+        return seeds_from(seed, sweep.seeds)
+    return folds_of(sweep.folds) if sweep.folds else None
 
 
 def make_sampler(sweep: Sweep, trials_so_far: int):
@@ -219,14 +240,17 @@ def start_line(sweep: Sweep, metric: str, greater: bool, done: int) -> str:
                      + f", pruner {describe_pruner(sweep.pruner)}")
     if sweep.trial_seeds > 1:
         parts.append(f"each trial over {sweep.trial_seeds} seeds")
+    what = "the best config" if sweep.space.dimensions else "the config"
     if sweep.seeds:
-        parts.append(f"then {'the best config' if sweep.space.dimensions else 'the config'} over {sweep.seeds} seeds")
+        parts.append(f"then {what} over {sweep.seeds} seeds")
+    if sweep.folds:
+        parts.append(f"then {what} on each of {sweep.folds} folds (K-fold cross-validation)")
     parts.append(f"storage {redact(sweep.storage)} (study {sweep.study_name!r})")
     return "; ".join(parts)
 
 
 def run_sweep(sweep: Sweep) -> dict[str, Any]:
-    """Run (or continue) the sweep: the search, then the seeds. Returns what ``sweep.md`` reports."""
+    """Run (or continue) the sweep: the search, then the seeds or folds. Returns what ``sweep.md`` reports."""
     import optuna
 
     from finetune.launch import launched_world_size
@@ -254,41 +278,42 @@ def run_sweep(sweep: Sweep) -> dict[str, Any]:
     logger.info(start_line(sweep, metric, greater, done))
     header = Header(metric, greater, sweep.space, sweep.sampler, describe_pruner(sweep.pruner),
                     redact(sweep.storage), sweep.trials, sweep.command, sweep.config, tuple(sweep.overrides))
-    studies: dict[str, Any] = {"search": search, "seeds": None}
-    report = lambda *_: write_reports(sweep.output, header, studies["search"], studies["seeds"],  # noqa: E731
-                                      seed_results(studies["seeds"]))
+    repeats = repeats_of(sweep, cfg.training.seed)
+    studies: dict[str, Any] = {"search": search, "repeats": None}
+    report = lambda *_: write_reports(sweep.output, header, studies["search"], repeats,  # noqa: E731
+                                      repeat_results(studies["repeats"], repeats))
     runner = TrialRunner(sweep.output, sweep.config, sweep.overrides, metric,
                          on_trial_end=progress_line(sweep, metric, greater, report))
-    base_seed = cfg.training.seed
     with StopSignals() as signals:  # a signal outside a trial's training ends the sweep between trials
-        run_phases(sweep, runner, signals, storage, studies, identity, greater, base_seed)
+        run_phases(sweep, runner, signals, storage, studies, identity, greater, repeats)
     report()
-    results = {"search": search is not None, "seeds": seed_results(studies["seeds"])}
-    if results["seeds"]:
-        mean, std = seed_statistics([v for _, v in results["seeds"]])
-        logger.info("over %d seeds: %s mean %.4f, standard deviation %.4f (%s)", len(results["seeds"]), metric, mean,
-                    std, ", ".join(f"seed {s}: {v:.4f}" for s, v in results["seeds"]))
+    values = repeat_results(studies["repeats"], repeats)
+    results = {"search": search is not None, **({repeats.name: values} if repeats else {})}
+    if values:
+        mean, std = seed_statistics([v for _, v in values])
+        logger.info("over %d %s: %s mean %.4f, standard deviation %.4f (%s)", len(values), repeats.name, metric, mean,
+                    std, ", ".join(f"{repeats.unit} {s}: {v:.4f}" for s, v in values))
     logger.info("sweep done: %s", sweep.output / "sweep.md")
     return results
 
 
 def run_phases(sweep: Sweep, runner: TrialRunner, signals: StopSignals, storage, studies: dict[str, Any],
-               identity: dict[str, str], greater: bool, base_seed: int) -> None:
-    """The search (with a space), then the seeds runs (with ``--seeds``)."""
+               identity: dict[str, str], greater: bool, repeats: Optional[Repeats]) -> None:
+    """The search (with a space), then the seeds or folds runs (with ``--seeds`` or ``--folds``)."""
     search = studies["search"]
     if search is not None:
         search.sampler, search.pruner = make_sampler(sweep, len(search.trials)), make_pruner(sweep.pruner)
+        base_seed = sweep.run_config.training.seed
         trial_seeds = [base_seed + i for i in range(sweep.trial_seeds)] if sweep.trial_seeds > 1 else []
         runner.phase = Phase("search", search, sweep.space, sweep.trials, lambda n, _: f"trial-{n:04d}", trial_seeds,
                              prune=sweep.pruner["type"] != "none")
         run_phase(runner, signals)
-    if sweep.seeds:
-        seeds = [base_seed + i for i in range(sweep.seeds)]
-        studies["seeds"] = seeds_study(storage, sweep, greater, identity, search, seeds)
-        fixed = overrides(json.loads(studies["seeds"].user_attrs[BASE_PARAMS_ATTR]))
-        space = SearchSpace((Dimension("training.seed", "choice", choices=tuple(seeds)),))
-        runner.phase = Phase("seeds", studies["seeds"], space, sweep.seeds,
-                             lambda _, params: f"seeds/seed-{params['training.seed']}", fixed=fixed)
+    if repeats is not None:
+        studies["repeats"] = repeats_study(storage, sweep, greater, identity, search, repeats)
+        fixed = [*repeats.fixed, *overrides(json.loads(studies["repeats"].user_attrs[BASE_PARAMS_ATTR]))]
+        space = SearchSpace((Dimension(repeats.key, "choice", choices=repeats.values),))
+        runner.phase = Phase(repeats.name, studies["repeats"], space, len(repeats.values),
+                             lambda _, params: repeats.folder(params[repeats.key]), fixed=fixed)
         run_phase(runner, signals)
 
 
@@ -327,24 +352,25 @@ def stop_if_signalled(signals: StopSignals) -> None:
                              signals.signum)
 
 
-def seeds_study(storage, sweep: Sweep, greater: bool, identity: dict[str, str], search, seeds: list[int]):
-    """The study of the seeds runs: the best trial's values (or none) with each seed queued once."""
+def repeats_study(storage, sweep: Sweep, greater: bool, identity: dict[str, str], search, repeats: Repeats):
+    """The study of the seeds or folds runs: the best trial's values (or none) with each seed or fold queued once."""
     winner = best_trial(search, greater) if search is not None else None
     best = winner.params if winner is not None else {}
     direction = "maximize" if greater else "minimize"
-    study = load_or_create(storage, f"{sweep.study_name}.seeds", direction, identity)
+    study = load_or_create(storage, f"{sweep.study_name}.{repeats.name}", direction, identity)
     if BASE_PARAMS_ATTR not in study.user_attrs:
         study.set_user_attr(BASE_PARAMS_ATTR, json.dumps(best, sort_keys=True))
-    for seed in seeds:
-        study.enqueue_trial({"training.seed": seed}, skip_if_exists=True)
+    for value in repeats.values:
+        study.enqueue_trial({repeats.key: value}, skip_if_exists=True)
     return study
 
 
-def seed_results(study) -> list[tuple[int, float]]:
+def repeat_results(study, repeats: Optional[Repeats]) -> list[tuple[int, float]]:
+    """Each finished seed's or fold's value, in order."""
     if study is None:
         return []
     scored = [t for t in study.get_trials(deepcopy=False) if state_of(t) == "complete"]
-    return sorted((t.params["training.seed"], t.value) for t in scored)
+    return sorted((t.params[repeats.key], t.value) for t in scored)
 
 
 def progress_line(sweep: Sweep, metric: str, greater: bool, report):

@@ -12,7 +12,7 @@ from typing import Any, Optional
 from finetune.errors import ConfigError
 from finetune.search_space import SearchSpace, overrides
 
-FILE_KEYS = {"space", "fixed", "trials", "sampler", "pruner", "seeds", "trial_seeds"}
+FILE_KEYS = {"space", "fixed", "trials", "sampler", "pruner", "seeds", "folds", "trial_seeds"}
 SAMPLERS = ("tpe", "random", "grid")
 PRUNERS = ("median", "percentile", "hyperband", "none")
 PRUNER_KEYS = {"type", "startup_trials", "min_trials", "warmup_texts", "percentile"}

@@ -1,4 +1,4 @@
-"""``sweep.png``: the objective against each searched value, and the spread over seeds."""
+"""``sweep.png``: the objective against each searched value, and the spread over seeds or folds."""
 
 from __future__ import annotations
 
@@ -11,12 +11,13 @@ from finetune.plot import DPI, _matplotlib
 PANEL_INCHES = 4.0
 
 
-def save_sweep_figure(path: Path, header, rows: list[dict[str, Any]], best: Optional[dict[str, Any]],
-                      seed_values: list[tuple[int, float]]) -> None:
-    """One panel per searched key (finished trials as dots, the best ringed), one for the seeds when run."""
+def save_sweep_figure(path: Path, header, rows: list[dict[str, Any]], best: Optional[dict[str, Any]], repeats,
+                      repeat_values: list[tuple[int, float]]) -> None:
+    """One panel per searched key (finished trials as dots, the best ringed), one for the seeds or folds when run
+    (``repeats``: which)."""
     Figure = _matplotlib()
     dimensions = list(header.space.dimensions) if rows else []
-    panels = len(dimensions) + (1 if seed_values else 0)
+    panels = len(dimensions) + (1 if repeat_values else 0)
     fig = Figure(figsize=(PANEL_INCHES * panels, PANEL_INCHES * 0.8), dpi=DPI, layout="constrained")
     axes = fig.subplots(1, panels, squeeze=False)[0]
     scored = [r for r in rows if r["state"] in ("complete", "same") and r["value"] is not None]
@@ -42,16 +43,17 @@ def save_sweep_figure(path: Path, header, rows: list[dict[str, Any]], best: Opti
         ax.grid(alpha=0.3)
     if dimensions:
         axes[0].legend(fontsize="small")
-    if seed_values:
+    if repeat_values:
         ax = axes[-1]
-        values = [v for _, v in seed_values]
+        values = [v for _, v in repeat_values]
         mean = sum(values) / len(values)
         ax.scatter(range(len(values)), values, color="tab:green")
         ax.axhline(mean, color="tab:green", linestyle="--", label=f"mean {mean:.4f}")
-        ax.set_xticks(range(len(values)), [str(s) for s, _ in seed_values])
-        ax.set_xlabel("training.seed")
+        ax.set_xticks(range(len(values)), [str(s) for s, _ in repeat_values])
+        ax.set_xlabel(repeats.key)
         ax.set_ylabel(header.metric)
-        ax.set_title(f"best config over {len(values)} seeds" if dimensions else f"over {len(values)} seeds")
+        over = f"over {len(values)} {repeats.name}"
+        ax.set_title(f"best config {over}" if dimensions else over)
         ax.legend(fontsize="small")
         ax.grid(alpha=0.3)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # several workers draw it: each its own, then a rename

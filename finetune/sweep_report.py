@@ -41,6 +41,34 @@ class Header:
     overrides: tuple[str, ...] = ()
 
 
+@dataclass(frozen=True)
+class Repeats:
+    """The best config (without a space: the config) run once for each value of one key: over seeds
+    (``training.seed``) or over the folds of K-fold cross-validation (``data.validation_fold``)."""
+
+    # "seeds" or "folds": the study's suffix, the runs' folder and the report's heading
+    name: str
+    key: str
+    values: tuple[int, ...]
+    # overrides every run shares: the folds' count
+    fixed: tuple[str, ...] = ()
+
+    @property
+    def unit(self) -> str:
+        return self.name[:-1]
+
+    def folder(self, value: int) -> str:
+        return f"{self.name}/{self.unit}-{value}"
+
+
+def seeds_from(seed: int, count: int) -> Repeats:
+    return Repeats("seeds", "training.seed", tuple(seed + i for i in range(count)))
+
+
+def folds_of(count: int) -> Repeats:
+    return Repeats("folds", "data.validation_fold", tuple(range(1, count + 1)), (f"data.validation_folds={count}",))
+
+
 def state_of(trial) -> str:
     """A trial's ending in words: complete, same, pruned, failed, input error, interrupted, running."""
     attrs, state = trial.user_attrs, trial.state.name
@@ -101,8 +129,10 @@ def best_trial(study, greater_is_better: bool):
     return (max if greater_is_better else min)(scored, key=lambda t: t.value) if scored else None
 
 
-def write_reports(root: Path, header: Header, search, seeds, seed_values: list[tuple[int, float]]) -> None:
-    """Rewrite the four files from the studies (``search`` or ``seeds`` may be ``None``)."""
+def write_reports(root: Path, header: Header, search, repeats: Optional[Repeats],
+                  repeat_values: list[tuple[int, float]]) -> None:
+    """Rewrite the four files from the search's study (or ``None``) and the repeated runs' values (each seed's or
+    fold's, with ``repeats`` saying which)."""
     rows = trial_rows(search, root) if search is not None else []
     winner = best_trial(search, header.greater_is_better) if search is not None else None
     best = next(r for r in rows if r["folder"] == winner.user_attrs[FOLDER]) if winner is not None else None
@@ -110,11 +140,11 @@ def write_reports(root: Path, header: Header, search, seeds, seed_values: list[t
         write_atomic(root / TRIALS_CSV, trials_csv(rows))
     if best is not None:
         write_atomic(root / BEST_YAML, best_yaml(root, header, best))
-    write_atomic(root / SWEEP_MD, sweep_markdown(header, rows, best, seed_values))
-    if rows or seed_values:
+    write_atomic(root / SWEEP_MD, sweep_markdown(header, rows, best, repeats, repeat_values))
+    if rows or repeat_values:
         from finetune.sweep_plot import save_sweep_figure
 
-        save_sweep_figure(root / SWEEP_PNG, header, rows, best, seed_values)
+        save_sweep_figure(root / SWEEP_PNG, header, rows, best, repeats, repeat_values)
 
 
 def trials_csv(rows: list[dict[str, Any]]) -> str:
@@ -149,12 +179,12 @@ def short(value: Any) -> str:
 
 
 def seed_statistics(values: list[float]) -> tuple[float, float]:
-    """Mean and sample standard deviation (0 for one seed)."""
+    """Mean and sample standard deviation (0 for one run)."""
     return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
 
 
 def sweep_markdown(header: Header, rows: list[dict[str, Any]], best: Optional[dict[str, Any]],
-                   seed_values: list[tuple[int, float]]) -> str:
+                   repeats: Optional[Repeats], repeat_values: list[tuple[int, float]]) -> str:
     direction = "higher" if header.greater_is_better else "lower"
     lines = ["# Sweep", "", f"`{header.command}`", "",
              f"- objective: `{header.metric}` of each trial's saved model ({direction} is better)",
@@ -180,13 +210,16 @@ def sweep_markdown(header: Header, rows: list[dict[str, Any]], best: Optional[di
                   f"Its model is in its folder (on the worker that ran it): `finetune predict {best['folder']} "
                   f"\"a text\"` from here. Train it again: `finetune train --config {BEST_YAML}` (it writes to "
                   "`best/`).", ""]
-    if seed_values:
-        mean, std = seed_statistics([v for _, v in seed_values])
-        lines += [f"## Over {len(seed_values)} seeds", "",
-                  f"{header.metric}: mean {mean:.4f}, standard deviation {std:.4f}", "",
-                  f"| seed | {header.metric} |", "| ---: | ---: |"]
-        lines += [f"| {seed} | {value:.4f} |" for seed, value in seed_values]
+    if repeat_values:
+        mean, std = seed_statistics([v for _, v in repeat_values])
+        lines += [f"## Over {len(repeat_values)} {repeats.name}", "",
+                  f"{header.metric}: mean {mean:.4f}, standard deviation {std:.4f}", ""]
+        if repeats.name == "folds":
+            lines += [f"Each fold's run validates on the rows the others train on, so the mean is over all the "
+                      f"data once (`{repeats.fixed[0]}`).", ""]
+        lines += [f"| {repeats.unit} | {header.metric} |", "| ---: | ---: |"]
+        lines += [f"| {value} | {objective:.4f} |" for value, objective in repeat_values]
         lines.append("")
-    if rows or seed_values:
+    if rows or repeat_values:
         lines += [f"![the objective against each searched value]({SWEEP_PNG})", ""]
     return "\n".join(lines)

@@ -1,4 +1,4 @@
-"""``finetune sweep``: what it writes, continuing after SIGTERM, several workers, pruning, seeds, bad input.
+"""``finetune sweep``: what it writes, continuing after SIGTERM, several workers, pruning, seeds, folds, bad input.
 
 Every sweep here searches the tiny BERT on 48 generated SMS-like rows; a
 trial is a run of a second or two. The sweeps that must be separate
@@ -325,6 +325,24 @@ def test_seeds_report_mean_and_deviation_of_their_scores(tmp_path, fresh_acceler
         assert saved["training"]["seed"] == seed and saved["optim"]["learning_rate"] == 1e-2
 
 
+def test_folds_validate_on_every_row_once_and_report_mean_and_deviation(tmp_path, fresh_accelerate_state):
+    config = sms_job(tmp_path, epochs=1)
+    assert sweep_in_process(["--config", str(config), "--folds", "3", "optim.learning_rate=1e-2"]) == 0
+    out = tmp_path / "out-sweep"
+    runs = {fold: out / "folds" / f"fold-{fold}" for fold in (1, 2, 3)}
+    evals = {fold: json.loads((run / "metrics.json").read_text())["eval"] for fold, run in runs.items()}
+    assert sum(e["num_samples"] for e in evals.values()) == 60  # the 60 rows, each validated once
+    report = (out / "sweep.md").read_text()
+    scores = [e["accuracy"] for e in evals.values()]
+    mean, std = statistics.fmean(scores), statistics.stdev(scores)
+    assert "## Over 3 folds" in report and f"accuracy: mean {mean:.4f}, standard deviation {std:.4f}" in report
+    for fold, run in runs.items():
+        assert f"| {fold} | {evals[fold]['accuracy']:.4f} |" in report
+        saved = yaml.safe_load((run / "config.yaml").read_text())
+        assert (saved["data"]["validation_folds"], saved["data"]["validation_fold"]) == (3, fold)
+        assert saved["training"]["seed"] == 1 and saved["optim"]["learning_rate"] == 1e-2
+
+
 # --- bad input: one line, exit 2, before any trial ----------------------------------------------------------------
 
 
@@ -351,6 +369,10 @@ def bad_input_job(tmp_path_factory):
     ({"pruner": {"type": "median", "warmup_texts": -5}}, [], "pruner: warmup_texts: must be an integer >= 0"),
     ({"sampler": "grid", "space": SPACE}, [], "grid needs a list of choices"),
     ({}, ["--seeds", "-1"], "seeds: must be an integer >= 0"),
+    ({}, ["--folds", "1"], "folds: must be >= 2 (or 0: none), got 1"),
+    ({"seeds": 2}, ["--folds", "3"], "seeds and folds: give one; seeds keep the validation rows"),
+    ({}, ["--folds", "3", "data.validation_file=held_out.tsv"], "data.validation_folds: folds are cut from the "
+                                                               "training data, and data.validation_file"),
     ({"fixed": {"evaluation.evals_per_epch": 4}}, [], "fixed: evaluation.evals_per_epch: unknown key"),
     ({"fixed": {"evaluation.evals_per_epoch": 0}}, [], "fixed: evaluation.evals_per_epoch: must be >= 1"),
     ({"fixed": {"optim.learning_rate": 1e-3}}, [], "fixed: optim.learning_rate: is also in the space"),
@@ -671,7 +693,7 @@ def test_nothing_to_search_names_the_shipped_sweep_file_which_runs(bad_input_job
     monkeypatch.chdir(REPO)
     assert sweep_in_process(["--config", str(bad_input_job / "cfg.yaml")]) == 2
     error, hint = capsys.readouterr().err.strip().splitlines()
-    assert error == "error: --sweep: nothing to run: give a space (--sweep FILE with space:) or --seeds N"
+    assert error == "error: --sweep: nothing to run: give a space (--sweep FILE with space:), --seeds N or --folds K"
     assert hint == ("hint: --sweep configs/sweeps/default.yaml searches a classifier's learning rate and effective "
                     "batch, by F1")
     assert read_sweep_file(hint.split()[2])["space"]  # the named file is a sweep file with a space
