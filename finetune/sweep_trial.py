@@ -44,15 +44,16 @@ TRIAL_FILE = "trial.json"
 
 @dataclass
 class Phase:
-    """What a study's trials run: the search over the space, or the best config over seeds.
+    """What a study's trials run: the search over the space, or the best config over seeds or folds.
 
     Args:
         study: The Optuna study.
-        space: What a trial draws (under seeds: ``training.seed``'s choices).
+        space: What a trial draws (under seeds or folds: ``training.seed``'s or ``data.validation_fold``'s
+            choices).
         trials: The budget of drawn trials.
         folder: A trial's folder name from its number and values.
         seeds: Each trial's seeds (its objective is the mean); empty: the config's seed.
-        fixed: Overrides every trial of the phase shares (under seeds: the best trial's values).
+        fixed: Overrides every trial of the phase shares (under seeds or folds: the best trial's values).
         prune: Report each trial's evaluations to the study's pruner.
     """
 
