@@ -106,13 +106,15 @@ def redact(url: str) -> str:
     return f"{head}{sep}{tail}"
 
 
-def refuse_another_sweep(storage, name: str, made_with: dict[str, str], searches: bool) -> None:
+def refuse_another_sweep(storage, name: str, made_with: dict[str, str], searches: bool,
+                         repeated: Optional[str] = None) -> None:
     """A sweep's folder (its study name) holds one sweep: another one there is refused before any trial, since
     its reports would replace the first one's.
 
     A sweep without a space (seeds or folds only) meets the search of an earlier sweep, or any sweep meets seeds
-    or folds runs made with another space or config: both are refused, naming what to do. A search made with
-    another space or config is :func:`load_or_create`'s to refuse.
+    or folds runs made with another space or config, or folds runs meet seeds runs (``repeated``: which this
+    sweep makes): all are refused, naming what to do. A search made with another space or config is
+    :func:`load_or_create`'s to refuse.
 
     Raises:
         ConfigError: naming the study and what differs.
@@ -122,11 +124,15 @@ def refuse_another_sweep(storage, name: str, made_with: dict[str, str], searches
     existing = set(optuna.get_all_study_names(storage))
     if name in existing and not searches:
         raise ConfigError(f"--study-name {name}: the study holds a search, and this sweep has no space, so its "
-                          f"report would replace the search's; run the search's command again (--seeds N adds "
-                          f"the seeds runs to it), or choose another --output or --study-name")
-    for repeated in (f"{name}.seeds", f"{name}.folds"):
-        if repeated in existing:
-            _check_made_with(optuna.load_study(study_name=repeated, storage=storage), name, made_with)
+                          f"report would replace the search's; run the search's command again (--seeds N or "
+                          f"--folds K adds those runs to it), or choose another --output or --study-name")
+    for other in ("seeds", "folds"):
+        if f"{name}.{other}" not in existing:
+            continue
+        if repeated is not None and other != repeated:
+            raise ConfigError(f"--study-name {name}: the study holds {other} runs, and this sweep runs {repeated}, "
+                              f"whose report would replace theirs; choose another --output or --study-name")
+        _check_made_with(optuna.load_study(study_name=f"{name}.{other}", storage=storage), name, made_with)
 
 
 def load_or_create(storage, name: str, direction: str, made_with: dict[str, str]):

@@ -37,7 +37,7 @@ from finetune.study import BASE_PARAMS_ATTR, CONFIG_ATTR, SPACE_ATTR, budget_lef
     redact, refuse_another_sweep, running
 from finetune.sweep_file import DEFAULT_TRIALS, PRUNERS, SAMPLERS, describe_pruner, fixed_overrides, \
     pruner_settings, read_sweep_file, shipped_sweep, whole_number
-from finetune.sweep_report import Header, Repeats, best_trial, folds_of, seed_statistics, seeds_from, state_of, \
+from finetune.sweep_report import Header, Repeats, best_trial, folds_of, mean_and_deviation, seeds_from, state_of, \
     write_reports
 from finetune.sweep_trial import Phase, TrialRunner
 
@@ -272,13 +272,14 @@ def run_sweep(sweep: Sweep) -> dict[str, Any]:
     storage = open_storage(sweep.storage)
     direction = "maximize" if greater else "minimize"
     identity = made_with(sweep, cfg)
-    refuse_another_sweep(storage, sweep.study_name, identity, searches=bool(sweep.space.dimensions))
+    repeats = repeats_of(sweep, cfg.training.seed)
+    refuse_another_sweep(storage, sweep.study_name, identity, searches=bool(sweep.space.dimensions),
+                         repeated=repeats.name if repeats else None)
     search = (load_or_create(storage, sweep.study_name, direction, identity) if sweep.space.dimensions else None)
     done = sum(1 for t in search.get_trials(deepcopy=False) if t.state.is_finished()) if search else 0
     logger.info(start_line(sweep, metric, greater, done))
     header = Header(metric, greater, sweep.space, sweep.sampler, describe_pruner(sweep.pruner),
                     redact(sweep.storage), sweep.trials, sweep.command, sweep.config, tuple(sweep.overrides))
-    repeats = repeats_of(sweep, cfg.training.seed)
     studies: dict[str, Any] = {"search": search, "repeats": None}
     report = lambda *_: write_reports(sweep.output, header, studies["search"], repeats,  # noqa: E731
                                       repeat_results(studies["repeats"], repeats))
@@ -290,7 +291,7 @@ def run_sweep(sweep: Sweep) -> dict[str, Any]:
     values = repeat_results(studies["repeats"], repeats)
     results = {"search": search is not None, **({repeats.name: values} if repeats else {})}
     if values:
-        mean, std = seed_statistics([v for _, v in values])
+        mean, std = mean_and_deviation([v for _, v in values])
         logger.info("over %d %s: %s mean %.4f, standard deviation %.4f (%s)", len(values), repeats.name, metric, mean,
                     std, ", ".join(f"{repeats.unit} {s}: {v:.4f}" for s, v in values))
     logger.info("sweep done: %s", sweep.output / "sweep.md")

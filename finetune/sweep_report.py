@@ -178,7 +178,7 @@ def short(value: Any) -> str:
     return f"{value:.4g}" if isinstance(value, float) else render(value)
 
 
-def seed_statistics(values: list[float]) -> tuple[float, float]:
+def mean_and_deviation(values: list[float]) -> tuple[float, float]:
     """Mean and sample standard deviation (0 for one run)."""
     return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
 
@@ -211,7 +211,7 @@ def sweep_markdown(header: Header, rows: list[dict[str, Any]], best: Optional[di
                   f"\"a text\"` from here. Train it again: `finetune train --config {BEST_YAML}` (it writes to "
                   "`best/`).", ""]
     if repeat_values:
-        mean, std = seed_statistics([v for _, v in repeat_values])
+        mean, std = mean_and_deviation([v for _, v in repeat_values])
         lines += [f"## Over {len(repeat_values)} {repeats.name}", "",
                   f"{header.metric}: mean {mean:.4f}, standard deviation {std:.4f}", ""]
         if repeats.name == "folds":

@@ -325,7 +325,7 @@ def test_seeds_report_mean_and_deviation_of_their_scores(tmp_path, fresh_acceler
         assert saved["training"]["seed"] == seed and saved["optim"]["learning_rate"] == 1e-2
 
 
-def test_folds_validate_on_every_row_once_and_report_mean_and_deviation(tmp_path, fresh_accelerate_state):
+def test_folds_validate_on_every_row_once_and_report_mean_and_deviation(tmp_path, fresh_accelerate_state, capsys):
     config = sms_job(tmp_path, epochs=1)
     assert sweep_in_process(["--config", str(config), "--folds", "3", "optim.learning_rate=1e-2"]) == 0
     out = tmp_path / "out-sweep"
@@ -341,6 +341,13 @@ def test_folds_validate_on_every_row_once_and_report_mean_and_deviation(tmp_path
         saved = yaml.safe_load((run / "config.yaml").read_text())
         assert (saved["data"]["validation_folds"], saved["data"]["validation_fold"]) == (3, fold)
         assert saved["training"]["seed"] == 1 and saved["optim"]["learning_rate"] == 1e-2
+    # seeds runs in the folds' folder would write their report over the folds': refused, the folder as it was
+    before = (out / "sweep.md").read_bytes()
+    capsys.readouterr()
+    assert sweep_in_process(["--config", str(config), "--seeds", "2", "optim.learning_rate=1e-2"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "the study holds folds runs, and this sweep runs seeds" in err[0], err
+    assert (out / "sweep.md").read_bytes() == before and not (out / "seeds").exists()
 
 
 # --- bad input: one line, exit 2, before any trial ----------------------------------------------------------------
