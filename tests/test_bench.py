@@ -885,14 +885,11 @@ def test_fixed_shape_micro_batches_give_the_eager_gradient(tiny_job, fresh_accel
     assert "| compiled layers, bias apart |" in text
 
 
-def test_biases_added_apart_swap_the_blocks_linear_layers_for_their_way_alone(monkeypatch):
-    """Inside the way's context each linear layer of the blocks adds its bias after its product (the pooler's and
-    the head's stay), to the same logits; a compiled block compiles again for the swapped layers and the model
-    is handed back with plain linear layers, whose compiled blocks are reused."""
+def _a_tiny_bert_to_compile(monkeypatch):
+    """A tiny BERT, token ids, its logits on them, and dynamo's counters, zeroed, for the aot_eager backend."""
     import torch
     from torch._dynamo.utils import counters
 
-    from bench.cuda_graphs import BiasApartLinear, bias_apart, compiled_blocks, together
     from helpers import tiny_model
 
     compiling_with(monkeypatch, "aot_eager")
@@ -900,7 +897,18 @@ def test_biases_added_apart_swap_the_blocks_linear_layers_for_their_way_alone(mo
     counters.clear()
     model = tiny_model("bert", num_labels=2, dropout=0.0)
     ids = torch.randint(5, 30, (2, 8))
-    expected = model(input_ids=ids).logits
+    return model, ids, model(input_ids=ids).logits, counters
+
+
+def test_biases_added_apart_swap_the_blocks_linear_layers_for_their_way_alone(monkeypatch):
+    """Inside the way's context each linear layer of the blocks adds its bias after its product (the pooler's and
+    the head's stay), to the same logits; a compiled block compiles again for the swapped layers and the model
+    is handed back with plain linear layers, whose compiled blocks are reused."""
+    import torch
+
+    from bench.cuda_graphs import BiasApartLinear, bias_apart, compiled_blocks, together
+
+    model, ids, expected, counters = _a_tiny_bert_to_compile(monkeypatch)
     plain_blocks, apart = compiled_blocks(model), bias_apart(model)
     with plain_blocks():
         torch.testing.assert_close(model(input_ids=ids).logits, expected)
@@ -963,18 +971,11 @@ def test_regional_compilation_compiles_the_blocks_for_its_way_alone(monkeypatch)
     """The compiled blocks' forwards are swapped in inside the way's context only (one compile, which every
     block reuses), and the model is handed back with its own forwards for the other ways."""
     import torch
-    from torch._dynamo.utils import counters
 
     from bench.cuda_graphs import compiled_blocks
     from finetune.lora import blocks_of
-    from helpers import tiny_model
 
-    compiling_with(monkeypatch, "aot_eager")
-    torch._dynamo.reset()
-    counters.clear()
-    model = tiny_model("bert", num_labels=2, dropout=0.0)
-    ids = torch.randint(5, 30, (2, 8))
-    expected = model(input_ids=ids).logits
+    model, ids, expected, counters = _a_tiny_bert_to_compile(monkeypatch)
     inside = compiled_blocks(model)
     assert counters["stats"]["unique_graphs"] == 0  # nothing compiled until a block runs inside
     with inside():
