@@ -38,7 +38,7 @@ from finetune.study import BASE_PARAMS_ATTR, CONFIG_ATTR, SPACE_ATTR, budget_lef
 from finetune.sweep_file import DEFAULT_TRIALS, PRUNERS, SAMPLERS, describe_pruner, fixed_overrides, \
     pruner_settings, read_sweep_file, shipped_sweep, whole_number
 from finetune.sweep_report import Header, Repeats, best_trial, folds_of, mean_and_deviation, seeds_from, state_of, \
-    write_reports
+    write_out_of_fold_predictions, write_reports
 from finetune.sweep_trial import Phase, TrialRunner
 
 logger = logging.getLogger("finetune")
@@ -294,6 +294,10 @@ def run_sweep(sweep: Sweep) -> dict[str, Any]:
         mean, std = mean_and_deviation([v for _, v in values])
         logger.info("over %d %s: %s mean %.4f, standard deviation %.4f (%s)", len(values), repeats.name, metric, mean,
                     std, ", ".join(f"{repeats.unit} {s}: {v:.4f}" for s, v in values))
+    if repeats is not None and repeats.name == "folds" and len(values) == len(repeats.values):
+        written = write_out_of_fold_predictions(sweep.output, repeats)
+        if written is not None:
+            logger.info("out-of-fold predictions (each row by the fold's model that did not train on it): %s", written)
     logger.info("sweep done: %s", sweep.output / "sweep.md")
     return results
 

@@ -1,4 +1,5 @@
-"""What a sweep writes in its folder, from its studies: ``trials.csv``, ``sweep.md``, ``best.yaml`` and ``sweep.png``.
+"""What a sweep writes in its folder, from its studies: ``trials.csv``, ``sweep.md``, ``best.yaml`` and ``sweep.png``;
+after its folds, ``folds/predictions.csv``.
 
 Every worker rewrites them after each trial it ends, from the studies'
 records, so they are current whichever worker ran what. A trial and the
@@ -147,6 +148,14 @@ def write_reports(root: Path, header: Header, search, repeats: Optional[Repeats]
         save_sweep_figure(root / SWEEP_PNG, header, rows, best, repeats, repeat_values)
 
 
+def write_out_of_fold_predictions(root: Path, folds: Repeats) -> Optional[Path]:
+    """Each fold's model's predictions on the rows it was held out from, in ``<root>/folds/predictions.csv``
+    (:mod:`finetune.out_of_fold`); ``None`` while a fold's model is missing."""
+    from finetune.out_of_fold import write_out_of_fold
+
+    return write_out_of_fold(root / folds.name, {fold: root / folds.folder(fold) for fold in folds.values})
+
+
 def trials_csv(rows: list[dict[str, Any]]) -> str:
     out = io.StringIO()
     columns = list(dict.fromkeys(key for row in rows for key in row))
@@ -216,7 +225,9 @@ def sweep_markdown(header: Header, rows: list[dict[str, Any]], best: Optional[di
                   f"{header.metric}: mean {mean:.4f}, standard deviation {std:.4f}", ""]
         if repeats.name == "folds":
             lines += [f"Each fold's run validates on the rows the others train on, so the mean is over all the "
-                      f"data once (`{repeats.fixed[0]}`).", ""]
+                      f"data once (`{repeats.fixed[0]}`). Once every fold has finished, `folds/predictions.csv` "
+                      "holds the out-of-fold predictions: each row by the fold's model that did not train on it.",
+                      ""]
         lines += [f"| {repeats.unit} | {header.metric} |", "| ---: | ---: |"]
         lines += [f"| {value} | {objective:.4f} |" for value, objective in repeat_values]
         lines.append("")

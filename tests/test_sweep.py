@@ -341,6 +341,19 @@ def test_folds_validate_on_every_row_once_and_report_mean_and_deviation(tmp_path
         saved = yaml.safe_load((run / "config.yaml").read_text())
         assert (saved["data"]["validation_folds"], saved["data"]["validation_fold"]) == (3, fold)
         assert saved["training"]["seed"] == 1 and saved["optim"]["learning_rate"] == 1e-2
+    # out of fold: each of the 60 rows predicted once, by its fold's model, as that run scored it
+    with open(out / "folds" / "predictions.csv", encoding="utf-8", newline="") as fh:
+        predicted = list(csv.DictReader(fh))
+    assert list(predicted[0]) == ["fold", "text", "label", "predicted_label", "predicted_score",
+                                  "predicted_prob_ham", "predicted_prob_spam"]
+    rows = [line.split("\t") for line in (tmp_path / "sms.tsv").read_text().splitlines()]
+    assert sorted((r["label"], r["text"]) for r in predicted) == sorted((label, text) for label, text in rows)
+    for fold, scored in evals.items():
+        mine = [r for r in predicted if r["fold"] == str(fold)]
+        assert len(mine) == scored["num_samples"]
+        right = sum(r["label"] == r["predicted_label"] for r in mine)
+        assert right / len(mine) == pytest.approx(scored["accuracy"])
+    assert "out-of-fold" in (out / "sweep.md").read_text()
     # seeds runs in the folds' folder would write their report over the folds': refused, the folder as it was
     before = (out / "sweep.md").read_bytes()
     capsys.readouterr()
@@ -348,6 +361,33 @@ def test_folds_validate_on_every_row_once_and_report_mean_and_deviation(tmp_path
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "the study holds folds runs, and this sweep runs seeds" in err[0], err
     assert (out / "sweep.md").read_bytes() == before and not (out / "seeds").exists()
+
+
+@pytest.mark.parametrize("problem_type", ["multi_label", "regression"])
+def test_out_of_fold_rows_name_each_label_as_the_file_does(tmp_path, problem_type):
+    """The held-out rows the out-of-fold file gives each fold: every row once over the folds, with its label as
+    written (a list of names, a number), whatever the encoding the run trained on."""
+    from finetune.config import config_from_dict
+    from finetune.out_of_fold import held_out_rows
+
+    if problem_type == "multi_label":
+        written = [(f"text {i}", ["sport", "news"][: 1 + i % 2]) for i in range(12)]
+        lines = [json.dumps({"text": text, "label": label}) for text, label in written]
+    else:
+        written = [(f"text {i}", i / 4) for i in range(12)]
+        lines = [json.dumps({"text": text, "label": value}) for text, value in written]
+    (tmp_path / "d.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    seen = []
+    for fold in (1, 2, 3):
+        cfg = config_from_dict({"data": {"train_file": str(tmp_path / "d.jsonl"), "validation_folds": 3,
+                                         "validation_fold": fold}, "model": {"problem_type": problem_type}})
+        rows = held_out_rows(cfg, fold)
+        assert len(rows) == 4 and {r["fold"] for r in rows} == {fold}
+        seen += [(r["text"], r["label"]) for r in rows]
+    if problem_type == "multi_label":  # the names as the file lists them (label order: sorted)
+        assert sorted(seen) == sorted((text, sorted(label)) for text, label in written)
+    else:
+        assert sorted(seen) == sorted(written)
 
 
 # --- bad input: one line, exit 2, before any trial ----------------------------------------------------------------
