@@ -363,6 +363,24 @@ def test_folds_validate_on_every_row_once_and_report_mean_and_deviation(tmp_path
     assert (out / "sweep.md").read_bytes() == before and not (out / "seeds").exists()
 
 
+def test_folds_after_a_search_run_its_best_config(four_trials, tmp_path, fresh_accelerate_state):
+    """The search's command again with --folds (in a copy of its folder): no trial runs again, and each fold's
+    run trains the best trial's values."""
+    root, out, _ = four_trials
+    copy = Path(shutil.copytree(out, tmp_path / "out-sweep"))
+    args = ["--config", str(root / "cfg.yaml"), "--sweep", str(root / "sweep.yaml"), "--output", str(copy)]
+    assert sweep_in_process([*args, "--folds", "2"]) == 0
+    assert len(load_study(copy).trials) == 4 and len(list(copy.glob("trial-*"))) == 4
+    best = yaml.safe_load((copy / "best.yaml").read_text())
+    for fold in (1, 2):
+        saved = yaml.safe_load((copy / "folds" / f"fold-{fold}" / "config.yaml").read_text())
+        assert saved["optim"]["learning_rate"] == best["optim"]["learning_rate"]
+        assert saved["training"]["effective_batch_size"] == best["training"]["effective_batch_size"]
+        assert (saved["data"]["validation_folds"], saved["data"]["validation_fold"]) == (2, fold)
+    report = (copy / "sweep.md").read_text()
+    assert "4 of 4 trials: 4 complete" in report and "## Over 2 folds" in report
+
+
 @pytest.mark.parametrize("problem_type", ["multi_label", "regression"])
 def test_out_of_fold_rows_name_each_label_as_the_file_does(tmp_path, problem_type):
     """The held-out rows the out-of-fold file gives each fold: every row once over the folds, with its label as
