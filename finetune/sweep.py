@@ -144,7 +144,12 @@ def build_sweep(args: argparse.Namespace, argv: list[str]) -> Sweep:
     storage = args.storage or f"sqlite:///{(output / 'study.db').resolve()}"
     command = shlex.join(["finetune", "sweep", *argv])
     if folds:  # a config the folds cannot be cut from (a validation file) is said before any trial
-        load_config(args.config, [*fixed, *args.overrides, *folds_of(folds).fixed])
+        try:
+            load_config(args.config, [*fixed, *args.overrides, *folds_of(folds).fixed])
+        except ConfigError as exc:
+            raise ConfigError(f"--folds {folds}: {exc.message.removeprefix('command line: ')}",
+                              hint=exc.hint or "data.validation_file=null on the command line cuts the folds from "
+                                               "the training data alone") from None
     return Sweep(args.config, [*fixed, *args.overrides], space, trials, sampler, sampler_seed, pruner, seeds,
                  trial_seeds, folds, output, storage, args.study_name or output.resolve().name, command, cfg, where)
 

@@ -436,8 +436,6 @@ def bad_input_job(tmp_path_factory):
     ({}, ["--seeds", "-1"], "seeds: must be an integer >= 0"),
     ({}, ["--folds", "1"], "folds: must be >= 2 (or 0: none), got 1"),
     ({"seeds": 2}, ["--folds", "3"], "seeds and folds: give one; seeds keep the validation rows"),
-    ({}, ["--folds", "3", "data.validation_file=held_out.tsv"], "data.validation_folds: folds are cut from the "
-                                                               "training data, and data.validation_file"),
     ({"fixed": {"evaluation.evals_per_epch": 4}}, [], "fixed: evaluation.evals_per_epch: unknown key"),
     ({"fixed": {"evaluation.evals_per_epoch": 0}}, [], "fixed: evaluation.evals_per_epoch: must be >= 1"),
     ({"fixed": {"optim.learning_rate": 1e-3}}, [], "fixed: optim.learning_rate: is also in the space"),
@@ -452,6 +450,16 @@ def test_bad_input_is_one_line_before_any_trial(bad_input_job, capsys, settings,
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0], err
     assert not list((tmp_path / "out-sweep").glob("trial-*"))
+
+
+def test_folds_beside_a_validation_file_say_how_to_drop_it(bad_input_job, capsys):
+    config = str(bad_input_job / "cfg.yaml")
+    assert sweep_in_process(["--config", config, "--folds", "3", "data.validation_file=held_out.tsv"]) == 2
+    error, hint = capsys.readouterr().err.strip().splitlines()
+    assert error == ("error: --folds 3: data.validation_folds: folds are cut from the training data, and "
+                     "data.validation_file (held_out.tsv) is a validation set of its own: set one of them")
+    assert hint == "hint: data.validation_file=null on the command line cuts the folds from the training data alone"
+    assert not (bad_input_job / "out-sweep" / "folds").exists()
 
 
 @pytest.mark.parametrize("variable, value, message", [
