@@ -13,8 +13,9 @@ fold ``data.validation_fold``: the K runs of a config validate on every unit onc
 
 from __future__ import annotations
 
+import json
 import math
-from typing import Optional
+from typing import Any, Optional
 
 import datasets
 import numpy as np
@@ -23,17 +24,23 @@ from finetune.column_hints import another_label_column
 from finetune.columns import read_column
 from finetune.errors import DataError
 from finetune.labels import LabelSpace
-from finetune.tables import LABELS, TEXT, TEXT_PAIR, Table
+from finetune.tables import GROUP, LABELS, TEXT, TEXT_PAIR, Table
 
-# what a carve draws, as its messages name it
-_UNITS = {"row": "rows", "text": "distinct texts"}
+
+def _units(by: str) -> str:
+    """What a carve draws, as its messages name it."""
+    return {"row": "rows", "text": "distinct texts"}.get(by, f"distinct values of column {by!r}")
+
+
+def _unit(by: str) -> str:
+    return {"row": "row", "text": "distinct text"}.get(by, f"value of column {by!r}")
 
 
 def carve_validation(train: datasets.Dataset, read: Table, fraction: float, seed: int, label_space: LabelSpace,
                      by: str = "row") -> tuple[datasets.Dataset, datasets.Dataset]:
     """Split ``fraction`` of ``train`` (encoded from the table ``read``) off as validation, seeded; stratified by
     class for single_label. ``by``: ``row`` draws rows, ``text`` draws distinct texts with all their rows."""
-    groups = text_groups(train) if by == "text" else np.arange(len(train))
+    groups = unit_groups(train, read, by)
     firsts = np.unique(groups, return_index=True)[1]  # each unit's first row, in unit order
     if label_space.problem_type != "single_label":
         return _carve_at_random(train, groups, len(firsts), read.source, fraction, seed, by)
@@ -49,11 +56,11 @@ def carve_fold(train: datasets.Dataset, read: Table, folds: int, fold: int, seed
     unit, and the folds' sizes differ by one at most. The same seed deals the same folds in every run, so the
     ``folds`` runs of a config hold out every unit once.
     """
-    groups = text_groups(train) if by == "text" else np.arange(len(train))
+    groups = unit_groups(train, read, by)
     firsts = np.unique(groups, return_index=True)[1]
     units = len(firsts)
     if units < folds:
-        raise DataError(f"{read.source}: {units} {_UNITS[by]} are too few for {folds} folds "
+        raise DataError(f"{read.source}: {units} {_units(by)} are too few for {folds} folds "
                         "(data.validation_folds)")
     order = np.random.default_rng(seed).permutation(units)
     if label_space.problem_type == "single_label":
@@ -78,8 +85,7 @@ def _unit_labels(train: datasets.Dataset, firsts: np.ndarray, read: Table, label
     counts = np.bincount(unit_labels, minlength=len(label_space))
     too_few = [label_space.names[i] for i in np.flatnonzero(counts == 1)]
     if too_few:
-        one = "row" if by == "row" else "distinct text"
-        raise DataError(f"{read.source}: class {too_few[0]!r} has only 1 {one}; {draw} needs at least 2 per class. "
+        raise DataError(f"{read.source}: class {too_few[0]!r} has only 1 {_unit(by)}; {draw} needs at least 2 per class. "
                         f"{remedy}")
     return labels, unit_labels
 
@@ -89,7 +95,7 @@ def _carve_at_random(train: datasets.Dataset, groups: np.ndarray, units: int, so
     """Several labels per text, or a number: no classes to stratify by."""
     n_validation = math.ceil(fraction * units)
     if units - n_validation < 1:
-        raise DataError(f"{source}: {units} {_UNITS[by]} are too few to carve a validation set "
+        raise DataError(f"{source}: {units} {_units(by)} are too few to carve a validation set "
                         f"(data.validation_split: {fraction}); give data.validation_file")
     if by == "row":
         parts = train.train_test_split(test_size=n_validation, seed=seed)
@@ -111,7 +117,7 @@ def _carve_stratified(train: datasets.Dataset, groups: np.ndarray, firsts: np.nd
     n_validation = max(math.ceil(fraction * units), present)
     if units - n_validation < present:
         raise DataError(
-            f"{read.source}: {units} {_UNITS[by]} are too few to carve a validation set with all {present} "
+            f"{read.source}: {units} {_units(by)} are too few to carve a validation set with all {present} "
             f"classes on both sides (data.validation_split: {fraction}); give data.validation_file"
         )
     if by == "row":
@@ -122,6 +128,24 @@ def _carve_stratified(train: datasets.Dataset, groups: np.ndarray, firsts: np.nd
         features=datasets.Features({"unit": datasets.Value("int64"), LABELS: train.features[LABELS]}))
     _, validation_units = stratified_split(one_per_text, unit_labels, n_validation, seed)
     return _rows_of_units(train, groups, np.asarray(read_column(validation_units, "unit"), dtype=np.int64))
+
+
+def unit_groups(train: datasets.Dataset, read: Table, by: str) -> np.ndarray:
+    """Each row's unit, numbered in order of first appearance: its own row, its text's, or its value's in the
+    column ``by`` names (a row without one is refused: which rows it goes with is unknown)."""
+    if by == "row":
+        return np.arange(len(train))
+    if by == "text":
+        return text_groups(train)
+    values = read_column(train, GROUP)
+    missing = [i for i, value in enumerate(values) if value is None]
+    if missing:
+        raise DataError(f"{read.source}: {read.where(missing[0])} has no value in column {by!r} "
+                        "(data.validation_split_by), which says the rows that go together")
+    numbers: dict[Any, int] = {}
+    keys = (value if isinstance(value, (str, int, float, bool)) else json.dumps(value, sort_keys=True, default=str)
+            for value in values)
+    return np.fromiter((numbers.setdefault(key, len(numbers)) for key in keys), dtype=np.int64, count=len(values))
 
 
 def text_groups(train: datasets.Dataset) -> np.ndarray:

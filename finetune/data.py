@@ -54,7 +54,7 @@ from finetune.config import DataConfig
 from finetune.errors import ConfigError, DataError, FileLayoutError, root_message
 from finetune.labels import LabelSpace, encode_against, encode_train
 from finetune.local_files import read_local, read_saved_splits
-from finetune.tables import LABELS, RAW_LABEL, SHOW_LABELS, TEXT, TEXT_PAIR, Table, as_mask, column_values, \
+from finetune.tables import GROUP, LABELS, RAW_LABEL, SHOW_LABELS, TEXT, TEXT_PAIR, Table, as_mask, column_values, \
     feature_name, short_list
 
 __all__ = ["LABELS", "TEXT", "TEXT_PAIR", "LabelSpace", "load_splits", "load_labelled_file", "class_counts",
@@ -98,7 +98,8 @@ def load_splits(cfg: DataConfig, seed: int, problem_type: str = "single_label"
     if cfg.validation_file is not None:
         validation = _load_local(cfg.validation_file, "data.validation_file", cfg)
 
-    encoded, label_space = encode_train(_drop_or_reject_empty_texts(train, cfg), problem_type, cfg.label_delimiter,
+    train = _drop_or_reject_empty_texts(train, cfg)  # its rows are the encoded rows, which the carve names
+    encoded, label_space = encode_train(train, problem_type, cfg.label_delimiter,
                                         cfg.label_map)
     splits = {"train": encoded}
 
@@ -124,6 +125,8 @@ def load_splits(cfg: DataConfig, seed: int, problem_type: str = "single_label"
             splits["train"], train, cfg.validation_split, seed, label_space, by=cfg.validation_split_by
         )
 
+    splits = {name: split.remove_columns(GROUP) if GROUP in split.column_names else split
+              for name, split in splits.items()}  # read by the carve; no column of a run's data
     splits["train"] = subset(splits["train"], cfg.max_train_samples, seed)
     if "validation" in splits:
         splits["validation"] = subset(splits["validation"], cfg.max_eval_samples, seed)
@@ -169,12 +172,23 @@ def _encode_against(table: Table, cfg: DataConfig, label_space: LabelSpace) -> d
 # --------------------------------------------------------------------------- local files (finetune.local_files reads them)
 
 
-def _load_local(spec: str, key: str, cfg: DataConfig) -> Table:
-    """Read one local file or class folder into a :class:`Table` with standard columns."""
+def _load_local(spec: str, key: str, cfg: DataConfig, group: Optional[str] = None) -> Table:
+    """Read one local file or class folder into a :class:`Table` with standard columns (and ``group``'s, for
+    the carve)."""
     table = read_local(spec, key, cfg)
     if table.files is not None:
+        if group is not None:
+            raise ConfigError(f"data.validation_split_by: {spec} is a folder of class sub-folders, which has no "
+                              f"column {group!r}; row or text")
         return table  # the folder layout: its columns are standard already
-    return _standardize(table, cfg.text_column, cfg.text_pair_column, cfg.label_column)
+    return _standardize(table, cfg.text_column, cfg.text_pair_column, cfg.label_column, group)
+
+
+def group_column(cfg: DataConfig) -> Optional[str]:
+    """The column ``data.validation_split_by`` names, or ``None`` for ``row`` and ``text``, and where nothing is
+    carved (a validation file given, or no fraction and no folds)."""
+    carves = cfg.validation_file is None and (cfg.validation_folds is not None or cfg.validation_split > 0)
+    return None if cfg.validation_split_by in ("row", "text") or not carves else cfg.validation_split_by
 
 
 def _load_local_train(cfg: DataConfig) -> tuple[Table, Optional[Table]]:
@@ -182,7 +196,7 @@ def _load_local_train(cfg: DataConfig) -> tuple[Table, Optional[Table]]:
     as from a Hub data set, the validation split."""
     saved = read_saved_splits(cfg.train_file, "data.train_file", cfg.format)
     if saved is None:
-        return _load_local(cfg.train_file, "data.train_file", cfg), None
+        return _load_local(cfg.train_file, "data.train_file", cfg, group_column(cfg)), None
     return _train_and_validation(saved, cfg.train_file, cfg)
 
 
@@ -220,9 +234,8 @@ def _train_and_validation(loaded: datasets.DatasetDict, shown: str, cfg: DataCon
         ds = loaded[split]
         if len(ds) == 0:
             raise DataError(f"{shown}[{split}]: no rows")
-        return _standardize(
-            Table.whole(ds, f"{shown}[{split}]", unit="row"), cfg.text_column, cfg.text_pair_column, cfg.label_column
-        )
+        return _standardize(Table.whole(ds, f"{shown}[{split}]", unit="row"), cfg.text_column, cfg.text_pair_column,
+                            cfg.label_column, group_column(cfg) if split == cfg.train_split else None)
 
     train = table(cfg.train_split)
     validation = None
@@ -251,15 +264,23 @@ def _check_column_settings(cfg: DataConfig) -> None:
         if column in seen:
             raise ConfigError(f"{key}: names the same column as {seen[column]} ({column!r})")
         seen[column] = key
+    group = group_column(cfg)
+    if group in seen:  # the texts have a setting of their own; by the labels, no class could be on both sides
+        raise ConfigError(f"data.validation_split_by: names the column of {seen[group]} ({group!r})",
+                          hint="data.validation_split_by=text keeps every copy of a text on one side"
+                          if seen[group] != "data.label_column" else None)
 
 
-def _standardize(table: Table, text_column: str, pair_column: Optional[str], label_column: str) -> Table:
-    """Keep only the text, pair and label columns, under the standard names."""
+def _standardize(table: Table, text_column: str, pair_column: Optional[str], label_column: str,
+                 group: Optional[str] = None) -> Table:
+    """Keep only the text, pair and label columns (and ``group``, the carve's), under the standard names."""
     ds = table.ds
     wanted = [("data.text_column", text_column, TEXT)]
     if pair_column is not None:
         wanted.append(("data.text_pair_column", pair_column, TEXT_PAIR))
     wanted.append(("data.label_column", label_column, RAW_LABEL))
+    if group is not None:
+        wanted.append(("data.validation_split_by", group, GROUP))
     for key, column, _ in wanted:
         table.refuse_repeated(column, table.source, f"{key} could mean either")
     missing = [(key, column) for key, column, _ in wanted if column not in ds.column_names]

@@ -45,7 +45,8 @@ def data_sources(cfg: DataConfig, seed: int, problem_type: str = "single_label")
         train = file_name(cfg.train_file)
         hub = {}
     drawn = "stratified" if problem_type == "single_label" else "random"
-    carved = "training rows" if cfg.validation_split_by == "row" else "distinct training texts"
+    carved = {"row": "training rows", "text": "distinct training texts"}.get(
+        cfg.validation_split_by, f"values of column {cfg.validation_split_by!r} (each with all its rows)")
     if cfg.validation_folds is not None:
         held_out = (f"fold {cfg.validation_fold} of {cfg.validation_folds} of the {carved} held out "
                     f"({'stratified' if problem_type == 'single_label' else 'shuffled'}, seed {seed})")

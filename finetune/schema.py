@@ -155,10 +155,12 @@ class DataConfig:
         "Fraction of train carved out (seeded; stratified by class for single_label) when no validation set is "
         "given. Rows are carved by default: copies of a repeated text can fall on both sides, and the start "
         "line counts the validation rows whose text is also in train (`validation_split_by: text` to prevent it).")
-    validation_split_by: Literal["row", "text"] = setting("row",
-        "What the carve draws. `row`: rows, as `datasets`' `train_test_split` does. `text`: distinct texts (with "
-        "their pair), every copy of one on the same side, so that no validation text is a training text; the "
-        "fraction is then one of the distinct texts.")
+    validation_split_by: str = setting("row",
+        "What the carve (and the folds) draw. `row`: rows, as `datasets`' `train_test_split` does. `text`: "
+        "distinct texts (with their pair), every copy of one on the same side, so that no validation text is a "
+        "training text. Or the name of a column of the training data (an author, a source, a conversation): "
+        "every row with one value of it falls on the same side, so that no validation row shares its value with "
+        "a training row. The fraction is then one of the distinct texts or values.")
     validation_folds: Optional[int] = setting(None,
         "K-fold cross-validation: the training data dealt into this many folds (seeded by the split seed; "
         "stratified by class for single_label; rows or distinct texts, as `validation_split_by` says), and fold "
@@ -227,6 +229,8 @@ class DataConfig:
         if not 0.0 <= self.validation_split < 1.0:
             raise ConfigError(f"data.validation_split: must be in [0, 1), got {self.validation_split}")
         self._check_folds()
+        if not self.validation_split_by.strip():
+            raise ConfigError("data.validation_split_by: must be row, text or a column's name, got an empty name")
         if self.split_seed is not None and not 0 <= self.split_seed < 2**32:
             raise ConfigError(f"data.split_seed: must be in [0, 2**32 - 1] or null, got {self.split_seed}")
         if self.max_length < 2:

@@ -24,6 +24,7 @@ TEXT = "text"
 TEXT_PAIR = "text_pair"
 LABELS = "labels"
 RAW_LABEL = "_raw_label"  # the label column before it becomes class ids
+GROUP = "_group"  # the column data.validation_split_by names, until the carve has read it
 
 SHOW_ROWS = 5  # rows quoted in an error message before "..."
 SHOW_LABELS = 10

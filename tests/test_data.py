@@ -784,6 +784,75 @@ def test_folds_refuse_a_data_set_with_its_own_validation_split(tmp_path):
     assert len(splits["train"]) == len(splits["validation"]) == 2
 
 
+def _authors_csv(path: Path) -> str:
+    """20 authors, 10 a class, each writing 1 to 4 texts of their class: 50 rows."""
+    rows = ["author,text,label"]
+    for a in range(20):
+        rows += [f"author {a},{'ab'[a % 2]} text {a}.{i},{'ab'[a % 2]}" for i in range(1 + a % 4)]
+    return write(path, "\n".join(rows) + "\n")
+
+
+def test_a_column_keeps_its_values_rows_on_one_side_in_a_carve_and_in_folds(tmp_path):
+    from finetune.data_sources import data_sources
+
+    path = _authors_csv(tmp_path / "a.csv")
+    authors = {line.split(",")[1]: line.split(",")[0] for line in Path(path).read_text().splitlines()[1:]}
+    config = cfg(path, validation_split=0.2, validation_split_by="author")
+    splits, _ = load_splits(config, seed=5)
+    assert splits["train"].column_names == splits["validation"].column_names == ["text", "labels"]
+    train = {authors[t] for t in splits["train"]["text"]}
+    validation = {authors[t] for t in splits["validation"]["text"]}
+    assert not train & validation and len(validation) == 4 and len(train | validation) == 20  # a fifth of 20
+    assert Counter(int(a.split()[1]) % 2 for a in validation) == {0: 2, 1: 2}  # stratified over the authors
+    assert len(splits["train"]) + len(splits["validation"]) == 50
+    assert data_sources(config, 5).validation == ("20% of the values of column 'author' (each with all its rows) "
+                                                  "held out (stratified, seed 5)")
+    held_out = Counter()
+    for fold in (1, 2, 3, 4, 5):
+        folds, _ = load_splits(dataclasses.replace(config, validation_folds=5, validation_fold=fold), seed=5)
+        mine = {authors[t] for t in folds["validation"]["text"]}
+        assert not mine & {authors[t] for t in folds["train"]["text"]} and len(mine) == 4
+        held_out.update(mine)
+    assert set(held_out.values()) == {1} and len(held_out) == 20  # each author held out once
+    # a data set saved by datasets: its training split's column, the same draw
+    rows = [line.split(",") for line in Path(path).read_text().splitlines()[1:]]
+    saved = datasets.DatasetDict({"train": datasets.Dataset.from_dict(
+        {"author": [r[0] for r in rows], "text": [r[1] for r in rows], "label": [r[2] for r in rows]})})
+    saved.save_to_disk(str(tmp_path / "saved"))
+    from_disk, _ = load_splits(dataclasses.replace(config, train_file=str(tmp_path / "saved")), seed=5)
+    assert sorted(from_disk["validation"]["text"]) == sorted(splits["validation"]["text"])
+
+
+def test_a_carve_by_column_refuses_what_it_cannot_group(tmp_path):
+    from finetune.config import config_from_dict
+
+    path = _authors_csv(tmp_path / "a.csv")
+    with pytest.raises(FileLayoutError, match=r"no column 'writer' \(data.validation_split_by\); columns found: "
+                                              r"author, text, label"):
+        load_splits(cfg(path, validation_split=0.2, validation_split_by="writer"), seed=0)
+    splits, _ = load_splits(cfg(path, validation_split=0.2, validation_split_by="writer", validation_file=path),
+                            seed=0)  # nothing carved: the column is not looked for
+    assert len(splits["validation"]) == 50
+    blank = write(tmp_path / "b.csv", Path(path).read_text().replace("author 3,", ",", 1))
+    with pytest.raises(DataError, match=r"b.csv: line 8 has no value in column 'author' \(data.validation_split_by\)"):
+        load_splits(cfg(blank, validation_split=0.2, validation_split_by="author"), seed=0)
+    with pytest.raises(ConfigError, match=r"data.validation_split_by: names the column of data.label_column"):
+        load_splits(cfg(path, validation_split=0.2, validation_split_by="label"), seed=0)
+    with pytest.raises(ConfigError) as caught:  # the texts' own column: the setting for texts says it
+        load_splits(cfg(path, validation_split=0.2, validation_split_by="author", text_column="author"), seed=0)
+    assert caught.value.message == "data.validation_split_by: names the column of data.text_column ('author')"
+    assert caught.value.hint == "data.validation_split_by=text keeps every copy of a text on one side"
+    folder = tmp_path / "classes"
+    for label in ("x", "y"):
+        (folder / label).mkdir(parents=True)
+        for i in range(3):
+            (folder / label / f"{i}.txt").write_text(f"{label} {i}", encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"is a folder of class sub-folders, which has no column 'author'"):
+        load_splits(cfg(str(folder), validation_split=0.2, validation_split_by="author"), seed=0)
+    with pytest.raises(ConfigError, match=r"data.validation_split_by: must be row, text or a column's name"):
+        config_from_dict({"data": {"train_file": path, "validation_split_by": " "}})
+
+
 def test_carve_needs_two_rows_per_class(tmp_path):
     path = write(tmp_path / "t.csv", "text,label\na,x\nb,x\nc,x\nd,lonely\n")
     with pytest.raises(DataError, match="'lonely' has only 1 row"):
