@@ -197,8 +197,10 @@ def sweep_markdown(header: Header, rows: list[dict[str, Any]], best: Optional[di
     direction = "higher" if header.greater_is_better else "lower"
     lines = ["# Sweep", "", f"`{header.command}`", "",
              f"- objective: `{header.metric}` of each trial's saved model ({direction} is better)",
-             f"- space: {header.space.describe()}", f"- sampler: {header.sampler}; pruner: {header.pruner}",
-             f"- storage: {header.storage}", ""]
+             f"- space: {header.space.describe()}"]
+    if header.space.dimensions:  # without a space nothing is drawn or pruned
+        lines.append(f"- sampler: {header.sampler}; pruner: {header.pruner}")
+    lines += [f"- storage: {header.storage}", ""]
     if rows:
         counts = {state: sum(r["state"] == state for r in rows) for state in dict.fromkeys(r["state"] for r in rows)}
         done = ", ".join(f"{n} {state}" for state, n in counts.items())

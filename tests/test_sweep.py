@@ -336,6 +336,7 @@ def test_folds_validate_on_every_row_once_and_report_mean_and_deviation(tmp_path
     scores = [e["accuracy"] for e in evals.values()]
     mean, std = statistics.fmean(scores), statistics.stdev(scores)
     assert "## Over 3 folds" in report and f"accuracy: mean {mean:.4f}, standard deviation {std:.4f}" in report
+    assert "- space: none" in report and "sampler" not in report  # nothing drawn, nothing pruned
     for fold, run in runs.items():
         assert f"| {fold} | {evals[fold]['accuracy']:.4f} |" in report
         saved = yaml.safe_load((run / "config.yaml").read_text())
