@@ -11,6 +11,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import shlex
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
@@ -192,6 +193,14 @@ def mean_and_deviation(values: list[float]) -> tuple[float, float]:
     return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
 
 
+def train_on_every_row(header: Header, best: Optional[dict[str, Any]]) -> str:
+    """The command that trains the best config (without a search: the sweep's config) on all its rows."""
+    if best is not None:
+        return f"finetune train --config {BEST_YAML} data.validation_split=0"
+    config = ["--config", header.config] if header.config else []
+    return shlex.join(["finetune", "train", *config, *header.overrides, "data.validation_split=0"])
+
+
 def sweep_markdown(header: Header, rows: list[dict[str, Any]], best: Optional[dict[str, Any]],
                    repeats: Optional[Repeats], repeat_values: list[tuple[int, float]]) -> str:
     direction = "higher" if header.greater_is_better else "lower"
@@ -229,7 +238,8 @@ def sweep_markdown(header: Header, rows: list[dict[str, Any]], best: Optional[di
             lines += [f"Each fold's run validates on the rows the others train on, so the mean is over all the "
                       f"data once (`{repeats.fixed[0]}`). Once every fold has finished, `folds/predictions.csv` "
                       "holds the out-of-fold predictions: each row by the fold's model that did not train on it.",
-                      ""]
+                      "", "The folds estimate how the config does on texts it has not seen; the model to keep "
+                      f"trains on every row: `{train_on_every_row(header, best)}`.", ""]
         lines += [f"| {repeats.unit} | {header.metric} |", "| ---: | ---: |"]
         lines += [f"| {value} | {objective:.4f} |" for value, objective in repeat_values]
         lines.append("")

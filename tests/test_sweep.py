@@ -337,6 +337,13 @@ def test_folds_validate_on_every_row_once_and_report_mean_and_deviation(tmp_path
     mean, std = statistics.fmean(scores), statistics.stdev(scores)
     assert "## Over 3 folds" in report and f"accuracy: mean {mean:.4f}, standard deviation {std:.4f}" in report
     assert "- space: none" in report and "sampler" not in report  # nothing drawn, nothing pruned
+    # the model to keep: the same config on every row
+    command = f"finetune train --config {config} optim.learning_rate=1e-2 data.validation_split=0"
+    assert f"trains on every row: `{command}`" in report
+    from finetune.config import load_config
+
+    kept = load_config(str(config), command.split()[4:])
+    assert (kept.data.validation_split, kept.data.validation_folds, kept.optim.learning_rate) == (0.0, None, 1e-2)
     for fold, run in runs.items():
         assert f"| {fold} | {evals[fold]['accuracy']:.4f} |" in report
         saved = yaml.safe_load((run / "config.yaml").read_text())
@@ -380,6 +387,7 @@ def test_folds_after_a_search_run_its_best_config(four_trials, tmp_path, fresh_a
         assert (saved["data"]["validation_folds"], saved["data"]["validation_fold"]) == (2, fold)
     report = (copy / "sweep.md").read_text()
     assert "4 of 4 trials: 4 complete" in report and "## Over 2 folds" in report
+    assert "trains on every row: `finetune train --config best.yaml data.validation_split=0`" in report
 
 
 @pytest.mark.parametrize("problem_type", ["multi_label", "regression"])
