@@ -142,7 +142,7 @@ def write_reports(root: Path, header: Header, search, repeats: Optional[Repeats]
         write_atomic(root / TRIALS_CSV, trials_csv(rows))
     if best is not None:
         write_atomic(root / BEST_YAML, best_yaml(root, header, best))
-    write_atomic(root / SWEEP_MD, sweep_markdown(header, rows, best, repeats, repeat_values))
+    write_atomic(root / SWEEP_MD, sweep_markdown(root, header, rows, best, repeats, repeat_values))
     if rows or repeat_values:
         from finetune.sweep_plot import save_sweep_figure
 
@@ -193,15 +193,17 @@ def mean_and_deviation(values: list[float]) -> tuple[float, float]:
     return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
 
 
-def train_on_every_row(header: Header, best: Optional[dict[str, Any]]) -> str:
-    """The command that trains the best config (without a search: the sweep's config) on all its rows."""
+def train_on_every_row(root: Path, header: Header, best: Optional[dict[str, Any]]) -> str:
+    """The command that trains the best config (without a search: the sweep's config) on all its rows, into
+    ``<root>/best`` (best.yaml's folder) or ``<root>/all-rows``."""
     if best is not None:
         return f"finetune train --config {BEST_YAML} data.validation_split=0"
     config = ["--config", header.config] if header.config else []
-    return shlex.join(["finetune", "train", *config, *header.overrides, "data.validation_split=0"])
+    return shlex.join(["finetune", "train", *config, *header.overrides, "data.validation_split=0",
+                       f"output.output_dir={root / 'all-rows'}"])
 
 
-def sweep_markdown(header: Header, rows: list[dict[str, Any]], best: Optional[dict[str, Any]],
+def sweep_markdown(root: Path, header: Header, rows: list[dict[str, Any]], best: Optional[dict[str, Any]],
                    repeats: Optional[Repeats], repeat_values: list[tuple[int, float]]) -> str:
     direction = "higher" if header.greater_is_better else "lower"
     lines = ["# Sweep", "", f"`{header.command}`", "",
@@ -239,7 +241,7 @@ def sweep_markdown(header: Header, rows: list[dict[str, Any]], best: Optional[di
                       f"data once (`{repeats.fixed[0]}`). Once every fold has finished, `folds/predictions.csv` "
                       "holds the out-of-fold predictions: each row by the fold's model that did not train on it.",
                       "", "The folds estimate how the config does on texts it has not seen; the model to keep "
-                      f"trains on every row: `{train_on_every_row(header, best)}`.", ""]
+                      f"trains on every row: `{train_on_every_row(root, header, best)}`.", ""]
         lines += [f"| {repeats.unit} | {header.metric} |", "| ---: | ---: |"]
         lines += [f"| {value} | {objective:.4f} |" for value, objective in repeat_values]
         lines.append("")

@@ -338,12 +338,14 @@ def test_folds_validate_on_every_row_once_and_report_mean_and_deviation(tmp_path
     assert "## Over 3 folds" in report and f"accuracy: mean {mean:.4f}, standard deviation {std:.4f}" in report
     assert "- space: none" in report and "sampler" not in report  # nothing drawn, nothing pruned
     # the model to keep: the same config on every row
-    command = f"finetune train --config {config} optim.learning_rate=1e-2 data.validation_split=0"
+    command = (f"finetune train --config {config} optim.learning_rate=1e-2 data.validation_split=0 "
+               f"output.output_dir={out / 'all-rows'}")
     assert f"trains on every row: `{command}`" in report
     from finetune.config import load_config
 
     kept = load_config(str(config), command.split()[4:])
     assert (kept.data.validation_split, kept.data.validation_folds, kept.optim.learning_rate) == (0.0, None, 1e-2)
+    assert kept.output.output_dir == str(out / "all-rows")
     for fold, run in runs.items():
         assert f"| {fold} | {evals[fold]['accuracy']:.4f} |" in report
         saved = yaml.safe_load((run / "config.yaml").read_text())
