@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any, Optional
+from typing import Hashable, Iterable, Optional
 
 import datasets
 import numpy as np
@@ -40,8 +40,7 @@ def carve_validation(train: datasets.Dataset, read: Table, fraction: float, seed
                      by: str = "row") -> tuple[datasets.Dataset, datasets.Dataset]:
     """Split ``fraction`` of ``train`` (encoded from the table ``read``) off as validation, seeded; stratified by
     class for single_label. ``by``: ``row`` draws rows, ``text`` draws distinct texts with all their rows."""
-    groups = unit_groups(train, read, by)
-    firsts = np.unique(groups, return_index=True)[1]  # each unit's first row, in unit order
+    groups, firsts = _units_of(train, read, by)
     if label_space.problem_type != "single_label":
         return _carve_at_random(train, groups, len(firsts), read.source, fraction, seed, by)
     return _carve_stratified(train, groups, firsts, read, fraction, seed, label_space, by)
@@ -56,8 +55,7 @@ def carve_fold(train: datasets.Dataset, read: Table, folds: int, fold: int, seed
     unit, and the folds' sizes differ by one at most. The same seed deals the same folds in every run, so the
     ``folds`` runs of a config hold out every unit once.
     """
-    groups = unit_groups(train, read, by)
-    firsts = np.unique(groups, return_index=True)[1]
+    groups, firsts = _units_of(train, read, by)
     units = len(firsts)
     if units < folds:
         raise DataError(f"{read.source}: {units} {_units(by)} are too few for {folds} folds "
@@ -71,6 +69,12 @@ def carve_fold(train: datasets.Dataset, read: Table, folds: int, fold: int, seed
     fold_of = np.empty(units, dtype=np.int64)
     fold_of[order] = np.arange(units) % folds
     return _rows_of_units(train, groups, np.flatnonzero(fold_of == fold - 1))
+
+
+def _units_of(train: datasets.Dataset, read: Table, by: str) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's unit (:func:`unit_groups`), and each unit's first row, in unit order."""
+    groups = unit_groups(train, read, by)
+    return groups, np.unique(groups, return_index=True)[1]
 
 
 def _unit_labels(train: datasets.Dataset, firsts: np.ndarray, read: Table, label_space: LabelSpace, by: str,
@@ -122,11 +126,12 @@ def _carve_stratified(train: datasets.Dataset, groups: np.ndarray, firsts: np.nd
         )
     if by == "row":
         return stratified_split(train, labels, n_validation, seed)
-    # the units drawn as rows are: one row per distinct text, its class the rows' ClassLabel
-    one_per_text = datasets.Dataset.from_dict(
+    # the units drawn as rows are: one row per unit (a distinct text, a column's value), its class the rows'
+    # ClassLabel
+    one_per_unit = datasets.Dataset.from_dict(
         {"unit": np.arange(units), LABELS: unit_labels},
         features=datasets.Features({"unit": datasets.Value("int64"), LABELS: train.features[LABELS]}))
-    _, validation_units = stratified_split(one_per_text, unit_labels, n_validation, seed)
+    _, validation_units = stratified_split(one_per_unit, unit_labels, n_validation, seed)
     return _rows_of_units(train, groups, np.asarray(read_column(validation_units, "unit"), dtype=np.int64))
 
 
@@ -142,19 +147,21 @@ def unit_groups(train: datasets.Dataset, read: Table, by: str) -> np.ndarray:
     if missing:
         raise DataError(f"{read.source}: {read.where(missing[0])} has no value in column {by!r} "
                         "(data.validation_split_by), which says the rows that go together")
-    numbers: dict[Any, int] = {}
-    keys = (value if isinstance(value, (str, int, float, bool)) else json.dumps(value, sort_keys=True, default=str)
-            for value in values)
-    return np.fromiter((numbers.setdefault(key, len(numbers)) for key in keys), dtype=np.int64, count=len(values))
+    return _numbered(value if isinstance(value, (str, int, float, bool)) else
+                     json.dumps(value, sort_keys=True, default=str) for value in values)
 
 
 def text_groups(train: datasets.Dataset) -> np.ndarray:
     """For each row, the number of its text (with its pair) among the distinct texts, in order of first
     appearance: rows with one number are copies of one text."""
     columns = [read_column(train, name) for name in (TEXT, TEXT_PAIR) if name in train.column_names]
-    numbers: dict[tuple, int] = {}
-    return np.fromiter((numbers.setdefault(key, len(numbers)) for key in zip(*columns)), dtype=np.int64,
-                       count=len(train))
+    return _numbered(zip(*columns))
+
+
+def _numbered(keys: Iterable[Hashable]) -> np.ndarray:
+    """Each key's number among the distinct keys, in order of first appearance."""
+    numbers: dict[Hashable, int] = {}
+    return np.fromiter((numbers.setdefault(key, len(numbers)) for key in keys), dtype=np.int64)
 
 
 def _rows_of_units(train: datasets.Dataset, groups: np.ndarray, validation_units: np.ndarray

@@ -77,8 +77,8 @@ def load_splits(cfg: DataConfig, seed: int, problem_type: str = "single_label"
 
     Returns:
         ``(splits, label_space)``. ``splits`` has ``"train"`` and, unless
-        ``validation_split`` is 0 and no validation data is given,
-        ``"validation"``; each with columns ``text``, ``text_pair`` (only with
+        ``validation_split`` is 0 without folds and no validation data is
+        given, ``"validation"``; each with columns ``text``, ``text_pair`` (only with
         ``data.text_pair_column``) and ``labels``: a ``ClassLabel`` whose
         names are ``label_space.names`` (single_label), a 0/1 float vector
         over them (multi_label), or a float (regression). ``label_space``
@@ -107,7 +107,7 @@ def load_splits(cfg: DataConfig, seed: int, problem_type: str = "single_label"
         raise DataError(f"data.validation_folds: {train.source} has a validation split of its own "
                         f"({cfg.validation_split_name}), and folds are cut from the training data",
                         hint="data.validation_split_name=null cuts the folds from the training split alone")
-    carve = validation is None and (cfg.validation_folds is not None or cfg.validation_split > 0)
+    carve = validation is None and _carves(cfg)
     if not carve and label_space.problem_type == "single_label":
         # no carve to refuse a column that is no label column (it needs two rows a class): the run goes on,
         # but not without a word, said before a validation file's labels are looked up in these
@@ -116,14 +116,8 @@ def load_splits(cfg: DataConfig, seed: int, problem_type: str = "single_label"
             logger.warning("%s (%s)", not_labels.message, not_labels.hint)
     if validation is not None:
         splits["validation"] = _encode_against(validation, cfg, label_space)
-    elif carve and cfg.validation_folds is not None:
-        splits["train"], splits["validation"] = carve_fold(
-            splits["train"], train, cfg.validation_folds, cfg.validation_fold, seed, label_space,
-            by=cfg.validation_split_by)
     elif carve:
-        splits["train"], splits["validation"] = carve_validation(
-            splits["train"], train, cfg.validation_split, seed, label_space, by=cfg.validation_split_by
-        )
+        splits["train"], splits["validation"] = _carve(splits["train"], train, cfg, seed, label_space)
 
     splits = {name: split.remove_columns(GROUP) if GROUP in split.column_names else split
               for name, split in splits.items()}  # read by the carve; no column of a run's data
@@ -187,8 +181,23 @@ def _load_local(spec: str, key: str, cfg: DataConfig, group: Optional[str] = Non
 def group_column(cfg: DataConfig) -> Optional[str]:
     """The column ``data.validation_split_by`` names, or ``None`` for ``row`` and ``text``, and where nothing is
     carved (a validation file given, or no fraction and no folds)."""
-    carves = cfg.validation_file is None and (cfg.validation_folds is not None or cfg.validation_split > 0)
+    carves = cfg.validation_file is None and _carves(cfg)
     return None if cfg.validation_split_by in ("row", "text") or not carves else cfg.validation_split_by
+
+
+def _carves(cfg: DataConfig) -> bool:
+    """Whether validation rows are held out of the training data where it comes without a validation set."""
+    return cfg.validation_folds is not None or cfg.validation_split > 0
+
+
+def _carve(encoded: datasets.Dataset, read: Table, cfg: DataConfig, seed: int, label_space: LabelSpace
+           ) -> tuple[datasets.Dataset, datasets.Dataset]:
+    """The training rows and the validation rows held out of them: a fold of ``data.validation_folds``, else
+    ``data.validation_split``'s fraction (:mod:`finetune.carve`)."""
+    if cfg.validation_folds is not None:
+        return carve_fold(encoded, read, cfg.validation_folds, cfg.validation_fold, seed, label_space,
+                          by=cfg.validation_split_by)
+    return carve_validation(encoded, read, cfg.validation_split, seed, label_space, by=cfg.validation_split_by)
 
 
 def _load_local_train(cfg: DataConfig) -> tuple[Table, Optional[Table]]:
