@@ -32,7 +32,8 @@
 #            (python -m bench.captured_update)
 #   products an encoder layer's matrix products, each alone at the job's shapes: the linear layer's product with its
 #            bias (addmm) against the product with the bias added apart and the product alone, and the backward's
-#            two: milliseconds and TFLOP/s, and an update's sums (python -m bench.products)
+#            two, and query, key and value as one product: milliseconds and TFLOP/s, and an update's sums
+#            (python -m bench.products)
 #   casts    training.cast_once_per_update on against off: CUDA kernels, aten ops and milliseconds per
 #            micro-batch (python -m bench.probe casts)
 #   predict  finetune predict's --precision: texts per second in float32 and under bf16 and fp16 autocast, the

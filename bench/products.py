@@ -20,6 +20,11 @@ This probe times each product of one encoder layer in these ways:
 - the backward's two products, which take no bias: ``grad input``
   (``dy @ w``) and ``grad weight`` (``dy.T @ x``).
 
+One more row times query, key and value as one product of three times the
+width (the fused projection NVIDIA's and MosaicBERT's BERTs run): a wider
+product keeps more of the GPU busy, and the row says whether that is worth
+changing the model's attention for.
+
 In bf16 on a GPU and fp32 on a CPU (where the test suite checks the report),
 the ways alternating over ``--rounds`` rounds of ``--repeats`` calls each,
 every input made once, so each way reads the same memory. The report gives
@@ -58,12 +63,18 @@ class Product:
     fan_in: int
     fan_out: int
     count: int
+    replaces: str | None = None  # a fused product, timed as the alternative to the products of this name
+
+
+FUSED_QKV = "query, key, value as one"
 
 
 def layer_products(hidden: int, intermediate: int) -> list[Product]:
-    """A BERT layer's linear maps: query, key and value, the attention's output, the feed-forward's two."""
+    """A BERT layer's linear maps: query, key and value, the attention's output, the feed-forward's two; then the
+    alternative of query, key and value as one product."""
     return [Product("query, key, value", hidden, hidden, 3), Product("attention output", hidden, hidden, 1),
-            Product("feed-forward in", hidden, intermediate, 1), Product("feed-forward out", intermediate, hidden, 1)]
+            Product("feed-forward in", hidden, intermediate, 1), Product("feed-forward out", intermediate, hidden, 1),
+            Product(FUSED_QKV, hidden, 3 * hidden, 1, replaces="query, key, value")]
 
 
 def milliseconds_per_call(call: Callable[[], object], repeats: int, device: torch.device) -> float:
@@ -116,7 +127,7 @@ def measure(products: list[Product], tokens: int, rounds: int, repeats: int, dty
             order = list(ways)[round_ % len(ways):] + list(ways)[:round_ % len(ways)]  # the first way rotates
             for name in order:
                 times[name].append(milliseconds_per_call(ways[name], repeats, device))
-        rows.append({"product": product.name, "count": product.count, "tokens": tokens,
+        rows.append({"product": product.name, "count": product.count, "replaces": product.replaces, "tokens": tokens,
                      "fan_in": product.fan_in, "fan_out": product.fan_out,
                      "flop": 2 * tokens * product.fan_in * product.fan_out,
                      "ms": {name: statistics.median(values) for name, values in times.items()},
@@ -126,12 +137,18 @@ def measure(products: list[Product], tokens: int, rounds: int, repeats: int, dty
 
 def per_update(rows: list[dict], layers: int, micro_batches: int) -> dict[str, float]:
     """The milliseconds an update's products take: every layer's, once per micro-batch, the forward by each way
-    and the backward (both of its products)."""
-    def total(ways) -> float:
-        return layers * micro_batches * sum(row["count"] * sum(row["ms"][way] for way in ways) for row in rows)
+    and the backward (both of its products); then the same with each fused product in place of those it
+    replaces."""
+    def total(ways, chosen) -> float:
+        return layers * micro_batches * sum(row["count"] * sum(row["ms"][way] for way in ways) for row in chosen)
 
-    sums = {f"forward, {way}": total([way]) for way in FORWARD_WAYS}
-    sums["backward"] = total(BACKWARD_WAYS)
+    apart = [row for row in rows if row["replaces"] is None]
+    sums = {f"forward, {way}": total([way], apart) for way in FORWARD_WAYS}
+    sums["backward"] = total(BACKWARD_WAYS, apart)
+    for fused in (row for row in rows if row["replaces"] is not None):
+        with_fused = [row for row in apart if row["product"] != fused["replaces"]] + [fused]
+        sums.update({f"forward, {way}, {fused['product']}": total([way], with_fused) for way in FORWARD_WAYS})
+        sums[f"backward, {fused['product']}"] = total(BACKWARD_WAYS, with_fused)
     return sums
 
 
@@ -143,7 +160,8 @@ def report(rows: list[dict], sums: dict[str, float], setting: str) -> str:
              "| --- | ---: |" + " ---: |" * len(ways) + " ---: |"]
     for row in rows:
         cells = [f"{row['ms'][way]:.4f} ({row['flop'] / row['ms'][way] / 1e9:.1f})" for way in ways]
-        lines.append(f"| {row['product']} ({row['tokens']} x {row['fan_in']} x {row['fan_out']}) | {row['count']} | "
+        per_layer = f"{row['count']}, for {row['replaces']}" if row["replaces"] else str(row["count"])
+        lines.append(f"| {row['product']} ({row['tokens']} x {row['fan_in']} x {row['fan_out']}) | {per_layer} | "
                      + " | ".join(cells) + f" | {row['relative_difference']:.1e} |")
     lines += ["", "| an update's products | ms |", "| --- | ---: |"]
     lines += [f"| {name} | {ms:.2f} |" for name, ms in sums.items()]

@@ -1027,7 +1027,7 @@ def test_the_padding_count_follows_each_way_over_the_same_micro_batches(tiny_job
 def test_the_products_probe_times_each_way_of_a_layers_products_and_sums_an_update(tmp_path, capsys):
     """bench.products on a CPU at a tiny model's sizes: each of a layer's products in every way, its FLOPs, the
     bias added apart giving linear's output, and an update's sums made of the rows (layers x micro-batches x
-    each product's count)."""
+    each product's count), with query, key and value as one product in place of three in sums of their own."""
     import json
 
     from bench import products
@@ -1042,19 +1042,25 @@ def test_the_products_probe_times_each_way_of_a_layers_products_and_sums_an_upda
     rows = result["rows"]
     assert [(r["product"], r["fan_in"], r["fan_out"], r["count"]) for r in rows] == [
         ("query, key, value", hidden, hidden, 3), ("attention output", hidden, hidden, 1),
-        ("feed-forward in", hidden, intermediate, 1), ("feed-forward out", intermediate, hidden, 1)]
+        ("feed-forward in", hidden, intermediate, 1), ("feed-forward out", intermediate, hidden, 1),
+        ("query, key, value as one", hidden, 3 * hidden, 1)]
+    assert [r["replaces"] for r in rows] == [None] * 4 + ["query, key, value"]
     assert all(r["tokens"] == 8 and r["flop"] == 2 * 8 * r["fan_in"] * r["fan_out"] for r in rows)
     assert all(list(r["ms"]) == list(products.FORWARD_WAYS + products.BACKWARD_WAYS) for r in rows)
     assert all(ms > 0 for r in rows for ms in r["ms"].values())
     assert all(r["relative_difference"] < 1e-6 for r in rows)  # the bias added apart: linear's output
 
-    sums = result["per_update"]
+    sums, apart, fused = result["per_update"], rows[:4], rows[1:]
     for way in products.FORWARD_WAYS:
-        assert sums[f"forward, {way}"] == pytest.approx(layers * 3 * sum(r["count"] * r["ms"][way] for r in rows))
-    assert sums["backward"] == pytest.approx(
-        layers * 3 * sum(r["count"] * (r["ms"]["grad input"] + r["ms"]["grad weight"]) for r in rows))
+        assert sums[f"forward, {way}"] == pytest.approx(layers * 3 * sum(r["count"] * r["ms"][way] for r in apart))
+        assert sums[f"forward, {way}, query, key, value as one"] == pytest.approx(
+            layers * 3 * sum(r["count"] * r["ms"][way] for r in fused))
+    for chosen, name in ((apart, "backward"), (fused, "backward, query, key, value as one")):
+        assert sums[name] == pytest.approx(
+            layers * 3 * sum(r["count"] * (r["ms"]["grad input"] + r["ms"]["grad weight"]) for r in chosen))
     printed = capsys.readouterr().out
     assert f"| feed-forward in (8 x {hidden} x {intermediate}) | 1 | " in printed
+    assert f"| query, key, value as one (8 x {hidden} x {3 * hidden}) | 1, for query, key, value | " in printed
     assert f"{layers} layers, 3 micro-batches an update" in printed and "| backward | " in printed
 
 
