@@ -1,6 +1,9 @@
-"""What a missing or misnamed column is told: the columns whose values look like the ones asked for.
+"""What a missing or misnamed column is told: the column of a name like it, or the columns whose values look like
+the ones asked for.
 
-The texts are guessed in the column of the longest strings, the labels in the
+A missing column is first looked for by its name: the same name in another
+case or with spaces around it (``Headline`` for ``headline``), or one a
+letter or two away (``sentance`` for ``sentence``). Failing that, the texts are guessed in the column of the longest strings, the labels in the
 column of the fewest distinct values. Where a guessed column's name is also
 one of its own values (a column named ``ham`` that holds ``ham`` and
 ``spam``), the file's first line was a row read as its header, and the hint
@@ -9,6 +12,7 @@ says how to read a file without one instead.
 
 from __future__ import annotations
 
+import difflib
 import json
 from typing import Optional
 
@@ -43,16 +47,21 @@ def column_hint(ds: datasets.Dataset, missing_keys: list[str], configured: dict[
     how to read a file whose first line is a row, or one that pandas wrote by columns."""
     if pandas_layout(ds):
         return PANDAS_JSON_HINT
+    by_name = _by_name(ds.column_names, missing_keys, configured)
     sample = _sample(ds)
-    guesses = _guesses(sample, missing_keys, set(configured.values()))
+    by_values = _guesses(sample, [key for key in missing_keys if key not in by_name],
+                         set(configured.values()) | set(by_name.values()))
+    guesses = {key: by_name.get(key) or by_values.get(key) for key in missing_keys if key in by_name or key in by_values}
     if not guesses:
         return None
-    as_row = _header_read_from_a_row(sample, guesses, configured)
-    if as_row is not None:
-        return as_row
+    if not by_name:
+        as_row = _header_read_from_a_row(sample, guesses, configured)
+        if as_row is not None:
+            return as_row
     options = " ".join(f"{FLAGS[key]} {column}" for key, column in guesses.items())
     keys = ", ".join(f"{key}={column}" for key, column in guesses.items())
-    return f"by the values, try {options} ({keys})"
+    by = "by the names" if not by_values else "by the values" if not by_name else "by the names and values"
+    return f"{by}, try {options} ({keys})"
 
 
 def another_label_column(table: Table) -> Optional[str]:
@@ -75,6 +84,29 @@ def another_label_column(table: Table) -> Optional[str]:
 def _sample(ds: datasets.Dataset) -> datasets.Dataset:
     """The first rows of ``ds``, which a guess looks at."""
     return ds.select(range(min(len(ds), SAMPLE)))
+
+
+def named_like(wanted: str, columns: list[str]) -> Optional[str]:
+    """The column of ``columns`` that ``wanted`` likely meant: the same but for case and surrounding spaces, else
+    the closest in spelling; None when none is close."""
+    same = [name for name in columns if name.strip().casefold() == wanted.strip().casefold()]
+    close = same or difflib.get_close_matches(wanted, columns, n=1, cutoff=0.8)
+    return close[0] if close else None
+
+
+def _by_name(columns: list[str], missing_keys: list[str], configured: dict[str, str]) -> dict[str, str]:
+    """The column each missing key's name was likely meant for, among the columns the config does not name. A
+    key whose column exists (and holds the wrong values) is left to its values."""
+    guesses: dict[str, str] = {}
+    for key in missing_keys:
+        wanted = configured.get(key)
+        if wanted is None or wanted in columns:
+            continue
+        unclaimed = [name for name in columns if name not in configured.values() and name not in guesses.values()]
+        match = named_like(wanted, unclaimed)
+        if match is not None:
+            guesses[key] = match
+    return guesses
 
 
 def _guesses(sample: datasets.Dataset, missing_keys: list[str], named: set[str]) -> dict[str, str]:

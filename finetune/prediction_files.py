@@ -82,7 +82,7 @@ def read_rows(path: str | os.PathLike, text_column: str = "text",
             an unsupported extension, lacks the column, or holds a bad line.
     """
     from finetune.config import DataConfig
-    from finetune.column_hints import PANDAS_JSON_HINT, pandas_layout
+    from finetune.column_hints import PANDAS_JSON_HINT, named_like, pandas_layout
     from finetune.local_files import read_table
     from finetune.remote_files import is_url
     from finetune.resources import data_path
@@ -103,12 +103,15 @@ def read_rows(path: str | os.PathLike, text_column: str = "text",
                            columns=(text_column, *([text_pair_column] if text_pair_column else [])))
         if pandas_layout(table):  # its one row would be classified as the text of a mapping
             raise DataError(f"--file {path}: a table written by columns, not rows", hint=PANDAS_JSON_HINT)
-        for column in [text_column] + ([text_pair_column] if text_pair_column else []):
+        for column, flag in [(text_column, "--text")] + ([(text_pair_column, "--text-pair-column")]
+                                                         if text_pair_column else []):
             if column not in table.column_names:
                 where = {".csv": "in the header", ".tsv": "in the header", ".parquet": "among the columns",
                          SAVED: "among the columns"}.get(suffix, "among the keys")
+                like = named_like(column, table.column_names)
                 raise DataError(f"--file {path}: no column {column!r} {where} "
-                                f"({', '.join(table.column_names) or 'empty'}); pass --text")
+                                f"({', '.join(table.column_names) or 'empty'}); pass {flag}",
+                                hint=f"by the name, try {flag} {like}" if like else None)
         rows = table.to_list()
     if not any(_text(row, text_column) for row in rows):
         raise DataError(f"--file {path}: no texts in it")

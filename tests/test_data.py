@@ -1009,6 +1009,14 @@ def test_a_missing_column_is_told_the_columns_that_look_like_it(tmp_path):
     with pytest.raises(FileLayoutError) as missing_label:
         load_splits(cfg(str(path), text_column="title"), seed=0)  # the texts' column is the user's to name
     assert missing_label.value.hint == "by the values, try --label stars (data.label_column=stars)"
+    with pytest.raises(FileLayoutError) as by_name:  # a name in another case, or misspelt: the name wins
+        load_splits(cfg(str(path), text_column="Title", label_column="star"), seed=0)
+    assert by_name.value.hint == "by the names, try --text title --label stars " \
+                                 "(data.text_column=title, data.label_column=stars)"
+    with pytest.raises(FileLayoutError) as both:
+        load_splits(cfg(str(path), text_column=" summary "), seed=0)
+    assert both.value.hint == ("by the names and values, try --text summary --label stars "
+                               "(data.text_column=summary, data.label_column=stars)")
     only_ids = write(tmp_path / "ids.csv", "".join(f"{i},{i * 3}\n" for i in range(20)), "utf-8")
     with pytest.raises(FileLayoutError) as nothing_like_it:
         load_splits(cfg(only_ids, has_header=False, column_names=["a", "b"]), seed=0)

@@ -398,6 +398,9 @@ def test_a_text_file_not_in_its_encoding_is_one_line_naming_the_files_own_offset
 @pytest.mark.parametrize("args, message", [
     (["--file", "{tmp}/in.csv"],
      "error: --file {tmp}/in.csv: no column 'text' in the header (id, message); pass --text"),
+    (["--file", "{tmp}/in.csv", "--text", "Message"],  # a name in another case: the hint names the file's own
+     "error: --file {tmp}/in.csv: no column 'Message' in the header (id, message); pass --text\n"
+     "hint: by the name, try --text message"),
     (["--file", "{tmp}/in.txt", "--output", "{tmp}/x.parquet"],
      "error: --output {tmp}/x.parquet: unsupported extension '.parquet' (use .csv, .jsonl)"),
     (["--file", "{tmp}/missing.txt"], "error: --file {tmp}/missing.txt: not found"),
