@@ -22,7 +22,7 @@ import numpy as np
 from finetune.tables import Table, column_values
 
 # the options of finetune train, score and sweep that set the columns a hint guesses
-FLAGS = {"data.text_column": "--text", "data.label_column": "--label"}
+FLAGS = {"data.text_column": "--text", "data.text_pair_column": "--text-pair", "data.label_column": "--label"}
 # rows of the data a guess looks at
 SAMPLE = 1000
 
@@ -58,10 +58,10 @@ def column_hint(ds: datasets.Dataset, missing_keys: list[str], configured: dict[
         as_row = _header_read_from_a_row(sample, guesses, configured)
         if as_row is not None:
             return as_row
-    options = " ".join(f"{FLAGS[key]} {column}" for key, column in guesses.items())
+    options = " ".join(f"{FLAGS[key]} {column}" for key, column in guesses.items() if key in FLAGS)
     keys = ", ".join(f"{key}={column}" for key, column in guesses.items())
     by = "by the names" if not by_values else "by the values" if not by_name else "by the names and values"
-    return f"{by}, try {options} ({keys})"
+    return f"{by}, try {options} ({keys})" if options else f"{by}, try {keys}"
 
 
 def another_label_column(table: Table) -> Optional[str]:

@@ -180,5 +180,5 @@ def refuse_options(unknown: list[str], argv: list[str], command: str, flags: dic
             value_to_write(name, key))
     own = {setting: own_flag for own_flag, setting in flags.items()}
     if key in own:
-        raise ConfigError(f"{flag}: not an option of {command}; write --{own[key]} {value}")
+        raise ConfigError(f"{flag}: not an option of {command}; write --{own[key].replace('_', '-')} {value}")
     raise ConfigError(f"{flag}: not an option of {command}; the setting is {key}: write {key}={value}")

@@ -319,7 +319,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="CSV column / JSON key of the text (default: the run's data.text_column)")
     parser.add_argument("--encoding", default=None, help="text encoding of the --file (cp1252, latin-1, ...; "
                         "default: the run's data.encoding)")
-    parser.add_argument("--text-pair-column", default=None,
+    parser.add_argument("--text-pair", "--text-pair-column", dest="text_pair_column", metavar="COLUMN", default=None,
                         help="column of the second text, for models trained on pairs (default: the run's)")
     parser.add_argument("--batch-size", type=int, default=DEFAULT_BATCH_SIZE, help="texts per forward pass")
     parser.add_argument("--threshold", type=float, default=0.5,
@@ -342,7 +342,7 @@ def quiet_progress_bars() -> None:
 
 def run(args: argparse.Namespace) -> None:
     """Check every argument, load the model, predict, write. Raises FinetuneError on bad input."""
-    for flag, column in (("--text", args.text_column), ("--text-pair-column", args.text_pair_column)):
+    for flag, column in (("--text", args.text_column), ("--text-pair", args.text_pair_column)):
         if column is not None and not args.file:  # `--text "a sentence"` would otherwise classify nothing
             raise ConfigError(f"{flag} {column!r}: names a column of a --file; texts to classify follow the "
                               f"run's folder: finetune predict {args.output_dir} \"a text\"")

@@ -103,7 +103,7 @@ def read_rows(path: str | os.PathLike, text_column: str = "text",
                            columns=(text_column, *([text_pair_column] if text_pair_column else [])))
         if pandas_layout(table):  # its one row would be classified as the text of a mapping
             raise DataError(f"--file {path}: a table written by columns, not rows", hint=PANDAS_JSON_HINT)
-        for column, flag in [(text_column, "--text")] + ([(text_pair_column, "--text-pair-column")]
+        for column, flag in [(text_column, "--text")] + ([(text_pair_column, "--text-pair")]
                                                          if text_pair_column else []):
             if column not in table.column_names:
                 where = {".csv": "in the header", ".tsv": "in the header", ".parquet": "among the columns",

@@ -279,6 +279,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--file", required=True, help="labelled data: csv, tsv, json/jsonl, parquet, a class folder "
                         "or a folder datasets saved")
     parser.add_argument("--text", metavar="COLUMN", help="column of the texts (data.text_column; default: the run's)")
+    parser.add_argument("--text-pair", metavar="COLUMN", help="column of the second texts of sentence pairs "
+                        "(data.text_pair_column; default: the run's)")
     parser.add_argument("--label", metavar="COLUMN", help="column of the labels (data.label_column; default: the "
                         "run's)")
     parser.add_argument("--png", default=None,
@@ -293,8 +295,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     # intermixed: settings may come before or after the options
     args = parser.parse_intermixed_args(argv)
     # the flags of `finetune train --data`, as the settings they stand for
-    columns = [f"data.{key}={value}" for key, value in (("text_column", args.text), ("label_column", args.label))
-               if value]
+    columns = [f"data.{key}={value}" for key, value in (("text_column", args.text),
+                                                        ("text_pair_column", args.text_pair),
+                                                        ("label_column", args.label)) if value]
     args.overrides = columns + list(args.overrides)
     return args
 

@@ -77,6 +77,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--data", metavar="FILE", help="training data, as finetune train --data takes it "
                         "(data.train_file)")
     parser.add_argument("--text", metavar="COLUMN", help="column of the texts (data.text_column)")
+    parser.add_argument("--text-pair", metavar="COLUMN", help="column of the second texts of sentence pairs "
+                        "(data.text_pair_column)")
     parser.add_argument("--label", metavar="COLUMN", help="column of the labels (data.label_column)")
     parser.add_argument("--model", metavar="NAME", help="the pretrained encoder (model.name_or_path)")
     parser.add_argument("--sweep", metavar="FILE",
@@ -102,7 +104,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args, args.unknown = parser.parse_known_intermixed_args(argv)
     from finetune.train import shortcut_overrides
 
-    args.overrides = shortcut_overrides(args, ("data", "text", "label", "model")) + list(args.overrides)
+    args.overrides = shortcut_overrides(args, ("data", "text", "text_pair", "label", "model")) + list(args.overrides)
     return args
 
 
@@ -408,7 +410,7 @@ def main(argv: list[str] | None = None) -> int:
         from finetune.config import refuse_options  # key_hints' own, through config: one package import fewer
         from finetune.train import SHORTCUTS
 
-        flags = {flag: SHORTCUTS[flag] for flag in ("data", "text", "label", "model")}
+        flags = {flag: SHORTCUTS[flag] for flag in ("data", "text", "text_pair", "label", "model")}
         return run_command(lambda: refuse_options(args.unknown, argv, "finetune sweep", flags), debug=args.debug)
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
     from finetune.config import notes_said_once

@@ -50,7 +50,8 @@ def epilog() -> str:
 
 
 # the short path's flags and the keys they set
-SHORTCUTS = {"data": "data.train_file", "text": "data.text_column", "label": "data.label_column",
+SHORTCUTS = {"data": "data.train_file", "text": "data.text_column", "text_pair": "data.text_pair_column",
+             "label": "data.label_column",
              "model": "model.name_or_path", "output": "output.output_dir"}
 
 
@@ -65,6 +66,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--data", metavar="FILE", help="training data: CSV, TSV, JSON Lines (or those as "
                         ".gz, .bz2, .xz), Parquet, on disk or at a URL; a class folder or a folder datasets saved (sets data.train_file; its layout is found from the file)")
     parser.add_argument("--text", metavar="COLUMN", help="column of the texts (data.text_column)")
+    parser.add_argument("--text-pair", metavar="COLUMN", help="column of the second texts of sentence pairs "
+                        "(data.text_pair_column)")
     parser.add_argument("--label", metavar="COLUMN", help="column of the labels (data.label_column)")
     parser.add_argument("--model", metavar="NAME", help="the pretrained encoder: a Hub id (microsoft/deberta-v3-base) "
                         "or a local folder (model.name_or_path)")

@@ -830,6 +830,9 @@ def test_a_carve_by_column_refuses_what_it_cannot_group(tmp_path):
     with pytest.raises(FileLayoutError, match=r"no column 'writer' \(data.validation_split_by\); columns found: "
                                               r"author, text, label"):
         load_splits(cfg(path, validation_split=0.2, validation_split_by="writer"), seed=0)
+    with pytest.raises(FileLayoutError) as caught:  # a key without an option of its own is hinted as a setting
+        load_splits(cfg(path, validation_split=0.2, validation_split_by="Author"), seed=0)
+    assert caught.value.hint == "by the names, try data.validation_split_by=author"
     splits, _ = load_splits(cfg(path, validation_split=0.2, validation_split_by="writer", validation_file=path),
                             seed=0)  # nothing carved: the column is not looked for
     assert len(splits["validation"]) == 50
@@ -1017,6 +1020,10 @@ def test_a_missing_column_is_told_the_columns_that_look_like_it(tmp_path):
         load_splits(cfg(str(path), text_column=" summary "), seed=0)
     assert both.value.hint == ("by the names and values, try --text summary --label stars "
                                "(data.text_column=summary, data.label_column=stars)")
+    pairs = write(tmp_path / "pairs.csv", "premise,hypothesis,label\n" + "a,b,x\nc,d,y\n" * 5, "utf-8")
+    with pytest.raises(FileLayoutError) as pair:
+        load_splits(cfg(pairs, text_column="premise", text_pair_column="hypotesis"), seed=0)
+    assert pair.value.hint == "by the names, try --text-pair hypothesis (data.text_pair_column=hypothesis)"
     only_ids = write(tmp_path / "ids.csv", "".join(f"{i},{i * 3}\n" for i in range(20)), "utf-8")
     with pytest.raises(FileLayoutError) as nothing_like_it:
         load_splits(cfg(only_ids, has_header=False, column_names=["a", "b"]), seed=0)

@@ -151,11 +151,23 @@ def test_data_on_a_shipped_config_writes_to_a_folder_named_for_the_data(argv, ou
 def test_a_sweep_takes_the_data_flags_of_train():
     from finetune.sweep import parse_args
 
-    args = parse_args(["--data", "reviews.csv", "--text", "sentence", "--label", "sentiment", "--output", "sw",
-                       "training.seed=3"])
+    args = parse_args(["--data", "reviews.csv", "--text", "sentence", "--text-pair", "reply", "--label", "sentiment",
+                       "--output", "sw", "training.seed=3"])
     assert args.overrides == ["data.train_file=reviews.csv", "data.text_column=sentence",
-                              "data.label_column=sentiment", "output.output_dir=outputs/reviews", "training.seed=3"]
+                              "data.text_pair_column=reply", "data.label_column=sentiment",
+                              "output.output_dir=outputs/reviews", "training.seed=3"]
     assert args.output == "sw"  # the sweep's own folder
+
+
+def test_train_and_score_take_the_second_text_of_a_pair_by_a_flag():
+    from finetune.score import parse_args as score_args
+    from finetune.train import parse_args as train_args
+
+    assert train_args(["--data", "nli.csv", "--text", "premise", "--text-pair", "hypothesis", "--output", "o"]
+                      ).overrides == ["data.train_file=nli.csv", "data.text_column=premise",
+                                      "data.text_pair_column=hypothesis", "output.output_dir=o"]
+    assert score_args(["o", "--file", "test.csv", "--text-pair", "hypothesis"]).overrides == [
+        "data.text_pair_column=hypothesis"]
 
 
 @pytest.mark.parametrize("command", ["train", "sweep"])
@@ -180,6 +192,7 @@ def test_a_sweep_takes_the_data_flags_of_train():
     (["--model_name_or_path", "bert-base-uncased"], "--model_name_or_path: not an option of finetune {command}; "
                                                     "write --model bert-base-uncased"),
     (["--train_file", "b.csv"], "--train_file: not an option of finetune {command}; write --data b.csv"),
+    (["--text_pair_column", "b"], "--text_pair_column: not an option of finetune {command}; write --text-pair b"),
 ])
 def test_another_tools_option_is_told_the_setting_that_does_its_work(command, args, line, capsys):
     from finetune.sweep import main as sweep

@@ -413,7 +413,7 @@ def test_a_text_file_not_in_its_encoding_is_one_line_naming_the_files_own_offset
     ([], "error: nothing to classify: give texts or --file"),
     (["--text", "Shares fell sharply."], "error: --text 'Shares fell sharply.': names a column of a --file; texts "
      "to classify follow the run's folder: finetune predict {out} \"a text\""),
-    (["a text", "--text-pair-column", "second"], "error: --text-pair-column 'second': names a column of a --file; "
+    (["a text", "--text-pair", "second"], "error: --text-pair 'second': names a column of a --file; "
      "texts to classify follow the run's folder: finetune predict {out} \"a text\""),
     (["--file", "{tmp}/in.csv", "--text-column", "message", "--output", "{tmp}/./in.csv"],
      "error: --output {tmp}/./in.csv: is the --file being classified; name another file"),
