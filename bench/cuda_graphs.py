@@ -94,20 +94,12 @@ def compiled_blocks(model) -> Callable[[], contextlib.AbstractContextManager]:
     return inside
 
 
-class BiasApartLinear(torch.nn.Linear):
-    """A linear layer that computes its product alone and adds its bias after it, in a kernel of its own, where
-    ``nn.Linear`` hands both to one ``addmm``. The bias is cast to the product's dtype, as autocast casts it for
-    ``addmm``, so the rest of the block runs in the precision it ran in."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        product = torch.nn.functional.linear(x, self.weight)
-        return product + self.bias.to(product.dtype)
-
-
 def bias_apart(model) -> Callable[[], contextlib.AbstractContextManager]:
-    """For one way alone: a context in which every linear layer with a bias in the encoder's blocks is a
-    :class:`BiasApartLinear` (the same parameters; the class swapped, which dynamo's guards see, so a compiled
-    block compiles again for it), handed back as ``nn.Linear`` on the way out."""
+    """For one way alone: a context in which every linear layer with a bias in the encoder's blocks is the
+    package's :class:`~finetune.bias_apart.BiasApartLinear` (``training.bias_apart``; the same parameters, the
+    class swapped, which dynamo's guards see, so a compiled block compiles again for it), handed back as
+    ``nn.Linear`` on the way out."""
+    from finetune.bias_apart import BiasApartLinear
     from finetune.lora import blocks_of
 
     linears = [module for block in blocks_of(model) for module in block.modules()

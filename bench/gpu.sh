@@ -46,16 +46,19 @@
 #            true) and each block (blocks), against the Trainer and the uncompiled graphs over a longer run
 #            (GPU_COMPILE_STEPS updates, default 120; one repeat), each run compiling into an empty cache:
 #            the compile's cold start and the steady rate after it, so how long a run must be for each to pay
+#   apart    compiled blocks replayed from CUDA graphs with training.bias_apart against without it, and the
+#            Trainer (GPU_COMPILE_STEPS updates, one repeat, empty caches): whether the products without their
+#            biases lift the package's steady MFU in place
 #   autotune compiled blocks with inductor's max-autotune (without its own graphs: the package captures) against
 #            the default compile, both replayed from CUDA graphs, and the Trainer (GPU_COMPILE_STEPS updates, one
 #            repeat, empty caches): whether autotuned matrix products and fused epilogues lift the steady MFU,
 #            and what their longer compile costs (about 8 minutes on an H100: the autotuned arm's first epoch
 #            alone takes 3)
 #
-# OUT_DIR receives eighteen flat files: parts.log (each part: passed, failed, timed out or skipped, and its
+# OUT_DIR receives twenty flat files: parts.log (each part: passed, failed, timed out or skipped, and its
 # seconds), tests.log, speed.md and speed.json (the tables, and every run with its seconds per update),
 # host.md, graphs.md, update.md, products.md, products.json, casts.md, predict.md, engines.log, engines.md, engines.json, compile.md,
-# compile.json, autotune.md and autotune.json; the working files (the model, every run) go to GPU_WORK (default
+# compile.json, apart.md, apart.json, autotune.md and autotune.json; the working files (the model, every run) go to GPU_WORK (default
 # OUT_DIR/work). A failing part does not stop the next; the exit status names the parts that failed.
 #
 # Settings: GPU_BUDGET_S=<seconds> fits the check into a time limit: each part runs under what is left, less
@@ -69,7 +72,7 @@
 set -euo pipefail
 self="$(cd "$(dirname "$0")" && pwd)/$(basename "$0")"
 cd "$(dirname "$self")/.."
-all="tests speed host graphs update products casts predict engines compile autotune"
+all="tests speed host graphs update products casts predict engines compile apart autotune"
 out=${1:-bench/results/gpu}
 [ $# -gt 0 ] && shift
 parts=${*:-$all}
@@ -177,6 +180,9 @@ compiled_runs() {
 }
 part_compile() {
     compiled_runs compile "=bbc/trainer,=bbc/ours,=bbc/ours compiled graphs,=bbc/ours compiled blocks graphs"
+}
+part_apart() {
+    compiled_runs apart "=bbc/trainer,=bbc/ours compiled blocks graphs,=bbc/ours compiled blocks graphs bias apart"
 }
 part_autotune() {
     compiled_runs autotune "=bbc/trainer,=bbc/ours compiled blocks graphs,=bbc/ours compiled blocks autotuned graphs"

@@ -162,6 +162,14 @@ def main_jobs(s: Settings, trainer_k1: bool) -> list[Job]:
                     replace(base, overrides=base.overrides + ["training.cuda_graphs=true",
                                                               "training.torch_compile=blocks"]),
                     label=f"finetune, each block compiled, replayed from CUDA graphs, b={b} k={k}"),
+                # training.bias_apart: each linear layer's product without its bias, the bias fused by inductor
+                # into the element-wise kernel after it, where cuBLAS's addmm picks a slower kernel
+                Job(f"{dataset}/ours compiled blocks graphs bias apart",
+                    replace(base, overrides=base.overrides + ["training.cuda_graphs=true",
+                                                              "training.torch_compile=blocks",
+                                                              "training.bias_apart=true"]),
+                    label=f"finetune, each block compiled with its biases apart, replayed from CUDA graphs, "
+                          f"b={b} k={k}"),
                 # inductor's max-autotune without its own graphs (the package captures by hand): matrix products
                 # chosen by timing cuBLAS against Triton's templates, with bias and activation fused into them,
                 # and the element-wise kernels' launch shapes tuned. Settings inductor reads from the environment

@@ -38,7 +38,7 @@ from finetune.errors import ConfigError
 from finetune.launch import build_accelerator
 from finetune.loop import TrainState
 from finetune.optimization import UpdatePlan, build_optimizer, build_scheduler, plan_updates
-from finetune.tasks import Task
+from finetune.tasks import Task, start_regression_head
 
 logger = logging.getLogger("finetune")
 
@@ -112,8 +112,8 @@ def setup_run(cfg: Config, accelerator=None, batching: Optional[Batching] = None
     from accelerate.utils import set_seed
 
     from finetune.data import content_sha256
-    from finetune.modeling import (check_compiler, choose_trained_weights, compile_model, load_model_config,
-                                   load_model_reporting, load_tokenizer, start_regression_head)
+    from finetune.modeling import (check_compiler, choose_trained_weights, load_model_config,
+                                   load_model_reporting, load_tokenizer, set_forward)
 
     accelerator = accelerator or build_accelerator(cfg)
     batching = check_batching(cfg, accelerator, batching)
@@ -136,7 +136,7 @@ def setup_run(cfg: Config, accelerator=None, batching: Optional[Batching] = None
                                                     collator(tokenizer, accelerator, cfg, longest=longest),
                                                     accelerator, batching, cfg.training, cfg.data.max_length)
     accumulate_as(accelerator, batching, epoch=0)  # before prepare: DeepSpeed reads k there
-    compile_model(model, cfg.training.torch_compile)
+    set_forward(model, cfg.training)
     train_dl, eval_dl = build_dataloaders(cfg, tokenized, tokenizer, accelerator, batching, checkpointing.on)
     optimizer = build_optimizer(model, cfg.optim, device=accelerator.device)
     model, optimizer, train_dl, eval_dl = prepare(accelerator, model, optimizer, train_dl, eval_dl)

@@ -154,33 +154,6 @@ def load_model_reporting(cfg: ModelConfig, id2label: dict[int, str], max_length:
     return model, new_head
 
 
-def start_regression_head(cfg: ModelConfig, model, new_head: tuple[str, ...], train_split) -> Optional[float]:
-    """Under ``model.regression_head_bias: mean``, set the bias of a new regression head's output to the mean
-    of the training split's targets; return that mean.
-
-    transformers starts the output near 0, so on targets far from 0 (a 1-5 rating) the first updates go to
-    learning their offset, through a bias whose gradient the whole encoder shares. Started at the mean, the
-    head's error is the targets' spread from the first update. ``None`` where nothing was set: another
-    problem type, ``zero``, a model that had its head (``new_head`` empty), or a head without one output bias.
-    """
-    import numpy as np
-    import torch
-
-    from finetune.columns import read_column
-    from finetune.tables import LABELS
-
-    if cfg.problem_type != "regression" or cfg.regression_head_bias != "mean":
-        return None
-    named = dict(model.named_parameters())
-    biases = [name for name in new_head if name.endswith("bias") and name in named and named[name].numel() == 1]
-    if len(biases) != 1:
-        return None
-    mean = float(np.mean(np.asarray(read_column(train_split, LABELS), dtype=np.float64)))
-    with torch.no_grad():
-        named[biases[0]].fill_(mean)
-    return mean
-
-
 def set_dropout(config, p: float) -> None:
     """Set every dropout probability of a transformers config to ``p`` (``model.dropout``).
 
@@ -301,6 +274,16 @@ def _compiler_missing(device) -> Optional[str]:
     if not any(shutil.which(c) for c in compilers):
         return f"Triton builds its kernels' launchers with a C compiler ({' or '.join(compilers)}), none found"
     return None
+
+
+def set_forward(model, training) -> None:
+    """How ``model``'s forward runs, set in place: ``training.bias_apart``, then ``training.torch_compile``,
+    whose compile traces the layers as they will train."""
+    if training.bias_apart:
+        from finetune.bias_apart import add_biases_apart
+
+        add_biases_apart(model)
+    compile_model(model, training.torch_compile)
 
 
 def compile_model(model, setting) -> None:

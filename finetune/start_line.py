@@ -139,8 +139,9 @@ def _where(run: Run) -> str:
     graphs = " cuda_graphs=on" if graphed_run(run) else ""
     # said: the first updates carry its compile
     compiled = f" torch_compile={str(training.torch_compile).lower()}" if training.torch_compile else ""
+    apart = " bias_apart=on" if training.bias_apart else ""
     return (f"processes={acc.num_processes} backend={backend}{engine} device={acc.device}{threads}{memory}{graphs}"
-            f"{compiled}"
+            f"{compiled}{apart}"
             f"{' ' + speedups if speedups else ''} workers={run.train_dataloader.num_workers} micro-batches={cut}")
 
 

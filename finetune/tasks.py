@@ -1,4 +1,4 @@
-"""Problem types: what a label is, the per-sample loss, and what a prediction is.
+"""Problem types: what a label is, the per-sample loss, what a prediction is, and where a new regression head starts.
 
 ===============  ====================  ==================================================  ======================
 problem type     label of a text       per-sample loss ``l_i`` (float32)                   prediction
@@ -111,3 +111,29 @@ def balanced_weights(counts: list[int]) -> list[float]:
     """``n / (C * n_c)`` per class (scikit-learn's "balanced"); a class absent from the data gets 1."""
     n, classes = sum(counts), len(counts)
     return [n / (classes * c) if c else 1.0 for c in counts]
+
+
+def start_regression_head(cfg, model, new_head: tuple[str, ...], train_split) -> Optional[float]:
+    """Under ``model.regression_head_bias: mean`` (``cfg`` is the config's ``model`` section), set the bias of a new regression head's output to the mean
+    of the training split's targets; return that mean.
+
+    transformers starts the output near 0, so on targets far from 0 (a 1-5 rating) the first updates go to
+    learning their offset, through a bias whose gradient the whole encoder shares. Started at the mean, the
+    head's error is the targets' spread from the first update. ``None`` where nothing was set: another
+    problem type, ``zero``, a model that had its head (``new_head`` empty), or a head without one output bias.
+    """
+    import numpy as np
+
+    from finetune.columns import read_column
+    from finetune.tables import LABELS
+
+    if cfg.problem_type != "regression" or cfg.regression_head_bias != "mean":
+        return None
+    named = dict(model.named_parameters())
+    biases = [name for name in new_head if name.endswith("bias") and name in named and named[name].numel() == 1]
+    if len(biases) != 1:
+        return None
+    mean = float(np.mean(np.asarray(read_column(train_split, LABELS), dtype=np.float64)))
+    with torch.no_grad():
+        named[biases[0]].fill_(mean)
+    return mean

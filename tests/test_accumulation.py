@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
+from finetune.bias_apart import add_biases_apart
 from finetune.config import ModelConfig, OptimConfig
 from finetune.errors import ConfigError
 from finetune.freezing import freeze_bottom
@@ -37,7 +38,7 @@ B = 32
 def _run(b: int, k: int, epochs: int = 2, lr: float = 1e-3, schedule: str = "linear", warmup: int = 1,
          max_grad_norm=None, data=None, mixed_precision="no", log_every: int = 1, sparse_embedding=True,
          heap="keep", checkpointing=False, dropout=0.0, dropout_masks=True, lora_rank=None, collate=pad_collate,
-         model_type="bert", freeze_blocks=None):
+         model_type="bert", freeze_blocks=None, bias_apart=False):
     from accelerate import Accelerator
     from accelerate.state import AcceleratorState, GradientState
 
@@ -52,6 +53,8 @@ def _run(b: int, k: int, epochs: int = 2, lr: float = 1e-3, schedule: str = "lin
     if freeze_blocks is not None:  # the embeddings, and the lowest freeze_blocks blocks (before checkpointing, as setup)
         freeze_bottom(model, freeze_embeddings=True, freeze_blocks=freeze_blocks)
     set_gradient_checkpointing(model, checkpointing)
+    if bias_apart:
+        assert add_biases_apart(model) > 0
     embedding_grads = []  # is each micro-batch's word-embedding gradient sparse?
     if model.get_input_embeddings().weight.requires_grad:
         model.get_input_embeddings().weight.register_hook(lambda g: embedding_grads.append(g.is_sparse))
@@ -209,6 +212,19 @@ def test_every_family_that_recomputes_replays_its_dropout_masks(fresh_accelerate
     plain = _run(b=8, k=4, model_type=model_type, checkpointing=True)
     last, dropped = plain["snapshots"][-1], kept["snapshots"][-1]
     assert not all(torch.equal(last[name], dropped[name]) for name in last)
+
+
+@pytest.mark.parametrize("lora_rank", [None, 4])
+def test_biases_added_apart_keep_the_contract_and_the_fused_weights(fresh_accelerate_state, lora_rank):
+    """training.bias_apart: (8, 4) trains (32, 1)'s weights after every update, and in fp32 both are the runs of
+    the linear layers' fused addmm, to float rounding (the same sums in another order)."""
+    big = _run(b=32, k=1, max_grad_norm=1.0, lora_rank=lora_rank, bias_apart=True)
+    small = _run(b=8, k=4, max_grad_norm=1.0, lora_rank=lora_rank, bias_apart=True)
+    _assert_same_weights(big["snapshots"], small["snapshots"])
+    fused = _run(b=8, k=4, max_grad_norm=1.0, lora_rank=lora_rank)
+    _assert_same_weights(fused["snapshots"], small["snapshots"])
+    assert any(type(m).__name__ == "BiasApartLinear" for m in small["model"].modules())
+    assert not any(type(m).__name__ == "BiasApartLinear" for m in fused["model"].modules())
 
 
 @pytest.mark.parametrize("checkpointing", [False, True])

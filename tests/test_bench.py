@@ -441,13 +441,15 @@ def test_the_gpu_check_runs_the_parts_asked_for_and_goes_on_past_a_failing_one(t
                                                    "graphs: passed", "update: passed", "products: passed",
                                                    "casts: passed",
                                                    "predict: passed", "engines: failed (1)", "compile: passed",
-                                                   "autotune: passed"]
+                                                   "apart: passed", "autotune: passed"]
     update_run = next(c for c in calls if c.startswith("-m bench.captured_update"))
     assert "training.per_device_train_batch_size=64" in update_run and "training.effective_batch_size=256" in update_run
     products_run = next(c for c in calls if c.startswith("-m bench.products"))
     assert f"--model {work / 'bert-base'} --batch 64 --length 128 --micro-batches 4 --json {out}/products.json" in products_run
-    compile_run, autotune_run = [c for c in calls if c.startswith("bench/run.py")][-2:]
+    compile_run, apart_run, autotune_run = [c for c in calls if c.startswith("bench/run.py")][-3:]
     assert "--bbc-steps 120 --repeats 1 --graphs --only =bbc/trainer,=bbc/ours,=bbc/ours compiled graphs," in compile_run
+    assert ("--bbc-steps 120 --repeats 1 --graphs --only =bbc/trainer,=bbc/ours compiled blocks graphs,"
+            "=bbc/ours compiled blocks graphs bias apart --out " + str(work / "apart")) in apart_run
     assert ("--bbc-steps 120 --repeats 1 --graphs --only =bbc/trainer,=bbc/ours compiled blocks graphs,"
             "=bbc/ours compiled blocks autotuned graphs --out " + str(work / "autotune")) in autotune_run
 
@@ -650,6 +652,9 @@ def test_the_gpu_checks_default_arms_leave_out_the_compiled_graphs_whose_compile
     assert autotuned.overrides == blocks.overrides
     assert autotuned.env == {**blocks.env, "TORCHINDUCTOR_MAX_AUTOTUNE": "1", "TORCHINDUCTOR_COORDINATE_DESCENT_TUNING": "1"}
     assert not any(key.startswith("TORCHINDUCTOR") for key in blocks.env)
+    # the biases' arm is the compiled blocks' arm with training.bias_apart on, and nothing else changed
+    apart = every["bbc/ours compiled blocks graphs bias apart"].spec
+    assert apart.overrides == blocks.overrides + ["training.bias_apart=true"] and apart.env == blocks.env
 
 
 def test_every_benchmark_run_compiles_into_an_empty_cache_of_its_own(tmp_path, monkeypatch):
@@ -906,7 +911,8 @@ def test_biases_added_apart_swap_the_blocks_linear_layers_for_their_way_alone(mo
     is handed back with plain linear layers, whose compiled blocks are reused."""
     import torch
 
-    from bench.cuda_graphs import BiasApartLinear, bias_apart, compiled_blocks, together
+    from bench.cuda_graphs import bias_apart, compiled_blocks, together
+    from finetune.bias_apart import BiasApartLinear
 
     model, ids, expected, counters = _a_tiny_bert_to_compile(monkeypatch)
     plain_blocks, apart = compiled_blocks(model), bias_apart(model)

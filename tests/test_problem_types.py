@@ -91,7 +91,7 @@ def test_accumulated_windows_equal_the_big_batch(fresh_accelerate_state, problem
 def test_a_new_regression_head_starts_at_the_targets_mean_in_every_family(model_type):
     import datasets
 
-    from finetune.modeling import start_regression_head
+    from finetune.tasks import start_regression_head
 
     model = tiny_model(model_type, num_labels=1).eval()
     head = tuple(n for n, _ in model.named_parameters() if not n.startswith(f"{model.base_model_prefix}."))

@@ -1,0 +1,120 @@
+"""``training.bias_apart``: each linear layer's bias added after its product; the same parameters, model and sums.
+
+The contract with it (``(8, 4)`` against ``(32, 1)``, and against the fused
+layers' run) is in tests/test_accumulation.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from finetune.bias_apart import BiasApartLinear, add_biases_apart
+from helpers import tiny_bert
+
+
+def _biased_linears(model) -> list[str]:
+    return [name for name, m in model.named_modules() if isinstance(m, torch.nn.Linear) and m.bias is not None]
+
+
+def test_every_linear_layer_with_a_bias_is_swapped_and_computes_the_same():
+    model, plain = tiny_bert(seed=0), tiny_bert(seed=0)
+    unbiased = torch.nn.Linear(4, 4, bias=False)
+    model.add_module("extra", unbiased)  # a layer without a bias keeps addmm's absence: nothing to move
+    expected = _biased_linears(model)
+    assert len(expected) == 2 * 6 + 2  # six per block (query, key, value, three outputs), the pooler, the head
+    assert add_biases_apart(model) == len(expected)
+    assert [name for name, m in model.named_modules() if type(m) is BiasApartLinear] == expected
+    assert type(unbiased) is torch.nn.Linear
+    assert model.state_dict().keys() == plain.state_dict().keys() | {"extra.weight"}
+    ids = torch.randint(5, 25, (3, 10))
+    with torch.no_grad():
+        torch.testing.assert_close(model(input_ids=ids).logits, plain(input_ids=ids).logits, rtol=1e-6, atol=1e-6)
+
+
+def test_under_bf16_autocast_the_bias_is_added_in_the_products_precision():
+    linear = torch.nn.Linear(16, 8)
+    x = torch.randn(4, 16)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        fused = linear(x)
+        add_biases_apart(linear)
+        apart = linear(x)
+    assert type(linear) is BiasApartLinear
+    assert fused.dtype == apart.dtype == torch.bfloat16  # the block after it runs in the precision it ran in
+    torch.testing.assert_close(apart.float(), fused.float(), rtol=2 ** -7, atol=2 ** -7)  # one more rounding
+    product = torch.nn.functional.linear(x.bfloat16(), linear.weight.bfloat16())
+    assert torch.equal(apart, product + linear.bias.bfloat16())
+
+
+def test_a_lora_layers_frozen_base_is_swapped_and_its_adapters_are_not():
+    from finetune.config import ModelConfig
+    from finetune.lora import add_lora
+
+    model, _ = add_lora(tiny_bert(seed=0), ModelConfig(lora_rank=2))
+    swapped = add_biases_apart(model)
+    bases = [name for name, m in model.named_modules() if name.endswith(".base_layer")]
+    assert bases and all(type(model.get_submodule(name)) is BiasApartLinear for name in bases)
+    assert not any(type(m) is BiasApartLinear for name, m in model.named_modules() if ".lora_" in name)
+    assert swapped == len(_biased_linears(model))
+
+
+def test_a_compiled_block_traces_the_product_without_its_bias(monkeypatch):
+    """What inductor is handed: under ``training.torch_compile: blocks``, each block's graph computes its linear
+    layers' products without a bias and adds the bias as an operation of its own, which inductor fuses into the
+    element-wise work after it."""
+    from types import SimpleNamespace
+
+    from finetune.modeling import set_forward
+
+    graphs = []
+
+    def recording_backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    real_compile = torch.nn.Module.compile
+    monkeypatch.setattr(torch.nn.Module, "compile",
+                        lambda self, *a, **kw: real_compile(self, *a, **{**kw, "backend": recording_backend}))
+
+    def linears_with_a_bias(bias_apart: bool) -> list[bool]:
+        torch._dynamo.reset()
+        graphs.clear()
+        model = tiny_bert(seed=0)
+        set_forward(model, SimpleNamespace(bias_apart=bias_apart, torch_compile="blocks"))
+        ids = torch.randint(5, 25, (2, 8))
+        model(input_ids=ids, attention_mask=torch.ones_like(ids))
+        calls = [node for gm in graphs for node in gm.graph.nodes if node.target is torch._C._nn.linear]
+        return [len(node.args) > 2 and node.args[2] is not None or node.kwargs.get("bias") is not None
+                for node in calls]
+
+    fused, apart = linears_with_a_bias(False), linears_with_a_bias(True)
+    assert len(fused) == len(apart) == 6  # one block's graph, which the other block reuses
+    assert all(fused) and not any(apart)
+    torch._dynamo.reset()
+
+
+def test_a_run_with_biases_apart_says_so_saves_the_plain_model_and_resumes_only_with_it(tmp_path,
+                                                                                         fresh_accelerate_state):
+    from transformers import AutoModelForSequenceClassification
+
+    from finetune.errors import ConfigError
+    from finetune.output_dir import check_output_dir
+    from finetune.start_line import describe
+    from tiny_run import fit_tiny_run, tiny_config
+
+    lines = []
+    cfg, _ = fit_tiny_run(tmp_path, before_fit=lambda run: lines.append(describe(run)), training={"bias_apart": True})
+    assert " bias_apart=on " in lines[0]
+    fit_tiny_run(tmp_path / "plain", before_fit=lambda run: lines.append(describe(run)))
+    assert "bias_apart" not in lines[1]
+    saved = AutoModelForSequenceClassification.from_pretrained(cfg.output.output_dir)
+    assert not any(type(m) is BiasApartLinear for m in saved.modules())  # the class is the run's, not the file's
+    reference = AutoModelForSequenceClassification.from_pretrained(tmp_path / "plain" / "out")
+    for (name, value), (_, expected) in zip(saved.state_dict().items(), reference.state_dict().items()):
+        torch.testing.assert_close(value, expected, rtol=1e-4, atol=1e-6, msg=name)
+    # its checkpoints are another run's to a config without it: refused, and nothing in the folder is touched
+    again = tiny_config(tmp_path, output={"resume_from": "latest"}, training={"bias_apart": False})
+    before = sorted(p.name for p in (tmp_path / "out" / "checkpoints").iterdir())
+    with pytest.raises(ConfigError, match=r"training.bias_apart: True -> False"):
+        check_output_dir(again)
+    assert sorted(p.name for p in (tmp_path / "out" / "checkpoints").iterdir()) == before
