@@ -21,6 +21,7 @@ import torch
 from torch.utils.data import DataLoader
 from transformers import BertForSequenceClassification
 
+from finetune.bias_apart import add_biases_apart
 from finetune.config import OptimConfig, config_from_dict
 from finetune.cuda_graphs import GraphedMicroBatches, record_cuda_graph, rerun_eagerly, why_not_graphed
 from finetune.loop import TrainState, train_one_epoch
@@ -78,11 +79,11 @@ class RefusingRecorder(CountingRecorder):
 
 
 def _train(device: str, graphed: bool, epochs: int = 2, host_reading: bool = False, model_type: str = "bert",
-           dropout: float = 0.0, compiled: bool | str = False, capture: bool = True) -> dict:
+           dropout: float = 0.0, compiled: bool | str = False, capture: bool = True, bias_apart: bool = False) -> dict:
     """``(4, 3)`` on a tiny model (BERT by default) for ``epochs``, eagerly or replayed (``compiled``:
     ``training.torch_compile``, the graphs' forward compiled, or the blocks under ``"blocks"``; ``capture=False``:
-    fixed shapes without graphs, on any device); the weights after every update. Each run starts its random
-    streams (dropout's) from the same seed."""
+    fixed shapes without graphs, on any device; ``bias_apart``: ``training.bias_apart``); the weights after every
+    update. Each run starts its random streams (dropout's) from the same seed."""
     from accelerate import Accelerator
 
     acc = Accelerator(cpu=device == "cpu", gradient_accumulation_steps=K)
@@ -90,6 +91,8 @@ def _train(device: str, graphed: bool, epochs: int = 2, host_reading: bool = Fal
              else tiny_model(model_type, num_labels=2, dropout=dropout))
     if host_reading:
         model.__class__ = HostReadingBert
+    if bias_apart:
+        add_biases_apart(model)
     if compiled == "blocks":
         compile_model(model, "blocks")
     opt_cfg = OptimConfig(learning_rate=1e-3, warmup_steps=1)
@@ -187,6 +190,29 @@ def test_a_compiled_forward_compiles_in_the_warm_up_and_replays_to_the_uncompile
             torch.testing.assert_close(pb, pa, rtol=1e-5, atol=1e-6, msg=lambda m: f"update {update + 1}: {m}")
     for a, b in zip(reference["records"], replayed["records"]):
         assert b["train/loss"] == pytest.approx(a["train/loss"], rel=1e-6)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_compiled_blocks_with_biases_apart_replay_to_their_unreplayed_weights(device, monkeypatch):
+    """``training.bias_apart`` under compiled blocks replayed from graphs: each block's products without their
+    biases compile and capture, and the replays train the weights of the same steps without graphs (on a CPU,
+    under ``aot_eager``: the eager weights of the layers with their biases apart)."""
+    from torch._dynamo.utils import counters
+
+    if device == "cpu":
+        compiling_with(monkeypatch, "aot_eager")
+    torch._dynamo.reset()
+    counters.clear()
+    replayed = _train(device, graphed=True, compiled="blocks", bias_apart=True)
+    assert replayed["recorder"].captures == len(replayed["graphs"].graphs) > 1
+    assert counters["aot_autograd"]["total"] > 0
+    torch._dynamo.reset()
+    reference = (_train(device, graphed=False, bias_apart=True) if device == "cpu"
+                 else _train(device, graphed=True, compiled="blocks", capture=False, bias_apart=True))
+    for update, (a, b) in enumerate(zip(reference["snapshots"], replayed["snapshots"])):
+        for pa, pb in zip(a, b):
+            torch.testing.assert_close(pb, pa, rtol=1e-5, atol=1e-6, msg=lambda m: f"update {update + 1}: {m}")
+    assert not torch.equal(replayed["snapshots"][0][5], replayed["snapshots"][-1][5])
 
 
 def _unpadded_micro_batch(device: str = "cpu") -> dict[str, torch.Tensor]:
