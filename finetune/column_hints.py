@@ -3,11 +3,12 @@ the ones asked for.
 
 A missing column is first looked for by its name: the same name in another
 case or with spaces around it (``Headline`` for ``headline``), or one a
-letter or two away (``sentance`` for ``sentence``). Failing that, the texts are guessed in the column of the longest strings, the labels in the
-column of the fewest distinct values. Where a guessed column's name is also
-one of its own values (a column named ``ham`` that holds ``ham`` and
-``spam``), the file's first line was a row read as its header, and the hint
-says how to read a file without one instead.
+letter or two away (``sentance`` for ``sentence``). Failing that, the texts
+are guessed in the column of the longest strings, the labels in the column
+of the fewest distinct values. Where a guessed column's name is also one of
+its own values (a column named ``ham`` that holds ``ham`` and ``spam``), the
+file's first line was a row read as its header, and the hint says how to
+read a file without one instead.
 """
 
 from __future__ import annotations
@@ -51,7 +52,8 @@ def column_hint(ds: datasets.Dataset, missing_keys: list[str], configured: dict[
     sample = _sample(ds)
     by_values = _guesses(sample, [key for key in missing_keys if key not in by_name],
                          set(configured.values()) | set(by_name.values()))
-    guesses = {key: by_name.get(key) or by_values.get(key) for key in missing_keys if key in by_name or key in by_values}
+    guesses = {key: by_name.get(key) or by_values[key] for key in missing_keys
+               if key in by_name or key in by_values}
     if not guesses:
         return None
     if not by_name:

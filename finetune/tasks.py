@@ -114,8 +114,8 @@ def balanced_weights(counts: list[int]) -> list[float]:
 
 
 def start_regression_head(cfg, model, new_head: tuple[str, ...], train_split) -> Optional[float]:
-    """Under ``model.regression_head_bias: mean`` (``cfg`` is the config's ``model`` section), set the bias of a new regression head's output to the mean
-    of the training split's targets; return that mean.
+    """Under ``model.regression_head_bias: mean`` (``cfg``: the config's ``model`` section), set the bias of a
+    new regression head's output to the mean of the training split's targets; return that mean.
 
     transformers starts the output near 0, so on targets far from 0 (a 1-5 rating) the first updates go to
     learning their offset, through a bias whose gradient the whole encoder shares. Started at the mean, the
