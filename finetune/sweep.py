@@ -71,15 +71,14 @@ class Sweep:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    from finetune.train import add_column_options, shortcut_overrides
+
     parser = argparse.ArgumentParser(prog="finetune sweep", description=__doc__.splitlines()[0],
                                      epilog="every option and the sweep file: docs/sweeps.md")
     parser.add_argument("--config", help="the run's YAML config (default: configs/default.yaml)")
     parser.add_argument("--data", metavar="FILE", help="training data, as finetune train --data takes it "
                         "(data.train_file)")
-    parser.add_argument("--text", metavar="COLUMN", help="column of the texts (data.text_column)")
-    parser.add_argument("--text-pair", metavar="COLUMN", help="column of the second texts of sentence pairs "
-                        "(data.text_pair_column)")
-    parser.add_argument("--label", metavar="COLUMN", help="column of the labels (data.label_column)")
+    add_column_options(parser)
     parser.add_argument("--model", metavar="NAME", help="the pretrained encoder (model.name_or_path)")
     parser.add_argument("--sweep", metavar="FILE",
                         help="the sweep's YAML: space, fixed, trials, sampler, pruner, seeds, folds")
@@ -102,8 +101,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--debug", action="store_true", help="show tracebacks for input errors")
     parser.add_argument("overrides", nargs="*", metavar="section.key=value", help="config overrides for every trial")
     args, args.unknown = parser.parse_known_intermixed_args(argv)
-    from finetune.train import shortcut_overrides
-
     args.overrides = shortcut_overrides(args, ("data", "text", "text_pair", "label", "model")) + list(args.overrides)
     return args
 

@@ -65,10 +65,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--config", default=None, help="YAML config (default: configs/default.yaml)")
     parser.add_argument("--data", metavar="FILE", help="training data: CSV, TSV, JSON Lines (or those as "
                         ".gz, .bz2, .xz), Parquet, on disk or at a URL; a class folder or a folder datasets saved (sets data.train_file; its layout is found from the file)")
-    parser.add_argument("--text", metavar="COLUMN", help="column of the texts (data.text_column)")
-    parser.add_argument("--text-pair", metavar="COLUMN", help="column of the second texts of sentence pairs "
-                        "(data.text_pair_column)")
-    parser.add_argument("--label", metavar="COLUMN", help="column of the labels (data.label_column)")
+    add_column_options(parser)
     parser.add_argument("--model", metavar="NAME", help="the pretrained encoder: a Hub id (microsoft/deberta-v3-base) "
                         "or a local folder (model.name_or_path)")
     parser.add_argument("--output", metavar="DIR", help="where the run writes (output.output_dir)")
@@ -79,6 +76,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args, args.unknown = parser.parse_known_intermixed_args(argv)
     args.overrides = shortcut_overrides(args, SHORTCUTS) + list(args.overrides)
     return args
+
+
+def add_column_options(parser: argparse.ArgumentParser) -> None:
+    """The options that name the data's columns, which ``finetune train`` and ``finetune sweep`` share."""
+    parser.add_argument("--text", metavar="COLUMN", help="column of the texts (data.text_column)")
+    parser.add_argument("--text-pair", metavar="COLUMN", help="column of the second texts of sentence pairs "
+                        "(data.text_pair_column)")
+    parser.add_argument("--label", metavar="COLUMN", help="column of the labels (data.label_column)")
 
 
 def shortcut_overrides(args: argparse.Namespace, flags) -> list[str]:
