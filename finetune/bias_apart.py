@@ -18,7 +18,7 @@ the residual's addition, or the reshaping of the attention's heads).
 What changes is each layer's class, nothing else: the parameters, the
 ``state_dict`` keys, the checkpoints and the saved model are the linear
 layer's, and ``from_pretrained`` reads the model as ever. In fp32 the two
-ways compute the same sums; under bf16 or fp16 autocast the product's output
+ways compute the same sums, to float rounding; under bf16 or fp16 autocast the product's output
 is rounded to the low precision once before the bias is added, where the
 fused epilogue adds it first: one more rounding, the same for every
 micro-batch, so the accumulation contract holds as it did.

@@ -356,9 +356,9 @@ class TrainingConfig:
         "Compute each linear layer that has a bias as its matrix product alone, then add the bias (a kernel of "
         "its own, or fused by `training.torch_compile` into the element-wise work after it), instead of one "
         "`addmm` that adds it in the product's epilogue, where cuBLAS can pick a much slower kernel (see "
-        "finetune.bias_apart). The same parameters, checkpoints and saved model; in fp32 the same sums, under "
-        "bf16 or fp16 one more rounding of each product. For a GPU; off by default, since whether it pays "
-        "depends on the card and its cuBLAS: `bench/gpu.sh OUT products graphs` measures it.")
+        "finetune.bias_apart). The same parameters, checkpoints and saved model; in fp32 the same sums (to float "
+        "rounding), under bf16 or fp16 one more rounding of each product. For a GPU; off by default, since "
+        "whether it pays depends on the card and its cuBLAS: `bench/gpu.sh OUT products apart` measures it.")
     sparse_embedding_grad: bool = setting(True,
         "On one process on a CPU, the word embedding's backward returns only the rows each micro-batch "
         "used, added into a dense gradient buffer that is reused (the same gradient, to float rounding; "
