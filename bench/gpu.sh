@@ -65,7 +65,8 @@
 # GPU_RESERVE_S (default 60) for each part after it, and a part left less than that is skipped (a cut speed
 # part keeps the rounds it finished). GPU_BATCHING=b,k (default 64,4), GPU_STEPS (updates per speed run,
 # default 40), GPU_REPEATS (default 2), GPU_ARMS (bench/run.py --only; `all` for every arm),
-# GPU_ENGINE_REPEATS (the engine rows' repeats, default 1; 0 runs its tests alone), GPU_COMPILE_STEPS (updates
+# GPU_ENGINE_REPEATS (the engine rows' repeats, default 1; 0 runs its tests alone), GPU_TEST_WORKERS (the tests
+# part's pytest-xdist workers where it is installed, default 4), GPU_COMPILE_STEPS (updates
 # per compile run, default 120), PYTHON (default python3). GPU_KIT=<folder> (default .gpu): what
 # bench/gpu_kit.sh made for a machine without network; its wheels are installed under GPU_WORK and its
 # tokenizer used unless FINETUNE_TOKENIZER names one.
@@ -129,8 +130,12 @@ bring_back() {
     cp "$work/$1/bench.json" "$out/$1.json" 2>/dev/null || true
 }
 part_tests() {
-    gpu_tests "not fsdp and not deepspeed" tests/test_gpu.py tests/test_cuda_graphs.py tests/test_gpu_engines.py 2>&1 \
-        | tee "$out/tests.log"
+    # side by side where pytest-xdist is installed (bench/gpu_kit.sh brings it): the tests' compiles and the
+    # CLI runs they start keep the machine's CPUs busy, and the GPU has room for several tiny models at once
+    local workers=()
+    "$py" -c "import xdist" 2>/dev/null && workers=(-n "${GPU_TEST_WORKERS:-4}" --dist load)
+    gpu_tests "not fsdp and not deepspeed" ${workers[@]+"${workers[@]}"} tests/test_gpu.py tests/test_cuda_graphs.py \
+        tests/test_gpu_engines.py 2>&1 | tee "$out/tests.log"
 }
 part_speed() {
     local status=0
