@@ -130,10 +130,12 @@ bring_back() {
     cp "$work/$1/bench.json" "$out/$1.json" 2>/dev/null || true
 }
 part_tests() {
-    # side by side where pytest-xdist is installed (bench/gpu_kit.sh brings it): the tests' compiles and the
-    # CLI runs they start keep the machine's CPUs busy, and the GPU has room for several tiny models at once
+    # side by side where pytest takes pytest-xdist's workers (bench/gpu_kit.sh brings it; a collection asks,
+    # since an xdist that imports may still not load into the machine's pytest): the tests' compiles and the CLI
+    # runs they start keep the machine's CPUs busy, and the GPU has room for several tiny models at once
     local workers=()
-    "$py" -c "import xdist" 2>/dev/null && workers=(-n "${GPU_TEST_WORKERS:-4}" --dist load)
+    "$py" -m pytest -p no:cacheprovider -n 0 -q --co -m gpu tests/test_gpu.py >/dev/null 2>&1 \
+        && workers=(-n "${GPU_TEST_WORKERS:-4}" --dist load)
     gpu_tests "not fsdp and not deepspeed" ${workers[@]+"${workers[@]}"} tests/test_gpu.py tests/test_cuda_graphs.py \
         tests/test_gpu_engines.py 2>&1 | tee "$out/tests.log"
 }

@@ -433,19 +433,19 @@ def test_the_gpu_check_runs_the_parts_asked_for_and_goes_on_past_a_failing_one(t
 
     # the tests part runs on pytest-xdist's workers where it is installed, and in one process where not
     proc, calls, parts = gpu_check("tests")
-    assert proc.returncode == 0 and calls[1] == "-c import xdist"
+    assert proc.returncode == 0 and calls[1] == "-m pytest -p no:cacheprovider -n 0 -q --co -m gpu tests/test_gpu.py"
     assert calls[2].startswith("-m pytest -m gpu -v -s -rs -p no:cacheprovider -k not fsdp and not deepspeed "
                                "-n 4 --dist load tests/test_gpu.py")
     proc, calls, parts = gpu_check("tests", GPU_TEST_WORKERS="8")
     assert " -n 8 --dist load tests/test_gpu.py" in calls[2]
-    proc, calls, parts = gpu_check("tests", fail="import xdist", GPU_TEST_WORKERS="8")
+    proc, calls, parts = gpu_check("tests", fail="-n 0 -q --co", GPU_TEST_WORKERS="8")
     assert proc.returncode == 0 and calls[2].startswith("-m pytest -m gpu -v -s -rs -p no:cacheprovider -k not fsdp "
                                                         "and not deepspeed tests/test_gpu.py")
 
     proc, calls, parts = gpu_check(fail="-m pytest")
     assert proc.returncode == 1 and "failed: tests engines" in proc.stderr
     assert [" ".join(c.split()[:3 + c.startswith("-m bench.cuda_graphs")]) for c in calls if c.startswith("-m ")] == [
-        "-m pytest -m", "-m bench.probe device", "-m bench.cuda_graphs --compiled --bias-apart", 
+        "-m pytest -p", "-m pytest -m", "-m bench.probe device", "-m bench.cuda_graphs --compiled --bias-apart",
         "-m bench.captured_update model.name_or_path=" + str(work / "bert-base"),
         "-m bench.products --model", "-m bench.probe casts", "-m bench.predict " + str(work / "bert-base"), "-m pytest -m"]
     assert [p.split(" in ")[0] for p in parts] == ["tests: failed (1)", "speed: passed", "host: passed",
