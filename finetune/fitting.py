@@ -1,10 +1,15 @@
-"""Fitting a run: the epochs, when to evaluate, checkpoints and stops, and the outputs at the end.
+"""Fitting a run: the epochs, when to evaluate, checkpoints and stops, and the outputs at the end; or trying it.
 
 :func:`fit` holds the output folder's lock, resumes from a checkpoint when
 there is one, and runs :func:`train_epochs`: each epoch is
 :func:`finetune.loop.train_one_epoch` with ``k`` set from the run's batching,
 followed by its evaluation and checkpoint. :class:`Evaluations` decides when
 an evaluation is due and what it means for the best model and early stopping.
+
+:func:`rehearse` is ``finetune train --dry-run``'s: the built run trained for a few
+updates as :func:`fit` trains them, from the first update whatever the folder
+holds, with nothing written, to say that it starts and fits and how long the
+whole run would take on this machine (docs/configuration.md#a-dry-run).
 """
 
 from __future__ import annotations
@@ -13,8 +18,13 @@ import contextlib
 import enum
 import logging
 import signal
+import statistics
 import sys
+import time
+from dataclasses import dataclass
 from typing import Any, Callable, Optional
+
+import torch
 
 from finetune.accumulation import accumulate_as
 from finetune.assembly import Run
@@ -356,3 +366,68 @@ def evaluate_and_log(run: Run, log: RunLogger, history: EvalHistory, epoch: Opti
 
 def _fmt(metrics: dict[str, Any]) -> str:
     return " ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in metrics.items())
+
+
+# updates a dry run trains: the first few carry the start-up (a new shape's kernels, a graph's capture), the
+# later half gives the pace
+REHEARSED_UPDATES = 10
+
+
+@dataclass
+class Rehearsal:
+    """What :func:`rehearse` measured."""
+
+    # each update's loss, and its wall seconds (data loading, forward, backward and the optimizer step)
+    losses: list[float]
+    seconds: list[float]
+    # the run's updates; the seconds of the later half's median update; the run's seconds: the updates tried
+    # as they took, the rest at that pace
+    total_updates: int
+    pace: float
+    estimate: float
+    # on a CUDA GPU: the peak of allocated memory over the updates, bytes (None elsewhere)
+    gpu_peak: Optional[int]
+
+
+def rehearse(run: Run, updates: int = REHEARSED_UPDATES) -> Rehearsal:
+    """Train ``run`` (from :func:`~finetune.assembly.setup_run`) for ``updates`` updates of its first epoch, as
+    :func:`fit` would train them, and measure them. The weights and the run's state move: the run is spent.
+
+    Raises:
+        NonFiniteLossError: on a non-finite loss under ``training.on_nonfinite: stop``, as the run would.
+    """
+    cfg, acc = run.cfg, run.accelerator
+    wanted = min(updates, run.plan.total_updates)  # fewer where the first epoch ends before: the loop stops there
+    state, ends = TrainState(), []
+
+    def after_update(state: TrainState) -> bool:
+        ends.append(time.perf_counter())  # the loop has read the update's loss: the device is done with it
+        return state.step >= wanted
+
+    if acc.device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(acc.device)
+    records = []
+    speedups = cpu_speedups(run.model, run.optimizer, acc, **speedup_settings(cfg.training))
+    run.graphs = graphs_for_run(run)
+    with speedups:
+        accumulate_as(acc, run.batching, 0)
+        began = time.perf_counter()
+        train_one_epoch(run.model, run.optimizer, run.scheduler, run.train_dataloader, acc, 0, state=state,
+                        max_grad_norm=cfg.training.max_grad_norm, log_every=1, on_log=records.append,
+                        on_update=after_update, plan=run.plan, on_nonfinite=cfg.training.on_nonfinite,
+                        max_skipped=cfg.training.max_skipped,
+                        loss_fn=run.task.per_sample_loss, cast_once_per_update=cfg.training.cast_once_per_update,
+                        graphs=run.graphs)
+    seconds = [end - start for start, end in zip([began] + ends, ends)]
+    losses = [record["train/loss"] for record in records if "train/loss" in record]
+    pace, estimate = pace_and_estimate(seconds, run.plan.total_updates)
+    peak = torch.cuda.max_memory_allocated(acc.device) if acc.device.type == "cuda" else None
+    return Rehearsal(losses=losses, seconds=seconds, total_updates=run.plan.total_updates, pace=pace,
+                     estimate=estimate, gpu_peak=peak)
+
+
+def pace_and_estimate(seconds: list[float], total_updates: int) -> tuple[float, float]:
+    """The median of the later half of the tried updates' ``seconds``, and the seconds of a run of
+    ``total_updates``: the tried updates as they took, the others at that pace."""
+    pace = statistics.median(seconds[len(seconds) // 2:])
+    return pace, sum(seconds) + pace * (total_updates - len(seconds))

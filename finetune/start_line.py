@@ -13,6 +13,7 @@ is the one line before it.
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -25,6 +26,9 @@ from finetune.metrics import correlations_over_alike_targets
 from finetune.modeling import model_name
 from finetune.optimization import UpdatePlan, describe_layer_rates
 from finetune.results import validation_targets
+
+if TYPE_CHECKING:
+    from finetune.fitting import Rehearsal
 
 logger = logging.getLogger("finetune")
 
@@ -150,3 +154,30 @@ def _updates_by_epoch(plan: UpdatePlan) -> str:
     if len(set(plan.epoch_updates)) <= 1:
         return f"{plan.updates_per_epoch}/epoch x {epochs}"
     return f"{'+'.join(map(str, plan.epoch_updates))} over {epochs}"
+
+
+def dry_run_line(run: Run, rehearsal: Rehearsal) -> str:
+    """``finetune train --dry-run``'s line, from its :class:`~finetune.fitting.Rehearsal`: the updates tried,
+    their pace, the run's estimated length, the GPU memory, and that nothing was written."""
+    tried = len(rehearsal.seconds)
+    losses = (f"loss {rehearsal.losses[0]:.4f} to {rehearsal.losses[-1]:.4f}" if rehearsal.losses
+              else "no finite loss")
+    evaluation = (f", and its evaluations of {len(run.eval_dataloader.dataset)} texts more"
+                  if run.eval_dataloader is not None else "")
+    memory = ""
+    if rehearsal.gpu_peak is not None:
+        plan = f" (the plan: {run.memory.total / 1024**3:.2f}GB)" if run.memory is not None else ""
+        memory = f"; GPU memory peaked at {rehearsal.gpu_peak / 1024**3:.2f}GB{plan}"
+    return (f"dry run: {tried} update{'s' if tried != 1 else ''} trained in {sum(rehearsal.seconds):.1f} s "
+            f"({losses}), {rehearsal.pace:.2f} s each at the end: the run's {rehearsal.total_updates} updates "
+            f"would take about {_duration(rehearsal.estimate)}{evaluation}{memory}; nothing was written to "
+            f"{run.cfg.output.output_dir}")
+
+
+def _duration(seconds: float) -> str:
+    """``42 s``, ``3.5 min`` or ``2.1 h``."""
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 90 * 60:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.1f} h"

@@ -71,6 +71,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--output", metavar="DIR", help="where the run writes (output.output_dir)")
     parser.add_argument("--explain", metavar="SECTION.KEY", help="print one config key's type, default and meaning, "
                         "then exit")
+    parser.add_argument("--dry-run", action="store_true", help="build and check the run, say its start line, train "
+                        "a few updates to measure them, say how long the whole run would take, and write nothing to "
+                        "the output folder")
     parser.add_argument("--debug", action="store_true", help="show tracebacks for input errors")
     parser.add_argument("overrides", nargs="*", metavar="section.key=value", help="dotted config overrides")
     args, args.unknown = parser.parse_known_intermixed_args(argv)
@@ -119,10 +122,12 @@ def _name_origin(exc: FinetuneError, config_path: str | None, overrides: list[st
         exc.message = f"{origin_of(exc.message, config_path, overrides)}: {exc.message}"
 
 
-def run_training(config_path: str | None, overrides: list[str], on_evaluation=None) -> dict:
+def run_training(config_path: str | None, overrides: list[str], on_evaluation=None, dry_run: bool = False) -> dict:
     """Load the config, build the run, train it. Returns the metrics summary.
 
-    ``on_evaluation`` is :func:`finetune.fitting.fit`'s callback (a sweep's pruner).
+    ``on_evaluation`` is :func:`finetune.fitting.fit`'s callback (a sweep's pruner). With ``dry_run`` the run
+    is built and tried for a few updates instead (:func:`finetune.fitting.rehearse`), nothing is written to its
+    folder, and the summary is empty.
 
     What is logged comes in the run's order: notes on the config, the start
     line (:func:`finetune.start_line.describe`) once every input is checked,
@@ -148,7 +153,7 @@ def run_training(config_path: str | None, overrides: list[str], on_evaluation=No
         # k is decided here, once, for the processes the launcher started (build_accelerator checks that they
         # all joined): a batch they cannot split is refused before anything is built
         batching = resolve_batching(cfg.training, launched_world_size())
-        is_main, summary = build_and_fit(cfg, batching, on_evaluation)
+        is_main, summary = build_and_fit(cfg, batching, on_evaluation, dry_run)
     except FinetuneError as exc:
         _name_origin(exc, config_path, overrides)
         raise
@@ -178,19 +183,25 @@ def check_inputs_exist(cfg) -> None:
             data_path(spec, f"data.{key}")
 
 
-def build_and_fit(cfg, batching, on_evaluation=None) -> tuple[bool, dict]:
-    """Join the processes, build the run, say what it will do and train it. Returns (main process?, summary)."""
+def build_and_fit(cfg, batching, on_evaluation=None, dry_run: bool = False) -> tuple[bool, dict]:
+    """Join the processes, build the run, say what it will do and train it (or, with ``dry_run``, try it).
+    Returns (main process?, summary)."""
     from finetune.assembly import setup_run
-    from finetune.fitting import fit
+    from finetune.fitting import fit, rehearse
     from finetune.launch import build_accelerator
     from finetune.out_of_memory import out_of_memory_error
-    from finetune.start_line import say
+    from finetune.start_line import dry_run_line, say
 
     quiet_library_progress()
     accelerator = build_accelerator(cfg)  # refuses a launch whose processes did not all join
     run = setup_run(cfg, accelerator, batching)
     say(run)
     with out_of_memory_told_as(lambda exc: out_of_memory_error(run, exc)):
+        if dry_run:
+            rehearsal = rehearse(run)
+            if accelerator.is_main_process:
+                logger.info(dry_run_line(run, rehearsal))
+            return accelerator.is_main_process, {}
         return accelerator.is_main_process, fit(run, on_evaluation=on_evaluation)
 
 
@@ -235,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     if args.debug and is_main_rank():
         logger.setLevel(logging.DEBUG)
-    return run_command(lambda: run_training(args.config, args.overrides), debug=args.debug)
+    return run_command(lambda: run_training(args.config, args.overrides, dry_run=args.dry_run), debug=args.debug)
 
 
 if __name__ == "__main__":

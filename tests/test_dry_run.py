@@ -1,0 +1,88 @@
+"""``finetune train --dry-run``: the run built, checked and trained for a few updates as ``fit`` trains them, its
+length estimated from them, and nothing written to the output folder."""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+
+import pytest
+
+from helpers import write_sms_job
+
+
+def _dry_run_line(caplog) -> str:
+    return next(r.getMessage() for r in caplog.records if r.getMessage().startswith("dry run: "))
+
+
+def test_a_dry_run_trains_the_runs_first_updates_estimates_its_length_and_writes_nothing(tmp_path, caplog,
+                                                                                        fresh_accelerate_state):
+    from finetune.train import main
+
+    job = write_sms_job(tmp_path, training={"num_train_epochs": 2, "per_device_train_batch_size": 4,
+                                            "gradient_accumulation_steps": 2})
+    out = tmp_path / "out"
+    with caplog.at_level(logging.INFO, logger="finetune"):
+        assert main(["--config", str(job), f"output.output_dir={out}", "--dry-run"]) == 0
+    assert not out.exists()  # no folder, lock, log or checkpoint
+    line = _dry_run_line(caplog)
+    assert any(r.getMessage().startswith("start: ") for r in caplog.records)  # the start line comes first
+    # 48 training rows in windows of 8: 6 updates an epoch, 12 in all; the first epoch's 6 are tried
+    match = re.fullmatch(r"dry run: 6 updates trained in [\d.]+ s \(loss ([\d.]+) to ([\d.]+)\), [\d.]+ s each at "
+                         r"the end: the run's 12 updates would take about \d+ s, and its evaluations of 12 texts more; "
+                         rf"nothing was written to {re.escape(str(out))}", line)
+    assert match, line
+    # the same updates as the run itself trains first: the losses its log records
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="finetune"):
+        assert main(["--config", str(job), f"output.output_dir={out}"]) == 0
+    logged = [json.loads(r) for r in (out / "train_log.jsonl").read_text().splitlines()]
+    losses = [f"{r['train/loss']:.4f}" for r in logged if "train/loss" in r]
+    assert match.groups() == (losses[0], losses[5])
+
+
+def test_a_dry_run_in_a_folder_that_holds_a_run_leaves_every_file_as_it_was(tmp_path, caplog, fresh_accelerate_state):
+    from finetune.train import main
+
+    job = write_sms_job(tmp_path, training={"max_steps": 2})
+    out = tmp_path / "out"
+    assert main(["--config", str(job), f"output.output_dir={out}"]) == 0
+    before = {p.relative_to(out): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
+    with caplog.at_level(logging.INFO, logger="finetune"):
+        assert main(["--config", str(job), f"output.output_dir={out}", "--dry-run"]) == 0
+    after = {p.relative_to(out): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
+    assert after == before
+    assert _dry_run_line(caplog).startswith("dry run: 2 updates trained")  # the run has two: no more are tried
+
+
+def test_the_estimate_takes_the_later_updates_pace_for_all_but_the_first(tmp_path, fresh_accelerate_state):
+    from finetune.fitting import pace_and_estimate, rehearse
+    from tiny_run import fit_tiny_run
+
+    tried = []
+    fit_tiny_run(tmp_path, before_fit=lambda run: tried.append(rehearse(run, updates=4)),
+                 training={"max_steps": 2, "num_train_epochs": None})  # the rehearsal's run then fits: built once, spent, trained on
+    rehearsal = tried[0]
+    assert len(rehearsal.seconds) == len(rehearsal.losses) == 2 and rehearsal.total_updates == 2
+    assert rehearsal.estimate == pytest.approx(sum(rehearsal.seconds))  # every update tried: their own seconds
+    assert rehearsal.gpu_peak is None  # measured on a CUDA GPU only
+    # a longer run: the tried updates as they took, the rest at the later half's median
+    assert pace_and_estimate([0.9, 0.3, 0.2, 0.25, 0.21, 0.22], 100) == pytest.approx((0.22, 2.08 + 0.22 * 94))
+    assert pace_and_estimate([0.9], 10) == pytest.approx((0.9, 9.0))
+
+
+@pytest.mark.parametrize("seconds, said", [(4.2, "4 s"), (89, "89 s"), (210, "3.5 min"), (7560, "2.1 h")])
+def test_durations_are_said_in_the_unit_that_reads(seconds, said):
+    from finetune.start_line import _duration
+
+    assert _duration(seconds) == said
+
+
+def test_a_bad_setting_is_refused_in_one_line_before_a_dry_run_builds_anything(tmp_path, capsys):
+    from finetune.train import main
+
+    job = write_sms_job(tmp_path)
+    assert main(["--config", str(job), "training.max_step=3", "--dry-run"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "error: command line: training.max_step: unknown key (did you mean training.max_steps?)"]
