@@ -175,7 +175,9 @@ def dry_run_line(run: Run, rehearsal: Rehearsal) -> str:
 
 
 def _duration(seconds: float) -> str:
-    """``42 s``, ``3.5 min`` or ``2.1 h``."""
+    """``0.4 s``, ``42 s``, ``3.5 min`` or ``2.1 h``."""
+    if seconds < 10:
+        return f"{seconds:.1f} s"
     if seconds < 90:
         return f"{seconds:.0f} s"
     if seconds < 90 * 60:

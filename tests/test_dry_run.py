@@ -30,7 +30,7 @@ def test_a_dry_run_trains_the_runs_first_updates_estimates_its_length_and_writes
     assert any(r.getMessage().startswith("start: ") for r in caplog.records)  # the start line comes first
     # 48 training rows in windows of 8: 6 updates an epoch, 12 in all; the first epoch's 6 are tried
     match = re.fullmatch(r"dry run: 6 updates trained in [\d.]+ s \(loss ([\d.]+) to ([\d.]+)\), [\d.]+ s each at "
-                         r"the end: the run's 12 updates would take about \d+ s, and its evaluations of 12 texts more; "
+                         r"the end: the run's 12 updates would take about [\d.]+ s, and its evaluations of 12 texts more; "
                          rf"nothing was written to {re.escape(str(out))}", line)
     assert match, line
     # the same updates as the run itself trains first: the losses its log records
@@ -72,7 +72,8 @@ def test_the_estimate_takes_the_later_updates_pace_for_all_but_the_first(tmp_pat
     assert pace_and_estimate([0.9], 10) == pytest.approx((0.9, 9.0))
 
 
-@pytest.mark.parametrize("seconds, said", [(4.2, "4 s"), (89, "89 s"), (210, "3.5 min"), (7560, "2.1 h")])
+@pytest.mark.parametrize("seconds, said", [(0.42, "0.4 s"), (14.2, "14 s"), (89, "89 s"), (210, "3.5 min"),
+                                           (7560, "2.1 h")])
 def test_durations_are_said_in_the_unit_that_reads(seconds, said):
     from finetune.start_line import _duration
 

@@ -198,6 +198,26 @@ def test_a_gpu_run_of_the_cli_trains_in_bf16_replayed_from_graphs(tmp_path):
     assert (out / "model.safetensors").is_file()
 
 
+def test_a_dry_run_on_a_gpu_replays_its_updates_and_says_their_memory_beside_the_plan(tmp_path):
+    import re
+
+    from helpers import make_texts, save_tiny_model, write_tsv
+
+    model_dir = save_tiny_model(tmp_path / "model")
+    data = write_tsv(tmp_path / "train.tsv", make_texts(200, seed=3))
+    out = tmp_path / "out"
+    cmd = [sys.executable, str(REPO / "finetune" / "train.py"), "--config", str(REPO / "configs" / "default.yaml"),
+           f"model.name_or_path={model_dir}", tsv_train_file(data), f"output.output_dir={out}",
+           "training.mixed_precision=bf16", "data.max_length=32", "logging.progress_bar=false", "--dry-run"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=offline_env(), cwd=REPO, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "cuda_graphs=on" in proc.stderr and not out.exists()
+    line = next(line for line in proc.stderr.splitlines() if "dry run: " in line)
+    peak, plan = map(float, re.search(r"GPU memory peaked at ([\d.]+)GB \(the plan: ([\d.]+)GB\)", line).groups())
+    assert 0 < peak and 0 < plan
+    assert re.search(r"dry run: 6 updates trained in [\d.]+ s \(loss [\d.]+ to [\d.]+\)", line), line
+
+
 @pytest.mark.parametrize("graphed", [False, True])
 def test_the_loop_waits_for_the_gpu_at_updates_not_at_micro_batches(tmp_path, fresh_accelerate_state, graphed):
     """A blocking copy of a micro-batch to the GPU, or a value read on the host, makes the host wait for every
