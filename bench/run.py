@@ -162,8 +162,11 @@ def main_jobs(s: Settings, trainer_k1: bool) -> list[Job]:
                     replace(base, overrides=base.overrides + ["training.cuda_graphs=true",
                                                               "training.torch_compile=blocks"]),
                     label=f"finetune, each block compiled, replayed from CUDA graphs, b={b} k={k}"),
-                # training.bias_apart: each linear layer's product without its bias, the bias fused by inductor
-                # into the element-wise kernel after it, where cuBLAS's addmm picks a slower kernel
+                # training.bias_apart: each linear layer's product without its bias, where cuBLAS's addmm picks a
+                # slower kernel; the bias a kernel of its own in the graphed default, fused by inductor into the
+                # element-wise kernel after it in compiled blocks
+                Job(f"{dataset}/ours bias apart", replace(base, overrides=base.overrides + ["training.bias_apart=true"]),
+                    label=f"finetune with its biases apart (training.bias_apart=true), b={b} k={k}"),
                 Job(f"{dataset}/ours compiled blocks graphs bias apart",
                     replace(base, overrides=base.overrides + ["training.cuda_graphs=true",
                                                               "training.torch_compile=blocks",

@@ -459,8 +459,9 @@ def test_the_gpu_check_runs_the_parts_asked_for_and_goes_on_past_a_failing_one(t
     assert f"--model {work / 'bert-base'} --batch 64 --length 128 --micro-batches 4 --json {out}/products.json" in products_run
     compile_run, apart_run, autotune_run = [c for c in calls if c.startswith("bench/run.py")][-3:]
     assert "--bbc-steps 120 --repeats 1 --graphs --only =bbc/trainer,=bbc/ours,=bbc/ours compiled graphs," in compile_run
-    assert ("--bbc-steps 120 --repeats 1 --graphs --only =bbc/trainer,=bbc/ours compiled blocks graphs,"
-            "=bbc/ours compiled blocks graphs bias apart --out " + str(work / "apart")) in apart_run
+    assert ("--bbc-steps 120 --repeats 1 --graphs --only =bbc/trainer,=bbc/ours,=bbc/ours bias apart,"
+            "=bbc/ours compiled blocks graphs,=bbc/ours compiled blocks graphs bias apart --out "
+            + str(work / "apart")) in apart_run
     assert ("--bbc-steps 120 --repeats 1 --graphs --only =bbc/trainer,=bbc/ours compiled blocks graphs,"
             "=bbc/ours compiled blocks autotuned graphs --out " + str(work / "autotune")) in autotune_run
 
@@ -666,6 +667,7 @@ def test_the_gpu_checks_default_arms_leave_out_the_compiled_graphs_whose_compile
     # the biases' arm is the compiled blocks' arm with training.bias_apart on, and nothing else changed
     apart = every["bbc/ours compiled blocks graphs bias apart"].spec
     assert apart.overrides == blocks.overrides + ["training.bias_apart=true"] and apart.env == blocks.env
+    assert every["bbc/ours bias apart"].spec.overrides == every["bbc/ours"].spec.overrides + ["training.bias_apart=true"]
 
 
 def test_every_benchmark_run_compiles_into_an_empty_cache_of_its_own(tmp_path, monkeypatch):
