@@ -33,7 +33,7 @@
 #   products an encoder layer's matrix products, each alone at the job's shapes: the linear layer's product with its
 #            bias (addmm) against the product with the bias added apart and the product alone, and the backward's
 #            two, and query, key and value as one product: milliseconds and TFLOP/s, and an update's sums
-#            (python -m bench.products)
+#            (python -m bench.products); then again with DISABLE_ADDMM_CUDA_LT=1 (products-no-lt.md)
 #   casts    training.cast_once_per_update on against off: CUDA kernels, aten ops and milliseconds per
 #            micro-batch (python -m bench.probe casts)
 #   predict  finetune predict's --precision: texts per second in float32 and under bf16 and fp16 autocast, the
@@ -55,9 +55,10 @@
 #            and what their longer compile costs (about 8 minutes on an H100: the autotuned arm's first epoch
 #            alone takes 3)
 #
-# OUT_DIR receives twenty flat files: parts.log (each part: passed, failed, timed out or skipped, and its
+# OUT_DIR receives twenty-two flat files: parts.log (each part: passed, failed, timed out or skipped, and its
 # seconds), tests.log, speed.md and speed.json (the tables, and every run with its seconds per update),
-# host.md, graphs.md, update.md, products.md, products.json, casts.md, predict.md, engines.log, engines.md, engines.json, compile.md,
+# host.md, graphs.md, update.md, products.md, products.json, products-no-lt.md,
+# products-no-lt.json, casts.md, predict.md, engines.log, engines.md, engines.json, compile.md,
 # compile.json, apart.md, apart.json, autotune.md and autotune.json; the working files (the model, every run) go to GPU_WORK (default
 # OUT_DIR/work). A failing part does not stop the next; the exit status names the parts that failed.
 #
@@ -154,8 +155,11 @@ part_update() {
         | tee "$out/update.md"
 }
 part_products() {
-    bert_base && "$py" -m bench.products --model "$model" --batch "$b" --length 128 --micro-batches "$k" \
-        --json "$out/products.json" 2>&1 | tee "$out/products.md"
+    local products=(-m bench.products --model "$model" --batch "$b" --length 128 --micro-batches "$k")
+    bert_base && "$py" "${products[@]}" --json "$out/products.json" 2>&1 | tee "$out/products.md" || return
+    # again with ATen's addmm kept off cuBLASLt (the bias added by a product that starts from it instead of in
+    # cuBLASLt's epilogue): whether the environment alone gives the bias's product the plain product's speed
+    DISABLE_ADDMM_CUDA_LT=1 "$py" "${products[@]}" --json "$out/products-no-lt.json" 2>&1 | tee "$out/products-no-lt.md"
 }
 part_casts() {
     bert_base && "$py" -m bench.probe casts "${job[@]}" training.effective_batch_size=$((b * k)) 2>&1 | tee "$out/casts.md"

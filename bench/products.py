@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -198,6 +199,8 @@ def main(argv=None) -> int:
     rows = measure(layer_products(hidden, intermediate), tokens, args.rounds, args.repeats, dtype, device)
     sums = per_update(rows, layers, args.micro_batches)
     name = torch.cuda.get_device_name() if device.type == "cuda" else "CPU"
+    if os.environ.get("DISABLE_ADDMM_CUDA_LT", "0") not in ("", "0"):  # ATen reads it: addmm kept off cuBLASLt
+        name += ", addmm without cuBLASLt (DISABLE_ADDMM_CUDA_LT=1)"
     setting = (f"{name}, {str(dtype).removeprefix('torch.')}, {args.batch} x {args.length} tokens a micro-batch, "
                f"{layers} layers, {args.micro_batches} micro-batches an update, {args.rounds} rounds of "
                f"{args.repeats} calls")

@@ -401,7 +401,7 @@ def test_the_gpu_check_runs_the_parts_asked_for_and_goes_on_past_a_failing_one(t
     shims.mkdir()
     log = tmp_path / "calls.log"
     (shims / "python3").write_text(
-        '#!/usr/bin/env bash\necho "$*" >> "$CALLS"\n'
+        '#!/usr/bin/env bash\necho "${DISABLE_ADDMM_CUDA_LT:+[addmm off cuBLASLt] }$*" >> "$CALLS"\n'
         '[ "$1 $2" = "-m bench.bert_base" ] && mkdir -p "$3" && touch "$3/config.json"\n'  # the model, once
         '[[ "$*" == *version_info* ]] && echo 3.12\n'  # its Python version, asked where a kit is used
         '[ -n "$SLOW" ] && [[ "$*" == *"$SLOW"* ]] && sleep 30\n'
@@ -457,6 +457,10 @@ def test_the_gpu_check_runs_the_parts_asked_for_and_goes_on_past_a_failing_one(t
     assert "training.per_device_train_batch_size=64" in update_run and "training.effective_batch_size=256" in update_run
     products_run = next(c for c in calls if c.startswith("-m bench.products"))
     assert f"--model {work / 'bert-base'} --batch 64 --length 128 --micro-batches 4 --json {out}/products.json" in products_run
+    # and again with ATen's addmm kept off cuBLASLt, into a file of its own
+    assert calls[calls.index(products_run) + 1] == (f"[addmm off cuBLASLt] -m bench.products --model {work / 'bert-base'} "
+                                                    f"--batch 64 --length 128 --micro-batches 4 --json "
+                                                    f"{out}/products-no-lt.json")
     compile_run, apart_run, autotune_run = [c for c in calls if c.startswith("bench/run.py")][-3:]
     assert "--bbc-steps 120 --repeats 1 --graphs --only =bbc/trainer,=bbc/ours,=bbc/ours compiled graphs," in compile_run
     assert ("--bbc-steps 120 --repeats 1 --graphs --only =bbc/trainer,=bbc/ours,=bbc/ours bias apart,"
@@ -1043,7 +1047,7 @@ def test_the_padding_count_follows_each_way_over_the_same_micro_batches(tiny_job
     assert "| 128 | " in table([result])
 
 
-def test_the_products_probe_times_each_way_of_a_layers_products_and_sums_an_update(tmp_path, capsys):
+def test_the_products_probe_times_each_way_of_a_layers_products_and_sums_an_update(tmp_path, capsys, monkeypatch):
     """bench.products on a CPU at a tiny model's sizes: each of a layer's products in every way, its FLOPs, the
     bias added apart giving linear's output, and an update's sums made of the rows (layers x micro-batches x
     each product's count), with query, key and value as one product in place of three in sums of their own."""
@@ -1080,6 +1084,10 @@ def test_the_products_probe_times_each_way_of_a_layers_products_and_sums_an_upda
     printed = capsys.readouterr().out
     assert f"| feed-forward in (8 x {hidden} x {intermediate}) | 1 | " in printed
     assert f"| query, key, value as one (8 x {hidden} x {3 * hidden}) | 1, for query, key, value | " in printed
+    assert "cuBLASLt" not in printed
+    monkeypatch.setenv("DISABLE_ADDMM_CUDA_LT", "1")  # the GPU check's second run: its report says so
+    assert products.main(["--model", str(model), "--batch", "2", "--length", "4", "--rounds", "1", "--repeats", "1"]) == 0
+    assert "(CPU, addmm without cuBLASLt (DISABLE_ADDMM_CUDA_LT=1), float32," in capsys.readouterr().out
     assert f"{layers} layers, 3 micro-batches an update" in printed and "| backward | " in printed
 
 
