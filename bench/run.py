@@ -108,6 +108,8 @@ class Settings:
 ENGINE_NAMES = {"fsdp": "FSDP2", "deepspeed_zero2": "DeepSpeed ZeRO-2"}
 # what torch.compile's mode="max-autotune-no-cudagraphs" turns on, as environment variables inductor reads
 AUTOTUNE_ENV = {"TORCHINDUCTOR_MAX_AUTOTUNE": "1", "TORCHINDUCTOR_COORDINATE_DESCENT_TUNING": "1"}
+# ATen's own switch: addmm computed by cuBLAS from a copy of the bias, not by cuBLASLt with the bias in its epilogue
+ADDMM_WITHOUT_LT_ENV = {"DISABLE_ADDMM_CUDA_LT": "1"}
 
 # Speed runs evaluate on this many validation samples only: evaluation is not timed, and
 # the accuracy comes from the full-epoch runs.
@@ -167,11 +169,19 @@ def main_jobs(s: Settings, trainer_k1: bool) -> list[Job]:
                 # element-wise kernel after it in compiled blocks
                 Job(f"{dataset}/ours bias apart", replace(base, overrides=base.overrides + ["training.bias_apart=true"]),
                     label=f"finetune with its biases apart (training.bias_apart=true), b={b} k={k}"),
+                Job(f"{dataset}/ours addmm without cublaslt", replace(base, env={**base.env, **ADDMM_WITHOUT_LT_ENV}),
+                    label=f"finetune, addmm kept off cuBLASLt (DISABLE_ADDMM_CUDA_LT=1), b={b} k={k}"),
                 Job(f"{dataset}/ours compiled blocks graphs bias apart",
                     replace(base, overrides=base.overrides + ["training.cuda_graphs=true",
                                                               "training.torch_compile=blocks",
                                                               "training.bias_apart=true"]),
                     label=f"finetune, each block compiled with its biases apart, replayed from CUDA graphs, "
+                          f"b={b} k={k}"),
+                Job(f"{dataset}/ours compiled blocks graphs addmm without cublaslt",
+                    replace(base, overrides=base.overrides + ["training.cuda_graphs=true",
+                                                              "training.torch_compile=blocks"],
+                            env={**base.env, **ADDMM_WITHOUT_LT_ENV}),
+                    label=f"finetune, each block compiled, addmm kept off cuBLASLt, replayed from CUDA graphs, "
                           f"b={b} k={k}"),
                 # inductor's max-autotune without its own graphs (the package captures by hand): matrix products
                 # chosen by timing cuBLAS against Triton's templates, with bias and activation fused into them,

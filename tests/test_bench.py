@@ -464,8 +464,9 @@ def test_the_gpu_check_runs_the_parts_asked_for_and_goes_on_past_a_failing_one(t
     compile_run, apart_run, autotune_run = [c for c in calls if c.startswith("bench/run.py")][-3:]
     assert "--bbc-steps 120 --repeats 1 --graphs --only =bbc/trainer,=bbc/ours,=bbc/ours compiled graphs," in compile_run
     assert ("--bbc-steps 120 --repeats 1 --graphs --only =bbc/trainer,=bbc/ours,=bbc/ours bias apart,"
-            "=bbc/ours compiled blocks graphs,=bbc/ours compiled blocks graphs bias apart --out "
-            + str(work / "apart")) in apart_run
+            "=bbc/ours addmm without cublaslt,=bbc/ours compiled blocks graphs,"
+            "=bbc/ours compiled blocks graphs bias apart,=bbc/ours compiled blocks graphs addmm without cublaslt "
+            "--out " + str(work / "apart")) in apart_run
     assert ("--bbc-steps 120 --repeats 1 --graphs --only =bbc/trainer,=bbc/ours compiled blocks graphs,"
             "=bbc/ours compiled blocks autotuned graphs --out " + str(work / "autotune")) in autotune_run
 
@@ -672,6 +673,11 @@ def test_the_gpu_checks_default_arms_leave_out_the_compiled_graphs_whose_compile
     apart = every["bbc/ours compiled blocks graphs bias apart"].spec
     assert apart.overrides == blocks.overrides + ["training.bias_apart=true"] and apart.env == blocks.env
     assert every["bbc/ours bias apart"].spec.overrides == every["bbc/ours"].spec.overrides + ["training.bias_apart=true"]
+    # and ATen's switch in the environment alone, of the default and of the compiled blocks' arm
+    for name, plain in (("bbc/ours addmm without cublaslt", "bbc/ours"),
+                        ("bbc/ours compiled blocks graphs addmm without cublaslt", "bbc/ours compiled blocks graphs")):
+        assert every[name].spec.overrides == every[plain].spec.overrides
+        assert every[name].spec.env == {**every[plain].spec.env, "DISABLE_ADDMM_CUDA_LT": "1"}
 
 
 def test_every_benchmark_run_compiles_into_an_empty_cache_of_its_own(tmp_path, monkeypatch):
