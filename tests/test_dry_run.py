@@ -57,7 +57,8 @@ def test_a_dry_run_in_a_folder_that_holds_a_run_leaves_every_file_as_it_was(tmp_
 
 
 def test_the_estimate_takes_the_later_updates_pace_for_all_but_the_first(tmp_path, fresh_accelerate_state):
-    from finetune.fitting import pace_and_estimate, rehearse
+    from finetune import rehearse  # what a notebook imports
+    from finetune.fitting import pace_and_estimate
     from tiny_run import fit_tiny_run
 
     tried = []
