@@ -51,6 +51,8 @@ def test_a_dry_run_in_a_folder_that_holds_a_run_leaves_every_file_as_it_was(tmp_
     before = {p.relative_to(out): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
     with caplog.at_level(logging.INFO, logger="finetune"):
         assert main(["--config", str(job), f"output.output_dir={out}", "--dry-run"]) == 0
+        # told to start afresh there, a dry run still replaces nothing: only the real start does
+        assert main(["--config", str(job), f"output.output_dir={out}", "output.overwrite=true", "--dry-run"]) == 0
     after = {p.relative_to(out): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
     assert after == before
     assert _dry_run_line(caplog).startswith("dry run: 2 updates trained")  # the run has two: no more are tried
