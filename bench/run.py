@@ -153,6 +153,8 @@ def main_jobs(s: Settings, trainer_k1: bool) -> list[Job]:
         if s.graphs:
             # on a GPU in bf16 the package's own arm replays its micro-batches from graphs (training.cuda_graphs:
             # auto): the lever's worth is that arm against this one
+            blocks = replace(base, overrides=base.overrides + ["training.cuda_graphs=true",
+                                                               "training.torch_compile=blocks"])
             jobs += [
                 Job(f"{dataset}/ours eager", replace(base, overrides=base.overrides + ["training.cuda_graphs=false"]),
                     label=f"finetune, eager micro-batches (training.cuda_graphs=false), b={b} k={k}"),
@@ -160,38 +162,27 @@ def main_jobs(s: Settings, trainer_k1: bool) -> list[Job]:
                 Job(f"{dataset}/ours compiled graphs",
                     replace(base, overrides=base.overrides + ["training.cuda_graphs=true", "training.torch_compile=true"]),
                     label=f"finetune, compiled and replayed from CUDA graphs, b={b} k={k}"),
-                Job(f"{dataset}/ours compiled blocks graphs",
-                    replace(base, overrides=base.overrides + ["training.cuda_graphs=true",
-                                                              "training.torch_compile=blocks"]),
+                Job(f"{dataset}/ours compiled blocks graphs", blocks,
                     label=f"finetune, each block compiled, replayed from CUDA graphs, b={b} k={k}"),
-                # training.bias_apart: each linear layer's product without its bias, where cuBLAS's addmm picks a
-                # slower kernel; the bias a kernel of its own in the graphed default, fused by inductor into the
-                # element-wise kernel after it in compiled blocks
-                Job(f"{dataset}/ours bias apart", replace(base, overrides=base.overrides + ["training.bias_apart=true"]),
-                    label=f"finetune with its biases apart (training.bias_apart=true), b={b} k={k}"),
-                Job(f"{dataset}/ours addmm without cublaslt", replace(base, env={**base.env, **ADDMM_WITHOUT_LT_ENV}),
-                    label=f"finetune, addmm kept off cuBLASLt (DISABLE_ADDMM_CUDA_LT=1), b={b} k={k}"),
-                Job(f"{dataset}/ours compiled blocks graphs bias apart",
-                    replace(base, overrides=base.overrides + ["training.cuda_graphs=true",
-                                                              "training.torch_compile=blocks",
-                                                              "training.bias_apart=true"]),
-                    label=f"finetune, each block compiled with its biases apart, replayed from CUDA graphs, "
-                          f"b={b} k={k}"),
-                Job(f"{dataset}/ours compiled blocks graphs addmm without cublaslt",
-                    replace(base, overrides=base.overrides + ["training.cuda_graphs=true",
-                                                              "training.torch_compile=blocks"],
-                            env={**base.env, **ADDMM_WITHOUT_LT_ENV}),
-                    label=f"finetune, each block compiled, addmm kept off cuBLASLt, replayed from CUDA graphs, "
-                          f"b={b} k={k}"),
-                # inductor's max-autotune without its own graphs (the package captures by hand): matrix products
-                # chosen by timing cuBLAS against Triton's templates, with bias and activation fused into them,
-                # and the element-wise kernels' launch shapes tuned. Settings inductor reads from the environment
-                Job(f"{dataset}/ours compiled blocks autotuned graphs",
-                    replace(base, overrides=base.overrides + ["training.cuda_graphs=true",
-                                                              "training.torch_compile=blocks"],
-                            env={**base.env, **AUTOTUNE_ENV}),
-                    label=f"finetune, each block compiled with max-autotune, replayed from CUDA graphs, b={b} k={k}"),
             ]
+            # training.bias_apart: each linear layer's product without its bias, where cuBLAS's addmm picks a
+            # slower kernel (the bias a kernel of its own in the graphed default, fused by inductor into the
+            # element-wise kernel after it in compiled blocks); and ATen's own switch that keeps addmm off cuBLASLt
+            for arm, name, way in ((base, f"{dataset}/ours", "finetune"),
+                                   (blocks, f"{dataset}/ours compiled blocks graphs", "finetune, each block compiled,")):
+                jobs += [
+                    Job(f"{name} bias apart", replace(arm, overrides=arm.overrides + ["training.bias_apart=true"]),
+                        label=f"{way} with its biases apart (training.bias_apart=true), b={b} k={k}"),
+                    Job(f"{name} addmm without cublaslt", replace(arm, env={**arm.env, **ADDMM_WITHOUT_LT_ENV}),
+                        label=f"{way} addmm kept off cuBLASLt (DISABLE_ADDMM_CUDA_LT=1), b={b} k={k}"),
+                ]
+            # inductor's max-autotune without its own graphs (the package captures by hand): matrix products
+            # chosen by timing cuBLAS against Triton's templates, with bias and activation fused into them,
+            # and the element-wise kernels' launch shapes tuned. Settings inductor reads from the environment
+            jobs.append(Job(f"{dataset}/ours compiled blocks autotuned graphs",
+                            replace(blocks, env={**blocks.env, **AUTOTUNE_ENV}),
+                            label=f"finetune, each block compiled with max-autotune, replayed from CUDA graphs, "
+                                  f"b={b} k={k}"))
         if dataset == "bbc" and k > 1:
             # the same samples in every arm: (b, 1) makes k times the updates
             jobs += [

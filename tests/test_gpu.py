@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -174,18 +175,22 @@ def test_ddp_over_nccl_gives_the_single_process_weights(tmp_path):
     assert ranks[0]["scheduler_calls"] == 6
 
 
-def test_a_gpu_run_of_the_cli_trains_in_bf16_replayed_from_graphs(tmp_path):
+def _bf16_cli_run(tmp_path, texts: int, *args: str) -> tuple[subprocess.CompletedProcess, Path]:
+    """The default config's CLI run of the tiny BERT on ``texts`` generated rows, in bf16 at 32 tokens, with
+    ``args`` after it; the finished process and the output folder."""
     from helpers import make_texts, save_tiny_model, write_tsv
 
     model_dir = save_tiny_model(tmp_path / "model")
-    data = write_tsv(tmp_path / "train.tsv", make_texts(64, seed=3))
+    data = write_tsv(tmp_path / "train.tsv", make_texts(texts, seed=3))
     out = tmp_path / "out"
     cmd = [sys.executable, str(REPO / "finetune" / "train.py"), "--config", str(REPO / "configs" / "default.yaml"),
            f"model.name_or_path={model_dir}", tsv_train_file(data), f"output.output_dir={out}",
-           "training.mixed_precision=bf16", "training.num_train_epochs=2", "data.max_length=32",
-           "logging.progress_bar=false"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=offline_env(), cwd=REPO,
-                          timeout=600)
+           "training.mixed_precision=bf16", "data.max_length=32", "logging.progress_bar=false", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, env=offline_env(), cwd=REPO, timeout=600), out
+
+
+def test_a_gpu_run_of_the_cli_trains_in_bf16_replayed_from_graphs(tmp_path):
+    proc, out = _bf16_cli_run(tmp_path, 64, "training.num_train_epochs=2")
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "device=cuda" in proc.stderr and "precision=bf16" in proc.stderr
     # training.cuda_graphs: auto replays bf16 micro-batches from graphs on one GPU
@@ -201,15 +206,7 @@ def test_a_gpu_run_of_the_cli_trains_in_bf16_replayed_from_graphs(tmp_path):
 def test_a_dry_run_on_a_gpu_replays_its_updates_and_says_their_memory_beside_the_plan(tmp_path):
     import re
 
-    from helpers import make_texts, save_tiny_model, write_tsv
-
-    model_dir = save_tiny_model(tmp_path / "model")
-    data = write_tsv(tmp_path / "train.tsv", make_texts(200, seed=3))
-    out = tmp_path / "out"
-    cmd = [sys.executable, str(REPO / "finetune" / "train.py"), "--config", str(REPO / "configs" / "default.yaml"),
-           f"model.name_or_path={model_dir}", tsv_train_file(data), f"output.output_dir={out}",
-           "training.mixed_precision=bf16", "data.max_length=32", "logging.progress_bar=false", "--dry-run"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=offline_env(), cwd=REPO, timeout=600)
+    proc, out = _bf16_cli_run(tmp_path, 200, "--dry-run")
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "cuda_graphs=on" in proc.stderr and not out.exists()
     line = next(line for line in proc.stderr.splitlines() if "dry run: " in line)
