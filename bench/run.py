@@ -595,7 +595,10 @@ def markdown(report: dict[str, Any]) -> str:
         "",
     ]
     rounds_run = report.get("rounds") or {}
-    if rounds_run.get("done", 0) < rounds_run.get("planned", 0):
+    if rounds_run.get("first_round_arms") is not None:
+        lines += [f"**Cut short:** the first round stopped after {rounds_run['first_round_arms']} of its "
+                  f"{rounds_run['arms']} arms; the tables are those arms' single runs.", ""]
+    elif rounds_run.get("done", 0) < rounds_run.get("planned", 0):
         lines += [f"**Cut short:** {rounds_run['done']} of {rounds_run['planned']} rounds ran; the tables are "
                   f"theirs.", ""]
     finding = report.get("trainer_grad_check")
@@ -902,13 +905,15 @@ def main(argv=None) -> int:
     }
     results, index = [], 0
 
-    def report(rounds_done: int) -> dict[str, Any]:
+    def report(rounds_done: int, first_round_arms: Optional[int] = None) -> dict[str, Any]:
+        rounds_run = {"done": rounds_done, "planned": len(plan)}
+        if first_round_arms is not None:
+            rounds_run.update(first_round_arms=first_round_arms, arms=len(plan[0]))
         return {**header, "rows": aggregate(jobs, results, peak, fms), "results": results,
-                "wall_minutes": (time.perf_counter() - started) / 60,
-                "rounds": {"done": rounds_done, "planned": len(plan)}}
+                "wall_minutes": (time.perf_counter() - started) / 60, "rounds": rounds_run}
 
     for repeat, round_jobs in enumerate(plan):
-        for job in round_jobs:
+        for arm, job in enumerate(round_jobs, start=1):
             index += 1
             which = f"seed {job.seed}" if job.seed is not None else f"repeat {repeat + 1}"
             print(f"bench: [{index}/{total}] {which}: {job.name} ...", flush=True)
@@ -918,6 +923,10 @@ def main(argv=None) -> int:
             status = (f"{result['samples'] / result['train_seconds']:.1f} samples/s" if result.get("ok")
                       else result["error"])
             print(f"bench:     {status} ({result['wall_seconds']:.0f}s)", flush=True)
+            if repeat == 0 and arm < len(round_jobs):
+                # within the first round, after every arm: a single-round comparison (the GPU check's long
+                # compiled parts) stopped on a time limit keeps the arms that ran
+                publish(report(0, first_round_arms=arm), s.out, quiet=True)
         # after every round, so that a run stopped on a time limit leaves the tables of the rounds it finished
         publish(report(repeat + 1), s.out, quiet=repeat + 1 < len(plan))
     if not plan:

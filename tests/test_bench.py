@@ -250,6 +250,38 @@ def test_a_benchmark_stopped_mid_run_leaves_the_tables_of_its_finished_rounds(tm
     assert "**Cut short:** 1 of 3 rounds ran" in (out / "bench.md").read_text(encoding="utf-8")
 
 
+def test_a_single_round_stopped_in_its_third_arm_keeps_the_two_that_ran(tmp_path, monkeypatch):
+    """The GPU check's compiled parts run one round of several arms; a time limit in the middle of it leaves the
+    tables of the arms that finished, said to be cut, where before it left none."""
+    import json
+
+    from bench import run
+
+    calls = []
+
+    def fake_job(job, s, index):
+        calls.append(job.name)
+        if len(calls) == 3:  # the lease ends in the third arm
+            raise KeyboardInterrupt
+        speed = 100.0 if job.name == "sms/ours" else 50.0
+        return {"job": job.name, "seed": None, "ok": True, "updates": 4, "samples": 128, "tokens": 2560,
+                "train_seconds": 128 / speed, "wall_seconds": 1.0, "eval": {}}
+
+    monkeypatch.setattr(run, "run_job", fake_job)
+    monkeypatch.setattr(run, "run_helper", lambda *a, **k: None)
+    monkeypatch.setattr(run, "flops_model", lambda dataset, s: None)
+    out = tmp_path / "bench"
+    with pytest.raises(KeyboardInterrupt):
+        run.main(["--datasets", "sms", "--accuracy-seeds", "0", "--skip-grad-check", "--repeats", "1",
+                  "--only", "=sms/ours,=sms/trainer,=sms/accelerate", "--out", str(out)])
+    report = json.loads((out / "bench.json").read_text(encoding="utf-8"))
+    assert report["rounds"] == {"done": 0, "planned": 1, "first_round_arms": 2, "arms": 3}
+    assert [r["job"] for r in report["results"]] == calls[:2]
+    ran = {name: row["repeats"] for name, row in report["rows"].items()}
+    assert sorted(n for n, repeats in ran.items() if repeats) == sorted(calls[:2])
+    assert "**Cut short:** the first round stopped after 2 of its 3 arms" in (out / "bench.md").read_text()
+
+
 def test_a_gpu_table_shows_the_reserved_peak_that_counts_a_graph_pool():
     """On a GPU the speed table shows the reserved peak beside the allocated one (a CUDA graph's pool is only in
     the reserved), and the ratio to the Trainer stays on the allocated peak."""
