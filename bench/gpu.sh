@@ -65,7 +65,7 @@
 #
 # Settings: GPU_BUDGET_S=<seconds> fits the check into a time limit: each part runs under what is left, less
 # GPU_RESERVE_S (default 60) for each part after it, and a part left less than that is skipped (a cut speed
-# part keeps the rounds it finished). GPU_BATCHING=b,k (default 64,4), GPU_STEPS (updates per speed run,
+# part keeps the rounds it finished, or in a single round the arms). GPU_BATCHING=b,k (default 64,4), GPU_STEPS (updates per speed run,
 # default 40), GPU_REPEATS (default 2), GPU_ARMS (bench/run.py --only; `all` for every arm),
 # GPU_ENGINE_REPEATS (the engine rows' repeats, default 1; 0 runs its tests alone), GPU_TEST_WORKERS (the tests
 # part's pytest-xdist workers where it is installed, default 4), GPU_COMPILE_STEPS (updates
