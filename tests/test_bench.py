@@ -7,6 +7,7 @@ Not a performance test: no timing is asserted. It keeps ``bench/`` working
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -220,18 +221,17 @@ def test_speed_ratios_pair_the_arms_of_each_round():
     assert "finetune 1.60 (median; rounds 1.50, 2.00, 1.60)" in markdown(report)
 
 
-def test_a_benchmark_stopped_mid_run_leaves_the_tables_of_its_finished_rounds(tmp_path, monkeypatch):
-    """A run killed on a time limit (a GPU lease) keeps what it measured: the report is written after every
-    round, says how many ran, and the arms' ratios pair the rounds that finished."""
-    import json
-
+def _bench_stopped_in_its_run(tmp_path, monkeypatch, stop_at: int, repeats: int, arms: str) -> tuple[list, Path]:
+    """``bench/run.py`` on the SMS job's ``arms``, each run faked (the package twice the others' speed), stopped
+    as a lease's time limit stops it when the ``stop_at``-th run starts; the runs started, and the output
+    folder."""
     from bench import run
 
     calls = []
 
     def fake_job(job, s, index):
         calls.append(job.name)
-        if len(calls) > 4:  # the second round's first arm: the lease ends here
+        if len(calls) == stop_at:
             raise KeyboardInterrupt
         speed = 100.0 if job.name == "sms/ours" else 50.0
         return {"job": job.name, "seed": None, "ok": True, "updates": 4, "samples": 128, "tokens": 2560,
@@ -242,8 +242,19 @@ def test_a_benchmark_stopped_mid_run_leaves_the_tables_of_its_finished_rounds(tm
     monkeypatch.setattr(run, "flops_model", lambda dataset, s: None)
     out = tmp_path / "bench"
     with pytest.raises(KeyboardInterrupt):
-        run.main(["--datasets", "sms", "--accuracy-seeds", "0", "--skip-grad-check", "--repeats", "3",
-                  "--only", "=sms/ours,=sms/trainer,=sms/accelerate,bk1", "--out", str(out)])
+        run.main(["--datasets", "sms", "--accuracy-seeds", "0", "--skip-grad-check", "--repeats", str(repeats),
+                  "--only", arms, "--out", str(out)])
+    return calls, out
+
+
+def test_a_benchmark_stopped_mid_run_leaves_the_tables_of_its_finished_rounds(tmp_path, monkeypatch):
+    """A run killed on a time limit (a GPU lease) keeps what it measured: the report is written after every
+    round, says how many ran, and the arms' ratios pair the rounds that finished."""
+    import json
+
+    # the lease ends in the second round's first arm
+    _, out = _bench_stopped_in_its_run(tmp_path, monkeypatch, stop_at=5, repeats=3,
+                                       arms="=sms/ours,=sms/trainer,=sms/accelerate,bk1")
     report = json.loads((out / "bench.json").read_text(encoding="utf-8"))
     assert report["rounds"] == {"done": 1, "planned": 3}
     assert len(report["results"]) == 3 and report["rows"]["sms/ours"]["samples_per_s_x_trainer_paired"] == 2.0
@@ -255,25 +266,8 @@ def test_a_single_round_stopped_in_its_third_arm_keeps_the_two_that_ran(tmp_path
     tables of the arms that finished, said to be cut, where before it left none."""
     import json
 
-    from bench import run
-
-    calls = []
-
-    def fake_job(job, s, index):
-        calls.append(job.name)
-        if len(calls) == 3:  # the lease ends in the third arm
-            raise KeyboardInterrupt
-        speed = 100.0 if job.name == "sms/ours" else 50.0
-        return {"job": job.name, "seed": None, "ok": True, "updates": 4, "samples": 128, "tokens": 2560,
-                "train_seconds": 128 / speed, "wall_seconds": 1.0, "eval": {}}
-
-    monkeypatch.setattr(run, "run_job", fake_job)
-    monkeypatch.setattr(run, "run_helper", lambda *a, **k: None)
-    monkeypatch.setattr(run, "flops_model", lambda dataset, s: None)
-    out = tmp_path / "bench"
-    with pytest.raises(KeyboardInterrupt):
-        run.main(["--datasets", "sms", "--accuracy-seeds", "0", "--skip-grad-check", "--repeats", "1",
-                  "--only", "=sms/ours,=sms/trainer,=sms/accelerate", "--out", str(out)])
+    calls, out = _bench_stopped_in_its_run(tmp_path, monkeypatch, stop_at=3, repeats=1,
+                                           arms="=sms/ours,=sms/trainer,=sms/accelerate")
     report = json.loads((out / "bench.json").read_text(encoding="utf-8"))
     assert report["rounds"] == {"done": 0, "planned": 1, "first_round_arms": 2, "arms": 3}
     assert [r["job"] for r in report["results"]] == calls[:2]
