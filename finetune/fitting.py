@@ -242,6 +242,22 @@ def completes_share(micro_batch: int, k: int, per_epoch: int, shares: int) -> bo
     return epoch_share(micro_batch, per_epoch, shares) > epoch_share(window_start, per_epoch, shares)
 
 
+def training_speedups(run: Run) -> contextlib.AbstractContextManager:
+    """What training runs under, for :func:`train_epochs` and :func:`rehearse` alike: the CPU speed-ups to
+    enter, and ``training.cuda_graphs``' micro-batches set on the run (each length captured at its first)."""
+    run.graphs = graphs_for_run(run)
+    return cpu_speedups(run.model, run.optimizer, run.accelerator, **speedup_settings(run.cfg.training))
+
+
+def loop_settings(run: Run) -> dict[str, Any]:
+    """The keyword arguments of :func:`~finetune.loop.train_one_epoch` that the run's config and build set,
+    the same for :func:`train_epochs` and :func:`rehearse`."""
+    training = run.cfg.training
+    return {"max_grad_norm": training.max_grad_norm, "plan": run.plan, "on_nonfinite": training.on_nonfinite,
+            "max_skipped": training.max_skipped, "loss_fn": run.task.per_sample_loss,
+            "cast_once_per_update": training.cast_once_per_update, "graphs": run.graphs}
+
+
 def train_epochs(run: Run, checkpoints: Checkpointer, evaluations: Evaluations, signals: StopSignals,
                  pending_eval: Optional[int], on_epoch_end, on_update) -> RunEnd:
     """The epochs from the run's state on, each followed by its evaluation and checkpoint.
@@ -275,8 +291,7 @@ def train_epochs(run: Run, checkpoints: Checkpointer, evaluations: Evaluations, 
 
     progress = progress_bar(run.plan.total_updates, run.state.step,
                             enabled=acc.is_main_process and cfg.logging.progress_bar)
-    speedups = cpu_speedups(run.model, run.optimizer, acc, **speedup_settings(cfg.training))
-    run.graphs = graphs_for_run(run)  # training.cuda_graphs: each length is captured at its first micro-batch
+    speedups = training_speedups(run)
     with progress, speedups, log_lines_above(progress):
         if pending_eval is not None:
             end_of_epoch(pending_eval)  # the run was stopped between an epoch's last update and its evaluation
@@ -286,12 +301,9 @@ def train_epochs(run: Run, checkpoints: Checkpointer, evaluations: Evaluations, 
             accumulate_as(acc, run.batching, epoch)  # training.accumulation_schedule
             first_update = run.state.step + 1
             result = train_one_epoch(
-                run.model, run.optimizer, run.scheduler, run.train_dataloader, acc, epoch,
-                state=run.state, max_grad_norm=cfg.training.max_grad_norm, log_every=cfg.logging.log_every,
-                on_log=evaluations.log.log, on_update=after_update, plan=run.plan,
-                on_nonfinite=cfg.training.on_nonfinite, max_skipped=cfg.training.max_skipped, progress=progress,
-                loss_fn=run.task.per_sample_loss, cast_once_per_update=cfg.training.cast_once_per_update,
-                graphs=run.graphs,
+                run.model, run.optimizer, run.scheduler, run.train_dataloader, acc, epoch, state=run.state,
+                log_every=cfg.logging.log_every, on_log=evaluations.log.log, on_update=after_update,
+                progress=progress, **loop_settings(run),
             )
             logger.info(epoch_line(run, epoch, first_update, result))
             finished = not result.stopped_early or run.state.step >= run.plan.total_updates
@@ -396,7 +408,7 @@ def rehearse(run: Run, updates: int = REHEARSED_UPDATES) -> Rehearsal:
     Raises:
         NonFiniteLossError: on a non-finite loss under ``training.on_nonfinite: stop``, as the run would.
     """
-    cfg, acc = run.cfg, run.accelerator
+    acc = run.accelerator
     wanted = min(updates, run.plan.total_updates)  # fewer where the first epoch ends before: the loop stops there
     state, ends = TrainState(), []
 
@@ -407,17 +419,11 @@ def rehearse(run: Run, updates: int = REHEARSED_UPDATES) -> Rehearsal:
     if acc.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(acc.device)
     records = []
-    speedups = cpu_speedups(run.model, run.optimizer, acc, **speedup_settings(cfg.training))
-    run.graphs = graphs_for_run(run)
-    with speedups:
+    with training_speedups(run):
         accumulate_as(acc, run.batching, 0)
         began = time.perf_counter()
         train_one_epoch(run.model, run.optimizer, run.scheduler, run.train_dataloader, acc, 0, state=state,
-                        max_grad_norm=cfg.training.max_grad_norm, log_every=1, on_log=records.append,
-                        on_update=after_update, plan=run.plan, on_nonfinite=cfg.training.on_nonfinite,
-                        max_skipped=cfg.training.max_skipped,
-                        loss_fn=run.task.per_sample_loss, cast_once_per_update=cfg.training.cast_once_per_update,
-                        graphs=run.graphs)
+                        log_every=1, on_log=records.append, on_update=after_update, **loop_settings(run))
     seconds = [end - start for start, end in zip([began] + ends, ends)]
     losses = [record["train/loss"] for record in records if "train/loss" in record]
     pace, estimate = pace_and_estimate(seconds, run.plan.total_updates)
