@@ -338,11 +338,11 @@ class Checkpointer:
         self.enabled = out.save_checkpoints
         self.every = out.checkpoint_every
         self.resume_path = choose_checkpoint(run)
-        self._resume_meta = read_state(self.resume_path) if self.resume_path is not None else None
+        self.resume_meta = read_state(self.resume_path) if self.resume_path is not None else None  # its state
         self._split_change: Optional[str] = None  # "(b, k, P) = ... -> ..." when resuming on another split
-        if self._resume_meta is not None:
-            check_compatible(self._resume_meta, run, self.resume_path)
-            self._split_change = split_change(self._resume_meta.get("fingerprint", {}), run_fingerprint(run))
+        if self.resume_meta is not None:
+            check_compatible(self.resume_meta, run, self.resume_path)
+            self._split_change = split_change(self.resume_meta.get("fingerprint", {}), run_fingerprint(run))
         self.last_saved: Optional[Path] = self.resume_path
         self._saved_at: Optional[tuple[int, int, int]] = None
 
@@ -358,7 +358,7 @@ class Checkpointer:
 
         if self.resume_path is None:
             return None
-        meta = load_checkpoint(self.run, self.resume_path, self._resume_meta, fresh_streams=bool(self._split_change))
+        meta = load_checkpoint(self.run, self.resume_path, self.resume_meta, fresh_streams=bool(self._split_change))
         self.history.restore(meta.get("history", []))
         if self._split_change:
             self._go_on_at_the_new_split(meta["fingerprint"])

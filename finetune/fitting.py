@@ -9,7 +9,8 @@ an evaluation is due and what it means for the best model and early stopping.
 :func:`rehearse` is ``finetune train --dry-run``'s: the built run trained for a few
 updates as :func:`fit` trains them, from the first update whatever the folder
 holds, with nothing written, to say that it starts and fits and how long the
-whole run would take on this machine (docs/configuration.md#a-dry-run).
+run would take on this machine, from the checkpoint a start would resume
+from where the folder holds one (docs/configuration.md#a-dry-run).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import statistics
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, Optional
 
 import torch
@@ -399,6 +401,9 @@ class Rehearsal:
     estimate: float
     # on a CUDA GPU: the peak of allocated memory over the updates, bytes (None elsewhere)
     gpu_peak: Optional[int]
+    # the checkpoint a start would resume from, and the updates it has trained, which the estimate leaves out
+    resumes_from: Optional[Path] = None
+    done_updates: int = 0
 
 
 def rehearse(run: Run, updates: int = REHEARSED_UPDATES) -> Rehearsal:
@@ -409,6 +414,7 @@ def rehearse(run: Run, updates: int = REHEARSED_UPDATES) -> Rehearsal:
         NonFiniteLossError: on a non-finite loss under ``training.on_nonfinite: stop``, as the run would.
     """
     acc = run.accelerator
+    checkpoints = Checkpointer(run, EvalHistory.from_config(run.cfg.evaluation))  # the one fit would resume
     wanted = min(updates, run.plan.total_updates)  # fewer where the first epoch ends before: the loop stops there
     state, ends = TrainState(), []
 
@@ -426,14 +432,17 @@ def rehearse(run: Run, updates: int = REHEARSED_UPDATES) -> Rehearsal:
                         log_every=1, on_log=records.append, on_update=after_update, **loop_settings(run))
     seconds = [end - start for start, end in zip([began] + ends, ends)]
     losses = [record["train/loss"] for record in records if "train/loss" in record]
-    pace, estimate = pace_and_estimate(seconds, run.plan.total_updates)
+    done = checkpoints.resume_meta["state"]["step"] if checkpoints.resume_meta is not None else 0
+    pace, estimate = pace_and_estimate(seconds, run.plan.total_updates - done)
     peak = torch.cuda.max_memory_allocated(acc.device) if acc.device.type == "cuda" else None
     return Rehearsal(losses=losses, seconds=seconds, total_updates=run.plan.total_updates, pace=pace,
-                     estimate=estimate, gpu_peak=peak)
+                     estimate=estimate, gpu_peak=peak, resumes_from=checkpoints.resume_path,
+                     done_updates=done)
 
 
-def pace_and_estimate(seconds: list[float], total_updates: int) -> tuple[float, float]:
-    """The median of the later half of the tried updates' ``seconds``, and the seconds of a run of
-    ``total_updates``: the tried updates as they took, the others at that pace."""
+def pace_and_estimate(seconds: list[float], updates: int) -> tuple[float, float]:
+    """The median of the later half of the tried updates' ``seconds``, and the seconds of a fresh process's
+    ``updates`` updates: as many as were tried as they took (a new process's first updates are its slowest),
+    the others at that pace."""
     pace = statistics.median(seconds[len(seconds) // 2:])
-    return pace, sum(seconds) + pace * (total_updates - len(seconds))
+    return pace, sum(seconds[:updates]) + pace * max(0, updates - len(seconds))

@@ -163,15 +163,26 @@ def dry_run_line(run: Run, rehearsal: Rehearsal) -> str:
     losses = (f"loss {rehearsal.losses[0]:.4f} to {rehearsal.losses[-1]:.4f}" if rehearsal.losses
               else "no finite loss")
     evaluation = (f", and its evaluations of {len(run.eval_dataloader.dataset)} texts more"
-                  if run.eval_dataloader is not None else "")
+                  if run.eval_dataloader is not None and rehearsal.done_updates < rehearsal.total_updates else "")
     memory = ""
     if rehearsal.gpu_peak is not None:
         plan = f" (the plan: {run.memory.total / 1024**3:.2f}GB)" if run.memory is not None else ""
         memory = f"; GPU memory peaked at {rehearsal.gpu_peak / 1024**3:.2f}GB{plan}"
     return (f"dry run: {tried} update{'s' if tried != 1 else ''} trained in {sum(rehearsal.seconds):.1f} s "
-            f"({losses}), {rehearsal.pace:.2f} s each at the end: the run's {rehearsal.total_updates} updates "
-            f"would take about {_duration(rehearsal.estimate)}{evaluation}{memory}; nothing was written to "
-            f"{run.cfg.output.output_dir}")
+            f"({losses}), {rehearsal.pace:.2f} s each at the end: {_what_is_left(rehearsal)}{evaluation}{memory}; "
+            f"nothing was written to {run.cfg.output.output_dir}")
+
+
+def _what_is_left(rehearsal: Rehearsal) -> str:
+    """The updates a start would train and their estimated time: all of the run's, or those after the
+    checkpoint it would resume from."""
+    total, done = rehearsal.total_updates, rehearsal.done_updates
+    if rehearsal.resumes_from is None:
+        return f"the run's {total} updates would take about {_duration(rehearsal.estimate)}"
+    if done >= total:
+        return f"the run is finished ({rehearsal.resumes_from}, update {done} of {total}): a start trains nothing"
+    return (f"a start resumes from {rehearsal.resumes_from} (update {done} of {total}): its {total - done} "
+            f"updates left would take about {_duration(rehearsal.estimate)}")
 
 
 def _duration(seconds: float) -> str:

@@ -55,7 +55,40 @@ def test_a_dry_run_in_a_folder_that_holds_a_run_leaves_every_file_as_it_was(tmp_
         assert main(["--config", str(job), f"output.output_dir={out}", "output.overwrite=true", "--dry-run"]) == 0
     after = {p.relative_to(out): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
     assert after == before
-    assert _dry_run_line(caplog).startswith("dry run: 2 updates trained")  # the run has two: no more are tried
+    finished, afresh = [r.getMessage() for r in caplog.records if r.getMessage().startswith("dry run: ")]
+    assert finished.startswith("dry run: 2 updates trained")  # the run has two: no more are tried
+    # a start there resumes the finished run and trains nothing; told to overwrite, it trains the run again
+    assert (f": the run is finished ({out / 'checkpoints' / 'checkpoint-2'}, update 2 of 2): a start trains "
+            f"nothing; nothing was written to {out}") in finished
+    assert ": the run's 2 updates would take about " in afresh
+
+
+def test_a_dry_run_where_a_start_would_resume_estimates_the_updates_left(tmp_path, caplog, monkeypatch,
+                                                                        fresh_accelerate_state):
+    import shutil
+
+    import finetune.fitting
+    from finetune.train import main
+
+    job = write_sms_job(tmp_path, training={"max_steps": 6, "num_train_epochs": None, "per_device_train_batch_size": 4,
+                                            "gradient_accumulation_steps": 2},
+                        output={"checkpoint_every": 2, "keep_last": 3})
+    out = tmp_path / "out"
+    assert main(["--config", str(job), f"output.output_dir={out}"]) == 0
+    for step in (4, 6):  # as if stopped after the second update's checkpoint
+        shutil.rmtree(out / "checkpoints" / f"checkpoint-{step}")
+    estimated = []
+    monkeypatch.setattr(finetune.fitting, "pace_and_estimate",
+                        lambda seconds, updates: estimated.append((len(seconds), updates)) or (0.5, 2.0))
+    with caplog.at_level(logging.INFO, logger="finetune"):
+        assert main(["--config", str(job), f"output.output_dir={out}", "--dry-run"]) == 0
+    assert estimated == [(6, 4)]  # the first epoch's six updates tried, the four left estimated
+    line = _dry_run_line(caplog)
+    match = re.fullmatch(rf"dry run: 6 updates trained in [\d.]+ s \(loss [\d.]+ to [\d.]+\), [\d.]+ s each at "
+                         rf"the end: a start resumes from {re.escape(str(out / 'checkpoints' / 'checkpoint-2'))} "
+                         rf"\(update 2 of 6\): its 4 updates left would take about 2.0 s, and its evaluations of "
+                         rf"12 texts more; nothing was written to {re.escape(str(out))}", line)
+    assert match, line
 
 
 def test_the_estimate_takes_the_later_updates_pace_for_all_but_the_first(tmp_path, fresh_accelerate_state):
@@ -73,6 +106,9 @@ def test_the_estimate_takes_the_later_updates_pace_for_all_but_the_first(tmp_pat
     # a longer run: the tried updates as they took, the rest at the later half's median
     assert pace_and_estimate([0.9, 0.3, 0.2, 0.25, 0.21, 0.22], 100) == pytest.approx((0.22, 2.08 + 0.22 * 94))
     assert pace_and_estimate([0.9], 10) == pytest.approx((0.9, 9.0))
+    # fewer updates left than were tried (a resumed run): the first of them, as a fresh process takes them
+    assert pace_and_estimate([0.9, 0.3, 0.2, 0.25], 2) == pytest.approx((0.225, 1.2))
+    assert pace_and_estimate([0.9, 0.3, 0.2, 0.25], 0) == pytest.approx((0.225, 0.0))
 
 
 @pytest.mark.parametrize("seconds, said", [(0.42, "0.4 s"), (14.2, "14 s"), (89, "89 s"), (210, "3.5 min"),
@@ -87,6 +123,7 @@ def test_a_bad_setting_is_refused_in_one_line_before_a_dry_run_builds_anything(t
     from finetune.train import main
 
     job = write_sms_job(tmp_path)
+    capsys.readouterr()  # saving the tiny model may show transformers' bar
     assert main(["--config", str(job), "training.max_step=3", "--dry-run"]) == 2
     assert capsys.readouterr().err.strip().splitlines() == [
         "error: command line: training.max_step: unknown key (did you mean training.max_steps?)"]
