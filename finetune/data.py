@@ -58,7 +58,7 @@ from finetune.tables import GROUP, LABELS, RAW_LABEL, SHOW_LABELS, TEXT, TEXT_PA
     feature_name, short_list
 
 __all__ = ["LABELS", "TEXT", "TEXT_PAIR", "LabelSpace", "load_splits", "load_labelled_file", "class_counts",
-           "content_sha256", "digest_rows"]
+           "content_sha256", "digest_rows", "text_rows"]
 
 logger = logging.getLogger(__name__)
 
@@ -353,6 +353,17 @@ def _drop_or_reject_empty_texts(table: Table, cfg: DataConfig) -> Table:
 def class_counts(train: datasets.Dataset, num_labels: int) -> np.ndarray:
     """Training samples per class id (single labels)."""
     return np.bincount(np.asarray(read_column(train, LABELS), dtype=np.int64), minlength=num_labels)
+
+
+# from this share of scored rows trained on, their scores are more memory than generalisation
+SEEN_IN_TRAINING_AT_MOST = 0.2
+
+
+def text_rows(split: datasets.Dataset) -> list[tuple]:
+    """Each row's input: its text, with its pair where the split has pairs. Two rows with the same one are
+    the same text to the model, whatever their labels."""
+    columns = [name for name in (TEXT, TEXT_PAIR) if name in split.column_names]
+    return list(zip(*(read_column(split, name) for name in columns)))
 
 
 def content_sha256(ds: datasets.Dataset) -> str:

@@ -68,15 +68,12 @@ def count_seen_in_training(splits) -> int:
     validation file can share rows with the training file. Such a row is
     scored on a text the model was trained on: the start line counts them.
     """
+    from finetune.data import text_rows
+
     if "validation" not in splits:
         return 0
-    columns = [name for name in ("text", "text_pair") if name in splits["train"].column_names]
-
-    def rows(split) -> list[tuple]:
-        return list(zip(*(read_column(split, name) for name in columns)))
-
-    trained = set(rows(splits["train"]))
-    return sum(row in trained for row in rows(splits["validation"]))
+    trained = set(text_rows(splits["train"]))
+    return sum(row in trained for row in text_rows(splits["validation"]))
 
 
 def longest_text(split) -> Optional[int]:

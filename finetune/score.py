@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 from dataclasses import dataclass
@@ -63,10 +64,13 @@ class Score:
     # each label's precision, recall, F1 and support, by name (finetune.metrics.scores_by_label); None for a
     # regression model
     by_label: Optional[dict[str, dict[str, float]]] = None
+    # the file's rows whose text (with its pair) a training row of the run has too; None where the run's
+    # training rows could not be read again (see texts_seen_in_training)
+    seen_in_training: Optional[int] = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"file": self.file, "precision": self.precision, "metrics": self.metrics, "labels": self.labels,
-                "by_label": self.by_label,
+                "by_label": self.by_label, "seen_in_training": self.seen_in_training,
                 "confusion_matrix": None if self.confusion is None else self.confusion.tolist()}
 
 
@@ -176,6 +180,52 @@ def model_labels(output_dir: str | os.PathLike) -> tuple[list[str], str]:
     return [config.id2label[i] for i in range(config.num_labels)], problem_type_of(config)
 
 
+def texts_seen_in_training(output_dir: str | os.PathLike, texts: Sequence[str],
+                           pairs: Optional[Sequence[str]] = None) -> Optional[int]:
+    """How many of ``texts`` (with their ``pairs``) the run in ``output_dir`` trained on.
+
+    The run's training rows are read again as it read them: from its local
+    training file with its saved ``config.yaml``, and taken only where they are
+    the rows it trained on (the SHA-256 its ``metrics.json`` holds). ``None``
+    where they cannot be: a Hub data set or a URL, a file moved or edited since,
+    a run saved without those files.
+    """
+    import dataclasses
+
+    from finetune.config import config_from_dict, read_yaml
+    from finetune.data import content_sha256, load_splits, text_rows
+    from finetune.errors import FinetuneError
+    from finetune.outputs import CONFIG_FILE, METRICS_FILE
+    from finetune.resources import resolve_path
+
+    folder = Path(output_dir)
+    try:
+        cfg = config_from_dict(read_yaml(folder / CONFIG_FILE))
+        trained_sha = json.loads((folder / METRICS_FILE).read_text(encoding="utf-8"))["train"]["data_sha256"]
+        train_file = cfg.data.train_file
+        if train_file is None or not Path(resolve_path(train_file)).exists():
+            return None  # nor a URL's file: not downloaded again to be read
+    except (FinetuneError, OSError, ValueError, KeyError, TypeError):
+        return None
+    # without its validation file the run's training rows are the same: a validation file is never carved
+    data = dataclasses.replace(cfg.data, validation_file=None, validation_split=0.0) if cfg.data.validation_file \
+        else cfg.data
+    said = logging.getLogger("finetune")
+    level = said.level
+    said.setLevel(logging.ERROR)  # what the run's start said of its data (rows dropped, say) is not this file's
+    try:
+        train = load_splits(data, cfg.split_seed, cfg.model.problem_type)[0]["train"]
+    except FinetuneError:
+        return None
+    finally:
+        said.setLevel(level)
+    if content_sha256(train) != trained_sha:
+        return None
+    trained = set(text_rows(train))
+    rows = zip(texts, pairs) if pairs is not None else ((text,) for text in texts)
+    return sum(row in trained for row in rows)
+
+
 def confusion_matrix(references, predictions, num_labels: int):
     """``K x K`` counts: row = true class id, column = predicted class id."""
     import numpy as np
@@ -235,7 +285,7 @@ def score_file(output_dir: str | os.PathLike, file: str | os.PathLike, overrides
     confusion = confusion_matrix(refs.numpy(), predictions, len(names)) if problem_type == "single_label" else None
     by_label = scores_by_label(predictions, refs.numpy(), names) if problem_type != "regression" else None
     return Score(str(file), metrics, list(names), confusion, predictions, refs.numpy(), predictor.precision,
-                 by_label)
+                 by_label, texts_seen_in_training(output_dir, texts, pairs))
 
 
 def format_confusion(matrix, names: Sequence[str]) -> str:
@@ -327,7 +377,8 @@ def run(args: argparse.Namespace) -> Score:
     with out_of_memory_told_as(lambda _: batch_too_large(args.batch_size)):
         result = score_file(output_dir, args.file, args.overrides, args.batch_size, precision=args.precision)
     arithmetic = f", computed in {result.precision} autocast" if result.precision != "no" else ""
-    print(f"{result.file}: {result.metrics['num_samples']} samples{arithmetic}")
+    seen = f", {result.seen_in_training} of them a text the model trained on" if result.seen_in_training else ""
+    print(f"{result.file}: {result.metrics['num_samples']} samples{seen}{arithmetic}")
     width = max(len(k) for k in result.metrics)
     for key, value in result.metrics.items():
         print(f"  {key.ljust(width)}  {value:.4f}" if isinstance(value, float) else f"  {key.ljust(width)}  {value}")
@@ -351,6 +402,7 @@ def run(args: argparse.Namespace) -> Score:
 def cautions(result: Score, texts_named: str) -> list[str]:
     """What in the scores is worth a warning: a model that gave every text one answer (or, for regression, one
     number), or targets all alike, over which a correlation is undefined."""
+    from finetune.data import SEEN_IN_TRAINING_AT_MOST
     from finetune.metrics import correlations_over_alike_targets, one_number_for_every_text, same_answer_for_every_text
 
     if result.by_label is not None:  # classes
@@ -359,6 +411,10 @@ def cautions(result: Score, texts_named: str) -> list[str]:
     else:
         said = [correlations_over_alike_targets(result.metrics, result.references, texts_named),
                 one_number_for_every_text(result.metrics, result.references, texts_named, "the model")]
+    rows = result.metrics.get("num_samples", 0)
+    if result.seen_in_training and result.seen_in_training > SEEN_IN_TRAINING_AT_MOST * rows:
+        said.append(f"{result.seen_in_training} of the {rows} {texts_named} are texts the model trained on: their "
+                    f"scores say what it remembers, not how it does on texts it has not seen")
     return [caution for caution in said if caution is not None]
 
 

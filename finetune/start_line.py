@@ -20,6 +20,7 @@ import torch
 from finetune.assembly import Run
 from finetune.cpu import plan_cpu_speedups, speedup_settings
 from finetune.cuda_graphs import graphed_run
+from finetune.data import SEEN_IN_TRAINING_AT_MOST
 from finetune.data_sources import data_sources
 from finetune.launch import choose_precision
 from finetune.metrics import correlations_over_alike_targets
@@ -47,10 +48,6 @@ def describe(run: Run) -> str:
 
 # below it, a rate is full fine-tuning's: LoRA's adapters start at zero and usually want 5 to 20 times it
 LORA_RATE_AT_LEAST = 3e-4
-
-
-# from this share of validation rows trained on, the validation scores are more memory than generalisation
-SEEN_IN_TRAINING_AT_MOST = 0.2
 
 
 def cautions(run: Run) -> list[str]:

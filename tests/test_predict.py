@@ -765,3 +765,72 @@ def test_text_pairs_match_the_pipeline(trained, predictor):
         assert dict(zip(predictor.labels, row.tolist())) == pytest.approx({d["label"]: d["score"] for d in theirs},
                                                                         abs=1e-5)
     assert not (probs == predictor.probabilities(firsts)).all()  # the second text is really used
+
+
+def _tsv_texts(path: Path) -> list[str]:
+    return [line.split("\t", 1)[1] for line in path.read_text(encoding="utf-8").splitlines()]
+
+
+def test_score_counts_the_texts_the_model_trained_on(trained, tmp_path, capsys):
+    from finetune.score import main
+
+    out, cfg, _ = trained
+    train_file, validation_file = Path(cfg.data.train_file), Path(cfg.data.validation_file)
+    trained_texts = set(_tsv_texts(train_file))
+    # the training file itself: every row, and a warning
+    assert main([str(out), "--file", str(train_file), "--json", str(tmp_path / "t.json")]) == 0
+    printed, err = capsys.readouterr()
+    rows = len(_tsv_texts(train_file))
+    assert json.loads((tmp_path / "t.json").read_text())["seen_in_training"] == rows
+    assert printed.splitlines()[0] == f"{train_file}: {rows} samples, {rows} of them a text the model trained on"
+    assert (f"warning: {rows} of the {rows} texts of {train_file.name} are texts the model trained on: their scores "
+            "say what it remembers, not how it does on texts it has not seen") in err.splitlines()
+    # the validation file: the texts it shares with the training file, counted here from the files themselves
+    assert main([str(out), "--file", str(validation_file), "--json", str(tmp_path / "v.json")]) == 0
+    shared = sum(text in trained_texts for text in _tsv_texts(validation_file))
+    assert json.loads((tmp_path / "v.json").read_text())["seen_in_training"] == shared
+    # a file of one training text and nine new ones: counted, under the share that is warned of
+    fresh = [(label, f"{text} unseen {i}") for i, (label, text) in enumerate(make_texts(9, seed=11))]
+    mixed = write_tsv(tmp_path / "mixed.tsv", [("ham", next(iter(trained_texts)))] + fresh)
+    capsys.readouterr()
+    assert main([str(out), "--file", str(mixed)]) == 0
+    printed, err = capsys.readouterr()
+    assert printed.splitlines()[0] == f"{mixed}: 10 samples, 1 of them a text the model trained on"
+    assert "trained on" not in err
+
+
+def test_score_counts_seen_texts_only_where_the_training_rows_are_the_runs_own(trained, tmp_path, capsys):
+    import shutil
+
+    import yaml
+
+    from finetune.score import main
+
+    out, cfg, _ = trained
+    train_file = Path(cfg.data.train_file)
+    copy = tmp_path / "run"
+    shutil.copytree(out, copy, ignore=shutil.ignore_patterns("checkpoints"))
+    saved = yaml.safe_load((copy / "config.yaml").read_text())
+
+    def score_with_training_file(lines: list[str]):
+        moved = tmp_path / "moved.tsv"
+        moved.write_text("".join(f"{line}\n" for line in lines), encoding="utf-8")
+        saved["data"]["train_file"] = str(moved)
+        (copy / "config.yaml").write_text(yaml.safe_dump(saved))
+        assert main([str(copy), "--file", str(train_file), "--json", str(tmp_path / "s.json")]) == 0, \
+            capsys.readouterr().err
+        return json.loads((tmp_path / "s.json").read_text())["seen_in_training"], capsys.readouterr()
+
+    lines = train_file.read_text(encoding="utf-8").splitlines()
+    # the same rows elsewhere: found by what they hold, not where they are
+    seen, _ = score_with_training_file(lines)
+    assert seen == len(lines)
+    # a file edited since the run: not its training rows, so nothing is counted or said
+    seen, (printed, err) = score_with_training_file(lines[:-1] + ["ham\tedited since"])
+    assert seen is None
+    assert printed.splitlines()[0] == f"{train_file}: {len(lines)} samples"
+    assert "trained on" not in err
+    # the file gone: the same
+    (tmp_path / "moved.tsv").unlink()
+    assert main([str(copy), "--file", str(train_file), "--json", str(tmp_path / "s.json")]) == 0
+    assert json.loads((tmp_path / "s.json").read_text())["seen_in_training"] is None

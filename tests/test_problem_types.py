@@ -529,7 +529,8 @@ def test_an_undefined_correlation_is_written_as_json_every_reader_reads(tmp_path
     from finetune.score import main as score
 
     one_text = tmp_path / "one_text.csv"
-    one_text.write_text("text,score\n" + "".join(f"{rows[0][1]},{target}\n" for target in (1, 2, 4)),
+    # a text the model did not train on: training's texts are counted and warned of apart
+    one_text.write_text("text,score\n" + "".join(f"{rows[0][1]} unseen,{target}\n" for target in (1, 2, 4)),
                         encoding="utf-8")
     capsys.readouterr()
     for file in (val, one_text):
