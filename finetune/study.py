@@ -42,6 +42,7 @@ SAME_AS = "same_as"            # a finished trial with the same values: its resu
 FAILED = "failed"              # why the trial failed (a non-finite loss, an input error)
 PRUNED = "pruned"              # why the pruner stopped the trial
 STOPPED_SWEEP = "stopped_sweep"  # an input error in this trial stopped the sweep
+EVAL_LOSS = "eval_loss"        # the validation loss of the trial's saved model (its seeds' mean): decides ties
 # study user attributes
 SPACE_ATTR, CONFIG_ATTR, BASE_PARAMS_ATTR = "finetune.space", "finetune.config", "finetune.base_params"
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 import shlex
 import statistics
 from dataclasses import dataclass
@@ -21,7 +22,7 @@ import yaml
 
 from finetune.outputs import write_atomic
 from finetune.search_space import SearchSpace, overrides, render
-from finetune.study import BEYOND_BUDGET, FAILED, FOLDER, INTERRUPTED, PRUNED, SAME_AS, STOPPED_SWEEP
+from finetune.study import BEYOND_BUDGET, EVAL_LOSS, FAILED, FOLDER, INTERRUPTED, PRUNED, SAME_AS, STOPPED_SWEEP
 
 TRIALS_CSV, SWEEP_MD, BEST_YAML, SWEEP_PNG = "trials.csv", "sweep.md", "best.yaml", "sweep.png"
 
@@ -91,11 +92,13 @@ def trial_rows(study, root: Path) -> list[dict[str, Any]]:
         if folder is None or trial.user_attrs.get(BEYOND_BUDGET):
             continue  # queued and not started, or never run
         row = rows.setdefault(folder, {"trial": trial.number, "folder": folder, "state": "", "value": None,
-                                       **trial.params, "updates": None, "seconds": 0.0, "attempts": 0, "note": ""})
+                                       "eval_loss": None, **trial.params, "updates": None, "seconds": 0.0,
+                                       "attempts": 0, "note": ""})
         row["attempts"] += 1
         row["state"] = state_of(trial)
         # a pruned trial's value would be its last report, not a finished run's: it has none
         row["value"] = trial.value if row["state"] in ("complete", "same") else None
+        row["eval_loss"] = trial.user_attrs.get(EVAL_LOSS) if row["value"] is not None else None
         if trial.datetime_start is not None:
             end = trial.datetime_complete
             row["seconds"] += round((end - trial.datetime_start).total_seconds(), 1) if end else 0.0
@@ -126,9 +129,20 @@ def updates_of(folder: Path) -> Optional[int]:
 
 
 def best_trial(study, greater_is_better: bool):
-    """The finished trial with the best value (the first of equals), or ``None`` before any finished."""
+    """The finished trial with the best value, or ``None`` before any finished. Of trials with the same value
+    (an accuracy over a few hundred texts takes few values), the one whose saved model has the lowest validation
+    loss, then the first drawn."""
+    tied = tied_for_best(study, greater_is_better)
+    return min(tied, key=lambda t: (t.user_attrs.get(EVAL_LOSS, math.inf), t.number)) if tied else None
+
+
+def tied_for_best(study, greater_is_better: bool) -> list:
+    """The finished trials with the best value (a trial that took another's result, ``same``, among them)."""
     scored = [t for t in study.get_trials(deepcopy=False) if state_of(t) in ("complete", "same")]
-    return (max if greater_is_better else min)(scored, key=lambda t: t.value) if scored else None
+    if not scored:
+        return []
+    best = (max if greater_is_better else min)(t.value for t in scored)
+    return [t for t in scored if t.value == best]
 
 
 def write_reports(root: Path, header: Header, search, repeats: Optional[Repeats],
@@ -138,6 +152,9 @@ def write_reports(root: Path, header: Header, search, repeats: Optional[Repeats]
     rows = trial_rows(search, root) if search is not None else []
     winner = best_trial(search, header.greater_is_better) if search is not None else None
     best = next(r for r in rows if r["folder"] == winner.user_attrs[FOLDER]) if winner is not None else None
+    if best is not None:  # the other trials of its value, each drawn values of their own
+        best = {**best, "tied": [t.number for t in tied_for_best(search, header.greater_is_better)
+                                 if t.number != winner.number and SAME_AS not in t.user_attrs]}
     if rows:
         write_atomic(root / TRIALS_CSV, trials_csv(rows))
     if best is not None:
@@ -203,6 +220,19 @@ def train_on_every_row(root: Path, header: Header, best: Optional[dict[str, Any]
                        f"output.output_dir={root / 'all-rows'}"])
 
 
+def tie_broken(metric: str, best: dict[str, Any]) -> str:
+    """How the best trial was chosen among trials of the same value, as a sentence after the best one's; ``""``
+    where it had none."""
+    if not best.get("tied"):
+        return ""
+    others = " and ".join(", ".join(str(n) for n in best["tied"]).rsplit(", ", 1))
+    trials = f"trial{'s' if len(best['tied']) > 1 else ''} {others}"
+    if best.get("eval_loss") is None:
+        return f" Tied on {metric} with {trials}: the first drawn of them."
+    return (f" Tied on {metric} with {trials}: of them, its saved model has the lowest validation loss "
+            f"({best['eval_loss']:.4f}).")
+
+
 def sweep_markdown(root: Path, header: Header, rows: list[dict[str, Any]], best: Optional[dict[str, Any]],
                    repeats: Optional[Repeats], repeat_values: list[tuple[int, float]]) -> str:
     direction = "higher" if header.greater_is_better else "lower"
@@ -220,7 +250,7 @@ def sweep_markdown(root: Path, header: Header, rows: list[dict[str, Any]], best:
         lines += ["| trial | state | " + " | ".join(f"`{k}`" for k in keys) + f" | {header.metric} | updates | s |",
                   "| ---: | --- | " + " | ".join("---:" for _ in keys) + " | ---: | ---: | ---: |"]
         ordered = sorted(rows, key=lambda r: (r["value"] is None, -(r["value"] or 0) if header.greater_is_better
-                                              else (r["value"] or 0)))
+                                              else (r["value"] or 0), r["eval_loss"] or math.inf))
         for r in ordered:
             value = "" if r["value"] is None else f"{r['value']:.4f}"
             lines.append(f"| {r['trial']} | {r['state']} | " + " | ".join(short(r.get(k)) for k in keys)
@@ -228,7 +258,8 @@ def sweep_markdown(root: Path, header: Header, rows: list[dict[str, Any]], best:
         lines.append("")
     if best is not None:
         values = ", ".join(f"`{k}={short(best.get(k))}`" for k in header.space.keys())
-        lines += [f"Best: trial {best['trial']} ({best['folder']}), {header.metric} {best['value']:.4f}: {values}.",
+        lines += [f"Best: trial {best['trial']} ({best['folder']}), {header.metric} {best['value']:.4f}: {values}."
+                  + tie_broken(header.metric, best),
                   f"Its model is in its folder (on the worker that ran it): `finetune predict {best['folder']} "
                   f"\"a text\"` from here. Train it again: `finetune train --config {BEST_YAML}` (it writes to "
                   "`best/`).", ""]

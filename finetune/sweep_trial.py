@@ -34,8 +34,8 @@ from finetune.errors import FinetuneError, NonFiniteLossError, OutOfMemory
 from finetune.outputs import json_ready, write_atomic
 from finetune.search_space import SearchSpace, overrides
 from finetune.signals import RunInterrupted
-from finetune.study import (BEYOND_BUDGET, CONTINUES, FAILED, FOLDER, INTERRUPTED, PRUNED, SAME_AS, STOPPED_SWEEP,
-                            drawn_before, finished_same, queue_continuation)
+from finetune.study import (BEYOND_BUDGET, CONTINUES, EVAL_LOSS, FAILED, FOLDER, INTERRUPTED, PRUNED, SAME_AS,
+                            STOPPED_SWEEP, drawn_before, finished_same, queue_continuation)
 
 logger = logging.getLogger("finetune")
 
@@ -102,6 +102,7 @@ class TrialRunner:
             if same is not None:
                 # runs are exact and seeded: the same values give the same result, so it is not trained twice
                 trial.set_user_attr(SAME_AS, same.number)
+                trial.set_user_attr(EVAL_LOSS, same.user_attrs.get(EVAL_LOSS))
                 self._end(trial, folder, {**record, "state": "same", "same_as": same.number, "value": same.value})
                 return same.value
         return self._run(trial, params, folder, record)
@@ -111,7 +112,7 @@ class TrialRunner:
 
         phase, start = self.phase, time.perf_counter()
         seeds = phase.seeds or [None]
-        values, runs = [], []
+        values, losses, runs = [], [], []
         for index, seed in enumerate(seeds):
             run_dir = self.root / folder / (f"seed-{seed}" if len(seeds) > 1 else "")
             run_args = self.run_overrides(params, run_dir, seed, continuing=CONTINUES in trial.user_attrs)
@@ -143,7 +144,9 @@ class TrialRunner:
                 self._end(trial, folder, {**record, "state": "pruned", "runs": runs, "why": why})
                 raise optuna.TrialPruned()
             values.append(summary["eval"][self.metric])
+            losses.append(summary["eval"]["loss"])
         value = statistics.fmean(values)
+        trial.set_user_attr(EVAL_LOSS, statistics.fmean(losses))
         self._end(trial, folder, {**record, "state": "complete", "value": value, "values": values, "runs": runs,
                                   "seconds": round(time.perf_counter() - start, 1)})
         return value

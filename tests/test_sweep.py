@@ -91,6 +91,58 @@ def test_space_kinds_follow_the_schema_and_values_read_back():
     assert dict(parse_override(o) for o in overrides(values)) == values
 
 
+# --- the best trial ----------------------------------------------------------------------------------------------
+
+
+def test_of_trials_with_the_best_value_the_lowest_validation_loss_wins_and_the_report_says_why(tmp_path):
+    import optuna
+
+    from finetune.search_space import parse_space
+    from finetune.study import EVAL_LOSS, FOLDER, SAME_AS
+    from finetune.sweep_report import Header, best_trial, tied_for_best, write_reports
+
+    study = optuna.create_study(direction="maximize")
+    lr = optuna.distributions.FloatDistribution(1e-5, 1e-3, log=True)
+
+    def add(value, loss, rate, **attrs):
+        study.add_trial(optuna.trial.create_trial(
+            value=value, params={"optim.learning_rate": rate}, distributions={"optim.learning_rate": lr},
+            user_attrs={FOLDER: f"trial-{len(study.trials):04d}", **({EVAL_LOSS: loss} if loss is not None else {}),
+                        **attrs}))
+
+    add(0.95, 0.40, 1e-5)
+    add(0.98, 0.31, 2e-5)   # the first of the best value
+    add(0.90, 0.05, 3e-5)   # the lowest loss, not of the best value
+    add(0.98, 0.22, 4e-5)   # the best value's lowest loss
+    add(0.98, 0.22, 4e-5, **{SAME_AS: 3})  # the same values drawn again: trial 3's result
+    add(0.98, 0.27, 5e-5)
+    assert [t.number for t in tied_for_best(study, True)] == [1, 3, 4, 5]
+    assert best_trial(study, True).number == 3
+    assert best_trial(study, False).number == 2  # lower is better: one trial has the lowest value
+    header = Header(command="finetune sweep", metric="f1", greater_is_better=True,
+                    space=parse_space({"optim.learning_rate": {"low": 1e-5, "high": 1e-3, "log": True}}, "s.yaml"),
+                    trials=6, sampler="tpe", pruner="none", storage="sqlite:///study.db")
+    write_reports(tmp_path, header, study, None, [])
+    report = (tmp_path / "sweep.md").read_text()
+    # trial 4 took trial 3's result: not another trial tied with it
+    assert ("Best: trial 3 (trial-0003), f1 0.9800: `optim.learning_rate=4e-05`. Tied on f1 with trials 1 and 5: "
+            "of them, its saved model has the lowest validation loss (0.2200).") in report
+    assert "# The best trial of the sweep in" in (tmp_path / "best.yaml").read_text().splitlines()[0]
+    assert "trial 3, value 0.9800" in (tmp_path / "best.yaml").read_text().splitlines()[0]
+    # the table's first row is the best: of equal values, the lower loss first
+    table = [line for line in report.splitlines() if line.startswith("| ") and line[2].isdigit()]
+    assert [int(line.split("|")[1]) for line in table] == [3, 4, 5, 1, 0, 2]
+    # a study from before the losses were kept: the first drawn of the equals, and said so
+    old = optuna.create_study(direction="maximize")
+    for rate in (1e-5, 2e-5):
+        old.add_trial(optuna.trial.create_trial(value=0.9, params={"optim.learning_rate": rate},
+                                                distributions={"optim.learning_rate": lr},
+                                                user_attrs={FOLDER: f"trial-{len(old.trials):04d}"}))
+    assert best_trial(old, True).number == 0
+    write_reports(tmp_path, header, old, None, [])
+    assert "Tied on f1 with trial 1: the first drawn of them." in (tmp_path / "sweep.md").read_text()
+
+
 # --- a 4-trial sweep and what it writes -------------------------------------------------------------------------
 
 
@@ -116,12 +168,13 @@ def test_four_trials_write_every_file(four_trials, capsys):
         metrics = json.loads((run / "metrics.json").read_text())
         assert row["state"] == "complete"
         assert float(row["value"]) == pytest.approx(metrics["eval"]["accuracy"], abs=1e-12)
+        assert float(row["eval_loss"]) == pytest.approx(metrics["eval"]["loss"], abs=1e-12)
         assert int(row["updates"]) == metrics["train"]["updates"]
         saved = yaml.safe_load((run / "config.yaml").read_text())
         assert saved["optim"]["learning_rate"] == pytest.approx(float(row["optim.learning_rate"]))
         assert saved["training"]["effective_batch_size"] == int(row["training.effective_batch_size"])
         assert json.loads((run / "trial.json").read_text())["state"] == "complete"
-    best = max(rows, key=lambda r: float(r["value"]))
+    best = max(rows, key=lambda r: (float(r["value"]), -float(r["eval_loss"])))  # of equals, the lowest loss
     from finetune.config import load_config
 
     cfg = load_config(out / "best.yaml")
