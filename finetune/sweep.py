@@ -292,6 +292,10 @@ def run_sweep(sweep: Sweep) -> dict[str, Any]:
     with StopSignals() as signals:  # a signal outside a trial's training ends the sweep between trials
         run_phases(sweep, runner, signals, storage, studies, identity, greater, repeats)
     report()
+    winner = best_trial(search, greater) if search is not None else None
+    if winner is not None:
+        logger.info("best: trial %d, %s %.4f: %s", winner.number, metric, winner.value,
+                    " ".join(overrides(winner.params)))
     values = repeat_results(studies["repeats"], repeats)
     results = {"search": search is not None, **({repeats.name: values} if repeats else {})}
     if values:

@@ -11,6 +11,7 @@ import csv
 import json
 import logging
 import os
+import re
 import shutil
 import signal
 import statistics
@@ -735,6 +736,12 @@ def test_two_workers_share_one_sqlite_study(tmp_path):
         assert steps == list(range(1, len(steps) + 1))  # one run in each folder, not two
     per_worker = [sum("search trial" in line for line in log.splitlines()) for log in logs]
     assert sum(per_worker) == 6 and min(per_worker) >= 1, per_worker
+    # each worker ends by naming the study's best trial, the same one
+    from finetune.sweep_report import best_trial
+
+    winner = best_trial(study, greater_is_better=True)
+    for log in logs:
+        assert re.search(rf"best: trial {winner.number}, accuracy {winner.value:.4f}: optim.learning_rate=", log), log
 
 
 def postgres_binaries() -> str | None:
