@@ -133,7 +133,12 @@ def best_trial(study, greater_is_better: bool):
     (an accuracy over a few hundred texts takes few values), the one whose saved model has the lowest validation
     loss, then the first drawn."""
     tied = tied_for_best(study, greater_is_better)
-    return min(tied, key=lambda t: (t.user_attrs.get(EVAL_LOSS, math.inf), t.number)) if tied else None
+    return min(tied, key=lambda t: (known_or_inf(t.user_attrs.get(EVAL_LOSS)), t.number)) if tied else None
+
+
+def known_or_inf(loss: Optional[float]) -> float:
+    """A loss to rank by, where a trial without one (a study from before they were kept) comes last."""
+    return math.inf if loss is None else loss
 
 
 def tied_for_best(study, greater_is_better: bool) -> list:
@@ -250,7 +255,7 @@ def sweep_markdown(root: Path, header: Header, rows: list[dict[str, Any]], best:
         lines += ["| trial | state | " + " | ".join(f"`{k}`" for k in keys) + f" | {header.metric} | updates | s |",
                   "| ---: | --- | " + " | ".join("---:" for _ in keys) + " | ---: | ---: | ---: |"]
         ordered = sorted(rows, key=lambda r: (r["value"] is None, -(r["value"] or 0) if header.greater_is_better
-                                              else (r["value"] or 0), r["eval_loss"] or math.inf))
+                                              else (r["value"] or 0), known_or_inf(r["eval_loss"])))
         for r in ordered:
             value = "" if r["value"] is None else f"{r['value']:.4f}"
             lines.append(f"| {r['trial']} | {r['state']} | " + " | ".join(short(r.get(k)) for k in keys)

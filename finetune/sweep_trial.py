@@ -102,7 +102,8 @@ class TrialRunner:
             if same is not None:
                 # runs are exact and seeded: the same values give the same result, so it is not trained twice
                 trial.set_user_attr(SAME_AS, same.number)
-                trial.set_user_attr(EVAL_LOSS, same.user_attrs.get(EVAL_LOSS))
+                if EVAL_LOSS in same.user_attrs:
+                    trial.set_user_attr(EVAL_LOSS, same.user_attrs[EVAL_LOSS])
                 self._end(trial, folder, {**record, "state": "same", "same_as": same.number, "value": same.value})
                 return same.value
         return self._run(trial, params, folder, record)

@@ -117,22 +117,23 @@ def test_of_trials_with_the_best_value_the_lowest_validation_loss_wins_and_the_r
     add(0.98, 0.22, 4e-5)   # the best value's lowest loss
     add(0.98, 0.22, 4e-5, **{SAME_AS: 3})  # the same values drawn again: trial 3's result
     add(0.98, 0.27, 5e-5)
-    assert [t.number for t in tied_for_best(study, True)] == [1, 3, 4, 5]
+    add(0.98, None, 6e-5, **{EVAL_LOSS: None})  # a loss not known: ranked after the known ones
+    assert [t.number for t in tied_for_best(study, True)] == [1, 3, 4, 5, 6]
     assert best_trial(study, True).number == 3
     assert best_trial(study, False).number == 2  # lower is better: one trial has the lowest value
     header = Header(command="finetune sweep", metric="f1", greater_is_better=True,
                     space=parse_space({"optim.learning_rate": {"low": 1e-5, "high": 1e-3, "log": True}}, "s.yaml"),
-                    trials=6, sampler="tpe", pruner="none", storage="sqlite:///study.db")
+                    trials=7, sampler="tpe", pruner="none", storage="sqlite:///study.db")
     write_reports(tmp_path, header, study, None, [])
     report = (tmp_path / "sweep.md").read_text()
     # trial 4 took trial 3's result: not another trial tied with it
-    assert ("Best: trial 3 (trial-0003), f1 0.9800: `optim.learning_rate=4e-05`. Tied on f1 with trials 1 and 5: "
-            "of them, its saved model has the lowest validation loss (0.2200).") in report
+    assert ("Best: trial 3 (trial-0003), f1 0.9800: `optim.learning_rate=4e-05`. Tied on f1 with trials 1, 5 and "
+            "6: of them, its saved model has the lowest validation loss (0.2200).") in report
     assert "# The best trial of the sweep in" in (tmp_path / "best.yaml").read_text().splitlines()[0]
     assert "trial 3, value 0.9800" in (tmp_path / "best.yaml").read_text().splitlines()[0]
     # the table's first row is the best: of equal values, the lower loss first
     table = [line for line in report.splitlines() if line.startswith("| ") and line[2].isdigit()]
-    assert [int(line.split("|")[1]) for line in table] == [3, 4, 5, 1, 0, 2]
+    assert [int(line.split("|")[1]) for line in table] == [3, 4, 5, 1, 6, 0, 2]
     # a study from before the losses were kept: the first drawn of the equals, and said so
     old = optuna.create_study(direction="maximize")
     for rate in (1e-5, 2e-5):
