@@ -225,6 +225,28 @@ def train_on_every_row(root: Path, header: Header, best: Optional[dict[str, Any]
                        f"output.output_dir={root / 'all-rows'}"])
 
 
+def trials_table(header: Header, rows: list[dict[str, Any]]) -> list[str]:
+    """The trials best first, as a Markdown table: their values, the objective, the saved model's validation loss
+    (which decides between equal objectives; not repeated where the objective is the loss), updates, seconds."""
+    keys = header.space.keys()
+    loss = header.metric != "loss"
+    heads = ["trial", "state", *(f"`{k}`" for k in keys), header.metric, *(["validation loss"] if loss else []),
+             "updates", "s"]
+    lines = ["| " + " | ".join(heads) + " |", "| ---: | --- | " + " | ".join("---:" for _ in heads[2:]) + " |"]
+    ordered = sorted(rows, key=lambda r: (r["value"] is None, -(r["value"] or 0) if header.greater_is_better
+                                          else (r["value"] or 0), known_or_inf(r["eval_loss"])))
+    for r in ordered:
+        cells = [r["trial"], r["state"], *(short(r.get(k)) for k in keys), _four_places(r["value"]),
+                 *([_four_places(r["eval_loss"])] if loss else []), "" if r["updates"] is None else r["updates"],
+                 f"{r['seconds']:.0f}"]
+        lines.append("| " + " | ".join(map(str, cells)) + " |")
+    return lines
+
+
+def _four_places(value: Optional[float]) -> str:
+    return "" if value is None else f"{value:.4f}"
+
+
 def tie_broken(metric: str, best: dict[str, Any]) -> str:
     """How the best trial was chosen among trials of the same value, as a sentence after the best one's; ``""``
     where it had none."""
@@ -250,17 +272,7 @@ def sweep_markdown(root: Path, header: Header, rows: list[dict[str, Any]], best:
     if rows:
         counts = {state: sum(r["state"] == state for r in rows) for state in dict.fromkeys(r["state"] for r in rows)}
         done = ", ".join(f"{n} {state}" for state, n in counts.items())
-        lines += [f"{len(rows)} of {header.trials} trials: {done}.", ""]
-        keys = header.space.keys()
-        lines += ["| trial | state | " + " | ".join(f"`{k}`" for k in keys) + f" | {header.metric} | updates | s |",
-                  "| ---: | --- | " + " | ".join("---:" for _ in keys) + " | ---: | ---: | ---: |"]
-        ordered = sorted(rows, key=lambda r: (r["value"] is None, -(r["value"] or 0) if header.greater_is_better
-                                              else (r["value"] or 0), known_or_inf(r["eval_loss"])))
-        for r in ordered:
-            value = "" if r["value"] is None else f"{r['value']:.4f}"
-            lines.append(f"| {r['trial']} | {r['state']} | " + " | ".join(short(r.get(k)) for k in keys)
-                         + f" | {value} | {r['updates'] if r['updates'] is not None else ''} | {r['seconds']:.0f} |")
-        lines.append("")
+        lines += [f"{len(rows)} of {header.trials} trials: {done}.", "", *trials_table(header, rows), ""]
     if best is not None:
         values = ", ".join(f"`{k}={short(best.get(k))}`" for k in header.space.keys())
         lines += [f"Best: trial {best['trial']} ({best['folder']}), {header.metric} {best['value']:.4f}: {values}."

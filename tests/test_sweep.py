@@ -96,6 +96,8 @@ def test_space_kinds_follow_the_schema_and_values_read_back():
 
 
 def test_of_trials_with_the_best_value_the_lowest_validation_loss_wins_and_the_report_says_why(tmp_path):
+    import dataclasses
+
     import optuna
 
     from finetune.search_space import parse_space
@@ -131,9 +133,12 @@ def test_of_trials_with_the_best_value_the_lowest_validation_loss_wins_and_the_r
             "6: of them, its saved model has the lowest validation loss (0.2200).") in report
     assert "# The best trial of the sweep in" in (tmp_path / "best.yaml").read_text().splitlines()[0]
     assert "trial 3, value 0.9800" in (tmp_path / "best.yaml").read_text().splitlines()[0]
-    # the table's first row is the best: of equal values, the lower loss first
+    # the table's first row is the best: of equal values, the lower loss first, which it shows
+    assert "| trial | state | `optim.learning_rate` | f1 | validation loss | updates | s |" in report
     table = [line for line in report.splitlines() if line.startswith("| ") and line[2].isdigit()]
     assert [int(line.split("|")[1]) for line in table] == [3, 4, 5, 1, 6, 0, 2]
+    assert table[0].startswith("| 3 | complete | 4e-05 | 0.9800 | 0.2200 |")
+    assert table[4].startswith("| 6 | complete | 6e-05 | 0.9800 |  |")  # no loss known
     # a study from before the losses were kept: the first drawn of the equals, and said so
     old = optuna.create_study(direction="maximize")
     for rate in (1e-5, 2e-5):
@@ -143,6 +148,9 @@ def test_of_trials_with_the_best_value_the_lowest_validation_loss_wins_and_the_r
     assert best_trial(old, True).number == 0
     write_reports(tmp_path, header, old, None, [])
     assert "Tied on f1 with trial 1: the first drawn of them." in (tmp_path / "sweep.md").read_text()
+    # where the objective is the loss, the table does not show it twice
+    write_reports(tmp_path, dataclasses.replace(header, metric="loss", greater_is_better=False), old, None, [])
+    assert "| trial | state | `optim.learning_rate` | loss | updates | s |" in (tmp_path / "sweep.md").read_text()
 
 
 # --- a 4-trial sweep and what it writes -------------------------------------------------------------------------
