@@ -20,7 +20,6 @@ import enum
 import logging
 import signal
 import statistics
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,34 +38,9 @@ from finetune.output_dir import output_lock, start_outputs
 from finetune.results import one_answer_for_every_text, summarize, validation_targets, write_outputs
 from finetune.selection import EvalHistory
 from finetune.signals import StopSignals, interruption
-from finetune.tracking import RunLogger, flat_hparams
+from finetune.tracking import RunLogger, flat_hparams, log_lines_above, progress_bar
 
 logger = logging.getLogger("finetune")
-
-# seconds between redraws of the progress bar where stderr is a file (a batch job's log), not a terminal: each
-# redraw appends a bar's worth of text there, one per update otherwise
-PROGRESS_SECONDS_IN_A_FILE = 30.0
-
-
-def progress_bar(total: int, done: int, enabled: bool, file=None):
-    """The run's bar, counting updates: redrawn as tqdm does in a terminal or a notebook, every
-    :data:`PROGRESS_SECONDS_IN_A_FILE` seconds into a file or a pipe."""
-    from tqdm.auto import tqdm
-
-    stream = file if file is not None else sys.stderr
-    # a notebook's output redraws in place, though its stream is no terminal
-    in_place = (hasattr(stream, "isatty") and stream.isatty()) or "ipykernel" in sys.modules
-    return tqdm(total=total, initial=done, desc="train", unit="update", disable=not enabled, file=stream,
-                dynamic_ncols=True, mininterval=0.1 if in_place else PROGRESS_SECONDS_IN_A_FILE)
-
-
-def log_lines_above(bar):
-    """Log lines written while the bar is shown go above it, each on a line of its own, instead of being appended
-    to the bar's text (tqdm's redirection of the console's logging handlers)."""
-    from tqdm.contrib.logging import logging_redirect_tqdm
-
-    return logging_redirect_tqdm(tqdm_class=type(bar)) if not bar.disable else contextlib.nullcontext()
-
 
 def fit(
     run: Run,

@@ -1,4 +1,4 @@
-"""Where records go: ``train_log.jsonl`` and Accelerate's trackers.
+"""Where records go: ``train_log.jsonl`` and Accelerate's trackers; and the progress bar beside them.
 
 One flat record per update (or per ``log_every`` updates) and one per
 evaluation. The main process writes them; the same dicts go to the trackers
@@ -7,13 +7,14 @@ named in ``logging.report_to`` through ``accelerator.log``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Any, Optional
 
 from finetune.errors import ConfigError
-
 from finetune.outputs import LOG_FILE, json_ready
 
 
@@ -129,3 +130,28 @@ def flat_hparams(config: dict[str, Any]) -> dict[str, Any]:
             else:
                 out[f"{section}.{key}"] = json.dumps(value)
     return out
+
+
+# seconds between redraws of the progress bar where stderr is a file (a batch job's log), not a terminal: each
+# redraw appends a bar's worth of text there, one per update otherwise
+PROGRESS_SECONDS_IN_A_FILE = 30.0
+
+
+def progress_bar(total: int, done: int, enabled: bool, file=None):
+    """The run's bar, counting updates: redrawn as tqdm does in a terminal or a notebook, every
+    :data:`PROGRESS_SECONDS_IN_A_FILE` seconds into a file or a pipe."""
+    from tqdm.auto import tqdm
+
+    stream = file if file is not None else sys.stderr
+    # a notebook's output redraws in place, though its stream is no terminal
+    in_place = (hasattr(stream, "isatty") and stream.isatty()) or "ipykernel" in sys.modules
+    return tqdm(total=total, initial=done, desc="train", unit="update", disable=not enabled, file=stream,
+                dynamic_ncols=True, mininterval=0.1 if in_place else PROGRESS_SECONDS_IN_A_FILE)
+
+
+def log_lines_above(bar):
+    """Log lines written while the bar is shown go above it, each on a line of its own, instead of being appended
+    to the bar's text (tqdm's redirection of the console's logging handlers)."""
+    from tqdm.contrib.logging import logging_redirect_tqdm
+
+    return logging_redirect_tqdm(tqdm_class=type(bar)) if not bar.disable else contextlib.nullcontext()

@@ -220,7 +220,7 @@ def test_the_progress_bar_redraws_in_a_terminal_and_seldom_into_a_log_file(monke
     a terminal and a notebook see each update."""
     import time
 
-    from finetune.fitting import progress_bar
+    from finetune.tracking import progress_bar
     from finetune.loop import EpochResult, report
 
     def redraws(stream) -> int:
@@ -242,7 +242,7 @@ def test_the_progress_bar_redraws_in_a_terminal_and_seldom_into_a_log_file(monke
 
 def test_a_log_line_written_while_the_bar_is_shown_starts_a_line_of_its_own(monkeypatch):
     """An evaluation's line in a terminal goes above the bar, not after the bar's text on the bar's line."""
-    from finetune.fitting import log_lines_above, progress_bar
+    from finetune.tracking import log_lines_above, progress_bar
 
     stream = Terminal()
     monkeypatch.setattr(sys, "stderr", stream)
