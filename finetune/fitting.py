@@ -8,9 +8,10 @@ an evaluation is due and what it means for the best model and early stopping.
 
 :func:`rehearse` is ``finetune train --dry-run``'s: the built run trained for a few
 updates as :func:`fit` trains them, from the first update whatever the folder
-holds, with nothing written, to say that it starts and fits and how long the
-run would take on this machine, from the checkpoint a start would resume
-from where the folder holds one (docs/configuration.md#a-dry-run).
+holds, and evaluated once, with nothing written, to say that it starts and
+fits and how long the run would take on this machine, from the checkpoint a
+start would resume from where the folder holds one
+(docs/configuration.md#a-dry-run).
 """
 
 from __future__ import annotations
@@ -373,16 +374,20 @@ class Rehearsal:
     total_updates: int
     pace: float
     estimate: float
-    # on a CUDA GPU: the peak of allocated memory over the updates, bytes (None elsewhere)
+    # on a CUDA GPU: the peak of allocated memory over the updates and the evaluation, bytes (None elsewhere)
     gpu_peak: Optional[int]
     # the checkpoint a start would resume from, and the updates it has trained, which the estimate leaves out
     resumes_from: Optional[Path] = None
     done_updates: int = 0
+    # the seconds of one evaluation of the validation data, made after the updates as the run makes it (None
+    # without validation data)
+    evaluation_seconds: Optional[float] = None
 
 
 def rehearse(run: Run, updates: int = REHEARSED_UPDATES) -> Rehearsal:
     """Train ``run`` (from :func:`~finetune.assembly.setup_run`) for ``updates`` updates of its first epoch, as
-    :func:`fit` would train them, and measure them. The weights and the run's state move: the run is spent.
+    :func:`fit` would train them, then evaluate it once, and measure both. The weights and the run's state move:
+    the run is spent.
 
     Raises:
         NonFiniteLossError: on a non-finite loss under ``training.on_nonfinite: stop``, as the run would.
@@ -406,12 +411,17 @@ def rehearse(run: Run, updates: int = REHEARSED_UPDATES) -> Rehearsal:
                         log_every=1, on_log=records.append, on_update=after_update, **loop_settings(run))
     seconds = [end - start for start, end in zip([began] + ends, ends)]
     losses = [record["train/loss"] for record in records if "train/loss" in record]
+    evaluation = None
+    if run.eval_dataloader is not None:  # that it runs and fits at its own batch size, and how long it takes
+        began = time.perf_counter()
+        evaluation_of(run.model, run.eval_dataloader, acc, run.metrics, run.task, labels=run.labels.names)
+        evaluation = time.perf_counter() - began
     done = checkpoints.resume_meta["state"]["step"] if checkpoints.resume_meta is not None else 0
     pace, estimate = pace_and_estimate(seconds, run.plan.total_updates - done)
     peak = torch.cuda.max_memory_allocated(acc.device) if acc.device.type == "cuda" else None
     return Rehearsal(losses=losses, seconds=seconds, total_updates=run.plan.total_updates, pace=pace,
                      estimate=estimate, gpu_peak=peak, resumes_from=checkpoints.resume_path,
-                     done_updates=done)
+                     done_updates=done, evaluation_seconds=evaluation)
 
 
 def pace_and_estimate(seconds: list[float], updates: int) -> tuple[float, float]:

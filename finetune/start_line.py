@@ -159,8 +159,10 @@ def dry_run_line(run: Run, rehearsal: Rehearsal) -> str:
     tried = len(rehearsal.seconds)
     losses = (f"loss {rehearsal.losses[0]:.4f} to {rehearsal.losses[-1]:.4f}" if rehearsal.losses
               else "no finite loss")
-    evaluation = (f", and its evaluations of {len(run.eval_dataloader.dataset)} texts more"
-                  if run.eval_dataloader is not None and rehearsal.done_updates < rehearsal.total_updates else "")
+    evaluation = (f", and each evaluation of its {len(run.eval_dataloader.dataset)} texts about "
+                  f"{_duration(rehearsal.evaluation_seconds)} more"
+                  if rehearsal.evaluation_seconds is not None and rehearsal.done_updates < rehearsal.total_updates
+                  else "")
     memory = ""
     if rehearsal.gpu_peak is not None:
         plan = f" (the plan: {run.memory.total / 1024**3:.2f}GB)" if run.memory is not None else ""

@@ -16,22 +16,29 @@ def _dry_run_line(caplog) -> str:
     return next(r.getMessage() for r in caplog.records if r.getMessage().startswith("dry run: "))
 
 
-def test_a_dry_run_trains_the_runs_first_updates_estimates_its_length_and_writes_nothing(tmp_path, caplog,
+def test_a_dry_run_trains_the_runs_first_updates_estimates_its_length_and_writes_nothing(tmp_path, caplog, monkeypatch,
                                                                                         fresh_accelerate_state):
+    import finetune.fitting
     from finetune.train import main
 
     job = write_sms_job(tmp_path, training={"num_train_epochs": 2, "per_device_train_batch_size": 4,
                                             "gradient_accumulation_steps": 2})
     out = tmp_path / "out"
+    evaluated = []  # the validation data each evaluation went through
+    real = finetune.fitting.evaluation_of
+    monkeypatch.setattr(finetune.fitting, "evaluation_of",
+                        lambda model, loader, *args, **kwargs: evaluated.append(len(loader.dataset))
+                        or real(model, loader, *args, **kwargs))
     with caplog.at_level(logging.INFO, logger="finetune"):
         assert main(["--config", str(job), f"output.output_dir={out}", "--dry-run"]) == 0
     assert not out.exists()  # no folder, lock, log or checkpoint
+    assert evaluated == [12]  # one evaluation, of the run's 12 validation rows
     line = _dry_run_line(caplog)
     assert any(r.getMessage().startswith("start: ") for r in caplog.records)  # the start line comes first
     # 48 training rows in windows of 8: 6 updates an epoch, 12 in all; the first epoch's 6 are tried
     match = re.fullmatch(r"dry run: 6 updates trained in [\d.]+ s \(loss ([\d.]+) to ([\d.]+)\), [\d.]+ s each at "
-                         r"the end: the run's 12 updates would take about [\d.]+ s, and its evaluations of 12 texts more; "
-                         rf"nothing was written to {re.escape(str(out))}", line)
+                         r"the end: the run's 12 updates would take about [\d.]+ s, and each evaluation of its 12 "
+                         rf"texts about [\d.]+ s more; nothing was written to {re.escape(str(out))}", line)
     assert match, line
     # the same updates as the run itself trains first: the losses its log records
     caplog.clear()
@@ -86,8 +93,8 @@ def test_a_dry_run_where_a_start_would_resume_estimates_the_updates_left(tmp_pat
     line = _dry_run_line(caplog)
     match = re.fullmatch(rf"dry run: 6 updates trained in [\d.]+ s \(loss [\d.]+ to [\d.]+\), [\d.]+ s each at "
                          rf"the end: a start resumes from {re.escape(str(out / 'checkpoints' / 'checkpoint-2'))} "
-                         rf"\(update 2 of 6\): its 4 updates left would take about 2.0 s, and its evaluations of "
-                         rf"12 texts more; nothing was written to {re.escape(str(out))}", line)
+                         rf"\(update 2 of 6\): its 4 updates left would take about 2.0 s, and each evaluation of "
+                         rf"its 12 texts about [\d.]+ s more; nothing was written to {re.escape(str(out))}", line)
     assert match, line
 
 
@@ -103,6 +110,7 @@ def test_the_estimate_takes_the_later_updates_pace_for_all_but_the_first(tmp_pat
     assert len(rehearsal.seconds) == len(rehearsal.losses) == 2 and rehearsal.total_updates == 2
     assert rehearsal.estimate == pytest.approx(sum(rehearsal.seconds))  # every update tried: their own seconds
     assert rehearsal.gpu_peak is None  # measured on a CUDA GPU only
+    assert rehearsal.evaluation_seconds > 0  # the run has validation data: one evaluation was made and timed
     # a longer run: the tried updates as they took, the rest at the later half's median
     assert pace_and_estimate([0.9, 0.3, 0.2, 0.25, 0.21, 0.22], 100) == pytest.approx((0.22, 2.08 + 0.22 * 94))
     assert pace_and_estimate([0.9], 10) == pytest.approx((0.9, 9.0))
