@@ -395,7 +395,7 @@ def rehearse(run: Run, updates: int = REHEARSED_UPDATES) -> Rehearsal:
     acc = run.accelerator
     checkpoints = Checkpointer(run, EvalHistory.from_config(run.cfg.evaluation))  # the one fit would resume
     wanted = min(updates, run.plan.total_updates)  # fewer where the first epoch ends before: the loop stops there
-    state, ends = TrainState(), []
+    ends = []
 
     def after_update(state: TrainState) -> bool:
         ends.append(time.perf_counter())  # the loop has read the update's loss: the device is done with it
@@ -407,7 +407,8 @@ def rehearse(run: Run, updates: int = REHEARSED_UPDATES) -> Rehearsal:
     with training_speedups(run):
         accumulate_as(acc, run.batching, 0)
         began = time.perf_counter()
-        train_one_epoch(run.model, run.optimizer, run.scheduler, run.train_dataloader, acc, 0, state=state,
+        # the run's own counters, fresh from setup_run: an error names the update it came in
+        train_one_epoch(run.model, run.optimizer, run.scheduler, run.train_dataloader, acc, 0, state=run.state,
                         log_every=1, on_log=records.append, on_update=after_update, **loop_settings(run))
     seconds = [end - start for start, end in zip([began] + ends, ends)]
     losses = [record["train/loss"] for record in records if "train/loss" in record]

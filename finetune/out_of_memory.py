@@ -19,26 +19,26 @@ from finetune.evaluation import evaluation_of
 from finetune.resplit import sharded_state
 
 
-def out_of_memory_error(run, exc: BaseException) -> OutOfMemory:
-    """The one-line error for ``exc`` (an out-of-memory error raised while ``run`` trained or evaluated), for
-    :func:`finetune.errors.out_of_memory_told_as`."""
+def out_of_memory_error(run, exc: BaseException, dry_run: bool = False) -> OutOfMemory:
+    """The one-line error for ``exc`` (an out-of-memory error raised while ``run`` trained or evaluated, or was
+    tried in a dry run), for :func:`finetune.errors.out_of_memory_told_as`."""
     acc, state = run.accelerator, run.state
     device = f"{acc.device}" + (f" (process {acc.process_index})" if acc.num_processes > 1 else "")
     newest = list_checkpoints(run.cfg.output.output_dir)
+    saved = "in a dry run" if dry_run else checkpoint_said(newest)
     if raised_in(exc, evaluation_of):
         eval_b = run.cfg.training.per_device_eval_batch_size
         message = f"out of memory on {device} evaluating after update {state.step}, at " \
-                  f"training.per_device_eval_batch_size={eval_b}; {checkpoint_said(newest)}"
+                  f"training.per_device_eval_batch_size={eval_b}; {saved}"
         # half the batches it ran: a validation set smaller than the batch size ran as one batch of all of it
         rows = min(eval_b, -(-len(run.eval_dataloader.dataset) // acc.num_processes))
         settings = f"training.per_device_eval_batch_size={rows // 2}" if rows > 1 else None
         what = "the evaluation batch does not change the training"
     else:
         b, k = run.batching.per_device_batch_size, run.plan.k_at(state.epoch)
-        message = f"out of memory on {device} in update {state.step + 1} (epoch {state.epoch}), at b={b}; " \
-                  f"{checkpoint_said(newest)}"
+        message = f"out of memory on {device} in update {state.step + 1} (epoch {state.epoch}), at b={b}; {saved}"
         settings, what = memory_saving_settings(run, b, k)
-    return OutOfMemory(message, hint=hint_line(settings, what, newest), settings=settings)
+    return OutOfMemory(message, hint=hint_line(settings, what, newest, dry_run), settings=settings)
 
 
 def raised_in(exc: BaseException, function) -> bool:
@@ -50,17 +50,20 @@ def checkpoint_said(newest: list) -> str:
     return f"the newest checkpoint is {newest[-1]}" if newest else "no checkpoint was saved yet"
 
 
-def same_command_with(settings: str, newest: list) -> str:
-    """How the run goes on with ``settings``: from its newest checkpoint, or, with none, afresh in its folder."""
+def same_command_with(settings: str, newest: list, dry_run: bool = False) -> str:
+    """How the run goes on with ``settings``: from its newest checkpoint, or, with none, afresh in its folder;
+    a dry run, which wrote nothing, is tried again."""
+    if dry_run:
+        return f"the same command with {settings} tries it again"
     if newest:
         return f"the same command with {settings} resumes it from {newest[-1].name}"
     return f"the same command with {settings} output.overwrite=true starts it again (it saved no checkpoint)"
 
 
-def hint_line(settings: Optional[str], what: str, newest: list) -> str:
+def hint_line(settings: Optional[str], what: str, newest: list, dry_run: bool = False) -> str:
     """The ``hint:`` line: how the same command goes on with ``settings``, and what they do (or, with none, what
     is left)."""
-    return f"{same_command_with(settings, newest)}: {what}" if settings else what
+    return f"{same_command_with(settings, newest, dry_run)}: {what}" if settings else what
 
 
 def memory_saving_settings(run, b: int, k: int) -> tuple[Optional[str], str]:

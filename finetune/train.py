@@ -196,7 +196,7 @@ def build_and_fit(cfg, batching, on_evaluation=None, dry_run: bool = False) -> t
     accelerator = build_accelerator(cfg)  # refuses a launch whose processes did not all join
     run = setup_run(cfg, accelerator, batching)
     say(run)
-    with out_of_memory_told_as(lambda exc: out_of_memory_error(run, exc)):
+    with out_of_memory_told_as(lambda exc: out_of_memory_error(run, exc, dry_run)):
         if dry_run:
             rehearsal = rehearse(run)
             if accelerator.is_main_process:

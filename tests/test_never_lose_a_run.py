@@ -373,6 +373,31 @@ def test_out_of_memory_in_an_evaluation_before_any_checkpoint_says_how_to_start_
     assert json.loads((out / "metrics.json").read_text())["train"]["updates"] == 12
 
 
+@pytest.mark.slow
+def test_out_of_memory_in_a_dry_run_names_its_update_and_how_to_try_again(job):
+    """A dry run that runs out of memory, training or in its evaluation, says where as a run would, and that
+    the same command tries it again with the hint's setting: a dry run wrote nothing to start again over."""
+    root, cfg, _ = job
+    out = root / "out-of-memory-dry-run"
+    # the first epoch's 3 updates train, then its evaluation (the 12 validation rows in one batch) fails
+    proc = _train(cfg, out, "--dry-run", FINETUNE_TEST_OOM_EVAL="8")
+    assert proc.returncode == 5, proc.stderr[-3000:]
+    assert _errors(proc) == ["error: out of memory on cpu evaluating after update 3, at "
+                             "training.per_device_eval_batch_size=64; in a dry run"]
+    assert _hints(proc) == ["hint: the same command with training.per_device_eval_batch_size=6 tries it again: the "
+                            "evaluation batch does not change the training"]
+    setting = _hints(proc)[0].split("the same command with ")[1].split(" tries")[0]
+    proc = _train(cfg, out, "--dry-run", setting, FINETUNE_TEST_OOM_EVAL="8")
+    assert proc.returncode == 0 and "dry run: 3 updates trained" in proc.stderr, proc.stderr[-3000:]
+    # a training micro-batch that does not fit, from the second update's on
+    proc = _train(cfg, out, "--dry-run", EQUAL_CUTS, FINETUNE_TEST_OOM="2:4")
+    assert proc.returncode == 5, proc.stderr[-3000:]
+    assert _errors(proc) == ["error: out of memory on cpu in update 2 (epoch 0), at b=8; in a dry run"]
+    assert _hints(proc) == ["hint: the same command with training.per_device_train_batch_size=4 tries it again: k=4, "
+                            "the same updates (effective batch 16) on about half the activation memory"]
+    assert not out.exists()
+
+
 # --------------------------------------------------------------------------- a full disk
 
 @pytest.mark.slow
