@@ -237,7 +237,7 @@ def confusion_matrix(references, predictions, num_labels: int):
 
 def score_file(output_dir: str | os.PathLike, file: str | os.PathLike, overrides: Sequence[str] = (),
                batch_size: int = DEFAULT_BATCH_SIZE, predictor: Optional[Predictor] = None,
-               precision: str = "no") -> Score:
+               precision: str = "no", count_seen: bool = True) -> Score:
     """The configured metrics, the loss and the confusion matrix of a run's model on a labelled file.
 
     Args:
@@ -249,6 +249,8 @@ def score_file(output_dir: str | os.PathLike, file: str | os.PathLike, overrides
         precision: The forward passes' arithmetic when loading: ``no`` (float32), ``bf16`` or ``fp16``. A
             bf16 run evaluated under bf16 autocast: scored in bf16 in the evaluation's batches, its loss in
             ``metrics.json`` comes back to the last digit.
+        count_seen: Count the file's texts that the run trained on (:func:`texts_seen_in_training`, which reads
+            the run's training rows again); ``False`` leaves ``Score.seen_in_training`` ``None``.
 
     Raises:
         FinetuneError: one line naming the file, row or key for bad input.
@@ -285,7 +287,7 @@ def score_file(output_dir: str | os.PathLike, file: str | os.PathLike, overrides
     confusion = confusion_matrix(refs.numpy(), predictions, len(names)) if problem_type == "single_label" else None
     by_label = scores_by_label(predictions, refs.numpy(), names) if problem_type != "regression" else None
     return Score(str(file), metrics, list(names), confusion, predictions, refs.numpy(), predictor.precision,
-                 by_label, texts_seen_in_training(output_dir, texts, pairs))
+                 by_label, texts_seen_in_training(output_dir, texts, pairs) if count_seen else None)
 
 
 def format_confusion(matrix, names: Sequence[str]) -> str:
@@ -339,6 +341,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="also write the metrics, each label's scores and the matrix to this JSON file")
     parser.add_argument("--batch-size", type=int, default=DEFAULT_BATCH_SIZE, help="texts per forward pass")
     add_precision_argument(parser)
+    parser.add_argument("--no-overlap-check", dest="count_seen", action="store_false",
+                        help="do not read the run's training rows again to count the file's texts it trained on "
+                             "(about 3 s per 300,000 training rows)")
     parser.add_argument("--debug", action="store_true", help="show tracebacks for input errors")
     parser.add_argument("overrides", nargs="*", metavar="section.key=value",
                         help="data.* / evaluation.* settings replacing the run's")
@@ -375,7 +380,8 @@ def run(args: argparse.Namespace) -> Score:
 
     quiet_progress_bars()  # the bars of reading the file and loading the weights; the scoring bar is ours
     with out_of_memory_told_as(lambda _: batch_too_large(args.batch_size)):
-        result = score_file(output_dir, args.file, args.overrides, args.batch_size, precision=args.precision)
+        result = score_file(output_dir, args.file, args.overrides, args.batch_size, precision=args.precision,
+                            count_seen=args.count_seen)
     arithmetic = f", computed in {result.precision} autocast" if result.precision != "no" else ""
     seen = f", {result.seen_in_training} of them a text the model trained on" if result.seen_in_training else ""
     print(f"{result.file}: {result.metrics['num_samples']} samples{seen}{arithmetic}")

@@ -771,7 +771,7 @@ def _tsv_texts(path: Path) -> list[str]:
     return [line.split("\t", 1)[1] for line in path.read_text(encoding="utf-8").splitlines()]
 
 
-def test_score_counts_the_texts_the_model_trained_on(trained, tmp_path, capsys):
+def test_score_counts_the_texts_the_model_trained_on(trained, tmp_path, capsys, monkeypatch):
     from finetune.score import main
 
     out, cfg, _ = trained
@@ -797,6 +797,16 @@ def test_score_counts_the_texts_the_model_trained_on(trained, tmp_path, capsys):
     printed, err = capsys.readouterr()
     assert printed.splitlines()[0] == f"{mixed}: 10 samples, 1 of them a text the model trained on"
     assert "trained on" not in err
+    # asked not to: the training rows are not read again, and nothing is counted or said
+    import finetune.score
+
+    read_again = []
+    real = finetune.score.texts_seen_in_training
+    monkeypatch.setattr(finetune.score, "texts_seen_in_training", lambda *a, **k: read_again.append(a) or real(*a, **k))
+    assert main([str(out), "--file", str(train_file), "--no-overlap-check", "--json", str(tmp_path / "n.json")]) == 0
+    printed, err = capsys.readouterr()
+    assert read_again == [] and json.loads((tmp_path / "n.json").read_text())["seen_in_training"] is None
+    assert printed.splitlines()[0] == f"{train_file}: {rows} samples" and "trained on" not in err
 
 
 def test_score_counts_seen_texts_only_where_the_training_rows_are_the_runs_own(trained, tmp_path, capsys):
