@@ -38,7 +38,7 @@ from typing import Any, Optional, Sequence
 
 from finetune.errors import ConfigError, DataError, FileLayoutError, out_of_memory_told_as, run_command
 from finetune.predict import (DEFAULT_BATCH_SIZE, Predictor, add_precision_argument, batch_too_large,
-                              check_precision, quiet_progress_bars)
+                              check_precision, quiet_progress_bars, saved_config)
 
 _SCORE_SECTIONS = ("data", "evaluation")
 # The labelled file is the only data: no second file, no carve, no caps.
@@ -192,17 +192,15 @@ def texts_seen_in_training(output_dir: str | os.PathLike, texts: Sequence[str],
     """
     import dataclasses
 
-    from finetune.config import config_from_dict, read_yaml
     from finetune.data import content_sha256, load_splits, text_rows
     from finetune.errors import FinetuneError
-    from finetune.outputs import CONFIG_FILE, METRICS_FILE
+    from finetune.outputs import METRICS_FILE
     from finetune.resources import resolve_path
 
-    folder = Path(output_dir)
     try:
-        cfg = config_from_dict(read_yaml(folder / CONFIG_FILE))
-        trained_sha = json.loads((folder / METRICS_FILE).read_text(encoding="utf-8"))["train"]["data_sha256"]
-        train_file = cfg.data.train_file
+        cfg = saved_config(output_dir)
+        trained_sha = json.loads((Path(output_dir) / METRICS_FILE).read_text(encoding="utf-8"))["train"]["data_sha256"]
+        train_file = cfg.data.train_file if cfg is not None else None
         if train_file is None or not Path(resolve_path(train_file)).exists():
             return None  # nor a URL's file: not downloaded again to be read
     except (FinetuneError, OSError, ValueError, KeyError, TypeError):
