@@ -337,8 +337,7 @@ def evaluate_and_log(run: Run, log: RunLogger, history: EvalHistory, epoch: Opti
     Returns:
         The metrics.
     """
-    evaluation = evaluation_of(run.model, run.eval_dataloader, run.accelerator, run.metrics, run.task,
-                               labels=run.labels.names)
+    evaluation = evaluate_run(run)
     metrics = evaluation.metrics
     record: dict[str, Any] = {"step": run.state.step}
     if epoch is not None:
@@ -351,6 +350,13 @@ def evaluate_and_log(run: Run, log: RunLogger, history: EvalHistory, epoch: Opti
         record[EVAL_BY_LABEL] = evaluation.by_label  # beside the eval/ scalars, which trackers and the curves take
     log.log(history.add(record))
     return metrics
+
+
+def evaluate_run(run: Run):
+    """The run's model on its validation data, with its metrics, task and label names: every evaluation of
+    :func:`fit`, and the one of :func:`rehearse`."""
+    return evaluation_of(run.model, run.eval_dataloader, run.accelerator, run.metrics, run.task,
+                         labels=run.labels.names)
 
 
 def _fmt(metrics: dict[str, Any]) -> str:
@@ -369,8 +375,9 @@ class Rehearsal:
     # each update's loss, and its wall seconds (data loading, forward, backward and the optimizer step)
     losses: list[float]
     seconds: list[float]
-    # the run's updates; the seconds of the later half's median update; the run's seconds: the updates tried
-    # as they took, the rest at that pace
+    # the run's updates; the seconds of the later half's median update; the seconds of the updates a start
+    # would train (all of them, or those after resumes_from): as many as were tried as they took, the rest at
+    # that pace
     total_updates: int
     pace: float
     estimate: float
@@ -415,7 +422,7 @@ def rehearse(run: Run, updates: int = REHEARSED_UPDATES) -> Rehearsal:
     evaluation = None
     if run.eval_dataloader is not None:  # that it runs and fits at its own batch size, and how long it takes
         began = time.perf_counter()
-        evaluation_of(run.model, run.eval_dataloader, acc, run.metrics, run.task, labels=run.labels.names)
+        evaluate_run(run)
         evaluation = time.perf_counter() - began
     done = checkpoints.resume_meta["state"]["step"] if checkpoints.resume_meta is not None else 0
     pace, estimate = pace_and_estimate(seconds, run.plan.total_updates - done)
