@@ -132,13 +132,16 @@ def best_trial(study, greater_is_better: bool):
     """The finished trial with the best value, or ``None`` before any finished. Of trials with the same value
     (an accuracy over a few hundred texts takes few values), the one whose saved model has the lowest validation
     loss, then the first drawn."""
-    tied = tied_for_best(study, greater_is_better)
-    return min(tied, key=lambda t: (known_or_inf(t.user_attrs.get(EVAL_LOSS)), t.number)) if tied else None
+    scored = [t for t in study.get_trials(deepcopy=False) if state_of(t) in ("complete", "same")]
+    return min(scored, key=lambda t: (*ranking(t.value, t.user_attrs.get(EVAL_LOSS), greater_is_better), t.number),
+               default=None)
 
 
-def known_or_inf(loss: Optional[float]) -> float:
-    """A loss to rank by, where a trial without one (a study from before they were kept) comes last."""
-    return math.inf if loss is None else loss
+def ranking(value: Optional[float], eval_loss: Optional[float], greater_is_better: bool) -> tuple:
+    """A trial's sort key, best first: its value in the objective's direction (none last), then its saved
+    model's validation loss (unknown last: a study from before they were kept)."""
+    return (value is None, -(value or 0) if greater_is_better else (value or 0),
+            math.inf if eval_loss is None else eval_loss)
 
 
 def tied_for_best(study, greater_is_better: bool) -> list:
@@ -233,8 +236,7 @@ def trials_table(header: Header, rows: list[dict[str, Any]]) -> list[str]:
     heads = ["trial", "state", *(f"`{k}`" for k in keys), header.metric, *(["validation loss"] if loss else []),
              "updates", "s"]
     lines = ["| " + " | ".join(heads) + " |", "| ---: | --- | " + " | ".join("---:" for _ in heads[2:]) + " |"]
-    ordered = sorted(rows, key=lambda r: (r["value"] is None, -(r["value"] or 0) if header.greater_is_better
-                                          else (r["value"] or 0), known_or_inf(r["eval_loss"])))
+    ordered = sorted(rows, key=lambda r: ranking(r["value"], r["eval_loss"], header.greater_is_better))
     for r in ordered:
         cells = [r["trial"], r["state"], *(short(r.get(k)) for k in keys), _four_places(r["value"]),
                  *([_four_places(r["eval_loss"])] if loss else []), "" if r["updates"] is None else r["updates"],

@@ -72,8 +72,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--explain", metavar="SECTION.KEY", help="print one config key's type, default and meaning, "
                         "then exit")
     parser.add_argument("--dry-run", action="store_true", help="build and check the run, say its start line, train "
-                        "a few updates to measure them, say how long the whole run would take, and write nothing to "
-                        "the output folder")
+                        "a few updates and evaluate once to measure them, say how long the whole run would take, and "
+                        "write nothing to the output folder")
     parser.add_argument("--debug", action="store_true", help="show tracebacks for input errors")
     parser.add_argument("overrides", nargs="*", metavar="section.key=value", help="dotted config overrides")
     args, args.unknown = parser.parse_known_intermixed_args(argv)
@@ -126,8 +126,8 @@ def run_training(config_path: str | None, overrides: list[str], on_evaluation=No
     """Load the config, build the run, train it. Returns the metrics summary.
 
     ``on_evaluation`` is :func:`finetune.fitting.fit`'s callback (a sweep's pruner). With ``dry_run`` the run
-    is built and tried for a few updates instead (:func:`finetune.fitting.rehearse`), nothing is written to its
-    folder, and the summary is empty.
+    is built and tried for a few updates and an evaluation instead (:func:`finetune.fitting.rehearse`), nothing
+    is written to its folder, and the summary is empty.
 
     What is logged comes in the run's order: notes on the config, the start
     line (:func:`finetune.start_line.describe`) once every input is checked,
