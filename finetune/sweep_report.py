@@ -132,9 +132,13 @@ def best_trial(study, greater_is_better: bool):
     """The finished trial with the best value, or ``None`` before any finished. Of trials with the same value
     (an accuracy over a few hundred texts takes few values), the one whose saved model has the lowest validation
     loss, then the first drawn."""
-    scored = [t for t in study.get_trials(deepcopy=False) if state_of(t) in ("complete", "same")]
-    return min(scored, key=lambda t: (*ranking(t.value, t.user_attrs.get(EVAL_LOSS), greater_is_better), t.number),
-               default=None)
+    return min(finished_trials(study), default=None,
+               key=lambda t: (*ranking(t.value, t.user_attrs.get(EVAL_LOSS), greater_is_better), t.number))
+
+
+def finished_trials(study) -> list:
+    """The trials that have a value: complete, or ``same`` (another's result taken)."""
+    return [t for t in study.get_trials(deepcopy=False) if state_of(t) in ("complete", "same")]
 
 
 def ranking(value: Optional[float], eval_loss: Optional[float], greater_is_better: bool) -> tuple:
@@ -146,7 +150,7 @@ def ranking(value: Optional[float], eval_loss: Optional[float], greater_is_bette
 
 def tied_for_best(study, greater_is_better: bool) -> list:
     """The finished trials with the best value (a trial that took another's result, ``same``, among them)."""
-    scored = [t for t in study.get_trials(deepcopy=False) if state_of(t) in ("complete", "same")]
+    scored = finished_trials(study)
     if not scored:
         return []
     best = (max if greater_is_better else min)(t.value for t in scored)
