@@ -22,6 +22,8 @@ from finetune.outputs import (
     ADAPTER_CONFIG, ADAPTER_DIR, CURVES_FILE, METRICS_FILE, MODEL_CARD_FILE, MODEL_CARD_MARK, RESULTS_FILE, json_ready,
     write_atomic,
 )
+from finetune.remote_files import is_url
+from finetune.resources import resolve_path
 from finetune.tables import LABELS
 
 if TYPE_CHECKING:
@@ -76,6 +78,9 @@ def summarize(run: "Run", history: list[dict[str, Any]], ended: str = "completed
             # SHA-256 of the training rows as read (values and schema, in order): what a resume compares, and what
             # tells a run again from config.yaml whether it read the same data (a file edited, a URL's changed)
             "data_sha256": run.data_sha256,
+            # the local training file or folder as an absolute path (null: a Hub data set or a URL), where a run's
+            # rows are read again from any folder; config.yaml keeps the path as given, for the command again
+            "data_file": training_file(run.cfg.data.train_file),
         },
         "eval": {k.removeprefix("eval/"): v for k, v in final.items() if k.startswith("eval/")},
         # the same model's precision, recall, F1 and support of each label alone, or null (regression)
@@ -88,6 +93,14 @@ def summarize(run: "Run", history: list[dict[str, Any]], ended: str = "completed
         "epochs": history,
         "labels": list(run.labels.names),
     }
+
+
+def training_file(train_file: Optional[str]) -> Optional[str]:
+    """The absolute path of a local training file or folder, or None (a Hub data set, a URL, nothing there)."""
+    if train_file is None or is_url(train_file):
+        return None
+    path = Path(resolve_path(train_file))
+    return str(path.resolve()) if path.exists() else None
 
 
 def one_answer_for_every_text(summary: dict[str, Any], targets=None) -> Optional[str]:

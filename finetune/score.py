@@ -185,43 +185,56 @@ def texts_seen_in_training(output_dir: str | os.PathLike, texts: Sequence[str],
     """How many of ``texts`` (with their ``pairs``) the run in ``output_dir`` trained on.
 
     The run's training rows are read again as it read them: from its local
-    training file with its saved ``config.yaml``, and taken only where they are
-    the rows it trained on (the SHA-256 its ``metrics.json`` holds). ``None``
-    where they cannot be: a Hub data set or a URL, a file moved or edited since,
-    a run saved without those files.
+    training file with its saved ``config.yaml`` (the path as given, from the
+    current folder, else the absolute path its ``metrics.json`` holds), and
+    taken only where they are the rows it trained on (the SHA-256 its
+    ``metrics.json`` holds). ``None`` where they cannot be: a Hub data set or a
+    URL, a file moved or edited since, a run saved without those files.
     """
     import dataclasses
 
-    from finetune.data import content_sha256, load_splits, text_rows
+    from finetune.data import content_sha256, text_rows
     from finetune.errors import FinetuneError
     from finetune.outputs import METRICS_FILE
     from finetune.resources import resolve_path
 
     try:
         cfg = saved_config(output_dir)
-        trained_sha = json.loads((Path(output_dir) / METRICS_FILE).read_text(encoding="utf-8"))["train"]["data_sha256"]
-        train_file = cfg.data.train_file if cfg is not None else None
-        if train_file is None or not Path(resolve_path(train_file)).exists():
-            return None  # nor a URL's file: not downloaded again to be read
+        record = json.loads((Path(output_dir) / METRICS_FILE).read_text(encoding="utf-8"))["train"]
+        trained_sha = record["data_sha256"]
+        given = cfg.data.train_file if cfg is not None else None
+        # the path as given is found from the folder the run started in, its absolute path from any other; a URL's
+        # file is not downloaded again to be read
+        paths = [path for path in dict.fromkeys((given, record.get("data_file") if given else None))
+                 if path is not None and Path(resolve_path(path)).exists()]
     except (FinetuneError, OSError, ValueError, KeyError, TypeError):
         return None
-    # without its validation file the run's training rows are the same: a validation file is never carved
-    data = dataclasses.replace(cfg.data, validation_file=None, validation_split=0.0) if cfg.data.validation_file \
-        else cfg.data
+    for path in paths:
+        data = dataclasses.replace(cfg.data, train_file=path)
+        if data.validation_file:  # without it the run's training rows are the same: a validation file is never carved
+            data = dataclasses.replace(data, validation_file=None, validation_split=0.0)
+        train = training_rows(data, cfg)
+        if train is not None and content_sha256(train) == trained_sha:
+            trained = set(text_rows(train))
+            rows = zip(texts, pairs) if pairs is not None else ((text,) for text in texts)
+            return sum(row in trained for row in rows)
+    return None
+
+
+def training_rows(data, cfg):
+    """The training split ``load_splits`` reads with ``data`` and the run's seed, quietly; None where it cannot."""
+    from finetune.data import load_splits
+    from finetune.errors import FinetuneError
+
     said = logging.getLogger("finetune")
     level = said.level
     said.setLevel(logging.ERROR)  # what the run's start said of its data (rows dropped, say) is not this file's
     try:
-        train = load_splits(data, cfg.split_seed, cfg.model.problem_type)[0]["train"]
+        return load_splits(data, cfg.split_seed, cfg.model.problem_type)[0]["train"]
     except FinetuneError:
         return None
     finally:
         said.setLevel(level)
-    if content_sha256(train) != trained_sha:
-        return None
-    trained = set(text_rows(train))
-    rows = zip(texts, pairs) if pairs is not None else ((text,) for text in texts)
-    return sum(row in trained for row in rows)
 
 
 def confusion_matrix(references, predictions, num_labels: int):

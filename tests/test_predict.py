@@ -821,12 +821,15 @@ def test_score_counts_seen_texts_only_where_the_training_rows_are_the_runs_own(t
     copy = tmp_path / "run"
     shutil.copytree(out, copy, ignore=shutil.ignore_patterns("checkpoints"))
     saved = yaml.safe_load((copy / "config.yaml").read_text())
+    metrics = json.loads((copy / "metrics.json").read_text())
 
     def score_with_training_file(lines: list[str]):
         moved = tmp_path / "moved.tsv"
         moved.write_text("".join(f"{line}\n" for line in lines), encoding="utf-8")
         saved["data"]["train_file"] = str(moved)
         (copy / "config.yaml").write_text(yaml.safe_dump(saved))
+        metrics["train"]["data_file"] = str(moved)  # as if the run had read its rows there
+        (copy / "metrics.json").write_text(json.dumps(metrics))
         assert main([str(copy), "--file", str(train_file), "--json", str(tmp_path / "s.json")]) == 0, \
             capsys.readouterr().err
         return json.loads((tmp_path / "s.json").read_text())["seen_in_training"], capsys.readouterr()
@@ -844,3 +847,41 @@ def test_score_counts_seen_texts_only_where_the_training_rows_are_the_runs_own(t
     (tmp_path / "moved.tsv").unlink()
     assert main([str(copy), "--file", str(train_file), "--json", str(tmp_path / "s.json")]) == 0
     assert json.loads((tmp_path / "s.json").read_text())["seen_in_training"] is None
+
+
+def test_score_finds_a_relative_training_path_from_another_folder(trained, tmp_path, capsys, monkeypatch):
+    import shutil
+
+    import yaml
+
+    from finetune.score import main
+
+    out, cfg, _ = trained
+    train_file = Path(cfg.data.train_file)
+    recorded = json.loads((out / "metrics.json").read_text())["train"]["data_file"]
+    assert recorded == str(train_file.resolve())
+    copy = tmp_path / "run"
+    shutil.copytree(out, copy, ignore=shutil.ignore_patterns("checkpoints"))
+    saved = yaml.safe_load((copy / "config.yaml").read_text())
+    saved["data"]["train_file"] = train_file.name  # as a user gives it, from the folder the run started in
+    (copy / "config.yaml").write_text(yaml.safe_dump(saved))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    rows = len(train_file.read_text(encoding="utf-8").splitlines())
+
+    def seen() -> int:
+        assert main([str(copy), "--file", str(train_file), "--json", str(tmp_path / "s.json")]) == 0, \
+            capsys.readouterr().err
+        return json.loads((tmp_path / "s.json").read_text())["seen_in_training"]
+
+    # nothing of that name here: the absolute path metrics.json holds finds the rows
+    assert seen() == rows
+    # another file of that name here: not the run's rows, and the absolute path still finds them
+    write_tsv(elsewhere / train_file.name, make_texts(6, seed=5))
+    assert seen() == rows
+    # without the absolute path (a run from before it was recorded), the file here is not taken for the run's
+    metrics = json.loads((copy / "metrics.json").read_text())
+    del metrics["train"]["data_file"]
+    (copy / "metrics.json").write_text(json.dumps(metrics))
+    assert seen() is None
