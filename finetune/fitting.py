@@ -30,7 +30,7 @@ import torch
 
 from finetune.accumulation import accumulate_as
 from finetune.assembly import Run
-from finetune.checkpoint import Checkpointer, load_model_weights
+from finetune.checkpointer import Checkpointer
 from finetune.cpu import cpu_speedups, speedup_settings
 from finetune.cuda_graphs import graphs_for_run
 from finetune.evaluation import EVAL_BY_LABEL, evaluation_of
@@ -52,7 +52,7 @@ def fit(
     """Train all epochs, evaluate, log, checkpoint, keep the best model, and write the outputs.
 
     Resumes from ``output.resume_from`` when set. Checkpoints (see
-    :mod:`finetune.checkpoint`) are saved every ``output.checkpoint_every``
+    :mod:`finetune.checkpointer`) are saved every ``output.checkpoint_every``
     updates, after each evaluation, and when SIGTERM / SIGINT end the run
     (after the current update). Evaluations run at epoch ends and every
     ``evaluation.eval_every`` updates (or ``evaluation.evals_per_epoch``
@@ -201,7 +201,7 @@ class Evaluations:
                 "greater_is_better": selection.greater_is_better,
                 "checkpoint": None if at_end else str(self.checkpoints.best())}
         if self.run.cfg.evaluation.load_best_model_at_end and not at_end:
-            load_model_weights(self.run, self.checkpoints.best())
+            self.checkpoints.load_best()
             logger.info("evaluation.load_best_model_at_end: the saved model is update %d's (%s %.6g), not "
                         "update %d's", judgement.best_step, selection.metric, judgement.best_value,
                         self.run.state.step)

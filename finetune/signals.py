@@ -2,7 +2,7 @@
 resumes the run.
 
 A preempted or interrupted run finishes its current update, saves a
-checkpoint (:class:`finetune.checkpoint.Checkpointer` saves it;
+checkpoint (:class:`finetune.checkpointer.Checkpointer` saves it;
 :func:`finetune.fitting.fit` decides when), prints the command that resumes
 it, and exits with the code a shell reports for that signal.
 """
