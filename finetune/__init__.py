@@ -30,7 +30,7 @@ _EXPORTS = {
     "setup_run": "finetune.assembly",
     "build_accelerator": "finetune.launch",
     "fit": "finetune.fitting",
-    "rehearse": "finetune.fitting",
+    "rehearse": "finetune.rehearsal",
     "Run": "finetune.assembly",
     "UpdatePlan": "finetune.optimization",
     "plan_updates": "finetune.optimization",

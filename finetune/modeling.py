@@ -15,23 +15,9 @@ from finetune.config import ModelConfig
 from finetune.errors import ConfigError, ModelError
 from finetune.load_reports import held_load_report, new_head_of, show
 from finetune.outputs import what_the_folder_holds_instead
-from finetune.resources import (PACKAGED_HUB_MODELS, is_package_path, near_names, package_of, package_version,
-                                resolve_path)
+from finetune.resources import (PACKAGED_HUB_MODELS, is_package_path, model_location, near_names, package_of,
+                                package_version)
 from finetune.truncation import position_limit
-
-
-def model_location(name_or_path: str, key: str) -> str:
-    """Resolve ``pkg:`` specs; check local paths; pass Hub ids (``name``, ``org/name``) through."""
-    location = resolve_path(name_or_path, key)
-    path = Path(location).expanduser()
-    if path.exists():
-        if path.is_dir() and not (path / "config.json").is_file():
-            raise ModelError(f"{key}: {location} is a directory but not a model (no config.json)",
-                             hint=what_the_folder_holds_instead(path))
-        return str(path)
-    if location.startswith((".", "/", "~")) or location.count("/") > 1:
-        raise ModelError(f"{key}: model path not found: {location}", hint=near_names(path))
-    return location
 
 
 def load_tokenizer(cfg: ModelConfig):

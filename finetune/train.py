@@ -126,7 +126,7 @@ def run_training(config_path: str | None, overrides: list[str], on_evaluation=No
     """Load the config, build the run, train it. Returns the metrics summary.
 
     ``on_evaluation`` is :func:`finetune.fitting.fit`'s callback (a sweep's pruner). With ``dry_run`` the run
-    is built and tried for a few updates and an evaluation instead (:func:`finetune.fitting.rehearse`), nothing
+    is built and tried for a few updates and an evaluation instead (:func:`finetune.rehearsal.rehearse`), nothing
     is written to its folder, and the summary is empty.
 
     What is logged comes in the run's order: notes on the config, the start
@@ -170,8 +170,7 @@ def check_inputs_exist(cfg) -> None:
     imported; what is there is read, and checked further, when the run loads it. A Hub id or a Hub data set
     is looked up then.
     """
-    from finetune.modeling import model_location
-    from finetune.resources import data_path
+    from finetune.resources import data_path, model_location
 
     model = cfg.model
     if model.tokenizer_name_or_path:
@@ -187,7 +186,8 @@ def build_and_fit(cfg, batching, on_evaluation=None, dry_run: bool = False) -> t
     """Join the processes, build the run, say what it will do and train it (or, with ``dry_run``, try it).
     Returns (main process?, summary)."""
     from finetune.assembly import setup_run
-    from finetune.fitting import fit, rehearse
+    from finetune.fitting import fit
+    from finetune.rehearsal import rehearse
     from finetune.launch import build_accelerator
     from finetune.out_of_memory import out_of_memory_error
     from finetune.start_line import dry_run_line, say

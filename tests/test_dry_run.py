@@ -74,7 +74,7 @@ def test_a_dry_run_where_a_start_would_resume_estimates_the_updates_left(tmp_pat
                                                                         fresh_accelerate_state):
     import shutil
 
-    import finetune.fitting
+    import finetune.rehearsal
     from finetune.train import main
 
     job = write_sms_job(tmp_path, training={"max_steps": 6, "num_train_epochs": None, "per_device_train_batch_size": 4,
@@ -85,7 +85,7 @@ def test_a_dry_run_where_a_start_would_resume_estimates_the_updates_left(tmp_pat
     for step in (4, 6):  # as if stopped after the second update's checkpoint
         shutil.rmtree(out / "checkpoints" / f"checkpoint-{step}")
     estimated = []
-    monkeypatch.setattr(finetune.fitting, "pace_and_estimate",
+    monkeypatch.setattr(finetune.rehearsal, "pace_and_estimate",
                         lambda seconds, updates: estimated.append((len(seconds), updates)) or (0.5, 2.0))
     with caplog.at_level(logging.INFO, logger="finetune"):
         assert main(["--config", str(job), f"output.output_dir={out}", "--dry-run"]) == 0
@@ -100,7 +100,7 @@ def test_a_dry_run_where_a_start_would_resume_estimates_the_updates_left(tmp_pat
 
 def test_the_estimate_takes_the_later_updates_pace_for_all_but_the_first(tmp_path, fresh_accelerate_state):
     from finetune import rehearse  # what a notebook imports
-    from finetune.fitting import pace_and_estimate
+    from finetune.rehearsal import pace_and_estimate
     from tiny_run import fit_tiny_run
 
     tried = []

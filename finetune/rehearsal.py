@@ -1,0 +1,98 @@
+"""A dry run: the built run trained for a few updates as :func:`~finetune.fitting.fit` trains them, from the
+first update whatever the folder holds, and evaluated once, with nothing written, to say that it starts and
+fits and how long the run would take on this machine, from the checkpoint a start would resume from where the
+folder holds one (``finetune train --dry-run``; docs/configuration.md#a-dry-run).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from finetune.accumulation import accumulate_as
+from finetune.assembly import Run
+from finetune.checkpointer import Checkpointer
+from finetune.fitting import evaluate_run, loop_settings, training_speedups
+from finetune.loop import TrainState, train_one_epoch
+from finetune.selection import EvalHistory
+
+# updates a dry run trains: the first few carry the start-up (a new shape's kernels, a graph's capture), the
+# later half gives the pace
+REHEARSED_UPDATES = 10
+
+
+@dataclass
+class Rehearsal:
+    """What :func:`rehearse` measured."""
+
+    # each update's loss, and its wall seconds (data loading, forward, backward and the optimizer step)
+    losses: list[float]
+    seconds: list[float]
+    # the run's updates; the seconds of the later half's median update; the seconds of the updates a start
+    # would train (all of them, or those after resumes_from): as many as were tried as they took, the rest at
+    # that pace
+    total_updates: int
+    pace: float
+    estimate: float
+    # on a CUDA GPU: the peak of allocated memory over the updates and the evaluation, bytes (None elsewhere)
+    gpu_peak: Optional[int]
+    # the checkpoint a start would resume from, and the updates it has trained, which the estimate leaves out
+    resumes_from: Optional[Path] = None
+    done_updates: int = 0
+    # the seconds of one evaluation of the validation data, made after the updates as the run makes it (None
+    # without validation data)
+    evaluation_seconds: Optional[float] = None
+
+
+def rehearse(run: Run, updates: int = REHEARSED_UPDATES) -> Rehearsal:
+    """Train ``run`` (from :func:`~finetune.assembly.setup_run`) for ``updates`` updates of its first epoch, as
+    :func:`fit` would train them, then evaluate it once, and measure both. The weights and the run's state move:
+    the run is spent.
+
+    Raises:
+        NonFiniteLossError: on a non-finite loss under ``training.on_nonfinite: stop``, as the run would.
+    """
+    acc = run.accelerator
+    checkpoints = Checkpointer(run, EvalHistory.from_config(run.cfg.evaluation))  # the one fit would resume
+    wanted = min(updates, run.plan.total_updates)  # fewer where the first epoch ends before: the loop stops there
+    ends = []
+
+    def after_update(state: TrainState) -> bool:
+        ends.append(time.perf_counter())  # the loop has read the update's loss: the device is done with it
+        return state.step >= wanted
+
+    if acc.device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(acc.device)
+    records = []
+    with training_speedups(run):
+        accumulate_as(acc, run.batching, 0)
+        began = time.perf_counter()
+        # the run's own counters, fresh from setup_run: an error names the update it came in
+        train_one_epoch(run.model, run.optimizer, run.scheduler, run.train_dataloader, acc, 0, state=run.state,
+                        log_every=1, on_log=records.append, on_update=after_update, **loop_settings(run))
+    seconds = [end - start for start, end in zip([began] + ends, ends)]
+    losses = [record["train/loss"] for record in records if "train/loss" in record]
+    evaluation = None
+    if run.eval_dataloader is not None:  # that it runs and fits at its own batch size, and how long it takes
+        began = time.perf_counter()
+        evaluate_run(run)
+        evaluation = time.perf_counter() - began
+    done = checkpoints.resume_meta["state"]["step"] if checkpoints.resume_meta is not None else 0
+    pace, estimate = pace_and_estimate(seconds, run.plan.total_updates - done)
+    peak = torch.cuda.max_memory_allocated(acc.device) if acc.device.type == "cuda" else None
+    return Rehearsal(losses=losses, seconds=seconds, total_updates=run.plan.total_updates, pace=pace,
+                     estimate=estimate, gpu_peak=peak, resumes_from=checkpoints.resume_path,
+                     done_updates=done, evaluation_seconds=evaluation)
+
+
+def pace_and_estimate(seconds: list[float], updates: int) -> tuple[float, float]:
+    """The median of the later half of the tried updates' ``seconds``, and the seconds of a fresh process's
+    ``updates`` updates: as many as were tried as they took (a new process's first updates are its slowest),
+    the others at that pace."""
+    pace = statistics.median(seconds[len(seconds) // 2:])
+    return pace, sum(seconds[:updates]) + pace * max(0, updates - len(seconds))
