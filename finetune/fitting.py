@@ -3,8 +3,9 @@
 :func:`fit` holds the output folder's lock, resumes from a checkpoint when
 there is one, and runs :func:`train_epochs`: each epoch is
 :func:`finetune.loop.train_one_epoch` with ``k`` set from the run's batching,
-followed by its evaluation and checkpoint. :class:`Evaluations` decides when
-an evaluation is due and what it means for the best model and early stopping.
+followed by its evaluation and checkpoint. :class:`EvaluationSchedule` says
+when an evaluation is due, and :class:`Evaluations` what each means for the
+best model and early stopping.
 
 A dry run (:func:`finetune.rehearsal.rehearse`) trains and evaluates through
 the same pieces: :func:`training_speedups`, :func:`loop_settings` and
@@ -126,42 +127,75 @@ class RunEnd(enum.Enum):
     STOPPED_BY_CALLER = "stopped_by_caller"
 
 
-class Evaluations:
-    """When to evaluate, and what each evaluation means for the best model and early stopping.
+class EvaluationSchedule:
+    """When an evaluation is due.
 
     Evaluations run at each epoch's end (``training.eval_each_epoch``) and
     every ``evaluation.eval_every`` updates, or ``evaluation.evals_per_epoch``
-    times an epoch, at the same shares of the data for every batch size
-    (the epoch's end among them). Each record goes to the run's
-    :class:`~finetune.selection.EvalHistory`, which says under a selection
-    whether it is the best so far; a checkpoint is then saved right after every
-    evaluation, so that the best weights exist on disk whenever they were seen.
+    times an epoch, at the same shares of the data for every batch size (the
+    epoch's end among them); none without validation data.
+    """
+
+    def __init__(self, run: Run):
+        self.run = run
+        self.every = run.cfg.evaluation.eval_every
+        self.shares = run.cfg.evaluation.evals_per_epoch
+        self.validating = run.eval_dataloader is not None
+
+    def at_epoch_end(self, step: int) -> bool:
+        """After update ``step``, the last of an epoch or of the run."""
+        return self.validating and (self.run.cfg.training.eval_each_epoch or self.shares is not None
+                                    or bool(self.every and step % self.every == 0))
+
+    def mid_epoch(self, step: int, micro_batch: int, k: int) -> bool:
+        """After update ``step`` inside an epoch at ``k``, whose window ended at micro-batch ``micro_batch``: every
+        ``eval_every`` updates, or when a share of the epoch is complete."""
+        if not self.validating:
+            return False
+        if self.shares is not None:
+            return completes_share(micro_batch, k, len(self.run.train_dataloader), self.shares)
+        return bool(self.every and step % self.every == 0)
+
+    def count_after(self, done: int) -> int:
+        """How many evaluations :func:`fit` makes after update ``done``, unless early stopping ends the run: the
+        plan's updates walked epoch by epoch, each window ``k`` micro-batches as the loop cuts them (an epoch's
+        last one ragged), and the final weights'."""
+        plan, per_epoch = self.run.plan, len(self.run.train_dataloader)
+        count, step = 0, 0
+        for epoch, updates in enumerate(plan.epoch_updates):
+            k = plan.k_at(epoch)
+            for window in range(1, updates + 1):
+                step += 1
+                if step > plan.total_updates:  # max_steps ends the run inside an epoch the plan counted whole
+                    return count
+                micro_batch = min(window * k, per_epoch)
+                if step <= done:
+                    continue
+                if step == plan.total_updates:
+                    return count + self.validating  # fit evaluates the final weights, due or not
+                ends = micro_batch >= per_epoch
+                count += self.at_epoch_end(step) if ends else self.mid_epoch(step, micro_batch, k)
+        return count
+
+
+class Evaluations:
+    """Evaluating when the :class:`EvaluationSchedule` says, and what each evaluation means for the best model
+    and early stopping.
+
+    Each record goes to the run's :class:`~finetune.selection.EvalHistory`,
+    which says under a selection whether it is the best so far; a checkpoint is
+    then saved right after every evaluation, so that the best weights exist on
+    disk whenever they were seen.
     """
 
     def __init__(self, run: Run, log: RunLogger, history: EvalHistory, checkpoints: Checkpointer,
                  on_evaluation: Optional[Callable[[Run, dict[str, Any]], bool]] = None):
         self.run, self.log, self.history, self.checkpoints = run, log, history, checkpoints
-        self.every = run.cfg.evaluation.eval_every
-        self.shares = run.cfg.evaluation.evals_per_epoch
+        self.due = EvaluationSchedule(run)
         self.on_evaluation = on_evaluation
         # the on_evaluation callback asked the run to end
         self.caller_stopped = False
         self._announced = False
-
-    def due_at_epoch_end(self, step: int) -> bool:
-        if self.run.eval_dataloader is None:
-            return False
-        return (self.run.cfg.training.eval_each_epoch or self.shares is not None
-                or bool(self.every and step % self.every == 0))
-
-    def due_mid_epoch(self, state: TrainState) -> bool:
-        """After an update inside an epoch: every ``eval_every`` updates, or when a share of the epoch is complete."""
-        if self.run.eval_dataloader is None:
-            return False
-        if self.shares is not None:
-            return completes_share(state.micro_batch, self.run.accelerator.gradient_accumulation_steps,
-                                   len(self.run.train_dataloader), self.shares)
-        return bool(self.every and state.step % self.every == 0)
 
     def evaluate(self, epoch: Optional[int]) -> dict[str, Any]:
         """Evaluate now, log the record (marked best or not) and keep it, tell the caller; returns the metrics."""
@@ -242,7 +276,8 @@ def train_epochs(run: Run, checkpoints: Checkpointer, evaluations: Evaluations, 
     def after_update(state: TrainState) -> bool:
         at_epoch_end = state.micro_batch >= len(run.train_dataloader) or state.step >= run.plan.total_updates
         early = False
-        if not at_epoch_end and evaluations.due_mid_epoch(state):
+        if not at_epoch_end and evaluations.due.mid_epoch(state.step, state.micro_batch,
+                                                          acc.gradient_accumulation_steps):
             evaluations.evaluate(epoch=None)
             evaluations.checkpoint_after(state.step)
             early = evaluations.should_stop()
@@ -252,7 +287,7 @@ def train_epochs(run: Run, checkpoints: Checkpointer, evaluations: Evaluations, 
         return asked or evaluations.caller_stopped or stopping is not None or early
 
     def end_of_epoch(epoch: int) -> None:
-        if evaluations.due_at_epoch_end(run.state.step):
+        if evaluations.due.at_epoch_end(run.state.step):
             metrics = evaluations.evaluate(epoch)
             if on_epoch_end is not None:
                 on_epoch_end(epoch, metrics)
@@ -277,7 +312,7 @@ def train_epochs(run: Run, checkpoints: Checkpointer, evaluations: Evaluations, 
             logger.info(epoch_line(run, epoch, first_update, result))
             finished = not result.stopped_early or run.state.step >= run.plan.total_updates
             if signals.agreed is not None:
-                eval_due = finished and evaluations.due_at_epoch_end(run.state.step)
+                eval_due = finished and evaluations.due.at_epoch_end(run.state.step)
                 interrupt(run, checkpoints, signals.agreed, pending_eval_epoch=epoch if eval_due else None)
             if not finished:
                 # an evaluation mid-epoch ended the run, or a callback asked to stop (no evaluation of a part)

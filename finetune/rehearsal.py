@@ -17,7 +17,7 @@ import torch
 from finetune.accumulation import accumulate_as
 from finetune.assembly import Run
 from finetune.checkpointer import Checkpointer
-from finetune.fitting import evaluate_run, loop_settings, training_speedups
+from finetune.fitting import EvaluationSchedule, evaluate_run, loop_settings, training_speedups
 from finetune.loop import TrainState, train_one_epoch
 from finetune.selection import EvalHistory
 
@@ -47,6 +47,8 @@ class Rehearsal:
     # the seconds of one evaluation of the validation data, made after the updates as the run makes it (None
     # without validation data)
     evaluation_seconds: Optional[float] = None
+    # the evaluations a start would make, by the run's evaluation schedule (fewer where early stopping ends it)
+    evaluations: int = 0
 
 
 def rehearse(run: Run, updates: int = REHEARSED_UPDATES) -> Rehearsal:
@@ -87,7 +89,8 @@ def rehearse(run: Run, updates: int = REHEARSED_UPDATES) -> Rehearsal:
     peak = torch.cuda.max_memory_allocated(acc.device) if acc.device.type == "cuda" else None
     return Rehearsal(losses=losses, seconds=seconds, total_updates=run.plan.total_updates, pace=pace,
                      estimate=estimate, gpu_peak=peak, resumes_from=checkpoints.resume_path,
-                     done_updates=done, evaluation_seconds=evaluation)
+                     done_updates=done, evaluation_seconds=evaluation,
+                     evaluations=EvaluationSchedule(run).count_after(done))
 
 
 def pace_and_estimate(seconds: list[float], updates: int) -> tuple[float, float]:

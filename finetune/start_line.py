@@ -155,14 +155,11 @@ def _updates_by_epoch(plan: UpdatePlan) -> str:
 
 def dry_run_line(run: Run, rehearsal: Rehearsal) -> str:
     """``finetune train --dry-run``'s line, from its :class:`~finetune.rehearsal.Rehearsal`: the updates tried,
-    their pace, the run's estimated length, an evaluation's time, the GPU memory, and that nothing was written."""
+    their pace, the run's estimated length, its evaluations' time, the GPU memory, and that nothing was written."""
     tried = len(rehearsal.seconds)
     losses = (f"loss {rehearsal.losses[0]:.4f} to {rehearsal.losses[-1]:.4f}" if rehearsal.losses
               else "no finite loss")
-    evaluation = (f", and each evaluation of its {len(run.eval_dataloader.dataset)} texts about "
-                  f"{_duration(rehearsal.evaluation_seconds)} more"
-                  if rehearsal.evaluation_seconds is not None and rehearsal.done_updates < rehearsal.total_updates
-                  else "")
+    evaluation = _evaluations(run, rehearsal) if rehearsal.evaluations else ""
     memory = ""
     if rehearsal.gpu_peak is not None:
         plan = f" (the plan: {run.memory.total / 1024**3:.2f}GB)" if run.memory is not None else ""
@@ -182,6 +179,17 @@ def _what_is_left(rehearsal: Rehearsal) -> str:
         return f"the run is finished ({rehearsal.resumes_from}, update {done} of {total}): a start trains nothing"
     return (f"a start resumes from {rehearsal.resumes_from} (update {done} of {total}): its {total - done} "
             f"updates left would take about {_duration(rehearsal.estimate)}")
+
+
+def _evaluations(run: Run, rehearsal: Rehearsal) -> str:
+    """The evaluations a start would make, and their time as the one tried took."""
+    count, each = rehearsal.evaluations, rehearsal.evaluation_seconds
+    texts = len(run.eval_dataloader.dataset)
+    if count == 1:
+        return f", and its evaluation of {texts} texts about {_duration(each)} more"
+    sooner = ", fewer if early stopping ends it" if run.cfg.evaluation.early_stopping_patience else ""
+    return (f", and its {count} evaluations of {texts} texts about {_duration(count * each)} more "
+            f"({_duration(each)} each{sooner})")
 
 
 def _duration(seconds: float) -> str:

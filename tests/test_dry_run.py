@@ -37,16 +37,20 @@ def test_a_dry_run_trains_the_runs_first_updates_estimates_its_length_and_writes
     assert any(r.getMessage().startswith("start: ") for r in caplog.records)  # the start line comes first
     # 48 training rows in windows of 8: 6 updates an epoch, 12 in all; the first epoch's 6 are tried
     match = re.fullmatch(r"dry run: 6 updates trained in [\d.]+ s \(loss ([\d.]+) to ([\d.]+)\), [\d.]+ s each at "
-                         r"the end: the run's 12 updates would take about [\d.]+ s, and each evaluation of its 12 "
-                         rf"texts about [\d.]+ s more; nothing was written to {re.escape(str(out))}", line)
+                         r"the end: the run's 12 updates would take about [\d.]+ s, and its (\d+) evaluations of 12 "
+                         r"texts about ([\d.]+) s more \(([\d.]+) s each\); "
+                         rf"nothing was written to {re.escape(str(out))}", line)
     assert match, line
-    # the same updates as the run itself trains first: the losses its log records
+    first, last, evaluations, all_seconds, each = match.groups()
+    assert float(all_seconds) == pytest.approx(int(evaluations) * float(each), abs=0.051 * int(evaluations))
+    # the same updates as the run itself trains first: the losses its log records; and as many evaluations
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="finetune"):
         assert main(["--config", str(job), f"output.output_dir={out}"]) == 0
     logged = [json.loads(r) for r in (out / "train_log.jsonl").read_text().splitlines()]
     losses = [f"{r['train/loss']:.4f}" for r in logged if "train/loss" in r]
-    assert match.groups() == (losses[0], losses[5])
+    assert (first, last) == (losses[0], losses[5])
+    assert int(evaluations) == sum("eval/loss" in r for r in logged) == 2  # one at each epoch's end
 
 
 def test_a_dry_run_in_a_folder_that_holds_a_run_leaves_every_file_as_it_was(tmp_path, caplog, fresh_accelerate_state):
@@ -93,8 +97,8 @@ def test_a_dry_run_where_a_start_would_resume_estimates_the_updates_left(tmp_pat
     line = _dry_run_line(caplog)
     match = re.fullmatch(rf"dry run: 6 updates trained in [\d.]+ s \(loss [\d.]+ to [\d.]+\), [\d.]+ s each at "
                          rf"the end: a start resumes from {re.escape(str(out / 'checkpoints' / 'checkpoint-2'))} "
-                         rf"\(update 2 of 6\): its 4 updates left would take about 2.0 s, and each evaluation of "
-                         rf"its 12 texts about [\d.]+ s more; nothing was written to {re.escape(str(out))}", line)
+                         rf"\(update 2 of 6\): its 4 updates left would take about 2.0 s, and its evaluation of "
+                         rf"12 texts about [\d.]+ s more; nothing was written to {re.escape(str(out))}", line)
     assert match, line
 
 
@@ -117,6 +121,33 @@ def test_the_estimate_takes_the_later_updates_pace_for_all_but_the_first(tmp_pat
     # fewer updates left than were tried (a resumed run): the first of them, as a fresh process takes them
     assert pace_and_estimate([0.9, 0.3, 0.2, 0.25], 2) == pytest.approx((0.225, 1.2))
     assert pace_and_estimate([0.9, 0.3, 0.2, 0.25], 0) == pytest.approx((0.225, 0.0))
+
+
+# the tiny run: 150 rows in micro-batches of 8, 19 an epoch; at k=2 ten updates an epoch, the tenth of one micro-batch
+@pytest.mark.parametrize("training, evaluation", [
+    ({}, {}),  # at each epoch's end
+    ({"eval_each_epoch": False}, {}),  # the final weights' alone
+    ({}, {"eval_every": 4}),  # every 4 updates, and at the epoch ends between
+    ({"eval_each_epoch": False}, {"eval_every": 3}),  # every 3 updates, and the final weights
+    ({}, {"evals_per_epoch": 3}),
+    ({"max_steps": 13, "num_train_epochs": None}, {"evals_per_epoch": 4}),  # the run ends inside a share
+    ({"num_train_epochs": 1.5}, {"eval_every": 4}),
+    ({"gradient_accumulation_steps": None, "accumulation_schedule": {0: 1, 1: 3}}, {"evals_per_epoch": 3}),
+    ({"gradient_accumulation_steps": 3, "num_train_epochs": 3}, {"eval_every": 5}),  # 7 updates an epoch
+])
+def test_the_evaluations_counted_ahead_are_those_the_run_makes(tmp_path, training, evaluation, fresh_accelerate_state):
+    from finetune.fitting import EvaluationSchedule
+    from tiny_run import fit_tiny_run
+
+    schedules = []
+    _, summary = fit_tiny_run(tmp_path, before_fit=lambda run: schedules.append(EvaluationSchedule(run)),
+                              training=training, evaluation=evaluation, output={"save_checkpoints": False})
+    evaluated = [record["step"] for record in summary["epochs"]]
+    assert len(set(evaluated)) == len(evaluated) and evaluated[-1] == summary["train"]["updates"]
+    schedule = schedules[0]
+    # from every update a start could resume after: the evaluations the run made after it
+    assert [schedule.count_after(done) for done in range(summary["train"]["updates"] + 1)] == \
+        [sum(step > done for step in evaluated) for done in range(summary["train"]["updates"] + 1)]
 
 
 @pytest.mark.parametrize("seconds, said", [(0.42, "0.4 s"), (14.2, "14 s"), (89, "89 s"), (210, "3.5 min"),
