@@ -20,7 +20,6 @@ import logging
 import signal
 from typing import Any, Callable, Optional
 
-
 from finetune.accumulation import accumulate_as
 from finetune.assembly import Run
 from finetune.checkpointer import Checkpointer

@@ -135,9 +135,9 @@ def test_each_decision_has_the_file_the_readme_names():
     """The README's map says where each decision lives; the names it gives must exist there."""
     readme = (REPO / "README.md").read_text(encoding="utf-8")
     homes = {"dataloaders.py": "def balance_micro_batches", "accumulation.py": "def resolve_batching",
-             "optimization.py": "def plan_updates", "fitting.py": "class Evaluations",
+             "optimization.py": "def plan_updates", "fitting.py": "class EvaluationSchedule",
              "output_dir.py": "def output_lock", "checkpoint_files.py": "FORMAT_VERSION",
-             "resuming.py": "def run_fingerprint"}
+             "checkpointer.py": "class Checkpointer", "resuming.py": "def run_fingerprint"}
     for file, definition in homes.items():
         assert f"`{file}`" in readme, file
         assert definition in (PACKAGE / file).read_text(encoding="utf-8"), (file, definition)
