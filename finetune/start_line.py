@@ -174,11 +174,11 @@ def _what_is_left(rehearsal: Rehearsal) -> str:
     checkpoint it would resume from."""
     total, done = rehearsal.total_updates, rehearsal.done_updates
     if rehearsal.resumes_from is None:
-        return f"the run's {total} updates would take about {_duration(rehearsal.estimate)}"
+        return f"the run's {total} updates would take about {readable_duration(rehearsal.estimate)}"
     if done >= total:
         return f"the run is finished ({rehearsal.resumes_from}, update {done} of {total}): a start trains nothing"
     return (f"a start resumes from {rehearsal.resumes_from} (update {done} of {total}): its {total - done} "
-            f"updates left would take about {_duration(rehearsal.estimate)}")
+            f"updates left would take about {readable_duration(rehearsal.estimate)}")
 
 
 def _evaluations(run: Run, rehearsal: Rehearsal) -> str:
@@ -186,13 +186,13 @@ def _evaluations(run: Run, rehearsal: Rehearsal) -> str:
     count, each = rehearsal.evaluations, rehearsal.evaluation_seconds
     texts = len(run.eval_dataloader.dataset)
     if count == 1:
-        return f", and its evaluation of {texts} texts about {_duration(each)} more"
+        return f", and its evaluation of {texts} texts about {readable_duration(each)} more"
     sooner = ", fewer if early stopping ends it" if run.cfg.evaluation.early_stopping_patience else ""
-    return (f", and its {count} evaluations of {texts} texts about {_duration(count * each)} more "
-            f"({_duration(each)} each{sooner})")
+    return (f", and its {count} evaluations of {texts} texts about {readable_duration(count * each)} more "
+            f"({readable_duration(each)} each{sooner})")
 
 
-def _duration(seconds: float) -> str:
+def readable_duration(seconds: float) -> str:
     """``0.4 s``, ``42 s``, ``3.5 min`` or ``2.1 h``."""
     if seconds < 10:
         return f"{seconds:.1f} s"

@@ -7,6 +7,7 @@ Usage::
     finetune sweep --config run.yaml --seeds 5                               # the config as given, over 5 seeds
     finetune sweep --config run.yaml --folds 5                               # 5-fold cross-validation of it
     finetune sweep --sweep sweep.yaml --storage postgresql://user@host/db    # one of several workers
+    finetune sweep --sweep sweep.yaml --seeds 5 --dry-run                  # how long it would take; writes nothing
 
 Each trial is an ordinary run of this package in its own folder under the
 sweep's folder (``--output``), trained in this process. Optuna draws the
@@ -31,10 +32,11 @@ from pathlib import Path
 from typing import Any, Optional
 
 from finetune.errors import ConfigError, run_command
-from finetune.search_space import Dimension, SearchSpace, overrides, parse_space, render
+from finetune.search_space import Dimension, SearchSpace, overrides, parse_space
 from finetune.signals import RunInterrupted, StopSignals
 from finetune.study import BASE_PARAMS_ATTR, CONFIG_ATTR, SPACE_ATTR, budget_left, load_or_create, open_storage, \
     redact, refuse_another_sweep, running
+from finetune.sweep_checks import check_sweep
 from finetune.sweep_file import DEFAULT_TRIALS, PRUNERS, SAMPLERS, describe_pruner, fixed_overrides, \
     pruner_settings, read_sweep_file, shipped_sweep, whole_number
 from finetune.sweep_report import Header, Repeats, best_trial, folds_of, mean_and_deviation, seeds_from, state_of, \
@@ -98,6 +100,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "data.validation_folds)")
     parser.add_argument("--trial-seeds", type=int, help="run every trial over this many seeds; its objective is "
                         "their mean (default: 1)")
+    parser.add_argument("--dry-run", action="store_true", help="check the sweep, try one run of it as finetune "
+                        "train --dry-run does, say how long the sweep would take, and write nothing")
     parser.add_argument("--debug", action="store_true", help="show tracebacks for input errors")
     parser.add_argument("overrides", nargs="*", metavar="section.key=value", help="config overrides for every trial")
     args, args.unknown = parser.parse_known_intermixed_args(argv)
@@ -194,41 +198,6 @@ def make_pruner(settings: dict[str, Any]):
                                            n_warmup_steps=warmup, n_min_trials=least)
 
 
-def objective_of(cfg) -> tuple[str, bool]:
-    """The metric a trial is scored by and its direction: ``evaluation.metric_for_best_model`` (default: loss)."""
-    from finetune.selection import Selection
-
-    selection = Selection.from_config(cfg.evaluation)
-    if selection is not None:
-        return selection.metric, selection.greater_is_better
-    return "loss", False
-
-
-def check_space_against_config(sweep: Sweep, where: str) -> None:
-    """Every choice and both ends of every range must make a config this package accepts: checked before any trial."""
-    from finetune.accumulation import resolve_batching
-    from finetune.config import load_config
-
-    for dim in sweep.space.dimensions:
-        for value in dim.probes():
-            try:
-                cfg = load_config(sweep.config, [*sweep.overrides, *overrides({dim.key: value})])
-                resolve_batching(cfg.training, 1)
-            except ConfigError as exc:
-                reason = exc.message.removeprefix("command line: ")
-                raise ConfigError(f"{where}: space: {dim.key}: {render(value)} is refused: {reason}") from None
-
-
-def warn_if_pruning_misaligned(sweep: Sweep) -> None:
-    """``eval_every`` counts updates, whose texts differ between effective batches: the pruner would compare
-    trials only at epoch ends, where their reports meet; ``evals_per_epoch`` puts them at the same texts."""
-    every = sweep.run_config.evaluation.eval_every
-    if every and sweep.pruner.get("type") != "none" and "training.effective_batch_size" in sweep.space.keys():
-        logger.warning("evaluation.eval_every=%d evaluates at different texts seen for each effective batch, so the "
-                       "pruner can compare trials only at epoch ends; evaluation.evals_per_epoch evaluates at the "
-                       "same shares of the data for every batch", every)
-
-
 def made_with(sweep: Sweep, cfg) -> dict[str, str]:
     """The study's identity: the space, and the run's config without where it writes and what it logs."""
     config = {k: v for k, v in cfg.to_dict().items() if k not in ("output", "logging")}
@@ -257,15 +226,8 @@ def run_sweep(sweep: Sweep) -> dict[str, Any]:
     """Run (or continue) the sweep: the search, then the seeds or folds. Returns what ``sweep.md`` reports."""
     import optuna
 
-    from finetune.launch import launched_world_size
-
-    if launched_world_size() > 1:  # MPI launchers too; a malformed count is one line, not a traceback
-        raise ConfigError("finetune sweep runs each trial in one process: start one worker per GPU "
-                          "(CUDA_VISIBLE_DEVICES=i finetune sweep ... --storage URL) instead of accelerate launch")
     cfg = sweep.run_config
-    metric, greater = objective_of(cfg)
-    check_space_against_config(sweep, sweep.where)
-    warn_if_pruning_misaligned(sweep)
+    metric, greater = check_sweep(sweep)
     sweep.output.mkdir(parents=True, exist_ok=True)
     # after the checks above, which need neither torch nor transformers: a bad sweep file is said at once
     from finetune.train import quiet_library_progress
@@ -417,6 +379,10 @@ def main(argv: list[str] | None = None) -> int:
     from finetune.config import notes_said_once
 
     with notes_said_once():  # a note on the command line's keys, said once for the sweep, not for each read
+        if args.dry_run:
+            from finetune.sweep_dry_run import rehearse_sweep
+
+            return run_command(lambda: rehearse_sweep(build_sweep(args, argv)), debug=args.debug)
         return run_command(lambda: run_sweep(build_sweep(args, argv)), debug=args.debug)
 
 

@@ -162,16 +162,7 @@ class TrialRunner:
         return [*self.overrides, *self.phase.fixed, *overrides(params), *extra]
 
     def _train(self, run_args: list[str], hook) -> dict[str, Any]:
-        import gc
-
-        from finetune.train import run_training
-
-        try:
-            return run_training(self.config, run_args, on_evaluation=hook)
-        finally:
-            gc.collect()
-            _free_accelerator_memory()
-            _forget_compiled_code()
+        return train_in_this_process(self.config, run_args, on_evaluation=hook)
 
     def _end(self, trial, folder: str, record: dict[str, Any]) -> None:
         path = self.root / folder / TRIAL_FILE
@@ -240,6 +231,22 @@ def finished_summary(run_dir: Path) -> Optional[dict[str, Any]]:
         return None
     summary = json.loads(path.read_text(encoding="utf-8"))
     return summary if summary.get("train", {}).get("ended") in ("completed", "early_stopped") else None
+
+
+def train_in_this_process(config: Optional[str], run_args: list[str], on_evaluation=None,
+                          dry_run: bool = False) -> dict[str, Any]:
+    """``finetune train``'s run of ``config`` with ``run_args``, in the sweep's process, leaving nothing of it
+    behind for the next (its memory, its compiled code); returns its summary."""
+    import gc
+
+    from finetune.train import run_training
+
+    try:
+        return run_training(config, run_args, on_evaluation=on_evaluation, dry_run=dry_run)
+    finally:
+        gc.collect()
+        _free_accelerator_memory()
+        _forget_compiled_code()
 
 
 def _free_accelerator_memory() -> None:

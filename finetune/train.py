@@ -127,7 +127,7 @@ def run_training(config_path: str | None, overrides: list[str], on_evaluation=No
 
     ``on_evaluation`` is :func:`finetune.fitting.fit`'s callback (a sweep's pruner). With ``dry_run`` the run
     is built and tried for a few updates and an evaluation instead (:func:`finetune.rehearsal.rehearse`), nothing
-    is written to its folder, and the summary is empty.
+    is written to its folder, and the summary is ``{"rehearsal": the Rehearsal}``.
 
     What is logged comes in the run's order: notes on the config, the start
     line (:func:`finetune.start_line.describe`) once every input is checked,
@@ -201,7 +201,7 @@ def build_and_fit(cfg, batching, on_evaluation=None, dry_run: bool = False) -> t
             rehearsal = rehearse(run)
             if accelerator.is_main_process:
                 logger.info(dry_run_line(run, rehearsal))
-            return accelerator.is_main_process, {}
+            return accelerator.is_main_process, {"rehearsal": rehearsal}
         return accelerator.is_main_process, fit(run, on_evaluation=on_evaluation)
 
 

@@ -153,9 +153,9 @@ def test_the_evaluations_counted_ahead_are_those_the_run_makes(tmp_path, trainin
 @pytest.mark.parametrize("seconds, said", [(0.42, "0.4 s"), (14.2, "14 s"), (89, "89 s"), (210, "3.5 min"),
                                            (7560, "2.1 h")])
 def test_durations_are_said_in_the_unit_that_reads(seconds, said):
-    from finetune.start_line import _duration
+    from finetune.start_line import readable_duration
 
-    assert _duration(seconds) == said
+    assert readable_duration(seconds) == said
 
 
 def test_a_bad_setting_is_refused_in_one_line_before_a_dry_run_builds_anything(tmp_path, capsys):

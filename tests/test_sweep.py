@@ -71,6 +71,79 @@ def steps_logged(run_dir: Path) -> list[int]:
     return [r["step"] for r in map(json.loads, lines) if "train/loss" in r]
 
 
+# --- a dry run ---------------------------------------------------------------------------------------------------
+
+
+def test_a_dry_run_tries_the_least_and_most_work_and_says_the_sweeps_length_writing_nothing(
+        tmp_path, fresh_accelerate_state, caplog, capsys):
+    config = sms_job(tmp_path)  # 48 training rows at b=4: 12 micro-batches an epoch, 2 epochs
+    spec = sweep_file(tmp_path, fixed={"evaluation.evals_per_epoch": 2})  # effective batch 4 or 8: k=1 or 2
+    out = tmp_path / "out-sweep"
+    with caplog.at_level(logging.INFO, logger="finetune"):
+        assert sweep_in_process(["--config", str(config), "--sweep", str(spec), "--seeds", "2", "--dry-run"]) == 0
+    assert not out.exists()
+    said = [r.getMessage() for r in caplog.records]
+    # each run tried says its own dry run: the sweep file's fixed evals_per_epoch reached it, 2 an epoch
+    runs = [line for line in said if line.startswith("dry run: ")]
+    assert len(runs) == 2 and all(", and its 4 evaluations of 12 texts about " in line for line in runs), runs
+    line = next(line for line in said if line.startswith("sweep dry run: "))
+    match = re.fullmatch(r"sweep dry run: a run would take about ([\d.]+) s at training.effective_batch_size=8 \(12 "
+                         r"updates\) and ([\d.]+) s at training.effective_batch_size=4 \(24 updates\): its start, "
+                         r"updates and evaluations, not its checkpoints and saved files; the search's 4 trials, then "
+                         r"the best config over 2 seeds: 6 runs, about ([\d.]+) s to ([\d.]+) s, less what the "
+                         rf"pruner stops; nothing was written to {re.escape(str(out))}", line)
+    assert match, line
+    least, most, sweep_least, sweep_most = map(float, match.groups())
+    assert float(sweep_least) == pytest.approx(6 * min(least, most), abs=6 * 0.05 + 0.05)  # each said to 0.1 s
+    assert float(sweep_most) == pytest.approx(6 * max(least, most), abs=6 * 0.05 + 0.05)
+    # the sweep is checked as a start checks it: a space the config refuses is one line, and nothing is tried
+    bad = sweep_file(tmp_path, name="bad.yaml", space={"optim.learnig_rate": [1e-3]})
+    capsys.readouterr()
+    assert sweep_in_process(["--config", str(config), "--sweep", str(bad), "--dry-run"]) == 2
+    assert "space: optim.learnig_rate: no such config key" in capsys.readouterr().err
+    assert not out.exists()
+    # no search: the config alone, one run tried, said part by part
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="finetune"):
+        assert sweep_in_process(["--config", str(config), "--seeds", "3", "--dry-run"]) == 0
+    line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("sweep dry run: "))
+    match = re.fullmatch(r"sweep dry run: a run would take about ([\d.]+) s: its start [\d.]+ s, its 12 updates "
+                         r"[\d.]+ s, its 2 evaluations [\d.]+ s, not its checkpoints and saved files; the config over "
+                         rf"3 seeds: 3 runs, about ([\d.]+) s; nothing was written to {re.escape(str(out))}", line)
+    assert match, line
+    assert float(match[2]) == pytest.approx(3 * float(match[1]), abs=3 * 0.05 + 0.05)
+    assert not out.exists()
+
+
+def test_a_dry_run_tries_one_run_where_the_space_leaves_the_work_as_it_is():
+    from finetune.search_space import parse_space
+    from finetune.sweep_dry_run import work_corners
+
+    assert work_corners(parse_space({"optim.learning_rate": [1e-3, 1e-2]}, "--sweep")) == [[]]
+    assert work_corners(parse_space({"optim.learning_rate": [1e-3], "training.effective_batch_size": [16, 64, 32],
+                                     "training.num_train_epochs": {"low": 1, "high": 3}}, "--sweep")) == [
+        ["training.effective_batch_size=64", "training.num_train_epochs=1.0"],
+        ["training.effective_batch_size=16", "training.num_train_epochs=3.0"]]
+
+
+def test_a_dry_run_counts_the_sweeps_runs():
+    from types import SimpleNamespace
+
+    from finetune.search_space import parse_space
+    from finetune.sweep_dry_run import runs_of
+
+    space = parse_space(SPACE, "--sweep")
+
+    def sweep(space=space, trials=12, trial_seeds=1, seeds=0, folds=0):
+        return SimpleNamespace(space=space, trials=trials, trial_seeds=trial_seeds, seeds=seeds, folds=folds)
+
+    assert runs_of(sweep()) == (12, "the search's 12 trials")
+    assert runs_of(sweep(trial_seeds=3, seeds=5)) == (41, "the search's 12 trials over 3 seeds each, then the best "
+                                                          "config over 5 seeds")
+    assert runs_of(sweep(trials=1, folds=5)) == (6, "the search's 1 trial, then the best config on each of 5 folds")
+    assert runs_of(sweep(space=parse_space(None, "--sweep"), folds=5)) == (5, "the config on each of 5 folds")
+
+
 # --- the space ---------------------------------------------------------------------------------------------------
 
 
@@ -814,7 +887,8 @@ def test_two_workers_share_a_postgresql_study(tmp_path, postgres_url):
 
 
 def test_the_shipped_sweep_file_fits_the_default_config():
-    from finetune.sweep import build_sweep, check_space_against_config, parse_args
+    from finetune.sweep import build_sweep, parse_args
+    from finetune.sweep_checks import check_space_against_config
 
     spec = REPO / "configs" / "sweeps" / "default.yaml"
     args = ["--sweep", str(spec)]
@@ -830,7 +904,8 @@ def test_the_shipped_sweep_file_fits_the_default_config():
 def test_eval_every_with_a_searched_batch_is_warned_of(bad_input_job, caplog, evaluation, warned):
     import logging
 
-    from finetune.sweep import build_sweep, parse_args, warn_if_pruning_misaligned
+    from finetune.sweep import build_sweep, parse_args
+    from finetune.sweep_checks import warn_if_pruning_misaligned
 
     spec = sweep_file(bad_input_job, "batch.yaml")  # SPACE searches the effective batch
     args = ["--config", str(bad_input_job / "cfg.yaml"), "--sweep", str(spec), evaluation]

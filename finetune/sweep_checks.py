@@ -1,0 +1,61 @@
+"""What a sweep's start checks before its first trial, and its dry run before the runs it tries: one process,
+the objective, every value of the space against the config (each a one-line error), and a pruner that would
+compare trials at different texts seen (a warning)."""
+
+from __future__ import annotations
+
+import logging
+
+from finetune.errors import ConfigError
+from finetune.search_space import overrides, render
+
+logger = logging.getLogger("finetune")
+
+
+def check_sweep(sweep) -> tuple[str, bool]:
+    """What a start checks before its first trial: one process, the objective, the space against the config;
+    returns the objective's metric and whether greater is better."""
+    from finetune.launch import launched_world_size
+
+    if launched_world_size() > 1:  # MPI launchers too; a malformed count is one line, not a traceback
+        raise ConfigError("finetune sweep runs each trial in one process: start one worker per GPU "
+                          "(CUDA_VISIBLE_DEVICES=i finetune sweep ... --storage URL) instead of accelerate launch")
+    metric, greater = objective_of(sweep.run_config)
+    check_space_against_config(sweep, sweep.where)
+    warn_if_pruning_misaligned(sweep)
+    return metric, greater
+
+
+def objective_of(cfg) -> tuple[str, bool]:
+    """The metric a trial is scored by and its direction: ``evaluation.metric_for_best_model`` (default: loss)."""
+    from finetune.selection import Selection
+
+    selection = Selection.from_config(cfg.evaluation)
+    if selection is not None:
+        return selection.metric, selection.greater_is_better
+    return "loss", False
+
+
+def check_space_against_config(sweep, where: str) -> None:
+    """Every choice and both ends of every range must make a config this package accepts: checked before any trial."""
+    from finetune.accumulation import resolve_batching
+    from finetune.config import load_config
+
+    for dim in sweep.space.dimensions:
+        for value in dim.probes():
+            try:
+                cfg = load_config(sweep.config, [*sweep.overrides, *overrides({dim.key: value})])
+                resolve_batching(cfg.training, 1)
+            except ConfigError as exc:
+                reason = exc.message.removeprefix("command line: ")
+                raise ConfigError(f"{where}: space: {dim.key}: {render(value)} is refused: {reason}") from None
+
+
+def warn_if_pruning_misaligned(sweep) -> None:
+    """``eval_every`` counts updates, whose texts differ between effective batches: the pruner would compare
+    trials only at epoch ends, where their reports meet; ``evals_per_epoch`` puts them at the same texts."""
+    every = sweep.run_config.evaluation.eval_every
+    if every and sweep.pruner.get("type") != "none" and "training.effective_batch_size" in sweep.space.keys():
+        logger.warning("evaluation.eval_every=%d evaluates at different texts seen for each effective batch, so the "
+                       "pruner can compare trials only at epoch ends; evaluation.evals_per_epoch evaluates at the "
+                       "same shares of the data for every batch", every)

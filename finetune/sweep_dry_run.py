@@ -1,0 +1,118 @@
+"""``finetune sweep --dry-run``: runs of the sweep tried as ``finetune train --dry-run`` tries one, and the
+sweep's length said from them, with nothing written.
+
+A sweep's runs are the search's trials (each over ``--trial-seeds`` seeds), then the best config over
+``--seeds`` or ``--folds``. The run tried is the config with the sweep file's ``fixed:`` keys and the command
+line's overrides. Where the space searches a key that changes a run's work (its effective batch or ``k``, its
+length, its text length), two runs are tried, at the space's least work and at its most: a smaller effective
+batch makes more updates of the same epoch, each with its own optimizer step, and takes longer.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from finetune.search_space import overrides
+from finetune.start_line import readable_duration
+from finetune.sweep_checks import check_sweep
+from finetune.sweep_trial import train_in_this_process
+
+logger = logging.getLogger("finetune")
+
+# the tried runs' folder, inside the sweep's: a name no trial has, so that no trial's run is resumed or refused
+TRIED_FOLDER = "dry-run"
+
+# searched keys that change a run's work, and whether their larger values make less of it
+WORK_KEYS = {"training.effective_batch_size": True, "training.gradient_accumulation_steps": True,
+             "training.num_train_epochs": False, "training.max_steps": False, "data.max_length": False}
+
+
+@dataclass
+class TriedRun:
+    """One run of the sweep tried, and its estimated seconds: its start (the model loaded, the data read, the
+    memory plan), its updates and its evaluations; its checkpoints and saved files are not counted."""
+
+    values: list[str]
+    start: float
+    updates: int
+    training: float
+    evaluations: int
+    evaluating: float
+
+    @property
+    def seconds(self) -> float:
+        return self.start + self.training + self.evaluating
+
+
+def rehearse_sweep(sweep) -> dict[str, Any]:
+    """Check ``sweep`` (a :class:`finetune.sweep.Sweep`) as a start checks it, try its runs at the space's least
+    and most work, say how long the sweep would take, and return ``{"runs", "seconds": (least, most)}``."""
+    check_sweep(sweep)
+    tried = [try_run(sweep, values) for values in work_corners(sweep.space)]
+    runs, which = runs_of(sweep)
+    pruned = ", less what the pruner stops" if sweep.space.dimensions and sweep.pruner["type"] != "none" else ""
+    least, most = min(run.seconds for run in tried), max(run.seconds for run in tried)
+    total = readable_duration(runs * least) if len(tried) == 1 else \
+        f"{readable_duration(runs * least)} to {readable_duration(runs * most)}"
+    logger.info("sweep dry run: %s; %s: %d run%s, about %s%s; nothing was written to %s", tried_in_words(tried),
+                which, runs, "s" if runs != 1 else "", total, pruned, sweep.output)
+    return {"runs": runs, "seconds": (runs * least, runs * most)}
+
+
+def work_corners(space) -> list[list[str]]:
+    """The overrides of the runs to try: none where the space searches no key that changes the work, else the
+    space's least work and its most."""
+    searched = [d for d in space.dimensions if d.key in WORK_KEYS]
+    if not searched:
+        return [[]]
+    ends = {d.key: (min(d.probes()), max(d.probes())) for d in searched}
+    least = {key: high if WORK_KEYS[key] else low for key, (low, high) in ends.items()}
+    most = {key: low if WORK_KEYS[key] else high for key, (low, high) in ends.items()}
+    return [overrides(least), overrides(most)]
+
+
+def try_run(sweep, values: list[str]) -> TriedRun:
+    """``finetune train --dry-run`` of one run of the sweep, with ``values`` for searched keys."""
+    began = time.perf_counter()
+    summary = train_in_this_process(sweep.config, [*sweep.overrides, *values,
+                                                   f"output.output_dir={sweep.output / TRIED_FOLDER}"], dry_run=True)
+    rehearsal = summary["rehearsal"]
+    each = rehearsal.evaluation_seconds or 0.0
+    # a trial is built in the sweep's process as this run was, after its own imports
+    start = max(0.0, time.perf_counter() - began - sum(rehearsal.seconds) - each)
+    return TriedRun(values, start, rehearsal.total_updates, rehearsal.estimate, rehearsal.evaluations,
+                    rehearsal.evaluations * each)
+
+
+def tried_in_words(tried: list[TriedRun]) -> str:
+    """A run's estimate, part by part; or where two were tried, each one's at its values."""
+    if len(tried) == 1:
+        run = tried[0]
+        evaluations = (f", its {run.evaluations} evaluation{'s' if run.evaluations != 1 else ''} "
+                       f"{readable_duration(run.evaluating)}" if run.evaluations else "")
+        return (f"a run would take about {readable_duration(run.seconds)}: its start {readable_duration(run.start)}, "
+                f"its {run.updates} updates {readable_duration(run.training)}{evaluations}, not its checkpoints and "
+                f"saved files")
+    each = " and ".join(f"{readable_duration(run.seconds)} at {' '.join(run.values)} ({run.updates} updates)"
+                        for run in tried)
+    return f"a run would take about {each}: its start, updates and evaluations, not its checkpoints and saved files"
+
+
+def runs_of(sweep) -> tuple[int, str]:
+    """How many runs the whole sweep trains, and what they are in words (trials already done included)."""
+    runs, parts = 0, []
+    if sweep.space.dimensions:
+        runs += sweep.trials * sweep.trial_seeds
+        seeds = f" over {sweep.trial_seeds} seeds each" if sweep.trial_seeds > 1 else ""
+        parts.append(f"the search's {sweep.trials} trial{'s' if sweep.trials != 1 else ''}{seeds}")
+    what = "the best config" if sweep.space.dimensions else "the config"
+    if sweep.seeds:
+        runs += sweep.seeds
+        parts.append(f"{what} over {sweep.seeds} seeds")
+    if sweep.folds:
+        runs += sweep.folds
+        parts.append(f"{what} on each of {sweep.folds} folds")
+    return runs, ", then ".join(parts)
