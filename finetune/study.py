@@ -23,11 +23,12 @@ study stands:
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import json
 import logging
 import time
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 from finetune.errors import ConfigError
 
@@ -67,7 +68,7 @@ def open_storage(url: str):
     parameters = inspect.signature(optuna.storages.RDBStorage).parameters
     callback = ("heartbeat_stale_trial_callback" if "heartbeat_stale_trial_callback" in parameters
                 else "failed_trial_callback")
-    try:
+    with storage_errors(url):
         for attempt in range(ATTEMPTS):
             try:
                 return optuna.storages.RDBStorage(url, engine_kwargs=engine, heartbeat_interval=HEARTBEAT_S,
@@ -76,7 +77,35 @@ def open_storage(url: str):
                 if attempt == ATTEMPTS - 1 or not _lost_the_race_to_create(exc):
                     raise
                 time.sleep(1.0 + attempt)
-    except ImportError as exc:  # Optuna's, raised from the driver's ModuleNotFoundError
+
+
+def check_storage(url: str) -> None:
+    """What a dry run checks of ``--storage`` without writing to it: the URL, its driver, and a server's answer
+    (a connection opened and closed). A SQLite file is not opened: opening one makes it.
+
+    Raises:
+        ConfigError: as :func:`open_storage` does.
+    """
+    import sqlalchemy
+
+    with storage_errors(url):
+        engine = sqlalchemy.create_engine(url)
+        try:
+            if not url.startswith("sqlite"):
+                with engine.connect():
+                    pass
+        finally:
+            engine.dispose()
+
+
+@contextlib.contextmanager
+def storage_errors(url: str) -> Iterator[None]:
+    """A storage that cannot be opened, said in one line naming ``--storage`` (its password left out)."""
+    import sqlalchemy.exc
+
+    try:
+        yield
+    except ImportError as exc:  # the driver's ModuleNotFoundError, or Optuna's ImportError raised from it
         name = getattr(exc.__cause__, "name", None) or exc.name or "module"
         driver = {"psycopg": "pip install 'psycopg[binary]'", "psycopg2": "pip install psycopg2-binary",
                   "pymysql": "pip install pymysql"}.get(name, "")

@@ -588,6 +588,10 @@ def bad_input_job(tmp_path_factory):
     ({"fixed": {"optim.learning_rate": 1e-3}}, [], "fixed: optim.learning_rate: is also in the space"),
     ({"fixed": ["evaluation.evals_per_epoch=4"]}, [], "fixed: expected a mapping of section.key to a value"),
     ({}, ["--storage", "mysqlx://nowhere/db"], "--storage mysqlx://nowhere/db: "),
+    # a dry run checks the storage too, without writing to it: the URL, the driver, a server that answers
+    ({}, ["--storage", "mysqlx://nowhere/db", "--dry-run"], "--storage mysqlx://nowhere/db: "),
+    ({}, ["--storage", "postgresql+psycopg://sweep:secret@127.0.0.1:1/db", "--dry-run"],
+     "--storage postgresql+psycopg://sweep:***@127.0.0.1:1/db: "),
 ])
 def test_bad_input_is_one_line_before_any_trial(bad_input_job, capsys, settings, args, message):
     tmp_path, config = bad_input_job, bad_input_job / "cfg.yaml"
@@ -865,11 +869,19 @@ def postgres_url(tmp_path):
 
 
 @pytest.mark.slow
-def test_two_workers_share_a_postgresql_study(tmp_path, postgres_url):
+def test_two_workers_share_a_postgresql_study(tmp_path, postgres_url, fresh_accelerate_state):
+    import sqlalchemy
+
     work = tmp_path / "work"
     work.mkdir()
     config = sms_job(work)
     spec = sweep_file(work, trials=4, pruner="none")
+    # a dry run asks the server, and writes nothing to it: not even Optuna's tables
+    assert sweep_in_process(["--config", str(config), "--sweep", str(spec), "--storage", postgres_url,
+                             "--dry-run"]) == 0
+    engine = sqlalchemy.create_engine(postgres_url)
+    assert sqlalchemy.inspect(engine).get_table_names() == []
+    engine.dispose()
     # each worker its own folder, as on two machines: the study on the server is what they share
     args = [["--config", str(config), "--sweep", str(spec), "--storage", postgres_url, "--study-name", "shared",
              "--output", str(work / f"machine{i}")] for i in range(2)]
