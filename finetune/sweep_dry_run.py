@@ -94,8 +94,8 @@ def tried_in_words(tried: list[TriedRun]) -> str:
     """A run's estimate, part by part; or where two were tried, each one's at its values."""
     if len(tried) == 1:
         run = tried[0]
-        evaluations = (f", its {run.evaluations} evaluation{'s' if run.evaluations != 1 else ''} "
-                       f"{readable_duration(run.evaluating)}" if run.evaluations else "")
+        count = f"{run.evaluations} evaluations" if run.evaluations > 1 else "evaluation"
+        evaluations = f", its {count} {readable_duration(run.evaluating)}" if run.evaluations else ""
         return (f"a run would take about {readable_duration(run.seconds)}: its start {readable_duration(run.start)}, "
                 f"its {run.updates} updates {readable_duration(run.training)}{evaluations}, not its checkpoints and "
                 f"saved files")
