@@ -39,8 +39,8 @@ from finetune.study import BASE_PARAMS_ATTR, CONFIG_ATTR, SPACE_ATTR, budget_lef
 from finetune.sweep_checks import check_sweep
 from finetune.sweep_file import DEFAULT_TRIALS, PRUNERS, SAMPLERS, describe_pruner, fixed_overrides, \
     pruner_settings, read_sweep_file, shipped_sweep, whole_number
-from finetune.sweep_report import Header, Repeats, best_trial, folds_of, mean_and_deviation, seeds_from, state_of, \
-    write_out_of_fold_predictions, write_reports
+from finetune.sweep_report import Header, Repeats, best_trial, folds_of, mean_and_deviation, seeds_from, start_line, \
+    state_of, write_out_of_fold_predictions, write_reports
 from finetune.sweep_trial import Phase, TrialRunner
 
 logger = logging.getLogger("finetune")
@@ -202,24 +202,6 @@ def made_with(sweep: Sweep, cfg) -> dict[str, str]:
     """The study's identity: the space, and the run's config without where it writes and what it logs."""
     config = {k: v for k, v in cfg.to_dict().items() if k not in ("output", "logging")}
     return {SPACE_ATTR: sweep.space.identity(), CONFIG_ATTR: json.dumps(config, sort_keys=True, default=str)}
-
-
-def start_line(sweep: Sweep, metric: str, greater: bool, done: int) -> str:
-    parts = [f"sweep in {sweep.output}: objective {metric} ({'higher' if greater else 'lower'} is better)"]
-    if sweep.space.dimensions:
-        parts.append(f"space {sweep.space.describe()}")
-        parts.append(f"{sweep.trials} trials ({done} done), sampler {sweep.sampler}"
-                     + (f" (seed {sweep.sampler_seed})" if sweep.sampler_seed is not None else "")
-                     + f", pruner {describe_pruner(sweep.pruner)}")
-    if sweep.trial_seeds > 1:
-        parts.append(f"each trial over {sweep.trial_seeds} seeds")
-    what = "the best config" if sweep.space.dimensions else "the config"
-    if sweep.seeds:
-        parts.append(f"then {what} over {sweep.seeds} seeds")
-    if sweep.folds:
-        parts.append(f"then {what} on each of {sweep.folds} folds (K-fold cross-validation)")
-    parts.append(f"storage {redact(sweep.storage)} (study {sweep.study_name!r})")
-    return "; ".join(parts)
 
 
 def run_sweep(sweep: Sweep) -> dict[str, Any]:

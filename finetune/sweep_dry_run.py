@@ -19,6 +19,7 @@ from finetune.search_space import overrides
 from finetune.start_line import readable_duration
 from finetune.study import check_storage
 from finetune.sweep_checks import check_sweep
+from finetune.sweep_report import start_line
 from finetune.sweep_trial import train_in_this_process
 
 logger = logging.getLogger("finetune")
@@ -52,8 +53,9 @@ def rehearse_sweep(sweep) -> dict[str, Any]:
     """Check ``sweep`` (a :class:`finetune.sweep.Sweep`) as a start checks it, and its ``--storage`` as far as that
     writes nothing; try its runs at the space's least and most work, say how long the sweep would take, and return
     ``{"runs", "seconds": (least, most)}``."""
-    check_sweep(sweep)
+    metric, greater = check_sweep(sweep)
     check_storage(sweep.storage)
+    logger.info(start_line(sweep, metric, greater, done=None))
     tried = [try_run(sweep, values) for values in work_corners(sweep.space)]
     runs, which = runs_of(sweep)
     pruned = ", less what the pruner stops" if sweep.space.dimensions and sweep.pruner["type"] != "none" else ""

@@ -22,7 +22,9 @@ import yaml
 
 from finetune.outputs import write_atomic
 from finetune.search_space import SearchSpace, overrides, render
-from finetune.study import BEYOND_BUDGET, EVAL_LOSS, FAILED, FOLDER, INTERRUPTED, PRUNED, SAME_AS, STOPPED_SWEEP
+from finetune.study import BEYOND_BUDGET, EVAL_LOSS, FAILED, FOLDER, INTERRUPTED, PRUNED, SAME_AS, STOPPED_SWEEP, \
+    redact
+from finetune.sweep_file import describe_pruner
 
 TRIALS_CSV, SWEEP_MD, BEST_YAML, SWEEP_PNG = "trials.csv", "sweep.md", "best.yaml", "sweep.png"
 
@@ -302,3 +304,23 @@ def sweep_markdown(root: Path, header: Header, rows: list[dict[str, Any]], best:
     if rows or repeat_values:
         lines += [f"![the objective against each searched value]({SWEEP_PNG})", ""]
     return "\n".join(lines)
+
+
+def start_line(sweep, metric: str, greater: bool, done: Optional[int]) -> str:
+    """What the sweep (a :class:`finetune.sweep.Sweep`) will do, its first line; ``done``: its trials finished
+    so far (None: not read, as in a dry run)."""
+    parts = [f"sweep in {sweep.output}: objective {metric} ({'higher' if greater else 'lower'} is better)"]
+    if sweep.space.dimensions:
+        parts.append(f"space {sweep.space.describe()}")
+        parts.append(f"{sweep.trials} trials{f' ({done} done)' if done is not None else ''}, sampler {sweep.sampler}"
+                     + (f" (seed {sweep.sampler_seed})" if sweep.sampler_seed is not None else "")
+                     + f", pruner {describe_pruner(sweep.pruner)}")
+    if sweep.trial_seeds > 1:
+        parts.append(f"each trial over {sweep.trial_seeds} seeds")
+    what = "the best config" if sweep.space.dimensions else "the config"
+    if sweep.seeds:
+        parts.append(f"then {what} over {sweep.seeds} seeds")
+    if sweep.folds:
+        parts.append(f"then {what} on each of {sweep.folds} folds (K-fold cross-validation)")
+    parts.append(f"storage {redact(sweep.storage)} (study {sweep.study_name!r})")
+    return "; ".join(parts)

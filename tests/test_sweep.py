@@ -83,6 +83,11 @@ def test_a_dry_run_tries_the_least_and_most_work_and_says_the_sweeps_length_writ
         assert sweep_in_process(["--config", str(config), "--sweep", str(spec), "--seeds", "2", "--dry-run"]) == 0
     assert not out.exists()
     said = [r.getMessage() for r in caplog.records]
+    # the sweep's own start line first, as a start says it, without a count of trials done it did not read
+    first = next(line for line in said if line.startswith("sweep in "))
+    assert first.startswith(f"sweep in {out}: objective accuracy (higher is better); space ") and \
+        "; 4 trials, sampler random (seed 0), pruner median; then the best config over 2 seeds; storage sqlite:///" \
+        in first, first
     # each run tried says its own dry run: the sweep file's fixed evals_per_epoch reached it, 2 an epoch
     runs = [line for line in said if line.startswith("dry run: ")]
     assert len(runs) == 2 and all(", and its 4 evaluations of 12 texts about " in line for line in runs), runs
