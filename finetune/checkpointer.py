@@ -144,6 +144,18 @@ class Checkpointer:
         elif self.every and state.step % self.every == 0 and (self._saved_at or (-1,))[0] != state.step:
             self.save(f"every {self.every} updates")
 
+    def count_after(self, done: int, due) -> int:
+        """How many checkpoints :func:`~finetune.fitting.fit` saves after update ``done``, unless early stopping
+        ends the run: one at each epoch's end and at the last update, one after each evaluation inside an epoch
+        under a selection (``due``, the run's :class:`~finetune.fitting.EvaluationSchedule`, says when), and one
+        every ``output.checkpoint_every`` updates, a position saved once."""
+        if not self.enabled:
+            return 0
+        selecting = self.history.selection is not None
+        updates = self.run.plan.updates_after(done, len(self.run.train_dataloader))
+        return sum(ends or (selecting and due.mid_epoch(step, micro_batch, k))
+                   or bool(self.every and step % self.every == 0) for step, micro_batch, k, ends in updates)
+
     def where(self) -> str:
         """Where the last checkpoint is, for the message of a stopped run."""
         if self.enabled and self.last_saved is not None:

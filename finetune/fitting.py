@@ -156,24 +156,13 @@ class EvaluationSchedule:
         return bool(self.every and step % self.every == 0)
 
     def count_after(self, done: int) -> int:
-        """How many evaluations :func:`fit` makes after update ``done``, unless early stopping ends the run: the
-        plan's updates walked epoch by epoch, each window ``k`` micro-batches as the loop cuts them (an epoch's
-        last one ragged), and the final weights'."""
-        plan, per_epoch = self.run.plan, len(self.run.train_dataloader)
-        count, step = 0, 0
-        for epoch, updates in enumerate(plan.epoch_updates):
-            k = plan.k_at(epoch)
-            for window in range(1, updates + 1):
-                step += 1
-                if step > plan.total_updates:  # max_steps ends the run inside an epoch the plan counted whole
-                    return count
-                micro_batch = min(window * k, per_epoch)
-                if step <= done:
-                    continue
-                if step == plan.total_updates:
-                    return count + self.validating  # fit evaluates the final weights, due or not
-                ends = micro_batch >= per_epoch
-                count += self.at_epoch_end(step) if ends else self.mid_epoch(step, micro_batch, k)
+        """How many evaluations :func:`fit` makes after update ``done``, unless early stopping ends the run; the
+        final weights' among them."""
+        count = 0
+        for step, micro_batch, k, ends in self.run.plan.updates_after(done, len(self.run.train_dataloader)):
+            if step == self.run.plan.total_updates:
+                return count + self.validating  # fit evaluates the final weights, due or not
+            count += self.at_epoch_end(step) if ends else self.mid_epoch(step, micro_batch, k)
         return count
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Optional, Union
+from typing import Iterator, Optional, Union
 
 import torch
 from transformers import get_scheduler
@@ -164,6 +164,21 @@ class UpdatePlan:
     def k_at(self, epoch: int) -> int:
         """``k`` of ``epoch``."""
         return self.schedule.k_at(epoch)
+
+    def updates_after(self, done: int, micro_batches_per_epoch: int) -> Iterator[tuple[int, int, int, bool]]:
+        """The run's updates after update ``done``, as the loop makes them: ``(step, micro-batch its window ends
+        at in its epoch, k, whether it ends its epoch or the run)``; windows of ``k`` micro-batches from each
+        epoch's start, its last one ragged."""
+        step = 0
+        for epoch, updates in enumerate(self.epoch_updates):
+            k = self.k_at(epoch)
+            for window in range(1, updates + 1):
+                step += 1
+                if step > self.total_updates:  # max_steps ends the run inside an epoch counted whole
+                    return
+                micro_batch = min(window * k, micro_batches_per_epoch)
+                if step > done:
+                    yield step, micro_batch, k, micro_batch >= micro_batches_per_epoch or step == self.total_updates
 
     @property
     def accumulation(self) -> tuple[int, ...]:

@@ -19,6 +19,7 @@ from finetune.assembly import Run
 from finetune.checkpointer import Checkpointer
 from finetune.fitting import EvaluationSchedule, evaluate_run, loop_settings, training_speedups
 from finetune.loop import TrainState, train_one_epoch
+from finetune.lora import is_lora
 from finetune.selection import EvalHistory
 
 # updates a dry run trains: the first few carry the start-up (a new shape's kernels, a graph's capture), the
@@ -49,6 +50,10 @@ class Rehearsal:
     evaluation_seconds: Optional[float] = None
     # the evaluations a start would make, by the run's evaluation schedule (fewer where early stopping ends it)
     evaluations: int = 0
+    # the checkpoints a start would save (fewer where early stopping ends it), and the bytes of one: the trained
+    # weights and the optimizer's state, as the tried updates left them
+    checkpoints: int = 0
+    checkpoint_bytes: int = 0
 
 
 def rehearse(run: Run, updates: int = REHEARSED_UPDATES) -> Rehearsal:
@@ -87,10 +92,22 @@ def rehearse(run: Run, updates: int = REHEARSED_UPDATES) -> Rehearsal:
     done = checkpoints.resume_meta["state"]["step"] if checkpoints.resume_meta is not None else 0
     pace, estimate = pace_and_estimate(seconds, run.plan.total_updates - done)
     peak = torch.cuda.max_memory_allocated(acc.device) if acc.device.type == "cuda" else None
+    due = EvaluationSchedule(run)
     return Rehearsal(losses=losses, seconds=seconds, total_updates=run.plan.total_updates, pace=pace,
                      estimate=estimate, gpu_peak=peak, resumes_from=checkpoints.resume_path,
-                     done_updates=done, evaluation_seconds=evaluation,
-                     evaluations=EvaluationSchedule(run).count_after(done))
+                     done_updates=done, evaluation_seconds=evaluation, evaluations=due.count_after(done),
+                     checkpoints=checkpoints.count_after(done, due), checkpoint_bytes=checkpoint_bytes(run))
+
+
+def checkpoint_bytes(run: Run) -> int:
+    """About what a checkpoint of the run holds: its weights (a LoRA run's adapters alone) and the optimizer's
+    state; the tokenizer's files, the random states and the schedule are small beside them."""
+    model = run.accelerator.unwrap_model(run.model)
+    lora = is_lora(model)
+    weights = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad or not lora)
+    state = sum(value.numel() * value.element_size() for per_weight in run.optimizer.state.values()
+                for value in per_weight.values() if torch.is_tensor(value))
+    return weights + state
 
 
 def pace_and_estimate(seconds: list[float], updates: int) -> tuple[float, float]:

@@ -155,17 +155,23 @@ def _updates_by_epoch(plan: UpdatePlan) -> str:
 
 def dry_run_line(run: Run, rehearsal: Rehearsal) -> str:
     """``finetune train --dry-run``'s line, from its :class:`~finetune.rehearsal.Rehearsal`: the updates tried,
-    their pace, the run's estimated length, its evaluations' time, the GPU memory, and that nothing was written."""
+    their pace, the run's estimated length, its evaluations' time, its checkpoints, the GPU memory, and that
+    nothing was written."""
     tried = len(rehearsal.seconds)
     losses = (f"loss {rehearsal.losses[0]:.4f} to {rehearsal.losses[-1]:.4f}" if rehearsal.losses
               else "no finite loss")
     evaluation = _evaluations(run, rehearsal) if rehearsal.evaluations else ""
+    saves = rehearsal.checkpoints
+    checkpoints = (f", and {f'its {saves} checkpoints' if saves > 1 else 'its checkpoint'} of about "
+                   f"{rehearsal.checkpoint_bytes / 1024**3:.2f}GB{' each' if saves > 1 else ''}, not timed"
+                   if saves else "")
     memory = ""
     if rehearsal.gpu_peak is not None:
         plan = f" (the plan: {run.memory.total / 1024**3:.2f}GB)" if run.memory is not None else ""
         memory = f"; GPU memory peaked at {rehearsal.gpu_peak / 1024**3:.2f}GB{plan}"
     return (f"dry run: {tried} update{'s' if tried != 1 else ''} trained in {sum(rehearsal.seconds):.1f} s "
-            f"({losses}), {rehearsal.pace:.2f} s each at the end: {_what_is_left(rehearsal)}{evaluation}{memory}; "
+            f"({losses}), {rehearsal.pace:.2f} s each at the end: {_what_is_left(rehearsal)}{evaluation}{checkpoints}"
+            f"{memory}; "
             f"nothing was written to {run.cfg.output.output_dir}")
 
 

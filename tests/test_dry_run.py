@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+from pathlib import Path
 
 import pytest
 
@@ -38,8 +39,8 @@ def test_a_dry_run_trains_the_runs_first_updates_estimates_its_length_and_writes
     # 48 training rows in windows of 8: 6 updates an epoch, 12 in all; the first epoch's 6 are tried
     match = re.fullmatch(r"dry run: 6 updates trained in [\d.]+ s \(loss ([\d.]+) to ([\d.]+)\), [\d.]+ s each at "
                          r"the end: the run's 12 updates would take about [\d.]+ s, and its (\d+) evaluations of 12 "
-                         r"texts about ([\d.]+) s more \(([\d.]+) s each\); "
-                         rf"nothing was written to {re.escape(str(out))}", line)
+                         r"texts about ([\d.]+) s more \(([\d.]+) s each\), and its 2 checkpoints of about "
+                         rf"[\d.]+GB each, not timed; nothing was written to {re.escape(str(out))}", line)
     assert match, line
     first, last, evaluations, all_seconds, each = match.groups()
     assert float(all_seconds) == pytest.approx(int(evaluations) * float(each), abs=0.051 * int(evaluations))
@@ -98,7 +99,8 @@ def test_a_dry_run_where_a_start_would_resume_estimates_the_updates_left(tmp_pat
     match = re.fullmatch(rf"dry run: 6 updates trained in [\d.]+ s \(loss [\d.]+ to [\d.]+\), [\d.]+ s each at "
                          rf"the end: a start resumes from {re.escape(str(out / 'checkpoints' / 'checkpoint-2'))} "
                          rf"\(update 2 of 6\): its 4 updates left would take about 2.0 s, and its evaluation of "
-                         rf"12 texts about [\d.]+ s more; nothing was written to {re.escape(str(out))}", line)
+                         rf"12 texts about [\d.]+ s more, and its 2 checkpoints of about [\d.]+GB each, not timed; "
+                         rf"nothing was written to {re.escape(str(out))}", line)
     assert match, line
 
 
@@ -115,6 +117,17 @@ def test_the_estimate_takes_the_later_updates_pace_for_all_but_the_first(tmp_pat
     assert rehearsal.estimate == pytest.approx(sum(rehearsal.seconds))  # every update tried: their own seconds
     assert rehearsal.gpu_peak is None  # measured on a CUDA GPU only
     assert rehearsal.evaluation_seconds > 0  # the run has validation data: one evaluation was made and timed
+    # a checkpoint's weights and optimizer state: the tensors the same run's own checkpoint holds
+    import torch
+    from safetensors.torch import load_file
+
+    fit_tiny_run(tmp_path / "real", training={"max_steps": 2, "num_train_epochs": None})
+    saved = tmp_path / "real" / "out" / "checkpoints" / "checkpoint-2"
+    weights = load_file(str(saved / "model.safetensors")).values()
+    state = torch.load(saved / "optimizer.bin", weights_only=True)["state"].values()
+    held = sum(t.numel() * t.element_size() for t in [*weights, *(v for s in state for v in s.values())]
+               if torch.is_tensor(t))
+    assert rehearsal.checkpoints == 1 and rehearsal.checkpoint_bytes == held
     # a longer run: the tried updates as they took, the rest at the later half's median
     assert pace_and_estimate([0.9, 0.3, 0.2, 0.25, 0.21, 0.22], 100) == pytest.approx((0.22, 2.08 + 0.22 * 94))
     assert pace_and_estimate([0.9], 10) == pytest.approx((0.9, 9.0))
@@ -124,30 +137,43 @@ def test_the_estimate_takes_the_later_updates_pace_for_all_but_the_first(tmp_pat
 
 
 # the tiny run: 150 rows in micro-batches of 8, 19 an epoch; at k=2 ten updates an epoch, the tenth of one micro-batch
-@pytest.mark.parametrize("training, evaluation", [
-    ({}, {}),  # at each epoch's end
-    ({"eval_each_epoch": False}, {}),  # the final weights' alone
-    ({}, {"eval_every": 4}),  # every 4 updates, and at the epoch ends between
-    ({"eval_each_epoch": False}, {"eval_every": 3}),  # every 3 updates, and the final weights
-    ({}, {"evals_per_epoch": 3}),
-    ({"max_steps": 13, "num_train_epochs": None}, {"evals_per_epoch": 4}),  # the run ends inside a share
-    ({"num_train_epochs": 1.5}, {"eval_every": 4}),
-    ({"gradient_accumulation_steps": None, "accumulation_schedule": {0: 1, 1: 3}}, {"evals_per_epoch": 3}),
-    ({"gradient_accumulation_steps": 3, "num_train_epochs": 3}, {"eval_every": 5}),  # 7 updates an epoch
+@pytest.mark.parametrize("training, evaluation, output", [
+    ({}, {}, {}),  # at each epoch's end
+    ({"eval_each_epoch": False}, {}, {}),  # the final weights' alone
+    ({}, {"eval_every": 4}, {}),  # every 4 updates, and at the epoch ends between
+    ({"eval_each_epoch": False}, {"eval_every": 3, "metric_for_best_model": "f1"}, {}),  # each saved, selected
+    ({}, {"evals_per_epoch": 3, "metric_for_best_model": "loss"}, {"checkpoint_every": 4}),
+    ({"max_steps": 13, "num_train_epochs": None}, {"evals_per_epoch": 4}, {"checkpoint_every": 5}),
+    ({"num_train_epochs": 1.5}, {"eval_every": 4, "metric_for_best_model": "f1"}, {"checkpoint_every": 4}),
+    ({"gradient_accumulation_steps": None, "accumulation_schedule": {0: 1, 1: 3}}, {"evals_per_epoch": 3}, {}),
+    ({"gradient_accumulation_steps": 3, "num_train_epochs": 3}, {"eval_every": 5}, {"save_checkpoints": False}),
 ])
-def test_the_evaluations_counted_ahead_are_those_the_run_makes(tmp_path, training, evaluation, fresh_accelerate_state):
+def test_the_evaluations_and_checkpoints_counted_ahead_are_those_the_run_makes(tmp_path, training, evaluation, output,
+                                                                              fresh_accelerate_state):
+    from finetune.checkpointer import Checkpointer
     from finetune.fitting import EvaluationSchedule
+    from finetune.selection import EvalHistory
     from tiny_run import fit_tiny_run
 
-    schedules = []
-    _, summary = fit_tiny_run(tmp_path, before_fit=lambda run: schedules.append(EvaluationSchedule(run)),
-                              training=training, evaluation=evaluation, output={"save_checkpoints": False})
+    counters = []
+
+    def count_ahead(run):
+        due = EvaluationSchedule(run)
+        counters.append((due, Checkpointer(run, EvalHistory.from_config(run.cfg.evaluation))))
+
+    cfg, summary = fit_tiny_run(tmp_path, before_fit=count_ahead, training=training, evaluation=evaluation,
+                                output={"keep_last": None, **output})
     evaluated = [record["step"] for record in summary["epochs"]]
     assert len(set(evaluated)) == len(evaluated) and evaluated[-1] == summary["train"]["updates"]
-    schedule = schedules[0]
-    # from every update a start could resume after: the evaluations the run made after it
-    assert [schedule.count_after(done) for done in range(summary["train"]["updates"] + 1)] == \
-        [sum(step > done for step in evaluated) for done in range(summary["train"]["updates"] + 1)]
+    root = Path(cfg.output.output_dir) / "checkpoints"
+    saved = sorted(int(p.name.split("-")[1]) for p in root.glob("checkpoint-*")) if root.exists() else []
+    assert bool(saved) == cfg.output.save_checkpoints
+    due, checkpoints = counters[0]
+    # from every update a start could resume after: the evaluations and checkpoints the run made after it
+    points = range(summary["train"]["updates"] + 1)
+    assert [due.count_after(done) for done in points] == [sum(step > done for step in evaluated) for done in points]
+    assert [checkpoints.count_after(done, due) for done in points] == [sum(step > done for step in saved)
+                                                                       for done in points]
 
 
 @pytest.mark.parametrize("seconds, said", [(0.42, "0.4 s"), (14.2, "14 s"), (89, "89 s"), (210, "3.5 min"),
