@@ -35,7 +35,8 @@ WORK_KEYS = {"training.effective_batch_size": True, "training.gradient_accumulat
 @dataclass
 class TriedRun:
     """One run of the sweep tried, and its estimated seconds: its start (the model loaded, the data read, the
-    memory plan), its updates and its evaluations; its checkpoints and saved files are not counted."""
+    memory plan), its updates and its evaluations; its checkpoints (counted, with the bytes of one) and saved files
+    are not timed."""
 
     values: list[str]
     start: float
@@ -43,6 +44,8 @@ class TriedRun:
     training: float
     evaluations: int
     evaluating: float
+    checkpoints: int = 0
+    checkpoint_bytes: int = 0
 
     @property
     def seconds(self) -> float:
@@ -89,7 +92,7 @@ def try_run(sweep, values: list[str]) -> TriedRun:
     # a trial is built in the sweep's process as this run was, after its own imports
     start = max(0.0, time.perf_counter() - began - sum(rehearsal.seconds) - each)
     return TriedRun(values, start, rehearsal.total_updates, rehearsal.estimate, rehearsal.evaluations,
-                    rehearsal.evaluations * each)
+                    rehearsal.evaluations * each, rehearsal.checkpoints, rehearsal.checkpoint_bytes)
 
 
 def tried_in_words(tried: list[TriedRun]) -> str:
@@ -99,11 +102,20 @@ def tried_in_words(tried: list[TriedRun]) -> str:
         count = f"{run.evaluations} evaluations" if run.evaluations > 1 else "evaluation"
         evaluations = f", its {count} {readable_duration(run.evaluating)}" if run.evaluations else ""
         return (f"a run would take about {readable_duration(run.seconds)}: its start {readable_duration(run.start)}, "
-                f"its {run.updates} updates {readable_duration(run.training)}{evaluations}, not its checkpoints and "
-                f"saved files")
+                f"its {run.updates} updates {readable_duration(run.training)}{evaluations}, {untimed(tried)}")
     each = " and ".join(f"{readable_duration(run.seconds)} at {' '.join(run.values)} ({run.updates} updates)"
                         for run in tried)
-    return f"a run would take about {each}: its start, updates and evaluations, not its checkpoints and saved files"
+    return f"a run would take about {each}: its start, updates and evaluations, {untimed(tried)}"
+
+
+def untimed(tried: list[TriedRun]) -> str:
+    """What a run writes, which the estimate leaves out: its checkpoints, counted, and its saved files."""
+    counts = sorted({run.checkpoints for run in tried})
+    if counts[-1] == 0:
+        return "not its saved files"
+    size = max(run.checkpoint_bytes for run in tried) / 1024**3
+    many = str(counts[0]) if len(counts) == 1 else f"{counts[0]} to {counts[-1]}"
+    return f"not its checkpoints ({many} a run, about {size:.2f}GB each) or saved files"
 
 
 def runs_of(sweep) -> tuple[int, str]:

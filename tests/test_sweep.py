@@ -94,7 +94,8 @@ def test_a_dry_run_tries_the_least_and_most_work_and_says_the_sweeps_length_writ
     line = next(line for line in said if line.startswith("sweep dry run: "))
     match = re.fullmatch(r"sweep dry run: a run would take about ([\d.]+) s at training.effective_batch_size=8 \(12 "
                          r"updates\) and ([\d.]+) s at training.effective_batch_size=4 \(24 updates\): its start, "
-                         r"updates and evaluations, not its checkpoints and saved files; the search's 4 trials, then "
+                         r"updates and evaluations, not its checkpoints \(4 a run, about [\d.]+GB each\) or saved "
+                         r"files; the search's 4 trials, then "
                          r"the best config over 2 seeds: 6 runs, about ([\d.]+) s to ([\d.]+) s, less what the "
                          rf"pruner stops; nothing was written to {re.escape(str(out))}", line)
     assert match, line
@@ -113,7 +114,8 @@ def test_a_dry_run_tries_the_least_and_most_work_and_says_the_sweeps_length_writ
         assert sweep_in_process(["--config", str(config), "--seeds", "3", "--dry-run"]) == 0
     line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("sweep dry run: "))
     match = re.fullmatch(r"sweep dry run: a run would take about ([\d.]+) s: its start [\d.]+ s, its 12 updates "
-                         r"[\d.]+ s, its 2 evaluations [\d.]+ s, not its checkpoints and saved files; the config over "
+                         r"[\d.]+ s, its 2 evaluations [\d.]+ s, not its checkpoints \(2 a run, about [\d.]+GB "
+                         r"each\) or saved files; the config over "
                          rf"3 seeds: 3 runs, about ([\d.]+) s; nothing was written to {re.escape(str(out))}", line)
     assert match, line
     assert float(match[2]) == pytest.approx(3 * float(match[1]), abs=3 * 0.05 + 0.05)
