@@ -161,10 +161,7 @@ def dry_run_line(run: Run, rehearsal: Rehearsal) -> str:
     losses = (f"loss {rehearsal.losses[0]:.4f} to {rehearsal.losses[-1]:.4f}" if rehearsal.losses
               else "no finite loss")
     evaluation = _evaluations(run, rehearsal) if rehearsal.evaluations else ""
-    saves = rehearsal.checkpoints
-    checkpoints = (f", and {f'its {saves} checkpoints' if saves > 1 else 'its checkpoint'} of about "
-                   f"{rehearsal.checkpoint_bytes / 1024**3:.2f}GB{' each' if saves > 1 else ''}, not timed"
-                   if saves else "")
+    checkpoints = _checkpoints(rehearsal) if rehearsal.checkpoints else ""
     memory = ""
     if rehearsal.gpu_peak is not None:
         plan = f" (the plan: {run.memory.total / 1024**3:.2f}GB)" if run.memory is not None else ""
@@ -196,6 +193,14 @@ def _evaluations(run: Run, rehearsal: Rehearsal) -> str:
     sooner = ", fewer if early stopping ends it" if run.cfg.evaluation.early_stopping_patience else ""
     return (f", and its {count} evaluations of {texts} texts about {readable_duration(count * each)} more "
             f"({readable_duration(each)} each{sooner})")
+
+
+def _checkpoints(rehearsal: Rehearsal) -> str:
+    """The checkpoints a start would save, and the size of one; their time depends on a disk not written to."""
+    size = f"{rehearsal.checkpoint_bytes / 1024**3:.2f}GB"
+    if rehearsal.checkpoints == 1:
+        return f", and its checkpoint of about {size}, not timed"
+    return f", and its {rehearsal.checkpoints} checkpoints of about {size} each, not timed"
 
 
 def readable_duration(seconds: float) -> str:

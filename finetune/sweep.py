@@ -7,7 +7,7 @@ Usage::
     finetune sweep --config run.yaml --seeds 5                               # the config as given, over 5 seeds
     finetune sweep --config run.yaml --folds 5                               # 5-fold cross-validation of it
     finetune sweep --sweep sweep.yaml --storage postgresql://user@host/db    # one of several workers
-    finetune sweep --sweep sweep.yaml --seeds 5 --dry-run                  # how long it would take; writes nothing
+    finetune sweep --sweep sweep.yaml --seeds 5 --dry-run                    # how long it would take; writes nothing
 
 Each trial is an ordinary run of this package in its own folder under the
 sweep's folder (``--output``), trained in this process. Optuna draws the

@@ -187,9 +187,9 @@ def build_and_fit(cfg, batching, on_evaluation=None, dry_run: bool = False) -> t
     Returns (main process?, summary)."""
     from finetune.assembly import setup_run
     from finetune.fitting import fit
-    from finetune.rehearsal import rehearse
     from finetune.launch import build_accelerator
     from finetune.out_of_memory import out_of_memory_error
+    from finetune.rehearsal import rehearse
     from finetune.start_line import dry_run_line, say
 
     quiet_library_progress()
