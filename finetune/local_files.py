@@ -37,23 +37,15 @@ import pyarrow.compute as pc
 from finetune.class_folders import read_class_folders
 from finetune.config import DataConfig
 from finetune.errors import ConfigError, DataError, FileLayoutError, FinetuneError, root_message
-from finetune.remote_files import is_url
-from finetune.resources import SAVED_DATASET_DICT_FILE, data_path, saved_by_datasets
+from finetune.archives import as_given, is_archive
+from finetune.remote_files import is_url, url_file_name
+from finetune.resources import EXTENSIONS, SAVED_DATASET_DICT_FILE, data_path, saved_by_datasets
 from finetune.tables import Table, as_arrow, as_mask
 from finetune.text_encoding import (COMPRESSIONS, compression_of, inner_suffix, is_utf8, open_bytes, open_text,
                                     python_codec, undecodable)
 
 logger = logging.getLogger("finetune.data")  # every note on reading the data has one logger, as tokens.py does too
 
-# Extension -> format for ``data.format: auto``.
-EXTENSIONS = {
-    ".csv": "csv",
-    ".tsv": "tsv",
-    ".tab": "tsv",
-    ".json": "json",
-    ".jsonl": "json",
-    ".parquet": "parquet",
-}
 # what users most often have instead of a text file: the error says how to make one
 SPREADSHEETS = (".xlsx", ".xls", ".xlsm", ".ods", ".numbers")
 # a .txt whose lines hold tab-separated fields reads as TSV; one text per line carries no label
@@ -86,14 +78,19 @@ def read_local(spec: str, key: str, cfg: DataConfig, encoding_flag: str = "data.
     """Read one local file (its own columns) or class folder into a :class:`Table`; a URL's file is read from
     its downloaded copy (:mod:`finetune.remote_files`), and named by its URL in the table and in any error."""
     path = data_path(spec, key)
-    if not is_url(spec):
-        return _read_path(path, key, cfg, encoding_flag)
     try:
         table = _read_path(path, key, cfg, encoding_flag)
-    except DataError as exc:  # the copy's path is the cache's: the user gave the URL
-        named = str(path)
-        raise type(exc)(exc.message.replace(named, spec), exc.hint and exc.hint.replace(named, spec)) from None
-    return dataclasses.replace(table, source=spec)
+    except DataError as exc:  # a copy's path is the cache's: the user gave the URL, or the archive
+        raise type(exc)(_as_given(exc.message, path, spec), _as_given(exc.hint, path, spec)) from None
+    return dataclasses.replace(table, source=_as_given(table.source, path, spec))
+
+
+def _as_given(text: Optional[str], path: Path, spec: str) -> Optional[str]:
+    """``text`` with the cache's paths named as the setting ``spec`` names them: the URL for its downloaded copy
+    (``path``), the archive's path for its unpacked copy."""
+    if text and is_url(spec) and not is_archive(Path(url_file_name(spec))):
+        text = text.replace(str(path), spec)
+    return as_given(text)
 
 
 def _read_path(path: Path, key: str, cfg: DataConfig, encoding_flag: str) -> Table:
@@ -195,13 +192,14 @@ def _unsupported(path: Path, suffix: str, key: str) -> DataError:
 
 # a file named without an extension (a spreadsheet's export URL, `.../export?format=csv`) reads once it is named
 _NO_EXTENSION_HINT = "without an extension, the format is named: data.format=csv (or tsv, json, parquet)"
-# how to unpack what is not read as it is: zstd (the standard library has no reader of it) and archives
+# how to unpack what is not read as it is: zstd (the standard library has no reader of it) and the archives that
+# finetune.archives does not unpack (the standard library reads neither)
 _UNCOMPRESS = {".gz": "gunzip -k", ".bz2": "bunzip2 -k", ".xz": "unxz -k", ".zst": "unzstd"}
-_ARCHIVES = {".zip": "unzip", ".tar": "tar -xf", ".tgz": "tar -xzf"}
+_ARCHIVES = {".7z": "7z x", ".rar": "unrar x"}
 
 
 def _packed_hint(path: Path, suffix: str, compression: str) -> Optional[str]:
-    if suffix == ".tar" or (suffix in _ARCHIVES and not compression):
+    if suffix in _ARCHIVES and not compression:
         return f"an archive: {_ARCHIVES[suffix]} {path}, then pass the file or folder it holds"
     if suffix == ".zst":
         return f"compressed as zstd, which is not read here: {_UNCOMPRESS[suffix]} {path} writes " \

@@ -41,9 +41,8 @@ from typing import Any, Optional, Sequence
 from finetune.errors import ConfigError, DataError, ModelError, OutOfMemory, out_of_memory_told_as, run_command
 from finetune.outputs import refuse_a_run_file
 from finetune.prediction_files import (CLASH_PREFIX, OUTPUT_FORMATS, STDIN, checked_suffix,
-                                       columns_named_as_predictions, input_kind, output_separator, predict_rows,
-                                       read_rows, write_predictions)
-from finetune.remote_files import is_url, local_copy
+                                       columns_named_as_predictions, input_kind, local_file, output_separator,
+                                       predict_rows, read_rows, write_predictions)
 from finetune.text_encoding import check_encoding
 from finetune.truncation import BOOKKEEPING, LENGTH, Truncation, prediction_length
 
@@ -368,8 +367,8 @@ def run(args: argparse.Namespace) -> None:
     output_dir = Path(args.output_dir)
     if not output_dir.is_dir():
         raise ModelError(f"{output_dir}: not found (pass a run's output_dir)")
-    # the file last, since a URL's is downloaded first: its copy, named as the URL names it, is what is read
-    file = str(local_copy(args.file, "--file")) if args.file and is_url(args.file) else args.file
+    # the file last, since a URL's is downloaded first, and an archive unpacked: the copy is what is read
+    file = local_file(args.file) if args.file else args.file
     # a line of a .txt file, or of standard input, is a text: the run's text column names a table's column
     lines = file == STDIN or bool(file) and input_kind(file) == ".txt"  # before the imports below
     if lines and args.text_column is not None:

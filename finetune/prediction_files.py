@@ -66,6 +66,16 @@ def input_kind(file: str | os.PathLike) -> str:
     return suffix
 
 
+def local_file(given: str) -> str:
+    """The file ``--file`` names on this machine: a URL's downloaded copy, the file an archive holds
+    (:func:`finetune.resources.data_path`), else ``given`` itself."""
+    from finetune.archives import in_an_archive
+    from finetune.remote_files import is_url
+    from finetune.resources import data_path
+
+    return str(data_path(given, "--file")) if is_url(given) or in_an_archive(given) else given
+
+
 def read_rows(path: str | os.PathLike, text_column: str = "text",
               text_pair_column: Optional[str] = None, encoding: str = "utf-8") -> list[dict[str, Any]]:
     """The rows of a ``.txt``, ``.csv``, ``.tsv``, ``.json``, ``.jsonl`` or ``.parquet`` file, or of a folder
@@ -84,13 +94,10 @@ def read_rows(path: str | os.PathLike, text_column: str = "text",
     from finetune.config import DataConfig
     from finetune.column_hints import PANDAS_JSON_HINT, named_like, pandas_layout
     from finetune.local_files import read_table
-    from finetune.remote_files import is_url
-    from finetune.resources import data_path
-
     given = str(path)
-    stdin, url = given == STDIN, is_url(given)
-    local = data_path(given, "--file") if url else Path(given)  # a URL is read from its downloaded copy,
-    path = given if url else local  # and named as given
+    stdin = given == STDIN
+    local = Path(local_file(given))  # a URL or an archive is read from its copy,
+    path = given if str(local) != given else local  # and named as given
     suffix = ".txt" if stdin else input_kind(local)
     if suffix == ".txt":
         if text_pair_column:

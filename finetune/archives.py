@@ -1,0 +1,173 @@
+"""An archive's files read where they are packed: ``--data spam.zip``, or a path inside one,
+``--data aclImdb_v1.tar.gz/aclImdb/train``.
+
+Data sets are often handed out packed: a Kaggle download is a ``.zip``, many
+papers' are a ``.tar.gz``. An archive (``.zip``, ``.tar``, or a tar compressed as
+``.tar.gz``/``.tgz``, ``.tar.bz2``/``.tbz2``, ``.tar.xz``/``.txz``) is unpacked once into
+``datasets``' cache (``HF_DATASETS_CACHE``), in a folder named by the SHA-256 of
+its bytes: a rerun reads the copy, and an archive replaced by another at the same
+path is unpacked anew. :func:`finetune.resources.data_path` decides what an archive
+reads as; errors name its files by their path in the archive (:func:`as_given`), not
+by the copy's.
+
+Unpacked with the standard library rather than ``datasets``' ``DownloadManager.extract``,
+which names its copy by the archive's path (an archive replaced at the same path reads
+the old copy) and takes a partly unpacked copy, left by a run that was stopped, for a
+whole one. Here a copy is unpacked aside and renamed into place when it is whole.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import shutil
+import tarfile
+import zipfile
+from pathlib import Path, PurePosixPath
+from typing import Optional
+
+from finetune.errors import DataError, root_message
+
+logger = logging.getLogger("finetune.data")
+
+# by the end of a file's name: a tar compressed whole is an archive too (`.tar.gz`), where `.gz` alone is one file
+ARCHIVES = (".zip", ".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tbz2", ".tar.xz", ".txz")
+# what packers add beside the files (macOS's resource forks, Finder's and Explorer's folder settings)
+PACKERS_ADDITIONS = ("__MACOSX", ".DS_Store", "Thumbs.db", "desktop.ini")
+# each unpacked copy's folder, and the archive as its setting names it (a path or a URL), for the errors
+_GIVEN: dict[str, str] = {}
+# (path, size, modification time) -> the archive's digest: a run reads its data files more than once
+_DIGESTS: dict[tuple[str, int, int], str] = {}
+
+
+def is_archive(path: Path) -> bool:
+    """Whether ``path``'s name is an archive's (``spam.zip``, ``reviews.tar.gz``); it need not be there."""
+    return path.name.lower().endswith(ARCHIVES)
+
+
+def archive_on(path: Path) -> Optional[tuple[Path, PurePosixPath]]:
+    """The archive file a path goes through, and the path inside it: ``(spam.zip, data/spam.csv)`` for
+    ``spam.zip/data/spam.csv``; None where no folder above ``path`` is an archive file."""
+    for above in path.parents:
+        if is_archive(above) and above.is_file():
+            return above, PurePosixPath(path.relative_to(above).as_posix())
+    return None
+
+
+def in_an_archive(spec: str) -> bool:
+    """Whether a local path names an archive file or a path inside one (read from the unpacked copy)."""
+    path = Path(spec)
+    return (is_archive(path) and path.is_file()) or (not path.exists() and archive_on(path) is not None)
+
+
+def unpacked(archive: Path, key: str, given: Optional[str] = None) -> Path:
+    """The folder that holds ``archive``'s files, unpacked on the first call (``given``: the archive as its
+    setting names it, :func:`as_given`'s name for the folder; the path where None).
+
+    Raises:
+        DataError: naming ``key`` and the archive where it cannot be read (damaged, encrypted, not the format
+            its name says), or its files would not fit on the cache's disk.
+    """
+    import datasets.config  # its cache's place, which HF_DATASETS_CACHE and HF_HOME move
+
+    given = given or str(archive)
+    folder = Path(datasets.config.DOWNLOADED_DATASETS_PATH) / "unpacked" / _digest(archive)
+    if not folder.is_dir():
+        try:
+            _unpack(archive, folder)
+        except _Refused as exc:
+            raise DataError(f"{key}: {given}: cannot unpack: {exc.args[0]}", hint=exc.args[1]) from None
+        except (OSError, EOFError, RuntimeError, ValueError, zipfile.BadZipFile, tarfile.TarError) as exc:
+            # a cut or damaged file, a member whose compression Python lacks
+            raise DataError(f"{key}: {given}: cannot unpack: {root_message(exc)}",
+                            hint=_unpack_hint(archive, exc)) from None
+        logger.info("%s: unpacked into %s", given, folder)
+    _GIVEN[str(folder)] = given
+    return folder
+
+
+def as_given(text: Optional[str]) -> Optional[str]:
+    """``text`` with each unpacked copy's folder named as the archive it came from: ``spam.zip/spam.csv``."""
+    for folder, given in _GIVEN.items():
+        text = text and text.replace(folder, given)
+    return text
+
+
+def holds(folder: Path) -> list[Path]:
+    """A folder's entries, sorted, without what packers add beside the files."""
+    return sorted(entry for entry in folder.iterdir() if entry.name not in PACKERS_ADDITIONS)
+
+
+def _digest(archive: Path) -> str:
+    stat = archive.stat()
+    key = (str(archive.resolve()), stat.st_size, stat.st_mtime_ns)
+    if key not in _DIGESTS:
+        digest = hashlib.sha256()
+        with open(archive, "rb") as fh:
+            while chunk := fh.read(1 << 20):
+                digest.update(chunk)
+        _DIGESTS[key] = digest.hexdigest()[:32]
+    return _DIGESTS[key]
+
+
+def _unpack(archive: Path, folder: Path) -> None:
+    """Unpack ``archive`` into ``folder``. Each process of a launch may do so at once: each unpacks aside and
+    renames its copy into place, and the first whole copy stays."""
+    aside = folder.with_name(f".{folder.name}.{os.getpid()}")
+    shutil.rmtree(aside, ignore_errors=True)  # this process's own, left by a run that was stopped
+    aside.mkdir(parents=True)
+    try:
+        if archive.name.lower().endswith(".zip"):
+            with zipfile.ZipFile(archive) as packed:
+                _refuse_encrypted(packed, archive)
+                _check_room(sum(member.file_size for member in packed.infolist()), aside)
+                packed.extractall(aside)  # a member named outside the folder (`../x`, `/x`) is put inside it
+        else:
+            with tarfile.open(archive) as packed:  # its compression read from its first bytes
+                members = [member for member in packed.getmembers() if _plain_and_inside(member)]
+                _check_room(sum(member.size for member in members), aside)
+                packed.extractall(aside, members=members, **_TAR_FILTER)
+        try:
+            os.replace(aside, folder)
+        except OSError:
+            if not folder.is_dir():  # else another process's whole copy took the place first: that one is read
+                raise
+    finally:
+        shutil.rmtree(aside, ignore_errors=True)
+
+
+def _plain_and_inside(member: tarfile.TarInfo) -> bool:
+    """A file or folder whose path stays inside the archive's folder: links and devices are left out, as
+    tarfile's ``data`` filter refuses them too (it is on where the Python has it)."""
+    parts = PurePosixPath(member.name).parts
+    return (member.isfile() or member.isdir()) and not PurePosixPath(member.name).is_absolute() and ".." not in parts
+
+
+_TAR_FILTER = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
+
+
+class _Refused(Exception):
+    """What stops an archive's unpacking before it starts: the reason, and what to do."""
+
+
+def _refuse_encrypted(packed: zipfile.ZipFile, archive: Path) -> None:
+    encrypted = [member.filename for member in packed.infolist() if member.flag_bits & 0x1]  # the zip format's bit
+    more = f" (and {len(encrypted) - 1} more)" if len(encrypted) > 1 else ""
+    if encrypted:
+        raise _Refused(f"{encrypted[0]} is encrypted{more}",
+                       f"unpack it with its password (unzip {archive}) and pass the file it holds")
+
+
+def _check_room(size: int, folder: Path) -> None:
+    free = shutil.disk_usage(folder).free
+    if size > free:
+        raise _Refused(f"its files take {size / 1e9:.1f}GB and the cache's disk has {free / 1e9:.1f}GB free",
+                       "HF_DATASETS_CACHE=<a folder on a disk with room> moves the cache")
+
+
+def _unpack_hint(archive: Path, exc: BaseException) -> Optional[str]:
+    if isinstance(exc, (zipfile.BadZipFile, tarfile.TarError, EOFError)):
+        test = "unzip -t" if archive.name.lower().endswith(".zip") else "tar -tf"
+        return f"it may be cut short, or not an archive: {test} {archive} tests it"
+    return None
