@@ -118,7 +118,9 @@ class DataConfig:
         "Parquet, each on disk or at a URL (downloaded once into datasets' cache; `https://...`, "
         "`hf://datasets/...`), a folder of class sub-folders of .txt files, or a "
         "folder that `datasets`' `save_to_disk` wrote (of a `DatasetDict`: its `train_split`, and its "
-        "`validation_split_name` as the validation set). "
+        "`validation_split_name` as the validation set). Any of these also packed in a .zip or a .tar "
+        "(.tar.gz, .tgz, .tar.bz2, .tar.xz), unpacked once into datasets' cache: the archive reads as "
+        "the one data file or the folder it holds, and `contest.zip/train.csv` names one of several. "
         "`pkg:<distribution>/<path>` points inside an installed package. In YAML a file may also be a "
         "mapping `{path: ..., format: ..., has_header: ..., column_names: ...}`: settings that describe "
         "that file only, dropped with it when an override names another file.")
