@@ -94,6 +94,22 @@ def as_given(text: Optional[str]) -> Optional[str]:
     return text
 
 
+class _NamedAsGiven(logging.Filter):
+    """Names an unpacked copy's files by their path in the archive in the data's log lines too (a class folder's
+    warning, a CSV read as semicolon-separated), as :func:`as_given` names them in its errors."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if _GIVEN:
+            message = record.getMessage()
+            named = as_given(message)
+            if named != message:
+                record.msg, record.args = named, ()
+        return True
+
+
+logger.addFilter(_NamedAsGiven())
+
+
 def holds(folder: Path) -> list[Path]:
     """A folder's entries, sorted, without what packers add beside the files."""
     return sorted(entry for entry in folder.iterdir() if entry.name not in PACKERS_ADDITIONS)

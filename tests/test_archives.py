@@ -93,6 +93,16 @@ def test_an_archive_of_class_folders_reads_each_folder_as_a_class(downloads, tmp
     assert labels.names == ["sport", "tech"] and len(splits["train"]) == 8
 
 
+def test_the_data_log_names_an_archives_files_by_their_path_in_it(downloads, tmp_path, caplog):
+    files = {f"reviews/{label}/{i}.txt": f"{label} review {i}" for label in ("pos", "neg", "unsup") for i in range(3)}
+    packed = _tar(tmp_path / "reviews.tar.gz", files)
+    with caplog.at_level(logging.INFO, logger="finetune.data"):
+        load_splits(_cfg(str(packed)), seed=0)
+    unsup = next(message for message in caplog.messages if "'unsup'" in message)
+    assert unsup.startswith(f"{packed}/reviews: the class folder 'unsup' is named as texts without a label")
+    assert str(tmp_path / "downloads") not in unsup
+
+
 def test_an_error_in_an_archives_file_names_it_by_its_path_in_the_archive(downloads, tmp_path):
     packed = _zip(tmp_path / "rows.zip", {"rows.csv": "text,label\nfine,pos\na, b,neg\n"})
     with pytest.raises(FileLayoutError) as info:
