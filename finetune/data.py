@@ -54,8 +54,8 @@ from finetune.config import DataConfig
 from finetune.errors import ConfigError, DataError, FileLayoutError, root_message
 from finetune.labels import LabelSpace, encode_against, encode_train
 from finetune.local_files import read_local, read_saved_splits
-from finetune.tables import GROUP, LABELS, RAW_LABEL, SHOW_LABELS, TEXT, TEXT_PAIR, Table, as_mask, column_values, \
-    feature_name, short_list
+from finetune.tables import GROUP, LABELS, RAW_LABEL, SHOW_LABELS, TEXT, TEXT_PAIR, Table, as_arrow, as_mask, \
+    column_values, feature_name, short_list
 
 __all__ = ["LABELS", "TEXT", "TEXT_PAIR", "LabelSpace", "load_splits", "load_labelled_file", "class_counts",
            "content_sha256", "digest_rows", "text_rows"]
@@ -299,6 +299,7 @@ def _standardize(table: Table, text_column: str, pair_column: Optional[str], lab
             f"{table.source}: no column {column!r} ({key}); columns found: {', '.join(ds.column_names)}",
             hint=column_hint(ds, [key for key, _ in missing], configured={key: c for key, c, _ in wanted}),
         )
+    _warn_of_values_in_unnamed_fields(table, [column for _, column, _ in wanted])
     ds = ds.select_columns([column for _, column, _ in wanted])
     # Two steps, so that swapping names (text_column: label, label_column: text) works.
     ds = ds.rename_columns({column: f"_tmp{i}" for i, (_, column, _) in enumerate(wanted)})
@@ -321,6 +322,25 @@ def _standardize(table: Table, text_column: str, pair_column: Optional[str], lab
     return dataclasses.replace(
         table, ds=ds, text_column=text_column, pair_column=pair_column, label_column=label_column, as_read=table.ds
     )
+
+
+def _warn_of_values_in_unnamed_fields(table: Table, read: list[str]) -> None:
+    """Say where rows hold values in fields the header leaves unnamed (pandas calls them ``Unnamed: 2``, ...), which
+    are not read: most often a text split across fields, its rest in the fields after it (a spreadsheet's export,
+    Kaggle's SMS spam CSV)."""
+    unnamed = [name for name in table.ds.column_names if name.startswith("Unnamed: ") and name not in read]
+    if not unnamed:
+        return
+    arrow = as_arrow(table.ds)
+    filled = np.zeros(len(table.ds), dtype=bool)
+    for name in unnamed:
+        filled |= as_mask(pc.is_valid(arrow.column(name)))
+    rows = np.flatnonzero(filled)
+    if len(rows):
+        logger.warning("%s: %d row%s hold%s values in fields the header leaves unnamed (%s), which are not read (%s): "
+                       "is a text split across them?", table.source, len(rows),
+                       "s" if len(rows) > 1 else "", "" if len(rows) > 1 else "s", ", ".join(unnamed),
+                       table.where_many(rows))
 
 
 def _drop_or_reject_empty_texts(table: Table, cfg: DataConfig) -> Table:

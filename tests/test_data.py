@@ -264,6 +264,22 @@ def test_a_json_file_pandas_wrote_by_columns_is_told_to_write_rows(tmp_path, ori
     assert load_splits(cfg(str(path)), seed=0)[0]["train"]["text"] == ["free cash", "see you"]
 
 
+def test_values_in_fields_the_header_leaves_unnamed_are_said_not_read(tmp_path, caplog):
+    # Kaggle's SMS spam CSV: two named columns and three unnamed, where some messages go on
+    rows = ["v1,v2,,,,id", "ham,see you soon,,,,1", 'spam,"free prize, call now"," claim it",,,2', "spam,win,,,,3",
+            "ham,fine,,, later,4"]
+    path = write(tmp_path / "spam.csv", "\n".join(rows) + "\n")
+    with caplog.at_level(logging.WARNING, logger="finetune.data"):
+        load_splits(cfg(path, text_column="v2", label_column="v1"), seed=0)
+    assert caplog.messages == [f"{path}: 2 rows hold values in fields the header leaves unnamed (Unnamed: 2, Unnamed: "
+                               f"3, Unnamed: 4), which are not read (lines 3, 5): is a text split across them?"]
+    caplog.clear()
+    path = write(tmp_path / "whole.csv", "\n".join(row for i, row in enumerate(rows) if i not in (2, 4)) + "\n")
+    with caplog.at_level(logging.WARNING, logger="finetune.data"):
+        load_splits(cfg(path, text_column="v2", label_column="v1"), seed=0)
+    assert not caplog.messages  # empty unnamed fields, and a named column not read, are nothing to say
+
+
 def test_a_folder_of_data_files_is_told_to_pass_them(tmp_path):
     for name in ("train.csv", "dev.csv", "test.csv"):
         write(tmp_path / "glue" / name, "text,label\na,x\nb,y\n")
