@@ -19,8 +19,10 @@ and the launcher's behaviour are what a user sees.
 from __future__ import annotations
 
 import copy
+import io
 import shutil
 import sys
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -41,6 +43,15 @@ NON_UTF8 = b"text,label\nhello there,ham\ncaf\xe9 au lait,spam\nwin cash now,spa
 
 
 # --------------------------------------------------------------------------- the table
+
+
+def _zipped(files: dict[str, str]) -> bytes:
+    """A .zip of ``files``, as bytes to write."""
+    packed = io.BytesIO()
+    with zipfile.ZipFile(packed, "w", zipfile.ZIP_DEFLATED) as archive:
+        for name, text in files.items():
+            archive.writestr(name, text)
+    return packed.getvalue()
 
 
 @dataclass
@@ -174,6 +185,19 @@ CASES = [
     Case("data-folder-without-txt", ["{root}/classes", "no .txt files"],
          config={"data": {"train_file": "{root}/classes"}},
          files={"classes/ham/a.md": "hello", "classes/spam/b.md": "win cash"}),
+    Case("data-archive-of-several-files", ["data.train_file", "{root}/contest.zip holds 2 data files",
+                                           "{root}/contest.zip/test.csv", "name one"],
+         config={"data": {"train_file": "{root}/contest.zip"}},
+         files={"contest.zip": _zipped({"train.csv": "text,label\nhi,ham\n", "test.csv": "text,label\nyo,ham\n"})},
+         hint="by its path in the archive: {root}/contest.zip/train.csv"),
+    Case("data-archive-member-missing", ["data.train_file", "{root}/contest.zip holds no trian.csv"],
+         config={"data": {"train_file": "{root}/contest.zip/trian.csv"}},
+         files={"contest.zip": _zipped({"train.csv": "text,label\nhi,ham\n"})},
+         hint="did you mean {root}/contest.zip/train.csv?"),
+    Case("data-archive-cut-short", ["data.train_file", "{root}/cut.zip: cannot unpack: BadZipFile"],
+         config={"data": {"train_file": "{root}/cut.zip"}},
+         files={"cut.zip": _zipped({"train.csv": "text,label\n" + "hi,ham\n" * 50})[:60]},
+         hint="unzip -t {root}/cut.zip tests it"),
     Case("data-cache-dir-not-writable", ["data.cache_dir", "{train}/cache", "cannot write tokenized splits"],
          config={"data": {"cache_dir": "{train}/cache"}}),
     # ---- model
