@@ -159,8 +159,9 @@ def read_from_archive(folder: Path, given: str, key: str) -> Path:
         likely = next((path for path in data if "train" in path.name.lower()), data[0])
         raise DataError(f"{key}: {given} holds {len(data)} data files ({named}): name one",
                         hint=f"by its path in the archive: {as_given(str(likely))}")
+    largest = max(entries, key=lambda entry: entry.stat().st_size)  # the data, more often than its README
     raise DataError(f"{key}: {given} holds no file whose extension is a data format's ({named})",
-                    hint=f"name one by its path in the archive ({as_given(str(entries[0]))}) and its format "
+                    hint=f"name one by its path in the archive ({as_given(str(largest))}) and its format "
                     f"with data.format")
 
 

@@ -82,6 +82,21 @@ def test_an_archive_of_several_data_files_is_told_to_name_one_and_reads_the_one_
     assert info.value.hint == f"did you mean {packed}/train.csv?"
 
 
+def test_an_archive_without_a_data_files_extension_is_told_to_name_one_with_its_format(downloads, tmp_path):
+    # the UCI repository's SMS Spam Collection: its data file has no extension
+    lines = "".join(f"{label}\t{text}\n" for label, text in make_texts(20, seed=2))
+    packed = _zip(tmp_path / "smsspamcollection.zip", {"README": "SMS Spam Collection v.1", "SMSSpamCollection": lines})
+    with pytest.raises(DataError) as info:
+        load_splits(_cfg(str(packed)), seed=0)
+    assert info.value.message == (f"data.train_file: {packed} holds no file whose extension is a data format's "
+                                  f"({packed}/README, {packed}/SMSSpamCollection)")
+    assert info.value.hint == (f"name one by its path in the archive ({packed}/SMSSpamCollection) and its format "
+                               f"with data.format")
+    cfg = DataConfig(train_file=f"{packed}/SMSSpamCollection", format="tsv", has_header=False,
+                     column_names=["label", "text"], validation_split=0.0)
+    assert load_splits(cfg, seed=0)[0]["train"]["text"] == [text for _, text in make_texts(20, seed=2)]
+
+
 def test_an_archive_of_class_folders_reads_each_folder_as_a_class(downloads, tmp_path):
     files = {f"bbc/{topic}/{i:03}.txt": f"{topic} story {i}" for topic in ("sport", "tech") for i in range(4)}
     packed = _tar(tmp_path / "bbc-fulltext.tar.gz", {**files, "bbc/README.TXT": "Five topics, 2225 articles"})
