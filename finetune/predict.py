@@ -41,8 +41,9 @@ from typing import Any, Optional, Sequence
 from finetune.errors import ConfigError, DataError, ModelError, OutOfMemory, out_of_memory_told_as, run_command
 from finetune.outputs import refuse_a_run_file
 from finetune.prediction_files import (CLASH_PREFIX, OUTPUT_FORMATS, STDIN, checked_suffix,
-                                       columns_named_as_predictions, input_kind, local_file, output_separator,
-                                       predict_rows, read_rows, write_predictions)
+                                       columns_named_as_predictions, input_kind, local_file,
+                                       note_the_files_own_columns, output_separator, predict_rows, read_rows,
+                                       write_predictions)
 from finetune.text_encoding import check_encoding
 from finetune.truncation import BOOKKEEPING, LENGTH, Truncation, prediction_length
 
@@ -342,32 +343,8 @@ def quiet_progress_bars() -> None:
 
 def run(args: argparse.Namespace) -> None:
     """Check every argument, load the model, predict, write. Raises FinetuneError on bad input."""
-    for flag, column in (("--text", args.text_column), ("--text-pair", args.text_pair_column)):
-        if column is not None and not args.file:  # `--text "a sentence"` would otherwise classify nothing
-            raise ConfigError(f"{flag} {column!r}: names a column of a --file; texts to classify follow the "
-                              f"run's folder: finetune predict {args.output_dir} \"a text\"")
-    if not args.texts and not args.file:
-        raise ConfigError("nothing to classify: give texts or --file")
-    if args.texts and args.file:
-        raise ConfigError("give texts or --file, not both")
-    if args.output and not args.file:
-        raise ConfigError("--output: only with --file")
-    if args.batch_size < 1:
-        raise ConfigError(f"--batch-size: must be >= 1, got {args.batch_size}")
-    if args.encoding is not None:
-        if not args.file:
-            raise ConfigError(f"--encoding {args.encoding}: only with --file")
-        check_encoding(args.encoding, "--encoding")
-    if not 0.0 < args.threshold < 1.0:
-        raise ConfigError(f"--threshold: must be between 0 and 1, got {args.threshold}")
-    check_precision(args.precision, "--precision")
-    if args.output:
-        checked_suffix(Path(args.output), OUTPUT_FORMATS, "--output")
-        if not Path(args.output).resolve().parent.is_dir():
-            raise DataError(f"--output {args.output}: its directory does not exist")
+    check_options(args)
     output_dir = Path(args.output_dir)
-    if not output_dir.is_dir():
-        raise ModelError(f"{output_dir}: not found (pass a run's output_dir)")
     # the file last, since a URL's is downloaded first, and an archive unpacked: the copy is what is read
     file = local_file(args.file) if args.file else args.file
     # a line of a .txt file, or of standard input, is a text: the run's text column names a table's column
@@ -409,18 +386,37 @@ def run(args: argparse.Namespace) -> None:
             print(json.dumps(row, ensure_ascii=False, default=str))
 
 
-def note_the_files_own_columns(file: str, output_dir: str, rows: list[dict], clashes: list[str],
-                               label_column: Optional[str]) -> None:
-    """Say on stderr what ``--file``'s own columns change: names the prediction's columns would take (which
-    then take :data:`CLASH_PREFIX`), and the run's label column, whose labels ``finetune score`` compares."""
-    if clashes:
-        named = " and ".join(map(repr, clashes))
-        print(f"note: {file} has its own {named} column{'s' if len(clashes) > 1 else ''}, kept as "
-              f"{'they are' if len(clashes) > 1 else 'it is'}: the prediction's columns are named "
-              f"{CLASH_PREFIX}<name> ({CLASH_PREFIX}label, {CLASH_PREFIX}score, ...)", file=sys.stderr)
-    if label_column is not None and label_column in rows[0]:  # a file has its columns on every row
-        print(f"note: {file} has the run's label column {label_column!r}: finetune score {output_dir} --file {file} "
-              f"scores the model on it", file=sys.stderr)
+def check_options(args: argparse.Namespace) -> None:
+    """The options that can be checked alone, or against each other, before any file or model is read.
+
+    Raises:
+        ConfigError, DataError or ModelError naming the option.
+    """
+    for flag, column in (("--text", args.text_column), ("--text-pair", args.text_pair_column)):
+        if column is not None and not args.file:  # `--text "a sentence"` would otherwise classify nothing
+            raise ConfigError(f"{flag} {column!r}: names a column of a --file; texts to classify follow the "
+                              f"run's folder: finetune predict {args.output_dir} \"a text\"")
+    if not args.texts and not args.file:
+        raise ConfigError("nothing to classify: give texts or --file")
+    if args.texts and args.file:
+        raise ConfigError("give texts or --file, not both")
+    if args.output and not args.file:
+        raise ConfigError("--output: only with --file")
+    if args.batch_size < 1:
+        raise ConfigError(f"--batch-size: must be >= 1, got {args.batch_size}")
+    if args.encoding is not None:
+        if not args.file:
+            raise ConfigError(f"--encoding {args.encoding}: only with --file")
+        check_encoding(args.encoding, "--encoding")
+    if not 0.0 < args.threshold < 1.0:
+        raise ConfigError(f"--threshold: must be between 0 and 1, got {args.threshold}")
+    check_precision(args.precision, "--precision")
+    if args.output:
+        checked_suffix(Path(args.output), OUTPUT_FORMATS, "--output")
+        if not Path(args.output).resolve().parent.is_dir():
+            raise DataError(f"--output {args.output}: its directory does not exist")
+    if not Path(args.output_dir).is_dir():
+        raise ModelError(f"{args.output_dir}: not found (pass a run's output_dir)")
 
 
 def add_precision_argument(parser: argparse.ArgumentParser) -> None:

@@ -165,6 +165,20 @@ def columns_named_as_predictions(rows: list[dict[str, Any]], labels: Sequence[st
     return sorted(columns & {*PREDICTED, *(f"prob_{name}" for name in labels)})
 
 
+def note_the_files_own_columns(file: str, output_dir: str, rows: list[dict], clashes: list[str],
+                               label_column: Optional[str]) -> None:
+    """Say on stderr what ``--file``'s own columns change: names the prediction's columns would take (which
+    then take :data:`CLASH_PREFIX`), and the run's label column, whose labels ``finetune score`` compares."""
+    if clashes:
+        named = " and ".join(map(repr, clashes))
+        print(f"note: {file} has its own {named} column{'s' if len(clashes) > 1 else ''}, kept as "
+              f"{'they are' if len(clashes) > 1 else 'it is'}: the prediction's columns are named "
+              f"{CLASH_PREFIX}<name> ({CLASH_PREFIX}label, {CLASH_PREFIX}score, ...)", file=sys.stderr)
+    if label_column is not None and label_column in rows[0]:  # a file has its columns on every row
+        print(f"note: {file} has the run's label column {label_column!r}: finetune score {output_dir} --file {file} "
+              f"scores the model on it", file=sys.stderr)
+
+
 def predict_rows(predictor, rows: list[dict[str, Any]], text_column: str,
                  text_pair_column: Optional[str] = None, progress: bool = False,
                  prefix: str = "") -> list[dict[str, Any]]:
