@@ -46,6 +46,12 @@ def is_archive(path: Path) -> bool:
     return path.name.lower().endswith(ARCHIVES)
 
 
+def archive_stem(name: str) -> str:
+    """An archive's name without its extension: ``aclImdb_v1`` for ``aclImdb_v1.tar.gz``."""
+    suffix = next((suffix for suffix in ARCHIVES if name.lower().endswith(suffix)), "")  # at most one ends it
+    return name[: len(name) - len(suffix)]
+
+
 def archive_on(path: Path) -> Optional[tuple[Path, PurePosixPath]]:
     """The archive file a path goes through, and the path inside it: ``(spam.zip, data/spam.csv)`` for
     ``spam.zip/data/spam.csv``; None where no folder above ``path`` is an archive file."""

@@ -17,7 +17,7 @@ import re
 from pathlib import Path, PurePosixPath
 from typing import Optional
 
-from finetune.archives import archive_on, as_given, holds, is_archive, unpacked
+from finetune.archives import archive_on, archive_stem, as_given, holds, is_archive, unpacked
 from finetune.errors import ConfigError, DataError, ModelError
 from finetune.outputs import what_the_folder_holds_instead
 from finetune.remote_files import is_url, local_copy, url_file_name
@@ -200,10 +200,14 @@ _UNTOLD = ("data", "dataset", "datasets", "corpus", "train", "training", "texts"
 def file_name(spec: str) -> str:
     """The name of the file or folder a data setting names, as the start line and the card show it:
     ``reviews.csv`` for ``data/reviews.csv`` and ``https://host/reviews.csv?raw=1`` alike; a folder named
-    ``data`` or ``train`` with the folder above it (``bbcnews/data``, ``aclImdb/train``)."""
+    ``data`` or ``train`` with the folder above it (``bbcnews/data``, ``aclImdb/train``); a path in an archive with
+    the archive's name (``contest.zip/train.csv``)."""
     if is_url(spec):
         return url_file_name(spec)
     path = Path(spec.rstrip("/"))
+    packed = archive_on(path) if not path.exists() else None
+    if packed is not None:
+        return f"{packed[0].name}/{packed[1]}"
     if path.name.lower() in _UNTOLD and path.absolute().parent.name:
         return f"{path.absolute().parent.name}/{path.name}"
     return path.name
@@ -211,8 +215,13 @@ def file_name(spec: str) -> str:
 
 def data_name(spec: str) -> str:
     """What the outputs named for a data file or folder call it: ``reviews`` for ``data/reviews.csv``,
-    ``reviews.csv.gz``, ``reviews/`` and ``https://host/reviews.csv`` alike."""
-    path = Path(Path(file_name(spec)).name)
+    ``reviews.csv.gz``, ``reviews/`` and ``https://host/reviews.csv`` alike; an archive's name for a path in it
+    (``contest`` for ``contest.zip/train.csv``, whose file names say less: ``train``, ``data``)."""
+    shown = file_name(spec)
+    archive = shown.split("/", 1)[0]  # an archive's name, where ``shown`` is one or a path in one
+    if is_archive(Path(archive)):
+        return archive_stem(archive)
+    path = Path(Path(shown).name)
     return Path(path.stem).stem if compression_of(path) else path.stem
 
 

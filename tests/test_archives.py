@@ -68,6 +68,19 @@ def test_the_folders_that_wrap_an_archive_and_what_packers_add_are_looked_past(d
     assert f"{packed}: reading {packed}/sms/spam.csv, the one data file it holds" in caplog.messages
 
 
+def test_a_run_on_an_archive_is_named_for_the_archive(tmp_path):
+    from finetune.resources import data_name, file_name
+
+    packed = _zip(tmp_path / "contest.zip", {"train.csv": ROWS})
+    tarred = _tar(tmp_path / "aclImdb_v1.tar.gz", {"aclImdb/train/pos/0.txt": "good"})
+    # the start line's name, and the output folder --data names: a competition's files are train.csv, test.csv
+    assert (file_name(f"{packed}/train.csv"), data_name(f"{packed}/train.csv")) == ("contest.zip/train.csv", "contest")
+    assert (file_name(str(packed)), data_name(str(packed))) == ("contest.zip", "contest")
+    assert (file_name(f"{tarred}/aclImdb/train"), data_name(f"{tarred}/aclImdb/train")) == (
+        "aclImdb_v1.tar.gz/aclImdb/train", "aclImdb_v1")
+    assert data_name("https://host/d/reviews.tar.gz?raw=1") == "reviews"
+
+
 def test_an_archive_of_several_data_files_is_told_to_name_one_and_reads_the_one_named(downloads, tmp_path):
     packed = _zip(tmp_path / "contest.zip", {"test.csv": ROWS, "train.csv": ROWS.replace("message", "train"),
                                              "sample_submission.csv": "id,label\n1,ham\n"})
