@@ -6,6 +6,9 @@ package's defaults:
 
 * length-grouped batching off (``data.group_by_length=false``), and over
   mega-batches of 16 windows (``data.length_group_windows=16``);
+* equal micro-batches (``data.balance_micro_batches=false``), and each micro-batch
+  padded to its longest text (``data.pad_to_multiple_of=null``) rather than to a
+  multiple of 8;
 * the word embedding's gradient dense (``training.sparse_embedding_grad=false``)
   against its default sparse rows, made dense once per update;
 * the C heap's free memory handed back after every update
@@ -70,6 +73,7 @@ def lever_jobs(s, steps: int):
         ours("no length grouping", "data.group_by_length=false"),
         ours("length grouping over 16 windows", "data.length_group_windows=16"),
         ours("equal micro-batches", "data.balance_micro_batches=false"),
+        ours("padding to the longest text", "data.pad_to_multiple_of=null"),
         ours("dense embedding gradient", "training.sparse_embedding_grad=false"),
         ours("torch dropout masks", "training.fast_dropout_masks=false"),
         ours("heap trimmed after each update", "training.cpu_heap=trim"),

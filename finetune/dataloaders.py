@@ -132,8 +132,9 @@ def fixed_lengths(cfg: Config, accelerator, checkpointing: bool = False) -> bool
 
 def collator(tokenizer, accelerator, cfg: Optional[Config] = None, checkpointing: bool = False,
              evaluation: bool = False, longest: Optional[int] = None):
-    """Dynamic padding; under ``training.torch_compile`` or ``training.cuda_graphs``, padding to a few fixed
-    lengths (:class:`BucketPadding`) up to ``longest`` (the training set's longest text);
+    """Dynamic padding, to a multiple of ``data.pad_to_multiple_of``; under ``training.torch_compile`` or
+    ``training.cuda_graphs``, padding to a few fixed lengths (:class:`BucketPadding`) up to ``longest`` (the
+    training set's longest text);
     under ``data.truncation: chunks``, a row per window and a label per text
     (:class:`~finetune.chunks.ChunkCollator`). ``checkpointing``: gradient checkpointing is on (no graphs
     then); ``evaluation``: the evaluation loader's, fixed only for a compiled model (graphs replay training's
@@ -151,9 +152,8 @@ def collator(tokenizer, accelerator, cfg: Optional[Config] = None, checkpointing
         # length dynamic, and that serves the rest), so more lengths only pad less
         pad = BucketPadding(tokenizer, cfg.data.max_length, MAX_GRAPHS, longest=None if evaluation else longest)
     else:
-        # multiples of 8 let GPU tensor cores work on padded shapes; on the CPU it only adds padding
-        multiple = 8 if accelerator.device.type == "cuda" else None
-        pad = DataCollatorWithPadding(tokenizer, pad_to_multiple_of=multiple)
+        # fewer shapes: GPU tensor cores work on multiples of 8, and a CPU's oneDNN builds a kernel per shape
+        pad = DataCollatorWithPadding(tokenizer, pad_to_multiple_of=cfg.data.pad_to_multiple_of if cfg else 8)
     return ChunkCollator(pad) if cfg is not None and truncation_of(cfg.data).chunked else pad
 
 
@@ -210,7 +210,7 @@ def build_dataloaders(cfg: Config, tokenized, tokenizer, accelerator, batching: 
     sampler = training_sampler(cfg, lengths, batching)
     b = batching.per_device_batch_size
     if balance_micro_batches(cfg, accelerator.num_processes, accelerator.device.type):
-        batches: dict[str, Any] = {"batch_sampler": BalancedBatches(sampler, b)}
+        batches: dict[str, Any] = {"batch_sampler": BalancedBatches(sampler, b, cfg.data.pad_to_multiple_of)}
     else:
         batches = {"batch_size": b, "sampler": sampler, "drop_last": False}
     pin = accelerator.device.type == "cuda"

@@ -120,13 +120,16 @@ class BalancedBatches(Sampler[list[int]]):
     Args:
         sampler: The epoch order; needs its ``lengths``.
         batch_size: ``b``, the micro-batch of an equal cut.
+        pad_to_multiple_of: The collator pads each micro-batch's length up to a multiple of this (None: to
+            its longest text): the padded tokens are counted as it pads.
     """
 
-    def __init__(self, sampler: EpochSampler, batch_size: int):
+    def __init__(self, sampler: EpochSampler, batch_size: int, pad_to_multiple_of: Optional[int] = None):
         if sampler.lengths is None:
             raise ValueError("BalancedBatches needs an EpochSampler with lengths")
         self.sampler = sampler
         self.batch_size = batch_size
+        self.multiple = pad_to_multiple_of or 1
         self._epoch: Optional[int] = None
         self._batches: list[list[int]] = []
 
@@ -143,8 +146,8 @@ class BalancedBatches(Sampler[list[int]]):
                 # longest first: already so when the sampler groups by length, sorted here otherwise
                 window = window[torch.sort(lengths[window], descending=True, stable=True).indices]
                 groups = -(-len(window) // self.batch_size)
-                sizes = least_padding_sizes(lengths[window].tolist(), groups,
-                                            cap=self.batch_size * int(lengths[window[0]]))
+                padded = (-(-lengths[window] // self.multiple) * self.multiple).tolist()  # as the collator pads
+                sizes = least_padding_sizes(padded, groups, cap=self.batch_size * padded[0])
                 self._batches += [part.tolist() for part in torch.split(window, sizes)]
             self._epoch = self.sampler.epoch
         return self._batches

@@ -206,6 +206,13 @@ class DataConfig:
         "largest equal cut. The update is the same. `auto`: on one CPU process with group_by_length and "
         "without torch_compile (finetune.sampling.BalancedBatches; on a GPU the many shapes cost more "
         "than the padding saves); `true` where it cannot apply is an error.")
+    pad_to_multiple_of: Optional[int] = setting(8,
+        "Pad each micro-batch to a length that is a multiple of this (null: to its longest text). On a "
+        "GPU, tensor cores work on such shapes; on a CPU, oneDNN builds a kernel for every new shape of a "
+        "bf16 product and keeps 1,024, and lengths to the token bring more shapes than that: the default "
+        "job trained 1.27x faster padded to multiples of 8 than to its longest texts, with a 20% lower "
+        "peak memory (bench/README.md). Not used under torch_compile or cuda_graphs, which pad to a few "
+        "fixed lengths.")
     length_group_windows: int = setting(1,
         "How many effective batches share one length-sorted mega-batch. 1 sorts within each update's "
         "samples only, which stay a uniform random draw; more pads less, but each update then holds "
@@ -240,6 +247,8 @@ class DataConfig:
         check_encoding(self.encoding, "data.encoding")
         if self.label_map is not None:
             self.label_map = _checked_label_map(self.label_map)
+        if self.pad_to_multiple_of is not None and self.pad_to_multiple_of < 1:
+            raise ConfigError(f"data.pad_to_multiple_of: must be >= 1 (or null), got {self.pad_to_multiple_of}")
         if self.length_group_windows < 1:
             raise ConfigError(f"data.length_group_windows: must be >= 1, got {self.length_group_windows}")
         if self.text_pair_column is not None:

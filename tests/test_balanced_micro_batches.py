@@ -109,6 +109,28 @@ def test_balanced_batches_keep_each_window_and_pad_less_than_equal_cuts():
         assert [layout.real_in_window(a, b) for a, b in layout.windows(4)] == [32, 32, 12]
 
 
+def test_the_cut_counts_the_tokens_as_the_collator_pads_them():
+    """Padded to a multiple of 8 (``data.pad_to_multiple_of``), no micro-batch holds more tokens than the window's
+    equal cut; a cut that counted the texts' own lengths would put more there."""
+    data = token_dataset(N, seed=1)
+    lengths = [len(x["input_ids"]) for x in data]
+
+    def padded(batch):  # its tokens as the collator pads them
+        return len(batch) * -(-max(lengths[i] for i in batch) // 8) * 8
+
+    over = {}
+    for multiple in (8, None):
+        balanced = BalancedBatches(_sampler(lengths, 32), batch_size=8, pad_to_multiple_of=multiple)
+        over[multiple] = 0
+        for epoch in range(3):
+            balanced.set_epoch(epoch)
+            batches = balanced.micro_batches()
+            for first, stop in ((0, 4), (4, 8), (8, 10)):
+                cap = 8 * -(-max(lengths[i] for batch in batches[first:stop] for i in batch) // 8) * 8
+                over[multiple] += sum(padded(batch) > cap for batch in batches[first:stop])
+    assert over[8] == 0 and over[None] > 0
+
+
 def _run(b: int, k: int, balanced: bool, epochs: int = 2, max_grad_norm=None):
     from accelerate import Accelerator
     from accelerate.state import AcceleratorState, GradientState

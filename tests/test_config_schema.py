@@ -86,6 +86,7 @@ def test_defaults_and_types(tmp_path):
         (BASE + "logging: 3\n", "logging: expected a mapping"),
         (BASE.replace("8", "0"), "training.per_device_train_batch_size: must be >= 1"),
         (BASE.replace("data:\n", "data:\n  length_group_windows: 0\n"), "data.length_group_windows: must be >= 1, got 0"),
+        (BASE.replace("data:\n", "data:\n  pad_to_multiple_of: 0\n"), "data.pad_to_multiple_of: must be >= 1 (or null), got 0"),
         (BASE + "  sparse_embedding_grad: sometimes\n", "training.sparse_embedding_grad: expected bool, got str"),
         (BASE + "  fast_dropout_masks: 1\n", "training.fast_dropout_masks: expected bool, got int"),
         (BASE + "  cpu_heap: free\n", "training.cpu_heap: expected one of"),

@@ -415,6 +415,29 @@ def test_bucket_padding_pads_every_micro_batch_to_one_of_a_few_lengths(tmp_path)
     assert lengths == {32, 64, 96, 128}
 
 
+@pytest.mark.parametrize("multiple", [8, None])
+def test_a_cpu_runs_micro_batches_padded_to_a_multiple_of_the_setting(tmp_path, multiple):
+    """Padded to a multiple of 8 by default (fewer shapes for oneDNN to build kernels for); null pads each
+    micro-batch, training and evaluation alike, to its longest text."""
+    from finetune import setup_run
+    from tiny_run import tiny_config
+
+    cfg = tiny_config(tmp_path, data={"pad_to_multiple_of": multiple})
+    reset_accelerate()
+    try:
+        run = setup_run(cfg)
+        batches = [*run.train_dataloader, *run.eval_dataloader]
+    finally:
+        reset_accelerate()
+    lengths = [batch["input_ids"].shape[1] for batch in batches]
+    longest = [int(batch["attention_mask"].sum(1).max()) for batch in batches]
+    assert any(n % 8 for n in longest)  # texts whose lengths are not multiples of 8 already
+    if multiple is None:
+        assert lengths == longest
+    else:
+        assert lengths == [-(-n // multiple) * multiple for n in longest]
+
+
 @pytest.mark.parametrize("command", ["train", "predict", "score", "plot", "sweep"])
 def test_each_commands_help_names_the_command_a_user_types(command, capsys):
     from finetune.cli import COMMANDS, main
