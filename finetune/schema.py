@@ -210,7 +210,7 @@ class DataConfig:
         "Pad each micro-batch to a length that is a multiple of this (null: to its longest text). On a "
         "GPU, tensor cores work on such shapes; on a CPU, oneDNN builds a kernel for every new shape of a "
         "bf16 product and keeps 1,024, and lengths to the token bring more shapes than that: the default "
-        "job trained 1.27x faster padded to multiples of 8 than to its longest texts, with a 20% lower "
+        "job trained 1.23x faster padded to multiples of 8 than to its longest texts, at a 21% lower "
         "peak memory (bench/README.md). Not used under torch_compile or cuda_graphs, which pad to a few "
         "fixed lengths.")
     length_group_windows: int = setting(1,
