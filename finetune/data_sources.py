@@ -13,8 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+from finetune.archives import in_an_archive, is_archive
 from finetune.config import DataConfig
-from finetune.resources import file_name, resolve_path, saved_by_datasets
+from finetune.remote_files import is_url, url_file_name
+from finetune.resources import data_path, file_name, resolve_path, saved_by_datasets
 
 
 @dataclass(frozen=True)
@@ -66,6 +68,9 @@ def data_sources(cfg: DataConfig, seed: int, problem_type: str = "single_label")
 
 def _saved_splits(spec: Optional[str]) -> bool:
     """Whether the training data is the splits of a ``DatasetDict`` saved to a folder, which, like a Hub data
-    set, may hold its own validation split."""
-    return spec is not None and saved_by_datasets(Path(resolve_path(spec))) == "dict"
+    set, may hold its own validation split (an archive's is looked for in its unpacked copy)."""
+    if spec is None:
+        return False
+    packed = in_an_archive(spec) or (is_url(spec) and is_archive(Path(url_file_name(spec))))
+    return saved_by_datasets(data_path(spec, "data.train_file") if packed else Path(resolve_path(spec))) == "dict"
 

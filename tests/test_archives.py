@@ -121,6 +121,25 @@ def test_an_archive_of_class_folders_reads_each_folder_as_a_class(downloads, tmp
     assert labels.names == ["sport", "tech"] and len(splits["train"]) == 8
 
 
+def test_an_archive_of_splits_datasets_saved_validates_on_its_own_split_and_says_so(downloads, tmp_path):
+    import datasets
+
+    from finetune.data_sources import data_sources
+
+    rows = make_texts(30, seed=1)
+    splits = {name: datasets.Dataset.from_dict({"text": [t for _, t in part], "label": [l for l, _ in part]})
+              for name, part in (("train", rows[:20]), ("validation", rows[20:]))}
+    datasets.DatasetDict(splits).save_to_disk(str(tmp_path / "saved" / "sms"))
+    packed = tmp_path / "sms.zip"
+    with zipfile.ZipFile(packed, "w") as archive:
+        for path in (tmp_path / "saved").rglob("*"):
+            archive.write(path, path.relative_to(tmp_path / "saved").as_posix())
+    cfg = DataConfig(train_file=str(packed))
+    loaded, _ = load_splits(cfg, seed=0)
+    assert (len(loaded["train"]), len(loaded["validation"])) == (20, 10)
+    assert data_sources(cfg, seed=42).validation == "sms.zip validation split"  # not "10% ... held out"
+
+
 def test_the_data_log_names_an_archives_files_by_their_path_in_it(downloads, tmp_path, caplog):
     files = {f"reviews/{label}/{i}.txt": f"{label} review {i}" for label in ("pos", "neg", "unsup") for i in range(3)}
     packed = _tar(tmp_path / "reviews.tar.gz", files)
