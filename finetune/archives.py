@@ -6,7 +6,8 @@ papers' are a ``.tar.gz``. An archive (``.zip``, ``.tar``, or a tar compressed a
 ``.tar.gz``/``.tgz``, ``.tar.bz2``/``.tbz2``, ``.tar.xz``/``.txz``) is unpacked once into
 ``datasets``' cache (``HF_DATASETS_CACHE``), in a folder named by the SHA-256 of
 its bytes: a rerun reads the copy, and an archive replaced by another at the same
-path is unpacked anew. :func:`finetune.resources.data_path` decides what an archive
+path is unpacked anew; the processes of a launch take turns (a file lock), so one
+unpacks and the others read its copy. :func:`finetune.resources.data_path` decides what an archive
 reads as; errors name its files by their path in the archive (:func:`as_given`), not
 by the copy's.
 
@@ -26,6 +27,8 @@ import tarfile
 import zipfile
 from pathlib import Path, PurePosixPath
 from typing import Optional
+
+from filelock import FileLock
 
 from finetune.errors import DataError, root_message
 
@@ -80,17 +83,24 @@ def unpacked(archive: Path, key: str, given: Optional[str] = None) -> Path:
     given = given or str(archive)
     folder = Path(datasets.config.DOWNLOADED_DATASETS_PATH) / "unpacked" / _digest(archive)
     if not folder.is_dir():
-        try:
-            _unpack(archive, folder)
-        except _Refused as exc:
-            raise DataError(f"{key}: {given}: cannot unpack: {exc.args[0]}", hint=exc.args[1]) from None
-        except (OSError, EOFError, RuntimeError, ValueError, zipfile.BadZipFile, tarfile.TarError) as exc:
-            # a cut or damaged file, a member whose compression Python lacks
-            raise DataError(f"{key}: {given}: cannot unpack: {root_message(exc)}",
-                            hint=_unpack_hint(archive, exc)) from None
-        logger.info("%s: unpacked into %s", given, folder)
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        with FileLock(f"{folder}.lock"):  # the processes of a launch: one unpacks, the others then find its copy
+            if not folder.is_dir():
+                _unpack_or_say_why(archive, folder, key, given)
     _GIVEN[str(folder)] = given
     return folder
+
+
+def _unpack_or_say_why(archive: Path, folder: Path, key: str, given: str) -> None:
+    try:
+        _unpack(archive, folder)
+    except _Refused as exc:
+        raise DataError(f"{key}: {given}: cannot unpack: {exc.args[0]}", hint=exc.args[1]) from None
+    except (OSError, EOFError, RuntimeError, ValueError, zipfile.BadZipFile, tarfile.TarError) as exc:
+        # a cut or damaged file, a member whose compression Python lacks
+        raise DataError(f"{key}: {given}: cannot unpack: {root_message(exc)}",
+                        hint=_unpack_hint(archive, exc)) from None
+    logger.info("%s: unpacked into %s", given, folder)
 
 
 def as_given(text: Optional[str]) -> Optional[str]:
@@ -134,8 +144,9 @@ def _digest(archive: Path) -> str:
 
 
 def _unpack(archive: Path, folder: Path) -> None:
-    """Unpack ``archive`` into ``folder``. Each process of a launch may do so at once: each unpacks aside and
-    renames its copy into place, and the first whole copy stays."""
+    """Unpack ``archive`` into ``folder``: aside, then renamed into place whole, so that a run stopped halfway
+    leaves no copy to be taken for whole; where another copy took the place first (a file system whose locks
+    do not hold across machines), that one stays."""
     aside = folder.with_name(f".{folder.name}.{os.getpid()}")
     shutil.rmtree(aside, ignore_errors=True)  # this process's own, left by a run that was stopped
     aside.mkdir(parents=True)

@@ -167,7 +167,7 @@ def test_an_archive_replaced_at_its_path_is_unpacked_anew(downloads, tmp_path):
     os.utime(packed, ns=(packed.stat().st_atime_ns, packed.stat().st_mtime_ns + 10**9))
     assert _texts(str(packed))[-1] == "one more"
     unpacked = tmp_path / "downloads" / "unpacked"
-    assert len([folder for folder in unpacked.iterdir() if not folder.name.startswith(".")]) == 2
+    assert len([folder for folder in unpacked.iterdir() if folder.is_dir()]) == 2
 
 
 def test_a_copy_another_process_unpacked_first_is_the_one_read(downloads, tmp_path, monkeypatch):
@@ -186,6 +186,32 @@ def test_a_copy_another_process_unpacked_first_is_the_one_read(downloads, tmp_pa
     monkeypatch.setattr(archives.os, "replace", another_process_first)
     assert len(_texts(str(packed))) == 12
     assert not [entry for entry in (tmp_path / "downloads" / "unpacked").iterdir() if entry.name.startswith(".")]
+
+
+def test_the_processes_of_a_launch_unpack_an_archive_once(downloads, tmp_path, monkeypatch):
+    """One unpacks while the others wait on its lock, then read its copy."""
+    import threading
+    import time
+
+    from finetune import archives
+
+    packed = _zip(tmp_path / "spam.zip", {"spam.csv": ROWS})
+    unpacks, unpack = [], archives._unpack
+
+    def slowly(archive, folder):
+        unpacks.append(folder)
+        time.sleep(0.5)  # long enough for the other to arrive while it works
+        unpack(archive, folder)
+
+    monkeypatch.setattr(archives, "_unpack", slowly)
+    folders = []
+    workers = [threading.Thread(target=lambda: folders.append(archives.unpacked(packed, "data.train_file")))
+               for _ in range(2)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    assert len(unpacks) == 1 and folders[0] == folders[1] and (folders[0] / "spam.csv").is_file()
 
 
 def _cut_short(raw: bytes) -> bytes:
@@ -212,7 +238,8 @@ def test_an_archive_that_cannot_be_unpacked_is_one_line(downloads, tmp_path, dam
         load_splits(_cfg(str(path)), seed=0)
     assert info.value.message == f"data.train_file: {path}: cannot unpack: {message}"
     assert info.value.hint == hint.format(path=path)
-    assert not list((tmp_path / "downloads" / "unpacked").iterdir())  # no copy, whole or partial
+    assert not [entry for entry in (tmp_path / "downloads" / "unpacked").iterdir()
+                if not entry.name.endswith(".lock")]  # no copy, whole or partial
 
 
 def test_an_archive_too_large_for_the_cache_is_told_where_the_cache_moves(downloads, tmp_path, monkeypatch):
@@ -238,7 +265,7 @@ def test_a_tar_member_named_outside_the_archive_or_a_link_is_not_unpacked(downlo
         link.type, link.linkname = tarfile.SYMTYPE, "/etc/passwd"
         tar.addfile(link)
     assert len(_texts(f"{packed}/spam.csv")) == 12
-    unpacked = next((tmp_path / "downloads" / "unpacked").iterdir())
+    unpacked = next(entry for entry in (tmp_path / "downloads" / "unpacked").iterdir() if entry.is_dir())
     assert sorted(p.name for p in unpacked.iterdir()) == ["spam.csv"]
     assert not (unpacked.parent / "outside.csv").exists()
 
