@@ -31,6 +31,7 @@ from typing import Optional
 from filelock import FileLock
 
 from finetune.errors import DataError, root_message
+from finetune.remote_files import is_url, url_file_name
 
 logger = logging.getLogger("finetune.data")
 
@@ -65,7 +66,10 @@ def archive_on(path: Path) -> Optional[tuple[Path, PurePosixPath]]:
 
 
 def in_an_archive(spec: str) -> bool:
-    """Whether a local path names an archive file or a path inside one (read from the unpacked copy)."""
+    """Whether a data setting names an archive (a file, or a URL's) or a path inside a local one: what is read is
+    then in the unpacked copy."""
+    if is_url(spec):
+        return is_archive(Path(url_file_name(spec)))
     path = Path(spec)
     return (is_archive(path) and path.is_file()) or (not path.exists() and archive_on(path) is not None)
 

@@ -13,9 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from finetune.archives import in_an_archive, is_archive
+from finetune.archives import in_an_archive
 from finetune.config import DataConfig
-from finetune.remote_files import is_url, url_file_name
 from finetune.resources import data_path, file_name, resolve_path, saved_by_datasets
 
 
@@ -71,6 +70,6 @@ def _saved_splits(spec: Optional[str]) -> bool:
     set, may hold its own validation split (an archive's is looked for in its unpacked copy)."""
     if spec is None:
         return False
-    packed = in_an_archive(spec) or (is_url(spec) and is_archive(Path(url_file_name(spec))))
-    return saved_by_datasets(data_path(spec, "data.train_file") if packed else Path(resolve_path(spec))) == "dict"
+    path = data_path(spec, "data.train_file") if in_an_archive(spec) else Path(resolve_path(spec))
+    return saved_by_datasets(path) == "dict"
 

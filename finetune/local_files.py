@@ -37,8 +37,8 @@ import pyarrow.compute as pc
 from finetune.class_folders import read_class_folders
 from finetune.config import DataConfig
 from finetune.errors import ConfigError, DataError, FileLayoutError, FinetuneError, root_message
-from finetune.archives import as_given, is_archive
-from finetune.remote_files import is_url, url_file_name
+from finetune.archives import as_given, in_an_archive
+from finetune.remote_files import is_url
 from finetune.resources import EXTENSIONS, SAVED_DATASET_DICT_FILE, data_path, saved_by_datasets
 from finetune.tables import Table, as_arrow, as_mask
 from finetune.text_encoding import (COMPRESSIONS, compression_of, inner_suffix, is_utf8, open_bytes, open_text,
@@ -88,7 +88,7 @@ def read_local(spec: str, key: str, cfg: DataConfig, encoding_flag: str = "data.
 def _as_given(text: Optional[str], path: Path, spec: str) -> Optional[str]:
     """``text`` with the cache's paths named as the setting ``spec`` names them: the URL for its downloaded copy
     (``path``), the archive's path for its unpacked copy."""
-    if text and is_url(spec) and not is_archive(Path(url_file_name(spec))):
+    if text and is_url(spec) and not in_an_archive(spec):
         text = text.replace(str(path), spec)
     return as_given(text)
 

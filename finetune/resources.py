@@ -172,7 +172,7 @@ def _path_in_archive(archive: Path, member: PurePosixPath, key: str) -> Path:
     if not path.exists():
         near = near_names(path)
         raise DataError(f"{key}: {archive} holds no {member}",
-                                        hint=as_given(near) if near else f"it holds {_listed(holds(folder))}")
+                        hint=as_given(near) if near else f"it holds {_listed(holds(folder))}")
     return path
 
 

@@ -167,9 +167,9 @@ def dry_run_line(run: Run, rehearsal: Rehearsal) -> str:
         plan = f" (the plan: {run.memory.total / 1024**3:.2f}GB)" if run.memory is not None else ""
         memory = f"; GPU memory peaked at {rehearsal.gpu_peak / 1024**3:.2f}GB{plan}"
     return (f"dry run: {tried} update{'s' if tried != 1 else ''} trained in {sum(rehearsal.seconds):.1f} s "
-            f"({losses}), {rehearsal.pace:.2f} s each at the end: {_what_is_left(rehearsal)}{evaluation}{checkpoints}"
-            f"{memory}; "
-            f"nothing was written to {run.cfg.output.output_dir}")
+            f"({losses}), {rehearsal.pace:.2f} s each at the end: "
+            f"{_what_is_left(rehearsal)}{evaluation}{checkpoints}{memory}; nothing was written to "
+            f"{run.cfg.output.output_dir}")
 
 
 def _what_is_left(rehearsal: Rehearsal) -> str:
