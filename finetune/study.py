@@ -28,6 +28,7 @@ import inspect
 import json
 import logging
 import time
+from pathlib import Path
 from typing import Any, Iterator, Optional
 
 from finetune.errors import ConfigError
@@ -96,6 +97,31 @@ def check_storage(url: str) -> None:
                     pass
         finally:
             engine.dispose()
+
+
+def existing_storage(url: str):
+    """The storage at ``url`` opened to be read, where a study could be in it already; else ``None`` (a SQLite file
+    not made yet, a database without Optuna's tables). Unlike :func:`open_storage` it makes and writes nothing: a
+    dry run's look at a sweep under way.
+
+    Raises:
+        ConfigError: as :func:`open_storage` does.
+    """
+    import optuna
+    import sqlalchemy
+
+    if url.startswith("sqlite:///") and not Path(url.removeprefix("sqlite:///")).is_file():
+        return None  # connecting would make the file
+    with storage_errors(url):
+        engine = sqlalchemy.create_engine(url)
+        try:
+            tables = set(sqlalchemy.inspect(engine).get_table_names())
+        finally:
+            engine.dispose()
+        # Optuna writes its version records where these tables lack them: with them it only reads
+        if not {"studies", "version_info", "alembic_version"} <= tables:
+            return None
+        return optuna.storages.RDBStorage(url, skip_table_creation=True)
 
 
 @contextlib.contextmanager
@@ -177,15 +203,26 @@ def load_or_create(storage, name: str, direction: str, made_with: dict[str, str]
     import optuna
 
     study = optuna.create_study(storage=storage, study_name=name, direction=direction, load_if_exists=True)
+    check_study(study, name, direction, made_with)
+    for attr, text in made_with.items():
+        if study.user_attrs.get(attr) is None:
+            study.set_user_attr(attr, text)
+    return study
+
+
+def check_study(study, name: str, direction: str, made_with: dict[str, str]) -> None:
+    """Refuse a study that optimizes the other way, or was made with another space or config."""
     if study.direction.name.lower() != direction:
         raise ConfigError(f"--study-name {name}: this study {study.direction.name.lower()}s its objective, this "
                           f"sweep would {direction} it (another evaluation.metric_for_best_model or "
                           f"greater_is_better); choose another --output or --study-name")
     _check_made_with(study, name, made_with)
-    for attr, text in made_with.items():
-        if study.user_attrs.get(attr) is None:
-            study.set_user_attr(attr, text)
-    return study
+
+
+def made_with(space, cfg) -> dict[str, str]:
+    """A study's identity: the space, and the run's config without where it writes and what it logs."""
+    config = {k: v for k, v in cfg.to_dict().items() if k not in ("output", "logging")}
+    return {SPACE_ATTR: space.identity(), CONFIG_ATTR: json.dumps(config, sort_keys=True, default=str)}
 
 
 def _check_made_with(study, name: str, made_with: dict[str, str]) -> None:

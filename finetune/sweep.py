@@ -34,12 +34,12 @@ from typing import Any, Optional
 from finetune.errors import ConfigError, run_command
 from finetune.search_space import Dimension, SearchSpace, overrides, parse_space
 from finetune.signals import RunInterrupted, StopSignals
-from finetune.study import BASE_PARAMS_ATTR, CONFIG_ATTR, SPACE_ATTR, budget_left, load_or_create, open_storage, \
-    redact, refuse_another_sweep, running
+from finetune.study import BASE_PARAMS_ATTR, budget_left, load_or_create, made_with, open_storage, redact, \
+    refuse_another_sweep, running
 from finetune.sweep_checks import check_sweep
 from finetune.sweep_file import DEFAULT_TRIALS, PRUNERS, SAMPLERS, describe_pruner, fixed_overrides, \
     pruner_settings, read_sweep_file, shipped_sweep, whole_number
-from finetune.sweep_report import Header, Repeats, best_trial, folds_of, mean_and_deviation, seeds_from, start_line, \
+from finetune.sweep_report import Header, Repeats, best_trial, folds_of, mean_and_deviation, repeats_of, start_line, \
     state_of, write_out_of_fold_predictions, write_reports
 from finetune.sweep_trial import Phase, TrialRunner
 
@@ -158,13 +158,6 @@ def build_sweep(args: argparse.Namespace, argv: list[str]) -> Sweep:
                  trial_seeds, folds, output, storage, args.study_name or output.resolve().name, command, cfg, where)
 
 
-def repeats_of(sweep: Sweep, seed: int) -> Optional[Repeats]:
-    """What runs after the search: the seeds from ``seed`` on, or the folds, or nothing."""
-    if sweep.seeds:
-        return seeds_from(seed, sweep.seeds)
-    return folds_of(sweep.folds) if sweep.folds else None
-
-
 def make_sampler(sweep: Sweep, trials_so_far: int):
     """The sampler; a seeded one is seeded past the trials the study holds, so a continued sweep draws new values.
 
@@ -199,12 +192,6 @@ def make_pruner(settings: dict[str, Any]):
                                            n_warmup_steps=warmup, n_min_trials=least)
 
 
-def made_with(sweep: Sweep, cfg) -> dict[str, str]:
-    """The study's identity: the space, and the run's config without where it writes and what it logs."""
-    config = {k: v for k, v in cfg.to_dict().items() if k not in ("output", "logging")}
-    return {SPACE_ATTR: sweep.space.identity(), CONFIG_ATTR: json.dumps(config, sort_keys=True, default=str)}
-
-
 def run_sweep(sweep: Sweep) -> dict[str, Any]:
     """Run (or continue) the sweep: the search, then the seeds or folds. Returns what ``sweep.md`` reports."""
     import optuna
@@ -220,7 +207,7 @@ def run_sweep(sweep: Sweep) -> dict[str, Any]:
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
     storage = open_storage(sweep.storage)
     direction = "maximize" if greater else "minimize"
-    identity = made_with(sweep, cfg)
+    identity = made_with(sweep.space, cfg)
     repeats = repeats_of(sweep, cfg.training.seed)
     refuse_another_sweep(storage, sweep.study_name, identity, searches=bool(sweep.space.dimensions),
                          repeated=repeats.name if repeats else None)

@@ -6,6 +6,9 @@ A sweep's runs are the search's trials (each over ``--trial-seeds`` seeds), then
 line's overrides. Where the space searches a key that changes a run's work (its effective batch or ``k``, its
 length, its text length), two runs are tried, at the space's least work and at its most: a smaller effective
 batch makes more updates of the same epoch, each with its own optimizer step, and takes longer.
+
+A sweep under way (run before, stopped, or run by other workers now) is read from its storage without writing
+to it, checked as its start would check it, and said as the runs done and the runs left.
 """
 
 from __future__ import annotations
@@ -13,13 +16,14 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Optional
 
 from finetune.search_space import overrides
 from finetune.start_line import readable_duration
-from finetune.study import check_storage
+from finetune.study import budget_left, check_storage, check_study, existing_storage, made_with, \
+    refuse_another_sweep, running
 from finetune.sweep_checks import check_sweep
-from finetune.sweep_report import start_line
+from finetune.sweep_report import repeats_of, start_line
 from finetune.sweep_trial import train_in_this_process
 
 logger = logging.getLogger("finetune")
@@ -58,16 +62,70 @@ def rehearse_sweep(sweep) -> dict[str, Any]:
     ``{"runs", "seconds": (least, most)}``."""
     metric, greater = check_sweep(sweep)
     check_storage(sweep.storage)
-    logger.info(start_line(sweep, metric, greater, done=None))
+    so_far = sweep_so_far(sweep, greater)
+    logger.info(start_line(sweep, metric, greater, done=so_far.trials_done))
     tried = [try_run(sweep, values) for values in work_corners(sweep.space)]
     runs, which = runs_of(sweep)
-    pruned = ", less what the pruner stops" if sweep.space.dimensions and sweep.pruner["type"] != "none" else ""
+    left = so_far.runs_left
+    pruned = ", less what the pruner stops" if so_far.search_left and sweep.pruner["type"] != "none" else ""
     least, most = min(run.seconds for run in tried), max(run.seconds for run in tried)
-    total = readable_duration(runs * least) if len(tried) == 1 else \
-        f"{readable_duration(runs * least)} to {readable_duration(runs * most)}"
-    logger.info("sweep dry run: %s; %s: %d run%s, about %s%s; nothing was written to %s", tried_in_words(tried),
-                which, runs, "s" if runs != 1 else "", total, pruned, sweep.output)
-    return {"runs": runs, "seconds": (runs * least, runs * most)}
+    total = readable_duration(left * least) if len(tried) == 1 else \
+        f"{readable_duration(left * least)} to {readable_duration(left * most)}"
+    count = f"{runs} run{'s' if runs != 1 else ''}"
+    if left == 0:
+        length = f"{count}, all done"
+    elif left < runs:
+        length = f"{count}, {runs - left} done, the {left} left about {total}{pruned}"
+    else:
+        length = f"{count}, about {total}{pruned}"
+    logger.info("sweep dry run: %s; %s: %s; nothing was written to %s", tried_in_words(tried), which, length,
+                sweep.output)
+    return {"runs": runs, "left": left, "seconds": (left * least, left * most)}
+
+
+@dataclass
+class SoFar:
+    """Where a sweep stands, as its storage holds it: the search's trials finished (as the start line counts them;
+    ``None`` where nothing was read), and the runs left to train, of the search (each trial over its seeds) and
+    of the seeds or folds. A trial running in another worker, or interrupted and queued to continue from its
+    checkpoint, counts as a whole run left."""
+
+    trials_done: Optional[int]
+    search_left: int
+    repeats_left: int
+
+    @property
+    def runs_left(self) -> int:
+        return self.search_left + self.repeats_left
+
+
+def sweep_so_far(sweep, greater: bool) -> SoFar:
+    """Where ``sweep`` stands, its storage read without writing, and checked as a start checks it: a study made
+    with another space or config, or the folder of another sweep, is refused."""
+    import optuna
+
+    repeats = repeats_of(sweep, sweep.run_config.training.seed)
+    storage = existing_storage(sweep.storage)
+    names = set(optuna.get_all_study_names(storage)) if storage is not None else set()
+    if not names & {sweep.study_name, f"{sweep.study_name}.seeds", f"{sweep.study_name}.folds"}:
+        trials = sweep.trials if sweep.space.dimensions else 0
+        return SoFar(None, trials * sweep.trial_seeds, len(repeats.values) if repeats else 0)
+    identity = made_with(sweep.space, sweep.run_config)
+    refuse_another_sweep(storage, sweep.study_name, identity, searches=bool(sweep.space.dimensions),
+                         repeated=repeats.name if repeats else None)
+
+    def left_in(name: str, trials: int) -> tuple[int, Optional[int]]:
+        """Trials left of ``trials`` in the study ``name``, and those finished (None: no such study yet)."""
+        if name not in names:
+            return trials, None
+        study = optuna.load_study(study_name=name, storage=storage)
+        check_study(study, sweep.study_name, "maximize" if greater else "minimize", identity)
+        finished = sum(1 for t in study.get_trials(deepcopy=False) if t.state.is_finished())
+        return budget_left(study, trials) + running(study), finished
+
+    trials, done = left_in(sweep.study_name, sweep.trials) if sweep.space.dimensions else (0, None)
+    repeated = left_in(f"{sweep.study_name}.{repeats.name}", len(repeats.values))[0] if repeats else 0
+    return SoFar(done if sweep.space.dimensions else None, trials * sweep.trial_seeds, repeated)
 
 
 def work_corners(space) -> list[list[str]]:
@@ -119,7 +177,7 @@ def untimed(tried: list[TriedRun]) -> str:
 
 
 def runs_of(sweep) -> tuple[int, str]:
-    """How many runs the whole sweep trains, and what they are in words (trials already done included)."""
+    """How many runs the whole sweep trains, and what they are in words (those done already included)."""
     runs, parts = 0, []
     if sweep.space.dimensions:
         runs += sweep.trials * sweep.trial_seeds

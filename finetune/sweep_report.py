@@ -74,6 +74,14 @@ def folds_of(count: int) -> Repeats:
     return Repeats("folds", "data.validation_fold", tuple(range(1, count + 1)), (f"data.validation_folds={count}",))
 
 
+def repeats_of(sweep, seed: int) -> Optional[Repeats]:
+    """What runs after a sweep's search (a :class:`finetune.sweep.Sweep`): the seeds from ``seed`` on, or the
+    folds, or nothing."""
+    if sweep.seeds:
+        return seeds_from(seed, sweep.seeds)
+    return folds_of(sweep.folds) if sweep.folds else None
+
+
 def state_of(trial) -> str:
     """A trial's ending in words: complete, same, pruned, failed, input error, interrupted, running."""
     attrs, state = trial.user_attrs, trial.state.name

@@ -677,12 +677,54 @@ def test_a_sweep_without_a_space_leaves_a_searchs_folder_as_it_was(four_trials, 
     assert not (out / "seeds").exists()
 
 
-def test_a_search_is_refused_in_the_folder_of_seeds_runs_made_without_it(tmp_path, fresh_accelerate_state, capsys):
+def _said(caplog, start: str) -> str:
+    return next(r.getMessage() for r in caplog.records if r.getMessage().startswith(start))
+
+
+def _everything(folder: Path) -> dict[Path, tuple[int, bytes]]:
+    return {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in folder.rglob("*") if p.is_file()}
+
+
+def test_a_dry_run_of_a_sweep_under_way_says_the_runs_done_and_left_and_writes_nothing(four_trials, caplog, capsys):
+    """The 4 trials done: 2 more and 2 seeds leave 4 runs of 8; the study and the folder are only read."""
+    root, out, _ = four_trials
+    before = _everything(out)
+    args = ["--config", str(root / "cfg.yaml"), "--sweep", str(root / "sweep.yaml"), "--dry-run"]
+    with caplog.at_level(logging.INFO, logger="finetune"):
+        assert sweep_in_process([*args, "--trials", "6", "--seeds", "2"]) == 0
+    assert "; 6 trials (4 done), sampler random" in _said(caplog, "sweep in ")
+    line = _said(caplog, "sweep dry run: ")
+    match = re.search(r"the search's 6 trials, then the best config over 2 seeds: 8 runs, 4 done, the 4 left about "
+                      r"([\d.]+) s to ([\d.]+) s; nothing was written", line)  # no pruner: nothing less
+    assert match, line
+    least = min(float(x) for x in re.findall(r"([\d.]+) s at training.effective_batch_size=\d", line))
+    assert float(match[1]) == pytest.approx(4 * least, abs=4 * _rounding(least) + _rounding(float(match[1])))
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="finetune"):
+        assert sweep_in_process(args) == 0
+    assert "; the search's 4 trials: 4 runs, all done; nothing was written" in _said(caplog, "sweep dry run: ")
+    # another space is refused as the start refuses it, before any run is tried
+    other = sweep_file(root, "other-dry.yaml", space={"optim.learning_rate": [1e-3, 2e-3]})
+    capsys.readouterr()
+    assert sweep_in_process(["--config", str(root / "cfg.yaml"), "--sweep", str(other), "--dry-run"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "the study was made with another space" in err[0], err
+    assert _everything(out) == before
+
+
+def test_a_search_is_refused_in_the_folder_of_seeds_runs_made_without_it(tmp_path, fresh_accelerate_state, capsys,
+                                                                         caplog):
     config = sms_job(tmp_path, epochs=1)
     assert sweep_in_process(["--config", str(config), "--seeds", "1"]) == 0
     report = (tmp_path / "out-sweep" / "sweep.md").read_bytes()
+    # a dry run of more seeds counts the one done
+    with caplog.at_level(logging.INFO, logger="finetune"):
+        assert sweep_in_process(["--config", str(config), "--seeds", "3", "--dry-run"]) == 0
+    assert "; the config over 3 seeds: 3 runs, 1 done, the 2 left about " in _said(caplog, "sweep dry run: ")
     spec = sweep_file(tmp_path, space={"optim.learning_rate": [1e-3]}, trials=1, pruner="none")
     capsys.readouterr()
+    assert sweep_in_process(["--config", str(config), "--sweep", str(spec), "--seeds", "1", "--dry-run"]) == 2
+    assert "the study was made with another space" in capsys.readouterr().err
     assert sweep_in_process(["--config", str(config), "--sweep", str(spec), "--seeds", "1"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "the study was made with another space" in err[0], err
@@ -884,7 +926,7 @@ def postgres_url(tmp_path):
 
 
 @pytest.mark.slow
-def test_two_workers_share_a_postgresql_study(tmp_path, postgres_url, fresh_accelerate_state):
+def test_two_workers_share_a_postgresql_study(tmp_path, postgres_url, fresh_accelerate_state, caplog):
     import sqlalchemy
 
     work = tmp_path / "work"
@@ -911,6 +953,18 @@ def test_two_workers_share_a_postgresql_study(tmp_path, postgres_url, fresh_acce
     runs = [p.name for i in range(2) for p in (work / f"machine{i}").glob("trial-*") if (p / "metrics.json").exists()]
     assert sorted(runs) == sorted(t.user_attrs["folder"] for t in ran)  # every trial ran once, on one machine
     assert "storage postgresql+psycopg://sweep@127.0.0.1" in logs[0]
+    # a third worker's dry run, with a larger budget, reads the study on the server and changes nothing there
+    tables = lambda: {t: connection.execute(sqlalchemy.text(f"SELECT * FROM {t}")).all()  # noqa: E731
+                      for t in sqlalchemy.inspect(connection).get_table_names()}
+    engine = sqlalchemy.create_engine(postgres_url)
+    with engine.connect() as connection:
+        before = tables()
+    with caplog.at_level(logging.INFO, logger="finetune"):
+        assert sweep_in_process([*args[0], "--trials", "6", "--dry-run"]) == 0
+    assert "the search's 6 trials: 6 runs, 4 done, the 2 left about " in _said(caplog, "sweep dry run: ")
+    with engine.connect() as connection:
+        assert tables() == before and before["trials"]
+    engine.dispose()
 
 
 def test_the_shipped_sweep_file_fits_the_default_config():
