@@ -130,14 +130,14 @@ def sweep_so_far(sweep, greater: bool) -> SoFar:
 
 def work_corners(space) -> list[list[str]]:
     """The overrides of the runs to try: none where the space searches no key that changes the work, else the
-    space's least work and its most."""
+    space's least work and its most (one run where they are the same: a key searched over one value)."""
     searched = [d for d in space.dimensions if d.key in WORK_KEYS]
     if not searched:
         return [[]]
     ends = {d.key: (min(d.probes()), max(d.probes())) for d in searched}
-    least = {key: high if WORK_KEYS[key] else low for key, (low, high) in ends.items()}
-    most = {key: low if WORK_KEYS[key] else high for key, (low, high) in ends.items()}
-    return [overrides(least), overrides(most)]
+    least = overrides({key: high if WORK_KEYS[key] else low for key, (low, high) in ends.items()})
+    most = overrides({key: low if WORK_KEYS[key] else high for key, (low, high) in ends.items()})
+    return [least] if most == least else [least, most]
 
 
 def try_run(sweep, values: list[str]) -> TriedRun:

@@ -135,6 +135,9 @@ def test_a_dry_run_tries_one_run_where_the_space_leaves_the_work_as_it_is():
     from finetune.sweep_dry_run import work_corners
 
     assert work_corners(parse_space({"optim.learning_rate": [1e-3, 1e-2]}, "--sweep")) == [[]]
+    # one value: its least work is its most, and one run says it
+    assert work_corners(parse_space({"training.effective_batch_size": [16]}, "--sweep")) == [
+        ["training.effective_batch_size=16"]]
     assert work_corners(parse_space({"optim.learning_rate": [1e-3], "training.effective_batch_size": [16, 64, 32],
                                      "training.num_train_epochs": {"low": 1, "high": 3}}, "--sweep")) == [
         ["training.effective_batch_size=64", "training.num_train_epochs=1.0"],
