@@ -101,8 +101,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--trial-seeds", type=int, help="run every trial over this many seeds; its objective is "
                         "their mean (default: 1)")
     parser.add_argument("--dry-run", action="store_true", help="check the sweep, try a run of it as finetune train "
-                        "--dry-run does (two where the space changes the work), say how long the sweep (or what is left of it) would take, "
-                        "and write nothing")
+                        "--dry-run does (two where the space changes the work), say how long the sweep (or what is "
+                        "left of it) would take, and write nothing")
     parser.add_argument("--debug", action="store_true", help="show tracebacks for input errors")
     parser.add_argument("overrides", nargs="*", metavar="section.key=value", help="config overrides for every trial")
     args, args.unknown = parser.parse_known_intermixed_args(argv)
