@@ -6,7 +6,7 @@ splits (IMDB's ``aclImdb/`` holds ``train/`` and ``test/``, whose few ``.txt``
 files are lists of URLs), and a folder of data files (``train.csv``,
 ``dev.csv``), or one that ``datasets`` saved. A class folder whose name says
 its texts have no label (IMDB's ``train/unsup/``) trains as a class like any
-other, with a warning.
+other, with a warning that names ``data.drop_labels``, which leaves it out.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ def read_class_folders(root: Path, cfg: DataConfig, data_extensions: Sequence[st
         raise DataError(f"{root}: no .txt files in any class sub-folder (expected {root}/<class>/<name>.txt)",
                         hint=_files_in_the_folder(root, data_extensions))
     _refuse_splits(root, [c.name for c in classes])
-    _warn_of_unlabelled(root, [c.name for c in classes])
+    _warn_of_unlabelled(root, [c.name for c in classes], cfg.drop_labels)
     texts, labels, files = [], [], []
     for folder, paths in by_class.items():
         if not paths:
@@ -88,17 +88,18 @@ def _refuse_splits(root: Path, names: list[str]) -> None:
     train = next((n for n in names if n.lower() in ("train", "training")), names[0])
     other = next((n for n in names if n != train and n.lower() in ("validation", "valid", "val", "dev")),
                  next(n for n in names if n != train))
-    unlabelled = sorted(p for p in (root / train).iterdir() if p.is_dir() and p.name.lower() in UNLABELLED_NAMES)
+    unlabelled = sorted(p.name for p in (root / train).iterdir() if p.is_dir() and p.name.lower() in UNLABELLED_NAMES)
+    drop = f" data.drop_labels=[{','.join(unlabelled)}]" if unlabelled else ""
     raise DataError(f"{root}: its sub-folders are splits ({', '.join(names)}), not classes",
                     hint=f"pass the training split's folder: --data {root / train} data.validation_file={root / other}"
-                    + "".join(f"; move {p} out of it first: its texts have no label" for p in unlabelled))
+                    + drop + (f" (the texts of {root / train / unlabelled[0]} have no label)" if unlabelled else ""))
 
 
-def _warn_of_unlabelled(root: Path, names: list[str]) -> None:
+def _warn_of_unlabelled(root: Path, names: list[str], dropped: Optional[list[str]]) -> None:
     for name in names:
-        if name.lower() in UNLABELLED_NAMES:
+        if name.lower() in UNLABELLED_NAMES and name not in (dropped or ()):
             logger.warning("%s: the class folder %r is named as texts without a label, and trains as a class of its "
-                           "own; move it out of %s if its texts have no label", root, name, root)
+                           "own; data.drop_labels=[%s] leaves it out if its texts have none", root, name, name)
 
 
 def _files_in_the_folder(root: Path, data_extensions: Sequence[str]) -> Optional[str]:

@@ -336,6 +336,8 @@ def _check_across_sections(cfg: Config, metrics_chosen: bool) -> Config:
         raise ConfigError(f"data.label_delimiter: splits multi_label labels only (model.problem_type is {problem_type})")
     if cfg.data.label_map is not None and problem_type == "regression":
         raise ConfigError("data.label_map: names classes, and regression has none (model.problem_type is regression)")
+    if cfg.data.drop_labels is not None and problem_type == "regression":
+        raise ConfigError("data.drop_labels: names classes, and regression has none (model.problem_type is regression)")
     if cfg.data.label_delimiter == "":
         raise ConfigError("data.label_delimiter: must not be empty (null: the column holds lists)")
     _metrics_for_problem_type(cfg.evaluation, problem_type, metrics_chosen)

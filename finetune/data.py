@@ -52,7 +52,7 @@ from finetune.column_hints import PANDAS_JSON_HINT, column_hint, pandas_layout
 from finetune.columns import read_column
 from finetune.config import DataConfig
 from finetune.errors import ConfigError, DataError, FileLayoutError, root_message
-from finetune.labels import LabelSpace, encode_against, encode_train
+from finetune.labels import LabelSpace, encode_against, encode_train, leave_out_labels
 from finetune.local_files import read_local, read_saved_splits
 from finetune.tables import GROUP, LABELS, RAW_LABEL, SHOW_LABELS, TEXT, TEXT_PAIR, Table, as_arrow, as_mask, \
     column_values, feature_name, short_list
@@ -98,9 +98,9 @@ def load_splits(cfg: DataConfig, seed: int, problem_type: str = "single_label"
     if cfg.validation_file is not None:
         validation = _load_local(cfg.validation_file, "data.validation_file", cfg)
 
-    train = _drop_or_reject_empty_texts(train, cfg)  # its rows are the encoded rows, which the carve names
-    encoded, label_space = encode_train(train, problem_type, cfg.label_delimiter,
-                                        cfg.label_map)
+    # its rows are the encoded rows, which the carve names
+    train = leave_out_labels(_drop_or_reject_empty_texts(train, cfg), cfg.drop_labels, problem_type, training=True)
+    encoded, label_space = encode_train(train, problem_type, cfg.label_delimiter, cfg.label_map, cfg.drop_labels)
     splits = {"train": encoded}
 
     if cfg.validation_folds and validation is not None:
@@ -160,7 +160,9 @@ def load_labelled_file(spec: str, cfg: DataConfig, label_space: LabelSpace, key:
 
 
 def _encode_against(table: Table, cfg: DataConfig, label_space: LabelSpace) -> datasets.Dataset:
-    return encode_against(_drop_or_reject_empty_texts(table, cfg), label_space, cfg.label_delimiter, cfg.label_map)
+    table = leave_out_labels(_drop_or_reject_empty_texts(table, cfg), cfg.drop_labels, label_space.problem_type,
+                             training=False)
+    return encode_against(table, label_space, cfg.label_delimiter, cfg.label_map, cfg.drop_labels)
 
 
 # --------------------------------------------------------------------------- local files (finetune.local_files reads them)

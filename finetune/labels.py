@@ -1,9 +1,8 @@
 """The label column into label ids: a class per row, a set of classes per row, or a number to predict.
 
-The label space comes from the training split (:func:`encode_train`): the
-names of ``data.label_map`` in its order where it is set, a ``ClassLabel``'s
-names in order, else the distinct labels sorted (integers numerically); every
-other split is encoded against it (:func:`encode_against`), where a label the
+The label space comes from the training split (:func:`encode_train`): the names of ``data.label_map`` in its
+order where it is set, a ``ClassLabel``'s names in order, else the distinct labels sorted (integers numerically),
+less ``data.drop_labels``; every other split is encoded against it (:func:`encode_against`), where a label the
 training data never had is an error naming its row.
 """
 
@@ -19,7 +18,7 @@ from typing import Any, Optional
 import datasets
 import numpy as np
 
-from finetune.errors import DataError
+from finetune.errors import ConfigError, DataError
 from finetune.tables import LABELS, RAW_LABEL, SHOW_LABELS, Table, column_values, short_list
 
 logger = logging.getLogger(__name__)
@@ -52,29 +51,74 @@ class LabelSpace:
         return len(self.names)
 
 
-def encode_train(train: Table, problem_type: str, delimiter: Optional[str], label_map: Optional[dict[str, str]] = None
-                 ) -> tuple[datasets.Dataset, LabelSpace]:
+def encode_train(train: Table, problem_type: str, delimiter: Optional[str], label_map: Optional[dict[str, str]] = None,
+                 dropped: Optional[list[str]] = None) -> tuple[datasets.Dataset, LabelSpace]:
     """The training split with its labels as ids, and the label space found in it (``label_map``: the names
-    ``data.label_map`` gives the file's labels, whose order is then the ids')."""
+    ``data.label_map`` gives the file's labels, whose order is then the ids; ``dropped``: ``data.drop_labels``)."""
     if problem_type == "single_label":
         keys = _named(train, _label_keys(train), label_map)
         label_space = _label_space(train, keys, label_map)
         return _encode_labels(train, keys, label_space), label_space
     if problem_type == "multi_label":
-        sets = _named_sets(train, _label_sets(train, delimiter), label_map)
+        found = _label_sets(train, delimiter)
+        if dropped:
+            _refuse_labels_not_found(train, dropped, {key for keys in found for key in keys})
+        sets = _named_sets(train, _without(train, found, dropped), label_map)
         label_space = _multi_label_space(train, sets, label_map)
         return _encode_label_sets(train, sets, label_space), label_space
     return _encode_targets(train), LabelSpace([train.label_column], "regression")
 
 
 def encode_against(table: Table, label_space: LabelSpace, delimiter: Optional[str],
-                   label_map: Optional[dict[str, str]] = None) -> datasets.Dataset:
+                   label_map: Optional[dict[str, str]] = None, dropped: Optional[list[str]] = None
+                   ) -> datasets.Dataset:
     """Another split (or a file to score) with its labels as ids of ``label_space``."""
     if label_space.problem_type == "multi_label":
-        return _encode_label_sets(table, _named_sets(table, _label_sets(table, delimiter), label_map), label_space)
+        sets = _without(table, _label_sets(table, delimiter), dropped)
+        return _encode_label_sets(table, _named_sets(table, sets, label_map), label_space)
     if label_space.problem_type == "regression":
         return _encode_targets(table)
     return _encode_labels(table, _named(table, _label_keys(table), label_map), label_space)
+
+
+def leave_out_labels(table: Table, dropped: Optional[list[str]], problem_type: str, training: bool) -> Table:
+    """single_label: ``table`` without its rows labelled one of ``dropped`` (``data.drop_labels``), said in one
+    line; one the training data (``training``) lacks is an error. multi_label's are taken out as sets are read."""
+    if not dropped or problem_type != "single_label":
+        return table
+    keys = _label_keys(table)
+    if training:
+        _refuse_labels_not_found(table, dropped, set(keys))
+    left_out = np.isin(np.asarray(keys, dtype=object), dropped)
+    if not left_out.any():
+        return table
+    if left_out.all():
+        raise DataError(f"{table.source}: every row is labelled one of data.drop_labels ({', '.join(dropped)})")
+    logger.info("%s: left out %d of %d %ss, labelled %s (data.drop_labels)", table.source, left_out.sum(),
+                len(keys), table.unit, " or ".join(sorted({k for k, out in zip(keys, left_out) if out})))
+    return table.keep(np.flatnonzero(~left_out))
+
+
+def _refuse_labels_not_found(train: Table, dropped: list[str], found: set[str]) -> None:
+    """A label of ``data.drop_labels`` the training data does not have: a typo, most often, that left nothing out."""
+    missing = [label for label in dropped if label not in found]
+    if missing:
+        cased = [(label, name) for label in missing for name in sorted(found) if name.casefold() == label.casefold()]
+        raise ConfigError(f"data.drop_labels: {', '.join(map(repr, missing))} not among the labels of {train.source}"
+                          f" ({short_list(sorted(found), SHOW_LABELS)})", hint=cased and f"the training data writes "
+                          f"{cased[0][0]!r} as {cased[0][1]!r}: labels are told apart by case" or None)
+
+
+def _without(table: Table, sets: list[list[str]], dropped: Optional[list[str]]) -> list[list[str]]:
+    """multi_label: each row's set without the labels of ``data.drop_labels``, said in one line."""
+    if not dropped:
+        return sets
+    kept = [[key for key in keys if key not in dropped] for keys in sets]
+    changed = sum(len(a) != len(b) for a, b in zip(sets, kept))
+    if changed:
+        logger.info("%s: took %s out of the labels of %d of %d %ss (data.drop_labels)", table.source,
+                    " and ".join(dropped), changed, len(sets), table.unit)
+    return kept
 
 
 def _named(table: Table, keys: list[str], label_map: Optional[dict[str, str]]) -> list[str]:

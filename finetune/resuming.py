@@ -60,7 +60,7 @@ ADDED_KEYS = frozenset({
     "model.lora_rank", "model.lora_alpha", "model.lora_dropout", "model.lora_target_modules",
     "optim.layer_lr_decay", "data.truncation", "data.head_tokens", "data.stride", "optim.lr_scheduler_kwargs",
     "training.label_smoothing", "model.freeze_embeddings", "model.freeze_blocks", "sharded_state",
-    "cuda_graphs", "data.encoding", "data.label_map", "training.bias_apart",
+    "cuda_graphs", "data.encoding", "data.label_map", "training.bias_apart", "data.drop_labels",
 })
 
 

@@ -153,6 +153,12 @@ class DataConfig:
         "5: positive}` merges star ratings into two classes). A label the map lacks is an error naming its "
         "row; one that is already a name of the map stays. Single- and multi-label; null: the labels as "
         "they are, sorted.")
+    drop_labels: Optional[list[Union[int, str]]] = setting(None,
+        "Labels to leave out of the data, as the file writes them (before `label_map`): `[unsup]` for IMDB's "
+        "folder of reviews that have no label. single_label: their rows are left out of the training and "
+        "validation data and of a file `finetune score` reads; multi_label: they are taken out of each row's set "
+        "(a row left with none is a text with no label). The start of the run says how many it left out; a label "
+        "the training data does not have is an error. null: none.")
     validation_split: float = setting(0.1,
         "Fraction of train carved out (seeded; stratified by class for single_label) when no validation set is "
         "given. Rows are carved by default: copies of a repeated text can fall on both sides, and the start "
@@ -247,6 +253,8 @@ class DataConfig:
         check_encoding(self.encoding, "data.encoding")
         if self.label_map is not None:
             self.label_map = _checked_label_map(self.label_map)
+        if self.drop_labels is not None:
+            self.drop_labels = _checked_drop_labels(self.drop_labels)
         if self.pad_to_multiple_of is not None and self.pad_to_multiple_of < 1:
             raise ConfigError(f"data.pad_to_multiple_of: must be >= 1 (or null), got {self.pad_to_multiple_of}")
         if self.length_group_windows < 1:
@@ -534,6 +542,16 @@ def _checked_label_map(label_map: dict) -> dict[str, str]:
         if not name:
             raise ConfigError(f"data.label_map[{key!r}]: an empty name")
     return spelled
+
+
+def _checked_drop_labels(labels: list) -> list[str]:
+    """``data.drop_labels`` spelled as labels read from a file are (``-1`` as ``"-1"``)."""
+    if not labels:
+        raise ConfigError("data.drop_labels: an empty list leaves nothing out (null: none)")
+    spelled = [str(label).strip() for label in labels]
+    if "" in spelled:
+        raise ConfigError("data.drop_labels: an empty label")
+    return list(dict.fromkeys(spelled))
 
 
 def check_schedule(name: str, kwargs: dict) -> None:

@@ -21,8 +21,8 @@ from helpers import make_texts, serving, write_csv
 ROWS = "text,label\n" + "".join(f"message {i},{'spam' if i % 3 == 0 else 'ham'}\n" for i in range(12))
 
 
-def _cfg(train_file: str) -> DataConfig:
-    return DataConfig(train_file=train_file, validation_split=0.0)
+def _cfg(train_file: str, **settings) -> DataConfig:
+    return DataConfig(train_file=train_file, validation_split=0.0, **settings)
 
 
 def _texts(spec: str) -> list[str]:
@@ -148,6 +148,13 @@ def test_the_data_log_names_an_archives_files_by_their_path_in_it(downloads, tmp
     unsup = next(message for message in caplog.messages if "'unsup'" in message)
     assert unsup.startswith(f"{packed}/reviews: the class folder 'unsup' is named as texts without a label")
     assert str(tmp_path / "downloads") not in unsup
+    # as the warning says: left out, inside the archive, and said by its path there
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="finetune"):
+        loaded, labels = load_splits(_cfg(str(packed), drop_labels=["unsup"]), seed=0)
+    assert labels.names == ["neg", "pos"] and len(loaded["train"]) == 6
+    assert [m for m in caplog.messages if "unsup" in m] == [
+        f"{packed}/reviews: left out 3 of 9 files, labelled unsup (data.drop_labels)"]
 
 
 def test_an_error_in_an_archives_file_names_it_by_its_path_in_the_archive(downloads, tmp_path):

@@ -148,6 +148,8 @@ def test_overrides_are_typed(tmp_path):
         ("data.label_map={1: a, '1': b}", "data.label_map: a label given twice, as a number and as a string"),
         ("data.label_map={0: ' '}", "data.label_map['0']: an empty name"),
         ("data.label_map=[a, b]", "data.label_map: expected mapping of int or str to str, got list"),
+        ("data.drop_labels=[]", "data.drop_labels: an empty list leaves nothing out (null: none)"),
+        ("data.drop_labels=[' ']", "data.drop_labels: an empty label"),
         # YAML reads {0:8,4:2} as two keys without values: the line says how to write the mapping
         ("training.accumulation_schedule={0:8,4:2}", "YAML needs a space after each ':' of a mapping; "
                                                       "write training.accumulation_schedule=\"{0: 8, 4: 2}\""),
@@ -199,6 +201,13 @@ def test_a_key_written_twice_is_refused_at_any_depth_and_a_merge_key_still_overr
                                        "m: {1: a, '1': b}\n"))
     assert merged["training"] == {"seed": 2, "max_steps": 4}
     assert merged["m"] == {1: "a", "1": "b"}
+
+
+def test_drop_labels_are_spelled_as_a_files_labels_and_regression_refuses_them(tmp_path):
+    cfg = load_config(write(tmp_path, BASE), ["data.drop_labels=[-1, ' unsup ', unsup]"])
+    assert cfg.data.drop_labels == ["-1", "unsup"]
+    with pytest.raises(ConfigError, match=r"data\.drop_labels: names classes, and regression has none"):
+        load_config(write(tmp_path, BASE), ["data.drop_labels=[3]", "model.problem_type=regression"])
 
 
 def test_label_map_keys_are_spelled_as_a_files_labels_and_regression_refuses_it(tmp_path):

@@ -379,15 +379,23 @@ def test_a_folder_of_splits_is_told_to_pass_one_and_an_unlabelled_class_is_warne
     with pytest.raises(DataError, match=r"aclImdb: its sub-folders are splits \(test, train\), not classes") as info:
         load_splits(cfg(str(root)), seed=0)
     assert info.value.hint == (f"pass the training split's folder: --data {root / 'train'} "
-                               f"data.validation_file={root / 'test'}; move {root / 'train' / 'unsup'} out of it "
-                               f"first: its texts have no label")
+                               f"data.validation_file={root / 'test'} data.drop_labels=[unsup] (the texts of "
+                               f"{root / 'train' / 'unsup'} have no label)")
     with caplog.at_level(logging.WARNING, logger="finetune.data"):
         splits, labels = load_splits(cfg(str(root / "train"), validation_file=str(root / "test")), seed=0)
     assert labels.names == ["neg", "pos", "unsup"]  # trained as a class, as the folder says, and warned of
     assert [r.getMessage() for r in caplog.records] == [
         f"{root / 'train'}: the class folder 'unsup' is named as texts without a label, and trains as a class of "
-        f"its own; move it out of {root / 'train'} if its texts have no label"]
+        f"its own; data.drop_labels=[unsup] leaves it out if its texts have none"]
     assert len(splits["validation"]) == 4
+    # the hint as given: the folder's texts left out, said, and no warning
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="finetune"):
+        splits, labels = load_splits(cfg(str(root / "train"), validation_file=str(root / "test"),
+                                         drop_labels=["unsup"]), seed=0)
+    assert labels.names == ["neg", "pos"] and len(splits["train"]) == 4 and len(splits["validation"]) == 4
+    assert [r.getMessage() for r in caplog.records] == [
+        f"{root / 'train'}: left out 1 of 5 files, labelled unsup (data.drop_labels)"]
 
 
 def test_sentence_pairs(tmp_path, tokenizer):
@@ -1150,6 +1158,72 @@ def test_label_map_names_each_label_of_a_multi_label_row(tmp_path):
     splits, labels = load_splits(config, seed=0, problem_type="multi_label")
     assert labels.names == ["sport", "politics", "tech"]
     assert splits["train"]["labels"] == [[1.0, 1.0, 0.0], [0.0, 1.0, 0.0], [1.0, 0.0, 1.0], [1.0, 0.0, 0.0]]
+
+
+def test_drop_labels_leaves_their_rows_out_of_train_validation_and_a_scored_file(tmp_path, caplog):
+    from finetune.score import load_labelled
+
+    # star ratings with 3 as "no opinion": left out; the map then need not name it
+    stars = [1, 3, 5, 3, 2, 4, 3, 5] * 3
+    path = write(tmp_path / "stars.csv", "text,stars\n" + "".join(f"text {i},{s}\n" for i, s in enumerate(stars)))
+    held = write(tmp_path / "held.csv", "text,stars\na,3\nb,5\nc,1\n")
+    config = cfg(path, label_column="stars", label_map=MERGED, drop_labels=[3], validation_file=held)
+    with caplog.at_level(logging.INFO, logger="finetune"):
+        splits, labels = load_splits(config, seed=0)
+    assert labels.names == ["positive", "negative"]
+    assert splits["train"]["text"] == [f"text {i}" for i, s in enumerate(stars) if s != 3]
+    assert names_of(splits["train"]) == ["negative" if s < 3 else "positive" for s in stars if s != 3]
+    assert splits["validation"]["text"] == ["b", "c"]
+    said = [r.getMessage() for r in caplog.records if "data.drop_labels" in r.getMessage()]
+    assert said == [f"{path}: left out 9 of 24 lines, labelled 3 (data.drop_labels)",
+                    f"{held}: left out 1 of 3 lines, labelled 3 (data.drop_labels)"]
+    # the rows left out are not counted against the model's labels where a file is scored with the run's data keys
+    texts, _, references = load_labelled(held, config, labels.names, "single_label")
+    assert (texts, references) == (["b", "c"], [0, 1])
+    # a carve holds out of the rows kept
+    splits, _ = load_splits(cfg(path, label_column="stars", drop_labels=["3"], validation_split=0.2), seed=0)
+    assert len(splits["train"]) + len(splits["validation"]) == 15 and "3" not in splits["train"].features[
+        "labels"].names
+
+
+def test_drop_labels_not_in_the_training_data_is_one_line_naming_the_key(tmp_path):
+    from finetune.errors import ConfigError
+
+    path = write(tmp_path / "t.csv", "text,label\na,ham\nb,spam\nc,Unsup\nd,ham\n")
+    with pytest.raises(ConfigError) as typo:
+        load_splits(cfg(path, drop_labels=["unsup"]), seed=0)
+    assert typo.value.message == f"data.drop_labels: 'unsup' not among the labels of {path} (Unsup, ham, spam)"
+    assert typo.value.hint == "the training data writes 'unsup' as 'Unsup': labels are told apart by case"
+    with pytest.raises(DataError, match=r"t\.csv: every row is labelled one of data\.drop_labels \(ham, spam, "
+                                        r"Unsup\)"):
+        load_splits(cfg(path, drop_labels=["ham", "spam", "Unsup"]), seed=0)
+    with pytest.raises(DataError, match=r"only one class \('ham'\)"):
+        load_splits(cfg(path, drop_labels=["spam", "Unsup"]), seed=0)
+    # a validation file need not hold them
+    splits, labels = load_splits(cfg(path, drop_labels=["Unsup"], validation_file=path),
+                                 seed=0)
+    assert labels.names == ["ham", "spam"] and len(splits["validation"]) == 3
+
+
+def test_drop_labels_takes_a_multi_label_rows_label_out_of_its_set(tmp_path, caplog):
+    path = write(tmp_path / "tags.csv", "text,tags\na,s|p\nb,p\nc,t|s\nd,x\ne,x|p\n")
+    held = write(tmp_path / "held.csv", "text,tags\nf,x\ng,s|x\n")
+    config = cfg(path, label_column="tags", label_delimiter="|", drop_labels=["x"], validation_file=held)
+    with caplog.at_level(logging.INFO, logger="finetune"):
+        splits, labels = load_splits(config, seed=0, problem_type="multi_label")
+    assert labels.names == ["p", "s", "t"]
+    assert splits["train"]["labels"] == [[1.0, 1.0, 0.0], [1.0, 0.0, 0.0], [0.0, 1.0, 1.0], [0.0, 0.0, 0.0],
+                                         [1.0, 0.0, 0.0]]  # d: a text with no label left
+    assert splits["validation"]["labels"] == [[0.0, 0.0, 0.0], [0.0, 1.0, 0.0]]
+    assert [r.getMessage() for r in caplog.records if "data.drop_labels" in r.getMessage()] == [
+        f"{path}: took x out of the labels of 2 of 5 lines (data.drop_labels)",
+        f"{held}: took x out of the labels of 2 of 2 lines (data.drop_labels)"]
+    from finetune.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"data\.drop_labels: 'y' not among the labels of .*tags\.csv \(p, s, t, "
+                                          r"x\)"):
+        load_splits(cfg(path, label_column="tags", label_delimiter="|", drop_labels=["y"]), seed=0,
+                    problem_type="multi_label")
 
 
 # --------------------------------------------------------------------------- errors

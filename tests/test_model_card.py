@@ -33,6 +33,13 @@ def test_a_separate_validation_file_is_the_data_the_results_name():
     assert "## Results on the validation data: r8_test.csv (87 texts)" in body
 
 
+def test_labels_left_out_of_the_data_are_said_under_training():
+    _, body = _card({"train_file": "aclImdb/train", "drop_labels": ["unsup"]})
+    assert "seed 42\n- Texts left out: those labelled `unsup`, in the training and the validation data " \
+           "(`data.drop_labels`).\n" in body
+    assert "left out" not in _card({"train_file": "aclImdb/train"})[1]
+
+
 def test_rows_held_out_of_the_training_file_are_said_to_be():
     meta, body = _card({"train_file": "data/r8_train.csv", "validation_split": 0.2})
     dataset = meta["model-index"][0]["results"][0]["dataset"]
