@@ -58,8 +58,8 @@ class TriedRun:
 
 def rehearse_sweep(sweep) -> dict[str, Any]:
     """Check ``sweep`` (a :class:`finetune.sweep.Sweep`) as a start checks it, and its ``--storage`` as far as that
-    writes nothing; try its runs at the space's least and most work, say how long the sweep would take, and return
-    ``{"runs", "seconds": (least, most)}``."""
+    writes nothing; try its runs at the space's least and most work, say how long the sweep (or what is left of
+    it) would take, and return ``{"runs", "left", "seconds": (least, most)}`` (the seconds of the runs left)."""
     metric, greater = check_sweep(sweep)
     check_storage(sweep.storage)
     so_far = sweep_so_far(sweep, greater)
