@@ -298,7 +298,8 @@ ORDERS = {
 def window_mix(overrides: Optional[list[str]] = None) -> dict[str, dict[str, dict[str, float]]]:
     """Padding and label mix of each training order, on the SMS and BBC News jobs at their b and k.
 
-    Per order: the share of padded positions in the job's micro-batches, the
+    Per order: the share of padded positions in the job's micro-batches (each padded as the collator pads it, to
+    a multiple of ``data.pad_to_multiple_of``), the
     mean total-variation distance between a window's label shares and the
     training set's (0 when every update holds the set's mix; a uniform random
     window of 32 is not 0 either), and the share of windows that miss a label.
@@ -324,13 +325,14 @@ def window_mix(overrides: Optional[list[str]] = None) -> dict[str, dict[str, dic
             balanced = kwargs.pop("balanced", False)
             sampler = EpochSampler(len(y), seed=cfg.training.seed, lengths=lengths, window_size=b * k, **kwargs)
             order = sampler.order()
-            cuts = BalancedBatches(sampler, b).micro_batches() if balanced else \
+            multiple = cfg.data.pad_to_multiple_of or 1  # as the collator pads: to a multiple of it
+            cuts = BalancedBatches(sampler, b, multiple).micro_batches() if balanced else \
                 [order[i : i + b] for i in range(0, len(order), b)]
             real = padded = 0
             for cut in cuts:
                 batch = [lengths[j] for j in cut]
                 real += sum(batch)
-                padded += len(batch) * max(batch)
+                padded += len(batch) * -(-max(batch) // multiple) * multiple
             distances, missing = [], 0
             for i in range(0, len(order), b * k):
                 window = [y[j] for j in order[i : i + b * k]]

@@ -5,6 +5,7 @@ Usage::
     make train                                       # writes outputs/sms_spam, the default run
     python -m bench.predict                          # its model on 3,000 of the default job's texts
     python -m bench.predict outputs/my_run --texts 20000 --config configs/bbc_news.yaml
+    python -m bench.predict --padding bf16           # each batch padded to its longest text, or to 8
 
 Each precision predicts the same texts with the run's model
 (``finetune.predict.Predictor``, the ``--precision`` of ``finetune predict``
@@ -46,6 +47,11 @@ def main(argv=None) -> int:
     parser.add_argument("--texts", type=int, default=3000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--max-length", type=int, help="cut texts to this many tokens (default: the run's "
+                        "data.max_length)")
+    parser.add_argument("--padding", metavar="PRECISION", choices=["no", "bf16", "fp16"],
+                        help="instead of the precisions: each batch padded to its longest text against padded to a "
+                             "multiple of 8 (the default), in this precision")
     args = parser.parse_args(argv)
     if not (Path(args.output_dir) / "config.json").is_file():
         raise SystemExit(f"{args.output_dir}: no trained model (run `make train` first, or name a run's folder)")
@@ -56,11 +62,14 @@ def main(argv=None) -> int:
     from finetune.predict import Predictor
 
     texts = job_texts(args.config, args.texts)
-    base = Predictor.load(args.output_dir, batch_size=args.batch_size)
+    if args.padding:
+        return compare_padding(args, texts, argv)
+    base = Predictor.load(args.output_dir, batch_size=args.batch_size, max_length=args.max_length)
     precisions = ["no", "bf16"] + (["fp16"] if base.device.type == "cuda" else [])
     predictors = {"no": base}
     for precision in precisions[1:]:
-        predictors[precision] = Predictor.load(args.output_dir, batch_size=args.batch_size, precision=precision)
+        predictors[precision] = Predictor.load(args.output_dir, batch_size=args.batch_size, precision=precision,
+                                               max_length=args.max_length)
     seconds: dict[str, list[float]] = {p: [] for p in precisions}
     probabilities: dict[str, np.ndarray] = {}
     sync = torch.cuda.synchronize if base.device.type == "cuda" else (lambda: None)
@@ -84,6 +93,47 @@ def main(argv=None) -> int:
         largest = float(abs(probabilities[precision] - exact).max())
         name = "float32" if precision == "no" else f"{precision} autocast"
         lines.append(f"| {name} | {rate:.0f} | {rate / fp32_rate:.2f} | {agree:.2%} | {largest:.1e} |")
+    print("\n".join(lines))
+    return 0
+
+
+def compare_padding(args, texts: list[str], argv) -> int:
+    """Texts per second with each batch padded to its longest text and to a multiple of 8, alternating by round,
+    and the largest difference of a probability between them (padding is masked: float rounding only)."""
+    import numpy as np
+    import torch
+
+    from finetune.predict import Predictor
+
+    arms = {"to its longest text": None, "to a multiple of 8": 8}
+    predictors = {name: Predictor.load(args.output_dir, batch_size=args.batch_size, precision=args.padding,
+                                       max_length=args.max_length) for name in arms}
+    for name, multiple in arms.items():
+        predictors[name].pad_to_multiple_of = multiple
+    device = next(iter(predictors.values())).device
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    seconds: dict[str, list[float]] = {name: [] for name in arms}
+    probabilities: dict[str, np.ndarray] = {}
+    for round_ in range(args.rounds):
+        for name in (list(arms) if round_ % 2 == 0 else list(arms)[::-1]):
+            sync()
+            began = time.perf_counter()
+            probabilities[name] = predictors[name].probabilities(texts)
+            sync()
+            seconds[name].append(time.perf_counter() - began)
+            print(f"{name}: {seconds[name][-1]:.2f} s", file=sys.stderr)
+    longest, eight = (probabilities[name] for name in arms)
+    command = " ".join(["python -m bench.predict", *(argv if argv is not None else sys.argv[1:])])
+    base_rate = len(texts) / statistics.median(seconds["to its longest text"])
+    lines = [f"Command: `{command}` ({len(texts)} texts, batch {args.batch_size}, {args.padding}, {device})", "",
+             "| each batch padded | texts/s (median) | x to its longest | seconds by round |",
+             "| --- | ---: | ---: | --- |"]
+    for name in arms:
+        rate = len(texts) / statistics.median(seconds[name])
+        rounds = ", ".join(f"{s:.2f}" for s in seconds[name])
+        lines.append(f"| {name} | {rate:.0f} | {rate / base_rate:.2f} | {rounds} |")
+    lines += ["", f"Labels alike: {float((longest.argmax(1) == eight.argmax(1)).mean()):.2%}; largest probability "
+                  f"difference {float(abs(longest - eight).max()):.1e}."]
     print("\n".join(lines))
     return 0
 

@@ -87,11 +87,14 @@ class Predictor:
         precision: The forward passes' arithmetic, as ``training.mixed_precision`` names it: ``no``
             (float32), ``bf16`` or ``fp16`` (autocast; fp16 on a CUDA GPU only). Logits come back in float32
             either way.
+        pad_to_multiple_of: Pad a batch to a multiple of this many tokens (``None``: to its longest text), as
+            the run padded its micro-batches (``data.pad_to_multiple_of``): fewer shapes to build kernels for.
     """
 
     def __init__(self, model, tokenizer, *, device=None, batch_size: int = DEFAULT_BATCH_SIZE,
                  max_length: Optional[int] = None, threshold: float = 0.5, truncation: str = "head",
-                 head_tokens: Optional[int] = None, stride: Optional[int] = None, precision: str = "no"):
+                 head_tokens: Optional[int] = None, stride: Optional[int] = None, precision: str = "no",
+                 pad_to_multiple_of: Optional[int] = 8):
         import torch
 
         from finetune.tasks import problem_type_of
@@ -111,6 +114,7 @@ class Predictor:
         self.labels = [model.config.id2label[i] for i in range(model.config.num_labels)]
         self.problem_type = problem_type_of(model.config)
         self.threshold = threshold
+        self.pad_to_multiple_of = pad_to_multiple_of
 
     @classmethod
     def load(cls, output_dir: str | os.PathLike, *, device=None, batch_size: int = DEFAULT_BATCH_SIZE,
@@ -141,8 +145,8 @@ class Predictor:
         if max_length is None:
             max_length = cfg.data.max_length if cfg is not None else None
         # the run's own cut: a head_tail model sees head and tail at prediction too, a chunks model all its windows
-        cut = ({"truncation": cfg.data.truncation, "head_tokens": cfg.data.head_tokens, "stride": cfg.data.stride}
-               if cfg is not None else {})
+        cut = ({"truncation": cfg.data.truncation, "head_tokens": cfg.data.head_tokens, "stride": cfg.data.stride,
+                "pad_to_multiple_of": cfg.data.pad_to_multiple_of} if cfg is not None else {})
         try:
             tokenizer = AutoTokenizer.from_pretrained(path)
             if is_adapter_checkpoint(path):  # a LoRA run's checkpoint: its base model plus adapter/, merged
@@ -195,7 +199,8 @@ class Predictor:
         features = [{key: encoded[key][i] for key in encoded if key not in BOOKKEEPING} for i in range(len(texts))]
         lengths = encoded[LENGTH] if LENGTH in encoded else [len(ids) for ids in encoded["input_ids"]]
         order = sorted(range(len(texts)), key=lambda i: -lengths[i])
-        collate = DataCollatorWithPadding(self.tokenizer, return_tensors="pt")
+        collate = DataCollatorWithPadding(self.tokenizer, pad_to_multiple_of=self.pad_to_multiple_of,
+                                          return_tensors="pt")
         if self.truncation is not None and self.truncation.chunked:
             collate = ChunkCollator(collate)
         was_training = self.model.training

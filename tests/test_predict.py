@@ -65,6 +65,31 @@ def test_batching_and_length_sorting_do_not_change_results(predictor):
     np.testing.assert_allclose(one.sum(axis=1), 1.0, atol=1e-6)
 
 
+def test_batches_are_padded_as_the_run_padded_its_micro_batches(trained, predictor):
+    """To a multiple of ``data.pad_to_multiple_of`` (the run's config: 8), or to the longest text with None; the
+    padding is masked, so the logits agree to float rounding."""
+    from finetune.predict import Predictor
+
+    out, cfg, _ = trained
+    assert cfg.data.pad_to_multiple_of == 8 and predictor.pad_to_multiple_of == 8
+    widths = []
+    hook = predictor.model.register_forward_hook(lambda module, args, kwargs, output: widths.append(
+        kwargs["input_ids"].shape[1]), with_kwargs=True)
+    try:
+        predictor.batch_size = 4
+        padded = predictor.logits(TEXTS)
+        eight, widths[:] = list(widths), []
+        predictor.pad_to_multiple_of = None
+        longest = predictor.logits(TEXTS)
+    finally:
+        hook.remove()
+        predictor.pad_to_multiple_of = 8
+    lengths = sorted((len(ids) for ids in predictor.tokenizer(TEXTS)["input_ids"]), reverse=True)
+    assert widths == [lengths[i] for i in range(0, len(TEXTS), 4)]  # each batch its longest text, longest first
+    assert eight == [-(-w // 8) * 8 for w in widths] and eight != widths
+    assert abs(padded - longest).max() < 1e-5
+
+
 def test_a_wrong_folder_is_said_before_torch_is_imported(tmp_path):
     """``finetune predict`` checks its arguments and the run's folder before importing torch, transformers and
     datasets (seconds): a mistyped folder is answered at once."""
