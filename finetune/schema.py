@@ -157,7 +157,7 @@ class DataConfig:
         "Labels to leave out of the data, as the file writes them (before `label_map`): `[unsup]` for IMDB's "
         "folder of reviews that have no label. single_label: their rows are left out of the training and "
         "validation data and of a file `finetune score` reads; multi_label: they are taken out of each row's set "
-        "(a row left with none is a text with no label). The start of the run says how many it left out; a label "
+        "(a row left with none is a text with no label). The log says how many rows it left out; a label "
         "the training data does not have is an error. null: none.")
     validation_split: float = setting(0.1,
         "Fraction of train carved out (seeded; stratified by class for single_label) when no validation set is "
