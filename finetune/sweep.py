@@ -224,7 +224,7 @@ def run_sweep(sweep: Sweep) -> dict[str, Any]:
     with StopSignals() as signals:  # a signal outside a trial's training ends the sweep between trials
         run_phases(sweep, runner, signals, storage, studies, identity, greater, repeats)
     report()
-    winner = best_trial(search, greater) if search is not None else None
+    winner = best_trial(search.get_trials(deepcopy=False), greater) if search is not None else None
     if winner is not None:
         logger.info("best: trial %d, %s %.4f: %s", winner.number, metric, winner.value,
                     " ".join(overrides(winner.params)))
@@ -299,7 +299,7 @@ def stop_if_signalled(signals: StopSignals) -> None:
 
 def repeats_study(storage, sweep: Sweep, greater: bool, identity: dict[str, str], search, repeats: Repeats):
     """The study of the seeds or folds runs: the best trial's values (or none) with each seed or fold queued once."""
-    winner = best_trial(search, greater) if search is not None else None
+    winner = best_trial(search.get_trials(deepcopy=False), greater) if search is not None else None
     best = winner.params if winner is not None else {}
     direction = "maximize" if greater else "minimize"
     study = load_or_create(storage, f"{sweep.study_name}.{repeats.name}", direction, identity)

@@ -94,10 +94,11 @@ def state_of(trial) -> str:
     return state.lower()
 
 
-def trial_rows(study, root: Path) -> list[dict[str, Any]]:
-    """One row per trial folder, in the order the trials were drawn: the last attempt's ending and value."""
+def trial_rows(trials: list, root: Path) -> list[dict[str, Any]]:
+    """One row per trial folder of the study's ``trials``, in the order they were drawn: the last attempt's
+    ending and value."""
     rows: dict[str, dict[str, Any]] = {}
-    for trial in sorted(study.get_trials(deepcopy=False), key=lambda t: t.number):
+    for trial in sorted(trials, key=lambda t: t.number):
         folder = trial.user_attrs.get(FOLDER)
         if folder is None or trial.user_attrs.get(BEYOND_BUDGET):
             continue  # queued and not started, or never run
@@ -138,17 +139,17 @@ def updates_of(folder: Path) -> Optional[int]:
     return last
 
 
-def best_trial(study, greater_is_better: bool):
-    """The finished trial with the best value, or ``None`` before any finished. Of trials with the same value
-    (an accuracy over a few hundred texts takes few values), the one whose saved model has the lowest validation
-    loss, then the first drawn."""
-    return min(finished_trials(study), default=None,
+def best_trial(trials: list, greater_is_better: bool):
+    """Of a study's ``trials``, the finished one with the best value, or ``None`` before any finished. Of trials
+    with the same value (an accuracy over a few hundred texts takes few values), the one whose saved model has the
+    lowest validation loss, then the first drawn."""
+    return min(finished_trials(trials), default=None,
                key=lambda t: (*ranking(t.value, t.user_attrs.get(EVAL_LOSS), greater_is_better), t.number))
 
 
-def finished_trials(study) -> list:
+def finished_trials(trials: list) -> list:
     """The trials that have a value: complete, or ``same`` (another's result taken)."""
-    return [t for t in study.get_trials(deepcopy=False) if state_of(t) in ("complete", "same")]
+    return [t for t in trials if state_of(t) in ("complete", "same")]
 
 
 def ranking(value: Optional[float], eval_loss: Optional[float], greater_is_better: bool) -> tuple:
@@ -158,9 +159,9 @@ def ranking(value: Optional[float], eval_loss: Optional[float], greater_is_bette
             math.inf if eval_loss is None else eval_loss)
 
 
-def tied_for_best(study, greater_is_better: bool) -> list:
+def tied_for_best(trials: list, greater_is_better: bool) -> list:
     """The finished trials with the best value (a trial that took another's result, ``same``, among them)."""
-    scored = finished_trials(study)
+    scored = finished_trials(trials)
     if not scored:
         return []
     best = (max if greater_is_better else min)(t.value for t in scored)
@@ -171,11 +172,14 @@ def write_reports(root: Path, header: Header, search, repeats: Optional[Repeats]
                   repeat_values: list[tuple[int, float]]) -> None:
     """Rewrite the four files from the search's study (or ``None``) and the repeated runs' values (each seed's or
     fold's, with ``repeats`` saying which)."""
-    rows = trial_rows(search, root) if search is not None else []
-    winner = best_trial(search, header.greater_is_better) if search is not None else None
+    # read once: another worker's trial may end between two reads, and be the best of the second but running in
+    # the first
+    trials = search.get_trials(deepcopy=False) if search is not None else []
+    rows = trial_rows(trials, root)
+    winner = best_trial(trials, header.greater_is_better)
     best = next(r for r in rows if r["folder"] == winner.user_attrs[FOLDER]) if winner is not None else None
     if best is not None:  # the other trials of its value, each drawn values of their own
-        best = {**best, "tied": [t.number for t in tied_for_best(search, header.greater_is_better)
+        best = {**best, "tied": [t.number for t in tied_for_best(trials, header.greater_is_better)
                                  if t.number != winner.number and SAME_AS not in t.user_attrs]}
     if rows:
         write_atomic(root / TRIALS_CSV, trials_csv(rows))

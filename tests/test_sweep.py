@@ -211,9 +211,9 @@ def test_of_trials_with_the_best_value_the_lowest_validation_loss_wins_and_the_r
     add(0.98, 0.22, 4e-5, **{SAME_AS: 3})  # the same values drawn again: trial 3's result
     add(0.98, 0.27, 5e-5)
     add(0.98, None, 6e-5, **{EVAL_LOSS: None})  # a loss not known: ranked after the known ones
-    assert [t.number for t in tied_for_best(study, True)] == [1, 3, 4, 5, 6]
-    assert best_trial(study, True).number == 3
-    assert best_trial(study, False).number == 2  # lower is better: one trial has the lowest value
+    assert [t.number for t in tied_for_best(study.trials, True)] == [1, 3, 4, 5, 6]
+    assert best_trial(study.trials, True).number == 3
+    assert best_trial(study.trials, False).number == 2  # lower is better: one trial has the lowest value
     header = Header(command="finetune sweep", metric="f1", greater_is_better=True,
                     space=parse_space({"optim.learning_rate": {"low": 1e-5, "high": 1e-3, "log": True}}, "s.yaml"),
                     trials=7, sampler="tpe", pruner="none", storage="sqlite:///study.db")
@@ -236,12 +236,45 @@ def test_of_trials_with_the_best_value_the_lowest_validation_loss_wins_and_the_r
         old.add_trial(optuna.trial.create_trial(value=0.9, params={"optim.learning_rate": rate},
                                                 distributions={"optim.learning_rate": lr},
                                                 user_attrs={FOLDER: f"trial-{len(old.trials):04d}"}))
-    assert best_trial(old, True).number == 0
+    assert best_trial(old.trials, True).number == 0
     write_reports(tmp_path, header, old, None, [])
     assert "Tied on f1 with trial 1: the first drawn of them." in (tmp_path / "sweep.md").read_text()
     # where the objective is the loss, the table does not show it twice
     write_reports(tmp_path, dataclasses.replace(header, metric="loss", greater_is_better=False), old, None, [])
     assert "| trial | state | `optim.learning_rate` | loss | updates | s |" in (tmp_path / "sweep.md").read_text()
+
+
+def test_the_reports_read_the_study_once_while_another_worker_ends_a_trial(tmp_path):
+    """A trial of another worker, running when the table's rows were read and the best when the best was chosen,
+    left the best without a value, and the report crashed the sweep: the reports read the study's trials once."""
+    import optuna
+
+    from finetune.search_space import parse_space
+    from finetune.study import FOLDER
+    from finetune.sweep_report import Header, write_reports
+
+    lr = optuna.distributions.FloatDistribution(1e-5, 1e-3, log=True)
+
+    def trial(number, state, value=None):
+        made = optuna.trial.create_trial(state=state, value=value, params={"optim.learning_rate": 1e-5 * (number + 1)},
+                                         distributions={"optim.learning_rate": lr},
+                                         user_attrs={FOLDER: f"trial-{number:04d}"})
+        made.number = number
+        return made
+
+    complete, running = optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.RUNNING
+    reads = [[trial(0, complete, 0.5), trial(1, running)], [trial(0, complete, 0.5), trial(1, complete, 0.9)]]
+
+    class StudyWhileAnotherWorkerRuns:  # its first read sees trial 1 running, any later one sees it ended
+        def get_trials(self, deepcopy=True):
+            return reads.pop(0) if len(reads) > 1 else reads[0]
+
+    header = Header(command="finetune sweep", metric="f1", greater_is_better=True,
+                    space=parse_space({"optim.learning_rate": {"low": 1e-5, "high": 1e-3, "log": True}}, "s.yaml"),
+                    trials=2, sampler="tpe", pruner="none", storage="sqlite:///study.db")
+    write_reports(tmp_path, header, StudyWhileAnotherWorkerRuns(), None, [])
+    assert "trial 0, value 0.5000" in (tmp_path / "best.yaml").read_text().splitlines()[0]
+    assert "| 1 | running |" in (tmp_path / "sweep.md").read_text()
 
 
 # --- a 4-trial sweep and what it writes -------------------------------------------------------------------------
@@ -681,7 +714,8 @@ def test_a_sweep_without_a_space_leaves_a_searchs_folder_as_it_was(four_trials, 
 
 
 def _said(caplog, start: str) -> str:
-    return next(r.getMessage() for r in caplog.records if r.getMessage().startswith(start))
+    """The last line logged that starts so."""
+    return [r.getMessage() for r in caplog.records if r.getMessage().startswith(start)][-1]
 
 
 def _everything(folder: Path) -> dict[Path, tuple[int, bytes]]:
@@ -885,7 +919,7 @@ def test_two_workers_share_one_sqlite_study(tmp_path):
     # each worker ends by naming the study's best trial, the same one
     from finetune.sweep_report import best_trial
 
-    winner = best_trial(study, greater_is_better=True)
+    winner = best_trial(study.trials, greater_is_better=True)
     for log in logs:
         assert re.search(rf"best: trial {winner.number}, accuracy {winner.value:.4f}: optim.learning_rate=", log), log
 
@@ -962,6 +996,7 @@ def test_two_workers_share_a_postgresql_study(tmp_path, postgres_url, fresh_acce
     engine = sqlalchemy.create_engine(postgres_url)
     with engine.connect() as connection:
         before = tables()
+    caplog.clear()
     with caplog.at_level(logging.INFO, logger="finetune"):
         assert sweep_in_process([*args[0], "--trials", "6", "--dry-run"]) == 0
     assert "the search's 6 trials: 6 runs, 4 done, the 2 left about " in _said(caplog, "sweep dry run: ")
