@@ -56,9 +56,6 @@ def main(argv=None) -> int:
     if not (Path(args.output_dir) / "config.json").is_file():
         raise SystemExit(f"{args.output_dir}: no trained model (run `make train` first, or name a run's folder)")
 
-    import numpy as np
-    import torch
-
     from finetune.predict import Predictor
 
     texts = job_texts(args.config, args.texts)
@@ -70,17 +67,7 @@ def main(argv=None) -> int:
     for precision in precisions[1:]:
         predictors[precision] = Predictor.load(args.output_dir, batch_size=args.batch_size, precision=precision,
                                                max_length=args.max_length)
-    seconds: dict[str, list[float]] = {p: [] for p in precisions}
-    probabilities: dict[str, np.ndarray] = {}
-    sync = torch.cuda.synchronize if base.device.type == "cuda" else (lambda: None)
-    for _ in range(args.rounds):
-        for precision in precisions:
-            sync()
-            began = time.perf_counter()
-            probabilities[precision] = predictors[precision].probabilities(texts)
-            sync()
-            seconds[precision].append(time.perf_counter() - began)
-            print(f"{precision}: {seconds[precision][-1]:.2f} s", file=sys.stderr)
+    seconds, probabilities = timed_rounds(predictors, texts, args.rounds)
     exact = probabilities["no"]
     command = " ".join(["python -m bench.predict", *(argv if argv is not None else sys.argv[1:])])
     lines = [f"Command: `{command}` ({len(texts)} texts, batch {args.batch_size}, {base.device})", "",
@@ -97,11 +84,30 @@ def main(argv=None) -> int:
     return 0
 
 
+def timed_rounds(predictors: dict, texts: list[str], rounds: int, alternate: bool = False
+                 ) -> tuple[dict[str, list[float]], dict]:
+    """Each predictor's seconds for ``texts`` in every round (``alternate``: every other round in the reverse
+    order), and its last probabilities."""
+    import torch
+
+    device = next(iter(predictors.values())).device
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    seconds: dict[str, list[float]] = {name: [] for name in predictors}
+    probabilities = {}
+    for round_ in range(rounds):
+        for name in (list(predictors)[::-1] if alternate and round_ % 2 else list(predictors)):
+            sync()
+            began = time.perf_counter()
+            probabilities[name] = predictors[name].probabilities(texts)
+            sync()
+            seconds[name].append(time.perf_counter() - began)
+            print(f"{name}: {seconds[name][-1]:.2f} s", file=sys.stderr)
+    return seconds, probabilities
+
+
 def compare_padding(args, texts: list[str], argv) -> int:
     """Texts per second with each batch padded to its longest text and to a multiple of 8, alternating by round,
     and the largest difference of a probability between them (padding is masked: float rounding only)."""
-    import numpy as np
-    import torch
 
     from finetune.predict import Predictor
 
@@ -111,17 +117,7 @@ def compare_padding(args, texts: list[str], argv) -> int:
     for name, multiple in arms.items():
         predictors[name].pad_to_multiple_of = multiple
     device = next(iter(predictors.values())).device
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    seconds: dict[str, list[float]] = {name: [] for name in arms}
-    probabilities: dict[str, np.ndarray] = {}
-    for round_ in range(args.rounds):
-        for name in (list(arms) if round_ % 2 == 0 else list(arms)[::-1]):
-            sync()
-            began = time.perf_counter()
-            probabilities[name] = predictors[name].probabilities(texts)
-            sync()
-            seconds[name].append(time.perf_counter() - began)
-            print(f"{name}: {seconds[name][-1]:.2f} s", file=sys.stderr)
+    seconds, probabilities = timed_rounds(predictors, texts, args.rounds, alternate=True)
     longest, eight = (probabilities[name] for name in arms)
     command = " ".join(["python -m bench.predict", *(argv if argv is not None else sys.argv[1:])])
     base_rate = len(texts) / statistics.median(seconds["to its longest text"])
