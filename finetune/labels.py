@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -19,6 +18,7 @@ import datasets
 import numpy as np
 
 from finetune.errors import ConfigError, DataError
+from finetune.label_warnings import warn_of_joined_labels, warn_of_labels_differing_in_case
 from finetune.tables import LABELS, RAW_LABEL, SHOW_LABELS, Table, column_values, short_list
 
 logger = logging.getLogger(__name__)
@@ -236,8 +236,8 @@ def _label_space(train: Table, keys: list[str], label_map: Optional[dict[str, st
             f"{train.source}: the train data has only one class ({next(iter(present))!r}); "
             "a classifier needs at least two"
         )
-    _warn_of_labels_differing_in_case(train, keys)
-    _warn_of_joined_labels(train, present)
+    warn_of_labels_differing_in_case(train, keys)
+    warn_of_joined_labels(train, present)
     if label_map is not None:
         return LabelSpace(names=list(dict.fromkeys(label_map.values())))  # the map's order, as a ClassLabel's
     if isinstance(feature, datasets.ClassLabel):
@@ -253,54 +253,6 @@ def _label_space(train: Table, keys: list[str], label_map: Optional[dict[str, st
     if all(order(name)[0] == 0 for name in present):
         return LabelSpace(names=sorted(present, key=lambda name: int(name)))
     return LabelSpace(names=sorted(present))
-
-
-def _warn_of_labels_differing_in_case(train: Table, keys: list[str]) -> None:
-    """Warn of labels of the training data that differ only in case (``spam``, ``Spam``): each is a class.
-
-    Most often one label typed two ways, which would train as two classes
-    and split its rows between them; but a data set may mean them apart, so
-    the run goes on, and the warning names them with their rows.
-    """
-    counts = Counter(keys)
-    groups: dict[str, list[str]] = {}
-    for name in sorted(counts):
-        groups.setdefault(name.casefold(), []).append(name)
-    clashes = [names for names in groups.values() if len(names) > 1]
-    if not clashes:
-        return
-    shown = " and ".join(f"{name!r} ({counts[name]} row{'s' if counts[name] > 1 else ''})" for name in clashes[0])
-    more = f"; {len(clashes) - 1} more such group{'s' if len(clashes) > 2 else ''}" if len(clashes) > 1 else ""
-    logger.warning("%s: labels %s in column %r differ only in case, and train as %d classes%s; if they are one, "
-                   "write it one way in the file (or map them with data.label_map)", train.source, shown,
-                   train.label_column, len(clashes[0]), more)
-
-
-# what joins several labels in one field, most often
-LABEL_JOINERS = ("|", ";", ",")
-
-
-def _warn_of_joined_labels(train: Table, classes: set[str]) -> None:
-    """Warn of single labels that look like several joined (``food|music``): a class for each combination.
-
-    Several labels per text written in one field train, as single labels, one
-    class per combination seen: more classes than labels, each with fewer
-    rows, and none for a combination the training data lacks. The warning
-    comes where at least three classes hold one joiner, and splitting them
-    leaves fewer labels than there are classes.
-    """
-    for joiner in LABEL_JOINERS:
-        joined = sorted(name for name in classes if joiner in name)
-        if len(joined) < 3:
-            continue
-        parts = sorted({part.strip() for name in classes for part in name.split(joiner) if part.strip()})
-        if len(parts) >= len(classes):
-            continue
-        logger.warning("%s: %d of the %d classes in column %r join others with %r (%s): if a text has several "
-                       "labels, model.problem_type=multi_label data.label_delimiter=%r trains one output for each "
-                       "of the %d labels (%s)", train.source, len(joined), len(classes), train.label_column, joiner,
-                       short_list(joined, 3), joiner, len(parts), short_list(parts, SHOW_LABELS))
-        return
 
 
 def _encode_labels(table: Table, keys: list[str], label_space: LabelSpace) -> datasets.Dataset:
@@ -392,7 +344,7 @@ def _multi_label_space(train: Table, sets: list[list[str]], label_map: Optional[
         raise DataError(f"{train.source}: the train data uses {len(present)} label"
                         f"{'' if len(present) == 1 else 's'} in column {train.label_column!r}; "
                         "multi_label needs at least two")
-    _warn_of_labels_differing_in_case(train, [key for keys in sets for key in keys])
+    warn_of_labels_differing_in_case(train, [key for keys in sets for key in keys])
     if label_map is not None:
         return LabelSpace(list(dict.fromkeys(label_map.values())), "multi_label")
     # integers numerically ("2" before "10"), then names
