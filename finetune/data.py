@@ -52,7 +52,7 @@ from finetune.column_hints import PANDAS_JSON_HINT, column_hint, pandas_layout
 from finetune.columns import read_column
 from finetune.config import DataConfig
 from finetune.errors import ConfigError, DataError, FileLayoutError, root_message
-from finetune.labels import LabelSpace, encode_against, encode_train, leave_out_labels
+from finetune.labels import LabelSpace, encode_against, encode_train, leave_out_labels, leave_out_unlabelled
 from finetune.local_files import read_local, read_saved_splits
 from finetune.tables import GROUP, LABELS, RAW_LABEL, SHOW_LABELS, TEXT, TEXT_PAIR, Table, as_arrow, as_mask, \
     column_values, feature_name, short_list
@@ -98,8 +98,7 @@ def load_splits(cfg: DataConfig, seed: int, problem_type: str = "single_label"
     if cfg.validation_file is not None:
         validation = _load_local(cfg.validation_file, "data.validation_file", cfg)
 
-    # its rows are the encoded rows, which the carve names
-    train = leave_out_labels(_drop_or_reject_empty_texts(train, cfg), cfg.drop_labels, problem_type, training=True)
+    train = _rows_to_encode(train, cfg, problem_type, training=True)  # the encoded rows, which the carve names
     encoded, label_space = encode_train(train, problem_type, cfg.label_delimiter, cfg.label_map, cfg.drop_labels)
     splits = {"train": encoded}
 
@@ -160,9 +159,16 @@ def load_labelled_file(spec: str, cfg: DataConfig, label_space: LabelSpace, key:
 
 
 def _encode_against(table: Table, cfg: DataConfig, label_space: LabelSpace) -> datasets.Dataset:
-    table = leave_out_labels(_drop_or_reject_empty_texts(table, cfg), cfg.drop_labels, label_space.problem_type,
-                             training=False)
+    table = _rows_to_encode(table, cfg, label_space.problem_type, training=False)
     return encode_against(table, label_space, cfg.label_delimiter, cfg.label_map, cfg.drop_labels)
+
+
+def _rows_to_encode(table: Table, cfg: DataConfig, problem_type: str, training: bool) -> Table:
+    """The rows whose labels are encoded: ``data.on_empty_text``, ``data.on_missing_label`` and (a single label's
+    rows) ``data.drop_labels`` applied; ``training``: the training split, whose labels the settings name."""
+    table = _drop_or_reject_empty_texts(table, cfg)
+    table = leave_out_unlabelled(table, cfg.on_missing_label, problem_type, cfg.label_delimiter)
+    return leave_out_labels(table, cfg.drop_labels, problem_type, training)
 
 
 # --------------------------------------------------------------------------- local files (finetune.local_files reads them)

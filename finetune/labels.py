@@ -23,6 +23,10 @@ from finetune.tables import LABELS, RAW_LABEL, SHOW_LABELS, Table, column_values
 
 logger = logging.getLogger(__name__)
 
+# the hint of an error that names rows without a label
+DROP_UNLABELLED = ("data.on_missing_label=drop leaves those rows out (a file labelled in part trains on its labelled "
+                   "rows)")
+
 
 @dataclass
 class LabelSpace:
@@ -99,6 +103,39 @@ def leave_out_labels(table: Table, dropped: Optional[list[str]], problem_type: s
     return table.keep(np.flatnonzero(~left_out))
 
 
+def leave_out_unlabelled(table: Table, policy: str, problem_type: str, delimiter: Optional[str]) -> Table:
+    """``data.on_missing_label: drop``: ``table`` without its rows that have no label (null, an empty field, NaN,
+    a Hub data set's ``-1``), said in one line; ``error`` leaves them to the encoders, whose errors name them. A
+    multi-label row's empty list, or empty field with ``data.label_delimiter``, is a text with no label: it stays."""
+    multi = problem_type == "multi_label"
+    if policy != "drop" or (multi and table.empty_field_is_null and delimiter is not None):
+        return table  # there an empty field reads as null, and is a text with no label
+    feature = table.ds.features[RAW_LABEL]
+    missing = np.array([_no_label(value, feature, problem_type) for value in column_values(table.ds, RAW_LABEL)],
+                       dtype=bool)
+    if not missing.any():
+        return table
+    if missing.all():
+        raise DataError(f"{table.source}: column {table.label_column!r} has no labels in any of its {len(missing)} "
+                        f"rows (unlabelled data?)")
+    logger.warning("%s: left out %d of %d %ss without a label (%s; data.on_missing_label)", table.source,
+                   missing.sum(), len(missing), table.unit, table.where_many(np.flatnonzero(missing)))
+    return table.keep(np.flatnonzero(~missing))
+
+
+def _no_label(value: Any, feature: Any, problem_type: str) -> bool:
+    if value is None:
+        return True
+    if isinstance(feature, datasets.ClassLabel) and isinstance(value, int):
+        return value < 0  # a Hub data set's "no label"
+    if isinstance(value, float):
+        return math.isnan(value)
+    if not isinstance(value, str) or problem_type == "multi_label":
+        return False
+    # a regression's target written "nan" is no number, as its encoder reads it; a class may be named so
+    return not value.strip() or (problem_type == "regression" and value.strip().lower() == "nan")
+
+
 def _refuse_labels_not_found(train: Table, dropped: list[str], found: set[str]) -> None:
     """A label of ``data.drop_labels`` the training data does not have: a typo, most often, that left nothing out."""
     missing = [label for label in dropped if label not in found]
@@ -171,7 +208,7 @@ def _label_keys(table: Table) -> list[str]:
     if missing:
         raise DataError(
             f"{table.source}: {len(missing)} row{'s' if len(missing) > 1 else ''} without a label in column "
-            f"{table.label_column!r} ({table.where_many(missing)})"
+            f"{table.label_column!r} ({table.where_many(missing)})", hint=DROP_UNLABELLED
         )
     return keys  # type: ignore[return-value]  # no None left
 
@@ -328,7 +365,7 @@ def _label_sets(table: Table, delimiter: Optional[str]) -> list[list[str]]:
         raise DataError(
             f"{table.source}: {len(missing)} row{'s' if len(missing) > 1 else ''} without labels in column "
             f"{table.label_column!r} ({table.where_many(missing)}); a text with none has an empty "
-            + ("field when data.label_delimiter is set" if table.empty_field_is_null else "list")
+            + ("field when data.label_delimiter is set" if table.empty_field_is_null else "list"), hint=DROP_UNLABELLED
         )
     unlabelled = [i for i, keys in enumerate(sets) if not keys]
     if unlabelled:
@@ -396,7 +433,7 @@ def _encode_targets(table: Table) -> datasets.Dataset:
     if missing:
         raise DataError(
             f"{table.source}: {len(missing)} row{'s' if len(missing) > 1 else ''} without a number in column "
-            f"{table.label_column!r} ({table.where_many(missing)})"
+            f"{table.label_column!r} ({table.where_many(missing)})", hint=DROP_UNLABELLED
         )
     ds = table.ds.remove_columns(RAW_LABEL)
     return ds.add_column(LABELS, targets, feature=datasets.Value("float32"))

@@ -198,6 +198,11 @@ class DataConfig:
         "max_length (128 of 512).")
     on_empty_text: Literal["error", "drop"] = setting("error",
         "What to do with empty or null texts: stop with an error, or drop the rows.")
+    on_missing_label: Literal["error", "drop"] = setting("error",
+        "What to do with rows without a label (an empty field, null, NaN, a Hub data set's -1): stop with an "
+        "error naming them, or leave the rows out, in the training and validation data and a scored file (the "
+        "log says how many): a file labelled in part trains on its labelled rows. A multi-label text with an "
+        "empty list (or, with `label_delimiter`, an empty field) has no label by design, and stays.")
     encoding: str = setting("utf-8",
         "The text encoding of the data files (CSV, TSV, JSON Lines, a class folder's .txt files): any name "
         "Python's codecs know, such as `cp1252` (what a spreadsheet on Windows saves as plain CSV), "

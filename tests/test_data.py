@@ -1186,6 +1186,51 @@ def test_drop_labels_leaves_their_rows_out_of_train_validation_and_a_scored_file
         "labels"].names
 
 
+def test_rows_without_a_label_are_named_or_left_out_with_on_missing_label(tmp_path, caplog):
+    """A file labelled in part: by default the rows are named with the setting; with drop they are left out of
+    train and validation, said in one line."""
+    path = write(tmp_path / "part.csv", "text,label\n" + "".join(
+        f"text {i},{'' if i % 3 == 2 else ('spam' if i % 2 else 'ham')}\n" for i in range(12)))
+    held = write(tmp_path / "held.csv", "text,label\na,\nb,spam\n")
+    with pytest.raises(DataError) as named:
+        load_splits(cfg(path), seed=0)
+    assert named.value.message == f"{path}: 4 rows without a label in column 'label' (lines 4, 7, 10, 13)"
+    assert named.value.hint == ("data.on_missing_label=drop leaves those rows out (a file labelled in part trains "
+                                "on its labelled rows)")
+    with caplog.at_level(logging.WARNING, logger="finetune"):
+        splits, labels = load_splits(cfg(path, on_missing_label="drop", validation_file=held), seed=0)
+    assert labels.names == ["ham", "spam"] and splits["validation"]["text"] == ["b"]
+    assert splits["train"]["text"] == [f"text {i}" for i in range(12) if i % 3 != 2]
+    assert [r.getMessage() for r in caplog.records] == [
+        f"{path}: left out 4 of 12 lines without a label (lines 4, 7, 10, 13; data.on_missing_label)",
+        f"{held}: left out 1 of 2 lines without a label (line 2; data.on_missing_label)"]
+    with pytest.raises(DataError, match=r"column 'label' has no labels in any of its 2 rows"):
+        load_splits(cfg(write(tmp_path / "none.csv", "text,label\na,\nb,\n"), on_missing_label="drop"), seed=0)
+
+
+def test_on_missing_label_leaves_out_a_hub_splits_minus_one_a_missing_target_and_a_null_label_set(tmp_path):
+    root = tmp_path / "saved"
+    names = datasets.ClassLabel(names=["neg", "pos"])
+    datasets.Dataset.from_dict({"text": ["a", "b", "c", "d"], "label": [0, -1, 1, 1]},
+                               features=datasets.Features({"text": datasets.Value("string"), "label": names})
+                               ).save_to_disk(str(root))
+    with pytest.raises(DataError, match=r"1 row without a label in column 'label' \(row 2\)"):
+        load_splits(cfg(str(root)), seed=0)
+    splits, labels = load_splits(cfg(str(root), on_missing_label="drop"), seed=0)
+    assert labels.names == ["neg", "pos"] and splits["train"]["text"] == ["a", "c", "d"]
+    scores = write(tmp_path / "scores.csv", "text,score\na,1.5\nb,\nc,2.5\nd,nan\n")
+    splits, _ = load_splits(cfg(scores, label_column="score", on_missing_label="drop"), seed=0,
+                            problem_type="regression")
+    assert splits["train"]["text"] == ["a", "c"] and splits["train"]["labels"] == [1.5, 2.5]
+    # a multi-label row's empty list is a text with no label, and stays; null is no list at all
+    tags = tmp_path / "tags.jsonl"
+    tags.write_text('{"text": "a", "tags": ["x"]}\n{"text": "b", "tags": null}\n{"text": "c", "tags": []}\n'
+                    '{"text": "d", "tags": ["y", "x"]}\n', encoding="utf-8")
+    splits, _ = load_splits(cfg(str(tags), label_column="tags", on_missing_label="drop"), seed=0,
+                            problem_type="multi_label")
+    assert splits["train"]["text"] == ["a", "c", "d"] and splits["train"]["labels"][1] == [0.0, 0.0]
+
+
 def test_drop_labels_not_in_the_training_data_is_one_line_naming_the_key(tmp_path):
     from finetune.errors import ConfigError
 

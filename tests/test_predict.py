@@ -68,10 +68,8 @@ def test_batching_and_length_sorting_do_not_change_results(predictor):
 def test_batches_are_padded_as_the_run_padded_its_micro_batches(trained, predictor):
     """To a multiple of ``data.pad_to_multiple_of`` (the run's config: 8), or to the longest text with None; the
     padding is masked, so the logits agree to float rounding."""
-    from finetune.predict import Predictor
-
-    out, cfg, _ = trained
-    assert cfg.data.pad_to_multiple_of == 8 and predictor.pad_to_multiple_of == 8
+    _, cfg, _ = trained
+    assert cfg.data.pad_to_multiple_of == 8 and predictor.pad_to_multiple_of == 8  # Predictor.load read it
     widths = []
     hook = predictor.model.register_forward_hook(lambda module, args, kwargs, output: widths.append(
         kwargs["input_ids"].shape[1]), with_kwargs=True)
