@@ -64,20 +64,20 @@ def rehearse_sweep(sweep) -> dict[str, Any]:
     check_storage(sweep.storage)
     so_far = sweep_so_far(sweep, greater)
     logger.info(start_line(sweep, metric, greater, done=so_far.trials_done))
-    tried = [try_run(sweep, values) for values in work_corners(sweep.space)]
     runs, which = runs_of(sweep)
     left = so_far.runs_left
+    if left == 0:  # nothing to time: its start would only write the reports again
+        logger.info("sweep dry run: %s: %d run%s, all done; the same command without --dry-run writes its reports "
+                    "again; nothing was written to %s", which, runs, "s" if runs != 1 else "", sweep.output)
+        return {"runs": runs, "left": 0, "seconds": (0.0, 0.0)}
+    tried = [try_run(sweep, values) for values in work_corners(sweep.space)]
     pruned = ", less what the pruner stops" if so_far.search_left and sweep.pruner["type"] != "none" else ""
     least, most = min(run.seconds for run in tried), max(run.seconds for run in tried)
     total = readable_duration(left * least) if len(tried) == 1 else \
         f"{readable_duration(left * least)} to {readable_duration(left * most)}"
     count = f"{runs} run{'s' if runs != 1 else ''}"
-    if left == 0:
-        length = f"{count}, all done"
-    elif left < runs:
-        length = f"{count}, {runs - left} done, the {left} left about {total}{pruned}"
-    else:
-        length = f"{count}, about {total}{pruned}"
+    length = f"{count}, {runs - left} done, the {left} left about {total}{pruned}" if left < runs else \
+        f"{count}, about {total}{pruned}"
     logger.info("sweep dry run: %s; %s: %s; nothing was written to %s", tried_in_words(tried), which, length,
                 sweep.output)
     return {"runs": runs, "left": left, "seconds": (left * least, left * most)}

@@ -739,7 +739,10 @@ def test_a_dry_run_of_a_sweep_under_way_says_the_runs_done_and_left_and_writes_n
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="finetune"):
         assert sweep_in_process(args) == 0
-    assert "; the search's 4 trials: 4 runs, all done; nothing was written" in _said(caplog, "sweep dry run: ")
+    assert _said(caplog, "sweep dry run: ") == (f"sweep dry run: the search's 4 trials: 4 runs, all done; the same "
+                                                f"command without --dry-run writes its reports again; nothing was "
+                                                f"written to {out}")
+    assert not [r for r in caplog.records if r.getMessage().startswith("dry run: ")]  # no run tried: none is left
     # another space is refused as the start refuses it, before any run is tried
     other = sweep_file(root, "other-dry.yaml", space={"optim.learning_rate": [1e-3, 2e-3]})
     capsys.readouterr()
