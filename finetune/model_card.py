@@ -159,15 +159,20 @@ def _adapters(lora: Optional[dict[str, Any]]) -> list[str]:
             f"alone, for PEFT, is in `adapter/`."]
 
 
-def _left_out(dropped: Optional[list[str]], problem_type: str) -> list[str]:
-    """The card's line on the labels ``data.drop_labels`` left out of the data, when it names some."""
-    if not dropped:
-        return []
-    labels = " and ".join(f"`{label}`" for label in dropped)
+def _left_out(data, problem_type: str) -> list[str]:
+    """The card's lines on the rows and labels the data settings left out: ``data.drop_labels``' labels, and
+    the rows without a label under ``data.on_missing_label: drop``."""
+    lines = []
+    if data.on_missing_label == "drop":
+        lines.append("- Texts left out: those without a label, in the training and the validation data "
+                     "(`data.on_missing_label: drop`).")
+    if not data.drop_labels:
+        return lines
+    labels = " and ".join(f"`{label}`" for label in data.drop_labels)
     if problem_type == "multi_label":
-        return [f"- Labels left out: {labels}, taken out of each text's labels (`data.drop_labels`)."]
-    return [f"- Texts left out: those labelled {labels}, in the training and the validation data "
-            f"(`data.drop_labels`)."]
+        return [*lines, f"- Labels left out: {labels}, taken out of each text's labels (`data.drop_labels`)."]
+    return [*lines, f"- Texts left out: those labelled {labels}, in the training and the validation data "
+                    f"(`data.drop_labels`)."]
 
 
 def _frozen(frozen: Optional[dict[str, Any]]) -> list[str]:
@@ -259,7 +264,7 @@ def model_card(cfg, summary: dict[str, Any]) -> str:
         f"warmup {warmup}), weight decay {optim.weight_decay:g}",
         f"- Arithmetic: {_ARITHMETIC.get(train['mixed_precision'], train['mixed_precision'])}; "
         f"max length {cfg.data.max_length} tokens; seed {cfg.training.seed}",
-        *_left_out(cfg.data.drop_labels, cfg.model.problem_type),
+        *_left_out(cfg.data, cfg.model.problem_type),
         *_long_texts(train.get("long_texts")),
         *_adapters(train.get("lora")),
         *_frozen(train.get("frozen")),

@@ -38,6 +38,9 @@ def test_labels_left_out_of_the_data_are_said_under_training():
     assert "seed 42\n- Texts left out: those labelled `unsup`, in the training and the validation data " \
            "(`data.drop_labels`).\n" in body
     assert "left out" not in _card({"train_file": "aclImdb/train"})[1]
+    _, body = _card({"train_file": "part.csv", "on_missing_label": "drop"})
+    assert "seed 42\n- Texts left out: those without a label, in the training and the validation data " \
+           "(`data.on_missing_label: drop`).\n" in body
 
 
 def test_rows_held_out_of_the_training_file_are_said_to_be():
