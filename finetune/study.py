@@ -140,6 +140,14 @@ def storage_errors(url: str) -> Iterator[None]:
     except (sqlalchemy.exc.SQLAlchemyError, ValueError) as exc:
         first = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
         raise ConfigError(f"--storage {redact(url)}: cannot open the study's database: {first}") from None
+    except RuntimeError as exc:  # Optuna's word for tables of an older schema: a sweep begun before an upgrade
+        if "table schema" not in str(exc):
+            raise
+        import optuna
+
+        raise ConfigError(f"--storage {redact(url)}: the study's tables have an older schema than this Optuna's "
+                          f"({optuna.__version__})",
+                          hint=f"optuna storage upgrade --storage {redact(url)} brings them up to date") from None
 
 
 def _lost_the_race_to_create(exc) -> bool:
