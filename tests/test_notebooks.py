@@ -88,6 +88,7 @@ def test_importing_finetune_touches_no_device():
     assert proc.returncode == 0, proc.stderr[-2000:]
 
 
+@pytest.mark.slow
 def test_quickstart(assets, tmp_path):
     model, data = assets
     overrides = _tiny_overrides(model, data) + [
@@ -125,6 +126,7 @@ def test_quickstart(assets, tmp_path):
     assert (launched / "model.safetensors").is_file() and (launched / "curves.png").is_file()
 
 
+@pytest.mark.slow
 def test_accumulation(assets):
     model, data = assets
     # 76 samples, b=8: 10 micro-batches, the last of 4 samples; k=4: windows of 32, 32 and 12 samples
@@ -157,6 +159,7 @@ def test_the_documented_headless_run_has_its_command():
     assert "jupyter nbconvert --to notebook --execute notebooks/accumulation.ipynb" in docs
 
 
+@pytest.mark.slow
 def test_the_readmes_notebook_code_trains_as_written(assets, tmp_path):
     """README's "From a notebook" block, run as it stands in a fresh Python from the repository, with the tiny
     model and data added to its overrides: two epochs, each update logged through ``on_log``, each epoch

@@ -14,6 +14,7 @@ import pytest
 from helpers import REPO, offline_env
 
 
+@pytest.mark.slow
 def test_the_wheel_trains_with_the_default_config_from_anywhere(tmp_path):
     wheels = tmp_path / "wheels"
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(wheels),

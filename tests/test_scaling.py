@@ -379,6 +379,7 @@ def _log(out: Path) -> list[dict]:
     return [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.slow
 def test_cli_start_line_gives_processes_backend_and_k(cli_runs):
     _, one = cli_runs["one"]
     assert "processes=1 " in one and " k=1 " in one and "effective_batch=16" in one
@@ -389,6 +390,7 @@ def test_cli_start_line_gives_processes_backend_and_k(cli_runs):
     assert "processes=2 backend=gloo" in nodes and " b=8 k=1 P=2 effective_batch=16" in nodes
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["two", "nodes"])
 def test_cli_same_model_log_and_metrics_on_every_process_count(cli_runs, name):
     ref_out, _ = cli_runs["one"]
