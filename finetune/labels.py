@@ -124,6 +124,7 @@ def leave_out_unlabelled(table: Table, policy: str, problem_type: str, delimiter
 
 
 def _no_label(value: Any, feature: Any, problem_type: str) -> bool:
+    """Whether a raw label value is no label: what the encoders of ``problem_type`` would call missing."""
     if value is None:
         return True
     if isinstance(feature, datasets.ClassLabel) and isinstance(value, int):

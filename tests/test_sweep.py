@@ -661,16 +661,17 @@ def test_a_study_of_an_older_optuna_schema_is_one_line_saying_how_to_upgrade_it(
     import optuna
 
     tmp_path, config = bad_input_job, bad_input_job / "cfg.yaml"
-    db = tmp_path / "out-sweep" / "study.db"
+    db = tmp_path / "old-schema-sweep" / "study.db"
     db.parent.mkdir()
-    optuna.create_study(storage=f"sqlite:///{db}", study_name="out-sweep")
+    optuna.create_study(storage=f"sqlite:///{db}", study_name="old-schema-sweep")
     with sqlite3.connect(db) as connection:  # an earlier revision of Optuna's tables, as a sweep of then left them
         connection.execute("UPDATE alembic_version SET version_num = 'v3.0.0.a'")
     before = db.read_bytes()
     spec = sweep_file(tmp_path, name="old.yaml", space={"optim.learning_rate": [1e-3]}, trials=1)
     capsys.readouterr()  # Optuna's line on the study made above
     for dry_run in ([], ["--dry-run"]):
-        assert sweep_in_process(["--config", str(config), "--sweep", str(spec), *dry_run]) == 2
+        assert sweep_in_process(["--config", str(config), "--sweep", str(spec), "--output", str(db.parent),
+                                 *dry_run]) == 2
         error, hint = capsys.readouterr().err.strip().splitlines()
         assert error == (f"error: --storage sqlite:///{db}: the study's tables have an older schema than this "
                          f"Optuna's ({optuna.__version__})")
