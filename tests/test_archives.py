@@ -157,6 +157,23 @@ def test_the_data_log_names_an_archives_files_by_their_path_in_it(downloads, tmp
         f"{packed}/reviews: left out 3 of 9 files, labelled unsup (data.drop_labels)"]
 
 
+def test_imdb_as_downloaded_is_told_the_one_command_that_trains_it(downloads, tmp_path):
+    """aclImdb_v1.tar.gz: splits, not classes, and an unlabelled folder in train; the hint, in the archive's
+    paths, trains it as it stands."""
+    files = {f"aclImdb/{split}/{label}/{i}_7.txt": f"{label} review {i}" for split, labels in
+             (("train", ("pos", "neg", "unsup")), ("test", ("pos", "neg"))) for label in labels for i in range(3)}
+    files.update({"aclImdb/README": "the data set", "aclImdb/train/urls_pos.txt": "http://example.com/1"})
+    packed = _tar(tmp_path / "aclImdb_v1.tar.gz", files)
+    with pytest.raises(DataError) as info:
+        load_splits(_cfg(str(packed)), seed=0)
+    root = f"{packed}/aclImdb"
+    assert info.value.message == f"{root}: its sub-folders are splits (test, train), not classes"
+    assert info.value.hint == (f"pass the training split's folder: --data {root}/train data.validation_file="
+                               f"{root}/test data.drop_labels=[unsup] (the texts of {root}/train/unsup have no label)")
+    loaded, labels = load_splits(_cfg(f"{root}/train", validation_file=f"{root}/test", drop_labels=["unsup"]), seed=0)
+    assert labels.names == ["neg", "pos"] and (len(loaded["train"]), len(loaded["validation"])) == (6, 6)
+
+
 def test_an_error_in_an_archives_file_names_it_by_its_path_in_the_archive(downloads, tmp_path):
     packed = _zip(tmp_path / "rows.zip", {"rows.csv": "text,label\nfine,pos\na, b,neg\n"})
     with pytest.raises(FileLayoutError) as info:
