@@ -24,6 +24,7 @@ from finetune.config import Config
 from finetune.errors import ConfigError
 from finetune.launch import choose_workers
 from finetune.sampling import BalancedBatches, EpochSampler
+from finetune.schema import PAD_TO_MULTIPLE_OF
 
 
 def tokenized_cache_dir(cfg: Config) -> Optional[Path]:
@@ -153,7 +154,8 @@ def collator(tokenizer, accelerator, cfg: Optional[Config] = None, checkpointing
         pad = BucketPadding(tokenizer, cfg.data.max_length, MAX_GRAPHS, longest=None if evaluation else longest)
     else:
         # fewer shapes: GPU tensor cores work on multiples of 8, and a CPU's oneDNN builds a kernel per shape
-        pad = DataCollatorWithPadding(tokenizer, pad_to_multiple_of=cfg.data.pad_to_multiple_of if cfg else 8)
+        multiple = cfg.data.pad_to_multiple_of if cfg is not None else PAD_TO_MULTIPLE_OF
+        pad = DataCollatorWithPadding(tokenizer, pad_to_multiple_of=multiple)
     return ChunkCollator(pad) if cfg is not None and truncation_of(cfg.data).chunked else pad
 
 

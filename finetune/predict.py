@@ -40,10 +40,10 @@ from typing import Any, Optional, Sequence
 
 from finetune.errors import ConfigError, DataError, ModelError, OutOfMemory, out_of_memory_told_as, run_command
 from finetune.outputs import refuse_a_run_file
-from finetune.prediction_files import (CLASH_PREFIX, OUTPUT_FORMATS, STDIN, checked_suffix,
-                                       columns_named_as_predictions, input_kind, local_file,
-                                       note_the_files_own_columns, output_separator, predict_rows, read_rows,
-                                       write_predictions)
+from finetune.prediction_files import (CLASH_PREFIX, OUTPUT_FORMATS, STDIN, checked_suffix, input_kind, local_file,
+                                       columns_named_as_predictions, note_the_files_own_columns, output_separator,
+                                       predict_rows, read_rows, write_predictions)
+from finetune.schema import PAD_TO_MULTIPLE_OF  # the schema alone: no YAML or config loading at import
 from finetune.text_encoding import check_encoding
 from finetune.truncation import BOOKKEEPING, LENGTH, Truncation, prediction_length
 
@@ -87,14 +87,14 @@ class Predictor:
         precision: The forward passes' arithmetic, as ``training.mixed_precision`` names it: ``no``
             (float32), ``bf16`` or ``fp16`` (autocast; fp16 on a CUDA GPU only). Logits come back in float32
             either way.
-        pad_to_multiple_of: Pad a batch to a multiple of this many tokens (``None``: to its longest text), as
-            the run padded its micro-batches (``data.pad_to_multiple_of``): fewer shapes to build kernels for.
+        pad_to_multiple_of: Pad a batch to a multiple of this many tokens (``None``: its longest text's), as
+            the run padded its micro-batches (``data.pad_to_multiple_of``, whose default this is).
     """
 
     def __init__(self, model, tokenizer, *, device=None, batch_size: int = DEFAULT_BATCH_SIZE,
                  max_length: Optional[int] = None, threshold: float = 0.5, truncation: str = "head",
                  head_tokens: Optional[int] = None, stride: Optional[int] = None, precision: str = "no",
-                 pad_to_multiple_of: Optional[int] = 8):
+                 pad_to_multiple_of: Optional[int] = PAD_TO_MULTIPLE_OF):
         import torch
 
         from finetune.tasks import problem_type_of

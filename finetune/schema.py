@@ -23,6 +23,9 @@ from finetune.errors import ConfigError
 from finetune.text_encoding import check_encoding
 from finetune.truncation import refuse_cutting_pairs
 
+# data.pad_to_multiple_of's default, which a collator or predictor made without a config takes too
+PAD_TO_MULTIPLE_OF = 8
+
 
 def setting(default: Any = dataclasses.MISSING, help: str = "", *, factory: Optional[Callable[[], Any]] = None):
     """A config field with its help text (what the reference and ``--help`` show)."""
@@ -217,7 +220,7 @@ class DataConfig:
         "largest equal cut. The update is the same. `auto`: on one CPU process with group_by_length and "
         "without torch_compile (finetune.sampling.BalancedBatches; on a GPU the many shapes cost more "
         "than the padding saves); `true` where it cannot apply is an error.")
-    pad_to_multiple_of: Optional[int] = setting(8,
+    pad_to_multiple_of: Optional[int] = setting(PAD_TO_MULTIPLE_OF,
         "Pad each micro-batch to a length that is a multiple of this (null: to its longest text). On a "
         "GPU, tensor cores work on such shapes; on a CPU, oneDNN builds a kernel for every new shape of a "
         "bf16 product and keeps 1,024, and lengths to the token bring more shapes than that: the default "
