@@ -124,27 +124,28 @@ def leave_out_unlabelled(table: Table, policy: str, problem_type: str, delimiter
 
 
 def _no_label(value: Any, feature: Any, problem_type: str) -> bool:
-    """Whether a raw label value is no label: what the encoders of ``problem_type`` would call missing."""
-    if value is None:
-        return True
+    """Whether a raw label is missing as the encoder of ``problem_type`` reads it (one it refuses: its error's)."""
     if isinstance(feature, datasets.ClassLabel) and isinstance(value, int):
         return value < 0  # a Hub data set's "no label"
-    if isinstance(value, float):
-        return math.isnan(value)
-    if not isinstance(value, str) or problem_type == "multi_label":
+    if problem_type == "multi_label":  # an empty list or field is a text with no label, not a missing one
+        return value is None or (isinstance(value, float) and math.isnan(value))
+    try:
+        return (_target(value) if problem_type == "regression" else _label_key(value, feature)) is None
+    except ValueError:
         return False
-    # a regression's target written "nan" is no number, as its encoder reads it; a class may be named so
-    return not value.strip() or (problem_type == "regression" and value.strip().lower() == "nan")
 
 
 def _refuse_labels_not_found(train: Table, dropped: list[str], found: set[str]) -> None:
     """A label of ``data.drop_labels`` the training data does not have: a typo, most often, that left nothing out."""
     missing = [label for label in dropped if label not in found]
-    if missing:
-        cased = [(label, name) for label in missing for name in sorted(found) if name.casefold() == label.casefold()]
-        raise ConfigError(f"data.drop_labels: {', '.join(map(repr, missing))} not among the labels of {train.source}"
-                          f" ({short_list(sorted(found), SHOW_LABELS)})", hint=cased and f"the training data writes "
-                          f"{cased[0][0]!r} as {cased[0][1]!r}: labels are told apart by case" or None)
+    if not missing:
+        return
+    names = sorted(found)
+    cased = next(((label, name) for label in missing if (name := _in_another_case(label, names)) is not None), None)
+    raise ConfigError(f"data.drop_labels: {', '.join(map(repr, missing))} not among the labels of {train.source} "
+                      f"({short_list(names, SHOW_LABELS)})",
+                      hint=f"the training data writes {cased[0]!r} as {cased[1]!r}: labels are told apart by case"
+                      if cased else None)
 
 
 def _without(table: Table, sets: list[list[str]], dropped: Optional[list[str]]) -> list[list[str]]:
@@ -313,11 +314,16 @@ def _encode_labels(table: Table, keys: list[str], label_space: LabelSpace) -> da
 
 def _same_but_for_case(label: str, names: list[str]) -> Optional[str]:
     """The hint for a label the training data wrote in another case (``SPAM`` where it has ``spam``)."""
-    known = [name for name in names if name.casefold() == label.casefold()]
-    if not known:
+    known = _in_another_case(label, names)
+    if known is None:
         return None
-    return (f"the train data writes it {known[0]!r}: labels are told apart by case; write them as the train data "
+    return (f"the train data writes it {known!r}: labels are told apart by case; write them as the train data "
             f"does, or name both with data.label_map")
+
+
+def _in_another_case(label: str, names: list[str]) -> Optional[str]:
+    """The first of ``names`` that is ``label`` written in another case, if any."""
+    return next((name for name in names if name.casefold() == label.casefold()), None)
 
 
 def _label_sets(table: Table, delimiter: Optional[str]) -> list[list[str]]:
@@ -414,19 +420,12 @@ def _encode_targets(table: Table) -> datasets.Dataset:
     targets: list[float] = []
     missing: list[int] = []
     for i, value in enumerate(values):
-        number: Optional[float] = None
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            number = float(value)
-        elif isinstance(value, str) and value.strip():
-            try:
-                number = float(value)
-            except ValueError:
-                raise DataError(f"{table.source}: label {value!r} at {table.where(i)} in column "
-                                f"{table.label_column!r} is not a number (regression)") from None
-        elif value is not None and not (isinstance(value, str) and not value.strip()):
+        try:
+            number = _target(value)
+        except ValueError:
             raise DataError(f"{table.source}: label {value!r} at {table.where(i)} in column "
-                            f"{table.label_column!r} is not a number (regression)")
-        if number is None or math.isnan(number):
+                            f"{table.label_column!r} is not a number (regression)") from None
+        if number is None:
             missing.append(i)
         elif math.isinf(number):
             raise DataError(f"{table.source}: label {value!r} at {table.where(i)} is infinite")
@@ -438,3 +437,14 @@ def _encode_targets(table: Table) -> datasets.Dataset:
         )
     ds = table.ds.remove_columns(RAW_LABEL)
     return ds.add_column(LABELS, targets, feature=datasets.Value("float32"))
+
+
+def _target(value: Any) -> Optional[float]:
+    """A regression label as a number; None for a missing one (null, an empty field, NaN, ``"nan"``); ValueError for
+    a value that is no number (a word, a boolean, a list)."""
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise ValueError(f"{value!r} is not a number")
+    number = float(value)  # a string that is no number raises ValueError
+    return None if math.isnan(number) else number
