@@ -166,13 +166,12 @@ def _left_out(data, problem_type: str) -> list[str]:
     if data.on_missing_label == "drop":
         lines.append("- Texts left out: those without a label, in the training and the validation data "
                      "(`data.on_missing_label: drop`).")
-    if not data.drop_labels:
-        return lines
-    labels = " and ".join(f"`{label}`" for label in data.drop_labels)
-    if problem_type == "multi_label":
-        return [*lines, f"- Labels left out: {labels}, taken out of each text's labels (`data.drop_labels`)."]
-    return [*lines, f"- Texts left out: those labelled {labels}, in the training and the validation data "
-                    f"(`data.drop_labels`)."]
+    if data.drop_labels:
+        labels = " and ".join(f"`{label}`" for label in data.drop_labels)
+        lines.append(f"- Labels left out: {labels}, taken out of each text's labels (`data.drop_labels`)."
+                     if problem_type == "multi_label" else f"- Texts left out: those labelled {labels}, in the "
+                     f"training and the validation data (`data.drop_labels`).")
+    return lines
 
 
 def _frozen(frozen: Optional[dict[str, Any]]) -> list[str]:

@@ -41,6 +41,11 @@ def test_labels_left_out_of_the_data_are_said_under_training():
     _, body = _card({"train_file": "part.csv", "on_missing_label": "drop"})
     assert "seed 42\n- Texts left out: those without a label, in the training and the validation data " \
            "(`data.on_missing_label: drop`).\n" in body
+    # several labels a text: the label is taken out of each text's, the texts stay
+    cfg = config_from_dict({"model": {"problem_type": "multi_label"}, "output": {"output_dir": "outputs/tags"},
+                            "data": {"train_file": "tags.jsonl", "drop_labels": ["misc", "other"]}})
+    assert "seed 42\n- Labels left out: `misc` and `other`, taken out of each text's labels (`data.drop_labels`).\n" \
+        in model_card(cfg, _summary()).split("---\n", 2)[2]
 
 
 def test_rows_held_out_of_the_training_file_are_said_to_be():
