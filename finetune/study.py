@@ -80,29 +80,10 @@ def open_storage(url: str):
                 time.sleep(1.0 + attempt)
 
 
-def check_storage(url: str) -> None:
-    """What a dry run checks of ``--storage`` without writing to it: the URL, its driver, and a server's answer
-    (a connection opened and closed). A SQLite file is not opened: opening one makes it.
-
-    Raises:
-        ConfigError: as :func:`open_storage` does.
-    """
-    import sqlalchemy
-
-    with storage_errors(url):
-        engine = sqlalchemy.create_engine(url)
-        try:
-            if not url.startswith("sqlite"):
-                with engine.connect():
-                    pass
-        finally:
-            engine.dispose()
-
-
 def existing_storage(url: str):
-    """The storage at ``url`` opened to be read, where a study could be in it already; else ``None`` (a SQLite file
-    not made yet, a database without Optuna's tables). Unlike :func:`open_storage` it makes and writes nothing: a
-    dry run's look at a sweep under way.
+    """What a dry run reads of ``--storage``, writing nothing: the URL and its driver checked, a server's answer
+    (a connection opened and closed), and the storage opened to be read where Optuna's tables are in it already;
+    else ``None`` (a SQLite file not made yet, which connecting would make; a database without the tables).
 
     Raises:
         ConfigError: as :func:`open_storage` does.
@@ -110,11 +91,11 @@ def existing_storage(url: str):
     import optuna
     import sqlalchemy
 
-    if url.startswith("sqlite:///") and not Path(url.removeprefix("sqlite:///")).is_file():
-        return None  # connecting would make the file
     with storage_errors(url):
-        engine = sqlalchemy.create_engine(url)
+        engine = sqlalchemy.create_engine(url)  # the URL and its driver; it connects to nothing yet
         try:
+            if url.startswith("sqlite:///") and not Path(url.removeprefix("sqlite:///")).is_file():
+                return None
             tables = set(sqlalchemy.inspect(engine).get_table_names())
         finally:
             engine.dispose()

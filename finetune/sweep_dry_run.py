@@ -20,8 +20,7 @@ from typing import Any, Optional
 
 from finetune.search_space import overrides
 from finetune.start_line import readable_duration
-from finetune.study import budget_left, check_storage, check_study, existing_storage, made_with, \
-    refuse_another_sweep, running
+from finetune.study import budget_left, check_study, existing_storage, made_with, refuse_another_sweep, running
 from finetune.sweep_checks import check_sweep
 from finetune.sweep_report import repeats_of, start_line
 from finetune.sweep_trial import train_in_this_process
@@ -61,8 +60,7 @@ def rehearse_sweep(sweep) -> dict[str, Any]:
     writes nothing; try its runs at the space's least and most work, say how long the sweep (or what is left of
     it) would take, and return ``{"runs", "left", "seconds": (least, most)}`` (the seconds of the runs left)."""
     metric, greater = check_sweep(sweep)
-    check_storage(sweep.storage)
-    so_far = sweep_so_far(sweep, greater)
+    so_far = sweep_so_far(sweep, greater)  # its storage checked, and read where the sweep is under way
     logger.info(start_line(sweep, metric, greater, done=so_far.trials_done))
     runs, which = runs_of(sweep)
     left = so_far.runs_left
@@ -125,7 +123,7 @@ def sweep_so_far(sweep, greater: bool) -> SoFar:
 
     trials, done = left_in(sweep.study_name, sweep.trials) if sweep.space.dimensions else (0, None)
     repeated = left_in(f"{sweep.study_name}.{repeats.name}", len(repeats.values))[0] if repeats else 0
-    return SoFar(done if sweep.space.dimensions else None, trials * sweep.trial_seeds, repeated)
+    return SoFar(done, trials * sweep.trial_seeds, repeated)
 
 
 def work_corners(space) -> list[list[str]]:
