@@ -89,10 +89,12 @@ def _refuse_splits(root: Path, names: list[str]) -> None:
     other = next((n for n in names if n != train and n.lower() in ("validation", "valid", "val", "dev")),
                  next(n for n in names if n != train))
     unlabelled = sorted(p.name for p in (root / train).iterdir() if p.is_dir() and p.name.lower() in UNLABELLED_NAMES)
-    drop = f" data.drop_labels=[{','.join(unlabelled)}]" if unlabelled else ""
+    drop = ""
+    if unlabelled:
+        drop = f" data.drop_labels=[{','.join(unlabelled)}] (the texts of {root / train / unlabelled[0]} have no label)"
     raise DataError(f"{root}: its sub-folders are splits ({', '.join(names)}), not classes",
                     hint=f"pass the training split's folder: --data {root / train} data.validation_file={root / other}"
-                    + drop + (f" (the texts of {root / train / unlabelled[0]} have no label)" if unlabelled else ""))
+                    + drop)
 
 
 def _warn_of_unlabelled(root: Path, names: list[str], dropped: Optional[list[str]]) -> None:

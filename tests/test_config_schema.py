@@ -150,6 +150,7 @@ def test_overrides_are_typed(tmp_path):
         ("data.label_map=[a, b]", "data.label_map: expected mapping of int or str to str, got list"),
         ("data.drop_labels=[]", "data.drop_labels: an empty list leaves nothing out (null: none)"),
         ("data.drop_labels=[' ']", "data.drop_labels: an empty label"),
+        ("data.on_missing_label=skip", "data.on_missing_label: expected one of 'error' | 'drop', got str 'skip'"),
         # YAML reads {0:8,4:2} as two keys without values: the line says how to write the mapping
         ("training.accumulation_schedule={0:8,4:2}", "YAML needs a space after each ':' of a mapping; "
                                                       "write training.accumulation_schedule=\"{0: 8, 4: 2}\""),
