@@ -84,6 +84,28 @@ class Run:
     # first update (finetune.cuda_graphs.graphs_for_run); None: eager steps
     graphs: Optional[Any] = None
 
+    def loop_settings(self, **changes: Any) -> dict[str, Any]:
+        """The keyword arguments of :func:`~finetune.loop.train_one_epoch` that the config and the build set,
+        as ``fit`` passes them: the task's loss (with ``training.class_weights`` and ``label_smoothing``),
+        ``max_grad_norm``, the update plan, the non-finite policy, the weight casts and the CUDA graphs.
+
+        A loop of one's own that passes them trains what ``finetune train`` trains; one that leaves out
+        ``loss_fn`` trains on the problem type's plain loss, whatever the config weighs. ``changes`` replace
+        any of them (``run.loop_settings(loss_fn=focal_loss)``).
+
+        Raises:
+            TypeError: for a change that is none of these settings.
+        """
+        training = self.cfg.training
+        settings = {"max_grad_norm": training.max_grad_norm, "plan": self.plan, "loss_fn": self.task.per_sample_loss,
+                    "on_nonfinite": training.on_nonfinite, "max_skipped": training.max_skipped,
+                    "cast_once_per_update": training.cast_once_per_update, "graphs": self.graphs}
+        unknown = sorted(set(changes) - set(settings))
+        if unknown:
+            raise TypeError(f"loop_settings: {unknown[0]!r} is not one of them ({', '.join(settings)}); "
+                            f"pass it to train_one_epoch itself")
+        return {**settings, **changes}
+
 
 def setup_run(cfg: Config, accelerator=None, batching: Optional[Batching] = None) -> Run:
     """Load and prepare everything the config describes.

@@ -8,8 +8,8 @@ when an evaluation is due, and :class:`Evaluations` what each means for the
 best model and early stopping.
 
 A dry run (:func:`finetune.rehearsal.rehearse`) trains and evaluates through
-the same pieces: :func:`training_speedups`, :func:`loop_settings` and
-:func:`evaluate_run`.
+the same pieces: :func:`training_speedups`, :meth:`~finetune.assembly.Run.loop_settings`
+and :func:`evaluate_run`.
 """
 
 from __future__ import annotations
@@ -240,15 +240,6 @@ def training_speedups(run: Run) -> contextlib.AbstractContextManager:
     return cpu_speedups(run.model, run.optimizer, run.accelerator, **speedup_settings(run.cfg.training))
 
 
-def loop_settings(run: Run) -> dict[str, Any]:
-    """The keyword arguments of :func:`~finetune.loop.train_one_epoch` that the run's config and build set,
-    the same for :func:`train_epochs` and :func:`rehearse`."""
-    training = run.cfg.training
-    return {"max_grad_norm": training.max_grad_norm, "plan": run.plan, "on_nonfinite": training.on_nonfinite,
-            "max_skipped": training.max_skipped, "loss_fn": run.task.per_sample_loss,
-            "cast_once_per_update": training.cast_once_per_update, "graphs": run.graphs}
-
-
 def train_epochs(run: Run, checkpoints: Checkpointer, evaluations: Evaluations, signals: StopSignals,
                  pending_eval: Optional[int], on_epoch_end, on_update) -> RunEnd:
     """The epochs from the run's state on, each followed by its evaluation and checkpoint.
@@ -295,7 +286,7 @@ def train_epochs(run: Run, checkpoints: Checkpointer, evaluations: Evaluations, 
             result = train_one_epoch(
                 run.model, run.optimizer, run.scheduler, run.train_dataloader, acc, epoch, state=run.state,
                 log_every=cfg.logging.log_every, on_log=evaluations.log.log, on_update=after_update,
-                progress=progress, **loop_settings(run),
+                progress=progress, **run.loop_settings(),
             )
             logger.info(epoch_line(run, epoch, first_update, result))
             finished = not result.stopped_early or run.state.step >= run.plan.total_updates

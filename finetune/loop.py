@@ -180,8 +180,10 @@ def train_one_epoch(
         loss_fn: ``loss_fn(logits, labels) -> per-sample losses`` (a 1-D tensor,
             one value per row, not reduced). ``None``: the loss of the model's
             ``config.problem_type`` (cross-entropy, per-label binary
-            cross-entropy, or squared error; see :mod:`finetune.tasks`). The
-            update is the mean of these values over the window's real samples.
+            cross-entropy, or squared error; see :mod:`finetune.tasks`), without
+            the config's class weights or label smoothing: ``**run.loop_settings()``
+            passes the run's. The update is the mean of these values over the
+            window's real samples.
         plan: The :class:`~finetune.optimization.UpdatePlan` the scheduler was
             sized with: the epoch is refused before any update when the
             accelerator's ``k`` is not the one the plan counted for it.

@@ -17,7 +17,7 @@ import torch
 from finetune.accumulation import accumulate_as
 from finetune.assembly import Run
 from finetune.checkpointer import Checkpointer
-from finetune.fitting import EvaluationSchedule, evaluate_run, loop_settings, training_speedups
+from finetune.fitting import EvaluationSchedule, evaluate_run, training_speedups
 from finetune.loop import TrainState, train_one_epoch
 from finetune.lora import is_lora
 from finetune.selection import EvalHistory
@@ -81,7 +81,7 @@ def rehearse(run: Run, updates: int = REHEARSED_UPDATES) -> Rehearsal:
         began = time.perf_counter()
         # the run's own counters, fresh from setup_run: an error names the update it came in
         train_one_epoch(run.model, run.optimizer, run.scheduler, run.train_dataloader, acc, 0, state=run.state,
-                        log_every=1, on_log=records.append, on_update=after_update, **loop_settings(run))
+                        log_every=1, on_log=records.append, on_update=after_update, **run.loop_settings())
     seconds = [end - start for start, end in zip([began] + ends, ends)]
     losses = [record["train/loss"] for record in records if "train/loss" in record]
     evaluation = None

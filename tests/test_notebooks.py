@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import REPO, make_texts, offline_env, save_tiny_model, tsv_train_file, write_tsv
+from helpers import REPO, make_texts, offline_env, run_cli, save_tiny_model, tsv_train_file, write_tsv
 
 nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")
@@ -159,25 +159,65 @@ def test_the_documented_headless_run_has_its_command():
     assert "jupyter nbconvert --to notebook --execute notebooks/accumulation.ipynb" in docs
 
 
+def test_a_runs_loop_settings_are_its_configs_and_take_a_change():
+    import inspect
+
+    from finetune.assembly import Run
+    from finetune.config import load_config
+    from finetune.loop import train_one_epoch
+    from finetune.tasks import Task
+
+    cfg = load_config(None, ["training.on_nonfinite=skip", "training.max_grad_norm=0.5", "training.max_skipped=3"])
+    task = Task(label_smoothing=0.1)
+    built = dict.fromkeys(["accelerator", "batching", "tokenizer", "labels", "model", "optimizer", "scheduler",
+                           "train_dataloader", "eval_dataloader", "metrics"])
+    run = Run(cfg=cfg, plan="the plan", task=task, graphs="the graphs", **built)
+    settings = run.loop_settings()
+    assert set(settings) <= set(inspect.signature(train_one_epoch).parameters)
+    assert settings["loss_fn"] == task.per_sample_loss  # the config's loss, not the problem type's plain one
+    assert (settings["max_grad_norm"], settings["on_nonfinite"], settings["max_skipped"]) == (0.5, "skip", 3)
+    assert (settings["plan"], settings["graphs"]) == ("the plan", "the graphs")
+
+    def focal(logits, labels):
+        return labels.float()
+
+    assert run.loop_settings(loss_fn=focal)["loss_fn"] is focal
+    with pytest.raises(TypeError, match="'log_every' is not one of them"):
+        run.loop_settings(log_every=2)  # a train_one_epoch argument of its own, not a setting of the run
+
+
 @pytest.mark.slow
-def test_the_readmes_notebook_code_trains_as_written(assets, tmp_path):
+def test_the_readmes_notebook_code_trains_what_finetune_train_trains(assets, tmp_path):
     """README's "From a notebook" block, run as it stands in a fresh Python from the repository, with the tiny
     model and data added to its overrides: two epochs, each update logged through ``on_log``, each epoch
-    evaluated."""
+    evaluated. With class weights and label smoothing in the config, its updates' losses are those of
+    ``finetune train`` on the same config: a loop that dropped the config's loss would train another model."""
     import re
 
     readme = (REPO / "README.md").read_text(encoding="utf-8")
     code = re.search(r"## From a notebook.*?```python\n(.*?)```", readme, re.S).group(1)
     given = '["training.num_train_epochs=2"]'
     assert given in code  # the block's own overrides, which the tiny run extends
-    tiny = [*_tiny_overrides(*assets), f"output.output_dir={tmp_path / 'out'}"]
-    code = code.replace(given, json.dumps(["training.num_train_epochs=2", *tiny]))
-    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=offline_env({"FINETUNE_CPU_THREADS": "1"}),
-                          capture_output=True, text=True, timeout=300)
+    tiny = [*_tiny_overrides(*assets), "training.class_weights=balanced", "training.label_smoothing=0.2"]
+    overrides = ["training.num_train_epochs=2", *tiny]
+    code = code.replace(given, json.dumps([*overrides, f"output.output_dir={tmp_path / 'notebook'}"]))
+    env = offline_env({"FINETUNE_CPU_THREADS": "1"})
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = proc.stdout.splitlines()
     epochs = [line for line in lines if line.startswith(("0 ", "1 ")) and "{" in line]
     assert [line.split()[0] for line in epochs] == ["0", "1"]
     assert all("'accuracy':" in line and "'f1':" in line for line in epochs)
-    steps = [int(line.split()[0]) for line in lines if "{" not in line]
-    assert steps == list(range(1, len(steps) + 1)) and len(steps) >= 4  # every update, in order, over both epochs
+    losses = {int(line.split()[0]): float(line.split()[1]) for line in lines if "{" not in line}
+    assert sorted(losses) == list(range(1, len(losses) + 1)) and len(losses) >= 4  # every update, over both epochs
+
+    cli = tmp_path / "cli"
+    done = run_cli(["--config", str(REPO / "configs" / "default.yaml"), *overrides, f"output.output_dir={cli}"],
+                   env={"FINETUNE_CPU_THREADS": "1"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    records = [json.loads(line) for line in (cli / "train_log.jsonl").read_text().splitlines()]
+    trained = {r["step"]: r["train/loss"] for r in records if "train/loss" in r}
+    assert sorted(trained) == sorted(losses)
+    for step, loss in trained.items():
+        assert losses[step] == pytest.approx(loss, rel=1e-5), step
