@@ -227,3 +227,70 @@ def test_the_link_check_catches_a_broken_link(tmp_path):
     assert _links(doc) == ["#title", "missing.md"]
     assert "title" in _anchors(doc)
     assert not (tmp_path / "missing.md").exists()
+
+
+def _python_blocks(doc: Path) -> list[str]:
+    """A Markdown file's ``python`` blocks, or a notebook's code cells (without their ``%`` magics)."""
+    if doc.suffix == ".ipynb":
+        import json
+
+        cells = json.loads(doc.read_text(encoding="utf-8"))["cells"]
+        return ["".join(line for line in cell["source"] if not line.startswith("%"))
+                for cell in cells if cell["cell_type"] == "code"]
+    return re.findall(r"```python\n(.*?)```", doc.read_text(encoding="utf-8"), re.S)
+
+
+def _api_errors(code: str) -> list[str]:
+    """What a docs snippet asks of the package that it lacks: a name imported from ``finetune`` that no module
+    gives, an attribute of ``run`` that :class:`~finetune.assembly.Run` has no field or method for, a keyword
+    that ``train_one_epoch`` or ``loop_settings`` does not take."""
+    import dataclasses
+    import importlib
+    import inspect
+
+    from finetune.assembly import Run
+    from finetune.loop import train_one_epoch
+
+    run_names = {f.name for f in dataclasses.fields(Run)} | {n for n in dir(Run) if not n.startswith("_")}
+    takes = {"train_one_epoch": set(inspect.signature(train_one_epoch).parameters),
+             "loop_settings": _loop_setting_names()}
+    errors = []
+    for node in ast.walk(ast.parse(code)):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "finetune":
+            module = importlib.import_module(node.module)
+            errors += [f"from {node.module} import {a.name}: no such name" for a in node.names
+                       if not hasattr(module, a.name)]
+        elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "run":
+            if node.attr not in run_names:
+                errors.append(f"run.{node.attr}: Run has no such field or method")
+        elif isinstance(node, ast.Call):
+            name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", None)
+            errors += [f"{name}({k.arg}=...): no such argument" for k in node.keywords
+                       if name in takes and k.arg is not None and k.arg not in takes[name]]
+    return errors
+
+
+def _loop_setting_names() -> set[str]:
+    from finetune.assembly import Run
+    from finetune.config import load_config
+    from finetune.tasks import Task
+
+    built = dict.fromkeys(["accelerator", "batching", "tokenizer", "labels", "model", "optimizer", "scheduler",
+                           "train_dataloader", "eval_dataloader", "metrics", "plan"])
+    return set(Run(cfg=load_config(None, []), task=Task(), **built).loop_settings())
+
+
+@pytest.mark.parametrize("doc", [d for d in DOCS if _python_blocks(d)] + sorted((REPO / "notebooks").glob("*.ipynb")),
+                         ids=lambda p: str(p.relative_to(REPO)))
+def test_the_docs_python_asks_only_for_what_the_package_has(doc):
+    for code in _python_blocks(doc):
+        assert _api_errors(code) == [], f"{doc.name}: {code[:200]}"
+
+
+def test_the_docs_python_check_catches_a_missing_name_field_and_argument():
+    code = ("from finetune import setup_run, train_the_model\nrun = setup_run(cfg)\nrun.modle.eval()\n"
+            "train_one_epoch(run.model, state=run.state, loss=f, **run.loop_settings(log_every=2))\n")
+    assert sorted(_api_errors(code)) == ["from finetune import train_the_model: no such name",
+                                         "loop_settings(log_every=...): no such argument",
+                                         "run.modle: Run has no such field or method",
+                                         "train_one_epoch(loss=...): no such argument"]
