@@ -177,7 +177,8 @@ class OutputLock:
     whenever the process ends, killed or not: a crashed run never leaves a
     stale lock. The file stays, holding the last holder's pid, host and start
     time for the message a second run gets. On a file system without locks
-    (some network mounts) the run goes on with a warning.
+    (some network mounts), or a system without ``fcntl`` (Windows), the run
+    goes on with a warning.
     """
 
     def __init__(self, output_dir: str | os.PathLike):
@@ -190,9 +191,13 @@ class OutputLock:
         Raises:
             ConfigError: naming the folder and the run that holds it.
         """
-        import fcntl
-
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            import fcntl
+        except ImportError:  # Windows has no flock: the run goes on, as on a file system without locks
+            logger.warning("output.output_dir: this system has no file locks (fcntl): a second run in %s would "
+                           "not be detected", self.path.parent)
+            return
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

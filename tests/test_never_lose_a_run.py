@@ -232,6 +232,13 @@ def test_a_lock_left_by_a_dead_run_is_not_in_the_way(tmp_path):
             _second_holder(tmp_path)
 
 
+def test_a_system_without_file_locks_trains_with_a_warning(tmp_path, monkeypatch, caplog):
+    monkeypatch.setitem(sys.modules, "fcntl", None)  # as on Windows: importing it fails
+    with caplog.at_level("WARNING", logger="finetune"), OutputLock(tmp_path / "out") as lock:
+        assert lock._fd is None and (tmp_path / "out").is_dir()
+    assert "this system has no file locks (fcntl): a second run in" in caplog.text
+
+
 def _second_holder(folder: Path) -> None:
     """Another open file description of the lock: flock sees it as a second holder, as another process would."""
     OutputLock(folder).acquire()
