@@ -6,26 +6,16 @@ Usage::
     python -m finetune.predict outputs/sms_spam --file messages.txt --output predictions.csv
     python -m finetune.predict outputs/sms_spam --file messages.jsonl --output predictions.jsonl
 
-Each prediction has the label, its probability (``score``) and the
-probability of every class; for a multi-label model, ``labels`` (every label
-whose sigmoid probability is over ``--threshold``, 0.5 by default) and each
-label's probability; for a regression model, the predicted number
-(``score``). Command-line texts print as JSON lines; ``--file`` reads
-``.txt`` (one text per line; ``--file -`` reads such lines from standard
-input), ``.csv``/``.tsv`` (with a header), ``.json``/``.jsonl`` or
-``.parquet``, as training reads them, and writes ``.csv`` or ``.jsonl``: one
-row per input row, in the same order, with every column of the input kept
-and the prediction added (under ``predicted_<name>`` where the input has a
-column of its names, a labelled file's ``label``; to stdout as JSON lines
-without ``--output``), with a progress bar. A blank line of a ``.txt`` (or
-an empty text) gets an empty label, score and probabilities, so the rows
-still line up with the input.
-
-The model runs where training would run (Accelerate's device choice: a GPU
-if there is one), in float32 unless ``--precision bf16`` (or ``fp16``) asks
-for autocast, on batches of similar length so padding stays small; texts
-are truncated to the run's ``data.max_length`` (from the saved
-``config.yaml``). The same directory also works in plain
+Each prediction has the label, its probability (``score``) and every class's;
+for a multi-label model, ``labels`` (every label whose sigmoid probability is
+over ``--threshold``) and each label's probability; for a regression model,
+the number (``score``). Texts given on the command line print as JSON lines;
+``--file`` reads what training reads (and ``.txt``, a text per line; ``-``,
+standard input) and writes one row per input row, in order, its columns kept
+and the prediction added (docs/inference.md). The model runs where training
+would (a GPU if there is one), in float32 unless ``--precision`` asks for
+autocast, on batches of similar length, each text cut and padded as the run
+did (its saved ``config.yaml``). The same folder works in plain
 ``transformers.pipeline("text-classification", model=output_dir)``.
 """
 
@@ -68,17 +58,16 @@ def saved_config(output_dir: str | os.PathLike):
 class Predictor:
     """Batched predictions of a sequence-classification model, for its problem type.
 
-    ``transformers.pipeline("text-classification")`` gives the same numbers
-    (tested); this runs the texts longest first, so a file of mixed lengths
-    pads far less, and returns arrays for the metrics.
+    ``transformers.pipeline("text-classification")`` gives the same numbers (tested); this runs the texts
+    longest first, so a file of mixed lengths pads far less, and returns arrays for the metrics. A run's own
+    cut and padding: :meth:`load` (a saved run) and :meth:`of_run` (one in memory) read them.
 
     Args:
         model: A ``*ForSequenceClassification`` model whose config has ``id2label``.
         tokenizer: Its tokenizer.
         device: Where to run; ``None`` keeps the model where it is.
         batch_size: Texts per forward pass.
-        max_length: Truncate inputs to this many tokens (``None``: the
-            tokenizer's and the model's limits).
+        max_length: Truncate inputs to this many tokens (``None``: the tokenizer's and the model's limits).
         truncation: What a longer text keeps: ``head``, ``tail``, ``head_tail`` or ``chunks``
             (``data.truncation``; under ``chunks`` a text's output is the mean of its windows' logits).
         head_tokens: ``head_tail``: the text's tokens kept from its start (``data.head_tokens``).
@@ -127,8 +116,7 @@ class Predictor:
             device: ``None`` picks the device as training does (Accelerate's
                 ``PartialState``: GPU if available, else CPU, using all cores).
             batch_size: Texts per forward pass.
-            max_length: Truncation length; ``None`` uses ``data.max_length``
-                from the run's ``config.yaml`` when there is one.
+            max_length: Truncation length; ``None``: ``data.max_length`` of the run's ``config.yaml``, if any.
             precision: ``no`` (float32), ``bf16`` or ``fp16`` (see the class).
 
         Raises:
@@ -144,9 +132,7 @@ class Predictor:
         cfg = saved_config(path)
         if max_length is None:
             max_length = cfg.data.max_length if cfg is not None else None
-        # the run's own cut: a head_tail model sees head and tail at prediction too, a chunks model all its windows
-        cut = ({"truncation": cfg.data.truncation, "head_tokens": cfg.data.head_tokens, "stride": cfg.data.stride,
-                "pad_to_multiple_of": cfg.data.pad_to_multiple_of} if cfg is not None else {})
+        cut = _cut_of(cfg.data) if cfg is not None else {}
         try:
             tokenizer = AutoTokenizer.from_pretrained(path)
             if is_adapter_checkpoint(path):  # a LoRA run's checkpoint: its base model plus adapter/, merged
@@ -161,6 +147,14 @@ class Predictor:
             device = _training_device()
         return cls(model, tokenizer, device=device, batch_size=batch_size, max_length=max_length,
                    threshold=threshold, precision=precision, **cut)
+
+    @classmethod
+    def of_run(cls, run, **options) -> "Predictor":
+        """The model of a run built by ``setup_run`` (a notebook's), where it is, cutting and padding texts as
+        the run does: what :meth:`load` gives once the run is saved. ``options``: the class's other arguments."""
+        data = run.cfg.data
+        return cls(run.accelerator.unwrap_model(run.model), run.tokenizer,
+                   **{"max_length": data.max_length, **_cut_of(data), **options})
 
     def logits(self, texts: Sequence[str], text_pairs: Optional[Sequence[str]] = None,
                progress: bool = False) -> "np.ndarray":  # noqa: F821
@@ -267,6 +261,12 @@ class Predictor:
         if self.problem_type == "multi_label":
             return {"labels": [], "probabilities": probabilities}
         return {"label": "", "score": None, "probabilities": probabilities}
+
+
+def _cut_of(data) -> dict[str, Any]:
+    """A run's cut and padding of a text (``data``): a head_tail model sees head and tail here too."""
+    return {"truncation": data.truncation, "head_tokens": data.head_tokens, "stride": data.stride,
+            "pad_to_multiple_of": data.pad_to_multiple_of}
 
 
 # --precision's values, as training.mixed_precision names them

@@ -154,6 +154,38 @@ def test_a_head_tail_run_says_what_it_cut_and_predicts_with_the_same_cut(head_ta
     assert not np.array_equal(logits, end)
 
 
+def test_a_predictor_of_a_run_in_memory_cuts_and_pads_as_the_run_does(tmp_path):
+    import numpy as np
+
+    from finetune.assembly import setup_run
+    from finetune.config import load_config
+    from finetune.predict import Predictor
+    from tiny_run import reset_accelerate
+
+    data = tmp_path / "train.csv"
+    with open(data, "w", encoding="utf-8", newline="") as fh:
+        csv.writer(fh).writerows([("label", "text"), *make_texts(40, seed=4)])
+    reset_accelerate()
+    cfg = load_config(None, [f"model.name_or_path={save_tiny_model(tmp_path / 'tiny-bert')}",
+                             f"data.train_file={data}", "data.max_length=8", "data.truncation=head_tail",
+                             "data.head_tokens=2", "data.pad_to_multiple_of=4", "training.mixed_precision=no",
+                             f"output.output_dir={tmp_path / 'out'}"])
+    run = setup_run(cfg)
+    predictor = Predictor.of_run(run, batch_size=2)
+    assert predictor.model is run.accelerator.unwrap_model(run.model) and predictor.batch_size == 2
+    assert (predictor.truncation, predictor.pad_to_multiple_of) == (Truncation("head_tail", 8, 2), 4)
+    text, _ = _text(20)
+    # the model sees [CLS], the first 2 words, the last 4 and [SEP]: the middle is cut, the end is not
+    changed_middle = " ".join([*text.split()[:2], *["ok"] * 14, *text.split()[-4:]])
+    changed_end = " ".join([*text.split()[:-1], "ok"])
+    logits, middle, end = (predictor.logits([one])[0] for one in (text, changed_middle, changed_end))
+    np.testing.assert_array_equal(logits, middle)
+    assert not np.array_equal(logits, end)
+    # a predictor made by hand cuts at the head: the end is not seen, the middle is
+    by_hand = Predictor(predictor.model, run.tokenizer, max_length=8)
+    np.testing.assert_array_equal(by_hand.logits([text])[0], by_hand.logits([changed_end])[0])
+
+
 def test_deberta_v3_trains_and_predicts_past_its_512_positions(tmp_path):
     # DeBERTa-v3 as the Hub has it: relative positions only (position_biased_input: false) and a tokenizer
     # that is a SentencePiece model alone. data.max_length may exceed max_position_embeddings (64 here, 512
