@@ -172,7 +172,8 @@ def train_one_epoch(
         on_update: Called after every update with ``state``; returning True
             ends the epoch there (a window boundary), e.g. to checkpoint and stop.
         max_updates: Stop once ``state.step`` reaches this (default: ``plan.total_updates``
-            when ``plan`` is given, else no limit).
+            when ``plan`` is given, else no limit). A call with ``state.step`` there
+            already trains nothing, and warns.
         on_nonfinite: ``"stop"`` raises :class:`NonFiniteLossError`;
             ``"skip"`` drops that update (no optimizer or scheduler step).
         max_skipped: With ``"skip"``, raise after this many skipped updates in a row.
@@ -204,12 +205,14 @@ def train_one_epoch(
         ValueError: if ``k`` is not the one ``plan`` counted for this epoch.
     """
     state = state if state is not None else state_of_a_first_call(epoch)
-    state.epoch = epoch
-    loss_fn = loss_fn or Task.of_model(accelerator.unwrap_model(model)).per_sample_loss
     k = accelerator.gradient_accumulation_steps
     if plan is not None:
         plan.check_accumulation(k, epoch)
         max_updates = plan.total_updates if max_updates is None else max_updates
+    if max_updates is not None and state.step >= max_updates:
+        return nothing_left_to_train(epoch, state.step)
+    state.epoch = epoch
+    loss_fn = loss_fn or Task.of_model(accelerator.unwrap_model(model)).per_sample_loss
     batches = epoch_batches(dataloader, accelerator, epoch, state.micro_batch, k)
     layout = layout_for(dataloader, accelerator)  # after the epoch is set: micro-batch sizes may depend on it
     window = WindowStats(accelerator.device)
@@ -279,6 +282,14 @@ def state_of_a_first_call(epoch: int) -> TrainState:
                       f"samples) from 1 again; pass one TrainState() to every epoch to count across them",
                       stacklevel=3)
     return TrainState(epoch=epoch)
+
+
+def nothing_left_to_train(epoch: int, step: int) -> EpochResult:
+    """A call after the last update (a notebook's training cell run again): no update, and a warning, where one
+    more would step the schedule past its end (a cosine's rate rises again there)."""
+    warnings.warn(f"train_one_epoch: epoch {epoch}: the {step} updates planned are done (state.step), so nothing "
+                  f"was trained; setup_run builds the run again to train it again", stacklevel=3)
+    return EpochResult(epoch=epoch)
 
 
 def epoch_batches(dataloader, accelerator, epoch: int, start: int, k: int):

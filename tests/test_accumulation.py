@@ -632,6 +632,28 @@ def test_records_count_updates_across_epochs_with_one_state_and_say_so_without(f
     assert steps == [1, 2, 1, 2]
 
 
+def test_a_call_after_the_last_update_trains_nothing_and_says_so(fresh_accelerate_state):
+    # a notebook's training cell run again: one more update would step the schedule past its end
+    from accelerate import Accelerator
+    from transformers import get_constant_schedule
+
+    acc = Accelerator(cpu=True, gradient_accumulation_steps=2)
+    data = token_dataset(16, seed=1)
+    model = tiny_bert(seed=0)
+    optimizer = build_optimizer(model, OptimConfig(learning_rate=1e-3))
+    scheduler = get_constant_schedule(optimizer)
+    dl = DataLoader(data, batch_size=4, sampler=EpochSampler(len(data), seed=7), collate_fn=pad_collate)
+    model, optimizer, dl = acc.prepare(model, optimizer, dl)
+    state = TrainState()
+    assert train_one_epoch(model, optimizer, scheduler, dl, acc, 0, state=state, max_updates=2).updates == 2
+    weights = [p.detach().clone() for p in model.parameters()]
+    with pytest.warns(UserWarning, match=r"train_one_epoch: epoch 0: the 2 updates planned are done \(state.step\), "
+                                         r"so nothing was trained; setup_run builds the run again"):
+        again = train_one_epoch(model, optimizer, scheduler, dl, acc, 0, state=state, max_updates=2)
+    assert (again.updates, again.samples, state.step, state.epoch, scheduler.last_epoch) == (0, 0, 2, 1, 2)
+    assert all(torch.equal(a, b) for a, b in zip(weights, model.parameters()))
+
+
 def test_dropout_draws_fresh_masks_on_every_micro_batch(fresh_accelerate_state):
     """Dropout stays on while accumulating, at its rate, with a new mask per micro-batch (none replayed)."""
     from accelerate import Accelerator
