@@ -73,9 +73,25 @@ def fit(
         NonFiniteLossError: on a non-finite loss under ``training.on_nonfinite: stop``
             (or too many skips); the message names the last good checkpoint.
         ConfigError: if ``output.resume_from`` names no checkpoint, or one of another setup.
+        RuntimeError: for a run that has trained already (see :func:`check_untrained`).
     """
+    check_untrained(run, "fit")
     with output_lock(run.accelerator, run.cfg.output.output_dir):  # one run per folder, from here to the end
         return _fit(run, on_epoch_end, on_update, on_evaluation)
+
+
+def check_untrained(run: Run, caller: str) -> None:
+    """Refuse a run whose state has moved since :func:`setup_run`: ``fit`` and ``rehearse`` train from there
+    (a checkpoint is theirs to restore), and a second ``fit`` of the same run, a notebook's cell run again, would
+    write the outputs anew with none of the run's updates in them, before an outputs folder is touched.
+
+    Raises:
+        RuntimeError: naming ``caller`` and the update the run is at.
+    """
+    state = run.state
+    if state.step or state.micro_batch or state.epoch:
+        raise RuntimeError(f"{caller}: this run has trained already (its state is at update {state.step}, by fit, "
+                           f"rehearse or train_one_epoch); setup_run builds it again")
 
 
 def _fit(run: Run, on_epoch_end, on_update, on_evaluation) -> dict[str, Any]:

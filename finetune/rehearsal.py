@@ -17,7 +17,7 @@ import torch
 from finetune.accumulation import accumulate_as
 from finetune.assembly import Run
 from finetune.checkpointer import Checkpointer
-from finetune.fitting import EvaluationSchedule, evaluate_run, training_speedups
+from finetune.fitting import EvaluationSchedule, check_untrained, evaluate_run, training_speedups
 from finetune.loop import TrainState, train_one_epoch
 from finetune.lora import is_lora
 from finetune.selection import EvalHistory
@@ -63,7 +63,9 @@ def rehearse(run: Run, updates: int = REHEARSED_UPDATES) -> Rehearsal:
 
     Raises:
         NonFiniteLossError: on a non-finite loss under ``training.on_nonfinite: stop``, as the run would.
+        RuntimeError: for a run that has trained already.
     """
+    check_untrained(run, "rehearse")
     acc = run.accelerator
     checkpoints = Checkpointer(run, EvalHistory.from_config(run.cfg.evaluation))  # the one fit would resume
     wanted = min(updates, run.plan.total_updates)  # fewer where the first epoch ends before: the loop stops there

@@ -105,14 +105,13 @@ def test_a_dry_run_where_a_start_would_resume_estimates_the_updates_left(tmp_pat
 
 
 def test_the_estimate_takes_the_later_updates_pace_for_all_but_the_first(tmp_path, fresh_accelerate_state):
-    from finetune import rehearse  # what a notebook imports
+    from finetune import rehearse, setup_run  # what a notebook imports
     from finetune.rehearsal import pace_and_estimate
-    from tiny_run import fit_tiny_run
+    from tiny_run import fit_tiny_run, tiny_config, tiny_process
 
-    tried = []
-    fit_tiny_run(tmp_path, before_fit=lambda run: tried.append(rehearse(run, updates=4)),
-                 training={"max_steps": 2, "num_train_epochs": None})  # the rehearsal's run then fits: built once, spent, trained on
-    rehearsal = tried[0]
+    with tiny_process():
+        rehearsal = rehearse(setup_run(tiny_config(tmp_path, training={"max_steps": 2, "num_train_epochs": None})),
+                             updates=4)
     assert len(rehearsal.seconds) == len(rehearsal.losses) == 2 and rehearsal.total_updates == 2
     assert rehearsal.estimate == pytest.approx(sum(rehearsal.seconds))  # every update tried: their own seconds
     assert rehearsal.gpu_peak is None  # measured on a CUDA GPU only
@@ -134,6 +133,23 @@ def test_the_estimate_takes_the_later_updates_pace_for_all_but_the_first(tmp_pat
     # fewer updates left than were tried (a resumed run): the first of them, as a fresh process takes them
     assert pace_and_estimate([0.9, 0.3, 0.2, 0.25], 2) == pytest.approx((0.225, 1.2))
     assert pace_and_estimate([0.9, 0.3, 0.2, 0.25], 0) == pytest.approx((0.225, 0.0))
+
+
+def test_a_run_that_trained_is_not_fitted_or_rehearsed_again_and_its_outputs_are_kept(tmp_path):
+    # a notebook's `fit(run)` cell run a second time: the same run, its state at its last update
+    from finetune import fit, rehearse
+    from tiny_run import fit_tiny_run
+
+    runs = []
+    cfg, _ = fit_tiny_run(tmp_path, before_fit=runs.append, training={"max_steps": 2, "num_train_epochs": None})
+    out = Path(cfg.output.output_dir)
+    before = {path: path.read_bytes() for path in out.rglob("*") if path.is_file()}
+    assert b"train/loss" in before[out / "train_log.jsonl"]
+    for again, name in ((fit, "fit"), (rehearse, "rehearse")):
+        with pytest.raises(RuntimeError, match=rf"^{name}: this run has trained already \(its state is at update 2, "
+                                               r"by fit, rehearse or train_one_epoch\); setup_run builds it again$"):
+            again(runs[0])
+    assert {path: path.read_bytes() for path in out.rglob("*") if path.is_file()} == before
 
 
 # the tiny run: 150 rows in micro-batches of 8, 19 an epoch; at k=2 ten updates an epoch, the tenth of one micro-batch

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 from pathlib import Path
 
 from helpers import make_texts, save_tiny_model, write_tsv
@@ -48,20 +49,28 @@ def fit_tiny_run(root: Path, before_fit=None, on_update=None, **sections):
     ``before_fit`` is called with the prepared run between ``setup_run`` and ``fit``;
     ``on_update`` is ``fit``'s callback (True ends the run).
     """
-    import torch
-
     from finetune import fit, setup_run
 
     cfg = tiny_config(root, **sections)
+    with tiny_process():
+        run = setup_run(cfg)
+        if before_fit is not None:
+            before_fit(run)
+        summary = fit(run, on_update=on_update)
+    return cfg, summary
+
+
+@contextmanager
+def tiny_process():
+    """Accelerate's state fresh, and one CPU thread, for a tiny run in the test's process; both given back."""
+    import torch
+
     reset_accelerate()
     threads = torch.get_num_threads()
     # a 32-wide model gains nothing from a second thread, and loses a lot on a busy CPU
     os.environ["FINETUNE_CPU_THREADS"], saved = "1", os.environ.get("FINETUNE_CPU_THREADS")
     try:
-        run = setup_run(cfg)
-        if before_fit is not None:
-            before_fit(run)
-        summary = fit(run, on_update=on_update)
+        yield
     finally:
         if saved is None:
             del os.environ["FINETUNE_CPU_THREADS"]
@@ -69,4 +78,3 @@ def fit_tiny_run(root: Path, before_fit=None, on_update=None, **sections):
             os.environ["FINETUNE_CPU_THREADS"] = saved
         torch.set_num_threads(threads)
         reset_accelerate()
-    return cfg, summary
