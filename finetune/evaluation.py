@@ -41,7 +41,13 @@ def evaluate_model(model: torch.nn.Module, dataloader, accelerator, metrics=None
 
     Returns:
         ``{"loss": ..., "num_samples": ..., <metric>: ...}`` as Python numbers.
+
+    Raises:
+        ValueError: for no dataloader (``run.eval_dataloader`` of a run without validation data).
     """
+    if dataloader is None:
+        raise ValueError("evaluate_model: no dataloader to evaluate; a run without validation data "
+                         "(data.validation_split=0 and no validation file) has none")
     return evaluation_of(model, dataloader, accelerator, metrics, task).metrics
 
 

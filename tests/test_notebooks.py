@@ -186,6 +186,14 @@ def test_a_runs_loop_settings_are_its_configs_and_take_a_change():
         run.loop_settings(log_every=2)  # a train_one_epoch argument of its own, not a setting of the run
 
 
+def test_evaluating_a_run_without_validation_data_says_so():
+    from finetune import evaluate_model
+
+    with pytest.raises(ValueError, match=r"^evaluate_model: no dataloader to evaluate; a run without validation "
+                                         r"data \(data.validation_split=0 and no validation file\) has none$"):
+        evaluate_model(model=None, dataloader=None, accelerator=None)
+
+
 @pytest.mark.slow
 def test_the_readmes_notebook_code_trains_what_finetune_train_trains(assets, tmp_path):
     """README's "From a notebook" block, run as it stands in a fresh Python from the repository, with the tiny
