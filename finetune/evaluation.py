@@ -8,12 +8,13 @@ from typing import Optional, Sequence
 import torch
 
 from finetune.chunks import document_logits, split_batch
-from finetune.metrics import scores_by_label
+from finetune.metrics import metric_intervals, scores_by_label
 from finetune.tasks import Task
 
 
-# the key of an evaluation record (train_log.jsonl, metrics.json) that holds Evaluation.by_label
+# the keys of an evaluation record (train_log.jsonl, metrics.json) that hold Evaluation.by_label and .intervals
 EVAL_BY_LABEL = "eval_by_label"
+EVAL_INTERVALS = "eval_intervals"
 
 
 @dataclass
@@ -24,6 +25,9 @@ class Evaluation:
     # each label's precision, recall, F1 and support, by name (finetune.metrics.scores_by_label); None for
     # regression, or when no label names were given
     by_label: Optional[dict[str, dict[str, float]]] = None
+    # each single-label metric's 95% bootstrap interval [low, high] over the texts (finetune.metrics.intervals);
+    # None for other problem types, or when no label names were given
+    intervals: Optional[dict[str, list[float]]] = None
 
 
 def evaluate_model(model: torch.nn.Module, dataloader, accelerator, metrics=None,
@@ -85,7 +89,9 @@ def evaluation_of(model: torch.nn.Module, dataloader, accelerator, metrics=None,
     out: dict[str, float] = {"loss": all_loss.double().mean().item(), "num_samples": int(all_loss.numel())}
     if metrics is not None:
         out.update(metrics.compute(predictions, references))
-    by_label = None
+    by_label = intervals = None
     if labels is not None and task.problem_type != "regression":
         by_label = scores_by_label(predictions, references, labels)
-    return Evaluation(out, by_label)
+    if labels is not None and task.problem_type == "single_label" and metrics is not None:
+        intervals = metric_intervals(metrics, predictions, references)
+    return Evaluation(out, by_label, intervals)

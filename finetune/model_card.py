@@ -186,14 +186,25 @@ def _frozen(frozen: Optional[dict[str, Any]]) -> list[str]:
 
 
 def _results(validation: str, results: dict[str, Any], metrics: dict[str, float],
-             by_label: Optional[dict[str, dict[str, float]]], seen: int = 0) -> list[str]:
-    """The results section: the saved model's metrics on the validation data, then each label's."""
+             by_label: Optional[dict[str, dict[str, float]]], seen: int = 0,
+             intervals: Optional[dict[str, list[float]]] = None) -> list[str]:
+    """The results section: the saved model's metrics on the validation data (with their bootstrap
+    intervals, where the run computed them), then each label's."""
     texts = f" ({results['num_samples']} texts)" if "num_samples" in results else ""
-    rows = "\n".join(f"| {_TITLES.get(m, m)} | {v:.4f} |" for m, v in metrics.items())
     # a reader of the scores should know how many of their texts the model was trained on
     trained_on = [f"{seen} of these texts are also training texts: the model was trained on them.", ""] if seen else []
-    return [f"## Results on the validation data: {validation}{texts}", "", *trained_on, "| metric | value |",
-            "|---|---|", rows, "", *_by_label(by_label)]
+    if not intervals:
+        rows = [f"| {_TITLES.get(m, m)} | {v:.4f} |" for m, v in metrics.items()]
+        return [f"## Results on the validation data: {validation}{texts}", "", *trained_on, "| metric | value |",
+                "|---|---|", *rows, "", *_by_label(by_label)]
+    rows = [f"| {_TITLES.get(m, m)} | {v:.4f} | " + ("{:.4f} to {:.4f}".format(*intervals[m]) if m in intervals
+                                                     else "") + " |" for m, v in metrics.items()]
+    from finetune.metrics import POINT_INTERVAL, SPREAD
+
+    point = f" An {POINT_INTERVAL}." if any(low == high for low, high in intervals.values()) else ""
+    return [f"## Results on the validation data: {validation}{texts}", "", *trained_on,
+            "| metric | value | 95% interval |", "|---|---|---|", *rows, "", f"The interval: {SPREAD}.{point}", "",
+            *_by_label(by_label)]
 
 
 # past this many labels the card shows the weakest of them (metrics.json keeps them all)
@@ -269,7 +280,7 @@ def model_card(cfg, summary: dict[str, Any]) -> str:
         *_frozen(train.get("frozen")),
         "",
         *_results(sources.validation, results, metrics, summary.get("eval_by_label"),
-                  summary.get("validation_seen_in_training", 0)),
+                  summary.get("validation_seen_in_training", 0), summary.get("eval_intervals")),
         "## Use",
         "",
         "```python",

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from finetune.columns import read_column
 from finetune.errors import FinetuneError, OutputError
-from finetune.evaluation import EVAL_BY_LABEL
+from finetune.evaluation import EVAL_BY_LABEL, EVAL_INTERVALS
 from finetune.lora import is_lora, merged_copy, save_adapter
 from finetune.metrics import one_number_for_every_text, same_answer_for_every_text
 from finetune.outputs import (
@@ -84,6 +84,8 @@ def summarize(run: "Run", history: list[dict[str, Any]], ended: str = "completed
         "eval": {k.removeprefix("eval/"): v for k, v in final.items() if k.startswith("eval/")},
         # the same model's precision, recall, F1 and support of each label alone, or null (regression)
         "eval_by_label": final.get(EVAL_BY_LABEL),
+        # each single-label metric's 95% bootstrap interval over the validation texts, [low, high], or null
+        "eval_intervals": final.get(EVAL_INTERVALS),
         # validation rows whose text (with its pair) a training row has too
         "validation_seen_in_training": run.seen_in_training,
         "best": best,

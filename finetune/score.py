@@ -67,10 +67,12 @@ class Score:
     # the file's rows whose text (with its pair) a training row of the run has too; None where the run's
     # training rows could not be read again (see texts_seen_in_training)
     seen_in_training: Optional[int] = None
+    # each single-label metric's 95% bootstrap interval over the file's texts (finetune.metrics.intervals)
+    intervals: Optional[dict[str, list[float]]] = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"file": self.file, "precision": self.precision, "metrics": self.metrics, "labels": self.labels,
-                "by_label": self.by_label, "seen_in_training": self.seen_in_training,
+                "by_label": self.by_label, "seen_in_training": self.seen_in_training, "intervals": self.intervals,
                 "confusion_matrix": None if self.confusion is None else self.confusion.tolist()}
 
 
@@ -237,15 +239,6 @@ def training_rows(data, cfg):
         said.setLevel(level)
 
 
-def confusion_matrix(references, predictions, num_labels: int):
-    """``K x K`` counts: row = true class id, column = predicted class id."""
-    import numpy as np
-
-    ref = np.asarray(references, dtype=np.int64)
-    pred = np.asarray(predictions, dtype=np.int64)
-    return np.bincount(ref * num_labels + pred, minlength=num_labels * num_labels).reshape(num_labels, num_labels)
-
-
 def score_file(output_dir: str | os.PathLike, file: str | os.PathLike, overrides: Sequence[str] = (),
                batch_size: int = DEFAULT_BATCH_SIZE, predictor: Optional[Predictor] = None,
                precision: str = "no", count_seen: bool = True) -> Score:
@@ -269,7 +262,7 @@ def score_file(output_dir: str | os.PathLike, file: str | os.PathLike, overrides
     import numpy as np
     import torch
 
-    from finetune.metrics import metric_suite_for, scores_by_label
+    from finetune.metrics import confusion_matrix, metric_intervals, metric_suite_for, scores_by_label
     from finetune.tasks import Task
 
     cfg = scoring_config(output_dir, file, overrides)
@@ -295,10 +288,12 @@ def score_file(output_dir: str | os.PathLike, file: str | os.PathLike, overrides
     # the loss evaluate_model reports: the mean per-sample loss of the problem type on float32 logits
     loss = task.per_sample_loss(logits, refs).double().mean().item()
     metrics = {"loss": loss, "num_samples": len(texts), **suite.compute(predictions, refs.numpy())}
-    confusion = confusion_matrix(refs.numpy(), predictions, len(names)) if problem_type == "single_label" else None
+    single = problem_type == "single_label"
+    confusion = confusion_matrix(refs.numpy(), predictions, len(names)) if single else None
     by_label = scores_by_label(predictions, refs.numpy(), names) if problem_type != "regression" else None
     return Score(str(file), metrics, list(names), confusion, predictions, refs.numpy(), predictor.precision,
-                 by_label, texts_seen_in_training(output_dir, texts, pairs) if count_seen else None)
+                 by_label, texts_seen_in_training(output_dir, texts, pairs) if count_seen else None,
+                 metric_intervals(suite, predictions, refs.numpy()) if single else None)
 
 
 def format_confusion(matrix, names: Sequence[str]) -> str:
@@ -387,6 +382,7 @@ def run(args: argparse.Namespace) -> Score:
             refuse_a_run_file(target, output_dir, flag)
     # after the checks above, which need neither datasets nor torch (seconds to import): a wrong argument
     # is said at once
+    from finetune.metrics import metrics_with_intervals
     from finetune.plot import DPI, confusion_figure
 
     quiet_progress_bars()  # the bars of reading the file and loading the weights; the scoring bar is ours
@@ -396,9 +392,7 @@ def run(args: argparse.Namespace) -> Score:
     arithmetic = f", computed in {result.precision} autocast" if result.precision != "no" else ""
     seen = f", {result.seen_in_training} of them a text the model trained on" if result.seen_in_training else ""
     print(f"{result.file}: {result.metrics['num_samples']} samples{seen}{arithmetic}")
-    width = max(len(k) for k in result.metrics)
-    for key, value in result.metrics.items():
-        print(f"  {key.ljust(width)}  {value:.4f}" if isinstance(value, float) else f"  {key.ljust(width)}  {value}")
+    print(metrics_with_intervals(result.metrics, result.intervals or {}))
     if result.by_label is not None:
         print(format_by_label(result.by_label))
     for caution in cautions(result, f"texts of {file_name(args.file)}"):

@@ -106,6 +106,35 @@ def test_each_label_is_scored_alone_in_the_log_the_results_and_the_card(trained)
             in card)
 
 
+def test_each_metric_has_its_bootstrap_interval_in_the_log_the_results_and_the_card(trained):
+    import numpy as np
+
+    out, _ = trained
+    records = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
+    evals = [r for r in records if "eval/loss" in r]
+    metrics = json.loads((out / "metrics.json").read_text())
+    for record in evals:
+        intervals = record["eval_intervals"]
+        assert set(intervals) == {name for name in ("accuracy", "f1", "precision", "recall",
+                                                    "matthews_correlation") if f"eval/{name}" in record}
+        for name, (low, high) in intervals.items():
+            assert low <= record[f"eval/{name}"] <= high, name
+    assert metrics["eval_intervals"] == evals[-1]["eval_intervals"]  # the saved model's
+    # 30 texts: an accuracy interval of about the binomial's width (3.9 standard errors), not a rounding's
+    accuracy = metrics["eval"]["accuracy"]
+    low, high = metrics["eval_intervals"]["accuracy"]
+    assert 0 < accuracy < 1, accuracy  # the tiny run errs on some texts: an interval that is no point
+    assert high - low > 2 * np.sqrt(accuracy * (1 - accuracy) / metrics["eval"]["num_samples"])
+    card = (out / "README.md").read_text()
+    assert "| metric | value | 95% interval |" in card
+    f1 = metrics["eval"]["f1"]
+    assert f"| F1 | {f1:.4f} | {low_high(metrics['eval_intervals']['f1'])} |" in card
+
+
+def low_high(interval):
+    return f"{interval[0]:.4f} to {interval[1]:.4f}"
+
+
 def test_resolved_config_written(trained):
     out, _ = trained
     saved = yaml.safe_load((out / "config.yaml").read_text())

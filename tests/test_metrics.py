@@ -366,3 +366,88 @@ def test_bad_inputs_are_rejected():
 def test_import_is_light():
     code = "import sys, finetune.metrics; assert not {'evaluate', 'torch', 'sklearn'} & set(sys.modules)"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# --------------------------------------------------------------------------- bootstrap intervals
+
+def _noisy_labels(n: int, num_labels: int, right: float, seed: int):
+    rng = np.random.default_rng(seed)
+    ref = rng.integers(0, num_labels, n)
+    pred = np.where(rng.random(n) < right, ref, rng.integers(0, num_labels, n))
+    return pred, ref
+
+
+@pytest.mark.parametrize("average, num_labels", [("binary", 2), ("macro", 4), ("micro", 4), ("weighted", 4)])
+def test_the_scores_from_tallies_are_the_suites_at_the_observed_matrix(average, num_labels):
+    from finetune.metrics.intervals import confusion_matrix, scores_of_tallies, tallies_of
+
+    pred, ref = _noisy_labels(300, num_labels, 0.6, seed=num_labels)
+    ref[:3] = num_labels - 1  # every class present
+    suite = MetricSuite(list(BUILTIN_METRICS), num_labels, average, pos_label=1 if average == "binary" else None)
+    scores = scores_of_tallies(*tallies_of(confusion_matrix(ref, pred, num_labels)[None]), list(BUILTIN_METRICS),
+                               average, suite.pos_label)
+    expected = suite.compute(pred, ref)
+    assert set(scores) == set(expected)
+    for name, values in scores.items():
+        assert values.shape == (1,) and values[0] == pytest.approx(expected[name], abs=TOL), name
+
+
+def test_an_interval_is_the_spread_of_resampled_texts():
+    from finetune.metrics import _classification
+    from finetune.metrics.intervals import metric_intervals
+
+    pred, ref = _noisy_labels(2000, 2, 0.8, seed=1)
+    suite = MetricSuite(["accuracy", "f1", "matthews_correlation"], 2, "binary", pos_label=1)
+    observed = suite.compute(pred, ref)
+    state = np.random.get_state()
+    intervals = metric_intervals(suite, pred, ref)
+    assert np.random.get_state()[1].tolist() == state[1].tolist()  # a generator of its own: no global draw
+    assert metric_intervals(suite, pred, ref) == intervals  # seeded: the same predictions, the same interval
+    for name, (low, high) in intervals.items():
+        assert low < observed[name] < high, name
+    # accuracy's spread is the binomial's: 1.96 standard errors either side
+    p = observed["accuracy"]
+    half = 1.96 * np.sqrt(p * (1 - p) / len(ref))
+    low, high = intervals["accuracy"]
+    assert (high - low) / 2 == pytest.approx(half, rel=0.15)
+    # the matrix's cells drawn from a multinomial are the texts resampled one by one: the same F1 quantiles
+    rng = np.random.default_rng(7)
+    resampled = []
+    for _ in range(1000):
+        rows = rng.integers(0, len(ref), len(ref))
+        resampled.append(_classification.precision_recall_f1(pred[rows], ref[rows], "binary", pos_label=1)[2])
+    assert intervals["f1"] == pytest.approx(np.quantile(resampled, [0.025, 0.975]).tolist(), abs=0.006)
+    # four times the texts: half the width
+    wide = intervals["f1"][1] - intervals["f1"][0]
+    pred4, ref4 = _noisy_labels(8000, 2, 0.8, seed=1)
+    narrow = metric_intervals(suite, pred4, ref4)["f1"]
+    assert (narrow[1] - narrow[0]) == pytest.approx(wide / 2, rel=0.2)
+
+
+def test_a_metric_not_computed_from_counts_gets_no_interval():
+    from finetune.metrics.intervals import metric_intervals
+
+    class Suite:  # a suite with one built-in metric and one evaluate loads (no confusion-matrix form known)
+        names, num_labels, average, pos_label = ["f1", "bleu"], 3, "macro", None
+
+    pred, ref = _noisy_labels(100, 3, 0.7, seed=2)
+    assert set(metric_intervals(Suite(), pred, ref)) == {"f1"}
+    Suite.names = ["bleu"]
+    assert metric_intervals(Suite(), pred, ref) == {}
+
+
+def test_resampled_tallies_draw_the_cells_that_hold_texts_and_keep_the_texts_count():
+    from finetune.metrics.intervals import confusion_matrix, resampled_tallies, tallies_of
+
+    pred, ref = _noisy_labels(500, 1000, 0.9, seed=3)  # a thousand labels, most of them with no text
+    observed = confusion_matrix(ref, pred, 1000)
+    batches = list(resampled_tallies(observed, resamples=250, seed=0, chunk=100))
+    assert [len(hits) for hits, _, _ in batches] == [100, 100, 50]
+    hits, predicted, true = (np.concatenate(parts) for parts in zip(*batches))
+    assert (true.sum(axis=1) == 500).all() and (predicted.sum(axis=1) == 500).all() and (hits <= true).all()
+    never = np.flatnonzero(observed.sum(axis=1) == 0)
+    assert len(never) > 0 and (true[:, never] == 0).all()  # a class without a text is never drawn
+    # on average a resample's tallies are the observed ones
+    observed_tallies = tallies_of(observed[None])
+    for drawn, seen in zip((hits, predicted, true), observed_tallies):
+        assert drawn.mean(axis=0) == pytest.approx(seen[0], abs=0.5)

@@ -659,6 +659,17 @@ def test_score_cli(trained, tmp_path, capsys):
     assert table[2].split() == ["spam", f"{spam['precision']:.4f}", f"{spam['recall']:.4f}", f"{spam['f1']:.4f}",
                                 str(len(rows)), str(hits)]
     assert spam["predicted"] == hits and ham["predicted"] == len(rows) - hits  # the confusion matrix's columns
+    # each metric with its bootstrap interval, printed and in the JSON; one of a point said to be no certainty
+    assert set(saved["intervals"]) == {"accuracy", "recall"}
+    for name, (low, high) in saved["intervals"].items():
+        assert low <= saved["metrics"][name] <= high
+        line = next(line for line in printed.splitlines() if line.split()[:1] == [name])
+        assert line.endswith(f"{saved['metrics'][name]:.4f}  (95% interval {low:.4f} to {high:.4f})")
+    # no width exactly where no resample can differ: every text right, or every text wrong
+    accuracy = saved["metrics"]["accuracy"]
+    low, high = saved["intervals"]["accuracy"]
+    assert (high - low > 0) == (0 < accuracy < 1)
+    assert ("An interval of one point means that no resample moved the metric" in printed) == (low == high)
     width, height = png_size(png)
     assert width > 200 and height > 200
 

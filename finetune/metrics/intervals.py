@@ -1,0 +1,148 @@
+"""How far a single-label score could move on another sample of texts like these: bootstrap intervals.
+
+A validation set of a few hundred texts gives an F1 that moves by points with which texts it happens to hold;
+a score without its spread invites reading noise as a difference between two runs. The interval here is the
+percentile bootstrap's: the texts resampled with replacement, each metric computed on every resample, and the
+middle 95% of the values kept.
+
+Every built-in single-label metric is a function of the confusion matrix, and resampling ``n`` texts with
+replacement draws the matrix's cells from a multinomial over their observed shares. So a resample costs a count
+for each cell that holds texts, whatever the number of texts, and each metric of all resamples is a few array
+operations on the counts, with the definitions of :mod:`finetune.metrics._classification` (``zero_division=0``,
+``labels=`` over every class, multiclass MCC), which the tests compare at the observed matrix. Written by hand:
+evaluate has no bootstrap, and SciPy's (``scipy.stats.bootstrap``) resamples the rows, and is no dependency of
+the package. The draws come from a generator of their own, seeded, so two evaluations of the same predictions
+give the same interval and no training random state moves.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from finetune.metrics._classification import scores_from_counts
+
+RESAMPLES = 1000
+LEVEL = 0.95
+SEED = 0
+# the metrics that are functions of the confusion matrix; another metric (one evaluate loads) gets no interval
+FROM_COUNTS = ("accuracy", "f1", "precision", "recall", "matthews_correlation")
+
+
+def confusion_matrix(references, predictions, num_labels: int) -> np.ndarray:
+    """``K x K`` counts: row = true class id, column = predicted class id."""
+    ref = np.asarray(references, dtype=np.int64)
+    pred = np.asarray(predictions, dtype=np.int64)
+    return np.bincount(ref * num_labels + pred, minlength=num_labels * num_labels).reshape(num_labels, num_labels)
+
+
+def metric_intervals(suite: Any, predictions, references, resamples: int = RESAMPLES, level: float = LEVEL,
+                     seed: int = SEED) -> dict[str, list[float]]:
+    """The ``level`` bootstrap interval ``[low, high]`` of each of ``suite``'s metrics computed from counts.
+
+    Args:
+        suite: A :class:`~finetune.metrics.MetricSuite` (its names, number of labels and averaging).
+        predictions: Predicted class ids.
+        references: True class ids.
+        resamples: How many resamples of the texts.
+        level: The share of the resampled values the interval holds (the rest split evenly outside it).
+        seed: Seeds the resamples' own generator.
+
+    Returns:
+        ``{metric: [low, high]}`` for the metrics of :data:`FROM_COUNTS` among ``suite.names``; empty for none.
+    """
+    names = [name for name in suite.names if name in FROM_COUNTS]
+    if not names:
+        return {}
+    observed = confusion_matrix(references, predictions, suite.num_labels)
+    values: dict[str, list[np.ndarray]] = {name: [] for name in names}
+    for tallies in resampled_tallies(observed, resamples, seed):
+        for name, scores in scores_of_tallies(*tallies, names, suite.average, suite.pos_label).items():
+            values[name].append(scores)
+    tail = (1.0 - level) / 2
+    return {name: [float(v) for v in np.quantile(np.concatenate(values[name]), [tail, 1.0 - tail])]
+            for name in names}
+
+
+def tallies_of(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """What the metrics read of confusion matrices ``R x K x K`` (rows the true class): each class's hits (its
+    texts given it), its texts given it or not (predicted), and its texts (true), each ``R x K``."""
+    return np.diagonal(counts, axis1=1, axis2=2), counts.sum(axis=1), counts.sum(axis=2)
+
+
+def resampled_tallies(observed: np.ndarray, resamples: int, seed: int, chunk: int = 100):
+    """The tallies (:func:`tallies_of`) of ``resamples`` resamples of the texts of confusion matrix ``observed``,
+    ``chunk`` resamples at a time. Only the cells that hold texts are drawn, so the work grows with the texts'
+    distinct (true, predicted) pairs, not with ``K x K``: a thousand labels cost what their errors do."""
+    num_labels = observed.shape[0]
+    cells = np.flatnonzero(observed)
+    true_of, predicted_of = np.divmod(cells, num_labels)
+    on_diagonal = true_of == predicted_of
+    texts = int(observed.sum())
+    rng = np.random.default_rng(seed)
+    for start in range(0, resamples, chunk):
+        draws = rng.multinomial(texts, observed.ravel()[cells] / texts, size=min(chunk, resamples - start))
+        offsets = np.arange(len(draws))[:, None] * num_labels  # each resample's own K slots
+
+        def tally(of: np.ndarray, counts: np.ndarray) -> np.ndarray:
+            slots = (offsets + of).ravel()
+            return np.bincount(slots, weights=counts.ravel(), minlength=len(draws) * num_labels).reshape(
+                len(draws), num_labels)
+
+        yield tally(true_of[on_diagonal], draws[:, on_diagonal]), tally(predicted_of, draws), tally(true_of, draws)
+
+
+def scores_of_tallies(hits: np.ndarray, predicted: np.ndarray, true: np.ndarray, names: list[str], average: str,
+                      pos_label: Any = None) -> dict[str, np.ndarray]:
+    """Each metric of ``names`` for every row of the tallies (:func:`tallies_of`), averaged as a
+    :class:`~finetune.metrics.MetricSuite` averages: ``binary`` on ``pos_label``, ``macro``, ``micro`` or
+    ``weighted`` over every class."""
+    hits, predicted, true = (np.asarray(a, dtype=np.float64) for a in (hits, predicted, true))
+    texts = true.sum(axis=1)
+    out = {}
+    if "accuracy" in names:
+        out["accuracy"] = hits.sum(axis=1) / texts
+    averaged = [name for name in ("precision", "recall", "f1") if name in names]
+    if averaged:
+        by_average = _averaged(hits, predicted, true, average, pos_label)
+        out.update({name: by_average[name] for name in averaged})
+    if "matthews_correlation" in names:
+        covariance = hits.sum(axis=1) * texts - (true * predicted).sum(axis=1)
+        spread = (texts ** 2 - (predicted ** 2).sum(axis=1)) * (texts ** 2 - (true ** 2).sum(axis=1))
+        out["matthews_correlation"] = np.divide(covariance, np.sqrt(spread), out=np.zeros_like(covariance),
+                                                where=spread != 0)  # undefined: 0, as the metric says
+    return {name: out[name] for name in names}
+
+
+def _averaged(hits, predicted, true, average: str, pos_label: Any) -> dict[str, np.ndarray]:
+    """Precision, recall and F1, one value per resample, for an ``average``."""
+    if average == "micro":
+        precision, recall, f1 = scores_from_counts(hits.sum(axis=1), predicted.sum(axis=1), true.sum(axis=1))
+        return {"precision": precision, "recall": recall, "f1": f1}
+    per_class = dict(zip(("precision", "recall", "f1"), scores_from_counts(hits, predicted, true)))
+    if average == "binary":
+        return {name: values[:, pos_label] for name, values in per_class.items()}
+    if average == "weighted":  # every resample holds texts, so its supports never sum to 0
+        return {name: (values * true).sum(axis=1) / true.sum(axis=1) for name, values in per_class.items()}
+    return {name: values.mean(axis=1) for name, values in per_class.items()}
+
+
+# what the intervals are, and what one of a single point means, said where they are shown
+SPREAD = (f"the middle {LEVEL:.0%} of the metric's values over the texts resampled with replacement ({RESAMPLES} "
+          f"bootstrap resamples): how far it could move on another sample of texts like these")
+POINT_INTERVAL = ("an interval of one point means that no resample moved the metric, as the texts hold no error "
+                  "of the kind that would: it is not certain")
+
+
+def metrics_with_intervals(metrics: dict[str, Any], intervals: dict[str, list[float]]) -> str:
+    """One metric a line, with its interval where it has one, and what the intervals are."""
+    width = max(len(k) for k in metrics)
+    lines = [f"  {key.ljust(width)}  " + (f"{value:.4f}" if isinstance(value, float) else f"{value}")
+             + (f"  ({LEVEL:.0%} interval {intervals[key][0]:.4f} to {intervals[key][1]:.4f})"
+                if key in intervals else "") for key, value in metrics.items()]
+    if intervals:
+        lines.append(f"  {LEVEL:.0%} interval: {SPREAD}")
+        if any(low == high for low, high in intervals.values()):
+            lines.append(f"  {POINT_INTERVAL[0].upper()}{POINT_INTERVAL[1:]}")
+    return "\n".join(lines)
