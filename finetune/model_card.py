@@ -201,7 +201,7 @@ def _results(validation: str, results: dict[str, Any], metrics: dict[str, float]
                                                      else "") + " |" for m, v in metrics.items()]
     from finetune.metrics import POINT_INTERVAL, SPREAD
 
-    point = f" An {POINT_INTERVAL}." if any(low == high for low, high in intervals.values()) else ""
+    point = f" {POINT_INTERVAL}" if any(low == high for low, high in intervals.values()) else ""
     return [f"## Results on the validation data: {validation}{texts}", "", *trained_on,
             "| metric | value | 95% interval |", "|---|---|---|", *rows, "", f"The interval: {SPREAD}.{point}", "",
             *_by_label(by_label)]

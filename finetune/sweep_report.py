@@ -20,7 +20,7 @@ from typing import Any, Optional
 
 import yaml
 
-from finetune.outputs import write_atomic
+from finetune.outputs import METRICS_FILE, write_atomic
 from finetune.search_space import SearchSpace, overrides, render
 from finetune.study import BEYOND_BUDGET, EVAL_LOSS, FAILED, FOLDER, INTERRUPTED, PRUNED, SAME_AS, STOPPED_SWEEP, \
     redact
@@ -280,6 +280,31 @@ def tie_broken(metric: str, best: dict[str, Any]) -> str:
             f"({best['eval_loss']:.4f}).")
 
 
+def within_the_best(root: Path, header: Header, rows: list[dict[str, Any]], best: dict[str, Any]) -> list[str]:
+    """The best trial's 95% interval of the objective over its validation texts, and the trials whose values it
+    holds: those its validation data cannot tell from the best. Nothing where the trial's folder is on another
+    worker, or the objective has no interval (finetune.metrics.intervals)."""
+    metrics = root / best["folder"] / METRICS_FILE
+    if not metrics.is_file():
+        return []
+    summary = json.loads(metrics.read_text(encoding="utf-8"))
+    interval = (summary.get("eval_intervals") or {}).get(header.metric)
+    if interval is None:
+        return []
+    low, high = interval
+    inside = [r["trial"] for r in rows if r["value"] is not None and r["trial"] != best["trial"]
+              and low <= r["value"] <= high]
+    which = (f"trial{'s' if len(inside) > 1 else ''} {', '.join(map(str, inside))} of the others lie inside it: "
+             f"this validation data cannot tell {'them' if len(inside) > 1 else 'it'} from the best") if inside \
+        else "no other trial's value lies inside it"
+    from finetune.metrics import POINT_INTERVAL
+
+    texts = summary.get("eval", {}).get("num_samples")
+    point = f" {POINT_INTERVAL}" if low == high else ""
+    return [f"Its {header.metric}'s 95% bootstrap interval over its {texts} validation texts is {low:.4f} to "
+            f"{high:.4f}; {which}.{point}"]
+
+
 def sweep_markdown(root: Path, header: Header, rows: list[dict[str, Any]], best: Optional[dict[str, Any]],
                    repeats: Optional[Repeats], repeat_values: list[tuple[int, float]]) -> str:
     direction = "higher" if header.greater_is_better else "lower"
@@ -297,6 +322,7 @@ def sweep_markdown(root: Path, header: Header, rows: list[dict[str, Any]], best:
         values = ", ".join(f"`{k}={short(best.get(k))}`" for k in header.space.keys())
         lines += [f"Best: trial {best['trial']} ({best['folder']}), {header.metric} {best['value']:.4f}: {values}."
                   + tie_broken(header.metric, best),
+                  *within_the_best(root, header, rows, best),
                   f"Its model is in its folder (on the worker that ran it): `finetune predict {best['folder']} "
                   f"\"a text\"` from here. Train it again: `finetune train --config {BEST_YAML}` (it writes to "
                   "`best/`).", ""]

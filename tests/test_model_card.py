@@ -169,3 +169,15 @@ def test_data_from_a_web_address_is_linked_where_the_card_names_it():
     assert f"on [reviews.csv]({url}) with finetune" in body
     _, body = _card({"train_file": "hf://datasets/someone/reviews/train.csv"})  # no address a browser opens
     assert "on train.csv with finetune" in body
+
+
+def test_each_metric_shows_its_interval_and_one_of_a_point_is_said_to_be_no_certainty():
+    cfg = config_from_dict({"model": {"name_or_path": "bert-base-uncased"}, "data": {"train_file": "r8.csv"},
+                            "output": {"output_dir": "outputs/r8"}})
+    plain = model_card(cfg, _summary())
+    assert "| metric | value |\n|---|---|\n| Loss | 0.2000 |" in plain and "interval" not in plain
+    body = model_card(cfg, {**_summary(), "eval_intervals": {"accuracy": [0.8312, 0.9541],
+                                                             "precision": [0.8, 0.8]}})
+    assert ("| metric | value | 95% interval |\n|---|---|---|\n| Loss | 0.2000 |  |\n"
+            "| Accuracy | 0.9000 | 0.8312 to 0.9541 |\n| Precision | 0.8000 | 0.8000 to 0.8000 |") in body
+    assert body.count("An interval of one point means that no resample moved the metric") == 1

@@ -318,6 +318,16 @@ def test_four_trials_write_every_file(four_trials, capsys):
     report = (out / "sweep.md").read_text()
     assert f"Best: trial {best['trial']} ({best['folder']})" in report and "4 of 4 trials: 4 complete" in report
     assert f"`finetune predict {best['folder']} \"a text\"` from here" in report
+    # the best trial's interval over its validation texts, and the trials it cannot tell from the best
+    best_metrics = json.loads((out / best["folder"] / "metrics.json").read_text())
+    low, high = best_metrics["eval_intervals"]["accuracy"]
+    inside = [r["trial"] for r in rows if r is not best and low <= float(r["value"]) <= high]
+    said = (f"Its accuracy's 95% bootstrap interval over its {best_metrics['eval']['num_samples']} validation texts "
+            f"is {low:.4f} to {high:.4f}; ")
+    assert said in report
+    assert (f"trial{'s' if len(inside) > 1 else ''} {', '.join(inside)} of the others lie inside it" if inside
+            else "no other trial's value lies inside it") in report
+    assert ("An interval of one point means that no resample moved the metric" in report) == (low == high)
     from finetune.predict import main as predict
 
     capsys.readouterr()

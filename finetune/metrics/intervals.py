@@ -131,8 +131,8 @@ def _averaged(hits, predicted, true, average: str, pos_label: Any) -> dict[str, 
 # what the intervals are, and what one of a single point means, said where they are shown
 SPREAD = (f"the middle {LEVEL:.0%} of the metric's values over the texts resampled with replacement ({RESAMPLES} "
           f"bootstrap resamples): how far it could move on another sample of texts like these")
-POINT_INTERVAL = ("an interval of one point means that no resample moved the metric, as the texts hold no error "
-                  "of the kind that would: it is not certain")
+POINT_INTERVAL = ("An interval of one point means that no resample moved the metric, as the texts hold no error "
+                  "of the kind that would: it is not certain.")
 
 
 def metrics_with_intervals(metrics: dict[str, Any], intervals: dict[str, list[float]]) -> str:
@@ -144,5 +144,5 @@ def metrics_with_intervals(metrics: dict[str, Any], intervals: dict[str, list[fl
     if intervals:
         lines.append(f"  {LEVEL:.0%} interval: {SPREAD}")
         if any(low == high for low, high in intervals.values()):
-            lines.append(f"  {POINT_INTERVAL[0].upper()}{POINT_INTERVAL[1:]}")
+            lines.append(f"  {POINT_INTERVAL}")
     return "\n".join(lines)
