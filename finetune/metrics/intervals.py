@@ -67,7 +67,7 @@ def metric_intervals(suite: Any, predictions, references, resamples: int = RESAM
 
 def tallies_of(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """What the metrics read of confusion matrices ``R x K x K`` (rows the true class): each class's hits (its
-    texts given it), its texts given it or not (predicted), and its texts (true), each ``R x K``."""
+    texts given it), the texts given it (predicted), and its texts (true), each ``R x K``."""
     return np.diagonal(counts, axis1=1, axis2=2), counts.sum(axis=1), counts.sum(axis=2)
 
 
