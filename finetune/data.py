@@ -57,8 +57,8 @@ from finetune.local_files import read_local, read_saved_splits
 from finetune.tables import GROUP, LABELS, RAW_LABEL, SHOW_LABELS, TEXT, TEXT_PAIR, Table, as_arrow, as_mask, \
     column_values, feature_name, short_list
 
-__all__ = ["LABELS", "TEXT", "TEXT_PAIR", "LabelSpace", "load_splits", "load_labelled_file", "class_counts",
-           "content_sha256", "digest_rows", "text_rows"]
+__all__ = ["LABELS", "TEXT", "TEXT_PAIR", "LabelSpace", "load_splits", "load_labelled_file", "labelled_columns",
+           "class_counts", "content_sha256", "digest_rows", "text_rows"]
 
 logger = logging.getLogger(__name__)
 
@@ -156,6 +156,12 @@ def load_labelled_file(spec: str, cfg: DataConfig, label_space: LabelSpace, key:
     """
     _check_column_settings(cfg)
     return _encode_against(_load_local(spec, key, cfg), cfg, label_space)
+
+
+def labelled_columns(ds: datasets.Dataset) -> tuple[list, Optional[list], list]:
+    """A labelled data set's texts, its second texts (``None`` without pairs) and its labels, as lists."""
+    pairs = read_column(ds, TEXT_PAIR) if TEXT_PAIR in ds.column_names else None
+    return read_column(ds, TEXT), pairs, read_column(ds, LABELS)
 
 
 def _encode_against(table: Table, cfg: DataConfig, label_space: LabelSpace) -> datasets.Dataset:

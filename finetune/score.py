@@ -69,6 +69,10 @@ class Score:
     seen_in_training: Optional[int] = None
     # each single-label metric's 95% bootstrap interval over the file's texts (finetune.metrics.intervals)
     intervals: Optional[dict[str, list[float]]] = None
+    # what was scored, and with what (for a comparison): the file's texts and pairs, the run's MetricSuite
+    texts: Any = None
+    pairs: Any = None
+    suite: Any = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"file": self.file, "precision": self.precision, "metrics": self.metrics, "labels": self.labels,
@@ -160,11 +164,9 @@ def load_labelled(file: str | os.PathLike, data_cfg, labels: Sequence[str], prob
             (unless ``data.on_empty_text: drop``) and labels the model does not have.
     """
     from finetune import data as fdata
-    from finetune.columns import read_column
 
-    ds = fdata.load_labelled_file(str(file), data_cfg, fdata.LabelSpace(list(labels), problem_type), key="--file")
-    pairs = read_column(ds, fdata.TEXT_PAIR) if fdata.TEXT_PAIR in ds.column_names else None
-    return read_column(ds, fdata.TEXT), pairs, read_column(ds, fdata.LABELS)
+    label_space = fdata.LabelSpace(list(labels), problem_type)
+    return fdata.labelled_columns(fdata.load_labelled_file(str(file), data_cfg, label_space, key="--file"))
 
 
 def model_labels(output_dir: str | os.PathLike) -> tuple[list[str], str]:
@@ -293,7 +295,7 @@ def score_file(output_dir: str | os.PathLike, file: str | os.PathLike, overrides
     by_label = scores_by_label(predictions, refs.numpy(), names) if problem_type != "regression" else None
     return Score(str(file), metrics, list(names), confusion, predictions, refs.numpy(), predictor.precision,
                  by_label, texts_seen_in_training(output_dir, texts, pairs) if count_seen else None,
-                 metric_intervals(suite, predictions, refs.numpy()) if single else None)
+                 metric_intervals(suite, predictions, refs.numpy()) if single else None, texts, pairs, suite)
 
 
 def format_confusion(matrix, names: Sequence[str]) -> str:
@@ -345,6 +347,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="confusion-matrix PNG to write (default: <output_dir>/confusion_<file name>.png)")
     parser.add_argument("--json", default=None,
                         help="also write the metrics, each label's scores and the matrix to this JSON file")
+    parser.add_argument("--against", metavar="OTHER_RUN", help="also score another run's model on the same texts, "
+                        "and each metric's difference with its 95%% paired bootstrap interval")
     parser.add_argument("--batch-size", type=int, default=DEFAULT_BATCH_SIZE, help="texts per forward pass")
     add_precision_argument(parser)
     parser.add_argument("--no-overlap-check", dest="count_seen", action="store_false",
@@ -356,9 +360,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     # intermixed: settings may come before or after the options
     args = parser.parse_intermixed_args(argv)
     # the flags of `finetune train --data`, as the settings they stand for
-    columns = [f"data.{key}={value}" for key, value in (("text_column", args.text),
-                                                        ("text_pair_column", args.text_pair),
-                                                        ("label_column", args.label)) if value]
+    flags = (("text_column", args.text), ("text_pair_column", args.text_pair), ("label_column", args.label))
+    columns = [f"data.{key}={value}" for key, value in flags if value]
     args.overrides = columns + list(args.overrides)
     return args
 
@@ -370,6 +373,7 @@ def run(args: argparse.Namespace) -> Score:
     from finetune.resources import data_name, data_path, file_name
 
     output_dir = require_saved_model(args.output_dir)
+    other_dir = require_saved_model(args.against) if args.against else None
     if args.batch_size < 1:
         raise ConfigError(f"--batch-size: must be >= 1, got {args.batch_size}")
     check_precision(args.precision, "--precision")
@@ -405,8 +409,13 @@ def run(args: argparse.Namespace) -> Score:
         confusion_figure(result.confusion, result.labels,
                          title=f"{output_dir.name} on {file_name(args.file)}").savefig(png, dpi=DPI)
         print(f"confusion matrix: {png}")
+    report = result.to_dict()
+    if other_dir is not None:
+        from finetune.comparison import score_against
+
+        report["against"] = score_against(result, other_dir, args.batch_size, args.precision).to_dict()
     if args.json:
-        Path(args.json).write_text(json.dumps(json_ready(result.to_dict()), indent=2) + "\n", encoding="utf-8")
+        Path(args.json).write_text(json.dumps(json_ready(report), indent=2) + "\n", encoding="utf-8")
     return result
 
 

@@ -437,11 +437,14 @@ def test_a_metric_not_computed_from_counts_gets_no_interval():
 
 
 def test_resampled_tallies_draw_the_cells_that_hold_texts_and_keep_the_texts_count():
-    from finetune.metrics.intervals import confusion_matrix, resampled_tallies, tallies_of
+    from finetune.metrics.intervals import confusion_matrix, resampled, tallies_of, tallies_of_draws
 
     pred, ref = _noisy_labels(500, 1000, 0.9, seed=3)  # a thousand labels, most of them with no text
     observed = confusion_matrix(ref, pred, 1000)
-    batches = list(resampled_tallies(observed, resamples=250, seed=0, chunk=100))
+    cells = np.flatnonzero(observed)
+    true_of, predicted_of = np.divmod(cells, 1000)
+    batches = [tallies_of_draws(draws, true_of, predicted_of, 1000)
+               for draws in resampled(observed.ravel()[cells], resamples=250, seed=0, chunk=100)]
     assert [len(hits) for hits, _, _ in batches] == [100, 100, 50]
     hits, predicted, true = (np.concatenate(parts) for parts in zip(*batches))
     assert (true.sum(axis=1) == 500).all() and (predicted.sum(axis=1) == 500).all() and (hits <= true).all()
@@ -451,3 +454,32 @@ def test_resampled_tallies_draw_the_cells_that_hold_texts_and_keep_the_texts_cou
     observed_tallies = tallies_of(observed[None])
     for drawn, seen in zip((hits, predicted, true), observed_tallies):
         assert drawn.mean(axis=0) == pytest.approx(seen[0], abs=0.5)
+
+
+def test_a_paired_difference_shares_the_texts_doubt():
+    from finetune.metrics import _classification
+    from finetune.metrics.intervals import metric_intervals, paired_differences
+
+    # two models that agree on most texts and differ on a few: each one's interval is wide, their difference's
+    # narrow, since a resample that holds hard texts holds them for both
+    pred, ref = _noisy_labels(2000, 2, 0.8, seed=5)
+    rng = np.random.default_rng(6)
+    other = np.where(rng.random(len(ref)) < 0.03, 1 - pred, pred)
+    suite = MetricSuite(["accuracy", "f1"], 2, "binary", pos_label=1)
+    differences = paired_differences(suite, pred, other, ref)
+    this, that = metric_intervals(suite, pred, ref), metric_intervals(suite, other, ref)
+    observed = {name: suite.compute(pred, ref)[name] - suite.compute(other, ref)[name] for name in differences}
+    for name, (low, high) in differences.items():
+        assert low <= observed[name] <= high, name
+        # half the width two independent intervals would give the difference
+        unpaired = np.hypot(this[name][1] - this[name][0], that[name][1] - that[name][0])
+        assert high - low < 0.5 * unpaired, name
+    # the same as resampling the texts one by one, both models on each resample
+    resampled_differences = []
+    for _ in range(1000):
+        rows = rng.integers(0, len(ref), len(ref))
+        resampled_differences.append(_classification.accuracy(pred[rows], ref[rows])
+                                     - _classification.accuracy(other[rows], ref[rows]))
+    assert differences["accuracy"] == pytest.approx(np.quantile(resampled_differences, [0.025, 0.975]).tolist(),
+                                                    abs=0.002)
+    assert paired_differences(suite, pred, pred, ref) == {"accuracy": [0.0, 0.0], "f1": [0.0, 0.0]}

@@ -942,3 +942,60 @@ def test_predict_and_score_read_a_file_in_an_archive(trained, downloads, tmp_pat
     assert "12" in capsys.readouterr().out  # its rows, all scored
     # a run on a file in an archive records where that is, for score to find it again from any folder
     assert training_file("contest.zip/train.csv") == f"{(tmp_path / 'contest.zip').resolve()}/train.csv"
+
+
+def test_score_against_another_model_gives_each_difference_with_its_paired_interval(trained, tmp_path, capsys):
+    from finetune.score import main
+
+    out, _, _ = trained
+    earlier = sorted((out / "checkpoints").glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))[0]
+    data = write_tsv(tmp_path / "held.tsv", make_texts(60, seed=11))
+    report = tmp_path / "score.json"
+    assert main([str(out), "--file", str(data), "--against", str(earlier), "--json", str(report)]) == 0
+    printed = capsys.readouterr().out
+    saved = json.loads(report.read_text())
+    against = saved["against"]
+    assert against["against"] == str(earlier) and set(against["metrics"]) == set(saved["intervals"])
+    for name, difference in against["differences"].items():
+        assert difference == pytest.approx(saved["metrics"][name] - against["metrics"][name], abs=1e-12)
+        low, high = against["intervals"][name]
+        assert low <= difference <= high
+        line = next(line for line in printed.split("this - other")[1].splitlines() if line.split()[:1] == [name])
+        assert line.split()[1:4] == [f"{saved['metrics'][name]:.4f}", f"{against['metrics'][name]:.4f}",
+                                     f"{difference:+.4f}"]
+    assert f"against {earlier}, on the same 60 texts" in printed
+    # a model against itself: every difference 0, with no width, and the texts are said to show nothing
+    assert main([str(out), "--file", str(data), "--against", str(out), "--json", str(report)]) == 0
+    itself = json.loads(report.read_text())["against"]
+    assert set(itself["differences"].values()) == {0.0}
+    assert all(interval == [0.0, 0.0] for interval in itself["intervals"].values())
+    assert "the interval holds 0, so these texts are no evidence that either model is better" in capsys.readouterr().out
+
+
+def test_a_model_that_answers_another_question_is_not_compared():
+    import numpy as np
+
+    from finetune.comparison import compare
+    from finetune.errors import ConfigError
+    from finetune.metrics import MetricSuite
+
+    class Scored:  # a Score of a single-label model on two texts
+        labels, confusion, texts, pairs = ["ham", "spam"], np.zeros((2, 2)), ["a", "b"], None
+        predictions, references, metrics = np.array([0, 1]), np.array([0, 1]), {"accuracy": 1.0}
+
+    class Other:
+        labels, problem_type = ["ham", "eggs"], "single_label"
+
+        def logits(self, texts, pairs, progress):
+            return np.array([[1.0, 0.0], [0.0, 1.0]])
+
+    suite = MetricSuite(["accuracy"], 2)
+    with pytest.raises(ConfigError, match=r"^--against other: its model predicts 'eggs', which is no label of this "
+                                          r"run's \(ham, spam\)"):
+        compare(Scored(), Other(), "other", suite)
+    Other.labels, Other.problem_type = ["spam", "ham"], "multi_label"
+    with pytest.raises(ConfigError, match=r"^--against other: compares single-label classifiers, and its model is "
+                                          r"multi_label"):
+        compare(Scored(), Other(), "other", suite)
+    Other.problem_type = "single_label"  # the same labels in another order: matched by name
+    assert compare(Scored(), Other(), "other", suite).metrics == {"accuracy": 0.0}

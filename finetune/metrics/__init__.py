@@ -24,12 +24,12 @@ from finetune.errors import ConfigError
 from finetune.metrics._classification import AVERAGES, class_ids, scores_from_counts
 # the bootstrap intervals, with the metrics they bound: one import for whoever scores
 from finetune.metrics.intervals import (POINT_INTERVAL, SPREAD, confusion_matrix, metric_intervals,
-                                        metrics_with_intervals)
+                                        metrics_with_intervals, paired_differences)
 
 __all__ = ["BUILTIN_METRICS", "CORRELATIONS", "MetricSuite", "POINT_INTERVAL", "SPREAD", "builtin_metric_path",
            "confusion_matrix", "correlations_over_alike_targets", "metric_intervals", "metric_suite_for",
-           "metrics_with_intervals", "one_number_for_every_text", "resolve_average", "same_answer_for_every_text",
-           "scores_by_label", "undefined_correlations"]
+           "metrics_with_intervals", "one_number_for_every_text", "paired_differences", "resolve_average",
+           "same_answer_for_every_text", "scores_by_label", "undefined_correlations"]
 
 BUILTIN_METRICS: tuple[str, ...] = ("accuracy", "f1", "precision", "recall", "matthews_correlation")
 

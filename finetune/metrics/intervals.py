@@ -55,14 +55,49 @@ def metric_intervals(suite: Any, predictions, references, resamples: int = RESAM
     names = [name for name in suite.names if name in FROM_COUNTS]
     if not names:
         return {}
-    observed = confusion_matrix(references, predictions, suite.num_labels)
+    k = suite.num_labels
+    cells, counts = np.unique(np.asarray(references, dtype=np.int64) * k + np.asarray(predictions, dtype=np.int64),
+                              return_counts=True)  # the confusion matrix's cells that hold texts
+    true_of, predicted_of = np.divmod(cells, k)
     values: dict[str, list[np.ndarray]] = {name: [] for name in names}
-    for tallies in resampled_tallies(observed, resamples, seed):
+    for draws in resampled(counts, resamples, seed):
+        tallies = tallies_of_draws(draws, true_of, predicted_of, k)
         for name, scores in scores_of_tallies(*tallies, names, suite.average, suite.pos_label).items():
             values[name].append(scores)
+    return {name: _middle(np.concatenate(v), level) for name, v in values.items()}
+
+
+def paired_differences(suite: Any, predictions, others, references, resamples: int = RESAMPLES,
+                       level: float = LEVEL, seed: int = SEED) -> dict[str, list[float]]:
+    """The ``level`` bootstrap interval of each metric's difference, ``predictions``' score less ``others``',
+    both models scored on every resample of the same texts (a paired bootstrap): what a comparison of two models
+    on one file can say, where their two intervals alone would overstate the doubt the texts share.
+
+    Returns:
+        ``{metric: [low, high]}`` of the difference, as :func:`metric_intervals` gives intervals.
+    """
+    names = [name for name in suite.names if name in FROM_COUNTS]
+    if not names:
+        return {}
+    k = suite.num_labels
+    keys = (np.asarray(references, dtype=np.int64) * k + np.asarray(predictions, dtype=np.int64)) * k \
+        + np.asarray(others, dtype=np.int64)
+    cells, counts = np.unique(keys, return_counts=True)  # (true, this model's, the other's) that hold texts
+    true_of, this_of, other_of = cells // (k * k), cells // k % k, cells % k
+    values: dict[str, list[np.ndarray]] = {name: [] for name in names}
+    for draws in resampled(counts, resamples, seed):
+        this = scores_of_tallies(*tallies_of_draws(draws, true_of, this_of, k), names, suite.average,
+                                 suite.pos_label)
+        other = scores_of_tallies(*tallies_of_draws(draws, true_of, other_of, k), names, suite.average,
+                                  suite.pos_label)
+        for name in names:
+            values[name].append(this[name] - other[name])
+    return {name: _middle(np.concatenate(v), level) for name, v in values.items()}
+
+
+def _middle(values: np.ndarray, level: float) -> list[float]:
     tail = (1.0 - level) / 2
-    return {name: [float(v) for v in np.quantile(np.concatenate(values[name]), [tail, 1.0 - tail])]
-            for name in names}
+    return [float(v) for v in np.quantile(values, [tail, 1.0 - tail])]
 
 
 def tallies_of(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -71,26 +106,28 @@ def tallies_of(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return np.diagonal(counts, axis1=1, axis2=2), counts.sum(axis=1), counts.sum(axis=2)
 
 
-def resampled_tallies(observed: np.ndarray, resamples: int, seed: int, chunk: int = 100):
-    """The tallies (:func:`tallies_of`) of ``resamples`` resamples of the texts of confusion matrix ``observed``,
-    ``chunk`` resamples at a time. Only the cells that hold texts are drawn, so the work grows with the texts'
-    distinct (true, predicted) pairs, not with ``K x K``: a thousand labels cost what their errors do."""
-    num_labels = observed.shape[0]
-    cells = np.flatnonzero(observed)
-    true_of, predicted_of = np.divmod(cells, num_labels)
-    on_diagonal = true_of == predicted_of
-    texts = int(observed.sum())
+def resampled(counts: np.ndarray, resamples: int, seed: int, chunk: int = 100):
+    """``resamples`` resamples of texts counted by cell (``counts``, the cells that hold texts), ``chunk`` at a time:
+    each an array of how many of the resample's texts fall in each cell. Only occupied cells are drawn, so the work
+    grows with the texts' distinct cells, not with ``K x K``: a thousand labels cost what their errors do."""
+    texts = int(counts.sum())
     rng = np.random.default_rng(seed)
     for start in range(0, resamples, chunk):
-        draws = rng.multinomial(texts, observed.ravel()[cells] / texts, size=min(chunk, resamples - start))
-        offsets = np.arange(len(draws))[:, None] * num_labels  # each resample's own K slots
+        yield rng.multinomial(texts, counts / texts, size=min(chunk, resamples - start))
 
-        def tally(of: np.ndarray, counts: np.ndarray) -> np.ndarray:
-            slots = (offsets + of).ravel()
-            return np.bincount(slots, weights=counts.ravel(), minlength=len(draws) * num_labels).reshape(
-                len(draws), num_labels)
 
-        yield tally(true_of[on_diagonal], draws[:, on_diagonal]), tally(predicted_of, draws), tally(true_of, draws)
+def tallies_of_draws(draws: np.ndarray, true_of: np.ndarray, predicted_of: np.ndarray, num_labels: int):
+    """The tallies (:func:`tallies_of`) of resampled cell counts ``draws`` (``R x cells``), whose cells hold the
+    texts of class ``true_of`` given class ``predicted_of``."""
+    offsets = np.arange(len(draws))[:, None] * num_labels  # each resample's own K slots
+
+    def tally(of: np.ndarray, counts: np.ndarray) -> np.ndarray:
+        slots = (offsets + of).ravel()
+        return np.bincount(slots, weights=counts.ravel(), minlength=len(draws) * num_labels).reshape(
+            len(draws), num_labels)
+
+    hit = true_of == predicted_of
+    return tally(true_of[hit], draws[:, hit]), tally(predicted_of, draws), tally(true_of, draws)
 
 
 def scores_of_tallies(hits: np.ndarray, predicted: np.ndarray, true: np.ndarray, names: list[str], average: str,

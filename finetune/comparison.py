@@ -1,0 +1,101 @@
+"""Two models on the same labelled texts: ``finetune score RUN --file F --against OTHER``.
+
+Which of two runs is better is a question about their difference on the same texts, not about each one's score
+alone: texts hard for one model are mostly hard for the other, so the doubt the file leaves is largely shared
+and falls out of the difference. The difference's interval is the paired bootstrap's
+(:func:`finetune.metrics.paired_differences`): both models scored on each resample of the texts. An interval
+that holds 0 is no evidence that either model does better on texts like these.
+
+The other run's model reads the file as the first run's settings read it (the same rows, in the same order,
+with the same labels) and is scored with the first run's metrics; each model cuts its texts as its own run did.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from finetune.errors import ConfigError
+
+
+@dataclass
+class Comparison:
+    """What :func:`compare` found."""
+
+    # the other run's output directory
+    against: str
+    # the other model's scores, with the first run's metric settings
+    metrics: dict[str, float]
+    # each metric's difference, the first model's score less the other's
+    differences: dict[str, float]
+    # the 95% paired bootstrap interval [low, high] of each difference
+    intervals: dict[str, list[float]]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"against": self.against, "metrics": self.metrics, "differences": self.differences,
+                "intervals": self.intervals}
+
+
+def score_against(this, other_dir, batch_size: int, precision: str) -> Comparison:
+    """Load the other run's model, compare it with ``this`` on the same texts (:func:`compare`), and print it."""
+    from finetune.errors import out_of_memory_told_as
+    from finetune.predict import Predictor, batch_too_large
+
+    with out_of_memory_told_as(lambda _: batch_too_large(batch_size)):
+        predictor = Predictor.load(other_dir, batch_size=batch_size, precision=precision)
+        comparison = compare(this, predictor, str(other_dir), this.suite)
+    print(format_comparison(this, comparison, len(this.texts)))
+    return comparison
+
+
+def compare(this, predictor, other_dir: str, suite) -> Comparison:
+    """The other model's scores on the texts ``this`` (a :class:`~finetune.score.Score`) was scored on, and each
+    metric's difference with its paired interval.
+
+    Args:
+        this: The first model's score of the file (with its texts).
+        predictor: The other run's :class:`~finetune.predict.Predictor`.
+        other_dir: The other run's folder, for the report.
+        suite: The first run's :class:`~finetune.metrics.MetricSuite`.
+
+    Raises:
+        ConfigError: for a model of another problem type, or one that predicts a label the first does not know.
+    """
+    from finetune.metrics import paired_differences
+
+    if this.confusion is None or predictor.problem_type != "single_label":
+        raise ConfigError(f"--against {other_dir}: compares single-label classifiers, and "
+                          f"{'this run' if this.confusion is None else 'its'} model is "
+                          f"{'not one' if this.confusion is None else predictor.problem_type}")
+    unknown = [name for name in predictor.labels if name not in this.labels]
+    if unknown:
+        raise ConfigError(f"--against {other_dir}: its model predicts {unknown[0]!r}, which is no label of "
+                          f"this run's ({', '.join(this.labels[:10])}): the two do not answer the same question")
+    as_this = np.asarray([this.labels.index(name) for name in predictor.labels], dtype=np.int64)
+    others = as_this[predictor.logits(this.texts, this.pairs, progress=True).argmax(axis=1)]
+    metrics = suite.compute(others, this.references)
+    differences = {name: this.metrics[name] - value for name, value in metrics.items()}
+    intervals = paired_differences(suite, this.predictions, others, this.references)
+    return Comparison(str(other_dir), metrics, differences, intervals)
+
+
+def format_comparison(this, comparison: Comparison, texts: int) -> str:
+    """The two models' scores side by side, each difference with its interval, and what the interval is."""
+    width = max(len(name) for name in comparison.metrics)
+    lines = [f"against {comparison.against}, on the same {texts} texts (scored with this run's metrics):",
+             f"  {'metric'.ljust(width)}  this    other   this - other"]
+    for name, value in comparison.metrics.items():
+        low_high = (f"  (95% interval {comparison.intervals[name][0]:+.4f} to {comparison.intervals[name][1]:+.4f})"
+                    if name in comparison.intervals else "")
+        lines.append(f"  {name.ljust(width)}  {this.metrics[name]:.4f}  {value:.4f}  "
+                     f"{comparison.differences[name]:+.4f}{low_high}")
+    if comparison.intervals:
+        holding = [name for name, (low, high) in comparison.intervals.items() if low <= 0 <= high]
+        lines.append("  95% interval: the middle 95% of the difference over the texts resampled with replacement, "
+                     "both models on each resample (a paired bootstrap)")
+        lines.append("  " + (f"{', '.join(holding)}: the interval holds 0, so these texts are no evidence that either "
+                             "model is better" if holding else
+                             "no interval holds 0: each difference is beyond what resampling these texts moves"))
+    return "\n".join(lines)
