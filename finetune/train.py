@@ -160,9 +160,16 @@ def run_training(config_path: str | None, overrides: list[str], on_evaluation=No
         _name_origin(exc, config_path, overrides)
         raise
     if is_main and summary.get("eval"):
-        shown = " ".join(f"{k}={v:.4f}" for k, v in summary["eval"].items() if isinstance(v, float))
-        logger.info("done: %s -> %s", shown, cfg.output.output_dir)
+        logger.info("done: %s -> %s", final_scores(summary), cfg.output.output_dir)
     return summary
+
+
+def final_scores(summary: dict) -> str:
+    """The saved model's validation scores, each with its 95% bootstrap interval where it has one."""
+    intervals = summary.get("eval_intervals") or {}
+    shown = " ".join(f"{k}={v:.4f}" + (" ({:.4f}-{:.4f})".format(*intervals[k]) if k in intervals else "")
+                     for k, v in summary["eval"].items() if isinstance(v, float))
+    return shown + (" (95% bootstrap intervals over the validation texts)" if intervals else "")
 
 
 def check_inputs_exist(cfg) -> None:

@@ -109,10 +109,15 @@ def test_each_label_is_scored_alone_in_the_log_the_results_and_the_card(trained)
 def test_each_metric_has_its_bootstrap_interval_in_the_log_the_results_and_the_card(trained):
     import numpy as np
 
-    out, _ = trained
+    out, proc = trained
     records = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
     evals = [r for r in records if "eval/loss" in r]
     metrics = json.loads((out / "metrics.json").read_text())
+    # the run's last line: each score with its interval
+    done = next(line for line in proc.stderr.splitlines() if "INFO finetune: done: " in line)
+    for name, (low, high) in metrics["eval_intervals"].items():
+        assert f"{name}={metrics['eval'][name]:.4f} ({low:.4f}-{high:.4f})" in done
+    assert done.endswith(f"(95% bootstrap intervals over the validation texts) -> {out}")
     for record in evals:
         intervals = record["eval_intervals"]
         assert set(intervals) == {name for name in ("accuracy", "f1", "precision", "recall",
