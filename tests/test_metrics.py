@@ -483,3 +483,29 @@ def test_a_paired_difference_shares_the_texts_doubt():
     assert differences["accuracy"] == pytest.approx(np.quantile(resampled_differences, [0.025, 0.975]).tolist(),
                                                     abs=0.002)
     assert paired_differences(suite, pred, pred, ref) == {"accuracy": [0.0, 0.0], "f1": [0.0, 0.0]}
+
+
+@pytest.mark.parametrize("average", ["micro", "macro", "weighted"])
+def test_a_multi_label_interval_is_the_spread_of_resampled_texts(average):
+    from finetune.metrics.intervals import metric_intervals
+    from finetune.metrics.other_tasks import MultiLabelMetrics
+
+    rng = np.random.default_rng(4)
+    ref = rng.random((600, 5)) < 0.3
+    pred = np.where(rng.random((600, 5)) < 0.85, ref, ~ref)
+    suite = MultiLabelMetrics(["accuracy", "f1", "precision", "recall"], 5, average)
+    observed = suite.compute(pred, ref)
+    intervals = metric_intervals(suite, pred, ref)
+    assert set(intervals) == set(observed)
+    for name, (low, high) in intervals.items():
+        assert low < observed[name] < high, name
+    # the label-set pairs drawn from a multinomial are the texts resampled one by one
+    resampled = []
+    for _ in range(1000):
+        rows = rng.integers(0, len(ref), len(ref))
+        resampled.append(suite.compute(pred[rows], ref[rows])["f1"])
+    assert intervals["f1"] == pytest.approx(np.quantile(resampled, [0.025, 0.975]).tolist(), abs=0.008)
+    # subset accuracy's spread is the binomial's
+    p = observed["accuracy"]
+    assert (intervals["accuracy"][1] - intervals["accuracy"][0]) / 2 == pytest.approx(
+        1.96 * np.sqrt(p * (1 - p) / len(ref)), rel=0.15)

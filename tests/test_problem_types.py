@@ -439,10 +439,16 @@ def test_a_multi_label_run_learns_and_pipeline_agrees_with_predict(problem_runs)
     predicted = sum(s["recall"] * s["support"] / s["precision"] for s in by_label.values() if s["precision"])
     assert summary["eval"]["f1"] == pytest.approx(2 * tp / (sum(s["support"] for s in by_label.values()) + predicted))
     assert problem_runs["regression"][1]["eval_by_label"] is None
+    # each metric's interval over the validation texts holds it; regression has none
+    assert set(summary["eval_intervals"]) == {"accuracy", "f1"}
+    for name, (low, high) in summary["eval_intervals"].items():
+        assert low <= summary["eval"][name] <= high
+    assert problem_runs["regression"][1]["eval_intervals"] is None
     reset_accelerate()
     predictor = Predictor.load(out, device="cpu")
-    # finetune score on the validation file scores each label as the run's last evaluation did
-    assert score_file(out, out.parent / "val.jsonl", predictor=predictor).by_label == by_label
+    # finetune score on the validation file scores each label, and its intervals, as the run's last evaluation did
+    scored = score_file(out, out.parent / "val.jsonl", predictor=predictor)
+    assert scored.by_label == by_label and scored.intervals == summary["eval_intervals"]
     ours = predictor.predict(TEXTS)
     theirs = pipeline("text-classification", model=str(out), device="cpu", top_k=None)(TEXTS)
     for mine, scores in zip(ours, theirs):

@@ -1,11 +1,12 @@
-"""How far a single-label score could move on another sample of texts like these: bootstrap intervals.
+"""How far a classifier's score could move on another sample of texts like these: bootstrap intervals.
 
 A validation set of a few hundred texts gives an F1 that moves by points with which texts it happens to hold;
 a score without its spread invites reading noise as a difference between two runs. The interval here is the
 percentile bootstrap's: the texts resampled with replacement, each metric computed on every resample, and the
 middle 95% of the values kept.
 
-Every built-in single-label metric is a function of the confusion matrix, and resampling ``n`` texts with
+Every built-in single-label metric is a function of the confusion matrix (a multi-label one, of the label
+tallies of the texts' distinct pairs of true and predicted label sets), and resampling ``n`` texts with
 replacement draws the matrix's cells from a multinomial over their observed shares. So a resample costs a count
 for each cell that holds texts, whatever the number of texts, and each metric of all resamples is a few array
 operations on the counts, with the definitions of :mod:`finetune.metrics._classification` (``zero_division=0``,
@@ -52,6 +53,8 @@ def metric_intervals(suite: Any, predictions, references, resamples: int = RESAM
     Returns:
         ``{metric: [low, high]}`` for the metrics of :data:`FROM_COUNTS` among ``suite.names``; empty for none.
     """
+    if hasattr(suite, "scores_of_tallies"):  # multi-label: every metric is a function of the label tallies
+        return label_set_intervals(suite, predictions, references, resamples, level, seed)
     names = [name for name in suite.names if name in FROM_COUNTS]
     if not names:
         return {}
@@ -64,6 +67,27 @@ def metric_intervals(suite: Any, predictions, references, resamples: int = RESAM
         tallies = tallies_of_draws(draws, true_of, predicted_of, k)
         for name, scores in scores_of_tallies(*tallies, names, suite.average, suite.pos_label).items():
             values[name].append(scores)
+    return {name: _middle(np.concatenate(v), level) for name, v in values.items()}
+
+
+def label_set_intervals(suite: Any, predictions, references, resamples: int = RESAMPLES, level: float = LEVEL,
+                        seed: int = SEED) -> dict[str, list[float]]:
+    """:func:`metric_intervals` of a multi-label model (0/1 label vectors, scored by a
+    :class:`~finetune.metrics.other_tasks.MultiLabelMetrics`). Its cells are the distinct pairs of a text's true
+    and predicted label sets: a resample draws how many texts of each pair it holds, and the label tallies are
+    those counts summed over the pairs."""
+    pred, ref = np.asarray(predictions).astype(bool), np.asarray(references).astype(bool)
+    labels = ref.shape[1]
+    pairs, counts = np.unique(np.concatenate([ref, pred], axis=1), axis=0, return_counts=True)
+    ref_of, pred_of = pairs[:, :labels].astype(np.float64), pairs[:, labels:].astype(np.float64)
+    hits_of, exact_of = ref_of * pred_of, (ref_of == pred_of).all(axis=1).astype(np.float64)
+    texts = int(counts.sum())
+    values: dict[str, list[np.ndarray]] = {name: [] for name in suite.names}
+    for draws in resampled(counts, resamples, seed):
+        draws = draws.astype(np.float64)
+        scores = suite.scores_of_tallies(draws @ hits_of, draws @ pred_of, draws @ ref_of, draws @ exact_of / texts)
+        for name, v in scores.items():
+            values[name].append(v)
     return {name: _middle(np.concatenate(v), level) for name, v in values.items()}
 
 

@@ -48,18 +48,28 @@ class MultiLabelMetrics:
         if pred.shape != ref.shape or pred.ndim != 2 or pred.shape[1] != self.num_labels:
             raise ValueError(f"predictions {pred.shape} and references {ref.shape} must both be "
                              f"(samples, {self.num_labels}) label vectors")
-        tp, predicted, support = (pred & ref).sum(0), pred.sum(0), ref.sum(0)
+        tallies = ((pred & ref).sum(0)[None], pred.sum(0)[None], ref.sum(0)[None],
+                   (pred == ref).all(1).mean(keepdims=True))
+        return {name: float(values[0]) for name, values in self.scores_of_tallies(*tallies).items()}
+
+    def scores_of_tallies(self, hits, predicted, support, exact) -> dict[str, np.ndarray]:
+        """Each metric for every row of the tallies (``R x labels``: each label's hits, texts given it and texts
+        that have it; ``exact``, ``R``: the share of texts with every label right): what :meth:`compute` and the
+        bootstrap intervals (:mod:`finetune.metrics.intervals`) score."""
+        hits, predicted, support = (np.asarray(a, dtype=np.float64) for a in (hits, predicted, support))
         if self.average == "micro":
-            tp, predicted, support = (np.array([s.sum()]) for s in (tp, predicted, support))
-        scores = dict(zip(("precision", "recall", "f1"), scores_from_counts(tp, predicted, support)))
-        out: dict[str, float] = {}
+            hits, predicted, support = (s.sum(axis=1, keepdims=True) for s in (hits, predicted, support))
+        scores = dict(zip(("precision", "recall", "f1"), scores_from_counts(hits, predicted, support)))
+        out: dict[str, np.ndarray] = {}
         for name in self.names:
             if name == "accuracy":
-                out[name] = float((pred == ref).all(1).mean())
+                out[name] = np.asarray(exact, dtype=np.float64)
             elif self.average == "weighted":
-                out[name] = float((scores[name] * support).sum() / support.sum()) if support.sum() else 0.0
+                total = support.sum(axis=1)
+                out[name] = np.divide((scores[name] * support).sum(axis=1), total, out=np.zeros_like(total),
+                                      where=total > 0)
             else:
-                out[name] = float(scores[name].mean())
+                out[name] = scores[name].mean(axis=1)
         return out
 
 
