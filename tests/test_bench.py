@@ -1149,3 +1149,15 @@ def test_the_start_up_benchmark_times_each_checkout_on_the_same_generated_rows(t
     rows = [line.split(" | ") for line in capsys.readouterr().out.splitlines() if line.startswith("| ")][2:]
     assert [row[0].split(",")[0] for row in rows] == ["| baseline", "| this checkout"]
     assert all(0 < float(row[1]) < 120 and row[2].strip(" |") == row[1] for row in rows)  # one round: its own median
+
+
+def test_the_intervals_benchmark_times_the_metrics_and_their_intervals_for_each_shape(capsys, monkeypatch):
+    import bench.intervals
+
+    monkeypatch.setattr(bench.intervals, "SHAPES", ((2, 50), (3, 80)))
+    assert bench.intervals.main(["--rounds", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "Command: `python -m bench.intervals --rounds 1`" in out
+    rows = [line.strip("|").split("|") for line in out.splitlines() if line.startswith("| ")][2:]
+    assert [(int(r[0]), int(r[1])) for r in rows] == [(2, 50), (3, 80)]
+    assert all(float(r[2]) > 0 and float(r[3]) > 0 for r in rows)
