@@ -4,7 +4,7 @@ For each shape (labels, texts) it makes predictions right on 90% of the texts, t
 metrics as every evaluation computes them (``MetricSuite.compute``, through evaluate) and their 95% intervals
 (``finetune.metrics.metric_intervals``, 1,000 resamples), each the median of its rounds, and prints a Markdown
 table. The intervals' cost grows with the distinct (true, predicted) pairs, not with the texts: the shapes
-show both.
+show both; a regression model's pairs are mostly as many as its texts (the last rows).
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ if __package__ in (None, ""):
     sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
 SHAPES = ((2, 487), (2, 100_000), (20, 5_000), (100, 20_000), (1000, 50_000))
+# regression: the texts, each with its own target (the pairs the resamples draw are as many as the texts)
+NUMBERS = (1_500, 20_000)
 
 
 def timed(fn, rounds: int) -> float:
@@ -36,6 +38,7 @@ def main(argv=None) -> int:
     import numpy as np
 
     from finetune.metrics import BUILTIN_METRICS, MetricSuite, metric_intervals
+    from finetune.metrics.other_tasks import REGRESSION_METRICS, RegressionMetrics
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
@@ -50,6 +53,15 @@ def main(argv=None) -> int:
         metrics = timed(lambda: suite.compute(predictions, references), args.rounds)
         intervals = timed(lambda: metric_intervals(suite, predictions, references), args.rounds)
         lines.append(f"| {labels} | {texts:,} | {metrics * 1e3:.1f} | {intervals * 1e3:.1f} |")
+        print(lines[-1], file=sys.stderr)
+    for texts in NUMBERS:
+        rng = np.random.default_rng(0)
+        targets = rng.normal(size=texts)
+        predictions = targets + rng.normal(scale=0.5, size=texts)
+        suite = RegressionMetrics(list(REGRESSION_METRICS))
+        metrics = timed(lambda: suite.compute(predictions, targets), args.rounds)
+        intervals = timed(lambda: metric_intervals(suite, predictions, targets), args.rounds)
+        lines.append(f"| a number (regression) | {texts:,} | {metrics * 1e3:.1f} | {intervals * 1e3:.1f} |")
         print(lines[-1], file=sys.stderr)
     print(f"Command: `python -m bench.intervals --rounds {args.rounds}`\n")
     print("\n".join(lines))

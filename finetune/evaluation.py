@@ -25,8 +25,8 @@ class Evaluation:
     # each label's precision, recall, F1 and support, by name (finetune.metrics.scores_by_label); None for
     # regression, or when no label names were given
     by_label: Optional[dict[str, dict[str, float]]] = None
-    # each classification metric's 95% bootstrap interval [low, high] over the texts (finetune.metrics.intervals);
-    # None for regression, or when no label names were given
+    # each built-in metric's 95% bootstrap interval [low, high] over the texts (finetune.metrics.intervals); None
+    # when no label names were given
     intervals: Optional[dict[str, list[float]]] = None
 
 
@@ -92,6 +92,6 @@ def evaluation_of(model: torch.nn.Module, dataloader, accelerator, metrics=None,
     by_label = intervals = None
     if labels is not None and task.problem_type != "regression":
         by_label = scores_by_label(predictions, references, labels)
-    if labels is not None and task.problem_type != "regression" and metrics is not None:
+    if labels is not None and metrics is not None:
         intervals = metric_intervals(metrics, predictions, references)
     return Evaluation(out, by_label, intervals)

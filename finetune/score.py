@@ -67,7 +67,7 @@ class Score:
     # the file's rows whose text (with its pair) a training row of the run has too; None where the run's
     # training rows could not be read again (see texts_seen_in_training)
     seen_in_training: Optional[int] = None
-    # each classification metric's 95% bootstrap interval over the file's texts (finetune.metrics.intervals)
+    # each built-in metric's 95% bootstrap interval over the file's texts (finetune.metrics.intervals)
     intervals: Optional[dict[str, list[float]]] = None
     # what was scored, and with what (for a comparison): the file's texts and pairs, the run's MetricSuite
     texts: Any = None
@@ -295,8 +295,7 @@ def score_file(output_dir: str | os.PathLike, file: str | os.PathLike, overrides
     by_label = scores_by_label(predictions, refs.numpy(), names) if problem_type != "regression" else None
     return Score(str(file), metrics, list(names), confusion, predictions, refs.numpy(), predictor.precision,
                  by_label, texts_seen_in_training(output_dir, texts, pairs) if count_seen else None,
-                 metric_intervals(suite, predictions, refs.numpy()) if by_label is not None else None, texts, pairs,
-                 suite)
+                 metric_intervals(suite, predictions, refs.numpy()), texts, pairs, suite)
 
 
 def format_confusion(matrix, names: Sequence[str]) -> str:

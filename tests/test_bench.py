@@ -1155,9 +1155,10 @@ def test_the_intervals_benchmark_times_the_metrics_and_their_intervals_for_each_
     import bench.intervals
 
     monkeypatch.setattr(bench.intervals, "SHAPES", ((2, 50), (3, 80)))
+    monkeypatch.setattr(bench.intervals, "NUMBERS", (60,))
     assert bench.intervals.main(["--rounds", "1"]) == 0
     out = capsys.readouterr().out
     assert "Command: `python -m bench.intervals --rounds 1`" in out
     rows = [line.strip("|").split("|") for line in out.splitlines() if line.startswith("| ")][2:]
-    assert [(int(r[0]), int(r[1])) for r in rows] == [(2, 50), (3, 80)]
+    assert [(r[0].strip(), int(r[1])) for r in rows] == [("2", 50), ("3", 80), ("a number (regression)", 60)]
     assert all(float(r[2]) > 0 and float(r[3]) > 0 for r in rows)

@@ -509,3 +509,45 @@ def test_a_multi_label_interval_is_the_spread_of_resampled_texts(average):
     p = observed["accuracy"]
     assert (intervals["accuracy"][1] - intervals["accuracy"][0]) / 2 == pytest.approx(
         1.96 * np.sqrt(p * (1 - p) / len(ref)), rel=0.15)
+
+
+def test_weighted_ranks_are_the_ranks_of_the_values_written_out_that_many_times():
+    from scipy.stats import rankdata
+
+    from finetune.metrics.other_tasks import _weighted_ranks
+
+    rng = np.random.default_rng(8)
+    x = rng.integers(0, 6, 40).astype(float)  # many ties
+    weights = rng.integers(0, 4, (3, 40)).astype(float)
+    ranks = _weighted_ranks(x, weights)
+    for row, w in zip(ranks, weights):
+        written_out = np.repeat(x, w.astype(int))
+        expected = rankdata(written_out, method="average")
+        # each value's rank is that of its copies
+        assert row[w > 0] == pytest.approx(expected[np.cumsum(w.astype(int))[w > 0] - 1])
+
+
+def test_a_regression_interval_is_the_spread_of_resampled_texts():
+    from finetune.metrics.intervals import metric_intervals
+    from finetune.metrics.other_tasks import RegressionMetrics
+
+    rng = np.random.default_rng(9)
+    ref = rng.normal(size=800)
+    pred = ref + rng.normal(scale=0.6, size=800)
+    suite = RegressionMetrics(["pearson", "spearmanr", "mse", "mae"])
+    observed = suite.compute(pred, ref)
+    intervals = metric_intervals(suite, pred, ref)
+    assert set(intervals) == set(observed)
+    resampled = {name: [] for name in observed}
+    for _ in range(1000):
+        rows = rng.integers(0, len(ref), len(ref))
+        for name, value in suite.compute(pred[rows], ref[rows]).items():
+            resampled[name].append(value)
+    for name, (low, high) in intervals.items():
+        assert low < observed[name] < high, name
+        expected = np.quantile(resampled[name], [0.025, 0.975])
+        width = expected[1] - expected[0]
+        assert [low, high] == pytest.approx(expected.tolist(), abs=0.1 * width), name
+    # a constant prediction leaves the correlations undefined: no interval for them, the errors keep theirs
+    constant = metric_intervals(suite, np.zeros(800), ref)
+    assert set(constant) == {"mse", "mae"}

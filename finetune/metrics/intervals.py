@@ -1,4 +1,4 @@
-"""How far a classifier's score could move on another sample of texts like these: bootstrap intervals.
+"""How far a score could move on another sample of texts like these: bootstrap intervals.
 
 A validation set of a few hundred texts gives an F1 that moves by points with which texts it happens to hold;
 a score without its spread invites reading noise as a difference between two runs. The interval here is the
@@ -6,7 +6,8 @@ percentile bootstrap's: the texts resampled with replacement, each metric comput
 middle 95% of the values kept.
 
 Every built-in single-label metric is a function of the confusion matrix (a multi-label one, of the label
-tallies of the texts' distinct pairs of true and predicted label sets), and resampling ``n`` texts with
+tallies of the texts' distinct pairs of true and predicted label sets; a regression one, of the distinct
+(prediction, target) pairs, each weighted by how often a resample holds it), and resampling ``n`` texts with
 replacement draws the matrix's cells from a multinomial over their observed shares. So a resample costs a count
 for each cell that holds texts, whatever the number of texts, and each metric of all resamples is a few array
 operations on the counts, with the definitions of :mod:`finetune.metrics._classification` (``zero_division=0``,
@@ -55,6 +56,8 @@ def metric_intervals(suite: Any, predictions, references, resamples: int = RESAM
     """
     if hasattr(suite, "scores_of_tallies"):  # multi-label: every metric is a function of the label tallies
         return label_set_intervals(suite, predictions, references, resamples, level, seed)
+    if hasattr(suite, "scores_of_weights"):  # regression: every metric is a weighted sum over the pairs
+        return number_intervals(suite, predictions, references, resamples, level, seed)
     names = [name for name in suite.names if name in FROM_COUNTS]
     if not names:
         return {}
@@ -89,6 +92,30 @@ def label_set_intervals(suite: Any, predictions, references, resamples: int = RE
         for name, v in scores.items():
             values[name].append(v)
     return {name: _middle(np.concatenate(v), level) for name, v in values.items()}
+
+
+def number_intervals(suite: Any, predictions, references, resamples: int = RESAMPLES, level: float = LEVEL,
+                     seed: int = SEED) -> dict[str, list[float]]:
+    """:func:`metric_intervals` of a regression model (scored by a
+    :class:`~finetune.metrics.other_tasks.RegressionMetrics`). Its cells are the distinct (prediction, target)
+    pairs, which a resample holds as many times as it draws them: each metric is scored with those counts as
+    weights, Spearman's on the ranks the counts give. The work grows with the pairs, mostly as many as the texts.
+    A correlation that is undefined on the texts (a constant side) gets no interval."""
+    pred = np.asarray(predictions, dtype=np.float64).reshape(-1)
+    ref = np.asarray(references, dtype=np.float64).reshape(-1)
+    pairs, counts = np.unique(np.stack([pred, ref], axis=1), axis=0, return_counts=True)
+    observed = suite.scores_of_weights(pairs[:, 0], pairs[:, 1], counts[None].astype(np.float64))
+    names = [name for name, value in observed.items() if np.isfinite(value[0])]
+    values: dict[str, list[np.ndarray]] = {name: [] for name in names}
+    for draws in resampled(counts, resamples, seed):
+        scores = suite.scores_of_weights(pairs[:, 0], pairs[:, 1], draws)
+        for name in names:
+            values[name].append(scores[name])
+    out = {}
+    for name, parts in values.items():
+        drawn = np.concatenate(parts)
+        out[name] = _middle(drawn[np.isfinite(drawn)], level)  # a resample of one repeated pair has no correlation
+    return out
 
 
 def paired_differences(suite: Any, predictions, others, references, resamples: int = RESAMPLES,
@@ -133,11 +160,25 @@ def tallies_of(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 def resampled(counts: np.ndarray, resamples: int, seed: int, chunk: int = 100):
     """``resamples`` resamples of texts counted by cell (``counts``, the cells that hold texts), ``chunk`` at a time:
     each an array of how many of the resample's texts fall in each cell. Only occupied cells are drawn, so the work
-    grows with the texts' distinct cells, not with ``K x K``: a thousand labels cost what their errors do."""
+    grows with the texts' distinct cells, not with ``K x K``: a thousand labels cost what their errors do.
+
+    A resample is a draw from the multinomial over the cells' shares where the cells are few beside the texts
+    (numpy draws it cell by cell), and each text's cell drawn alone where they are many (a regression model's
+    pairs, mostly one text each): the same distribution, each way where it is cheaper, and chunks of no more than
+    about two million drawn texts."""
     texts = int(counts.sum())
     rng = np.random.default_rng(seed)
+    by_text = len(counts) * 7 > texts
+    cell_of_text = np.repeat(np.arange(len(counts)), counts) if by_text else None
+    if by_text:
+        chunk = max(1, min(chunk, 2_000_000 // texts))
     for start in range(0, resamples, chunk):
-        yield rng.multinomial(texts, counts / texts, size=min(chunk, resamples - start))
+        size = min(chunk, resamples - start)
+        if not by_text:
+            yield rng.multinomial(texts, counts / texts, size=size)
+            continue
+        cells = cell_of_text[rng.integers(0, texts, size=(size, texts))] + np.arange(size)[:, None] * len(counts)
+        yield np.bincount(cells.ravel(), minlength=size * len(counts)).reshape(size, len(counts))
 
 
 def tallies_of_draws(draws: np.ndarray, true_of: np.ndarray, predicted_of: np.ndarray, num_labels: int):

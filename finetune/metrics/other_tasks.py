@@ -73,21 +73,6 @@ class MultiLabelMetrics:
         return out
 
 
-def _average_ranks(x: np.ndarray) -> np.ndarray:
-    """Ranks from 1, ties sharing their mean rank (SciPy's ``rankdata(method="average")``)."""
-    order = np.argsort(x, kind="mergesort")
-    ranks = np.empty(len(x), dtype=np.float64)
-    ranks[order] = np.arange(1, len(x) + 1)
-    _, inverse, counts = np.unique(x, return_inverse=True, return_counts=True)
-    return (np.bincount(inverse, weights=ranks) / counts)[inverse]
-
-
-def _pearson(a: np.ndarray, b: np.ndarray) -> float:
-    a, b = a - a.mean(), b - b.mean()
-    den = np.sqrt((a * a).sum() * (b * b).sum())
-    return float((a * b).sum() / den) if den > 0 else float("nan")  # undefined for a constant
-
-
 class RegressionMetrics:
     """Scores of numeric predictions: Pearson and Spearman correlation, mean squared and absolute error."""
 
@@ -103,10 +88,63 @@ class RegressionMetrics:
         ref = np.asarray(references, dtype=np.float64).reshape(-1)
         if pred.shape != ref.shape or pred.size == 0:
             raise ValueError(f"predictions ({pred.size}) and references ({ref.size}) must be as many, and some")
+        return {name: float(v[0]) for name, v in self.scores_of_weights(pred, ref, np.ones((1, pred.size))).items()}
+
+    def scores_of_weights(self, pred: np.ndarray, ref: np.ndarray, weights: np.ndarray) -> dict[str, np.ndarray]:
+        """Each metric for every row of ``weights`` (``R x n``): the pairs ``(pred, ref)`` each counted as many
+        times as its weight says, as the texts of a bootstrap resample are (:mod:`finetune.metrics.intervals`);
+        a row of ones is the pairs as they are, what :meth:`compute` scores. A correlation over constant values
+        is NaN, as it is undefined."""
+        weights = np.asarray(weights, dtype=np.float64)
+        total = weights.sum(axis=1)
         values = {
-            "pearson": lambda: _pearson(pred, ref),
-            "spearmanr": lambda: _pearson(_average_ranks(pred), _average_ranks(ref)),
-            "mse": lambda: float(((pred - ref) ** 2).mean()),
-            "mae": lambda: float(np.abs(pred - ref).mean()),
+            "pearson": lambda: _weighted_pearson(pred, ref, weights),
+            "spearmanr": lambda: _weighted_pearson(_weighted_ranks(pred, weights), _weighted_ranks(ref, weights),
+                                                   weights),
+            "mse": lambda: weights @ (pred - ref) ** 2 / total,
+            "mae": lambda: weights @ np.abs(pred - ref) / total,
         }
         return {name: values[name]() for name in self.names}
+
+
+def _weighted_ranks(x: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """Each value's rank from 1 among the values counted ``weights`` times (``R x n``), ties sharing their mean
+    rank (SciPy's ``rankdata(method="average")`` of the values written out that many times), for every row.
+    With weights of one, Spearman's correlation is the Pearson correlation of these ranks."""
+    order = np.argsort(x, kind="mergesort")
+    back = np.empty_like(order)
+    back[order] = np.arange(len(order))
+    sorted_x, sorted_weights = x[order], np.take(weights, order, axis=1)
+    through = np.cumsum(sorted_weights, axis=1)  # the values up to each one, it included
+    starts = np.flatnonzero(np.r_[True, sorted_x[1:] != sorted_x[:-1]])  # where each distinct value begins
+    if len(starts) == len(x):  # no ties: a value's copies hold the ranks after those before it
+        return np.take(through - (sorted_weights - 1) / 2, back, axis=1)
+    ends = np.r_[starts[1:], len(x)] - 1
+    group = np.repeat(np.arange(len(starts)), np.diff(np.r_[starts, len(x)]))
+    group_through = through[:, ends]
+    group_before = np.c_[np.zeros(len(weights)), group_through[:, :-1]]
+    return np.take((group_before + group_through + 1) / 2, group[back], axis=1)
+
+
+def _weighted_pearson(a: np.ndarray, b: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """Pearson's correlation of ``a`` and ``b`` (each ``n``, or ``R x n``) over each row's weights, from weighted
+    sums; NaN where a side is constant. Values given once (``n``) are first shifted by their plain means, which
+    keeps the sums' cancellation small for targets far from 0; ranks (``R x n``) lie within the texts' number."""
+    def weighted_sum(x: np.ndarray, y: np.ndarray) -> np.ndarray:  # each row's sum of weight * x * y
+        if x.ndim == y.ndim == 1:
+            return weights @ (x * y)
+        return np.einsum("ij,ij,ij->i", weights, np.broadcast_to(x, weights.shape), np.broadcast_to(y, weights.shape))
+
+    if a.ndim == 1:
+        a = a - a.mean()
+    if b.ndim == 1:
+        b = b - b.mean()
+    total = weights.sum(axis=1)
+    ones = np.ones(weights.shape[1])
+    sum_a, sum_b = weighted_sum(a, ones), weighted_sum(b, ones)
+    covariance = weighted_sum(a, b) - sum_a * sum_b / total
+    square_a, square_b = weighted_sum(a, a), weighted_sum(b, b)
+    spread = np.sqrt(np.clip(square_a - sum_a ** 2 / total, 0, None) * np.clip(square_b - sum_b ** 2 / total, 0, None))
+    # a constant side has no spread, to the sums' rounding
+    defined = spread > 1e-12 * np.sqrt(square_a * square_b)
+    return np.divide(covariance, spread, out=np.full_like(covariance, np.nan), where=defined)
