@@ -347,16 +347,16 @@ def model_name(name_or_path: str) -> str:
     return f"the local model {Path(name_or_path).expanduser().resolve().name}"
 
 
-def require_saved_model(path: str | Path) -> Path:
-    """``path`` as a folder holding a saved model (a run's output folder).
+def require_saved_model(path: str | Path, flag: Optional[str] = None) -> Path:
+    """``path`` as a folder holding a saved model (a run's output folder); ``flag``, the option that named it.
 
     Raises:
-        ModelError: if there is no ``config.json`` in it.
+        ModelError: if there is no ``config.json`` in it, naming ``flag`` before the folder.
     """
     path = Path(path)
     if not (path / "config.json").is_file():
-        raise ModelError(f"{path}: no model here (no config.json); pass a run's output_dir",
-                         hint=what_the_folder_holds_instead(path))
+        raise ModelError(f"{flag + ' ' if flag else ''}{path}: no model here (no config.json); pass a run's "
+                         f"output_dir", hint=what_the_folder_holds_instead(path))
     return path
 
 

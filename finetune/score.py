@@ -373,7 +373,7 @@ def run(args: argparse.Namespace) -> Score:
     from finetune.resources import data_name, data_path, file_name
 
     output_dir = require_saved_model(args.output_dir)
-    other_dir = require_saved_model(args.against) if args.against else None
+    other_dir = require_saved_model(args.against, "--against") if args.against else None
     if args.batch_size < 1:
         raise ConfigError(f"--batch-size: must be >= 1, got {args.batch_size}")
     check_precision(args.precision, "--precision")

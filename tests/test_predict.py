@@ -970,6 +970,10 @@ def test_score_against_another_model_gives_each_difference_with_its_paired_inter
     assert set(itself["differences"].values()) == {0.0}
     assert all(interval == [0.0, 0.0] for interval in itself["intervals"].values())
     assert "the interval holds 0, so these texts are no evidence that either model is better" in capsys.readouterr().out
+    # a folder with no model: one line naming the option, before the first model is scored
+    assert main([str(out), "--file", str(data), "--against", str(tmp_path / "nothere")]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.startswith(f"error: --against {tmp_path / 'nothere'}: no model here") and not captured.out
 
 
 def test_a_model_that_answers_another_question_is_not_compared():
