@@ -1,4 +1,4 @@
-"""Two models on the same labelled texts: ``finetune score RUN --file F --against OTHER``.
+"""Two models on the same labelled texts: ``finetune score RUN --file F --against OTHER``, for any problem type.
 
 Which of two runs is better is a question about their difference on the same texts, not about each one's score
 alone: texts hard for one model are mostly hard for the other, so the doubt the file leaves is largely shared
@@ -58,27 +58,62 @@ def compare(this, predictor, other_dir: str, suite) -> Comparison:
         this: The first model's score of the file (with its texts).
         predictor: The other run's :class:`~finetune.predict.Predictor`.
         other_dir: The other run's folder, for the report.
-        suite: The first run's :class:`~finetune.metrics.MetricSuite`.
+        suite: The first run's metrics (a :class:`~finetune.metrics.MetricSuite`, or the multi-label or
+            regression ones).
 
     Raises:
         ConfigError: for a model of another problem type, or one that predicts a label the first does not know.
     """
-    from finetune.metrics import paired_differences
+    import torch
 
-    if this.confusion is None or predictor.problem_type != "single_label":
-        raise ConfigError(f"--against {other_dir}: compares single-label classifiers, and "
-                          f"{'this run' if this.confusion is None else 'its'} model is "
-                          f"{'not one' if this.confusion is None else predictor.problem_type}")
-    unknown = [name for name in predictor.labels if name not in this.labels]
-    if unknown:
-        raise ConfigError(f"--against {other_dir}: its model predicts {unknown[0]!r}, which is no label of "
-                          f"this run's ({', '.join(this.labels[:10])}): the two do not answer the same question")
-    as_this = np.asarray([this.labels.index(name) for name in predictor.labels], dtype=np.int64)
-    others = as_this[predictor.logits(this.texts, this.pairs, progress=True).argmax(axis=1)]
+    from finetune.metrics import paired_differences
+    from finetune.tasks import Task
+
+    kind = problem_type_of(this)
+    check_comparable(this.labels, kind, predictor.labels, predictor.problem_type, other_dir)
+    logits = torch.from_numpy(predictor.logits(this.texts, this.pairs, progress=True))
+    answers = Task(kind, threshold=predictor.threshold).predictions(logits).numpy()
+    others = in_this_runs_labels(answers, predictor.labels, this.labels, kind)
     metrics = suite.compute(others, this.references)
     differences = {name: this.metrics[name] - value for name, value in metrics.items()}
     intervals = paired_differences(suite, this.predictions, others, this.references)
     return Comparison(str(other_dir), metrics, differences, intervals)
+
+
+def check_comparable(ours: list[str], kind: str, theirs: list[str], their_kind: str, other_dir) -> None:
+    """Refuse a model that answers another question: another problem type, or a label this run's model lacks.
+
+    Raises:
+        ConfigError: naming ``--against`` and the other run's folder.
+    """
+    if their_kind != kind:
+        raise ConfigError(f"--against {other_dir}: its model is {their_kind}, this run's {kind}: the two do not "
+                          f"answer the same question")
+    unknown = [name for name in theirs if name not in ours] if kind != "regression" else []
+    if unknown:
+        raise ConfigError(f"--against {other_dir}: its model predicts {unknown[0]!r}, which is no label of "
+                          f"this run's ({', '.join(ours[:10])}): the two do not answer the same question")
+
+
+def problem_type_of(score) -> str:
+    """A :class:`~finetune.score.Score`'s problem type, from what it holds: a confusion matrix (single labels),
+    each label's scores alone (several labels a text), or neither (a number)."""
+    if score.confusion is not None:
+        return "single_label"
+    return "multi_label" if score.by_label is not None else "regression"
+
+
+def in_this_runs_labels(answers: np.ndarray, theirs: list[str], ours: list[str], kind: str) -> np.ndarray:
+    """The other model's answers in this run's label order (names matched): class ids renumbered, or label
+    vectors' columns moved (a label the other model lacks is never predicted); a number stays as it is."""
+    if kind == "regression":
+        return answers
+    ids = np.asarray([ours.index(name) for name in theirs], dtype=np.int64)
+    if kind == "single_label":
+        return ids[answers]
+    moved = np.zeros((len(answers), len(ours)), dtype=answers.dtype)
+    moved[:, ids] = answers
+    return moved
 
 
 def format_comparison(this, comparison: Comparison, texts: int) -> str:

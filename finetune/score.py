@@ -6,20 +6,16 @@ Usage::
     finetune score outputs/sms_spam --file test.csv       # a CSV whose header names text and label
     finetune score outputs/bbc_news --file test.csv evaluation.metrics=[accuracy] --json scores.json
 
-The file is read as training read its data: with the ``data`` settings of the
-run's saved ``config.yaml`` (format, header, column names, empty texts), which
-``data.key=value`` arguments override; a CSV/TSV file whose first line names
-the run's text and label columns is read by that header instead of the run's
-format and column names. Labels are matched to the model's by
-name; a label the model was not trained on is an error naming its row. The
-metrics are the run's ``evaluation`` settings (the same
-:class:`~finetune.metrics.MetricSuite` as validation during training), plus
-the loss, and each label's precision, recall, F1 and support scored alone; for
-a single-label model a confusion matrix is printed (past 12 labels, the pairs
-most confused instead) and written as a PNG (by
-default ``<output_dir>/confusion_<file name>.png``). Multi-label and regression
-models are scored with their own metrics and loss (see :mod:`finetune.tasks`),
-without a confusion matrix, and regression without the labels' table.
+The file is read as training read its data: with the ``data`` settings of the run's saved ``config.yaml``
+(format, header, column names, empty texts), which ``data.key=value`` arguments override; a CSV/TSV file whose
+first line names the run's text and label columns is read by that header instead of the run's format and column
+names. Labels are matched to the model's by name; a label the model was not trained on is an error naming its
+row. The metrics are the run's ``evaluation`` settings (those of validation during training), each with its 95%
+bootstrap interval, plus the loss, and each label's precision, recall, F1 and support scored alone; for a
+single-label model a confusion matrix is printed (past 12 labels, the pairs most confused instead) and written as
+a PNG (by default ``<output_dir>/confusion_<file name>.png``). Multi-label and regression models are scored with
+their own metrics and loss (see :mod:`finetune.tasks`), without a confusion matrix, and regression without the
+labels' table. ``--against`` scores a second run's model on the same texts (:mod:`finetune.comparison`).
 
 (Not named ``evaluate``: a module of that name would hide the ``evaluate``
 library for ``accelerate launch finetune/...``.)
@@ -386,9 +382,12 @@ def run(args: argparse.Namespace) -> Score:
             refuse_a_run_file(target, output_dir, flag)
     # after the checks above, which need neither datasets nor torch (seconds to import): a wrong argument
     # is said at once
+    from finetune.comparison import check_comparable
     from finetune.metrics import metrics_with_intervals
     from finetune.plot import DPI, confusion_figure
 
+    if other_dir is not None:  # before anything is scored: a model that answers another question is said at once
+        check_comparable(*model_labels(output_dir), *model_labels(other_dir), other_dir)
     quiet_progress_bars()  # the bars of reading the file and loading the weights; the scoring bar is ours
     with out_of_memory_told_as(lambda _: batch_too_large(args.batch_size)):
         result = score_file(output_dir, args.file, args.overrides, args.batch_size, precision=args.precision,

@@ -551,3 +551,31 @@ def test_a_regression_interval_is_the_spread_of_resampled_texts():
     # a constant prediction leaves the correlations undefined: no interval for them, the errors keep theirs
     constant = metric_intervals(suite, np.zeros(800), ref)
     assert set(constant) == {"mse", "mae"}
+
+
+def test_paired_differences_of_label_sets_and_numbers_are_those_of_resampled_texts():
+    from finetune.metrics.intervals import paired_differences
+    from finetune.metrics.other_tasks import MultiLabelMetrics, RegressionMetrics
+
+    rng = np.random.default_rng(12)
+    ref = rng.random((500, 4)) < 0.3
+    this = np.where(rng.random((500, 4)) < 0.85, ref, ~ref)
+    other = np.where(rng.random((500, 4)) < 0.05, ~this, this)
+    targets = rng.normal(size=500)
+    close, closer = targets + rng.normal(scale=0.6, size=500), targets + rng.normal(scale=0.5, size=500)
+    for suite, a, b, truth in ((MultiLabelMetrics(["accuracy", "f1"], 4, "macro"), this, other, ref),
+                               (RegressionMetrics(["pearson", "spearmanr", "mse"]), close, closer, targets)):
+        differences = paired_differences(suite, a, b, truth)
+        assert set(differences) == set(suite.names)
+        resampled = {name: [] for name in suite.names}
+        for _ in range(1000):
+            rows = rng.integers(0, len(truth), len(truth))
+            first, second = suite.compute(a[rows], truth[rows]), suite.compute(b[rows], truth[rows])
+            for name in suite.names:
+                resampled[name].append(first[name] - second[name])
+        observed = {name: suite.compute(a, truth)[name] - suite.compute(b, truth)[name] for name in suite.names}
+        for name, (low, high) in differences.items():
+            assert low <= observed[name] <= high, name
+            expected = np.quantile(resampled[name], [0.025, 0.975])
+            assert [low, high] == pytest.approx(expected.tolist(), abs=0.12 * (expected[1] - expected[0])), name
+        assert all(v == [0.0, 0.0] for v in paired_differences(suite, a, a, truth).values())

@@ -984,22 +984,36 @@ def test_a_model_that_answers_another_question_is_not_compared():
     from finetune.metrics import MetricSuite
 
     class Scored:  # a Score of a single-label model on two texts
-        labels, confusion, texts, pairs = ["ham", "spam"], np.zeros((2, 2)), ["a", "b"], None
+        labels, confusion, by_label, texts, pairs = ["ham", "spam"], np.zeros((2, 2)), {}, ["a", "b"], None
         predictions, references, metrics = np.array([0, 1]), np.array([0, 1]), {"accuracy": 1.0}
 
     class Other:
-        labels, problem_type = ["ham", "eggs"], "single_label"
+        labels, problem_type, threshold = ["ham", "eggs"], "single_label", 0.5
 
         def logits(self, texts, pairs, progress):
-            return np.array([[1.0, 0.0], [0.0, 1.0]])
+            return np.array([[1.0, 0.0], [0.0, 1.0]], dtype=np.float32)
 
     suite = MetricSuite(["accuracy"], 2)
     with pytest.raises(ConfigError, match=r"^--against other: its model predicts 'eggs', which is no label of this "
                                           r"run's \(ham, spam\)"):
         compare(Scored(), Other(), "other", suite)
     Other.labels, Other.problem_type = ["spam", "ham"], "multi_label"
-    with pytest.raises(ConfigError, match=r"^--against other: compares single-label classifiers, and its model is "
-                                          r"multi_label"):
+    with pytest.raises(ConfigError, match=r"^--against other: its model is multi_label, this run's single_label: "
+                                          r"the two do not answer the same question"):
         compare(Scored(), Other(), "other", suite)
     Other.problem_type = "single_label"  # the same labels in another order: matched by name
     assert compare(Scored(), Other(), "other", suite).metrics == {"accuracy": 0.0}
+
+
+def test_label_sets_and_numbers_are_compared_in_this_runs_terms():
+    import numpy as np
+
+    from finetune.comparison import in_this_runs_labels
+
+    # the other model's columns (spam, news) are this run's (news, sport, spam) moved; sport it never predicts
+    moved = in_this_runs_labels(np.array([[1, 0], [1, 1]]), ["spam", "news"], ["news", "sport", "spam"],
+                                "multi_label")
+    assert moved.tolist() == [[0, 0, 1], [1, 0, 1]]
+    assert in_this_runs_labels(np.array([2, 0]), ["b", "c", "a"], ["a", "b", "c"], "single_label").tolist() == [0, 1]
+    numbers = np.array([0.5, 2.0])
+    assert in_this_runs_labels(numbers, [], [], "regression") is numbers

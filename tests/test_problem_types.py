@@ -553,3 +553,29 @@ def test_an_undefined_correlation_is_written_as_json_every_reader_reads(tmp_path
         "warning: the model predicted one number for every one of the 3 texts of one_text.csv, so its pearson and "
         "spearmanr are undefined (nan): its scores are those of answering alike whatever the text (a learning rate "
         "too high or too low, or too few updates?)"]
+
+
+@pytest.mark.slow
+def test_score_against_compares_multi_label_and_regression_models_of_their_own_kind(problem_runs, tmp_path, capsys):
+    from finetune.score import main
+
+    report = tmp_path / "score.json"
+    for kind in ("multi_label", "regression"):
+        out = problem_runs[kind][0]
+        reset_accelerate()
+        assert main([str(out), "--file", str(out.parent / "val.jsonl"), "--against", str(out), "--json",
+                     str(report), "--no-overlap-check"]) == 0
+        saved = json.loads(report.read_text())
+        # a model against itself: its own scores, every difference 0 with no width
+        assert saved["against"]["metrics"] == pytest.approx(
+            {k: v for k, v in saved["metrics"].items() if k not in ("loss", "num_samples")}, nan_ok=True)
+        assert set(saved["against"]["differences"].values()) <= {0.0} or kind == "regression"
+        assert saved["against"]["intervals"] and all(v == [0.0, 0.0] for v in saved["against"]["intervals"].values())
+        assert "the interval holds 0" in capsys.readouterr().out
+    # a regression model is no answer to a multi-label one
+    multi, numbers = problem_runs["multi_label"][0], problem_runs["regression"][0]
+    reset_accelerate()
+    assert main([str(multi), "--file", str(multi.parent / "val.jsonl"), "--against", str(numbers),
+                 "--no-overlap-check"]) == 2
+    assert capsys.readouterr().err.startswith(f"error: --against {numbers}: its model is regression, this run's "
+                                              f"multi_label")

@@ -65,12 +65,12 @@ def metric_intervals(suite: Any, predictions, references, resamples: int = RESAM
     cells, counts = np.unique(np.asarray(references, dtype=np.int64) * k + np.asarray(predictions, dtype=np.int64),
                               return_counts=True)  # the confusion matrix's cells that hold texts
     true_of, predicted_of = np.divmod(cells, k)
-    values: dict[str, list[np.ndarray]] = {name: [] for name in names}
-    for draws in resampled(counts, resamples, seed):
-        tallies = tallies_of_draws(draws, true_of, predicted_of, k)
-        for name, scores in scores_of_tallies(*tallies, names, suite.average, suite.pos_label).items():
-            values[name].append(scores)
-    return {name: _middle(np.concatenate(v), level) for name, v in values.items()}
+
+    def scores(draws: np.ndarray) -> dict[str, np.ndarray]:
+        return scores_of_tallies(*tallies_of_draws(draws, true_of, predicted_of, k), names, suite.average,
+                                 suite.pos_label)
+
+    return _middles(names, scores, counts, resamples, level, seed)
 
 
 def label_set_intervals(suite: Any, predictions, references, resamples: int = RESAMPLES, level: float = LEVEL,
@@ -85,13 +85,12 @@ def label_set_intervals(suite: Any, predictions, references, resamples: int = RE
     ref_of, pred_of = pairs[:, :labels].astype(np.float64), pairs[:, labels:].astype(np.float64)
     hits_of, exact_of = ref_of * pred_of, (ref_of == pred_of).all(axis=1).astype(np.float64)
     texts = int(counts.sum())
-    values: dict[str, list[np.ndarray]] = {name: [] for name in suite.names}
-    for draws in resampled(counts, resamples, seed):
+
+    def scores(draws: np.ndarray) -> dict[str, np.ndarray]:
         draws = draws.astype(np.float64)
-        scores = suite.scores_of_tallies(draws @ hits_of, draws @ pred_of, draws @ ref_of, draws @ exact_of / texts)
-        for name, v in scores.items():
-            values[name].append(v)
-    return {name: _middle(np.concatenate(v), level) for name, v in values.items()}
+        return suite.scores_of_tallies(draws @ hits_of, draws @ pred_of, draws @ ref_of, draws @ exact_of / texts)
+
+    return _middles(list(suite.names), scores, counts, resamples, level, seed)
 
 
 def number_intervals(suite: Any, predictions, references, resamples: int = RESAMPLES, level: float = LEVEL,
@@ -106,27 +105,29 @@ def number_intervals(suite: Any, predictions, references, resamples: int = RESAM
     pairs, counts = np.unique(np.stack([pred, ref], axis=1), axis=0, return_counts=True)
     observed = suite.scores_of_weights(pairs[:, 0], pairs[:, 1], counts[None].astype(np.float64))
     names = [name for name, value in observed.items() if np.isfinite(value[0])]
-    values: dict[str, list[np.ndarray]] = {name: [] for name in names}
-    for draws in resampled(counts, resamples, seed):
-        scores = suite.scores_of_weights(pairs[:, 0], pairs[:, 1], draws)
-        for name in names:
-            values[name].append(scores[name])
-    out = {}
-    for name, parts in values.items():
-        drawn = np.concatenate(parts)
-        out[name] = _middle(drawn[np.isfinite(drawn)], level)  # a resample of one repeated pair has no correlation
-    return out
+
+    def scores(draws: np.ndarray) -> dict[str, np.ndarray]:
+        scored = suite.scores_of_weights(pairs[:, 0], pairs[:, 1], draws)
+        return {name: scored[name] for name in names}
+
+    return _middles(names, scores, counts, resamples, level, seed)
 
 
 def paired_differences(suite: Any, predictions, others, references, resamples: int = RESAMPLES,
                        level: float = LEVEL, seed: int = SEED) -> dict[str, list[float]]:
     """The ``level`` bootstrap interval of each metric's difference, ``predictions``' score less ``others``',
     both models scored on every resample of the same texts (a paired bootstrap): what a comparison of two models
-    on one file can say, where their two intervals alone would overstate the doubt the texts share.
+    on one file can say, where their two intervals alone would overstate the doubt the texts share. The cells are
+    the distinct (truth, this model's answer, the other's) of the texts, for each problem type as
+    :func:`metric_intervals` has them.
 
     Returns:
         ``{metric: [low, high]}`` of the difference, as :func:`metric_intervals` gives intervals.
     """
+    if hasattr(suite, "scores_of_tallies"):
+        return _paired_label_sets(suite, predictions, others, references, resamples, level, seed)
+    if hasattr(suite, "scores_of_weights"):
+        return _paired_numbers(suite, predictions, others, references, resamples, level, seed)
     names = [name for name in suite.names if name in FROM_COUNTS]
     if not names:
         return {}
@@ -135,15 +136,72 @@ def paired_differences(suite: Any, predictions, others, references, resamples: i
         + np.asarray(others, dtype=np.int64)
     cells, counts = np.unique(keys, return_counts=True)  # (true, this model's, the other's) that hold texts
     true_of, this_of, other_of = cells // (k * k), cells // k % k, cells % k
-    values: dict[str, list[np.ndarray]] = {name: [] for name in names}
-    for draws in resampled(counts, resamples, seed):
+
+    def difference(draws: np.ndarray) -> dict[str, np.ndarray]:
         this = scores_of_tallies(*tallies_of_draws(draws, true_of, this_of, k), names, suite.average,
                                  suite.pos_label)
         other = scores_of_tallies(*tallies_of_draws(draws, true_of, other_of, k), names, suite.average,
                                   suite.pos_label)
-        for name in names:
-            values[name].append(this[name] - other[name])
-    return {name: _middle(np.concatenate(v), level) for name, v in values.items()}
+        return {name: this[name] - other[name] for name in names}
+
+    return _middles(names, difference, counts, resamples, level, seed)
+
+
+def _paired_label_sets(suite, predictions, others, references, resamples, level, seed) -> dict[str, list[float]]:
+    """:func:`paired_differences` of two multi-label models: the cells are the texts' distinct (true set, this
+    model's set, the other's)."""
+    sets = [np.asarray(a).astype(bool) for a in (references, predictions, others)]
+    labels = sets[0].shape[1]
+    rows, counts = np.unique(np.concatenate(sets, axis=1), axis=0, return_counts=True)
+    ref_of, this_of, other_of = (rows[:, i * labels:(i + 1) * labels].astype(np.float64) for i in range(3))
+    texts = int(counts.sum())
+
+    def scores(draws: np.ndarray, pred_of: np.ndarray) -> dict[str, np.ndarray]:
+        exact = (ref_of == pred_of).all(axis=1).astype(np.float64)
+        return suite.scores_of_tallies(draws @ (ref_of * pred_of), draws @ pred_of, draws @ ref_of,
+                                       draws @ exact / texts)
+
+    def difference(draws: np.ndarray) -> dict[str, np.ndarray]:
+        draws = draws.astype(np.float64)
+        this, other = scores(draws, this_of), scores(draws, other_of)
+        return {name: this[name] - other[name] for name in suite.names}
+
+    return _middles(list(suite.names), difference, counts, resamples, level, seed)
+
+
+def _paired_numbers(suite, predictions, others, references, resamples, level, seed) -> dict[str, list[float]]:
+    """:func:`paired_differences` of two regression models: the cells are the texts' distinct (target, this
+    model's number, the other's); a metric undefined for either model on the texts gets no interval."""
+    triples, counts = np.unique(np.stack([np.asarray(a, dtype=np.float64).reshape(-1)
+                                          for a in (references, predictions, others)], axis=1),
+                                axis=0, return_counts=True)
+    ref_of, this_of, other_of = triples[:, 0], triples[:, 1], triples[:, 2]
+    weights = counts[None].astype(np.float64)
+    names = [name for name in suite.names if np.isfinite(suite.scores_of_weights(this_of, ref_of, weights)[name][0])
+             and np.isfinite(suite.scores_of_weights(other_of, ref_of, weights)[name][0])]
+
+    def difference(draws: np.ndarray) -> dict[str, np.ndarray]:
+        this, other = suite.scores_of_weights(this_of, ref_of, draws), suite.scores_of_weights(other_of, ref_of,
+                                                                                                  draws)
+        return {name: this[name] - other[name] for name in names}
+
+    return _middles(names, difference, counts, resamples, level, seed)
+
+
+def _middles(names: list[str], scores, counts: np.ndarray, resamples: int, level: float, seed: int
+             ) -> dict[str, list[float]]:
+    """The ``level`` interval of each of ``names`` over the resamples of the cells ``counts``, each resample's
+    values given by ``scores(draws)``; a resample where a value is undefined (NaN: a correlation over one repeated
+    pair) is left out of its quantiles."""
+    values: dict[str, list[np.ndarray]] = {name: [] for name in names}
+    for draws in resampled(counts, resamples, seed):
+        for name, scored in scores(draws).items():
+            values[name].append(scored)
+    out = {}
+    for name, parts in values.items():
+        drawn = np.concatenate(parts)
+        out[name] = _middle(drawn[np.isfinite(drawn)], level)
+    return out
 
 
 def _middle(values: np.ndarray, level: float) -> list[float]:
