@@ -151,13 +151,22 @@ def curves_figure(records: list[dict[str, Any]], title: Optional[str] = None):
 
     names = [k for k in dict.fromkeys(k for r in evals for k in r)
              if k.startswith("eval/") and k not in ("eval/loss", "eval/num_samples")]
-    for name in names:
+    last = max(steps)
+    for i, name in enumerate(names):
         points = [(int(r["step"]), _number(r[name])) for r in evals if name in r and _number(r[name]) is not None]
         # the last value goes in the legend: written next to the points, close metrics would overlap
-        ax_eval.plot([s for s, _ in points], [v for _, v in points], "o-",
-                     label=f"{name.removeprefix('eval/')} ({points[-1][1]:.3f})")
+        line, = ax_eval.plot([s for s, _ in points], [v for _, v in points], "o-",
+                             label=f"{name.removeprefix('eval/')} ({points[-1][1]:.3f})")
+        # each evaluation's 95% bootstrap interval, where the run recorded one: how far the point could move
+        bars = [(int(r["step"]), *r["eval_intervals"][name.removeprefix("eval/")]) for r in evals
+                if name.removeprefix("eval/") in (r.get("eval_intervals") or {})]
+        if bars:  # each metric's bars a little apart, so that those of one evaluation do not hide each other
+            apart = (i - (len(names) - 1) / 2) * 0.008 * last
+            ax_eval.vlines([s + apart for s, _, _ in bars], [low for _, low, _ in bars],
+                           [high for _, _, high in bars], color=line.get_color(), alpha=0.5, linewidth=3)
     if names:
-        ax_eval.legend(fontsize=8)
+        shown = any(r.get("eval_intervals") for r in evals)
+        ax_eval.legend(fontsize=8, title="bars: 95% intervals" if shown else None, title_fontsize=8)
     else:
         ax_eval.text(0.5, 0.5, "no validation records", ha="center", va="center", transform=ax_eval.transAxes,
                      color="0.5")

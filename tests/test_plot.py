@@ -66,6 +66,28 @@ def test_figure_holds_the_records():
         assert marks == [5, 10]
 
 
+def test_each_evaluation_shows_its_interval_as_a_bar_of_its_metrics_colour():
+    records = synthetic_records()
+    evals = [r for r in records if "eval/loss" in r]
+    evals[0]["eval_intervals"] = {"accuracy": [0.6, 0.8], "f1": [0.3, 0.65]}
+    evals[1]["eval_intervals"] = {"accuracy": [0.7, 0.9]}  # f1 recorded without one
+    ax_eval = curves_figure(records).axes[2]
+    lines = {line.get_label().split()[0]: line for line in ax_eval.lines if not line.get_label().startswith("_")}
+    bars = {}
+    for collection in ax_eval.collections:
+        (colour,) = collection.get_colors()  # one metric's bars, in one colour
+        bars[tuple(colour[:3])] = [[tuple(point) for point in segment] for segment in collection.get_segments()]
+    from matplotlib.colors import to_rgb
+
+    # at each evaluation's update, each metric's a little apart (a hundredth of the run's updates at most)
+    accuracy, f1 = bars[to_rgb(lines["accuracy"].get_color())], bars[to_rgb(lines["f1"].get_color())]
+    assert [[y for _, y in bar] for bar in accuracy] == [[0.6, 0.8], [0.7, 0.9]]
+    assert [[y for _, y in bar] for bar in f1] == [[0.3, 0.65]]
+    assert [bar[0][0] for bar in accuracy] == pytest.approx([5, 10], abs=0.1) and accuracy[0][0][0] != f1[0][0][0]
+    assert ax_eval.get_legend().get_title().get_text() == "bars: 95% intervals"
+    assert curves_figure(synthetic_records()).axes[2].get_legend().get_title().get_text() == ""  # none recorded
+
+
 def test_fit_writes_curves_png_and_the_cli_redraws_it(tmp_path):
     _, summary = fit_tiny_run(tmp_path)
     out = tmp_path / "out"
