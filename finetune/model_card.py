@@ -193,17 +193,17 @@ def _results(validation: str, results: dict[str, Any], metrics: dict[str, float]
     texts = f" ({results['num_samples']} texts)" if "num_samples" in results else ""
     # a reader of the scores should know how many of their texts the model was trained on
     trained_on = [f"{seen} of these texts are also training texts: the model was trained on them.", ""] if seen else []
-    if not intervals:
-        rows = [f"| {_TITLES.get(m, m)} | {v:.4f} |" for m, v in metrics.items()]
-        return [f"## Results on the validation data: {validation}{texts}", "", *trained_on, "| metric | value |",
-                "|---|---|", *rows, "", *_by_label(by_label)]
-    rows = [f"| {_TITLES.get(m, m)} | {v:.4f} | " + ("{:.4f} to {:.4f}".format(*intervals[m]) if m in intervals
-                                                     else "") + " |" for m, v in metrics.items()]
-    from finetune.metrics import POINT_INTERVAL, SPREAD
+    heads, rows, said = ["metric", "value"], [[_TITLES.get(m, m), f"{v:.4f}"] for m, v in metrics.items()], []
+    if intervals:  # a third column, and what it is
+        from finetune.metrics import POINT_INTERVAL, SPREAD
 
-    point = f" {POINT_INTERVAL}" if any(low == high for low, high in intervals.values()) else ""
-    return [f"## Results on the validation data: {validation}{texts}", "", *trained_on,
-            "| metric | value | 95% interval |", "|---|---|---|", *rows, "", f"The interval: {SPREAD}.{point}", "",
+        heads.append("95% interval")
+        for row, m in zip(rows, metrics):
+            row.append("{:.4f} to {:.4f}".format(*intervals[m]) if m in intervals else "")
+        point = f" {POINT_INTERVAL}" if any(low == high for low, high in intervals.values()) else ""
+        said = [f"The interval: {SPREAD}.{point}", ""]
+    table = ["| " + " | ".join(heads) + " |", "|" + "---|" * len(heads), *("| " + " | ".join(r) + " |" for r in rows)]
+    return [f"## Results on the validation data: {validation}{texts}", "", *trained_on, *table, "", *said,
             *_by_label(by_label)]
 
 

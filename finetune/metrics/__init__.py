@@ -21,7 +21,7 @@ from typing import Any, Optional
 import numpy as np
 
 from finetune.errors import ConfigError
-from finetune.metrics._classification import AVERAGES, class_ids, scores_from_counts
+from finetune.metrics._classification import AVERAGES, BUILTIN_METRICS, class_ids, scores_from_counts
 # the bootstrap intervals, with the metrics they bound: one import for whoever scores
 from finetune.metrics.intervals import (POINT_INTERVAL, SPREAD, confusion_matrix, metric_intervals,
                                         metrics_with_intervals, paired_differences)
@@ -30,8 +30,6 @@ __all__ = ["BUILTIN_METRICS", "CORRELATIONS", "MetricSuite", "POINT_INTERVAL", "
            "confusion_matrix", "correlations_over_alike_targets", "metric_intervals", "metric_suite_for",
            "metrics_with_intervals", "one_number_for_every_text", "paired_differences", "resolve_average",
            "same_answer_for_every_text", "scores_by_label", "undefined_correlations"]
-
-BUILTIN_METRICS: tuple[str, ...] = ("accuracy", "f1", "precision", "recall", "matthews_correlation")
 
 # The metrics that take the averaging options; the others would reject them.
 _AVERAGED = frozenset({"f1", "precision", "recall"})

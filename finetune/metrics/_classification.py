@@ -19,6 +19,8 @@ from typing import Sequence
 import numpy as np
 
 AVERAGES = ("binary", "macro", "micro", "weighted")
+# the metrics written out here, each a function of the confusion matrix (what its bootstrap intervals draw)
+BUILTIN_METRICS: tuple[str, ...] = ("accuracy", "f1", "precision", "recall", "matthews_correlation")
 
 
 def class_ids(predictions, references) -> tuple[np.ndarray, np.ndarray]:

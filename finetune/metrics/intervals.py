@@ -23,13 +23,11 @@ from typing import Any
 
 import numpy as np
 
-from finetune.metrics._classification import scores_from_counts
+from finetune.metrics._classification import BUILTIN_METRICS, scores_from_counts
 
 RESAMPLES = 1000
 LEVEL = 0.95
 SEED = 0
-# the metrics that are functions of the confusion matrix; another metric (one evaluate loads) gets no interval
-FROM_COUNTS = ("accuracy", "f1", "precision", "recall", "matthews_correlation")
 
 
 def confusion_matrix(references, predictions, num_labels: int) -> np.ndarray:
@@ -52,13 +50,14 @@ def metric_intervals(suite: Any, predictions, references, resamples: int = RESAM
         seed: Seeds the resamples' own generator.
 
     Returns:
-        ``{metric: [low, high]}`` for the metrics of :data:`FROM_COUNTS` among ``suite.names``; empty for none.
+        ``{metric: [low, high]}`` for the built-in metrics among ``suite.names`` (functions of the confusion
+        matrix; a metric ``evaluate`` loads by name gets none); empty for none.
     """
     if hasattr(suite, "scores_of_tallies"):  # multi-label: every metric is a function of the label tallies
         return label_set_intervals(suite, predictions, references, resamples, level, seed)
     if hasattr(suite, "scores_of_weights"):  # regression: every metric is a weighted sum over the pairs
         return number_intervals(suite, predictions, references, resamples, level, seed)
-    names = [name for name in suite.names if name in FROM_COUNTS]
+    names = [name for name in suite.names if name in BUILTIN_METRICS]
     if not names:
         return {}
     k = suite.num_labels
@@ -83,14 +82,21 @@ def label_set_intervals(suite: Any, predictions, references, resamples: int = RE
     labels = ref.shape[1]
     pairs, counts = np.unique(np.concatenate([ref, pred], axis=1), axis=0, return_counts=True)
     ref_of, pred_of = pairs[:, :labels].astype(np.float64), pairs[:, labels:].astype(np.float64)
-    hits_of, exact_of = ref_of * pred_of, (ref_of == pred_of).all(axis=1).astype(np.float64)
-    texts = int(counts.sum())
 
     def scores(draws: np.ndarray) -> dict[str, np.ndarray]:
-        draws = draws.astype(np.float64)
-        return suite.scores_of_tallies(draws @ hits_of, draws @ pred_of, draws @ ref_of, draws @ exact_of / texts)
+        return _label_set_scores(suite, draws.astype(np.float64), ref_of, pred_of)
 
     return _middles(list(suite.names), scores, counts, resamples, level, seed)
+
+
+def _label_set_scores(suite: Any, draws: np.ndarray, ref_of: np.ndarray, pred_of: np.ndarray
+                      ) -> dict[str, np.ndarray]:
+    """A multi-label suite's scores of each resample (``draws``, ``R x cells``, as floats), whose cells hold texts
+    of the true label sets ``ref_of`` given the sets ``pred_of`` (each ``cells x labels``, 0/1 as floats)."""
+    exact_of = (ref_of == pred_of).all(axis=1).astype(np.float64)
+    texts = draws.sum(axis=1)  # each resample holds as many texts as the file
+    return suite.scores_of_tallies(draws @ (ref_of * pred_of), draws @ pred_of, draws @ ref_of,
+                                   draws @ exact_of / texts)
 
 
 def number_intervals(suite: Any, predictions, references, resamples: int = RESAMPLES, level: float = LEVEL,
@@ -128,7 +134,7 @@ def paired_differences(suite: Any, predictions, others, references, resamples: i
         return _paired_label_sets(suite, predictions, others, references, resamples, level, seed)
     if hasattr(suite, "scores_of_weights"):
         return _paired_numbers(suite, predictions, others, references, resamples, level, seed)
-    names = [name for name in suite.names if name in FROM_COUNTS]
+    names = [name for name in suite.names if name in BUILTIN_METRICS]
     if not names:
         return {}
     k = suite.num_labels
@@ -154,16 +160,10 @@ def _paired_label_sets(suite, predictions, others, references, resamples, level,
     labels = sets[0].shape[1]
     rows, counts = np.unique(np.concatenate(sets, axis=1), axis=0, return_counts=True)
     ref_of, this_of, other_of = (rows[:, i * labels:(i + 1) * labels].astype(np.float64) for i in range(3))
-    texts = int(counts.sum())
-
-    def scores(draws: np.ndarray, pred_of: np.ndarray) -> dict[str, np.ndarray]:
-        exact = (ref_of == pred_of).all(axis=1).astype(np.float64)
-        return suite.scores_of_tallies(draws @ (ref_of * pred_of), draws @ pred_of, draws @ ref_of,
-                                       draws @ exact / texts)
 
     def difference(draws: np.ndarray) -> dict[str, np.ndarray]:
         draws = draws.astype(np.float64)
-        this, other = scores(draws, this_of), scores(draws, other_of)
+        this, other = (_label_set_scores(suite, draws, ref_of, pred_of) for pred_of in (this_of, other_of))
         return {name: this[name] - other[name] for name in suite.names}
 
     return _middles(list(suite.names), difference, counts, resamples, level, seed)
