@@ -29,7 +29,7 @@ import torch
 
 from finetune.accumulation import Batching, accumulate_as, layout_for, resolve_batching
 from finetune.autobatch import Checkpointing, fit_in_memory
-from finetune.config import Config
+from finetune.config import PER_LABEL, Config
 from finetune.dataloaders import (
     build_dataloaders, collator, count_long_texts, count_seen_in_training, load_data, longest_text, tokenize_data,
     tokenized_cache_dir,
@@ -38,7 +38,7 @@ from finetune.errors import ConfigError
 from finetune.launch import build_accelerator
 from finetune.loop import TrainState
 from finetune.optimization import UpdatePlan, build_optimizer, build_scheduler, plan_updates
-from finetune.tasks import Task, start_regression_head
+from finetune.tasks import Task, start_regression_head, start_thresholds
 
 logger = logging.getLogger("finetune")
 
@@ -150,7 +150,8 @@ def setup_run(cfg: Config, accelerator=None, batching: Optional[Batching] = None
     head_start = start_regression_head(cfg.model, model, new_head, splits["train"])
     model, lora, frozen = choose_trained_weights(model, cfg.model, accelerator)  # before the memory plan
     metrics = metric_suite(cfg, labels, splits["train"])
-    task = build_task(cfg, labels, splits["train"], device=accelerator.device)
+    task = build_task(cfg, labels, splits, device=accelerator.device)
+    start_thresholds(model.config, labels, cfg.evaluation.threshold)
     tokenized = tokenize_data(cfg, splits, tokenizer, accelerator, cache_dir)
     cut = count_long_texts(cfg, tokenized["train"])
     longest = longest_text(tokenized["train"])
@@ -227,22 +228,32 @@ def metric_suite(cfg: Config, labels, train_split):
     return metric_suite_for(evaluation, labels.names, labels.problem_type, counts)
 
 
-def build_task(cfg: Config, labels, train_split, device=None) -> Task:
-    """The run's :class:`~finetune.tasks.Task`: its problem type and ``training.label_smoothing``, with
-    ``training.class_weights`` resolved (on ``device``, so that the loss moves nothing to the device in each step).
+def build_task(cfg: Config, labels, splits, device=None) -> Task:
+    """The run's :class:`~finetune.tasks.Task`: its problem type, ``training.label_smoothing`` and
+    ``evaluation.threshold``, with ``training.class_weights`` resolved from the training split of ``splits`` (on
+    ``device``, so that the loss moves nothing to the device in each step).
 
     Raises:
-        ConfigError: if a class weight names a label the training data does not have.
+        ConfigError: if a class weight names a label the training data does not have, or thresholds are to be
+            tuned on validation data the run does not have.
     """
     from finetune.data import class_counts
     from finetune.tasks import balanced_weights
 
-    spec, smoothing = cfg.training.class_weights, cfg.training.label_smoothing
+    spec, smoothing, threshold = cfg.training.class_weights, cfg.training.label_smoothing, cfg.evaluation.threshold
+    if threshold == PER_LABEL and "validation" not in splits:
+        raise ConfigError("evaluation.threshold: per_label chooses thresholds on the validation texts, and this run "
+                          "has none (data.validation_split is 0 and no validation file is given)")
+    if labels.problem_type == "multi_label":
+        if threshold == PER_LABEL:  # for the F1 the run averages (auto: micro, as metric_suite decides)
+            average = cfg.evaluation.average
+            return Task("multi_label", tune_thresholds="micro" if average == "auto" else average)
+        return Task("multi_label", threshold=threshold)
     if spec is None:
         return Task(labels.problem_type, label_smoothing=smoothing)
     names = list(labels.names)
     if spec == "balanced":
-        weights = balanced_weights(class_counts(train_split, len(names)).tolist())
+        weights = balanced_weights(class_counts(splits["train"], len(names)).tolist())
     else:
         unknown = [name for name in spec if name not in names]
         if unknown:

@@ -72,7 +72,7 @@ def compare(this, predictor, other_dir: str, suite) -> Comparison:
     kind = problem_type_of(this)
     check_comparable(this.labels, kind, predictor.labels, predictor.problem_type, other_dir)
     logits = torch.from_numpy(predictor.logits(this.texts, this.pairs, progress=True))
-    answers = Task(kind, threshold=predictor.threshold).predictions(logits).numpy()
+    answers = Task(kind, threshold=predictor.thresholds).predictions(logits).numpy()
     others = in_this_runs_labels(answers, predictor.labels, this.labels, kind)
     metrics = suite.compute(others, this.references)
     differences = {name: this.metrics[name] - value for name, value in metrics.items()}

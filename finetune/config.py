@@ -32,14 +32,14 @@ from finetune.errors import ConfigError
 from finetune.key_hints import key_hint, refuse_options, unknown_key_hint
 from finetune.overrides import let_the_command_line_choose, notes_said_once
 from finetune.schema import (  # noqa: F401  (the schema's names, importable from here as before)
-    DEFAULT_METRICS, SECTIONS, Config, DataConfig, EvalConfig, LoggingConfig, ModelConfig, OptimConfig,
-    OutputConfig, TrainingConfig,
+    DEFAULT_METRICS, DEFAULT_THRESHOLD, PER_LABEL, SECTIONS, Config, DataConfig, EvalConfig, LoggingConfig,
+    ModelConfig, OptimConfig, OutputConfig, TrainingConfig,
 )
 
 __all__ = ["Config", "ModelConfig", "DataConfig", "TrainingConfig", "OptimConfig", "EvalConfig", "LoggingConfig",
            "OutputConfig", "DEFAULT_CONFIG", "SHIPPED_CONFIGS", "is_shipped", "load_config", "config_from_dict",
            "parse_override", "read_yaml", "config_yaml", "save_config", "origin_of", "notes_said_once",
-           "unknown_key_hint", "refuse_options"]
+           "unknown_key_hint", "refuse_options", "PER_LABEL"]
 
 logger = logging.getLogger("finetune")
 
@@ -338,6 +338,8 @@ def _check_across_sections(cfg: Config, metrics_chosen: bool) -> Config:
         raise ConfigError("data.label_map: names classes, and regression has none (model.problem_type is regression)")
     if cfg.data.drop_labels is not None and problem_type == "regression":
         raise ConfigError("data.drop_labels: names classes, and regression has none (model.problem_type is regression)")
+    if cfg.evaluation.threshold != DEFAULT_THRESHOLD and problem_type != "multi_label":
+        raise ConfigError(f"evaluation.threshold: applies to multi_label only (model.problem_type is {problem_type})")
     if cfg.data.label_delimiter == "":
         raise ConfigError("data.label_delimiter: must not be empty (null: the column holds lists)")
     _metrics_for_problem_type(cfg.evaluation, problem_type, metrics_chosen)

@@ -5,16 +5,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
+import numpy as np
 import torch
 
 from finetune.chunks import document_logits, split_batch
 from finetune.metrics import metric_intervals, scores_by_label
-from finetune.tasks import Task
+from finetune.tasks import Task, set_model_thresholds
+from finetune.thresholds import f1_thresholds
 
 
 # the keys of an evaluation record (train_log.jsonl, metrics.json) that hold Evaluation.by_label and .intervals
 EVAL_BY_LABEL = "eval_by_label"
 EVAL_INTERVALS = "eval_intervals"
+EVAL_THRESHOLDS = "eval_thresholds"
 
 
 @dataclass
@@ -28,6 +31,9 @@ class Evaluation:
     # each built-in metric's 95% bootstrap interval [low, high] over the texts (finetune.metrics.intervals); None
     # when no label names were given
     intervals: Optional[dict[str, list[float]]] = None
+    # each label's threshold chosen on these texts, by name (Task.tune_thresholds: finetune.thresholds), at which
+    # the metrics were scored; None where the task's threshold was used
+    thresholds: Optional[dict[str, float]] = None
 
 
 def evaluate_model(model: torch.nn.Module, dataloader, accelerator, metrics=None,
@@ -64,7 +70,9 @@ def evaluation_of(model: torch.nn.Module, dataloader, accelerator, metrics=None,
     ``accelerator.gather_for_metrics``, which drops the samples Accelerate
     repeated to even out processes: every example counts exactly once. A text
     split into windows (``data.truncation: chunks``) is one example, its
-    output the mean of its windows' logits. The arguments are
+    output the mean of its windows' logits. Under ``task.tune_thresholds`` each label's threshold is chosen on
+    these texts first, the metrics are scored at it, and the model's config keeps it (``label_thresholds``, which
+    a checkpoint or model saved next saves; :mod:`finetune.thresholds`). The arguments are
     :func:`evaluate_model`'s, and ``labels``: the label names in id order.
     """
     task = task or Task.of_model(accelerator.unwrap_model(model))
@@ -75,7 +83,9 @@ def evaluation_of(model: torch.nn.Module, dataloader, accelerator, metrics=None,
         inputs, chunk_rows = split_batch(batch)
         logits = document_logits(model(**inputs).logits, chunk_rows)  # a text's windows: one output, one sample
         loss = task.per_sample_loss(logits, batch["labels"])
-        loss, pred, ref = accelerator.gather_for_metrics((loss, task.predictions(logits), batch["labels"]))
+        # to be tuned, thresholds need every text's probabilities: the predictions follow them
+        answers = torch.sigmoid(logits.float()) if task.tune_thresholds else task.predictions(logits)
+        loss, pred, ref = accelerator.gather_for_metrics((loss, answers, batch["labels"]))
         losses.append(loss.cpu())
         preds.append(pred.cpu())
         refs.append(ref.cpu())
@@ -86,6 +96,10 @@ def evaluation_of(model: torch.nn.Module, dataloader, accelerator, metrics=None,
     all_loss = torch.cat(losses)
     predictions = torch.cat(preds).numpy()
     references = torch.cat(refs).numpy()
+    tuned = None
+    if task.tune_thresholds:
+        tuned = f1_thresholds(predictions, references, task.tune_thresholds)
+        predictions = (predictions > tuned).astype(np.int64)
     out: dict[str, float] = {"loss": all_loss.double().mean().item(), "num_samples": int(all_loss.numel())}
     if metrics is not None:
         out.update(metrics.compute(predictions, references))
@@ -94,4 +108,10 @@ def evaluation_of(model: torch.nn.Module, dataloader, accelerator, metrics=None,
         by_label = scores_by_label(predictions, references, labels)
     if labels is not None and metrics is not None:
         intervals = metric_intervals(metrics, predictions, references)
-    return Evaluation(out, by_label, intervals)
+    if tuned is not None:
+        config = accelerator.unwrap_model(model).config
+        names = labels if labels is not None else [config.id2label[i] for i in range(config.num_labels)]
+        # the model's config carries the thresholds chosen for its weights: a checkpoint saved next saves them
+        set_model_thresholds(config, names, tuned.tolist())
+        tuned = dict(zip(names, tuned.tolist()))
+    return Evaluation(out, by_label, intervals, tuned)

@@ -25,7 +25,7 @@ from finetune.assembly import Run
 from finetune.checkpointer import Checkpointer
 from finetune.cpu import cpu_speedups, speedup_settings
 from finetune.cuda_graphs import graphs_for_run
-from finetune.evaluation import EVAL_BY_LABEL, EVAL_INTERVALS, evaluation_of
+from finetune.evaluation import EVAL_BY_LABEL, EVAL_INTERVALS, EVAL_THRESHOLDS, evaluation_of
 from finetune.loop import NonFiniteLossError, TrainState, train_one_epoch
 from finetune.output_dir import output_lock, start_outputs
 from finetune.results import one_answer_for_every_text, summarize, validation_targets, write_outputs
@@ -372,6 +372,8 @@ def evaluate_and_log(run: Run, log: RunLogger, history: EvalHistory, epoch: Opti
         record[EVAL_BY_LABEL] = evaluation.by_label  # beside the eval/ scalars, which trackers and the curves take
     if evaluation.intervals:
         record[EVAL_INTERVALS] = evaluation.intervals
+    if evaluation.thresholds is not None:
+        record[EVAL_THRESHOLDS] = evaluation.thresholds
     log.log(history.add(record))
     return metrics
 

@@ -6,17 +6,14 @@ Usage::
     python -m finetune.predict outputs/sms_spam --file messages.txt --output predictions.csv
     python -m finetune.predict outputs/sms_spam --file messages.jsonl --output predictions.jsonl
 
-Each prediction has the label, its probability (``score``) and every class's;
-for a multi-label model, ``labels`` (every label whose sigmoid probability is
-over ``--threshold``) and each label's probability; for a regression model,
-the number (``score``). Texts given on the command line print as JSON lines;
-``--file`` reads what training reads (and ``.txt``, a text per line; ``-``,
-standard input) and writes one row per input row, in order, its columns kept
-and the prediction added (docs/inference.md). The model runs where training
-would (a GPU if there is one), in float32 unless ``--precision`` asks for
-autocast, on batches of similar length, each text cut and padded as the run
-did (its saved ``config.yaml``). The same folder works in plain
-``transformers.pipeline("text-classification", model=output_dir)``.
+Each prediction has the label, its probability (``score``) and every class's; for a multi-label model,
+``labels`` (every label whose sigmoid probability is over its threshold: the model's, or ``--threshold``) and
+each label's probability; for a regression model, the number (``score``). Texts given on the command line print as
+JSON lines; ``--file`` reads what training reads (and ``.txt``, a text per line; ``-``, standard input) and writes
+one row per input row, in order, its columns kept and the prediction added (docs/inference.md). The model runs
+where training would (a GPU if there is one), in float32 unless ``--precision`` asks for autocast, on batches of
+similar length, each text cut and padded as the run did (its saved ``config.yaml``). The same folder works in
+plain ``transformers.pipeline("text-classification", model=output_dir)``.
 """
 
 from __future__ import annotations
@@ -72,7 +69,8 @@ class Predictor:
             (``data.truncation``; under ``chunks`` a text's output is the mean of its windows' logits).
         head_tokens: ``head_tail``: the text's tokens kept from its start (``data.head_tokens``).
         stride: ``chunks``: the tokens each window shares with the one before (``data.stride``).
-        threshold: multi-label models: the probability over which a label is predicted.
+        threshold: multi-label models: the probability over which a label is predicted, one number or one per
+            label; ``None``: the thresholds the model's config carries (``label_thresholds``), else 0.5.
         precision: The forward passes' arithmetic, as ``training.mixed_precision`` names it: ``no``
             (float32), ``bf16`` or ``fp16`` (autocast; fp16 on a CUDA GPU only). Logits come back in float32
             either way.
@@ -81,12 +79,12 @@ class Predictor:
     """
 
     def __init__(self, model, tokenizer, *, device=None, batch_size: int = DEFAULT_BATCH_SIZE,
-                 max_length: Optional[int] = None, threshold: float = 0.5, truncation: str = "head",
+                 max_length: Optional[int] = None, threshold=None, truncation: str = "head",
                  head_tokens: Optional[int] = None, stride: Optional[int] = None, precision: str = "no",
                  pad_to_multiple_of: Optional[int] = PAD_TO_MULTIPLE_OF):
         import torch
 
-        from finetune.tasks import problem_type_of
+        from finetune.tasks import label_thresholds, problem_type_of
 
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -102,12 +100,12 @@ class Predictor:
         self.truncation = Truncation(truncation, self.max_length, head_tokens, stride) if self.max_length else None
         self.labels = [model.config.id2label[i] for i in range(model.config.num_labels)]
         self.problem_type = problem_type_of(model.config)
-        self.threshold = threshold
+        self.thresholds = label_thresholds(model.config, self.labels, threshold)  # multi-label: one per label
         self.pad_to_multiple_of = pad_to_multiple_of
 
     @classmethod
     def load(cls, output_dir: str | os.PathLike, *, device=None, batch_size: int = DEFAULT_BATCH_SIZE,
-             max_length: Optional[int] = None, threshold: float = 0.5, precision: str = "no") -> "Predictor":
+             max_length: Optional[int] = None, threshold=None, precision: str = "no") -> "Predictor":
         """Load the model and tokenizer that a run saved in ``output_dir``.
 
         Args:
@@ -236,7 +234,7 @@ class Predictor:
         """One dict per text, in input order.
 
         * single label: ``{"label", "score", "probabilities": {label: p}}``;
-        * multi-label: ``{"labels": [every label with p > threshold], "probabilities": {label: p}}``;
+        * multi-label: ``{"labels": [every label with p > its threshold], "probabilities": {label: p}}``;
         * regression: ``{"score": the predicted number}``.
         """
         if self.problem_type == "regression":
@@ -246,7 +244,7 @@ class Predictor:
         for row in probs:
             probabilities = {name: float(p) for name, p in zip(self.labels, row)}
             if self.problem_type == "multi_label":
-                chosen = [name for name, p in zip(self.labels, row) if p > self.threshold]
+                chosen = [name for name, p, t in zip(self.labels, row, self.thresholds) if p > t]
                 results.append({"labels": chosen, "probabilities": probabilities})
                 continue
             best = int(row.argmax())
@@ -328,8 +326,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--text-pair", "--text-pair-column", dest="text_pair_column", metavar="COLUMN", default=None,
                         help="column of the second text, for models trained on pairs (default: the run's)")
     parser.add_argument("--batch-size", type=int, default=DEFAULT_BATCH_SIZE, help="texts per forward pass")
-    parser.add_argument("--threshold", type=float, default=0.5,
-                        help="multi-label models: predict every label whose probability is over this")
+    parser.add_argument("--threshold", type=float, default=None, help="multi-label models: predict every label "
+                        "whose probability is over this (default: the model's, evaluation.threshold's)")
     add_precision_argument(parser)
     parser.add_argument("--debug", action="store_true", help="show tracebacks for input errors")
     # intermixed: texts may come before or after the options
@@ -413,7 +411,7 @@ def check_options(args: argparse.Namespace) -> None:
         if not args.file:
             raise ConfigError(f"--encoding {args.encoding}: only with --file")
         check_encoding(args.encoding, "--encoding")
-    if not 0.0 < args.threshold < 1.0:
+    if args.threshold is not None and not 0.0 < args.threshold < 1.0:
         raise ConfigError(f"--threshold: must be between 0 and 1, got {args.threshold}")
     check_precision(args.precision, "--precision")
     if args.output:

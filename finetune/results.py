@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from finetune.columns import read_column
 from finetune.errors import FinetuneError, OutputError
-from finetune.evaluation import EVAL_BY_LABEL, EVAL_INTERVALS
+from finetune.evaluation import EVAL_BY_LABEL, EVAL_INTERVALS, EVAL_THRESHOLDS
 from finetune.lora import is_lora, merged_copy, save_adapter
 from finetune.metrics import one_number_for_every_text, same_answer_for_every_text
 from finetune.outputs import (
@@ -24,6 +24,7 @@ from finetune.outputs import (
 )
 from finetune.resources import training_file
 from finetune.tables import LABELS
+from finetune.tasks import label_thresholds, set_model_thresholds
 
 if TYPE_CHECKING:
     from finetune.assembly import Run
@@ -86,6 +87,9 @@ def summarize(run: "Run", history: list[dict[str, Any]], ended: str = "completed
         "eval_by_label": final.get(EVAL_BY_LABEL),
         # each single-label metric's 95% bootstrap interval over the validation texts, [low, high], or null
         "eval_intervals": final.get(EVAL_INTERVALS),
+        # multi_label: each label's threshold, by name, at which the saved model predicts (its config's
+        # label_thresholds; finetune.thresholds), or null
+        "eval_thresholds": saved_thresholds(run, final.get(EVAL_THRESHOLDS)),
         # validation rows whose text (with its pair) a training row has too
         "validation_seen_in_training": run.seen_in_training,
         "best": best,
@@ -94,6 +98,16 @@ def summarize(run: "Run", history: list[dict[str, Any]], ended: str = "completed
         "epochs": history,
         "labels": list(run.labels.names),
     }
+
+
+def saved_thresholds(run: "Run", tuned: Optional[dict[str, float]]) -> Optional[dict[str, float]]:
+    """A multi-label run's thresholds by label name: those the saved model's evaluation chose (``tuned``, under
+    ``per_label``), else those its model's config carries (``evaluation.threshold``'s); None for another problem
+    type."""
+    if run.labels.problem_type != "multi_label":
+        return None
+    names = list(run.labels.names)
+    return tuned or dict(zip(names, label_thresholds(run.accelerator.unwrap_model(run.model).config, names)))
 
 
 def one_answer_for_every_text(summary: dict[str, Any], targets=None) -> Optional[str]:
@@ -131,6 +145,9 @@ def write_outputs(run: "Run", summary: dict[str, Any]) -> None:
     from finetune.model_card import all_results, model_card
 
     out = Path(run.cfg.output.output_dir)
+    if summary.get("eval_thresholds"):  # saved with the model: what finetune predict and score predict at
+        thresholds = summary["eval_thresholds"]
+        set_model_thresholds(run.accelerator.unwrap_model(run.model).config, list(thresholds), thresholds.values())
     save_model(run, out)
     if not run.accelerator.is_main_process:
         return

@@ -600,6 +600,10 @@ def check_schedule(name: str, kwargs: dict) -> None:
 
 
 DEFAULT_METRICS = ["accuracy", "f1"]
+# the sigmoid probability over which a multi_label model predicts a label, unless evaluation.threshold says another
+DEFAULT_THRESHOLD = 0.5
+# evaluation.threshold's value under which each evaluation chooses each label's threshold (finetune.thresholds)
+PER_LABEL = "per_label"
 
 
 @dataclass
@@ -617,6 +621,12 @@ class EvalConfig:
         "more, micro for multi_label. A run resolves it at start-up and logs its choice.")
     positive_label: Optional[str] = setting(None,
         "The label name (as in the data) of the positive class for binary averaging.")
+    threshold: Union[float, Literal["per_label"]] = setting(DEFAULT_THRESHOLD,
+        "multi_label: the sigmoid probability over which a label is predicted, in evaluations and by the saved "
+        "model (its config's label_thresholds, which finetune predict and score use). `per_label`: each "
+        "evaluation chooses each label's own, the one with the best F1 on the validation texts (their macro F1's "
+        "best), and scores at those: chosen on the texts they are scored on, so those scores lean high; score a "
+        "held-out file for a fair figure. Needs validation data.")
     eval_every: Optional[int] = setting(None,
         "Also evaluate every this many updates (null: only at epoch ends, see training.eval_each_epoch).")
     evals_per_epoch: Optional[int] = setting(None,
@@ -642,6 +652,8 @@ class EvalConfig:
             raise ConfigError("evaluation.metrics: name at least one metric")
         if self.average == "binary" and self.positive_label is None:
             raise ConfigError("evaluation.positive_label: required when evaluation.average is binary")
+        if self.threshold != PER_LABEL and not 0.0 < self.threshold < 1.0:
+            raise ConfigError(f"evaluation.threshold: must be between 0 and 1, or per_label, got {self.threshold}")
         if self.eval_every is not None and self.eval_every < 1:
             raise ConfigError(f"evaluation.eval_every: must be >= 1 or null, got {self.eval_every}")
         if self.evals_per_epoch is not None and self.evals_per_epoch < 1:

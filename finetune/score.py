@@ -15,10 +15,10 @@ bootstrap interval, plus the loss, and each label's precision, recall, F1 and su
 single-label model a confusion matrix is printed (past 12 labels, the pairs most confused instead) and written as
 a PNG (by default ``<output_dir>/confusion_<file name>.png``). Multi-label and regression models are scored with
 their own metrics and loss (see :mod:`finetune.tasks`), without a confusion matrix, and regression without the
-labels' table. ``--against`` scores a second run's model on the same texts (:mod:`finetune.comparison`).
+labels' table. ``--against`` scores a second run's model on the same texts (:mod:`finetune.comparison`). A
+multi-label model predicts at its thresholds (:mod:`finetune.thresholds`) unless ``evaluation.threshold=X`` is given.
 
-(Not named ``evaluate``: a module of that name would hide the ``evaluate``
-library for ``accelerate launch finetune/...``.)
+(Not named ``evaluate``: a module of that name would hide the ``evaluate`` library for ``accelerate launch``.)
 """
 
 from __future__ import annotations
@@ -85,7 +85,7 @@ def scoring_config(output_dir: str | os.PathLike, file: str | os.PathLike, overr
     Raises:
         ConfigError: for an override outside ``data.*`` / ``evaluation.*`` or an invalid value.
     """
-    from finetune.config import FILE_LAYOUT_KEYS, config_from_dict, parse_override, read_yaml
+    from finetune.config import FILE_LAYOUT_KEYS, PER_LABEL, config_from_dict, parse_override, read_yaml
     from finetune.outputs import CONFIG_FILE
 
     path = Path(output_dir) / CONFIG_FILE
@@ -105,6 +105,8 @@ def scoring_config(output_dir: str | os.PathLike, file: str | os.PathLike, overr
             raise ConfigError(f"override {text!r}: the file to score is --file")
         tree[section][name] = value
         given.add(key)
+    if tree["model"]["problem_type"] == "multi_label" and "evaluation.threshold" not in given:
+        tree["evaluation"]["threshold"] = PER_LABEL  # the model's own, whatever the run's setting was
     columns = [tree["data"].get("text_column", "text"), tree["data"].get("label_column", "label")]
     if _header_names(file, columns, str(tree["data"].get("encoding") or "utf-8")):
         # the run's format, header and column names described its training file; this file names its columns.
@@ -279,7 +281,8 @@ def score_file(output_dir: str | os.PathLike, file: str | os.PathLike, overrides
     suite = metric_suite_for(cfg.evaluation, names, problem_type, counts, whose="the model")
 
     predictor = predictor or Predictor.load(output_dir, batch_size=batch_size, precision=precision)
-    task = Task(problem_type, threshold=predictor.threshold)
+    setting = cfg.evaluation.threshold  # per_label, the one word it takes: the model's own (finetune.thresholds)
+    task = Task(problem_type, threshold=predictor.thresholds if isinstance(setting, str) else setting)
     logits = torch.from_numpy(predictor.logits(texts, pairs, progress=True))
     refs = torch.as_tensor(np.asarray(references))
     predictions = task.predictions(logits).numpy()

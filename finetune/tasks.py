@@ -6,8 +6,8 @@ problem type     label of a text       per-sample loss ``l_i`` (float32)        
 single_label     one class id          ``w[y_i] * CE_e(z_i, y_i)`` (``w`` = 1 without      ``argmax z_i``
                                        class weights; ``CE_e`` against targets smoothed
                                        by ``e``, plain CE at ``e`` = 0)
-multi_label      a 0/1 vector over     ``mean_j BCE(z_ij, y_ij)``: the mean over the L      ``sigmoid(z_ij) > t``
-                 the L labels          labels, as transformers' ``BCEWithLogitsLoss``
+multi_label      a 0/1 vector over     ``mean_j BCE(z_ij, y_ij)``: the mean over the L      ``sigmoid(z_ij) > t_j``
+                 the L labels          labels, as transformers' ``BCEWithLogitsLoss``      (finetune.thresholds)
 regression       a number              ``(z_i - y_i) ** 2``, as transformers' ``MSELoss``  ``z_i``
 ===============  ====================  ==================================================  ======================
 
@@ -30,10 +30,12 @@ that does not reduce over the batch.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence, Union
 
 import torch
 import torch.nn.functional as F
+
+from finetune.schema import DEFAULT_THRESHOLD, PER_LABEL
 
 PROBLEM_TYPES = ("single_label", "multi_label", "regression")
 # what transformers' PretrainedConfig.problem_type calls each (its pipelines read it)
@@ -42,8 +44,10 @@ TRANSFORMERS_PROBLEM_TYPES = {
     "multi_label": "multi_label_classification",
     "regression": "regression",
 }
-# threshold on sigmoid(logit) above which a label is predicted (multi_label)
-DEFAULT_THRESHOLD = 0.5
+
+# the attribute of a saved model's config that holds its thresholds, {label name: threshold}
+# (multi_label; finetune.thresholds)
+CONFIG_THRESHOLDS = "label_thresholds"
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -65,13 +69,18 @@ class Task:
         problem_type: single_label, multi_label or regression.
         class_weights: single_label only: one weight per class id (float32), or ``None``.
         label_smoothing: single_label only: ``e`` of the smoothed targets (torch's ``label_smoothing``).
-        threshold: multi_label only: the sigmoid probability above which a label is predicted.
+        threshold: multi_label only: the sigmoid probability above which a label is predicted, one for every
+            label or one per label (in label-id order).
+        tune_thresholds: multi_label only: the F1 averaging (``micro``, ``macro`` or ``weighted``) whose F1 an
+            evaluation's thresholds maximise on its texts, in place of ``threshold`` (``evaluation.threshold:
+            per_label``, :func:`finetune.thresholds.f1_thresholds`); ``None``: ``threshold`` it is.
     """
 
     problem_type: str = "single_label"
     class_weights: Optional[torch.Tensor] = None
-    threshold: float = DEFAULT_THRESHOLD
+    threshold: Union[float, tuple[float, ...]] = DEFAULT_THRESHOLD
     label_smoothing: float = 0.0
+    tune_thresholds: Optional[str] = None
 
     def __post_init__(self) -> None:
         if self.problem_type not in PROBLEM_TYPES:
@@ -80,11 +89,19 @@ class Task:
             raise ValueError("class weights apply to single_label only")
         if self.label_smoothing and self.problem_type != "single_label":
             raise ValueError("label smoothing applies to single_label only")
+        if self.tune_thresholds and self.problem_type != "multi_label":
+            raise ValueError("tuned thresholds apply to multi_label only")
 
     @classmethod
     def of_model(cls, model) -> "Task":
-        """The task a model's config declares (``config.problem_type``), without class weights."""
-        return cls(problem_type_of(model.config))
+        """The task a model's config declares (``config.problem_type``, and a multi-label model's thresholds
+        where it carries them), without class weights."""
+        config = model.config
+        kind = problem_type_of(config)
+        if kind != "multi_label":
+            return cls(kind)
+        names = [config.id2label[i] for i in range(config.num_labels)]
+        return cls(kind, threshold=model_thresholds(config, names) or DEFAULT_THRESHOLD)
 
     def per_sample_loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """``l_i`` for each row, in float32 (see the table above)."""
@@ -103,8 +120,43 @@ class Task:
         if self.problem_type == "single_label":
             return logits.argmax(-1)
         if self.problem_type == "multi_label":
-            return (torch.sigmoid(logits.float()) > self.threshold).long()
+            threshold = torch.as_tensor(self.threshold, dtype=torch.float32, device=logits.device)
+            return (torch.sigmoid(logits.float()) > threshold).long()
         return logits.float().squeeze(-1)
+
+
+def model_thresholds(model_config, labels: Sequence[str]) -> Optional[tuple[float, ...]]:
+    """The thresholds a saved model's config carries (``label_thresholds``), in the order of ``labels``; None
+    where it carries none (a model trained before they were saved, or elsewhere) or not one for every label."""
+    saved = getattr(model_config, CONFIG_THRESHOLDS, None)
+    if not isinstance(saved, dict) or any(name not in saved for name in labels):
+        return None
+    return tuple(float(saved[name]) for name in labels)
+
+
+def label_thresholds(model_config, labels: Sequence[str], given=None) -> tuple[float, ...]:
+    """A multi-label model's thresholds in the order of ``labels``: ``given`` (one number for every label, or
+    one per label), else those its config carries (:func:`model_thresholds`), else the default for every label."""
+    if given is None:
+        return model_thresholds(model_config, labels) or (DEFAULT_THRESHOLD,) * len(labels)
+    if isinstance(given, (int, float)):
+        return (float(given),) * len(labels)
+    if len(given) != len(labels):
+        raise ValueError(f"{len(given)} thresholds for {len(labels)} labels")
+    return tuple(float(t) for t in given)
+
+
+def set_model_thresholds(model_config, labels: Sequence[str], thresholds: Sequence[float]) -> None:
+    """Put ``thresholds`` (in the order of ``labels``) in the model's config, where saving it writes them."""
+    setattr(model_config, CONFIG_THRESHOLDS, {name: float(t) for name, t in zip(labels, thresholds)})
+
+
+def start_thresholds(model_config, labels, setting) -> None:
+    """A multi-label run's model starts with its thresholds in its config, where each checkpoint saves them: under
+    a number (``setting``, ``evaluation.threshold``), that number for every label; under ``per_label`` none, until
+    an evaluation chooses them. ``labels``: the run's :class:`~finetune.labels.LabelSpace`."""
+    if labels.problem_type == "multi_label" and setting != PER_LABEL:
+        set_model_thresholds(model_config, labels.names, [float(setting)] * len(labels.names))
 
 
 def balanced_weights(counts: list[int]) -> list[float]:

@@ -988,7 +988,7 @@ def test_a_model_that_answers_another_question_is_not_compared():
         predictions, references, metrics = np.array([0, 1]), np.array([0, 1]), {"accuracy": 1.0}
 
     class Other:
-        labels, problem_type, threshold = ["ham", "eggs"], "single_label", 0.5
+        labels, problem_type, thresholds = ["ham", "eggs"], "single_label", (0.5, 0.5)
 
         def logits(self, texts, pairs, progress):
             return np.array([[1.0, 0.0], [0.0, 1.0]], dtype=np.float32)

@@ -287,6 +287,12 @@ def test_regression_reads_numbers_and_names_a_row_that_is_not_one(tmp_path):
      r"training.label_smoothing: applies to single_label only \(model.problem_type is regression\)"),
     ({"model": {"problem_type": "multi_label"}, "evaluation": {"average": "binary", "positive_label": "x"}},
      r"evaluation.average: binary needs single_label"),
+    ({"model": {"problem_type": "multi_label"}, "evaluation": {"threshold": 1.0}},
+     r"evaluation.threshold: must be between 0 and 1, or per_label, got 1.0"),
+    ({"model": {"problem_type": "multi_label"}, "evaluation": {"threshold": "best"}},
+     r"evaluation.threshold: expected float or 'per_label', got str 'best'"),
+    ({"evaluation": {"threshold": "per_label"}},
+     r"evaluation.threshold: applies to multi_label only \(model.problem_type is single_label\)"),
 ])
 def test_a_bad_problem_type_setting_is_one_line_naming_the_key(sections, message):
     tree = {"data": {"train_file": "x.csv"}}
@@ -407,8 +413,10 @@ def problem_runs(tmp_path_factory):
             model={"problem_type": problem_type},
             data={"train_file": str(folder / "train.jsonl"), "validation_file": str(folder / "val.jsonl"),
                   "format": "auto", "has_header": None, "column_names": None, "label_column": label_column},
+            # the multi-label run chooses each label's threshold at each evaluation (finetune.thresholds)
             evaluation={"metrics": ["accuracy", "f1"] if problem_type == "multi_label" else ["pearson", "mse"],
-                        "average": "auto", "positive_label": None},
+                        "average": "auto", "positive_label": None,
+                        "threshold": "per_label" if problem_type == "multi_label" else 0.5},
             training={"num_train_epochs": 8},
         )
         runs[problem_type] = (folder / "out", summary, said[0])
@@ -416,7 +424,7 @@ def problem_runs(tmp_path_factory):
 
 
 @pytest.mark.slow
-def test_a_multi_label_run_learns_and_pipeline_agrees_with_predict(problem_runs):
+def test_a_multi_label_run_learns_and_pipeline_agrees_with_predict(problem_runs, capsys):
     from transformers import AutoConfig, pipeline
 
     from finetune.predict import Predictor
@@ -455,10 +463,28 @@ def test_a_multi_label_run_learns_and_pipeline_agrees_with_predict(problem_runs)
     assert scored.by_label == by_label and scored.intervals == summary["eval_intervals"]
     ours = predictor.predict(TEXTS)
     theirs = pipeline("text-classification", model=str(out), device="cpu", top_k=None)(TEXTS)
+    # the run chose each label's threshold (evaluation.threshold: per_label); the saved config carries them
+    thresholds = summary["eval_thresholds"]
+    assert list(thresholds) == ["hurry", "money"] and all(0 < t < 1 for t in thresholds.values())
+    assert AutoConfig.from_pretrained(out).label_thresholds == thresholds
+    assert predictor.thresholds == tuple(thresholds.values())
+    # on the validation texts they were chosen on, each label's F1 is at least 0.5's, which the same file scored
+    # with evaluation.threshold=0.5 gives; and the run's micro F1 too, the F1 they were chosen for
+    at_half = score_file(out, out.parent / "val.jsonl", ["evaluation.threshold=0.5"], predictor=predictor)
+    assert all(by_label[name]["f1"] >= at_half.by_label[name]["f1"] for name in by_label)
+    assert summary["eval"]["f1"] >= at_half.metrics["f1"]
+    assert at_half.by_label != by_label  # at 0.5 this model predicts other labels: the thresholds moved them
+    # every evaluation chose its own; a checkpoint saved after one carries that evaluation's
+    records = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
+    chosen = {r["step"]: r["eval_thresholds"] for r in records if "eval_thresholds" in r}
+    assert len(chosen) == 8 and chosen[max(chosen)] == thresholds
+    for checkpoint in (out / "checkpoints").iterdir():
+        step = int(checkpoint.name.split("-")[1])
+        assert AutoConfig.from_pretrained(checkpoint).label_thresholds == chosen[step]
     for mine, scores in zip(ours, theirs):
         # the pipeline applies a sigmoid per label, because the saved config says multi_label
         assert mine["probabilities"] == pytest.approx({d["label"]: d["score"] for d in scores}, abs=1e-5)
-        assert mine["labels"] == [d for d in predictor.labels if mine["probabilities"][d] > 0.5]
+        assert mine["labels"] == [d for d in predictor.labels if mine["probabilities"][d] > thresholds[d]]
     # it learned the cue of "hurry": every text with "now" or "urgent" scores above every other
     hurry = [p["probabilities"]["hurry"] for p in ours]
     assert min(h for h, t in zip(hurry, TEXTS) if "now" in t or "urgent" in t) > max(
@@ -468,6 +494,31 @@ def test_a_multi_label_run_learns_and_pipeline_agrees_with_predict(problem_runs)
     assert [p["labels"] for p in strict] == [[d for d in predictor.labels if p["probabilities"][d] > 0.9]
                                             for p in strict]
     assert any(not p["labels"] for p in strict)
+    # finetune predict predicts at the model's thresholds, and at --threshold's where it is given
+    from finetune.predict import main as predict
+
+    capsys.readouterr()
+    assert predict([str(out), *TEXTS]) == 0 and predict([str(out), *TEXTS, "--threshold", "0.9"]) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [line["labels"] for line in lines] == [p["labels"] for p in ours + strict]
+    assert [p["labels"] for p in ours] != [[d for d in predictor.labels if p["probabilities"][d] > 0.5] for p in ours]
+
+
+def test_thresholds_chosen_on_validation_texts_need_validation_texts(tmp_path):
+    from finetune import setup_run
+    from tiny_run import tiny_config, tiny_process
+
+    rows = _tagged_rows(40, 1)
+    with open(tmp_path / "train.jsonl", "w", encoding="utf-8") as fh:
+        fh.writelines(json.dumps(row) + "\n" for row in rows)
+    cfg = tiny_config(tmp_path, model={"problem_type": "multi_label"}, evaluation={
+        "threshold": "per_label", "metrics": ["f1"], "average": "auto", "positive_label": None},
+        data={"train_file": str(tmp_path / "train.jsonl"), "validation_file": None, "validation_split": 0.0,
+              "format": "auto", "has_header": None, "column_names": None, "label_column": "tags"})
+    with tiny_process(), pytest.raises(ConfigError, match=r"^evaluation.threshold: per_label chooses thresholds "
+                                                          r"on the validation texts, and this run has none"):
+        setup_run(cfg)
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.slow

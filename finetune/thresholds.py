@@ -1,0 +1,117 @@
+"""A multi-label model's decision thresholds: the probability over which each label is predicted.
+
+A multi-label model predicts every label whose sigmoid probability is over a threshold. One threshold for every
+label (0.5 by default, ``evaluation.threshold``) suits labels the model ranks and scales alike; a rare label's
+probabilities seldom pass 0.5, and its recall suffers. Under ``evaluation.threshold: per_label`` each evaluation
+chooses each label's own: the one that maximises that label's F1 on the validation texts
+(:func:`f1_thresholds`), which maximises their macro F1, the mean of the labels' F1s. The scores of that
+evaluation are at those thresholds: chosen on the same texts, so they lean high, and a held-out file scored
+with ``finetune score`` says how they hold.
+
+The saved model carries its thresholds in its config, by label name (``label_thresholds`` in ``config.json``,
+:func:`finetune.tasks.model_thresholds`), where ``finetune predict``, ``finetune score`` and ``Predictor`` read them, and
+where a user of plain transformers finds them: ``model.config.label_thresholds``. (transformers keeps an
+attribute it does not know in the saved config, and its pipeline ignores it: ``pipeline`` returns the
+probabilities, to which a caller applies the thresholds.) scikit-learn's ``TunedThresholdClassifierCV`` tunes
+one threshold of a binary classifier by cross-validation; nothing in the stack tunes a threshold per label, so
+this is written here.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from finetune.schema import DEFAULT_THRESHOLD
+
+
+
+def f1_thresholds(probabilities, references, average: str = "macro") -> np.ndarray:
+    """The thresholds, one per label (float32, in label order), that maximise the F1 of ``average`` on these texts.
+
+    ``probabilities``: the texts' sigmoid probabilities, ``(texts, labels)``; ``references``: their 0/1 labels,
+    the same shape. A label is predicted where its probability is over its threshold, as
+    :meth:`finetune.tasks.Task.predictions` does.
+
+    * ``macro`` and ``weighted``: each label's threshold maximises its own F1; their mean, plain or weighted by
+      the labels' texts, is then the largest any thresholds give.
+    * ``micro``: the F1 of the labels' pooled counts ties the labels together. Starting from the default
+      threshold, each label in turn takes the threshold that maximises the pooled F1 given the others', until
+      none changes: the F1 rises at every change, so it ends at or above the default's, at a threshold no one
+      label can better (the best of all, or near it).
+
+    A label that no text has keeps :data:`DEFAULT_THRESHOLD`: at any other, all it would learn is to predict it
+    less, from texts that cannot show when it is right.
+    """
+    probabilities = np.asarray(probabilities, dtype=np.float32)
+    references = np.asarray(references) > 0
+    if probabilities.ndim != 2 or probabilities.shape != references.shape:
+        raise ValueError(f"probabilities {probabilities.shape} and references {references.shape} must be "
+                         "(texts, labels) alike")
+    labels = [_Cuts(probabilities[:, j], references[:, j]) for j in range(probabilities.shape[1])]
+    if average == "micro":
+        return _pooled_f1_thresholds(labels, probabilities, references)
+    return np.array([label.thresholds[label.best(0, 0, label.positives)] if label.tunable else DEFAULT_THRESHOLD
+                     for label in labels], dtype=np.float32)
+
+
+class _Cuts:
+    """One label's possible thresholds. Predicting its ``m`` most probable texts gives ``hits(m)`` of its
+    ``positives``, so one sort counts every threshold: a cut falls between two different probabilities (texts of
+    one probability go together), over 0."""
+
+    def __init__(self, probability: np.ndarray, truth: np.ndarray):
+        order = np.argsort(-probability, kind="stable")
+        ranked = probability[order]
+        below = np.append(ranked[1:], np.float32(0.0))  # the probability under each cut
+        cuts = np.flatnonzero(ranked > below)
+        self.positives = int(truth.sum())
+        self.predicted = cuts + 1
+        self.hits = np.cumsum(truth[order])[cuts]
+        self.thresholds = _between(ranked[cuts], below[cuts])
+        # a label no text has, or whose probabilities are all 0, keeps the default
+        self.tunable = self.positives > 0 and cuts.size > 0
+
+    def best(self, hits_else: int, predicted_else: int, positives: int) -> int:
+        """The cut whose ``F1 = 2 * hits / (predicted + positives)``, with the others' hits and predictions added,
+        is the largest; of cuts that tie, the one whose threshold is nearest the default."""
+        f1 = 2.0 * (hits_else + self.hits) / (predicted_else + self.predicted + positives)
+        tied = np.flatnonzero(f1 == f1.max())
+        return int(tied[np.argmin(np.abs(self.thresholds[tied] - DEFAULT_THRESHOLD))])
+
+
+def _pooled_f1_thresholds(labels: list[_Cuts], probabilities: np.ndarray, references: np.ndarray) -> np.ndarray:
+    """Micro F1's thresholds, label by label from the default, each change a strict rise (so it ends)."""
+    thresholds = np.full(len(labels), DEFAULT_THRESHOLD, dtype=np.float32)
+    predicted_now = probabilities > thresholds
+    hits = (predicted_now & references).sum(0)
+    predicted = predicted_now.sum(0)
+    positives = int(references.sum())
+    changed = True
+    while changed:
+        changed = False
+        for j, label in enumerate(labels):
+            if not label.tunable:
+                continue
+            hits_else, predicted_else = hits.sum() - hits[j], predicted.sum() - predicted[j]
+            i = label.best(hits_else, predicted_else, positives)
+            now = 2.0 * hits.sum() / (predicted.sum() + positives)
+            if 2.0 * (hits_else + label.hits[i]) / (predicted_else + label.predicted[i] + positives) > now:
+                thresholds[j], hits[j], predicted[j] = label.thresholds[i], label.hits[i], label.predicted[i]
+                changed = True
+    return thresholds
+
+
+def _between(upper: np.ndarray, lower: np.ndarray) -> np.ndarray:
+    """Float32 ``t`` with ``lower <= t < upper``, element by element: ``p > t`` then holds for ``upper`` and not
+    ``lower`` in float32 or float64 alike. The midpoint, or ``lower`` itself where the two are neighbouring floats."""
+    middle = ((upper.astype(np.float64) + lower.astype(np.float64)) / 2).astype(np.float32)
+    return np.where((lower <= middle) & (middle < upper), middle, lower)
+
+
+def format_thresholds(labels: Sequence[str], thresholds: Sequence[float], most: int = 12) -> str:
+    """``sport 0.31, news 0.62, ...``: the first ``most`` labels' thresholds, and how many more."""
+    named = [f"{name} {t:.3g}" for name, t in zip(labels, thresholds)]
+    more = len(named) - most
+    return ", ".join(named[:most]) + (f" and {more} more" if more > 0 else "")
