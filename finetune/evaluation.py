@@ -11,7 +11,7 @@ import torch
 from finetune.chunks import document_logits, split_batch
 from finetune.metrics import metric_intervals, scores_by_label
 from finetune.tasks import Task, set_model_thresholds
-from finetune.thresholds import f1_thresholds
+from finetune.thresholds import f1_thresholds, format_thresholds
 
 
 # the keys of an evaluation record (train_log.jsonl, metrics.json) that hold Evaluation.by_label and .intervals
@@ -34,6 +34,10 @@ class Evaluation:
     # each label's threshold chosen on these texts, by name (Task.tune_thresholds: finetune.thresholds), at which
     # the metrics were scored; None where the task's threshold was used
     thresholds: Optional[dict[str, float]] = None
+
+    def thresholds_said(self) -> str:
+        """``hurry 0.149, money 0.563``: the thresholds chosen, for a log line."""
+        return format_thresholds(list(self.thresholds or {}), list((self.thresholds or {}).values()))
 
 
 def evaluate_model(model: torch.nn.Module, dataloader, accelerator, metrics=None,

@@ -21,6 +21,8 @@ import yaml
 from finetune.data_sources import data_sources
 from finetune.modeling import hub_id, model_name
 from finetune.outputs import CONFIG_FILE, MODEL_CARD_MARK
+from finetune.schema import PER_LABEL
+from finetune.thresholds import format_thresholds
 
 # metric names as the Hub's model-index spells them, and how the card titles them
 _TITLES = {"accuracy": "Accuracy", "f1": "F1", "precision": "Precision", "recall": "Recall",
@@ -122,8 +124,20 @@ def _predicts(problem_type: str, labels: list[str]) -> str:
         return f"It predicts a number, `{labels[0]}` (regression, trained on squared error)."
     if problem_type == "multi_label":
         return (f"It predicts any number of {len(labels)} labels (multi-label: a sigmoid per label, "
-                f"over 0.5 counts): {names}.")
+                f"over the label's threshold counts): {names}.")
     return f"It predicts one of {len(labels)} labels: {names}."
+
+
+def _thresholds(evaluation, thresholds: Optional[dict[str, float]]) -> list[str]:
+    """The card's line on a multi-label model's thresholds (none for another problem type)."""
+    if not thresholds:
+        return []
+    if evaluation.threshold != PER_LABEL:
+        return [f"- Thresholds: {evaluation.threshold:g} for every label (`evaluation.threshold`)"]
+    return [f"- Thresholds: {format_thresholds(list(thresholds), list(thresholds.values()))}, each label's chosen on "
+            f"the validation texts for the best {evaluation.average} F1 (`evaluation.threshold: per_label`; the "
+            "results below are at them, so they lean high); in `config.json` as `label_thresholds`, which "
+            "`finetune predict` applies and `pipeline()` does not"]
 
 
 def _long_texts(record: Optional[dict[str, Any]]) -> list[str]:
@@ -278,6 +292,7 @@ def model_card(cfg, summary: dict[str, Any]) -> str:
         *_long_texts(train.get("long_texts")),
         *_adapters(train.get("lora")),
         *_frozen(train.get("frozen")),
+        *_thresholds(cfg.evaluation, summary.get("eval_thresholds")),
         "",
         *_results(sources.validation, results, metrics, summary.get("eval_by_label"),
                   summary.get("validation_seen_in_training", 0), summary.get("eval_intervals")),

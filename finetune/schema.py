@@ -624,8 +624,8 @@ class EvalConfig:
     threshold: Union[float, Literal["per_label"]] = setting(DEFAULT_THRESHOLD,
         "multi_label: the sigmoid probability over which a label is predicted, in evaluations and by the saved "
         "model (its config's label_thresholds, which finetune predict and score use). `per_label`: each "
-        "evaluation chooses each label's own, the one with the best F1 on the validation texts (their macro F1's "
-        "best), and scores at those: chosen on the texts they are scored on, so those scores lean high; score a "
+        "evaluation chooses each label's own, those that give the best F1 (of `average`) on the validation "
+        "texts, and scores at them: chosen on the texts they are scored on, those scores lean high; score a "
         "held-out file for a fair figure. Needs validation data.")
     eval_every: Optional[int] = setting(None,
         "Also evaluate every this many updates (null: only at epoch ends, see training.eval_each_epoch).")

@@ -3,18 +3,17 @@
 A multi-label model predicts every label whose sigmoid probability is over a threshold. One threshold for every
 label (0.5 by default, ``evaluation.threshold``) suits labels the model ranks and scales alike; a rare label's
 probabilities seldom pass 0.5, and its recall suffers. Under ``evaluation.threshold: per_label`` each evaluation
-chooses each label's own: the one that maximises that label's F1 on the validation texts
-(:func:`f1_thresholds`), which maximises their macro F1, the mean of the labels' F1s. The scores of that
-evaluation are at those thresholds: chosen on the same texts, so they lean high, and a held-out file scored
-with ``finetune score`` says how they hold.
+chooses each label's own, those that maximise the run's F1 (``evaluation.average``) on the validation texts
+(:func:`f1_thresholds`), and scores at them: chosen on the texts they are scored on, those scores lean high, and a
+held-out file scored with ``finetune score`` says how they hold.
 
-The saved model carries its thresholds in its config, by label name (``label_thresholds`` in ``config.json``,
-:func:`finetune.tasks.model_thresholds`), where ``finetune predict``, ``finetune score`` and ``Predictor`` read them, and
-where a user of plain transformers finds them: ``model.config.label_thresholds``. (transformers keeps an
-attribute it does not know in the saved config, and its pipeline ignores it: ``pipeline`` returns the
-probabilities, to which a caller applies the thresholds.) scikit-learn's ``TunedThresholdClassifierCV`` tunes
-one threshold of a binary classifier by cross-validation; nothing in the stack tunes a threshold per label, so
-this is written here.
+The model's config carries its thresholds by label name (``label_thresholds`` in ``config.json``,
+:func:`finetune.tasks.model_thresholds`), in the saved model and in each checkpoint, where ``finetune predict``,
+``finetune score`` and ``Predictor`` read them, and where a user of plain transformers finds them:
+``model.config.label_thresholds``. (transformers keeps an attribute it does not know in the saved config, and its
+pipeline ignores it: ``pipeline`` returns the probabilities, to which a caller applies the thresholds.)
+scikit-learn's ``TunedThresholdClassifierCV`` tunes one threshold of a binary classifier; nothing in the stack
+tunes one per label for a pooled F1, so this is written here.
 """
 
 from __future__ import annotations
@@ -24,7 +23,6 @@ from typing import Sequence
 import numpy as np
 
 from finetune.schema import DEFAULT_THRESHOLD
-
 
 
 def f1_thresholds(probabilities, references, average: str = "macro") -> np.ndarray:

@@ -181,3 +181,18 @@ def test_each_metric_shows_its_interval_and_one_of_a_point_is_said_to_be_no_cert
     assert ("| metric | value | 95% interval |\n|---|---|---|\n| Loss | 0.2000 |  |\n"
             "| Accuracy | 0.9000 | 0.8312 to 0.9541 |\n| Precision | 0.8000 | 0.8000 to 0.8000 |") in body
     assert body.count("An interval of one point means that no resample moved the metric") == 1
+
+
+def test_a_multi_label_cards_thresholds_say_whether_they_were_chosen_on_its_results_texts():
+    def card(threshold) -> str:
+        cfg = config_from_dict({"model": {"problem_type": "multi_label"}, "data": {"train_file": "tags.jsonl"},
+                                "evaluation": {"threshold": threshold, "average": "macro"}})
+        chosen = {"earn": 0.25, "acq": 0.625} if threshold == "per_label" else {"earn": threshold, "acq": threshold}
+        return model_card(cfg, {**_summary(), "eval_thresholds": chosen})
+
+    assert "- Thresholds: 0.3 for every label (`evaluation.threshold`)" in card(0.3)
+    chosen = card("per_label")
+    assert ("- Thresholds: earn 0.25, acq 0.625, each label's chosen on the validation texts for the best macro F1 "
+            "(`evaluation.threshold: per_label`; the results below are at them, so they lean high)") in chosen
+    assert "over the label's threshold counts" in chosen
+    assert "Thresholds" not in model_card(config_from_dict({"data": {"train_file": "x.csv"}}), _summary())

@@ -468,6 +468,9 @@ def test_a_multi_label_run_learns_and_pipeline_agrees_with_predict(problem_runs,
     assert list(thresholds) == ["hurry", "money"] and all(0 < t < 1 for t in thresholds.values())
     assert AutoConfig.from_pretrained(out).label_thresholds == thresholds
     assert predictor.thresholds == tuple(thresholds.values())
+    card = (out / "README.md").read_text()
+    named = ", ".join(f"{name} {t:.3g}" for name, t in thresholds.items())
+    assert f"- Thresholds: {named}, each label's chosen on the validation texts for the best micro F1" in card
     # on the validation texts they were chosen on, each label's F1 is at least 0.5's, which the same file scored
     # with evaluation.threshold=0.5 gives; and the run's micro F1 too, the F1 they were chosen for
     at_half = score_file(out, out.parent / "val.jsonl", ["evaluation.threshold=0.5"], predictor=predictor)

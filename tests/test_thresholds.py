@@ -126,3 +126,17 @@ def test_a_models_config_carries_its_thresholds_by_label_name():
     model = Model()
     model.config = config
     assert Task.of_model(model).threshold == (0.25, 0.75)
+
+
+def test_a_run_with_one_threshold_starts_its_model_with_it_and_one_that_chooses_them_with_none():
+    from types import SimpleNamespace
+
+    from transformers import BertConfig
+
+    from finetune.tasks import start_thresholds
+
+    for problem_type, setting, expected in (("multi_label", 0.3, {"a": 0.3, "b": 0.3}),
+                                            ("multi_label", "per_label", None), ("single_label", 0.5, None)):
+        config = BertConfig(num_labels=2)
+        start_thresholds(config, SimpleNamespace(problem_type=problem_type, names=["a", "b"]), setting)
+        assert getattr(config, "label_thresholds", None) == expected
