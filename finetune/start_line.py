@@ -121,6 +121,9 @@ def _how(run: Run) -> str:
     if run.labels.problem_type != "regression":
         positive = f" on {evaluation.positive_label!r}" if evaluation.average == "binary" else ""
         parts.append(f"average={evaluation.average}{positive}")
+    if run.labels.problem_type == "multi_label":  # chosen at each evaluation, or one for every label
+        tuned = run.task.tune_thresholds
+        parts.append(f"thresholds=per_label (for {tuned} F1)" if tuned else f"threshold={evaluation.threshold:g}")
     if run.task.label_smoothing:
         parts.append(f"label_smoothing={run.task.label_smoothing:g}")
     weights = run.task.class_weights

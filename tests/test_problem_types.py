@@ -433,6 +433,7 @@ def test_a_multi_label_run_learns_and_pipeline_agrees_with_predict(problem_runs,
 
     out, summary, start = problem_runs["multi_label"]
     assert "for 2 labels, any number per text (hurry, money) on train.jsonl" in start
+    assert "average=micro thresholds=per_label (for micro F1)" in start
     assert AutoConfig.from_pretrained(out).problem_type == "multi_label_classification"
     assert summary["labels"] == ["hurry", "money"]
     assert set(summary["eval"]) == {"loss", "num_samples", "accuracy", "f1"}
