@@ -1162,3 +1162,23 @@ def test_the_intervals_benchmark_times_the_metrics_and_their_intervals_for_each_
     rows = [line.strip("|").split("|") for line in out.splitlines() if line.startswith("| ")][2:]
     assert [(r[0].strip(), int(r[1])) for r in rows] == [("2", 50), ("3", 80), ("a number (regression)", 60)]
     assert all(float(r[2]) > 0 and float(r[3]) > 0 for r in rows)
+
+
+def test_the_thresholds_job_tags_real_messages_by_their_cues_and_holds_a_fifth_out(tmp_path):
+    import json
+    import re
+
+    from bench.thresholds import CUES, DROPPED, write_tagged
+
+    train, test = write_tagged(tmp_path)
+    rows = [json.loads(line) for path in (train, test) for line in path.read_text(encoding="utf-8").splitlines()]
+    assert len(rows) == 4862 and len(test.read_text(encoding="utf-8").splitlines()) == 972
+    kept = cued = 0
+    for row in rows:
+        words = set(re.findall(r"[a-z£]+", row["text"].lower()))
+        cues = {tag for tag, listed in CUES.items() if words & set(listed.split())}
+        assert set(row["tags"]) - {"spam"} <= cues  # a tag only where its cue is; some dropped
+        kept += len(set(row["tags"]) & cues)
+        cued += len(cues)
+    assert abs(1 - kept / cued - DROPPED) < 0.02
+    assert 0.10 < sum("spam" in row["tags"] for row in rows) / len(rows) < 0.13  # the collection's own label
