@@ -10,9 +10,11 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from finetune.checkpoint import load_checkpoint, load_model_weights, save_checkpoint
 from finetune.checkpoint_files import CHECKPOINT_PREFIX, checkpoints_root, read_state
+from finetune.evaluation import EVAL_THRESHOLDS
 from finetune.resplit import k_in_epoch, micro_batch_on_new_split, split_change
 from finetune.resuming import check_compatible, choose_checkpoint, padding_change, padding_lengths, run_fingerprint
 from finetune.selection import EvalHistory
+from finetune.tasks import set_model_thresholds
 
 if TYPE_CHECKING:
     from finetune.assembly import Run
@@ -65,6 +67,7 @@ class Checkpointer:
             return None
         meta = load_checkpoint(self.run, self.resume_path, self.resume_meta, fresh_streams=bool(self._split_change))
         self.history.restore(meta.get("history", []))
+        carry_thresholds(self.run, self.history.records)
         if self._split_change:
             self._go_on_at_the_new_split(meta["fingerprint"])
         threads, saved_threads = torch.get_num_threads(), meta.get("cpu_threads")
@@ -169,3 +172,11 @@ class Checkpointer:
         return (f"last good checkpoint: {self.last_saved}. Resuming it with the same settings replays the same "
                 f"updates; to go on with others (a lower optim.learning_rate, say), start a run from its weights: "
                 f"model.name_or_path={self.last_saved} output.output_dir=<a new folder>")
+
+
+def carry_thresholds(run: "Run", records: list[dict[str, Any]]) -> None:
+    """A resumed model's config takes the thresholds its last evaluation chose (``evaluation.threshold:
+    per_label``), as it held them before the stop: a checkpoint saved before the next evaluation saves them."""
+    chosen = [record[EVAL_THRESHOLDS] for record in records if EVAL_THRESHOLDS in record]
+    if chosen:
+        set_model_thresholds(run.accelerator.unwrap_model(run.model).config, list(chosen[-1]), chosen[-1].values())

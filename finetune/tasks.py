@@ -29,6 +29,7 @@ that does not reduce over the batch.
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence, Union
 
@@ -139,7 +140,7 @@ def label_thresholds(model_config, labels: Sequence[str], given=None) -> tuple[f
     one per label), else those its config carries (:func:`model_thresholds`), else the default for every label."""
     if given is None:
         return model_thresholds(model_config, labels) or (DEFAULT_THRESHOLD,) * len(labels)
-    if isinstance(given, (int, float)):
+    if isinstance(given, numbers.Real):  # a NumPy number too
         return (float(given),) * len(labels)
     if len(given) != len(labels):
         raise ValueError(f"{len(given)} thresholds for {len(labels)} labels")

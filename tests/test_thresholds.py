@@ -117,6 +117,7 @@ def test_a_models_config_carries_its_thresholds_by_label_name():
     assert model_thresholds(config, ["a", "c"]) is None  # not one for every label
     assert label_thresholds(config, ["a", "b"]) == (0.25, 0.75)
     assert label_thresholds(config, ["a", "b"], 0.4) == (0.4, 0.4)
+    assert label_thresholds(config, ["a", "b"], np.float32(0.25)) == (0.25, 0.25)
     with pytest.raises(ValueError, match="1 thresholds for 2 labels"):
         label_thresholds(config, ["a", "b"], [0.4])
 
@@ -140,3 +141,19 @@ def test_a_run_with_one_threshold_starts_its_model_with_it_and_one_that_chooses_
         config = BertConfig(num_labels=2)
         start_thresholds(config, SimpleNamespace(problem_type=problem_type, names=["a", "b"]), setting)
         assert getattr(config, "label_thresholds", None) == expected
+
+
+def test_a_resumed_model_takes_the_thresholds_its_last_evaluation_chose():
+    from types import SimpleNamespace
+
+    from transformers import BertConfig
+
+    from finetune.checkpointer import carry_thresholds
+
+    model = SimpleNamespace(config=BertConfig(num_labels=2))
+    run = SimpleNamespace(model=model, accelerator=SimpleNamespace(unwrap_model=lambda m: m))
+    carry_thresholds(run, [{"step": 4}])  # a run that chose none (one threshold for every label) keeps its own
+    assert not hasattr(model.config, "label_thresholds")
+    carry_thresholds(run, [{"step": 4, "eval_thresholds": {"a": 0.2, "b": 0.7}}, {"step": 6, "is_best": False},
+                           {"step": 8, "eval_thresholds": {"a": 0.3, "b": 0.6}}])
+    assert model.config.label_thresholds == {"a": 0.3, "b": 0.6}
