@@ -57,8 +57,8 @@ class Score:
     references: Any
     # the forward passes' arithmetic: "no" (float32), "bf16" or "fp16"
     precision: str = "no"
-    # each label's precision, recall, F1 and support, by name (finetune.metrics.scores_by_label); None for a
-    # regression model
+    # each label's precision, recall, F1 and support, by name (finetune.metrics.scores_by_label), and a multi-label
+    # model's threshold; None for a regression model
     by_label: Optional[dict[str, dict[str, float]]] = None
     # the file's rows whose text (with its pair) a training row of the run has too; None where the run's
     # training rows could not be read again (see texts_seen_in_training)
@@ -149,10 +149,8 @@ def _layout_hint(data_cfg) -> Optional[str]:
 
 
 def load_labelled(file: str | os.PathLike, data_cfg, labels: Sequence[str], problem_type: str = "single_label"):
-    """Texts and class ids of a labelled file, read with ``finetune.data``'s readers.
-
-    Unlike training data, the file may hold fewer classes than the model
-    knows: its labels are looked up among the model's ``labels``.
+    """Texts and class ids of a labelled file, read with ``finetune.data``'s readers. Unlike training data, the
+    file may hold fewer classes than the model knows: its labels are looked up among the model's ``labels``.
 
     Returns:
         ``(texts, text_pairs or None, class ids)``.
@@ -186,12 +184,10 @@ def texts_seen_in_training(output_dir: str | os.PathLike, texts: Sequence[str],
                            pairs: Optional[Sequence[str]] = None) -> Optional[int]:
     """How many of ``texts`` (with their ``pairs``) the run in ``output_dir`` trained on.
 
-    The run's training rows are read again as it read them: from its local
-    training file with its saved ``config.yaml`` (the path as given, from the
-    current folder, else the absolute path its ``metrics.json`` holds), and
-    taken only where they are the rows it trained on (the SHA-256 its
-    ``metrics.json`` holds). ``None`` where they cannot be: a Hub data set or a
-    URL, a file moved or edited since, a run saved without those files.
+    The run's training rows are read again as it read them: from its local training file with its saved
+    ``config.yaml`` (the path as given, from the current folder, else the absolute path its ``metrics.json``
+    holds), and taken only where they are the rows it trained on (the SHA-256 its ``metrics.json`` holds).
+    ``None`` where they cannot be: a Hub data set or a URL, a file moved or edited since, a run saved without them.
     """
     import dataclasses
 
@@ -282,7 +278,8 @@ def score_file(output_dir: str | os.PathLike, file: str | os.PathLike, overrides
 
     predictor = predictor or Predictor.load(output_dir, batch_size=batch_size, precision=precision)
     setting = cfg.evaluation.threshold  # per_label, the one word it takes: the model's own (finetune.thresholds)
-    task = Task(problem_type, threshold=predictor.thresholds if isinstance(setting, str) else setting)
+    thresholds = predictor.thresholds if isinstance(setting, str) else (setting,) * len(names)
+    task = Task(problem_type, threshold=thresholds)
     logits = torch.from_numpy(predictor.logits(texts, pairs, progress=True))
     refs = torch.as_tensor(np.asarray(references))
     predictions = task.predictions(logits).numpy()
@@ -292,6 +289,8 @@ def score_file(output_dir: str | os.PathLike, file: str | os.PathLike, overrides
     single = problem_type == "single_label"
     confusion = confusion_matrix(refs.numpy(), predictions, len(names)) if single else None
     by_label = scores_by_label(predictions, refs.numpy(), names) if problem_type != "regression" else None
+    for name, threshold in zip(names, thresholds) if problem_type == "multi_label" else ():
+        by_label[name]["threshold"] = threshold  # what each label was predicted over
     return Score(str(file), metrics, list(names), confusion, predictions, refs.numpy(), predictor.precision,
                  by_label, texts_seen_in_training(output_dir, texts, pairs) if count_seen else None,
                  metric_intervals(suite, predictions, refs.numpy()), texts, pairs, suite)
@@ -324,9 +323,10 @@ def format_confusions(matrix, names: Sequence[str], top: int = 10) -> str:
 def format_by_label(by_label: dict[str, dict[str, float]]) -> str:
     """Each label's scores as an aligned text table, one row per label."""
     width = max([len(str(name)) for name in by_label] + [5])
-    head = f"{'label'.ljust(width)}  precision  recall      f1  support  predicted"
+    over = "threshold" in next(iter(by_label.values()), {})  # a multi-label model's: the probability it passed
+    head = f"{'label'.ljust(width)}  precision  recall      f1  support  predicted" + "  threshold" * over
     rows = [f"{str(name).ljust(width)}  {s['precision']:9.4f}  {s['recall']:6.4f}  {s['f1']:6.4f}  {s['support']:7d}"
-            f"  {s['predicted']:9d}" for name, s in by_label.items()]
+            f"  {s['predicted']:9d}" + (f"  {s['threshold']:9.3g}" if over else "") for name, s in by_label.items()]
     return "\n".join(["by label (each scored alone; support: its texts in the file; predicted: the texts given it)",
                       head, *rows])
 

@@ -429,7 +429,7 @@ def test_a_multi_label_run_learns_and_pipeline_agrees_with_predict(problem_runs,
 
     from finetune.predict import Predictor
 
-    from finetune.score import score_file
+    from finetune.score import format_by_label, score_file
 
     out, summary, start = problem_runs["multi_label"]
     assert "for 2 labels, any number per text (hurry, money) on train.jsonl" in start
@@ -461,7 +461,10 @@ def test_a_multi_label_run_learns_and_pipeline_agrees_with_predict(problem_runs,
     predictor = Predictor.load(out, device="cpu")
     # finetune score on the validation file scores each label, and its intervals, as the run's last evaluation did
     scored = score_file(out, out.parent / "val.jsonl", predictor=predictor)
-    assert scored.by_label == by_label and scored.intervals == summary["eval_intervals"]
+    assert scored.intervals == summary["eval_intervals"]
+    # each label's row of the file's scores says the threshold it was scored at: the run's
+    assert {name: scores.pop("threshold") for name, scores in scored.by_label.items()} == summary["eval_thresholds"]
+    assert scored.by_label == by_label
     ours = predictor.predict(TEXTS)
     theirs = pipeline("text-classification", model=str(out), device="cpu", top_k=None)(TEXTS)
     # the run chose each label's threshold (evaluation.threshold: per_label); the saved config carries them
@@ -475,6 +478,9 @@ def test_a_multi_label_run_learns_and_pipeline_agrees_with_predict(problem_runs,
     # on the validation texts they were chosen on, each label's F1 is at least 0.5's, which the same file scored
     # with evaluation.threshold=0.5 gives; and the run's micro F1 too, the F1 they were chosen for
     at_half = score_file(out, out.parent / "val.jsonl", ["evaluation.threshold=0.5"], predictor=predictor)
+    assert {scores["threshold"] for scores in at_half.by_label.values()} == {0.5}
+    table = format_by_label(at_half.by_label).splitlines()
+    assert table[1].endswith("predicted  threshold") and all(row.endswith("      0.5") for row in table[2:])
     assert all(by_label[name]["f1"] >= at_half.by_label[name]["f1"] for name in by_label)
     assert summary["eval"]["f1"] >= at_half.metrics["f1"]
     assert at_half.by_label != by_label  # at 0.5 this model predicts other labels: the thresholds moved them
