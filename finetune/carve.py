@@ -1,7 +1,8 @@
 """The validation rows carved out of the training data (``data.validation_split``), and the ``max_*_samples``
 caps.
 
-A carve draws ``data.validation_split`` of the training rows, seeded, stratified by class for single labels.
+A carve draws ``data.validation_split`` of the training rows, seeded, stratified by class for single labels and
+by label for several (:func:`iterative_stratification`).
 Collected data repeats itself, though (the SMS Spam Collection holds 328 repeats among its 4862 messages): a
 carve of rows puts copies of one text on both sides, and those validation rows score what the model remembers.
 ``data.validation_split_by: text`` carves texts instead: every copy of a text (with its pair) falls on the same
@@ -39,10 +40,16 @@ def _unit(by: str) -> str:
 def carve_validation(train: datasets.Dataset, read: Table, fraction: float, seed: int, label_space: LabelSpace,
                      by: str = "row") -> tuple[datasets.Dataset, datasets.Dataset]:
     """Split ``fraction`` of ``train`` (encoded from the table ``read``) off as validation, seeded; stratified by
-    class for single_label. ``by``: ``row`` draws rows, ``text`` draws distinct texts with all their rows."""
+    class for single_label, by label for multi_label. ``by``: ``row`` draws rows, ``text`` draws distinct texts with
+    all their rows."""
     groups, firsts = _units_of(train, read, by)
-    if label_space.problem_type != "single_label":
+    if label_space.problem_type == "regression":
         return _carve_at_random(train, groups, len(firsts), read.source, fraction, seed, by)
+    if label_space.problem_type == "multi_label":
+        n_validation = _validation_units(len(firsts), read.source, fraction, by)
+        side = iterative_stratification(_unit_label_sets(train, firsts), [len(firsts) - n_validation, n_validation],
+                                        seed)
+        return _rows_of_units(train, groups, np.flatnonzero(side == 1))
     return _carve_stratified(train, groups, firsts, read, fraction, seed, label_space, by)
 
 
@@ -52,7 +59,8 @@ def carve_fold(train: datasets.Dataset, read: Table, folds: int, fold: int, seed
 
     The units (rows, or distinct texts with all their rows: ``by``) are shuffled with ``seed`` and dealt round
     the folds in turn, for single_label class by class: each fold then holds each class's share to within one
-    unit, and the folds' sizes differ by one at most. The same seed deals the same folds in every run, so the
+    unit, and the folds' sizes differ by one at most; for multi_label by :func:`iterative_stratification`, each
+    fold holding about its share of each label. The same seed deals the same folds in every run, so the
     ``folds`` runs of a config hold out every unit once.
     """
     groups, firsts = _units_of(train, read, by)
@@ -60,6 +68,9 @@ def carve_fold(train: datasets.Dataset, read: Table, folds: int, fold: int, seed
     if units < folds:
         raise DataError(f"{read.source}: {units} {_units(by)} are too few for {folds} folds "
                         "(data.validation_folds)")
+    if label_space.problem_type == "multi_label":  # each label's share in each fold, as near as the sets allow
+        fold_of = iterative_stratification(_unit_label_sets(train, firsts), [units / folds] * folds, seed)
+        return _rows_of_units(train, groups, np.flatnonzero(fold_of == fold - 1))
     order = np.random.default_rng(seed).permutation(units)
     if label_space.problem_type == "single_label":
         _, unit_labels = _unit_labels(train, firsts, read, label_space, by,
@@ -94,13 +105,69 @@ def _unit_labels(train: datasets.Dataset, firsts: np.ndarray, read: Table, label
     return labels, unit_labels
 
 
-def _carve_at_random(train: datasets.Dataset, groups: np.ndarray, units: int, source: str, fraction: float,
-                     seed: int, by: str) -> tuple[datasets.Dataset, datasets.Dataset]:
-    """Several labels per text, or a number: no classes to stratify by."""
+def _validation_units(units: int, source: str, fraction: float, by: str) -> int:
+    """The units a carve without classes holds out (rounded up, as datasets does), refusing a carve that would
+    leave none to train on."""
     n_validation = math.ceil(fraction * units)
     if units - n_validation < 1:
         raise DataError(f"{source}: {units} {_units(by)} are too few to carve a validation set "
                         f"(data.validation_split: {fraction}); give data.validation_file")
+    return n_validation
+
+
+def _unit_label_sets(train: datasets.Dataset, firsts: np.ndarray) -> np.ndarray:
+    """multi_label: each unit's labels (its first row's), a ``units x labels`` bool array."""
+    return np.asarray(read_column(train, LABELS), dtype=np.float32)[firsts] > 0
+
+
+def iterative_stratification(label_sets: np.ndarray, sizes: list[float], seed: int) -> np.ndarray:
+    """Each unit's subset (an index of ``sizes``), so that each subset holds about its share of every label.
+
+    Sechidis, Tsoumakas and Vlahavas's iterative stratification ("On the stratification of multi-label data",
+    2011): the label with the fewest units left goes first, each of its units (in a seeded random order) to the
+    subset that most lacks that label, then the one that most lacks units, then a seeded draw; again until no
+    labelled unit is left; the units without a label fill what each subset lacks. A rare label is so spread
+    before the common ones fill the subsets, where a random draw can leave it out of a small validation set.
+    ``sizes``: each subset's wanted number of units (their sum, the units). By hand: scikit-learn stratifies by
+    one label only, and scikit-multilearn, which has this, would bring SciPy's sparse matrices for forty lines.
+    """
+    rng = np.random.default_rng(seed)
+    units = label_sets.shape[0]
+    order = rng.permutation(units)
+    lacking = np.asarray(sizes, dtype=np.float64)  # units each subset still lacks
+    per_label = label_sets.sum(0)
+    lacking_label = np.outer(lacking / max(units, 1), per_label)  # subsets x labels
+    left = per_label.astype(np.int64)
+    subset = np.full(units, -1, dtype=np.int64)
+    while left.any():
+        label = int(np.argmin(np.where(left > 0, left, np.iinfo(np.int64).max)))
+        for unit in order[label_sets[order, label]]:
+            if subset[unit] >= 0:
+                continue
+            j = _most_lacking(lacking_label[:, label], lacking, rng)
+            labels = label_sets[unit]
+            subset[unit] = j
+            lacking[j] -= 1
+            lacking_label[j, labels] -= 1
+            left[labels] -= 1
+    for unit in order[subset[order] < 0]:
+        subset[unit] = j = _most_lacking(lacking, lacking, rng)
+        lacking[j] -= 1
+    return subset
+
+
+def _most_lacking(first: np.ndarray, then: np.ndarray, rng: np.random.Generator) -> int:
+    """The subset with the largest ``first``, of those the largest ``then``, of those a seeded draw."""
+    tied = np.flatnonzero(first == first.max())
+    if tied.size > 1:
+        tied = tied[then[tied] == then[tied].max()]
+    return int(tied[0] if tied.size == 1 else rng.choice(tied))
+
+
+def _carve_at_random(train: datasets.Dataset, groups: np.ndarray, units: int, source: str, fraction: float,
+                     seed: int, by: str) -> tuple[datasets.Dataset, datasets.Dataset]:
+    """A number per text: no classes to stratify by."""
+    n_validation = _validation_units(units, source, fraction, by)
     if by == "row":
         parts = train.train_test_split(test_size=n_validation, seed=seed)
         return parts["train"], parts["test"]

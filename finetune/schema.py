@@ -163,9 +163,10 @@ class DataConfig:
         "(a row left with none is a text with no label). The log says how many rows it left out; a label "
         "the training data does not have is an error. null: none.")
     validation_split: float = setting(0.1,
-        "Fraction of train carved out (seeded; stratified by class for single_label) when no validation set is "
-        "given. Rows are carved by default: copies of a repeated text can fall on both sides, and the start "
-        "line counts the validation rows whose text is also in train (`validation_split_by: text` to prevent it).")
+        "Fraction of train carved out (seeded; stratified by class for single_label, by label for multi_label: "
+        "each label keeps its share) when no validation set is given. Rows are carved by default: copies of a "
+        "repeated text can fall on both sides, and the start line counts the validation rows whose text is also "
+        "in train (`validation_split_by: text` to prevent it).")
     validation_split_by: str = setting("row",
         "What the carve (and the folds) draw. `row`: rows, as `datasets`' `train_test_split` does. `text`: "
         "distinct texts (with their pair), every copy of one on the same side, so that no validation text is a "
@@ -174,10 +175,10 @@ class DataConfig:
         "a training row. The fraction is then one of the distinct texts or values.")
     validation_folds: Optional[int] = setting(None,
         "K-fold cross-validation: the training data dealt into this many folds (seeded by the split seed; "
-        "stratified by class for single_label; rows or distinct texts, as `validation_split_by` says), and fold "
-        "`validation_fold` held out in place of `validation_split`'s carve. Every row is in one fold, so the K "
-        "runs of one config validate on all the data once: `finetune sweep --folds K` runs them and reports "
-        "the mean and spread. null: no folds.")
+        "stratified by class for single_label, by label for multi_label; rows or distinct texts, as "
+        "`validation_split_by` says), and fold `validation_fold` held out in place of `validation_split`'s "
+        "carve. Every row is in one fold, so the K runs of one config validate on all the data once: `finetune "
+        "sweep --folds K` runs them and reports the mean and spread. null: no folds.")
     validation_fold: int = setting(1, "With `validation_folds`: the fold held out, 1 to `validation_folds`.")
     split_seed: Optional[int] = setting(None,
         "Seed of the validation rows carved out of train and of the `max_*_samples` subsets (null: "

@@ -14,6 +14,7 @@ from collections import Counter
 from pathlib import Path
 
 import datasets
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -604,8 +605,6 @@ def test_the_stratified_carve_takes_the_rows_datasets_would(seed, draw, monkeypa
     module is gone, the method itself."""
     import sys
 
-    import numpy as np
-
     if draw == "datasets' method":
         monkeypatch.setitem(sys.modules, "datasets.utils.stratify", None)  # an import of it raises ImportError
 
@@ -767,9 +766,47 @@ def test_folds_hold_out_every_row_once_with_each_classs_share(tmp_path, problem_
     assert again["validation"]["text"] != first["validation"]["text"]
     assert sorted(other["validation"]["text"]) != sorted(again["validation"]["text"])  # the seed deals the folds
     unit = "training rows" if by == "row" else "distinct training texts"
-    drawn = "stratified" if problem_type == "single_label" else "shuffled"
+    drawn = "shuffled" if problem_type == "regression" else "stratified"
     assert data_sources(dataclasses.replace(config, validation_fold=2), 3, problem_type).validation == (
         f"fold 2 of 5 of the {unit} held out ({drawn}, seed 3)")
+
+
+def test_iterative_stratification_gives_each_subset_its_share_of_every_label_where_a_random_draw_does_not():
+    from finetune.carve import iterative_stratification
+
+    worst, worst_random = [], []
+    for seed in range(20):  # 1,000 texts, 8 labels held by 0.5% to 30% of them, a tenth held out
+        rng = np.random.default_rng(seed)
+        sets = rng.random((1000, 8)) < np.geomspace(0.005, 0.3, 8)
+        side = iterative_stratification(sets, [900, 100], seed)
+        assert (side == 1).sum() == 100 and set(side.tolist()) == {0, 1}
+        share = sets.sum(0) / 10
+        worst.append(np.abs(sets[side == 1].sum(0) - share).max())
+        worst_random.append(np.abs(sets[rng.permutation(1000)[:100]].sum(0) - share).max())
+        assert np.array_equal(iterative_stratification(sets, [900, 100], seed), side)  # the seed's, each time
+        assert not np.array_equal(iterative_stratification(sets, [900, 100], seed + 1), side)
+    assert max(worst) <= 0.5  # every label's count is its share, rounded
+    assert np.mean(worst_random) > 3  # a random draw misses some label's share by several texts
+    # five folds: each holds a fifth of every label, rounded, and a fifth of the texts
+    sets = np.random.default_rng(0).random((1000, 8)) < np.geomspace(0.005, 0.3, 8)
+    fold = iterative_stratification(sets, [200.0] * 5, 0)
+    assert np.bincount(fold).tolist() == [200] * 5
+    for k in range(5):
+        assert np.all(np.abs(sets[fold == k].sum(0) - sets.sum(0) / 5) < 1)
+
+
+def test_a_multi_label_carve_holds_a_rare_labels_share_whatever_the_seed(tmp_path):
+    # 100 texts; "rare" on 10 of them, "common" on 50; a fifth held out: 2 rare texts at every seed
+    rows = [json.dumps({"text": f"text {i}", "tags": ["rare"] * (i % 10 == 0) + ["common"] * (i % 2 == 1)})
+            for i in range(100)]
+    path = write(tmp_path / "t.jsonl", "\n".join(rows) + "\n")
+    for seed in range(10):
+        splits, labels = load_splits(cfg(path, label_column="tags", validation_split=0.2), seed=seed,
+                                     problem_type="multi_label")
+        validation = np.asarray(splits["validation"]["labels"])
+        assert len(validation) == 20 and len(splits["train"]) == 80
+        assert validation[:, labels.names.index("rare")].sum() == 2
+        assert validation[:, labels.names.index("common")].sum() == 10
 
 
 def test_folds_are_refused_where_they_cannot_be_cut(tmp_path):

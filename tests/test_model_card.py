@@ -66,12 +66,13 @@ def test_validation_texts_the_model_was_trained_on_are_counted_under_the_results
 
 
 def test_rows_held_out_at_random_are_not_said_to_be_stratified():
-    """Several labels per text, or a number: the carve is a seeded random draw (there are no classes to
-    stratify by), and the start line and the card say so."""
+    """A number per text: the carve is a seeded random draw (there are no classes or labels to stratify by),
+    and the start line and the card say so; several labels per text are stratified by label."""
     from finetune.data_sources import data_sources
 
-    cfg = config_from_dict({"data": {"train_file": "tags.jsonl"}, "model": {"problem_type": "multi_label"}})
-    for problem_type, drawn in (("single_label", "stratified"), ("multi_label", "random"), ("regression", "random")):
+    cfg = config_from_dict({"data": {"train_file": "scores.jsonl"}, "model": {"problem_type": "regression"}})
+    for problem_type, drawn in (("single_label", "stratified"), ("multi_label", "stratified"),
+                                ("regression", "random")):
         assert data_sources(cfg.data, 42, problem_type).validation == \
             f"10% of the training rows held out ({drawn}, seed 42)"
     body = model_card(cfg, _summary()).split("---\n", 2)[2]
