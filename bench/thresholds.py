@@ -3,6 +3,7 @@
     python bench/thresholds.py                     # 3 epochs, micro and macro F1, seeds 0, 1, 2: about 15 minutes
     python bench/thresholds.py --epochs 1 --averages micro --seeds 0
     python bench/thresholds.py --cost              # what choosing them adds to an evaluation, by labels and texts
+    python bench/thresholds.py --carve             # each label's validation texts: the run's carve against a random one
 
 The job: the embedded MiniLM (configs/default.yaml's model and settings, ``--epochs`` epochs) on the embedded SMS Spam
 Collection's 4,862 real messages, each tagged with any of nine labels: ``spam`` (the collection's own label) and
@@ -109,15 +110,47 @@ def cost(rounds: int = 3) -> None:
         print(f"| {labels} | {texts:,} | {scored * 1e3:.0f} | {micro * 1e3:.0f} | {macro * 1e3:.0f} |", flush=True)
 
 
+def carve(train: Path, seeds: range = range(20)) -> None:
+    """How far each label's validation texts are from its share (a tenth), in the carve a run makes (stratified by
+    label) and in a seeded random draw of as many rows (what a multi-label carve was before)."""
+    import numpy as np
+
+    sys.path.insert(0, str(REPO))
+    from finetune.config import config_from_dict
+    from finetune.data import load_splits
+
+    print(f"python bench/thresholds.py --carve (seeds {seeds.start} to {seeds.stop - 1})\n")
+    print("| carve | texts a label is off its share (mean over labels and seeds) | most off | a label with none |")
+    print("| --- | ---: | ---: | ---: |")
+    data = config_from_dict({"data": {"train_file": str(train), "label_column": "tags"},
+                             "model": {"problem_type": "multi_label"}}).data
+    counts = {"stratified by label (the run's)": [], "random (a seeded draw of as many rows)": []}
+    shares = []
+    for seed in seeds:
+        splits, _ = load_splits(data, seed, "multi_label")
+        validation = np.array(splits["validation"]["labels"]) > 0
+        every = np.concatenate([np.array(splits["train"]["labels"]) > 0, validation])
+        shares.append(every.sum(0) * len(validation) / len(every))
+        drawn = np.random.default_rng(seed).permutation(len(every))[:len(validation)]
+        for name, chosen in zip(counts, (validation, every[drawn])):
+            counts[name].append(chosen.sum(0))
+    for name, held in counts.items():
+        gaps = np.abs(np.array(held) - np.array(shares))
+        print(f"| {name} | {gaps.mean():.2f} | {gaps.max():.1f} | {int((np.array(held) == 0).sum())} times |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--averages", nargs="+", default=["micro", "macro"])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--cost", action="store_true", help="time choosing the thresholds, and train nothing")
+    parser.add_argument("--carve", action="store_true", help="count each label's validation texts, and train nothing")
     args = parser.parse_args()
     if args.cost:
         return cost()
+    if args.carve:
+        return carve(write_tagged(Path(tempfile.mkdtemp(prefix="tagged-")))[0])
     train, test = write_tagged(Path(tempfile.mkdtemp(prefix="tagged-")))
     print(f"python bench/thresholds.py --epochs {args.epochs} --averages {' '.join(args.averages)} "
           f"--seeds {' '.join(map(str, args.seeds))}\n")
