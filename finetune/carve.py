@@ -116,8 +116,10 @@ def _validation_units(units: int, source: str, fraction: float, by: str) -> int:
 
 
 def _unit_label_sets(train: datasets.Dataset, firsts: np.ndarray) -> np.ndarray:
-    """multi_label: each unit's labels (its first row's), a ``units x labels`` bool array."""
-    return np.asarray(read_column(train, LABELS), dtype=np.float32)[firsts] > 0
+    """multi_label: each unit's labels (its first row's), a ``units x labels`` bool array, read from the Arrow
+    column's values as they lie: as Python lists, a million rows of a thousand labels would be a billion floats."""
+    values = train.with_format("arrow")[LABELS].combine_chunks().flatten().to_numpy(zero_copy_only=False)
+    return values.reshape(len(train), -1)[firsts] > 0
 
 
 def iterative_stratification(label_sets: np.ndarray, sizes: list[float], seed: int) -> np.ndarray:
