@@ -149,29 +149,7 @@ def curves_figure(records: list[dict[str, Any]], title: Optional[str] = None):
     ax_lr.set_xlabel("update")
     ax_lr.ticklabel_format(axis="y", style="sci", scilimits=(-3, 3))
 
-    names = [k for k in dict.fromkeys(k for r in evals for k in r)
-             if k.startswith("eval/") and k not in ("eval/loss", "eval/num_samples")]
-    last = max(steps)
-    for i, name in enumerate(names):
-        points = [(int(r["step"]), _number(r[name])) for r in evals if name in r and _number(r[name]) is not None]
-        # the last value goes in the legend: written next to the points, close metrics would overlap
-        line, = ax_eval.plot([s for s, _ in points], [v for _, v in points], "o-",
-                             label=f"{name.removeprefix('eval/')} ({points[-1][1]:.3f})")
-        # each evaluation's 95% bootstrap interval, where the run recorded one: how far the point could move
-        bars = [(int(r["step"]), *r["eval_intervals"][name.removeprefix("eval/")]) for r in evals
-                if name.removeprefix("eval/") in (r.get("eval_intervals") or {})]
-        if bars:  # each metric's bars a little apart, so that those of one evaluation do not hide each other
-            apart = (i - (len(names) - 1) / 2) * 0.008 * last
-            ax_eval.vlines([s + apart for s, _, _ in bars], [low for _, low, _ in bars],
-                           [high for _, _, high in bars], color=line.get_color(), alpha=0.5, linewidth=3)
-    if names:
-        shown = any(r.get("eval_intervals") for r in evals)
-        ax_eval.legend(fontsize=8, title="bars: 95% intervals" if shown else None, title_fontsize=8)
-    else:
-        ax_eval.text(0.5, 0.5, "no validation records", ha="center", va="center", transform=ax_eval.transAxes,
-                     color="0.5")
-    ax_eval.set_title("validation metrics")
-    ax_eval.set_xlabel("update")
+    _plot_validation(ax_eval, evals, last_step=max(steps))
 
     for ax in (ax_loss, ax_lr, ax_eval):
         _mark_epochs(ax, marks, label=ax is ax_loss)
@@ -180,6 +158,31 @@ def curves_figure(records: list[dict[str, Any]], title: Optional[str] = None):
         fig.suptitle(title)
     return fig
 
+
+
+def _plot_validation(ax, evals: list[dict[str, Any]], last_step: int) -> None:
+    """The validation panel: each metric's points over the updates, and each evaluation's 95% bootstrap interval
+    as a bar where the run recorded one (how far the point could move)."""
+    names = [k for k in dict.fromkeys(k for r in evals for k in r)
+             if k.startswith("eval/") and k not in ("eval/loss", "eval/num_samples")]
+    for i, name in enumerate(names):
+        metric = name.removeprefix("eval/")
+        points = [(int(r["step"]), _number(r[name])) for r in evals if name in r and _number(r[name]) is not None]
+        # the last value goes in the legend: written next to the points, close metrics would overlap
+        line, = ax.plot([s for s, _ in points], [v for _, v in points], "o-", label=f"{metric} ({points[-1][1]:.3f})")
+        bars = [(int(r["step"]), *r["eval_intervals"][metric]) for r in evals
+                if metric in (r.get("eval_intervals") or {})]
+        if bars:  # each metric's bars a little apart, so that those of one evaluation do not hide each other
+            apart = (i - (len(names) - 1) / 2) * 0.008 * last_step
+            ax.vlines([s + apart for s, _, _ in bars], [low for _, low, _ in bars], [high for _, _, high in bars],
+                      color=line.get_color(), alpha=0.5, linewidth=3)
+    if names:
+        shown = any(r.get("eval_intervals") for r in evals)
+        ax.legend(fontsize=8, title="bars: 95% intervals" if shown else None, title_fontsize=8)
+    else:
+        ax.text(0.5, 0.5, "no validation records", ha="center", va="center", transform=ax.transAxes, color="0.5")
+    ax.set_title("validation metrics")
+    ax.set_xlabel("update")
 
 def plot_curves(output_dir: str | os.PathLike, path: str | os.PathLike | None = None) -> Path:
     """Write the curves of the run in ``output_dir`` to ``path`` (default ``<output_dir>/curves.png``).
