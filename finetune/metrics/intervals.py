@@ -66,10 +66,17 @@ def metric_intervals(suite: Any, predictions, references, resamples: int = RESAM
     true_of, predicted_of = np.divmod(cells, k)
 
     def scores(draws: np.ndarray) -> dict[str, np.ndarray]:
-        return scores_of_tallies(*tallies_of_draws(draws, true_of, predicted_of, k), names, suite.average,
-                                 suite.pos_label)
+        return _class_scores(suite, names, draws, true_of, predicted_of)
 
     return _middles(names, scores, counts, resamples, level, seed)
+
+
+def _class_scores(suite: Any, names: list[str], draws: np.ndarray, true_of: np.ndarray, predicted_of: np.ndarray
+                  ) -> dict[str, np.ndarray]:
+    """A single-label suite's ``names`` for each resample (``draws``, ``R x cells``), whose cells hold the texts of
+    class ``true_of`` given class ``predicted_of``."""
+    return scores_of_tallies(*tallies_of_draws(draws, true_of, predicted_of, suite.num_labels), names,
+                             suite.average, suite.pos_label)
 
 
 def label_set_intervals(suite: Any, predictions, references, resamples: int = RESAMPLES, level: float = LEVEL,
@@ -144,10 +151,7 @@ def paired_differences(suite: Any, predictions, others, references, resamples: i
     true_of, this_of, other_of = cells // (k * k), cells // k % k, cells % k
 
     def difference(draws: np.ndarray) -> dict[str, np.ndarray]:
-        this = scores_of_tallies(*tallies_of_draws(draws, true_of, this_of, k), names, suite.average,
-                                 suite.pos_label)
-        other = scores_of_tallies(*tallies_of_draws(draws, true_of, other_of, k), names, suite.average,
-                                  suite.pos_label)
+        this, other = (_class_scores(suite, names, draws, true_of, of) for of in (this_of, other_of))
         return {name: this[name] - other[name] for name in names}
 
     return _middles(names, difference, counts, resamples, level, seed)
