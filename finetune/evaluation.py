@@ -10,7 +10,7 @@ import torch
 
 from finetune.chunks import document_logits, split_batch
 from finetune.metrics import metric_intervals, scores_by_label
-from finetune.tasks import Task, set_model_thresholds
+from finetune.tasks import Task, label_names, set_model_thresholds
 from finetune.thresholds import f1_thresholds, format_thresholds
 
 
@@ -114,7 +114,7 @@ def evaluation_of(model: torch.nn.Module, dataloader, accelerator, metrics=None,
         intervals = metric_intervals(metrics, predictions, references)
     if tuned is not None:
         config = accelerator.unwrap_model(model).config
-        names = labels if labels is not None else [config.id2label[i] for i in range(config.num_labels)]
+        names = labels if labels is not None else label_names(config)
         # the model's config carries the thresholds chosen for its weights: a checkpoint saved next saves them
         set_model_thresholds(config, names, tuned.tolist())
         tuned = dict(zip(names, tuned.tolist()))

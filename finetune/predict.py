@@ -84,7 +84,7 @@ class Predictor:
                  pad_to_multiple_of: Optional[int] = PAD_TO_MULTIPLE_OF):
         import torch
 
-        from finetune.tasks import label_thresholds, problem_type_of
+        from finetune.tasks import label_names, label_thresholds, problem_type_of
 
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -98,7 +98,7 @@ class Predictor:
         self.batch_size = batch_size
         self.max_length = prediction_length(model.config, tokenizer, max_length)
         self.truncation = Truncation(truncation, self.max_length, head_tokens, stride) if self.max_length else None
-        self.labels = [model.config.id2label[i] for i in range(model.config.num_labels)]
+        self.labels = label_names(model.config)
         self.problem_type = problem_type_of(model.config)
         self.thresholds = label_thresholds(model.config, self.labels, threshold)  # multi-label: one per label
         self.pad_to_multiple_of = pad_to_multiple_of

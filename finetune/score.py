@@ -174,10 +174,10 @@ def model_labels(output_dir: str | os.PathLike) -> tuple[list[str], str]:
     from transformers import AutoConfig
 
     from finetune.modeling import require_saved_model
-    from finetune.tasks import problem_type_of
+    from finetune.tasks import label_names, problem_type_of
 
     config = AutoConfig.from_pretrained(require_saved_model(output_dir))
-    return [config.id2label[i] for i in range(config.num_labels)], problem_type_of(config)
+    return label_names(config), problem_type_of(config)
 
 
 def texts_seen_in_training(output_dir: str | os.PathLike, texts: Sequence[str],

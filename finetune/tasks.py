@@ -53,6 +53,11 @@ CONFIG_THRESHOLDS = "label_thresholds"
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
+def label_names(model_config) -> list[str]:
+    """A model's label names in label-id order (its config's ``id2label``)."""
+    return [model_config.id2label[i] for i in range(model_config.num_labels)]
+
+
 def problem_type_of(model_config) -> str:
     """The short problem type of a transformers config (single_label when it says none)."""
     long = getattr(model_config, "problem_type", None) or "single_label_classification"
@@ -101,8 +106,7 @@ class Task:
         kind = problem_type_of(config)
         if kind != "multi_label":
             return cls(kind)
-        names = [config.id2label[i] for i in range(config.num_labels)]
-        return cls(kind, threshold=model_thresholds(config, names) or DEFAULT_THRESHOLD)
+        return cls(kind, threshold=model_thresholds(config, label_names(config)) or DEFAULT_THRESHOLD)
 
     def per_sample_loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """``l_i`` for each row, in float32 (see the table above)."""
