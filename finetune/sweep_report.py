@@ -284,6 +284,8 @@ def within_the_best(root: Path, header: Header, rows: list[dict[str, Any]], best
     """The best trial's 95% interval of the objective over its validation texts, and the trials whose values it
     holds: those its validation data cannot tell from the best. Nothing where the trial's folder is on another
     worker, or the objective has no interval (finetune.metrics.intervals)."""
+    from finetune.metrics import POINT_INTERVAL
+
     metrics = root / best["folder"] / METRICS_FILE
     if not metrics.is_file():
         return []
@@ -297,8 +299,6 @@ def within_the_best(root: Path, header: Header, rows: list[dict[str, Any]], best
     which = (f"trial{'s' if len(inside) > 1 else ''} {', '.join(map(str, inside))} of the others lie inside it: "
              f"this validation data cannot tell {'them' if len(inside) > 1 else 'it'} from the best") if inside \
         else "no other trial's value lies inside it"
-    from finetune.metrics import POINT_INTERVAL
-
     texts = summary.get("eval", {}).get("num_samples")
     point = f" {POINT_INTERVAL}" if low == high else ""
     return [f"Its {header.metric}'s 95% bootstrap interval over its {texts} validation texts is {low:.4f} to "
