@@ -11,8 +11,7 @@ positive words plus uniform noise in [0, 0.5) (so from 0 to 5.5, mean about
 offset, which any rating scale far from 0 has. Each run is
 ``finetune/train.py`` in its own process with ``model.problem_type=regression``
 and ``model.regression_head_bias`` at ``mean`` or ``zero``; 10% of the rows
-are held out (stratification does not apply to numbers: a seeded random
-draw). A row is the mean over the seeds of the held-out MSE and Pearson
+are held out (stratified by the target, as every regression run's carve). A row is the mean over the seeds of the held-out MSE and Pearson
 correlation, with each seed's MSE.
 """
 

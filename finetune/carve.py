@@ -1,8 +1,9 @@
 """The validation rows carved out of the training data (``data.validation_split``), and the ``max_*_samples``
 caps.
 
-A carve draws ``data.validation_split`` of the training rows, seeded, stratified by class for single labels and
-by label for several (:func:`iterative_stratification`).
+A carve draws ``data.validation_split`` of the training rows, seeded, stratified by class for single labels, by
+label for several (:func:`iterative_stratification`) and by the target's order for a number per text
+(:func:`target_strata`).
 Collected data repeats itself, though (the SMS Spam Collection holds 328 repeats among its 4862 messages): a
 carve of rows puts copies of one text on both sides, and those validation rows score what the model remembers.
 ``data.validation_split_by: text`` carves texts instead: every copy of a text (with its pair) falls on the same
@@ -44,7 +45,9 @@ def carve_validation(train: datasets.Dataset, read: Table, fraction: float, seed
     all their rows."""
     groups, firsts = _units_of(train, read, by)
     if label_space.problem_type == "regression":
-        return _carve_at_random(train, groups, len(firsts), read.source, fraction, seed, by)
+        n_validation = _validation_units(len(firsts), read.source, fraction, by)
+        chosen = target_strata(_unit_targets(train, firsts), n_validation, seed)
+        return _rows_of_units(train, groups, chosen)
     if label_space.problem_type == "multi_label":
         n_validation = _validation_units(len(firsts), read.source, fraction, by)
         side = iterative_stratification(_unit_label_sets(train, firsts), [len(firsts) - n_validation, n_validation],
@@ -60,7 +63,8 @@ def carve_fold(train: datasets.Dataset, read: Table, folds: int, fold: int, seed
     The units (rows, or distinct texts with all their rows: ``by``) are shuffled with ``seed`` and dealt round
     the folds in turn, for single_label class by class: each fold then holds each class's share to within one
     unit, and the folds' sizes differ by one at most; for multi_label by :func:`iterative_stratification`, each
-    fold holding about its share of each label. The same seed deals the same folds in every run, so the
+    fold holding about its share of each label; for regression in the targets' order, each run of ``folds``
+    units one to each fold (:func:`target_folds`). The same seed deals the same folds in every run, so the
     ``folds`` runs of a config hold out every unit once.
     """
     groups, firsts = _units_of(train, read, by)
@@ -70,6 +74,9 @@ def carve_fold(train: datasets.Dataset, read: Table, folds: int, fold: int, seed
                         "(data.validation_folds)")
     if label_space.problem_type == "multi_label":  # each label's share in each fold, as near as the sets allow
         fold_of = iterative_stratification(_unit_label_sets(train, firsts), [units / folds] * folds, seed)
+        return _rows_of_units(train, groups, np.flatnonzero(fold_of == fold - 1))
+    if label_space.problem_type == "regression":
+        fold_of = target_folds(_unit_targets(train, firsts), folds, seed)
         return _rows_of_units(train, groups, np.flatnonzero(fold_of == fold - 1))
     order = np.random.default_rng(seed).permutation(units)
     if label_space.problem_type == "single_label":
@@ -166,15 +173,45 @@ def _most_lacking(first: np.ndarray, then: np.ndarray, rng: np.random.Generator)
     return int(tied[0] if tied.size == 1 else rng.choice(tied))
 
 
-def _carve_at_random(train: datasets.Dataset, groups: np.ndarray, units: int, source: str, fraction: float,
-                     seed: int, by: str) -> tuple[datasets.Dataset, datasets.Dataset]:
-    """A number per text: no classes to stratify by."""
-    n_validation = _validation_units(units, source, fraction, by)
-    if by == "row":
-        parts = train.train_test_split(test_size=n_validation, seed=seed)
-        return parts["train"], parts["test"]
-    chosen = np.random.default_rng(seed).permutation(units)[:n_validation]
-    return _rows_of_units(train, groups, chosen)
+def _unit_targets(train: datasets.Dataset, firsts: np.ndarray) -> np.ndarray:
+    """regression: each unit's target (its first row's), read from the Arrow column at once."""
+    targets = train.with_format("arrow")[LABELS].combine_chunks().to_numpy(zero_copy_only=False)
+    return np.asarray(targets, dtype=np.float64)[firsts]
+
+
+def _in_target_order(targets: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """The units from the lowest target to the highest, equal targets in a seeded random order."""
+    shuffled = rng.permutation(len(targets))
+    return shuffled[np.argsort(targets[shuffled], kind="stable")]
+
+
+def target_strata(targets: np.ndarray, n_validation: int, seed: int) -> np.ndarray:
+    """The ``n_validation`` units a regression carve holds out: the units in their targets' order cut into
+    ``n_validation`` runs as equal as they go, and one unit drawn (seeded) from each.
+
+    The held-out targets then spread as the whole's do, quantile by quantile (the ``i``-th lowest held-out target
+    lies between the whole's ``i/n`` and ``(i+1)/n`` quantiles), where a random draw of a hundred units leaves a
+    tail short or over-full by chance. By hand: scikit-learn's and datasets' splits stratify by a class only.
+    """
+    rng = np.random.default_rng(seed)
+    order = _in_target_order(targets, rng)
+    bounds = np.arange(n_validation + 1) * len(targets) // n_validation
+    starts, widths = bounds[:-1], np.diff(bounds)
+    return order[starts + (rng.random(n_validation) * widths).astype(np.int64)]
+
+
+def target_folds(targets: np.ndarray, folds: int, seed: int) -> np.ndarray:
+    """Each unit's fold (0 to ``folds - 1``) for a regression model: the units in their targets' order, each run
+    of ``folds`` of them dealt one to each fold in a seeded order (the last, shorter run to as many folds). Every
+    fold so spans the targets' range as the whole does, and the folds' sizes differ by one at most."""
+    rng = np.random.default_rng(seed)
+    order = _in_target_order(targets, rng)
+    runs = -(-len(targets) // folds)
+    # a permutation of the folds for each run; the last run's units take the first of its own
+    dealt = np.argsort(rng.random((runs, folds)), axis=1).ravel()[:len(targets)]
+    fold_of = np.empty(len(targets), dtype=np.int64)
+    fold_of[order] = dealt
+    return fold_of
 
 
 def _carve_stratified(train: datasets.Dataset, groups: np.ndarray, firsts: np.ndarray, read: Table,

@@ -28,7 +28,8 @@ Decisions worth knowing:
   file, the count and the first few rows.
 - Without ``data.validation_file`` (or a Hub validation split),
   ``data.validation_split`` of the train rows (rounded up, and at least one
-  per class) is carved out, stratified by label and seeded with ``seed``; with
+  per class) is carved out, stratified (by class, by label, or by the target's
+  order) and seeded with ``seed``; with
   ``data.validation_split_by: text``, of its distinct texts (:mod:`finetune.carve`).
 - ``data.max_train_samples`` / ``data.max_eval_samples`` keep a random subset
   drawn with ``seed`` after the validation carve, in the split's order. A

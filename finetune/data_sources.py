@@ -36,25 +36,23 @@ class DataSources:
     carved: bool = False
 
 
-def data_sources(cfg: DataConfig, seed: int, problem_type: str = "single_label") -> DataSources:
+def data_sources(cfg: DataConfig, seed: int) -> DataSources:
     """Name the training and validation data of the ``data`` section (``seed``: that of the held-out rows,
-    which are stratified by class for ``problem_type`` single_label, by label for multi_label, drawn at random for
-    regression)."""
+    which are stratified by class for single labels, by label for several, by the target's order for a number:
+    :mod:`finetune.carve`)."""
     if cfg.dataset_name:
         train = cfg.dataset_name + (f" ({cfg.dataset_config})" if cfg.dataset_config else "")
         hub = {"hub_id": cfg.dataset_name, "hub_config": cfg.dataset_config}
     else:
         train = file_name(cfg.train_file)
         hub = {}
-    stratified = problem_type != "regression"  # by class, or by label (finetune.carve)
-    drawn = "stratified" if stratified else "random"
     carved = {"row": "training rows", "text": "distinct training texts"}.get(
         cfg.validation_split_by, f"values of column {cfg.validation_split_by!r} (each with all its rows)")
     if cfg.validation_folds is not None:
         held_out = (f"fold {cfg.validation_fold} of {cfg.validation_folds} of the {carved} held out "
-                    f"({'stratified' if stratified else 'shuffled'}, seed {seed})")
+                    f"(stratified, seed {seed})")
     elif cfg.validation_split > 0:
-        held_out = f"{cfg.validation_split:.0%} of the {carved} held out ({drawn}, seed {seed})"
+        held_out = f"{cfg.validation_split:.0%} of the {carved} held out (stratified, seed {seed})"
     else:
         held_out = "none"
     if cfg.validation_file:

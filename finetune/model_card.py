@@ -80,7 +80,7 @@ def _front_matter(cfg, name: str, metrics: dict[str, float]) -> dict[str, Any]:
     base = hub_id(cfg.model.name_or_path)
     if base:
         front["base_model"] = base
-    sources = data_sources(cfg.data, cfg.split_seed, cfg.model.problem_type)
+    sources = data_sources(cfg.data, cfg.split_seed)
     if sources.hub_id:
         front["datasets"] = [sources.hub_id]
     if metrics:
@@ -253,7 +253,7 @@ def model_card(cfg, summary: dict[str, Any]) -> str:
     train, results = summary["train"], summary["eval"]
     known = hub_id(cfg.model.name_or_path)
     base = f"`{known}`" if known else model_name(cfg.model.name_or_path)  # an id in code type, words as words
-    sources = data_sources(cfg.data, cfg.split_seed, cfg.model.problem_type)
+    sources = data_sources(cfg.data, cfg.split_seed)
     labels = summary["labels"]
     metrics = {k: v for k, v in results.items() if k != "num_samples" and isinstance(v, (int, float))}
     name = Path(cfg.output.output_dir).name

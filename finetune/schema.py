@@ -164,7 +164,8 @@ class DataConfig:
         "the training data does not have is an error. null: none.")
     validation_split: float = setting(0.1,
         "Fraction of train carved out (seeded; stratified by class for single_label, by label for multi_label: "
-        "each label keeps its share) when no validation set is given. Rows are carved by default: copies of a "
+        "each label keeps its share; by the target for regression: the held-out targets spread as the whole's) "
+        "when no validation set is given. Rows are carved by default: copies of a "
         "repeated text can fall on both sides, and the start line counts the validation rows whose text is also "
         "in train (`validation_split_by: text` to prevent it).")
     validation_split_by: str = setting("row",
@@ -175,7 +176,8 @@ class DataConfig:
         "a training row. The fraction is then one of the distinct texts or values.")
     validation_folds: Optional[int] = setting(None,
         "K-fold cross-validation: the training data dealt into this many folds (seeded by the split seed; "
-        "stratified by class for single_label, by label for multi_label; rows or distinct texts, as "
+        "stratified by class for single_label, by label for multi_label, by the target for regression; rows or "
+        "distinct texts, as "
         "`validation_split_by` says), and fold `validation_fold` held out in place of `validation_split`'s "
         "carve. Every row is in one fold, so the K runs of one config validate on all the data once: `finetune "
         "sweep --folds K` runs them and reports the mean and spread. null: no folds.")

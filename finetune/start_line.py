@@ -74,14 +74,14 @@ def cautions(run: Run) -> list[str]:
 
 
 def _unseen_hint(cfg) -> str:
-    if cfg.data.validation_split_by == "row" and data_sources(cfg.data, cfg.split_seed, cfg.model.problem_type).carved:
+    if cfg.data.validation_split_by == "row" and data_sources(cfg.data, cfg.split_seed).carved:
         return "data.validation_split_by=text carves distinct texts, each with all its copies"
     return "take the repeated texts out of the data, or give another data.validation_file"
 
 
 def _what(run: Run) -> str:
     cfg = run.cfg
-    sources = data_sources(cfg.data, cfg.split_seed, cfg.model.problem_type)
+    sources = data_sources(cfg.data, cfg.split_seed)
     head = "new head" if run.new_head else "its trained head"
     if run.head_start is not None:
         head += f" starting at the targets' mean, {run.head_start:.4g}"

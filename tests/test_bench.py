@@ -1182,3 +1182,16 @@ def test_the_thresholds_job_tags_real_messages_by_their_cues_and_holds_a_fifth_o
         cued += len(cues)
     assert abs(1 - kept / cued - DROPPED) < 0.02
     assert 0.10 < sum("spam" in row["tags"] for row in rows) / len(rows) < 0.13  # the collection's own label
+
+
+def test_the_carves_ks_distance_is_the_largest_gap_between_the_two_cumulative_distributions():
+    import numpy as np
+
+    from bench.carves import ks_distance, rating_targets
+
+    whole = np.arange(10.0)
+    assert ks_distance(whole, whole) == 0.0
+    assert ks_distance(whole[:5], whole) == 0.5  # below 4.5: all of the first half, half of the whole
+    assert ks_distance(np.array([0.0, 9.0]), whole) == 0.4  # at 0: half of one, a tenth of the other
+    ratings = rating_targets(300)
+    assert len(ratings) == 300 and 0 <= ratings.min() and ratings.max() < 5.5

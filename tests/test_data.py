@@ -717,7 +717,7 @@ def test_a_carve_by_text_keeps_every_copy_of_a_text_on_one_side(tmp_path, proble
     other, _ = load_splits(by_text, seed=4, problem_type=problem_type)
     assert again["validation"]["text"] == splits["validation"]["text"]
     assert set(other["validation"]["text"]) != set(validation)
-    if problem_type == "single_label":  # stratified over the distinct texts: 5 of each class's 20
+    if problem_type != "multi_label":  # stratified over the distinct texts: 5 of each class's (or target's) 20
         assert Counter(text.split()[0] for text in validation) == {"a": 5, "b": 5}
 
 
@@ -753,12 +753,13 @@ def test_folds_hold_out_every_row_once_with_each_classs_share(tmp_path, problem_
             assert len(validation) == 8 and count_seen_in_training(splits) == 0
         else:
             assert validation.total() in (13, 14)  # 69 rows dealt round 5 folds
-        if problem_type == "single_label":  # 4 of each class's 20 distinct texts, or a fifth of its rows within one
+        if problem_type != "multi_label":  # 4 of each class's (target's) 20 distinct texts, a fifth of its rows
             per_class = Counter(text.split()[0] for text in (validation if by == "text" else validation.elements()))
             if by == "text":
                 assert per_class == {"a": 4, "b": 4}
-            else:  # class a: 49 rows, b: 20
-                assert abs(per_class["a"] - 49 / 5) < 1 and per_class["b"] == 4
+            else:  # class a (target 1.5): 49 rows, b (3): 20; a run of 5 rows in the targets' order holds both
+                assert abs(per_class["a"] - 49 / 5) < 1
+                assert per_class["b"] == 4 if problem_type == "single_label" else abs(per_class["b"] - 4) <= 1
     assert held_out == Counter(line.rsplit(",", 1)[0] for line in rows.elements())  # each row held out once
     again, _ = load_splits(dataclasses.replace(config, validation_fold=2), seed=3, problem_type=problem_type)
     other, _ = load_splits(dataclasses.replace(config, validation_fold=2), seed=4, problem_type=problem_type)
@@ -766,9 +767,68 @@ def test_folds_hold_out_every_row_once_with_each_classs_share(tmp_path, problem_
     assert again["validation"]["text"] != first["validation"]["text"]
     assert sorted(other["validation"]["text"]) != sorted(again["validation"]["text"])  # the seed deals the folds
     unit = "training rows" if by == "row" else "distinct training texts"
-    drawn = "shuffled" if problem_type == "regression" else "stratified"
-    assert data_sources(dataclasses.replace(config, validation_fold=2), 3, problem_type).validation == (
-        f"fold 2 of 5 of the {unit} held out ({drawn}, seed 3)")
+    assert data_sources(dataclasses.replace(config, validation_fold=2), 3).validation == (
+        f"fold 2 of 5 of the {unit} held out (stratified, seed 3)")
+
+
+def _one_of_each_run(targets: np.ndarray, held: np.ndarray, runs: int) -> bool:
+    """Whether the i-th lowest of the ``held`` targets lies in the i-th of ``runs`` runs, as equal as they go, of all
+    the ``targets`` sorted."""
+    ordered, held = np.sort(targets), np.sort(held)
+    bounds = np.arange(runs + 1) * len(targets) // runs
+    return len(held) == runs and bool(np.all((held >= ordered[bounds[:-1]]) & (held <= ordered[bounds[1:] - 1])))
+
+
+def test_a_regression_carve_takes_one_target_from_each_run_of_the_sorted_targets_where_a_random_draw_does_not():
+    """The i-th lowest held-out target lies among the whole's i-th n-th: the held-out targets spread as the whole's,
+    tail included, where a random draw of as many rows does not."""
+    from finetune.carve import target_strata
+
+    random_ones = 0
+    for seed in range(20):
+        rng = np.random.default_rng(seed)
+        targets = np.round(rng.lognormal(0.0, 1.0, 1003), 1)  # skewed, with ties
+        chosen = target_strata(targets, 101, seed)
+        assert len(set(chosen.tolist())) == 101 and _one_of_each_run(targets, targets[chosen], 101)
+        random_ones += _one_of_each_run(targets, targets[rng.permutation(1003)[:101]], 101)
+    assert random_ones == 0
+    targets = np.random.default_rng(0).lognormal(0.0, 1.0, 500)
+    assert np.array_equal(target_strata(targets, 50, 3), target_strata(targets, 50, 3))
+    assert set(target_strata(targets, 50, 3).tolist()) != set(target_strata(targets, 50, 4).tolist())
+
+
+def test_a_regression_file_s_validation_rows_spread_as_its_targets_do(tmp_path):
+    targets = np.round(np.random.default_rng(5).lognormal(1.0, 1.0, 200), 3)
+    path = write(tmp_path / "r.csv", "text,score\n" + "".join(f"text {i},{t}\n" for i, t in enumerate(targets)))
+    splits, _ = load_splits(cfg(path, label_column="score", validation_split=0.1), seed=2, problem_type="regression")
+    held = np.asarray(splits["validation"]["labels"])
+    assert len(splits["train"]) == 180 and _one_of_each_run(targets.astype(np.float32), held.astype(np.float32), 20)
+
+
+def test_regression_folds_each_take_one_target_of_each_run_of_k_sorted_targets():
+    """Five folds: a fold's i-th lowest target lies among the whole's i-th five, and the sizes differ by one at most;
+    folds dealt at random (as they were) do not."""
+    from finetune.carve import target_folds
+
+    def one_of_each_five(targets, fold_of):
+        ordered = np.sort(targets)
+        for fold in range(5):
+            held = np.sort(targets[fold_of == fold])
+            i = np.arange(len(held))
+            if not np.all((held >= ordered[5 * i]) & (held <= ordered[np.minimum(5 * i + 4, len(targets) - 1)])):
+                return False
+        return True
+
+    for units, seed in ((1000, 0), (1003, 1), (7, 2)):
+        targets = np.round(np.random.default_rng(seed).lognormal(0.0, 1.0, units), 1)  # skewed, with ties
+        fold_of = target_folds(targets, 5, seed)
+        sizes = np.bincount(fold_of, minlength=5)
+        assert sizes.sum() == units and sizes.max() - sizes.min() <= 1
+        assert one_of_each_five(targets, fold_of)
+        assert units < 10 or not one_of_each_five(targets, np.random.default_rng(seed).permutation(units) % 5)
+    targets = np.random.default_rng(0).lognormal(0.0, 1.0, 100)
+    assert np.array_equal(target_folds(targets, 5, 3), target_folds(targets, 5, 3))
+    assert not np.array_equal(target_folds(targets, 5, 3), target_folds(targets, 5, 4))
 
 
 def test_iterative_stratification_gives_each_subset_its_share_of_every_label_where_a_random_draw_does_not():

@@ -65,18 +65,14 @@ def test_validation_texts_the_model_was_trained_on_are_counted_under_the_results
         assert f"{heading}\n\n| metric |" in model_card(cfg, summary)
 
 
-def test_rows_held_out_at_random_are_not_said_to_be_stratified():
-    """A number per text: the carve is a seeded random draw (there are no classes or labels to stratify by),
-    and the start line and the card say so; several labels per text are stratified by label."""
+def test_every_problem_type_s_carve_is_said_to_be_stratified():
+    """By class, by label or by the target's order (finetune.carve): the start line and the card say so."""
     from finetune.data_sources import data_sources
 
     cfg = config_from_dict({"data": {"train_file": "scores.jsonl"}, "model": {"problem_type": "regression"}})
-    for problem_type, drawn in (("single_label", "stratified"), ("multi_label", "stratified"),
-                                ("regression", "random")):
-        assert data_sources(cfg.data, 42, problem_type).validation == \
-            f"10% of the training rows held out ({drawn}, seed 42)"
+    assert data_sources(cfg.data, 42).validation == "10% of the training rows held out (stratified, seed 42)"
     body = model_card(cfg, _summary()).split("---\n", 2)[2]
-    assert "## Results on the validation data: 10% of the training rows held out (random, seed 42)" in body
+    assert "## Results on the validation data: 10% of the training rows held out (stratified, seed 42)" in body
 
 
 def test_a_hub_data_set_is_named_with_its_config_and_split():
