@@ -369,7 +369,9 @@ def test_the_micro_batch_does_not_change_a_trial(tmp_path, fresh_accelerate_stat
         assert second.value == first.value and second.user_attrs["same_as"] == 0
         assert not (root / "out-sweep" / "trial-0001" / "metrics.json").exists()  # not trained twice
         values.append(first.value)
-    assert values[0] == pytest.approx(values[1], rel=1e-5)
+    # float rounding alone: micro-batches of 2 and 4 sum their products in other orders, which CPUs' kernels
+    # round differently (1e-5 apart on some); another k or another number of updates moves it by far more
+    assert values[0] == pytest.approx(values[1], rel=1e-4)
 
 
 def test_trials_in_one_process_may_differ_in_precision(tmp_path, fresh_accelerate_state):
