@@ -221,7 +221,9 @@ def test_fsdp2_sharded_weights_on_two_processes_train_the_single_process_weights
             torch.testing.assert_close(b[name], a[name], rtol=1e-5, atol=1e-6,
                                        msg=lambda m: f"update {update + 1}, {name}: {m}")
     norms = [r["train/grad_norm"] for r in rank0["records"]]
-    assert norms == pytest.approx([r["train/grad_norm"] for r in one_process["records"]], rel=1e-5)
+    # the sums' other order rounds a small norm (0.0036 at the third update) by 4e-8 on some CPUs: relative to
+    # it, 1.07e-5; a window mis-weighted, or a shard's gradient left out, moves a norm by a share of itself
+    assert norms == pytest.approx([r["train/grad_norm"] for r in one_process["records"]], rel=1e-5, abs=1e-7)
     assert [r["train/loss"] for r in rank0["records"]] == \
         pytest.approx([r["train/loss"] for r in one_process["records"]], rel=1e-6)
 
