@@ -165,9 +165,9 @@ class DataConfig:
     validation_split: float = setting(0.1,
         "Fraction of train carved out (seeded; stratified by class for single_label, by label for multi_label: "
         "each label keeps its share; by the target for regression: the held-out targets spread as the whole's) "
-        "when no validation set is given. Rows are carved by default: copies of a "
-        "repeated text can fall on both sides, and the start line counts the validation rows whose text is also "
-        "in train (`validation_split_by: text` to prevent it).")
+        "when no validation set is given. Rows are carved by default: copies of a repeated text can fall on both "
+        "sides, and the start line counts the validation rows whose text is also in train (`validation_split_by: "
+        "text` to prevent it).")
     validation_split_by: str = setting("row",
         "What the carve (and the folds) draw. `row`: rows, as `datasets`' `train_test_split` does. `text`: "
         "distinct texts (with their pair), every copy of one on the same side, so that no validation text is a "
@@ -177,10 +177,9 @@ class DataConfig:
     validation_folds: Optional[int] = setting(None,
         "K-fold cross-validation: the training data dealt into this many folds (seeded by the split seed; "
         "stratified by class for single_label, by label for multi_label, by the target for regression; rows or "
-        "distinct texts, as "
-        "`validation_split_by` says), and fold `validation_fold` held out in place of `validation_split`'s "
-        "carve. Every row is in one fold, so the K runs of one config validate on all the data once: `finetune "
-        "sweep --folds K` runs them and reports the mean and spread. null: no folds.")
+        "distinct texts, as `validation_split_by` says), and fold `validation_fold` held out in place of "
+        "`validation_split`'s carve. Every row is in one fold, so the K runs of one config validate on all the "
+        "data once: `finetune sweep --folds K` runs them and reports the mean and spread. null: no folds.")
     validation_fold: int = setting(1, "With `validation_folds`: the fold held out, 1 to `validation_folds`.")
     split_seed: Optional[int] = setting(None,
         "Seed of the validation rows carved out of train and of the `max_*_samples` subsets (null: "
