@@ -206,7 +206,9 @@ def _results(validation: str, results: dict[str, Any], metrics: dict[str, float]
     intervals, where the run computed them), then each label's."""
     texts = f" ({results['num_samples']} texts)" if "num_samples" in results else ""
     # a reader of the scores should know how many of their texts the model was trained on
-    trained_on = [f"{seen} of these texts are also training texts: the model was trained on them.", ""] if seen else []
+    said = ("1 of these texts is also a training text: the model was trained on it." if seen == 1 else
+            f"{seen} of these texts are also training texts: the model was trained on them.")
+    trained_on = [said, ""] if seen else []
     heads, rows, said = ["metric", "value"], [[_TITLES.get(m, m), f"{v:.4f}"] for m, v in metrics.items()], []
     if intervals:  # a third column, and what it is
         from finetune.metrics import POINT_INTERVAL, SPREAD

@@ -61,6 +61,8 @@ def test_validation_texts_the_model_was_trained_on_are_counted_under_the_results
     body = model_card(cfg, {**_summary(), "validation_seen_in_training": 12}).split("---\n", 2)[2]
     heading = "## Results on the validation data: 10% of the training rows held out (stratified, seed 42) (87 texts)"
     assert f"{heading}\n\n12 of these texts are also training texts: the model was trained on them.\n\n| metric |" in body
+    one = model_card(cfg, {**_summary(), "validation_seen_in_training": 1})
+    assert f"{heading}\n\n1 of these texts is also a training text: the model was trained on it.\n\n| metric |" in one
     for summary in (_summary(), {**_summary(), "validation_seen_in_training": 0}):  # a card of before, and none seen
         assert f"{heading}\n\n| metric |" in model_card(cfg, summary)
 
