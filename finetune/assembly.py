@@ -87,7 +87,8 @@ class Run:
     def loop_settings(self, **changes: Any) -> dict[str, Any]:
         """The keyword arguments of :func:`~finetune.loop.train_one_epoch` that the config and the build set,
         as ``fit`` passes them: the task's loss (with ``training.class_weights`` and ``label_smoothing``),
-        ``max_grad_norm``, the update plan, the non-finite policy, the weight casts and the CUDA graphs.
+        ``max_grad_norm``, the update plan, the non-finite policy, the weight casts, the CUDA graphs and whether
+        to measure the gradient noise scale (``logging.noise_scale``).
 
         A loop of one's own that passes them trains what ``finetune train`` trains; one that leaves out
         ``loss_fn`` trains on the problem type's plain loss, whatever the config weighs. ``changes`` replace
@@ -99,7 +100,8 @@ class Run:
         training = self.cfg.training
         settings = {"max_grad_norm": training.max_grad_norm, "plan": self.plan, "loss_fn": self.task.per_sample_loss,
                     "on_nonfinite": training.on_nonfinite, "max_skipped": training.max_skipped,
-                    "cast_once_per_update": training.cast_once_per_update, "graphs": self.graphs}
+                    "cast_once_per_update": training.cast_once_per_update, "graphs": self.graphs,
+                    "noise_scale": self.cfg.logging.noise_scale}
         unknown = sorted(set(changes) - set(settings))
         if unknown:
             raise TypeError(f"loop_settings: {unknown[0]!r} is not one of them ({', '.join(settings)}); "

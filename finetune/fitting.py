@@ -333,7 +333,18 @@ def epoch_line(run: Run, epoch: int, first_update: int, result) -> str:
         where = (f"epoch {epoch} stopped at update {state.step}, micro-batch {state.micro_batch} of "
                  f"{len(run.train_dataloader)}")
     updates = f"updates {first_update}-{state.step}" if result.updates else "no updates"
-    return f"{where}: {updates}, loss {result.loss:.4f} over {result.samples} samples in {result.seconds:.1f}s"
+    line = f"{where}: {updates}, loss {result.loss:.4f} over {result.samples} samples in {result.seconds:.1f}s"
+    return line + noise_said(run, epoch, result)
+
+
+def noise_said(run: Run, epoch: int, result) -> str:
+    """logging.noise_scale: the gradient noise scale measured so far, or why the epoch could not measure it;
+    nothing without the setting (docs/logging.md#the-gradient-noise-scale)."""
+    if not run.cfg.logging.noise_scale:
+        return ""
+    if result.noise_unmeasured is not None:
+        return f"; gradient noise scale not measured: {result.noise_unmeasured}"
+    return f"; gradient noise scale {run.state.noise_scale_said(run.batching.effective_batch_size_at(epoch))}"
 
 
 def interrupt(run: Run, checkpoints: Checkpointer, signum: int, pending_eval_epoch: Optional[int]) -> None:

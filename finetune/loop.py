@@ -38,6 +38,8 @@ import torch
 from finetune.accumulation import layout_for, window_loss_scale
 from finetune.chunks import document_logits, split_batch, tokens_per_text
 from finetune.errors import NonFiniteLossError
+from finetune.noise_scale import (TERMS, add_estimate, noise_scale_of, noise_scale_said, noise_unmeasured,
+                                  small_batch_terms, squared_gradient_norm, window_estimates)
 from finetune.tasks import LossFn, Task
 from finetune.weight_casts import WeightCasts, casts_once_per_update
 
@@ -66,9 +68,21 @@ class TrainState:
     # summed per-sample loss and samples of the updates made (skipped windows excluded): the run's mean loss
     loss_sum: float = 0.0
     loss_samples: int = 0
+    # the gradient noise scale's moving averages of |G|^2 and tr(S), and their weight (finetune.noise_scale)
+    noise_gradient: float = 0.0
+    noise_trace: float = 0.0
+    noise_weight: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    def noise_scale(self) -> Optional[float]:
+        """The gradient noise scale measured so far, in samples (``train_one_epoch(noise_scale=True)``), or None."""
+        return noise_scale_of(self)
+
+    def noise_scale_said(self, effective_batch: int) -> str:
+        """The gradient noise scale measured so far beside ``effective_batch``, in words."""
+        return noise_scale_said(self, effective_batch)
 
     def count_window(self, totals: torch.Tensor, stop: int, applied: bool, seconds: float) -> None:
         """A window ending at micro-batch ``stop`` is done; ``totals`` are its reduced loss, samples, tokens."""
@@ -99,6 +113,8 @@ class EpochResult:
     seconds: float = 0.0
     # True when the call ended before the end of the epoch (max_updates or a callback)
     stopped_early: bool = False
+    # with noise_scale: why this epoch could not measure it, or None where it did
+    noise_unmeasured: Optional[str] = None
     records: list[dict[str, Any]] = field(default_factory=list)
     _loss_sum: float = field(default=0.0, repr=False)
     _loss_samples: float = field(default=0.0, repr=False)
@@ -134,6 +150,7 @@ def train_one_epoch(
     plan: Optional["UpdatePlan"] = None,
     cast_once_per_update: bool = False,
     graphs: Optional["GraphedMicroBatches"] = None,
+    noise_scale: bool = False,
 ) -> EpochResult:
     """Train one epoch with exact gradient accumulation.
 
@@ -195,6 +212,12 @@ def train_one_epoch(
         graphs: Replay each micro-batch's forward and backward from CUDA
             graphs (:class:`~finetune.cuda_graphs.GraphedMicroBatches`, built
             once per run); a micro-batch it does not take runs eagerly.
+        noise_scale: Measure the gradient noise scale (:mod:`finetune.noise_scale`)
+            into ``state``, logged as ``train/noise_scale``: the norm of each
+            window's first micro-batch's gradient beside the window's. It reads
+            the gradients and changes nothing; measured where ``k > 1`` and the
+            gradients are whole and unscaled (``EpochResult.noise_unmeasured``
+            says why not elsewhere).
 
     Returns:
         An :class:`EpochResult`.
@@ -218,6 +241,9 @@ def train_one_epoch(
     window = WindowStats(accelerator.device)
     logs = LogWindow(k, effective_batch=layout.batch_size * k * layout.num_processes)
     result = EpochResult(epoch=epoch)
+    if noise_scale:
+        result.noise_unmeasured = noise_unmeasured(accelerator, k, graphs)
+    noise = noise_scale and result.noise_unmeasured is None
     model.train()
     t0 = time.perf_counter()
 
@@ -239,13 +265,20 @@ def train_one_epoch(
                     loss_sum, tokens = micro_batch_loss(model, batch, real, loss_fn)
                     accelerator.backward(loss_sum * scale)
             window.add(j, loss_sum.detach(), real, tokens)
+            if noise and j == first < stop - 1 and 0 < real < window.real_samples:
+                # the first micro-batch's gradient alone, as its samples' mean: the grads hold their sum times P/N_w
+                to_mean = window.real_samples / (layout.num_processes * real)
+                window.keep_small(small_batch_terms(squared_gradient_norm(model) * to_mean ** 2, real,
+                                                    window.real_samples))
             if j < stop - 1:
                 continue
 
             casts.drop()  # before the weights change
             grad_norm = clip_gradients(model, accelerator, max_grad_norm)
-            totals, norm = window.read(accelerator, grad_norm)  # one collective and one wait for the device per update
+            totals, norm, small = window.read(accelerator, grad_norm)  # one collective, one wait per update
             update = apply_update(optimizer, scheduler, accelerator, totals, norm)
+            if noise and update.applied and small[-1] == layout.num_processes:  # every process's first measured
+                add_estimate(state, *window_estimates(small, norm ** 2, window.real_samples))
             optimizer.zero_grad(set_to_none=frees_gradients(model, graphs))
             if update.applied:
                 logs.add(totals, update)
@@ -256,7 +289,7 @@ def train_one_epoch(
             result.count_window(totals, update.applied)
             at_end = stop == layout.micro_batches_per_process
             if logs.due(stop, k, log_every, last=at_end or state.step == max_updates):
-                record = logs.record(state, epoch + stop / layout.micro_batches_per_process)
+                record = logs.record(state, epoch + stop / layout.micro_batches_per_process, noise)
                 report(record, result, on_log, progress)
             if progress is not None:
                 progress.update(1)
@@ -356,6 +389,8 @@ class WindowStats:
 
     def __init__(self, device) -> None:
         self.totals = torch.zeros(3, dtype=torch.float64, device=device)  # loss sum, samples, tokens
+        # each process's terms of the noise scale's estimates (finetune.noise_scale.small_batch_terms), or zeros
+        self.small = torch.zeros(TERMS, dtype=torch.float64, device=device)
         self.first_bad = torch.full((), -1, dtype=torch.long, device=device)
         self.first = self.stop = self.real_samples = 0
         self.t0 = time.perf_counter()
@@ -364,6 +399,7 @@ class WindowStats:
         """Begin the window of micro-batches ``first .. stop-1`` holding ``real_samples`` (all processes)."""
         self.first, self.stop, self.real_samples = first, stop, real_samples
         self.totals.zero_()
+        self.small.zero_()
         self.first_bad.fill_(-1)
 
     def add(self, j: int, loss_sum: torch.Tensor, samples: int, tokens: torch.Tensor) -> None:
@@ -373,6 +409,10 @@ class WindowStats:
         bad_now = (~torch.isfinite(loss_sum)) & (self.first_bad < 0)
         self.first_bad.copy_(torch.where(bad_now, torch.full_like(self.first_bad, j), self.first_bad))
 
+    def keep_small(self, terms: torch.Tensor) -> None:
+        """This process's terms of the noise scale's estimates, from the window's first micro-batch."""
+        self.small += terms.to(self.small.device)
+
     def restart_clock(self) -> None:
         """Start timing the next window (after this one's logging and callbacks, before its first fetch)."""
         self.t0 = time.perf_counter()
@@ -381,15 +421,18 @@ class WindowStats:
         """Time since the clock started: the window's fetches, forwards, backwards and update."""
         return time.perf_counter() - self.t0
 
-    def read(self, accelerator, grad_norm: Optional[torch.Tensor]) -> tuple[torch.Tensor, Optional[float]]:
-        """The window's totals summed over all processes (every process gets the same) and the gradient's norm,
-        on the host, in one transfer: the loop's one wait for the device per update."""
-        totals = accelerator.reduce(self.totals.clone(), reduction="sum")
+    def read(self, accelerator, grad_norm: Optional[torch.Tensor]
+             ) -> tuple[torch.Tensor, Optional[float], torch.Tensor]:
+        """The window's totals and its first micro-batches' squared norms, each summed over all processes (every
+        process gets the same), and the gradient's norm, on the host, in one transfer: the loop's one wait for
+        the device per update."""
+        summed = accelerator.reduce(torch.cat([self.totals, self.small]), reduction="sum")
         if grad_norm is None:  # DeepSpeed clips inside its engine
-            return totals.cpu(), None
-        both = torch.cat([totals, torch.as_tensor(grad_norm, device=totals.device).reshape(1).to(totals.dtype)])
+            summed = summed.cpu()
+            return summed[:3], None, summed[3:]
+        both = torch.cat([summed, torch.as_tensor(grad_norm, device=summed.device).reshape(1).to(summed.dtype)])
         both = both.cpu()
-        return both[:3], float(both[3])
+        return both[:3], float(both[-1]), both[3:-1]
 
     def where(self, update: "Update", process_index: int) -> str:
         """Where a non-finite value first appeared, for the error message."""
@@ -538,8 +581,9 @@ class LogWindow:
         window_number = -(-stop // k)
         return self.updates > 0 and (window_number % log_every == 0 or last)
 
-    def record(self, state: TrainState, epoch: float) -> dict[str, Any]:
-        """The record of the updates since the last one (then starts over)."""
+    def record(self, state: TrainState, epoch: float, noise: bool = False) -> dict[str, Any]:
+        """The record of the updates since the last one (then starts over); with ``noise``, the gradient noise
+        scale measured so far, where there is one."""
         now = time.perf_counter()
         elapsed = max(now - self.t0, 1e-9)
         record = {
@@ -556,6 +600,8 @@ class LogWindow:
             "train/accumulation_steps": self.k,
             "train/effective_batch_size": self.effective_batch,
         }
+        if noise and state.noise_scale() is not None:
+            record["train/noise_scale"] = state.noise_scale()
         self.totals.zero_()
         self.grad_norm = self.lr_sum = 0.0
         self.updates, self.t0 = 0, now

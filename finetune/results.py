@@ -65,6 +65,8 @@ def summarize(run: "Run", history: list[dict[str, Any]], ended: str = "completed
             "distributed_type": run.accelerator.distributed_type.value,
             "mixed_precision": run.accelerator.mixed_precision,
             "gradient_checkpointing": run.checkpointing.on,
+            # logging.noise_scale: the gradient noise scale at the end, in samples (finetune.noise_scale), or null
+            "noise_scale": run.state.noise_scale() if run.cfg.logging.noise_scale else None,
             # training.cuda_graphs as applied: the lengths captured, the seconds their capture took and the bytes
             # their memory pool holds (left out of torch.cuda.max_memory_allocated), or null
             "cuda_graphs": run.graphs.record() if run.graphs is not None else None,

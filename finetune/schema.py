@@ -684,6 +684,12 @@ class LoggingConfig:
     progress_bar: bool = setting(True, "Show a tqdm progress bar (main process only): redrawn at each update in "
                                  "a terminal or a notebook, every 30 s when stderr is a file or a pipe (a batch "
                                  "job's log).")
+    noise_scale: bool = setting(False,
+        "Measure the gradient noise scale (McCandlish et al., 2018): the effective batch around which more samples "
+        "per update stop paying for themselves, from the norm of each window's first micro-batch's gradient beside "
+        "the window's. Logged as `train/noise_scale`, said at each epoch's end and kept in `metrics.json`; it costs "
+        "one gradient norm per update and changes no update. Measured where `k > 1`, without CUDA graphs, FSDP, "
+        "DeepSpeed or fp16; the epoch's line says why not elsewhere.")
 
     def __post_init__(self) -> None:
         if self.log_every < 1:
