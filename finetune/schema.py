@@ -77,7 +77,7 @@ class ModelConfig:
         "`problem_type`, so `transformers.pipeline` applies softmax, sigmoid or nothing to match.")
     regression_head_bias: Literal["mean", "zero"] = setting("mean",
         "regression: where a new head's output starts. `mean`: its bias is set to the training targets' mean, "
-        "so the first updates learn the texts rather than the targets' offset (on a 0-5.5 rating, 11x lower "
+        "so the first updates learn the texts rather than the targets' offset (on a 0-5.5 rating, 12x lower "
         "held-out MSE after 3 epochs where measured; docs/configuration.md#problem-types); `zero`: "
         "transformers' initialisation, as the Trainer starts. A head the model already has is kept as it is.")
 
