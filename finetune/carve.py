@@ -74,19 +74,24 @@ def carve_fold(train: datasets.Dataset, read: Table, folds: int, fold: int, seed
                         "(data.validation_folds)")
     if label_space.problem_type == "multi_label":  # each label's share in each fold, as near as the sets allow
         fold_of = iterative_stratification(_unit_label_sets(train, firsts), [units / folds] * folds, seed)
-        return _rows_of_units(train, groups, np.flatnonzero(fold_of == fold - 1))
-    if label_space.problem_type == "regression":
+    elif label_space.problem_type == "regression":
         fold_of = target_folds(_unit_targets(train, firsts), folds, seed)
-        return _rows_of_units(train, groups, np.flatnonzero(fold_of == fold - 1))
-    order = np.random.default_rng(seed).permutation(units)
-    if label_space.problem_type == "single_label":
+    else:
         _, unit_labels = _unit_labels(train, firsts, read, label_space, by,
                                       f"dealing {folds} folds by class (data.validation_folds)",
                                       "Add rows, or leave the class out")
-        order = order[np.argsort(unit_labels[order], kind="stable")]  # by class, shuffled within each
-    fold_of = np.empty(units, dtype=np.int64)
-    fold_of[order] = np.arange(units) % folds
+        fold_of = class_folds(unit_labels, folds, seed)
     return _rows_of_units(train, groups, np.flatnonzero(fold_of == fold - 1))
+
+
+def class_folds(unit_labels: np.ndarray, folds: int, seed: int) -> np.ndarray:
+    """Each unit's fold (0 to ``folds - 1``) for single labels: the units shuffled (seeded), sorted by class with
+    the shuffle kept within each, and dealt round the folds in turn."""
+    order = np.random.default_rng(seed).permutation(len(unit_labels))
+    order = order[np.argsort(unit_labels[order], kind="stable")]
+    fold_of = np.empty(len(unit_labels), dtype=np.int64)
+    fold_of[order] = np.arange(len(unit_labels)) % folds
+    return fold_of
 
 
 def _units_of(train: datasets.Dataset, read: Table, by: str) -> tuple[np.ndarray, np.ndarray]:
@@ -174,9 +179,8 @@ def _most_lacking(first: np.ndarray, then: np.ndarray, rng: np.random.Generator)
 
 
 def _unit_targets(train: datasets.Dataset, firsts: np.ndarray) -> np.ndarray:
-    """regression: each unit's target (its first row's), read from the Arrow column at once."""
-    targets = train.with_format("arrow")[LABELS].combine_chunks().to_numpy(zero_copy_only=False)
-    return np.asarray(targets, dtype=np.float64)[firsts]
+    """regression: each unit's target (its first row's)."""
+    return np.asarray(read_column(train, LABELS), dtype=np.float64)[firsts]
 
 
 def _in_target_order(targets: np.ndarray, rng: np.random.Generator) -> np.ndarray:
