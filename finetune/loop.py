@@ -265,11 +265,8 @@ def train_one_epoch(
                     loss_sum, tokens = micro_batch_loss(model, batch, real, loss_fn)
                     accelerator.backward(loss_sum * scale)
             window.add(j, loss_sum.detach(), real, tokens)
-            if noise and j == first < stop - 1 and 0 < real < window.real_samples:
-                # the first micro-batch's gradient alone, as its samples' mean: the grads hold their sum times P/N_w
-                to_mean = window.real_samples / (layout.num_processes * real)
-                window.keep_small(small_batch_terms(squared_gradient_norm(model) * to_mean ** 2, real,
-                                                    window.real_samples))
+            if noise and j == first < stop - 1:  # the window's first micro-batch's gradient, alone in the model
+                window.keep_first_gradient(model, real, layout.num_processes)
             if j < stop - 1:
                 continue
 
@@ -409,8 +406,13 @@ class WindowStats:
         bad_now = (~torch.isfinite(loss_sum)) & (self.first_bad < 0)
         self.first_bad.copy_(torch.where(bad_now, torch.full_like(self.first_bad, j), self.first_bad))
 
-    def keep_small(self, terms: torch.Tensor) -> None:
-        """This process's terms of the noise scale's estimates, from the window's first micro-batch."""
+    def keep_first_gradient(self, model, real: int, processes: int) -> None:
+        """This process's terms of the noise scale's estimates, from the gradient its window's first micro-batch of
+        ``real`` samples left in the model (:mod:`finetune.noise_scale`)."""
+        if not 0 < real < self.real_samples:
+            return
+        to_mean = self.real_samples / (processes * real)  # the grads hold the samples' sum times P / N_w
+        terms = small_batch_terms(squared_gradient_norm(model) * to_mean ** 2, real, self.real_samples)
         self.small += terms.to(self.small.device)
 
     def restart_clock(self) -> None:
@@ -600,8 +602,9 @@ class LogWindow:
             "train/accumulation_steps": self.k,
             "train/effective_batch_size": self.effective_batch,
         }
-        if noise and state.noise_scale() is not None:
-            record["train/noise_scale"] = state.noise_scale()
+        scale = state.noise_scale() if noise else None
+        if scale is not None:
+            record["train/noise_scale"] = scale
         self.totals.zero_()
         self.grad_norm = self.lr_sum = 0.0
         self.updates, self.t0 = 0, now

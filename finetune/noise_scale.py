@@ -44,12 +44,14 @@ def squared_gradient_norm(model: torch.nn.Module) -> torch.Tensor:
 def noise_unmeasured(accelerator, k: int, graphs=None) -> Optional[str]:
     """Why the noise scale cannot be measured in this run's epochs, or None where it can: it needs a window of
     more than one micro-batch, and the first micro-batch's gradient whole and unscaled in the model."""
-    engine = str(accelerator.distributed_type).rsplit(".", 1)[-1]
+    from finetune.resplit import sharded_state
+
+    engine = sharded_state(accelerator)
     if k < 2:
         return "k=1: an update's samples are one micro-batch, with no smaller batch inside it to compare"
     if graphs is not None:
         return "the micro-batches are replayed from CUDA graphs, whose gradients build up outside the model"
-    if engine in ("FSDP", "DEEPSPEED", "MEGATRON_LM"):
+    if engine is not None:
         return f"{engine} holds the gradients in shards"
     if accelerator.scaler is not None:
         return "fp16's loss scaling multiplies the gradients"

@@ -111,8 +111,10 @@ def test_a_run_without_a_smaller_batch_or_with_gradients_it_cannot_read_says_why
     assert noise_unmeasured(plain, 4) is None
     assert "k=1" in noise_unmeasured(plain, 1)
     assert "CUDA graphs" in noise_unmeasured(plain, 4, graphs=object())
-    assert "shards" in noise_unmeasured(SimpleNamespace(distributed_type="DistributedType.FSDP", scaler=None), 4)
-    assert "fp16" in noise_unmeasured(SimpleNamespace(distributed_type="NO", scaler=object()), 4)
+    from accelerate.utils import DistributedType
+
+    assert "shards" in noise_unmeasured(SimpleNamespace(distributed_type=DistributedType.FSDP, scaler=None), 4)
+    assert "fp16" in noise_unmeasured(SimpleNamespace(distributed_type=DistributedType.NO, scaler=object()), 4)
     _, records, state = train(k=1, epochs=1, lr=1e-3, noise=True)
     assert all("train/noise_scale" not in r for r in records) and state.noise_scale() is None
 
