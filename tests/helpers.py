@@ -275,14 +275,14 @@ def call_in_a_fresh_python(function: str, *args: Any, env: Optional[dict[str, st
 
 def run_cli(args: list[str], timeout: float = 300, env: Optional[dict[str, str]] = None,
             launcher: Optional[list[str]] = None) -> subprocess.CompletedProcess:
-    """Run ``accelerate launch finetune/train.py ARGS`` (or another launcher) in a subprocess."""
+    """Run ``accelerate launch finetune/train.py ARGS`` (or another launcher) as a command of its own, offline
+    (a fork of the worker's fork server where :func:`forked.forkable` allows, else a subprocess)."""
+    import forked
+
     # -q: on a failing child, accelerate's single-process launcher would add a traceback of its own
     launcher = launcher or [sys.executable, "-m", "accelerate.commands.launch", "-q", "--num_processes", "1",
                             "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
-    return subprocess.run(
-        launcher + [str(REPO / "finetune" / "train.py")] + args,
-        cwd=REPO, env=offline_env(env), capture_output=True, text=True, timeout=timeout,
-    )
+    return forked.run(launcher + [str(REPO / "finetune" / "train.py")] + args, env=offline_env(env), timeout=timeout)
 
 
 def write_sms_job(root: Path, **sections: dict) -> Path:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import subprocess
 import sys
 
 import pytest
@@ -22,6 +21,7 @@ from finetune.errors import ConfigError
 from finetune.loop import TrainState, train_one_epoch
 from finetune.optimization import build_optimizer, build_scheduler, plan_updates
 from finetune.sampling import EpochSampler
+import forked
 from helpers import REPO, offline_env, pad_collate, tiny_bert, token_dataset, write_sms_job
 
 # 76 samples, b=8: 10 micro-batches per epoch. k=4: windows 4, 4, 2 (3 updates); k=2: 5 updates.
@@ -190,11 +190,9 @@ def scheduled(tmp_path_factory):
 
 
 def _run(cfg, out, *overrides, **env):
-    return subprocess.run(
-        [sys.executable, str(REPO / "tests" / "interrupt_worker.py"), "--config", str(cfg),
-         f"output.output_dir={out}", *overrides],
-        cwd=REPO, env=offline_env({"FINETUNE_CPU_THREADS": "1", **env}), capture_output=True, text=True, timeout=240,
-    )
+    return forked.run([sys.executable, str(REPO / "tests" / "interrupt_worker.py"), "--config", str(cfg),
+                       f"output.output_dir={out}", *overrides],
+                      env=offline_env({"FINETUNE_CPU_THREADS": "1", **env}), timeout=240)
 
 
 def _records(out):

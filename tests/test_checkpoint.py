@@ -31,6 +31,7 @@ from finetune.optimization import plan_updates
 from finetune.outputs import clear_previous_run
 from finetune.output_dir import check_output_dir
 from finetune.signals import StopSignals, resume_command
+import forked
 from helpers import REPO, make_texts, offline_env, save_tiny_model, write_tsv
 
 WORKER = REPO / "tests" / "interrupt_worker.py"
@@ -288,11 +289,8 @@ def setup(tmp_path_factory):
 
 def _train(cfg: Path, out: Path, *overrides: str, **env: str) -> subprocess.CompletedProcess:
     # no launcher: the process's own exit code comes through (accelerate launch turns it into 1)
-    return subprocess.run(
-        [sys.executable, str(WORKER), "--config", str(cfg), f"output.output_dir={out}", *overrides],
-        cwd=REPO, env=offline_env({"FINETUNE_CPU_THREADS": "1", **env}), capture_output=True, text=True,
-        timeout=240,
-    )
+    return forked.run([sys.executable, str(WORKER), "--config", str(cfg), f"output.output_dir={out}", *overrides],
+                      env=offline_env({"FINETUNE_CPU_THREADS": "1", **env}), timeout=240)
 
 
 @pytest.fixture(scope="module")

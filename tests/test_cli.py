@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
-from helpers import REPO, make_texts, offline_env, run_cli, save_tiny_model, write_tsv
+import forked
+from helpers import make_texts, offline_env, run_cli, save_tiny_model, write_tsv
 
 pytestmark = pytest.mark.slow
 
@@ -192,12 +192,12 @@ def test_module_form_and_overrides(assets, tmp_path):
     model, data = assets
     out = tmp_path / "out"
     cfg = write_config(tmp_path / "cfg.yaml", model, data, out)
-    proc = subprocess.run(
+    proc = forked.run(
         [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "1", "--num_machines", "1",
          "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "finetune.train", "--config", str(cfg),
          "training.max_steps=2", "training.num_train_epochs=null", "logging.report_to=[]",
          "training.mixed_precision=bf16"],
-        cwd=REPO, env=offline_env(), capture_output=True, text=True, timeout=300,
+        env=offline_env(), timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     records = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
@@ -232,8 +232,7 @@ def test_non_empty_output_dir_is_refused(assets, trained, tmp_path):
     ):
         cfg = write_config(tmp_path / "cfg.yaml", model, data, out, **overrides)
         # without a launcher the script's own exit code (2: bad input) comes through
-        proc = subprocess.run([sys.executable, "finetune/train.py", "--config", str(cfg)], cwd=REPO,
-                              env=offline_env(), capture_output=True, text=True, timeout=300)
+        proc = forked.run([sys.executable, "finetune/train.py", "--config", str(cfg)], env=offline_env(), timeout=300)
         assert proc.returncode == 2, proc.stderr[-3000:]
         assert "output.output_dir" in proc.stderr and message in proc.stderr
         assert "Traceback" not in proc.stderr

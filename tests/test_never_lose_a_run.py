@@ -27,6 +27,7 @@ from finetune.config import config_from_dict
 from finetune.errors import ConfigError
 from finetune.outputs import LOCK_FILE, OutputLock
 from finetune.tracking import RunLogger
+import forked
 from helpers import REPO, make_texts, offline_env, write_sms_job, write_tsv
 
 WORKER = REPO / "tests" / "interrupt_worker.py"
@@ -49,11 +50,8 @@ def job(tmp_path_factory):
 
 
 def _train(cfg: Path, out: Path, *overrides: str, threads: str = "1", **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, str(WORKER), "--config", str(cfg), f"output.output_dir={out}", *overrides],
-        cwd=REPO, env=offline_env({"FINETUNE_CPU_THREADS": threads, **env}), capture_output=True, text=True,
-        timeout=240,
-    )
+    return forked.run([sys.executable, str(WORKER), "--config", str(cfg), f"output.output_dir={out}", *overrides],
+                      env=offline_env({"FINETUNE_CPU_THREADS": threads, **env}), timeout=240)
 
 
 def _errors(proc) -> list[str]:

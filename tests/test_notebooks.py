@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+import forked
 from helpers import REPO, make_texts, offline_env, run_cli, save_tiny_model, tsv_train_file, write_tsv
 
 nbformat = pytest.importorskip("nbformat")
@@ -210,8 +211,7 @@ def test_the_readmes_notebook_code_trains_what_finetune_train_trains(assets, tmp
     overrides = ["training.num_train_epochs=2", *tiny]
     code = code.replace(given, json.dumps([*overrides, f"output.output_dir={tmp_path / 'notebook'}"]))
     env = offline_env({"FINETUNE_CPU_THREADS": "1"})
-    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=300)
+    proc = forked.run([sys.executable, "-c", code], env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = proc.stdout.splitlines()
     epochs = [line for line in lines if line.startswith(("0 ", "1 ")) and "{" in line]

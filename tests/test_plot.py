@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import json
 import struct
-import subprocess
 import sys
 
 import pytest
 
-from helpers import REPO, offline_env
+import forked
+from helpers import offline_env
 from tiny_run import fit_tiny_run
 
 pytest.importorskip("matplotlib")
@@ -94,8 +94,8 @@ def test_fit_writes_curves_png_and_the_cli_redraws_it(tmp_path):
     assert png_size(out / "curves.png") == EXPECTED_PIXELS
     assert summary["train"]["updates"] > 0
     target = tmp_path / "again.png"
-    proc = subprocess.run([sys.executable, "-m", "finetune.plot", str(out), "--output", str(target)], cwd=REPO,
-                          env=offline_env(), capture_output=True, text=True, timeout=120)
+    proc = forked.run([sys.executable, "-m", "finetune.plot", str(out), "--output", str(target)], env=offline_env(),
+                      timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == str(target)
     assert png_size(target) == EXPECTED_PIXELS

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+import forked
 from helpers import REPO, make_texts, offline_env, write_tsv
 from tiny_run import fit_tiny_run, reset_accelerate
 
@@ -114,8 +115,8 @@ def test_a_missing_file_is_said_before_torch_is_imported(tmp_path, command, line
 
 def test_cli_texts_print_json_lines(trained):
     out, _, _ = trained
-    proc = subprocess.run([sys.executable, "-m", "finetune.predict", str(out), *TEXTS[:2]], cwd=REPO,
-                          env=offline_env(), capture_output=True, text=True, timeout=120)
+    proc = forked.run([sys.executable, "-m", "finetune.predict", str(out), *TEXTS[:2]], env=offline_env(),
+                      timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     lines = [json.loads(line) for line in proc.stdout.splitlines()]
     assert [r["text"] for r in lines] == TEXTS[:2]

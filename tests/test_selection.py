@@ -11,7 +11,6 @@ must be the best checkpoint's weights.
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 
 import pytest
@@ -22,7 +21,8 @@ from finetune.checkpoint_files import list_checkpoints, prune
 from finetune.config import EvalConfig, config_from_dict
 from finetune.errors import ConfigError
 from finetune.selection import Selection
-from helpers import REPO, make_texts, offline_env, save_tiny_model, write_tsv
+import forked
+from helpers import make_texts, offline_env, save_tiny_model, write_tsv
 from test_checkpoint import _fake_checkpoint
 
 
@@ -103,8 +103,8 @@ def peaked(tmp_path_factory):
     }
     path = root / "cfg.yaml"
     path.write_text(yaml.safe_dump(cfg), encoding="utf-8")
-    proc = subprocess.run([sys.executable, "finetune/train.py", "--config", str(path)], cwd=REPO,
-                          env=offline_env({"FINETUNE_CPU_THREADS": "1"}), capture_output=True, text=True, timeout=300)
+    proc = forked.run([sys.executable, "finetune/train.py", "--config", str(path)],
+                      env=offline_env({"FINETUNE_CPU_THREADS": "1"}), timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return root / "out", proc.stderr
 

@@ -6,7 +6,6 @@ import csv
 import io
 import logging
 import re
-import subprocess
 import sys
 
 import pytest
@@ -14,7 +13,8 @@ import yaml
 
 from finetune.config import ModelConfig
 from finetune.modeling import load_model_reporting, model_name
-from helpers import REPO, make_texts, offline_env, run_cli, save_tiny_model
+import forked
+from helpers import make_texts, offline_env, run_cli, save_tiny_model
 
 PROGRESS_BAR = re.compile(r"(it|examples)/s\]$")  # a tqdm bar's line (it ends in a rate)
 LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ (INFO|WARNING|ERROR|DEBUG) [\w.]+: ")
@@ -76,9 +76,9 @@ def test_a_new_head_is_said_once_in_the_packages_words(own_data_run):
 def test_a_data_error_is_the_only_line(tmp_path):
     model = save_tiny_model(tmp_path / "tiny-bert")
     data = _write_csv(tmp_path / "reviews.csv", make_texts(30, seed=3))
-    proc = subprocess.run([sys.executable, "-m", "finetune.cli", "train", "--data", str(data), "--label", "sentiment",
-                           "--output", str(tmp_path / "out"), f"model.name_or_path={model}", "data.max_length=32"],
-                          cwd=REPO, env=offline_env(), capture_output=True, text=True, timeout=300)
+    proc = forked.run([sys.executable, "-m", "finetune.cli", "train", "--data", str(data), "--label", "sentiment",
+                       "--output", str(tmp_path / "out"), f"model.name_or_path={model}", "data.max_length=32"],
+                      env=offline_env(), timeout=300)
     assert proc.returncode == 2, proc.stderr[-3000:]
     # nothing but the error (and the progress bar of reading the file, if any): no log line came before it
     said = [line for line in proc.stderr.splitlines() if line.strip() and not PROGRESS_BAR.search(line)]

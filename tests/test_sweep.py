@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+import forked
 from helpers import REPO, compiling_with, offline_env, write_sms_job
 
 SPACE = {"optim.learning_rate": {"low": 1e-3, "high": 3e-2, "log": True},
@@ -54,10 +55,10 @@ def sweep_in_process(args: list[str]) -> int:
     return main(args)
 
 
-def sweep_process(args: list[str], **popen) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "finetune.cli", "sweep", *args], cwd=REPO,
-                            env=offline_env({"FINETUNE_CPU_THREADS": "1"}), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, **popen)
+def sweep_process(args: list[str]):
+    """``python -m finetune.cli sweep ARGS`` started as a command of its own; ``communicate()[0]`` is its output."""
+    return forked.start([sys.executable, "-m", "finetune.cli", "sweep", *args],
+                        env=offline_env({"FINETUNE_CPU_THREADS": "1"}), merge_stderr=True)
 
 
 def load_study(folder: Path, name: str | None = None):
@@ -925,9 +926,9 @@ def test_sigterm_in_the_third_trial_then_the_same_command_finishes_it(tmp_path):
     from finetune.search_space import overrides
 
     whole = tmp_path / "uninterrupted"
-    done = subprocess.run([sys.executable, "-m", "finetune.cli", "train", "--config", str(config),
-                           *overrides(continuation.params), f"output.output_dir={whole}"], cwd=REPO,
-                          env=offline_env({"FINETUNE_CPU_THREADS": "1"}), capture_output=True, text=True)
+    done = forked.run([sys.executable, "-m", "finetune.cli", "train", "--config", str(config),
+                       *overrides(continuation.params), f"output.output_dir={whole}"],
+                      env=offline_env({"FINETUNE_CPU_THREADS": "1"}))
     assert done.returncode == 0, done.stderr[-2000:]
     from safetensors.torch import load_file
 

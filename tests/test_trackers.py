@@ -5,13 +5,13 @@ TensorBoard itself is tested end to end in test_cli.py (its event file is read b
 
 from __future__ import annotations
 
-import subprocess
 import sys
 
 import pytest
 import yaml
 
-from helpers import REPO, make_texts, offline_env, save_tiny_model, write_tsv
+import forked
+from helpers import make_texts, offline_env, save_tiny_model, write_tsv
 
 from finetune.errors import ConfigError
 from finetune.tracking import check_trackers
@@ -61,9 +61,8 @@ def test_missing_tracker_stops_train_py_before_any_work(tmp_path):
         "output": {"output_dir": str(out)},
     }
     (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(cfg), encoding="utf-8")
-    proc = subprocess.run([sys.executable, "finetune/train.py", "--config", str(tmp_path / "cfg.yaml"),
-                           f"logging.report_to=[tensorboard,{name}]"], cwd=REPO, env=offline_env(),
-                          capture_output=True, text=True, timeout=120)
+    proc = forked.run([sys.executable, "finetune/train.py", "--config", str(tmp_path / "cfg.yaml"),
+                       f"logging.report_to=[tensorboard,{name}]"], env=offline_env(), timeout=120)
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]

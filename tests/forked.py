@@ -1,0 +1,313 @@
+"""The suite's commands, each a fork of a Python that has imported torch, transformers and the package already.
+
+A command the tests run (``finetune/train.py``, ``python -m finetune.cli sweep``, ``tests/interrupt_worker.py``,
+under ``accelerate launch`` or not) spends most of its time importing torch, transformers and the package, about
+ten seconds on two cores, to train a tiny model for one or two. Here those imports happen once per test worker, in
+multiprocessing's fork server, and each command is a fork of that server. It is still a process of its own, as a
+user's command is: its own pid, environment, working directory, standard streams, signals and exit status, and
+what a test's worker script patches is patched in it alone. A single-process ``accelerate launch`` is Accelerate's
+own launcher, run in the fork, whose one child is a fork of it in turn.
+
+A fork is not a fresh interpreter, though. A command whose environment differs in a variable that a module may
+read when it is imported (``HF_DATASETS_CACHE``, ``CXX``, ...) runs as a real subprocess, as does any command
+that is not Python's: :func:`forkable` decides. Launches of several processes, and tests of what a command
+imports or how long it takes to start, start real processes themselves.
+
+Written by hand: pytest-xdist and pytest-forked fork tests, not the commands a test runs.
+"""
+
+from __future__ import annotations
+
+import atexit
+import multiprocessing
+import os
+import runpy
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+import types
+from pathlib import Path
+from typing import Optional, Sequence
+
+REPO = Path(__file__).resolve().parent.parent
+
+# what the commands import: made once, in the server (a module that fails to import is passed over there)
+PRELOAD = [
+    "torch", "transformers", "datasets", "accelerate", "accelerate.commands.launch", "evaluate", "peft",
+    "optuna", "sklearn.metrics", "safetensors.torch", "transformers.models.bert.modeling_bert",
+    "finetune.assembly", "finetune.fitting", "finetune.launch", "finetune.sweep_trial", "finetune.evaluation",
+]
+
+# variables read when they are used, not when a module is imported: a command may differ from the server in these
+RUN_TIME_PREFIXES = ("FINETUNE_", "ACCELERATE_", "PYTEST_")
+RUN_TIME_KEYS = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+                 "PYTHONPATH", "COLUMNS", "LINES"}
+
+_server: dict[str, object] = {}
+
+
+def _context():
+    """The fork server's context, started once per test process with ``base_env`` as its environment."""
+    if not _server:
+        from helpers import offline_env
+
+        context = multiprocessing.get_context("forkserver")
+        context.set_forkserver_preload(PRELOAD)
+        base_env = offline_env()
+        saved = dict(os.environ)
+        os.environ.clear()
+        os.environ.update(base_env)  # the server inherits this environment, and imports under it
+        try:
+            process = context.Process(target=_nothing)
+            process.start()
+            process.join()
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)
+        _server.update(context=context, env=base_env)
+    return _server["context"]
+
+
+def _nothing() -> None:
+    pass
+
+
+def forkable(argv: Sequence[str], env: dict[str, str]) -> bool:
+    """Whether ``argv`` can run as a fork of the server: Python's, in an environment whose differences from the
+    server's are in variables read at run time."""
+    if "forkserver" not in multiprocessing.get_all_start_methods():  # Windows
+        return False
+    if len(argv) < 2 or argv[0] != sys.executable or (argv[1].startswith("-") and argv[1] not in ("-m", "-c")):
+        return False
+    _context()
+    base = _server["env"]
+    differing = {k for k in set(env) | set(base) if env.get(k) != base.get(k)}
+    return all(k.startswith(RUN_TIME_PREFIXES) or k in RUN_TIME_KEYS for k in differing)
+
+
+class Forked:
+    """A forked command, as much of :class:`subprocess.Popen` as the tests use: ``pid``, ``poll``, ``wait``,
+    ``send_signal``, ``terminate``, ``kill``, ``communicate`` and ``returncode``."""
+
+    def __init__(self, argv: Sequence[str], env: dict[str, str], cwd: Path, stdin: Optional[str] = None,
+                 merge_stderr: bool = False, start_new_session: bool = False):
+        self.args = list(argv)
+        self._folder = Path(tempfile.mkdtemp(prefix="forked-"))
+        self._streams = [self._folder / name for name in ("stdin", "stdout", "stderr")]
+        for path, text in zip(self._streams, (stdin or "", "", "")):
+            path.write_text(text, encoding="utf-8")
+        if merge_stderr:
+            self._streams[2] = self._streams[1]
+        self._process = _context().Process(target=_command, args=(
+            list(argv), dict(env), str(cwd), [str(p) for p in self._streams], start_new_session))
+        self._process.start()
+        self.pid = self._process.pid
+        self.returncode: Optional[int] = None
+
+    def poll(self) -> Optional[int]:
+        if self.returncode is None and not self._process.is_alive():
+            self.returncode = self._process.exitcode
+        return self.returncode
+
+    def wait(self, timeout: Optional[float] = None) -> int:
+        self._process.join(timeout)
+        if self.poll() is None:
+            raise subprocess.TimeoutExpired(self.args, timeout)
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, sig)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def communicate(self, timeout: Optional[float] = None) -> tuple[str, Optional[str]]:
+        """Wait for the command; its stdout and stderr (None with stderr merged into stdout), as text."""
+        self.wait(timeout)
+        out, err = (p.read_text(encoding="utf-8", errors="replace") for p in self._streams[1:])
+        return out, (None if self._streams[2] == self._streams[1] else err)
+
+    def __del__(self):
+        for path in set(self._streams):
+            path.unlink(missing_ok=True)
+        try:
+            self._folder.rmdir()
+        except OSError:
+            pass
+
+
+def run(argv: Sequence[str], env: dict[str, str], cwd: Path = REPO, timeout: Optional[float] = None,
+        input: Optional[str] = None) -> subprocess.CompletedProcess:
+    """``subprocess.run(argv, capture_output=True, text=True, ...)``, forked where :func:`forkable` allows."""
+    if not forkable(argv, env):
+        return subprocess.run(list(argv), cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout,
+                              input=input)
+    command = Forked(argv, env, cwd, stdin=input)
+    try:
+        out, err = command.communicate(timeout)
+    except subprocess.TimeoutExpired:
+        command.kill()
+        command.wait()
+        raise
+    return subprocess.CompletedProcess(list(argv), command.returncode, out, err)
+
+
+def start(argv: Sequence[str], env: dict[str, str], cwd: Path = REPO, merge_stderr: bool = False,
+          start_new_session: bool = False):
+    """``subprocess.Popen(argv, stdout=PIPE, stderr=PIPE or STDOUT, text=True, ...)``, forked where it can be.
+    Read its output with ``communicate``."""
+    if not forkable(argv, env):
+        return subprocess.Popen(list(argv), cwd=cwd, env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT if merge_stderr else subprocess.PIPE, text=True,
+                                start_new_session=start_new_session)
+    return Forked(argv, env, cwd, merge_stderr=merge_stderr, start_new_session=start_new_session)
+
+
+# --------------------------------------------------------------------------- in the fork
+
+def _command(argv: list[str], env: dict[str, str], cwd: str, streams: list[str], new_session: bool) -> None:
+    """The forked process: become the command ``argv`` would have started, run it, and exit as it would."""
+    if new_session:
+        os.setsid()
+    for fd, path in enumerate(streams):
+        target = os.open(path, os.O_RDONLY if fd == 0 else os.O_WRONLY | os.O_APPEND)
+        os.dup2(target, fd)
+        os.close(target)
+    sys.stdin = open(0, encoding="utf-8", closefd=False)
+    _become(env, cwd)
+    # a launcher's child (accelerate launch's one process) is a fork of this process in turn
+    subprocess.Popen = _nested_popen
+    os._exit(_run_as_main(argv[1:], env))
+
+
+def _become(env: dict[str, str], cwd: Optional[str]) -> None:
+    """The command's environment and working directory, and the random state a fresh interpreter would have."""
+    os.environ.clear()
+    os.environ.update(env)
+    if cwd:
+        os.chdir(cwd)
+    # Python's random module reseeds itself in a fork; numpy's global generator would be the server's in every fork
+    if "numpy" in sys.modules:
+        sys.modules["numpy"].random.seed()
+
+
+def _run_as_main(args: list[str], env: dict[str, str]) -> int:
+    """``python ARGS`` (a script, ``-m module`` or ``-c code``, then its arguments) in this process; its exit
+    status."""
+    installed = [p for p in sys.path if p.startswith((sys.prefix, sys.base_prefix, sys.exec_prefix))]
+    pythonpath = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    option, rest = (args[0], args[1:]) if args[0] in ("-m", "-c") else (None, args)
+    # what Python puts first on the path: the script's folder; for -m, the working directory; for -c, ''
+    first = {None: str(Path(rest[0]).resolve().parent), "-m": os.getcwd(), "-c": ""}[option]
+    sys.path[:] = [first, *pythonpath, *installed]
+    sys.argv = ["-c" if option == "-c" else rest[0], *rest[1:]]
+    try:
+        if option is None:
+            runpy.run_path(rest[0], run_name="__main__")
+        elif option == "-m":
+            sys.modules.pop(rest[0], None)  # as in a fresh process, where -m runs a module not yet imported
+            runpy.run_module(rest[0], run_name="__main__", alter_sys=True)
+        else:
+            main = types.ModuleType("__main__")
+            sys.modules["__main__"] = main
+            exec(compile(rest[0], "<string>", "exec"), main.__dict__)
+        code = 0
+    except SystemExit as stop:
+        code = _exit_status(stop.code)
+    except KeyboardInterrupt:
+        traceback.print_exc()
+        _flush()
+        signal.signal(signal.SIGINT, signal.SIG_DFL)  # Python ends on an unhandled ^C by that signal
+        os.kill(os.getpid(), signal.SIGINT)
+        code = 130
+    except BaseException:
+        sys.excepthook(*sys.exc_info())
+        code = 1
+    atexit._run_exitfuncs()  # the interpreter's own exit; os._exit below would skip them
+    _flush()
+    return code
+
+
+def _exit_status(code) -> int:
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code & 0xFF
+    print(code, file=sys.stderr)
+    return 1
+
+
+def _flush() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+
+
+_RealPopen = subprocess.Popen
+
+
+def _nested_popen(args, *rest, **kwargs):
+    """``subprocess.Popen`` in a forked command: a Python child that inherits the streams (a launcher's) is a fork
+    of this process; any other child is a real one."""
+    argv = [str(a) for a in args] if isinstance(args, (list, tuple)) else None
+    plain = not rest and set(kwargs) <= {"env", "cwd"}
+    if argv is None or not plain or argv[0] != sys.executable or len(argv) < 2:
+        return _RealPopen(args, *rest, **kwargs)
+    return _ForkedChild(argv, kwargs.get("env") or dict(os.environ), kwargs.get("cwd"))
+
+
+class _ForkedChild:
+    """The child a launcher starts, forked from the launcher's process: ``wait``, ``poll`` and ``returncode``."""
+
+    def __init__(self, argv: list[str], env: dict[str, str], cwd: Optional[str]):
+        self.args = argv
+        self.returncode: Optional[int] = None
+        _flush()  # else what the launcher has buffered would be written twice
+        self.pid = os.fork()
+        if self.pid == 0:
+            _become(env, cwd)
+            os._exit(_run_as_main(argv[1:], env))
+
+    def poll(self) -> Optional[int]:
+        if self.returncode is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: Optional[float] = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(self.args, timeout)
+            time.sleep(0.01)
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, sig)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def communicate(self, input=None, timeout: Optional[float] = None) -> tuple[None, None]:
+        self.wait(timeout)
+        return None, None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.wait()
