@@ -142,9 +142,8 @@ def test_standard_input_is_one_text_per_line(trained, predictor, tmp_path):
     assert [printed[0]["label"], printed[2]["label"]] == [p["label"] for p in expected]
     assert printed[2]["probabilities"] == pytest.approx(expected[1]["probabilities"], abs=1e-5)
     # and into a file
-    proc = subprocess.run([sys.executable, "-m", "finetune.predict", str(out), "--file", "-", "--output",
-                           str(tmp_path / "p.jsonl")], cwd=REPO, input=TEXTS[0].encode(), env=offline_env(),
-                          capture_output=True, timeout=120)
+    proc = forked.run([sys.executable, "-m", "finetune.predict", str(out), "--file", "-", "--output",
+                       str(tmp_path / "p.jsonl")], input=TEXTS[0], env=offline_env(), timeout=120)
     assert proc.returncode == 0 and json.loads((tmp_path / "p.jsonl").read_text(encoding="utf-8"))["text"] == TEXTS[0]
 
 
