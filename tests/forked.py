@@ -27,7 +27,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import traceback
 import types
 from pathlib import Path
 from typing import Optional, Sequence
@@ -208,6 +207,7 @@ def _run_as_main(args: list[str], env: dict[str, str]) -> int:
     first = {None: str(Path(rest[0]).resolve().parent), "-m": os.getcwd(), "-c": ""}[option]
     sys.path[:] = [first, *pythonpath, *installed]
     sys.argv = ["-c" if option == "-c" else rest[0], *rest[1:]]
+    interrupted = False
     try:
         if option is None:
             runpy.run_path(rest[0], run_name="__main__")
@@ -221,17 +221,15 @@ def _run_as_main(args: list[str], env: dict[str, str]) -> int:
         code = 0
     except SystemExit as stop:
         code = _exit_status(stop.code)
-    except KeyboardInterrupt:
-        traceback.print_exc()
-        _flush()
-        signal.signal(signal.SIGINT, signal.SIG_DFL)  # Python ends on an unhandled ^C by that signal
-        os.kill(os.getpid(), signal.SIGINT)
-        code = 130
-    except BaseException:
+    except BaseException as error:
         sys.excepthook(*sys.exc_info())
-        code = 1
-    atexit._run_exitfuncs()  # the interpreter's own exit; os._exit below would skip them
+        interrupted, code = isinstance(error, KeyboardInterrupt), 1
+    # the interpreter's exit runs these; the os._exit that ends a fork would not (no public way to run them)
+    atexit._run_exitfuncs()
     _flush()
+    if interrupted:  # Python ends an unhandled ^C, after its exit, by that signal
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
     return code
 
 

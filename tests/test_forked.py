@@ -58,6 +58,7 @@ def test_a_fork_sees_and_says_what_the_process_would(programs, form):
     "os.kill(os.getpid(), signal.SIGTERM); time.sleep(5)",  # killed by the signal: -15
     "raise KeyboardInterrupt",  # Python ends by SIGINT: -2
     "import atexit; atexit.register(print, 'at exit')",  # the interpreter's exit handlers run
+    "import atexit; atexit.register(print, 'at exit'); raise KeyboardInterrupt",  # before SIGINT ends it
 ])
 def test_a_fork_ends_as_the_process_would(tmp_path, ending):
     code = f"import os, signal, sys, time\nprint('started', flush=True)\n{ending}\n"
