@@ -10,8 +10,8 @@ own launcher, run in the fork, whose one child is a fork of it in turn.
 
 A fork is not a fresh interpreter, though. A command whose environment differs in a variable that a module may
 read when it is imported (``HF_DATASETS_CACHE``, ``CXX``, ...) runs as a real subprocess, as does any command
-that is not Python's: :func:`forkable` decides. Launches of several processes, and tests of what a command
-imports or how long it takes to start, start real processes themselves.
+that is not Python's, and every command on a machine with CUDA: :func:`forkable` decides. Launches of several
+processes, and tests of what a command imports or how long it takes to start, start real processes themselves.
 
 Written by hand: pytest-xdist and pytest-forked fork tests, not the commands a test runs.
 """
@@ -79,12 +79,20 @@ def forkable(argv: Sequence[str], env: dict[str, str]) -> bool:
     server's are in variables read at run time."""
     if "forkserver" not in multiprocessing.get_all_start_methods():  # Windows
         return False
+    if cuda():  # CUDA may not work in a fork of a process that asked for it (the server's imports may have)
+        return False
     if len(argv) < 2 or argv[0] != sys.executable or (argv[1].startswith("-") and argv[1] not in ("-m", "-c")):
         return False
     _context()
     base = _server["env"]
     differing = {k for k in set(env) | set(base) if env.get(k) != base.get(k)}
     return all(k.startswith(RUN_TIME_PREFIXES) or k in RUN_TIME_KEYS for k in differing)
+
+
+def cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 class Forked:

@@ -18,6 +18,8 @@ import pytest
 import forked
 from helpers import offline_env
 
+pytestmark = pytest.mark.skipif(forked.cuda(), reason="commands are not forked on a machine with CUDA")
+
 # what a command sees of the process it runs in (no torch: the real process starts in a fraction of a second)
 SEES = """\
 import os, sys
