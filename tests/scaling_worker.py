@@ -166,7 +166,23 @@ SCENARIOS = {
     # trained twice in bf16: weight casts in every micro-batch (snapshots_every.pt), then once per update
     "casts": dict(b=4, k=2, mixed_precision="bf16"),
     "fsdp2": dict(b=4, k=2, fsdp2=True),
+    # tests/test_noise_scale.py's linear model at a learning rate of 0: the gradient noise scale after 1,024 updates
+    "noise": dict(b=4, k=2),
 }
+
+
+def record_noise_scale(b: int, k: int) -> dict:
+    """The noise scale the loop measured on the launched processes, each window's first micro-batches one per
+    process (``b`` each of ``b * k * P``), averaged over nearly all of 8 epochs' updates (as in the one-process test)."""
+    import finetune.noise_scale
+    from finetune.launch import init_process_state
+    from test_noise_scale import train
+
+    state = init_process_state()
+    finetune.noise_scale.DECAY = 0.999
+    _, records, train_state = train(k=k, epochs=8, lr=0.0, noise=True, b=b)
+    return {"process_index": state.process_index, "processes": state.num_processes, "updates": len(records),
+            "noise_scale": train_state.noise_scale(), "snapshots": []}
 
 
 def run_scenario(name: str, out: Path) -> None:
@@ -178,7 +194,7 @@ def run_scenario(name: str, out: Path) -> None:
         every = record_run(**settings, cast_once_per_update=False)
         if every["process_index"] == 0:
             torch.save(every["snapshots"], out / "snapshots_every.pt")
-    result = record_run(**settings)
+    result = record_noise_scale(**settings) if name == "noise" else record_run(**settings)
     snapshots = result.pop("snapshots")
     (out / f"rank{result['process_index']}.json").write_text(json.dumps(result), encoding="utf-8")
     if result["process_index"] == 0:

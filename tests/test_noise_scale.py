@@ -55,13 +55,16 @@ def exact_noise_scale(model: Linear, data: list[dict[str, torch.Tensor]]) -> flo
 
 
 def train(k: int, epochs: int, lr: float, noise: bool, b: int = 4):
+    """The linear model trained by ``train_one_epoch`` on :func:`rows`, in windows of ``b`` x ``k`` x the processes
+    launched (``tests/scaling_worker.py`` runs it on two); returns the model, the records and the state."""
     from accelerate import Accelerator
 
     accelerator = Accelerator(cpu=True, gradient_accumulation_steps=k)
     data = rows()
     model = Linear()
     optimizer = torch.optim.SGD(model.parameters(), lr=lr)
-    loader = DataLoader(data, batch_size=b, sampler=EpochSampler(len(data), seed=3, window_size=b * k))
+    window = b * k * accelerator.num_processes
+    loader = DataLoader(data, batch_size=b, sampler=EpochSampler(len(data), seed=3, window_size=window))
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
     state, records = TrainState(), []
     for epoch in range(epochs):
@@ -145,3 +148,24 @@ def test_a_run_says_its_noise_scale_each_epoch_logs_it_and_keeps_it(tmp_path, ca
         cfg, summary = fit_tiny_run(tmp_path / "off", training={"num_train_epochs": None, "max_steps": 2})
     assert summary["train"]["noise_scale"] is None
     assert not any("noise scale" in r.getMessage() for r in caplog.records)
+
+
+def test_a_resumed_run_carries_the_estimate_on_as_if_it_had_not_stopped(tmp_path):
+    """The moving averages are in the checkpoint: a run stopped after update 7 (of 20) and resumed logs, update by
+    update, the noise scale of the run that was not stopped (a resume that started them over would not)."""
+    import json
+
+    from tiny_run import fit_tiny_run
+
+    def logged(cfg) -> dict[int, float]:
+        lines = (Path(cfg.output.output_dir) / "train_log.jsonl").read_text().splitlines()
+        return {r["step"]: r["train/noise_scale"] for r in map(json.loads, lines) if "train/noise_scale" in r}
+
+    sections = {"logging": {"noise_scale": True, "progress_bar": False}}
+    whole, summary = fit_tiny_run(tmp_path / "whole", output={"checkpoint_every": 7}, **sections)
+    fit_tiny_run(tmp_path / "part", on_update=lambda state: state.step >= 7, output={"checkpoint_every": 7},
+                 **sections)
+    part, resumed = fit_tiny_run(tmp_path / "part", output={"checkpoint_every": 7, "resume_from": "latest"},
+                                 **sections)
+    assert max(logged(whole)) == summary["train"]["updates"] > 7 + 2
+    assert logged(part) == logged(whole) and resumed["train"]["noise_scale"] == summary["train"]["noise_scale"]

@@ -139,7 +139,7 @@ def one_process():
 def on_two_processes(tmp_path_factory):
     """Every scenario of ``tests/scaling_worker.py`` on two processes, in one launch (``(b=4, k=2, P=2)`` each)."""
     out = tmp_path_factory.mktemp("two_processes")
-    runs = _on_two_processes(out, "plain", "schedule", "chunks", "casts", "fsdp2")
+    runs = _on_two_processes(out, "plain", "schedule", "chunks", "casts", "fsdp2", "noise")
     runs["casts"][0]["snapshots_every"] = torch.load(out / "casts" / "snapshots_every.pt")
     return runs
 
@@ -226,6 +226,20 @@ def test_fsdp2_sharded_weights_on_two_processes_train_the_single_process_weights
     assert norms == pytest.approx([r["train/grad_norm"] for r in one_process["records"]], rel=1e-5, abs=1e-7)
     assert [r["train/loss"] for r in rank0["records"]] == \
         pytest.approx([r["train/loss"] for r in one_process["records"]], rel=1e-6)
+
+
+@pytest.mark.slow
+def test_the_noise_scale_on_two_processes_is_the_one_every_samples_gradient_gives(on_two_processes):
+    """The linear model of tests/test_noise_scale.py at a learning rate of 0, in windows of 16 of two processes'
+    micro-batches of 4: each process's first micro-batch counts through the window's all-reduce, so both processes
+    hold the same estimate, within 10% of tr(S)/|G|^2 over all 2,048 rows' gradients after 1,024 updates (a
+    process's small batch counted at the window's size, or left out, lands far off; one counted alone, apart)."""
+    from test_noise_scale import Linear, exact_noise_scale, rows
+
+    ranks = on_two_processes["noise"]
+    assert [r["processes"] for r in ranks] == [2, 2] and ranks[0]["updates"] == 1024
+    assert ranks[0]["noise_scale"] == ranks[1]["noise_scale"]
+    assert ranks[0]["noise_scale"] == pytest.approx(exact_noise_scale(Linear(), rows()), rel=0.1)
 
 
 def test_two_processes_are_one_ddp_job_over_gloo(two_processes):
