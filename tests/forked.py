@@ -22,6 +22,7 @@ import atexit
 import multiprocessing
 import os
 import runpy
+import shutil
 import signal
 import subprocess
 import sys
@@ -103,11 +104,9 @@ class Forked:
                  merge_stderr: bool = False, start_new_session: bool = False):
         self.args = list(argv)
         self._folder = Path(tempfile.mkdtemp(prefix="forked-"))
-        self._streams = [self._folder / name for name in ("stdin", "stdout", "stderr")]
+        self._streams = [self._folder / name for name in ("stdin", "stdout", "stdout" if merge_stderr else "stderr")]
         for path, text in zip(self._streams, (stdin or "", "", "")):
             path.write_text(text, encoding="utf-8")
-        if merge_stderr:
-            self._streams[2] = self._streams[1]
         self._process = _context().Process(target=_command, args=(
             list(argv), dict(env), str(cwd), [str(p) for p in self._streams], start_new_session))
         self._process.start()
@@ -142,12 +141,7 @@ class Forked:
         return out, (None if self._streams[2] == self._streams[1] else err)
 
     def __del__(self):
-        for path in set(self._streams):
-            path.unlink(missing_ok=True)
-        try:
-            self._folder.rmdir()
-        except OSError:
-            pass
+        shutil.rmtree(self._folder, ignore_errors=True)
 
 
 def run(argv: Sequence[str], env: dict[str, str], cwd: Path = REPO, timeout: Optional[float] = None,
