@@ -96,7 +96,26 @@ def cuda() -> bool:
     return torch.cuda.is_available()
 
 
-class Forked:
+class _Signalled:
+    """What :class:`subprocess.Popen` does with signals, for a process with a ``pid`` and a ``poll``."""
+
+    pid: int
+
+    def poll(self) -> Optional[int]:
+        raise NotImplementedError
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, sig)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+class Forked(_Signalled):
     """A forked command, as much of :class:`subprocess.Popen` as the tests use: ``pid``, ``poll``, ``wait``,
     ``send_signal``, ``terminate``, ``kill``, ``communicate`` and ``returncode``."""
 
@@ -123,16 +142,6 @@ class Forked:
         if self.poll() is None:
             raise subprocess.TimeoutExpired(self.args, timeout)
         return self.returncode
-
-    def send_signal(self, sig: int) -> None:
-        if self.poll() is None:
-            os.kill(self.pid, sig)
-
-    def terminate(self) -> None:
-        self.send_signal(signal.SIGTERM)
-
-    def kill(self) -> None:
-        self.send_signal(signal.SIGKILL)
 
     def communicate(self, timeout: Optional[float] = None) -> tuple[str, Optional[str]]:
         """Wait for the command; its stdout and stderr (None with stderr merged into stdout), as text."""
@@ -265,7 +274,7 @@ def _nested_popen(args, *rest, **kwargs):
     return _ForkedChild(argv, kwargs.get("env") or dict(os.environ), kwargs.get("cwd"))
 
 
-class _ForkedChild:
+class _ForkedChild(_Signalled):
     """The child a launcher starts, forked from the launcher's process: ``wait``, ``poll`` and ``returncode``."""
 
     def __init__(self, argv: list[str], env: dict[str, str], cwd: Optional[str]):
@@ -291,16 +300,6 @@ class _ForkedChild:
                 raise subprocess.TimeoutExpired(self.args, timeout)
             time.sleep(0.01)
         return self.returncode
-
-    def send_signal(self, sig: int) -> None:
-        if self.poll() is None:
-            os.kill(self.pid, sig)
-
-    def terminate(self) -> None:
-        self.send_signal(signal.SIGTERM)
-
-    def kill(self) -> None:
-        self.send_signal(signal.SIGKILL)
 
     def communicate(self, input=None, timeout: Optional[float] = None) -> tuple[None, None]:
         self.wait(timeout)
