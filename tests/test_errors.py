@@ -457,7 +457,7 @@ def test_script_exits_2_with_one_line(assets, tmp_path):
     """``python finetune/train.py`` passes the exit code 2 through; the line names file, row and label."""
     argv, names, out = prepare(CASES_BY_ID["data-validation-label-not-in-train"], assets, tmp_path)
     before = snapshot(out)
-    proc = run_cli(argv, launcher=[sys.executable], env={"HF_DATASETS_CACHE": str(tmp_path / "cache")})
+    proc = run_cli(argv, launcher=[sys.executable])
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr + proc.stdout
     error, hint = error_lines(proc.stderr)
@@ -470,7 +470,7 @@ def test_accelerate_launch_quiet_exits_1_with_error_and_hint(assets, tmp_path):
     """Under ``accelerate launch -q`` the launcher turns 2 into 1 but adds no traceback."""
     argv, names, out = prepare(CASES_BY_ID["model-label-count-mismatch"], assets, tmp_path)
     before = snapshot(out)
-    proc = run_cli(argv, env={"HF_DATASETS_CACHE": str(tmp_path / "cache")})
+    proc = run_cli(argv)
     assert proc.returncode == 1, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr + proc.stdout
     error, hint = error_lines(proc.stderr)
