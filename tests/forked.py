@@ -120,14 +120,14 @@ class Forked(_Signalled):
     ``send_signal``, ``terminate``, ``kill``, ``communicate`` and ``returncode``."""
 
     def __init__(self, argv: Sequence[str], env: dict[str, str], cwd: Path, stdin: Optional[str] = None,
-                 merge_stderr: bool = False, start_new_session: bool = False):
+                 merge_stderr: bool = False):
         self.args = list(argv)
         self._folder = Path(tempfile.mkdtemp(prefix="forked-"))
         self._streams = [self._folder / name for name in ("stdin", "stdout", "stdout" if merge_stderr else "stderr")]
         for path, text in zip(self._streams, (stdin or "", "", "")):
             path.write_text(text, encoding="utf-8")
         self._process = _context().Process(target=_command, args=(
-            list(argv), dict(env), str(cwd), [str(p) for p in self._streams], start_new_session))
+            list(argv), dict(env), str(cwd), [str(p) for p in self._streams]))
         self._process.start()
         self.pid = self._process.pid
         self.returncode: Optional[int] = None
@@ -169,23 +169,19 @@ def run(argv: Sequence[str], env: dict[str, str], cwd: Path = REPO, timeout: Opt
     return subprocess.CompletedProcess(list(argv), command.returncode, out, err)
 
 
-def start(argv: Sequence[str], env: dict[str, str], cwd: Path = REPO, merge_stderr: bool = False,
-          start_new_session: bool = False):
+def start(argv: Sequence[str], env: dict[str, str], cwd: Path = REPO, merge_stderr: bool = False):
     """``subprocess.Popen(argv, stdout=PIPE, stderr=PIPE or STDOUT, text=True, ...)``, forked where it can be.
     Read its output with ``communicate``."""
     if not forkable(argv, env):
         return subprocess.Popen(list(argv), cwd=cwd, env=env, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT if merge_stderr else subprocess.PIPE, text=True,
-                                start_new_session=start_new_session)
-    return Forked(argv, env, cwd, merge_stderr=merge_stderr, start_new_session=start_new_session)
+                                stderr=subprocess.STDOUT if merge_stderr else subprocess.PIPE, text=True)
+    return Forked(argv, env, cwd, merge_stderr=merge_stderr)
 
 
 # --------------------------------------------------------------------------- in the fork
 
-def _command(argv: list[str], env: dict[str, str], cwd: str, streams: list[str], new_session: bool) -> None:
+def _command(argv: list[str], env: dict[str, str], cwd: str, streams: list[str]) -> None:
     """The forked process: become the command ``argv`` would have started, run it, and exit as it would."""
-    if new_session:
-        os.setsid()
     for fd, path in enumerate(streams):
         target = os.open(path, os.O_RDONLY if fd == 0 else os.O_WRONLY | os.O_APPEND)
         os.dup2(target, fd)
