@@ -40,6 +40,7 @@ PRELOAD = [
     "torch", "transformers", "datasets", "accelerate", "accelerate.commands.launch", "evaluate", "peft",
     "optuna", "sklearn.metrics", "safetensors.torch", "transformers.models.bert.modeling_bert",
     "finetune.assembly", "finetune.fitting", "finetune.launch", "finetune.sweep_trial", "finetune.evaluation",
+    "finetune.plot", "matplotlib.figure", "matplotlib.backends.backend_agg",  # a run's curves.png at its end
 ]
 
 # variables read when they are used, not when a module is imported: a command may differ from the server in these
