@@ -26,7 +26,7 @@ train: install
 # one worker per core (pytest-xdist), each test file kept on one worker so that its module-scoped
 # set-up runs once; most time goes to single-threaded subprocess start-up, which overlaps well
 test: install
-	$(BIN)/python -m pytest -q -n auto --dist loadfile --durations=15 tests $(ARGS)
+	$(BIN)/python -m pytest -q -n auto --dist loadfile --no-loadscope-reorder --durations=15 tests $(ARGS)
 
 # the side-by-side comparison with transformers.Trainer (bench/README.md); ~25 min on 2 CPU cores
 bench: install

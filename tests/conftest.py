@@ -26,6 +26,21 @@ atexit.register(shutil.rmtree, _DATASETS_CACHE, ignore_errors=True)
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
+# The files that take longest (measured with pytest --durations=0), in that order. xdist hands whole files to its
+# workers (--dist loadfile) in the order they are collected when told --no-loadscope-reorder (its own order puts
+# the files with the most tests first, and so a file of a few long tests last): these go first, so that no worker
+# is left running one of them alone while the other has finished.
+LONGEST_FIRST = ("test_scaling.py", "test_sweep.py", "test_bench.py", "test_compile_option.py", "test_packaging.py",
+                 "test_checkpoint.py", "test_notebooks.py", "test_hub.py", "test_own_data.py",
+                 "test_never_lose_a_run.py", "test_predict.py", "test_accumulation.py", "test_cuda_graphs.py",
+                 "test_dry_run.py", "test_auto_batch.py")
+
+
+def pytest_collection_modifyitems(items):
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: a file's own order is kept
+
+
 def pytest_collection_finish(session):
     """What the test modules imported (torch, transformers, ...) lives as long as the worker: the full
     collections a run makes (one before it allocates, one after each sweep trial) skip its objects, about half a
