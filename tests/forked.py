@@ -6,12 +6,14 @@ ten seconds on two cores, to train a tiny model for one or two. Here those impor
 multiprocessing's fork server, and each command is a fork of that server. It is still a process of its own, as a
 user's command is: its own pid, environment, working directory, standard streams, signals and exit status, and
 what a test's worker script patches is patched in it alone. A single-process ``accelerate launch`` is Accelerate's
-own launcher, run in the fork, whose one child is a fork of it in turn.
+own launcher, run in the fork, whose one child is a fork of it in turn; a launch of several processes
+(``--multi_gpu``: torchrun's agent) likewise, each worker a fork of the launcher in a session of its own, as
+torchrun starts them.
 
 A fork is not a fresh interpreter, though. A command whose environment differs in a variable that a module may
 read when it is imported (``HF_DATASETS_CACHE``, ``CXX``, ...) runs as a real subprocess, as does any command
-that is not Python's, and every command on a machine with CUDA: :func:`forkable` decides. Launches of several
-processes, and tests of what a command imports or how long it takes to start, start real processes themselves.
+that is not Python's, and every command on a machine with CUDA: :func:`forkable` decides. Tests of what a command
+imports or how long it takes to start start real processes themselves.
 
 Written by hand: pytest-xdist and pytest-forked fork tests, not the commands a test runs.
 """
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import atexit
 import gc
+import io
 import multiprocessing
 import os
 import runpy
@@ -41,12 +44,15 @@ PRELOAD = [
     "optuna", "sklearn.metrics", "safetensors.torch", "transformers.models.bert.modeling_bert",
     "finetune.assembly", "finetune.fitting", "finetune.launch", "finetune.sweep_trial", "finetune.evaluation",
     "finetune.plot", "matplotlib.figure", "matplotlib.backends.backend_agg",  # a run's curves.png at its end
+    "torch.distributed.run",  # accelerate launch --multi_gpu: torchrun's agent
 ]
 
 # variables read when they are used, not when a module is imported: a command may differ from the server in these
 RUN_TIME_PREFIXES = ("FINETUNE_", "ACCELERATE_", "PYTEST_")
 RUN_TIME_KEYS = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-                 "PYTHONPATH", "COLUMNS", "LINES"}
+                 "PYTHONPATH", "COLUMNS", "LINES",
+                 "CUDA_VISIBLE_DEVICES",  # only a machine without CUDA forks, and there it changes nothing
+                 "TORCHINDUCTOR_CACHE_DIR"}  # read as inductor compiles; its first compile sets it in the process
 
 _server: dict[str, object] = {}
 
@@ -122,14 +128,14 @@ class Forked(_Signalled):
     ``send_signal``, ``terminate``, ``kill``, ``communicate`` and ``returncode``."""
 
     def __init__(self, argv: Sequence[str], env: dict[str, str], cwd: Path, stdin: Optional[str] = None,
-                 merge_stderr: bool = False):
+                 merge_stderr: bool = False, new_session: bool = False):
         self.args = list(argv)
         self._folder = Path(tempfile.mkdtemp(prefix="forked-"))
         self._streams = [self._folder / name for name in ("stdin", "stdout", "stdout" if merge_stderr else "stderr")]
         for path, text in zip(self._streams, (stdin or "", "", "")):
             path.write_text(text, encoding="utf-8")
         self._process = _context().Process(target=_command, args=(
-            list(argv), dict(env), str(cwd), [str(p) for p in self._streams]))
+            list(argv), dict(env), str(cwd), [str(p) for p in self._streams], new_session))
         self._process.start()
         self.pid = self._process.pid
         self.returncode: Optional[int] = None
@@ -171,19 +177,24 @@ def run(argv: Sequence[str], env: dict[str, str], cwd: Path = REPO, timeout: Opt
     return subprocess.CompletedProcess(list(argv), command.returncode, out, err)
 
 
-def start(argv: Sequence[str], env: dict[str, str], cwd: Path = REPO, merge_stderr: bool = False):
-    """``subprocess.Popen(argv, stdout=PIPE, stderr=PIPE or STDOUT, text=True, ...)``, forked where it can be.
-    Read its output with ``communicate``."""
+def start(argv: Sequence[str], env: dict[str, str], cwd: Path = REPO, merge_stderr: bool = False,
+          new_session: bool = False):
+    """``subprocess.Popen(argv, stdout=PIPE, stderr=PIPE or STDOUT, text=True, start_new_session=new_session)``,
+    forked where it can be. Read its output with ``communicate``; with ``new_session``, ``os.killpg(pid, ...)``
+    signals it and every process it started."""
     if not forkable(argv, env):
         return subprocess.Popen(list(argv), cwd=cwd, env=env, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT if merge_stderr else subprocess.PIPE, text=True)
-    return Forked(argv, env, cwd, merge_stderr=merge_stderr)
+                                stderr=subprocess.STDOUT if merge_stderr else subprocess.PIPE, text=True,
+                                start_new_session=new_session)
+    return Forked(argv, env, cwd, merge_stderr=merge_stderr, new_session=new_session)
 
 
 # --------------------------------------------------------------------------- in the fork
 
-def _command(argv: list[str], env: dict[str, str], cwd: str, streams: list[str]) -> None:
+def _command(argv: list[str], env: dict[str, str], cwd: str, streams: list[str], new_session: bool) -> None:
     """The forked process: become the command ``argv`` would have started, run it, and exit as it would."""
+    if new_session:
+        os.setsid()
     for fd, path in enumerate(streams):
         target = os.open(path, os.O_RDONLY if fd == 0 else os.O_WRONLY | os.O_APPEND)
         os.dup2(target, fd)
@@ -192,6 +203,9 @@ def _command(argv: list[str], env: dict[str, str], cwd: str, streams: list[str])
     _become(env, cwd)
     # a launcher's child (accelerate launch's one process) is a fork of this process in turn
     subprocess.Popen = _nested_popen
+    # and so is each worker torchrun's agent starts (its module holds Popen under its own name)
+    if ELASTIC_HANDLER in sys.modules:
+        sys.modules[ELASTIC_HANDLER].Popen = _elastic_popen
     os._exit(_run_as_main(argv[1:], env))
 
 
@@ -275,15 +289,35 @@ def _nested_popen(args, *rest, **kwargs):
     return _ForkedChild(argv, kwargs.get("env") or dict(os.environ), kwargs.get("cwd"))
 
 
+ELASTIC_HANDLER = "torch.distributed.elastic.multiprocessing.subprocess_handler.subprocess_handler"
+
+
+def _elastic_popen(args, env=None, stdout=None, stderr=None, start_new_session=False, **rest):
+    """``Popen`` as torchrun's agent calls it for a worker (``python -u script ...``, its own session, the agent's
+    streams): a fork of the agent's process. Any other call is a real process."""
+    argv = [str(a) for a in args]
+    if rest or stdout is not None or stderr is not None or argv[:2] != [sys.executable, "-u"] or len(argv) < 3:
+        return _RealPopen(args, env=env, stdout=stdout, stderr=stderr, start_new_session=start_new_session, **rest)
+    return _ForkedChild([argv[0], *argv[2:]], env or dict(os.environ), None, new_session=start_new_session,
+                        unbuffered=True)
+
+
 class _ForkedChild(_Signalled):
     """The child a launcher starts, forked from the launcher's process: ``wait``, ``poll`` and ``returncode``."""
 
-    def __init__(self, argv: list[str], env: dict[str, str], cwd: Optional[str]):
+    def __init__(self, argv: list[str], env: dict[str, str], cwd: Optional[str], new_session: bool = False,
+                 unbuffered: bool = False):
         self.args = argv
         self.returncode: Optional[int] = None
         _flush()  # else what the launcher has buffered would be written twice
         self.pid = os.fork()
         if self.pid == 0:
+            if new_session:
+                os.setsid()
+            if unbuffered:  # python -u: each write goes to the file as it is made
+                sys.stdout, sys.stderr = (io.TextIOWrapper(io.FileIO(fd, "w", closefd=False), write_through=True,
+                                                           encoding=stream.encoding, errors=stream.errors)
+                                          for fd, stream in ((1, sys.stdout), (2, sys.stderr)))
             _become(env, cwd)
             os._exit(_run_as_main(argv[1:], env))
 

@@ -83,6 +83,31 @@ def test_a_launch_under_accelerate_exits_and_sees_the_environment_as_it_would(tm
     assert "ACCELERATE_USE_CPU" in real[1]
 
 
+def test_a_launch_of_two_processes_forks_each_worker_in_a_session_of_its_own_as_torchrun_starts_it(tmp_path):
+    """``torchrun`` (what ``accelerate launch --multi_gpu`` runs) in the fork: each worker a fork of the launcher,
+    with torchrun's environment, a session of its own (the agent stops a worker's whole group) and unbuffered
+    streams (``python -u``); a failing rank stops the other and gives the launcher's status."""
+    script = tmp_path / "rank.py"
+    script.write_text(
+        "import os, sys, time\n"
+        "print('rank', os.environ['RANK'], 'of', os.environ['WORLD_SIZE'], 'own session', os.getsid(0) == os.getpid(),"
+        " 'unbuffered', sys.stdout.write_through, 'imported torch', 'torch' in sys.modules, flush=True)\n"
+        "if os.environ['RANK'] == '1':\n"
+        "    sys.exit(3)\n"
+        "time.sleep(60)  # until the agent, seeing rank 1 fail, stops this one\n", encoding="utf-8")
+    argv = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "0",
+            "--monitor_interval", "0.1", str(script)]
+    started = time.monotonic()
+    real, fork = _both(argv, tmp_path, offline_env())
+    assert time.monotonic() - started < 50  # rank 0 was stopped, not waited for
+    assert fork[0] == real[0] == 1, (real[2][-2000:], fork[2][-2000:])
+    lines = [sorted(out.splitlines()) for out in (real[1], fork[1])]
+    assert lines[0] == [f"rank {r} of 2 own session True unbuffered True imported torch False" for r in (0, 1)]
+    # the same, but for what shows each worker was forked from a launcher that had torch imported
+    assert lines[1] == [line.replace("torch False", "torch True") for line in lines[0]]
+    assert "rank.py FAILED" in real[2] and "rank.py FAILED" in fork[2]
+
+
 def test_a_started_fork_takes_signals_and_merges_its_streams_as_popen_would(tmp_path):
     code = ("import signal, sys, time\n"
             "signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))\n"
