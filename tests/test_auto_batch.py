@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 import re
-import subprocess
 import sys
 
 import pytest
@@ -18,7 +17,8 @@ from finetune.autobatch import choose_micro_batch, initial_micro_batch
 from finetune.config import config_from_dict
 from finetune.errors import ConfigError, LaunchError
 from finetune.modeling import is_checkpointing, load_model_reporting as _LOAD_MODEL
-from helpers import REPO, free_port, make_texts, offline_env, save_tiny_model, write_tsv
+import forked
+from helpers import free_port, make_texts, offline_env, save_tiny_model, write_tsv
 
 B = 32
 
@@ -216,11 +216,8 @@ def test_every_process_backs_off_when_one_runs_out_of_memory(tmp_path):
         "torch.distributed.destroy_process_group()\n",
         encoding="utf-8",
     )
-    proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
-         str(worker)],
-        cwd=REPO, env=offline_env(), capture_output=True, text=True, timeout=120,
-    )
+    proc = forked.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
+                       str(free_port()), str(worker)], env=offline_env(), timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     # the two ranks share one pipe: their lines may run together
     lines = sorted(re.findall(r"rank=\d world=\d b=\d+ k=\d+", proc.stdout))

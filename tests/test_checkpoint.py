@@ -401,7 +401,7 @@ def test_two_processes_stop_together_when_one_is_signalled(setup):
                 "training.per_device_train_batch_size=2"]  # b=2, k=3, P=2: the same 4 updates per epoch
     env = offline_env({"FINETUNE_CPU_THREADS": "1", "FINETUNE_TEST_SIGNAL": "3:SIGTERM",
                        "FINETUNE_TEST_SIGNAL_RANK": "1"})
-    proc = subprocess.run(launcher, cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
+    proc = forked.run(launcher, env=env, timeout=240)
     assert proc.returncode != 0
     assert "interrupted by SIGTERM after update 3 (epoch 0, micro-batch 9)" in proc.stderr, proc.stderr[-3000:]
     assert [p.name for p in list_checkpoints(out)] == ["checkpoint-2", "checkpoint-3"]
@@ -411,8 +411,7 @@ def test_two_processes_stop_together_when_one_is_signalled(setup):
 
     env.pop("FINETUNE_TEST_SIGNAL")
     launcher[launcher.index("--main_process_port") + 1] = str(free_port())
-    proc = subprocess.run(launcher + ["output.resume_from=latest"], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=240)
+    proc = forked.run(launcher + ["output.resume_from=latest"], env=env, timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert [r["step"] for r in _records(out) if "train/loss" in r] == list(range(1, 9))
     assert json.loads((out / "metrics.json").read_text())["train"]["updates"] == 8

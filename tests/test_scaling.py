@@ -31,6 +31,7 @@ import yaml
 from finetune.config import TrainingConfig
 from finetune.errors import ConfigError
 from finetune.accumulation import resolve_batching
+import forked
 from helpers import REPO, free_port, make_texts, offline_env, save_tiny_model, write_tsv
 
 ACCEL_CONFIGS = REPO / "configs" / "accelerate"
@@ -49,14 +50,17 @@ def _two_process_flags() -> list[str]:
             "--mixed_precision", "no", "--dynamo_backend", "no"]
 
 
-def _run(cmd: list[str], env: dict | None = None) -> subprocess.CompletedProcess:
-    """Run ``cmd`` in its own process group and kill the whole group if it outlives TIMEOUT."""
-    proc = subprocess.Popen(cmd, cwd=REPO, env=offline_env({**CPU_ONLY, **(env or {})}), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
-    return _wait(proc, cmd)
+def _start(cmd: list[str]):
+    """``cmd`` started in a session of its own, so that a hang kills its workers with it (forked: ``tests/forked``)."""
+    return forked.start(cmd, env=offline_env(CPU_ONLY), new_session=True)
 
 
-def _wait(proc: subprocess.Popen, cmd) -> subprocess.CompletedProcess:
+def _run(cmd: list[str]) -> subprocess.CompletedProcess:
+    """Run ``cmd`` and kill it and its workers if it outlives TIMEOUT."""
+    return _wait(_start(cmd), cmd)
+
+
+def _wait(proc, cmd) -> subprocess.CompletedProcess:
     try:
         out, err = proc.communicate(timeout=TIMEOUT)
     except subprocess.TimeoutExpired:
@@ -376,8 +380,7 @@ def cli_runs(cli_config):
         cmd = _train_cmd(["--config_file", str(ACCEL_CONFIGS / "multi_node.yaml"), "--num_processes", "2",
                           "--machine_rank", str(rank), "--main_process_ip", "127.0.0.1", "--main_process_port", port],
                          cfg, out, "training.per_device_train_batch_size=8")
-        procs.append((subprocess.Popen(cmd, cwd=REPO, env=offline_env(CPU_ONLY), stdout=subprocess.PIPE,
-                                       stderr=subprocess.PIPE, text=True, start_new_session=True), cmd))
+        procs.append((_start(cmd), cmd))
     results = [_wait(p, cmd) for p, cmd in procs]
     for rank, proc in enumerate(results):
         assert proc.returncode == 0, f"machine {rank}:\n{proc.stderr[-4000:]}"
