@@ -12,8 +12,8 @@ torchrun starts them.
 
 A fork is not a fresh interpreter, though. A command whose environment differs in a variable that a module may
 read when it is imported (``HF_DATASETS_CACHE``, ``CXX``, ...) runs as a real subprocess, as does any command
-that is not Python's, and every command on a machine with CUDA: :func:`forkable` decides. Tests of what a command
-imports or how long it takes to start start real processes themselves.
+that is not Python's, and every command on a machine with CUDA: :func:`forkable` decides. The tests of what a
+command imports, or of how long it takes to start, start real processes themselves.
 
 Written by hand: pytest-xdist and pytest-forked fork tests, not the commands a test runs.
 """
