@@ -30,10 +30,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 # workers (--dist loadfile) in the order they are collected when told --no-loadscope-reorder (its own order puts
 # the files with the most tests first, and so a file of a few long tests last): these go first, so that no worker
 # is left running one of them alone while the other has finished.
-LONGEST_FIRST = ("test_scaling.py", "test_sweep.py", "test_bench.py", "test_compile_option.py", "test_packaging.py",
-                 "test_checkpoint.py", "test_notebooks.py", "test_hub.py", "test_own_data.py",
-                 "test_never_lose_a_run.py", "test_predict.py", "test_accumulation.py", "test_cuda_graphs.py",
-                 "test_dry_run.py", "test_auto_batch.py")
+LONGEST_FIRST = ("test_sweep.py", "test_bench.py", "test_compile_option.py", "test_packaging.py", "test_scaling.py",
+                 "test_own_data.py", "test_notebooks.py", "test_hub.py", "test_accumulation.py", "test_cuda_graphs.py",
+                 "test_never_lose_a_run.py", "test_predict.py", "test_dry_run.py", "test_auto_batch.py",
+                 "test_noise_scale.py", "test_checkpoint.py")
 
 
 def pytest_collection_modifyitems(items):

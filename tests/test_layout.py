@@ -294,3 +294,11 @@ def test_the_docs_python_check_catches_a_missing_name_field_and_argument():
                                          "loop_settings(log_every=...): no such argument",
                                          "run.modle: Run has no such field or method",
                                          "train_one_epoch(loss=...): no such argument"]
+
+
+def test_the_files_the_suite_hands_out_first_exist():
+    from conftest import LONGEST_FIRST
+
+    # a renamed file would silently fall back to the end of the order
+    assert len(set(LONGEST_FIRST)) == len(LONGEST_FIRST)
+    assert [name for name in LONGEST_FIRST if not (REPO / "tests" / name).is_file()] == []
