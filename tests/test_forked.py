@@ -135,6 +135,10 @@ def test_a_started_fork_takes_signals_and_merges_its_streams_as_popen_would(tmp_
 def test_an_environment_read_at_import_is_a_real_process():
     argv = [sys.executable, "-c", "pass"]
     assert forked.forkable(argv, offline_env({"FINETUNE_CPU_THREADS": "2", "ACCELERATE_USE_CPU": "True"}))
+    # set by a module the server imported (sklearn), in the test process only once it has imported it too
+    with_it = offline_env({"KMP_DUPLICATE_LIB_OK": "True"})
+    without_it = {k: v for k, v in with_it.items() if k != "KMP_DUPLICATE_LIB_OK"}
+    assert forked.forkable(argv, with_it) and forked.forkable(argv, without_it)
     assert not forked.forkable(argv, offline_env({"HF_DATASETS_CACHE": "/elsewhere"}))
     assert not forked.forkable(argv, offline_env({"CXX": "no-such-c++"}))
     assert not forked.forkable([sys.executable, "-X", "importtime", "-c", "pass"], offline_env())
