@@ -24,7 +24,7 @@ train: install
 		--mixed_precision no --dynamo_backend no finetune/train.py --config $(CONFIG) $(ARGS)
 
 # one worker per core (pytest-xdist), each test file kept on one worker so that its module-scoped
-# set-up runs once; most time goes to single-threaded subprocess start-up, which overlaps well
+# set-up runs once, the longest files handed out first (tests/conftest.py: xdist keeps that order)
 test: install
 	$(BIN)/python -m pytest -q -n auto --dist loadfile --no-loadscope-reorder --durations=15 tests $(ARGS)
 
