@@ -52,7 +52,10 @@ RUN_TIME_PREFIXES = ("FINETUNE_", "ACCELERATE_", "PYTEST_")
 RUN_TIME_KEYS = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
                  "PYTHONPATH", "COLUMNS", "LINES",
                  "CUDA_VISIBLE_DEVICES",  # only a machine without CUDA forks, and there it changes nothing
-                 "TORCHINDUCTOR_CACHE_DIR"}  # read as inductor compiles; its first compile sets it in the process
+                 "TORCHINDUCTOR_CACHE_DIR",  # read as inductor compiles; its first compile sets it in the process
+                 # sklearn (and threadpoolctl) set it as they are imported, in the server as in a fresh process;
+                 # a test process has it only once it has imported them
+                 "KMP_DUPLICATE_LIB_OK"}
 
 _server: dict[str, object] = {}
 
@@ -69,23 +72,18 @@ def _context():
         os.environ.clear()
         os.environ.update(base_env)  # the server inherits this environment, and imports under it
         try:
-            receive, send = context.Pipe(duplex=False)
-            process = context.Process(target=_send_environment, args=(send,))
+            process = context.Process(target=_nothing)
             process.start()
-            imported_env = receive.recv()
             process.join()
         finally:
             os.environ.clear()
             os.environ.update(saved)
-        # what the preloaded modules set as they were imported (sklearn's KMP_DUPLICATE_LIB_OK): a fresh process
-        # sets it too, whether or not the test process has imported them yet
-        set_by_imports = {k for k in set(imported_env) | set(base_env) if imported_env.get(k) != base_env.get(k)}
-        _server.update(context=context, env=base_env, set_by_imports=set_by_imports)
+        _server.update(context=context, env=base_env)
     return _server["context"]
 
 
-def _send_environment(connection) -> None:
-    connection.send(dict(os.environ))
+def _nothing() -> None:
+    pass
 
 
 def forkable(argv: Sequence[str], env: dict[str, str]) -> bool:
@@ -99,7 +97,7 @@ def forkable(argv: Sequence[str], env: dict[str, str]) -> bool:
         return False
     _context()
     base = _server["env"]
-    differing = {k for k in set(env) | set(base) if env.get(k) != base.get(k)} - _server["set_by_imports"]
+    differing = {k for k in set(env) | set(base) if env.get(k) != base.get(k)}
     return all(k.startswith(RUN_TIME_PREFIXES) or k in RUN_TIME_KEYS for k in differing)
 
 
