@@ -83,18 +83,31 @@ def test_a_launch_under_accelerate_exits_and_sees_the_environment_as_it_would(tm
     assert "ACCELERATE_USE_CPU" in real[1]
 
 
+# what each rank of a torchrun launch says of its process, in one write (the ranks share the launcher's stdout, and
+# print's pieces, unbuffered, would interleave); rank 1 then fails, once rank 0 has spoken (a file named by their
+# launcher), and rank 0 waits to be stopped
+RANK_SAYS = """\
+import os, sys, time
+seen = (f"rank {os.environ['RANK']} of {os.environ['WORLD_SIZE']} own session {os.getsid(0) == os.getpid()} "
+        f"unbuffered {sys.stdout.write_through} imported torch {'torch' in sys.modules}")
+sys.stdout.write(seen + "\\n")
+spoken = f"rank-0-of-{os.getppid()}"
+if os.environ["RANK"] == "0":
+    open(spoken, "w").close()
+    time.sleep(60)
+deadline = time.monotonic() + 30
+while not os.path.exists(spoken) and time.monotonic() < deadline:
+    time.sleep(0.01)
+sys.exit(3)
+"""
+
+
 def test_a_launch_of_two_processes_forks_each_worker_in_a_session_of_its_own_as_torchrun_starts_it(tmp_path):
     """``torchrun`` (what ``accelerate launch --multi_gpu`` runs) in the fork: each worker a fork of the launcher,
     with torchrun's environment, a session of its own (the agent stops a worker's whole group) and unbuffered
     streams (``python -u``); a failing rank stops the other and gives the launcher's status."""
     script = tmp_path / "rank.py"
-    script.write_text(
-        "import os, sys, time\n"
-        "print('rank', os.environ['RANK'], 'of', os.environ['WORLD_SIZE'], 'own session', os.getsid(0) == os.getpid(),"
-        " 'unbuffered', sys.stdout.write_through, 'imported torch', 'torch' in sys.modules, flush=True)\n"
-        "if os.environ['RANK'] == '1':\n"
-        "    sys.exit(3)\n"
-        "time.sleep(60)  # until the agent, seeing rank 1 fail, stops this one\n", encoding="utf-8")
+    script.write_text(RANK_SAYS, encoding="utf-8")
     argv = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "0",
             "--monitor_interval", "0.1", str(script)]
     started = time.monotonic()
