@@ -131,14 +131,14 @@ class Forked(_Signalled):
     ``send_signal``, ``terminate``, ``kill``, ``communicate`` and ``returncode``."""
 
     def __init__(self, argv: Sequence[str], env: dict[str, str], cwd: Path, stdin: Optional[str] = None,
-                 merge_stderr: bool = False, new_session: bool = False):
+                 merge_stderr: bool = False, start_new_session: bool = False):
         self.args = list(argv)
         self._folder = Path(tempfile.mkdtemp(prefix="forked-"))
         self._streams = [self._folder / name for name in ("stdin", "stdout", "stdout" if merge_stderr else "stderr")]
         for path, text in zip(self._streams, (stdin or "", "", "")):
             path.write_text(text, encoding="utf-8")
         self._process = _context().Process(target=_command, args=(
-            list(argv), dict(env), str(cwd), [str(p) for p in self._streams], new_session))
+            list(argv), dict(env), str(cwd), [str(p) for p in self._streams], start_new_session))
         self._process.start()
         self.pid = self._process.pid
         self.returncode: Optional[int] = None
@@ -181,39 +181,40 @@ def run(argv: Sequence[str], env: dict[str, str], cwd: Path = REPO, timeout: Opt
 
 
 def start(argv: Sequence[str], env: dict[str, str], cwd: Path = REPO, merge_stderr: bool = False,
-          new_session: bool = False):
-    """``subprocess.Popen(argv, stdout=PIPE, stderr=PIPE or STDOUT, text=True, start_new_session=new_session)``,
-    forked where it can be. Read its output with ``communicate``; with ``new_session``, ``os.killpg(pid, ...)``
+          start_new_session: bool = False):
+    """``subprocess.Popen(argv, stdout=PIPE, stderr=PIPE or STDOUT, text=True, start_new_session=...)``, forked
+    where it can be. Read its output with ``communicate``; in a session of its own, ``os.killpg(pid, ...)``
     signals it and every process it started."""
     if not forkable(argv, env):
         return subprocess.Popen(list(argv), cwd=cwd, env=env, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT if merge_stderr else subprocess.PIPE, text=True,
-                                start_new_session=new_session)
-    return Forked(argv, env, cwd, merge_stderr=merge_stderr, new_session=new_session)
+                                start_new_session=start_new_session)
+    return Forked(argv, env, cwd, merge_stderr=merge_stderr, start_new_session=start_new_session)
 
 
 # --------------------------------------------------------------------------- in the fork
 
-def _command(argv: list[str], env: dict[str, str], cwd: str, streams: list[str], new_session: bool) -> None:
+def _command(argv: list[str], env: dict[str, str], cwd: str, streams: list[str], start_new_session: bool) -> None:
     """The forked process: become the command ``argv`` would have started, run it, and exit as it would."""
-    if new_session:
-        os.setsid()
     for fd, path in enumerate(streams):
         target = os.open(path, os.O_RDONLY if fd == 0 else os.O_WRONLY | os.O_APPEND)
         os.dup2(target, fd)
         os.close(target)
     sys.stdin = open(0, encoding="utf-8", closefd=False)
-    _become(env, cwd)
-    # a launcher's child (accelerate launch's one process) is a fork of this process in turn
-    subprocess.Popen = _nested_popen
-    # and so is each worker torchrun's agent starts (its module holds Popen under its own name)
+    _become(env, cwd, start_new_session)
+    # a launcher's children (accelerate launch's one process, torchrun's workers) are forks of this process in
+    # turn; torchrun's agent holds Popen in its own module, under its own name
+    subprocess.Popen = _launched_popen
     if ELASTIC_HANDLER in sys.modules:
-        sys.modules[ELASTIC_HANDLER].Popen = _elastic_popen
+        sys.modules[ELASTIC_HANDLER].Popen = _launched_popen
     os._exit(_run_as_main(argv[1:], env))
 
 
-def _become(env: dict[str, str], cwd: Optional[str]) -> None:
-    """The command's environment and working directory, and the random state a fresh interpreter would have."""
+def _become(env: dict[str, str], cwd: Optional[str], start_new_session: bool) -> None:
+    """The command's session, environment and working directory, and the random state a fresh interpreter would
+    have."""
+    if start_new_session:
+        os.setsid()
     os.environ.clear()
     os.environ.update(env)
     if cwd:
@@ -282,46 +283,38 @@ def _flush() -> None:
 _RealPopen = subprocess.Popen
 
 
-def _nested_popen(args, *rest, **kwargs):
-    """``subprocess.Popen`` in a forked command: a Python child that inherits the streams (a launcher's) is a fork
-    of this process; any other child is a real one."""
-    argv = [str(a) for a in args] if isinstance(args, (list, tuple)) else None
-    plain = not rest and set(kwargs) <= {"env", "cwd"}
-    if argv is None or not plain or argv[0] != sys.executable or len(argv) < 2:
-        return _RealPopen(args, *rest, **kwargs)
-    return _ForkedChild(argv, kwargs.get("env") or dict(os.environ), kwargs.get("cwd"))
-
-
 ELASTIC_HANDLER = "torch.distributed.elastic.multiprocessing.subprocess_handler.subprocess_handler"
 
 
-def _elastic_popen(args, env=None, stdout=None, stderr=None, start_new_session=False, **rest):
-    """``Popen`` as torchrun's agent calls it for a worker (``python -u script ...``, its own session, the agent's
-    streams): a fork of the agent's process. Any other call is a real process."""
-    argv = [str(a) for a in args]
-    if rest or stdout is not None or stderr is not None or argv[:2] != [sys.executable, "-u"] or len(argv) < 3:
-        return _RealPopen(args, env=env, stdout=stdout, stderr=stderr, start_new_session=start_new_session, **rest)
-    return _ForkedChild([argv[0], *argv[2:]], env or dict(os.environ), None, new_session=start_new_session,
-                        unbuffered=True)
+def _launched_popen(args, *rest, env=None, cwd=None, stdout=None, stderr=None, start_new_session=False, **kwargs):
+    """``Popen`` in a forked command: a Python child that inherits the streams, as a launcher starts one
+    (``python -u script ...`` in a session of its own from torchrun's agent), is a fork of this process; any other
+    child is a real one."""
+    argv = [str(a) for a in args] if isinstance(args, (list, tuple)) else []
+    unbuffered = argv[1:2] == ["-u"]
+    if unbuffered:
+        argv = [argv[0], *argv[2:]]
+    if rest or kwargs or stdout is not None or stderr is not None or argv[:1] != [sys.executable] or len(argv) < 2:
+        return _RealPopen(args, *rest, env=env, cwd=cwd, stdout=stdout, stderr=stderr,
+                          start_new_session=start_new_session, **kwargs)
+    return _ForkedChild(argv, env or dict(os.environ), cwd, start_new_session, unbuffered)
 
 
 class _ForkedChild(_Signalled):
     """The child a launcher starts, forked from the launcher's process: ``wait``, ``poll`` and ``returncode``."""
 
-    def __init__(self, argv: list[str], env: dict[str, str], cwd: Optional[str], new_session: bool = False,
-                 unbuffered: bool = False):
+    def __init__(self, argv: list[str], env: dict[str, str], cwd: Optional[str], start_new_session: bool,
+                 unbuffered: bool):
         self.args = argv
         self.returncode: Optional[int] = None
         _flush()  # else what the launcher has buffered would be written twice
         self.pid = os.fork()
         if self.pid == 0:
-            if new_session:
-                os.setsid()
             if unbuffered:  # python -u: each write goes to the file as it is made
                 sys.stdout, sys.stderr = (io.TextIOWrapper(io.FileIO(fd, "w", closefd=False), write_through=True,
                                                            encoding=stream.encoding, errors=stream.errors)
                                           for fd, stream in ((1, sys.stdout), (2, sys.stderr)))
-            _become(env, cwd)
+            _become(env, cwd, start_new_session)
             os._exit(_run_as_main(argv[1:], env))
 
     def poll(self) -> Optional[int]:

@@ -52,7 +52,7 @@ def _two_process_flags() -> list[str]:
 
 def _start(cmd: list[str]):
     """``cmd`` started in a session of its own, so that a hang kills its workers with it (forked: ``tests/forked``)."""
-    return forked.start(cmd, env=offline_env(CPU_ONLY), new_session=True)
+    return forked.start(cmd, env=offline_env(CPU_ONLY), start_new_session=True)
 
 
 def _run(cmd: list[str]) -> subprocess.CompletedProcess:
