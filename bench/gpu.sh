@@ -32,8 +32,10 @@
 #            (python -m bench.captured_update)
 #   products an encoder layer's matrix products, each alone at the job's shapes: the linear layer's product with its
 #            bias (addmm) against the product with the bias added apart and the product alone, and the backward's
-#            two, and query, key and value as one product: milliseconds and TFLOP/s, and an update's sums
-#            (python -m bench.products); then again with DISABLE_ADDMM_CUDA_LT=1 (products-no-lt.md)
+#            two, and query, key and value as one product; each weight gradient added into fp32 as autograd
+#            does (bf16 product, cast, add) against the product writing fp32 and against addmm accumulating in
+#            its epilogue, with each way's error over k micro-batches: milliseconds and TFLOP/s, and an
+#            update's sums (python -m bench.products); then again with DISABLE_ADDMM_CUDA_LT=1 (products-no-lt.md)
 #   casts    training.cast_once_per_update on against off: CUDA kernels, aten ops and milliseconds per
 #            micro-batch (python -m bench.probe casts)
 #   predict  finetune predict's --precision: texts per second in float32 and under bf16 and fp16 autocast, the

@@ -25,6 +25,29 @@ width (the fused projection NVIDIA's and MosaicBERT's BERTs run): a wider
 product keeps more of the GPU busy, and the row says whether that is worth
 changing the model's attention for.
 
+A second table times what an accumulated update does with each weight
+gradient. Under bf16 autocast autograd computes a micro-batch's weight
+gradient in bf16 (rounded once more), casts it to fp32 and adds it to the
+parameter's fp32 gradient: three kernels, 808 additions an update of
+bert-base at ``k = 4``, 3.0 ms of its 65.8 ms of kernels (the H100's third
+lease). Megatron-LM's gradient accumulation fusion and Transformer Engine's
+``fuse_wgrad_accumulation`` instead let the product add into the fp32
+gradient in its epilogue, which torch offers as ``addmm`` with
+``out_dtype=torch.float32``. The ways, per micro-batch:
+
+- ``product, cast, added``: ``acc += (dy.T @ x).float()``, what autograd does;
+- ``fp32 product, added``: the product written in fp32 (``mm`` with
+  ``out_dtype``), then added: no bf16 rounding, one kernel fewer;
+- ``accumulated by the product``: ``addmm(acc, dy.T, x, out_dtype=float32,
+  out=acc)``, one kernel. A torch whose ``addmm`` refuses an fp32 ``acc`` with
+  bf16 factors says so in the row.
+
+Beside the times, each way's error over ``--micro-batches`` micro-batches,
+against the sum made in fp64 (the norm of the difference over the sum's),
+and the big batch's: one product over all the window's rows, what
+``(b*k, 1)`` computes. On a CPU everything is fp32 and the ways differ in
+kernels only.
+
 In bf16 on a GPU and fp32 on a CPU (where the test suite checks the report),
 the ways alternating over ``--rounds`` rounds of ``--repeats`` calls each,
 every input made once, so each way reads the same memory. The report gives
@@ -54,6 +77,8 @@ import torch.nn.functional as F  # noqa: E402
 
 FORWARD_WAYS = ("linear", "mm, then bias", "mm")
 BACKWARD_WAYS = ("grad input", "grad weight")
+ACCUMULATION_WAYS = ("product, cast, added", "fp32 product, added", "accumulated by the product")
+BIG_BATCH = "the big batch (one product)"
 
 
 @dataclass(frozen=True)
@@ -111,6 +136,87 @@ def product_ways(product: Product, tokens: int, dtype: torch.dtype, device: torc
             "grad weight": lambda: dy.t() @ x}
 
 
+def accumulation_ways(dtype: torch.dtype, device: torch.device) -> dict[str, Callable]:
+    """Each way of adding one micro-batch's weight gradient ``dy.T @ x`` into the fp32 gradient ``acc``. In fp32
+    (a CPU) the products are fp32 already: the ways keep their kernels, not their roundings."""
+    low = dtype != torch.float32
+
+    def cast_and_add(acc, dy, x):
+        acc.add_((dy.t() @ x).float())
+
+    def fp32_product(acc, dy, x):
+        acc.add_(torch.mm(dy.t(), x, out_dtype=torch.float32) if low else dy.t() @ x)
+
+    def by_the_product(acc, dy, x):
+        if low:
+            torch.addmm(acc, dy.t(), x, out_dtype=torch.float32, out=acc)
+        else:
+            acc.addmm_(dy.t(), x)
+
+    return dict(zip(ACCUMULATION_WAYS, (cast_and_add, fp32_product, by_the_product)))
+
+
+def refusals(ways: dict[str, Callable], dtype: torch.dtype, device: torch.device) -> dict[str, str]:
+    """The ways this torch refuses (``addmm``'s fp32 ``acc`` with low-precision factors is recent, and a CPU has
+    no ``out_dtype`` products), each with its error's first sentence."""
+    acc, small = torch.zeros(8, 8, device=device), torch.ones(16, 8, device=device, dtype=dtype)
+    refused = {}
+    for name, way in ways.items():
+        try:
+            way(acc, small, small)
+        except (RuntimeError, TypeError, NotImplementedError) as error:
+            refused[name] = str(error).split(". ")[0] or type(error).__name__  # the dispatcher's first sentence
+    return refused
+
+
+def accumulation_errors(product: Product, tokens: int, micro_batches: int, ways: dict[str, Callable],
+                        dtype: torch.dtype, device: torch.device) -> dict[str, float]:
+    """Each way's weight gradient summed over ``micro_batches`` micro-batches, and the big batch's one product,
+    against the sum made in fp64: the norm of the difference over the sum's."""
+    generator = torch.Generator(device=device).manual_seed(1)
+    shape = (product.fan_out, product.fan_in)
+    sums = {name: torch.zeros(shape, device=device) for name in ways}
+    exact = torch.zeros(shape, device=device, dtype=torch.float64)
+    dys, xs = [], []
+    for _ in range(micro_batches):
+        dy = torch.randn(tokens, product.fan_out, generator=generator, device=device).to(dtype)
+        x = torch.randn(tokens, product.fan_in, generator=generator, device=device).to(dtype)
+        exact += dy.double().t() @ x.double()
+        for name, way in ways.items():
+            way(sums[name], dy, x)
+        dys.append(dy)
+        xs.append(x)
+    sums[BIG_BATCH] = (torch.cat(dys).t() @ torch.cat(xs)).float()
+    return {name: ((total.double() - exact).norm() / exact.norm()).item() for name, total in sums.items()}
+
+
+def measure_accumulation(products: list[Product], tokens: int, micro_batches: int, rounds: int, repeats: int,
+                         dtype: torch.dtype, device: torch.device) -> dict:
+    """Each product's weight gradient added into fp32 by each way this torch takes: milliseconds per micro-batch
+    (median of ``rounds``, ways alternating), and each way's error over an update's micro-batches."""
+    ways = accumulation_ways(dtype, device)
+    refused = refusals(ways, dtype, device)
+    ways = {name: way for name, way in ways.items() if name not in refused}
+    rows = []
+    for product in products:
+        if product.replaces is not None:  # a fused product's gradient is its parts' side by side
+            continue
+        generator = torch.Generator(device=device).manual_seed(0)
+        dy = torch.randn(tokens, product.fan_out, generator=generator, device=device).to(dtype)
+        x = torch.randn(tokens, product.fan_in, generator=generator, device=device).to(dtype)
+        acc = torch.zeros(product.fan_out, product.fan_in, device=device)
+        times: dict[str, list[float]] = {name: [] for name in ways}
+        for round_ in range(rounds):
+            order = list(ways)[round_ % len(ways):] + list(ways)[:round_ % len(ways)]
+            for name in order:
+                times[name].append(milliseconds_per_call(lambda: ways[name](acc, dy, x), repeats, device))
+        rows.append({"product": product.name, "count": product.count, "tokens": tokens, "fan_in": product.fan_in,
+                     "fan_out": product.fan_out, "flop": 2 * tokens * product.fan_in * product.fan_out,
+                     "ms": {name: statistics.median(values) for name, values in times.items()},
+                     "error": accumulation_errors(product, tokens, micro_batches, ways, dtype, device)})
+    return {"refused": refused, "rows": rows}
+
+
 def largest_difference(ways: dict[str, Callable]) -> float:
     """How far ``mm, then bias`` lands from ``linear``, relative to ``linear``'s largest output."""
     fused, apart = ways["linear"]().float(), ways["mm, then bias"]().float()
@@ -153,8 +259,35 @@ def per_update(rows: list[dict], layers: int, micro_batches: int) -> dict[str, f
     return sums
 
 
-def report(rows: list[dict], sums: dict[str, float], setting: str) -> str:
-    """Markdown: a table of the products, then the update's sums."""
+def accumulation_per_update(accumulation: dict, layers: int, micro_batches: int) -> dict[str, float]:
+    """The milliseconds an update spends making and adding its weight gradients, by each way."""
+    rows = accumulation["rows"]
+    ways = rows[0]["ms"] if rows else {}
+    return {f"weight gradients, {way}": layers * micro_batches * sum(row["count"] * row["ms"][way] for row in rows)
+            for way in ways}
+
+
+def accumulation_report(accumulation: dict, micro_batches: int) -> list[str]:
+    """Markdown: the weight gradients' accumulation by each way, its times and its errors."""
+    ways = list(accumulation["rows"][0]["ms"]) if accumulation["rows"] else []
+    errors = ways + [BIG_BATCH]
+    lines = ["", "**A weight gradient added into fp32, per micro-batch**: milliseconds (median), TFLOP/s in "
+             f"brackets; then each way's relative error over {micro_batches} micro-batches against their sum in "
+             "fp64", "",
+             "| product (rows x in x out) | " + " | ".join(ways) + " | " + " | ".join(f"error: {e}" for e in errors)
+             + " |", "| --- |" + " ---: |" * (len(ways) + len(errors))]
+    for row in accumulation["rows"]:
+        cells = [f"{row['ms'][way]:.4f} ({row['flop'] / row['ms'][way] / 1e9:.1f})" for way in ways]
+        cells += [f"{row['error'][name]:.1e}" for name in errors]
+        lines.append(f"| {row['product']} ({row['tokens']} x {row['fan_in']} x {row['fan_out']}) | "
+                     + " | ".join(cells) + " |")
+    for name, why in accumulation["refused"].items():
+        lines += ["", f"Refused by this torch: `{name}`: {why}"]
+    return lines
+
+
+def report(rows: list[dict], accumulation: dict, sums: dict[str, float], setting: str, micro_batches: int) -> str:
+    """Markdown: a table of the products, one of the weight gradients' accumulation, then the update's sums."""
     ways = FORWARD_WAYS + BACKWARD_WAYS
     lines = [f"**A layer's products, each alone** ({setting}): milliseconds (median), TFLOP/s in brackets", "",
              "| product (rows x in x out) | per layer | " + " | ".join(ways) + " | mm, then bias vs linear |",
@@ -164,6 +297,7 @@ def report(rows: list[dict], sums: dict[str, float], setting: str) -> str:
         per_layer = f"{row['count']}, for {row['replaces']}" if row["replaces"] else str(row["count"])
         lines.append(f"| {row['product']} ({row['tokens']} x {row['fan_in']} x {row['fan_out']}) | {per_layer} | "
                      + " | ".join(cells) + f" | {row['relative_difference']:.1e} |")
+    lines += accumulation_report(accumulation, micro_batches)
     lines += ["", "| an update's products | ms |", "| --- | ---: |"]
     lines += [f"| {name} | {ms:.2f} |" for name, ms in sums.items()]
     return "\n".join(lines)
@@ -197,16 +331,20 @@ def main(argv=None) -> int:
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     tokens = args.batch * args.length
     rows = measure(layer_products(hidden, intermediate), tokens, args.rounds, args.repeats, dtype, device)
-    sums = per_update(rows, layers, args.micro_batches)
+    accumulation = measure_accumulation(layer_products(hidden, intermediate), tokens, args.micro_batches,
+                                        args.rounds, args.repeats, dtype, device)
+    sums = per_update(rows, layers, args.micro_batches) | accumulation_per_update(accumulation, layers,
+                                                                                   args.micro_batches)
     name = torch.cuda.get_device_name() if device.type == "cuda" else "CPU"
     if os.environ.get("DISABLE_ADDMM_CUDA_LT", "0") not in ("", "0"):  # ATen reads it: addmm kept off cuBLASLt
         name += ", addmm without cuBLASLt (DISABLE_ADDMM_CUDA_LT=1)"
     setting = (f"{name}, {str(dtype).removeprefix('torch.')}, {args.batch} x {args.length} tokens a micro-batch, "
                f"{layers} layers, {args.micro_batches} micro-batches an update, {args.rounds} rounds of "
                f"{args.repeats} calls")
-    print(report(rows, sums, setting))
+    print(report(rows, accumulation, sums, setting, args.micro_batches))
     if args.json:
-        args.json.write_text(json.dumps({"setting": setting, "rows": rows, "per_update": sums}, indent=1))
+        args.json.write_text(json.dumps({"setting": setting, "rows": rows, "accumulation": accumulation,
+                                         "per_update": sums}, indent=1))
     return 0
 
 

@@ -1113,14 +1113,51 @@ def test_the_products_probe_times_each_way_of_a_layers_products_and_sums_an_upda
     for chosen, name in ((apart, "backward"), (fused, "backward, query, key, value as one")):
         assert sums[name] == pytest.approx(
             layers * 3 * sum(r["count"] * (r["ms"]["grad input"] + r["ms"]["grad weight"]) for r in chosen))
+    accumulation = result["accumulation"]
+    assert accumulation["refused"] == {}  # in fp32 every way is a plain product
+    assert [r["product"] for r in accumulation["rows"]] == [r["product"] for r in apart]
+    assert all(list(r["ms"]) == list(products.ACCUMULATION_WAYS) for r in accumulation["rows"])
+    for way in products.ACCUMULATION_WAYS:
+        assert sums[f"weight gradients, {way}"] == pytest.approx(
+            layers * 3 * sum(r["count"] * r["ms"][way] for r in accumulation["rows"]))
+    for r in accumulation["rows"]:  # fp32 sums of 3 micro-batches: every way within float rounding of fp64's
+        assert set(r["error"]) == set(products.ACCUMULATION_WAYS) | {products.BIG_BATCH}
+        assert all(0 <= error < 1e-6 for error in r["error"].values())
     printed = capsys.readouterr().out
     assert f"| feed-forward in (8 x {hidden} x {intermediate}) | 1 | " in printed
+    assert "| product (rows x in x out) | product, cast, added | fp32 product, added | accumulated by the product" \
+           " | error: product, cast, added |" in printed and "relative error over 3 micro-batches" in printed
     assert f"| query, key, value as one (8 x {hidden} x {3 * hidden}) | 1, for query, key, value | " in printed
     assert "cuBLASLt" not in printed
     monkeypatch.setenv("DISABLE_ADDMM_CUDA_LT", "1")  # the GPU check's second run: its report says so
     assert products.main(["--model", str(model), "--batch", "2", "--length", "4", "--rounds", "1", "--repeats", "1"]) == 0
     assert "(CPU, addmm without cuBLASLt (DISABLE_ADDMM_CUDA_LT=1), float32," in capsys.readouterr().out
     assert f"{layers} layers, 3 micro-batches an update" in printed and "| backward | " in printed
+
+
+def test_the_products_probe_names_the_ways_a_torch_refuses_and_measures_what_bf16_rounding_costs():
+    """In bf16 on a CPU, which has no ``out_dtype`` products: the two fp32 ways are named as refused, the
+    autograd way is timed; a weight gradient rounded to bf16 in each micro-batch lands about bf16's rounding from
+    the fp64 sum, one made in fp32 from the same factors within fp32's, and the big batch's one bf16 product as
+    far as bf16 rounds."""
+    import torch
+
+    from bench import products
+
+    cpu, bf16 = torch.device("cpu"), torch.bfloat16
+    ways = products.accumulation_ways(bf16, cpu)
+    refused = products.refusals(ways, bf16, cpu)
+    assert sorted(refused) == ["accumulated by the product", "fp32 product, added"]
+    assert all(reason for reason in refused.values())
+    result = products.measure_accumulation([products.Product("p", 32, 48, 1)], 64, 4, 1, 1, bf16, cpu)
+    assert result["refused"] == refused and list(result["rows"][0]["ms"]) == ["product, cast, added"]
+    assert "Refused by this torch: `fp32 product, added`: " in "\n".join(products.accumulation_report(result, 4))
+
+    exact_fp32 = {"product, cast, added": ways["product, cast, added"],
+                  "in fp32": lambda acc, dy, x: acc.add_(dy.float().t() @ x.float())}  # what out_dtype computes
+    errors = products.accumulation_errors(products.Product("p", 256, 128, 1), 512, 4, exact_fp32, bf16, cpu)
+    assert errors["in fp32"] < 1e-6
+    assert 1e-4 < errors["product, cast, added"] < 1e-2 and 1e-4 < errors[products.BIG_BATCH] < 1e-2
 
 
 def test_the_prediction_benchmark_times_each_precision_on_the_same_texts(tmp_path, capsys):
