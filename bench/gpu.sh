@@ -35,7 +35,9 @@
 #            two, and query, key and value as one product; each weight gradient added into fp32 as autograd
 #            does (bf16 product, cast, add) against the product writing fp32 and against addmm accumulating in
 #            its epilogue, with each way's error over k micro-batches: milliseconds and TFLOP/s, and an
-#            update's sums (python -m bench.products); then again with DISABLE_ADDMM_CUDA_LT=1 (products-no-lt.md)
+#            update's sums (python -m bench.products); then again with DISABLE_ADDMM_CUDA_LT=1 (products-no-lt.md);
+#            then a layer's attention, forward and backward, under each of torch's attention kernels, with and
+#            without the mask and dropout: milliseconds, TFLOP/s, the difference from fp32 (python -m bench.attention)
 #   casts    training.cast_once_per_update on against off: CUDA kernels, aten ops and milliseconds per
 #            micro-batch (python -m bench.probe casts)
 #   predict  finetune predict's --precision: texts per second in float32 and under bf16 and fp16 autocast, the
@@ -58,10 +60,10 @@
 #            and what their longer compile costs (about 8 minutes on an H100: the autotuned arm's first epoch
 #            alone takes 3)
 #
-# OUT_DIR receives twenty-two flat files: parts.log (each part: passed, failed, timed out or skipped, and its
+# OUT_DIR receives twenty-four flat files: parts.log (each part: passed, failed, timed out or skipped, and its
 # seconds), tests.log, speed.md and speed.json (the tables, and every run with its seconds per update),
 # host.md, graphs.md, update.md, products.md, products.json, products-no-lt.md,
-# products-no-lt.json, casts.md, predict.md, engines.log, engines.md, engines.json, compile.md,
+# products-no-lt.json, attention.md, attention.json, casts.md, predict.md, engines.log, engines.md, engines.json, compile.md,
 # compile.json, apart.md, apart.json, autotune.md and autotune.json; the working files (the model, every run) go to GPU_WORK (default
 # OUT_DIR/work). A failing part does not stop the next; the exit status names the parts that failed.
 #
@@ -162,7 +164,10 @@ part_products() {
     bert_base && "$py" "${products[@]}" --json "$out/products.json" 2>&1 | tee "$out/products.md" || return
     # again with ATen's addmm kept off cuBLASLt (the bias added by a product that starts from it instead of in
     # cuBLASLt's epilogue): whether the environment alone gives the bias's product the plain product's speed
-    DISABLE_ADDMM_CUDA_LT=1 "$py" "${products[@]}" --json "$out/products-no-lt.json" 2>&1 | tee "$out/products-no-lt.md"
+    DISABLE_ADDMM_CUDA_LT=1 "$py" "${products[@]}" --json "$out/products-no-lt.json" 2>&1 \
+        | tee "$out/products-no-lt.md" || return
+    "$py" -m bench.attention --model "$model" --batch "$b" --length 128 --micro-batches "$k" \
+        --json "$out/attention.json" 2>&1 | tee "$out/attention.md"
 }
 part_casts() {
     bert_base && "$py" -m bench.probe casts "${job[@]}" training.effective_batch_size=$((b * k)) 2>&1 | tee "$out/casts.md"

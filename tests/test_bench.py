@@ -473,7 +473,7 @@ def test_the_gpu_check_runs_the_parts_asked_for_and_goes_on_past_a_failing_one(t
     assert [" ".join(c.split()[:3 + c.startswith("-m bench.cuda_graphs")]) for c in calls if c.startswith("-m ")] == [
         "-m pytest -p", "-m pytest -m", "-m bench.probe device", "-m bench.cuda_graphs --compiled --bias-apart",
         "-m bench.captured_update model.name_or_path=" + str(work / "bert-base"),
-        "-m bench.products --model", "-m bench.probe casts", "-m bench.predict " + str(work / "bert-base"), "-m pytest -m"]
+        "-m bench.products --model", "-m bench.attention --model", "-m bench.probe casts", "-m bench.predict " + str(work / "bert-base"), "-m pytest -m"]
     assert [p.split(" in ")[0] for p in parts] == ["tests: failed (1)", "speed: passed", "host: passed",
                                                    "graphs: passed", "update: passed", "products: passed",
                                                    "casts: passed",
@@ -487,6 +487,8 @@ def test_the_gpu_check_runs_the_parts_asked_for_and_goes_on_past_a_failing_one(t
     assert calls[calls.index(products_run) + 1] == (f"[addmm off cuBLASLt] -m bench.products --model {work / 'bert-base'} "
                                                     f"--batch 64 --length 128 --micro-batches 4 --json "
                                                     f"{out}/products-no-lt.json")
+    assert calls[calls.index(products_run) + 2] == (f"-m bench.attention --model {work / 'bert-base'} --batch 64 "
+                                                    f"--length 128 --micro-batches 4 --json {out}/attention.json")
     compile_run, apart_run, autotune_run = [c for c in calls if c.startswith("bench/run.py")][-3:]
     assert "--bbc-steps 120 --repeats 1 --graphs --only =bbc/trainer,=bbc/ours,=bbc/ours compiled graphs," in compile_run
     assert ("--bbc-steps 120 --repeats 1 --graphs --only =bbc/trainer,=bbc/ours,=bbc/ours bias apart,"
@@ -1158,6 +1160,50 @@ def test_the_products_probe_names_the_ways_a_torch_refuses_and_measures_what_bf1
     errors = products.accumulation_errors(products.Product("p", 256, 128, 1), 512, 4, exact_fp32, bf16, cpu)
     assert errors["in fp32"] < 1e-6
     assert 1e-4 < errors["product, cast, added"] < 1e-2 and 1e-4 < errors[products.BIG_BATCH] < 1e-2
+
+
+def test_the_attention_probe_times_each_kernel_torch_runs_and_names_the_ones_it_refuses(tmp_path, capsys):
+    """bench.attention on a CPU at a tiny model's sizes: torch's own choice, flash and math run (flash only without
+    dropout), the memory-efficient and cuDNN kernels are refused with torch's reason; without dropout every
+    kernel gives math's fp32 output and gradient; the mask is the padding's (the last text's padded keys are
+    hidden, no other text changes); an update's sum is layers x micro-batches calls."""
+    import json
+
+    import torch
+
+    from bench import attention
+
+    model = save_tiny_model(tmp_path / "tiny")
+    sizes = json.loads((model / "config.json").read_text())
+    out = tmp_path / "attention.json"
+    assert attention.main(["--model", str(model), "--batch", "3", "--length", "8", "--micro-batches", "2",
+                           "--rounds", "2", "--repeats", "2", "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    ran = {(r["case"], r["dropout"], r["kernel"]) for r in result["rows"]}
+    assert ran == {(case, dropout, kernel) for case in ("mask", "no mask") for dropout in (0.1, 0.0)
+                   for kernel in ("torch's choice", "math")} | {("mask", 0.0, "flash"), ("no mask", 0.0, "flash")}
+    assert set(result["refused"]) == {f"{kernel}, {case}, dropout {dropout}" for case in ("mask", "no mask")
+                                      for dropout in (0.1, 0.0) for kernel in ("efficient", "cudnn")} | {
+        "flash, mask, dropout 0.1", "flash, no mask, dropout 0.1"}
+    assert "dropout" in result["refused"]["flash, mask, dropout 0.1"]
+    assert all(reason for reason in result["refused"].values())
+    for row in result["rows"]:
+        assert row["ms"] > 0 and ("difference" in row) == (row["dropout"] == 0.0)
+        if row["dropout"] == 0.0:  # math is the reference; flash's blocked softmax rounds otherwise
+            assert max(row["difference"].values()) < 1e-5
+            assert (max(row["difference"].values()) == 0) == (row["kernel"] == "math")
+    assert result["flop"] == 12 * 3 * sizes["hidden_size"] * 8 ** 2
+    printed = capsys.readouterr().out
+    first = result["rows"][0]
+    update = first["ms"] * sizes["num_hidden_layers"] * 2
+    assert f"| {first['case']} | {first['dropout']} | {first['kernel']} | {first['ms']:.4f} | " in printed
+    assert f" | {update:.2f} | " in printed and "- cudnn, no mask, dropout 0.0: " in printed
+
+    inputs = attention.attention_inputs(3, 2, 8, 4, torch.float32, torch.device("cpu"))
+    masked = attention.attention_step(inputs, None, True, 0.0)().detach()
+    unmasked = attention.attention_step(inputs, None, False, 0.0)().detach()
+    assert torch.equal(masked[:2], unmasked[:2]) and not torch.allclose(masked[2], unmasked[2])
+    assert inputs["mask"][2, 0, 0].tolist() == [True] * 6 + [False] * 2
 
 
 def test_the_prediction_benchmark_times_each_precision_on_the_same_texts(tmp_path, capsys):
