@@ -161,7 +161,7 @@ def setup_run(cfg: Config, accelerator=None, batching: Optional[Batching] = None
                                                     collator(tokenizer, accelerator, cfg, longest=longest),
                                                     accelerator, batching, cfg.training, cfg.data.max_length)
     accumulate_as(accelerator, batching, epoch=0)  # before prepare: DeepSpeed reads k there
-    set_forward(model, cfg.training)
+    set_forward(model, cfg.training, accelerator)
     train_dl, eval_dl = build_dataloaders(cfg, tokenized, tokenizer, accelerator, batching, checkpointing.on)
     optimizer = build_optimizer(model, cfg.optim, device=accelerator.device)
     model, optimizer, train_dl, eval_dl = prepare(accelerator, model, optimizer, train_dl, eval_dl)

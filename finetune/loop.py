@@ -510,9 +510,11 @@ def frees_gradients(model, graphs: Optional["GraphedMicroBatches"] = None) -> bo
 
     In place where their memory must stay: a captured backward adds into it (CUDA graphs), and DDP's
     gradients are views into its all-reduce buckets, which DDP holds anyway: freed, the next window's
-    backward would allocate a second copy beside the buckets until the window's all-reduce.
+    backward would allocate a second copy beside the buckets until the window's all-reduce. In place too where
+    the linear layers add their weight gradients themselves (``training.gradient_accumulation_fusion``).
     """
-    return graphs is None and not getattr(model, "gradient_as_bucket_view", False)
+    return (graphs is None and not getattr(model, "gradient_as_bucket_view", False)
+            and not getattr(model, "fused_weight_grads", 0))
 
 
 def step_was_skipped(accelerator, scale_before: Optional[float]) -> bool:

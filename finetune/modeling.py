@@ -262,13 +262,18 @@ def _compiler_missing(device) -> Optional[str]:
     return None
 
 
-def set_forward(model, training) -> None:
-    """How ``model``'s forward runs, set in place: ``training.bias_apart``, then ``training.torch_compile``,
-    whose compile traces the layers as they will train."""
+def set_forward(model, training, accelerator=None) -> None:
+    """How ``model``'s forward runs, set in place: ``training.bias_apart``, then
+    ``training.gradient_accumulation_fusion`` where ``accelerator``'s processes allow it (said once where they
+    do not), then ``training.torch_compile``, whose compile traces the layers as they will train."""
     if training.bias_apart:
         from finetune.bias_apart import add_biases_apart
 
         add_biases_apart(model)
+    if training.gradient_accumulation_fusion:
+        from finetune.accumulation_fusion import fuse_where_allowed
+
+        fuse_where_allowed(model, accelerator)
     compile_model(model, training.torch_compile)
 
 

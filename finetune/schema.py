@@ -388,6 +388,15 @@ class TrainingConfig:
         "finetune.bias_apart). The same parameters, checkpoints and saved model; in fp32 the same sums (to float "
         "rounding), under bf16 or fp16 one more rounding of each product. For a GPU; off by default, since "
         "whether it pays depends on the card and its cuBLAS: `bench/gpu.sh OUT products apart` measures it.")
+    gradient_accumulation_fusion: bool = setting(False,
+        "Add each linear layer's weight gradient into its fp32 gradient in the matrix product itself (`addmm` "
+        "with an fp32 output on a CUDA GPU; Megatron-LM's gradient accumulation fusion), instead of a bf16 or "
+        "fp16 product that autograd casts and adds: two kernels fewer per weight and micro-batch, and no "
+        "rounding of a micro-batch's weight gradient to the low precision, so a window's gradient is the fp32 "
+        "sum of exact products (see finetune.accumulation_fusion). The same parameters, checkpoints and saved "
+        "model. One process only (DDP, FSDP and DeepSpeed take the gradients from autograd: the run says so "
+        "and trains without it). For a GPU; on a CPU under bf16 the products run in fp32, slower. Off by "
+        "default until a GPU measures it: `bench/gpu.sh OUT products apart`.")
     sparse_embedding_grad: bool = setting(True,
         "On one process on a CPU, the word embedding's backward returns only the rows each micro-batch "
         "used, added into a dense gradient buffer that is reused (the same gradient, to float rounding; "

@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
+from finetune.accumulation_fusion import fuse_weight_grads
 from finetune.bias_apart import add_biases_apart
 from finetune.config import ModelConfig, OptimConfig
 from finetune.errors import ConfigError
@@ -38,7 +39,7 @@ B = 32
 def _run(b: int, k: int, epochs: int = 2, lr: float = 1e-3, schedule: str = "linear", warmup: int = 1,
          max_grad_norm=None, data=None, mixed_precision="no", log_every: int = 1, sparse_embedding=True,
          heap="keep", checkpointing=False, dropout=0.0, dropout_masks=True, lora_rank=None, collate=pad_collate,
-         model_type="bert", freeze_blocks=None, bias_apart=False):
+         model_type="bert", freeze_blocks=None, bias_apart=False, fusion=False):
     from accelerate import Accelerator
     from accelerate.state import AcceleratorState, GradientState
 
@@ -55,6 +56,8 @@ def _run(b: int, k: int, epochs: int = 2, lr: float = 1e-3, schedule: str = "lin
     set_gradient_checkpointing(model, checkpointing)
     if bias_apart:
         assert add_biases_apart(model) > 0
+    if fusion:  # after LoRA and the frozen blocks, as set_forward comes after them in setup_run
+        assert fuse_weight_grads(model) > 0
     embedding_grads = []  # is each micro-batch's word-embedding gradient sparse?
     if model.get_input_embeddings().weight.requires_grad:
         model.get_input_embeddings().weight.register_hook(lambda g: embedding_grads.append(g.is_sparse))
@@ -225,6 +228,29 @@ def test_biases_added_apart_keep_the_contract_and_the_fused_weights(fresh_accele
     _assert_same_weights(fused["snapshots"], small["snapshots"])
     assert any(type(m).__name__ == "BiasApartLinear" for m in small["model"].modules())
     assert not any(type(m).__name__ == "BiasApartLinear" for m in fused["model"].modules())
+
+
+@pytest.mark.parametrize("lora_rank, checkpointing, freeze_blocks", [(None, False, None), (4, False, None),
+                                                                    (None, True, 1)])
+def test_fused_gradient_accumulation_keeps_the_contract_and_the_gradients_in_place(fresh_accelerate_state, lora_rank,
+                                                                                   checkpointing, freeze_blocks):
+    """training.gradient_accumulation_fusion: (8, 4) trains (32, 1)'s weights after every update, and in fp32 both
+    are autograd's runs, to float rounding; with LoRA's adapters, and with the lower block frozen and the rest
+    recomputed. The gradients are zeroed in place at every update, in the storage they had after the first,
+    at k = 1 too, where autograd's are freed."""
+    settings = dict(max_grad_norm=1.0, lora_rank=lora_rank, checkpointing=checkpointing, freeze_blocks=freeze_blocks)
+    big = _run(b=32, k=1, fusion=True, **settings)
+    small = _run(b=8, k=4, fusion=True, **settings)
+    _assert_same_weights(big["snapshots"], small["snapshots"])
+    plain = _run(b=8, k=4, **settings)
+    _assert_same_weights(plain["snapshots"], small["snapshots"])
+    assert any(type(m).__name__ == "FusedAccumulationLinear" for m in small["model"].modules())
+    for run in (big, small):
+        trained = {name for name, g in run["grads"][0].items() if g is not None}
+        assert any("classifier" in name for name in trained)
+        assert all(update == run["grads"][0] for update in run["grads"][1:])
+        assert all(g[1] for g in run["grads"][0].values() if g is not None)  # zero after each update
+    assert all(g is None for update in _run(b=32, k=1, **settings)["grads"] for g in update.values())
 
 
 @pytest.mark.parametrize("checkpointing", [False, True])

@@ -80,7 +80,8 @@ def test_a_compiled_block_traces_the_product_without_its_bias(monkeypatch):
         torch._dynamo.reset()
         graphs.clear()
         model = tiny_bert(seed=0)
-        set_forward(model, SimpleNamespace(bias_apart=bias_apart, torch_compile="blocks"))
+        set_forward(model, SimpleNamespace(bias_apart=bias_apart, gradient_accumulation_fusion=False,
+                                           torch_compile="blocks"))
         ids = torch.randint(5, 25, (2, 8))
         model(input_ids=ids, attention_mask=torch.ones_like(ids))
         calls = [node for gm in graphs for node in gm.graph.nodes if node.target is torch._C._nn.linear]
