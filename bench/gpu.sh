@@ -50,10 +50,11 @@
 #            true) and each block (blocks), against the Trainer and the uncompiled graphs over a longer run
 #            (GPU_COMPILE_STEPS updates, default 120; one repeat), each run compiling into an empty cache:
 #            the compile's cold start and the steady rate after it, so how long a run must be for each to pay
-#   apart    training.bias_apart, and DISABLE_ADDMM_CUDA_LT=1 in the environment, against neither, in the default
-#            (micro-batches replayed from CUDA graphs) and with compiled blocks, and the Trainer
-#            (GPU_COMPILE_STEPS updates, one repeat, empty caches): whether the products without their biases,
-#            or addmm kept off cuBLASLt, lift the package's steady MFU in place
+#   apart    training.gradient_accumulation_fusion, training.bias_apart, both (with compiled blocks), and
+#            DISABLE_ADDMM_CUDA_LT=1 in the environment, against none, in the default (micro-batches replayed
+#            from CUDA graphs) and with compiled blocks, and the Trainer (GPU_COMPILE_STEPS updates, one repeat,
+#            empty caches): whether weight gradients added by their products, the products without their
+#            biases, or addmm kept off cuBLASLt, lift the package's steady MFU in place
 #   autotune compiled blocks with inductor's max-autotune (without its own graphs: the package captures) against
 #            the default compile, both replayed from CUDA graphs, and the Trainer (GPU_COMPILE_STEPS updates, one
 #            repeat, empty caches): whether autotuned matrix products and fused epilogues lift the steady MFU,
@@ -201,7 +202,8 @@ part_compile() {
     compiled_runs compile "=bbc/trainer,=bbc/ours,=bbc/ours compiled graphs,=bbc/ours compiled blocks graphs"
 }
 part_apart() {
-    compiled_runs apart "=bbc/trainer,=bbc/ours,=bbc/ours bias apart,=bbc/ours addmm without cublaslt,=bbc/ours compiled blocks graphs,=bbc/ours compiled blocks graphs bias apart,=bbc/ours compiled blocks graphs addmm without cublaslt"
+    local ours="=bbc/ours compiled blocks graphs"
+    compiled_runs apart "=bbc/trainer,=bbc/ours,=bbc/ours fusion,=bbc/ours bias apart,$ours,$ours fusion,$ours bias apart,$ours bias apart fusion,=bbc/ours addmm without cublaslt,$ours addmm without cublaslt"
 }
 part_autotune() {
     compiled_runs autotune "=bbc/trainer,=bbc/ours compiled blocks graphs,=bbc/ours compiled blocks autotuned graphs"

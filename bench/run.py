@@ -165,13 +165,23 @@ def main_jobs(s: Settings, trainer_k1: bool) -> list[Job]:
                 Job(f"{dataset}/ours compiled blocks graphs", blocks,
                     label=f"finetune, each block compiled, replayed from CUDA graphs, b={b} k={k}"),
             ]
-            # training.bias_apart: each linear layer's product without its bias, where cuBLAS's addmm picks a
-            # slower kernel (the bias a kernel of its own in the graphed default, fused by inductor into the
-            # element-wise kernel after it in compiled blocks); and ATen's own switch that keeps addmm off cuBLASLt
+            # training.gradient_accumulation_fusion: each weight gradient added into fp32 by its product, two
+            # kernels fewer per weight and micro-batch; training.bias_apart: each linear layer's product without
+            # its bias, where cuBLAS's addmm picks a slower kernel (the bias a kernel of its own in the graphed
+            # default, fused by inductor into the element-wise kernel after it in compiled blocks); both; and
+            # ATen's own switch that keeps addmm off cuBLASLt. The fusion first: a part cut by its time limit
+            # keeps the arms it finished
+            fusion, apart = "training.gradient_accumulation_fusion=true", "training.bias_apart=true"
             for arm, name, way in ((base, f"{dataset}/ours", "finetune"),
                                    (blocks, f"{dataset}/ours compiled blocks graphs", "finetune, each block compiled,")):
                 jobs += [
-                    Job(f"{name} bias apart", replace(arm, overrides=arm.overrides + ["training.bias_apart=true"]),
+                    Job(f"{name} fusion", replace(arm, overrides=arm.overrides + [fusion]),
+                        label=f"{way} weight gradients added by their products "
+                              f"(training.gradient_accumulation_fusion=true), b={b} k={k}"),
+                    Job(f"{name} bias apart fusion", replace(arm, overrides=arm.overrides + [apart, fusion]),
+                        label=f"{way} with its biases apart and weight gradients added by their products, "
+                              f"b={b} k={k}"),
+                    Job(f"{name} bias apart", replace(arm, overrides=arm.overrides + [apart]),
                         label=f"{way} with its biases apart (training.bias_apart=true), b={b} k={k}"),
                     Job(f"{name} addmm without cublaslt", replace(arm, env={**arm.env, **ADDMM_WITHOUT_LT_ENV}),
                         label=f"{way} addmm kept off cuBLASLt (DISABLE_ADDMM_CUDA_LT=1), b={b} k={k}"),

@@ -229,3 +229,24 @@ def test_a_fused_run_says_so_saves_the_plain_model_and_resumes_only_with_the_fus
     with pytest.raises(ConfigError, match=r"training.gradient_accumulation_fusion: True -> False"):
         check_output_dir(again)
     assert sorted(p.name for p in (tmp_path / "out" / "checkpoints").iterdir()) == before
+
+
+def test_a_torch_without_fp32_products_of_bf16_factors_adds_the_upcast_product_and_says_so_once(caplog,
+                                                                                                 monkeypatch):
+    """What the CUDA path does where the installed torch refuses both of its faster ways, run on the CPU, which
+    has neither ``out_dtype`` product: the first call finds the way, adds the gradient and says once which way
+    it took and why; the calls after it take the same way silently."""
+    import finetune.accumulation_fusion as fusion
+
+    monkeypatch.setattr(fusion, "_CUDA_WAYS", {})
+    grad = torch.zeros(6, 5)
+    grad_output, x = torch.randn(8, 6).bfloat16(), torch.randn(8, 5).bfloat16()
+    exact = grad_output.double().t() @ x.double()
+    with caplog.at_level(logging.WARNING, logger="finetune"):
+        fusion._add_on_cuda(grad, grad_output, x)
+        fusion._add_on_cuda(grad, grad_output, x)
+    assert fusion._CUDA_WAYS == {grad.device: "upcast"}
+    torch.testing.assert_close(grad.double(), 2 * exact, rtol=1e-6, atol=1e-6)
+    [said] = [r.getMessage() for r in caplog.records]
+    assert said.startswith("training.gradient_accumulation_fusion: this torch has no torch.float32 products of "
+                           "torch.bfloat16 factors (Could not run 'aten::addmm.dtype_out'")

@@ -491,10 +491,10 @@ def test_the_gpu_check_runs_the_parts_asked_for_and_goes_on_past_a_failing_one(t
                                                     f"--length 128 --micro-batches 4 --json {out}/attention.json")
     compile_run, apart_run, autotune_run = [c for c in calls if c.startswith("bench/run.py")][-3:]
     assert "--bbc-steps 120 --repeats 1 --graphs --only =bbc/trainer,=bbc/ours,=bbc/ours compiled graphs," in compile_run
-    assert ("--bbc-steps 120 --repeats 1 --graphs --only =bbc/trainer,=bbc/ours,=bbc/ours bias apart,"
-            "=bbc/ours addmm without cublaslt,=bbc/ours compiled blocks graphs,"
-            "=bbc/ours compiled blocks graphs bias apart,=bbc/ours compiled blocks graphs addmm without cublaslt "
-            "--out " + str(work / "apart")) in apart_run
+    blocks = "=bbc/ours compiled blocks graphs"
+    assert ("--bbc-steps 120 --repeats 1 --graphs --only =bbc/trainer,=bbc/ours,=bbc/ours fusion,=bbc/ours bias apart,"
+            f"{blocks},{blocks} fusion,{blocks} bias apart,{blocks} bias apart fusion,"
+            f"=bbc/ours addmm without cublaslt,{blocks} addmm without cublaslt --out " + str(work / "apart")) in apart_run
     assert ("--bbc-steps 120 --repeats 1 --graphs --only =bbc/trainer,=bbc/ours compiled blocks graphs,"
             "=bbc/ours compiled blocks autotuned graphs --out " + str(work / "autotune")) in autotune_run
 
@@ -701,6 +701,17 @@ def test_the_gpu_checks_default_arms_leave_out_the_compiled_graphs_whose_compile
     apart = every["bbc/ours compiled blocks graphs bias apart"].spec
     assert apart.overrides == blocks.overrides + ["training.bias_apart=true"] and apart.env == blocks.env
     assert every["bbc/ours bias apart"].spec.overrides == every["bbc/ours"].spec.overrides + ["training.bias_apart=true"]
+    # the fusion's arms: the default's and the compiled blocks' with training.gradient_accumulation_fusion on, and
+    # with the biases apart as well, nothing else changed; before the biases' arms, so that a part cut short by
+    # its time limit has measured them first
+    fusion = "training.gradient_accumulation_fusion=true"
+    for plain in ("bbc/ours", "bbc/ours compiled blocks graphs"):
+        assert every[f"{plain} fusion"].spec.overrides == every[plain].spec.overrides + [fusion]
+        assert every[f"{plain} bias apart fusion"].spec.overrides == every[plain].spec.overrides + [
+            "training.bias_apart=true", fusion]
+        assert every[f"{plain} fusion"].spec.env == every[plain].spec.env
+        names = list(every)
+        assert names.index(f"{plain} fusion") < names.index(f"{plain} bias apart")
     # and ATen's switch in the environment alone, of the default and of the compiled blocks' arm
     for name, plain in (("bbc/ours addmm without cublaslt", "bbc/ours"),
                         ("bbc/ours compiled blocks graphs addmm without cublaslt", "bbc/ours compiled blocks graphs")):

@@ -21,6 +21,7 @@ import torch
 from torch.utils.data import DataLoader
 from transformers import BertForSequenceClassification
 
+from finetune.accumulation_fusion import fuse_weight_grads
 from finetune.bias_apart import add_biases_apart
 from finetune.config import OptimConfig, config_from_dict
 from finetune.cuda_graphs import GraphedMicroBatches, record_cuda_graph, rerun_eagerly, why_not_graphed
@@ -79,11 +80,13 @@ class RefusingRecorder(CountingRecorder):
 
 
 def _train(device: str, graphed: bool, epochs: int = 2, host_reading: bool = False, model_type: str = "bert",
-           dropout: float = 0.0, compiled: bool | str = False, capture: bool = True, bias_apart: bool = False) -> dict:
+           dropout: float = 0.0, compiled: bool | str = False, capture: bool = True, bias_apart: bool = False,
+           fusion: bool = False) -> dict:
     """``(4, 3)`` on a tiny model (BERT by default) for ``epochs``, eagerly or replayed (``compiled``:
     ``training.torch_compile``, the graphs' forward compiled, or the blocks under ``"blocks"``; ``capture=False``:
-    fixed shapes without graphs, on any device; ``bias_apart``: ``training.bias_apart``); the weights after every
-    update. Each run starts its random streams (dropout's) from the same seed."""
+    fixed shapes without graphs, on any device; ``bias_apart``: ``training.bias_apart``; ``fusion``:
+    ``training.gradient_accumulation_fusion``); the weights after every update. Each run starts its random streams
+    (dropout's) from the same seed."""
     from accelerate import Accelerator
 
     acc = Accelerator(cpu=device == "cpu", gradient_accumulation_steps=K)
@@ -93,6 +96,8 @@ def _train(device: str, graphed: bool, epochs: int = 2, host_reading: bool = Fal
         model.__class__ = HostReadingBert
     if bias_apart:
         add_biases_apart(model)
+    if fusion:
+        fuse_weight_grads(model)
     if compiled == "blocks":
         compile_model(model, "blocks")
     opt_cfg = OptimConfig(learning_rate=1e-3, warmup_steps=1)
@@ -212,6 +217,33 @@ def test_compiled_blocks_with_biases_apart_replay_to_their_unreplayed_weights(de
     for update, (a, b) in enumerate(zip(reference["snapshots"], replayed["snapshots"])):
         for pa, pb in zip(a, b):
             torch.testing.assert_close(pb, pa, rtol=1e-5, atol=1e-6, msg=lambda m: f"update {update + 1}: {m}")
+    assert not torch.equal(replayed["snapshots"][0][5], replayed["snapshots"][-1][5])
+
+
+@pytest.mark.parametrize("compiled", [False, "blocks"])
+@pytest.mark.parametrize("device", DEVICES)
+def test_fused_weight_gradients_replay_to_their_unreplayed_weights(device, compiled, monkeypatch):
+    """``training.gradient_accumulation_fusion`` replayed from graphs, eager or compiled blocks: the fused
+    addition into each weight's gradient is captured and replayed into the memory the gradients had at capture,
+    and the replays train the weights of the same steps without graphs (on a CPU, compiled under ``aot_eager``:
+    the eager fused layers' weights)."""
+    from torch._dynamo.utils import counters
+
+    if device == "cpu":
+        compiling_with(monkeypatch, "aot_eager")
+    torch._dynamo.reset()
+    counters.clear()
+    replayed = _train(device, graphed=True, compiled=compiled, fusion=True)
+    assert replayed["recorder"].captures == len(replayed["graphs"].graphs) > 1
+    assert not counters["graph_break"]
+    torch._dynamo.reset()
+    reference = (_train(device, graphed=False, fusion=True) if device == "cpu"
+                 else _train(device, graphed=True, compiled=compiled, capture=False, fusion=True))
+    for update, (a, b) in enumerate(zip(reference["snapshots"], replayed["snapshots"])):
+        for pa, pb in zip(a, b):
+            torch.testing.assert_close(pb, pa, rtol=1e-5, atol=1e-6, msg=lambda m: f"update {update + 1}: {m}")
+    first = replayed["grads"][0]
+    assert all(all(g is h for g, h in zip(first, update)) for update in replayed["grads"][1:])  # never replaced
     assert not torch.equal(replayed["snapshots"][0][5], replayed["snapshots"][-1][5])
 
 

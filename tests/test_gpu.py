@@ -35,8 +35,9 @@ N = 76  # b=8: 10 micro-batches, the last holding 4; k=4: windows of 4, 4 and 2 
 
 
 def _train(b: int, k: int, mixed_precision: str = "no", epochs: int = 2, lr: float = 1e-3, implementation="auto",
-           kwargs_handlers=None):
-    """Train the tiny BERT on the GPU; record weights after and the gradient applied at every update."""
+           kwargs_handlers=None, fusion: bool = False):
+    """Train the tiny BERT on the GPU; record weights after and the gradient applied at every update
+    (``fusion``: ``training.gradient_accumulation_fusion``)."""
     from accelerate import Accelerator
 
     from finetune.config import OptimConfig
@@ -49,6 +50,10 @@ def _train(b: int, k: int, mixed_precision: str = "no", epochs: int = 2, lr: flo
     assert acc.device.type == "cuda"
     data = token_dataset(N, seed=1)
     model = tiny_bert(seed=0)
+    if fusion:
+        from finetune.accumulation_fusion import fuse_weight_grads
+
+        fuse_weight_grads(model)
     opt_cfg = OptimConfig(learning_rate=lr, lr_scheduler_type="linear", warmup_steps=1, weight_decay=0.01,
                           implementation=implementation)
     optimizer = build_optimizer(model, opt_cfg, device=acc.device)
@@ -107,6 +112,28 @@ def test_bf16_windows_apply_the_big_batch_gradient():
     assert max(errors) < 2e-2, errors
     # the textbook recipe is off by far more on the ragged window (weight 1/k instead of 1/r): 2 of 4 micro-batches
     assert all(torch.isfinite(w).all() for update in small["weights"] for w in update.values())
+
+
+def test_fused_weight_gradients_keep_the_contract_in_fp32_and_bf16():
+    """``training.gradient_accumulation_fusion`` on CUDA: in fp32 (8, 4) trains (32, 1)'s weights after every
+    update; in bf16 it applies the big batch's gradient within the tolerance above. The way this torch adds a
+    bf16 product into an fp32 gradient is printed for the GPU check's log (``addmm`` fused in the product's
+    epilogue, or a fallback), beside each update's error with and without the fusion."""
+    import finetune.accumulation_fusion as fusion
+
+    big, small = _train(32, 1, fusion=True), _train(8, 4, fusion=True)
+    for update, (a, b) in enumerate(zip(big["weights"], small["weights"])):
+        for name in a:
+            torch.testing.assert_close(b[name], a[name], rtol=1e-5, atol=1e-7,
+                                       msg=lambda m: f"update {update + 1}, {name}: {m}")
+    fused = [_relative_error(s, b) for s, b in zip(_train(8, 4, "bf16", fusion=True)["grads"],
+                                                    _train(32, 1, "bf16", fusion=True)["grads"])]
+    plain = [_relative_error(s, b) for s, b in zip(_train(8, 4, "bf16")["grads"], _train(32, 1, "bf16")["grads"])]
+    ways = set(fusion._CUDA_WAYS.values())
+    print(f"\ngradient_accumulation_fusion: {sorted(ways)}; (8, 4) against (32, 1) in bf16, each update's "
+          f"gradient: fused {['%.1e' % e for e in fused]}, autograd's {['%.1e' % e for e in plain]}")
+    assert len(fused) == 6 and max(fused) < 2e-2, fused
+    assert ways and ways <= {"addmm", "mm", "upcast"}
 
 
 @pytest.mark.parametrize("implementation", ["fused", "for_loop"])
