@@ -139,8 +139,9 @@ class _LinearAddingItsWeightGrad(torch.autograd.Function):
             accumulate_weight_grad(grad, rows, inputs)
         else:  # eagerly the operator's dispatch is host time for nothing
             _add_weight_grad(grad, rows, inputs)
-        grad_x = grad_out.to(weight_cast.dtype) @ weight_cast  # autograd casts it to x's dtype
-        grad_bias = rows.sum(0, dtype=torch.float32) if ctx.has_bias else None
+        needs_x, _, needs_bias, _, _ = ctx.needs_input_grad  # x: not below the lowest trained block
+        grad_x = grad_out.to(weight_cast.dtype) @ weight_cast if needs_x else None  # autograd casts it to x's dtype
+        grad_bias = rows.sum(0, dtype=torch.float32) if ctx.has_bias and needs_bias else None
         return grad_x, None, grad_bias, None, None
 
 
