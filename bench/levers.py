@@ -78,6 +78,7 @@ def lever_jobs(s, steps: int):
         ours("torch dropout masks", "training.fast_dropout_masks=false"),
         ours("heap trimmed after each update", "training.cpu_heap=trim"),
         ours("gradient noise scale measured", "logging.noise_scale=true"),
+        ours("weight gradients added by their products", "training.gradient_accumulation_fusion=true"),
         # oneDNN reads its kernel cache's size from the environment only; its default holds 1024 kernels
         ours("oneDNN cache of 4096 kernels", env={"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "4096"}),
         ours("dropout off (bound)", "model.dropout=0.0"),
