@@ -73,7 +73,8 @@
 # part keeps the rounds it finished, or in a single round the arms). GPU_BATCHING=b,k (default 64,4), GPU_STEPS (updates per speed run,
 # default 40), GPU_REPEATS (default 2), GPU_ARMS (bench/run.py --only; `all` for every arm),
 # GPU_ENGINE_REPEATS (the engine rows' repeats, default 1; 0 runs its tests alone), GPU_TEST_WORKERS (the tests
-# part's pytest-xdist workers where it is installed, default 4), GPU_COMPILE_STEPS (updates
+# part's pytest-xdist workers where it is installed, default 4), GPU_TESTS_K (a pytest -k expression that
+# narrows the tests part), GPU_COMPILE_STEPS (updates
 # per compile run, default 120), PYTHON (default python3). GPU_KIT=<folder> (default .gpu): what
 # bench/gpu_kit.sh made for a machine without network; its wheels are installed under GPU_WORK and its
 # tokenizer used unless FINETUNE_TOKENIZER names one.
@@ -140,10 +141,12 @@ part_tests() {
     # side by side where pytest takes pytest-xdist's workers (bench/gpu_kit.sh brings it; a collection asks,
     # since an xdist that imports may still not load into the machine's pytest): the tests' compiles and the CLI
     # runs they start keep the machine's CPUs busy, and the GPU has room for several tiny models at once
-    local workers=()
+    local workers=() select="not fsdp and not deepspeed"
     "$py" -m pytest -p no:cacheprovider -n 0 -q --co -m gpu tests/test_gpu.py >/dev/null 2>&1 \
         && workers=(-n "${GPU_TEST_WORKERS:-4}" --dist load)
-    gpu_tests "not fsdp and not deepspeed" ${workers[@]+"${workers[@]}"} tests/test_gpu.py tests/test_cuda_graphs.py \
+    # GPU_TESTS_K narrows them, as pytest's -k does (the tests of what changed, on a short lease)
+    [ -n "${GPU_TESTS_K:-}" ] && select="($GPU_TESTS_K) and $select"
+    gpu_tests "$select" ${workers[@]+"${workers[@]}"} tests/test_gpu.py tests/test_cuda_graphs.py \
         tests/test_gpu_engines.py 2>&1 | tee "$out/tests.log"
 }
 part_speed() {
@@ -203,7 +206,7 @@ part_compile() {
 }
 part_apart() {
     local ours="=bbc/ours compiled blocks graphs"
-    compiled_runs apart "=bbc/trainer,=bbc/ours,=bbc/ours fusion,=bbc/ours bias apart,$ours,$ours fusion,$ours bias apart,$ours bias apart fusion,=bbc/ours addmm without cublaslt,$ours addmm without cublaslt"
+    compiled_runs apart "=bbc/trainer,=bbc/ours,=bbc/ours fusion,=bbc/ours bias apart,$ours,$ours fusion,$ours bias apart fusion,$ours bias apart,=bbc/ours addmm without cublaslt,$ours addmm without cublaslt"
 }
 part_autotune() {
     compiled_runs autotune "=bbc/trainer,=bbc/ours compiled blocks graphs,=bbc/ours compiled blocks autotuned graphs"

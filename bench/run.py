@@ -169,11 +169,12 @@ def main_jobs(s: Settings, trainer_k1: bool) -> list[Job]:
             # kernels fewer per weight and micro-batch; training.bias_apart: each linear layer's product without
             # its bias, where cuBLAS's addmm picks a slower kernel (the bias a kernel of its own in the graphed
             # default, fused by inductor into the element-wise kernel after it in compiled blocks); both; and
-            # ATen's own switch that keeps addmm off cuBLASLt. The fusion first: a part cut by its time limit
-            # keeps the arms it finished
+            # ATen's own switch that keeps addmm off cuBLASLt. The settings first, the switch last: a part cut by
+            # its time limit keeps the arms it finished
             fusion, apart = "training.gradient_accumulation_fusion=true", "training.bias_apart=true"
-            for arm, name, way in ((base, f"{dataset}/ours", "finetune"),
-                                   (blocks, f"{dataset}/ours compiled blocks graphs", "finetune, each block compiled,")):
+            both = ((base, f"{dataset}/ours", "finetune"),
+                    (blocks, f"{dataset}/ours compiled blocks graphs", "finetune, each block compiled,"))
+            for arm, name, way in both:
                 jobs += [
                     Job(f"{name} fusion", replace(arm, overrides=arm.overrides + [fusion]),
                         label=f"{way} weight gradients added by their products "
@@ -183,9 +184,10 @@ def main_jobs(s: Settings, trainer_k1: bool) -> list[Job]:
                               f"b={b} k={k}"),
                     Job(f"{name} bias apart", replace(arm, overrides=arm.overrides + [apart]),
                         label=f"{way} with its biases apart (training.bias_apart=true), b={b} k={k}"),
-                    Job(f"{name} addmm without cublaslt", replace(arm, env={**arm.env, **ADDMM_WITHOUT_LT_ENV}),
-                        label=f"{way} addmm kept off cuBLASLt (DISABLE_ADDMM_CUDA_LT=1), b={b} k={k}"),
                 ]
+            jobs += [Job(f"{name} addmm without cublaslt", replace(arm, env={**arm.env, **ADDMM_WITHOUT_LT_ENV}),
+                         label=f"{way} addmm kept off cuBLASLt (DISABLE_ADDMM_CUDA_LT=1), b={b} k={k}")
+                     for arm, name, way in both]
             # inductor's max-autotune without its own graphs (the package captures by hand): matrix products
             # chosen by timing cuBLAS against Triton's templates, with bias and activation fused into them,
             # and the element-wise kernels' launch shapes tuned. Settings inductor reads from the environment

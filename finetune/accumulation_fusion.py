@@ -22,7 +22,9 @@ fp32, and the weight's added into ``weight.grad`` by
 :func:`accumulate_weight_grad`, not returned to autograd. Nothing else
 changes: the parameters, the ``state_dict``, the checkpoints and the saved
 model are the linear layer's. A frozen weight (LoRA's base layers,
-``model.freeze_blocks``) runs the plain forward.
+``model.freeze_blocks``) runs the plain forward. The layer casts its weight
+itself, as autocast would, so ``training.cast_once_per_update`` does not
+share these layers' weight copies among a window's micro-batches.
 
 The addition is a custom operator (``torch.library.custom_op``), so that
 ``training.torch_compile`` traces it as one opaque in-place call, without a

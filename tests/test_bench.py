@@ -464,6 +464,9 @@ def test_the_gpu_check_runs_the_parts_asked_for_and_goes_on_past_a_failing_one(t
                                "-n 4 --dist load tests/test_gpu.py")
     proc, calls, parts = gpu_check("tests", GPU_TEST_WORKERS="8")
     assert " -n 8 --dist load tests/test_gpu.py" in calls[2]
+    proc, calls, parts = gpu_check("tests", GPU_TESTS_K="fused or fusion")  # the tests of what changed
+    assert calls[2].startswith("-m pytest -m gpu -v -s -rs -p no:cacheprovider -k (fused or fusion) and not fsdp "
+                               "and not deepspeed -n 4 --dist load tests/test_gpu.py")
     proc, calls, parts = gpu_check("tests", fail="-n 0 -q --co", GPU_TEST_WORKERS="8")
     assert proc.returncode == 0 and calls[2].startswith("-m pytest -m gpu -v -s -rs -p no:cacheprovider -k not fsdp "
                                                         "and not deepspeed tests/test_gpu.py")
@@ -493,7 +496,7 @@ def test_the_gpu_check_runs_the_parts_asked_for_and_goes_on_past_a_failing_one(t
     assert "--bbc-steps 120 --repeats 1 --graphs --only =bbc/trainer,=bbc/ours,=bbc/ours compiled graphs," in compile_run
     blocks = "=bbc/ours compiled blocks graphs"
     assert ("--bbc-steps 120 --repeats 1 --graphs --only =bbc/trainer,=bbc/ours,=bbc/ours fusion,=bbc/ours bias apart,"
-            f"{blocks},{blocks} fusion,{blocks} bias apart,{blocks} bias apart fusion,"
+            f"{blocks},{blocks} fusion,{blocks} bias apart fusion,{blocks} bias apart,"
             f"=bbc/ours addmm without cublaslt,{blocks} addmm without cublaslt --out " + str(work / "apart")) in apart_run
     assert ("--bbc-steps 120 --repeats 1 --graphs --only =bbc/trainer,=bbc/ours compiled blocks graphs,"
             "=bbc/ours compiled blocks autotuned graphs --out " + str(work / "autotune")) in autotune_run
@@ -710,8 +713,11 @@ def test_the_gpu_checks_default_arms_leave_out_the_compiled_graphs_whose_compile
         assert every[f"{plain} bias apart fusion"].spec.overrides == every[plain].spec.overrides + [
             "training.bias_apart=true", fusion]
         assert every[f"{plain} fusion"].spec.env == every[plain].spec.env
-        names = list(every)
-        assert names.index(f"{plain} fusion") < names.index(f"{plain} bias apart")
+    names = list(every)
+    assert names.index("bbc/ours compiled blocks graphs bias apart fusion") < names.index(
+        "bbc/ours addmm without cublaslt")
+    assert all(names.index(f"{plain} fusion") < names.index(f"{plain} bias apart")
+               for plain in ("bbc/ours", "bbc/ours compiled blocks graphs"))
     # and ATen's switch in the environment alone, of the default and of the compiled blocks' arm
     for name, plain in (("bbc/ours addmm without cublaslt", "bbc/ours"),
                         ("bbc/ours compiled blocks graphs addmm without cublaslt", "bbc/ours compiled blocks graphs")):
