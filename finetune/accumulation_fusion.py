@@ -211,10 +211,11 @@ def fuse_weight_grads(model: torch.nn.Module) -> int:
 
 def fuse_where_allowed(model: torch.nn.Module, accelerator=None) -> int:
     """:func:`fuse_weight_grads` where ``accelerator`` (one process when None) allows it, else says once why
-    not; how many layers it fused."""
+    not (on the main process); how many layers it fused."""
     refused = fusion_refused(accelerator) if accelerator is not None else None
     if refused is not None:
-        logger.warning("training.gradient_accumulation_fusion: not applied: %s; the weight gradients come from "
-                       "autograd", refused)
+        if getattr(accelerator, "is_main_process", True):
+            logger.warning("training.gradient_accumulation_fusion: not applied: %s; the weight gradients come "
+                           "from autograd", refused)
         return 0
     return fuse_weight_grads(model)

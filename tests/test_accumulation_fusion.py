@@ -168,6 +168,9 @@ def test_where_autograd_must_hand_over_the_gradients_the_run_says_why_once_and_f
         assert fused == 0 and not any(type(m) is FusedAccumulationLinear for m in model.modules())
         assert [r.getMessage() for r in caplog.records] == [
             f"training.gradient_accumulation_fusion: not applied: {said}; the weight gradients come from autograd"]
+        caplog.clear()  # another process of the same run says nothing
+        other = SimpleNamespace(**vars(accelerator), is_main_process=False)
+        assert fuse_where_allowed(tiny_bert(seed=0), other) == 0 and not caplog.records
 
 
 def test_compiled_blocks_trace_the_fused_addition_without_a_graph_break():
