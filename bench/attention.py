@@ -46,7 +46,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 
-from bench.products import milliseconds_per_call, model_sizes  # noqa: E402
+from bench.products import milliseconds_per_call, model_sizes, probe_arguments  # noqa: E402
 
 KERNELS = {"torch's choice": None, "flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
            "cudnn": SDPBackend.CUDNN_ATTENTION, "math": SDPBackend.MATH}
@@ -163,15 +163,9 @@ def report(result: dict, setting: str, flop: float, per_update: int) -> str:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", help="a model folder whose config.json gives the sizes (default: bert-base's)")
+    probe_arguments(parser, repeats=20)
     parser.add_argument("--heads", type=int, help="attention heads, over the model's (bert-base's 12 without)")
-    parser.add_argument("--batch", type=int, default=64, help="texts per micro-batch")
-    parser.add_argument("--length", type=int, default=128, help="tokens per text")
-    parser.add_argument("--micro-batches", type=int, default=4, help="micro-batches per update (k)")
     parser.add_argument("--dropout", type=float, default=0.1, help="the attention's dropout, beside none")
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--repeats", type=int, default=20, help="calls per kernel and round")
-    parser.add_argument("--json", type=Path, help="also write the rows here")
     args = parser.parse_args(argv)
 
     hidden, _, layers = model_sizes(args.model)

@@ -311,18 +311,24 @@ def model_sizes(model: str | None) -> tuple[int, int, int]:
     return config["hidden_size"], config["intermediate_size"], config["num_hidden_layers"]
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def probe_arguments(parser: argparse.ArgumentParser, repeats: int) -> None:
+    """What every probe of one layer's kernels takes: the model whose sizes it uses, the micro-batch's shape, the
+    micro-batches an update, the rounds and calls, and a JSON file for its rows."""
     parser.add_argument("--model", help="a model folder whose config.json gives the sizes (default: bert-base's)")
-    parser.add_argument("--hidden", type=int, help="the hidden size, over the model's")
-    parser.add_argument("--intermediate", type=int, help="the feed-forward's size, over the model's")
-    parser.add_argument("--layers", type=int, help="the layer count, over the model's")
     parser.add_argument("--batch", type=int, default=64, help="texts per micro-batch")
     parser.add_argument("--length", type=int, default=128, help="tokens per text")
     parser.add_argument("--micro-batches", type=int, default=4, help="micro-batches per update (k)")
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--repeats", type=int, default=50, help="calls per way and round")
-    parser.add_argument("--json", type=Path, help="also write the rows and sums here")
+    parser.add_argument("--repeats", type=int, default=repeats, help="calls per way and round")
+    parser.add_argument("--json", type=Path, help="also write the rows here")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    probe_arguments(parser, repeats=50)
+    parser.add_argument("--hidden", type=int, help="the hidden size, over the model's")
+    parser.add_argument("--intermediate", type=int, help="the feed-forward's size, over the model's")
+    parser.add_argument("--layers", type=int, help="the layer count, over the model's")
     args = parser.parse_args(argv)
 
     hidden, intermediate, layers = model_sizes(args.model)

@@ -203,35 +203,9 @@ def test_compiled_blocks_trace_the_fused_addition_without_a_graph_break():
 
 
 def test_a_fused_run_says_so_saves_the_plain_model_and_resumes_only_with_the_fusion(tmp_path, fresh_accelerate_state):
-    from transformers import AutoModelForSequenceClassification
+    from tiny_run import check_a_layer_setting
 
-    from finetune.errors import ConfigError
-    from finetune.output_dir import check_output_dir
-    from finetune.start_line import describe
-    from tiny_run import fit_tiny_run, tiny_config
-
-    lines = []
-    cfg, _ = fit_tiny_run(tmp_path, before_fit=lambda run: lines.append(describe(run)),
-                          training={"gradient_accumulation_fusion": True})
-    assert " gradient_accumulation_fusion=on " in lines[0]
-    fit_tiny_run(tmp_path / "plain", before_fit=lambda run: lines.append(describe(run)))
-    assert "gradient_accumulation_fusion" not in lines[1]
-    saved = AutoModelForSequenceClassification.from_pretrained(cfg.output.output_dir)
-    assert not any(type(m) is FusedAccumulationLinear for m in saved.modules())  # the class is the run's
-    reference = AutoModelForSequenceClassification.from_pretrained(tmp_path / "plain" / "out")
-    for (name, value), (_, expected) in zip(saved.state_dict().items(), reference.state_dict().items()):
-        if name.endswith("attention.self.key.bias"):
-            # its true gradient is 0 (softmax ignores a shift every key shares): each run's is rounding noise,
-            # which AdamW's normalisation turns into steps of the learning rate's size, different in each run
-            assert value.abs().max() < 1e-3 and expected.abs().max() < 1e-3
-            continue
-        torch.testing.assert_close(value, expected, rtol=1e-4, atol=1e-6, msg=name)
-    # its checkpoints are another run's to a config without it: refused, and nothing in the folder is touched
-    again = tiny_config(tmp_path, output={"resume_from": "latest"}, training={"gradient_accumulation_fusion": False})
-    before = sorted(p.name for p in (tmp_path / "out" / "checkpoints").iterdir())
-    with pytest.raises(ConfigError, match=r"training.gradient_accumulation_fusion: True -> False"):
-        check_output_dir(again)
-    assert sorted(p.name for p in (tmp_path / "out" / "checkpoints").iterdir()) == before
+    check_a_layer_setting(tmp_path, "gradient_accumulation_fusion", FusedAccumulationLinear)
 
 
 def test_a_torch_without_fp32_products_of_bf16_factors_adds_the_upcast_product_and_says_so_once(caplog,

@@ -6,7 +6,6 @@ layers' run) is in tests/test_accumulation.py.
 
 from __future__ import annotations
 
-import pytest
 import torch
 
 from finetune.bias_apart import BiasApartLinear, add_biases_apart
@@ -96,26 +95,6 @@ def test_a_compiled_block_traces_the_product_without_its_bias(monkeypatch):
 
 def test_a_run_with_biases_apart_says_so_saves_the_plain_model_and_resumes_only_with_it(tmp_path,
                                                                                          fresh_accelerate_state):
-    from transformers import AutoModelForSequenceClassification
+    from tiny_run import check_a_layer_setting
 
-    from finetune.errors import ConfigError
-    from finetune.output_dir import check_output_dir
-    from finetune.start_line import describe
-    from tiny_run import fit_tiny_run, tiny_config
-
-    lines = []
-    cfg, _ = fit_tiny_run(tmp_path, before_fit=lambda run: lines.append(describe(run)), training={"bias_apart": True})
-    assert " bias_apart=on " in lines[0]
-    fit_tiny_run(tmp_path / "plain", before_fit=lambda run: lines.append(describe(run)))
-    assert "bias_apart" not in lines[1]
-    saved = AutoModelForSequenceClassification.from_pretrained(cfg.output.output_dir)
-    assert not any(type(m) is BiasApartLinear for m in saved.modules())  # the class is the run's, not the file's
-    reference = AutoModelForSequenceClassification.from_pretrained(tmp_path / "plain" / "out")
-    for (name, value), (_, expected) in zip(saved.state_dict().items(), reference.state_dict().items()):
-        torch.testing.assert_close(value, expected, rtol=1e-4, atol=1e-6, msg=name)
-    # its checkpoints are another run's to a config without it: refused, and nothing in the folder is touched
-    again = tiny_config(tmp_path, output={"resume_from": "latest"}, training={"bias_apart": False})
-    before = sorted(p.name for p in (tmp_path / "out" / "checkpoints").iterdir())
-    with pytest.raises(ConfigError, match=r"training.bias_apart: True -> False"):
-        check_output_dir(again)
-    assert sorted(p.name for p in (tmp_path / "out" / "checkpoints").iterdir()) == before
+    check_a_layer_setting(tmp_path, "bias_apart", BiasApartLinear)

@@ -78,3 +78,38 @@ def tiny_process():
             os.environ["FINETUNE_CPU_THREADS"] = saved
         torch.set_num_threads(threads)
         reset_accelerate()
+
+
+def check_a_layer_setting(root: Path, key: str, layer_class) -> None:
+    """A ``training`` setting that changes how the model's layers run, not what they hold: its run's start line
+    says ``key=on`` (and a plain run's nothing), its saved model is of transformers' own classes and holds the
+    plain run's weights (to training tolerance), and a config without it is refused the run's checkpoints,
+    which stay as they were."""
+    import pytest
+    import torch
+    from transformers import AutoModelForSequenceClassification
+
+    from finetune.errors import ConfigError
+    from finetune.output_dir import check_output_dir
+    from finetune.start_line import describe
+
+    lines = []
+    cfg, _ = fit_tiny_run(root, before_fit=lambda run: lines.append(describe(run)), training={key: True})
+    assert f" {key}=on " in lines[0]
+    fit_tiny_run(root / "plain", before_fit=lambda run: lines.append(describe(run)))
+    assert key not in lines[1]
+    saved = AutoModelForSequenceClassification.from_pretrained(cfg.output.output_dir)
+    assert not any(isinstance(m, layer_class) for m in saved.modules())  # the class is the run's, not the file's
+    reference = AutoModelForSequenceClassification.from_pretrained(root / "plain" / "out")
+    for (name, value), (_, expected) in zip(saved.state_dict().items(), reference.state_dict().items()):
+        if name.endswith("attention.self.key.bias"):
+            # its true gradient is 0 (softmax ignores a shift every key shares): each run's is rounding noise,
+            # which AdamW's normalisation turns into steps of the learning rate's size, different in each run
+            assert value.abs().max() < 1e-3 and expected.abs().max() < 1e-3
+            continue
+        torch.testing.assert_close(value, expected, rtol=1e-4, atol=1e-6, msg=name)
+    again = tiny_config(root, output={"resume_from": "latest"}, training={key: False})
+    before = sorted(p.name for p in (root / "out" / "checkpoints").iterdir())
+    with pytest.raises(ConfigError, match=rf"training.{key}: True -> False"):
+        check_output_dir(again)
+    assert sorted(p.name for p in (root / "out" / "checkpoints").iterdir()) == before
