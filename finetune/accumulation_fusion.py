@@ -114,21 +114,27 @@ if SUPPORTED:
                                                      mutates_args=("grad",))(accumulate_weight_grad)
 
 
+def _linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], bias_apart: bool) -> torch.Tensor:
+    if bias_apart and bias is not None:
+        return torch.nn.functional.linear(x, weight) + bias
+    return torch.nn.functional.linear(x, weight, bias)
+
+
 class _LinearAddingItsWeightGrad(torch.autograd.Function):
     """``F.linear`` whose backward adds the weight's gradient into ``grad`` itself and returns none for it."""
 
     @staticmethod
     def forward(ctx, x, weight, bias, grad, bias_apart: bool):
         device = x.device.type
-        dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else weight.dtype
-        with torch.autocast(device, enabled=False):  # cast here as autocast casts linear's arguments
-            x_cast, weight_cast = x.to(dtype), weight.to(dtype)
-            bias_cast = None if bias is None else bias.to(dtype)
-            if bias_apart and bias_cast is not None:
-                out = torch.nn.functional.linear(x_cast, weight_cast) + bias_cast
-            else:
-                out = torch.nn.functional.linear(x_cast, weight_cast, bias_cast)
-        ctx.save_for_backward(x_cast, weight_cast, grad)
+        if torch.is_autocast_enabled(device):  # cast here as autocast casts linear's arguments
+            dtype = torch.get_autocast_dtype(device)
+            with torch.autocast(device, enabled=False):
+                x, weight = x.to(dtype), weight.to(dtype)
+                bias = None if bias is None else bias.to(dtype)
+                out = _linear(x, weight, bias, bias_apart)
+        else:
+            out = _linear(x, weight, bias, bias_apart)
+        ctx.save_for_backward(x, weight, grad)  # as cast: what the backward's products take
         ctx.has_bias = bias is not None
         return out
 
