@@ -395,8 +395,10 @@ class TrainingConfig:
         "rounding of a micro-batch's weight gradient to the low precision, so a window's gradient is the fp32 "
         "sum of exact products (see finetune.accumulation_fusion). The same parameters, checkpoints and saved "
         "model. One process only (DDP, FSDP and DeepSpeed take the gradients from autograd: the run says so "
-        "and trains without it). For a GPU: on a CPU the default job trained 0.92x as fast with it in fp32 "
-        "(bench/README.md), and under bf16 its products run in fp32. Off by default until a GPU measures it: "
+        "and trains without it). For a GPU whose micro-batches replay from CUDA graphs: each fused layer is a "
+        "Python function that costs the host about 0.08 ms a micro-batch, which the graphs hide and an eager "
+        "micro-batch pays; on a CPU the default job trained 0.92x as fast with it in fp32 (bench/README.md), "
+        "and under bf16 its products run in fp32. Off by default until a GPU measures it: "
         "`bench/gpu.sh OUT products apart`.")
     sparse_embedding_grad: bool = setting(True,
         "On one process on a CPU, the word embedding's backward returns only the rows each micro-batch "
