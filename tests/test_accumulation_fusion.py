@@ -203,9 +203,21 @@ def test_compiled_blocks_trace_the_fused_addition_without_a_graph_break():
 
 
 def test_a_fused_run_says_so_saves_the_plain_model_and_resumes_only_with_the_fusion(tmp_path, fresh_accelerate_state):
+    """... and the gradient noise scale, which reads the window's first micro-batch's gradient in the middle of the
+    window, is the plain run's."""
+    import json
+
     from tiny_run import check_a_layer_setting
 
-    check_a_layer_setting(tmp_path, "gradient_accumulation_fusion", FusedAccumulationLinear)
+    check_a_layer_setting(tmp_path, "gradient_accumulation_fusion", FusedAccumulationLinear,
+                          logging={"noise_scale": True, "progress_bar": False})
+
+    def noise(folder):
+        records = [json.loads(line) for line in (folder / "train_log.jsonl").read_text().splitlines()]
+        return [r["train/noise_scale"] for r in records if r.get("train/noise_scale") is not None]
+
+    fused, plain = noise(tmp_path / "out"), noise(tmp_path / "plain" / "out")
+    assert len(fused) == len(plain) > 3 and fused == pytest.approx(plain, rel=1e-5)
 
 
 def test_a_torch_without_fp32_products_of_bf16_factors_adds_the_upcast_product_and_says_so_once(caplog,

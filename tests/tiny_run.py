@@ -80,11 +80,11 @@ def tiny_process():
         reset_accelerate()
 
 
-def check_a_layer_setting(root: Path, key: str, layer_class) -> None:
+def check_a_layer_setting(root: Path, key: str, layer_class, **sections) -> None:
     """A ``training`` setting that changes how the model's layers run, not what they hold: its run's start line
     says ``key=on`` (and a plain run's nothing), its saved model is of transformers' own classes and holds the
     plain run's weights (to training tolerance), and a config without it is refused the run's checkpoints,
-    which stay as they were."""
+    which stay as they were. ``sections``: more settings, of both runs (the plain one in ``root / "plain"``)."""
     import pytest
     import torch
     from transformers import AutoModelForSequenceClassification
@@ -94,9 +94,11 @@ def check_a_layer_setting(root: Path, key: str, layer_class) -> None:
     from finetune.start_line import describe
 
     lines = []
-    cfg, _ = fit_tiny_run(root, before_fit=lambda run: lines.append(describe(run)), training={key: True})
+    training = sections.pop("training", {})
+    cfg, _ = fit_tiny_run(root, before_fit=lambda run: lines.append(describe(run)), training={**training, key: True},
+                          **sections)
     assert f" {key}=on " in lines[0]
-    fit_tiny_run(root / "plain", before_fit=lambda run: lines.append(describe(run)))
+    fit_tiny_run(root / "plain", before_fit=lambda run: lines.append(describe(run)), training=training, **sections)
     assert key not in lines[1]
     saved = AutoModelForSequenceClassification.from_pretrained(cfg.output.output_dir)
     assert not any(isinstance(m, layer_class) for m in saved.modules())  # the class is the run's, not the file's
