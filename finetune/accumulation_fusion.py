@@ -49,10 +49,26 @@ from typing import Optional
 
 import torch
 
+from finetune.bias_apart import BiasApartLinear
+
 logger = logging.getLogger("finetune")
 
-# How the fused addition runs on each CUDA device, found at its first call: "addmm" (the product adds into the
-# fp32 gradient), "mm" (the product written in fp32, then added) or "upcast" (fp32 factors).
+def _by_the_product(grad: torch.Tensor, grad_output: torch.Tensor, input: torch.Tensor) -> None:
+    torch.addmm(grad, grad_output.t(), input, out_dtype=grad.dtype, out=grad)
+
+
+def _written_then_added(grad: torch.Tensor, grad_output: torch.Tensor, input: torch.Tensor) -> None:
+    grad.add_(torch.mm(grad_output.t(), input, out_dtype=grad.dtype))
+
+
+def _upcast(grad: torch.Tensor, grad_output: torch.Tensor, input: torch.Tensor) -> None:
+    grad.addmm_(grad_output.t().to(grad.dtype), input.to(grad.dtype))
+
+
+# The ways a CUDA torch may add low-precision products into an fp32 gradient, fastest first: the product adds
+# into it, the product is written in fp32 and then added, the factors are cast to fp32
+_WAYS = {"addmm": _by_the_product, "mm": _written_then_added, "upcast": _upcast}
+# the way each CUDA device takes, found at its first call
 _CUDA_WAYS: dict[torch.device, str] = {}
 
 
@@ -63,7 +79,7 @@ def _add_weight_grad(grad: torch.Tensor, grad_output: torch.Tensor, input: torch
     elif grad.is_cuda:
         _add_on_cuda(grad, grad_output, input)
     else:
-        grad.addmm_(grad_output.t().to(grad.dtype), input.to(grad.dtype))
+        _upcast(grad, grad_output, input)
 
 
 def _add_on_cuda(grad: torch.Tensor, grad_output: torch.Tensor, input: torch.Tensor) -> None:
@@ -71,31 +87,26 @@ def _add_on_cuda(grad: torch.Tensor, grad_output: torch.Tensor, input: torch.Ten
     it (in a warm-up, never inside a CUDA graph's capture) and says once which it is."""
     way = _CUDA_WAYS.get(grad.device)
     if way is None:
-        way = _CUDA_WAYS[grad.device] = _first_cuda_way(grad, grad_output, input)
-        return
-    if way == "addmm":
-        torch.addmm(grad, grad_output.t(), input, out_dtype=grad.dtype, out=grad)
-    elif way == "mm":
-        grad.add_(torch.mm(grad_output.t(), input, out_dtype=grad.dtype))
+        _CUDA_WAYS[grad.device] = _first_cuda_way(grad, grad_output, input)
     else:
-        grad.addmm_(grad_output.t().to(grad.dtype), input.to(grad.dtype))
+        _WAYS[way](grad, grad_output, input)
 
 
 def _first_cuda_way(grad: torch.Tensor, grad_output: torch.Tensor, input: torch.Tensor) -> str:
     """Add this call's gradient by the first way this torch runs; return that way's name."""
     try:  # a refused call raises before it writes
-        torch.addmm(grad, grad_output.t(), input, out_dtype=grad.dtype, out=grad)
+        _by_the_product(grad, grad_output, input)
         return "addmm"
     except (RuntimeError, TypeError) as refused:
         why = str(refused).split(". ")[0]
     try:
-        grad.add_(torch.mm(grad_output.t(), input, out_dtype=grad.dtype))
+        _written_then_added(grad, grad_output, input)
         logger.warning("training.gradient_accumulation_fusion: this torch's addmm does not add %s products into "
                        "an %s gradient (%s); each product is written in %s and then added", grad_output.dtype,
                        grad.dtype, why, grad.dtype)
         return "mm"
     except (RuntimeError, TypeError):
-        grad.addmm_(grad_output.t().to(grad.dtype), input.to(grad.dtype))
+        _upcast(grad, grad_output, input)
         logger.warning("training.gradient_accumulation_fusion: this torch has no %s products of %s factors (%s); "
                        "the factors are cast to %s for each product: the same sums, slower", grad.dtype,
                        grad_output.dtype, why, grad.dtype)
@@ -156,26 +167,17 @@ class _LinearAddingItsWeightGrad(torch.autograd.Function):
 class FusedAccumulationLinear(torch.nn.Linear):
     """A linear layer whose weight gradient is added into ``weight.grad`` by its product (see the module)."""
 
-    bias_apart = False
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not (torch.is_grad_enabled() and self.weight.requires_grad):
-            return super().forward(x)
+            return super().forward(x)  # nn.Linear's, or BiasApartLinear's for the class below
         if self.weight.grad is None:  # freed by a caller since the last update: the sum starts again from 0
             self.weight.grad = torch.zeros_like(self.weight)
-        return _LinearAddingItsWeightGrad.apply(x, self.weight, self.bias, self.weight.grad, self.bias_apart)
+        return _LinearAddingItsWeightGrad.apply(x, self.weight, self.bias, self.weight.grad,
+                                                isinstance(self, BiasApartLinear))
 
 
-class FusedAccumulationBiasApartLinear(FusedAccumulationLinear):
+class FusedAccumulationBiasApartLinear(FusedAccumulationLinear, BiasApartLinear):
     """The same with ``training.bias_apart``: the product without its bias, then the bias added."""
-
-    bias_apart = True
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not (torch.is_grad_enabled() and self.weight.requires_grad):
-            product = torch.nn.functional.linear(x, self.weight)
-            return product + self.bias.to(product.dtype)
-        return super().forward(x)
 
 
 def fusion_refused(accelerator) -> Optional[str]:
@@ -199,8 +201,6 @@ def fuse_weight_grads(model: torch.nn.Module) -> int:
     forward of its own; the plain ``nn.Linear`` layers inside a LoRA layer (its frozen base, its adapters)
     change.
     """
-    from finetune.bias_apart import BiasApartLinear
-
     fused = {torch.nn.Linear: FusedAccumulationLinear, BiasApartLinear: FusedAccumulationBiasApartLinear}
     swapped = 0
     for module in model.modules():
