@@ -33,7 +33,6 @@ import argparse
 import contextlib
 import json
 import re
-import statistics
 import sys
 import warnings
 from pathlib import Path
@@ -46,7 +45,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 
-from bench.products import milliseconds_per_call, model_sizes, probe_arguments  # noqa: E402
+from bench.products import median_milliseconds, model_sizes, probe_arguments  # noqa: E402
 
 KERNELS = {"torch's choice": None, "flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
            "cudnn": SDPBackend.CUDNN_ATTENTION, "math": SDPBackend.MATH}
@@ -133,13 +132,8 @@ def measure(inputs: dict, dropouts: tuple[float, ...], rounds: int, repeats: int
                     steps[name] = step
                 else:
                     refused[f"{name}, {case}, dropout {dropout}"] = why
-            times: dict[str, list[float]] = {name: [] for name in steps}
-            for round_ in range(rounds):
-                order = list(steps)[round_ % len(steps):] + list(steps)[:round_ % len(steps)] if steps else []
-                for name in order:
-                    times[name].append(milliseconds_per_call(steps[name], repeats, device))
-            for name in steps:
-                row = {"case": case, "dropout": dropout, "kernel": name, "ms": statistics.median(times[name])}
+            for name, ms in median_milliseconds(steps, rounds, repeats, device).items():
+                row = {"case": case, "dropout": dropout, "kernel": name, "ms": ms}
                 if dropout == 0:
                     row["difference"] = difference_from_math(inputs, KERNELS[name], masked)
                 rows.append(row)

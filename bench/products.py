@@ -120,6 +120,18 @@ def milliseconds_per_call(call: Callable[[], object], repeats: int, device: torc
     return (time.perf_counter() - began) * 1000 / repeats
 
 
+def median_milliseconds(calls: dict[str, Callable[[], object]], rounds: int, repeats: int,
+                        device: torch.device) -> dict[str, float]:
+    """Each call's milliseconds, the median of ``rounds`` rounds in which the calls alternate, the first of them
+    rotating from round to round."""
+    names = list(calls)
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for round_ in range(rounds if names else 0):
+        for name in names[round_ % len(names):] + names[:round_ % len(names)]:
+            times[name].append(milliseconds_per_call(calls[name], repeats, device))
+    return {name: statistics.median(values) for name, values in times.items()}
+
+
 def product_ways(product: Product, tokens: int, dtype: torch.dtype, device: torch.device) -> dict[str, Callable]:
     """Each way of computing ``product`` over ``tokens`` rows, on inputs made once."""
     generator = torch.Generator(device=device).manual_seed(0)
@@ -205,14 +217,10 @@ def measure_accumulation(products: list[Product], tokens: int, micro_batches: in
         dy = torch.randn(tokens, product.fan_out, generator=generator, device=device).to(dtype)
         x = torch.randn(tokens, product.fan_in, generator=generator, device=device).to(dtype)
         acc = torch.zeros(product.fan_out, product.fan_in, device=device)
-        times: dict[str, list[float]] = {name: [] for name in ways}
-        for round_ in range(rounds):
-            order = list(ways)[round_ % len(ways):] + list(ways)[:round_ % len(ways)]
-            for name in order:
-                times[name].append(milliseconds_per_call(lambda: ways[name](acc, dy, x), repeats, device))
+        calls = {name: (lambda way=way: way(acc, dy, x)) for name, way in ways.items()}
         rows.append({"product": product.name, "count": product.count, "tokens": tokens, "fan_in": product.fan_in,
                      "fan_out": product.fan_out, "flop": 2 * tokens * product.fan_in * product.fan_out,
-                     "ms": {name: statistics.median(values) for name, values in times.items()},
+                     "ms": median_milliseconds(calls, rounds, repeats, device),
                      "error": accumulation_errors(product, tokens, micro_batches, ways, dtype, device)})
     return {"refused": refused, "rows": rows}
 
@@ -229,15 +237,10 @@ def measure(products: list[Product], tokens: int, rounds: int, repeats: int, dty
     rows = []
     for product in products:
         ways = product_ways(product, tokens, dtype, device)
-        times: dict[str, list[float]] = {name: [] for name in ways}
-        for round_ in range(rounds):
-            order = list(ways)[round_ % len(ways):] + list(ways)[:round_ % len(ways)]  # the first way rotates
-            for name in order:
-                times[name].append(milliseconds_per_call(ways[name], repeats, device))
         rows.append({"product": product.name, "count": product.count, "replaces": product.replaces, "tokens": tokens,
                      "fan_in": product.fan_in, "fan_out": product.fan_out,
                      "flop": 2 * tokens * product.fan_in * product.fan_out,
-                     "ms": {name: statistics.median(values) for name, values in times.items()},
+                     "ms": median_milliseconds(ways, rounds, repeats, device),
                      "relative_difference": largest_difference(ways)})
     return rows
 
