@@ -135,6 +135,7 @@ def setup_run(cfg: Config, accelerator=None, batching: Optional[Batching] = None
     """
     from accelerate.utils import set_seed
 
+    from finetune.attention_kernel import apply_attention_kernel
     from finetune.data import content_sha256
     from finetune.modeling import (check_compiler, choose_trained_weights, load_model_config,
                                    load_model_reporting, load_tokenizer, set_forward)
@@ -151,6 +152,7 @@ def setup_run(cfg: Config, accelerator=None, batching: Optional[Batching] = None
     model, new_head = load_model_reporting(cfg.model, labels.id2label, max_length=cfg.data.max_length)
     head_start = start_regression_head(cfg.model, model, new_head, splits["train"])
     model, lora, frozen = choose_trained_weights(model, cfg.model, accelerator)  # before the memory plan
+    apply_attention_kernel(model, cfg.training.attention_kernel, accelerator, cfg.data.max_length)  # and this
     metrics = metric_suite(cfg, labels, splits["train"])
     task = build_task(cfg, labels, splits, device=accelerator.device)
     start_thresholds(model.config, labels, cfg.evaluation.threshold)

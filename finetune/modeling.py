@@ -215,10 +215,16 @@ def set_gradient_checkpointing(model, on: bool) -> None:
     if getattr(model.config, "use_cache", False):
         model.config.use_cache = False
         _CACHE_SWITCHED_OFF.add(model)
+    from finetune.attention_kernel import recompute_context
+
+    kwargs = {"use_reentrant": False}
+    recompute = recompute_context(model)  # training.attention_kernel's, in the recompute too
+    if recompute is not None:
+        kwargs["context_fn"] = recompute
     if renamed:
-        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
     else:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
     # transformers also makes the embeddings' output require a gradient, which reentrant checkpointing needs
     # and this one does not; left on, it outlives checkpointing (the memory probe switches it on and off), and
     # under frozen embeddings and blocks (model.freeze_*) it runs the backward pass through every frozen block

@@ -61,7 +61,7 @@ ADDED_KEYS = frozenset({
     "optim.layer_lr_decay", "data.truncation", "data.head_tokens", "data.stride", "optim.lr_scheduler_kwargs",
     "training.label_smoothing", "model.freeze_embeddings", "model.freeze_blocks", "sharded_state",
     "cuda_graphs", "data.encoding", "data.label_map", "training.bias_apart", "data.drop_labels",
-    "data.on_missing_label", "training.gradient_accumulation_fusion",
+    "data.on_missing_label", "training.gradient_accumulation_fusion", "training.attention_kernel",
 })
 
 

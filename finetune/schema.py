@@ -400,6 +400,16 @@ class TrainingConfig:
         "micro-batch pays; on a CPU the default job trained 0.92x as fast with it in fp32 (bench/README.md), "
         "and under bf16 its products run in fp32. Off by default until a GPU measures it: "
         "`bench/gpu.sh OUT products apart`.")
+    attention_kernel: Literal["auto", "cudnn", "efficient", "math"] = setting("auto",
+        "Which of torch's attention kernels (`scaled_dot_product_attention`) the encoder asks for first. "
+        "`auto`: torch's order, flash (which takes no mask: not for a padded micro-batch, nor one replayed from "
+        "CUDA graphs), then memory-efficient, then math; cuDNN's comes last and so never runs. `cudnn` or "
+        "`efficient` first, then torch's order: where the kernel refuses a micro-batch (a GPU or head size it "
+        "lacks, a CPU), the next runs, and the run says once where and why. `math` alone: the reference, which "
+        "runs everything (on a CPU the only way to have it, and it takes the place of the CPU's own attention of "
+        "`fast_dropout_masks`). The same attention to float rounding, so the contract holds with each; a "
+        "checkpoint resumes only with its kernel (see finetune.attention_kernel). For a GPU: "
+        "`bench/gpu.sh OUT products apart` times each kernel and the update with cuDNN's.")
     sparse_embedding_grad: bool = setting(True,
         "On one process on a CPU, the word embedding's backward returns only the rows each micro-batch "
         "used, added into a dense gradient buffer that is reused (the same gradient, to float rounding; "

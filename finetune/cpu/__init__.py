@@ -112,11 +112,11 @@ class CpuSpeedups:
 def speedup_settings(training) -> dict:
     """The keyword arguments of :func:`cpu_speedups` and :func:`plan_cpu_speedups` that a ``TrainingConfig`` sets."""
     return {"dropout_masks": training.fast_dropout_masks, "sparse_embedding": training.sparse_embedding_grad,
-            "heap": training.cpu_heap}
+            "heap": training.cpu_heap, "own_attention": training.attention_kernel == "auto"}
 
 
 def plan_cpu_speedups(model, accelerator, *, dropout_masks: bool = True, sparse_embedding: bool = True,
-                      heap: str = "keep", quiet: bool = False) -> CpuSpeedups:
+                      heap: str = "keep", own_attention: bool = True, quiet: bool = False) -> CpuSpeedups:
     """What :func:`cpu_speedups` would switch on for ``model`` on ``accelerator``'s device.
 
     Args:
@@ -126,6 +126,8 @@ def plan_cpu_speedups(model, accelerator, *, dropout_masks: bool = True, sparse_
         sparse_embedding: Allow the sparse word-embedding gradient.
         heap: ``training.cpu_heap``: ``"trim"`` hands free heap memory back after each update,
             ``"release"`` maps large blocks on their own.
+        own_attention: Allow the attention that draws its dropout masks itself (not where
+            ``training.attention_kernel`` asks torch for a kernel).
         quiet: Do not log why the attention stays as it is.
     """
     if heap not in HEAP_SETTINGS:
@@ -138,6 +140,8 @@ def plan_cpu_speedups(model, accelerator, *, dropout_masks: bool = True, sparse_
     if masks:
         configs = sdpa_configs(model)
         reason = attention_switch_unavailable(configs[0]) if configs else "its attention is not sdpa"
+        if reason is None and not own_attention:
+            reason = "training.attention_kernel asks torch for a kernel"
         attention = reason is None
         if configs and reason is not None and not quiet:
             logger.info("cpu speed-ups: attention left as sdpa (%s)", reason)
@@ -249,7 +253,8 @@ def dropout_as_in_training(model, accelerator, training) -> Iterator[bool]:
     Compiled runs keep torch's dropout (:func:`plan_cpu_speedups`).
     """
     plan = plan_cpu_speedups(model, accelerator, dropout_masks=training.fast_dropout_masks and not
-                             training.torch_compile, sparse_embedding=False, quiet=True)
+                             training.torch_compile, sparse_embedding=False,
+                             own_attention=training.attention_kernel == "auto", quiet=True)
     if not plan.dropout_masks:
         yield False
         return
@@ -259,7 +264,8 @@ def dropout_as_in_training(model, accelerator, training) -> Iterator[bool]:
 
 @contextlib.contextmanager
 def cpu_speedups(model, optimizer, accelerator, *, dropout_masks: bool = True,
-                 sparse_embedding: bool = True, heap: str = "keep") -> Iterator[CpuSpeedups]:
+                 sparse_embedding: bool = True, heap: str = "keep", own_attention: bool = True
+                 ) -> Iterator[CpuSpeedups]:
     """Switch on the CPU speed-ups that apply (:func:`plan_cpu_speedups`); all but ``cpu_heap: release`` are undone on exit.
 
     Args:
@@ -269,12 +275,13 @@ def cpu_speedups(model, optimizer, accelerator, *, dropout_masks: bool = True,
         dropout_masks: ``training.fast_dropout_masks``.
         sparse_embedding: ``training.sparse_embedding_grad``.
         heap: ``training.cpu_heap``: ``"keep"``, ``"trim"`` or ``"release"``.
+        own_attention: ``training.attention_kernel`` is ``auto``.
 
     Yields:
         The :class:`CpuSpeedups` in force.
     """
     plan = plan_cpu_speedups(model, accelerator, dropout_masks=dropout_masks, sparse_embedding=sparse_embedding,
-                             heap=heap)
+                             heap=heap, own_attention=own_attention)
     with contextlib.ExitStack() as switches:
         if plan.dropout_masks:
             switches.enter_context(fast_dropout(model, attention=plan.attention))
