@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
 from finetune.accumulation_fusion import fuse_weight_grads
+from finetune.attention_kernel import prefer_attention_kernel
 from finetune.bias_apart import add_biases_apart
 from finetune.config import ModelConfig, OptimConfig
 from finetune.errors import ConfigError
@@ -39,7 +40,7 @@ B = 32
 def _run(b: int, k: int, epochs: int = 2, lr: float = 1e-3, schedule: str = "linear", warmup: int = 1,
          max_grad_norm=None, data=None, mixed_precision="no", log_every: int = 1, sparse_embedding=True,
          heap="keep", checkpointing=False, dropout=0.0, dropout_masks=True, lora_rank=None, collate=pad_collate,
-         model_type="bert", freeze_blocks=None, bias_apart=False, fusion=False):
+         model_type="bert", freeze_blocks=None, bias_apart=False, fusion=False, attention_kernel="auto"):
     from accelerate import Accelerator
     from accelerate.state import AcceleratorState, GradientState
 
@@ -53,6 +54,7 @@ def _run(b: int, k: int, epochs: int = 2, lr: float = 1e-3, schedule: str = "lin
         model, _ = add_lora(model, ModelConfig(lora_rank=lora_rank, lora_dropout=dropout))
     if freeze_blocks is not None:  # the embeddings, and the lowest freeze_blocks blocks (before checkpointing, as setup)
         freeze_bottom(model, freeze_embeddings=True, freeze_blocks=freeze_blocks)
+    prefer_attention_kernel(model, attention_kernel)  # on the outermost model, before checkpointing, as setup_run
     set_gradient_checkpointing(model, checkpointing)
     if bias_apart:
         assert add_biases_apart(model) > 0
@@ -91,7 +93,7 @@ def _run(b: int, k: int, epochs: int = 2, lr: float = 1e-3, schedule: str = "lin
     state = TrainState()
     torch.manual_seed(11)  # dropout's stream starts here in every run
     with cpu_speedups(model, optimizer, acc, sparse_embedding=sparse_embedding, heap=heap,
-                      dropout_masks=dropout_masks):
+                      dropout_masks=dropout_masks, own_attention=attention_kernel == "auto"):
         for epoch in range(epochs):
             train_one_epoch(model, optimizer, scheduler, dl, acc, epoch, state=state, max_grad_norm=max_grad_norm,
                             log_every=log_every, on_log=records.append, on_update=on_update)
@@ -251,6 +253,18 @@ def test_fused_gradient_accumulation_keeps_the_contract_and_the_gradients_in_pla
         assert all(update == run["grads"][0] for update in run["grads"][1:])
         assert all(g[1] for g in run["grads"][0].values() if g is not None)  # zero after each update
     assert all(g is None for update in _run(b=32, k=1, **settings)["grads"] for g in update.values())
+
+
+@pytest.mark.parametrize("lora_rank, checkpointing", [(None, False), (4, True)])
+def test_an_attention_kernel_asked_for_keeps_the_contract(fresh_accelerate_state, lora_rank, checkpointing):
+    """training.attention_kernel: math (torch's choice on a CPU is flash) trains (32, 1)'s weights with (8, 4)
+    after every update, with LoRA's adapters and recomputed blocks too; and the weights of torch's choice, to
+    float rounding (the same attention)."""
+    settings = dict(max_grad_norm=1.0, lora_rank=lora_rank, checkpointing=checkpointing)
+    big = _run(b=32, k=1, attention_kernel="math", **settings)
+    small = _run(b=8, k=4, attention_kernel="math", **settings)
+    _assert_same_weights(big["snapshots"], small["snapshots"])
+    _assert_same_weights(_run(b=8, k=4, **settings)["snapshots"], small["snapshots"])
 
 
 @pytest.mark.parametrize("checkpointing", [False, True])

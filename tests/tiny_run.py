@@ -80,11 +80,14 @@ def tiny_process():
         reset_accelerate()
 
 
-def check_a_layer_setting(root: Path, key: str, layer_class, **sections) -> None:
+def check_a_layer_setting(root: Path, key: str, layer_class=None, value=True, off=False, **sections) -> None:
     """A ``training`` setting that changes how the model's layers run, not what they hold: its run's start line
-    says ``key=on`` (and a plain run's nothing), its saved model is of transformers' own classes and holds the
-    plain run's weights (to training tolerance), and a config without it is refused the run's checkpoints,
-    which stay as they were. ``sections``: more settings, of both runs (the plain one in ``root / "plain"``)."""
+    says ``key=on`` (``key=value`` for a setting that is not a switch; a plain run's nothing), its saved model is
+    of transformers' own classes (none of ``layer_class``) and holds the plain run's weights (to training
+    tolerance), and a config with ``off`` is refused the run's checkpoints, which stay as they were.
+    ``sections``: more settings, of both runs (the plain one in ``root / "plain"``)."""
+    import re
+
     import pytest
     import torch
     from transformers import AutoModelForSequenceClassification
@@ -95,23 +98,24 @@ def check_a_layer_setting(root: Path, key: str, layer_class, **sections) -> None
 
     lines = []
     training = sections.pop("training", {})
-    cfg, _ = fit_tiny_run(root, before_fit=lambda run: lines.append(describe(run)), training={**training, key: True},
+    cfg, _ = fit_tiny_run(root, before_fit=lambda run: lines.append(describe(run)), training={**training, key: value},
                           **sections)
-    assert f" {key}=on " in lines[0]
+    assert f" {key}={'on' if value is True else value} " in lines[0]
     fit_tiny_run(root / "plain", before_fit=lambda run: lines.append(describe(run)), training=training, **sections)
     assert key not in lines[1]
     saved = AutoModelForSequenceClassification.from_pretrained(cfg.output.output_dir)
-    assert not any(isinstance(m, layer_class) for m in saved.modules())  # the class is the run's, not the file's
+    if layer_class is not None:  # the class is the run's, not the file's
+        assert not any(isinstance(m, layer_class) for m in saved.modules())
     reference = AutoModelForSequenceClassification.from_pretrained(root / "plain" / "out")
-    for (name, value), (_, expected) in zip(saved.state_dict().items(), reference.state_dict().items()):
+    for (name, weight), (_, expected) in zip(saved.state_dict().items(), reference.state_dict().items()):
         if name.endswith("attention.self.key.bias"):
             # its true gradient is 0 (softmax ignores a shift every key shares): each run's is rounding noise,
             # which AdamW's normalisation turns into steps of the learning rate's size, different in each run
-            assert value.abs().max() < 1e-3 and expected.abs().max() < 1e-3
+            assert weight.abs().max() < 1e-3 and expected.abs().max() < 1e-3
             continue
-        torch.testing.assert_close(value, expected, rtol=1e-4, atol=1e-6, msg=name)
-    again = tiny_config(root, output={"resume_from": "latest"}, training={key: False})
+        torch.testing.assert_close(weight, expected, rtol=1e-4, atol=1e-6, msg=name)
+    again = tiny_config(root, output={"resume_from": "latest"}, training={key: off})
     before = sorted(p.name for p in (root / "out" / "checkpoints").iterdir())
-    with pytest.raises(ConfigError, match=rf"training.{key}: True -> False"):
+    with pytest.raises(ConfigError, match=re.escape(f"training.{key}: {value!r} -> {off!r}")):
         check_output_dir(again)
     assert sorted(p.name for p in (root / "out" / "checkpoints").iterdir()) == before
