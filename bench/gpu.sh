@@ -147,7 +147,7 @@ part_tests() {
     # GPU_TESTS_K narrows them, as pytest's -k does (the tests of what changed, on a short lease)
     [ -n "${GPU_TESTS_K:-}" ] && select="($GPU_TESTS_K) and $select"
     gpu_tests "$select" ${workers[@]+"${workers[@]}"} tests/test_gpu.py tests/test_cuda_graphs.py \
-        tests/test_gpu_engines.py 2>&1 | tee "$out/tests.log"
+        tests/test_gpu_engines.py tests/test_attention_kernel.py 2>&1 | tee "$out/tests.log"
 }
 part_speed() {
     local status=0

@@ -23,7 +23,9 @@ micro-batch, the captures of CUDA graphs, and the traces of
 ``torch.compile``, which chooses the kernel when it traces (the hooks
 themselves stay out of the compiled code). The backward runs the kernel the
 forward ran: autograd records which. Hooks on the outermost model, since
-PEFT's wrapper calls the inner model's ``forward`` directly. Gradient
+PEFT's wrapper calls the inner model's ``forward`` directly; the CUDA
+graphs' step, which calls the forward function past the hooks, enters it
+itself (:func:`asked_kernel`). Gradient
 checkpointing recomputes each block in the backward, outside the forward:
 its checkpoints get the preference for the recompute too
 (:func:`recompute_context`), or the recompute would run another kernel,
@@ -69,12 +71,12 @@ def prefer_attention_kernel(model: torch.nn.Module, kernel: str) -> None:
         raise ValueError(f"attention kernel must be one of {', '.join(SETTINGS)}, got {kernel!r}")
     if kernel == "auto":
         return
-    order = KERNEL_ORDERS[kernel]
+    model.attention_kernel = kernel
     entered = []  # a stack: a forward inside a forward (a wrapper's) enters and leaves its own
 
     @torch.compiler.disable  # a generator's context cannot be traced across two hooks; run both eagerly
     def enter(module, args, kwargs):
-        preference = sdpa_kernel(order, set_priority=True)
+        preference = asked_kernel(model)
         preference.__enter__()
         entered.append(preference)
 
@@ -84,17 +86,21 @@ def prefer_attention_kernel(model: torch.nn.Module, kernel: str) -> None:
 
     model.register_forward_pre_hook(enter, with_kwargs=True)
     model.register_forward_hook(leave, with_kwargs=True, always_call=True)
-    model.attention_kernel = kernel
+
+
+def asked_kernel(model: torch.nn.Module) -> contextlib.AbstractContextManager:
+    """The kernel ``model`` asks for, for a caller that runs its forward function past the hooks (the CUDA graphs'
+    step, which leaves out Accelerate's wrapper too) to enter around it; nothing where it asks for none."""
+    kernel = getattr(model, "attention_kernel", "auto")
+    return contextlib.nullcontext() if kernel == "auto" else sdpa_kernel(KERNEL_ORDERS[kernel], set_priority=True)
 
 
 def recompute_context(model: torch.nn.Module) -> Optional[Callable[[], tuple]]:
     """The ``context_fn`` of ``torch.utils.checkpoint`` (non-reentrant) that recomputes ``model``'s blocks with
     the kernel its forward asked for; ``None`` where it asks for none."""
-    kernel = getattr(model, "attention_kernel", "auto")
-    if kernel == "auto":
+    if getattr(model, "attention_kernel", "auto") == "auto":
         return None
-    order = KERNEL_ORDERS[kernel]
-    return lambda: (contextlib.nullcontext(), sdpa_kernel(order, set_priority=True))  # the forward has it already
+    return lambda: (contextlib.nullcontext(), asked_kernel(model))  # the forward has it already
 
 
 def kernel_refusal(kernel: str, config, device: torch.device, dtype: torch.dtype, length: int) -> Optional[str]:

@@ -65,6 +65,8 @@ from typing import Callable, Optional
 
 import torch
 
+from finetune.attention_kernel import asked_kernel
+
 logger = logging.getLogger("finetune")
 
 # lengths (graphs) kept at most; each holds its inputs, the pool is shared
@@ -342,7 +344,8 @@ class GraphedMicroBatches:
     def _step(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
         """What a graph holds: forward, the weighted sum of per-sample losses, backward; returns the sum."""
         model_inputs = {key: inputs[key] for key in TOKEN_KEYS if key in inputs}
-        with torch.autocast(self.device.type, dtype=self.dtype, enabled=self.dtype is not None, cache_enabled=False):
+        with torch.autocast(self.device.type, dtype=self.dtype, enabled=self.dtype is not None, cache_enabled=False), \
+                asked_kernel(self.model):  # training.attention_kernel, which the model's hooks would enter
             logits = self.forward(**model_inputs).logits
         per_sample = self.loss_fn(logits.float(), inputs["labels"])
         # where, not a product: a padded row's NaN must not reach the sum

@@ -22,6 +22,7 @@ from torch.utils.data import DataLoader
 from transformers import BertForSequenceClassification
 
 from finetune.accumulation_fusion import fuse_weight_grads
+from finetune.attention_kernel import prefer_attention_kernel
 from finetune.bias_apart import add_biases_apart
 from finetune.config import OptimConfig, config_from_dict
 from finetune.cuda_graphs import GraphedMicroBatches, record_cuda_graph, rerun_eagerly, why_not_graphed
@@ -81,11 +82,12 @@ class RefusingRecorder(CountingRecorder):
 
 def _train(device: str, graphed: bool, epochs: int = 2, host_reading: bool = False, model_type: str = "bert",
            dropout: float = 0.0, compiled: bool | str = False, capture: bool = True, bias_apart: bool = False,
-           fusion: bool = False) -> dict:
+           fusion: bool = False, attention_kernel: str = "auto") -> dict:
     """``(4, 3)`` on a tiny model (BERT by default) for ``epochs``, eagerly or replayed (``compiled``:
     ``training.torch_compile``, the graphs' forward compiled, or the blocks under ``"blocks"``; ``capture=False``:
     fixed shapes without graphs, on any device; ``bias_apart``: ``training.bias_apart``; ``fusion``:
-    ``training.gradient_accumulation_fusion``); the weights after every update. Each run starts its random streams
+    ``training.gradient_accumulation_fusion``; ``attention_kernel``: ``training.attention_kernel``); the weights
+    after every update. Each run starts its random streams
     (dropout's) from the same seed."""
     from accelerate import Accelerator
 
@@ -98,6 +100,7 @@ def _train(device: str, graphed: bool, epochs: int = 2, host_reading: bool = Fal
         add_biases_apart(model)
     if fusion:
         fuse_weight_grads(model)
+    prefer_attention_kernel(model, attention_kernel)
     if compiled == "blocks":
         compile_model(model, "blocks")
     opt_cfg = OptimConfig(learning_rate=1e-3, warmup_steps=1)
@@ -245,6 +248,25 @@ def test_fused_weight_gradients_replay_to_their_unreplayed_weights(device, compi
     first = replayed["grads"][0]
     assert all(all(g is h for g, h in zip(first, update)) for update in replayed["grads"][1:])  # never replaced
     assert not torch.equal(replayed["snapshots"][0][5], replayed["snapshots"][-1][5])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_the_attention_kernel_asked_for_is_captured_and_replays_to_its_unreplayed_weights(device):
+    """``training.attention_kernel`` inside the graphs: the capture records the kernel asked for (math on a CPU,
+    where torch takes flash; the memory-efficient kernel on a GPU in fp32, where torch takes flash for what it
+    can), and the replays train the weights of the same steps without graphs."""
+    kernel, op = (("math", "aten::_scaled_dot_product_attention_math") if device == "cpu"
+                  else ("efficient", "aten::_scaled_dot_product_efficient_attention"))
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
+        replayed = _train(device, graphed=True, attention_kernel=kernel)
+    ran = {event.name for event in profile.events() if "scaled_dot_product" in event.name}
+    assert replayed["recorder"].captures == len(replayed["graphs"].graphs) > 1
+    assert op in ran and not any("flash" in name for name in ran)
+    reference = (_train(device, graphed=False, attention_kernel=kernel) if device == "cpu"
+                 else _train(device, graphed=True, capture=False, attention_kernel=kernel))
+    for update, (a, b) in enumerate(zip(reference["snapshots"], replayed["snapshots"])):
+        for pa, pb in zip(a, b):
+            torch.testing.assert_close(pb, pa, rtol=1e-5, atol=1e-6, msg=lambda m: f"update {update + 1}: {m}")
 
 
 def _unpadded_micro_batch(device: str = "cpu") -> dict[str, torch.Tensor]:

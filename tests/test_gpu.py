@@ -35,9 +35,9 @@ N = 76  # b=8: 10 micro-batches, the last holding 4; k=4: windows of 4, 4 and 2 
 
 
 def _train(b: int, k: int, mixed_precision: str = "no", epochs: int = 2, lr: float = 1e-3, implementation="auto",
-           kwargs_handlers=None, fusion: bool = False):
+           kwargs_handlers=None, fusion: bool = False, attention_kernel: str = "auto"):
     """Train the tiny BERT on the GPU; record weights after and the gradient applied at every update
-    (``fusion``: ``training.gradient_accumulation_fusion``)."""
+    (``fusion``: ``training.gradient_accumulation_fusion``; ``attention_kernel``: ``training.attention_kernel``)."""
     from accelerate import Accelerator
 
     from finetune.config import OptimConfig
@@ -54,6 +54,9 @@ def _train(b: int, k: int, mixed_precision: str = "no", epochs: int = 2, lr: flo
         from finetune.accumulation_fusion import fuse_weight_grads
 
         fuse_weight_grads(model)
+    from finetune.attention_kernel import prefer_attention_kernel
+
+    prefer_attention_kernel(model, attention_kernel)
     opt_cfg = OptimConfig(learning_rate=lr, lr_scheduler_type="linear", warmup_steps=1, weight_decay=0.01,
                           implementation=implementation)
     optimizer = build_optimizer(model, opt_cfg, device=acc.device)
@@ -134,6 +137,18 @@ def test_fused_weight_gradients_keep_the_contract_in_fp32_and_bf16():
           f"gradient: fused {['%.1e' % e for e in fused]}, autograd's {['%.1e' % e for e in plain]}")
     assert len(fused) == 6 and max(fused) < 2e-2, fused
     assert ways and ways <= {"addmm", "mm", "upcast"}
+
+
+def test_cudnns_attention_keeps_the_contract_in_bf16():
+    """``training.attention_kernel: cudnn`` (a 16-bit kernel: bf16 is where it runs, tests/test_attention_kernel.py
+    checks that it does) applies the big batch's gradient within the bf16 tolerance above; each update's error
+    printed beside torch's own choice's for the GPU check's log."""
+    cudnn = [_relative_error(s, b) for s, b in zip(_train(8, 4, "bf16", attention_kernel="cudnn")["grads"],
+                                                   _train(32, 1, "bf16", attention_kernel="cudnn")["grads"])]
+    plain = [_relative_error(s, b) for s, b in zip(_train(8, 4, "bf16")["grads"], _train(32, 1, "bf16")["grads"])]
+    print(f"\nattention_kernel=cudnn: (8, 4) against (32, 1) in bf16, each update's gradient: "
+          f"cudnn {['%.1e' % e for e in cudnn]}, torch's choice {['%.1e' % e for e in plain]}")
+    assert len(cudnn) == 6 and max(cudnn) < 2e-2, cudnn
 
 
 @pytest.mark.parametrize("implementation", ["fused", "for_loop"])
