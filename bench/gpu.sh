@@ -50,11 +50,12 @@
 #            true) and each block (blocks), against the Trainer and the uncompiled graphs over a longer run
 #            (GPU_COMPILE_STEPS updates, default 120; one repeat), each run compiling into an empty cache:
 #            the compile's cold start and the steady rate after it, so how long a run must be for each to pay
-#   apart    training.gradient_accumulation_fusion, training.bias_apart, both (with compiled blocks), and
-#            DISABLE_ADDMM_CUDA_LT=1 in the environment, against none, in the default (micro-batches replayed
-#            from CUDA graphs) and with compiled blocks, and the Trainer (GPU_COMPILE_STEPS updates, one repeat,
-#            empty caches): whether weight gradients added by their products, the products without their
-#            biases, or addmm kept off cuBLASLt, lift the package's steady MFU in place
+#   apart    training.attention_kernel=cudnn, training.gradient_accumulation_fusion, training.bias_apart, the
+#            three together, the last two together, and DISABLE_ADDMM_CUDA_LT=1 in the environment, against
+#            none, with compiled blocks first, then in the default (micro-batches replayed from CUDA graphs)
+#            (GPU_COMPILE_STEPS updates, one repeat, empty caches): whether cuDNN's attention, weight gradients
+#            added by their products, the products without their biases, or addmm kept off cuBLASLt, lift the
+#            package's steady MFU in place
 #   autotune compiled blocks with inductor's max-autotune (without its own graphs: the package captures) against
 #            the default compile, both replayed from CUDA graphs, and the Trainer (GPU_COMPILE_STEPS updates, one
 #            repeat, empty caches): whether autotuned matrix products and fused epilogues lift the steady MFU,
@@ -205,8 +206,13 @@ part_compile() {
     compiled_runs compile "=bbc/trainer,=bbc/ours,=bbc/ours compiled graphs,=bbc/ours compiled blocks graphs"
 }
 part_apart() {
-    local ours="=bbc/ours compiled blocks graphs"
-    compiled_runs apart "=bbc/trainer,=bbc/ours,=bbc/ours fusion,=bbc/ours bias apart,$ours,$ours fusion,$ours bias apart fusion,$ours bias apart,=bbc/ours addmm without cublaslt,$ours addmm without cublaslt"
+    # in bench/run.py's order: the two arms without a lever, each lever on compiled blocks, then on the graphed
+    # default, then ATen's switch (no Trainer: MFU is the question here, and the speed part has its ratio)
+    local ours="=bbc/ours compiled blocks graphs" arms="=bbc/ours,=bbc/ours compiled blocks graphs" lever
+    for lever in "all levers" "cudnn attention" "fusion" "bias apart fusion" "bias apart" "addmm without cublaslt"; do
+        arms+=",$ours $lever,=bbc/ours $lever"
+    done
+    compiled_runs apart "$arms"
 }
 part_autotune() {
     compiled_runs autotune "=bbc/trainer,=bbc/ours compiled blocks graphs,=bbc/ours compiled blocks autotuned graphs"

@@ -165,26 +165,28 @@ def main_jobs(s: Settings, trainer_k1: bool) -> list[Job]:
                 Job(f"{dataset}/ours compiled blocks graphs", blocks,
                     label=f"finetune, each block compiled, replayed from CUDA graphs, b={b} k={k}"),
             ]
-            # training.gradient_accumulation_fusion: each weight gradient added into fp32 by its product, two
-            # kernels fewer per weight and micro-batch; training.bias_apart: each linear layer's product without
-            # its bias, where cuBLAS's addmm picks a slower kernel (the bias a kernel of its own in the graphed
-            # default, fused by inductor into the element-wise kernel after it in compiled blocks); both; and
-            # ATen's own switch that keeps addmm off cuBLASLt. The settings first, the switch last: a part cut by
-            # its time limit keeps the arms it finished
+            # The levers on the fastest arm first (compiled blocks), then on the graphed default, a part cut by
+            # its time limit keeping the arms it finished: training.attention_kernel=cudnn, the one kernel torch
+            # never picks and one that takes the mask the graphs keep; training.gradient_accumulation_fusion,
+            # each weight gradient added into fp32 by its product, two kernels fewer per weight and micro-batch;
+            # training.bias_apart, each linear layer's product without its bias, where cuBLAS's addmm picks a
+            # slower kernel (the bias a kernel of its own in the graphed default, fused by inductor into the
+            # element-wise kernel after it in compiled blocks); all three together first; and ATen's own switch
+            # that keeps addmm off cuBLASLt last
             fusion, apart = "training.gradient_accumulation_fusion=true", "training.bias_apart=true"
-            both = ((base, f"{dataset}/ours", "finetune"),
-                    (blocks, f"{dataset}/ours compiled blocks graphs", "finetune, each block compiled,"))
-            for arm, name, way in both:
-                jobs += [
-                    Job(f"{name} fusion", replace(arm, overrides=arm.overrides + [fusion]),
-                        label=f"{way} weight gradients added by their products "
-                              f"(training.gradient_accumulation_fusion=true), b={b} k={k}"),
-                    Job(f"{name} bias apart fusion", replace(arm, overrides=arm.overrides + [apart, fusion]),
-                        label=f"{way} with its biases apart and weight gradients added by their products, "
-                              f"b={b} k={k}"),
-                    Job(f"{name} bias apart", replace(arm, overrides=arm.overrides + [apart]),
-                        label=f"{way} with its biases apart (training.bias_apart=true), b={b} k={k}"),
-                ]
+            cudnn = "training.attention_kernel=cudnn"
+            levers = (("all levers", [apart, fusion, cudnn], "with its biases apart, weight gradients added by their "
+                       "products and cuDNN's attention"),
+                      ("cudnn attention", [cudnn], f"asking for cuDNN's attention ({cudnn})"),
+                      ("fusion", [fusion], f"weight gradients added by their products ({fusion})"),
+                      ("bias apart fusion", [apart, fusion], "with its biases apart and weight gradients added by "
+                       "their products"),
+                      ("bias apart", [apart], f"with its biases apart ({apart})"))
+            both = ((blocks, f"{dataset}/ours compiled blocks graphs", "finetune, each block compiled,"),
+                    (base, f"{dataset}/ours", "finetune"))
+            jobs += [Job(f"{name} {lever}", replace(arm, overrides=arm.overrides + settings),
+                         label=f"{way} {what}, b={b} k={k}")
+                     for arm, name, way in both for lever, settings, what in levers]
             jobs += [Job(f"{name} addmm without cublaslt", replace(arm, env={**arm.env, **ADDMM_WITHOUT_LT_ENV}),
                          label=f"{way} addmm kept off cuBLASLt (DISABLE_ADDMM_CUDA_LT=1), b={b} k={k}")
                      for arm, name, way in both]

@@ -6,7 +6,8 @@ it); its steps run in the order that fails cheapest first::
     batching (b, k by epoch, P)      resolve_batching, once: every later step reads it
     tokenizer, model config          before the data is read: a bad model path fails at once
     data, model, what it trains      dataloaders.load_data, modeling.load_model_reporting,
-                                     modeling.choose_trained_weights (LoRA adapters, frozen layers, or all)
+                                     modeling.choose_trained_weights (LoRA adapters, frozen layers, or all),
+                                     modeling.set_attention_kernel (training.attention_kernel)
     metrics, task                    metric_suite, build_task
     tokens                           dataloaders.tokenize_data (cached), cut as data.truncation says
     micro-batch, memory              autobatch.fit_in_memory: under auto the same B, a smaller b, a larger k,
@@ -135,10 +136,9 @@ def setup_run(cfg: Config, accelerator=None, batching: Optional[Batching] = None
     """
     from accelerate.utils import set_seed
 
-    from finetune.attention_kernel import apply_attention_kernel
     from finetune.data import content_sha256
     from finetune.modeling import (check_compiler, choose_trained_weights, load_model_config,
-                                   load_model_reporting, load_tokenizer, set_forward)
+                                   load_model_reporting, load_tokenizer, set_attention_kernel, set_forward)
 
     accelerator = accelerator or build_accelerator(cfg)
     batching = check_batching(cfg, accelerator, batching)
@@ -152,7 +152,7 @@ def setup_run(cfg: Config, accelerator=None, batching: Optional[Batching] = None
     model, new_head = load_model_reporting(cfg.model, labels.id2label, max_length=cfg.data.max_length)
     head_start = start_regression_head(cfg.model, model, new_head, splits["train"])
     model, lora, frozen = choose_trained_weights(model, cfg.model, accelerator)  # before the memory plan
-    apply_attention_kernel(model, cfg.training.attention_kernel, accelerator, cfg.data.max_length)  # and this
+    set_attention_kernel(model, cfg.training, accelerator, cfg.data.max_length)  # before the plan measures it
     metrics = metric_suite(cfg, labels, splits["train"])
     task = build_task(cfg, labels, splits, device=accelerator.device)
     start_thresholds(model.config, labels, cfg.evaluation.threshold)

@@ -14,7 +14,6 @@ from finetune import hub
 from finetune.config import ModelConfig
 from finetune.errors import ConfigError, ModelError
 from finetune.load_reports import held_load_report, new_head_of, show
-from finetune.outputs import what_the_folder_holds_instead
 from finetune.resources import (PACKAGED_HUB_MODELS, is_package_path, model_location, near_names, package_of,
                                 package_version)
 from finetune.truncation import position_limit
@@ -268,6 +267,14 @@ def _compiler_missing(device) -> Optional[str]:
     return None
 
 
+def set_attention_kernel(model, training, accelerator, max_length: int) -> None:
+    """``training.attention_kernel`` asked for by ``model`` in place (see :mod:`finetune.attention_kernel`), and
+    where it will not run said once. Before the memory plan, which then measures the kernel training runs."""
+    from finetune.attention_kernel import apply_attention_kernel
+
+    apply_attention_kernel(model, training.attention_kernel, accelerator, max_length)
+
+
 def set_forward(model, training, accelerator=None) -> None:
     """How ``model``'s forward runs, set in place: ``training.bias_apart``, then
     ``training.gradient_accumulation_fusion`` where ``accelerator``'s processes allow it (said once where they
@@ -356,19 +363,6 @@ def model_name(name_or_path: str) -> str:
         dist, inner = package_of(name_or_path)
         return f"{inner} of the Python package {dist} {package_version(dist)}"
     return f"the local model {Path(name_or_path).expanduser().resolve().name}"
-
-
-def require_saved_model(path: str | Path, flag: Optional[str] = None) -> Path:
-    """``path`` as a folder holding a saved model (a run's output folder); ``flag``, the option that named it.
-
-    Raises:
-        ModelError: if there is no ``config.json`` in it, naming ``flag`` before the folder.
-    """
-    path = Path(path)
-    if not (path / "config.json").is_file():
-        raise ModelError(f"{flag + ' ' if flag else ''}{path}: no model here (no config.json); pass a run's "
-                         f"output_dir", hint=what_the_folder_holds_instead(path))
-    return path
 
 
 def _why_not_loaded(location: str, exc: BaseException) -> str:

@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-from finetune.errors import ConfigError
+from finetune.errors import ConfigError, ModelError
 
 logger = logging.getLogger("finetune")
 
@@ -60,6 +60,19 @@ def is_run_folder(folder: Path) -> bool:
     """Whether ``folder`` is a run's output folder: its ``config.yaml`` beside its log, checkpoints or lock."""
     return (folder / CONFIG_FILE).is_file() and any((folder / name).exists()
                                                     for name in (LOG_FILE, CHECKPOINTS_DIR, LOCK_FILE))
+
+
+def require_saved_model(path: str | Path, flag: Optional[str] = None) -> Path:
+    """``path`` as a folder holding a saved model (a run's output folder); ``flag``, the option that named it.
+
+    Raises:
+        ModelError: if there is no ``config.json`` in it, naming ``flag`` before the folder.
+    """
+    path = Path(path)
+    if not (path / "config.json").is_file():
+        raise ModelError(f"{flag + ' ' if flag else ''}{path}: no model here (no config.json); pass a run's "
+                         f"output_dir", hint=what_the_folder_holds_instead(path))
+    return path
 
 
 def what_the_folder_holds_instead(folder: Path) -> Optional[str]:

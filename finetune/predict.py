@@ -124,7 +124,7 @@ class Predictor:
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
         from finetune.lora import is_adapter_checkpoint, load_adapter_checkpoint
-        from finetune.modeling import require_saved_model
+        from finetune.outputs import require_saved_model
 
         path = require_saved_model(output_dir)
         cfg = saved_config(path)

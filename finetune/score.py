@@ -173,7 +173,7 @@ def model_labels(output_dir: str | os.PathLike) -> tuple[list[str], str]:
     """
     from transformers import AutoConfig
 
-    from finetune.modeling import require_saved_model
+    from finetune.outputs import require_saved_model
     from finetune.tasks import label_names, problem_type_of
 
     config = AutoConfig.from_pretrained(require_saved_model(output_dir))
@@ -367,7 +367,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def run(args: argparse.Namespace) -> Score:
     """Check the arguments, score, print and write the outputs."""
-    from finetune.modeling import require_saved_model
+    from finetune.outputs import require_saved_model
     from finetune.outputs import json_ready, refuse_a_run_file
     from finetune.resources import data_name, data_path, file_name
 

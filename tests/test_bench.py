@@ -495,9 +495,10 @@ def test_the_gpu_check_runs_the_parts_asked_for_and_goes_on_past_a_failing_one(t
     compile_run, apart_run, autotune_run = [c for c in calls if c.startswith("bench/run.py")][-3:]
     assert "--bbc-steps 120 --repeats 1 --graphs --only =bbc/trainer,=bbc/ours,=bbc/ours compiled graphs," in compile_run
     blocks = "=bbc/ours compiled blocks graphs"
-    assert ("--bbc-steps 120 --repeats 1 --graphs --only =bbc/trainer,=bbc/ours,=bbc/ours fusion,=bbc/ours bias apart,"
-            f"{blocks},{blocks} fusion,{blocks} bias apart fusion,{blocks} bias apart,"
-            f"=bbc/ours addmm without cublaslt,{blocks} addmm without cublaslt --out " + str(work / "apart")) in apart_run
+    levers = ("all levers", "cudnn attention", "fusion", "bias apart fusion", "bias apart", "addmm without cublaslt")
+    assert ("--bbc-steps 120 --repeats 1 --graphs --only =bbc/ours,=bbc/ours compiled blocks graphs,"
+            + ",".join(f"{blocks} {lever},=bbc/ours {lever}" for lever in levers)
+            + " --out " + str(work / "apart")) in apart_run
     assert ("--bbc-steps 120 --repeats 1 --graphs --only =bbc/trainer,=bbc/ours compiled blocks graphs,"
             "=bbc/ours compiled blocks autotuned graphs --out " + str(work / "autotune")) in autotune_run
 
@@ -704,20 +705,23 @@ def test_the_gpu_checks_default_arms_leave_out_the_compiled_graphs_whose_compile
     apart = every["bbc/ours compiled blocks graphs bias apart"].spec
     assert apart.overrides == blocks.overrides + ["training.bias_apart=true"] and apart.env == blocks.env
     assert every["bbc/ours bias apart"].spec.overrides == every["bbc/ours"].spec.overrides + ["training.bias_apart=true"]
-    # the fusion's arms: the default's and the compiled blocks' with training.gradient_accumulation_fusion on, and
-    # with the biases apart as well, nothing else changed; before the biases' arms, so that a part cut short by
-    # its time limit has measured them first
-    fusion = "training.gradient_accumulation_fusion=true"
-    for plain in ("bbc/ours", "bbc/ours compiled blocks graphs"):
-        assert every[f"{plain} fusion"].spec.overrides == every[plain].spec.overrides + [fusion]
-        assert every[f"{plain} bias apart fusion"].spec.overrides == every[plain].spec.overrides + [
-            "training.bias_apart=true", fusion]
-        assert every[f"{plain} fusion"].spec.env == every[plain].spec.env
-    names = list(every)
-    assert names.index("bbc/ours compiled blocks graphs bias apart fusion") < names.index(
-        "bbc/ours addmm without cublaslt")
-    assert all(names.index(f"{plain} fusion") < names.index(f"{plain} bias apart")
-               for plain in ("bbc/ours", "bbc/ours compiled blocks graphs"))
+    # each lever's arm is the default's and the compiled blocks' with its settings, nothing else changed; the
+    # compiled blocks' levers first, all three together leading, ATen's switch last, so that a part cut short by
+    # its time limit has measured what decides the MFU first
+    levers = {"all levers": ["training.bias_apart=true", "training.gradient_accumulation_fusion=true",
+                             "training.attention_kernel=cudnn"],
+              "cudnn attention": ["training.attention_kernel=cudnn"],
+              "fusion": ["training.gradient_accumulation_fusion=true"],
+              "bias apart fusion": ["training.bias_apart=true", "training.gradient_accumulation_fusion=true"],
+              "bias apart": ["training.bias_apart=true"]}
+    plains = ("bbc/ours compiled blocks graphs", "bbc/ours")
+    for plain in plains:
+        for lever, settings in levers.items():
+            assert every[f"{plain} {lever}"].spec.overrides == every[plain].spec.overrides + settings
+            assert every[f"{plain} {lever}"].spec.env == every[plain].spec.env
+    order = [f"{plain} {lever}" for plain in plains for lever in levers]
+    order += [f"{plain} addmm without cublaslt" for plain in plains]
+    assert [name for name in every if name in order] == order
     # and ATen's switch in the environment alone, of the default and of the compiled blocks' arm
     for name, plain in (("bbc/ours addmm without cublaslt", "bbc/ours"),
                         ("bbc/ours compiled blocks graphs addmm without cublaslt", "bbc/ours compiled blocks graphs")):
