@@ -157,9 +157,19 @@ def say_refusal(kernel: str, refusal: Optional[str]) -> None:
 
 def apply_attention_kernel(model: torch.nn.Module, kernel: str, accelerator, length: int) -> None:
     """``training.attention_kernel`` on ``model``, in place, and where it will not run said once (the main
-    process), for micro-batches of up to ``length`` tokens in ``accelerator``'s precision on its device."""
+    process), for micro-batches of up to ``length`` tokens in ``accelerator``'s precision on its device. A model
+    whose attention is not torch's (MPNet's, DeBERTa's own) is left as it is, and the run says so."""
+    if kernel == "auto":
+        return
+    # transformers' name for the attention a model runs; a release without it is taken to run torch's
+    implementation = getattr(model.config, "_attn_implementation", None) or "sdpa"
+    if implementation != "sdpa":
+        if accelerator.is_main_process:
+            logger.warning("training.attention_kernel: %s has no effect: the model's attention is %r, not torch's "
+                           "scaled_dot_product_attention", kernel, implementation)
+        return
     prefer_attention_kernel(model, kernel)
-    if kernel == "auto" or not accelerator.is_main_process:
+    if not accelerator.is_main_process:
         return
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(str(accelerator.mixed_precision), torch.float32)
     say_refusal(kernel, kernel_refusal(kernel, model.config, accelerator.device, dtype, length))

@@ -407,7 +407,8 @@ class TrainingConfig:
         "`efficient` first, then torch's order: where the kernel refuses a micro-batch (a GPU or head size it "
         "lacks, a CPU), the next runs, and the run says once where and why. `math` alone: the reference, which "
         "runs everything (on a CPU the only way to have it, and it takes the place of the CPU's own attention of "
-        "`fast_dropout_masks`). The same attention to float rounding, so the contract holds with each; a "
+        "`fast_dropout_masks`). A model whose attention is its own (MPNet's, DeBERTa's) is left as it is, said "
+        "once. The same attention to float rounding, so the contract holds with each; a "
         "checkpoint resumes only with its kernel (see finetune.attention_kernel). For a GPU: "
         "`bench/gpu.sh OUT products apart` times each kernel and the update with cuDNN's.")
     sparse_embedding_grad: bool = setting(True,

@@ -145,7 +145,8 @@ def _where(run: Run) -> str:
     compiled = f" torch_compile={str(training.torch_compile).lower()}" if training.torch_compile else ""
     apart = " bias_apart=on" if training.bias_apart else ""
     fusion = " gradient_accumulation_fusion=on" if getattr(run.model, "fused_weight_grads", 0) else ""
-    kernel = f" attention_kernel={training.attention_kernel}" if training.attention_kernel != "auto" else ""
+    asked = getattr(acc.unwrap_model(run.model), "attention_kernel", None)  # where the model's attention takes it
+    kernel = f" attention_kernel={asked}" if asked else ""
     return (f"processes={acc.num_processes} backend={backend}{engine} device={acc.device}{threads}{memory}{graphs}"
             f"{compiled}{apart}{fusion}{kernel}"
             f"{' ' + speedups if speedups else ''} workers={run.train_dataloader.num_workers} micro-batches={cut}")

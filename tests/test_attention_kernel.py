@@ -159,6 +159,18 @@ def test_the_run_says_a_refusal_once_on_its_main_process(caplog):
     assert FLASH_CPU in _attention_ops(model)  # torch's next choice: training goes on
 
 
+def test_a_model_whose_attention_is_its_own_is_left_as_it_is_and_the_run_says_so(caplog):
+    from helpers import tiny_model
+
+    model = tiny_model("mpnet", num_labels=2)  # transformers runs MPNet's attention itself
+    with caplog.at_level(logging.WARNING, logger="finetune"):
+        apply_attention_kernel(model, "math", SimpleNamespace(is_main_process=True), 32)
+    assert [r.getMessage() for r in caplog.records] == [
+        "training.attention_kernel: math has no effect: the model's attention is 'eager', not torch's "
+        "scaled_dot_product_attention"]
+    assert not hasattr(model, "attention_kernel") and not model._forward_pre_hooks
+
+
 def test_an_unknown_kernel_is_refused_naming_the_key():
     from finetune.errors import ConfigError
     from finetune.config import config_from_dict
