@@ -13,6 +13,7 @@ capture real graphs (``bench/gpu.sh`` runs them).
 from __future__ import annotations
 
 import logging
+import math
 from types import SimpleNamespace
 from unittest import mock
 
@@ -82,16 +83,16 @@ class RefusingRecorder(CountingRecorder):
 
 def _train(device: str, graphed: bool, epochs: int = 2, host_reading: bool = False, model_type: str = "bert",
            dropout: float = 0.0, compiled: bool | str = False, capture: bool = True, bias_apart: bool = False,
-           fusion: bool = False, attention_kernel: str = "auto") -> dict:
+           fusion: bool = False, attention_kernel: str = "auto", precision: str = "no") -> dict:
     """``(4, 3)`` on a tiny model (BERT by default) for ``epochs``, eagerly or replayed (``compiled``:
     ``training.torch_compile``, the graphs' forward compiled, or the blocks under ``"blocks"``; ``capture=False``:
     fixed shapes without graphs, on any device; ``bias_apart``: ``training.bias_apart``; ``fusion``:
-    ``training.gradient_accumulation_fusion``; ``attention_kernel``: ``training.attention_kernel``); the weights
-    after every update. Each run starts its random streams
+    ``training.gradient_accumulation_fusion``; ``attention_kernel``: ``training.attention_kernel``; ``precision``:
+    ``"bf16"`` for autocast); the weights after every update. Each run starts its random streams
     (dropout's) from the same seed."""
     from accelerate import Accelerator
 
-    acc = Accelerator(cpu=device == "cpu", gradient_accumulation_steps=K)
+    acc = Accelerator(cpu=device == "cpu", gradient_accumulation_steps=K, mixed_precision=precision)
     model = (tiny_bert(seed=0, dropout=dropout) if model_type == "bert"
              else tiny_model(model_type, num_labels=2, dropout=dropout))
     if host_reading:
@@ -113,8 +114,8 @@ def _train(device: str, graphed: bool, epochs: int = 2, host_reading: bool = Fal
     recorder = (RefusingRecorder(device) if host_reading and device == "cpu"
                 else CountingRecorder(device if capture else "cpu"))
     graphs = GraphedMicroBatches(model, Task().per_sample_loss, rows=B_MICRO, lengths=LENGTHS,
-                                 pad_token_id=model.config.pad_token_id or 0, recorder=recorder,
-                                 compiled=compiled) if graphed else None
+                                 pad_token_id=model.config.pad_token_id or 0, precision=precision,
+                                 recorder=recorder, compiled=compiled) if graphed else None
     snapshots, records, grads, input_memory = [], [], [], []
 
     def on_update(state):
@@ -267,6 +268,30 @@ def test_the_attention_kernel_asked_for_is_captured_and_replays_to_its_unreplaye
     for update, (a, b) in enumerate(zip(reference["snapshots"], replayed["snapshots"])):
         for pa, pb in zip(a, b):
             torch.testing.assert_close(pb, pa, rtol=1e-5, atol=1e-6, msg=lambda m: f"update {update + 1}: {m}")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (bench/gpu.sh)")
+@pytest.mark.parametrize("compiled", [False, "blocks"])
+def test_cudnns_attention_with_dropout_is_captured_in_bf16(compiled):
+    """``training.attention_kernel: cudnn`` where it runs, bf16 with BERT's dropout, eager or compiled blocks: every
+    length is captured (none refused), the capture records cuDNN's kernel where the check says it takes the
+    job's attention, and training moves the weights with finite losses. Printed for the GPU check's log."""
+    from finetune.attention_kernel import kernel_refusal
+
+    torch._dynamo.reset()
+    refusal = kernel_refusal("cudnn", tiny_bert(dropout=0.1).config, torch.device("cuda"), torch.bfloat16,
+                             max(LENGTHS))
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
+        replayed = _train("cuda", graphed=True, compiled=compiled, dropout=0.1, attention_kernel="cudnn",
+                          precision="bf16")
+    ran = sorted({event.name for event in profile.events() if "dot_product" in event.name})
+    print(f"\ncudnn attention, bf16, dropout 0.1, compiled={compiled}: refusal {refusal!r}; captured {ran}")
+    record = replayed["graphs"].record()
+    assert record["refused"] is None and replayed["recorder"].captures == len(record["lengths"]) > 1
+    assert any("cudnn" in name for name in ran) == (refusal is None)
+    assert all(math.isfinite(r["train/loss"]) for r in replayed["records"])
+    assert not torch.equal(replayed["snapshots"][0][5], replayed["snapshots"][-1][5])
 
 
 def _unpadded_micro_batch(device: str = "cpu") -> dict[str, torch.Tensor]:
