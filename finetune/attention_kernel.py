@@ -2,7 +2,7 @@
 
 transformers' ``sdpa`` attention calls ``scaled_dot_product_attention``,
 which runs the first kernel in its order whose constraints a call's inputs
-meet: flash, memory-efficient, math, cuDNN. Flash takes no mask, so a padded
+meet; torch's default order is flash, memory-efficient, math, cuDNN. Flash takes no mask, so a padded
 micro-batch (and every micro-batch the CUDA graphs replay, which keep their
 mask) runs the memory-efficient kernel; cuDNN's, which takes a mask and
 dropout, comes after math, which takes everything, so torch never runs it.
@@ -24,12 +24,12 @@ micro-batch, the captures of CUDA graphs, and the traces of
 themselves stay out of the compiled code). The backward runs the kernel the
 forward ran: autograd records which. Hooks on the outermost model, since
 PEFT's wrapper calls the inner model's ``forward`` directly; the CUDA
-graphs' step, which calls the forward function past the hooks, enters it
-itself (:func:`asked_kernel`). Gradient
-checkpointing recomputes each block in the backward, outside the forward:
-its checkpoints get the preference for the recompute too
-(:func:`recompute_context`), or the recompute would run another kernel,
-which saves other tensors, and torch's check of the recompute would fail.
+graphs' step, which calls the forward function past the hooks, enters the
+preference itself (:func:`asked_kernel`). Gradient checkpointing recomputes
+each block in the backward, outside the forward: its checkpoints get the
+preference for the recompute too (:func:`recompute_context`), or the
+recompute would run another kernel, which saves other tensors, and torch's
+check of the recompute would fail.
 
 A kernel is a way to compute the same attention: the accumulation contract
 holds with any of them, to the float rounding each kernel has. Changing it
@@ -115,7 +115,9 @@ def kernel_refusal(kernel: str, config, device: torch.device, dtype: torch.dtype
         return None
     heads = config.num_attention_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-    dropout = float(getattr(config, "attention_probs_dropout_prob", 0.0) or 0.0)
+    # BERT's name, and DistilBERT's and ModernBERT's
+    dropout = next((float(getattr(config, name) or 0.0) for name in ("attention_probs_dropout_prob",
+                                                                    "attention_dropout") if hasattr(config, name)), 0.0)
     query = torch.zeros(1, heads, length, head_dim, device=device, dtype=dtype, requires_grad=True)
     mask = torch.ones(1, 1, length, length, device=device, dtype=torch.bool)
     mask[..., length - max(1, length // 4):] = False  # the last quarter is padding
@@ -135,10 +137,14 @@ def _refusal(kernel: str, query: torch.Tensor, mask: Optional[torch.Tensor], dro
             with sdpa_kernel(KERNEL_ORDERS[kernel][0]):
                 torch.nn.functional.scaled_dot_product_attention(query, query, query, attn_mask=mask,
                                                                  dropout_p=dropout)
-        except RuntimeError:
+        except RuntimeError as exc:
             reasons = [_first_line(str(w.message)) for w in caught]
             reasons = [r for r in reasons if r and not r.endswith("because:")]  # headings of the lines after them
-            return "; ".join(dict.fromkeys(reasons)) or f"torch has no {kernel} kernel for a {query.device.type}"
+            if reasons:
+                return "; ".join(dict.fromkeys(reasons))
+            if query.device.type == "cpu":  # cuDNN's and the memory-efficient kernel are CUDA's
+                return f"torch has no {kernel} kernel for a cpu"
+            return _first_line(str(exc))
     return None
 
 

@@ -93,7 +93,7 @@ def test_the_probe_counts_the_dropout_masks_training_will_save(compiled):
     from finetune.cpu.dropout import attention_switch_unavailable, fast_dropout
 
     model, make = tiny_bert(dropout=0.1).train(), _batches()
-    training = SimpleNamespace(fast_dropout_masks=True, torch_compile=compiled)
+    training = SimpleNamespace(fast_dropout_masks=True, torch_compile=compiled, attention_kernel="auto")
     torch_dropout = measure_activations(model, make, _CpuAccelerator())
     with dropout_as_in_training(model, _CpuAccelerator(), training) as switched:
         as_trained = measure_activations(model, make, _CpuAccelerator())
