@@ -7,7 +7,8 @@ choices of one setting, and the very last stays):
 * **Dropout masks drawn 16 bits at a time** (``training.fast_dropout_masks``,
   :mod:`finetune.cpu.dropout`): torch's CPU ``bernoulli_`` draws one number per
   element outside Intel's MKL; the model's ``nn.Dropout`` modules and its
-  ``sdpa`` attention draw four elements per 64-bit number instead.
+  ``sdpa`` attention draw four elements per 64-bit number instead (the
+  attention not where ``training.attention_kernel`` asks torch for a kernel).
 * **The word embedding's gradient as rows** (``training.sparse_embedding_grad``,
   :mod:`finetune.cpu.sparse_embedding`): the backward returns the rows a
   micro-batch used, added into one reused dense buffer.
