@@ -53,6 +53,7 @@ from finetune.bias_apart import BiasApartLinear
 
 logger = logging.getLogger("finetune")
 
+
 def _by_the_product(grad: torch.Tensor, grad_output: torch.Tensor, input: torch.Tensor) -> None:
     torch.addmm(grad, grad_output.t(), input, out_dtype=grad.dtype, out=grad)
 

@@ -154,13 +154,6 @@ def _first_line(message: str) -> str:
     return lines[0].strip() if lines else ""
 
 
-def say_refusal(kernel: str, refusal: Optional[str]) -> None:
-    """Log once where ``kernel`` will not run (there attention runs torch's next choice), and why."""
-    if refusal is not None:
-        logger.warning("training.attention_kernel: %s refuses %s; there attention runs torch's next kernel",
-                       kernel, refusal)
-
-
 def apply_attention_kernel(model: torch.nn.Module, kernel: str, accelerator, length: int) -> None:
     """``training.attention_kernel`` on ``model``, in place, and where it will not run said once (the main
     process), for micro-batches of up to ``length`` tokens in ``accelerator``'s precision on its device. A model
@@ -178,4 +171,7 @@ def apply_attention_kernel(model: torch.nn.Module, kernel: str, accelerator, len
     if not accelerator.is_main_process:
         return
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(str(accelerator.mixed_precision), torch.float32)
-    say_refusal(kernel, kernel_refusal(kernel, model.config, accelerator.device, dtype, length))
+    refusal = kernel_refusal(kernel, model.config, accelerator.device, dtype, length)
+    if refusal is not None:
+        logger.warning("training.attention_kernel: %s refuses %s; there attention runs torch's next kernel",
+                       kernel, refusal)

@@ -367,8 +367,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def run(args: argparse.Namespace) -> Score:
     """Check the arguments, score, print and write the outputs."""
-    from finetune.outputs import require_saved_model
-    from finetune.outputs import json_ready, refuse_a_run_file
+    from finetune.outputs import json_ready, refuse_a_run_file, require_saved_model
     from finetune.resources import data_name, data_path, file_name
 
     output_dir = require_saved_model(args.output_dir)

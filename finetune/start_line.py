@@ -144,8 +144,9 @@ def _where(run: Run) -> str:
     # said: the first updates carry its compile
     compiled = f" torch_compile={str(training.torch_compile).lower()}" if training.torch_compile else ""
     apart = " bias_apart=on" if training.bias_apart else ""
-    fusion = " gradient_accumulation_fusion=on" if getattr(run.model, "fused_weight_grads", 0) else ""
-    asked = getattr(acc.unwrap_model(run.model), "attention_kernel", None)  # where the model's attention takes it
+    model = acc.unwrap_model(run.model)  # what set_forward and set_attention_kernel applied, on the model itself
+    fusion = " gradient_accumulation_fusion=on" if getattr(model, "fused_weight_grads", 0) else ""
+    asked = getattr(model, "attention_kernel", None)  # where the model's attention takes it
     kernel = f" attention_kernel={asked}" if asked else ""
     return (f"processes={acc.num_processes} backend={backend}{engine} device={acc.device}{threads}{memory}{graphs}"
             f"{compiled}{apart}{fusion}{kernel}"
