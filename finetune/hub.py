@@ -56,7 +56,8 @@ def is_local(location: str) -> bool:
 def model_options(location: str, weights: bool = False) -> dict:
     """``from_pretrained``'s keyword arguments for ``location``: ``local_files_only`` where it is a Hub id and the
     Hub cannot be reached (said once per id), else none. ``weights``: for a model class's ``from_pretrained``,
-    whose look-up of a PEFT adapter takes only its own ``adapter_kwargs``, so these go there too."""
+    whose look-up of a PEFT adapter takes only its own ``adapter_kwargs`` in transformers 5, so these go there
+    too (transformers 4 hands that look-up ``local_files_only`` itself, and a second one there is a TypeError)."""
     if is_local(location):
         return {}
     why = unreachable(location)
@@ -64,7 +65,15 @@ def model_options(location: str, weights: bool = False) -> dict:
         return {}
     say_once(f"the Hugging Face Hub cannot be reached ({why}): {location} is read from the local cache only "
              "(HF_HUB_OFFLINE=1 skips this check)")
-    return {"local_files_only": True, **({"adapter_kwargs": {"local_files_only": True}} if weights else {})}
+    adapter = weights and transformers_major() >= 5
+    return {"local_files_only": True, **({"adapter_kwargs": {"local_files_only": True}} if adapter else {})}
+
+
+def transformers_major() -> int:
+    """The installed transformers' major version, read without importing it."""
+    from importlib.metadata import version
+
+    return int(version("transformers").split(".")[0])
 
 
 def offline_reason(location: str) -> Optional[str]:

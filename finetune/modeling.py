@@ -242,6 +242,15 @@ def check_compiler(setting, device) -> None:
     if why is not None:
         raise ConfigError(f"training.torch_compile: {why}", hint="set training.torch_compile=false to train "
                           "without compiling")
+    import torch
+
+    # transformers 5 builds the attention mask inside the forward a whole compile traces, asking
+    # torch.compiler.is_exporting, which an older torch lacks: the trace fails at the first update
+    if setting is True and hub.transformers_major() >= 5 and not hasattr(torch.compiler, "is_exporting"):
+        raise ConfigError(f"training.torch_compile: true traces transformers' mask building, which calls "
+                          f"torch.compiler.is_exporting, and torch {torch.__version__} has none",
+                          hint="set training.torch_compile=blocks to compile the encoder blocks alone, or "
+                          "install a newer torch")
 
 
 def _compiler_missing(device) -> Optional[str]:

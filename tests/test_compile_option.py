@@ -242,3 +242,22 @@ def test_what_inductor_needs_on_a_gpu_is_checked_before_compiling(monkeypatch):
     monkeypatch.setenv("CC", "no-such-cc")
     with pytest.raises(ConfigError, match=r"launchers with a C compiler \(no-such-cc\), none found"):
         check_compiler(True, cuda)
+
+
+def test_a_whole_compile_that_transformers_mask_building_would_break_is_one_line(monkeypatch):
+    """transformers 5 builds the mask inside the forward and asks ``torch.compiler.is_exporting``, which older
+    torch releases lack: a whole compile there fails at its first trace, so the run stops before it starts; the
+    blocks, which leave the mask to the eager model, compile as before."""
+    from finetune import hub
+    from finetune.errors import ConfigError
+    from finetune.modeling import check_compiler
+
+    cpu = torch.device("cpu")
+    monkeypatch.delattr(torch.compiler, "is_exporting", raising=False)
+    monkeypatch.setattr(hub, "transformers_major", lambda: 5)
+    with pytest.raises(ConfigError, match=r"training\.torch_compile: true traces transformers' mask building, "
+                       r"which calls torch\.compiler\.is_exporting, and torch .+ has none"):
+        check_compiler(True, cpu)
+    check_compiler("blocks", cpu)
+    monkeypatch.setattr(hub, "transformers_major", lambda: 4)  # its BERT builds the mask without asking
+    check_compiler(True, cpu)

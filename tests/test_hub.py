@@ -76,6 +76,24 @@ def test_offline_mode_asks_nothing(monkeypatch):
     hub.unreachable.cache_clear()
 
 
+def test_the_adapter_look_up_is_told_the_cache_only_where_transformers_does_not_tell_it(monkeypatch):
+    """Unreachable, a model class's ``from_pretrained`` reads the cache only: transformers 5 passes its adapter
+    look-up nothing but ``adapter_kwargs``, transformers 4 passes it ``local_files_only`` itself, where a second
+    one from ``adapter_kwargs`` is a TypeError (a Hub id in the cache could not be loaded offline)."""
+    from finetune import hub
+
+    monkeypatch.setattr(hub, "unreachable", lambda *a: "no route to host")
+    monkeypatch.setattr(hub, "say_once", lambda message: None)
+    for major, adapter in ((5, {"adapter_kwargs": {"local_files_only": True}}), (4, {})):
+        monkeypatch.setattr(hub, "transformers_major", lambda: major)
+        assert hub.model_options(REPO_ID, weights=True) == {"local_files_only": True, **adapter}
+        assert hub.model_options(REPO_ID) == {"local_files_only": True}  # a tokenizer or a config: no adapter
+    monkeypatch.undo()
+    import transformers
+
+    assert hub.transformers_major() == int(transformers.__version__.split(".")[0])
+
+
 def test_a_local_path_is_never_looked_up(monkeypatch, tmp_path):
     from finetune import hub
 
