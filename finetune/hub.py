@@ -70,10 +70,11 @@ def model_options(location: str, weights: bool = False) -> dict:
 
 
 def transformers_major() -> int:
-    """The installed transformers' major version, read without importing it."""
-    from importlib.metadata import version
+    """The installed transformers' major version: where the package meets transformers 4 and 5 differently (this
+    module's adapter look-up, a whole compile's mask building, the CPU's attention)."""
+    import transformers
 
-    return int(version("transformers").split(".")[0])
+    return int(transformers.__version__.split(".")[0])
 
 
 def offline_reason(location: str) -> Optional[str]:

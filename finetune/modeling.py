@@ -247,7 +247,7 @@ def check_compiler(setting, device) -> None:
 
     # transformers 5 builds the attention mask inside the forward a whole compile traces, asking
     # torch.compiler.is_exporting, which an older torch lacks: the trace fails at the first update
-    if setting is True and hub.transformers_major() >= 5 and not hasattr(torch.compiler, "is_exporting"):
+    if setting is True and not hasattr(torch.compiler, "is_exporting") and hub.transformers_major() >= 5:
         raise ConfigError(f"training.torch_compile: true traces transformers' mask building, which calls "
                           f"torch.compiler.is_exporting, and torch {torch.__version__} has none",
                           hint="set training.torch_compile=blocks to compile the encoder blocks alone, or "

@@ -170,7 +170,9 @@ def attention_switch_unavailable(config) -> Optional[str]:
     """
     import transformers
 
-    if int(transformers.__version__.split(".")[0]) < 5:
+    from finetune.hub import transformers_major
+
+    if transformers_major() < 5:
         return f"transformers {transformers.__version__} predates the attention registry"
     try:
         from transformers import AttentionInterface  # noqa: F401
