@@ -276,7 +276,13 @@ def _load_delimited(path: Path, fmt: str, cfg: DataConfig) -> Table:
     columns = _check_field_count(path, sep, quoting, names, cfg.encoding, rows=1)
     try:
         ds = _read_delimited(path, sep, quoting, header, names, cfg)
-    except DataError:
+    except DataError as exc:
+        if cfg.encoding_errors != "strict" and "UnicodeDecodeError" in exc.message:
+            # datasets before 5.1 leave the setting out of pandas' read_csv under pandas 3 (a check of pandas'
+            # version that reads its minor number alone), so the file was decoded strictly
+            raise DataError(exc.message, hint=f"datasets {datasets.__version__} did not apply data.encoding_errors: "
+                                              f"{cfg.encoding_errors} (before 5.1 it drops it beside pandas 3): "
+                                              "upgrade datasets, or mend the bytes it names") from None
         # pandas names a later row with too many fields in words of its own ("C error: Expected 2 fields in
         # line 4, saw 3"); the check over every row names it as the first row's check does, at no cost to a
         # file that reads

@@ -1056,8 +1056,39 @@ def test_blank_lines_are_skipped_and_line_numbers_stay_true(tmp_path):
 def test_encoding_errors_replace(tmp_path, name, raw):
     path = tmp_path / name
     path.write_bytes(raw)
+    if name.endswith(".csv") and _csv_reader_drops_encoding_errors():
+        with pytest.raises(DataError) as caught:
+            load_splits(cfg(str(path), encoding_errors="replace"), seed=0)
+        assert "did not apply data.encoding_errors: replace" in caught.value.hint
+        return
     splits, _ = load_splits(cfg(str(path), encoding_errors="replace"), seed=0)
     assert splits["train"]["text"] == ["caf\ufffd", "tea"]
+
+
+def _csv_reader_drops_encoding_errors() -> bool:
+    """datasets before 5.1 leave ``encoding_errors`` out of pandas' ``read_csv`` where pandas' minor number is
+    below 3 (it meant pandas before 1.3): under pandas 3.0 to 3.2."""
+    import pandas
+    from packaging.version import Version
+
+    pandas_version = Version(pandas.__version__)
+    return Version(datasets.__version__) < Version("5.1") and pandas_version.major >= 3 and pandas_version.minor < 3
+
+
+def test_a_csv_reader_that_leaves_encoding_errors_out_is_named_in_the_hint(tmp_path, monkeypatch):
+    """Where datasets' CSV reader drops the setting, the strict decoding's error says why and what mends it."""
+    from datasets.packaged_modules.csv import csv as csv_builder
+
+    given = csv_builder.CsvConfig.pd_read_csv_kwargs
+    dropped = property(lambda config: {k: v for k, v in given.fget(config).items() if k != "encoding_errors"})
+    monkeypatch.setattr(csv_builder.CsvConfig, "pd_read_csv_kwargs", dropped)
+    path = tmp_path / "latin.csv"
+    path.write_bytes(b"text,label\ncaf\xe9,a\ntea,b\n")
+    with pytest.raises(DataError) as caught:
+        load_splits(cfg(str(path), encoding_errors="replace"), seed=0)
+    assert "UnicodeDecodeError" in caught.value.message and str(path) in caught.value.message
+    assert caught.value.hint == (f"datasets {datasets.__version__} did not apply data.encoding_errors: replace "
+                                 "(before 5.1 it drops it beside pandas 3): upgrade datasets, or mend the bytes it names")
 
 
 TEXTS = ["café naïve", "Straße über", "tea"]
