@@ -27,6 +27,7 @@ def hub_endpoint(monkeypatch):
     from finetune import hub
 
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    _new_hub_sessions()
     hub.unreachable.cache_clear()
 
     def point_at(port: int) -> None:
@@ -35,6 +36,17 @@ def hub_endpoint(monkeypatch):
 
     yield point_at
     hub.unreachable.cache_clear()
+    _new_hub_sessions()
+
+
+def _new_hub_sessions() -> None:
+    """huggingface_hub before 1.0 builds its HTTP session once per process, refusing every request where offline
+    mode was on then: the next request builds one under the setting of the moment."""
+    from huggingface_hub import utils
+
+    reset = getattr(utils, "reset_sessions", None)
+    if reset is not None:
+        reset()
 
 
 def test_no_answer_is_unreachable_and_any_answer_is_not(hub_endpoint):
@@ -138,7 +150,13 @@ def test_a_hub_id_in_the_cache_trains_when_the_hub_is_unreachable(tmp_path):
     assert ("the Hugging Face Hub cannot be reached (" in proc.stderr
             and f"): {REPO_ID} is read from the local cache only (HF_HUB_OFFLINE=1 skips this check)" in proc.stderr)
     assert proc.stderr.count("cannot be reached") == 1  # said once, for the tokenizer, the config and the weights
-    assert _no_retries(proc), proc.stderr
+    from finetune.hub import transformers_major
+
+    if transformers_major() >= 5:
+        assert _no_retries(proc), proc.stderr
+    else:  # transformers 4's Auto class looks for an adapter with arguments the package cannot give (pyproject.toml)
+        asked = [line for line in proc.stderr.splitlines() if "thrown while requesting" in line]
+        assert asked and all(line.endswith("/adapter_config.json") for line in asked), asked
     assert (tmp_path / "out" / "model.safetensors").is_file()
 
 
