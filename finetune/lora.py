@@ -369,8 +369,11 @@ def load_adapter_checkpoint(path: Path):
                          f"{(str(exc).strip().splitlines() or [type(exc).__name__])[0]}") from None
     if new_head_of(model, info)[1]:
         show(held)  # more than the head: transformers' report says what
+    # safe_merge writes each merged weight into new storage (and checks it is finite) instead of adding the
+    # update into the loaded weights', which a loader may share with other loads of the same base model: a
+    # second load of a checkpoint after a run in the same process added its update into the first's weights
     with _no_rename_warning():
-        return PeftModel.from_pretrained(model, str(path / ADAPTER_DIR)).merge_and_unload()
+        return PeftModel.from_pretrained(model, str(path / ADAPTER_DIR)).merge_and_unload(safe_merge=True)
 
 
 def base_model_of(adapter_dir: Path) -> str:

@@ -294,6 +294,29 @@ def test_finetune_predict_loads_a_lora_checkpoint(lora_runs):
     torch.testing.assert_close(torch.from_numpy(np_logits), expected, rtol=1e-5, atol=1e-5)
 
 
+def test_loading_a_lora_checkpoint_writes_nothing_into_the_loaded_base_weights(lora_runs, monkeypatch):
+    """The base model's weights as the loader handed them out are left as they were: a loader may share their
+    storage with its other loads of the same model, which an update merged in place would reach."""
+    from transformers import AutoModelForSequenceClassification
+
+    from finetune.lora import load_adapter_checkpoint
+
+    handed_out = {}
+    load = AutoModelForSequenceClassification.from_pretrained
+
+    def load_and_keep(*args, **kwargs):
+        loaded = load(*args, **kwargs)
+        model = loaded[0] if isinstance(loaded, tuple) else loaded
+        handed_out.update({name: (p.detach(), p.detach().clone()) for name, p in model.named_parameters()})
+        return loaded
+
+    monkeypatch.setattr(AutoModelForSequenceClassification, "from_pretrained", load_and_keep)
+    merged = load_adapter_checkpoint(lora_runs.out / "checkpoints" / "checkpoint-3")
+    adapted = [n for n in handed_out if n.endswith("attention.self.query.weight")]
+    assert adapted and all(not torch.equal(merged.get_parameter(n), handed_out[n][1]) for n in adapted)
+    assert all(torch.equal(storage, as_loaded) for storage, as_loaded in handed_out.values())
+
+
 def test_the_adapter_folder_given_as_a_model_is_told_where_the_merged_model_is(lora_runs, tmp_path, capsys):
     from finetune.predict import main
 
