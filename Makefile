@@ -9,7 +9,7 @@ TORCH  ?= torch==2.13.0
 CONFIG ?= configs/default.yaml
 BIN    := $(VENV)/bin
 
-.PHONY: install train test bench gpu-check clean
+.PHONY: install train test floors bench gpu-check clean
 
 $(BIN)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv --system-site-packages $(VENV)
@@ -27,6 +27,12 @@ train: install
 # set-up runs once, the longest files handed out first (tests/conftest.py: xdist keeps that order)
 test: install
 	$(BIN)/python -m pytest -q -n auto --dist loadfile --no-loadscope-reorder --durations=15 tests $(ARGS)
+
+# the fast tests on the oldest release of each dependency pyproject.toml allows (.ci/floors: uv, and torch's
+# floor from PyPI, a CUDA build of about 3 GB); ARGS: pytest's arguments instead
+floors: install
+	$(BIN)/pip install -q uv
+	PATH=$(BIN):$$PATH PYTHON=$(PYTHON) .ci/floors $(ARGS)
 
 # the side-by-side comparison with transformers.Trainer (bench/README.md); ~25 min on 2 CPU cores
 bench: install
