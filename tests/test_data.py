@@ -1088,7 +1088,8 @@ def test_a_csv_reader_that_leaves_encoding_errors_out_is_named_in_the_hint(tmp_p
         load_splits(cfg(str(path), encoding_errors="replace"), seed=0)
     assert "UnicodeDecodeError" in caught.value.message and str(path) in caught.value.message
     assert caught.value.hint == (f"datasets {datasets.__version__} did not apply data.encoding_errors: replace "
-                                 "(before 5.1 it drops it beside pandas 3): upgrade datasets, or mend the bytes it names")
+                                 "(before 5.1 it drops it beside pandas 3): upgrade datasets, "
+                                 "or mend the bytes it names")
 
 
 TEXTS = ["café naïve", "Straße über", "tea"]
