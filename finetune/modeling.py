@@ -235,8 +235,8 @@ def set_gradient_checkpointing(model, on: bool) -> None:
 
 def check_compiler(setting, device) -> None:
     """Refuse ``training.torch_compile`` in one line where its compile would fail: inductor could not build
-    kernels for ``device``, or a whole compile would trace transformers' mask building on a torch it needs a newer
-    one for. The compile happens at the first update, and its failure there is a page of traceback."""
+    kernels for ``device``, or a whole compile would trace transformers' mask building on a torch older than that
+    code needs. The compile happens at the first update, and its failure there is a page of traceback."""
     if not setting:
         return
     why = _compiler_missing(device)
