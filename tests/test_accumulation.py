@@ -7,6 +7,7 @@ is ragged and whose last micro-batch is short.
 
 from __future__ import annotations
 
+import json
 import math
 import subprocess
 import sys
@@ -402,33 +403,55 @@ def test_cpu_heap_release_sets_glibcs_threshold_once_when_training_starts(fresh_
 
 
 _FREE_LARGE_BLOCKS = """
-import os, sys, torch
+import ctypes, json, os, sys, torch
 from finetune.cpu import release_large_blocks
-if sys.argv[1] == "release":
-    release_large_blocks()
+libc = ctypes.CDLL("libc.so.6")
+class Mallinfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in
+                "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost".split()]
+libc.mallinfo2.restype = Mallinfo2
+def mapped():  # bytes in blocks glibc mapped on their own, outside the heap
+    return libc.mallinfo2().hblkhd
 def resident():
     with open("/proc/self/statm") as fh:
         return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-torch.ones(8 << 20, dtype=torch.uint8)  # made and freed at once: glibc's adaptive threshold rises above 4 MiB
+if sys.argv[1] == "release":
+    release_large_blocks()
+# The same start whatever the imports left: the heap's free top handed back, so that the next large block cannot
+# come from it, then one 24 MiB block made and freed. Mapped on its own (below glibc's 32 MiB ceiling), its free
+# raises glibc's adaptive threshold above it, as a forward pass's freed activations do in training.
+libc.malloc_trim(0)
+outside = mapped()
+raiser = torch.ones(24 << 20, dtype=torch.uint8)
+raiser_mapped = mapped() - outside >= 24 << 20
+del raiser
+outside = mapped()
 large, small = [], []
 for _ in range(50):  # 4 MiB activations between small tensors, as in a forward pass with adapters
     large.append(torch.ones(4 << 20, dtype=torch.uint8))
     small.append(torch.ones(16 << 10))  # 64 KiB: from the heap under either setting
+large_mapped = (mapped() - outside) / (200 << 20)
 before = resident()
 large.clear()
-print((before - resident()) / (200 << 20))
+print(json.dumps({"raiser_mapped": raiser_mapped, "large_mapped": large_mapped,
+                  "handed_back": (before - resident()) / (200 << 20)}))
 """
+
+
+def _free_large_blocks(heap: str) -> dict:
+    proc = subprocess.run([sys.executable, "-c", _FREE_LARGE_BLOCKS, heap], capture_output=True, text=True, cwd=REPO,
+                          check=True)
+    return json.loads(proc.stdout)
 
 
 def test_cpu_heap_release_hands_freed_large_tensors_back_where_keep_holds_them():
     if malloc_trim() is None:
         pytest.skip("glibc's allocator only")
-    handed_back = {}
-    for heap in ("keep", "release"):
-        proc = subprocess.run([sys.executable, "-c", _FREE_LARGE_BLOCKS, heap], capture_output=True, text=True,
-                              cwd=REPO, check=True)
-        handed_back[heap] = float(proc.stdout)
-    assert handed_back["keep"] < 0.5 and handed_back["release"] > 0.95, handed_back
+    keep, release = _free_large_blocks("keep"), _free_large_blocks("release")
+    # glibc's default, once a large block has been freed: 4 MiB tensors come from the heap, and freed, stay there
+    assert keep["raiser_mapped"] and keep["large_mapped"] < 0.05 and keep["handed_back"] < 0.05, keep
+    # release: each one mapped on its own, whatever the threshold had risen to, and handed back when freed
+    assert release["large_mapped"] > 0.99 and release["handed_back"] > 0.95, release
 
 
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
