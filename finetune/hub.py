@@ -63,9 +63,15 @@ def model_options(location: str, weights: bool = False) -> dict:
     why = unreachable(location)
     if why is None:
         return {}
+    major = transformers_major()
+    # transformers 4's Auto classes look for a PEFT adapter of the id with arguments of their own, which cannot
+    # say "cache only" (a second local_files_only there is a TypeError); a cache filled by from_pretrained notes
+    # the adapter's absence and answers, one filled by `hf download` does not: the user is told what that costs
+    retries = ("; transformers 4 may still ask it for an adapter of the model (a cache filled by `hf download`): "
+               "half a minute of retries that HF_HUB_OFFLINE=1 skips" if major < 5 else "")
     say_once(f"the Hugging Face Hub cannot be reached ({why}): {location} is read from the local cache only "
-             "(HF_HUB_OFFLINE=1 skips this check)")
-    adapter = weights and transformers_major() >= 5
+             f"(HF_HUB_OFFLINE=1 skips this check){retries}")
+    adapter = weights and major >= 5
     return {"local_files_only": True, **({"adapter_kwargs": {"local_files_only": True}} if adapter else {})}
 
 

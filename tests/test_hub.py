@@ -95,11 +95,18 @@ def test_the_adapter_look_up_is_told_the_cache_only_where_transformers_does_not_
     from finetune import hub
 
     monkeypatch.setattr(hub, "unreachable", lambda *a: "no route to host")
-    monkeypatch.setattr(hub, "say_once", lambda message: None)
+    said = []
+    monkeypatch.setattr(hub, "say_once", said.append)
     for major, adapter in ((5, {"adapter_kwargs": {"local_files_only": True}}), (4, {})):
         monkeypatch.setattr(hub, "transformers_major", lambda: major)
         assert hub.model_options(REPO_ID, weights=True) == {"local_files_only": True, **adapter}
         assert hub.model_options(REPO_ID) == {"local_files_only": True}  # a tokenizer or a config: no adapter
+    # the look-up transformers 4 cannot be told about is named, with what it costs and what skips it
+    cache_only = (f"the Hugging Face Hub cannot be reached (no route to host): {REPO_ID} is read from the local "
+                  "cache only (HF_HUB_OFFLINE=1 skips this check)")
+    assert said == [cache_only] * 2 + [cache_only + "; transformers 4 may still ask it for an adapter of the model "
+                                       "(a cache filled by `hf download`): half a minute of retries that "
+                                       "HF_HUB_OFFLINE=1 skips"] * 2
     monkeypatch.undo()
     import transformers
 
@@ -154,9 +161,11 @@ def test_a_hub_id_in_the_cache_trains_when_the_hub_is_unreachable(tmp_path):
 
     if transformers_major() >= 5:
         assert _no_retries(proc), proc.stderr
-    else:  # transformers 4's Auto class looks for an adapter with arguments the package cannot give (pyproject.toml)
+    else:  # transformers 4's Auto class looks for an adapter with arguments the package cannot give, where the
+        # cache, as `hf download` fills it, has no note of the adapter's absence: the warning says so
         asked = [line for line in proc.stderr.splitlines() if "thrown while requesting" in line]
         assert asked and all(line.endswith("/adapter_config.json") for line in asked), asked
+        assert "transformers 4 may still ask it for an adapter of the model" in proc.stderr
     assert (tmp_path / "out" / "model.safetensors").is_file()
 
 
