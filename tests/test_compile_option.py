@@ -114,12 +114,16 @@ def test_a_compile_serves_every_block_and_every_length_after_the_second(setting,
         ids = torch.randint(5, 25, (4, length))
         model(input_ids=ids, attention_mask=torch.ones_like(ids), labels=torch.zeros(4, dtype=torch.long)).loss.backward()
         graphs_after.append(counters["stats"]["unique_graphs"])
-    # transformers 4's BERT breaks a whole-model graph once (where it builds the mask), so each compile there is
-    # two graphs: the same two compiles, the later lengths reusing the second
+    # transformers 4's BERT builds its mask with code that older torch releases' dynamo breaks a whole-model
+    # graph at (torch 2.6 does, 2.13 traces it), so a compile there is one graph more: the same two compiles, the
+    # later lengths reusing the second
     from finetune.hub import transformers_major
 
     one_graph = setting == "blocks" or transformers_major() >= 5
-    assert graphs_after == ([1, 2, 2, 2] if one_graph else [2, 3, 3, 3])
+    first = 1 if one_graph else 1 + bool(counters["graph_break"])
+    assert graphs_after == [first, first + 1, first + 1, first + 1], dict(counters["graph_break"])
+    if one_graph:
+        assert not counters["graph_break"]
     torch._dynamo.reset()
 
 
