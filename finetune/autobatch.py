@@ -43,6 +43,7 @@ from finetune.chunks import document_logits, split_batch
 from finetune.columns import read_column
 from finetune.cpu import dropout_as_in_training
 from finetune.errors import ConfigError, LaunchError, is_out_of_memory
+from finetune.launch import autocast
 from finetune.memory import (
     GB, MemoryPlan, free_cached, levers_that_fit, measure_activations, plan_memory, rng_fork,
     tensor_bytes,
@@ -109,7 +110,7 @@ def trial_step(model: torch.nn.Module, batch: dict[str, torch.Tensor], accelerat
             reserve = [torch.empty_like(p) for p in trainable for _ in range(reserve_factor)]
             inputs, chunk_rows = split_batch({k: v.to(device) for k, v in batch.items()})
             labels = batch["labels"].to(device)
-            with accelerator.autocast():
+            with autocast(accelerator):  # not accelerator.autocast(): out of memory, it stays on (launch.autocast)
                 logits = document_logits(model(**inputs).logits, chunk_rows)
             Task.of_model(model).per_sample_loss(logits, labels).sum().backward()
             del reserve, inputs, labels, logits

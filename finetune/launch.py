@@ -335,3 +335,23 @@ def forget_an_earlier_precision(precision: str, num_processes: int) -> None:
                           f"and Accelerate keeps a process's first precision; start a new process (or kernel)")
     logger.debug("Accelerate's precision %s of an earlier run in this process replaced by %s", earlier, precision)
     reset()
+
+
+def autocast(accelerator):
+    """The run's autocast (Accelerate's, as ``accelerator.autocast()`` gives it), as a context that also ends when
+    its block raises.
+
+    Before Accelerate 1.11, ``accelerator.autocast()`` leaves autocast on for the rest of the process when its
+    block raises. The block that raises on purpose is a trial of a micro-batch that runs out of memory; after it,
+    autocast's outermost level never closes, so its cache of low-precision weight copies is never emptied, and
+    every later forward pass (the run's, the next run's in a notebook) computes with the weights as they were
+    cast at the first one: training goes on without its updates reaching the forward pass. Accelerate's own
+    context manager, entered here by ``with``, exits on a raise on every release.
+    """
+    import contextlib
+
+    from accelerate.utils import get_mixed_precision_context_manager
+
+    if not accelerator.native_amp:  # fp32, or an engine that casts by itself (DeepSpeed): no autocast
+        return contextlib.nullcontext()
+    return get_mixed_precision_context_manager(accelerator.native_amp, accelerator.autocast_handler)

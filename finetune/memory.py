@@ -37,6 +37,7 @@ import torch
 
 from finetune.chunks import split_batch
 from finetune.errors import ConfigError, is_out_of_memory
+from finetune.launch import autocast
 from finetune.lora import blocks_of, head_modules, is_lora
 
 GB = 1e9
@@ -178,7 +179,7 @@ def _one_pass(model, blocks, inputs, accelerator, can_recompute: bool) -> dict:
     from finetune.modeling import set_gradient_checkpointing
 
     set_gradient_checkpointing(model, can_recompute)
-    with _watching_blocks(blocks) as seen, _counting_saved_tensors(model) as whole, accelerator.autocast():
+    with _watching_blocks(blocks) as seen, _counting_saved_tensors(model) as whole, autocast(accelerator):
         model(**inputs)
     calls = seen["calls"]
     if not can_recompute:
@@ -187,7 +188,7 @@ def _one_pass(model, blocks, inputs, accelerator, can_recompute: bool) -> dict:
         return {"other": whole["saved"], "block": 0, "input": 0, "calls": 0}
     set_gradient_checkpointing(model, False)
     block, args, kwargs = seen["first"]
-    with _counting_saved_tensors(model) as saved, accelerator.autocast():
+    with _counting_saved_tensors(model) as saved, autocast(accelerator):
         block(*args, **kwargs)
     return {"other": whole["saved"], "block": saved["saved"], "input": seen["input"], "calls": calls}
 

@@ -191,6 +191,55 @@ class _OneProcess:
     num_processes = 1
 
 
+def _autocast_before_accelerate_1_11(self, autocast_handler=None):
+    """``Accelerator.autocast`` as Accelerate 1.7 to 1.10 wrote it: its exit is skipped when the block raises."""
+    from accelerate.utils import get_mixed_precision_context_manager
+
+    context = get_mixed_precision_context_manager(self.native_amp, autocast_handler or self.autocast_handler)
+    context.__enter__()
+    yield
+    context.__exit__(*sys.exc_info())
+
+
+def _autocast_levels() -> int:
+    """autocast's open levels (torch reads them only by moving them)."""
+    levels = torch.autocast_increment_nesting() - 1
+    torch.autocast_decrement_nesting()
+    return levels
+
+
+def test_a_trial_that_runs_out_of_memory_leaves_autocast_as_it_found_it(fresh_accelerate_state, monkeypatch):
+    """A bf16 trial that runs out of memory in its forward pass must close its autocast: left open, autocast's
+    cache keeps the weights' first bf16 copies, and every later forward pass computes with them. The
+    Accelerate releases the floor allows (before 1.11) skip the exit of ``accelerator.autocast()`` on a raise."""
+    import contextlib
+
+    from accelerate import Accelerator
+
+    from finetune.autobatch import trial_step
+    from helpers import tiny_bert
+
+    monkeypatch.setattr(Accelerator, "autocast", contextlib.contextmanager(_autocast_before_accelerate_1_11))
+    accelerator = Accelerator(cpu=True, mixed_precision="bf16")
+    model = tiny_bert(seed=0)
+    forward, inside = model.forward, []
+
+    def forward_then_out_of_memory(**batch):
+        inside.append((torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu")))
+        logits = forward(**batch).logits
+        if len(inside) > 1:
+            raise torch.OutOfMemoryError("simulated: CUDA out of memory")
+        return type("Output", (), {"logits": logits})
+
+    model.forward = forward_then_out_of_memory
+    batch = {"input_ids": torch.randint(5, 30, (4, 8)), "attention_mask": torch.ones(4, 8, dtype=torch.long),
+             "labels": torch.tensor([0, 1, 0, 1])}
+    assert trial_step(model, batch, accelerator) is True
+    assert trial_step(model, batch, accelerator) is False
+    assert inside == [(True, torch.bfloat16)] * 2  # each trial ran in the run's precision
+    assert not torch.is_autocast_enabled("cpu") and _autocast_levels() == 0
+
+
 def test_choose_micro_batch_keeps_b_times_k(fresh_accelerate_state):
     fits_up_to = 6
     chosen = choose_micro_batch(None, lambda b: b, _OneProcess(), 96, start=32,

@@ -22,14 +22,12 @@ from helpers import pad_collate, tiny_bert, token_dataset
 
 
 class _CpuAccelerator:
+    """What the probe reads of an ``Accelerator`` in fp32 on a CPU (its autocast: finetune.launch.autocast)."""
+
     device = torch.device("cpu")
     num_processes = 1
-
-    @staticmethod
-    def autocast():
-        import contextlib
-
-        return contextlib.nullcontext()
+    native_amp = False
+    autocast_handler = None
 
 
 def _batches(rows: int = 40, max_len: int = 30):
