@@ -331,16 +331,27 @@ def epoch_batches(dataloader, accelerator, epoch: int, start: int, k: int):
     micro_batches = len(dataloader)
     if start % k != 0 and start != micro_batches:
         raise ValueError(f"cannot resume at micro-batch {start}: not a window boundary (k={k})")
+    set_epoch(dataloader, epoch)
+    if start == 0:
+        return dataloader
+    skipping = accelerator.skip_first_batches(dataloader, start)
+    # Before Accelerate 1.15 the skipping loader starts at iteration 0, which its first iteration hands the
+    # sampler as the epoch: a resume in any epoch but the first would take the first epoch's order
+    set_epoch(skipping, epoch)
+    return skipping
+
+
+def set_epoch(dataloader, epoch: int) -> None:
+    """Give ``dataloader``'s sampler the epoch, which sets its order."""
     if hasattr(dataloader, "set_epoch"):
         dataloader.set_epoch(epoch)  # Accelerate's: passes the epoch down to the sampler
-    else:
-        # a plain torch DataLoader (e.g. from a notebook) has no set_epoch of its own
-        for obj in (getattr(dataloader, "batch_sampler", None), getattr(dataloader, "sampler", None),
-                    getattr(getattr(dataloader, "batch_sampler", None), "sampler", None)):
-            if hasattr(obj, "set_epoch"):
-                obj.set_epoch(epoch)
-                break
-    return accelerator.skip_first_batches(dataloader, start) if start > 0 else dataloader
+        return
+    # a plain torch DataLoader (e.g. from a notebook) has no set_epoch of its own
+    for obj in (getattr(dataloader, "batch_sampler", None), getattr(dataloader, "sampler", None),
+                getattr(getattr(dataloader, "batch_sampler", None), "sampler", None)):
+        if hasattr(obj, "set_epoch"):
+            obj.set_epoch(epoch)
+            return
 
 
 def check_sync_agrees(accelerator, j: int, stop: int) -> None:

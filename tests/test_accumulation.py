@@ -669,6 +669,42 @@ def test_epoch_reaches_the_sampler(fresh_accelerate_state, prepared):
     assert sampler.epoch == 3
 
 
+@pytest.mark.parametrize("prepared", [True, False])
+@pytest.mark.parametrize("skipping_starts_at_iteration_0", [False, True])
+def test_a_resume_mid_epoch_takes_up_that_epochs_order_where_it_stopped(fresh_accelerate_state, monkeypatch, prepared,
+                                                                         skipping_starts_at_iteration_0):
+    """A call resuming epoch 3 at micro-batch 2 trains the epoch's micro-batches from the third on, as the
+    uninterrupted epoch did. Accelerate before 1.15 starts the loader that skips the first micro-batches at
+    iteration 0, which it hands the sampler as the epoch when it iterates (the case emulated here): the epoch's
+    order must still be epoch 3's."""
+    from accelerate import Accelerator
+
+    acc = Accelerator(cpu=True)
+    data = token_dataset(16, seed=1)
+    model = tiny_bert(seed=0)
+    optimizer = build_optimizer(model, OptimConfig(learning_rate=1e-3))
+    dl = DataLoader(data, batch_size=4, sampler=EpochSampler(len(data), seed=7), collate_fn=pad_collate)
+    if prepared:
+        model, optimizer, dl = acc.prepare(model, optimizer, dl)
+    if skipping_starts_at_iteration_0:
+        skip = acc.skip_first_batches
+
+        def skip_from_iteration_0(loader, num_batches=0):
+            skipping = skip(loader, num_batches)
+            if hasattr(skipping, "iteration"):
+                skipping.iteration = 0
+            return skipping
+
+        monkeypatch.setattr(acc, "skip_first_batches", skip_from_iteration_0)
+    seen = []
+    model.register_forward_pre_hook(lambda module, args, kwargs: seen.append(kwargs["input_ids"].tolist()),
+                                    with_kwargs=True)
+    train_one_epoch(model, optimizer, None, dl, acc, 3, state=TrainState(epoch=3))
+    whole, seen[:] = list(seen), []
+    train_one_epoch(model, optimizer, None, dl, acc, 3, state=TrainState(epoch=3, micro_batch=2))
+    assert len(whole) == 4 and seen == whole[2:]
+
+
 def test_records_count_updates_across_epochs_with_one_state_and_say_so_without(fresh_accelerate_state):
     import warnings
 
