@@ -28,7 +28,7 @@ train: install
 test: install
 	$(BIN)/python -m pytest -q -n auto --dist loadfile --no-loadscope-reorder --durations=15 tests $(ARGS)
 
-# the fast tests on the oldest release of each dependency pyproject.toml allows (.ci/floors: uv, and torch's
+# every test on the oldest release of each dependency pyproject.toml allows (.ci/floors: uv, and torch's
 # floor from PyPI, a CUDA build of about 3 GB); ARGS: pytest's arguments instead
 floors: install
 	$(BIN)/pip install -q uv

@@ -102,11 +102,11 @@ def init_process_state():
     Raises:
         LaunchError: if the processes still cannot be joined.
     """
+    import torch
     from accelerate import PartialState
 
     world = launched_world_size()
     state = PartialState()
-    fell_back = False
     if world > 1 and state.num_processes == 1:
         # Accelerate chose no backend (it found no GPU and was not told cpu=True),
         # so no process group exists yet and nothing is torn down by starting
@@ -114,7 +114,6 @@ def init_process_state():
         # that state again with cpu=True is the only way to change it.
         PartialState._reset_state()
         state = PartialState(cpu=True)
-        fell_back = True
     if state.num_processes != world:
         raise LaunchError(
             f"the launcher started {world} processes but Accelerate joined {state.num_processes} "
@@ -122,7 +121,8 @@ def init_process_state():
         )
     if world == 1 and several_processes_asked_for_one_started():
         _warn_one_process_started()
-    if fell_back and state.is_main_process:
+    # said whichever way the processes were joined (older Accelerate releases join them on the CPU by themselves)
+    if world > 1 and state.device.type == "cpu" and not torch.cuda.is_available() and state.is_main_process:
         logger.info(
             "no GPU found: running %d processes as one DDP job on the CPU over %s", world, state.backend
         )

@@ -116,6 +116,29 @@ def check_trackers(report_to: list[str]) -> None:
             raise ConfigError(
                 f"logging.report_to: tracker {name!r} needs a package that is not installed (pip install {package})"
             )
+    if "tensorboard" in report_to or ("all" in report_to and "tensorboard" in available):
+        check_tensorboard_beside_numpy()
+
+
+# the first tensorboard that runs beside numpy 2: older ones read np.string_, which numpy 2 removed, when a run
+# stores its config (accelerate's add_hparams), after the model and data are loaded
+TENSORBOARD_FOR_NUMPY_2 = "2.17.1"
+
+
+def check_tensorboard_beside_numpy() -> None:
+    """Refuse, before anything is loaded, a tensorboard too old for the installed numpy (versions looked up, not
+    imported); a tensorboard that is not installed here (tensorboardX instead) is left alone."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from packaging.version import Version
+
+    try:
+        tensorboard, numpy = version("tensorboard"), version("numpy")
+    except PackageNotFoundError:
+        return
+    if Version(numpy).major >= 2 and Version(tensorboard) < Version(TENSORBOARD_FOR_NUMPY_2):
+        raise ConfigError(f"logging.report_to: tensorboard {tensorboard} does not run beside numpy {numpy} "
+                          f"(pip install 'tensorboard>={TENSORBOARD_FOR_NUMPY_2}')")
 
 
 def flat_hparams(config: dict[str, Any]) -> dict[str, Any]:

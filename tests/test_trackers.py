@@ -41,6 +41,26 @@ def test_unknown_tracker_names_the_key():
     assert str(info.value) == "logging.report_to: unknown tracker 'tensorbord' (did you mean 'tensorboard'?)"
 
 
+@pytest.mark.parametrize("report_to", [["tensorboard"], ["all"]])
+def test_a_tensorboard_too_old_for_numpy_2_is_refused_before_anything_loads(monkeypatch, report_to):
+    """tensorboard before 2.17.1 reads np.string_, gone in numpy 2, when a run stores its config: after the model
+    and the data are loaded, in a traceback. The check reads the installed versions alone."""
+    import importlib.metadata
+
+    installed = {"tensorboard": "2.16.2", "numpy": "2.0.2"}
+    real = importlib.metadata.version
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: installed.get(name) or real(name))
+    with pytest.raises(ConfigError) as info:
+        check_trackers(report_to)
+    assert str(info.value) == ("logging.report_to: tensorboard 2.16.2 does not run beside numpy 2.0.2 "
+                               "(pip install 'tensorboard>=2.17.1')")
+    for tensorboard, numpy in (("2.17.1", "2.0.2"), ("2.16.2", "1.26.4"), ("2.20.0rc1", "2.3.0")):
+        installed.update(tensorboard=tensorboard, numpy=numpy)
+        check_trackers(report_to)  # the release that runs beside numpy 2, or numpy 1
+    installed.update(tensorboard="2.16.2", numpy="2.0.2")
+    check_trackers([])  # not asked for: not checked
+
+
 def test_missing_package_names_the_key_and_the_pip_package():
     name = missing_tracker()
     with pytest.raises(ConfigError) as info:
