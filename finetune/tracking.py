@@ -130,7 +130,7 @@ def check_tensorboard_beside_numpy() -> None:
     imported); a tensorboard that is not installed here (tensorboardX instead) is left alone."""
     from importlib.metadata import PackageNotFoundError, version
 
-    from packaging.version import Version
+    from packaging.version import Version  # not declared: transformers, accelerate and datasets require it
 
     try:
         tensorboard, numpy = version("tensorboard"), version("numpy")
