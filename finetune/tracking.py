@@ -96,7 +96,8 @@ def check_trackers(report_to: list[str]) -> None:
 
     Raises:
         ConfigError: naming ``logging.report_to``, for a name Accelerate does not
-            know or a tracker whose package is not installed (with the pip command).
+            know, a tracker whose package is not installed (with the pip command),
+            or a tensorboard too old for the installed numpy.
     """
     import difflib
 
