@@ -426,13 +426,13 @@ raiser = torch.ones(24 << 20, dtype=torch.uint8)
 raiser_mapped = mapped() - outside >= 24 << 20
 del raiser
 outside = mapped()
-large, small = [], []
-for _ in range(50):  # 4 MiB activations between small tensors, as in a forward pass with adapters
-    large.append(torch.ones(4 << 20, dtype=torch.uint8))
-    small.append(torch.ones(16 << 10))  # 64 KiB: from the heap under either setting
-large_mapped = (mapped() - outside) / (200 << 20)
+# 4 MiB activations, every other one freed while its neighbours live on, as a forward pass frees some of its
+# tensors and keeps others: each freed block lies between live ones, whatever the heap held before (tensors of
+# another size could take older holes and leave the freed blocks side by side, to be trimmed together)
+blocks = [torch.ones(4 << 20, dtype=torch.uint8) for _ in range(100)]
+large_mapped = (mapped() - outside) / (400 << 20)
 before = resident()
-large.clear()
+del blocks[0::2]
 print(json.dumps({"raiser_mapped": raiser_mapped, "large_mapped": large_mapped,
                   "handed_back": (before - resident()) / (200 << 20)}))
 """

@@ -106,7 +106,14 @@ def test_a_whole_compiled_forward_runs_the_hooks_outside_its_graph_and_takes_the
     counters.clear()
     ops = _compiled_attention_ops("math", "whole")
     assert FLASH_CPU not in ops  # which the same compile of torch's order runs, as the blocks' test shows
-    assert not counters["graph_break"]
+    breaks = dict(counters["graph_break"])
+    from finetune.hub import transformers_major
+
+    if transformers_major() >= 5:
+        assert not breaks
+    else:  # transformers 4's BERT sets an attribute of its config where it builds its mask, which torch 2.6's
+        # dynamo breaks the graph at (2.13's does not): that break, and none at the hooks
+        assert all("setattr" in reason and "HFPretrainedConfigVariable" in reason for reason in breaks), breaks
 
 
 def test_checkpointed_blocks_are_recomputed_with_the_forwards_kernel():
