@@ -289,6 +289,24 @@ def test_before_transformers_5_only_the_dropout_modules_switch(monkeypatch):
 
 
 @needs_the_attention_registry
+def test_modeling_code_with_an_attention_table_of_its_own_keeps_its_attention(monkeypatch, caplog):
+    """ModernBERT's modeling code in transformers 5.0 picks its attention from a dict of its own, where the
+    switched name is a KeyError mid-run: a modeling module that does not import the registry is left alone."""
+    import transformers.models.bert.modeling_bert as modeling_bert
+
+    model = tiny_bert(dropout=0.1)
+    assert fd.attention_switch_unavailable(model.config, model) is None
+    monkeypatch.delattr(modeling_bert, "ALL_ATTENTION_FUNCTIONS")  # as a modeling module that never imported it
+    assert fd.attention_switch_unavailable(model.config, model) == (
+        "transformers.models.bert.modeling_bert picks its attention from a table of its own, not transformers' "
+        "registry")
+    with caplog.at_level("INFO", logger="finetune"), _switched_on_a_cpu(model) as plan:
+        assert plan.dropout_masks and not plan.attention
+        assert model.config._attn_implementation == "sdpa"
+    assert "attention left as sdpa (transformers.models.bert.modeling_bert picks its attention" in caplog.text
+
+
+@needs_the_attention_registry
 def test_a_missing_private_api_leaves_the_attention_alone_with_one_line(monkeypatch, caplog):
     model = tiny_bert(dropout=0.1)
     monkeypatch.delattr(torch, "_softmax_backward_data")
@@ -348,9 +366,11 @@ def test_the_switched_attention_computes_each_familys_own(model_type, monkeypatc
     ids = torch.tensor([[2, 7, 9, 11, 12, 13, 3, 0, 0], [2, 8, 8, 9, 10, 11, 12, 13, 3]])
     mask = (torch.arange(9) < torch.tensor([[7], [9]])).long()
     expected = model.eval()(input_ids=ids, attention_mask=mask).logits
-    with fd.fast_dropout(model.train(), attention=fd.attention_switch_unavailable(model.config) is None):
+    switchable = fd.attention_switch_unavailable(model.config, model) is None
+    with fd.fast_dropout(model.train(), attention=switchable):
         switched = model(input_ids=ids, attention_mask=mask).logits
     torch.testing.assert_close(switched, expected, rtol=1e-6, atol=1e-7)
     plain_layers = {"deberta-v2": 0, "modernbert": 1, "mpnet": 0, "roformer": 0}.get(model_type, 2)
-    # before transformers 5 there is no attention registry to switch: only the dropout modules are
-    assert len(written_out) == (plain_layers if fd.attention_switch_unavailable(model.config) is None else 0)
+    # before transformers 5 there is no attention registry to switch, and ModernBERT's code in 5.0 keeps a table
+    # of its own: there only the dropout modules are switched
+    assert len(written_out) == (plain_layers if switchable else 0)

@@ -140,7 +140,7 @@ def plan_cpu_speedups(model, accelerator, *, dropout_masks: bool = True, sparse_
     attention = False
     if masks:
         configs = sdpa_configs(model)
-        reason = attention_switch_unavailable(configs[0]) if configs else "its attention is not sdpa"
+        reason = attention_switch_unavailable(configs[0], model) if configs else "its attention is not sdpa"
         if reason is None and not own_attention:
             reason = "training.attention_kernel asks torch for a kernel"
         attention = reason is None

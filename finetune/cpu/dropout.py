@@ -157,8 +157,8 @@ def attention_forward(module, query, key, value, attention_mask, dropout: float 
     return out.transpose(1, 2).contiguous(), None
 
 
-def attention_switch_unavailable(config) -> Optional[str]:
-    """Why the attention of a model with ``config`` cannot be switched, or ``None`` if it can.
+def attention_switch_unavailable(config, model: Optional[nn.Module] = None) -> Optional[str]:
+    """Why the attention of ``model``, whose attention config is ``config``, cannot be switched, or ``None`` if it can.
 
     The switch leans on three things transformers and torch do not promise to
     keep: transformers 5's attention and mask registries (older releases pick
@@ -166,7 +166,9 @@ def attention_switch_unavailable(config) -> Optional[str]:
     the config's ``_attn_implementation_internal`` field, and
     ``torch._softmax_backward_data`` for the written-out backward. Each is
     checked here, so that a release that changed one leaves the attention
-    alone instead of failing mid-run.
+    alone instead of failing mid-run. With ``model``, its modeling code must
+    look attention up in the registry too: ModernBERT's in transformers 5.0
+    keeps a table of its own, where the switched name is a KeyError.
     """
     import transformers
 
@@ -184,7 +186,20 @@ def attention_switch_unavailable(config) -> Optional[str]:
         return "the model config has no _attn_implementation_internal"
     if not callable(getattr(torch, "_softmax_backward_data", None)):
         return "torch has no _softmax_backward_data"
+    own_tables = modeling_without_the_registry(model) if model is not None else []
+    if own_tables:
+        return f"{own_tables[0]} picks its attention from a table of its own, not transformers' registry"
     return None
+
+
+def modeling_without_the_registry(model: nn.Module) -> list[str]:
+    """The transformers modeling modules of ``model``'s layers that do not look attention up in transformers'
+    registry (``ALL_ATTENTION_FUNCTIONS``, which each modeling module that consults it imports)."""
+    import sys
+
+    names = {type(module).__module__ for module in model.modules()}
+    return sorted(name for name in names if name.startswith("transformers.models.")
+                  and not hasattr(sys.modules.get(name), "ALL_ATTENTION_FUNCTIONS"))
 
 
 def _register() -> None:
