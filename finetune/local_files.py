@@ -2,7 +2,7 @@
 
 CSV, TSV (``.tsv``/``.tab``, or ``.txt`` of tab-separated lines; quote characters
 are plain text), JSON or JSON Lines (each of these also compressed whole: ``reviews.csv.gz``, ``.bz2``,
-``.xz``), Parquet, a folder with one sub-folder per
+``.xz``; a JSON object's one list of records, :mod:`finetune.nested_json`), Parquet, a folder with one sub-folder per
 class holding ``.txt`` files (label = sub-folder name; :mod:`finetune.class_folders`), or a folder that
 ``datasets``' ``save_to_disk`` wrote (a ``DatasetDict``'s splits are read by
 :func:`read_saved_splits`). The format comes from the extension (a ``.csv``
@@ -38,6 +38,7 @@ from finetune.class_folders import read_class_folders
 from finetune.config import DataConfig
 from finetune.errors import ConfigError, DataError, FileLayoutError, FinetuneError, root_message
 from finetune.archives import as_given, in_an_archive
+from finetune.nested_json import object_over_lines_hint, rows_under_one_key
 from finetune.remote_files import is_url
 from finetune.resources import EXTENSIONS, SAVED_DATASET_DICT_FILE, data_path, saved_by_datasets
 from finetune.tables import Table, as_arrow, as_mask
@@ -383,10 +384,20 @@ def _load_json(path: Path, cfg: DataConfig) -> Table:
     # `encoding_errors` there; "utf-8-sig" reads the same bytes as UTF-8 and gets there.
     plain = is_utf8(cfg.encoding) and cfg.encoding_errors == "strict"
     options = {} if plain else {"encoding": python_codec(cfg.encoding), "encoding_errors": cfg.encoding_errors}
-    ds = _run_builder("json", path, **options)
     with open_bytes(path) as fh:
         start = fh.read(4096).lstrip(codecs.BOM_UTF8 + b" \t\r\n")
-    return Table.whole(ds, str(path), unit="record" if start.startswith(b"[") else "line")
+    try:
+        ds = _run_builder("json", path, **options)
+    except DataError as exc:
+        hint = object_over_lines_hint(path) if exc.hint is None else None
+        raise DataError(exc.message, hint) if hint else exc from None
+    if start.startswith(b"["):
+        return Table.whole(ds, str(path), unit="record")
+    nested = rows_under_one_key(ds, str(path), cfg.text_column)
+    if nested is not None:
+        key, rows = nested
+        return Table.whole(rows, str(path), unit=f"{key!r} record")
+    return Table.whole(ds, str(path), unit="line")
 
 
 def _run_builder(builder: str, path: Path, **options: Any) -> datasets.Dataset:

