@@ -131,6 +131,30 @@ def test_the_main_guard_check_sees_a_late_definition(tmp_path):
     assert _main_guard_comes_last(script)
 
 
+def _oldest_python() -> str:
+    """The oldest Python that pyproject.toml's ``requires-python`` admits, e.g. ``3.10``."""
+    text = (REPO / "pyproject.toml").read_text(encoding="utf-8")
+    return re.search(r'^requires-python = ">=(\d+\.\d+)"$', text, re.MULTILINE).group(1)
+
+
+def _needs_a_newer_python(*paths: Path) -> subprocess.CompletedProcess:
+    """vermin's reading of ``paths`` against the oldest Python the package claims: what it uses of a newer
+    standard library or syntax (``tomllib``, ``except*``), which no test run on a newer Python would notice."""
+    return subprocess.run([sys.executable, "-c", "import sys, vermin; sys.exit(vermin.main())", "--no-tips", "--violations", "--eval-annotations",
+                           f"-t={_oldest_python()}-", *map(str, paths)], capture_output=True, text=True, timeout=300)
+
+
+def test_the_code_runs_on_the_oldest_python_it_claims():
+    found = _needs_a_newer_python(REPO / "finetune", REPO / "bench", REPO / "tests")
+    assert found.returncode == 0, found.stdout + found.stderr
+
+
+def test_the_python_check_sees_a_newer_module_and_syntax(tmp_path):
+    (tmp_path / "newer.py").write_text("import tomllib\n\ntry:\n    pass\nexcept* ValueError:\n    pass\n")
+    found = _needs_a_newer_python(tmp_path)
+    assert found.returncode == 1 and "'tomllib' module requires" in found.stdout and "`except*` requires" in found.stdout
+
+
 def test_each_decision_has_the_file_the_readme_names():
     """The README's map says where each decision lives; the names it gives must exist there."""
     readme = (REPO / "README.md").read_text(encoding="utf-8")
