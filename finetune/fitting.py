@@ -31,7 +31,7 @@ from finetune.output_dir import output_lock, start_outputs
 from finetune.results import one_answer_for_every_text, summarize, validation_targets, write_outputs
 from finetune.selection import EvalHistory
 from finetune.signals import StopSignals, interruption
-from finetune.tracking import RunLogger, flat_hparams, log_lines_above, progress_bar
+from finetune.tracking import RunLogger, flat_hparams, log_lines_above, progress_bar, tracker_settings
 
 logger = logging.getLogger("finetune")
 
@@ -99,10 +99,11 @@ def _fit(run: Run, on_epoch_end, on_update, on_evaluation) -> dict[str, Any]:
     history = EvalHistory.from_config(cfg.evaluation)
     checkpoints = Checkpointer(run, history)  # chooses and verifies the checkpoint before anything is written
     start_outputs(cfg, acc, fresh=checkpoints.resume_path is None)
-    if cfg.logging.report_to:
-        acc.init_trackers(cfg.logging.project_name, config=flat_hparams(cfg.to_dict()))
     pending_eval = checkpoints.restore()
     resuming = run.state.step > 0 or run.state.micro_batch > 0 or run.state.epoch > 0
+    if cfg.logging.report_to:
+        acc.init_trackers(cfg.logging.project_name, config=flat_hparams(cfg.to_dict()),
+                          init_kwargs=tracker_settings(run.state.step if resuming else None))
     log = RunLogger(acc, cfg.output.output_dir, use_trackers=bool(cfg.logging.report_to),
                     resume_step=run.state.step if resuming else None, history=history.records)
     evaluations = Evaluations(run, log, history, checkpoints, on_evaluation)

@@ -73,6 +73,17 @@ class RunLogger:
             self.accelerator.log(scalars, step=record.get("step"))
 
 
+def tracker_settings(resume_step: Optional[int]) -> dict[str, dict[str, Any]]:
+    """Accelerate's ``init_kwargs`` for a run's trackers, by tracker. A run resumed at ``resume_step`` has
+    TensorBoard drop what the stopped run logged past its checkpoint (``purge_step``: TensorBoard's readers
+    discard the earlier files' events from that step on), as ``train_log.jsonl`` is cut there: each update is
+    shown once, as the resumed run logged it. (An evaluation at the checkpoint's own update that the stopped run
+    logged and the resumed run runs again, which the file keeps once, shows twice there.)"""
+    if resume_step is None:
+        return {}
+    return {"tensorboard": {"purge_step": resume_step + 1}}
+
+
 def read_log(output_dir: str | os.PathLike) -> list[dict[str, Any]]:
     """All records of ``<output_dir>/train_log.jsonl``."""
     path = Path(output_dir) / LOG_FILE

@@ -372,6 +372,25 @@ def test_sigkill_while_saving_resumes_from_the_previous_checkpoint(setup, refere
 
 
 @pytest.mark.slow
+def test_a_resumed_runs_tensorboard_shows_each_update_once_as_its_log_does(setup):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    root, cfg = setup
+    out = root / "tensorboard"
+    assert _train(cfg, out, "logging.report_to=[tensorboard]", FINETUNE_TEST_KILL_SAVING="6").returncode == -9
+    proc = _train(cfg, out, "logging.report_to=[tensorboard]")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "checkpoint-4: update 4, epoch 1, micro-batch 0" in proc.stderr  # updates 5 and 6 were logged twice
+    events = EventAccumulator(str(out / "finetune"))
+    events.Reload()
+    logged = [r for r in _records(out) if "train/loss" in r]
+    assert [r["step"] for r in logged] == list(range(1, 9))
+    shown = events.Scalars("train/loss")
+    assert [e.step for e in shown] == list(range(1, 9))  # the stopped run's 5 and 6 dropped, not shown twice
+    assert [e.value for e in shown] == pytest.approx([r["train/loss"] for r in logged], rel=1e-6)
+
+
+@pytest.mark.slow
 def test_nonfinite_stop_keeps_the_last_good_checkpoint(setup, reference):
     root, cfg = setup
     out = root / "nan"
