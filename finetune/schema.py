@@ -676,6 +676,8 @@ class EvalConfig:
     def __post_init__(self) -> None:
         if not self.metrics:
             raise ConfigError("evaluation.metrics: name at least one metric")
+        if any(not name.strip() for name in self.metrics):
+            raise ConfigError(f"evaluation.metrics: an empty name in {self.metrics}")
         if self.average == "binary" and self.positive_label is None:
             raise ConfigError("evaluation.positive_label: required when evaluation.average is binary")
         if self.threshold != PER_LABEL and not 0.0 < self.threshold < 1.0:

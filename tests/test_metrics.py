@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 from sklearn import metrics as skm
 
+from finetune.config import EvalConfig
 from finetune.errors import ConfigError
 from finetune.metrics import BUILTIN_METRICS, MetricSuite, builtin_metric_path
 
@@ -336,6 +337,14 @@ def test_unknown_metric_is_a_one_line_config_error(no_network):
     with pytest.raises(ConfigError, match=r"evaluation\.metrics.*'no_such_score_xyz'") as info:
         MetricSuite(["no_such_score_xyz"], 3)
     assert "did you mean" not in str(info.value)
+    with pytest.raises(ConfigError, match=r"^evaluation\.metrics: cannot load metric '/'$"):  # evaluate: IndexError
+        MetricSuite(["/"], 3)
+
+
+@pytest.mark.parametrize("names", [[""], ["accuracy", " "]])
+def test_an_empty_metric_name_is_refused_with_the_config(names):
+    with pytest.raises(ConfigError, match=r"^evaluation\.metrics: an empty name in \["):
+        EvalConfig(metrics=names)
 
 
 @pytest.mark.parametrize(

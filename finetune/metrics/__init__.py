@@ -199,7 +199,9 @@ class MetricSuite:
             return evaluate.load(builtin_metric_path(name), keep_in_memory=True, **options)
         try:
             return evaluate.load(name, keep_in_memory=True)
-        except (OSError, ImportError) as error:  # FileNotFoundError, ConnectionError, missing packages
+        # FileNotFoundError, ConnectionError, a missing package, and whatever else evaluate raises for a name it
+        # cannot resolve (an IndexError for "/")
+        except Exception as error:  # noqa: BLE001
             suggestion = _closest_builtin(name)
             did_you_mean = f" (did you mean {suggestion!r}?)" if suggestion else ""
             raise ConfigError(
