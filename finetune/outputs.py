@@ -100,7 +100,8 @@ def what_the_folder_holds_instead(folder: Path) -> Optional[str]:
 
 
 def refuse_a_run_file(path: str | os.PathLike, output_dir: str | os.PathLike, flag: str) -> None:
-    """Refuse ``path`` as a command's output when it is one of the files the run in ``output_dir`` wrote.
+    """Refuse ``path`` as a command's output when it is a directory or one of the files the run in
+    ``output_dir`` wrote.
 
     ``finetune predict`` and ``finetune score`` write next to a run when told
     to; replacing its ``config.yaml``, its log or its model would break the run.
@@ -108,6 +109,8 @@ def refuse_a_run_file(path: str | os.PathLike, output_dir: str | os.PathLike, fl
     Raises:
         ConfigError: naming the flag and the file.
     """
+    if Path(path).is_dir():  # a picture or a table written there would take the directory's name plus a suffix
+        raise ConfigError(f"{flag} {path}: is a directory; name a file")
     target, out = Path(path).resolve(), Path(output_dir).resolve()
     if target.parent == out:
         ours = target.name in (CONFIG_FILE, LOG_FILE, METRICS_FILE, CURVES_FILE, RESULTS_FILE, LOCK_FILE,

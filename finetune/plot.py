@@ -41,6 +41,22 @@ def _matplotlib():
     return Figure
 
 
+def picture_format(path: Path, flag: Optional[str] = None) -> str:
+    """The format matplotlib is to write ``path`` in: its extension's, PNG where it has none (passed to
+    ``savefig`` as such, so that the file is the name given, not the name plus ``.png``).
+
+    Raises:
+        DataError: for an extension matplotlib writes no picture for, naming ``flag`` where given.
+    """
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    kind = path.suffix.lstrip(".").lower() or "png"
+    if kind not in FigureCanvasBase.get_supported_filetypes():
+        where = f"{flag} {path}" if flag else str(path)
+        raise DataError(f"{where}: not a picture format matplotlib writes (.png, .pdf, .svg, ...)")
+    return kind
+
+
 def smooth(values: Sequence[float], span: Optional[int] = None) -> list[float]:
     """Exponential moving average, debiased at the start (as TensorBoard's smoothing).
 
@@ -208,9 +224,7 @@ def plot_curves(output_dir: str | os.PathLike, path: str | os.PathLike | None = 
         fig = curves_figure(records, title=str(output_dir))
     except DataError as exc:
         raise DataError(f"{output_dir / LOG_FILE}: {exc.message}") from None
-    kind = path.suffix.lstrip(".").lower() or "png"
-    if kind not in fig.canvas.get_supported_filetypes():
-        raise DataError(f"{path}: not a picture format matplotlib writes (.png, .pdf, .svg, ...)")
+    kind = picture_format(path)
     # through a temporary name: a stop while drawing leaves the old picture or the new one
     tmp = path.with_name(f".{path.name}.tmp")
     fig.savefig(tmp, dpi=DPI, format=kind)

@@ -378,16 +378,17 @@ def run(args: argparse.Namespace) -> Score:
     data_path(args.file, "--file")  # there, or downloaded where it is a URL
     png = Path(args.png) if args.png else output_dir / f"confusion_{data_name(args.file)}.png"
     for flag, target in (("--png", png), ("--json", Path(args.json) if args.json else None)):
-        if target is not None and not target.resolve().parent.is_dir():
-            raise DataError(f"{flag} {target}: its directory does not exist")
         if target is not None:
             refuse_a_run_file(target, output_dir, flag)
+            if not target.resolve().parent.is_dir():
+                raise DataError(f"{flag} {target}: its directory does not exist")
     # after the checks above, which need neither datasets nor torch (seconds to import): a wrong argument
     # is said at once
     from finetune.comparison import check_comparable
     from finetune.metrics import metrics_with_intervals
-    from finetune.plot import DPI, confusion_figure
+    from finetune.plot import DPI, confusion_figure, picture_format
 
+    png_format = picture_format(png, "--png")  # before the scoring, which may take minutes
     if other_dir is not None:  # before anything is scored: a model that answers another question is said at once
         check_comparable(*model_labels(output_dir), *model_labels(other_dir), other_dir)
     quiet_progress_bars()  # the bars of reading the file and loading the weights; the scoring bar is ours
@@ -407,8 +408,8 @@ def run(args: argparse.Namespace) -> Score:
             print(format_confusion(result.confusion, result.labels))
         else:
             print(format_confusions(result.confusion, result.labels))
-        confusion_figure(result.confusion, result.labels,
-                         title=f"{output_dir.name} on {file_name(args.file)}").savefig(png, dpi=DPI)
+        title = f"{output_dir.name} on {file_name(args.file)}"
+        confusion_figure(result.confusion, result.labels, title=title).savefig(png, dpi=DPI, format=png_format)
         print(f"confusion matrix: {png}")
     report = result.to_dict()
     if other_dir is not None:

@@ -122,6 +122,13 @@ def test_an_output_that_is_no_picture_or_a_file_of_the_run_is_one_line(tmp_path,
         assert capsys.readouterr().err.strip().splitlines() == [f"error: {message}"]
     assert (tmp_path / "config.yaml").read_text() == "training: {}\n" and not (tmp_path / "curves.yaml").exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["config.yaml", "train_log.jsonl"]
+    # a directory: refused in one line, where the drawing's temporary file was left beside it and the replace failed
+    (tmp_path / "pictures").mkdir()
+    assert main([str(tmp_path), "--output", str(tmp_path / "pictures")]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [f"error: --output {tmp_path / 'pictures'}: is a "
+                                                            f"directory; name a file"]
+    (tmp_path / "pictures").rmdir()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.yaml", "train_log.jsonl"]
     # the run's own curves.png is what plot redraws; another format is written as its suffix says
     assert main([str(tmp_path)]) == 0 and main([str(tmp_path), "--output", str(tmp_path / "curves.svg")]) == 0
     assert (tmp_path / "curves.png").read_bytes()[:4] == b"\x89PNG"

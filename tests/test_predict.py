@@ -803,6 +803,30 @@ def test_the_runs_own_files_are_never_an_output(trained, tmp_path, capsys):
         made.unlink()
 
 
+def test_an_output_that_is_a_directory_or_no_picture_is_refused_before_anything_is_scored(trained, tmp_path,
+                                                                                          capsys):
+    from finetune import predict, score
+
+    out, _, _ = trained
+    labelled = write_tsv(tmp_path / "held_out.tsv", [("ham", "hello there"), ("spam", "free cash")])
+    (tmp_path / "pictures").mkdir()
+    (tmp_path / "table.csv").mkdir()
+    for main, flag, target, said in (
+            (score.main, "--png", tmp_path / "pictures", "is a directory; name a file"),  # was written as pictures.png
+            (score.main, "--json", tmp_path / "pictures", "is a directory; name a file"),  # was a traceback at the end
+            (score.main, "--png", tmp_path / "confusion.5", "not a picture format matplotlib writes (.png, .pdf, "
+                                                            ".svg, ...)"),  # was a traceback after the scoring
+            (predict.main, "--output", tmp_path / "table.csv", "is a directory; name a file")):
+        assert main([str(out), "--file", str(labelled), flag, str(target)]) == 2
+        assert capsys.readouterr().err.strip().splitlines() == [f"error: {flag} {target}: {said}"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["held_out.tsv", "pictures", "table.csv"]
+    assert not list((tmp_path / "pictures").iterdir()) and not list((tmp_path / "table.csv").iterdir())
+    # a name without a suffix is a PNG of that name, as the line says
+    assert score.main([str(out), "--file", str(labelled), "--png", str(tmp_path / "confusion")]) == 0
+    assert f"confusion matrix: {tmp_path / 'confusion'}" in capsys.readouterr().out
+    assert (tmp_path / "confusion").read_bytes()[:4] == b"\x89PNG"
+
+
 def test_text_pairs_match_the_pipeline(trained, predictor):
     """Sentence pairs go through the tokenizer as pairs (token_type_ids 1 on the second text)."""
     from transformers import pipeline
