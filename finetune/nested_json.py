@@ -3,10 +3,10 @@
 Many tools export a table this way (an API's ``results``, a labelling tool's
 ``data``, beside keys such as ``version``). datasets' json builder reads such
 a file as one row, in whose list the table lies; :func:`rows_under_one_key`
-takes the list's records out as the rows, with the types (and datasets'
-features) the builder gave them. The builder's own ``field=`` option is not
-used: it reads the file again through pandas, which turns texts of digits
-into numbers.
+takes the list's records out as the rows, in Arrow, with the types the
+builder gave them (its JSON type for a field of mixed types included). The
+builder's own ``field=`` option is not used: it reads the file again through
+pandas, which turns texts of digits into numbers.
 """
 
 from __future__ import annotations
