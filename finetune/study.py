@@ -142,6 +142,19 @@ def _lost_the_race_to_create(exc) -> bool:
     return isinstance(exc, sqlalchemy.exc.ProgrammingError) and "already exists" in str(exc.orig)
 
 
+def refuse_a_database_in_memory(url: str) -> None:
+    """Refuse an SQLite URL without a file (``sqlite://``, ``sqlite:///:memory:``): its study would be gone with
+    the process, so no second worker would share it and no second run continue it.
+
+    Raises:
+        ConfigError: naming ``--storage``.
+    """
+    head, _, path = url.partition("://")
+    if head.split("+")[0] == "sqlite" and path.lstrip("/").split("?")[0] in ("", ":memory:"):
+        raise ConfigError(f"--storage {url}: a database in memory, which no other worker shares and no later run "
+                          f"continues; name a file (sqlite:///sweep/study.db)")
+
+
 def redact(url: str) -> str:
     """A storage URL without its password, for messages and the start line."""
     head, sep, tail = url.partition("://")

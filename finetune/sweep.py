@@ -35,7 +35,7 @@ from finetune.errors import ConfigError, run_command
 from finetune.search_space import Dimension, SearchSpace, overrides, parse_space
 from finetune.signals import RunInterrupted, StopSignals
 from finetune.study import BASE_PARAMS_ATTR, budget_left, load_or_create, made_with, open_storage, redact, \
-    refuse_another_sweep, running
+    refuse_a_database_in_memory, refuse_another_sweep, running
 from finetune.sweep_checks import check_sweep
 from finetune.sweep_file import DEFAULT_TRIALS, PRUNERS, SAMPLERS, describe_pruner, fixed_overrides, \
     pruner_settings, read_sweep_file, shipped_sweep, whole_number
@@ -146,6 +146,7 @@ def build_sweep(args: argparse.Namespace, argv: list[str]) -> Sweep:
     cfg = load_config(args.config, [*fixed, *args.overrides])
     output = Path(args.output or f"{cfg.output.output_dir.rstrip('/')}-sweep")
     storage = args.storage or f"sqlite:///{(output / 'study.db').resolve()}"
+    refuse_a_database_in_memory(storage)
     command = shlex.join(["finetune", "sweep", *argv])
     if folds:  # a config the folds cannot be cut from (a validation file) is said before any trial
         try:

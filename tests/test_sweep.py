@@ -656,6 +656,9 @@ def bad_input_job(tmp_path_factory):
     ({}, ["--storage", "mysqlx://nowhere/db", "--dry-run"], "--storage mysqlx://nowhere/db: "),
     ({}, ["--storage", "postgresql+psycopg://sweep:secret@127.0.0.1:1/db", "--dry-run"],
      "--storage postgresql+psycopg://sweep:***@127.0.0.1:1/db: "),
+    # a study in memory ran, and was gone with the process: nothing to continue or share
+    ({}, ["--storage", "sqlite:///"], "--storage sqlite:///: a database in memory, which no other worker shares"),
+    ({}, ["--storage", "sqlite:///:memory:", "--dry-run"], "--storage sqlite:///:memory:: a database in memory"),
 ])
 def test_bad_input_is_one_line_before_any_trial(bad_input_job, capsys, settings, args, message):
     tmp_path, config = bad_input_job, bad_input_job / "cfg.yaml"
