@@ -36,10 +36,16 @@ PANDAS_JSON_HINT = ("pandas' DataFrame.to_json writes columns, not rows, unless 
 
 def pandas_layout(ds: datasets.Dataset) -> bool:
     """Whether ``ds`` is a JSON file that pandas wrote by columns (its default ``orient``: one row of mappings
-    from index to value) or as ``split`` or ``table``, rather than as rows."""
+    from index to value) or as ``split`` or ``table``, rather than as rows. A mapping that holds lists or
+    mappings (``{"corpus": {"data": [...]}}``) is an object nested deeper, which pandas does not write."""
     if set(ds.column_names) in _PANDAS_LAYOUTS:
         return True
-    return len(ds) == 1 and all(isinstance(feature, dict) for feature in ds.features.values())
+    return len(ds) == 1 and all(isinstance(feature, dict) and not any(_nested(inner) for inner in feature.values())
+                                for feature in ds.features.values())
+
+
+def _nested(feature) -> bool:
+    return isinstance(feature, (dict, datasets.List, datasets.LargeList))
 
 
 def column_hint(ds: datasets.Dataset, missing_keys: list[str], configured: dict[str, str]) -> Optional[str]:

@@ -313,6 +313,17 @@ def test_the_older_datasets_hint_is_for_an_object_over_several_lines_alone(tmp_p
     assert object_over_lines_hint(tmp_path / "pretty.json") is None
 
 
+def test_an_object_nested_deeper_is_not_told_it_is_pandas_by_columns(tmp_path):
+    from finetune.column_hints import PANDAS_JSON_HINT
+
+    rows = [{"text": "free cash", "label": "spam"}, {"text": "see you", "label": "ham"}]
+    path = write(tmp_path / "deep.json", json.dumps({"corpus": {"data": rows}}))
+    with pytest.raises(DataError, match=r"deep\.json: no column 'text' \(data\.text_column\); columns found: "
+                                        r"corpus$") as info:
+        load_splits(cfg(path), seed=0)
+    assert info.value.hint != PANDAS_JSON_HINT
+
+
 def test_a_json_object_records_of_several_types_keep_their_texts(tmp_path):
     # a number among the texts gives the nested column datasets' Json feature: read as written, not '"s0"'
     records = [{"text": text, "label": label} for text, label in [("s0", "a"), (2024, "b"), ("s2", "a")]]
