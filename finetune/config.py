@@ -87,8 +87,9 @@ def _build(cls: type, data: Any, prefix: str) -> Any:
     return cls(**kwargs)
 
 
-def _set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
-    """Set ``tree[a][b][c] = value`` for ``dotted == 'a.b.c'``, checking the path exists."""
+def _set_dotted(tree: dict[str, Any], dotted: str, value: Any, source: str) -> None:
+    """Set ``tree[a][b][c] = value`` for ``dotted == 'a.b.c'``, checking the path exists; ``source`` names the
+    file ``tree`` was read from, whose section may not be a mapping."""
     parts = dotted.split(".")
     if len(parts) != 2 or not all(parts):
         sections = [f.name for f in dataclasses.fields(Config)]
@@ -104,7 +105,7 @@ def _set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
     if node is None:
         node = tree[section] = {}
     if not isinstance(node, dict):
-        raise ConfigError(f"{section}: expected a mapping of keys, got {_describe(node)}")
+        raise ConfigError(f"{source}: {section}: expected a mapping of keys, got {_describe(node)}")
     node[key] = value
 
 
@@ -368,7 +369,7 @@ def load_config(path: str | os.PathLike | None = None, overrides: list[str] | No
     given = set()
     for text in overrides or []:
         key, value = parse_override(text)
-        _set_dotted(data, key, value)
+        _set_dotted(data, key, value, str(path))
         given.add(key)
     let_the_command_line_choose(data, given, path)
     try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -267,6 +268,14 @@ def test_a_file_error_names_the_file_and_the_keys_line(tmp_path):
     with pytest.raises(ConfigError) as exc:
         load_config(path, ["training.seed=2"])
     assert exc.value.message == f"{path}:5: training.max_skipped: must be >= 1, got 0"
+
+
+def test_a_section_that_is_not_a_mapping_is_named_with_its_file_with_or_without_an_override(tmp_path):
+    path = write(tmp_path, "data:\n  train_file: x.csv\ntraining: 3\n")
+    for overrides in ([], ["training.seed=1"]):
+        with pytest.raises(ConfigError, match=rf"^{re.escape(str(path))}: training: expected a mapping of keys, "
+                                              rf"got int 3$"):
+            load_config(path, overrides)
 
 
 def test_a_key_in_the_wrong_section_is_told_its_section(tmp_path):
