@@ -117,6 +117,12 @@ def as_mask(array: pa.ChunkedArray | pa.Array) -> np.ndarray:
     return np.asarray(array.to_numpy(zero_copy_only=False), dtype=bool)
 
 
+def not_texts(feature: Any) -> bool:
+    """Whether a column of ``feature`` holds lists or mappings, which no reading makes texts of (numbers, and
+    datasets' JSON type of values of several types, read as texts)."""
+    return isinstance(feature, (dict, datasets.List, datasets.LargeList))
+
+
 def feature_name(feature: Any) -> str:
     if isinstance(feature, datasets.ClassLabel):
         return "class labels"

@@ -729,6 +729,22 @@ def test_a_json_object_whose_rows_sit_under_one_key_gets_a_prediction_per_record
     assert [json.loads(line)["message"] for line in capsys.readouterr().out.splitlines()] == TEXTS[:1]
 
 
+def test_a_column_of_lists_or_mappings_is_not_classified_as_texts(trained, tmp_path, capsys):
+    from finetune.predict import main
+
+    out, _, _ = trained
+    path = tmp_path / "tagged.jsonl"
+    path.write_text("".join(json.dumps({"text": [text], "meta": {"id": i}, "body": text}) + "\n"
+                            for i, text in enumerate(TEXTS)), encoding="utf-8")
+    for column, held in (("text", "List values"), ("meta", "dict values")):
+        assert main([str(out), "--file", str(path), "--text", column]) == 2  # their JSON was classified
+        assert capsys.readouterr().err.strip().splitlines() == [
+            f"error: --file {path}: column {column!r} holds {held}, not texts",
+            "hint: name the column of the texts with --text"]
+    assert main([str(out), "--file", str(path), "--text", "body"]) == 0
+    assert [json.loads(line)["body"] for line in capsys.readouterr().out.splitlines()] == TEXTS
+
+
 def test_score_warns_when_every_text_got_the_same_answer(trained, tmp_path, capsys):
     from finetune.score import main
 
