@@ -20,7 +20,7 @@ from typing import Optional
 import datasets
 import numpy as np
 
-from finetune.tables import Table, column_values
+from finetune.tables import Table, column_values, lists_or_mappings
 
 # the options of finetune train, score and sweep that set the columns a hint guesses
 FLAGS = {"data.text_column": "--text", "data.text_pair_column": "--text-pair", "data.label_column": "--label"}
@@ -40,12 +40,8 @@ def pandas_layout(ds: datasets.Dataset) -> bool:
     mappings (``{"corpus": {"data": [...]}}``) is an object nested deeper, which pandas does not write."""
     if set(ds.column_names) in _PANDAS_LAYOUTS:
         return True
-    return len(ds) == 1 and all(isinstance(feature, dict) and not any(_nested(inner) for inner in feature.values())
+    return len(ds) == 1 and all(isinstance(feature, dict) and not any(map(lists_or_mappings, feature.values()))
                                 for feature in ds.features.values())
-
-
-def _nested(feature) -> bool:
-    return isinstance(feature, (dict, datasets.List, datasets.LargeList))
 
 
 def column_hint(ds: datasets.Dataset, missing_keys: list[str], configured: dict[str, str]) -> Optional[str]:

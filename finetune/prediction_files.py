@@ -94,7 +94,7 @@ def read_rows(path: str | os.PathLike, text_column: str = "text",
     from finetune.config import DataConfig
     from finetune.column_hints import PANDAS_JSON_HINT, named_like, pandas_layout
     from finetune.local_files import read_table
-    from finetune.tables import feature_name, not_texts
+    from finetune.tables import feature_name, lists_or_mappings
     given = str(path)
     stdin = given == STDIN
     local = Path(local_file(given))  # a URL or an archive is read from its copy,
@@ -121,7 +121,7 @@ def read_rows(path: str | os.PathLike, text_column: str = "text",
                 raise DataError(f"--file {path}: no column {column!r} {where} "
                                 f"({', '.join(table.column_names) or 'empty'}); pass {flag}",
                                 hint=f"by the name, try {flag} {like}" if like else None)
-            if not_texts(table.features[column]):  # as training refuses it: its JSON would be classified
+            if lists_or_mappings(table.features[column]):  # as training refuses it: its JSON would be classified
                 raise DataError(f"--file {path}: column {column!r} holds {feature_name(table.features[column])}, "
                                 f"not texts", hint=f"name the column of the texts with {flag}")
         rows = table.to_list()

@@ -117,9 +117,9 @@ def as_mask(array: pa.ChunkedArray | pa.Array) -> np.ndarray:
     return np.asarray(array.to_numpy(zero_copy_only=False), dtype=bool)
 
 
-def not_texts(feature: Any) -> bool:
-    """Whether a column of ``feature`` holds lists or mappings, which no reading makes texts of (numbers, and
-    datasets' JSON type of values of several types, read as texts)."""
+def lists_or_mappings(feature: Any) -> bool:
+    """Whether a column of ``feature`` holds lists or mappings: never texts (numbers, and datasets' JSON type of
+    values of several types, read as texts), and never a value of pandas' layouts."""
     return isinstance(feature, (dict, datasets.List, datasets.LargeList))
 
 
