@@ -31,7 +31,7 @@ from finetune.output_dir import output_lock, start_outputs
 from finetune.results import one_answer_for_every_text, summarize, validation_targets, write_outputs
 from finetune.selection import EvalHistory
 from finetune.signals import StopSignals, interruption
-from finetune.tracking import RunLogger, flat_hparams, log_lines_above, progress_bar, tracker_settings
+from finetune.tracking import RunLogger, log_lines_above, progress_bar, start_trackers
 
 logger = logging.getLogger("finetune")
 
@@ -101,11 +101,9 @@ def _fit(run: Run, on_epoch_end, on_update, on_evaluation) -> dict[str, Any]:
     start_outputs(cfg, acc, fresh=checkpoints.resume_path is None)
     pending_eval = checkpoints.restore()
     resuming = run.state.step > 0 or run.state.micro_batch > 0 or run.state.epoch > 0
-    if cfg.logging.report_to:
-        acc.init_trackers(cfg.logging.project_name, config=flat_hparams(cfg.to_dict()),
-                          init_kwargs=tracker_settings(run.state.step if resuming else None))
+    continued = start_trackers(acc, cfg, resume_step=run.state.step if resuming else None)
     log = RunLogger(acc, cfg.output.output_dir, use_trackers=bool(cfg.logging.report_to),
-                    resume_step=run.state.step if resuming else None, history=history.records)
+                    resume_step=run.state.step if resuming else None, history=history.records, continued=continued)
     evaluations = Evaluations(run, log, history, checkpoints, on_evaluation)
     # SIGTERM / SIGINT: during training, stop at the next window boundary with a checkpoint; once training
     # is over, the final evaluation and writes still complete (they are what the run is for), then it ends.

@@ -11,6 +11,7 @@ The layout of an output folder::
     all_results.json       the summary under the Trainer's key names (train_runtime, eval_loss, ...)
     README.md              the model card: base model, data, labels, batching, results, how to reproduce
     curves.png             loss, learning rate and evaluation curves
+    trackers.json          the W&B and MLflow runs the run logs to, which a resumed run goes on with
     .finetune.lock         locked while a run writes here: one run per folder
 
 Every module that reads or writes these names imports them from here.
@@ -39,6 +40,8 @@ CHECKPOINTS_DIR = "checkpoints"
 METRICS_FILE = "metrics.json"
 CURVES_FILE = "curves.png"
 RESULTS_FILE = "all_results.json"
+# the tracker runs of the folder's run, by tracker (see finetune.tracking.start_trackers)
+TRACKERS_FILE = "trackers.json"
 # held by the running run (see OutputLock)
 LOCK_FILE = ".finetune.lock"
 # checkpoint-<n>, and the temporary and previous copies of one being saved (see finetune.checkpoint_files)

@@ -11,11 +11,12 @@ import contextlib
 import json
 import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from finetune.errors import ConfigError
-from finetune.outputs import LOG_FILE, json_ready
+from finetune.outputs import LOG_FILE, TRACKERS_FILE, json_ready, write_atomic
 
 
 class RunLogger:
@@ -24,29 +25,38 @@ class RunLogger:
     Args:
         accelerator: The run's ``Accelerator``; only its main process writes.
         output_dir: Directory of the log file.
-        use_trackers: Forward records to ``accelerator.log`` (trackers set up
-            with ``accelerator.init_trackers``).
+        use_trackers: Forward records to the trackers set up with ``accelerator.init_trackers``
+            (:func:`start_trackers`).
         resume_step: When resuming, records with ``step`` above this that an
             interrupted run had already written are dropped from the file first,
             so the log has each update once.
         history: When resuming, the checkpoint's evaluation records: an
             evaluation record at ``resume_step`` is kept only if it is one of
             them (an evaluation cut short after its record was written runs again).
+        continued: Trackers that go on with the stopped run's own tracker runs (:func:`start_trackers`): the
+            updates past the checkpoint that such a run holds already (the resumed run makes them again, with the
+            same numbers but the timings) are not sent again, so its curves too have each update once.
     """
 
     def __init__(self, accelerator, output_dir: str | os.PathLike, use_trackers: bool = False,
-                 resume_step: Optional[int] = None, history: Optional[list[dict[str, Any]]] = None):
+                 resume_step: Optional[int] = None, history: Optional[list[dict[str, Any]]] = None,
+                 continued: frozenset[str] = frozenset()):
         self.accelerator = accelerator
         self.path = Path(output_dir) / LOG_FILE
         self.use_trackers = use_trackers
+        written = 0  # the last update the stopped run wrote to the file
         if accelerator.is_main_process:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             if resume_step is not None and self.path.exists():
-                self._truncate_after(resume_step, history or [])
+                written = self._truncate_after(resume_step, history or [])
+        # by tracker, the last update its continued run holds; the main process holds the trackers, the others none
+        self.held = {t.name: _CONTINUABLE[t.name].holds_through(t, written)
+                     for t in accelerator.trackers if t.name in continued} if continued else {}
 
-    def _truncate_after(self, step: int, history: list[dict[str, Any]]) -> None:
+    def _truncate_after(self, step: int, history: list[dict[str, Any]]) -> int:
+        """Cut the file back to ``step``; return the last step it held before."""
         saved_evals = [json.dumps(json_ready(r), sort_keys=True) for r in history]
-        kept = []
+        kept, last = [], 0
         with open(self.path, encoding="utf-8") as fh:
             for line in fh:
                 if not line.strip():
@@ -56,12 +66,14 @@ class RunLogger:
                 except json.JSONDecodeError:
                     break  # a line cut by a kill: everything after it is suspect too
                 at = record.get("step", 0)
+                last = max(last, at)
                 is_eval = any(k.startswith("eval/") for k in record)
                 if at < step or (at == step and (not is_eval or json.dumps(record, sort_keys=True) in saved_evals)):
                     kept.append(line if line.endswith("\n") else line + "\n")
         tmp = self.path.with_suffix(".jsonl.tmp")
         tmp.write_text("".join(kept), encoding="utf-8")
         os.replace(tmp, self.path)
+        return last
 
     def log(self, record: dict[str, Any]) -> None:
         """Write one record (main process only) and hand it to the trackers."""
@@ -70,18 +82,98 @@ class RunLogger:
                 fh.write(json.dumps(json_ready(record)) + "\n")
         if self.use_trackers:
             scalars = {k: v for k, v in record.items() if isinstance(v, (int, float)) and k != "step"}
-            self.accelerator.log(scalars, step=record.get("step"))
+            step = record.get("step")
+            # what accelerator.log does, tracker by tracker (the main process holds them all; the others none)
+            for tracker in self.accelerator.trackers:
+                if step is not None and step <= self.held.get(tracker.name, -1):
+                    continue  # that tracker run has this update from the stopped run already
+                tracker.log(scalars, step=step)
 
 
-def tracker_settings(resume_step: Optional[int]) -> dict[str, dict[str, Any]]:
-    """Accelerate's ``init_kwargs`` for a run's trackers, by tracker. A run resumed at ``resume_step`` has
-    TensorBoard drop what the stopped run logged past its checkpoint (``purge_step``: TensorBoard's readers
-    discard the earlier files' events from that step on), as ``train_log.jsonl`` is cut there: each update is
-    shown once, as the resumed run logged it. (An evaluation at the checkpoint's own update that the stopped run
-    logged and the resumed run runs again, which the file keeps once, shows twice there.)"""
-    if resume_step is None:
-        return {}
-    return {"tensorboard": {"purge_step": resume_step + 1}}
+@dataclass(frozen=True)
+class _Continuation:
+    """How a resumed run goes on with one tracker's run: Accelerate has no common call for this, so each
+    library's own arguments."""
+
+    run_id: Callable[[Any], str]  # the started tracker's run id
+    init_kwargs: Callable[[str], dict[str, Any]]  # what continues the run with that id
+    # the last update the continued run holds, given the last one the stopped run wrote to train_log.jsonl
+    holds_through: Callable[[Any, int], int]
+
+
+# The trackers whose runs a resumed run goes on with, by name; the others start a new run at each start.
+_CONTINUABLE = {
+    # W&B counts what its run holds, the server's count (its writer buffers: a SIGKILL loses the last records;
+    # an offline run knows none and holds what this start sends)
+    "wandb": _Continuation(lambda tracker: tracker.run.id, lambda run_id: {"id": run_id, "resume": "allow"},
+                           lambda tracker, written: tracker.run.starting_step - 1),
+    # MLflow writes each record as it is logged, after train_log.jsonl: it holds what the file held
+    "mlflow": _Continuation(lambda tracker: tracker.active_run.info.run_id, lambda run_id: {"run_id": run_id},
+                            lambda tracker, written: written),
+}
+
+
+def start_trackers(accelerator, cfg, resume_step: Optional[int]) -> frozenset[str]:
+    """Start the trackers of ``logging.report_to`` for a run, fresh or resumed at update ``resume_step``.
+
+    A resumed run goes on with the W&B and MLflow runs its output folder's ``trackers.json`` names, and they keep
+    the settings they were started with (MLflow refuses a changed parameter, and only keys that do not change the
+    training can change on resume); every other tracker gets the run's settings as hyperparameters. A fresh run
+    starts new tracker runs and names them in ``trackers.json``.
+
+    Returns:
+        The names of the trackers that go on with the stopped run's tracker runs.
+    """
+    out = Path(cfg.output.output_dir)
+    earlier = read_tracker_runs(out) if resume_step is not None else {}
+    accelerator.init_trackers(cfg.logging.project_name, init_kwargs=tracker_settings(resume_step, earlier))
+    continued = frozenset(t.name for t in accelerator.trackers if t.name in earlier and t.name in _CONTINUABLE)
+    hparams = flat_hparams(cfg.to_dict())
+    for tracker in accelerator.trackers:
+        if tracker.name not in continued:
+            tracker.store_init_configuration(hparams)
+    if accelerator.is_main_process:
+        started = {t.name: _CONTINUABLE[t.name].run_id(t) for t in accelerator.trackers if t.name in _CONTINUABLE}
+        write_tracker_runs(out, {**earlier, **started})
+    return continued
+
+
+def tracker_settings(resume_step: Optional[int], earlier: Optional[dict[str, str]] = None
+                     ) -> dict[str, dict[str, Any]]:
+    """Accelerate's ``init_kwargs`` for a run's trackers, by tracker.
+
+    TensorBoard drops what earlier event files in its folder hold from the run's first update on
+    (``purge_step``: TensorBoard's readers discard earlier files' events from that step): a resumed run's past
+    its checkpoint, as ``train_log.jsonl`` is cut there, and all of an earlier run's that ``output.overwrite``
+    replaced. Each update is shown once, as this run logged it. (An evaluation at the checkpoint's own update
+    that the stopped run logged and the resumed run runs again, which the file keeps once, shows twice there.)
+    The W&B and MLflow runs in ``earlier`` (tracker name to run id) are continued.
+    """
+    settings: dict[str, dict[str, Any]] = {"tensorboard": {"purge_step": (resume_step or 0) + 1}}
+    for name, run_id in (earlier or {}).items():
+        if name in _CONTINUABLE:
+            settings[name] = _CONTINUABLE[name].init_kwargs(run_id)
+    return settings
+
+
+def read_tracker_runs(output_dir: str | os.PathLike) -> dict[str, str]:
+    """The tracker runs an output folder's run logs to (``trackers.json``: tracker name to run id), or none."""
+    path = Path(output_dir) / TRACKERS_FILE
+    try:
+        runs = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}  # none yet, or unreadable: the resumed run starts new tracker runs
+    return {str(k): str(v) for k, v in runs.items()} if isinstance(runs, dict) else {}
+
+
+def write_tracker_runs(output_dir: str | os.PathLike, runs: dict[str, str]) -> None:
+    """Name the folder's tracker runs in ``trackers.json``; without any, an earlier run's file goes, lest a later
+    resume take its runs for this one's."""
+    path = Path(output_dir) / TRACKERS_FILE
+    if runs:
+        write_atomic(path, json.dumps(runs, indent=2, sort_keys=True) + "\n")
+    else:
+        path.unlink(missing_ok=True)
 
 
 def read_log(output_dir: str | os.PathLike) -> list[dict[str, Any]]:

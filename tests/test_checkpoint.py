@@ -371,25 +371,106 @@ def test_sigkill_while_saving_resumes_from_the_previous_checkpoint(setup, refere
     assert not list((out / "checkpoints").glob(".*"))  # the leftover was cleaned up
 
 
-@pytest.mark.slow
-def test_a_resumed_runs_tensorboard_shows_each_update_once_as_its_log_does(setup):
+TRACKERS = "logging.report_to=[tensorboard,wandb,mlflow]"
+
+
+def _tracker_env(root: Path) -> dict[str, str]:
+    """W&B offline into ``root``, MLflow into a SQLite file there: each tracker's own files, read back below."""
+    (root / "wandb").mkdir(exist_ok=True)
+    return {"WANDB_MODE": "offline", "WANDB_DIR": str(root / "wandb"), "WANDB_SILENT": "true",
+            "MLFLOW_TRACKING_URI": f"sqlite:///{root / 'mlflow.db'}"}
+
+
+def _tensorboard_steps(out: Path) -> list[tuple[int, float]]:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    root, cfg = setup
-    out = root / "tensorboard"
-    proc = _train(cfg, out, "logging.report_to=[tensorboard]", FINETUNE_TEST_KILL_SAVING="6")
-    assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
-    proc = _train(cfg, out, "logging.report_to=[tensorboard]")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    # resumed at update 4: the killed run had sent updates 5 and 6 to TensorBoard already
-    assert "checkpoint-4: update 4, epoch 1, micro-batch 0" in proc.stderr
     events = EventAccumulator(str(out / "finetune"))
     events.Reload()
-    logged = [r for r in _records(out) if "train/loss" in r]
-    assert [r["step"] for r in logged] == list(range(1, 9))
-    shown = events.Scalars("train/loss")
-    assert [e.step for e in shown] == list(range(1, 9))  # the stopped run's 5 and 6 dropped, not shown twice
-    assert [e.value for e in shown] == pytest.approx([r["train/loss"] for r in logged], rel=1e-6)
+    return [(e.step, e.value) for e in events.Scalars("train/loss")]
+
+
+def _wandb_steps(root: Path, run_id: str) -> list[list[tuple[int, float]]]:
+    """The updates each start of the offline W&B run ``run_id`` holds, in the order of the starts: read from its
+    ``.wandb`` files, LevelDB-style logs of W&B's protobuf records (wandb has no public reader of them)."""
+    import struct
+
+    from wandb.proto import wandb_internal_pb2
+
+    starts = []
+    for path in sorted((root / "wandb" / "wandb").glob(f"offline-run-*-{run_id}/run-{run_id}.wandb")):
+        data, pos, chunks, steps = path.read_bytes(), 7, [], []  # a 7-byte header: ":W&B", a key, a version
+        while pos + 7 <= len(data):
+            if 32768 - pos % 32768 < 7:  # a block's tail too short for a chunk's header is padding
+                pos += 32768 - pos % 32768
+                continue
+            length, kind = struct.unpack("<HB", data[pos + 4:pos + 7])  # after a 4-byte checksum
+            if kind == 0:
+                break
+            chunks.append(data[pos + 7:pos + 7 + length])
+            pos += 7 + length
+            if kind in (1, 4):  # a record whole, or its last chunk
+                record = wandb_internal_pb2.Record.FromString(b"".join(chunks))
+                chunks = []
+                if record.WhichOneof("record_type") == "history":
+                    item = {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in record.history.item}
+                    if "train/loss" in item:
+                        steps.append((item["_step"], item["train/loss"]))
+        starts.append(steps)
+    return starts
+
+
+def _assert_same_curve(shown: list[tuple[int, float]], logged: list[tuple[int, float]]) -> None:
+    """The same updates, the same losses (a tracker may keep them in float32)."""
+    assert [step for step, _ in shown] == [step for step, _ in logged]
+    assert [value for _, value in shown] == pytest.approx([value for _, value in logged], rel=1e-6)
+
+
+def _mlflow_runs(root: Path) -> dict[str, list[tuple[int, float]]]:
+    """Each MLflow run of the project: its updates' losses, and its parameters."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{root / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("finetune")
+    return {run.info.run_id: [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, "train/loss")]
+            for run in client.search_runs([experiment.experiment_id])}
+
+
+@pytest.mark.slow
+def test_a_resumed_run_goes_on_with_its_tracker_runs_and_shows_each_update_once(setup):
+    """Killed while saving update 6 and resumed at 4: TensorBoard drops the stopped run's 5 and 6; MLflow goes on
+    with the stopped run's MLflow run, which has 5 and 6 already, W&B with its W&B run. Each update is shown once,
+    as ``train_log.jsonl`` has it. A fresh run in the folder starts new tracker runs."""
+    root, cfg = setup
+    out, env = root / "trackers", _tracker_env(root)
+    proc = _train(cfg, out, TRACKERS, FINETUNE_TEST_KILL_SAVING="6", **env)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
+    runs = json.loads((out / "trackers.json").read_text())
+    assert set(runs) == {"wandb", "mlflow"}
+    # resumed with a key that differs: MLflow refuses a parameter logged again with another value
+    proc = _train(cfg, out, TRACKERS, "output.resume_from=latest", **env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "checkpoint-4: update 4, epoch 1, micro-batch 0" in proc.stderr
+    assert json.loads((out / "trackers.json").read_text()) == runs
+    logged = [(r["step"], r["train/loss"]) for r in _records(out) if "train/loss" in r]
+    assert [step for step, _ in logged] == list(range(1, 9))
+
+    assert list(_mlflow_runs(root)) == [runs["mlflow"]]  # one MLflow run
+    for shown in (_tensorboard_steps(out), _mlflow_runs(root)[runs["mlflow"]]):
+        _assert_same_curve(shown, logged)  # 5 and 6 once, not twice
+    # one W&B run, started twice; offline, W&B knows nothing of what it holds, so the resumed start sends every
+    # update from the checkpoint on (online, its server's count leaves out those it has)
+    killed, resumed = _wandb_steps(root, runs["wandb"])
+    _assert_same_curve(resumed, logged[4:])
+
+    # a fresh run in the folder (output.overwrite) starts new tracker runs, and TensorBoard shows it alone
+    proc = _train(cfg, out, TRACKERS, "output.overwrite=true", "optim.learning_rate=3e-4", **env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    fresh = json.loads((out / "trackers.json").read_text())
+    assert fresh["wandb"] != runs["wandb"] and fresh["mlflow"] != runs["mlflow"]
+    logged = [(r["step"], r["train/loss"]) for r in _records(out) if "train/loss" in r]
+    assert [step for step, _ in logged] == list(range(1, 9))
+    for shown in (_tensorboard_steps(out), _mlflow_runs(root)[fresh["mlflow"]], *_wandb_steps(root, fresh["wandb"])):
+        _assert_same_curve(shown, logged)
 
 
 @pytest.mark.slow

@@ -1,11 +1,15 @@
-"""``logging.report_to``: any tracker Accelerate supports, checked at start-up.
+"""``logging.report_to``: any tracker Accelerate supports, checked at start-up; what a resumed run sends the
+tracker runs it goes on with.
 
-TensorBoard itself is tested end to end in test_cli.py (its event file is read back).
+End to end, their own files read back: TensorBoard in test_cli.py; TensorBoard, W&B (offline) and MLflow (SQLite)
+over a kill and a resume in test_checkpoint.py.
 """
 
 from __future__ import annotations
 
+import json
 import sys
+from types import SimpleNamespace
 
 import pytest
 import yaml
@@ -14,7 +18,8 @@ import forked
 from helpers import make_texts, offline_env, save_tiny_model, write_tsv
 
 from finetune.errors import ConfigError
-from finetune.tracking import check_trackers
+from finetune.tracking import (RunLogger, check_trackers, read_log, read_tracker_runs, tracker_settings,
+                               write_tracker_runs)
 
 
 def missing_tracker() -> str:
@@ -88,3 +93,60 @@ def test_missing_tracker_stops_train_py_before_any_work(tmp_path):
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and f"logging.report_to: tracker {name!r} needs a package" in errors[0]
     assert not out.exists()  # nothing was written, no data was read into the output
+
+
+class _Tracker:
+    """Stands in for one of Accelerate's trackers: its name, the updates it was sent, and (as W&B's) the step its
+    run starts at, which W&B's server counts."""
+
+    def __init__(self, name: str, starting_step: int = 0):
+        self.name, self.sent = name, []
+        self.run = SimpleNamespace(id="run-1", starting_step=starting_step)
+
+    def log(self, values: dict, step=None):
+        self.sent.append(step)
+
+
+def _stopped_run_log(folder, last: int) -> None:
+    records = [{"step": step, "train/loss": 1.0 / step} for step in range(1, last + 1)]
+    (folder / "train_log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+
+
+def test_a_continued_tracker_run_is_not_sent_the_updates_it_holds(tmp_path):
+    """The stopped run wrote updates 1 to 6 and was killed; its checkpoint is at 4. MLflow logs as the file is
+    written, so its run holds 1 to 6; W&B's server says its run starts at 6 (its writer lost update 6 in the
+    kill); TensorBoard starts anew (it drops the earlier files' 5 and 6 itself)."""
+    _stopped_run_log(tmp_path, last=6)
+    wandb, mlflow, tensorboard = _Tracker("wandb", starting_step=6), _Tracker("mlflow"), _Tracker("tensorboard")
+    acc = SimpleNamespace(is_main_process=True, trackers=[wandb, mlflow, tensorboard])
+    log = RunLogger(acc, tmp_path, use_trackers=True, resume_step=4, continued=frozenset({"wandb", "mlflow"}))
+    for step in range(5, 9):
+        log.log({"step": step, "train/loss": 1.0 / step})
+    assert wandb.sent == [6, 7, 8]
+    assert mlflow.sent == [7, 8]
+    assert tensorboard.sent == [5, 6, 7, 8]
+    assert [r["step"] for r in read_log(tmp_path)] == [1, 2, 3, 4, 5, 6, 7, 8]
+
+
+def test_new_tracker_runs_are_sent_every_update(tmp_path):
+    _stopped_run_log(tmp_path, last=6)
+    wandb, mlflow = _Tracker("wandb", starting_step=6), _Tracker("mlflow")
+    acc = SimpleNamespace(is_main_process=True, trackers=[wandb, mlflow])
+    log = RunLogger(acc, tmp_path, use_trackers=True, resume_step=4)  # resumed, with new tracker runs
+    for step in range(5, 7):
+        log.log({"step": step, "train/loss": 1.0 / step})
+    assert wandb.sent == mlflow.sent == [5, 6]
+
+
+def test_the_tracker_runs_to_continue_are_those_the_folder_names(tmp_path):
+    assert read_tracker_runs(tmp_path) == {}
+    write_tracker_runs(tmp_path, {"wandb": "a1b2c3d4", "mlflow": "0f9e"})
+    assert read_tracker_runs(tmp_path) == {"wandb": "a1b2c3d4", "mlflow": "0f9e"}
+    settings = tracker_settings(resume_step=4, earlier=read_tracker_runs(tmp_path))
+    assert settings == {"tensorboard": {"purge_step": 5}, "wandb": {"id": "a1b2c3d4", "resume": "allow"},
+                        "mlflow": {"run_id": "0f9e"}}
+    assert tracker_settings(resume_step=None) == {"tensorboard": {"purge_step": 1}}  # an earlier run's events go
+    write_tracker_runs(tmp_path, {})  # a fresh run without such trackers: the earlier run's names go
+    assert not (tmp_path / "trackers.json").exists()
+    (tmp_path / "trackers.json").write_text("[1, 2", encoding="utf-8")  # cut short: new tracker runs
+    assert read_tracker_runs(tmp_path) == {}
