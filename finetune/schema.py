@@ -707,6 +707,10 @@ class LoggingConfig:
     report_to: list[str] = setting(factory=list, help=(
         "Accelerate trackers to send the records to: tensorboard, wandb, mlflow, ... (empty: none)."))
     project_name: str = setting("finetune", "Project / run-group name handed to the trackers.")
+    run_name: Optional[str] = setting(None, "The run's name in the trackers that name their runs (W&B, MLflow); "
+                                      "null: the output folder as given (`output.output_dir`), as the Trainer "
+                                      "names them. A resumed run keeps the tracker runs it goes on with, names "
+                                      "and all.")
     progress_bar: bool = setting(True, "Show a tqdm progress bar (main process only): redrawn at each update in "
                                  "a terminal or a notebook, every 30 s when stderr is a file or a pipe (a batch "
                                  "job's log).")

@@ -50,7 +50,7 @@ class RunLogger:
             if resume_step is not None and self.path.exists():
                 written = self._truncate_after(resume_step, history or [])
         # by tracker, the last update its continued run holds; the main process holds the trackers, the others none
-        self.held = {t.name: _CONTINUABLE[t.name].holds_through(t, written)
+        self.held = {t.name: _TRACKER_RUNS[t.name].holds_through(t, written)
                      for t in accelerator.trackers if t.name in continued} if continued else {}
 
     def _truncate_after(self, step: int, history: list[dict[str, Any]]) -> int:
@@ -91,25 +91,27 @@ class RunLogger:
 
 
 @dataclass(frozen=True)
-class _Continuation:
-    """How a resumed run goes on with one tracker's run: Accelerate has no common call for this, so each
-    library's own arguments."""
+class _TrackerRuns:
+    """How a run names one tracker's run, and how a resumed run goes on with it: Accelerate has no common call for
+    these, so each library's own arguments."""
 
+    named: Callable[[str], dict[str, Any]]  # the init kwargs that name a new run
     run_id: Callable[[Any], str]  # the started tracker's run id
-    init_kwargs: Callable[[str], dict[str, Any]]  # what continues the run with that id
+    continued: Callable[[str], dict[str, Any]]  # the init kwargs that continue the run with that id
     # the last update the continued run holds, given the last one the stopped run wrote to train_log.jsonl
     holds_through: Callable[[Any, int], int]
 
 
-# The trackers whose runs a resumed run goes on with, by name; the others start a new run at each start.
-_CONTINUABLE = {
+# The trackers whose runs a run names and a resumed run goes on with; the others start a new run at each start.
+_TRACKER_RUNS = {
     # W&B counts what its run holds, the server's count (its writer buffers: a SIGKILL loses the last records;
     # an offline run knows none and holds what this start sends)
-    "wandb": _Continuation(lambda tracker: tracker.run.id, lambda run_id: {"id": run_id, "resume": "allow"},
-                           lambda tracker, written: tracker.run.starting_step - 1),
+    "wandb": _TrackerRuns(lambda name: {"name": name}, lambda tracker: tracker.run.id,
+                          lambda run_id: {"id": run_id, "resume": "allow"},
+                          lambda tracker, written: tracker.run.starting_step - 1),
     # MLflow writes each record as it is logged, after train_log.jsonl: it holds what the file held
-    "mlflow": _Continuation(lambda tracker: tracker.active_run.info.run_id, lambda run_id: {"run_id": run_id},
-                            lambda tracker, written: written),
+    "mlflow": _TrackerRuns(lambda name: {"run_name": name}, lambda tracker: tracker.active_run.info.run_id,
+                           lambda run_id: {"run_id": run_id}, lambda tracker, written: written),
 }
 
 
@@ -126,20 +128,21 @@ def start_trackers(accelerator, cfg, resume_step: Optional[int]) -> frozenset[st
     """
     out = Path(cfg.output.output_dir)
     earlier = read_tracker_runs(out) if resume_step is not None else {}
-    accelerator.init_trackers(cfg.logging.project_name, init_kwargs=tracker_settings(resume_step, earlier))
-    continued = frozenset(t.name for t in accelerator.trackers if t.name in earlier and t.name in _CONTINUABLE)
+    name = cfg.logging.run_name or cfg.output.output_dir
+    accelerator.init_trackers(cfg.logging.project_name, init_kwargs=tracker_settings(resume_step, earlier, name))
+    continued = frozenset(t.name for t in accelerator.trackers if t.name in earlier and t.name in _TRACKER_RUNS)
     hparams = flat_hparams(cfg.to_dict())
     for tracker in accelerator.trackers:
         if tracker.name not in continued:
             tracker.store_init_configuration(hparams)
     if accelerator.is_main_process:
-        started = {t.name: _CONTINUABLE[t.name].run_id(t) for t in accelerator.trackers if t.name in _CONTINUABLE}
+        started = {t.name: _TRACKER_RUNS[t.name].run_id(t) for t in accelerator.trackers if t.name in _TRACKER_RUNS}
         write_tracker_runs(out, {**earlier, **started})
     return continued
 
 
-def tracker_settings(resume_step: Optional[int], earlier: Optional[dict[str, str]] = None
-                     ) -> dict[str, dict[str, Any]]:
+def tracker_settings(resume_step: Optional[int], earlier: Optional[dict[str, str]] = None,
+                     run_name: Optional[str] = None) -> dict[str, dict[str, Any]]:
     """Accelerate's ``init_kwargs`` for a run's trackers, by tracker.
 
     TensorBoard drops what earlier event files in its folder hold from the run's first update on
@@ -147,12 +150,15 @@ def tracker_settings(resume_step: Optional[int], earlier: Optional[dict[str, str
     its checkpoint, as ``train_log.jsonl`` is cut there, and all of an earlier run's that ``output.overwrite``
     replaced. Each update is shown once, as this run logged it. (An evaluation at the checkpoint's own update
     that the stopped run logged and the resumed run runs again, which the file keeps once, shows twice there.)
-    The W&B and MLflow runs in ``earlier`` (tracker name to run id) are continued.
+    The W&B and MLflow runs in ``earlier`` (tracker name to run id) are continued; new ones are named
+    ``run_name``.
     """
     settings: dict[str, dict[str, Any]] = {"tensorboard": {"purge_step": (resume_step or 0) + 1}}
-    for name, run_id in (earlier or {}).items():
-        if name in _CONTINUABLE:
-            settings[name] = _CONTINUABLE[name].init_kwargs(run_id)
+    for tracker, runs in _TRACKER_RUNS.items():
+        if tracker in (earlier or {}):
+            settings[tracker] = runs.continued(earlier[tracker])
+        elif run_name:
+            settings[tracker] = runs.named(run_name)
     return settings
 
 

@@ -15,6 +15,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -389,16 +390,17 @@ def _tensorboard_steps(out: Path) -> list[tuple[int, float]]:
     return [(e.step, e.value) for e in events.Scalars("train/loss")]
 
 
-def _wandb_steps(root: Path, run_id: str) -> list[list[tuple[int, float]]]:
-    """The updates each start of the offline W&B run ``run_id`` holds, in the order of the starts: read from its
-    ``.wandb`` files, LevelDB-style logs of W&B's protobuf records (wandb has no public reader of them)."""
+def _wandb_starts(root: Path, run_id: str) -> list[SimpleNamespace]:
+    """Each start of the offline W&B run ``run_id``, in order: the name it gave the run and the updates it holds,
+    read from its ``.wandb`` file, a LevelDB-style log of W&B's protobuf records (wandb has no public reader)."""
     import struct
 
     from wandb.proto import wandb_internal_pb2
 
     starts = []
     for path in sorted((root / "wandb" / "wandb").glob(f"offline-run-*-{run_id}/run-{run_id}.wandb")):
-        data, pos, chunks, steps = path.read_bytes(), 7, [], []  # a 7-byte header: ":W&B", a key, a version
+        data, pos, chunks = path.read_bytes(), 7, []  # a 7-byte header: ":W&B", a key, a version
+        start = SimpleNamespace(name=None, steps=[])
         while pos + 7 <= len(data):
             if 32768 - pos % 32768 < 7:  # a block's tail too short for a chunk's header is padding
                 pos += 32768 - pos % 32768
@@ -411,11 +413,13 @@ def _wandb_steps(root: Path, run_id: str) -> list[list[tuple[int, float]]]:
             if kind in (1, 4):  # a record whole, or its last chunk
                 record = wandb_internal_pb2.Record.FromString(b"".join(chunks))
                 chunks = []
-                if record.WhichOneof("record_type") == "history":
+                if record.WhichOneof("record_type") == "run":
+                    start.name = record.run.display_name
+                elif record.WhichOneof("record_type") == "history":
                     item = {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in record.history.item}
                     if "train/loss" in item:
-                        steps.append((item["_step"], item["train/loss"]))
-        starts.append(steps)
+                        start.steps.append((item["_step"], item["train/loss"]))
+        starts.append(start)
     return starts
 
 
@@ -425,14 +429,17 @@ def _assert_same_curve(shown: list[tuple[int, float]], logged: list[tuple[int, f
     assert [value for _, value in shown] == pytest.approx([value for _, value in logged], rel=1e-6)
 
 
-def _mlflow_runs(root: Path) -> dict[str, list[tuple[int, float]]]:
-    """Each MLflow run of the project: its updates' losses, and its parameters."""
+def _mlflow_runs(root: Path) -> dict[str, SimpleNamespace]:
+    """Each MLflow run of the project, by id: its name and its updates' losses."""
     from mlflow.tracking import MlflowClient
 
-    client = MlflowClient(tracking_uri=f"sqlite:///{root / 'mlflow.db'}")
-    experiment = client.get_experiment_by_name("finetune")
-    return {run.info.run_id: [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, "train/loss")]
-            for run in client.search_runs([experiment.experiment_id])}
+    with warnings.catch_warnings():  # MLflow's store uses a loader option the newest SQLAlchemy deprecates
+        warnings.simplefilter("ignore", DeprecationWarning)
+        client = MlflowClient(tracking_uri=f"sqlite:///{root / 'mlflow.db'}")
+        experiment = client.get_experiment_by_name("finetune")
+        return {run.info.run_id: SimpleNamespace(name=run.info.run_name, steps=[
+                    (m.step, m.value) for m in client.get_metric_history(run.info.run_id, "train/loss")])
+                for run in client.search_runs([experiment.experiment_id])}
 
 
 @pytest.mark.slow
@@ -454,22 +461,27 @@ def test_a_resumed_run_goes_on_with_its_tracker_runs_and_shows_each_update_once(
     logged = [(r["step"], r["train/loss"]) for r in _records(out) if "train/loss" in r]
     assert [step for step, _ in logged] == list(range(1, 9))
 
-    assert list(_mlflow_runs(root)) == [runs["mlflow"]]  # one MLflow run
-    for shown in (_tensorboard_steps(out), _mlflow_runs(root)[runs["mlflow"]]):
+    mlflow = _mlflow_runs(root)
+    assert list(mlflow) == [runs["mlflow"]]  # one MLflow run
+    assert mlflow[runs["mlflow"]].name == str(out)  # named for the output folder, as the Trainer names it
+    for shown in (_tensorboard_steps(out), mlflow[runs["mlflow"]].steps):
         _assert_same_curve(shown, logged)  # 5 and 6 once, not twice
     # one W&B run, started twice; offline, W&B knows nothing of what it holds, so the resumed start sends every
     # update from the checkpoint on (online, its server's count leaves out those it has)
-    killed, resumed = _wandb_steps(root, runs["wandb"])
-    _assert_same_curve(resumed, logged[4:])
+    killed, resumed = _wandb_starts(root, runs["wandb"])  # the killed start's records died in W&B's buffer
+    _assert_same_curve(resumed.steps, logged[4:])
 
     # a fresh run in the folder (output.overwrite) starts new tracker runs, and TensorBoard shows it alone
-    proc = _train(cfg, out, TRACKERS, "output.overwrite=true", "optim.learning_rate=3e-4", **env)
+    proc = _train(cfg, out, TRACKERS, "output.overwrite=true", "optim.learning_rate=3e-4", "logging.run_name=lr3e-4",
+                  **env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     fresh = json.loads((out / "trackers.json").read_text())
     assert fresh["wandb"] != runs["wandb"] and fresh["mlflow"] != runs["mlflow"]
     logged = [(r["step"], r["train/loss"]) for r in _records(out) if "train/loss" in r]
     assert [step for step, _ in logged] == list(range(1, 9))
-    for shown in (_tensorboard_steps(out), _mlflow_runs(root)[fresh["mlflow"]], *_wandb_steps(root, fresh["wandb"])):
+    (wandb,), mlflow = _wandb_starts(root, fresh["wandb"]), _mlflow_runs(root)[fresh["mlflow"]]
+    assert wandb.name == mlflow.name == "lr3e-4"
+    for shown in (_tensorboard_steps(out), mlflow.steps, wandb.steps):
         _assert_same_curve(shown, logged)
 
 

@@ -146,6 +146,13 @@ def test_the_tracker_runs_to_continue_are_those_the_folder_names(tmp_path):
     assert settings == {"tensorboard": {"purge_step": 5}, "wandb": {"id": "a1b2c3d4", "resume": "allow"},
                         "mlflow": {"run_id": "0f9e"}}
     assert tracker_settings(resume_step=None) == {"tensorboard": {"purge_step": 1}}  # an earlier run's events go
+    # a new tracker run is named; one that goes on keeps its name
+    assert tracker_settings(None, None, "outputs/reviews") == {
+        "tensorboard": {"purge_step": 1}, "wandb": {"name": "outputs/reviews"},
+        "mlflow": {"run_name": "outputs/reviews"}}
+    assert tracker_settings(4, {"wandb": "a1b2c3d4"}, "outputs/reviews") == {
+        "tensorboard": {"purge_step": 5}, "wandb": {"id": "a1b2c3d4", "resume": "allow"},
+        "mlflow": {"run_name": "outputs/reviews"}}
     write_tracker_runs(tmp_path, {})  # a fresh run without such trackers: the earlier run's names go
     assert not (tmp_path / "trackers.json").exists()
     (tmp_path / "trackers.json").write_text("[1, 2", encoding="utf-8")  # cut short: new tracker runs
