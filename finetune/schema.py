@@ -711,6 +711,9 @@ class LoggingConfig:
                                       "null: the output folder as given (`output.output_dir`), as the Trainer "
                                       "names them. A resumed run keeps the tracker runs it goes on with, names "
                                       "and all.")
+    run_group: Optional[str] = setting(None, "The group of runs the run belongs to in the trackers that group "
+                                       "runs: W&B's `group`, a `group` tag in MLflow (its charts group by tags). "
+                                       "`finetune sweep` groups its runs under its folder.")
     progress_bar: bool = setting(True, "Show a tqdm progress bar (main process only): redrawn at each update in "
                                  "a terminal or a notebook, every 30 s when stderr is a file or a pipe (a batch "
                                  "job's log).")

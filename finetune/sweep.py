@@ -221,7 +221,8 @@ def run_sweep(sweep: Sweep) -> dict[str, Any]:
     report = lambda *_: write_reports(sweep.output, header, studies["search"], repeats,  # noqa: E731
                                       repeat_results(studies["repeats"], repeats))
     runner = TrialRunner(sweep.output, sweep.config, sweep.overrides, metric,
-                         on_trial_end=progress_line(sweep, metric, greater, report))
+                         on_trial_end=progress_line(sweep, metric, greater, report),
+                         group=None if cfg.logging.run_group else str(sweep.output))
     with StopSignals() as signals:  # a signal outside a trial's training ends the sweep between trials
         run_phases(sweep, runner, signals, storage, studies, identity, greater, repeats)
     report()

@@ -77,6 +77,8 @@ class TrialRunner:
         overrides: The command line's ``section.key=value``.
         metric: The objective (``evaluation.metric_for_best_model``).
         on_trial_end: Called with ``(phase, trial number, trial.json's record)`` once the trial ended.
+        group: Where the trackers that group runs (W&B, MLflow) show the trials' runs together
+            (``logging.run_group``); ``None``: as the config says.
     """
 
     root: Path
@@ -84,6 +86,7 @@ class TrialRunner:
     overrides: list[str]
     metric: str
     on_trial_end: Callable[[Phase, int, dict[str, Any]], None]
+    group: Optional[str] = None
     phase: Optional[Phase] = None
 
     def __call__(self, trial) -> float:
@@ -159,6 +162,8 @@ class TrialRunner:
             extra.append("output.overwrite=true")  # stopped before its first checkpoint: the trial starts over
         if seed is not None:
             extra.append(f"training.seed={seed}")
+        if self.group is not None:
+            extra.append(f"logging.run_group={self.group}")
         return [*self.overrides, *self.phase.fixed, *overrides(params), *extra]
 
     def _train(self, run_args: list[str], hook) -> dict[str, Any]:

@@ -92,26 +92,35 @@ class RunLogger:
 
 @dataclass(frozen=True)
 class _TrackerRuns:
-    """How a run names one tracker's run, and how a resumed run goes on with it: Accelerate has no common call for
-    these, so each library's own arguments."""
+    """How a run names and groups one tracker's run, and how a resumed run goes on with it: Accelerate has no common
+    call for these, so each library's own arguments."""
 
     named: Callable[[str], dict[str, Any]]  # the init kwargs that name a new run
+    grouped: Callable[[str], dict[str, Any]]  # the init kwargs that put a new run in a group
     run_id: Callable[[Any], str]  # the started tracker's run id
     continued: Callable[[str], dict[str, Any]]  # the init kwargs that continue the run with that id
     # the last update the continued run holds, given the last one the stopped run wrote to train_log.jsonl
     holds_through: Callable[[Any, int], int]
 
 
-# The trackers whose runs a run names and a resumed run goes on with; the others start a new run at each start.
+# The trackers whose runs a run names and groups, and a resumed run goes on with; the others start a new run at
+# each start.
 _TRACKER_RUNS = {
-    # W&B counts what its run holds, the server's count (its writer buffers: a SIGKILL loses the last records;
-    # an offline run knows none and holds what this start sends)
-    "wandb": _TrackerRuns(lambda name: {"name": name}, lambda tracker: tracker.run.id,
-                          lambda run_id: {"id": run_id, "resume": "allow"},
-                          lambda tracker, written: tracker.run.starting_step - 1),
-    # MLflow writes each record as it is logged, after train_log.jsonl: it holds what the file held
-    "mlflow": _TrackerRuns(lambda name: {"run_name": name}, lambda tracker: tracker.active_run.info.run_id,
-                           lambda run_id: {"run_id": run_id}, lambda tracker, written: written),
+    "wandb": _TrackerRuns(
+        named=lambda name: {"name": name},
+        grouped=lambda group: {"group": group},
+        run_id=lambda tracker: tracker.run.id,
+        continued=lambda run_id: {"id": run_id, "resume": "allow"},
+        # what its server counts (W&B's writer buffers: a SIGKILL loses the last records; an offline run counts
+        # none, and holds what this start sends)
+        holds_through=lambda tracker, written: tracker.run.starting_step - 1),
+    "mlflow": _TrackerRuns(
+        named=lambda name: {"run_name": name},
+        grouped=lambda group: {"tags": {"group": group}},
+        run_id=lambda tracker: tracker.active_run.info.run_id,
+        continued=lambda run_id: {"run_id": run_id},
+        # MLflow writes each record as it is logged, after train_log.jsonl: it holds what the file held
+        holds_through=lambda tracker, written: written),
 }
 
 
@@ -129,7 +138,8 @@ def start_trackers(accelerator, cfg, resume_step: Optional[int]) -> frozenset[st
     out = Path(cfg.output.output_dir)
     earlier = read_tracker_runs(out) if resume_step is not None else {}
     name = cfg.logging.run_name or cfg.output.output_dir
-    accelerator.init_trackers(cfg.logging.project_name, init_kwargs=tracker_settings(resume_step, earlier, name))
+    accelerator.init_trackers(cfg.logging.project_name,
+                              init_kwargs=tracker_settings(resume_step, earlier, name, cfg.logging.run_group))
     continued = frozenset(t.name for t in accelerator.trackers if t.name in earlier and t.name in _TRACKER_RUNS)
     hparams = flat_hparams(cfg.to_dict())
     for tracker in accelerator.trackers:
@@ -142,7 +152,7 @@ def start_trackers(accelerator, cfg, resume_step: Optional[int]) -> frozenset[st
 
 
 def tracker_settings(resume_step: Optional[int], earlier: Optional[dict[str, str]] = None,
-                     run_name: Optional[str] = None) -> dict[str, dict[str, Any]]:
+                     run_name: Optional[str] = None, run_group: Optional[str] = None) -> dict[str, dict[str, Any]]:
     """Accelerate's ``init_kwargs`` for a run's trackers, by tracker.
 
     TensorBoard drops what earlier event files in its folder hold from the run's first update on
@@ -150,16 +160,17 @@ def tracker_settings(resume_step: Optional[int], earlier: Optional[dict[str, str
     its checkpoint, as ``train_log.jsonl`` is cut there, and all of an earlier run's that ``output.overwrite``
     replaced. Each update is shown once, as this run logged it. (An evaluation at the checkpoint's own update
     that the stopped run logged and the resumed run runs again, which the file keeps once, shows twice there.)
-    The W&B and MLflow runs in ``earlier`` (tracker name to run id) are continued; new ones are named
-    ``run_name``.
+    The W&B and MLflow runs in ``earlier`` (tracker name to run id) are continued, as they were named and
+    grouped; new ones are named ``run_name`` and grouped in ``run_group``.
     """
     settings: dict[str, dict[str, Any]] = {"tensorboard": {"purge_step": (resume_step or 0) + 1}}
     for tracker, runs in _TRACKER_RUNS.items():
         if tracker in (earlier or {}):
             settings[tracker] = runs.continued(earlier[tracker])
-        elif run_name:
-            settings[tracker] = runs.named(run_name)
-    return settings
+        else:
+            settings[tracker] = {**(runs.named(run_name) if run_name else {}),
+                                 **(runs.grouped(run_group) if run_group else {})}
+    return {tracker: kwargs for tracker, kwargs in settings.items() if kwargs}
 
 
 def read_tracker_runs(output_dir: str | os.PathLike) -> dict[str, str]:

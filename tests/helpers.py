@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import json
 import os
 import random
 import socket
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, Iterator, Optional
 
 import torch
@@ -118,8 +120,6 @@ def save_tiny_deberta_v3(directory: Path, max_positions: int = 64) -> Path:
     tokenizer that is an ``spm.model`` with no ``tokenizer.json``, which transformers reads with the
     ``sentencepiece`` library. Its ``model_max_length`` is ``max_positions``, as 512 is there.
     """
-    import json
-
     import sentencepiece
     from transformers import AutoConfig, AutoModel
 
@@ -236,6 +236,40 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def wandb_offline_starts(wandb_dir: Path, run_id: str) -> list[SimpleNamespace]:
+    """Each start of the offline W&B run ``run_id`` under ``wandb_dir`` (its ``WANDB_DIR``), in order: the name and
+    the group it gave the run, and the ``(update, train/loss)`` it holds. Read from the start's ``.wandb`` file, a
+    LevelDB-style log of W&B's protobuf records (wandb has no public reader of it)."""
+    import struct
+
+    from wandb.proto import wandb_internal_pb2
+
+    starts = []
+    for path in sorted((wandb_dir / "wandb").glob(f"offline-run-*-{run_id}/run-{run_id}.wandb")):
+        data, pos, chunks = path.read_bytes(), 7, []  # a 7-byte header: ":W&B", a key, a version
+        start = SimpleNamespace(name=None, group=None, steps=[])
+        while pos + 7 <= len(data):
+            if 32768 - pos % 32768 < 7:  # a block's tail too short for a chunk's header is padding
+                pos += 32768 - pos % 32768
+                continue
+            length, kind = struct.unpack("<HB", data[pos + 4:pos + 7])  # after a 4-byte checksum
+            if kind == 0:
+                break
+            chunks.append(data[pos + 7:pos + 7 + length])
+            pos += 7 + length
+            if kind in (1, 4):  # a record whole, or its last chunk
+                record = wandb_internal_pb2.Record.FromString(b"".join(chunks))
+                chunks = []
+                if record.WhichOneof("record_type") == "run":
+                    start.name, start.group = record.run.display_name, record.run.run_group
+                elif record.WhichOneof("record_type") == "history":
+                    item = {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in record.history.item}
+                    if "train/loss" in item:
+                        start.steps.append((item["_step"], item["train/loss"]))
+        starts.append(start)
+    return starts
 
 
 def offline_env(extra: Optional[dict[str, str]] = None) -> dict[str, str]:

@@ -33,7 +33,7 @@ from finetune.outputs import clear_previous_run
 from finetune.output_dir import check_output_dir
 from finetune.signals import StopSignals, resume_command
 import forked
-from helpers import REPO, make_texts, offline_env, save_tiny_model, write_tsv
+from helpers import REPO, make_texts, offline_env, save_tiny_model, wandb_offline_starts, write_tsv
 
 WORKER = REPO / "tests" / "interrupt_worker.py"
 # per-update throughput differs between runs; everything else in a record must not
@@ -390,39 +390,6 @@ def _tensorboard_steps(out: Path) -> list[tuple[int, float]]:
     return [(e.step, e.value) for e in events.Scalars("train/loss")]
 
 
-def _wandb_starts(root: Path, run_id: str) -> list[SimpleNamespace]:
-    """Each start of the offline W&B run ``run_id``, in order: the name it gave the run and the updates it holds,
-    read from its ``.wandb`` file, a LevelDB-style log of W&B's protobuf records (wandb has no public reader)."""
-    import struct
-
-    from wandb.proto import wandb_internal_pb2
-
-    starts = []
-    for path in sorted((root / "wandb" / "wandb").glob(f"offline-run-*-{run_id}/run-{run_id}.wandb")):
-        data, pos, chunks = path.read_bytes(), 7, []  # a 7-byte header: ":W&B", a key, a version
-        start = SimpleNamespace(name=None, steps=[])
-        while pos + 7 <= len(data):
-            if 32768 - pos % 32768 < 7:  # a block's tail too short for a chunk's header is padding
-                pos += 32768 - pos % 32768
-                continue
-            length, kind = struct.unpack("<HB", data[pos + 4:pos + 7])  # after a 4-byte checksum
-            if kind == 0:
-                break
-            chunks.append(data[pos + 7:pos + 7 + length])
-            pos += 7 + length
-            if kind in (1, 4):  # a record whole, or its last chunk
-                record = wandb_internal_pb2.Record.FromString(b"".join(chunks))
-                chunks = []
-                if record.WhichOneof("record_type") == "run":
-                    start.name = record.run.display_name
-                elif record.WhichOneof("record_type") == "history":
-                    item = {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in record.history.item}
-                    if "train/loss" in item:
-                        start.steps.append((item["_step"], item["train/loss"]))
-        starts.append(start)
-    return starts
-
-
 def _assert_same_curve(shown: list[tuple[int, float]], logged: list[tuple[int, float]]) -> None:
     """The same updates, the same losses (a tracker may keep them in float32)."""
     assert [step for step, _ in shown] == [step for step, _ in logged]
@@ -468,7 +435,7 @@ def test_a_resumed_run_goes_on_with_its_tracker_runs_and_shows_each_update_once(
         _assert_same_curve(shown, logged)  # 5 and 6 once, not twice
     # one W&B run, started twice; offline, W&B knows nothing of what it holds, so the resumed start sends every
     # update from the checkpoint on (online, its server's count leaves out those it has)
-    killed, resumed = _wandb_starts(root, runs["wandb"])  # the killed start's records died in W&B's buffer
+    killed, resumed = wandb_offline_starts(root / "wandb", runs["wandb"])  # the killed start's records died in W&B's buffer
     _assert_same_curve(resumed.steps, logged[4:])
 
     # a fresh run in the folder (output.overwrite) starts new tracker runs, and TensorBoard shows it alone
@@ -479,7 +446,7 @@ def test_a_resumed_run_goes_on_with_its_tracker_runs_and_shows_each_update_once(
     assert fresh["wandb"] != runs["wandb"] and fresh["mlflow"] != runs["mlflow"]
     logged = [(r["step"], r["train/loss"]) for r in _records(out) if "train/loss" in r]
     assert [step for step, _ in logged] == list(range(1, 9))
-    (wandb,), mlflow = _wandb_starts(root, fresh["wandb"]), _mlflow_runs(root)[fresh["mlflow"]]
+    (wandb,), mlflow = wandb_offline_starts(root / "wandb", fresh["wandb"]), _mlflow_runs(root)[fresh["mlflow"]]
     assert wandb.name == mlflow.name == "lr3e-4"
     for shown in (_tensorboard_steps(out), mlflow.steps, wandb.steps):
         _assert_same_curve(shown, logged)
