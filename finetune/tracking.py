@@ -96,7 +96,9 @@ class _TrackerRuns:
     call for these, so each library's own arguments."""
 
     named: Callable[[str], dict[str, Any]]  # the init kwargs that name a new run
-    grouped: Callable[[str], dict[str, Any]]  # the init kwargs that put a new run in a group
+    # a new run's group: the init kwargs that put it in one, or what puts it there once started
+    group_kwargs: Callable[[str], dict[str, Any]]
+    group_started: Callable[[Any, str], None]
     run_id: Callable[[Any], str]  # the started tracker's run id
     continued: Callable[[str], dict[str, Any]]  # the init kwargs that continue the run with that id
     # the last update the continued run holds, given the last one the stopped run wrote to train_log.jsonl
@@ -108,7 +110,8 @@ class _TrackerRuns:
 _TRACKER_RUNS = {
     "wandb": _TrackerRuns(
         named=lambda name: {"name": name},
-        grouped=lambda group: {"group": group},
+        group_kwargs=lambda group: {"group": group},
+        group_started=lambda tracker, group: None,  # read-only once the run started
         run_id=lambda tracker: tracker.run.id,
         continued=lambda run_id: {"id": run_id, "resume": "allow"},
         # what its server counts (W&B's writer buffers: a SIGKILL loses the last records; an offline run counts
@@ -116,12 +119,21 @@ _TRACKER_RUNS = {
         holds_through=lambda tracker, written: tracker.run.starting_step - 1),
     "mlflow": _TrackerRuns(
         named=lambda name: {"run_name": name},
-        grouped=lambda group: {"tags": {"group": group}},
+        # a tag of the started run: Accelerate would put tags given at the start on a new experiment too
+        group_kwargs=lambda group: {},
+        group_started=lambda tracker, group: _mlflow_client().set_tag(tracker.active_run.info.run_id, "group",
+                                                                      group),
         run_id=lambda tracker: tracker.active_run.info.run_id,
         continued=lambda run_id: {"run_id": run_id},
         # MLflow writes each record as it is logged, after train_log.jsonl: it holds what the file held
         holds_through=lambda tracker, written: written),
 }
+
+
+def _mlflow_client():
+    from mlflow import MlflowClient
+
+    return MlflowClient()
 
 
 def start_trackers(accelerator, cfg, resume_step: Optional[int]) -> frozenset[str]:
@@ -145,6 +157,8 @@ def start_trackers(accelerator, cfg, resume_step: Optional[int]) -> frozenset[st
     for tracker in accelerator.trackers:
         if tracker.name not in continued:
             tracker.store_init_configuration(hparams)
+            if cfg.logging.run_group and tracker.name in _TRACKER_RUNS:
+                _TRACKER_RUNS[tracker.name].group_started(tracker, cfg.logging.run_group)
     if accelerator.is_main_process:
         started = {t.name: _TRACKER_RUNS[t.name].run_id(t) for t in accelerator.trackers if t.name in _TRACKER_RUNS}
         write_tracker_runs(out, {**earlier, **started})
@@ -161,7 +175,8 @@ def tracker_settings(resume_step: Optional[int], earlier: Optional[dict[str, str
     replaced. Each update is shown once, as this run logged it. (An evaluation at the checkpoint's own update
     that the stopped run logged and the resumed run runs again, which the file keeps once, shows twice there.)
     The W&B and MLflow runs in ``earlier`` (tracker name to run id) are continued, as they were named and
-    grouped; new ones are named ``run_name`` and grouped in ``run_group``.
+    grouped; new ones are named ``run_name`` (and W&B's grouped in ``run_group``; MLflow's group is a tag set
+    on the started run).
     """
     settings: dict[str, dict[str, Any]] = {"tensorboard": {"purge_step": (resume_step or 0) + 1}}
     for tracker, runs in _TRACKER_RUNS.items():
@@ -169,7 +184,7 @@ def tracker_settings(resume_step: Optional[int], earlier: Optional[dict[str, str
             settings[tracker] = runs.continued(earlier[tracker])
         else:
             settings[tracker] = {**(runs.named(run_name) if run_name else {}),
-                                 **(runs.grouped(run_group) if run_group else {})}
+                                 **(runs.group_kwargs(run_group) if run_group else {})}
     return {tracker: kwargs for tracker, kwargs in settings.items() if kwargs}
 
 

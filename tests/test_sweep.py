@@ -550,6 +550,7 @@ def test_the_trackers_show_a_sweeps_runs_as_one_group_each_run_named_for_its_fol
             run = client.get_run(ids["mlflow"])
             assert run.info.run_name == str(out / "seeds" / f"seed-{seed}")
             assert run.data.tags["group"] == str(out)
+        assert "group" not in client.get_experiment_by_name("finetune").tags  # the runs', not the experiment's
     for seed, ids in runs.items():
         (start,) = wandb_offline_starts(tmp_path / "wandb", ids["wandb"])
         assert (start.name, start.group) == (str(out / "seeds" / f"seed-{seed}"), str(out))

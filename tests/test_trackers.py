@@ -152,7 +152,7 @@ def test_the_tracker_runs_to_continue_are_those_the_folder_names(tmp_path):
         "mlflow": {"run_name": "outputs/reviews"}}
     assert tracker_settings(None, None, "outputs/s/trial-1", "outputs/s") == {
         "tensorboard": {"purge_step": 1}, "wandb": {"name": "outputs/s/trial-1", "group": "outputs/s"},
-        "mlflow": {"run_name": "outputs/s/trial-1", "tags": {"group": "outputs/s"}}}
+        "mlflow": {"run_name": "outputs/s/trial-1"}}
     assert tracker_settings(4, {"wandb": "a1b2c3d4"}, "outputs/reviews") == {
         "tensorboard": {"purge_step": 5}, "wandb": {"id": "a1b2c3d4", "resume": "allow"},
         "mlflow": {"run_name": "outputs/reviews"}}
