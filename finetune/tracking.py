@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import sys
 from dataclasses import dataclass
@@ -17,6 +18,8 @@ from typing import Any, Callable, Optional
 
 from finetune.errors import ConfigError
 from finetune.outputs import LOG_FILE, TRACKERS_FILE, json_ready, write_atomic
+
+logger = logging.getLogger("finetune")
 
 
 class RunLogger:
@@ -101,6 +104,7 @@ class _TrackerRuns:
     group_started: Callable[[Any, str], None]
     run_id: Callable[[Any], str]  # the started tracker's run id
     continued: Callable[[str], dict[str, Any]]  # the init kwargs that continue the run with that id
+    still_there: Callable[[str], bool]  # whether the run with that id can be continued
     # the last update the continued run holds, given the last one the stopped run wrote to train_log.jsonl
     holds_through: Callable[[Any, int], int]
 
@@ -114,6 +118,7 @@ _TRACKER_RUNS = {
         group_started=lambda tracker, group: None,  # read-only once the run started
         run_id=lambda tracker: tracker.run.id,
         continued=lambda run_id: {"id": run_id, "resume": "allow"},
+        still_there=lambda run_id: True,  # resume="allow" starts a new run under the id where there is none
         # what its server counts (W&B's writer buffers: a SIGKILL loses the last records; an offline run counts
         # none, and holds what this start sends)
         holds_through=lambda tracker, written: tracker.run.starting_step - 1),
@@ -125,6 +130,7 @@ _TRACKER_RUNS = {
                                                                       group),
         run_id=lambda tracker: tracker.active_run.info.run_id,
         continued=lambda run_id: {"run_id": run_id},
+        still_there=lambda run_id: _mlflow_run_is_there(run_id),  # start_run fails on a run deleted or unknown
         # MLflow writes each record as it is logged, after train_log.jsonl: it holds what the file held
         holds_through=lambda tracker, written: written),
 }
@@ -134,6 +140,16 @@ def _mlflow_client():
     from mlflow import MlflowClient
 
     return MlflowClient()
+
+
+def _mlflow_run_is_there(run_id: str) -> bool:
+    """Whether the tracking server holds the MLflow run ``run_id``, not deleted."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        return _mlflow_client().get_run(run_id).info.lifecycle_stage == "active"
+    except MlflowException:  # no such run on this server
+        return False
 
 
 def start_trackers(accelerator, cfg, resume_step: Optional[int]) -> frozenset[str]:
@@ -148,7 +164,9 @@ def start_trackers(accelerator, cfg, resume_step: Optional[int]) -> frozenset[st
         The names of the trackers that go on with the stopped run's tracker runs.
     """
     out = Path(cfg.output.output_dir)
-    earlier = read_tracker_runs(out) if resume_step is not None else {}
+    # the main process starts the trackers, and alone asks their servers
+    earlier = runs_to_continue(out, cfg.logging.report_to) if resume_step is not None and \
+        accelerator.is_main_process else {}
     name = cfg.logging.run_name or cfg.output.output_dir
     accelerator.init_trackers(cfg.logging.project_name,
                               init_kwargs=tracker_settings(resume_step, earlier, name, cfg.logging.run_group))
@@ -186,6 +204,26 @@ def tracker_settings(resume_step: Optional[int], earlier: Optional[dict[str, str
             settings[tracker] = {**(runs.named(run_name) if run_name else {}),
                                  **(runs.group_kwargs(run_group) if run_group else {})}
     return {tracker: kwargs for tracker, kwargs in settings.items() if kwargs}
+
+
+def runs_to_continue(output_dir: str | os.PathLike, report_to: list[str]) -> dict[str, str]:
+    """The tracker runs of the folder's ``trackers.json`` that a resumed run reporting to ``report_to`` goes on with:
+    those it reports to and their servers still hold. Of one that is gone (deleted, or another tracking server
+    now), a warning; the tracker starts a new run."""
+    runs = read_tracker_runs(output_dir)
+    for tracker, run_id in list(runs.items()):
+        if tracker not in _TRACKER_RUNS or (tracker not in report_to and "all" not in report_to):
+            continue
+        try:
+            there = _TRACKER_RUNS[tracker].still_there(run_id)
+        except ImportError:  # "all", and that tracker is not installed: it does not start
+            continue
+        if not there:
+            logger.warning("logging.report_to: the %s run %s that %s names is gone (deleted, or another server): "
+                           "a new %s run takes the records from here on", tracker, run_id,
+                           Path(output_dir) / TRACKERS_FILE, tracker)
+            del runs[tracker]
+    return runs
 
 
 def read_tracker_runs(output_dir: str | os.PathLike) -> dict[str, str]:

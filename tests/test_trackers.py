@@ -18,8 +18,8 @@ import forked
 from helpers import make_texts, offline_env, save_tiny_model, write_tsv
 
 from finetune.errors import ConfigError
-from finetune.tracking import (RunLogger, check_trackers, read_log, read_tracker_runs, tracker_settings,
-                               write_tracker_runs)
+from finetune.tracking import (RunLogger, check_trackers, read_log, read_tracker_runs, runs_to_continue,
+                               tracker_settings, write_tracker_runs)
 
 
 def missing_tracker() -> str:
@@ -160,3 +160,30 @@ def test_the_tracker_runs_to_continue_are_those_the_folder_names(tmp_path):
     assert not (tmp_path / "trackers.json").exists()
     (tmp_path / "trackers.json").write_text("[1, 2", encoding="utf-8")  # cut short: new tracker runs
     assert read_tracker_runs(tmp_path) == {}
+
+
+def test_a_run_goes_on_with_an_mlflow_run_only_where_its_server_still_holds_it(tmp_path, monkeypatch, caplog):
+    """A deleted MLflow run (or one on another tracking server) cannot be started again: the resumed run says so and
+    starts a new one, instead of ending in MLflow's traceback after the model is loaded."""
+    import warnings
+
+    from mlflow.tracking import MlflowClient
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    with warnings.catch_warnings():  # MLflow's store uses a loader option the newest SQLAlchemy deprecates
+        warnings.simplefilter("ignore", DeprecationWarning)
+        client = MlflowClient()
+        experiment = client.create_experiment("finetune")
+        kept, deleted = (client.create_run(experiment).info.run_id for _ in range(2))
+        client.delete_run(deleted)
+        for run_id, there in ((kept, True), (deleted, False), ("0" * 32, False)):
+            write_tracker_runs(tmp_path, {"mlflow": run_id, "wandb": "a1b2c3d4"})
+            caplog.clear()
+            assert runs_to_continue(tmp_path, ["mlflow", "wandb"]) == \
+                {**({"mlflow": run_id} if there else {}), "wandb": "a1b2c3d4"}
+            said = [r.getMessage() for r in caplog.records]
+            assert said == ([] if there else [
+                f"logging.report_to: the mlflow run {run_id} that {tmp_path / 'trackers.json'} names is gone "
+                "(deleted, or another server): a new mlflow run takes the records from here on"])
+        # not reported to: neither asked for nor dropped
+        assert runs_to_continue(tmp_path, ["wandb"]) == {"mlflow": "0" * 32, "wandb": "a1b2c3d4"}
