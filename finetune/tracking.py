@@ -168,8 +168,13 @@ def start_trackers(accelerator, cfg, resume_step: Optional[int]) -> frozenset[st
     earlier = runs_to_continue(out, cfg.logging.report_to) if resume_step is not None and \
         accelerator.is_main_process else {}
     name = cfg.logging.run_name or cfg.output.output_dir
-    accelerator.init_trackers(cfg.logging.project_name,
-                              init_kwargs=tracker_settings(resume_step, earlier, name, cfg.logging.run_group))
+    try:
+        accelerator.init_trackers(cfg.logging.project_name,
+                                  init_kwargs=tracker_settings(resume_step, earlier, name, cfg.logging.run_group))
+    except Exception as exc:  # a tracker library's own failure to start (no login, no server, ...), whatever it is
+        library = type(exc).__module__.split(".")[0]
+        who = library if library in _known_trackers() else "a tracker"
+        raise ConfigError(f"logging.report_to: {who} did not start: {exc}") from exc
     continued = frozenset(t.name for t in accelerator.trackers if t.name in earlier and t.name in _TRACKER_RUNS)
     hparams = flat_hparams(cfg.to_dict())
     for tracker in accelerator.trackers:
@@ -246,6 +251,12 @@ def write_tracker_runs(output_dir: str | os.PathLike, runs: dict[str, str]) -> N
         path.unlink(missing_ok=True)
 
 
+def _known_trackers() -> list[str]:
+    from accelerate.tracking import LOGGER_TYPE_TO_CLASS
+
+    return list(LOGGER_TYPE_TO_CLASS)
+
+
 def read_log(output_dir: str | os.PathLike) -> list[dict[str, Any]]:
     """All records of ``<output_dir>/train_log.jsonl``."""
     path = Path(output_dir) / LOG_FILE
@@ -274,9 +285,9 @@ def check_trackers(report_to: list[str]) -> None:
     """
     import difflib
 
-    from accelerate.tracking import LOGGER_TYPE_TO_CLASS, get_available_trackers
+    from accelerate.tracking import get_available_trackers
 
-    known = list(LOGGER_TYPE_TO_CLASS)
+    known = _known_trackers()
     available = {str(getattr(t, "value", t)) for t in get_available_trackers()}
     for name in report_to:
         if name == "all":

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -75,18 +76,22 @@ def test_missing_package_names_the_key_and_the_pip_package():
                                f"(pip install {package})")
 
 
-def test_missing_tracker_stops_train_py_before_any_work(tmp_path):
-    name = missing_tracker()
-    out = tmp_path / "out"
+def _tiny_job(tmp_path) -> Path:
     cfg = {
         "model": {"name_or_path": str(save_tiny_model(tmp_path / "tiny-bert"))},
         "data": {"train_file": str(write_tsv(tmp_path / "sms.tsv", make_texts(40, seed=1))), "format": "tsv",
                  "has_header": False, "column_names": ["label", "text"], "max_length": 32},
         "logging": {"report_to": ["tensorboard"], "progress_bar": False},
-        "output": {"output_dir": str(out)},
+        "output": {"output_dir": str(tmp_path / "out")},
     }
     (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(cfg), encoding="utf-8")
-    proc = forked.run([sys.executable, "finetune/train.py", "--config", str(tmp_path / "cfg.yaml"),
+    return tmp_path / "cfg.yaml"
+
+
+def test_missing_tracker_stops_train_py_before_any_work(tmp_path):
+    name = missing_tracker()
+    out = tmp_path / "out"
+    proc = forked.run([sys.executable, "finetune/train.py", "--config", str(_tiny_job(tmp_path)),
                        f"logging.report_to=[tensorboard,{name}]"], env=offline_env(), timeout=120)
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr
@@ -94,6 +99,21 @@ def test_missing_tracker_stops_train_py_before_any_work(tmp_path):
     assert len(errors) == 1 and f"logging.report_to: tracker {name!r} needs a package" in errors[0]
     assert not out.exists()  # nothing was written, no data was read into the output
 
+
+
+@pytest.mark.slow
+def test_a_tracker_that_cannot_start_stops_the_run_in_one_line(tmp_path):
+    """W&B online without a login (no key, no netrc: a home of its own) raises its own error when the run starts
+    its trackers, after the model is loaded: one line naming the key, with W&B's words, not a traceback."""
+    env = {name: value for name, value in offline_env().items() if not name.startswith("WANDB_")}
+    env.update(HOME=str(tmp_path), WANDB_DIR=str(tmp_path), WANDB_MODE="online")
+    proc = forked.run([sys.executable, "finetune/train.py", "--config", str(_tiny_job(tmp_path)),
+                       "logging.report_to=[wandb]"], env=env, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and errors[0].startswith("error: command line: logging.report_to: wandb did not start: ")
+    assert not (tmp_path / "out" / "train_log.jsonl").exists()  # no update was made
 
 class _Tracker:
     """Stands in for one of Accelerate's trackers: its name, the updates it was sent, and (as W&B's) the step its
