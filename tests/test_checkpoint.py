@@ -396,24 +396,34 @@ def _assert_same_curve(shown: list[tuple[int, float]], logged: list[tuple[int, f
     assert [value for _, value in shown] == pytest.approx([value for _, value in logged], rel=1e-6)
 
 
-def _mlflow_runs(root: Path) -> dict[str, SimpleNamespace]:
-    """Each MLflow run of the project, by id: its name and its updates' losses."""
+def _mlflow_client(root: Path):
     from mlflow.tracking import MlflowClient
 
+    return MlflowClient(tracking_uri=f"sqlite:///{root / 'mlflow.db'}")
+
+
+def _mlflow_runs(root: Path) -> dict[str, SimpleNamespace]:
+    """Each MLflow run of the project, by id: its name, tags and updates' losses."""
     with warnings.catch_warnings():  # MLflow's store uses a loader option the newest SQLAlchemy deprecates
         warnings.simplefilter("ignore", DeprecationWarning)
-        client = MlflowClient(tracking_uri=f"sqlite:///{root / 'mlflow.db'}")
+        client = _mlflow_client(root)
         experiment = client.get_experiment_by_name("finetune")
-        return {run.info.run_id: SimpleNamespace(name=run.info.run_name, steps=[
+        return {run.info.run_id: SimpleNamespace(name=run.info.run_name, tags=run.data.tags, steps=[
                     (m.step, m.value) for m in client.get_metric_history(run.info.run_id, "train/loss")])
                 for run in client.search_runs([experiment.experiment_id])}
+
+
+def _mlflow_experiment_tags(root: Path) -> dict[str, str]:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return _mlflow_client(root).get_experiment_by_name("finetune").tags
 
 
 @pytest.mark.slow
 def test_a_resumed_run_goes_on_with_its_tracker_runs_and_shows_each_update_once(setup):
     """Killed while saving update 6 and resumed at 4: TensorBoard drops the stopped run's 5 and 6; MLflow goes on
     with the stopped run's MLflow run, which has 5 and 6 already, W&B with its W&B run. Each update is shown once,
-    as ``train_log.jsonl`` has it. A fresh run in the folder starts new tracker runs."""
+    as ``train_log.jsonl`` has it. A fresh run in the folder starts new tracker runs, named and grouped as set."""
     root, cfg = setup
     out, env = root / "trackers", _tracker_env(root)
     proc = _train(cfg, out, TRACKERS, FINETUNE_TEST_KILL_SAVING="6", **env)
@@ -440,7 +450,7 @@ def test_a_resumed_run_goes_on_with_its_tracker_runs_and_shows_each_update_once(
 
     # a fresh run in the folder (output.overwrite) starts new tracker runs, and TensorBoard shows it alone
     proc = _train(cfg, out, TRACKERS, "output.overwrite=true", "optim.learning_rate=3e-4", "logging.run_name=lr3e-4",
-                  **env)
+                  "logging.run_group=lr", **env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     fresh = json.loads((out / "trackers.json").read_text())
     assert fresh["wandb"] != runs["wandb"] and fresh["mlflow"] != runs["mlflow"]
@@ -448,6 +458,8 @@ def test_a_resumed_run_goes_on_with_its_tracker_runs_and_shows_each_update_once(
     assert [step for step, _ in logged] == list(range(1, 9))
     (wandb,), mlflow = wandb_offline_starts(root / "wandb", fresh["wandb"]), _mlflow_runs(root)[fresh["mlflow"]]
     assert wandb.name == mlflow.name == "lr3e-4"
+    assert wandb.group == mlflow.tags["group"] == "lr"
+    assert "group" not in _mlflow_experiment_tags(root)  # the run's tag, not the experiment's
     for shown in (_tensorboard_steps(out), mlflow.steps, wandb.steps):
         _assert_same_curve(shown, logged)
 
