@@ -109,6 +109,22 @@ class _TrackerRuns:
     holds_through: Callable[[Any, int], int]
 
 
+def _mlflow_client():
+    from mlflow import MlflowClient
+
+    return MlflowClient()
+
+
+def _mlflow_run_is_there(run_id: str) -> bool:
+    """Whether the tracking server holds the MLflow run ``run_id``, not deleted."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        return _mlflow_client().get_run(run_id).info.lifecycle_stage == "active"
+    except MlflowException:  # no such run on this server
+        return False
+
+
 # The trackers whose runs a run names and groups, and a resumed run goes on with; the others start a new run at
 # each start.
 _TRACKER_RUNS = {
@@ -130,26 +146,10 @@ _TRACKER_RUNS = {
                                                                       group),
         run_id=lambda tracker: tracker.active_run.info.run_id,
         continued=lambda run_id: {"run_id": run_id},
-        still_there=lambda run_id: _mlflow_run_is_there(run_id),  # start_run fails on a run deleted or unknown
+        still_there=_mlflow_run_is_there,  # start_run fails on a run deleted or unknown
         # MLflow writes each record as it is logged, after train_log.jsonl: it holds what the file held
         holds_through=lambda tracker, written: written),
 }
-
-
-def _mlflow_client():
-    from mlflow import MlflowClient
-
-    return MlflowClient()
-
-
-def _mlflow_run_is_there(run_id: str) -> bool:
-    """Whether the tracking server holds the MLflow run ``run_id``, not deleted."""
-    from mlflow.exceptions import MlflowException
-
-    try:
-        return _mlflow_client().get_run(run_id).info.lifecycle_stage == "active"
-    except MlflowException:  # no such run on this server
-        return False
 
 
 def start_trackers(accelerator, cfg, resume_step: Optional[int]) -> frozenset[str]:
