@@ -9,6 +9,7 @@ keeps its traceback.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
 import sys
@@ -138,6 +139,15 @@ def is_main_rank() -> bool:
     except ValueError:  # the launch's own check names the variable
         several = False
     return not several or os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0")) == "0"
+
+
+class CommandParser(argparse.ArgumentParser):
+    """argparse's parser for a ``finetune`` command, whose usage errors (an option's value of the wrong type, a
+    missing argument) are the package's ``error:`` line and a ``hint:`` line, with argparse's exit code 2, where
+    argparse prints its usage block first."""
+
+    def error(self, message: str):
+        self.exit(2, f"error: {message}\nhint: {self.prog} --help lists its options\n")
 
 
 def run_command(action: Callable[[], object], debug: bool = False) -> int:

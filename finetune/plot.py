@@ -18,14 +18,13 @@ value) shows them inline.
 
 from __future__ import annotations
 
-import argparse
 import math
 import os
 import sys
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from finetune.errors import DataError, FinetuneError, run_command
+from finetune.errors import CommandParser, DataError, FinetuneError, run_command
 
 from finetune.outputs import CURVES_FILE, LOG_FILE, refuse_a_run_file
 # Figure size in inches and resolution: curves.png is 1500 x 420 pixels.
@@ -276,7 +275,7 @@ def confusion_figure(matrix, names: Sequence[str], title: Optional[str] = None):
 
 def main(argv: list[str] | None = None) -> int:
     """``finetune plot <output_dir> [--output PATH]``; returns the exit code."""
-    parser = argparse.ArgumentParser(prog="finetune plot",
+    parser = CommandParser(prog="finetune plot",
                                      description="Plot a run's loss, learning rate and validation metrics.")
     parser.add_argument("output_dir", help="the run's output directory (holds train_log.jsonl)")
     parser.add_argument("--output", default=None, help=f"PNG to write (default: <output_dir>/{CURVES_FILE})")

@@ -25,7 +25,8 @@ import sys
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from finetune.errors import ConfigError, DataError, ModelError, OutOfMemory, out_of_memory_told_as, run_command
+from finetune.errors import (CommandParser, ConfigError, DataError, ModelError, OutOfMemory, out_of_memory_told_as,
+                             run_command)
 from finetune.outputs import refuse_a_run_file
 from finetune.prediction_files import (CLASH_PREFIX, OUTPUT_FORMATS, STDIN, checked_suffix, input_kind, local_file,
                                        columns_named_as_predictions, note_the_files_own_columns, output_separator,
@@ -311,7 +312,7 @@ def _training_device():
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="finetune predict",
+    parser = CommandParser(prog="finetune predict",
                                      description="Classify texts with a fine-tuned model.")
     parser.add_argument("output_dir", help="a run's output directory (the saved model)")
     parser.add_argument("texts", nargs="*", help="texts to classify (printed as JSON lines)")

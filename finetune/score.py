@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from finetune.errors import ConfigError, DataError, FileLayoutError, out_of_memory_told_as, run_command
+from finetune.errors import CommandParser, ConfigError, DataError, FileLayoutError, out_of_memory_told_as, run_command
 from finetune.predict import (DEFAULT_BATCH_SIZE, Predictor, add_precision_argument, batch_too_large,
                               check_precision, quiet_progress_bars, saved_config)
 
@@ -332,7 +332,7 @@ def format_by_label(by_label: dict[str, dict[str, float]]) -> str:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="finetune score",
+    parser = CommandParser(prog="finetune score",
                                      description="Score a fine-tuned model on a labelled file.")
     parser.add_argument("output_dir", help="a run's output directory (the saved model and config.yaml)")
     parser.add_argument("--file", required=True, help="labelled data: csv, tsv, json/jsonl, parquet, a class folder "

@@ -31,7 +31,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Optional
 
-from finetune.errors import ConfigError, run_command
+from finetune.errors import CommandParser, ConfigError, run_command
 from finetune.search_space import Dimension, SearchSpace, overrides, parse_space
 from finetune.signals import RunInterrupted, StopSignals
 from finetune.study import BASE_PARAMS_ATTR, budget_left, load_or_create, made_with, open_storage, redact, \
@@ -75,7 +75,7 @@ class Sweep:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     from finetune.train import add_column_options, shortcut_overrides
 
-    parser = argparse.ArgumentParser(prog="finetune sweep", description=__doc__.splitlines()[0],
+    parser = CommandParser(prog="finetune sweep", description=__doc__.splitlines()[0],
                                      epilog="every option and the sweep file: docs/sweeps.md")
     parser.add_argument("--config", help="the run's YAML config (default: configs/default.yaml)")
     parser.add_argument("--data", metavar="FILE", help="training data, as finetune train --data takes it "

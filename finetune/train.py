@@ -27,7 +27,7 @@ import argparse  # noqa: E402
 import dataclasses  # noqa: E402
 import logging  # noqa: E402
 
-from finetune.errors import FinetuneError, is_main_rank, out_of_memory_told_as, run_command  # noqa: E402
+from finetune.errors import CommandParser, FinetuneError, is_main_rank, out_of_memory_told_as, run_command  # noqa: E402
 
 logger = logging.getLogger("finetune")
 
@@ -56,7 +56,7 @@ SHORTCUTS = {"data": "data.train_file", "text": "data.text_column", "text_pair":
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="finetune train",
         description="Fine-tune a BERT-family text classifier with exact gradient accumulation.",
         epilog=epilog(),

@@ -531,3 +531,23 @@ def test_under_a_launcher_the_main_process_alone_prints_the_error(monkeypatch, c
     assert run_command(refused) == 2
     assert capsys.readouterr().err == ("error: training.bogus: unknown key\n" if printed else "")
     assert bool(waited) is not printed
+
+
+@pytest.mark.parametrize("argv, said", [
+    (["predict", "out", "great fun", "--batch-size", "abc"], "argument --batch-size: invalid int value: 'abc'"),
+    (["predict", "out", "great fun", "--threshold", "high"], "argument --threshold: invalid float value: 'high'"),
+    (["score", "out", "--file", "held_out.csv", "--batch-size", "0.5"], "argument --batch-size: invalid int value: '0.5'"),
+    (["score", "out"], "the following arguments are required: --file"),
+    (["sweep", "--trials", "many"], "argument --trials: invalid int value: 'many'"),
+    (["plot"], "the following arguments are required: output_dir"),
+])
+def test_an_option_of_the_wrong_type_is_one_line_and_a_hint(argv, said, capsys):
+    """argparse would print its usage block before its error; each command says the error and where its options
+    are listed instead, with argparse's exit code."""
+    from finetune.cli import main as finetune
+
+    with pytest.raises(SystemExit) as done:
+        finetune(argv)
+    assert done.value.code == 2
+    assert capsys.readouterr().err.splitlines() == [f"error: {said}",
+                                                    f"hint: finetune {argv[0]} --help lists its options"]
