@@ -276,7 +276,7 @@ def confusion_figure(matrix, names: Sequence[str], title: Optional[str] = None):
 def main(argv: list[str] | None = None) -> int:
     """``finetune plot <output_dir> [--output PATH]``; returns the exit code."""
     parser = CommandParser(prog="finetune plot",
-                                     description="Plot a run's loss, learning rate and validation metrics.")
+                           description="Plot a run's loss, learning rate and validation metrics.")
     parser.add_argument("output_dir", help="the run's output directory (holds train_log.jsonl)")
     parser.add_argument("--output", default=None, help=f"PNG to write (default: <output_dir>/{CURVES_FILE})")
     args = parser.parse_args(argv)

@@ -313,7 +313,7 @@ def _training_device():
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = CommandParser(prog="finetune predict",
-                                     description="Classify texts with a fine-tuned model.")
+                           description="Classify texts with a fine-tuned model.")
     parser.add_argument("output_dir", help="a run's output directory (the saved model)")
     parser.add_argument("texts", nargs="*", help="texts to classify (printed as JSON lines)")
     parser.add_argument("--file", default=None, help="classify the texts of a .txt, .csv, .tsv, .json, .jsonl or "

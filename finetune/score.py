@@ -333,7 +333,7 @@ def format_by_label(by_label: dict[str, dict[str, float]]) -> str:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = CommandParser(prog="finetune score",
-                                     description="Score a fine-tuned model on a labelled file.")
+                           description="Score a fine-tuned model on a labelled file.")
     parser.add_argument("output_dir", help="a run's output directory (the saved model and config.yaml)")
     parser.add_argument("--file", required=True, help="labelled data: csv, tsv, json/jsonl, parquet, a class folder "
                         "or a folder datasets saved, on disk, at a URL or in a .zip or .tar.gz (contest.zip/test.csv)")

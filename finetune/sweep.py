@@ -76,7 +76,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     from finetune.train import add_column_options, shortcut_overrides
 
     parser = CommandParser(prog="finetune sweep", description=__doc__.splitlines()[0],
-                                     epilog="every option and the sweep file: docs/sweeps.md")
+                           epilog="every option and the sweep file: docs/sweeps.md")
     parser.add_argument("--config", help="the run's YAML config (default: configs/default.yaml)")
     parser.add_argument("--data", metavar="FILE", help="training data, as finetune train --data takes it "
                         "(data.train_file)")
