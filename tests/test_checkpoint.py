@@ -443,9 +443,10 @@ def test_a_resumed_run_goes_on_with_its_tracker_runs_and_shows_each_update_once(
     assert mlflow[runs["mlflow"]].name == str(out)  # named for the output folder, as the Trainer names it
     for shown in (_tensorboard_steps(out), mlflow[runs["mlflow"]].steps):
         _assert_same_curve(shown, logged)  # 5 and 6 once, not twice
-    # one W&B run, started twice; offline, W&B knows nothing of what it holds, so the resumed start sends every
-    # update from the checkpoint on (online, its server's count leaves out those it has)
-    killed, resumed = wandb_offline_starts(root / "wandb", runs["wandb"])  # the killed start's records died in W&B's buffer
+    # one W&B run, started twice (the killed start holds what W&B wrote before the kill); offline, W&B counts
+    # nothing of what its run holds, so the resumed start sends every update from the checkpoint on (online, its
+    # server's count leaves out those it has)
+    _, resumed = wandb_offline_starts(root / "wandb", runs["wandb"])
     _assert_same_curve(resumed.steps, logged[4:])
 
     # a fresh run in the folder (output.overwrite) starts new tracker runs, and TensorBoard shows it alone
