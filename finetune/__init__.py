@@ -42,6 +42,8 @@ _EXPORTS = {
     "score_file": "finetune.score",
     "curves_figure": "finetune.plot",
     "plot_curves": "finetune.plot",
+    "compare_figure": "finetune.plot",
+    "plot_comparison": "finetune.plot",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -5,7 +5,7 @@ Usage::
     finetune train [--config F] [--data FILE --text COLUMN --label COLUMN --model NAME --output DIR] [section.key=value ...]
     finetune predict OUTPUT_DIR "a text" ... | --file FILE [--output FILE]
     finetune score OUTPUT_DIR --file FILE [section.key=value ...]
-    finetune plot OUTPUT_DIR
+    finetune plot OUTPUT_DIR [OUTPUT_DIR ... --output FILE]
     finetune sweep [--config F] --sweep SWEEP.yaml [--seeds N] [--storage URL] [section.key=value ...]
 
 Several processes: ``accelerate launch -m finetune.cli train ...`` (or
@@ -23,7 +23,7 @@ COMMANDS = {
     "train": ("finetune.train", "fine-tune a model (the default config, or --config, plus overrides)"),
     "predict": ("finetune.predict", "classify texts or a file with a trained model"),
     "score": ("finetune.score", "metrics and a confusion matrix of a trained model on a labelled file"),
-    "plot": ("finetune.plot", "draw a run's curves.png from its train_log.jsonl"),
+    "plot": ("finetune.plot", "draw a run's curves.png from its train_log.jsonl, or several runs' side by side"),
     "sweep": ("finetune.sweep", "search the config for the best run (Optuna), or run it over seeds"),
 }
 

@@ -8,7 +8,8 @@ training):
 * learning rate per update;
 * validation metrics at each evaluation;
 
-with the updates at epoch boundaries marked on all three.
+with the updates at epoch boundaries marked on all three. ``finetune plot DIR DIR ... --output FILE`` draws
+several runs' curves side by side instead (:func:`compare_figure`).
 
 The figures are built with ``matplotlib.figure.Figure`` rather than
 ``pyplot``, so a training process keeps no global figure state and needs no
@@ -18,6 +19,7 @@ value) shows them inline.
 
 from __future__ import annotations
 
+import bisect
 import math
 import os
 import sys
@@ -25,8 +27,8 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from finetune.errors import CommandParser, DataError, FinetuneError, run_command
-
 from finetune.outputs import CURVES_FILE, LOG_FILE, refuse_a_run_file
+
 # Figure size in inches and resolution: curves.png is 1500 x 420 pixels.
 CURVES_SIZE = (15.0, 4.2)
 DPI = 100
@@ -174,7 +176,6 @@ def curves_figure(records: list[dict[str, Any]], title: Optional[str] = None):
     return fig
 
 
-
 def _plot_validation(ax, evals: list[dict[str, Any]], last_step: int) -> None:
     """The validation panel: each metric's points over the updates, and each evaluation's 95% bootstrap interval
     as a bar where the run recorded one (how far the point could move)."""
@@ -199,34 +200,122 @@ def _plot_validation(ax, evals: list[dict[str, Any]], last_step: int) -> None:
     ax.set_title("validation metrics")
     ax.set_xlabel("update")
 
+
+def compare_figure(runs: dict[str, list[dict[str, Any]]], metric: Optional[str] = None):
+    """Several runs' curves in one figure, one colour per run: the smoothed training loss, the learning rate and
+    one validation metric, over the training samples seen (runs of other effective batches make other numbers of
+    updates of the same samples).
+
+    Args:
+        runs: Each run's records (as in ``train_log.jsonl``), by the name its lines are labelled with.
+        metric: The validation metric to draw (``accuracy``, ``f1``, ``loss``, ...); by default the first that
+            every run evaluated, besides the loss (the loss where there is none).
+
+    Raises:
+        DataError: for a run without training records, or a metric a run did not evaluate (naming the run and
+            the metrics it has).
+    """
+    Figure = _matplotlib()
+    split = {name: split_records(records) for name, records in runs.items()}
+    for name, (train, _) in split.items():
+        if not train:
+            raise DataError(f"{name}: no training records (train/loss) to plot")
+    metric = metric or shared_metric([evals for _, evals in split.values()])
+    by_samples = all("train/samples" in r for train, _ in split.values() for r in train)
+    fig = Figure(figsize=CURVES_SIZE, dpi=DPI, layout="constrained")
+    ax_loss, ax_lr, ax_eval = fig.subplots(1, 3, sharex=True)
+    for name, (train, evals) in split.items():
+        steps = [int(r["step"]) for r in train]
+        x = [_number(r["train/samples"]) for r in train] if by_samples else steps
+        # an evaluation sits where the last training record at or before its update does (log_every > 1 leaves
+        # some updates without one)
+        at = lambda step: x[max(0, bisect.bisect_right(steps, step) - 1)]  # noqa: E731
+        points = [(at(int(r["step"])), _number(r[f"eval/{metric}"])) for r in evals if f"eval/{metric}" in r]
+        if evals and not points:
+            have = sorted({k.removeprefix("eval/") for r in evals for k in r if k.startswith("eval/")} -
+                          {"num_samples"})
+            raise DataError(f"{name}: no validation {metric!r} (its evaluations have {', '.join(have)})")
+        loss = [_number(r["train/loss"]) for r in train]
+        line, = ax_loss.plot(x, smooth([v if v is not None else float("nan") for v in loss]), linewidth=2,
+                             label=name)
+        ax_lr.plot(x, [_number(r.get("train/lr")) for r in train], color=line.get_color(), label=name)
+        if points:
+            ax_eval.plot([s for s, _ in points], [v for _, v in points], "o-", color=line.get_color(),
+                         label=f"{name} ({points[-1][1]:.3f})")
+    for ax, title in ((ax_loss, "training loss (smoothed)"), (ax_lr, "learning rate"),
+                      (ax_eval, f"validation {metric}")):
+        ax.set_title(title)
+        ax.set_xlabel("training samples seen" if by_samples else "update")
+        ax.grid(alpha=0.3)
+        if ax.lines:
+            ax.legend(fontsize=8)
+    ax_lr.ticklabel_format(axis="y", style="sci", scilimits=(-3, 3))
+    return fig
+
+
+def shared_metric(evals_by_run: list[list[dict[str, Any]]]) -> str:
+    """The first validation metric every run that evaluated has, besides the loss; ``loss`` where there is none."""
+    named = [[k.removeprefix("eval/") for k in dict.fromkeys(k for r in evals for k in r)
+              if k.startswith("eval/") and k not in ("eval/loss", "eval/num_samples")]
+             for evals in evals_by_run if evals]
+    shared = [name for name in (named[0] if named else []) if all(name in other for other in named)]
+    return shared[0] if shared else "loss"
+
+
 def plot_curves(output_dir: str | os.PathLike, path: str | os.PathLike | None = None) -> Path:
     """Write the curves of the run in ``output_dir`` to ``path`` (default ``<output_dir>/curves.png``).
 
     Raises:
         DataError: if ``output_dir`` has no ``train_log.jsonl`` or the log has no training record.
     """
-    from finetune.tracking import read_log
-
     output_dir = Path(output_dir)
-    if not (output_dir / LOG_FILE).is_file():
-        raise DataError(f"{output_dir}: no {LOG_FILE} here (is it the output_dir of a run?)")
-    try:
-        records = read_log(output_dir)
-    except ValueError as exc:  # json.JSONDecodeError
-        raise DataError(f"{output_dir / LOG_FILE}: not JSON lines ({exc})") from None
+    records = _run_records(output_dir)
     path = Path(path) if path is not None else output_dir / CURVES_FILE
-    if not path.resolve().parent.is_dir():
-        raise DataError(f"{path}: its directory does not exist")
-    if path.resolve() != (output_dir / CURVES_FILE).resolve():
-        refuse_a_run_file(path, output_dir, "--output")
+    _check_output(path, [output_dir] if path.resolve() != (output_dir / CURVES_FILE).resolve() else [])
     try:
         fig = curves_figure(records, title=str(output_dir))
     except DataError as exc:
         raise DataError(f"{output_dir / LOG_FILE}: {exc.message}") from None
-    kind = picture_format(path)
+    return _save(fig, path)
+
+
+def plot_comparison(output_dirs: Sequence[str | os.PathLike], path: str | os.PathLike,
+                    metric: Optional[str] = None) -> Path:
+    """Write the curves of the runs in ``output_dirs`` side by side (:func:`compare_figure`) to ``path``.
+
+    Raises:
+        DataError: as :func:`plot_curves` for each run, and as :func:`compare_figure`.
+    """
+    runs = {str(d): _run_records(Path(d)) for d in output_dirs}
+    path = Path(path)
+    _check_output(path, [Path(d) for d in output_dirs])
+    return _save(compare_figure(runs, metric), path)
+
+
+def _run_records(output_dir: Path) -> list[dict[str, Any]]:
+    from finetune.tracking import read_log
+
+    if not (output_dir / LOG_FILE).is_file():
+        raise DataError(f"{output_dir}: no {LOG_FILE} here (is it the output_dir of a run?)")
+    try:
+        return read_log(output_dir)
+    except ValueError as exc:  # json.JSONDecodeError
+        raise DataError(f"{output_dir / LOG_FILE}: not JSON lines ({exc})") from None
+
+
+def _check_output(path: Path, runs: list[Path]) -> None:
+    """A picture can be written at ``path``, and it is none of the files of ``runs``."""
+    if not path.resolve().parent.is_dir():
+        raise DataError(f"{path}: its directory does not exist")
+    for run in runs:
+        refuse_a_run_file(path, run, "--output")
+    picture_format(path)
+
+
+def _save(fig, path: Path) -> Path:
     # through a temporary name: a stop while drawing leaves the old picture or the new one
     tmp = path.with_name(f".{path.name}.tmp")
-    fig.savefig(tmp, dpi=DPI, format=kind)
+    fig.savefig(tmp, dpi=DPI, format=picture_format(path))
     os.replace(tmp, path)
     return path
 
@@ -274,13 +363,29 @@ def confusion_figure(matrix, names: Sequence[str], title: Optional[str] = None):
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``finetune plot <output_dir> [--output PATH]``; returns the exit code."""
+    """``finetune plot <output_dir> [<output_dir> ...] [--output PATH] [--metric NAME]``; returns the exit code."""
     parser = CommandParser(prog="finetune plot",
-                           description="Plot a run's loss, learning rate and validation metrics.")
-    parser.add_argument("output_dir", help="the run's output directory (holds train_log.jsonl)")
-    parser.add_argument("--output", default=None, help=f"PNG to write (default: <output_dir>/{CURVES_FILE})")
+                           description="Plot a run's loss, learning rate and validation metrics, or several runs' "
+                                       "side by side.")
+    parser.add_argument("output_dirs", nargs="+", metavar="output_dir",
+                        help="a run's output directory (holds train_log.jsonl); several: their curves in one figure")
+    parser.add_argument("--output", default=None, help=f"the picture to write (default, for one run: "
+                        f"<output_dir>/{CURVES_FILE}; several need it)")
+    parser.add_argument("--metric", default=None, help="several runs: the validation metric to compare (default: "
+                        "the first every run evaluated, besides the loss)")
     args = parser.parse_args(argv)
-    return run_command(lambda: print(plot_curves(args.output_dir, args.output)))
+    return run_command(lambda: print(_plot(args.output_dirs, args.output, args.metric)))
+
+
+def _plot(output_dirs: list[str], output: Optional[str], metric: Optional[str]) -> Path:
+    if len(output_dirs) == 1:
+        if metric is not None:
+            raise DataError("--metric: for several runs; one run's curves show every metric")
+        return plot_curves(output_dirs[0], output)
+    if output is None:
+        raise DataError(f"{len(output_dirs)} runs: --output names the picture of their curves side by side",
+                        hint=f"finetune plot {' '.join(output_dirs)} --output compared.png")
+    return plot_comparison(output_dirs, output, metric)
 
 
 if __name__ == "__main__":

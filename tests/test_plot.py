@@ -14,7 +14,7 @@ from tiny_run import fit_tiny_run
 
 pytest.importorskip("matplotlib")
 
-from finetune.plot import CURVES_SIZE, DPI, curves_figure, epoch_boundaries, main, smooth  # noqa: E402
+from finetune.plot import CURVES_SIZE, DPI, compare_figure, curves_figure, epoch_boundaries, main, smooth  # noqa: E402
 
 EXPECTED_PIXELS = (int(CURVES_SIZE[0] * DPI), int(CURVES_SIZE[1] * DPI))
 
@@ -133,6 +133,62 @@ def test_an_output_that_is_no_picture_or_a_file_of_the_run_is_one_line(tmp_path,
     assert main([str(tmp_path)]) == 0 and main([str(tmp_path), "--output", str(tmp_path / "curves.svg")]) == 0
     assert (tmp_path / "curves.png").read_bytes()[:4] == b"\x89PNG"
     assert b"<svg" in (tmp_path / "curves.svg").read_bytes()[:500]
+
+
+def _samples(records: list[dict], batch: int) -> list[dict]:
+    """The records as a run of ``batch`` samples an update logs them (``train/samples`` so far)."""
+    return [{**r, "train/samples": r["step"] * batch} if "train/loss" in r else r for r in records]
+
+
+def test_several_runs_are_compared_over_the_samples_seen_one_colour_each(tmp_path):
+    """A run of 16 samples an update beside one of 8 that makes twice the updates of the same samples: over the
+    samples seen, their curves cover the same span."""
+    small, large = _samples(synthetic_records(per_epoch=10), 8), _samples(synthetic_records(per_epoch=5), 16)
+    fig = compare_figure({"outputs/b8": small, "outputs/b16": large})
+    ax_loss, ax_lr, ax_eval = fig.axes
+    for name, records in (("outputs/b8", small), ("outputs/b16", large)):
+        train = [r for r in records if "train/loss" in r]
+        samples = [r["train/samples"] for r in train]
+        (loss,) = [line for line in ax_loss.lines if line.get_label() == name]
+        assert list(loss.get_xdata()) == samples
+        assert list(loss.get_ydata()) == pytest.approx(smooth([r["train/loss"] for r in train]))
+        (lr,) = [line for line in ax_lr.lines if line.get_label() == name]
+        assert list(lr.get_ydata()) == pytest.approx([r["train/lr"] for r in train])
+        assert lr.get_color() == loss.get_color()
+        evals = [r for r in records if "eval/accuracy" in r]  # the first metric both have, besides the loss
+        (accuracy,) = [line for line in ax_eval.lines if line.get_label().startswith(f"{name} (")]
+        assert list(accuracy.get_ydata()) == [r["eval/accuracy"] for r in evals]
+        assert list(accuracy.get_xdata()) == [r["step"] * (160 // len(train)) for r in evals]
+        assert accuracy.get_label() == f"{name} ({evals[-1]['eval/accuracy']:.3f})"
+    assert max(ax_loss.lines[0].get_xdata()) == max(ax_loss.lines[1].get_xdata()) == 160
+    assert ax_eval.get_title() == "validation accuracy" and ax_loss.get_xlabel() == "training samples seen"
+    f1 = compare_figure({"a": small, "b": large}, metric="f1").axes[2]
+    assert [list(line.get_ydata()) for line in f1.lines] == [[r["eval/f1"] for r in run if "eval/f1" in r]
+                                                             for run in (small, large)]
+
+
+def test_the_cli_compares_runs_into_one_picture_and_says_what_is_missing_in_one_line(tmp_path, capsys):
+    runs = []
+    for name, batch in (("b8", 8), ("b16", 16)):
+        runs.append(tmp_path / name)
+        runs[-1].mkdir()
+        records = _samples(synthetic_records(), batch)
+        (runs[-1] / "train_log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    dirs = [str(run) for run in runs]
+    assert main([*dirs, "--output", str(tmp_path / "compared.png")]) == 0
+    assert capsys.readouterr().out.strip() == str(tmp_path / "compared.png")
+    assert png_size(tmp_path / "compared.png") == EXPECTED_PIXELS
+    assert main(dirs) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "error: 2 runs: --output names the picture of their curves side by side",
+        f"hint: finetune plot {' '.join(dirs)} --output compared.png"]
+    assert main([*dirs, "--output", str(tmp_path / "x.png"), "--metric", "matthews"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"error: {runs[0]}: no validation 'matthews' (its evaluations have accuracy, f1, loss)"]
+    assert main([dirs[0], "--metric", "f1"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "error: --metric: for several runs; one run's curves show every metric"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["b16", "b8", "compared.png"]
 
 
 @pytest.mark.parametrize("k", [5, 26, 150])
