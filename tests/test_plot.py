@@ -14,7 +14,8 @@ from tiny_run import fit_tiny_run
 
 pytest.importorskip("matplotlib")
 
-from finetune.plot import CURVES_SIZE, DPI, compare_figure, curves_figure, epoch_boundaries, main, smooth  # noqa: E402
+from finetune.plot import (CURVES_SIZE, DPI, compare_figure, curves_figure, epoch_boundaries, main,  # noqa: E402
+                           smooth)
 
 EXPECTED_PIXELS = (int(CURVES_SIZE[0] * DPI), int(CURVES_SIZE[1] * DPI))
 
