@@ -36,9 +36,14 @@ class RunLogger:
         history: When resuming, the checkpoint's evaluation records: an
             evaluation record at ``resume_step`` is kept only if it is one of
             them (an evaluation cut short after its record was written runs again).
-        continued: Trackers that go on with the stopped run's own tracker runs (:func:`start_trackers`): the
-            updates past the checkpoint that such a run holds already (the resumed run makes them again, with the
-            same numbers but the timings) are not sent again, so its curves too have each update once.
+        continued: Trackers that go on with the stopped run's own tracker runs (:func:`start_trackers`).
+
+    On a resume, each tracker run gets the updates it lacks, once: one that goes on with the stopped run's is
+    not sent again the updates past the checkpoint it holds (the resumed run makes them again, with the same
+    numbers but the timings), and is sent first those up to the checkpoint it lacks (W&B's, where a kill lost
+    them from its buffer); a new tracker run (a tracker added on resume, a run that is gone, a tracker that starts
+    one at each start) is sent first every update up to the checkpoint, from the file, so that it holds the
+    whole run. TensorBoard keeps the stopped run's events up to the checkpoint in the run's folder.
     """
 
     def __init__(self, accelerator, output_dir: str | os.PathLike, use_trackers: bool = False,
@@ -47,19 +52,23 @@ class RunLogger:
         self.accelerator = accelerator
         self.path = Path(output_dir) / LOG_FILE
         self.use_trackers = use_trackers
-        written = 0  # the last update the stopped run wrote to the file
+        kept, written = [], 0  # the records up to the checkpoint, and the last update the stopped run wrote
         if accelerator.is_main_process:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             if resume_step is not None and self.path.exists():
-                written = self._truncate_after(resume_step, history or [])
-        # by tracker, the last update its continued run holds; the main process holds the trackers, the others none
-        self.held = {t.name: _TRACKER_RUNS[t.name].holds_through(t, written)
-                     for t in accelerator.trackers if t.name in continued} if continued else {}
+                kept, written = self._truncate_after(resume_step, history or [])
+        # by tracker, the last update its run holds, where that is known; the main process holds the trackers
+        self.held = {t.name: _held(t, continued, written) for t in accelerator.trackers} \
+            if resume_step is not None and use_trackers else {}
+        for tracker in accelerator.trackers if self.held else ():
+            for record in kept:
+                if self.held[tracker.name] is not None and record.get("step", 0) > self.held[tracker.name]:
+                    tracker.log(_scalars(record), step=record.get("step"))
 
-    def _truncate_after(self, step: int, history: list[dict[str, Any]]) -> int:
-        """Cut the file back to ``step``; return the last step it held before."""
+    def _truncate_after(self, step: int, history: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], int]:
+        """Cut the file back to ``step``; return the records kept, and the last step the file held before."""
         saved_evals = [json.dumps(json_ready(r), sort_keys=True) for r in history]
-        kept, last = [], 0
+        kept, records, last = [], [], 0
         with open(self.path, encoding="utf-8") as fh:
             for line in fh:
                 if not line.strip():
@@ -73,10 +82,11 @@ class RunLogger:
                 is_eval = any(k.startswith("eval/") for k in record)
                 if at < step or (at == step and (not is_eval or json.dumps(record, sort_keys=True) in saved_evals)):
                     kept.append(line if line.endswith("\n") else line + "\n")
+                    records.append(record)
         tmp = self.path.with_suffix(".jsonl.tmp")
         tmp.write_text("".join(kept), encoding="utf-8")
         os.replace(tmp, self.path)
-        return last
+        return records, last
 
     def log(self, record: dict[str, Any]) -> None:
         """Write one record (main process only) and hand it to the trackers."""
@@ -84,13 +94,31 @@ class RunLogger:
             with open(self.path, "a", encoding="utf-8") as fh:
                 fh.write(json.dumps(json_ready(record)) + "\n")
         if self.use_trackers:
-            scalars = {k: v for k, v in record.items() if isinstance(v, (int, float)) and k != "step"}
             step = record.get("step")
             # what accelerator.log does, tracker by tracker (the main process holds them all; the others none)
             for tracker in self.accelerator.trackers:
-                if step is not None and step <= self.held.get(tracker.name, -1):
+                held = self.held.get(tracker.name)
+                if held is not None and step is not None and step <= held:
                     continue  # that tracker run has this update from the stopped run already
-                tracker.log(scalars, step=step)
+                tracker.log(_scalars(record), step=step)
+
+
+def _scalars(record: dict[str, Any]) -> dict[str, Any]:
+    """What a tracker takes of a record: its numbers, but the step."""
+    return {k: v for k, v in record.items() if isinstance(v, (int, float)) and k != "step"}
+
+
+# Trackers that write into the run's folder and keep there the stopped run's events up to the checkpoint
+_KEEP_THEIR_EVENTS = frozenset({"tensorboard"})
+
+
+def _held(tracker, continued: frozenset[str], written: int) -> Optional[int]:
+    """The last update a resumed run's ``tracker`` holds: what the stopped run's tracker run holds where this one
+    goes on with it, none (``-1``) where it is new; ``None`` where that is not known, or the tracker keeps the
+    stopped run's events itself."""
+    if tracker.name in continued:
+        return _TRACKER_RUNS[tracker.name].holds_through(tracker, written)
+    return None if tracker.name in _KEEP_THEIR_EVENTS else -1
 
 
 @dataclass(frozen=True)
@@ -105,8 +133,9 @@ class _TrackerRuns:
     run_id: Callable[[Any], str]  # the started tracker's run id
     continued: Callable[[str], dict[str, Any]]  # the init kwargs that continue the run with that id
     still_there: Callable[[str], bool]  # whether the run with that id can be continued
-    # the last update the continued run holds, given the last one the stopped run wrote to train_log.jsonl
-    holds_through: Callable[[Any, int], int]
+    # the last update the continued run holds, given the last one the stopped run wrote to train_log.jsonl (None:
+    # not known)
+    holds_through: Callable[[Any, int], Optional[int]]
 
 
 def _mlflow_client():
@@ -135,9 +164,9 @@ _TRACKER_RUNS = {
         run_id=lambda tracker: tracker.run.id,
         continued=lambda run_id: {"id": run_id, "resume": "allow"},
         still_there=lambda run_id: True,  # resume="allow" starts a new run under the id where there is none
-        # what its server counts (W&B's writer buffers: a SIGKILL loses the last records; an offline run counts
-        # none, and holds what this start sends)
-        holds_through=lambda tracker, written: tracker.run.starting_step - 1),
+        # what its server counts (W&B's writer buffers: a SIGKILL loses the last records); offline, not known: each
+        # start's files hold what that start sent
+        holds_through=lambda tracker, written: None if tracker.run.offline else tracker.run.starting_step - 1),
     "mlflow": _TrackerRuns(
         named=lambda name: {"run_name": name},
         # a tag of the started run: Accelerate would put tags given at the start on a new experiment too

@@ -117,45 +117,52 @@ def test_a_tracker_that_cannot_start_stops_the_run_in_one_line(tmp_path):
 
 class _Tracker:
     """Stands in for one of Accelerate's trackers: its name, the updates it was sent, and (as W&B's) the step its
-    run starts at, which W&B's server counts."""
+    run starts at, which W&B's server counts, or that it is offline."""
 
-    def __init__(self, name: str, starting_step: int = 0):
+    def __init__(self, name: str, starting_step: int = 0, offline: bool = False):
         self.name, self.sent = name, []
-        self.run = SimpleNamespace(id="run-1", starting_step=starting_step)
+        self.run = SimpleNamespace(id="run-1", starting_step=starting_step, offline=offline)
 
     def log(self, values: dict, step=None):
+        assert values == {"train/loss": 1.0 / step}  # the record's numbers, the step apart
         self.sent.append(step)
 
 
-def _stopped_run_log(folder, last: int) -> None:
-    records = [{"step": step, "train/loss": 1.0 / step} for step in range(1, last + 1)]
+def _resumed_at_4_of_6(folder, trackers: list, continued: set[str]) -> RunLogger:
+    """The stopped run wrote updates 1 to 6 and was killed; its checkpoint is at 4; the resumed run logs 5 to 8."""
+    records = [{"step": step, "train/loss": 1.0 / step} for step in range(1, 7)]
     (folder / "train_log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
-
-
-def test_a_continued_tracker_run_is_not_sent_the_updates_it_holds(tmp_path):
-    """The stopped run wrote updates 1 to 6 and was killed; its checkpoint is at 4. MLflow logs as the file is
-    written, so its run holds 1 to 6; W&B's server says its run starts at 6 (its writer lost update 6 in the
-    kill); TensorBoard starts anew (it drops the earlier files' 5 and 6 itself)."""
-    _stopped_run_log(tmp_path, last=6)
-    wandb, mlflow, tensorboard = _Tracker("wandb", starting_step=6), _Tracker("mlflow"), _Tracker("tensorboard")
-    acc = SimpleNamespace(is_main_process=True, trackers=[wandb, mlflow, tensorboard])
-    log = RunLogger(acc, tmp_path, use_trackers=True, resume_step=4, continued=frozenset({"wandb", "mlflow"}))
+    acc = SimpleNamespace(is_main_process=True, trackers=trackers)
+    log = RunLogger(acc, folder, use_trackers=True, resume_step=4, continued=frozenset(continued))
     for step in range(5, 9):
         log.log({"step": step, "train/loss": 1.0 / step})
+    assert [r["step"] for r in read_log(folder)] == [1, 2, 3, 4, 5, 6, 7, 8]
+    return log
+
+
+def test_a_continued_tracker_run_is_sent_each_update_it_lacks_once(tmp_path):
+    """MLflow logs as the file is written, so its run holds 1 to 6; W&B's server counts what its run holds: 1 to 5
+    (its writer lost update 6 in the kill), or only 1 and 2 (the kill lost 3 and 4 too, before the checkpoint):
+    they come from the file. Offline, W&B counts nothing: its start gets what the resumed run makes. TensorBoard
+    keeps the earlier files' 1 to 4 and drops their 5 and 6 itself."""
+    mlflow, tensorboard = _Tracker("mlflow"), _Tracker("tensorboard")
+    wandb, lost, offline = _Tracker("wandb", starting_step=6), _Tracker("wandb", 3), _Tracker("wandb", offline=True)
+    _resumed_at_4_of_6(tmp_path, [wandb, mlflow, tensorboard], {"wandb", "mlflow"})
     assert wandb.sent == [6, 7, 8]
     assert mlflow.sent == [7, 8]
     assert tensorboard.sent == [5, 6, 7, 8]
-    assert [r["step"] for r in read_log(tmp_path)] == [1, 2, 3, 4, 5, 6, 7, 8]
+    _resumed_at_4_of_6(tmp_path, [lost], {"wandb"})
+    assert lost.sent == [3, 4, 5, 6, 7, 8]
+    _resumed_at_4_of_6(tmp_path, [offline], {"wandb"})
+    assert offline.sent == [5, 6, 7, 8]
 
 
-def test_new_tracker_runs_are_sent_every_update(tmp_path):
-    _stopped_run_log(tmp_path, last=6)
-    wandb, mlflow = _Tracker("wandb", starting_step=6), _Tracker("mlflow")
-    acc = SimpleNamespace(is_main_process=True, trackers=[wandb, mlflow])
-    log = RunLogger(acc, tmp_path, use_trackers=True, resume_step=4)  # resumed, with new tracker runs
-    for step in range(5, 7):
-        log.log({"step": step, "train/loss": 1.0 / step})
-    assert wandb.sent == mlflow.sent == [5, 6]
+def test_a_new_tracker_run_on_a_resume_is_sent_the_whole_run(tmp_path):
+    """A tracker added on the resume, a run that is gone, or one of the trackers that start a run at each start:
+    the updates up to the checkpoint come from the file, and it holds the whole run."""
+    wandb, mlflow, aim = _Tracker("wandb", starting_step=6), _Tracker("mlflow"), _Tracker("aim")
+    _resumed_at_4_of_6(tmp_path, [wandb, mlflow, aim], continued=set())
+    assert wandb.sent == mlflow.sent == aim.sent == [1, 2, 3, 4, 5, 6, 7, 8]
 
 
 def test_the_tracker_runs_to_continue_are_those_the_folder_names(tmp_path):
