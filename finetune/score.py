@@ -6,17 +6,18 @@ Usage::
     finetune score outputs/sms_spam --file test.csv       # a CSV whose header names text and label
     finetune score outputs/bbc_news --file test.csv evaluation.metrics=[accuracy] --json scores.json
 
-The file is read as training read its data: with the ``data`` settings of the run's saved ``config.yaml``
-(format, header, column names, empty texts), which ``data.key=value`` arguments override; a CSV/TSV file whose
-first line names the run's text and label columns is read by that header instead of the run's format and column
-names. Labels are matched to the model's by name; a label the model was not trained on is an error naming its
-row. The metrics are the run's ``evaluation`` settings (those of validation during training), each with its 95%
-bootstrap interval, plus the loss, and each label's precision, recall, F1 and support scored alone; for a
-single-label model a confusion matrix is printed (past 12 labels, the pairs most confused instead) and written as
-a PNG (by default ``<output_dir>/confusion_<file name>.png``). Multi-label and regression models are scored with
-their own metrics and loss (see :mod:`finetune.tasks`), without a confusion matrix, and regression without the
-labels' table. ``--against`` scores a second run's model on the same texts (:mod:`finetune.comparison`). A
-multi-label model predicts at its thresholds (:mod:`finetune.thresholds`) unless ``evaluation.threshold=X`` is given.
+The file is read as training read its data: with the ``data`` settings of the run's saved ``config.yaml`` (format,
+header, column names, empty texts), which ``data.key=value`` arguments override; a JSON Lines, JSON or Parquet file,
+and a CSV/TSV file whose first line names the run's text and label columns, are read by their own names instead of
+the run's format and column names. Labels are matched to the model's by name; a label the model was not trained on
+is an error naming its row. The metrics are the run's ``evaluation`` settings (those of validation during training),
+each with its 95% bootstrap interval, plus the loss, and each label's precision, recall, F1 and support scored
+alone; for a single-label model a confusion matrix is printed (past 12 labels, the pairs most confused instead) and
+written as a PNG (by default ``<output_dir>/confusion_<file name>.png``). Multi-label and regression models are
+scored with their own metrics and loss (see :mod:`finetune.tasks`), without a confusion matrix, and regression
+without the labels' table. ``--against`` scores a second run's model on the same texts (:mod:`finetune.comparison`).
+A multi-label model predicts at its thresholds (:mod:`finetune.thresholds`) unless ``evaluation.threshold=X`` is
+given.
 
 (Not named ``evaluate``: a module of that name would hide the ``evaluate`` library for ``accelerate launch``.)
 """
@@ -108,7 +109,7 @@ def scoring_config(output_dir: str | os.PathLike, file: str | os.PathLike, overr
     if tree["model"]["problem_type"] == "multi_label" and "evaluation.threshold" not in given:
         tree["evaluation"]["threshold"] = PER_LABEL  # the model's own, whatever the run's setting was
     columns = [tree["data"].get("text_column", "text"), tree["data"].get("label_column", "label")]
-    if _header_names(file, columns, str(tree["data"].get("encoding") or "utf-8")):
+    if _names_its_columns(file, columns, str(tree["data"].get("encoding") or "utf-8")):
         # the run's format, header and column names described its training file; this file names its columns.
         # Its encoding stays the run's: a header names columns, not how the bytes are written
         for key in FILE_LAYOUT_KEYS:
@@ -117,14 +118,17 @@ def scoring_config(output_dir: str | os.PathLike, file: str | os.PathLike, overr
     return config_from_dict(tree, source=f"{path} with --file {file}" if path.is_file() else f"--file {file}")
 
 
-def _header_names(file: str | os.PathLike, columns: Sequence[str], encoding: str = "utf-8") -> bool:
-    """Whether a CSV/TSV file's first line names all of ``columns`` (so it has a header of its own)."""
+def _names_its_columns(file: str | os.PathLike, columns: Sequence[str], encoding: str = "utf-8") -> bool:
+    """Whether the file names its columns itself: a JSON Lines, JSON or Parquet file (its keys), or a CSV/TSV file
+    whose first line names all of ``columns``."""
     import csv
 
     from finetune.resources import data_path
     from finetune.text_encoding import inner_suffix, open_text
 
     path = data_path(str(file), "--file")  # a URL's downloaded copy
+    if inner_suffix(path) in (".jsonl", ".json", ".parquet"):
+        return True
     if inner_suffix(path) not in (".csv", ".tsv", ".tab") or not path.is_file():
         return False
     try:
@@ -141,11 +145,9 @@ def _layout_hint(data_cfg) -> Optional[str]:
     layout = [f"format: {data_cfg.format}"] if data_cfg.format != "auto" else []
     if data_cfg.column_names:
         layout += ["no header", f"columns {', '.join(data_cfg.column_names)}"]
-    if not layout:
-        return None
     return (f"read as the run's data was ({'; '.join(layout)}); a CSV/TSV file whose header names "
             f"{data_cfg.text_column!r} and {data_cfg.label_column!r} is read by its header, or set "
-            f"data.format, data.has_header and data.column_names")
+            f"data.format, data.has_header and data.column_names") if layout else None
 
 
 def load_labelled(file: str | os.PathLike, data_cfg, labels: Sequence[str], problem_type: str = "single_label"):
@@ -312,9 +314,8 @@ PRINTED_MATRIX_LABELS = 12
 
 def format_confusions(matrix, names: Sequence[str], top: int = 10) -> str:
     """The ``top`` most frequent mistakes (a true label read as another), most frequent first."""
-    off = [(int(matrix[i, j]), str(names[i]), str(names[j])) for i in range(len(names)) for j in range(len(names))
-           if i != j and matrix[i, j] > 0]
-    off.sort(key=lambda item: -item[0])
+    off = sorted(((int(matrix[i, j]), str(names[i]), str(names[j])) for i in range(len(names))
+                  for j in range(len(names)) if i != j and matrix[i, j] > 0), key=lambda item: -item[0])
     lines = [f"  {true} -> {predicted}: {count}" for count, true, predicted in off[:top]]
     return "\n".join([f"most confused (true label -> predicted label: texts; {len(off)} pairs in all)", *lines]
                      if off else ["most confused: no text was given another label"])
@@ -332,8 +333,7 @@ def format_by_label(by_label: dict[str, dict[str, float]]) -> str:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = CommandParser(prog="finetune score",
-                           description="Score a fine-tuned model on a labelled file.")
+    parser = CommandParser(prog="finetune score", description="Score a fine-tuned model on a labelled file.")
     parser.add_argument("output_dir", help="a run's output directory (the saved model and config.yaml)")
     parser.add_argument("--file", required=True, help="labelled data: csv, tsv, json/jsonl, parquet, a class folder "
                         "or a folder datasets saved, on disk, at a URL or in a .zip or .tar.gz (contest.zip/test.csv)")

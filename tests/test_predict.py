@@ -799,6 +799,43 @@ def test_a_file_with_its_own_header_is_scored_in_the_runs_encoding(tmp_path):
     assert scoring_config(run, labelled, ["data.encoding=latin-1"]).data.encoding == "latin-1"
 
 
+@pytest.mark.parametrize("name", ["held_out.jsonl", "held_out.jsonl.gz", "held_out.json", "held_out.parquet"])
+def test_a_file_whose_keys_name_its_columns_is_read_by_them_not_the_runs_layout(tmp_path, name):
+    """The run trained on a headerless TSV file (the default job's SMS file): its format and column names describe
+    that file, and a JSON Lines, JSON or Parquet file to score names its columns by its keys."""
+    import yaml
+
+    from finetune.score import scoring_config
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text(yaml.safe_dump({"data": {
+        "train_file": "train.tsv", "format": "tsv", "has_header": False, "column_names": ["label", "text"]}}))
+    for path in (tmp_path / name, tmp_path / "held_out.tsv"):
+        path.write_bytes(b"")  # looked for, not read
+    data = scoring_config(run, tmp_path / name).data
+    assert (data.format, data.has_header, data.column_names) == ("auto", True, None)
+    assert scoring_config(run, tmp_path / "held_out.tsv").data.format == "tsv"  # a file like the training file
+
+
+def test_the_default_jobs_model_scores_a_json_lines_and_a_parquet_file(trained, tmp_path, capsys):
+    """Read with the run's headerless TSV layout, a JSON Lines file was one field per line."""
+    import pandas as pd
+
+    from finetune.score import main
+
+    out, _, _ = trained
+    rows = [{"text": TEXTS[0], "label": "spam"}, {"text": TEXTS[1], "label": "ham"}]
+    (tmp_path / "held_out.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    pd.DataFrame(rows).to_parquet(tmp_path / "held_out.parquet")
+    for name in ("held_out.jsonl", "held_out.parquet"):
+        assert main([str(out), "--file", str(tmp_path / name), "--json", str(tmp_path / f"{name}.json")]) == 0, \
+            capsys.readouterr().err
+        scored = json.loads((tmp_path / f"{name}.json").read_text())
+        assert scored["metrics"]["num_samples"] == 2
+        assert {label: s["support"] for label, s in scored["by_label"].items()} == {"ham": 1, "spam": 1}
+
+
 def test_the_runs_own_files_are_never_an_output(trained, tmp_path, capsys):
     from finetune import predict, score
 
