@@ -7,17 +7,17 @@ Usage::
     finetune score outputs/bbc_news --file test.csv evaluation.metrics=[accuracy] --json scores.json
 
 The file is read as training read its data: with the ``data`` settings of the run's saved ``config.yaml`` (format,
-header, column names, empty texts), which ``data.key=value`` arguments override; a JSON Lines, JSON or Parquet file,
-and a CSV/TSV file whose first line names the run's text and label columns, are read by their own names instead of
-the run's format and column names. Labels are matched to the model's by name; a label the model was not trained on
-is an error naming its row. The metrics are the run's ``evaluation`` settings (those of validation during training),
-each with its 95% bootstrap interval, plus the loss, and each label's precision, recall, F1 and support scored
-alone; for a single-label model a confusion matrix is printed (past 12 labels, the pairs most confused instead) and
-written as a PNG (by default ``<output_dir>/confusion_<file name>.png``). Multi-label and regression models are
-scored with their own metrics and loss (see :mod:`finetune.tasks`), without a confusion matrix, and regression
-without the labels' table. ``--against`` scores a second run's model on the same texts (:mod:`finetune.comparison`).
-A multi-label model predicts at its thresholds (:mod:`finetune.thresholds`) unless ``evaluation.threshold=X`` is
-given.
+header, column names, empty texts), which ``data.key=value`` arguments override; a folder, a JSON Lines, JSON or
+Parquet file, and a CSV/TSV file whose first line names the run's text and label columns, are read by their own
+layout instead of the run's format and column names. Labels are matched to the model's by name; a label the model
+was not trained on is an error naming its row. The metrics are the run's ``evaluation`` settings (those of
+validation during training), each with its 95% bootstrap interval, plus the loss, and each label's precision,
+recall, F1 and support scored alone; for a single-label model a confusion matrix is printed (past 12 labels, the
+pairs most confused instead) and written as a PNG (by default ``<output_dir>/confusion_<file name>.png``).
+Multi-label and regression models are scored with their own metrics and loss (see :mod:`finetune.tasks`), without a
+confusion matrix, and regression without the labels' table. ``--against`` scores a second run's model on the same
+texts (:mod:`finetune.comparison`). A multi-label model predicts at its thresholds (:mod:`finetune.thresholds`)
+unless ``evaluation.threshold=X`` is given.
 
 (Not named ``evaluate``: a module of that name would hide the ``evaluate`` library for ``accelerate launch``.)
 """
@@ -109,7 +109,7 @@ def scoring_config(output_dir: str | os.PathLike, file: str | os.PathLike, overr
     if tree["model"]["problem_type"] == "multi_label" and "evaluation.threshold" not in given:
         tree["evaluation"]["threshold"] = PER_LABEL  # the model's own, whatever the run's setting was
     columns = [tree["data"].get("text_column", "text"), tree["data"].get("label_column", "label")]
-    if _names_its_columns(file, columns, str(tree["data"].get("encoding") or "utf-8")):
+    if _own_layout(file, columns, str(tree["data"].get("encoding") or "utf-8")):
         # the run's format, header and column names described its training file; this file names its columns.
         # Its encoding stays the run's: a header names columns, not how the bytes are written
         for key in FILE_LAYOUT_KEYS:
@@ -118,16 +118,16 @@ def scoring_config(output_dir: str | os.PathLike, file: str | os.PathLike, overr
     return config_from_dict(tree, source=f"{path} with --file {file}" if path.is_file() else f"--file {file}")
 
 
-def _names_its_columns(file: str | os.PathLike, columns: Sequence[str], encoding: str = "utf-8") -> bool:
-    """Whether the file names its columns itself: a JSON Lines, JSON or Parquet file (its keys), or a CSV/TSV file
-    whose first line names all of ``columns``."""
+def _own_layout(file: str | os.PathLike, columns: Sequence[str], encoding: str = "utf-8") -> bool:
+    """Whether the file says its own layout: a folder (of classes, or saved by datasets), a JSON Lines, JSON or
+    Parquet file (its keys), or a CSV/TSV file whose first line names all of ``columns``."""
     import csv
 
     from finetune.resources import data_path
     from finetune.text_encoding import inner_suffix, open_text
 
     path = data_path(str(file), "--file")  # a URL's downloaded copy
-    if inner_suffix(path) in (".jsonl", ".json", ".parquet"):
+    if path.is_dir() or inner_suffix(path) in (".jsonl", ".json", ".parquet"):
         return True
     if inner_suffix(path) not in (".csv", ".tsv", ".tab") or not path.is_file():
         return False

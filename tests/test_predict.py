@@ -799,10 +799,12 @@ def test_a_file_with_its_own_header_is_scored_in_the_runs_encoding(tmp_path):
     assert scoring_config(run, labelled, ["data.encoding=latin-1"]).data.encoding == "latin-1"
 
 
-@pytest.mark.parametrize("name", ["held_out.jsonl", "held_out.jsonl.gz", "held_out.json", "held_out.parquet"])
-def test_a_file_whose_keys_name_its_columns_is_read_by_them_not_the_runs_layout(tmp_path, name):
+@pytest.mark.parametrize("name", ["held_out.jsonl", "held_out.jsonl.gz", "held_out.json", "held_out.parquet",
+                                  "held_out/"])
+def test_a_file_of_its_own_layout_is_read_by_it_not_the_runs(tmp_path, name):
     """The run trained on a headerless TSV file (the default job's SMS file): its format and column names describe
-    that file, and a JSON Lines, JSON or Parquet file to score names its columns by its keys."""
+    that file, and a JSON Lines, JSON or Parquet file to score names its columns by its keys, a folder by its
+    sub-folders (or the features datasets saved)."""
     import yaml
 
     from finetune.score import scoring_config
@@ -811,15 +813,16 @@ def test_a_file_whose_keys_name_its_columns_is_read_by_them_not_the_runs_layout(
     run.mkdir()
     (run / "config.yaml").write_text(yaml.safe_dump({"data": {
         "train_file": "train.tsv", "format": "tsv", "has_header": False, "column_names": ["label", "text"]}}))
-    for path in (tmp_path / name, tmp_path / "held_out.tsv"):
-        path.write_bytes(b"")  # looked for, not read
+    (tmp_path / "held_out.tsv").write_bytes(b"")  # looked for, not read
+    (tmp_path / name).mkdir() if name.endswith("/") else (tmp_path / name).write_bytes(b"")
     data = scoring_config(run, tmp_path / name).data
     assert (data.format, data.has_header, data.column_names) == ("auto", True, None)
     assert scoring_config(run, tmp_path / "held_out.tsv").data.format == "tsv"  # a file like the training file
 
 
-def test_the_default_jobs_model_scores_a_json_lines_and_a_parquet_file(trained, tmp_path, capsys):
-    """Read with the run's headerless TSV layout, a JSON Lines file was one field per line."""
+def test_the_default_jobs_model_scores_a_json_lines_and_a_parquet_file_and_a_folder(trained, tmp_path, capsys):
+    """Read with the run's headerless TSV layout, a JSON Lines file was one field per line, and a folder of classes
+    was refused ('a folder but data.format is tsv')."""
     import pandas as pd
 
     from finetune.score import main
@@ -828,7 +831,10 @@ def test_the_default_jobs_model_scores_a_json_lines_and_a_parquet_file(trained, 
     rows = [{"text": TEXTS[0], "label": "spam"}, {"text": TEXTS[1], "label": "ham"}]
     (tmp_path / "held_out.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
     pd.DataFrame(rows).to_parquet(tmp_path / "held_out.parquet")
-    for name in ("held_out.jsonl", "held_out.parquet"):
+    for row in rows:
+        (tmp_path / "classes" / row["label"]).mkdir(parents=True)
+        (tmp_path / "classes" / row["label"] / "1.txt").write_text(row["text"], encoding="utf-8")
+    for name in ("held_out.jsonl", "held_out.parquet", "classes"):
         assert main([str(out), "--file", str(tmp_path / name), "--json", str(tmp_path / f"{name}.json")]) == 0, \
             capsys.readouterr().err
         scored = json.loads((tmp_path / f"{name}.json").read_text())
