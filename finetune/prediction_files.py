@@ -28,7 +28,7 @@ from finetune.text_encoding import COMPRESSIONS, compression_of, inner_suffix, o
 INPUT_FORMATS = (".txt", ".csv", ".tsv", ".json", ".jsonl", ".parquet")
 STDIN = "-"  # --file -: one text per line from standard input, as a .txt file
 SAVED = "saved"  # what read_rows calls a folder that datasets' save_to_disk wrote, in place of an extension
-OUTPUT_FORMATS = (".csv", ".jsonl")
+OUTPUT_FORMATS = (".csv", ".jsonl", ".parquet")
 
 
 def checked_suffix(path: Path, allowed: Sequence[str], what: str) -> str:
@@ -223,30 +223,59 @@ def _cell(value: Any) -> Any:
 
 def write_predictions(path: str | os.PathLike, rows: list[dict[str, Any]], labels: Sequence[str],
                       label_delimiter: str = ",", prefix: str = "", separator: str = ",") -> None:
-    """Write predicted rows as ``.csv`` (fields between ``separator``) or ``.jsonl``.
+    """Write predicted rows as ``.csv`` (fields between ``separator``), ``.parquet`` or ``.jsonl``.
 
     A CSV holds the input's columns, then what was predicted: ``label``,
     ``score`` and ``prob_<label>`` per label (single label); ``labels``
     joined by ``label_delimiter`` and ``prob_<label>`` (multi-label);
     ``score`` (regression); each after ``prefix`` (:data:`CLASH_PREFIX` or none).
+    A Parquet file holds the same columns, a multi-label ``labels`` as a list.
     A JSON line holds the row's dict as it is.
     """
     path = Path(path)
     suffix = checked_suffix(path, OUTPUT_FORMATS, "--output")
-    label_list, probabilities_key = f"{prefix}labels", f"{prefix}probabilities"
-    added = {f"{prefix}{name}" for name in PREDICTED}
-    with open(path, "w", encoding="utf-8", newline="") as fh:
-        if suffix == ".csv":
-            columns = [c for c in rows[0] if c not in added]
-            predicted = [f"{prefix}{c}" for c in ("label", "labels", "score") if f"{prefix}{c}" in rows[0]]
-            probabilities = [f"{prefix}prob_{name}" for name in labels] if probabilities_key in rows[0] else []
-            writer = csv.writer(fh, delimiter=separator)
-            writer.writerow(columns + predicted + probabilities)
-            for row in rows:
-                values = [label_delimiter.join(row[c]) if c == label_list else row[c] for c in predicted]
-                probs = [row[probabilities_key][name] for name in labels] if probabilities else []
-                writer.writerow([_cell(row[c]) for c in columns] + values + probs)
-        else:
+    if suffix == ".jsonl":
+        with open(path, "w", encoding="utf-8") as fh:
             for row in rows:
                 # a Parquet file's dates and times are written as their text, as the CSV writer does
                 fh.write(json.dumps(row, ensure_ascii=False, default=str) + "\n")
+        return
+    table = _prediction_table(rows, labels, prefix)
+    label_list = f"{prefix}labels"
+    if suffix == ".parquet":
+        _write_parquet(path, table)
+        return
+    with open(path, "w", encoding="utf-8", newline="") as fh:
+        writer = csv.writer(fh, delimiter=separator)
+        writer.writerow(list(table))
+        for values in zip(*table.values()):
+            writer.writerow([label_delimiter.join(v) if name == label_list else _cell(v)
+                             for name, v in zip(table, values)])
+
+
+def _prediction_table(rows: list[dict[str, Any]], labels: Sequence[str], prefix: str) -> dict[str, list[Any]]:
+    """The rows as columns: the input's, then ``label``, ``labels``, ``score`` (those predicted) and a
+    ``prob_<label>`` per label, each after ``prefix``."""
+    added = {f"{prefix}{name}" for name in PREDICTED}
+    columns = [c for c in rows[0] if c not in added]
+    predicted = [f"{prefix}{c}" for c in ("label", "labels", "score") if f"{prefix}{c}" in rows[0]]
+    table = {c: [row[c] for row in rows] for c in columns + predicted}
+    if f"{prefix}probabilities" in rows[0]:
+        for name in labels:
+            table[f"{prefix}prob_{name}"] = [row[f"{prefix}probabilities"][name] for row in rows]
+    return table
+
+
+def _write_parquet(path: Path, table: dict[str, list[Any]]) -> None:
+    """``table`` as a Parquet file; a column of the input whose values Arrow cannot hold as one type (numbers and
+    texts in one JSON column) is written as their texts, as the CSV writer writes them."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    arrays = {}
+    for name, values in table.items():
+        try:
+            arrays[name] = pa.array(values)
+        except (pa.ArrowInvalid, pa.ArrowTypeError):
+            arrays[name] = pa.array([None if v is None else str(_cell(v)) for v in values], type=pa.string())
+    pq.write_table(pa.table(arrays), path)

@@ -277,6 +277,38 @@ def test_a_list_or_mapping_column_is_written_to_csv_as_json(trained, tmp_path):
     assert [json.loads(r["meta"]) for r in written] == [r["meta"] for r in rows]
 
 
+def test_predictions_go_to_parquet_as_to_csv_with_the_inputs_own_types(trained, predictor, tmp_path):
+    """The CSV's columns, each of its own type (the input's dates and numbers too); a column of numbers and texts
+    as their texts, as the CSV holds them; a blank text's row with nulls."""
+    import datetime
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from finetune.predict import main
+
+    out, _, _ = trained
+    expected = predictor.predict(TEXTS)
+    day = datetime.date(2026, 12, 2)
+    pq.write_table(pa.table({"text": TEXTS + [""], "sent": [day] * (len(TEXTS) + 1),
+                             "id": list(range(len(TEXTS) + 1))}), tmp_path / "in.parquet")
+    assert main([str(out), "--file", str(tmp_path / "in.parquet"), "--output", str(tmp_path / "p.parquet")]) == 0
+    table = pq.read_table(tmp_path / "p.parquet")
+    assert table.column_names == ["text", "sent", "id", "label", "score", "prob_ham", "prob_spam"]
+    assert (table.schema.field("sent").type, table.schema.field("id").type) == (pa.date32(), pa.int64())
+    rows = table.to_pylist()
+    assert [r["label"] for r in rows[:-1]] == [p["label"] for p in expected]
+    assert [r["prob_spam"] for r in rows[:-1]] == pytest.approx([p["probabilities"]["spam"] for p in expected],
+                                                                abs=1e-6)
+    assert (rows[-1]["label"], rows[-1]["score"], rows[-1]["prob_spam"]) == ("", None, None)
+
+    mixed = [{"text": text, "ref": [7, "x7", None][i % 3]} for i, text in enumerate(TEXTS)]
+    (tmp_path / "mixed.jsonl").write_text("".join(json.dumps(r) + "\n" for r in mixed), encoding="utf-8")
+    assert main([str(out), "--file", str(tmp_path / "mixed.jsonl"), "--output", str(tmp_path / "m.parquet")]) == 0
+    assert pq.read_table(tmp_path / "m.parquet").column("ref").to_pylist() == [["7", "x7", None][i % 3]
+                                                                                for i in range(len(TEXTS))]
+
+
 def test_every_format_training_reads_can_be_classified(trained, predictor, tmp_path, capsys):
     import datetime
 
@@ -424,8 +456,8 @@ def test_a_text_file_not_in_its_encoding_is_one_line_naming_the_files_own_offset
     (["--file", "{tmp}/in.csv", "--text", "Message"],  # a name in another case: the hint names the file's own
      "error: --file {tmp}/in.csv: no column 'Message' in the header (id, message); pass --text\n"
      "hint: by the name, try --text message"),
-    (["--file", "{tmp}/in.txt", "--output", "{tmp}/x.parquet"],
-     "error: --output {tmp}/x.parquet: unsupported extension '.parquet' (use .csv, .jsonl)"),
+    (["--file", "{tmp}/in.txt", "--output", "{tmp}/x.xlsx"],
+     "error: --output {tmp}/x.xlsx: unsupported extension '.xlsx' (use .csv, .jsonl, .parquet)"),
     (["--file", "{tmp}/missing.txt"], "error: --file {tmp}/missing.txt: not found"),
     (["--file", "http://127.0.0.1:9/texts.csv"],  # offline, as the suite is: never downloaded, nothing to read
      "error: --file: cannot download http://127.0.0.1:9/texts.csv: OfflineModeIsEnabled: Offline mode is enabled. "

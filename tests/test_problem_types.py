@@ -512,6 +512,18 @@ def test_a_multi_label_run_learns_and_pipeline_agrees_with_predict(problem_runs,
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [line["labels"] for line in lines] == [p["labels"] for p in ours + strict]
     assert [p["labels"] for p in ours] != [[d for d in predictor.labels if p["probabilities"][d] > 0.5] for p in ours]
+    # to a file: a CSV joins each text's labels with the run's data.label_delimiter, a Parquet file keeps the list
+    import csv
+
+    import pyarrow.parquet as pq
+
+    texts = out.parent / "texts.txt"
+    texts.write_text("\n".join(TEXTS) + "\n", encoding="utf-8")
+    for name in ("predicted.csv", "predicted.parquet"):
+        assert predict([str(out), "--file", str(texts), "--output", str(out.parent / name)]) == 0
+    with open(out.parent / "predicted.csv", newline="", encoding="utf-8") as fh:
+        assert [row["labels"] for row in csv.DictReader(fh)] == [",".join(p["labels"]) for p in ours]
+    assert pq.read_table(out.parent / "predicted.parquet").column("labels").to_pylist() == [p["labels"] for p in ours]
 
 
 def test_thresholds_chosen_on_validation_texts_need_validation_texts(tmp_path):
