@@ -30,7 +30,7 @@ from finetune.errors import (CommandParser, ConfigError, DataError, ModelError, 
 from finetune.outputs import refuse_a_run_file
 from finetune.prediction_files import (CLASH_PREFIX, OUTPUT_FORMATS, STDIN, checked_suffix, input_kind, local_file,
                                        columns_named_as_predictions, note_the_files_own_columns, output_separator,
-                                       predict_rows, read_rows, write_predictions)
+                                       predict_rows, read_rows, write_predictions, TEXT_FOLDER)
 from finetune.schema import PAD_TO_MULTIPLE_OF  # the schema alone: no YAML or config loading at import
 from finetune.text_encoding import check_encoding
 from finetune.truncation import BOOKKEEPING, LENGTH, Truncation, prediction_length
@@ -317,10 +317,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("output_dir", help="a run's output directory (the saved model)")
     parser.add_argument("texts", nargs="*", help="texts to classify (printed as JSON lines)")
     parser.add_argument("--file", default=None, help="classify the texts of a .txt, .csv, .tsv, .json, .jsonl or "
-                        ".parquet file, or of a folder datasets saved, on disk, at a URL or in a .zip or .tar.gz "
-                        "(contest.zip/test.csv) (-: one text per line from standard input)")
-    parser.add_argument("--output", default=None,
-                        help="write the file's predictions to a .csv, .parquet or .jsonl file")
+                        ".parquet file, a folder of .txt files (a text each) or one datasets saved, on disk, at a "
+                        "URL or in a .zip or .tar.gz (contest.zip/test.csv) (-: one text per line from standard input)")
+    parser.add_argument("--output", default=None, help="write the predictions to a .csv, .parquet or .jsonl file")
     parser.add_argument("--text", "--text-column", dest="text_column", metavar="COLUMN", default=None,
                         help="CSV column / JSON key of the text (default: the run's data.text_column)")
     parser.add_argument("--encoding", default=None, help="text encoding of the --file (cp1252, latin-1, ...; "
@@ -352,10 +351,11 @@ def run(args: argparse.Namespace) -> None:
     output_dir = Path(args.output_dir)
     # the file last, since a URL's is downloaded first, and an archive unpacked: the copy is what is read
     file = local_file(args.file) if args.file else args.file
-    # a line of a .txt file, or of standard input, is a text: the run's text column names a table's column
-    lines = file == STDIN or bool(file) and input_kind(file) == ".txt"  # before the imports below
+    # a line of a .txt file or standard input, or a folder's file, is a text: the run's text column names a column
+    lines = file and (".txt" if file == STDIN else input_kind(file)) in (".txt", TEXT_FOLDER)  # before the imports
     if lines and args.text_column is not None:
-        raise ConfigError(f"--text {args.text_column!r}: names a column; {args.file} holds one text per line")
+        raise ConfigError(f"--text {args.text_column!r}: names a column; {args.file} holds one text per "
+                          f"{'line' if file == STDIN or input_kind(file) == '.txt' else 'file'}")
     if args.output:
         if file != STDIN and Path(args.output).resolve() == Path(file).resolve():
             raise ConfigError(f"--output {args.output}: is the --file being classified; name another file")

@@ -28,6 +28,7 @@ from finetune.text_encoding import COMPRESSIONS, compression_of, inner_suffix, o
 INPUT_FORMATS = (".txt", ".csv", ".tsv", ".json", ".jsonl", ".parquet")
 STDIN = "-"  # --file -: one text per line from standard input, as a .txt file
 SAVED = "saved"  # what read_rows calls a folder that datasets' save_to_disk wrote, in place of an extension
+TEXT_FOLDER = "folder"  # and a folder of .txt files (in sub-folders too: a class folder), each file a text
 OUTPUT_FORMATS = (".csv", ".jsonl", ".parquet")
 
 
@@ -44,8 +45,8 @@ def checked_suffix(path: Path, allowed: Sequence[str], what: str) -> str:
 
 
 def input_kind(file: str | os.PathLike) -> str:
-    """What a ``--file`` is: :data:`SAVED`, or its lower-case extension, one of :data:`INPUT_FORMATS`, that of
-    the file it holds where it is compressed whole (``.csv`` for ``texts.csv.gz``).
+    """What a ``--file`` is: :data:`SAVED`, :data:`TEXT_FOLDER`, or its lower-case extension, one of
+    :data:`INPUT_FORMATS`, that of the file it holds where it is compressed whole (``.csv`` for ``texts.csv.gz``).
 
     Raises:
         DataError: naming the path where it is neither, or not there.
@@ -54,8 +55,10 @@ def input_kind(file: str | os.PathLike) -> str:
     if saved_by_datasets(path) is not None:
         return SAVED
     if path.is_dir():
-        raise DataError(f"--file {path}: a folder, and not one that datasets' save_to_disk wrote "
-                        f"(give a file: {', '.join(INPUT_FORMATS)})")
+        if next(path.rglob("*.txt"), None) is not None:
+            return TEXT_FOLDER
+        raise DataError(f"--file {path}: a folder without .txt files, and not one that datasets' save_to_disk "
+                        f"wrote (give a file: {', '.join(INPUT_FORMATS)})")
     suffix = inner_suffix(path)
     if suffix not in INPUT_FORMATS or (suffix == ".parquet" and compression_of(path)):
         shown = suffix + (compression_of(path) or "") or "(none)"
@@ -64,6 +67,21 @@ def input_kind(file: str | os.PathLike) -> str:
     if not path.is_file():
         raise DataError(f"--file {path}: not found")
     return suffix
+
+
+def _text_files(folder: Path, encoding: str) -> list[dict[str, Any]]:
+    """Each ``.txt`` file under ``folder`` (its sub-folders too, as a folder of classes has them), in the order
+    of their paths, as a row ``{"file": <path in the folder>, "text": <the whole file>}``."""
+    from finetune.text_encoding import decode_whole, undecodable
+
+    rows = []
+    for path in sorted(folder.rglob("*.txt"), key=lambda p: p.relative_to(folder).as_posix()):
+        try:
+            text = decode_whole(path.read_bytes(), encoding)
+        except UnicodeError as exc:
+            raise undecodable(str(path), getattr(exc, "start", 0), encoding, "--encoding") from None
+        rows.append({"file": path.relative_to(folder).as_posix(), "text": text})
+    return rows
 
 
 def local_file(given: str) -> str:
@@ -100,11 +118,13 @@ def read_rows(path: str | os.PathLike, text_column: str = "text",
     local = Path(local_file(given))  # a URL or an archive is read from its copy,
     path = given if str(local) != given else local  # and named as given
     suffix = ".txt" if stdin else input_kind(local)
-    if suffix == ".txt":
+    if suffix in (".txt", TEXT_FOLDER):
         if text_pair_column:
-            raise DataError(f"--file {path}: {'standard input' if stdin else 'a .txt file'} holds single texts; "
-                            f"this model takes pairs (use .csv or .jsonl with a {text_pair_column!r} column)")
-        rows = _text_lines(sys.stdin.buffer if stdin else local, path, encoding)
+            what = "standard input" if stdin else "a .txt file" if suffix == ".txt" else "a folder of .txt files"
+            raise DataError(f"--file {path}: {what} holds single texts; this model takes pairs (use .csv or "
+                            f".jsonl with a {text_pair_column!r} column)")
+        rows = _text_files(local, encoding) if suffix == TEXT_FOLDER else \
+            _text_lines(sys.stdin.buffer if stdin else local, path, encoding)
     else:
         # the readers training uses: the same formats, quoting and encoding checks
         table = read_table(str(path), "--file", DataConfig(train_file=str(path), encoding=encoding,

@@ -312,6 +312,38 @@ def test_predictions_go_to_parquet_as_to_csv_with_the_inputs_own_types(trained, 
                                                                                 for v in read]
 
 
+def test_a_folder_of_text_files_is_classified_a_file_a_text(trained, predictor, tmp_path, capsys):
+    """A folder of documents, or of classes (``ham/1.txt``) as training reads it: each ``.txt`` file a row, named by
+    its path in the folder, read whole; other files left out."""
+    from finetune.predict import main
+
+    out, _, _ = trained
+    folder = tmp_path / "docs"
+    names = ["a.txt", "ham/2.txt", "spam/1.txt"]
+    for name, text in zip(names, TEXTS):
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_text(text + "\n", encoding="utf-8")
+    (folder / "notes.md").write_text("not a text to classify", encoding="utf-8")
+    assert main([str(out), "--file", str(folder), "--output", str(tmp_path / "p.jsonl")]) == 0
+    capsys.readouterr()
+    rows = [json.loads(line) for line in (tmp_path / "p.jsonl").read_text(encoding="utf-8").splitlines()]
+    assert [r["file"] for r in rows] == names
+    assert [r["text"] for r in rows] == [text + "\n" for text in TEXTS[:3]]
+    assert [r["label"] for r in rows] == [p["label"] for p in predictor.predict([t + "\n" for t in TEXTS[:3]])]
+    assert main([str(out), "--file", str(folder), "--text", "body"]) == 2
+    assert capsys.readouterr().err.strip() == f"error: --text 'body': names a column; {folder} holds one text per file"
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "notes.md").write_text("no text to classify", encoding="utf-8")
+    assert main([str(out), "--file", str(tmp_path / "empty")]) == 2
+    assert capsys.readouterr().err.strip() == (f"error: --file {tmp_path / 'empty'}: a folder without .txt files, and "
+                                               "not one that datasets' save_to_disk wrote (give a file: .txt, .csv, "
+                                               ".tsv, .json, .jsonl, .parquet)")
+    (folder / "a.txt").write_bytes(b"caf\xe9")
+    assert main([str(out), "--file", str(folder)]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[0] == (f"error: {folder / 'a.txt'}: not UTF-8 text (byte offset "
+                                                               "3); set --encoding to the file's")
+
+
 def test_every_format_training_reads_can_be_classified(trained, predictor, tmp_path, capsys):
     import datetime
 
@@ -466,8 +498,6 @@ def test_a_text_file_not_in_its_encoding_is_one_line_naming_the_files_own_offset
      "error: --file: cannot download http://127.0.0.1:9/texts.csv: OfflineModeIsEnabled: Offline mode is enabled. "
      "Tried to reach http://127.0.0.1:9/texts.csv\nhint: HF_HUB_OFFLINE or HF_DATASETS_OFFLINE is set: unset it "
      "for the download, which later runs reuse"),
-    (["--file", "{tmp}"], "error: --file {tmp}: a folder, and not one that datasets' save_to_disk wrote (give a "
-     "file: .txt, .csv, .tsv, .json, .jsonl, .parquet)"),
     ([], "error: nothing to classify: give texts or --file"),
     (["--text", "Shares fell sharply."], "error: --text 'Shares fell sharply.': names a column of a --file; texts "
      "to classify follow the run's folder: finetune predict {out} \"a text\""),
