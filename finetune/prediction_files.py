@@ -55,7 +55,7 @@ def input_kind(file: str | os.PathLike) -> str:
     if saved_by_datasets(path) is not None:
         return SAVED
     if path.is_dir():
-        if next(path.rglob("*.txt"), None) is not None:
+        if _text_files_in(path):
             return TEXT_FOLDER
         raise DataError(f"--file {path}: a folder without .txt files, and not one that datasets' save_to_disk "
                         f"wrote (give a file: {', '.join(INPUT_FORMATS)})")
@@ -69,13 +69,21 @@ def input_kind(file: str | os.PathLike) -> str:
     return suffix
 
 
+def _text_files_in(folder: Path) -> list[Path]:
+    """The ``.txt`` files under ``folder``, its sub-folders too, in the order of their paths; hidden ones (a
+    notebook's ``.ipynb_checkpoints/``) left out, as training's class folders leave them."""
+    return sorted((p for p in folder.rglob("*.txt")
+                   if not any(part.startswith(".") for part in p.relative_to(folder).parts)),
+                  key=lambda p: p.relative_to(folder).as_posix())
+
+
 def _text_files(folder: Path, encoding: str) -> list[dict[str, Any]]:
-    """Each ``.txt`` file under ``folder`` (its sub-folders too, as a folder of classes has them), in the order
-    of their paths, as a row ``{"file": <path in the folder>, "text": <the whole file>}``."""
+    """Each ``.txt`` file under ``folder`` (:func:`_text_files_in`) as a row ``{"file": <path in the folder>,
+    "text": <the whole file>}``."""
     from finetune.text_encoding import decode_whole, undecodable
 
     rows = []
-    for path in sorted(folder.rglob("*.txt"), key=lambda p: p.relative_to(folder).as_posix()):
+    for path in _text_files_in(folder):
         try:
             text = decode_whole(path.read_bytes(), encoding)
         except UnicodeError as exc:

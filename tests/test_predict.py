@@ -314,7 +314,7 @@ def test_predictions_go_to_parquet_as_to_csv_with_the_inputs_own_types(trained, 
 
 def test_a_folder_of_text_files_is_classified_a_file_a_text(trained, predictor, tmp_path, capsys):
     """A folder of documents, or of classes (``ham/1.txt``) as training reads it: each ``.txt`` file a row, named by
-    its path in the folder, read whole; other files left out."""
+    its path in the folder, read whole; other files, and hidden ones, left out."""
     from finetune.predict import main
 
     out, _, _ = trained
@@ -324,6 +324,8 @@ def test_a_folder_of_text_files_is_classified_a_file_a_text(trained, predictor, 
         (folder / name).parent.mkdir(parents=True, exist_ok=True)
         (folder / name).write_text(text + "\n", encoding="utf-8")
     (folder / "notes.md").write_text("not a text to classify", encoding="utf-8")
+    (folder / ".ipynb_checkpoints").mkdir()  # a notebook's copy: hidden, as training's class folders leave it
+    (folder / ".ipynb_checkpoints" / "a-checkpoint.txt").write_text(TEXTS[0], encoding="utf-8")
     assert main([str(out), "--file", str(folder), "--output", str(tmp_path / "p.jsonl")]) == 0
     capsys.readouterr()
     rows = [json.loads(line) for line in (tmp_path / "p.jsonl").read_text(encoding="utf-8").splitlines()]
