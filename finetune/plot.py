@@ -176,11 +176,17 @@ def curves_figure(records: list[dict[str, Any]], title: Optional[str] = None):
     return fig
 
 
+def metric_keys(evals: list[dict[str, Any]]) -> list[str]:
+    """The ``eval/<metric>`` keys of evaluation records, in the order they first appear; the loss and the sample
+    count left out."""
+    return [k for k in dict.fromkeys(k for r in evals for k in r)
+            if k.startswith("eval/") and k not in ("eval/loss", "eval/num_samples")]
+
+
 def _plot_validation(ax, evals: list[dict[str, Any]], last_step: int) -> None:
     """The validation panel: each metric's points over the updates, and each evaluation's 95% bootstrap interval
     as a bar where the run recorded one (how far the point could move)."""
-    names = [k for k in dict.fromkeys(k for r in evals for k in r)
-             if k.startswith("eval/") and k not in ("eval/loss", "eval/num_samples")]
+    names = metric_keys(evals)
     for i, name in enumerate(names):
         metric = name.removeprefix("eval/")
         points = [(int(r["step"]), _number(r[name])) for r in evals if name in r and _number(r[name]) is not None]
@@ -255,9 +261,7 @@ def compare_figure(runs: dict[str, list[dict[str, Any]]], metric: Optional[str] 
 
 def shared_metric(evals_by_run: list[list[dict[str, Any]]]) -> str:
     """The first validation metric every run that evaluated has, besides the loss; ``loss`` where there is none."""
-    named = [[k.removeprefix("eval/") for k in dict.fromkeys(k for r in evals for k in r)
-              if k.startswith("eval/") and k not in ("eval/loss", "eval/num_samples")]
-             for evals in evals_by_run if evals]
+    named = [[k.removeprefix("eval/") for k in metric_keys(evals)] for evals in evals_by_run if evals]
     shared = [name for name in (named[0] if named else []) if all(name in other for other in named)]
     return shared[0] if shared else "loss"
 
@@ -271,12 +275,12 @@ def plot_curves(output_dir: str | os.PathLike, path: str | os.PathLike | None = 
     output_dir = Path(output_dir)
     records = _run_records(output_dir)
     path = Path(path) if path is not None else output_dir / CURVES_FILE
-    _check_output(path, [output_dir] if path.resolve() != (output_dir / CURVES_FILE).resolve() else [])
+    kind = _check_output(path, [output_dir] if path.resolve() != (output_dir / CURVES_FILE).resolve() else [])
     try:
         fig = curves_figure(records, title=str(output_dir))
     except DataError as exc:
         raise DataError(f"{output_dir / LOG_FILE}: {exc.message}") from None
-    return _save(fig, path)
+    return _save(fig, path, kind)
 
 
 def plot_comparison(output_dirs: Sequence[str | os.PathLike], path: str | os.PathLike,
@@ -288,8 +292,8 @@ def plot_comparison(output_dirs: Sequence[str | os.PathLike], path: str | os.Pat
     """
     runs = {str(d): _run_records(Path(d)) for d in output_dirs}
     path = Path(path)
-    _check_output(path, [Path(d) for d in output_dirs])
-    return _save(compare_figure(runs, metric), path)
+    kind = _check_output(path, [Path(d) for d in output_dirs])
+    return _save(compare_figure(runs, metric), path, kind)
 
 
 def _run_records(output_dir: Path) -> list[dict[str, Any]]:
@@ -303,19 +307,19 @@ def _run_records(output_dir: Path) -> list[dict[str, Any]]:
         raise DataError(f"{output_dir / LOG_FILE}: not JSON lines ({exc})") from None
 
 
-def _check_output(path: Path, runs: list[Path]) -> None:
-    """A picture can be written at ``path``, and it is none of the files of ``runs``."""
+def _check_output(path: Path, runs: list[Path]) -> str:
+    """That a picture can be written at ``path``, and it is none of the files of ``runs``; returns its format."""
     if not path.resolve().parent.is_dir():
         raise DataError(f"{path}: its directory does not exist")
     for run in runs:
         refuse_a_run_file(path, run, "--output")
-    picture_format(path)
+    return picture_format(path)
 
 
-def _save(fig, path: Path) -> Path:
+def _save(fig, path: Path, kind: str) -> Path:
     # through a temporary name: a stop while drawing leaves the old picture or the new one
     tmp = path.with_name(f".{path.name}.tmp")
-    fig.savefig(tmp, dpi=DPI, format=picture_format(path))
+    fig.savefig(tmp, dpi=DPI, format=kind)
     os.replace(tmp, path)
     return path
 

@@ -30,7 +30,7 @@ from finetune.errors import (CommandParser, ConfigError, DataError, ModelError, 
 from finetune.outputs import refuse_a_run_file
 from finetune.prediction_files import (CLASH_PREFIX, OUTPUT_FORMATS, STDIN, checked_suffix, input_kind, local_file,
                                        columns_named_as_predictions, note_the_files_own_columns, output_separator,
-                                       predict_rows, read_rows, write_predictions, TEXT_FOLDER)
+                                       predict_rows, read_rows, write_predictions, ONE_TEXT_EACH, TEXT_FOLDER)
 from finetune.schema import PAD_TO_MULTIPLE_OF  # the schema alone: no YAML or config loading at import
 from finetune.text_encoding import check_encoding
 from finetune.truncation import BOOKKEEPING, LENGTH, Truncation, prediction_length
@@ -352,20 +352,20 @@ def run(args: argparse.Namespace) -> None:
     # the file last, since a URL's is downloaded first, and an archive unpacked: the copy is what is read
     file = local_file(args.file) if args.file else args.file
     # a line of a .txt file or standard input, or a folder's file, is a text: the run's text column names a column
-    lines = file and (".txt" if file == STDIN else input_kind(file)) in (".txt", TEXT_FOLDER)  # before the imports
-    if lines and args.text_column is not None:
+    kind = file and (".txt" if file == STDIN else input_kind(file))  # before the imports below
+    if kind in ONE_TEXT_EACH and args.text_column is not None:
         raise ConfigError(f"--text {args.text_column!r}: names a column; {args.file} holds one text per "
-                          f"{'line' if file == STDIN or input_kind(file) == '.txt' else 'file'}")
+                          f"{'file' if kind == TEXT_FOLDER else 'line'}")
     if args.output:
         if file != STDIN and Path(args.output).resolve() == Path(file).resolve():
             raise ConfigError(f"--output {args.output}: is the --file being classified; name another file")
         refuse_a_run_file(args.output, output_dir, "--output")
     cfg = saved_config(output_dir)
-    text_column = "text" if lines else args.text_column or (cfg.data.text_column if cfg is not None else "text")
+    text_column = "text" if kind in ONE_TEXT_EACH else \
+        args.text_column or (cfg.data.text_column if cfg is not None else "text")
     pair_column = args.text_pair_column or (cfg.data.text_pair_column if cfg is not None else None)
     encoding = args.encoding or (cfg.data.encoding if cfg is not None else "utf-8")
-    # after the checks above, which need neither datasets nor transformers (seconds to import): a wrong
-    # argument is said at once
+    # after the checks above, which need neither datasets nor transformers (seconds to import): said at once
     quiet_progress_bars()  # the bars of reading the file and loading the weights; the file's bar is ours
     if args.file:
         rows = read_rows(args.file, text_column, pair_column, encoding)

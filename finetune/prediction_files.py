@@ -29,6 +29,7 @@ INPUT_FORMATS = (".txt", ".csv", ".tsv", ".json", ".jsonl", ".parquet")
 STDIN = "-"  # --file -: one text per line from standard input, as a .txt file
 SAVED = "saved"  # what read_rows calls a folder that datasets' save_to_disk wrote, in place of an extension
 TEXT_FOLDER = "folder"  # and a folder of .txt files (in sub-folders too: a class folder), each file a text
+ONE_TEXT_EACH = (".txt", TEXT_FOLDER)  # kinds whose every line, or file, is a text: no columns to name
 OUTPUT_FORMATS = (".csv", ".jsonl", ".parquet")
 
 
@@ -126,7 +127,7 @@ def read_rows(path: str | os.PathLike, text_column: str = "text",
     local = Path(local_file(given))  # a URL or an archive is read from its copy,
     path = given if str(local) != given else local  # and named as given
     suffix = ".txt" if stdin else input_kind(local)
-    if suffix in (".txt", TEXT_FOLDER):
+    if suffix in ONE_TEXT_EACH:
         if text_pair_column:
             what = "standard input" if stdin else "a .txt file" if suffix == ".txt" else "a folder of .txt files"
             raise DataError(f"--file {path}: {what} holds single texts; this model takes pairs (use .csv or "

@@ -205,7 +205,7 @@ def start_trackers(accelerator, cfg, resume_step: Optional[int]) -> frozenset[st
         who = library if library in _known_trackers() else "a tracker"
         raise ConfigError(f"logging.report_to: {who} did not start: {exc}") from exc
     continued = frozenset(t.name for t in accelerator.trackers if t.name in earlier and t.name in _TRACKER_RUNS)
-    hparams = flat_hparams(cfg.to_dict())
+    hparams = flat_hparams(cfg.to_dict()) if accelerator.trackers else {}
     for tracker in accelerator.trackers:
         if tracker.name not in continued:
             tracker.store_init_configuration(hparams)
