@@ -172,35 +172,53 @@ def cores_per_process(num_processes: int, cores: Optional[int] = None) -> int:
     return cores // max(1, local)
 
 
-# CPU flags (as /proc/cpuinfo names them) of units that compute bf16 products natively
-NATIVE_BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
+# CPU makers (/proc/cpuinfo's vendor_id) whose AVX-512 bf16 products beat fp32's without AMX: on an AMD EPYC with
+# avx512_bf16 the default job trained 1.56x as fast in bf16, where an Intel Xeon whose AMX was hidden (avx512_bf16
+# alone) trained 0.63x as fast, its bf16 products slower than its fp32 ones (bench/README.md)
+AVX512_BF16_PAYS = ("AuthenticAMD",)
+
+
+def _cpuinfo_field(name: str) -> str:
+    """The first value of ``name`` in ``/proc/cpuinfo`` (empty where there is none, e.g. macOS)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                key, _, value = line.partition(":")
+                if key.strip() == name:
+                    return value.strip()
+    except OSError:
+        pass
+    return ""
 
 
 def cpu_flags() -> set[str]:
     """The CPU's feature flags from ``/proc/cpuinfo`` (empty where there is none, e.g. macOS)."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
-            for line in fh:
-                if line.startswith("flags"):
-                    return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
+    return set(_cpuinfo_field("flags").split())
+
+
+def cpu_vendor() -> str:
+    """The CPU's maker as ``/proc/cpuinfo`` names it (``GenuineIntel``, ``AuthenticAMD``; empty where unknown)."""
+    return _cpuinfo_field("vendor_id")
 
 
 def choose_precision(requested: str, device: torch.device, *, flags: Optional[set[str]] = None,
-                     cuda_bf16: Optional[bool] = None) -> tuple[str, str]:
+                     vendor: Optional[str] = None, cuda_bf16: Optional[bool] = None) -> tuple[str, str]:
     """The precision ``training.mixed_precision`` stands for on ``device``, and why.
 
-    ``auto`` is bf16 where the hardware computes it natively, since there it
-    trains faster at the same accuracy, and fp32 where bf16 would be emulated
-    (much slower than fp32). fp16 is never chosen: it needs a loss scaler and
-    is only worth it on GPUs without bf16, where it is asked for by name.
+    ``auto`` is bf16 where the hardware computes bf16 products faster than
+    fp32 ones, since there it trains faster at the same accuracy, and fp32
+    elsewhere. On a CPU that is one with AMX, or an AMD one with AVX-512's bf16
+    instructions; an Intel CPU with those instructions and no AMX (a virtual
+    machine whose AMX is hidden) computed its bf16 products no faster than
+    fp32 and trained slower in bf16, and a CPU without either emulates bf16,
+    much slower. fp16 is never chosen: it needs a loss scaler and is only
+    worth it on GPUs without bf16, where it is asked for by name.
 
     Args:
         requested: ``auto``, ``no``, ``bf16`` or ``fp16``.
         device: Where training runs.
         flags: The CPU's flags (default: :func:`cpu_flags`); for tests.
+        vendor: The CPU's maker (default: :func:`cpu_vendor`); for tests.
         cuda_bf16: Whether the GPU supports bf16 (default: ask torch); for tests.
 
     Returns:
@@ -218,11 +236,19 @@ def choose_precision(requested: str, device: torch.device, *, flags: Optional[se
         # tensor cores of a GPU without bf16 (a T4, a V100) compute fp16, not fp32
         return "no", "auto: the GPU has no bf16 units; training.mixed_precision=fp16 runs its fp16 tensor cores"
     if device.type == "cpu":
-        found = sorted(set(NATIVE_BF16_CPU_FLAGS) & (cpu_flags() if flags is None else flags))
-        if found:
-            return "bf16", f"auto: the CPU computes bf16 ({', '.join(found)})"
-        return "no", "auto: the CPU would emulate bf16 (no avx512_bf16 or amx_bf16)"
+        return _cpu_precision(cpu_flags() if flags is None else flags, cpu_vendor() if vendor is None else vendor)
     return "no", f"auto: fp32 on {device.type}"
+
+
+def _cpu_precision(flags: set[str], vendor: str) -> tuple[str, str]:
+    if "amx_bf16" in flags:
+        return "bf16", "auto: the CPU computes bf16 (amx_bf16)"
+    if "avx512_bf16" not in flags:
+        return "no", "auto: the CPU would emulate bf16 (no avx512_bf16 or amx_bf16)"
+    if vendor in AVX512_BF16_PAYS:
+        return "bf16", "auto: the CPU computes bf16 (avx512_bf16)"
+    return "no", (f"auto: this CPU's bf16 (avx512_bf16 without AMX, {vendor or 'maker unknown'}) trains slower "
+                  "than fp32; training.mixed_precision=bf16 to use it anyway")
 
 
 def choose_workers(requested, device: torch.device, num_processes: int, cores: Optional[int] = None) -> int:

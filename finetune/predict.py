@@ -428,8 +428,8 @@ def add_precision_argument(parser: argparse.ArgumentParser) -> None:
     """``--precision``, shared by ``predict`` and ``score``."""
     parser.add_argument("--precision", default="no", metavar="{no,bf16,fp16}",
                         help="arithmetic of the forward passes: no (float32, the default), or bf16 or fp16 "
-                        "autocast, for hardware that computes them natively (a CPU with AMX or avx512_bf16, a "
-                        "recent GPU): faster, with probabilities that differ from float32's in their last digits")
+                        "autocast where they compute faster (a CPU with AMX, an AMD one with avx512_bf16, a recent "
+                        "GPU), with probabilities that differ from float32's in their last digits")
 
 
 def batch_too_large(batch_size: int) -> OutOfMemory:

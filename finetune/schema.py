@@ -348,8 +348,9 @@ class TrainingConfig:
     max_grad_norm: Optional[float] = setting(1.0,
         "Clip the accumulated gradient's global norm to this (null or 0: no clipping).")
     mixed_precision: Literal["auto", "no", "bf16", "fp16"] = setting("auto",
-        "`auto`: bf16 where the device computes it natively (a CUDA GPU that supports it; a CPU with "
-        "AVX512-BF16 or AMX), fp32 elsewhere; or `no` (fp32), `bf16`, `fp16` (GPUs only, with a loss "
+        "`auto`: bf16 where the device computes it faster than fp32 (a CUDA GPU that supports it; a CPU with "
+        "AMX, or an AMD one with AVX512-BF16: an Intel CPU with AVX512-BF16 and no AMX trained slower in bf16), "
+        "fp32 elsewhere; or `no` (fp32), `bf16`, `fp16` (GPUs only, with a loss "
         "scaler: on a GPU without bf16, such as a T4 or a V100, the precision its tensor cores compute; never "
         "chosen by `auto`). The start-up line says what `auto` chose and why.")
     seed: int = setting(42,
