@@ -47,8 +47,10 @@ MAY_CHANGE_ON_RESUME = frozenset({
     "training.gradient_accumulation_steps",
     "training.effective_batch_size",
     "training.per_device_train_batch_size",
-    # compared as applied (the fingerprint's cuda_graphs), so that auto resumes what true or false wrote
+    # compared as applied (the fingerprint's cuda_graphs and precision), so that auto resumes what a setting
+    # wrote where it decides the same, and a setting resumes what auto decided on another machine
     "training.cuda_graphs",
+    "training.mixed_precision",
 })
 
 
@@ -133,11 +135,15 @@ def changed_settings(meta: dict[str, Any], run) -> Optional[str]:
 
 
 def with_graphs_as_applied(saved: dict[str, Any], current: dict[str, Any]) -> dict[str, Any]:
-    """A checkpoint's fingerprint with ``cuda_graphs`` as applied. Checkpoints written before ``auto`` record
-    ``training.cuda_graphs`` as spelled, ``true`` or ``false``: ``true`` was applied where graphs apply now."""
-    if "cuda_graphs" in saved or "training.cuda_graphs" not in saved:
-        return saved
-    return {**saved, "cuda_graphs": saved["training.cuda_graphs"] is True and current["cuda_graphs"]}
+    """A checkpoint's fingerprint with ``cuda_graphs`` and ``precision`` as applied. Checkpoints written before
+    ``auto`` record ``training.cuda_graphs`` as spelled, ``true`` or ``false``: ``true`` was applied where graphs
+    apply now; those written before the precision was recorded ran in the ``training.mixed_precision`` they name
+    (``auto`` aside)."""
+    if "cuda_graphs" not in saved and "training.cuda_graphs" in saved:
+        saved = {**saved, "cuda_graphs": saved["training.cuda_graphs"] is True and current["cuda_graphs"]}
+    if "precision" not in saved and saved.get("training.mixed_precision", "auto") != "auto":
+        saved = {**saved, "precision": saved["training.mixed_precision"]}
+    return saved
 
 
 def padding_lengths(run) -> Optional[list[int]]:
@@ -279,7 +285,42 @@ def check_compatible(meta: dict[str, Any], run, path: Path) -> None:
     """
     changed = changed_settings(meta, run)
     if changed:
-        raise _another_runs_checkpoint(path, changed)
+        overrides = resuming_overrides(meta, run)
+        raise _decided_elsewhere(f"output.resume_from: {path}", changed, overrides) if overrides else \
+            _another_runs_checkpoint(path, changed)
+
+
+# what a setting left to `auto` decides by the machine, and the value that decides it as a checkpoint's run had
+# it: a run requeued onto another kind of machine is still the same run, which the setting resumes
+DECIDED_BY_THE_MACHINE = {
+    "precision": ("training.mixed_precision", lambda saved: saved),
+    # graphs that applied elsewhere may not apply here (a CPU); none applied there is eager, which runs anywhere
+    "cuda_graphs": ("training.cuda_graphs", lambda saved: None if saved else "false"),
+}
+
+
+def resuming_overrides(meta: dict[str, Any], run) -> Optional[str]:
+    """The overrides that resume a checkpoint whose fingerprint differs from this run's only in what settings
+    left to ``auto`` decided on another machine (``training.mixed_precision=bf16``), or None."""
+    current = run_fingerprint(run)
+    saved = with_graphs_as_applied(meta.get("fingerprint", {}), current)
+    changed = _changed_keys(saved, current, list(current))
+    if not changed or not set(changed) <= set(DECIDED_BY_THE_MACHINE):
+        return None
+    overrides = []
+    for key in changed:
+        setting, value_for = DECIDED_BY_THE_MACHINE[key]
+        value = value_for(saved[key])
+        if value is None or getattr(run.cfg.training, setting.split(".")[1]) != "auto":
+            return None
+        overrides.append(f"{setting}={value}")
+    return " ".join(overrides)
+
+
+def _decided_elsewhere(where, change: str, overrides: str) -> ConfigError:
+    """The refusal of checkpoints that only this machine's ``auto`` settings keep from resuming."""
+    return ConfigError(f"{where} holds a run whose `auto` settings chose otherwise on the machine that wrote it "
+                       f"({change})", hint=f"the same command with {overrides} resumes it")
 
 
 # --------------------------------------------------------------------------- the checkpoint a run resumes
@@ -324,8 +365,11 @@ def choose_checkpoint(run) -> Optional[Path]:
         changed = changed_settings(read_state(path), run)
         if changed is None:
             return path
-        other_run = other_run or changed
+        other_run = other_run or (changed, path)
     if other_run is not None:
-        raise _another_runs_folder(out.output_dir, other_run)
+        changed, path = other_run
+        overrides = resuming_overrides(read_state(path), run)
+        raise _decided_elsewhere(f"output.output_dir: {out.output_dir}", changed, overrides) if overrides else \
+            _another_runs_folder(out.output_dir, changed)
     raise ConfigError(f"output.resume_from: {spec}, but no checkpoint in {checkpoints_root(out.output_dir)} is "
                       f"intact (see the warnings above); name one, or pass output.overwrite=true to start afresh")

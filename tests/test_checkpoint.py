@@ -152,17 +152,63 @@ def test_a_resume_under_other_settings_is_refused(tmp_path):
     check_compatible(saved, _fake_run(config_from_dict(
         {**base, "training": {**base["training"], "per_device_train_batch_size": 2, "gradient_accumulation_steps": None,
                               "effective_batch_size": 12}}), processes=2), path)
-    # mixed_precision: auto on a machine that computes bf16 is not the fp32 run the checkpoint was on
-    with pytest.raises(ConfigError, match="precision: 'no' -> 'bf16'"):
+    # mixed_precision: auto on a machine that computes bf16 is not the fp32 run the checkpoint was on (one
+    # requeued onto another kind of machine), and the refusal names the setting that resumes it there
+    with pytest.raises(ConfigError, match="chose otherwise on the machine that wrote it .precision: 'no' -> "
+                                          "'bf16'") as refused:
         check_compatible(saved, _fake_run(config_from_dict(base), precision="bf16"), path)
-    # a checkpoint written before the fingerprint named the precision still resumes
+    assert refused.value.hint == "the same command with training.mixed_precision=no resumes it"
+    check_compatible(saved, variant(mixed_precision="no"), path)  # ... which it does: compared as applied
+    # a precision asked for by name is the user's change: refused, with nothing to suggest
+    with pytest.raises(ConfigError, match="other settings: precision: 'no' -> 'bf16'") as refused:
+        check_compatible(saved, _fake_run(config_from_dict(
+            {**base, "training": {**base["training"], "mixed_precision": "bf16"}}), precision="bf16"), path)
+    assert refused.value.hint is None
+    # nor where the precision is not all that changed
+    with pytest.raises(ConfigError, match="other settings: training.num_train_epochs") as refused:
+        check_compatible(saved, _fake_run(config_from_dict(
+            {**base, "training": {**base["training"], "num_train_epochs": 3}}), precision="bf16"), path)
+    assert refused.value.hint is None
+    # a checkpoint written before the fingerprint named the precision still resumes, and is compared with the
+    # precision its config named
     older = {"fingerprint": {k: v for k, v in saved["fingerprint"].items() if k != "precision"}}
     check_compatible(older, variant(), path)
+    older_fp32 = {"fingerprint": {**older["fingerprint"], "training.mixed_precision": "no"}}
+    check_compatible(older_fp32, variant(mixed_precision="no"), path)
+    with pytest.raises(ConfigError, match="precision: 'no' -> 'bf16'"):
+        check_compatible(older_fp32, _fake_run(config_from_dict(
+            {**base, "training": {**base["training"], "mixed_precision": "bf16"}}), precision="bf16"), path)
     # and one whose fingerprint held b as a config key, before another split of B could resume
     assert "training.per_device_train_batch_size" not in saved["fingerprint"]
     with_b = {"fingerprint": {**saved["fingerprint"], "training.per_device_train_batch_size": 4}}
     check_compatible(with_b, variant(), path)
     assert Batching(4, 3, 1).effective_batch_size == 12
+
+
+def test_a_folder_whose_run_another_machine_decided_names_the_setting_that_resumes_it(tmp_path):
+    """A run requeued onto another kind of machine finds checkpoints that ``auto`` decided otherwise for (bf16
+    where this machine trains fp32): the folder is the same run, and the refusal says how to resume it rather
+    than to overwrite it."""
+    from finetune.resuming import choose_checkpoint
+
+    base = {"data": {"train_file": "x.tsv"}, "output": {"output_dir": str(tmp_path)},
+            "training": {"per_device_train_batch_size": 4, "gradient_accumulation_steps": 3}}
+    path = _fake_checkpoint(tmp_path / "checkpoints" / "checkpoint-2", 2)
+    state = json.loads((path / STATE_FILE).read_text(encoding="utf-8"))
+    state["fingerprint"] = run_fingerprint(_fake_run(config_from_dict(base), precision="bf16"))
+    (path / STATE_FILE).write_text(json.dumps(state), encoding="utf-8")
+
+    with pytest.raises(ConfigError, match=f"output.output_dir: {tmp_path} holds a run whose `auto` settings chose "
+                                          "otherwise .*precision: 'bf16' -> 'no'") as refused:
+        choose_checkpoint(_fake_run(config_from_dict(base), precision="no"))
+    assert refused.value.hint == "the same command with training.mixed_precision=bf16 resumes it"
+    bf16 = {**base, "training": {**base["training"], "mixed_precision": "bf16"}}
+    assert choose_checkpoint(_fake_run(config_from_dict(bf16), precision="bf16")) == path
+    # another run's folder is still refused as such
+    longer = {**base, "training": {**base["training"], "num_train_epochs": 2}}
+    with pytest.raises(ConfigError, match="holds checkpoints of another run") as refused:
+        choose_checkpoint(_fake_run(config_from_dict(longer), precision="no"))
+    assert refused.value.hint is None
 
 
 def test_cuda_graphs_resume_as_applied_whatever_the_spelling(tmp_path):
@@ -179,9 +225,16 @@ def test_cuda_graphs_resume_as_applied_whatever_the_spelling(tmp_path):
     assert saved["fingerprint"]["cuda_graphs"] is False
     fp32 = {"fingerprint": run_fingerprint(run(False, "cuda", precision="no"))}
     check_compatible(fp32, run("auto", "cuda", precision="no"), path)  # auto leaves fp32 eager
-    with pytest.raises(ConfigError, match="other settings: cuda_graphs: False -> True;"):
+    with pytest.raises(ConfigError, match="chose otherwise on the machine that wrote it .cuda_graphs: False -> "
+                                          r"True\)$") as refused:
         check_compatible(saved, run("auto", "cuda"), path)
+    assert refused.value.hint == "the same command with training.cuda_graphs=false resumes it"
+    check_compatible(saved, run(False, "cuda"), path)
     check_compatible({"fingerprint": run_fingerprint(run(True, "cuda"))}, run("auto", "cuda"), path)
+    # graphs applied on a GPU cannot be on a CPU: nothing resumes that checkpoint there
+    with pytest.raises(ConfigError, match="other settings: cuda_graphs: True -> False") as refused:
+        check_compatible({"fingerprint": run_fingerprint(run(True, "cuda"))}, run("auto"), path)
+    assert refused.value.hint is None
 
     # checkpoints written before auto, which compared the setting as spelled
     def older(cuda_graphs, device="cpu"):
@@ -191,7 +244,7 @@ def test_cuda_graphs_resume_as_applied_whatever_the_spelling(tmp_path):
     check_compatible(older(False), run("auto"), path)  # eager on a CPU, before and after
     check_compatible(older(True), run("auto"), path)  # true on a CPU trained eagerly
     check_compatible(older(True, "cuda"), run("auto", "cuda"), path)
-    with pytest.raises(ConfigError, match="other settings: cuda_graphs: False -> True;"):
+    with pytest.raises(ConfigError, match=r"otherwise on the machine that wrote it .cuda_graphs: False -> True\)$"):
         check_compatible(older(False, "cuda"), run("auto", "cuda"), path)
 
 
