@@ -120,21 +120,29 @@ def changed_settings(meta: dict[str, Any], run) -> Optional[str]:
     Another split of the same effective batch is no difference where it may change
     (:func:`finetune.resplit.may_change_split`).
     """
-    current = run_fingerprint(run)
-    saved = with_graphs_as_applied(meta.get("fingerprint", {}), current)
-    # a key only the checkpoint has: one the schema dropped, unless it is one that may change (a release that
-    # compared it directly)
-    keys = list(current) + [k for k in saved if k not in current and k not in MAY_CHANGE_ON_RESUME]
-    if may_change_split(saved, current):
-        return _differences(saved, current, [k for k in keys if k not in SPLIT_KEYS])
-    changed = _differences(saved, current, keys)
+    saved, current = _fingerprints(meta, run)
+    changed = _differences(saved, current, _compared_keys(saved, current))
     engine = saved.get("sharded_state") or current["sharded_state"]
-    if changed and engine and split_change(saved, current):
+    if changed and engine and split_change(saved, current) and not may_change_split(saved, current):
         changed += f" ({engine} checkpoints are sharded: they resume on the b, k and P that wrote them)"
     return changed
 
 
-def with_graphs_as_applied(saved: dict[str, Any], current: dict[str, Any]) -> dict[str, Any]:
+def _fingerprints(meta: dict[str, Any], run) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A checkpoint's fingerprint, as applied, and this run's."""
+    current = run_fingerprint(run)
+    return fingerprint_as_applied(meta.get("fingerprint", {}), current), current
+
+
+def _compared_keys(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """The fingerprint keys a resume compares: this run's, and a key only the checkpoint has (one the schema
+    dropped, unless it is one that may change: a release that compared it directly); the split of the effective
+    batch left out where it may change."""
+    keys = list(current) + [k for k in saved if k not in current and k not in MAY_CHANGE_ON_RESUME]
+    return [k for k in keys if k not in SPLIT_KEYS] if may_change_split(saved, current) else keys
+
+
+def fingerprint_as_applied(saved: dict[str, Any], current: dict[str, Any]) -> dict[str, Any]:
     """A checkpoint's fingerprint with ``cuda_graphs`` and ``precision`` as applied. Checkpoints written before
     ``auto`` record ``training.cuda_graphs`` as spelled, ``true`` or ``false``: ``true`` was applied where graphs
     apply now; those written before the precision was recorded ran in the ``training.mixed_precision`` they name
@@ -165,7 +173,7 @@ def padding_change(meta: dict[str, Any], current: Optional[list[int]], graphed_n
     if "padding_lengths" in meta:
         saved = meta["padding_lengths"]
     else:
-        fingerprint = with_graphs_as_applied(meta.get("fingerprint", {}), {"cuda_graphs": graphed_now})
+        fingerprint = fingerprint_as_applied(meta.get("fingerprint", {}), {"cuda_graphs": graphed_now})
         top = fingerprint.get("data.max_length")
         fixed = fingerprint.get("training.torch_compile") is True or fingerprint.get("cuda_graphs") is True
         saved = bucket_lengths(top, 4) if fixed and isinstance(top, int) else None
@@ -302,9 +310,8 @@ DECIDED_BY_THE_MACHINE = {
 def resuming_overrides(meta: dict[str, Any], run) -> Optional[str]:
     """The overrides that resume a checkpoint whose fingerprint differs from this run's only in what settings
     left to ``auto`` decided on another machine (``training.mixed_precision=bf16``), or None."""
-    current = run_fingerprint(run)
-    saved = with_graphs_as_applied(meta.get("fingerprint", {}), current)
-    changed = _changed_keys(saved, current, list(current))
+    saved, current = _fingerprints(meta, run)
+    changed = _changed_keys(saved, current, _compared_keys(saved, current))
     if not changed or not set(changed) <= set(DECIDED_BY_THE_MACHINE):
         return None
     overrides = []

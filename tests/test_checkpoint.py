@@ -159,6 +159,13 @@ def test_a_resume_under_other_settings_is_refused(tmp_path):
         check_compatible(saved, _fake_run(config_from_dict(base), precision="bf16"), path)
     assert refused.value.hint == "the same command with training.mixed_precision=no resumes it"
     check_compatible(saved, variant(mixed_precision="no"), path)  # ... which it does: compared as applied
+    # requeued onto two processes of another kind, the same B split otherwise: the same hint
+    resplit = {**base["training"], "per_device_train_batch_size": 2, "gradient_accumulation_steps": None,
+               "effective_batch_size": 12}
+    with pytest.raises(ConfigError, match="chose otherwise") as refused:
+        check_compatible(saved, _fake_run(config_from_dict({**base, "training": resplit}), processes=2,
+                                          precision="bf16"), path)
+    assert refused.value.hint == "the same command with training.mixed_precision=no resumes it"
     # a precision asked for by name is the user's change: refused, with nothing to suggest
     with pytest.raises(ConfigError, match="other settings: precision: 'no' -> 'bf16'") as refused:
         check_compatible(saved, _fake_run(config_from_dict(
