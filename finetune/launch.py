@@ -229,7 +229,8 @@ def choose_precision(requested: str, device: torch.device, *, flags: Optional[se
     if device.type == "cuda":
         import torch
 
-        native = torch.cuda.is_bf16_supported() if cuda_bf16 is None else cuda_bf16
+        # torch's default counts a GPU that emulates bf16 (a T4, a V100) as supporting it
+        native = torch.cuda.is_bf16_supported(including_emulation=False) if cuda_bf16 is None else cuda_bf16
         if native:
             return "bf16", "auto: the GPU computes bf16"
         # not chosen for the user (it needs a loss scaler, and activations can overflow), but named: the

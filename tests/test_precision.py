@@ -38,6 +38,17 @@ def test_auto_follows_the_hardware(device, flags, vendor, cuda_bf16, expected):
         assert "training.mixed_precision=fp16" in why
 
 
+@pytest.mark.parametrize("emulates, expected", [(True, "no"), (False, "bf16")])
+def test_auto_asks_whether_the_gpu_computes_bf16_not_whether_it_emulates_it(monkeypatch, emulates, expected):
+    """torch's ``is_bf16_supported()`` counts emulation by default: a T4 or a V100 says yes, and ``auto`` took
+    bf16 there, slower than the fp32 and fp16 the docs promise. The stand-in answers as torch does on each."""
+    def is_bf16_supported(including_emulation=True):
+        return including_emulation or not emulates
+
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", is_bf16_supported)
+    assert choose_precision("auto", torch.device("cuda"))[0] == expected
+
+
 @pytest.mark.parametrize("requested", ["no", "bf16", "fp16"])
 def test_an_explicit_precision_is_kept(requested):
     assert choose_precision(requested, torch.device("cpu"), flags={"avx512_bf16"}) == (
