@@ -52,23 +52,24 @@ class RunLogger:
         self.accelerator = accelerator
         self.path = Path(output_dir) / LOG_FILE
         self.use_trackers = use_trackers
-        kept, written = [], 0  # the records up to the checkpoint, and the last update the stopped run wrote
+        kept = []  # the records up to the checkpoint
         if accelerator.is_main_process:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             if resume_step is not None and self.path.exists():
-                kept, written = self._truncate_after(resume_step, history or [])
-        # by tracker, the last update its run holds, where that is known; the main process holds the trackers
-        self.held = {t.name: _held(t, continued, written) for t in accelerator.trackers} \
+                kept = self._truncate_after(resume_step, history or [])
+        # by tracker, what its run holds of the run's updates, where that is known; the main process holds the
+        # trackers
+        self.held = {t.name: _held(t, continued) for t in accelerator.trackers} \
             if resume_step is not None and use_trackers else {}
         for tracker in accelerator.trackers if self.held else ():
-            for record in kept:
-                if self.held[tracker.name] is not None and record.get("step", 0) > self.held[tracker.name]:
-                    tracker.log(_scalars(record), step=record.get("step"))
+            held = self.held[tracker.name]
+            for record in kept if held is not None else ():
+                _send(tracker, held.lacks(record), record.get("step"))
 
-    def _truncate_after(self, step: int, history: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], int]:
-        """Cut the file back to ``step``; return the records kept, and the last step the file held before."""
+    def _truncate_after(self, step: int, history: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Cut the file back to ``step``; return the records kept."""
         saved_evals = [json.dumps(json_ready(r), sort_keys=True) for r in history]
-        kept, records, last = [], [], 0
+        kept, records = [], []
         with open(self.path, encoding="utf-8") as fh:
             for line in fh:
                 if not line.strip():
@@ -78,7 +79,6 @@ class RunLogger:
                 except json.JSONDecodeError:
                     break  # a line cut by a kill: everything after it is suspect too
                 at = record.get("step", 0)
-                last = max(last, at)
                 is_eval = any(k.startswith("eval/") for k in record)
                 if at < step or (at == step and (not is_eval or json.dumps(record, sort_keys=True) in saved_evals)):
                     kept.append(line if line.endswith("\n") else line + "\n")
@@ -86,7 +86,7 @@ class RunLogger:
         tmp = self.path.with_suffix(".jsonl.tmp")
         tmp.write_text("".join(kept), encoding="utf-8")
         os.replace(tmp, self.path)
-        return records, last
+        return records
 
     def log(self, record: dict[str, Any]) -> None:
         """Write one record (main process only) and hand it to the trackers."""
@@ -94,13 +94,11 @@ class RunLogger:
             with open(self.path, "a", encoding="utf-8") as fh:
                 fh.write(json.dumps(json_ready(record)) + "\n")
         if self.use_trackers:
-            step = record.get("step")
-            # what accelerator.log does, tracker by tracker (the main process holds them all; the others none)
+            # what accelerator.log does, tracker by tracker (the main process holds them all; the others none),
+            # less what a tracker run holds from the stopped run already
             for tracker in self.accelerator.trackers:
                 held = self.held.get(tracker.name)
-                if held is not None and step is not None and step <= held:
-                    continue  # that tracker run has this update from the stopped run already
-                tracker.log(_scalars(record), step=step)
+                _send(tracker, held.lacks(record) if held is not None else _scalars(record), record.get("step"))
 
 
 def _scalars(record: dict[str, Any]) -> dict[str, Any]:
@@ -108,17 +106,39 @@ def _scalars(record: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in record.items() if isinstance(v, (int, float)) and k != "step"}
 
 
+def _send(tracker, numbers: dict[str, Any], step: Optional[int]) -> None:
+    if numbers:
+        runs = _TRACKER_RUNS.get(tracker.name)
+        tracker.log(numbers, step=step, **(runs.log_kwargs if runs else {}))
+
+
+@dataclass(frozen=True)
+class Held:
+    """What a resumed run's tracker run holds of the run's updates: every number of each update up to
+    ``through``, and besides, each (key, update) pair of ``pairs``."""
+
+    through: int = -1
+    pairs: frozenset[tuple[str, int]] = frozenset()
+
+    def lacks(self, record: dict[str, Any]) -> dict[str, Any]:
+        """The numbers of ``record`` the tracker run lacks (none: it holds them all)."""
+        step = record.get("step")
+        if step is not None and step <= self.through:
+            return {}
+        return {k: v for k, v in _scalars(record).items() if (k, step) not in self.pairs}
+
+
 # Trackers that write into the run's folder and keep there the stopped run's events up to the checkpoint
 _KEEP_THEIR_EVENTS = frozenset({"tensorboard"})
 
 
-def _held(tracker, continued: frozenset[str], written: int) -> Optional[int]:
-    """The last update a resumed run's ``tracker`` holds: what the stopped run's tracker run holds where this one
-    goes on with it, none (``-1``) where it is new; ``None`` where that is not known, or the tracker keeps the
-    stopped run's events itself."""
+def _held(tracker, continued: frozenset[str]) -> Optional[Held]:
+    """What a resumed run's ``tracker`` holds: what the stopped run's tracker run holds where this one goes on
+    with it, nothing where it is new; ``None`` where that is not known, or the tracker keeps the stopped run's
+    events itself."""
     if tracker.name in continued:
-        return _TRACKER_RUNS[tracker.name].holds_through(tracker, written)
-    return None if tracker.name in _KEEP_THEIR_EVENTS else -1
+        return _TRACKER_RUNS[tracker.name].holds(tracker)
+    return None if tracker.name in _KEEP_THEIR_EVENTS else Held()
 
 
 @dataclass(frozen=True)
@@ -133,15 +153,22 @@ class _TrackerRuns:
     run_id: Callable[[Any], str]  # the started tracker's run id
     continued: Callable[[str], dict[str, Any]]  # the init kwargs that continue the run with that id
     still_there: Callable[[str], bool]  # whether the run with that id can be continued
-    # the last update the continued run holds, given the last one the stopped run wrote to train_log.jsonl (None:
-    # not known)
-    holds_through: Callable[[Any, int], Optional[int]]
+    holds: Callable[[Any], Optional[Held]]  # what the continued run holds of the run's updates (None: not known)
+    log_kwargs: dict[str, Any]  # the tracker's log call's own arguments
 
 
 def _mlflow_client():
     from mlflow import MlflowClient
 
     return MlflowClient()
+
+
+def _mlflow_holds(tracker) -> Held:
+    """Each number of each update the MLflow run holds, as its server has them: records go asynchronously, in
+    batches that may land out of order, so a kill can lose any of the last ones, not only a tail."""
+    client, run_id = _mlflow_client(), tracker.active_run.info.run_id
+    return Held(pairs=frozenset((key, metric.step) for key in client.get_run(run_id).data.metrics
+                                for metric in client.get_metric_history(run_id, key)))
 
 
 def _mlflow_run_is_there(run_id: str) -> bool:
@@ -166,7 +193,8 @@ _TRACKER_RUNS = {
         still_there=lambda run_id: True,  # resume="allow" starts a new run under the id where there is none
         # what its server counts (W&B's writer buffers: a SIGKILL loses the last records); offline, not known: each
         # start's files hold what that start sent
-        holds_through=lambda tracker, written: None if tracker.run.offline else tracker.run.starting_step - 1),
+        holds=lambda tracker: None if tracker.run.offline else Held(through=tracker.run.starting_step - 1),
+        log_kwargs={}),  # W&B sends from a process of its own
     "mlflow": _TrackerRuns(
         named=lambda name: {"run_name": name},
         # a tag of the started run: Accelerate would put tags given at the start on a new experiment too
@@ -176,8 +204,10 @@ _TRACKER_RUNS = {
         run_id=lambda tracker: tracker.active_run.info.run_id,
         continued=lambda run_id: {"run_id": run_id},
         still_there=_mlflow_run_is_there,  # start_run fails on a run deleted or unknown
-        # MLflow writes each record as it is logged, after train_log.jsonl: it holds what the file held
-        holds_through=lambda tracker, written: written),
+        holds=_mlflow_holds,
+        # one request per record otherwise, which the training waits for at each update; the run's end waits
+        # for what is still on its way
+        log_kwargs={"synchronous": False}),
 }
 
 

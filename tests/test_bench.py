@@ -1299,3 +1299,18 @@ def test_the_carves_ks_distance_is_the_largest_gap_between_the_two_cumulative_di
     assert ks_distance(np.array([0.0, 9.0]), whole) == 0.4  # at 0: half of one, a tenth of the other
     ratings = rating_targets(300)
     assert len(ratings) == 300 and 0 <= ratings.min() and ratings.max() < 5.5
+
+
+def test_the_trackers_benchmark_times_each_way_of_logging_and_checks_the_store_holds_every_record(
+        capsys, monkeypatch, fresh_accelerate_state):
+    import bench.trackers
+    from finetune.tracking import _TRACKER_RUNS
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "unset")  # the benchmark points it at a store of its own
+    assert bench.trackers.main(["--records", "6", "--update-ms", "0", "--rounds", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "`python -m bench.trackers --records 6 --update-ms 0 --rounds 1`" in out
+    rows = [line.strip("|").split("|") for line in out.splitlines() if line.startswith("| ")][2:]
+    assert [r[0].strip() for r in rows] == list(bench.trackers.ARMS)
+    assert all(float(r[1]) > 0 and r[3].strip() == "6 of 6" for r in rows)
+    assert _TRACKER_RUNS["mlflow"].log_kwargs == {"synchronous": False}  # the package's own way, restored

@@ -116,16 +116,32 @@ def test_a_tracker_that_cannot_start_stops_the_run_in_one_line(tmp_path):
     assert not (tmp_path / "out" / "train_log.jsonl").exists()  # no update was made
 
 class _Tracker:
-    """Stands in for one of Accelerate's trackers: its name, the updates it was sent, and (as W&B's) the step its
-    run starts at, which W&B's server counts, or that it is offline."""
+    """Stands in for one of Accelerate's trackers: its name, the updates it was sent and how, and (as W&B's) the
+    step its run starts at, which W&B's server counts, or that it is offline, or (as MLflow's) its run's id."""
 
-    def __init__(self, name: str, starting_step: int = 0, offline: bool = False):
-        self.name, self.sent = name, []
-        self.run = SimpleNamespace(id="run-1", starting_step=starting_step, offline=offline)
+    def __init__(self, name: str, starting_step: int = 0, offline: bool = False, run_id: str = "run-1"):
+        self.name, self.sent, self.how = name, [], set()
+        self.run = SimpleNamespace(id=run_id, starting_step=starting_step, offline=offline)
+        self.active_run = SimpleNamespace(info=SimpleNamespace(run_id=run_id))
 
-    def log(self, values: dict, step=None):
+    def log(self, values: dict, step=None, **kwargs):
         assert values == {"train/loss": 1.0 / step}  # the record's numbers, the step apart
         self.sent.append(step)
+        self.how.add(json.dumps(kwargs, sort_keys=True))
+
+
+@pytest.fixture
+def mlflow_store(tmp_path, monkeypatch):
+    """A client of a real MLflow tracking store (SQLite) in ``tmp_path``, and an experiment in it."""
+    import warnings
+
+    from mlflow.tracking import MlflowClient
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    with warnings.catch_warnings():  # MLflow's store uses a loader option the newest SQLAlchemy deprecates
+        warnings.simplefilter("ignore", DeprecationWarning)
+        client = MlflowClient()
+        yield client, client.create_experiment("finetune")
 
 
 def _resumed_at_4_of_6(folder, trackers: list, continued: set[str]) -> RunLogger:
@@ -140,21 +156,41 @@ def _resumed_at_4_of_6(folder, trackers: list, continued: set[str]) -> RunLogger
     return log
 
 
-def test_a_continued_tracker_run_is_sent_each_update_it_lacks_once(tmp_path):
-    """MLflow logs as the file is written, so its run holds 1 to 6; W&B's server counts what its run holds: 1 to 5
-    (its writer lost update 6 in the kill), or only 1 and 2 (the kill lost 3 and 4 too, before the checkpoint):
-    they come from the file. Offline, W&B counts nothing: its start gets what the resumed run makes. TensorBoard
-    keeps the earlier files' 1 to 4 and drops their 5 and 6 itself."""
-    mlflow, tensorboard = _Tracker("mlflow"), _Tracker("tensorboard")
+def test_a_continued_tracker_run_is_sent_each_update_it_lacks_once(tmp_path, mlflow_store):
+    """MLflow's server says which updates its run holds: 1 to 6 but 4, whose batch the kill lost (MLflow's
+    records go asynchronously, so not only a tail can go): 4 comes from the file, 5 and 6 are not sent again.
+    W&B's server counts what its run holds: 1 to 5 (its writer lost update 6 in the kill), or only 1 and 2 (the
+    kill lost 3 and 4 too, before the checkpoint): they come from the file. Offline, W&B counts nothing: its
+    start gets what the resumed run makes. TensorBoard keeps the earlier files' 1 to 4 and drops their 5 and 6
+    itself."""
+    from mlflow.entities import Metric
+
+    client, experiment = mlflow_store
+    run_id = client.create_run(experiment).info.run_id
+    client.log_batch(run_id, metrics=[Metric("train/loss", 1.0 / step, 0, step) for step in (1, 2, 3, 5, 6)])
+    mlflow, tensorboard = _Tracker("mlflow", run_id=run_id), _Tracker("tensorboard")
     wandb, lost, offline = _Tracker("wandb", starting_step=6), _Tracker("wandb", 3), _Tracker("wandb", offline=True)
     _resumed_at_4_of_6(tmp_path, [wandb, mlflow, tensorboard], {"wandb", "mlflow"})
     assert wandb.sent == [6, 7, 8]
-    assert mlflow.sent == [7, 8]
+    assert mlflow.sent == [4, 7, 8]
     assert tensorboard.sent == [5, 6, 7, 8]
+    # MLflow's records go without the training waiting for its server, one request each; the others' as they go
+    assert mlflow.how == {'{"synchronous": false}'} and wandb.how == tensorboard.how == {"{}"}
     _resumed_at_4_of_6(tmp_path, [lost], {"wandb"})
     assert lost.sent == [3, 4, 5, 6, 7, 8]
     _resumed_at_4_of_6(tmp_path, [offline], {"wandb"})
     assert offline.sent == [5, 6, 7, 8]
+
+
+def test_a_tracker_run_is_sent_the_numbers_of_an_update_it_lacks():
+    """MLflow holds each number of an update apart: an evaluation's record and the update's, at the same step,
+    or two numbers of one record in batches of their own."""
+    from finetune.tracking import Held
+
+    record = {"step": 4, "train/loss": 0.5, "train/lr": 1e-4, "note": "not a number"}
+    assert Held().lacks(record) == {"train/loss": 0.5, "train/lr": 1e-4}
+    assert Held(through=4).lacks(record) == {} and Held(through=3).lacks(record) == Held().lacks(record)
+    assert Held(pairs=frozenset({("train/loss", 4), ("train/lr", 3)})).lacks(record) == {"train/lr": 1e-4}
 
 
 def test_a_new_tracker_run_on_a_resume_is_sent_the_whole_run(tmp_path):
@@ -189,28 +225,39 @@ def test_the_tracker_runs_to_continue_are_those_the_folder_names(tmp_path):
     assert read_tracker_runs(tmp_path) == {}
 
 
-def test_a_run_goes_on_with_an_mlflow_run_only_where_its_server_still_holds_it(tmp_path, monkeypatch, caplog):
+def test_a_run_goes_on_with_an_mlflow_run_only_where_its_server_still_holds_it(tmp_path, mlflow_store, caplog):
     """A deleted MLflow run (or one on another tracking server) cannot be started again: the resumed run says so and
     starts a new one, instead of ending in MLflow's traceback after the model is loaded."""
-    import warnings
+    client, experiment = mlflow_store
+    kept, deleted = (client.create_run(experiment).info.run_id for _ in range(2))
+    client.delete_run(deleted)
+    for run_id, there in ((kept, True), (deleted, False), ("0" * 32, False)):
+        write_tracker_runs(tmp_path, {"mlflow": run_id, "wandb": "a1b2c3d4"})
+        caplog.clear()
+        assert runs_to_continue(tmp_path, ["mlflow", "wandb"]) == \
+            {**({"mlflow": run_id} if there else {}), "wandb": "a1b2c3d4"}
+        said = [r.getMessage() for r in caplog.records]
+        assert said == ([] if there else [
+            f"logging.report_to: the mlflow run {run_id} that {tmp_path / 'trackers.json'} names is gone "
+            "(deleted, or another server): a new mlflow run takes the records from here on"])
+    # not reported to: neither asked for nor dropped
+    assert runs_to_continue(tmp_path, ["wandb"]) == {"mlflow": "0" * 32, "wandb": "a1b2c3d4"}
 
-    from mlflow.tracking import MlflowClient
 
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
-    with warnings.catch_warnings():  # MLflow's store uses a loader option the newest SQLAlchemy deprecates
-        warnings.simplefilter("ignore", DeprecationWarning)
-        client = MlflowClient()
-        experiment = client.create_experiment("finetune")
-        kept, deleted = (client.create_run(experiment).info.run_id for _ in range(2))
-        client.delete_run(deleted)
-        for run_id, there in ((kept, True), (deleted, False), ("0" * 32, False)):
-            write_tracker_runs(tmp_path, {"mlflow": run_id, "wandb": "a1b2c3d4"})
-            caplog.clear()
-            assert runs_to_continue(tmp_path, ["mlflow", "wandb"]) == \
-                {**({"mlflow": run_id} if there else {}), "wandb": "a1b2c3d4"}
-            said = [r.getMessage() for r in caplog.records]
-            assert said == ([] if there else [
-                f"logging.report_to: the mlflow run {run_id} that {tmp_path / 'trackers.json'} names is gone "
-                "(deleted, or another server): a new mlflow run takes the records from here on"])
-        # not reported to: neither asked for nor dropped
-        assert runs_to_continue(tmp_path, ["wandb"]) == {"mlflow": "0" * 32, "wandb": "a1b2c3d4"}
+def test_mlflow_holds_every_record_once_the_run_has_ended(tmp_path, mlflow_store, fresh_accelerate_state):
+    """MLflow's records go asynchronously, so that the training does not wait for its server at each update;
+    when the run ends (``fit`` returns, in a notebook or a sweep's process too) they are all with the server."""
+    from accelerate import Accelerator
+
+    client, _ = mlflow_store
+    acc = Accelerator(cpu=True, log_with="mlflow", project_dir=str(tmp_path))
+    acc.init_trackers("finetune")
+    run_id = acc.trackers[0].active_run.info.run_id
+    log = RunLogger(acc, tmp_path, use_trackers=True)
+    for step in range(1, 401):
+        log.log({"step": step, "train/loss": 1.0 / step, "train/learning_rate": 1e-4})
+    acc.end_training()  # as fit ends
+    history = client.get_metric_history(run_id, "train/loss")
+    assert sorted(m.step for m in history) == list(range(1, 401))
+    assert {m.step: m.value for m in history} == {step: 1.0 / step for step in range(1, 401)}
+    assert client.get_run(run_id).info.status == "FINISHED"
