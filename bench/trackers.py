@@ -12,7 +12,7 @@ alternating by round:
 - MLflow as the package logs to it (``synchronous=False``: the record is queued,
   MLflow sends the queue in batches from a thread of its own);
 - MLflow with each record one synchronous request, as Accelerate's tracker
-  does by default (and the package did).
+  sends it (and the package did).
 
 For each it also times the run's end (``end_training``), which waits for what
 is still on its way, and checks that the store then holds every record.
@@ -58,8 +58,8 @@ def time_arm(arm: str, records: int, folder: Path, update_s: float) -> dict:
     uses_mlflow = arm != "no tracker"
     acc = Accelerator(cpu=True, log_with="mlflow" if uses_mlflow else None, project_dir=str(folder))
     queued = tracking._TRACKER_RUNS["mlflow"]
-    if arm == ARMS[2]:  # the call as Accelerate makes it by default
-        tracking._TRACKER_RUNS["mlflow"] = dataclasses.replace(queued, log_kwargs={})
+    if arm == ARMS[2]:  # the call as Accelerate's tracker makes it
+        tracking._TRACKER_RUNS["mlflow"] = dataclasses.replace(queued, log=None)
     try:
         if uses_mlflow:
             acc.init_trackers("bench")

@@ -109,7 +109,7 @@ def _scalars(record: dict[str, Any]) -> dict[str, Any]:
 def _send(tracker, numbers: dict[str, Any], step: Optional[int]) -> None:
     if numbers:
         runs = _TRACKER_RUNS.get(tracker.name)
-        tracker.log(numbers, step=step, **(runs.log_kwargs if runs else {}))
+        (runs.log if runs and runs.log else type(tracker).log)(tracker, numbers, step=step)
 
 
 @dataclass(frozen=True)
@@ -154,7 +154,7 @@ class _TrackerRuns:
     continued: Callable[[str], dict[str, Any]]  # the init kwargs that continue the run with that id
     still_there: Callable[[str], bool]  # whether the run with that id can be continued
     holds: Callable[[Any], Optional[Held]]  # what the continued run holds of the run's updates (None: not known)
-    log_kwargs: dict[str, Any]  # the tracker's log call's own arguments
+    log: Optional[Callable[..., None]] = None  # how a record is sent, where not as Accelerate's tracker sends it
 
 
 def _mlflow_client():
@@ -169,6 +169,15 @@ def _mlflow_holds(tracker) -> Held:
     client, run_id = _mlflow_client(), tracker.active_run.info.run_id
     return Held(pairs=frozenset((key, metric.step) for key in client.get_run(run_id).data.metrics
                                 for metric in client.get_metric_history(run_id, key)))
+
+
+def _mlflow_queued(tracker, numbers: dict[str, Any], step: Optional[int]) -> None:
+    """Queue a record for the MLflow run: MLflow sends its queue in batches, from a thread of its own, and the
+    run's end waits for it. Accelerate's tracker sends each record in a request of its own, which the update
+    waits for (and its log takes MLflow's arguments only in its later releases)."""
+    import mlflow
+
+    mlflow.log_metrics(numbers, step=step, synchronous=False, run_id=tracker.active_run.info.run_id)
 
 
 def _mlflow_run_is_there(run_id: str) -> bool:
@@ -193,8 +202,7 @@ _TRACKER_RUNS = {
         still_there=lambda run_id: True,  # resume="allow" starts a new run under the id where there is none
         # what its server counts (W&B's writer buffers: a SIGKILL loses the last records); offline, not known: each
         # start's files hold what that start sent
-        holds=lambda tracker: None if tracker.run.offline else Held(through=tracker.run.starting_step - 1),
-        log_kwargs={}),  # W&B sends from a process of its own
+        holds=lambda tracker: None if tracker.run.offline else Held(through=tracker.run.starting_step - 1)),
     "mlflow": _TrackerRuns(
         named=lambda name: {"run_name": name},
         # a tag of the started run: Accelerate would put tags given at the start on a new experiment too
@@ -205,9 +213,7 @@ _TRACKER_RUNS = {
         continued=lambda run_id: {"run_id": run_id},
         still_there=_mlflow_run_is_there,  # start_run fails on a run deleted or unknown
         holds=_mlflow_holds,
-        # one request per record otherwise, which the training waits for at each update; the run's end waits
-        # for what is still on its way
-        log_kwargs={"synchronous": False}),
+        log=_mlflow_queued),
 }
 
 
