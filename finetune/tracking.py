@@ -177,7 +177,10 @@ def _mlflow_queued(tracker, numbers: dict[str, Any], step: Optional[int]) -> Non
     waits for (and its log takes MLflow's arguments only in its later releases)."""
     import mlflow
 
-    mlflow.log_metrics(numbers, step=step, synchronous=False, run_id=tracker.active_run.info.run_id)
+    run_id, active = tracker.active_run.info.run_id, mlflow.active_run()
+    # naming the run costs a request to the server per call; the tracker's run is the active one
+    mlflow.log_metrics(numbers, step=step, synchronous=False,
+                       **({} if active is not None and active.info.run_id == run_id else {"run_id": run_id}))
 
 
 def _mlflow_run_is_there(run_id: str) -> bool:
