@@ -22,7 +22,7 @@ from finetune.errors import ConfigError, DataError
 from finetune.outputs import is_run_folder
 from finetune.resources import saved_by_datasets
 from finetune.tables import RAW_LABEL, TEXT, Table
-from finetune.text_encoding import decode_whole, undecodable
+from finetune.text_encoding import decoded
 
 logger = logging.getLogger("finetune.data")
 
@@ -58,10 +58,7 @@ def read_class_folders(root: Path, cfg: DataConfig, data_extensions: Sequence[st
         if not paths:
             raise DataError(f"{folder}: class folder holds no .txt files")
         for path in paths:
-            try:
-                texts.append(decode_whole(path.read_bytes(), cfg.encoding, cfg.encoding_errors))
-            except UnicodeError as exc:
-                raise undecodable(str(path), getattr(exc, "start", 0), cfg.encoding) from None
+            texts.append(decoded(path.read_bytes(), str(path), cfg.encoding, cfg.encoding_errors))
             labels.append(folder.name)
             files.append(path.relative_to(root).as_posix())
     ds = datasets.Dataset.from_dict(

@@ -81,16 +81,11 @@ def _text_files_in(folder: Path) -> list[Path]:
 def _text_files(folder: Path, encoding: str) -> list[dict[str, Any]]:
     """Each ``.txt`` file under ``folder`` (:func:`_text_files_in`) as a row ``{"file": <path in the folder>,
     "text": <the whole file>}``."""
-    from finetune.text_encoding import decode_whole, undecodable
+    from finetune.text_encoding import decoded
 
-    rows = []
-    for path in _text_files_in(folder):
-        try:
-            text = decode_whole(path.read_bytes(), encoding)
-        except UnicodeError as exc:
-            raise undecodable(str(path), getattr(exc, "start", 0), encoding, "--encoding") from None
-        rows.append({"file": path.relative_to(folder).as_posix(), "text": text})
-    return rows
+    return [{"file": path.relative_to(folder).as_posix(),
+             "text": decoded(path.read_bytes(), str(path), encoding, flag="--encoding")}
+            for path in _text_files_in(folder)]
 
 
 def local_file(given: str) -> str:
@@ -161,18 +156,15 @@ def read_rows(path: str | os.PathLike, text_column: str = "text",
 
 def _text_lines(source, path: str | Path, encoding: str) -> list[dict[str, Any]]:
     """``{"text": line}`` for each line of a file or a binary stream, read in ``encoding`` (a UTF-8 BOM dropped)."""
-    from finetune.text_encoding import decode_whole, undecodable
+    from finetune.text_encoding import decoded
 
     if isinstance(source, Path):
         with open_bytes(source) as fh:
             raw = fh.read()
     else:
         raw = source.read()
-    try:
-        # decoded whole, so that an error's offset is the file's, not that of a buffered chunk
-        text = decode_whole(raw, encoding)
-    except UnicodeError as exc:  # a UnicodeDecodeError, or UTF-16's missing byte-order mark (offset 0)
-        raise undecodable(f"--file {path}", getattr(exc, "start", 0), encoding, "--encoding") from None
+    # decoded whole, so that an error's offset is the file's, not that of a buffered chunk
+    text = decoded(raw, f"--file {path}", encoding, flag="--encoding")
     # newline="": split at \n, \r and \r\n, as a file opened so is read
     return [{"text": line.rstrip("\r\n")} for line in io.StringIO(text, newline="")]
 

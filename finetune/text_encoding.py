@@ -69,6 +69,15 @@ def decode_whole(raw: bytes, encoding: str, errors: str = "strict") -> str:
     return codecs.getincrementaldecoder(python_codec(encoding))(errors).decode(raw, final=True)
 
 
+def decoded(raw: bytes, where: str, encoding: str, errors: str = "strict", flag: str = "data.encoding") -> str:
+    """A whole file's bytes as text (:func:`decode_whole`), or the one-line error naming ``where``, the offset and
+    ``flag`` (:func:`undecodable`)."""
+    try:
+        return decode_whole(raw, encoding, errors)
+    except UnicodeError as exc:  # a UnicodeDecodeError, or UTF-16's missing byte-order mark (offset 0)
+        raise undecodable(where, getattr(exc, "start", 0), encoding, flag) from None
+
+
 def compression_of(path: Path) -> Optional[str]:
     """``path``'s compression (``.gz``, ``.bz2``, ``.xz``), or None for a plain file."""
     suffix = path.suffix.lower()
