@@ -293,9 +293,7 @@ def check_compatible(meta: dict[str, Any], run, path: Path) -> None:
     """
     changed = changed_settings(meta, run)
     if changed:
-        overrides = resuming_overrides(meta, run)
-        raise _decided_elsewhere(f"output.resume_from: {path}", changed, overrides) if overrides else \
-            _another_runs_checkpoint(path, changed)
+        raise _refusal(meta, run, f"output.resume_from: {path}", changed, _another_runs_checkpoint(path, changed))
 
 
 # what a setting left to `auto` decides by the machine, and the value that decides it as a checkpoint's run had
@@ -324,8 +322,12 @@ def resuming_overrides(meta: dict[str, Any], run) -> Optional[str]:
     return " ".join(overrides)
 
 
-def _decided_elsewhere(where, change: str, overrides: str) -> ConfigError:
-    """The refusal of checkpoints that only this machine's ``auto`` settings keep from resuming."""
+def _refusal(meta: dict[str, Any], run, where: str, change: str, another_run: ConfigError) -> ConfigError:
+    """The refusal of a checkpoint with other settings: where only this machine's ``auto`` settings keep it from
+    resuming, one that says so and names the overrides that resume it; else ``another_run``."""
+    overrides = resuming_overrides(meta, run)
+    if overrides is None:
+        return another_run
     return ConfigError(f"{where} holds a run whose `auto` settings chose otherwise on the machine that wrote it "
                        f"({change})", hint=f"the same command with {overrides} resumes it")
 
@@ -369,14 +371,14 @@ def choose_checkpoint(run) -> Optional[Path]:
             continue
         if spec == "latest":
             return path
-        changed = changed_settings(read_state(path), run)
+        meta = read_state(path)
+        changed = changed_settings(meta, run)
         if changed is None:
             return path
-        other_run = other_run or (changed, path)
+        other_run = other_run or (changed, meta)
     if other_run is not None:
-        changed, path = other_run
-        overrides = resuming_overrides(read_state(path), run)
-        raise _decided_elsewhere(f"output.output_dir: {out.output_dir}", changed, overrides) if overrides else \
-            _another_runs_folder(out.output_dir, changed)
+        changed, meta = other_run
+        raise _refusal(meta, run, f"output.output_dir: {out.output_dir}", changed,
+                       _another_runs_folder(out.output_dir, changed))
     raise ConfigError(f"output.resume_from: {spec}, but no checkpoint in {checkpoints_root(out.output_dir)} is "
                       f"intact (see the warnings above); name one, or pass output.overwrite=true to start afresh")

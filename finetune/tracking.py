@@ -107,9 +107,13 @@ def _scalars(record: dict[str, Any]) -> dict[str, Any]:
 
 
 def _send(tracker, numbers: dict[str, Any], step: Optional[int]) -> None:
-    if numbers:
-        runs = _TRACKER_RUNS.get(tracker.name)
-        (runs.log if runs and runs.log else type(tracker).log)(tracker, numbers, step=step)
+    if not numbers:
+        return
+    runs = _TRACKER_RUNS.get(tracker.name)
+    if runs is not None and runs.log is not None:
+        runs.log(tracker, numbers, step)
+    else:
+        tracker.log(numbers, step=step)
 
 
 @dataclass(frozen=True)
