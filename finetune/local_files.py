@@ -38,20 +38,15 @@ from finetune.class_folders import read_class_folders
 from finetune.config import DataConfig
 from finetune.errors import ConfigError, DataError, FileLayoutError, FinetuneError, root_message
 from finetune.archives import as_given, in_an_archive
+from finetune.format_errors import headerless_layout_refused, unsupported_format
 from finetune.nested_json import object_over_lines_hint, rows_under_one_key
 from finetune.remote_files import is_url
 from finetune.resources import EXTENSIONS, SAVED_DATASET_DICT_FILE, data_path, saved_by_datasets
 from finetune.tables import Table, as_arrow, as_mask
-from finetune.text_encoding import (COMPRESSIONS, compression_of, inner_suffix, is_utf8, open_bytes, open_text,
-                                    python_codec, undecodable)
+from finetune.text_encoding import (compression_of, inner_suffix, is_utf8, open_bytes, open_text, python_codec,
+                                    undecodable)
 
 logger = logging.getLogger("finetune.data")  # every note on reading the data has one logger, as tokens.py does too
-
-# what users most often have instead of a text file: the error says how to make one
-SPREADSHEETS = (".xlsx", ".xls", ".xlsm", ".ods", ".numbers")
-# a .txt whose lines hold tab-separated fields reads as TSV; one text per line carries no label
-_TEXT_LINES_HINT = ("a .txt file reads when each line holds its fields between tabs (label<TAB>text); texts alone "
-                    "go one file per text into a sub-folder per class (--data folder/)")
 
 
 def read_table(spec: str, key: str, cfg: Optional[DataConfig] = None,
@@ -96,6 +91,8 @@ def _as_given(text: Optional[str], path: Path, spec: str) -> Optional[str]:
 
 def _read_path(path: Path, key: str, cfg: DataConfig, encoding_flag: str) -> Table:
     fmt = _detect_format(path, cfg.format, key, cfg.encoding)
+    if fmt not in ("csv", "tsv") and cfg.has_header is False:
+        raise headerless_layout_refused(path, fmt, key, cfg)
     if fmt == "saved":
         return Table.whole(_load_from_disk(path), str(path), unit="row")
     if fmt == "saved splits":
@@ -165,53 +162,11 @@ def _detect_format(path: Path, fmt: str, key: str, encoding: str) -> str:
         logger.info("%s: every line holds the same number of tabs: read as TSV", path)
         return "tsv"
     if suffix not in EXTENSIONS or (suffix == ".parquet" and compression_of(path)):
-        raise _unsupported(path, suffix, key)
+        raise unsupported_format(path, suffix, key)
     if EXTENSIONS[suffix] == "csv" and _tab_separated(path, encoding):
         logger.info("%s: every line holds the same number of tabs: read as TSV (data.format: csv to refuse)", path)
         return "tsv"
     return EXTENSIONS[suffix]
-
-
-def _unsupported(path: Path, suffix: str, key: str) -> DataError:
-    """The error of a file whose extension (``suffix``, that of the file it holds where it is compressed) names no
-    format read here, with a hint for what it most often is: a spreadsheet, lines of text, an archive..."""
-    compression = compression_of(path) or ""
-    if suffix == ".parquet":
-        return DataError(f"{key}: {path}: a Parquet file compressed again (Parquet compresses its own columns)",
-                         hint=f"{_UNCOMPRESS[compression]} {path} writes {path.with_suffix('')}, which reads")
-    shown = suffix + compression or "(none)"
-    supported = ", ".join(EXTENSIONS)
-    return DataError(
-        f"{key}: {path}: unsupported extension {shown!r} (supported: {supported}, each also compressed as "
-        f"{', '.join(COMPRESSIONS)}; or a folder: of class sub-folders, or one datasets' save_to_disk wrote; "
-        f"or set data.format)",
-        hint="save the spreadsheet as CSV (its File > Save as) and pass that file" if suffix in SPREADSHEETS
-        else _TEXT_LINES_HINT if suffix == ".txt" else _arrow_hint(path) if suffix == ".arrow" and not compression
-        else _NO_EXTENSION_HINT if not suffix and not compression else _packed_hint(path, suffix, compression),
-    )
-
-
-# a file named without an extension (a spreadsheet's export URL, `.../export?format=csv`) reads once it is named
-_NO_EXTENSION_HINT = "without an extension, the format is named: data.format=csv (or tsv, json, parquet)"
-# how to unpack what is not read as it is: zstd (the standard library has no reader of it) and the archives that
-# finetune.archives does not unpack (the standard library reads neither)
-_UNCOMPRESS = {".gz": "gunzip -k", ".bz2": "bunzip2 -k", ".xz": "unxz -k", ".zst": "unzstd"}
-_ARCHIVES = {".7z": "7z x", ".rar": "unrar x"}
-
-
-def _packed_hint(path: Path, suffix: str, compression: str) -> Optional[str]:
-    if suffix in _ARCHIVES and not compression:
-        return f"an archive: {_ARCHIVES[suffix]} {path}, then pass the file or folder it holds"
-    if suffix == ".zst":
-        return f"compressed as zstd, which is not read here: {_UNCOMPRESS[suffix]} {path} writes " \
-               f"{path.with_suffix('')}, which reads"
-    return None
-
-
-def _arrow_hint(path: Path) -> str:
-    if saved_by_datasets(path.parent) == "dataset":
-        return f"datasets' save_to_disk wrote it: pass its folder, {path.parent}"
-    return "write it as Parquet (datasets.Dataset.from_file(path).to_parquet(...)) and pass that file"
 
 
 def _tab_separated(path: Path, encoding: str, lines: int = 20) -> bool:

@@ -139,7 +139,8 @@ class DataConfig:
     has_header: Optional[bool] = setting(None,
         "CSV/TSV only: whether the first line holds column names (the spaces around a name are not part of "
         "it); null (auto): yes, unless `column_names` are given.")
-    column_names: Optional[list[str]] = setting(None, "CSV/TSV without a header: the column names, in file order.")
+    column_names: Optional[list[str]] = setting(None, "CSV/TSV without a header: the column names, in file order. "
+        "Refused, as `has_header: false` is, for a file that names its own columns (JSON, Parquet, a folder).")
     text_column: str = setting("text", "Column holding the text.")
     text_pair_column: Optional[str] = setting(None,
         "Column holding the second text of a sentence pair (null for single texts).")

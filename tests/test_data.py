@@ -1631,6 +1631,41 @@ def test_errors_name_the_culprit(tmp_path, case):
     assert "\n" not in str(info.value)
 
 
+def _files_that_name_their_columns(tmp: Path) -> dict[str, str]:
+    parquet = tmp / "rows.parquet"
+    pq.write_table(pa.table({"text": ["a", "b"], "label": ["x", "y"]}), parquet)
+    write(tmp / "classes" / "x" / "1.txt", "a")
+    write(tmp / "classes" / "y" / "1.txt", "b")
+    return {"JSON file": write(tmp / "rows.jsonl", '{"text": "a", "label": "x"}\n{"text": "b", "label": "y"}\n'),
+            "Parquet file": str(parquet), "folder of class sub-folders": str(tmp / "classes")}
+
+
+@pytest.mark.parametrize("kind", ["JSON file", "Parquet file", "folder of class sub-folders"])
+@pytest.mark.parametrize("layout", [{"column_names": ["text", "label"]}, {"has_header": False}],
+                         ids=["column_names", "has_header"])
+def test_a_header_setting_for_a_file_that_names_its_columns_is_refused(tmp_path, kind, layout):
+    """Read as it stood, the setting was ignored without a word; the error names it, the file and what it is."""
+    path = _files_that_name_their_columns(tmp_path)[kind]
+    load_splits(DataConfig(train_file=path, validation_split=0.0), seed=0)  # the file reads without the setting
+    setting = "data.column_names" if "column_names" in layout else "data.has_header: false"
+    with pytest.raises(FileLayoutError) as info:
+        load_splits(DataConfig(train_file=path, validation_split=0.0, **layout), seed=0)
+    assert info.value.message.startswith(f"{setting}: describes a CSV/TSV file without a header, and "
+                                         f"data.train_file {path} is a {kind}, whose ")
+    assert info.value.hint.startswith(f"leave {setting} out")
+
+
+def test_a_validation_file_that_names_its_columns_beside_a_headerless_training_file_is_refused(tmp_path):
+    train = write(tmp_path / "train.tsv", "x\ta\ny\tb\n")
+    validation = _files_that_name_their_columns(tmp_path)["JSON file"]
+    with pytest.raises(FileLayoutError) as info:
+        load_splits(DataConfig(train_file=train, validation_file=validation, format="auto",
+                               column_names=["label", "text"]), seed=0)
+    assert info.value.message.startswith(f"data.column_names: describes a CSV/TSV file without a header, and "
+                                         f"data.validation_file {validation} is a JSON file")
+    assert "data.train_file's layout" in info.value.hint
+
+
 # --------------------------------------------------------------------------- tokenization
 
 
