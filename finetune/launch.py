@@ -301,6 +301,9 @@ def build_accelerator(cfg, project_dir: Optional[str] = None):
         raise LaunchError(
             "training.mixed_precision: fp16 needs a GPU; this process runs on the CPU (use bf16 or no)"
         )
+    ignored = launcher_precision_ignored(precision, state.device)
+    if ignored is not None and state.is_main_process:
+        logger.warning(ignored)
     configure_cpu_threads(state.device, state.num_processes)
     forget_an_earlier_precision(precision, state.num_processes)
     return Accelerator(
@@ -312,6 +315,26 @@ def build_accelerator(cfg, project_dir: Optional[str] = None):
         dataloader_config=DataLoaderConfiguration(non_blocking=copies_asynchronously(state.device)),
         kwargs_handlers=ddp_settings(),
     )
+
+
+def launcher_precision_ignored(precision: str, device: torch.device,
+                               env: Optional[dict[str, str]] = None) -> Optional[str]:
+    """The warning for a precision the launcher asked for that the run does not train in, or None.
+
+    ``accelerate config``, ``accelerate launch --mixed_precision`` and
+    ``notebook_launcher(mixed_precision=)`` pass theirs as
+    ``ACCELERATE_MIXED_PRECISION``; the run's precision is
+    ``training.mixed_precision`` alone, so that the config file says how a run
+    trained and a resume compares it. A launcher's ``no`` is its default, not
+    a choice, and is not named.
+    """
+    asked = (os.environ if env is None else env).get("ACCELERATE_MIXED_PRECISION", "no")
+    if asked in ("no", precision):
+        return None
+    runs_here = asked == "bf16" or (asked == "fp16" and device.type == "cuda")
+    how = f"; training.mixed_precision={asked} trains in it" if runs_here else ""
+    return (f"the launcher's mixed precision {asked} (accelerate config or --mixed_precision) is not used: "
+            f"training.mixed_precision decides, {precision} here{how}")
 
 
 def ddp_settings() -> list:

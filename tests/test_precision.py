@@ -118,6 +118,43 @@ def test_where_the_precision_cannot_change_the_run_says_so_in_one_line(fresh_acc
         build_accelerator(_config(tmp_path, "bf16"))
 
 
+@pytest.mark.parametrize("asked, precision, device, expected", [
+    ("no", "bf16", "cpu", None),  # the launcher's default, not a choice
+    ("bf16", "bf16", "cuda", None),
+    ("fp16", "bf16", "cuda", "fp16 (accelerate config or --mixed_precision) is not used: training.mixed_precision "
+                             "decides, bf16 here; training.mixed_precision=fp16 trains in it"),
+    ("fp16", "no", "cpu", "fp16 (accelerate config or --mixed_precision) is not used: training.mixed_precision "
+                          "decides, no here"),  # fp16 needs a GPU: no setting to name
+    ("bf16", "no", "cpu", "bf16 (accelerate config or --mixed_precision) is not used: training.mixed_precision "
+                          "decides, no here; training.mixed_precision=bf16 trains in it"),
+    ("fp8", "bf16", "cuda", "fp8 (accelerate config or --mixed_precision) is not used: training.mixed_precision "
+                            "decides, bf16 here"),
+])
+def test_a_launchers_precision_the_run_does_not_use_is_named(asked, precision, device, expected):
+    from finetune.launch import launcher_precision_ignored
+
+    said = launcher_precision_ignored(precision, torch.device(device), env={"ACCELERATE_MIXED_PRECISION": asked})
+    assert said == (None if expected is None else f"the launcher's mixed precision {expected}")
+    assert launcher_precision_ignored(precision, torch.device(device), env={}) is None  # no launcher
+
+
+def test_a_run_launched_with_another_precision_trains_in_its_own_and_says_so(fresh_accelerate_state, tmp_path,
+                                                                             monkeypatch, caplog):
+    from finetune.launch import build_accelerator
+
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "bf16")  # as `accelerate launch --mixed_precision bf16` sets
+    with caplog.at_level("WARNING", logger="finetune"):
+        accelerator = build_accelerator(_config(tmp_path, "no"))
+    assert accelerator.mixed_precision == "no"
+    assert [r.getMessage() for r in caplog.records] == [
+        "the launcher's mixed precision bf16 (accelerate config or --mixed_precision) is not used: "
+        "training.mixed_precision decides, no here; training.mixed_precision=bf16 trains in it"]
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="finetune"):
+        assert build_accelerator(_config(tmp_path, "bf16")).mixed_precision == "bf16"
+    assert not caplog.records  # the launcher's precision is the run's
+
+
 def test_batches_are_copied_to_a_gpu_asynchronously(fresh_accelerate_state, tmp_path):
     """Accelerate's default copy waits for the GPU at every micro-batch; the package's does not there (the GPU
     test counts the waits: tests/test_gpu.py), and copies nothing on a CPU."""
