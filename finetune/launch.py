@@ -301,9 +301,10 @@ def build_accelerator(cfg, project_dir: Optional[str] = None):
         raise LaunchError(
             "training.mixed_precision: fp16 needs a GPU; this process runs on the CPU (use bf16 or no)"
         )
-    ignored = launcher_precision_ignored(precision, state.device)
-    if ignored is not None and state.is_main_process:
-        logger.warning(ignored)
+    for ignored in (launcher_precision_ignored(precision, state.device),
+                    launcher_compile_ignored(cfg.training.torch_compile)):
+        if ignored is not None and state.is_main_process:
+            logger.warning(ignored)
     configure_cpu_threads(state.device, state.num_processes)
     forget_an_earlier_precision(precision, state.num_processes)
     return Accelerator(
@@ -314,6 +315,7 @@ def build_accelerator(cfg, project_dir: Optional[str] = None):
         project_dir=project_dir or cfg.output.output_dir,
         dataloader_config=DataLoaderConfiguration(non_blocking=copies_asynchronously(state.device)),
         kwargs_handlers=ddp_settings(),
+        dynamo_backend="no",  # training.torch_compile compiles, with the padding that keeps it to a shape or two
     )
 
 
@@ -335,6 +337,24 @@ def launcher_precision_ignored(precision: str, device: torch.device,
     how = f"; training.mixed_precision={asked} trains in it" if runs_here else ""
     return (f"the launcher's mixed precision {asked} (accelerate config or --mixed_precision) is not used: "
             f"training.mixed_precision decides, {precision} here{how}")
+
+
+def launcher_compile_ignored(torch_compile, env: Optional[dict[str, str]] = None) -> Optional[str]:
+    """The warning for a ``torch.compile`` the launcher asked for, which the run does not make, or None.
+
+    ``accelerate config`` and ``accelerate launch --dynamo_backend`` pass theirs as
+    ``ACCELERATE_DYNAMO_BACKEND``, and an ``Accelerator`` left to read it compiles
+    the whole model in ``prepare``: at every new micro-batch length again, which
+    made a default run's first updates some thirty times slower on a CPU.
+    ``training.torch_compile`` compiles instead, padding micro-batches to a few lengths.
+    """
+    asked = (os.environ if env is None else env).get("ACCELERATE_DYNAMO_BACKEND", "no").lower()
+    if asked == "no":
+        return None
+    ours = {False: "off", True: "the whole forward", "blocks": "each encoder block"}[torch_compile]
+    how = "" if torch_compile else "; training.torch_compile=blocks compiles each encoder block"
+    return (f"the launcher's dynamo backend {asked} (accelerate config or --dynamo_backend) is not used: "
+            f"training.torch_compile decides, {ours} here{how}")
 
 
 def ddp_settings() -> list:

@@ -155,6 +155,37 @@ def test_a_run_launched_with_another_precision_trains_in_its_own_and_says_so(fre
     assert not caplog.records  # the launcher's precision is the run's
 
 
+@pytest.mark.parametrize("torch_compile, expected", [
+    (False, "off here; training.torch_compile=blocks compiles each encoder block"),
+    ("blocks", "each encoder block here"),
+    (True, "the whole forward here"),
+])
+def test_a_launchers_compile_the_run_does_not_make_is_named(torch_compile, expected):
+    from finetune.launch import launcher_compile_ignored
+
+    said = launcher_compile_ignored(torch_compile, env={"ACCELERATE_DYNAMO_BACKEND": "INDUCTOR"})
+    assert said == ("the launcher's dynamo backend inductor (accelerate config or --dynamo_backend) is not used: "
+                    f"training.torch_compile decides, {expected}")
+    assert launcher_compile_ignored(torch_compile, env={"ACCELERATE_DYNAMO_BACKEND": "NO"}) is None
+    assert launcher_compile_ignored(torch_compile, env={}) is None
+
+
+def test_a_run_launched_with_a_dynamo_backend_prepares_its_model_uncompiled(fresh_accelerate_state, tmp_path,
+                                                                           monkeypatch, caplog):
+    """Accelerate left to read the launcher's backend compiles the whole model in prepare, again at each new
+    micro-batch length: the default run's first 12 updates took two minutes on a CPU, not ten seconds."""
+    from finetune.launch import build_accelerator
+
+    monkeypatch.setenv("ACCELERATE_DYNAMO_BACKEND", "INDUCTOR")  # as `accelerate launch --dynamo_backend inductor`
+    with caplog.at_level("WARNING", logger="finetune"):
+        accelerator = build_accelerator(_config(tmp_path, "no"))
+    model = accelerator.prepare(torch.nn.Linear(4, 4))
+    assert type(model) is torch.nn.Linear  # not torch.compile's OptimizedModule
+    assert [r.getMessage() for r in caplog.records] == [
+        "the launcher's dynamo backend inductor (accelerate config or --dynamo_backend) is not used: "
+        "training.torch_compile decides, off here; training.torch_compile=blocks compiles each encoder block"]
+
+
 def test_batches_are_copied_to_a_gpu_asynchronously(fresh_accelerate_state, tmp_path):
     """Accelerate's default copy waits for the GPU at every micro-batch; the package's does not there (the GPU
     test counts the waits: tests/test_gpu.py), and copies nothing on a CPU."""
