@@ -15,7 +15,8 @@ node. The accumulation arithmetic does not change with ``P``: see
 
 :func:`configure_cpu_threads` gives each process on a CPU its share of the
 cores. Inference uses these too; the training run's ``Accelerator`` is built on
-them by :func:`build_accelerator`.
+them by :func:`build_accelerator`, with the run's precision and compile settings
+rather than those a launcher passes (which a warning names).
 """
 
 from __future__ import annotations
@@ -330,7 +331,7 @@ def launcher_precision_ignored(precision: str, device: torch.device,
     trained and a resume compares it. A launcher's ``no`` is its default, not
     a choice, and is not named.
     """
-    asked = (os.environ if env is None else env).get("ACCELERATE_MIXED_PRECISION", "no")
+    asked = (os.environ if env is None else env).get("ACCELERATE_MIXED_PRECISION", "no").lower()
     if asked in ("no", precision):
         return None
     runs_here = asked == "bf16" or (asked == "fp16" and device.type == "cuda")
