@@ -193,8 +193,9 @@ def _cpuinfo_field(name: str) -> str:
 
 
 def cpu_flags() -> set[str]:
-    """The CPU's feature flags from ``/proc/cpuinfo`` (empty where there is none, e.g. macOS)."""
-    return set(_cpuinfo_field("flags").split())
+    """The CPU's feature flags from ``/proc/cpuinfo``: an x86 CPU's ``flags``, an ARM CPU's ``Features`` (empty
+    where there is none, e.g. macOS)."""
+    return set(_cpuinfo_field("flags").split()) | set(_cpuinfo_field("Features").split())
 
 
 def cpu_vendor() -> str:
@@ -245,8 +246,11 @@ def choose_precision(requested: str, device: torch.device, *, flags: Optional[se
 def _cpu_precision(flags: set[str], vendor: str) -> tuple[str, str]:
     if "amx_bf16" in flags:
         return "bf16", "auto: the CPU computes bf16 (amx_bf16)"
+    if "bf16" in flags:  # an ARM CPU's bf16 instructions (Graviton 3 and later): not measured
+        return "no", ("auto: this CPU's bf16 (an ARM CPU's bf16 instructions) is not measured to train faster than "
+                      "fp32; training.mixed_precision=bf16 to try it")
     if "avx512_bf16" not in flags:
-        return "no", "auto: the CPU would emulate bf16 (no avx512_bf16 or amx_bf16)"
+        return "no", "auto: the CPU would emulate bf16 (no avx512_bf16, amx_bf16 or bf16 among its flags)"
     if vendor in AVX512_BF16_PAYS:
         return "bf16", "auto: the CPU computes bf16 (avx512_bf16)"
     return "no", (f"auto: this CPU's bf16 (avx512_bf16 without AMX, {vendor or 'maker unknown'}) trains slower "

@@ -22,6 +22,8 @@ INTEL, AMD = "GenuineIntel", "AuthenticAMD"
     ("cpu", {"sse2", "avx2", "avx512f", "avx512_bf16"}, "", None, "no"),  # a maker not named: not measured
     ("cpu", {"sse2", "avx2", "avx512f"}, AMD, None, "no"),  # AVX-512 without bf16: emulated, slower than fp32
     ("cpu", set(), "", None, "no"),  # no /proc/cpuinfo (macOS): fp32
+    ("cpu", {"fp", "asimd", "sve", "bf16", "i8mm"}, "", None, "no"),  # an ARM CPU with bf16 (Graviton 3): not measured
+    ("cpu", {"fp", "asimd", "atomics"}, "", None, "no"),  # an ARM CPU without (Graviton 2): emulated
     ("cuda", set(), "", True, "bf16"),  # Ampere and later
     ("cuda", set(), "", False, "no"),  # older GPUs: fp32 unless fp16 is asked for
 ])
@@ -34,6 +36,10 @@ def test_auto_follows_the_hardware(device, flags, vendor, cuda_bf16, expected):
         assert "bf16" in why and any(f in why for f in ("avx512_bf16", "amx_bf16"))
     if "avx512_bf16" in flags and expected == "no":  # why the instructions it has are not used, and how to
         assert "without AMX" in why and "training.mixed_precision=bf16" in why
+    if "bf16" in flags:
+        assert "an ARM CPU's bf16 instructions" in why and "training.mixed_precision=bf16" in why
+    if device == "cpu" and not flags & {"bf16", "avx512_bf16", "amx_bf16"}:
+        assert why == "auto: the CPU would emulate bf16 (no avx512_bf16, amx_bf16 or bf16 among its flags)"
     if device == "cuda" and expected == "no":  # the faster setting such a GPU has, named
         assert "training.mixed_precision=fp16" in why
 
@@ -59,6 +65,8 @@ def test_an_explicit_precision_is_kept(requested):
 def test_the_cpu_flags_are_read():
     flags, vendor = cpu_flags(), cpu_vendor()
     assert flags and all(" " not in f for f in flags)
+    listed = re.search(r"^(?:flags|Features)\s*:\s*(.*)$", Path("/proc/cpuinfo").read_text(), re.MULTILINE)
+    assert set(listed.group(1).split()) <= flags  # x86 names them flags, ARM Features
     named = re.search(r"^vendor_id\s*:\s*(\S+)", Path("/proc/cpuinfo").read_text(), re.MULTILINE)
     assert vendor == (named.group(1) if named else "")  # GenuineIntel, AuthenticAMD; none on ARM
     assert choose_precision("auto", torch.device("cpu")) == choose_precision(
