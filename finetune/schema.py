@@ -64,7 +64,8 @@ class ModelConfig:
         "Train LoRA adapters of this rank (PEFT) instead of every weight: the encoder stays frozen, the modules "
         "of `lora_target_modules` learn low-rank updates, the head (with a pooler above the blocks) trains in full. "
         "The output folder holds the merged model and `adapter/`. null trains every weight. See docs/memory.md.")
-    lora_alpha: float = setting(16.0, "LoRA's scale: each update is multiplied by `lora_alpha / lora_rank`.")
+    lora_alpha: float = setting(16.0, "LoRA's scale: each update is multiplied by `lora_alpha / lora_rank`. Like "
+        "`lora_dropout` and `lora_target_modules`, it applies with `lora_rank` and is refused without it.")
     lora_dropout: float = setting(0.0,
         "Dropout on the input of each LoRA update (PEFT's default, 0, keeps no copy of each input).")
     lora_target_modules: Union[Literal["auto"], list[str]] = setting("auto",
@@ -97,6 +98,11 @@ class ModelConfig:
             raise ConfigError("model.lora_target_modules: an empty list adapts nothing; name modules, or auto")
         if self.freeze_blocks < 0:
             raise ConfigError(f"model.freeze_blocks: must be 0 or more, got {self.freeze_blocks}")
+        if self.lora_rank is None:  # each of these would be ignored without a word, the run training every weight
+            for key in ("lora_alpha", "lora_dropout", "lora_target_modules"):
+                if getattr(self, key) != self.__dataclass_fields__[key].default:
+                    raise ConfigError(f"model.{key}: applies to LoRA adapters, and model.lora_rank is null (every "
+                                      f"weight trains)", hint="model.lora_rank=8 trains adapters of rank 8")
         if self.lora_rank is not None and (self.freeze_embeddings or self.freeze_blocks):
             key = "model.freeze_blocks" if self.freeze_blocks else "model.freeze_embeddings"
             raise ConfigError(f"{key}: LoRA (model.lora_rank) keeps the whole encoder frozen already; "
