@@ -100,9 +100,11 @@ class ModelConfig:
             raise ConfigError(f"model.freeze_blocks: must be 0 or more, got {self.freeze_blocks}")
         if self.lora_rank is None:  # each of these would be ignored without a word, the run training every weight
             for key in ("lora_alpha", "lora_dropout", "lora_target_modules"):
-                if getattr(self, key) != self.__dataclass_fields__[key].default:
+                default = self.__dataclass_fields__[key].default
+                if getattr(self, key) != default:
                     raise ConfigError(f"model.{key}: applies to LoRA adapters, and model.lora_rank is null (every "
-                                      f"weight trains)", hint="model.lora_rank=8 trains adapters of rank 8")
+                                      f"weight trains)", hint=f"model.lora_rank=8 trains adapters of rank 8; without "
+                                                              f"them, leave model.{key} out (or at {default})")
         if self.lora_rank is not None and (self.freeze_embeddings or self.freeze_blocks):
             key = "model.freeze_blocks" if self.freeze_blocks else "model.freeze_embeddings"
             raise ConfigError(f"{key}: LoRA (model.lora_rank) keeps the whole encoder frozen already; "
