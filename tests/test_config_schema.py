@@ -117,6 +117,16 @@ def test_bad_values_name_the_key_and_file(tmp_path, text, needle):
     assert "\n" not in message
 
 
+def test_a_lora_key_without_a_rank_says_both_ways_on(tmp_path):
+    """Its hint serves both users: one who forgot the rank, one who turned a LoRA config's adapters off."""
+    path = write(tmp_path, BASE + "model:\n  lora_rank: 8\n  lora_dropout: 0.1\n")
+    assert load_config(path).model.lora_dropout == 0.1  # with a rank: taken
+    with pytest.raises(ConfigError) as info:
+        load_config(path, ["model.lora_rank=null"])
+    assert info.value.hint == ("model.lora_rank=8 trains adapters of rank 8; without them, leave model.lora_dropout "
+                               "out (or at 0.0)")
+
+
 def test_yaml_no_means_the_string(tmp_path):
     cfg = load_config(write(tmp_path, BASE + "  mixed_precision: no\n"))
     assert cfg.training.mixed_precision == "no"
