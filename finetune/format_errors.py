@@ -19,10 +19,16 @@ from finetune.resources import EXTENSIONS, saved_by_datasets
 from finetune.text_encoding import COMPRESSIONS, compression_of
 
 # what users most often have instead of a text file: the error says how to make one
-SPREADSHEETS = (".xlsx", ".xls", ".xlsm", ".ods", ".numbers")
+_SPREADSHEETS = (".xlsx", ".xls", ".xlsm", ".ods", ".numbers")
 # a .txt whose lines hold tab-separated fields reads as TSV; one text per line carries no label
 _TEXT_LINES_HINT = ("a .txt file reads when each line holds its fields between tabs (label<TAB>text); texts alone "
                     "go one file per text into a sub-folder per class (--data folder/)")
+# a file named without an extension (a spreadsheet's export URL, `.../export?format=csv`) reads once it is named
+_NO_EXTENSION_HINT = "without an extension, the format is named: data.format=csv (or tsv, json, parquet)"
+# how to unpack what is not read as it is: zstd (the standard library has no reader of it) and the archives that
+# finetune.archives does not unpack (the standard library reads neither)
+_UNCOMPRESS = {".gz": "gunzip -k", ".bz2": "bunzip2 -k", ".xz": "unxz -k", ".zst": "unzstd"}
+_ARCHIVES = {".7z": "7z x", ".rar": "unrar x"}
 
 
 def unsupported_format(path: Path, suffix: str, key: str) -> DataError:
@@ -38,18 +44,10 @@ def unsupported_format(path: Path, suffix: str, key: str) -> DataError:
         f"{key}: {path}: unsupported extension {shown!r} (supported: {supported}, each also compressed as "
         f"{', '.join(COMPRESSIONS)}; or a folder: of class sub-folders, or one datasets' save_to_disk wrote; "
         f"or set data.format)",
-        hint="save the spreadsheet as CSV (its File > Save as) and pass that file" if suffix in SPREADSHEETS
+        hint="save the spreadsheet as CSV (its File > Save as) and pass that file" if suffix in _SPREADSHEETS
         else _TEXT_LINES_HINT if suffix == ".txt" else _arrow_hint(path) if suffix == ".arrow" and not compression
         else _NO_EXTENSION_HINT if not suffix and not compression else _packed_hint(path, suffix, compression),
     )
-
-
-# a file named without an extension (a spreadsheet's export URL, `.../export?format=csv`) reads once it is named
-_NO_EXTENSION_HINT = "without an extension, the format is named: data.format=csv (or tsv, json, parquet)"
-# how to unpack what is not read as it is: zstd (the standard library has no reader of it) and the archives that
-# finetune.archives does not unpack (the standard library reads neither)
-_UNCOMPRESS = {".gz": "gunzip -k", ".bz2": "bunzip2 -k", ".xz": "unxz -k", ".zst": "unzstd"}
-_ARCHIVES = {".7z": "7z x", ".rar": "unrar x"}
 
 
 def _packed_hint(path: Path, suffix: str, compression: str) -> Optional[str]:

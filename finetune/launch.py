@@ -344,7 +344,7 @@ def launcher_precision_ignored(precision: str, device: torch.device,
             f"training.mixed_precision decides, {precision} here{how}")
 
 
-def launcher_compile_ignored(torch_compile, env: Optional[dict[str, str]] = None) -> Optional[str]:
+def launcher_compile_ignored(torch_compile: bool | str, env: Optional[dict[str, str]] = None) -> Optional[str]:
     """The warning for a ``torch.compile`` the launcher asked for, which the run does not make, or None.
 
     ``accelerate config`` and ``accelerate launch --dynamo_backend`` pass theirs as
