@@ -18,7 +18,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Iterator, Optional, Sequence
 
 from finetune.errors import DataError
 from finetune.resources import saved_by_datasets
@@ -56,7 +56,7 @@ def input_kind(file: str | os.PathLike) -> str:
     if saved_by_datasets(path) is not None:
         return SAVED
     if path.is_dir():
-        if _text_files_in(path):
+        if any(_visible_text_files(path)):  # the first one found answers: no walk of the whole folder
             return TEXT_FOLDER
         raise DataError(f"--file {path}: a folder without .txt files, and not one that datasets' save_to_disk "
                         f"wrote (give a file: {', '.join(INPUT_FORMATS)})")
@@ -73,9 +73,12 @@ def input_kind(file: str | os.PathLike) -> str:
 def _text_files_in(folder: Path) -> list[Path]:
     """The ``.txt`` files under ``folder``, its sub-folders too, in the order of their paths; hidden ones (a
     notebook's ``.ipynb_checkpoints/``) left out, as training's class folders leave them."""
-    return sorted((p for p in folder.rglob("*.txt")
-                   if not any(part.startswith(".") for part in p.relative_to(folder).parts)),
-                  key=lambda p: p.relative_to(folder).as_posix())
+    return sorted(_visible_text_files(folder), key=lambda p: p.relative_to(folder).as_posix())
+
+
+def _visible_text_files(folder: Path) -> Iterator[Path]:
+    """The ``.txt`` files under ``folder`` as the walk finds them, hidden ones left out."""
+    return (p for p in folder.rglob("*.txt") if not any(part.startswith(".") for part in p.relative_to(folder).parts))
 
 
 def _text_files(folder: Path, encoding: str) -> list[dict[str, Any]]:

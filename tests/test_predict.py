@@ -336,6 +336,8 @@ def test_a_folder_of_text_files_is_classified_a_file_a_text(trained, predictor, 
     assert capsys.readouterr().err.strip() == f"error: --text 'body': names a column; {folder} holds one text per file"
     (tmp_path / "empty").mkdir()
     (tmp_path / "empty" / "notes.md").write_text("no text to classify", encoding="utf-8")
+    (tmp_path / "empty" / ".ipynb_checkpoints").mkdir()  # a hidden .txt file is not a text to classify
+    (tmp_path / "empty" / ".ipynb_checkpoints" / "notes-checkpoint.txt").write_text("hidden", encoding="utf-8")
     assert main([str(out), "--file", str(tmp_path / "empty")]) == 2
     assert capsys.readouterr().err.strip() == (f"error: --file {tmp_path / 'empty'}: a folder without .txt files, and "
                                                "not one that datasets' save_to_disk wrote (give a file: .txt, .csv, "
