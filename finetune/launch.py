@@ -350,7 +350,7 @@ def launcher_compile_ignored(torch_compile: bool | str, env: Optional[dict[str, 
     ``accelerate config`` and ``accelerate launch --dynamo_backend`` pass theirs as
     ``ACCELERATE_DYNAMO_BACKEND``, and an ``Accelerator`` left to read it compiles
     the whole model in ``prepare``: at every new micro-batch length again, which
-    made a default run's first updates some thirty times slower on a CPU.
+    made a short run of the default job about nine times as long.
     ``training.torch_compile`` compiles instead, padding micro-batches to a few lengths.
     """
     asked = (os.environ if env is None else env).get("ACCELERATE_DYNAMO_BACKEND", "no").lower()

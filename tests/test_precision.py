@@ -181,7 +181,7 @@ def test_a_launchers_compile_the_run_does_not_make_is_named(torch_compile, expec
 def test_a_run_launched_with_a_dynamo_backend_prepares_its_model_uncompiled(fresh_accelerate_state, tmp_path,
                                                                            monkeypatch, caplog):
     """Accelerate left to read the launcher's backend compiles the whole model in prepare, again at each new
-    micro-batch length: the default run's first 12 updates took two minutes on a CPU, not ten seconds."""
+    micro-batch length: a 12-update run of the default job took 2:15 where it takes 15 s."""
     from finetune.launch import build_accelerator
 
     monkeypatch.setenv("ACCELERATE_DYNAMO_BACKEND", "INDUCTOR")  # as `accelerate launch --dynamo_backend inductor`
