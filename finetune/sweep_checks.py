@@ -1,9 +1,11 @@
 """What a sweep's start checks before its first trial, and its dry run before the runs it tries: one process,
-the objective, every value of the space against the config (each a one-line error), and a pruner that would
+the objective, every value of the space against the config, alone and beside each value of every other key (each a
+one-line error), and a pruner that would
 compare trials at different texts seen (a warning)."""
 
 from __future__ import annotations
 
+import itertools
 import logging
 
 from finetune.errors import ConfigError
@@ -37,18 +39,30 @@ def objective_of(cfg) -> tuple[str, bool]:
 
 
 def check_space_against_config(sweep, where: str) -> None:
-    """Every choice and both ends of every range must make a config this package accepts: checked before any trial."""
+    """Every choice and both ends of every range must make a config this package accepts, alone and beside each
+    value of every other key (``model.lora_rank: [null, 8]`` with a searched ``model.lora_alpha``): checked before
+    any trial, where a refused pair would otherwise stop the sweep at the first trial that draws it."""
+    dims = sweep.space.dimensions
+    for dim in dims:
+        for value in dim.probes():
+            _check_values(sweep, where, {dim.key: value})
+    for i, dim in enumerate(dims):
+        for other in dims[i + 1:]:
+            for value, other_value in itertools.product(dim.probes(), other.probes()):
+                _check_values(sweep, where, {dim.key: value, other.key: other_value})
+
+
+def _check_values(sweep, where: str, params: dict) -> None:
     from finetune.accumulation import resolve_batching
     from finetune.config import load_config
 
-    for dim in sweep.space.dimensions:
-        for value in dim.probes():
-            try:
-                cfg = load_config(sweep.config, [*sweep.overrides, *overrides({dim.key: value})])
-                resolve_batching(cfg.training, 1)
-            except ConfigError as exc:
-                reason = exc.message.removeprefix("command line: ")
-                raise ConfigError(f"{where}: space: {dim.key}: {render(value)} is refused: {reason}") from None
+    try:
+        cfg = load_config(sweep.config, [*sweep.overrides, *overrides(params)])
+        resolve_batching(cfg.training, 1)
+    except ConfigError as exc:
+        reason = exc.message.removeprefix("command line: ")
+        values = " with ".join(f"{key}: {render(value)}" for key, value in params.items())
+        raise ConfigError(f"{where}: space: {values} is refused: {reason}") from None
 
 
 def warn_if_pruning_misaligned(sweep) -> None:

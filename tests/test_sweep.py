@@ -638,6 +638,10 @@ def bad_input_job(tmp_path_factory):
     ({"space": {"training.max_steps": {"low": 1, "high": 2.5}}}, [], "is an integer key"),
     ({"space": {"training.per_device_train_batch_size": [4, 8]}}, [], "the micro-batch is memory, not math"),
     ({"space": {"training.effective_batch_size": [6]}}, [], "space: training.effective_batch_size: 6 is refused"),
+    # each value is accepted alone; the pair would stop the sweep at the first trial that drew it
+    # (the config's rank, from the command line, accepts every alpha)
+    ({"space": {"model.lora_rank": [None, 8], "model.lora_alpha": [16.0, 32.0]}}, ["model.lora_rank=4"],
+     "space: model.lora_alpha: 32.0 with model.lora_rank: null is refused: model.lora_alpha: applies to LoRA adapters"),
     ({"space": {"optim.learning_rate": []}}, [], "no choices"),
     ({"trails": 3}, [], "unknown key 'trails' (did you mean trials?)"),
     ({"sampler": "bayes"}, [], "sampler: 'bayes' is not one of tpe, random, grid"),
