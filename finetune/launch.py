@@ -335,7 +335,7 @@ def launcher_precision_ignored(precision: str, device: torch.device,
     trained and a resume compares it. A launcher's ``no`` is its default, not
     a choice, and is not named.
     """
-    asked = (os.environ if env is None else env).get("ACCELERATE_MIXED_PRECISION", "no").lower()
+    asked = _launcher_choice("ACCELERATE_MIXED_PRECISION", env)
     if asked in ("no", precision):
         return None
     runs_here = asked == "bf16" or (asked == "fp16" and device.type == "cuda")
@@ -353,13 +353,19 @@ def launcher_compile_ignored(torch_compile: bool | str, env: Optional[dict[str, 
     made a short run of the default job about nine times as long.
     ``training.torch_compile`` compiles instead, padding micro-batches to a few lengths.
     """
-    asked = (os.environ if env is None else env).get("ACCELERATE_DYNAMO_BACKEND", "no").lower()
+    asked = _launcher_choice("ACCELERATE_DYNAMO_BACKEND", env)
     if asked == "no":
         return None
     ours = {False: "off", True: "the whole forward", "blocks": "each encoder block"}[torch_compile]
     how = "" if torch_compile else "; training.torch_compile=blocks compiles each encoder block"
     return (f"the launcher's dynamo backend {asked} (accelerate config or --dynamo_backend) is not used: "
             f"training.torch_compile decides, {ours} here{how}")
+
+
+def _launcher_choice(variable: str, env: Optional[dict[str, str]]) -> str:
+    """What Accelerate's launcher passed in ``variable`` (``env``, default this process's), in lower case as
+    Accelerate compares it; ``no`` where it passed nothing."""
+    return (os.environ if env is None else env).get(variable, "no").lower()
 
 
 def ddp_settings() -> list:
