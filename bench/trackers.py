@@ -52,14 +52,15 @@ def time_arm(arm: str, records: int, folder: Path, update_s: float) -> dict:
     from mlflow import MlflowClient
 
     from finetune import tracking
+    from finetune.tracker_runs import SENDERS
 
     AcceleratorState._reset_state(True)
     GradientState._reset_state()
     uses_mlflow = arm != "no tracker"
     acc = Accelerator(cpu=True, log_with="mlflow" if uses_mlflow else None, project_dir=str(folder))
-    queued = tracking._TRACKER_RUNS["mlflow"]
+    queued = SENDERS["mlflow"]
     if arm == ARMS[2]:  # the call as Accelerate's tracker makes it
-        tracking._TRACKER_RUNS["mlflow"] = dataclasses.replace(queued, log=None)
+        del SENDERS["mlflow"]
     try:
         if uses_mlflow:
             acc.init_trackers("bench")
@@ -75,7 +76,7 @@ def time_arm(arm: str, records: int, folder: Path, update_s: float) -> dict:
         acc.end_training()
         ended = time.perf_counter() - start
     finally:
-        tracking._TRACKER_RUNS["mlflow"] = queued
+        SENDERS["mlflow"] = queued
     held = len(MlflowClient().get_metric_history(run_id, "train/loss")) if uses_mlflow else records
     return {"ms_per_record": 1000 * logged / records, "end_s": ended, "held": held}
 

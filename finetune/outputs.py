@@ -42,6 +42,8 @@ CURVES_FILE = "curves.png"
 RESULTS_FILE = "all_results.json"
 # the tracker runs of the folder's run, by tracker (see finetune.tracking.start_trackers)
 TRACKERS_FILE = "trackers.json"
+# DVCLive's files (see finetune.tracker_runs.tracker_settings)
+DVCLIVE_DIR = "dvclive"
 # held by the running run (see OutputLock)
 LOCK_FILE = ".finetune.lock"
 # checkpoint-<n>, and the temporary and previous copies of one being saved (see finetune.checkpoint_files)

@@ -717,13 +717,13 @@ class LoggingConfig:
     report_to: list[str] = setting(factory=list, help=(
         "Accelerate trackers to send the records to: tensorboard, wandb, mlflow, ... (empty: none)."))
     project_name: str = setting("finetune", "Project / run-group name handed to the trackers.")
-    run_name: Optional[str] = setting(None, "The run's name in the trackers that name their runs (W&B, MLflow); "
-                                      "null: the output folder as given (`output.output_dir`), as the Trainer "
-                                      "names them. A resumed run keeps the tracker runs it goes on with, names "
-                                      "and all.")
+    run_name: Optional[str] = setting(None, "The run's name in the trackers that name their runs (W&B, MLflow, "
+                                      "Trackio); null: the output folder as given (`output.output_dir`), as the "
+                                      "Trainer names them. A resumed run keeps the tracker runs it goes on with, "
+                                      "names and all.")
     run_group: Optional[str] = setting(None, "The group of runs the run belongs to in the trackers that group "
-                                       "runs: W&B's `group`, a `group` tag in MLflow (its charts group by tags). "
-                                       "`finetune sweep` groups its runs under its folder.")
+                                       "runs: W&B's and Trackio's `group`, a `group` tag in MLflow (its charts "
+                                       "group by tags). `finetune sweep` groups its runs under its folder.")
     progress_bar: bool = setting(True, "Show a tqdm progress bar (main process only): redrawn at each update in "
                                  "a terminal or a notebook, every 30 s when stderr is a file or a pipe (a batch "
                                  "job's log).")

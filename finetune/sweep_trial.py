@@ -77,7 +77,7 @@ class TrialRunner:
         overrides: The command line's ``section.key=value``.
         metric: The objective (``evaluation.metric_for_best_model``).
         on_trial_end: Called with ``(phase, trial number, trial.json's record)`` once the trial ended.
-        group: Where the trackers that group runs (W&B, MLflow) show the trials' runs together
+        group: Where the trackers that group runs (W&B, MLflow, Trackio) show the trials' runs together
             (``logging.run_group``); ``None``: as the config says.
     """
 

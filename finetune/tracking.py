@@ -12,12 +12,13 @@ import json
 import logging
 import os
 import sys
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 from finetune.errors import ConfigError
-from finetune.outputs import LOG_FILE, TRACKERS_FILE, json_ready, write_atomic
+from finetune.outputs import LOG_FILE, json_ready
+from finetune.tracker_runs import (CONTINUATION, NAMING, SENDERS, Held, runs_to_continue, scalars,
+                                    tracker_settings, write_tracker_runs)
 
 logger = logging.getLogger("finetune")
 
@@ -98,41 +99,21 @@ class RunLogger:
             # less what a tracker run holds from the stopped run already
             for tracker in self.accelerator.trackers:
                 held = self.held.get(tracker.name)
-                _send(tracker, held.lacks(record) if held is not None else _scalars(record), record.get("step"))
-
-
-def _scalars(record: dict[str, Any]) -> dict[str, Any]:
-    """What a tracker takes of a record: its numbers, but the step."""
-    return {k: v for k, v in record.items() if isinstance(v, (int, float)) and k != "step"}
+                _send(tracker, held.lacks(record) if held is not None else scalars(record), record.get("step"))
 
 
 def _send(tracker, numbers: dict[str, Any], step: Optional[int]) -> None:
     if not numbers:
         return
-    runs = _TRACKER_RUNS.get(tracker.name)
-    if runs is not None and runs.log is not None:
-        runs.log(tracker, numbers, step)
+    send = SENDERS.get(tracker.name)
+    if send is not None:
+        send(tracker, numbers, step)
     else:
         tracker.log(numbers, step=step)
 
 
-@dataclass(frozen=True)
-class Held:
-    """What a resumed run's tracker run holds of the run's updates: every number of each update up to
-    ``through``, and besides, each (key, update) pair of ``pairs``."""
-
-    through: int = -1
-    pairs: frozenset[tuple[str, int]] = frozenset()
-
-    def lacks(self, record: dict[str, Any]) -> dict[str, Any]:
-        """The numbers of ``record`` the tracker run lacks (none: it holds them all)."""
-        step = record.get("step")
-        if step is not None and step <= self.through:
-            return {}
-        return {k: v for k, v in _scalars(record).items() if (k, step) not in self.pairs}
-
-
-# Trackers that write into the run's folder and keep there the stopped run's events up to the checkpoint
+# Trackers that write into the run's folder and keep there the stopped run's events up to the checkpoint (DVCLive
+# writes there too, but empties its folder at each start: it is sent the whole run again, as a new tracker run is)
 _KEEP_THEIR_EVENTS = frozenset({"tensorboard"})
 
 
@@ -141,87 +122,8 @@ def _held(tracker, continued: frozenset[str]) -> Optional[Held]:
     with it, nothing where it is new; ``None`` where that is not known, or the tracker keeps the stopped run's
     events itself."""
     if tracker.name in continued:
-        return _TRACKER_RUNS[tracker.name].holds(tracker)
+        return CONTINUATION[tracker.name].holds(tracker)
     return None if tracker.name in _KEEP_THEIR_EVENTS else Held()
-
-
-@dataclass(frozen=True)
-class _TrackerRuns:
-    """How a run names and groups one tracker's run, and how a resumed run goes on with it: Accelerate has no common
-    call for these, so each library's own arguments."""
-
-    named: Callable[[str], dict[str, Any]]  # the init kwargs that name a new run
-    # a new run's group: the init kwargs that put it in one, or what puts it there once started
-    group_kwargs: Callable[[str], dict[str, Any]]
-    group_started: Callable[[Any, str], None]
-    run_id: Callable[[Any], str]  # the started tracker's run id
-    continued: Callable[[str], dict[str, Any]]  # the init kwargs that continue the run with that id
-    still_there: Callable[[str], bool]  # whether the run with that id can be continued
-    holds: Callable[[Any], Optional[Held]]  # what the continued run holds of the run's updates (None: not known)
-    log: Optional[Callable[..., None]] = None  # how a record is sent, where not as Accelerate's tracker sends it
-
-
-def _mlflow_client():
-    from mlflow import MlflowClient
-
-    return MlflowClient()
-
-
-def _mlflow_holds(tracker) -> Held:
-    """Each number of each update the MLflow run holds, as its server has them: records go asynchronously, in
-    batches that may land out of order, so a kill can lose any of the last ones, not only a tail."""
-    client, run_id = _mlflow_client(), tracker.active_run.info.run_id
-    return Held(pairs=frozenset((key, metric.step) for key in client.get_run(run_id).data.metrics
-                                for metric in client.get_metric_history(run_id, key)))
-
-
-def _mlflow_queued(tracker, numbers: dict[str, Any], step: Optional[int]) -> None:
-    """Queue a record for the MLflow run: MLflow sends its queue in batches, from a thread of its own, and the
-    run's end waits for it. Accelerate's tracker sends each record in a request of its own, which the update
-    waits for (and its log takes MLflow's arguments only in its later releases)."""
-    import mlflow
-
-    run_id, active = tracker.active_run.info.run_id, mlflow.active_run()
-    # naming the run costs a request to the server per call; the tracker's run is the active one
-    mlflow.log_metrics(numbers, step=step, synchronous=False,
-                       **({} if active is not None and active.info.run_id == run_id else {"run_id": run_id}))
-
-
-def _mlflow_run_is_there(run_id: str) -> bool:
-    """Whether the tracking server holds the MLflow run ``run_id``, not deleted."""
-    from mlflow.exceptions import MlflowException
-
-    try:
-        return _mlflow_client().get_run(run_id).info.lifecycle_stage == "active"
-    except MlflowException:  # no such run on this server
-        return False
-
-
-# The trackers whose runs a run names and groups, and a resumed run goes on with; the others start a new run at
-# each start.
-_TRACKER_RUNS = {
-    "wandb": _TrackerRuns(
-        named=lambda name: {"name": name},
-        group_kwargs=lambda group: {"group": group},
-        group_started=lambda tracker, group: None,  # read-only once the run started
-        run_id=lambda tracker: tracker.run.id,
-        continued=lambda run_id: {"id": run_id, "resume": "allow"},
-        still_there=lambda run_id: True,  # resume="allow" starts a new run under the id where there is none
-        # what its server counts (W&B's writer buffers: a SIGKILL loses the last records); offline, not known: each
-        # start's files hold what that start sent
-        holds=lambda tracker: None if tracker.run.offline else Held(through=tracker.run.starting_step - 1)),
-    "mlflow": _TrackerRuns(
-        named=lambda name: {"run_name": name},
-        # a tag of the started run: Accelerate would put tags given at the start on a new experiment too
-        group_kwargs=lambda group: {},
-        group_started=lambda tracker, group: _mlflow_client().set_tag(tracker.active_run.info.run_id, "group",
-                                                                      group),
-        run_id=lambda tracker: tracker.active_run.info.run_id,
-        continued=lambda run_id: {"run_id": run_id},
-        still_there=_mlflow_run_is_there,  # start_run fails on a run deleted or unknown
-        holds=_mlflow_holds,
-        log=_mlflow_queued),
-}
 
 
 def start_trackers(accelerator, cfg, resume_step: Optional[int]) -> frozenset[str]:
@@ -242,85 +144,22 @@ def start_trackers(accelerator, cfg, resume_step: Optional[int]) -> frozenset[st
     name = cfg.logging.run_name or cfg.output.output_dir
     try:
         accelerator.init_trackers(cfg.logging.project_name,
-                                  init_kwargs=tracker_settings(resume_step, earlier, name, cfg.logging.run_group))
+                                  init_kwargs=tracker_settings(resume_step, earlier, name, cfg.logging.run_group, out))
     except Exception as exc:  # a tracker library's own failure to start (no login, no server, ...), whatever it is
         library = type(exc).__module__.split(".")[0]
         who = library if library in _known_trackers() else "a tracker"
         raise ConfigError(f"logging.report_to: {who} did not start: {exc}") from exc
-    continued = frozenset(t.name for t in accelerator.trackers if t.name in earlier and t.name in _TRACKER_RUNS)
+    continued = frozenset(t.name for t in accelerator.trackers if t.name in earlier and t.name in CONTINUATION)
     hparams = flat_hparams(cfg.to_dict()) if accelerator.trackers else {}
     for tracker in accelerator.trackers:
         if tracker.name not in continued:
             tracker.store_init_configuration(hparams)
-            if cfg.logging.run_group and tracker.name in _TRACKER_RUNS:
-                _TRACKER_RUNS[tracker.name].group_started(tracker, cfg.logging.run_group)
+            if cfg.logging.run_group and tracker.name in NAMING:
+                NAMING[tracker.name].group_started(tracker, cfg.logging.run_group)
     if accelerator.is_main_process:
-        started = {t.name: _TRACKER_RUNS[t.name].run_id(t) for t in accelerator.trackers if t.name in _TRACKER_RUNS}
+        started = {t.name: CONTINUATION[t.name].run_id(t) for t in accelerator.trackers if t.name in CONTINUATION}
         write_tracker_runs(out, {**earlier, **started})
     return continued
-
-
-def tracker_settings(resume_step: Optional[int], earlier: Optional[dict[str, str]] = None,
-                     run_name: Optional[str] = None, run_group: Optional[str] = None) -> dict[str, dict[str, Any]]:
-    """Accelerate's ``init_kwargs`` for a run's trackers, by tracker.
-
-    TensorBoard drops what earlier event files in its folder hold from the run's first update on
-    (``purge_step``: TensorBoard's readers discard earlier files' events from that step): a resumed run's past
-    its checkpoint, as ``train_log.jsonl`` is cut there, and all of an earlier run's that ``output.overwrite``
-    replaced. Each update is shown once, as this run logged it. (An evaluation at the checkpoint's own update
-    that the stopped run logged and the resumed run runs again, which the file keeps once, shows twice there.)
-    The W&B and MLflow runs in ``earlier`` (tracker name to run id) are continued, as they were named and
-    grouped; new ones are named ``run_name`` (and W&B's grouped in ``run_group``; MLflow's group is a tag set
-    on the started run).
-    """
-    settings: dict[str, dict[str, Any]] = {"tensorboard": {"purge_step": (resume_step or 0) + 1}}
-    for tracker, runs in _TRACKER_RUNS.items():
-        if tracker in (earlier or {}):
-            settings[tracker] = runs.continued(earlier[tracker])
-        else:
-            settings[tracker] = {**(runs.named(run_name) if run_name else {}),
-                                 **(runs.group_kwargs(run_group) if run_group else {})}
-    return {tracker: kwargs for tracker, kwargs in settings.items() if kwargs}
-
-
-def runs_to_continue(output_dir: str | os.PathLike, report_to: list[str]) -> dict[str, str]:
-    """The tracker runs of the folder's ``trackers.json`` that a resumed run reporting to ``report_to`` goes on with:
-    those it reports to and their servers still hold. Of one that is gone (deleted, or another tracking server
-    now), a warning; the tracker starts a new run."""
-    runs = read_tracker_runs(output_dir)
-    for tracker, run_id in list(runs.items()):
-        if tracker not in _TRACKER_RUNS or (tracker not in report_to and "all" not in report_to):
-            continue
-        try:
-            there = _TRACKER_RUNS[tracker].still_there(run_id)
-        except ImportError:  # "all", and that tracker is not installed: it does not start
-            continue
-        if not there:
-            logger.warning("logging.report_to: the %s run %s that %s names is gone (deleted, or another server): "
-                           "a new %s run takes the records from here on", tracker, run_id,
-                           Path(output_dir) / TRACKERS_FILE, tracker)
-            del runs[tracker]
-    return runs
-
-
-def read_tracker_runs(output_dir: str | os.PathLike) -> dict[str, str]:
-    """The tracker runs an output folder's run logs to (``trackers.json``: tracker name to run id), or none."""
-    path = Path(output_dir) / TRACKERS_FILE
-    try:
-        runs = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}  # none yet, or unreadable: the resumed run starts new tracker runs
-    return {str(k): str(v) for k, v in runs.items()} if isinstance(runs, dict) else {}
-
-
-def write_tracker_runs(output_dir: str | os.PathLike, runs: dict[str, str]) -> None:
-    """Name the folder's tracker runs in ``trackers.json``; without any, an earlier run's file goes, lest a later
-    resume take its runs for this one's."""
-    path = Path(output_dir) / TRACKERS_FILE
-    if runs:
-        write_atomic(path, json.dumps(runs, indent=2, sort_keys=True) + "\n")
-    else:
-        path.unlink(missing_ok=True)
 
 
 def _known_trackers() -> list[str]:

@@ -7,7 +7,10 @@ over a kill and a resume in test_checkpoint.py.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import signal
+import sqlite3
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -16,11 +19,11 @@ import pytest
 import yaml
 
 import forked
-from helpers import make_texts, offline_env, save_tiny_model, write_tsv
+from helpers import REPO, make_texts, offline_env, save_tiny_model, write_tsv
 
 from finetune.errors import ConfigError
-from finetune.tracking import (RunLogger, check_trackers, read_log, read_tracker_runs, runs_to_continue,
-                               tracker_settings, write_tracker_runs)
+from finetune.tracker_runs import Held, read_tracker_runs, runs_to_continue, tracker_settings, write_tracker_runs
+from finetune.tracking import RunLogger, check_trackers, read_log
 
 
 def missing_tracker() -> str:
@@ -115,6 +118,50 @@ def test_a_tracker_that_cannot_start_stops_the_run_in_one_line(tmp_path):
     assert len(errors) == 1 and errors[0].startswith("error: command line: logging.report_to: wandb did not start: ")
     assert not (tmp_path / "out" / "train_log.jsonl").exists()  # no update was made
 
+def _trackio_runs(folder: Path) -> list[SimpleNamespace]:
+    """The Trackio runs of the project ``finetune`` that hold updates, as Trackio's own SQLite file in ``folder``
+    keeps them, oldest first: each run's name, group, and updates' losses."""
+    with contextlib.closing(sqlite3.connect(folder / "finetune.db")) as db:
+        groups = {run_id: json.loads(config).get("_Group")
+                  for run_id, config in db.execute("select run_id, config from configs")}
+        runs = db.execute("select run_id, run_name from metrics group by run_id order by min(id)").fetchall()
+        return [SimpleNamespace(name=name, group=groups.get(run_id), steps=[
+                    (step, json.loads(numbers)["train/loss"]) for step, numbers in db.execute(
+                        "select step, metrics from metrics where run_id = ? order by id", (run_id,))
+                    if "train/loss" in json.loads(numbers)])
+                for run_id, name in runs]
+
+
+@pytest.mark.slow
+def test_trackio_runs_are_named_for_their_folder_and_a_resumed_one_holds_the_whole_run(tmp_path):
+    """Trackio's runs were named at random (``dainty-sunset-0``), so a sweep's trials could not be told apart. Named
+    for the output folder as W&B's and MLflow's are, and grouped; killed while saving update 4 and resumed at 2, the
+    resumed start's Trackio run (a new one of the same name) holds each update once, as ``train_log.jsonl``."""
+    pytest.importorskip("trackio", reason="trackio is not installed (the floors leave it out: .ci/floors)")
+    out, trackio_dir = tmp_path / "out", tmp_path / "trackio"
+    run = [sys.executable, str(REPO / "tests" / "interrupt_worker.py"), "--config", str(_tiny_job(tmp_path)),
+           "logging.report_to=[trackio]", "training.max_steps=6", "output.checkpoint_every=2"]
+    env = offline_env({"TRACKIO_DIR": str(trackio_dir), "FINETUNE_CPU_THREADS": "1"})
+    killed = forked.run(run, env={**env, "FINETUNE_TEST_KILL_SAVING": "4"}, timeout=180)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    resumed = forked.run(run, env=env, timeout=180)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "checkpoint-2: update 2" in resumed.stderr
+    logged = [(r["step"], r["train/loss"]) for r in read_log(out) if "train/loss" in r]
+    assert [step for step, _ in logged] == [1, 2, 3, 4, 5, 6]
+    runs = _trackio_runs(trackio_dir)
+    assert {r.name for r in runs} == {str(out)} and runs[-1].group is None
+    assert [step for step, _ in runs[-1].steps] == [step for step, _ in logged]
+    assert [loss for _, loss in runs[-1].steps] == pytest.approx([loss for _, loss in logged], rel=1e-6)
+
+    fresh = forked.run(run + ["output.overwrite=true", "logging.run_name=lr3e-4", "logging.run_group=lr",
+                              "optim.learning_rate=3e-4"], env=env, timeout=180)
+    assert fresh.returncode == 0, fresh.stderr[-3000:]
+    last = _trackio_runs(trackio_dir)[-1]
+    assert (last.name, last.group) == ("lr3e-4", "lr")
+    assert last.steps == pytest.approx([(r["step"], r["train/loss"]) for r in read_log(out) if "train/loss" in r])
+
+
 class _Tracker:
     """Stands in for one of Accelerate's trackers: its name, the updates it was sent, and (as W&B's) the step its
     run starts at, which W&B's server counts, or that it is offline, or (as MLflow's) its run's id."""
@@ -187,8 +234,6 @@ def test_a_continued_tracker_run_is_sent_each_update_it_lacks_once(tmp_path, mlf
 def test_a_tracker_run_is_sent_the_numbers_of_an_update_it_lacks():
     """MLflow holds each number of an update apart: an evaluation's record and the update's, at the same step,
     or two numbers of one record in batches of their own."""
-    from finetune.tracking import Held
-
     record = {"step": 4, "train/loss": 0.5, "train/lr": 1e-4, "note": "not a number"}
     assert Held().lacks(record) == {"train/loss": 0.5, "train/lr": 1e-4}
     assert Held(through=4).lacks(record) == {} and Held(through=3).lacks(record) == Held().lacks(record)
@@ -217,16 +262,18 @@ def test_the_tracker_runs_to_continue_are_those_the_folder_names(tmp_path):
     assert settings == {"tensorboard": {"purge_step": 5}, "wandb": {"id": "a1b2c3d4", "resume": "allow"},
                         "mlflow": {"run_id": "0f9e"}}
     assert tracker_settings(resume_step=None) == {"tensorboard": {"purge_step": 1}}  # an earlier run's events go
-    # a new tracker run is named; one that goes on keeps its name
+    # a new tracker run is named; one that goes on keeps its name; Trackio's starts anew, named as the first
     assert tracker_settings(None, None, "outputs/reviews") == {
         "tensorboard": {"purge_step": 1}, "wandb": {"name": "outputs/reviews"},
-        "mlflow": {"run_name": "outputs/reviews"}}
+        "mlflow": {"run_name": "outputs/reviews"}, "trackio": {"name": "outputs/reviews"}}
     assert tracker_settings(None, None, "outputs/s/trial-1", "outputs/s") == {
         "tensorboard": {"purge_step": 1}, "wandb": {"name": "outputs/s/trial-1", "group": "outputs/s"},
-        "mlflow": {"run_name": "outputs/s/trial-1"}}
-    assert tracker_settings(4, {"wandb": "a1b2c3d4"}, "outputs/reviews") == {
+        "mlflow": {"run_name": "outputs/s/trial-1"}, "trackio": {"name": "outputs/s/trial-1", "group": "outputs/s"}}
+    assert tracker_settings(4, {"wandb": "a1b2c3d4", "trackio": "5e6f"}, "outputs/reviews") == {
         "tensorboard": {"purge_step": 5}, "wandb": {"id": "a1b2c3d4", "resume": "allow"},
-        "mlflow": {"run_name": "outputs/reviews"}}
+        "mlflow": {"run_name": "outputs/reviews"}, "trackio": {"name": "outputs/reviews"}}
+    # DVCLive writes into the run's folder, not into ./dvclive, which it empties at each start
+    assert tracker_settings(None, output_dir=tmp_path / "out")["dvclive"] == {"dir": str(tmp_path / "out" / "dvclive")}
     write_tracker_runs(tmp_path, {})  # a fresh run without such trackers: the earlier run's names go
     assert not (tmp_path / "trackers.json").exists()
     (tmp_path / "trackers.json").write_text("[1, 2", encoding="utf-8")  # cut short: new tracker runs
