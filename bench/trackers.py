@@ -23,7 +23,6 @@ is still on its way, and checks that the store then holds every record.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import statistics
 import sys
