@@ -138,16 +138,17 @@ def setup_run(cfg: Config, accelerator=None, batching: Optional[Batching] = None
 
     from finetune.data import content_sha256
     from finetune.modeling import (check_compiler, choose_trained_weights, load_model_config,
-                                   load_model_reporting, load_tokenizer, set_attention_kernel, set_forward)
+                                   load_model_reporting, load_tokenizer, set_attention_kernel, set_forward,
+                                   trained_head_labels)
 
     accelerator = accelerator or build_accelerator(cfg)
     batching = check_batching(cfg, accelerator, batching)
     check_compiler(cfg.training.torch_compile, accelerator.device)
     set_seed(cfg.training.seed)
     tokenizer = load_tokenizer(cfg.model)
-    load_model_config(cfg.model, cfg.data.max_length)
+    model_config = load_model_config(cfg.model, cfg.data.max_length)
     cache_dir = tokenized_cache_dir(cfg)
-    splits, labels = load_data(cfg, accelerator)
+    splits, labels = load_data(cfg, accelerator, head=trained_head_labels(model_config))
     seen = count_seen_in_training(splits)
     model, new_head = load_model_reporting(cfg.model, labels.id2label, max_length=cfg.data.max_length)
     head_start = start_regression_head(cfg.model, model, new_head, splits["train"])

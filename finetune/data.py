@@ -67,7 +67,7 @@ logger = logging.getLogger(__name__)
 # --------------------------------------------------------------------------- public API
 
 
-def load_splits(cfg: DataConfig, seed: int, problem_type: str = "single_label"
+def load_splits(cfg: DataConfig, seed: int, problem_type: str = "single_label", head: Optional[list[str]] = None
                 ) -> tuple[datasets.DatasetDict, LabelSpace]:
     """Load train and validation data with uniform columns and class ids.
 
@@ -75,6 +75,9 @@ def load_splits(cfg: DataConfig, seed: int, problem_type: str = "single_label"
         cfg: The ``data`` section of the config.
         seed: Seeds the validation carve and the ``max_*_samples`` subsets, so
             the same seed gives the same splits.
+        head: The classes of the trained head the run starts from
+            (:func:`finetune.modeling.trained_head_labels`), whose order the label ids take where they are
+            the data's.
 
     Returns:
         ``(splits, label_space)``. ``splits`` has ``"train"`` and, unless
@@ -100,7 +103,8 @@ def load_splits(cfg: DataConfig, seed: int, problem_type: str = "single_label"
         validation = _load_local(cfg.validation_file, "data.validation_file", cfg)
 
     train = _rows_to_encode(train, cfg, problem_type, training=True)  # the encoded rows, which the carve names
-    encoded, label_space = encode_train(train, problem_type, cfg.label_delimiter, cfg.label_map, cfg.drop_labels)
+    encoded, label_space = encode_train(train, problem_type, cfg.label_delimiter, cfg.label_map, cfg.drop_labels,
+                                        head)
     splits = {"train": encoded}
 
     if cfg.validation_folds and validation is not None:

@@ -36,12 +36,13 @@ def tokenized_cache_dir(cfg: Config) -> Optional[Path]:
     return prepare_cache_dir(cfg.data.cache_dir or default_cache_dir())
 
 
-def load_data(cfg: Config, accelerator):
-    """The data's splits and label space (the main process first, so that others find its caches)."""
+def load_data(cfg: Config, accelerator, head: Optional[list[str]] = None):
+    """The data's splits and label space (the main process first, so that others find its caches); ``head``: the
+    classes of the trained head the run starts from, whose order the label ids take where they are the data's."""
     from finetune.data import load_splits
 
     with accelerator.main_process_first():
-        return load_splits(cfg.data, seed=cfg.split_seed, problem_type=cfg.model.problem_type)
+        return load_splits(cfg.data, seed=cfg.split_seed, problem_type=cfg.model.problem_type, head=head)
 
 
 def tokenize_data(cfg: Config, splits, tokenizer, accelerator, cache_dir: Optional[Path]):

@@ -1,11 +1,13 @@
 """Warnings about how the training data writes its labels: labels that differ only in case, and single labels
 that join several. Each names what it saw and the setting that would change it; the run goes on, since a data
-set may mean them as written."""
+set may mean them as written. Besides: a trained head the run starts from whose classes are others; the hint for
+a label another split writes in another case."""
 
 from __future__ import annotations
 
 import logging
 from collections import Counter
+from typing import Optional
 
 from finetune.tables import SHOW_LABELS, Table, short_list
 
@@ -58,3 +60,32 @@ def warn_of_joined_labels(train: Table, classes: set[str]) -> None:
                        "of the %d labels (%s)", train.source, len(joined), len(classes), train.label_column, joiner,
                        short_list(joined, 3), joiner, len(parts), short_list(parts, SHOW_LABELS))
         return
+
+
+def warn_of_a_head_for_other_labels(head: Optional[list[str]], names: list[str]) -> None:
+    """Warn of a trained head (:func:`finetune.modeling.trained_head_labels`) with as many outputs as the data has
+    labels, trained for other classes: each output starts as the data's label in its place. A head of another
+    number of outputs is an error of its own, and one trained for these labels (case aside) takes their ids in its
+    order."""
+    if head is None or len(head) != len(names) or sorted(n.casefold() for n in head) == sorted(
+            n.casefold() for n in names):
+        return
+    taken = ", ".join(f"{trained} as {name}" for trained, name in list(zip(head, names))[:SHOW_LABELS])
+    logger.warning("model.name_or_path: its head was trained for %s, not the data's labels (%s): its outputs start "
+                   "as trained, each taken for the data's label in its place (%s); if they are the same classes, "
+                   "data.label_map naming the data's labels as the head's keeps each output's class",
+                   short_list(head, SHOW_LABELS), short_list(names, SHOW_LABELS), taken)
+
+
+def same_but_for_case(label: str, names: list[str]) -> Optional[str]:
+    """The hint for a label the training data wrote in another case (``SPAM`` where it has ``spam``)."""
+    known = in_another_case(label, names)
+    if known is None:
+        return None
+    return (f"the train data writes it {known!r}: labels are told apart by case; write them as the train data "
+            f"does, or name both with data.label_map")
+
+
+def in_another_case(label: str, names: list[str]) -> Optional[str]:
+    """The first of ``names`` that is ``label`` written in another case, if any."""
+    return next((name for name in names if name.casefold() == label.casefold()), None)

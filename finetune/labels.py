@@ -2,7 +2,8 @@
 
 The label space comes from the training split (:func:`encode_train`): the names of ``data.label_map`` in its
 order where it is set, a ``ClassLabel``'s names in order, else the distinct labels sorted (integers numerically),
-less ``data.drop_labels``; every other split is encoded against it (:func:`encode_against`), where a label the
+less ``data.drop_labels``; in the order of the trained head a run starts from where it was trained for these
+labels (``_for_head``). Every other split is encoded against it (:func:`encode_against`), where a label the
 training data never had is an error naming its row.
 """
 
@@ -18,7 +19,8 @@ import datasets
 import numpy as np
 
 from finetune.errors import ConfigError, DataError
-from finetune.label_warnings import warn_of_joined_labels, warn_of_labels_differing_in_case
+from finetune.label_warnings import (in_another_case, same_but_for_case, warn_of_a_head_for_other_labels,
+                                     warn_of_joined_labels, warn_of_labels_differing_in_case)
 from finetune.tables import LABELS, RAW_LABEL, SHOW_LABELS, Table, column_values, short_list
 
 logger = logging.getLogger(__name__)
@@ -56,21 +58,33 @@ class LabelSpace:
 
 
 def encode_train(train: Table, problem_type: str, delimiter: Optional[str], label_map: Optional[dict[str, str]] = None,
-                 dropped: Optional[list[str]] = None) -> tuple[datasets.Dataset, LabelSpace]:
+                 dropped: Optional[list[str]] = None, head: Optional[list[str]] = None
+                 ) -> tuple[datasets.Dataset, LabelSpace]:
     """The training split with its labels as ids, and the label space found in it (``label_map``: the names
-    ``data.label_map`` gives the file's labels, whose order is then the ids; ``dropped``: ``data.drop_labels``)."""
+    ``data.label_map`` gives the file's labels, whose order is then the ids; ``dropped``: ``data.drop_labels``;
+    ``head``: the classes of the trained head the run starts from, whose order the ids take where they are these)."""
     if problem_type == "single_label":
         keys = _named(train, _label_keys(train), label_map)
-        label_space = _label_space(train, keys, label_map)
+        label_space = _for_head(_label_space(train, keys, label_map), head)
         return _encode_labels(train, keys, label_space), label_space
     if problem_type == "multi_label":
         found = _label_sets(train, delimiter)
         if dropped:
             _refuse_labels_not_found(train, dropped, {key for keys in found for key in keys})
         sets = _named_sets(train, _without(train, found, dropped), label_map)
-        label_space = _multi_label_space(train, sets, label_map)
+        label_space = _for_head(_multi_label_space(train, sets, label_map), head)
         return _encode_label_sets(train, sets, label_space), label_space
     return _encode_targets(train), LabelSpace([train.label_column], "regression")
+
+
+def _for_head(label_space: LabelSpace, head: Optional[list[str]]) -> LabelSpace:
+    """The data's labels in the order of the trained head the run starts from (``head``, from
+    :func:`finetune.modeling.trained_head_labels`) where it was trained for them (case aside), so that each output
+    keeps its class; else as they are, with a warning where its classes are others."""
+    warn_of_a_head_for_other_labels(head, label_space.names)
+    named = {name.casefold(): name for name in label_space.names}
+    same = head is not None and len(named) == len(label_space) and sorted(n.casefold() for n in head) == sorted(named)
+    return dataclasses.replace(label_space, names=[named[n.casefold()] for n in head]) if same else label_space
 
 
 def encode_against(table: Table, label_space: LabelSpace, delimiter: Optional[str],
@@ -141,7 +155,7 @@ def _refuse_labels_not_found(train: Table, dropped: list[str], found: set[str]) 
     if not missing:
         return
     names = sorted(found)
-    cased = next(((label, name) for label in missing if (name := _in_another_case(label, names)) is not None), None)
+    cased = next(((label, name) for label in missing if (name := in_another_case(label, names)) is not None), None)
     raise ConfigError(f"data.drop_labels: {', '.join(map(repr, missing))} not among the labels of {train.source} "
                       f"({short_list(names, SHOW_LABELS)})",
                       hint=f"the training data writes {cased[0]!r} as {cased[1]!r}: labels are told apart by case"
@@ -305,25 +319,11 @@ def _encode_labels(table: Table, keys: list[str], label_space: LabelSpace) -> da
         raise DataError(
             f"{table.source}: label {first!r} at {table.where(unseen[0])}{also} not among the "
             f"{len(label_space)} labels of the train data ({short_list(label_space.names, SHOW_LABELS)})",
-            hint=_same_but_for_case(first, label_space.names),
+            hint=same_but_for_case(first, label_space.names),
         )
     ids = [label2id[key] for key in keys]
     ds = table.ds.remove_columns(RAW_LABEL)
     return ds.add_column(LABELS, ids, feature=datasets.ClassLabel(names=label_space.names))
-
-
-def _same_but_for_case(label: str, names: list[str]) -> Optional[str]:
-    """The hint for a label the training data wrote in another case (``SPAM`` where it has ``spam``)."""
-    known = _in_another_case(label, names)
-    if known is None:
-        return None
-    return (f"the train data writes it {known!r}: labels are told apart by case; write them as the train data "
-            f"does, or name both with data.label_map")
-
-
-def _in_another_case(label: str, names: list[str]) -> Optional[str]:
-    """The first of ``names`` that is ``label`` written in another case, if any."""
-    return next((name for name in names if name.casefold() == label.casefold()), None)
 
 
 def _label_sets(table: Table, delimiter: Optional[str]) -> list[list[str]]:
@@ -405,7 +405,7 @@ def _encode_label_sets(table: Table, sets: list[list[str]], label_space: LabelSp
             raise DataError(
                 f"{table.source}: label {unseen[0]!r} at {table.where(i)} not among the {len(label_space)} "
                 f"labels of the train data ({short_list(label_space.names, SHOW_LABELS)})",
-                hint=_same_but_for_case(unseen[0], label_space.names),
+                hint=same_but_for_case(unseen[0], label_space.names),
             )
     vectors = np.zeros((len(sets), len(label_space)), dtype=np.float32)
     for i, keys in enumerate(sets):

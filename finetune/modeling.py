@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import shutil
 import sys
 import weakref
@@ -17,6 +18,9 @@ from finetune.load_reports import held_load_report, new_head_of, show
 from finetune.resources import (PACKAGED_HUB_MODELS, is_package_path, model_location, near_names, package_of,
                                 package_version)
 from finetune.truncation import position_limit
+
+# transformers' names for the labels of a config that was given none
+_UNNAMED = re.compile(r"LABEL_\d+")
 
 
 def load_tokenizer(cfg: ModelConfig):
@@ -137,6 +141,27 @@ def load_model_reporting(cfg: ModelConfig, id2label: dict[int, str], max_length:
     if other:
         show(held)  # not only the head: transformers' own report says what and why
     return model, new_head
+
+
+def trained_head_labels(config: Any) -> Optional[list[str]]:
+    """The classes a model's classification head was trained for, in the order of its outputs; ``None`` where it
+    has no such head (an encoder alone, a regression head) or its config names none (transformers' ``LABEL_0``).
+
+    transformers loads a trained head whose size fits the data's labels as it is, output by output, and names its
+    outputs by the config it is handed, whatever they meant. The data's label ids come in an order of their own
+    (sorted, ``data.label_map``'s or a ``ClassLabel``'s), so a head trained as ``{0: spam, 1: ham}`` continued on
+    data labelled ``ham`` and ``spam`` started with each output taken for the other class: every prediction
+    inverted. Where the head was trained for the data's labels, their ids take the head's order
+    (:func:`finetune.labels.encode_train`), so each output keeps its class and the fine-tuned model the
+    ids of the one it started from; where it was trained for others, a warning says how its outputs are taken
+    (:func:`finetune.label_warnings.warn_of_a_head_for_other_labels`).
+    """
+    has_head = any(a.endswith("ForSequenceClassification") for a in (getattr(config, "architectures", None) or []))
+    id2label = getattr(config, "id2label", None) or {}
+    if not has_head or getattr(config, "problem_type", None) == "regression" or len(id2label) < 2:
+        return None
+    names = [str(id2label[i]) for i in sorted(id2label, key=int)]
+    return None if all(_UNNAMED.fullmatch(name) for name in names) else names
 
 
 def set_dropout(config, p: float) -> None:

@@ -63,7 +63,7 @@ ADDED_KEYS = frozenset({
     "optim.layer_lr_decay", "data.truncation", "data.head_tokens", "data.stride", "optim.lr_scheduler_kwargs",
     "training.label_smoothing", "model.freeze_embeddings", "model.freeze_blocks", "sharded_state",
     "cuda_graphs", "data.encoding", "data.label_map", "training.bias_apart", "data.drop_labels",
-    "data.on_missing_label", "training.gradient_accumulation_fusion", "training.attention_kernel",
+    "data.on_missing_label", "training.gradient_accumulation_fusion", "training.attention_kernel", "labels",
 })
 
 
@@ -100,6 +100,8 @@ def run_fingerprint(run: "Run") -> dict[str, Any]:
         "per_device_train_batch_size": run.batching.per_device_batch_size,
         "gradient_accumulation_steps": run.batching.gradient_accumulation_steps,
         "train_samples": len(run.train_dataloader.dataset),
+        # the label ids: the data's own order, or that of the trained head the run started from
+        "labels": list(run.labels.names),
         # the update plan (k is compared above as gradient_accumulation_steps); these key names are the ones
         # checkpoints have always carried, so that older checkpoints compare
         "plan.updates_per_epoch": run.plan.updates_per_epoch,

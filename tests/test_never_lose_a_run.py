@@ -504,6 +504,7 @@ def test_a_changed_effective_batch_is_named_as_such(tmp_path):
                                       device=torch.device("cpu"), num_processes=1)
         return SimpleNamespace(cfg=cfg, batching=batching, plan=plan, accelerator=accelerator,
                                checkpointing=Checkpointing(), train_dataloader=SimpleNamespace(dataset=range(48)),
+                               labels=SimpleNamespace(names=["ham", "spam"]),
                                data_sha256="x")
 
     with pytest.raises(ConfigError, match=r"other settings: effective_batch_size: 12 -> 24; "):

@@ -127,6 +127,64 @@ def test_a_hub_model_id_trains_from_the_hub_cache_offline(tmp_path):
     assert hint == "hint: 'tiny-org/absent' is not a local path, so it was taken as a Hugging Face Hub id"
 
 
+def _classifier_answering_spam(directory, id2label: dict[int, str]):
+    """A tiny BERT classifier trained, as it were, for ``id2label``, whose head answers "spam" whatever the text."""
+    import torch
+    from transformers import AutoTokenizer, BertForSequenceClassification
+
+    from helpers import tiny_bert_config
+
+    model = BertForSequenceClassification(tiny_bert_config(len(id2label)))
+    model.config.id2label, model.config.label2id = id2label, {name: i for i, name in id2label.items()}
+    with torch.no_grad():
+        model.classifier.weight.zero_()
+        model.classifier.bias.copy_(torch.tensor([8.0 if id2label[i] == "spam" else 0.0 for i in range(2)]))
+    AutoTokenizer.from_pretrained(save_tiny_model(directory.parent / "encoder")).save_pretrained(directory)
+    model.save_pretrained(directory)
+    return directory
+
+
+@pytest.mark.parametrize("head", [{0: "spam", 1: "ham"}, {0: "ham", 1: "spam"}])
+def test_a_classifier_continued_on_its_own_labels_keeps_each_outputs_class(tmp_path, head):
+    """A head trained as ``{0: spam, 1: ham}`` and continued on data labelled ham and spam took each output for the
+    other class (the data's ids are sorted): every prediction inverted before the first update. The ids now take
+    the head's order, so the run starts from the model as it was, and the fine-tuned model keeps its ids."""
+    import torch
+
+    from finetune import setup_run
+
+    model = _classifier_answering_spam(tmp_path / "spam-classifier", head)
+    data = _write(tmp_path / "reviews.csv", "csv", make_texts(40, seed=5))
+    cfg = load_config(None, [f"model.name_or_path={model}", f"data.train_file={data}", "data.text_column=sentence",
+                             "data.label_column=sentiment", f"output.output_dir={tmp_path / 'out'}",
+                             "data.max_length=32"])
+    reset_accelerate()
+    try:
+        run = setup_run(cfg)
+        assert run.labels.names == list(head.values())
+        batch = next(iter(run.eval_dataloader))
+        with torch.no_grad():
+            logits = run.model(**{k: v for k, v in batch.items() if k != "labels"}).logits
+        assert {run.model.config.id2label[int(i)] for i in logits.argmax(-1)} == {"spam"}  # as it answered
+    finally:
+        reset_accelerate()
+
+
+def test_the_classes_a_models_head_was_trained_for_are_read_from_its_config():
+    from transformers import BertConfig
+
+    from finetune.modeling import trained_head_labels
+
+    def config(architecture, id2label, **kwargs):
+        return BertConfig(architectures=[architecture], id2label=id2label, **kwargs)
+
+    assert trained_head_labels(config("BertForSequenceClassification", {0: "spam", 1: "ham"})) == ["spam", "ham"]
+    assert trained_head_labels(config("BertModel", {0: "spam", 1: "ham"})) is None  # an encoder: a new head
+    assert trained_head_labels(config("BertForSequenceClassification", {0: "LABEL_0", 1: "LABEL_1"})) is None
+    assert trained_head_labels(config("BertForSequenceClassification", {0: "score"},
+                                      problem_type="regression")) is None
+
+
 @pytest.mark.parametrize("argv, output", [
     (["--data", "data/reviews.csv"], "outputs/reviews"),
     (["--data", "reviews/"], "outputs/reviews"),  # a class folder
