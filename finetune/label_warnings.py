@@ -64,11 +64,9 @@ def warn_of_joined_labels(train: Table, classes: set[str]) -> None:
 
 def warn_of_a_head_for_other_labels(head: Optional[list[str]], names: list[str]) -> None:
     """Warn of a trained head (:func:`finetune.modeling.trained_head_labels`) with as many outputs as the data has
-    labels, trained for other classes: each output starts as the data's label in its place. A head of another
-    number of outputs is an error of its own, and one trained for these labels (case aside) takes their ids in its
-    order."""
-    if head is None or len(head) != len(names) or sorted(n.casefold() for n in head) == sorted(
-            n.casefold() for n in names):
+    labels, trained for other classes than the data's ``names``: each output starts as the data's label in its
+    place. A head of another number of outputs is an error of its own."""
+    if head is None or len(head) != len(names):
         return
     taken = ", ".join(f"{trained} as {name}" for trained, name in list(zip(head, names))[:SHOW_LABELS])
     logger.warning("model.name_or_path: its head was trained for %s, not the data's labels (%s): its outputs start "

@@ -78,13 +78,13 @@ def encode_train(train: Table, problem_type: str, delimiter: Optional[str], labe
 
 
 def _for_head(label_space: LabelSpace, head: Optional[list[str]]) -> LabelSpace:
-    """The data's labels in the order of the trained head the run starts from (``head``, from
-    :func:`finetune.modeling.trained_head_labels`) where it was trained for them (case aside), so that each output
-    keeps its class; else as they are, with a warning where its classes are others."""
-    warn_of_a_head_for_other_labels(head, label_space.names)
+    """The data's labels in the order of the trained ``head`` the run starts from, where it was trained for them
+    (case aside), so that each output keeps its class; else as they are, with a warning where its are others."""
     named = {name.casefold(): name for name in label_space.names}
-    same = head is not None and len(named) == len(label_space) and sorted(n.casefold() for n in head) == sorted(named)
-    return dataclasses.replace(label_space, names=[named[n.casefold()] for n in head]) if same else label_space
+    if head is not None and len(named) == len(label_space) and sorted(n.casefold() for n in head) == sorted(named):
+        return dataclasses.replace(label_space, names=[named[n.casefold()] for n in head])
+    warn_of_a_head_for_other_labels(head, label_space.names)
+    return label_space
 
 
 def encode_against(table: Table, label_space: LabelSpace, delimiter: Optional[str],
