@@ -1,7 +1,7 @@
 """From data files to micro-batches: loading and tokenizing the splits, collating, the training order, the cut.
 
 * :func:`load_data` and :func:`tokenize_data` read the splits and their tokens
-  (the main process first, so the others find its caches);
+  (the main process first, so the others find its caches, and says what it found alone);
 * :func:`collator` pads each micro-batch (:class:`BucketPadding` under ``torch_compile`` or ``cuda_graphs``);
 * :func:`training_sampler` decides the training order: seeded, length-grouped
   within each epoch's windows of ``b * k * P`` samples;
@@ -12,6 +12,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import logging
 from pathlib import Path
 from typing import Any, Optional
 
@@ -41,7 +43,7 @@ def load_data(cfg: Config, accelerator, head: Optional[list[str]] = None):
     classes of the trained head the run starts from, whose order the label ids take where they are the data's."""
     from finetune.data import load_splits
 
-    with accelerator.main_process_first():
+    with accelerator.main_process_first(), said_by_the_main_process(accelerator):
         return load_splits(cfg.data, seed=cfg.split_seed, problem_type=cfg.model.problem_type, head=head)
 
 
@@ -50,9 +52,23 @@ def tokenize_data(cfg: Config, splits, tokenizer, accelerator, cache_dir: Option
     from finetune.tokens import tokenize_splits
     from finetune.truncation import truncation_of
 
-    with accelerator.main_process_first():
+    with accelerator.main_process_first(), said_by_the_main_process(accelerator):
         return tokenize_splits(splits, tokenizer, cfg.data.max_length, cache_dir=cache_dir,
                                truncation=truncation_of(cfg.data))
+
+
+@contextlib.contextmanager
+def said_by_the_main_process(accelerator):
+    """The package's warnings of the data, said by the main process alone: every process reads the same files and
+    would say the same (each dropped row eight times on eight GPUs). Errors are raised everywhere, as before."""
+    package = logging.getLogger("finetune")
+    level = package.level
+    if not accelerator.is_main_process:
+        package.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        package.setLevel(level)
 
 
 def count_long_texts(cfg: Config, train):

@@ -1724,3 +1724,25 @@ def test_several_labels_per_text_take_the_order_of_a_trained_head_trained_for_th
     splits, labels = load_splits(cfg(path), seed=0, problem_type="multi_label", head=["sport", "art", "news"])
     assert labels.names == ["sport", "art", "news"]
     assert splits["train"]["labels"] == [[1.0, 0.0, 1.0], [0.0, 1.0, 0.0], [1.0, 0.0, 0.0]]
+
+
+@pytest.mark.parametrize("main", [True, False])
+def test_what_the_data_holds_is_said_by_the_main_process_alone(tmp_path, caplog, main):
+    """Every process reads the same files, and each said what they hold: a dropped row once per process, eight
+    times on eight GPUs. The others say nothing of it, and the package's loggers are as they were after."""
+    import contextlib
+    from types import SimpleNamespace
+
+    from finetune.config import load_config
+    from finetune.dataloaders import load_data
+
+    path = write(tmp_path / "t.csv", "text,label\nhello there,pos\n,neg\nawful,neg\nfine,pos\nbad,neg\n")
+    cfg = load_config(None, [f"data.train_file={path}", "data.text_column=text", "data.label_column=label",
+                             "data.on_empty_text=drop", "data.validation_split=0"])
+    process = SimpleNamespace(is_main_process=main, main_process_first=contextlib.nullcontext)
+    with caplog.at_level(logging.WARNING):
+        splits, _ = load_data(cfg, process)
+    assert len(splits["train"]) == 4  # the row is dropped on every process
+    dropped = [r for r in caplog.records if "dropped 1 empty or null text" in r.getMessage()]
+    assert len(dropped) == (1 if main else 0)
+    assert logging.getLogger("finetune").level == logging.NOTSET
