@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 import torch
@@ -23,7 +23,7 @@ import torch
 from finetune.accumulation import Batching
 from finetune.columns import read_column
 from finetune.config import Config
-from finetune.errors import ConfigError
+from finetune.errors import ConfigError, FinetuneError
 from finetune.launch import choose_workers
 from finetune.sampling import BalancedBatches, EpochSampler
 from finetune.schema import PAD_TO_MULTIPLE_OF
@@ -43,8 +43,8 @@ def load_data(cfg: Config, accelerator, head: Optional[list[str]] = None):
     classes of the trained head the run starts from, whose order the label ids take where they are the data's."""
     from finetune.data import load_splits
 
-    with accelerator.main_process_first(), said_by_the_main_process(accelerator):
-        return load_splits(cfg.data, seed=cfg.split_seed, problem_type=cfg.model.problem_type, head=head)
+    return main_process_first(accelerator, lambda: load_splits(cfg.data, seed=cfg.split_seed,
+                                                                problem_type=cfg.model.problem_type, head=head))
 
 
 def tokenize_data(cfg: Config, splits, tokenizer, accelerator, cache_dir: Optional[Path]):
@@ -52,9 +52,39 @@ def tokenize_data(cfg: Config, splits, tokenizer, accelerator, cache_dir: Option
     from finetune.tokens import tokenize_splits
     from finetune.truncation import truncation_of
 
-    with accelerator.main_process_first(), said_by_the_main_process(accelerator):
-        return tokenize_splits(splits, tokenizer, cfg.data.max_length, cache_dir=cache_dir,
-                               truncation=truncation_of(cfg.data))
+    return main_process_first(accelerator, lambda: tokenize_splits(splits, tokenizer, cfg.data.max_length,
+                                                                    cache_dir=cache_dir,
+                                                                    truncation=truncation_of(cfg.data)))
+
+
+def main_process_first(accelerator, read: Callable[[], Any]) -> Any:
+    """``read()`` on the main process first, which fills the caches the others then find, and on the others after
+    it, saying its warnings once (:func:`said_by_the_main_process`).
+
+    An error of the input that the main process meets (a bad row, a column that is not there) is sent to the
+    others, which wait for its outcome, and every process raises it at once: the package's one line, printed by the
+    main one. Raised on the main process alone (as from inside Accelerate's ``main_process_first``), it left the
+    others waiting in its barrier, to leave it with a traceback each (gloo's lost connection, or the stop torchrun
+    sends them); had they read the files themselves, torchrun would have stopped them mid-read, a traceback each.
+    """
+    if accelerator.num_processes == 1:
+        with said_by_the_main_process(accelerator):
+            return read()
+    from accelerate.utils import broadcast_object_list
+
+    met: list[Optional[FinetuneError]] = [None]
+    if accelerator.is_main_process:
+        try:
+            result = read()
+        except FinetuneError as exc:
+            met[0] = exc
+    broadcast_object_list(met)  # the others wait here for the main process's outcome
+    if met[0] is not None:
+        raise met[0]
+    if accelerator.is_main_process:
+        return result
+    with said_by_the_main_process(accelerator):
+        return read()
 
 
 @contextlib.contextmanager

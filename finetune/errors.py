@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import signal
 import sys
 import time
 from typing import Callable
@@ -177,7 +178,9 @@ def run_command(action: Callable[[], object], debug: bool = False) -> int:
                 print(f"hint: {exc.hint}", file=sys.stderr)
         if not is_main_rank():
             # torchrun stops every process as soon as one exits: were this one first, the main one
-            # could be killed before it printed the line
+            # could be killed before it printed the line. Its stop of this one, once the main one exits, is
+            # SIGTERM's own, without the traceback of the handler torch's launcher gives its workers
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
             time.sleep(3)
         return exc.exit_code
     return 0

@@ -751,7 +751,6 @@ def test_a_run_reads_no_column_of_its_data_a_row_at_a_time(tmp_path, monkeypatch
 
 
 def test_split_seed_keeps_the_carved_rows_whatever_the_training_seed(tmp_path):
-    from contextlib import nullcontext
     from types import SimpleNamespace
 
     from finetune.config import config_from_dict
@@ -759,7 +758,7 @@ def test_split_seed_keeps_the_carved_rows_whatever_the_training_seed(tmp_path):
     from finetune.dataloaders import load_data
 
     path = balanced_csv(tmp_path / "d.csv", {"a": 30, "b": 30})
-    one_process = SimpleNamespace(main_process_first=nullcontext)
+    one_process = SimpleNamespace(num_processes=1, is_main_process=True)
 
     def carved(training_seed: int, split_seed=None) -> tuple[list[str], str]:
         cfg = config_from_dict({"data": {"train_file": path, "validation_split": 0.2, "split_seed": split_seed},
@@ -1730,7 +1729,6 @@ def test_several_labels_per_text_take_the_order_of_a_trained_head_trained_for_th
 def test_what_the_data_holds_is_said_by_the_main_process_alone(tmp_path, caplog, main):
     """Every process reads the same files, and each said what they hold: a dropped row once per process, eight
     times on eight GPUs. The others say nothing of it, and the package's loggers are as they were after."""
-    import contextlib
     from types import SimpleNamespace
 
     from finetune.config import load_config
@@ -1739,7 +1737,7 @@ def test_what_the_data_holds_is_said_by_the_main_process_alone(tmp_path, caplog,
     path = write(tmp_path / "t.csv", "text,label\nhello there,pos\n,neg\nawful,neg\nfine,pos\nbad,neg\n")
     cfg = load_config(None, [f"data.train_file={path}", "data.text_column=text", "data.label_column=label",
                              "data.on_empty_text=drop", "data.validation_split=0"])
-    process = SimpleNamespace(is_main_process=main, main_process_first=contextlib.nullcontext)
+    process = SimpleNamespace(is_main_process=main, num_processes=1)  # the reading itself; two: test_scaling.py
     with caplog.at_level(logging.WARNING):
         splits, _ = load_data(cfg, process)
     assert len(splits["train"]) == 4  # the row is dropped on every process

@@ -464,6 +464,22 @@ def test_cli_effective_batch_that_two_processes_cannot_split_is_one_line(cli_con
     assert not (tmp_path / "out").exists()
 
 
+
+@pytest.mark.slow
+def test_cli_data_error_under_two_processes_is_one_line_without_a_traceback(cli_config, tmp_path):
+    """The main process reads the data first while the other waits in a barrier: an error it met there left the
+    other to break in the barrier with a traceback of its own (gloo's lost connection). It goes through the
+    barrier first now; the other reads the same file and meets the same error, and the main one alone prints it."""
+    cfg, _ = cli_config
+    rows = make_texts(30, seed=2)
+    data = write_tsv(tmp_path / "unlabelled.tsv", rows[:20] + [("", "a text without its label")] + rows[20:])
+    proc = _run(_train_cmd(_two_process_flags(), cfg, tmp_path / "out", f"data.train_file={data}"))
+    assert proc.returncode != 0
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "unlabelled.tsv: 1 row without a label" in errors[0], proc.stderr[-3000:]
+    assert "[rank1]" not in proc.stderr, proc.stderr[-3000:]  # no traceback of the waiting process
+    assert not (tmp_path / "out").exists()
+
 # --- resuming on another split of the effective batch -------------------------------------------
 
 
