@@ -68,8 +68,7 @@ def main_process_first(accelerator, read: Callable[[], Any]) -> Any:
     sends them); had they read the files themselves, torchrun would have stopped them mid-read, a traceback each.
     """
     if accelerator.num_processes == 1:
-        with said_by_the_main_process(accelerator):
-            return read()
+        return read()
     from accelerate.utils import broadcast_object_list
 
     met: list[Optional[FinetuneError]] = [None]

@@ -1726,18 +1726,24 @@ def test_several_labels_per_text_take_the_order_of_a_trained_head_trained_for_th
 
 
 @pytest.mark.parametrize("main", [True, False])
-def test_what_the_data_holds_is_said_by_the_main_process_alone(tmp_path, caplog, main):
+def test_what_the_data_holds_is_said_by_the_main_process_alone(tmp_path, caplog, monkeypatch, main):
     """Every process reads the same files, and each said what they hold: a dropped row once per process, eight
     times on eight GPUs. The others say nothing of it, and the package's loggers are as they were after."""
     from types import SimpleNamespace
 
+    import accelerate.utils
+
     from finetune.config import load_config
     from finetune.dataloaders import load_data
+
+    # one of two processes, the main one's outcome (nothing met) standing in for its broadcast; under two
+    # launched processes: test_scaling.py
+    monkeypatch.setattr(accelerate.utils, "broadcast_object_list", lambda objects, from_process=0: objects)
 
     path = write(tmp_path / "t.csv", "text,label\nhello there,pos\n,neg\nawful,neg\nfine,pos\nbad,neg\n")
     cfg = load_config(None, [f"data.train_file={path}", "data.text_column=text", "data.label_column=label",
                              "data.on_empty_text=drop", "data.validation_split=0"])
-    process = SimpleNamespace(is_main_process=main, num_processes=1)  # the reading itself; two: test_scaling.py
+    process = SimpleNamespace(is_main_process=main, num_processes=2)
     with caplog.at_level(logging.WARNING):
         splits, _ = load_data(cfg, process)
     assert len(splits["train"]) == 4  # the row is dropped on every process
