@@ -110,8 +110,7 @@ def load_model_reporting(cfg: ModelConfig, id2label: dict[int, str], max_length:
     label2id = {name: i for i, name in id2label.items()}
     config = load_model_config(cfg, max_length)
     trained_labels = getattr(config, "id2label", None) or {}
-    has_head = any(a.endswith("ForSequenceClassification") for a in (config.architectures or []))
-    if has_head and len(trained_labels) != len(id2label) and not cfg.ignore_mismatched_sizes:
+    if has_classification_head(config) and len(trained_labels) != len(id2label) and not cfg.ignore_mismatched_sizes:
         raise ModelError(
             f"model.name_or_path: {location} was trained with {len(trained_labels)} labels, the data has "
             f"{len(id2label)}",
@@ -143,6 +142,11 @@ def load_model_reporting(cfg: ModelConfig, id2label: dict[int, str], max_length:
     return model, new_head
 
 
+def has_classification_head(config: Any) -> bool:
+    """Whether a model's config names a sequence-classification model: one saved with a trained head."""
+    return any(a.endswith("ForSequenceClassification") for a in (getattr(config, "architectures", None) or []))
+
+
 def trained_head_labels(config: Any) -> Optional[list[str]]:
     """The classes a model's classification head was trained for, in the order of its outputs; ``None`` where it
     has no such head (an encoder alone, a regression head) or its config names none (transformers' ``LABEL_0``).
@@ -156,9 +160,9 @@ def trained_head_labels(config: Any) -> Optional[list[str]]:
     ids of the one it started from; where it was trained for others, a warning says how its outputs are taken
     (:func:`finetune.label_warnings.warn_of_a_head_for_other_labels`).
     """
-    has_head = any(a.endswith("ForSequenceClassification") for a in (getattr(config, "architectures", None) or []))
     id2label = getattr(config, "id2label", None) or {}
-    if not has_head or getattr(config, "problem_type", None) == "regression" or len(id2label) < 2:
+    regression = getattr(config, "problem_type", None) == "regression"
+    if not has_classification_head(config) or regression or len(id2label) < 2:
         return None
     names = [str(id2label[i]) for i in sorted(id2label, key=int)]
     return None if all(_UNNAMED.fullmatch(name) for name in names) else names
