@@ -49,6 +49,9 @@ PRELOAD = [
 
 # variables read when they are used, not when a module is imported: a command may differ from the server in these
 RUN_TIME_PREFIXES = ("FINETUNE_", "ACCELERATE_", "PYTEST_")
+# the trackers' own variables, read by trackers the server never imports (a fork imports them under its own
+# environment); test_forked checks that the server has imported none of them
+UNIMPORTED_TRACKERS = {"WANDB_": "wandb", "MLFLOW_": "mlflow", "TRACKIO_": "trackio"}
 RUN_TIME_KEYS = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
                  "PYTHONPATH", "COLUMNS", "LINES",
                  "CUDA_VISIBLE_DEVICES",  # only a machine without CUDA forks, and there it changes nothing
@@ -98,7 +101,8 @@ def forkable(argv: Sequence[str], env: dict[str, str]) -> bool:
     _context()
     base = _server["env"]
     differing = {k for k in set(env) | set(base) if env.get(k) != base.get(k)}
-    return all(k.startswith(RUN_TIME_PREFIXES) or k in RUN_TIME_KEYS for k in differing)
+    run_time = RUN_TIME_PREFIXES + tuple(UNIMPORTED_TRACKERS)
+    return all(k.startswith(run_time) or k in RUN_TIME_KEYS for k in differing)
 
 
 def cuda() -> bool:

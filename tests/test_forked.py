@@ -156,3 +156,19 @@ def test_an_environment_read_at_import_is_a_real_process():
     assert not forked.forkable(argv, offline_env({"CXX": "no-such-c++"}))
     assert not forked.forkable([sys.executable, "-X", "importtime", "-c", "pass"], offline_env())
     assert not forked.forkable(["bash", "-c", "true"], offline_env())
+    # a tracker's variables: the server imports no tracker, so a fork reads them as a fresh process would
+    assert forked.forkable(argv, offline_env({"WANDB_MODE": "offline", "MLFLOW_TRACKING_URI": "sqlite:///x.db",
+                                              "TRACKIO_DIR": "/elsewhere"}))
+
+
+def test_the_server_imports_none_of_the_trackers_whose_variables_a_fork_may_change():
+    trackers = sorted(forked.UNIMPORTED_TRACKERS.values())
+    probe = ("import importlib, sys; sys.path.insert(0, 'tests'); from forked import PRELOAD\n"
+             "for name in PRELOAD:\n"
+             "    try: importlib.import_module(name)\n"
+             "    except Exception: pass\n"
+             f"print(sorted({{m.split('.')[0] for m in sys.modules}} & set({trackers!r})))")
+    proc = subprocess.run([sys.executable, "-c", probe], cwd=forked.REPO, env=offline_env(), capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip() == "[]"
