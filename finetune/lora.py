@@ -151,8 +151,10 @@ def head_modules(model) -> list[str]:
 
     Outside the encoder, the head itself (``classifier``, DistilBERT's
     ``pre_classifier``, DeBERTa's pooler, ModernBERT's ``head``). Inside it,
-    the modules registered after the blocks of :func:`layer_stack`: BERT's and
-    ALBERT's pooler, ModernBERT's final norm. They serve the head alone, and
+    those beside the blocks of :func:`layer_stack` not named for embeddings:
+    BERT's and ALBERT's pooler, ModernBERT's final norm (by name, not by the
+    order they are registered in: GTE's pooler comes before its blocks, and
+    runs after them). They serve the head alone, and
     BERT's pooler was pretrained for next-sentence prediction, a task the new
     labels are not; frozen, it would stand between the adapted blocks and the
     head (docs/memory.md measures what training it changes). ``layer_depths``
@@ -165,10 +167,9 @@ def head_modules(model) -> list[str]:
     except ConfigError:  # no blocks to be above (targets named by hand): the head alone
         return outside
     blocks = stack_name.split(".")[1]  # the base model's child that holds them
-    children = list(getattr(model, prefix).named_children())
-    names = [name for name, _ in children]
-    above = children[names.index(blocks) + 1:]  # registered in the order the encoder runs them
-    return outside + [f"{prefix}.{name}" for name, module in above if _holds_weights(module)]
+    above = [name for name, module in getattr(model, prefix).named_children()
+             if name != blocks and "embed" not in name.lower() and _holds_weights(module)]
+    return outside + [f"{prefix}.{name}" for name in above]
 
 
 def _holds_weights(module: torch.nn.Module) -> bool:

@@ -8,6 +8,7 @@ import csv
 import json
 import os
 import random
+import re
 import socket
 import subprocess
 import sys
@@ -51,17 +52,24 @@ def tiny_bert(num_labels: int = 2, seed: int = 0, dropout: float = 0.0):
     return BertForSequenceClassification(tiny_bert_config(num_labels, dropout))
 
 
-# The encoder families the package supports, as transformers' model types; tiny_model builds each.
+# The encoder families the package supports, as transformers' model types; tiny_model builds each. The last
+# five came with transformers 5: on an older release their tests are skipped.
 ARCHITECTURES = ("bert", "roberta", "xlm-roberta", "distilbert", "electra", "deberta-v2", "modernbert", "albert",
-                 "mpnet", "camembert", "mobilebert", "roformer", "ernie", "data2vec-text")
+                 "mpnet", "camembert", "mobilebert", "roformer", "ernie", "data2vec-text",
+                 "eurobert", "gte", "jina_embeddings_v3", "nomic_bert", "ultrabert")
 _ARCHITECTURE_SIZES = {
     "distilbert": {"dim": 32, "n_layers": 2, "n_heads": 2, "hidden_dim": 37},
     "electra": {"embedding_size": 16},
     "albert": {"embedding_size": 16},
-    "deberta-v2": {"relative_attention": True, "pos_att_type": ["p2c", "c2p"], "position_buckets": 8},
+    # DeBERTa-v3's: a LayerNorm of the relative embeddings beside the blocks
+    "deberta-v2": {"relative_attention": True, "pos_att_type": ["p2c", "c2p"], "position_buckets": 8,
+                   "norm_rel_ebd": "layer_norm"},
     # token ids inside the tiny vocabulary (ModernBERT's defaults point past it)
     "modernbert": {"global_attn_every_n_layers": 2, "local_attention": 16, "pad_token_id": 0, "bos_token_id": 2,
                    "eos_token_id": 3, "cls_token_id": 2, "sep_token_id": 3},
+    "eurobert": {"pad_token_id": 0, "bos_token_id": 2, "eos_token_id": 3, "mask_token_id": 4},
+    # a window the tiny texts exceed, in the first layer; the second attends to all
+    "ultrabert": {"layer_types": ["sliding_attention", "full_attention"], "sliding_window": 3},
 }
 
 
@@ -71,8 +79,13 @@ def tiny_model(model_type: str, num_labels: int = 3, seed: int = 0, dropout: Opt
     ``dropout`` sets every dropout probability of the config (each family names its own), for the
     comparisons that need the same computation in every run; ``None`` keeps the family's defaults.
     """
-    from transformers import AutoConfig, AutoModelForSequenceClassification
+    import transformers
+    from transformers import CONFIG_MAPPING, AutoConfig, AutoModelForSequenceClassification
 
+    if model_type not in CONFIG_MAPPING:
+        import pytest
+
+        pytest.skip(f"transformers {transformers.__version__} has no {model_type} models")
     sizes = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 37,
              "vocab_size": len(SPECIAL) + len(WORDS), "max_position_embeddings": 64, "num_labels": num_labels}
     config = AutoConfig.for_model(model_type, **sizes, **_ARCHITECTURE_SIZES.get(model_type, {}))
@@ -82,6 +95,30 @@ def tiny_model(model_type: str, num_labels: int = 3, seed: int = 0, dropout: Opt
         set_dropout(config, dropout)
     torch.manual_seed(seed)
     return AutoModelForSequenceClassification.from_config(config)
+
+
+def expected_depths(model) -> dict[str, int]:
+    """Each parameter's depth by name, the tests' oracle for ``finetune.depths.layer_depths``, read from the names
+    and the module types alone: block i of the stack is depth i + 1; the encoder's embeddings (named so, or an
+    embedding table) and what the blocks' module holds beside them (DeBERTa's relative positions and their norm,
+    MPNet's relative attention bias) 0; the rest, above the blocks, L + 1."""
+    from finetune.lora import layer_stack
+
+    stack, blocks = layer_stack(model)
+    prefix = model.base_model_prefix
+    holder = ".".join(stack.split(".")[:2])
+    tables = {f"{name}.weight" for name, module in model.named_modules() if isinstance(module, torch.nn.Embedding)}
+    depths = {}
+    for name, _ in model.named_parameters():
+        found = re.search(rf"{re.escape(stack)}\.(\d+)\.", name)
+        if found:
+            depths[name] = int(found.group(1)) + 1
+        elif name.startswith(f"{holder}.") or name.startswith(f"{prefix}.") and ("embed" in name.lower()
+                                                                                or name in tables):
+            depths[name] = 0
+        else:
+            depths[name] = len(blocks) + 1
+    return depths
 
 
 class Flat(torch.nn.Module):

@@ -356,7 +356,7 @@ def test_model_dropout_reaches_every_dropout_of_each_family(tmp_path, model_type
 @pytest.mark.parametrize("model_type", ARCHITECTURES)
 def test_the_switched_attention_computes_each_familys_own(model_type, monkeypatch):
     # A dropout of 1e-7 rounds to no drop at all, so inside the switch a training forward must be the
-    # family's evaluation forward, padding masks included; ModernBERT's local layers (a sliding window)
+    # family's evaluation forward, padding masks included; ModernBERT's and UltraBERT's local layers (a sliding window)
     # and the attention DeBERTa, MPNet (a position bias) and RoFormer (rotary) compute themselves stay with
     # transformers, the others' plain layers take the switched path.
     written_out = []
@@ -370,7 +370,7 @@ def test_the_switched_attention_computes_each_familys_own(model_type, monkeypatc
     with fd.fast_dropout(model.train(), attention=switchable):
         switched = model(input_ids=ids, attention_mask=mask).logits
     torch.testing.assert_close(switched, expected, rtol=1e-6, atol=1e-7)
-    plain_layers = {"deberta-v2": 0, "modernbert": 1, "mpnet": 0, "roformer": 0}.get(model_type, 2)
+    plain_layers = {"deberta-v2": 0, "modernbert": 1, "ultrabert": 1, "mpnet": 0, "roformer": 0}.get(model_type, 2)
     # before transformers 5 there is no attention registry to switch, and ModernBERT's code in 5.0 keeps a table
     # of its own: there only the dropout modules are switched
     assert len(written_out) == (plain_layers if switchable else 0)

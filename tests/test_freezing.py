@@ -17,7 +17,7 @@ from finetune.freezing import freeze_bottom
 from finetune.lora import layer_stack
 from finetune.depths import layer_depths
 from finetune.optimization import build_optimizer
-from helpers import ARCHITECTURES, Flat, pad_collate, tiny_model, token_dataset
+from helpers import ARCHITECTURES, Flat, expected_depths, pad_collate, tiny_model, token_dataset
 
 
 def _train_a_little(model, steps: int = 3):
@@ -37,6 +37,8 @@ def _train_a_little(model, steps: int = 3):
 def test_frozen_depths_keep_their_values_and_everything_above_trains(model_type):
     model = tiny_model(model_type, num_labels=2, dropout=0.0)
     depth, blocks = layer_depths(model)
+    # what the names say (a pooler registered before the blocks runs after them: GTE's, Nomic BERT's)
+    assert {name: depth[id(p)] for name, p in model.named_parameters()} == expected_depths(model)
     before = {name: p.detach().clone() for name, p in model.named_parameters()}
     trainable_before = {name for name, p in model.named_parameters() if p.requires_grad}
     frozen = freeze_bottom(model, freeze_embeddings=True, freeze_blocks=1)

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import re
-
 import pytest
 
 from finetune.config import ModelConfig, OptimConfig
 from finetune.errors import ConfigError
 from finetune.lora import add_lora, layer_stack
 from finetune.optimization import build_optimizer, decay_groups, describe_layer_rates
-from helpers import ARCHITECTURES, Flat, tiny_model
+from helpers import ARCHITECTURES, Flat, expected_depths, tiny_model
 
 LR, DECAY = 1e-3, 0.5
 
@@ -25,28 +23,18 @@ def _rates(optimizer) -> dict[int, tuple[float, float]]:
     return rates
 
 
-def _expected_depth(name: str, stack: str, blocks: int, prefix: str) -> int:
-    """Read from the parameter's name alone: block i of the stack is depth i + 1, embeddings 0, the rest on top."""
-    found = re.search(rf"{re.escape(stack)}\.(\d+)\.", name)
-    if found:
-        return int(found.group(1)) + 1
-    if name.startswith(f"{prefix}.") and "embed" in name:  # ELECTRA's and ALBERT's projections are named so
-        return 0
-    return blocks + 1
-
-
 @pytest.mark.parametrize("model_type", ARCHITECTURES)
 def test_each_parameter_trains_at_the_rate_of_its_depth_and_keeps_its_weight_decay(model_type):
     model = tiny_model(model_type)
     stack, blocks = layer_stack(model)
     rates = _rates(build_optimizer(model, OptimConfig(learning_rate=LR, weight_decay=0.01, layer_lr_decay=DECAY)))
     decays = {id(p): group["weight_decay"] for group in decay_groups(model, 0.01) for p in group["params"]}
-    depths = set()
+    depths, expected = set(), expected_depths(model)
     for name, param in model.named_parameters():
         if not param.requires_grad:  # RoFormer's fixed sinusoidal positions: nothing to train
             assert id(param) not in rates, name
             continue
-        depth = _expected_depth(name, stack, len(blocks), model.base_model_prefix)
+        depth = expected[name]
         depths.add(depth)
         lr, weight_decay = rates[id(param)]
         assert lr == pytest.approx(LR * DECAY ** max(0, len(blocks) - depth)), name
@@ -68,6 +56,9 @@ def test_the_rates_of_named_parts_per_architecture():
     assert rate("roberta", "roberta.embeddings.position_embeddings.weight") == pytest.approx(0.25)
     assert rate("electra", "electra.embeddings_project.weight") == pytest.approx(0.25)  # runs before the blocks
     assert rate("deberta-v2", "deberta.encoder.rel_embeddings.weight") == pytest.approx(0.25)
+    assert rate("deberta-v2", "deberta.encoder.LayerNorm.weight") == pytest.approx(0.25)  # the relative positions'
+    assert rate("mpnet", "mpnet.encoder.relative_attention_bias.weight") == pytest.approx(0.25)  # used in each block
+    assert rate("gte", "gte.pooler.dense.weight") == pytest.approx(1.0)  # registered before the blocks, run after
     assert rate("modernbert", "model.final_norm.weight") == pytest.approx(1.0)
     assert rate("distilbert", "pre_classifier.weight") == pytest.approx(1.0)
     assert rate("albert", "albert.encoder.embedding_hidden_mapping_in.weight") == pytest.approx(0.5)

@@ -19,7 +19,7 @@ import torch
 from finetune.config import ModelConfig, load_config
 from finetune.errors import ConfigError, ModelError
 from finetune.lora import add_lora, auto_target_modules, head_modules, layer_stack
-from helpers import ARCHITECTURES, tiny_model
+from helpers import ARCHITECTURES, expected_depths, tiny_model
 
 TEXTS = ["win a free prize now", "see you at lunch", "urgent cash offer txt", "good morning love"]
 
@@ -36,6 +36,7 @@ def test_auto_adapts_every_projection_of_the_blocks_and_trains_the_head_in_full(
     head = head_modules(model)
     encoder_weights = {n: p.detach().clone() for n, p in model.named_parameters()}
     head_weights = sum(p.numel() for name in head for p in model.get_submodule(name).parameters())
+    above = {n for n, depth in expected_depths(model).items() if depth > len(layer_stack(model)[1])}
     adapted, plan = add_lora(model, ModelConfig(lora_rank=4))
     prefix = "base_model.model."
     with_adapters = {n.removeprefix(prefix) for n, m in adapted.named_modules() if hasattr(m, "lora_A")}
@@ -48,6 +49,8 @@ def test_auto_adapts_every_projection_of_the_blocks_and_trains_the_head_in_full(
     assert trained == in_full | {n for n in trained if ".lora_A." in n or ".lora_B." in n}
     # the head in full: each of its weights trains
     assert sum(p.numel() for n, p in adapted.named_parameters() if n in in_full) == head_weights
+    # and it is what the names say is above the blocks (GTE's pooler, registered before them, too)
+    assert {n.removeprefix(prefix).replace(".modules_to_save.default.", ".") for n in in_full} == above
     # a forward and backward: gradients reach the trained weights and only them
     ids = torch.randint(5, 30, (3, 9))
     out = adapted(input_ids=ids, attention_mask=torch.ones_like(ids), labels=torch.tensor([0, 1, 2]))
