@@ -234,7 +234,8 @@ def load_checkpoint(run, path: str | os.PathLike, meta: Optional[dict[str, Any]]
         The checkpoint's ``trainer_state.json`` (``history``, ``pending_eval_epoch``, ...).
 
     Raises:
-        ModelError: if the RNG states could not be restored (the resume would not be exact).
+        ModelError: if the RNG states could not be restored (the resume would not be exact), or the optimizer's
+            state is of other parameter groups than ``run.optimizer``'s.
     """
     import torch
 
@@ -254,6 +255,14 @@ def load_checkpoint(run, path: str | os.PathLike, meta: Optional[dict[str, Any]]
         first = (str(exc).strip().splitlines() or [""])[0]
         raise ModelError(f"{path}: a file holds objects that are not plain tensors and data, so it is not "
                          f"loaded (torch.load weights_only: {first[:120]})") from None
+    except ValueError as exc:
+        if "parameter group" not in str(exc):  # torch's words for an optimizer state of other groups
+            raise
+        raise ModelError(f"{path}: its optimizer state holds other parameter groups than this run's optimizer "
+                         f"({exc}): the weights that train, or the rates they train at, were counted otherwise "
+                         f"when it was saved (by an earlier finetune's count of the layers, or for another model)",
+                         hint="resume it with the finetune that wrote it, or start anew with output.overwrite=true "
+                              "or another output.output_dir") from None
     if torch.equal(torch.get_rng_state(), sentinel) and not fresh_streams:
         raise ModelError(f"{path}: could not restore the random number generator states "
                          f"(random_states_{acc.process_index}.pkl)")

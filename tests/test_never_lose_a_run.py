@@ -21,7 +21,8 @@ import torch
 import yaml
 
 from finetune.checkpoint import _attempt
-from finetune.checkpoint_files import MANIFEST_FILE, STATE_FILE, list_checkpoints, space_problem, verify_checkpoint
+from finetune.checkpoint_files import (MANIFEST_FILE, STATE_FILE, list_checkpoints, space_problem, verify_checkpoint,
+                                      write_manifest)
 from finetune.resuming import check_compatible, run_fingerprint
 from finetune.config import config_from_dict
 from finetune.errors import ConfigError
@@ -309,6 +310,29 @@ def test_an_unsafe_pickle_is_refused_in_one_line(job, stopped):
     assert proc.returncode == 2 and len(_errors(proc)) == 1, proc.stderr[-3000:]
     assert "not plain tensors and data, so it is not loaded" in _errors(proc)[0]
     assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.slow
+def test_an_optimizer_state_of_other_parameter_groups_is_refused_in_one_line(job, stopped):
+    """A checkpoint whose optimizer grouped the weights otherwise (an earlier release counted a family's layers
+    differently, so layer-wise rates or frozen blocks grouped them otherwise), intact as that release wrote it."""
+    root, cfg, _ = job
+    out = _copy(stopped, "regrouped")
+    ckpt = out / "checkpoints" / "checkpoint-7"
+    state = torch.load(ckpt / "optimizer.bin", weights_only=True)
+    first, second = state["param_groups"][:2]
+    second["params"].append(first["params"].pop())  # one weight in the other group
+    torch.save(state, ckpt / "optimizer.bin")
+    write_manifest(ckpt)
+    before = _files(out)
+    proc = _train(cfg, out)
+    assert proc.returncode == 2 and len(_errors(proc)) == 1, proc.stderr[-3000:]
+    assert f"error: {ckpt}: its optimizer state holds other parameter groups" in _errors(proc)[0]
+    assert "hint: resume it with the finetune that wrote it" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    # no checkpoint, log or model touched (config.yaml is the run's own again: the copy's named the first folder)
+    after = _files(out)
+    assert after.pop("config.yaml") != before.pop("config.yaml") and after == before
 
 
 def test_loaded_weights_must_be_finite(job, tmp_path):
