@@ -101,6 +101,23 @@ def layer_stack(model) -> tuple[str, torch.nn.ModuleList]:
     return max(stacks, key=lambda item: (size[item[0]], -len(item[0])))
 
 
+def below_the_blocks(model, stack_name: str) -> set[int]:
+    """The ``id`` of each of the encoder's weights outside its blocks that serves them from below: the embeddings
+    and weights named for them (ELECTRA's projection of them to the hidden size), embedding tables, and what the
+    module holding the blocks holds beside them (ALBERT's projection, DeBERTa's relative positions and their norm,
+    MPNet's relative attention bias). Read from where each sits, its name and type, not from the order the encoder
+    registers its parts: GTE's and Nomic BERT's register their pooler before their blocks, and run it after them.
+    ``layer_depths`` puts these at depth 0, and LoRA trains none of them; the rest outside the blocks is above them.
+    """
+    encoder = getattr(model, model.base_model_prefix)
+    holder = stack_name.split(".")[1]  # the encoder's child that holds the blocks
+    blocks = {id(p) for p in encoder.get_submodule(stack_name.split(".", 1)[1]).parameters()}
+    tables = {id(p) for module in encoder.modules() if isinstance(module, torch.nn.Embedding)
+              for p in module.parameters()}
+    return {id(p) for name, p in encoder.named_parameters()
+            if id(p) not in blocks and (name.startswith(f"{holder}.") or "embed" in name.lower() or id(p) in tables)}
+
+
 def blocks_of(model) -> torch.nn.ModuleList:
     """The encoder's transformer blocks (a LoRA model's too): :func:`layer_stack` of its base model.
 
@@ -151,10 +168,9 @@ def head_modules(model) -> list[str]:
 
     Outside the encoder, the head itself (``classifier``, DistilBERT's
     ``pre_classifier``, DeBERTa's pooler, ModernBERT's ``head``). Inside it,
-    those beside the blocks of :func:`layer_stack` not named for embeddings:
-    BERT's and ALBERT's pooler, ModernBERT's final norm (by name, not by the
-    order they are registered in: GTE's pooler comes before its blocks, and
-    runs after them). They serve the head alone, and
+    the modules beside the blocks of :func:`layer_stack` that do not serve
+    them from below (:func:`below_the_blocks`): BERT's, ALBERT's and GTE's
+    pooler, ModernBERT's final norm. They serve the head alone, and
     BERT's pooler was pretrained for next-sentence prediction, a task the new
     labels are not; frozen, it would stand between the adapted blocks and the
     head (docs/memory.md measures what training it changes). ``layer_depths``
@@ -166,9 +182,10 @@ def head_modules(model) -> list[str]:
         stack_name, _ = layer_stack(model)
     except ConfigError:  # no blocks to be above (targets named by hand): the head alone
         return outside
-    blocks = stack_name.split(".")[1]  # the base model's child that holds them
+    holder = stack_name.split(".")[1]  # the base model's child that holds them
+    below = below_the_blocks(model, stack_name)
     above = [name for name, module in getattr(model, prefix).named_children()
-             if name != blocks and "embed" not in name.lower() and _holds_weights(module)]
+             if name != holder and _holds_weights(module) and not any(id(p) in below for p in module.parameters())]
     return outside + [f"{prefix}.{name}" for name in above]
 
 
