@@ -12,11 +12,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+import numpy as np
 import torch
+from torch.utils.data import DataLoader
 
 from finetune.accumulation import accumulate_as
 from finetune.assembly import Run
 from finetune.checkpointer import Checkpointer
+from finetune.columns import read_column
+from finetune.evaluation import evaluation_of
 from finetune.fitting import EvaluationSchedule, check_untrained, evaluate_run, training_speedups
 from finetune.loop import TrainState, train_one_epoch
 from finetune.lora import is_lora
@@ -25,6 +29,10 @@ from finetune.selection import EvalHistory
 # updates a dry run trains: the first few carry the start-up (a new shape's kernels, a graph's capture), the
 # later half gives the pace
 REHEARSED_UPDATES = 10
+# validation texts a dry run evaluates at most: a larger set is timed on its longest batch (that it fits) and an
+# even sample of the rest, and the whole estimated at their seconds per token; a dry run of a large set on a CPU
+# would otherwise spend minutes on the one evaluation
+TIMED_TEXTS = 2000
 
 
 @dataclass
@@ -46,8 +54,11 @@ class Rehearsal:
     resumes_from: Optional[Path] = None
     done_updates: int = 0
     # the seconds of one evaluation of the validation data, made after the updates as the run makes it (None
-    # without validation data)
+    # without validation data): as it took, or estimated from the texts timed where there were more than
+    # TIMED_TEXTS; the texts timed, and the seconds that took
     evaluation_seconds: Optional[float] = None
+    timed_texts: int = 0
+    timing_seconds: float = 0.0
     # the evaluations a start would make, by the run's evaluation schedule (fewer where early stopping ends it)
     evaluations: int = 0
     # the checkpoints a start would save (fewer where early stopping ends it), and the bytes of one: the trained
@@ -86,19 +97,55 @@ def rehearse(run: Run, updates: int = REHEARSED_UPDATES) -> Rehearsal:
                         log_every=1, on_log=records.append, on_update=after_update, **run.loop_settings())
     seconds = [end - start for start, end in zip([began] + ends, ends)]
     losses = [record["train/loss"] for record in records if "train/loss" in record]
-    evaluation = None
+    evaluation, timed, timing = None, 0, 0.0
     if run.eval_dataloader is not None:  # that it runs and fits at its own batch size, and how long it takes
-        began = time.perf_counter()
-        evaluate_run(run)
-        evaluation = time.perf_counter() - began
+        evaluation, timed, timing = timed_evaluation(run, TIMED_TEXTS)
     done = checkpoints.resume_meta["state"]["step"] if checkpoints.resume_meta is not None else 0
     pace, estimate = pace_and_estimate(seconds, run.plan.total_updates - done)
     peak = torch.cuda.max_memory_allocated(acc.device) if acc.device.type == "cuda" else None
     due = EvaluationSchedule(run)
     return Rehearsal(losses=losses, seconds=seconds, total_updates=run.plan.total_updates, pace=pace,
                      estimate=estimate, gpu_peak=peak, resumes_from=checkpoints.resume_path,
-                     done_updates=done, evaluation_seconds=evaluation, evaluations=due.count_after(done),
-                     checkpoints=checkpoints.count_after(done, due), checkpoint_bytes=checkpoint_bytes(run))
+                     done_updates=done, evaluation_seconds=evaluation, timed_texts=timed, timing_seconds=timing,
+                     evaluations=due.count_after(done), checkpoints=checkpoints.count_after(done, due),
+                     checkpoint_bytes=checkpoint_bytes(run))
+
+
+def timed_evaluation(run: Run, most: int) -> tuple[float, int, float]:
+    """The seconds one evaluation of the run's validation texts takes, the texts timed, and the seconds that took.
+
+    Up to ``most`` texts, the run's own evaluation, timed. Beyond, the evaluation of :func:`timed_rows` (the
+    longest batch, which the run's evaluation starts with, and an even sample of the rest, in the same order),
+    and the whole at their seconds per token.
+    """
+    loader = run.eval_dataloader
+    texts = len(loader.dataset)
+    began = time.perf_counter()
+    if texts <= most:
+        evaluate_run(run)
+        seconds = time.perf_counter() - began
+        return seconds, texts, seconds
+    batch = run.cfg.training.per_device_eval_batch_size
+    rows = timed_rows(texts, batch * run.accelerator.num_processes, most)
+    sample = run.accelerator.prepare_data_loader(
+        DataLoader(loader.dataset.select(rows), batch_size=batch, collate_fn=loader.collate_fn))
+    evaluation_of(run.model, sample, run.accelerator, run.metrics, run.task, labels=run.labels.names)
+    seconds = time.perf_counter() - began
+    tokens = token_counts(loader.dataset)
+    return seconds * tokens.sum() / tokens[rows].sum(), len(rows), seconds
+
+
+def timed_rows(texts: int, batch: int, most: int) -> list[int]:
+    """Rows of a validation set sorted longest first to time it on: its first ``batch`` (the longest, that it
+    fits) and, to ``most`` in all, rows spread evenly over the rest, whose batches pad as little as the run's."""
+    spread = np.linspace(batch, texts - 1, num=max(0, most - batch)).round().astype(int)
+    return sorted(set(range(min(batch, texts))) | set(spread.tolist()))
+
+
+def token_counts(dataset) -> np.ndarray:
+    """Each validation text's tokens (all of its windows' under ``data.truncation: chunks``)."""
+    ids = read_column(dataset, "input_ids")
+    return np.array([sum(map(len, row)) if row and isinstance(row[0], list) else len(row) for row in ids])
 
 
 def checkpoint_bytes(run: Run) -> int:

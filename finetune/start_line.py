@@ -195,11 +195,12 @@ def _evaluations(run: Run, rehearsal: Rehearsal) -> str:
     """The evaluations a start would make, and their time as the one tried took."""
     count, each = rehearsal.evaluations, rehearsal.evaluation_seconds
     texts = len(run.eval_dataloader.dataset)
+    timed = f", timed on {rehearsal.timed_texts} of them" if rehearsal.timed_texts < texts else ""
     if count == 1:
-        return f", and its evaluation of {texts} texts about {readable_duration(each)} more"
+        return f", and its evaluation of {texts} texts about {readable_duration(each)} more{timed}"
     sooner = ", fewer if early stopping ends it" if run.cfg.evaluation.early_stopping_patience else ""
     return (f", and its {count} evaluations of {texts} texts about {readable_duration(count * each)} more "
-            f"({readable_duration(each)} each{sooner})")
+            f"({readable_duration(each)} each{timed}{sooner})")
 
 
 def _checkpoints(rehearsal: Rehearsal) -> str:

@@ -146,7 +146,7 @@ def try_run(sweep, values: list[str]) -> TriedRun:
     rehearsal = summary["rehearsal"]
     each = rehearsal.evaluation_seconds or 0.0
     # a trial is built in the sweep's process as this run was, after its own imports
-    start = max(0.0, time.perf_counter() - began - sum(rehearsal.seconds) - each)
+    start = max(0.0, time.perf_counter() - began - sum(rehearsal.seconds) - rehearsal.timing_seconds)
     return TriedRun(values, start, rehearsal.total_updates, rehearsal.estimate, rehearsal.evaluations,
                     rehearsal.evaluations * each, rehearsal.checkpoints, rehearsal.checkpoint_bytes)
 

@@ -104,6 +104,37 @@ def test_a_dry_run_where_a_start_would_resume_estimates_the_updates_left(tmp_pat
     assert match, line
 
 
+def test_a_large_validation_set_is_timed_on_its_longest_batch_and_an_even_sample(tmp_path, monkeypatch,
+                                                                                fresh_accelerate_state):
+    """Past TIMED_TEXTS validation texts, a dry run evaluates the longest batch (that it fits) and an even sample of
+    the rest, and estimates the whole at their seconds per token: minutes fewer on a CPU for a large set."""
+    import finetune.rehearsal as rehearsal_module
+    from finetune import rehearse, setup_run
+    from finetune.columns import read_column
+    from finetune.start_line import dry_run_line
+    from tiny_run import tiny_config, tiny_process
+
+    monkeypatch.setattr(rehearsal_module, "TIMED_TEXTS", 12)
+    evaluated = []
+    real = rehearsal_module.evaluation_of
+    monkeypatch.setattr(rehearsal_module, "evaluation_of", lambda model, loader, *args, **kwargs: evaluated.append(
+        read_column(loader.dataset, "input_ids")) or real(model, loader, *args, **kwargs))
+    with tiny_process():
+        run = setup_run(tiny_config(tmp_path, training={"max_steps": 2, "num_train_epochs": None,
+                                                        "per_device_eval_batch_size": 4}))
+        whole = read_column(run.eval_dataloader.dataset, "input_ids")  # longest first, as evaluated
+        rehearsal = rehearse(run, updates=2)
+        line = dry_run_line(run, rehearsal)
+    (timed,) = evaluated
+    assert len(whole) == 40 and len(timed) == rehearsal.timed_texts == 12
+    assert timed[:4] == whole[:4]  # the first batch the run's evaluation makes, its longest
+    assert timed[-1] == whole[-1] and timed == sorted(timed, key=len, reverse=True)  # spread to the shortest, in order
+    tokens, sample = sum(map(len, whole)), sum(map(len, timed))
+    assert sample < tokens and rehearsal.evaluation_seconds == pytest.approx(rehearsal.timing_seconds * tokens / sample)
+    said = r"its (\d+ evaluations|evaluation) of 40 texts about [\d.]+ s more.*timed on 12 of them"
+    assert re.search(said, line), line
+
+
 def test_the_estimate_takes_the_later_updates_pace_for_all_but_the_first(tmp_path, fresh_accelerate_state):
     from finetune import rehearse, setup_run  # what a notebook imports
     from finetune.rehearsal import pace_and_estimate
