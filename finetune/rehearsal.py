@@ -114,9 +114,11 @@ def rehearse(run: Run, updates: int = REHEARSED_UPDATES) -> Rehearsal:
 def timed_evaluation(run: Run, most: int) -> tuple[float, int, float]:
     """The seconds one evaluation of the run's validation texts takes, the texts timed, and the seconds that took.
 
-    Up to ``most`` texts, the run's own evaluation, timed. Beyond, the evaluation of :func:`timed_rows` (the
-    longest batch, which the run's evaluation starts with, and an even sample of the rest, in the same order),
-    and the whole at their seconds per token.
+    Up to ``most`` texts, the run's own evaluation, timed. Beyond, two evaluations of :func:`timed_rows` (the
+    longest batch, which the run's evaluation starts with, and an even sample of the rest, in the same order):
+    the first as it took, with the kernels it builds for each new length, as the run's first evaluation builds
+    them; the rest of the texts at the second's seconds per token computed on, padding included
+    (:func:`padded_tokens`: a sample's batches span more lengths than the run's, and pad more).
     """
     loader = run.eval_dataloader
     texts = len(loader.dataset)
@@ -129,23 +131,45 @@ def timed_evaluation(run: Run, most: int) -> tuple[float, int, float]:
     rows = timed_rows(texts, batch * run.accelerator.num_processes, most)
     sample = run.accelerator.prepare_data_loader(
         DataLoader(loader.dataset.select(rows), batch_size=batch, collate_fn=loader.collate_fn))
-    evaluation_of(run.model, sample, run.accelerator, run.metrics, run.task, labels=run.labels.names)
-    seconds = time.perf_counter() - began
-    tokens = token_counts(loader.dataset)
-    return seconds * tokens.sum() / tokens[rows].sum(), len(rows), seconds
+    ends = []
+    for _ in range(2):
+        evaluation_of(run.model, sample, run.accelerator, run.metrics, run.task, labels=run.labels.names)
+        ends.append(time.perf_counter())
+    first, again = ends[0] - began, ends[1] - ends[0]
+    windows, lengths = windows_and_lengths(loader.dataset)
+    step, multiple = batch * run.accelerator.num_processes, run.cfg.data.pad_to_multiple_of
+    whole = padded_tokens(windows, lengths, step, multiple)
+    timed = padded_tokens(windows[rows], lengths[rows], step, multiple)
+    return first + again * (whole - timed) / timed, len(rows), ends[1] - began
 
 
 def timed_rows(texts: int, batch: int, most: int) -> list[int]:
     """Rows of a validation set sorted longest first to time it on: its first ``batch`` (the longest, that it
-    fits) and, to ``most`` in all, rows spread evenly over the rest, whose batches pad as little as the run's."""
+    fits) and, to ``most`` in all, rows spread evenly over the rest, in their order."""
     spread = np.linspace(batch, texts - 1, num=max(0, most - batch)).round().astype(int)
     return sorted(set(range(min(batch, texts))) | set(spread.tolist()))
 
 
-def token_counts(dataset) -> np.ndarray:
-    """Each validation text's tokens (all of its windows' under ``data.truncation: chunks``)."""
+def windows_and_lengths(dataset) -> tuple[np.ndarray, np.ndarray]:
+    """Each validation text's windows (1, or more under ``data.truncation: chunks``) and its longest one's
+    tokens."""
     ids = read_column(dataset, "input_ids")
-    return np.array([sum(map(len, row)) if row and isinstance(row[0], list) else len(row) for row in ids])
+    chunked = bool(ids) and bool(ids[0]) and isinstance(ids[0][0], list)
+    windows = np.array([len(row) if chunked else 1 for row in ids])
+    lengths = np.array([max(map(len, row)) if chunked else len(row) for row in ids])
+    return windows, lengths
+
+
+def padded_tokens(windows: np.ndarray, lengths: np.ndarray, batch: int, multiple: Optional[int]) -> int:
+    """The tokens, padding included, of the batches of ``batch`` texts these make in their order, each padded to
+    its longest window (rounded up to ``multiple``): what an evaluation computes on."""
+    total = 0
+    for start in range(0, len(lengths), batch):
+        longest = int(lengths[start:start + batch].max())
+        if multiple:
+            longest = -(-longest // multiple) * multiple
+        total += int(windows[start:start + batch].sum()) * longest
+    return total
 
 
 def checkpoint_bytes(run: Run) -> int:
