@@ -14,6 +14,12 @@ so that every text is distinct) and tokenized afresh
 package's own work shows beside tokenizing: a step that reads a column of
 the data set one row at a time costs seconds per hundred thousand rows.
 
+With ``--dry-run``, each way then makes ``finetune train --dry-run``'s
+rehearsal (ten updates and the timing of an evaluation) and a real
+evaluation: the rehearsal's seconds, its estimate of one evaluation, and the
+evaluation's own seconds, which past 2,000 validation texts it estimates from
+a sample.
+
 Each way runs in a fresh process, the ways alternating by round, and
 reports the median of its rounds. Prints a Markdown table for bench/README.md.
 """
@@ -42,6 +48,25 @@ run = setup_run(cfg)
 print("RESULT " + json.dumps({"seconds": time.perf_counter() - began, "train_rows": len(run.train_dataloader.dataset)}))
 """
 
+# the same start, then the dry run's rehearsal and a real evaluation, timed
+DRY_RUN_CHILD = """
+import json, sys, time
+sys.path.insert(0, sys.argv[1])
+from finetune.assembly import setup_run
+from finetune.config import load_config
+from finetune.fitting import evaluate_run
+from finetune.rehearsal import rehearse
+run = setup_run(load_config(sys.argv[2], sys.argv[3:]))
+began = time.perf_counter()
+rehearsal = rehearse(run)
+dry_run = time.perf_counter() - began
+began = time.perf_counter()
+evaluate_run(run)
+print("RESULT " + json.dumps({"seconds": dry_run, "estimate": rehearsal.evaluation_seconds,
+                              "evaluation": time.perf_counter() - began,
+                              "validation_rows": len(run.eval_dataloader.dataset)}))
+"""
+
 
 def write_rows(path: Path, rows: int) -> None:
     """The default config's SMS messages (read as a run reads them, none carved off), repeated and numbered up
@@ -64,11 +89,12 @@ def write_rows(path: Path, rows: int) -> None:
             out.writerow([label, f"{text} ({i // len(messages)})"])
 
 
-def time_setup(checkout: Path, data: Path, workdir: Path) -> dict:
+def time_setup(checkout: Path, data: Path, workdir: Path, dry_run: bool = False) -> dict:
     overrides = [f"data.train_file={data}", "data.cache_tokenized=false", "logging.progress_bar=false",
                  f"output.output_dir={workdir / 'out'}", "output.overwrite=true"]
-    done = subprocess.run([sys.executable, "-c", CHILD, str(checkout), str(checkout / "configs" / "default.yaml"),
-                           *overrides], cwd=workdir, capture_output=True, text=True)
+    done = subprocess.run([sys.executable, "-c", DRY_RUN_CHILD if dry_run else CHILD, str(checkout),
+                           str(checkout / "configs" / "default.yaml"), *overrides],
+                          cwd=workdir, capture_output=True, text=True)
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     if done.returncode != 0 or not lines:
         raise SystemExit(f"setup_run failed at {checkout}:\n{done.stderr[-3000:]}")
@@ -89,25 +115,43 @@ def main(argv=None) -> int:
     parser.add_argument("--rows", type=int, default=300_000)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--baseline", type=Path, help="another checkout of the package (git worktree add ...)")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="time the dry run's rehearsal and its estimate of an evaluation, not setup_run")
     args = parser.parse_args(argv)
     ways = {f"this checkout, {commit_of(REPO)}": REPO}
     if args.baseline is not None:
         ways = {f"baseline, {commit_of(args.baseline)}": args.baseline.resolve(), **ways}
-    seconds: dict[str, list[float]] = {name: [] for name in ways}
+    results: dict[str, list[dict]] = {name: [] for name in ways}
     with tempfile.TemporaryDirectory() as tmp:
         data = Path(tmp) / "texts.tsv"
         write_rows(data, args.rows)
         for _ in range(args.rounds):
             for name, checkout in ways.items():
-                result = time_setup(checkout, data, Path(tmp))
-                seconds[name].append(result["seconds"])
-                print(f"{name}: {result['seconds']:.1f} s ({result['train_rows']} training rows)", file=sys.stderr)
+                result = time_setup(checkout, data, Path(tmp), args.dry_run)
+                results[name].append(result)
+                print(f"{name}: {json.dumps(result)}", file=sys.stderr)
     command = " ".join(["python -m bench.startup", *(argv if argv is not None else sys.argv[1:])])
-    lines = [f"Command: `{command}`", "", "| way | `setup_run` seconds (median) | rounds |", "| --- | ---: | --- |"]
-    for name, values in seconds.items():
-        lines.append(f"| {name} | {statistics.median(values):.1f} | {', '.join(f'{v:.1f}' for v in values)} |")
-    print("\n".join(lines))
+    print("\n".join([f"Command: `{command}`", "", *(dry_run_table(results) if args.dry_run else table(results))]))
     return 0
+
+
+def table(results: dict[str, list[dict]]) -> list[str]:
+    lines = ["| way | `setup_run` seconds (median) | rounds |", "| --- | ---: | --- |"]
+    for name, rounds in results.items():
+        values = [r["seconds"] for r in rounds]
+        lines.append(f"| {name} | {statistics.median(values):.1f} | {', '.join(f'{v:.1f}' for v in values)} |")
+    return lines
+
+
+def dry_run_table(results: dict[str, list[dict]]) -> list[str]:
+    lines = ["| way | rehearsal seconds (median) | its estimate of an evaluation | the evaluation | rounds |",
+             "| --- | ---: | ---: | ---: | --- |"]
+    for name, rounds in results.items():
+        median = {key: statistics.median(r[key] for r in rounds) for key in ("seconds", "estimate", "evaluation")}
+        each = "; ".join(f"{r['seconds']:.1f} ({r['estimate']:.1f} for {r['evaluation']:.1f})" for r in rounds)
+        lines.append(f"| {name} | {median['seconds']:.1f} | {median['estimate']:.1f} | {median['evaluation']:.1f} "
+                     f"| {each} |")
+    return lines
 
 
 if __name__ == "__main__":

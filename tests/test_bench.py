@@ -1253,6 +1253,12 @@ def test_the_start_up_benchmark_times_each_checkout_on_the_same_generated_rows(t
     rows = [line.split(" | ") for line in capsys.readouterr().out.splitlines() if line.startswith("| ")][2:]
     assert [row[0].split(",")[0] for row in rows] == ["| baseline", "| this checkout"]
     assert all(0 < float(row[1]) < 120 and row[2].strip(" |") == row[1] for row in rows)  # one round: its own median
+    # the dry run's rehearsal, its estimate of an evaluation and the evaluation itself, each way
+    assert main(["--rows", "300", "--rounds", "1", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "| way | rehearsal seconds (median) | its estimate of an evaluation | the evaluation | rounds |" in out
+    (row,) = [line.split(" | ") for line in out.splitlines() if line.startswith("| this checkout")]
+    assert all(float(value) > 0 for value in row[1:4])
 
 
 def test_the_intervals_benchmark_times_the_metrics_and_their_intervals_for_each_shape(capsys, monkeypatch):
