@@ -30,8 +30,8 @@ from finetune.selection import EvalHistory
 # later half gives the pace
 REHEARSED_UPDATES = 10
 # validation texts a dry run evaluates at most: a larger set is timed on its longest batch (that it fits) and an
-# even sample of the rest, and the whole estimated at their seconds per token; a dry run of a large set on a CPU
-# would otherwise spend minutes on the one evaluation
+# even sample of the rest (timed_evaluation); a dry run of a large set on a CPU would otherwise spend minutes on
+# the one evaluation
 TIMED_TEXTS = 2000
 
 
