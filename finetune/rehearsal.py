@@ -128,7 +128,8 @@ def timed_evaluation(run: Run, most: int) -> tuple[float, int, float]:
         seconds = time.perf_counter() - began
         return seconds, texts, seconds
     batch = run.cfg.training.per_device_eval_batch_size
-    rows = timed_rows(texts, batch * run.accelerator.num_processes, most)
+    step = batch * run.accelerator.num_processes  # the texts of one evaluation step, over the processes
+    rows = timed_rows(texts, step, most)
     sample = run.accelerator.prepare_data_loader(
         DataLoader(loader.dataset.select(rows), batch_size=batch, collate_fn=loader.collate_fn))
     ends = []
@@ -137,7 +138,7 @@ def timed_evaluation(run: Run, most: int) -> tuple[float, int, float]:
         ends.append(time.perf_counter())
     first, again = ends[0] - began, ends[1] - ends[0]
     windows, lengths = windows_and_lengths(loader.dataset)
-    step, multiple = batch * run.accelerator.num_processes, run.cfg.data.pad_to_multiple_of
+    multiple = run.cfg.data.pad_to_multiple_of
     whole = padded_tokens(windows, lengths, step, multiple)
     timed = padded_tokens(windows[rows], lengths[rows], step, multiple)
     return first + again * (whole - timed) / timed, len(rows), ends[1] - began
