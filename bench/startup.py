@@ -97,7 +97,7 @@ def time_setup(checkout: Path, data: Path, workdir: Path, dry_run: bool = False)
                           cwd=workdir, capture_output=True, text=True)
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     if done.returncode != 0 or not lines:
-        raise SystemExit(f"setup_run failed at {checkout}:\n{done.stderr[-3000:]}")
+        raise SystemExit(f"{'the dry run' if dry_run else 'setup_run'} failed at {checkout}:\n{done.stderr[-3000:]}")
     return json.loads(lines[-1][len("RESULT "):])
 
 
