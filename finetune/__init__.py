@@ -9,9 +9,15 @@ on first use of their names.
 from __future__ import annotations
 
 import importlib
+import logging
 from typing import Any
 
 __version__ = "0.1.0"
+
+# bitsandbytes, which PEFT imports wherever it is installed, warns on import on CPUs with bf16 that a 4-bit matrix
+# kernel from the Hub is missing: a kernel of its quantized layers, which nothing here calls. That warning alone
+# is dropped; the logger's others pass.
+logging.getLogger("bitsandbytes.backends.cpu.ops").addFilter(lambda record: "gemm_4bit" not in str(record.msg))
 
 _EXPORTS = {
     "train_one_epoch": "finetune.loop",

@@ -38,7 +38,7 @@ from finetune.dataloaders import (
 from finetune.errors import ConfigError
 from finetune.launch import build_accelerator
 from finetune.loop import TrainState
-from finetune.optimization import UpdatePlan, build_optimizer, build_scheduler, plan_updates
+from finetune.optimization import UpdatePlan, build_optimizer, build_scheduler, check_optimizer, plan_updates
 from finetune.tasks import Task, start_regression_head, start_thresholds
 
 logger = logging.getLogger("finetune")
@@ -144,6 +144,7 @@ def setup_run(cfg: Config, accelerator=None, batching: Optional[Batching] = None
     accelerator = accelerator or build_accelerator(cfg)
     batching = check_batching(cfg, accelerator, batching)
     check_compiler(cfg.training.torch_compile, accelerator.device)
+    check_optimizer(cfg.optim.optimizer, accelerator)
     set_seed(cfg.training.seed)
     tokenizer = load_tokenizer(cfg.model)
     model_config = load_model_config(cfg.model, cfg.data.max_length)
@@ -162,7 +163,8 @@ def setup_run(cfg: Config, accelerator=None, batching: Optional[Batching] = None
     longest = longest_text(tokenized["train"])
     batching, checkpointing, memory = fit_in_memory(model, tokenized["train"],
                                                     collator(tokenizer, accelerator, cfg, longest=longest),
-                                                    accelerator, batching, cfg.training, cfg.data.max_length)
+                                                    accelerator, batching, cfg.training, cfg.data.max_length,
+                                                    optimizer=cfg.optim.optimizer)
     accumulate_as(accelerator, batching, epoch=0)  # before prepare: DeepSpeed reads k there
     set_forward(model, cfg.training, accelerator)
     train_dl, eval_dl = build_dataloaders(cfg, tokenized, tokenizer, accelerator, batching, checkpointing.on)

@@ -33,6 +33,7 @@ micro-batch needs and may choose a smaller ``b`` than would fit.
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
@@ -44,6 +45,7 @@ from finetune.columns import read_column
 from finetune.cpu import dropout_as_in_training
 from finetune.errors import ConfigError, LaunchError, is_out_of_memory
 from finetune.launch import autocast
+from finetune.optimizer_state import state_bytes
 from finetune.memory import (
     GB, MemoryPlan, free_cached, levers_that_fit, measure_activations, plan_memory, rng_fork,
     tensor_bytes,
@@ -83,7 +85,7 @@ def worst_case_batch(dataset, collate: Callable[[list], dict], batch_size: int) 
     return collate([{c: dataset[i][c] for c in columns} for i in rows])
 
 
-def trial_step(model: torch.nn.Module, batch: dict[str, torch.Tensor], accelerator) -> bool:
+def trial_step(model: torch.nn.Module, batch: dict[str, torch.Tensor], accelerator, optimizer: str = "adamw") -> bool:
     """One training forward and backward on ``batch``; False if it ran out of memory.
 
     Runs on the unprepared model (already on the accelerator's device), so no
@@ -97,17 +99,16 @@ def trial_step(model: torch.nn.Module, batch: dict[str, torch.Tensor], accelerat
         accelerator: The run's ``Accelerator`` (device and autocast).
     """
     device = accelerator.device
-    # Copies of the trainable parameters held during the trial for what training adds later: AdamW's two
-    # moments. On several processes DDP's all-reduce buckets hold the gradients themselves (as views,
-    # launch.build_accelerator), so the trial's own gradients stand for them.
-    reserve_factor = 2
+    # Held during the trial for what training adds later: the optimizer's state (``optim.optimizer``), a buffer
+    # per trainable parameter. On several processes DDP's all-reduce buckets hold the gradients themselves (as
+    # views, launch.build_accelerator), so the trial's own gradients stand for them.
     was_training = model.training
     ok = True
     try:
         with rng_fork(device):
             model.train()
             trainable = [p for p in model.parameters() if p.requires_grad]
-            reserve = [torch.empty_like(p) for p in trainable for _ in range(reserve_factor)]
+            reserve = [torch.empty(state_bytes(p, optimizer), dtype=torch.uint8, device=device) for p in trainable]
             inputs, chunk_rows = split_batch({k: v.to(device) for k, v in batch.items()})
             labels = batch["labels"].to(device)
             with autocast(accelerator):  # not accelerator.autocast(): out of memory, it stays on (launch.autocast)
@@ -202,7 +203,7 @@ def fixed_checkpointing(model, setting) -> Checkpointing:
 
 
 def fit_micro_batch(model, train_dataset, collate: Callable[[list], dict], accelerator, batching,
-                    checkpointing=False):
+                    checkpointing=False, optimizer: str = "adamw"):
     """``per_device_train_batch_size: auto``: the largest ``b`` that fits with ``B`` unchanged.
 
     The levers in order: the micro-batch first (the math does not change),
@@ -224,7 +225,8 @@ def fit_micro_batch(model, train_dataset, collate: Callable[[list], dict], accel
     def largest(recompute: bool) -> tuple[int, int]:
         set_gradient_checkpointing(model, recompute)
         return choose_micro_batch(model, lambda size: worst_case_batch(train_dataset, collate, size), accelerator,
-                                  batching.effective_batch_size, start=batching.per_device_batch_size)
+                                  batching.effective_batch_size, start=batching.per_device_batch_size,
+                                  trial=functools.partial(trial_step, optimizer=optimizer))
 
     if checkpointing != "auto":
         b, k = largest(checkpointing)
@@ -253,12 +255,13 @@ def fit_micro_batch(model, train_dataset, collate: Callable[[list], dict], accel
 
 def _nothing_fits(also: str = "") -> str:
     return ("training.per_device_train_batch_size: auto found no micro-batch that fits: even b=1 ran out of memory "
-            f"(on at least one process){also}; lower data.max_length, freeze the lower layers (model.freeze_blocks), "
-            f"train LoRA adapters (model.lora_rank=8), or use a larger device")
+            f"(on at least one process){also}; lower data.max_length, keep 8-bit optimizer state "
+            f"(optim.optimizer=adamw_8bit), freeze the lower layers (model.freeze_blocks), train LoRA adapters "
+            f"(model.lora_rank=8), or use a larger device")
 
 
 def fit_in_memory(model, train_dataset, collate: Callable[[list], dict], accelerator, batching, training,
-                  max_length: int):
+                  max_length: int, optimizer: str = "adamw"):
     """The micro-batch, checkpointing and memory plan of a run: what must fit in memory, decided once.
 
     ``per_device_train_batch_size: auto`` finds ``b`` (and checkpointing under
@@ -275,6 +278,7 @@ def fit_in_memory(model, train_dataset, collate: Callable[[list], dict], acceler
         batching: The run's :class:`~finetune.accumulation.Batching`.
         training: The ``training`` section.
         max_length: ``data.max_length``.
+        optimizer: ``optim.optimizer``, whose state the trial steps hold room for and the plan counts.
 
     Returns:
         ``(batching, checkpointing, memory plan)``; the plan is ``None`` under FSDP or DeepSpeed.
@@ -283,23 +287,24 @@ def fit_in_memory(model, train_dataset, collate: Callable[[list], dict], acceler
         LaunchError: when nothing fits (the automatic micro-batch), or the plan does not (a set one).
     """
     with dropout_as_in_training(model, accelerator, training):
-        return _fit_in_memory(model, train_dataset, collate, accelerator, batching, training, max_length)
+        return _fit_in_memory(model, train_dataset, collate, accelerator, batching, training, max_length, optimizer)
 
 
-def _fit_in_memory(model, train_dataset, collate, accelerator, batching, training, max_length: int):
+def _fit_in_memory(model, train_dataset, collate, accelerator, batching, training, max_length: int, optimizer: str):
     automatic = training.per_device_train_batch_size == "auto"
     if automatic:
         batching, checkpointing = fit_micro_batch(model, train_dataset, collate, accelerator, batching,
-                                                  training.gradient_checkpointing)
+                                                  training.gradient_checkpointing, optimizer)
     else:
         checkpointing = fixed_checkpointing(model, training.gradient_checkpointing)
     memory = plan_run_memory(model, train_dataset, collate, accelerator, batching, checkpointing.on,
-                             check=training.memory_check and not automatic, max_length=max_length)
+                             check=training.memory_check and not automatic, max_length=max_length,
+                             optimizer=optimizer)
     return batching, checkpointing, memory
 
 
 def plan_run_memory(model, dataset, collate, accelerator, batching, checkpointing: bool, *, check: bool,
-                    max_length: int) -> Optional[MemoryPlan]:
+                    max_length: int, optimizer: str = "adamw") -> Optional[MemoryPlan]:
     """The run's :class:`MemoryPlan`, measured on the model on its device; ``None`` under FSDP or DeepSpeed,
     whose shards a whole-model plan would overstate.
 
@@ -312,6 +317,7 @@ def plan_run_memory(model, dataset, collate, accelerator, batching, checkpointin
         checkpointing: Whether the run recomputes activations.
         check: Refuse a plan larger than the device's memory.
         max_length: ``data.max_length``, for the shorter lengths the refusal may suggest.
+        optimizer: ``optim.optimizer``.
 
     Raises:
         LaunchError: when ``check`` and the plan does not fit: one line naming the settings that would.
@@ -330,7 +336,8 @@ def plan_run_memory(model, dataset, collate, accelerator, batching, checkpointin
     activations = measure_activations(model, lambda b: worst_case_batch(dataset, collate, b), accelerator)
     if activations is None:
         return None
-    plan = plan_memory(model, activations, batching.per_device_batch_size, checkpointing, accelerator.device)
+    plan = plan_memory(model, activations, batching.per_device_batch_size, checkpointing, accelerator.device,
+                       optimizer)
     # every process agrees, as the automatic micro-batch's processes do: one refusing alone would leave the others
     # waiting in prepare's first collective
     if check and any_process_failed(not plan.fits, accelerator):

@@ -4,7 +4,7 @@ Training holds, at its peak (the backward pass of a window's micro-batch)::
 
     weights        every parameter and buffer (frozen ones too)
     gradients      one per trained weight (on several processes, views into DDP's all-reduce buckets)
-    optimizer      AdamW's two moments per trained weight
+    optimizer      AdamW's two moments per trained weight (float32, or 8-bit: finetune.optimizer_state)
     activations    what the forward pass saved for the backward, for b rows at the longest length,
                    plus the working set of one layer's backward
 
@@ -39,6 +39,7 @@ from finetune.chunks import split_batch
 from finetune.errors import ConfigError, is_out_of_memory
 from finetune.launch import autocast
 from finetune.lora import blocks_of, head_modules, is_lora
+from finetune.optimizer_state import optimizer_state_bytes, state_name
 
 GB = 1e9
 
@@ -81,6 +82,7 @@ class MemoryPlan:
     device: str
     available: Optional[int]  # free GPU memory or available RAM, beside what the run already holds
     resident: int = 0  # of the total, what is already allocated on the device (the loaded weights)
+    optimizer_name: str = "adamw"  # optim.optimizer
 
     @property
     def total(self) -> int:
@@ -91,16 +93,18 @@ class MemoryPlan:
         return self.available is None or self.total - self.resident <= self.available
 
     def describe(self) -> str:
-        """The start line's words: ``memory=1.9GB (weights 0.4 + gradients 0.4 + adamw 0.9 + ...)``."""
+        """The start line's words: ``memory=1.9GB (weights 0.4 + gradients 0.4 + adamw 0.9 + ...)`` (``adamw8bit``
+        under the 8-bit AdamW)."""
         have = (f" of {(self.available + self.resident) / GB:.1f}GB "
                 f"{'available' if self.device == 'cpu' else 'free'}" if self.available is not None else "")
         return (f"memory={self.total / GB:.2f}GB (weights {self.weights / GB:.2f} + gradients "
-                f"{self.gradients / GB:.2f} + adamw {self.optimizer / GB:.2f} + activations "
-                f"{self.activations / GB:.2f} at b={self.micro_batch} x {self.length} tokens){have}")
+                f"{self.gradients / GB:.2f} + {state_name(self.optimizer_name)} {self.optimizer / GB:.2f} + "
+                f"activations {self.activations / GB:.2f} at b={self.micro_batch} x {self.length} tokens){have}")
 
     def record(self) -> dict[str, Any]:
         """``metrics.json``'s ``memory_plan``: every part in bytes."""
         return {"weights": self.weights, "gradients": self.gradients, "optimizer": self.optimizer,
+                "optimizer_name": self.optimizer_name,
                 "activations": self.activations, "total": self.total, "micro_batch": self.micro_batch,
                 "length": self.length, "gradient_checkpointing": self.checkpointing, "device": self.device,
                 "available": None if self.available is None else self.available + self.resident}
@@ -288,16 +292,19 @@ def available_memory(device: torch.device) -> Optional[int]:
     return None
 
 
-def plan_memory(model, activations: Activations, b: int, checkpointing: bool, device: torch.device) -> MemoryPlan:
-    """The :class:`MemoryPlan` of training ``model`` at micro-batch ``b`` on ``device``."""
+def plan_memory(model, activations: Activations, b: int, checkpointing: bool, device: torch.device,
+                optimizer: str = "adamw") -> MemoryPlan:
+    """The :class:`MemoryPlan` of training ``model`` at micro-batch ``b`` on ``device`` with ``optimizer``
+    (``optim.optimizer``)."""
     weights = tensor_bytes(model.parameters()) + tensor_bytes(model.buffers())
-    trained = tensor_bytes(p for p in model.parameters() if p.requires_grad)
+    trained = [p for p in model.parameters() if p.requires_grad]
     on_device = next(model.parameters()).device
     resident = weights if on_device.type == device.type else 0
-    return MemoryPlan(weights=weights, gradients=trained, optimizer=2 * trained,
+    return MemoryPlan(weights=weights, gradients=tensor_bytes(trained),
+                      optimizer=optimizer_state_bytes(trained, optimizer),
                       activations=activations.estimate(b, checkpointing), micro_batch=b,
                       length=activations.length, checkpointing=checkpointing, device=device.type,
-                      available=available_memory(device), resident=resident)
+                      available=available_memory(device), resident=resident, optimizer_name=optimizer)
 
 
 def levers_that_fit(plan: MemoryPlan, model, activations: Activations, batching, max_length: int) -> list[str]:
@@ -313,9 +320,13 @@ def levers_that_fit(plan: MemoryPlan, model, activations: Activations, batching,
     if supports_checkpointing(model) and not plan.checkpointing and replace(
             plan, checkpointing=True, activations=activations.estimate(plan.micro_batch, True)).fits:
         found.append("training.gradient_checkpointing=true")
-    embeddings = _trained_embedding_bytes(model)
-    if embeddings and replace(plan, gradients=plan.gradients - embeddings,
-                              optimizer=plan.optimizer - 2 * embeddings).fits:
+    trained = [p for p in model.parameters() if p.requires_grad]
+    if plan.optimizer_name == "adamw" and replace(
+            plan, optimizer=optimizer_state_bytes(trained, "adamw_8bit"), optimizer_name="adamw_8bit").fits:
+        found.append("optim.optimizer=adamw_8bit")
+    embeddings = _trained_embeddings(model)
+    if embeddings and replace(plan, gradients=plan.gradients - tensor_bytes(embeddings),
+                              optimizer=plan.optimizer - optimizer_state_bytes(embeddings, plan.optimizer_name)).fits:
         found.append("model.freeze_embeddings=true")
     if not is_lora(model) and replace(plan, gradients=_lora_share(model, plan.gradients),
                                       optimizer=_lora_share(model, plan.optimizer)).fits:
@@ -328,17 +339,17 @@ def levers_that_fit(plan: MemoryPlan, model, activations: Activations, batching,
     return found
 
 
-def _trained_embedding_bytes(model) -> int:
-    """The bytes of the embeddings' weights that train (0 under LoRA, frozen, or a model of unknown layers)."""
+def _trained_embeddings(model) -> list[torch.nn.Parameter]:
+    """The embeddings' weights that train (none under LoRA, frozen, or a model of unknown layers)."""
     from finetune.depths import layer_depths
 
     if is_lora(model):
-        return 0
+        return []
     try:
         depth, _ = layer_depths(model, setting="model.freeze_embeddings")
     except ConfigError:
-        return 0
-    return tensor_bytes(p for p in model.parameters() if p.requires_grad and depth[id(p)] == 0)
+        return []
+    return [p for p in model.parameters() if p.requires_grad and depth[id(p)] == 0]
 
 
 def _smaller_micro_batches(batching) -> list[int]:

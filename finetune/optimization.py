@@ -20,6 +20,7 @@ from finetune.accumulation import AccumulationSchedule, updates_per_epoch
 from finetune.config import OptimConfig
 from finetune.depths import layer_depths
 from finetune.errors import ConfigError
+from finetune.optimizer_state import BITSANDBYTES, eight_bit_adamw
 
 
 def _fused_devices() -> list[str]:
@@ -58,6 +59,33 @@ def adamw_kernel(implementation: str, device_type: str) -> dict[str, bool]:
     return {"foreach": False, "fused": False}
 
 
+def check_optimizer(optimizer: str, accelerator) -> None:
+    """Refuse, before anything is loaded, an ``optim.optimizer`` this installation or launch cannot run.
+
+    Raises:
+        ConfigError: for ``adamw_8bit`` without bitsandbytes, or under FSDP or DeepSpeed (which shard the
+            optimizer's state their own way, and under which it is untested).
+    """
+    import importlib.metadata
+    import importlib.util
+
+    from accelerate.utils import DistributedType
+    from packaging.version import Version  # not declared: transformers, accelerate and datasets require it
+
+    if optimizer != "adamw_8bit":
+        return
+    if importlib.util.find_spec("bitsandbytes") is None:
+        raise ConfigError(f"optim.optimizer: adamw_8bit needs bitsandbytes, which is not installed "
+                          f"(pip install '{BITSANDBYTES}')")
+    installed = importlib.metadata.version("bitsandbytes")
+    if Version(installed) < Version(BITSANDBYTES.split(">=")[1]):
+        raise ConfigError(f"optim.optimizer: adamw_8bit needs {BITSANDBYTES} (its optimizers run on the CPU too), "
+                          f"found {installed} (pip install -U '{BITSANDBYTES}')")
+    if accelerator.distributed_type in (DistributedType.FSDP, DistributedType.DEEPSPEED):
+        raise ConfigError(f"optim.optimizer: adamw_8bit under {accelerator.distributed_type.value} is not "
+                          f"supported; launch with one process or --multi_gpu (DDP)")
+
+
 def decay_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
     """AdamW parameter groups: ``weight_decay`` everywhere but on biases and normalisation weights.
 
@@ -81,9 +109,10 @@ def decay_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
 
 def build_optimizer(
     model: torch.nn.Module, cfg: OptimConfig, device: Optional[torch.device] = None
-) -> torch.optim.AdamW:
+) -> torch.optim.Optimizer:
     """AdamW with no weight decay on biases and normalisation weights (:func:`decay_groups`), and with
-    ``optim.layer_lr_decay`` a learning rate per depth (:func:`layer_rate_groups`).
+    ``optim.layer_lr_decay`` a learning rate per depth (:func:`layer_rate_groups`): torch's, or bitsandbytes'
+    8-bit one under ``optim.optimizer: adamw_8bit`` (:mod:`finetune.optimizer_state`).
 
     Args:
         model: The (unprepared) model.
@@ -95,14 +124,11 @@ def build_optimizer(
     groups = decay_groups(model, cfg.weight_decay)
     if cfg.layer_lr_decay is not None:
         groups = layer_rate_groups(model, groups, cfg.learning_rate, cfg.layer_lr_decay)
+    hyperparameters = {"lr": cfg.learning_rate, "betas": (cfg.adam_beta1, cfg.adam_beta2), "eps": cfg.adam_epsilon}
+    if cfg.optimizer == "adamw_8bit":
+        return eight_bit_adamw(groups, **hyperparameters)
     device_type = torch.device(device).type if device is not None else groups[0]["params"][0].device.type
-    return torch.optim.AdamW(
-        groups,
-        lr=cfg.learning_rate,
-        betas=(cfg.adam_beta1, cfg.adam_beta2),
-        eps=cfg.adam_epsilon,
-        **adamw_kernel(cfg.implementation, device_type),
-    )
+    return torch.optim.AdamW(groups, **hyperparameters, **adamw_kernel(cfg.implementation, device_type))
 
 
 def layer_rate_groups(model: torch.nn.Module, groups: list[dict], learning_rate: float, decay: float) -> list[dict]:

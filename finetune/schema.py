@@ -544,10 +544,16 @@ class OptimConfig:
         "`learning_rate`, each block below at the rate of the one above times this factor (e.g. 0.9), the "
         "embeddings one step below the first block. The schedule scales every rate alike; the rates are "
         "logged at start. `null`: one rate for all.")
+    optimizer: Literal["adamw", "adamw_8bit"] = setting("adamw",
+        "`adamw`: torch's AdamW, two float32 moments per trained weight (8 bytes). `adamw_8bit`: "
+        "bitsandbytes' blockwise 8-bit AdamW (`pip install bitsandbytes`), about 2 bytes per weight (tensors "
+        "under 4,096 elements keep float32 moments): the memory plan's `adamw` part a quarter, the gradient "
+        "the same, the update AdamW's to the quantization of its moments. Not under FSDP or DeepSpeed.")
     implementation: Literal["auto", "fused", "foreach", "for_loop"] = setting("auto",
-        "AdamW kernel: `auto` uses torch's fused kernel where it has one for the device (CUDA, CPU, ...; "
+        "torch's AdamW kernel: `auto` uses the fused kernel where torch has one for the device (CUDA, CPU, ...; "
         "several times faster per step than the per-parameter loop), else torch's default; or force "
-        "`fused`, `foreach` or `for_loop`.")
+        "`fused`, `foreach` or `for_loop`. With `optimizer: adamw_8bit`, bitsandbytes' kernel runs: leave it "
+        "`auto`.")
 
     def __post_init__(self) -> None:
         if not self.learning_rate > 0:
@@ -557,6 +563,9 @@ class OptimConfig:
         for name in ("adam_beta1", "adam_beta2"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ConfigError(f"optim.{name}: must be in [0, 1), got {getattr(self, name)}")
+        if self.optimizer == "adamw_8bit" and self.implementation != "auto":
+            raise ConfigError(f"optim.implementation: {self.implementation} is a kernel of torch's AdamW; "
+                              f"optim.optimizer=adamw_8bit runs bitsandbytes' own (leave it auto)")
         if not self.adam_epsilon > 0:
             raise ConfigError(f"optim.adam_epsilon: must be > 0, got {self.adam_epsilon}")
         if not 0.0 <= self.warmup_ratio <= 1.0:
