@@ -9,6 +9,7 @@ setting in its own process, one after the other::
     python bench/memory_levers.py --sizes base --updates 2
     python bench/memory_levers.py --heaps keep,release     # every setting under both training.cpu_heap values
     python bench/memory_levers.py --lora-f1 --seeds 0,1,2   # the default job: LoRA r=8 against full fine-tuning
+    python bench/memory_levers.py --lora-f1 --f1-settings "full,8-bit AdamW"   # the 8-bit AdamW against torch's
 
 Each process notes its resident size before the model is built, runs the
 package's own ``setup_run`` (which makes the memory plan) and ``updates``
@@ -52,6 +53,7 @@ SETTINGS = {
     "b=8 k=4 LoRA r=8": ["training.per_device_train_batch_size=8", "model.lora_rank=8"],
     "b=8 k=4 LoRA r=8 + checkpointing": ["training.per_device_train_batch_size=8", "model.lora_rank=8",
                                          "training.gradient_checkpointing=true"],
+    "b=8 k=4 8-bit AdamW": ["training.per_device_train_batch_size=8", "optim.optimizer=adamw_8bit"],
     "b=8 k=4 frozen embeddings": ["training.per_device_train_batch_size=8", "model.freeze_embeddings=true"],
     "b=8 k=4 frozen embeddings + 6 blocks": ["training.per_device_train_batch_size=8", "model.freeze_blocks=6"],
 }
@@ -191,11 +193,14 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def lora_f1(seeds: list[int], lora_lr: float) -> list[dict]:
-    """The default job, full fine-tuning and LoRA r=8, per seed: held-out F1 from each run's metrics.json."""
+def lora_f1(seeds: list[int], lora_lr: float, settings: tuple[str, ...] = ("full", "LoRA r=8")) -> list[dict]:
+    """The default job under each of ``settings`` (full fine-tuning, LoRA r=8, the 8-bit AdamW), per seed:
+    held-out F1 from each run's metrics.json."""
+    overrides = {"full": [], "LoRA r=8": ["model.lora_rank=8", f"optim.learning_rate={lora_lr}"],
+                 "8-bit AdamW": ["optim.optimizer=adamw_8bit"]}
     rows = []
     for seed in seeds:
-        for name, extra in (("full", []), ("LoRA r=8", ["model.lora_rank=8", f"optim.learning_rate={lora_lr}"])):
+        for name, extra in ((name, overrides[name]) for name in settings):
             out = Path(tempfile.mkdtemp(prefix="lora-f1-"))
             cmd = [sys.executable, str(REPO / "finetune" / "train.py"), "--config", str(REPO / "configs" / "default.yaml"),
                    f"training.seed={seed}", f"output.output_dir={out}", "output.save_checkpoints=false",
@@ -229,6 +234,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", default=str(Path(tempfile.gettempdir()) / "finetune-bench-models"),
                         help="where the random models are saved once")
     parser.add_argument("--lora-f1", action="store_true", help="the default job's F1, LoRA against full")
+    parser.add_argument("--f1-settings", default="full,LoRA r=8",
+                        help="with --lora-f1, comma-separated: full, LoRA r=8, 8-bit AdamW")
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--lora-lr", type=float, default=2e-3,
                         help="LoRA's peak learning rate (docs/memory.md measures 5e-4 to 4e-3)")
@@ -239,8 +246,9 @@ def main(argv: list[str] | None = None) -> int:
         child(model, setting, int(updates), Path(out))
         return 0
     if args.lora_f1:
-        rows = lora_f1([int(s) for s in args.seeds.split(",")], args.lora_lr)
-        for name in ("full", "LoRA r=8"):
+        settings = tuple(args.f1_settings.split(","))
+        rows = lora_f1([int(s) for s in args.seeds.split(",")], args.lora_lr, settings)
+        for name in settings:
             f1 = [r["f1"] for r in rows if r["setting"] == name]
             if f1:
                 print(f"{name}: F1 mean {statistics.mean(f1):.4f} (seeds: {', '.join(f'{x:.4f}' for x in f1)})")

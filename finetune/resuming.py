@@ -64,7 +64,10 @@ ADDED_KEYS = frozenset({
     "training.label_smoothing", "model.freeze_embeddings", "model.freeze_blocks", "sharded_state",
     "cuda_graphs", "data.encoding", "data.label_map", "training.bias_apart", "data.drop_labels",
     "data.on_missing_label", "training.gradient_accumulation_fusion", "training.attention_kernel", "labels",
+    "optim.optimizer",
 })
+# what a checkpoint written before an added key trained with, where another value now would not resume it
+TRAINED_BEFORE_ADDED = {"optim.optimizer": "adamw"}
 
 
 # --------------------------------------------------------------------------- the fingerprint
@@ -133,7 +136,13 @@ def changed_settings(meta: dict[str, Any], run) -> Optional[str]:
 def _fingerprints(meta: dict[str, Any], run) -> tuple[dict[str, Any], dict[str, Any]]:
     """A checkpoint's fingerprint, as applied, and this run's."""
     current = run_fingerprint(run)
-    return fingerprint_as_applied(meta.get("fingerprint", {}), current), current
+    return fingerprint_as_applied(written_fingerprint(meta), current), current
+
+
+def written_fingerprint(meta: dict[str, Any]) -> dict[str, Any]:
+    """A checkpoint's fingerprint, with what a release before an added key trained with
+    (:data:`TRAINED_BEFORE_ADDED`)."""
+    return {**TRAINED_BEFORE_ADDED, **meta.get("fingerprint", {})}
 
 
 def _compared_keys(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
@@ -175,7 +184,7 @@ def padding_change(meta: dict[str, Any], current: Optional[list[int]], graphed_n
     if "padding_lengths" in meta:
         saved = meta["padding_lengths"]
     else:
-        fingerprint = fingerprint_as_applied(meta.get("fingerprint", {}), {"cuda_graphs": graphed_now})
+        fingerprint = fingerprint_as_applied(written_fingerprint(meta), {"cuda_graphs": graphed_now})
         top = fingerprint.get("data.max_length")
         fixed = fingerprint.get("training.torch_compile") is True or fingerprint.get("cuda_graphs") is True
         saved = bucket_lengths(top, 4) if fixed and isinstance(top, int) else None
@@ -201,7 +210,7 @@ def config_changes(meta: dict[str, Any], cfg) -> Optional[str]:
 def _config_fingerprints(meta: dict[str, Any], cfg) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
     """A checkpoint's config keys, ``cfg``'s (as they read back from the file), and the keys that compare before
     setup: those it does not settle (:data:`SETTLED_IN_SETUP`)."""
-    saved = meta.get("fingerprint", {})
+    saved = written_fingerprint(meta)
     current = json.loads(json.dumps(config_fingerprint(cfg)))
     return saved, current, [k for k in current if k not in SETTLED_IN_SETUP]
 

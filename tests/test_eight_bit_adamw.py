@@ -201,3 +201,17 @@ def test_an_8bit_run_trains_the_8bit_optimizer_and_says_so(eight_bit_runs):
     optimizer = getattr(eight_bit_runs.run.optimizer, "optimizer", eight_bit_runs.run.optimizer)
     assert type(optimizer).__name__ == "AdamW8bit"
     assert " + adamw8bit " in eight_bit_runs.start_line
+
+
+def test_a_run_resumes_with_the_optimizer_it_started_with(eight_bit_runs):
+    from finetune.resuming import config_changes, config_fingerprint
+
+    cfg = eight_bit_runs.whole[0]
+    torch_adamw = replace(cfg, optim=replace(cfg.optim, optimizer="adamw"))
+    written = json.loads(json.dumps(config_fingerprint(cfg)))
+    assert config_changes({"fingerprint": written}, cfg) is None
+    assert config_changes({"fingerprint": written}, torch_adamw) == "optim.optimizer: 'adamw_8bit' -> 'adamw'"
+    # a checkpoint of a release before the setting trained with torch's AdamW
+    before = {k: v for k, v in json.loads(json.dumps(config_fingerprint(torch_adamw))).items() if k != "optim.optimizer"}
+    assert config_changes({"fingerprint": before}, torch_adamw) is None
+    assert config_changes({"fingerprint": before}, cfg) == "optim.optimizer: 'adamw' -> 'adamw_8bit'"
