@@ -17,7 +17,7 @@ from finetune.schema import SECTIONS
 # tests/test_config_reference.py holds the two to each other.
 TRAINER_NAMES = {
     "auto_find_batch_size": "training.per_device_train_batch_size",
-    "optim": "optim.implementation",
+    "optim": "optim.optimizer",
     "logging_steps": "logging.log_every",
     "logging_strategy": "logging.log_every",
     "eval_strategy": "evaluation.eval_every",
