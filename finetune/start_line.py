@@ -115,6 +115,8 @@ def _how(run: Run) -> str:
         f"lr={run.cfg.optim.learning_rate:g} ({run.cfg.optim.lr_scheduler_type})",
         run.checkpointing.describe(),
     ]
+    if run.cfg.optim.optimizer != "adamw":
+        parts.append(f"optimizer={run.cfg.optim.optimizer}")
     layer_rates = describe_layer_rates(run.optimizer.param_groups)
     if layer_rates:
         parts.append(f"lr_by_depth=(x{run.cfg.optim.layer_lr_decay:g} per block down: {layer_rates})")

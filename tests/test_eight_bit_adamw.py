@@ -200,6 +200,7 @@ def test_a_resumed_8bit_run_ends_bitwise_equal_to_the_uninterrupted_one(eight_bi
 def test_an_8bit_run_trains_the_8bit_optimizer_and_says_so(eight_bit_runs):
     optimizer = getattr(eight_bit_runs.run.optimizer, "optimizer", eight_bit_runs.run.optimizer)
     assert type(optimizer).__name__ == "AdamW8bit"
+    assert " checkpointing=off (auto: the micro-batch is set) optimizer=adamw_8bit " in eight_bit_runs.start_line
     assert " + adamw8bit " in eight_bit_runs.start_line
 
 
