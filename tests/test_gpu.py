@@ -35,7 +35,7 @@ N = 76  # b=8: 10 micro-batches, the last holding 4; k=4: windows of 4, 4 and 2 
 
 
 def _train(b: int, k: int, mixed_precision: str = "no", epochs: int = 2, lr: float = 1e-3, implementation="auto",
-           kwargs_handlers=None, fusion: bool = False, attention_kernel: str = "auto"):
+           kwargs_handlers=None, fusion: bool = False, attention_kernel: str = "auto", optimizer: str = "adamw"):
     """Train the tiny BERT on the GPU; record weights after and the gradient applied at every update
     (``fusion``: ``training.gradient_accumulation_fusion``; ``attention_kernel``: ``training.attention_kernel``)."""
     from accelerate import Accelerator
@@ -58,7 +58,7 @@ def _train(b: int, k: int, mixed_precision: str = "no", epochs: int = 2, lr: flo
 
     prefer_attention_kernel(model, attention_kernel)
     opt_cfg = OptimConfig(learning_rate=lr, lr_scheduler_type="linear", warmup_steps=1, weight_decay=0.01,
-                          implementation=implementation)
+                          implementation=implementation, optimizer=optimizer)
     optimizer = build_optimizer(model, opt_cfg, device=acc.device)
     dl = DataLoader(data, batch_size=b, sampler=EpochSampler(len(data), seed=7, window_size=b * k),
                     collate_fn=pad_collate)
@@ -102,6 +102,26 @@ def test_fp32_windows_equal_the_big_batch_after_every_update():
                                        msg=lambda m: f"update {update + 1}, {name}: {m}")
     assert small["scheduler"].get_last_lr()[0] == 0.0  # the schedule ends at the last update
     assert small["lrs"] == pytest.approx(big["lrs"], rel=1e-12)
+
+
+def test_the_8bit_adamw_keeps_the_contract_with_its_state_counted_on_the_gpu(monkeypatch):
+    """As on the CPU (tests/test_accumulation.py): the weights agree to 2e-5, the moments' quantization aside,
+    and the state the optimizer allocates on the GPU is the plan's count."""
+    import finetune.optimizer_state
+    from finetune.optimizer_state import optimizer_state_bytes
+
+    # the tiny model's matrices are under bitsandbytes' 4,096 elements: kept in 8 bits, as a full-sized model's
+    monkeypatch.setattr(finetune.optimizer_state, "MIN_8BIT_SIZE", 256)
+    big, small = _train(32, 1, optimizer="adamw_8bit"), _train(8, 4, optimizer="adamw_8bit")
+    for update, (a, b) in enumerate(zip(big["weights"], small["weights"])):
+        for name in a:
+            torch.testing.assert_close(b[name], a[name], rtol=1e-5, atol=2e-5,
+                                       msg=lambda m: f"update {update + 1}, {name}: {m}")
+    optimizer = small["optimizer"].optimizer
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    held = [v for state in optimizer.state.values() for k, v in state.items() if torch.is_tensor(v) and k != "step"]
+    assert {v.device.type for v in held} == {"cuda"} and torch.uint8 in {v.dtype for v in held}
+    assert sum(v.numel() * v.element_size() for v in held) == optimizer_state_bytes(params, "adamw_8bit")
 
 
 def _relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
