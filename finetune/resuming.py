@@ -136,13 +136,13 @@ def changed_settings(meta: dict[str, Any], run) -> Optional[str]:
 def _fingerprints(meta: dict[str, Any], run) -> tuple[dict[str, Any], dict[str, Any]]:
     """A checkpoint's fingerprint, as applied, and this run's."""
     current = run_fingerprint(run)
-    return fingerprint_as_applied(written_fingerprint(meta), current), current
+    return fingerprint_as_applied(written_fingerprint(meta, current), current), current
 
 
-def written_fingerprint(meta: dict[str, Any]) -> dict[str, Any]:
-    """A checkpoint's fingerprint, with what a release before an added key trained with
+def written_fingerprint(meta: dict[str, Any], current: dict[str, Any]) -> dict[str, Any]:
+    """A checkpoint's fingerprint, with what a release before an added key of ``current`` trained with
     (:data:`TRAINED_BEFORE_ADDED`)."""
-    return {**TRAINED_BEFORE_ADDED, **meta.get("fingerprint", {})}
+    return {**{k: v for k, v in TRAINED_BEFORE_ADDED.items() if k in current}, **meta.get("fingerprint", {})}
 
 
 def _compared_keys(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
@@ -184,7 +184,7 @@ def padding_change(meta: dict[str, Any], current: Optional[list[int]], graphed_n
     if "padding_lengths" in meta:
         saved = meta["padding_lengths"]
     else:
-        fingerprint = fingerprint_as_applied(written_fingerprint(meta), {"cuda_graphs": graphed_now})
+        fingerprint = fingerprint_as_applied(meta.get("fingerprint", {}), {"cuda_graphs": graphed_now})
         top = fingerprint.get("data.max_length")
         fixed = fingerprint.get("training.torch_compile") is True or fingerprint.get("cuda_graphs") is True
         saved = bucket_lengths(top, 4) if fixed and isinstance(top, int) else None
@@ -210,8 +210,8 @@ def config_changes(meta: dict[str, Any], cfg) -> Optional[str]:
 def _config_fingerprints(meta: dict[str, Any], cfg) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
     """A checkpoint's config keys, ``cfg``'s (as they read back from the file), and the keys that compare before
     setup: those it does not settle (:data:`SETTLED_IN_SETUP`)."""
-    saved = written_fingerprint(meta)
     current = json.loads(json.dumps(config_fingerprint(cfg)))
+    saved = written_fingerprint(meta, current)
     return saved, current, [k for k in current if k not in SETTLED_IN_SETUP]
 
 
