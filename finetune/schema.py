@@ -548,8 +548,8 @@ class OptimConfig:
         "`adamw`: torch's AdamW, two float32 moments per trained weight (8 bytes). `adamw_8bit`: "
         "bitsandbytes' blockwise 8-bit AdamW (`pip install bitsandbytes`), about 2 bytes per weight (tensors "
         "under 4,096 elements keep float32 moments): the memory plan's `adamw` part a quarter, the gradient "
-        "the same, the update AdamW's to the quantization of its moments. Fast on a GPU, slow on a CPU (its step "
-        "25x the fused AdamW's there). Not under FSDP or DeepSpeed.")
+        "the same, the update AdamW's to the quantization of its moments. On a CPU its step is slow (25x the fused "
+        "AdamW's): bitsandbytes' CUDA kernels are its fast path. Not under FSDP or DeepSpeed.")
     implementation: Literal["auto", "fused", "foreach", "for_loop"] = setting("auto",
         "torch's AdamW kernel: `auto` uses the fused kernel where torch has one for the device (CUDA, CPU, ...; "
         "several times faster per step than the per-parameter loop), else torch's default; or force "
