@@ -10,7 +10,9 @@ norm) keeps float32 moments, where quantizing would save little and cost precisi
 The gradient it is given is the one the accumulation contract makes, the big batch's; the update made from it
 is AdamW's to the quantization of its moments, so a run with it trains other weights than torch's AdamW, near
 them. The memory plan (:mod:`finetune.memory`) and the automatic micro-batch's trial count the state from
-:func:`state_bytes`, which a test holds to what the optimizer allocates.
+:func:`state_bytes`, which a test holds to what the optimizer allocates. Hand-written: neither torch nor
+bitsandbytes says what an optimizer's state will weigh before its first step allocates it, and the plan is made
+before training.
 """
 
 from __future__ import annotations
