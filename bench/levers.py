@@ -394,7 +394,8 @@ def main(argv=None) -> int:
         return 0
     if not argv or argv[0] != "micro":
         print("usage: python -m bench.levers windows [section.key=value ...] | "
-              "python -m bench.levers steps [THREADS] | python -m bench.levers micro THREADS OVERRIDES OUT_JSON (bench/run.py --levers runs it)")
+              "python -m bench.levers steps [THREADS] | "
+              "python -m bench.levers micro THREADS OVERRIDES OUT_JSON (bench/run.py --levers runs it)")
         return 2
     overrides = [o for o in argv[2].split(",") if o] if len(argv) > 3 else []
     write_result(argv[-1], micro(int(argv[1]), overrides))
