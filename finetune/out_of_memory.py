@@ -79,5 +79,6 @@ def memory_saving_settings(run, b: int, k: int) -> tuple[Optional[str], str]:
     if not run.checkpointing.on:
         return ("training.gradient_checkpointing=true",
                 "the same updates, recomputing activations in the backward pass (about a third more compute)")
-    return None, ("a shorter data.max_length, LoRA adapters (model.lora_rank) or frozen blocks "
-                  "(model.freeze_blocks) need less; each is a new run (docs/memory.md)")
+    eight_bit = "8-bit optimizer state (optim.optimizer=adamw_8bit), " if run.cfg.optim.optimizer == "adamw" else ""
+    return None, (f"a shorter data.max_length, {eight_bit}LoRA adapters (model.lora_rank) or frozen blocks "
+                  f"(model.freeze_blocks) need less; each is a new run (docs/memory.md)")

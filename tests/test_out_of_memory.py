@@ -19,9 +19,10 @@ def memory_saving_hint(run, b: int, k: int, newest: list) -> str:
     return hint_line(*memory_saving_settings(run, b, k), newest)
 
 
-def run(b=8, k=4, B=32, given_B=True, schedule=None, engine=DistributedType.NO, checkpointing=False):
+def run(b=8, k=4, B=32, given_B=True, schedule=None, engine=DistributedType.NO, checkpointing=False,
+        optimizer="adamw"):
     training = SimpleNamespace(effective_batch_size=B if given_B else None, accumulation_schedule=schedule)
-    return SimpleNamespace(cfg=SimpleNamespace(training=training),
+    return SimpleNamespace(cfg=SimpleNamespace(training=training, optim=SimpleNamespace(optimizer=optimizer)),
                            batching=SimpleNamespace(effective_batch_size=B),
                            accelerator=SimpleNamespace(distributed_type=engine),
                            checkpointing=SimpleNamespace(on=checkpointing))
@@ -61,4 +62,8 @@ def test_where_the_split_cannot_change_gradient_checkpointing_is_the_lever(kind)
 def test_with_checkpointing_on_already_the_levers_that_start_a_new_run_are_named():
     hint = memory_saving_hint(run(b=1, checkpointing=True), 1, 32, CHECKPOINTS)
     assert "data.max_length" in hint and "model.lora_rank" in hint and "new run" in hint
+    assert "optim.optimizer=adamw_8bit" in hint
     assert memory_saving_settings(run(b=1, checkpointing=True), 1, 32)[0] is None  # nothing that keeps the run
+    # a run in 8 bits already is not told to take them
+    assert "adamw_8bit" not in memory_saving_hint(run(b=1, checkpointing=True, optimizer="adamw_8bit"), 1, 32,
+                                                  CHECKPOINTS)
