@@ -21,9 +21,6 @@ from finetune.optimization import build_optimizer, check_optimizer
 from finetune.optimizer_state import MIN_8BIT_SIZE, optimizer_state_bytes
 from helpers import pad_collate, token_dataset
 
-pytest.importorskip("bitsandbytes", reason="the test extra installs bitsandbytes")
-
-
 def _bert(hidden: int = 64):
     """A BERT whose matrices are large enough (64 x 64 = 4,096 elements) for 8-bit moments, its vectors not."""
     from transformers import BertForSequenceClassification
