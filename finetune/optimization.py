@@ -21,6 +21,7 @@ from finetune.config import OptimConfig
 from finetune.depths import layer_depths
 from finetune.errors import ConfigError
 from finetune.optimizer_state import BITSANDBYTES, eight_bit_adamw
+from finetune.resplit import sharded_state
 
 
 def _fused_devices() -> list[str]:
@@ -69,7 +70,6 @@ def check_optimizer(optimizer: str, accelerator) -> None:
     import importlib.metadata
     import importlib.util
 
-    from accelerate.utils import DistributedType
     from packaging.version import Version  # not declared: transformers, accelerate and datasets require it
 
     if optimizer != "adamw_8bit":
@@ -81,9 +81,10 @@ def check_optimizer(optimizer: str, accelerator) -> None:
     if Version(installed) < Version(BITSANDBYTES.split(">=")[1]):
         raise ConfigError(f"optim.optimizer: adamw_8bit needs {BITSANDBYTES} (its optimizers run on the CPU too), "
                           f"found {installed} (pip install -U '{BITSANDBYTES}')")
-    if accelerator.distributed_type in (DistributedType.FSDP, DistributedType.DEEPSPEED):
-        raise ConfigError(f"optim.optimizer: adamw_8bit under {accelerator.distributed_type.value} is not "
-                          f"supported; launch with one process or --multi_gpu (DDP)")
+    engine = sharded_state(accelerator)
+    if engine is not None:
+        raise ConfigError(f"optim.optimizer: adamw_8bit under {engine} is not supported; launch with one process "
+                          f"or --multi_gpu (DDP)")
 
 
 def decay_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
