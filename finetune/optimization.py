@@ -70,7 +70,7 @@ def check_optimizer(optimizer: str, accelerator) -> None:
     import importlib.metadata
     import importlib.util
 
-    from packaging.version import Version  # not declared: transformers, accelerate and datasets require it
+    from packaging.requirements import Requirement  # not declared: transformers, accelerate and datasets require it
 
     if optimizer != "adamw_8bit":
         return
@@ -78,7 +78,7 @@ def check_optimizer(optimizer: str, accelerator) -> None:
         raise ConfigError(f"optim.optimizer: adamw_8bit needs bitsandbytes, which is not installed "
                           f"(pip install '{BITSANDBYTES}')")
     installed = importlib.metadata.version("bitsandbytes")
-    if Version(installed) < Version(BITSANDBYTES.split(">=")[1]):
+    if not Requirement(BITSANDBYTES).specifier.contains(installed, prereleases=True):
         raise ConfigError(f"optim.optimizer: adamw_8bit needs {BITSANDBYTES} (its optimizers run on the CPU too), "
                           f"found {installed} (pip install -U '{BITSANDBYTES}')")
     engine = sharded_state(accelerator)
