@@ -193,7 +193,7 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def lora_f1(seeds: list[int], lora_lr: float, settings: tuple[str, ...] = ("full", "LoRA r=8")) -> list[dict]:
+def default_job_f1(seeds: list[int], lora_lr: float, settings: tuple[str, ...] = ("full", "LoRA r=8")) -> list[dict]:
     """The default job under each of ``settings`` (full fine-tuning, LoRA r=8, the 8-bit AdamW), per seed:
     held-out F1 from each run's metrics.json."""
     overrides = {"full": [], "LoRA r=8": ["model.lora_rank=8", f"optim.learning_rate={lora_lr}"],
@@ -201,7 +201,7 @@ def lora_f1(seeds: list[int], lora_lr: float, settings: tuple[str, ...] = ("full
     rows = []
     for seed in seeds:
         for name, extra in ((name, overrides[name]) for name in settings):
-            out = Path(tempfile.mkdtemp(prefix="lora-f1-"))
+            out = Path(tempfile.mkdtemp(prefix="default-job-f1-"))
             cmd = [sys.executable, str(REPO / "finetune" / "train.py"), "--config", str(REPO / "configs" / "default.yaml"),
                    f"training.seed={seed}", f"output.output_dir={out}", "output.save_checkpoints=false",
                    "logging.progress_bar=false", *extra]
@@ -247,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.lora_f1:
         settings = tuple(args.f1_settings.split(","))
-        rows = lora_f1([int(s) for s in args.seeds.split(",")], args.lora_lr, settings)
+        rows = default_job_f1([int(s) for s in args.seeds.split(",")], args.lora_lr, settings)
         for name in settings:
             f1 = [r["f1"] for r in rows if r["setting"] == name]
             if f1:
