@@ -64,9 +64,9 @@ ADDED_KEYS = frozenset({
     "training.label_smoothing", "model.freeze_embeddings", "model.freeze_blocks", "sharded_state",
     "cuda_graphs", "data.encoding", "data.label_map", "training.bias_apart", "data.drop_labels",
     "data.on_missing_label", "training.gradient_accumulation_fusion", "training.attention_kernel", "labels",
-    "optim.optimizer",
 })
-# what a checkpoint written before an added key trained with, where another value now would not resume it
+# fingerprint keys added since, with what a checkpoint written before trained with: compared as that value, since
+# another one now would not resume it
 TRAINED_BEFORE_ADDED = {"optim.optimizer": "adamw"}
 
 
