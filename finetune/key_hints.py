@@ -84,7 +84,7 @@ def key_hint(key: str, names: list[str], prefix: str) -> str:
         return f" ({DONE_ELSEWHERE[key]})"
     if key in TRAINER_NAMES:
         return f" (the Trainer's {key} is {TRAINER_NAMES[key]} here; docs/trainer.md)"
-    if key in SCRIPT_NAMES and not prefix:
+    if key in SCRIPT_NAMES:  # a script's name under a section too (optim.lr): the key that does its work
         return f" ({key} is {SCRIPT_NAMES[key]} here)"
     # a key of another section written under this one (data.seed), or at the top (learning_rate): its own name
     # there beats a near name here (data.split_seed)
