@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from typing import Iterator, Optional, Union
 
 import torch
-from transformers import get_scheduler
 
 from finetune.accumulation import AccumulationSchedule, updates_per_epoch
 from finetune.config import OptimConfig
@@ -285,6 +284,10 @@ def build_scheduler(optimizer: torch.optim.Optimizer, cfg: OptimConfig, plan: Up
     same ``plan`` to ``train_one_epoch`` so that it refuses an epoch run at a
     ``k`` the schedule was not sized for.
     """
+    # imported here, not with the module: transformers' scheduler module imports PEFT (and, where it is
+    # installed, bitsandbytes), seconds that a run whose data is refused should not wait for
+    from transformers import get_scheduler
+
     return get_scheduler(
         cfg.lr_scheduler_type,
         optimizer=optimizer,

@@ -506,6 +506,37 @@ def test_first_hour_errors_are_said_before_torch_is_imported(case_id, assets, tm
     assert all(fill(needle, names) in error for needle in CASES_BY_ID[case_id].needles)
 
 
+# what a run imports once its data is read: transformers' scheduler module imports PEFT, which imports
+# bitsandbytes where it is installed and transformers' model code
+LATE_MODULES = ("peft", "bitsandbytes", "transformers.modeling_utils")
+
+
+def test_data_errors_are_said_before_peft_and_the_model_code_are_imported(assets, tmp_path):
+    """What a file of one's own gets wrong first (a column, empty texts, a label) is said once the file is read,
+    before the imports that only training needs, seconds of them: each of these ends with its one line in a
+    process that has not imported them."""
+    import subprocess
+
+    from helpers import REPO, offline_env
+
+    cases = ["data-text-column-missing", "data-empty-texts", "data-validation-label-not-in-train",
+             "data-only-one-class"]
+    runs = []
+    for case_id in cases:
+        (tmp_path / case_id).mkdir()
+        runs.append(prepare(CASES_BY_ID[case_id], assets, tmp_path / case_id))
+    code = (f"import sys; from finetune.train import main; print([main(argv) for argv in {[r[0] for r in runs]!r}]); "
+            f"print([m for m in {LATE_MODULES!r} if m in sys.modules])")
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=offline_env(), capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.splitlines()[-2:] == [str([2] * len(cases)), "[]"], done.stderr[-3000:]
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == len(cases)
+    for error, case_id, (_, names, _) in zip(errors, cases, runs):
+        assert all(fill(needle, names) in error for needle in CASES_BY_ID[case_id].needles), (case_id, error)
+
+
 @pytest.mark.parametrize("rank, world, printed", [
     (None, None, True), ("0", "2", True), ("1", "2", False),
     ("1", None, True),  # a RANK without a launch of several processes (a job array's): not a silent rank
