@@ -20,6 +20,11 @@ evaluation: the rehearsal's seconds, its estimate of one evaluation, and the
 evaluation's own seconds, which past 2,000 validation texts it estimates from
 a sample.
 
+With ``--data-error``, each way instead runs the command a user types,
+``finetune train --data FILE --label sentiment``, on the file, which has no
+such column: the seconds from the process's start to its one-line error,
+which is what a user waits for each time a file of their own is wrong.
+
 Each way runs in a fresh process, the ways alternating by round, and
 reports the median of its rounds. Prints a Markdown table for bench/README.md.
 """
@@ -28,10 +33,12 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import os
 import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -101,6 +108,20 @@ def time_setup(checkout: Path, data: Path, workdir: Path, dry_run: bool = False)
     return json.loads(lines[-1][len("RESULT "):])
 
 
+def time_data_error(checkout: Path, data: Path, workdir: Path) -> dict:
+    """``finetune train`` of ``checkout`` on ``data`` with a label column the file lacks, timed whole."""
+    command = [sys.executable, "-m", "finetune.cli", "train", "--config", str(checkout / "configs" / "default.yaml"),
+               "--data", str(data), "--label", "sentiment", "--output", str(workdir / "out")]
+    env = {**os.environ, "PYTHONPATH": str(checkout), "HF_HUB_OFFLINE": "1"}
+    began = time.perf_counter()
+    done = subprocess.run(command, cwd=workdir, env=env, capture_output=True, text=True)
+    seconds = time.perf_counter() - began
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    if done.returncode != 2 or not errors:
+        raise SystemExit(f"the data error did not come at {checkout}:\n{done.stderr[-3000:]}")
+    return {"seconds": seconds, "error": errors[-1].replace(str(data), data.name)}
+
+
 def commit_of(checkout: Path) -> str:
     """The checkout's short commit, marked where its files differ from it."""
     def git(*args: str) -> str:
@@ -117,6 +138,8 @@ def main(argv=None) -> int:
     parser.add_argument("--baseline", type=Path, help="another checkout of the package (git worktree add ...)")
     parser.add_argument("--dry-run", action="store_true",
                         help="time the dry run's rehearsal and its estimate of an evaluation, not setup_run")
+    parser.add_argument("--data-error", action="store_true",
+                        help="time finetune train to its one-line error on a file without the label column named")
     args = parser.parse_args(argv)
     ways = {f"this checkout, {commit_of(REPO)}": REPO}
     if args.baseline is not None:
@@ -127,11 +150,14 @@ def main(argv=None) -> int:
         write_rows(data, args.rows)
         for _ in range(args.rounds):
             for name, checkout in ways.items():
-                result = time_setup(checkout, data, Path(tmp), args.dry_run)
+                result = (time_data_error(checkout, data, Path(tmp)) if args.data_error
+                          else time_setup(checkout, data, Path(tmp), args.dry_run))
                 results[name].append(result)
                 print(f"{name}: {json.dumps(result)}", file=sys.stderr)
     command = " ".join(["python -m bench.startup", *(argv if argv is not None else sys.argv[1:])])
-    print("\n".join([f"Command: `{command}`", "", *(dry_run_table(results) if args.dry_run else table(results))]))
+    shown = (data_error_table(results) if args.data_error else dry_run_table(results) if args.dry_run
+             else table(results))
+    print("\n".join([f"Command: `{command}`", "", *shown]))
     return 0
 
 
@@ -151,6 +177,15 @@ def dry_run_table(results: dict[str, list[dict]]) -> list[str]:
         each = "; ".join(f"{r['seconds']:.1f} ({r['estimate']:.1f} for {r['evaluation']:.1f})" for r in rounds)
         lines.append(f"| {name} | {median['seconds']:.1f} | {median['estimate']:.1f} | {median['evaluation']:.1f} "
                      f"| {each} |")
+    return lines
+
+
+def data_error_table(results: dict[str, list[dict]]) -> list[str]:
+    lines = ["| way | seconds to the error (median) | rounds | the error |", "| --- | ---: | --- | --- |"]
+    for name, rounds in results.items():
+        values = [r["seconds"] for r in rounds]
+        lines.append(f"| {name} | {statistics.median(values):.1f} | {', '.join(f'{v:.1f}' for v in values)} "
+                     f"| `{rounds[-1]['error'][:90]}` |")
     return lines
 
 

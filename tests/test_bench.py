@@ -1259,6 +1259,11 @@ def test_the_start_up_benchmark_times_each_checkout_on_the_same_generated_rows(t
     assert "| way | rehearsal seconds (median) | its estimate of an evaluation | the evaluation | rounds |" in out
     (row,) = [line.split(" | ") for line in out.splitlines() if line.startswith("| this checkout")]
     assert all(float(value) > 0 for value in row[1:4])
+    # the command a user types, to its one-line error on a file without the label column it names
+    assert main(["--rows", "300", "--rounds", "1", "--data-error"]) == 0
+    out = capsys.readouterr().out
+    (row,) = [line.split(" | ") for line in out.splitlines() if line.startswith("| this checkout")]
+    assert 0 < float(row[1]) < 120 and "error: texts.tsv: no column 'sentiment' (data.label_column)" in row[3]
 
 
 def test_the_intervals_benchmark_times_the_metrics_and_their_intervals_for_each_shape(capsys, monkeypatch):
