@@ -51,7 +51,7 @@ from finetune.memory import (
     tensor_bytes,
 )
 from finetune.tasks import Task
-from finetune.truncation import BOOKKEEPING, LENGTH
+from finetune.truncation import BOOKKEEPING, CHUNK_COUNT, LENGTH
 
 logger = logging.getLogger("finetune")
 
@@ -77,12 +77,25 @@ def worst_case_batch(dataset, collate: Callable[[list], dict], batch_size: int) 
     Padding makes every row as long as the longest sample, so this is the
     largest micro-batch, in memory, that an epoch can hand the model.
     """
+    columns = [c for c in dataset.column_names if c not in BOOKKEEPING]
+    return collate([{c: dataset[i][c] for c in columns} for i in longest_rows(dataset, batch_size)])
+
+
+def worst_case_windows(dataset, batch_size: int) -> Optional[int]:
+    """The windows the texts of :func:`worst_case_batch` make under ``data.truncation: chunks`` (each a row of
+    the micro-batch), or None where texts are not split."""
+    if CHUNK_COUNT not in dataset.column_names:
+        return None
+    counts = read_column(dataset, CHUNK_COUNT)
+    return sum(counts[i] for i in longest_rows(dataset, batch_size))
+
+
+def longest_rows(dataset, batch_size: int) -> list[int]:
+    """The indices of the ``batch_size`` longest samples of ``dataset``, by its ``length`` column."""
     lengths = torch.as_tensor(read_column(dataset, LENGTH))
     longest = torch.argsort(lengths, descending=True, stable=True).tolist()
     # fewer samples than b (a tiny data set): repeat them, the shape is what matters
-    rows = [longest[i % len(longest)] for i in range(batch_size)]
-    columns = [c for c in dataset.column_names if c not in BOOKKEEPING]
-    return collate([{c: dataset[i][c] for c in columns} for i in rows])
+    return [longest[i % len(longest)] for i in range(batch_size)]
 
 
 def trial_step(model: torch.nn.Module, batch: dict[str, torch.Tensor], accelerator, optimizer: str = "adamw") -> bool:
@@ -336,8 +349,9 @@ def plan_run_memory(model, dataset, collate, accelerator, batching, checkpointin
     activations = measure_activations(model, lambda b: worst_case_batch(dataset, collate, b), accelerator)
     if activations is None:
         return None
-    plan = plan_memory(model, activations, batching.per_device_batch_size, checkpointing, accelerator.device,
-                       optimizer)
+    b = batching.per_device_batch_size
+    plan = plan_memory(model, activations, b, checkpointing, accelerator.device, optimizer,
+                       windows=worst_case_windows(dataset, b))
     # every process agrees, as the automatic micro-batch's processes do: one refusing alone would leave the others
     # waiting in prepare's first collective
     if check and any_process_failed(not plan.fits, accelerator):

@@ -83,6 +83,7 @@ class MemoryPlan:
     available: Optional[int]  # free GPU memory or available RAM, beside what the run already holds
     resident: int = 0  # of the total, what is already allocated on the device (the loaded weights)
     optimizer_name: str = "adamw"  # optim.optimizer
+    windows: Optional[int] = None  # data.truncation: chunks: the rows the longest micro-batch's b texts make
 
     @property
     def total(self) -> int:
@@ -97,14 +98,15 @@ class MemoryPlan:
         under the 8-bit AdamW)."""
         have = (f" of {(self.available + self.resident) / GB:.1f}GB "
                 f"{'available' if self.device == 'cpu' else 'free'}" if self.available is not None else "")
+        rows = f"b={self.micro_batch}" + (f" texts in {self.windows} windows" if self.windows is not None else "")
         return (f"memory={self.total / GB:.2f}GB (weights {self.weights / GB:.2f} + gradients "
                 f"{self.gradients / GB:.2f} + {state_name(self.optimizer_name)} {self.optimizer / GB:.2f} + "
-                f"activations {self.activations / GB:.2f} at b={self.micro_batch} x {self.length} tokens){have}")
+                f"activations {self.activations / GB:.2f} at {rows} x {self.length} tokens){have}")
 
     def record(self) -> dict[str, Any]:
         """``metrics.json``'s ``memory_plan``: every part in bytes."""
         return {"weights": self.weights, "gradients": self.gradients, "optimizer": self.optimizer,
-                "optimizer_name": self.optimizer_name,
+                "optimizer_name": self.optimizer_name, "windows": self.windows,
                 "activations": self.activations, "total": self.total, "micro_batch": self.micro_batch,
                 "length": self.length, "gradient_checkpointing": self.checkpointing, "device": self.device,
                 "available": None if self.available is None else self.available + self.resident}
@@ -293,9 +295,9 @@ def available_memory(device: torch.device) -> Optional[int]:
 
 
 def plan_memory(model, activations: Activations, b: int, checkpointing: bool, device: torch.device,
-                optimizer: str = "adamw") -> MemoryPlan:
+                optimizer: str = "adamw", windows: Optional[int] = None) -> MemoryPlan:
     """The :class:`MemoryPlan` of training ``model`` at micro-batch ``b`` on ``device`` with ``optimizer``
-    (``optim.optimizer``)."""
+    (``optim.optimizer``); ``windows``: the rows the longest micro-batch's texts make under chunks."""
     weights = tensor_bytes(model.parameters()) + tensor_bytes(model.buffers())
     trained = [p for p in model.parameters() if p.requires_grad]
     on_device = next(model.parameters()).device
@@ -304,7 +306,8 @@ def plan_memory(model, activations: Activations, b: int, checkpointing: bool, de
                       optimizer=optimizer_state_bytes(trained, optimizer),
                       activations=activations.estimate(b, checkpointing), micro_batch=b,
                       length=activations.length, checkpointing=checkpointing, device=device.type,
-                      available=available_memory(device), resident=resident, optimizer_name=optimizer)
+                      available=available_memory(device), resident=resident, optimizer_name=optimizer,
+                      windows=windows)
 
 
 def levers_that_fit(plan: MemoryPlan, model, activations: Activations, batching, max_length: int) -> list[str]:

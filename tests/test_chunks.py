@@ -186,6 +186,10 @@ def test_a_chunked_run_counts_texts_and_says_what_it_split(chunk_runs):
     assert record["chunks"] > 150 + record["longer_than_max_length"] - 1  # every long text has 2 windows or more
     assert (f"{record['longer_than_max_length']} longer than 10 tokens, up to {record['longest_tokens']}: split "
             f"into windows overlapping by 2 tokens ({record['chunks']} windows in all)") in chunk_runs.start_line
+    # the memory plan counts its rows in windows: the longest micro-batch's texts make more than one each
+    plan = summary["memory_plan"]
+    assert plan["windows"] > plan["micro_batch"] > 1
+    assert f"at b={plan['micro_batch']} texts in {plan['windows']} windows x " in chunk_runs.start_line
     # samples are texts: 150 a epoch, 2 epochs; the evaluation counts the 40 validation texts
     assert summary["train"]["samples"] == 300
     assert summary["eval"]["num_samples"] == 40

@@ -161,6 +161,27 @@ def test_the_plan_is_said_in_one_part_of_the_start_line_and_recorded():
     assert plan.describe().endswith(f"at b=8 x {activations.length} tokens) of 10.0GB available")
     record = plan.record()
     assert record["total"] == plan.total and record["available"] == 10**10 and record["micro_batch"] == 8
+    assert record["windows"] is None  # texts not split into windows
+
+
+def test_a_chunked_plan_counts_the_windows_of_the_longest_micro_batchs_texts():
+    """Under data.truncation: chunks a row of the micro-batch is a window: the plan says how many the b texts the
+    activations are measured on make, the longest by their padded length, repeated where there are fewer."""
+    import datasets
+
+    from finetune.autobatch import worst_case_windows
+
+    # length: a text's windows times the window it pads them to; chunks: its windows
+    split = datasets.Dataset.from_dict({"length": [20, 90, 40, 90, 10], "chunks": [2, 9, 4, 9, 1]})
+    assert worst_case_windows(split, 1) == 9 and worst_case_windows(split, 3) == 9 + 9 + 4
+    assert worst_case_windows(split.select([2, 4]), 3) == 4 + 1 + 4  # two texts: the longest again
+    assert worst_case_windows(split.remove_columns("chunks"), 3) is None
+    model = tiny_bert()
+    activations = measure_activations(model, _batches(), _CpuAccelerator())
+    plan = plan_memory(model, activations, b=3, checkpointing=False, device=torch.device("cpu"),
+                       windows=worst_case_windows(split, 3))
+    assert f"at b=3 texts in 22 windows x {activations.length} tokens)" in plan.describe()
+    assert plan.record()["windows"] == 22
 
 
 # --------------------------------------------------------------------------- the refusal, in a real setup
