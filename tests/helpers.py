@@ -14,7 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, Iterator, Optional
+from typing import Any, Iterator, Optional, Sequence
 
 import torch
 
@@ -334,14 +334,31 @@ def call_in_a_fresh_python(function: str, *args: Any, env: Optional[dict[str, st
     Returns:
         The repr of what it returned, which of :data:`HEAVY_MODULES` it imported, and its stderr.
     """
+    results, imported, stderr = calls_in_a_fresh_python(function, [args], env=env)
+    return results[0], imported, stderr
+
+
+def calls_in_a_fresh_python(function: str, arg_lists: Sequence[Sequence[Any]], env: Optional[dict[str, str]] = None,
+                            modules: Sequence[str] = HEAVY_MODULES, timeout: float = 60
+                            ) -> tuple[list[str], list[str], str]:
+    """``function(*args)`` for each ``args`` of ``arg_lists``, in order, in one new Python process, offline.
+
+    Returns:
+        The repr of what each call returned, which of ``modules`` the process had imported after the last, and
+        its stderr.
+    """
     module, name = function.rsplit(".", 1)
-    code = (f"import sys; from {module} import {name}; result = {name}(*{list(args)!r}); print(repr(result)); "
-            f"print(','.join(m for m in {HEAVY_MODULES!r} if m in sys.modules))")
+    calls = [list(args) for args in arg_lists]
+    code = (f"import sys; from {module} import {name}\n"
+            f"for args in {calls!r}: print('RESULT', repr({name}(*args)))\n"
+            f"print('IMPORTED', ','.join(m for m in {tuple(modules)!r} if m in sys.modules))")
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=offline_env(env), capture_output=True,
-                          text=True, timeout=60)
+                          text=True, timeout=timeout)
     assert done.returncode == 0, done.stderr[-2000:]
-    result, imported = done.stdout.splitlines()[-2:]
-    return result, [m for m in imported.split(",") if m], done.stderr
+    lines = done.stdout.splitlines()
+    results = [line.removeprefix("RESULT ") for line in lines if line.startswith("RESULT ")]
+    imported = [line.removeprefix("IMPORTED ") for line in lines if line.startswith("IMPORTED ")][-1]
+    return results, [m for m in imported.split(",") if m], done.stderr
 
 
 def run_cli(args: list[str], timeout: float = 300, env: Optional[dict[str, str]] = None,

@@ -515,9 +515,7 @@ def test_data_errors_are_said_before_peft_and_the_model_code_are_imported(assets
     """What a file of one's own gets wrong first (a column, empty texts, a label) is said once the file is read,
     before the imports that only training needs, seconds of them: each of these ends with its one line in a
     process that has not imported them."""
-    import subprocess
-
-    from helpers import REPO, offline_env
+    from helpers import calls_in_a_fresh_python
 
     cases = ["data-text-column-missing", "data-empty-texts", "data-validation-label-not-in-train",
              "data-only-one-class"]
@@ -525,13 +523,10 @@ def test_data_errors_are_said_before_peft_and_the_model_code_are_imported(assets
     for case_id in cases:
         (tmp_path / case_id).mkdir()
         runs.append(prepare(CASES_BY_ID[case_id], assets, tmp_path / case_id))
-    code = (f"import sys; from finetune.train import main; print([main(argv) for argv in {[r[0] for r in runs]!r}]); "
-            f"print([m for m in {LATE_MODULES!r} if m in sys.modules])")
-    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=offline_env(), capture_output=True,
-                          text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.splitlines()[-2:] == [str([2] * len(cases)), "[]"], done.stderr[-3000:]
-    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    codes, imported, stderr = calls_in_a_fresh_python("finetune.train.main", [[argv] for argv, _, _ in runs],
+                                                      modules=LATE_MODULES, timeout=300)
+    assert (codes, imported) == (["2"] * len(cases), []), stderr[-3000:]
+    errors = [line for line in stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == len(cases)
     for error, case_id, (_, names, _) in zip(errors, cases, runs):
         assert all(fill(needle, names) in error for needle in CASES_BY_ID[case_id].needles), (case_id, error)
