@@ -72,11 +72,15 @@ def compare(this, predictor, other_dir: str, suite) -> Comparison:
     kind = problem_type_of(this)
     check_comparable(this.labels, kind, predictor.labels, predictor.problem_type, other_dir)
     logits = torch.from_numpy(predictor.logits(this.texts, this.pairs, progress=True))
-    answers = Task(kind, threshold=predictor.thresholds).predictions(logits).numpy()
-    others = in_this_runs_labels(answers, predictor.labels, this.labels, kind)
-    metrics = suite.compute(others, this.references)
+    task = Task(kind, threshold=predictor.thresholds)
+    others = in_this_runs_labels(task.predictions(logits).numpy(), predictor.labels, this.labels, kind)
+    # the ranking metrics' probabilities, each label's in this run's column of it (0 for one the other lacks)
+    scores = {} if this.scores is None else {"scores": in_this_runs_labels(
+        task.probabilities(logits).numpy(), predictor.labels, this.labels, "multi_label")}
+    metrics = suite.compute(others, this.references, **scores)
     differences = {name: this.metrics[name] - value for name, value in metrics.items()}
-    intervals = paired_differences(suite, this.predictions, others, this.references)
+    intervals = paired_differences(suite, this.predictions, others, this.references, scores=this.scores,
+                                   other_scores=scores.get("scores"))
     return Comparison(str(other_dir), metrics, differences, intervals)
 
 
@@ -105,7 +109,8 @@ def problem_type_of(score) -> str:
 
 def in_this_runs_labels(answers: np.ndarray, theirs: list[str], ours: list[str], kind: str) -> np.ndarray:
     """The other model's answers in this run's label order (names matched): class ids renumbered, or label
-    vectors' columns moved (a label the other model lacks is never predicted); a number stays as it is."""
+    vectors' columns moved (a label the other model lacks is never predicted; ``multi_label`` moves the columns
+    of any matrix with a column a label, as its probabilities); a number stays as it is."""
     if kind == "regression":
         return answers
     ids = np.asarray([ours.index(name) for name in theirs], dtype=np.int64)

@@ -280,10 +280,11 @@ def config_from_dict(data: dict[str, Any], source: str | None = None, metrics_ch
         raise
 
 
-# the metrics each problem type computes offline, and its default ones
+# the metrics each problem type computes offline, and its default ones: finetune.metrics' names, written out here
+# since importing them would import numpy into every command (a test holds the two equal)
 PROBLEM_METRICS = {
-    "single_label": None,  # the built-in classification metrics, and any evaluate.load name
-    "multi_label": ("accuracy", "f1", "precision", "recall"),
+    "single_label": None,  # the built-in classification metrics, the ranking ones, and any evaluate.load name
+    "multi_label": ("accuracy", "f1", "precision", "recall", "roc_auc", "average_precision"),
     "regression": ("pearson", "spearmanr", "mse", "mae"),
 }
 REGRESSION_DEFAULT_METRICS = ["pearson", "spearmanr", "mse"]

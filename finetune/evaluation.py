@@ -80,19 +80,20 @@ def evaluation_of(model: torch.nn.Module, dataloader, accelerator, metrics=None,
     :func:`evaluate_model`'s, and ``labels``: the label names in id order.
     """
     task = task or Task.of_model(accelerator.unwrap_model(model))
+    ranked = bool(getattr(metrics, "ranking", None))  # ROC AUC or average precision: each text's probabilities
     was_training = model.training
     model.eval()
-    losses, preds, refs = [], [], []
+    losses, preds, refs, probs = [], [], [], []
     for batch in dataloader:
         inputs, chunk_rows = split_batch(batch)
         logits = document_logits(model(**inputs).logits, chunk_rows)  # a text's windows: one output, one sample
         loss = task.per_sample_loss(logits, batch["labels"])
         # to be tuned, thresholds need every text's probabilities: the predictions follow them
         answers = torch.sigmoid(logits.float()) if task.tune_thresholds else task.predictions(logits)
-        loss, pred, ref = accelerator.gather_for_metrics((loss, answers, batch["labels"]))
-        losses.append(loss.cpu())
-        preds.append(pred.cpu())
-        refs.append(ref.cpu())
+        gathered = accelerator.gather_for_metrics((loss, answers, batch["labels"])
+                                                  + ((task.probabilities(logits),) if ranked else ()))
+        for kept, value in zip((losses, preds, refs, probs), gathered):
+            kept.append(value.cpu())
     if was_training:
         model.train()
     if not losses:
@@ -100,18 +101,19 @@ def evaluation_of(model: torch.nn.Module, dataloader, accelerator, metrics=None,
     all_loss = torch.cat(losses)
     predictions = torch.cat(preds).numpy()
     references = torch.cat(refs).numpy()
+    scores = {"scores": torch.cat(probs).numpy()} if ranked else {}
     tuned = None
     if task.tune_thresholds:
         tuned = f1_thresholds(predictions, references, task.tune_thresholds)
         predictions = (predictions > tuned).astype(np.int64)
     out: dict[str, float] = {"loss": all_loss.double().mean().item(), "num_samples": int(all_loss.numel())}
     if metrics is not None:
-        out.update(metrics.compute(predictions, references))
+        out.update(metrics.compute(predictions, references, **scores))
     by_label = intervals = None
     if labels is not None and task.problem_type != "regression":
         by_label = scores_by_label(predictions, references, labels)
     if labels is not None and metrics is not None:
-        intervals = metric_intervals(metrics, predictions, references)
+        intervals = metric_intervals(metrics, predictions, references, **scores)
     if tuned is not None:
         config = accelerator.unwrap_model(model).config
         names = labels if labels is not None else label_names(config)

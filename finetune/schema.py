@@ -659,11 +659,14 @@ class EvalConfig:
 
     metrics: list[str] = setting(factory=lambda: list(DEFAULT_METRICS), help=(
         "Metric names: accuracy, f1, precision, recall, matthews_correlation are built in and work "
-        "offline; any other name is loaded with `evaluate.load` (needs the network). For multi_label: "
-        "accuracy (all of a text's labels right), f1, precision, recall. For regression: pearson, "
-        "spearmanr, mse, mae (the default [accuracy, f1] becomes [pearson, spearmanr, mse])."))
+        "offline, and so are roc_auc and average_precision, which rank the texts by their probabilities at "
+        "no threshold (one-vs-rest for each class or label, averaged as `average` says); any other name is "
+        "loaded with `evaluate.load` (needs the network). For multi_label: accuracy (all of a text's labels "
+        "right), f1, precision, recall, roc_auc, average_precision. For regression: pearson, spearmanr, "
+        "mse, mae (the default [accuracy, f1] becomes [pearson, spearmanr, mse])."))
     average: Literal["auto", "binary", "macro", "micro", "weighted"] = setting("auto",
-        "Averaging for f1/precision/recall: binary, macro, micro or weighted; auto: binary with two "
+        "Averaging for f1/precision/recall, roc_auc and average_precision: binary, macro, micro or weighted; "
+        "auto: binary with two "
         "classes (the positive one is `positive_label`, else the rarer in the training data), macro with "
         "more, micro for multi_label. A run resolves it at start-up and logs its choice.")
     positive_label: Optional[str] = setting(None,

@@ -70,6 +70,8 @@ class Score:
     texts: Any = None
     pairs: Any = None
     suite: Any = None
+    # each text's probability of each label, where the metrics rank the texts by them (ROC AUC, average precision)
+    scores: Any = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"file": self.file, "precision": self.precision, "metrics": self.metrics, "labels": self.labels,
@@ -285,9 +287,11 @@ def score_file(output_dir: str | os.PathLike, file: str | os.PathLike, overrides
     logits = torch.from_numpy(predictor.logits(texts, pairs, progress=True))
     refs = torch.as_tensor(np.asarray(references))
     predictions = task.predictions(logits).numpy()
+    # ROC AUC and average precision order the texts by their probabilities
+    scores = {"scores": task.probabilities(logits).numpy()} if getattr(suite, "ranking", None) else {}
     # the loss evaluate_model reports: the mean per-sample loss of the problem type on float32 logits
     loss = task.per_sample_loss(logits, refs).double().mean().item()
-    metrics = {"loss": loss, "num_samples": len(texts), **suite.compute(predictions, refs.numpy())}
+    metrics = {"loss": loss, "num_samples": len(texts), **suite.compute(predictions, refs.numpy(), **scores)}
     single = problem_type == "single_label"
     confusion = confusion_matrix(refs.numpy(), predictions, len(names)) if single else None
     by_label = scores_by_label(predictions, refs.numpy(), names) if problem_type != "regression" else None
@@ -295,41 +299,8 @@ def score_file(output_dir: str | os.PathLike, file: str | os.PathLike, overrides
         by_label[name]["threshold"] = threshold  # what each label was predicted over
     return Score(str(file), metrics, list(names), confusion, predictions, refs.numpy(), predictor.precision,
                  by_label, texts_seen_in_training(output_dir, texts, pairs) if count_seen else None,
-                 metric_intervals(suite, predictions, refs.numpy()), texts, pairs, suite)
-
-
-def format_confusion(matrix, names: Sequence[str]) -> str:
-    """The confusion matrix as an aligned text table (rows: true, columns: predicted)."""
-    names = [str(n) for n in names]
-    width = max([len(n) for n in names] + [len(str(int(matrix.max()))) if matrix.size else 1, 4])
-    head = " " * (width + 2) + " ".join(n.rjust(width) for n in names)
-    rows = [f"{name.ljust(width)}  " + " ".join(str(int(v)).rjust(width) for v in row)
-            for name, row in zip(names, matrix)]
-    return "\n".join(["confusion matrix (rows: true label, columns: predicted label)", head, *rows])
-
-
-# past this many labels a printed matrix is wider than a terminal: the pairs most confused are printed instead
-PRINTED_MATRIX_LABELS = 12
-
-
-def format_confusions(matrix, names: Sequence[str], top: int = 10) -> str:
-    """The ``top`` most frequent mistakes (a true label read as another), most frequent first."""
-    off = sorted(((int(matrix[i, j]), str(names[i]), str(names[j])) for i in range(len(names))
-                  for j in range(len(names)) if i != j and matrix[i, j] > 0), key=lambda item: -item[0])
-    lines = [f"  {true} -> {predicted}: {count}" for count, true, predicted in off[:top]]
-    return "\n".join([f"most confused (true label -> predicted label: texts; {len(off)} pairs in all)", *lines]
-                     if off else ["most confused: no text was given another label"])
-
-
-def format_by_label(by_label: dict[str, dict[str, float]]) -> str:
-    """Each label's scores as an aligned text table, one row per label."""
-    width = max([len(str(name)) for name in by_label] + [5])
-    over = "threshold" in next(iter(by_label.values()), {})  # a multi-label model's: the probability it passed
-    head = f"{'label'.ljust(width)}  precision  recall      f1  support  predicted" + "  threshold" * over
-    rows = [f"{str(name).ljust(width)}  {s['precision']:9.4f}  {s['recall']:6.4f}  {s['f1']:6.4f}  {s['support']:7d}"
-            f"  {s['predicted']:9d}" + (f"  {s['threshold']:9.3g}" if over else "") for name, s in by_label.items()]
-    return "\n".join(["by label (each scored alone; support: its texts in the file; predicted: the texts given it)",
-                      head, *rows])
+                 metric_intervals(suite, predictions, refs.numpy(), **scores), texts, pairs, suite,
+                 scores.get("scores"))
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -387,6 +358,7 @@ def run(args: argparse.Namespace) -> Score:
     from finetune.comparison import check_comparable
     from finetune.metrics import metrics_with_intervals
     from finetune.plot import DPI, confusion_figure, picture_format
+    from finetune.score_tables import PRINTED_MATRIX_LABELS, format_by_label, format_confusion, format_confusions
 
     png_format = picture_format(png, "--png")  # before the scoring, which may take minutes
     if other_dir is not None:  # before anything is scored: a model that answers another question is said at once

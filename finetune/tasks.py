@@ -129,6 +129,15 @@ class Task:
             return (torch.sigmoid(logits.float()) > threshold).long()
         return logits.float().squeeze(-1)
 
+    def probabilities(self, logits: torch.Tensor) -> torch.Tensor:
+        """Each class's probability (softmax) or each label's (sigmoid), in float32: what the ranking metrics
+        (ROC AUC, average precision) order the texts by."""
+        if self.problem_type == "single_label":
+            return torch.softmax(logits.float(), dim=-1)
+        if self.problem_type == "multi_label":
+            return torch.sigmoid(logits.float())
+        raise ValueError("a regression model gives numbers, not probabilities")
+
 
 def model_thresholds(model_config, labels: Sequence[str]) -> Optional[tuple[float, ...]]:
     """The thresholds a saved model's config carries (``label_thresholds``), in the order of ``labels``; None

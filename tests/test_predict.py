@@ -380,7 +380,8 @@ def test_score_prints_the_most_confused_pairs_where_a_matrix_would_not_fit(train
     import numpy as np
 
     import finetune.score
-    from finetune.score import PRINTED_MATRIX_LABELS, Score, main
+    from finetune.score import Score, main
+    from finetune.score_tables import PRINTED_MATRIX_LABELS
 
     out, _, _ = trained
     names = [f"intent_{i}" for i in range(PRINTED_MATRIX_LABELS + 1)]

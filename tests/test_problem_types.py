@@ -429,7 +429,8 @@ def test_a_multi_label_run_learns_and_pipeline_agrees_with_predict(problem_runs,
 
     from finetune.predict import Predictor
 
-    from finetune.score import format_by_label, score_file
+    from finetune.score import score_file
+    from finetune.score_tables import format_by_label
 
     out, summary, start = problem_runs["multi_label"]
     assert "for 2 labels, any number per text (hurry, money) on train.jsonl" in start

@@ -5,7 +5,10 @@ modules laid out as on the Hub, ``finetune/metrics/<name>/<name>.py``, so
 ``evaluate.load`` reads them from disk and never needs the network. They are
 written by hand with numpy (``_classification.py``): the Hub's scripts cannot
 be fetched offline, and they call scikit-learn, which this package does not
-depend on. Any other metric name is passed to ``evaluate.load`` as is.
+depend on. The ranking metrics (:data:`RANKING_METRICS`: ROC AUC and average
+precision, :mod:`finetune.metrics.ranking`) score the texts' probabilities,
+not their classes, so a suite that lists them is handed those as well. Any
+other metric name is passed to ``evaluate.load`` as is.
 
 ``evaluate`` is imported only when a :class:`MetricSuite` is built: importing
 it pulls in transformers and torch, which takes seconds.
@@ -25,8 +28,10 @@ from finetune.metrics._classification import AVERAGES, BUILTIN_METRICS, class_id
 # the bootstrap intervals, with the metrics they bound: one import for whoever scores
 from finetune.metrics.intervals import (POINT_INTERVAL, SPREAD, confusion_matrix, metric_intervals,
                                         metrics_with_intervals, paired_differences)
+from finetune.metrics.ranking import RANKING_METRICS, checked_scores, one_hot, ranking_scores
 
-__all__ = ["BUILTIN_METRICS", "CORRELATIONS", "MetricSuite", "POINT_INTERVAL", "SPREAD", "builtin_metric_path",
+__all__ = ["BUILTIN_METRICS", "CORRELATIONS", "MetricSuite", "POINT_INTERVAL", "RANKING_METRICS", "SPREAD",
+           "builtin_metric_path",
            "confusion_matrix", "correlations_over_alike_targets", "metric_intervals", "metric_suite_for",
            "metrics_with_intervals", "one_number_for_every_text", "paired_differences", "resolve_average",
            "same_answer_for_every_text", "scores_by_label", "undefined_correlations"]
@@ -43,6 +48,13 @@ _ALIASES = {
     "recall_score": "recall",
     "mcc": "matthews_correlation",
     "matthews_corrcoef": "matthews_correlation",
+    "auc": "roc_auc",
+    "auroc": "roc_auc",
+    "roc_auc_score": "roc_auc",
+    "ap": "average_precision",
+    "pr_auc": "average_precision",
+    "auprc": "average_precision",
+    "average_precision_score": "average_precision",
 }
 
 
@@ -69,7 +81,7 @@ def _closest_builtin(name: str) -> str | None:
     key = name.strip().lower().replace("-", "_")
     if key in _ALIASES:
         return _ALIASES[key]
-    matches = difflib.get_close_matches(key, BUILTIN_METRICS, n=1, cutoff=0.6)
+    matches = difflib.get_close_matches(key, BUILTIN_METRICS + RANKING_METRICS, n=1, cutoff=0.6)
     return matches[0] if matches else None
 
 
@@ -180,11 +192,13 @@ class MetricSuite:
         self.num_labels = num_labels
         self.average = average
         self.pos_label = pos_label if average == "binary" else None
+        # the metrics of the texts' probabilities, computed here; evaluate's modules score class ids
+        self.ranking = [name for name in names if name in RANKING_METRICS]
 
         import evaluate  # noqa: PLC0415 - see the module docstring
 
-        self._modules = {name: self._load(evaluate, name) for name in names}
-        self._combined = evaluate.combine(self._modules)
+        self._modules = {name: self._load(evaluate, name) for name in names if name not in self.ranking}
+        self._combined = evaluate.combine(self._modules) if self._modules else None
 
     def _averaging(self) -> dict[str, Any]:
         if self.average == "binary":
@@ -212,12 +226,14 @@ class MetricSuite:
                 ),
             ) from error
 
-    def compute(self, predictions, references) -> dict[str, float]:
+    def compute(self, predictions, references, scores=None) -> dict[str, float]:
         """Scores class-id predictions against references with every configured metric.
 
         Args:
             predictions: 1-D int array or list of predicted class ids.
             references: 1-D int array or list of true class ids.
+            scores: ``n x num_labels`` probabilities of each class, for the ranking metrics (``roc_auc``,
+                ``average_precision``); needed only where the suite lists one (:attr:`ranking`).
 
         Returns:
             Plain Python floats keyed by result name, in the order of
@@ -225,7 +241,8 @@ class MetricSuite:
 
         Raises:
             ValueError: If the inputs are not 1-D integer arrays of the same,
-                non-zero length, or hold ids outside ``0..num_labels-1``.
+                non-zero length, or hold ids outside ``0..num_labels-1``, or the
+                ranking metrics' scores are missing or of another shape.
             ConfigError: If a non-built-in metric returns something other than
                 a single number.
         """
@@ -236,8 +253,20 @@ class MetricSuite:
                 raise ValueError(
                     f"{name} hold class ids outside 0..{self.num_labels - 1}: {sorted(set(ids.tolist()))[:10]}"
                 )
-        results = self._combined.compute(predictions=pred, references=ref)
-        return {key: self._as_float(key, value) for key, value in results.items()}
+        results = self._combined.compute(predictions=pred, references=ref) if self._combined else {}
+        results.update({key: values[0] for key, values in self.ranking_of(scores, ref, np.ones((1, len(ref))))
+                        .items()})
+        order = {name: i for i, name in enumerate(self.names)}  # a key no name gives (a Hub module's) goes last
+        return {key: self._as_float(key, value)
+                for key, value in sorted(results.items(), key=lambda item: order.get(item[0], len(order)))}
+
+    def ranking_of(self, scores, references, weights) -> dict[str, np.ndarray]:
+        """The ranking metrics of ``scores`` (``n x num_labels``) for each row of ``weights`` (``R x n``: ones,
+        or a bootstrap resample's counts of each text), averaged as the suite averages."""
+        if not self.ranking:
+            return {}
+        return ranking_scores(self.ranking, checked_scores(scores, len(references), self.num_labels, self.ranking),
+                              one_hot(references, self.num_labels), weights, self.average, self.pos_label)
 
     @staticmethod
     def _as_float(key: str, value: Any) -> float:

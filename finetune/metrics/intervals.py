@@ -14,7 +14,9 @@ operations on the counts, with the definitions of :mod:`finetune.metrics._classi
 ``labels=`` over every class, multiclass MCC), which the tests compare at the observed matrix. Written by hand:
 evaluate has no bootstrap, and SciPy's (``scipy.stats.bootstrap``) resamples the rows, and is no dependency of
 the package. The draws come from a generator of their own, seeded, so two evaluations of the same predictions
-give the same interval and no training random state moves.
+give the same interval and no training random state moves. The ranking metrics (ROC AUC, average precision) are
+functions of each text's probability, not of a matrix of counts: there every text is a cell, and a resample
+weighs the texts by how often it holds each (:mod:`finetune.metrics.ranking`).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from finetune.metrics._classification import BUILTIN_METRICS, scores_from_counts
+from finetune.metrics.ranking import MOST_PAIRS_FOR_AN_INTERVAL
 
 RESAMPLES = 1000
 LEVEL = 0.95
@@ -38,7 +41,17 @@ def confusion_matrix(references, predictions, num_labels: int) -> np.ndarray:
 
 
 def metric_intervals(suite: Any, predictions, references, resamples: int = RESAMPLES, level: float = LEVEL,
-                     seed: int = SEED) -> dict[str, list[float]]:
+                     seed: int = SEED, scores=None) -> dict[str, list[float]]:
+    """The ``level`` bootstrap interval ``[low, high]`` of each of ``suite``'s metrics: those counted from the
+    answers (:func:`counted_intervals`), and the ranking metrics from the texts' probabilities ``scores``
+    (:func:`ranking_intervals`), in the suite's order."""
+    intervals = {**counted_intervals(suite, predictions, references, resamples, level, seed),
+                 **ranking_intervals(suite, scores, references, resamples, level, seed)}
+    return {name: intervals[name] for name in suite.names if name in intervals}
+
+
+def counted_intervals(suite: Any, predictions, references, resamples: int = RESAMPLES, level: float = LEVEL,
+                      seed: int = SEED) -> dict[str, list[float]]:
     """The ``level`` bootstrap interval ``[low, high]`` of each of ``suite``'s metrics computed from counts.
 
     Args:
@@ -93,7 +106,43 @@ def label_set_intervals(suite: Any, predictions, references, resamples: int = RE
     def scores(draws: np.ndarray) -> dict[str, np.ndarray]:
         return _label_set_scores(suite, draws.astype(np.float64), ref_of, pred_of)
 
-    return _middles(list(suite.names), scores, counts, resamples, level, seed)
+    return _middles(list(suite.tallied), scores, counts, resamples, level, seed)
+
+
+def ranking_intervals(suite: Any, scores, references, resamples: int = RESAMPLES, level: float = LEVEL,
+                      seed: int = SEED) -> dict[str, list[float]]:
+    """:func:`metric_intervals` of the ranking metrics (``suite.ranking``: ROC AUC, average precision) of the
+    texts' probabilities ``scores``. Each text is its own cell, as its probability is its own: a resample's counts
+    of the texts weigh them (:func:`finetune.metrics.ranking.ranking_scores`). None past
+    :data:`~finetune.metrics.ranking.MOST_PAIRS_FOR_AN_INTERVAL` text-label pairs, and none for a metric undefined
+    on the texts (a class they all have, or none has)."""
+    names = _ranked_with_intervals(suite, scores, references)
+    if not names:
+        return {}
+
+    def ranking(draws: np.ndarray) -> dict[str, np.ndarray]:
+        return {name: values for name, values in suite.ranking_of(scores, references, draws).items() if name in names}
+
+    return _middles(names, ranking, np.ones(len(references), dtype=np.int64), resamples, level, seed,
+                    _ranking_chunk(scores))
+
+
+def _ranked_with_intervals(suite: Any, *scored) -> list[str]:
+    """The ranking metrics of ``suite`` that get an interval on the texts: defined for each ``(scores,
+    references)`` of ``scored`` (one model's, or two's), and not too many text-label pairs."""
+    names = list(getattr(suite, "ranking", ()))
+    scores = scored[0]
+    if not names or scores is None or np.asarray(scores).size > MOST_PAIRS_FOR_AN_INTERVAL:
+        return []
+    for these, references in zip(scored[::2], scored[1::2]):
+        observed = suite.ranking_of(these, references, np.ones((1, len(references))))
+        names = [name for name in names if np.isfinite(observed[name][0])]
+    return names
+
+
+def _ranking_chunk(scores) -> int:
+    """Resamples at a time for the ranking metrics: about two million text-label pairs each."""
+    return max(1, 2_000_000 // max(1, np.asarray(scores).size))
 
 
 def _label_set_scores(suite: Any, draws: np.ndarray, ref_of: np.ndarray, pred_of: np.ndarray
@@ -127,16 +176,27 @@ def number_intervals(suite: Any, predictions, references, resamples: int = RESAM
 
 
 def paired_differences(suite: Any, predictions, others, references, resamples: int = RESAMPLES,
-                       level: float = LEVEL, seed: int = SEED) -> dict[str, list[float]]:
+                       level: float = LEVEL, seed: int = SEED, scores=None, other_scores=None
+                       ) -> dict[str, list[float]]:
     """The ``level`` bootstrap interval of each metric's difference, ``predictions``' score less ``others``',
     both models scored on every resample of the same texts (a paired bootstrap): what a comparison of two models
     on one file can say, where their two intervals alone would overstate the doubt the texts share. The cells are
     the distinct (truth, this model's answer, the other's) of the texts, for each problem type as
     :func:`metric_intervals` has them.
 
+    The ranking metrics' cells are the texts, each model's probabilities of them (``scores``, ``other_scores``).
+
     Returns:
         ``{metric: [low, high]}`` of the difference, as :func:`metric_intervals` gives intervals.
     """
+    intervals = {**_paired_counted(suite, predictions, others, references, resamples, level, seed),
+                 **_paired_ranking(suite, scores, other_scores, references, resamples, level, seed)}
+    return {name: intervals[name] for name in suite.names if name in intervals}
+
+
+def _paired_counted(suite: Any, predictions, others, references, resamples: int, level: float, seed: int
+                    ) -> dict[str, list[float]]:
+    """:func:`paired_differences` of the metrics counted from the two models' answers."""
     if hasattr(suite, "scores_of_tallies"):
         return _paired_label_sets(suite, predictions, others, references, resamples, level, seed)
     if hasattr(suite, "scores_of_weights"):
@@ -157,6 +217,22 @@ def paired_differences(suite: Any, predictions, others, references, resamples: i
     return _middles(names, difference, counts, resamples, level, seed)
 
 
+def _paired_ranking(suite, scores, other_scores, references, resamples, level, seed) -> dict[str, list[float]]:
+    """:func:`paired_differences` of the ranking metrics: both models' probabilities weighed by each resample of
+    the texts."""
+    names = _ranked_with_intervals(suite, scores, references, other_scores, references) if other_scores is not None \
+        else []
+    if not names:
+        return {}
+
+    def difference(draws: np.ndarray) -> dict[str, np.ndarray]:
+        this, other = (suite.ranking_of(these, references, draws) for these in (scores, other_scores))
+        return {name: this[name] - other[name] for name in names}
+
+    return _middles(names, difference, np.ones(len(references), dtype=np.int64), resamples, level, seed,
+                    _ranking_chunk(scores))
+
+
 def _paired_label_sets(suite, predictions, others, references, resamples, level, seed) -> dict[str, list[float]]:
     """:func:`paired_differences` of two multi-label models: the cells are the texts' distinct (true set, this
     model's set, the other's)."""
@@ -168,9 +244,9 @@ def _paired_label_sets(suite, predictions, others, references, resamples, level,
     def difference(draws: np.ndarray) -> dict[str, np.ndarray]:
         draws = draws.astype(np.float64)
         this, other = (_label_set_scores(suite, draws, ref_of, pred_of) for pred_of in (this_of, other_of))
-        return {name: this[name] - other[name] for name in suite.names}
+        return {name: this[name] - other[name] for name in suite.tallied}
 
-    return _middles(list(suite.names), difference, counts, resamples, level, seed)
+    return _middles(list(suite.tallied), difference, counts, resamples, level, seed)
 
 
 def _paired_numbers(suite, predictions, others, references, resamples, level, seed) -> dict[str, list[float]]:
@@ -192,13 +268,13 @@ def _paired_numbers(suite, predictions, others, references, resamples, level, se
     return _middles(names, difference, counts, resamples, level, seed)
 
 
-def _middles(names: list[str], scores, counts: np.ndarray, resamples: int, level: float, seed: int
-             ) -> dict[str, list[float]]:
+def _middles(names: list[str], scores, counts: np.ndarray, resamples: int, level: float, seed: int,
+             chunk: int = 100) -> dict[str, list[float]]:
     """The ``level`` interval of each of ``names`` over the resamples of the cells ``counts``, each resample's
     values given by ``scores(draws)``; a resample where a value is undefined (NaN: a correlation over one repeated
     pair) is left out of its quantiles."""
     values: dict[str, list[np.ndarray]] = {name: [] for name in names}
-    for draws in resampled(counts, resamples, seed):
+    for draws in resampled(counts, resamples, seed, chunk):
         for name, scored in scores(draws).items():
             values[name].append(scored)
     out = {}

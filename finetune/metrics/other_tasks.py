@@ -16,8 +16,9 @@ import numpy as np
 
 from finetune.errors import ConfigError
 from finetune.metrics._classification import scores_from_counts
+from finetune.metrics.ranking import RANKING_METRICS, checked_scores, ranking_scores
 
-MULTI_LABEL_METRICS = ("accuracy", "f1", "precision", "recall")
+MULTI_LABEL_METRICS = ("accuracy", "f1", "precision", "recall", *RANKING_METRICS)
 MULTI_LABEL_AVERAGES = ("micro", "macro", "weighted")
 REGRESSION_METRICS = ("pearson", "spearmanr", "mse", "mae")
 
@@ -41,8 +42,13 @@ class MultiLabelMetrics:
             raise ConfigError(f"evaluation.average: {average!r} is not used for multi_label "
                               f"(one of: {', '.join(MULTI_LABEL_AVERAGES)})")
         self.names, self.num_labels, self.average = list(names), num_labels, average
+        # the metrics of the labels' probabilities (finetune.metrics.ranking); the others count label sets
+        self.ranking = [name for name in self.names if name in RANKING_METRICS]
+        self.tallied = [name for name in self.names if name not in RANKING_METRICS]
 
-    def compute(self, predictions, references) -> dict[str, float]:
+    def compute(self, predictions, references, scores=None) -> dict[str, float]:
+        """Each metric of 0/1 label vectors against the true ones; ``scores``, each label's probability
+        (``n x num_labels``), for the ranking metrics where the suite lists one."""
         pred = np.asarray(predictions).astype(bool)
         ref = np.asarray(references).astype(bool)
         if pred.shape != ref.shape or pred.ndim != 2 or pred.shape[1] != self.num_labels:
@@ -50,7 +56,16 @@ class MultiLabelMetrics:
                              f"(samples, {self.num_labels}) label vectors")
         tallies = ((pred & ref).sum(0)[None], pred.sum(0)[None], ref.sum(0)[None],
                    (pred == ref).all(1).mean(keepdims=True))
-        return {name: float(values[0]) for name, values in self.scores_of_tallies(*tallies).items()}
+        values = {**self.scores_of_tallies(*tallies), **self.ranking_of(scores, ref, np.ones((1, len(ref))))}
+        return {name: float(values[name][0]) for name in self.names}
+
+    def ranking_of(self, scores, references, weights) -> dict[str, np.ndarray]:
+        """The ranking metrics of each label's probabilities for each row of ``weights``, as
+        :meth:`finetune.metrics.MetricSuite.ranking_of` has them."""
+        if not self.ranking:
+            return {}
+        return ranking_scores(self.ranking, checked_scores(scores, len(references), self.num_labels, self.ranking),
+                              np.asarray(references).astype(bool), weights, self.average)
 
     def scores_of_tallies(self, hits, predicted, support, exact) -> dict[str, np.ndarray]:
         """Each metric for every row of the tallies (``R x labels``: each label's hits, texts given it and texts
@@ -61,7 +76,7 @@ class MultiLabelMetrics:
             hits, predicted, support = (s.sum(axis=1, keepdims=True) for s in (hits, predicted, support))
         scores = dict(zip(("precision", "recall", "f1"), scores_from_counts(hits, predicted, support)))
         out: dict[str, np.ndarray] = {}
-        for name in self.names:
+        for name in self.tallied:
             if name == "accuracy":
                 out[name] = np.asarray(exact, dtype=np.float64)
             elif self.average == "weighted":

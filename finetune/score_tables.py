@@ -1,0 +1,40 @@
+"""What ``finetune score`` prints of a model's scores: the confusion matrix, or the pairs most confused where
+the labels are too many for a terminal's width, and each label's scores."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+
+def format_confusion(matrix, names: Sequence[str]) -> str:
+    """The confusion matrix as an aligned text table (rows: true, columns: predicted)."""
+    names = [str(n) for n in names]
+    width = max([len(n) for n in names] + [len(str(int(matrix.max()))) if matrix.size else 1, 4])
+    head = " " * (width + 2) + " ".join(n.rjust(width) for n in names)
+    rows = [f"{name.ljust(width)}  " + " ".join(str(int(v)).rjust(width) for v in row)
+            for name, row in zip(names, matrix)]
+    return "\n".join(["confusion matrix (rows: true label, columns: predicted label)", head, *rows])
+
+
+# past this many labels a printed matrix is wider than a terminal: the pairs most confused are printed instead
+PRINTED_MATRIX_LABELS = 12
+
+
+def format_confusions(matrix, names: Sequence[str], top: int = 10) -> str:
+    """The ``top`` most frequent mistakes (a true label read as another), most frequent first."""
+    off = sorted(((int(matrix[i, j]), str(names[i]), str(names[j])) for i in range(len(names))
+                  for j in range(len(names)) if i != j and matrix[i, j] > 0), key=lambda item: -item[0])
+    lines = [f"  {true} -> {predicted}: {count}" for count, true, predicted in off[:top]]
+    return "\n".join([f"most confused (true label -> predicted label: texts; {len(off)} pairs in all)", *lines]
+                     if off else ["most confused: no text was given another label"])
+
+
+def format_by_label(by_label: dict[str, dict[str, float]]) -> str:
+    """Each label's scores as an aligned text table, one row per label."""
+    width = max([len(str(name)) for name in by_label] + [5])
+    over = "threshold" in next(iter(by_label.values()), {})  # a multi-label model's: the probability it passed
+    head = f"{'label'.ljust(width)}  precision  recall      f1  support  predicted" + "  threshold" * over
+    rows = [f"{str(name).ljust(width)}  {s['precision']:9.4f}  {s['recall']:6.4f}  {s['f1']:6.4f}  {s['support']:7d}"
+            f"  {s['predicted']:9d}" + (f"  {s['threshold']:9.3g}" if over else "") for name, s in by_label.items()]
+    return "\n".join(["by label (each scored alone; support: its texts in the file; predicted: the texts given it)",
+                      head, *rows])
