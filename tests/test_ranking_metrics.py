@@ -169,8 +169,14 @@ def test_past_so_many_text_label_pairs_a_ranking_metric_gets_no_interval(monkeyp
     ref, probs = _probabilities(300, 3, seed=2)
     suite = MetricSuite(["accuracy", "roc_auc"], 3, "macro")
     assert set(intervals.metric_intervals(suite, probs.argmax(axis=1), ref, scores=probs)) == {"accuracy", "roc_auc"}
-    monkeypatch.setattr(intervals, "MOST_PAIRS_FOR_AN_INTERVAL", 899)
+    monkeypatch.setattr(intervals, "MOST_PAIRS_FOR_AN_INTERVAL", 899)  # 300 texts x 3 classes
     assert set(intervals.metric_intervals(suite, probs.argmax(axis=1), ref, scores=probs)) == {"accuracy"}
+    # a binary average ranks the positive class's column alone: 300 pairs
+    ref, probs = ref % 2, np.stack([probs[:, 0], 1 - probs[:, 0]], axis=1)
+    binary = MetricSuite(["accuracy", "roc_auc"], 2, "binary", pos_label=1)
+    assert set(intervals.metric_intervals(binary, probs.argmax(axis=1), ref, scores=probs)) == {"accuracy", "roc_auc"}
+    monkeypatch.setattr(intervals, "MOST_PAIRS_FOR_AN_INTERVAL", 299)
+    assert set(intervals.metric_intervals(binary, probs.argmax(axis=1), ref, scores=probs)) == {"accuracy"}
 
 
 @pytest.fixture(scope="module")

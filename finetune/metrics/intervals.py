@@ -132,7 +132,10 @@ def _ranked_with_intervals(suite: Any, *scored) -> list[str]:
     references)`` of ``scored`` (one model's, or two's), and not too many text-label pairs."""
     names = list(getattr(suite, "ranking", ()))
     scores = scored[0]
-    if not names or scores is None or np.asarray(scores).size > MOST_PAIRS_FOR_AN_INTERVAL:
+    if not names or scores is None:
+        return []
+    columns = 1 if suite.average == "binary" else np.shape(scores)[1]  # binary ranks the positive class alone
+    if len(scores) * columns > MOST_PAIRS_FOR_AN_INTERVAL:
         return []
     for these, references in zip(scored[::2], scored[1::2]):
         observed = suite.ranking_of(these, references, np.ones((1, len(references))))
