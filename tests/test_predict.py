@@ -1155,7 +1155,7 @@ def test_a_model_that_answers_another_question_is_not_compared():
 
     class Scored:  # a Score of a single-label model on two texts
         labels, confusion, by_label, texts, pairs = ["ham", "spam"], np.zeros((2, 2)), {}, ["a", "b"], None
-        predictions, references, metrics = np.array([0, 1]), np.array([0, 1]), {"accuracy": 1.0}
+        predictions, references, metrics, scores = np.array([0, 1]), np.array([0, 1]), {"accuracy": 1.0}, None
 
     class Other:
         labels, problem_type, thresholds = ["ham", "eggs"], "single_label", (0.5, 0.5)
