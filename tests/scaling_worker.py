@@ -132,7 +132,8 @@ def record_run(b: int, k: int, epochs: int = 2, lr: float = 1e-3, warmup: int = 
                         max_grad_norm=max_grad_norm, on_log=records.append, on_update=on_update, plan=plan,
                         cast_once_per_update=cast_once_per_update)
     lrs = [r["train/lr"] for r in records]
-    metrics = MetricSuite(["accuracy", "f1"], 2, "binary", pos_label=1)
+    # the ranking metrics gather each text's probabilities beside its answer
+    metrics = MetricSuite(["accuracy", "f1", "roc_auc", "average_precision"], 2, "binary", pos_label=1)
     evaluation = evaluate_model(model, eval_dl, acc, metrics)
     gradients = [p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad
                  for p in model.parameters() if p.grad is not None]

@@ -317,6 +317,10 @@ def test_evaluation_counts_every_example_once(one_process, two_processes):
         assert r["eval"]["accuracy"] == one_process["eval"]["accuracy"]
         assert r["eval"]["f1"] == one_process["eval"]["f1"]
         assert r["eval"]["loss"] == pytest.approx(one_process["eval"]["loss"], rel=1e-5)
+        # each text's probabilities gathered beside its label, once: the texts ranked as one process ranks them
+        # (the tiny model's probabilities differ from text to text, so another pairing would rank otherwise)
+        for name in ("roc_auc", "average_precision"):
+            assert r["eval"][name] == pytest.approx(one_process["eval"][name], abs=1e-6)
 
 
 # --- the command line: one process, two processes, two machines ------------------------------
