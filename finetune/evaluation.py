@@ -102,6 +102,7 @@ def evaluation_of(model: torch.nn.Module, dataloader, accelerator, metrics=None,
     predictions = torch.cat(preds).numpy()
     references = torch.cat(refs).numpy()
     scores = {"scores": torch.cat(probs).numpy()} if ranked else {}
+    ranking = {**scores, "ranking": metrics.ranking} if ranked else {}  # each label's too
     tuned = None
     if task.tune_thresholds:
         tuned = f1_thresholds(predictions, references, task.tune_thresholds)
@@ -111,7 +112,7 @@ def evaluation_of(model: torch.nn.Module, dataloader, accelerator, metrics=None,
         out.update(metrics.compute(predictions, references, **scores))
     by_label = intervals = None
     if labels is not None and task.problem_type != "regression":
-        by_label = scores_by_label(predictions, references, labels)
+        by_label = scores_by_label(predictions, references, labels, **ranking)
     if labels is not None and metrics is not None:
         intervals = metric_intervals(metrics, predictions, references, **scores)
     if tuned is not None:

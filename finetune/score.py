@@ -294,7 +294,8 @@ def score_file(output_dir: str | os.PathLike, file: str | os.PathLike, overrides
     metrics = {"loss": loss, "num_samples": len(texts), **suite.compute(predictions, refs.numpy(), **scores)}
     single = problem_type == "single_label"
     confusion = confusion_matrix(refs.numpy(), predictions, len(names)) if single else None
-    by_label = scores_by_label(predictions, refs.numpy(), names) if problem_type != "regression" else None
+    by_label = (scores_by_label(predictions, refs.numpy(), names, ranking=suite.ranking, **scores)
+                if problem_type != "regression" else None)
     for name, threshold in zip(names, thresholds) if problem_type == "multi_label" else ():
         by_label[name]["threshold"] = threshold  # what each label was predicted over
     return Score(str(file), metrics, list(names), confusion, predictions, refs.numpy(), predictor.precision,

@@ -54,6 +54,26 @@ def test_multi_label_ranking_metrics_are_sklearns(average):
         assert ours[name] == pytest.approx(SKLEARN[name](ref, probs, average=average), abs=1e-12), name
 
 
+@pytest.mark.parametrize("kind", ["class ids", "label vectors"])
+def test_each_labels_ranking_metrics_are_its_one_against_the_rest(kind):
+    from finetune.metrics import scores_by_label
+
+    rng = np.random.default_rng(8)
+    if kind == "class ids":
+        ref, probs = _probabilities(300, 3, seed=8)
+        pred, positive = probs.argmax(axis=1), np.eye(3, dtype=bool)[ref]
+    else:
+        positive = rng.random((300, 3)) < 0.3
+        probs = (1 / (1 + np.exp(-(rng.normal(size=(300, 3)) + positive)))).round(2)
+        ref, pred = positive.astype(np.int64), (probs > 0.5).astype(np.int64)
+    by_label = scores_by_label(pred, ref, ["a", "b", "c"], scores=probs, ranking=NAMES)
+    plain = scores_by_label(pred, ref, ["a", "b", "c"])
+    for i, name in enumerate(["a", "b", "c"]):
+        assert {key: value for key, value in by_label[name].items() if key not in NAMES} == plain[name]
+        for metric in NAMES:
+            assert by_label[name][metric] == pytest.approx(SKLEARN[metric](positive[:, i], probs[:, i]), abs=1e-12)
+
+
 def test_a_resamples_weights_count_each_text_that_many_times():
     ref, probs = _probabilities(200, 3, seed=5)
     counts = np.random.default_rng(6).integers(0, 4, size=(3, 200))
@@ -220,6 +240,12 @@ def test_a_run_scores_selects_and_keeps_its_best_model_by_roc_auc(ranked_run):
     for name in NAMES:
         low, high = metrics["eval_intervals"][name]
         assert low <= metrics["eval"][name] <= high
+    # the binary average is the positive class's own ranking, which the label's scores hold
+    assert metrics["eval_by_label"]["spam"]["roc_auc"] == metrics["eval"]["roc_auc"]
+    assert metrics["eval_by_label"]["ham"]["roc_auc"] == pytest.approx(skm.roc_auc_score(~spam, 1 - probability),
+                                                                       abs=1e-6)
+    card = (out / "README.md").read_text(encoding="utf-8")
+    assert "| label | precision | recall | F1 | support | roc_auc | average_precision |" in card
 
 
 def test_score_and_a_comparison_rank_the_files_texts_as_the_run_did(ranked_run, capsys):
@@ -231,6 +257,12 @@ def test_score_and_a_comparison_rank_the_files_texts_as_the_run_did(ranked_run, 
     result = score_file(out, cfg.data.validation_file, predictor=predictor, count_seen=False)
     assert result.metrics["roc_auc"] == pytest.approx(skm.roc_auc_score(spam, probability), abs=1e-6)
     assert set(result.intervals) == {"accuracy", "f1", *NAMES}
+    from finetune.score_tables import format_by_label
+
+    table = format_by_label(result.by_label).splitlines()
+    assert table[1].split() == ["label", "precision", "recall", "f1", "support", "predicted", "roc_auc",
+                                "avg_precision"]
+    assert float(table[3].split()[6]) == pytest.approx(result.by_label["spam"]["roc_auc"], abs=5e-5)
     itself = compare(result, predictor, str(out), result.suite)
     assert itself.differences == {name: 0.0 for name in ["accuracy", "f1", *NAMES]}
     assert itself.intervals == {name: [0.0, 0.0] for name in ["accuracy", "f1", *NAMES]}

@@ -19,7 +19,7 @@ from __future__ import annotations
 import difflib
 import numbers
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import numpy as np
 
@@ -28,7 +28,7 @@ from finetune.metrics._classification import AVERAGES, BUILTIN_METRICS, class_id
 # the bootstrap intervals, with the metrics they bound: one import for whoever scores
 from finetune.metrics.intervals import (POINT_INTERVAL, SPREAD, confusion_matrix, metric_intervals,
                                         metrics_with_intervals, paired_differences)
-from finetune.metrics.ranking import RANKING_METRICS, checked_scores, one_hot, ranking_scores
+from finetune.metrics.ranking import RANKING_METRICS, checked_scores, column_scores, one_hot, ranking_scores
 
 __all__ = ["BUILTIN_METRICS", "CORRELATIONS", "MetricSuite", "POINT_INTERVAL", "RANKING_METRICS", "SPREAD",
            "builtin_metric_path",
@@ -298,12 +298,15 @@ def metric_suite_for(evaluation, label_names, problem_type: str = "single_label"
     return MetricSuite.from_config(evaluation, label_names, whose=whose, counts=counts)
 
 
-def scores_by_label(predictions, references, names: list[str]) -> dict[str, dict[str, float]]:
+def scores_by_label(predictions, references, names: list[str], scores=None, ranking: Sequence[str] = ()
+                    ) -> dict[str, dict[str, float]]:
     """Each label's precision, recall, F1 and support (its true samples), every label scored alone.
 
     What a macro average hides: the one class a model gets wrong. ``predictions`` and ``references`` are
     class ids (single-label) or 0/1 label vectors (multi-label) over the labels ``names`` (in id order); a
-    label absent from both scores 0.
+    label absent from both scores 0. With ``scores`` (each text's probability of each label), the ``ranking``
+    metrics of each label against the rest too (``roc_auc``, ``average_precision``; NaN where no text, or
+    every text, has the label).
 
     Returns:
         ``{name: {"precision": ..., "recall": ..., "f1": ..., "support": ..., "predicted": ...}}`` in id order:
@@ -317,8 +320,13 @@ def scores_by_label(predictions, references, names: list[str]) -> dict[str, dict
         pred, ref = pred.astype(bool), ref.astype(bool)
         tp, predicted, support = (pred & ref).sum(0), pred.sum(0), ref.sum(0)
     precision, recall, f1 = scores_from_counts(tp, predicted, support)
+    positive = ref if ref.ndim == 2 else one_hot(ref, len(names))
+    ranked = column_scores(list(ranking), checked_scores(scores, len(ref), len(names), list(ranking)), positive,
+                           np.ones((1, len(ref)))) if ranking else {}
     return {str(name): {"precision": float(precision[i]), "recall": float(recall[i]), "f1": float(f1[i]),
-                        "support": int(support[i]), "predicted": int(predicted[i])} for i, name in enumerate(names)}
+                        "support": int(support[i]), "predicted": int(predicted[i]),
+                        **{metric: float(values[0, i]) for metric, values in ranked.items()}}
+            for i, name in enumerate(names)}
 
 
 def same_answer_for_every_text(by_label: Optional[dict[str, dict[str, float]]], texts: Optional[int],
