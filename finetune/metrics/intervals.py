@@ -223,8 +223,9 @@ def _paired_counted(suite: Any, predictions, others, references, resamples: int,
 def _paired_ranking(suite, scores, other_scores, references, resamples, level, seed) -> dict[str, list[float]]:
     """:func:`paired_differences` of the ranking metrics: both models' probabilities weighed by each resample of
     the texts."""
-    names = _ranked_with_intervals(suite, scores, references, other_scores, references) if other_scores is not None \
-        else []
+    if other_scores is None:
+        return {}
+    names = _ranked_with_intervals(suite, scores, references, other_scores, references)
     if not names:
         return {}
 
