@@ -1280,6 +1280,22 @@ def test_the_intervals_benchmark_times_the_metrics_and_their_intervals_for_each_
     assert all(float(r[2]) > 0 and float(r[3]) > 0 for r in rows)
 
 
+def test_the_intervals_benchmarks_ranking_mode_times_roc_auc_and_its_intervals_up_to_the_limit(capsys, monkeypatch):
+    import bench.intervals
+    import finetune.metrics.intervals
+
+    monkeypatch.setattr(bench.intervals, "RANKED_SHAPES", ((2, 50), (3, 40), (2, 300)))
+    monkeypatch.setattr(finetune.metrics.intervals, "MOST_PAIRS_FOR_AN_INTERVAL", 200)
+    assert bench.intervals.main(["--ranking", "--rounds", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "Command: `python -m bench.intervals --ranking --rounds 1`" in out
+    rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in out.splitlines()
+            if line.startswith("| ")][2:]
+    assert [(r[0], r[1], r[2]) for r in rows] == [("2", "50", "50"), ("3", "40", "120"), ("2", "300", "300")]
+    assert all(float(r[3]) > 0 for r in rows) and float(rows[0][4]) > 0 and float(rows[1][4]) > 0
+    assert rows[2][4] == "none (past the limit)"  # 300 pairs, past the 200 allowed
+
+
 def test_the_thresholds_job_tags_real_messages_by_their_cues_and_holds_a_fifth_out(tmp_path):
     import json
     import re
