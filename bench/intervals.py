@@ -84,7 +84,8 @@ def ranking(rounds: int) -> int:
 
     from finetune.metrics import MetricSuite, metric_intervals
 
-    lines = ["| classes | texts | ranked pairs | metrics (ms) | intervals (ms) |", "| ---: | ---: | ---: | ---: | ---: |"]
+    lines = ["| classes | texts | ranked pairs | metrics (ms) | intervals (ms) |",
+             "| ---: | ---: | ---: | ---: | ---: |"]
     for classes, texts in RANKED_SHAPES:
         rng = np.random.default_rng(0)
         references = rng.integers(0, classes, texts)

@@ -28,6 +28,7 @@ from typing import Any, Optional, Sequence
 from finetune.errors import (CommandParser, ConfigError, DataError, ModelError, OutOfMemory, out_of_memory_told_as,
                              run_command)
 from finetune.outputs import refuse_a_run_file
+from finetune.precisions import add_precision_argument, autocast_dtype, check_precision
 from finetune.prediction_files import (CLASH_PREFIX, OUTPUT_FORMATS, STDIN, checked_suffix, input_kind, local_file,
                                        columns_named_as_predictions, note_the_files_own_columns, output_separator,
                                        predict_rows, read_rows, write_predictions, ONE_TEXT_EACH, TEXT_FOLDER)
@@ -101,6 +102,10 @@ class Predictor:
         self.truncation = Truncation(truncation, self.max_length, head_tokens, stride) if self.max_length else None
         self.labels = label_names(model.config)
         self.problem_type = problem_type_of(model.config)
+        if threshold is not None and self.problem_type != "multi_label":  # said, not ignored
+            answer = "its most probable class" if self.problem_type == "single_label" else "a number"
+            raise ConfigError(f"threshold {threshold}: applies to multi-label models; this one is "
+                              f"{self.problem_type}, which predicts {answer}")
         self.thresholds = label_thresholds(model.config, self.labels, threshold)  # multi-label: one per label
         self.pad_to_multiple_of = pad_to_multiple_of
 
@@ -268,35 +273,6 @@ def _cut_of(data) -> dict[str, Any]:
             "pad_to_multiple_of": data.pad_to_multiple_of}
 
 
-# --precision's values, as training.mixed_precision names them
-PRECISIONS = ("no", "bf16", "fp16")
-
-
-def autocast_dtype(precision: str, device) -> Optional[Any]:
-    """The ``torch.dtype`` autocast computes in for ``precision`` on ``device`` (``None``: float32, no autocast).
-
-    Raises:
-        ConfigError: for another name, or fp16 off a CUDA GPU (a CPU would emulate it, far slower than float32).
-    """
-    import torch
-
-    check_precision(precision, "precision")
-    if precision == "fp16" and device.type != "cuda":
-        raise ConfigError(f"precision fp16: needs a CUDA GPU, the model is on {device.type} (use bf16 or no)")
-    return {"no": None, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
-
-
-def check_precision(precision: str, key: str) -> None:
-    """Refuse a name :data:`PRECISIONS` lacks, saying ``key`` (``--precision`` on a command line): before
-    torch is imported, so that a command's wrong argument is said at once.
-
-    Raises:
-        ConfigError: naming ``key``.
-    """
-    if precision not in PRECISIONS:
-        raise ConfigError(f"{key}: must be one of {', '.join(PRECISIONS)}, got {precision!r}")
-
-
 def _training_device():
     """The device training would use in a single process (Accelerate's choice), with all CPU cores."""
     from accelerate import PartialState
@@ -422,14 +398,6 @@ def check_options(args: argparse.Namespace) -> None:
             raise DataError(f"--output {args.output}: its directory does not exist")
     if not Path(args.output_dir).is_dir():
         raise ModelError(f"{args.output_dir}: not found (pass a run's output_dir)")
-
-
-def add_precision_argument(parser: argparse.ArgumentParser) -> None:
-    """``--precision``, shared by ``predict`` and ``score``."""
-    parser.add_argument("--precision", default="no", metavar="{no,bf16,fp16}",
-                        help="arithmetic of the forward passes: no (float32, the default), or bf16 or fp16 "
-                        "autocast where they compute faster (a CPU with AMX, an AMD one with avx512_bf16, a recent "
-                        "GPU), with probabilities that differ from float32's in their last digits")
 
 
 def batch_too_large(batch_size: int) -> OutOfMemory:

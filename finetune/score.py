@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from finetune.errors import CommandParser, ConfigError, DataError, FileLayoutError, out_of_memory_told_as, run_command
+# --precision's argument and check come through predict, which shares them (finetune.precisions)
 from finetune.predict import (DEFAULT_BATCH_SIZE, Predictor, add_precision_argument, batch_too_large,
                               check_precision, quiet_progress_bars, saved_config)
 

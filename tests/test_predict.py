@@ -589,6 +589,22 @@ def test_not_a_model_directory(tmp_path, capsys):
         f"{tmp_path / 'checkpoints' / 'checkpoint-10'}")
 
 
+def test_a_threshold_for_a_single_label_model_is_refused_not_ignored(trained, tmp_path, capsys):
+    """A single-label model predicts its most probable class: a --threshold would have changed nothing it said."""
+    from finetune.errors import ConfigError
+    from finetune.predict import Predictor, main
+
+    out, _, _ = trained
+    (tmp_path / "texts.txt").write_text("win cash now\n", encoding="utf-8")
+    assert main([str(out), "--threshold", "0.1", "--file", str(tmp_path / "texts.txt"), "--output",
+                 str(tmp_path / "p.csv")]) == 2
+    assert capsys.readouterr().err.strip() == ("error: threshold 0.1: applies to multi-label models; this one is "
+                                                "single_label, which predicts its most probable class")
+    assert not (tmp_path / "p.csv").exists()
+    with pytest.raises(ConfigError, match="threshold 0.3: applies to multi-label models"):
+        Predictor.load(out, threshold=0.3)
+
+
 def test_score_refuses_an_unknown_precision_in_one_line(trained, tmp_path, capsys):
     from finetune.score import main
 
