@@ -108,7 +108,7 @@ def test_the_ranking_metrics_need_the_probabilities_and_a_regression_refuses_the
 
     ref, probs = _probabilities(50, 2, seed=1)
     suite = MetricSuite(["f1", "roc_auc"], 2, "binary", pos_label=1)
-    with pytest.raises(ValueError, match="roc_auc score the texts' probabilities: pass them as scores="):
+    with pytest.raises(ValueError, match=r"the ranking metrics \(roc_auc\) need each text's probabilities: pass them as scores="):
         suite.compute(probs.argmax(axis=1), ref)
     with pytest.raises(ValueError, match=r"scores must be 50 x 2 probabilities .* got shape \(50, 3\)"):
         suite.compute(probs.argmax(axis=1), ref, scores=np.ones((50, 3)))

@@ -127,7 +127,8 @@ def checked_scores(scores, texts: int, columns: int, names: list[str]) -> np.nda
     """``scores`` as an ``texts x columns`` float array; ValueError naming the metrics that need them where they
     are missing or of another shape."""
     if scores is None:
-        raise ValueError(f"{', '.join(names)} score the texts' probabilities: pass them as scores=")
+        raise ValueError(f"the ranking metrics ({', '.join(names)}) need each text's probabilities: pass them as "
+                         "scores=")
     array = np.asarray(scores, dtype=np.float64)
     if array.shape != (texts, columns):
         raise ValueError(f"scores must be {texts} x {columns} probabilities (a row a text, a column a label), "
