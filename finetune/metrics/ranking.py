@@ -28,8 +28,8 @@ import numpy as np
 RANKING_METRICS = ("roc_auc", "average_precision")
 
 # Text-column pairs (a binary average ranks one column) past which a ranking metric gets no bootstrap interval:
-# its 1,000 resamples cost about 0.1 ms per thousand pairs each, a second an evaluation at this many (where an
-# interval is narrow: about +-0.01 of ROC AUC at 10,000 texts), and ten at ten times as many.
+# its 1,000 resamples cost under 0.1 ms per thousand pairs each, most of a second an evaluation at this many
+# (where an interval is narrow: about +-0.01 of ROC AUC at 10,000 texts), and ten times that at ten times as many.
 MOST_PAIRS_FOR_AN_INTERVAL = 10_000
 
 
@@ -41,40 +41,38 @@ def ranked(scores: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def weights_down_to(positive: np.ndarray, weights: np.ndarray, order: np.ndarray, ends: np.ndarray):
-    """The summed weights of the positive and of the negative texts from the highest score down to each distinct
-    score, that score's ties included (``R x G``). Cumulative sums, read at the ends of the runs of ties: one pass
-    over the texts, where summing each run on its own would loop over the runs."""
+    """The weights of the positive and of the negative texts at each distinct score, highest first, and summed
+    from the highest score down to it, that score's ties included: four ``R x G`` arrays. Cumulative sums read at
+    the ends of the runs of ties: one pass over the texts, where summing each run on its own would loop over
+    the runs."""
     w = weights[:, order]
-    positives = np.cumsum(w * positive[order], axis=1)
-    negatives = np.cumsum(w, axis=1) - positives
-    if len(ends) == len(order):  # no two texts tie
-        return positives, negatives
-    return positives[:, ends], negatives[:, ends]
+    positive_at = w * positive[order]
+    negative_at = w - positive_at
+    positives_down, negatives_down = np.cumsum(positive_at, axis=1), np.cumsum(negative_at, axis=1)
+    if len(ends) == len(order):  # no two texts tie: each text is its own score
+        return positive_at, negative_at, positives_down, negatives_down
+    positives_down, negatives_down = positives_down[:, ends], negatives_down[:, ends]
+    return (np.diff(positives_down, axis=1, prepend=0.0), np.diff(negatives_down, axis=1, prepend=0.0),
+            positives_down, negatives_down)
 
 
-def _at_each_score(down_to: np.ndarray) -> np.ndarray:
-    """The weight at each distinct score alone, from the weights down to it."""
-    return np.diff(down_to, axis=1, prepend=0.0)
-
-
-def roc_auc(positives_down: np.ndarray, negatives_down: np.ndarray) -> np.ndarray:
-    """ROC AUC of each row of :func:`weights_down_to`'s sums: each positive text's share of the negative texts
+def roc_auc(positive_at, negative_at, positives_down, negatives_down) -> np.ndarray:
+    """ROC AUC of each row of :func:`weights_down_to`'s arrays: each positive text's share of the negative texts
     scored below it, those tied with it counting a half."""
     total_negative = negatives_down[:, -1:]
-    negatives_below = total_negative - negatives_down
-    ordered = (_at_each_score(positives_down) * (negatives_below + 0.5 * _at_each_score(negatives_down))).sum(axis=1)
+    ordered = (positive_at * (total_negative - negatives_down + 0.5 * negative_at)).sum(axis=1)
     pairs = positives_down[:, -1] * total_negative[:, 0]
     return np.divide(ordered, pairs, out=np.full(len(pairs), np.nan), where=pairs > 0)
 
 
-def average_precision(positives_down: np.ndarray, negatives_down: np.ndarray) -> np.ndarray:
-    """Average precision of each row of :func:`weights_down_to`'s sums: the precision down to each score at which
-    positive texts are, weighted by how many."""
+def average_precision(positive_at, negative_at, positives_down, negatives_down) -> np.ndarray:
+    """Average precision of each row of :func:`weights_down_to`'s arrays: the precision down to each score at
+    which positive texts are, weighted by how many."""
     given = positives_down + negatives_down
     precision = np.divide(positives_down, given, out=np.zeros_like(given), where=given > 0)
     positives = positives_down[:, -1]
-    return np.divide((_at_each_score(positives_down) * precision).sum(axis=1), positives,
-                     out=np.full(len(positives), np.nan), where=positives > 0)
+    return np.divide((positive_at * precision).sum(axis=1), positives, out=np.full(len(positives), np.nan),
+                     where=positives > 0)
 
 
 SCORES = {"roc_auc": roc_auc, "average_precision": average_precision}
