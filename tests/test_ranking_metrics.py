@@ -132,8 +132,10 @@ def test_another_spelling_of_a_ranking_metric_is_named(name, meant, monkeypatch)
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setattr(evaluate.config, "HF_EVALUATE_OFFLINE", True)
-    with pytest.raises(ConfigError, match=f"cannot load metric '{name}' \\(did you mean '{meant}'\\?\\)"):
+    with pytest.raises(ConfigError, match=f"cannot load metric '{name}' \\(did you mean '{meant}'\\?\\)") as raised:
         MetricSuite(["accuracy", name], 2, "binary", pos_label=1)
+    assert raised.value.hint.startswith("Built in (offline): accuracy, f1, precision, recall, matthews_correlation, "
+                                        "roc_auc, average_precision. ")
 
 
 def test_a_ranking_interval_is_the_spread_of_resampled_texts():

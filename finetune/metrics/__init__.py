@@ -221,7 +221,7 @@ class MetricSuite:
             raise ConfigError(
                 f"evaluation.metrics: cannot load metric {name!r}{did_you_mean}",
                 hint=(
-                    f"Built in (offline): {', '.join(BUILTIN_METRICS)}. "
+                    f"Built in (offline): {', '.join(BUILTIN_METRICS + RANKING_METRICS)}. "
                     f"Other names load with evaluate.load, which failed: {_first_line(error)}"
                 ),
             ) from error
