@@ -689,13 +689,15 @@ class EvalConfig:
         "record then says whether it is the best so far, and that checkpoint is never pruned. Null: no "
         "selection, unless one of the two keys below asks for it, which then select on `loss`.")
     greater_is_better: Optional[bool] = setting(None,
-        "Null: lower is better for a loss or an error (loss, mse, ...), higher for every other metric.")
+        "Null: lower is better for a loss or an error (loss, mse, ...), higher for every other metric. Set only "
+        "where evaluations are compared (metric_for_best_model, load_best_model_at_end or early_stopping_patience).")
     load_best_model_at_end: bool = setting(False,
         "At the end, make the saved model (and metrics.json's eval) the best evaluation's, not the last.")
     early_stopping_patience: Optional[int] = setting(None,
         "Stop the run after this many evaluations in a row without improvement (null: never).")
     early_stopping_threshold: float = setting(0.0,
-        "An evaluation improves only when it beats the best by more than this.")
+        "An evaluation improves only when it beats the best by more than this. Set only where evaluations are "
+        "compared, as for greater_is_better.")
 
     def __post_init__(self) -> None:
         if not self.metrics:
@@ -721,6 +723,12 @@ class EvalConfig:
             raise ConfigError(
                 f"evaluation.early_stopping_threshold: must be >= 0, got {self.early_stopping_threshold}"
             )
+        selects = self.metric_for_best_model or self.load_best_model_at_end or self.early_stopping_patience
+        for key, given in (("greater_is_better", self.greater_is_better is not None),
+                           ("early_stopping_threshold", self.early_stopping_threshold != 0.0)):
+            if given and not selects:  # said, not ignored: no evaluation is compared with another
+                raise ConfigError(f"evaluation.{key}: compares evaluations, and none is selected or stopped on",
+                                  hint="set evaluation.metric_for_best_model or evaluation.early_stopping_patience")
 
 
 @dataclass

@@ -38,6 +38,11 @@ RUN_FEATURE_CASES = [
     (BASE + "evaluation:\n  load_best_model_at_end: 1\n", "evaluation.load_best_model_at_end: expected bool"),
     (BASE + "evaluation:\n  early_stopping_patience: 0\n", "evaluation.early_stopping_patience: must be >= 1"),
     (BASE + "evaluation:\n  early_stopping_threshold: -1\n", "evaluation.early_stopping_threshold: must be >= 0"),
+    # a direction or a margin for evaluations that nothing compares: said, not ignored
+    (BASE + "evaluation:\n  greater_is_better: true\n",
+     "evaluation.greater_is_better: compares evaluations, and none is selected or stopped on"),
+    (BASE + "evaluation:\n  early_stopping_threshold: 0.01\n",
+     "evaluation.early_stopping_threshold: compares evaluations, and none is selected or stopped on"),
     (BASE.replace("data:\n", "data:\n  balance_micro_batches: sometimes\n"),
      "data.balance_micro_batches: expected bool or 'auto'"),
 ]
