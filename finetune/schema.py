@@ -723,12 +723,17 @@ class EvalConfig:
             raise ConfigError(
                 f"evaluation.early_stopping_threshold: must be >= 0, got {self.early_stopping_threshold}"
             )
-        selects = self.metric_for_best_model or self.load_best_model_at_end or self.early_stopping_patience
         for key, given in (("greater_is_better", self.greater_is_better is not None),
                            ("early_stopping_threshold", self.early_stopping_threshold != 0.0)):
-            if given and not selects:  # said, not ignored: no evaluation is compared with another
+            if given and not self.compares_evaluations:  # said, not ignored: no evaluation is compared with another
                 raise ConfigError(f"evaluation.{key}: compares evaluations, and none is selected or stopped on",
                                   hint="set evaluation.metric_for_best_model or evaluation.early_stopping_patience")
+
+    @property
+    def compares_evaluations(self) -> bool:
+        """Whether evaluations are compared: a metric selects the best, the best is loaded, or a patience stops
+        the run (finetune.selection; otherwise loss)."""
+        return bool(self.metric_for_best_model or self.load_best_model_at_end or self.early_stopping_patience)
 
 
 @dataclass

@@ -41,7 +41,7 @@ class Selection:
         ``mse``, ``mae``), higher for every other metric, unless
         ``greater_is_better`` says otherwise.
         """
-        if not (cfg.metric_for_best_model or cfg.load_best_model_at_end or cfg.early_stopping_patience):
+        if not cfg.compares_evaluations:
             return None
         metric = (cfg.metric_for_best_model or "loss").removeprefix("eval/")
         greater = cfg.greater_is_better
