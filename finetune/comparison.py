@@ -75,8 +75,8 @@ def compare(this, predictor, other_dir: str, suite) -> Comparison:
     task = Task(kind, threshold=predictor.thresholds)
     others = in_this_runs_labels(task.predictions(logits).numpy(), predictor.labels, this.labels, kind)
     # the ranking metrics' probabilities, each label's in this run's column of it (0 for one the other lacks)
-    scores = {} if this.scores is None else {"scores": in_this_runs_labels(
-        task.probabilities(logits).numpy(), predictor.labels, this.labels, "multi_label")}
+    scores = {} if this.scores is None else {"scores": in_this_runs_columns(
+        task.probabilities(logits).numpy(), predictor.labels, this.labels)}
     metrics = suite.compute(others, this.references, **scores)
     differences = {name: this.metrics[name] - value for name, value in metrics.items()}
     intervals = paired_differences(suite, this.predictions, others, this.references, scores=this.scores,
@@ -109,15 +109,19 @@ def problem_type_of(score) -> str:
 
 def in_this_runs_labels(answers: np.ndarray, theirs: list[str], ours: list[str], kind: str) -> np.ndarray:
     """The other model's answers in this run's label order (names matched): class ids renumbered, or label
-    vectors' columns moved (a label the other model lacks is never predicted; ``multi_label`` moves the columns
-    of any matrix with a column a label, as its probabilities); a number stays as it is."""
+    vectors' columns moved (a label the other model lacks is never predicted); a number stays as it is."""
     if kind == "regression":
         return answers
-    ids = np.asarray([ours.index(name) for name in theirs], dtype=np.int64)
     if kind == "single_label":
-        return ids[answers]
-    moved = np.zeros((len(answers), len(ours)), dtype=answers.dtype)
-    moved[:, ids] = answers
+        return np.asarray([ours.index(name) for name in theirs], dtype=np.int64)[answers]
+    return in_this_runs_columns(answers, theirs, ours)
+
+
+def in_this_runs_columns(matrix: np.ndarray, theirs: list[str], ours: list[str]) -> np.ndarray:
+    """A matrix of the other model's with a column a label (its label vectors, its probabilities), its columns
+    moved to this run's label order by name; a label the other model lacks gets a column of zeros."""
+    moved = np.zeros((len(matrix), len(ours)), dtype=matrix.dtype)
+    moved[:, [ours.index(name) for name in theirs]] = matrix
     return moved
 
 
