@@ -19,6 +19,7 @@ from typing import Any, Optional
 import yaml
 
 from finetune.data_sources import data_sources
+from finetune.metrics.ranking import RANKING_METRICS
 from finetune.modeling import hub_id, model_name
 from finetune.outputs import CONFIG_FILE, MODEL_CARD_MARK
 from finetune.schema import PER_LABEL
@@ -236,7 +237,7 @@ def _by_label(by_label: Optional[dict[str, dict[str, float]]]) -> list[str]:
         shown = sorted(shown, key=lambda item: item[1]["f1"])[:CARD_LABELS]
         title = (f"The {CARD_LABELS} labels of lowest F1, of {len(by_label)}, each scored alone "
                  f"(all of them: `eval_by_label` in `metrics.json`):")
-    ranked = [key for key in ("roc_auc", "average_precision") if key in shown[0][1]]  # where the run asked for them
+    ranked = [key for key in RANKING_METRICS if key in shown[0][1]]  # where the run asked for them
     rows = [f"| {_cell(name)} | {s['precision']:.4f} | {s['recall']:.4f} | {s['f1']:.4f} | {s['support']} |"
             + "".join(f" {s[key]:.4f} |" for key in ranked) for name, s in shown]
     return [title, "", "| label | precision | recall | F1 | support |" + "".join(f" {key} |" for key in ranked),
