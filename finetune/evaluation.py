@@ -88,10 +88,11 @@ def evaluation_of(model: torch.nn.Module, dataloader, accelerator, metrics=None,
         inputs, chunk_rows = split_batch(batch)
         logits = document_logits(model(**inputs).logits, chunk_rows)  # a text's windows: one output, one sample
         loss = task.per_sample_loss(logits, batch["labels"])
-        # to be tuned, thresholds need every text's probabilities: the predictions follow them
-        answers = torch.sigmoid(logits.float()) if task.tune_thresholds else task.predictions(logits)
-        gathered = accelerator.gather_for_metrics((loss, answers, batch["labels"])
-                                                  + ((task.probabilities(logits),) if ranked else ()))
+        # to be tuned, thresholds need every text's probabilities: the predictions follow them, and the ranking
+        # metrics read them; without thresholds to tune, the ranking metrics' probabilities are gathered apart
+        answers = task.probabilities(logits) if task.tune_thresholds else task.predictions(logits)
+        apart = (task.probabilities(logits),) if ranked and not task.tune_thresholds else ()
+        gathered = accelerator.gather_for_metrics((loss, answers, batch["labels"], *apart))
         for kept, value in zip((losses, preds, refs, probs), gathered):
             kept.append(value.cpu())
     if was_training:
@@ -101,7 +102,7 @@ def evaluation_of(model: torch.nn.Module, dataloader, accelerator, metrics=None,
     all_loss = torch.cat(losses)
     predictions = torch.cat(preds).numpy()
     references = torch.cat(refs).numpy()
-    scores = {"scores": torch.cat(probs).numpy()} if ranked else {}
+    scores = {"scores": torch.cat(probs).numpy() if probs else predictions} if ranked else {}
     ranking = {**scores, "ranking": metrics.ranking} if ranked else {}  # each label's too
     tuned = None
     if task.tune_thresholds:

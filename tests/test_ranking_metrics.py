@@ -201,6 +201,42 @@ def test_past_so_many_text_label_pairs_a_ranking_metric_gets_no_interval(monkeyp
     assert set(intervals.metric_intervals(binary, probs.argmax(axis=1), ref, scores=probs)) == {"accuracy"}
 
 
+@pytest.mark.parametrize("tuned", [None, "macro"])
+def test_an_evaluation_ranks_each_labels_probabilities_with_thresholds_tuned_or_not(tuned):
+    """A multi-label evaluation whose thresholds are tuned gathers the probabilities once, for both uses."""
+    import torch
+    from accelerate import Accelerator
+    from types import SimpleNamespace
+
+    from finetune.evaluation import evaluation_of
+    from finetune.tasks import Task
+    from tiny_run import reset_accelerate
+
+    rng = np.random.default_rng(9)
+    labels = (rng.random((60, 3)) < 0.4).astype(np.float32)
+    logits = torch.from_numpy((rng.normal(size=(60, 3)) + 1.5 * labels).astype(np.float32))
+
+    class Fixed(torch.nn.Module):  # the logits of the texts a batch names by its input_ids
+        config = SimpleNamespace()  # where tuned thresholds are kept
+
+        def forward(self, input_ids):
+            return SimpleNamespace(logits=logits[input_ids[:, 0]])
+
+    batches = [{"input_ids": torch.arange(i, i + 20)[:, None], "labels": torch.from_numpy(labels[i:i + 20])}
+               for i in range(0, 60, 20)]
+    reset_accelerate()
+    suite = MultiLabelMetrics(["f1", *NAMES], 3, "macro")
+    evaluation = evaluation_of(Fixed(), batches, Accelerator(cpu=True), suite,
+                               Task("multi_label", tune_thresholds=tuned), labels=["a", "b", "c"])
+    reset_accelerate()
+    probs = torch.sigmoid(logits).numpy()
+    for name in NAMES:
+        assert evaluation.metrics[name] == pytest.approx(SKLEARN[name](labels, probs, average="macro"), abs=1e-6)
+        for i, label in enumerate("abc"):
+            assert evaluation.by_label[label][name] == pytest.approx(SKLEARN[name](labels[:, i], probs[:, i]), abs=1e-6)
+    assert (evaluation.thresholds is not None) == bool(tuned)
+
+
 @pytest.fixture(scope="module")
 def ranked_run(tmp_path_factory):
     from tiny_run import fit_tiny_run
