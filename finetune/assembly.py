@@ -24,13 +24,13 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import torch
 
 from finetune.accumulation import Batching, accumulate_as, layout_for, resolve_batching
 from finetune.autobatch import Checkpointing, fit_in_memory
-from finetune.config import PER_LABEL, Config
+from finetune.config import DEFAULT_THRESHOLD, PER_LABEL, Config
 from finetune.dataloaders import (
     build_dataloaders, collator, count_long_texts, count_seen_in_training, load_data, longest_text, tokenize_data,
     tokenized_cache_dir,
@@ -157,7 +157,7 @@ def setup_run(cfg: Config, accelerator=None, batching: Optional[Batching] = None
     set_attention_kernel(model, cfg.training, accelerator, cfg.data.max_length)  # before the plan measures it
     metrics = metric_suite(cfg, labels, splits["train"])
     task = build_task(cfg, labels, splits, device=accelerator.device)
-    start_thresholds(model.config, labels, cfg.evaluation.threshold)
+    start_thresholds(model.config, labels.names, task)
     tokenized = tokenize_data(cfg, splits, tokenizer, accelerator, cache_dir)
     cut = count_long_texts(cfg, tokenized["train"])
     longest = longest_text(tokenized["train"])
@@ -236,17 +236,17 @@ def metric_suite(cfg: Config, labels, train_split):
 
 
 def build_task(cfg: Config, labels, splits, device=None) -> Task:
-    """The run's :class:`~finetune.tasks.Task`: its problem type, ``training.label_smoothing`` and
-    ``evaluation.threshold``, with ``training.class_weights`` resolved from the training split of ``splits`` (on
-    ``device``, so that the loss moves nothing to the device in each step).
+    """The run's :class:`~finetune.tasks.Task`: its problem type, ``training.label_smoothing``, and
+    ``evaluation.threshold`` (a multi-label model's, or a two-class model's on its positive class), with
+    ``training.class_weights`` resolved from the training split of ``splits`` (on ``device``, so that the loss
+    moves nothing to the device in each step). Call it after :func:`metric_suite`, which resolves the positive
+    class.
 
     Raises:
-        ConfigError: if a class weight names a label the training data does not have, or thresholds are to be
-            tuned on validation data the run does not have.
+        ConfigError: if a class weight names a label the training data does not have, a threshold is set for a
+            model of more than two classes, or thresholds are to be tuned on validation data the run does not
+            have.
     """
-    from finetune.data import class_counts
-    from finetune.tasks import balanced_weights
-
     spec, smoothing, threshold = cfg.training.class_weights, cfg.training.label_smoothing, cfg.evaluation.threshold
     if threshold == PER_LABEL and "validation" not in splits:
         raise ConfigError("evaluation.threshold: per_label chooses thresholds on the validation texts, and this run "
@@ -256,11 +256,55 @@ def build_task(cfg: Config, labels, splits, device=None) -> Task:
             average = cfg.evaluation.average
             return Task("multi_label", tune_thresholds="micro" if average == "auto" else average)
         return Task("multi_label", threshold=threshold)
+    if labels.problem_type == "regression":
+        return Task("regression")
+    decision = _positive_class_decision(cfg, labels, splits["train"])
+    return Task("single_label", class_weights(spec, labels.names, splits["train"], device),
+                label_smoothing=smoothing, **decision)
+
+
+def _positive_class_decision(cfg: Config, labels, train_split) -> dict:
+    """A two-class run's threshold on its positive class (``Task``'s arguments; none: the most probable class):
+    ``evaluation.positive_label``, resolved by :func:`metric_suite` under binary averaging, else the rarer class
+    in the training data (the second on a tie), as ``average: auto`` would take it.
+
+    Raises:
+        ConfigError: for a threshold set for more than two classes.
+    """
+    from finetune.data import class_counts
+
+    threshold, names = cfg.evaluation.threshold, list(labels.names)
+    if threshold == DEFAULT_THRESHOLD:  # the most probable of two classes is the one over 0.5
+        return {}
+    if len(names) != 2:
+        shown = ", ".join(names[:5]) + (", ..." if len(names) > 5 else "")
+        raise ConfigError(f"evaluation.threshold: applies to multi_label models and to single_label ones of two "
+                          f"classes; this run has {len(names)} ({shown}), whose most probable is predicted")
+    positive = cfg.evaluation.positive_label
+    if positive is None:
+        counts = class_counts(train_split, 2).tolist()
+        positive = names[1] if counts[1] <= counts[0] else names[0]
+    logger.debug("evaluation.threshold: %s on %r", threshold, positive)  # the start line says it
+    if threshold == PER_LABEL:
+        return {"tune_thresholds": "binary", "positive_class": names.index(positive)}
+    return {"threshold": float(threshold), "positive_class": names.index(positive)}
+
+
+def class_weights(spec, names: Sequence[str], train_split, device=None) -> Optional[torch.Tensor]:
+    """``training.class_weights`` (``spec``: ``balanced``, or weights by label name, 1 for a label not named)
+    as one float32 weight per class id, on ``device``; None for none.
+
+    Raises:
+        ConfigError: if a class weight names a label the training data does not have.
+    """
+    from finetune.data import class_counts
+    from finetune.tasks import balanced_weights
+
     if spec is None:
-        return Task(labels.problem_type, label_smoothing=smoothing)
-    names = list(labels.names)
+        return None
+    names = list(names)
     if spec == "balanced":
-        weights = balanced_weights(class_counts(splits["train"], len(names)).tolist())
+        weights = balanced_weights(class_counts(train_split, len(names)).tolist())
     else:
         unknown = [name for name in spec if name not in names]
         if unknown:
@@ -269,7 +313,7 @@ def build_task(cfg: Config, labels, splits, device=None) -> Task:
         weights = [float(spec.get(name, 1.0)) for name in names]
     # the start line says it
     logger.debug("training.class_weights: %s", ", ".join(f"{n}={w:.4g}" for n, w in zip(names, weights)))
-    return Task("single_label", torch.tensor(weights, dtype=torch.float32, device=device), label_smoothing=smoothing)
+    return torch.tensor(weights, dtype=torch.float32, device=device)
 
 
 def prepare(accelerator, model, optimizer, train_dl, eval_dl):

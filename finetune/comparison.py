@@ -67,12 +67,11 @@ def compare(this, predictor, other_dir: str, suite) -> Comparison:
     import torch
 
     from finetune.metrics import paired_differences
-    from finetune.tasks import Task
 
     kind = problem_type_of(this)
     check_comparable(this.labels, kind, predictor.labels, predictor.problem_type, other_dir)
     logits = torch.from_numpy(predictor.logits(this.texts, this.pairs, progress=True))
-    task = Task(kind, threshold=predictor.thresholds)
+    task = predictor.task  # the other model at its own thresholds
     others = in_this_runs_labels(task.predictions(logits).numpy(), predictor.labels, this.labels, kind)
     # the ranking metrics' probabilities, each label's in this run's column of it (0 for one the other lacks)
     scores = {} if this.scores is None else {"scores": in_this_runs_columns(

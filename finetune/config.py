@@ -340,8 +340,10 @@ def _check_across_sections(cfg: Config, metrics_chosen: bool) -> Config:
         raise ConfigError("data.label_map: names classes, and regression has none (model.problem_type is regression)")
     if cfg.data.drop_labels is not None and problem_type == "regression":
         raise ConfigError("data.drop_labels: names classes, and regression has none (model.problem_type is regression)")
-    if cfg.evaluation.threshold != DEFAULT_THRESHOLD and problem_type != "multi_label":
-        raise ConfigError(f"evaluation.threshold: applies to multi_label only (model.problem_type is {problem_type})")
+    if cfg.evaluation.threshold != DEFAULT_THRESHOLD and problem_type == "regression":
+        # single_label: two classes only, which the data says (finetune.assembly.build_task)
+        raise ConfigError("evaluation.threshold: decides between classes, and regression has none "
+                          "(model.problem_type is regression)")
     if cfg.data.label_delimiter == "":
         raise ConfigError("data.label_delimiter: must not be empty (null: the column holds lists)")
     _metrics_for_problem_type(cfg.evaluation, problem_type, metrics_chosen)

@@ -5,13 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
-import numpy as np
 import torch
 
 from finetune.chunks import document_logits, split_batch
 from finetune.metrics import metric_intervals, scores_by_label
 from finetune.tasks import Task, label_names, set_model_thresholds
-from finetune.thresholds import f1_thresholds, format_thresholds
+from finetune.thresholds import format_thresholds
 
 
 # the keys of an evaluation record (train_log.jsonl, metrics.json) that hold Evaluation.by_label and .intervals
@@ -74,8 +73,8 @@ def evaluation_of(model: torch.nn.Module, dataloader, accelerator, metrics=None,
     ``accelerator.gather_for_metrics``, which drops the samples Accelerate
     repeated to even out processes: every example counts exactly once. A text
     split into windows (``data.truncation: chunks``) is one example, its
-    output the mean of its windows' logits. Under ``task.tune_thresholds`` each label's threshold is chosen on
-    these texts first, the metrics are scored at it, and the model's config keeps it (``label_thresholds``, which
+    output the mean of its windows' logits. Under ``task.tune_thresholds`` each label's threshold (a two-class
+    model's: its positive class's) is chosen on these texts first, the metrics are scored at it, and the model's config keeps it (``label_thresholds``, which
     a checkpoint or model saved next saves; :mod:`finetune.thresholds`). The arguments are
     :func:`evaluate_model`'s, and ``labels``: the label names in id order.
     """
@@ -106,8 +105,8 @@ def evaluation_of(model: torch.nn.Module, dataloader, accelerator, metrics=None,
     ranking = {**scores, "ranking": metrics.ranking} if ranked else {}  # each label's too
     tuned = None
     if task.tune_thresholds:
-        tuned = f1_thresholds(predictions, references, task.tune_thresholds)
-        predictions = (predictions > tuned).astype(np.int64)
+        tuned = task.tuned_thresholds(predictions, references)
+        predictions = task.at_thresholds(predictions, tuned)
     out: dict[str, float] = {"loss": all_loss.double().mean().item(), "num_samples": int(all_loss.numel())}
     if metrics is not None:
         out.update(metrics.compute(predictions, references, **scores))
@@ -118,7 +117,7 @@ def evaluation_of(model: torch.nn.Module, dataloader, accelerator, metrics=None,
         intervals = metric_intervals(metrics, predictions, references, **scores)
     if tuned is not None:
         config = accelerator.unwrap_model(model).config
-        names = labels if labels is not None else label_names(config)
+        names = task.thresholded_labels(labels if labels is not None else label_names(config))
         # the model's config carries the thresholds chosen for its weights: a checkpoint saved next saves them
         set_model_thresholds(config, names, tuned.tolist())
         tuned = dict(zip(names, tuned.tolist()))

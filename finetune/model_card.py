@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 import shlex
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import yaml
 
@@ -129,10 +129,20 @@ def _predicts(problem_type: str, labels: list[str]) -> str:
     return f"It predicts one of {len(labels)} labels: {names}."
 
 
-def _thresholds(evaluation, thresholds: Optional[dict[str, float]]) -> list[str]:
-    """The card's line on a multi-label model's thresholds (none for another problem type)."""
+def _thresholds(evaluation, thresholds: Optional[dict[str, float]], labels: Sequence[str],
+                problem_type: str) -> list[str]:
+    """The card's line on a thresholded model's thresholds: a multi-label model's, or a two-class model's on its
+    positive class (none where the most probable class is predicted)."""
     if not thresholds:
         return []
+    if problem_type == "single_label":
+        (positive, threshold), = thresholds.items()
+        other = next(name for name in labels if name != positive)
+        how = ("chosen on the validation texts for its best F1 (`evaluation.threshold: per_label`; the results below "
+               "are at it, so they lean high)" if evaluation.threshold == PER_LABEL else "(`evaluation.threshold`)")
+        return [f"- Threshold: `{positive}` where its probability is over {threshold:.4g}, {how}, else `{other}`; "
+                "in `config.json` as `label_thresholds`, which `finetune predict` applies and `pipeline()` does not "
+                "(it returns the most probable class)"]
     if evaluation.threshold != PER_LABEL:
         return [f"- Thresholds: {evaluation.threshold:g} for every label (`evaluation.threshold`)"]
     return [f"- Thresholds: {format_thresholds(list(thresholds), list(thresholds.values()))}, each label's chosen on "
@@ -297,7 +307,7 @@ def model_card(cfg, summary: dict[str, Any]) -> str:
         *_long_texts(train.get("long_texts")),
         *_adapters(train.get("lora")),
         *_frozen(train.get("frozen")),
-        *_thresholds(cfg.evaluation, summary.get("eval_thresholds")),
+        *_thresholds(cfg.evaluation, summary.get("eval_thresholds"), labels, cfg.model.problem_type),
         "",
         *_results(sources.validation, results, metrics, summary.get("eval_by_label"),
                   summary.get("validation_seen_in_training", 0), summary.get("eval_intervals")),

@@ -6,7 +6,9 @@ Usage::
     python -m finetune.predict outputs/sms_spam --file messages.txt --output predictions.csv
     python -m finetune.predict outputs/sms_spam --file messages.jsonl --output predictions.jsonl
 
-Each prediction has the label, its probability (``score``) and every class's; for a multi-label model,
+Each prediction has the label (the most probable class; for two classes, the positive class where its probability
+is over a threshold: the model's, or ``--threshold``), its probability (``score``) and every class's; for a
+multi-label model,
 ``labels`` (every label whose sigmoid probability is over its threshold: the model's, or ``--threshold``) and
 each label's probability; for a regression model, the number (``score``). Texts given on the command line print as
 JSON lines; ``--file`` reads what training reads (and ``.txt``, a text per line; ``-``, standard input) and writes
@@ -71,22 +73,26 @@ class Predictor:
             (``data.truncation``; under ``chunks`` a text's output is the mean of its windows' logits).
         head_tokens: ``head_tail``: the text's tokens kept from its start (``data.head_tokens``).
         stride: ``chunks``: the tokens each window shares with the one before (``data.stride``).
-        threshold: multi-label models: the probability over which a label is predicted, one number or one per
-            label; ``None``: the thresholds the model's config carries (``label_thresholds``), else 0.5.
+        threshold: The probability over which a label is predicted: a multi-label model's (one number, or one
+            per label), or a two-class model's positive class's (else the other class is); ``None``: those the
+            model's config carries (``label_thresholds``), else 0.5 for every label of a multi-label model and
+            the most probable class for a single-label one.
         precision: The forward passes' arithmetic, as ``training.mixed_precision`` names it: ``no``
             (float32), ``bf16`` or ``fp16`` (autocast; fp16 on a CUDA GPU only). Logits come back in float32
             either way.
         pad_to_multiple_of: Pad a batch to a multiple of this many tokens (``None``: its longest text's), as
             the run padded its micro-batches (``data.pad_to_multiple_of``, whose default this is).
+        positive_label: The class a ``threshold`` given to a two-class model decides on, where its config
+            names none (``evaluation.positive_label``; ``None``: the second class).
     """
 
     def __init__(self, model, tokenizer, *, device=None, batch_size: int = DEFAULT_BATCH_SIZE,
                  max_length: Optional[int] = None, threshold=None, truncation: str = "head",
                  head_tokens: Optional[int] = None, stride: Optional[int] = None, precision: str = "no",
-                 pad_to_multiple_of: Optional[int] = PAD_TO_MULTIPLE_OF):
+                 pad_to_multiple_of: Optional[int] = PAD_TO_MULTIPLE_OF, positive_label: Optional[str] = None):
         import torch
 
-        from finetune.tasks import label_names, label_thresholds, problem_type_of
+        from finetune.tasks import label_names, problem_type_of
 
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -102,11 +108,8 @@ class Predictor:
         self.truncation = Truncation(truncation, self.max_length, head_tokens, stride) if self.max_length else None
         self.labels = label_names(model.config)
         self.problem_type = problem_type_of(model.config)
-        if threshold is not None and self.problem_type != "multi_label":  # said, not ignored
-            answer = "its most probable class" if self.problem_type == "single_label" else "a number"
-            raise ConfigError(f"threshold {threshold}: applies to multi-label models; this one is "
-                              f"{self.problem_type}, which predicts {answer}")
-        self.thresholds = label_thresholds(model.config, self.labels, threshold)  # multi-label: one per label
+        self.positive_label = positive_label
+        self.task = self.task_at(threshold)
         self.pad_to_multiple_of = pad_to_multiple_of
 
     @classmethod
@@ -149,8 +152,9 @@ class Predictor:
         model.eval()
         if device is None:
             device = _training_device()
+        positive = cfg.evaluation.positive_label if cfg is not None else None  # what a run scored F1 on
         return cls(model, tokenizer, device=device, batch_size=batch_size, max_length=max_length,
-                   threshold=threshold, precision=precision, **cut)
+                   threshold=threshold, precision=precision, positive_label=positive, **cut)
 
     @classmethod
     def of_run(cls, run, **options) -> "Predictor":
@@ -158,7 +162,23 @@ class Predictor:
         the run does: what :meth:`load` gives once the run is saved. ``options``: the class's other arguments."""
         data = run.cfg.data
         return cls(run.accelerator.unwrap_model(run.model), run.tokenizer,
-                   **{"max_length": data.max_length, **_cut_of(data), **options})
+                   **{"max_length": data.max_length, **_cut_of(data),
+                      "positive_label": run.cfg.evaluation.positive_label, **options})
+
+    def task_at(self, threshold=None):
+        """The model's :class:`~finetune.tasks.Task`, predicting at ``threshold`` (see the class); ``None``: at
+        its own thresholds (:func:`finetune.tasks.decision_task`).
+
+        Raises:
+            ConfigError: for a threshold where none applies (regression, more than two classes): said, not
+                ignored.
+        """
+        from finetune.tasks import decision_task
+
+        try:
+            return decision_task(self.model.config, threshold, self.positive_label)
+        except ValueError as exc:
+            raise ConfigError(f"threshold {threshold}: {exc}") from None
 
     def logits(self, texts: Sequence[str], text_pairs: Optional[Sequence[str]] = None,
                progress: bool = False) -> "np.ndarray":  # noqa: F821
@@ -247,14 +267,14 @@ class Predictor:
             return [{"score": float(row[0])} for row in self.logits(texts, text_pairs, progress)]
         probs = self.probabilities(texts, text_pairs, progress)
         results = []
-        for row in probs:
+        for row, decided in zip(probs, self.task.decide(probs)):
             probabilities = {name: float(p) for name, p in zip(self.labels, row)}
             if self.problem_type == "multi_label":
-                chosen = [name for name, p, t in zip(self.labels, row, self.thresholds) if p > t]
+                chosen = [name for name, yes in zip(self.labels, decided) if yes]
                 results.append({"labels": chosen, "probabilities": probabilities})
                 continue
-            best = int(row.argmax())
-            results.append({"label": self.labels[best], "score": float(row[best]), "probabilities": probabilities})
+            label = int(decided)
+            results.append({"label": self.labels[label], "score": float(row[label]), "probabilities": probabilities})
         return results
 
     def empty_prediction(self) -> dict[str, Any]:
@@ -304,7 +324,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="column of the second text, for models trained on pairs (default: the run's)")
     parser.add_argument("--batch-size", type=int, default=DEFAULT_BATCH_SIZE, help="texts per forward pass")
     parser.add_argument("--threshold", type=float, default=None, help="multi-label models: predict every label "
-                        "whose probability is over this (default: the model's, evaluation.threshold's)")
+                        "whose probability is over this; two classes: the positive class (the run's "
+                        "evaluation.positive_label) where its probability is over this, else the other "
+                        "(default: the model's, evaluation.threshold's, else the most probable class)")
     add_precision_argument(parser)
     parser.add_argument("--debug", action="store_true", help="show tracebacks for input errors")
     # intermixed: texts may come before or after the options

@@ -24,7 +24,7 @@ from finetune.outputs import (
 )
 from finetune.resources import training_file
 from finetune.tables import LABELS
-from finetune.tasks import label_thresholds, set_model_thresholds
+from finetune.tasks import set_model_thresholds
 
 if TYPE_CHECKING:
     from finetune.assembly import Run
@@ -89,8 +89,8 @@ def summarize(run: "Run", history: list[dict[str, Any]], ended: str = "completed
         "eval_by_label": final.get(EVAL_BY_LABEL),
         # each single-label metric's 95% bootstrap interval over the validation texts, [low, high], or null
         "eval_intervals": final.get(EVAL_INTERVALS),
-        # multi_label: each label's threshold, by name, at which the saved model predicts (its config's
-        # label_thresholds; finetune.thresholds), or null
+        # each label's threshold, by name, at which the saved model predicts (its config's label_thresholds;
+        # finetune.thresholds): every label's (multi_label), the positive class's (two classes), or null
         "eval_thresholds": saved_thresholds(run, final.get(EVAL_THRESHOLDS)),
         # validation rows whose text (with its pair) a training row has too
         "validation_seen_in_training": run.seen_in_training,
@@ -103,13 +103,12 @@ def summarize(run: "Run", history: list[dict[str, Any]], ended: str = "completed
 
 
 def saved_thresholds(run: "Run", tuned: Optional[dict[str, float]]) -> Optional[dict[str, float]]:
-    """A multi-label run's thresholds by label name: those the saved model's evaluation chose (``tuned``, under
-    ``per_label``), else those its model's config carries (``evaluation.threshold``'s); None for another problem
-    type."""
-    if run.labels.problem_type != "multi_label":
+    """A thresholded run's thresholds by label name (every label's, multi_label; a two-class run's positive
+    class's): those the saved model's evaluation chose (``tuned``, under ``per_label``), else
+    ``evaluation.threshold``'s; None where the most probable class is predicted, or a number."""
+    if not run.task.thresholded:
         return None
-    names = list(run.labels.names)
-    return tuned or dict(zip(names, label_thresholds(run.accelerator.unwrap_model(run.model).config, names)))
+    return tuned or run.task.thresholds_by_label(run.labels.names)
 
 
 def one_answer_for_every_text(summary: dict[str, Any], targets=None) -> Optional[str]:

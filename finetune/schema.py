@@ -647,7 +647,8 @@ def check_schedule(name: str, kwargs: dict) -> None:
 
 
 DEFAULT_METRICS = ["accuracy", "f1"]
-# the sigmoid probability over which a multi_label model predicts a label, unless evaluation.threshold says another
+# the probability over which a multi_label model predicts a label, unless evaluation.threshold says another (and a
+# two-class model its positive class: where that class is the more probable)
 DEFAULT_THRESHOLD = 0.5
 # evaluation.threshold's value under which each evaluation chooses each label's threshold (finetune.thresholds)
 PER_LABEL = "per_label"
@@ -673,10 +674,13 @@ class EvalConfig:
         "The label name (as in the data) of the positive class for binary averaging.")
     threshold: Union[float, Literal["per_label"]] = setting(DEFAULT_THRESHOLD,
         "multi_label: the sigmoid probability over which a label is predicted, in evaluations and by the saved "
-        "model (its config's label_thresholds, which finetune predict and score use). `per_label`: each "
-        "evaluation chooses each label's own, those that give the best F1 (of `average`) on the validation "
-        "texts, and scores at them: chosen on the texts they are scored on, those scores lean high; score a "
-        "held-out file for a fair figure. Needs validation data.")
+        "model (its config's label_thresholds, which finetune predict and score use). Two classes "
+        "(single_label): the probability of the positive class (`positive_label`, else the rarer) over which "
+        "it is predicted, else the other; at 0.5 that is the more probable, as for more classes, where no "
+        "other value applies. `per_label`: each evaluation chooses each label's own (two classes: the positive "
+        "class's), those that give the best F1 (of `average`; two classes: the positive class's) on the "
+        "validation texts, and scores at them: chosen on the texts they are scored on, those scores lean high; "
+        "score a held-out file for a fair figure. Needs validation data.")
     eval_every: Optional[int] = setting(None,
         "Also evaluate every this many updates (null: only at epoch ends, see training.eval_each_epoch).")
     evals_per_epoch: Optional[int] = setting(None,

@@ -109,7 +109,7 @@ def scoring_config(output_dir: str | os.PathLike, file: str | os.PathLike, overr
             raise ConfigError(f"override {text!r}: the file to score is --file")
         tree[section][name] = value
         given.add(key)
-    if tree["model"]["problem_type"] == "multi_label" and "evaluation.threshold" not in given:
+    if tree["model"]["problem_type"] != "regression" and "evaluation.threshold" not in given:
         tree["evaluation"]["threshold"] = PER_LABEL  # the model's own, whatever the run's setting was
     columns = [tree["data"].get("text_column", "text"), tree["data"].get("label_column", "label")]
     if _own_layout(file, columns, str(tree["data"].get("encoding") or "utf-8")):
@@ -168,6 +168,22 @@ def load_labelled(file: str | os.PathLike, data_cfg, labels: Sequence[str], prob
 
     label_space = fdata.LabelSpace(list(labels), problem_type)
     return fdata.labelled_columns(fdata.load_labelled_file(str(file), data_cfg, label_space, key="--file"))
+
+
+def threshold_given(setting, problem_type: str, names: Sequence[str]) -> Optional[float]:
+    """``evaluation.threshold`` as scoring takes it: ``None`` for the model's own (``per_label``, which
+    :func:`scoring_config` sets where none is given), else the number given.
+
+    Raises:
+        ConfigError: for a number given to a single-label model of more than two classes, before its weights
+            are loaded.
+    """
+    if isinstance(setting, str) or problem_type == "regression":
+        return None
+    if problem_type == "single_label" and len(names) != 2:
+        raise ConfigError(f"evaluation.threshold: applies to multi_label models and to single_label ones of two "
+                          f"classes; this model has {len(names)}, and predicts its most probable")
+    return float(setting)
 
 
 def model_labels(output_dir: str | os.PathLike) -> tuple[list[str], str]:
@@ -264,7 +280,6 @@ def score_file(output_dir: str | os.PathLike, file: str | os.PathLike, overrides
     import torch
 
     from finetune.metrics import confusion_matrix, metric_intervals, metric_suite_for, scores_by_label
-    from finetune.tasks import Task
 
     cfg = scoring_config(output_dir, file, overrides)
     # read the file before loading the weights: bad data fails fast
@@ -280,11 +295,10 @@ def score_file(output_dir: str | os.PathLike, file: str | os.PathLike, overrides
         raise FileLayoutError(exc.message, _layout_hint(cfg.data) or exc.hint) from None
     counts = np.bincount(np.asarray(references), minlength=len(names)) if problem_type == "single_label" else None
     suite = metric_suite_for(cfg.evaluation, names, problem_type, counts, whose="the model")
+    threshold = threshold_given(cfg.evaluation.threshold, problem_type, names)
 
     predictor = predictor or Predictor.load(output_dir, batch_size=batch_size, precision=precision)
-    setting = cfg.evaluation.threshold  # per_label, the one word it takes: the model's own (finetune.thresholds)
-    thresholds = predictor.thresholds if isinstance(setting, str) else (setting,) * len(names)
-    task = Task(problem_type, threshold=thresholds)
+    task = predictor.task if threshold is None else predictor.task_at(threshold)
     logits = torch.from_numpy(predictor.logits(texts, pairs, progress=True))
     refs = torch.as_tensor(np.asarray(references))
     predictions = task.predictions(logits).numpy()
@@ -297,8 +311,8 @@ def score_file(output_dir: str | os.PathLike, file: str | os.PathLike, overrides
     confusion = confusion_matrix(refs.numpy(), predictions, len(names)) if single else None
     by_label = (scores_by_label(predictions, refs.numpy(), names, ranking=suite.ranking, **scores)
                 if problem_type != "regression" else None)
-    for name, threshold in zip(names, thresholds) if problem_type == "multi_label" else ():
-        by_label[name]["threshold"] = threshold  # what each label was predicted over
+    for name, value in task.thresholds_by_label(names).items():
+        by_label[name]["threshold"] = value  # what each label was predicted over
     return Score(str(file), metrics, list(names), confusion, predictions, refs.numpy(), predictor.precision,
                  by_label, texts_seen_in_training(output_dir, texts, pairs) if count_seen else None,
                  metric_intervals(suite, predictions, refs.numpy(), **scores), texts, pairs, suite,

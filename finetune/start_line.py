@@ -126,6 +126,10 @@ def _how(run: Run) -> str:
     if run.labels.problem_type == "multi_label":  # chosen at each evaluation, or one for every label
         tuned = run.task.tune_thresholds
         parts.append(f"thresholds=per_label (for {tuned} F1)" if tuned else f"threshold={evaluation.threshold:g}")
+    elif run.task.positive_class is not None:  # two classes: the positive one's probability decides
+        positive = run.labels.names[run.task.positive_class]
+        chosen = "per_label (for its F1)" if run.task.tune_thresholds else f"{evaluation.threshold:g}"
+        parts.append(f"threshold={chosen} on {positive!r}")
     if run.task.label_smoothing:
         parts.append(f"label_smoothing={run.task.label_smoothing:g}")
     weights = run.task.class_weights

@@ -3,9 +3,10 @@
 ===============  ====================  ==================================================  ======================
 problem type     label of a text       per-sample loss ``l_i`` (float32)                   prediction
 ===============  ====================  ==================================================  ======================
-single_label     one class id          ``w[y_i] * CE_e(z_i, y_i)`` (``w`` = 1 without      ``argmax z_i``
-                                       class weights; ``CE_e`` against targets smoothed
-                                       by ``e``, plain CE at ``e`` = 0)
+single_label     one class id          ``w[y_i] * CE_e(z_i, y_i)`` (``w`` = 1 without      ``argmax z_i``; two
+                                       class weights; ``CE_e`` against targets smoothed    classes at a threshold:
+                                       by ``e``, plain CE at ``e`` = 0)                    ``softmax(z_i)_c > t``
+                                                                                           ? ``c`` : the other
 multi_label      a 0/1 vector over     ``mean_j BCE(z_ij, y_ij)``: the mean over the L      ``sigmoid(z_ij) > t_j``
                  the L labels          labels, as transformers' ``BCEWithLogitsLoss``      (finetune.thresholds)
 regression       a number              ``(z_i - y_i) ** 2``, as transformers' ``MSELoss``  ``z_i``
@@ -33,10 +34,12 @@ import numbers
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence, Union
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
-from finetune.schema import DEFAULT_THRESHOLD, PER_LABEL
+from finetune.schema import DEFAULT_THRESHOLD
+from finetune.thresholds import f1_thresholds
 
 PROBLEM_TYPES = ("single_label", "multi_label", "regression")
 # what transformers' PretrainedConfig.problem_type calls each (its pipelines read it)
@@ -46,8 +49,8 @@ TRANSFORMERS_PROBLEM_TYPES = {
     "regression": "regression",
 }
 
-# the attribute of a saved model's config that holds its thresholds, {label name: threshold}
-# (multi_label; finetune.thresholds)
+# the attribute of a saved model's config that holds its thresholds, {label name: threshold}: every label's
+# (multi_label), or the positive class's (single_label of two classes); finetune.thresholds
 CONFIG_THRESHOLDS = "label_thresholds"
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -75,11 +78,15 @@ class Task:
         problem_type: single_label, multi_label or regression.
         class_weights: single_label only: one weight per class id (float32), or ``None``.
         label_smoothing: single_label only: ``e`` of the smoothed targets (torch's ``label_smoothing``).
-        threshold: multi_label only: the sigmoid probability above which a label is predicted, one for every
-            label or one per label (in label-id order).
-        tune_thresholds: multi_label only: the F1 averaging (``micro``, ``macro`` or ``weighted``) whose F1 an
-            evaluation's thresholds maximise on its texts, in place of ``threshold`` (``evaluation.threshold:
-            per_label``, :func:`finetune.thresholds.f1_thresholds`); ``None``: ``threshold`` it is.
+        threshold: multi_label: the sigmoid probability above which a label is predicted, one for every
+            label or one per label (in label-id order). single_label with a ``positive_class``: the softmax
+            probability of that class above which it is predicted (else the other class).
+        tune_thresholds: the F1 whose threshold an evaluation chooses on its texts, in place of ``threshold``
+            (``evaluation.threshold: per_label``, :func:`finetune.thresholds.f1_thresholds`): for multi_label
+            the averaging (``micro``, ``macro`` or ``weighted``), for single_label ``binary`` (the positive
+            class's F1); ``None``: ``threshold`` it is.
+        positive_class: single_label of two classes only: the class id ``threshold`` decides on; ``None``: the
+            most probable class is predicted.
     """
 
     problem_type: str = "single_label"
@@ -87,6 +94,7 @@ class Task:
     threshold: Union[float, tuple[float, ...]] = DEFAULT_THRESHOLD
     label_smoothing: float = 0.0
     tune_thresholds: Optional[str] = None
+    positive_class: Optional[int] = None
 
     def __post_init__(self) -> None:
         if self.problem_type not in PROBLEM_TYPES:
@@ -95,18 +103,33 @@ class Task:
             raise ValueError("class weights apply to single_label only")
         if self.label_smoothing and self.problem_type != "single_label":
             raise ValueError("label smoothing applies to single_label only")
-        if self.tune_thresholds and self.problem_type != "multi_label":
-            raise ValueError("tuned thresholds apply to multi_label only")
+        if self.positive_class is not None and self.problem_type != "single_label":
+            raise ValueError("a positive class applies to single_label only")
+        if self.tune_thresholds and not self.thresholded:
+            raise ValueError("tuned thresholds apply to multi_label, and to single_label with a positive class")
 
     @classmethod
     def of_model(cls, model) -> "Task":
-        """The task a model's config declares (``config.problem_type``, and a multi-label model's thresholds
-        where it carries them), without class weights."""
-        config = model.config
-        kind = problem_type_of(config)
-        if kind != "multi_label":
-            return cls(kind)
-        return cls(kind, threshold=model_thresholds(config, label_names(config)) or DEFAULT_THRESHOLD)
+        """The task a model's config declares (:func:`decision_task`), without class weights."""
+        return decision_task(model.config)
+
+    @property
+    def thresholded(self) -> bool:
+        """Whether a threshold decides the predictions (multi_label, or two classes with a positive one)."""
+        return self.problem_type == "multi_label" or self.positive_class is not None
+
+    def thresholded_labels(self, names: Sequence[str]) -> list[str]:
+        """The names of the labels a threshold decides on: every label (multi_label), the positive class, or
+        none."""
+        if self.problem_type == "multi_label":
+            return list(names)
+        return [names[self.positive_class]] if self.positive_class is not None else []
+
+    def thresholds_by_label(self, names: Sequence[str]) -> dict[str, float]:
+        """``{label: threshold}`` for :meth:`thresholded_labels`; empty where none decides."""
+        chosen = self.thresholded_labels(names)
+        given = self.threshold if isinstance(self.threshold, tuple) else (self.threshold,) * len(chosen)
+        return {name: float(t) for name, t in zip(chosen, given)}
 
     def per_sample_loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """``l_i`` for each row, in float32 (see the table above)."""
@@ -122,12 +145,38 @@ class Task:
 
     def predictions(self, logits: torch.Tensor) -> torch.Tensor:
         """Class ids, 0/1 label vectors, or numbers (see the table above)."""
-        if self.problem_type == "single_label":
+        if self.problem_type == "single_label" and self.positive_class is None:
             return logits.argmax(-1)
+        if self.problem_type == "single_label":
+            positive, other = self.positive_class, 1 - self.positive_class
+            over = torch.softmax(logits.float(), dim=-1)[:, positive] > float(self.threshold)
+            return torch.where(over, positive, other)
         if self.problem_type == "multi_label":
             threshold = torch.as_tensor(self.threshold, dtype=torch.float32, device=logits.device)
             return (torch.sigmoid(logits.float()) > threshold).long()
         return logits.float().squeeze(-1)
+
+    def decide(self, probabilities: np.ndarray) -> np.ndarray:
+        """What :meth:`predictions` gives, from the texts' :meth:`probabilities` as a NumPy array."""
+        if self.problem_type == "single_label" and self.positive_class is None:
+            return probabilities.argmax(-1)
+        return self.at_thresholds(probabilities, np.atleast_1d(np.asarray(self.threshold, dtype=np.float64)))
+
+    def at_thresholds(self, probabilities: np.ndarray, thresholds: np.ndarray) -> np.ndarray:
+        """What :meth:`predictions` gives at ``thresholds`` (one per :meth:`thresholded_labels`), from the
+        texts' :meth:`probabilities` as a NumPy array."""
+        if self.problem_type == "multi_label":
+            return (probabilities > thresholds).astype(np.int64)
+        positive = self.positive_class
+        return np.where(probabilities[:, positive] > thresholds[0], positive, 1 - positive).astype(np.int64)
+
+    def tuned_thresholds(self, probabilities: np.ndarray, references: np.ndarray) -> np.ndarray:
+        """The thresholds (one per :meth:`thresholded_labels`) that maximise the F1 of ``tune_thresholds`` on
+        these texts (:func:`finetune.thresholds.f1_thresholds`); ``references``: their labels."""
+        if self.problem_type == "multi_label":
+            return f1_thresholds(probabilities, references, self.tune_thresholds)
+        positive = self.positive_class  # its F1 alone: one label, a yes or no
+        return f1_thresholds(probabilities[:, [positive]], (references == positive)[:, None], "macro")
 
     def probabilities(self, logits: torch.Tensor) -> torch.Tensor:
         """Each class's probability (softmax) or each label's (sigmoid), in float32: what the ranking metrics
@@ -160,17 +209,56 @@ def label_thresholds(model_config, labels: Sequence[str], given=None) -> tuple[f
     return tuple(float(t) for t in given)
 
 
+def positive_threshold(model_config) -> Optional[tuple[int, float]]:
+    """A two-class single-label model's positive class id and its threshold, where its config carries one
+    (``label_thresholds`` naming one of its two labels); None where it predicts its most probable class."""
+    saved = getattr(model_config, CONFIG_THRESHOLDS, None)
+    names = label_names(model_config)
+    if len(names) != 2 or not isinstance(saved, dict) or len(saved) != 1 or next(iter(saved)) not in names:
+        return None
+    name, threshold = next(iter(saved.items()))
+    return names.index(name), float(threshold)
+
+
+def decision_task(model_config, threshold=None, positive_label: Optional[str] = None) -> Task:
+    """The task of a saved model as its config declares it (``problem_type``), predicting as the run left it: a
+    multi-label model at its thresholds, a two-class one at its positive class's where it carries one
+    (``label_thresholds``), else at its most probable class. ``threshold``, where given, replaces them: a
+    number (or one per label, multi_label); for two classes it decides on the class the config names, else
+    ``positive_label``, else the second class (id 1, as scikit-learn's ``pos_label=1``).
+
+    Raises:
+        ValueError: for a threshold given to a regression model or one of more than two classes, or a
+            ``positive_label`` that is not one of its labels.
+    """
+    kind, names = problem_type_of(model_config), label_names(model_config)
+    if kind == "multi_label":
+        return Task(kind, threshold=label_thresholds(model_config, names, threshold))
+    saved = positive_threshold(model_config) if kind == "single_label" else None
+    if threshold is None:
+        return Task(kind) if saved is None else Task(kind, threshold=saved[1], positive_class=saved[0])
+    if kind != "single_label" or len(names) != 2:
+        answer = "a number" if kind == "regression" else f"its most probable of {len(names)} classes"
+        raise ValueError(f"applies to multi-label models and to single-label ones of two classes; this one is "
+                         f"{kind}, which predicts {answer}")
+    if saved is None and positive_label is not None and positive_label not in names:
+        raise ValueError(f"positive label {positive_label!r} is not one of the model's labels ({', '.join(names)})")
+    positive = saved[0] if saved is not None else names.index(positive_label) if positive_label is not None else 1
+    return Task(kind, threshold=float(threshold), positive_class=positive)
+
+
 def set_model_thresholds(model_config, labels: Sequence[str], thresholds: Sequence[float]) -> None:
     """Put ``thresholds`` (in the order of ``labels``) in the model's config, where saving it writes them."""
     setattr(model_config, CONFIG_THRESHOLDS, {name: float(t) for name, t in zip(labels, thresholds)})
 
 
-def start_thresholds(model_config, labels, setting) -> None:
-    """A multi-label run's model starts with its thresholds in its config, where each checkpoint saves them: under
-    a number (``setting``, ``evaluation.threshold``), that number for every label; under ``per_label`` none, until
-    an evaluation chooses them. ``labels``: the run's :class:`~finetune.labels.LabelSpace`."""
-    if labels.problem_type == "multi_label" and setting != PER_LABEL:
-        set_model_thresholds(model_config, labels.names, [float(setting)] * len(labels.names))
+def start_thresholds(model_config, names: Sequence[str], task: Task) -> None:
+    """A run's model starts with the thresholds it predicts at in its config, where each checkpoint saves them:
+    ``task``'s number (``evaluation.threshold``) for every label of a multi-label model, or for a two-class
+    model's positive class; under ``per_label`` none, until an evaluation chooses them. ``names``: the labels."""
+    if task.thresholded and not task.tune_thresholds:
+        by_label = task.thresholds_by_label(names)
+        set_model_thresholds(model_config, list(by_label), list(by_label.values()))
 
 
 def balanced_weights(counts: list[int]) -> list[float]:

@@ -1316,6 +1316,21 @@ def test_the_thresholds_job_tags_real_messages_by_their_cues_and_holds_a_fifth_o
     assert 0.10 < sum("spam" in row["tags"] for row in rows) / len(rows) < 0.13  # the collection's own label
 
 
+def test_the_two_class_thresholds_job_holds_a_fifth_of_the_messages_out_with_their_own_labels(tmp_path):
+    import csv
+
+    from bench.thresholds import SMS, write_two_classes
+    from finetune.resources import resolve_path
+
+    train, test = write_two_classes(tmp_path)
+    parts = [list(csv.reader(path.open(encoding="utf-8", newline=""))) for path in (train, test)]
+    assert all(part[0] == ["label", "text"] for part in parts)
+    assert len(parts[1]) - 1 == 972 and len(parts[0]) - 1 == 4862 - 972
+    original = sorted(line.split("\t", 1) for line in
+                      open(resolve_path(SMS), encoding="utf-8").read().splitlines())
+    assert sorted(row for part in parts for row in part[1:]) == original  # every message once, with its label
+
+
 def test_the_carves_ks_distance_is_the_largest_gap_between_the_two_cumulative_distributions():
     import numpy as np
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import forked
-from helpers import REPO, make_texts, offline_env, write_tsv
+from helpers import REPO, make_texts, offline_env, save_tiny_model, write_tsv
 from tiny_run import fit_tiny_run, reset_accelerate
 
 # different lengths, so batches are padded and length-sorted
@@ -589,17 +589,19 @@ def test_not_a_model_directory(tmp_path, capsys):
         f"{tmp_path / 'checkpoints' / 'checkpoint-10'}")
 
 
-def test_a_threshold_for_a_single_label_model_is_refused_not_ignored(trained, tmp_path, capsys):
-    """A single-label model predicts its most probable class: a --threshold would have changed nothing it said."""
+def test_a_threshold_for_a_model_of_three_classes_is_refused_not_ignored(tmp_path, capsys):
+    """A model of more than two classes predicts its most probable: a --threshold would change nothing it said.
+    (Two classes: tests/test_decision_threshold.py.)"""
     from finetune.errors import ConfigError
     from finetune.predict import Predictor, main
 
-    out, _, _ = trained
+    out = save_tiny_model(tmp_path / "three", num_labels=3)
     (tmp_path / "texts.txt").write_text("win cash now\n", encoding="utf-8")
     assert main([str(out), "--threshold", "0.1", "--file", str(tmp_path / "texts.txt"), "--output",
                  str(tmp_path / "p.csv")]) == 2
-    assert capsys.readouterr().err.strip() == ("error: threshold 0.1: applies to multi-label models; this one is "
-                                                "single_label, which predicts its most probable class")
+    assert capsys.readouterr().err.strip() == (
+        "error: threshold 0.1: applies to multi-label models and to single-label ones of two classes; this one "
+        "is single_label, which predicts its most probable of 3 classes")
     assert not (tmp_path / "p.csv").exists()
     with pytest.raises(ConfigError, match="threshold 0.3: applies to multi-label models"):
         Predictor.load(out, threshold=0.3)
@@ -1168,13 +1170,18 @@ def test_a_model_that_answers_another_question_is_not_compared():
     from finetune.comparison import compare
     from finetune.errors import ConfigError
     from finetune.metrics import MetricSuite
+    from finetune.tasks import Task
 
     class Scored:  # a Score of a single-label model on two texts
         labels, confusion, by_label, texts, pairs = ["ham", "spam"], np.zeros((2, 2)), {}, ["a", "b"], None
         predictions, references, metrics, scores = np.array([0, 1]), np.array([0, 1]), {"accuracy": 1.0}, None
 
     class Other:
-        labels, problem_type, thresholds = ["ham", "eggs"], "single_label", (0.5, 0.5)
+        labels, problem_type = ["ham", "eggs"], "single_label"
+
+        @property
+        def task(self):
+            return Task(self.problem_type)
 
         def logits(self, texts, pairs, progress):
             return np.array([[1.0, 0.0], [0.0, 1.0]], dtype=np.float32)

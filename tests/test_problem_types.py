@@ -291,8 +291,8 @@ def test_regression_reads_numbers_and_names_a_row_that_is_not_one(tmp_path):
      r"evaluation.threshold: must be between 0 and 1, or per_label, got 1.0"),
     ({"model": {"problem_type": "multi_label"}, "evaluation": {"threshold": "best"}},
      r"evaluation.threshold: expected float or 'per_label', got str 'best'"),
-    ({"evaluation": {"threshold": "per_label"}},
-     r"evaluation.threshold: applies to multi_label only \(model.problem_type is single_label\)"),
+    ({"evaluation": {"threshold": "per_label"}, "model": {"problem_type": "regression"}},
+     r"evaluation.threshold: decides between classes, and regression has none \(model.problem_type is regression\)"),
 ])
 def test_a_bad_problem_type_setting_is_one_line_naming_the_key(sections, message):
     tree = {"data": {"train_file": "x.csv"}}
@@ -472,7 +472,7 @@ def test_a_multi_label_run_learns_and_pipeline_agrees_with_predict(problem_runs,
     thresholds = summary["eval_thresholds"]
     assert list(thresholds) == ["hurry", "money"] and all(0 < t < 1 for t in thresholds.values())
     assert AutoConfig.from_pretrained(out).label_thresholds == thresholds
-    assert predictor.thresholds == tuple(thresholds.values())
+    assert predictor.task.threshold == tuple(thresholds.values())
     card = (out / "README.md").read_text()
     named = ", ".join(f"{name} {t:.3g}" for name, t in thresholds.items())
     assert f"- Thresholds: {named}, each label's chosen on the validation texts for the best micro F1" in card

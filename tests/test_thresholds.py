@@ -102,7 +102,8 @@ def test_task_predictions_take_one_threshold_per_label():
     logits = torch.tensor([[0.0, 0.0], [1.0, -1.0], [-1.0, 1.0]])
     task = Task("multi_label", threshold=(0.3, 0.6))
     assert task.predictions(logits).tolist() == [[1, 0], [1, 0], [0, 1]]
-    with pytest.raises(ValueError, match="multi_label only"):
+    with pytest.raises(ValueError, match="tuned thresholds apply to multi_label, and to single_label with a "
+                                         "positive class"):
         Task("single_label", tune_thresholds="micro")
 
 
@@ -130,16 +131,16 @@ def test_a_models_config_carries_its_thresholds_by_label_name():
 
 
 def test_a_run_with_one_threshold_starts_its_model_with_it_and_one_that_chooses_them_with_none():
-    from types import SimpleNamespace
-
     from transformers import BertConfig
 
     from finetune.tasks import start_thresholds
 
-    for problem_type, setting, expected in (("multi_label", 0.3, {"a": 0.3, "b": 0.3}),
-                                            ("multi_label", "per_label", None), ("single_label", 0.5, None)):
+    for task, expected in ((Task("multi_label", threshold=0.3), {"a": 0.3, "b": 0.3}),
+                           (Task("multi_label", tune_thresholds="micro"), None), (Task("single_label"), None),
+                           (Task("single_label", threshold=0.2, positive_class=0), {"a": 0.2}),
+                           (Task("single_label", tune_thresholds="binary", positive_class=1), None)):
         config = BertConfig(num_labels=2)
-        start_thresholds(config, SimpleNamespace(problem_type=problem_type, names=["a", "b"]), setting)
+        start_thresholds(config, ["a", "b"], task)
         assert getattr(config, "label_thresholds", None) == expected
 
 

@@ -1,0 +1,184 @@
+"""A two-class model's decision threshold (``evaluation.threshold`` on single_label): its positive class is
+predicted where that class's probability is over the threshold, a number or chosen on the validation texts for
+the best F1, and the saved model, ``finetune predict`` and ``finetune score`` predict at it."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from tiny_run import fit_tiny_run, reset_accelerate
+
+from finetune.errors import ConfigError
+from finetune.tasks import Task, decision_task
+
+
+def _config(names, problem_type="single_label_classification", thresholds=None):
+    config = SimpleNamespace(id2label=dict(enumerate(names)), num_labels=len(names), problem_type=problem_type)
+    if thresholds is not None:
+        config.label_thresholds = thresholds
+    return config
+
+
+def _softmax(logits: torch.Tensor) -> np.ndarray:
+    return torch.softmax(logits.float(), dim=-1).numpy()
+
+
+@pytest.mark.parametrize("positive", [0, 1])
+def test_the_positive_class_is_predicted_over_the_threshold_else_the_other(positive):
+    logits = torch.randn(500, 2, generator=torch.Generator().manual_seed(positive))
+    probabilities = _softmax(logits)
+    task = Task("single_label", threshold=0.2, positive_class=positive)
+    expected = np.where(probabilities[:, positive] > 0.2, positive, 1 - positive)
+    assert task.predictions(logits).tolist() == expected.tolist()
+    assert task.decide(probabilities).tolist() == expected.tolist()
+    assert task.at_thresholds(probabilities, np.array([0.2])).tolist() == expected.tolist()
+    assert 0 < (expected != logits.argmax(-1).numpy()).sum()  # 0.2 is not the most probable class
+    # at 0.5 the positive class is over it exactly where it is the more probable of the two
+    assert Task("single_label", threshold=0.5, positive_class=positive).predictions(logits).tolist() == \
+        logits.argmax(-1).tolist()
+    assert task.thresholds_by_label(["ham", "spam"]) == {["ham", "spam"][positive]: 0.2}
+
+
+def test_the_tuned_threshold_gives_the_best_f1_of_the_positive_class():
+    from sklearn.metrics import f1_score
+
+    rng = np.random.default_rng(0)
+    references = (rng.random(400) < 0.2).astype(np.int64)  # 1 the rarer
+    # a model that ranks the positive texts higher, not perfectly, on rounded probabilities (ties included)
+    spam = np.round(np.clip(0.3 * references + rng.random(400) * 0.6, 0, 1), 2)
+    probabilities = np.stack([1 - spam, spam], axis=1).astype(np.float32)
+    task = Task("single_label", tune_thresholds="binary", positive_class=1)
+    (threshold,) = task.tuned_thresholds(probabilities, references)
+    predictions = task.at_thresholds(probabilities, np.array([threshold]))
+    tuned_f1 = f1_score(references, predictions)
+    every = [f1_score(references, (probabilities[:, 1] > t).astype(int)) for t in np.unique(probabilities[:, 1])]
+    assert tuned_f1 == pytest.approx(max(every + [f1_score(references, np.ones_like(references))]))
+    assert tuned_f1 > f1_score(references, probabilities.argmax(1))
+    # the positive class 0: the same threshold on the mirrored problem
+    mirrored = Task("single_label", tune_thresholds="binary", positive_class=0)
+    assert mirrored.tuned_thresholds(probabilities[:, ::-1], 1 - references) == pytest.approx([threshold])
+
+
+def test_a_saved_model_predicts_at_the_threshold_its_config_carries():
+    assert decision_task(_config(["ham", "spam"])) == Task("single_label")
+    saved = decision_task(_config(["ham", "spam"], thresholds={"spam": 0.3}))
+    assert (saved.positive_class, saved.threshold) == (1, 0.3)
+    # given, a threshold decides on the class the config names, else the one given, else the second
+    assert decision_task(_config(["spam", "ham"], thresholds={"spam": 0.3}), 0.1).positive_class == 0
+    assert decision_task(_config(["ham", "spam"]), 0.1, positive_label="ham").positive_class == 0
+    assert decision_task(_config(["ham", "spam"]), 0.1).positive_class == 1
+    # a multi-label model's thresholds are every label's, as before
+    multi = decision_task(_config(["a", "b"], "multi_label_classification", {"a": 0.2, "b": 0.7}))
+    assert multi.threshold == (0.2, 0.7) and multi.positive_class is None
+    with pytest.raises(ValueError, match="applies to multi-label models and to single-label ones of two classes; "
+                                         "this one is single_label, which predicts its most probable of 3 classes"):
+        decision_task(_config(["a", "b", "c"]), 0.3)
+    with pytest.raises(ValueError, match="this one is regression, which predicts a number"):
+        decision_task(_config(["score"], "regression"), 0.3)
+    with pytest.raises(ValueError, match=r"positive label 'eggs' is not one of the model's labels \(ham, spam\)"):
+        decision_task(_config(["ham", "spam"]), 0.3, positive_label="eggs")
+
+
+@pytest.fixture(scope="module")
+def tuned_run(tmp_path_factory):
+    """The tiny spam run, one short epoch (a model that still errs), its threshold chosen on the validation texts."""
+    root = tmp_path_factory.mktemp("tuned")
+    said = []
+    from finetune.start_line import describe
+
+    cfg, summary = fit_tiny_run(root, before_fit=lambda run: said.append(describe(run)),
+                                training={"num_train_epochs": 1}, optim={"learning_rate": 2e-3},
+                                evaluation={"metrics": ["accuracy", "f1", "roc_auc"], "threshold": "per_label"})
+    return root, cfg, summary, said[0]
+
+
+def _validation(root):
+    rows = [line.split("\t") for line in (root / "validation.tsv").read_text(encoding="utf-8").splitlines()]
+    return [text for _, text in rows], np.array([1 if label == "spam" else 0 for label, _ in rows])
+
+
+@pytest.mark.slow
+def test_a_run_chooses_its_threshold_and_everything_after_predicts_at_it(tuned_run, tmp_path, capsys):
+    from sklearn.metrics import f1_score, roc_auc_score
+    from transformers import AutoConfig
+
+    from finetune.predict import Predictor, main
+    from finetune.score import score_file
+
+    root, cfg, summary, start = tuned_run
+    out = root / "out"
+    assert "threshold=per_label (for its F1) on 'spam'" in start
+    (name, threshold), = summary["eval_thresholds"].items()
+    assert name == "spam" and 0 < threshold < 1
+    assert AutoConfig.from_pretrained(out).label_thresholds == {"spam": threshold}
+    texts, references = _validation(root)
+    reset_accelerate()
+    predictor = Predictor.load(out, device="cpu")
+    spam = predictor.probabilities(texts)[:, 1]
+    at_threshold = (spam > threshold).astype(int)
+    # the run's F1 is the saved model's at its threshold, the best any threshold gives on these texts
+    assert summary["eval"]["f1"] == pytest.approx(f1_score(references, at_threshold), abs=1e-6)
+    best = max(f1_score(references, (spam > t).astype(int)) for t in np.append(np.unique(spam), 0.0))
+    assert summary["eval"]["f1"] == pytest.approx(best, abs=1e-6)
+    assert summary["eval"]["f1"] >= f1_score(references, (spam > 0.5).astype(int))
+    assert summary["eval"]["roc_auc"] == pytest.approx(roc_auc_score(references, spam), abs=1e-6)
+    assert (at_threshold != (spam > 0.5)).any(), "the threshold should change an answer on this run"
+    # predict and score predict at it
+    labels = [p["label"] for p in predictor.predict(texts)]
+    assert labels == ["spam" if yes else "ham" for yes in at_threshold]
+    scored = score_file(out, root / "validation.tsv", predictor=predictor, count_seen=False)
+    assert scored.metrics["f1"] == pytest.approx(summary["eval"]["f1"], abs=1e-6)
+    assert scored.by_label["spam"]["threshold"] == threshold and "threshold" not in scored.by_label["ham"]
+    at_half = score_file(out, root / "validation.tsv", ["evaluation.threshold=0.5"], predictor=predictor,
+                         count_seen=False)
+    assert at_half.metrics["f1"] == pytest.approx(f1_score(references, (spam > 0.5).astype(int)), abs=1e-6)
+    # --threshold on the command line replaces the model's
+    (tmp_path / "texts.txt").write_text("\n".join(texts) + "\n", encoding="utf-8")
+    assert main([str(out), "--threshold", "0.9", "--file", str(tmp_path / "texts.txt"), "--output",
+                 str(tmp_path / "p.jsonl")]) == 0
+    rows = [json.loads(line) for line in (tmp_path / "p.jsonl").read_text().splitlines()]
+    assert [row["predicted_label"] if "predicted_label" in row else row["label"] for row in rows] == \
+        ["spam" if p > 0.9 else "ham" for p in spam]
+    card = (out / "README.md").read_text()
+    assert f"- Threshold: `spam` where its probability is over {threshold:.4g}, chosen on the validation texts" in card
+
+
+@pytest.mark.slow
+def test_a_threshold_of_ones_own_is_saved_from_the_start(tmp_path):
+    from transformers import AutoConfig
+
+    from finetune.predict import Predictor
+
+    cfg, summary = fit_tiny_run(tmp_path, training={"num_train_epochs": 1}, optim={"learning_rate": 2e-3},
+                                evaluation={"threshold": 0.2})
+    out = tmp_path / "out"
+    assert summary["eval_thresholds"] == {"spam": 0.2}
+    assert AutoConfig.from_pretrained(out).label_thresholds == {"spam": pytest.approx(0.2)}
+    texts, references = _validation(tmp_path)
+    reset_accelerate()
+    predictor = Predictor.load(out, device="cpu")
+    spam = predictor.probabilities(texts)[:, 1]
+    from sklearn.metrics import f1_score
+    assert summary["eval"]["f1"] == pytest.approx(f1_score(references, (spam > 0.2).astype(int)), abs=1e-6)
+    # the default, 0.5, saves none: the most probable class, as every single-label model predicts
+    reset_accelerate()
+    cfg, summary = fit_tiny_run(tmp_path / "half", training={"num_train_epochs": None, "max_steps": 2})
+    assert summary["eval_thresholds"] is None
+    assert not hasattr(AutoConfig.from_pretrained(tmp_path / "half" / "out"), "label_thresholds")
+
+
+def test_a_threshold_for_more_than_two_classes_is_refused_at_the_start(tmp_path):
+    from finetune.assembly import build_task
+
+    cfg = SimpleNamespace(training=SimpleNamespace(class_weights=None, label_smoothing=0.0),
+                          evaluation=SimpleNamespace(threshold=0.3, positive_label=None))
+    labels = SimpleNamespace(problem_type="single_label", names=["a", "b", "c"])
+    with pytest.raises(ConfigError, match=r"^evaluation.threshold: applies to multi_label models and to "
+                                          r"single_label ones of two classes; this run has 3 \(a, b, c\)"):
+        build_task(cfg, labels, {"train": None, "validation": None})
+    cfg.evaluation.threshold = 0.5  # the default: the most probable class
+    assert build_task(cfg, labels, {"train": None, "validation": None}) == Task("single_label")
