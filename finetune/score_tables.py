@@ -37,12 +37,13 @@ def format_by_label(by_label: dict[str, dict[str, float]]) -> str:
     """Each label's scores as an aligned text table, one row per label."""
     width = max([len(str(name)) for name in by_label] + [5])
     first = next(iter(by_label.values()), {})
-    over = "threshold" in first  # a multi-label model's: the probability it passed
+    # the probability a label passed: every label's (multi-label), or the positive class's of two
+    over = any("threshold" in s for s in by_label.values())
     ranked = {key: head for key, head in RANKED_COLUMNS.items() if key in first}
     head = (f"{'label'.ljust(width)}  precision  recall      f1  support  predicted"
             + "".join(f"  {heading}" for heading in ranked.values()) + "  threshold" * over)
     rows = [f"{str(name).ljust(width)}  {s['precision']:9.4f}  {s['recall']:6.4f}  {s['f1']:6.4f}  {s['support']:7d}"
             f"  {s['predicted']:9d}" + "".join(f"  {s[key]:{len(heading)}.4f}" for key, heading in ranked.items())
-            + (f"  {s['threshold']:9.3g}" if over else "") for name, s in by_label.items()]
+            + (f"  {s['threshold']:9.3g}" if "threshold" in s else " " * 11 * over) for name, s in by_label.items()]
     return "\n".join(["by label (each scored alone; support: its texts in the file; predicted: the texts given it)",
                       head, *rows])

@@ -1,4 +1,5 @@
-"""A multi-label model's decision thresholds: the probability over which each label is predicted.
+"""Decision thresholds: the probability over which each label of a multi-label model is predicted, or the positive
+class of a two-class one.
 
 A multi-label model predicts every label whose sigmoid probability is over a threshold. One threshold for every
 label (0.5 by default, ``evaluation.threshold``) suits labels the model ranks and scales alike; a rare label's
@@ -12,8 +13,12 @@ The model's config carries its thresholds by label name (``label_thresholds`` in
 ``finetune score`` and ``Predictor`` read them, and where a user of plain transformers finds them:
 ``model.config.label_thresholds``. (transformers keeps an attribute it does not know in the saved config, and its
 pipeline ignores it: ``pipeline`` returns the probabilities, to which a caller applies the thresholds.)
-scikit-learn's ``TunedThresholdClassifierCV`` tunes one threshold of a binary classifier; nothing in the stack
-tunes one per label for a pooled F1, so this is written here.
+A two-class model predicts its most probable class, the positive one where its probability is over 0.5; under
+``evaluation.threshold`` (a number, or ``per_label``) the positive class's threshold moves, chosen as one label's
+is, for the positive class's F1 (:meth:`finetune.tasks.Task.tuned_thresholds`), and its config carries that one
+(``{"spam": 0.31}``). scikit-learn's ``TunedThresholdClassifierCV`` tunes one threshold of a binary classifier, by
+cross-validating an estimator it refits; nothing in the stack tunes one per label for a pooled F1, or one on a
+fine-tuned model's validation texts, so this is written here.
 """
 
 from __future__ import annotations

@@ -108,6 +108,7 @@ def test_a_run_chooses_its_threshold_and_everything_after_predicts_at_it(tuned_r
 
     from finetune.predict import Predictor, main
     from finetune.score import score_file
+    from finetune.score_tables import format_by_label
 
     root, cfg, summary, start = tuned_run
     out = root / "out"
@@ -133,6 +134,10 @@ def test_a_run_chooses_its_threshold_and_everything_after_predicts_at_it(tuned_r
     scored = score_file(out, root / "validation.tsv", predictor=predictor, count_seen=False)
     assert scored.metrics["f1"] == pytest.approx(summary["eval"]["f1"], abs=1e-6)
     assert scored.by_label["spam"]["threshold"] == threshold and "threshold" not in scored.by_label["ham"]
+    table = format_by_label(scored.by_label).splitlines()
+    assert table[1].endswith("threshold") and table[3].split()[0] == "spam"
+    assert float(table[3].split()[-1]) == pytest.approx(threshold, rel=1e-2)
+    assert len(table[2].split()) == len(table[3].split()) - 1  # ham: no threshold
     at_half = score_file(out, root / "validation.tsv", ["evaluation.threshold=0.5"], predictor=predictor,
                          count_seen=False)
     assert at_half.metrics["f1"] == pytest.approx(f1_score(references, (spam > 0.5).astype(int)), abs=1e-6)
@@ -169,6 +174,19 @@ def test_a_threshold_of_ones_own_is_saved_from_the_start(tmp_path):
     cfg, summary = fit_tiny_run(tmp_path / "half", training={"num_train_epochs": None, "max_steps": 2})
     assert summary["eval_thresholds"] is None
     assert not hasattr(AutoConfig.from_pretrained(tmp_path / "half" / "out"), "label_thresholds")
+
+
+def test_the_by_label_table_gives_the_positive_class_its_threshold_in_either_place():
+    from finetune.score_tables import format_by_label
+
+    scores = {"precision": 0.5, "recall": 0.5, "f1": 0.5, "support": 4, "predicted": 4}
+    for positive in ("spam", "ham"):
+        by_label = {name: {**scores, **({"threshold": 0.3} if name == positive else {})} for name in ("spam", "ham")}
+        head, *rows = format_by_label(by_label).splitlines()[1:]
+        assert head.split()[-1] == "threshold"
+        assert {row.split()[0]: row.split()[-1] for row in rows} == {positive: "0.3",
+                                                                    ({"spam", "ham"} - {positive}).pop(): "4"}
+        assert len({len(row.rstrip()) for row in rows if row.startswith(positive)} | {len(head)}) == 1
 
 
 def test_a_threshold_for_more_than_two_classes_is_refused_at_the_start(tmp_path):
