@@ -284,6 +284,9 @@ def _positive_class_decision(cfg: Config, labels, train_split) -> dict:
     if positive is None:
         counts = class_counts(train_split, 2).tolist()
         positive = names[1] if counts[1] <= counts[0] else names[0]
+    elif positive not in names:  # binary averaging checked it; under another, only the threshold reads it
+        raise ConfigError(f"evaluation.positive_label: {positive!r} is not a label of the training data "
+                          f"({', '.join(names)})")
     logger.debug("evaluation.threshold: %s on %r", threshold, positive)  # the start line says it
     if threshold == PER_LABEL:
         return {"tune_thresholds": "binary", "positive_class": names.index(positive)}

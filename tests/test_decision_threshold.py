@@ -189,7 +189,7 @@ def test_the_by_label_table_gives_the_positive_class_its_threshold_in_either_pla
         assert len({len(row.rstrip()) for row in rows if row.startswith(positive)} | {len(head)}) == 1
 
 
-def test_a_threshold_for_more_than_two_classes_is_refused_at_the_start(tmp_path):
+def test_a_runs_threshold_decides_on_its_positive_class_and_more_than_two_classes_are_refused():
     from finetune.assembly import build_task
 
     cfg = SimpleNamespace(training=SimpleNamespace(class_weights=None, label_smoothing=0.0),
@@ -198,5 +198,21 @@ def test_a_threshold_for_more_than_two_classes_is_refused_at_the_start(tmp_path)
     with pytest.raises(ConfigError, match=r"^evaluation.threshold: applies to multi_label models and to "
                                           r"single_label ones of two classes; this run has 3 \(a, b, c\)"):
         build_task(cfg, labels, {"train": None, "validation": None})
+    two = SimpleNamespace(problem_type="single_label", names=["ham", "spam"])
+    cfg.evaluation.positive_label = "eggs"  # under macro averaging, which does not read it: the threshold does
+    with pytest.raises(ConfigError, match=r"^evaluation.positive_label: 'eggs' is not a label of the training "
+                                          r"data \(ham, spam\)$"):
+        build_task(cfg, two, {"train": None, "validation": None})
+    cfg.evaluation.positive_label = "ham"
+    assert build_task(cfg, two, {"train": None, "validation": None}) == Task("single_label", threshold=0.3,
+                                                                             positive_class=0)
+    # none named (macro averaging): the rarer in the training data, the second on a tie
+    import datasets
+
+    from finetune.tables import LABELS
+    cfg.evaluation.positive_label = None
+    for labels_of_rows, positive in (([0, 0, 0, 1], 1), ([0, 1, 1, 1], 0), ([0, 1], 1)):
+        train = datasets.Dataset.from_dict({LABELS: labels_of_rows})
+        assert build_task(cfg, two, {"train": train, "validation": None}).positive_class == positive
     cfg.evaluation.threshold = 0.5  # the default: the most probable class
     assert build_task(cfg, labels, {"train": None, "validation": None}) == Task("single_label")
