@@ -39,7 +39,7 @@ import torch
 import torch.nn.functional as F
 
 from finetune.schema import DEFAULT_THRESHOLD
-from finetune.thresholds import f1_thresholds
+from finetune.thresholds import f1_thresholds, positive_class_threshold
 
 PROBLEM_TYPES = ("single_label", "multi_label", "regression")
 # what transformers' PretrainedConfig.problem_type calls each (its pipelines read it)
@@ -172,11 +172,14 @@ class Task:
 
     def tuned_thresholds(self, probabilities: np.ndarray, references: np.ndarray) -> np.ndarray:
         """The thresholds (one per :meth:`thresholded_labels`) that maximise the F1 of ``tune_thresholds`` on
-        these texts (:func:`finetune.thresholds.f1_thresholds`); ``references``: their labels."""
+        these texts (:func:`finetune.thresholds.f1_thresholds`; a two-class model's where that beats 0.5 on
+        nearly every resample of them, :func:`finetune.thresholds.positive_class_threshold`); ``references``:
+        their labels."""
         if self.problem_type == "multi_label":
             return f1_thresholds(probabilities, references, self.tune_thresholds)
-        positive = self.positive_class  # its F1 alone: one label, a yes or no
-        return f1_thresholds(probabilities[:, [positive]], (references == positive)[:, None], "macro")
+        positive = self.positive_class  # its F1 alone: one label, a yes or no, moved from 0.5 where that pays
+        chosen = positive_class_threshold(probabilities[:, positive], references == positive)
+        return np.array([chosen], dtype=np.float32)
 
     def probabilities(self, logits: torch.Tensor) -> torch.Tensor:
         """Each class's probability (softmax) or each label's (sigmoid), in float32: what the ranking metrics

@@ -63,6 +63,39 @@ def test_the_tuned_threshold_gives_the_best_f1_of_the_positive_class():
     assert mirrored.tuned_thresholds(probabilities[:, ::-1], 1 - references) == pytest.approx([threshold])
 
 
+def test_the_share_of_resamples_that_beat_the_default_is_that_of_resampling_the_texts():
+    from sklearn.metrics import f1_score
+
+    from finetune.thresholds import share_beating_default
+
+    rng = np.random.default_rng(2)
+    truth = rng.random(300) < 0.15
+    probability = np.clip(0.35 * truth + rng.random(300) * 0.55, 0, 1).astype(np.float32)
+    beats = []
+    for _ in range(1000):  # the texts drawn one by one, as a bootstrap resample does
+        i = rng.integers(0, 300, 300)
+        moved, default = (f1_score(truth[i], probability[i] > t, zero_division=0) for t in (0.52, 0.5))
+        beats.append(moved > default)
+    assert share_beating_default(probability, truth, 0.52) == pytest.approx(np.mean(beats), abs=0.04)
+    assert 0.2 < np.mean(beats) < 0.98  # a case in between, where the two could disagree
+
+
+def test_the_threshold_moves_from_the_default_only_where_the_texts_say_it_pays():
+    from finetune.thresholds import positive_class_threshold
+
+    # every positive text under 0.5 but over 0.2: 0.5 finds none of them, and any resample says so
+    truth = np.array([1] * 20 + [0] * 180)
+    probability = np.where(truth == 1, 0.3, 0.1).astype(np.float32)
+    assert 0.1 < positive_class_threshold(probability, truth) < 0.3
+    # a model that is right at 0.5 but for one positive text at 0.02: the best threshold finds it (F1 1.0 here),
+    # but that is one text's say, and 0.5 stays
+    probability = np.where(truth == 1, 0.97, 0.01).astype(np.float32)
+    probability[0] = 0.02
+    assert positive_class_threshold(probability, truth) == 0.5
+    from finetune.thresholds import f1_thresholds
+    assert f1_thresholds(probability[:, None], truth[:, None] > 0, "macro")[0] < 0.02
+
+
 def test_a_saved_model_predicts_at_the_threshold_its_config_carries():
     assert decision_task(_config(["ham", "spam"])) == Task("single_label")
     saved = decision_task(_config(["ham", "spam"], thresholds={"spam": 0.3}))
