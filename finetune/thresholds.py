@@ -15,8 +15,8 @@ The model's config carries its thresholds by label name (``label_thresholds`` in
 pipeline ignores it: ``pipeline`` returns the probabilities, to which a caller applies the thresholds.)
 A two-class model predicts its most probable class, the positive one where its probability is over 0.5; under
 ``evaluation.threshold`` (a number, or ``per_label``) the positive class's threshold moves, chosen as one label's
-is, for the positive class's F1 (:meth:`finetune.tasks.Task.tuned_thresholds`), and its config carries that one
-(``{"spam": 0.31}``). scikit-learn's ``TunedThresholdClassifierCV`` tunes one threshold of a binary classifier, by
+is, for the positive class's F1, where that beats the default on nearly every resample of the texts
+(:func:`positive_class_threshold`), and its config carries that one (``{"spam": 0.31}``). scikit-learn's ``TunedThresholdClassifierCV`` tunes one threshold of a binary classifier, by
 cross-validating an estimator it refits; nothing in the stack tunes one per label for a pooled F1, or one on a
 fine-tuned model's validation texts, so this is written here.
 """
