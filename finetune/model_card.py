@@ -138,9 +138,10 @@ def _thresholds(evaluation, thresholds: Optional[dict[str, float]], labels: Sequ
     if problem_type == "single_label":
         (positive, threshold), = thresholds.items()
         other = next(name for name in labels if name != positive)
-        how = ("chosen on the validation texts for its best F1 (`evaluation.threshold: per_label`; the results below "
-               "are at it, so they lean high)" if evaluation.threshold == PER_LABEL else "(`evaluation.threshold`)")
-        return [f"- Threshold: `{positive}` where its probability is over {threshold:.4g}, {how}, else `{other}`; "
+        how = (", chosen on the validation texts (`evaluation.threshold: per_label`: the one of its best F1 where that "
+               "beats 0.5 on 95% of resamples of them, else 0.5; the results below are at it, so they lean high)"
+               if evaluation.threshold == PER_LABEL else " (`evaluation.threshold`)")
+        return [f"- Threshold: `{positive}` where its probability is over {threshold:.4g}{how}, else `{other}`; "
                 "in `config.json` as `label_thresholds`, which `finetune predict` applies and `pipeline()` does not "
                 "(it returns the most probable class)"]
     if evaluation.threshold != PER_LABEL:

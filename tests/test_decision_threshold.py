@@ -202,6 +202,8 @@ def test_a_threshold_of_ones_own_is_saved_from_the_start(tmp_path):
     spam = predictor.probabilities(texts)[:, 1]
     from sklearn.metrics import f1_score
     assert summary["eval"]["f1"] == pytest.approx(f1_score(references, (spam > 0.2).astype(int)), abs=1e-6)
+    assert "- Threshold: `spam` where its probability is over 0.2 (`evaluation.threshold`), else `ham`" in \
+        (out / "README.md").read_text()
     # the default, 0.5, saves none: the most probable class, as every single-label model predicts
     reset_accelerate()
     cfg, summary = fit_tiny_run(tmp_path / "half", training={"num_train_epochs": None, "max_steps": 2})
