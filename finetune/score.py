@@ -73,11 +73,14 @@ class Score:
     suite: Any = None
     # each text's probability of each label, where the metrics rank the texts by them (ROC AUC, average precision)
     scores: Any = None
+    # a two-class model's: its positive class's thresholds for target precisions and recalls (finetune.metrics.operating_points)
+    operating_points: Optional[dict[str, Any]] = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"file": self.file, "precision": self.precision, "metrics": self.metrics, "labels": self.labels,
                 "by_label": self.by_label, "seen_in_training": self.seen_in_training, "intervals": self.intervals,
-                "confusion_matrix": None if self.confusion is None else self.confusion.tolist()}
+                "confusion_matrix": None if self.confusion is None else self.confusion.tolist(),
+                "operating_points": self.operating_points}
 
 
 def scoring_config(output_dir: str | os.PathLike, file: str | os.PathLike, overrides: Sequence[str] = ()):
@@ -279,7 +282,7 @@ def score_file(output_dir: str | os.PathLike, file: str | os.PathLike, overrides
     import numpy as np
     import torch
 
-    from finetune.metrics import confusion_matrix, metric_intervals, metric_suite_for, scores_by_label
+    from finetune.metrics import confusion_matrix, metric_intervals, metric_suite_for, scores_by_label, two_class_points
 
     cfg = scoring_config(output_dir, file, overrides)
     # read the file before loading the weights: bad data fails fast
@@ -313,10 +316,12 @@ def score_file(output_dir: str | os.PathLike, file: str | os.PathLike, overrides
                 if problem_type != "regression" else None)
     for name, value in task.thresholds_by_label(names).items():
         by_label[name]["threshold"] = value  # what each label was predicted over
+    points = two_class_points(task, task.probabilities(logits).numpy(), refs.numpy(), names, suite.pos_label) \
+        if single else None
     return Score(str(file), metrics, list(names), confusion, predictions, refs.numpy(), predictor.precision,
                  by_label, texts_seen_in_training(output_dir, texts, pairs) if count_seen else None,
                  metric_intervals(suite, predictions, refs.numpy(), **scores), texts, pairs, suite,
-                 scores.get("scores"))
+                 scores.get("scores"), points)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -374,7 +379,8 @@ def run(args: argparse.Namespace) -> Score:
     from finetune.comparison import check_comparable
     from finetune.metrics import metrics_with_intervals
     from finetune.plot import DPI, confusion_figure, picture_format
-    from finetune.score_tables import PRINTED_MATRIX_LABELS, format_by_label, format_confusion, format_confusions
+    from finetune.score_tables import (PRINTED_MATRIX_LABELS, format_by_label, format_confusion, format_confusions,
+                                       format_operating_points)
 
     png_format = picture_format(png, "--png")  # before the scoring, which may take minutes
     if other_dir is not None:  # before anything is scored: a model that answers another question is said at once
@@ -389,6 +395,8 @@ def run(args: argparse.Namespace) -> Score:
     print(metrics_with_intervals(result.metrics, result.intervals or {}))
     if result.by_label is not None:
         print(format_by_label(result.by_label))
+    if result.operating_points is not None:
+        print(format_operating_points(result.operating_points["points"], result.operating_points["label"]))
     for caution in cautions(result, f"texts of {file_name(args.file)}"):
         print(f"warning: {caution}", file=sys.stderr)
     if result.confusion is not None:

@@ -1,9 +1,9 @@
 """What ``finetune score`` prints of a model's scores: the confusion matrix, or the pairs most confused where
-the labels are too many for a terminal's width, and each label's scores."""
+the labels are too many for a terminal's width, each label's scores, and a two-class model's operating points."""
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
 
 def format_confusion(matrix, names: Sequence[str]) -> str:
@@ -47,3 +47,17 @@ def format_by_label(by_label: dict[str, dict[str, float]]) -> str:
             + (f"  {s['threshold']:9.3g}" if "threshold" in s else " " * 11 * over) for name, s in by_label.items()]
     return "\n".join(["by label (each scored alone; support: its texts in the file; predicted: the texts given it)",
                       head, *rows])
+
+
+def format_operating_points(rows: list[dict[str, Any]], positive: str) -> str:
+    """The rows as an aligned text table, headed by what they are."""
+    lines = [f"{positive}'s threshold for a precision or recall of {positive} on this file "
+             f"(finetune predict --threshold T, evaluation.threshold=T)",
+             f"{'aim':<17}  threshold  precision  recall      f1  predicted"]
+    for row in rows:
+        if row["threshold"] is None:
+            lines.append(f"{row['aim']:<17}  {'none reaches it':>9}")
+            continue
+        lines.append(f"{row['aim']:<17}  {row['threshold']:9.4g}  {row['precision']:9.4f}  {row['recall']:6.4f}  "
+                     f"{row['f1']:6.4f}  {row['predicted']:9d}")
+    return "\n".join(lines)

@@ -95,14 +95,14 @@ def f1_thresholds(probabilities, references, average: str = "macro") -> np.ndarr
     if probabilities.ndim != 2 or probabilities.shape != references.shape:
         raise ValueError(f"probabilities {probabilities.shape} and references {references.shape} must be "
                          "(texts, labels) alike")
-    labels = [_Cuts(probabilities[:, j], references[:, j]) for j in range(probabilities.shape[1])]
+    labels = [Cuts(probabilities[:, j], references[:, j]) for j in range(probabilities.shape[1])]
     if average == "micro":
         return _pooled_f1_thresholds(labels, probabilities, references)
     return np.array([label.thresholds[label.best(0, 0, label.positives)] if label.tunable else DEFAULT_THRESHOLD
                      for label in labels], dtype=np.float32)
 
 
-class _Cuts:
+class Cuts:
     """One label's possible thresholds. Predicting its ``m`` most probable texts gives ``hits(m)`` of its
     ``positives``, so one sort counts every threshold: a cut falls between two different probabilities (texts of
     one probability go together), over 0."""
@@ -127,7 +127,7 @@ class _Cuts:
         return int(tied[np.argmin(np.abs(self.thresholds[tied] - DEFAULT_THRESHOLD))])
 
 
-def _pooled_f1_thresholds(labels: list[_Cuts], probabilities: np.ndarray, references: np.ndarray) -> np.ndarray:
+def _pooled_f1_thresholds(labels: list[Cuts], probabilities: np.ndarray, references: np.ndarray) -> np.ndarray:
     """Micro F1's thresholds, label by label from the default, each change a strict rise (so it ends)."""
     thresholds = np.full(len(labels), DEFAULT_THRESHOLD, dtype=np.float32)
     predicted_now = probabilities > thresholds

@@ -167,6 +167,11 @@ def test_a_run_chooses_its_threshold_and_everything_after_predicts_at_it(tuned_r
     scored = score_file(out, root / "validation.tsv", predictor=predictor, count_seen=False)
     assert scored.metrics["f1"] == pytest.approx(summary["eval"]["f1"], abs=1e-6)
     assert scored.by_label["spam"]["threshold"] == threshold and "threshold" not in scored.by_label["ham"]
+    # the operating points start from the model's own threshold, whose row is the file's F1
+    points = scored.operating_points
+    assert points["label"] == "spam" and points["points"][0]["threshold"] == pytest.approx(threshold)
+    assert points["points"][0]["f1"] == pytest.approx(scored.metrics["f1"], abs=1e-6)
+    assert scored.to_dict()["operating_points"] == points
     table = format_by_label(scored.by_label).splitlines()
     assert table[1].endswith("threshold") and table[3].split()[0] == "spam"
     assert float(table[3].split()[-1]) == pytest.approx(threshold, rel=1e-2)
@@ -251,3 +256,55 @@ def test_a_runs_threshold_decides_on_its_positive_class_and_more_than_two_classe
         assert build_task(cfg, two, {"train": train, "validation": None}).positive_class == positive
     cfg.evaluation.threshold = 0.5  # the default: the most probable class
     assert build_task(cfg, labels, {"train": None, "validation": None}) == Task("single_label")
+
+
+def test_the_operating_points_are_the_best_each_aim_allows_on_the_texts():
+    from finetune.metrics import operating_points
+
+    rng = np.random.default_rng(4)
+    truth = rng.random(400) < 0.2
+    probability = np.round(np.clip(0.35 * truth + rng.random(400) * 0.6, 0, 1), 2).astype(np.float32)  # ties
+    rows = {row["aim"]: row for row in operating_points(probability, truth, 0.5)}
+
+    def at(t):
+        predicted = probability > t
+        hits = (predicted & truth).sum()
+        return hits / max(predicted.sum(), 1), hits / truth.sum(), predicted.sum()
+
+    every = [at(t) for t in np.append(np.unique(probability), -1.0) if (probability > t).any()]
+    assert rows["the model's"]["precision"] == pytest.approx(at(0.5)[0])
+    for target in (0.9, 0.95, 0.99):
+        row = rows[f"precision >= {target:g}"]
+        best_recall = max([r for p, r, _ in every if p >= target], default=None)
+        if best_recall is None:
+            assert row["threshold"] is None
+            continue
+        assert row["recall"] == pytest.approx(best_recall) and row["precision"] >= target
+        assert at(row["threshold"])[:2] == pytest.approx((row["precision"], row["recall"]))  # p > t gives it
+    for target in (0.9, 0.95, 0.99):
+        row = rows[f"recall >= {target:g}"]
+        best_precision = max(p for p, r, _ in every if r >= target)
+        assert row["precision"] == pytest.approx(best_precision) and row["recall"] >= target
+        assert at(row["threshold"])[:2] == pytest.approx((row["precision"], row["recall"]))
+    assert all(rows[f"precision >= {target:g}"]["threshold"] is not None for target in (0.9, 0.95, 0.99))
+    # a file whose most probable text is not of the class: no threshold reaches a precision of 0.99 there
+    truth, probability = np.array([0, 1, 1, 0]), np.array([0.9, 0.8, 0.7, 0.1], dtype=np.float32)
+    rows = {row["aim"]: row for row in operating_points(probability, truth, 0.5)}
+    assert rows["precision >= 0.99"] == {"aim": "precision >= 0.99", "threshold": None}
+    assert rows["recall >= 0.99"]["predicted"] == 3 and rows["recall >= 0.99"]["precision"] == pytest.approx(2 / 3)
+
+
+def test_operating_points_are_read_for_two_classes_only_on_the_class_the_model_decides_on():
+    from finetune.metrics import two_class_points
+
+    probabilities = np.array([[0.2, 0.8], [0.7, 0.3], [0.4, 0.6]], dtype=np.float32)
+    references = np.array([1, 0, 0])
+    saved = two_class_points(Task("single_label", threshold=0.3, positive_class=0), probabilities, references,
+                             ["ham", "spam"], pos_label=1)
+    assert saved["label"] == "ham" and saved["points"][0]["threshold"] == pytest.approx(0.3)
+    # at p(ham) > 0.3: the texts of 0.7 and 0.4, both ham
+    assert saved["points"][0]["predicted"] == 2 and saved["points"][0]["precision"] == 1.0
+    unsaved = two_class_points(Task("single_label"), probabilities, references, ["ham", "spam"], pos_label=None)
+    assert unsaved["label"] == "spam" and unsaved["points"][0]["threshold"] == 0.5
+    assert two_class_points(Task("single_label"), np.ones((3, 3)) / 3, references, ["a", "b", "c"], None) is None
+    assert two_class_points(Task("multi_label"), probabilities, np.eye(2)[[1, 0, 0]], ["a", "b"], None) is None
