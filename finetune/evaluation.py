@@ -74,9 +74,10 @@ def evaluation_of(model: torch.nn.Module, dataloader, accelerator, metrics=None,
     repeated to even out processes: every example counts exactly once. A text
     split into windows (``data.truncation: chunks``) is one example, its
     output the mean of its windows' logits. Under ``task.tune_thresholds`` each label's threshold (a two-class
-    model's: its positive class's) is chosen on these texts first, the metrics are scored at it, and the model's config keeps it (``label_thresholds``, which
-    a checkpoint or model saved next saves; :mod:`finetune.thresholds`). The arguments are
-    :func:`evaluate_model`'s, and ``labels``: the label names in id order.
+    model's: its positive class's) is chosen on these texts first, the metrics are scored at it, and the model's
+    config keeps it (``label_thresholds``, which a checkpoint or model saved next saves;
+    :mod:`finetune.thresholds`). The arguments are :func:`evaluate_model`'s, and ``labels``: the label names in
+    id order.
     """
     task = task or Task.of_model(accelerator.unwrap_model(model))
     ranked = bool(getattr(metrics, "ranking", None))  # ROC AUC or average precision: each text's probabilities
