@@ -305,8 +305,10 @@ def score_file(output_dir: str | os.PathLike, file: str | os.PathLike, overrides
     logits = torch.from_numpy(predictor.logits(texts, pairs, progress=True))
     refs = torch.as_tensor(np.asarray(references))
     predictions = task.predictions(logits).numpy()
-    # ROC AUC and average precision order the texts by their probabilities
-    scores = {"scores": task.probabilities(logits).numpy()} if getattr(suite, "ranking", None) else {}
+    # each text's probabilities, once: ROC AUC and average precision order the texts by them, and a two-class
+    # model's operating points read its positive class's
+    probabilities = task.probabilities(logits).numpy() if problem_type != "regression" else None
+    scores = {"scores": probabilities} if getattr(suite, "ranking", None) else {}
     # the loss evaluate_model reports: the mean per-sample loss of the problem type on float32 logits
     loss = task.per_sample_loss(logits, refs).double().mean().item()
     metrics = {"loss": loss, "num_samples": len(texts), **suite.compute(predictions, refs.numpy(), **scores)}
@@ -316,8 +318,7 @@ def score_file(output_dir: str | os.PathLike, file: str | os.PathLike, overrides
                 if problem_type != "regression" else None)
     for name, value in task.thresholds_by_label(names).items():
         by_label[name]["threshold"] = value  # what each label was predicted over
-    points = two_class_points(task, task.probabilities(logits).numpy(), refs.numpy(), names, suite.pos_label) \
-        if single else None
+    points = two_class_points(task, probabilities, refs.numpy(), names, suite.pos_label) if single else None
     return Score(str(file), metrics, list(names), confusion, predictions, refs.numpy(), predictor.precision,
                  by_label, texts_seen_in_training(output_dir, texts, pairs) if count_seen else None,
                  metric_intervals(suite, predictions, refs.numpy(), **scores), texts, pairs, suite,
