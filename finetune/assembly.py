@@ -39,7 +39,7 @@ from finetune.errors import ConfigError
 from finetune.launch import build_accelerator
 from finetune.loop import TrainState
 from finetune.optimization import UpdatePlan, build_optimizer, build_scheduler, check_optimizer, plan_updates
-from finetune.tasks import Task, start_regression_head, start_thresholds
+from finetune.tasks import Task, start_regression_head, start_thresholds, threshold_refusal
 
 logger = logging.getLogger("finetune")
 
@@ -276,10 +276,9 @@ def _positive_class_decision(cfg: Config, labels, train_split) -> dict:
     threshold, names = cfg.evaluation.threshold, list(labels.names)
     if threshold == DEFAULT_THRESHOLD:  # the most probable of two classes is the one over 0.5
         return {}
-    if len(names) != 2:
-        shown = ", ".join(names[:5]) + (", ..." if len(names) > 5 else "")
-        raise ConfigError(f"evaluation.threshold: applies to multi_label models and to single_label ones of two "
-                          f"classes; this run has {len(names)} ({shown}), whose most probable is predicted")
+    refusal = threshold_refusal("single_label", names)
+    if refusal is not None:
+        raise ConfigError(f"evaluation.threshold: {refusal}")
     positive = cfg.evaluation.positive_label
     if positive is None:
         counts = class_counts(train_split, 2).tolist()

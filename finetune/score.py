@@ -181,11 +181,13 @@ def threshold_given(setting, problem_type: str, names: Sequence[str]) -> Optiona
         ConfigError: for a number given to a single-label model of more than two classes, before its weights
             are loaded.
     """
+    from finetune.tasks import threshold_refusal
+
     if isinstance(setting, str) or problem_type == "regression":
         return None
-    if problem_type == "single_label" and len(names) != 2:
-        raise ConfigError(f"evaluation.threshold: applies to multi_label models and to single_label ones of two "
-                          f"classes; this model has {len(names)}, and predicts its most probable")
+    refusal = threshold_refusal(problem_type, names)
+    if refusal is not None:
+        raise ConfigError(f"evaluation.threshold: {refusal}")
     return float(setting)
 
 

@@ -240,14 +240,25 @@ def decision_task(model_config, threshold=None, positive_label: Optional[str] = 
     saved = positive_threshold(model_config) if kind == "single_label" else None
     if threshold is None:
         return Task(kind) if saved is None else Task(kind, threshold=saved[1], positive_class=saved[0])
-    if kind != "single_label" or len(names) != 2:
-        answer = "a number" if kind == "regression" else f"its most probable of {len(names)} classes"
-        raise ValueError(f"applies to multi-label models and to single-label ones of two classes; this one is "
-                         f"{kind}, which predicts {answer}")
+    refusal = threshold_refusal(kind, names)
+    if refusal is not None:
+        raise ValueError(refusal)
     if saved is None and positive_label is not None and positive_label not in names:
         raise ValueError(f"positive label {positive_label!r} is not one of the model's labels ({', '.join(names)})")
     positive = saved[0] if saved is not None else names.index(positive_label) if positive_label is not None else 1
     return Task(kind, threshold=float(threshold), positive_class=positive)
+
+
+def threshold_refusal(problem_type: str, names: Sequence[str]) -> Optional[str]:
+    """Why a decision threshold cannot apply to a model of ``problem_type`` with these labels (``names``), in
+    words an error goes on with; None where one applies: multi-label models, and single-label ones of two classes.
+    The run, ``finetune predict`` and ``finetune score`` refuse a threshold in these same words."""
+    if problem_type == "multi_label" or (problem_type == "single_label" and len(names) == 2):
+        return None
+    answer = "a number" if problem_type == "regression" else \
+        f"its most probable of {len(names)} classes ({', '.join(names[:5])}{', ...' if len(names) > 5 else ''})"
+    return (f"applies to multi_label models and to single_label ones of two classes; this one is {problem_type}, "
+            f"which predicts {answer}")
 
 
 def set_model_thresholds(model_config, labels: Sequence[str], thresholds: Sequence[float]) -> None:

@@ -107,13 +107,28 @@ def test_a_saved_model_predicts_at_the_threshold_its_config_carries():
     # a multi-label model's thresholds are every label's, as before
     multi = decision_task(_config(["a", "b"], "multi_label_classification", {"a": 0.2, "b": 0.7}))
     assert multi.threshold == (0.2, 0.7) and multi.positive_class is None
-    with pytest.raises(ValueError, match="applies to multi-label models and to single-label ones of two classes; "
-                                         "this one is single_label, which predicts its most probable of 3 classes"):
+    with pytest.raises(ValueError, match=r"^applies to multi_label models and to single_label ones of two classes; "
+                                         r"this one is single_label, which predicts its most probable of 3 classes "
+                                         r"\(a, b, c\)$"):
         decision_task(_config(["a", "b", "c"]), 0.3)
     with pytest.raises(ValueError, match="this one is regression, which predicts a number"):
         decision_task(_config(["score"], "regression"), 0.3)
     with pytest.raises(ValueError, match=r"positive label 'eggs' is not one of the model's labels \(ham, spam\)"):
         decision_task(_config(["ham", "spam"]), 0.3, positive_label="eggs")
+
+
+def test_score_takes_a_threshold_where_one_applies_and_refuses_it_in_the_runs_words_before_loading_weights():
+    from finetune.score import threshold_given
+
+    assert threshold_given(0.3, "single_label", ["ham", "spam"]) == 0.3
+    assert threshold_given(0.3, "multi_label", ["a", "b", "c"]) == 0.3
+    assert threshold_given("per_label", "single_label", ["ham", "spam"]) is None  # the model's own
+    names = [f"class{i}" for i in range(7)]
+    with pytest.raises(ConfigError, match=r"^evaluation.threshold: applies to multi_label models and to "
+                                          r"single_label ones of two classes; this one is single_label, which "
+                                          r"predicts its most probable of 7 classes \(class0, class1, class2, "
+                                          r"class3, class4, \.\.\.\)$"):
+        threshold_given(0.3, "single_label", names)
 
 
 @pytest.fixture(scope="module")
@@ -236,7 +251,8 @@ def test_a_runs_threshold_decides_on_its_positive_class_and_more_than_two_classe
                           evaluation=SimpleNamespace(threshold=0.3, positive_label=None))
     labels = SimpleNamespace(problem_type="single_label", names=["a", "b", "c"])
     with pytest.raises(ConfigError, match=r"^evaluation.threshold: applies to multi_label models and to "
-                                          r"single_label ones of two classes; this run has 3 \(a, b, c\)"):
+                                          r"single_label ones of two classes; this one is single_label, which "
+                                          r"predicts its most probable of 3 classes \(a, b, c\)$"):
         build_task(cfg, labels, {"train": None, "validation": None})
     two = SimpleNamespace(problem_type="single_label", names=["ham", "spam"])
     cfg.evaluation.positive_label = "eggs"  # under macro averaging, which does not read it: the threshold does
