@@ -4,6 +4,7 @@
     python bench/thresholds.py --epochs 1 --averages micro --seeds 0
     python bench/thresholds.py --cost              # what choosing them adds to an evaluation, by labels and texts
     python bench/thresholds.py --carve             # each label's validation texts: the run's carve against a random one
+    python bench/thresholds.py --halves /tmp/thresholds-*   # the rules on the held-out halves of models trained before
     python bench/thresholds.py --binary            # the default job's two classes: spam's threshold chosen, against 0.5
     python bench/thresholds.py --binary --max-steps 20 --seeds 0   # a model early in training
 
@@ -16,7 +17,12 @@ stand for. 20% of the messages (seeded) are held out; the run carves its validat
 run does, and chooses its thresholds there (``evaluation.threshold: per_label``, for the F1 of
 ``evaluation.average``). Each row is ``finetune train`` and twice ``finetune score`` of the held-out file, each in
 its own process: at the model's thresholds, and at ``evaluation.threshold=0.5``. The validation F1 is the run's
-own (at the thresholds it chose there: it leans high).
+own (at the thresholds it chose there: it leans high). The last column halves the held-out texts 60 times, chooses
+thresholds on one half by each of four rules and scores the other half: 0.5; the best F1's, whatever its margin;
+each label's move kept only where it beats 0.5 on 95% of 1,000 resamples of the half; and the run's, the moves
+kept together where together they beat 0.5 on 95% of them. A run's model does not depend on the average it
+chooses for, so each run's comment line has the halves under both. ``--halves`` scores the rules again on models
+trained before (the output folders a comment line names).
 
 ``--binary``: the default job itself, two classes (ham, spam), 20% of its messages held out likewise; the run
 chooses spam's threshold for spam's F1 on its validation texts, and the held-out file is scored at it and at 0.5
@@ -49,6 +55,8 @@ CUES = {"money": "cash prize £ free win won claim award", "call": "call phone m
         "love": "love miss kiss darling dear", "food": "lunch dinner eat food pizza", "home": "home house"}
 DROPPED = 0.1
 HALF, CHOSEN = "half", "chosen"  # the held-out scores' names
+# the halves are scored under both (the model a run trains does not depend on the average it chooses for)
+AVERAGES = {"micro", "macro"}
 
 
 def write_tagged(folder: Path, seed: int = 7, held_out: float = 0.2) -> tuple[Path, Path]:
@@ -109,7 +117,82 @@ def measure(train: Path, test: Path, average: str, epochs: int, seed: int) -> di
         _run(["score", str(out), "--file", str(test), "--no-overlap-check", "--json", str(out / f"{name}.json"),
               *settings])
         scores[name] = json.loads((out / f"{name}.json").read_text())["metrics"]["f1"]
-    return {"validation": metrics["eval"]["f1"], "thresholds": metrics["eval_thresholds"], **scores}
+    return {"validation": metrics["eval"]["f1"], "thresholds": metrics["eval_thresholds"], **scores,
+            "halves": {kind: multi_label_halves(out, test, kind) for kind in (average, *AVERAGES - {average})},
+            "output": str(out)}
+
+
+def multi_label_halves(out: Path, test: Path, average: str, rounds: int = 60) -> dict[str, float]:
+    """The held-out texts halved at random ``rounds`` times: thresholds chosen on one half by each rule, the F1 of
+    ``average`` on the other, averaged. The rules: 0.5 for every label; the best F1's, whatever its margin
+    (``f1_thresholds``); each label's move kept only where it beats 0.5 on 95% of resamples of the half (``by
+    label``); and the run's, every move kept only where they beat 0.5 together on 95% of them (``together``,
+    ``guarded_f1_thresholds``)."""
+    import numpy as np
+
+    from finetune.predict import Predictor
+    from finetune.thresholds import f1_thresholds, guarded_f1_thresholds
+
+    predictor = Predictor.load(out, device="cpu")
+    rows = [json.loads(line) for line in test.read_text(encoding="utf-8").splitlines()]
+    probability = predictor.probabilities([row["text"] for row in rows])
+    truth = np.array([[name in row["tags"] for name in predictor.labels] for row in rows])
+    rules = {"0.5": lambda p, t: np.full(p.shape[1], 0.5, dtype=np.float32),
+             "best": lambda p, t: f1_thresholds(p, t, average),
+             "by label": lambda p, t: guarded_by_label(p, t, average),
+             "together": lambda p, t: guarded_f1_thresholds(p, t, average)}
+    rng, f1s = np.random.default_rng(0), {name: [] for name in rules}
+    for _ in range(rounds):
+        order = rng.permutation(len(truth))
+        chosen_on, scored_on = order[:len(order) // 2], order[len(order) // 2:]
+        for name, rule in rules.items():
+            thresholds = rule(probability[chosen_on], truth[chosen_on])
+            f1s[name].append(pooled_f1(probability[scored_on] > thresholds, truth[scored_on], average))
+    return {name: float(np.mean(values)) for name, values in f1s.items()}
+
+
+def pooled_f1(predicted, truth, average: str, weights=None) -> "np.ndarray":
+    """F1 of ``average`` (micro or macro) of 0/1 ``predicted`` against ``truth`` (texts, labels); with ``weights``
+    (resamples, texts), one F1 per resample (a label of no text and no prediction scores 0, as scikit-learn's)."""
+    import numpy as np
+
+    weights = np.ones((1, len(truth))) if weights is None else weights
+    hits, made, held = (weights @ (predicted & truth), weights @ predicted, weights @ truth)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        if average == "micro":
+            f1 = 2 * hits.sum(1) / (made.sum(1) + held.sum(1))
+        else:
+            f1 = np.nan_to_num(2 * hits / (made + held)).mean(1)
+    return f1 if len(f1) > 1 else float(f1[0])
+
+
+def _resamples(texts: int, count: int = 1000, seed: int = 0) -> "np.ndarray":
+    import numpy as np
+
+    return np.random.default_rng(seed).multinomial(texts, np.full(texts, 1 / texts), size=count).astype(np.float64)
+
+
+def guarded_by_label(probability, truth, average: str, sure: float = 0.95) -> "np.ndarray":
+    """The best thresholds, each label's put back to 0.5 unless the F1 with it moved beats the F1 with it at 0.5
+    (the others as chosen) on ``sure`` of the resamples."""
+    import numpy as np
+
+    from finetune.thresholds import f1_thresholds
+
+    best = f1_thresholds(probability, truth, average)
+    weights, kept = _resamples(len(truth)), best.copy()
+    for j in np.flatnonzero(best != 0.5):
+        back = best.copy()
+        back[j] = 0.5
+        if average == "macro":  # the others' F1s are the same either way: the label's own decides
+            moved = pooled_f1(probability[:, [j]] > best[j], truth[:, [j]], "macro", weights)
+            default = pooled_f1(probability[:, [j]] > 0.5, truth[:, [j]], "macro", weights)
+        else:
+            moved = pooled_f1(probability > best, truth, average, weights)
+            default = pooled_f1(probability > back, truth, average, weights)
+        if np.mean(moved > default) < sure:
+            kept[j] = 0.5
+    return kept
 
 
 def measure_two_classes(train: Path, test: Path, epochs: int, seed: int, max_steps: Optional[int]) -> dict:
@@ -140,13 +223,13 @@ def halves(out: Path, test: Path, rounds: int = 60) -> dict[str, float]:
     import numpy as np
 
     from finetune.predict import Predictor
-    from finetune.thresholds import f1_thresholds, positive_class_threshold
+    from finetune.thresholds import f1_thresholds, guarded_f1_thresholds
 
     rows = list(csv.reader(test.open(encoding="utf-8", newline="")))[1:]
     spam = Predictor.load(out, device="cpu").probabilities([text for _, text in rows])[:, 1]
     truth = np.array([label == "spam" for label, _ in rows])
     rules = {"0.5": lambda p, t: 0.5, "best": lambda p, t: f1_thresholds(p[:, None], t[:, None], "macro")[0],
-             "guarded": positive_class_threshold}
+             "guarded": lambda p, t: guarded_f1_thresholds(p[:, None], t[:, None], "macro")[0]}
     rng, f1s = np.random.default_rng(0), {name: [] for name in rules}
     for _ in range(rounds):
         order = rng.permutation(len(truth))
@@ -222,7 +305,16 @@ def main() -> None:
     parser.add_argument("--carve", action="store_true", help="count each label's validation texts, and train nothing")
     parser.add_argument("--binary", action="store_true", help="the default job's two classes: spam's threshold")
     parser.add_argument("--max-steps", type=int, default=None, help="--binary: train this many updates, not epochs")
+    parser.add_argument("--halves", nargs="+", type=Path, metavar="OUTPUT_DIR",
+                        help="score the rules on the held-out halves of these multi-label runs, and train nothing")
     args = parser.parse_args()
+    if args.halves:
+        test = write_tagged(Path(tempfile.mkdtemp(prefix="tagged-")))[1]  # seeded: the runs' held-out texts
+        for out in args.halves:
+            for average in sorted(AVERAGES, reverse=True):
+                print(f"{out} {average}: " + ", ".join(f"{name} {f1:.4f}" for name, f1 in
+                                                       multi_label_halves(out, test, average).items()), flush=True)
+        return
     if args.cost:
         return cost()
     if args.carve:
@@ -233,17 +325,22 @@ def main() -> None:
     print(f"python bench/thresholds.py --epochs {args.epochs} --averages {' '.join(args.averages)} "
           f"--seeds {' '.join(map(str, args.seeds))}\n")
     print("| F1 | held-out at 0.5 (mean) | held-out at the chosen thresholds (mean) | by seed (0.5 -> chosen) | "
-          "validation, at its chosen (mean) |")
-    print("| --- | ---: | ---: | --- | ---: |")
+          "validation, at its chosen (mean) | held-out halves: 0.5, best, by label, together (mean) |")
+    print("| --- | ---: | ---: | --- | ---: | --- |")
     for average in args.averages:
         runs = [measure(train, test, average, args.epochs, seed) for seed in args.seeds]
         for seed, run in zip(args.seeds, runs):
             named = ", ".join(f"{name} {t:.2f}" for name, t in run["thresholds"].items())
-            print(f"<!-- {average} seed {seed}: {named} -->", flush=True)
+            halved = "; ".join(f"halves {kind}: " + ", ".join(f"{name} {f1:.4f}" for name, f1 in by_rule.items())
+                               for kind, by_rule in run["halves"].items())
+            print(f"<!-- {average} seed {seed}: {named}; {halved}; {run['output']} -->", flush=True)
         print(f"| {average} | {statistics.fmean(r['half'] for r in runs):.4f} | "
               f"{statistics.fmean(r['chosen'] for r in runs):.4f} | "
               f"{', '.join(f'{r[HALF]:.4f} -> {r[CHOSEN]:.4f}' for r in runs)} | "
-              f"{statistics.fmean(r['validation'] for r in runs):.4f} |", flush=True)
+              f"{statistics.fmean(r['validation'] for r in runs):.4f} | "
+              + ", ".join(f"{statistics.fmean(r['halves'][average][name] for r in runs):.4f}"
+                          for name in runs[0]["halves"][average])
+              + " |", flush=True)
 
 
 def two_classes(epochs: int, seeds: list[int], max_steps: Optional[int]) -> None:

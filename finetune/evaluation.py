@@ -10,7 +10,7 @@ import torch
 from finetune.chunks import document_logits, split_batch
 from finetune.metrics import metric_intervals, scores_by_label
 from finetune.tasks import Task, label_names, set_model_thresholds
-from finetune.thresholds import format_thresholds
+from finetune.thresholds import DEFAULT_THRESHOLD, SURE, format_thresholds
 
 
 # the keys of an evaluation record (train_log.jsonl, metrics.json) that hold Evaluation.by_label and .intervals
@@ -35,8 +35,14 @@ class Evaluation:
     thresholds: Optional[dict[str, float]] = None
 
     def thresholds_said(self) -> str:
-        """``hurry 0.149, money 0.563``: the thresholds chosen, for a log line."""
-        return format_thresholds(list(self.thresholds or {}), list((self.thresholds or {}).values()))
+        """The thresholds chosen, for a log line: ``at each label's threshold, chosen on these texts: hurry 0.149,
+        money 0.563``; where 0.5 stayed for every label, that and why."""
+        thresholds = self.thresholds or {}
+        if all(t == DEFAULT_THRESHOLD for t in thresholds.values()):
+            return (f"at {DEFAULT_THRESHOLD}, kept: no thresholds chosen on these texts beat it on {SURE:.0%} of "
+                    f"resamples of them")
+        whose = "each label's threshold" if len(thresholds) > 1 else "the threshold"  # two classes: one
+        return f"at {whose}, chosen on these texts: " + format_thresholds(list(thresholds), list(thresholds.values()))
 
 
 def evaluate_model(model: torch.nn.Module, dataloader, accelerator, metrics=None,

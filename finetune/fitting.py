@@ -378,8 +378,7 @@ def evaluate_and_log(run: Run, log: RunLogger, history: EvalHistory, epoch: Opti
     else:
         logger.info("update %d eval: %s", run.state.step, _fmt(metrics))
     if evaluation.thresholds is not None:
-        whose = "each label's threshold" if len(evaluation.thresholds) > 1 else "the threshold"  # two classes: one
-        logger.info("  at %s, chosen on these texts: %s", whose, evaluation.thresholds_said())
+        logger.info("  %s", evaluation.thresholds_said())
     record.update({f"eval/{k}": v for k, v in metrics.items()})
     if evaluation.by_label is not None:
         record[EVAL_BY_LABEL] = evaluation.by_label  # beside the eval/ scalars, which trackers and the curves take

@@ -147,9 +147,10 @@ def _thresholds(evaluation, thresholds: Optional[dict[str, float]], labels: Sequ
     if evaluation.threshold != PER_LABEL:
         return [f"- Thresholds: {evaluation.threshold:g} for every label (`evaluation.threshold`)"]
     return [f"- Thresholds: {format_thresholds(list(thresholds), list(thresholds.values()))}, each label's chosen on "
-            f"the validation texts for the best {evaluation.average} F1 (`evaluation.threshold: per_label`; the "
-            "results below are at them, so they lean high); in `config.json` as `label_thresholds`, which "
-            "`finetune predict` applies and `pipeline()` does not"]
+            f"the validation texts for the best {evaluation.average} F1 (`evaluation.threshold: per_label`: kept "
+            "where together they beat 0.5 on 95% of resamples of them, else 0.5; the results below are at them, so "
+            "they lean high); in `config.json` as `label_thresholds`, which `finetune predict` applies and "
+            "`pipeline()` does not"]
 
 
 def _long_texts(record: Optional[dict[str, Any]]) -> list[str]:

@@ -678,10 +678,10 @@ class EvalConfig:
         "(single_label): the probability of the positive class (`positive_label`, else the rarer) over which "
         "it is predicted, else the other; at 0.5 that is the more probable, as for more classes, where no "
         "other value applies. `per_label`: each evaluation chooses each label's own, those that give the best F1 "
-        "(of `average`) on the validation texts (two classes: the positive class's, for its F1, kept at 0.5 "
-        "unless the best beats 0.5 on 95% of bootstrap resamples of the texts), and scores at them: chosen on "
-        "the texts they are scored on, those scores lean high; score a held-out file for a fair figure. Needs "
-        "validation data.")
+        "(of `average`; two classes: the positive class's) on the validation texts, kept where together they "
+        "beat 0.5 on 95% of bootstrap resamples of the texts (else 0.5 for every label), and scores at them: "
+        "chosen on the texts they are scored on, those scores lean high; score a held-out file for a fair "
+        "figure. Needs validation data.")
     eval_every: Optional[int] = setting(None,
         "Also evaluate every this many updates (null: only at epoch ends, see training.eval_each_epoch).")
     evals_per_epoch: Optional[int] = setting(None,

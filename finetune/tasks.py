@@ -39,7 +39,7 @@ import torch
 import torch.nn.functional as F
 
 from finetune.schema import DEFAULT_THRESHOLD
-from finetune.thresholds import f1_thresholds, positive_class_threshold
+from finetune.thresholds import guarded_f1_thresholds
 
 PROBLEM_TYPES = ("single_label", "multi_label", "regression")
 # what transformers' PretrainedConfig.problem_type calls each (its pipelines read it)
@@ -82,7 +82,7 @@ class Task:
             label or one per label (in label-id order). single_label with a ``positive_class``: the softmax
             probability of that class above which it is predicted (else the other class).
         tune_thresholds: the F1 whose threshold an evaluation chooses on its texts, in place of ``threshold``
-            (``evaluation.threshold: per_label``, :func:`finetune.thresholds.f1_thresholds`): for multi_label
+            (``evaluation.threshold: per_label``, :func:`finetune.thresholds.guarded_f1_thresholds`): for multi_label
             the averaging (``micro``, ``macro`` or ``weighted``), for single_label ``binary`` (the positive
             class's F1); ``None``: ``threshold`` it is.
         positive_class: single_label of two classes only: the class id ``threshold`` decides on; ``None``: the
@@ -172,14 +172,12 @@ class Task:
 
     def tuned_thresholds(self, probabilities: np.ndarray, references: np.ndarray) -> np.ndarray:
         """The thresholds (one per :meth:`thresholded_labels`) that maximise the F1 of ``tune_thresholds`` on
-        these texts (:func:`finetune.thresholds.f1_thresholds`; a two-class model's where that beats 0.5 on
-        nearly every resample of them, :func:`finetune.thresholds.positive_class_threshold`); ``references``:
-        their labels."""
+        these texts, where that beats 0.5 on nearly every resample of them, else 0.5
+        (:func:`finetune.thresholds.guarded_f1_thresholds`); ``references``: their labels."""
         if self.problem_type == "multi_label":
-            return f1_thresholds(probabilities, references, self.tune_thresholds)
-        positive = self.positive_class  # its F1 alone: one label, a yes or no, moved from 0.5 where that pays
-        chosen = positive_class_threshold(probabilities[:, positive], references == positive)
-        return np.array([chosen], dtype=np.float32)
+            return guarded_f1_thresholds(probabilities, references, self.tune_thresholds)
+        positive = self.positive_class  # its F1 alone: one label, a yes or no
+        return guarded_f1_thresholds(probabilities[:, [positive]], (references == positive)[:, None], "macro")
 
     def probabilities(self, logits: torch.Tensor) -> torch.Tensor:
         """Each class's probability (softmax) or each label's (sigmoid), in float32: what the ranking metrics

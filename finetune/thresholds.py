@@ -5,20 +5,20 @@ A multi-label model predicts every label whose sigmoid probability is over a thr
 label (0.5 by default, ``evaluation.threshold``) suits labels the model ranks and scales alike; a rare label's
 probabilities seldom pass 0.5, and its recall suffers. Under ``evaluation.threshold: per_label`` each evaluation
 chooses each label's own, those that maximise the run's F1 (``evaluation.average``) on the validation texts
-(:func:`f1_thresholds`), and scores at them: chosen on the texts they are scored on, those scores lean high, and a
-held-out file scored with ``finetune score`` says how they hold.
+(:func:`f1_thresholds`), where together they beat 0.5 for every label on nearly every resample of those texts
+(:func:`guarded_f1_thresholds`), and scores at them: chosen on the texts they are scored on, those scores lean
+high, and a held-out file scored with ``finetune score`` says how they hold. A two-class model predicts its most
+probable class, the positive one where its probability is over 0.5; under ``evaluation.threshold`` (a number, or
+``per_label``) the positive class's threshold moves, chosen as one label's is, for the positive class's F1.
 
 The model's config carries its thresholds by label name (``label_thresholds`` in ``config.json``,
-:func:`finetune.tasks.model_thresholds`), in the saved model and in each checkpoint, where ``finetune predict``,
-``finetune score`` and ``Predictor`` read them, and where a user of plain transformers finds them:
-``model.config.label_thresholds``. (transformers keeps an attribute it does not know in the saved config, and its
-pipeline ignores it: ``pipeline`` returns the probabilities, to which a caller applies the thresholds.)
-A two-class model predicts its most probable class, the positive one where its probability is over 0.5; under
-``evaluation.threshold`` (a number, or ``per_label``) the positive class's threshold moves, chosen as one label's
-is, for the positive class's F1, where that beats the default on nearly every resample of the texts
-(:func:`positive_class_threshold`), and its config carries that one (``{"spam": 0.31}``). scikit-learn's ``TunedThresholdClassifierCV`` tunes one threshold of a binary classifier, by
+:func:`finetune.tasks.model_thresholds`; ``{"spam": 0.31}`` for a two-class model), in the saved model and in each
+checkpoint, where ``finetune predict``, ``finetune score`` and ``Predictor`` read them, and where a user of plain
+transformers finds them: ``model.config.label_thresholds``. (transformers keeps an attribute it does not know in
+the saved config, and its pipeline ignores it: ``pipeline`` returns the probabilities, to which a caller applies
+the thresholds.) scikit-learn's ``TunedThresholdClassifierCV`` tunes one threshold of a binary classifier, by
 cross-validating an estimator it refits; nothing in the stack tunes one per label for a pooled F1, or one on a
-fine-tuned model's validation texts, so this is written here.
+fine-tuned model's validation texts, or tests the gain on resamples, so this is written here.
 """
 
 from __future__ import annotations
@@ -30,47 +30,92 @@ import numpy as np
 from finetune.schema import DEFAULT_THRESHOLD
 
 
-# a two-class model's threshold moves from the default only where the validation texts say the move pays: the best
-# threshold's F1 above the default's in this share of bootstrap resamples of the texts
+# chosen thresholds replace the default only where the validation texts say the move pays: their F1 above the
+# default's in this share of bootstrap resamples of the texts
 SURE = 0.95
 RESAMPLES = 1000
 
 
-def positive_class_threshold(probability, truth, sure: float = SURE, resamples: int = RESAMPLES,
-                             seed: int = 0) -> float:
-    """A two-class model's threshold on its positive class: the one of the best F1 on these texts
-    (:func:`f1_thresholds`), where its F1 is above the default's in at least ``sure`` of ``resamples`` bootstrap
-    resamples of them; else :data:`DEFAULT_THRESHOLD`, where the model predicts its more probable class.
+def guarded_f1_thresholds(probabilities, references, average: str = "macro", sure: float = SURE,
+                          resamples: int = RESAMPLES, seed: int = 0) -> np.ndarray:
+    """The thresholds of the best F1 of ``average`` on these texts (:func:`f1_thresholds`) where, together, they
+    beat :data:`DEFAULT_THRESHOLD` for every label in at least ``sure`` of ``resamples`` bootstrap resamples of
+    the texts (:func:`share_beating_default`); else the default for every label. A two-class model's positive
+    class is one label (``macro``).
 
-    ``probability``: each text's probability of the positive class; ``truth``: whether it is of that class.
-    The best threshold on a few hundred texts is often far from the default for the sake of a text or two
-    (a well-trained model leaves few texts between 0.01 and 0.5), and those gains do not hold on other texts:
-    held out, such thresholds scored below the default. A model whose default misses (one early in training,
-    or trained on another balance) beats it on nearly every resample, and keeps its best.
+    The best thresholds on a few hundred texts often move far for the sake of a text or two (a well-trained model
+    leaves few texts between 0.01 and 0.5), and those gains do not hold on other texts: held out, such
+    thresholds scored below the default. A model whose default misses (one early in training, rare labels whose
+    probabilities seldom reach 0.5, or a model trained on another balance) beats it on nearly every resample, and
+    keeps them.
     """
-    probability = np.asarray(probability, dtype=np.float32)
-    truth = np.asarray(truth) > 0
-    (best,) = f1_thresholds(probability[:, None], truth[:, None], "macro")
-    if best == DEFAULT_THRESHOLD or not truth.any():
-        return float(DEFAULT_THRESHOLD)
-    return float(best) if share_beating_default(probability, truth, best, resamples, seed) >= sure \
-        else float(DEFAULT_THRESHOLD)
+    probabilities = np.asarray(probabilities, dtype=np.float32)
+    references = np.asarray(references) > 0
+    best = f1_thresholds(probabilities, references, average)
+    if (best == DEFAULT_THRESHOLD).all():
+        return best
+    share = share_beating_default(probabilities, references, best, average, resamples, seed)
+    return best if share >= sure else np.full_like(best, DEFAULT_THRESHOLD)
 
 
-def share_beating_default(probability, truth, threshold: float, resamples: int = RESAMPLES,
-                          seed: int = 0) -> float:
-    """The share of ``resamples`` bootstrap resamples of the texts on which the positive class's F1 at
-    ``threshold`` is above its F1 at :data:`DEFAULT_THRESHOLD` (a resample without the class counts as not)."""
-    probability, truth = np.asarray(probability, dtype=np.float32), np.asarray(truth) > 0
-    # F1 at either threshold is a function of how many texts fall in each of the 8 cells (of the class, over the
-    # threshold, over the default): resampling the texts is resampling those counts, whatever their number
-    cells = np.bincount(truth * 4 + (probability > threshold) * 2 + (probability > DEFAULT_THRESHOLD), minlength=8)
-    counts = np.random.default_rng(seed).multinomial(len(truth), cells / cells.sum(), size=resamples)
-    positives = counts[:, 4:].sum(1)
-    with np.errstate(invalid="ignore"):  # no text of the class: no F1 (nan), which beats nothing
-        f1_moved = 2 * counts[:, [6, 7]].sum(1) / (counts[:, [2, 3, 6, 7]].sum(1) + positives)
-        f1_default = 2 * counts[:, [5, 7]].sum(1) / (counts[:, [1, 3, 5, 7]].sum(1) + positives)
-    return float(np.mean(f1_moved > f1_default))
+def share_beating_default(probabilities, references, thresholds, average: str = "macro",
+                          resamples: int = RESAMPLES, seed: int = 0) -> float:
+    """The share of ``resamples`` bootstrap resamples of the texts on which the F1 of ``average`` at ``thresholds``
+    (one per label) is above its F1 at :data:`DEFAULT_THRESHOLD` for every label. A label without texts or
+    predictions in a resample scores 0 there (scikit-learn's ``zero_division=0``), so it beats nothing.
+
+    ``probabilities`` and ``references``: ``(texts, labels)``, as :func:`f1_thresholds` takes them.
+    """
+    probabilities = np.asarray(probabilities, dtype=np.float32)
+    references = np.asarray(references) > 0
+    counts = _counts_by_text(probabilities, references, np.asarray(thresholds, dtype=np.float32), average)
+    texts, _, columns = counts.shape
+    # every F1 here is a function of the counts summed over the texts: resampling the texts is resampling their
+    # rows, and texts with the same row are drawn as one cell (two classes: at most 8 cells, whatever the texts)
+    grouped = columns <= _FEW_COLUMNS
+    if grouped:
+        cells, sizes = np.unique(counts.reshape(texts, -1), axis=0, return_counts=True)
+        cells = cells.reshape(len(cells), 5, columns)
+    else:
+        cells = counts
+    rng, beats = np.random.default_rng(seed), []
+    for start in range(0, resamples, _RESAMPLES_AT_ONCE):
+        size = min(_RESAMPLES_AT_ONCE, resamples - start)
+        # how often each cell (or text) is drawn, in each resample; counts up to the texts: exact in float32
+        drawn = (rng.multinomial(texts, sizes / texts, size=size) if grouped else
+                 np.stack([np.bincount(row, minlength=texts) for row in rng.integers(0, texts, (size, texts))]))
+        drawn = drawn.astype(np.float32)
+        gain = np.zeros(len(drawn))
+        for block in range(0, columns, _COLUMNS_AT_ONCE):  # the same resamples for every label
+            part = cells[:, :, block:block + _COLUMNS_AT_ONCE]
+            totals = (drawn @ part.reshape(len(part), -1).astype(np.float32)).reshape(len(drawn), 5, -1)
+            hits_moved, made_moved, hits_default, made_default, held = totals.transpose(1, 0, 2)
+            with np.errstate(invalid="ignore", divide="ignore"):
+                label_gain = (np.nan_to_num(2 * hits_moved / (made_moved + held))
+                              - np.nan_to_num(2 * hits_default / (made_default + held)))
+            # weighted F1 weighs each label by its texts in the resample; micro has one column, the pooled counts
+            gain += (label_gain * held if average == "weighted" else label_gain).sum(1)
+        beats.append(gain > 0)
+    return float(np.mean(np.concatenate(beats)))
+
+
+_FEW_COLUMNS = 8  # up to this many labels' counts, texts with the same counts are grouped into cells first
+_RESAMPLES_AT_ONCE = 100
+_COLUMNS_AT_ONCE = 64  # labels summed at once: (texts, 5 * 64) float32 at a time
+
+
+def _counts_by_text(probabilities: np.ndarray, references: np.ndarray, thresholds: np.ndarray,
+                    average: str) -> np.ndarray:
+    """``(texts, 5, columns)``: each text's hits and predictions at ``thresholds``, then at the default, then its
+    labels; one column for the pooled counts (``micro``), else one per label whose threshold moved (the others
+    gain nothing)."""
+    if average != "micro":
+        moved = thresholds != DEFAULT_THRESHOLD
+        probabilities, references, thresholds = probabilities[:, moved], references[:, moved], thresholds[moved]
+    over_moved, over_default = probabilities > thresholds, probabilities > DEFAULT_THRESHOLD
+    counts = np.stack([over_moved & references, over_moved, over_default & references, over_default, references],
+                      axis=1)
+    return counts.sum(2, keepdims=True, dtype=np.int32) if average == "micro" else counts.astype(np.int8)
 
 
 def f1_thresholds(probabilities, references, average: str = "macro") -> np.ndarray:

@@ -63,37 +63,58 @@ def test_the_tuned_threshold_gives_the_best_f1_of_the_positive_class():
     assert mirrored.tuned_thresholds(probabilities[:, ::-1], 1 - references) == pytest.approx([threshold])
 
 
-def test_the_share_of_resamples_that_beat_the_default_is_that_of_resampling_the_texts():
+def _f1(predicted, truth, average):
+    """F1 of ``average`` of (texts, labels) 0/1 arrays, written out: the resampling test's reference."""
+    hits, made, held = (predicted & truth).sum(0), predicted.sum(0), truth.sum(0)
+    if average == "micro":
+        return 2 * hits.sum() / (made.sum() + held.sum()) if made.sum() + held.sum() else 0.0
+    by_label = np.divide(2 * hits, made + held, out=np.zeros(len(hits)), where=(made + held) > 0)
+    return by_label.mean() if average == "macro" else (by_label * held).sum() / max(held.sum(), 1)
+
+
+@pytest.mark.parametrize("labels,average", [(1, "macro"), (3, "micro"), (3, "macro"), (3, "weighted"),
+                                            (12, "micro"), (12, "macro"), (12, "weighted")])
+def test_the_share_of_resamples_that_beat_the_default_is_that_of_resampling_the_texts(labels, average):
+    """Checked against the texts drawn one by one, as a bootstrap resample draws them. One label is a two-class
+    model's positive class; up to 8 labels the texts are grouped into cells, past that drawn text by text."""
     from sklearn.metrics import f1_score
 
     from finetune.thresholds import share_beating_default
 
-    rng = np.random.default_rng(2)
-    truth = rng.random(300) < 0.15
-    probability = np.clip(0.35 * truth + rng.random(300) * 0.55, 0, 1).astype(np.float32)
+    rng = np.random.default_rng(3)
+    truth = rng.random((300, labels)) < np.geomspace(0.08, 0.3, labels)
+    probability = (1 / (1 + np.exp(-(rng.normal(0, 2.0, truth.shape) + 4 * truth - 2)))).astype(np.float32)
+    thresholds = np.full(labels, 0.58, dtype=np.float32)
+    # the reference's F1 is scikit-learn's (of one label: the positive class's, binary)
+    assert _f1(probability > thresholds, truth, average) == pytest.approx(
+        f1_score(truth[:, 0], probability[:, 0] > thresholds[0], zero_division=0) if labels == 1 else
+        f1_score(truth, probability > thresholds, average=average, zero_division=0))
     beats = []
-    for _ in range(1000):  # the texts drawn one by one, as a bootstrap resample does
+    for _ in range(1000):
         i = rng.integers(0, 300, 300)
-        moved, default = (f1_score(truth[i], probability[i] > t, zero_division=0) for t in (0.52, 0.5))
-        beats.append(moved > default)
-    assert share_beating_default(probability, truth, 0.52) == pytest.approx(np.mean(beats), abs=0.04)
+        beats.append(_f1(probability[i] > thresholds, truth[i], average) > _f1(probability[i] > 0.5, truth[i], average))
+    assert share_beating_default(probability, truth, thresholds, average) == pytest.approx(np.mean(beats), abs=0.04)
     assert 0.2 < np.mean(beats) < 0.98  # a case in between, where the two could disagree
 
 
-def test_the_threshold_moves_from_the_default_only_where_the_texts_say_it_pays():
-    from finetune.thresholds import positive_class_threshold
+def test_the_thresholds_move_from_the_default_only_where_the_texts_say_it_pays():
+    from finetune.thresholds import f1_thresholds, guarded_f1_thresholds
 
     # every positive text under 0.5 but over 0.2: 0.5 finds none of them, and any resample says so
-    truth = np.array([1] * 20 + [0] * 180)
-    probability = np.where(truth == 1, 0.3, 0.1).astype(np.float32)
-    assert 0.1 < positive_class_threshold(probability, truth) < 0.3
+    truth = np.array([1] * 20 + [0] * 180)[:, None] > 0
+    probability = np.where(truth, 0.3, 0.1).astype(np.float32)
+    assert 0.1 < guarded_f1_thresholds(probability, truth)[0] < 0.3
     # a model that is right at 0.5 but for one positive text at 0.02: the best threshold finds it (F1 1.0 here),
     # but that is one text's say, and 0.5 stays
-    probability = np.where(truth == 1, 0.97, 0.01).astype(np.float32)
-    probability[0] = 0.02
-    assert positive_class_threshold(probability, truth) == 0.5
-    from finetune.thresholds import f1_thresholds
-    assert f1_thresholds(probability[:, None], truth[:, None] > 0, "macro")[0] < 0.02
+    right = np.where(truth, 0.97, 0.01).astype(np.float32)
+    right[0] = 0.02
+    assert f1_thresholds(right, truth, "macro")[0] < 0.02
+    assert guarded_f1_thresholds(right, truth)[0] == 0.5
+    # several labels: kept or given up together, for the F1 of the run's average
+    for average in ("micro", "macro", "weighted"):
+        missed = guarded_f1_thresholds(np.hstack([probability, right]), np.hstack([truth, truth]), average)
+        assert 0.1 < missed[0] < 0.3 and missed[1] < 0.02  # the first label's gain carries the second's move
+        assert (guarded_f1_thresholds(np.hstack([right, right]), np.hstack([truth, truth]), average) == 0.5).all()
 
 
 def test_a_saved_model_predicts_at_the_threshold_its_config_carries():
@@ -324,3 +345,16 @@ def test_operating_points_are_read_for_two_classes_only_on_the_class_the_model_d
     assert unsaved["label"] == "spam" and unsaved["points"][0]["threshold"] == 0.5
     assert two_class_points(Task("single_label"), np.ones((3, 3)) / 3, references, ["a", "b", "c"], None) is None
     assert two_class_points(Task("multi_label"), probabilities, np.eye(2)[[1, 0, 0]], ["a", "b"], None) is None
+
+
+def test_the_evaluation_log_line_names_the_thresholds_chosen_or_says_why_none_moved():
+    from finetune.evaluation import Evaluation
+
+    def said(thresholds):
+        return Evaluation({}, thresholds=thresholds).thresholds_said()
+
+    assert said({"money": 0.31, "sorry": 0.125}) == "at each label's threshold, chosen on these texts: money 0.31, " \
+                                                    "sorry 0.125"
+    assert said({"spam": 0.227}) == "at the threshold, chosen on these texts: spam 0.227"
+    for kept in ({"spam": 0.5}, {"money": 0.5, "sorry": 0.5}):
+        assert said(kept) == "at 0.5, kept: no thresholds chosen on these texts beat it on 95% of resamples of them"
