@@ -151,7 +151,7 @@ def multi_label_halves(out: Path, test: Path, average: str, rounds: int = 60) ->
     return {name: float(np.mean(values)) for name, values in f1s.items()}
 
 
-def pooled_f1(predicted, truth, average: str, weights=None) -> "np.ndarray":
+def pooled_f1(predicted, truth, average: str, weights=None):
     """F1 of ``average`` (micro or macro) of 0/1 ``predicted`` against ``truth`` (texts, labels); with ``weights``
     (resamples, texts), one F1 per resample (a label of no text and no prediction scores 0, as scikit-learn's)."""
     import numpy as np
@@ -166,13 +166,13 @@ def pooled_f1(predicted, truth, average: str, weights=None) -> "np.ndarray":
     return f1 if len(f1) > 1 else float(f1[0])
 
 
-def _resamples(texts: int, count: int = 1000, seed: int = 0) -> "np.ndarray":
+def _resamples(texts: int, count: int = 1000, seed: int = 0):
     import numpy as np
 
     return np.random.default_rng(seed).multinomial(texts, np.full(texts, 1 / texts), size=count).astype(np.float64)
 
 
-def guarded_by_label(probability, truth, average: str, sure: float = 0.95) -> "np.ndarray":
+def guarded_by_label(probability, truth, average: str, sure: float = 0.95):
     """The best thresholds, each label's put back to 0.5 unless the F1 with it moved beats the F1 with it at 0.5
     (the others as chosen) on ``sure`` of the resamples."""
     import numpy as np
