@@ -23,7 +23,7 @@ fine-tuned model's validation texts, or tests the gain on resamples, so this is 
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 
@@ -72,36 +72,48 @@ def share_beating_default(probabilities, references, thresholds, average: str = 
     texts, _, columns = counts.shape
     # every F1 here is a function of the counts summed over the texts: resampling the texts is resampling their
     # rows, and texts with the same row are drawn as one cell (two classes: at most 8 cells, whatever the texts)
-    grouped = columns <= _FEW_COLUMNS
-    if grouped:
+    if columns <= _FEW_COLUMNS:
         cells, sizes = np.unique(counts.reshape(texts, -1), axis=0, return_counts=True)
         cells = cells.reshape(len(cells), 5, columns)
     else:
-        cells = counts
+        cells, sizes = counts, None
     rng, beats = np.random.default_rng(seed), []
     for start in range(0, resamples, _RESAMPLES_AT_ONCE):
-        size = min(_RESAMPLES_AT_ONCE, resamples - start)
-        # how often each cell (or text) is drawn, in each resample; counts up to the texts: exact in float32
-        drawn = (rng.multinomial(texts, sizes / texts, size=size) if grouped else
-                 np.stack([np.bincount(row, minlength=texts) for row in rng.integers(0, texts, (size, texts))]))
-        drawn = drawn.astype(np.float32)
-        gain = np.zeros(len(drawn))
-        for block in range(0, columns, _COLUMNS_AT_ONCE):  # the same resamples for every label
-            part = cells[:, :, block:block + _COLUMNS_AT_ONCE]
-            totals = (drawn @ part.reshape(len(part), -1).astype(np.float32)).reshape(len(drawn), 5, -1)
-            hits_moved, made_moved, hits_default, made_default, held = totals.transpose(1, 0, 2)
-            with np.errstate(invalid="ignore", divide="ignore"):
-                label_gain = (np.nan_to_num(2 * hits_moved / (made_moved + held))
-                              - np.nan_to_num(2 * hits_default / (made_default + held)))
-            # weighted F1 weighs each label by its texts in the resample; micro has one column, the pooled counts
-            gain += (label_gain * held if average == "weighted" else label_gain).sum(1)
-        beats.append(gain > 0)
+        drawn = _drawn(rng, texts, sizes, min(_RESAMPLES_AT_ONCE, resamples - start))
+        beats.append(_f1_gain(drawn, cells, average) > 0)
     return float(np.mean(np.concatenate(beats)))
 
 
 _FEW_COLUMNS = 8  # up to this many labels' counts, texts with the same counts are grouped into cells first
 _RESAMPLES_AT_ONCE = 100
 _COLUMNS_AT_ONCE = 64  # labels summed at once: (texts, 5 * 64) float32 at a time
+
+
+def _drawn(rng: np.random.Generator, texts: int, sizes: Optional[np.ndarray], resamples: int) -> np.ndarray:
+    """``(resamples, cells)``: how often each cell of ``sizes`` texts is drawn in each bootstrap resample of the
+    ``texts``, or each text where ``sizes`` is None; float32, exact for counts up to 2**24."""
+    if sizes is not None:
+        return rng.multinomial(texts, sizes / texts, size=resamples).astype(np.float32)
+    return np.stack([np.bincount(row, minlength=texts) for row in rng.integers(0, texts, (resamples, texts))]
+                    ).astype(np.float32)
+
+
+def _f1_gain(drawn: np.ndarray, cells: np.ndarray, average: str) -> np.ndarray:
+    """Each resample's F1 of ``average`` at the thresholds less its F1 at the default, up to a positive factor
+    (the labels' count or their texts'), which leaves its sign: the counts of ``cells`` (``(cells, 5, columns)``,
+    :func:`_counts_by_text`) summed as ``drawn`` draws them."""
+    from finetune.metrics._classification import scores_from_counts  # finetune.metrics imports this module
+
+    gain = np.zeros(len(drawn))
+    for block in range(0, cells.shape[2], _COLUMNS_AT_ONCE):  # the same resamples for every label
+        part = cells[:, :, block:block + _COLUMNS_AT_ONCE]
+        totals = (drawn @ part.reshape(len(part), -1).astype(np.float32)).reshape(len(drawn), 5, -1)
+        hits_moved, made_moved, hits_default, made_default, held = totals.transpose(1, 0, 2)
+        label_gain = scores_from_counts(hits_moved, made_moved, held)[2] - \
+            scores_from_counts(hits_default, made_default, held)[2]
+        # weighted F1 weighs each label by its texts in the resample; micro has one column, the pooled counts
+        gain += (label_gain * held if average == "weighted" else label_gain).sum(1)
+    return gain
 
 
 def _counts_by_text(probabilities: np.ndarray, references: np.ndarray, thresholds: np.ndarray,
