@@ -141,6 +141,14 @@ def multi_label_halves(out: Path, test: Path, average: str, rounds: int = 60) ->
              "best": lambda p, t: f1_thresholds(p, t, average),
              "by label": lambda p, t: guarded_by_label(p, t, average),
              "together": lambda p, t: guarded_f1_thresholds(p, t, average)}
+    return halved(probability, truth, rules, average, rounds)
+
+
+def halved(probability, truth, rules: dict, average: str, rounds: int) -> dict[str, float]:
+    """Each rule's mean F1 of ``average`` over ``rounds`` random halvings of the texts: thresholds chosen by the
+    rule on one half (``rule(probability, truth)``, each ``(texts, labels)``), the F1 scored on the other."""
+    import numpy as np
+
     rng, f1s = np.random.default_rng(0), {name: [] for name in rules}
     for _ in range(rounds):
         order = rng.permutation(len(truth))
@@ -156,13 +164,12 @@ def pooled_f1(predicted, truth, average: str, weights=None):
     (resamples, texts), one F1 per resample (a label of no text and no prediction scores 0, as scikit-learn's)."""
     import numpy as np
 
+    from finetune.metrics import scores_from_counts
+
     weights = np.ones((1, len(truth))) if weights is None else weights
     hits, made, held = (weights @ (predicted & truth), weights @ predicted, weights @ truth)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        if average == "micro":
-            f1 = 2 * hits.sum(1) / (made.sum(1) + held.sum(1))
-        else:
-            f1 = np.nan_to_num(2 * hits / (made + held)).mean(1)
+    f1 = scores_from_counts(hits.sum(1), made.sum(1), held.sum(1))[2] if average == "micro" else \
+        scores_from_counts(hits, made, held)[2].mean(1)
     return f1 if len(f1) > 1 else float(f1[0])
 
 
@@ -226,19 +233,11 @@ def halves(out: Path, test: Path, rounds: int = 60) -> dict[str, float]:
     from finetune.thresholds import f1_thresholds, guarded_f1_thresholds
 
     rows = list(csv.reader(test.open(encoding="utf-8", newline="")))[1:]
-    spam = Predictor.load(out, device="cpu").probabilities([text for _, text in rows])[:, 1]
-    truth = np.array([label == "spam" for label, _ in rows])
-    rules = {"0.5": lambda p, t: 0.5, "best": lambda p, t: f1_thresholds(p[:, None], t[:, None], "macro")[0],
-             "guarded": lambda p, t: guarded_f1_thresholds(p[:, None], t[:, None], "macro")[0]}
-    rng, f1s = np.random.default_rng(0), {name: [] for name in rules}
-    for _ in range(rounds):
-        order = rng.permutation(len(truth))
-        chosen_on, scored_on = order[:len(order) // 2], order[len(order) // 2:]
-        for name, rule in rules.items():
-            predicted = spam[scored_on] > rule(spam[chosen_on], truth[chosen_on])
-            hits = (predicted & truth[scored_on]).sum()
-            f1s[name].append(2 * hits / (predicted.sum() + truth[scored_on].sum()))
-    return {name: float(np.mean(values)) for name, values in f1s.items()}
+    spam = Predictor.load(out, device="cpu").probabilities([text for _, text in rows])[:, [1]]
+    truth = np.array([[label == "spam"] for label, _ in rows])
+    rules = {"0.5": lambda p, t: np.full(1, 0.5, dtype=np.float32), "best": lambda p, t: f1_thresholds(p, t),
+             "guarded": lambda p, t: guarded_f1_thresholds(p, t)}
+    return halved(spam, truth, rules, "macro", rounds)  # spam's F1: the macro average of one label's
 
 
 def cost(rounds: int = 3) -> None:
