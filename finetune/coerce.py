@@ -1,6 +1,6 @@
 """A YAML value into a schema type, strictly: the one place config values are type-checked.
 
-``_coerce(value, annotation, key)`` accepts what the annotation allows (YAML's
+``coerce_value(value, annotation, key)`` accepts what the annotation allows (YAML's
 ``3e-5`` read as a float, quoted integer mapping keys read as integers) and
 otherwise raises a one-line :class:`~finetune.errors.ConfigError` naming the
 key, the type expected and the value given. :mod:`finetune.config` calls it for
@@ -35,7 +35,7 @@ def type_name(tp: Any) -> str:
     return getattr(tp, "__name__", str(tp))
 
 
-def _coerce(value: Any, tp: Any, key: str) -> Any:
+def coerce_value(value: Any, tp: Any, key: str) -> Any:
     """Check ``value`` against the annotation ``tp``; return it (ints widened to float)."""
     origin = typing.get_origin(tp)
     if origin in (Union, types.UnionType):
@@ -55,11 +55,18 @@ def _coerce_union(value: Any, tp: Any, key: str) -> Any:
     if value is None and type(None) in args:
         return None
     options = [a for a in args if a is not type(None)]
-    if len(options) == 1 and typing.get_origin(options[0]) in (list, dict):
-        return _coerce(value, options[0], key)  # its own error names the item at fault
+    # a list or a mapping where one is all a key takes, or the one of its kind a key takes: its own error names
+    # the item at fault
+    kind = dict if isinstance(value, dict) else list if isinstance(value, list) else None
+    containers = [a for a in options if typing.get_origin(a) in (list, dict)]
+    if len(options) == 1 and containers:
+        return coerce_value(value, options[0], key)
+    alike = [a for a in containers if typing.get_origin(a) is kind]
+    if len(alike) == 1:
+        return coerce_value(value, alike[0], key)
     for arg in options:
         try:
-            return _coerce(value, arg, key)
+            return coerce_value(value, arg, key)
         except ConfigError:
             pass
     raise ConfigError(f"{key}: expected {type_name(tp)}, got {_describe(value)}")
@@ -89,7 +96,7 @@ def _coerce_list(value: Any, tp: Any, key: str) -> list:
         value = [value]  # `report_to: tensorboard` reads as a one-item list
     if not isinstance(value, list):
         raise ConfigError(f"{key}: expected {type_name(tp)}, got {_describe(value)}")
-    return [_coerce(v, inner, f"{key}[{i}]") for i, v in enumerate(value)]
+    return [coerce_value(v, inner, f"{key}[{i}]") for i, v in enumerate(value)]
 
 
 def _coerce_dict(value: Any, tp: Any, key: str) -> dict:
@@ -101,7 +108,7 @@ def _coerce_dict(value: Any, tp: Any, key: str) -> dict:
     for k, v in value.items():
         if key_type is int and isinstance(k, str) and k.strip().lstrip("-").isdigit():
             k = int(k)  # JSON and some YAML writers quote mapping keys
-        out[_coerce(k, key_type, f"{key} key {k!r}")] = _coerce(v, value_type, f"{key}[{k!r}]")
+        out[coerce_value(k, key_type, f"{key} key {k!r}")] = coerce_value(v, value_type, f"{key}[{k!r}]")
     return out
 
 

@@ -27,7 +27,7 @@ from typing import Any
 
 import yaml
 
-from finetune.coerce import _coerce, _describe
+from finetune.coerce import coerce_value, _describe
 from finetune.errors import ConfigError
 from finetune.key_hints import key_hint, refuse_options, unknown_key_hint
 from finetune.overrides import let_the_command_line_choose, notes_said_once
@@ -83,7 +83,7 @@ def _build(cls: type, data: Any, prefix: str) -> Any:
         if dataclasses.is_dataclass(tp):
             kwargs[key] = _build(tp, value, path)
         else:
-            kwargs[key] = _coerce(value, tp, path)
+            kwargs[key] = coerce_value(value, tp, path)
     return cls(**kwargs)
 
 
