@@ -39,7 +39,7 @@ from finetune.errors import ConfigError
 from finetune.launch import build_accelerator
 from finetune.loop import TrainState
 from finetune.optimization import UpdatePlan, build_optimizer, build_scheduler, check_optimizer, plan_updates
-from finetune.tasks import Task, start_regression_head, start_thresholds, threshold_refusal
+from finetune.tasks import Task, named_thresholds, start_regression_head, start_thresholds, threshold_refusal
 
 logger = logging.getLogger("finetune")
 
@@ -255,6 +255,8 @@ def build_task(cfg: Config, labels, splits, device=None) -> Task:
         if threshold == PER_LABEL:  # for the F1 the run averages (auto: micro, as metric_suite decides)
             average = cfg.evaluation.average
             return Task("multi_label", tune_thresholds="micro" if average == "auto" else average)
+        if isinstance(threshold, dict):
+            threshold, _ = _named_thresholds(threshold, labels)
         return Task("multi_label", threshold=threshold)
     if labels.problem_type == "regression":
         return Task("regression")
@@ -276,6 +278,9 @@ def _positive_class_decision(cfg: Config, labels, train_split) -> dict:
     threshold, names = cfg.evaluation.threshold, list(labels.names)
     if threshold == DEFAULT_THRESHOLD:  # the most probable of two classes is the one over 0.5
         return {}
+    if isinstance(threshold, dict):  # on the class it names
+        threshold, positive = _named_thresholds(threshold, labels)
+        return {"threshold": threshold, "positive_class": positive}
     refusal = threshold_refusal("single_label", names)
     if refusal is not None:
         raise ConfigError(f"evaluation.threshold: {refusal}")
@@ -290,6 +295,19 @@ def _positive_class_decision(cfg: Config, labels, train_split) -> dict:
     if threshold == PER_LABEL:
         return {"tune_thresholds": "binary", "positive_class": names.index(positive)}
     return {"threshold": float(threshold), "positive_class": names.index(positive)}
+
+
+def _named_thresholds(given: dict[str, float], labels) -> tuple:
+    """``evaluation.threshold``'s mapping by label name as the run's :class:`Task` takes it
+    (:func:`finetune.tasks.named_thresholds`).
+
+    Raises:
+        ConfigError: for a name that is not a label of the data, or a mapping the labels cannot take.
+    """
+    try:
+        return named_thresholds(given, labels.problem_type, list(labels.names))
+    except ValueError as exc:
+        raise ConfigError(f"evaluation.threshold: {exc}") from None
 
 
 def class_weights(spec, names: Sequence[str], train_split, device=None) -> Optional[torch.Tensor]:

@@ -144,6 +144,10 @@ def _thresholds(evaluation, thresholds: Optional[dict[str, float]], labels: Sequ
         return [f"- Threshold: `{positive}` where its probability is over {threshold:.4g}{how}, else `{other}`; "
                 "in `config.json` as `label_thresholds`, which `finetune predict` applies and `pipeline()` does not "
                 "(it returns the most probable class)"]
+    if isinstance(evaluation.threshold, dict):
+        return [f"- Thresholds: {format_thresholds(list(thresholds), list(thresholds.values()))} "
+                "(`evaluation.threshold`, by label); in `config.json` as `label_thresholds`, which `finetune predict` "
+                "applies and `pipeline()` does not"]
     if evaluation.threshold != PER_LABEL:
         return [f"- Thresholds: {evaluation.threshold:g} for every label (`evaluation.threshold`)"]
     return [f"- Thresholds: {format_thresholds(list(thresholds), list(thresholds.values()))}, each label's chosen on "

@@ -34,7 +34,7 @@ from finetune.precisions import add_precision_argument, autocast_dtype, check_pr
 from finetune.prediction_files import (CLASH_PREFIX, OUTPUT_FORMATS, STDIN, checked_suffix, input_kind, local_file,
                                        columns_named_as_predictions, note_the_files_own_columns, output_separator,
                                        predict_rows, read_rows, write_predictions, ONE_TEXT_EACH, TEXT_FOLDER)
-from finetune.schema import PAD_TO_MULTIPLE_OF  # the schema alone: no YAML or config loading at import
+from finetune.schema import PAD_TO_MULTIPLE_OF, checked_threshold  # the schema alone: no YAML or config loaded
 from finetune.text_encoding import check_encoding
 from finetune.truncation import BOOKKEEPING, LENGTH, Truncation, prediction_length
 
@@ -323,10 +323,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--text-pair", "--text-pair-column", dest="text_pair_column", metavar="COLUMN", default=None,
                         help="column of the second text, for models trained on pairs (default: the run's)")
     parser.add_argument("--batch-size", type=int, default=DEFAULT_BATCH_SIZE, help="texts per forward pass")
-    parser.add_argument("--threshold", type=float, default=None, help="multi-label models: predict every label "
-                        "whose probability is over this; two classes: the positive class (the run's "
-                        "evaluation.positive_label) where its probability is over this, else the other "
-                        "(default: the model's, evaluation.threshold's, else the most probable class)")
+    parser.add_argument("--threshold", default=None, help="multi-label models: predict every label whose "
+                        "probability is over this; two classes: the positive class (the run's "
+                        "evaluation.positive_label) where its probability is over this, else the other; or by label "
+                        "name: \"{toxic: 0.3, insult: 0.6}\" (default: the model's, evaluation.threshold's, else "
+                        "the most probable class)")
     add_precision_argument(parser)
     parser.add_argument("--debug", action="store_true", help="show tracebacks for input errors")
     # intermixed: texts may come before or after the options
@@ -411,8 +412,9 @@ def check_options(args: argparse.Namespace) -> None:
         if not args.file:
             raise ConfigError(f"--encoding {args.encoding}: only with --file")
         check_encoding(args.encoding, "--encoding")
-    if args.threshold is not None and not 0.0 < args.threshold < 1.0:
-        raise ConfigError(f"--threshold: must be between 0 and 1, got {args.threshold}")
+    if args.threshold is not None:  # a number, or by label name as evaluation.threshold takes them
+        from finetune.config import parse_override
+        args.threshold = checked_threshold(parse_override(f"--threshold={args.threshold}")[1], "--threshold")
     check_precision(args.precision, "--precision")
     if args.output:
         checked_suffix(Path(args.output), OUTPUT_FORMATS, "--output")

@@ -19,6 +19,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal, Optional, Union
 
+from finetune.coerce import coerce_value
 from finetune.errors import ConfigError
 from finetune.text_encoding import check_encoding
 from finetune.truncation import refuse_cutting_pairs
@@ -654,6 +655,26 @@ DEFAULT_THRESHOLD = 0.5
 PER_LABEL = "per_label"
 
 
+def checked_threshold(value: Any, key: str, other: str = "") -> Union[float, dict[str, float]]:
+    """A decision threshold as given: one number, or one per label name (``{toxic: 0.3}``), each between 0 and
+    1 (``finetune predict --threshold``, and ``evaluation.threshold`` but for its ``other`` value, ``per_label``).
+
+    Raises:
+        ConfigError: naming ``key`` (and the label), and the ``other`` value it takes, for anything else.
+    """
+    value = coerce_value(value, Union[float, dict[str, float]], key)
+    also = f", or {other}" if other else ""
+    if isinstance(value, dict):
+        if not value:
+            raise ConfigError(f"{key}: empty; give a number between 0 and 1, {{label: threshold, ...}}{also}")
+        for label, threshold in value.items():
+            if not 0.0 < threshold < 1.0:
+                raise ConfigError(f"{key}[{label!r}]: must be between 0 and 1, got {threshold}")
+    elif not 0.0 < value < 1.0:
+        raise ConfigError(f"{key}: must be between 0 and 1{also}, got {value}")
+    return value
+
+
 @dataclass
 class EvalConfig:
     """Metrics computed on the validation set."""
@@ -672,12 +693,15 @@ class EvalConfig:
         "more, micro for multi_label. A run resolves it at start-up and logs its choice.")
     positive_label: Optional[str] = setting(None,
         "The label name (as in the data) of the positive class for binary averaging.")
-    threshold: Union[float, Literal["per_label"]] = setting(DEFAULT_THRESHOLD,
+    threshold: Union[float, Literal["per_label"], dict[str, float]] = setting(DEFAULT_THRESHOLD,
         "multi_label: the sigmoid probability over which a label is predicted, in evaluations and by the saved "
         "model (its config's label_thresholds, which finetune predict and score use). Two classes "
         "(single_label): the probability of the positive class (`positive_label`, else the rarer) over which "
         "it is predicted, else the other; at 0.5 that is the more probable, as for more classes, where no "
-        "other value applies. `per_label`: each evaluation chooses each label's own, those that give the best F1 "
+        "other value applies. A mapping {label name: threshold} gives labels their own (multi_label: unlisted "
+        "labels at 0.5; two classes: the one class named is the one decided on), such as those `finetune score` "
+        "reads off a held-out file for a target precision or recall. "
+        "`per_label`: each evaluation chooses each label's own, those that give the best F1 "
         "(of `average`; two classes: the positive class's) on the validation texts, kept where together they "
         "beat 0.5 on 95% of bootstrap resamples of the texts (else 0.5 for every label), and scores at them: "
         "chosen on the texts they are scored on, those scores lean high; score a held-out file for a fair "
@@ -711,8 +735,8 @@ class EvalConfig:
             raise ConfigError(f"evaluation.metrics: an empty name in {self.metrics}")
         if self.average == "binary" and self.positive_label is None:
             raise ConfigError("evaluation.positive_label: required when evaluation.average is binary")
-        if self.threshold != PER_LABEL and not 0.0 < self.threshold < 1.0:
-            raise ConfigError(f"evaluation.threshold: must be between 0 and 1, or per_label, got {self.threshold}")
+        if self.threshold != PER_LABEL:
+            checked_threshold(self.threshold, "evaluation.threshold", PER_LABEL)
         if self.eval_every is not None and self.eval_every < 1:
             raise ConfigError(f"evaluation.eval_every: must be >= 1 or null, got {self.eval_every}")
         if self.evals_per_epoch is not None and self.evals_per_epoch < 1:

@@ -8,16 +8,16 @@ Usage::
 
 The file is read as training read its data: with the ``data`` settings of the run's saved ``config.yaml`` (format,
 header, column names, empty texts), which ``data.key=value`` arguments override; a folder, a JSON Lines, JSON or
-Parquet file, and a CSV/TSV file whose first line names the run's text and label columns, are read by their own
-layout instead of the run's format and column names. Labels are matched to the model's by name; a label the model
-was not trained on is an error naming its row. The metrics are the run's ``evaluation`` settings (those of
-validation during training), each with its 95% bootstrap interval, plus the loss, and each label's precision,
-recall, F1 and support scored alone; for a single-label model a confusion matrix is printed (past 12 labels, the
-pairs most confused instead) and written as a PNG (by default ``<output_dir>/confusion_<file name>.png``).
-Multi-label and regression models are scored with their own metrics and loss (see :mod:`finetune.tasks`), without a
-confusion matrix, and regression without the labels' table. ``--against`` scores a second run's model on the same
-texts (:mod:`finetune.comparison`). A multi-label model predicts at its thresholds (:mod:`finetune.thresholds`)
-unless ``evaluation.threshold=X`` is given.
+Parquet file, and a CSV/TSV file whose first line names the run's text and label columns, are read by their own layout
+instead of the run's format and column names. Labels are matched to the model's by name; a label the model was not
+trained on is an error naming its row. The metrics are the run's ``evaluation`` settings (those of validation during
+training), each with its 95% bootstrap interval, plus the loss, and each label's precision, recall, F1 and support
+scored alone; for a single-label model a confusion matrix is printed (past 12 labels, the pairs most confused instead)
+and written as a PNG (by default ``<output_dir>/confusion_<file name>.png``). Multi-label and regression models are
+scored with their own metrics and loss (see :mod:`finetune.tasks`), without a confusion matrix, and regression without
+the labels' table. ``--against`` scores a second run's model on the same texts (:mod:`finetune.comparison`). A
+thresholded model predicts at its thresholds unless ``evaluation.threshold`` gives others (a number, or by label name);
+its operating points say where each could go (:mod:`finetune.metrics.operating_points`).
 
 (Not named ``evaluate``: a module of that name would hide the ``evaluate`` library for ``accelerate launch``.)
 """
@@ -31,7 +31,7 @@ import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Optional, Sequence, Union
 
 from finetune.errors import CommandParser, ConfigError, DataError, FileLayoutError, out_of_memory_told_as, run_command
 # --precision's argument and check come through predict, which shares them (finetune.precisions)
@@ -73,8 +73,9 @@ class Score:
     suite: Any = None
     # each text's probability of each label, where the metrics rank the texts by them (ROC AUC, average precision)
     scores: Any = None
-    # a two-class model's: its positive class's thresholds for target precisions and recalls (finetune.metrics.operating_points)
-    operating_points: Optional[dict[str, Any]] = None
+    # each label's thresholds for target precisions and recalls, {label: rows}: a two-class model's positive
+    # class's, or every label's of a multi-label model (finetune.metrics.operating_points)
+    operating_points: Optional[dict[str, list]] = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"file": self.file, "precision": self.precision, "metrics": self.metrics, "labels": self.labels,
@@ -173,22 +174,23 @@ def load_labelled(file: str | os.PathLike, data_cfg, labels: Sequence[str], prob
     return fdata.labelled_columns(fdata.load_labelled_file(str(file), data_cfg, label_space, key="--file"))
 
 
-def threshold_given(setting, problem_type: str, names: Sequence[str]) -> Optional[float]:
+def threshold_given(setting, problem_type: str, names: Sequence[str]) -> Union[None, float, dict[str, float]]:
     """``evaluation.threshold`` as scoring takes it: ``None`` for the model's own (``per_label``, which
-    :func:`scoring_config` sets where none is given), else the number given.
+    :func:`scoring_config` sets where none is given), else the number, or the thresholds by label name, given.
 
     Raises:
-        ConfigError: for a number given to a single-label model of more than two classes, before its weights
-            are loaded.
+        ConfigError: for a threshold given to a single-label model of more than two classes, or one for a name
+            that is not the model's label, before its weights are loaded.
     """
-    from finetune.tasks import threshold_refusal
+    from finetune.tasks import refuse_threshold
 
     if isinstance(setting, str) or problem_type == "regression":
         return None
-    refusal = threshold_refusal(problem_type, names)
-    if refusal is not None:
-        raise ConfigError(f"evaluation.threshold: {refusal}")
-    return float(setting)
+    try:
+        refuse_threshold(setting, problem_type, names)
+    except ValueError as exc:
+        raise ConfigError(f"evaluation.threshold: {exc}") from None
+    return setting
 
 
 def model_labels(output_dir: str | os.PathLike) -> tuple[list[str], str]:
@@ -284,7 +286,7 @@ def score_file(output_dir: str | os.PathLike, file: str | os.PathLike, overrides
     import numpy as np
     import torch
 
-    from finetune.metrics import confusion_matrix, metric_intervals, metric_suite_for, scores_by_label, two_class_points
+    from finetune.metrics import confusion_matrix, label_points, metric_intervals, metric_suite_for, scores_by_label
 
     cfg = scoring_config(output_dir, file, overrides)
     # read the file before loading the weights: bad data fails fast
@@ -307,24 +309,23 @@ def score_file(output_dir: str | os.PathLike, file: str | os.PathLike, overrides
     logits = torch.from_numpy(predictor.logits(texts, pairs, progress=True))
     refs = torch.as_tensor(np.asarray(references))
     predictions = task.predictions(logits).numpy()
-    # each text's probabilities, once: ROC AUC and average precision order the texts by them, and a two-class
-    # model's operating points read its positive class's
+    # each text's probabilities, once: ROC AUC and average precision order the texts by them, and the
+    # operating points read a two-class model's positive class's, or each label's
     probabilities = task.probabilities(logits).numpy() if problem_type != "regression" else None
     scores = {"scores": probabilities} if getattr(suite, "ranking", None) else {}
     # the loss evaluate_model reports: the mean per-sample loss of the problem type on float32 logits
     loss = task.per_sample_loss(logits, refs).double().mean().item()
     metrics = {"loss": loss, "num_samples": len(texts), **suite.compute(predictions, refs.numpy(), **scores)}
-    single = problem_type == "single_label"
-    confusion = confusion_matrix(refs.numpy(), predictions, len(names)) if single else None
+    confusion = confusion_matrix(refs.numpy(), predictions, len(names)) if problem_type == "single_label" else None
     by_label = (scores_by_label(predictions, refs.numpy(), names, ranking=suite.ranking, **scores)
                 if problem_type != "regression" else None)
     for name, value in task.thresholds_by_label(names).items():
         by_label[name]["threshold"] = value  # what each label was predicted over
-    points = two_class_points(task, probabilities, refs.numpy(), names, suite.pos_label) if single else None
     return Score(str(file), metrics, list(names), confusion, predictions, refs.numpy(), predictor.precision,
                  by_label, texts_seen_in_training(output_dir, texts, pairs) if count_seen else None,
                  metric_intervals(suite, predictions, refs.numpy(), **scores), texts, pairs, suite,
-                 scores.get("scores"), points)
+                 scores.get("scores"),
+                 label_points(task, probabilities, refs.numpy(), names, getattr(suite, "pos_label", None)))
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -399,7 +400,7 @@ def run(args: argparse.Namespace) -> Score:
     if result.by_label is not None:
         print(format_by_label(result.by_label))
     if result.operating_points is not None:
-        print(format_operating_points(result.operating_points["points"], result.operating_points["label"]))
+        print(format_operating_points(result.operating_points))
     for caution in cautions(result, f"texts of {file_name(args.file)}"):
         print(f"warning: {caution}", file=sys.stderr)
     if result.confusion is not None:

@@ -1,5 +1,5 @@
 """What ``finetune score`` prints of a model's scores: the confusion matrix, or the pairs most confused where
-the labels are too many for a terminal's width, each label's scores, and a two-class model's operating points."""
+the labels are too many for a terminal's width, each label's scores, and a thresholded model's operating points."""
 
 from __future__ import annotations
 
@@ -49,8 +49,17 @@ def format_by_label(by_label: dict[str, dict[str, float]]) -> str:
                       head, *rows])
 
 
-def format_operating_points(rows: list[dict[str, Any]], positive: str) -> str:
-    """The rows as an aligned text table, headed by what they are."""
+def format_operating_points(points: dict[str, list[dict[str, Any]]]) -> str:
+    """A model's operating points as aligned text (``points``: rows by label, from
+    :func:`finetune.metrics.label_points`): a two-class model's positive class in full, a multi-label model's
+    labels one row each."""
+    if len(points) == 1:
+        (positive, rows), = points.items()
+        return _one_label_points(positive, rows)
+    return _labels_points(points)
+
+
+def _one_label_points(positive: str, rows: list[dict[str, Any]]) -> str:
     lines = [f"{positive}'s threshold for a precision or recall of {positive} on this file "
              f"(finetune predict --threshold T, evaluation.threshold=T)",
              f"{'aim':<17}  threshold  precision  recall      f1  predicted"]
@@ -61,3 +70,34 @@ def format_operating_points(rows: list[dict[str, Any]], positive: str) -> str:
         lines.append(f"{row['aim']:<17}  {row['threshold']:9.4g}  {row['precision']:9.4f}  {row['recall']:6.4f}  "
                      f"{row['f1']:6.4f}  {row['predicted']:9d}")
     return "\n".join(lines)
+
+
+def _labels_points(points: dict[str, list[dict[str, Any]]]) -> str:
+    """One row per label: the threshold of each aim, with what it keeps of the other measure in brackets (the
+    recall at a precision, the precision at a recall); ``--json`` holds each row in full."""
+    aims = [row["aim"] for row in next(iter(points.values()))[1:]]  # the first row is the model's threshold
+    cells = {name: [_kept(row) for row in rows[1:]] for name, rows in points.items()}
+    width = max([len(name) for name in points] + [5])
+    cell = max(len(text) for row in cells.values() for text in row)
+    precisions = sum(aim.startswith("precision") for aim in aims)  # their columns first, then the recalls'
+
+    def line(first: str, texts: list[str]) -> str:
+        return (first.ljust(width) + "  " + "  ".join(t.rjust(cell) for t in texts[:precisions]) + "    "
+                + "  ".join(t.rjust(cell) for t in texts[precisions:])).rstrip()
+
+    span = (cell + 2) * precisions - 2
+    return "\n".join([
+        "each label's threshold for a precision or recall of it on this file, with (in brackets) the recall or "
+        "precision kept",
+        "(finetune predict --threshold \"{label: T, ...}\" or evaluation.threshold; none: no threshold reaches it)",
+        (" " * width + "  " + "precision >=".center(span) + "    " + "recall >=".center(span)).rstrip(),
+        line("label", [aim.split()[-1] for aim in aims]),
+        *(line(name, texts) for name, texts in cells.items())])
+
+
+def _kept(row: dict[str, Any]) -> str:
+    """An aim's threshold and, in brackets, the recall it keeps (a precision's aim) or the precision (a recall's)."""
+    if row["threshold"] is None:
+        return "none"
+    other = row["recall"] if row["aim"].startswith("precision") else row["precision"]
+    return f"{row['threshold']:.3g} ({other:.2f})"

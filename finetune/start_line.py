@@ -27,6 +27,7 @@ from finetune.metrics import correlations_over_alike_targets
 from finetune.modeling import model_name
 from finetune.optimization import UpdatePlan, describe_layer_rates
 from finetune.results import validation_targets
+from finetune.schema import DEFAULT_THRESHOLD
 
 if TYPE_CHECKING:
     from finetune.rehearsal import Rehearsal
@@ -123,19 +124,29 @@ def _how(run: Run) -> str:
     if run.labels.problem_type != "regression":
         positive = f" on {evaluation.positive_label!r}" if evaluation.average == "binary" else ""
         parts.append(f"average={evaluation.average}{positive}")
-    if run.labels.problem_type == "multi_label":  # chosen at each evaluation, or one for every label
-        tuned = run.task.tune_thresholds
-        parts.append(f"thresholds=per_label (for {tuned} F1)" if tuned else f"threshold={evaluation.threshold:g}")
-    elif run.task.positive_class is not None:  # two classes: the positive one's probability decides
-        positive = run.labels.names[run.task.positive_class]
-        chosen = "per_label (for its F1)" if run.task.tune_thresholds else f"{evaluation.threshold:g}"
-        parts.append(f"threshold={chosen} on {positive!r}")
+    if run.task.thresholded:
+        parts.append(_thresholds(run))
     if run.task.label_smoothing:
         parts.append(f"label_smoothing={run.task.label_smoothing:g}")
     weights = run.task.class_weights
     if weights is not None:
         parts.append("class_weights=" + ",".join(f"{n}:{w:.4g}" for n, w in zip(run.labels.names, weights.tolist())))
     return " ".join(parts)
+
+
+def _thresholds(run: Run) -> str:
+    """What decides a thresholded run's predictions: thresholds chosen at each evaluation (``per_label``), one
+    for every label, each named label's, or a two-class run's on its positive class."""
+    names, task, given = run.labels.names, run.task, run.cfg.evaluation.threshold
+    if run.labels.problem_type == "single_label":  # two classes: the positive one's probability decides
+        chosen = "per_label (for its F1)" if task.tune_thresholds else f"{float(task.threshold):g}"
+        return f"threshold={chosen} on {names[task.positive_class]!r}"
+    if task.tune_thresholds:
+        return f"thresholds=per_label (for {task.tune_thresholds} F1)"
+    if not isinstance(given, dict):
+        return f"threshold={given:g}"
+    others = f" (others {DEFAULT_THRESHOLD:g})" if len(given) < len(names) else ""
+    return "thresholds=" + ",".join(f"{name}:{t:g}" for name, t in given.items()) + others
 
 
 def _where(run: Run) -> str:

@@ -226,13 +226,19 @@ def decision_task(model_config, threshold=None, positive_label: Optional[str] = 
     multi-label model at its thresholds, a two-class one at its positive class's where it carries one
     (``label_thresholds``), else at its most probable class. ``threshold``, where given, replaces them: a
     number (or one per label, multi_label); for two classes it decides on the class the config names, else
-    ``positive_label``, else the second class (id 1, as scikit-learn's ``pos_label=1``).
+    ``positive_label``, else the second class (id 1, as scikit-learn's ``pos_label=1``); or a mapping
+    ``{label name: threshold}`` (:func:`named_thresholds`), where a multi-label model's labels not named keep
+    theirs.
 
     Raises:
-        ValueError: for a threshold given to a regression model or one of more than two classes, or a
-            ``positive_label`` that is not one of its labels.
+        ValueError: for a threshold given to a regression model or one of more than two classes, a
+            ``positive_label`` that is not one of its labels, or a mapping :func:`named_thresholds` refuses.
     """
     kind, names = problem_type_of(model_config), label_names(model_config)
+    if isinstance(threshold, dict):  # a multi-label model's labels not named keep its own
+        own = label_thresholds(model_config, names) if kind == "multi_label" else None
+        named, positive = named_thresholds(threshold, kind, names, own)
+        return Task(kind, threshold=named, positive_class=positive)
     if kind == "multi_label":
         return Task(kind, threshold=label_thresholds(model_config, names, threshold))
     saved = positive_threshold(model_config) if kind == "single_label" else None
@@ -245,6 +251,49 @@ def decision_task(model_config, threshold=None, positive_label: Optional[str] = 
         raise ValueError(f"positive label {positive_label!r} is not one of the model's labels ({', '.join(names)})")
     positive = saved[0] if saved is not None else names.index(positive_label) if positive_label is not None else 1
     return Task(kind, threshold=float(threshold), positive_class=positive)
+
+
+def named_thresholds(given: dict[str, float], problem_type: str, names: Sequence[str],
+                     others: Optional[Sequence[float]] = None) -> tuple[Union[float, tuple], Optional[int]]:
+    """Thresholds given by label name (``evaluation.threshold: {toxic: 0.3}``, ``finetune predict --threshold``)
+    as a :class:`Task` takes them, ``(threshold, positive_class)``: a multi-label model's one per label in the
+    order of ``names`` (a label not named keeps its threshold of ``others``, else :data:`DEFAULT_THRESHOLD`) and
+    no positive class; a two-class model's one threshold and the class it decides on, the one named.
+
+    Raises:
+        ValueError: for a name that is not one of ``names``, both of two classes named, or a model of another
+            kind (:func:`threshold_refusal`).
+    """
+    refusal = threshold_refusal(problem_type, names)
+    if refusal is not None:
+        raise ValueError(refusal)
+    unknown = [name for name in given if name not in names]
+    if unknown:
+        raise ValueError(f"{unknown[0]!r} is not one of the labels ({', '.join(names[:12])}"
+                         f"{', ...' if len(names) > 12 else ''})")
+    if problem_type == "multi_label":
+        others = others or (DEFAULT_THRESHOLD,) * len(names)
+        return tuple(float(given.get(name, other)) for name, other in zip(names, others)), None
+    if len(given) != 1:  # p(a) > t is p(b) < 1 - t: a second number could only repeat or contradict the first
+        raise ValueError(f"two classes are decided by one threshold, on one of them: {{{names[1]}: T}}, not "
+                         f"one for each of {', '.join(given)}")
+    (name, threshold), = given.items()
+    return float(threshold), list(names).index(name)
+
+
+def refuse_threshold(threshold, problem_type: str, names: Sequence[str]) -> None:
+    """Raise where ``threshold`` (a number, or by label name) cannot decide a model of ``problem_type`` with these
+    labels (``names``): :func:`threshold_refusal`'s words, or :func:`named_thresholds`'.
+
+    Raises:
+        ValueError: saying why.
+    """
+    if isinstance(threshold, dict):
+        named_thresholds(threshold, problem_type, names)
+        return
+    refusal = threshold_refusal(problem_type, names)
+    if refusal is not None:
+        raise ValueError(refusal)
 
 
 def threshold_refusal(problem_type: str, names: Sequence[str]) -> Optional[str]:

@@ -1,6 +1,7 @@
 """A two-class model's decision threshold (``evaluation.threshold`` on single_label): its positive class is
 predicted where that class's probability is over the threshold, a number or chosen on the validation texts for
-the best F1, and the saved model, ``finetune predict`` and ``finetune score`` predict at it."""
+the best F1, and the saved model, ``finetune predict`` and ``finetune score`` predict at it; thresholds given by
+label name (``{toxic: 0.3}``) for either kind of thresholded model; and the operating points ``score`` reads."""
 
 from __future__ import annotations
 
@@ -138,12 +139,107 @@ def test_a_saved_model_predicts_at_the_threshold_its_config_carries():
         decision_task(_config(["ham", "spam"]), 0.3, positive_label="eggs")
 
 
+def test_thresholds_by_label_name_set_those_labels_and_leave_the_rest_at_the_default():
+    from finetune.tasks import named_thresholds
+
+    assert named_thresholds({"c": 0.2, "a": 0.7}, "multi_label", ["a", "b", "c"]) == ((0.7, 0.5, 0.2), None)
+    # two classes: the one named is the class decided on, whichever it is
+    assert named_thresholds({"ham": 0.8}, "single_label", ["ham", "spam"]) == (0.8, 0)
+    assert named_thresholds({"spam": 0.2}, "single_label", ["ham", "spam"]) == (0.2, 1)
+    with pytest.raises(ValueError, match=r"^'sprot' is not one of the labels \(sport, news\)$"):
+        named_thresholds({"sprot": 0.3}, "multi_label", ["sport", "news"])
+    with pytest.raises(ValueError, match=r"^two classes are decided by one threshold, on one of them: \{spam: T\}, "
+                                         r"not one for each of ham, spam$"):
+        named_thresholds({"ham": 0.6, "spam": 0.4}, "single_label", ["ham", "spam"])
+    with pytest.raises(ValueError, match=r"this one is single_label, which predicts its most probable of 3 classes"):
+        named_thresholds({"a": 0.3}, "single_label", ["a", "b", "c"])
+    assert named_thresholds({"b": 0.9}, "multi_label", ["a", "b", "c"], (0.2, 0.7, 0.4)) == ((0.2, 0.9, 0.4), None)
+    # a saved model predicts at them, a multi-label one at its own for the labels not named
+    multi = decision_task(_config(["a", "b"], "multi_label_classification", {"a": 0.2, "b": 0.7}), {"b": 0.9})
+    assert multi.threshold == (0.2, 0.9)
+    assert decision_task(_config(["a", "b"], "multi_label_classification"), {"b": 0.9}).threshold == (0.5, 0.9)
+    two = decision_task(_config(["ham", "spam"], thresholds={"spam": 0.3}), {"ham": 0.9})
+    assert (two.positive_class, two.threshold) == (0, 0.9)
+    probabilities = np.array([[0.85, 0.15], [0.95, 0.05]])
+    assert two.decide(probabilities).tolist() == [1, 0]  # ham only over 0.9
+
+
+def test_a_run_takes_thresholds_by_label_name_and_says_them():
+    from finetune.assembly import build_task
+    from finetune.start_line import _thresholds
+
+    cfg = SimpleNamespace(training=SimpleNamespace(class_weights=None, label_smoothing=0.0),
+                          evaluation=SimpleNamespace(threshold={"news": 0.3}, positive_label=None, average="micro"))
+    multi = SimpleNamespace(problem_type="multi_label", names=["sport", "news", "tech"])
+    task = build_task(cfg, multi, {"train": None, "validation": None})
+    assert task == Task("multi_label", threshold=(0.5, 0.3, 0.5))
+    run = SimpleNamespace(labels=multi, task=task, cfg=cfg)
+    assert _thresholds(run) == "thresholds=news:0.3 (others 0.5)"
+    cfg.evaluation.threshold = {"news": 0.3, "sport": 0.6, "tech": 0.2}
+    run.task = build_task(cfg, multi, {"train": None, "validation": None})
+    assert run.task.threshold == (0.6, 0.3, 0.2) and _thresholds(run) == "thresholds=news:0.3,sport:0.6,tech:0.2"
+    from finetune.model_card import _thresholds as card_line
+
+    saved = run.task.thresholds_by_label(multi.names)
+    assert card_line(cfg.evaluation, saved, multi.names, "multi_label") == [
+        "- Thresholds: sport 0.6, news 0.3, tech 0.2 (`evaluation.threshold`, by label); in `config.json` as "
+        "`label_thresholds`, which `finetune predict` applies and `pipeline()` does not"]
+    two = SimpleNamespace(problem_type="single_label", names=["ham", "spam"])
+    cfg.evaluation.threshold, cfg.evaluation.positive_label = {"ham": 0.9}, "spam"  # the class named decides
+    run = SimpleNamespace(labels=two, task=build_task(cfg, two, {"train": None, "validation": None}), cfg=cfg)
+    assert run.task == Task("single_label", threshold=0.9, positive_class=0)
+    assert _thresholds(run) == "threshold=0.9 on 'ham'"
+    cfg.evaluation.threshold = {"eggs": 0.9}
+    with pytest.raises(ConfigError, match=r"^evaluation.threshold: 'eggs' is not one of the labels \(ham, spam\)$"):
+        build_task(cfg, two, {"train": None, "validation": None})
+
+
+@pytest.mark.parametrize("given, message", [
+    ("{sport: 1.2}", r"evaluation.threshold\['sport'\]: must be between 0 and 1, got 1.2"),
+    ("{}", r"evaluation.threshold: empty; give a number between 0 and 1, \{label: threshold, \.\.\.\}, or per_label"),
+    ("{sport: high}", r"evaluation.threshold\['sport'\]: expected float, got str 'high'"),
+    ("{1: 0.3}", r"evaluation.threshold key 1: expected str, got int 1"),
+])
+def test_a_bad_threshold_by_label_name_is_one_line_naming_the_label(given, message):
+    from finetune.config import load_config
+
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, [f"evaluation.threshold={given}"])
+
+
+def test_predicts_threshold_takes_a_number_or_thresholds_by_label_name_and_names_what_is_wrong(tmp_path, capsys):
+    from finetune.predict import check_options, parse_args
+
+    def threshold(given):
+        args = parse_args([str(tmp_path), "a text", "--threshold", given])
+        check_options(args)
+        return args.threshold
+
+    assert threshold("0.3") == 0.3
+    assert threshold("{toxic: 0.3, insult: 0.6}") == {"toxic": 0.3, "insult": 0.6}
+    for given, message in (("1.5", r"^--threshold: must be between 0 and 1, got 1.5$"),
+                           ("{toxic: 0}", r"^--threshold\['toxic'\]: must be between 0 and 1, got 0.0$"),
+                           ("high", r"^--threshold: expected float or mapping of str to float, got str 'high'$"),
+                           ("{toxic:0.3}", r"YAML needs a space after each ':' of a mapping")):
+        with pytest.raises(ConfigError, match=message):
+            threshold(given)
+    # the command says it in one line, and exits as for any bad input
+    from finetune.cli import main as finetune
+
+    capsys.readouterr()
+    assert finetune(["predict", str(tmp_path), "a text", "--threshold", "high"]) == 2
+    assert capsys.readouterr().err == "error: --threshold: expected float or mapping of str to float, got str 'high'\n"
+
+
 def test_score_takes_a_threshold_where_one_applies_and_refuses_it_in_the_runs_words_before_loading_weights():
     from finetune.score import threshold_given
 
     assert threshold_given(0.3, "single_label", ["ham", "spam"]) == 0.3
     assert threshold_given(0.3, "multi_label", ["a", "b", "c"]) == 0.3
     assert threshold_given("per_label", "single_label", ["ham", "spam"]) is None  # the model's own
+    assert threshold_given({"b": 0.2}, "multi_label", ["a", "b", "c"]) == {"b": 0.2}
+    with pytest.raises(ConfigError, match=r"^evaluation.threshold: 'd' is not one of the labels \(a, b, c\)$"):
+        threshold_given({"d": 0.2}, "multi_label", ["a", "b", "c"])
     names = [f"class{i}" for i in range(7)]
     with pytest.raises(ConfigError, match=r"^evaluation.threshold: applies to multi_label models and to "
                                           r"single_label ones of two classes; this one is single_label, which "
@@ -205,8 +301,8 @@ def test_a_run_chooses_its_threshold_and_everything_after_predicts_at_it(tuned_r
     assert scored.by_label["spam"]["threshold"] == threshold and "threshold" not in scored.by_label["ham"]
     # the operating points start from the model's own threshold, whose row is the file's F1
     points = scored.operating_points
-    assert points["label"] == "spam" and points["points"][0]["threshold"] == pytest.approx(threshold)
-    assert points["points"][0]["f1"] == pytest.approx(scored.metrics["f1"], abs=1e-6)
+    assert list(points) == ["spam"] and points["spam"][0]["threshold"] == pytest.approx(threshold)
+    assert points["spam"][0]["f1"] == pytest.approx(scored.metrics["f1"], abs=1e-6)
     assert scored.to_dict()["operating_points"] == points
     table = format_by_label(scored.by_label).splitlines()
     assert table[1].endswith("threshold") and table[3].split()[0] == "spam"
@@ -331,20 +427,53 @@ def test_the_operating_points_are_the_best_each_aim_allows_on_the_texts():
     assert rows["recall >= 0.99"]["predicted"] == 3 and rows["recall >= 0.99"]["precision"] == pytest.approx(2 / 3)
 
 
-def test_operating_points_are_read_for_two_classes_only_on_the_class_the_model_decides_on():
-    from finetune.metrics import two_class_points
+def test_operating_points_are_read_on_the_class_or_labels_the_model_decides_on_at_their_thresholds():
+    from finetune.metrics import label_points, operating_points
 
     probabilities = np.array([[0.2, 0.8], [0.7, 0.3], [0.4, 0.6]], dtype=np.float32)
     references = np.array([1, 0, 0])
-    saved = two_class_points(Task("single_label", threshold=0.3, positive_class=0), probabilities, references,
-                             ["ham", "spam"], pos_label=1)
-    assert saved["label"] == "ham" and saved["points"][0]["threshold"] == pytest.approx(0.3)
+    saved = label_points(Task("single_label", threshold=0.3, positive_class=0), probabilities, references,
+                         ["ham", "spam"], pos_label=1)
+    assert list(saved) == ["ham"] and saved["ham"][0]["threshold"] == pytest.approx(0.3)
     # at p(ham) > 0.3: the texts of 0.7 and 0.4, both ham
-    assert saved["points"][0]["predicted"] == 2 and saved["points"][0]["precision"] == 1.0
-    unsaved = two_class_points(Task("single_label"), probabilities, references, ["ham", "spam"], pos_label=None)
-    assert unsaved["label"] == "spam" and unsaved["points"][0]["threshold"] == 0.5
-    assert two_class_points(Task("single_label"), np.ones((3, 3)) / 3, references, ["a", "b", "c"], None) is None
-    assert two_class_points(Task("multi_label"), probabilities, np.eye(2)[[1, 0, 0]], ["a", "b"], None) is None
+    assert saved["ham"][0]["predicted"] == 2 and saved["ham"][0]["precision"] == 1.0
+    unsaved = label_points(Task("single_label"), probabilities, references, ["ham", "spam"], pos_label=None)
+    assert list(unsaved) == ["spam"] and unsaved["spam"][0]["threshold"] == 0.5
+    assert label_points(Task("single_label"), np.ones((3, 3)) / 3, references, ["a", "b", "c"], None) is None
+    assert label_points(Task("regression"), None, np.array([0.5, 1.0]), ["score"], None) is None
+    # a multi-label model's: each label's own, read on its column at its own threshold
+    rng = np.random.default_rng(0)
+    truth = (rng.random((200, 3)) < [0.2, 0.5, 0.7]).astype(int)
+    probability = np.clip(0.5 * truth + 0.6 * rng.random((200, 3)), 0, 1).astype(np.float32)
+    multi = label_points(Task("multi_label", threshold=(0.3, 0.5, 0.7)), probability, truth, ["a", "b", "c"], None)
+    assert list(multi) == ["a", "b", "c"]
+    for j, (name, threshold) in enumerate(zip("abc", (0.3, 0.5, 0.7))):
+        assert multi[name] == operating_points(probability[:, j], truth[:, j], threshold)
+        assert multi[name][0]["predicted"] == int((probability[:, j] > threshold).sum())
+
+
+def test_a_multi_label_models_operating_points_print_one_row_a_label_with_what_each_threshold_keeps():
+    from finetune.score_tables import format_operating_points
+
+    def row(aim, threshold, precision=0.0, recall=0.0):
+        return {"aim": aim, "threshold": threshold, "precision": precision, "recall": recall, "f1": 0.0,
+                "predicted": 1}
+
+    aims = [f"{kind} >= {target}" for kind in ("precision", "recall") for target in ("0.9", "0.95", "0.99")]
+    points = {"sport": [row("the model's", 0.5)] + [row(aim, 0.1 * (i + 1), 0.91 + i / 100, 0.5 - i / 100)
+                                                    for i, aim in enumerate(aims)],
+              "politics": [row("the model's", 0.5)] + [row(aim, None) for aim in aims]}
+    lines = format_operating_points(points).splitlines()
+    assert lines[2].split() == ["precision", ">=", "recall", ">="]
+    assert lines[3].split() == ["label", "0.9", "0.95", "0.99", "0.9", "0.95", "0.99"]
+    # a precision's aim keeps its recall, a recall's its precision
+    assert lines[4].split() == ["sport", "0.1", "(0.50)", "0.2", "(0.49)", "0.3", "(0.48)",
+                                "0.4", "(0.94)", "0.5", "(0.95)", "0.6", "(0.96)"]
+    assert lines[5].split() == ["politics"] + ["none"] * 6
+    assert len({len(line) for line in lines[3:]}) == 1  # aligned
+    # two classes: the positive class's table in full
+    two = format_operating_points({"spam": points["sport"]}).splitlines()
+    assert two[0].startswith("spam's threshold") and two[1].split()[0] == "aim" and len(two) == 9
 
 
 def test_the_evaluation_log_line_names_the_thresholds_chosen_or_says_why_none_moved():

@@ -561,7 +561,6 @@ def test_under_a_launcher_the_main_process_alone_prints_the_error(monkeypatch, c
 
 @pytest.mark.parametrize("argv, said", [
     (["predict", "out", "great fun", "--batch-size", "abc"], "argument --batch-size: invalid int value: 'abc'"),
-    (["predict", "out", "great fun", "--threshold", "high"], "argument --threshold: invalid float value: 'high'"),
     (["score", "out", "--file", "held_out.csv", "--batch-size", "0.5"], "argument --batch-size: invalid int value: '0.5'"),
     (["score", "out"], "the following arguments are required: --file"),
     (["sweep", "--trials", "many"], "argument --trials: invalid int value: 'many'"),

@@ -290,7 +290,7 @@ def test_regression_reads_numbers_and_names_a_row_that_is_not_one(tmp_path):
     ({"model": {"problem_type": "multi_label"}, "evaluation": {"threshold": 1.0}},
      r"evaluation.threshold: must be between 0 and 1, or per_label, got 1.0"),
     ({"model": {"problem_type": "multi_label"}, "evaluation": {"threshold": "best"}},
-     r"evaluation.threshold: expected float or 'per_label', got str 'best'"),
+     r"evaluation.threshold: expected float or 'per_label' or mapping of str to float, got str 'best'"),
     ({"evaluation": {"threshold": "per_label"}, "model": {"problem_type": "regression"}},
      r"evaluation.threshold: decides between classes, and regression has none \(model.problem_type is regression\)"),
 ])
@@ -515,6 +515,17 @@ def test_a_multi_label_run_learns_and_pipeline_agrees_with_predict(problem_runs,
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [line["labels"] for line in lines] == [p["labels"] for p in ours + strict]
     assert [p["labels"] for p in ours] != [[d for d in predictor.labels if p["probabilities"][d] > 0.5] for p in ours]
+    # by label name: the label named at its own, the other at the model's
+    assert predict([str(out), *TEXTS, "--threshold", "{hurry: 0.9}"]) == 0
+    named = {"hurry": 0.9, "money": thresholds["money"]}
+    assert [json.loads(line)["labels"] for line in capsys.readouterr().out.splitlines()] == \
+        [[d for d in predictor.labels if p["probabilities"][d] > named[d]] for p in ours]
+    # finetune score reads each label's operating points at the thresholds it scored at, and takes them by name
+    assert {name: rows[0]["threshold"] for name, rows in scored.operating_points.items()} == pytest.approx(thresholds)
+    at_named = score_file(out, out.parent / "val.jsonl", ["evaluation.threshold={hurry: 0.9}"], predictor=predictor)
+    assert {name: scores["threshold"] for name, scores in at_named.by_label.items()} == pytest.approx(named)
+    assert at_named.by_label["money"] == {**by_label["money"], "threshold": thresholds["money"]}
+    assert at_named.operating_points["hurry"][0]["threshold"] == 0.9
     # to a file: a CSV joins each text's labels with the run's data.label_delimiter, a Parquet file keeps the list
     import csv
 

@@ -28,14 +28,14 @@ from finetune.metrics._classification import AVERAGES, BUILTIN_METRICS, class_id
 # the bootstrap intervals, with the metrics they bound: one import for whoever scores
 from finetune.metrics.intervals import (POINT_INTERVAL, SPREAD, confusion_matrix, metric_intervals,
                                         metrics_with_intervals, paired_differences)
-from finetune.metrics.operating_points import operating_points, two_class_points
+from finetune.metrics.operating_points import label_points, operating_points
 from finetune.metrics.ranking import RANKING_METRICS, checked_scores, column_scores, one_hot, ranking_scores
 
 __all__ = ["BUILTIN_METRICS", "CORRELATIONS", "MetricSuite", "POINT_INTERVAL", "RANKING_METRICS", "SPREAD",
            "builtin_metric_path",
-           "confusion_matrix", "correlations_over_alike_targets", "metric_intervals", "metric_suite_for",
-           "metrics_with_intervals", "one_number_for_every_text", "operating_points", "paired_differences",
-           "resolve_average", "two_class_points",
+           "confusion_matrix", "correlations_over_alike_targets", "label_points", "metric_intervals",
+           "metric_suite_for", "metrics_with_intervals", "one_number_for_every_text", "operating_points",
+           "paired_differences", "resolve_average",
            "same_answer_for_every_text", "scores_by_label", "undefined_correlations"]
 
 # The metrics that take the averaging options; the others would reject them.

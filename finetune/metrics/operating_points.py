@@ -1,13 +1,14 @@
-"""Where a two-class model's threshold could go: on a labelled file, the threshold that reaches each target precision
-or recall of the positive class, and what it costs in the other (``finetune score``).
+"""Where a thresholded model's thresholds could go: on a labelled file, the threshold that reaches each target
+precision or recall of a two-class model's positive class, or of each label of a multi-label model, and what it
+costs in the other (``finetune score``).
 
 A spam filter's users rarely want the F1 that 0.5 gives: one wants 99% of what it flags to be spam, another 95%
 of the spam found. Each row answers one such aim on the file scored: for a precision, the lowest threshold that
 keeps it (the most recall at that precision); for a recall, the highest that reaches it (the most precision).
 They are read off the file's texts, so they hold for texts like them; the threshold goes to ``finetune predict
---threshold`` or ``evaluation.threshold``. scikit-learn's ``precision_recall_curve`` gives the whole curve; this
-reads the few points a user asks of it, written here to use the cuts :mod:`finetune.thresholds` already counts.
-``finetune.score_tables`` prints them.
+--threshold`` or ``evaluation.threshold`` (by label name, ``{toxic: 0.3}``, for several labels). scikit-learn's
+``precision_recall_curve`` gives the whole curve; this reads the few points a user asks of it, written here to use
+the cuts :mod:`finetune.thresholds` already counts. ``finetune.score_tables`` prints them.
 """
 
 from __future__ import annotations
@@ -59,17 +60,23 @@ def _row(aim: str, threshold: float, hits: int, predicted: int, positives: int) 
             "predicted": predicted}
 
 
-def two_class_points(task, probabilities, references, names, pos_label: Optional[int]) -> Optional[dict[str, Any]]:
-    """What ``finetune score`` reports of a two-class single-label model: ``{"label": the positive class,
-    "points": operating_points(...)}``, read at its own threshold (0.5 where it carries none); None for another.
+def label_points(task, probabilities, references, names, pos_label: Optional[int]) -> Optional[dict[str, list]]:
+    """What ``finetune score`` reports of a thresholded model, ``{label: operating_points(...)}``, each read at
+    the threshold the model predicts at: every label's of a multi-label model, the positive class's of a
+    two-class single-label one (0.5 where it carries none); None for a regression model or more classes, which
+    no threshold decides.
 
     ``task``: the :class:`~finetune.tasks.Task` the file was scored with; ``probabilities``: each text's class
-    probabilities; ``references``: their class ids; ``pos_label``: the metrics' positive class id, where the
-    model carries none (else the second class).
+    or label probabilities; ``references``: their class ids, or 0/1 label vectors; ``pos_label``: the
+    metrics' positive class id, where a two-class model carries none (else the second class).
     """
+    probabilities, references = np.asarray(probabilities), np.asarray(references)
+    if task.problem_type == "multi_label":
+        thresholds = task.thresholds_by_label(names)
+        return {name: operating_points(probabilities[:, j], references[:, j], thresholds[name])
+                for j, name in enumerate(names)}
     if task.problem_type != "single_label" or len(names) != 2:
         return None
     positive = task.positive_class if task.positive_class is not None else 1 if pos_label is None else pos_label
     threshold = float(task.threshold) if task.positive_class is not None else 0.5
-    points = operating_points(np.asarray(probabilities)[:, positive], np.asarray(references) == positive, threshold)
-    return {"label": names[positive], "points": points}
+    return {names[positive]: operating_points(probabilities[:, positive], references == positive, threshold)}
