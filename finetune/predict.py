@@ -73,10 +73,11 @@ class Predictor:
             (``data.truncation``; under ``chunks`` a text's output is the mean of its windows' logits).
         head_tokens: ``head_tail``: the text's tokens kept from its start (``data.head_tokens``).
         stride: ``chunks``: the tokens each window shares with the one before (``data.stride``).
-        threshold: The probability over which a label is predicted: a multi-label model's (one number, or one
-            per label), or a two-class model's positive class's (else the other class is); ``None``: those the
-            model's config carries (``label_thresholds``), else 0.5 for every label of a multi-label model and
-            the most probable class for a single-label one.
+        threshold: The probability over which a label is predicted: a multi-label model's (one number, one
+            per label, or ``{label name: threshold}`` for some, the rest at the model's own), or a two-class
+            model's positive class's (else the other class is; by name, ``{ham: 0.9}``, on the class named);
+            ``None``: those the model's config carries (``label_thresholds``), else 0.5 for every label of a
+            multi-label model and the most probable class for a single-label one.
         precision: The forward passes' arithmetic, as ``training.mixed_precision`` names it: ``no``
             (float32), ``bf16`` or ``fp16`` (autocast; fp16 on a CUDA GPU only). Logits come back in float32
             either way.

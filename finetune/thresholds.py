@@ -9,7 +9,10 @@ chooses each label's own, those that maximise the run's F1 (``evaluation.average
 (:func:`guarded_f1_thresholds`), and scores at them: chosen on the texts they are scored on, those scores lean
 high, and a held-out file scored with ``finetune score`` says how they hold. A two-class model predicts its most
 probable class, the positive one where its probability is over 0.5; under ``evaluation.threshold`` (a number, or
-``per_label``) the positive class's threshold moves, chosen as one label's is, for the positive class's F1.
+``per_label``) the positive class's threshold moves, chosen as one label's is, for the positive class's F1. A
+mapping ``{label name: threshold}`` sets labels' own (:func:`finetune.tasks.named_thresholds`), such as those
+``finetune score`` reads off a held-out file for a target precision or recall
+(:mod:`finetune.metrics.operating_points`).
 
 The model's config carries its thresholds by label name (``label_thresholds`` in ``config.json``,
 :func:`finetune.tasks.model_thresholds`; ``{"spam": 0.31}`` for a two-class model), in the saved model and in each
