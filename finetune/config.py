@@ -27,7 +27,7 @@ from typing import Any
 
 import yaml
 
-from finetune.coerce import coerce_value, _describe
+from finetune.coerce import _describe, coerce_value
 from finetune.errors import ConfigError
 from finetune.key_hints import key_hint, refuse_options, unknown_key_hint
 from finetune.overrides import let_the_command_line_choose, notes_said_once
