@@ -17,6 +17,7 @@ from typing import Any, Optional
 
 import numpy as np
 
+from finetune.metrics._classification import scores_from_counts
 from finetune.thresholds import Cuts
 
 # the aims a file is read for: these precisions, and these recalls, of the positive class
@@ -53,9 +54,7 @@ def _at(cuts: Cuts, aim: str, cut: Optional[int]) -> dict[str, Any]:
 
 
 def _row(aim: str, threshold: float, hits: int, predicted: int, positives: int) -> dict[str, Any]:
-    precision = hits / predicted if predicted else 0.0
-    recall = hits / positives if positives else 0.0
-    f1 = 2 * hits / (predicted + positives) if predicted + positives else 0.0
+    precision, recall, f1 = (float(score) for score in scores_from_counts(hits, predicted, positives))
     return {"aim": aim, "threshold": float(threshold), "precision": precision, "recall": recall, "f1": f1,
             "predicted": predicted}
 
