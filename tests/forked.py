@@ -291,35 +291,48 @@ ELASTIC_HANDLER = "torch.distributed.elastic.multiprocessing.subprocess_handler.
 
 
 def _launched_popen(args, *rest, env=None, cwd=None, stdout=None, stderr=None, start_new_session=False, **kwargs):
-    """``Popen`` in a forked command: a Python child that inherits the streams, as a launcher starts one
-    (``python -u script ...`` in a session of its own from torchrun's agent), is a fork of this process; any other
-    child is a real one."""
+    """``Popen`` in a forked command: a Python child that inherits the streams, or whose stderr the launcher
+    reads through a pipe, as a launcher starts one (``python -u script ...`` in a session of its own from
+    torchrun's agent; ``python script ...`` with ``stderr=PIPE`` from Accelerate's, which copies what the child
+    writes there through to its own as it comes and keeps its tail), is a fork of this process; any other child is
+    a real one."""
     argv = [str(a) for a in args] if isinstance(args, (list, tuple)) else []
     unbuffered = argv[1:2] == ["-u"]
     if unbuffered:
         argv = [argv[0], *argv[2:]]
-    if rest or kwargs or stdout is not None or stderr is not None or argv[:1] != [sys.executable] or len(argv) < 2:
+    if (rest or kwargs or stdout is not None or stderr not in (None, subprocess.PIPE)
+            or argv[:1] != [sys.executable] or len(argv) < 2):
         return _RealPopen(args, *rest, env=env, cwd=cwd, stdout=stdout, stderr=stderr,
                           start_new_session=start_new_session, **kwargs)
-    return _ForkedChild(argv, env or dict(os.environ), cwd, start_new_session, unbuffered)
+    return _ForkedChild(argv, env or dict(os.environ), cwd, start_new_session, unbuffered,
+                        stderr_piped=stderr == subprocess.PIPE)
 
 
 class _ForkedChild(_Signalled):
     """The child a launcher starts, forked from the launcher's process: ``wait``, ``poll`` and ``returncode``."""
 
     def __init__(self, argv: list[str], env: dict[str, str], cwd: Optional[str], start_new_session: bool,
-                 unbuffered: bool):
+                 unbuffered: bool, stderr_piped: bool = False):
         self.args = argv
         self.returncode: Optional[int] = None
+        self.stdout = self.stdin = self.stderr = None
         _flush()  # else what the launcher has buffered would be written twice
+        read_end, write_end = os.pipe() if stderr_piped else (None, None)
         self.pid = os.fork()
         if self.pid == 0:
+            if stderr_piped:  # the child's fd 2 is the pipe's write end, as Popen(stderr=PIPE) makes it
+                os.dup2(write_end, 2)
+                os.close(write_end)
+                os.close(read_end)
             if unbuffered:  # python -u: each write goes to the file as it is made
                 sys.stdout, sys.stderr = (io.TextIOWrapper(io.FileIO(fd, "w", closefd=False), write_through=True,
                                                            encoding=stream.encoding, errors=stream.errors)
                                           for fd, stream in ((1, sys.stdout), (2, sys.stderr)))
             _become(env, cwd, start_new_session)
             os._exit(_run_as_main(argv[1:], env))
+        if stderr_piped:
+            os.close(write_end)
+            self.stderr = open(read_end, "rb")  # buffered: read1, as the launcher reads a Popen's pipe
 
     def poll(self) -> Optional[int]:
         if self.returncode is None:

@@ -71,16 +71,21 @@ def test_a_fork_ends_as_the_process_would(tmp_path, ending):
 
 
 def test_a_launch_under_accelerate_exits_and_sees_the_environment_as_it_would(tmp_path):
-    """A single-process ``accelerate launch`` is Accelerate's own launcher in the fork: its child's environment is the
-    one the launcher sets, and a failing child's status is the launcher's 1."""
+    """A single-process ``accelerate launch`` is Accelerate's own launcher in the fork, and its child a fork of the
+    launcher (it finds torch imported): its environment is the one the launcher sets, what it writes to stderr
+    reaches the launcher's (which reads it through a pipe), and a failing child's status is the launcher's 1."""
     script = tmp_path / "launched.py"
     script.write_text("import os, sys\nprint(sorted((k, v) for k, v in os.environ.items() if k.startswith("
-                      "('ACCELERATE_', 'LOCAL_RANK', 'RANK', 'WORLD_SIZE'))))\nsys.exit(2)\n", encoding="utf-8")
+                      "('ACCELERATE_', 'LOCAL_RANK', 'RANK', 'WORLD_SIZE'))))\n"
+                      "print('imported torch', 'torch' in sys.modules)\n"
+                      "sys.stderr.write('the child says so on stderr\\n')\nsys.exit(2)\n", encoding="utf-8")
     argv = [sys.executable, "-m", "accelerate.commands.launch", "-q", "--num_processes", "1", "--num_machines", "1",
             "--mixed_precision", "no", "--dynamo_backend", "no", str(script)]
     real, fork = _both(argv, tmp_path, offline_env())
-    assert fork[:2] == real[:2] and real[0] == 1
-    assert "ACCELERATE_USE_CPU" in real[1]
+    assert fork[0] == real[0] == 1
+    assert "ACCELERATE_USE_CPU" in real[1] and real[1].endswith("imported torch False\n")
+    assert fork[1] == real[1].replace("torch False", "torch True")  # the child was forked from the launcher
+    assert "the child says so on stderr" in real[2] and "the child says so on stderr" in fork[2]
 
 
 # what each rank of a torchrun launch says of its process, in one write (the ranks share the launcher's stdout, and
