@@ -367,6 +367,13 @@ def run(args: argparse.Namespace) -> None:
     encoding = args.encoding or (cfg.data.encoding if cfg is not None else "utf-8")
     # after the checks above, which need neither datasets nor transformers (seconds to import): said at once
     quiet_progress_bars()  # the bars of reading the file and loading the weights; the file's bar is ours
+    if args.threshold is not None:  # against the model's labels before its weights load, in the option's name
+        from finetune.tasks import model_labels, refuse_threshold
+        names, problem_type = model_labels(output_dir)
+        try:
+            refuse_threshold(args.threshold, problem_type, names)
+        except ValueError as exc:
+            raise ConfigError(f"--threshold: {exc}") from None
     if args.file:
         rows = read_rows(args.file, text_column, pair_column, encoding)
     else:

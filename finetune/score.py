@@ -193,21 +193,6 @@ def threshold_given(setting, problem_type: str, names: Sequence[str]) -> Union[N
     return setting
 
 
-def model_labels(output_dir: str | os.PathLike) -> tuple[list[str], str]:
-    """The saved model's label names in label-id order, and its problem type (from its ``config.json``).
-
-    Raises:
-        ModelError: if ``output_dir`` holds no model config.
-    """
-    from transformers import AutoConfig
-
-    from finetune.outputs import require_saved_model
-    from finetune.tasks import label_names, problem_type_of
-
-    config = AutoConfig.from_pretrained(require_saved_model(output_dir))
-    return label_names(config), problem_type_of(config)
-
-
 def texts_seen_in_training(output_dir: str | os.PathLike, texts: Sequence[str],
                            pairs: Optional[Sequence[str]] = None) -> Optional[int]:
     """How many of ``texts`` (with their ``pairs``) the run in ``output_dir`` trained on.
@@ -287,6 +272,7 @@ def score_file(output_dir: str | os.PathLike, file: str | os.PathLike, overrides
     import torch
 
     from finetune.metrics import confusion_matrix, label_points, metric_intervals, metric_suite_for, scores_by_label
+    from finetune.tasks import model_labels
 
     cfg = scoring_config(output_dir, file, overrides)
     # read the file before loading the weights: bad data fails fast
@@ -382,6 +368,7 @@ def run(args: argparse.Namespace) -> Score:
     # is said at once
     from finetune.comparison import check_comparable
     from finetune.metrics import metrics_with_intervals
+    from finetune.tasks import model_labels
     from finetune.plot import DPI, confusion_figure, picture_format
     from finetune.score_tables import (PRINTED_MATRIX_LABELS, format_by_label, format_confusion, format_confusions,
                                        format_operating_points)

@@ -61,6 +61,27 @@ def label_names(model_config) -> list[str]:
     return [model_config.id2label[i] for i in range(model_config.num_labels)]
 
 
+def model_labels(output_dir) -> tuple[list[str], str]:
+    """A saved model's label names in label-id order, and its problem type, from its ``config.json`` alone (the
+    weights stay unread: what a command checks against them is said at once).
+
+    Raises:
+        ModelError: if ``output_dir`` holds no model config, or one transformers cannot read.
+    """
+    from transformers import AutoConfig
+
+    from finetune.errors import ModelError
+    from finetune.outputs import require_saved_model
+
+    path = require_saved_model(output_dir)
+    try:
+        config = AutoConfig.from_pretrained(path)
+    except (OSError, ValueError) as exc:  # not JSON, an unknown model_type: as loading the model says it
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise ModelError(f"{path}: cannot load the model's config: {first}") from None
+    return label_names(config), problem_type_of(config)
+
+
 def problem_type_of(model_config) -> str:
     """The short problem type of a transformers config (single_label when it says none)."""
     long = getattr(model_config, "problem_type", None) or "single_label_classification"

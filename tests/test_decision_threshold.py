@@ -229,6 +229,22 @@ def test_predicts_threshold_takes_a_number_or_thresholds_by_label_name_and_names
     capsys.readouterr()
     assert finetune(["predict", str(tmp_path), "a text", "--threshold", "high"]) == 2
     assert capsys.readouterr().err == "error: --threshold: expected float or mapping of str to float, got str 'high'\n"
+    # a name the model does not have, or a threshold its kind does not take, is said from its config.json alone,
+    # before any weights load (this folder has none)
+    from transformers import BertConfig
+
+    model = tmp_path / "model"
+    BertConfig(num_labels=3, id2label={0: "sport", 1: "news", 2: "tech"},
+               problem_type="multi_label_classification").save_pretrained(model)
+    assert finetune(["predict", str(model), "a text", "--threshold", "{sprot: 0.3}"]) == 2
+    assert capsys.readouterr().err == "error: --threshold: 'sprot' is not one of the labels (sport, news, tech)\n"
+    BertConfig(num_labels=3, id2label={0: "sport", 1: "news", 2: "tech"}).save_pretrained(model)
+    assert finetune(["predict", str(model), "a text", "--threshold", "0.3"]) == 2
+    assert capsys.readouterr().err.startswith("error: --threshold: applies to multi_label models and to single_label "
+                                              "ones of two classes; this one is single_label")
+    (model / "config.json").write_text("{not json", encoding="utf-8")
+    assert finetune(["predict", str(model), "a text", "--threshold", "0.3"]) == 2
+    assert capsys.readouterr().err.startswith(f"error: {model}: cannot load the model's config: ")
 
 
 def test_score_takes_a_threshold_where_one_applies_and_refuses_it_in_the_runs_words_before_loading_weights():

@@ -601,7 +601,7 @@ def test_a_threshold_for_a_model_of_three_classes_is_refused_not_ignored(tmp_pat
     assert main([str(out), "--threshold", "0.1", "--file", str(tmp_path / "texts.txt"), "--output",
                  str(tmp_path / "p.csv")]) == 2
     assert capsys.readouterr().err.strip() == (
-        "error: threshold 0.1: applies to multi_label models and to single_label ones of two classes; this one "
+        "error: --threshold: applies to multi_label models and to single_label ones of two classes; this one "
         "is single_label, which predicts its most probable of 3 classes (LABEL_0, LABEL_1, LABEL_2)")
     assert not (tmp_path / "p.csv").exists()
     with pytest.raises(ConfigError, match="threshold 0.3: applies to multi_label models"):
