@@ -265,9 +265,7 @@ def decision_task(model_config, threshold=None, positive_label: Optional[str] = 
     saved = positive_threshold(model_config) if kind == "single_label" else None
     if threshold is None:
         return Task(kind) if saved is None else Task(kind, threshold=saved[1], positive_class=saved[0])
-    refusal = threshold_refusal(kind, names)
-    if refusal is not None:
-        raise ValueError(refusal)
+    refuse_threshold(threshold, kind, names)
     if saved is None and positive_label is not None and positive_label not in names:
         raise ValueError(f"positive label {positive_label!r} is not one of the model's labels ({', '.join(names)})")
     positive = saved[0] if saved is not None else names.index(positive_label) if positive_label is not None else 1
