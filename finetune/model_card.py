@@ -11,6 +11,7 @@ Trainer writes (``train_runtime``, ``train_samples_per_second``,
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 from pathlib import Path
@@ -19,9 +20,10 @@ from typing import Any, Optional, Sequence
 import yaml
 
 from finetune.data_sources import data_sources
+from finetune.errors import ConfigError
 from finetune.metrics.ranking import RANKING_METRICS
 from finetune.modeling import hub_id, model_name
-from finetune.outputs import CONFIG_FILE, MODEL_CARD_MARK
+from finetune.outputs import CONFIG_FILE, MODEL_CARD_FILE, MODEL_CARD_MARK
 from finetune.schema import PER_LABEL
 from finetune.thresholds import format_thresholds
 
@@ -216,11 +218,11 @@ def _frozen(frozen: Optional[dict[str, Any]]) -> list[str]:
             f"{frozen['total_weights']:,} ({share:.1f}%)."]
 
 
-def _results(validation: str, results: dict[str, Any], metrics: dict[str, float],
+def _results(data: str, results: dict[str, Any], metrics: dict[str, float],
              by_label: Optional[dict[str, dict[str, float]]], seen: int = 0,
              intervals: Optional[dict[str, list[float]]] = None) -> list[str]:
-    """The results section: the saved model's metrics on the validation data (with their bootstrap
-    intervals, where the run computed them), then each label's."""
+    """A results section: the saved model's metrics on ``data`` (the validation data, or a file scored after
+    training), with their bootstrap intervals where they were computed, then each label's."""
     texts = f" ({results['num_samples']} texts)" if "num_samples" in results else ""
     # a reader of the scores should know how many of their texts the model was trained on
     said = ("1 of these texts is also a training text: the model was trained on it." if seen == 1 else
@@ -236,8 +238,62 @@ def _results(validation: str, results: dict[str, Any], metrics: dict[str, float]
         point = f" {POINT_INTERVAL}" if any(low == high for low, high in intervals.values()) else ""
         said = [f"The interval: {SPREAD}.{point}", ""]
     table = ["| " + " | ".join(heads) + " |", "|" + "---|" * len(heads), *("| " + " | ".join(r) + " |" for r in rows)]
-    return [f"## Results on the validation data: {validation}{texts}", "", *trained_on, *table, "", *said,
-            *_by_label(by_label)]
+    return [f"## Results on {data}{texts}", "", *trained_on, *table, "", *said, *_by_label(by_label)]
+
+
+# the split a file scored after training is filed under in the model-index, which tells its result from the
+# validation data's (a validation file and a scored file may share a name)
+SCORED_SPLIT = "all rows, scored after training"
+_FRONT_MATTER = re.compile(r"\A---\n(.*?\n)---\n", re.DOTALL)
+
+
+def card_of(output_dir: str | os.PathLike) -> Path:
+    """The model card of a run's folder that ``finetune score --card`` may add a file's scores to.
+
+    Raises:
+        ConfigError: for a folder without a card finetune wrote (a checkpoint's, or a README of the user's).
+    """
+    path = Path(output_dir) / MODEL_CARD_FILE
+    text = path.read_text(encoding="utf-8", errors="replace") if path.is_file() else ""
+    if MODEL_CARD_MARK not in text or not _FRONT_MATTER.match(text):
+        raise ConfigError(f"--card: {path} is not a model card a finetune run wrote; score the run's own folder "
+                          "(a checkpoint has no card), or leave out --card")
+    return path
+
+
+def card_with_scores(card: str, model: str, data: str, results: dict[str, Any],
+                     by_label: Optional[dict[str, dict[str, float]]] = None, seen: int = 0,
+                     intervals: Optional[dict[str, list[float]]] = None, arithmetic: str = "no") -> str:
+    """``card`` with the scores ``finetune score`` measured on the labelled file named ``data``: a result of the
+    front matter's ``model-index`` (which the Hub shows beside the model) and a section of the body before
+    ``## Use``. Scores of a file of that name added before are replaced, not repeated.
+
+    Args:
+        model: The model's name in the ``model-index`` (the run folder's name), where the card has none yet.
+        results: ``{"loss", "num_samples", <metric>: value}``; the rest as :func:`_results` takes them.
+        arithmetic: The forward passes' (``no``, ``bf16``, ``fp16``), said where it was not float32.
+    """
+    found = _FRONT_MATTER.match(card)
+    front, body = yaml.safe_load(found.group(1)) or {}, card[found.end():]
+    metrics = {k: v for k, v in results.items() if k != "num_samples" and isinstance(v, (int, float))}
+    entry = {"task": {"type": "text-classification", "name": "Text Classification"},
+             "dataset": {"name": data, "type": data.replace("/", "-"), "split": SCORED_SPLIT},
+             "metrics": [{"type": m, "value": float(v), "name": _TITLES.get(m, m)} for m, v in metrics.items()]}
+    index = front.setdefault("model-index", [{"name": model, "results": []}])[0].setdefault("results", [])
+    index[:] = [r for r in index if r.get("dataset", {}) != entry["dataset"]] + [entry]
+    front["metrics"] = list(dict.fromkeys(front.get("metrics", []) + [m for m in metrics if m != "loss"]))
+    start, end = f"<!-- finetune score: {data} -->", f"<!-- end of finetune score: {data} -->"
+    computed = [f"Computed in {arithmetic} autocast.", ""] if arithmetic != "no" else []
+    section = "\n".join([start, *_results(f"{data}, scored after training", results, metrics, by_label, seen,
+                                           intervals), *computed, end, ""])
+    if start in body and end in body:  # scored before: the section in its place
+        body = body[:body.index(start)] + section + body[body.index(end) + len(end) + 1:]
+    elif "\n## Use\n" in body:
+        at = body.index("\n## Use\n") + 1
+        body = body[:at] + section + "\n" + body[at:]
+    else:
+        body = body.rstrip("\n") + "\n\n" + section
+    return "\n".join(["---", yaml.safe_dump(front, sort_keys=False).rstrip(), "---", ""]) + body
 
 
 # past this many labels the card shows the weakest of them (metrics.json keeps them all)
@@ -315,7 +371,7 @@ def model_card(cfg, summary: dict[str, Any]) -> str:
         *_frozen(train.get("frozen")),
         *_thresholds(cfg.evaluation, summary.get("eval_thresholds"), labels, cfg.model.problem_type),
         "",
-        *_results(sources.validation, results, metrics, summary.get("eval_by_label"),
+        *_results(f"the validation data: {sources.validation}", results, metrics, summary.get("eval_by_label"),
                   summary.get("validation_seen_in_training", 0), summary.get("eval_intervals")),
         "## Use",
         "",

@@ -5,8 +5,9 @@ Usage::
     finetune score outputs/sms_spam --file held_out.tsv   # read like the training file
     finetune score outputs/sms_spam --file test.csv       # a CSV whose header names text and label
     finetune score outputs/bbc_news --file test.csv evaluation.metrics=[accuracy] --json scores.json
+    finetune score outputs/sms_spam --file test.csv --card   # and into the model card, for the Hub
 
-The file is read as training read its data: with the ``data`` settings of the run's saved ``config.yaml`` (format,
+The file is read as training read its data (:mod:`finetune.scored_files`): with the ``data`` settings of the run's saved ``config.yaml`` (format,
 header, column names, empty texts), which ``data.key=value`` arguments override; a folder, a JSON Lines, JSON or
 Parquet file, and a CSV/TSV file whose first line names the run's text and label columns, are read by their own layout
 instead of the run's format and column names. Labels are matched to the model's by name; a label the model was not
@@ -17,7 +18,8 @@ and written as a PNG (by default ``<output_dir>/confusion_<file name>.png``). Mu
 scored with their own metrics and loss (see :mod:`finetune.tasks`), without a confusion matrix, and regression without
 the labels' table. ``--against`` scores a second run's model on the same texts (:mod:`finetune.comparison`). A
 thresholded model predicts at its thresholds unless ``evaluation.threshold`` gives others (a number, or by label name);
-its operating points say where each could go (:mod:`finetune.metrics.operating_points`).
+its operating points say where each could go (:mod:`finetune.metrics.operating_points`). ``--card`` adds the
+scores to the run's model card (:func:`finetune.model_card.card_with_scores`).
 
 (Not named ``evaluate``: a module of that name would hide the ``evaluate`` library for ``accelerate launch``.)
 """
@@ -26,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import os
 import sys
 from dataclasses import dataclass
@@ -36,12 +37,9 @@ from typing import Any, Optional, Sequence, Union
 from finetune.errors import CommandParser, ConfigError, DataError, FileLayoutError, out_of_memory_told_as, run_command
 # --precision's argument and check come through predict, which shares them (finetune.precisions)
 from finetune.predict import (DEFAULT_BATCH_SIZE, Predictor, add_precision_argument, batch_too_large,
-                              check_precision, quiet_progress_bars, saved_config)
-
-_SCORE_SECTIONS = ("data", "evaluation")
-# The labelled file is the only data: no second file, no carve, no caps.
-_DATA_FIXED = {"dataset_name": None, "validation_file": None, "validation_split": 0.0, "validation_folds": None,
-               "validation_fold": 1, "max_train_samples": None, "max_eval_samples": None}
+                              check_precision, quiet_progress_bars)
+# the labelled file: its settings, its rows, and its texts the run trained on
+from finetune.scored_files import layout_hint, load_labelled, scoring_config, texts_seen_in_training
 
 
 @dataclass
@@ -84,96 +82,6 @@ class Score:
                 "operating_points": self.operating_points}
 
 
-def scoring_config(output_dir: str | os.PathLike, file: str | os.PathLike, overrides: Sequence[str] = ()):
-    """The run's saved config with ``data`` pointed at ``file`` and ``overrides`` applied.
-
-    Without a saved ``config.yaml`` the schema's defaults apply (format from
-    the extension, columns ``text`` and ``label``, accuracy and macro f1).
-
-    Raises:
-        ConfigError: for an override outside ``data.*`` / ``evaluation.*`` or an invalid value.
-    """
-    from finetune.config import FILE_LAYOUT_KEYS, PER_LABEL, config_from_dict, parse_override, read_yaml
-    from finetune.outputs import CONFIG_FILE
-
-    path = Path(output_dir) / CONFIG_FILE
-    raw = read_yaml(path) if path.is_file() else {}
-    data = dict(raw.get("data") or {})
-    data.update(_DATA_FIXED, train_file=str(file))
-    tree = {"data": data, "evaluation": dict(raw.get("evaluation") or {}),
-            # what the run trained decides how its labels are read (a list, a delimited string, a number)
-            "model": {"problem_type": (raw.get("model") or {}).get("problem_type", "single_label")}}
-    given = set()
-    for text in overrides:
-        key, value = parse_override(text)
-        section, _, name = key.partition(".")
-        if section not in _SCORE_SECTIONS or not name or "." in name:
-            raise ConfigError(f"override {text!r}: scoring reads only data.<key> and evaluation.<key> settings")
-        if section == "data" and name in (*_DATA_FIXED, "train_file"):
-            raise ConfigError(f"override {text!r}: the file to score is --file")
-        tree[section][name] = value
-        given.add(key)
-    if tree["model"]["problem_type"] != "regression" and "evaluation.threshold" not in given:
-        tree["evaluation"]["threshold"] = PER_LABEL  # the model's own, whatever the run's setting was
-    columns = [tree["data"].get("text_column", "text"), tree["data"].get("label_column", "label")]
-    if _own_layout(file, columns, str(tree["data"].get("encoding") or "utf-8")):
-        # the run's format, header and column names described its training file; this file names its columns.
-        # Its encoding stays the run's: a header names columns, not how the bytes are written
-        for key in FILE_LAYOUT_KEYS:
-            if f"data.{key}" not in given and key != "encoding":
-                tree["data"].pop(key, None)
-    return config_from_dict(tree, source=f"{path} with --file {file}" if path.is_file() else f"--file {file}")
-
-
-def _own_layout(file: str | os.PathLike, columns: Sequence[str], encoding: str = "utf-8") -> bool:
-    """Whether the file says its own layout: a folder (of classes, or saved by datasets), a JSON Lines, JSON or
-    Parquet file (its keys), or a CSV/TSV file whose first line names all of ``columns``."""
-    import csv
-
-    from finetune.resources import data_path
-    from finetune.text_encoding import inner_suffix, open_text
-
-    path = data_path(str(file), "--file")  # a URL's downloaded copy
-    if path.is_dir() or inner_suffix(path) in (".jsonl", ".json", ".parquet"):
-        return True
-    if inner_suffix(path) not in (".csv", ".tsv", ".tab") or not path.is_file():
-        return False
-    try:
-        with open_text(path, encoding, errors="replace") as fh:
-            first = fh.readline()
-    except (LookupError, UnicodeError, DataError):  # an unknown encoding, no text in it, damaged: the read says
-        return False
-    fields = next(csv.reader([first], delimiter="\t" if "\t" in first else ","), [])
-    return set(columns) <= {f.strip() for f in fields}
-
-
-def _layout_hint(data_cfg) -> Optional[str]:
-    """How the file was read, when that came from the run's config rather than from the file itself."""
-    layout = [f"format: {data_cfg.format}"] if data_cfg.format != "auto" else []
-    if data_cfg.column_names:
-        layout += ["no header", f"columns {', '.join(data_cfg.column_names)}"]
-    return (f"read as the run's data was ({'; '.join(layout)}); a CSV/TSV file whose header names "
-            f"{data_cfg.text_column!r} and {data_cfg.label_column!r} is read by its header, or set "
-            f"data.format, data.has_header and data.column_names") if layout else None
-
-
-def load_labelled(file: str | os.PathLike, data_cfg, labels: Sequence[str], problem_type: str = "single_label"):
-    """Texts and class ids of a labelled file, read with ``finetune.data``'s readers. Unlike training data, the
-    file may hold fewer classes than the model knows: its labels are looked up among the model's ``labels``.
-
-    Returns:
-        ``(texts, text_pairs or None, class ids)``.
-
-    Raises:
-        DataError: naming the file and row for unreadable data, empty texts
-            (unless ``data.on_empty_text: drop``) and labels the model does not have.
-    """
-    from finetune import data as fdata
-
-    label_space = fdata.LabelSpace(list(labels), problem_type)
-    return fdata.labelled_columns(fdata.load_labelled_file(str(file), data_cfg, label_space, key="--file"))
-
-
 def threshold_given(setting, problem_type: str, names: Sequence[str]) -> Union[None, float, dict[str, float]]:
     """``evaluation.threshold`` as scoring takes it: ``None`` for the model's own (``per_label``, which
     :func:`scoring_config` sets where none is given), else the number, or the thresholds by label name, given.
@@ -191,61 +99,6 @@ def threshold_given(setting, problem_type: str, names: Sequence[str]) -> Union[N
     except ValueError as exc:
         raise ConfigError(f"evaluation.threshold: {exc}") from None
     return setting
-
-
-def texts_seen_in_training(output_dir: str | os.PathLike, texts: Sequence[str],
-                           pairs: Optional[Sequence[str]] = None) -> Optional[int]:
-    """How many of ``texts`` (with their ``pairs``) the run in ``output_dir`` trained on.
-
-    The run's training rows are read again as it read them: from its local training file with its saved
-    ``config.yaml`` (the path as given, from the current folder, else the absolute path its ``metrics.json``
-    holds), and taken only where they are the rows it trained on (the SHA-256 its ``metrics.json`` holds).
-    ``None`` where they cannot be: a Hub data set or a URL, a file moved or edited since, a run saved without them.
-    """
-    import dataclasses
-
-    from finetune.data import content_sha256, text_rows
-    from finetune.errors import FinetuneError
-    from finetune.outputs import METRICS_FILE
-    from finetune.resources import resolve_path
-
-    try:
-        cfg = saved_config(output_dir)
-        record = json.loads((Path(output_dir) / METRICS_FILE).read_text(encoding="utf-8"))["train"]
-        trained_sha = record["data_sha256"]
-        given = cfg.data.train_file if cfg is not None else None
-        # the path as given is found from the folder the run started in, its absolute path from any other; a URL's
-        # file is not downloaded again to be read
-        paths = [path for path in dict.fromkeys((given, record.get("data_file") if given else None))
-                 if path is not None and Path(resolve_path(path)).exists()]
-    except (FinetuneError, OSError, ValueError, KeyError, TypeError):
-        return None
-    for path in paths:
-        data = dataclasses.replace(cfg.data, train_file=path)
-        if data.validation_file:  # without it the run's training rows are the same: a validation file is never carved
-            data = dataclasses.replace(data, validation_file=None, validation_split=0.0)
-        train = training_rows(data, cfg)
-        if train is not None and content_sha256(train) == trained_sha:
-            trained = set(text_rows(train))
-            rows = zip(texts, pairs) if pairs is not None else ((text,) for text in texts)
-            return sum(row in trained for row in rows)
-    return None
-
-
-def training_rows(data, cfg):
-    """The training split ``load_splits`` reads with ``data`` and the run's seed, quietly; None where it cannot."""
-    from finetune.data import load_splits
-    from finetune.errors import FinetuneError
-
-    said = logging.getLogger("finetune")
-    level = said.level
-    said.setLevel(logging.ERROR)  # what the run's start said of its data (rows dropped, say) is not this file's
-    try:
-        return load_splits(data, cfg.split_seed, cfg.model.problem_type)[0]["train"]
-    except FinetuneError:
-        return None
-    finally:
-        said.setLevel(level)
 
 
 def score_file(output_dir: str | os.PathLike, file: str | os.PathLike, overrides: Sequence[str] = (),
@@ -285,7 +138,7 @@ def score_file(output_dir: str | os.PathLike, file: str | os.PathLike, overrides
     except FileLayoutError as exc:
         # the run's layout, where the file was read with it, is the likelier cause than what a file read by its
         # own header is told
-        raise FileLayoutError(exc.message, _layout_hint(cfg.data) or exc.hint) from None
+        raise FileLayoutError(exc.message, layout_hint(cfg.data) or exc.hint) from None
     counts = np.bincount(np.asarray(references), minlength=len(names)) if problem_type == "single_label" else None
     suite = metric_suite_for(cfg.evaluation, names, problem_type, counts, whose="the model")
     threshold = threshold_given(cfg.evaluation.threshold, problem_type, names)
@@ -328,6 +181,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="confusion-matrix PNG to write (default: <output_dir>/confusion_<file name>.png)")
     parser.add_argument("--json", default=None,
                         help="also write the metrics, each label's scores and the matrix to this JSON file")
+    parser.add_argument("--card", action="store_true", help="also add the scores to the run's model card "
+                        "(README.md: its model-index, which the Hub shows, and a section); a file scored again "
+                        "replaces its scores")
     parser.add_argument("--against", metavar="OTHER_RUN", help="also score another run's model on the same texts, "
                         "and each metric's difference with its 95%% paired bootstrap interval")
     parser.add_argument("--batch-size", type=int, default=DEFAULT_BATCH_SIZE, help="texts per forward pass")
@@ -349,7 +205,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def run(args: argparse.Namespace) -> Score:
     """Check the arguments, score, print and write the outputs."""
-    from finetune.outputs import json_ready, refuse_a_run_file, require_saved_model
+    from finetune.model_card import card_of, card_with_scores
+    from finetune.outputs import json_ready, refuse_a_run_file, require_saved_model, write_atomic
     from finetune.resources import data_name, data_path, file_name
 
     output_dir = require_saved_model(args.output_dir)
@@ -359,6 +216,10 @@ def run(args: argparse.Namespace) -> Score:
     check_precision(args.precision, "--precision")
     data_path(args.file, "--file")  # there, or downloaded where it is a URL
     png = Path(args.png) if args.png else output_dir / f"confusion_{data_name(args.file)}.png"
+    card = card_of(output_dir) if args.card else None
+    if card and any(setting.startswith("evaluation.threshold=") for setting in args.overrides):
+        raise ConfigError("--card: the card holds the model's results at its own thresholds, which "
+                          "evaluation.threshold replaces; give one of the two")
     for flag, target in (("--png", png), ("--json", Path(args.json) if args.json else None)):
         if target is not None:
             refuse_a_run_file(target, output_dir, flag)
@@ -405,6 +266,11 @@ def run(args: argparse.Namespace) -> Score:
         report["against"] = score_against(result, other_dir, args.batch_size, args.precision).to_dict()
     if args.json:
         Path(args.json).write_text(json.dumps(json_ready(report), indent=2) + "\n", encoding="utf-8")
+    if card:
+        write_atomic(card, card_with_scores(card.read_text(encoding="utf-8"), output_dir.name, file_name(args.file),
+                                            result.metrics, result.by_label, result.seen_in_training or 0,
+                                            result.intervals, result.precision))
+        print(f"model card: {card}")
     return result
 
 

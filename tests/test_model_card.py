@@ -196,3 +196,53 @@ def test_a_multi_label_cards_thresholds_say_whether_they_were_chosen_on_its_resu
             "else 0.5; the results below are at them, so they lean high)") in chosen
     assert "over the label's threshold counts" in chosen
     assert "Thresholds" not in model_card(config_from_dict({"data": {"train_file": "x.csv"}}), _summary())
+
+
+def _scored(card: str, data: str = "test.csv", **results):
+    from finetune.model_card import card_with_scores
+
+    scores = {"loss": 0.25, "num_samples": 40, "accuracy": 0.875, **results}
+    text = card_with_scores(card, "r8", data, scores, intervals={"accuracy": [0.75, 0.95]})
+    _, front, body = text.split("---\n", 2)
+    return text, yaml.safe_load(front), body
+
+
+def test_a_scored_file_is_a_result_of_its_own_beside_the_validation_data_and_replaced_when_scored_again():
+    from finetune.model_card import SCORED_SPLIT
+
+    cfg = config_from_dict({"data": {"train_file": "data/r8_train.csv", "validation_file": "data/test.csv"},
+                            "output": {"output_dir": "outputs/r8"}})
+    card = model_card(cfg, _summary())
+    text, meta, body = _scored(card)
+    validation, scored = meta["model-index"][0]["results"]
+    # a validation file of the same name keeps its own result: the split tells the two apart
+    assert validation == yaml.safe_load(card.split("---\n", 2)[1])["model-index"][0]["results"][0]
+    assert scored["dataset"] == {"name": "test.csv", "type": "test.csv", "split": SCORED_SPLIT}
+    assert scored["metrics"] == [{"type": "loss", "value": 0.25, "name": "Loss"},
+                                 {"type": "accuracy", "value": 0.875, "name": "Accuracy"}]
+    section = body[body.index("<!-- finetune score: test.csv -->"):body.index("<!-- end of finetune score: test.csv -->")]
+    assert "## Results on test.csv, scored after training (40 texts)" in section
+    assert "| Accuracy | 0.8750 | 0.7500 to 0.9500 |" in section
+    assert body.index("end of finetune score: test.csv") < body.index("\n## Use\n")
+    # the card without the section is the card as the run wrote it
+    assert text.replace(section + "<!-- end of finetune score: test.csv -->\n\n", "").split("---\n", 2)[2] == \
+        card.split("---\n", 2)[2]
+    again, meta_again, body_again = _scored(text, accuracy=0.5)
+    assert body_again.count("## Results on test.csv") == 1 and "| Accuracy | 0.5000 |" in body_again
+    assert [r["metrics"][1]["value"] for r in meta_again["model-index"][0]["results"]] == [0.9, 0.5]
+    other, meta_other, body_other = _scored(again, "other.csv")
+    assert [r["dataset"]["name"] for r in meta_other["model-index"][0]["results"]] == ["test.csv", "test.csv",
+                                                                                     "other.csv"]
+    assert body_other.index("## Results on test.csv, scored") < body_other.index("## Results on other.csv") < \
+        body_other.index("\n## Use\n")
+
+
+def test_a_card_without_results_gets_a_model_index_for_the_scored_file():
+    cfg = config_from_dict({"data": {"train_file": "data/r8_train.csv", "validation_split": 0.0},
+                            "output": {"output_dir": "outputs/r8"}})
+    summary = {**_summary(), "eval": {}}
+    card = model_card(cfg, summary)
+    assert "model-index" not in yaml.safe_load(card.split("---\n", 2)[1])
+    _, meta, _ = _scored(card)
+    assert meta["model-index"][0]["name"] == "r8" and len(meta["model-index"][0]["results"]) == 1
+    assert meta["metrics"] == ["accuracy"]

@@ -1211,3 +1211,62 @@ def test_label_sets_and_numbers_are_compared_in_this_runs_terms():
     assert in_this_runs_labels(np.array([2, 0]), ["b", "c", "a"], ["a", "b", "c"], "single_label").tolist() == [0, 1]
     numbers = np.array([0.5, 2.0])
     assert in_this_runs_labels(numbers, [], [], "regression") is numbers
+
+
+def test_score_adds_a_files_scores_to_the_card_as_the_hub_reads_them(trained, tmp_path, capsys):
+    """``--card``: the scores on the file become a result of the card's model-index, which the Hub's own parser reads
+    back to the numbers score wrote, beside the validation data's; a file scored again replaces its own."""
+    import shutil
+
+    from huggingface_hub import ModelCard
+
+    from finetune.model_card import SCORED_SPLIT
+    from finetune.score import main as score
+
+    out = tmp_path / "run"
+    shutil.copytree(trained[0], out)
+    held_out = write_tsv(tmp_path / "held_out.tsv", make_texts(12, seed=4))
+    before = ModelCard.load(out / "README.md").data.eval_results
+    assert score([str(out), "--file", str(held_out), "--card", "--json", str(tmp_path / "s.json")]) == 0
+    assert capsys.readouterr().out.rstrip().endswith(f"model card: {out / 'README.md'}")
+    scored = json.loads((tmp_path / "s.json").read_text())
+    results = ModelCard.load(out / "README.md").data.eval_results
+    assert results[:len(before)] == before
+    assert {(r.dataset_name, r.dataset_split, r.metric_type): r.metric_value for r in results[len(before):]} == {
+        ("held_out.tsv", SCORED_SPLIT, metric): value for metric, value in scored["metrics"].items()
+        if metric != "num_samples"}
+    card = (out / "README.md").read_text()
+    low, high = scored["intervals"]["accuracy"]
+    assert f"| Accuracy | {scored['metrics']['accuracy']:.4f} | {low:.4f} to {high:.4f} |" in card
+    assert card.index("## Results on held_out.tsv, scored after training (12 texts)") < card.index("\n## Use\n")
+    assert score([str(out), "--file", str(held_out), "--card", "evaluation.metrics=[accuracy]"]) == 0
+    again = ModelCard.load(out / "README.md").data.eval_results
+    assert again[:len(before)] == before
+    assert [(r.dataset_name, r.metric_type) for r in again[len(before):]] == [("held_out.tsv", "loss"),
+                                                                             ("held_out.tsv", "accuracy")]
+    assert (out / "README.md").read_text().count("## Results on held_out.tsv") == 1
+
+
+def test_score_adds_to_no_card_but_one_a_run_wrote_and_only_at_the_models_thresholds(trained, tmp_path, capsys):
+    import shutil
+
+    from finetune.score import main as score
+
+    out = tmp_path / "run"
+    shutil.copytree(trained[0], out)
+    held_out = write_tsv(tmp_path / "held_out.tsv", make_texts(12, seed=4))
+    card = (out / "README.md").read_text()
+    assert score([str(out), "--file", str(held_out), "--card", "evaluation.threshold=0.3"]) == 2
+    assert capsys.readouterr().err.strip() == ("error: --card: the card holds the model's results at its own "
+                                               "thresholds, which evaluation.threshold replaces; give one of the two")
+    assert (out / "README.md").read_text() == card
+    (out / "README.md").write_text("# my notes\n")  # a README of the user's
+    assert score([str(out), "--file", str(held_out), "--card"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"error: --card: {out / 'README.md'} is not a model card a finetune run wrote; score the run's own folder "
+        "(a checkpoint has no card), or leave out --card")
+    assert (out / "README.md").read_text() == "# my notes\n"
+    assert not (out / "confusion_held_out.png").exists()  # refused before anything was scored
+    checkpoint = next((out / "checkpoints").iterdir())
+    assert score([str(checkpoint), "--file", str(held_out), "--card"]) == 2
+    assert "is not a model card a finetune run wrote" in capsys.readouterr().err
