@@ -262,7 +262,7 @@ def card_of(output_dir: str | os.PathLike) -> Path:
 
 
 def card_with_scores(card: str, model: str, data: str, results: dict[str, Any],
-                     by_label: Optional[dict[str, dict[str, float]]] = None, seen: int = 0,
+                     by_label: Optional[dict[str, dict[str, float]]] = None, seen: Optional[int] = 0,
                      intervals: Optional[dict[str, list[float]]] = None, arithmetic: str = "no") -> str:
     """``card`` with the scores ``finetune score`` measured on the labelled file named ``data``: a result of the
     front matter's ``model-index`` (which the Hub shows beside the model) and a section of the body before
@@ -270,7 +270,8 @@ def card_with_scores(card: str, model: str, data: str, results: dict[str, Any],
 
     Args:
         model: The model's name in the ``model-index`` (the run folder's name), where the card has none yet.
-        results: ``{"loss", "num_samples", <metric>: value}``; the rest as :func:`_results` takes them.
+        results: ``{"loss", "num_samples", <metric>: value}``; the rest as :func:`_results` takes them, and
+            ``seen`` ``None`` where the file's texts were not looked for among the run's training rows.
         arithmetic: The forward passes' (``no``, ``bf16``, ``fp16``), said where it was not float32.
     """
     found = _FRONT_MATTER.match(card)
@@ -283,9 +284,11 @@ def card_with_scores(card: str, model: str, data: str, results: dict[str, Any],
     index[:] = [r for r in index if r.get("dataset", {}) != entry["dataset"]] + [entry]
     front["metrics"] = list(dict.fromkeys(front.get("metrics", []) + [m for m in metrics if m != "loss"]))
     start, end = f"<!-- finetune score: {data} -->", f"<!-- end of finetune score: {data} -->"
-    computed = [f"Computed in {arithmetic} autocast.", ""] if arithmetic != "no" else []
-    section = "\n".join([start, *_results(f"{data}, scored after training", results, metrics, by_label, seen,
-                                           intervals), *computed, end, ""])
+    notes = [f"Computed in {arithmetic} autocast."] if arithmetic != "no" else []
+    if seen is None:  # what a reader would take for none of them
+        notes.append("Whether any of these texts is also a training text was not checked.")
+    section = "\n".join([start, *_results(f"{data}, scored after training", results, metrics, by_label, seen or 0,
+                                           intervals), *(f"{note}\n" for note in notes), end, ""])
     if start in body and end in body:  # scored before: the section in its place
         body = body[:body.index(start)] + section + body[body.index(end) + len(end) + 1:]
     elif "\n## Use\n" in body:

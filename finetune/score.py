@@ -268,7 +268,7 @@ def run(args: argparse.Namespace) -> Score:
         Path(args.json).write_text(json.dumps(json_ready(report), indent=2) + "\n", encoding="utf-8")
     if card:
         write_atomic(card, card_with_scores(card.read_text(encoding="utf-8"), output_dir.name, file_name(args.file),
-                                            result.metrics, result.by_label, result.seen_in_training or 0,
+                                            result.metrics, result.by_label, result.seen_in_training,
                                             result.intervals, result.precision))
         print(f"model card: {card}")
     return result

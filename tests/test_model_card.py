@@ -246,3 +246,19 @@ def test_a_card_without_results_gets_a_model_index_for_the_scored_file():
     _, meta, _ = _scored(card)
     assert meta["model-index"][0]["name"] == "r8" and len(meta["model-index"][0]["results"]) == 1
     assert meta["metrics"] == ["accuracy"]
+
+
+def test_a_scored_files_section_says_its_texts_seen_in_training_or_that_they_were_not_looked_for():
+    from finetune.model_card import card_with_scores
+
+    cfg = config_from_dict({"data": {"train_file": "data/r8_train.csv"}, "output": {"output_dir": "outputs/r8"}})
+    card = model_card(cfg, _summary())
+    scores = {"loss": 0.25, "num_samples": 40, "accuracy": 0.875}
+    seen = card_with_scores(card, "r8", "test.csv", scores, seen=3, arithmetic="bf16")
+    section = seen[seen.index("<!-- finetune score"):]
+    assert "3 of these texts are also training texts: the model was trained on them." in section
+    assert "Computed in bf16 autocast." in section and "was not checked" not in section
+    unknown = card_with_scores(card, "r8", "test.csv", scores, seen=None)
+    section = unknown[unknown.index("<!-- finetune score"):]
+    assert "Whether any of these texts is also a training text was not checked." in section
+    assert "also training texts" not in section and "autocast" not in section
