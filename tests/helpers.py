@@ -55,7 +55,7 @@ def tiny_bert(num_labels: int = 2, seed: int = 0, dropout: float = 0.0):
 # The encoder families the package supports, as transformers' model types; tiny_model builds each. The last
 # five came with transformers 5: on an older release their tests are skipped.
 ARCHITECTURES = ("bert", "roberta", "xlm-roberta", "distilbert", "electra", "deberta-v2", "modernbert", "albert",
-                 "mpnet", "camembert", "mobilebert", "roformer", "ernie", "data2vec-text",
+                 "mpnet", "camembert", "mobilebert", "roformer", "ernie", "data2vec-text", "longformer",
                  "eurobert", "gte", "jina_embeddings_v3", "nomic_bert", "ultrabert")
 _ARCHITECTURE_SIZES = {
     "distilbert": {"dim": 32, "n_layers": 2, "n_heads": 2, "hidden_dim": 37},
@@ -70,7 +70,20 @@ _ARCHITECTURE_SIZES = {
     "eurobert": {"pad_token_id": 0, "bos_token_id": 2, "eos_token_id": 3, "mask_token_id": 4},
     # a window the tiny texts exceed, in the first layer; the second attends to all
     "ultrabert": {"layer_types": ["sliding_attention", "full_attention"], "sliding_window": 3},
+    # a window of 4 tokens, which the tiny texts exceed in both layers
+    "longformer": {"attention_window": 4, "pad_token_id": 0},
 }
+
+
+def blind_to_the_head(model, name: str) -> bool:
+    """Whether the parameter ``name`` of ``model`` cannot reach a classification head that reads the first token,
+    whatever the data: its gradient is zero, so it does not move (a bias), and a LoRA adapter on it never trains.
+    Longformer's last block: the first token attends globally, through the block's global projections, so its
+    local ``query``, ``key`` and ``value`` shape only the other tokens' outputs, which no head reads."""
+    if model.config.model_type != "longformer":
+        return False
+    last = model.config.num_hidden_layers - 1
+    return re.search(rf"\.layer\.{last}\.attention\.self\.(query|key|value)\.", name) is not None
 
 
 def tiny_model(model_type: str, num_labels: int = 3, seed: int = 0, dropout: Optional[float] = None):

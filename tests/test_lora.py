@@ -19,7 +19,7 @@ import torch
 from finetune.config import ModelConfig, load_config
 from finetune.errors import ConfigError, ModelError
 from finetune.lora import add_lora, auto_target_modules, head_modules, layer_stack
-from helpers import ARCHITECTURES, expected_depths, tiny_model
+from helpers import ARCHITECTURES, blind_to_the_head, expected_depths, tiny_model
 
 TEXTS = ["win a free prize now", "see you at lunch", "urgent cash offer txt", "good morning love"]
 
@@ -56,8 +56,9 @@ def test_auto_adapts_every_projection_of_the_blocks_and_trains_the_head_in_full(
     out = adapted(input_ids=ids, attention_mask=torch.ones_like(ids), labels=torch.tensor([0, 1, 2]))
     out.loss.backward()
     assert all((p.grad is not None) == p.requires_grad for p in adapted.parameters())
-    lora_b = [p.grad for n, p in adapted.named_parameters() if ".lora_B." in n]
-    assert lora_b and all(g.abs().sum() > 0 for g in lora_b)  # B starts at zero: its gradient is what moves first
+    lora_b = {n: p.grad for n, p in adapted.named_parameters() if ".lora_B." in n}
+    # B starts at zero: its gradient is what moves first
+    assert lora_b and all((g.abs().sum() > 0) != blind_to_the_head(model, n) for n, g in lora_b.items())
     # an untrained adapter leaves the model's function as it was
     for name, value in encoder_weights.items():
         assert torch.equal(adapted.get_base_model().get_parameter(name), value), name
