@@ -56,7 +56,7 @@ def tiny_bert(num_labels: int = 2, seed: int = 0, dropout: float = 0.0):
 # five came with transformers 5: on an older release their tests are skipped.
 ARCHITECTURES = ("bert", "roberta", "xlm-roberta", "distilbert", "electra", "deberta-v2", "modernbert", "albert",
                  "mpnet", "camembert", "mobilebert", "roformer", "ernie", "data2vec-text", "longformer",
-                 "eurobert", "gte", "jina_embeddings_v3", "nomic_bert", "ultrabert")
+                 "rembert", "roberta-prelayernorm", "eurobert", "gte", "jina_embeddings_v3", "nomic_bert", "ultrabert")
 _ARCHITECTURE_SIZES = {
     "distilbert": {"dim": 32, "n_layers": 2, "n_heads": 2, "hidden_dim": 37},
     "electra": {"embedding_size": 16},
@@ -72,6 +72,8 @@ _ARCHITECTURE_SIZES = {
     "ultrabert": {"layer_types": ["sliding_attention", "full_attention"], "sliding_window": 3},
     # a window of 4 tokens, which the tiny texts exceed in both layers
     "longformer": {"attention_window": 4, "pad_token_id": 0},
+    # its input and output embeddings narrower than the blocks, as RemBERT's are
+    "rembert": {"input_embedding_size": 16, "output_embedding_size": 16},
 }
 
 
