@@ -94,15 +94,14 @@ def _front_matter(cfg, name: str, metrics: dict[str, float]) -> dict[str, Any]:
         if sources.hub_config:
             dataset["config"] = sources.hub_config
         front["metrics"] = [m for m in metrics if m != "loss"] or ["loss"]
-        front["model-index"] = [{
-            "name": name,
-            "results": [{
-                "task": {"type": "text-classification", "name": "Text Classification"},
-                "dataset": dataset,
-                "metrics": [{"type": m, "value": float(v), "name": _TITLES.get(m, m)} for m, v in metrics.items()],
-            }],
-        }]
+        front["model-index"] = [{"name": name, "results": [_index_result(dataset, metrics)]}]
     return front
+
+
+def _index_result(dataset: dict[str, str], metrics: dict[str, float]) -> dict[str, Any]:
+    """One result of the ``model-index``: the metrics on ``dataset`` (its name, type and split)."""
+    return {"task": {"type": "text-classification", "name": "Text Classification"}, "dataset": dataset,
+            "metrics": [{"type": m, "value": float(v), "name": _TITLES.get(m, m)} for m, v in metrics.items()]}
 
 
 # what Accelerate's mixed_precision values mean for the arithmetic, in words
@@ -277,9 +276,7 @@ def card_with_scores(card: str, model: str, data: str, results: dict[str, Any],
     found = _FRONT_MATTER.match(card)
     front, body = yaml.safe_load(found.group(1)) or {}, card[found.end():]
     metrics = {k: v for k, v in results.items() if k != "num_samples" and isinstance(v, (int, float))}
-    entry = {"task": {"type": "text-classification", "name": "Text Classification"},
-             "dataset": {"name": data, "type": data.replace("/", "-"), "split": SCORED_SPLIT},
-             "metrics": [{"type": m, "value": float(v), "name": _TITLES.get(m, m)} for m, v in metrics.items()]}
+    entry = _index_result({"name": data, "type": data.replace("/", "-"), "split": SCORED_SPLIT}, metrics)
     index = front.setdefault("model-index", [{"name": model, "results": []}])[0].setdefault("results", [])
     index[:] = [r for r in index if r.get("dataset", {}) != entry["dataset"]] + [entry]
     front["metrics"] = list(dict.fromkeys(front.get("metrics", []) + [m for m in metrics if m != "loss"]))

@@ -7,10 +7,10 @@ Usage::
     finetune score outputs/bbc_news --file test.csv evaluation.metrics=[accuracy] --json scores.json
     finetune score outputs/sms_spam --file test.csv --card   # and into the model card, for the Hub
 
-The file is read as training read its data (:mod:`finetune.scored_files`): with the ``data`` settings of the run's saved ``config.yaml`` (format,
-header, column names, empty texts), which ``data.key=value`` arguments override; a folder, a JSON Lines, JSON or
-Parquet file, and a CSV/TSV file whose first line names the run's text and label columns, are read by their own layout
-instead of the run's format and column names. Labels are matched to the model's by name; a label the model was not
+The file is read as training read its data (:mod:`finetune.scored_files`): with the ``data`` settings of the run's
+saved ``config.yaml`` (format, header, column names, empty texts), which ``data.key=value`` arguments override; a
+folder, a JSON Lines, JSON or Parquet file, and a CSV/TSV file whose first line names the run's text and label columns,
+are read by their own layout instead of the run's format and column names. Labels are matched to the model's by name; a label the model was not
 trained on is an error naming its row. The metrics are the run's ``evaluation`` settings (those of validation during
 training), each with its 95% bootstrap interval, plus the loss, and each label's precision, recall, F1 and support
 scored alone; for a single-label model a confusion matrix is printed (past 12 labels, the pairs most confused instead)
