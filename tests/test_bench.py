@@ -1357,3 +1357,17 @@ def test_the_trackers_benchmark_times_each_way_of_logging_and_checks_the_store_h
     assert [r[0].strip() for r in rows] == list(bench.trackers.ARMS)
     assert all(float(r[1]) > 0 and r[3].strip() == "6 of 6" for r in rows)
     assert "mlflow" in SENDERS  # the package's own way, restored
+
+
+def test_the_families_bench_tells_a_family_that_keeps_the_contract_from_one_that_reads_the_padding():
+    from bench.families import measure, table
+
+    bert, convbert, missing = measure("bert"), measure("convbert"), measure("no-such-family")
+    assert bert["updates"] == 6 and bert["keeps"] and bert["largest"] < 1e-6
+    # ConvBERT's convolutions read the padded positions beside a text: its weights part past rounding
+    assert not convbert["keeps"] and convbert["largest_but_key_biases"] > 1e-5
+    assert missing == {"family": "no-such-family", "why": "not in this transformers release"}
+    rows = table([bert, convbert, missing]).splitlines()
+    assert rows[2].startswith("| bert | yes |") and rows[2].endswith("| yes |")
+    assert rows[3].startswith("| convbert | no |") and rows[3].endswith("| **no** |")
+    assert rows[4] == "| no-such-family | no | | | not in this transformers release | |"
