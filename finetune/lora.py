@@ -33,7 +33,7 @@ import logging
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, Iterator, Optional
 
 import torch
 
@@ -112,10 +112,29 @@ def below_the_blocks(model, stack_name: str) -> set[int]:
     encoder = getattr(model, model.base_model_prefix)
     holder = stack_name.split(".")[1]  # the encoder's child that holds the blocks
     blocks = {id(p) for p in encoder.get_submodule(stack_name.split(".", 1)[1]).parameters()}
+    final = final_norm_beside_the_blocks(model, stack_name)  # beside them, but run on the last one's output
+    after = {id(p) for p in encoder.get_submodule(final).parameters()} if final is not None else set()
     tables = {id(p) for module in encoder.modules() if isinstance(module, torch.nn.Embedding)
               for p in module.parameters()}
-    return {id(p) for name, p in encoder.named_parameters()
-            if id(p) not in blocks and (name.startswith(f"{holder}.") or "embed" in name.lower() or id(p) in tables)}
+    return {id(p) for name, p in encoder.named_parameters() if id(p) not in blocks | after
+            and (name.startswith(f"{holder}.") or "embed" in name.lower() or id(p) in tables)}
+
+
+def final_norm_beside_the_blocks(model, stack_name: str) -> Optional[str]:
+    """The name, in the encoder, of a norm that the module holding the blocks keeps beside them with nothing else
+    there for it to normalize: a pre-LayerNorm encoder's final norm, which runs on the last block's output
+    (XLM-RoBERTa-XL's ``encoder.LayerNorm``). DeBERTa's keeps a norm beside the relative embeddings it normalizes,
+    which serves the blocks from below; ALBERT's, MPNet's and RemBERT's keep no norm there. ``None`` where there
+    is none."""
+    encoder = getattr(model, model.base_model_prefix)
+    holder, _, inside = stack_name.split(".", 1)[1].partition(".")
+    if not inside:  # the blocks are the encoder's own child: nothing holds them beside
+        return None
+    beside = [(name, module) for name, module in encoder.get_submodule(holder).named_children()
+              if name != inside.split(".")[0] and _holds_weights(module)]
+    if len(beside) == 1 and type(beside[0][1]).__name__.endswith("Norm"):
+        return f"{holder}.{beside[0][0]}"
+    return None
 
 
 def blocks_of(model) -> torch.nn.ModuleList:
@@ -170,7 +189,8 @@ def head_modules(model) -> list[str]:
     ``pre_classifier``, DeBERTa's pooler, ModernBERT's ``head``). Inside it,
     the modules beside the blocks of :func:`layer_stack` that do not serve
     them from below (:func:`below_the_blocks`): BERT's, ALBERT's and GTE's
-    pooler, ModernBERT's final norm. They serve the head alone, and
+    pooler, ModernBERT's final norm, and a pre-LayerNorm encoder's final norm kept beside the blocks
+    (:func:`final_norm_beside_the_blocks`, XLM-RoBERTa-XL's). They serve the head alone, and
     BERT's pooler was pretrained for next-sentence prediction, a task the new
     labels are not; frozen, it would stand between the adapted blocks and the
     head (docs/memory.md measures what training it changes). ``layer_depths``
@@ -186,7 +206,8 @@ def head_modules(model) -> list[str]:
     below = below_the_blocks(model, stack_name)
     above = [name for name, module in getattr(model, prefix).named_children()
              if name != holder and _holds_weights(module) and not any(id(p) in below for p in module.parameters())]
-    return outside + [f"{prefix}.{name}" for name in above]
+    final = final_norm_beside_the_blocks(model, stack_name)
+    return outside + [f"{prefix}.{name}" for name in above + ([final] if final else [])]
 
 
 def _holds_weights(module: torch.nn.Module) -> bool:

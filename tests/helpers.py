@@ -56,7 +56,7 @@ def tiny_bert(num_labels: int = 2, seed: int = 0, dropout: float = 0.0):
 # five came with transformers 5: on an older release their tests are skipped.
 ARCHITECTURES = ("bert", "roberta", "xlm-roberta", "distilbert", "electra", "deberta-v2", "modernbert", "albert",
                  "mpnet", "camembert", "mobilebert", "roformer", "ernie", "data2vec-text", "longformer",
-                 "rembert", "roberta-prelayernorm", "eurobert", "gte", "jina_embeddings_v3", "nomic_bert", "ultrabert")
+                 "rembert", "roberta-prelayernorm", "xlm-roberta-xl", "eurobert", "gte", "jina_embeddings_v3", "nomic_bert", "ultrabert")
 _ARCHITECTURE_SIZES = {
     "distilbert": {"dim": 32, "n_layers": 2, "n_heads": 2, "hidden_dim": 37},
     "electra": {"embedding_size": 16},
@@ -112,22 +112,30 @@ def tiny_model(model_type: str, num_labels: int = 3, seed: int = 0, dropout: Opt
     return AutoModelForSequenceClassification.from_config(config)
 
 
+# the final norm a pre-LayerNorm family's encoder keeps beside its blocks, which runs on the last block's output
+FINAL_NORMS = {"xlm-roberta-xl": "roberta.encoder.LayerNorm."}
+
+
 def expected_depths(model) -> dict[str, int]:
     """Each parameter's depth by name, the tests' oracle for ``finetune.depths.layer_depths``, read from the names
     and the module types alone: block i of the stack is depth i + 1; the encoder's embeddings (named so, or an
     embedding table) and what the blocks' module holds beside them (DeBERTa's relative positions and their norm,
-    MPNet's relative attention bias) 0; the rest, above the blocks, L + 1."""
+    MPNet's relative attention bias) 0, but a final norm there (:data:`FINAL_NORMS`); the rest, above the blocks,
+    L + 1."""
     from finetune.lora import layer_stack
 
     stack, blocks = layer_stack(model)
     prefix = model.base_model_prefix
     holder = ".".join(stack.split(".")[:2])
+    final = FINAL_NORMS.get(model.config.model_type)
     tables = {f"{name}.weight" for name, module in model.named_modules() if isinstance(module, torch.nn.Embedding)}
     depths = {}
     for name, _ in model.named_parameters():
         found = re.search(rf"{re.escape(stack)}\.(\d+)\.", name)
         if found:
             depths[name] = int(found.group(1)) + 1
+        elif final is not None and name.startswith(final):
+            depths[name] = len(blocks) + 1
         elif name.startswith(f"{holder}.") or name.startswith(f"{prefix}.") and ("embed" in name.lower()
                                                                                 or name in tables):
             depths[name] = 0

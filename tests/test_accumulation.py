@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import subprocess
 import sys
 
@@ -105,12 +106,22 @@ def _run(b: int, k: int, epochs: int = 2, lr: float = 1e-3, schedule: str = "lin
                 embedding_grads=embedding_grads, grads=grads)
 
 
-def _assert_same_weights(a, b, rtol=1e-5, atol=1e-7):
+def _assert_same_weights(a, b, rtol=1e-5, atol=1e-7, noise_only=None):
+    """Every weight alike after every update; those whose names match ``noise_only`` to 1e-6 (see
+    KEY_BIAS_NOISE)."""
     assert len(a) == len(b)
     for update, (sa, sb) in enumerate(zip(a, b)):
         for name in sa:
-            torch.testing.assert_close(sa[name], sb[name], rtol=rtol, atol=atol,
+            noise = noise_only is not None and re.search(noise_only, name)
+            torch.testing.assert_close(sa[name], sb[name], rtol=rtol, atol=1e-6 if noise else atol,
                                        msg=lambda m: f"update {update}, {name}: {m}")
+
+
+# An attention key's bias has no gradient in exact arithmetic (softmax ignores a shift every key shares): rounding
+# noise alone, which AdamW's epsilon turns into steps near 1e-7 that differ from one batching to the other
+# (docs/accumulation.md). Pre-LayerNorm XLM-RoBERTa-XL's cross the tolerance (1.5e-7); the test checks that their
+# gradient is noise, then holds them to 1e-6 and every other weight as every family's.
+KEY_BIAS_NOISE = {"xlm-roberta-xl": r"attention\.self\.key\.bias$"}
 
 
 def test_layout_counts_real_samples():
@@ -150,7 +161,16 @@ def test_every_supported_encoder_family_keeps_the_contract(fresh_accelerate_stat
     big = _run(b=32, k=1, max_grad_norm=0.5, model_type=model_type)
     small = _run(b=8, k=4, max_grad_norm=0.5, model_type=model_type)
     assert len(small["embedding_grads"]) == 20 and all(small["embedding_grads"])
-    _assert_same_weights(big["snapshots"], small["snapshots"])
+    noise = KEY_BIAS_NOISE.get(model_type)
+    if noise is not None:  # what is held looser has no gradient but rounding's
+        model = tiny_model(model_type, num_labels=2, dropout=0.0)
+        batch = pad_collate(token_dataset(8, seed=2))
+        out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
+        F.cross_entropy(out.logits, batch["labels"]).backward()
+        grads = {name: p.grad.abs().max().item() for name, p in model.named_parameters()}
+        noisy = [g for name, g in grads.items() if re.search(noise, name)]
+        assert noisy and max(noisy) < 1e-9 < 1e-7 < min(g for name, g in grads.items() if "query.bias" in name)
+    _assert_same_weights(big["snapshots"], small["snapshots"], noise_only=noise)
     moved = [name for name, weight in small["snapshots"][-1].items() if not torch.equal(weight, small["snapshots"][0][name])]
     assert any("embed" in name for name in moved) and any("classifier" in name or "head" in name for name in moved)
 
