@@ -105,8 +105,9 @@ def below_the_blocks(model, stack_name: str) -> set[int]:
     """The ``id`` of each of the encoder's weights outside its blocks that serves them from below: the embeddings
     and weights named for them (ELECTRA's projection of them to the hidden size), embedding tables, and what the
     module holding the blocks holds beside them (ALBERT's projection, DeBERTa's relative positions and their norm,
-    MPNet's relative attention bias). Read from where each sits, its name and type, not from the order the encoder
-    registers its parts: GTE's and Nomic BERT's register their pooler before their blocks, and run it after them.
+    MPNet's relative attention bias), but a final norm there (:func:`final_norm_beside_the_blocks`). Read from
+    where each sits, its name and type, not from the order the encoder registers its parts: GTE's and Nomic
+    BERT's register their pooler before their blocks, and run it after them.
     ``layer_depths`` puts these at depth 0, and LoRA trains none of them; the rest outside the blocks is above them.
     """
     encoder = getattr(model, model.base_model_prefix)

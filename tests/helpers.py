@@ -56,7 +56,8 @@ def tiny_bert(num_labels: int = 2, seed: int = 0, dropout: float = 0.0):
 # five came with transformers 5: on an older release their tests are skipped.
 ARCHITECTURES = ("bert", "roberta", "xlm-roberta", "distilbert", "electra", "deberta-v2", "modernbert", "albert",
                  "mpnet", "camembert", "mobilebert", "roformer", "ernie", "data2vec-text", "longformer",
-                 "rembert", "roberta-prelayernorm", "xlm-roberta-xl", "eurobert", "gte", "jina_embeddings_v3", "nomic_bert", "ultrabert")
+                 "rembert", "roberta-prelayernorm", "xlm-roberta-xl",
+                 "eurobert", "gte", "jina_embeddings_v3", "nomic_bert", "ultrabert")
 _ARCHITECTURE_SIZES = {
     "distilbert": {"dim": 32, "n_layers": 2, "n_heads": 2, "hidden_dim": 37},
     "electra": {"embedding_size": 16},
