@@ -394,3 +394,16 @@ def test_lora_at_a_full_fine_tuning_rate_is_told_so_after_the_start_line(lora_ru
                                 "docs/memory.md, LoRA adapters)")]
     assert [level for level, _ in lora_runs.said[3e-4]] == ["INFO"]  # LoRA's rates
     assert [level for level, _ in lora_runs.said["full fine-tuning"]] == ["INFO"]  # full fine-tuning at its own
+
+
+@pytest.mark.parametrize("model_type", [*ARCHITECTURES, "megatron-bert"])
+def test_a_norm_alone_beside_the_blocks_is_the_encoders_final_norm(model_type):
+    """XLM-RoBERTa-XL's and Megatron-BERT's encoders keep their final norm beside the blocks, where DeBERTa keeps
+    the norm of its relative embeddings: only a norm with nothing else beside it there runs after the blocks."""
+    from finetune.lora import final_norm_beside_the_blocks
+
+    model = tiny_model(model_type)
+    final = final_norm_beside_the_blocks(model, layer_stack(model)[0])
+    assert final == {"xlm-roberta-xl": "encoder.LayerNorm", "megatron-bert": "encoder.ln"}.get(model_type)
+    if final is not None:  # trained in full under LoRA, as the head is
+        assert f"{model.base_model_prefix}.{final}" in head_modules(model)
