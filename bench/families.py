@@ -26,33 +26,23 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-# the families the package supports (docs/accumulation.md), then those measured beside them
-SUPPORTED = ("bert", "roberta", "xlm-roberta", "camembert", "distilbert", "electra", "deberta-v2", "modernbert",
-             "albert", "mpnet", "mobilebert", "roformer", "ernie", "data2vec-text", "longformer", "rembert",
-             "roberta-prelayernorm", "xlm-roberta-xl", "eurobert", "gte", "jina_embeddings_v3", "nomic_bert",
-             "ultrabert")
-OTHERS = ("megatron-bert", "convbert", "nystromformer", "big_bird", "fnet", "yoso", "mra",
-          "roc_bert", "xmod", "ibert", "xlm")
-# what each family's tiny config needs beyond the common sizes (tests/helpers.py gives the supported ones the same)
+# the families the package supports, as the tests build them (tests/helpers.py: the family-wide tests' list and
+# tiny configs, one home for both), then those measured beside them, with what their tiny configs need
+sys.path.insert(0, str(REPO / "tests"))
+from helpers import ARCHITECTURES as SUPPORTED  # noqa: E402
+from helpers import ARCHITECTURE_SIZES  # noqa: E402
+
+OTHERS = ("megatron-bert", "convbert", "nystromformer", "big_bird", "fnet", "yoso", "mra", "roc_bert", "xmod",
+          "ibert", "xlm")
 SIZES = {
-    "distilbert": {"dim": 32, "n_layers": 2, "n_heads": 2, "hidden_dim": 37},
-    "electra": {"embedding_size": 16},
-    "albert": {"embedding_size": 16},
-    "deberta-v2": {"relative_attention": True, "pos_att_type": ["p2c", "c2p"], "position_buckets": 8,
-                   "norm_rel_ebd": "layer_norm"},
-    "modernbert": {"global_attn_every_n_layers": 2, "local_attention": 16, "pad_token_id": 0, "bos_token_id": 2,
-                   "eos_token_id": 3, "cls_token_id": 2, "sep_token_id": 3},
-    "eurobert": {"pad_token_id": 0, "bos_token_id": 2, "eos_token_id": 3, "mask_token_id": 4},
-    "ultrabert": {"layer_types": ["sliding_attention", "full_attention"], "sliding_window": 3},
-    "longformer": {"attention_window": 4, "pad_token_id": 0},
-    "rembert": {"input_embedding_size": 16, "output_embedding_size": 16},
+    **ARCHITECTURE_SIZES,
     # the random blocks drawn where texts are longer than (5 + 2 random) blocks of 2 tokens
     "big_bird": {"attention_type": "block_sparse", "block_size": 2, "num_random_blocks": 1, "pad_token_id": 0},
     "xmod": {"languages": ["en_XX"], "default_language": "en_XX"},
     "xlm": {"emb_dim": 32, "n_layers": 2, "n_heads": 2},
 }
 VOCAB = 40
-TEXTS, UPDATES_PER_EPOCH, EPOCHS = 76, 3, 2
+TEXTS, EPOCHS = 76, 2
 _KEY_BIAS = re.compile(r"(key|k_proj|k_lin|\bk)\.bias$")
 
 

@@ -58,7 +58,8 @@ ARCHITECTURES = ("bert", "roberta", "xlm-roberta", "distilbert", "electra", "deb
                  "mpnet", "camembert", "mobilebert", "roformer", "ernie", "data2vec-text", "longformer",
                  "rembert", "roberta-prelayernorm", "xlm-roberta-xl",
                  "eurobert", "gte", "jina_embeddings_v3", "nomic_bert", "ultrabert")
-_ARCHITECTURE_SIZES = {
+# what each family's tiny config needs beyond tiny_model's common sizes (bench/families.py builds from them too)
+ARCHITECTURE_SIZES = {
     "distilbert": {"dim": 32, "n_layers": 2, "n_heads": 2, "hidden_dim": 37},
     "electra": {"embedding_size": 16},
     "albert": {"embedding_size": 16},
@@ -104,7 +105,7 @@ def tiny_model(model_type: str, num_labels: int = 3, seed: int = 0, dropout: Opt
         pytest.skip(f"transformers {transformers.__version__} has no {model_type} models")
     sizes = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 37,
              "vocab_size": len(SPECIAL) + len(WORDS), "max_position_embeddings": 64, "num_labels": num_labels}
-    config = AutoConfig.for_model(model_type, **sizes, **_ARCHITECTURE_SIZES.get(model_type, {}))
+    config = AutoConfig.for_model(model_type, **sizes, **ARCHITECTURE_SIZES.get(model_type, {}))
     if dropout is not None:
         from finetune.modeling import set_dropout
 
