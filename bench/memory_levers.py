@@ -144,7 +144,7 @@ def tokenize_once(cfg) -> None:
     from finetune.modeling import load_tokenizer
 
     accelerator = build_accelerator(cfg)
-    splits, _ = load_data(cfg, accelerator)
+    splits, _, _ = load_data(cfg, accelerator)
     tokenize_data(cfg, splits, load_tokenizer(cfg.model), accelerator, tokenized_cache_dir(cfg))
     del splits
     release_free_heap()

@@ -5,7 +5,7 @@ it); its steps run in the order that fails cheapest first::
 
     batching (b, k by epoch, P)      resolve_batching, once: every later step reads it
     tokenizer, model config          before the data is read: a bad model path fails at once
-    data, model, what it trains      dataloaders.load_data, modeling.load_model_reporting,
+    data, model, what it trains      dataloaders.load_data (and the test set), modeling.load_model_reporting,
                                      modeling.choose_trained_weights (LoRA adapters, frozen layers, or all),
                                      modeling.set_attention_kernel (training.attention_kernel)
     metrics, task                    metric_suite, build_task
@@ -84,6 +84,9 @@ class Run:
     # training.cuda_graphs where it applies: a finetune.cuda_graphs.GraphedMicroBatches, made by fit before the
     # first update (finetune.cuda_graphs.graphs_for_run); None: eager steps
     graphs: Optional[Any] = None
+    # data.test_file / data.test_split_name: a finetune.test_set.TestSet, scored once by the saved model after
+    # training (None: no test set)
+    test: Optional[Any] = None
 
     def loop_settings(self, **changes: Any) -> dict[str, Any]:
         """The keyword arguments of :func:`~finetune.loop.train_one_epoch` that the config and the build set,
@@ -149,7 +152,7 @@ def setup_run(cfg: Config, accelerator=None, batching: Optional[Batching] = None
     tokenizer = load_tokenizer(cfg.model)
     model_config = load_model_config(cfg.model, cfg.data.max_length)
     cache_dir = tokenized_cache_dir(cfg)
-    splits, labels = load_data(cfg, accelerator, head=trained_head_labels(model_config))
+    splits, labels, test = load_data(cfg, accelerator, head=trained_head_labels(model_config))
     seen = count_seen_in_training(splits)
     model, new_head = load_model_reporting(cfg.model, labels.id2label, max_length=cfg.data.max_length)
     head_start = start_regression_head(cfg.model, model, new_head, splits["train"])
@@ -183,7 +186,7 @@ def setup_run(cfg: Config, accelerator=None, batching: Optional[Batching] = None
     return Run(cfg, accelerator, batching, tokenizer, labels, model, optimizer, scheduler, train_dl, eval_dl,
                metrics, plan, task, content_sha256(splits["train"]), new_head=new_head,
                checkpointing=checkpointing, lora=lora, frozen=frozen, memory=memory, long_texts=cut,
-               seen_in_training=seen, head_start=head_start)
+               seen_in_training=seen, head_start=head_start, test=test)
 
 
 def check_batching(cfg: Config, accelerator, batching: Optional[Batching] = None) -> Batching:

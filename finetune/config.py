@@ -32,14 +32,14 @@ from finetune.errors import ConfigError
 from finetune.key_hints import key_hint, refuse_options, unknown_key_hint
 from finetune.overrides import let_the_command_line_choose, notes_said_once
 from finetune.schema import (  # noqa: F401  (the schema's names, importable from here as before)
-    DEFAULT_METRICS, DEFAULT_THRESHOLD, PER_LABEL, SECTIONS, Config, DataConfig, EvalConfig, LoggingConfig,
-    ModelConfig, OptimConfig, OutputConfig, TrainingConfig,
+    DEFAULT_METRICS, DEFAULT_THRESHOLD, PAD_TO_MULTIPLE_OF, PER_LABEL, SECTIONS, Config, DataConfig, EvalConfig,
+    LoggingConfig, ModelConfig, OptimConfig, OutputConfig, TrainingConfig,
 )
 
 __all__ = ["Config", "ModelConfig", "DataConfig", "TrainingConfig", "OptimConfig", "EvalConfig", "LoggingConfig",
            "OutputConfig", "DEFAULT_CONFIG", "SHIPPED_CONFIGS", "is_shipped", "load_config", "config_from_dict",
            "parse_override", "read_yaml", "config_yaml", "save_config", "origin_of", "notes_said_once",
-           "unknown_key_hint", "refuse_options", "PER_LABEL"]
+           "unknown_key_hint", "refuse_options", "PER_LABEL", "PAD_TO_MULTIPLE_OF"]
 
 logger = logging.getLogger("finetune")
 
@@ -218,10 +218,13 @@ def read_yaml(path: str | os.PathLike) -> dict[str, Any]:
 
 # What a file mapping (``train_file: {path: ..., format: ...}``) may say about its file.
 FILE_LAYOUT_KEYS = ("format", "has_header", "column_names", "encoding")
+# the data section's files, which one layout reads
+_FILE_KEYS = ("train_file", "validation_file", "test_file")
 
 
 def _with_file_layouts(data: dict[str, Any]) -> dict[str, Any]:
-    """``data.train_file`` / ``data.validation_file`` given as mappings, flattened into the data section.
+    """``data.train_file`` / ``data.validation_file`` / ``data.test_file`` given as mappings, flattened into the data
+    section.
 
     A mapping holds the file's ``path`` and the settings that describe that
     file alone; an override that names another file replaces the mapping, and
@@ -233,11 +236,12 @@ def _with_file_layouts(data: dict[str, Any]) -> dict[str, Any]:
             setting given both in it and in the data section, or two files that disagree.
     """
     section = data.get("data")
-    if not isinstance(section, dict) or not any(isinstance(section.get(k), dict) for k in ("train_file", "validation_file")):
+    if not isinstance(section, dict) or not any(isinstance(section.get(k), dict) for k in _FILE_KEYS):
         return data
     section = dict(section)
     layout: dict[str, Any] = {}
-    for file_key in ("train_file", "validation_file"):
+    first: dict[str, str] = {}  # the file that gave each layout key first
+    for file_key in _FILE_KEYS:
         spec = section.get(file_key)
         if not isinstance(spec, dict):
             continue
@@ -254,9 +258,10 @@ def _with_file_layouts(data: dict[str, Any]) -> dict[str, Any]:
             if key in data["data"]:
                 raise ConfigError(f"data.{key}: given both in data.{file_key} and in data; keep one")
             if key in layout and layout[key] != spec[key]:
-                raise ConfigError(f"data.validation_file.{key}: {spec[key]!r} differs from data.train_file's "
-                                  f"{layout[key]!r}; both files are read with one layout")
+                raise ConfigError(f"data.{file_key}.{key}: {spec[key]!r} differs from data.{first[key]}'s "
+                                  f"{layout[key]!r}; the files are read with one layout")
             layout[key] = spec[key]
+            first.setdefault(key, file_key)
     section.update(layout)
     return {**data, "data": section}
 

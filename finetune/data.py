@@ -15,6 +15,9 @@ Sources:
   sub-folder per class, or a folder ``datasets`` saved (a ``DatasetDict``'s
   splits chosen as a Hub data set's), read by :mod:`finetune.local_files`.
 - Hub data sets (``data.dataset_name``), read with ``datasets.load_dataset``.
+- A test set (``data.test_file``, or a data set's ``data.test_split_name``):
+  :func:`load_test_split`, read as validation data is and scored after training
+  (:mod:`finetune.test_set`).
 
 Decisions worth knowing:
 
@@ -39,26 +42,24 @@ Decisions worth knowing:
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from typing import Optional
 
 import datasets
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from finetune.carve import carve_fold, carve_validation, not_a_label_column, subset
-from finetune.column_hints import PANDAS_JSON_HINT, column_hint, pandas_layout
 from finetune.columns import read_column
 from finetune.config import DataConfig
-from finetune.errors import ConfigError, DataError, FileLayoutError, root_message
+from finetune.errors import ConfigError, DataError, root_message
 from finetune.labels import LabelSpace, encode_against, encode_train, leave_out_labels, leave_out_unlabelled
 from finetune.local_files import read_local, read_saved_splits
-from finetune.tables import GROUP, LABELS, RAW_LABEL, SHOW_LABELS, TEXT, TEXT_PAIR, Table, as_arrow, as_mask, \
-    column_values, feature_name, short_list
+from finetune.standard_columns import drop_or_reject_empty_texts, standardize
+from finetune.tables import GROUP, LABELS, SHOW_LABELS, TEXT, TEXT_PAIR, Table, short_list
 
-__all__ = ["LABELS", "TEXT", "TEXT_PAIR", "LabelSpace", "load_splits", "load_labelled_file", "labelled_columns",
+__all__ = ["LABELS", "TEXT", "TEXT_PAIR", "LabelSpace", "load_splits", "load_labelled_file", "load_test_split",
+           "labelled_columns",
            "class_counts", "content_sha256", "digest_rows", "text_rows"]
 
 logger = logging.getLogger(__name__)
@@ -163,6 +164,36 @@ def load_labelled_file(spec: str, cfg: DataConfig, label_space: LabelSpace, key:
     return _encode_against(_load_local(spec, key, cfg), cfg, label_space)
 
 
+def load_test_split(cfg: DataConfig, label_space: LabelSpace) -> Optional[tuple[datasets.Dataset, str]]:
+    """The test set ``data.test_file`` or ``data.test_split_name`` names, read as a validation file is (its labels
+    looked up among the training data's), and where it came from (the file as given, or ``glue/sst2[test]``);
+    ``None`` without one.
+
+    Raises:
+        DataError: naming the file, split or row, as for validation data.
+        ConfigError: for ``data.test_split_name`` where the training data is one file, not a data set of splits.
+    """
+    if cfg.test_file is not None:
+        return _encode_against(_load_local(cfg.test_file, "data.test_file", cfg), cfg, label_space), cfg.test_file
+    if cfg.test_split_name is None:
+        return None
+    split = cfg.test_split_name
+    if cfg.dataset_name is not None:
+        loaded, shown = _hub_splits(cfg)
+    else:
+        loaded, shown = read_saved_splits(cfg.train_file, "data.train_file", cfg.format), cfg.train_file
+        if loaded is None:
+            raise ConfigError(f"data.test_split_name: {cfg.train_file} is one file, not a data set of splits",
+                              hint="give the test rows as a file of their own: data.test_file=...")
+    if split not in loaded:
+        raise DataError(f"data.test_split_name: {shown} has no split {split!r} (splits: {', '.join(loaded)})")
+    if len(loaded[split]) == 0:
+        raise DataError(f"{shown}[{split}]: no rows")
+    table = standardize(Table.whole(loaded[split], f"{shown}[{split}]", unit="row"), cfg.text_column,
+                         cfg.text_pair_column, cfg.label_column)
+    return _encode_against(table, cfg, label_space), f"{shown}[{split}]"
+
+
 def labelled_columns(ds: datasets.Dataset) -> tuple[list, Optional[list], list]:
     """A labelled data set's texts, its second texts (``None`` without pairs) and its labels, as lists."""
     pairs = read_column(ds, TEXT_PAIR) if TEXT_PAIR in ds.column_names else None
@@ -177,7 +208,7 @@ def _encode_against(table: Table, cfg: DataConfig, label_space: LabelSpace) -> d
 def _rows_to_encode(table: Table, cfg: DataConfig, problem_type: str, training: bool) -> Table:
     """The rows whose labels are encoded: ``data.on_empty_text``, ``data.on_missing_label`` and (a single label's
     rows) ``data.drop_labels`` applied; ``training``: the training split, whose labels the settings name."""
-    table = _drop_or_reject_empty_texts(table, cfg)
+    table = drop_or_reject_empty_texts(table, cfg.on_empty_text)
     table = leave_out_unlabelled(table, cfg.on_missing_label, problem_type, cfg.label_delimiter)
     return leave_out_labels(table, cfg.drop_labels, problem_type, training)
 
@@ -194,7 +225,7 @@ def _load_local(spec: str, key: str, cfg: DataConfig, group: Optional[str] = Non
             raise ConfigError(f"data.validation_split_by: {spec} is a folder of class sub-folders, which has no "
                               f"column {group!r}; row or text")
         return table  # the folder layout: its columns are standard already
-    return _standardize(table, cfg.text_column, cfg.text_pair_column, cfg.label_column, group)
+    return standardize(table, cfg.text_column, cfg.text_pair_column, cfg.label_column, group)
 
 
 def group_column(cfg: DataConfig) -> Optional[str]:
@@ -232,6 +263,11 @@ def _load_local_train(cfg: DataConfig) -> tuple[Table, Optional[Table]]:
 
 
 def _load_hub(cfg: DataConfig) -> tuple[Table, Optional[Table]]:
+    return _train_and_validation(*_hub_splits(cfg), cfg)
+
+
+def _hub_splits(cfg: DataConfig) -> tuple[datasets.DatasetDict, str]:
+    """The Hub data set's splits, and its name as the messages show it (``glue/sst2``)."""
     from finetune import hub
 
     name = cfg.dataset_name
@@ -249,7 +285,7 @@ def _load_hub(cfg: DataConfig) -> tuple[Table, Optional[Table]]:
             why = f"the Hub cannot be reached ({offline}), and the local cache did not serve it: {root_message(exc)}"
         raise DataError(f"data.dataset_name: cannot load {shown!r}: {why}",
                         hint=None if offline is None else "give the data as a file instead (--data)") from None
-    return _train_and_validation(loaded, shown, cfg)
+    return loaded, shown
 
 
 def _train_and_validation(loaded: datasets.DatasetDict, shown: str, cfg: DataConfig
@@ -262,7 +298,7 @@ def _train_and_validation(loaded: datasets.DatasetDict, shown: str, cfg: DataCon
         ds = loaded[split]
         if len(ds) == 0:
             raise DataError(f"{shown}[{split}]: no rows")
-        return _standardize(Table.whole(ds, f"{shown}[{split}]", unit="row"), cfg.text_column, cfg.text_pair_column,
+        return standardize(Table.whole(ds, f"{shown}[{split}]", unit="row"), cfg.text_column, cfg.text_pair_column,
                             cfg.label_column, group_column(cfg) if split == cfg.train_split else None)
 
     train = table(cfg.train_split)
@@ -297,96 +333,6 @@ def _check_column_settings(cfg: DataConfig) -> None:
         raise ConfigError(f"data.validation_split_by: names the column of {seen[group]} ({group!r})",
                           hint="data.validation_split_by=text keeps every copy of a text on one side"
                           if seen[group] != "data.label_column" else None)
-
-
-def _standardize(table: Table, text_column: str, pair_column: Optional[str], label_column: str,
-                 group: Optional[str] = None) -> Table:
-    """Keep only the text, pair and label columns (and ``group``, the carve's), under the standard names."""
-    ds = table.ds
-    wanted = [("data.text_column", text_column, TEXT)]
-    if pair_column is not None:
-        wanted.append(("data.text_pair_column", pair_column, TEXT_PAIR))
-    wanted.append(("data.label_column", label_column, RAW_LABEL))
-    if group is not None:
-        wanted.append(("data.validation_split_by", group, GROUP))
-    for key, column, _ in wanted:
-        table.refuse_repeated(column, table.source, f"{key} could mean either")
-    missing = [(key, column) for key, column, _ in wanted if column not in ds.column_names]
-    if missing:
-        key, column = missing[0]
-        raise FileLayoutError(
-            f"{table.source}: no column {column!r} ({key}); columns found: {', '.join(ds.column_names)}",
-            hint=column_hint(ds, [key for key, _ in missing], configured={key: c for key, c, _ in wanted}),
-        )
-    _warn_of_values_in_unnamed_fields(table, [column for _, column, _ in wanted])
-    ds = ds.select_columns([column for _, column, _ in wanted])
-    # Two steps, so that swapping names (text_column: label, label_column: text) works.
-    ds = ds.rename_columns({column: f"_tmp{i}" for i, (_, column, _) in enumerate(wanted)})
-    ds = ds.rename_columns({f"_tmp{i}": name for i, (_, _, name) in enumerate(wanted)})
-    for name, column in ((TEXT, text_column), (TEXT_PAIR, pair_column)):
-        if name not in ds.column_names:
-            continue
-        feature = ds.features[name]
-        if isinstance(feature, datasets.Value) and feature.dtype in ("string", "large_string"):
-            continue
-        mixed = _texts_of_mixed_types(ds, name)
-        if mixed is not None:
-            ds = ds.remove_columns(name).add_column(name, mixed, feature=datasets.Value("string"))
-        elif isinstance(feature, datasets.Value):
-            # Numbers (or an all-empty column) read from CSV: texts nonetheless.
-            ds = ds.cast_column(name, datasets.Value("string"))
-        else:
-            raise DataError(f"{table.source}: column {column!r} holds {feature_name(feature)}, not texts",
-                            hint=PANDAS_JSON_HINT if pandas_layout(table.ds) else None)
-    return dataclasses.replace(
-        table, ds=ds, text_column=text_column, pair_column=pair_column, label_column=label_column, as_read=table.ds
-    )
-
-
-def _warn_of_values_in_unnamed_fields(table: Table, read: list[str]) -> None:
-    """Say where rows hold values in fields the header leaves unnamed (pandas calls them ``Unnamed: 2``, ...), which
-    are not read: most often a text split across fields, its rest in the fields after it (a spreadsheet's export,
-    Kaggle's SMS spam CSV)."""
-    unnamed = [name for name in table.ds.column_names if name.startswith("Unnamed: ") and name not in read]
-    if not unnamed:
-        return
-    arrow = as_arrow(table.ds)
-    filled = np.zeros(len(table.ds), dtype=bool)
-    for name in unnamed:
-        filled |= as_mask(pc.is_valid(arrow.column(name)))
-    rows = np.flatnonzero(filled)
-    if len(rows):
-        logger.warning("%s: %d row%s hold%s values in fields the header leaves unnamed (%s), which are not read (%s): "
-                       "is a text split across them?", table.source, len(rows),
-                       "s" if len(rows) > 1 else "", "" if len(rows) > 1 else "s", ", ".join(unnamed),
-                       table.where_many(rows))
-
-
-def _drop_or_reject_empty_texts(table: Table, cfg: DataConfig) -> Table:
-    """Apply ``data.on_empty_text`` to null, empty and whitespace-only texts."""
-    columns = [(TEXT, table.text_column)]
-    if table.pair_column is not None:
-        columns.append((TEXT_PAIR, table.pair_column))
-    empty = np.zeros(len(table.ds), dtype=bool)
-    culprits = []
-    for name, source_column in columns:
-        texts = table.ds.with_format("arrow")[name]
-        mask = as_mask(pc.fill_null(pc.equal(pc.utf8_length(pc.utf8_trim_whitespace(texts)), 0), True))
-        if mask.any():
-            culprits.append(repr(source_column))
-        empty |= mask
-    rows = np.flatnonzero(empty)
-    if len(rows) == 0:
-        return table
-    what = f"{len(rows)} empty or null text{'s' if len(rows) > 1 else ''} in column {' and '.join(culprits)}"
-    if table.files is not None:
-        what = f"{len(rows)} empty text file{'s' if len(rows) > 1 else ''}"
-    if cfg.on_empty_text == "error":
-        raise DataError(f"{table.source}: {what} ({table.where_many(rows)}); set data.on_empty_text: drop to drop them")
-    if len(rows) == len(table.ds):
-        raise DataError(f"{table.source}: every text is empty ({what})")
-    logger.warning("%s: dropped %s (%s)", table.source, what, table.where_many(rows))
-    return table.keep(np.flatnonzero(~empty))
 
 
 def class_counts(train: datasets.Dataset, num_labels: int) -> np.ndarray:
@@ -424,17 +370,3 @@ def digest_rows(digest, ds: datasets.Dataset) -> None:
         with pa.ipc.new_stream(sink, batch.schema) as writer:
             writer.write_table(batch)
         digest.update(sink.getvalue())
-
-
-# --------------------------------------------------------------------------- small helpers
-
-
-def _texts_of_mixed_types(ds: datasets.Dataset, column: str) -> Optional[list[Optional[str]]]:
-    """A JSON text column that mixes strings and numbers (datasets' ``Json`` feature) as strings; else None."""
-    json_feature = getattr(datasets, "Json", None)
-    if json_feature is None or not isinstance(ds.features[column], json_feature):
-        return None
-    values = column_values(ds, column)
-    if not all(value is None or isinstance(value, (str, int, float)) for value in values):
-        return None  # lists or objects among them: not texts, said by the caller
-    return [None if value is None else str(value) for value in values]

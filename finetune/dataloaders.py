@@ -22,11 +22,10 @@ import torch
 
 from finetune.accumulation import Batching
 from finetune.columns import read_column
-from finetune.config import Config
+from finetune.config import PAD_TO_MULTIPLE_OF, Config
 from finetune.errors import ConfigError, FinetuneError
 from finetune.launch import choose_workers
 from finetune.sampling import BalancedBatches, EpochSampler
-from finetune.schema import PAD_TO_MULTIPLE_OF
 
 
 def tokenized_cache_dir(cfg: Config) -> Optional[Path]:
@@ -39,12 +38,18 @@ def tokenized_cache_dir(cfg: Config) -> Optional[Path]:
 
 
 def load_data(cfg: Config, accelerator, head: Optional[list[str]] = None):
-    """The data's splits and label space (the main process first, so that others find its caches); ``head``: the
-    classes of the trained head the run starts from, whose order the label ids take where they are the data's."""
-    from finetune.data import load_splits
+    """The data's splits, label space and test set (the main process first, so that others find its caches);
+    ``head``: the classes of the trained head the run starts from, whose order the label ids take where they are
+    the data's. The test set (:mod:`finetune.test_set`, ``None`` without one) is read now, with the rest, and
+    scored by the saved model at the end."""
+    from finetune.data import load_splits, load_test_split
+    from finetune.test_set import test_set_of
 
-    return main_process_first(accelerator, lambda: load_splits(cfg.data, seed=cfg.split_seed,
-                                                                problem_type=cfg.model.problem_type, head=head))
+    splits, labels = main_process_first(accelerator, lambda: load_splits(cfg.data, seed=cfg.split_seed,
+                                                                          problem_type=cfg.model.problem_type,
+                                                                          head=head))
+    test = main_process_first(accelerator, lambda: load_test_split(cfg.data, labels))
+    return splits, labels, test_set_of(test, cfg, splits["train"])
 
 
 def tokenize_data(cfg: Config, splits, tokenizer, accelerator, cache_dir: Optional[Path]):

@@ -1,14 +1,17 @@
-"""Loss and metrics of a model on an evaluation dataloader, on any number of processes."""
+"""Loss and metrics of a model on an evaluation dataloader, on any number of processes, and what in the saved
+model's is worth a warning."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import torch
 
 from finetune.chunks import document_logits, split_batch
-from finetune.metrics import metric_intervals, scores_by_label
+from finetune.columns import read_column
+from finetune.metrics import metric_intervals, one_number_for_every_text, same_answer_for_every_text, scores_by_label
+from finetune.tables import LABELS
 from finetune.tasks import Task, label_names, set_model_thresholds
 from finetune.thresholds import DEFAULT_THRESHOLD, SURE, format_thresholds
 
@@ -129,3 +132,21 @@ def evaluation_of(model: torch.nn.Module, dataloader, accelerator, metrics=None,
         set_model_thresholds(config, names, tuned.tolist())
         tuned = dict(zip(names, tuned.tolist()))
     return Evaluation(out, by_label, intervals, tuned)
+
+
+def one_answer_for_every_text(summary: dict[str, Any], targets=None) -> Optional[str]:
+    """A caution when the saved model gave every validation text the same answer, else None
+    (:func:`finetune.metrics.same_answer_for_every_text`, on the final evaluation); for regression, given the
+    validation ``targets``, the same number (:func:`finetune.metrics.one_number_for_every_text`)."""
+    if targets is not None:
+        return one_number_for_every_text(summary["eval"], targets, "validation texts", "the saved model")
+    return same_answer_for_every_text(summary.get("eval_by_label"), summary["eval"].get("num_samples"),
+                                      "validation texts", "the saved model")
+
+
+def validation_targets(run) -> Optional[list[float]]:
+    """The regression targets of the validation rows of ``run`` (a :class:`~finetune.assembly.Run`; None for
+    classes, or without validation)."""
+    if run.labels.problem_type != "regression" or run.eval_dataloader is None:
+        return None
+    return read_column(run.eval_dataloader.dataset, LABELS)

@@ -25,10 +25,11 @@ from finetune.assembly import Run
 from finetune.checkpointer import Checkpointer
 from finetune.cpu import cpu_speedups, speedup_settings
 from finetune.cuda_graphs import graphs_for_run
-from finetune.evaluation import EVAL_BY_LABEL, EVAL_INTERVALS, EVAL_THRESHOLDS, evaluation_of
+from finetune.evaluation import (EVAL_BY_LABEL, EVAL_INTERVALS, EVAL_THRESHOLDS, evaluation_of, one_answer_for_every_text,
+                                 validation_targets)
 from finetune.loop import NonFiniteLossError, TrainState, train_one_epoch
 from finetune.output_dir import output_lock, start_outputs
-from finetune.results import one_answer_for_every_text, summarize, validation_targets, write_outputs
+from finetune.results import summarize, write_outputs
 from finetune.selection import EvalHistory
 from finetune.signals import StopSignals, interruption
 from finetune.tracking import RunLogger, log_lines_above, progress_bar, start_trackers
@@ -119,6 +120,8 @@ def _fit(run: Run, on_epoch_end, on_update, on_evaluation) -> dict[str, Any]:
         summary = summarize(run, history.records, ended=ending.value, best=best)
         if finished:
             write_outputs(run, summary)
+            if summary["test"] is not None:  # the main process's: it scored them
+                log.log({"step": run.state.step, **{f"test/{k}": v for k, v in summary["test"]["metrics"].items()}})
             caution = one_answer_for_every_text(summary, validation_targets(run))
             if caution is not None and acc.is_main_process:
                 logger.warning(caution)

@@ -48,6 +48,8 @@ def all_results(summary: dict[str, Any]) -> dict[str, Any]:
     }
     for key, value in summary["eval"].items():
         results["eval_samples" if key == "num_samples" else f"eval_{key}"] = value
+    for key, value in (summary.get("test") or {}).get("metrics", {}).items():  # the Trainer's predict() names
+        results["test_samples" if key == "num_samples" else f"test_{key}"] = value
     return results
 
 
@@ -389,4 +391,9 @@ def model_card(cfg, summary: dict[str, Any]) -> str:
         "",
         *_same_data(train.get("data_sha256")),
     ]
-    return "\n".join(lines)
+    card, test = "\n".join(lines), summary.get("test")
+    if not test:
+        return card
+    # the test set's scores as finetune score --card adds a file's: it was scored by the saved model after training
+    return card_with_scores(card, name, test["file"], test["metrics"], test["by_label"], test["seen_in_training"],
+                            test["intervals"], test["precision"])

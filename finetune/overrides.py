@@ -23,8 +23,8 @@ _COMMAND_LINE_CHOICES = (
     ("training.gradient_accumulation_steps", ("training.effective_batch_size",)),
     ("training.accumulation_schedule", ("training.effective_batch_size",)),
     ("training.effective_batch_size", ("training.gradient_accumulation_steps",)),
-    ("data.train_file", ("data.dataset_name", "data.dataset_config")),
-    ("data.dataset_name", ("data.train_file", "data.validation_file")),
+    ("data.train_file", ("data.dataset_name", "data.dataset_config", "data.test_split_name")),
+    ("data.dataset_name", ("data.train_file", "data.validation_file", "data.test_file")),
 )
 
 

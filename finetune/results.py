@@ -13,17 +13,14 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
-from finetune.columns import read_column
 from finetune.errors import FinetuneError, OutputError
 from finetune.evaluation import EVAL_BY_LABEL, EVAL_INTERVALS, EVAL_THRESHOLDS
 from finetune.lora import is_lora, merged_copy, save_adapter
-from finetune.metrics import one_number_for_every_text, same_answer_for_every_text
 from finetune.outputs import (
     ADAPTER_CONFIG, ADAPTER_DIR, CURVES_FILE, METRICS_FILE, MODEL_CARD_FILE, MODEL_CARD_MARK, RESULTS_FILE, json_ready,
     write_atomic,
 )
 from finetune.resources import training_file
-from finetune.tables import LABELS
 from finetune.tasks import set_model_thresholds
 
 if TYPE_CHECKING:
@@ -95,6 +92,9 @@ def summarize(run: "Run", history: list[dict[str, Any]], ended: str = "completed
         # validation rows whose text (with its pair) a training row has too
         "validation_seen_in_training": run.seen_in_training,
         "best": best,
+        # the saved model's scores on data.test_file (or data.test_split_name), as finetune score --json reports a
+        # file's (finetune.test_set), or null: none given, or not yet scored
+        "test": None,
         # the expected peak memory by part, in bytes (finetune.memory), or null under FSDP / DeepSpeed
         "memory_plan": run.memory.record() if run.memory is not None else None,
         "epochs": history,
@@ -111,23 +111,6 @@ def saved_thresholds(run: "Run", tuned: Optional[dict[str, float]]) -> Optional[
     return tuned or run.task.thresholds_by_label(run.labels.names)
 
 
-def one_answer_for_every_text(summary: dict[str, Any], targets=None) -> Optional[str]:
-    """A caution when the saved model gave every validation text the same answer, else None
-    (:func:`finetune.metrics.same_answer_for_every_text`, on the final evaluation); for regression, given the
-    validation ``targets``, the same number (:func:`finetune.metrics.one_number_for_every_text`)."""
-    if targets is not None:
-        return one_number_for_every_text(summary["eval"], targets, "validation texts", "the saved model")
-    return same_answer_for_every_text(summary.get("eval_by_label"), summary["eval"].get("num_samples"),
-                                      "validation texts", "the saved model")
-
-
-def validation_targets(run: "Run") -> Optional[list[float]]:
-    """The regression targets of the run's validation rows (None for classes, or without validation)."""
-    if run.labels.problem_type != "regression" or run.eval_dataloader is None:
-        return None
-    return read_column(run.eval_dataloader.dataset, LABELS)
-
-
 def lora_record(plan) -> Optional[dict[str, Any]]:
     """``metrics.json``'s account of a :class:`~finetune.lora.LoraPlan` (``None`` without LoRA)."""
     if plan is None:
@@ -138,7 +121,8 @@ def lora_record(plan) -> Optional[dict[str, Any]]:
 
 
 def write_outputs(run: "Run", summary: dict[str, Any]) -> None:
-    """The final model, ``metrics.json``, ``all_results.json``, the model card and ``curves.png``.
+    """The final model, its scores on the run's test set (into ``summary["test"]``), ``metrics.json``,
+    ``all_results.json``, the model card and ``curves.png``.
 
     Each file is written to a temporary name and renamed, so a run stopped
     while writing leaves the old file or the new one.
@@ -150,6 +134,10 @@ def write_outputs(run: "Run", summary: dict[str, Any]) -> None:
         thresholds = summary["eval_thresholds"]
         set_model_thresholds(run.accelerator.unwrap_model(run.model).config, list(thresholds), thresholds.values())
     save_model(run, out)
+    if run.test is not None:
+        from finetune.test_set import score_test_set
+
+        summary["test"] = score_test_set(run, out)  # after the save, which it scores
     if not run.accelerator.is_main_process:
         return
     write_atomic(out / METRICS_FILE, json.dumps(json_ready(summary), indent=2) + "\n")

@@ -38,6 +38,9 @@ MAY_CHANGE_ON_RESUME = frozenset({
     "training.eval_each_epoch",
     "training.per_device_eval_batch_size",
     "data.num_workers",
+    # read after training, by the saved model
+    "data.test_file",
+    "data.test_split_name",
     # recomputation replays the same values (and dropout masks): a run that ran out of memory may resume with it
     "training.gradient_checkpointing",
     "training.memory_check",

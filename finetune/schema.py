@@ -141,6 +141,17 @@ class DataConfig:
     validation_file: Optional[str] = setting(
         None, "The validation set, in the training file's layout (null: `validation_split` carves one from train). "
         "The start line counts its rows whose text a training row has too, and warns past a fifth.")
+    test_file: Optional[str] = setting(
+        None, "A test set, in the training file's layout, scored once by the saved model after training and never "
+        "before: the best model, early stopping and thresholds are chosen on the validation data alone. Its scores "
+        "(with 95% intervals and each label's) go to `metrics.json` (`test`), `all_results.json` (`test_*`), the "
+        "model card and the log. It is read at the start, so a file the run cannot score stops it before the first "
+        "update; the start line counts its rows whose text a training row has too. A sweep's search trials leave "
+        "it out; its seeds or folds runs score it.")
+    test_split_name: Optional[str] = setting(
+        None, "With `dataset_name`, or a `train_file` folder of splits that `datasets` saved: the split scored as "
+        "`test_file` is (null: none). Many Hub test splits have no labels (GLUE's are -1): the run then stops at "
+        "the start, naming them.")
     format: Literal["auto", "csv", "tsv", "json", "parquet", "folder"] = setting("auto",
         "File format; `auto` goes by the extension (a directory means `folder`, unless `datasets` saved it), "
         "reads a `.csv` (or `.txt`) "
@@ -266,6 +277,7 @@ class DataConfig:
         if not 0.0 <= self.validation_split < 1.0:
             raise ConfigError(f"data.validation_split: must be in [0, 1), got {self.validation_split}")
         self._check_folds()
+        self._check_test_set()
         if not self.validation_split_by.strip():
             raise ConfigError("data.validation_split_by: must be row, text or a column's name, got an empty name")
         if self.split_seed is not None and not 0 <= self.split_seed < 2**32:
@@ -303,6 +315,21 @@ class DataConfig:
             raise ConfigError("data.column_names: only used with data.has_header: false")
         if self.has_header is None:
             self.has_header = self.column_names is None
+
+    def _check_test_set(self) -> None:
+        if self.test_file is not None and self.test_split_name is not None:
+            raise ConfigError(f"data.test_split_name: data.test_file ({self.test_file}) is the test set already: "
+                              f"set one of them")
+        for key in ("train_file", "validation_file"):
+            if self.test_file is not None and self.test_file == getattr(self, key):
+                raise ConfigError(f"data.test_file: {self.test_file} is data.{key} too; a test set is rows the "
+                                  f"run neither trains nor chooses on")
+        if self.test_split_name is not None and self.test_split_name in (self.train_split, self.validation_split_name):
+            which = "train_split" if self.test_split_name == self.train_split else "validation_split_name"
+            raise ConfigError(f"data.test_split_name: {self.test_split_name!r} is data.{which} too; a test set is "
+                              f"rows the run neither trains nor chooses on",
+                              hint="data.validation_split_name=null carves the validation rows from the training "
+                                   "split" if which == "validation_split_name" else None)
 
     def _check_folds(self) -> None:
         if self.validation_folds is None:

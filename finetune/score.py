@@ -122,9 +122,8 @@ def score_file(output_dir: str | os.PathLike, file: str | os.PathLike, overrides
         FinetuneError: one line naming the file, row or key for bad input.
     """
     import numpy as np
-    import torch
 
-    from finetune.metrics import confusion_matrix, label_points, metric_intervals, metric_suite_for, scores_by_label
+    from finetune.metrics import metric_suite_for
     from finetune.tasks import model_labels
 
     cfg = scoring_config(output_dir, file, overrides)
@@ -144,8 +143,25 @@ def score_file(output_dir: str | os.PathLike, file: str | os.PathLike, overrides
     threshold = threshold_given(cfg.evaluation.threshold, problem_type, names)
 
     predictor = predictor or Predictor.load(output_dir, batch_size=batch_size, precision=precision)
+    seen = texts_seen_in_training(output_dir, texts, pairs) if count_seen else None
+    return score_texts(predictor, suite, str(file), texts, pairs, references, threshold, seen)
+
+
+def score_texts(predictor: Predictor, suite, name: str, texts: Sequence[str], pairs: Optional[Sequence[str]],
+                references: Sequence, threshold=None, seen: Optional[int] = None, progress: bool = True) -> Score:
+    """What :func:`score_file` measures, on labelled texts already read: ``suite`` (a
+    :class:`~finetune.metrics.MetricSuite`) and the loss of ``predictor``'s model at ``threshold`` (``None``: its
+    own thresholds), each label's scores, the confusion matrix and the operating points. ``name`` and ``seen``
+    (the texts the model trained on, or ``None``: not looked for) are what the :class:`Score` reports them as;
+    ``progress`` shows a bar of the texts scored."""
+    import numpy as np
+    import torch
+
+    from finetune.metrics import confusion_matrix, label_points, metric_intervals, scores_by_label
+
+    names, problem_type = predictor.labels, predictor.problem_type
     task = predictor.task if threshold is None else predictor.task_at(threshold)
-    logits = torch.from_numpy(predictor.logits(texts, pairs, progress=True))
+    logits = torch.from_numpy(predictor.logits(texts, pairs, progress=progress))
     refs = torch.as_tensor(np.asarray(references))
     predictions = task.predictions(logits).numpy()
     # each text's probabilities, once: ROC AUC and average precision order the texts by them, and the
@@ -160,9 +176,8 @@ def score_file(output_dir: str | os.PathLike, file: str | os.PathLike, overrides
                 if problem_type != "regression" else None)
     for name, value in task.thresholds_by_label(names).items():
         by_label[name]["threshold"] = value  # what each label was predicted over
-    return Score(str(file), metrics, list(names), confusion, predictions, refs.numpy(), predictor.precision,
-                 by_label, texts_seen_in_training(output_dir, texts, pairs) if count_seen else None,
-                 metric_intervals(suite, predictions, refs.numpy(), **scores), texts, pairs, suite,
+    return Score(name, metrics, list(names), confusion, predictions, refs.numpy(), predictor.precision,
+                 by_label, seen, metric_intervals(suite, predictions, refs.numpy(), **scores), texts, pairs, suite,
                  scores.get("scores"),
                  label_points(task, probabilities, refs.numpy(), names, getattr(suite, "pos_label", None)))
 

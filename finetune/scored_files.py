@@ -20,7 +20,8 @@ from finetune.predict import saved_config
 _SCORE_SECTIONS = ("data", "evaluation")
 # The labelled file is the only data: no second file, no carve, no caps.
 _DATA_FIXED = {"dataset_name": None, "validation_file": None, "validation_split": 0.0, "validation_folds": None,
-               "validation_fold": 1, "max_train_samples": None, "max_eval_samples": None}
+               "validation_fold": 1, "max_train_samples": None, "max_eval_samples": None, "test_file": None,
+               "test_split_name": None}
 
 
 def scoring_config(output_dir: str | os.PathLike, file: str | os.PathLike, overrides: Sequence[str] = ()):

@@ -22,11 +22,11 @@ from finetune.cpu import plan_cpu_speedups, speedup_settings
 from finetune.cuda_graphs import graphed_run
 from finetune.data import SEEN_IN_TRAINING_AT_MOST
 from finetune.data_sources import data_sources
+from finetune.evaluation import validation_targets
 from finetune.launch import choose_precision
-from finetune.metrics import correlations_over_alike_targets
+from finetune.metrics import correlations_over_alike_targets, scores_in_a_line
 from finetune.modeling import model_name
 from finetune.optimization import UpdatePlan, describe_layer_rates
-from finetune.results import validation_targets
 from finetune.schema import DEFAULT_THRESHOLD
 
 if TYPE_CHECKING:
@@ -71,6 +71,11 @@ def cautions(run: Run) -> list[str]:
             lines.append(f"{run.seen_in_training} of the {rows} validation rows have a text the training rows have "
                          f"too: their scores say what the model remembers, not how it does on texts it has not seen "
                          f"({_unseen_hint(run.cfg)})")
+    test = run.test
+    if test is not None and test.seen_in_training > SEEN_IN_TRAINING_AT_MOST * len(test.texts):
+        lines.append(f"{test.seen_in_training} of the {len(test.texts)} rows of the test set {test.name} have a text "
+                     f"the training rows have too: their scores will say what the model remembers, not how it does "
+                     f"on texts it has not seen (take the repeated texts out of one of them)")
     return lines
 
 
@@ -89,6 +94,8 @@ def _what(run: Run) -> str:
     seen = f", {run.seen_in_training} of them a text also in train" if run.seen_in_training else ""
     validation = (f"; validation: {len(run.eval_dataloader.dataset)} rows, {sources.validation}{seen}"
                   if run.eval_dataloader is not None else "; no validation")
+    if run.test is not None:
+        validation += f"; {run.test.describe()}"
     adapters = (f" with {run.lora.describe()}" if run.lora is not None
                 else f" {run.frozen.describe()}" if run.frozen is not None else "")
     cut = run.long_texts.describe() if run.long_texts is not None else ""
@@ -237,3 +244,11 @@ def readable_duration(seconds: float) -> str:
     if seconds < 90 * 60:
         return f"{seconds / 60:.1f} min"
     return f"{seconds / 3600:.1f} h"
+
+
+def done_line(summary: dict, output_dir: str) -> str:
+    """The run's last line: the saved model's validation scores, each with its 95% bootstrap interval where it has
+    one, and its folder."""
+    intervals = summary.get("eval_intervals") or {}
+    said = " (95% bootstrap intervals over the validation texts)" if intervals else ""
+    return f"done: {scores_in_a_line(summary['eval'], intervals)}{said} -> {output_dir}"

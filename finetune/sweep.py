@@ -244,6 +244,11 @@ def run_sweep(sweep: Sweep) -> dict[str, Any]:
     return results
 
 
+# a search chooses, and a test set is what nothing is chosen on: the search's trials do not score it; the seeds or
+# folds runs of the config it chose (best.yaml keeps it) do
+SEARCH_LEAVES_OUT = ("data.test_file=null", "data.test_split_name=null")
+
+
 def run_phases(sweep: Sweep, runner: TrialRunner, signals: StopSignals, storage, studies: dict[str, Any],
                identity: dict[str, str], greater: bool, repeats: Optional[Repeats]) -> None:
     """The search (with a space), then the seeds or folds runs (with ``--seeds`` or ``--folds``)."""
@@ -253,7 +258,7 @@ def run_phases(sweep: Sweep, runner: TrialRunner, signals: StopSignals, storage,
         base_seed = sweep.run_config.training.seed
         trial_seeds = [base_seed + i for i in range(sweep.trial_seeds)] if sweep.trial_seeds > 1 else []
         runner.phase = Phase("search", search, sweep.space, sweep.trials, lambda n, _: f"trial-{n:04d}", trial_seeds,
-                             prune=sweep.pruner["type"] != "none")
+                             fixed=list(SEARCH_LEAVES_OUT), prune=sweep.pruner["type"] != "none")
         run_phase(runner, signals)
     if repeats is not None:
         studies["repeats"] = repeats_study(storage, sweep, greater, identity, search, repeats)

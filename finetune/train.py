@@ -160,16 +160,10 @@ def run_training(config_path: str | None, overrides: list[str], on_evaluation=No
         _name_origin(exc, config_path, overrides)
         raise
     if is_main and summary.get("eval"):
-        logger.info("done: %s -> %s", final_scores(summary), cfg.output.output_dir)
+        from finetune.start_line import done_line  # torch with it, which the checks above must not import
+
+        logger.info(done_line(summary, cfg.output.output_dir))
     return summary
-
-
-def final_scores(summary: dict) -> str:
-    """The saved model's validation scores, each with its 95% bootstrap interval where it has one."""
-    intervals = summary.get("eval_intervals") or {}
-    shown = " ".join(f"{k}={v:.4f}" + (" ({:.4f}-{:.4f})".format(*intervals[k]) if k in intervals else "")
-                     for k, v in summary["eval"].items() if isinstance(v, float))
-    return shown + (" (95% bootstrap intervals over the validation texts)" if intervals else "")
 
 
 def check_inputs_exist(cfg) -> None:
@@ -185,7 +179,7 @@ def check_inputs_exist(cfg) -> None:
     if model.tokenizer_name_or_path:
         model_location(model.tokenizer_name_or_path, "model.tokenizer_name_or_path")
     model_location(model.name_or_path, "model.name_or_path")
-    for key in ("train_file", "validation_file"):
+    for key in ("train_file", "validation_file", "test_file"):
         spec = getattr(cfg.data, key)
         if spec is not None:
             data_path(spec, f"data.{key}")

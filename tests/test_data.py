@@ -763,7 +763,7 @@ def test_split_seed_keeps_the_carved_rows_whatever_the_training_seed(tmp_path):
     def carved(training_seed: int, split_seed=None) -> tuple[list[str], str]:
         cfg = config_from_dict({"data": {"train_file": path, "validation_split": 0.2, "split_seed": split_seed},
                                 "training": {"seed": training_seed}})
-        splits, _ = load_data(cfg, one_process)
+        splits, _, _ = load_data(cfg, one_process)
         return sorted(splits["validation"]["text"]), data_sources(cfg.data, cfg.split_seed).validation
 
     assert carved(1) != carved(2)  # by default the run's seed draws the rows too
@@ -1745,7 +1745,7 @@ def test_what_the_data_holds_is_said_by_the_main_process_alone(tmp_path, caplog,
                              "data.on_empty_text=drop", "data.validation_split=0"])
     process = SimpleNamespace(is_main_process=main, num_processes=2)
     with caplog.at_level(logging.WARNING):
-        splits, _ = load_data(cfg, process)
+        splits, _, _ = load_data(cfg, process)
     assert len(splits["train"]) == 4  # the row is dropped on every process
     dropped = [r for r in caplog.records if "dropped 1 empty or null text" in r.getMessage()]
     assert len(dropped) == (1 if main else 0)

@@ -157,7 +157,7 @@ def test_scores_by_label_match_sklearn_label_by_label(kind):
 ])
 def test_a_model_that_gives_every_text_the_same_answer_is_cautioned(pred, ref, said):
     from finetune.metrics import scores_by_label
-    from finetune.results import one_answer_for_every_text
+    from finetune.evaluation import one_answer_for_every_text
 
     by_label = scores_by_label(np.asarray(pred), np.asarray(ref), ["ham", "spam"])
     caution = one_answer_for_every_text({"eval": {"num_samples": len(pred)}, "eval_by_label": by_label})
@@ -173,7 +173,7 @@ def test_a_model_that_gives_every_text_the_same_answer_is_cautioned(pred, ref, s
 ])
 def test_a_regression_model_that_gives_every_text_one_number_is_cautioned(pred, ref, said):
     from finetune.metrics.other_tasks import RegressionMetrics
-    from finetune.results import one_answer_for_every_text
+    from finetune.evaluation import one_answer_for_every_text
 
     scores = RegressionMetrics(["pearson", "spearmanr", "mse"]).compute(pred, ref)
     caution = one_answer_for_every_text({"eval": scores}, targets=ref)

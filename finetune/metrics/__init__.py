@@ -27,7 +27,7 @@ from finetune.errors import ConfigError
 from finetune.metrics._classification import AVERAGES, BUILTIN_METRICS, class_ids, scores_from_counts
 # the bootstrap intervals, with the metrics they bound: one import for whoever scores
 from finetune.metrics.intervals import (POINT_INTERVAL, SPREAD, confusion_matrix, metric_intervals,
-                                        metrics_with_intervals, paired_differences)
+                                        metrics_with_intervals, paired_differences, scores_in_a_line)
 from finetune.metrics.operating_points import label_points, operating_points
 from finetune.metrics.ranking import RANKING_METRICS, checked_scores, column_scores, one_hot, ranking_scores
 
@@ -36,7 +36,7 @@ __all__ = ["BUILTIN_METRICS", "CORRELATIONS", "MetricSuite", "POINT_INTERVAL", "
            "confusion_matrix", "correlations_over_alike_targets", "label_points", "metric_intervals",
            "metric_suite_for", "metrics_with_intervals", "one_number_for_every_text", "operating_points",
            "paired_differences", "resolve_average",
-           "same_answer_for_every_text", "scores_by_label", "undefined_correlations"]
+           "same_answer_for_every_text", "scores_by_label", "scores_in_a_line", "undefined_correlations"]
 
 # The metrics that take the averaging options; the others would reject them.
 _AVERAGED = frozenset({"f1", "precision", "recall"})

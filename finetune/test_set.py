@@ -1,0 +1,100 @@
+"""A test set: read at the start of a run, scored once by the saved model after training.
+
+The validation data is chosen on: the best model, early stopping and thresholds are picked by their scores there,
+which therefore lean high. A test set (``data.test_file``, or a data set's ``data.test_split_name``) is only
+measured, once, when nothing is left to choose, by the model the run saved, as ``finetune score`` would measure it
+on the same rows (:func:`finetune.score.score_texts`: the same metrics, intervals and each label's scores, in the
+run's precision, at the saved model's thresholds).
+
+It is read with the training data, before the first update, so that a test file the run cannot read (a missing
+column, a label the training data lacks) stops the run before it trains rather than after.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+logger = logging.getLogger("finetune")
+
+
+@dataclass
+class TestSet:
+    """The labelled rows of a run's test set, as read at its start."""
+
+    __test__ = False  # not a test class, to pytest
+
+    # as the log, metrics.json and the model card name it: the file's name, or the data set's split (glue/sst2[test])
+    name: str
+    texts: list
+    # the second texts of sentence pairs, or None
+    pairs: Optional[list]
+    # class ids (single_label), 0/1 vectors (multi_label) or numbers (regression)
+    references: list
+    # rows whose text (with its pair) a training row has too: their scores are memory, not generalisation
+    seen_in_training: int = 0
+
+    def describe(self) -> str:
+        """For the start line: ``test: 500 rows of test.csv, scored after training, 3 of them a text also in
+        train``."""
+        seen = f", {self.seen_in_training} of them a text also in train" if self.seen_in_training else ""
+        return f"test: {len(self.texts)} rows of {self.name}, scored after training{seen}"
+
+
+def test_set_of(read, cfg, train_split) -> Optional[TestSet]:
+    """The run's test set from what :func:`finetune.data.load_test_split` read (``None``: none), its rows counted
+    against ``train_split``'s texts."""
+    from finetune.data import labelled_columns, text_rows
+    from finetune.resources import file_name
+
+    if read is None:
+        return None
+    split, source = read
+    texts, pairs, references = labelled_columns(split)
+    trained = set(text_rows(train_split))
+    seen = sum(row in trained for row in text_rows(split))
+    name = file_name(source) if cfg.data.test_file is not None else source
+    return TestSet(name, texts, pairs, references, seen)
+
+
+def score_test_set(run, output_dir: str | Path) -> Optional[dict[str, Any]]:
+    """The saved model in ``output_dir`` on the test set of ``run`` (a :class:`~finetune.assembly.Run`), as ``finetune score --json`` reports a file
+    (:meth:`finetune.score.Score.to_dict`), said in a line of the log with what is worth a warning in it; scored on
+    the main process, ``None`` on the others, which wait for it.
+
+    The model is loaded from what the run saved (a LoRA run's merged model), in the run's precision and
+    evaluation batch size, and predicts at its saved thresholds; the metrics are the validation's.
+    """
+    acc = run.accelerator
+    result = None
+    if acc.is_main_process:
+        from finetune.predict import Predictor
+        from finetune.score import cautions, score_texts
+
+        test = run.test
+        predictor = Predictor.load(output_dir, batch_size=run.cfg.training.per_device_eval_batch_size,
+                                   precision=str(acc.mixed_precision))
+        score = score_texts(predictor, run.metrics, test.name, test.texts, test.pairs, test.references,
+                            seen=test.seen_in_training, progress=run.cfg.logging.progress_bar)
+        result = score.to_dict()
+        logger.info(test_line(result))
+        for caution in cautions(score, f"test texts of {test.name}"):
+            logger.warning(caution)
+        del predictor  # its copy of the weights, before the processes go on
+    acc.wait_for_everyone()
+    return result
+
+
+def test_line(scores: dict[str, Any]) -> str:
+    """The log's line of the test scores: ``test on test.csv (500 texts): loss=0.0411 accuracy=0.9900
+    (0.9820-0.9960) ...``."""
+    from finetune.metrics import scores_in_a_line
+
+    seen = scores.get("seen_in_training")
+    trained = f", {seen} of them texts the model trained on" if seen else ""
+    intervals = scores.get("intervals") or {}
+    return (f"test on {scores['file']} ({scores['metrics']['num_samples']} texts{trained}): "
+            f"{scores_in_a_line(scores['metrics'], intervals)}"
+            + (" (95% bootstrap intervals over the test texts)" if intervals else ""))
