@@ -60,11 +60,10 @@ SCRIPT_NAMES = {
 
 
 # what the Trainer and its scripts do with a setting that is a command of its own here, or the run's own way
-_SCORED_AFTER = "a test set is scored after training, on the saved model: finetune score OUTPUT_DIR --file TEST"
 _UPLOADED = "the output folder is a Hub repository as it stands: hf upload (docs/inference.md)"
 DONE_ELSEWHERE = {
-    "test_file": _SCORED_AFTER,
-    "do_predict": _SCORED_AFTER,
+    "do_predict": "a test set is scored once, by the saved model after training: data.test_file=TEST (a finished "
+                  "run's model: finetune score OUTPUT_DIR --file TEST)",
     "do_eval": "every run evaluates its validation data: evaluation.eval_every or evaluation.evals_per_epoch",
     "do_train": "finetune train trains",
     "push_to_hub": _UPLOADED,
@@ -73,7 +72,7 @@ DONE_ELSEWHERE = {
 
 
 def done_elsewhere(name: str) -> str | None:
-    """How this package does the work of a Trainer setting it has no key for (``test_file``), or None."""
+    """How this package does the work of a Trainer setting it has no key for (``do_predict``), or None."""
     return DONE_ELSEWHERE.get(name.replace("-", "_"))
 
 

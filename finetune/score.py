@@ -174,8 +174,8 @@ def score_texts(predictor: Predictor, suite, name: str, texts: Sequence[str], pa
     confusion = confusion_matrix(refs.numpy(), predictions, len(names)) if problem_type == "single_label" else None
     by_label = (scores_by_label(predictions, refs.numpy(), names, ranking=suite.ranking, **scores)
                 if problem_type != "regression" else None)
-    for name, value in task.thresholds_by_label(names).items():
-        by_label[name]["threshold"] = value  # what each label was predicted over
+    for label, value in task.thresholds_by_label(names).items():
+        by_label[label]["threshold"] = value  # what each label was predicted over
     return Score(name, metrics, list(names), confusion, predictions, refs.numpy(), predictor.precision,
                  by_label, seen, metric_intervals(suite, predictions, refs.numpy(), **scores), texts, pairs, suite,
                  scores.get("scores"),

@@ -191,7 +191,7 @@ def dry_run_line(run: Run, rehearsal: Rehearsal) -> str:
     tried = len(rehearsal.seconds)
     losses = (f"loss {rehearsal.losses[0]:.4f} to {rehearsal.losses[-1]:.4f}" if rehearsal.losses
               else "no finite loss")
-    evaluation = _evaluations(run, rehearsal) if rehearsal.evaluations else ""
+    evaluation = _evaluations(run, rehearsal) + _test_set(run, rehearsal) if rehearsal.evaluations else ""
     checkpoints = _checkpoints(rehearsal) if rehearsal.checkpoints else ""
     memory = ""
     if rehearsal.gpu_peak is not None:
@@ -213,6 +213,15 @@ def _what_is_left(rehearsal: Rehearsal) -> str:
         return f"the run is finished ({rehearsal.resumes_from}, update {done} of {total}): a start trains nothing"
     return (f"a start resumes from {rehearsal.resumes_from} (update {done} of {total}): its {total - done} "
             f"updates left would take about {readable_duration(rehearsal.estimate)}")
+
+
+def _test_set(run: Run, rehearsal: Rehearsal) -> str:
+    """The test set's scoring after training, at the pace per text of the evaluation tried."""
+    if run.test is None or rehearsal.done_updates >= rehearsal.total_updates:
+        return ""
+    texts = len(run.test.texts)
+    each = rehearsal.evaluation_seconds / max(1, len(run.eval_dataloader.dataset))
+    return f", scoring its test set of {texts} texts about {readable_duration(texts * each)} (at the evaluation's pace)"
 
 
 def _evaluations(run: Run, rehearsal: Rehearsal) -> str:

@@ -305,6 +305,22 @@ def within_the_best(root: Path, header: Header, rows: list[dict[str, Any]], best
             f"{high:.4f}; {which}.{point}"]
 
 
+def test_scores(root: Path, repeats: Repeats, repeat_values: list[tuple[int, float]], metric: str
+                ) -> Optional[tuple[str, list[float]]]:
+    """The test set's name and each seed's or fold's run's score of ``metric`` on it (``data.test_file``: each
+    run's ``metrics.json`` holds them); None unless every run's folder here holds one, of the same test set (a
+    search leaves it out; runs of workers on other machines are in their folders)."""
+    found = []
+    for value, _ in repeat_values:
+        try:
+            test = json.loads((root / repeats.folder(value) / METRICS_FILE).read_text(encoding="utf-8"))["test"]
+            found.append((test["file"], float(test["metrics"][metric])))
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+    names = {name for name, _ in found}
+    return (names.pop(), [score for _, score in found]) if len(names) == 1 else None
+
+
 def sweep_markdown(root: Path, header: Header, rows: list[dict[str, Any]], best: Optional[dict[str, Any]],
                    repeats: Optional[Repeats], repeat_values: list[tuple[int, float]]) -> str:
     direction = "higher" if header.greater_is_better else "lower"
@@ -336,8 +352,18 @@ def sweep_markdown(root: Path, header: Header, rows: list[dict[str, Any]], best:
                       "holds the out-of-fold predictions: each row by the fold's model that did not train on it.",
                       "", "The folds estimate how the config does on texts it has not seen; the model to keep "
                       f"trains on every row: `{train_on_every_row(root, header, best)}`.", ""]
-        lines += [f"| {repeats.unit} | {header.metric} |", "| ---: | ---: |"]
-        lines += [f"| {value} | {objective:.4f} |" for value, objective in repeat_values]
+        tested = test_scores(root, repeats, repeat_values, header.metric)
+        if tested is None:
+            lines += [f"| {repeats.unit} | {header.metric} |", "| ---: | ---: |"]
+            lines += [f"| {value} | {objective:.4f} |" for value, objective in repeat_values]
+        else:
+            name, scores = tested
+            mean, std = mean_and_deviation(scores)
+            lines += [f"{header.metric} on the test set {name}, scored once by each run's saved model after "
+                      f"training (nothing was chosen on it): mean {mean:.4f}, standard deviation {std:.4f}", "",
+                      f"| {repeats.unit} | {header.metric} | test {header.metric} |", "| ---: | ---: | ---: |"]
+            lines += [f"| {value} | {objective:.4f} | {score:.4f} |"
+                      for (value, objective), score in zip(repeat_values, scores)]
         lines.append("")
     if rows or repeat_values:
         lines += [f"![the objective against each searched value]({SWEEP_PNG})", ""]

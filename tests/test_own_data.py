@@ -276,13 +276,16 @@ def test_a_command_line_without_its_command_is_told_where_it_goes(argv, hint, ca
 def test_a_trainer_setting_this_package_does_another_way_is_told_that_way(capsys):
     from finetune.train import main
 
-    scored_after = "a test set is scored after training, on the saved model: finetune score OUTPUT_DIR --file TEST"
-    for option in ("--test_file", "--do_predict"):
-        assert main(["--data", "reviews.csv", option, "test.csv"]) == 2
-        assert capsys.readouterr().err.splitlines() == [f"error: {option}: not an option of finetune train",
-                                                        f"hint: {scored_after}"]
-    with pytest.raises(ConfigError, match=r"data\.test_file: unknown key \(a test set is scored after training"):
-        load_config(None, ["data.test_file=test.csv"])
+    assert main(["--data", "reviews.csv", "--do_predict"]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "error: --do_predict: not an option of finetune train",
+        "hint: a test set is scored once, by the saved model after training: data.test_file=TEST (a finished run's "
+        "model: finetune score OUTPUT_DIR --file TEST)"]
+    # a script's --test_file is the setting of the same name
+    assert main(["--data", "reviews.csv", "--test_file", "test.csv"]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "error: --test_file: not an option of finetune train; the setting is data.test_file: write "
+        "data.test_file=test.csv"]
     with pytest.raises(ConfigError, match=r"output\.push_to_hub: unknown key \(the output folder is a Hub "
                                           r"repository as it stands: hf upload"):
         load_config(None, ["output.push_to_hub=true"])

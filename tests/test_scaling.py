@@ -549,10 +549,11 @@ def lora_on_two_processes(cli_config):
     back to the checkpoint after that best, resumed on two processes with the same command."""
     cfg, root = cli_config
     whole, resumed = root / "lora", root / "lora-resumed"
-    _two_processes(cfg, whole, *LORA_TWO)
+    test = write_tsv(root / "test.tsv", make_texts(20, seed=11))  # scored by the main process, the other waiting
+    _two_processes(cfg, whole, *LORA_TWO, f"data.test_file={test}")
     best = json.loads((whole / "metrics.json").read_text())["best"]["step"]
     _cut_back(whole, resumed, best + 2)
-    proc = _two_processes(cfg, resumed, *LORA_TWO)
+    proc = _two_processes(cfg, resumed, *LORA_TWO, f"data.test_file={test}")
     return whole, resumed, best, proc.stderr
 
 
@@ -571,6 +572,12 @@ def test_lora_on_two_processes_ends_with_its_best_checkpoint_merged(lora_on_two_
     for key in final:
         torch.testing.assert_close(final[key], expected[key], rtol=0, atol=0, msg=lambda m: f"{key}: {m}")
     assert any(not torch.equal(final[key], last[key]) for key in final)
+    # the test set's scores are the saved (merged, best) model's, as finetune score gives them in one process
+    from finetune.score import score_file
+
+    scored = json.loads((whole / "metrics.json").read_text())["test"]
+    assert scored["metrics"]["num_samples"] == 20
+    assert score_file(whole, whole.parent / "test.tsv", count_seen=False).metrics == scored["metrics"]
 
 
 @pytest.mark.slow

@@ -25,7 +25,7 @@ import pytest
 import yaml
 
 import forked
-from helpers import REPO, compiling_with, offline_env, write_sms_job
+from helpers import REPO, compiling_with, make_texts, offline_env, write_sms_job, write_tsv
 
 SPACE = {"optim.learning_rate": {"low": 1e-3, "high": 3e-2, "log": True},
          "training.effective_batch_size": [4, 8]}
@@ -286,7 +286,8 @@ def four_trials(tmp_path_factory):
     from accelerate.state import AcceleratorState, GradientState
 
     root = tmp_path_factory.mktemp("sweep4")
-    config, spec = sms_job(root), sweep_file(root, pruner="none")
+    test = write_tsv(root / "test.tsv", make_texts(12, seed=8))  # which the search leaves out
+    config, spec = sms_job(root, data={"test_file": str(test)}), sweep_file(root, pruner="none")
     AcceleratorState._reset_state(True)
     GradientState._reset_state()
     code = sweep_in_process(["--config", str(config), "--sweep", str(spec)])
@@ -309,6 +310,7 @@ def test_four_trials_write_every_file(four_trials, capsys):
         assert saved["optim"]["learning_rate"] == pytest.approx(float(row["optim.learning_rate"]))
         assert saved["training"]["effective_batch_size"] == int(row["training.effective_batch_size"])
         assert json.loads((run / "trial.json").read_text())["state"] == "complete"
+        assert metrics["test"] is None and saved["data"]["test_file"] is None  # a search chooses: no test set
     best = max(rows, key=lambda r: (float(r["value"]), -float(r["eval_loss"])))  # of equals, the lowest loss
     from finetune.config import load_config
 
@@ -316,6 +318,7 @@ def test_four_trials_write_every_file(four_trials, capsys):
     assert cfg.optim.learning_rate == pytest.approx(float(best["optim.learning_rate"]))
     assert cfg.training.effective_batch_size == int(best["training.effective_batch_size"])
     assert Path(cfg.output.output_dir) == out / "best"
+    assert cfg.data.test_file == str(out.parent / "test.tsv")  # the config chosen, with its test set
     report = (out / "sweep.md").read_text()
     assert f"Best: trial {best['trial']} ({best['folder']})" in report and "4 of 4 trials: 4 complete" in report
     assert f"`finetune predict {best['folder']} \"a text\"` from here" in report
@@ -590,6 +593,15 @@ def test_folds_after_a_search_run_its_best_config(four_trials, tmp_path, fresh_a
         assert (saved["data"]["validation_folds"], saved["data"]["validation_fold"]) == (2, fold)
     report = (copy / "sweep.md").read_text()
     assert "4 of 4 trials: 4 complete" in report and "## Over 2 folds" in report
+    # the test set, which the search left out, scored by each fold's model
+    folds = [json.loads((copy / "folds" / f"fold-{fold}" / "metrics.json").read_text()) for fold in (1, 2)]
+    tests = [fold["test"]["metrics"]["accuracy"] for fold in folds]
+    assert all(fold["test"]["file"] == "test.tsv" and fold["test"]["metrics"]["num_samples"] == 12 for fold in folds)
+    mean, std = statistics.fmean(tests), statistics.stdev(tests)
+    assert (f"accuracy on the test set test.tsv, scored once by each run's saved model after training (nothing was "
+            f"chosen on it): mean {mean:.4f}, standard deviation {std:.4f}") in report
+    for fold, (run, test) in enumerate(zip(folds, tests), start=1):
+        assert f"| {fold} | {run['eval']['accuracy']:.4f} | {test:.4f} |" in report
     assert "trains on every row: `finetune train --config best.yaml data.validation_split=0`" in report
 
 

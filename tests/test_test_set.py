@@ -1,0 +1,234 @@
+"""A test set (``data.test_file``, ``data.test_split_name``): read at the start, never chosen on, scored once by
+the saved model after training, as ``finetune score`` scores a file."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from helpers import make_texts, run_cli, write_sms_job, write_tsv
+from tiny_run import fit_tiny_run, tiny_config, tiny_process
+
+CHOOSING = {"evaluation": {"metrics": ["accuracy", "f1", "matthews_correlation"], "average": "binary",
+                           "positive_label": "spam", "threshold": "per_label", "metric_for_best_model": "f1",
+                           "load_best_model_at_end": True, "evals_per_epoch": 2}}
+
+
+def _test_file(root: Path, seed: int = 9, rows: int = 30) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    return write_tsv(root / "test.tsv", make_texts(rows, seed=seed))
+
+
+def test_the_saved_model_is_scored_on_the_test_file_as_finetune_score_scores_it(tmp_path):
+    """The run's test scores are those ``finetune score`` gives the saved model on the file: the same metrics,
+    intervals and each label's scores, at the threshold the validation texts chose; and they are in metrics.json,
+    all_results.json (the Trainer's ``test_*``), the card the Hub reads and the log's last record."""
+    from huggingface_hub import ModelCard
+
+    from finetune.model_card import SCORED_SPLIT
+    from finetune.score import score_file
+
+    test = _test_file(tmp_path / "files")
+    cfg, summary = fit_tiny_run(tmp_path, data={"test_file": str(test)}, **CHOOSING)
+    out = Path(cfg.output.output_dir)
+    scores = summary["test"]
+    assert scores["file"] == "test.tsv" and scores["metrics"]["num_samples"] == 30 and scores["precision"] == "no"
+    assert json.loads((out / "metrics.json").read_text())["test"] == json.loads(json.dumps(scores))
+
+    again = score_file(out, test, count_seen=False)
+    assert again.metrics == scores["metrics"] and again.intervals == scores["intervals"]
+    assert again.by_label == scores["by_label"]
+    chosen = summary["eval_thresholds"]["spam"]  # chosen on the validation texts, and never on the test's
+    assert scores["by_label"]["spam"]["threshold"] == chosen and chosen != 0.5
+
+    results = json.loads((out / "all_results.json").read_text())
+    assert {k: v for k, v in results.items() if k.startswith("test_")} == {
+        ("test_samples" if k == "num_samples" else f"test_{k}"): v for k, v in scores["metrics"].items()}
+    cards = {(r.dataset_name, r.dataset_split, r.metric_type): r.metric_value
+             for r in ModelCard.load(out / "README.md").data.eval_results}
+    for metric in ("loss", "accuracy", "f1", "matthews_correlation"):
+        assert cards[("test.tsv", SCORED_SPLIT, metric)] == pytest.approx(scores["metrics"][metric], rel=1e-12)
+    assert cards[("validation.tsv", "all rows", "f1")] == pytest.approx(summary["eval"]["f1"], rel=1e-12)
+    last = json.loads((out / "train_log.jsonl").read_text().splitlines()[-1])
+    assert last == {"step": summary["train"]["updates"], **{f"test/{k}": v for k, v in scores["metrics"].items()}}
+
+
+def test_the_test_set_changes_nothing_the_run_chooses_or_trains(tmp_path):
+    """With and without a test file (one the model scores badly on: its labels swapped) the run keeps the same
+    best evaluation, thresholds and weights, byte for byte: nothing is chosen on it, and reading it draws nothing
+    from the generators training uses."""
+    swapped = [("ham" if label == "spam" else "spam", text) for label, text in make_texts(30, seed=9)]
+    test = write_tsv(tmp_path / "swapped.tsv", swapped)
+    _, plain = fit_tiny_run(tmp_path / "plain", **CHOOSING)
+    cfg, tested = fit_tiny_run(tmp_path / "tested", data={"test_file": str(test)}, **CHOOSING)
+    assert plain["test"] is None and tested["test"]["metrics"]["accuracy"] < 0.5  # it was scored, and badly
+    for key in ("eval", "eval_thresholds", "epochs"):
+        assert tested[key] == plain[key], key
+    assert {**tested["best"], "checkpoint": None} == {**plain["best"], "checkpoint": None}  # each in its folder
+    assert ((tmp_path / "tested" / "out" / "model.safetensors").read_bytes()
+            == (tmp_path / "plain" / "out" / "model.safetensors").read_bytes())
+
+
+def test_the_start_line_counts_the_test_rows_and_warns_of_those_trained_on(tmp_path):
+    from finetune import setup_run
+    from finetune.start_line import cautions, describe
+
+    rows = make_texts(150, seed=3)[:20] + make_texts(5, seed=9)  # 20 training texts (tiny_config's train seed)
+    test = write_tsv(tmp_path / "mixed.tsv", rows)
+    with tiny_process():
+        run = setup_run(tiny_config(tmp_path, data={"test_file": str(test)}))
+        line, warned = describe(run), cautions(run)
+    trained = set(text for _, text in make_texts(150, seed=3))
+    seen = sum(text in trained for _, text in rows)
+    assert seen >= 20
+    assert f"; test: 25 rows of mixed.tsv, scored after training, {seen} of them a text also in train |" in line
+    assert any(said.startswith(f"{seen} of the 25 rows of the test set mixed.tsv have a text the training rows have "
+                               f"too") for said in warned)
+
+
+def test_a_dry_run_says_how_long_scoring_the_test_set_would_take(tmp_path):
+    from finetune import setup_run
+    from finetune.rehearsal import rehearse
+    from finetune.start_line import dry_run_line, readable_duration
+
+    test = _test_file(tmp_path / "files", rows=60)
+    with tiny_process():
+        run = setup_run(tiny_config(tmp_path, data={"test_file": str(test)}))
+        rehearsal = rehearse(run)
+        line = dry_run_line(run, rehearsal)
+    each = rehearsal.evaluation_seconds / 40  # the validation file's 40 texts
+    assert (f", scoring its test set of 60 texts about {readable_duration(60 * each)} (at the evaluation's pace)"
+            in line)
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("rows, said", [
+    ([("spam", "win cash now"), ("eggs", "a label the training data lacks")],
+     "label 'eggs' at line 2 not among the 2 labels of the train data (ham, spam)"),
+    ([("ham", "")], "1 empty or null text in column 'text' (line 1)"),
+])
+def test_a_test_file_the_run_cannot_score_stops_it_before_training(tmp_path, rows, said):
+    from finetune import setup_run
+    from finetune.errors import DataError
+
+    test = write_tsv(tmp_path / "bad.tsv", rows)
+    with tiny_process(), pytest.raises(DataError) as raised:
+        setup_run(tiny_config(tmp_path, data={"test_file": str(test)}))
+    assert raised.value.message.startswith(f"{test}: {said}")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_bad_test_file_leaves_a_finished_run_as_it_was(tmp_path):
+    """The command with a test file it cannot read: one line naming it, exit 2, no traceback, and the folder of
+    the run it names untouched."""
+    job = write_sms_job(tmp_path, training={"max_steps": 2})
+    out = tmp_path / "out"
+    assert run_cli(["--config", str(job), f"output.output_dir={out}"]).returncode == 0
+    before = {path: path.read_bytes() for path in out.rglob("*") if path.is_file()}
+    bad = write_tsv(tmp_path / "bad.tsv", [("spam", "win cash"), ("eggs", "no such label")])
+    done = run_cli(["--config", str(job), f"output.output_dir={out}", "output.overwrite=true",
+                    f"data.test_file={bad}"])
+    assert done.returncode == 1, done.stderr  # the run's 2, which accelerate's launcher makes 1
+    errors = [line for line in done.stderr.splitlines() if line.startswith(("error", "Traceback"))]
+    assert errors == [f"error: {bad}: label 'eggs' at line 2 not among the 2 labels of the train data (ham, spam)"]
+    assert {path: path.read_bytes() for path in out.rglob("*") if path.is_file()} == before
+
+
+def test_a_stopped_run_resumes_with_a_test_file_given_since_and_scores_it(tmp_path):
+    """The test set touches nothing training does: a run stopped without one resumes with one (and the same
+    weights as a run that had it from the start)."""
+    test = _test_file(tmp_path / "files")
+    fit_tiny_run(tmp_path / "stopped", on_update=lambda state: state.step >= 6, output={"checkpoint_every": 3})
+    cfg, resumed = fit_tiny_run(tmp_path / "stopped", data={"test_file": str(test)})
+    _, whole = fit_tiny_run(tmp_path / "whole", data={"test_file": str(test)})
+    assert resumed["train"]["updates"] == whole["train"]["updates"]
+    assert resumed["test"]["metrics"] == whole["test"]["metrics"]
+    assert ((tmp_path / "stopped" / "out" / "model.safetensors").read_bytes()
+            == (tmp_path / "whole" / "out" / "model.safetensors").read_bytes())
+
+
+# --------------------------------------------------------------------------- reading the test set
+
+
+def _data_config(**data):
+    from finetune.config import config_from_dict
+
+    return config_from_dict({"data": data}).data
+
+
+def _saved_splits(root: Path, test_labels: list[int]) -> Path:
+    """A DatasetDict saved to disk: train and validation of 2 classes (a ClassLabel), and a test split."""
+    import datasets
+
+    features = datasets.Features({"text": datasets.Value("string"),
+                                  "label": datasets.ClassLabel(names=["ham", "spam"])})
+
+    def split(labels):
+        return datasets.Dataset.from_dict({"text": [f"text number {i}" for i in range(len(labels))],
+                                           "label": labels}, features=features)
+
+    datasets.DatasetDict({"train": split([0, 1] * 6), "validation": split([0, 1]),
+                          "test": split(test_labels)}).save_to_disk(str(root / "saved"))
+    return root / "saved"
+
+
+def test_a_saved_data_sets_test_split_is_read_against_the_training_labels(tmp_path):
+    from finetune.data import LabelSpace, labelled_columns, load_test_split
+
+    folder = _saved_splits(tmp_path, [1, 1, 0])
+    # the labels in the order of the run's, which here are reversed: ids follow the training data's names
+    split, name = load_test_split(_data_config(train_file=str(folder), test_split_name="test"),
+                                  LabelSpace(["spam", "ham"]))
+    assert name == f"{folder}[test]"
+    assert labelled_columns(split) == (["text number 0", "text number 1", "text number 2"], None, [0, 0, 1])
+
+
+def test_a_test_split_that_is_not_there_or_not_labelled_is_one_line(tmp_path):
+    from finetune.data import LabelSpace, load_test_split
+    from finetune.errors import ConfigError, DataError
+
+    folder = _saved_splits(tmp_path, [1, -1, -1])  # a Hub test split's labels, withheld
+    labels = LabelSpace(["ham", "spam"])
+    with pytest.raises(DataError) as raised:
+        load_test_split(_data_config(train_file=str(folder), test_split_name="heldout"), labels)
+    assert raised.value.message == f"data.test_split_name: {folder} has no split 'heldout' (splits: train, " \
+                                   f"validation, test)"
+    with pytest.raises(DataError) as raised:
+        load_test_split(_data_config(train_file=str(folder), test_split_name="test"), labels)
+    assert raised.value.message == f"{folder}[test]: 2 rows without a label in column 'label' (rows 2, 3)"
+    one_file = write_tsv(tmp_path / "train.tsv", make_texts(10))
+    with pytest.raises(ConfigError) as raised:
+        load_test_split(_data_config(train_file=str(one_file), test_split_name="test"), labels)
+    assert raised.value.message == f"data.test_split_name: {one_file} is one file, not a data set of splits"
+    assert load_test_split(_data_config(train_file=str(one_file)), labels) is None
+
+
+@pytest.mark.parametrize("data, said", [
+    ({"test_file": "t.csv", "test_split_name": "test"}, "data.test_split_name: data.test_file (t.csv) is the test set "
+                                                        "already: set one of them"),
+    ({"test_file": "train.csv"}, "data.test_file: train.csv is data.train_file too; a test set is rows the run "
+                                 "neither trains nor chooses on"),
+    ({"validation_file": "dev.csv", "test_file": "dev.csv"}, "data.test_file: dev.csv is data.validation_file too"),
+    ({"test_split_name": "validation"}, "data.test_split_name: 'validation' is data.validation_split_name too"),
+])
+def test_a_test_set_that_is_no_test_set_is_refused(data, said):
+    from finetune.errors import ConfigError
+
+    with pytest.raises(ConfigError) as raised:
+        _data_config(train_file="train.csv", **data)
+    assert raised.value.message.startswith(said)
+
+
+def test_a_hub_data_set_on_the_command_line_replaces_the_files_test_file(tmp_path):
+    """A config's files, test file among them, are replaced by a Hub data set typed on the command line, as the
+    training and validation files are."""
+    import yaml
+
+    from finetune.config import load_config
+
+    path = tmp_path / "cfg.yaml"
+    path.write_text(yaml.safe_dump({"data": {"train_file": "train.csv", "test_file": "test.csv"}}))
+    cfg = load_config(str(path), ["data.dataset_name=imdb", "data.test_split_name=test"])
+    assert (cfg.data.train_file, cfg.data.test_file, cfg.data.test_split_name) == (None, None, "test")
