@@ -25,8 +25,8 @@ from finetune.assembly import Run
 from finetune.checkpointer import Checkpointer
 from finetune.cpu import cpu_speedups, speedup_settings
 from finetune.cuda_graphs import graphs_for_run
-from finetune.evaluation import (EVAL_BY_LABEL, EVAL_INTERVALS, EVAL_THRESHOLDS, evaluation_of, one_answer_for_every_text,
-                                 validation_targets)
+from finetune.evaluation import (EVAL_BY_LABEL, EVAL_INTERVALS, EVAL_THRESHOLDS, evaluation_of,
+                                 one_answer_for_every_text, validation_targets)
 from finetune.loop import NonFiniteLossError, TrainState, train_one_epoch
 from finetune.output_dir import output_lock, start_outputs
 from finetune.results import summarize, write_outputs

@@ -403,7 +403,7 @@ def problem_runs(tmp_path_factory):
         folder = root / problem_type
         folder.mkdir()
         # 100 validation texts: on 30 the thresholds chosen seldom beat 0.5 on 95% of resamples, and 0.5 stays
-        for name, n, seed in (("train", 120, 1), ("val", 100, 2)):
+        for name, n, seed in (("train", 120, 1), ("val", 100, 2), ("test", 40, 3)):
             with open(folder / f"{name}.jsonl", "w", encoding="utf-8") as fh:
                 for row in _tagged_rows(n, seed):
                     fh.write(json.dumps(row) + "\n")
@@ -413,7 +413,8 @@ def problem_runs(tmp_path_factory):
             before_fit=lambda run: said.append(describe(run)),
             model={"problem_type": problem_type},
             data={"train_file": str(folder / "train.jsonl"), "validation_file": str(folder / "val.jsonl"),
-                  "format": "auto", "has_header": None, "column_names": None, "label_column": label_column},
+                  "test_file": str(folder / "test.jsonl"), "format": "auto", "has_header": None,
+                  "column_names": None, "label_column": label_column},
             # the multi-label run chooses each label's threshold at each evaluation (finetune.thresholds)
             evaluation={"metrics": ["accuracy", "f1"] if problem_type == "multi_label" else ["pearson", "mse"],
                         "average": "auto", "positive_label": None,
@@ -422,6 +423,24 @@ def problem_runs(tmp_path_factory):
         )
         runs[problem_type] = (folder / "out", summary, said[0])
     return runs
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("problem_type", ["multi_label", "regression"])
+def test_a_test_set_is_scored_with_the_problem_types_metrics_as_finetune_score_scores_it(problem_runs, problem_type):
+    """A multi-label run's test texts at the thresholds its validation texts chose, a regression run's with its
+    correlations: what finetune score gives the saved model on the file."""
+    from finetune.score import score_file
+
+    out, summary, start = problem_runs[problem_type]
+    assert "; test: 40 rows of test.jsonl, scored after training" in start
+    scored = score_file(out, out.parent / "test.jsonl", count_seen=False)
+    assert summary["test"]["metrics"] == scored.metrics and summary["test"]["intervals"] == scored.intervals
+    assert summary["test"]["metrics"]["num_samples"] == 40
+    if problem_type == "regression":
+        assert set(scored.metrics) == {"loss", "num_samples", "pearson", "mse"} and summary["test"]["by_label"] is None
+    else:
+        assert {name: s["threshold"] for name, s in summary["test"]["by_label"].items()} == summary["eval_thresholds"]
 
 
 @pytest.mark.slow
