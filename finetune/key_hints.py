@@ -62,8 +62,8 @@ SCRIPT_NAMES = {
 # what the Trainer and its scripts do with a setting that is a command of its own here, or the run's own way
 _UPLOADED = "the output folder is a Hub repository as it stands: hf upload (docs/inference.md)"
 DONE_ELSEWHERE = {
-    "do_predict": "a test set is scored once, by the saved model after training: data.test_file=TEST (a finished "
-                  "run's model: finetune score OUTPUT_DIR --file TEST)",
+    "do_predict": "a test set is scored once, by the saved model after training: --test TEST (data.test_file; a "
+                  "finished run's model: finetune score OUTPUT_DIR --file TEST)",
     "do_eval": "every run evaluates its validation data: evaluation.eval_every or evaluation.evals_per_epoch",
     "do_train": "finetune train trains",
     "push_to_hub": _UPLOADED,

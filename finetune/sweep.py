@@ -72,14 +72,19 @@ class Sweep:
     where: str = "--sweep"
 
 
+# finetune train's options that a sweep takes, for every trial
+SWEEP_FLAGS = ("data", "validation", "test", "text", "text_pair", "label", "model")
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    from finetune.train import add_column_options, shortcut_overrides
+    from finetune.train import add_column_options, add_held_out_options, shortcut_overrides
 
     parser = CommandParser(prog="finetune sweep", description=__doc__.splitlines()[0],
                            epilog="every option and the sweep file: docs/sweeps.md")
     parser.add_argument("--config", help="the run's YAML config (default: configs/default.yaml)")
     parser.add_argument("--data", metavar="FILE", help="training data, as finetune train --data takes it "
                         "(data.train_file)")
+    add_held_out_options(parser)
     add_column_options(parser)
     parser.add_argument("--model", metavar="NAME", help="the pretrained encoder (model.name_or_path)")
     parser.add_argument("--sweep", metavar="FILE",
@@ -106,7 +111,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--debug", action="store_true", help="show tracebacks for input errors")
     parser.add_argument("overrides", nargs="*", metavar="section.key=value", help="config overrides for every trial")
     args, args.unknown = parser.parse_known_intermixed_args(argv)
-    args.overrides = shortcut_overrides(args, ("data", "text", "text_pair", "label", "model")) + list(args.overrides)
+    args.overrides = shortcut_overrides(args, SWEEP_FLAGS) + list(args.overrides)
     return args
 
 
@@ -350,7 +355,7 @@ def main(argv: list[str] | None = None) -> int:
         from finetune.config import refuse_options  # key_hints' own, through config: one package import fewer
         from finetune.train import SHORTCUTS
 
-        flags = {flag: SHORTCUTS[flag] for flag in ("data", "text", "text_pair", "label", "model")}
+        flags = {flag: SHORTCUTS[flag] for flag in SWEEP_FLAGS}
         return run_command(lambda: refuse_options(args.unknown, argv, "finetune sweep", flags), debug=args.debug)
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
     from finetune.config import notes_said_once

@@ -50,8 +50,8 @@ def epilog() -> str:
 
 
 # the short path's flags and the keys they set
-SHORTCUTS = {"data": "data.train_file", "text": "data.text_column", "text_pair": "data.text_pair_column",
-             "label": "data.label_column",
+SHORTCUTS = {"data": "data.train_file", "validation": "data.validation_file", "test": "data.test_file",
+             "text": "data.text_column", "text_pair": "data.text_pair_column", "label": "data.label_column",
              "model": "model.name_or_path", "output": "output.output_dir"}
 
 
@@ -67,6 +67,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         ".gz, .bz2, .xz), Parquet, on disk or at a URL; a class folder or a folder datasets saved; "
                         "any of them in a .zip or .tar.gz (spam.zip, contest.zip/train.csv) (sets data.train_file; "
                         "its layout is found from the file)")
+    add_held_out_options(parser)
     add_column_options(parser)
     parser.add_argument("--model", metavar="NAME", help="the pretrained encoder: a Hub id (microsoft/deberta-v3-base) "
                         "or a local folder (model.name_or_path)")
@@ -81,6 +82,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args, args.unknown = parser.parse_known_intermixed_args(argv)
     args.overrides = shortcut_overrides(args, SHORTCUTS) + list(args.overrides)
     return args
+
+
+def add_held_out_options(parser: argparse.ArgumentParser) -> None:
+    """The options that name the validation and test files, which ``finetune train`` and ``finetune sweep`` share."""
+    parser.add_argument("--validation", metavar="FILE", help="validation data, in the training data's layout "
+                        "(data.validation_file; without it data.validation_split of the training rows is held out)")
+    parser.add_argument("--test", metavar="FILE", help="test data, in the training data's layout, scored once by the "
+                        "saved model after training (data.test_file)")
 
 
 def add_column_options(parser: argparse.ArgumentParser) -> None:

@@ -279,13 +279,12 @@ def test_a_trainer_setting_this_package_does_another_way_is_told_that_way(capsys
     assert main(["--data", "reviews.csv", "--do_predict"]) == 2
     assert capsys.readouterr().err.splitlines() == [
         "error: --do_predict: not an option of finetune train",
-        "hint: a test set is scored once, by the saved model after training: data.test_file=TEST (a finished run's "
-        "model: finetune score OUTPUT_DIR --file TEST)"]
-    # a script's --test_file is the setting of the same name
+        "hint: a test set is scored once, by the saved model after training: --test TEST (data.test_file; a finished "
+        "run's model: finetune score OUTPUT_DIR --file TEST)"]
+    # a script's --test_file is the option that sets data.test_file
     assert main(["--data", "reviews.csv", "--test_file", "test.csv"]) == 2
-    assert capsys.readouterr().err.splitlines() == [
-        "error: --test_file: not an option of finetune train; the setting is data.test_file: write "
-        "data.test_file=test.csv"]
+    assert capsys.readouterr().err.splitlines() == ["error: --test_file: not an option of finetune train; write "
+                                                    "--test test.csv"]
     with pytest.raises(ConfigError, match=r"output\.push_to_hub: unknown key \(the output folder is a Hub "
                                           r"repository as it stands: hf upload"):
         load_config(None, ["output.push_to_hub=true"])

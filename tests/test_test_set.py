@@ -221,6 +221,18 @@ def test_a_test_set_that_is_no_test_set_is_refused(data, said):
     assert raised.value.message.startswith(said)
 
 
+@pytest.mark.parametrize("command", ["train", "sweep"])
+def test_the_held_out_files_have_options_of_their_own(command):
+    from finetune.sweep import parse_args as sweep_args
+    from finetune.train import parse_args as train_args
+
+    parse = train_args if command == "train" else sweep_args
+    args = parse(["--data", "train.csv", "--validation", "dev.csv", "--test", "test.csv", "training.seed=3"])
+    assert args.overrides[:3] == ["data.train_file=train.csv", "data.validation_file=dev.csv",
+                                  "data.test_file=test.csv"]
+    assert args.overrides[-1] == "training.seed=3"
+
+
 def test_a_hub_data_set_on_the_command_line_replaces_the_files_test_file(tmp_path):
     """A config's files, test file among them, are replaced by a Hub data set typed on the command line, as the
     training and validation files are."""
