@@ -43,13 +43,13 @@ def load_data(cfg: Config, accelerator, head: Optional[list[str]] = None):
     the data's. The test set (:mod:`finetune.test_set`, ``None`` without one) is read now, with the rest, and
     scored by the saved model at the end."""
     from finetune.data import load_splits, load_test_split
-    from finetune.test_set import test_set_of
+    from finetune.test_set import as_test_set
 
     splits, labels = main_process_first(accelerator, lambda: load_splits(cfg.data, seed=cfg.split_seed,
                                                                           problem_type=cfg.model.problem_type,
                                                                           head=head))
     test = main_process_first(accelerator, lambda: load_test_split(cfg.data, labels))
-    return splits, labels, test_set_of(test, cfg, splits["train"])
+    return splits, labels, as_test_set(test, cfg, splits["train"])
 
 
 def tokenize_data(cfg: Config, splits, tokenizer, accelerator, cache_dir: Optional[Path]):

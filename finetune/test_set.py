@@ -43,7 +43,7 @@ class TestSet:
         return f"test: {len(self.texts)} rows of {self.name}, scored after training{seen}"
 
 
-def test_set_of(read, cfg, train_split) -> Optional[TestSet]:
+def as_test_set(read, cfg, train_split) -> Optional[TestSet]:
     """The run's test set from what :func:`finetune.data.load_test_split` read (``None``: none), its rows counted
     against ``train_split``'s texts."""
     from finetune.data import labelled_columns, text_rows
@@ -60,9 +60,9 @@ def test_set_of(read, cfg, train_split) -> Optional[TestSet]:
 
 
 def score_test_set(run, output_dir: str | Path) -> Optional[dict[str, Any]]:
-    """The saved model in ``output_dir`` on the test set of ``run`` (a :class:`~finetune.assembly.Run`), as ``finetune score --json`` reports a file
-    (:meth:`finetune.score.Score.to_dict`), said in a line of the log with what is worth a warning in it; scored on
-    the main process, ``None`` on the others, which wait for it.
+    """The saved model in ``output_dir`` on the test set of ``run`` (a :class:`~finetune.assembly.Run`), as
+    ``finetune score --json`` reports a file (:meth:`finetune.score.Score.to_dict`), said in a line of the log with
+    what is worth a warning in it; scored on the main process, ``None`` on the others, which wait for it.
 
     The model is loaded from what the run saved (a LoRA run's merged model), in the run's precision and
     evaluation batch size, and predicts at its saved thresholds; the metrics are the validation's.
@@ -79,15 +79,14 @@ def score_test_set(run, output_dir: str | Path) -> Optional[dict[str, Any]]:
         score = score_texts(predictor, run.metrics, test.name, test.texts, test.pairs, test.references,
                             seen=test.seen_in_training, progress=run.cfg.logging.progress_bar)
         result = score.to_dict()
-        logger.info(test_line(result))
+        logger.info(scores_said(result))
         for caution in cautions(score, f"test texts of {test.name}"):
             logger.warning(caution)
-        del predictor  # its copy of the weights, before the processes go on
     acc.wait_for_everyone()
     return result
 
 
-def test_line(scores: dict[str, Any]) -> str:
+def scores_said(scores: dict[str, Any]) -> str:
     """The log's line of the test scores: ``test on test.csv (500 texts): loss=0.0411 accuracy=0.9900
     (0.9820-0.9960) ...``."""
     from finetune.metrics import scores_in_a_line
