@@ -65,25 +65,45 @@ def score_test_set(run, output_dir: str | Path) -> Optional[dict[str, Any]]:
     what is worth a warning in it; scored on the main process, ``None`` on the others, which wait for it.
 
     The model is loaded from what the run saved (a LoRA run's merged model), in the run's precision and
-    evaluation batch size, and predicts at its saved thresholds; the metrics are the validation's.
+    evaluation batch size, and predicts at its saved thresholds; the metrics are the validation's. The trained
+    model stays where it is, so the copy may not fit beside it (a large model under LoRA, whose base weights
+    training did not double): then a warning says how to score it in a process of its own, and the run's other
+    outputs are written without it.
     """
     acc = run.accelerator
     result = None
     if acc.is_main_process:
+        from finetune.errors import is_out_of_memory
         from finetune.predict import Predictor
         from finetune.score import cautions, score_texts
 
-        test = run.test
-        predictor = Predictor.load(output_dir, batch_size=run.cfg.training.per_device_eval_batch_size,
-                                   precision=str(acc.mixed_precision))
-        score = score_texts(predictor, run.metrics, test.name, test.texts, test.pairs, test.references,
-                            seen=test.seen_in_training, progress=run.cfg.logging.progress_bar)
-        result = score.to_dict()
-        logger.info(scores_said(result))
-        for caution in cautions(score, f"test texts of {test.name}"):
-            logger.warning(caution)
+        test, precision = run.test, str(acc.mixed_precision)
+        try:
+            predictor = Predictor.load(output_dir, batch_size=run.cfg.training.per_device_eval_batch_size,
+                                       precision=precision)
+            score = score_texts(predictor, run.metrics, test.name, test.texts, test.pairs, test.references,
+                                seen=test.seen_in_training, progress=run.cfg.logging.progress_bar)
+        except Exception as exc:  # noqa: BLE001 - running out of memory alone is told here
+            if not is_out_of_memory(exc):
+                raise
+            logger.warning(not_scored(run, output_dir, precision))
+        else:
+            result = score.to_dict()
+            logger.info(scores_said(result))
+            for caution in cautions(score, f"test texts of {test.name}"):
+                logger.warning(caution)
     acc.wait_for_everyone()
     return result
+
+
+def not_scored(run, output_dir: str | Path, precision: str) -> str:
+    """The warning for a test set that did not fit beside the trained model, with the command that scores it."""
+    file = run.cfg.data.test_file
+    command = (f"finetune score {output_dir} --file {file}" + (f" --precision {precision}" if precision != "no" else "")
+               if file is not None else f"finetune score {output_dir} --file <{run.test.name} saved as a file>")
+    return (f"the test set {run.test.name} was not scored: out of memory on {run.accelerator.device} with the saved "
+            f"model beside the trained one; the run's other outputs are written without its scores. Score it in a "
+            f"process of its own: {command}")
 
 
 def scores_said(scores: dict[str, Any]) -> str:

@@ -71,6 +71,32 @@ def test_the_test_set_changes_nothing_the_run_chooses_or_trains(tmp_path):
             == (tmp_path / "plain" / "out" / "model.safetensors").read_bytes())
 
 
+def test_a_test_set_that_does_not_fit_beside_the_trained_model_is_said_and_the_run_written(tmp_path, monkeypatch,
+                                                                                            caplog):
+    """Out of memory loading the saved model beside the trained one: a warning with the command that scores it in
+    a process of its own, and every other output written, as without a test set."""
+    import logging
+
+    import torch
+
+    from finetune.predict import Predictor
+
+    def no_room(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    monkeypatch.setattr(Predictor, "load", no_room)
+    test = _test_file(tmp_path / "files")
+    with caplog.at_level(logging.WARNING, logger="finetune"):
+        cfg, summary = fit_tiny_run(tmp_path, data={"test_file": str(test)})
+    out = Path(cfg.output.output_dir)
+    assert summary["test"] is None and json.loads((out / "metrics.json").read_text())["test"] is None
+    assert not any(key.startswith("test_") for key in json.loads((out / "all_results.json").read_text()))
+    assert "test.tsv" not in (out / "README.md").read_text() and (out / "model.safetensors").is_file()
+    assert (f"the test set test.tsv was not scored: out of memory on cpu with the saved model beside the trained "
+            f"one; the run's other outputs are written without its scores. Score it in a process of its own: "
+            f"finetune score {out} --file {test}") in caplog.messages
+
+
 def test_the_start_line_counts_the_test_rows_and_warns_of_those_trained_on(tmp_path):
     from finetune import setup_run
     from finetune.start_line import cautions, describe
