@@ -175,6 +175,21 @@ def test_a_stopped_run_resumes_with_a_test_file_given_since_and_scores_it(tmp_pa
             == (tmp_path / "whole" / "out" / "model.safetensors").read_bytes())
 
 
+def test_a_finished_run_given_a_test_file_trains_nothing_and_scores_its_model(tmp_path):
+    """The same command again, with a test file: the finished run restores its last checkpoint, trains no update,
+    and scores the model it had saved, which stays byte for byte."""
+    test = _test_file(tmp_path / "files")
+    cfg, first = fit_tiny_run(tmp_path)
+    out = Path(cfg.output.output_dir)
+    model = (out / "model.safetensors").read_bytes()
+    _, again = fit_tiny_run(tmp_path, data={"test_file": str(test)})
+    assert first["test"] is None and again["test"]["metrics"]["num_samples"] == 30
+    assert again["train"]["updates"] == first["train"]["updates"] and again["eval"] == first["eval"]
+    assert (out / "model.safetensors").read_bytes() == model
+    log = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
+    assert sum("train/loss" in record for record in log) == first["train"]["updates"]  # each update once
+
+
 # --------------------------------------------------------------------------- reading the test set
 
 
