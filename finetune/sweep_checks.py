@@ -24,8 +24,32 @@ def check_sweep(sweep) -> tuple[str, bool]:
                           "(CUDA_VISIBLE_DEVICES=i finetune sweep ... --storage URL) instead of accelerate launch")
     metric, greater = objective_of(sweep.run_config)
     check_space_against_config(sweep, sweep.where)
+    check_test_set(sweep)
     warn_if_pruning_misaligned(sweep)
     return metric, greater
+
+
+def check_test_set(sweep) -> None:
+    """A test set (``data.test_file``), which the search's trials leave out: read now against the training data's
+    labels where seeds or folds runs will score it after the search, so that a file they cannot read stops the
+    sweep before its first trial rather than after its last; said where nothing in the sweep will score it.
+
+    Raises:
+        FinetuneError: as a run reading the test set raises it (:func:`finetune.data.load_test_split`).
+    """
+    data = sweep.run_config.data
+    if (data.test_file is None and data.test_split_name is None) or not sweep.space.dimensions:
+        return  # without a search, every run reads it at its start
+    if not sweep.seeds and not sweep.folds:
+        logger.warning("the test set %s is scored by no run of this sweep: its search leaves it out, and seeds or "
+                       "folds runs (--seeds, --folds) of the config it chooses would score it; best.yaml keeps it",
+                       data.test_file or data.test_split_name)
+        return
+    from finetune.data import load_splits, load_test_split
+
+    cfg = sweep.run_config
+    _, labels = load_splits(data, seed=cfg.split_seed, problem_type=cfg.model.problem_type)
+    load_test_split(data, labels)
 
 
 def objective_of(cfg) -> tuple[str, bool]:

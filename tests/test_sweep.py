@@ -577,6 +577,28 @@ def test_folds_validate_on_every_row_once_and_report_mean_and_deviation(tmp_path
     assert (out / "sweep.md").read_bytes() == before and not (out / "seeds").exists()
 
 
+def test_a_test_file_the_seeds_could_not_read_stops_the_sweep_before_its_first_trial(tmp_path, capsys, caplog,
+                                                                                      fresh_accelerate_state):
+    """The search leaves the test set out: it is read at the sweep's start, against the training labels, where the
+    seeds runs will score it after the search; a search alone is told that nothing will."""
+    bad = write_tsv(tmp_path / "bad.tsv", [("spam", "win cash"), ("eggs", "no such label")])
+    config, spec = sms_job(tmp_path), sweep_file(tmp_path, trials=2)
+    args = ["--config", str(config), "--sweep", str(spec), "--test", str(bad)]
+    assert sweep_in_process([*args, "--seeds", "2"]) == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (f"error: {bad}: label 'eggs' at line 2 not among the 2 "
+                                                        f"labels of the train data (ham, spam)")
+    assert not (tmp_path / "out-sweep").exists()
+    from finetune.sweep import build_sweep, parse_args
+    from finetune.sweep_checks import check_test_set
+
+    search_alone = build_sweep(parse_args(args), args)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="finetune"):
+        check_test_set(search_alone)
+    assert caplog.messages == [f"the test set {bad} is scored by no run of this sweep: its search leaves it out, and seeds or "
+                    f"folds runs (--seeds, --folds) of the config it chooses would score it; best.yaml keeps it"]
+
+
 def test_folds_after_a_search_run_its_best_config(four_trials, tmp_path, fresh_accelerate_state):
     """The search's command again with --folds (in a copy of its folder): no trial runs again, and each fold's
     run trains the best trial's values."""
