@@ -305,8 +305,8 @@ def within_the_best(root: Path, header: Header, rows: list[dict[str, Any]], best
             f"{high:.4f}; {which}.{point}"]
 
 
-def test_scores(root: Path, repeats: Repeats, repeat_values: list[tuple[int, float]], metric: str
-                ) -> Optional[tuple[str, list[float]]]:
+def scores_on_the_test_set(root: Path, repeats: Repeats, repeat_values: list[tuple[int, float]], metric: str
+                           ) -> Optional[tuple[str, list[float]]]:
     """The test set's name and each seed's or fold's run's score of ``metric`` on it (``data.test_file``: each
     run's ``metrics.json`` holds them); None unless every run's folder here holds one, of the same test set (a
     search leaves it out; runs of workers on other machines are in their folders)."""
@@ -352,7 +352,7 @@ def sweep_markdown(root: Path, header: Header, rows: list[dict[str, Any]], best:
                       "holds the out-of-fold predictions: each row by the fold's model that did not train on it.",
                       "", "The folds estimate how the config does on texts it has not seen; the model to keep "
                       f"trains on every row: `{train_on_every_row(root, header, best)}`.", ""]
-        tested = test_scores(root, repeats, repeat_values, header.metric)
+        tested = scores_on_the_test_set(root, repeats, repeat_values, header.metric)
         if tested is None:
             lines += [f"| {repeats.unit} | {header.metric} |", "| ---: | ---: |"]
             lines += [f"| {value} | {objective:.4f} |" for value, objective in repeat_values]
