@@ -56,7 +56,7 @@ from finetune.errors import ConfigError, DataError, root_message
 from finetune.labels import LabelSpace, encode_against, encode_train, leave_out_labels, leave_out_unlabelled
 from finetune.local_files import read_local, read_saved_splits
 from finetune.standard_columns import drop_or_reject_empty_texts, standardize
-from finetune.tables import GROUP, LABELS, SHOW_LABELS, TEXT, TEXT_PAIR, Table, short_list
+from finetune.tables import GROUP, LABELS, RAW_LABEL, SHOW_LABELS, TEXT, TEXT_PAIR, Table, short_list
 
 __all__ = ["LABELS", "TEXT", "TEXT_PAIR", "LabelSpace", "load_splits", "load_labelled_file", "load_test_split",
            "labelled_columns",
@@ -190,7 +190,13 @@ def load_test_split(cfg: DataConfig, label_space: LabelSpace) -> Optional[tuple[
     if len(loaded[split]) == 0:
         raise DataError(f"{shown}[{split}]: no rows")
     table = standardize(Table.whole(loaded[split], f"{shown}[{split}]", unit="row"), cfg.text_column,
-                         cfg.text_pair_column, cfg.label_column)
+                        cfg.text_pair_column, cfg.label_column)
+    if isinstance(table.ds.features[RAW_LABEL], datasets.ClassLabel) and max(read_column(table.ds, RAW_LABEL)) < 0:
+        raise DataError(f"data.test_split_name: {shown}[{split}] has no labels (every row's is -1: a benchmark keeps "
+                        f"its test labels for its leaderboard)",
+                        hint=f"take its validation split as the test set, and carve the validation rows from "
+                             f"{cfg.train_split}: data.test_split_name={cfg.validation_split_name or 'validation'} "
+                             f"data.validation_split_name=null")
     return _encode_against(table, cfg, label_space), f"{shown}[{split}]"
 
 

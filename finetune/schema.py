@@ -150,8 +150,8 @@ class DataConfig:
         "it out; its seeds or folds runs score it.")
     test_split_name: Optional[str] = setting(
         None, "With `dataset_name`, or a `train_file` folder of splits that `datasets` saved: the split scored as "
-        "`test_file` is (null: none). Many Hub test splits have no labels (GLUE's are -1): the run then stops at "
-        "the start, naming them.")
+        "`test_file` is (null: none). Many Hub benchmarks keep their test labels (GLUE's are all -1): the run then "
+        "stops at the start and says how to take the validation split as the test set instead.")
     format: Literal["auto", "csv", "tsv", "json", "parquet", "folder"] = setting("auto",
         "File format; `auto` goes by the extension (a directory means `folder`, unless `datasets` saved it), "
         "reads a `.csv` (or `.txt`) "

@@ -239,6 +239,17 @@ def test_a_test_split_that_is_not_there_or_not_labelled_is_one_line(tmp_path):
     with pytest.raises(DataError) as raised:
         load_test_split(_data_config(train_file=str(folder), test_split_name="test"), labels)
     assert raised.value.message == f"{folder}[test]: 2 rows without a label in column 'label' (rows 2, 3)"
+    withheld = _saved_splits(tmp_path / "benchmark", [-1, -1, -1])  # GLUE's test splits: every label withheld
+    with pytest.raises(DataError) as raised:
+        load_test_split(_data_config(train_file=str(withheld), test_split_name="test"), labels)
+    assert raised.value.message == (f"data.test_split_name: {withheld}[test] has no labels (every row's is -1: a "
+                                    f"benchmark keeps its test labels for its leaderboard)")
+    assert raised.value.hint == ("take its validation split as the test set, and carve the validation rows from "
+                                 "train: data.test_split_name=validation data.validation_split_name=null")
+    # which is a valid config, reading the validation split as the test set
+    split, _ = load_test_split(_data_config(train_file=str(withheld), test_split_name="validation",
+                                            validation_split_name=None), labels)
+    assert len(split) == 2
     one_file = write_tsv(tmp_path / "train.tsv", make_texts(10))
     with pytest.raises(ConfigError) as raised:
         load_test_split(_data_config(train_file=str(one_file), test_split_name="test"), labels)
