@@ -31,6 +31,7 @@ if str(REPO) not in sys.path:
 sys.path.insert(0, str(REPO / "tests"))
 from helpers import ARCHITECTURES as SUPPORTED  # noqa: E402
 from helpers import ARCHITECTURE_SIZES  # noqa: E402
+from helpers import pad_collate  # noqa: E402  (each micro-batch padded to its longest text, masked)
 
 OTHERS = ("megatron-bert", "convbert", "nystromformer", "big_bird", "fnet", "yoso", "mra", "roc_bert", "xmod",
           "ibert", "xlm")
@@ -79,19 +80,6 @@ def texts(seed: int = 1) -> list[dict]:
     return rows
 
 
-def pad(items: list[dict]) -> dict:
-    """Pad to the micro-batch's longest text with id 0, masked."""
-    import torch
-
-    width = max(len(item["input_ids"]) for item in items)
-    ids = torch.zeros(len(items), width, dtype=torch.long)
-    mask = torch.zeros(len(items), width, dtype=torch.long)
-    for row, item in enumerate(items):
-        ids[row, :len(item["input_ids"])] = torch.tensor(item["input_ids"])
-        mask[row, :len(item["input_ids"])] = 1
-    return {"input_ids": ids, "attention_mask": mask, "labels": torch.tensor([item["labels"] for item in items])}
-
-
 def train(model_type: str, b: int, k: int) -> list[dict]:
     """Each update's weights of the tiny ``model_type`` trained as ``(b, k)``; the model's reason where none."""
     from accelerate import Accelerator
@@ -112,7 +100,7 @@ def train(model_type: str, b: int, k: int) -> list[dict]:
     accelerator = Accelerator(cpu=True, gradient_accumulation_steps=k)
     optim = OptimConfig(learning_rate=1e-3, warmup_steps=1, weight_decay=0.01)
     optimizer = build_optimizer(model, optim)
-    loader = DataLoader(texts(), batch_size=b, sampler=EpochSampler(TEXTS, seed=7, window_size=b * k), collate_fn=pad)
+    loader = DataLoader(texts(), batch_size=b, sampler=EpochSampler(TEXTS, seed=7, window_size=b * k), collate_fn=pad_collate)
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
     scheduler = build_scheduler(optimizer, optim, plan_updates(len(loader), k, EPOCHS, None, warmup_steps=1))
     weights: list[dict] = []
