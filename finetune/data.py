@@ -60,7 +60,7 @@ from finetune.tables import GROUP, LABELS, RAW_LABEL, SHOW_LABELS, TEXT, TEXT_PA
 
 __all__ = ["LABELS", "TEXT", "TEXT_PAIR", "LabelSpace", "load_splits", "load_labelled_file", "load_test_split",
            "labelled_columns",
-           "class_counts", "content_sha256", "digest_rows", "text_rows"]
+           "class_counts", "content_sha256", "digest_rows", "rows_seen_in", "text_rows"]
 
 logger = logging.getLogger(__name__)
 
@@ -355,6 +355,12 @@ def text_rows(split: datasets.Dataset) -> list[tuple]:
     the same text to the model, whatever their labels."""
     columns = [name for name in (TEXT, TEXT_PAIR) if name in split.column_names]
     return list(zip(*(read_column(split, name) for name in columns)))
+
+
+def rows_seen_in(train: datasets.Dataset, split: datasets.Dataset) -> int:
+    """How many rows of ``split`` have a text (with its pair) that a row of ``train`` has too."""
+    trained = set(text_rows(train))
+    return sum(row in trained for row in text_rows(split))
 
 
 def content_sha256(ds: datasets.Dataset) -> str:

@@ -45,10 +45,11 @@ def load_data(cfg: Config, accelerator, head: Optional[list[str]] = None):
     from finetune.data import load_splits, load_test_split
     from finetune.test_set import as_test_set
 
-    splits, labels = main_process_first(accelerator, lambda: load_splits(cfg.data, seed=cfg.split_seed,
-                                                                          problem_type=cfg.model.problem_type,
-                                                                          head=head))
-    test = main_process_first(accelerator, lambda: load_test_split(cfg.data, labels))
+    def read():
+        splits, labels = load_splits(cfg.data, seed=cfg.split_seed, problem_type=cfg.model.problem_type, head=head)
+        return splits, labels, load_test_split(cfg.data, labels)
+
+    splits, labels, test = main_process_first(accelerator, read)
     return splits, labels, as_test_set(test, cfg, splits["train"])
 
 
@@ -120,12 +121,9 @@ def count_seen_in_training(splits) -> int:
     validation file can share rows with the training file. Such a row is
     scored on a text the model was trained on: the start line counts them.
     """
-    from finetune.data import text_rows
+    from finetune.data import rows_seen_in
 
-    if "validation" not in splits:
-        return 0
-    trained = set(text_rows(splits["train"]))
-    return sum(row in trained for row in text_rows(splits["validation"]))
+    return rows_seen_in(splits["train"], splits["validation"]) if "validation" in splits else 0
 
 
 def longest_text(split) -> Optional[int]:

@@ -112,8 +112,6 @@ def drop_or_reject_empty_texts(table: Table, on_empty_text: str) -> Table:
     return table.keep(np.flatnonzero(~empty))
 
 
-
-
 def _texts_of_mixed_types(ds: datasets.Dataset, column: str) -> Optional[list[Optional[str]]]:
     """A JSON text column that mixes strings and numbers (datasets' ``Json`` feature) as strings; else None."""
     json_feature = getattr(datasets, "Json", None)

@@ -46,17 +46,14 @@ class TestSet:
 def as_test_set(read, cfg, train_split) -> Optional[TestSet]:
     """The run's test set from what :func:`finetune.data.load_test_split` read (``None``: none), its rows counted
     against ``train_split``'s texts."""
-    from finetune.data import labelled_columns, text_rows
+    from finetune.data import labelled_columns, rows_seen_in
     from finetune.resources import file_name
 
     if read is None:
         return None
     split, source = read
-    texts, pairs, references = labelled_columns(split)
-    trained = set(text_rows(train_split))
-    seen = sum(row in trained for row in text_rows(split))
     name = file_name(source) if cfg.data.test_file is not None else source
-    return TestSet(name, texts, pairs, references, seen)
+    return TestSet(name, *labelled_columns(split), rows_seen_in(train_split, split))
 
 
 def score_test_set(run, output_dir: str | Path) -> Optional[dict[str, Any]]:
