@@ -284,10 +284,9 @@ def build_scheduler(optimizer: torch.optim.Optimizer, cfg: OptimConfig, plan: Up
     same ``plan`` to ``train_one_epoch`` so that it refuses an epoch run at a
     ``k`` the schedule was not sized for.
     """
-    # imported here, not with the module: transformers' scheduler module imports PEFT (and, where it is
-    # installed, bitsandbytes), seconds that a run whose data is refused should not wait for
-    from transformers import get_scheduler
+    from finetune.schedules import transformers_schedules
 
+    get_scheduler, _ = transformers_schedules()
     return get_scheduler(
         cfg.lr_scheduler_type,
         optimizer=optimizer,

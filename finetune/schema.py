@@ -648,8 +648,10 @@ def check_schedule(name: str, kwargs: dict) -> None:
     import inspect
 
     import torch
-    from transformers import SchedulerType, get_scheduler
 
+    from finetune.schedules import transformers_schedules
+
+    get_scheduler, SchedulerType = transformers_schedules()
     known = [s.value for s in SchedulerType]
     if name not in known:
         close = difflib.get_close_matches(name, known, n=1)
