@@ -32,7 +32,7 @@ from finetune.accumulation import Batching, accumulate_as, layout_for, resolve_b
 from finetune.autobatch import Checkpointing, fit_in_memory
 from finetune.config import DEFAULT_THRESHOLD, PER_LABEL, Config
 from finetune.dataloaders import (
-    build_dataloaders, collator, count_long_texts, count_seen_in_training, load_data, longest_text, tokenize_data,
+    batch_padding, build_dataloaders, collator, count_long_texts, count_seen_in_training, load_data, longest_text, tokenize_data,
     tokenized_cache_dir,
 )
 from finetune.errors import ConfigError
@@ -87,6 +87,8 @@ class Run:
     # data.test_file / data.test_split_name: a finetune.test_set.TestSet, scored once by the saved model after
     # training (None: no test set)
     test: Optional[Any] = None
+    # data.padding as resolved for the model: a finetune.truncation.Padding (None: each batch to its longest text)
+    padding: Optional[Any] = None
 
     def loop_settings(self, **changes: Any) -> dict[str, Any]:
         """The keyword arguments of :func:`~finetune.loop.train_one_epoch` that the config and the build set,
@@ -164,13 +166,15 @@ def setup_run(cfg: Config, accelerator=None, batching: Optional[Batching] = None
     tokenized = tokenize_data(cfg, splits, tokenizer, accelerator, cache_dir)
     cut = count_long_texts(cfg, tokenized["train"])
     longest = longest_text(tokenized["train"])
-    batching, checkpointing, memory = fit_in_memory(model, tokenized["train"],
-                                                    collator(tokenizer, accelerator, cfg, longest=longest),
+    padding = batch_padding(cfg, model_config)
+    probe = collator(tokenizer, accelerator, cfg, longest=longest, fixed=padding.length)
+    batching, checkpointing, memory = fit_in_memory(model, tokenized["train"], probe,
                                                     accelerator, batching, cfg.training, cfg.data.max_length,
                                                     optimizer=cfg.optim.optimizer)
     accumulate_as(accelerator, batching, epoch=0)  # before prepare: DeepSpeed reads k there
     set_forward(model, cfg.training, accelerator)
-    train_dl, eval_dl = build_dataloaders(cfg, tokenized, tokenizer, accelerator, batching, checkpointing.on)
+    train_dl, eval_dl = build_dataloaders(cfg, tokenized, tokenizer, accelerator, batching, checkpointing.on,
+                                          padding.length)
     optimizer = build_optimizer(model, cfg.optim, device=accelerator.device)
     model, optimizer, train_dl, eval_dl = prepare(accelerator, model, optimizer, train_dl, eval_dl)
     plan = plan_for(cfg, train_dl, accelerator, batching)
@@ -186,7 +190,7 @@ def setup_run(cfg: Config, accelerator=None, batching: Optional[Batching] = None
     return Run(cfg, accelerator, batching, tokenizer, labels, model, optimizer, scheduler, train_dl, eval_dl,
                metrics, plan, task, content_sha256(splits["train"]), new_head=new_head,
                checkpointing=checkpointing, lora=lora, frozen=frozen, memory=memory, long_texts=cut,
-               seen_in_training=seen, head_start=head_start, test=test)
+               seen_in_training=seen, head_start=head_start, test=test, padding=padding)
 
 
 def check_batching(cfg: Config, accelerator, batching: Optional[Batching] = None) -> Batching:

@@ -180,11 +180,21 @@ def fixed_lengths(cfg: Config, accelerator, checkpointing: bool = False) -> bool
                    chunked=truncation_of(cfg.data).chunked)
 
 
+def batch_padding(cfg: Config, model_config):
+    """How the run pads its batches (``data.padding`` for its model, :func:`finetune.truncation.padding_for`): the
+    :class:`~finetune.truncation.Padding` whose ``length`` :func:`collator` and :func:`build_dataloaders` take as
+    ``fixed``."""
+    from finetune.truncation import padding_for
+
+    return padding_for(cfg.data.padding, cfg.data.max_length, model_config)
+
+
 def collator(tokenizer, accelerator, cfg: Optional[Config] = None, checkpointing: bool = False,
-             evaluation: bool = False, longest: Optional[int] = None):
+             evaluation: bool = False, longest: Optional[int] = None, fixed: Optional[int] = None):
     """Dynamic padding, to a multiple of ``data.pad_to_multiple_of``; under ``training.torch_compile`` or
     ``training.cuda_graphs``, padding to a few fixed lengths (:class:`BucketPadding`) up to ``longest`` (the
-    training set's longest text);
+    training set's longest text); every batch to ``fixed`` tokens where ``data.padding`` asks for one length
+    (:func:`finetune.truncation.padding_for`: a bucket of one length, which graphs and a compile take as theirs);
     under ``data.truncation: chunks``, a row per window and a label per text
     (:class:`~finetune.chunks.ChunkCollator`). ``checkpointing``: gradient checkpointing is on (no graphs
     then); ``evaluation``: the evaluation loader's, fixed only for a compiled model (graphs replay training's
@@ -196,7 +206,9 @@ def collator(tokenizer, accelerator, cfg: Optional[Config] = None, checkpointing
     from finetune.truncation import truncation_of
 
     graphs = not evaluation and cfg is not None and fixed_lengths(cfg, accelerator, checkpointing)
-    if cfg is not None and (cfg.training.torch_compile or graphs):
+    if fixed is not None:
+        pad = BucketPadding(tokenizer, fixed, buckets=1)
+    elif cfg is not None and (cfg.training.torch_compile or graphs):
         # as many lengths as a run keeps graphs: each is a capture of a fraction of a second, and under
         # torch_compile no compile of its own (the first length compiles, the second compiles again with the
         # length dynamic, and that serves the rest), so more lengths only pad less
@@ -221,10 +233,11 @@ def training_sampler(cfg: Config, lengths, batching: Batching) -> EpochSampler:
     )
 
 
-def balance_micro_batches(cfg: Config, num_processes: int, device_type: str) -> bool:
+def balance_micro_batches(cfg: Config, num_processes: int, device_type: str, fixed: Optional[int] = None) -> bool:
     """Whether ``data.balance_micro_batches`` applies.
 
-    ``auto``: on one process on a CPU, with length grouping and no ``torch_compile``. On
+    ``auto``: on one process on a CPU, with length grouping and no ``torch_compile``, where each
+    micro-batch is padded to its own longest text (not to one length, ``fixed``). On
     several processes Accelerate deals micro-batches of one size round-robin; a compiled
     model would meet a new batch shape at nearly every micro-batch; and on a GPU, where a
     micro-batch costs its kernel launches more than its padding, the many new shapes cost
@@ -236,31 +249,33 @@ def balance_micro_batches(cfg: Config, num_processes: int, device_type: str) -> 
     setting = cfg.data.balance_micro_batches
     why_not = ("it needs one process" if num_processes > 1
                else "it needs data.group_by_length: true" if not cfg.data.group_by_length
-               else "it does not combine with training.torch_compile" if cfg.training.torch_compile else None)
+               else "it does not combine with training.torch_compile" if cfg.training.torch_compile
+               else f"every micro-batch is padded to {fixed} tokens (data.padding)" if fixed is not None else None)
     if setting is True and why_not:
         raise ConfigError(f"data.balance_micro_batches: true, but {why_not}; use auto (or false)")
     return setting is True or (setting == "auto" and why_not is None and device_type == "cpu")
 
 
 def build_dataloaders(cfg: Config, tokenized, tokenizer, accelerator, batching: Batching,
-                      checkpointing: bool = False):
+                      checkpointing: bool = False, fixed: Optional[int] = None):
     """Training and evaluation dataloaders (unprepared).
 
     The training order comes from :class:`~finetune.sampling.EpochSampler`;
     evaluation runs over the validation set sorted by length (the order does
     not matter to the metrics, and sorting pads least). ``checkpointing``:
-    gradient checkpointing as decided, under which no CUDA graph runs.
+    gradient checkpointing as decided, under which no CUDA graph runs; ``fixed``: the one length every
+    batch is padded to (:func:`finetune.truncation.padding_for`), if any.
     """
     from torch.utils.data import DataLoader
 
     from finetune.truncation import LENGTH, model_inputs
 
     lengths = read_column(tokenized["train"], LENGTH)
-    collate = collator(tokenizer, accelerator, cfg, checkpointing, longest=max(lengths, default=None))
+    collate = collator(tokenizer, accelerator, cfg, checkpointing, longest=max(lengths, default=None), fixed=fixed)
     train = model_inputs(tokenized["train"])
     sampler = training_sampler(cfg, lengths, batching)
     b = batching.per_device_batch_size
-    if balance_micro_batches(cfg, accelerator.num_processes, accelerator.device.type):
+    if balance_micro_batches(cfg, accelerator.num_processes, accelerator.device.type, fixed):
         batches: dict[str, Any] = {"batch_sampler": BalancedBatches(sampler, b, cfg.data.pad_to_multiple_of)}
     else:
         batches = {"batch_size": b, "sampler": sampler, "drop_last": False}
@@ -286,7 +301,7 @@ def build_dataloaders(cfg: Config, tokenized, tokenizer, accelerator, batching: 
         val = model_inputs(tokenized["validation"].select(order))
         eval_dl = DataLoader(
             val, batch_size=cfg.training.per_device_eval_batch_size, pin_memory=pin,
-            collate_fn=collator(tokenizer, accelerator, cfg, checkpointing, evaluation=True),
+            collate_fn=collator(tokenizer, accelerator, cfg, checkpointing, evaluation=True, fixed=fixed),
             generator=torch.Generator().manual_seed(cfg.training.seed),
         )
     return train_dl, eval_dl

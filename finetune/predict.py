@@ -27,16 +27,15 @@ import sys
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from finetune.errors import (CommandParser, ConfigError, DataError, ModelError, OutOfMemory, out_of_memory_told_as,
+from finetune.errors import (CommandParser, ConfigError, ModelError, OutOfMemory, out_of_memory_told_as,
                              run_command)
 from finetune.outputs import refuse_a_run_file
 from finetune.precisions import add_precision_argument, autocast_dtype, check_precision
-from finetune.prediction_files import (CLASH_PREFIX, OUTPUT_FORMATS, STDIN, checked_suffix, input_kind, local_file,
+from finetune.prediction_files import (CLASH_PREFIX, STDIN, check_options, input_kind, local_file,
                                        columns_named_as_predictions, note_the_files_own_columns, output_separator,
                                        predict_rows, read_rows, write_predictions, ONE_TEXT_EACH, TEXT_FOLDER)
-from finetune.schema import PAD_TO_MULTIPLE_OF, checked_threshold  # the schema alone: no YAML or config loaded
-from finetune.text_encoding import check_encoding
-from finetune.truncation import BOOKKEEPING, LENGTH, Truncation, prediction_length
+from finetune.schema import PAD_TO_MULTIPLE_OF  # the schema alone: no YAML or config loaded
+from finetune.truncation import BOOKKEEPING, LENGTH, Truncation, collator_arguments, padding_for, prediction_length
 
 DEFAULT_BATCH_SIZE = 64
 
@@ -83,6 +82,9 @@ class Predictor:
             either way.
         pad_to_multiple_of: Pad a batch to a multiple of this many tokens (``None``: its longest text's), as
             the run padded its micro-batches (``data.pad_to_multiple_of``, whose default this is).
+        padding: ``data.padding``: ``auto`` pads every batch to ``max_length`` for a model whose output reads
+            the padding (:func:`finetune.truncation.padding_for`), so that no text's prediction depends on the
+            texts batched with it.
         positive_label: The class a ``threshold`` given to a two-class model decides on, where its config
             names none (``evaluation.positive_label``; ``None``: the second class).
     """
@@ -90,7 +92,8 @@ class Predictor:
     def __init__(self, model, tokenizer, *, device=None, batch_size: int = DEFAULT_BATCH_SIZE,
                  max_length: Optional[int] = None, threshold=None, truncation: str = "head",
                  head_tokens: Optional[int] = None, stride: Optional[int] = None, precision: str = "no",
-                 pad_to_multiple_of: Optional[int] = PAD_TO_MULTIPLE_OF, positive_label: Optional[str] = None):
+                 pad_to_multiple_of: Optional[int] = PAD_TO_MULTIPLE_OF, positive_label: Optional[str] = None,
+                 padding: str = "auto"):
         import torch
 
         from finetune.tasks import label_names, problem_type_of
@@ -112,6 +115,7 @@ class Predictor:
         self.positive_label = positive_label
         self.task = self.task_at(threshold)
         self.pad_to_multiple_of = pad_to_multiple_of
+        self.padded_to = padding_for(padding, self.max_length, model.config).length
 
     @classmethod
     def load(cls, output_dir: str | os.PathLike, *, device=None, batch_size: int = DEFAULT_BATCH_SIZE,
@@ -218,7 +222,7 @@ class Predictor:
         features = [{key: encoded[key][i] for key in encoded if key not in BOOKKEEPING} for i in range(len(texts))]
         lengths = encoded[LENGTH] if LENGTH in encoded else [len(ids) for ids in encoded["input_ids"]]
         order = sorted(range(len(texts)), key=lambda i: -lengths[i])
-        collate = DataCollatorWithPadding(self.tokenizer, pad_to_multiple_of=self.pad_to_multiple_of,
+        collate = DataCollatorWithPadding(self.tokenizer, **collator_arguments(self.padded_to, self.pad_to_multiple_of),
                                           return_tensors="pt")
         if self.truncation is not None and self.truncation.chunked:
             collate = ChunkCollator(collate)
@@ -291,7 +295,7 @@ class Predictor:
 def _cut_of(data) -> dict[str, Any]:
     """A run's cut and padding of a text (``data``): a head_tail model sees head and tail here too."""
     return {"truncation": data.truncation, "head_tokens": data.head_tokens, "stride": data.stride,
-            "pad_to_multiple_of": data.pad_to_multiple_of}
+            "pad_to_multiple_of": data.pad_to_multiple_of, "padding": data.padding}
 
 
 def _training_device():
@@ -348,6 +352,7 @@ def quiet_progress_bars() -> None:
 def run(args: argparse.Namespace) -> None:
     """Check every argument, load the model, predict, write. Raises FinetuneError on bad input."""
     check_options(args)
+    check_precision(args.precision, "--precision")
     output_dir = Path(args.output_dir)
     # the file last, since a URL's is downloaded first, and an archive unpacked: the copy is what is read
     file = local_file(args.file) if args.file else args.file
@@ -396,40 +401,6 @@ def run(args: argparse.Namespace) -> None:
     else:
         for row in predicted:
             print(json.dumps(row, ensure_ascii=False, default=str))
-
-
-def check_options(args: argparse.Namespace) -> None:
-    """The options that can be checked alone, or against each other, before any file or model is read.
-
-    Raises:
-        ConfigError, DataError or ModelError naming the option.
-    """
-    for flag, column in (("--text", args.text_column), ("--text-pair", args.text_pair_column)):
-        if column is not None and not args.file:  # `--text "a sentence"` would otherwise classify nothing
-            raise ConfigError(f"{flag} {column!r}: names a column of a --file; texts to classify follow the "
-                              f"run's folder: finetune predict {args.output_dir} \"a text\"")
-    if not args.texts and not args.file:
-        raise ConfigError("nothing to classify: give texts or --file")
-    if args.texts and args.file:
-        raise ConfigError("give texts or --file, not both")
-    if args.output and not args.file:
-        raise ConfigError("--output: only with --file")
-    if args.batch_size < 1:
-        raise ConfigError(f"--batch-size: must be >= 1, got {args.batch_size}")
-    if args.encoding is not None:
-        if not args.file:
-            raise ConfigError(f"--encoding {args.encoding}: only with --file")
-        check_encoding(args.encoding, "--encoding")
-    if args.threshold is not None:  # a number, or by label name as evaluation.threshold takes them
-        from finetune.config import parse_override
-        args.threshold = checked_threshold(parse_override(f"--threshold={args.threshold}")[1], "--threshold")
-    check_precision(args.precision, "--precision")
-    if args.output:
-        checked_suffix(Path(args.output), OUTPUT_FORMATS, "--output")
-        if not Path(args.output).resolve().parent.is_dir():
-            raise DataError(f"--output {args.output}: its directory does not exist")
-    if not Path(args.output_dir).is_dir():
-        raise ModelError(f"{args.output_dir}: not found (pass a run's output_dir)")
 
 
 def batch_too_large(batch_size: int) -> OutOfMemory:

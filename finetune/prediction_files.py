@@ -7,11 +7,13 @@ of these also compressed whole: ``texts.csv.gz``, ``.bz2``, ``.xz``),
 writes ``.csv`` or ``.jsonl``. Every input row gets one output row, in order,
 its columns kept and the prediction added (under ``predicted_<name>`` where
 the input has a column of the prediction's names, a labelled file's ``label``);
-an empty text gets an empty prediction, so the rows line up.
+an empty text gets an empty prediction, so the rows line up. The command's options
+are checked here too, before any file or model is read (:func:`check_options`).
 """
 
 from __future__ import annotations
 
+import argparse
 import csv
 import io
 import json
@@ -20,9 +22,10 @@ import sys
 from pathlib import Path
 from typing import Any, Iterator, Optional, Sequence
 
-from finetune.errors import DataError
+from finetune.errors import ConfigError, DataError, ModelError
 from finetune.resources import saved_by_datasets
-from finetune.text_encoding import COMPRESSIONS, compression_of, inner_suffix, open_bytes
+from finetune.schema import checked_threshold  # the schema alone: no YAML or config loaded
+from finetune.text_encoding import COMPRESSIONS, check_encoding, compression_of, inner_suffix, open_bytes
 
 # the formats training reads, and plain lines of text
 INPUT_FORMATS = (".txt", ".csv", ".tsv", ".json", ".jsonl", ".parquet")
@@ -99,6 +102,40 @@ def local_file(given: str) -> str:
     from finetune.resources import data_path
 
     return str(data_path(given, "--file")) if is_url(given) or in_an_archive(given) else given
+
+
+def check_options(args: argparse.Namespace) -> None:
+    """The options that can be checked alone, or against each other, before any file or model is read
+    (``--precision`` aside, which ``finetune score`` shares: :func:`finetune.precisions.check_precision`).
+
+    Raises:
+        ConfigError, DataError or ModelError naming the option.
+    """
+    for flag, column in (("--text", args.text_column), ("--text-pair", args.text_pair_column)):
+        if column is not None and not args.file:  # `--text "a sentence"` would otherwise classify nothing
+            raise ConfigError(f"{flag} {column!r}: names a column of a --file; texts to classify follow the "
+                              f"run's folder: finetune predict {args.output_dir} \"a text\"")
+    if not args.texts and not args.file:
+        raise ConfigError("nothing to classify: give texts or --file")
+    if args.texts and args.file:
+        raise ConfigError("give texts or --file, not both")
+    if args.output and not args.file:
+        raise ConfigError("--output: only with --file")
+    if args.batch_size < 1:
+        raise ConfigError(f"--batch-size: must be >= 1, got {args.batch_size}")
+    if args.encoding is not None:
+        if not args.file:
+            raise ConfigError(f"--encoding {args.encoding}: only with --file")
+        check_encoding(args.encoding, "--encoding")
+    if args.threshold is not None:  # a number, or by label name as evaluation.threshold takes them
+        from finetune.config import parse_override
+        args.threshold = checked_threshold(parse_override(f"--threshold={args.threshold}")[1], "--threshold")
+    if args.output:
+        checked_suffix(Path(args.output), OUTPUT_FORMATS, "--output")
+        if not Path(args.output).resolve().parent.is_dir():
+            raise DataError(f"--output {args.output}: its directory does not exist")
+    if not Path(args.output_dir).is_dir():
+        raise ModelError(f"{args.output_dir}: not found (pass a run's output_dir)")
 
 
 def read_rows(path: str | os.PathLike, text_column: str = "text",

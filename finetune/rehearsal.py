@@ -139,6 +139,8 @@ def timed_evaluation(run: Run, most: int) -> tuple[float, int, float]:
     first, again = ends[0] - began, ends[1] - ends[0]
     windows, lengths = windows_and_lengths(loader.dataset)
     multiple = run.cfg.data.pad_to_multiple_of
+    if run.padding is not None and run.padding.length is not None:  # every batch padded to one length
+        lengths = np.full_like(lengths, run.padding.length)
     whole = padded_tokens(windows, lengths, step, multiple)
     timed = padded_tokens(windows[rows], lengths[rows], step, multiple)
     return first + again * (whole - timed) / timed, len(rows), ends[1] - began

@@ -245,13 +245,20 @@ class DataConfig:
         "largest equal cut. The update is the same. `auto`: on one CPU process with group_by_length and "
         "without torch_compile (finetune.sampling.BalancedBatches; on a GPU the many shapes cost more "
         "than the padding saves); `true` where it cannot apply is an error.")
+    padding: Literal["auto", "longest", "max_length"] = setting("auto",
+        "How far each batch is padded, in training, evaluation and prediction: `longest`, to its longest "
+        "text (rounded up to pad_to_multiple_of); `max_length`, every batch to max_length tokens; `auto`, "
+        "max_length for the encoders whose output for a text reads the padding around it (ConvBERT, "
+        "BigBird, Nystromformer, YOSO, FNet: padded to each batch's longest text, their (b, k) updates are "
+        "close to (b*k, 1)'s, not equal, and a text's prediction depends on the texts batched with it), "
+        "longest for the rest, which mask their padding (docs/accumulation.md, which models keep it).")
     pad_to_multiple_of: Optional[int] = setting(PAD_TO_MULTIPLE_OF,
         "Pad each micro-batch to a length that is a multiple of this (null: to its longest text). On a "
         "GPU, tensor cores work on such shapes; on a CPU, oneDNN builds a kernel for every new shape of a "
         "bf16 product and keeps 1,024, and lengths to the token bring more shapes than that: the default "
         "job trained 1.23x faster padded to multiples of 8 than to its longest texts, at a 21% lower "
         "peak memory (bench/README.md). Not used under torch_compile or cuda_graphs, which pad to a few "
-        "fixed lengths.")
+        "fixed lengths, nor where `padding` pads every batch to max_length.")
     length_group_windows: int = setting(1,
         "How many effective batches share one length-sorted mega-batch. 1 sorts within each update's "
         "samples only, which stay a uniform random draw; more pads less, but each update then holds "

@@ -71,6 +71,9 @@ def cautions(run: Run) -> list[str]:
             lines.append(f"{run.seen_in_training} of the {rows} validation rows have a text the training rows have "
                          f"too: their scores say what the model remembers, not how it does on texts it has not seen "
                          f"({_unseen_hint(run.cfg)})")
+    padding = run.padding.caution() if run.padding is not None else None
+    if padding is not None:
+        lines.append(padding)
     test = run.test
     if test is not None and test.seen_in_training > SEEN_IN_TRAINING_AT_MOST * len(test.texts):
         lines.append(f"{test.seen_in_training} of the {len(test.texts)} rows of the test set {test.name} have a text "
@@ -174,7 +177,13 @@ def _where(run: Run) -> str:
     kernel = f" attention_kernel={asked}" if asked else ""
     return (f"processes={acc.num_processes} backend={backend}{engine} device={acc.device}{threads}{memory}{graphs}"
             f"{compiled}{apart}{fusion}{kernel}"
-            f"{' ' + speedups if speedups else ''} workers={run.train_dataloader.num_workers} micro-batches={cut}")
+            f"{' ' + speedups if speedups else ''} workers={run.train_dataloader.num_workers} micro-batches={cut}"
+            f"{_padding(run)}")
+
+
+def _padding(run: Run) -> str:
+    said = run.padding.describe() if run.padding is not None else ""
+    return f" {said}" if said else ""
 
 
 def _updates_by_epoch(plan: UpdatePlan) -> str:

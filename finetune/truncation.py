@@ -23,6 +23,15 @@ exactly as the tokenizer makes it.
 
 A text pair (``data.text_pair_column``) is cut by the tokenizer, ``head`` only:
 which of two texts to cut, and where, is the tokenizer's longest-first rule.
+
+How far a batch of cut texts is padded (``data.padding``) is decided here too, at the end: to its own longest text,
+or to ``data.max_length`` for every batch. Most encoders mask their padding, so a text's output is the same however
+far its batch is padded. Five of transformers' do not: their output for a text depends on the padded length around
+it. Padded to each batch's longest text, such an encoder breaks two promises: ``(b, k)``'s update is no longer
+``(b*k, 1)``'s (the two pad a text to different lengths), and a text's prediction depends on the texts batched with
+it. Padded to one length everywhere (training, evaluation, prediction), it keeps both (``bench/families.py``
+measures the five either way), at the cost of computing the padded positions, which an encoder that masks them
+need not pay.
 """
 
 from __future__ import annotations
@@ -289,3 +298,65 @@ def model_inputs(split):
 def truncation_of(data) -> Truncation:
     """The :class:`Truncation` a ``DataConfig`` (or a saved run's) sets."""
     return Truncation(data.truncation, data.max_length, data.head_tokens, data.stride)
+
+
+# --------------------------------------------------------------------------- padding
+
+
+# transformers' model types whose output for a text reads the padding around it, and how (docs/accumulation.md)
+READS_THE_PADDING = {
+    "convbert": "its convolutions read the padded positions beside a text",
+    "big_bird": "its block-sparse attention lays its blocks over the padded length",
+    "nystromformer": "its landmarks average over the padded length",
+    "yoso": "its hashed attention averages over the padded length",
+    "fnet": "its Fourier transform mixes every position, padding included",
+}
+
+
+def reads_the_padding(model_config: Any) -> Optional[str]:
+    """How the model's output for a text reads the padding around it; ``None`` for a model that masks it."""
+    return READS_THE_PADDING.get(getattr(model_config, "model_type", None))
+
+
+@dataclass(frozen=True)
+class Padding:
+    """How a run pads its batches: ``data.padding`` resolved for its model."""
+
+    setting: str  # data.padding
+    length: Optional[int]  # every batch padded to this many tokens; None: each batch to its longest text
+    model_type: Optional[str]
+    reads: Optional[str]  # how the model's output for a text reads the padding; None where the model masks it
+
+    def describe(self) -> str:
+        """For the start line: the one length and why; nothing where each batch is padded to its longest text."""
+        if self.length is None:
+            return ""
+        why = f"auto: {self.model_type} reads the padding, {self.reads}" if self.setting == "auto" else "data.padding"
+        return f"padding={self.length} ({why})"
+
+    def caution(self) -> Optional[str]:
+        """A line for a model that reads the padding, each of whose batches is padded to its own longest text."""
+        if self.reads is None or self.length is not None:
+            return None
+        return (f"{self.model_type} reads the padding ({self.reads}), and data.padding={self.setting} pads each "
+                f"batch to its longest text: (b, k)'s updates will be close to (b*k, 1)'s, not equal, and a text's "
+                f"predictions will depend on the texts batched with it; data.padding=auto pads every batch to "
+                f"data.max_length (docs/accumulation.md, which models keep it)")
+
+
+def padding_for(setting: str, max_length: Optional[int], model_config: Any) -> Padding:
+    """``data.padding`` for a model: ``auto`` pads every batch to ``max_length`` for an encoder that reads the
+    padding, each batch to its longest text (rounded up to ``data.pad_to_multiple_of``) for the rest;
+    ``max_length`` and ``longest`` do so for every model. Without a ``max_length`` (a model with no position limit,
+    read without one) there is no one length to pad to."""
+    reads = reads_the_padding(model_config)
+    one_length = setting == "max_length" or (setting == "auto" and reads is not None)
+    return Padding(setting, max_length if one_length else None, getattr(model_config, "model_type", None), reads)
+
+
+def collator_arguments(fixed: Optional[int], multiple: Optional[int]) -> dict[str, Any]:
+    """``DataCollatorWithPadding``'s padding arguments: every batch to ``fixed`` tokens, or (``None``) each to its
+    longest text rounded up to a multiple of ``multiple``."""
+    if fixed is not None:
+        return {"padding": "max_length", "max_length": fixed}
+    return {"pad_to_multiple_of": multiple}

@@ -79,6 +79,19 @@ ARCHITECTURE_SIZES = {
 }
 
 
+# transformers' encoders whose output for a text reads the padding around it (finetune.truncation.READS_THE_PADDING),
+# and what their tiny configs need beyond tiny_model's common sizes (bench/families.py builds from them too)
+PADDING_READERS = ("convbert", "big_bird", "nystromformer", "yoso", "fnet")
+ARCHITECTURE_SIZES.update({
+    # random blocks drawn where texts are longer than (5 + 2 random) blocks of 2 tokens
+    "big_bird": {"attention_type": "block_sparse", "block_size": 2, "num_random_blocks": 1, "pad_token_id": 0},
+    "convbert": {"pad_token_id": 0},
+    "nystromformer": {"pad_token_id": 0},
+    "yoso": {"pad_token_id": 0},
+    "fnet": {"pad_token_id": 0},
+})
+
+
 def blind_to_the_head(model, name: str) -> bool:
     """Whether the parameter ``name`` of ``model`` cannot reach a classification head that reads the first token,
     whatever the data: its gradient is zero, so it does not move (a bias), and a LoRA adapter on it never trains.
@@ -156,9 +169,10 @@ class Flat(torch.nn.Module):
         self.encoder = torch.nn.Linear(4, 4)
 
 
-def save_tiny_model(directory: Path, num_labels: int = 2, seed: int = 0) -> Path:
-    """Save a tiny random BERT with a matching WordPiece tokenizer to ``directory``."""
-    from transformers import BertModel, BertTokenizerFast
+def save_tiny_model(directory: Path, num_labels: int = 2, seed: int = 0, model_type: str = "bert") -> Path:
+    """Save a tiny random BERT (or encoder of transformers' ``model_type``, as :func:`tiny_model` builds it) with a
+    matching WordPiece tokenizer to ``directory``."""
+    from transformers import AutoModel, BertModel, BertTokenizerFast
 
     directory.mkdir(parents=True, exist_ok=True)
     vocab = directory / "vocab.txt"
@@ -169,8 +183,11 @@ def save_tiny_model(directory: Path, num_labels: int = 2, seed: int = 0) -> Path
     tokenizer.save_pretrained(directory)
     torch.manual_seed(seed)
     # A bare encoder, like the embedded MiniLM: the classification head is created by fine-tuning.
-    model = BertModel(tiny_bert_config(num_labels))
-    model.config.architectures = ["BertModel"]
+    if model_type == "bert":
+        model = BertModel(tiny_bert_config(num_labels))
+        model.config.architectures = ["BertModel"]
+    else:
+        model = AutoModel.from_config(tiny_model(model_type, num_labels=num_labels, seed=seed, dropout=0.0).config)
     model.save_pretrained(directory, safe_serialization=True)
     return directory
 
@@ -263,8 +280,9 @@ def token_dataset(n: int, seed: int = 0, vocab: int = 35, max_len: int = 24, num
     return items
 
 
-def pad_collate(items: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
-    width = max(len(x["input_ids"]) for x in items)
+def pad_collate(items: list[dict[str, Any]], width: Optional[int] = None) -> dict[str, torch.Tensor]:
+    """Each micro-batch padded to its longest text, or (``width``) to that many tokens, and masked."""
+    width = width or max(len(x["input_ids"]) for x in items)
     ids = torch.zeros(len(items), width, dtype=torch.long)
     mask = torch.zeros(len(items), width, dtype=torch.long)
     for i, x in enumerate(items):
