@@ -106,10 +106,14 @@ def test_a_dry_run_where_a_start_would_resume_estimates_the_updates_left(tmp_pat
     assert match, line
 
 
+@pytest.mark.parametrize("model_type", ["bert", "convbert"])
 def test_a_large_validation_set_is_timed_on_its_longest_batch_and_an_even_sample(tmp_path, monkeypatch,
-                                                                                fresh_accelerate_state):
+                                                                                fresh_accelerate_state, model_type):
     """Past TIMED_TEXTS validation texts, a dry run evaluates the longest batch (that it fits) and an even sample of
-    the rest, and estimates the whole at their seconds per token: minutes fewer on a CPU for a large set."""
+    the rest, and estimates the whole at their seconds per token: minutes fewer on a CPU for a large set. ConvBERT
+    reads the padding: every batch of it is padded to data.max_length (data.padding: auto), and counted so."""
+    from helpers import save_tiny_model
+
     import finetune.rehearsal as rehearsal_module
     from finetune import rehearse, setup_run
     from finetune.columns import read_column
@@ -125,8 +129,10 @@ def test_a_large_validation_set_is_timed_on_its_longest_batch_and_an_even_sample
     monkeypatch.setattr(rehearsal_module, "evaluation_of", lambda model, loader, *args, **kwargs: evaluated.append(
         read_column(loader.dataset, "input_ids")) or real(model, loader, *args, **kwargs))
     with tiny_process():
-        run = setup_run(tiny_config(tmp_path, training={"max_steps": 2, "num_train_epochs": None,
-                                                        "per_device_eval_batch_size": 4}))
+        model = save_tiny_model(tmp_path / model_type, model_type=model_type)
+        run = setup_run(tiny_config(tmp_path, model={"name_or_path": str(model)},
+                                    training={"max_steps": 2, "num_train_epochs": None,
+                                              "per_device_eval_batch_size": 4}))
         whole = read_column(run.eval_dataloader.dataset, "input_ids")  # longest first, as evaluated
         rehearsal = rehearse(run, updates=2)
         line = dry_run_line(run, rehearsal)
@@ -137,8 +143,11 @@ def test_a_large_validation_set_is_timed_on_its_longest_batch_and_an_even_sample
     assert timed[-1] == whole[-1] and timed == sorted(timed, key=len, reverse=True)  # spread to the shortest, in order
 
 
-    def computed_on(texts):  # batches of 4, each padded to a multiple of 8 (the default) of its longest
-        return sum(len(texts[i:i + 4]) * -(-max(map(len, texts[i:i + 4])) // 8) * 8 for i in range(0, len(texts), 4))
+    def width(batch):  # ConvBERT's: data.max_length; others': a multiple of 8 (the default) of its longest
+        return 32 if model_type == "convbert" else -(-max(map(len, batch)) // 8) * 8
+
+    def computed_on(texts):  # batches of 4
+        return sum(len(texts[i:i + 4]) * width(texts[i:i + 4]) for i in range(0, len(texts), 4))
 
     tokens, sample = computed_on(whole), computed_on(timed)
     # the first pass as it took, the other texts' tokens at the second's pace
