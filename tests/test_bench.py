@@ -1364,10 +1364,14 @@ def test_the_families_bench_tells_a_family_that_keeps_the_contract_from_one_that
 
     bert, convbert, missing = measure("bert"), measure("convbert"), measure("no-such-family")
     assert bert["updates"] == 6 and bert["keeps"] and bert["largest"] < 1e-6
-    # ConvBERT's convolutions read the padded positions beside a text: its weights part past rounding
+    # ConvBERT's convolutions read the padded positions beside a text: its weights part past rounding, and
+    # padded to one length (as data.padding: auto pads it) they do not
     assert not convbert["keeps"] and convbert["largest_but_key_biases"] > 1e-5
+    assert convbert["keeps_one_length"] and convbert["one_length"] < 1e-6
+    assert bert["keeps_one_length"] and bert["one_length"] < 1e-6
     assert missing == {"family": "no-such-family", "why": "not in this transformers release"}
     rows = table([bert, convbert, missing]).splitlines()
     assert rows[2].startswith("| bert | yes |") and rows[2].endswith("| yes |")
-    assert rows[3].startswith("| convbert | no |") and rows[3].endswith("| **no** |")
-    assert rows[4] == "| no-such-family | no | | | not in this transformers release | |"
+    assert rows[3].startswith("| convbert | padded to one length |") and "| **no** |" in rows[3]
+    assert rows[3].endswith("| yes |")
+    assert rows[4] == "| no-such-family | no | | | not in this transformers release | | | |"
