@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import functools
 import json
 import os
 import random
@@ -52,12 +53,15 @@ def tiny_bert(num_labels: int = 2, seed: int = 0, dropout: float = 0.0):
     return BertForSequenceClassification(tiny_bert_config(num_labels, dropout))
 
 
-# The encoder families the package supports, as transformers' model types; tiny_model builds each. The last
-# five came with transformers 5: on an older release their tests are skipped.
+# transformers' encoders whose output for a text reads the padding around it (finetune.truncation.READS_THE_PADDING):
+# data.padding: auto pads every batch of theirs to one length, and the tests pad theirs so
+PADDING_READERS = ("convbert", "big_bird", "nystromformer", "yoso", "fnet")
+# The encoder families the package supports, as transformers' model types; tiny_model builds each. Five came with
+# transformers 5 (eurobert to ultrabert): on an older release their tests are skipped.
 ARCHITECTURES = ("bert", "roberta", "xlm-roberta", "distilbert", "electra", "deberta-v2", "modernbert", "albert",
                  "mpnet", "camembert", "mobilebert", "roformer", "ernie", "data2vec-text", "longformer",
                  "rembert", "roberta-prelayernorm", "xlm-roberta-xl",
-                 "eurobert", "gte", "jina_embeddings_v3", "nomic_bert", "ultrabert")
+                 "eurobert", "gte", "jina_embeddings_v3", "nomic_bert", "ultrabert", *PADDING_READERS)
 # what each family's tiny config needs beyond tiny_model's common sizes (bench/families.py builds from them too)
 ARCHITECTURE_SIZES = {
     "distilbert": {"dim": 32, "n_layers": 2, "n_heads": 2, "hidden_dim": 37},
@@ -76,27 +80,26 @@ ARCHITECTURE_SIZES = {
     "longformer": {"attention_window": 4, "pad_token_id": 0},
     # its input and output embeddings narrower than the blocks, as RemBERT's are
     "rembert": {"input_embedding_size": 16, "output_embedding_size": 16},
-}
-
-
-# transformers' encoders whose output for a text reads the padding around it (finetune.truncation.READS_THE_PADDING),
-# and what their tiny configs need beyond tiny_model's common sizes (bench/families.py builds from them too)
-PADDING_READERS = ("convbert", "big_bird", "nystromformer", "yoso", "fnet")
-ARCHITECTURE_SIZES.update({
     # random blocks drawn where texts are longer than (5 + 2 random) blocks of 2 tokens
     "big_bird": {"attention_type": "block_sparse", "block_size": 2, "num_random_blocks": 1, "pad_token_id": 0},
     "convbert": {"pad_token_id": 0},
     "nystromformer": {"pad_token_id": 0},
     "yoso": {"pad_token_id": 0},
     "fnet": {"pad_token_id": 0},
-})
+}
+# the collate of a family's micro-batches in the comparisons: each padded to its longest text, and the encoders that
+# read the padding to one length (ONE_LENGTH tokens: token_dataset's texts are at most 25), as data.padding: auto does
+ONE_LENGTH = 32
 
 
 def blind_to_the_head(model, name: str) -> bool:
     """Whether the parameter ``name`` of ``model`` cannot reach a classification head that reads the first token,
     whatever the data: its gradient is zero, so it does not move (a bias), and a LoRA adapter on it never trains.
     Longformer's last block: the first token attends globally, through the block's global projections, so its
-    local ``query``, ``key`` and ``value`` shape only the other tokens' outputs, which no head reads."""
+    local ``query``, ``key`` and ``value`` shape only the other tokens' outputs, which no head reads. BigBird's
+    pooler: transformers builds it, and BigBird's classification head reads the first token's state, not it."""
+    if model.config.model_type == "big_bird":
+        return re.search(r"(^|\.)bert\.pooler\.", name) is not None
     if model.config.model_type != "longformer":
         return False
     last = model.config.num_hidden_layers - 1
@@ -278,6 +281,12 @@ def token_dataset(n: int, seed: int = 0, vocab: int = 35, max_len: int = 24, num
         ids = torch.randint(5, vocab, (length,), generator=g).tolist()
         items.append({"input_ids": [2] + ids + [3], "labels": int(torch.randint(0, num_labels, (1,), generator=g))})
     return items
+
+
+def collate_for(model_type: str):
+    """:func:`pad_collate` as a family's micro-batches are padded: to one length for an encoder that reads the
+    padding (``data.padding: auto``), to each micro-batch's longest text for the rest."""
+    return functools.partial(pad_collate, width=ONE_LENGTH) if model_type in PADDING_READERS else pad_collate
 
 
 def pad_collate(items: list[dict[str, Any]], width: Optional[int] = None) -> dict[str, torch.Tensor]:

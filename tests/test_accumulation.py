@@ -7,7 +7,6 @@ is ragged and whose last micro-batch is short.
 
 from __future__ import annotations
 
-import functools
 import json
 import math
 import re
@@ -32,7 +31,7 @@ from finetune.modeling import is_checkpointing, set_gradient_checkpointing, supp
 from finetune.optimization import build_optimizer, build_scheduler, plan_updates
 from finetune.accumulation import Batching, ShardLayout
 from finetune.sampling import EpochSampler
-from helpers import ARCHITECTURES, PADDING_READERS, REPO, chunk_collate, chunked_texts, pad_collate, tiny_bert, tiny_model, token_dataset
+from helpers import ARCHITECTURES, PADDING_READERS, REPO, chunk_collate, collate_for, chunked_texts, pad_collate, tiny_bert, tiny_model, token_dataset
 
 # 76 samples: with b=8 that is 10 micro-batches (the last holds 4), so k=4 gives
 # windows of 4, 4 and 2 micro-batches: a ragged last window and a short last micro-batch.
@@ -159,8 +158,11 @@ def test_every_supported_encoder_family_keeps_the_contract(fresh_accelerate_stat
     # DeBERTa's are relative, ModernBERT's attention is local in some layers, ALBERT and ELECTRA project
     # their embeddings): (8, 4) must still train the weights of (32, 1), with its word embedding's
     # gradient accumulated sparsely and the norm clipped.
-    big = _run(b=32, k=1, max_grad_norm=0.5, model_type=model_type)
-    small = _run(b=8, k=4, max_grad_norm=0.5, model_type=model_type)
+    # The encoders that read the padding are padded to one length, as data.padding: auto pads them (the test below
+    # shows why)
+    collate = collate_for(model_type)
+    big = _run(b=32, k=1, max_grad_norm=0.5, model_type=model_type, collate=collate)
+    small = _run(b=8, k=4, max_grad_norm=0.5, model_type=model_type, collate=collate)
     assert len(small["embedding_grads"]) == 20 and all(small["embedding_grads"])
     noise = KEY_BIAS_NOISE.get(model_type)
     if noise is not None:  # what is held looser has no gradient but rounding's
@@ -177,14 +179,11 @@ def test_every_supported_encoder_family_keeps_the_contract(fresh_accelerate_stat
 
 
 @pytest.mark.parametrize("model_type", PADDING_READERS)
-def test_encoders_that_read_the_padding_keep_the_contract_padded_to_one_length(fresh_accelerate_state, model_type):
+def test_encoders_that_read_the_padding_part_from_the_big_batch_padded_to_each_micro_batchs_longest(
+        fresh_accelerate_state, model_type):
     # Their output for a text depends on how far its batch is padded (finetune.truncation.READS_THE_PADDING): padded
-    # to each micro-batch's longest text, (8, 4) and (32, 1) pad a text differently and train other weights; padded
-    # to one length, as data.padding: auto pads them, they train the same.
-    one_length = functools.partial(pad_collate, width=32)
-    big = _run(b=32, k=1, max_grad_norm=0.5, model_type=model_type, collate=one_length)
-    small = _run(b=8, k=4, max_grad_norm=0.5, model_type=model_type, collate=one_length)
-    _assert_same_weights(big["snapshots"], small["snapshots"])
+    # to each micro-batch's longest text, (8, 4) and (32, 1) pad a text differently and train other weights. The
+    # test above trains them padded to one length, as data.padding: auto pads them, to the same weights.
     apart = [_run(b=b, k=k, max_grad_norm=0.5, model_type=model_type)["snapshots"] for b, k in ((32, 1), (8, 4))]
     with pytest.raises(AssertionError):
         _assert_same_weights(*apart)
