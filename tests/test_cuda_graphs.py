@@ -32,7 +32,7 @@ from finetune.modeling import compile_model
 from finetune.optimization import build_optimizer, build_scheduler, plan_updates
 from finetune.sampling import EpochSampler
 from finetune.tasks import Task
-from helpers import ARCHITECTURES, compiling_with, pad_collate, tiny_bert, tiny_model, token_dataset
+from helpers import ARCHITECTURES, ONE_LENGTH, PADDING_READERS, collate_for, compiling_with, pad_collate, tiny_bert, tiny_model, token_dataset
 
 pytestmark = pytest.mark.usefixtures("strict_fp32")
 
@@ -107,13 +107,15 @@ def _train(device: str, graphed: bool, epochs: int = 2, host_reading: bool = Fal
     opt_cfg = OptimConfig(learning_rate=1e-3, warmup_steps=1)
     optimizer = build_optimizer(model, opt_cfg, device=acc.device)
     data = token_dataset(N, seed=1)
+    # an encoder that reads the padding is padded to one length, a bucket of its own, as data.padding: auto pads it
     dl = DataLoader(data, batch_size=B_MICRO, sampler=EpochSampler(N, seed=7, window_size=B_MICRO * K),
-                    collate_fn=pad_collate)
+                    collate_fn=collate_for(model_type))
     model, optimizer, dl = acc.prepare(model, optimizer, dl)
     scheduler = build_scheduler(optimizer, opt_cfg, plan_updates(len(dl), K, epochs, None, warmup_steps=1))
     recorder = (RefusingRecorder(device) if host_reading and device == "cpu"
                 else CountingRecorder(device if capture else "cpu"))
-    graphs = GraphedMicroBatches(model, Task().per_sample_loss, rows=B_MICRO, lengths=LENGTHS,
+    lengths = [ONE_LENGTH] if model_type in PADDING_READERS else LENGTHS
+    graphs = GraphedMicroBatches(model, Task().per_sample_loss, rows=B_MICRO, lengths=lengths,
                                  pad_token_id=model.config.pad_token_id or 0, precision=precision,
                                  recorder=recorder, compiled=compiled) if graphed else None
     snapshots, records, grads, input_memory = [], [], [], []
@@ -134,6 +136,20 @@ def _train(device: str, graphed: bool, epochs: int = 2, host_reading: bool = Fal
     shapes = [tuple(batch["input_ids"].shape) for batch in dl]
     return {"snapshots": snapshots, "records": records, "grads": grads, "graphs": graphs, "recorder": recorder,
             "shapes": shapes, "input_memory": input_memory}
+
+
+@pytest.mark.parametrize("model_type", PADDING_READERS)
+def test_an_encoder_that_reads_the_padding_replays_its_eager_weights_from_one_length(model_type):
+    """Its micro-batches padded to one length, as data.padding: auto pads them, are one graph's (on the CPU's stand-in
+    recorder, which replays by running the step): the eager weights, one length captured. Padded further to the
+    graphs' buckets, the replay would read more padding than the eager step."""
+    eager = _train("cpu", graphed=False, epochs=1, model_type=model_type)
+    replayed = _train("cpu", graphed=True, epochs=1, model_type=model_type)
+    for update, (a, b) in enumerate(zip(eager["snapshots"], replayed["snapshots"])):
+        for pa, pb in zip(a, b):
+            torch.testing.assert_close(pb, pa, rtol=1e-5, atol=1e-6, msg=lambda m: f"update {update + 1}: {m}")
+    assert {length for _, length in replayed["shapes"]} == {ONE_LENGTH}
+    assert replayed["graphs"].record()["lengths"] == [ONE_LENGTH] and replayed["recorder"].captures == 1
 
 
 @pytest.mark.parametrize("device", DEVICES)
