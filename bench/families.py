@@ -38,7 +38,7 @@ from helpers import ONE_LENGTH  # noqa: E402  (every micro-batch padded to it, a
 from helpers import PADDING_READERS as READERS  # noqa: E402  (data.padding: auto pads them to one length)
 from helpers import pad_collate  # noqa: E402  (each micro-batch padded to its longest text, or to one length)
 
-OTHERS = ("megatron-bert", "mra", "roc_bert", "xmod", "ibert", "xlm")
+OTHERS = ("big_bird", "megatron-bert", "mra", "roc_bert", "xmod", "ibert", "xlm")
 SIZES = {
     **ARCHITECTURE_SIZES,
     "xmod": {"languages": ["en_XX"], "default_language": "en_XX"},
@@ -160,7 +160,8 @@ def table(results: list[dict]) -> str:
              f"(keys' biases aside) | padded to {ONE_LENGTH} tokens: but the keys' biases | within |",
              "| --- | --- | ---: | ---: | --- | --- | ---: | --- |"]
     for r in results:
-        supported = "padded to one length" if r["family"] in READERS else "yes" if r["family"] in SUPPORTED else "no"
+        supported = ("yes" if r["family"] in SUPPORTED else "no") + (" (padded to one length)" if r["family"] in READERS
+                                                                     else "")
         if "why" in r:
             lines.append(f"| {r['family']} | {supported} | | | {r['why']} | | | |")
             continue

@@ -57,11 +57,13 @@ def tiny_bert(num_labels: int = 2, seed: int = 0, dropout: float = 0.0):
 # data.padding: auto pads every batch of theirs to one length, and the tests pad theirs so
 PADDING_READERS = ("convbert", "big_bird", "nystromformer", "yoso", "fnet")
 # The encoder families the package supports, as transformers' model types; tiny_model builds each. Five came with
-# transformers 5 (eurobert to ultrabert): on an older release their tests are skipped.
+# transformers 5 (eurobert to ultrabert): on an older release their tests are skipped. The padding readers but
+# BigBird, whose block-sparse attention fails under bf16 and fp16 autocast in transformers 5.25 (docs/accumulation.md)
 ARCHITECTURES = ("bert", "roberta", "xlm-roberta", "distilbert", "electra", "deberta-v2", "modernbert", "albert",
                  "mpnet", "camembert", "mobilebert", "roformer", "ernie", "data2vec-text", "longformer",
                  "rembert", "roberta-prelayernorm", "xlm-roberta-xl",
-                 "eurobert", "gte", "jina_embeddings_v3", "nomic_bert", "ultrabert", *PADDING_READERS)
+                 "eurobert", "gte", "jina_embeddings_v3", "nomic_bert", "ultrabert",
+                 *(family for family in PADDING_READERS if family != "big_bird"))
 # what each family's tiny config needs beyond tiny_model's common sizes (bench/families.py builds from them too)
 ARCHITECTURE_SIZES = {
     "distilbert": {"dim": 32, "n_layers": 2, "n_heads": 2, "hidden_dim": 37},
@@ -96,10 +98,7 @@ def blind_to_the_head(model, name: str) -> bool:
     """Whether the parameter ``name`` of ``model`` cannot reach a classification head that reads the first token,
     whatever the data: its gradient is zero, so it does not move (a bias), and a LoRA adapter on it never trains.
     Longformer's last block: the first token attends globally, through the block's global projections, so its
-    local ``query``, ``key`` and ``value`` shape only the other tokens' outputs, which no head reads. BigBird's
-    pooler: transformers builds it, and BigBird's classification head reads the first token's state, not it."""
-    if model.config.model_type == "big_bird":
-        return re.search(r"(^|\.)bert\.pooler\.", name) is not None
+    local ``query``, ``key`` and ``value`` shape only the other tokens' outputs, which no head reads."""
     if model.config.model_type != "longformer":
         return False
     last = model.config.num_hidden_layers - 1

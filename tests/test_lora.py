@@ -56,9 +56,7 @@ def test_auto_adapts_every_projection_of_the_blocks_and_trains_the_head_in_full(
     ids = torch.randint(5, 30, (3, 9))
     out = adapted(input_ids=ids, attention_mask=torch.ones_like(ids), labels=torch.tensor([0, 1, 2]))
     out.loss.backward()
-    # (BigBird's pooler, above its blocks, trains in full and gets none: its head reads the first token's state)
-    assert all((p.grad is not None) == p.requires_grad or blind_to_the_head(model, n)
-               for n, p in adapted.named_parameters())
+    assert all((p.grad is not None) == p.requires_grad for p in adapted.parameters())
     lora_b = {n: p.grad for n, p in adapted.named_parameters() if ".lora_B." in n}
     # B starts at zero: its gradient is what moves first
     assert lora_b and all((g.abs().sum() > 0) != blind_to_the_head(model, n) for n, g in lora_b.items())
