@@ -88,13 +88,13 @@ def test_a_balanced_cut_asked_for_beside_one_length_is_refused_in_one_line(tmp_p
 
 
 @pytest.mark.parametrize("padding", ["auto", "longest"])
-def test_a_texts_prediction_depends_on_its_batch_only_where_padded_to_its_longest(padding):
+def test_a_texts_prediction_depends_on_its_batch_only_where_padded_to_its_longest(tmp_path, padding):
     from transformers import AutoTokenizer
 
     from finetune.predict import Predictor
 
     model = tiny_model("fnet", num_labels=2, dropout=0.0).eval()  # its Fourier transform mixes every position
-    tokenizer = AutoTokenizer.from_pretrained(save_tiny_model_dir())
+    tokenizer = AutoTokenizer.from_pretrained(save_tiny_model(tmp_path / "tiny-bert"))  # its WordPiece tokenizer
     predictor = Predictor(model, tokenizer, device="cpu", max_length=MAX_LENGTH, padding=padding)
     short, long = "hello you", " ".join(["free cash now"] * 8)
     alone = predictor.logits([short])[0]
@@ -103,19 +103,6 @@ def test_a_texts_prediction_depends_on_its_batch_only_where_padded_to_its_longes
         np.testing.assert_allclose(beside_a_long_text, alone, rtol=0, atol=1e-6)
     else:
         assert np.abs(beside_a_long_text - alone).max() > 1e-5
-
-
-_TOKENIZER_DIR = {}
-
-
-def save_tiny_model_dir():
-    """A folder with the tiny WordPiece tokenizer (and a tiny BERT), made once per test process."""
-    if "dir" not in _TOKENIZER_DIR:
-        import tempfile
-        from pathlib import Path
-
-        _TOKENIZER_DIR["dir"] = save_tiny_model(Path(tempfile.mkdtemp()) / "tiny-bert")
-    return _TOKENIZER_DIR["dir"]
 
 
 def test_a_saved_run_predicts_padded_as_it_trained(tmp_path):
