@@ -166,7 +166,7 @@ def setup_run(cfg: Config, accelerator=None, batching: Optional[Batching] = None
     tokenized = tokenize_data(cfg, splits, tokenizer, accelerator, cache_dir)
     cut = count_long_texts(cfg, tokenized["train"])
     longest = longest_text(tokenized["train"])
-    padding = batch_padding(cfg, model_config)
+    padding = batch_padding(cfg, model_config, longest)
     probe = collator(tokenizer, accelerator, cfg, longest=longest, fixed=padding.length)
     batching, checkpointing, memory = fit_in_memory(model, tokenized["train"], probe,
                                                     accelerator, batching, cfg.training, cfg.data.max_length,

@@ -180,13 +180,13 @@ def fixed_lengths(cfg: Config, accelerator, checkpointing: bool = False) -> bool
                    chunked=truncation_of(cfg.data).chunked)
 
 
-def batch_padding(cfg: Config, model_config):
+def batch_padding(cfg: Config, model_config, longest: Optional[int] = None):
     """How the run pads its batches (``data.padding`` for its model, :func:`finetune.truncation.padding_for`): the
     :class:`~finetune.truncation.Padding` whose ``length`` :func:`collator` and :func:`build_dataloaders` take as
-    ``fixed``."""
+    ``fixed``. ``longest``: the longest training text's tokens (:func:`longest_text`)."""
     from finetune.truncation import padding_for
 
-    return padding_for(cfg.data.padding, cfg.data.max_length, model_config)
+    return padding_for(cfg.data.padding, cfg.data.max_length, model_config, longest)
 
 
 def collator(tokenizer, accelerator, cfg: Optional[Config] = None, checkpointing: bool = False,

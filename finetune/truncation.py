@@ -326,6 +326,7 @@ class Padding:
     length: Optional[int]  # every batch padded to this many tokens; None: each batch to its longest text
     model_type: Optional[str]
     reads: Optional[str]  # how the model's output for a text reads the padding; None where the model masks it
+    longest: Optional[int] = None  # the longest training text's tokens, where known
 
     def describe(self) -> str:
         """For the start line: the one length and why; nothing where each batch is padded to its longest text."""
@@ -335,7 +336,15 @@ class Padding:
         return f"padding={self.length} ({why})"
 
     def caution(self) -> Optional[str]:
-        """A line for a model that reads the padding, each of whose batches is padded to its own longest text."""
+        """A line for a model that reads the padding, each of whose batches is padded to its own longest text; or for
+        batches padded to one length at least twice the longest training text's, which a shorter
+        ``data.max_length`` would compute as exactly, and faster."""
+        if self.length is not None and self.longest is not None and 2 * self.longest <= self.length:
+            why = f"{self.model_type} reads the padding" if self.setting == "auto" else "data.padding=max_length"
+            return (f"every batch is padded to data.max_length={self.length} tokens ({why}), and the longest training "
+                    f"text has {self.longest}: data.max_length={self.longest} would compute "
+                    f"{self.length / self.longest:.1f}x fewer tokens a batch (longer validation or test texts cut "
+                    f"there too)")
         if self.reads is None or self.length is not None:
             return None
         return (f"{self.model_type} reads the padding ({self.reads}), and data.padding={self.setting} pads each "
@@ -344,14 +353,16 @@ class Padding:
                 f"data.max_length (docs/accumulation.md, which models keep it)")
 
 
-def padding_for(setting: str, max_length: Optional[int], model_config: Any) -> Padding:
+def padding_for(setting: str, max_length: Optional[int], model_config: Any, longest: Optional[int] = None) -> Padding:
     """``data.padding`` for a model: ``auto`` pads every batch to ``max_length`` for an encoder that reads the
     padding, each batch to its longest text (rounded up to ``data.pad_to_multiple_of``) for the rest;
     ``max_length`` and ``longest`` do so for every model. Without a ``max_length`` (a model with no position limit,
-    read without one) there is no one length to pad to."""
+    read without one) there is no one length to pad to. ``longest``: the longest training text's tokens, which
+    :meth:`Padding.caution` weighs one length against."""
     reads = reads_the_padding(model_config)
     one_length = setting == "max_length" or (setting == "auto" and reads is not None)
-    return Padding(setting, max_length if one_length else None, getattr(model_config, "model_type", None), reads)
+    return Padding(setting, max_length if one_length else None, getattr(model_config, "model_type", None), reads,
+                   longest)
 
 
 def collator_arguments(fixed: Optional[int], multiple: Optional[int]) -> dict[str, Any]:

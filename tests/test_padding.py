@@ -33,6 +33,11 @@ def test_auto_pads_to_max_length_exactly_the_encoders_that_read_the_padding(mode
     assert padding_for("auto", None, config).length is None  # no max_length: no one length to pad to
     assert (padding_for("longest", 128, config).caution() is not None) == reads
     assert padding_for("auto", 128, config).caution() is None
+    assert (padding_for("auto", 128, config, longest=64).caution() is not None) == reads  # 128 is twice 64
+    assert padding_for("auto", 128, config, longest=65).caution() is None
+    assert padding_for("max_length", 128, config, longest=64).caution().startswith(
+        "every batch is padded to data.max_length=128 tokens (data.padding=max_length), and the longest training "
+        "text has 64: data.max_length=64 would compute 2.0x fewer tokens a batch")
 
 
 def _batch_widths(run) -> tuple[set, set]:
@@ -75,6 +80,23 @@ def test_a_runs_batches_are_padded_as_its_setting_and_model_ask_and_its_start_li
             "data.padding=auto pads every batch to data.max_length (docs/accumulation.md, which models keep it)"]
     else:
         assert readers_caution == []
+
+
+def test_one_length_twice_the_longest_training_text_is_told_with_the_max_length_that_pads_less(tmp_path):
+    from finetune import setup_run
+    from finetune.start_line import cautions
+
+    model = save_tiny_model(tmp_path / "convbert", model_type="convbert")
+    cfg = tiny_config(tmp_path, model={"name_or_path": str(model)}, data={"max_length": 64})
+    with tiny_process():
+        run = setup_run(cfg)
+        longest = max(len(ids) for ids in run.train_dataloader.dataset["input_ids"])
+        warned = cautions(run)
+    assert 2 * longest <= 64 and run.padding.longest == longest
+    assert [w for w in warned if "data.max_length=" in w] == [
+        f"every batch is padded to data.max_length=64 tokens (convbert reads the padding), and the longest training "
+        f"text has {longest}: data.max_length={longest} would compute {64 / longest:.1f}x fewer tokens a batch "
+        f"(longer validation or test texts cut there too)"]
 
 
 def test_a_balanced_cut_asked_for_beside_one_length_is_refused_in_one_line(tmp_path):
