@@ -6,6 +6,7 @@ import logging
 import subprocess
 import sys
 
+import pytest
 from helpers import REPO, offline_env
 
 from finetune.schedules import quiet_kernel_lookup, transformers_schedules
@@ -35,6 +36,7 @@ def test_they_are_transformers_schedules():
     assert transformers_schedules() == (get_scheduler, SchedulerType)
 
 
+@pytest.mark.slow  # a fresh Python importing transformers, PEFT and bitsandbytes: seconds
 def test_a_runs_schedule_check_logs_nothing_of_the_lookup():
     """The real import chain, as a run makes it: its config check imports transformers' schedules first, with a
     handler on the root logger as train.py sets one. bitsandbytes looks the kernel up on a CPU that computes bf16
