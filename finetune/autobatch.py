@@ -47,8 +47,8 @@ from finetune.errors import ConfigError, LaunchError, is_out_of_memory
 from finetune.launch import autocast
 from finetune.optimizer_state import state_bytes
 from finetune.memory import (
-    GB, MemoryPlan, free_cached, levers_that_fit, measure_activations, plan_memory, rng_fork,
-    tensor_bytes,
+    GB, MemoryPlan, free_cached, levers_that_fit, measure_activations, plan_memory,
+    refuse_a_precision_the_model_fails_in, rng_fork, tensor_bytes,
 )
 from finetune.tasks import Task
 from finetune.truncation import BOOKKEEPING, CHUNK_COUNT, LENGTH
@@ -130,6 +130,7 @@ def trial_step(model: torch.nn.Module, batch: dict[str, torch.Tensor], accelerat
             del reserve, inputs, labels, logits
     except Exception as exc:  # noqa: BLE001 - anything but an out-of-memory error is re-raised
         if not is_out_of_memory(exc):
+            refuse_a_precision_the_model_fails_in(model, split_batch(batch)[0], accelerator, exc)
             raise
         ok = False
     model.zero_grad(set_to_none=True)

@@ -228,6 +228,7 @@ def measure_activations(model, make_batch, accelerator) -> Optional[Activations]
                     counts.append((_one_pass(model, blocks, inputs, accelerator, can_recompute), length))
                 except Exception as exc:  # noqa: BLE001 - only running out of memory ends the probe early
                     if not is_out_of_memory(exc):
+                        refuse_a_precision_the_model_fails_in(model, inputs, accelerator, exc)
                         raise
                     break
                 finally:
@@ -248,6 +249,32 @@ def measure_activations(model, make_batch, accelerator) -> Optional[Activations]
                        per_row_block_input=round(per_row["input"] / max(1, calls)),
                        per_row_other=round(per_row["other"]),
                        blocks=calls, length=length)
+
+
+def refuse_a_precision_the_model_fails_in(model, inputs: dict[str, torch.Tensor], accelerator, error: Exception):
+    """Where a probe's forward failed under autocast with an error other than running out of memory, try it again
+    in float32: if that runs, the model (its transformers code) cannot compute in the run's precision, which one
+    line says, with the setting that trains it. Where it fails in float32 too, or the run has no autocast, nothing
+    is said here and the error stands, traceback and all.
+
+    Raises:
+        ConfigError: ``training.mixed_precision``, naming the model type and the error's first line.
+    """
+    precision = accelerator.mixed_precision
+    if precision not in ("bf16", "fp16") or not accelerator.native_amp:
+        return
+    model.zero_grad(set_to_none=True)
+    try:
+        with rng_fork(accelerator.device):
+            model(**{k: v.to(accelerator.device) for k, v in inputs.items()}).logits.float().sum().backward()
+    except Exception:  # noqa: BLE001 - it fails in float32 too: the first error is the one to show
+        return
+    finally:
+        model.zero_grad(set_to_none=True)
+    first = (str(error).strip().splitlines() or [type(error).__name__])[0]
+    model_type = getattr(getattr(model, "config", None), "model_type", type(model).__name__)
+    raise ConfigError(f"training.mixed_precision: {precision}: {model_type}'s forward fails under {precision} autocast "
+                      f"({type(error).__name__}: {first}) and runs in float32", hint="training.mixed_precision=no")
 
 
 def free_cached(device: torch.device) -> None:

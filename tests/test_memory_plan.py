@@ -135,6 +135,47 @@ def test_a_probe_that_runs_out_of_memory_gives_no_plan():
     assert measure_activations(model, _batches(), _CpuAccelerator()) is None
 
 
+def _fails_under_autocast(model, also_in_float32: bool = False):
+    """``model`` whose encoder raises what a transformers model without a kernel for the precision raises: under
+    autocast only, or (``also_in_float32``) always."""
+    def refuse(module, args):
+        if also_in_float32 or torch.is_autocast_enabled("cpu"):
+            raise RuntimeError("scatter(): Expected self.dtype to be equal to src.dtype\nmore lines of the trace")
+
+    model.bert.encoder.register_forward_pre_hook(refuse)
+    return model
+
+
+@pytest.mark.parametrize("probe", ["memory plan", "micro-batch trial"])
+def test_a_model_that_fails_under_autocast_alone_is_told_in_one_line_with_float32(fresh_accelerate_state, probe):
+    from accelerate import Accelerator
+
+    from finetune.autobatch import trial_step
+    from finetune.errors import ConfigError
+
+    accelerator = Accelerator(cpu=True, mixed_precision="bf16")
+    model = _fails_under_autocast(tiny_bert())
+    said = (r"^training.mixed_precision: bf16: bert's forward fails under bf16 autocast \(RuntimeError: scatter\(\): "
+            r"Expected self.dtype to be equal to src.dtype\) and runs in float32$")
+    with pytest.raises(ConfigError, match=said) as refused:
+        if probe == "memory plan":
+            measure_activations(model, _batches(), accelerator)
+        else:
+            trial_step(model, _batches()(4), accelerator)
+    assert refused.value.hint == "training.mixed_precision=no"
+    assert all(p.grad is None for p in model.parameters())  # the float32 try leaves no gradient behind
+
+
+@pytest.mark.parametrize("precision", ["bf16", "no"])
+def test_a_model_that_fails_in_float32_too_or_without_autocast_keeps_its_own_error(fresh_accelerate_state, precision):
+    from accelerate import Accelerator
+
+    accelerator = Accelerator(cpu=True, mixed_precision=precision)
+    model = _fails_under_autocast(tiny_bert(), also_in_float32=True)
+    with pytest.raises(RuntimeError, match=r"^scatter\(\): Expected"):
+        measure_activations(model, _batches(), accelerator)
+
+
 def test_the_probe_leaves_the_model_as_it_found_it_without_a_word_from_transformers():
     """The probe recomputes; BERT's config has the decoder cache on, which transformers warns about under recomputation."""
     model = tiny_bert()
