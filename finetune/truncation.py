@@ -325,8 +325,12 @@ class Padding:
     setting: str  # data.padding
     length: Optional[int]  # every batch padded to this many tokens; None: each batch to its longest text
     model_type: Optional[str]
-    reads: Optional[str]  # how the model's output for a text reads the padding; None where the model masks it
     longest: Optional[int] = None  # the longest training text's tokens, where known
+
+    @property
+    def reads(self) -> Optional[str]:
+        """How the model's output for a text reads the padding; ``None`` where the model masks it."""
+        return READS_THE_PADDING.get(self.model_type)
 
     def describe(self) -> str:
         """For the start line: the one length and why; nothing where each batch is padded to its longest text."""
@@ -359,10 +363,8 @@ def padding_for(setting: str, max_length: Optional[int], model_config: Any, long
     ``max_length`` and ``longest`` do so for every model. Without a ``max_length`` (a model with no position limit,
     read without one) there is no one length to pad to. ``longest``: the longest training text's tokens, which
     :meth:`Padding.caution` weighs one length against."""
-    reads = reads_the_padding(model_config)
-    one_length = setting == "max_length" or (setting == "auto" and reads is not None)
-    return Padding(setting, max_length if one_length else None, getattr(model_config, "model_type", None), reads,
-                   longest)
+    one_length = setting == "max_length" or (setting == "auto" and reads_the_padding(model_config) is not None)
+    return Padding(setting, max_length if one_length else None, getattr(model_config, "model_type", None), longest)
 
 
 def collator_arguments(fixed: Optional[int], multiple: Optional[int]) -> dict[str, Any]:
