@@ -202,6 +202,30 @@ class Predictor:
             progress: Show a tqdm bar (counts texts).
         """
         import numpy as np
+
+        texts = list(texts)
+        out = np.zeros((len(texts), len(self.labels)), dtype=np.float32)
+        for rows, values in self._batch_logits(texts, text_pairs, (0, 1), progress):
+            out[rows] = values
+        return out
+
+    def share_of_logits(self, texts: Sequence[str], text_pairs: Optional[Sequence[str]], share: tuple[int, int],
+                        progress: bool = False) -> tuple["np.ndarray", "np.ndarray"]:  # noqa: F821
+        """One of ``n`` processes' part of :meth:`logits`: with ``share = (i, n)``, the batches ``i``, ``i + n``,
+        ``i + 2n``, ... of those :meth:`logits` runs, each made and run as it makes and runs them, as the texts'
+        row numbers and their logits. The ``n`` parts put together are :meth:`logits`' rows bit for bit on
+        devices that compute alike, whatever ``n`` is: no batch is cut or padded otherwise.
+        """
+        import numpy as np
+
+        done = list(self._batch_logits(texts, text_pairs, share, progress))
+        rows = np.concatenate([np.asarray(r, dtype=np.int64) for r, _ in done]) if done else np.zeros(0, np.int64)
+        values = (np.concatenate([v for _, v in done]) if done
+                  else np.zeros((0, len(self.labels)), dtype=np.float32))
+        return rows, values
+
+    def _batch_logits(self, texts, text_pairs, share: tuple[int, int], progress: bool):
+        """``(rows, logits)`` of each batch of ``share`` (see :meth:`share_of_logits`), in the order they run."""
         import torch
         from tqdm.auto import tqdm
         from transformers import DataCollatorWithPadding
@@ -211,9 +235,8 @@ class Predictor:
         texts = list(texts)
         if text_pairs is not None and len(text_pairs) != len(texts):
             raise ValueError(f"{len(texts)} texts but {len(text_pairs)} text pairs")
-        out = np.zeros((len(texts), len(self.labels)), dtype=np.float32)
         if not texts:
-            return out
+            return
         pairs = list(text_pairs) if text_pairs is not None else None
         if self.truncation is not None:
             encoded = self.truncation.encode(self.tokenizer, texts, pairs)
@@ -222,24 +245,25 @@ class Predictor:
         features = [{key: encoded[key][i] for key in encoded if key not in BOOKKEEPING} for i in range(len(texts))]
         lengths = encoded[LENGTH] if LENGTH in encoded else [len(ids) for ids in encoded["input_ids"]]
         order = sorted(range(len(texts)), key=lambda i: -lengths[i])
+        part, parts = share
+        batches = [order[start:start + self.batch_size] for start in range(0, len(order), self.batch_size)][part::parts]
         collate = DataCollatorWithPadding(self.tokenizer, **collator_arguments(self.padded_to, self.pad_to_multiple_of),
                                           return_tensors="pt")
         if self.truncation is not None and self.truncation.chunked:
             collate = ChunkCollator(collate)
         was_training = self.model.training
         self.model.eval()
-        with tqdm(total=len(texts), disable=not progress, unit="text", desc="predict") as bar, torch.inference_mode():
-            for start in range(0, len(order), self.batch_size):
-                rows = order[start:start + self.batch_size]
+        total = sum(map(len, batches))
+        with tqdm(total=total, disable=not progress, unit="text", desc="predict") as bar, torch.inference_mode():
+            for rows in batches:
                 inputs, chunk_rows = split_batch(
                     {k: v.to(self.device) for k, v in collate([features[i] for i in rows]).items()})
                 with torch.autocast(self.device.type, dtype=self.autocast, enabled=self.autocast is not None):
                     logits = self.model(**inputs).logits
-                out[rows] = document_logits(logits.float(), chunk_rows).cpu().numpy()
+                yield rows, document_logits(logits.float(), chunk_rows).cpu().numpy()
                 bar.update(len(rows))
         if was_training:
             self.model.train()
-        return out
 
     def probabilities(self, texts: Sequence[str], text_pairs: Optional[Sequence[str]] = None,
                       progress: bool = False) -> "np.ndarray":  # noqa: F821

@@ -154,6 +154,15 @@ def score_texts(predictor: Predictor, suite, name: str, texts: Sequence[str], pa
     own thresholds), each label's scores, the confusion matrix and the operating points. ``name`` and ``seen``
     (the texts the model trained on, or ``None``: not looked for) are what the :class:`Score` reports them as;
     ``progress`` shows a bar of the texts scored."""
+    logits = predictor.logits(texts, pairs, progress=progress)
+    return score_logits(predictor, suite, name, texts, pairs, references, logits, threshold, seen)
+
+
+def score_logits(predictor: Predictor, suite, name: str, texts: Sequence[str], pairs: Optional[Sequence[str]],
+                 references: Sequence, logits, threshold=None, seen: Optional[int] = None) -> Score:
+    """:func:`score_texts` of the texts' ``logits`` (a float32 array, a row per text, as
+    :meth:`Predictor.logits` gives them), computed already: by several processes, a share each (a run's test
+    set)."""
     import numpy as np
     import torch
 
@@ -161,7 +170,7 @@ def score_texts(predictor: Predictor, suite, name: str, texts: Sequence[str], pa
 
     names, problem_type = predictor.labels, predictor.problem_type
     task = predictor.task if threshold is None else predictor.task_at(threshold)
-    logits = torch.from_numpy(predictor.logits(texts, pairs, progress=progress))
+    logits = torch.from_numpy(logits)
     refs = torch.as_tensor(np.asarray(references))
     predictions = task.predictions(logits).numpy()
     # each text's probabilities, once: ROC AUC and average precision order the texts by them, and the

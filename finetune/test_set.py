@@ -59,46 +59,80 @@ def as_test_set(read, cfg, train_split) -> Optional[TestSet]:
 def score_test_set(run, output_dir: str | Path) -> Optional[dict[str, Any]]:
     """The saved model in ``output_dir`` on the test set of ``run`` (a :class:`~finetune.assembly.Run`), as
     ``finetune score --json`` reports a file (:meth:`finetune.score.Score.to_dict`), said in a line of the log with
-    what is worth a warning in it; scored on the main process, ``None`` on the others, which wait for it.
+    what is worth a warning in it; on the main process, ``None`` on the others.
 
     The model is loaded from what the run saved (a LoRA run's merged model), in the run's precision and
-    evaluation batch size, and predicts at its saved thresholds; the metrics are the validation's. The trained
-    model stays where it is, so the copy may not fit beside it (a large model under LoRA, whose base weights
-    training did not double): then a warning says how to score it in a process of its own, and the run's other
-    outputs are written without it.
+    evaluation batch size, and predicts at its saved thresholds; the metrics are the validation's. Every process
+    runs a share of the batches one process would run (:meth:`~finetune.predict.Predictor.share_of_logits`), so
+    the scores are one process's, and none of them waits for another to score it all. The trained model stays
+    where it is, so the copy may not fit beside it (a large model under LoRA, whose base weights training did not
+    double): then a warning says how to score it in a process of its own, and the run's other outputs are written
+    without it.
     """
+    from finetune.errors import is_out_of_memory
+    from finetune.predict import Predictor
+    from finetune.score import cautions, score_logits
+
     acc = run.accelerator
+    test, precision = run.test, str(acc.mixed_precision)
+    predictor = None
+    try:
+        predictor = Predictor.load(output_dir, batch_size=run.cfg.training.per_device_eval_batch_size,
+                                   precision=precision)
+        share = predictor.share_of_logits(test.texts, test.pairs, (acc.process_index, acc.num_processes),
+                                          progress=run.cfg.logging.progress_bar and acc.is_main_process)
+    except Exception as exc:  # noqa: BLE001 - running out of memory alone is told here
+        if not is_out_of_memory(exc):
+            raise
+        share = str(acc.device)  # where it ran out, for the warning
+    shares = shares_on_main(share, acc)
     result = None
     if acc.is_main_process:
-        from finetune.errors import is_out_of_memory
-        from finetune.predict import Predictor
-        from finetune.score import cautions, score_texts
-
-        test, precision = run.test, str(acc.mixed_precision)
-        try:
-            predictor = Predictor.load(output_dir, batch_size=run.cfg.training.per_device_eval_batch_size,
-                                       precision=precision)
-            score = score_texts(predictor, run.metrics, test.name, test.texts, test.pairs, test.references,
-                                seen=test.seen_in_training, progress=run.cfg.logging.progress_bar)
-        except Exception as exc:  # noqa: BLE001 - running out of memory alone is told here
-            if not is_out_of_memory(exc):
-                raise
-            logger.warning(not_scored(run, output_dir, precision))
+        short = [part for part in shares if isinstance(part, str)]
+        if short:
+            logger.warning(not_scored(run, output_dir, precision, short))
         else:
+            logits = logits_of_shares(shares, len(test.texts), len(predictor.labels))
+            score = score_logits(predictor, run.metrics, test.name, test.texts, test.pairs, test.references, logits,
+                                 seen=test.seen_in_training)
             result = score.to_dict()
             logger.info(scores_said(result))
             for caution in cautions(score, f"test texts of {test.name}"):
                 logger.warning(caution)
+    del predictor  # the saved model's copy, before the others go on
     acc.wait_for_everyone()
     return result
 
 
-def not_scored(run, output_dir: str | Path, precision: str) -> str:
+def shares_on_main(share, acc) -> Optional[list]:
+    """Each process's ``share`` (its rows and logits, or the device it ran out of memory on), in process order, on
+    the main process (``None`` on the others)."""
+    if acc.num_processes == 1:
+        return [share]
+    import torch.distributed as dist
+
+    shares = [None] * acc.num_processes if acc.is_main_process else None
+    dist.gather_object(share, shares, dst=0)
+    return shares
+
+
+def logits_of_shares(shares: list, texts: int, labels: int) -> "np.ndarray":  # noqa: F821
+    """The ``(rows, logits)`` shares of :meth:`~finetune.predict.Predictor.share_of_logits` as one array, a row
+    per text in input order."""
+    import numpy as np
+
+    logits = np.zeros((texts, labels), dtype=np.float32)
+    for rows, values in shares:
+        logits[rows] = values
+    return logits
+
+
+def not_scored(run, output_dir: str | Path, precision: str, devices: list[str]) -> str:
     """The warning for a test set that did not fit beside the trained model, with the command that scores it."""
     file = run.cfg.data.test_file
     command = (f"finetune score {output_dir} --file {file}" + (f" --precision {precision}" if precision != "no" else "")
                if file is not None else f"finetune score {output_dir} --file <{run.test.name} saved as a file>")
-    return (f"the test set {run.test.name} was not scored: out of memory on {run.accelerator.device} with the saved "
+    return (f"the test set {run.test.name} was not scored: out of memory on {', '.join(devices)} with the saved "
             f"model beside the trained one; the run's other outputs are written without its scores. Score it in a "
             f"process of its own: {command}")
 

@@ -66,6 +66,28 @@ def test_batching_and_length_sorting_do_not_change_results(predictor):
     np.testing.assert_allclose(one.sum(axis=1), 1.0, atol=1e-6)
 
 
+def test_shares_of_the_batches_put_together_are_the_logits_bit_for_bit(predictor):
+    """``share_of_logits((i, n))`` runs every n-th batch from the i-th of those ``logits`` runs, longest first: the
+    shares are disjoint, cover every text once, and their rows are ``logits``' rows, bit for bit, for any n (a test
+    set scored by n processes)."""
+    import numpy as np
+
+    from finetune.test_set import logits_of_shares
+
+    predictor.batch_size = 2
+    whole = predictor.logits(TEXTS)
+    by_length = sorted(range(len(TEXTS)), key=lambda i: -len(predictor.tokenizer(TEXTS[i])["input_ids"]))
+    batches = [by_length[start:start + 2] for start in range(0, len(TEXTS), 2)]
+    for n in (1, 2, 3, 4):
+        shares = [predictor.share_of_logits(TEXTS, None, (i, n)) for i in range(n)]
+        for i, (rows, values) in enumerate(shares):
+            assert sorted(rows.tolist()) == sorted(sum(batches[i::n], [])), (i, n)
+            assert values.shape == (len(rows), 2) and np.array_equal(values, whole[rows])
+        assert sorted(np.concatenate([rows for rows, _ in shares]).tolist()) == list(range(len(TEXTS)))
+        assert np.array_equal(logits_of_shares(shares, len(TEXTS), 2), whole)
+    assert len(shares[3][0]) == 0 and shares[3][1].shape == (0, 2)  # 4 processes, 3 batches: one runs none
+
+
 def test_batches_are_padded_as_the_run_padded_its_micro_batches(trained, predictor):
     """To a multiple of ``data.pad_to_multiple_of`` (the run's config: 8), or to the longest text with None; the
     padding is masked, so the logits agree to float rounding."""

@@ -549,7 +549,7 @@ def lora_on_two_processes(cli_config):
     back to the checkpoint after that best, resumed on two processes with the same command."""
     cfg, root = cli_config
     whole, resumed = root / "lora", root / "lora-resumed"
-    test = write_tsv(root / "test.tsv", make_texts(20, seed=11))  # scored by the main process, the other waiting
+    test = write_tsv(root / "test.tsv", make_texts(20, seed=11))  # 5 batches of 4: 3 on one process, 2 on the other
     _two_processes(cfg, whole, *LORA_TWO, f"data.test_file={test}")
     best = json.loads((whole / "metrics.json").read_text())["best"]["step"]
     _cut_back(whole, resumed, best + 2)
@@ -572,7 +572,8 @@ def test_lora_on_two_processes_ends_with_its_best_checkpoint_merged(lora_on_two_
     for key in final:
         torch.testing.assert_close(final[key], expected[key], rtol=0, atol=0, msg=lambda m: f"{key}: {m}")
     assert any(not torch.equal(final[key], last[key]) for key in final)
-    # the test set's scores are the saved (merged, best) model's, as finetune score gives them in one process
+    # the test set's scores, two processes scoring a share each, are those finetune score gives the saved (merged,
+    # best) model in one process
     from finetune.score import score_file
 
     scored = json.loads((whole / "metrics.json").read_text())["test"]

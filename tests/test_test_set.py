@@ -97,6 +97,48 @@ def test_a_test_set_that_does_not_fit_beside_the_trained_model_is_said_and_the_r
             f"finetune score {out} --file {test}") in caplog.messages
 
 
+def test_every_process_scores_a_share_of_the_test_batches_and_the_main_one_all_of_them(tmp_path, monkeypatch,
+                                                                                     caplog):
+    """On P processes each runs every P-th of the batches one process would run, and the main process scores
+    what they all sent: the scores of one process. A process that ran out of memory leaves the test set unscored
+    on all of them, said once."""
+    import logging
+    from types import SimpleNamespace
+
+    from finetune import test_set
+    from finetune.predict import Predictor
+
+    test = _test_file(tmp_path / "files")
+    kept = []
+    cfg, summary = fit_tiny_run(tmp_path, before_fit=kept.append, data={"test_file": str(test)},
+                                training={"per_device_eval_batch_size": 4})
+    out, run = Path(cfg.output.output_dir), kept[0]
+
+    def on_process(index, others):
+        sent = []
+
+        def gathered(share, acc):
+            sent.append(share)
+            return [share, *others] if acc.is_main_process else None
+
+        monkeypatch.setattr(test_set, "shares_on_main", gathered)
+        accelerator = SimpleNamespace(process_index=index, num_processes=2, is_main_process=index == 0,
+                                      mixed_precision="no", wait_for_everyone=lambda: None)
+        return test_set.score_test_set(SimpleNamespace(**{**vars(run), "accelerator": accelerator}), out), sent[0]
+
+    scored, second = on_process(1, [])
+    expected = Predictor.load(out, batch_size=4).share_of_logits(run.test.texts, None, (1, 2))
+    assert scored is None and 0 < len(second[0]) < 30
+    assert second[0].tolist() == expected[0].tolist() and (second[1] == expected[1]).all()
+    scored, first = on_process(0, [second])
+    assert len(first[0]) + len(second[0]) == 30 and not set(first[0].tolist()) & set(second[0].tolist())
+    assert json.dumps(scored) == json.dumps(summary["test"])  # one process's scores, to the last digit
+    with caplog.at_level(logging.WARNING, logger="finetune"):
+        assert on_process(0, ["cuda:1"])[0] is None  # the other process ran out of memory
+    assert sum(said.startswith("the test set test.tsv was not scored: out of memory on cuda:1 with the saved model")
+               for said in caplog.messages) == 1
+
+
 def test_the_start_line_counts_the_test_rows_and_warns_of_those_trained_on(tmp_path):
     from finetune import setup_run
     from finetune.start_line import cautions, describe
