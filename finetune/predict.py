@@ -201,31 +201,18 @@ class Predictor:
                 model trained on pairs.
             progress: Show a tqdm bar (counts texts).
         """
-        import numpy as np
-
         texts = list(texts)
-        out = np.zeros((len(texts), len(self.labels)), dtype=np.float32)
-        for rows, values in self._batch_logits(texts, text_pairs, (0, 1), progress):
-            out[rows] = values
-        return out
+        return logits_in_order([self.share_of_logits(texts, text_pairs, (0, 1), progress)], len(texts),
+                               len(self.labels))
 
     def share_of_logits(self, texts: Sequence[str], text_pairs: Optional[Sequence[str]], share: tuple[int, int],
                         progress: bool = False) -> tuple["np.ndarray", "np.ndarray"]:  # noqa: F821
         """One of ``n`` processes' part of :meth:`logits`: with ``share = (i, n)``, the batches ``i``, ``i + n``,
         ``i + 2n``, ... of those :meth:`logits` runs, each made and run as it makes and runs them, as the texts'
-        row numbers and their logits. The ``n`` parts put together are :meth:`logits`' rows bit for bit on
-        devices that compute alike, whatever ``n`` is: no batch is cut or padded otherwise.
+        row numbers and their logits. The ``n`` parts put together (:func:`logits_in_order`) are :meth:`logits`
+        bit for bit on devices that compute alike, whatever ``n`` is: no batch is cut or padded otherwise.
         """
         import numpy as np
-
-        done = list(self._batch_logits(texts, text_pairs, share, progress))
-        rows = np.concatenate([np.asarray(r, dtype=np.int64) for r, _ in done]) if done else np.zeros(0, np.int64)
-        values = (np.concatenate([v for _, v in done]) if done
-                  else np.zeros((0, len(self.labels)), dtype=np.float32))
-        return rows, values
-
-    def _batch_logits(self, texts, text_pairs, share: tuple[int, int], progress: bool):
-        """``(rows, logits)`` of each batch of ``share`` (see :meth:`share_of_logits`), in the order they run."""
         import torch
         from tqdm.auto import tqdm
         from transformers import DataCollatorWithPadding
@@ -235,8 +222,9 @@ class Predictor:
         texts = list(texts)
         if text_pairs is not None and len(text_pairs) != len(texts):
             raise ValueError(f"{len(texts)} texts but {len(text_pairs)} text pairs")
+        rows, values = [np.zeros(0, dtype=np.int64)], [np.zeros((0, len(self.labels)), dtype=np.float32)]
         if not texts:
-            return
+            return rows[0], values[0]
         pairs = list(text_pairs) if text_pairs is not None else None
         if self.truncation is not None:
             encoded = self.truncation.encode(self.tokenizer, texts, pairs)
@@ -255,15 +243,17 @@ class Predictor:
         self.model.eval()
         total = sum(map(len, batches))
         with tqdm(total=total, disable=not progress, unit="text", desc="predict") as bar, torch.inference_mode():
-            for rows in batches:
+            for batch in batches:
                 inputs, chunk_rows = split_batch(
-                    {k: v.to(self.device) for k, v in collate([features[i] for i in rows]).items()})
+                    {k: v.to(self.device) for k, v in collate([features[i] for i in batch]).items()})
                 with torch.autocast(self.device.type, dtype=self.autocast, enabled=self.autocast is not None):
                     logits = self.model(**inputs).logits
-                yield rows, document_logits(logits.float(), chunk_rows).cpu().numpy()
-                bar.update(len(rows))
+                rows.append(np.asarray(batch, dtype=np.int64))
+                values.append(document_logits(logits.float(), chunk_rows).cpu().numpy())
+                bar.update(len(batch))
         if was_training:
             self.model.train()
+        return np.concatenate(rows), np.concatenate(values)
 
     def probabilities(self, texts: Sequence[str], text_pairs: Optional[Sequence[str]] = None,
                       progress: bool = False) -> "np.ndarray":  # noqa: F821
@@ -314,6 +304,17 @@ class Predictor:
         if self.problem_type == "multi_label":
             return {"labels": [], "probabilities": probabilities}
         return {"label": "", "score": None, "probabilities": probabilities}
+
+
+def logits_in_order(shares, texts: int, labels: int) -> "np.ndarray":  # noqa: F821
+    """:meth:`Predictor.share_of_logits`' ``(rows, logits)`` shares put together: a row per text, in input
+    order."""
+    import numpy as np
+
+    logits = np.zeros((texts, labels), dtype=np.float32)
+    for rows, values in shares:
+        logits[rows] = values
+    return logits
 
 
 def _cut_of(data) -> dict[str, Any]:

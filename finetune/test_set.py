@@ -70,7 +70,7 @@ def score_test_set(run, output_dir: str | Path) -> Optional[dict[str, Any]]:
     without it.
     """
     from finetune.errors import is_out_of_memory
-    from finetune.predict import Predictor
+    from finetune.predict import Predictor, logits_in_order
     from finetune.score import cautions, score_logits
 
     acc = run.accelerator
@@ -92,7 +92,7 @@ def score_test_set(run, output_dir: str | Path) -> Optional[dict[str, Any]]:
         if short:
             logger.warning(not_scored(run, output_dir, precision, short))
         else:
-            logits = logits_of_shares(shares, len(test.texts), len(predictor.labels))
+            logits = logits_in_order(shares, len(test.texts), len(predictor.labels))
             score = score_logits(predictor, run.metrics, test.name, test.texts, test.pairs, test.references, logits,
                                  seen=test.seen_in_training)
             result = score.to_dict()
@@ -114,17 +114,6 @@ def shares_on_main(share, acc) -> Optional[list]:
     shares = [None] * acc.num_processes if acc.is_main_process else None
     dist.gather_object(share, shares, dst=0)
     return shares
-
-
-def logits_of_shares(shares: list, texts: int, labels: int) -> "np.ndarray":  # noqa: F821
-    """The ``(rows, logits)`` shares of :meth:`~finetune.predict.Predictor.share_of_logits` as one array, a row
-    per text in input order."""
-    import numpy as np
-
-    logits = np.zeros((texts, labels), dtype=np.float32)
-    for rows, values in shares:
-        logits[rows] = values
-    return logits
 
 
 def not_scored(run, output_dir: str | Path, precision: str, devices: list[str]) -> str:

@@ -72,7 +72,7 @@ def test_shares_of_the_batches_put_together_are_the_logits_bit_for_bit(predictor
     set scored by n processes)."""
     import numpy as np
 
-    from finetune.test_set import logits_of_shares
+    from finetune.predict import logits_in_order
 
     predictor.batch_size = 2
     whole = predictor.logits(TEXTS)
@@ -84,7 +84,7 @@ def test_shares_of_the_batches_put_together_are_the_logits_bit_for_bit(predictor
             assert sorted(rows.tolist()) == sorted(sum(batches[i::n], [])), (i, n)
             assert values.shape == (len(rows), 2) and np.array_equal(values, whole[rows])
         assert sorted(np.concatenate([rows for rows, _ in shares]).tolist()) == list(range(len(TEXTS)))
-        assert np.array_equal(logits_of_shares(shares, len(TEXTS), 2), whole)
+        assert np.array_equal(logits_in_order(shares, len(TEXTS), 2), whole)
     assert len(shares[3][0]) == 0 and shares[3][1].shape == (0, 2)  # 4 processes, 3 batches: one runs none
 
 
