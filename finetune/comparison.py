@@ -38,16 +38,16 @@ class Comparison:
                 "intervals": self.intervals}
 
 
-def score_against(this, other_dir, batch_size: int, precision: str) -> Comparison:
-    """Load the other run's model, compare it with ``this`` on the same texts (:func:`compare`), and print it."""
+def score_against(this, other_dir, batch_size: int, precision: str, across_processes: bool = False) -> Comparison:
+    """Load the other run's model and compare it with ``this`` on the same texts (:func:`compare`);
+    ``across_processes``: the launched processes share its batches (:class:`~finetune.predict.Predictor`)."""
     from finetune.errors import out_of_memory_told_as
     from finetune.predict import Predictor, batch_too_large
 
     with out_of_memory_told_as(lambda _: batch_too_large(batch_size)):
-        predictor = Predictor.load(other_dir, batch_size=batch_size, precision=precision)
-        comparison = compare(this, predictor, str(other_dir), this.suite)
-    print(format_comparison(this, comparison, len(this.texts)))
-    return comparison
+        predictor = Predictor.load(other_dir, batch_size=batch_size, precision=precision,
+                                   across_processes=across_processes)
+        return compare(this, predictor, str(other_dir), this.suite)
 
 
 def compare(this, predictor, other_dir: str, suite) -> Comparison:

@@ -35,6 +35,7 @@ from finetune.prediction_files import (CLASH_PREFIX, STDIN, check_options, input
                                        columns_named_as_predictions, note_the_files_own_columns, output_separator,
                                        predict_rows, read_rows, write_predictions, ONE_TEXT_EACH, TEXT_FOLDER)
 from finetune.schema import PAD_TO_MULTIPLE_OF  # the schema alone: no YAML or config loaded
+from finetune.shares import launched_processes, logits_in_order, shares_of_every_process
 from finetune.truncation import BOOKKEEPING, LENGTH, Truncation, collator_arguments, padding_for, prediction_length
 
 DEFAULT_BATCH_SIZE = 64
@@ -87,13 +88,15 @@ class Predictor:
             texts batched with it.
         positive_label: The class a ``threshold`` given to a two-class model decides on, where its config
             names none (``evaluation.positive_label``; ``None``: the second class).
+        across_processes: Under ``accelerate launch``, where every process passes the same texts: each runs
+            a share of the batches (:meth:`share_of_logits`) and every process gets all the rows back.
     """
 
     def __init__(self, model, tokenizer, *, device=None, batch_size: int = DEFAULT_BATCH_SIZE,
                  max_length: Optional[int] = None, threshold=None, truncation: str = "head",
                  head_tokens: Optional[int] = None, stride: Optional[int] = None, precision: str = "no",
                  pad_to_multiple_of: Optional[int] = PAD_TO_MULTIPLE_OF, positive_label: Optional[str] = None,
-                 padding: str = "auto"):
+                 padding: str = "auto", across_processes: bool = False):
         import torch
 
         from finetune.tasks import label_names, problem_type_of
@@ -116,10 +119,13 @@ class Predictor:
         self.task = self.task_at(threshold)
         self.pad_to_multiple_of = pad_to_multiple_of
         self.padded_to = padding_for(padding, self.max_length, model.config).length
+        # (this process's index, the number sharing the batches)
+        self.processes = launched_processes() if across_processes else (0, 1)
 
     @classmethod
     def load(cls, output_dir: str | os.PathLike, *, device=None, batch_size: int = DEFAULT_BATCH_SIZE,
-             max_length: Optional[int] = None, threshold=None, precision: str = "no") -> "Predictor":
+             max_length: Optional[int] = None, threshold=None, precision: str = "no",
+             across_processes: bool = False) -> "Predictor":
         """Load the model and tokenizer that a run saved in ``output_dir``.
 
         Args:
@@ -130,6 +136,7 @@ class Predictor:
             batch_size: Texts per forward pass.
             max_length: Truncation length; ``None``: ``data.max_length`` of the run's ``config.yaml``, if any.
             precision: ``no`` (float32), ``bf16`` or ``fp16`` (see the class).
+            across_processes: Share the batches among the processes launched (see the class).
 
         Raises:
             ModelError: if ``output_dir`` holds no loadable model.
@@ -159,7 +166,8 @@ class Predictor:
             device = _training_device()
         positive = cfg.evaluation.positive_label if cfg is not None else None  # what a run scored F1 on
         return cls(model, tokenizer, device=device, batch_size=batch_size, max_length=max_length,
-                   threshold=threshold, precision=precision, positive_label=positive, **cut)
+                   threshold=threshold, precision=precision, positive_label=positive,
+                   across_processes=across_processes, **cut)
 
     @classmethod
     def of_run(cls, run, **options) -> "Predictor":
@@ -202,15 +210,16 @@ class Predictor:
             progress: Show a tqdm bar (counts texts).
         """
         texts = list(texts)
-        return logits_in_order([self.share_of_logits(texts, text_pairs, (0, 1), progress)], len(texts),
-                               len(self.labels))
+        share = self.share_of_logits(texts, text_pairs, self.processes, progress)
+        return logits_in_order(shares_of_every_process(share, self.processes), len(texts), len(self.labels))
 
     def share_of_logits(self, texts: Sequence[str], text_pairs: Optional[Sequence[str]], share: tuple[int, int],
                         progress: bool = False) -> tuple["np.ndarray", "np.ndarray"]:  # noqa: F821
         """One of ``n`` processes' part of :meth:`logits`: with ``share = (i, n)``, the batches ``i``, ``i + n``,
-        ``i + 2n``, ... of those :meth:`logits` runs, each made and run as it makes and runs them, as the texts'
-        row numbers and their logits. The ``n`` parts put together (:func:`logits_in_order`) are :meth:`logits`
-        bit for bit on devices that compute alike, whatever ``n`` is: no batch is cut or padded otherwise.
+        ``i + 2n``, ... of those one process runs, each made and run as one process makes and runs it, as the
+        texts' row numbers and their logits. The ``n`` parts put together
+        (:func:`finetune.shares.logits_in_order`) are one process's :meth:`logits` bit for bit on devices that
+        compute alike, whatever ``n`` is: no batch is cut or padded otherwise.
         """
         import numpy as np
         import torch
@@ -306,17 +315,6 @@ class Predictor:
         return {"label": "", "score": None, "probabilities": probabilities}
 
 
-def logits_in_order(shares, texts: int, labels: int) -> "np.ndarray":  # noqa: F821
-    """:meth:`Predictor.share_of_logits`' ``(rows, logits)`` shares put together: a row per text, in input
-    order."""
-    import numpy as np
-
-    logits = np.zeros((texts, labels), dtype=np.float32)
-    for rows, values in shares:
-        logits[rows] = values
-    return logits
-
-
 def _cut_of(data) -> dict[str, Any]:
     """A run's cut and padding of a text (``data``): a head_tail model sees head and tail here too."""
     return {"truncation": data.truncation, "head_tokens": data.head_tokens, "stride": data.stride,
@@ -324,13 +322,11 @@ def _cut_of(data) -> dict[str, Any]:
 
 
 def _training_device():
-    """The device training would use in a single process (Accelerate's choice), with all CPU cores."""
-    from accelerate import PartialState
+    """The device training would use (Accelerate's choice), with all CPU cores, or this process's share of them."""
+    from finetune.launch import configure_cpu_threads, init_process_state
 
-    from finetune.launch import configure_cpu_threads
-
-    state = PartialState()
-    configure_cpu_threads(state.device, 1)
+    state = init_process_state()
+    configure_cpu_threads(state.device, state.num_processes)  # each launched process its share of the cores
     return state.device
 
 
@@ -410,15 +406,21 @@ def run(args: argparse.Namespace) -> None:
         if pair_column:
             raise ConfigError(f"this model takes text pairs ({pair_column!r}): use --file with both columns")
         rows, text_column = [{"text": text} for text in args.texts], "text"
+    # under accelerate launch every process reads the same rows and runs a share of their batches; the first
+    # process says and writes what one process would
     predictor = Predictor.load(output_dir, batch_size=args.batch_size, threshold=args.threshold,
-                               precision=args.precision)
+                               precision=args.precision, across_processes=True)
+    first = predictor.processes[0] == 0
     clashes = columns_named_as_predictions(rows, predictor.labels)
     prefix = CLASH_PREFIX if clashes else ""
-    if args.file:
+    if args.file and first:
         note_the_files_own_columns(args.file, args.output_dir, rows, clashes,
                                    cfg.data.label_column if cfg is not None else None)
     with out_of_memory_told_as(lambda _: batch_too_large(args.batch_size)):
-        predicted = predict_rows(predictor, rows, text_column, pair_column, progress=bool(args.file), prefix=prefix)
+        predicted = predict_rows(predictor, rows, text_column, pair_column, progress=bool(args.file) and first,
+                                 prefix=prefix)
+    if not first:
+        return
     if args.output:
         delimiter = (cfg.data.label_delimiter if cfg is not None else None) or ","
         write_predictions(args.output, predicted, predictor.labels, delimiter, prefix,

@@ -121,6 +121,9 @@ def check_options(args: argparse.Namespace) -> None:
         raise ConfigError("give texts or --file, not both")
     if args.output and not args.file:
         raise ConfigError("--output: only with --file")
+    # every launched process inherits the one standard input, and each would read other lines
+    if args.file == STDIN and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise ConfigError("--file -: standard input cannot be shared by the processes launched; give a file")
     if args.batch_size < 1:
         raise ConfigError(f"--batch-size: must be >= 1, got {args.batch_size}")
     if args.encoding is not None:

@@ -35,9 +35,10 @@ from pathlib import Path
 from typing import Any, Optional, Sequence, Union
 
 from finetune.errors import CommandParser, ConfigError, DataError, FileLayoutError, out_of_memory_told_as, run_command
-# --precision's argument and check come through predict, which shares them (finetune.precisions)
+# --precision's argument and check, and which of the launched processes reports, come through predict,
+# which shares them (finetune.precisions, finetune.shares)
 from finetune.predict import (DEFAULT_BATCH_SIZE, Predictor, add_precision_argument, batch_too_large,
-                              check_precision, quiet_progress_bars)
+                              check_precision, launched_processes, quiet_progress_bars)
 # the labelled file: its settings, its rows, and its texts the run trained on
 from finetune.scored_files import layout_hint, load_labelled, scoring_config, texts_seen_in_training
 
@@ -103,7 +104,7 @@ def threshold_given(setting, problem_type: str, names: Sequence[str]) -> Union[N
 
 def score_file(output_dir: str | os.PathLike, file: str | os.PathLike, overrides: Sequence[str] = (),
                batch_size: int = DEFAULT_BATCH_SIZE, predictor: Optional[Predictor] = None,
-               precision: str = "no", count_seen: bool = True) -> Score:
+               precision: str = "no", count_seen: bool = True, across_processes: bool = False) -> Score:
     """The configured metrics, the loss and the confusion matrix of a run's model on a labelled file.
 
     Args:
@@ -117,6 +118,8 @@ def score_file(output_dir: str | os.PathLike, file: str | os.PathLike, overrides
             ``metrics.json`` comes back to the last digit.
         count_seen: Count the file's texts that the run trained on (:func:`texts_seen_in_training`, which reads
             the run's training rows again); ``False`` leaves ``Score.seen_in_training`` ``None``.
+        across_processes: Under ``accelerate launch``, each process runs a share of the batches (see
+            :class:`~finetune.predict.Predictor`); every process gets the whole score.
 
     Raises:
         FinetuneError: one line naming the file, row or key for bad input.
@@ -142,7 +145,8 @@ def score_file(output_dir: str | os.PathLike, file: str | os.PathLike, overrides
     suite = metric_suite_for(cfg.evaluation, names, problem_type, counts, whose="the model")
     threshold = threshold_given(cfg.evaluation.threshold, problem_type, names)
 
-    predictor = predictor or Predictor.load(output_dir, batch_size=batch_size, precision=precision)
+    predictor = predictor or Predictor.load(output_dir, batch_size=batch_size, precision=precision,
+                                            across_processes=across_processes)
     seen = texts_seen_in_training(output_dir, texts, pairs) if count_seen else None
     return score_texts(predictor, suite, str(file), texts, pairs, references, threshold, seen)
 
@@ -262,9 +266,19 @@ def run(args: argparse.Namespace) -> Score:
     if other_dir is not None:  # before anything is scored: a model that answers another question is said at once
         check_comparable(*model_labels(output_dir), *model_labels(other_dir), other_dir)
     quiet_progress_bars()  # the bars of reading the file and loading the weights; the scoring bar is ours
+    # under accelerate launch every process scores a share of the batches, and the first reports for all
+    first = launched_processes()[0] == 0
     with out_of_memory_told_as(lambda _: batch_too_large(args.batch_size)):
         result = score_file(output_dir, args.file, args.overrides, args.batch_size, precision=args.precision,
-                            count_seen=args.count_seen)
+                            count_seen=args.count_seen and first, across_processes=True)
+    report = result.to_dict()
+    if other_dir is not None:
+        from finetune.comparison import format_comparison, score_against
+
+        comparison = score_against(result, other_dir, args.batch_size, args.precision, across_processes=True)
+        report["against"] = comparison.to_dict()
+    if not first:
+        return result
     arithmetic = f", computed in {result.precision} autocast" if result.precision != "no" else ""
     seen = f", {result.seen_in_training} of them a text the model trained on" if result.seen_in_training else ""
     print(f"{result.file}: {result.metrics['num_samples']} samples{seen}{arithmetic}")
@@ -283,11 +297,8 @@ def run(args: argparse.Namespace) -> Score:
         title = f"{output_dir.name} on {file_name(args.file)}"
         confusion_figure(result.confusion, result.labels, title=title).savefig(png, dpi=DPI, format=png_format)
         print(f"confusion matrix: {png}")
-    report = result.to_dict()
     if other_dir is not None:
-        from finetune.comparison import score_against
-
-        report["against"] = score_against(result, other_dir, args.batch_size, args.precision).to_dict()
+        print(format_comparison(result, comparison, len(result.texts)))
     if args.json:
         Path(args.json).write_text(json.dumps(json_ready(report), indent=2) + "\n", encoding="utf-8")
     if card:

@@ -70,8 +70,9 @@ def score_test_set(run, output_dir: str | Path) -> Optional[dict[str, Any]]:
     without it.
     """
     from finetune.errors import is_out_of_memory
-    from finetune.predict import Predictor, logits_in_order
+    from finetune.predict import Predictor
     from finetune.score import cautions, score_logits
+    from finetune.shares import logits_in_order, shares_of_every_process
 
     acc = run.accelerator
     test, precision = run.test, str(acc.mixed_precision)
@@ -85,7 +86,7 @@ def score_test_set(run, output_dir: str | Path) -> Optional[dict[str, Any]]:
         if not is_out_of_memory(exc):
             raise
         share = str(acc.device)  # where it ran out, for the warning
-    shares = shares_on_main(share, acc)
+    shares = shares_of_every_process(share, (acc.process_index, acc.num_processes), to=0)
     result = None
     if acc.is_main_process:
         short = [part for part in shares if isinstance(part, str)]
@@ -102,18 +103,6 @@ def score_test_set(run, output_dir: str | Path) -> Optional[dict[str, Any]]:
     del predictor  # the saved model's copy, before the others go on
     acc.wait_for_everyone()
     return result
-
-
-def shares_on_main(share, acc) -> Optional[list]:
-    """Each process's ``share`` (its rows and logits, or the device it ran out of memory on), in process order, on
-    the main process (``None`` on the others)."""
-    if acc.num_processes == 1:
-        return [share]
-    import torch.distributed as dist
-
-    shares = [None] * acc.num_processes if acc.is_main_process else None
-    dist.gather_object(share, shares, dst=0)
-    return shares
 
 
 def not_scored(run, output_dir: str | Path, precision: str, devices: list[str]) -> str:

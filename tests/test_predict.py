@@ -72,7 +72,7 @@ def test_shares_of_the_batches_put_together_are_the_logits_bit_for_bit(predictor
     set scored by n processes)."""
     import numpy as np
 
-    from finetune.predict import logits_in_order
+    from finetune.shares import logits_in_order
 
     predictor.batch_size = 2
     whole = predictor.logits(TEXTS)

@@ -105,7 +105,7 @@ def test_every_process_scores_a_share_of_the_test_batches_and_the_main_one_all_o
     import logging
     from types import SimpleNamespace
 
-    from finetune import test_set
+    from finetune import shares, test_set
     from finetune.predict import Predictor
 
     test = _test_file(tmp_path / "files")
@@ -117,11 +117,12 @@ def test_every_process_scores_a_share_of_the_test_batches_and_the_main_one_all_o
     def on_process(index, others):
         sent = []
 
-        def gathered(share, acc):
+        def gathered(share, processes, to=None):
+            assert processes == (index, 2) and to == 0  # to the main process alone
             sent.append(share)
-            return [share, *others] if acc.is_main_process else None
+            return [share, *others] if index == 0 else None
 
-        monkeypatch.setattr(test_set, "shares_on_main", gathered)
+        monkeypatch.setattr(shares, "shares_of_every_process", gathered)
         accelerator = SimpleNamespace(process_index=index, num_processes=2, is_main_process=index == 0,
                                       mixed_precision="no", wait_for_everyone=lambda: None)
         return test_set.score_test_set(SimpleNamespace(**{**vars(run), "accelerator": accelerator}), out), sent[0]

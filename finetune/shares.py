@@ -1,0 +1,50 @@
+"""Texts predicted by several processes, a share of the batches each.
+
+Under ``accelerate launch`` every process holds the same texts. :meth:`finetune.predict.Predictor.share_of_logits`
+runs every ``P``-th of the batches one process would run (the same batches, cut and padded alike), so that the
+shares put together are one process's logits, bit for bit on devices that compute alike, in a ``P``-th of the
+time. Here: which share is this process's, how the shares travel, and how they come back into the texts' order.
+A run's test set (:mod:`finetune.test_set`) and ``finetune predict`` and ``score`` under a launch use them.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+
+def launched_processes() -> tuple[int, int]:
+    """This process's index and the number of processes launched (``accelerate launch``, joined over gloo where
+    there is no GPU, as a run joins them); ``(0, 1)`` alone."""
+    from finetune.launch import init_process_state
+
+    state = init_process_state()
+    return state.process_index, state.num_processes
+
+
+def shares_of_every_process(share, processes: tuple[int, int], to: Optional[int] = None) -> Optional[list]:
+    """Each process's ``share`` (any object that pickles), in process order: on every process, or on process
+    ``to`` alone (``None`` on the others). ``processes``: this one's index and their number; alone, ``[share]``.
+    Every process must call it, with the same ``to``."""
+    index, count = processes
+    if count == 1:
+        return [share]
+    import torch.distributed as dist
+
+    if to is None:
+        shares = [None] * count
+        dist.all_gather_object(shares, share)
+        return shares
+    shares = [None] * count if index == to else None
+    dist.gather_object(share, shares, dst=to)
+    return shares
+
+
+def logits_in_order(shares, texts: int, labels: int) -> "np.ndarray":  # noqa: F821
+    """:meth:`~finetune.predict.Predictor.share_of_logits`' ``(rows, logits)`` shares put together: a row per
+    text, in input order."""
+    import numpy as np
+
+    logits = np.zeros((texts, labels), dtype=np.float32)
+    for rows, values in shares:
+        logits[rows] = values
+    return logits
