@@ -75,7 +75,7 @@ def several_processes_asked_for_one_started() -> bool:
 def _warn_one_process_started() -> None:
     logger.warning(
         "accelerate launch was asked for several processes but started one (without --multi_gpu it starts "
-        "one process where it finds no GPUs): this run trains on 1 process; for N processes on the CPU, "
+        "one process where it finds no GPUs): it runs as 1 process; for N processes on the CPU, "
         "accelerate launch --multi_gpu --num_processes N ..."
     )
 
