@@ -35,7 +35,7 @@ from finetune.prediction_files import (CLASH_PREFIX, STDIN, check_options, input
                                        columns_named_as_predictions, note_the_files_own_columns, output_separator,
                                        predict_rows, read_rows, write_predictions, ONE_TEXT_EACH, TEXT_FOLDER)
 from finetune.schema import PAD_TO_MULTIPLE_OF  # the schema alone: no YAML or config loaded
-from finetune.shares import launched_processes, logits_in_order, shares_of_every_process
+from finetune.shares import launched_processes, logits_in_order, process_state, shares_of_every_process
 from finetune.truncation import BOOKKEEPING, LENGTH, Truncation, collator_arguments, padding_for, prediction_length
 
 DEFAULT_BATCH_SIZE = 64
@@ -323,9 +323,9 @@ def _cut_of(data) -> dict[str, Any]:
 
 def _training_device():
     """The device training would use (Accelerate's choice), with all CPU cores, or this process's share of them."""
-    from finetune.launch import configure_cpu_threads, init_process_state
+    from finetune.launch import configure_cpu_threads
 
-    state = init_process_state()
+    state = process_state()
     configure_cpu_threads(state.device, state.num_processes)  # each launched process its share of the cores
     return state.device
 

@@ -12,12 +12,20 @@ from __future__ import annotations
 from typing import Optional
 
 
-def launched_processes() -> tuple[int, int]:
-    """This process's index and the number of processes launched (``accelerate launch``, joined over gloo where
-    there is no GPU, as a run joins them); ``(0, 1)`` alone."""
+def process_state():
+    """Accelerate's process state: a run's, where its ``Accelerator`` set one up (a test set scored at its end),
+    else the launched processes joined as a run joins them (:func:`finetune.launch.init_process_state`: over
+    gloo where there is no GPU), which says what it joined once."""
+    from accelerate.state import PartialState, is_initialized
+
     from finetune.launch import init_process_state
 
-    state = init_process_state()
+    return PartialState() if is_initialized() else init_process_state()
+
+
+def launched_processes() -> tuple[int, int]:
+    """This process's index and the number of processes launched (``accelerate launch``); ``(0, 1)`` alone."""
+    state = process_state()
     return state.process_index, state.num_processes
 
 
