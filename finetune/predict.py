@@ -210,7 +210,8 @@ class Predictor:
             progress: Show a tqdm bar (counts texts).
         """
         texts = list(texts)
-        share = self.share_of_logits(texts, text_pairs, self.processes, progress)
+        first = self.processes[0] == 0  # the one bar, of its own share, where processes share the batches
+        share = self.share_of_logits(texts, text_pairs, self.processes, progress and first)
         return logits_in_order(shares_of_every_process(share, self.processes), len(texts), len(self.labels))
 
     def share_of_logits(self, texts: Sequence[str], text_pairs: Optional[Sequence[str]], share: tuple[int, int],
@@ -417,8 +418,7 @@ def run(args: argparse.Namespace) -> None:
         note_the_files_own_columns(args.file, args.output_dir, rows, clashes,
                                    cfg.data.label_column if cfg is not None else None)
     with out_of_memory_told_as(lambda _: batch_too_large(args.batch_size)):
-        predicted = predict_rows(predictor, rows, text_column, pair_column, progress=bool(args.file) and first,
-                                 prefix=prefix)
+        predicted = predict_rows(predictor, rows, text_column, pair_column, progress=bool(args.file), prefix=prefix)
     if not first:
         return
     if args.output:

@@ -95,5 +95,8 @@ def test_finetune_score_under_a_launch_reports_once_what_one_process_reports(tra
     shared = _launched(*command)
     assert shared.returncode == 0, shared.stderr[-3000:]
     assert shared.stdout == alone.stdout  # the scores, the labels' table, the matrix and the comparison, once
+    # one progress bar a model, the first process's, of its share: batches of 2, 2 and 1 of the 9 texts (the
+    # other process ran 2 and 2)
+    assert shared.stderr.count("| 5/5 [") == 2 and "/4 [" not in shared.stderr, shared.stderr[-3000:]
     assert json.loads(scores.read_text()) == expected
     assert expected["metrics"]["num_samples"] == 9 and expected["against"] is not None
