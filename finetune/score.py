@@ -256,11 +256,8 @@ def run(args: argparse.Namespace) -> Score:
     # after the checks above, which need neither datasets nor torch (seconds to import): a wrong argument
     # is said at once
     from finetune.comparison import check_comparable
-    from finetune.metrics import metrics_with_intervals
     from finetune.tasks import model_labels
-    from finetune.plot import DPI, confusion_figure, picture_format
-    from finetune.score_tables import (PRINTED_MATRIX_LABELS, format_by_label, format_confusion, format_confusions,
-                                       format_operating_points)
+    from finetune.plot import picture_format
 
     png_format = picture_format(png, "--png")  # before the scoring, which may take minutes
     if other_dir is not None:  # before anything is scored: a model that answers another question is said at once
@@ -279,24 +276,7 @@ def run(args: argparse.Namespace) -> Score:
         report["against"] = comparison.to_dict()
     if not first:
         return result
-    arithmetic = f", computed in {result.precision} autocast" if result.precision != "no" else ""
-    seen = f", {result.seen_in_training} of them a text the model trained on" if result.seen_in_training else ""
-    print(f"{result.file}: {result.metrics['num_samples']} samples{seen}{arithmetic}")
-    print(metrics_with_intervals(result.metrics, result.intervals or {}))
-    if result.by_label is not None:
-        print(format_by_label(result.by_label))
-    if result.operating_points is not None:
-        print(format_operating_points(result.operating_points))
-    for caution in cautions(result, f"texts of {file_name(args.file)}"):
-        print(f"warning: {caution}", file=sys.stderr)
-    if result.confusion is not None:
-        if len(result.labels) <= PRINTED_MATRIX_LABELS:
-            print(format_confusion(result.confusion, result.labels))
-        else:
-            print(format_confusions(result.confusion, result.labels))
-        title = f"{output_dir.name} on {file_name(args.file)}"
-        confusion_figure(result.confusion, result.labels, title=title).savefig(png, dpi=DPI, format=png_format)
-        print(f"confusion matrix: {png}")
+    print_score(result, file_name(args.file), f"{output_dir.name} on {file_name(args.file)}", png, png_format)
     if other_dir is not None:
         print(format_comparison(result, comparison, len(result.texts)))
     if args.json:
@@ -307,6 +287,34 @@ def run(args: argparse.Namespace) -> Score:
                                             result.intervals, result.precision))
         print(f"model card: {card}")
     return result
+
+
+def print_score(result: Score, file_named: str, title: str, png: Path, png_format: str) -> None:
+    """What ``finetune score`` says of a file's scores: the metrics with their intervals, each label's scores and
+    operating points, the cautions (on stderr), and the confusion matrix, which it also draws into ``png`` under
+    ``title``."""
+    from finetune.metrics import metrics_with_intervals
+    from finetune.plot import DPI, confusion_figure
+    from finetune.score_tables import (PRINTED_MATRIX_LABELS, format_by_label, format_confusion, format_confusions,
+                                       format_operating_points)
+
+    arithmetic = f", computed in {result.precision} autocast" if result.precision != "no" else ""
+    seen = f", {result.seen_in_training} of them a text the model trained on" if result.seen_in_training else ""
+    print(f"{result.file}: {result.metrics['num_samples']} samples{seen}{arithmetic}")
+    print(metrics_with_intervals(result.metrics, result.intervals or {}))
+    if result.by_label is not None:
+        print(format_by_label(result.by_label))
+    if result.operating_points is not None:
+        print(format_operating_points(result.operating_points))
+    for caution in cautions(result, f"texts of {file_named}"):
+        print(f"warning: {caution}", file=sys.stderr)
+    if result.confusion is not None:
+        if len(result.labels) <= PRINTED_MATRIX_LABELS:
+            print(format_confusion(result.confusion, result.labels))
+        else:
+            print(format_confusions(result.confusion, result.labels))
+        confusion_figure(result.confusion, result.labels, title=title).savefig(png, dpi=DPI, format=png_format)
+        print(f"confusion matrix: {png}")
 
 
 def cautions(result: Score, texts_named: str) -> list[str]:
