@@ -5,6 +5,7 @@ Usage::
     python -m finetune.predict outputs/sms_spam "WIN a free prize, call now" "see you at lunch"
     python -m finetune.predict outputs/sms_spam --file messages.txt --output predictions.csv
     python -m finetune.predict outputs/sms_spam --file messages.jsonl --output predictions.jsonl
+    accelerate launch --multi_gpu --num_processes 8 -m finetune.predict outputs/sms_spam --file big.csv --output p.csv
 
 Each prediction has the label (the most probable class; for two classes, the positive class where its probability
 is over a threshold: the model's, or ``--threshold``), its probability (``score``) and every class's; for a

@@ -6,6 +6,7 @@ Usage::
     finetune score outputs/sms_spam --file test.csv       # a CSV whose header names text and label
     finetune score outputs/bbc_news --file test.csv evaluation.metrics=[accuracy] --json scores.json
     finetune score outputs/sms_spam --file test.csv --card   # and into the model card, for the Hub
+    accelerate launch --multi_gpu --num_processes 8 -m finetune.score outputs/sms_spam --file test.csv   # 8 GPUs
 
 The file is read as training read its data (:mod:`finetune.scored_files`): with the ``data`` settings of the run's
 saved ``config.yaml`` (format, header, column names, empty texts), which ``data.key=value`` arguments override; a
