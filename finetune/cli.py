@@ -9,8 +9,9 @@ Usage::
     finetune sweep [--config F] --sweep SWEEP.yaml [--seeds N] [--storage URL] [section.key=value ...]
 
 Several processes: ``accelerate launch -m finetune.cli train ...`` (or
-``accelerate launch finetune/train.py ...`` from a clone). ``finetune COMMAND
---help`` explains each command.
+``accelerate launch finetune/train.py ...`` from a clone); ``predict`` and
+``score`` the same way share the batches among the processes. ``finetune
+COMMAND --help`` explains each command.
 """
 
 from __future__ import annotations
