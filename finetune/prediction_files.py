@@ -111,6 +111,8 @@ def check_options(args: argparse.Namespace) -> None:
     Raises:
         ConfigError, DataError or ModelError naming the option.
     """
+    from finetune.launch import launched_world_size  # the launcher's variables alone: no torch imported
+
     for flag, column in (("--text", args.text_column), ("--text-pair", args.text_pair_column)):
         if column is not None and not args.file:  # `--text "a sentence"` would otherwise classify nothing
             raise ConfigError(f"{flag} {column!r}: names a column of a --file; texts to classify follow the "
@@ -122,7 +124,7 @@ def check_options(args: argparse.Namespace) -> None:
     if args.output and not args.file:
         raise ConfigError("--output: only with --file")
     # every launched process inherits the one standard input, and each would read other lines
-    if args.file == STDIN and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+    if args.file == STDIN and launched_world_size() > 1:
         raise ConfigError("--file -: standard input cannot be shared by the processes launched; give a file")
     if args.batch_size < 1:
         raise ConfigError(f"--batch-size: must be >= 1, got {args.batch_size}")

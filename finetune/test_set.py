@@ -76,17 +76,18 @@ def score_test_set(run, output_dir: str | Path) -> Optional[dict[str, Any]]:
 
     acc = run.accelerator
     test, precision = run.test, str(acc.mixed_precision)
+    processes = (acc.process_index, acc.num_processes)
     predictor = None
     try:
         predictor = Predictor.load(output_dir, batch_size=run.cfg.training.per_device_eval_batch_size,
                                    precision=precision)
-        share = predictor.share_of_logits(test.texts, test.pairs, (acc.process_index, acc.num_processes),
+        share = predictor.share_of_logits(test.texts, test.pairs, processes,
                                           progress=run.cfg.logging.progress_bar and acc.is_main_process)
     except Exception as exc:  # noqa: BLE001 - running out of memory alone is told here
         if not is_out_of_memory(exc):
             raise
         share = str(acc.device)  # where it ran out, for the warning
-    shares = shares_of_every_process(share, (acc.process_index, acc.num_processes), to=0)
+    shares = shares_of_every_process(share, processes, to=0)
     result = None
     if acc.is_main_process:
         short = [part for part in shares if isinstance(part, str)]
