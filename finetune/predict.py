@@ -36,8 +36,10 @@ from finetune.prediction_files import (CLASH_PREFIX, STDIN, check_options, input
                                        columns_named_as_predictions, note_the_files_own_columns, output_separator,
                                        predict_rows, read_rows, write_predictions, ONE_TEXT_EACH, TEXT_FOLDER)
 from finetune.schema import PAD_TO_MULTIPLE_OF  # the schema alone: no YAML or config loaded
-from finetune.shares import launched_processes, logits_in_order, process_state, shares_of_every_process
-from finetune.truncation import BOOKKEEPING, LENGTH, Truncation, collator_arguments, padding_for, prediction_length
+from finetune.shares import (batches_of_share, launched_processes, logits_in_order, process_device,
+                             shares_of_every_process, slice_of)
+from finetune.truncation import (Truncation, collator_arguments, cut_of, model_features, padding_for,
+                                 prediction_length)
 
 DEFAULT_BATCH_SIZE = 64
 
@@ -152,7 +154,7 @@ class Predictor:
         cfg = saved_config(path)
         if max_length is None:
             max_length = cfg.data.max_length if cfg is not None else None
-        cut = _cut_of(cfg.data) if cfg is not None else {}
+        cut = cut_of(cfg.data) if cfg is not None else {}
         try:
             tokenizer = AutoTokenizer.from_pretrained(path)
             if is_adapter_checkpoint(path):  # a LoRA run's checkpoint: its base model plus adapter/, merged
@@ -164,7 +166,7 @@ class Predictor:
             raise ModelError(f"{path}: cannot load the model: {first}") from None
         model.eval()
         if device is None:
-            device = _training_device()
+            device = process_device()
         positive = cfg.evaluation.positive_label if cfg is not None else None  # what a run scored F1 on
         return cls(model, tokenizer, device=device, batch_size=batch_size, max_length=max_length,
                    threshold=threshold, precision=precision, positive_label=positive,
@@ -176,7 +178,7 @@ class Predictor:
         the run does: what :meth:`load` gives once the run is saved. ``options``: the class's other arguments."""
         data = run.cfg.data
         return cls(run.accelerator.unwrap_model(run.model), run.tokenizer,
-                   **{"max_length": data.max_length, **_cut_of(data),
+                   **{"max_length": data.max_length, **cut_of(data),
                       "positive_label": run.cfg.evaluation.positive_label, **options})
 
     def task_at(self, threshold=None):
@@ -212,16 +214,33 @@ class Predictor:
         """
         texts = list(texts)
         first = self.processes[0] == 0  # the one bar, of its own share, where processes share the batches
-        share = self.share_of_logits(texts, text_pairs, self.processes, progress and first)
+        lengths = self.lengths_across_processes(texts, text_pairs) if self.processes[1] > 1 else None
+        share = self.share_of_logits(texts, text_pairs, self.processes, progress and first, lengths)
         return logits_in_order(shares_of_every_process(share, self.processes), len(texts), len(self.labels))
 
+    def lengths_across_processes(self, texts: Sequence[str], text_pairs: Optional[Sequence[str]]) -> list[int]:
+        """Every text's length in tokens, each of the processes sharing the batches tokenizing an ``n``-th of the
+        texts (:func:`finetune.shares.slice_of`): with them each tokenizes only its share's texts, so that ``n``
+        processes tokenize every text twice in all, where each would tokenize all of them on the host's cores."""
+        rows = slice_of(len(texts), self.processes)
+        _, lengths = self.features_of(texts, text_pairs, rows)
+        return [length for part in shares_of_every_process(lengths, self.processes) for length in part]
+
+    def features_of(self, texts: Sequence[str], text_pairs: Optional[Sequence[str]], rows: Sequence[int]
+                    ) -> tuple[list[dict[str, list]], list[int]]:
+        """The model inputs and token lengths of the texts at ``rows``, cut as the run cut them."""
+        pairs = [text_pairs[i] for i in rows] if text_pairs is not None else None
+        return model_features(self.tokenizer, self.truncation, [texts[i] for i in rows], pairs)
+
     def share_of_logits(self, texts: Sequence[str], text_pairs: Optional[Sequence[str]], share: tuple[int, int],
-                        progress: bool = False) -> tuple["np.ndarray", "np.ndarray"]:  # noqa: F821
+                        progress: bool = False, lengths: Optional[Sequence[int]] = None
+                        ) -> tuple["np.ndarray", "np.ndarray"]:  # noqa: F821
         """One of ``n`` processes' part of :meth:`logits`: with ``share = (i, n)``, the batches ``i``, ``i + n``,
         ``i + 2n``, ... of those one process runs, each made and run as one process makes and runs it, as the
         texts' row numbers and their logits. The ``n`` parts put together
         (:func:`finetune.shares.logits_in_order`) are one process's :meth:`logits` bit for bit on devices that
-        compute alike, whatever ``n`` is: no batch is cut or padded otherwise.
+        compute alike, whatever ``n`` is: no batch is cut or padded otherwise. Given every text's ``lengths``
+        (:meth:`lengths_across_processes`), it tokenizes only the texts of its batches; else all of them.
         """
         import numpy as np
         import torch
@@ -236,16 +255,13 @@ class Predictor:
         rows, values = [np.zeros(0, dtype=np.int64)], [np.zeros((0, len(self.labels)), dtype=np.float32)]
         if not texts:
             return rows[0], values[0]
-        pairs = list(text_pairs) if text_pairs is not None else None
-        if self.truncation is not None:
-            encoded = self.truncation.encode(self.tokenizer, texts, pairs)
+        if lengths is None:
+            features, lengths = self.features_of(texts, text_pairs, range(len(texts)))
+            batches = batches_of_share(lengths, self.batch_size, share)
         else:
-            encoded = dict(self.tokenizer(texts, pairs))
-        features = [{key: encoded[key][i] for key in encoded if key not in BOOKKEEPING} for i in range(len(texts))]
-        lengths = encoded[LENGTH] if LENGTH in encoded else [len(ids) for ids in encoded["input_ids"]]
-        order = sorted(range(len(texts)), key=lambda i: -lengths[i])
-        part, parts = share
-        batches = [order[start:start + self.batch_size] for start in range(0, len(order), self.batch_size)][part::parts]
+            batches = batches_of_share(lengths, self.batch_size, share)
+            mine = [row for batch in batches for row in batch]
+            features = dict(zip(mine, self.features_of(texts, text_pairs, mine)[0]))
         collate = DataCollatorWithPadding(self.tokenizer, **collator_arguments(self.padded_to, self.pad_to_multiple_of),
                                           return_tensors="pt")
         if self.truncation is not None and self.truncation.chunked:
@@ -315,21 +331,6 @@ class Predictor:
         if self.problem_type == "multi_label":
             return {"labels": [], "probabilities": probabilities}
         return {"label": "", "score": None, "probabilities": probabilities}
-
-
-def _cut_of(data) -> dict[str, Any]:
-    """A run's cut and padding of a text (``data``): a head_tail model sees head and tail here too."""
-    return {"truncation": data.truncation, "head_tokens": data.head_tokens, "stride": data.stride,
-            "pad_to_multiple_of": data.pad_to_multiple_of, "padding": data.padding}
-
-
-def _training_device():
-    """The device training would use (Accelerate's choice), with all CPU cores, or this process's share of them."""
-    from finetune.launch import configure_cpu_threads
-
-    state = process_state()
-    configure_cpu_threads(state.device, state.num_processes)  # each launched process its share of the cores
-    return state.device
 
 
 # --------------------------------------------------------------------------- command line

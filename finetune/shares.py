@@ -3,13 +3,14 @@
 Under ``accelerate launch`` every process holds the same texts. :meth:`finetune.predict.Predictor.share_of_logits`
 runs every ``P``-th of the batches one process would run (the same batches, cut and padded alike), so that the
 shares put together are one process's logits, bit for bit on devices that compute alike, in a ``P``-th of the
-time. Here: which share is this process's, how the shares travel, and how they come back into the texts' order.
-A run's test set (:mod:`finetune.test_set`) and ``finetune predict`` and ``score`` under a launch use them.
+time. Here: which share is this process's (its batches, and the texts it tokenizes to learn every text's length),
+how the shares travel, and how they come back into the texts' order. A run's test set (:mod:`finetune.test_set`)
+and ``finetune predict`` and ``score`` under a launch use them.
 """
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Sequence
 
 
 def process_state():
@@ -23,10 +24,34 @@ def process_state():
     return PartialState() if is_initialized() else init_process_state()
 
 
+def process_device():
+    """The device training would use (Accelerate's choice), with all CPU cores, or this process's share of them."""
+    from finetune.launch import configure_cpu_threads
+
+    state = process_state()
+    configure_cpu_threads(state.device, state.num_processes)  # each launched process its share of the cores
+    return state.device
+
+
 def launched_processes() -> tuple[int, int]:
     """This process's index and the number of processes launched (``accelerate launch``); ``(0, 1)`` alone."""
     state = process_state()
     return state.process_index, state.num_processes
+
+
+def slice_of(count: int, share: tuple[int, int]) -> range:
+    """With ``share = (i, n)``: the ``i``-th of ``n`` runs of ``count`` rows, in order, their sizes a row apart at
+    most (what one process tokenizes so that every process learns every text's length)."""
+    part, parts = share
+    return range(part * count // parts, (part + 1) * count // parts)
+
+
+def batches_of_share(lengths: Sequence[int], batch_size: int, share: tuple[int, int]) -> list[list[int]]:
+    """With ``share = (i, n)``: the batches ``i``, ``i + n``, ``i + 2n``, ... of those one process runs, as row
+    numbers: ``batch_size`` rows each, longest first (rows of one length in their order)."""
+    order = sorted(range(len(lengths)), key=lambda row: -lengths[row])
+    part, parts = share
+    return [order[start:start + batch_size] for start in range(0, len(order), batch_size)][part::parts]
 
 
 def shares_of_every_process(share, processes: tuple[int, int], to: Optional[int] = None) -> Optional[list]:

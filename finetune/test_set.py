@@ -81,6 +81,8 @@ def score_test_set(run, output_dir: str | Path) -> Optional[dict[str, Any]]:
     try:
         predictor = Predictor.load(output_dir, batch_size=run.cfg.training.per_device_eval_batch_size,
                                    precision=precision)
+        # every test text tokenized by each process (no lengths shared): the one collective is after this, where a
+        # process that ran out of memory loading the model or predicting still meets the others
         share = predictor.share_of_logits(test.texts, test.pairs, processes,
                                           progress=run.cfg.logging.progress_bar and acc.is_main_process)
     except Exception as exc:  # noqa: BLE001 - running out of memory alone is told here

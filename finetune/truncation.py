@@ -249,6 +249,27 @@ class Truncation:
         return prefix, content, suffix
 
 
+def cut_of(data) -> dict[str, Any]:
+    """A run's cut and padding of a text (its ``data`` config section) as :class:`~finetune.predict.Predictor`'s
+    arguments: a head_tail model sees head and tail in prediction too."""
+    return {"truncation": data.truncation, "head_tokens": data.head_tokens, "stride": data.stride,
+            "pad_to_multiple_of": data.pad_to_multiple_of, "padding": data.padding}
+
+
+def model_features(tokenizer: Any, truncation: Optional[Truncation], texts: Sequence[str],
+                   pairs: Optional[Sequence[str]] = None) -> tuple[list[dict[str, list]], list[int]]:
+    """Each text's model inputs, cut as ``truncation`` cuts it (``None``: as the tokenizer leaves it), and its
+    length in tokens (under ``chunks``, what its windows pad to together: :meth:`Truncation.encode`'s ``length``)."""
+    if not texts:
+        return [], []  # the tokenizer refuses an empty batch
+    if truncation is not None:
+        encoded = truncation.encode(tokenizer, texts, pairs)
+    else:
+        encoded = dict(tokenizer(list(texts), list(pairs) if pairs is not None else None))
+    lengths = encoded[LENGTH] if LENGTH in encoded else [len(ids) for ids in encoded["input_ids"]]
+    return [{key: encoded[key][i] for key in encoded if key not in BOOKKEEPING} for i in range(len(texts))], lengths
+
+
 @dataclass(frozen=True)
 class LongTexts:
     """How many texts of a split the window cut, and how long the longest was (start line, model card)."""

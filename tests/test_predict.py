@@ -88,6 +88,45 @@ def test_shares_of_the_batches_put_together_are_the_logits_bit_for_bit(predictor
     assert len(shares[3][0]) == 0 and shares[3][1].shape == (0, 2)  # 4 processes, 3 batches: one runs none
 
 
+class CountingTokenizer:
+    """A tokenizer that records every text it is asked to tokenize."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer, self.texts = tokenizer, []
+
+    def __call__(self, texts, *args, **kwargs):
+        self.texts.extend(texts)
+        return self.tokenizer(texts, *args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self.tokenizer, name)
+
+
+@pytest.mark.parametrize("truncation", ["head", "chunks"])
+def test_given_every_texts_length_a_share_tokenizes_its_own_texts_alone(predictor, truncation):
+    """Processes that share the batches each tokenize an n-th of the texts, whose lengths together are every
+    text's (``lengths_across_processes``); given them, a share tokenizes only the texts of its batches, once each,
+    and is the share it is when it tokenizes every text, bit for bit (a text cut into windows too)."""
+    import numpy as np
+
+    from finetune.predict import Predictor
+    from finetune.shares import slice_of
+
+    counting = CountingTokenizer(predictor.tokenizer)
+    cut = Predictor(predictor.model, counting, batch_size=2, max_length=8, truncation=truncation)
+    _, lengths = cut.features_of(TEXTS, None, range(len(TEXTS)))
+    assert max(lengths) > 8 if truncation == "chunks" else max(lengths) == 8  # the long text: 2 windows, or cut
+    for n in (1, 2, 3, 4):
+        slices = [cut.features_of(TEXTS, None, slice_of(len(TEXTS), (i, n)))[1] for i in range(n)]
+        assert sum(slices, []) == lengths and max(map(len, slices)) - min(map(len, slices)) <= 1
+        for i in range(n):
+            rows, values = cut.share_of_logits(TEXTS, None, (i, n))
+            counting.texts.clear()
+            given_rows, given_values = cut.share_of_logits(TEXTS, None, (i, n), lengths=lengths)
+            assert sorted(counting.texts) == sorted(TEXTS[row] for row in rows), (i, n)
+            assert np.array_equal(given_rows, rows) and np.array_equal(given_values, values)
+
+
 def test_batches_are_padded_as_the_run_padded_its_micro_batches(trained, predictor):
     """To a multiple of ``data.pad_to_multiple_of`` (the run's config: 8), or to the longest text with None; the
     padding is masked, so the logits agree to float rounding."""

@@ -44,8 +44,10 @@ def _launched(*args: str) -> forked.subprocess.CompletedProcess:
 @pytest.mark.slow
 def test_a_predictor_shares_its_batches_among_the_processes_launched(trained, tmp_path):
     """Seven texts in batches of two: the first process runs the first and third batches, the second the others,
-    and both get back every text's logits, those of one process bit for bit."""
+    and both get back every text's logits, those of one process bit for bit. Each tokenizes its half of the texts
+    for their lengths, then the texts of its batches alone."""
     from finetune.predict import Predictor
+    from finetune.shares import batches_of_share
 
     done = _launched(str(REPO / "tests" / "prediction_worker.py"), str(tmp_path), str(trained), json.dumps(TEXTS))
     assert done.returncode == 0, done.stderr[-3000:]
@@ -58,6 +60,10 @@ def test_a_predictor_shares_its_batches_among_the_processes_launched(trained, tm
     assert [p["batches"] for p in processes] == [[2, 2], [2, 1]]
     for process in processes:
         assert np.array_equal(np.asarray(process["logits"], dtype=np.float32), expected)
+    _, lengths = alone.features_of(TEXTS, None, range(len(TEXTS)))
+    for index, half in [(0, TEXTS[:3]), (1, TEXTS[3:])]:
+        batches = batches_of_share(lengths, 2, (index, 2))
+        assert sorted(processes[index]["tokenized"]) == sorted(half + [TEXTS[row] for row in sum(batches, [])])
 
 
 @pytest.mark.slow
