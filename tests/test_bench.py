@@ -1267,6 +1267,22 @@ def test_the_start_up_benchmark_times_each_checkout_on_the_same_generated_rows(t
         assert 0 < float(row[1]) < 120 and "error: texts.tsv: no column 'sentiment' (data.label_column)" in row[3]
 
 
+def test_the_launched_prediction_benchmark_times_each_number_of_processes_on_the_same_texts(tmp_path, capsys):
+    """The default job's messages, one a line, numbered; ``finetune predict`` timed alone and under a launch of
+    two processes, both writing the same predictions (here this checkout, no baseline)."""
+    from bench.predict_processes import main, write_texts
+
+    write_texts(tmp_path / "texts.txt", 5000)
+    lines = (tmp_path / "texts.txt").read_text(encoding="utf-8").splitlines()
+    assert len(lines) == 5000 and lines[0].endswith(" (0)") and lines[-1].endswith(" (1)")
+    assert main(["--texts", "50", "--processes", "1,2", "--rounds", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "50 texts; every way wrote the same predictions, byte for byte." in out
+    rows = [line.split(" | ") for line in out.splitlines() if line.startswith("| this checkout")]
+    assert [int(row[1]) for row in rows] == [1, 2]
+    assert all(0 < float(row[2]) < 300 and row[4].strip(" |") == row[2] for row in rows)  # one round: its median
+
+
 def test_the_intervals_benchmark_times_the_metrics_and_their_intervals_for_each_shape(capsys, monkeypatch):
     import bench.intervals
 
