@@ -337,8 +337,7 @@ class Predictor:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = CommandParser(prog="finetune predict",
-                           description="Classify texts with a fine-tuned model.")
+    parser = CommandParser(prog="finetune predict", description="Classify texts with a fine-tuned model.")
     parser.add_argument("output_dir", help="a run's output directory (the saved model)")
     parser.add_argument("texts", nargs="*", help="texts to classify (printed as JSON lines)")
     parser.add_argument("--file", default=None, help="classify the texts of a .txt, .csv, .tsv, .json, .jsonl or "
@@ -363,14 +362,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_intermixed_args(argv)
 
 
-def quiet_progress_bars() -> None:
-    """Silence the bars of reading a file and loading weights, for commands that show a bar of their own
-    (``predict``, ``score``)."""
-    import datasets
+def quiet_progress_bars(files: bool = True) -> None:
+    """Silence the bars of loading weights and, with ``files``, of reading one (datasets' import takes a second
+    that texts given on the command line do without), for commands that show a bar of their own."""
     from transformers.utils import logging as hf_logging
 
-    datasets.disable_progress_bars()
     hf_logging.disable_progress_bar()
+    if files:
+        import datasets
+        datasets.disable_progress_bars()
 
 
 def run(args: argparse.Namespace) -> None:
@@ -395,7 +395,7 @@ def run(args: argparse.Namespace) -> None:
     pair_column = args.text_pair_column or (cfg.data.text_pair_column if cfg is not None else None)
     encoding = args.encoding or (cfg.data.encoding if cfg is not None else "utf-8")
     # after the checks above, which need neither datasets nor transformers (seconds to import): said at once
-    quiet_progress_bars()  # the bars of reading the file and loading the weights; the file's bar is ours
+    quiet_progress_bars(files=bool(args.file))  # of reading the file and loading the weights; the file's is ours
     if args.threshold is not None:  # against the model's labels before its weights load, in the option's name
         from finetune.tasks import model_labels, refuse_threshold
         names, problem_type = model_labels(output_dir)

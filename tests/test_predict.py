@@ -187,6 +187,16 @@ def test_cli_texts_print_json_lines(trained):
         assert sum(r["probabilities"].values()) == pytest.approx(1.0, abs=1e-6)
 
 
+def test_texts_on_the_command_line_are_classified_without_importing_datasets(trained):
+    """datasets reads files (a second to import); texts given as arguments do without it."""
+    from helpers import calls_in_a_fresh_python
+
+    out, _, _ = trained
+    results, imported, stderr = calls_in_a_fresh_python("finetune.predict.main", [[[str(out), TEXTS[0]]]],
+                                                         modules=("torch", "datasets"))
+    assert (results, imported) == (["0"], ["torch"]), stderr[-2000:]
+
+
 def test_standard_input_is_one_text_per_line(trained, predictor, tmp_path):
     # `cat messages.txt | finetune predict RUN --file -`: a line per text, a blank line an empty prediction,
     # UTF-8 whatever the terminal's locale says
