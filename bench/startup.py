@@ -25,6 +25,10 @@ With ``--data-error``, each way instead runs the command a user types,
 such column: the seconds from the process's start to its one-line error,
 which is what a user waits for each time a file of their own is wrong.
 
+With ``--predict``, each way runs ``finetune predict MODEL "a text"`` (a small saved BERT with the embedded
+MiniLM's tokenizer): the seconds from the process's start to the printed prediction, what a user waits for each
+time they try the model on a sentence.
+
 Each way runs in a fresh process, the ways alternating by round, and
 reports the median of its rounds. Prints a Markdown table for bench/README.md.
 """
@@ -122,6 +126,18 @@ def time_data_error(checkout: Path, data: Path, workdir: Path) -> dict:
     return {"seconds": seconds, "error": errors[-1].replace(str(data), data.name)}
 
 
+def time_prediction(checkout: Path, model: Path, workdir: Path) -> dict:
+    """``finetune predict`` of ``checkout`` on one text given on the command line, timed whole."""
+    command = [sys.executable, "-m", "finetune.predict", str(model), "see you at lunch"]
+    env = {**os.environ, "PYTHONPATH": str(checkout), "HF_HUB_OFFLINE": "1"}
+    began = time.perf_counter()
+    done = subprocess.run(command, cwd=workdir, env=env, capture_output=True, text=True)
+    seconds = time.perf_counter() - began
+    if done.returncode != 0 or not done.stdout.strip():
+        raise SystemExit(f"finetune predict failed at {checkout}:\n{done.stderr[-3000:]}")
+    return {"seconds": seconds, "label": json.loads(done.stdout.splitlines()[-1])["label"]}
+
+
 def commit_of(checkout: Path) -> str:
     """The checkout's short commit, marked where its files differ from it."""
     def git(*args: str) -> str:
@@ -140,29 +156,37 @@ def main(argv=None) -> int:
                         help="time the dry run's rehearsal and its estimate of an evaluation, not setup_run")
     parser.add_argument("--data-error", action="store_true",
                         help="time finetune train to its one-line error on a file without the label column named")
+    parser.add_argument("--predict", action="store_true",
+                        help="time finetune predict of one text given on the command line, to its printed answer")
     args = parser.parse_args(argv)
     ways = {f"this checkout, {commit_of(REPO)}": REPO}
     if args.baseline is not None:
         ways = {f"baseline, {commit_of(args.baseline)}": args.baseline.resolve(), **ways}
     results: dict[str, list[dict]] = {name: [] for name in ways}
     with tempfile.TemporaryDirectory() as tmp:
-        data = Path(tmp) / "texts.tsv"
-        write_rows(data, args.rows)
+        data, model = Path(tmp) / "texts.tsv", Path(tmp) / "model"
+        if args.predict:
+            from bench.predict_processes import save_small_model
+            save_small_model(model)
+        else:
+            write_rows(data, args.rows)
         for _ in range(args.rounds):
             for name, checkout in ways.items():
-                result = (time_data_error(checkout, data, Path(tmp)) if args.data_error
+                result = (time_prediction(checkout, model, Path(tmp)) if args.predict
+                          else time_data_error(checkout, data, Path(tmp)) if args.data_error
                           else time_setup(checkout, data, Path(tmp), args.dry_run))
                 results[name].append(result)
                 print(f"{name}: {json.dumps(result)}", file=sys.stderr)
     command = " ".join(["python -m bench.startup", *(argv if argv is not None else sys.argv[1:])])
-    shown = (data_error_table(results) if args.data_error else dry_run_table(results) if args.dry_run
+    shown = (table(results, "seconds to the prediction") if args.predict
+             else data_error_table(results) if args.data_error else dry_run_table(results) if args.dry_run
              else table(results))
     print("\n".join([f"Command: `{command}`", "", *shown]))
     return 0
 
 
-def table(results: dict[str, list[dict]]) -> list[str]:
-    lines = ["| way | `setup_run` seconds (median) | rounds |", "| --- | ---: | --- |"]
+def table(results: dict[str, list[dict]], what: str = "`setup_run` seconds") -> list[str]:
+    lines = [f"| way | {what} (median) | rounds |", "| --- | ---: | --- |"]
     for name, rounds in results.items():
         values = [r["seconds"] for r in rounds]
         lines.append(f"| {name} | {statistics.median(values):.1f} | {', '.join(f'{v:.1f}' for v in values)} |")

@@ -1265,6 +1265,12 @@ def test_the_start_up_benchmark_times_each_checkout_on_the_same_generated_rows(t
     assert [row[0].split(",")[0] for row in rows] == ["| baseline", "| this checkout"]
     for row in rows:
         assert 0 < float(row[1]) < 120 and "error: texts.tsv: no column 'sentiment' (data.label_column)" in row[3]
+    # finetune predict of a text given on the command line, to its printed prediction
+    assert main(["--rounds", "1", "--predict"]) == 0
+    out = capsys.readouterr().out
+    assert "| way | seconds to the prediction (median) | rounds |" in out
+    (row,) = [line.split(" | ") for line in out.splitlines() if line.startswith("| this checkout")]
+    assert 0 < float(row[1]) < 120 and row[2].strip(" |") == row[1]
 
 
 def test_the_launched_prediction_benchmark_times_each_number_of_processes_on_the_same_texts(tmp_path, capsys):
