@@ -36,8 +36,8 @@ from finetune.prediction_files import (CLASH_PREFIX, STDIN, check_options, input
                                        columns_named_as_predictions, note_the_files_own_columns, output_separator,
                                        predict_rows, read_rows, write_predictions, ONE_TEXT_EACH, TEXT_FOLDER)
 from finetune.schema import PAD_TO_MULTIPLE_OF  # the schema alone: no YAML or config loaded
-from finetune.shares import (batches_of_share, launched_processes, logits_in_order, process_device,
-                             shares_of_every_process, slice_of)
+from finetune.shares import (batches_of_share, launched_processes, lengths_across_processes, logits_in_order,
+                             process_device, shares_of_every_process)
 from finetune.truncation import (Truncation, collator_arguments, cut_of, model_features, padding_for,
                                  prediction_length)
 
@@ -214,17 +214,10 @@ class Predictor:
         """
         texts = list(texts)
         first = self.processes[0] == 0  # the one bar, of its own share, where processes share the batches
-        lengths = self.lengths_across_processes(texts, text_pairs) if self.processes[1] > 1 else None
+        lengths = None if self.processes[1] == 1 else lengths_across_processes(  # each tokenizes its share alone
+            len(texts), lambda rows: self.features_of(texts, text_pairs, rows)[1], self.processes)
         share = self.share_of_logits(texts, text_pairs, self.processes, progress and first, lengths)
         return logits_in_order(shares_of_every_process(share, self.processes), len(texts), len(self.labels))
-
-    def lengths_across_processes(self, texts: Sequence[str], text_pairs: Optional[Sequence[str]]) -> list[int]:
-        """Every text's length in tokens, each of the processes sharing the batches tokenizing an ``n``-th of the
-        texts (:func:`finetune.shares.slice_of`): with them each tokenizes only its share's texts, so that ``n``
-        processes tokenize every text twice in all, where each would tokenize all of them on the host's cores."""
-        rows = slice_of(len(texts), self.processes)
-        _, lengths = self.features_of(texts, text_pairs, rows)
-        return [length for part in shares_of_every_process(lengths, self.processes) for length in part]
 
     def features_of(self, texts: Sequence[str], text_pairs: Optional[Sequence[str]], rows: Sequence[int]
                     ) -> tuple[list[dict[str, list]], list[int]]:
@@ -240,7 +233,7 @@ class Predictor:
         texts' row numbers and their logits. The ``n`` parts put together
         (:func:`finetune.shares.logits_in_order`) are one process's :meth:`logits` bit for bit on devices that
         compute alike, whatever ``n`` is: no batch is cut or padded otherwise. Given every text's ``lengths``
-        (:meth:`lengths_across_processes`), it tokenizes only the texts of its batches; else all of them.
+        (:func:`finetune.shares.lengths_across_processes`), it tokenizes only its batches' texts; else all of them.
         """
         import numpy as np
         import torch

@@ -10,7 +10,7 @@ and ``finetune predict`` and ``score`` under a launch use them.
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 
 def process_state():
@@ -52,6 +52,23 @@ def batches_of_share(lengths: Sequence[int], batch_size: int, share: tuple[int, 
     order = sorted(range(len(lengths)), key=lambda row: -lengths[row])
     part, parts = share
     return [order[start:start + batch_size] for start in range(0, len(order), batch_size)][part::parts]
+
+
+def lengths_across_processes(count: int, lengths_of: Callable[[range], list[int]], processes: tuple[int, int]
+                             ) -> list[int]:
+    """Every one of the ``count`` texts' length in tokens, on every process, each process measuring its
+    :func:`slice_of` them (``lengths_of(rows)``): with them each tokenizes only its own batches' texts, so that
+    ``n`` processes tokenize every text twice in all, where each would tokenize all of them on the cores they share.
+
+    Raises:
+        ValueError: on every process, where they hold different numbers of texts (each predicting its own, say).
+    """
+    parts = shares_of_every_process((count, lengths_of(slice_of(count, processes))), processes)
+    counts = [held for held, _ in parts]
+    if len(set(counts)) > 1:
+        raise ValueError(f"the processes sharing the batches hold different numbers of texts ({counts}, by process): "
+                         f"each must pass the same texts, or predict apart (across_processes=False)")
+    return [length for _, lengths in parts for length in lengths]
 
 
 def shares_of_every_process(share, processes: tuple[int, int], to: Optional[int] = None) -> Optional[list]:

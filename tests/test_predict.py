@@ -127,6 +127,29 @@ def test_given_every_texts_length_a_share_tokenizes_its_own_texts_alone(predicto
             assert np.array_equal(given_rows, rows) and np.array_equal(given_values, values)
 
 
+def test_every_process_learns_every_length_and_processes_holding_other_texts_are_told(monkeypatch):
+    """Each process measures its slice; the slices, in process order, are every text's lengths. Processes that
+    hold different numbers of texts (each predicting its own) all stop on the same error, before any batch."""
+    from finetune import shares
+
+    sent = []
+
+    def gathered(share, processes, to=None):
+        sent.append(share)
+        return [share, (6, [7, 8, 9])]  # the second process's slice of the same six texts
+
+    monkeypatch.setattr(shares, "shares_of_every_process", gathered)
+    assert shares.lengths_across_processes(6, lambda rows: [row * 10 for row in rows], (0, 2)) == [0, 10, 20, 7, 8, 9]
+    assert sent == [(6, [0, 10, 20])]  # its slice: the first three rows
+    # fewer texts than processes: some measure none, which the tokenizer (refusing an empty batch) is not asked to
+    assert [list(shares.slice_of(2, (i, 4))) for i in range(4)] == [[], [0], [], [1]]
+    from finetune.truncation import model_features
+    assert model_features(None, None, []) == ([], [])
+    monkeypatch.setattr(shares, "shares_of_every_process", lambda share, processes, to=None: [share, (5, [1, 1, 1])])
+    with pytest.raises(ValueError, match=r"hold different numbers of texts \(\[6, 5\], by process\)"):
+        shares.lengths_across_processes(6, lambda rows: [1] * len(rows), (0, 2))
+
+
 def test_batches_are_padded_as_the_run_padded_its_micro_batches(trained, predictor):
     """To a multiple of ``data.pad_to_multiple_of`` (the run's config: 8), or to the longest text with None; the
     padding is masked, so the logits agree to float rounding."""
