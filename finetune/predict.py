@@ -202,7 +202,9 @@ class Predictor:
 
         Texts are tokenized once, then run longest first in batches of
         ``batch_size`` so each batch pads to similar lengths; the rows are put
-        back in input order. Under ``chunks`` a batch holds ``batch_size``
+        back in input order. Processes that share the batches (``across_processes``)
+        each tokenize a slice of the texts for their lengths, then their batches'
+        texts. Under ``chunks`` a batch holds ``batch_size``
         texts with all their windows, and a text's row is the mean of its
         windows' logits, as in training.
 
