@@ -29,6 +29,20 @@ WORDS = [
 SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 
 
+class RecordingTokenizer:
+    """A tokenizer that records every text it is asked to tokenize (its ``texts``), and is the tokenizer otherwise."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer, self.texts = tokenizer, []
+
+    def __call__(self, texts, *args, **kwargs):
+        self.texts.extend(texts)
+        return self.tokenizer(texts, *args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self.tokenizer, name)
+
+
 def tiny_bert_config(num_labels: int = 2, dropout: float = 0.0, vocab_size: int = len(SPECIAL) + len(WORDS)):
     from transformers import BertConfig
 

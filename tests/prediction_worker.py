@@ -13,20 +13,7 @@ import sys
 from pathlib import Path
 
 from finetune.predict import Predictor
-
-
-class RecordingTokenizer:
-    """The predictor's tokenizer, recording the texts it tokenizes."""
-
-    def __init__(self, tokenizer):
-        self.tokenizer, self.texts = tokenizer, []
-
-    def __call__(self, texts, *args, **kwargs):
-        self.texts.extend(texts)
-        return self.tokenizer(texts, *args, **kwargs)
-
-    def __getattr__(self, name):
-        return getattr(self.tokenizer, name)
+from helpers import RecordingTokenizer  # beside this script, on its import path
 
 
 if __name__ == "__main__":

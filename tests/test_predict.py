@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import forked
-from helpers import REPO, make_texts, offline_env, save_tiny_model, write_tsv
+from helpers import REPO, RecordingTokenizer, make_texts, offline_env, save_tiny_model, write_tsv
 from tiny_run import fit_tiny_run, reset_accelerate
 
 # different lengths, so batches are padded and length-sorted
@@ -88,20 +88,6 @@ def test_shares_of_the_batches_put_together_are_the_logits_bit_for_bit(predictor
     assert len(shares[3][0]) == 0 and shares[3][1].shape == (0, 2)  # 4 processes, 3 batches: one runs none
 
 
-class CountingTokenizer:
-    """A tokenizer that records every text it is asked to tokenize."""
-
-    def __init__(self, tokenizer):
-        self.tokenizer, self.texts = tokenizer, []
-
-    def __call__(self, texts, *args, **kwargs):
-        self.texts.extend(texts)
-        return self.tokenizer(texts, *args, **kwargs)
-
-    def __getattr__(self, name):
-        return getattr(self.tokenizer, name)
-
-
 @pytest.mark.parametrize("truncation", ["head", "chunks"])
 def test_given_every_texts_length_a_share_tokenizes_its_own_texts_alone(predictor, truncation):
     """Processes that share the batches each tokenize an n-th of the texts, whose lengths together are every
@@ -112,7 +98,7 @@ def test_given_every_texts_length_a_share_tokenizes_its_own_texts_alone(predicto
     from finetune.predict import Predictor
     from finetune.shares import slice_of
 
-    counting = CountingTokenizer(predictor.tokenizer)
+    counting = RecordingTokenizer(predictor.tokenizer)
     cut = Predictor(predictor.model, counting, batch_size=2, max_length=8, truncation=truncation)
     _, lengths = cut.features_of(TEXTS, None, range(len(TEXTS)))
     assert max(lengths) > 8 if truncation == "chunks" else max(lengths) == 8  # the long text: 2 windows, or cut
