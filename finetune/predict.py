@@ -250,11 +250,11 @@ class Predictor:
         rows, values = [np.zeros(0, dtype=np.int64)], [np.zeros((0, len(self.labels)), dtype=np.float32)]
         if not texts:
             return rows[0], values[0]
-        if lengths is None:
+        features = None
+        if lengths is None:  # every text tokenized here
             features, lengths = self.features_of(texts, text_pairs, range(len(texts)))
-            batches = batches_of_share(lengths, self.batch_size, share)
-        else:
-            batches = batches_of_share(lengths, self.batch_size, share)
+        batches = batches_of_share(lengths, self.batch_size, share)
+        if features is None:  # this share's texts alone
             mine = [row for batch in batches for row in batch]
             features = dict(zip(mine, self.features_of(texts, text_pairs, mine)[0]))
         collate = DataCollatorWithPadding(self.tokenizer, **collator_arguments(self.padded_to, self.pad_to_multiple_of),
