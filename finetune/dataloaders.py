@@ -54,13 +54,16 @@ def load_data(cfg: Config, accelerator, head: Optional[list[str]] = None):
 
 
 def tokenize_data(cfg: Config, splits, tokenizer, accelerator, cache_dir: Optional[Path]):
-    """The tokenized splits; the main process tokenizes (and caches) first, the others then read its files."""
+    """The tokenized splits; the main process tokenizes (and caches) first, the others then read its files. A
+    large split is tokenized by several processes (``data.tokenize_processes``)."""
     from finetune.tokens import tokenize_splits
     from finetune.truncation import truncation_of
 
-    return main_process_first(accelerator, lambda: tokenize_splits(splits, tokenizer, cfg.data.max_length,
-                                                                    cache_dir=cache_dir,
-                                                                    truncation=truncation_of(cfg.data)))
+    def tokenize():
+        return tokenize_splits(splits, tokenizer, cfg.data.max_length, cache_dir=cache_dir,
+                               truncation=truncation_of(cfg.data), processes=cfg.data.tokenize_processes)
+
+    return main_process_first(accelerator, tokenize)
 
 
 def main_process_first(accelerator, read: Callable[[], Any]) -> Any:

@@ -267,6 +267,12 @@ class DataConfig:
         "Worker processes for the training DataLoader (0 loads in the main process); `auto`: none on a "
         "CPU, where a worker competes with training for the cores, and up to 4 per process on a GPU, "
         "where collating in the main process leaves the GPU waiting.")
+    tokenize_processes: Union[int, Literal["auto"]] = setting("auto",
+        "Processes that tokenize a split the cache does not hold, each a contiguous shard of its rows, to the same "
+        "tokens (datasets' `map(num_proc=)`). 1: the run's process alone, whose fast tokenizer runs its Rust part "
+        "on every core and the Python around it on one. `auto`: one per 25,000 rows, up to each process's share "
+        "of the cores, where that comes to at least 3 (or all of 2 cores); 1 for smaller splits, whose processes "
+        "would take longer to start than they save.")
     cache_tokenized: bool = setting(True,
         "Keep each tokenized split on disk, keyed by its rows, the tokenizer and max_length, so a rerun "
         "on the same data loads the tokens instead of tokenizing again (false: every run tokenizes).")
@@ -314,6 +320,8 @@ class DataConfig:
                               f"({self.max_length}), got {self.stride}")
         if self.num_workers != "auto" and self.num_workers < 0:
             raise ConfigError(f"data.num_workers: must be >= 0, got {self.num_workers}")
+        if self.tokenize_processes != "auto" and self.tokenize_processes < 1:
+            raise ConfigError(f"data.tokenize_processes: must be >= 1 or auto, got {self.tokenize_processes}")
         for name in ("max_train_samples", "max_eval_samples"):
             value = getattr(self, name)
             if value is not None and value < 1:

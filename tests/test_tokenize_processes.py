@@ -1,0 +1,151 @@
+"""Several processes tokenizing a split (``data.tokenize_processes``): the same tokens, a cache any number of
+processes reads back, the tokenizer's own threads given back, and ``auto``'s choice."""
+
+from __future__ import annotations
+
+import os
+
+import datasets
+import pytest
+
+from finetune.config import load_config
+from finetune.errors import ConfigError
+from finetune.tables import LABELS, TEXT, TEXT_PAIR
+from finetune.tokens import ROWS_PER_PROCESS, tokenize_splits, tokenizing_processes
+from finetune.truncation import Truncation
+from helpers import REPO, make_texts, save_tiny_model, tsv_train_file, write_tsv
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(save_tiny_model(tmp_path_factory.mktemp("tokprocs") / "tiny-bert"))
+
+
+def splits(pairs: bool = False) -> datasets.DatasetDict:
+    """Texts of 1 to 40 words, so that a window of 16 tokens cuts some of them into several."""
+    texts = [" ".join(text for _, text in make_texts(1 + i % 8, seed=i)) for i in range(70)]
+    columns = {TEXT: texts, LABELS: [i % 2 for i in range(70)]}
+    if pairs:
+        columns[TEXT_PAIR] = list(reversed(texts))
+    whole = datasets.Dataset.from_dict(columns)
+    return datasets.DatasetDict({"train": whole.select(range(60)), "validation": whole.select(range(60, 70))})
+
+
+def rows(ds: datasets.Dataset) -> dict[str, list]:
+    return {column: ds[column] for column in ds.column_names}
+
+
+@pytest.mark.parametrize("side, pairs", [("head", False), ("chunks", False), ("head", True)])
+def test_several_processes_tokenize_to_one_process_tokens(tokenizer, side, pairs):
+    data = splits(pairs)
+    truncation = Truncation(side, 16)
+    one = tokenize_splits(data, tokenizer, 16, truncation=truncation)
+    three = tokenize_splits(data, tokenizer, 16, truncation=truncation, processes=3)
+    assert max(one["train"]["full_length"]) > 16  # some texts were cut, or windowed
+    for name in data:
+        assert three[name].features == one[name].features
+        assert rows(three[name]) == rows(one[name])
+
+
+def test_cached_shards_are_read_back_whatever_the_number_of_processes(tokenizer, tmp_path):
+    data = splits()
+    two = tokenize_splits(data, tokenizer, 16, cache_dir=tmp_path, processes=2)
+    files = sorted(path.name for path in tmp_path.glob("*.arrow"))
+    assert len(files) == 4 and all(name.endswith(("_00000_of_00002.arrow", "_00001_of_00002.arrow"))
+                                   for name in files)
+    for processes in (1, 3):
+        again = tokenize_splits(data, tokenizer, 16, cache_dir=tmp_path, processes=processes)
+        # read from the two shards of each split, none tokenized again (which would write new files)
+        assert sorted(path.name for path in tmp_path.glob("*.arrow")) == files
+        for name in data:
+            assert [f["filename"] for f in again[name].cache_files] == [f["filename"] for f in two[name].cache_files]
+            assert rows(again[name]) == rows(two[name])
+    assert rows(two["train"]) == rows(tokenize_splits(data, tokenizer, 16)["train"])
+
+
+def environment_variable(name: str):
+    """``name`` as the process's C environment holds it, which the tokenizers library reads (``os.environ`` is
+    Python's mapping of it, which can be rebound to a copy)."""
+    import ctypes
+
+    getenv = ctypes.CDLL(None).getenv
+    getenv.restype = ctypes.c_char_p
+    value = getenv(name.encode())
+    return None if value is None else value.decode()
+
+
+@pytest.mark.parametrize("before", [None, "true"])
+def test_the_tokenizer_keeps_its_threads_after_several_processes(tokenizer, monkeypatch, tmp_path, before):
+    """datasets sets TOKENIZERS_PARALLELISM=false for the processes it forks and leaves it set underneath, or,
+    where all the shards are cached, in os.environ too; it is put back, both times."""
+    if before is None:
+        monkeypatch.delenv("TOKENIZERS_PARALLELISM", raising=False)
+    else:
+        monkeypatch.setenv("TOKENIZERS_PARALLELISM", before)
+    for _ in ("tokenized in processes", "read from their shards"):
+        tokenize_splits(splits(), tokenizer, 16, cache_dir=tmp_path, processes=2)
+        assert os.environ.get("TOKENIZERS_PARALLELISM") == before
+        assert environment_variable("TOKENIZERS_PARALLELISM") == before
+
+
+@pytest.mark.parametrize("cores, local, rows, expected", [
+    (2, None, 2 * ROWS_PER_PROCESS - 1, 1),  # not a row for each of two processes
+    (2, None, 2 * ROWS_PER_PROCESS, 2),      # two processes on two cores: every core
+    (2, None, 300_000, 2),                   # no more than the cores
+    (16, None, 2 * ROWS_PER_PROCESS, 1),     # two workers lose to one process's threads on 16 cores
+    (16, None, 3 * ROWS_PER_PROCESS, 3),
+    (16, None, 300_000, 12),                 # one per ROWS_PER_PROCESS rows
+    (16, None, 1_000_000, 16),
+    (1, None, 1_000_000, 1),
+    (16, "4", 300_000, 4),                   # four processes launched on the machine: a quarter of its cores each
+    (16, "4", 2 * ROWS_PER_PROCESS, 1),
+    (16, "32", 1_000_000, 1),                # fewer cores than processes
+])
+def test_auto_is_a_process_per_rows_within_the_cores_share(monkeypatch, cores, local, rows, expected):
+    for name in ("LOCAL_WORLD_SIZE", "WORLD_SIZE"):
+        if local is None:
+            monkeypatch.delenv(name, raising=False)
+        else:
+            monkeypatch.setenv(name, local)
+    assert tokenizing_processes("auto", rows, cores=cores) == expected
+    assert tokenizing_processes(5, rows, cores=cores) == 5  # a number is that number
+
+
+@pytest.mark.parametrize("value, message", [
+    ("0", "command line: data.tokenize_processes: must be >= 1 or auto, got 0"),
+    ("-2", "command line: data.tokenize_processes: must be >= 1 or auto, got -2"),
+    ("many", "command line: data.tokenize_processes: expected int or 'auto', got str 'many'"),
+])
+def test_a_wrong_number_of_processes_is_one_config_error(value, message):
+    with pytest.raises(ConfigError) as raised:
+        load_config(REPO / "configs" / "default.yaml", [f"data.tokenize_processes={value}"])
+    assert str(raised.value) == message
+    assert load_config(REPO / "configs" / "default.yaml", []).data.tokenize_processes == "auto"
+
+
+def test_a_run_tokenizes_in_the_processes_its_config_says(tmp_path, fresh_accelerate_state):
+    """``setup_run`` hands ``data.tokenize_processes`` to the tokenizing: its cache holds two shards per split,
+    and its batches are a one-process run's."""
+    from finetune.assembly import setup_run
+    from accelerate.state import AcceleratorState, GradientState
+
+    model = save_tiny_model(tmp_path / "tiny-bert")
+    data = write_tsv(tmp_path / "train.tsv", make_texts(60, seed=3))
+
+    def first_batch(processes: str, cache: str):
+        AcceleratorState._reset_state(True)
+        GradientState._reset_state()
+        cfg = load_config(REPO / "configs" / "default.yaml", [
+            f"model.name_or_path={model}", tsv_train_file(data), "data.max_length=16",
+            "training.per_device_train_batch_size=4", "training.effective_batch_size=8",
+            f"output.output_dir={tmp_path / 'out'}", f"data.cache_dir={tmp_path / cache}",
+            f"data.tokenize_processes={processes}"])
+        return next(iter(setup_run(cfg).train_dataloader))
+
+    two = first_batch("2", "two")
+    assert len(list((tmp_path / "two").glob("*_of_00002.arrow"))) == 4
+    one = first_batch("1", "one")
+    assert len(list((tmp_path / "one").glob("*.arrow"))) == 2 and not list((tmp_path / "one").glob("*_of_*"))
+    assert one.keys() == two.keys() and all((one[key] == two[key]).all() for key in one)
