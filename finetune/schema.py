@@ -275,7 +275,8 @@ class DataConfig:
         "would take longer to start than they save.")
     cache_tokenized: bool = setting(True,
         "Keep each tokenized split on disk, keyed by its rows, the tokenizer and max_length, so a rerun "
-        "on the same data loads the tokens instead of tokenizing again (false: every run tokenizes).")
+        "on the same data loads the tokens instead of tokenizing again (false: every run tokenizes, and keeps the "
+        "tokens in memory).")
     cache_dir: Optional[str] = setting(None,
         "Folder of that cache; null: finetune-tokenized/ in the datasets cache (HF_DATASETS_CACHE).")
     max_train_samples: Optional[int] = setting(None,

@@ -90,7 +90,9 @@ def tokenize_splits(
         # processes write one file each (key_00000_of_00004.arrow, ...), and map() reads back a
         # complete set of them whatever num_proc it is given. Our key is also the result's
         # fingerprint, which spares map() hashing the tokenizer with dill; cut to leave room for
-        # the shards' suffix within datasets' 64 characters.
+        # the shards' suffix within datasets' 64 characters. Without our cache the tokens stay in
+        # memory: map() would otherwise write a split read from a file to a file of its own beside
+        # it, unasked, and on finding that file again give all its rows to one process.
         with tokenizers_parallelism_kept():
             tokenized[name] = split.map(
                 encode,
@@ -99,6 +101,7 @@ def tokenize_splits(
                 desc=f"Tokenizing {name}",
                 cache_file_name=cache_file,
                 load_from_cache_file=cache_file is not None,
+                keep_in_memory=cache_file is None,
                 new_fingerprint=key[:48] if key is not None else None,
                 num_proc=shards if shards > 1 else None,
             )

@@ -4,6 +4,7 @@ processes reads back, the tokenizer's own threads given back, and ``auto``'s cho
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import datasets
 import pytest
@@ -63,6 +64,24 @@ def test_cached_shards_are_read_back_whatever_the_number_of_processes(tokenizer,
             assert [f["filename"] for f in again[name].cache_files] == [f["filename"] for f in two[name].cache_files]
             assert rows(again[name]) == rows(two[name])
     assert rows(two["train"]) == rows(tokenize_splits(data, tokenizer, 16)["train"])
+
+
+def test_without_the_cache_a_read_file_is_tokenized_in_memory(tokenizer, tmp_path):
+    """A split read from a file is backed by datasets' own Arrow file, beside which map() would write its result
+    under a name of its own (a file the run was told not to keep) and, finding it there, hand a later call's
+    every shard to one process. Without the cache nothing is written, and several processes share the work."""
+    from finetune.config import DataConfig
+    from finetune.data import load_splits
+
+    data = write_tsv(tmp_path / "train.tsv", make_texts(60, seed=5))
+    read = load_splits(DataConfig(train_file=str(data), format="tsv", has_header=False,
+                                  column_names=["label", "text"], validation_split=0.2), seed=0)[0]
+    folder = Path(read["train"].cache_files[0]["filename"]).parent
+    before = sorted(folder.iterdir())
+    for processes in (1, 2):
+        tokenized = tokenize_splits(read, tokenizer, 16, processes=processes)
+        assert all(split.cache_files == [] for split in tokenized.values())
+    assert sorted(folder.iterdir()) == before
 
 
 def environment_variable(name: str):
