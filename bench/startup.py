@@ -29,6 +29,9 @@ With ``--predict``, each way runs ``finetune predict MODEL "a text"`` (a small s
 MiniLM's tokenizer): the seconds from the process's start to the printed prediction, what a user waits for each
 time they try the model on a sentence.
 
+``--set KEY=VALUE`` (repeatable) overrides a setting of this checkout's runs, not the baseline's, which may
+not have the setting: ``--set data.tokenize_processes=1`` times this checkout as one process tokenizes.
+
 Each way runs in a fresh process, the ways alternating by round, and
 reports the median of its rounds. Prints a Markdown table for bench/README.md.
 """
@@ -104,9 +107,9 @@ def write_rows(path: Path, rows: int) -> None:
             out.writerow([label, f"{text} ({i // len(messages)})"])
 
 
-def time_setup(checkout: Path, data: Path, workdir: Path, dry_run: bool = False) -> dict:
+def time_setup(checkout: Path, data: Path, workdir: Path, dry_run: bool = False, settings: tuple = ()) -> dict:
     overrides = [f"data.train_file={data}", "data.cache_tokenized=false", "logging.progress_bar=false",
-                 f"output.output_dir={workdir / 'out'}", "output.overwrite=true"]
+                 f"output.output_dir={workdir / 'out'}", "output.overwrite=true", *settings]
     done = subprocess.run([sys.executable, "-c", DRY_RUN_CHILD if dry_run else CHILD, str(checkout),
                            str(checkout / "configs" / "default.yaml"), *overrides],
                           cwd=workdir, capture_output=True, text=True)
@@ -162,10 +165,16 @@ def main(argv=None) -> int:
                         help="time finetune train to its one-line error on a file without the label column named")
     parser.add_argument("--predict", action="store_true",
                         help="time finetune predict of one text given on the command line, to its printed answer")
+    parser.add_argument("--set", dest="settings", action="append", default=[], metavar="KEY=VALUE",
+                        help="a setting of this checkout's runs (not the baseline's); repeatable")
     args = parser.parse_args(argv)
-    ways = {f"this checkout, {commit_of(REPO)}": REPO}
+    if args.settings and (args.data_error or args.predict):
+        parser.error("--set applies to setup_run and the dry run, not --data-error or --predict")
+    # each way: its checkout and the settings its runs get
+    ways = {f"this checkout, {commit_of(REPO)}" + (f" ({', '.join(args.settings)})" if args.settings else ""):
+            (REPO, tuple(args.settings))}
     if args.baseline is not None:
-        ways = {f"baseline, {commit_of(args.baseline)}": args.baseline.resolve(), **ways}
+        ways = {f"baseline, {commit_of(args.baseline)}": (args.baseline.resolve(), ()), **ways}
     results: dict[str, list[dict]] = {name: [] for name in ways}
     with tempfile.TemporaryDirectory() as tmp:
         data, model = Path(tmp) / "texts.tsv", Path(tmp) / "model"
@@ -175,10 +184,10 @@ def main(argv=None) -> int:
         else:
             write_rows(data, args.rows)
         for _ in range(args.rounds):
-            for name, checkout in ways.items():
+            for name, (checkout, settings) in ways.items():
                 result = (time_prediction(checkout, model, Path(tmp)) if args.predict
                           else time_data_error(checkout, data, Path(tmp)) if args.data_error
-                          else time_setup(checkout, data, Path(tmp), args.dry_run))
+                          else time_setup(checkout, data, Path(tmp), args.dry_run, settings))
                 results[name].append(result)
                 print(f"{name}: {json.dumps(result)}", file=sys.stderr)
     command = " ".join(["python -m bench.startup", *(argv if argv is not None else sys.argv[1:])])
