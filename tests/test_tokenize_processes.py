@@ -50,6 +50,36 @@ def test_several_processes_tokenize_to_one_process_tokens(tokenizer, side, pairs
         assert rows(three[name]) == rows(one[name])
 
 
+SPAWNED = """
+import sys; sys.path.insert(0, 'tests')
+import multiprocess
+from transformers import AutoTokenizer
+from finetune.tokens import tokenize_splits
+from test_tokenize_processes import rows, splits
+multiprocess.set_start_method('spawn', force=True)
+tokenizer = AutoTokenizer.from_pretrained(sys.argv[1])
+one = tokenize_splits(splits(), tokenizer, 16)
+two = tokenize_splits(splits(), tokenizer, 16, processes=2)
+print(multiprocess.get_start_method(), all(rows(one[name]) == rows(two[name]) for name in one))
+"""
+
+
+@pytest.mark.slow
+def test_processes_started_afresh_tokenize_to_the_same_tokens(tokenizer, tmp_path):
+    """Where worker processes are spawned, not forked (macOS, Windows), the tokenizing function and its tokenizer
+    reach them pickled, and each imports the package anew: the same tokens."""
+    import subprocess
+    import sys
+
+    from helpers import offline_env
+
+    tokenizer.save_pretrained(tmp_path / "tokenizer")
+    done = subprocess.run([sys.executable, "-c", SPAWNED, str(tmp_path / "tokenizer")], cwd=REPO,
+                          env=offline_env(), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split()[-2:] == ["spawn", "True"]
+
+
 def test_cached_shards_are_read_back_whatever_the_number_of_processes(tokenizer, tmp_path):
     data = splits()
     two = tokenize_splits(data, tokenizer, 16, cache_dir=tmp_path, processes=2)
