@@ -1280,6 +1280,20 @@ def test_the_start_up_benchmark_times_each_checkout_on_the_same_generated_rows(t
     assert 0 < float(row[1]) < 120 and row[2].strip(" |") == row[1]
 
 
+def test_the_tokenizing_benchmark_times_each_number_of_processes_and_auto_on_the_same_rows(capsys):
+    """The default job's split at a number of rows, tokenized by each number of processes and by auto, each in a
+    fresh process; the ways must make the same tokens (the benchmark stops otherwise)."""
+    from bench.tokenizing import main
+
+    assert main(["--rows", "300", "--processes", "2", "--rounds", "1"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("Command: `python -m bench.tokenizing --rows 300 --processes 2 --rounds 1`")
+    assert "| rows | 2 processes (s) | auto (its processes) (s) | fastest | auto against 2 |" in out
+    (row,) = [line.strip("|").split(" | ") for line in out.splitlines() if line.startswith("| 300 ")]
+    assert float(row[1]) > 0 and row[2].endswith(" (1)")  # auto: one process for 300 rows
+    assert row[3] == "2" and float(row[4].rstrip("x |")) > 0
+
+
 def test_the_launched_prediction_benchmark_times_each_number_of_processes_on_the_same_texts(tmp_path, capsys):
     """The default job's messages, one a line, numbered; ``finetune predict`` timed alone and under a launch of
     two processes, both writing the same predictions (here this checkout, no baseline)."""

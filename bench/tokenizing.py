@@ -1,0 +1,107 @@
+"""Tokenizing a split on several processes: seconds by number of rows and of processes, and what ``auto`` picks.
+
+Usage::
+
+    python -m bench.tokenizing                                   # 10,000 to 300,000 rows, 1 and 2 processes
+    python -m bench.tokenizing --rows 100000,1000000 --processes 1,4,8,16
+
+Where ``data.tokenize_processes: auto`` starts more processes (``finetune.tokens.ROWS_PER_PROCESS``, one per
+25,000 rows; ``FEWEST_PROCESSES``, at least three on a machine of more than two cores) comes from this table: rerun
+it on the machine you train on to see where processes pay there. Each cell tokenizes, in a fresh process, the
+default job's training split read as a run reads it, its SMS messages repeated and numbered to that many rows (every
+text distinct), with the default job's tokenizer and ``max_length``, in memory (no cache), as
+``finetune.tokens.tokenize_splits`` does in a run; the ways take turns by round, and each cell is the median of its
+rounds. Every way must make the same tokens (their digest is checked). Prints a Markdown table for
+bench/README.md.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from bench.startup import write_rows
+
+REPO = Path(__file__).resolve().parent.parent
+
+# run in a fresh interpreter: read the file as a run does, then time the tokenizing alone
+CHILD = """
+import hashlib, json, sys, time
+from finetune.config import load_config
+from finetune.data import load_splits
+from finetune.modeling import load_tokenizer
+from finetune.predict import quiet_progress_bars
+from finetune.tokens import tokenize_splits, tokenizing_processes
+from finetune.truncation import truncation_of
+quiet_progress_bars(files=True)
+cfg = load_config(sys.argv[1], [f"data.train_file={sys.argv[2]}", "data.validation_split=0"])
+splits = load_splits(cfg.data, seed=cfg.training.seed)[0]
+tokenizer = load_tokenizer(cfg.model)
+processes = sys.argv[3] if sys.argv[3] == "auto" else int(sys.argv[3])
+began = time.perf_counter()
+tokens = tokenize_splits(splits, tokenizer, cfg.data.max_length, truncation=truncation_of(cfg.data),
+                         processes=processes)["train"]
+seconds = time.perf_counter() - began
+digest = hashlib.sha256()
+for column in tokens.column_names:
+    digest.update(json.dumps(tokens.data.table.column(column).to_pylist()).encode())
+digest = digest.hexdigest()
+print("RESULT " + json.dumps({"seconds": seconds, "digest": digest,
+                              "processes": tokenizing_processes(processes, len(splits["train"]))}))
+"""
+
+
+def time_tokenizing(data: Path, processes: str) -> dict:
+    """One cell: ``processes`` (a number or ``auto``) tokenizing the file's rows, in a fresh process."""
+    done = subprocess.run([sys.executable, "-c", CHILD, str(REPO / "configs" / "default.yaml"), str(data), processes],
+                          cwd=REPO, env={**os.environ, "HF_HUB_OFFLINE": "1"}, capture_output=True, text=True)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    if done.returncode != 0 or not lines:
+        raise SystemExit(f"tokenizing with {processes} processes failed:\n{done.stderr[-3000:]}")
+    return json.loads(lines[-1][len("RESULT "):])
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", default="10000,25000,50000,100000,300000", help="comma-separated row counts")
+    parser.add_argument("--processes", default="1,2", help="comma-separated numbers of processes; auto is added")
+    parser.add_argument("--rounds", type=int, default=2)
+    args = parser.parse_args(argv)
+    counts = [int(rows) for rows in args.rows.split(",")]
+    ways = [*args.processes.split(","), "auto"]
+    lines = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for rows in counts:
+            data = Path(tmp) / f"texts-{rows}.tsv"
+            write_rows(data, rows)
+            results: dict[str, list[dict]] = {way: [] for way in ways}
+            for round_ in range(args.rounds):
+                for way in ways[round_ % len(ways):] + ways[:round_ % len(ways)]:  # each way first in turn
+                    results[way].append(time_tokenizing(data, way))
+                    print(f"{rows} rows, {way} processes: {json.dumps(results[way][-1])}", file=sys.stderr)
+            digests = {result["digest"] for rounds in results.values() for result in rounds}
+            if len(digests) != 1:
+                raise SystemExit(f"{rows} rows: the ways made different tokens")
+            one = statistics.median(r["seconds"] for r in results[ways[0]])
+            cells = [f"{statistics.median(r['seconds'] for r in results[way]):.2f}" for way in ways[:-1]]
+            auto = results["auto"]
+            cells.append(f"{statistics.median(r['seconds'] for r in auto):.2f} ({auto[0]['processes']})")
+            best = min(ways[:-1], key=lambda way: statistics.median(r["seconds"] for r in results[way]))
+            lines.append(f"| {rows:,} | " + " | ".join(cells) + f" | {best} | "
+                         f"{one / statistics.median(r['seconds'] for r in auto):.2f}x |")
+    command = " ".join(["python -m bench.tokenizing", *(argv if argv is not None else sys.argv[1:])])
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    header = ("| rows | " + " | ".join(f"{way} process{'es' if way != '1' else ''} (s)" for way in ways[:-1])
+              + " | auto (its processes) (s) | fastest | auto against " + f"{ways[0]} |")
+    print("\n".join([f"Command: `{command}` ({cores} cores; medians of {args.rounds} rounds; the same tokens "
+                     "every way)", "", header, "|" + " ---: |" * (len(ways) + 1) + " --- | ---: |", *lines]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
