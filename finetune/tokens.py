@@ -109,14 +109,14 @@ def tokenize_splits(
 
 
 # The rows from which one more tokenizing process pays for its start (forking, the tokenizer and the shard sent
-# to it, its result read back): on a 2-core machine two processes tokenized the default job's messages slower
-# than one at 10,000 rows (0.84 s against 0.59), as fast at 20,000 to 30,000, and faster at 50,000 (2.45 s
-# against 2.85) and 300,000 (12.8 s against 16.7).
+# to it, its result read back). `python -m bench.tokenizing` times it on a machine: on two cores two processes
+# were slower than one at 10,000 of the default job's messages (1.15 s against 0.73), even at 25,000, and faster
+# from 50,000 (2.65 s against 3.66; 13.3 against 19.3 at 300,000).
 ROWS_PER_PROCESS = 25_000
 
-# In one process a fast tokenizer runs its Rust part (two thirds of a single-threaded tokenizing of those
-# messages) on every core, and the Python around it on one; a worker process runs both on one core. So on a
-# machine of more cores two or three workers would be slower than one process, and auto uses at least this many.
+# In one process a fast tokenizer runs its Rust part on every core and the Python around it on one; a worker
+# process runs both on one core. So on a machine of many cores a few workers can be slower than one process:
+# auto starts at least this many, or none.
 FEWEST_PROCESSES = 3
 
 
