@@ -377,9 +377,10 @@ def cli_runs(cli_config):
                            *MID_EPOCH_CHECKPOINTS))
     assert proc.returncode == 0, proc.stderr[-4000:]
     runs["one"] = (out, proc.stderr)
-    # (b=4, k=2, P=2)
+    # (b=4, k=2, P=2), its splits tokenized afresh by two processes of the main one's
     out = root / "two"
-    proc = _run(_train_cmd(_multi_gpu_flags(), cfg, out, *MID_EPOCH_CHECKPOINTS))
+    proc = _run(_train_cmd(_multi_gpu_flags(), cfg, out, *MID_EPOCH_CHECKPOINTS, "data.tokenize_processes=2",
+                           f"data.cache_dir={root / 'two-cache'}"))
     assert proc.returncode == 0, proc.stderr[-4000:]
     runs["two"] = (out, proc.stderr)
     # (b=8, k=1, P=2): two machines of one process each, over loopback
@@ -417,6 +418,14 @@ def test_cli_start_line_gives_processes_backend_and_k(cli_runs):
     assert "processes=2 backend=gloo" in two and " b=4 k=2 P=2 effective_batch=16" in two
     _, nodes = cli_runs["nodes"]
     assert "processes=2 backend=gloo" in nodes and " b=8 k=1 P=2 effective_batch=16" in nodes
+
+
+@pytest.mark.slow
+def test_cli_a_launched_run_tokenizes_on_processes_of_its_own(cli_runs, cli_config):
+    """The two-process run's main process tokenized both splits on two processes it started beside gloo's
+    threads, and the other process read their shards: its model is the one-process run's (the test below)."""
+    _, root = cli_config
+    assert len(list((root / "two-cache").glob("*_0000[01]_of_00002.arrow"))) == 4
 
 
 @pytest.mark.slow
