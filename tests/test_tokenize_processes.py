@@ -50,6 +50,17 @@ def test_several_processes_tokenize_to_one_process_tokens(tokenizer, side, pairs
         assert rows(three[name]) == rows(one[name])
 
 
+def test_an_error_met_in_a_tokenizing_process_is_the_one_a_single_process_raises(tokenizer):
+    """A window that leaves no new token is refused as the texts are cut: in a worker process, the same one line."""
+    errors = []
+    for processes in (1, 2):
+        with pytest.raises(ConfigError) as raised:
+            tokenize_splits(splits(), tokenizer, 16, truncation=Truncation("chunks", 16, stride_tokens=14),
+                            processes=processes)
+        errors.append(str(raised.value))
+    assert errors[0] == errors[1] and errors[0].startswith("data.stride: 14 leaves a window no new token")
+
+
 SPAWNED = """
 import sys; sys.path.insert(0, 'tests')
 import multiprocess
