@@ -38,6 +38,10 @@ MAY_CHANGE_ON_RESUME = frozenset({
     "training.eval_each_epoch",
     "training.per_device_eval_batch_size",
     "data.num_workers",
+    # where and by how many processes the tokens are made, not what they are (tokenize_splits' tests)
+    "data.tokenize_processes",
+    "data.cache_tokenized",
+    "data.cache_dir",
     # read after training, by the saved model
     "data.test_file",
     "data.test_split_name",

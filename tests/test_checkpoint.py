@@ -223,6 +223,28 @@ def test_a_folder_whose_run_another_machine_decided_names_the_setting_that_resum
     assert refused.value.hint is None
 
 
+def test_a_run_resumes_whatever_process_count_and_cache_made_its_tokens(tmp_path):
+    """``data.tokenize_processes``, ``data.cache_tokenized`` and ``data.cache_dir`` change where and how fast the
+    tokens are made, not what they are: a run requeued with other values (a machine of other cores, a cache
+    elsewhere) resumes, and so does a checkpoint of a release whose fingerprint still held the last two."""
+    path = tmp_path / "checkpoint-3"
+
+    def run(**data):
+        cfg = config_from_dict({"data": {"train_file": "x.tsv", **data},
+                                "training": {"per_device_train_batch_size": 4}})
+        return _fake_run(cfg)
+
+    saved = {"fingerprint": run_fingerprint(run(tokenize_processes=2, cache_dir=str(tmp_path / "tokens")))}
+    assert not any(key in saved["fingerprint"] for key in ("data.tokenize_processes", "data.cache_dir",
+                                                           "data.cache_tokenized"))
+    check_compatible(saved, run(), path)
+    check_compatible(saved, run(tokenize_processes=8, cache_tokenized=False), path)
+    older = {"fingerprint": {**saved["fingerprint"], "data.cache_tokenized": True, "data.cache_dir": "/elsewhere"}}
+    check_compatible(older, run(cache_dir=str(tmp_path)), path)
+    with pytest.raises(ConfigError, match="written by a run with other settings: data.max_length: 128 -> 64;"):
+        check_compatible(saved, run(max_length=64), path)  # what the tokens are is still compared
+
+
 def test_cuda_graphs_resume_as_applied_whatever_the_spelling(tmp_path):
     """Graphs pad micro-batches to other shapes, which draw other dropout masks: a checkpoint resumes only
     where graphs are applied as they were. ``auto`` resumes what ``false`` wrote wherever both mean eager."""
