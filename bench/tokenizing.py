@@ -13,6 +13,9 @@ text distinct), with the default job's tokenizer and ``max_length``, in memory (
 ``finetune.tokens.tokenize_splits`` does in a run; the ways take turns by round, and each cell is the median of its
 rounds. Every way must make the same tokens (their digest is checked). Prints a Markdown table for
 bench/README.md.
+
+``--start-method spawn`` (or ``forkserver``) starts the worker processes as macOS and Windows (or Python 3.14 on
+Linux) do, as fresh interpreters: ``finetune.tokens.ROWS_TO_START_AFRESH`` comes from that table.
 """
 from __future__ import annotations
 
@@ -38,6 +41,9 @@ from finetune.modeling import load_tokenizer
 from finetune.predict import quiet_progress_bars
 from finetune.tokens import tokenize_splits, tokenizing_processes
 from finetune.truncation import truncation_of
+if sys.argv[4] != "default":  # how datasets starts its processes, as macOS, Windows or Python 3.14 would
+    import multiprocess
+    multiprocess.set_start_method(sys.argv[4], force=True)
 quiet_progress_bars(files=True)
 cfg = load_config(sys.argv[1], [f"data.train_file={sys.argv[2]}", "data.validation_split=0"])
 splits = load_splits(cfg.data, seed=cfg.training.seed)[0]
@@ -56,9 +62,11 @@ print("RESULT " + json.dumps({"seconds": seconds, "digest": digest,
 """
 
 
-def time_tokenizing(data: Path, processes: str) -> dict:
-    """One cell: ``processes`` (a number or ``auto``) tokenizing the file's rows, in a fresh process."""
-    done = subprocess.run([sys.executable, "-c", CHILD, str(REPO / "configs" / "default.yaml"), str(data), processes],
+def time_tokenizing(data: Path, processes: str, start_method: str = "default") -> dict:
+    """One cell: ``processes`` (a number or ``auto``) tokenizing the file's rows, in a fresh process whose worker
+    processes start by ``start_method`` (``default``: the platform's)."""
+    done = subprocess.run([sys.executable, "-c", CHILD, str(REPO / "configs" / "default.yaml"), str(data), processes,
+                           start_method],
                           cwd=REPO, env={**os.environ, "HF_HUB_OFFLINE": "1"}, capture_output=True, text=True)
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     if done.returncode != 0 or not lines:
@@ -71,6 +79,9 @@ def main(argv=None) -> int:
     parser.add_argument("--rows", default="10000,25000,50000,100000,300000", help="comma-separated row counts")
     parser.add_argument("--processes", default="1,2", help="comma-separated numbers of processes; auto is added")
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--start-method", default="default", choices=["default", "fork", "spawn", "forkserver"],
+                        help="how the worker processes start (default: the platform's; spawn is macOS's and "
+                             "Windows', forkserver Python 3.14's on Linux)")
     args = parser.parse_args(argv)
     counts = [int(rows) for rows in args.rows.split(",")]
     ways = [*args.processes.split(","), "auto"]
@@ -82,7 +93,7 @@ def main(argv=None) -> int:
             results: dict[str, list[dict]] = {way: [] for way in ways}
             for round_ in range(args.rounds):
                 for way in ways[round_ % len(ways):] + ways[:round_ % len(ways)]:  # each way first in turn
-                    results[way].append(time_tokenizing(data, way))
+                    results[way].append(time_tokenizing(data, way, args.start_method))
                     print(f"{rows} rows, {way} processes: {json.dumps(results[way][-1])}", file=sys.stderr)
             digests = {result["digest"] for rounds in results.values() for result in rounds}
             if len(digests) != 1:
@@ -98,8 +109,11 @@ def main(argv=None) -> int:
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     header = ("| rows | " + " | ".join(f"{way} process{'es' if way != '1' else ''} (s)" for way in ways[:-1])
               + " | auto (its processes) (s) | fastest | auto against " + f"{ways[0]} |")
-    print("\n".join([f"Command: `{command}` ({cores} cores; medians of {args.rounds} rounds; the same tokens "
-                     "every way)", "", header, "|" + " ---: |" * (len(ways) + 1) + " --- | ---: |", *lines]))
+    import multiprocess
+
+    started = multiprocess.get_start_method() if args.start_method == "default" else args.start_method
+    print("\n".join([f"Command: `{command}` ({cores} cores; workers started by {started}; medians of {args.rounds} "
+                     "rounds; the same tokens every way)", "", header, "|" + " ---: |" * (len(ways) + 1) + " --- | ---: |", *lines]))
     return 0
 
 

@@ -271,7 +271,8 @@ class DataConfig:
         "Processes that tokenize a split the cache does not hold, each a contiguous shard of its rows, to the same "
         "tokens (datasets' `map(num_proc=)`). 1: the run's process alone, whose fast tokenizer runs its Rust part "
         "on every core and the Python around it on one. `auto`: one per 25,000 rows, up to each process's share "
-        "of the cores, where that comes to at least 3 (or all of 2 cores); 1 for smaller splits, whose processes "
+        "of the cores, where that comes to at least 3 (or all of 2 cores), and where processes start as fresh "
+        "interpreters (macOS, Windows, Python 3.14) from 150,000 rows; 1 for smaller splits, whose processes "
         "would take longer to start than they save.")
     cache_tokenized: bool = setting(True,
         "Keep each tokenized split on disk, keyed by its rows, the tokenizer and max_length, so a rerun "

@@ -119,26 +119,46 @@ ROWS_PER_PROCESS = 25_000
 # auto starts at least this many, or none.
 FEWEST_PROCESSES = 3
 
+# Where worker processes start as fresh interpreters (spawn: macOS and Windows; forkserver: Python 3.14's default
+# on Linux), each imports the tokenizer's libraries before its first text, seconds whatever the split: on two cores
+# two spawned processes were slower than one at 100,000 rows (6.23 s against 5.77) and faster at 300,000 (15.3
+# against 17.5; `python -m bench.tokenizing --start-method spawn`). auto starts them for splits this large.
+ROWS_TO_START_AFRESH = 150_000
 
-def tokenizing_processes(requested: Union[int, Literal["auto"]], rows: int, cores: Optional[int] = None) -> int:
+
+def tokenizing_processes(requested: Union[int, Literal["auto"]], rows: int, cores: Optional[int] = None,
+                         start_method: Optional[str] = None) -> int:
     """How many processes tokenize a split of ``rows`` rows, as ``data.tokenize_processes`` says.
 
     A number is that many. ``auto`` is one process per :data:`ROWS_PER_PROCESS` rows, as many as this process's
     share of the machine's cores (:func:`~finetune.launch.cores_per_process`: under a launch each process tokenizes
-    with its share), and 1 where that comes to fewer than :data:`FEWEST_PROCESSES` on a machine of more cores.
+    with its share), and 1 where that comes to fewer than :data:`FEWEST_PROCESSES` on a machine of more cores, or
+    where the processes would start afresh (:func:`workers_start_method`) for fewer than
+    :data:`ROWS_TO_START_AFRESH` rows.
 
     Args:
         requested: ``auto`` or a number of processes.
         rows: The split's rows.
         cores: CPU cores available (default: this process's affinity); for tests.
+        start_method: How the processes would start (default: :func:`workers_start_method`); for tests.
     """
     if requested != "auto":
         return int(requested)
     from finetune.launch import cores_per_process, launched_world_size
 
+    if rows < ROWS_TO_START_AFRESH and (start_method or workers_start_method()) != "fork":
+        return 1
     share = max(1, cores_per_process(launched_world_size(), cores))
     processes = min(share, rows // ROWS_PER_PROCESS)
     return processes if processes >= min(share, FEWEST_PROCESSES) else 1
+
+
+def workers_start_method() -> str:
+    """How ``datasets``' ``map(num_proc=)`` starts its processes here: ``fork``, ``spawn`` or ``forkserver``, the
+    method this program set or else the platform's default, read without settling it for the program."""
+    import multiprocess  # what datasets starts its processes with (the standard library's twin, with dill)
+
+    return multiprocess.get_start_method(allow_none=True) or multiprocess.get_all_start_methods()[0]
 
 
 @contextmanager

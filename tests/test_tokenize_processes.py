@@ -12,7 +12,7 @@ import pytest
 from finetune.config import load_config
 from finetune.errors import ConfigError
 from finetune.tables import LABELS, TEXT, TEXT_PAIR
-from finetune.tokens import ROWS_PER_PROCESS, tokenize_splits, tokenizing_processes
+from finetune.tokens import ROWS_PER_PROCESS, ROWS_TO_START_AFRESH, tokenize_splits, tokenizing_processes
 from finetune.truncation import Truncation
 from helpers import REPO, make_texts, save_tiny_model, tsv_train_file, write_tsv
 
@@ -169,8 +169,45 @@ def test_auto_is_a_process_per_rows_within_the_cores_share(monkeypatch, cores, l
             monkeypatch.delenv(name, raising=False)
         else:
             monkeypatch.setenv(name, local)
-    assert tokenizing_processes("auto", rows, cores=cores) == expected
+    assert tokenizing_processes("auto", rows, cores=cores, start_method="fork") == expected
     assert tokenizing_processes(5, rows, cores=cores) == 5  # a number is that number
+
+
+@pytest.mark.parametrize("start_method", ["spawn", "forkserver"])
+def test_auto_starts_fresh_interpreters_for_large_splits_only(monkeypatch, start_method):
+    """Processes that import the libraries anew pay seconds before their first text: none below
+    ROWS_TO_START_AFRESH rows, the same rule as forked ones from there."""
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    below, at = ROWS_TO_START_AFRESH - 1, ROWS_TO_START_AFRESH
+    assert tokenizing_processes("auto", below, cores=16, start_method="fork") == min(16, below // ROWS_PER_PROCESS)
+    assert tokenizing_processes("auto", below, cores=16, start_method=start_method) == 1
+    assert tokenizing_processes("auto", at, cores=16, start_method=start_method) == min(16, at // ROWS_PER_PROCESS)
+    assert tokenizing_processes(4, 1000, cores=16, start_method=start_method) == 4
+
+
+START_METHOD = """
+import multiprocess
+from finetune.tokens import workers_start_method
+read = workers_start_method()
+multiprocess.set_start_method("spawn")  # raises where the read settled the method for the program
+print(read, multiprocess.get_all_start_methods()[0], workers_start_method())
+"""
+
+
+def test_the_start_method_is_the_one_datasets_would_use_and_reading_it_leaves_it_unsettled():
+    """The platform's default (fork on Linux before Python 3.14) until the program sets one, then that one; the
+    read does not settle it, so that the program may still set its own."""
+    import subprocess
+    import sys
+
+    from helpers import offline_env
+
+    done = subprocess.run([sys.executable, "-c", START_METHOD], cwd=REPO, env=offline_env(), capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    read, default, after = done.stdout.split()
+    assert read == default and after == "spawn"
 
 
 @pytest.mark.parametrize("value, message", [
