@@ -121,8 +121,9 @@ FEWEST_PROCESSES = 3
 
 # Where worker processes start as fresh interpreters (spawn: macOS and Windows; forkserver: Python 3.14's default
 # on Linux), each imports the tokenizer's libraries before its first text, seconds whatever the split: on two cores
-# two spawned processes were slower than one at 100,000 rows (6.23 s against 5.77) and faster at 300,000 (15.3
-# against 17.5; `python -m bench.tokenizing --start-method spawn`). auto starts them for splits this large.
+# two spawned processes were slower than one at 100,000 rows (6.68 s against 5.74), a little faster at 150,000
+# (8.31 against 8.99) and faster at 300,000 (14.50 against 19.65; `python -m bench.tokenizing --start-method
+# spawn`). auto starts them for splits this large.
 ROWS_TO_START_AFRESH = 150_000
 
 
