@@ -28,7 +28,8 @@ def load_tokenizer(cfg: ModelConfig):
     from transformers import AutoTokenizer
 
     key = "model.tokenizer_name_or_path" if cfg.tokenizer_name_or_path else "model.name_or_path"
-    location = model_location(cfg.tokenizer_name_or_path or cfg.name_or_path, key)
+    location = model_location(cfg.tokenizer_name_or_path or cfg.name_or_path, key,
+                              tokenizer=bool(cfg.tokenizer_name_or_path))
     try:
         return AutoTokenizer.from_pretrained(
             location, revision=cfg.revision, trust_remote_code=cfg.trust_remote_code, **hub.model_options(location)

@@ -225,13 +225,20 @@ def data_name(spec: str) -> str:
     return Path(path.stem).stem if compression_of(path) else path.stem
 
 
-def model_location(name_or_path: str, key: str) -> str:
-    """Resolve ``pkg:`` specs; check local paths; pass Hub ids (``name``, ``org/name``) through."""
+def model_location(name_or_path: str, key: str, tokenizer: bool = False) -> str:
+    """Resolve ``pkg:`` specs; check local paths; pass Hub ids (``name``, ``org/name``) through.
+
+    A local folder must hold a model's ``config.json``, or with ``tokenizer`` (``model.tokenizer_name_or_path``) a
+    tokenizer's ``tokenizer_config.json``, from which transformers' Auto classes read what to load: a folder that
+    ``tokenizer.save_pretrained`` wrote has no ``config.json``.
+    """
     location = resolve_path(name_or_path, key)
     path = Path(location).expanduser()
     if path.exists():
-        if path.is_dir() and not (path / "config.json").is_file():
-            raise ModelError(f"{key}: {location} is a directory but not a model (no config.json)",
+        marks = ("tokenizer_config.json", "config.json") if tokenizer else ("config.json",)
+        if path.is_dir() and not any((path / mark).is_file() for mark in marks):
+            what = "a tokenizer (no tokenizer_config.json or config.json)" if tokenizer else "a model (no config.json)"
+            raise ModelError(f"{key}: {location} is a directory but not {what}",
                              hint=what_the_folder_holds_instead(path))
         return str(path)
     if location.startswith((".", "/", "~")) or location.count("/") > 1:

@@ -186,7 +186,7 @@ def check_inputs_exist(cfg) -> None:
 
     model = cfg.model
     if model.tokenizer_name_or_path:
-        model_location(model.tokenizer_name_or_path, "model.tokenizer_name_or_path")
+        model_location(model.tokenizer_name_or_path, "model.tokenizer_name_or_path", tokenizer=True)
     model_location(model.name_or_path, "model.name_or_path")
     for key in ("train_file", "validation_file", "test_file"):
         spec = getattr(cfg.data, key)

@@ -194,3 +194,17 @@ def fresh_accelerate_state_reset():
 
     AcceleratorState._reset_state(True)
     GradientState._reset_state()
+
+
+def test_a_tokenizer_folder_of_its_own_loads(tiny, tokenizer, tmp_path):
+    """``model.tokenizer_name_or_path`` names a folder ``tokenizer.save_pretrained`` wrote, which has no model's
+    config.json: it loads, and tokenizes as the model's own tokenizer."""
+    from finetune.config import ModelConfig
+    from finetune.modeling import load_tokenizer
+
+    tokenizer.save_pretrained(tmp_path / "tokenizer")
+    assert not (tmp_path / "tokenizer" / "config.json").exists()
+    loaded = load_tokenizer(ModelConfig(name_or_path=str(tiny["model"]),
+                                        tokenizer_name_or_path=str(tmp_path / "tokenizer")))
+    texts = ["free cash now", "see you at lunch"]
+    assert loaded(texts)["input_ids"] == tokenizer(texts)["input_ids"]
