@@ -39,7 +39,7 @@ bench: install
 	$(BIN)/python bench/run.py $(ARGS)
 
 # on a CUDA machine: the tests marked gpu, the speed comparison on a bert-base-sized model, the probes, FSDP and
-# DeepSpeed (bench/gpu.sh); ARGS="OUT_DIR PART ..." runs some of its parts (tests, speed, host, graphs, update, products, casts, predict, engines, compile, apart, autotune)
+# DeepSpeed (bench/gpu.sh); ARGS="OUT_DIR PART ..." runs some of its parts (tests, speed, host, graphs, update, products, casts, predict, engines, compile, apart, autotune, tokenizing)
 gpu-check: install
 	PATH=$(BIN):$$PATH bench/gpu.sh $(ARGS)
 

