@@ -76,36 +76,43 @@ def tokenize_splits(
     settings = _tokenizer_digest(tokenizer, truncation) if folder is not None else None
     tokenized = {}
     for name, split in splits.items():
-        text_columns = [c for c in (TEXT, TEXT_PAIR) if c in split.column_names]
         key = _split_key(split, settings) if settings is not None else None
-        cache_file = str(folder / f"{key}.arrow") if key is not None else None
+        cache_file = folder / f"{key}.arrow" if key is not None else None
         shards = tokenizing_processes(processes, len(split))
         if cache_file is not None and any(folder.glob(f"{key}*.arrow")):
             logger.debug("%s split: tokens from %s", name, cache_file)
         elif cache_file is not None:
             logger.debug("%s split: tokenizing %d rows into %s in %d process(es)", name, len(split), cache_file,
                          shards)  # datasets shows a bar
-        # datasets' own cache: with an explicit file name, map() loads it when it exists, and
-        # otherwise writes it through a temporary file that is renamed when complete; several
-        # processes write one file each (key_00000_of_00004.arrow, ...), and map() reads back a
-        # complete set of them whatever num_proc it is given. Our key is also the result's
-        # fingerprint, which spares map() hashing the tokenizer with dill; cut to leave room for
-        # the shards' suffix within datasets' 64 characters. Without our cache the tokens stay in
-        # memory: map() would otherwise write a split read from a file to a file of its own beside
-        # it, unasked, and on finding that file again give all its rows to one process.
-        with tokenizers_parallelism_kept():
-            tokenized[name] = split.map(
-                encode,
-                batched=True,
-                remove_columns=text_columns,
-                desc=f"Tokenizing {name}",
-                cache_file_name=cache_file,
-                load_from_cache_file=cache_file is not None,
-                keep_in_memory=cache_file is None,
-                new_fingerprint=key[:48] if key is not None else None,
-                num_proc=shards if shards > 1 else None,
-            )
+        tokenized[name] = _mapped(split, encode, name, cache_file, key, shards)
     return datasets.DatasetDict(tokenized)
+
+
+def _mapped(split: datasets.Dataset, encode: Any, name: str, cache_file: Optional[Path], key: Optional[str],
+            processes: int) -> datasets.Dataset:
+    """``split`` through ``datasets``' ``map(encode)`` on ``processes`` processes, kept in ``cache_file`` (``None``:
+    in memory), the text columns dropped.
+
+    With an explicit file name, map() loads it when it exists, and otherwise writes it through a temporary file
+    that is renamed when complete; several processes write one file each (``KEY_00000_of_00004.arrow``, ...),
+    and map() reads back a complete set of them whatever ``num_proc`` it is given. The key is also the result's
+    fingerprint, which spares map() hashing the tokenizer with dill; cut to leave room for the shards' suffix
+    within datasets' 64 characters. Without a cache file the tokens stay in memory: map() would otherwise write a
+    split read from a file to a file of its own beside it, unasked, and on finding that file again give all its
+    rows to one process.
+    """
+    with tokenizers_parallelism_kept():
+        return split.map(
+            encode,
+            batched=True,
+            remove_columns=[column for column in (TEXT, TEXT_PAIR) if column in split.column_names],
+            desc=f"Tokenizing {name}",
+            cache_file_name=str(cache_file) if cache_file is not None else None,
+            load_from_cache_file=cache_file is not None,
+            keep_in_memory=cache_file is None,
+            new_fingerprint=key[:48] if key is not None else None,
+            num_proc=processes if processes > 1 else None,
+        )
 
 
 # The rows from which one more tokenizing process pays for its start (forking, the tokenizer and the shard sent
