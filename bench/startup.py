@@ -110,12 +110,19 @@ def write_rows(path: Path, rows: int) -> None:
 def time_setup(checkout: Path, data: Path, workdir: Path, dry_run: bool = False, settings: tuple = ()) -> dict:
     overrides = [f"data.train_file={data}", "data.cache_tokenized=false", "logging.progress_bar=false",
                  f"output.output_dir={workdir / 'out'}", "output.overwrite=true", *settings]
-    done = subprocess.run([sys.executable, "-c", DRY_RUN_CHILD if dry_run else CHILD, str(checkout),
-                           str(checkout / "configs" / "default.yaml"), *overrides],
-                          cwd=workdir, capture_output=True, text=True)
+    return result_of([sys.executable, "-c", DRY_RUN_CHILD if dry_run else CHILD, str(checkout),
+                      str(checkout / "configs" / "default.yaml"), *overrides],
+                     f"{'the dry run' if dry_run else 'setup_run'} failed at {checkout}", cwd=workdir)
+
+
+def result_of(command: list[str], failure: str, **options) -> dict:
+    """What ``command`` (a fresh Python running one of these benchmarks' children) prints on its last ``RESULT``
+    line, as JSON; where it prints none, or fails, a stop with ``failure`` and the end of its stderr.
+    ``options``: :func:`subprocess.run`'s (``cwd``, ``env``)."""
+    done = subprocess.run(command, capture_output=True, text=True, **options)
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     if done.returncode != 0 or not lines:
-        raise SystemExit(f"{'the dry run' if dry_run else 'setup_run'} failed at {checkout}:\n{done.stderr[-3000:]}")
+        raise SystemExit(f"{failure}:\n{done.stderr[-3000:]}")
     return json.loads(lines[-1][len("RESULT "):])
 
 

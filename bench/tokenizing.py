@@ -23,12 +23,12 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-from bench.startup import write_rows
+from bench.startup import result_of, write_rows
+from finetune.tokens import workers_start_method
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -67,13 +67,9 @@ def time_tokenizing(data: Path, processes: str, start_method: str = "default", t
     """One cell: ``processes`` (a number or ``auto``) tokenizing the file's rows, in a fresh process whose worker
     processes start by ``start_method`` (``default``: the platform's), with ``tokenizer`` (a folder; empty: the
     default job's)."""
-    done = subprocess.run([sys.executable, "-c", CHILD, str(REPO / "configs" / "default.yaml"), str(data), processes,
-                           start_method, tokenizer],
-                          cwd=REPO, env={**os.environ, "HF_HUB_OFFLINE": "1"}, capture_output=True, text=True)
-    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
-    if done.returncode != 0 or not lines:
-        raise SystemExit(f"tokenizing with {processes} processes failed:\n{done.stderr[-3000:]}")
-    return json.loads(lines[-1][len("RESULT "):])
+    return result_of([sys.executable, "-c", CHILD, str(REPO / "configs" / "default.yaml"), str(data), processes,
+                      start_method, tokenizer], f"tokenizing with {processes} processes failed",
+                     cwd=REPO, env={**os.environ, "HF_HUB_OFFLINE": "1"})
 
 
 def main(argv=None) -> int:
@@ -103,20 +99,18 @@ def main(argv=None) -> int:
             digests = {result["digest"] for rounds in results.values() for result in rounds}
             if len(digests) != 1:
                 raise SystemExit(f"{rows} rows: the ways made different tokens")
-            one = statistics.median(r["seconds"] for r in results[ways[0]])
-            cells = [f"{statistics.median(r['seconds'] for r in results[way]):.2f}" for way in ways[:-1]]
-            auto = results["auto"]
-            cells.append(f"{statistics.median(r['seconds'] for r in auto):.2f} ({auto[0]['processes']})")
-            best = min(ways[:-1], key=lambda way: statistics.median(r["seconds"] for r in results[way]))
-            lines.append(f"| {rows:,} | " + " | ".join(cells) + f" | {best} | "
-                         f"{one / statistics.median(r['seconds'] for r in auto):.2f}x |")
+            seconds = {way: statistics.median(result["seconds"] for result in rounds)
+                       for way, rounds in results.items()}
+            cells = [f"{seconds[way]:.2f}" for way in ways[:-1]]
+            cells.append(f"{seconds['auto']:.2f} ({results['auto'][0]['processes']})")
+            best = min(ways[:-1], key=seconds.get)
+            ratio = seconds[ways[0]] / seconds["auto"]
+            lines.append(f"| {rows:,} | " + " | ".join(cells) + f" | {best} | {ratio:.2f}x |")
     command = " ".join(["python -m bench.tokenizing", *(argv if argv is not None else sys.argv[1:])])
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     header = ("| rows | " + " | ".join(f"{way} process{'es' if way != '1' else ''} (s)" for way in ways[:-1])
               + " | auto (its processes) (s) | fastest | auto against " + f"{ways[0]} |")
-    import multiprocess
-
-    started = multiprocess.get_start_method() if args.start_method == "default" else args.start_method
+    started = workers_start_method() if args.start_method == "default" else args.start_method
     print("\n".join([f"Command: `{command}` ({cores} cores; workers started by {started}; medians of {args.rounds} "
                      "rounds; the same tokens every way)", "", header,
                      "|" + " ---: |" * (len(ways) + 1) + " --- | ---: |", *lines]))
