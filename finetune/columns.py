@@ -1,4 +1,4 @@
-"""A whole column of a ``datasets.Dataset``, read at once."""
+"""A whole column of a ``datasets.Dataset``, read at once, and one to add."""
 
 from __future__ import annotations
 
@@ -25,3 +25,19 @@ def read_column(ds, name: str) -> list[Any]:
         return ds.with_format("arrow")[name].to_pylist()
     column = ds.data.column(name)
     return (column if mapping is None else column.take(mapping.column(0))).to_pylist()
+
+
+def list_column(rows: "np.ndarray") -> "pa.ListArray":  # noqa: F821
+    """The rows of a 2-D array as an Arrow column of a list per row, what ``Dataset.add_column`` takes for a
+    ``Sequence`` feature.
+
+    ``add_column`` fingerprints its arguments by pickling them: a Python list of 300,000 values takes a quarter
+    of a second, 300,000 lists of a few floats two seconds, and an array or an Arrow column milliseconds. The
+    column's values and type (``list<float>``) are those of ``rows.tolist()``, as is the split's digest.
+    """
+    import numpy as np
+    import pyarrow as pa
+
+    width = rows.shape[1]
+    offsets = np.arange(len(rows) + 1, dtype=np.int32) * width
+    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(rows.reshape(-1)))

@@ -18,6 +18,7 @@ from typing import Any, Optional
 import datasets
 import numpy as np
 
+from finetune.columns import list_column
 from finetune.errors import ConfigError, DataError
 from finetune.label_warnings import (in_another_case, same_but_for_case, warn_of_a_head_for_other_labels,
                                      warn_of_joined_labels, warn_of_labels_differing_in_case)
@@ -303,9 +304,8 @@ def _label_space(train: Table, keys: list[str], label_map: Optional[dict[str, st
             return (1, name)
 
     # Integers sort numerically ("2" before "10") only when every label is one.
-    if all(order(name)[0] == 0 for name in present):
-        return LabelSpace(names=sorted(present, key=lambda name: int(name)))
-    return LabelSpace(names=sorted(present))
+    numeric = all(order(name)[0] == 0 for name in present)
+    return LabelSpace(names=sorted(present, key=int) if numeric else sorted(present))
 
 
 def _encode_labels(table: Table, keys: list[str], label_space: LabelSpace) -> datasets.Dataset:
@@ -321,7 +321,7 @@ def _encode_labels(table: Table, keys: list[str], label_space: LabelSpace) -> da
             f"{len(label_space)} labels of the train data ({short_list(label_space.names, SHOW_LABELS)})",
             hint=same_but_for_case(first, label_space.names),
         )
-    ids = [label2id[key] for key in keys]
+    ids = np.asarray([label2id[key] for key in keys], dtype=np.int64)  # an array: finetune.columns.list_column says why
     ds = table.ds.remove_columns(RAW_LABEL)
     return ds.add_column(LABELS, ids, feature=datasets.ClassLabel(names=label_space.names))
 
@@ -411,7 +411,7 @@ def _encode_label_sets(table: Table, sets: list[list[str]], label_space: LabelSp
     for i, keys in enumerate(sets):
         vectors[i, [label2id[k] for k in keys]] = 1.0
     ds = table.ds.remove_columns(RAW_LABEL)
-    return ds.add_column(LABELS, vectors.tolist(), feature=datasets.Sequence(datasets.Value("float32")))
+    return ds.add_column(LABELS, list_column(vectors), feature=datasets.Sequence(datasets.Value("float32")))
 
 
 def _encode_targets(table: Table) -> datasets.Dataset:
@@ -436,7 +436,7 @@ def _encode_targets(table: Table) -> datasets.Dataset:
             f"{table.label_column!r} ({table.where_many(missing)})", hint=DROP_UNLABELLED
         )
     ds = table.ds.remove_columns(RAW_LABEL)
-    return ds.add_column(LABELS, targets, feature=datasets.Value("float32"))
+    return ds.add_column(LABELS, np.asarray(targets, dtype=np.float64), feature=datasets.Value("float32"))  # an array
 
 
 def _target(value: Any) -> Optional[float]:
