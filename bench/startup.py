@@ -31,6 +31,8 @@ time they try the model on a sentence.
 
 ``--set KEY=VALUE`` (repeatable) overrides a setting of this checkout's runs, not the baseline's, which may
 not have the setting: ``--set data.tokenize_processes=1`` times this checkout as one process tokenizes.
+``--set-all KEY=VALUE`` overrides it in every way's runs: ``--set-all model.problem_type=multi_label`` times a
+multi-label run's start (each message a set of one label).
 
 Each way runs in a fresh process, the ways alternating by round, and
 reports the median of its rounds. Prints a Markdown table for bench/README.md.
@@ -174,14 +176,16 @@ def main(argv=None) -> int:
                         help="time finetune predict of one text given on the command line, to its printed answer")
     parser.add_argument("--set", dest="settings", action="append", default=[], metavar="KEY=VALUE",
                         help="a setting of this checkout's runs (not the baseline's); repeatable")
+    parser.add_argument("--set-all", dest="common", action="append", default=[], metavar="KEY=VALUE",
+                        help="a setting of every way's runs, the baseline's too; repeatable")
     args = parser.parse_args(argv)
-    if args.settings and (args.data_error or args.predict):
-        parser.error("--set applies to setup_run and the dry run, not --data-error or --predict")
+    if (args.settings or args.common) and (args.data_error or args.predict):
+        parser.error("--set and --set-all apply to setup_run and the dry run, not --data-error or --predict")
     # each way: its checkout and the settings its runs get
     ways = {f"this checkout, {commit_of(REPO)}" + (f" ({', '.join(args.settings)})" if args.settings else ""):
-            (REPO, tuple(args.settings))}
+            (REPO, (*args.common, *args.settings))}
     if args.baseline is not None:
-        ways = {f"baseline, {commit_of(args.baseline)}": (args.baseline.resolve(), ()), **ways}
+        ways = {f"baseline, {commit_of(args.baseline)}": (args.baseline.resolve(), tuple(args.common)), **ways}
     results: dict[str, list[dict]] = {name: [] for name in ways}
     with tempfile.TemporaryDirectory() as tmp:
         data, model = Path(tmp) / "texts.tsv", Path(tmp) / "model"

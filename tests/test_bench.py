@@ -1253,15 +1253,16 @@ def test_the_start_up_benchmark_times_each_checkout_on_the_same_generated_rows(t
     lines = (tmp_path / "texts.tsv").read_text(encoding="utf-8").splitlines()
     assert lines[0] == "label\ttext" and len(lines) == 5001
     assert lines[1].split("\t")[0] in ("ham", "spam") and lines[1].endswith(" (0)") and lines[-1].endswith(" (1)")
-    # --set reaches this checkout's runs and not the baseline's (here this checkout again)
-    assert main(["--rows", "300", "--rounds", "1", "--baseline", str(REPO), "--set", "data.max_train_samples=100"]) == 0
+    # --set reaches this checkout's runs and not the baseline's (here this checkout again); --set-all both
+    assert main(["--rows", "300", "--rounds", "1", "--baseline", str(REPO), "--set", "data.max_train_samples=100",
+                 "--set-all", "data.validation_split=0.5"]) == 0
     out, err = capsys.readouterr()
     rows = [line.split(" | ") for line in out.splitlines() if line.startswith("| ")][2:]
     assert [row[0].split(",")[0] for row in rows] == ["| baseline", "| this checkout"]
     assert rows[1][0].endswith("(data.max_train_samples=100)")
     assert all(0 < float(row[1]) < 120 and row[2].strip(" |") == row[1] for row in rows)  # one round: its median
     reported = [line.split(": ", 1) for line in err.splitlines() if line.startswith(("baseline", "this checkout"))]
-    assert [json.loads(result)["train_rows"] for _, result in reported] == [270, 100]
+    assert [json.loads(result)["train_rows"] for _, result in reported] == [150, 100]
     # the dry run's rehearsal, its estimate of an evaluation and the evaluation itself, each way
     assert main(["--rows", "300", "--rounds", "1", "--dry-run"]) == 0
     out = capsys.readouterr().out
