@@ -31,8 +31,8 @@ time they try the model on a sentence.
 
 ``--set KEY=VALUE`` (repeatable) overrides a setting of this checkout's runs, not the baseline's, which may
 not have the setting: ``--set data.tokenize_processes=1`` times this checkout as one process tokenizes.
-``--set-all KEY=VALUE`` overrides it in every way's runs: ``--set-all model.problem_type=multi_label`` times a
-multi-label run's start (each message a set of one label).
+``--set-all KEY=VALUE`` overrides it in every way's runs: ``--set-all model.problem_type=multi_label --set-all
+"data.label_delimiter=|"`` times a multi-label run's start (each message a set of one label).
 
 Each way runs in a fresh process, the ways alternating by round, and
 reports the median of its rounds. Prints a Markdown table for bench/README.md.
