@@ -20,7 +20,7 @@ import os
 from pathlib import Path
 from typing import Any, Optional
 
-from finetune.outputs import CONFIG_FILE
+from finetune.outputs import CONFIG_FILE, saved_config
 from finetune.prediction_files import CLASH_PREFIX, predict_rows, write_predictions
 
 OUT_OF_FOLD_FILE = "predictions.csv"
@@ -30,7 +30,7 @@ def write_out_of_fold(folder: Path, runs: dict[int, Path]) -> Optional[Path]:
     """``folder/predictions.csv`` from each fold's run (``runs``: each fold's run folder), or ``None`` while a
     fold's run has not saved its model. Written aside and renamed into place, so that a reader (or another worker
     writing the same file) never meets half of it."""
-    from finetune.predict import Predictor, saved_config
+    from finetune.predict import Predictor
 
     if not all((run / CONFIG_FILE).is_file() and (run / "config.json").is_file() for run in runs.values()):
         return None

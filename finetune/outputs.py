@@ -260,3 +260,17 @@ def _read_holder(fd: int) -> str:
         return f"pid {info['pid']} on {info['host']}, since {info['since']}"
     except (OSError, ValueError, KeyError):
         return "holder unknown"
+
+
+def saved_config(output_dir: str | os.PathLike):
+    """The :class:`~finetune.config.Config` a run saved as ``config.yaml``, or ``None`` if there is none.
+
+    Raises:
+        ConfigError: if the file exists but is not a valid config.
+    """
+    from finetune.config import config_from_dict, read_yaml
+
+    path = Path(output_dir) / CONFIG_FILE
+    if not path.is_file():
+        return None
+    return config_from_dict(read_yaml(path), source=str(path))

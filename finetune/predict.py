@@ -30,7 +30,7 @@ from typing import Any, Optional, Sequence
 
 from finetune.errors import (CommandParser, ConfigError, ModelError, OutOfMemory, out_of_memory_told_as,
                              run_command)
-from finetune.outputs import refuse_a_run_file
+from finetune.outputs import refuse_a_run_file, saved_config
 from finetune.precisions import add_precision_argument, autocast_dtype, check_precision
 from finetune.prediction_files import (CLASH_PREFIX, STDIN, check_options, input_kind, local_file,
                                        columns_named_as_predictions, note_the_files_own_columns, output_separator,
@@ -42,21 +42,6 @@ from finetune.truncation import (Truncation, collator_arguments, cut_of, model_f
                                  prediction_length)
 
 DEFAULT_BATCH_SIZE = 64
-
-
-def saved_config(output_dir: str | os.PathLike):
-    """The :class:`~finetune.config.Config` a run saved as ``config.yaml``, or ``None`` if there is none.
-
-    Raises:
-        ConfigError: if the file exists but is not a valid config.
-    """
-    from finetune.config import config_from_dict, read_yaml
-    from finetune.outputs import CONFIG_FILE
-
-    path = Path(output_dir) / CONFIG_FILE
-    if not path.is_file():
-        return None
-    return config_from_dict(read_yaml(path), source=str(path))
 
 
 class Predictor:

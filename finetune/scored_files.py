@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from finetune.errors import ConfigError, DataError
-from finetune.predict import saved_config
+from finetune.outputs import saved_config
 
 _SCORE_SECTIONS = ("data", "evaluation")
 # The labelled file is the only data: no second file, no carve, no caps.
