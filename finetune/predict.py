@@ -26,7 +26,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Iterable, Optional, Sequence
 
 from finetune.errors import (CommandParser, ConfigError, ModelError, OutOfMemory, out_of_memory_told_as,
                              run_command)
@@ -78,13 +78,15 @@ class Predictor:
             names none (``evaluation.positive_label``; ``None``: the second class).
         across_processes: Under ``accelerate launch``, where every process passes the same texts: each runs
             a share of the batches (:meth:`share_of_logits`) and every process gets all the rows back.
+        num_workers: DataLoader workers that pad the next batches while the model runs (``auto``: as
+            ``data.num_workers`` decides, up to 4 on a GPU and none on a CPU; never more than the batches less one).
     """
 
     def __init__(self, model, tokenizer, *, device=None, batch_size: int = DEFAULT_BATCH_SIZE,
                  max_length: Optional[int] = None, threshold=None, truncation: str = "head",
                  head_tokens: Optional[int] = None, stride: Optional[int] = None, precision: str = "no",
                  pad_to_multiple_of: Optional[int] = PAD_TO_MULTIPLE_OF, positive_label: Optional[str] = None,
-                 padding: str = "auto", across_processes: bool = False):
+                 padding: str = "auto", across_processes: bool = False, num_workers: int | str = "auto"):
         import torch
 
         from finetune.tasks import label_names, problem_type_of
@@ -109,6 +111,7 @@ class Predictor:
         self.padded_to = padding_for(padding, self.max_length, model.config).length
         # (this process's index, the number sharing the batches)
         self.processes = launched_processes() if across_processes else (0, 1)
+        self.num_workers = num_workers
 
     @classmethod
     def load(cls, output_dir: str | os.PathLike, *, device=None, batch_size: int = DEFAULT_BATCH_SIZE,
@@ -250,9 +253,8 @@ class Predictor:
         self.model.eval()
         total = sum(map(len, batches))
         with tqdm(total=total, disable=not progress, unit="text", desc="predict") as bar, torch.inference_mode():
-            for batch in batches:
-                inputs, chunk_rows = split_batch(
-                    {k: v.to(self.device) for k, v in collate([features[i] for i in batch]).items()})
+            for batch, collated in zip(batches, self.collated(features, batches, collate)):
+                inputs, chunk_rows = split_batch({k: v.to(self.device, non_blocking=True) for k, v in collated.items()})
                 with torch.autocast(self.device.type, dtype=self.autocast, enabled=self.autocast is not None):
                     logits = self.model(**inputs).logits
                 rows.append(np.asarray(batch, dtype=np.int64))
@@ -261,6 +263,24 @@ class Predictor:
         if was_training:
             self.model.train()
         return np.concatenate(rows), np.concatenate(values)
+
+    def collated(self, features, batches: list[list[int]], collate) -> Iterable[dict[str, Any]]:
+        """Each of ``batches`` (row numbers of ``features``) padded by ``collate``, in order: here, or on a GPU by
+        DataLoader workers into pinned memory while the model runs the batches before (:meth:`collating_workers`)."""
+        workers = self.collating_workers(len(batches))
+        if not workers:
+            return (collate([features[i] for i in batch]) for batch in batches)
+        from torch.utils.data import DataLoader
+
+        return DataLoader(features, batch_sampler=batches, collate_fn=collate, num_workers=workers,
+                          pin_memory=self.device.type == "cuda")
+
+    def collating_workers(self, batches: int) -> int:
+        """The DataLoader workers that pad ``batches`` batches (the class's ``num_workers``): on a GPU, padding in
+        Python is host time the GPU waits for, as in training (docs/performance.md); one batch has none to overlap."""
+        from finetune.launch import choose_workers
+
+        return min(choose_workers(self.num_workers, self.device, self.processes[1]), max(0, batches - 1))
 
     def probabilities(self, texts: Sequence[str], text_pairs: Optional[Sequence[str]] = None,
                       progress: bool = False) -> "np.ndarray":  # noqa: F821

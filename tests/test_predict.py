@@ -89,6 +89,39 @@ def test_shares_of_the_batches_put_together_are_the_logits_bit_for_bit(predictor
 
 
 @pytest.mark.parametrize("truncation", ["head", "chunks"])
+def test_batches_padded_by_dataloader_workers_give_the_logits_bit_for_bit(predictor, truncation, monkeypatch):
+    """On a GPU, DataLoader workers pad the next batches while the model runs the one before. Forced here on a
+    CPU: two workers give the logits of batches padded in the loop, bit for bit, each text in its row (its windows
+    averaged under chunks), a share of the batches too; ``auto`` starts none on a CPU, and one batch none."""
+    import numpy as np
+    import torch.utils.data
+
+    from finetune.predict import Predictor
+
+    started = []
+
+    class Recorded(torch.utils.data.DataLoader):
+        def __init__(self, *args, **kwargs):
+            started.append(kwargs["num_workers"])
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(torch.utils.data, "DataLoader", Recorded)
+    here = Predictor(predictor.model, predictor.tokenizer, batch_size=2, max_length=8, truncation=truncation)
+    ahead = Predictor(predictor.model, predictor.tokenizer, batch_size=2, max_length=8, truncation=truncation,
+                      num_workers=2)
+    assert here.collating_workers(10) == 0  # auto, on a CPU
+    assert [ahead.collating_workers(batches) for batches in (1, 2, 3, 10)] == [0, 1, 2, 2]
+    expected = here.logits(TEXTS)
+    assert started == []
+    logits = ahead.logits(TEXTS)
+    assert started == [2] and np.array_equal(logits, expected)  # 3 batches of 2 texts: two workers
+    for share in ((0, 2), (1, 2)):
+        (rows, values), (rows_ahead, values_ahead) = (p.share_of_logits(TEXTS, None, share) for p in (here, ahead))
+        assert np.array_equal(rows_ahead, rows) and np.array_equal(values_ahead, values)
+    assert started == [2, 1]  # the shares' two batches and one: a worker, then none
+
+
+@pytest.mark.parametrize("truncation", ["head", "chunks"])
 def test_given_every_texts_length_a_share_tokenizes_its_own_texts_alone(predictor, truncation):
     """Processes that share the batches each tokenize an n-th of the texts, whose lengths together are every
     text's (``lengths_across_processes``); given them, a share tokenizes only the texts of its batches, once each,
