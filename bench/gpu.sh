@@ -41,7 +41,8 @@
 #   casts    training.cast_once_per_update on against off: CUDA kernels, aten ops and milliseconds per
 #            micro-batch (python -m bench.probe casts)
 #   predict  finetune predict's --precision: texts per second in float32 and under bf16 and fp16 autocast, the
-#            labels that agree with float32's, on BBC News texts (python -m bench.predict)
+#            labels that agree with float32's, on BBC News texts (python -m bench.predict); then, on the default
+#            job's messages in bf16, batches padded in the loop against by 4 DataLoader workers (--workers)
 #   engines  FSDP and DeepSpeed ZeRO-2 launched on one GPU with the shipped configs: the contract, a stop
 #            and an exact resume, pipeline() (tests/test_gpu_engines.py; DeepSpeed's skipped where it is not
 #            installed), and the package under each against the Trainer (bench/run.py --engines, one
@@ -182,7 +183,10 @@ part_casts() {
 }
 part_predict() {
     bert_base && "$py" -m bench.predict "$model" --config configs/bbc_news.yaml --texts 2000 --batch-size 128 \
-        --rounds 3 2>&1 | tee "$out/predict.md"
+        --rounds 3 2>&1 | tee "$out/predict.md" || return
+    # the default job's short texts, where padding a batch in Python weighs most beside its forward pass
+    "$py" -m bench.predict "$model" --texts 20000 --batch-size 64 --rounds 3 --workers 4 --precision bf16 2>&1 \
+        | tee -a "$out/predict.md"
 }
 part_engines() {
     local status=0 engines=fsdp

@@ -6,6 +6,7 @@ Usage::
     python -m bench.predict                          # its model on 3,000 of the default job's texts
     python -m bench.predict outputs/my_run --texts 20000 --config configs/bbc_news.yaml
     python -m bench.predict --padding bf16           # each batch padded to its longest text, or to 8
+    python -m bench.predict --workers 4 --precision bf16   # batches padded in the loop, or by 4 DataLoader workers
 
 Each precision predicts the same texts with the run's model
 (``finetune.predict.Predictor``, the ``--precision`` of ``finetune predict``
@@ -52,6 +53,11 @@ def main(argv=None) -> int:
     parser.add_argument("--padding", metavar="PRECISION", choices=["no", "bf16", "fp16"],
                         help="instead of the precisions: each batch padded to its longest text against padded to a "
                              "multiple of 8 (the default), in this precision")
+    parser.add_argument("--workers", type=int, metavar="N",
+                        help="instead of the precisions: batches padded in the loop against padded by N DataLoader "
+                             "workers ahead of the forward passes, in --precision")
+    parser.add_argument("--precision", default="no", choices=["no", "bf16", "fp16"],
+                        help="the precision of --workers' predictions (default: float32)")
     args = parser.parse_args(argv)
     if not (Path(args.output_dir) / "config.json").is_file():
         raise SystemExit(f"{args.output_dir}: no trained model (run `make train` first, or name a run's folder)")
@@ -61,6 +67,8 @@ def main(argv=None) -> int:
     texts = job_texts(args.config, args.texts)
     if args.padding:
         return compare_padding(args, texts, argv)
+    if args.workers is not None:
+        return compare_workers(args, texts, argv)
     base = Predictor.load(args.output_dir, batch_size=args.batch_size, max_length=args.max_length)
     precisions = ["no", "bf16"] + (["fp16"] if base.device.type == "cuda" else [])
     predictors = {"no": base}
@@ -130,6 +138,42 @@ def compare_padding(args, texts: list[str], argv) -> int:
         lines.append(f"| {name} | {rate:.0f} | {rate / base_rate:.2f} | {rounds} |")
     lines += ["", f"Labels alike: {float((longest.argmax(1) == eight.argmax(1)).mean()):.2%}; largest probability "
                   f"difference {float(abs(longest - eight).max()):.1e}."]
+    print("\n".join(lines))
+    return 0
+
+
+def compare_workers(args, texts: list[str], argv) -> int:
+    """Texts per second with each batch padded in the prediction loop and padded by ``--workers`` DataLoader
+    workers while the model runs the batches before (``Predictor(num_workers=)``), alternating by round; their
+    probabilities must agree bit for bit (the same batches, padded alike)."""
+    import copy
+
+    import numpy as np
+
+    from finetune.predict import Predictor
+
+    arms = {"in the loop": 0, f"by {args.workers} worker{'s' if args.workers != 1 else ''}": args.workers}
+    # one model for both: a folder without a trained head would give each load a head of its own
+    base = Predictor.load(args.output_dir, batch_size=args.batch_size, precision=args.precision,
+                          max_length=args.max_length)
+    predictors = {name: copy.copy(base) for name in arms}
+    for name, workers in arms.items():
+        predictors[name].num_workers = workers
+    device = next(iter(predictors.values())).device
+    seconds, probabilities = timed_rounds(predictors, texts, args.rounds, alternate=True)
+    here, ahead = (probabilities[name] for name in arms)
+    if not np.array_equal(here, ahead):
+        raise SystemExit("the workers' batches gave other probabilities than the loop's")
+    command = " ".join(["python -m bench.predict", *(argv if argv is not None else sys.argv[1:])])
+    base_rate = len(texts) / statistics.median(seconds["in the loop"])
+    lines = [f"Command: `{command}` ({len(texts)} texts, batch {args.batch_size}, {args.precision}, {device})", "",
+             "| each batch padded | texts/s (median) | x in the loop | seconds by round |",
+             "| --- | ---: | ---: | --- |"]
+    for name in arms:
+        rate = len(texts) / statistics.median(seconds[name])
+        rounds = ", ".join(f"{s:.2f}" for s in seconds[name])
+        lines.append(f"| {name} | {rate:.0f} | {rate / base_rate:.2f} | {rounds} |")
+    lines += ["", "The same probabilities, bit for bit."]
     print("\n".join(lines))
     return 0
 

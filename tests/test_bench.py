@@ -477,8 +477,12 @@ def test_the_gpu_check_runs_the_parts_asked_for_and_goes_on_past_a_failing_one(t
     assert [" ".join(c.split()[:3 + c.startswith("-m bench.cuda_graphs")]) for c in calls if c.startswith("-m ")] == [
         "-m pytest -p", "-m pytest -m", "-m bench.probe device", "-m bench.cuda_graphs --compiled --bias-apart",
         "-m bench.captured_update model.name_or_path=" + str(work / "bert-base"),
-        "-m bench.products --model", "-m bench.attention --model", "-m bench.probe casts", "-m bench.predict " + str(work / "bert-base"), "-m pytest -m",
+        "-m bench.products --model", "-m bench.attention --model", "-m bench.probe casts",
+        "-m bench.predict " + str(work / "bert-base"), "-m bench.predict " + str(work / "bert-base"), "-m pytest -m",
         "-m bench.tokenizing --rows"]
+    predict_runs = [c for c in calls if c.startswith("-m bench.predict")]  # the precisions, then the workers
+    assert "--config configs/bbc_news.yaml" in predict_runs[0] and "--workers" not in predict_runs[0]
+    assert predict_runs[1].endswith("--texts 20000 --batch-size 64 --rounds 3 --workers 4 --precision bf16")
     assert [p.split(" in ")[0] for p in parts] == ["tests: failed (1)", "speed: passed", "host: passed",
                                                    "graphs: passed", "update: passed", "products: passed",
                                                    "casts: passed",
@@ -1242,6 +1246,14 @@ def test_the_prediction_benchmark_times_each_precision_on_the_same_texts(tmp_pat
     assert rows["float32"][2] == "1.00" and rows["float32"][-1].strip(" |") == "0.0e+00"
     assert 0 < float(rows["bf16 autocast"][-1].strip(" |")) < 0.1  # bf16 moves the probabilities, a little
     assert "(40 texts, batch 16, cpu)" in table[0]
+    # batches padded in the loop against by DataLoader workers: the same probabilities, bit for bit
+    assert main([str(model), "--texts", "40", "--rounds", "2", "--batch-size", "8", "--workers", "2"]) == 0
+    table = capsys.readouterr().out.splitlines()
+    rows = {line.split(" | ")[0].strip("| "): line.split(" | ") for line in table if line.startswith("| ")}
+    assert set(rows) == {"each batch padded", "---", "in the loop", "by 2 workers"}
+    assert rows["in the loop"][2] == "1.00" and float(rows["by 2 workers"][2]) > 0
+    assert len(rows["by 2 workers"][3].split(", ")) == 2 and "(40 texts, batch 8, no, cpu)" in table[0]
+    assert table[-1] == "The same probabilities, bit for bit."
 
 
 def test_the_start_up_benchmark_times_each_checkout_on_the_same_generated_rows(tmp_path, capsys):
