@@ -116,26 +116,10 @@ def timed_rounds(predictors: dict, texts: list[str], rounds: int, alternate: boo
 def compare_padding(args, texts: list[str], argv) -> int:
     """Texts per second with each batch padded to its longest text and to a multiple of 8, alternating by round,
     and the largest difference of a probability between them (padding is masked: float rounding only)."""
-
-    from finetune.predict import Predictor
-
     arms = {"to its longest text": None, "to a multiple of 8": 8}
-    predictors = {name: Predictor.load(args.output_dir, batch_size=args.batch_size, precision=args.padding,
-                                       max_length=args.max_length) for name in arms}
-    for name, multiple in arms.items():
-        predictors[name].pad_to_multiple_of = multiple
-    device = next(iter(predictors.values())).device
-    seconds, probabilities = timed_rounds(predictors, texts, args.rounds, alternate=True)
+    seconds, probabilities, device = timed_arms(args, texts, args.padding, "pad_to_multiple_of", arms)
     longest, eight = (probabilities[name] for name in arms)
-    command = " ".join(["python -m bench.predict", *(argv if argv is not None else sys.argv[1:])])
-    base_rate = len(texts) / statistics.median(seconds["to its longest text"])
-    lines = [f"Command: `{command}` ({len(texts)} texts, batch {args.batch_size}, {args.padding}, {device})", "",
-             "| each batch padded | texts/s (median) | x to its longest | seconds by round |",
-             "| --- | ---: | ---: | --- |"]
-    for name in arms:
-        rate = len(texts) / statistics.median(seconds[name])
-        rounds = ", ".join(f"{s:.2f}" for s in seconds[name])
-        lines.append(f"| {name} | {rate:.0f} | {rate / base_rate:.2f} | {rounds} |")
+    lines = arms_table(args, texts, argv, args.padding, device, seconds, "to its longest")
     lines += ["", f"Labels alike: {float((longest.argmax(1) == eight.argmax(1)).mean()):.2%}; largest probability "
                   f"difference {float(abs(longest - eight).max()):.1e}."]
     print("\n".join(lines))
@@ -146,36 +130,47 @@ def compare_workers(args, texts: list[str], argv) -> int:
     """Texts per second with each batch padded in the prediction loop and padded by ``--workers`` DataLoader
     workers while the model runs the batches before (``Predictor(num_workers=)``), alternating by round; their
     probabilities must agree bit for bit (the same batches, padded alike)."""
-    import copy
-
     import numpy as np
 
-    from finetune.predict import Predictor
-
     arms = {"in the loop": 0, f"by {args.workers} worker{'s' if args.workers != 1 else ''}": args.workers}
-    # one model for both: a folder without a trained head would give each load a head of its own
-    base = Predictor.load(args.output_dir, batch_size=args.batch_size, precision=args.precision,
-                          max_length=args.max_length)
-    predictors = {name: copy.copy(base) for name in arms}
-    for name, workers in arms.items():
-        predictors[name].num_workers = workers
-    device = next(iter(predictors.values())).device
-    seconds, probabilities = timed_rounds(predictors, texts, args.rounds, alternate=True)
+    seconds, probabilities, device = timed_arms(args, texts, args.precision, "num_workers", arms)
     here, ahead = (probabilities[name] for name in arms)
     if not np.array_equal(here, ahead):
         raise SystemExit("the workers' batches gave other probabilities than the loop's")
-    command = " ".join(["python -m bench.predict", *(argv if argv is not None else sys.argv[1:])])
-    base_rate = len(texts) / statistics.median(seconds["in the loop"])
-    lines = [f"Command: `{command}` ({len(texts)} texts, batch {args.batch_size}, {args.precision}, {device})", "",
-             "| each batch padded | texts/s (median) | x in the loop | seconds by round |",
-             "| --- | ---: | ---: | --- |"]
-    for name in arms:
-        rate = len(texts) / statistics.median(seconds[name])
-        rounds = ", ".join(f"{s:.2f}" for s in seconds[name])
-        lines.append(f"| {name} | {rate:.0f} | {rate / base_rate:.2f} | {rounds} |")
-    lines += ["", "The same probabilities, bit for bit."]
-    print("\n".join(lines))
+    lines = arms_table(args, texts, argv, args.precision, device, seconds, "in the loop")
+    print("\n".join([*lines, "", "The same probabilities, bit for bit."]))
     return 0
+
+
+def timed_arms(args, texts: list[str], precision: str, setting: str, arms: dict) -> tuple[dict, dict, object]:
+    """Each arm's seconds by round and last probabilities, the arms one loaded predictor with ``setting`` (an
+    attribute of it) set to the arm's value, alternating by round; and the device."""
+    import copy
+
+    from finetune.predict import Predictor
+
+    # one model for every arm: a folder without a trained head would give each load a head of its own
+    base = Predictor.load(args.output_dir, batch_size=args.batch_size, precision=precision,
+                          max_length=args.max_length)
+    predictors = {name: copy.copy(base) for name in arms}
+    for name, value in arms.items():
+        setattr(predictors[name], setting, value)
+    seconds, probabilities = timed_rounds(predictors, texts, args.rounds, alternate=True)
+    return seconds, probabilities, base.device
+
+
+def arms_table(args, texts: list[str], argv, precision: str, device, seconds: dict, first: str) -> list[str]:
+    """The command, then a Markdown row per arm: texts per second, against the first arm's (``first`` in the
+    column's name), and the seconds of each round."""
+    command = " ".join(["python -m bench.predict", *(argv if argv is not None else sys.argv[1:])])
+    base_rate = len(texts) / statistics.median(next(iter(seconds.values())))
+    lines = [f"Command: `{command}` ({len(texts)} texts, batch {args.batch_size}, {precision}, {device})", "",
+             f"| each batch padded | texts/s (median) | x {first} | seconds by round |",
+             "| --- | ---: | ---: | --- |"]
+    for name, rounds in seconds.items():
+        rate = len(texts) / statistics.median(rounds)
+        lines.append(f"| {name} | {rate:.0f} | {rate / base_rate:.2f} | {', '.join(f'{s:.2f}' for s in rounds)} |")
+    return lines
 
 
 if __name__ == "__main__":

@@ -1254,6 +1254,11 @@ def test_the_prediction_benchmark_times_each_precision_on_the_same_texts(tmp_pat
     assert rows["in the loop"][2] == "1.00" and float(rows["by 2 workers"][2]) > 0
     assert len(rows["by 2 workers"][3].split(", ")) == 2 and "(40 texts, batch 8, no, cpu)" in table[0]
     assert table[-1] == "The same probabilities, bit for bit."
+    # each batch padded to its longest text against to a multiple of 8, one model: the same labels
+    assert main([str(model), "--texts", "40", "--rounds", "1", "--batch-size", "8", "--padding", "no"]) == 0
+    table = capsys.readouterr().out.splitlines()
+    assert "| each batch padded | texts/s (median) | x to its longest | seconds by round |" in table
+    assert table[-1].startswith("Labels alike: 100.00%; largest probability difference")
 
 
 def test_the_start_up_benchmark_times_each_checkout_on_the_same_generated_rows(tmp_path, capsys):
