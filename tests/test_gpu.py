@@ -251,6 +251,26 @@ def _bf16_cli_run(tmp_path, texts: int, *args: str) -> tuple[subprocess.Complete
     return subprocess.run(cmd, capture_output=True, text=True, env=offline_env(), cwd=REPO, timeout=600), out
 
 
+@pytest.mark.parametrize("precision", ["no", "bf16"])
+def test_prediction_batches_padded_ahead_by_workers_give_the_logits_of_the_loop(tmp_path, precision):
+    """On a GPU the Predictor's batches are padded by DataLoader workers into pinned memory and copied without
+    waiting (``num_workers: auto``, here 2 by name); the logits are those of batches padded in the loop, bit for
+    bit, under autocast too."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    from finetune.predict import Predictor
+    from helpers import make_texts, save_tiny_model
+
+    folder = save_tiny_model(tmp_path / "tiny")
+    model = AutoModelForSequenceClassification.from_pretrained(folder, num_labels=2).cuda()
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    texts = [text for _, text in make_texts(200, seed=3)]
+    here, ahead = (Predictor(model, tokenizer, batch_size=16, precision=precision, num_workers=workers)
+                   for workers in (0, 2))
+    assert here.device.type == "cuda" and ahead.collating_workers(13) == 2
+    assert torch.equal(torch.from_numpy(ahead.logits(texts)), torch.from_numpy(here.logits(texts)))
+
+
 def test_a_gpu_run_of_the_cli_trains_in_bf16_replayed_from_graphs(tmp_path):
     proc, out = _bf16_cli_run(tmp_path, 64, "training.num_train_epochs=2")
     assert proc.returncode == 0, proc.stderr[-4000:]
