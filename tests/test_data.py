@@ -739,7 +739,8 @@ def test_a_column_of_a_mapped_split_is_read_as_datasets_reads_it():
 
 
 def test_a_split_without_datasets_row_mapping_is_read_by_the_public_read():
-    """Where a release of datasets holds no ``_indices``, the column comes from its public read."""
+    """Where a release of datasets holds no ``_indices``, or holds another kind of thing there than a table of
+    row numbers, the column comes from its public read."""
     from finetune.columns import read_column
 
     class Split:  # a data set of no index mapping, as a later datasets might be
@@ -748,6 +749,11 @@ def test_a_split_without_datasets_row_mapping_is_read_by_the_public_read():
             return {"n": pa.chunked_array([[3, 1, 2]])}
 
     assert read_column(Split(), "n") == [3, 1, 2]
+
+    class Remapped(Split):  # a mapping of another kind than a table of row numbers
+        _indices = pa.table({"rows": ["2", "0"]})
+
+    assert read_column(Remapped(), "n") == [3, 1, 2]
 
 
 def test_a_run_reads_no_column_of_its_data_a_row_at_a_time(tmp_path, monkeypatch):
