@@ -14,8 +14,9 @@ def read_column(ds, name: str) -> list[Any]:
 
     A split that selects or orders rows (a carved validation set, a shuffled split) maps its rows through an
     index table, datasets' private ``_indices``. Its public read gathers such a column one row at a time, into
-    an Arrow chunk per row (0.5 s per 270,000 rows, whatever the column holds); where the mapping is there to
-    read, one Arrow ``take`` does it, to the same values. Without it, the public read.
+    an Arrow chunk per row, whatever the column holds (1.6 s of a run's start on 300,000 texts: bench/README.md,
+    start-up); where the mapping is there to read, one Arrow ``take`` does it, to the same values. Without it,
+    the public read.
     """
     if not hasattr(ds, "_indices") or not (ds._indices is None or _is_index_table(ds._indices)):
         return ds.with_format("arrow")[name].to_pylist()
@@ -34,8 +35,8 @@ def list_column(rows: "np.ndarray") -> "pa.ListArray":  # noqa: F821
     """The rows of a 2-D array as an Arrow column of a list per row, what ``Dataset.add_column`` takes for a
     ``Sequence`` feature.
 
-    ``add_column`` fingerprints its arguments by pickling them: a Python list of 300,000 values takes a quarter
-    of a second, 300,000 lists of a few floats two seconds, and an array or an Arrow column milliseconds. The
+    ``add_column`` fingerprints its arguments by pickling them, a Python object at a time: 300,000 rows' label
+    lists took 2.3 s of a multi-label run's start (bench/README.md, start-up), an Arrow column milliseconds. The
     column's values and type (``list<float>``) are those of ``rows.tolist()``, as is the split's digest.
     """
     import numpy as np
