@@ -155,6 +155,7 @@ def setup_run(cfg: Config, accelerator=None, batching: Optional[Batching] = None
     model_config = load_model_config(cfg.model, cfg.data.max_length)
     cache_dir = tokenized_cache_dir(cfg)
     splits, labels, test = load_data(cfg, accelerator, head=trained_head_labels(model_config))
+    data_sha256 = content_sha256(splits["train"])  # what a resume checks; the token cache's key reuses it
     seen = count_seen_in_training(splits)
     model, new_head = load_model_reporting(cfg.model, labels.id2label, max_length=cfg.data.max_length)
     head_start = start_regression_head(cfg.model, model, new_head, splits["train"])
@@ -163,7 +164,7 @@ def setup_run(cfg: Config, accelerator=None, batching: Optional[Batching] = None
     metrics = metric_suite(cfg, labels, splits["train"])
     task = build_task(cfg, labels, splits, device=accelerator.device)
     start_thresholds(model.config, labels.names, task)
-    tokenized = tokenize_data(cfg, splits, tokenizer, accelerator, cache_dir)
+    tokenized = tokenize_data(cfg, splits, tokenizer, accelerator, cache_dir, row_digests={"train": data_sha256})
     cut = count_long_texts(cfg, tokenized["train"])
     longest = longest_text(tokenized["train"])
     padding = batch_padding(cfg, model_config, longest)
@@ -188,7 +189,7 @@ def setup_run(cfg: Config, accelerator=None, batching: Optional[Batching] = None
     # generators over this one (finetune.checkpoint).
     set_seed(cfg.training.seed)
     return Run(cfg, accelerator, batching, tokenizer, labels, model, optimizer, scheduler, train_dl, eval_dl,
-               metrics, plan, task, content_sha256(splits["train"]), new_head=new_head,
+               metrics, plan, task, data_sha256, new_head=new_head,
                checkpointing=checkpointing, lora=lora, frozen=frozen, memory=memory, long_texts=cut,
                seen_in_training=seen, head_start=head_start, test=test, padding=padding)
 

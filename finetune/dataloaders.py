@@ -53,15 +53,18 @@ def load_data(cfg: Config, accelerator, head: Optional[list[str]] = None):
     return splits, labels, as_test_set(test, cfg, splits["train"])
 
 
-def tokenize_data(cfg: Config, splits, tokenizer, accelerator, cache_dir: Optional[Path]):
+def tokenize_data(cfg: Config, splits, tokenizer, accelerator, cache_dir: Optional[Path],
+                  row_digests: Optional[dict[str, str]] = None):
     """The tokenized splits; the main process tokenizes (and caches) first, the others then read its files. A
-    large split is tokenized by several processes (``data.tokenize_processes``)."""
+    large split is tokenized by several processes (``data.tokenize_processes``). ``row_digests``: the splits'
+    content digests the run has already (:func:`finetune.tokens.tokenize_splits`)."""
     from finetune.tokens import tokenize_splits
     from finetune.truncation import truncation_of
 
     def tokenize():
         return tokenize_splits(splits, tokenizer, cfg.data.max_length, cache_dir=cache_dir,
-                               truncation=truncation_of(cfg.data), processes=cfg.data.tokenize_processes)
+                               truncation=truncation_of(cfg.data), processes=cfg.data.tokenize_processes,
+                               row_digests=row_digests)
 
     return main_process_first(accelerator, tokenize)
 

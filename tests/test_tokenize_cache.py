@@ -189,6 +189,33 @@ def test_runs_cache_by_default_and_not_when_off(tiny, tmp_path, fresh_accelerate
         assert all((batch[key] == first_batch[key]).all() for key in first_batch)
 
 
+def test_a_run_reads_its_training_rows_once_for_the_resume_check_and_the_cache_key(tiny, tmp_path, monkeypatch,
+                                                                                   fresh_accelerate_state):
+    """The training split's content digest, which a checkpoint keeps to check a resume against, is the cache
+    key's digest of its rows too: ``setup_run`` reads the split's rows for it once (a second or so at 300,000
+    rows), and the key is the one :func:`tokenized_cache_key` gives the split."""
+    import finetune.data
+    from finetune.assembly import setup_run
+    from finetune.config import load_config
+    from finetune.truncation import truncation_of
+
+    digested = []
+    digest_rows = finetune.data.digest_rows
+    monkeypatch.setattr(finetune.data, "digest_rows", lambda digest, ds: (digested.append(len(ds)),
+                                                                          digest_rows(digest, ds))[1])
+    cfg = load_config(REPO / "configs" / "default.yaml", [
+        f"model.name_or_path={tiny['model']}", tsv_train_file(tiny["data"]), "data.max_length=16",
+        "training.per_device_train_batch_size=4", "training.effective_batch_size=8",
+        f"output.output_dir={tmp_path / 'out'}", f"data.cache_dir={tmp_path / 'cache'}"])
+    run = setup_run(cfg)
+    assert digested == [54, 6]  # the training split once, the held-out one for its own key
+    train = load_splits(cfg.data, seed=cfg.split_seed)[0]["train"]
+    key = tokenized_cache_key(train, run.tokenizer, 16, truncation_of(cfg.data))
+    assert (tmp_path / "cache" / f"{key}.arrow").is_file()
+    assert key != tokenized_cache_key(train.select(range(53)), run.tokenizer, 16)  # the rows are in the key
+    assert run.data_sha256 == finetune.data.content_sha256(train)
+
+
 def fresh_accelerate_state_reset():
     from accelerate.state import AcceleratorState, GradientState
 
