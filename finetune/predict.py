@@ -420,7 +420,7 @@ def run(args: argparse.Namespace) -> None:
         note_the_files_own_columns(args.file, args.output_dir, rows, clashes,
                                    cfg.data.label_column if cfg is not None else None)
     with out_of_memory_told_as(lambda _: batch_too_large(args.batch_size)):
-        predicted = predict_rows(predictor, rows, text_column, pair_column, progress=bool(args.file), prefix=prefix)
+        predicted = predict_rows(predictor, rows, text_column, pair_column, bool(args.file), prefix, kept=first)
     if not first:
         return
     if args.output:

@@ -252,14 +252,21 @@ def note_the_files_own_columns(file: str, output_dir: str, rows: list[dict], cla
 
 def predict_rows(predictor, rows: list[dict[str, Any]], text_column: str,
                  text_pair_column: Optional[str] = None, progress: bool = False,
-                 prefix: str = "") -> list[dict[str, Any]]:
+                 prefix: str = "", kept: bool = True) -> list[dict[str, Any]]:
     """Each row with its ``label``, ``score`` and ``probabilities`` added by ``predictor`` (a
-    :class:`finetune.predict.Predictor`), each name after ``prefix``; an empty text gets empty ones."""
+    :class:`finetune.predict.Predictor`), each name after ``prefix``; an empty text gets empty ones.
+
+    ``kept=False``: a launched process whose rows another writes runs its share of the batches, which the
+    processes gather together, and builds no row (none is returned): a million rows' dicts on every GPU's
+    process would be memory and time spent on nothing."""
     texts = [_text(row, text_column) for row in rows]
     pairs = [_text(row, text_pair_column) for row in rows] if text_pair_column else None
     filled = [i for i, text in enumerate(texts) if text.strip()]
-    predictions = predictor.predict([texts[i] for i in filled], [pairs[i] for i in filled] if pairs else None,
-                                    progress)
+    filled_texts, filled_pairs = [texts[i] for i in filled], [pairs[i] for i in filled] if pairs else None
+    if not kept:
+        predictor.logits(filled_texts, filled_pairs, progress)
+        return []
+    predictions = predictor.predict(filled_texts, filled_pairs, progress)
     empty = _prefixed(predictor.empty_prediction(), prefix)
     out = [{**row, **empty} for row in rows]
     for i, prediction in zip(filled, predictions):

@@ -121,6 +121,31 @@ def test_batches_padded_by_dataloader_workers_give_the_logits_bit_for_bit(predic
     assert started == [2, 1]  # the shares' two batches and one: a worker, then none
 
 
+def test_a_launched_process_whose_rows_another_writes_runs_its_batches_and_builds_no_row(predictor):
+    """Under a launch every process runs its share of the batches, which they gather together; the first one
+    writes the rows. The others run the texts that are not empty, as the first does, and build no row."""
+    from finetune.prediction_files import predict_rows
+
+    class Recording:  # the predictor's calls, the model's work left to the real one
+        def __init__(self):
+            self.calls = []
+
+        def __getattr__(self, name):
+            def call(*args):
+                self.calls.append((name, args))
+                return getattr(predictor, name)(*args)
+            return call
+
+    rows = [{"text": TEXTS[0]}, {"text": "  "}, {"text": TEXTS[1], "id": 7}]
+    other, first = Recording(), Recording()
+    assert predict_rows(other, rows, "text", kept=False) == []
+    assert other.calls == [("logits", ([TEXTS[0], TEXTS[1]], None, False))]
+    written = predict_rows(first, rows, "text")
+    assert [name for name, _ in first.calls] == ["predict", "empty_prediction"]
+    assert first.calls[0][1][0] == [TEXTS[0], TEXTS[1]] and written[2]["id"] == 7 and written[1]["label"] == ""
+    assert written[0]["label"] in ("ham", "spam")
+
+
 @pytest.mark.parametrize("truncation", ["head", "chunks"])
 def test_given_every_texts_length_a_share_tokenizes_its_own_texts_alone(predictor, truncation):
     """Processes that share the batches each tokenize an n-th of the texts, whose lengths together are every
