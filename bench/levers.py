@@ -38,7 +38,6 @@ label mix per window (also alone, in seconds: ``python -m bench.levers windows``
 
 from __future__ import annotations
 
-import os
 import statistics
 import sys
 import tempfile
@@ -51,6 +50,7 @@ if __package__ in (None, ""):
     sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
 from bench.common import ArmSpec, job_config, set_threads, write_result  # noqa: E402
+from finetune.machine import available_cores  # noqa: E402
 
 # Evaluation is not timed; a small validation subset keeps the slow arms (bf16 on a CPU) short.
 EVAL_SUBSET = ["data.max_eval_samples=64"]
@@ -382,7 +382,7 @@ def main(argv=None) -> int:
 
         from bench.common import load_job
 
-        set_threads(int(argv[1]) if len(argv) > 1 else (len(os.sched_getaffinity(0)) or 1))
+        set_threads(int(argv[1]) if len(argv) > 1 else available_cores())
         model = load_job(job_config(ArmSpec("ours", "sms", 16, 2)))[3]
         result = optimizer_steps(model, torch.device("cpu"))
         for name, ms in result["adamw_step_ms"].items():

@@ -59,6 +59,7 @@ if __package__ in (None, ""):
 
 from bench import arm_ours  # noqa: E402
 from bench.common import REPO, ArmSpec, write_result  # noqa: E402
+from finetune.machine import available_cores  # noqa: E402
 
 # The jobs of the shipped configs: (b, k) per dataset, B = 32 in both; --batching b,k replaces them.
 JOB_BATCHING = {"sms": (8, 4), "bbc": (8, 4)}  # each job's config
@@ -578,7 +579,7 @@ def machine_info(threads: int, commit: Optional[str] = None) -> dict[str, Any]:
         memory_gib = None
     return {
         "cpu": cpu,
-        "cores_available": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+        "cores_available": available_cores(),
         "threads_per_arm": threads,
         "memory_gib": round(memory_gib, 1) if memory_gib else None,
         "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
@@ -761,7 +762,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 def settings_from(args: argparse.Namespace) -> Settings:
     import torch
 
-    threads = args.threads or (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count())
+    threads = args.threads or available_cores()
     precision = args.precision
     if precision == "auto":  # the package's own rule: bf16 where the device computes it natively
         from finetune.launch import choose_precision

@@ -28,6 +28,7 @@ import tempfile
 from pathlib import Path
 
 from bench.startup import result_of, write_rows
+from finetune.machine import available_cores
 from finetune.tokens import workers_start_method
 
 REPO = Path(__file__).resolve().parent.parent
@@ -107,7 +108,7 @@ def main(argv=None) -> int:
             ratio = seconds[ways[0]] / seconds["auto"]
             lines.append(f"| {rows:,} | " + " | ".join(cells) + f" | {best} | {ratio:.2f}x |")
     command = " ".join(["python -m bench.tokenizing", *(argv if argv is not None else sys.argv[1:])])
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    cores = available_cores()
     header = ("| rows | " + " | ".join(f"{way} process{'es' if way != '1' else ''} (s)" for way in ways[:-1])
               + " | auto (its processes) (s) | fastest | auto against " + f"{ways[0]} |")
     started = workers_start_method() if args.start_method == "default" else args.start_method

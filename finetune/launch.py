@@ -27,6 +27,7 @@ import os
 from typing import TYPE_CHECKING, Optional
 
 from finetune.errors import LaunchError
+from finetune.machine import available_cores, cpu_flags, cpu_quota_note, cpu_vendor
 
 if TYPE_CHECKING:
     import torch
@@ -142,7 +143,9 @@ def configure_cpu_threads(device: torch.device, num_processes: int) -> Optional[
     """Give each process on a CPU its share of the cores; returns the thread count (None on GPU).
 
     ``accelerate launch`` exports ``OMP_NUM_THREADS=1`` unless told otherwise, which
-    leaves a CPU run on one core. ``FINETUNE_CPU_THREADS`` pins the count instead.
+    leaves a CPU run on one core. The cores are those the process may use
+    (:func:`~finetune.machine.available_cores`: its affinity, and its container's CPU quota).
+    ``FINETUNE_CPU_THREADS`` pins the count instead.
     """
     if device.type != "cpu":
         return None
@@ -160,15 +163,24 @@ def configure_cpu_threads(device: torch.device, num_processes: int) -> Optional[
     return threads
 
 
+def describe_cpu_threads() -> str:
+    """This process's threads, for the start line: ``threads=4``, or ``threads=4 (4 of 64 cores: the CPU quota)``
+    where the cores it may use are fewer than it sees."""
+    import torch
+
+    quota = cpu_quota_note()
+    return f"threads={torch.get_num_threads()}" + (f" ({quota})" if quota else "")
+
+
 def cores_per_process(num_processes: int, cores: Optional[int] = None) -> int:
     """This machine's share of CPU cores for each of its processes (``LOCAL_WORLD_SIZE`` of them, if set).
 
     Args:
         num_processes: Processes launched, when the launcher does not say how many run on this machine.
-        cores: CPU cores available (default: this process's affinity).
+        cores: CPU cores available (default: :func:`~finetune.machine.available_cores`).
     """
     if cores is None:
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        cores = available_cores()
     local = int(os.environ.get("LOCAL_WORLD_SIZE", num_processes))
     return cores // max(1, local)
 
@@ -177,30 +189,6 @@ def cores_per_process(num_processes: int, cores: Optional[int] = None) -> int:
 # avx512_bf16 the default job trained 1.56x as fast in bf16, where an Intel Xeon whose AMX was hidden (avx512_bf16
 # alone) trained 0.63x as fast, its bf16 products slower than its fp32 ones (bench/README.md)
 AVX512_BF16_PAYS = ("AuthenticAMD",)
-
-
-def _cpuinfo_field(name: str) -> str:
-    """The first value of ``name`` in ``/proc/cpuinfo`` (empty where there is none, e.g. macOS)."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
-            for line in fh:
-                key, _, value = line.partition(":")
-                if key.strip() == name:
-                    return value.strip()
-    except OSError:
-        pass
-    return ""
-
-
-def cpu_flags() -> set[str]:
-    """The CPU's feature flags from ``/proc/cpuinfo``: an x86 CPU's ``flags``, an ARM CPU's ``Features`` (empty
-    where there is none, e.g. macOS)."""
-    return set(_cpuinfo_field("flags").split()) | set(_cpuinfo_field("Features").split())
-
-
-def cpu_vendor() -> str:
-    """The CPU's maker as ``/proc/cpuinfo`` names it (``GenuineIntel``, ``AuthenticAMD``; empty where unknown)."""
-    return _cpuinfo_field("vendor_id")
 
 
 def choose_precision(requested: str, device: torch.device, *, flags: Optional[set[str]] = None,
@@ -270,7 +258,7 @@ def choose_workers(requested, device: torch.device, num_processes: int, cores: O
         requested: ``auto`` or a number.
         device: Where training runs.
         num_processes: Processes on this machine share its cores.
-        cores: CPU cores available (default: this process's affinity); for tests.
+        cores: CPU cores available (default: :func:`~finetune.machine.available_cores`); for tests.
     """
     if requested != "auto":
         return int(requested)

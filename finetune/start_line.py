@@ -15,15 +15,13 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-import torch
-
 from finetune.assembly import Run
 from finetune.cpu import plan_cpu_speedups, speedup_settings
 from finetune.cuda_graphs import graphed_run
 from finetune.data import SEEN_IN_TRAINING_AT_MOST
 from finetune.data_sources import data_sources
 from finetune.evaluation import validation_targets
-from finetune.launch import choose_precision
+from finetune.launch import choose_precision, describe_cpu_threads
 from finetune.metrics import correlations_over_alike_targets, scores_in_a_line
 from finetune.modeling import model_name
 from finetune.optimization import UpdatePlan, describe_layer_rates
@@ -162,7 +160,7 @@ def _thresholds(run: Run) -> str:
 def _where(run: Run) -> str:
     acc, training = run.accelerator, run.cfg.training
     backend = getattr(acc.state, "backend", None) or "none"
-    threads = f" threads={torch.get_num_threads()}" if acc.device.type == "cpu" else ""
+    threads = f" {describe_cpu_threads()}" if acc.device.type == "cpu" else ""
     speedups = plan_cpu_speedups(run.model, acc, quiet=True, **speedup_settings(training)).describe()
     cut = "balanced" if hasattr(run.train_dataloader.batch_sampler, "sizes") else "equal"
     memory = f" {run.memory.describe()}" if run.memory is not None else ""

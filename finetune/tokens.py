@@ -151,7 +151,7 @@ def tokenizing_processes(requested: Union[int, Literal["auto"]], rows: int, core
     Args:
         requested: ``auto`` or a number of processes.
         rows: The split's rows.
-        cores: CPU cores available (default: this process's affinity); for tests.
+        cores: CPU cores available (default: :func:`~finetune.machine.available_cores`); for tests.
         start_method: How the processes would start (default: :func:`workers_start_method`); for tests.
     """
     if requested != "auto":

@@ -222,12 +222,13 @@ LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 
 
 def _anchors(path: Path) -> set[str]:
-    """GitHub's anchors of a Markdown file's headings."""
+    """GitHub's anchors of a Markdown file's headings, and those its ``<a id="...">`` tags name."""
     anchors = set()
     for line in path.read_text(encoding="utf-8").splitlines():
         if line.startswith("#"):
             title = line.lstrip("#").strip().lower()
             anchors.add(re.sub(r"[^\w\- ]", "", title).replace(" ", "-"))
+        anchors.update(re.findall(r'<a id="([\w-]+)"></a>', line))
     return anchors
 
 

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from finetune.launch import choose_precision, cpu_flags, cpu_vendor
+from finetune.launch import choose_precision
+from finetune.machine import cpu_flags, cpu_vendor
 
 
 INTEL, AMD = "GenuineIntel", "AuthenticAMD"

@@ -1,0 +1,157 @@
+"""Training in a container whose CPU quota is smaller than the cores it sees: threads by the quota or by the cores.
+
+Usage (as root on Linux, which may make a cgroup and a mount namespace)::
+
+    python -m bench.cpu_quota                       # the default job's first 24 updates under a quota of 1 CPU
+    python -m bench.cpu_quota --cpus 1 --pin 8      # and with 8 threads, as a host of 8 cores would start
+
+A container given ``--cpus 4`` on a 64-core host sees 64 cores: in ``os.cpu_count()`` and in its CPU affinity.
+Only the cgroup's CPU quota says it may use 4. This benchmark makes such a cgroup and runs ``finetune train`` inside
+it, seen from inside as a container sees its own (the cgroup's files mounted where the root's are: Docker's and
+Kubernetes' view), each way in a fresh process, the ways alternating by round:
+
+- ``threads by the quota``: the package's choice (:func:`finetune.machine.available_cores`);
+- ``threads by the cores``: ``FINETUNE_CPU_THREADS`` pinned to the cores the affinity allows, which is what the
+  package chose before it read the quota;
+- ``N threads`` for each ``--pin N``: a host of more cores than this one.
+
+Each run's training samples/s is the median of its updates' after the first four (the start, the first
+shapes), as its ``train_log.jsonl`` logs them. Prints a Markdown table for bench/README.md.
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+REPO = Path(__file__).resolve().parent.parent
+PERIOD_US = 100_000  # the scheduler's period the quota is a share of (the kernel's default)
+WARM_UPDATES = 4
+_GROUPS = itertools.count()  # a name for each cgroup this process makes
+
+
+class QuotaUnavailable(RuntimeError):
+    """This machine cannot make a cgroup with a CPU quota and a mount namespace to see it from (not root, no
+    ``unshare``, a read-only or absent cgroup file system)."""
+
+
+@contextmanager
+def under_cpu_quota(cpus: float) -> Iterator[list[str]]:
+    """A command prefix that runs a program in a new cgroup limited to ``cpus`` CPUs, seen as a container sees its
+    own: the cgroup's directory mounted, in a mount namespace of the program's own, over the root's (cgroups v2's
+    ``/sys/fs/cgroup``, v1's ``/sys/fs/cgroup/cpu``). The cgroup is removed when the block ends.
+
+    Raises:
+        QuotaUnavailable: where the cgroup or the namespace cannot be made.
+    """
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        raise QuotaUnavailable("making a cgroup and a mount namespace needs root and util-linux's unshare")
+    root, quota_file, value = _cgroup_root(cpus)
+    group = root / f"finetune-quota-{os.getpid()}-{next(_GROUPS)}"
+    try:
+        group.mkdir()
+        (group / quota_file).write_text(value)
+    except OSError as exc:
+        _remove(group)
+        raise QuotaUnavailable(f"cannot make a cgroup with a CPU quota under {root}: {exc}") from None
+    script = 'echo $$ > "$1/cgroup.procs" && mount --bind "$1" "$2" && shift 2 && exec "$@"'
+    try:
+        yield ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh", str(group), str(root)]
+    finally:
+        _remove(group)
+
+
+def _cgroup_root(cpus: float) -> tuple[Path, str, str]:
+    """Where the CPU controller's hierarchy is mounted, the file that takes a quota there, and the quota."""
+    quota = max(1000, round(cpus * PERIOD_US))
+    unified = Path("/sys/fs/cgroup")
+    if (unified / "cgroup.controllers").exists():  # cgroups v2 alone
+        try:
+            if "cpu" not in (unified / "cgroup.subtree_control").read_text().split():
+                (unified / "cgroup.subtree_control").write_text("+cpu")
+        except OSError as exc:
+            raise QuotaUnavailable(f"cannot hand the cpu controller to a new cgroup: {exc}") from None
+        return unified, "cpu.max", f"{quota} {PERIOD_US}"
+    v1 = unified / "cpu"
+    if (v1 / "cpu.cfs_quota_us").exists():
+        return v1.resolve(), "cpu.cfs_quota_us", str(quota)
+    raise QuotaUnavailable("no cgroup CPU controller under /sys/fs/cgroup (v2's cpu.max or v1's cpu/)")
+
+
+def _remove(group: Path) -> None:
+    try:
+        group.rmdir()  # a cgroup is removed empty, its files and all; its processes have exited
+    except OSError:
+        pass
+
+
+def train_once(prefix: list[str], workdir: Path, updates: int, threads: int | None,
+               config: Path = REPO / "configs" / "default.yaml") -> dict:
+    """The first ``updates`` updates of ``config`` (the default job), under ``prefix``, with ``threads`` pinned
+    (or the package's own choice): its median samples/s after the warm-up and what its start line says of the
+    threads."""
+    out = workdir / "out"
+    shutil.rmtree(out, ignore_errors=True)
+    env = {key: value for key, value in os.environ.items() if key != "FINETUNE_CPU_THREADS"}
+    env.update(HF_HUB_OFFLINE="1", PYTHONPATH=str(REPO))
+    if threads is not None:
+        env["FINETUNE_CPU_THREADS"] = str(threads)
+    command = [*prefix, sys.executable, "-m", "finetune.cli", "train", "--config", str(config),
+               "--output", str(out), f"training.max_steps={updates}", "logging.progress_bar=false",
+               "output.save_checkpoints=false"]
+    done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=workdir)
+    if done.returncode != 0:
+        raise SystemExit(f"finetune train failed under the quota:\n{done.stderr[-3000:]}")
+    records = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
+    rates = [r["train/samples_per_s"] for r in records if "train/samples_per_s" in r][WARM_UPDATES:]
+    start = next(line for line in done.stderr.splitlines() if " threads=" in line)
+    return {"samples_per_s": statistics.median(rates), "start": start[start.index("threads="):].split(" memory=")[0]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--cpus", type=float, default=1.0, help="the cgroup's CPU quota, in CPUs (default 1)")
+    parser.add_argument("--updates", type=int, default=24, help="updates of the default job each run trains")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--pin", type=int, action="append", default=[], metavar="N",
+                        help="also a way with N threads pinned (repeatable)")
+    args = parser.parse_args(argv)
+    from finetune.machine import affinity_cores
+
+    seen = affinity_cores()
+    ways = {"threads by the quota": None, "threads by the cores": seen, **{f"{n} threads": n for n in args.pin}}
+    rates: dict[str, list[float]] = {way: [] for way in ways}
+    said: dict[str, str] = {}
+    with tempfile.TemporaryDirectory() as tmp, under_cpu_quota(args.cpus) as prefix:
+        for _ in range(args.rounds):
+            for way, threads in ways.items():
+                result = train_once(prefix, Path(tmp), args.updates, threads)
+                rates[way].append(result["samples_per_s"])
+                said[way] = result["start"]
+    base = statistics.median(rates["threads by the cores"])
+    command = " ".join(["python -m bench.cpu_quota", *(argv if argv is not None else sys.argv[1:])])
+    lines = [f"Command: `{command}` (a quota of {args.cpus:g} CPU, rounded up to {math.ceil(args.cpus)}, on "
+             f"{seen} cores; the default job's first {args.updates} updates, samples/s after the first "
+             f"{WARM_UPDATES}; medians of {args.rounds} rounds)", "",
+             "| threads | the start line says | samples/s by round | median | against threads by the cores |",
+             "| --- | --- | --- | ---: | ---: |"]
+    for way in ways:
+        rounds = ", ".join(f"{r:.1f}" for r in rates[way])
+        median = statistics.median(rates[way])
+        lines.append(f"| {way} | `{said[way]}` | {rounds} | {median:.1f} | {median / base:.2f}x |")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
