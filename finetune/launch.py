@@ -154,7 +154,9 @@ def configure_cpu_threads(device: torch.device, num_processes: int) -> Optional[
         try:
             threads = int(pinned)
         except ValueError:
-            raise LaunchError(f"FINETUNE_CPU_THREADS: expected a whole number, got {pinned!r}") from None
+            threads = 0
+        if threads < 1:
+            raise LaunchError(f"FINETUNE_CPU_THREADS: expected a whole number of 1 or more, got {pinned!r}")
     else:
         threads = max(1, cores_per_process(num_processes))
     import torch

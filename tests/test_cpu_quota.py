@@ -11,6 +11,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from bench.cpu_quota import WARM_UPDATES, QuotaUnavailable, train_once, under_cpu_quota
 from helpers import REPO, offline_env, write_sms_job
@@ -71,6 +72,19 @@ def test_a_quota_of_half_a_cpu_gives_one_thread_where_the_process_sees_more_core
 
 def test_a_pinned_thread_count_wins_over_the_quota(half_a_cpu):
     assert _decisions(half_a_cpu, FINETUNE_CPU_THREADS="2")["torch_threads"] == 2
+
+
+@pytest.mark.parametrize("pinned", ["0", "-2", "1.5", "two"])
+def test_a_pinned_thread_count_must_be_a_whole_number_of_one_or_more(monkeypatch, pinned):
+    from finetune.errors import LaunchError
+    from finetune.launch import configure_cpu_threads
+
+    monkeypatch.setenv("FINETUNE_CPU_THREADS", pinned)
+    before = torch.get_num_threads()
+    said = f"^FINETUNE_CPU_THREADS: expected a whole number of 1 or more, got '{pinned}'$"
+    with pytest.raises(LaunchError, match=said):
+        configure_cpu_threads(torch.device("cpu"), 1)
+    assert torch.get_num_threads() == before
 
 
 @pytest.mark.slow
