@@ -7,8 +7,8 @@ Usage (as root on Linux, which may make a cgroup and a mount namespace)::
 
 A container given ``--cpus 4`` on a 64-core host sees 64 cores: in ``os.cpu_count()`` and in its CPU affinity.
 Only the cgroup's CPU quota says it may use 4. This benchmark makes such a cgroup and runs ``finetune train`` inside
-it, seen from inside as a container sees its own (the cgroup's files mounted where the root's are: Docker's and
-Kubernetes' view), each way in a fresh process, the ways alternating by round:
+it, seen from inside as a container sees its own (``bench.cgroups``), each way in a fresh process, the ways
+alternating by round:
 
 - ``threads by the quota``: the package's choice (:func:`finetune.machine.available_cores`);
 - ``threads by the cores``: ``FINETUNE_CPU_THREADS`` pinned to the cores the affinity allows, which is what the
@@ -21,7 +21,6 @@ shapes), as its ``train_log.jsonl`` logs them. Prints a Markdown table for bench
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import math
 import os
@@ -30,69 +29,12 @@ import statistics
 import subprocess
 import sys
 import tempfile
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+
+from bench.cgroups import in_a_container
 
 REPO = Path(__file__).resolve().parent.parent
-PERIOD_US = 100_000  # the scheduler's period the quota is a share of (the kernel's default)
 WARM_UPDATES = 4
-_GROUPS = itertools.count()  # a name for each cgroup this process makes
-
-
-class QuotaUnavailable(RuntimeError):
-    """This machine cannot make a cgroup with a CPU quota and a mount namespace to see it from (not root, no
-    ``unshare``, a read-only or absent cgroup file system)."""
-
-
-@contextmanager
-def under_cpu_quota(cpus: float) -> Iterator[list[str]]:
-    """A command prefix that runs a program in a new cgroup limited to ``cpus`` CPUs, seen as a container sees its
-    own: the cgroup's directory mounted, in a mount namespace of the program's own, over the root's (cgroups v2's
-    ``/sys/fs/cgroup``, v1's ``/sys/fs/cgroup/cpu``). The cgroup is removed when the block ends.
-
-    Raises:
-        QuotaUnavailable: where the cgroup or the namespace cannot be made.
-    """
-    if os.geteuid() != 0 or shutil.which("unshare") is None:
-        raise QuotaUnavailable("making a cgroup and a mount namespace needs root and util-linux's unshare")
-    root, quota_file, value = _cgroup_root(cpus)
-    group = root / f"finetune-quota-{os.getpid()}-{next(_GROUPS)}"
-    try:
-        group.mkdir()
-        (group / quota_file).write_text(value)
-    except OSError as exc:
-        _remove(group)
-        raise QuotaUnavailable(f"cannot make a cgroup with a CPU quota under {root}: {exc}") from None
-    script = 'echo $$ > "$1/cgroup.procs" && mount --bind "$1" "$2" && shift 2 && exec "$@"'
-    try:
-        yield ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh", str(group), str(root)]
-    finally:
-        _remove(group)
-
-
-def _cgroup_root(cpus: float) -> tuple[Path, str, str]:
-    """Where the CPU controller's hierarchy is mounted, the file that takes a quota there, and the quota."""
-    quota = max(1000, round(cpus * PERIOD_US))
-    unified = Path("/sys/fs/cgroup")
-    if (unified / "cgroup.controllers").exists():  # cgroups v2 alone
-        try:
-            if "cpu" not in (unified / "cgroup.subtree_control").read_text().split():
-                (unified / "cgroup.subtree_control").write_text("+cpu")
-        except OSError as exc:
-            raise QuotaUnavailable(f"cannot hand the cpu controller to a new cgroup: {exc}") from None
-        return unified, "cpu.max", f"{quota} {PERIOD_US}"
-    v1 = unified / "cpu"
-    if (v1 / "cpu.cfs_quota_us").exists():
-        return v1.resolve(), "cpu.cfs_quota_us", str(quota)
-    raise QuotaUnavailable("no cgroup CPU controller under /sys/fs/cgroup (v2's cpu.max or v1's cpu/)")
-
-
-def _remove(group: Path) -> None:
-    try:
-        group.rmdir()  # a cgroup is removed empty, its files and all; its processes have exited
-    except OSError:
-        pass
 
 
 def train_once(prefix: list[str], workdir: Path, updates: int, threads: int | None,
@@ -132,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     ways = {"threads by the quota": None, "threads by the cores": seen, **{f"{n} threads": n for n in args.pin}}
     rates: dict[str, list[float]] = {way: [] for way in ways}
     said: dict[str, str] = {}
-    with tempfile.TemporaryDirectory() as tmp, under_cpu_quota(args.cpus) as prefix:
+    with tempfile.TemporaryDirectory() as tmp, in_a_container(cpus=args.cpus) as prefix:
         for _ in range(args.rounds):
             for way, threads in ways.items():
                 result = train_once(prefix, Path(tmp), args.updates, threads)

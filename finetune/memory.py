@@ -22,7 +22,7 @@ Hand-written: accelerate's ``estimate-memory`` counts parameters and AdamW
 state only, and transformers and PEFT have no activation estimate.
 
 With a micro-batch set in the config, a plan larger than the device's memory
-(a GPU's free memory, a CPU's available RAM) stops the run before training
+(a GPU's free memory, a CPU's available RAM, or its container's memory limit) stops the run before training
 with one line that names the settings that would fit. The automatic
 micro-batch trusts its own trial steps instead (``finetune.autobatch``).
 """
@@ -39,6 +39,7 @@ from finetune.chunks import split_batch
 from finetune.errors import ConfigError, is_out_of_memory
 from finetune.launch import autocast
 from finetune.lora import blocks_of, head_modules, is_lora
+from finetune.machine import memory_limit_headroom
 from finetune.optimizer_state import optimizer_state_bytes, state_name
 
 GB = 1e9
@@ -307,17 +308,25 @@ def rng_fork(device: torch.device):
 
 
 def available_memory(device: torch.device) -> Optional[int]:
-    """Free memory on a GPU, available RAM on a CPU (Linux's ``MemAvailable``); ``None`` where unknown."""
+    """Free memory on a GPU; on a CPU the RAM available (Linux's ``MemAvailable``), or less where the process's
+    cgroup (a container's memory limit) leaves less; ``None`` where unknown."""
     if device.type == "cuda":
         return torch.cuda.mem_get_info(device)[0]
-    if device.type == "cpu":
-        try:
-            with open("/proc/meminfo", encoding="ascii") as fh:
-                for line in fh:
-                    if line.startswith("MemAvailable:"):
-                        return int(line.split()[1]) * 1024
-        except OSError:
-            return None
+    if device.type != "cpu":
+        return None
+    # a container sees its host's RAM, and the kernel kills it at its own limit, with no error to catch
+    known = [ram for ram in (_ram_available(), memory_limit_headroom()) if ram is not None]
+    return min(known, default=None)
+
+
+def _ram_available() -> Optional[int]:
+    try:
+        with open("/proc/meminfo", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
     return None
 
 

@@ -1,0 +1,216 @@
+"""A container's limits, which it does not see in the host's cores and memory: a CPU run's threads, DataLoader
+workers and tokenizing processes count the cores a process may use (its affinity, no more than its CPU quota), and
+the memory plan holds a run to the memory its cgroup may still take. Tested in real cgroups with a quota or a
+limit, seen from inside as a container sees its own (``bench.cgroups.in_a_container``), and on cgroup files
+written here for the layouts this machine does not have; where it cannot make a cgroup (not root, fewer than two
+cores for a quota below them), those tests are skipped and say why."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from bench.cgroups import CgroupsUnavailable, in_a_container
+from bench.cpu_quota import WARM_UPDATES, train_once
+from helpers import REPO, offline_env, write_sms_job
+
+# what a process decides from its cores, printed as JSON
+CHILD = """
+import json, torch
+from finetune.launch import choose_workers, configure_cpu_threads
+from finetune.machine import affinity_cores, available_cores, cpu_quota_note
+from finetune.tokens import ROWS_PER_PROCESS, tokenizing_processes
+print(json.dumps({
+    "available": available_cores(), "affinity": affinity_cores(), "note": cpu_quota_note(),
+    "threads": configure_cpu_threads(torch.device("cpu"), 1), "torch_threads": torch.get_num_threads(),
+    "gpu_workers": choose_workers("auto", torch.device("cuda"), 1),
+    "tokenizing": tokenizing_processes("auto", 10 * ROWS_PER_PROCESS, start_method="fork"),
+}))
+"""
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = offline_env(extra)
+    for name in ("LOKY_MAX_CPU_COUNT", "LOCAL_WORLD_SIZE", "WORLD_SIZE"):
+        env.pop(name, None)
+    if "FINETUNE_CPU_THREADS" not in extra:
+        env.pop("FINETUNE_CPU_THREADS", None)  # the suite pins one thread; these runs choose their own
+    return env
+
+
+def _decisions(prefix: list[str], **env: str) -> dict:
+    done = subprocess.run([*prefix, sys.executable, "-c", CHILD], capture_output=True, text=True, env=_env(**env),
+                          cwd=REPO, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def one_cpu():
+    """The command prefix of a cgroup whose quota is one CPU, on a machine of two cores or more."""
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("a quota below the cores needs two cores or more")
+    try:
+        with in_a_container(cpus=1) as prefix:
+            yield prefix
+    except CgroupsUnavailable as exc:
+        pytest.skip(str(exc))
+
+
+def test_a_quota_of_one_cpu_gives_one_thread_where_the_process_sees_more_cores(one_cpu):
+    free, quoted = _decisions([]), _decisions(one_cpu)
+    cores = len(os.sched_getaffinity(0))
+    assert free == {"available": cores, "affinity": cores, "note": "", "threads": cores, "torch_threads": cores,
+                    "gpu_workers": min(4, cores - 1), "tokenizing": min(cores, 10)}
+    # the threads, a GPU's DataLoader workers (one core left for training) and the tokenizing processes all
+    # follow the quota
+    assert quoted == {"available": 1, "affinity": cores, "note": f"1 of {cores} cores: the CPU quota",
+                      "threads": 1, "torch_threads": 1, "gpu_workers": 0, "tokenizing": 1}
+
+
+def test_a_pinned_thread_count_wins_over_the_quota(one_cpu):
+    assert _decisions(one_cpu, FINETUNE_CPU_THREADS="2")["torch_threads"] == 2
+
+
+@pytest.mark.parametrize("pinned", ["0", "-2", "1.5", "two"])
+def test_a_pinned_thread_count_must_be_a_whole_number_of_one_or_more(monkeypatch, pinned):
+    from finetune.errors import LaunchError
+    from finetune.launch import configure_cpu_threads
+
+    monkeypatch.setenv("FINETUNE_CPU_THREADS", pinned)
+    before = torch.get_num_threads()
+    said = f"^FINETUNE_CPU_THREADS: expected a whole number of 1 or more, got '{pinned}'$"
+    with pytest.raises(LaunchError, match=said):
+        configure_cpu_threads(torch.device("cpu"), 1)
+    assert torch.get_num_threads() == before
+
+
+@pytest.mark.slow
+def test_the_start_line_says_the_quota_took_the_cores(one_cpu, tmp_path):
+    """A run under the quota, as ``bench.cpu_quota`` times it."""
+    cfg = write_sms_job(tmp_path, training={"per_device_train_batch_size": 8})
+    cores = len(os.sched_getaffinity(0))
+    own = train_once(one_cpu, tmp_path, WARM_UPDATES + 2, None, config=cfg)
+    assert own["start"] == f"threads=1 (1 of {cores} cores: the CPU quota)"
+    assert own["samples_per_s"] > 0
+
+
+# --------------------------------------------------------------------------- memory
+
+
+def _write(directory, **files: str):
+    directory.mkdir(parents=True, exist_ok=True)
+    for name, text in files.items():
+        (directory / name.replace("__", ".")).write_text(text)
+    return directory
+
+
+def _headroom(root, own_lines: str):
+    from finetune.machine import memory_limit_headroom
+
+    own = root.parent / "self-cgroup"
+    own.write_text(own_lines)
+    return memory_limit_headroom(root=root, own=own)
+
+
+def test_a_v2_containers_headroom_is_its_limit_less_its_working_set(tmp_path):
+    root = _write(tmp_path / "cgroup", cgroup__controllers="cpu memory", memory__max="2000000000\n",
+                  memory__current="900000000\n", memory__stat="anon 600000000\ninactive_file 200000000\n")
+    # a container's own cgroup mounted as the root: its path is "/", or one this mount does not have
+    assert _headroom(root, "0::/\n") == 2_000_000_000 - (900_000_000 - 200_000_000)
+    assert _headroom(root, "0::/kubepods/pod1/abc\n") == 1_300_000_000
+    (root / "memory.max").write_text("max\n")
+    assert _headroom(root, "0::/\n") is None
+
+
+def test_a_limit_above_the_processs_cgroup_counts_and_the_tightest_wins(tmp_path):
+    root = _write(tmp_path / "cgroup", cgroup__controllers="memory")  # the root has no memory.max
+    _write(root / "user.slice", memory__max="3000000000", memory__current="2500000000", memory__stat="")
+    _write(root / "user.slice" / "job.scope", memory__max="max", memory__current="100", memory__stat="")
+    assert _headroom(root, "0::/user.slice/job.scope\n") == 500_000_000
+    _write(root / "user.slice" / "job.scope", memory__max="200000000")
+    assert _headroom(root, "0::/user.slice/job.scope\n") == 200_000_000 - 100
+    # never below nothing: a cgroup over its limit (its pages swapped, or about to be reclaimed) has no room
+    _write(root / "user.slice", memory__current="3100000000")
+    assert _headroom(root, "0::/user.slice/job.scope\n") == 0
+
+
+def test_a_v1_memory_hierarchy_is_read_where_the_process_lists_the_controller(tmp_path):
+    root = tmp_path / "cgroup"
+    memory = _write(root / "memory", memory__limit_in_bytes="9223372036854771712", memory__usage_in_bytes="5",
+                    memory__stat="")
+    _write(memory / "docker" / "abc", memory__limit_in_bytes="1073741824", memory__usage_in_bytes="600000000",
+           memory__stat="cache 300000000\ntotal_inactive_file 100000000\n")
+    own = "12:cpu,cpuacct:/docker/abc\n4:memory:/docker/abc\n0::/\n"
+    assert _headroom(root, own) == 1_073_741_824 - 500_000_000
+    assert _headroom(root, "4:memory:/\n") is None  # the root's "no limit"
+    # what cannot be read is no limit: a number missing, a word for one, no /proc/self/cgroup
+    (memory / "docker" / "abc" / "memory.usage_in_bytes").unlink()
+    assert _headroom(root, own) is None
+    (memory / "docker" / "abc" / "memory.usage_in_bytes").write_text("lots")
+    assert _headroom(root, own) is None
+    from finetune.machine import memory_limit_headroom
+
+    assert memory_limit_headroom(root=root, own=tmp_path / "missing") is None
+
+
+MEMORY_CHILD = """
+import json, torch
+from finetune.memory import available_memory
+print(json.dumps({"available": available_memory(torch.device("cpu"))}))
+"""
+GB = 10**9
+
+
+@pytest.mark.parametrize("namespaced", [True, False], ids=["as-a-container-sees-it", "as-a-service-sees-it"])
+def test_the_memory_a_run_counts_on_is_its_cgroups_limit_not_the_hosts(namespaced):
+    host = _available(MEMORY_CHILD, [])
+    if host < 4 * GB:
+        pytest.skip("a limit below the machine's memory needs more than 4 GB of it")
+    try:
+        with in_a_container(memory=2 * GB, namespaced=namespaced) as prefix:
+            limited = _available(MEMORY_CHILD, prefix)
+    except CgroupsUnavailable as exc:
+        pytest.skip(str(exc))
+    # the limit less what the child (Python and torch) already holds
+    assert 2 * GB - 1.5 * GB < limited < 2 * GB < host
+
+
+def _available(child: str, prefix: list[str]) -> int:
+    done = subprocess.run([*prefix, sys.executable, "-c", child], capture_output=True, text=True, env=_env(),
+                          cwd=REPO, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout.splitlines()[-1])["available"]
+
+
+@pytest.mark.slow
+def test_a_run_that_would_be_killed_at_the_containers_limit_stops_in_one_line_first(tmp_path):
+    """A 100M-weight BERT (1.8 GB to train with AdamW) under a limit of 1.5 GB, on a host of more: the plan is
+    held to the limit and refused, naming what would fit, where without the check the kernel kills the run."""
+    from transformers import BertConfig, BertForSequenceClassification
+
+    cfg = write_sms_job(tmp_path, training={"per_device_train_batch_size": 8, "max_steps": 1})
+    model = tmp_path / "tiny-bert"  # its tokenizer, with encoder blocks of bert-large's width
+    config = BertConfig.from_pretrained(model)
+    config.update({"hidden_size": 1024, "num_hidden_layers": 8, "intermediate_size": 4096, "num_attention_heads": 16})
+    torch.manual_seed(0)
+    BertForSequenceClassification(config).save_pretrained(model)
+    command = [sys.executable, "-m", "finetune.cli", "train", "--config", str(cfg), "--output", str(tmp_path / "out")]
+    try:
+        with in_a_container(memory=int(1.5 * GB)) as prefix:
+            refused = subprocess.run([*prefix, *command], capture_output=True, text=True, env=_env(), cwd=REPO,
+                                     timeout=300)
+            killed = subprocess.run([*prefix, *command, "training.memory_check=false"], capture_output=True,
+                                    text=True, env=_env(), cwd=REPO, timeout=300)
+    except CgroupsUnavailable as exc:
+        pytest.skip(str(exc))
+    assert refused.returncode == 2, refused.stderr[-3000:]
+    error = refused.stderr.strip().splitlines()[-1]
+    assert error.startswith("error: memory: the run needs about 1.7") and " of 1.5GB available; " in error
+    assert "Traceback" not in refused.stderr
+    assert killed.returncode == -9, killed.stderr[-3000:]  # the limit is real: unchecked, the kernel kills it
