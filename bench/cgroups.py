@@ -14,6 +14,7 @@ from __future__ import annotations
 import itertools
 import os
 import shutil
+import subprocess
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator, Optional
@@ -38,6 +39,8 @@ def in_a_container(*, cpus: Optional[float] = None, memory: Optional[int] = None
     """
     if os.geteuid() != 0 or shutil.which("unshare") is None:
         raise CgroupsUnavailable("making a cgroup and a mount namespace needs root and util-linux's unshare")
+    if subprocess.run(["unshare", "--mount", "true"], capture_output=True).returncode != 0:
+        raise CgroupsUnavailable("unshare cannot make a mount namespace here (a container without CAP_SYS_ADMIN)")
     limits = _limit_files(cpus, memory)
     name = f"finetune-{os.getpid()}-{next(_GROUPS)}"
     groups: list[tuple[Path, Path]] = []  # (the cgroup, its hierarchy's root)
