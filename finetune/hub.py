@@ -16,9 +16,10 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-import os
 from pathlib import Path
 from typing import Iterator, Optional
+
+from finetune.errors import is_main_rank
 
 logger = logging.getLogger("finetune")
 
@@ -121,5 +122,5 @@ def datasets_cache_only(shown: str, why: Optional[str]) -> Iterator[None]:
 def say_once(message: str) -> None:
     """Log ``message`` as a warning once per process, and from a launch's first process only: every process
     asks the Hub, the first one speaks for them."""
-    if os.environ.get("RANK", "0") == "0":
+    if is_main_rank():
         logger.warning(message)

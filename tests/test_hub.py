@@ -243,3 +243,25 @@ def test_a_hub_data_set_not_in_the_cache_fails_at_once_when_the_hub_is_unreachab
     assert last[1] == "hint: give the data as a file instead (--data)"
     assert _no_retries(proc), proc.stderr
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("env, speaks", [
+    ({}, True),
+    ({"RANK": "3"}, True),  # a cluster's job array sets a rank with no launch of several processes around it
+    ({"WORLD_SIZE": "2", "RANK": "0"}, True),
+    ({"WORLD_SIZE": "2", "RANK": "1"}, False),  # the first process speaks for the others
+])
+def test_a_hub_warning_is_said_by_the_process_that_speaks(monkeypatch, caplog, env, speaks):
+    import logging
+
+    from finetune import hub
+
+    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    message = f"a warning for {sorted(env.items())}"
+    with caplog.at_level(logging.WARNING, logger="finetune"):
+        hub.say_once(message)
+        hub.say_once(message)  # once
+    assert [r.getMessage() for r in caplog.records if r.name == "finetune"] == ([message] if speaks else [])
