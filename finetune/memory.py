@@ -85,6 +85,7 @@ class MemoryPlan:
     resident: int = 0  # of the total, what is already allocated on the device (the loaded weights)
     optimizer_name: str = "adamw"  # optim.optimizer
     windows: Optional[int] = None  # data.truncation: chunks: the rows the longest micro-batch's b texts make
+    limited: bool = False  # on a CPU, the process's memory limit (a container's) left less than the RAM available
 
     @property
     def total(self) -> int:
@@ -99,6 +100,7 @@ class MemoryPlan:
         under the 8-bit AdamW)."""
         have = (f" of {(self.available + self.resident) / GB:.1f}GB "
                 f"{'available' if self.device == 'cpu' else 'free'}" if self.available is not None else "")
+        have += " under the memory limit" if self.limited and have else ""
         rows = f"b={self.micro_batch}" + (f" texts in {self.windows} windows" if self.windows is not None else "")
         return (f"memory={self.total / GB:.2f}GB (weights {self.weights / GB:.2f} + gradients "
                 f"{self.gradients / GB:.2f} + {state_name(self.optimizer_name)} {self.optimizer / GB:.2f} + "
@@ -110,7 +112,8 @@ class MemoryPlan:
                 "optimizer_name": self.optimizer_name, "windows": self.windows,
                 "activations": self.activations, "total": self.total, "micro_batch": self.micro_batch,
                 "length": self.length, "gradient_checkpointing": self.checkpointing, "device": self.device,
-                "available": None if self.available is None else self.available + self.resident}
+                "available": None if self.available is None else self.available + self.resident,
+                "available_under_memory_limit": self.limited}
 
 
 def tensor_bytes(tensors) -> int:
@@ -319,6 +322,12 @@ def available_memory(device: torch.device) -> Optional[int]:
     return min(known, default=None)
 
 
+def memory_limit_binds() -> bool:
+    """Whether this process's cgroup (a container's memory limit) leaves it less than the machine's RAM does."""
+    headroom, ram = memory_limit_headroom(), _ram_available()
+    return headroom is not None and (ram is None or headroom < ram)
+
+
 def _ram_available() -> Optional[int]:
     try:
         with open("/proc/meminfo", encoding="ascii") as fh:
@@ -343,7 +352,7 @@ def plan_memory(model, activations: Activations, b: int, checkpointing: bool, de
                       activations=activations.estimate(b, checkpointing), micro_batch=b,
                       length=activations.length, checkpointing=checkpointing, device=device.type,
                       available=available_memory(device), resident=resident, optimizer_name=optimizer,
-                      windows=windows)
+                      windows=windows, limited=device.type == "cpu" and memory_limit_binds())
 
 
 def levers_that_fit(plan: MemoryPlan, model, activations: Activations, batching, max_length: int) -> list[str]:

@@ -203,8 +203,8 @@ def test_a_v1_memory_hierarchy_is_read_where_the_process_lists_the_controller(tm
 
 MEMORY_CHILD = """
 import json, torch
-from finetune.memory import available_memory
-print(json.dumps({"available": available_memory(torch.device("cpu"))}))
+from finetune.memory import available_memory, memory_limit_binds
+print(json.dumps({"available": available_memory(torch.device("cpu")), "binds": memory_limit_binds()}))
 """
 GB = 10**9
 
@@ -212,7 +212,7 @@ GB = 10**9
 @pytest.mark.parametrize("namespaced", [True, False], ids=["as-a-container-sees-it", "as-a-service-sees-it"])
 def test_the_memory_a_run_counts_on_is_its_cgroups_limit_not_the_hosts(namespaced):
     host = _available(MEMORY_CHILD, [])
-    if host < 4 * GB:
+    if host["available"] < 4 * GB:
         pytest.skip("a limit below the machine's memory needs more than 4 GB of it")
     try:
         with in_a_container(memory=2 * GB, namespaced=namespaced) as prefix:
@@ -220,14 +220,15 @@ def test_the_memory_a_run_counts_on_is_its_cgroups_limit_not_the_hosts(namespace
     except CgroupsUnavailable as exc:
         pytest.skip(str(exc))
     # the limit less what the child (Python and torch) already holds
-    assert 2 * GB - 1.5 * GB < limited < 2 * GB < host
+    assert 2 * GB - 1.5 * GB < limited["available"] < 2 * GB < host["available"]
+    assert limited["binds"] and not host["binds"]  # which the start line says: "of 1.9GB available under ..."
 
 
-def _available(child: str, prefix: list[str]) -> int:
+def _available(child: str, prefix: list[str]) -> dict:
     done = subprocess.run([*prefix, sys.executable, "-c", child], capture_output=True, text=True, env=_env(),
                           cwd=REPO, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
-    return json.loads(done.stdout.splitlines()[-1])["available"]
+    return json.loads(done.stdout.splitlines()[-1])
 
 
 @pytest.mark.slow
@@ -253,6 +254,7 @@ def test_a_run_that_would_be_killed_at_the_containers_limit_stops_in_one_line_fi
         pytest.skip(str(exc))
     assert refused.returncode == 2, refused.stderr[-3000:]
     error = refused.stderr.strip().splitlines()[-1]
-    assert error.startswith("error: memory: the run needs about 1.7") and " of 1.5GB available; " in error
+    assert error.startswith("error: memory: the run needs about 1.7")
+    assert " of 1.5GB available under the memory limit; any of these alone would fit: " in error
     assert "Traceback" not in refused.stderr
     assert killed.returncode == -9, killed.stderr[-3000:]  # the limit is real: unchecked, the kernel kills it

@@ -203,6 +203,13 @@ def test_the_plan_is_said_in_one_part_of_the_start_line_and_recorded():
     record = plan.record()
     assert record["total"] == plan.total and record["available"] == 10**10 and record["micro_batch"] == 8
     assert record["windows"] is None  # texts not split into windows
+    from finetune.memory import memory_limit_binds
+
+    assert record["available_under_memory_limit"] is memory_limit_binds()  # False but in a container with a limit
+    # in a container whose memory limit leaves less than the machine's RAM, the line says which it is
+    limited = replace(plan, limited=True)
+    assert limited.describe().endswith(" tokens) of 10.0GB available under the memory limit")
+    assert limited.record()["available_under_memory_limit"] is True
 
 
 def test_a_chunked_plan_counts_the_windows_of_the_longest_micro_batchs_texts():
