@@ -14,6 +14,9 @@ nothing else changing. That is what this module does, once, before training:
 * All processes agree: each reports whether its trial ran out of memory, and
   one failure anywhere makes every process halve ``b``; they all end with the
   same ``b`` and ``k = B / (b * P)``.
+* On a CPU the memory plan goes first (:func:`plan_before_trial`): past the
+  RAM, or a container's memory limit, a trial is not an error to catch but a
+  killed process, so a ``b`` the plan says cannot fit is not tried.
 
 Why not ``accelerate.utils.find_executable_batch_size`` (or the Trainer's
 ``auto_find_batch_size``, which calls it): it shrinks the batch by 0.9x per
@@ -139,6 +142,28 @@ def trial_step(model: torch.nn.Module, batch: dict[str, torch.Tensor], accelerat
     return ok
 
 
+def plan_before_trial(trial: Callable[[torch.nn.Module, dict[str, Any], Any], bool], model, dataset,
+                      collate: Callable[[list], dict], accelerator, optimizer: str):
+    """``trial``, run only where the memory plan says its micro-batch fits: for a CPU, where a trial past the RAM
+    (or past a container's memory limit) does not raise an error to catch but gets the process killed, or the
+    machine swapping. The plan's activations are measured once, on the longest rows; the rest follows from the
+    parameters, checkpointing as the model has it. ``None`` where not even one row can be measured.
+    """
+    from finetune.modeling import is_checkpointing
+
+    activations = measure_activations(model, lambda b: worst_case_batch(dataset, collate, b), accelerator)
+    if activations is None:
+        return None
+
+    def planned(model, batch, accelerator) -> bool:
+        b = len(batch["labels"])  # texts, whose windows the plan counts under chunks
+        plan = plan_memory(model, activations, b, is_checkpointing(model), accelerator.device, optimizer,
+                           windows=worst_case_windows(dataset, b))
+        return plan.fits and trial(model, batch, accelerator)
+
+    return planned
+
+
 def any_process_failed(failed: bool, accelerator) -> bool:
     """True on every process if ``failed`` is true on any of them (one small all-reduce)."""
     if accelerator.num_processes == 1:
@@ -154,6 +179,7 @@ def choose_micro_batch(
     effective_batch_size: int,
     start: int,
     trial: Callable[[torch.nn.Module, dict[str, Any], Any], bool] = trial_step,
+    planned: bool = False,
 ) -> tuple[int, int]:
     """Halve the micro-batch from ``start`` until a trial step fits on every process.
 
@@ -164,6 +190,7 @@ def choose_micro_batch(
         effective_batch_size: ``B``; kept exactly.
         start: First ``b`` to try (see :func:`initial_micro_batch`).
         trial: ``(model, batch, accelerator) -> fits``; :func:`trial_step`.
+        planned: Whether ``trial`` asks the memory plan first (:func:`plan_before_trial`), for the error's words.
 
     Returns:
         ``(b, k)`` with ``b * k * P == B``.
@@ -180,7 +207,7 @@ def choose_micro_batch(
         if not failed:
             break
         if b == 1:
-            raise LaunchError(_nothing_fits())
+            raise LaunchError(_nothing_fits(planned=planned))
         b //= 2
     k = effective_batch_size // (b * num_processes)
     logger.debug(  # the start line gives b and k
@@ -235,12 +262,16 @@ def fit_micro_batch(model, train_dataset, collate: Callable[[list], dict], accel
     from finetune.modeling import set_gradient_checkpointing, supports_checkpointing
 
     model.to(accelerator.device)
+    trial = functools.partial(trial_step, optimizer=optimizer)
+    gated = (plan_before_trial(trial, model, train_dataset, collate, accelerator, optimizer)
+             if accelerator.device.type == "cpu" else None)
+    planned, trial = gated is not None, gated or trial
 
     def largest(recompute: bool) -> tuple[int, int]:
         set_gradient_checkpointing(model, recompute)
         return choose_micro_batch(model, lambda size: worst_case_batch(train_dataset, collate, size), accelerator,
-                                  batching.effective_batch_size, start=batching.per_device_batch_size,
-                                  trial=functools.partial(trial_step, optimizer=optimizer))
+                                  batching.effective_batch_size, start=batching.per_device_batch_size, trial=trial,
+                                  planned=planned)
 
     if checkpointing != "auto":
         b, k = largest(checkpointing)
@@ -254,12 +285,12 @@ def fit_micro_batch(model, train_dataset, collate: Callable[[list], dict], accel
         return batching.with_micro_batch(b, k), Checkpointing(False, f"auto: b={b} fits without it")
     if not supports_checkpointing(model):
         if not b:
-            raise LaunchError(_nothing_fits(f" ({type(model).__name__} has no gradient checkpointing)"))
+            raise LaunchError(_nothing_fits(f" ({type(model).__name__} has no gradient checkpointing)", planned))
         return batching.with_micro_batch(b, k), Checkpointing(False, f"auto: {type(model).__name__} has none")
     try:
         with_it = largest(True)
     except LaunchError:
-        raise LaunchError(_nothing_fits(", with gradient checkpointing too")) from None
+        raise LaunchError(_nothing_fits(", with gradient checkpointing too", planned)) from None
     if with_it[0] > b:
         return (batching.with_micro_batch(*with_it),
                 Checkpointing(True, f"auto: b={with_it[0]} with it, {b or 'none'} without"))
@@ -267,8 +298,9 @@ def fit_micro_batch(model, train_dataset, collate: Callable[[list], dict], accel
     return batching.with_micro_batch(b, k), Checkpointing(False, f"auto: b={b} either way")
 
 
-def _nothing_fits(also: str = "") -> str:
-    return ("training.per_device_train_batch_size: auto found no micro-batch that fits: even b=1 ran out of memory "
+def _nothing_fits(also: str = "", planned: bool = False) -> str:
+    failed = "does not fit in the memory available by the memory plan" if planned else "ran out of memory"
+    return (f"training.per_device_train_batch_size: auto found no micro-batch that fits: even b=1 {failed} "
             f"(on at least one process){also}; lower data.max_length, keep 8-bit optimizer state "
             f"(optim.optimizer=adamw_8bit), freeze the lower layers (model.freeze_blocks), train LoRA adapters "
             f"(model.lora_rank=8), or use a larger device")

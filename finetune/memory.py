@@ -23,8 +23,10 @@ state only, and transformers and PEFT have no activation estimate.
 
 With a micro-batch set in the config, a plan larger than the device's memory
 (a GPU's free memory, a CPU's available RAM, or its container's memory limit) stops the run before training
-with one line that names the settings that would fit. The automatic
-micro-batch trusts its own trial steps instead (``finetune.autobatch``).
+with one line that names the settings that would fit. On a GPU the automatic
+micro-batch trusts its own trial steps instead; on a CPU, where a trial past the
+memory is killed rather than caught, it tries only what the plan says fits
+(``finetune.autobatch``).
 """
 
 from __future__ import annotations

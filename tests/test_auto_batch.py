@@ -44,11 +44,12 @@ def _config(assets, tmp_path, b, **data_settings):
     })
 
 
-def _oom_above(threshold: int, seen: list[tuple[int, int]], recomputing: int = 0):
+def _oom_above(threshold: int, seen: list[tuple[int, int]], recomputing: int = 0, probing: tuple = ()):
     """``load_model_reporting`` whose model runs out of memory on training micro-batches of more padded tokens
     than ``threshold`` rows of the widest micro-batch seen (memory follows rows x padded length; the trial's
     worst-case batch comes first and is the widest), or ``recomputing`` rows with gradient checkpointing on.
-    ``seen`` gets each micro-batch's (rows, length)."""
+    ``seen`` gets each micro-batch's (rows, length), but the memory plan's probe's (while ``probing`` is not
+    empty), which run out of memory by the same rule."""
     real = _LOAD_MODEL  # not the wrapper an earlier call of the same test left in place
 
     def load(*args, **kwargs):
@@ -58,8 +59,9 @@ def _oom_above(threshold: int, seen: list[tuple[int, int]], recomputing: int = 0
         def limited(**batch):
             rows, length = batch["input_ids"].shape
             if model.training:
-                seen.append((rows, length))
-                widest = max(width for _, width in seen)
+                if not probing:
+                    seen.append((rows, length))
+                widest = max([width for _, width in seen] + [length])
                 if rows * length > (recomputing if is_checkpointing(model) else threshold) * widest:
                     raise torch.OutOfMemoryError(f"simulated: CUDA out of memory. Tried {rows} rows of {length}")
             return forward(**batch)
@@ -68,6 +70,21 @@ def _oom_above(threshold: int, seen: list[tuple[int, int]], recomputing: int = 0
         return model, new_head
 
     return load
+
+
+def _flagged(probing: list):
+    """``measure_activations`` (the memory plan's probe: on a CPU before the automatic micro-batch's trials too),
+    with ``probing`` not empty while it runs."""
+    from finetune.memory import measure_activations
+
+    def measure(*args, **kwargs):
+        probing.append(True)
+        try:
+            return measure_activations(*args, **kwargs)
+        finally:
+            probing.pop()
+
+    return measure
 
 
 def _train(cfg, monkeypatch, threshold, recomputing=0):
@@ -79,7 +96,9 @@ def _train(cfg, monkeypatch, threshold, recomputing=0):
     AcceleratorState._reset_state(True)
     GradientState._reset_state()
     seen: list[tuple[int, int]] = []
-    monkeypatch.setattr("finetune.modeling.load_model_reporting", _oom_above(threshold, seen, recomputing))
+    probing: list[bool] = []
+    monkeypatch.setattr("finetune.modeling.load_model_reporting", _oom_above(threshold, seen, recomputing, probing))
+    monkeypatch.setattr("finetune.autobatch.measure_activations", _flagged(probing))
     run = setup_run(cfg)
     train_one_epoch(run.model, run.optimizer, run.scheduler, run.train_dataloader, run.accelerator, 0,
                     state=run.state, max_grad_norm=1.0)

@@ -234,7 +234,8 @@ def _available(child: str, prefix: list[str]) -> dict:
 @pytest.mark.slow
 def test_a_run_that_would_be_killed_at_the_containers_limit_stops_in_one_line_first(tmp_path):
     """A 100M-weight BERT (1.8 GB to train with AdamW) under a limit of 1.5 GB, on a host of more: the plan is
-    held to the limit and refused, naming what would fit, where without the check the kernel kills the run."""
+    held to the limit and refused, naming what would fit, where without the check the kernel kills the run; the
+    automatic micro-batch finds nothing that fits, and says so, rather than try and be killed."""
     from transformers import BertConfig, BertForSequenceClassification
 
     cfg = write_sms_job(tmp_path, training={"per_device_train_batch_size": 8, "max_steps": 1})
@@ -243,13 +244,15 @@ def test_a_run_that_would_be_killed_at_the_containers_limit_stops_in_one_line_fi
     config.update({"hidden_size": 1024, "num_hidden_layers": 8, "intermediate_size": 4096, "num_attention_heads": 16})
     torch.manual_seed(0)
     BertForSequenceClassification(config).save_pretrained(model)
-    command = [sys.executable, "-m", "finetune.cli", "train", "--config", str(cfg), "--output", str(tmp_path / "out")]
+    command = [sys.executable, "-m", "finetune.cli", "train", "--config", str(cfg)]
     try:
         with in_a_container(memory=int(1.5 * GB)) as prefix:
-            refused = subprocess.run([*prefix, *command], capture_output=True, text=True, env=_env(), cwd=REPO,
-                                     timeout=300)
-            killed = subprocess.run([*prefix, *command, "training.memory_check=false"], capture_output=True,
-                                    text=True, env=_env(), cwd=REPO, timeout=300)
+            refused, killed, automatic = (
+                subprocess.run([*prefix, *command, "--output", str(tmp_path / out), *settings], capture_output=True,
+                               text=True, env=_env(), cwd=REPO, timeout=300)
+                for out, settings in [("refused", []), ("killed", ["training.memory_check=false"]),
+                                      ("auto", ["training.per_device_train_batch_size=auto",
+                                                "training.effective_batch_size=8"])])
     except CgroupsUnavailable as exc:
         pytest.skip(str(exc))
     assert refused.returncode == 2, refused.stderr[-3000:]
@@ -258,3 +261,9 @@ def test_a_run_that_would_be_killed_at_the_containers_limit_stops_in_one_line_fi
     assert " of 1.5GB available under the memory limit; any of these alone would fit: " in error
     assert "Traceback" not in refused.stderr
     assert killed.returncode == -9, killed.stderr[-3000:]  # the limit is real: unchecked, the kernel kills it
+    # the automatic micro-batch tries only what the plan says fits: here nothing, said in one line, no trial killed
+    assert automatic.returncode == 2, automatic.stderr[-3000:]
+    error = automatic.stderr.strip().splitlines()[-1]
+    assert error.startswith("error: ") and "Traceback" not in automatic.stderr
+    assert ("training.per_device_train_batch_size: auto found no micro-batch that fits: even b=1 does not fit in the "
+            "memory available by the memory plan (on at least one process), with gradient checkpointing too; ") in error

@@ -286,12 +286,34 @@ def test_a_set_micro_batch_that_cannot_fit_stops_before_training_naming_what_wou
     assert _setup(tiny_job, monkeypatch, available=1000).memory.total == plan.total
 
 
-def test_the_automatic_micro_batch_trusts_its_trials_not_the_plan(tiny_job, monkeypatch):
+def test_the_automatic_micro_batch_on_a_cpu_tries_only_what_the_plan_says_fits(tiny_job, monkeypatch):
+    """On a CPU a trial step past the memory is not an error to catch but a killed process (or a swapping
+    machine): the plan says first which micro-batches could fit, and only those are tried."""
+    import finetune.autobatch
+
+    tiny_job.training.per_device_train_batch_size, tiny_job.training.gradient_accumulation_steps = 8, 4
+    eight = _setup(tiny_job, monkeypatch, available=10**12).memory  # B = 32 as 8 x 4: what b=8 needs
     tiny_job.training.per_device_train_batch_size = "auto"
     tiny_job.training.gradient_accumulation_steps = None
     tiny_job.training.effective_batch_size = 32
-    run = _setup(tiny_job, monkeypatch, available=1000)  # the trial steps fit on this machine
-    assert run.memory is not None and not run.memory.fits
+    tried = []
+    real = finetune.autobatch.trial_step
+
+    def trial(model, batch, accelerator, **options):
+        tried.append(len(batch["labels"]))
+        return real(model, batch, accelerator, **options)
+
+    monkeypatch.setattr(finetune.autobatch, "trial_step", trial)
+    run = _setup(tiny_job, monkeypatch, available=eight.total - eight.resident)  # b=8 fits, and no more
+    assert (run.batching.per_device_batch_size, run.batching.gradient_accumulation_steps) == (8, 4)
+    assert tried == [8]  # 32 and 16 were never tried: the plan refused them
+    assert run.memory.total == eight.total and run.memory.fits
+    # with room for nothing, it stops in one line without a trial
+    tried.clear()
+    with pytest.raises(LaunchError, match=r"auto found no micro-batch that fits: even b=1 does not fit in the "
+                                          r"memory available by the memory plan \(on at least one process\)"):
+        _setup(tiny_job, monkeypatch, available=1000)
+    assert tried == []
 
 
 def test_a_run_set_up_for_training_holds_no_autograd_graph(tiny_job, monkeypatch):
