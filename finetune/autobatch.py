@@ -47,7 +47,7 @@ from finetune.chunks import document_logits, split_batch
 from finetune.columns import read_column
 from finetune.cpu import dropout_as_in_training
 from finetune.errors import ConfigError, LaunchError, is_out_of_memory
-from finetune.launch import autocast
+from finetune.launch import autocast, processes_on_this_machine
 from finetune.optimizer_state import state_bytes
 from finetune.memory import (
     GB, MemoryPlan, free_cached, levers_that_fit, measure_activations, plan_memory,
@@ -158,7 +158,8 @@ def plan_before_trial(trial: Callable[[torch.nn.Module, dict[str, Any], Any], bo
     def planned(model, batch, accelerator) -> bool:
         b = len(batch["labels"])  # texts, whose windows the plan counts under chunks
         plan = plan_memory(model, activations, b, is_checkpointing(model), accelerator.device, optimizer,
-                           windows=worst_case_windows(dataset, b))
+                           windows=worst_case_windows(dataset, b),
+                           processes=processes_on_this_machine(accelerator.num_processes))
         return plan.fits and trial(model, batch, accelerator)
 
     return planned
@@ -384,7 +385,8 @@ def plan_run_memory(model, dataset, collate, accelerator, batching, checkpointin
         return None
     b = batching.per_device_batch_size
     plan = plan_memory(model, activations, b, checkpointing, accelerator.device, optimizer,
-                       windows=worst_case_windows(dataset, b))
+                       windows=worst_case_windows(dataset, b),
+                       processes=processes_on_this_machine(accelerator.num_processes))
     # every process agrees, as the automatic micro-batch's processes do: one refusing alone would leave the others
     # waiting in prepare's first collective
     if check and any_process_failed(not plan.fits, accelerator):

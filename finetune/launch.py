@@ -183,8 +183,13 @@ def cores_per_process(num_processes: int, cores: Optional[int] = None) -> int:
     """
     if cores is None:
         cores = available_cores()
-    local = int(os.environ.get("LOCAL_WORLD_SIZE", num_processes))
-    return cores // max(1, local)
+    return cores // processes_on_this_machine(num_processes)
+
+
+def processes_on_this_machine(num_processes: int) -> int:
+    """The launched processes that share this machine's cores and RAM: ``LOCAL_WORLD_SIZE`` where the launcher
+    sets it, else all ``num_processes``."""
+    return max(1, int(os.environ.get("LOCAL_WORLD_SIZE", num_processes)))
 
 
 # CPU makers (/proc/cpuinfo's vendor_id) whose AVX-512 bf16 products beat fp32's without AMX: on an AMD EPYC with

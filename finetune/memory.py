@@ -88,6 +88,7 @@ class MemoryPlan:
     optimizer_name: str = "adamw"  # optim.optimizer
     windows: Optional[int] = None  # data.truncation: chunks: the rows the longest micro-batch's b texts make
     limited: bool = False  # on a CPU, the process's memory limit (a container's) left less than the RAM available
+    processes: int = 1  # on a CPU, the processes on this machine, whose plans share what is available
 
     @property
     def total(self) -> int:
@@ -103,6 +104,7 @@ class MemoryPlan:
         have = (f" of {(self.available + self.resident) / GB:.1f}GB "
                 f"{'available' if self.device == 'cpu' else 'free'}" if self.available is not None else "")
         have += " under the memory limit" if self.limited and have else ""
+        have += f" to each of {self.processes} processes" if self.processes > 1 and have else ""
         rows = f"b={self.micro_batch}" + (f" texts in {self.windows} windows" if self.windows is not None else "")
         return (f"memory={self.total / GB:.2f}GB (weights {self.weights / GB:.2f} + gradients "
                 f"{self.gradients / GB:.2f} + {state_name(self.optimizer_name)} {self.optimizer / GB:.2f} + "
@@ -115,7 +117,7 @@ class MemoryPlan:
                 "activations": self.activations, "total": self.total, "micro_batch": self.micro_batch,
                 "length": self.length, "gradient_checkpointing": self.checkpointing, "device": self.device,
                 "available": None if self.available is None else self.available + self.resident,
-                "available_under_memory_limit": self.limited}
+                "available_under_memory_limit": self.limited, "processes_sharing_it": self.processes}
 
 
 def tensor_bytes(tensors) -> int:
@@ -342,9 +344,15 @@ def _ram_available() -> Optional[int]:
 
 
 def plan_memory(model, activations: Activations, b: int, checkpointing: bool, device: torch.device,
-                optimizer: str = "adamw", windows: Optional[int] = None) -> MemoryPlan:
+                optimizer: str = "adamw", windows: Optional[int] = None, processes: int = 1) -> MemoryPlan:
     """The :class:`MemoryPlan` of training ``model`` at micro-batch ``b`` on ``device`` with ``optimizer``
-    (``optim.optimizer``); ``windows``: the rows the longest micro-batch's texts make under chunks."""
+    (``optim.optimizer``); ``windows``: the rows the longest micro-batch's texts make under chunks.
+
+    On a CPU the ``processes`` on this machine (:func:`~finetune.launch.processes_on_this_machine`) each make the
+    same plan, and each is held to its share of the RAM available: what each will add must fit beside the others'.
+    A GPU is each process's own."""
+    processes = processes if device.type == "cpu" else 1
+    available = available_memory(device)
     weights = tensor_bytes(model.parameters()) + tensor_bytes(model.buffers())
     trained = [p for p in model.parameters() if p.requires_grad]
     on_device = next(model.parameters()).device
@@ -353,8 +361,9 @@ def plan_memory(model, activations: Activations, b: int, checkpointing: bool, de
                       optimizer=optimizer_state_bytes(trained, optimizer),
                       activations=activations.estimate(b, checkpointing), micro_batch=b,
                       length=activations.length, checkpointing=checkpointing, device=device.type,
-                      available=available_memory(device), resident=resident, optimizer_name=optimizer,
-                      windows=windows, limited=device.type == "cpu" and memory_limit_binds())
+                      available=None if available is None else available // processes, resident=resident,
+                      optimizer_name=optimizer, windows=windows, processes=processes,
+                      limited=device.type == "cpu" and memory_limit_binds())
 
 
 def levers_that_fit(plan: MemoryPlan, model, activations: Activations, batching, max_length: int) -> list[str]:

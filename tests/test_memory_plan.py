@@ -212,6 +212,30 @@ def test_the_plan_is_said_in_one_part_of_the_start_line_and_recorded():
     assert limited.record()["available_under_memory_limit"] is True
 
 
+def test_processes_on_one_cpu_machine_each_plan_with_their_share_of_its_memory(monkeypatch):
+    """Two launched processes on one machine each add their gradients, AdamW state and activations to the same
+    RAM: each plan that fits the whole would, together, not. On a GPU each process has its own device."""
+    from finetune.launch import processes_on_this_machine
+
+    model = tiny_bert()
+    activations = measure_activations(model, _batches(), _CpuAccelerator())
+    alone = plan_memory(model, activations, b=8, checkpointing=False, device=torch.device("cpu"))
+    need = alone.total - alone.resident
+    monkeypatch.setattr("finetune.memory.available_memory", lambda device: 3 * need)  # room for one or two
+    assert plan_memory(model, activations, b=8, checkpointing=False, device=torch.device("cpu"), processes=2).fits
+    monkeypatch.setattr("finetune.memory.available_memory", lambda device: 2 * need - 2)  # not for two
+    two = plan_memory(model, activations, b=8, checkpointing=False, device=torch.device("cpu"), processes=2)
+    assert two.available == need - 1 and not two.fits
+    assert plan_memory(model, activations, b=8, checkpointing=False, device=torch.device("cpu")).fits  # one would
+    assert two.describe().endswith(f" of {(need - 1 + two.resident) / 1e9:.1f}GB available to each of 2 processes")
+    assert two.record()["processes_sharing_it"] == 2
+    # the processes that share a machine: the launcher's LOCAL_WORLD_SIZE (several machines), else all of them
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    assert processes_on_this_machine(4) == 4
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    assert processes_on_this_machine(4) == 2
+
+
 def test_a_chunked_plan_counts_the_windows_of_the_longest_micro_batchs_texts():
     """Under data.truncation: chunks a row of the micro-batch is a window: the plan says how many the b texts the
     activations are measured on make, the longest by their padded length, repeated where there are fewer."""

@@ -453,6 +453,9 @@ def test_cli_same_model_log_and_metrics_on_every_process_count(cli_runs, name):
     ref_metrics = json.loads((ref_out / "metrics.json").read_text())
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["train"]["num_processes"] == 2 and ref_metrics["train"]["num_processes"] == 1
+    # two processes on one machine plan with a share each of its memory; on two machines, each with all of its own
+    assert metrics["memory_plan"]["processes_sharing_it"] == (2 if name == "two" else 1)
+    assert ref_metrics["memory_plan"]["processes_sharing_it"] == 1
     assert metrics["train"]["effective_batch_size"] == ref_metrics["train"]["effective_batch_size"] == 16
     assert metrics["train"]["updates"] == ref_metrics["train"]["updates"]
     # the carved validation set is seen once, though its size is not a multiple of 2 processes x 4
