@@ -188,8 +188,18 @@ def cores_per_process(num_processes: int, cores: Optional[int] = None) -> int:
 
 def processes_on_this_machine(num_processes: int) -> int:
     """The launched processes that share this machine's cores and RAM: ``LOCAL_WORLD_SIZE`` where the launcher
-    sets it, else all ``num_processes``."""
-    return max(1, int(os.environ.get("LOCAL_WORLD_SIZE", num_processes)))
+    sets it, else all ``num_processes``.
+
+    Raises:
+        LaunchError: if the launcher's variable is not a whole number.
+    """
+    value = os.environ.get("LOCAL_WORLD_SIZE")
+    if not value:
+        return max(1, num_processes)
+    try:
+        return max(1, int(value))
+    except ValueError:
+        raise LaunchError(f"LOCAL_WORLD_SIZE: expected a whole number of processes, got {value!r}") from None
 
 
 # CPU makers (/proc/cpuinfo's vendor_id) whose AVX-512 bf16 products beat fp32's without AMX: on an AMD EPYC with

@@ -234,6 +234,9 @@ def test_processes_on_one_cpu_machine_each_plan_with_their_share_of_its_memory(m
     assert processes_on_this_machine(4) == 4
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
     assert processes_on_this_machine(4) == 2
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "two")  # a launcher's variable gone wrong: one line, as WORLD_SIZE's
+    with pytest.raises(LaunchError, match=r"^LOCAL_WORLD_SIZE: expected a whole number of processes, got 'two'$"):
+        processes_on_this_machine(4)
 
 
 def test_a_chunked_plan_counts_the_windows_of_the_longest_micro_batchs_texts():
