@@ -245,13 +245,15 @@ def fixed_checkpointing(model, setting) -> Checkpointing:
 
 
 def fit_micro_batch(model, train_dataset, collate: Callable[[list], dict], accelerator, batching,
-                    checkpointing=False, optimizer: str = "adamw"):
+                    checkpointing=False, optimizer: str = "adamw", check: bool = True):
     """``per_device_train_batch_size: auto``: the largest ``b`` that fits with ``B`` unchanged.
 
     The levers in order: the micro-batch first (the math does not change),
     then, under ``training.gradient_checkpointing: auto``, recomputation when
     the micro-batch that fits without it is below :data:`USEFUL_MICRO_BATCH`
     (or below ``B / P``, when that is smaller) and a larger one fits with it.
+    On a CPU, under ``check`` (``training.memory_check``), the memory plan goes
+    before each trial (:func:`plan_before_trial`).
 
     Returns:
         ``(batching, checkpointing)``: the run's :class:`~finetune.accumulation.Batching` with that ``b``
@@ -265,7 +267,7 @@ def fit_micro_batch(model, train_dataset, collate: Callable[[list], dict], accel
     model.to(accelerator.device)
     trial = functools.partial(trial_step, optimizer=optimizer)
     gated = (plan_before_trial(trial, model, train_dataset, collate, accelerator, optimizer)
-             if accelerator.device.type == "cpu" else None)
+             if check and accelerator.device.type == "cpu" else None)
     planned, trial = gated is not None, gated or trial
 
     def largest(recompute: bool) -> tuple[int, int]:
@@ -341,7 +343,8 @@ def _fit_in_memory(model, train_dataset, collate, accelerator, batching, trainin
     automatic = training.per_device_train_batch_size == "auto"
     if automatic:
         batching, checkpointing = fit_micro_batch(model, train_dataset, collate, accelerator, batching,
-                                                  training.gradient_checkpointing, optimizer)
+                                                  training.gradient_checkpointing, optimizer,
+                                                  check=training.memory_check)
     else:
         checkpointing = fixed_checkpointing(model, training.gradient_checkpointing)
     memory = plan_run_memory(model, train_dataset, collate, accelerator, batching, checkpointing.on,

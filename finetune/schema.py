@@ -382,7 +382,8 @@ class TrainingConfig:
         "is below `min(8, B / P)` and a larger one fits with it. The start line says what was chosen.")
     memory_check: bool = setting(True,
         "With a micro-batch set, refuse before training a run whose memory plan (the start line's `memory=`) "
-        "exceeds the device's free memory, naming the settings that would fit. false: train anyway.")
+        "exceeds the device's free memory, naming the settings that would fit; on a CPU, let the automatic "
+        "micro-batch try only the sizes the plan says fit. false: train anyway, and try every size.")
     per_device_eval_batch_size: int = setting(64, "Batch size per process for evaluation.")
     gradient_accumulation_steps: Optional[int] = setting(None,
         "Micro-batches accumulated per optimizer update (`k`). Null when `effective_batch_size` is given; "

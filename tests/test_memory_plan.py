@@ -341,6 +341,10 @@ def test_the_automatic_micro_batch_on_a_cpu_tries_only_what_the_plan_says_fits(t
                                           r"memory available by the memory plan \(on at least one process\)"):
         _setup(tiny_job, monkeypatch, available=1000)
     assert tried == []
+    # memory_check: false trains anyway: every size is tried, and the trials decide (here the first fits)
+    tiny_job.training.memory_check = False
+    assert _setup(tiny_job, monkeypatch, available=1000).batching.per_device_batch_size == 32
+    assert tried == [32]
 
 
 def test_a_run_set_up_for_training_holds_no_autograd_graph(tiny_job, monkeypatch):
