@@ -154,12 +154,12 @@ def plan_before_trial(trial: Callable[[torch.nn.Module, dict[str, Any], Any], bo
     activations = measure_activations(model, lambda b: worst_case_batch(dataset, collate, b), accelerator)
     if activations is None:
         return None
+    processes = processes_on_this_machine(accelerator.num_processes)
 
     def planned(model, batch, accelerator) -> bool:
         b = len(batch["labels"])  # texts, whose windows the plan counts under chunks
         plan = plan_memory(model, activations, b, is_checkpointing(model), accelerator.device, optimizer,
-                           windows=worst_case_windows(dataset, b),
-                           processes=processes_on_this_machine(accelerator.num_processes))
+                           windows=worst_case_windows(dataset, b), processes=processes)
         return plan.fits and trial(model, batch, accelerator)
 
     return planned

@@ -46,13 +46,22 @@ def launched_world_size() -> int:
         LaunchError: if the launcher's variable is not a whole number.
     """
     for name in _WORLD_SIZE_VARS:
-        value = os.environ.get(name)
-        if value:
-            try:
-                return max(1, int(value))
-            except ValueError:
-                raise LaunchError(f"{name}: expected a whole number of processes, got {value!r}") from None
+        if os.environ.get(name):
+            return _processes_in(name)
     return 1
+
+
+def _processes_in(name: str) -> int:
+    """The number of processes the launcher's variable ``name`` holds (at least 1).
+
+    Raises:
+        LaunchError: if it is not a whole number.
+    """
+    value = os.environ[name]
+    try:
+        return max(1, int(value))
+    except ValueError:
+        raise LaunchError(f"{name}: expected a whole number of processes, got {value!r}") from None
 
 
 def several_processes_asked_for_one_started() -> bool:
@@ -193,13 +202,7 @@ def processes_on_this_machine(num_processes: int) -> int:
     Raises:
         LaunchError: if the launcher's variable is not a whole number.
     """
-    value = os.environ.get("LOCAL_WORLD_SIZE")
-    if not value:
-        return max(1, num_processes)
-    try:
-        return max(1, int(value))
-    except ValueError:
-        raise LaunchError(f"LOCAL_WORLD_SIZE: expected a whole number of processes, got {value!r}") from None
+    return _processes_in("LOCAL_WORLD_SIZE") if os.environ.get("LOCAL_WORLD_SIZE") else max(1, num_processes)
 
 
 # CPU makers (/proc/cpuinfo's vendor_id) whose AVX-512 bf16 products beat fp32's without AMX: on an AMD EPYC with
