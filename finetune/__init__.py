@@ -30,6 +30,7 @@ _EXPORTS = {
     "Batching": "finetune.accumulation",
     "AccumulationSchedule": "finetune.accumulation",
     "cpu_speedups": "finetune.cpu",
+    "speedup_settings": "finetune.cpu",
     "graphs_for_run": "finetune.cuda_graphs",
     "Config": "finetune.config",
     "load_config": "finetune.config",

@@ -255,7 +255,7 @@ def training_speedups(run: Run) -> contextlib.AbstractContextManager:
     """What training runs under, for :func:`train_epochs` and :func:`rehearse` alike: the CPU speed-ups to
     enter, and ``training.cuda_graphs``' micro-batches set on the run (each length captured at its first)."""
     run.graphs = graphs_for_run(run)
-    return cpu_speedups(run.model, run.optimizer, run.accelerator, **speedup_settings(run.cfg.training))
+    return cpu_speedups(run.model, run.optimizer, run.accelerator, **speedup_settings(run.cfg.training, run.memory))
 
 
 def train_epochs(run: Run, checkpoints: Checkpointer, evaluations: Evaluations, signals: StopSignals,

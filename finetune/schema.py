@@ -478,12 +478,14 @@ class TrainingConfig:
         "rather than with bernoulli_ (one draw per element off Intel CPUs): the drop probability is "
         "rounded to a multiple of 2**-16, and the model is handed back with torch's dropout (see "
         "finetune.cpu.dropout). No effect on a GPU or with torch_compile.")
-    cpu_heap: Literal["keep", "trim", "release"] = setting("keep",
+    cpu_heap: Literal["auto", "keep", "trim", "release"] = setting("auto",
         "On a CPU (with glibc), what becomes of freed memory: `keep` leaves it to glibc to reuse; `trim` "
         "hands the heap's free memory back to the system after every update; `release` maps every block of "
         "1 MiB or more on its own and hands it back when freed, for the rest of the process (the lowest peak "
         "at 512 tokens, most of all with LoRA: see docs/memory.md). Both give memory back for page faults "
-        "to get it again: slower (measured in bench/README.md and docs/memory.md). No effect on a GPU.")
+        "to get it again: slower (measured in bench/README.md and docs/memory.md). `auto`: `release` where "
+        "4 times the memory plan is more than the memory available (a kept heap held up to 3.6 times the "
+        "plan), so that the plan is the peak where memory is short; `keep` elsewhere. No effect on a GPU.")
     eval_each_epoch: bool = setting(True, "Evaluate on the validation set at the end of each epoch.")
     class_weights: Optional[Union[Literal["balanced"], dict[str, float]]] = setting(None,
         "single_label only: weight each class's loss, for imbalanced data. `balanced`: n / (C * n_c) from "

@@ -16,7 +16,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from finetune.assembly import Run
-from finetune.cpu import plan_cpu_speedups, speedup_settings
+from finetune.cpu import heap_reason, plan_cpu_speedups, speedup_settings
 from finetune.cuda_graphs import graphed_run
 from finetune.data import SEEN_IN_TRAINING_AT_MOST
 from finetune.data_sources import data_sources
@@ -161,7 +161,8 @@ def _where(run: Run) -> str:
     acc, training = run.accelerator, run.cfg.training
     backend = getattr(acc.state, "backend", None) or "none"
     threads = f" {describe_cpu_threads()}" if acc.device.type == "cpu" else ""
-    speedups = plan_cpu_speedups(run.model, acc, quiet=True, **speedup_settings(training)).describe()
+    settings = speedup_settings(training, run.memory)  # training.cpu_heap: auto decided by the memory plan
+    speedups = plan_cpu_speedups(run.model, acc, quiet=True, **settings).describe(heap_reason(training.cpu_heap))
     cut = "balanced" if hasattr(run.train_dataloader.batch_sampler, "sizes") else "equal"
     memory = f" {run.memory.describe()}" if run.memory is not None else ""
     engine = f" engine={acc.distributed_type.value}" if acc.distributed_type.value in ("FSDP", "DEEPSPEED") else ""

@@ -421,11 +421,9 @@ def test_cpu_heap_trim_trims_after_every_update_inside_the_switch_only(fresh_acc
     assert trims == [0] * 6
 
 
-def test_cpu_heap_keep_the_default_never_trims(fresh_accelerate_state, monkeypatch):
+def test_cpu_heap_keep_never_trims(fresh_accelerate_state, monkeypatch):
     import finetune.cpu
-    from finetune.config import TrainingConfig
 
-    assert TrainingConfig().cpu_heap == "keep"
     trims = []
     monkeypatch.setattr(finetune.cpu, "malloc_trim", lambda: lambda pad: trims.append(pad))
     run = _run(b=8, k=4)

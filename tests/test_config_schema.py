@@ -62,7 +62,7 @@ def test_defaults_and_types(tmp_path):
     assert cfg.training.mixed_precision == "auto"
     assert cfg.training.sparse_embedding_grad is True
     assert cfg.training.fast_dropout_masks is True
-    assert cfg.training.cpu_heap == "keep"
+    assert cfg.training.cpu_heap == "auto"
     assert cfg.optim.learning_rate == 5e-5
 
 

@@ -380,3 +380,60 @@ def test_what_a_probe_freed_goes_back_to_the_system_before_training():
     free_cached(torch.device("cpu"))
     assert held - _resident_anonymous_bytes() > 200 * 2**20
     assert keep.sum().item() == 16 * 1024
+
+
+# --------------------------------------------------------------------------- training.cpu_heap: auto, by the plan
+
+
+def _cpu_plan(total: int, available: int, resident: int = 0, device: str = "cpu"):
+    from finetune.memory import MemoryPlan
+
+    return MemoryPlan(weights=total, gradients=0, optimizer=0, activations=0, micro_batch=8, length=128,
+                      checkpointing=False, device=device, available=available - resident, resident=resident)
+
+
+def test_auto_releases_the_heap_where_four_times_the_plan_is_more_than_the_memory_available():
+    """glibc's kept heap held up to a few times the tensors the plan counts; released, about the plan. Where
+    four plans fit in what is available (the start line's "of ...GB available", the loaded weights included), the
+    faster kept heap is kept; where not, the released one, whose peak the plan says."""
+    from finetune.cpu import KEPT_HEAP_ROOM, heap_for
+
+    gb = 10**9
+    assert KEPT_HEAP_ROOM == 4
+    assert heap_for("auto", _cpu_plan(gb, 4 * gb, resident=gb // 4)) == "keep"
+    assert heap_for("auto", _cpu_plan(gb, 4 * gb - 1, resident=gb // 4)) == "release"
+    assert heap_for("auto", _cpu_plan(gb, 4 * gb - 1, device="cuda")) == "keep"  # a GPU has its caching allocator
+    assert heap_for("auto", None) == "keep"  # no plan (FSDP, DeepSpeed): nothing to judge by
+    assert heap_for("auto", replace(_cpu_plan(gb, gb), available=None)) == "keep"
+    for setting in ("keep", "trim", "release"):  # a heap set in the config is the heap, short of memory or not
+        assert heap_for(setting, _cpu_plan(gb, gb)) == setting == heap_for(setting, _cpu_plan(gb, 100 * gb))
+
+
+def test_a_run_short_of_memory_releases_the_heap_says_so_and_trains_with_it(tiny_job, monkeypatch):
+    """The decision reaches what trains (fit's speed-ups) and the start line, from the run's own plan."""
+    import finetune.cpu
+    from finetune.assembly import setup_run
+    from finetune.cpu import M_MMAP_THRESHOLD
+    from finetune.fitting import training_speedups
+    from finetune.start_line import describe
+    from tiny_run import reset_accelerate
+
+    calls = []
+    monkeypatch.setattr(finetune.cpu, "mallopt", lambda: lambda option, value: calls.append((option, value)) or 1)
+    seen = {}
+    for name, share in (("short", 3), ("ample", 5)):  # the memory available: 3 and 5 plans
+        reset_accelerate()
+        monkeypatch.setattr("finetune.memory.available_memory", lambda device: 10**12)
+        plan = setup_run(tiny_job).memory
+        monkeypatch.setattr("finetune.memory.available_memory",
+                            lambda device: share * plan.total - plan.resident)
+        try:
+            run = setup_run(tiny_job)
+            seen[name] = describe(run)
+            with training_speedups(run):
+                seen[name + " calls"] = list(calls)
+        finally:
+            reset_accelerate()
+    assert "heap=release (auto: 4 x the memory plan is more than the memory available)" in seen["short"]
+    assert seen["short calls"] == [(M_MMAP_THRESHOLD, 1 << 20)]  # glibc's threshold set as training starts
+    assert "heap=" not in seen["ample"] and seen["ample calls"] == seen["short calls"]  # kept: nothing more set

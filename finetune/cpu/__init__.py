@@ -20,19 +20,20 @@ choices of one setting, and the very last stays):
   ``training.cpu_heap: trim`` (glibc's ``malloc_trim``): the activations of
   micro-batches of many shapes leave free chunks scattered in the C heap, which
   otherwise stay counted in the process's memory and grow it window after
-  window. The default, ``keep``, leaves them to glibc to reuse: every page
-  handed back is faulted in again by the next window (tens of thousands of
-  page faults per update for a small BERT), which costs more time than the
-  memory is worth to most users.
-* **Large blocks mapped on their own**, only with ``training.cpu_heap:
-  release`` (glibc's ``mallopt``): every allocation of 1 MiB or more gets its
-  own mapping, handed back the moment the tensor is freed. glibc's default
-  raises that threshold as large blocks are freed, up to 32 MiB, so a
-  forward pass's mid-sized activations come from the heap between small
-  tensors, and the freed space is kept; LoRA's small adapter tensors make it
-  worse. The price is a page fault per 4 KiB of each large tensor. It is the
-  one switch not undone on exit: glibc cannot go back to its adaptive
-  threshold, so the process keeps it.
+  window. ``keep`` leaves them to glibc to reuse: every page handed back is
+  faulted in again by the next window (tens of thousands of page faults per
+  update for a small BERT), which costs more time than the memory is worth
+  where there is memory to spare.
+* **Large blocks mapped on their own**, with ``training.cpu_heap: release``
+  (glibc's ``mallopt``): every allocation of 1 MiB or more gets its own
+  mapping, handed back the moment the tensor is freed. glibc's default raises
+  that threshold as large blocks are freed, up to 32 MiB, so a forward pass's
+  mid-sized activations come from the heap between small tensors, and the
+  freed space is kept; LoRA's small adapter tensors make it worse. The price
+  is a page fault per 4 KiB of each large tensor. It is the one switch not
+  undone on exit: glibc cannot go back to its adaptive threshold, so the
+  process keeps it. The default, ``auto``, releases where the kept heap could
+  outgrow the memory the run has (:func:`heap_for`), and keeps it elsewhere.
 
 None of them changes what an update computes beyond float rounding (the
 masks keep dropout's distribution, ``p`` on a grid of 2**-16), and the
@@ -60,7 +61,11 @@ from finetune.cpu.sparse_embedding import sparse_capable_embedding, sparse_embed
 
 logger = logging.getLogger("finetune")
 
-HEAP_SETTINGS = ("keep", "trim", "release")  # training.cpu_heap
+HEAP_SETTINGS = ("keep", "trim", "release")  # what training.cpu_heap applies; its "auto" chooses keep or release
+# glibc's kept heap held up to 3.6 times the memory plan's total in the settings measured (docs/memory.md, the
+# memory levers under both heaps), where the released one held about the plan: with less than this many times the
+# plan available, `auto` releases
+KEPT_HEAP_ROOM = 4
 M_MMAP_THRESHOLD = -3  # glibc's malloc.h
 # Every activation of a BERT-sized micro-batch at a few hundred tokens is larger; the weights' and adapters' small
 # tensors, and the row-sized tensors of short texts, stay in the heap, where reusing freed space is fast.
@@ -96,8 +101,9 @@ class CpuSpeedups:
     trim_heap: bool = False
     release_heap: bool = False
 
-    def describe(self) -> str:
-        """The start-up line's words for what is on (empty when nothing is)."""
+    def describe(self, heap_reason: str = "") -> str:
+        """The start-up line's words for what is on (empty when nothing is), with why the heap is released
+        where ``heap_reason`` says."""
         words = []
         if self.sparse_embedding:
             words.append("embedding_grad=sparse")
@@ -106,14 +112,37 @@ class CpuSpeedups:
         if self.trim_heap:
             words.append("heap=trim")
         if self.release_heap:
-            words.append("heap=release")
+            words.append(f"heap=release ({heap_reason})" if heap_reason else "heap=release")
         return " ".join(words)
 
 
-def speedup_settings(training) -> dict:
-    """The keyword arguments of :func:`cpu_speedups` and :func:`plan_cpu_speedups` that a ``TrainingConfig`` sets."""
+def speedup_settings(training, memory=None) -> dict:
+    """The keyword arguments of :func:`cpu_speedups` and :func:`plan_cpu_speedups` that a ``TrainingConfig`` sets,
+    ``training.cpu_heap: auto`` decided by the run's memory plan (``memory``, a
+    :class:`~finetune.memory.MemoryPlan`; see :func:`heap_for`)."""
     return {"dropout_masks": training.fast_dropout_masks, "sparse_embedding": training.sparse_embedding_grad,
-            "heap": training.cpu_heap, "own_attention": training.attention_kernel == "auto"}
+            "heap": heap_for(training.cpu_heap, memory), "own_attention": training.attention_kernel == "auto"}
+
+
+def heap_for(setting: str, memory=None) -> str:
+    """``training.cpu_heap`` as a run applies it: ``auto`` is ``release`` on a CPU where :data:`KEPT_HEAP_ROOM`
+    times the memory plan's total is more than the memory available (the start line's ``of ...GB available``),
+    and ``keep`` elsewhere, or where there is no plan to judge by (FSDP, DeepSpeed).
+
+    A plan counts tensors. glibc's heap, kept, also holds the freed space between them, up to several times
+    what they take; released, about what they take: where memory is short, the released heap is the one whose
+    peak the plan (and the check against a container's limit) says. Where it is not, keeping is faster.
+    """
+    if setting != "auto":
+        return setting
+    if memory is None or memory.device != "cpu" or memory.available is None:
+        return "keep"
+    return "release" if KEPT_HEAP_ROOM * memory.total > memory.available + memory.resident else "keep"
+
+
+def heap_reason(setting: str) -> str:
+    """The start line's words for why ``auto`` released the heap (empty for a heap set in the config)."""
+    return f"auto: {KEPT_HEAP_ROOM} x the memory plan is more than the memory available" if setting == "auto" else ""
 
 
 def plan_cpu_speedups(model, accelerator, *, dropout_masks: bool = True, sparse_embedding: bool = True,
