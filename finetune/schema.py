@@ -484,7 +484,7 @@ class TrainingConfig:
         "1 MiB or more on its own and hands it back when freed, for the rest of the process (the lowest peak "
         "at 512 tokens, most of all with LoRA: see docs/memory.md). Both give memory back for page faults "
         "to get it again: slower (measured in bench/README.md and docs/memory.md). `auto`: `release` where "
-        "4 times the memory plan is more than the memory available (a kept heap held up to 3.6 times the "
+        "4 times the memory plan is more than the memory available (a kept heap held up to 3.3 times the "
         "plan), so that the plan is the peak where memory is short; `keep` elsewhere. No effect on a GPU.")
     eval_each_epoch: bool = setting(True, "Evaluate on the validation set at the end of each epoch.")
     class_weights: Optional[Union[Literal["balanced"], dict[str, float]]] = setting(None,

@@ -62,7 +62,7 @@ from finetune.cpu.sparse_embedding import sparse_capable_embedding, sparse_embed
 logger = logging.getLogger("finetune")
 
 HEAP_SETTINGS = ("keep", "trim", "release")  # what training.cpu_heap applies; its "auto" chooses keep or release
-# glibc's kept heap held up to 3.6 times the memory plan's total in the settings measured (docs/memory.md, the
+# glibc's kept heap held up to 3.3 times the memory plan's total in the settings measured (docs/memory.md, the
 # memory levers under both heaps), where the released one held about the plan: with less than this many times the
 # plan available, `auto` releases
 KEPT_HEAP_ROOM = 4
