@@ -16,7 +16,11 @@ package's own ``setup_run`` (which makes the memory plan) and ``updates``
 updates of ``train_one_epoch`` inside ``cpu_speedups``, as ``fit`` trains,
 with ``training.cpu_heap`` as ``--heaps`` says, and reports its peak resident size less that
 baseline (on a GPU, ``torch.cuda.max_memory_allocated`` too), samples/s over
-the updates, and the plan. Memory peaks once per micro-batch and once at the
+the updates, and the plan. The plan is checked against the memory available
+once it is made, when the process already holds the libraries and files that
+setting up loaded, so the peak less the resident size at that moment (what
+the run added after the plan) is what the plan's total less the resident
+weights must cover. Memory peaks once per micro-batch and once at the
 first optimizer step (AdamW's state), so one update shows it; the first
 update's time includes the allocator's warm-up.
 """
@@ -118,6 +122,9 @@ def child(model: str, setting: str, updates: int, out: Path) -> None:
     finetune.modeling.load_model_reporting = load_after_noting_the_baseline
     run = setup_run(cfg)
     baseline = baseline[0]
+    # what the process holds once the plan is made: the plan's check is against the memory available then, so
+    # what the run adds after it is what the plan must predict (its total less the weights already resident)
+    at_plan = rss_bytes()
     stamps = [time.perf_counter()]
     with cpu_speedups(run.model, run.optimizer, run.accelerator, **speedup_settings(cfg.training, run.memory)):
         train_one_epoch(run.model, run.optimizer, run.scheduler, run.train_dataloader, run.accelerator, 0,
@@ -129,7 +136,8 @@ def child(model: str, setting: str, updates: int, out: Path) -> None:
     timed = per_update[1:] or per_update  # past the first update when there is more than one
     samples = run.batching.effective_batch_size
     out.write_text(json.dumps({
-        "setting": setting, "heap": speedup_settings(cfg.training, run.memory)["heap"], "peak_rss_above_baseline": peak - baseline, "gpu_peak": gpu,
+        "setting": setting, "heap": speedup_settings(cfg.training, run.memory)["heap"], "peak_rss_above_baseline": peak - baseline,
+        "rss_at_plan_above_baseline": at_plan - baseline, "gpu_peak": gpu,
         "samples_per_s": samples / statistics.median(timed), "updates": len(per_update),
         "plan": run.memory.record() if run.memory else None,
         "trainable": sum(p.numel() for p in run.model.parameters() if p.requires_grad),
@@ -177,8 +185,9 @@ def measure(sizes: list[str], updates: int, models_root: Path, settings: list[st
 
 def table(rows: list[dict]) -> str:
     lines = ["| model | cpu_heap | setting | peak RSS above baseline (GB) | x b=8 k=4 | plan (GB) | plan / measured | "
-             "activations' part (GB) | samples/s | x b=8 k=4 | trained weights |",
-             "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+             "added after the plan (GB) | the plan's addition / added | activations' part (GB) | samples/s | "
+             "x b=8 k=4 | trained weights |",
+             "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for row in rows:
         # each row against the plain setting on the same model and heap
         ref = next((r for r in rows if r["size"] == row["size"] and r.get("heap") == row.get("heap")
@@ -186,10 +195,14 @@ def table(rows: list[dict]) -> str:
         plan = row["plan"]
         measured = row["peak_rss_above_baseline"]
         activations = measured - (plan["weights"] + plan["gradients"] + plan["optimizer"]) if plan else None
+        # the plan's addition: its total less what was resident when it was made (the weights, on a CPU)
+        added = measured - row["rss_at_plan_above_baseline"]
+        addition = plan["total"] - (plan["weights"] if plan["device"] == "cpu" else 0)
         lines.append(
             f"| bert-{row['size']}-sized | {row.get('heap', 'keep')} | {row['setting']} | {measured / 1e9:.2f} | "
             f"{measured / ref['peak_rss_above_baseline']:.2f} | {plan['total'] / 1e9:.2f} | "
-            f"{plan['total'] / measured:.2f} | {activations / 1e9:.2f} | {row['samples_per_s']:.3f} | "
+            f"{plan['total'] / measured:.2f} | {added / 1e9:.2f} | {addition / added:.2f} | "
+            f"{activations / 1e9:.2f} | {row['samples_per_s']:.3f} | "
             f"{row['samples_per_s'] / ref['samples_per_s']:.2f} | "
             f"{100 * row['trainable'] / row['weights']:.2f}% |")
     return "\n".join(lines)

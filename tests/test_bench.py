@@ -877,20 +877,24 @@ def test_each_compiled_arm_starts_on_an_empty_compile_cache_and_its_rerun_on_the
 def test_the_memory_table_compares_each_setting_with_the_plain_one_and_its_plan():
     from bench.memory_levers import table
 
-    def row(setting, measured, plan_total, samples_per_s, trainable=100, heap="keep"):
-        plan = {"weights": 10, "gradients": 10, "optimizer": 20, "total": plan_total}
+    def row(setting, measured, plan_total, samples_per_s, trainable=100, heap="keep", at_plan=1e9):
+        plan = {"weights": 0.5e9, "gradients": 10, "optimizer": 20, "total": plan_total, "device": "cpu"}
         return {"size": "base", "setting": setting, "heap": heap, "peak_rss_above_baseline": measured, "plan": plan,
-                "samples_per_s": samples_per_s, "trainable": trainable, "weights": 100}
+                "rss_at_plan_above_baseline": at_plan, "samples_per_s": samples_per_s, "trainable": trainable,
+                "weights": 100}
 
     lines = table([row("b=8 k=4", 4e9, 3e9, 2.0), row("b=8 k=4 LoRA r=8", 2e9, 2.2e9, 1.0, trainable=1),
                    row("b=8 k=4", 3e9, 3e9, 1.5, heap="release"),
-                   row("b=8 k=4 LoRA r=8", 1.5e9, 2.2e9, 1.0, trainable=1, heap="release")]).splitlines()
-    assert lines[2] == "| bert-base-sized | keep | b=8 k=4 | 4.00 | 1.00 | 3.00 | 0.75 | 4.00 | 2.000 | 1.00 | 100.00% |"
-    assert lines[3] == ("| bert-base-sized | keep | b=8 k=4 LoRA r=8 | 2.00 | 0.50 | 2.20 | 1.10 | 2.00 | 1.000 | 0.50 "
-                        "| 1.00% |")
+                   row("b=8 k=4 LoRA r=8", 1.5e9, 2.2e9, 1.0, trainable=1, heap="release", at_plan=0.8e9)]).splitlines()
+    # added after the plan: the peak less the resident size once the plan was made (3.00); the plan's addition:
+    # its total less the resident weights (2.5)
+    assert lines[2] == ("| bert-base-sized | keep | b=8 k=4 | 4.00 | 1.00 | 3.00 | 0.75 | 3.00 | 0.83 | 3.50 | 2.000 "
+                        "| 1.00 | 100.00% |")
+    assert lines[3] == ("| bert-base-sized | keep | b=8 k=4 LoRA r=8 | 2.00 | 0.50 | 2.20 | 1.10 | 1.00 | 1.70 | 1.50 "
+                        "| 1.000 | 0.50 | 1.00% |")
     # against the plain setting under the same heap
-    assert lines[5] == ("| bert-base-sized | release | b=8 k=4 LoRA r=8 | 1.50 | 0.50 | 2.20 | 1.47 | 1.50 | 1.000 "
-                        "| 0.67 | 1.00% |")
+    assert lines[5] == ("| bert-base-sized | release | b=8 k=4 LoRA r=8 | 1.50 | 0.50 | 2.20 | 1.47 | 0.70 | 2.43 | 1.00 "
+                        "| 1.000 | 0.67 | 1.00% |")
 
 
 def test_the_long_texts_table_averages_each_setting_over_its_seeds():
