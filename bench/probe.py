@@ -452,7 +452,7 @@ def _pack(texts: list[list[int]], width: int) -> list[tuple]:
 def _bf16_native() -> bool:
     import torch
 
-    from finetune.launch import choose_precision
+    from finetune.precisions import choose_precision
 
     return choose_precision("auto", torch.device("cpu"))[0] == "bf16"
 

@@ -765,7 +765,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
     threads = args.threads or available_cores()
     precision = args.precision
     if precision == "auto":  # the package's own rule: bf16 where the device computes it natively
-        from finetune.launch import choose_precision
+        from finetune.precisions import choose_precision
 
         precision = choose_precision("auto", torch.device("cuda" if torch.cuda.is_available() else "cpu"))[0]
     engines = [e for e in args.engines.split(",") if e]

@@ -156,7 +156,7 @@ def test_resolved_config_written(trained):
 def test_auto_precision_is_decided_and_said(trained):
     import torch
 
-    from finetune.launch import choose_precision
+    from finetune.precisions import choose_precision
 
     out, proc = trained
     chosen, why = choose_precision("auto", torch.device("cpu"))

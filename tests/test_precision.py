@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from finetune.launch import choose_precision
+from finetune.precisions import choose_precision
 from finetune.machine import cpu_flags, cpu_vendor
 
 
