@@ -14,8 +14,9 @@ node. The accumulation arithmetic does not change with ``P``: see
 :mod:`finetune.accumulation`.
 
 :func:`configure_cpu_threads` gives each process on a CPU its share of the
-cores. Inference uses these too; the training run's ``Accelerator`` is built on
-them by :func:`build_accelerator`, with the run's precision and compile settings
+cores, and on any device holds the tokenizers' thread pool to the CPU quota.
+Inference uses these too; the training run's ``Accelerator`` is built on them
+by :func:`build_accelerator`, with the run's precision and compile settings
 rather than those a launcher passes (which a warning names).
 """
 
@@ -27,7 +28,7 @@ import os
 from typing import TYPE_CHECKING, Optional
 
 from finetune.errors import LaunchError
-from finetune.machine import available_cores, cpu_quota_note
+from finetune.machine import affinity_cores, available_cores, cpu_quota_note
 from finetune.precisions import choose_precision
 
 if TYPE_CHECKING:
@@ -157,6 +158,7 @@ def configure_cpu_threads(device: torch.device, num_processes: int) -> Optional[
     (:func:`~finetune.machine.available_cores`: its affinity, and its container's CPU quota).
     ``FINETUNE_CPU_THREADS`` pins the count instead.
     """
+    hold_tokenizers_to_the_quota()  # a GPU run tokenizes on the CPU too
     if device.type != "cpu":
         return None
     pinned = os.environ.get("FINETUNE_CPU_THREADS")
@@ -173,6 +175,22 @@ def configure_cpu_threads(device: torch.device, num_processes: int) -> Optional[
 
     torch.set_num_threads(threads)
     return threads
+
+
+def hold_tokenizers_to_the_quota() -> None:
+    """Size the tokenizers library's thread pool (Rust's rayon) by the cores the CPU quota allows, where the quota
+    leaves fewer than the process sees and ``RAYON_NUM_THREADS`` is not set already.
+
+    rayon starts a thread for every core the process sees, quota or not, so a container of 4 CPUs on a 64-core
+    host encoded its batches with 64 threads, which spend the quota early in each of the scheduler's periods
+    and wait out the rest together (``python -m bench.cpu_quota --tokenizing``). The pool is made at a
+    tokenizer's first batch, so this has to come before that; once it is made, nothing changes its size.
+    """
+    if "RAYON_NUM_THREADS" in os.environ:
+        return
+    cores = available_cores()
+    if cores < affinity_cores():
+        os.environ["RAYON_NUM_THREADS"] = str(cores)
 
 
 def describe_cpu_threads() -> str:

@@ -16,20 +16,32 @@ import pytest
 import torch
 
 from bench.cgroups import CgroupsUnavailable, in_a_container
-from bench.cpu_quota import WARM_UPDATES, train_once
+from bench.cpu_quota import WARM_UPDATES, tokenize_once, train_once
 from helpers import REPO, offline_env, write_sms_job
 
 # what a process decides from its cores, printed as JSON
 CHILD = """
-import json, torch
+import json, os, torch
+from tokenizers import Tokenizer, models, pre_tokenizers
 from finetune.launch import choose_workers, configure_cpu_threads
 from finetune.machine import affinity_cores, available_cores, cpu_quota_note
 from finetune.tokens import ROWS_PER_PROCESS, tokenizing_processes
+
+def tokenizer_pool():
+    # the threads a fast tokenizer's first batch starts: its thread pool (rayon), made at that batch
+    tokenizer = Tokenizer(models.WordLevel({"a": 0, "[UNK]": 1}, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    before = len(os.listdir("/proc/self/task"))
+    tokenizer.encode_batch(["a b a"] * 256)
+    return len(os.listdir("/proc/self/task")) - before
+
+threads = configure_cpu_threads(torch.device("cpu"), 1)
 print(json.dumps({
     "available": available_cores(), "affinity": affinity_cores(), "note": cpu_quota_note(),
-    "threads": configure_cpu_threads(torch.device("cpu"), 1), "torch_threads": torch.get_num_threads(),
+    "threads": threads, "torch_threads": torch.get_num_threads(),
     "gpu_workers": choose_workers("auto", torch.device("cuda"), 1),
     "tokenizing": tokenizing_processes("auto", 10 * ROWS_PER_PROCESS, start_method="fork"),
+    "tokenizer_pool": tokenizer_pool(),
 }))
 """
 
@@ -40,10 +52,13 @@ def _env(**extra: str) -> dict[str, str]:
         env.pop(name, None)
     if "FINETUNE_CPU_THREADS" not in extra:
         env.pop("FINETUNE_CPU_THREADS", None)  # the suite pins one thread; these runs choose their own
+    if "RAYON_NUM_THREADS" not in extra:
+        env.pop("RAYON_NUM_THREADS", None)
     return env
 
 
 def _decisions(prefix: list[str], **env: str) -> dict:
+    env = {"TOKENIZERS_PARALLELISM": "true", **env}  # the suite turns the tokenizers' threads off
     done = subprocess.run([*prefix, sys.executable, "-c", CHILD], capture_output=True, text=True, env=_env(**env),
                           cwd=REPO, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -74,11 +89,11 @@ def test_a_quota_of_one_cpu_gives_one_thread_where_the_process_sees_more_cores(o
     free, quoted = _decisions([]), _decisions(one_cpu)
     cores = len(os.sched_getaffinity(0))
     assert free == {"available": cores, "affinity": cores, "note": "", "threads": cores, "torch_threads": cores,
-                    "gpu_workers": min(4, cores - 1), "tokenizing": min(cores, 10)}
-    # the threads, a GPU's DataLoader workers (one core left for training) and the tokenizing processes all
-    # follow the quota
+                    "gpu_workers": min(4, cores - 1), "tokenizing": min(cores, 10), "tokenizer_pool": cores}
+    # the threads, a GPU's DataLoader workers (one core left for training), the tokenizing processes and the
+    # tokenizers' own thread pool (which starts one per core seen, quota or not) all follow the quota
     assert quoted == {"available": 1, "affinity": cores, "note": f"1 of {cores} cores: the CPU quota",
-                      "threads": 1, "torch_threads": 1, "gpu_workers": 0, "tokenizing": 1}
+                      "threads": 1, "torch_threads": 1, "gpu_workers": 0, "tokenizing": 1, "tokenizer_pool": 1}
 
 
 def test_a_quota_is_read_where_the_process_sees_the_whole_hierarchy():
@@ -124,6 +139,27 @@ def test_cpu_quotas_in_each_layout(tmp_path):
 
 def test_a_pinned_thread_count_wins_over_the_quota(one_cpu):
     assert _decisions(one_cpu, FINETUNE_CPU_THREADS="2")["torch_threads"] == 2
+    assert _decisions(one_cpu, RAYON_NUM_THREADS="2")["tokenizer_pool"] == 2  # the tokenizers' pool, set by hand
+
+
+def test_a_gpu_runs_tokenizers_are_held_to_the_quota_too(monkeypatch):
+    """A GPU run tokenizes on the CPU: its tokenizers' pool follows the quota as a CPU run's does, where the
+    quota leaves fewer cores than the process sees and the pool's size is not set already."""
+    import finetune.launch
+    from finetune.launch import configure_cpu_threads
+
+    monkeypatch.setenv("RAYON_NUM_THREADS", "")
+    monkeypatch.delenv("RAYON_NUM_THREADS")  # and back to what it was after the test
+    monkeypatch.setattr(finetune.launch, "affinity_cores", lambda: 64)
+    monkeypatch.setattr(finetune.launch, "available_cores", lambda: 64)
+    assert configure_cpu_threads(torch.device("cuda"), 1) is None
+    assert "RAYON_NUM_THREADS" not in os.environ  # no quota: rayon's own count is right
+    monkeypatch.setattr(finetune.launch, "available_cores", lambda: 4)
+    configure_cpu_threads(torch.device("cuda"), 1)
+    assert os.environ["RAYON_NUM_THREADS"] == "4"
+    monkeypatch.setenv("RAYON_NUM_THREADS", "12")
+    configure_cpu_threads(torch.device("cuda"), 1)
+    assert os.environ["RAYON_NUM_THREADS"] == "12"  # the user's own setting stands
 
 
 @pytest.mark.parametrize("pinned", ["0", "-2", "1.5", "two"])
@@ -147,6 +183,15 @@ def test_the_start_line_says_the_quota_took_the_cores(one_cpu, tmp_path):
     own = train_once(one_cpu, tmp_path, WARM_UPDATES + 2, None, config=cfg)
     assert own["start"] == f"threads=1 (1 of {cores} cores: the CPU quota)"
     assert own["samples_per_s"] > 0
+
+
+@pytest.mark.slow
+def test_the_tokenizing_benchmark_sizes_the_pool_as_each_way_says(one_cpu, tmp_path):
+    """``bench.cpu_quota --tokenizing``: the package's way is the pool it chose under the quota, a pinned way its own."""
+    cfg = write_sms_job(tmp_path)
+    own, pinned = tokenize_once(one_cpu, 500, None, config=cfg), tokenize_once(one_cpu, 500, 3, config=cfg)
+    assert (own["pool"], pinned["pool"]) == ("1", "3")
+    assert own["texts_per_s"] > 0 and pinned["texts_per_s"] > 0
 
 
 # --------------------------------------------------------------------------- memory
