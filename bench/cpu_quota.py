@@ -17,6 +17,14 @@ alternating by round:
 
 Each run's training samples/s is the median of its updates' after the first four (the start, the first
 shapes), as its ``train_log.jsonl`` logs them. Prints a Markdown table for bench/README.md.
+
+``--tokenizing`` times the tokenizers' thread pool (Rust's rayon) instead: the default job's messages, repeated to
+``--texts``, encoded by its tokenizer in batches of 1,000 as ``datasets``' ``map`` hands them over, in a fresh
+process per way: the package's choice (:func:`finetune.launch.hold_tokenizers_to_the_quota`, a pool of the
+quota's cores), ``RAYON_NUM_THREADS`` at the cores the affinity allows (rayon's own count, which ignores the
+quota), and each ``--pin N``::
+
+    python -m bench.cpu_quota --tokenizing --pin 16 --rounds 5
 """
 from __future__ import annotations
 
@@ -60,6 +68,42 @@ def train_once(prefix: list[str], workdir: Path, updates: int, threads: int | No
     return {"samples_per_s": statistics.median(rates), "start": start[start.index("threads="):].split(" memory=")[0]}
 
 
+TOKENIZE = """
+import json, os, sys, time
+sys.path.insert(0, {repo!r})
+import torch
+from bench.predict import job_texts
+from finetune.launch import configure_cpu_threads
+from finetune.modeling import load_tokenizer
+from finetune.config import load_config
+
+cfg = load_config({config!r}, [])
+texts = job_texts({config!r}, {texts})
+configure_cpu_threads(torch.device("cpu"), 1)  # as a run does before it tokenizes
+tokenizer = load_tokenizer(cfg.model)
+start = time.perf_counter()
+for i in range(0, len(texts), 1000):
+    tokenizer(texts[i:i + 1000], truncation=True, max_length=cfg.data.max_length)
+seconds = time.perf_counter() - start
+print(json.dumps({{"texts_per_s": len(texts) / seconds, "pool": os.environ.get("RAYON_NUM_THREADS")}}))
+"""
+
+
+def tokenize_once(prefix: list[str], texts: int, threads: int | None,
+                  config: Path = REPO / "configs" / "default.yaml") -> dict:
+    """``texts`` of ``config``'s training texts encoded by its tokenizer under ``prefix``, with the tokenizers'
+    pool at ``threads`` (or the package's own choice): texts/s and the pool's size as set."""
+    env = {key: value for key, value in os.environ.items() if key != "RAYON_NUM_THREADS"}
+    env.update(HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="true")
+    if threads is not None:
+        env["RAYON_NUM_THREADS"] = str(threads)
+    child = TOKENIZE.format(repo=str(REPO), config=str(config), texts=texts)
+    done = subprocess.run([*prefix, sys.executable, "-c", child], capture_output=True, text=True, env=env)
+    if done.returncode != 0:
+        raise SystemExit(f"tokenizing failed under the quota:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.splitlines()[-1])
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cpus", type=float, default=1.0, help="the cgroup's CPU quota, in CPUs (default 1)")
@@ -67,7 +111,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--pin", type=int, action="append", default=[], metavar="N",
                         help="also a way with N threads pinned (repeatable)")
+    parser.add_argument("--tokenizing", action="store_true",
+                        help="time the tokenizers' thread pool on the default job's texts instead of training")
+    parser.add_argument("--texts", type=int, default=50_000, help="with --tokenizing: texts each way encodes")
     args = parser.parse_args(argv)
+    if args.tokenizing:
+        return compare_tokenizing(args, argv)
     from finetune.machine import affinity_cores
 
     seen = affinity_cores()
@@ -91,6 +140,35 @@ def main(argv: list[str] | None = None) -> int:
         rounds = ", ".join(f"{r:.1f}" for r in rates[way])
         median = statistics.median(rates[way])
         lines.append(f"| {way} | `{said[way]}` | {rounds} | {median:.1f} | {median / base:.2f}x |")
+    print("\n".join(lines))
+    return 0
+
+
+def compare_tokenizing(args, argv: list[str] | None) -> int:
+    """``--tokenizing``: each way's texts/s, the ways alternating by round, as a Markdown table."""
+    from finetune.machine import affinity_cores
+
+    seen = affinity_cores()
+    ways = {"pool by the quota (the package)": None, "pool by the cores (rayon's own)": seen,
+            **{f"pool of {n}": n for n in args.pin}}
+    rates: dict[str, list[float]] = {way: [] for way in ways}
+    pools: dict[str, str] = {}
+    with in_a_container(cpus=args.cpus) as prefix:
+        for _ in range(args.rounds):
+            for way, threads in ways.items():
+                result = tokenize_once(prefix, args.texts, threads)
+                rates[way].append(result["texts_per_s"])
+                pools[way] = result["pool"] or "unset"
+    base = statistics.median(rates["pool by the cores (rayon's own)"])
+    command = " ".join(["python -m bench.cpu_quota", *(argv if argv is not None else sys.argv[1:])])
+    lines = [f"Command: `{command}` (a quota of {args.cpus:g} CPU on {seen} cores; {args.texts} of the default "
+             f"job's texts encoded in batches of 1,000; medians of {args.rounds} rounds)", "",
+             "| tokenizers' pool | RAYON_NUM_THREADS | texts/s by round | median | against the pool by the cores |",
+             "| --- | --- | --- | ---: | ---: |"]
+    for way in ways:
+        median = statistics.median(rates[way])
+        lines.append(f"| {way} | {pools[way]} | {', '.join(f'{r:.0f}' for r in rates[way])} | {median:.0f} | "
+                     f"{median / base:.2f}x |")
     print("\n".join(lines))
     return 0
 
