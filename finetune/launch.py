@@ -151,7 +151,8 @@ def init_process_state():
 
 
 def configure_cpu_threads(device: torch.device, num_processes: int) -> Optional[int]:
-    """Give each process on a CPU its share of the cores; returns the thread count (None on GPU).
+    """Give each process on a CPU its share of the cores; returns the thread count (None on GPU). On any device,
+    first hold the tokenizers' thread pool to the CPU quota (:func:`hold_tokenizers_to_the_quota`).
 
     ``accelerate launch`` exports ``OMP_NUM_THREADS=1`` unless told otherwise, which
     leaves a CPU run on one core. The cores are those the process may use
@@ -182,7 +183,7 @@ def hold_tokenizers_to_the_quota() -> None:
     leaves fewer than the process sees and ``RAYON_NUM_THREADS`` is not set already.
 
     rayon starts a thread for every core the process sees, quota or not, so a container of 4 CPUs on a 64-core
-    host encoded its batches with 64 threads, which spend the quota early in each of the scheduler's periods
+    host would encode its batches with 64 threads, which spend the quota early in each of the scheduler's periods
     and wait out the rest together (``python -m bench.cpu_quota --tokenizing``). The pool is made at a
     tokenizer's first batch, so this has to come before that; once it is made, nothing changes its size.
     """
