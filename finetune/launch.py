@@ -159,7 +159,8 @@ def configure_cpu_threads(device: torch.device, num_processes: int) -> Optional[
     (:func:`~finetune.machine.available_cores`: its affinity, and its container's CPU quota).
     ``FINETUNE_CPU_THREADS`` pins the count instead.
     """
-    hold_tokenizers_to_the_quota()  # a GPU run tokenizes on the CPU too
+    cores = available_cores()
+    hold_tokenizers_to_the_quota(cores)  # a GPU run tokenizes on the CPU too
     if device.type != "cpu":
         return None
     pinned = os.environ.get("FINETUNE_CPU_THREADS")
@@ -171,26 +172,24 @@ def configure_cpu_threads(device: torch.device, num_processes: int) -> Optional[
         if threads < 1:
             raise LaunchError(f"FINETUNE_CPU_THREADS: expected a whole number of 1 or more, got {pinned!r}")
     else:
-        threads = max(1, cores_per_process(num_processes))
+        threads = max(1, cores_per_process(num_processes, cores))
     import torch
 
     torch.set_num_threads(threads)
     return threads
 
 
-def hold_tokenizers_to_the_quota() -> None:
-    """Size the tokenizers library's thread pool (Rust's rayon) by the cores the CPU quota allows, where the quota
-    leaves fewer than the process sees and ``RAYON_NUM_THREADS`` is not set already.
+def hold_tokenizers_to_the_quota(cores: int) -> None:
+    """Size the tokenizers library's thread pool (Rust's rayon) by the ``cores`` the CPU quota allows
+    (:func:`~finetune.machine.available_cores`), where the quota leaves fewer than the process sees and
+    ``RAYON_NUM_THREADS`` is not set already.
 
     rayon starts a thread for every core the process sees, quota or not, so a container of 4 CPUs on a 64-core
     host would encode its batches with 64 threads, which spend the quota early in each of the scheduler's periods
     and wait out the rest together (``python -m bench.cpu_quota --tokenizing``). The pool is made at a
     tokenizer's first batch, so this has to come before that; once it is made, nothing changes its size.
     """
-    if "RAYON_NUM_THREADS" in os.environ:
-        return
-    cores = available_cores()
-    if cores < affinity_cores():
+    if "RAYON_NUM_THREADS" not in os.environ and cores < affinity_cores():
         os.environ["RAYON_NUM_THREADS"] = str(cores)
 
 
