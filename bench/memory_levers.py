@@ -125,8 +125,9 @@ def child(model: str, setting: str, updates: int, out: Path) -> None:
     # what the process holds once the plan is made: the plan's check is against the memory available then, so
     # what the run adds after it is what the plan must predict (its total less the weights already resident)
     at_plan = rss_bytes()
+    settings = speedup_settings(cfg.training, run.memory)  # the heap as fit would apply it (auto decided)
     stamps = [time.perf_counter()]
-    with cpu_speedups(run.model, run.optimizer, run.accelerator, **speedup_settings(cfg.training, run.memory)):
+    with cpu_speedups(run.model, run.optimizer, run.accelerator, **settings):
         train_one_epoch(run.model, run.optimizer, run.scheduler, run.train_dataloader, run.accelerator, 0,
                         state=run.state, max_grad_norm=1.0,
                         on_update=lambda state: stamps.append(time.perf_counter()) or state.step >= updates)
@@ -136,7 +137,7 @@ def child(model: str, setting: str, updates: int, out: Path) -> None:
     timed = per_update[1:] or per_update  # past the first update when there is more than one
     samples = run.batching.effective_batch_size
     out.write_text(json.dumps({
-        "setting": setting, "heap": speedup_settings(cfg.training, run.memory)["heap"], "peak_rss_above_baseline": peak - baseline,
+        "setting": setting, "heap": settings["heap"], "peak_rss_above_baseline": peak - baseline,
         "rss_at_plan_above_baseline": at_plan - baseline, "gpu_peak": gpu,
         "samples_per_s": samples / statistics.median(timed), "updates": len(per_update),
         "plan": run.memory.record() if run.memory else None,
