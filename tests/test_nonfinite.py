@@ -190,3 +190,57 @@ def test_a_window_skipped_for_its_loss_under_fp16_closes_the_grad_scalers_step()
         optimizer.zero_grad()
     assert torch.equal(model.weight, before)
     assert scaler.get_scale() == 4.0 * 0.5**3  # each skipped window's non-finite gradient lowered the scale
+
+
+def test_a_step_the_grad_scaler_skips_leaves_the_weights_and_the_schedule_where_they_were():
+    """Under fp16 a finite loss can overflow in the backward: the grad scaler skips the optimizer's step, and the
+    schedule must not advance for an update that did not happen (a fused optimizer is called and skips inside its
+    kernel, so only the lowered scale tells). The next window's step moves both."""
+    from types import SimpleNamespace
+
+    from finetune.loop import apply_update, clip_gradients
+
+    model = torch.nn.Linear(3, 1)
+    inner = torch.optim.SGD(model.parameters(), lr=0.1)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(inner, lambda update: 1.0 / (update + 1))
+    scaler = torch.amp.GradScaler("cpu", init_scale=4.0)
+
+    class ScaledOptimizer:  # what Accelerate's optimizer does under fp16
+        param_groups = inner.param_groups
+
+        def step(self):
+            scaler.step(inner)
+            scaler.update()
+
+    def clip_grad_norm_(parameters, max_norm):
+        scaler.unscale_(inner)
+        return torch.nn.utils.clip_grad_norm_(parameters, max_norm)
+
+    accelerator = SimpleNamespace(scaler=scaler, optimizer_step_was_skipped=False, clip_grad_norm_=clip_grad_norm_)
+    finite_loss = torch.tensor([3.0, 2.0, 6.0], dtype=torch.float64)
+    before = model.weight.detach().clone()
+    for overflow, updates_made in ((True, 0), (False, 1)):
+        scaler.scale(model(torch.ones(2, 3)).sum() * (float("inf") if overflow else 1.0)).backward()
+        norm = clip_gradients(model, accelerator, max_grad_norm=None)
+        update = apply_update(ScaledOptimizer(), scheduler, accelerator, finite_loss, float(norm))
+        assert update.applied  # a finite loss: the scaler, not the loop, decides
+        assert scheduler.last_epoch == updates_made
+        assert torch.equal(model.weight, before) == overflow
+        inner.zero_grad()
+    assert scaler.get_scale() == 2.0  # halved once, by the overflow
+
+
+def test_a_resume_inside_a_window_is_refused(fresh_accelerate_state):
+    """A state that stopped inside a window (a notebook's, or a resume under another k) would split the window's
+    update in two: the epoch is refused before any micro-batch runs."""
+    from accelerate import Accelerator
+
+    acc = Accelerator(cpu=True, gradient_accumulation_steps=4)
+    model = tiny_bert(seed=0)
+    optimizer = build_optimizer(model, OptimConfig(learning_rate=1e-3))
+    dl = DataLoader(token_dataset(40, seed=1), batch_size=4, collate_fn=pad_collate)
+    model, optimizer, dl = acc.prepare(model, optimizer, dl)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    with pytest.raises(ValueError, match=r"cannot resume at micro-batch 6: not a window boundary \(k=4\)"):
+        train_one_epoch(model, optimizer, None, dl, acc, 0, state=TrainState(micro_batch=6))
+    assert all(torch.equal(p, before[n]) for n, p in model.named_parameters())
