@@ -1,0 +1,231 @@
+"""Deliberate bugs in the accumulation contract's code, each of which the tests must catch.
+
+A test that still passes when the feature it guards is broken guards nothing. Each mutant below breaks one rule
+of docs/accumulation.md in one line of the package (clipping skipped, the ragged window weighted as a full one,
+the schedule stepped on a step fp16's grad scaler skipped, ...) and names the test files that must fail on it.
+The check copies the checkout's tracked files into a scratch folder, applies one mutant at a time there, runs its
+tests (without the GPU ones) and restores the line: the checkout itself is never changed.
+
+    python tests/mutants.py              # every mutant: about 30 minutes on 2 CPU cores
+    python tests/mutants.py --only 0,7   # some of them (their numbers: --list)
+
+It prints KILLED or SURVIVED for each and exits 1 if one survived. It is not part of the test suite (each mutant
+runs a few test files), but a fast test holds each mutant's line to the code, so a change that moves one says so.
+Written by hand: mutation-testing tools (mutmut, cosmic-ray) draw thousands of mutants, most of them in code no
+rule of the contract touches, and cannot be told which tests answer for which rule.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+CONTRACT = ("tests/test_accumulation.py", "tests/test_nonfinite.py")
+SCALING = ("tests/test_scaling.py",)
+
+
+@dataclass(frozen=True)
+class Mutant:
+    module: str  # under finetune/
+    line: str  # the text replaced, which must occur once in the module
+    bug: str  # what replaces it
+    rule: str  # the rule it breaks, in words
+    tests: tuple[str, ...]  # the test files that must fail
+
+
+MUTANTS = (
+    # the window arithmetic (finetune/accumulation.py)
+    Mutant("accumulation.py", "return math.ceil(micro_batches_per_process / k)",
+           "return micro_batches_per_process // k or 1", "the ragged last window is dropped from the count",
+           CONTRACT),
+    Mutant("accumulation.py", "return first, min(first + k, self.micro_batches_per_process)",
+           "return first, first + k", "the last window runs past the epoch", CONTRACT),
+    Mutant("accumulation.py", "start = (j * self.num_processes + p) * self.batch_size",
+           "start = (j + p * self.num_processes) * self.batch_size",
+           "the real samples counted as if each process took a block of batches", CONTRACT + SCALING),
+    Mutant("accumulation.py", "return self._real_before(stop * per_step) - self._real_before(first * per_step)",
+           "return (stop - first) * per_step", "a window counts its padding repeats as samples", CONTRACT),
+    Mutant("accumulation.py", "global_batches = math.ceil(self.num_samples / self.batch_size)",
+           "global_batches = self.num_samples // self.batch_size", "the short last micro-batch is not counted",
+           CONTRACT),
+    Mutant("accumulation.py", "return sum(self.sizes[first:stop])",
+           "return len(self.sizes[first:stop]) * self.batch_size",
+           "balanced micro-batches counted as full ones", ("tests/test_balanced_micro_batches.py",) + CONTRACT),
+    Mutant("accumulation.py",
+           "return accelerator.gradient_accumulation_steps * accelerator.num_processes / real_samples_in_window",
+           "return accelerator.gradient_accumulation_steps / real_samples_in_window",
+           "DDP's mean over processes is not undone", SCALING),
+    Mutant("accumulation.py", "return changes[max(keys)] if keys else changes[min(changes)]",
+           "return changes[min(keys)] if keys else changes[min(changes)]",
+           "an accumulation schedule's later k never applies", ("tests/test_accumulation_schedule.py",)),
+    # the loop (finetune/loop.py)
+    Mutant("loop.py", "per_sample = torch.where(keep, per_sample, torch.zeros_like(per_sample))", "pass",
+           "samples repeated to even out processes weigh in the update", SCALING),
+    Mutant("loop.py", "return per_sample.sum(), tokens[:real].sum()", "return per_sample.sum(), tokens.sum()",
+           "repeated samples' tokens are counted", SCALING),
+    Mutant("loop.py", "window.add(j, loss_sum.detach(), real, tokens)",
+           "window.add(j, loss_sum.detach(), batch['labels'].shape[0], tokens)",
+           "the logged loss averages over repeated samples too", SCALING),
+    Mutant("loop.py", "max_grad_norm if max_grad_norm else float(\"inf\")", "float(\"inf\")",
+           "the window's gradient is never clipped", CONTRACT),
+    Mutant("loop.py", "grad_norm = clip_gradients(model, accelerator, max_grad_norm)",
+           "grad_norm = clip_gradients(model, accelerator, max_grad_norm); "
+           "grad_norm = clip_gradients(model, accelerator, max_grad_norm)",
+           "the norm is logged after clipping, not before", CONTRACT),
+    Mutant("loop.py", "if scheduler is not None and not step_was_skipped(accelerator, scale):",
+           "if scheduler is not None:", "the schedule steps on an update fp16's grad scaler skipped", CONTRACT),
+    Mutant("loop.py", "elif grad_norm is not None and accelerator.scaler is None and not math.isfinite(grad_norm):",
+           "elif False:", "a finite loss with a non-finite gradient is applied", CONTRACT),
+    Mutant("loop.py", "if state.skipped_in_row >= max_skipped:", "if state.skipped_in_row > max_skipped:",
+           "one skipped update more than training.max_skipped is allowed", CONTRACT),
+    Mutant("loop.py", "if start % k != 0 and start != micro_batches:", "if False:",
+           "a resume inside a window splits its update", CONTRACT),
+    Mutant("loop.py", "    set_epoch(skipping, epoch)\n", "\n",
+           "a resume mid-epoch takes the first epoch's order", CONTRACT),
+    Mutant("loop.py", "state.micro_batch, state.epoch = 0, epoch + 1", "state.micro_batch = 0",
+           "a finished epoch is not counted", CONTRACT),
+    Mutant("loop.py", '"train/loss": float(self.totals[0] / self.totals[1]),',
+           '"train/loss": float(self.totals[0] / self.totals[1]) / self.k,', "the logged loss is divided by k",
+           CONTRACT),
+    Mutant("loop.py", '"train/lr": self.lr_sum / self.updates,', '"train/lr": self.lr_sum,',
+           "a record of several updates sums their learning rates", CONTRACT),
+    Mutant("loop.py", "        return Update(lr, grad_norm)\n    if accelerator.scaler",
+           "        return Update(float(optimizer.param_groups[0]['lr']), grad_norm)\n    if accelerator.scaler",
+           "the log gives the next update's learning rate", CONTRACT),
+    Mutant("loop.py", "return self.updates > 0 and (window_number % log_every == 0 or last)",
+           "return self.updates > 0 and (window_number % log_every == 0)", "the epoch's last updates go unlogged",
+           CONTRACT),
+    Mutant("loop.py", "self.totals[2] += tokens.double()", "self.totals[2] += tokens.double() * 0",
+           "tokens are not counted", CONTRACT),
+    Mutant("loop.py", "            self.loss_sum += float(totals[0])\n",
+           "            self.loss_sum += float(totals[0]) / 2\n", "the run's mean training loss is wrong",
+           ("tests/test_selection.py",)),
+    Mutant("loop.py", "casts.keep()  # the window's", "pass  # the window's",
+           "cast_once_per_update casts in every micro-batch", ("tests/test_weight_casts.py",)),
+    Mutant("loop.py", "optimizer.zero_grad(set_to_none=frees_gradients(model, graphs))",
+           "optimizer.zero_grad(set_to_none=False)", "gradients are kept between updates", CONTRACT),
+    Mutant("loop.py", "to_mean = self.real_samples / (processes * real)", "to_mean = self.real_samples / real",
+           "the noise scale's small batch is misread on several processes", ("tests/test_noise_scale.py",)),
+    # the update plan (finetune/optimization.py)
+    Mutant("optimization.py", "counts.append(full if epoch + 1 <= n else math.ceil((n - epoch) * full))",
+           "counts.append(full if epoch + 1 <= n else int((n - epoch) * full))",
+           "a fractional last epoch loses an update", CONTRACT),
+    Mutant("optimization.py", "warmup = warmup_steps if warmup_steps > 0 else math.ceil(warmup_ratio * total)",
+           "warmup = warmup_steps if warmup_steps > 0 else int(warmup_ratio * total)",
+           "warmup_ratio rounds down", ("tests/test_schedules.py",) + CONTRACT),
+    Mutant("optimization.py",
+           "counts.append(updates_per_epoch(micro_batches_per_epoch, schedule.k_at(len(counts))))",
+           "counts.append(updates_per_epoch(micro_batches_per_epoch, schedule.k_at(0)))",
+           "max_steps sizes the schedule with epoch 0's k throughout", ("tests/test_accumulation_schedule.py",)),
+    # per-sample losses (finetune/tasks.py) and long texts (finetune/chunks.py)
+    Mutant("tasks.py", "loss = loss * self.class_weights.to(loss.device)[labels]", "loss = loss",
+           "class weights are ignored", ("tests/test_problem_types.py",)),
+    Mutant("tasks.py", 'reduction="none").mean(-1)', 'reduction="none").sum(-1)',
+           "a multi-label sample's loss sums its labels", ("tests/test_problem_types.py",)),
+    Mutant("tasks.py", "label_smoothing=self.label_smoothing)", "label_smoothing=0.0)",
+           "label smoothing is ignored", ("tests/test_problem_types.py",)),
+    Mutant("tasks.py", "return (logits.squeeze(-1) - labels.float()) ** 2",
+           "return (logits.squeeze(-1) - labels.float()).abs()", "a regression's loss is not the squared error",
+           ("tests/test_problem_types.py",)),
+    Mutant("chunks.py", "return summed / present.sum(dim=1, keepdim=True)", "return summed",
+           "a long text's windows are summed, so it weighs by its length", ("tests/test_chunks.py",)),
+    Mutant("chunks.py",
+           "summed = torch.where(present.unsqueeze(-1), windows, torch.zeros_like(windows)).sum(dim=1)",
+           "summed = windows.sum(dim=1)", "absent windows add logits", ("tests/test_chunks.py",)),
+    # the training order (finetune/sampling.py)
+    Mutant("sampling.py", "gen = torch.Generator().manual_seed(self.seed + self.epoch)",
+           "gen = torch.Generator().manual_seed(self.seed)", "every epoch has the same order",
+           ("tests/test_epoch_order.py", "tests/test_balanced_micro_batches.py")),
+    Mutant("sampling.py", "out += [tail] if tail is not None else []",
+           "out = ([tail] if tail is not None else []) + out", "the short window comes first, not last",
+           ("tests/test_epoch_order.py", "tests/test_balanced_micro_batches.py") + CONTRACT),
+    Mutant("sampling.py", "padded = -(-lengths // self.multiple) * self.multiple  # as the collator pads",
+           "padded = lengths  # as the collator pads", "micro-batches cut by lengths the collator does not pad to",
+           ("tests/test_balanced_micro_batches.py",)),
+    # the gradient noise scale (finetune/noise_scale.py)
+    Mutant("noise_scale.py", "weight = 1.0 / (b_big - b_small)", "weight = 1.0 / b_big",
+           "the noise scale's estimates are weighed wrongly", ("tests/test_noise_scale.py",)),
+    Mutant("noise_scale.py", "return state.noise_trace / state.noise_gradient",
+           "return state.noise_gradient / state.noise_trace", "the noise scale is inverted",
+           ("tests/test_noise_scale.py",)),
+    # evaluation (finetune/evaluation.py)
+    Mutant("evaluation.py", 'gathered = accelerator.gather_for_metrics((loss, answers, batch["labels"], *apart))',
+           'gathered = accelerator.gather((loss, answers, batch["labels"], *apart))',
+           "an evaluation scores repeated samples twice", SCALING),
+)
+
+
+def source_of(mutant: Mutant, root: Path = REPO) -> str:
+    """The module's text, checked to hold the mutant's line exactly once.
+
+    Raises:
+        ValueError: if it does not: the code moved, and the mutant must follow it.
+    """
+    text = (root / "finetune" / mutant.module).read_text(encoding="utf-8")
+    if text.count(mutant.line) != 1:
+        raise ValueError(f"finetune/{mutant.module}: {mutant.line.strip()[:60]!r} occurs {text.count(mutant.line)} "
+                         f"times, not once: update the mutant ({mutant.rule})")
+    return text
+
+
+def scratch_copy(into: Path) -> Path:
+    """The checkout's tracked files (as they are in the working tree), copied into ``into``."""
+    files = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True, check=True).stdout
+    for name in filter(None, files.decode().split("\0")):
+        source = REPO / name
+        if source.is_file():
+            (into / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, into / name)
+    return into
+
+
+def killed(mutant: Mutant, copy: Path) -> tuple[bool, str]:
+    """Run the mutant's tests on the scratch copy with its line replaced; ``(whether they failed, pytest's
+    summary line)``. The line is put back afterwards."""
+    path = copy / "finetune" / mutant.module
+    text = source_of(mutant, copy)
+    path.write_text(text.replace(mutant.line, mutant.bug), encoding="utf-8")
+    try:
+        # the copy's package comes first on the path: an editable install would otherwise import the checkout's
+        env = {**os.environ, "PYTHONPATH": str(copy)}
+        result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-n", "2", "-m", "not gpu",
+                                 "-p", "no:warnings", "-p", "no:cacheprovider", *mutant.tests],
+                                cwd=copy, env=env, capture_output=True, text=True)
+    finally:
+        path.write_text(text, encoding="utf-8")
+    summary = (result.stdout.strip().splitlines() or ["(no output)"])[-1]
+    return result.returncode != 0, summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--only", help="comma-separated mutant numbers (see --list)")
+    parser.add_argument("--list", action="store_true", help="print the mutants and exit")
+    args = parser.parse_args(argv)
+    chosen = [int(i) for i in args.only.split(",")] if args.only else range(len(MUTANTS))
+    if args.list:
+        for i, mutant in enumerate(MUTANTS):
+            print(f"{i:2d} finetune/{mutant.module}: {mutant.rule} ({', '.join(mutant.tests)})")
+        return 0
+    survivors = 0
+    with tempfile.TemporaryDirectory(prefix="mutants-") as scratch:
+        copy = scratch_copy(Path(scratch))
+        for i in chosen:
+            mutant = MUTANTS[i]
+            caught, summary = killed(mutant, copy)
+            survivors += not caught
+            print(f"{'KILLED  ' if caught else 'SURVIVED'} {i:2d} finetune/{mutant.module}: {mutant.rule} | {summary}",
+                  flush=True)
+    print(f"{len(chosen) - survivors} of {len(chosen)} mutants killed")
+    return 1 if survivors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

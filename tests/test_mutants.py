@@ -1,0 +1,50 @@
+"""tests/mutants.py, the deliberate bugs the contract's tests must catch, kept in step with the code."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _mutants():
+    spec = importlib.util.spec_from_file_location("mutants", REPO / "tests" / "mutants.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["mutants"] = module  # its dataclass looks its module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+mutants = _mutants()
+
+
+@pytest.mark.parametrize("number", range(len(mutants.MUTANTS)))
+def test_each_mutant_changes_one_line_the_code_still_has_and_names_tests_that_exist(number):
+    mutant = mutants.MUTANTS[number]
+    text = mutants.source_of(mutant)  # raises where the line moved or repeats
+    assert mutant.bug != mutant.line and text.replace(mutant.line, mutant.bug) != text
+    assert mutant.tests and all((REPO / name).is_file() for name in mutant.tests)
+
+
+def test_a_line_the_code_no_longer_has_is_named(tmp_path):
+    (tmp_path / "finetune").mkdir()
+    (tmp_path / "finetune" / "loop.py").write_text("x = 1\n", encoding="utf-8")
+    moved = mutants.Mutant("loop.py", "y = 2", "y = 3", "a rule", ("tests/test_accumulation.py",))
+    with pytest.raises(ValueError, match=r"finetune/loop.py: 'y = 2' occurs 0 times, not once: update the mutant"):
+        mutants.source_of(moved, tmp_path)
+
+
+@pytest.mark.slow
+def test_a_mutant_is_caught_in_a_copy_and_the_checkout_is_left_as_it_was(tmp_path):
+    """The check runs the mutant's tests on a scratch copy: they fail there, and the package here is unchanged."""
+    mutant = next(m for m in mutants.MUTANTS if m.tests == ("tests/test_accumulation_schedule.py",))
+    before = (REPO / "finetune" / mutant.module).read_text(encoding="utf-8")
+    copy = mutants.scratch_copy(tmp_path)
+    caught, summary = mutants.killed(mutant, copy)
+    assert caught and "failed" in summary
+    assert (copy / "finetune" / mutant.module).read_text(encoding="utf-8") == before  # put back in the copy too
+    assert (REPO / "finetune" / mutant.module).read_text(encoding="utf-8") == before
