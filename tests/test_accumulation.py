@@ -100,12 +100,12 @@ def _run(b: int, k: int, epochs: int = 2, lr: float = 1e-3, schedule: str = "lin
     torch.manual_seed(11)  # dropout's stream starts here in every run
     with cpu_speedups(model, optimizer, acc, sparse_embedding=sparse_embedding, heap=heap,
                       dropout_masks=dropout_masks, own_attention=attention_kernel == "auto"):
-        for epoch in range(epochs):
-            train_one_epoch(model, optimizer, scheduler, dl, acc, epoch, state=state, max_grad_norm=max_grad_norm,
-                            log_every=log_every, on_log=records.append, on_update=on_update)
+        results = [train_one_epoch(model, optimizer, scheduler, dl, acc, epoch, state=state,
+                                   max_grad_norm=max_grad_norm, log_every=log_every, on_log=records.append,
+                                   on_update=on_update) for epoch in range(epochs)]
     return dict(snapshots=snapshots, records=records, state=state, plan=plan, scheduler=scheduler,
                 scheduler_calls=scheduler_calls["n"], optimizer=optimizer, model=model, acc=acc, data=data,
-                embedding_grads=embedding_grads, grads=grads, step_norms=step_norms)
+                embedding_grads=embedding_grads, grads=grads, step_norms=step_norms, results=results)
 
 
 def _gradient_norm(optimizer) -> float:
@@ -593,6 +593,13 @@ def test_logged_loss_is_the_big_batch_loss(fresh_accelerate_state):
     assert [r["step"] for r in small["records"]] == [1, 2, 3]
     for rb, rs in zip(big["records"], small["records"]):
         assert rs["train/loss"] == pytest.approx(rb["train/loss"], rel=1e-5)
+    # the epoch's own loss, which a notebook prints, is the mean over its samples: its updates' losses weighed by
+    # their windows' 32, 32 and 12 samples, the big batch's too
+    (result,) = small["results"]
+    assert result.updates == 3 and result.samples == N
+    weighed = sum(r["train/loss"] * n for r, n in zip(small["records"], (32, 32, 12))) / N
+    assert result.loss == pytest.approx(weighed, rel=1e-9)
+    assert result.loss == pytest.approx(big["results"][0].loss, rel=1e-5)
     # and it is the mean per-sample loss of the first window under the initial weights
     data = small["data"]
     order = EpochSampler(N, seed=7, window_size=32).order()
