@@ -27,6 +27,7 @@ from finetune.freezing import freeze_bottom
 from finetune.lora import add_lora
 from finetune.cpu import cpu_speedups, malloc_trim
 from finetune.loop import TrainState, train_one_epoch
+from finetune.noise_scale import squared_gradient_norm
 from finetune.modeling import is_checkpointing, set_gradient_checkpointing, supports_checkpointing
 from finetune.optimization import build_optimizer, build_scheduler, plan_updates
 from finetune.accumulation import Batching, ShardLayout
@@ -70,7 +71,7 @@ def _run(b: int, k: int, epochs: int = 2, lr: float = 1e-3, schedule: str = "lin
                           optimizer=optimizer)
     optimizer = build_optimizer(model, opt_cfg)
     step_norms = []  # the norm of the gradient each optimizer step is handed, after clipping
-    optimizer.register_step_pre_hook(lambda opt, args, kwargs: step_norms.append(_gradient_norm(opt)))
+    optimizer.register_step_pre_hook(lambda *_: step_norms.append(float(squared_gradient_norm(model)) ** 0.5))
     sampler = EpochSampler(len(data), seed=7, window_size=b * k)
     dl = DataLoader(data, batch_size=b, sampler=sampler, collate_fn=collate)
     model, optimizer, dl = acc.prepare(model, optimizer, dl)
@@ -107,12 +108,6 @@ def _run(b: int, k: int, epochs: int = 2, lr: float = 1e-3, schedule: str = "lin
                 scheduler_calls=scheduler_calls["n"], optimizer=optimizer, model=model, acc=acc, data=data,
                 embedding_grads=embedding_grads, grads=grads, step_norms=step_norms, results=results)
 
-
-def _gradient_norm(optimizer) -> float:
-    """The global norm of the gradients ``optimizer`` holds, a sparse one's rows included."""
-    norms = [(p.grad.coalesce().values() if p.grad.is_sparse else p.grad).norm()
-             for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
-    return float(torch.stack(norms).norm())
 
 
 def _assert_same_weights(a, b, rtol=1e-5, atol=1e-7, noise_only=None):

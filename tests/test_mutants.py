@@ -2,24 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
 
+import mutants  # tests/ is on the path, as for helpers
+
 REPO = Path(__file__).resolve().parent.parent
-
-
-def _mutants():
-    spec = importlib.util.spec_from_file_location("mutants", REPO / "tests" / "mutants.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["mutants"] = module  # its dataclass looks its module up there
-    spec.loader.exec_module(module)
-    return module
-
-
-mutants = _mutants()
 
 
 @pytest.mark.parametrize("number", range(len(mutants.MUTANTS)))
