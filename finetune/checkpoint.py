@@ -265,7 +265,9 @@ def load_checkpoint(run, path: str | os.PathLike, meta: Optional[dict[str, Any]]
                               "or another output.output_dir") from None
     if torch.equal(torch.get_rng_state(), sentinel) and not fresh_streams:
         raise ModelError(f"{path}: could not restore the random number generator states "
-                         f"(random_states_{acc.process_index}.pkl)")
+                         f"(random_states_{acc.process_index}.pkl), without which the resumed run would draw "
+                         f"other dropout masks than the run it continues",
+                         hint="resume from an earlier checkpoint (output.resume_from=<its directory>)")
     if run.scheduler is not None:
         run.scheduler.load_state_dict(torch.load(path / SCHEDULER_FILE, map_location="cpu", weights_only=True))
     check_finite(run, path)

@@ -29,6 +29,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 CONTRACT = ("tests/test_accumulation.py", "tests/test_nonfinite.py")
 SCALING = ("tests/test_scaling.py",)
+RESUME = ("tests/test_checkpoint.py", "tests/test_never_lose_a_run.py")
 
 
 @dataclass(frozen=True)
@@ -170,6 +171,70 @@ MUTANTS = (
     Mutant("evaluation.py", 'gathered = accelerator.gather_for_metrics((loss, answers, batch["labels"], *apart))',
            'gathered = accelerator.gather((loss, answers, batch["labels"], *apart))',
            "an evaluation scores repeated samples twice", SCALING),
+    # a resume goes on as if the run had not stopped (docs/checkpoints.md): what a checkpoint saves
+    # (finetune/checkpoint.py), ...
+    Mutant("checkpoint.py",
+           'run.scheduler.load_state_dict(torch.load(path / SCHEDULER_FILE, map_location="cpu", weights_only=True))',
+           "pass", "a resumed run's schedule starts again from its first update", RESUME),
+    Mutant("checkpoint.py", "setattr(run.state, key, value)",
+           'setattr(run.state, key, 0 if key == "micro_batch" else value)',
+           "a resumed epoch starts again from its first micro-batch", RESUME),
+    Mutant("checkpoint.py", "            acc.load_state(str(path))",
+           "            acc.load_state(str(path)); torch.manual_seed(0)",
+           "the random streams (dropout's masks) start afresh on resume", RESUME),
+    Mutant("checkpoint.py", "if torch.equal(torch.get_rng_state(), sentinel) and not fresh_streams:", "if False:",
+           "a checkpoint whose random states were not restored resumes, not exactly", RESUME),
+    Mutant("checkpoint.py", "    check_finite(run, path)\n", "    pass\n",
+           "a checkpoint of NaN weights is resumed", RESUME),
+    Mutant("checkpoint.py", '"history": history,', '"history": [],',
+           "the evaluations before a stop are forgotten on resume", RESUME + ("tests/test_selection.py",)),
+    Mutant("checkpoint.py", '"pending_eval_epoch": pending_eval_epoch,', '"pending_eval_epoch": None,',
+           "an epoch's evaluation that a stop put off is never made", RESUME),
+    Mutant("checkpoint.py", "prune(root, run.cfg.output.keep_last, keep={final, protect})",
+           "prune(root, run.cfg.output.keep_last, keep={final})",
+           "the best model's checkpoint is pruned by output.keep_last", ("tests/test_selection.py",) + RESUME),
+    # ... its files (finetune/checkpoint_files.py), ...
+    Mutant("checkpoint_files.py", 'if _sha256(file) != entry["sha256"]:', "if False:",
+           "a checkpoint whose bytes changed, its sizes not, is resumed", RESUME),
+    Mutant("checkpoint_files.py", "return [found[step] for step in sorted(found)]",
+           "return [found[step] for step in sorted(found, reverse=True)]",
+           "a run resumes its oldest checkpoint", RESUME),
+    Mutant("checkpoint_files.py",
+           "for path in others[: max(0, len(others) - max(0, keep_last - len(kept)))]:",
+           "for path in others[max(0, keep_last - len(kept)):]:",
+           "output.keep_last keeps the oldest checkpoints", RESUME + ("tests/test_selection.py",)),
+    # ... when one is saved and what is restored (finetune/checkpointer.py, finetune/resplit.py), ...
+    Mutant("checkpointer.py",
+           "elif self.every and state.step % self.every == 0 and (self._saved_at or (-1,))[0] != state.step:",
+           "elif False:", "output.checkpoint_every saves nothing", RESUME),
+    Mutant("checkpointer.py", "carry_thresholds(self.run, self.history.records)", "pass",
+           "a resumed model forgets the thresholds its last evaluation chose",
+           ("tests/test_thresholds.py", "tests/test_decision_threshold.py") + RESUME),
+    Mutant("resplit.py", "return min(windows * new_k, micro_batches_per_process)",
+           "return min(windows * old_k, micro_batches_per_process)",
+           "a resume on another split goes on at the micro-batch of the old k", ("tests/test_resplit.py",) + SCALING),
+    # ... what must not change (finetune/resuming.py), ...
+    Mutant("resuming.py", '"data.train_sha256": getattr(run, "data_sha256", None),', '"data.train_sha256": None,',
+           "a data file edited in place resumes as the same run", RESUME),
+    Mutant("resuming.py", '    "training.on_nonfinite",', '    "training.on_nonfinite", "optim.learning_rate",',
+           "a resume with another learning rate goes on", RESUME),
+    Mutant("resuming.py", "    for path in reversed(candidates):", "    for path in candidates:",
+           "output.resume_from: auto takes the oldest checkpoint", RESUME),
+    # ... and the loop, the log, the trackers and the stop (finetune/loop.py, fitting.py, selection.py, signals.py)
+    Mutant("loop.py", "skipping = accelerator.skip_first_batches(dataloader, start)", "skipping = dataloader",
+           "a resumed epoch trains its first micro-batches again", RESUME + CONTRACT),
+    Mutant("fitting.py", "end_of_epoch(pending_eval)  # the run", "pass  # the run",
+           "an epoch's evaluation that a stop put off is never made", RESUME),
+    Mutant("fitting.py", "continued = start_trackers(acc, cfg, resume_step=run.state.step if resuming else None)",
+           "continued = start_trackers(acc, cfg, resume_step=None)",
+           "a resumed run starts new tracker runs", RESUME + ("tests/test_trackers.py",)),
+    Mutant("fitting.py", "resume_step=run.state.step if resuming else None, history=history.records,",
+           "resume_step=None, history=history.records,",
+           "a resumed run's log repeats the updates after its checkpoint", RESUME),
+    Mutant("selection.py", "self.records[:] = records", "pass",
+           "the evaluations before a stop are forgotten on resume", RESUME + ("tests/test_selection.py",)),
+    Mutant("signals.py", 'local = int(accelerator.reduce(flag, reduction="max").item())', "local = int(flag.item())",
+           "processes stop after different updates when one of them is signalled", RESUME),
 )
 
 

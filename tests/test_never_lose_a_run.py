@@ -335,6 +335,50 @@ def test_an_optimizer_state_of_other_parameter_groups_is_refused_in_one_line(job
     assert after.pop("config.yaml") != before.pop("config.yaml") and after == before
 
 
+@pytest.mark.slow
+def test_a_checkpoint_whose_random_states_do_not_load_is_refused_in_one_line(job, stopped):
+    """Accelerate logs a process's random states that fail to load and goes on; resumed without them, the run
+    would draw other dropout masks than the one it continues. Here the file is gone and the manifest written
+    again to match, as a copy that lost it and was then re-verified would be."""
+    root, cfg, _ = job
+    out = _copy(stopped, "no-random-states")
+    ckpt = out / "checkpoints" / "checkpoint-7"
+    (ckpt / "random_states_0.pkl").unlink()
+    write_manifest(ckpt)
+    before = _files(out)
+    proc = _train(cfg, out)
+    assert proc.returncode == 2 and len(_errors(proc)) == 1, proc.stderr[-3000:]
+    assert _errors(proc)[0].startswith(
+        f"error: {ckpt}: could not restore the random number generator states (random_states_0.pkl)")
+    assert "hint: resume from an earlier checkpoint (output.resume_from=<its directory>)" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    after = _files(out)  # config.yaml is the run's own again: the copy's named the first folder
+    assert after.pop("config.yaml") != before.pop("config.yaml") and after == before
+
+
+@pytest.mark.slow
+def test_a_checkpoint_of_nan_weights_is_refused_in_one_line(job, stopped):
+    """A checkpoint whose files are intact (the manifest agrees) but whose weights hold a NaN, as one saved by a
+    run that had diverged: resumed, every update after it would be NaN."""
+    from safetensors.torch import load_file, save_file
+
+    root, cfg, _ = job
+    out = _copy(stopped, "nan-weights")
+    ckpt = out / "checkpoints" / "checkpoint-7"
+    weights = load_file(ckpt / "model.safetensors")
+    weights["classifier.weight"][0, 0] = float("nan")
+    save_file(weights, ckpt / "model.safetensors", metadata={"format": "pt"})
+    write_manifest(ckpt)
+    before = _files(out)
+    proc = _train(cfg, out)
+    assert proc.returncode == 2 and len(_errors(proc)) == 1, proc.stderr[-3000:]
+    assert _errors(proc)[0] == (f"error: {ckpt}: weight classifier.weight holds NaN or inf values; resume from an "
+                                f"earlier checkpoint (output.resume_from=<its directory>)")
+    assert "Traceback" not in proc.stderr
+    after = _files(out)
+    assert after.pop("config.yaml") != before.pop("config.yaml") and after == before
+
+
 def test_loaded_weights_must_be_finite(job, tmp_path):
     """A checkpoint whose files are intact but whose weights are NaN (saved from a run that diverged)."""
     from finetune.checkpoint import check_finite
