@@ -332,6 +332,7 @@ def epoch_batches(dataloader, accelerator, epoch: int, start: int, k: int):
     if start % k != 0 and start != micro_batches:
         raise ValueError(f"cannot resume at micro-batch {start}: not a window boundary (k={k})")
     set_epoch(dataloader, epoch)
+    count_micro_batches_from(accelerator, start)
     if start == 0:
         return dataloader
     skipping = accelerator.skip_first_batches(dataloader, start)
@@ -339,6 +340,15 @@ def epoch_batches(dataloader, accelerator, epoch: int, start: int, k: int):
     # sampler as the epoch: a resume in any epoch but the first would take the first epoch's order
     set_epoch(skipping, epoch)
     return skipping
+
+
+def count_micro_batches_from(accelerator, start: int) -> None:
+    """Accelerate ends a window by counting the epoch's micro-batches (``Accelerator.step``, reset at the
+    dataloader's end), and ``load_state`` restores the count a checkpoint's run had reached at its own ``k``:
+    resumed on another split, that count would end the new windows at the wrong micro-batch. The epoch's count
+    starts where the epoch does. Where Accelerate keeps no such count, :func:`check_sync_agrees` still guards."""
+    if hasattr(accelerator, "step"):
+        accelerator.step = start
 
 
 def set_epoch(dataloader, epoch: int) -> None:

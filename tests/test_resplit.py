@@ -78,3 +78,41 @@ def test_a_sharded_checkpoint_on_another_split_is_refused_saying_why(monkeypatch
     assert changed.startswith("processes: 2 -> 1")
     assert changed.endswith("(FSDP checkpoints are sharded: they resume on the b, k and P that wrote them)")
     assert "\n" not in changed
+
+
+@pytest.mark.slow
+def test_a_resume_on_another_split_ends_its_windows_at_the_new_k_and_draws_the_same_streams_whatever_was_saved(
+        tmp_path):
+    """Here one process, b=8 k=2 -> b=4 k=4, dropout on, resumed after update 3. Accelerate counts micro-batches
+    to end a window, and the checkpoint holds its count at the old k (6, which would end the new window [12, 16)
+    at 13): the resumed epoch counts from its own start. A checkpoint also holds one random stream per process of
+    its own split, which another split cannot take over: every process is seeded afresh from the seed and the
+    update instead, so that such a resume is repeatable. Resumed from a checkpoint whose saved torch stream was
+    replaced by another, the run ends with the same model."""
+    import shutil
+
+    import torch
+
+    from finetune.checkpoint_files import write_manifest
+    from tiny_run import fit_tiny_run
+
+    sections = {"model": {"dropout": 0.1}, "output": {"checkpoint_every": 3, "keep_last": None}}
+    resplit = {"training": {"per_device_train_batch_size": 4, "gradient_accumulation_steps": 4}}
+    out = tmp_path / "out"
+    fit_tiny_run(tmp_path, on_update=lambda state: state.step >= 3, **sections)
+    shutil.copytree(out, tmp_path / "stopped")
+
+    def resumed() -> bytes:
+        fit_tiny_run(tmp_path, **sections, **resplit)
+        return (out / "model.safetensors").read_bytes()
+
+    as_saved = resumed()
+    shutil.rmtree(out)
+    shutil.copytree(tmp_path / "stopped", out)
+    states = out / "checkpoints" / "checkpoint-3" / "random_states_0.pkl"
+    saved = torch.load(states, weights_only=False)
+    other = torch.Generator().manual_seed(12345).get_state()
+    assert not torch.equal(saved["torch_manual_seed"], other)
+    torch.save({**saved, "torch_manual_seed": other}, states)
+    write_manifest(states.parent)
+    assert resumed() == as_saved
