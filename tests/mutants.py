@@ -1,18 +1,21 @@
-"""Deliberate bugs in the accumulation contract's code, each of which the tests must catch.
+"""Deliberate bugs in the code of the package's two promises, each of which the tests must catch.
 
 A test that still passes when the feature it guards is broken guards nothing. Each mutant below breaks one rule
-of docs/accumulation.md in one line of the package (clipping skipped, the ragged window weighted as a full one,
-the schedule stepped on a step fp16's grad scaler skipped, ...) and names the test files that must fail on it.
-The check copies the checkout's tracked files into a scratch folder, applies one mutant at a time there, runs its
-tests (without the GPU ones) and restores the line: the checkout itself is never changed.
+in one line of the package and names the test files that must fail on it: a rule of docs/accumulation.md
+(clipping skipped, the ragged window weighted as a full one, the schedule stepped on a step fp16's grad scaler
+skipped, ...) or of docs/checkpoints.md, that a resumed run goes on as if it had not stopped (the schedule, the
+random streams, the position in the epoch, the evaluations and the log restored; a damaged or another run's
+checkpoint refused). The check copies the checkout's tracked files into a scratch folder, applies one mutant at a
+time there, runs its tests (without the GPU ones) and restores the line: the checkout itself is never changed.
 
-    python tests/mutants.py              # every mutant: about 30 minutes on 2 CPU cores
-    python tests/mutants.py --only 0,7   # some of them (their numbers: --list)
+    python tests/mutants.py                     # every mutant: about 60 minutes on 2 CPU cores
+    python tests/mutants.py --rules resume      # those of one promise: accumulation or resume
+    python tests/mutants.py --only 0,7          # some of them (their numbers: --list)
 
 It prints KILLED or SURVIVED for each and exits 1 if one survived. It is not part of the test suite (each mutant
 runs a few test files), but a fast test holds each mutant's line to the code, so a change that moves one says so.
 Written by hand: mutation-testing tools (mutmut, cosmic-ray) draw thousands of mutants, most of them in code no
-rule of the contract touches, and cannot be told which tests answer for which rule.
+rule touches, and cannot be told which tests answer for which rule.
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ class Mutant:
     tests: tuple[str, ...]  # the test files that must fail
 
 
-MUTANTS = (
+ACCUMULATION_MUTANTS = (
     # the window arithmetic (finetune/accumulation.py)
     Mutant("accumulation.py", "return math.ceil(micro_batches_per_process / k)",
            "return micro_batches_per_process // k or 1", "the ragged last window is dropped from the count",
@@ -171,8 +174,11 @@ MUTANTS = (
     Mutant("evaluation.py", 'gathered = accelerator.gather_for_metrics((loss, answers, batch["labels"], *apart))',
            'gathered = accelerator.gather((loss, answers, batch["labels"], *apart))',
            "an evaluation scores repeated samples twice", SCALING),
-    # a resume goes on as if the run had not stopped (docs/checkpoints.md): what a checkpoint saves
-    # (finetune/checkpoint.py), ...
+)
+
+# a resume goes on as if the run had not stopped (docs/checkpoints.md): what a checkpoint saves
+# (finetune/checkpoint.py), ...
+RESUME_MUTANTS = (
     Mutant("checkpoint.py",
            'run.scheduler.load_state_dict(torch.load(path / SCHEDULER_FILE, map_location="cpu", weights_only=True))',
            "pass", "a resumed run's schedule starts again from its first update", RESUME),
@@ -186,6 +192,14 @@ MUTANTS = (
            "a checkpoint whose random states were not restored resumes, not exactly", RESUME),
     Mutant("checkpoint.py", "    check_finite(run, path)\n", "    pass\n",
            "a checkpoint of NaN weights is resumed", RESUME),
+    Mutant("checkpoint.py", "reseed(run.cfg.training.seed, run.state.step)", "pass",
+           "resumed on another split, a process goes on with another process's random streams",
+           ("tests/test_resplit.py",) + SCALING),
+    Mutant("loop.py", "return asdict(self)", 'return {**asdict(self), "loss_sum": 0.0, "loss_samples": 0}',
+           "a resumed run's mean training loss leaves out the updates before its stop", RESUME),
+    Mutant("loop.py", "        accelerator.step = start", "        pass",
+           "resumed on another split, Accelerate ends the windows by the count of the old k",
+           ("tests/test_resplit.py",) + SCALING),
     Mutant("checkpoint.py", '"history": history,', '"history": [],',
            "the evaluations before a stop are forgotten on resume", RESUME + ("tests/test_selection.py",)),
     Mutant("checkpoint.py", '"pending_eval_epoch": pending_eval_epoch,', '"pending_eval_epoch": None,',
@@ -225,6 +239,8 @@ MUTANTS = (
            "a resumed epoch trains its first micro-batches again", RESUME + CONTRACT),
     Mutant("fitting.py", "end_of_epoch(pending_eval)  # the run", "pass  # the run",
            "an epoch's evaluation that a stop put off is never made", RESUME),
+    Mutant("fitting.py", "eval_due = finished and evaluations.due.at_epoch_end(run.state.step)", "eval_due = False",
+           "a signal after an epoch's last update leaves its evaluation unmade", RESUME),
     Mutant("fitting.py", "continued = start_trackers(acc, cfg, resume_step=run.state.step if resuming else None)",
            "continued = start_trackers(acc, cfg, resume_step=None)",
            "a resumed run starts new tracker runs", RESUME + ("tests/test_trackers.py",)),
@@ -236,6 +252,9 @@ MUTANTS = (
     Mutant("signals.py", 'local = int(accelerator.reduce(flag, reduction="max").item())', "local = int(flag.item())",
            "processes stop after different updates when one of them is signalled", RESUME),
 )
+
+RULES = {"accumulation": ACCUMULATION_MUTANTS, "resume": RESUME_MUTANTS}
+MUTANTS = ACCUMULATION_MUTANTS + RESUME_MUTANTS
 
 
 def source_of(mutant: Mutant, root: Path = REPO) -> str:
@@ -283,11 +302,15 @@ def killed(mutant: Mutant, copy: Path) -> tuple[bool, str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", help="comma-separated mutant numbers (see --list)")
+    parser.add_argument("--rules", choices=sorted(RULES), help="the mutants of one promise's rules")
     parser.add_argument("--list", action="store_true", help="print the mutants and exit")
     args = parser.parse_args(argv)
     chosen = [int(i) for i in args.only.split(",")] if args.only else range(len(MUTANTS))
+    if args.rules:
+        chosen = [i for i in chosen if MUTANTS[i] in RULES[args.rules]]
     if args.list:
-        for i, mutant in enumerate(MUTANTS):
+        for i in chosen:
+            mutant = MUTANTS[i]
             print(f"{i:2d} finetune/{mutant.module}: {mutant.rule} ({', '.join(mutant.tests)})")
         return 0
     survivors = 0

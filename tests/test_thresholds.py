@@ -158,3 +158,32 @@ def test_a_resumed_model_takes_the_thresholds_its_last_evaluation_chose():
     carry_thresholds(run, [{"step": 4, "eval_thresholds": {"a": 0.2, "b": 0.7}}, {"step": 6, "is_best": False},
                            {"step": 8, "eval_thresholds": {"a": 0.3, "b": 0.6}}])
     assert model.config.label_thresholds == {"a": 0.3, "b": 0.6}
+
+
+
+@pytest.mark.slow
+def test_a_checkpoint_saved_after_a_resume_holds_the_thresholds_the_run_had_chosen(tmp_path):
+    """The thresholds an evaluation chose (``evaluation.threshold: per_label``) are the model's until the next one
+    chooses again: each checkpoint in between is a model that predicts at them. A run stopped right after an
+    evaluation and resumed saves the same checkpoints as the run that never stopped."""
+    from transformers import AutoConfig
+
+    from finetune.checkpoint_files import list_checkpoints
+    from tiny_run import fit_tiny_run
+
+    sections = {"evaluation": {"threshold": "per_label", "metric_for_best_model": "f1", "evals_per_epoch": 2},
+                "training": {"num_train_epochs": 1}, "optim": {"learning_rate": 2e-3},
+                "output": {"checkpoint_every": 1, "keep_last": None}}
+
+    def thresholds(root):
+        return {path.name: getattr(AutoConfig.from_pretrained(path), "label_thresholds", None)
+                for path in list_checkpoints(root / "out")}
+
+    fit_tiny_run(tmp_path / "whole", **sections)
+    fit_tiny_run(tmp_path / "part", on_update=lambda state: state.step >= 5, **sections)  # evaluated at update 5
+    assert list(thresholds(tmp_path / "part"))[-1] == "checkpoint-5"
+    fit_tiny_run(tmp_path / "part", **sections)
+    whole = thresholds(tmp_path / "whole")
+    assert whole["checkpoint-4"] is None and whole["checkpoint-5"] is not None  # chosen at update 5 ...
+    assert whole["checkpoint-6"] == whole["checkpoint-5"]  # ... and held until the next evaluation
+    assert thresholds(tmp_path / "part") == whole
