@@ -89,6 +89,16 @@ def stopped(job):
     return out
 
 
+def _refused_untouched(proc, out: Path, before: dict[str, bytes]) -> str:
+    """A resume refused in one line (returned), exit 2, no traceback, and no checkpoint, log or model of ``out``
+    touched since ``before`` (config.yaml is the run's own again: a copy's named the folder it was copied from)."""
+    assert proc.returncode == 2 and len(_errors(proc)) == 1, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    after = _files(out)
+    assert after.pop("config.yaml") != before.pop("config.yaml") and after == before
+    return _errors(proc)[0]
+
+
 def _copy(stopped: Path, name: str) -> Path:
     out = stopped.parent / name
     shutil.copytree(stopped, out)
@@ -326,13 +336,8 @@ def test_an_optimizer_state_of_other_parameter_groups_is_refused_in_one_line(job
     write_manifest(ckpt)
     before = _files(out)
     proc = _train(cfg, out)
-    assert proc.returncode == 2 and len(_errors(proc)) == 1, proc.stderr[-3000:]
-    assert f"error: {ckpt}: its optimizer state holds other parameter groups" in _errors(proc)[0]
+    assert f"error: {ckpt}: its optimizer state holds other parameter groups" in _refused_untouched(proc, out, before)
     assert "hint: resume it with the finetune that wrote it" in proc.stderr
-    assert "Traceback" not in proc.stderr
-    # no checkpoint, log or model touched (config.yaml is the run's own again: the copy's named the first folder)
-    after = _files(out)
-    assert after.pop("config.yaml") != before.pop("config.yaml") and after == before
 
 
 @pytest.mark.slow
@@ -347,13 +352,9 @@ def test_a_checkpoint_whose_random_states_do_not_load_is_refused_in_one_line(job
     write_manifest(ckpt)
     before = _files(out)
     proc = _train(cfg, out)
-    assert proc.returncode == 2 and len(_errors(proc)) == 1, proc.stderr[-3000:]
-    assert _errors(proc)[0].startswith(
+    assert _refused_untouched(proc, out, before).startswith(
         f"error: {ckpt}: could not restore the random number generator states (random_states_0.pkl)")
     assert "hint: resume from an earlier checkpoint (output.resume_from=<its directory>)" in proc.stderr
-    assert "Traceback" not in proc.stderr
-    after = _files(out)  # config.yaml is the run's own again: the copy's named the first folder
-    assert after.pop("config.yaml") != before.pop("config.yaml") and after == before
 
 
 @pytest.mark.slow
@@ -371,12 +372,9 @@ def test_a_checkpoint_of_nan_weights_is_refused_in_one_line(job, stopped):
     write_manifest(ckpt)
     before = _files(out)
     proc = _train(cfg, out)
-    assert proc.returncode == 2 and len(_errors(proc)) == 1, proc.stderr[-3000:]
-    assert _errors(proc)[0] == (f"error: {ckpt}: weight classifier.weight holds NaN or inf values; resume from an "
-                                f"earlier checkpoint (output.resume_from=<its directory>)")
-    assert "Traceback" not in proc.stderr
-    after = _files(out)
-    assert after.pop("config.yaml") != before.pop("config.yaml") and after == before
+    assert _refused_untouched(proc, out, before) == (f"error: {ckpt}: weight classifier.weight holds NaN or inf "
+                                                     f"values; resume from an earlier checkpoint "
+                                                     f"(output.resume_from=<its directory>)")
 
 
 def test_loaded_weights_must_be_finite(job, tmp_path):
