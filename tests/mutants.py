@@ -1,15 +1,17 @@
-"""Deliberate bugs in the code of the package's two promises, each of which the tests must catch.
+"""Deliberate bugs in the code of the package's promises, each of which the tests must catch.
 
 A test that still passes when the feature it guards is broken guards nothing. Each mutant below breaks one rule
 in one line of the package and names the test files that must fail on it: a rule of docs/accumulation.md
 (clipping skipped, the ragged window weighted as a full one, the schedule stepped on a step fp16's grad scaler
-skipped, ...) or of docs/checkpoints.md, that a resumed run goes on as if it had not stopped (the schedule, the
+skipped, ...); of docs/checkpoints.md, that a resumed run goes on as if it had not stopped (the schedule, the
 random streams, the position in the epoch, the evaluations and the log restored; a damaged or another run's
-checkpoint refused). The check copies the checkout's tracked files into a scratch folder, applies one mutant at a
-time there, runs its tests (without the GPU ones) and restores the line: the checkout itself is never changed.
+checkpoint refused); or of docs/errors.md, that bad input gets one line naming the key, file or row, and an exit
+code, without a traceback. The check copies the checkout's tracked files into a scratch folder, applies one
+mutant at a time there, runs its tests (without the GPU ones) and restores the line: the checkout itself is never
+changed.
 
-    python tests/mutants.py                     # every mutant: about 60 minutes on 2 CPU cores
-    python tests/mutants.py --rules resume      # those of one promise: accumulation or resume
+    python tests/mutants.py                     # every mutant: about an hour on 2 CPU cores
+    python tests/mutants.py --rules resume      # those of one promise: accumulation, resume or input
     python tests/mutants.py --only 0,7          # some of them (their numbers: --list)
 
 It prints KILLED or SURVIVED for each and exits 1 if one survived. It is not part of the test suite (each mutant
@@ -253,8 +255,44 @@ RESUME_MUTANTS = (
            "processes stop after different updates when one of them is signalled", RESUME),
 )
 
-RULES = {"accumulation": ACCUMULATION_MUTANTS, "resume": RESUME_MUTANTS}
-MUTANTS = ACCUMULATION_MUTANTS + RESUME_MUTANTS
+# bad input gets one line naming the key, file or row, and an exit code, without a traceback (docs/errors.md)
+ERRORS = ("tests/test_errors.py", "tests/test_cli.py")
+INPUT_MUTANTS = (
+    Mutant("config.py", 'raise ConfigError(f"{path}: unknown key{key_hint(str(key), names, prefix)}")', "continue",
+           "an unknown config key is ignored", ("tests/test_config_schema.py",) + ERRORS),
+    Mutant("errors.py", "        return exc.exit_code", "        return 1",
+           "every refusal exits 1, whatever its kind", ERRORS),
+    Mutant("errors.py", 'print(f"hint: {exc.hint}", file=sys.stderr)', "pass",
+           "the hint that says how to go on is not printed", ERRORS),
+    Mutant("errors.py", "        if debug:\n            raise", "        if True:\n            raise",
+           "bad input ends in a traceback", ERRORS),
+    Mutant("labels.py", "unseen = [i for i, key in enumerate(keys) if key not in label2id]", "unseen = []",
+           "a validation label the training data lacks is let through", ("tests/test_own_data.py",) + ERRORS),
+    Mutant("labels.py", "unseen = [k for k in keys if k not in label2id]", "unseen = []",
+           "a label set naming a label the training data lacks is let through",
+           ("tests/test_problem_types.py",) + ERRORS),
+    Mutant("standard_columns.py",
+           "missing = [(key, column) for key, column, _ in wanted if column not in ds.column_names]", "missing = []",
+           "a missing column is not named", ("tests/test_own_data.py",) + ERRORS),
+    Mutant("standard_columns.py",
+           "mask = as_mask(pc.fill_null(pc.equal(pc.utf8_length(pc.utf8_trim_whitespace(texts)), 0), True))",
+           "mask = as_mask(pc.fill_null(pc.equal(pc.utf8_length(texts), 0), True))",
+           "a text of spaces alone is taken as a text", ("tests/test_own_data.py", "tests/test_data.py") + ERRORS),
+    Mutant("coerce.py", "        if isinstance(value, int) and not isinstance(value, bool):",
+           "        if isinstance(value, int):", "true is taken where a whole number is asked for",
+           ("tests/test_config_schema.py",) + ERRORS),
+    Mutant("coerce.py", "            if not math.isfinite(float(value)):", "            if False:",
+           "a learning rate of nan or inf is taken", ("tests/test_config_schema.py",) + ERRORS),
+    Mutant("coerce.py", "        if isinstance(value, (bool, int, float)):", "        if False:",
+           "a YAML word read as a number or a boolean is refused without saying why",
+           ("tests/test_config_schema.py",) + ERRORS),
+    Mutant("output_dir.py", "    if occupied and resume is None and not cfg.output.overwrite:",
+           "    if False:", "a run writes into a folder holding another run's files",
+           ("tests/test_checkpoint.py",) + ERRORS),
+)
+
+RULES = {"accumulation": ACCUMULATION_MUTANTS, "resume": RESUME_MUTANTS, "input": INPUT_MUTANTS}
+MUTANTS = ACCUMULATION_MUTANTS + RESUME_MUTANTS + INPUT_MUTANTS
 
 
 def source_of(mutant: Mutant, root: Path = REPO) -> str:
@@ -302,7 +340,7 @@ def killed(mutant: Mutant, copy: Path) -> tuple[bool, str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", help="comma-separated mutant numbers (see --list)")
-    parser.add_argument("--rules", choices=sorted(RULES), help="the mutants of one promise's rules")
+    parser.add_argument("--rules", choices=list(RULES), help="the mutants of one promise's rules")
     parser.add_argument("--list", action="store_true", help="print the mutants and exit")
     args = parser.parse_args(argv)
     chosen = [int(i) for i in args.only.split(",")] if args.only else range(len(MUTANTS))

@@ -72,6 +72,8 @@ def test_defaults_and_types(tmp_path):
         (BASE + "  per_device_train_batchsize: 4\n", "training.per_device_train_batchsize: unknown key (did you mean training.per_device_train_batch_size?)"),
         (BASE + "  seed: abc\n", "training.seed: expected int, got str 'abc'"),
         (BASE + "  seed: 1.5\n", "training.seed: expected int"),
+        (BASE + "  seed: true\n", "training.seed: expected int, got bool True"),  # not 1: YAML's true is no number
+        (BASE + "optim:\n  learning_rate: .nan\n", "optim.learning_rate: must be a finite number, got nan"),
         (BASE + "  seed: -1\n", "training.seed: must be in [0, 2**32 - 1], got -1"),
         (BASE + "  seed: 4294967296\n", "training.seed: must be in [0, 2**32 - 1], got 4294967296"),
         (BASE + "  mixed_precision: fp8\n", "training.mixed_precision: expected one of"),
@@ -156,6 +158,7 @@ def test_overrides_are_typed(tmp_path):
         ("optimizer.lr=1", "unknown section 'optimizer'"),
         ("lr=1", "expected section.key"),
         ("training.seed=abc", "training.seed: expected int"),
+        ("optim.learning_rate=inf", "optim.learning_rate: must be a finite number, got inf"),
         ("training.gradient_checkpointing=maybe", "training.gradient_checkpointing: expected bool or 'auto'"),
         ("model.lora_rank=0", "model.lora_rank: must be at least 1 (or null to train every weight), got 0"),
         ("model.lora_rank=8.5", "model.lora_rank: expected int or null, got float 8.5"),
