@@ -5,13 +5,13 @@ in one line of the package and names the test files that must fail on it: a rule
 (clipping skipped, the ragged window weighted as a full one, the schedule stepped on a step fp16's grad scaler
 skipped, ...); of docs/checkpoints.md, that a resumed run goes on as if it had not stopped (the schedule, the
 random streams, the position in the epoch, the evaluations and the log restored; a damaged or another run's
-checkpoint refused); or of docs/errors.md, that bad input gets one line naming the key, file or row, and an exit
-code, without a traceback. The check copies the checkout's tracked files into a scratch folder, applies one
-mutant at a time there, runs its tests (without the GPU ones) and restores the line: the checkout itself is never
-changed.
+checkpoint refused); of docs/errors.md, that bad input gets one line naming the key, file or row, and an exit
+code, without a traceback; or of the scores a run reports (docs/inference.md). The check copies the checkout's
+tracked files into a scratch folder, applies one mutant at a time there, runs its tests (without the GPU ones)
+and restores the line: the checkout itself is never changed.
 
     python tests/mutants.py                     # every mutant: about an hour on 2 CPU cores
-    python tests/mutants.py --rules resume      # those of one promise: accumulation, resume or input
+    python tests/mutants.py --rules resume      # one promise's: accumulation, resume, input, scores
     python tests/mutants.py --only 0,7          # some of them (their numbers: --list)
 
 It prints KILLED or SURVIVED for each and exits 1 if one survived. It is not part of the test suite (each mutant
@@ -291,8 +291,28 @@ INPUT_MUTANTS = (
            ("tests/test_checkpoint.py",) + ERRORS),
 )
 
-RULES = {"accumulation": ACCUMULATION_MUTANTS, "resume": RESUME_MUTANTS, "input": INPUT_MUTANTS}
-MUTANTS = ACCUMULATION_MUTANTS + RESUME_MUTANTS + INPUT_MUTANTS
+# the scores a run reports are the validation texts' (docs/inference.md, docs/configuration.md's metrics)
+SCORES = ("tests/test_metrics.py", "tests/test_decision_threshold.py", "tests/test_thresholds.py")
+SCORE_MUTANTS = (
+    Mutant("metrics/__init__.py", 'return "binary", names[0 if counts[0] < counts[1] else 1]',
+           'return "binary", names[1 if counts[0] < counts[1] else 0]',
+           "binary F1 is of the more common of two classes, not the rarer", ("tests/test_own_data.py",) + SCORES),
+    Mutant("metrics/intervals.py", "tail = (1.0 - level) / 2", "tail = 1.0 - level",
+           "a 95% interval holds 90% of the resamples", SCORES + ("tests/test_ranking_metrics.py",)),
+    Mutant("metrics/intervals.py", "yield rng.multinomial(texts, counts / texts, size=size)",
+           "yield np.repeat(counts[None], size, axis=0)", "the resamples are the texts themselves, every time",
+           SCORES + ("tests/test_ranking_metrics.py",)),
+    Mutant("tasks.py", "over = torch.softmax(logits.float(), dim=-1)[:, positive] > float(self.threshold)",
+           "over = torch.softmax(logits.float(), dim=-1)[:, positive] >= float(self.threshold)",
+           "a probability at the threshold is predicted positive", SCORES),
+    Mutant("tasks.py", "return (torch.sigmoid(logits.float()) > threshold).long()",
+           "return (torch.softmax(logits.float(), dim=-1) > threshold).long()",
+           "several labels' probabilities share one softmax", SCORES + ("tests/test_problem_types.py",)),
+)
+
+RULES = {"accumulation": ACCUMULATION_MUTANTS, "resume": RESUME_MUTANTS, "input": INPUT_MUTANTS,
+         "scores": SCORE_MUTANTS}
+MUTANTS = ACCUMULATION_MUTANTS + RESUME_MUTANTS + INPUT_MUTANTS + SCORE_MUTANTS
 
 
 def source_of(mutant: Mutant, root: Path = REPO) -> str:

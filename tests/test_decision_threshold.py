@@ -44,6 +44,20 @@ def test_the_positive_class_is_predicted_over_the_threshold_else_the_other(posit
     assert task.thresholds_by_label(["ham", "spam"]) == {["ham", "spam"][positive]: 0.2}
 
 
+def test_a_probability_at_the_threshold_is_not_over_it_on_either_path():
+    """A tuned threshold is one of the validation texts' probabilities (each distinct prediction of p > t is
+    tried), so a text exactly at it must fall on the same side in the evaluation (numpy, at_thresholds) as in
+    ``finetune predict`` and ``score`` (torch, predictions): not over it."""
+    logits = torch.tensor([[0.0, 0.0], [0.0, 1.0]])  # the first text's probabilities are 0.5 exactly
+    at = float(_softmax(logits)[0, 1])
+    task = Task("single_label", threshold=at, positive_class=1)
+    assert task.predictions(logits).tolist() == [0, 1]
+    assert task.at_thresholds(_softmax(logits), np.array([at])).tolist() == [0, 1]
+    several = Task("multi_label", threshold=(0.5, 0.25))  # sigmoid(0) is 0.5 exactly
+    assert several.predictions(torch.zeros(1, 2)).tolist() == [[0, 1]]
+    assert several.at_thresholds(np.full((1, 2), 0.5, dtype=np.float32), np.array([0.5, 0.25])).tolist() == [[0, 1]]
+
+
 def test_the_tuned_threshold_gives_the_best_f1_of_the_positive_class():
     from sklearn.metrics import f1_score
 
