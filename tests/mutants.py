@@ -364,6 +364,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--list", action="store_true", help="print the mutants and exit")
     args = parser.parse_args(argv)
     chosen = [int(i) for i in args.only.split(",")] if args.only else range(len(MUTANTS))
+    unknown = [i for i in chosen if not 0 <= i < len(MUTANTS)]
+    if unknown:
+        parser.error(f"--only: no mutant {unknown[0]} (there are {len(MUTANTS)}, numbered from 0: --list)")
     if args.rules:
         chosen = [i for i in chosen if MUTANTS[i] in RULES[args.rules]]
     if args.list:

@@ -1,4 +1,5 @@
-"""tests/mutants.py, the deliberate bugs the contract's tests must catch, kept in step with the code."""
+"""tests/mutants.py, the deliberate bugs the tests of the package's promises must catch, kept in step with the
+code."""
 
 from __future__ import annotations
 

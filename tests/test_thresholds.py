@@ -160,7 +160,6 @@ def test_a_resumed_model_takes_the_thresholds_its_last_evaluation_chose():
     assert model.config.label_thresholds == {"a": 0.3, "b": 0.6}
 
 
-
 @pytest.mark.slow
 def test_a_checkpoint_saved_after_a_resume_holds_the_thresholds_the_run_had_chosen(tmp_path):
     """The thresholds an evaluation chose (``evaluation.threshold: per_label``) are the model's until the next one
