@@ -310,9 +310,64 @@ SCORE_MUTANTS = (
            "several labels' probabilities share one softmax", SCORES + ("tests/test_problem_types.py",)),
 )
 
+# the memory levers change what a micro-batch costs, never the update (docs/memory.md)
+MEMORY = ("tests/test_memory_plan.py", "tests/test_auto_batch.py", "tests/test_out_of_memory.py")
+LORA = ("tests/test_lora.py",)
+MEMORY_MUTANTS = (
+    Mutant("modeling.py", 'kwargs = {"use_reentrant": False}',
+           'kwargs = {"use_reentrant": False, "preserve_rng_state": False}',
+           "gradient checkpointing's recompute draws new dropout masks", CONTRACT),
+    Mutant("modeling.py", "    if not on:", "    if True:", "gradient checkpointing is never switched on",
+           MEMORY + CONTRACT),
+    Mutant("modeling.py", 'kwargs["context_fn"] = recompute', "pass",
+           "the recompute runs another attention kernel than the forward did", ("tests/test_attention_kernel.py",)),
+    Mutant("modeling.py", "        model.disable_input_require_grads()", "        pass",
+           "the embeddings' output keeps asking for a gradient, so frozen blocks run backwards",
+           ("tests/test_freezing.py",) + MEMORY),
+    Mutant("freezing.py", "if depth[id(param)] <= freeze_blocks:", "if depth[id(param)] < freeze_blocks:",
+           "the highest frozen block trains", ("tests/test_freezing.py",)),
+    Mutant("memory.py", "kept = self.per_row_block_input * self.blocks + self.per_row_block if checkpointing",
+           "kept = self.per_row_block * self.blocks if checkpointing",
+           "the plan counts nothing saved by checkpointing", MEMORY),
+    Mutant("memory.py", "per_row = self.per_row_other + kept + self.per_row_block",
+           "per_row = self.per_row_other + kept", "the plan leaves out the block whose backward is running", MEMORY),
+    Mutant("memory.py", "fixed = max(0, round(", "fixed = 0 * max(0, round(",
+           "the plan leaves out what a micro-batch saves whatever its size (autocast's weight copies)", MEMORY),
+    Mutant("memory.py", "gradients=tensor_bytes(trained)", "gradients=tensor_bytes(model.parameters())",
+           "the plan gives frozen weights gradients", MEMORY + LORA + ("tests/test_freezing.py",)),
+    Mutant("optimizer_state.py", "return 2 * n * param.element_size()", "return n * param.element_size()",
+           "the plan counts one of AdamW's two moments", MEMORY),
+    Mutant("optimizer_state.py", "return 2 * (n + 4 * math.ceil(n / BLOCK) + 4 * LEVELS)", "return 2 * n",
+           "the plan leaves out 8-bit state's block scales and level maps", ("tests/test_eight_bit_adamw.py",) + MEMORY),
+    Mutant("memory.py", "return self.available is None or self.total - self.resident <= self.available",
+           "return True", "a plan larger than the memory is let through", MEMORY),
+    Mutant("memory.py", "available=None if available is None else available // processes",
+           "available=available", "CPU processes on one machine each plan with all of its RAM",
+           MEMORY + ("tests/test_container_limits.py",)),
+    Mutant("memory.py", "k = batching.effective_batch_size // (b * batching.num_processes)",
+           "k = batching.effective_batch_size // b", "a smaller micro-batch the plan offers forgets the processes' share of k",
+           MEMORY),
+    Mutant("autobatch.py", "if with_it[0] > b:", "if with_it[0] >= b:",
+           "auto keeps checkpointing on where it lets no larger micro-batch fit", MEMORY),
+    Mutant("autobatch.py", "useful = min(USEFUL_MICRO_BATCH, batching.per_device_batch_size)",
+           "useful = USEFUL_MICRO_BATCH", "auto recomputes although the whole of B / P already fits", MEMORY),
+    Mutant("out_of_memory.py", 'keep_b = "" if training.effective_batch_size is not None',
+           'keep_b = "" if True', "out of memory, the hint halves b and with it the effective batch", MEMORY),
+    Mutant("lora.py", "modules_to_save=list(head)", "modules_to_save=list(head)[:1]",
+           "under LoRA the pooler between the blocks and the head stays frozen", LORA),
+    Mutant("lora.py", "lora_alpha=cfg.lora_alpha", "lora_alpha=cfg.lora_rank", "model.lora_alpha is ignored", LORA),
+    Mutant("lora.py", "lora_dropout=cfg.lora_dropout", "lora_dropout=0.0", "model.lora_dropout is ignored", LORA),
+    Mutant("lora.py", "return copy.deepcopy(model).merge_and_unload()", "return copy.deepcopy(model).unload()",
+           "the saved model lacks the adapters' update", LORA),
+    Mutant("lora.py", "load_adapter_weights(accelerator.unwrap_model(model), Path(input_dir) / ADAPTER_DIR)",
+           "pass", "a LoRA run resumes with fresh adapters", LORA + RESUME),
+    Mutant("lora.py", "merge_and_unload(safe_merge=True)", "unload()",
+           "a LoRA checkpoint's model predicts without its adapters", LORA),
+)
+
 RULES = {"accumulation": ACCUMULATION_MUTANTS, "resume": RESUME_MUTANTS, "input": INPUT_MUTANTS,
-         "scores": SCORE_MUTANTS}
-MUTANTS = ACCUMULATION_MUTANTS + RESUME_MUTANTS + INPUT_MUTANTS + SCORE_MUTANTS
+         "scores": SCORE_MUTANTS, "memory": MEMORY_MUTANTS}
+MUTANTS = ACCUMULATION_MUTANTS + RESUME_MUTANTS + INPUT_MUTANTS + SCORE_MUTANTS + MEMORY_MUTANTS
 
 
 def source_of(mutant: Mutant, root: Path = REPO) -> str:
