@@ -6,12 +6,14 @@ in one line of the package and names the test files that must fail on it: a rule
 skipped, ...); of docs/checkpoints.md, that a resumed run goes on as if it had not stopped (the schedule, the
 random streams, the position in the epoch, the evaluations and the log restored; a damaged or another run's
 checkpoint refused); of docs/errors.md, that bad input gets one line naming the key, file or row, and an exit
-code, without a traceback; or of the scores a run reports (docs/inference.md). The check copies the checkout's
+code, without a traceback; of the scores a run reports (docs/inference.md); or of docs/memory.md, that the
+memory levers (gradient checkpointing, frozen blocks, LoRA, the memory plan and what it offers) change what a
+micro-batch costs and never the update, and that the plan counts what they save. The check copies the checkout's
 tracked files into a scratch folder, applies one mutant at a time there, runs its tests (without the GPU ones)
 and restores the line: the checkout itself is never changed.
 
     python tests/mutants.py                     # every mutant: about an hour on 2 CPU cores
-    python tests/mutants.py --rules resume      # one promise's: accumulation, resume, input, scores
+    python tests/mutants.py --rules resume      # one promise's: accumulation, resume, input, scores, memory
     python tests/mutants.py --only 0,7          # some of them (their numbers: --list)
 
 It prints KILLED or SURVIVED for each and exits 1 if one survived. It is not part of the test suite (each mutant

@@ -201,6 +201,14 @@ def test_checkpointing_stays_off_when_the_micro_batch_is_useful_without_it(asset
     # below min(8, B/P) without it and larger with it: on
     auto, _, _ = _train(_config(assets, tmp_path, "auto"), monkeypatch, threshold=4, recomputing=32)
     assert auto.checkpointing.on and auto.batching.per_device_batch_size == 32
+    # below it without, but no larger with it: off again, its memory for nothing
+    auto, _, _ = _train(_config(assets, tmp_path, "auto"), monkeypatch, threshold=4, recomputing=4)
+    assert not auto.checkpointing.on and auto.checkpointing.why == "auto: b=4 either way"
+    # an effective batch under 8 that fits whole has nothing to gain: off, without a trial of it
+    small = _config(assets, tmp_path, "auto")
+    small.training.effective_batch_size = 4
+    auto, _, _ = _train(small, monkeypatch, threshold=4, recomputing=32)
+    assert not auto.checkpointing.on and auto.checkpointing.why == "auto: b=4 fits without it"
     # a set micro-batch has nothing to fit: auto is off, true is on
     fixed, _, _ = _train(_config(assets, tmp_path, 8), monkeypatch, threshold=64)
     assert not fixed.checkpointing.on and fixed.checkpointing.why == "auto: the micro-batch is set"

@@ -106,6 +106,36 @@ def test_what_runs_above_the_blocks_is_trained_in_full_with_the_head(model_type,
         assert not any(hasattr(m, "lora_A") for n, m in adapted.named_modules() if f".{name}." in n)
 
 
+def _an_adapted_projection(alpha: float, dropout: float):
+    """The first projection LoRA adapts in a tiny BERT, its low-rank ``B`` drawn (PEFT starts it at zero, where
+    neither the scale nor the dropout shows)."""
+    adapted, _ = add_lora(tiny_model("bert"), ModelConfig(lora_rank=4, lora_alpha=alpha, lora_dropout=dropout))
+    layer = next(m for m in adapted.modules() if hasattr(m, "lora_A") and hasattr(m, "base_layer"))
+    torch.manual_seed(5)
+    with torch.no_grad():
+        layer.lora_B["default"].weight.normal_()
+    return layer
+
+
+def test_an_adapted_projection_adds_its_low_rank_product_scaled_by_alpha_over_the_rank():
+    layer = _an_adapted_projection(alpha=12.0, dropout=0.0).eval()
+    a, b = layer.lora_A["default"].weight, layer.lora_B["default"].weight
+    x = torch.randn(3, a.shape[1])
+    with torch.no_grad():
+        torch.testing.assert_close(layer(x) - layer.base_layer(x), 3.0 * x @ a.T @ b.T)
+
+
+def test_lora_dropout_drops_the_adapters_input_in_training_only():
+    dropped = _an_adapted_projection(alpha=4.0, dropout=0.5).train()
+    x = torch.randn(64, dropped.in_features)
+    with torch.no_grad():
+        assert not torch.equal(dropped(x), dropped(x))  # a new mask each pass
+        dropped.eval()
+        torch.testing.assert_close(dropped(x), dropped(x))
+        kept = _an_adapted_projection(alpha=4.0, dropout=0.0).train()
+        assert torch.equal(kept(x), kept(x))
+
+
 def test_bad_target_modules_are_one_line_errors_naming_the_key():
     with pytest.raises(ConfigError, match=r"model.lora_target_modules: 'qkv' matches no module of "
                                           r"BertForSequenceClassification \(auto would adapt query, key"):

@@ -82,6 +82,27 @@ def test_the_activation_estimate_extrapolates_from_one_and_two_rows_to_any_micro
     assert all(p.grad is None for p in model.parameters())
 
 
+def test_under_autocast_the_plan_counts_the_weights_low_precision_copies_once_whatever_the_micro_batch(
+        fresh_accelerate_state):
+    """bf16 autocast saves a copy of each weight it multiplies by for the backward, once per micro-batch whatever
+    its rows: the plan's fixed part, which an estimate per row alone would leave out."""
+    from accelerate import Accelerator
+
+    from finetune.launch import autocast
+    from finetune.lora import blocks_of
+
+    accelerator = Accelerator(cpu=True, mixed_precision="bf16")
+    model, make = tiny_bert(dropout=0.1).train(), _batches()
+    activations = measure_activations(model, make, accelerator)
+    copies = sum(2 * m.weight.numel() for m in blocks_of(model).modules() if isinstance(m, torch.nn.Linear))
+    assert activations.fixed >= copies
+    for b in (4, 16):
+        with autocast(accelerator):
+            measured = _saved_bytes(model, make(b))
+        saved = activations.fixed + b * (activations.per_row_other + activations.blocks * activations.per_row_block)
+        assert measured <= saved <= 1.1 * measured, b
+
+
 @pytest.mark.parametrize("compiled", [False, True])
 def test_the_probe_counts_the_dropout_masks_training_will_save(compiled):
     """On a CPU training draws 16-bit masks (finetune.cpu) where torch saves float32 noise: the probe must see the former."""
@@ -311,6 +332,20 @@ def test_a_set_micro_batch_that_cannot_fit_stops_before_training_naming_what_wou
     # memory_check: false trains anyway, and the plan is still made
     tiny_job.training.memory_check = False
     assert _setup(tiny_job, monkeypatch, available=1000).memory.total == plan.total
+
+
+def test_a_smaller_micro_batch_the_plan_offers_keeps_the_effective_batch_on_several_processes():
+    """Half the micro-batch on each of P processes is twice the windows' k, whatever P: B = b * k * P stays."""
+    from finetune.accumulation import Batching
+    from finetune.memory import levers_that_fit
+
+    model = tiny_bert(dropout=0.1)
+    activations = measure_activations(model, _batches(), _CpuAccelerator())
+    plan = plan_memory(model, activations, b=16, checkpointing=False, device=torch.device("cpu"))
+    short = replace(plan, available=plan.total - plan.resident - 1)  # b=16 is a byte over, b=8 fits
+    for processes, k in ((1, 4), (2, 2), (4, 1)):  # B = 64
+        offered = levers_that_fit(short, model, activations, Batching(16, k, processes), max_length=30)
+        assert offered[0] == f"training.per_device_train_batch_size=8 (k={2 * k})", processes
 
 
 def test_the_automatic_micro_batch_on_a_cpu_tries_only_what_the_plan_says_fits(tiny_job, monkeypatch):
