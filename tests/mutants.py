@@ -12,7 +12,7 @@ micro-batch costs and never the update, and that the plan counts what they save.
 tracked files into a scratch folder, applies one mutant at a time there, runs its tests (without the GPU ones)
 and restores the line: the checkout itself is never changed.
 
-    python tests/mutants.py                     # every mutant: about an hour on 2 CPU cores
+    python tests/mutants.py                     # every mutant: about an hour and a half on 2 CPU cores
     python tests/mutants.py --rules resume      # one promise's: accumulation, resume, input, scores, memory
     python tests/mutants.py --only 0,7          # some of them (their numbers: --list)
 
