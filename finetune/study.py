@@ -267,6 +267,13 @@ def drawn_before(study, number: int) -> int:
     return sum(1 for t in study.get_trials(deepcopy=False) if t.number < number and counts_against_budget(t))
 
 
+def trials_done(study) -> int:
+    """Trials that ended for good: finished, but not interrupted (its continuation is the same trial, counted
+    when it ends), drawn past the budget, or stopped by an input error (neither ran)."""
+    return sum(1 for t in study.get_trials(deepcopy=False) if t.state.is_finished() and not (
+        t.user_attrs.get(INTERRUPTED) or t.user_attrs.get(BEYOND_BUDGET) or t.user_attrs.get(STOPPED_SWEEP)))
+
+
 def budget_left(study, trials: int) -> int:
     """Trials still to run for a budget of ``trials``: those queued, and those the sampler has yet to draw."""
     from optuna.trial import TrialState

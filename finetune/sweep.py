@@ -35,7 +35,7 @@ from finetune.errors import CommandParser, ConfigError, run_command
 from finetune.search_space import Dimension, SearchSpace, overrides, parse_space
 from finetune.signals import RunInterrupted, StopSignals
 from finetune.study import BASE_PARAMS_ATTR, budget_left, load_or_create, made_with, open_storage, redact, \
-    refuse_a_database_in_memory, refuse_another_sweep, running
+    refuse_a_database_in_memory, refuse_another_sweep, running, trials_done
 from finetune.sweep_checks import check_sweep
 from finetune.sweep_file import DEFAULT_TRIALS, PRUNERS, SAMPLERS, describe_pruner, fixed_overrides, \
     pruner_settings, read_sweep_file, shipped_sweep, whole_number
@@ -218,7 +218,7 @@ def run_sweep(sweep: Sweep) -> dict[str, Any]:
     refuse_another_sweep(storage, sweep.study_name, identity, searches=bool(sweep.space.dimensions),
                          repeated=repeats.name if repeats else None)
     search = (load_or_create(storage, sweep.study_name, direction, identity) if sweep.space.dimensions else None)
-    done = sum(1 for t in search.get_trials(deepcopy=False) if t.state.is_finished()) if search else 0
+    done = trials_done(search) if search else 0
     logger.info(start_line(sweep, metric, greater, done))
     header = Header(metric, greater, sweep.space, sweep.sampler, describe_pruner(sweep.pruner),
                     redact(sweep.storage), sweep.trials, sweep.command, sweep.config, tuple(sweep.overrides))

@@ -20,7 +20,8 @@ from typing import Any, Optional
 
 from finetune.search_space import overrides
 from finetune.start_line import readable_duration
-from finetune.study import budget_left, check_study, existing_storage, made_with, refuse_another_sweep, running
+from finetune.study import (budget_left, check_study, existing_storage, made_with, refuse_another_sweep, running,
+                            trials_done)
 from finetune.sweep_checks import check_sweep
 from finetune.sweep_report import repeats_of, start_line
 from finetune.sweep_trial import train_in_this_process
@@ -118,8 +119,7 @@ def sweep_so_far(sweep, greater: bool) -> SoFar:
             return trials, None
         study = optuna.load_study(study_name=name, storage=storage)
         check_study(study, sweep.study_name, "maximize" if greater else "minimize", identity)
-        finished = sum(1 for t in study.get_trials(deepcopy=False) if t.state.is_finished())
-        return budget_left(study, trials) + running(study), finished
+        return budget_left(study, trials) + running(study), trials_done(study)
 
     trials, done = left_in(sweep.study_name, sweep.trials) if sweep.space.dimensions else (0, None)
     repeated = left_in(f"{sweep.study_name}.{repeats.name}", len(repeats.values))[0] if repeats else 0

@@ -376,7 +376,8 @@ def start_line(sweep, metric: str, greater: bool, done: Optional[int]) -> str:
     parts = [f"sweep in {sweep.output}: objective {metric} ({'higher' if greater else 'lower'} is better)"]
     if sweep.space.dimensions:
         parts.append(f"space {sweep.space.describe()}")
-        parts.append(f"{sweep.trials} trials{f' ({done} done)' if done is not None else ''}, sampler {sweep.sampler}"
+        parts.append(f"{sweep.trials} trial{'s' if sweep.trials != 1 else ''}"
+                     f"{f' ({done} done)' if done is not None else ''}, sampler {sweep.sampler}"
                      + (f" (seed {sweep.sampler_seed})" if sweep.sampler_seed is not None else "")
                      + f", pruner {describe_pruner(sweep.pruner)}")
     if sweep.trial_seeds > 1:

@@ -951,6 +951,7 @@ def test_sigterm_in_the_third_trial_then_the_same_command_finishes_it(tmp_path):
     again = sweep_process(args)
     log = again.communicate(timeout=400)[0]
     assert again.returncode == 0, log[-3000:]
+    assert "; 4 trials (2 done), sampler" in log  # the stopped third is not done: its continuation comes first
     assert f"resumed from {third / 'checkpoints'}" in log
     study = load_study(out)
     complete = [t for t in study.trials if t.state.name == "COMPLETE"]
@@ -978,6 +979,61 @@ def test_sigterm_in_the_third_trial_then_the_same_command_finishes_it(tmp_path):
     assert resumed.keys() == straight.keys() and all(resumed[k].equal(straight[k]) for k in resumed)
     assert json.loads((third / "metrics.json").read_text())["eval"] == json.loads(
         (whole / "metrics.json").read_text())["eval"]
+
+
+@pytest.mark.slow
+def test_a_trial_stopped_before_any_checkpoint_starts_over_when_the_same_command_continues_it(tmp_path):
+    """Without checkpoints (output.save_checkpoints: false) a stopped trial leaves its folder with a log and no
+    checkpoint: its continuation trains it again from its first update, in the same folder."""
+    config = sms_job(tmp_path, epochs=6)
+    spec = sweep_file(tmp_path, pruner="none", trials=1, fixed={"output.save_checkpoints": False})
+    args = ["--config", str(config), "--sweep", str(spec)]
+    first = tmp_path / "out-sweep" / "trial-0000"
+    proc = sweep_process(args)
+    deadline = time.monotonic() + 240
+    while not ((first / "train_log.jsonl").exists() and len(steps_logged(first)) >= 2):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0][-3000:]
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGTERM)
+    log = proc.communicate(timeout=120)[0]
+    assert proc.returncode == 143, log[-3000:]
+    assert not (first / "checkpoints").exists() and not (first / "metrics.json").exists()
+
+    again = sweep_process(args)
+    log = again.communicate(timeout=400)[0]
+    assert again.returncode == 0, log[-3000:]
+    assert "; 1 trial (0 done), sampler" in log and "resumed from" not in log
+    steps = steps_logged(first)
+    assert steps == list(range(1, len(steps) + 1)) and (first / "metrics.json").exists()  # from 1, each update once
+    rows = list(csv.DictReader((tmp_path / "out-sweep" / "trials.csv").open()))
+    assert [(r["folder"], r["state"], r["attempts"]) for r in rows] == [("trial-0000", "complete", "2")]
+
+
+def test_a_trial_a_worker_drew_past_the_budget_at_the_same_time_as_another_runs_nothing(tmp_path):
+    """Two workers can draw the budget's last trial at once; the one numbered later must not run."""
+    import math
+
+    import optuna
+
+    from finetune.search_space import parse_space
+    from finetune.study import BEYOND_BUDGET
+    from finetune.sweep_trial import Phase, TrialRunner
+
+    study = optuna.create_study(direction="maximize")
+    space = parse_space(SPACE, "sweep.yaml")
+    for value in (0.5, 0.6):  # a budget of two, drawn and finished
+        trial = study.ask()
+        space.suggest(trial)
+        study.tell(trial, value)
+    ran, ended = [], []
+    runner = TrialRunner(tmp_path, None, [], "accuracy", on_trial_end=lambda *end: ended.append(end))
+    runner._run = lambda trial, params, folder, record: ran.append(folder) or 0.7  # no training
+    runner.phase = Phase("search", study, space, 2, lambda n, _: f"trial-{n:04d}")
+    late = study.ask()
+    assert math.isnan(runner(late)) and late.user_attrs[BEYOND_BUDGET] is True
+    assert ran == [] and ended == [] and list(tmp_path.iterdir()) == []
+    runner.phase.trials = 3  # within a budget of three, the same draw runs
+    assert runner(study.ask()) == 0.7 and ran == ["trial-0003"]
 
 
 @pytest.mark.slow
