@@ -367,9 +367,50 @@ MEMORY_MUTANTS = (
            "a LoRA checkpoint's model predicts without its adapters", LORA),
 )
 
+# a sweep finds the best run and says how much of its score is the seed (docs/sweeps.md)
+SWEEP = ("tests/test_sweep.py",)
+SWEEP_MUTANTS = (
+    Mutant("sweep.py", 'direction = "maximize" if greater else "minimize"\n    identity',
+           'direction = "minimize" if greater else "maximize"\n    identity',
+           "the search minimises a score that is better higher", SWEEP),
+    Mutant("sweep_report.py", "best = (max if greater_is_better else min)(t.value for t in scored)",
+           "best = (min if greater_is_better else max)(t.value for t in scored)",
+           "the report's best trial is the worst", SWEEP),
+    Mutant("sweep_report.py", "math.inf if eval_loss is None else eval_loss)",
+           "math.inf if eval_loss is None else -eval_loss)",
+           "equal objectives are ranked by the higher validation loss", SWEEP),
+    Mutant("sweep.py", "best = winner.params if winner is not None else {}", "best = {}",
+           "the seeds run the config, not the best trial's values", SWEEP),
+    Mutant("sweep_report.py", "statistics.stdev(values)", "statistics.pstdev(values)",
+           "the seeds' standard deviation is the population's, not the sample's", SWEEP),
+    Mutant("sweep_trial.py", "same = finished_same(phase.study, params, trial.number)", "same = None",
+           "a trial whose values a finished trial had is trained again", SWEEP),
+    Mutant("sweep_trial.py", "if drawn_before(phase.study, trial.number) >= phase.trials:",
+           "if drawn_before(phase.study, trial.number) > phase.trials:",
+           "workers drawing at once run a trial past the budget", SWEEP),
+    Mutant("sweep_trial.py", "continuing=CONTINUES in trial.user_attrs", "continuing=False",
+           "a trial stopped before its first checkpoint cannot be continued in its folder", SWEEP),
+    Mutant("sweep_trial.py", "trial.report(float(metrics[metric]), texts_seen(run))",
+           "trial.report(float(metrics[metric]), run.state.step)",
+           "a trial reports to the pruner at its updates, not the texts it has seen", SWEEP),
+    Mutant("sweep_trial.py", "done = epoch_share(state.micro_batch, per_epoch, shares) / shares",
+           "done = done", "an evals_per_epoch evaluation is reported where its update ended, not its share", SWEEP),
+    Mutant("sweep.py", "MedianPruner(n_startup_trials=startup, n_warmup_steps=warmup",
+           "MedianPruner(n_startup_trials=startup, n_warmup_steps=0", "the pruner's warmup_texts is ignored", SWEEP),
+    Mutant("search_space.py", '"training.per_device_train_batch_size": "the micro-batch',
+           '"training.per_device_train_batch_sizes": "the micro-batch',
+           "a search may vary the micro-batch, which is memory, not math", SWEEP),
+    Mutant("sweep_checks.py", "resolve_batching(cfg.training, 1)", "pass",
+           "an effective batch the micro-batch does not divide is found at its trial, not before the sweep", SWEEP),
+    Mutant("carve.py", 'order = order[np.argsort(unit_labels[order], kind="stable")]', "order = order",
+           "the folds are dealt without regard to the classes", SWEEP + ("tests/test_data.py",)),
+    Mutant("out_of_fold.py", "held_out = held_out_rows(cfg, fold)", "held_out = held_out_rows(cfg, 1)",
+           "every fold's model predicts the first fold's rows", SWEEP + ("tests/test_predict.py",)),
+)
+
 RULES = {"accumulation": ACCUMULATION_MUTANTS, "resume": RESUME_MUTANTS, "input": INPUT_MUTANTS,
-         "scores": SCORE_MUTANTS, "memory": MEMORY_MUTANTS}
-MUTANTS = ACCUMULATION_MUTANTS + RESUME_MUTANTS + INPUT_MUTANTS + SCORE_MUTANTS + MEMORY_MUTANTS
+         "scores": SCORE_MUTANTS, "memory": MEMORY_MUTANTS, "sweep": SWEEP_MUTANTS}
+MUTANTS = ACCUMULATION_MUTANTS + RESUME_MUTANTS + INPUT_MUTANTS + SCORE_MUTANTS + MEMORY_MUTANTS + SWEEP_MUTANTS
 
 
 def source_of(mutant: Mutant, root: Path = REPO) -> str:
