@@ -1,19 +1,20 @@
 """Deliberate bugs in the code of the package's promises, each of which the tests must catch.
 
-A test that still passes when the feature it guards is broken guards nothing. Each mutant below breaks one rule
-in one line of the package and names the test files that must fail on it: a rule of docs/accumulation.md
-(clipping skipped, the ragged window weighted as a full one, the schedule stepped on a step fp16's grad scaler
-skipped, ...); of docs/checkpoints.md, that a resumed run goes on as if it had not stopped (the schedule, the
-random streams, the position in the epoch, the evaluations and the log restored; a damaged or another run's
-checkpoint refused); of docs/errors.md, that bad input gets one line naming the key, file or row, and an exit
-code, without a traceback; of the scores a run reports (docs/inference.md); or of docs/memory.md, that the
-memory levers (gradient checkpointing, frozen blocks, LoRA, the memory plan and what it offers) change what a
-micro-batch costs and never the update, and that the plan counts what they save. The check copies the checkout's
-tracked files into a scratch folder, applies one mutant at a time there, runs its tests (without the GPU ones)
-and restores the line: the checkout itself is never changed.
+A test that still passes when the feature it guards is broken guards nothing. Each mutant below breaks one rule in
+one line of the package and names the test files that must fail on it: a rule of docs/accumulation.md (clipping
+skipped, the ragged window weighted as a full one, the schedule stepped on a step fp16's grad scaler skipped, ...);
+of docs/checkpoints.md, that a resumed run goes on as if it had not stopped (the schedule, the random streams, the
+position in the epoch, the evaluations and the log restored; a damaged or another run's checkpoint refused); of
+docs/errors.md, that bad input gets one line naming the key, file or row, and an exit code, without a traceback; of
+the scores a run reports (docs/inference.md); of docs/memory.md, that the memory levers (gradient checkpointing,
+frozen blocks, LoRA, the memory plan and what it offers) change what a micro-batch costs and never the update, and
+that the plan counts what they save; or of docs/sweeps.md, that a sweep finds, reports and repeats the best trial,
+within its budget, pruning at the texts seen. The check copies the checkout's tracked files into a scratch folder,
+applies one mutant at a time there, runs its tests (without the GPU ones) and restores the line: the checkout itself
+is never changed.
 
-    python tests/mutants.py                     # every mutant: about an hour and a half on 2 CPU cores
-    python tests/mutants.py --rules resume      # one promise's: accumulation, resume, input, scores, memory
+    python tests/mutants.py                     # every mutant: about two hours on 2 CPU cores
+    python tests/mutants.py --rules resume      # one promise's: accumulation, resume, input, scores, memory, sweep
     python tests/mutants.py --only 0,7          # some of them (their numbers: --list)
 
 It prints KILLED or SURVIVED for each and exits 1 if one survived. It is not part of the test suite (each mutant
@@ -340,14 +341,16 @@ MEMORY_MUTANTS = (
     Mutant("optimizer_state.py", "return 2 * n * param.element_size()", "return n * param.element_size()",
            "the plan counts one of AdamW's two moments", MEMORY),
     Mutant("optimizer_state.py", "return 2 * (n + 4 * math.ceil(n / BLOCK) + 4 * LEVELS)", "return 2 * n",
-           "the plan leaves out 8-bit state's block scales and level maps", ("tests/test_eight_bit_adamw.py",) + MEMORY),
+           "the plan leaves out 8-bit state's block scales and level maps",
+           ("tests/test_eight_bit_adamw.py",) + MEMORY),
     Mutant("memory.py", "return self.available is None or self.total - self.resident <= self.available",
            "return True", "a plan larger than the memory is let through", MEMORY),
     Mutant("memory.py", "available=None if available is None else available // processes",
            "available=available", "CPU processes on one machine each plan with all of its RAM",
            MEMORY + ("tests/test_container_limits.py",)),
     Mutant("memory.py", "k = batching.effective_batch_size // (b * batching.num_processes)",
-           "k = batching.effective_batch_size // b", "a smaller micro-batch the plan offers forgets the processes' share of k",
+           "k = batching.effective_batch_size // b",
+           "a smaller micro-batch the plan offers forgets the processes' share of k",
            MEMORY),
     Mutant("autobatch.py", "if with_it[0] > b:", "if with_it[0] >= b:",
            "auto keeps checkpointing on where it lets no larger micro-batch fit", MEMORY),
