@@ -8,13 +8,14 @@ position in the epoch, the evaluations and the log restored; a damaged or anothe
 docs/errors.md, that bad input gets one line naming the key, file or row, and an exit code, without a traceback; of
 the scores a run reports (docs/inference.md); of docs/memory.md, that the memory levers (gradient checkpointing,
 frozen blocks, LoRA, the memory plan and what it offers) change what a micro-batch costs and never the update, and
-that the plan counts what they save; or of docs/sweeps.md, that a sweep finds, reports and repeats the best trial,
-within its budget, pruning at the texts seen. The check copies the checkout's tracked files into a scratch folder,
-applies one mutant at a time there, runs its tests (without the GPU ones) and restores the line: the checkout itself
-is never changed.
+that the plan counts what they save; of docs/sweeps.md, that a sweep finds, reports and repeats the best trial,
+within its budget, pruning at the texts seen; or of docs/long_texts.md, what a long text keeps. The check copies the
+checkout's tracked files into a scratch folder, applies one mutant at a time there, runs its tests (without the GPU
+ones) and restores the line: the checkout itself is never changed.
 
     python tests/mutants.py                     # every mutant: about two hours on 2 CPU cores
-    python tests/mutants.py --rules resume      # one promise's: accumulation, resume, input, scores, memory, sweep
+    python tests/mutants.py --rules resume      # one promise's: accumulation, resume, input, scores, memory, sweep,
+                                                #   long_texts
     python tests/mutants.py --only 0,7          # some of them (their numbers: --list)
 
 It prints KILLED or SURVIVED for each and exits 1 if one survived. It is not part of the test suite (each mutant
@@ -411,9 +412,41 @@ SWEEP_MUTANTS = (
            "every fold's model predicts the first fold's rows", SWEEP + ("tests/test_predict.py",)),
 )
 
+# what a long text keeps, and the layer-wise learning rates (docs/long_texts.md)
+LONG = ("tests/test_truncation.py", "tests/test_chunks.py")
+LONG_TEXT_MUTANTS = (
+    Mutant("truncation.py", "kept = content[len(content) - budget:]", "kept = content[:budget]",
+           "tail keeps the text's first tokens", LONG),
+    Mutant("truncation.py", "head = min(self.head, budget)", "head = budget // 2",
+           "head_tail ignores data.head_tokens", LONG),
+    Mutant("truncation.py", '"""A quarter of the window: 128 of 512, as Sun et al. measured best."""\n    return max_length // 4',
+           '"""A quarter of the window: 128 of 512, as Sun et al. measured best."""\n    return max_length // 2',
+           "head_tail's default head is half the window, not a quarter", LONG),
+    Mutant("truncation.py", "kept = [*content[:head], *content[len(content) - (budget - head):]]",
+           "kept = [*content[:head], *content[len(content) - (budget - head) + 1:]]",
+           "head_tail keeps one token fewer than the window holds", LONG),
+    Mutant("truncation.py", "return [*range(prefix), *kept, *range(total - suffix, total)]",
+           "return [*range(prefix), *kept]", "a cut text loses its closing special token", LONG),
+    Mutant("truncation.py", "step = budget - self.stride", "step = budget",
+           "chunks' windows do not overlap by data.stride", LONG),
+    Mutant("truncation.py", "starts = range(0, max(1, len(content) - self.stride), step)",
+           "starts = range(0, max(1, len(content) - budget), step)",
+           "chunks drop a long text's last window", LONG),
+    Mutant("truncation.py", '"truncation": data.truncation', '"truncation": "head"',
+           "prediction cuts a text's head whatever the run trained on", LONG + ("tests/test_predict.py",)),
+    Mutant("truncation.py", 'limit -= (getattr(config, "pad_token_id", None) or 0) + 1', "limit -= 0",
+           "RoBERTa's max_length may reach its 514 position slots, two past the last usable", LONG),
+    Mutant("truncation.py", 'if getattr(config, "position_biased_input", True) is False:', "if False:",
+           "DeBERTa-v3, which has no absolute positions, is held to 512 tokens", LONG),
+    Mutant("optimization.py", '"lr": learning_rate * decay ** max(0, blocks - d)',
+           '"lr": learning_rate * decay ** max(0, d)', "layer-wise rates decay upwards: the embeddings learn fastest",
+           ("tests/test_layer_rates.py",)),
+)
+
 RULES = {"accumulation": ACCUMULATION_MUTANTS, "resume": RESUME_MUTANTS, "input": INPUT_MUTANTS,
-         "scores": SCORE_MUTANTS, "memory": MEMORY_MUTANTS, "sweep": SWEEP_MUTANTS}
-MUTANTS = ACCUMULATION_MUTANTS + RESUME_MUTANTS + INPUT_MUTANTS + SCORE_MUTANTS + MEMORY_MUTANTS + SWEEP_MUTANTS
+         "scores": SCORE_MUTANTS, "memory": MEMORY_MUTANTS, "sweep": SWEEP_MUTANTS, "long_texts": LONG_TEXT_MUTANTS}
+MUTANTS = (ACCUMULATION_MUTANTS + RESUME_MUTANTS + INPUT_MUTANTS + SCORE_MUTANTS + MEMORY_MUTANTS + SWEEP_MUTANTS
+           + LONG_TEXT_MUTANTS)
 
 
 def source_of(mutant: Mutant, root: Path = REPO) -> str:
