@@ -55,6 +55,51 @@ def test_pipeline_has_the_label_names_and_agrees_with_predict(trained, predictor
     assert max(spam) - min(spam) > 0.1
 
 
+def test_a_saved_run_predicts_at_its_own_max_length_not_its_tokenizers(trained, predictor):
+    from finetune.predict import Predictor
+
+    _, cfg, _ = trained
+    long = " ".join(TEXTS * 2)  # past the run's 32 tokens
+    assert predictor.max_length == cfg.data.max_length == 32
+    assert predictor.tokenizer.model_max_length > 32  # what a Predictor without the run's config would cut at
+    cut = Predictor(predictor.model, predictor.tokenizer, max_length=32).logits([long])
+    whole = Predictor(predictor.model, predictor.tokenizer).logits([long])
+    assert (predictor.logits([long]) == cut).all() and not (cut == whole).all()
+
+
+def _fixed_logits(tokenizer, logits: list[float], **options):
+    """A Predictor whose model gives every text ``logits``: the classifier's weights zero, its bias the logits."""
+    import torch
+
+    from finetune.predict import Predictor
+    from helpers import tiny_bert
+
+    model = tiny_bert(num_labels=len(logits))
+    with torch.no_grad():
+        model.classifier.weight.zero_()
+        model.classifier.bias.copy_(torch.tensor(logits))
+    return Predictor(model, tokenizer, max_length=16, **options)
+
+
+def test_probabilities_stay_exact_where_the_logits_are_too_large_to_exponentiate(predictor):
+    import math
+
+    far_apart = _fixed_logits(predictor.tokenizer, [1000.0, 0.0, -1000.0])
+    assert far_apart.probabilities(TEXTS[:2]).tolist() == [[1.0, 0.0, 0.0]] * 2
+    near = _fixed_logits(predictor.tokenizer, [800.0, 800.0 + math.log(3.0)])  # exp(800) is past float64's range
+    [prediction] = near.predict(TEXTS[:1])
+    assert prediction["label"] == "LABEL_1" and prediction["score"] == pytest.approx(0.75, abs=1e-4)  # float32 logits
+
+
+def test_the_score_is_the_predicted_labels_probability_where_a_threshold_overrules_the_most_probable(predictor):
+    import math
+
+    odds = _fixed_logits(predictor.tokenizer, [0.0, math.log(0.7 / 0.3)], threshold=0.9)  # p(LABEL_1) = 0.7
+    [prediction] = odds.predict(TEXTS[:1])
+    assert prediction["label"] == "LABEL_0" and prediction["score"] == pytest.approx(0.3)
+    assert prediction["probabilities"] == {"LABEL_0": pytest.approx(0.3), "LABEL_1": pytest.approx(0.7)}
+
+
 def test_batching_and_length_sorting_do_not_change_results(predictor):
     import numpy as np
 
