@@ -443,10 +443,35 @@ LONG_TEXT_MUTANTS = (
            ("tests/test_layer_rates.py",)),
 )
 
+# a prediction is the run's model on each text, in the input's order (docs/inference.md)
+PREDICT = ("tests/test_predict.py", "tests/test_prediction_processes.py")
+INFERENCE_MUTANTS = (
+    Mutant("shares.py", "logits[rows] = values", "logits[np.sort(rows)] = values",
+           "predictions come back in the order they ran (longest first), not the input's", PREDICT),
+    Mutant("shares.py", "order = sorted(range(len(lengths)), key=lambda row: -lengths[row])",
+           "order = list(range(len(lengths)))",
+           "texts run in the input's order, so a --batch-size too large shows late, not at once", PREDICT),
+    Mutant("shares.py", "for start in range(0, len(order), batch_size)][part::parts]",
+           "for start in range(0, len(order), batch_size)][0::parts]",
+           "every launched process runs the first process's batches", PREDICT),
+    Mutant("predict.py", "logits -= logits.max(axis=1, keepdims=True)", "logits -= 0",
+           "the softmax is not shifted: large logits overflow to NaN probabilities", PREDICT),
+    Mutant("predict.py", '"score": float(row[label])', '"score": float(row.max())',
+           "the score is the top probability, not the predicted label's (under a threshold they differ)",
+           PREDICT + ("tests/test_decision_threshold.py",)),
+    Mutant("prediction_files.py", "filled = [i for i, text in enumerate(texts) if text.strip()]",
+           "filled = list(range(len(texts)))", "an empty text gets a label instead of an empty row", PREDICT),
+    Mutant("prediction_files.py", "return sorted(columns & {*PREDICTED, *(f\"prob_{name}\" for name in labels)})",
+           "return []", "an input's own label column is overwritten by the prediction's", PREDICT),
+    Mutant("predict.py", "max_length = cfg.data.max_length if cfg is not None else None", "max_length = None",
+           "a saved run predicts at the tokenizer's length, not the run's data.max_length", PREDICT),
+)
+
 RULES = {"accumulation": ACCUMULATION_MUTANTS, "resume": RESUME_MUTANTS, "input": INPUT_MUTANTS,
-         "scores": SCORE_MUTANTS, "memory": MEMORY_MUTANTS, "sweep": SWEEP_MUTANTS, "long_texts": LONG_TEXT_MUTANTS}
+         "scores": SCORE_MUTANTS, "memory": MEMORY_MUTANTS, "sweep": SWEEP_MUTANTS, "long_texts": LONG_TEXT_MUTANTS,
+         "inference": INFERENCE_MUTANTS}
 MUTANTS = (ACCUMULATION_MUTANTS + RESUME_MUTANTS + INPUT_MUTANTS + SCORE_MUTANTS + MEMORY_MUTANTS + SWEEP_MUTANTS
-           + LONG_TEXT_MUTANTS)
+           + LONG_TEXT_MUTANTS + INFERENCE_MUTANTS)
 
 
 def source_of(mutant: Mutant, root: Path = REPO) -> str:
