@@ -9,13 +9,14 @@ docs/errors.md, that bad input gets one line naming the key, file or row, and an
 the scores a run reports (docs/inference.md); of docs/memory.md, that the memory levers (gradient checkpointing,
 frozen blocks, LoRA, the memory plan and what it offers) change what a micro-batch costs and never the update, and
 that the plan counts what they save; of docs/sweeps.md, that a sweep finds, reports and repeats the best trial,
-within its budget, pruning at the texts seen; or of docs/long_texts.md, what a long text keeps. The check copies the
+within its budget, pruning at the texts seen; of docs/long_texts.md, what a long text keeps; or of
+docs/inference.md, that a prediction is the run's model on each text, in the input's order. The check copies the
 checkout's tracked files into a scratch folder, applies one mutant at a time there, runs its tests (without the GPU
 ones) and restores the line: the checkout itself is never changed.
 
     python tests/mutants.py                     # every mutant: about two hours on 2 CPU cores
     python tests/mutants.py --rules resume      # one promise's: accumulation, resume, input, scores, memory, sweep,
-                                                #   long_texts
+                                                #   long_texts, inference
     python tests/mutants.py --only 0,7          # some of them (their numbers: --list)
 
 It prints KILLED or SURVIVED for each and exits 1 if one survived. It is not part of the test suite (each mutant
