@@ -14,7 +14,7 @@ docs/inference.md, that a prediction is the run's model on each text, in the inp
 checkout's tracked files into a scratch folder, applies one mutant at a time there, runs its tests (without the GPU
 ones) and restores the line: the checkout itself is never changed.
 
-    python tests/mutants.py                     # every mutant: about two hours on 2 CPU cores
+    python tests/mutants.py                     # every mutant: about 100 minutes on 2 CPU cores
     python tests/mutants.py --rules resume      # one promise's: accumulation, resume, input, scores, memory, sweep,
                                                 #   long_texts, inference
     python tests/mutants.py --only 0,7          # some of them (their numbers: --list)
