@@ -54,6 +54,9 @@ def state_name(optimizer: str) -> str:
 
 def eight_bit_adamw(groups: list[dict], **hyperparameters) -> torch.optim.Optimizer:
     """bitsandbytes' blockwise 8-bit AdamW over ``groups`` (decoupled weight decay, as torch's)."""
-    import bitsandbytes
+    from finetune.schedules import quiet_kernel_lookup
+
+    with quiet_kernel_lookup():  # its import looks a 4-bit kernel up on the Hub, which nothing here uses
+        import bitsandbytes
 
     return bitsandbytes.optim.AdamW8bit(groups, min_8bit_size=MIN_8BIT_SIZE, **hyperparameters)

@@ -5,7 +5,8 @@ bitsandbytes, on a CPU that computes bf16, looks up a 4-bit matrix-product kerne
 (``kernels-community/quantization-bitsandbytes``). No run of this package uses that kernel (it keeps no 4-bit
 weights), yet its lookup logs a warning at every run's start: offline, that the publisher's trust was not checked;
 on a CUDA build of torch, that no build of the kernel fits. The import runs with those two libraries' loggers
-raised to errors; every other record passes, and their levels are put back after it.
+raised to errors; every other record passes, and their levels are put back after it. A LoRA run (PEFT) and an
+8-bit AdamW run import bitsandbytes before any schedule, and do it inside the same quiet block.
 """
 
 from __future__ import annotations

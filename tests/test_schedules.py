@@ -1,4 +1,5 @@
-"""transformers' schedules imported without the warnings of bitsandbytes' Hub kernel lookup (finetune/schedules.py)."""
+"""transformers' schedules, PEFT and bitsandbytes imported without the warnings of bitsandbytes' Hub kernel lookup
+(finetune/schedules.py)."""
 
 from __future__ import annotations
 
@@ -48,4 +49,28 @@ def test_a_runs_schedule_check_logs_nothing_of_the_lookup():
                           timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split() == ["True"]  # the chain ran: transformers imported PEFT
+    assert "kernels-community" not in done.stderr and "gemm_4bit" not in done.stderr, done.stderr[-2000:]
+
+
+# what a LoRA run and an 8-bit AdamW run import first, before transformers' schedules
+FIRST_IMPORTS = {
+    "lora": "from finetune.config import ModelConfig\nfrom finetune.lora import add_lora\n"
+            "from helpers import tiny_bert\nadd_lora(tiny_bert(), ModelConfig(lora_rank=4))",
+    "adamw_8bit": "import torch\nfrom finetune.optimizer_state import eight_bit_adamw\n"
+                  "eight_bit_adamw([{'params': [torch.nn.Parameter(torch.zeros(4))]}], lr=1e-3)",
+}
+
+
+@pytest.mark.slow  # a fresh Python importing PEFT and bitsandbytes: seconds
+@pytest.mark.parametrize("run", FIRST_IMPORTS)
+def test_a_lora_or_8bit_run_which_imports_bitsandbytes_first_logs_nothing_of_the_lookup(run):
+    """Offline, the lookup logs that it skipped the publisher's trust check, once per process, wherever
+    bitsandbytes is imported first: under LoRA (PEFT) or the 8-bit AdamW, before any schedule."""
+    pytest.importorskip("bitsandbytes")
+    code = (f"import logging, sys; logging.basicConfig(level=logging.INFO); sys.path.insert(0, 'tests')\n"
+            f"{FIRST_IMPORTS[run]}\nprint('bitsandbytes' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=offline_env(), capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["True"]  # bitsandbytes was imported here
     assert "kernels-community" not in done.stderr and "gemm_4bit" not in done.stderr, done.stderr[-2000:]
