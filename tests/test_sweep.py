@@ -930,21 +930,28 @@ def test_a_trial_out_of_memory_stops_the_sweep_with_the_setting_for_a_new_sweep(
     assert trial.state.name == "FAIL" and trial.user_attrs["failed"].startswith("out of memory on cpu in update 2")
 
 
+def stopped_by_sigterm(args: list[str], run_dir: Path, updates: int) -> str:
+    """A sweep started as a command of its own and sent SIGTERM once the run in ``run_dir`` has logged
+    ``updates`` updates; its output, once it exited with 143."""
+    proc = sweep_process(args)
+    deadline = time.monotonic() + 240
+    while not ((run_dir / "train_log.jsonl").exists() and len(steps_logged(run_dir)) >= updates):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0][-3000:]
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGTERM)
+    log = proc.communicate(timeout=120)[0]
+    assert proc.returncode == 143, log[-3000:]
+    return log
+
+
 @pytest.mark.slow
 def test_sigterm_in_the_third_trial_then_the_same_command_finishes_it(tmp_path):
     config = sms_job(tmp_path, epochs=6)
     spec = sweep_file(tmp_path, pruner="none")
     args = ["--config", str(config), "--sweep", str(spec)]
     out = tmp_path / "out-sweep"
-    proc = sweep_process(args)
     third = out / "trial-0002"
-    deadline = time.monotonic() + 240
-    while not ((third / "train_log.jsonl").exists() and len(steps_logged(third)) >= 3):
-        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0][-3000:]
-        time.sleep(0.02)
-    proc.send_signal(signal.SIGTERM)
-    log = proc.communicate(timeout=120)[0]
-    assert proc.returncode == 143, log[-3000:]
+    stopped_by_sigterm(args, third, updates=3)
     stopped_at = max(steps_logged(third))
     assert (third / "checkpoints").is_dir() and not (third / "metrics.json").exists()
 
@@ -989,14 +996,7 @@ def test_a_trial_stopped_before_any_checkpoint_starts_over_when_the_same_command
     spec = sweep_file(tmp_path, pruner="none", trials=1, fixed={"output.save_checkpoints": False})
     args = ["--config", str(config), "--sweep", str(spec)]
     first = tmp_path / "out-sweep" / "trial-0000"
-    proc = sweep_process(args)
-    deadline = time.monotonic() + 240
-    while not ((first / "train_log.jsonl").exists() and len(steps_logged(first)) >= 2):
-        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0][-3000:]
-        time.sleep(0.02)
-    proc.send_signal(signal.SIGTERM)
-    log = proc.communicate(timeout=120)[0]
-    assert proc.returncode == 143, log[-3000:]
+    stopped_by_sigterm(args, first, updates=2)
     assert not (first / "checkpoints").exists() and not (first / "metrics.json").exists()
 
     again = sweep_process(args)
