@@ -16,7 +16,7 @@ ones) and restores the line: the checkout itself is never changed.
 
     python tests/mutants.py                     # every mutant: about 100 minutes on 2 CPU cores
     python tests/mutants.py --rules resume      # one promise's: accumulation, resume, input, scores, memory, sweep,
-                                                #   long_texts, inference
+                                                #   long_texts, inference (or several: --rules memory,sweep)
     python tests/mutants.py --only 0,7          # some of them (their numbers: --list)
 
 It prints KILLED or SURVIVED for each and exits 1 if one survived. It is not part of the test suite (each mutant
@@ -520,7 +520,7 @@ def killed(mutant: Mutant, copy: Path) -> tuple[bool, str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", help="comma-separated mutant numbers (see --list)")
-    parser.add_argument("--rules", choices=list(RULES), help="the mutants of one promise's rules")
+    parser.add_argument("--rules", help=f"the mutants of some promises' rules, comma-separated: {', '.join(RULES)}")
     parser.add_argument("--list", action="store_true", help="print the mutants and exit")
     args = parser.parse_args(argv)
     chosen = [int(i) for i in args.only.split(",")] if args.only else range(len(MUTANTS))
@@ -528,7 +528,11 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"--only: no mutant {unknown[0]} (there are {len(MUTANTS)}, numbered from 0: --list)")
     if args.rules:
-        chosen = [i for i in chosen if MUTANTS[i] in RULES[args.rules]]
+        sets = args.rules.split(",")
+        strange = [name for name in sets if name not in RULES]
+        if strange:
+            parser.error(f"--rules: no set {strange[0]!r} (the sets: {', '.join(RULES)})")
+        chosen = [i for i in chosen if any(MUTANTS[i] in RULES[name] for name in sets)]
     if args.list:
         for i in chosen:
             mutant = MUTANTS[i]

@@ -28,6 +28,17 @@ def test_a_line_the_code_no_longer_has_is_named(tmp_path):
         mutants.source_of(moved, tmp_path)
 
 
+def test_several_sets_are_listed_together_and_an_unknown_one_is_named(capsys):
+    assert mutants.main(["--rules", "long_texts,inference", "--list"]) == 0
+    listed = [int(line.split()[0]) for line in capsys.readouterr().out.splitlines()]
+    sets = mutants.LONG_TEXT_MUTANTS + mutants.INFERENCE_MUTANTS
+    assert listed == [i for i, m in enumerate(mutants.MUTANTS) if m in sets] and len(listed) == len(sets)
+    with pytest.raises(SystemExit) as stopped:
+        mutants.main(["--rules", "memory,speed", "--list"])
+    assert stopped.value.code == 2
+    assert "--rules: no set 'speed' (the sets: accumulation, resume, input" in capsys.readouterr().err
+
+
 @pytest.mark.slow
 def test_a_mutant_is_caught_in_a_copy_and_the_checkout_is_left_as_it_was(tmp_path):
     """The check runs the mutant's tests on a scratch copy: they fail there, and the package here is unchanged."""
