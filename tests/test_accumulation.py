@@ -619,6 +619,14 @@ def test_log_every_averages_over_updates(fresh_accelerate_state):
     # the record of updates 1-2 is the sample-weighted mean of their losses (32 samples each)
     assert records[0]["train/loss"] == pytest.approx((every[0]["train/loss"] + every[1]["train/loss"]) / 2, rel=1e-6)
     assert records[0]["train/lr"] == pytest.approx((every[0]["train/lr"] + every[1]["train/lr"]) / 2, rel=1e-9)
+    assert records[0]["train/grad_norm"] == pytest.approx(
+        (every[0]["train/grad_norm"] + every[1]["train/grad_norm"]) / 2, rel=1e-6)
+    # throughput over the record's own updates: its samples and tokens over the same seconds
+    before = {"train/samples": 0, "train/tokens": 0}
+    for record in records:
+        samples, tokens = (record[key] - before[key] for key in ("train/samples", "train/tokens"))
+        assert record["train/samples_per_s"] / record["train/tokens_per_s"] == pytest.approx(samples / tokens)
+        before = record
 
 
 def test_first_update_after_exactly_k_micro_batches(fresh_accelerate_state):
