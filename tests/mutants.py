@@ -9,14 +9,14 @@ docs/errors.md, that bad input gets one line naming the key, file or row, and an
 the scores a run reports (docs/inference.md); of docs/memory.md, that the memory levers (gradient checkpointing,
 frozen blocks, LoRA, the memory plan and what it offers) change what a micro-batch costs and never the update, and
 that the plan counts what they save; of docs/sweeps.md, that a sweep finds, reports and repeats the best trial,
-within its budget, pruning at the texts seen; of docs/long_texts.md, what a long text keeps; or of
-docs/inference.md, that a prediction is the run's model on each text, in the input's order. The check copies the
-checkout's tracked files into a scratch folder, applies one mutant at a time there, runs its tests (without the GPU
-ones) and restores the line: the checkout itself is never changed.
+within its budget, pruning at the texts seen; of docs/long_texts.md, what a long text keeps; of docs/inference.md,
+that a prediction is the run's model on each text, in the input's order; or of docs/logging.md, that a record says
+what its updates did. The check copies the checkout's tracked files into a scratch folder, applies one mutant at a
+time there, runs its tests (without the GPU ones) and restores the line: the checkout itself is never changed.
 
     python tests/mutants.py                     # every mutant: about 100 minutes on 2 CPU cores
     python tests/mutants.py --rules resume      # one promise's: accumulation, resume, input, scores, memory, sweep,
-                                                #   long_texts, inference (or several: --rules memory,sweep)
+                                                #   long_texts, inference, logging (or several: --rules memory,sweep)
     python tests/mutants.py --only 0,7          # some of them (their numbers: --list)
 
 It prints KILLED or SURVIVED for each and exits 1 if one survived. It is not part of the test suite (each mutant
@@ -468,11 +468,27 @@ INFERENCE_MUTANTS = (
            "a saved run predicts at the tokenizer's length, not the run's data.max_length", PREDICT),
 )
 
+# a log record says what the updates it covers did (docs/logging.md)
+LOGGING_MUTANTS = (
+    Mutant("loop.py", '"train/grad_norm": self.grad_norm / self.updates', '"train/grad_norm": self.grad_norm',
+           "a record of several updates sums their gradient norms", CONTRACT),
+    Mutant("loop.py", '"train/samples_per_s": float(self.totals[1]) / elapsed',
+           '"train/samples_per_s": float(self.totals[2]) / elapsed', "samples per second counts the tokens",
+           CONTRACT + ("tests/test_accumulation_schedule.py",)),
+    Mutant("tracker_runs.py", '"purge_step": (resume_step or 0) + 1', '"purge_step": (resume_step or 0) + 2',
+           "a resumed run's TensorBoard keeps the stopped run's first update past the checkpoint",
+           ("tests/test_trackers.py",)),
+    Mutant("evaluation.py", 'return same_answer_for_every_text(summary.get("eval_by_label")',
+           'return None and same_answer_for_every_text(summary.get("eval_by_label")',
+           "a model that gave every validation text the same answer ends without a caution",
+           ("tests/test_metrics.py", "tests/test_own_data.py")),
+)
+
 RULES = {"accumulation": ACCUMULATION_MUTANTS, "resume": RESUME_MUTANTS, "input": INPUT_MUTANTS,
          "scores": SCORE_MUTANTS, "memory": MEMORY_MUTANTS, "sweep": SWEEP_MUTANTS, "long_texts": LONG_TEXT_MUTANTS,
-         "inference": INFERENCE_MUTANTS}
+         "inference": INFERENCE_MUTANTS, "logging": LOGGING_MUTANTS}
 MUTANTS = (ACCUMULATION_MUTANTS + RESUME_MUTANTS + INPUT_MUTANTS + SCORE_MUTANTS + MEMORY_MUTANTS + SWEEP_MUTANTS
-           + LONG_TEXT_MUTANTS + INFERENCE_MUTANTS)
+           + LONG_TEXT_MUTANTS + INFERENCE_MUTANTS + LOGGING_MUTANTS)
 
 
 def source_of(mutant: Mutant, root: Path = REPO) -> str:
