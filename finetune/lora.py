@@ -39,6 +39,7 @@ import torch
 
 from finetune.errors import ConfigError, ModelError
 from finetune.outputs import ADAPTER_CONFIG, ADAPTER_DIR
+from finetune.schedules import quietly_imported
 
 if TYPE_CHECKING:
     from finetune.config import ModelConfig
@@ -253,7 +254,7 @@ def add_lora(model, cfg: "ModelConfig") -> tuple[torch.nn.Module, LoraPlan]:
         ConfigError: for target modules that match nothing or match the head, or a
             model PEFT cannot wrap.
     """
-    _import_peft_quietly()
+    quietly_imported("peft")
     from peft import LoraConfig, get_peft_model
 
     targets = auto_target_modules(model) if cfg.lora_target_modules == "auto" else list(cfg.lora_target_modules)
@@ -284,16 +285,6 @@ def _no_rename_warning() -> Iterator[None]:
         yield
 
 
-def _import_peft_quietly() -> None:
-    """Import PEFT with bitsandbytes' Hub kernel lookup kept quiet (:func:`finetune.schedules.quiet_kernel_lookup`):
-    PEFT imports bitsandbytes wherever it is installed, and a LoRA run imports PEFT before transformers'
-    schedules, whose import is quiet the same way."""
-    from finetune.schedules import quiet_kernel_lookup
-
-    with quiet_kernel_lookup():
-        import peft  # noqa: F401
-
-
 def trained_weights(model) -> tuple[int, int]:
     """``(trained, total)`` weights of the model as it is used: an adapted module counts once, not twice.
 
@@ -321,7 +312,7 @@ def load_adapter_weights(model, directory: Path) -> None:
     Raises:
         ModelError: if the folder is missing, or its weights do not cover exactly what ``model`` trains.
     """
-    _import_peft_quietly()
+    quietly_imported("peft")
     from peft import set_peft_model_state_dict
     from safetensors.torch import load_file
 
@@ -402,7 +393,7 @@ def load_adapter_checkpoint(path: Path):
     Raises:
         ModelError: if the base model the adapter was trained on cannot be loaded.
     """
-    _import_peft_quietly()
+    quietly_imported("peft")
     from peft import PeftModel
     from transformers import AutoConfig, AutoModelForSequenceClassification
 

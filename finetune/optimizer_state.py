@@ -54,9 +54,8 @@ def state_name(optimizer: str) -> str:
 
 def eight_bit_adamw(groups: list[dict], **hyperparameters) -> torch.optim.Optimizer:
     """bitsandbytes' blockwise 8-bit AdamW over ``groups`` (decoupled weight decay, as torch's)."""
-    from finetune.schedules import quiet_kernel_lookup
+    from finetune.schedules import quietly_imported
 
-    with quiet_kernel_lookup():  # its import looks a 4-bit kernel up on the Hub, which nothing here uses
-        import bitsandbytes
+    bitsandbytes = quietly_imported("bitsandbytes")  # its import looks a 4-bit kernel up on the Hub
 
     return bitsandbytes.optim.AdamW8bit(groups, min_8bit_size=MIN_8BIT_SIZE, **hyperparameters)

@@ -6,11 +6,12 @@ bitsandbytes, on a CPU that computes bf16, looks up a 4-bit matrix-product kerne
 weights), yet its lookup logs a warning at every run's start: offline, that the publisher's trust was not checked;
 on a CUDA build of torch, that no build of the kernel fits. The import runs with those two libraries' loggers
 raised to errors; every other record passes, and their levels are put back after it. A LoRA run (PEFT) and an
-8-bit AdamW run import bitsandbytes before any schedule, and do it inside the same quiet block.
+8-bit AdamW run import bitsandbytes before any schedule, through :func:`quietly_imported`.
 """
 
 from __future__ import annotations
 
+import importlib
 import logging
 from contextlib import contextmanager
 from typing import Iterator
@@ -32,6 +33,13 @@ def quiet_kernel_lookup() -> Iterator[None]:
     finally:
         for logger, level in zip(loggers, levels):
             logger.setLevel(level)
+
+
+def quietly_imported(name: str):
+    """The module ``name``, imported inside :func:`quiet_kernel_lookup`: PEFT (which imports bitsandbytes wherever
+    it is installed) and bitsandbytes, which a LoRA run and an 8-bit AdamW run import before any schedule."""
+    with quiet_kernel_lookup():
+        return importlib.import_module(name)
 
 
 def transformers_schedules():
