@@ -50,6 +50,11 @@ def test_an_improvement_must_beat_the_best_by_more_than_the_threshold():
     assert "f1 has not improved on 0.7 (update 20) by more than 0.005 for 2 evaluations" in judgement.why_stopped()
     impatient = Selection("f1", greater_is_better=True, patience=1).judge(_history(0.5, 0.7, 0.6))
     assert "f1 has not improved on 0.7 (update 20) by more than 0 for 1 evaluation (" in impatient.why_stopped()
+    # equal is no improvement, at no threshold (a plateau waits) or at a gain of exactly the threshold
+    plateau = Selection("f1", greater_is_better=True, patience=2).judge(_history(0.5, 0.75, 0.75, 0.75))
+    assert (plateau.best_step, plateau.evaluations_since_best, plateau.should_stop) == (20, 2, True)
+    exactly = Selection("f1", greater_is_better=True, threshold=0.25).judge(_history(0.25, 0.5))
+    assert (exactly.best_step, exactly.evaluations_since_best) == (10, 1)  # +0.25 is not more than 0.25
     lower = Selection("loss", greater_is_better=False)
     assert lower.judge(_history(0.9, 0.5, 0.6, metric="loss")).best_step == 20
     assert lower.judge(_history(float("nan"), 0.6, metric="loss")).best_step == 20  # NaN is never best
