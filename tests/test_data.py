@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
 import re
 from collections import Counter
 from pathlib import Path
@@ -679,10 +680,21 @@ def test_stratified_carve(tmp_path):
     assert len(validation) == 20 and len(train) == 80
     assert not set(validation["text"]) & set(train["text"])
     # each class keeps its share, whatever the seed (a draw of 20 rows that ignores the classes misses it for
-    # for three seeds in five)
+    # three seeds in five)
     for seed in range(10):
         counts = Counter(names_of(load_splits(config, seed=seed)[0]["validation"]))
         assert all(abs(counts[label] - total * 20 / 100) <= 1 for label, total in {"a": 60, "b": 30, "c": 10}.items())
+
+
+@pytest.mark.parametrize("rows, fraction", [(101, 0.2), (4862, 0.1)])
+def test_the_carve_holds_out_as_many_rows_as_datasets_split_would(tmp_path, rows, fraction):
+    """A share of rows that is not whole is rounded up, as ``train_test_split(test_size=fraction)`` rounds it:
+    the default job's 4,862 messages give 487 validation texts."""
+    path = balanced_csv(tmp_path / "t.csv", {"a": rows - rows // 3, "b": rows // 3})
+    splits, _ = load_splits(cfg(path, validation_split=fraction), seed=0)
+    theirs = datasets.Dataset.from_dict({"n": list(range(rows))}).train_test_split(test_size=fraction, seed=0)
+    assert len(splits["validation"]) == len(theirs["test"]) == math.ceil(fraction * rows)
+    assert len(splits["train"]) == len(theirs["train"])
 
 
 @pytest.mark.parametrize("seed", [0, 7, 42])
