@@ -281,8 +281,10 @@ class DataConfig:
     cache_dir: Optional[str] = setting(None,
         "Folder of that cache; null: finetune-tokenized/ in the datasets cache (HF_DATASETS_CACHE).")
     max_train_samples: Optional[int] = setting(None,
-        "Cap on training examples (null for all); handy for quick experiments.")
-    max_eval_samples: Optional[int] = setting(None, "Cap on validation examples (null for all).")
+        "Cap on training examples (null for all); handy for quick experiments. The rows are drawn from the whole "
+        "split (seeded, as the carve is: a file sorted by class keeps its classes) and kept in their order.")
+    max_eval_samples: Optional[int] = setting(None,
+        "Cap on validation examples (null for all), drawn as max_train_samples' are.")
 
     def __post_init__(self) -> None:
         if self.dataset_name is None and self.train_file is None:
