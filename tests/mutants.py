@@ -10,13 +10,16 @@ the scores a run reports (docs/inference.md); of docs/memory.md, that the memory
 frozen blocks, LoRA, the memory plan and what it offers) change what a micro-batch costs and never the update, and
 that the plan counts what they save; of docs/sweeps.md, that a sweep finds, reports and repeats the best trial,
 within its budget, pruning at the texts seen; of docs/long_texts.md, what a long text keeps; of docs/inference.md,
-that a prediction is the run's model on each text, in the input's order; or of docs/logging.md, that a record says
-what its updates did. The check copies the checkout's tracked files into a scratch folder, applies one mutant at a
-time there, runs its tests (without the GPU ones) and restores the line: the checkout itself is never changed.
+that a prediction is the run's model on each text, in the input's order; of docs/logging.md, that a record says what
+its updates did; or of docs/configuration.md, what a run is judged on and by (the validation carve, when evaluations
+are made, the best model, early stopping). The check copies the checkout's tracked files into a scratch folder,
+applies one mutant at a time there, runs its tests (without the GPU ones) and restores the line: the checkout itself
+is never changed.
 
-    python tests/mutants.py                     # every mutant: about 100 minutes on 2 CPU cores
+    python tests/mutants.py                     # every mutant: about 110 minutes on 2 CPU cores
     python tests/mutants.py --rules resume      # one promise's: accumulation, resume, input, scores, memory, sweep,
-                                                #   long_texts, inference, logging (or several: --rules memory,sweep)
+                                                #   long_texts, inference, logging, evaluation
+    python tests/mutants.py --rules memory,sweep  # several
     python tests/mutants.py --only 0,7          # some of them (their numbers: --list)
 
 It prints KILLED or SURVIVED for each and exits 1 if one survived. It is not part of the test suite (each mutant
@@ -484,11 +487,80 @@ LOGGING_MUTANTS = (
            ("tests/test_metrics.py", "tests/test_own_data.py")),
 )
 
+# what a run is judged on and by: the validation carve, when evaluations are made, the best model and early
+# stopping (docs/configuration.md)
+SELECTION = ("tests/test_selection.py",)
+CARVE = ("tests/test_data.py",)
+EVALUATION_MUTANTS = (
+    Mutant("selection.py", 'greater = not metric.endswith(("loss", "error", "mse", "mae"))',
+           'greater = not metric.endswith(("loss", "error"))', "an error (mse, mae) is taken as better higher",
+           SELECTION + ("tests/test_config_schema.py",)),
+    Mutant("selection.py", "return gain > self.threshold", "return gain >= self.threshold",
+           "an evaluation that only equals the best counts as an improvement", SELECTION),
+    Mutant("selection.py", "gain = value - best if self.greater_is_better else best - value",
+           "gain = abs(value - best)", "a worse evaluation counts as an improvement when it differs enough",
+           SELECTION),
+    Mutant("selection.py", "best, waited = record, 0", "best = record",
+           "early stopping's patience counts every evaluation that did not improve, not those in a row since the best",
+           SELECTION),
+    Mutant("selection.py", "return patience is not None and self.evaluations_since_best >= patience",
+           "return patience is not None and self.evaluations_since_best > patience",
+           "early stopping waits one evaluation more than its patience", SELECTION),
+    Mutant("selection.py", "return value == value  # NaN never improves", "return True",
+           "a first evaluation of NaN is the best, and nothing after it improves on it", SELECTION),
+    Mutant("selection.py", 'metric = (cfg.metric_for_best_model or "loss").removeprefix("eval/")',
+           'metric = (cfg.metric_for_best_model or "accuracy").removeprefix("eval/")',
+           "the best model and early stopping without a metric select on accuracy, not the loss",
+           SELECTION + ("tests/test_config_schema.py",)),
+    Mutant("selection.py", 'record["is_best"] = self.selection.judge(self.records + [record]).best is record',
+           'record["is_best"] = self.selection.judge([record]).best is record',
+           "every evaluation record says it is the best so far", SELECTION + ("tests/test_thresholds.py",)),
+    Mutant("fitting.py", "if self.run.cfg.evaluation.load_best_model_at_end and not at_end:", "if False:",
+           "load_best_model_at_end ships the last weights, not the best evaluation's",
+           SELECTION + ("tests/test_test_set.py", "tests/test_lora.py")),
+    Mutant("results.py", "if best is not None and run.cfg.evaluation.load_best_model_at_end:", "if False:",
+           "under load_best_model_at_end, metrics.json's eval is the last evaluation's, not the saved model's",
+           SELECTION + ("tests/test_test_set.py",)),
+    Mutant("fitting.py", 'self.checkpoints.save(f"evaluation at update {step}")', "pass",
+           "an evaluation's weights are not saved when they are seen, so the best model may not be on disk",
+           SELECTION + ("tests/test_test_set.py", "tests/test_dry_run.py")),
+    Mutant("fitting.py", "window_start = (micro_batch - 1) // k * k", "window_start = micro_batch - 1",
+           "evals_per_epoch misses a share of the epoch completed inside a window",
+           ("tests/test_dry_run.py", "tests/test_sweep.py", "tests/test_thresholds.py")),
+    Mutant("fitting.py", "return bool(self.every and step % self.every == 0)",
+           "return bool(self.every and micro_batch % self.every == 0)", "eval_every counts micro-batches, not updates",
+           SELECTION + ("tests/test_dry_run.py",)),
+    Mutant("carve.py", "return stratified_split(train, labels, n_validation, seed)",
+           'return tuple(train.train_test_split(test_size=n_validation, seed=seed).values())',
+           "the validation carve is not stratified by class", CARVE),
+    Mutant("carve.py", "return text_groups(train)", "return np.arange(len(train))",
+           "validation_split_by: text lets copies of one text fall on both sides",
+           CARVE + ("tests/test_start_of_run.py",)),
+    Mutant("carve.py", "values = read_column(train, GROUP)", "values = list(range(len(train)))",
+           "validation_split_by a column carves its rows one by one, not each value's together", CARVE),
+    Mutant("carve.py", "n_validation = max(math.ceil(fraction * units), present)",
+           "n_validation = max(int(fraction * units), present)",
+           "the carve rounds the validation share down, not up as datasets does", CARVE),
+    Mutant("schema.py", "return self.data.split_seed if self.data.split_seed is not None else self.training.seed",
+           "return self.training.seed", "data.split_seed is ignored: the carve moves with training.seed", CARVE),
+    Mutant("data.py", "return sum(row in trained for row in text_rows(split))",
+           "return len(set(text_rows(split)) & trained)",
+           "the start line counts distinct texts also in train, not the validation rows that have one",
+           CARVE + ("tests/test_start_of_run.py", "tests/test_test_set.py")),
+    Mutant("tasks.py", "return [n / (classes * c) if c else 1.0 for c in counts]",
+           "return [c * classes / n if c else 1.0 for c in counts]",
+           "class_weights: balanced weighs the common classes up, not the rare ones",
+           ("tests/test_problem_types.py", "tests/test_data.py")),
+    Mutant("carve.py", "rows = np.sort(np.random.default_rng(seed).choice(len(ds), size=limit, replace=False))",
+           "rows = np.arange(limit)", "max_train_samples takes the first rows, not a seeded draw of the split",
+           CARVE),
+)
+
 RULES = {"accumulation": ACCUMULATION_MUTANTS, "resume": RESUME_MUTANTS, "input": INPUT_MUTANTS,
          "scores": SCORE_MUTANTS, "memory": MEMORY_MUTANTS, "sweep": SWEEP_MUTANTS, "long_texts": LONG_TEXT_MUTANTS,
-         "inference": INFERENCE_MUTANTS, "logging": LOGGING_MUTANTS}
+         "inference": INFERENCE_MUTANTS, "logging": LOGGING_MUTANTS, "evaluation": EVALUATION_MUTANTS}
 MUTANTS = (ACCUMULATION_MUTANTS + RESUME_MUTANTS + INPUT_MUTANTS + SCORE_MUTANTS + MEMORY_MUTANTS + SWEEP_MUTANTS
-           + LONG_TEXT_MUTANTS + INFERENCE_MUTANTS + LOGGING_MUTANTS)
+           + LONG_TEXT_MUTANTS + INFERENCE_MUTANTS + LOGGING_MUTANTS + EVALUATION_MUTANTS)
 
 
 def source_of(mutant: Mutant, root: Path = REPO) -> str:
