@@ -1477,6 +1477,10 @@ def test_rows_without_a_label_are_named_or_left_out_with_on_missing_label(tmp_pa
         f"{held}: left out 1 of 2 lines without a label (line 2; data.on_missing_label)"]
     with pytest.raises(DataError, match=r"column 'label' has no labels in any of its 2 rows"):
         load_splits(cfg(write(tmp_path / "none.csv", "text,label\na,\nb,\n"), on_missing_label="drop"), seed=0)
+    # a column of integer labels with a gap reads as floats (1.0, NaN): its classes are still 0 and 1
+    gap = write(tmp_path / "gap.csv", "text,label\na,1\nb,\nc,0\nd,1\n")
+    splits, labels = load_splits(cfg(gap, on_missing_label="drop"), seed=0)
+    assert labels.names == ["0", "1"] and names_of(splits["train"]) == ["1", "0", "1"]
 
 
 def test_on_missing_label_leaves_out_a_hub_splits_minus_one_a_missing_target_and_a_null_label_set(tmp_path):
