@@ -254,13 +254,15 @@ def test_multi_label_reads_lists_and_delimited_strings(tmp_path, caplog):
     # a CSV field cannot hold an empty list: with a delimiter, an empty field is a text with no label, and
     # the run says how many there are
     csv_file = tmp_path / "tags.csv"
-    csv_file.write_text('text,label\na,"sport| news"\nb,\nc,art\nd,""\n', encoding="utf-8")
+    # (spaces around a label are how it was typed, and a part of spaces alone is no label)
+    csv_file.write_text('text,label\na,"sport| news"\nb,\nc,art\nd,""\ne,"art |  "\n', encoding="utf-8")
     cfg = _cfg(tmp_path, "multi_label", train_file=str(csv_file), label_delimiter="|")
     with caplog.at_level(logging.INFO, logger="finetune"):
         splits, labels = load_splits(cfg.data, seed=0, problem_type="multi_label")
     assert labels.names == ["art", "news", "sport"]
-    assert splits["train"]["labels"] == [[0.0, 1.0, 1.0], [0.0, 0.0, 0.0], [1.0, 0.0, 0.0], [0.0, 0.0, 0.0]]
-    assert "tags.csv: 2 of 4 texts have no label (lines 3, 5)" in caplog.text
+    assert splits["train"]["labels"] == [[0.0, 1.0, 1.0], [0.0, 0.0, 0.0], [1.0, 0.0, 0.0], [0.0, 0.0, 0.0],
+                                         [1.0, 0.0, 0.0]]
+    assert "tags.csv: 2 of 5 texts have no label (lines 3, 5)" in caplog.text
     # integer labels, one per field, read as numbers: each is a set of one
     csv_file.write_text('text,label\na,1\nb,\nc,2\n', encoding="utf-8")
     splits, labels = load_splits(cfg.data, seed=0, problem_type="multi_label")
