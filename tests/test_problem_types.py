@@ -263,10 +263,10 @@ def test_multi_label_reads_lists_and_delimited_strings(tmp_path, caplog):
     assert splits["train"]["labels"] == [[0.0, 1.0, 1.0], [0.0, 0.0, 0.0], [1.0, 0.0, 0.0], [0.0, 0.0, 0.0],
                                          [1.0, 0.0, 0.0]]
     assert "tags.csv: 2 of 5 texts have no label (lines 3, 5)" in caplog.text
-    # integer labels, one per field, read as numbers: each is a set of one
-    csv_file.write_text('text,label\na,1\nb,\nc,2\n', encoding="utf-8")
+    # integer labels, one per field, read as numbers: each is a set of one, numbered as numbers ("2" before "10")
+    csv_file.write_text('text,label\na,10\nb,\nc,2\n', encoding="utf-8")
     splits, labels = load_splits(cfg.data, seed=0, problem_type="multi_label")
-    assert labels.names == ["1", "2"] and splits["train"]["labels"] == [[1.0, 0.0], [0.0, 0.0], [0.0, 1.0]]
+    assert labels.names == ["2", "10"] and splits["train"]["labels"] == [[0.0, 1.0], [0.0, 0.0], [1.0, 0.0]]
     # without a delimiter an empty field is a missing label, as for single labels
     csv_file.write_text('text,label\na,\nb,\n', encoding="utf-8")
     cfg = _cfg(tmp_path, "multi_label", train_file=str(csv_file))
