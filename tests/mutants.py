@@ -12,13 +12,13 @@ that the plan counts what they save; of docs/sweeps.md, that a sweep finds, repo
 within its budget, pruning at the texts seen; of docs/long_texts.md, what a long text keeps; of docs/inference.md,
 that a prediction is the run's model on each text, in the input's order; of docs/logging.md, that a record says what
 its updates did; or of docs/configuration.md, what a run is judged on and by (the validation carve, when evaluations
-are made, the best model, early stopping). The check copies the checkout's tracked files into a scratch folder,
-applies one mutant at a time there, runs its tests (without the GPU ones) and restores the line: the checkout itself
-is never changed.
+are made, the best model, early stopping) and that a file of the user's own is read as meant (its separator, its
+labels' classes). The check copies the checkout's tracked files into a scratch folder, applies one mutant at a time
+there, runs its tests (without the GPU ones) and restores the line: the checkout itself is never changed.
 
-    python tests/mutants.py                     # every mutant: about 110 minutes on 2 CPU cores
+    python tests/mutants.py                     # every mutant: about 120 minutes on 2 CPU cores
     python tests/mutants.py --rules resume      # one promise's: accumulation, resume, input, scores, memory, sweep,
-                                                #   long_texts, inference, logging, evaluation
+                                                #   long_texts, inference, logging, evaluation, data
     python tests/mutants.py --rules memory,sweep  # several
     python tests/mutants.py --only 0,7          # some of them (their numbers: --list)
 
@@ -556,11 +556,65 @@ EVALUATION_MUTANTS = (
            CARVE),
 )
 
+# a user's own file read as it was meant: its layout, and each label the class the user wrote (README.md's "Your
+# own data", docs/configuration.md's data keys and problem types)
+OWN_DATA = ("tests/test_data.py", "tests/test_own_data.py")
+DATA_MUTANTS = (
+    Mutant("labels.py", "return LabelSpace(names=sorted(present, key=int) if numeric else sorted(present))",
+           "return LabelSpace(names=sorted(present))", "integer labels are numbered as text: '10' before '2'",
+           OWN_DATA + ("tests/test_problem_types.py",)),
+    Mutant("labels.py", "return LabelSpace(names=list(dict.fromkeys(label_map.values())))",
+           "return LabelSpace(names=sorted(set(label_map.values())))",
+           "the classes of data.label_map are numbered alphabetically, not in the map's order", OWN_DATA),
+    Mutant("labels.py", "return value.strip() or None", "return value or None",
+           "a label typed with a space around it ('spam ') is a class of its own", OWN_DATA),
+    Mutant("labels.py", "return str(int(value))", "return str(value)",
+           "integer labels read as floats (a column with an empty field) become classes '0.0' and '1.0'",
+           OWN_DATA),
+    Mutant("labels.py", "return dataclasses.replace(label_space, names=[named[n.casefold()] for n in head])",
+           "return label_space",
+           "a run from a trained classifier numbers the classes anew, so its outputs change classes",
+           OWN_DATA + ("tests/test_cli.py",)),
+    Mutant("labels.py", "left_out = np.isin(np.asarray(keys, dtype=object), dropped)",
+           "left_out = np.zeros(len(keys), dtype=bool)", "data.drop_labels leaves no row out",
+           OWN_DATA + ("tests/test_errors.py",)),
+    Mutant("labels.py", "kept = [[key for key in keys if key not in dropped] for keys in sets]",
+           "kept = [list(keys) for keys in sets]", "multi_label: data.drop_labels keeps the labels it names",
+           OWN_DATA + ("tests/test_problem_types.py",)),
+    Mutant("labels.py", "return table.keep(np.flatnonzero(~missing))", "return table",
+           "data.on_missing_label: drop keeps the rows without a label", OWN_DATA + ("tests/test_errors.py",)),
+    Mutant("labels.py", 'return value < 0  # a Hub data set\'s "no label"', "return False",
+           "a Hub split's label -1 (no label) is not taken as missing", OWN_DATA),
+    Mutant("labels.py", "value = [part.strip() for part in value.split(delimiter)]",
+           "value = value.split(delimiter)", "a part of spaces alone ('art| ') is refused as an empty label",
+           OWN_DATA + ("tests/test_problem_types.py",)),
+    Mutant("labels.py", "value = [part for part in value if part]", "value = list(value)",
+           "a delimited field ending in its delimiter ('sport|') is refused for an empty label",
+           OWN_DATA + ("tests/test_problem_types.py",)),
+    Mutant("labels.py",
+           'names = sorted(present, key=lambda n: (0, int(n), "") if n.lstrip("-").isdigit() else (1, 0, n))',
+           "names = sorted(present)", "multi_label: integer labels are numbered as text: '10' before '2'",
+           OWN_DATA + ("tests/test_problem_types.py",)),
+    Mutant("labels.py", "if numbers and strings:", "if False:",
+           "a JSON column of labels written as numbers in some rows and words in others reads as twice the classes",
+           OWN_DATA + ("tests/test_errors.py",)),
+    Mutant("labels.py", "return None if math.isnan(number) else number", "return number",
+           "regression: a target of NaN is trained on, not refused as missing",
+           OWN_DATA + ("tests/test_problem_types.py", "tests/test_errors.py")),
+    Mutant("local_files.py", 'if EXTENSIONS[suffix] == "csv" and _tab_separated(path, encoding):', "if False:",
+           "a .csv file of tab-separated lines reads as one column", OWN_DATA + ("tests/test_cli.py",)),
+    Mutant("local_files.py",
+           'if _records_agreeing(path, encoding, ";") <= _records_agreeing(path, encoding, ","):', "if True:",
+           "a spreadsheet's semicolon-separated CSV reads as one column", OWN_DATA + ("tests/test_cli.py",)),
+)
+
 RULES = {"accumulation": ACCUMULATION_MUTANTS, "resume": RESUME_MUTANTS, "input": INPUT_MUTANTS,
          "scores": SCORE_MUTANTS, "memory": MEMORY_MUTANTS, "sweep": SWEEP_MUTANTS, "long_texts": LONG_TEXT_MUTANTS,
-         "inference": INFERENCE_MUTANTS, "logging": LOGGING_MUTANTS, "evaluation": EVALUATION_MUTANTS}
+         "inference": INFERENCE_MUTANTS, "logging": LOGGING_MUTANTS, "evaluation": EVALUATION_MUTANTS,
+         "data": DATA_MUTANTS}
 MUTANTS = (ACCUMULATION_MUTANTS + RESUME_MUTANTS + INPUT_MUTANTS + SCORE_MUTANTS + MEMORY_MUTANTS + SWEEP_MUTANTS
-           + LONG_TEXT_MUTANTS + INFERENCE_MUTANTS + LOGGING_MUTANTS + EVALUATION_MUTANTS)
+           + LONG_TEXT_MUTANTS + INFERENCE_MUTANTS + LOGGING_MUTANTS + EVALUATION_MUTANTS
+           + DATA_MUTANTS)
 
 
 def source_of(mutant: Mutant, root: Path = REPO) -> str:
