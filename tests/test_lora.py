@@ -390,6 +390,25 @@ def test_a_fresh_run_clears_an_earlier_lora_runs_adapter_only(tmp_path):
     assert tmp_path / "adapter" in removed and not (tmp_path / "adapter").exists() and (tmp_path / "mine").is_dir()
 
 
+def test_a_save_replaces_an_earlier_adapter_whole_and_stops_at_a_folder_of_that_name_it_did_not_write(tmp_path):
+    from finetune.errors import OutputError
+    from finetune.results import _clear_earlier_adapter
+
+    earlier = tmp_path / "adapter"
+    earlier.mkdir()
+    (earlier / "adapter_config.json").write_text("{}")
+    (earlier / "adapter_model.safetensors").write_bytes(b"old")
+    _clear_earlier_adapter(earlier)
+    assert not earlier.exists()  # no file of the earlier adapter mixes with the new one's
+    mine = tmp_path / "adapter"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("the user's")
+    with pytest.raises(OutputError, match=r"adapter: a folder finetune did not write is in the way of the LoRA "
+                                          r"adapter; move it"):
+        _clear_earlier_adapter(mine)
+    assert (mine / "notes.txt").read_text() == "the user's"
+
+
 def test_a_damaged_adapter_is_refused_on_resume(tmp_path):
     from safetensors.torch import save_file
 
