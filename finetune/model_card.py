@@ -53,6 +53,17 @@ def all_results(summary: dict[str, Any]) -> dict[str, Any]:
     return results
 
 
+def _sharded(distributed_type: Optional[str]) -> list[str]:
+    """For a run Accelerate launched under FSDP or DeepSpeed: what the command (DDP's launch) leaves out. The
+    launcher's config file is not known to the run, and the updates do not depend on the engine."""
+    engine = {"FSDP": "FSDP", "DEEPSPEED": "DeepSpeed"}.get(distributed_type or "")
+    if engine is None:
+        return []
+    return [f"It ran under {engine}: launched as above, DDP makes the same updates where the model fits on each "
+            f"GPU whole; to shard it again, launch with the {engine} config it ran under (`--config_file`) in "
+            f"place of `--multi_gpu`.", ""]
+
+
 def _same_data(digest: Optional[str]) -> list[str]:
     """How to tell that a run again read the same training rows (a card written before the digest was kept has
     none)."""
@@ -389,6 +400,7 @@ def model_card(cfg, summary: dict[str, Any]) -> str:
         reproduce_command(train["num_processes"], cfg.output.output_dir),
         "```",
         "",
+        *_sharded(train.get("distributed_type")),
         *_same_data(train.get("data_sha256")),
     ]
     card, test = "\n".join(lines), summary.get("test")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import yaml
 
 from finetune.config import config_from_dict
-from finetune.model_card import model_card
+from finetune.model_card import model_card, reproduce_command
 
 
 def _summary(precision: str = "no") -> dict:
@@ -262,3 +262,20 @@ def test_a_scored_files_section_says_its_texts_seen_in_training_or_that_they_wer
     section = unknown[unknown.index("<!-- finetune score"):]
     assert "Whether any of these texts is also a training text was not checked." in section
     assert "also training texts" not in section and "autocast" not in section
+
+
+def test_the_command_that_trains_it_again_launches_as_many_processes_into_a_new_folder():
+    assert reproduce_command(1, "outputs/r8") == \
+        "finetune train --config outputs/r8/config.yaml output.output_dir=outputs/r8-again"
+    assert reproduce_command(4, "outputs/my run") == (
+        "accelerate launch --multi_gpu --num_processes 4 -m finetune.cli train --config 'outputs/my run/config.yaml' "
+        "'output.output_dir=outputs/my run-again'")
+    cfg = config_from_dict({"data": {"train_file": "data/r8.csv"}, "output": {"output_dir": "outputs/r8"}})
+    summary = _summary()
+    summary["train"].update(num_processes=8, distributed_type="FSDP")
+    body = model_card(cfg, summary).split("---\n", 2)[2]
+    assert "--num_processes 8 -m finetune.cli train --config outputs/r8/config.yaml" in body
+    assert "It ran under FSDP: launched as above, DDP makes the same updates where the model fits on each GPU " \
+           "whole; to shard it again, launch with the FSDP config it ran under (`--config_file`)" in body
+    summary["train"]["distributed_type"] = "MULTI_GPU"
+    assert "It ran under" not in model_card(cfg, summary)
