@@ -59,8 +59,8 @@ def _sharded(distributed_type: Optional[str]) -> list[str]:
     engine = {"FSDP": "FSDP", "DEEPSPEED": "DeepSpeed"}.get(distributed_type or "")
     if engine is None:
         return []
-    return [f"It ran under {engine}: launched as above, DDP makes the same updates where the model fits on each "
-            f"GPU whole; to shard it again, launch with the {engine} config it ran under (`--config_file`) in "
+    return [f"It ran under {engine}: launched as above, DDP makes the same updates (to rounding) where the model fits "
+            f"on each GPU whole; to shard it again, launch with the {engine} config it ran under (`--config_file`) in "
             f"place of `--multi_gpu`.", ""]
 
 

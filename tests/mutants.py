@@ -608,13 +608,49 @@ DATA_MUTANTS = (
            "a spreadsheet's semicolon-separated CSV reads as one column", OWN_DATA + ("tests/test_cli.py",)),
 )
 
+# what a run writes is what README.md's table says, and a file the user wrote is never replaced (README.md's "What a
+# run writes", docs/inference.md's scores)
+SCORING = ("tests/test_predict.py", "tests/test_metrics.py")
+OUTPUT_MUTANTS = (
+    Mutant("model_card.py", 'round(train["samples"] / seconds, 3) if seconds > 0 else None,',
+           'round(train["updates"] / seconds, 3) if seconds > 0 else None,',
+           "all_results.json's train_samples_per_second counts updates", ("tests/test_selection.py",)),
+    Mutant("model_card.py", "if num_processes > 1:", "if False:",
+           "the card's command trains a run of several processes again on one",
+           ("tests/test_model_card.py", "tests/test_selection.py")),
+    Mutant("model_card.py", 'f"output.output_dir={output_dir}-again"', 'f"output.output_dir={output_dir}"',
+           "the card's command trains again into the run's own folder, not a new one",
+           ("tests/test_model_card.py", "tests/test_selection.py")),
+    Mutant("results.py",
+           'if path.exists() and MODEL_CARD_MARK not in path.read_text(encoding="utf-8", errors="replace"):',
+           "if False:", "a README.md the user wrote in the output folder is replaced by the model card",
+           ("tests/test_selection.py", "tests/test_model_card.py")),
+    Mutant("results.py", "if not (folder / ADAPTER_CONFIG).is_file():", "if False:",
+           "a folder named adapter/ that finetune did not write is deleted by a LoRA run's save",
+           ("tests/test_lora.py",)),
+    Mutant("modeling.py", "config.id2label = dict(id2label)", "config.id2label = {i: f'LABEL_{i}' for i in id2label}",
+           "the saved model names its classes LABEL_0, LABEL_1, not as the data does",
+           ("tests/test_predict.py", "tests/test_own_data.py")),
+    Mutant("metrics/intervals.py",
+           "return np.bincount(ref * num_labels + pred,", "return np.bincount(pred * num_labels + ref,",
+           "the confusion matrix's rows are the predicted classes, not the true ones", SCORING),
+    Mutant("comparison.py", "differences = {name: this.metrics[name] - value for name, value in metrics.items()}",
+           "differences = {name: value - this.metrics[name] for name, value in metrics.items()}",
+           "finetune score --against gives the other run's score less this one's", SCORING),
+    Mutant("comparison.py",
+           "others = in_this_runs_labels(task.predictions(logits).numpy(), predictor.labels, this.labels, kind)",
+           "others = task.predictions(logits).numpy()",
+           "--against compares another run's classes by number, not by name, where the two number them otherwise",
+           SCORING),
+)
+
 RULES = {"accumulation": ACCUMULATION_MUTANTS, "resume": RESUME_MUTANTS, "input": INPUT_MUTANTS,
          "scores": SCORE_MUTANTS, "memory": MEMORY_MUTANTS, "sweep": SWEEP_MUTANTS, "long_texts": LONG_TEXT_MUTANTS,
          "inference": INFERENCE_MUTANTS, "logging": LOGGING_MUTANTS, "evaluation": EVALUATION_MUTANTS,
-         "data": DATA_MUTANTS}
+         "data": DATA_MUTANTS, "outputs": OUTPUT_MUTANTS}
 MUTANTS = (ACCUMULATION_MUTANTS + RESUME_MUTANTS + INPUT_MUTANTS + SCORE_MUTANTS + MEMORY_MUTANTS + SWEEP_MUTANTS
            + LONG_TEXT_MUTANTS + INFERENCE_MUTANTS + LOGGING_MUTANTS + EVALUATION_MUTANTS
-           + DATA_MUTANTS)
+           + DATA_MUTANTS + OUTPUT_MUTANTS)
 
 
 def source_of(mutant: Mutant, root: Path = REPO) -> str:

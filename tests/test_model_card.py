@@ -275,7 +275,7 @@ def test_the_command_that_trains_it_again_launches_as_many_processes_into_a_new_
     summary["train"].update(num_processes=8, distributed_type="FSDP")
     body = model_card(cfg, summary).split("---\n", 2)[2]
     assert "--num_processes 8 -m finetune.cli train --config outputs/r8/config.yaml" in body
-    assert "It ran under FSDP: launched as above, DDP makes the same updates where the model fits on each GPU " \
-           "whole; to shard it again, launch with the FSDP config it ran under (`--config_file`)" in body
+    assert "It ran under FSDP: launched as above, DDP makes the same updates (to rounding) where the model fits on " \
+           "each GPU whole; to shard it again, launch with the FSDP config it ran under (`--config_file`)" in body
     summary["train"]["distributed_type"] = "MULTI_GPU"
     assert "It ran under" not in model_card(cfg, summary)
