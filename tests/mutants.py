@@ -11,14 +11,15 @@ frozen blocks, LoRA, the memory plan and what it offers) change what a micro-bat
 that the plan counts what they save; of docs/sweeps.md, that a sweep finds, reports and repeats the best trial,
 within its budget, pruning at the texts seen; of docs/long_texts.md, what a long text keeps; of docs/inference.md,
 that a prediction is the run's model on each text, in the input's order; of docs/logging.md, that a record says what
-its updates did; or of docs/configuration.md, what a run is judged on and by (the validation carve, when evaluations
+its updates did; of docs/configuration.md, what a run is judged on and by (the validation carve, when evaluations
 are made, the best model, early stopping) and that a file of the user's own is read as meant (its separator, its
-labels' classes). The check copies the checkout's tracked files into a scratch folder, applies one mutant at a time
-there, runs its tests (without the GPU ones) and restores the line: the checkout itself is never changed.
+labels' classes); or that a run writes what README.md's table says, never replacing a file the user wrote. The check
+copies the checkout's tracked files into a scratch folder, applies one mutant at a time there, runs its tests
+(without the GPU ones) and restores the line: the checkout itself is never changed.
 
-    python tests/mutants.py                     # every mutant: about 120 minutes on 2 CPU cores
+    python tests/mutants.py                     # every mutant: about 125 minutes on 2 CPU cores
     python tests/mutants.py --rules resume      # one promise's: accumulation, resume, input, scores, memory, sweep,
-                                                #   long_texts, inference, logging, evaluation, data
+                                                #   long_texts, inference, logging, evaluation, data, outputs
     python tests/mutants.py --rules memory,sweep  # several
     python tests/mutants.py --only 0,7          # some of them (their numbers: --list)
 
