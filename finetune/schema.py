@@ -833,7 +833,8 @@ class LoggingConfig:
                                        "group by tags). `finetune sweep` groups its runs under its folder.")
     progress_bar: bool = setting(True, "Show a tqdm progress bar (main process only): redrawn at each update in "
                                  "a terminal or a notebook, every 30 s when stderr is a file or a pipe (a batch "
-                                 "job's log).")
+                                 "job's log); and datasets' bars while the data is read and tokenized (main "
+                                 "process only). false: no bar at all.")
     noise_scale: bool = setting(False,
         "Measure the gradient noise scale (McCandlish et al., 2018): the effective batch around which more samples "
         "per update stop paying for themselves, from the norm of each window's first micro-batch's gradient beside "

@@ -24,8 +24,10 @@ if __name__ == "__main__" and not __package__:
     sys.path.insert(0, str(_here.parent))
 
 import argparse  # noqa: E402
+import contextlib  # noqa: E402
 import dataclasses  # noqa: E402
 import logging  # noqa: E402
+from typing import Iterator  # noqa: E402
 
 from finetune.errors import CommandParser, FinetuneError, is_main_rank, out_of_memory_told_as, run_command  # noqa: E402
 
@@ -206,15 +208,16 @@ def build_and_fit(cfg, batching, on_evaluation=None, dry_run: bool = False) -> t
 
     quiet_library_progress()
     accelerator = build_accelerator(cfg)  # refuses a launch whose processes did not all join
-    run = setup_run(cfg, accelerator, batching)
-    say(run)
-    with out_of_memory_told_as(lambda exc: out_of_memory_error(run, exc, dry_run)):
-        if dry_run:
-            rehearsal = rehearse(run)
-            if accelerator.is_main_process:
-                logger.info(dry_run_line(run, rehearsal))
-            return accelerator.is_main_process, {"rehearsal": rehearsal}
-        return accelerator.is_main_process, fit(run, on_evaluation=on_evaluation)
+    with data_progress(shown=cfg.logging.progress_bar and accelerator.is_main_process):
+        run = setup_run(cfg, accelerator, batching)
+        say(run)
+        with out_of_memory_told_as(lambda exc: out_of_memory_error(run, exc, dry_run)):
+            if dry_run:
+                rehearsal = rehearse(run)
+                if accelerator.is_main_process:
+                    logger.info(dry_run_line(run, rehearsal))
+                return accelerator.is_main_process, {"rehearsal": rehearsal}
+            return accelerator.is_main_process, fit(run, on_evaluation=on_evaluation)
 
 
 def quiet_library_progress() -> None:
@@ -226,6 +229,29 @@ def quiet_library_progress() -> None:
     from transformers.utils import logging as transformers_logging
 
     transformers_logging.disable_progress_bar()
+
+
+@contextlib.contextmanager
+def data_progress(shown: bool) -> Iterator[None]:
+    """``datasets``' progress bars (a file read into a split, a split tokenized) where ``shown``, else none until
+    the block ends.
+
+    They are the run's progress while its data is prepared, which on a large file takes minutes; but
+    ``logging.progress_bar: false`` asks for a log without bars, and under a launch every process would draw its
+    own copy of each. ``HF_DATASETS_DISABLE_PROGRESS_BARS``, where set, decides instead.
+    """
+    import datasets
+    import datasets.config
+
+    hide = (not shown and datasets.config.HF_DATASETS_DISABLE_PROGRESS_BARS is None
+            and datasets.is_progress_bar_enabled())
+    if hide:
+        datasets.disable_progress_bars()
+    try:
+        yield
+    finally:
+        if hide:  # as it was for what the caller does next (a notebook, a sweep's next trial)
+            datasets.enable_progress_bars()
 
 
 def explain(key: str) -> int:

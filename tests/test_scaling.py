@@ -416,6 +416,7 @@ def test_cli_start_line_gives_processes_backend_and_k(cli_runs):
     _, two = cli_runs["two"]
     assert "no GPU found: running 2 processes as one DDP job on the CPU over gloo" in two
     assert "processes=2 backend=gloo" in two and " b=4 k=2 P=2 effective_batch=16" in two
+    assert "Tokenizing" not in two and "examples/s" not in two  # logging.progress_bar: false: no datasets' bars
     _, nodes = cli_runs["nodes"]
     assert "processes=2 backend=gloo" in nodes and " b=8 k=1 P=2 effective_batch=16" in nodes
 
@@ -546,7 +547,9 @@ def test_a_checkpoint_resumes_on_another_split_of_the_effective_batch_to_the_sam
 
 LORA_TWO = ("model.lora_rank=4", "evaluation.eval_every=2", "evaluation.load_best_model_at_end=true",
             # the highest loss is the "best": an early checkpoint, so loading it changes the final weights
-            "evaluation.metric_for_best_model=loss", "evaluation.greater_is_better=true", "output.keep_last=null")
+            "evaluation.metric_for_best_model=loss", "evaluation.greater_is_better=true", "output.keep_last=null",
+            # both processes tokenize, and only the main one draws its bars
+            "logging.progress_bar=true", "data.cache_tokenized=false")
 
 
 def _two_processes(cfg: Path, out: Path, *overrides: str) -> subprocess.CompletedProcess:
@@ -600,6 +603,7 @@ def test_lora_on_two_processes_resumes_exactly(lora_on_two_processes):
     assert f"resumed from {resumed / 'checkpoints' / f'checkpoint-{best + 2}'}: update {best + 2}" in stderr
     # said once, at the start, though the test set's model joins the processes again at the end
     assert stderr.count("no GPU found: running 2 processes as one DDP job on the CPU over gloo") == 1
+    assert stderr.count("Tokenizing train:   0%") == 1 and stderr.count("Tokenizing validation:   0%") == 1
     a, b = _weights(whole), _weights(resumed)
     assert a.keys() == b.keys() and all(torch.equal(a[key], b[key]) for key in a)
 
