@@ -11,15 +11,17 @@ frozen blocks, LoRA, the memory plan and what it offers) change what a micro-bat
 that the plan counts what they save; of docs/sweeps.md, that a sweep finds, reports and repeats the best trial,
 within its budget, pruning at the texts seen; of docs/long_texts.md, what a long text keeps; of docs/inference.md,
 that a prediction is the run's model on each text, in the input's order; of docs/logging.md, that a record says what
-its updates did; of docs/configuration.md, what a run is judged on and by (the validation carve, when evaluations
-are made, the best model, early stopping) and that a file of the user's own is read as meant (its separator, its
-labels' classes); or that a run writes what README.md's table says, never replacing a file the user wrote. The check
-copies the checkout's tracked files into a scratch folder, applies one mutant at a time there, runs its tests
-(without the GPU ones) and restores the line: the checkout itself is never changed.
+its updates did and that a resumed run goes on with its tracker runs; of docs/configuration.md, what a run is judged
+on and by (the validation carve, when evaluations are made, the best model, early stopping) and that a file of the
+user's own is read as meant (its separator, its labels' classes); or that a run writes what README.md's table says,
+never replacing a file the user wrote. The check copies the checkout's tracked files into a scratch folder, applies
+one mutant at a time there, runs its tests (without the GPU ones) and restores the line: the checkout itself is
+never changed.
 
-    python tests/mutants.py                     # every mutant: about 125 minutes on 2 CPU cores
+    python tests/mutants.py                     # every mutant: about 130 minutes on 2 CPU cores
     python tests/mutants.py --rules resume      # one promise's: accumulation, resume, input, scores, memory, sweep,
-                                                #   long_texts, inference, logging, evaluation, data, outputs
+                                                #   long_texts, inference, logging, evaluation, data, outputs,
+                                                #   trackers
     python tests/mutants.py --rules memory,sweep  # several
     python tests/mutants.py --only 0,7          # some of them (their numbers: --list)
 
@@ -645,13 +647,39 @@ OUTPUT_MUTANTS = (
            SCORING),
 )
 
+# a run's tracker runs are named for it and a resumed run goes on with them, each update once (docs/logging.md)
+TRACKERS = ("tests/test_trackers.py",)
+TRACKER_MUTANTS = (
+    Mutant("tracker_runs.py", '"wandb": Naming(named=lambda name: {"name": name}',
+           '"wandb": Naming(named=lambda name: {}', "a W&B run is not named for its output folder", TRACKERS),
+    Mutant("tracker_runs.py", '"mlflow": Naming(named=lambda name: {"run_name": name}',
+           '"mlflow": Naming(named=lambda name: {}', "an MLflow run is not named for its output folder", TRACKERS),
+    Mutant("tracker_runs.py", 'continued=lambda run_id: {"id": run_id, "resume": "allow"},',
+           "continued=lambda run_id: {},", "a resumed run starts a new W&B run", TRACKERS),
+    Mutant("tracker_runs.py", 'continued=lambda run_id: {"run_id": run_id},', "continued=lambda run_id: {},",
+           "a resumed run starts a new MLflow run", TRACKERS),
+    Mutant("tracker_runs.py", "if step is not None and step <= self.through:", "if False:",
+           "a continued W&B run is sent again the updates its server holds", TRACKERS),
+    Mutant("tracker_runs.py", "return {k: v for k, v in scalars(record).items() if (k, step) not in self.pairs}",
+           "return scalars(record)", "a continued MLflow run is sent again the updates it holds", TRACKERS),
+    Mutant("tracker_runs.py", "there = CONTINUATION[tracker].still_there(run_id)", "there = True",
+           "a resumed run tries to go on with an MLflow run that was deleted, and fails", TRACKERS),
+    Mutant("tracker_runs.py",
+           '"wandb": Naming(named=lambda name: {"name": name}, '
+           'grouped=lambda group: {"group": group})',
+           '"wandb": Naming(named=lambda name: {"name": name}, '
+           'grouped=lambda group: {})',
+           "logging.run_group does not reach W&B", TRACKERS),
+)
+
 RULES = {"accumulation": ACCUMULATION_MUTANTS, "resume": RESUME_MUTANTS, "input": INPUT_MUTANTS,
          "scores": SCORE_MUTANTS, "memory": MEMORY_MUTANTS, "sweep": SWEEP_MUTANTS, "long_texts": LONG_TEXT_MUTANTS,
          "inference": INFERENCE_MUTANTS, "logging": LOGGING_MUTANTS, "evaluation": EVALUATION_MUTANTS,
-         "data": DATA_MUTANTS, "outputs": OUTPUT_MUTANTS}
+         "data": DATA_MUTANTS, "outputs": OUTPUT_MUTANTS,
+         "trackers": TRACKER_MUTANTS}
 MUTANTS = (ACCUMULATION_MUTANTS + RESUME_MUTANTS + INPUT_MUTANTS + SCORE_MUTANTS + MEMORY_MUTANTS + SWEEP_MUTANTS
            + LONG_TEXT_MUTANTS + INFERENCE_MUTANTS + LOGGING_MUTANTS + EVALUATION_MUTANTS
-           + DATA_MUTANTS + OUTPUT_MUTANTS)
+           + DATA_MUTANTS + OUTPUT_MUTANTS + TRACKER_MUTANTS)
 
 
 def source_of(mutant: Mutant, root: Path = REPO) -> str:
