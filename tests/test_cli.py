@@ -237,25 +237,3 @@ def test_non_empty_output_dir_is_refused(assets, trained, tmp_path):
         assert "output.output_dir" in proc.stderr and message in proc.stderr
         assert "Traceback" not in proc.stderr
     assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file() and p.name != ".finetune.lock"} == before
-
-
-def test_datasets_bars_are_hidden_for_the_block_that_asks_and_shown_again_after_it():
-    """``logging.progress_bar: false``, or a process that is not the main one: no bar of datasets' while the run
-    reads and tokenizes its data, and datasets' own setting back afterwards (a notebook's, a sweep's next trial)."""
-    import datasets
-
-    from finetune.train import data_progress
-
-    assert datasets.is_progress_bar_enabled()
-    with data_progress(shown=False):
-        assert not datasets.is_progress_bar_enabled()
-    assert datasets.is_progress_bar_enabled()
-    with data_progress(shown=True):
-        assert datasets.is_progress_bar_enabled()
-    datasets.disable_progress_bars()  # the caller's own choice stays as it was
-    try:
-        with data_progress(shown=False):
-            assert not datasets.is_progress_bar_enabled()
-        assert not datasets.is_progress_bar_enabled()
-    finally:
-        datasets.enable_progress_bars()

@@ -258,3 +258,26 @@ def test_a_log_line_written_while_the_bar_is_shown_starts_a_line_of_its_own(monk
     before, _, after = stream.getvalue().partition("LOG epoch 0 eval\n")
     assert before.endswith("\r") and "update" in before  # the bar was cleared before the line ...
     assert after.startswith("\rtrain:")  # ... and drawn again below it
+
+
+def test_datasets_bars_are_hidden_for_the_block_that_asks_and_shown_again_after_it():
+    """``logging.progress_bar: false``, or a process that is not the main one: no bar of datasets' while the run
+    reads and tokenizes its data, and datasets' own setting back afterwards (a notebook's, a sweep's next trial)."""
+    import datasets
+
+    from finetune.train import data_progress
+
+    was = datasets.is_progress_bar_enabled()  # a command run in this process before (predict) may have hidden them
+    try:
+        datasets.enable_progress_bars()
+        with data_progress(shown=False):
+            assert not datasets.is_progress_bar_enabled()
+        assert datasets.is_progress_bar_enabled()
+        with data_progress(shown=True):
+            assert datasets.is_progress_bar_enabled()
+        datasets.disable_progress_bars()  # the caller's own choice stays as it was
+        with data_progress(shown=False):
+            assert not datasets.is_progress_bar_enabled()
+        assert not datasets.is_progress_bar_enabled()
+    finally:
+        (datasets.enable_progress_bars if was else datasets.disable_progress_bars)()
