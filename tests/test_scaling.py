@@ -678,6 +678,35 @@ def test_an_engine_asked_for_on_the_cpu_runs_as_ddp_or_is_refused_in_one_line(en
         "FSDP was requested but needs GPUs; Accelerate runs plain DDP on the CPU instead"]
 
 
+def test_a_launch_whose_processes_did_not_all_join_is_refused_in_one_line(monkeypatch):
+    """Accelerate's state counting fewer processes than the launcher started (a state made before the launch's
+    variables were read, a machine of several that never joined) would train each process alone, on its own
+    share of nothing: refused before anything is built, whichever way the count came out."""
+    import accelerate
+
+    from finetune.errors import LaunchError
+    from finetune.launch import init_process_state
+
+    class OneProcess:  # what Accelerate's state says however often it is built again
+        num_processes, distributed_type, backend = 1, "NO", None
+        device, is_main_process = torch.device("cpu"), True
+        resets = 0
+
+        def __init__(self, cpu: bool = False):
+            pass
+
+        @classmethod
+        def _reset_state(cls):
+            cls.resets += 1
+
+    monkeypatch.setattr(accelerate, "PartialState", OneProcess)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(LaunchError, match=r"^the launcher started 2 processes but Accelerate joined 1 \(NO\); "
+                                          r"check accelerate launch's --num_processes and --num_machines"):
+        init_process_state()
+    assert OneProcess.resets == 1  # joined again over gloo once before giving up
+
+
 def test_fsdp_config_builds_the_plugin_for_bert(monkeypatch):
     from accelerate.utils import FullyShardedDataParallelPlugin
     from accelerate.utils.launch import prepare_multi_gpu_env
