@@ -9,7 +9,8 @@ docs/errors.md, that bad input gets one line naming the key, file or row, and an
 the scores a run reports (docs/inference.md); of docs/memory.md, that the memory levers (gradient checkpointing,
 frozen blocks, LoRA, the memory plan and what it offers) change what a micro-batch costs and never the update, and
 that the plan counts what they save; of docs/sweeps.md, that a sweep finds, reports and repeats the best trial,
-within its budget, pruning at the texts seen; of docs/long_texts.md, what a long text keeps; of docs/inference.md,
+within its budget, pruning at the texts seen; of docs/scaling.md, that one run config runs on any number of
+processes, each with its share of the machine; of docs/long_texts.md, what a long text keeps; of docs/inference.md,
 that a prediction is the run's model on each text, in the input's order; of docs/logging.md, that a record says what
 its updates did and that a resumed run goes on with its tracker runs; of docs/configuration.md, what a run is judged
 on and by (the validation carve, when evaluations are made, the best model, early stopping) and that a file of the
@@ -18,10 +19,10 @@ never replacing a file the user wrote. The check copies the checkout's tracked f
 one mutant at a time there, runs its tests (without the GPU ones) and restores the line: the checkout itself is
 never changed.
 
-    python tests/mutants.py                     # every mutant: about 130 minutes on 2 CPU cores
+    python tests/mutants.py                     # every mutant: about 135 minutes on 2 CPU cores
     python tests/mutants.py --rules resume      # one promise's: accumulation, resume, input, scores, memory, sweep,
                                                 #   long_texts, inference, logging, evaluation, data, outputs,
-                                                #   trackers
+                                                #   trackers, scaling
     python tests/mutants.py --rules memory,sweep  # several
     python tests/mutants.py --only 0,7          # some of them (their numbers: --list)
 
@@ -672,14 +673,41 @@ TRACKER_MUTANTS = (
            "logging.run_group does not reach W&B", TRACKERS),
 )
 
+# one run config on any number of processes: the same updates, each process its share of the machine, one log
+# (docs/scaling.md)
+LAUNCH = ("tests/test_scaling.py",)
+SCALING_MUTANTS = (
+    Mutant("accumulation.py", "if B % (b * num_processes) != 0:", "if B % b != 0:",
+           "an effective batch the processes cannot split is let through", LAUNCH + ("tests/test_auto_batch.py",)),
+    Mutant("accumulation.py", "if k is not None and k != derived:", "if False:",
+           "gradient_accumulation_steps contradicting effective_batch_size is let through", LAUNCH),
+    Mutant("launch.py", "return cores // processes_on_this_machine(num_processes)", "return cores",
+           "each CPU process of a launch takes every core, not its share",
+           LAUNCH + ("tests/test_container_limits.py", "tests/test_tokenize_processes.py")),
+    Mutant("launch.py",
+           'return _processes_in("LOCAL_WORLD_SIZE") if os.environ.get("LOCAL_WORLD_SIZE") else max(1, num_processes)',
+           "return max(1, num_processes)",
+           "processes on several machines share out one machine's cores and RAM as if all were on it",
+           LAUNCH + ("tests/test_memory_plan.py", "tests/test_container_limits.py")),
+    Mutant("launch.py", "if state.num_processes != world:", "if False:",
+           "a launch whose processes did not all join trains anyway", LAUNCH),
+    Mutant("launch.py", 'if engine == "DeepSpeed" and state.device.type == "cpu":', "if False:",
+           "DeepSpeed asked for on the CPU fails deep in Accelerate's set-up, not in one line", LAUNCH),
+    Mutant("launch.py", 'if engine and state.is_main_process and state.device.type == "cpu":', "if False:",
+           "FSDP asked for on the CPU runs plain DDP without a word", LAUNCH),
+    Mutant("tracking.py", "        if self.accelerator.is_main_process:\n            with open(self.path",
+           "        if True:\n            with open(self.path",
+           "every process writes the log's records, so each update is there once per process", LAUNCH),
+)
+
 RULES = {"accumulation": ACCUMULATION_MUTANTS, "resume": RESUME_MUTANTS, "input": INPUT_MUTANTS,
          "scores": SCORE_MUTANTS, "memory": MEMORY_MUTANTS, "sweep": SWEEP_MUTANTS, "long_texts": LONG_TEXT_MUTANTS,
          "inference": INFERENCE_MUTANTS, "logging": LOGGING_MUTANTS, "evaluation": EVALUATION_MUTANTS,
          "data": DATA_MUTANTS, "outputs": OUTPUT_MUTANTS,
-         "trackers": TRACKER_MUTANTS}
+         "trackers": TRACKER_MUTANTS, "scaling": SCALING_MUTANTS}
 MUTANTS = (ACCUMULATION_MUTANTS + RESUME_MUTANTS + INPUT_MUTANTS + SCORE_MUTANTS + MEMORY_MUTANTS + SWEEP_MUTANTS
            + LONG_TEXT_MUTANTS + INFERENCE_MUTANTS + LOGGING_MUTANTS + EVALUATION_MUTANTS
-           + DATA_MUTANTS + OUTPUT_MUTANTS + TRACKER_MUTANTS)
+           + DATA_MUTANTS + OUTPUT_MUTANTS + TRACKER_MUTANTS + SCALING_MUTANTS)
 
 
 def source_of(mutant: Mutant, root: Path = REPO) -> str:
