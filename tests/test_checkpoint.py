@@ -92,6 +92,21 @@ def test_output_dir_rules_refuse_before_touching_anything(tmp_path):
     assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
 
 
+def test_pruning_removes_old_checkpoints_and_cut_saves_and_nothing_else(tmp_path):
+    from finetune.checkpoint_files import prune
+
+    root = tmp_path / "checkpoints"
+    for step in (2, 4, 6):
+        _fake_checkpoint(root / f"checkpoint-{step}", step)
+    _fake_checkpoint(root / ".tmp-checkpoint-8", 8)  # a save a kill cut short
+    (root / "best-by-hand").mkdir()  # a user's copy, and a user's file
+    (root / "best-by-hand" / "model.safetensors").write_text("mine", encoding="utf-8")
+    (root / "notes.md").write_text("mine", encoding="utf-8")
+    prune(root, keep_last=1, keep=set())
+    assert sorted(p.name for p in root.iterdir()) == ["best-by-hand", "checkpoint-6", "notes.md"]
+    assert (root / "best-by-hand" / "model.safetensors").read_text(encoding="utf-8") == "mine"
+
+
 def test_overwrite_clears_the_earlier_runs_state_only(tmp_path):
     _fake_checkpoint(tmp_path / "checkpoints" / "checkpoint-4", 4)
     _fake_checkpoint(tmp_path / "checkpoints" / ".tmp-checkpoint-6", 6)
@@ -99,12 +114,16 @@ def test_overwrite_clears_the_earlier_runs_state_only(tmp_path):
     (tmp_path / "checkpoints" / "checkpoint-1").mkdir()  # named like one, but not written by finetune
     (tmp_path / "checkpoints" / "notes.md").write_text("mine", encoding="utf-8")
     for name in ("train_log.jsonl", "metrics.json", "all_results.json", "curves.png", "model.safetensors",
-                 "notes.txt"):
+                 "notes.txt", "README.md"):  # a README.md without the card's mark: the user's
         (tmp_path / name).write_text("x", encoding="utf-8")
+    (tmp_path / "adapter").mkdir()  # no adapter_config.json: not a LoRA run's adapter
+    (tmp_path / "adapter" / "plan.txt").write_text("mine", encoding="utf-8")
     removed = clear_previous_run(tmp_path)
     assert sorted(p.name for p in removed) == [".tmp-checkpoint-6", "all_results.json", "checkpoint-4", "curves.png",
                                                "metrics.json", "train_log.jsonl"]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoints", "model.safetensors", "notes.txt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["README.md", "adapter", "checkpoints", "model.safetensors",
+                                                          "notes.txt"]
+    assert (tmp_path / "adapter" / "plan.txt").read_text(encoding="utf-8") == "mine"
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["best-by-hand", "checkpoint-1", "notes.md"]
     # a checkpoints folder that held only checkpoints goes with them
     _fake_checkpoint(tmp_path / "again" / "checkpoints" / "checkpoint-2", 2)
