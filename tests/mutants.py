@@ -4,25 +4,25 @@ A test that still passes when the feature it guards is broken guards nothing. Ea
 one line of the package and names the test files that must fail on it: a rule of docs/accumulation.md (clipping
 skipped, the ragged window weighted as a full one, the schedule stepped on a step fp16's grad scaler skipped, ...);
 of docs/checkpoints.md, that a resumed run goes on as if it had not stopped (the schedule, the random streams, the
-position in the epoch, the evaluations and the log restored; a damaged or another run's checkpoint refused); of
-docs/errors.md, that bad input gets one line naming the key, file or row, and an exit code, without a traceback; of
-the scores a run reports (docs/inference.md); of docs/memory.md, that the memory levers (gradient checkpointing,
-frozen blocks, LoRA, the memory plan and what it offers) change what a micro-batch costs and never the update, and
-that the plan counts what they save; of docs/sweeps.md, that a sweep finds, reports and repeats the best trial,
-within its budget, pruning at the texts seen; of docs/scaling.md, that one run config runs on any number of
-processes, each with its share of the machine; of docs/long_texts.md, what a long text keeps; of docs/inference.md,
-that a prediction is the run's model on each text, in the input's order; of docs/logging.md, that a record says what
-its updates did and that a resumed run goes on with its tracker runs; of docs/configuration.md, what a run is judged
-on and by (the validation carve, when evaluations are made, the best model, early stopping) and that a file of the
-user's own is read as meant (its separator, its labels' classes); or that a run writes what README.md's table says,
-never replacing a file the user wrote. The check copies the checkout's tracked files into a scratch folder, applies
-one mutant at a time there, runs its tests (without the GPU ones) and restores the line: the checkout itself is
-never changed.
+position in the epoch, the evaluations and the log restored; a damaged or another run's checkpoint refused), and
+that no run deletes what it was not told to; of docs/errors.md, that bad input gets one line naming the key, file or
+row, and an exit code, without a traceback; of the scores a run reports (docs/inference.md); of docs/memory.md, that
+the memory levers (gradient checkpointing, frozen blocks, LoRA, the memory plan and what it offers) change what a
+micro-batch costs and never the update, and that the plan counts what they save; of docs/sweeps.md, that a sweep
+finds, reports and repeats the best trial, within its budget, pruning at the texts seen; of docs/scaling.md, that
+one run config runs on any number of processes, each with its share of the machine; of docs/long_texts.md, what a
+long text keeps; of docs/inference.md, that a prediction is the run's model on each text, in the input's order; of
+docs/logging.md, that a record says what its updates did and that a resumed run goes on with its tracker runs; of
+docs/configuration.md, what a run is judged on and by (the validation carve, when evaluations are made, the best
+model, early stopping) and that a file of the user's own is read as meant (its separator, its labels' classes); or
+that a run writes what README.md's table says, never replacing a file the user wrote. The check copies the
+checkout's tracked files into a scratch folder, applies one mutant at a time there, runs its tests (without the GPU
+ones) and restores the line: the checkout itself is never changed.
 
-    python tests/mutants.py                     # every mutant: about 135 minutes on 2 CPU cores
+    python tests/mutants.py                     # every mutant: about 140 minutes on 2 CPU cores
     python tests/mutants.py --rules resume      # one promise's: accumulation, resume, input, scores, memory, sweep,
                                                 #   long_texts, inference, logging, evaluation, data, outputs,
-                                                #   trackers, scaling
+                                                #   trackers, scaling, keeping
     python tests/mutants.py --rules memory,sweep  # several
     python tests/mutants.py --only 0,7          # some of them (their numbers: --list)
 
@@ -700,14 +700,39 @@ SCALING_MUTANTS = (
            "every process writes the log's records, so each update is there once per process", LAUNCH),
 )
 
+# no run deletes work it was not told to: what output.overwrite clears, what pruning removes, the folder's lock
+# (docs/checkpoints.md)
+KEEPS = RESUME + ("tests/test_lora.py",)
+KEEPING_MUTANTS = (
+    Mutant("outputs.py",
+           'if child.is_dir() and match and (match.group(1) or (child / "trainer_state.json").is_file()):',
+           "if child.is_dir():", "output.overwrite deletes every folder in checkpoints/, the user's too", KEEPS),
+    Mutant("outputs.py", "if (adapter / ADAPTER_CONFIG).is_file():", "if adapter.is_dir():",
+           "output.overwrite deletes a folder named adapter/ that finetune did not write", KEEPS),
+    Mutant("outputs.py", "for path in (out / LOG_FILE, out / METRICS_FILE, out / RESULTS_FILE, out / CURVES_FILE):",
+           "for path in (out / LOG_FILE, out / METRICS_FILE, out / RESULTS_FILE, out / CURVES_FILE, out / "
+           '"README.md"):', "output.overwrite deletes a README.md the user wrote in the folder",
+           KEEPS + ("tests/test_selection.py",)),
+    Mutant("checkpoint_files.py", "if child.is_dir() and child.name.startswith((TMP_PREFIX, OLD_PREFIX)):",
+           "if child.is_dir() and not child.name.startswith(CHECKPOINT_PREFIX):",
+           "pruning deletes every folder in checkpoints/ that is not a checkpoint, the user's too", KEEPS),
+    Mutant("checkpoint_files.py", "for path in others[: max(0, len(others) - max(0, keep_last - len(kept)))]:",
+           "for path in others[: max(0, len(others) - keep_last)]:",
+           "output.keep_last keeps one checkpoint too many or too few where the best is kept besides", KEEPS),
+    Mutant("outputs.py", "fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)", "pass",
+           "a second run writes into the folder a live run holds", KEEPS),
+)
+
 RULES = {"accumulation": ACCUMULATION_MUTANTS, "resume": RESUME_MUTANTS, "input": INPUT_MUTANTS,
          "scores": SCORE_MUTANTS, "memory": MEMORY_MUTANTS, "sweep": SWEEP_MUTANTS, "long_texts": LONG_TEXT_MUTANTS,
          "inference": INFERENCE_MUTANTS, "logging": LOGGING_MUTANTS, "evaluation": EVALUATION_MUTANTS,
          "data": DATA_MUTANTS, "outputs": OUTPUT_MUTANTS,
-         "trackers": TRACKER_MUTANTS, "scaling": SCALING_MUTANTS}
+         "trackers": TRACKER_MUTANTS, "scaling": SCALING_MUTANTS,
+         "keeping": KEEPING_MUTANTS}
 MUTANTS = (ACCUMULATION_MUTANTS + RESUME_MUTANTS + INPUT_MUTANTS + SCORE_MUTANTS + MEMORY_MUTANTS + SWEEP_MUTANTS
            + LONG_TEXT_MUTANTS + INFERENCE_MUTANTS + LOGGING_MUTANTS + EVALUATION_MUTANTS
-           + DATA_MUTANTS + OUTPUT_MUTANTS + TRACKER_MUTANTS + SCALING_MUTANTS)
+           + DATA_MUTANTS + OUTPUT_MUTANTS + TRACKER_MUTANTS + SCALING_MUTANTS
+           + KEEPING_MUTANTS)
 
 
 def source_of(mutant: Mutant, root: Path = REPO) -> str:
