@@ -14,15 +14,15 @@ one run config runs on any number of processes, each with its share of the machi
 long text keeps; of docs/inference.md, that a prediction is the run's model on each text, in the input's order; of
 docs/logging.md, that a record says what its updates did and that a resumed run goes on with its tracker runs; of
 docs/configuration.md, what a run is judged on and by (the validation carve, when evaluations are made, the best
-model, early stopping) and that a file of the user's own is read as meant (its separator, its labels' classes); or
-that a run writes what README.md's table says, never replacing a file the user wrote. The check copies the
-checkout's tracked files into a scratch folder, applies one mutant at a time there, runs its tests (without the GPU
-ones) and restores the line: the checkout itself is never changed.
+model, early stopping), that a file of the user's own is read as meant (its separator, its labels' classes) and what
+a dry run says; or that a run writes what README.md's table says, never replacing a file the user wrote. The check
+copies the checkout's tracked files into a scratch folder, applies one mutant at a time there, runs its tests
+(without the GPU ones) and restores the line: the checkout itself is never changed.
 
-    python tests/mutants.py                     # every mutant: about 140 minutes on 2 CPU cores
+    python tests/mutants.py                     # every mutant: about 145 minutes on 2 CPU cores
     python tests/mutants.py --rules resume      # one promise's: accumulation, resume, input, scores, memory, sweep,
                                                 #   long_texts, inference, logging, evaluation, data, outputs,
-                                                #   trackers, scaling, keeping
+                                                #   trackers, scaling, keeping, dry_run
     python tests/mutants.py --rules memory,sweep  # several
     python tests/mutants.py --only 0,7          # some of them (their numbers: --list)
 
@@ -723,16 +723,41 @@ KEEPING_MUTANTS = (
            "a second run writes into the folder a live run holds", KEEPS),
 )
 
+# a dry run says how long the run would take, and what it would evaluate and save, without writing
+# (docs/configuration.md's "A dry run")
+DRY_RUN = ("tests/test_dry_run.py",)
+DRY_RUN_MUTANTS = (
+    Mutant("rehearsal.py", "pace = statistics.median(seconds[len(seconds) // 2:])", "pace = statistics.median(seconds)",
+           "the dry run's pace takes in its first updates, which compile and warm up", DRY_RUN),
+    Mutant("rehearsal.py", "return pace, sum(seconds[:updates]) + pace * max(0, updates - len(seconds))",
+           "return pace, pace * updates", "the estimate leaves out the first updates' own time", DRY_RUN),
+    Mutant("rehearsal.py",
+           'done = checkpoints.resume_meta["state"]["step"] if checkpoints.resume_meta is not None else 0',
+           "done = 0", "a dry run of a stopped run estimates the whole run, not what is left of it", DRY_RUN),
+    Mutant("rehearsal.py", "return first + again * (whole - timed) / timed, len(rows), ends[1] - began",
+           "return first, len(rows), ends[1] - began",
+           "a large validation set's evaluation is timed on its sample alone", DRY_RUN),
+    Mutant("fitting.py", "return count + self.validating  # fit evaluates the final weights, due or not",
+           "return count", "the dry run leaves out the evaluation of the final weights", DRY_RUN),
+    Mutant("checkpointer.py",
+           "or bool(self.every and step % self.every == 0) for step, micro_batch, k, ends in updates)",
+           "for step, micro_batch, k, ends in updates)",
+           "the dry run leaves out the checkpoints of output.checkpoint_every", DRY_RUN),
+    Mutant("checkpointer.py", "return sum(ends or (selecting and due.mid_epoch(step, micro_batch, k))",
+           "return sum(ends or (False and due.mid_epoch(step, micro_batch, k))",
+           "the dry run leaves out the checkpoint after each evaluation inside an epoch under a selection", DRY_RUN),
+)
+
 RULES = {"accumulation": ACCUMULATION_MUTANTS, "resume": RESUME_MUTANTS, "input": INPUT_MUTANTS,
          "scores": SCORE_MUTANTS, "memory": MEMORY_MUTANTS, "sweep": SWEEP_MUTANTS, "long_texts": LONG_TEXT_MUTANTS,
          "inference": INFERENCE_MUTANTS, "logging": LOGGING_MUTANTS, "evaluation": EVALUATION_MUTANTS,
          "data": DATA_MUTANTS, "outputs": OUTPUT_MUTANTS,
          "trackers": TRACKER_MUTANTS, "scaling": SCALING_MUTANTS,
-         "keeping": KEEPING_MUTANTS}
+         "keeping": KEEPING_MUTANTS, "dry_run": DRY_RUN_MUTANTS}
 MUTANTS = (ACCUMULATION_MUTANTS + RESUME_MUTANTS + INPUT_MUTANTS + SCORE_MUTANTS + MEMORY_MUTANTS + SWEEP_MUTANTS
            + LONG_TEXT_MUTANTS + INFERENCE_MUTANTS + LOGGING_MUTANTS + EVALUATION_MUTANTS
            + DATA_MUTANTS + OUTPUT_MUTANTS + TRACKER_MUTANTS + SCALING_MUTANTS
-           + KEEPING_MUTANTS)
+           + KEEPING_MUTANTS + DRY_RUN_MUTANTS)
 
 
 def source_of(mutant: Mutant, root: Path = REPO) -> str:
