@@ -8,21 +8,22 @@ position in the epoch, the evaluations and the log restored; a damaged or anothe
 that no run deletes what it was not told to; of docs/errors.md, that bad input gets one line naming the key, file or
 row, and an exit code, without a traceback; of the scores a run reports (docs/inference.md); of docs/memory.md, that
 the memory levers (gradient checkpointing, frozen blocks, LoRA, the memory plan and what it offers) change what a
-micro-batch costs and never the update, and that the plan counts what they save; of docs/sweeps.md, that a sweep
-finds, reports and repeats the best trial, within its budget, pruning at the texts seen; of docs/scaling.md, that
-one run config runs on any number of processes, each with its share of the machine; of docs/long_texts.md, what a
-long text keeps; of docs/inference.md, that a prediction is the run's model on each text, in the input's order; of
-docs/logging.md, that a record says what its updates did and that a resumed run goes on with its tracker runs; of
+micro-batch costs and never the update, and that the plan counts what they save; of docs/performance.md, that the
+CPU speed-ups change how a micro-batch is computed, never its update; of docs/sweeps.md, that a sweep finds, reports
+and repeats the best trial, within its budget, pruning at the texts seen; of docs/scaling.md, that one run config
+runs on any number of processes, each with its share of the machine; of docs/long_texts.md, what a long text keeps;
+of docs/inference.md, that a prediction is the run's model on each text, in the input's order; of docs/logging.md,
+that a record says what its updates did and that a resumed run goes on with its tracker runs; of
 docs/configuration.md, what a run is judged on and by (the validation carve, when evaluations are made, the best
 model, early stopping), that a file of the user's own is read as meant (its separator, its labels' classes) and what
 a dry run says; or that a run writes what README.md's table says, never replacing a file the user wrote. The check
 copies the checkout's tracked files into a scratch folder, applies one mutant at a time there, runs its tests
 (without the GPU ones) and restores the line: the checkout itself is never changed.
 
-    python tests/mutants.py                     # every mutant: about 145 minutes on 2 CPU cores
+    python tests/mutants.py                     # every mutant: about 150 minutes on 2 CPU cores
     python tests/mutants.py --rules resume      # one promise's: accumulation, resume, input, scores, memory, sweep,
                                                 #   long_texts, inference, logging, evaluation, data, outputs,
-                                                #   trackers, scaling, keeping, dry_run
+                                                #   trackers, scaling, keeping, dry_run, cpu
     python tests/mutants.py --rules memory,sweep  # several
     python tests/mutants.py --only 0,7          # some of them (their numbers: --list)
 
@@ -748,16 +749,39 @@ DRY_RUN_MUTANTS = (
            "the dry run leaves out the checkpoint after each evaluation inside an epoch under a selection", DRY_RUN),
 )
 
+# the CPU speed-ups change how a micro-batch is computed, never its update (docs/performance.md)
+SPEEDUPS = ("tests/test_sparse_embedding.py", "tests/test_dropout.py")
+CPU_MUTANTS = (
+    Mutant("cpu/sparse_embedding.py", "        buf.zero_()", "        pass",
+           "the embedding's dense buffer keeps the last update's gradient", SPEEDUPS),
+    Mutant("cpu/sparse_embedding.py",
+           "if sum(1 for _, p in model.named_parameters(remove_duplicate=False) if p is weight) != 1:",
+           "if False:", "an embedding tied to another module gets a sparse gradient beside the dense one", SPEEDUPS),
+    Mutant("cpu/dropout.py", "return mask, _LEVELS / (_LEVELS - threshold)", "return mask, 1 / (1 - p)",
+           "fast dropout scales by the probability asked for, not the one its masks keep with", SPEEDUPS),
+    Mutant("cpu/dropout.py", "return grad.mul(mask).mul_(ctx.scale), None, None", "return grad * ctx.scale, None, None",
+           "fast dropout's backward lets the gradient through the dropped elements", SPEEDUPS),
+    Mutant("cpu/dropout.py", "    if not training or p == 0.0:", "    if p == 0.0:",
+           "fast dropout drops in evaluation too", SPEEDUPS),
+    Mutant("cpu/dropout.py", "grad_dropped = torch.matmul(grad, v.transpose(-1, -2)).mul_(keep).mul_(ctx.scale)",
+           "grad_dropped = torch.matmul(grad, v.transpose(-1, -2)).mul_(ctx.scale)",
+           "the written-out attention's backward lets the gradient through dropped probabilities", SPEEDUPS),
+    Mutant("cpu/dropout.py", "out = torch.matmul(probs.mul(keep).mul_(scale), v)",
+           "out = torch.matmul(probs.mul(keep), v)",
+           "the written-out attention's dropout is not rescaled", SPEEDUPS),
+)
+
 RULES = {"accumulation": ACCUMULATION_MUTANTS, "resume": RESUME_MUTANTS, "input": INPUT_MUTANTS,
          "scores": SCORE_MUTANTS, "memory": MEMORY_MUTANTS, "sweep": SWEEP_MUTANTS, "long_texts": LONG_TEXT_MUTANTS,
          "inference": INFERENCE_MUTANTS, "logging": LOGGING_MUTANTS, "evaluation": EVALUATION_MUTANTS,
          "data": DATA_MUTANTS, "outputs": OUTPUT_MUTANTS,
          "trackers": TRACKER_MUTANTS, "scaling": SCALING_MUTANTS,
-         "keeping": KEEPING_MUTANTS, "dry_run": DRY_RUN_MUTANTS}
+         "keeping": KEEPING_MUTANTS, "dry_run": DRY_RUN_MUTANTS,
+         "cpu": CPU_MUTANTS}
 MUTANTS = (ACCUMULATION_MUTANTS + RESUME_MUTANTS + INPUT_MUTANTS + SCORE_MUTANTS + MEMORY_MUTANTS + SWEEP_MUTANTS
            + LONG_TEXT_MUTANTS + INFERENCE_MUTANTS + LOGGING_MUTANTS + EVALUATION_MUTANTS
            + DATA_MUTANTS + OUTPUT_MUTANTS + TRACKER_MUTANTS + SCALING_MUTANTS
-           + KEEPING_MUTANTS + DRY_RUN_MUTANTS)
+           + KEEPING_MUTANTS + DRY_RUN_MUTANTS + CPU_MUTANTS)
 
 
 def source_of(mutant: Mutant, root: Path = REPO) -> str:
