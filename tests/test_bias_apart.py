@@ -57,6 +57,23 @@ def test_a_lora_layers_frozen_base_is_swapped_and_its_adapters_are_not():
     assert swapped == len(_biased_linears(model))
 
 
+def test_a_subclass_of_linear_keeps_its_own_forward():
+    """A layer of a class derived from ``nn.Linear`` (a quantized layer, a gradient-fused one, torch's own
+    ``NonDynamicallyQuantizableLinear``) computes its output its own way: swapped, that way would be lost."""
+    from finetune.accumulation_fusion import FusedAccumulationLinear
+
+    class Scaled(torch.nn.Linear):
+        def forward(self, x):
+            return 2 * super().forward(x)
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), Scaled(4, 4), FusedAccumulationLinear(4, 4))
+    x = torch.randn(3, 4)
+    before = model(x)
+    assert add_biases_apart(model) == 1
+    assert [type(m) for m in model] == [BiasApartLinear, Scaled, FusedAccumulationLinear]
+    torch.testing.assert_close(model(x), before)
+
+
 def test_a_compiled_block_traces_the_product_without_its_bias(monkeypatch):
     """What inductor is handed: under ``training.torch_compile: blocks``, each block's graph computes its linear
     layers' products without a bias and adds the bias as an operation of its own, which inductor fuses into the
