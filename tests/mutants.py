@@ -9,21 +9,21 @@ that no run deletes what it was not told to; of docs/errors.md, that bad input g
 row, and an exit code, without a traceback; of the scores a run reports (docs/inference.md); of docs/memory.md, that
 the memory levers (gradient checkpointing, frozen blocks, LoRA, the memory plan and what it offers) change what a
 micro-batch costs and never the update, and that the plan counts what they save; of docs/performance.md, that the
-CPU speed-ups change how a micro-batch is computed, never its update; of docs/sweeps.md, that a sweep finds, reports
-and repeats the best trial, within its budget, pruning at the texts seen; of docs/scaling.md, that one run config
-runs on any number of processes, each with its share of the machine; of docs/long_texts.md, what a long text keeps;
-of docs/inference.md, that a prediction is the run's model on each text, in the input's order; of docs/logging.md,
-that a record says what its updates did and that a resumed run goes on with its tracker runs; of
+CPU speed-ups and the GPU levers change how a micro-batch is computed, never its update; of docs/sweeps.md, that a
+sweep finds, reports and repeats the best trial, within its budget, pruning at the texts seen; of docs/scaling.md,
+that one run config runs on any number of processes, each with its share of the machine; of docs/long_texts.md, what
+a long text keeps; of docs/inference.md, that a prediction is the run's model on each text, in the input's order; of
+docs/logging.md, that a record says what its updates did and that a resumed run goes on with its tracker runs; of
 docs/configuration.md, what a run is judged on and by (the validation carve, when evaluations are made, the best
 model, early stopping), that a file of the user's own is read as meant (its separator, its labels' classes) and what
 a dry run says; or that a run writes what README.md's table says, never replacing a file the user wrote. The check
 copies the checkout's tracked files into a scratch folder, applies one mutant at a time there, runs its tests
 (without the GPU ones) and restores the line: the checkout itself is never changed.
 
-    python tests/mutants.py                     # every mutant: about 150 minutes on 2 CPU cores
+    python tests/mutants.py                     # every mutant: about 155 minutes on 2 CPU cores
     python tests/mutants.py --rules resume      # one promise's: accumulation, resume, input, scores, memory, sweep,
                                                 #   long_texts, inference, logging, evaluation, data, outputs,
-                                                #   trackers, scaling, keeping, dry_run, cpu
+                                                #   trackers, scaling, keeping, dry_run, cpu, gpu_levers
     python tests/mutants.py --rules memory,sweep  # several
     python tests/mutants.py --only 0,7          # some of them (their numbers: --list)
 
@@ -771,17 +771,43 @@ CPU_MUTANTS = (
            "the written-out attention's dropout is not rescaled", SPEEDUPS),
 )
 
+# the GPU levers change the kernels of an update, not its sums: each is checked on the CPU too (docs/performance.md)
+GPU_LEVERS = ("tests/test_bias_apart.py", "tests/test_accumulation_fusion.py")
+GPU_LEVER_MUTANTS = (
+    Mutant("bias_apart.py", "return product + self.bias.to(product.dtype)", "return product",
+           "bias_apart drops the bias", GPU_LEVERS),
+    Mutant("bias_apart.py", "if type(module) is torch.nn.Linear and module.bias is not None:",
+           "if isinstance(module, torch.nn.Linear) and module.bias is not None:",
+           "bias_apart swaps the class of a layer derived from nn.Linear, whose own forward it then skips",
+           GPU_LEVERS),
+    Mutant("accumulation_fusion.py",
+           "grad_bias = rows.sum(0, dtype=torch.float32) if ctx.has_bias and needs_bias else None",
+           "grad_bias = rows.sum(0) if ctx.has_bias and needs_bias else None",
+           "the fused layer's bias gradient is summed in bf16, not fp32", GPU_LEVERS),
+    Mutant("accumulation_fusion.py", "    grad.addmm_(grad_output.t().to(grad.dtype), input.to(grad.dtype))",
+           "    grad.copy_(torch.mm(grad_output.t(), input).to(grad.dtype))",
+           "the fused layer's low-precision product replaces the window's gradient instead of adding to it",
+           GPU_LEVERS),
+    Mutant("accumulation_fusion.py", "grad_x = grad_out.to(weight_cast.dtype) @ weight_cast if needs_x else None",
+           "grad_x = grad_out.to(weight_cast.dtype) @ weight_cast.t() if needs_x and False else None",
+           "the fused layer passes no gradient to its input, so the layers below it stop learning", GPU_LEVERS),
+    Mutant("accumulation_fusion.py", "            self.weight.grad = torch.zeros_like(self.weight)",
+           "            self.weight.grad = torch.ones_like(self.weight)",
+           "a window after the gradients were freed starts its sum from ones, not zeros", GPU_LEVERS),
+)
+
 RULES = {"accumulation": ACCUMULATION_MUTANTS, "resume": RESUME_MUTANTS, "input": INPUT_MUTANTS,
          "scores": SCORE_MUTANTS, "memory": MEMORY_MUTANTS, "sweep": SWEEP_MUTANTS, "long_texts": LONG_TEXT_MUTANTS,
          "inference": INFERENCE_MUTANTS, "logging": LOGGING_MUTANTS, "evaluation": EVALUATION_MUTANTS,
          "data": DATA_MUTANTS, "outputs": OUTPUT_MUTANTS,
          "trackers": TRACKER_MUTANTS, "scaling": SCALING_MUTANTS,
          "keeping": KEEPING_MUTANTS, "dry_run": DRY_RUN_MUTANTS,
-         "cpu": CPU_MUTANTS}
+         "cpu": CPU_MUTANTS, "gpu_levers": GPU_LEVER_MUTANTS}
 MUTANTS = (ACCUMULATION_MUTANTS + RESUME_MUTANTS + INPUT_MUTANTS + SCORE_MUTANTS + MEMORY_MUTANTS + SWEEP_MUTANTS
            + LONG_TEXT_MUTANTS + INFERENCE_MUTANTS + LOGGING_MUTANTS + EVALUATION_MUTANTS
            + DATA_MUTANTS + OUTPUT_MUTANTS + TRACKER_MUTANTS + SCALING_MUTANTS
-           + KEEPING_MUTANTS + DRY_RUN_MUTANTS + CPU_MUTANTS)
+           + KEEPING_MUTANTS + DRY_RUN_MUTANTS + CPU_MUTANTS
+           + GPU_LEVER_MUTANTS)
 
 
 def source_of(mutant: Mutant, root: Path = REPO) -> str:
