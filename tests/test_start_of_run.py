@@ -6,6 +6,7 @@ import csv
 import io
 import logging
 import re
+import subprocess
 import sys
 
 import pytest
@@ -14,7 +15,7 @@ import yaml
 from finetune.config import ModelConfig
 from finetune.modeling import load_model_reporting, model_name
 import forked
-from helpers import make_texts, offline_env, run_cli, save_tiny_model
+from helpers import REPO, make_texts, offline_env, run_cli, save_tiny_model
 
 PROGRESS_BAR = re.compile(r"(it|examples)/s\]$")  # a tqdm bar's line (it ends in a rate)
 LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ (INFO|WARNING|ERROR|DEBUG) [\w.]+: ")
@@ -281,3 +282,15 @@ def test_datasets_bars_are_hidden_for_the_block_that_asks_and_shown_again_after_
         assert not datasets.is_progress_bar_enabled()
     finally:
         (datasets.enable_progress_bars if was else datasets.disable_progress_bars)()
+
+
+def test_datasets_bars_asked_for_by_the_environment_stay_whatever_the_run_asks():
+    """``HF_DATASETS_DISABLE_PROGRESS_BARS=0`` decides over ``logging.progress_bar: false``, and the block does not
+    ask datasets for what the variable forbids (which datasets answers with a warning)."""
+    code = ("import datasets\nfrom finetune.train import data_progress\n"
+            "with data_progress(shown=False):\n    print(datasets.is_progress_bar_enabled())")
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO,
+                          env=offline_env({"HF_DATASETS_DISABLE_PROGRESS_BARS": "0"}), capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "True" and "Cannot" not in done.stderr
