@@ -16,6 +16,7 @@ fold ``data.validation_fold``: the K runs of a config validate on every unit onc
 from __future__ import annotations
 
 import json
+import logging
 import math
 from typing import Hashable, Iterable, Optional
 
@@ -28,6 +29,8 @@ from finetune.errors import DataError
 from finetune.labels import LabelSpace
 from finetune.tables import GROUP, LABELS, TEXT, TEXT_PAIR, Table
 
+logger = logging.getLogger(__name__)
+
 
 def _units(by: str) -> str:
     """What a carve draws, as its messages name it."""
@@ -39,21 +42,34 @@ def _unit(by: str) -> str:
 
 
 def carve_validation(train: datasets.Dataset, read: Table, fraction: float, seed: int, label_space: LabelSpace,
-                     by: str = "row") -> tuple[datasets.Dataset, datasets.Dataset]:
+                     by: str = "row") -> tuple[datasets.Dataset, datasets.Dataset, float]:
     """Split ``fraction`` of ``train`` (encoded from the table ``read``) off as validation, seeded; stratified by
     class for single_label, by label for multi_label. ``by``: ``row`` draws rows, ``text`` draws distinct texts with
-    all their rows."""
+    all their rows.
+
+    Returns the training rows, the validation rows and the fraction held out: ``fraction``, unless one unit of
+    each class was more (a larger fraction that carves the same units again, :func:`fraction_of`)."""
     groups, firsts = _units_of(train, read, by)
     if label_space.problem_type == "regression":
         n_validation = _validation_units(len(firsts), read.source, fraction, by)
         chosen = target_strata(_unit_targets(train, firsts), n_validation, seed)
-        return _rows_of_units(train, groups, chosen)
+        return *_rows_of_units(train, groups, chosen), fraction
     if label_space.problem_type == "multi_label":
         n_validation = _validation_units(len(firsts), read.source, fraction, by)
         side = iterative_stratification(_unit_label_sets(train, firsts), [len(firsts) - n_validation, n_validation],
                                         seed)
-        return _rows_of_units(train, groups, np.flatnonzero(side == 1))
+        return *_rows_of_units(train, groups, np.flatnonzero(side == 1)), fraction
     return _carve_stratified(train, groups, firsts, read, fraction, seed, label_space, by)
+
+
+def fraction_of(n_validation: int, units: int) -> float:
+    """The largest fraction whose carve of ``units`` rounds up to no more than ``n_validation`` units (so that,
+    with at least one unit of each class, it carves ``n_validation`` again): ``n_validation / units``, stepped
+    below where the float product rounds up past it (``7 / 25 * 25`` is ``7.000000000000001``)."""
+    share = n_validation / units
+    while math.ceil(share * units) > n_validation:
+        share = math.nextafter(share, 0.0)
+    return share
 
 
 def carve_fold(train: datasets.Dataset, read: Table, folds: int, fold: int, seed: int, label_space: LabelSpace,
@@ -220,8 +236,9 @@ def target_folds(targets: np.ndarray, folds: int, seed: int) -> np.ndarray:
 
 def _carve_stratified(train: datasets.Dataset, groups: np.ndarray, firsts: np.ndarray, read: Table,
                       fraction: float, seed: int, label_space: LabelSpace, by: str
-                      ) -> tuple[datasets.Dataset, datasets.Dataset]:
-    """One class per text: each class keeps its share on both sides."""
+                      ) -> tuple[datasets.Dataset, datasets.Dataset, float]:
+    """One class per text: each class keeps its share on both sides, and each class has a unit on each (the
+    fraction held out raised for it where ``fraction`` of the units are fewer than the classes)."""
     labels, unit_labels = _unit_labels(train, firsts, read, label_space, by,
                                        f"carving a stratified validation set (data.validation_split: {fraction})",
                                        "Add rows, or give data.validation_file")
@@ -234,15 +251,22 @@ def _carve_stratified(train: datasets.Dataset, groups: np.ndarray, firsts: np.nd
             f"{read.source}: {units} {_units(by)} are too few to carve a validation set with all {present} "
             f"classes on both sides (data.validation_split: {fraction}); give data.validation_file"
         )
+    held_out = fraction
+    if n_validation > math.ceil(fraction * units):
+        held_out = fraction_of(n_validation, units)
+        logger.warning("%s: data.validation_split: %g of its %d %s is too few to hold one of each of its %d "
+                       "classes: %d held out instead (%.0f%%), as config.yaml records; data.validation_file keeps "
+                       "them all for training", read.source, fraction, units, _units(by), present, n_validation,
+                       100 * held_out)
     if by == "row":
-        return stratified_split(train, labels, n_validation, seed)
+        return *stratified_split(train, labels, n_validation, seed), held_out
     # the units drawn as rows are: one row per unit (a distinct text, a column's value), its class the rows'
     # ClassLabel
     one_per_unit = datasets.Dataset.from_dict(
         {"unit": np.arange(units), LABELS: unit_labels},
         features=datasets.Features({"unit": datasets.Value("int64"), LABELS: train.features[LABELS]}))
     _, validation_units = stratified_split(one_per_unit, unit_labels, n_validation, seed)
-    return _rows_of_units(train, groups, np.asarray(read_column(validation_units, "unit"), dtype=np.int64))
+    return *_rows_of_units(train, groups, np.asarray(read_column(validation_units, "unit"), dtype=np.int64)), held_out
 
 
 def unit_groups(train: datasets.Dataset, read: Table, by: str) -> np.ndarray:

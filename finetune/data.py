@@ -253,7 +253,12 @@ def _carve(encoded: datasets.Dataset, read: Table, cfg: DataConfig, seed: int, l
     if cfg.validation_folds is not None:
         return carve_fold(encoded, read, cfg.validation_folds, cfg.validation_fold, seed, label_space,
                           by=cfg.validation_split_by)
-    return carve_validation(encoded, read, cfg.validation_split, seed, label_space, by=cfg.validation_split_by)
+    train, validation, held_out = carve_validation(encoded, read, cfg.validation_split, seed, label_space,
+                                                   by=cfg.validation_split_by)
+    # written back, as the run's other decisions are: config.yaml, the start line and the model card then say the
+    # share held out (raised where the fraction asked for held fewer rows than the classes), and carve it again
+    cfg.validation_split = held_out
+    return train, validation
 
 
 def _load_local_train(cfg: DataConfig) -> tuple[Table, Optional[Table]]:

@@ -31,7 +31,7 @@ logger = logging.getLogger("finetune")
 # training trajectory. Every other key of these sections must be identical.
 COMPARED_SECTIONS = ("model", "data", "training", "optim")
 # config keys that setup may settle (write back) after the early comparison of config_changes
-SETTLED_IN_SETUP = frozenset({"data.validation_split_name"})
+SETTLED_IN_SETUP = frozenset({"data.validation_split_name", "data.validation_split"})
 MAY_CHANGE_ON_RESUME = frozenset({
     "training.on_nonfinite",
     "training.max_skipped",

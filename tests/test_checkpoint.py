@@ -264,6 +264,26 @@ def test_a_run_resumes_whatever_process_count_and_cache_made_its_tokens(tmp_path
         check_compatible(saved, run(max_length=64), path)  # what the tokens are is still compared
 
 
+def test_a_validation_share_the_carve_raised_is_compared_once_setup_has_carved(tmp_path):
+    """A carve raises ``data.validation_split`` where the share asked for holds fewer rows than the classes, and
+    writes the share it held out into the run's config: the command that started the run asked for less, so the
+    check made before anything is loaded leaves the key to the check made once the data is carved again."""
+    from finetune.resuming import config_changes
+
+    path = tmp_path / "checkpoint-3"
+
+    def cfg(split, max_length=128):
+        return config_from_dict({"data": {"train_file": "x.tsv", "validation_split": split, "max_length": max_length},
+                                 "training": {"per_device_train_batch_size": 4}})
+
+    saved = {"fingerprint": run_fingerprint(_fake_run(cfg(1 / 3)))}
+    assert config_changes(saved, cfg(0.1)) is None
+    assert config_changes(saved, cfg(0.1, max_length=64)) == "data.max_length: 128 -> 64"
+    check_compatible(saved, _fake_run(cfg(1 / 3)), path)  # the command's 0.1, once the carve has raised it
+    with pytest.raises(ConfigError, match=r"other settings: data.validation_split: 0.333\d* -> 0.5"):
+        check_compatible(saved, _fake_run(cfg(0.5)), path)
+
+
 def test_cuda_graphs_resume_as_applied_whatever_the_spelling(tmp_path):
     """Graphs pad micro-batches to other shapes, which draw other dropout masks: a checkpoint resumes only
     where graphs are applied as they were. ``auto`` resumes what ``false`` wrote wherever both mean eager."""

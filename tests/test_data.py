@@ -697,6 +697,45 @@ def test_the_carve_holds_out_as_many_rows_as_datasets_split_would(tmp_path, rows
     assert len(splits["train"]) == len(theirs["train"])
 
 
+def test_a_carve_too_small_for_every_class_holds_one_of_each_and_says_the_share_it_held(tmp_path, caplog):
+    """10% of 36 rows is 4, too few for one row of each of 12 classes: the carve holds out 12 (a third), warns,
+    and writes that share back into the config, so that the start line, the card and config.yaml say it, and the
+    config.yaml carves the same rows again, without a word."""
+    path = balanced_csv(tmp_path / "intents.csv", {f"intent{i:02d}": 3 for i in range(12)})
+    config = cfg(path, validation_split=0.1)
+    with caplog.at_level(logging.WARNING, logger="finetune"):
+        splits, _ = load_splits(config, seed=0)
+    assert Counter(names_of(splits["validation"])) == {f"intent{i:02d}": 1 for i in range(12)}
+    assert len(splits["train"]) == 24
+    assert caplog.messages == [f"{path}: data.validation_split: 0.1 of its 36 rows is too few to hold one of each of "
+                               "its 12 classes: 12 held out instead (33%), as config.yaml records; "
+                               "data.validation_file keeps them all for training"]
+    assert config.validation_split == pytest.approx(1 / 3)
+    from finetune.data_sources import data_sources
+
+    assert data_sources(config, 0).validation == "33% of the training rows held out (stratified, seed 0)"
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="finetune"):
+        again, _ = load_splits(cfg(path, validation_split=config.validation_split), seed=0)
+    assert again["validation"]["text"][:] == splits["validation"]["text"][:]
+    assert caplog.messages == []
+    # a share that holds every class is kept as it was asked for
+    enough = cfg(path, validation_split=0.34)
+    load_splits(enough, seed=0)
+    assert enough.validation_split == 0.34
+
+
+def test_the_share_written_back_carves_its_units_again():
+    """``fraction_of(n, units)`` rounds up to ``n`` units, the float product's rounding included (``7 / 25 * 25``
+    is ``7.000000000000001``, whose ceiling, 8, would carve one more)."""
+    from finetune.carve import fraction_of
+
+    assert math.ceil(7 / 25 * 25) == 8 and math.ceil(fraction_of(7, 25) * 25) == 7
+    for units in range(2, 400):
+        for n in range(1, units):
+            assert math.ceil(fraction_of(n, units) * units) == n, (n, units)
+
+
 @pytest.mark.parametrize("seed", [0, 7, 42])
 @pytest.mark.parametrize("draw", ["datasets' draw", "datasets' method"])
 def test_the_stratified_carve_takes_the_rows_datasets_would(seed, draw, monkeypatch):
