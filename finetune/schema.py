@@ -190,7 +190,9 @@ class DataConfig:
         "each label keeps its share; by the target for regression: the held-out targets spread as the whole's) "
         "when no validation set is given. Rows are carved by default: copies of a repeated text can fall on both "
         "sides, and the start line counts the validation rows whose text is also in train (`validation_split_by: "
-        "text` to prevent it).")
+        "text` to prevent it). A single-label carve holds at least one row of each class: where the fraction "
+        "holds fewer rows than there are classes, it holds out one of each, warns, and writes the share it held "
+        "out here (config.yaml, the start line and the model card say it).")
     validation_split_by: str = setting("row",
         "What the carve (and the folds) draw. `row`: rows, as `datasets`' `train_test_split` does. `text`: "
         "distinct texts (with their pair), every copy of one on the same side, so that no validation text is a "
