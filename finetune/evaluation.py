@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
+import numpy as np
 import torch
 
 from finetune.chunks import document_logits, split_batch
@@ -150,3 +151,14 @@ def validation_targets(run) -> Optional[list[float]]:
     if run.labels.problem_type != "regression" or run.eval_dataloader is None:
         return None
     return read_column(run.eval_dataloader.dataset, LABELS)
+
+
+def validation_support(run) -> Optional[list[int]]:
+    """Each class's (or label's) validation rows in ``run`` (a :class:`~finetune.assembly.Run`), in the order of
+    its label names; None for regression, or without validation."""
+    if run.labels.problem_type == "regression" or run.eval_dataloader is None:
+        return None
+    labels = read_column(run.eval_dataloader.dataset, LABELS)
+    if run.labels.problem_type == "multi_label":
+        return [int(count) for count in np.asarray(labels, dtype=np.float64).reshape(len(labels), -1).sum(0)]
+    return np.bincount(np.asarray(labels, dtype=np.int64), minlength=len(run.labels.names)).tolist()

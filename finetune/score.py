@@ -322,11 +322,16 @@ def cautions(result: Score, texts_named: str) -> list[str]:
     """What in the scores is worth a warning: a model that gave every text one answer (or, for regression, one
     number), or targets all alike, over which a correlation is undefined."""
     from finetune.data import SEEN_IN_TRAINING_AT_MOST
-    from finetune.metrics import correlations_over_alike_targets, one_number_for_every_text, same_answer_for_every_text
+    from finetune.metrics import (averaged_over_absent_labels, correlations_over_alike_targets,
+                                  one_number_for_every_text, same_answer_for_every_text)
 
     if result.by_label is not None:  # classes
         said = [same_answer_for_every_text(result.by_label, result.metrics.get("num_samples"), texts_named,
                                            "the model")]
+        if result.suite is not None:
+            support = [scores["support"] for scores in result.by_label.values()]
+            said.append(averaged_over_absent_labels(result.suite, support, list(result.by_label),
+                                                    texts_named.replace("texts", "text", 1)))
     else:
         said = [correlations_over_alike_targets(result.metrics, result.references, texts_named),
                 one_number_for_every_text(result.metrics, result.references, texts_named, "the model")]

@@ -20,9 +20,9 @@ from finetune.cpu import heap_reason, plan_cpu_speedups, speedup_settings
 from finetune.cuda_graphs import graphed_run
 from finetune.data import SEEN_IN_TRAINING_AT_MOST
 from finetune.data_sources import data_sources
-from finetune.evaluation import validation_targets
+from finetune.evaluation import validation_support, validation_targets
 from finetune.launch import choose_precision, describe_cpu_threads
-from finetune.metrics import correlations_over_alike_targets, scores_in_a_line
+from finetune.metrics import averaged_over_absent_labels, correlations_over_alike_targets, scores_in_a_line
 from finetune.modeling import model_name
 from finetune.optimization import UpdatePlan, describe_layer_rates
 from finetune.schema import DEFAULT_THRESHOLD
@@ -63,6 +63,12 @@ def cautions(run: Run) -> list[str]:
         "give validation rows whose targets differ, or evaluation.metrics=[mse,mae]") if targets is not None else None
     if alike is not None:
         lines.append(alike)
+    support = validation_support(run)
+    absent = averaged_over_absent_labels(run.metrics, support, run.labels.names, "validation row") if support else None
+    if absent is not None:
+        single = run.labels.problem_type == "single_label"
+        lines.append(f"{absent} (give validation rows of every {'class' if single else 'label'}, or "
+                     f"evaluation.average={'weighted' if single else 'micro'})")
     if run.eval_dataloader is not None:
         rows = len(run.eval_dataloader.dataset)
         if run.seen_in_training > SEEN_IN_TRAINING_AT_MOST * rows:

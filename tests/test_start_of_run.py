@@ -134,6 +134,37 @@ def test_validation_rows_trained_on_are_counted_and_cautioned_of_past_a_fifth(tm
             "was trained on them.\n" in model_card(cfg, summary))
 
 
+def test_a_validation_file_without_the_positive_class_is_cautioned_of_before_training(tmp_path):
+    """Two classes score the rarer one (spam): a validation file of ham alone scores F1 0 whatever the model
+    learns, which the run says before it trains, and ``finetune score`` says of such a file too."""
+    from finetune import setup_run
+    from finetune.config import load_config
+    from finetune.score import Score, cautions as score_cautions
+    from finetune.start_line import cautions
+    from tiny_run import reset_accelerate
+
+    train = make_texts(40, seed=5)
+    ham = [row for row in make_texts(30, seed=6) if row[0] == "ham"]
+    cfg = load_config(None, [f"data.train_file={_write_csv(tmp_path / 'train.csv', train)}",
+                             f"data.validation_file={_write_csv(tmp_path / 'ham.csv', ham)}",
+                             f"model.name_or_path={save_tiny_model(tmp_path / 'tiny-bert')}", "data.max_length=32",
+                             "training.mixed_precision=no", f"output.output_dir={tmp_path / 'out'}"])
+    reset_accelerate()
+    try:
+        run = setup_run(cfg)
+    finally:
+        reset_accelerate()
+    assert cautions(run) == [
+        "no validation row has the positive class 'spam': its f1, precision and recall are 0 whatever the model "
+        "predicts (give validation rows of every class, or evaluation.average=weighted)"]
+    by_label = {"ham": {"support": len(ham)}, "spam": {"support": 0}}
+    scored = Score("ham.csv", {"num_samples": len(ham), "f1": 0.0}, ["ham", "spam"], None, None, None,
+                   by_label=by_label, suite=run.metrics)
+    assert score_cautions(scored, "texts of ham.csv") == [
+        "no text of ham.csv has the positive class 'spam': its f1, precision and recall are 0 whatever the model "
+        "predicts"]
+
+
 def test_the_load_report_is_kept_when_more_than_the_head_is_new(tmp_path):
     from transformers import BertModel
 
