@@ -140,7 +140,9 @@ class DataConfig:
         "that file only, dropped with it when an override names another file.")
     validation_file: Optional[str] = setting(
         None, "The validation set, in the training file's layout (null: `validation_split` carves one from train). "
-        "The start line counts its rows whose text a training row has too, and warns past a fifth.")
+        "The start line counts its rows whose text a training row has too, and warns past a fifth; it warns too "
+        "where the file lacks a class that `evaluation.average` scores 0 whatever the model predicts (macro: any "
+        "class; binary: the positive one).")
     test_file: Optional[str] = setting(
         None, "A test set, in the training file's layout, scored once by the saved model after training and never "
         "before: the best model, early stopping and thresholds are chosen on the validation data alone. Its scores "
@@ -743,7 +745,9 @@ class EvalConfig:
         "Averaging for f1/precision/recall, roc_auc and average_precision: binary, macro, micro or weighted; "
         "auto: binary with two "
         "classes (the positive one is `positive_label`, else the rarer in the training data), macro with "
-        "more, micro for multi_label. A run resolves it at start-up and logs its choice.")
+        "more, micro for multi_label. A run resolves it at start-up and logs its choice. macro counts a class "
+        "(or label) that no validation text has as 0, and the run warns of it; micro and weighted weigh each by "
+        "its texts.")
     positive_label: Optional[str] = setting(None,
         "The label name (as in the data) of the positive class for binary averaging.")
     threshold: Union[float, Literal["per_label"], dict[str, float]] = setting(DEFAULT_THRESHOLD,

@@ -321,6 +321,17 @@ SCORE_MUTANTS = (
     Mutant("tasks.py", "return (torch.sigmoid(logits.float()) > threshold).long()",
            "return (torch.softmax(logits.float(), dim=-1) > threshold).long()",
            "several labels' probabilities share one softmax", SCORES + ("tests/test_problem_types.py",)),
+    Mutant("metrics/__init__.py", 'if not chosen or not absent or metrics.average not in ("binary", "macro"):',
+           'if not chosen or not absent or metrics.average not in ("macro",):',
+           "a validation set without the positive class of two is not cautioned of, its F1 0 whatever is learnt",
+           ("tests/test_metrics.py", "tests/test_start_of_run.py")),
+    Mutant("metrics/__init__.py", "f\"{(len(names) - len(absent)) / len(names):.2f} whatever the model predicts\")",
+           "f\"{1 - 1 / len(names):.2f} whatever the model predicts\")",
+           "the ceiling of a macro average over absent classes is said for one absent class, whatever their number",
+           ("tests/test_metrics.py",)),
+    Mutant("start_line.py", "support = validation_support(run)", "support = None",
+           "the start line says nothing of a validation set lacking a class its average scores 0",
+           ("tests/test_start_of_run.py",)),
 )
 
 # the memory levers change what a micro-batch costs, never the update (docs/memory.md)
