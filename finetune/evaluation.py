@@ -153,12 +153,14 @@ def validation_targets(run) -> Optional[list[float]]:
     return read_column(run.eval_dataloader.dataset, LABELS)
 
 
-def validation_support(run) -> Optional[list[int]]:
-    """Each class's (or label's) validation rows in ``run`` (a :class:`~finetune.assembly.Run`), in the order of
-    its label names; None for regression, or without validation."""
+def validation_support(run) -> Optional[dict[str, int]]:
+    """Each class's (or label's) validation rows in ``run`` (a :class:`~finetune.assembly.Run`), by name; None for
+    regression, or without validation."""
     if run.labels.problem_type == "regression" or run.eval_dataloader is None:
         return None
-    labels = read_column(run.eval_dataloader.dataset, LABELS)
+    labels, names = read_column(run.eval_dataloader.dataset, LABELS), run.labels.names
     if run.labels.problem_type == "multi_label":
-        return [int(count) for count in np.asarray(labels, dtype=np.float64).reshape(len(labels), -1).sum(0)]
-    return np.bincount(np.asarray(labels, dtype=np.int64), minlength=len(run.labels.names)).tolist()
+        counts = np.asarray(labels, dtype=np.float64).reshape(len(labels), len(names)).sum(0)
+    else:
+        counts = np.bincount(np.asarray(labels, dtype=np.int64), minlength=len(names))
+    return {str(name): int(count) for name, count in zip(names, counts)}

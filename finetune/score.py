@@ -322,16 +322,19 @@ def cautions(result: Score, texts_named: str) -> list[str]:
     """What in the scores is worth a warning: a model that gave every text one answer (or, for regression, one
     number), or targets all alike, over which a correlation is undefined."""
     from finetune.data import SEEN_IN_TRAINING_AT_MOST
-    from finetune.metrics import (averaged_over_absent_labels, correlations_over_alike_targets,
+    from finetune.metrics import (MetricSuite, averaged_over_absent_labels, correlations_over_alike_targets,
                                   one_number_for_every_text, same_answer_for_every_text)
 
     if result.by_label is not None:  # classes
         said = [same_answer_for_every_text(result.by_label, result.metrics.get("num_samples"), texts_named,
                                            "the model")]
-        if result.suite is not None:
-            support = [scores["support"] for scores in result.by_label.values()]
-            said.append(averaged_over_absent_labels(result.suite, support, list(result.by_label),
-                                                    texts_named.replace("texts", "text", 1)))
+        suite = result.suite
+        if suite is not None:
+            single = isinstance(suite, MetricSuite)  # else several labels to a text
+            positive = result.labels[suite.pos_label] if single and suite.pos_label is not None else None
+            said.append(averaged_over_absent_labels(
+                suite.names, suite.average, positive, {name: s["support"] for name, s in result.by_label.items()},
+                texts_named.replace("texts", "text", 1), labels=not single))
     else:
         said = [correlations_over_alike_targets(result.metrics, result.references, texts_named),
                 one_number_for_every_text(result.metrics, result.references, texts_named, "the model")]

@@ -64,9 +64,10 @@ def cautions(run: Run) -> list[str]:
     if alike is not None:
         lines.append(alike)
     support = validation_support(run)
-    absent = averaged_over_absent_labels(run.metrics, support, run.labels.names, "validation row") if support else None
+    evaluation, single = run.cfg.evaluation, run.labels.problem_type == "single_label"
+    absent = averaged_over_absent_labels(run.metrics.names, evaluation.average, evaluation.positive_label, support,
+                                         "validation row", labels=not single) if support else None
     if absent is not None:
-        single = run.labels.problem_type == "single_label"
         lines.append(f"{absent} (give validation rows of every {'class' if single else 'label'}, or "
                      f"evaluation.average={'weighted' if single else 'micro'})")
     if run.eval_dataloader is not None:

@@ -597,36 +597,34 @@ def test_an_average_that_counts_a_class_the_texts_lack_as_zero_is_cautioned_of_a
     from finetune.metrics import averaged_over_absent_labels
     from finetune.metrics.other_tasks import MultiLabelMetrics
 
-    names, references = ["a", "b", "c"], [0, 0, 2, 2, 0]  # no text of class 'b'
-    support = np.bincount(references, minlength=3)
-    macro = MetricSuite(["accuracy", "f1", "recall"], 3, average="macro")
-    said = averaged_over_absent_labels(macro, support, names, "validation row")
+    references = [0, 0, 2, 2, 0]  # no text of class 'b'
+    support = dict(zip(["a", "b", "c"], np.bincount(references, minlength=3).tolist()))
+    said = averaged_over_absent_labels(["accuracy", "f1", "recall"], "macro", None, support, "validation row")
     assert said == ("no validation row has the class 'b': the macro average of f1 and recall counts it as 0 among "
                     "the 3 classes, so it reaches at most 0.67 whatever the model predicts")
-    perfect = macro.compute(references, references)
+    perfect = MetricSuite(["f1", "recall"], 3, average="macro").compute(references, references)
     assert perfect["f1"] == perfect["recall"] == pytest.approx(2 / 3)
     for average in ("micro", "weighted"):
+        assert averaged_over_absent_labels(["f1", "precision", "recall"], average, None, support, "row") is None
         suite = MetricSuite(["f1", "precision", "recall"], 3, average=average)
-        assert averaged_over_absent_labels(suite, support, names, "validation row") is None
         assert suite.compute(references, references) == pytest.approx({"f1": 1.0, "precision": 1.0, "recall": 1.0})
-    assert averaged_over_absent_labels(MetricSuite(["accuracy"], 3, average="macro"), support, names, "x") is None
-    assert averaged_over_absent_labels(macro, [2, 1, 2], names, "validation row") is None
+    assert averaged_over_absent_labels(["accuracy"], "macro", None, support, "row") is None
+    assert averaged_over_absent_labels(["f1"], "macro", None, {"a": 2, "b": 1, "c": 2}, "row") is None
     # two classes scored on the positive one: its absence is what matters
-    binary = MetricSuite(["f1", "precision", "recall"], 2, average="binary", pos_label=1)
-    assert averaged_over_absent_labels(binary, [4, 0], ["ham", "spam"], "text of held_out.csv") == (
+    assert averaged_over_absent_labels(["f1", "precision", "recall"], "binary", "spam", {"ham": 4, "spam": 0},
+                                       "text of held_out.csv") == (
         "no text of held_out.csv has the positive class 'spam': its f1, precision and recall are 0 whatever the "
         "model predicts")
+    binary = MetricSuite(["f1", "precision", "recall"], 2, average="binary", pos_label=1)
     assert binary.compute([0, 0, 0], [0, 0, 0]) == {"f1": 0.0, "precision": 0.0, "recall": 0.0}
-    assert averaged_over_absent_labels(binary, [0, 4], ["ham", "spam"], "validation row") is None
-    only_f1 = MetricSuite(["f1"], 2, average="binary", pos_label=1)
-    assert averaged_over_absent_labels(only_f1, [4, 0], ["ham", "spam"], "row") == (
+    assert averaged_over_absent_labels(["f1"], "binary", "spam", {"ham": 0, "spam": 4}, "row") is None
+    assert averaged_over_absent_labels(["f1"], "binary", "spam", {"ham": 4, "spam": 0}, "row") == (
         "no row has the positive class 'spam': its f1 is 0 whatever the model predicts")
     # several labels per text, macro over the labels: two of three without a text
     sets = np.array([[1, 0, 0], [1, 0, 0]])
-    labels = MultiLabelMetrics(["f1"], 3, "macro")
-    assert averaged_over_absent_labels(labels, sets.sum(0), ["x", "y", "z"], "validation row") == (
+    label_support = dict(zip(["x", "y", "z"], sets.sum(0).tolist()))
+    assert averaged_over_absent_labels(["f1"], "macro", None, label_support, "validation row", labels=True) == (
         "no validation row has the labels 'y', 'z': the macro average of f1 counts each as 0 among the 3 labels, "
         "so it reaches at most 0.33 whatever the model predicts")
-    assert labels.compute(sets, sets)["f1"] == pytest.approx(1 / 3)
-    assert averaged_over_absent_labels(MultiLabelMetrics(["f1"], 3, "micro"), sets.sum(0), ["x", "y", "z"],
-                                       "validation row") is None
+    assert MultiLabelMetrics(["f1"], 3, "macro").compute(sets, sets)["f1"] == pytest.approx(1 / 3)
+    assert averaged_over_absent_labels(["f1"], "micro", None, label_support, "row", labels=True) is None

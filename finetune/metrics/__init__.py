@@ -368,26 +368,26 @@ def same_answer_for_every_text(by_label: Optional[dict[str, dict[str, float]]], 
 PER_LABEL_AVERAGED = ("f1", "precision", "recall")
 
 
-def averaged_over_absent_labels(metrics, support, names: Sequence[str], texts_named: str) -> Optional[str]:
-    """A caution when the texts lack a class (or label) that ``metrics``' average scores 0 whatever the model
-    predicts, else None: macro averages over every class, binary scores the positive one alone, where micro and
-    weighted weigh a class by its texts, so that one without texts adds nothing. ``support``: each class's
-    texts, in the order of ``names``."""
-    chosen = [name for name in PER_LABEL_AVERAGED if name in metrics.names]
-    absent = [name for name, count in zip(names, support) if count == 0]
-    if not chosen or not absent or metrics.average not in ("binary", "macro"):
+def averaged_over_absent_labels(metric_names: Sequence[str], average: str, positive: Optional[str],
+                                support: dict[str, int], texts_named: str, labels: bool = False) -> Optional[str]:
+    """A caution when the texts lack a class that ``average`` scores 0 whatever the model predicts, else None:
+    macro averages over every class, binary scores the ``positive`` one alone, where micro and weighted weigh a
+    class by its texts, so that one without texts adds nothing. ``support``: each class's texts, by name;
+    ``labels``: they are labels, several to a text."""
+    chosen = [name for name in PER_LABEL_AVERAGED if name in metric_names]
+    absent = [name for name, count in support.items() if count == 0]
+    if not chosen or not absent or average not in ("binary", "macro"):
         return None
     scores = ", ".join(chosen[:-1]) + (" and " if len(chosen) > 1 else "") + chosen[-1]
-    if metrics.average == "binary":
-        positive = names[metrics.pos_label]
+    if average == "binary":
         return None if positive not in absent else (
             f"no {texts_named} has the positive class {positive!r}: its {scores} {'is' if len(chosen) == 1 else 'are'} "
             f"0 whatever the model predicts")
-    kind = ("class", "classes") if isinstance(metrics, MetricSuite) else ("label", "labels")
+    kind = ("label", "labels") if labels else ("class", "classes")
     listed = ", ".join(repr(name) for name in absent[:5]) + (f" and {len(absent) - 5} more" if len(absent) > 5 else "")
     return (f"no {texts_named} has the {kind[len(absent) > 1]} {listed}: the macro average of {scores} counts "
-            f"{'it' if len(absent) == 1 else 'each'} as 0 among the {len(names)} {kind[1]}, so it reaches at most "
-            f"{(len(names) - len(absent)) / len(names):.2f} whatever the model predicts")
+            f"{'it' if len(absent) == 1 else 'each'} as 0 among the {len(support)} {kind[1]}, so it reaches at most "
+            f"{(len(support) - len(absent)) / len(support):.2f} whatever the model predicts")
 
 
 # the regression metrics that are undefined (NaN) where the predictions or the targets are all alike
