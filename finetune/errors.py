@@ -164,7 +164,8 @@ def run_command(action: Callable[[], object], debug: bool = False) -> int:
             so the traceback shows.
 
     Returns:
-        0, or the error's ``exit_code``. Other exceptions are bugs and propagate.
+        0, or the error's ``exit_code`` (130 for a Ctrl-C no run's handler took). Other exceptions are bugs and
+        propagate.
     """
     debug = debug or os.environ.get("FINETUNE_DEBUG", "") not in ("", "0")
     try:
@@ -183,4 +184,12 @@ def run_command(action: Callable[[], object], debug: bool = False) -> int:
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             time.sleep(3)
         return exc.exit_code
+    except KeyboardInterrupt:
+        # Ctrl-C where no handler of finetune.signals holds it (a run's start, before training; a prediction): one
+        # line, not the traceback of wherever the program was, and the code a shell gives a process SIGINT stopped
+        if debug:
+            raise
+        if is_main_rank():
+            print("error: interrupted by SIGINT (Ctrl-C)", file=sys.stderr)
+        return 128 + signal.SIGINT
     return 0

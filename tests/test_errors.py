@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import copy
 import io
+import os
 import shutil
+import subprocess
 import sys
 import zipfile
 from dataclasses import dataclass, field
@@ -560,6 +562,29 @@ def test_under_a_launcher_the_main_process_alone_prints_the_error(monkeypatch, c
     assert run_command(refused) == 2
     assert capsys.readouterr().err == ("error: training.bogus: unknown key\n" if printed else "")
     assert bool(waited) is not printed
+
+
+def test_ctrl_c_outside_a_runs_handler_is_one_line_and_the_shells_code_for_sigint():
+    """Ctrl-C while a run loads its data or model (before training, where finetune.signals takes it) or while a
+    file is predicted: one line and 130, in a real process sent SIGINT; ``FINETUNE_DEBUG`` keeps the traceback."""
+    import signal as signals
+
+    program = ("import sys, time\n"
+               "from finetune.errors import run_command\n"
+               "def work():\n"
+               "    print('ready', flush=True)\n"
+               "    time.sleep(60)\n"
+               "sys.exit(run_command(work))\n")
+    for debug in ("0", "1"):
+        child = subprocess.Popen([sys.executable, "-c", program], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                 text=True, env={**os.environ, "FINETUNE_DEBUG": debug})
+        assert child.stdout.readline() == "ready\n"
+        child.send_signal(signals.SIGINT)
+        _, err = child.communicate(timeout=60)
+        if debug == "0":
+            assert (child.returncode, err) == (130, "error: interrupted by SIGINT (Ctrl-C)\n")
+        else:
+            assert child.returncode == -signals.SIGINT and err.startswith("Traceback") and "KeyboardInterrupt" in err
 
 
 @pytest.mark.parametrize("argv, said", [
