@@ -187,7 +187,7 @@ def run_command(action: Callable[[], object], debug: bool = False) -> int:
     except KeyboardInterrupt:
         # Ctrl-C where no handler of finetune.signals holds it (a run's start, before training; a prediction): one
         # line, not the traceback of wherever the program was, and the code a shell gives a process SIGINT stopped
-        if debug:
+        if debug:  # where the traceback was asked for
             raise
         if is_main_rank():
             print("error: interrupted by SIGINT (Ctrl-C)", file=sys.stderr)

@@ -277,6 +277,8 @@ INPUT_MUTANTS = (
            "every refusal exits 1, whatever its kind", ERRORS),
     Mutant("errors.py", 'print(f"hint: {exc.hint}", file=sys.stderr)', "pass",
            "the hint that says how to go on is not printed", ERRORS),
+    Mutant("errors.py", "    except KeyboardInterrupt:", "    except ArithmeticError:",
+           "Ctrl-C while a run loads its data or model prints a traceback", ERRORS),
     Mutant("errors.py", "        if debug:\n            raise", "        if True:\n            raise",
            "bad input ends in a traceback", ERRORS),
     Mutant("labels.py", "unseen = [i for i, key in enumerate(keys) if key not in label2id]", "unseen = []",
