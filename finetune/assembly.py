@@ -155,6 +155,7 @@ def setup_run(cfg: Config, accelerator=None, batching: Optional[Batching] = None
     model_config = load_model_config(cfg.model, cfg.data.max_length)
     cache_dir = tokenized_cache_dir(cfg)
     splits, labels, test = load_data(cfg, accelerator, head=trained_head_labels(model_config))
+    check_selection_has_validation(cfg, splits)
     data_sha256 = content_sha256(splits["train"])  # what a resume checks; the token cache's key reuses it
     seen = count_seen_in_training(splits)
     model, new_head = load_model_reporting(cfg.model, labels.id2label, max_length=cfg.data.max_length)
@@ -192,6 +193,27 @@ def setup_run(cfg: Config, accelerator=None, batching: Optional[Batching] = None
                metrics, plan, task, data_sha256, new_head=new_head,
                checkpointing=checkpointing, lora=lora, frozen=frozen, memory=memory, long_texts=cut,
                seen_in_training=seen, head_start=head_start, test=test, padding=padding)
+
+
+def check_selection_has_validation(cfg: Config, splits) -> None:
+    """Refuse a key that compares evaluations (the best model, early stopping) where the run has no validation
+    texts to evaluate: it would do nothing, and the run would not say so.
+
+    Raises:
+        ConfigError: naming the first such key that is set.
+    """
+    if "validation" in splits:
+        return
+    evaluation = cfg.evaluation
+    asked = [key for key, value in (("load_best_model_at_end", evaluation.load_best_model_at_end or None),
+                                    ("early_stopping_patience", evaluation.early_stopping_patience),
+                                    ("metric_for_best_model", evaluation.metric_for_best_model))
+             if value is not None]
+    if asked:
+        raise ConfigError(f"evaluation.{asked[0]}: compares evaluations on the validation texts, and this run has "
+                          "none (data.validation_split is 0 and no validation file is given)",
+                          hint="data.validation_split=0.1 holds out a tenth of the training rows, or give a "
+                               "validation file (--validation FILE)")
 
 
 def check_batching(cfg: Config, accelerator, batching: Optional[Batching] = None) -> Batching:

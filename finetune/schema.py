@@ -778,7 +778,9 @@ class EvalConfig:
         "Null: lower is better for a loss or an error (loss, mse, ...), higher for every other metric. Set only "
         "where evaluations are compared (metric_for_best_model, load_best_model_at_end or early_stopping_patience).")
     load_best_model_at_end: bool = setting(False,
-        "At the end, make the saved model (and metrics.json's eval) the best evaluation's, not the last.")
+        "At the end, make the saved model (and metrics.json's eval) the best evaluation's, not the last. This "
+        "key, `early_stopping_patience` and `metric_for_best_model` compare evaluations: a run without "
+        "validation texts refuses them.")
     early_stopping_patience: Optional[int] = setting(None,
         "Stop the run after this many evaluations in a row without improvement (null: never).")
     early_stopping_threshold: float = setting(0.0,

@@ -565,6 +565,8 @@ EVALUATION_MUTANTS = (
     Mutant("carve.py", "while math.ceil(share * units) > n_validation:", "while False:",
            "the share written back for a raised carve carves one row more where the float product rounds up",
            CARVE),
+    Mutant("assembly.py", "    if asked:", "    if False:",
+           "the best model or early stopping asked for without validation texts is skipped, unsaid", SELECTION),
     Mutant("resuming.py", 'SETTLED_IN_SETUP = frozenset({"data.validation_split_name", "data.validation_split"})',
            'SETTLED_IN_SETUP = frozenset({"data.validation_split_name"})',
            "a run whose carve raised the validation share is refused as another run by its own command",
