@@ -128,10 +128,14 @@ def interruption(signum: int, state, where: str, num_processes: int) -> RunInter
 
 
 def resume_command(num_processes: int = 1, argv: Optional[list[str]] = None) -> str:
-    """The command that resumes this run: the same arguments plus ``output.resume_from=latest``."""
+    """The command that resumes this run: the same arguments plus ``output.resume_from=latest``; a sweep's
+    trial, the sweep's command as it was."""
     argv = list(sys.argv if argv is None else argv)
     launched = "ACCELERATE_USE_CPU" in os.environ or "LOCAL_RANK" in os.environ
     command = Path(argv[0]).name if argv else ""
+    sweep = _sweep_command(command, argv)
+    if sweep is not None:
+        return sweep
     if command == "finetune" or (command == "cli.py" and argv[1:2] == ["train"]):
         # the installed command (or `accelerate launch -m finetune.cli train`)
         script, args = (["-m", "finetune.cli", "train"] if launched else ["finetune", "train"]), argv[2:]
@@ -151,6 +155,18 @@ def resume_command(num_processes: int = 1, argv: Optional[list[str]] = None) -> 
     else:
         launcher = []
     return shlex.join(launcher + script + args)
+
+
+def _sweep_command(command: str, argv: list[str]) -> Optional[str]:
+    """A sweep's own command, as it was given (None for another command): run again, a sweep goes on where it
+    stopped, its interrupted trial from that trial's checkpoint (finetune.sweep). A sweep runs in one process."""
+    if command in ("finetune", "cli.py") and argv[1:2] == ["sweep"]:
+        script = ["finetune"] if command == "finetune" else ["python", "-m", "finetune.cli"]
+        return shlex.join(script + argv[1:])
+    if command in ("finetune-sweep", "sweep.py"):
+        return shlex.join((["finetune-sweep"] if command == "finetune-sweep" else ["python", "-m", "finetune.sweep"])
+                          + argv[1:])
+    return None
 
 
 def _relative(script: str) -> str:

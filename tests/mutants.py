@@ -396,6 +396,9 @@ MEMORY_MUTANTS = (
 # a sweep finds the best run and says how much of its score is the seed (docs/sweeps.md)
 SWEEP = ("tests/test_sweep.py",)
 SWEEP_MUTANTS = (
+    Mutant("signals.py", "sweep = _sweep_command(command, argv)", "sweep = None",
+           "a sweep stopped in a trial says to resume it with finetune train, not the sweep's own command",
+           ("tests/test_checkpoint.py",)),
     Mutant("sweep.py", 'direction = "maximize" if greater else "minimize"\n    identity',
            'direction = "minimize" if greater else "maximize"\n    identity',
            "the search minimises a score that is better higher", SWEEP),

@@ -359,6 +359,15 @@ def test_resume_command_repeats_the_arguments(monkeypatch):
     monkeypatch.setenv("LOCAL_RANK", "0")
     assert resume_command(4, ["/x/finetune/cli.py", "train", "--data", "r.csv"]) == (
         "accelerate launch --multi_gpu --num_processes 4 -m finetune.cli train --data r.csv output.resume_from=latest")
+    monkeypatch.delenv("LOCAL_RANK")
+    # a sweep's trial: the sweep's own command, which goes on where it stopped, its trial from its checkpoint
+    sweep = ["--sweep", "configs/sweeps/default.yaml", "--data", "a b.csv", "optim.learning_rate=1e-4"]
+    assert resume_command(1, ["/venv/bin/finetune", "sweep", *sweep]) == (
+        "finetune sweep --sweep configs/sweeps/default.yaml --data 'a b.csv' optim.learning_rate=1e-4")
+    assert resume_command(1, ["/x/finetune/cli.py", "sweep", *sweep]).startswith(
+        "python -m finetune.cli sweep --sweep configs/sweeps/default.yaml")
+    assert resume_command(1, ["/venv/bin/finetune-sweep", *sweep]).startswith("finetune-sweep --sweep ")
+    assert resume_command(1, ["/x/finetune/sweep.py", *sweep]).startswith("python -m finetune.sweep --sweep ")
 
 
 def test_log_records_fall_on_the_same_steps_after_a_mid_epoch_resume(fresh_accelerate_state):
