@@ -4,7 +4,7 @@
 standard input), ``.csv``/``.tsv`` with a header, ``.json``/``.jsonl`` (each
 of these also compressed whole: ``texts.csv.gz``, ``.bz2``, ``.xz``),
 ``.parquet`` or a folder ``datasets``' ``save_to_disk`` wrote; ``--output``
-writes ``.csv`` or ``.jsonl``. Every input row gets one output row, in order,
+writes ``.csv``, ``.jsonl`` or ``.parquet``. Every input row gets one output row, in order,
 its columns kept and the prediction added (under ``predicted_<name>`` where
 the input has a column of the prediction's names, a labelled file's ``label``);
 an empty text gets an empty prediction, so the rows line up. The command's options
