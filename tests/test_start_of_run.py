@@ -87,11 +87,20 @@ def test_a_data_error_is_the_only_line(tmp_path):
                     "hint: by the values, try --label label (data.label_column=label)"]
 
 
+def _config_with_validation(tmp_path, train, validation, name: str):
+    """The config of a tiny model's run on ``train`` validated on ``validation`` (written as ``name``)."""
+    from finetune.config import load_config
+
+    return load_config(None, [f"data.train_file={_write_csv(tmp_path / 'train.csv', train)}",
+                              f"data.validation_file={_write_csv(tmp_path / name, validation)}",
+                              f"model.name_or_path={save_tiny_model(tmp_path / 'tiny-bert')}", "data.max_length=32",
+                              "training.mixed_precision=no", f"output.output_dir={tmp_path / 'out'}"])
+
+
 def test_validation_rows_trained_on_are_counted_and_cautioned_of_past_a_fifth(tmp_path):
     import dataclasses
 
     from finetune import setup_run
-    from finetune.config import load_config
     from finetune.model_card import model_card
     from finetune.results import summarize
     from finetune.start_line import cautions, describe
@@ -101,10 +110,7 @@ def test_validation_rows_trained_on_are_counted_and_cautioned_of_past_a_fifth(tm
     # a number is in no training text: seven rows the model has not seen
     unseen = [(label, f"{text} {i}") for i, (label, text) in enumerate(make_texts(7, seed=6))]
     validation = [*train[:3], *unseen]  # three rows copied from the training file, as a careless split leaves them
-    cfg = load_config(None, [f"data.train_file={_write_csv(tmp_path / 'train.csv', train)}",
-                             f"data.validation_file={_write_csv(tmp_path / 'valid.csv', validation)}",
-                             f"model.name_or_path={save_tiny_model(tmp_path / 'tiny-bert')}", "data.max_length=32",
-                             "training.mixed_precision=no", f"output.output_dir={tmp_path / 'out'}"])
+    cfg = _config_with_validation(tmp_path, train, validation, "valid.csv")
     reset_accelerate()
     try:
         run = setup_run(cfg)
@@ -138,20 +144,15 @@ def test_a_validation_file_without_the_positive_class_is_cautioned_of_before_tra
     """Two classes score the rarer one (spam): a validation file of ham alone scores F1 0 whatever the model
     learns, which the run says before it trains, and ``finetune score`` says of such a file too."""
     from finetune import setup_run
-    from finetune.config import load_config
     from finetune.score import Score, cautions as score_cautions
     from finetune.start_line import cautions
     from tiny_run import reset_accelerate
 
     train = make_texts(40, seed=5)
     ham = [row for row in make_texts(30, seed=6) if row[0] == "ham"]
-    cfg = load_config(None, [f"data.train_file={_write_csv(tmp_path / 'train.csv', train)}",
-                             f"data.validation_file={_write_csv(tmp_path / 'ham.csv', ham)}",
-                             f"model.name_or_path={save_tiny_model(tmp_path / 'tiny-bert')}", "data.max_length=32",
-                             "training.mixed_precision=no", f"output.output_dir={tmp_path / 'out'}"])
     reset_accelerate()
     try:
-        run = setup_run(cfg)
+        run = setup_run(_config_with_validation(tmp_path, train, ham, "ham.csv"))
     finally:
         reset_accelerate()
     assert cautions(run) == [
