@@ -155,7 +155,7 @@ def setup_run(cfg: Config, accelerator=None, batching: Optional[Batching] = None
     model_config = load_model_config(cfg.model, cfg.data.max_length)
     cache_dir = tokenized_cache_dir(cfg)
     splits, labels, test = load_data(cfg, accelerator, head=trained_head_labels(model_config))
-    check_selection_has_validation(cfg, splits)
+    check_validation_is_there(cfg, splits)
     data_sha256 = content_sha256(splits["train"])  # what a resume checks; the token cache's key reuses it
     seen = count_seen_in_training(splits)
     model, new_head = load_model_reporting(cfg.model, labels.id2label, max_length=cfg.data.max_length)
@@ -195,9 +195,10 @@ def setup_run(cfg: Config, accelerator=None, batching: Optional[Batching] = None
                seen_in_training=seen, head_start=head_start, test=test, padding=padding)
 
 
-def check_selection_has_validation(cfg: Config, splits) -> None:
-    """Refuse a key that compares evaluations (the best model, early stopping) where the run has no validation
-    texts to evaluate: it would do nothing, and the run would not say so.
+def check_validation_is_there(cfg: Config, splits) -> None:
+    """Refuse a key that needs validation texts where the run has none: thresholds chosen on them
+    (``evaluation.threshold: per_label``), and the keys that compare their evaluations (the best model, early
+    stopping), which would otherwise do nothing, unsaid.
 
     Raises:
         ConfigError: naming the first such key that is set.
@@ -209,11 +210,15 @@ def check_selection_has_validation(cfg: Config, splits) -> None:
                                     ("early_stopping_patience", evaluation.early_stopping_patience),
                                     ("metric_for_best_model", evaluation.metric_for_best_model))
              if value is not None]
-    if asked:
-        raise ConfigError(f"evaluation.{asked[0]}: compares evaluations on the validation texts, and this run has "
-                          "none (data.validation_split is 0 and no validation file is given)",
-                          hint="data.validation_split=0.1 holds out a tenth of the training rows, or give a "
-                               "validation file (--validation FILE)")
+    if evaluation.threshold == PER_LABEL:
+        needs = "threshold: per_label chooses thresholds on the validation texts"
+    elif asked:
+        needs = f"{asked[0]}: compares evaluations on the validation texts"
+    else:
+        return
+    raise ConfigError(f"evaluation.{needs}, and this run has none (data.validation_split is 0 and no validation "
+                      "file is given)", hint="data.validation_split=0.1 holds out a tenth of the training rows, or "
+                                              "give a validation file (--validation FILE)")
 
 
 def check_batching(cfg: Config, accelerator, batching: Optional[Batching] = None) -> Batching:
@@ -273,14 +278,11 @@ def build_task(cfg: Config, labels, splits, device=None) -> Task:
     class.
 
     Raises:
-        ConfigError: if a class weight names a label the training data does not have, a threshold is set for a
-            model of more than two classes, or thresholds are to be tuned on validation data the run does not
-            have.
+        ConfigError: if a class weight names a label the training data does not have, or a threshold is set for a
+            model of more than two classes (thresholds tuned on validation texts the run does not have are
+            refused earlier, by :func:`check_validation_is_there`).
     """
     spec, smoothing, threshold = cfg.training.class_weights, cfg.training.label_smoothing, cfg.evaluation.threshold
-    if threshold == PER_LABEL and "validation" not in splits:
-        raise ConfigError("evaluation.threshold: per_label chooses thresholds on the validation texts, and this run "
-                          "has none (data.validation_split is 0 and no validation file is given)")
     if labels.problem_type == "multi_label":
         if threshold == PER_LABEL:  # for the F1 the run averages (auto: micro, as metric_suite decides)
             average = cfg.evaluation.average

@@ -568,7 +568,7 @@ EVALUATION_MUTANTS = (
     Mutant("carve.py", "while math.ceil(share * units) > n_validation:", "while False:",
            "the share written back for a raised carve carves one row more where the float product rounds up",
            CARVE),
-    Mutant("assembly.py", "    if asked:", "    if False:",
+    Mutant("assembly.py", "    elif asked:", "    elif False:",
            "the best model or early stopping asked for without validation texts is skipped, unsaid", SELECTION),
     Mutant("resuming.py", 'SETTLED_IN_SETUP = frozenset({"data.validation_split_name", "data.validation_split"})',
            'SETTLED_IN_SETUP = frozenset({"data.validation_split_name"})',

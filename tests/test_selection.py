@@ -87,27 +87,30 @@ def test_a_bad_selection_key_is_one_line_naming_it(evaluation, message):
         config_from_dict({"data": {"train_file": "x.tsv"}, "evaluation": evaluation, "output": output})
 
 
-@pytest.mark.parametrize("evaluation, key", [
-    ({"load_best_model_at_end": True, "metric_for_best_model": "f1"}, "load_best_model_at_end"),
-    ({"early_stopping_patience": 2}, "early_stopping_patience"),
-    ({"metric_for_best_model": "loss"}, "metric_for_best_model"),
+@pytest.mark.parametrize("evaluation, needs", [
+    ({"load_best_model_at_end": True, "metric_for_best_model": "f1"},
+     "load_best_model_at_end: compares evaluations on the validation texts"),
+    ({"early_stopping_patience": 2}, "early_stopping_patience: compares evaluations on the validation texts"),
+    ({"metric_for_best_model": "loss"}, "metric_for_best_model: compares evaluations on the validation texts"),
+    ({"threshold": "per_label", "early_stopping_patience": 2},
+     "threshold: per_label chooses thresholds on the validation texts"),
 ])
-def test_a_key_that_compares_evaluations_is_refused_where_there_are_none_to_compare(evaluation, key):
+def test_a_key_that_needs_validation_texts_is_refused_where_there_are_none(evaluation, needs):
     """Without validation texts no evaluation is made: the best model, early stopping and the best evaluation
-    would do nothing, unsaid. Refused, naming the key; with validation texts, or without such a key, the run
-    goes on."""
-    from finetune.assembly import check_selection_has_validation
+    would do nothing, unsaid, and per_label thresholds have nothing to be chosen on. Refused, naming the key; with
+    validation texts, or without such a key, the run goes on."""
+    from finetune.assembly import check_validation_is_there
 
     cfg = config_from_dict({"data": {"train_file": "x.tsv", "validation_split": 0}, "evaluation": evaluation})
     with pytest.raises(ConfigError) as refused:
-        check_selection_has_validation(cfg, {"train": []})
-    assert refused.value.message == (f"evaluation.{key}: compares evaluations on the validation texts, and this "
-                                     "run has none (data.validation_split is 0 and no validation file is given)")
+        check_validation_is_there(cfg, {"train": []})
+    assert refused.value.message == (f"evaluation.{needs}, and this run has none (data.validation_split is 0 and "
+                                     "no validation file is given)")
     assert refused.value.hint == ("data.validation_split=0.1 holds out a tenth of the training rows, or give a "
                                   "validation file (--validation FILE)")
-    check_selection_has_validation(cfg, {"train": [], "validation": []})
-    check_selection_has_validation(config_from_dict({"data": {"train_file": "x.tsv", "validation_split": 0}}),
-                                   {"train": []})
+    check_validation_is_there(cfg, {"train": [], "validation": []})
+    check_validation_is_there(config_from_dict({"data": {"train_file": "x.tsv", "validation_split": 0}}),
+                              {"train": []})
 
 
 # --------------------------------------------------------------------------- end to end
