@@ -570,6 +570,8 @@ EVALUATION_MUTANTS = (
            CARVE),
     Mutant("assembly.py", "    elif asked:", "    elif False:",
            "the best model or early stopping asked for without validation texts is skipped, unsaid", SELECTION),
+    Mutant("assembly.py", "    if evaluation.threshold == PER_LABEL:", "    if False:",
+           "per_label thresholds without validation texts are refused as another key, or not at all", SELECTION),
     Mutant("resuming.py", 'SETTLED_IN_SETUP = frozenset({"data.validation_split_name", "data.validation_split"})',
            'SETTLED_IN_SETUP = frozenset({"data.validation_split_name"})',
            "a run whose carve raised the validation share is refused as another run by its own command",
