@@ -39,7 +39,8 @@ from finetune.errors import ConfigError
 from finetune.launch import build_accelerator
 from finetune.loop import TrainState
 from finetune.optimization import UpdatePlan, build_optimizer, build_scheduler, check_optimizer, plan_updates
-from finetune.tasks import Task, named_thresholds, start_regression_head, start_thresholds, threshold_refusal
+from finetune.tasks import (Task, compute_output_in_float32, named_thresholds, start_regression_head,
+                            start_thresholds, threshold_refusal)
 
 logger = logging.getLogger("finetune")
 
@@ -160,6 +161,7 @@ def setup_run(cfg: Config, accelerator=None, batching: Optional[Batching] = None
     seen = count_seen_in_training(splits)
     model, new_head = load_model_reporting(cfg.model, labels.id2label, max_length=cfg.data.max_length)
     head_start = start_regression_head(cfg.model, model, new_head, splits["train"])
+    compute_output_in_float32(model)  # a regression model's output is its prediction: not rounded to bf16
     model, lora, frozen = choose_trained_weights(model, cfg.model, accelerator)  # before the memory plan
     set_attention_kernel(model, cfg.training, accelerator, cfg.data.max_length)  # before the plan measures it
     metrics = metric_suite(cfg, labels, splits["train"])

@@ -7,16 +7,15 @@ Usage::
     python -m finetune.predict outputs/sms_spam --file messages.jsonl --output predictions.jsonl
     accelerate launch --multi_gpu --num_processes 8 -m finetune.predict outputs/sms_spam --file big.csv --output p.csv
 
-Each prediction has the label (the most probable class; for two classes, the positive class where its probability
-is over a threshold: the model's, or ``--threshold``), its probability (``score``) and every class's; for a
-multi-label model,
-``labels`` (every label whose sigmoid probability is over its threshold: the model's, or ``--threshold``) and
+Each prediction has the label (the most probable class; for two classes, the positive class where its probability is
+over a threshold: the model's, or ``--threshold``), its probability (``score``) and every class's; for a multi-label
+model, ``labels`` (every label whose sigmoid probability is over its threshold: the model's, or ``--threshold``) and
 each label's probability; for a regression model, the number (``score``). Texts given on the command line print as
 JSON lines; ``--file`` reads what training reads (and ``.txt``, a text per line; ``-``, standard input) and writes
-one row per input row, in order, its columns kept and the prediction added (docs/inference.md). The model runs
-where training would (a GPU if there is one), in float32 unless ``--precision`` asks for autocast, on batches of
-similar length, each text cut and padded as the run did (its saved ``config.yaml``). The same folder works in
-plain ``transformers.pipeline("text-classification", model=output_dir)``.
+one row per input row, in order, its columns kept and the prediction added (docs/inference.md). The model runs where
+training would (a GPU if there is one), in float32 unless ``--precision`` asks for autocast, on batches of similar
+length, each text cut and padded as the run did (its saved ``config.yaml``). The same folder works in plain
+``transformers.pipeline("text-classification", model=output_dir)``.
 """
 
 from __future__ import annotations
@@ -89,7 +88,7 @@ class Predictor:
                  padding: str = "auto", across_processes: bool = False, num_workers: int | str = "auto"):
         import torch
 
-        from finetune.tasks import label_names, problem_type_of
+        from finetune.tasks import compute_output_in_float32, label_names, problem_type_of
 
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -105,6 +104,7 @@ class Predictor:
         self.truncation = Truncation(truncation, self.max_length, head_tokens, stride) if self.max_length else None
         self.labels = label_names(model.config)
         self.problem_type = problem_type_of(model.config)
+        compute_output_in_float32(self.model)  # a regression model's prediction, as training's: not rounded to bf16
         self.positive_label = positive_label
         self.task = self.task_at(threshold)
         self.pad_to_multiple_of = pad_to_multiple_of

@@ -371,3 +371,37 @@ def start_regression_head(cfg, model, new_head: tuple[str, ...], train_split) ->
     with torch.no_grad():
         named[biases[0]].fill_(mean)
     return mean
+
+
+class Float32Output(torch.nn.Linear):
+    """An ``nn.Linear`` that computes in float32 under autocast; weights an engine keeps in 16 bits (DeepSpeed's,
+    FSDP's mixed precision) are read in float32 for the product."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.autocast(device_type=x.device.type, enabled=False):
+            bias = None if self.bias is None else self.bias.float()
+            return F.linear(x.float(), self.weight.float(), bias)
+
+
+def compute_output_in_float32(model: torch.nn.Module) -> Optional[str]:
+    """For a regression model, make its one linear layer with a single output (BERT's ``classifier``, RoBERTa's
+    ``classifier.out_proj``) a :class:`Float32Output`, and return its name; None, and nothing changed, for a
+    classifier or a model without exactly one such layer.
+
+    A regression model's output is its prediction, not a logit a softmax compares with others. Under autocast its
+    last layer returns bf16, whose 8 significant bits leave steps of 4 between neighbouring values from 512 to
+    1024: on targets of that size every prediction rounds to one of a few values, the loss stops moving while the
+    weights move, and the validation correlations come out undefined. The layer is a few hundred multiply-adds per
+    text; in float32 it returns what its weights say. Classifiers keep autocast's head: their logits only rank
+    classes, and the default job's figures stay as they are. The layer keeps its parameters, their names and its
+    hooks (its class is swapped, not the module), so checkpoints, ``save_pretrained`` and PEFT see what they saw.
+    """
+    if problem_type_of(model.config) != "regression":
+        return None
+    outputs = [(name, module) for name, module in model.named_modules()
+               if type(module) is torch.nn.Linear and module.out_features == 1]
+    if len(outputs) != 1:
+        return None
+    name, module = outputs[0]
+    module.__class__ = Float32Output
+    return name

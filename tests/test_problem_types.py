@@ -715,3 +715,53 @@ def test_score_against_compares_multi_label_and_regression_models_of_their_own_k
                  "--no-overlap-check"]) == 2
     assert capsys.readouterr().err.startswith(f"error: --against {numbers}: its model is regression, this run's "
                                               f"multi_label")
+
+
+@pytest.mark.parametrize("model_type", ARCHITECTURES)
+def test_a_regression_output_is_computed_in_float32_under_autocast_in_every_family(model_type):
+    """Under bf16 autocast a prediction near 1000 rounds to a multiple of 4: six texts get one answer. The one
+    single-output layer of every family computes in float32 instead, its parameters and their names kept; a
+    classifier has no such layer and is left as it is."""
+    from finetune.tasks import Float32Output, compute_output_in_float32
+
+    model = tiny_model(model_type, num_labels=1).eval()
+    model.config.problem_type = "regression"  # as a run's model says it
+    names = list(model.state_dict())
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if not name.startswith(f"{model.base_model_prefix}.") and name.endswith("bias") and parameter.numel() == 1:
+                parameter.fill_(1000.0)
+    ids = torch.randint(5, 20, (6, 7), generator=torch.Generator().manual_seed(0))
+
+    def predictions():
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+            return model(input_ids=ids).logits.float().squeeze(-1)
+
+    rounded = predictions()
+    assert torch.unique(rounded).numel() == 1  # what autocast's bf16 output makes of them
+    name = compute_output_in_float32(model)
+    assert isinstance(model.get_submodule(name), Float32Output) and list(model.state_dict()) == names
+    exact = predictions()
+    assert model(input_ids=ids).logits.dtype == torch.float32
+    assert torch.unique(exact).numel() > 1 and (exact - 1000.0).abs().max() < 4  # closer than bf16 can say
+    assert compute_output_in_float32(tiny_model(model_type, num_labels=3)) is None
+
+
+def test_a_bf16_run_on_targets_near_1000_learns_and_scores_what_its_predictions_say(tmp_path):
+    """A run sets its regression output to float32 (finetune.tasks.compute_output_in_float32): in bf16, on targets near 1000, its
+    validation predictions differ from text to text (rounded to bf16, every one was 1000 or 1004 and the
+    correlations undefined)."""
+    from helpers import write_tsv
+
+    rng = random.Random(0)
+    rows = [(f"{1000 + rng.random() * 3:.3f}", text) for _, text in make_texts(120, seed=7)]
+    train, validation = write_tsv(tmp_path / "t.tsv", rows[:96]), write_tsv(tmp_path / "v.tsv", rows[96:])
+    seen = {}
+    _, summary = fit_tiny_run(
+        tmp_path, before_fit=lambda run: seen.update(output=type(run.model.classifier).__name__),
+        model={"problem_type": "regression"},
+        data={"train_file": str(train), "validation_file": str(validation)},
+        training={"mixed_precision": "bf16", "num_train_epochs": 1},
+        evaluation={"metrics": ["pearson", "mse"], "average": "auto", "positive_label": None})
+    assert seen["output"] == "Float32Output"
+    assert math.isfinite(summary["eval"]["pearson"])
