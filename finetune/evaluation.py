@@ -156,11 +156,14 @@ def validation_targets(run) -> Optional[list[float]]:
 def validation_support(run) -> Optional[dict[str, int]]:
     """Each class's (or label's) validation rows in ``run`` (a :class:`~finetune.assembly.Run`), by name; None for
     regression, or without validation."""
+    from finetune.data import class_counts
+
     if run.labels.problem_type == "regression" or run.eval_dataloader is None:
         return None
-    labels, names = read_column(run.eval_dataloader.dataset, LABELS), run.labels.names
+    validation, names = run.eval_dataloader.dataset, run.labels.names
     if run.labels.problem_type == "multi_label":
+        labels = read_column(validation, LABELS)
         counts = np.asarray(labels, dtype=np.float64).reshape(len(labels), len(names)).sum(0)
     else:
-        counts = np.bincount(np.asarray(labels, dtype=np.int64), minlength=len(names))
+        counts = class_counts(validation, len(names))
     return {str(name): int(count) for name, count in zip(names, counts)}
