@@ -205,19 +205,13 @@ def check_validation_is_there(cfg: Config, splits) -> None:
     Raises:
         ConfigError: naming the first such key that is set.
     """
-    if "validation" in splits:
+    needed = cfg.evaluation.needing_validation()
+    if "validation" in splits or not needed:
         return
-    evaluation = cfg.evaluation
-    asked = [key for key, value in (("load_best_model_at_end", evaluation.load_best_model_at_end or None),
-                                    ("early_stopping_patience", evaluation.early_stopping_patience),
-                                    ("metric_for_best_model", evaluation.metric_for_best_model))
-             if value is not None]
-    if evaluation.threshold == PER_LABEL:
+    if needed[0] == "threshold":
         needs = "threshold: per_label chooses thresholds on the validation texts"
-    elif asked:
-        needs = f"{asked[0]}: compares evaluations on the validation texts"
     else:
-        return
+        needs = f"{needed[0]}: compares evaluations on the validation texts"
     raise ConfigError(f"evaluation.{needs}, and this run has none (data.validation_split is 0 and no validation "
                       "file is given)", hint="data.validation_split=0.1 holds out a tenth of the training rows, or "
                                               "give a validation file (--validation FILE)")

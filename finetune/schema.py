@@ -823,6 +823,23 @@ class EvalConfig:
         the run (finetune.selection; otherwise loss)."""
         return bool(self.metric_for_best_model or self.load_best_model_at_end or self.early_stopping_patience)
 
+    def needing_validation(self) -> list[str]:
+        """The keys set here that need validation texts, which a run without them refuses: ``threshold:
+        per_label`` chooses on them, and the best model, early stopping and their metric compare their
+        evaluations."""
+        keys = ["threshold"] if self.threshold == PER_LABEL else []
+        return keys + [key for key in ("load_best_model_at_end", "early_stopping_patience", "metric_for_best_model")
+                       if getattr(self, key)]
+
+    def unset_for_no_validation(self) -> dict[str, Any]:
+        """The keys to reset, with their defaults, for the same config to train without validation texts: those of
+        :meth:`needing_validation`, and where evaluations were compared, the two keys refused once none is."""
+        default = {key: spec.default for key, spec in self.__dataclass_fields__.items()}
+        keys = self.needing_validation()
+        if self.compares_evaluations:
+            keys += [key for key in ("greater_is_better", "early_stopping_threshold") if getattr(self, key) != default[key]]
+        return {key: default[key] for key in keys}
+
 
 @dataclass
 class LoggingConfig:

@@ -215,10 +215,7 @@ def best_yaml(root: Path, header: Header, best: dict[str, Any]) -> str:
     Made from the config and the trial's values, not read from the trial's folder: with workers on several
     machines, the best trial may have run on another.
     """
-    from finetune.config import load_config
-
-    params = {key: best[key] for key in header.space.keys()}
-    config = load_config(header.config, [*header.overrides, *overrides(params)]).to_dict()
+    config = config_of(header, best).to_dict()
     config["output"]["output_dir"] = str(root / "best")
     config["output"]["resume_from"] = "auto"
     head = (f"# The best trial of the sweep in {root}: trial {best['trial']}, value {best['value']:.4f}.\n"
@@ -236,13 +233,24 @@ def mean_and_deviation(values: list[float]) -> tuple[float, float]:
     return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
 
 
+def config_of(header: Header, best: Optional[dict[str, Any]]):
+    """The config the best trial ran (without a search: the sweep's config)."""
+    from finetune.config import load_config
+
+    params = {key: best[key] for key in header.space.keys()} if best is not None else {}
+    return load_config(header.config, [*header.overrides, *overrides(params)])
+
+
 def train_on_every_row(root: Path, header: Header, best: Optional[dict[str, Any]]) -> str:
     """The command that trains the best config (without a search: the sweep's config) on all its rows, into
-    ``<root>/best`` (best.yaml's folder) or ``<root>/all-rows``."""
+    ``<root>/best`` (best.yaml's folder) or ``<root>/all-rows``. It resets the evaluation keys that need validation
+    texts (the sweep's objective among them), which a run on every row would refuse."""
+    unset = [f"evaluation.{key}={render(value)}"
+             for key, value in config_of(header, best).evaluation.unset_for_no_validation().items()]
     if best is not None:
-        return f"finetune train --config {BEST_YAML} data.validation_split=0"
+        return shlex.join(["finetune", "train", "--config", BEST_YAML, "data.validation_split=0", *unset])
     config = ["--config", header.config] if header.config else []
-    return shlex.join(["finetune", "train", *config, *header.overrides, "data.validation_split=0",
+    return shlex.join(["finetune", "train", *config, *header.overrides, "data.validation_split=0", *unset,
                        f"output.output_dir={root / 'all-rows'}"])
 
 

@@ -113,6 +113,30 @@ def test_a_key_that_needs_validation_texts_is_refused_where_there_are_none(evalu
                               {"train": []})
 
 
+@pytest.mark.parametrize("evaluation", [
+    {"metric_for_best_model": "f1", "greater_is_better": True, "load_best_model_at_end": True,
+     "early_stopping_patience": 2, "early_stopping_threshold": 0.01, "threshold": "per_label"},
+    {"early_stopping_patience": 2, "early_stopping_threshold": 0.01},
+    {"threshold": "per_label", "metrics": ["f1"]},
+])
+def test_the_keys_reset_for_a_run_without_validation_texts_make_a_config_it_accepts(evaluation):
+    """What a run on every row (a sweep's model to keep) resets: each key that needs validation texts, and the keys
+    that only mean something where evaluations are compared, which the config refuses once none is. Every other
+    key stays as it was."""
+    from finetune.assembly import check_validation_is_there
+    from finetune.schema import EvalConfig
+
+    evaluation = {"metrics": ["f1"], "eval_every": 5, **evaluation}
+    cfg = config_from_dict({"data": {"train_file": "x.tsv", "validation_split": 0}, "evaluation": evaluation})
+    unset = cfg.evaluation.unset_for_no_validation()
+    assert set(unset) == set(evaluation) - {"metrics", "eval_every"}
+    assert unset == {key: EvalConfig.__dataclass_fields__[key].default for key in unset}
+    kept = config_from_dict({"data": {"train_file": "x.tsv", "validation_split": 0},
+                             "evaluation": {**evaluation, **unset}})
+    check_validation_is_there(kept, {"train": []})
+    assert (kept.evaluation.metrics, kept.evaluation.eval_every) == (["f1"], 5)
+
+
 # --------------------------------------------------------------------------- end to end
 
 @pytest.fixture(scope="module")

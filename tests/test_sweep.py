@@ -531,7 +531,8 @@ def test_seeds_report_mean_and_deviation_of_their_scores(tmp_path, fresh_acceler
 
 def test_folds_validate_on_every_row_once_and_report_mean_and_deviation(tmp_path, fresh_accelerate_state, capsys):
     config = sms_job(tmp_path, epochs=1)
-    assert sweep_in_process(["--config", str(config), "--folds", "3", "optim.learning_rate=1e-2"]) == 0
+    chosen = ["optim.learning_rate=1e-2", "evaluation.greater_is_better=true"]
+    assert sweep_in_process(["--config", str(config), "--folds", "3", *chosen]) == 0
     out = tmp_path / "out-sweep"
     runs = {fold: out / "folds" / f"fold-{fold}" for fold in (1, 2, 3)}
     evals = {fold: json.loads((run / "metrics.json").read_text())["eval"] for fold, run in runs.items()}
@@ -541,13 +542,12 @@ def test_folds_validate_on_every_row_once_and_report_mean_and_deviation(tmp_path
     mean, std = statistics.fmean(scores), statistics.stdev(scores)
     assert "## Over 3 folds" in report and f"accuracy: mean {mean:.4f}, standard deviation {std:.4f}" in report
     assert "- space: none" in report and "sampler" not in report  # nothing drawn, nothing pruned
-    # the model to keep: the same config on every row
-    command = (f"finetune train --config {config} optim.learning_rate=1e-2 data.validation_split=0 "
+    # the model to keep: the same config on every row, without the selection no validation text can make
+    command = (f"finetune train --config {config} {' '.join(chosen)} data.validation_split=0 "
+               f"evaluation.metric_for_best_model=null evaluation.greater_is_better=null "
                f"output.output_dir={out / 'all-rows'}")
     assert f"trains on every row: `{command}`" in report
-    from finetune.config import load_config
-
-    kept = load_config(str(config), command.split()[4:])
+    kept = accepted_without_validation(config, command.split()[4:])
     assert (kept.data.validation_split, kept.data.validation_folds, kept.optim.learning_rate) == (0.0, None, 1e-2)
     assert kept.output.output_dir == str(out / "all-rows")
     for fold, run in runs.items():
@@ -624,7 +624,20 @@ def test_folds_after_a_search_run_its_best_config(four_trials, tmp_path, fresh_a
             f"chosen on it): mean {mean:.4f}, standard deviation {std:.4f}") in report
     for fold, (run, test) in enumerate(zip(folds, tests), start=1):
         assert f"| {fold} | {run['eval']['accuracy']:.4f} | {test:.4f} |" in report
-    assert "trains on every row: `finetune train --config best.yaml data.validation_split=0`" in report
+    command = "finetune train --config best.yaml data.validation_split=0 evaluation.metric_for_best_model=null"
+    assert f"trains on every row: `{command}`" in report
+    kept = accepted_without_validation(copy / "best.yaml", command.split()[4:])
+    assert (kept.optim.learning_rate, kept.output.output_dir) == (best["optim"]["learning_rate"], str(copy / "best"))
+
+
+def accepted_without_validation(config: Path, overrides: list[str]):
+    """The config of a run on every row, which the check that runs once its data has loaded accepts."""
+    from finetune.assembly import check_validation_is_there
+    from finetune.config import load_config
+
+    kept = load_config(str(config), overrides)
+    check_validation_is_there(kept, {"train": None})
+    return kept
 
 
 @pytest.mark.parametrize("problem_type", ["multi_label", "regression"])
