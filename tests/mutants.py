@@ -438,6 +438,9 @@ SWEEP_MUTANTS = (
            "the folds are dealt without regard to the classes", SWEEP + ("tests/test_data.py",)),
     Mutant("out_of_fold.py", "held_out = held_out_rows(cfg, fold)", "held_out = held_out_rows(cfg, 1)",
            "every fold's model predicts the first fold's rows", SWEEP + ("tests/test_predict.py",)),
+    Mutant("sweep_report.py", '"data.validation_split=0", *unset])', '"data.validation_split=0"])',
+           "the command that trains the best config on every row keeps the sweep's objective, which a run without "
+           "validation texts refuses", SWEEP),
 )
 
 # what a long text keeps, and the layer-wise learning rates (docs/long_texts.md)
@@ -571,10 +574,15 @@ EVALUATION_MUTANTS = (
     Mutant("carve.py", "while math.ceil(share * units) > n_validation:", "while False:",
            "the share written back for a raised carve carves one row more where the float product rounds up",
            CARVE),
-    Mutant("assembly.py", "    elif asked:", "    elif False:",
+    Mutant("schema.py", 'return keys + [key for key in ("load_best_model_at_end", "early_stopping_patience", '
+           '"metric_for_best_model")', "return keys + [key for key in ()",
            "the best model or early stopping asked for without validation texts is skipped, unsaid", SELECTION),
-    Mutant("assembly.py", "    if evaluation.threshold == PER_LABEL:", "    if False:",
+    Mutant("schema.py", 'keys = ["threshold"] if self.threshold == PER_LABEL else []', "keys = []",
            "per_label thresholds without validation texts are refused as another key, or not at all", SELECTION),
+    Mutant("schema.py", 'keys += [key for key in ("greater_is_better", "early_stopping_threshold") if '
+           'getattr(self, key) != default[key]]', "keys += []",
+           "a run on every row keeps greater_is_better, which its config then refuses with nothing compared",
+           SELECTION + SWEEP),
     Mutant("resuming.py", 'SETTLED_IN_SETUP = frozenset({"data.validation_split_name", "data.validation_split"})',
            'SETTLED_IN_SETUP = frozenset({"data.validation_split_name"})',
            "a run whose carve raised the validation share is refused as another run by its own command",
