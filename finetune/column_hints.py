@@ -50,10 +50,8 @@ def column_hint(ds: datasets.Dataset, missing_keys: list[str], configured: dict[
     how to read a file whose first line is a row, or one that pandas wrote by columns."""
     if pandas_layout(ds):
         return PANDAS_JSON_HINT
-    by_name = _by_name(ds.column_names, missing_keys, configured)
     sample = _sample(ds)
-    by_values = _guesses(sample, [key for key in missing_keys if key not in by_name],
-                         set(configured.values()) | set(by_name.values()))
+    by_name, by_values = _named_and_valued(sample, missing_keys, configured)
     guesses = {key: by_name.get(key) or by_values[key] for key in missing_keys
                if key in by_name or key in by_values}
     if not guesses:
@@ -66,6 +64,34 @@ def column_hint(ds: datasets.Dataset, missing_keys: list[str], configured: dict[
     keys = ", ".join(f"{key}={column}" for key, column in guesses.items())
     by = "by the names" if not by_values else "by the values" if not by_name else "by the names and values"
     return f"{by}, try {options} ({keys})" if options else f"{by}, try {keys}"
+
+
+def rename_hint(ds: datasets.Dataset, missing_keys: list[str], configured: dict[str, str], beside: str) -> str:
+    """The hint for ``missing_keys`` of a validation or test file read ``beside`` the training data: one setting
+    names the columns of both, so the options :func:`column_hint` would give would lose the training data's
+    columns; the columns to rename in this file instead."""
+    if pandas_layout(ds):
+        return PANDAS_JSON_HINT
+    sample = _sample(ds)
+    by_name, by_values = _named_and_valued(sample, missing_keys, configured)
+    guesses = {key: by_name.get(key) or by_values[key] for key in missing_keys if key in by_name or key in by_values}
+    columns = ", ".join(configured.values())
+    same = f"it is read with the columns of the training data ({beside})"
+    row = None if by_name else _named_as_its_values(sample, guesses)
+    if row is not None:
+        return f"{same}, and its first line looks like a row (column {row!r} holds {row!r} in its rows too): " \
+               f"add a header line naming its columns ({columns})"
+    renames = ", ".join(f"{column!r} to {configured[key]!r}" for key, column in guesses.items())
+    return f"{same}: rename {renames} in it" if renames else f"{same}: name its columns {columns}"
+
+
+def _named_and_valued(sample: datasets.Dataset, missing_keys: list[str], configured: dict[str, str]
+                      ) -> tuple[dict[str, str], dict[str, str]]:
+    """The columns guessed for ``missing_keys`` by their names, and for the rest by their values."""
+    by_name = _by_name(sample.column_names, missing_keys, configured)
+    by_values = _guesses(sample, [key for key in missing_keys if key not in by_name],
+                         set(configured.values()) | set(by_name.values()))
+    return by_name, by_values
 
 
 def another_label_column(table: Table) -> Optional[str]:
@@ -150,10 +176,8 @@ def _distinct_values(values: list) -> Optional[int]:
 def _header_read_from_a_row(sample: datasets.Dataset, guesses: dict[str, str], configured: dict[str, str]
                             ) -> Optional[str]:
     """The hint for a first line that is a row: a guessed column whose name is one of its own values."""
-    for column in guesses.values():
-        if column in {str(value) for value in column_values(sample, column)}:
-            break
-    else:
+    column = _named_as_its_values(sample, guesses)
+    if column is None:
         return None
     names = {column: configured[key] for key, column in guesses.items()}
     found = set(configured.values())
@@ -161,3 +185,9 @@ def _header_read_from_a_row(sample: datasets.Dataset, guesses: dict[str, str], c
                 for i, column in enumerate(sample.column_names, start=1)]
     return (f"its first line looks like a row, not a header: column {column!r} holds {column!r} in its rows too; "
             f"a file without a header reads with data.has_header=false data.column_names=[{','.join(in_order)}]")
+
+
+def _named_as_its_values(sample: datasets.Dataset, guesses: dict[str, str]) -> Optional[str]:
+    """The first guessed column whose name is also one of its values (the first line was a row), or ``None``."""
+    return next((column for column in guesses.values()
+                 if column in {str(value) for value in column_values(sample, column)}), None)

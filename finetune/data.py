@@ -231,7 +231,8 @@ def _load_local(spec: str, key: str, cfg: DataConfig, group: Optional[str] = Non
             raise ConfigError(f"data.validation_split_by: {spec} is a folder of class sub-folders, which has no "
                               f"column {group!r}; row or text")
         return table  # the folder layout: its columns are standard already
-    return standardize(table, cfg.text_column, cfg.text_pair_column, cfg.label_column, group)
+    beside = (cfg.train_file or cfg.dataset_name) if key in ("data.validation_file", "data.test_file") else None
+    return standardize(table, cfg.text_column, cfg.text_pair_column, cfg.label_column, group, beside)
 
 
 def group_column(cfg: DataConfig) -> Optional[str]:

@@ -15,7 +15,7 @@ import datasets
 import numpy as np
 import pyarrow.compute as pc
 
-from finetune.column_hints import PANDAS_JSON_HINT, column_hint, pandas_layout
+from finetune.column_hints import PANDAS_JSON_HINT, column_hint, pandas_layout, rename_hint
 from finetune.errors import DataError, FileLayoutError
 from finetune.tables import GROUP, RAW_LABEL, TEXT, TEXT_PAIR, Table, as_arrow, as_mask, column_values, feature_name
 
@@ -23,8 +23,11 @@ logger = logging.getLogger("finetune.data")
 
 
 def standardize(table: Table, text_column: str, pair_column: Optional[str], label_column: str,
-                group: Optional[str] = None) -> Table:
-    """Keep only the text, pair and label columns (and ``group``, the carve's), under the standard names."""
+                group: Optional[str] = None, beside: Optional[str] = None) -> Table:
+    """Keep only the text, pair and label columns (and ``group``, the carve's), under the standard names.
+
+    ``beside``: the training data that a validation or test file is read with, whose column names it must share.
+    """
     ds = table.ds
     wanted = [("data.text_column", text_column, TEXT)]
     if pair_column is not None:
@@ -37,9 +40,10 @@ def standardize(table: Table, text_column: str, pair_column: Optional[str], labe
     missing = [(key, column) for key, column, _ in wanted if column not in ds.column_names]
     if missing:
         key, column = missing[0]
+        keys, configured = [key for key, _ in missing], {key: c for key, c, _ in wanted}
         raise FileLayoutError(
             f"{table.source}: no column {column!r} ({key}); columns found: {', '.join(ds.column_names)}",
-            hint=column_hint(ds, [key for key, _ in missing], configured={key: c for key, c, _ in wanted}),
+            hint=column_hint(ds, keys, configured) if beside is None else rename_hint(ds, keys, configured, beside),
         )
     _warn_of_values_in_unnamed_fields(table, [column for _, column, _ in wanted])
     ds = ds.select_columns([column for _, column, _ in wanted])

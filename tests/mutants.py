@@ -289,6 +289,10 @@ INPUT_MUTANTS = (
     Mutant("standard_columns.py",
            "missing = [(key, column) for key, column, _ in wanted if column not in ds.column_names]", "missing = []",
            "a missing column is not named", ("tests/test_own_data.py",) + ERRORS),
+    Mutant("data.py", 'beside = (cfg.train_file or cfg.dataset_name) if key in ("data.validation_file", '
+           '"data.test_file") else None', "beside = None",
+           "a validation file's missing column is told the options that would rename the training data's too",
+           ("tests/test_data.py",) + ERRORS),
     Mutant("standard_columns.py",
            "mask = as_mask(pc.fill_null(pc.equal(pc.utf8_length(pc.utf8_trim_whitespace(texts)), 0), True))",
            "mask = as_mask(pc.fill_null(pc.equal(pc.utf8_length(texts), 0), True))",

@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from finetune.config import DataConfig
-from finetune.data import LabelSpace, load_splits
+from finetune.data import LabelSpace, load_splits, load_test_split
 from finetune.tokens import tokenize_splits
 from finetune.errors import ConfigError, DataError, FileLayoutError
 from finetune.local_files import read_local
@@ -1361,6 +1361,31 @@ def test_a_missing_column_is_told_the_columns_that_look_like_it(tmp_path):
     with pytest.raises(FileLayoutError) as nothing_like_it:
         load_splits(cfg(only_ids, has_header=False, column_names=["a", "b"]), seed=0)
     assert nothing_like_it.value.hint is None
+
+
+@pytest.mark.parametrize("key", ["validation_file", "test_file"])
+def test_a_file_read_beside_the_training_data_is_told_which_of_its_columns_to_rename(tmp_path, key):
+    """One setting names the columns of every file of a run: the options that would name a validation or test
+    file's columns would lose the training data's, so its hint says what to rename in it, or that its first line
+    is a row where the training data's has a header."""
+    train = write(tmp_path / "train.csv", "text,label\n" + "a long text here,x\nanother long one,y\n" * 5)
+    renamed = write(tmp_path / "renamed.csv", "sentence,sentiment\n" + "a long text here,x\nanother,y\n" * 3)
+    headless = write(tmp_path / "headless.csv", "a long text here,x\nanother,y\nthird text,x\n")
+    hints = {}
+    for name, held_out in (("renamed", renamed), ("headless", headless)):
+        with pytest.raises(FileLayoutError) as caught:
+            if key == "test_file":
+                splits, labels = load_splits(cfg(train), seed=0)
+                load_test_split(cfg(train, test_file=held_out), labels)
+            else:
+                load_splits(cfg(train, validation_file=held_out), seed=0)
+        assert caught.value.message.startswith(f"{held_out}: no column 'text' (data.text_column); columns found: ")
+        hints[name] = caught.value.hint
+    assert hints["renamed"] == (f"it is read with the columns of the training data ({train}): rename 'sentence' to "
+                                f"'text', 'sentiment' to 'label' in it")
+    assert hints["headless"] == (f"it is read with the columns of the training data ({train}), and its first line "
+                                 f"looks like a row (column 'x' holds 'x' in its rows too): add a header line "
+                                 f"naming its columns (text, label)")
 
 
 STARS = [1, 2, 4, 5] * 5
