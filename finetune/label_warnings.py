@@ -75,13 +75,14 @@ def warn_of_a_head_for_other_labels(head: Optional[list[str]], names: list[str])
                    short_list(head, SHOW_LABELS), short_list(names, SHOW_LABELS), taken)
 
 
-def same_but_for_case(label: str, names: list[str]) -> Optional[str]:
-    """The hint for a label the training data wrote in another case (``SPAM`` where it has ``spam``)."""
+def same_but_for_case(label: str, names: list[str], origin: str = "the train data") -> Optional[str]:
+    """The hint for a label that ``origin`` (the training data, a saved model) writes in another case (``SPAM``
+    where it has ``spam``)."""
     known = in_another_case(label, names)
     if known is None:
         return None
-    return (f"the train data writes it {known!r}: labels are told apart by case; write them as the train data "
-            f"does, or name both with data.label_map")
+    return (f"{origin} writes it {known!r}: labels are told apart by case; write them as {origin} does, or name "
+            f"both with data.label_map")
 
 
 def in_another_case(label: str, names: list[str]) -> Optional[str]:

@@ -39,10 +39,13 @@ class LabelSpace:
         names: Label names (as strings); position ``i`` is label id ``i``. For
             regression, one name: the target's (the label column's).
         problem_type: single_label, multi_label or regression (see :mod:`finetune.tasks`).
+        origin: Whose labels they are, as an error names them: the training data's, or a saved model's where
+            ``finetune score`` reads a file against them.
     """
 
     names: list[str]
     problem_type: str = "single_label"
+    origin: str = "the train data"
 
     @property
     def label2id(self) -> dict[str, int]:
@@ -318,8 +321,8 @@ def _encode_labels(table: Table, keys: list[str], label_space: LabelSpace) -> da
         also = f" and {others} other unseen label{'s' if others > 1 else ''}" if others else ""
         raise DataError(
             f"{table.source}: label {first!r} at {table.where(unseen[0])}{also} not among the "
-            f"{len(label_space)} labels of the train data ({short_list(label_space.names, SHOW_LABELS)})",
-            hint=same_but_for_case(first, label_space.names),
+            f"{len(label_space)} labels of {label_space.origin} ({short_list(label_space.names, SHOW_LABELS)})",
+            hint=same_but_for_case(first, label_space.names, label_space.origin),
         )
     ids = np.asarray([label2id[key] for key in keys], dtype=np.int64)  # an array: finetune.columns.list_column says why
     ds = table.ds.remove_columns(RAW_LABEL)
@@ -404,8 +407,8 @@ def _encode_label_sets(table: Table, sets: list[list[str]], label_space: LabelSp
         if unseen:
             raise DataError(
                 f"{table.source}: label {unseen[0]!r} at {table.where(i)} not among the {len(label_space)} "
-                f"labels of the train data ({short_list(label_space.names, SHOW_LABELS)})",
-                hint=same_but_for_case(unseen[0], label_space.names),
+                f"labels of {label_space.origin} ({short_list(label_space.names, SHOW_LABELS)})",
+                hint=same_but_for_case(unseen[0], label_space.names, label_space.origin),
             )
     vectors = np.zeros((len(sets), len(label_space)), dtype=np.float32)
     for i, keys in enumerate(sets):

@@ -110,7 +110,7 @@ def load_labelled(file: str | os.PathLike, data_cfg, labels: Sequence[str], prob
     """
     from finetune import data as fdata
 
-    label_space = fdata.LabelSpace(list(labels), problem_type)
+    label_space = fdata.LabelSpace(list(labels), problem_type, origin="the model")
     return fdata.labelled_columns(fdata.load_labelled_file(str(file), data_cfg, label_space, key="--file"))
 
 

@@ -945,11 +945,17 @@ def test_score_cli(trained, tmp_path, capsys):
     width, height = png_size(png)
     assert width > 200 and height > 200
 
-    # a label the model never saw: one line naming the file and row
+    # a label the model never saw: one line naming the file and row, and the model's labels as the model's (it may
+    # be a model this package did not train); one in another case, with a hint
     bad = write_tsv(tmp_path / "bad.tsv", [("ham", "hello there"), ("eggs", "free cash")])
     assert main([str(out), "--file", str(bad)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith(f"error: {bad}: label 'eggs' at line 2")
+    assert err == [f"error: {bad}: label 'eggs' at line 2 not among the 2 labels of the model (ham, spam)"]
+    shouted = write_tsv(tmp_path / "shouted.tsv", [("ham", "hello there"), ("SPAM", "free cash")])
+    assert main([str(out), "--file", str(shouted)]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[1] == (
+        "hint: the model writes it 'spam': labels are told apart by case; write them as the model does, or name both "
+        "with data.label_map")
     # the default PNG goes next to the model, named after the file: not written on error
     assert not (out / "confusion_bad.png").exists()
     assert main([str(out), "--file", str(bad), "training.seed=3"]) == 2
