@@ -294,14 +294,16 @@ def print_score(result: Score, file_named: str, title: str, png: Path, png_forma
     """What ``finetune score`` says of a file's scores: the metrics with their intervals, each label's scores and
     operating points, the cautions (on stderr), and the confusion matrix, which it also draws into ``png`` under
     ``title``."""
-    from finetune.metrics import metrics_with_intervals
+    from finetune.metrics import averaging_in_words, metrics_with_intervals
     from finetune.plot import DPI, confusion_figure
     from finetune.score_tables import (PRINTED_MATRIX_LABELS, format_by_label, format_confusion, format_confusions,
                                        format_operating_points)
 
     arithmetic = f", computed in {result.precision} autocast" if result.precision != "no" else ""
     seen = f", {result.seen_in_training} of them a text the model trained on" if result.seen_in_training else ""
-    print(f"{result.file}: {result.metrics['num_samples']} samples{seen}{arithmetic}")
+    averaging = averaging_in_words(result.suite, result.labels) if result.suite is not None else None
+    averaged = f"; {averaging}" if averaging else ""
+    print(f"{result.file}: {result.metrics['num_samples']} samples{seen}{arithmetic}{averaged}")
     print(metrics_with_intervals(result.metrics, result.intervals or {}))
     if result.by_label is not None:
         print(format_by_label(result.by_label))

@@ -628,3 +628,22 @@ def test_an_average_that_counts_a_class_the_texts_lack_as_zero_is_cautioned_of_a
         "so it reaches at most 0.33 whatever the model predicts")
     assert MultiLabelMetrics(["f1"], 3, "macro").compute(sets, sets)["f1"] == pytest.approx(1 / 3)
     assert averaged_over_absent_labels(["f1"], "micro", None, label_support, "row", labels=True) is None
+
+
+def test_the_averaging_is_said_in_words_for_the_metrics_that_average():
+    """What `finetune score` prints beside a file's count, so that an F1 says whose it is: a two-class run's positive
+    class, or the average; nothing where no averaged metric is computed, or for regression."""
+    from finetune.metrics import averaging_in_words
+    from finetune.metrics.other_tasks import MultiLabelMetrics, RegressionMetrics
+
+    names = ["ham", "spam"]
+    assert averaging_in_words(MetricSuite(["accuracy", "f1", "recall"], 2, "binary", pos_label=1), names) == \
+        "f1, recall: of 'spam'"
+    assert averaging_in_words(MetricSuite(["f1"], 2, "binary", pos_label=0), names) == "f1: of 'ham'"
+    assert averaging_in_words(MetricSuite(["precision", "f1"], 3, "macro"), ["a", "b", "c"]) == \
+        "precision, f1: macro average"
+    assert averaging_in_words(MultiLabelMetrics(["accuracy", "f1"], 3, "micro"), ["a", "b", "c"]) == \
+        "f1: micro average"
+    assert averaging_in_words(MetricSuite(["accuracy", "matthews_correlation"], 2, "binary", pos_label=1),
+                              names) is None
+    assert averaging_in_words(RegressionMetrics(["mse", "pearson"]), ["score"]) is None

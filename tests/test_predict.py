@@ -914,6 +914,9 @@ def test_score_cli(trained, tmp_path, capsys):
     saved = json.loads(report.read_text())
     assert saved["metrics"]["num_samples"] == len(rows)
     assert set(saved["metrics"]) == {"loss", "num_samples", "accuracy", "recall"}
+    # whose recall it is: the run's positive class, the rarer of its two
+    assert printed.splitlines()[0].startswith(f"{tmp_path / 'spam.csv'}: {len(rows)} samples")
+    assert printed.splitlines()[0].endswith("; recall: of 'spam'")
     assert saved["confusion_matrix"][0] == [0, 0] and sum(saved["confusion_matrix"][1]) == len(rows)
     assert "confusion matrix (rows: true label, columns: predicted label)" in printed
     spam_row = next(line for line in printed.splitlines() if line.startswith("spam ") and "." not in line)

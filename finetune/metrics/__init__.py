@@ -120,6 +120,17 @@ def resolve_average(evaluation, label_names, counts=None) -> tuple[str, Optional
     return "binary", names[0 if counts[0] < counts[1] else 1]
 
 
+def averaging_in_words(suite, label_names: Sequence[str]) -> Optional[str]:
+    """How ``suite`` (a :class:`MetricSuite`, or a multi-label one) averages F1, precision and recall, in words
+    (``f1, recall: macro average``, ``f1: of 'spam'``); ``None`` where it computes none of them."""
+    averaged = [name for name in suite.names if name in _AVERAGED]
+    if not averaged or not hasattr(suite, "average"):
+        return None
+    positive = getattr(suite, "pos_label", None)
+    how = f"of {label_names[positive]!r}" if suite.average == "binary" else f"{suite.average} average"
+    return f"{', '.join(averaged)}: {how}"
+
+
 class MetricSuite:
     """The configured metrics, computed with evaluate's API (local modules, combine).
 
