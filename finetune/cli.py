@@ -8,6 +8,7 @@ Usage::
     finetune plot OUTPUT_DIR [OUTPUT_DIR ... --output FILE]
     finetune sweep [--config F] --sweep SWEEP.yaml [--seeds N] [--storage URL] [section.key=value ...]
 
+Where the command is not on the PATH: ``python -m finetune train ...``.
 Several processes: ``accelerate launch -m finetune.cli train ...`` (or
 ``accelerate launch finetune/train.py ...`` from a clone); ``predict`` and
 ``score`` the same way share the batches among the processes. ``finetune
@@ -33,7 +34,8 @@ def usage() -> str:
     lines = ["usage: finetune COMMAND [ARGS ...]", "", "commands:"]
     lines += [f"  {name:<8} {text}" for name, (_, text) in COMMANDS.items()]
     lines += ["", "finetune COMMAND --help for a command's arguments; "
-              "finetune train --data reviews.csv --text sentence --label sentiment trains on your own file"]
+              "finetune train --data reviews.csv --text sentence --label sentiment trains on your own file; "
+              "finetune --version"]
     return "\n".join(lines)
 
 
@@ -45,6 +47,11 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(usage(), file=sys.stdout if argv else sys.stderr)
         return 0 if argv else 2
+    if argv[0] in ("-V", "--version"):
+        from finetune import __version__
+
+        print(f"finetune {__version__}")
+        return 0
     command, rest = argv[0], argv[1:]
     if command not in COMMANDS:
         close = difflib.get_close_matches(command, list(COMMANDS), n=1)

@@ -39,8 +39,7 @@ class LabelSpace:
         names: Label names (as strings); position ``i`` is label id ``i``. For
             regression, one name: the target's (the label column's).
         problem_type: single_label, multi_label or regression (see :mod:`finetune.tasks`).
-        origin: Whose labels they are, as an error names them: the training data's, or a saved model's where
-            ``finetune score`` reads a file against them.
+        origin: Whose labels they are, as errors name them: the training data's, or ``finetune score``'s model's.
     """
 
     names: list[str]
@@ -59,6 +58,12 @@ class LabelSpace:
 
     def __len__(self) -> int:
         return len(self.names)
+
+    def lacking(self, label: str, said: str) -> DataError:
+        """The error for ``label``, not one of these, where ``said`` names it with its file and row."""
+        hint = same_but_for_case(label, self.names, self.origin)
+        return DataError(f"{said} not among the {len(self)} labels of {self.origin} "
+                         f"({short_list(self.names, SHOW_LABELS)})", hint=hint)
 
 
 def encode_train(train: Table, problem_type: str, delimiter: Optional[str], label_map: Optional[dict[str, str]] = None,
@@ -319,11 +324,7 @@ def _encode_labels(table: Table, keys: list[str], label_space: LabelSpace) -> da
         first = keys[unseen[0]]
         others = len({keys[i] for i in unseen}) - 1
         also = f" and {others} other unseen label{'s' if others > 1 else ''}" if others else ""
-        raise DataError(
-            f"{table.source}: label {first!r} at {table.where(unseen[0])}{also} not among the "
-            f"{len(label_space)} labels of {label_space.origin} ({short_list(label_space.names, SHOW_LABELS)})",
-            hint=same_but_for_case(first, label_space.names, label_space.origin),
-        )
+        raise label_space.lacking(first, f"{table.source}: label {first!r} at {table.where(unseen[0])}{also}")
     ids = np.asarray([label2id[key] for key in keys], dtype=np.int64)  # an array: finetune.columns.list_column says why
     ds = table.ds.remove_columns(RAW_LABEL)
     return ds.add_column(LABELS, ids, feature=datasets.ClassLabel(names=label_space.names))
@@ -405,11 +406,7 @@ def _encode_label_sets(table: Table, sets: list[list[str]], label_space: LabelSp
     for i, keys in enumerate(sets):
         unseen = [k for k in keys if k not in label2id]
         if unseen:
-            raise DataError(
-                f"{table.source}: label {unseen[0]!r} at {table.where(i)} not among the {len(label_space)} "
-                f"labels of {label_space.origin} ({short_list(label_space.names, SHOW_LABELS)})",
-                hint=same_but_for_case(unseen[0], label_space.names, label_space.origin),
-            )
+            raise label_space.lacking(unseen[0], f"{table.source}: label {unseen[0]!r} at {table.where(i)}")
     vectors = np.zeros((len(sets), len(label_space)), dtype=np.float32)
     for i, keys in enumerate(sets):
         vectors[i, [label2id[k] for k in keys]] = 1.0

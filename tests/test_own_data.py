@@ -273,6 +273,25 @@ def test_a_command_line_without_its_command_is_told_where_it_goes(argv, hint, ca
     assert err[0].startswith(f"error: unknown command {argv[0]!r}") and err[1:] == hint
 
 
+def test_the_command_says_its_version_and_runs_as_python_m_finetune(capsys):
+    """``finetune --version`` prints the version pyproject.toml gives the package; ``python -m finetune`` is the same
+    command where its script is not on the PATH (a notebook's ``!python -m finetune ...``)."""
+    import re
+    import sys
+
+    import forked
+    from finetune.cli import main
+    from helpers import offline_env
+
+    declared = re.search(r'^version = "([^"]+)"$', (REPO / "pyproject.toml").read_text(), re.MULTILINE).group(1)
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out == f"finetune {declared}\n"
+    as_module = forked.run([sys.executable, "-m", "finetune", "--version"], env=offline_env(), timeout=60)
+    assert (as_module.returncode, as_module.stdout) == (0, f"finetune {declared}\n")
+    unknown = forked.run([sys.executable, "-m", "finetune", "trian"], env=offline_env(), timeout=60)
+    assert unknown.returncode == 2 and unknown.stderr.startswith("error: unknown command 'trian' (did you mean train?)")
+
+
 def test_a_trainer_setting_this_package_does_another_way_is_told_that_way(capsys):
     from finetune.train import main
 

@@ -1,0 +1,8 @@
+"""``python -m finetune COMMAND ...``: the ``finetune`` command (:mod:`finetune.cli`) where its script is not on the
+PATH, such as a notebook's ``!python -m finetune train --data reviews.csv``."""
+
+import sys
+
+from finetune.cli import main
+
+sys.exit(main())
