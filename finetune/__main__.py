@@ -5,4 +5,5 @@ import sys
 
 from finetune.cli import main
 
-sys.exit(main())
+if __name__ == "__main__":  # importing the module, as a walk over the package does, runs nothing
+    sys.exit(main())
