@@ -84,6 +84,25 @@ def reproduce_command(num_processes: int, output_dir: str) -> str:
     return shlex.join(launcher + args)
 
 
+def _use(cfg) -> list[str]:
+    """The card's ``## Use``: ``finetune predict``, which applies what the run decided (its thresholds, its
+    windows), and transformers' pipeline, called with the model's input (a text, or a pair) and saying what it
+    returns for the problem type."""
+    folder, data = cfg.output.output_dir, cfg.data
+    if data.text_pair_column is None:
+        text, predict = '"a text"', shlex.join(["finetune", "predict", folder, "a text"])
+    else:  # the command reads pairs from a file only
+        text = '{"text": "a first text", "text_pair": "its second text"}'
+        predict = (f"{shlex.join(['finetune', 'predict', folder, '--file', 'pairs.csv'])}  # with the columns "
+                   f"{data.text_column!r} and {data.text_pair_column!r}")
+    call = {"single_label": f"classifier({text})  # the most probable class, with its probability",
+            "multi_label": f"classifier({text}, top_k=None)  # every label, with its probability (a sigmoid's)",
+            "regression": f"classifier({text})  # the predicted number, as the score of {data.label_column!r}"}
+    return ["## Use", "", "```bash", predict, "```", "", "```python", "from transformers import pipeline", "",
+            f"classifier = pipeline(\"text-classification\", model={folder!r})", call[cfg.model.problem_type], "```",
+            ""]
+
+
 def _front_matter(cfg, name: str, metrics: dict[str, float]) -> dict[str, Any]:
     """The Hub's model-card metadata: base model, data set, metrics and a ``model-index`` of the results.
 
@@ -386,14 +405,7 @@ def model_card(cfg, summary: dict[str, Any]) -> str:
         "",
         *_results(f"the validation data: {sources.validation}", results, metrics, summary.get("eval_by_label"),
                   summary.get("validation_seen_in_training", 0), summary.get("eval_intervals")),
-        "## Use",
-        "",
-        "```python",
-        "from transformers import pipeline",
-        "",
-        f'classifier = pipeline("text-classification", model="{cfg.output.output_dir}")',
-        "```",
-        "",
+        *_use(cfg),
         "## Reproduce",
         "",
         "```bash",

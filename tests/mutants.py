@@ -662,6 +662,11 @@ DATA_MUTANTS = (
 # run writes", docs/inference.md's scores)
 SCORING = ("tests/test_predict.py", "tests/test_metrics.py")
 OUTPUT_MUTANTS = (
+    Mutant("model_card.py", "    if data.text_pair_column is None:", "    if True:",
+           "the card of a model trained on pairs shows its pipeline called with one text", ("tests/test_model_card.py",)),
+    Mutant("model_card.py", '"multi_label": f"classifier({text}, top_k=None)', '"multi_label": f"classifier({text}',
+           "the card of a multi-label model shows a pipeline call that returns its most probable label alone",
+           ("tests/test_model_card.py",)),
     Mutant("model_card.py", 'round(train["samples"] / seconds, 3) if seconds > 0 else None,',
            'round(train["updates"] / seconds, 3) if seconds > 0 else None,',
            "all_results.json's train_samples_per_second counts updates", ("tests/test_selection.py",)),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+import torch
 import yaml
 
 from finetune.config import config_from_dict
@@ -279,3 +281,56 @@ def test_the_command_that_trains_it_again_launches_as_many_processes_into_a_new_
            "each GPU whole; to shard it again, launch with the FSDP config it ran under (`--config_file`)" in body
     summary["train"]["distributed_type"] = "MULTI_GPU"
     assert "It ran under" not in model_card(cfg, summary)
+
+
+@pytest.mark.parametrize("problem_type, pairs", [("single_label", False), ("single_label", True),
+                                                 ("multi_label", False), ("regression", False)])
+def test_the_cards_use_section_runs_as_written_and_its_pipeline_agrees_with_predict(tmp_path, problem_type, pairs):
+    """The card's snippet, run as a reader would paste it, on a saved model of the card's kind: the pipeline takes
+    a pair as a pair, and returns what its comment says (the most probable class, every label, the number), the
+    probabilities finetune predict gives; the command reads pairs from a file with the run's column names."""
+    import re
+
+    import numpy as np
+    from transformers import BertForSequenceClassification
+
+    from finetune.predict import Predictor
+    from helpers import save_tiny_model, tiny_bert_config
+
+    folder = save_tiny_model(tmp_path / "model")
+    labels = {"single_label": ["ham", "spam"], "multi_label": ["news", "sport", "tech"],
+              "regression": ["stars"]}[problem_type]
+    config = tiny_bert_config(len(labels))
+    config.problem_type = {"single_label": "single_label_classification", "multi_label": "multi_label_classification",
+                           "regression": "regression"}[problem_type]
+    config.id2label, config.label2id = dict(enumerate(labels)), {name: i for i, name in enumerate(labels)}
+    torch.manual_seed(0)
+    BertForSequenceClassification(config).save_pretrained(folder)
+    data = {"train_file": "x.csv", "label_column": "stars" if problem_type == "regression" else "label",
+            **({"text_column": "premise", "text_pair_column": "hypothesis"} if pairs else {})}
+    cfg = config_from_dict({"model": {"problem_type": problem_type}, "data": data,
+                            "output": {"output_dir": str(folder)}})
+    card = model_card(cfg, {**_summary(), "labels": labels})
+    command, snippet = re.search(r"\n## Use\n\n```bash\n(.*?)\n```\n\n```python\n(.*?)\n```\n", card, re.S).groups()
+    *setup, call = snippet.splitlines()
+    namespace: dict = {}
+    exec("\n".join(setup), namespace)  # noqa: S102 - the card's own code, as a reader runs it
+    returned = eval(call.split("  # ")[0], namespace)  # noqa: S307
+    first, second = ("a first text", "its second text") if pairs else ("a text", None)
+    predictor = Predictor.load(folder)
+    pair = None if second is None else [second]
+    expected = (predictor.logits if problem_type == "regression" else predictor.probabilities)([first], pair)[0]
+    rows = returned if isinstance(returned, list) else [returned]  # a pair's dict answers with a dict
+    scores = {row["label"]: row["score"] for row in rows}
+    if problem_type == "multi_label":
+        assert scores == pytest.approx(dict(zip(labels, expected.tolist())), abs=1e-6)
+    elif problem_type == "regression":
+        assert scores == pytest.approx({"stars": float(expected[0])}, abs=1e-6)
+    else:
+        assert scores == pytest.approx({labels[int(np.argmax(expected))]: float(expected.max())}, abs=1e-6)
+    if pairs:
+        assert command == f"finetune predict {folder} --file pairs.csv  # with the columns 'premise' and 'hypothesis'"
+        alone = predictor.probabilities([first])[0]
+        assert not np.allclose(alone, expected)  # the second text counts: the pipeline was given the pair
+    else:
+        assert command == f"finetune predict {folder} 'a text'"
