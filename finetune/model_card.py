@@ -190,6 +190,18 @@ def _thresholds(evaluation, thresholds: Optional[dict[str, float]], labels: Sequ
             "`pipeline()` does not"]
 
 
+def _averaging(evaluation, problem_type: str) -> list[str]:
+    """The line saying whose F1, precision and recall the results give, as the run decided ``evaluation.average``
+    (none where it was left undecided, ``auto``)."""
+    averaged = ["F1" if name == "f1" else name for name in evaluation.metrics if name in ("f1", "precision", "recall")]
+    if not averaged or problem_type == "regression" or evaluation.average == "auto":
+        return []
+    how = (f"of `{evaluation.positive_label}`, the positive class" if evaluation.average == "binary"
+           else f"the {evaluation.average} average over the labels")
+    named = ", ".join(averaged[:-1]) + f" and {averaged[-1]}" if len(averaged) > 1 else averaged[0]
+    return [f"- {named[0].upper()}{named[1:]}: {how} (`evaluation.average: {evaluation.average}`)"]
+
+
 def _long_texts(record: Optional[dict[str, Any]]) -> list[str]:
     """The line on the training texts the window cut (none when every text fit)."""
     if not record or not record["longer_than_max_length"]:
@@ -402,6 +414,7 @@ def model_card(cfg, summary: dict[str, Any]) -> str:
         *_adapters(train.get("lora")),
         *_frozen(train.get("frozen")),
         *_thresholds(cfg.evaluation, summary.get("eval_thresholds"), labels, cfg.model.problem_type),
+        *_averaging(cfg.evaluation, cfg.model.problem_type),
         "",
         *_results(f"the validation data: {sources.validation}", results, metrics, summary.get("eval_by_label"),
                   summary.get("validation_seen_in_training", 0), summary.get("eval_intervals")),

@@ -334,3 +334,20 @@ def test_the_cards_use_section_runs_as_written_and_its_pipeline_agrees_with_pred
         assert not np.allclose(alone, expected)  # the second text counts: the pipeline was given the pair
     else:
         assert command == f"finetune predict {folder} 'a text'"
+
+
+def test_the_card_says_whose_f1_precision_and_recall_its_results_are():
+    """As the run decided evaluation.average: a two-class run's positive class, or the average over the labels."""
+    def bullet(evaluation: dict, problem_type: str = "single_label") -> list[str]:
+        cfg = config_from_dict({"model": {"problem_type": problem_type}, "data": {"train_file": "x.csv"},
+                                "evaluation": evaluation})
+        return [line for line in model_card(cfg, _summary()).splitlines() if "`evaluation.average:" in line]
+
+    assert bullet({"average": "binary", "positive_label": "spam", "metrics": ["f1", "precision", "recall"]}) == [
+        "- F1, precision and recall: of `spam`, the positive class (`evaluation.average: binary`)"]
+    assert bullet({"average": "macro", "metrics": ["accuracy", "recall", "f1"]}) == [
+        "- Recall and F1: the macro average over the labels (`evaluation.average: macro`)"]
+    assert bullet({"average": "micro", "metrics": ["f1"]}, "multi_label") == [
+        "- F1: the micro average over the labels (`evaluation.average: micro`)"]
+    assert bullet({"average": "macro", "metrics": ["accuracy", "matthews_correlation"]}) == []
+    assert bullet({"average": "auto"}) == []  # undecided: a card is written from a run's decided config
