@@ -885,7 +885,7 @@ def test_score_in_the_runs_bf16_reproduces_its_validation_metrics(tmp_path, caps
     report = tmp_path / "score.json"
     assert main([str(cfg.output.output_dir), "--file", str(cfg.data.validation_file), "--precision", "bf16",
                  "--json", str(report)]) == 0
-    assert capsys.readouterr().out.splitlines()[0].endswith(": 40 samples, computed in bf16 autocast")
+    assert capsys.readouterr().out.splitlines()[0].endswith(": 40 samples, computed in bf16 autocast; f1: of 'spam'")
     assert json.loads(report.read_text())["precision"] == "bf16"
 
 
@@ -1197,7 +1197,8 @@ def test_score_counts_the_texts_the_model_trained_on(trained, tmp_path, capsys, 
     printed, err = capsys.readouterr()
     rows = len(_tsv_texts(train_file))
     assert json.loads((tmp_path / "t.json").read_text())["seen_in_training"] == rows
-    assert printed.splitlines()[0] == f"{train_file}: {rows} samples, {rows} of them a text the model trained on"
+    assert printed.splitlines()[0] == (f"{train_file}: {rows} samples, {rows} of them a text the model trained on; "
+                                       "f1: of 'spam'")
     assert (f"warning: {rows} of the {rows} texts of {train_file.name} are texts the model trained on: their scores "
             "say what it remembers, not how it does on texts it has not seen") in err.splitlines()
     # the validation file: the texts it shares with the training file, counted here from the files themselves
@@ -1210,7 +1211,7 @@ def test_score_counts_the_texts_the_model_trained_on(trained, tmp_path, capsys, 
     capsys.readouterr()
     assert main([str(out), "--file", str(mixed)]) == 0
     printed, err = capsys.readouterr()
-    assert printed.splitlines()[0] == f"{mixed}: 10 samples, 1 of them a text the model trained on"
+    assert printed.splitlines()[0] == f"{mixed}: 10 samples, 1 of them a text the model trained on; f1: of 'spam'"
     assert "trained on" not in err
     # asked not to: the training rows are not read again, and nothing is counted or said
     import finetune.score
@@ -1221,7 +1222,7 @@ def test_score_counts_the_texts_the_model_trained_on(trained, tmp_path, capsys, 
     assert main([str(out), "--file", str(train_file), "--no-overlap-check", "--json", str(tmp_path / "n.json")]) == 0
     printed, err = capsys.readouterr()
     assert read_again == [] and json.loads((tmp_path / "n.json").read_text())["seen_in_training"] is None
-    assert printed.splitlines()[0] == f"{train_file}: {rows} samples" and "trained on" not in err
+    assert printed.splitlines()[0] == f"{train_file}: {rows} samples; f1: of 'spam'" and "trained on" not in err
 
 
 def test_score_counts_seen_texts_only_where_the_training_rows_are_the_runs_own(trained, tmp_path, capsys):
@@ -1256,7 +1257,7 @@ def test_score_counts_seen_texts_only_where_the_training_rows_are_the_runs_own(t
     # a file edited since the run: not its training rows, so nothing is counted or said
     seen, (printed, err) = score_with_training_file(lines[:-1] + ["ham\tedited since"])
     assert seen is None
-    assert printed.splitlines()[0] == f"{train_file}: {len(lines)} samples"
+    assert printed.splitlines()[0] == f"{train_file}: {len(lines)} samples; f1: of 'spam'"
     assert "trained on" not in err
     # the file gone: the same
     (tmp_path / "moved.tsv").unlink()
