@@ -21,6 +21,7 @@ import yaml
 
 from finetune.data_sources import data_sources
 from finetune.errors import ConfigError
+from finetune.metrics import averaged_over_absent_labels
 from finetune.metrics.ranking import RANKING_METRICS
 from finetune.modeling import hub_id, model_name
 from finetune.outputs import CONFIG_FILE, MODEL_CARD_FILE, MODEL_CARD_MARK
@@ -190,16 +191,21 @@ def _thresholds(evaluation, thresholds: Optional[dict[str, float]], labels: Sequ
             "`pipeline()` does not"]
 
 
-def _averaging(evaluation, problem_type: str) -> list[str]:
+def _averaging(evaluation, problem_type: str, by_label: Optional[dict[str, dict[str, Any]]]) -> list[str]:
     """The line saying whose F1, precision and recall the results give, as the run decided ``evaluation.average``
-    (none where it was left undecided, ``auto``)."""
+    (none where it was left undecided, ``auto``), and the caution the start line gave where the validation texts
+    lack a class that average counts as 0 whatever the model predicts."""
     averaged = ["F1" if name == "f1" else name for name in evaluation.metrics if name in ("f1", "precision", "recall")]
     if not averaged or problem_type == "regression" or evaluation.average == "auto":
         return []
     how = (f"of `{evaluation.positive_label}`, the positive class" if evaluation.average == "binary"
            else f"the {evaluation.average} average over the labels")
     named = ", ".join(averaged[:-1]) + f" and {averaged[-1]}" if len(averaged) > 1 else averaged[0]
-    return [f"- {named[0].upper()}{named[1:]}: {how} (`evaluation.average: {evaluation.average}`)"]
+    caution = averaged_over_absent_labels(evaluation.metrics, evaluation.average, evaluation.positive_label,
+                                          {label: s["support"] for label, s in (by_label or {}).items()},
+                                          "validation text", labels=problem_type == "multi_label")
+    return [f"- {named[0].upper()}{named[1:]}: {how} (`evaluation.average: {evaluation.average}`)",
+            *([f"- Caution: {caution}"] if caution else [])]
 
 
 def _long_texts(record: Optional[dict[str, Any]]) -> list[str]:
@@ -414,7 +420,7 @@ def model_card(cfg, summary: dict[str, Any]) -> str:
         *_adapters(train.get("lora")),
         *_frozen(train.get("frozen")),
         *_thresholds(cfg.evaluation, summary.get("eval_thresholds"), labels, cfg.model.problem_type),
-        *_averaging(cfg.evaluation, cfg.model.problem_type),
+        *_averaging(cfg.evaluation, cfg.model.problem_type, summary.get("eval_by_label")),
         "",
         *_results(f"the validation data: {sources.validation}", results, metrics, summary.get("eval_by_label"),
                   summary.get("validation_seen_in_training", 0), summary.get("eval_intervals")),

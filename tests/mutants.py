@@ -313,6 +313,9 @@ INPUT_MUTANTS = (
 # the scores a run reports are the validation texts' (docs/inference.md, docs/configuration.md's metrics)
 SCORES = ("tests/test_metrics.py", "tests/test_decision_threshold.py", "tests/test_thresholds.py")
 SCORE_MUTANTS = (
+    Mutant("model_card.py", '*([f"- Caution: {caution}"] if caution else [])]', "*[]]",
+           "the model card leaves out the caution of a class the validation texts lack, which the start line gives",
+           ("tests/test_model_card.py",)),
     Mutant("metrics/__init__.py", 'return "binary", names[0 if counts[0] < counts[1] else 1]',
            'return "binary", names[1 if counts[0] < counts[1] else 0]',
            "binary F1 is of the more common of two classes, not the rarer", ("tests/test_own_data.py",) + SCORES),

@@ -351,3 +351,17 @@ def test_the_card_says_whose_f1_precision_and_recall_its_results_are():
         "- F1: the micro average over the labels (`evaluation.average: micro`)"]
     assert bullet({"average": "macro", "metrics": ["accuracy", "matthews_correlation"]}) == []
     assert bullet({"average": "auto"}) == []  # undecided: a card is written from a run's decided config
+
+
+def test_the_card_repeats_the_caution_of_a_class_the_validation_texts_lack():
+    """As the start line does: a macro average over three classes, one without validation texts, reaches 2/3."""
+    cfg = config_from_dict({"data": {"train_file": "x.csv"},
+                            "evaluation": {"average": "macro", "metrics": ["accuracy", "f1"]}})
+    by_label = {name: {"precision": 1.0, "recall": 1.0, "f1": 1.0, "support": support}
+                for name, support in (("earn", 40), ("acq", 47), ("grain", 0))}
+    card = model_card(cfg, {**_summary(), "labels": ["earn", "acq", "grain"], "eval_by_label": by_label})
+    assert ("- Caution: no validation text has the class 'grain': the macro average of f1 counts it as 0 among the 3 "
+            "classes, so it reaches at most 0.67 whatever the model predicts") in card.splitlines()
+    by_label["grain"]["support"] = 3
+    card = model_card(cfg, {**_summary(), "labels": ["earn", "acq", "grain"], "eval_by_label": by_label})
+    assert "Caution" not in card
