@@ -241,6 +241,16 @@ def config_of(header: Header, best: Optional[dict[str, Any]]):
     return load_config(header.config, [*header.overrides, *overrides(params)])
 
 
+def predict_command(header: Header, best: dict[str, Any]) -> str:
+    """The command that classifies with the best trial's model, in Markdown: on a text, or for a model of pairs on
+    a file of them (the command reads pairs from a file alone) with the run's two columns."""
+    data = config_of(header, best).data
+    if data.text_pair_column is None:
+        return f'`finetune predict {best["folder"]} "a text"`'
+    return (f"`finetune predict {best['folder']} --file pairs.csv` (a file with the columns `{data.text_column}` and "
+            f"`{data.text_pair_column}`)")
+
+
 def train_on_every_row(root: Path, header: Header, best: Optional[dict[str, Any]]) -> str:
     """The command that trains the best config (without a search: the sweep's config) on all its rows, into
     ``<root>/best`` (best.yaml's folder) or ``<root>/all-rows``. It resets the evaluation keys that need validation
@@ -347,9 +357,8 @@ def sweep_markdown(root: Path, header: Header, rows: list[dict[str, Any]], best:
         lines += [f"Best: trial {best['trial']} ({best['folder']}), {header.metric} {best['value']:.4f}: {values}."
                   + tie_broken(header.metric, best),
                   *within_the_best(root, header, rows, best),
-                  f"Its model is in its folder (on the worker that ran it): `finetune predict {best['folder']} "
-                  f"\"a text\"` from here. Train it again: `finetune train --config {BEST_YAML}` (it writes to "
-                  "`best/`).", ""]
+                  f"Its model is in its folder (on the worker that ran it): {predict_command(header, best)} from "
+                  f"here. Train it again: `finetune train --config {BEST_YAML}` (it writes to `best/`).", ""]
     if repeat_values:
         mean, std = mean_and_deviation([v for _, v in repeat_values])
         lines += [f"## Over {len(repeat_values)} {repeats.name}", "",

@@ -448,6 +448,9 @@ SWEEP_MUTANTS = (
     Mutant("sweep_report.py", '"data.validation_split=0", *unset])', '"data.validation_split=0"])',
            "the command that trains the best config on every row keeps the sweep's objective, which a run without "
            "validation texts refuses", SWEEP),
+    Mutant("sweep_report.py", "    if data.text_pair_column is None:\n        return f'`finetune predict",
+           "    if True:\n        return f'`finetune predict",
+           "the report tells a model of pairs to classify a single text, which it refuses", SWEEP),
 )
 
 # what a long text keeps, and the layer-wise learning rates (docs/long_texts.md)

@@ -1264,3 +1264,21 @@ def test_a_trials_undefined_value_is_written_as_json_every_reader_reads(tmp_path
     written = json.loads(text, parse_constant=lambda name: pytest.fail(f"{name} written as a JSON number"))
     assert written["value"] == "nan" and written["values"] == ["nan", 0.5]
     assert ended == [("search", 0, record)]  # the sweep's own record keeps the number
+
+
+@pytest.mark.parametrize("pairs", [False, True])
+def test_the_best_trials_predict_command_gives_a_model_of_pairs_a_file(tmp_path, pairs):
+    """`finetune predict DIR "a text"` is refused by a model trained on pairs, which takes them from a file: the
+    report names such a file, with the run's two columns, and the best trial's values take part in its config."""
+    from finetune.search_space import parse_space
+    from finetune.sweep_report import Header, predict_command
+
+    data = {"train_file": "nli.csv", "text_column": "premise",
+            **({"text_pair_column": "hypothesis"} if pairs else {})}
+    config = tmp_path / "cfg.yaml"
+    config.write_text(yaml.safe_dump({"data": data}), encoding="utf-8")
+    space = parse_space({"optim.learning_rate": [1e-3, 1e-2]}, "--sweep")
+    header = Header("accuracy", True, space, "grid", "none", "sqlite://", 2, "finetune sweep", str(config))
+    said = predict_command(header, {"folder": "trial-0001", "optim.learning_rate": 1e-2})
+    assert said == ("`finetune predict trial-0001 --file pairs.csv` (a file with the columns `premise` and "
+                    "`hypothesis`)" if pairs else '`finetune predict trial-0001 "a text"`')
