@@ -219,7 +219,7 @@ def best_yaml(root: Path, header: Header, best: dict[str, Any]) -> str:
     config["output"]["output_dir"] = str(root / "best")
     config["output"]["resume_from"] = "auto"
     head = (f"# The best trial of the sweep in {root}: trial {best['trial']}, value {best['value']:.4f}.\n"
-            f"# Train it: finetune train --config {root / BEST_YAML}\n")
+            f"# Train it from the folder the sweep was started in: finetune train --config {root / BEST_YAML}\n")
     return head + yaml.safe_dump(config, sort_keys=False)
 
 
@@ -241,14 +241,14 @@ def config_of(header: Header, best: Optional[dict[str, Any]]):
     return load_config(header.config, [*header.overrides, *overrides(params)])
 
 
-def predict_command(header: Header, best: dict[str, Any]) -> str:
-    """The command that classifies with the best trial's model, in Markdown: on a text, or for a model of pairs on
-    a file of them (the command reads pairs from a file alone) with the run's two columns."""
-    data = config_of(header, best).data
+def predict_command(root: Path, header: Header, best: dict[str, Any]) -> str:
+    """The command that classifies with the best trial's model in ``root``, in Markdown: on a text, or for a model
+    of pairs on a file of them (the command reads pairs from a file alone) with the run's two columns."""
+    data, folder = config_of(header, best).data, str(root / best["folder"])
     if data.text_pair_column is None:
-        return f'`finetune predict {best["folder"]} "a text"`'
-    return (f"`finetune predict {best['folder']} --file pairs.csv` (a file with the columns `{data.text_column}` and "
-            f"`{data.text_pair_column}`)")
+        return f"`{shlex.join(['finetune', 'predict', folder, 'a text'])}`"
+    return (f"`{shlex.join(['finetune', 'predict', folder, '--file', 'pairs.csv'])}` (a file with the columns "
+            f"`{data.text_column}` and `{data.text_pair_column}`)")
 
 
 def train_on_every_row(root: Path, header: Header, best: Optional[dict[str, Any]]) -> str:
@@ -258,7 +258,8 @@ def train_on_every_row(root: Path, header: Header, best: Optional[dict[str, Any]
     unset = [f"evaluation.{key}={render(value)}"
              for key, value in config_of(header, best).evaluation.unset_for_no_validation().items()]
     if best is not None:
-        return shlex.join(["finetune", "train", "--config", BEST_YAML, "data.validation_split=0", *unset])
+        return shlex.join(["finetune", "train", "--config", str(root / BEST_YAML), "data.validation_split=0",
+                           *unset])
     config = ["--config", header.config] if header.config else []
     return shlex.join(["finetune", "train", *config, *header.overrides, "data.validation_split=0", *unset,
                        f"output.output_dir={root / 'all-rows'}"])
@@ -343,6 +344,7 @@ def sweep_markdown(root: Path, header: Header, rows: list[dict[str, Any]], best:
                    repeats: Optional[Repeats], repeat_values: list[tuple[int, float]]) -> str:
     direction = "higher" if header.greater_is_better else "lower"
     lines = ["# Sweep", "", f"`{header.command}`", "",
+             "The commands below run from the folder this sweep was started in, where its paths were given.", "",
              f"- objective: `{header.metric}` of each trial's saved model ({direction} is better)",
              f"- space: {header.space.describe()}"]
     if header.space.dimensions:  # without a space nothing is drawn or pruned
@@ -357,8 +359,9 @@ def sweep_markdown(root: Path, header: Header, rows: list[dict[str, Any]], best:
         lines += [f"Best: trial {best['trial']} ({best['folder']}), {header.metric} {best['value']:.4f}: {values}."
                   + tie_broken(header.metric, best),
                   *within_the_best(root, header, rows, best),
-                  f"Its model is in its folder (on the worker that ran it): {predict_command(header, best)} from "
-                  f"here. Train it again: `finetune train --config {BEST_YAML}` (it writes to `best/`).", ""]
+                  f"Its model is in its folder (on the worker that ran it): {predict_command(root, header, best)}. "
+                  f"Train it again: `{shlex.join(['finetune', 'train', '--config', str(root / BEST_YAML)])}` (it "
+                  f"writes to `{root / 'best'}`).", ""]
     if repeat_values:
         mean, std = mean_and_deviation([v for _, v in repeat_values])
         lines += [f"## Over {len(repeat_values)} {repeats.name}", "",

@@ -445,12 +445,20 @@ SWEEP_MUTANTS = (
            "the folds are dealt without regard to the classes", SWEEP + ("tests/test_data.py",)),
     Mutant("out_of_fold.py", "held_out = held_out_rows(cfg, fold)", "held_out = held_out_rows(cfg, 1)",
            "every fold's model predicts the first fold's rows", SWEEP + ("tests/test_predict.py",)),
-    Mutant("sweep_report.py", '"data.validation_split=0", *unset])', '"data.validation_split=0"])',
+    Mutant("sweep_report.py", "                           *unset])", "                           ])",
            "the command that trains the best config on every row keeps the sweep's objective, which a run without "
            "validation texts refuses", SWEEP),
-    Mutant("sweep_report.py", "    if data.text_pair_column is None:\n        return f'`finetune predict",
-           "    if True:\n        return f'`finetune predict",
+    Mutant("sweep_report.py", "    if data.text_pair_column is None:\n        return f\"`{shlex.join(['finetune', 'predict', ",
+           "    if True:\n        return f\"`{shlex.join(['finetune', 'predict', ",
            "the report tells a model of pairs to classify a single text, which it refuses", SWEEP),
+    Mutant("sweep_report.py", 'data, folder = config_of(header, best).data, str(root / best["folder"])',
+           'data, folder = config_of(header, best).data, best["folder"]',
+           "the report's commands name a trial's folder from the sweep's, not from where the sweep was started",
+           SWEEP),
+    Mutant("sweep_report.py", 'return shlex.join(["finetune", "train", "--config", str(root / BEST_YAML), ',
+           'return shlex.join(["finetune", "train", "--config", BEST_YAML, ',
+           "the every-row command names best.yaml from the sweep's folder, where its relative paths are not found",
+           SWEEP),
 )
 
 # what a long text keeps, and the layer-wise learning rates (docs/long_texts.md)

@@ -321,7 +321,7 @@ def test_four_trials_write_every_file(four_trials, capsys):
     assert cfg.data.test_file == str(out.parent / "test.tsv")  # the config chosen, with its test set
     report = (out / "sweep.md").read_text()
     assert f"Best: trial {best['trial']} ({best['folder']})" in report and "4 of 4 trials: 4 complete" in report
-    assert f"`finetune predict {best['folder']} \"a text\"` from here" in report
+    assert f"`finetune predict {out / best['folder']} 'a text'`" in report
     # the best trial's interval over its validation texts, and the trials it cannot tell from the best
     best_metrics = json.loads((out / best["folder"] / "metrics.json").read_text())
     low, high = best_metrics["eval_intervals"]["accuracy"]
@@ -624,7 +624,7 @@ def test_folds_after_a_search_run_its_best_config(four_trials, tmp_path, fresh_a
             f"chosen on it): mean {mean:.4f}, standard deviation {std:.4f}") in report
     for fold, (run, test) in enumerate(zip(folds, tests), start=1):
         assert f"| {fold} | {run['eval']['accuracy']:.4f} | {test:.4f} |" in report
-    command = "finetune train --config best.yaml data.validation_split=0 evaluation.metric_for_best_model=null"
+    command = f"finetune train --config {copy / 'best.yaml'} data.validation_split=0 evaluation.metric_for_best_model=null"
     assert f"trains on every row: `{command}`" in report
     kept = accepted_without_validation(copy / "best.yaml", command.split()[4:])
     assert (kept.optim.learning_rate, kept.output.output_dir) == (best["optim"]["learning_rate"], str(copy / "best"))
@@ -1267,18 +1267,30 @@ def test_a_trials_undefined_value_is_written_as_json_every_reader_reads(tmp_path
 
 
 @pytest.mark.parametrize("pairs", [False, True])
-def test_the_best_trials_predict_command_gives_a_model_of_pairs_a_file(tmp_path, pairs):
-    """`finetune predict DIR "a text"` is refused by a model trained on pairs, which takes them from a file: the
-    report names such a file, with the run's two columns, and the best trial's values take part in its config."""
+def test_the_reports_commands_run_from_the_folder_the_sweep_was_started_in(tmp_path, monkeypatch, pairs):
+    """A sweep started with relative paths (its --output, its data) writes commands that run from where it was
+    started: the best trial's model, best.yaml, and the every-row run read the files they name from there. A
+    model of pairs, which `finetune predict DIR "a text"` refuses, is given a file of pairs with its two columns."""
+    from finetune.config import load_config
     from finetune.search_space import parse_space
-    from finetune.sweep_report import Header, predict_command
+    from finetune.sweep_report import BEST_YAML, Header, best_yaml, predict_command, train_on_every_row
 
-    data = {"train_file": "nli.csv", "text_column": "premise",
+    monkeypatch.chdir(tmp_path)
+    write_tsv(tmp_path / "nli.tsv", make_texts(4, seed=0))
+    data = {"train_file": "nli.tsv", "format": "tsv", "has_header": False, "column_names": ["label", "text"],
             **({"text_pair_column": "hypothesis"} if pairs else {})}
-    config = tmp_path / "cfg.yaml"
-    config.write_text(yaml.safe_dump({"data": data}), encoding="utf-8")
+    Path("cfg.yaml").write_text(yaml.safe_dump({"data": data}), encoding="utf-8")
+    root = Path("runs") / "nli-sweep"
+    root.mkdir(parents=True)
     space = parse_space({"optim.learning_rate": [1e-3, 1e-2]}, "--sweep")
-    header = Header("accuracy", True, space, "grid", "none", "sqlite://", 2, "finetune sweep", str(config))
-    said = predict_command(header, {"folder": "trial-0001", "optim.learning_rate": 1e-2})
-    assert said == ("`finetune predict trial-0001 --file pairs.csv` (a file with the columns `premise` and "
-                    "`hypothesis`)" if pairs else '`finetune predict trial-0001 "a text"`')
+    header = Header("accuracy", True, space, "grid", "none", "sqlite://", 2, "finetune sweep", "cfg.yaml")
+    best = {"folder": "trial-0001", "optim.learning_rate": 1e-2, "trial": 1, "value": 0.5}
+    said = predict_command(root, header, best)
+    assert said == ("`finetune predict runs/nli-sweep/trial-0001 --file pairs.csv` (a file with the columns `text` "
+                    "and `hypothesis`)" if pairs else "`finetune predict runs/nli-sweep/trial-0001 'a text'`")
+    (root / BEST_YAML).write_text(best_yaml(root, header, best), encoding="utf-8")
+    command = train_on_every_row(root, header, best).split()
+    assert command[:4] == ["finetune", "train", "--config", "runs/nli-sweep/best.yaml"]
+    kept = load_config(command[3], command[4:])
+    assert Path(kept.data.train_file).is_file() and kept.output.output_dir == "runs/nli-sweep/best"
+    assert kept.optim.learning_rate == 1e-2 and kept.data.validation_split == 0.0
