@@ -315,8 +315,9 @@ def within_the_best(root: Path, header: Header, rows: list[dict[str, Any]], best
     low, high = interval
     inside = [r["trial"] for r in rows if r["value"] is not None and r["trial"] != best["trial"]
               and low <= r["value"] <= high]
-    which = (f"trial{'s' if len(inside) > 1 else ''} {', '.join(map(str, inside))} of the others lie inside it: "
-             f"this validation data cannot tell {'them' if len(inside) > 1 else 'it'} from the best") if inside \
+    several = len(inside) > 1
+    which = (f"trial{'s' if several else ''} {', '.join(map(str, inside))} of the others {'lie' if several else 'lies'} "
+             f"inside it: this validation data cannot tell {'them' if several else 'it'} from the best") if inside \
         else "no other trial's value lies inside it"
     texts = summary.get("eval", {}).get("num_samples")
     point = f" {POINT_INTERVAL}" if low == high else ""

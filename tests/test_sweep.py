@@ -329,7 +329,8 @@ def test_four_trials_write_every_file(four_trials, capsys):
     said = (f"Its accuracy's 95% bootstrap interval over its {best_metrics['eval']['num_samples']} validation texts "
             f"is {low:.4f} to {high:.4f}; ")
     assert said in report
-    assert (f"trial{'s' if len(inside) > 1 else ''} {', '.join(inside)} of the others lie inside it" if inside
+    assert (f"trial{'s' if len(inside) > 1 else ''} {', '.join(inside)} of the others "
+            f"{'lie' if len(inside) > 1 else 'lies'} inside it" if inside
             else "no other trial's value lies inside it") in report
     assert ("An interval of one point means that no resample moved the metric" in report) == (low == high)
     from finetune.predict import main as predict
