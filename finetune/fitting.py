@@ -119,7 +119,7 @@ def _fit(run: Run, on_epoch_end, on_update, on_evaluation) -> dict[str, Any]:
         best = evaluations.best_at_end() if finished else None
         summary = summarize(run, history.records, ended=ending.value, best=best)
         if finished:
-            write_outputs(run, summary)
+            write_outputs(run, summary, same_run=checkpoints.resume_path is not None)
             if summary["test"] is not None:  # the main process's: it scored them
                 log.log({"step": run.state.step, **{f"test/{k}": v for k, v in summary["test"]["metrics"].items()}})
             caution = one_answer_for_every_text(summary, validation_targets(run))

@@ -34,26 +34,6 @@ _TITLES = {"accuracy": "Accuracy", "f1": "F1", "precision": "Precision", "recall
            "spearmanr": "Spearman", "mse": "MSE", "mae": "MAE", "subset_accuracy": "Subset accuracy"}
 
 
-def all_results(summary: dict[str, Any]) -> dict[str, Any]:
-    """``metrics.json``'s summary under the Trainer's ``all_results.json`` names, where they mean the same."""
-    train = summary["train"]
-    seconds = train["seconds"]
-    results: dict[str, Any] = {
-        "epoch": round(train["epoch"], 4),
-        "train_runtime": round(seconds, 4),
-        "train_samples_per_second": round(train["samples"] / seconds, 3) if seconds > 0 else None,
-        "train_steps_per_second": round(train["updates"] / seconds, 3) if seconds > 0 else None,
-        "train_loss": train["loss"],
-        "train_samples": train["train_samples"],
-        "total_updates": train["updates"],
-    }
-    for key, value in summary["eval"].items():
-        results["eval_samples" if key == "num_samples" else f"eval_{key}"] = value
-    for key, value in (summary.get("test") or {}).get("metrics", {}).items():  # the Trainer's predict() names
-        results["test_samples" if key == "num_samples" else f"test_{key}"] = value
-    return results
-
-
 def _sharded(distributed_type: Optional[str]) -> list[str]:
     """For a run Accelerate launched under FSDP or DeepSpeed: what the command (DDP's launch) leaves out. The
     launcher's config file is not known to the run, and the updates do not depend on the engine."""
@@ -323,19 +303,37 @@ def card_with_scores(card: str, model: str, data: str, results: dict[str, Any],
             ``seen`` ``None`` where the file's texts were not looked for among the run's training rows.
         arithmetic: The forward passes' (``no``, ``bf16``, ``fp16``), said where it was not float32.
     """
-    found = _FRONT_MATTER.match(card)
-    front, body = yaml.safe_load(found.group(1)) or {}, card[found.end():]
     metrics = {k: v for k, v in results.items() if k != "num_samples" and isinstance(v, (int, float))}
     entry = _index_result({"name": data, "type": data.replace("/", "-"), "split": SCORED_SPLIT}, metrics)
-    index = front.setdefault("model-index", [{"name": model, "results": []}])[0].setdefault("results", [])
-    index[:] = [r for r in index if r.get("dataset", {}) != entry["dataset"]] + [entry]
-    front["metrics"] = list(dict.fromkeys(front.get("metrics", []) + [m for m in metrics if m != "loss"]))
-    start, end = f"<!-- finetune score: {data} -->", f"<!-- end of finetune score: {data} -->"
+    start, end = scored_marks(data)
     notes = [f"Computed in {arithmetic} autocast."] if arithmetic != "no" else []
     if seen is None:  # what a reader would take for none of them
         notes.append("Whether any of these texts is also a training text was not checked.")
     section = "\n".join([start, *_results(f"{data}, scored after training", results, metrics, by_label, seen or 0,
                                            intervals), *(f"{note}\n" for note in notes), end, ""])
+    return with_scored_section(card, model, data, entry, section)
+
+
+def split_card(card: str) -> tuple[Optional[dict[str, Any]], str]:
+    """A card's front matter, parsed (``None`` where it has none), and its body."""
+    found = _FRONT_MATTER.match(card)
+    return (yaml.safe_load(found.group(1)) or {}, card[found.end():]) if found else (None, card)
+
+
+def scored_marks(data: str) -> tuple[str, str]:
+    """The comments around the card's section of the file ``data`` that ``finetune score --card`` scored."""
+    return f"<!-- finetune score: {data} -->", f"<!-- end of finetune score: {data} -->"
+
+
+def with_scored_section(card: str, model: str, data: str, entry: dict[str, Any], section: str) -> str:
+    """``card`` with a scored file's ``model-index`` result ``entry`` and body ``section`` (before ``## Use``),
+    each in place of one of the same file's."""
+    front, body = split_card(card)
+    index = front.setdefault("model-index", [{"name": model, "results": []}])[0].setdefault("results", [])
+    index[:] = [r for r in index if r.get("dataset", {}) != entry["dataset"]] + [entry]
+    scored = [m["type"] for m in entry["metrics"] if m["type"] != "loss"]
+    front["metrics"] = list(dict.fromkeys(front.get("metrics", []) + scored))
+    start, end = scored_marks(data)
     if start in body and end in body:  # scored before: the section in its place
         body = body[:body.index(start)] + section + body[body.index(end) + len(end) + 1:]
     elif "\n## Use\n" in body:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
@@ -120,14 +121,35 @@ def lora_record(plan) -> Optional[dict[str, Any]]:
             "trainable_weights": plan.trainable, "total_weights": plan.total}
 
 
-def write_outputs(run: "Run", summary: dict[str, Any]) -> None:
+def all_results(summary: dict[str, Any]) -> dict[str, Any]:
+    """``metrics.json``'s summary under the Trainer's ``all_results.json`` names, where they mean the same."""
+    train = summary["train"]
+    seconds = train["seconds"]
+    results: dict[str, Any] = {
+        "epoch": round(train["epoch"], 4),
+        "train_runtime": round(seconds, 4),
+        "train_samples_per_second": round(train["samples"] / seconds, 3) if seconds > 0 else None,
+        "train_steps_per_second": round(train["updates"] / seconds, 3) if seconds > 0 else None,
+        "train_loss": train["loss"],
+        "train_samples": train["train_samples"],
+        "total_updates": train["updates"],
+    }
+    for key, value in summary["eval"].items():
+        results["eval_samples" if key == "num_samples" else f"eval_{key}"] = value
+    for key, value in (summary.get("test") or {}).get("metrics", {}).items():  # the Trainer's predict() names
+        results["test_samples" if key == "num_samples" else f"test_{key}"] = value
+    return results
+
+
+def write_outputs(run: "Run", summary: dict[str, Any], same_run: bool = False) -> None:
     """The final model, its scores on the run's test set (into ``summary["test"]``), ``metrics.json``,
-    ``all_results.json``, the model card and ``curves.png``.
+    ``all_results.json``, the model card and ``curves.png``. ``same_run``: the run resumed, so that the files
+    ``finetune score --card`` added to its card scored this model, and are kept.
 
     Each file is written to a temporary name and renamed, so a run stopped
     while writing leaves the old file or the new one.
     """
-    from finetune.model_card import all_results, model_card
+    from finetune.model_card import model_card
 
     out = Path(run.cfg.output.output_dir)
     if summary.get("eval_thresholds"):  # saved with the model: what finetune predict and score predict at
@@ -142,8 +164,29 @@ def write_outputs(run: "Run", summary: dict[str, Any]) -> None:
         return
     write_atomic(out / METRICS_FILE, json.dumps(json_ready(summary), indent=2) + "\n")
     write_atomic(out / RESULTS_FILE, json.dumps(json_ready(all_results(summary)), indent=2) + "\n")
-    write_model_card(out / MODEL_CARD_FILE, model_card(run.cfg, summary))
+    card = model_card(run.cfg, summary)
+    if same_run and (out / MODEL_CARD_FILE).is_file():
+        card = with_earlier_scores(card, (out / MODEL_CARD_FILE).read_text(encoding="utf-8"), out.name)
+    write_model_card(out / MODEL_CARD_FILE, card)
     write_curves(out)
+
+
+def with_earlier_scores(card: str, previous: str, model: str) -> str:
+    """``card`` with the sections and ``model-index`` results that ``finetune score --card`` added to
+    ``previous``, the same run's card before it is written again (its command run again once it had finished).
+    A file that ``card`` scores itself (the run's test set) keeps its new scores."""
+    from finetune.model_card import SCORED_SPLIT, scored_marks, split_card, with_scored_section
+
+    front, body = split_card(previous)
+    results = ((front or {}).get("model-index") or [{}])[0].get("results", [])
+    for name in re.findall(r"<!-- finetune score: (.+?) -->", body):
+        start, end = scored_marks(name)
+        entry = next((r for r in results if r.get("dataset") == {"name": name, "type": name.replace("/", "-"),
+                                                                   "split": SCORED_SPLIT}), None)
+        if start in card or end not in body or entry is None:
+            continue
+        card = with_scored_section(card, model, name, entry, body[body.index(start):body.index(end) + len(end) + 1])
+    return card
 
 
 def save_model(run: "Run", directory: str | os.PathLike) -> None:

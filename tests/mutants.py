@@ -676,12 +676,19 @@ DATA_MUTANTS = (
 # run writes", docs/inference.md's scores)
 SCORING = ("tests/test_predict.py", "tests/test_metrics.py")
 OUTPUT_MUTANTS = (
+    Mutant("results.py", "    if same_run and (out / MODEL_CARD_FILE).is_file():", "    if False:",
+           "a finished run's command run again drops the files finetune score --card added to its card",
+           ("tests/test_predict.py",)),
+    Mutant("fitting.py", "write_outputs(run, summary, same_run=checkpoints.resume_path is not None)",
+           "write_outputs(run, summary, same_run=True)",
+           "a new run in the folder (output.overwrite) keeps the old model's scored files in its card",
+           ("tests/test_predict.py",)),
     Mutant("model_card.py", "    if data.text_pair_column is None:", "    if True:",
            "the card of a model trained on pairs shows its pipeline called with one text", ("tests/test_model_card.py",)),
     Mutant("model_card.py", '"multi_label": f"classifier({text}, top_k=None)', '"multi_label": f"classifier({text}',
            "the card of a multi-label model shows a pipeline call that returns its most probable label alone",
            ("tests/test_model_card.py",)),
-    Mutant("model_card.py", 'round(train["samples"] / seconds, 3) if seconds > 0 else None,',
+    Mutant("results.py", 'round(train["samples"] / seconds, 3) if seconds > 0 else None,',
            'round(train["updates"] / seconds, 3) if seconds > 0 else None,',
            "all_results.json's train_samples_per_second counts updates", ("tests/test_selection.py",)),
     Mutant("model_card.py", "if num_processes > 1:", "if False:",

@@ -1440,6 +1440,33 @@ def test_score_adds_a_files_scores_to_the_card_as_the_hub_reads_them(trained, tm
     assert (out / "README.md").read_text().count("## Results on held_out.tsv") == 1
 
 
+def test_the_same_run_again_keeps_the_files_score_added_to_its_card_and_a_new_run_does_not(trained, tmp_path):
+    """A finished run's command run again resumes it at its end and writes its outputs again: the card keeps the
+    file `finetune score --card` scored, whose scores are this model's. A new run in the folder (output.overwrite)
+    is another model, whose card has no such scores."""
+    import shutil
+
+    from finetune import fit, load_config, setup_run
+    from finetune.score import main as score
+    from tiny_run import tiny_process
+
+    def train_again(*overrides: str) -> str:
+        with tiny_process():
+            fit(setup_run(load_config(str(out / "config.yaml"), [f"output.output_dir={out}", *overrides])))
+        return (out / "README.md").read_text()
+
+    out = tmp_path / "run"
+    shutil.copytree(trained[0], out)
+    unscored = train_again()  # the card as a run in this folder writes it
+    held_out = write_tsv(tmp_path / "held_out.tsv", make_texts(12, seed=4))
+    assert score([str(out), "--file", str(held_out), "--card"]) == 0
+    scored = (out / "README.md").read_text()
+    assert scored != unscored and "<!-- finetune score: held_out.tsv -->" in scored
+    assert train_again() == scored
+    fresh = train_again("output.overwrite=true", "training.seed=5")
+    assert "held_out.tsv" not in fresh and "## Results on the validation data" in fresh
+
+
 def test_score_adds_to_no_card_but_one_a_run_wrote_and_only_at_the_models_thresholds(trained, tmp_path, capsys):
     import shutil
 
