@@ -11,6 +11,7 @@ Trainer writes (``train_runtime``, ``train_samples_per_second``,
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -80,7 +81,8 @@ def _use(cfg) -> list[str]:
             "multi_label": f"classifier({text}, top_k=None)  # every label, with its probability (a sigmoid's)",
             "regression": f"classifier({text})  # the predicted number, as the score of {data.label_column!r}"}
     return ["## Use", "", "```bash", predict, "```", "", "```python", "from transformers import pipeline", "",
-            f"classifier = pipeline(\"text-classification\", model={folder!r})", call[cfg.model.problem_type], "```",
+            f"classifier = pipeline(\"text-classification\", model={json.dumps(folder)})", call[cfg.model.problem_type],
+            "```",
             ""]
 
 
