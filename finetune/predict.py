@@ -31,9 +31,9 @@ from finetune.errors import (CommandParser, ConfigError, ModelError, OutOfMemory
                              run_command)
 from finetune.outputs import refuse_a_run_file, saved_config
 from finetune.precisions import add_precision_argument, autocast_dtype, check_precision
-from finetune.prediction_files import (CLASH_PREFIX, STDIN, check_options, input_kind, local_file,
-                                       columns_named_as_predictions, note_the_files_own_columns, output_separator,
-                                       predict_rows, read_rows, write_predictions, ONE_TEXT_EACH, TEXT_FOLDER)
+from finetune.prediction_files import (STDIN, check_options, input_kind, local_file, note_the_files_own_columns,
+                                       output_separator, predict_rows, prediction_prefix, read_rows,
+                                       write_predictions, ONE_TEXT_EACH, TEXT_FOLDER)
 from finetune.schema import PAD_TO_MULTIPLE_OF  # the schema alone: no YAML or config loaded
 from finetune.shares import (batches_of_share, launched_processes, lengths_across_processes, logits_in_order,
                              process_device, shares_of_every_process)
@@ -414,10 +414,9 @@ def run(args: argparse.Namespace) -> None:
     predictor = Predictor.load(output_dir, batch_size=args.batch_size, threshold=args.threshold,
                                precision=args.precision, across_processes=True)
     first = predictor.processes[0] == 0
-    clashes = columns_named_as_predictions(rows, predictor.labels)
-    prefix = CLASH_PREFIX if clashes else ""
+    prefix, clashes = prediction_prefix(rows, predictor.labels)
     if args.file and first:
-        note_the_files_own_columns(args.file, args.output_dir, rows, clashes,
+        note_the_files_own_columns(args.file, args.output_dir, rows, clashes, prefix,
                                    cfg.data.label_column if cfg is not None else None)
     with out_of_memory_told_as(lambda _: batch_too_large(args.batch_size)):
         predicted = predict_rows(predictor, rows, text_column, pair_column, bool(args.file), prefix, kept=first)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import csv
 import io
+import itertools
 import json
 import os
 import sys
@@ -221,30 +222,40 @@ def _text(row: dict[str, Any], column: Optional[str]) -> str:
 
 # what a prediction adds to its row: label (single label), labels (multi-label), score, probabilities
 PREDICTED = ("label", "labels", "score", "probabilities")
-# put in front of each of them where the input has a column of their names (a labelled file's `label`)
+# put in front of each of them where the input has a column of their names (a labelled file's `label`); where it
+# has those too (a file of earlier predictions), a number follows: predicted_2_, predicted_3_, ...
 CLASH_PREFIX = "predicted_"
 
 
-def columns_named_as_predictions(rows: list[dict[str, Any]], labels: Sequence[str]) -> list[str]:
-    """The columns of ``rows`` that have the name of something a prediction adds (``label``, ``prob_<label>``...).
+def prediction_prefix(rows: list[dict[str, Any]], labels: Sequence[str]) -> tuple[str, list[str]]:
+    """The prefix of the prediction's columns, and the input's columns that took it there.
 
-    A labelled test file has a ``label`` column: written under the same
-    name, the prediction would take the place of the file's own label in
-    the output, so the prediction's fields then take :data:`CLASH_PREFIX`.
+    None where the input has no column of their names; else the first of
+    :data:`CLASH_PREFIX`, ``predicted_2_``, ``predicted_3_``, ... under which
+    it has none. A labelled test file has a ``label`` column, which written
+    under the same name the prediction would replace in the output; a file
+    of earlier predictions (another model's, say) has ``predicted_label``
+    as well, whose values would be lost the same way.
     """
-    columns = {key for row in rows for key in row}
-    return sorted(columns & {*PREDICTED, *(f"prob_{name}" for name in labels)})
+    columns, clashes = {key for row in rows for key in row}, []
+    for prefix in itertools.chain(("", CLASH_PREFIX), (f"{CLASH_PREFIX}{n}_" for n in itertools.count(2))):
+        named = columns & {*(prefix + name for name in PREDICTED), *(f"{prefix}prob_{name}" for name in labels)}
+        if not named:
+            return prefix, clashes
+        clashes += sorted(named)
+    raise AssertionError("unreachable: the prefixes go on")
 
 
-def note_the_files_own_columns(file: str, output_dir: str, rows: list[dict], clashes: list[str],
+def note_the_files_own_columns(file: str, output_dir: str, rows: list[dict], clashes: list[str], prefix: str,
                                label_column: Optional[str]) -> None:
-    """Say on stderr what ``--file``'s own columns change: names the prediction's columns would take (which
-    then take :data:`CLASH_PREFIX`), and the run's label column, whose labels ``finetune score`` compares."""
+    """Say on stderr what ``--file``'s own columns change: names the prediction's columns would take (which then
+    take ``prefix``), and the run's label column, whose labels ``finetune score`` compares."""
     if clashes:
-        named = " and ".join(map(repr, clashes))
+        quoted = [repr(column) for column in clashes]
+        named = ", ".join(quoted[:-1]) + " and " + quoted[-1] if len(quoted) > 1 else quoted[0]
         print(f"note: {file} has its own {named} column{'s' if len(clashes) > 1 else ''}, kept as "
               f"{'they are' if len(clashes) > 1 else 'it is'}: the prediction's columns are named "
-              f"{CLASH_PREFIX}<name> ({CLASH_PREFIX}label, {CLASH_PREFIX}score, ...)", file=sys.stderr)
+              f"{prefix}<name> ({prefix}label, {prefix}score, ...)", file=sys.stderr)
     if label_column is not None and label_column in rows[0]:  # a file has its columns on every row
         print(f"note: {file} has the run's label column {label_column!r}: finetune score {output_dir} --file {file} "
               f"scores the model on it", file=sys.stderr)

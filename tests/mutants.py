@@ -495,6 +495,10 @@ LONG_TEXT_MUTANTS = (
 # a prediction is the run's model on each text, in the input's order (docs/inference.md)
 PREDICT = ("tests/test_predict.py", "tests/test_prediction_processes.py")
 INFERENCE_MUTANTS = (
+    Mutant("prediction_files.py", "        if not named:\n            return prefix, clashes",
+           "        if not named or prefix == CLASH_PREFIX:\n            return prefix, clashes",
+           "a file of earlier predictions loses its predicted_ columns to the new ones in the output",
+           ("tests/test_predict.py",)),
     Mutant("shares.py", "logits[rows] = values", "logits[np.sort(rows)] = values",
            "predictions come back in the order they ran (longest first), not the input's", PREDICT),
     Mutant("shares.py", "order = sorted(range(len(lengths)), key=lambda row: -lengths[row])",
@@ -510,8 +514,9 @@ INFERENCE_MUTANTS = (
            PREDICT + ("tests/test_decision_threshold.py",)),
     Mutant("prediction_files.py", "filled = [i for i, text in enumerate(texts) if text.strip()]",
            "filled = list(range(len(texts)))", "an empty text gets a label instead of an empty row", PREDICT),
-    Mutant("prediction_files.py", "return sorted(columns & {*PREDICTED, *(f\"prob_{name}\" for name in labels)})",
-           "return []", "an input's own label column is overwritten by the prediction's", PREDICT),
+    Mutant("prediction_files.py", 'named = columns & {*(prefix + name for name in PREDICTED), *(f"{prefix}prob_{name}" '
+           'for name in labels)}', "named = set()", "an input's own label column is overwritten by the prediction's",
+           PREDICT),
     Mutant("predict.py", "max_length = cfg.data.max_length if cfg is not None else None", "max_length = None",
            "a saved run predicts at the tokenizer's length, not the run's data.max_length", PREDICT),
 )

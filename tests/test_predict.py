@@ -632,6 +632,20 @@ def test_a_labelled_files_own_label_and_score_are_kept_beside_the_predictions(tr
     assert [r["predicted_label"] for r in records] == [p["label"] for p in expected]
     assert [r["predicted_probabilities"] for r in records] == [pytest.approx(p["probabilities"], abs=1e-5)
                                                                 for p in expected]
+    # the predictions file given back (to compare another model, say): its predicted_ columns are kept too, and
+    # the new ones take the next free prefix
+    capsys.readouterr()
+    assert main([str(out), "--file", str(tmp_path / "p.csv"), "--output", str(tmp_path / "again.csv")]) == 0
+    assert capsys.readouterr().err.splitlines()[0] == (
+        f"note: {tmp_path / 'p.csv'} has its own 'label', 'score', 'predicted_label', 'predicted_prob_ham', "
+        "'predicted_prob_spam' and 'predicted_score' columns, kept as they are: the prediction's columns are named "
+        "predicted_2_<name> (predicted_2_label, predicted_2_score, ...)")
+    with open(tmp_path / "again.csv", newline="", encoding="utf-8") as fh:
+        again = list(csv.DictReader(fh))
+    assert list(again[0]) == list(rows[0]) + ["predicted_2_label", "predicted_2_score", "predicted_2_prob_ham",
+                                              "predicted_2_prob_spam"]
+    assert [{k: r[k] for k in rows[0]} for r in again] == rows
+    assert [r["predicted_2_label"] for r in again] == [p["label"] for p in expected]
 
 
 @pytest.mark.parametrize("suffix", [".csv", ".txt"])
