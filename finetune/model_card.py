@@ -81,9 +81,8 @@ def _use(cfg) -> list[str]:
             "multi_label": f"classifier({text}, top_k=None)  # every label, with its probability (a sigmoid's)",
             "regression": f"classifier({text})  # the predicted number, as the score of {data.label_column!r}"}
     return ["## Use", "", "```bash", predict, "```", "", "```python", "from transformers import pipeline", "",
-            f"classifier = pipeline(\"text-classification\", model={json.dumps(folder)})", call[cfg.model.problem_type],
-            "```",
-            ""]
+            f"classifier = pipeline(\"text-classification\", model={json.dumps(folder)})",
+            call[cfg.model.problem_type], "```", ""]
 
 
 def _front_matter(cfg, name: str, metrics: dict[str, float]) -> dict[str, Any]:
@@ -306,7 +305,7 @@ def card_with_scores(card: str, model: str, data: str, results: dict[str, Any],
         arithmetic: The forward passes' (``no``, ``bf16``, ``fp16``), said where it was not float32.
     """
     metrics = {k: v for k, v in results.items() if k != "num_samples" and isinstance(v, (int, float))}
-    entry = _index_result({"name": data, "type": data.replace("/", "-"), "split": SCORED_SPLIT}, metrics)
+    entry = _index_result(scored_dataset(data), metrics)
     start, end = scored_marks(data)
     notes = [f"Computed in {arithmetic} autocast."] if arithmetic != "no" else []
     if seen is None:  # what a reader would take for none of them
@@ -320,6 +319,11 @@ def split_card(card: str) -> tuple[Optional[dict[str, Any]], str]:
     """A card's front matter, parsed (``None`` where it has none), and its body."""
     found = _FRONT_MATTER.match(card)
     return (yaml.safe_load(found.group(1)) or {}, card[found.end():]) if found else (None, card)
+
+
+def scored_dataset(data: str) -> dict[str, str]:
+    """The ``model-index`` dataset of a file ``finetune score --card`` scored."""
+    return {"name": data, "type": data.replace("/", "-"), "split": SCORED_SPLIT}
 
 
 def scored_marks(data: str) -> tuple[str, str]:

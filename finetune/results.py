@@ -175,14 +175,13 @@ def with_earlier_scores(card: str, previous: str, model: str) -> str:
     """``card`` with the sections and ``model-index`` results that ``finetune score --card`` added to
     ``previous``, the same run's card before it is written again (its command run again once it had finished).
     A file that ``card`` scores itself (the run's test set) keeps its new scores."""
-    from finetune.model_card import SCORED_SPLIT, scored_marks, split_card, with_scored_section
+    from finetune.model_card import scored_dataset, scored_marks, split_card, with_scored_section
 
     front, body = split_card(previous)
     results = ((front or {}).get("model-index") or [{}])[0].get("results", [])
     for name in re.findall(r"<!-- finetune score: (.+?) -->", body):
         start, end = scored_marks(name)
-        entry = next((r for r in results if r.get("dataset") == {"name": name, "type": name.replace("/", "-"),
-                                                                   "split": SCORED_SPLIT}), None)
+        entry = next((r for r in results if r.get("dataset") == scored_dataset(name)), None)
         if start in card or end not in body or entry is None:
             continue
         card = with_scored_section(card, model, name, entry, body[body.index(start):body.index(end) + len(end) + 1])
