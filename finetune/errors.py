@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import difflib
 import os
+import re
 import signal
 import sys
 import time
@@ -147,8 +149,53 @@ class CommandParser(argparse.ArgumentParser):
     missing argument) are the package's ``error:`` line and a ``hint:`` line, with argparse's exit code 2, where
     argparse prints its usage block first."""
 
+    def __init__(self, *args, **kwargs):
+        self.options: list[str] = []  # every option string, for the one a mistyped option was near
+        super().__init__(*args, **kwargs)
+
+    def add_argument(self, *args, **kwargs):
+        action = super().add_argument(*args, **kwargs)
+        self.options += action.option_strings
+        return action
+
     def error(self, message: str):
         self.exit(2, f"error: {message}\nhint: {self.prog} --help lists its options\n")
+
+    def parse_args(self, args=None, namespace=None):
+        self.refuse_unknown_options(sys.argv[1:] if args is None else args)
+        return super().parse_args(args, namespace)
+
+    def parse_intermixed_args(self, args=None, namespace=None):
+        self.refuse_unknown_options(sys.argv[1:] if args is None else args)
+        return super().parse_intermixed_args(args, namespace)
+
+    def refuse_unknown_options(self, argv: list[str]) -> None:
+        """Stop at the first option the command lacks, naming the option it is near, before argparse's own checks:
+        those would call a required option missing (``--fle`` for ``--file``) or list every token left over."""
+        for token in argv:
+            if token == "--":  # what follows is positional, a text that starts with "-" among them
+                return
+            flag = token.partition("=")[0]
+            if token.startswith("-") and token != "-" and not _READ_AS_A_VALUE.match(token) and not self.knows(flag):
+                self.exit(2, f"error: {flag}: not an option of {self.prog}{near_option(flag, self.options)}\n"
+                             f"hint: {self.prog} --help lists its options\n")
+
+    def knows(self, flag: str) -> bool:
+        """Whether ``flag`` is an option of this parser, or (as argparse allows) the start of one."""
+        return flag in self.options or (self.allow_abbrev and flag.startswith("--")
+                                        and any(option.startswith(flag) for option in self.options))
+
+
+# the tokens starting with "-" that argparse reads as a value: a negative number, or words with a space between
+_READ_AS_A_VALUE = re.compile(r"-\d+$|-\d*\.\d+$|.*\s")
+
+
+def near_option(flag: str, options: list[str], cutoff: float = 0.75) -> str:
+    """`` (did you mean --threshold?)`` for a mistyped option (``--treshold``, ``--batch_size``, ``-threshold``), or
+    ``""`` where no long option is as near as ``cutoff``."""
+    close = difflib.get_close_matches(flag, [option for option in options if option.startswith("--")], n=1,
+                                      cutoff=cutoff)
+    return f" (did you mean {close[0]}?)" if close else ""
 
 
 def run_command(action: Callable[[], object], debug: bool = False) -> int:

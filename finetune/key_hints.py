@@ -9,7 +9,7 @@ import dataclasses
 import difflib
 import typing
 
-from finetune.errors import ConfigError
+from finetune.errors import ConfigError, near_option
 from finetune.schema import SECTIONS
 
 # TrainingArguments' names (and EarlyStoppingCallback's) that no section has, and the key that does their work
@@ -147,7 +147,8 @@ def _did_you_mean(candidates: list[str]) -> str:
     return f" (did you mean {' or '.join(candidates)}?)" if candidates else ""
 
 
-def refuse_options(unknown: list[str], argv: list[str], command: str, flags: dict[str, str]) -> None:
+def refuse_options(unknown: list[str], argv: list[str], command: str, flags: dict[str, str],
+                   options: list[str]) -> None:
     """Stop at an option ``command`` lacks, naming the setting that does its work where there is one.
 
     The Trainer's arguments and those of transformers' example scripts
@@ -160,6 +161,7 @@ def refuse_options(unknown: list[str], argv: list[str], command: str, flags: dic
         command: The command, as the user typed it.
         flags: The command's own options and the keys they set (``--data``: ``data.train_file``), which
             the line names where one sets the key.
+        options: Every option of the command, for the one a mistyped option is near (``--confg``).
 
     Raises:
         ConfigError: always, for the first option of ``unknown``.
@@ -167,10 +169,17 @@ def refuse_options(unknown: list[str], argv: list[str], command: str, flags: dic
     option = next((token for token in unknown if token.startswith("-")), unknown[0])
     flag, _, value = option.partition("=")
     name = flag.lstrip("-")
-    key = setting_for_option(name)
+    key, guessed = setting_for_option(name), False
+    help_line = f"{command} --help lists its options and every setting, given as section.key=value"
+    if key is None and done_elsewhere(name) is None:  # mistyped: the command's option or a setting's name
+        near = near_misses_elsewhere(name.replace("-", "_"), besides="")
+        key, guessed = (near[0], True) if len(near) == 1 else (None, False)
+        closeness = difflib.SequenceMatcher(None, name.replace("-", "_"), key.partition(".")[2]).ratio() if key else 0
+        own = near_option(flag, options, cutoff=max(0.75, closeness))  # the nearer of the two
+        if own:
+            raise ConfigError(f"{flag}: not an option of {command}{own}", hint=help_line)
     if key is None:
-        raise ConfigError(f"{flag}: not an option of {command}", hint=done_elsewhere(name) or (
-            f"{command} --help lists its options and every setting, given as section.key=value"))
+        raise ConfigError(f"{flag}: not an option of {command}", hint=done_elsewhere(name) or help_line)
     if name.endswith("_strategy"):  # "steps", "epoch": a count of updates here
         value = "N"
     elif not value:
@@ -180,4 +189,6 @@ def refuse_options(unknown: list[str], argv: list[str], command: str, flags: dic
     own = {setting: own_flag for own_flag, setting in flags.items()}
     if key in own:
         raise ConfigError(f"{flag}: not an option of {command}; write --{own[key].replace('_', '-')} {value}")
+    if guessed:
+        raise ConfigError(f"{flag}: not an option of {command}; did you mean the setting {key}? write {key}={value}")
     raise ConfigError(f"{flag}: not an option of {command}; the setting is {key}: write {key}={value}")

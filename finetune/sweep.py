@@ -111,6 +111,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--debug", action="store_true", help="show tracebacks for input errors")
     parser.add_argument("overrides", nargs="*", metavar="section.key=value", help="config overrides for every trial")
     args, args.unknown = parser.parse_known_intermixed_args(argv)
+    args.options = parser.options  # for the one a mistyped option is near
     args.overrides = shortcut_overrides(args, SWEEP_FLAGS) + list(args.overrides)
     return args
 
@@ -356,7 +357,7 @@ def main(argv: list[str] | None = None) -> int:
         from finetune.train import SHORTCUTS
 
         flags = {flag: SHORTCUTS[flag] for flag in SWEEP_FLAGS}
-        return run_command(lambda: refuse_options(args.unknown, argv, "finetune sweep", flags), debug=args.debug)
+        return run_command(lambda: refuse_options(args.unknown, argv, "finetune sweep", flags, args.options), debug=args.debug)
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
     from finetune.config import notes_said_once
 

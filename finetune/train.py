@@ -82,6 +82,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--debug", action="store_true", help="show tracebacks for input errors")
     parser.add_argument("overrides", nargs="*", metavar="section.key=value", help="dotted config overrides")
     args, args.unknown = parser.parse_known_intermixed_args(argv)
+    args.options = parser.options  # for the one a mistyped option is near
     args.overrides = shortcut_overrides(args, SHORTCUTS) + list(args.overrides)
     return args
 
@@ -274,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.unknown:
         from finetune.config import refuse_options  # key_hints' own, through config: one package import fewer
 
-        return run_command(lambda: refuse_options(args.unknown, argv, "finetune train", SHORTCUTS),
+        return run_command(lambda: refuse_options(args.unknown, argv, "finetune train", SHORTCUTS, args.options),
                            debug=args.debug)
     if args.explain:
         return explain(args.explain)

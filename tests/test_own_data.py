@@ -260,6 +260,59 @@ def test_another_tools_option_is_told_the_setting_that_does_its_work(command, ar
     assert capsys.readouterr().err.splitlines() == [f"error: {line.format(command=command)}"]
 
 
+@pytest.mark.parametrize("command, argv, line", [
+    # a command's own option mistyped: the option it is near, before argparse's check of a required one (--file)
+    ("predict", ["out", "--treshold", "0.3", "a text"], "--treshold: not an option of finetune predict (did you mean "
+                                                        "--threshold?)"),
+    ("predict", ["out", "a text", "--batch_size", "4"], "--batch_size: not an option of finetune predict (did you "
+                                                        "mean --batch-size?)"),
+    ("score", ["out", "--fle", "test.csv"], "--fle: not an option of finetune score (did you mean --file?)"),
+    ("plot", ["out", "--outptu", "c.png"], "--outptu: not an option of finetune plot (did you mean --output?)"),
+    ("train", ["--confg", "c.yaml"], "--confg: not an option of finetune train (did you mean --config?)"),
+    ("sweep", ["--trials-seeds", "3"], "--trials-seeds: not an option of finetune sweep (did you mean "
+                                       "--trial-seeds?)"),
+    ("predict", ["out", "-threshold", "0.3"], "-threshold: not an option of finetune predict (did you mean "
+                                              "--threshold?)"),
+    ("predict", ["out", "-hello"], "-hello: not an option of finetune predict"),  # nothing near: no guess
+    # a setting's name mistyped as an option, nearer to it than to any option of the command
+    ("train", ["--treshold", "0.3"], "--treshold: not an option of finetune train; did you mean the setting "
+                                     "evaluation.threshold? write evaluation.threshold=0.3"),
+    ("train", ["--droput", "0.2"], "--droput: not an option of finetune train; did you mean the setting "
+                                   "model.dropout? write model.dropout=0.2"),  # not --output
+    ("sweep", ["--validation_spli", "0.2"], "--validation_spli: not an option of finetune sweep; did you mean the "
+                                            "setting data.validation_split? write data.validation_split=0.2"),
+    ("sweep", ["--learning_rat", "1e-4"], "--learning_rat: not an option of finetune sweep; did you mean the setting "
+                                          "optim.learning_rate? write optim.learning_rate=1e-4"),
+])
+def test_a_mistyped_option_is_told_the_one_it_is_near(command, argv, line, capsys):
+    import finetune.plot
+    import finetune.predict
+    import finetune.score
+    import finetune.sweep
+    import finetune.train
+
+    module = {"train": finetune.train, "sweep": finetune.sweep, "predict": finetune.predict, "score": finetune.score,
+              "plot": finetune.plot}[command]
+    try:
+        code = module.main(argv)
+    except SystemExit as stop:  # argparse's exit, from the parser of predict, score and plot
+        code = stop.code
+    assert code == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == f"error: {line}"
+    assert err[1:] in ([], [f"hint: finetune {command} --help lists its options"],
+                       [f"hint: finetune {command} --help lists its options and every setting, given as "
+                        "section.key=value"])
+
+
+def test_what_argparse_reads_as_a_value_is_not_taken_for_a_mistyped_option():
+    from finetune.predict import parse_args
+
+    # a negative number, words with a space, a prefix of an option, anything after --
+    args = parse_args(["out", "-1 star", "--thresh", "-0.5", "--", "-hello", "--treshold"])
+    assert (args.texts, args.threshold) == (["-1 star", "-hello", "--treshold"], "-0.5")
+
+
 @pytest.mark.parametrize("argv, hint", [
     (["--data", "reviews.csv", "--text", "sentence"], ["hint: the command comes first: finetune train --data "
                                                        "reviews.csv --text sentence"]),
