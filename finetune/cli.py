@@ -53,6 +53,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"finetune {__version__}")
         return 0
     command, rest = argv[0], argv[1:]
+    if command.startswith("-") and command not in ("-", "--"):
+        from finetune.errors import near_option
+
+        near = near_option(command.partition("=")[0], ["--help", "--version"])
+        if near:  # the command's own option mistyped (--verison), not one of train's typed without the command
+            print(f"error: {command}: not an option of finetune{near}\nhint: finetune --help lists the commands",
+                  file=sys.stderr)
+            return 2
     if command not in COMMANDS:
         close = difflib.get_close_matches(command, list(COMMANDS), n=1)
         hint = f" (did you mean {close[0]}?)" if close else ""

@@ -326,6 +326,14 @@ def test_a_command_line_without_its_command_is_told_where_it_goes(argv, hint, ca
     assert err[0].startswith(f"error: unknown command {argv[0]!r}") and err[1:] == hint
 
 
+def test_a_mistyped_option_of_the_command_itself_is_told_its_own_option(capsys):
+    from finetune.cli import main
+
+    assert main(["--verison"]) == 2
+    assert capsys.readouterr().err.splitlines() == ["error: --verison: not an option of finetune (did you mean "
+                                                    "--version?)", "hint: finetune --help lists the commands"]
+
+
 def test_the_command_says_its_version_and_runs_as_python_m_finetune(capsys):
     """``finetune --version`` prints the version pyproject.toml gives the package; ``python -m finetune`` is the same
     command where its script is not on the PATH (a notebook's ``!python -m finetune ...``)."""
