@@ -39,8 +39,8 @@ from finetune.study import BASE_PARAMS_ATTR, budget_left, load_or_create, made_w
 from finetune.sweep_checks import check_sweep
 from finetune.sweep_file import DEFAULT_TRIALS, PRUNERS, SAMPLERS, describe_pruner, fixed_overrides, \
     pruner_settings, read_sweep_file, shipped_sweep, whole_number
-from finetune.sweep_report import Header, Repeats, best_trial, folds_of, mean_and_deviation, repeats_of, start_line, \
-    state_of, write_out_of_fold_predictions, write_reports
+from finetune.sweep_report import Header, Repeats, best_trial, folds_of, mean_and_deviation, repeats_of, \
+    search_seeds, start_line, state_of, write_out_of_fold_predictions, write_reports
 from finetune.sweep_trial import Phase, TrialRunner
 
 logger = logging.getLogger("finetune")
@@ -261,8 +261,8 @@ def run_phases(sweep: Sweep, runner: TrialRunner, signals: StopSignals, storage,
     search = studies["search"]
     if search is not None:
         search.sampler, search.pruner = make_sampler(sweep, len(search.trials)), make_pruner(sweep.pruner)
-        base_seed = sweep.run_config.training.seed
-        trial_seeds = [base_seed + i for i in range(sweep.trial_seeds)] if sweep.trial_seeds > 1 else []
+        seeds = search_seeds(sweep, sweep.run_config.training.seed)
+        trial_seeds = list(seeds) if len(seeds) > 1 else []
         runner.phase = Phase("search", search, sweep.space, sweep.trials, lambda n, _: f"trial-{n:04d}", trial_seeds,
                              fixed=list(SEARCH_LEAVES_OUT), prune=sweep.pruner["type"] != "none")
         run_phase(runner, signals)

@@ -74,11 +74,20 @@ def folds_of(count: int) -> Repeats:
     return Repeats("folds", "data.validation_fold", tuple(range(1, count + 1)), (f"data.validation_folds={count}",))
 
 
+def search_seeds(sweep, seed: int) -> tuple[int, ...]:
+    """The seeds each trial of a sweep's search trains with: ``seed``, or ``--trial-seeds`` of them from it on."""
+    return tuple(seed + i for i in range(sweep.trial_seeds))
+
+
 def repeats_of(sweep, seed: int) -> Optional[Repeats]:
-    """What runs after a sweep's search (a :class:`finetune.sweep.Sweep`): the seeds from ``seed`` on, or the
-    folds, or nothing."""
+    """What runs after a sweep's search (a :class:`finetune.sweep.Sweep`): the seeds, or the folds, or nothing.
+
+    The seeds start past the search's own: the config was chosen for its score on those, which is partly their
+    luck, and a mean over them would count that luck again. Without a search nothing was chosen, and they start
+    at ``seed``.
+    """
     if sweep.seeds:
-        return seeds_from(seed, sweep.seeds)
+        return seeds_from(max(search_seeds(sweep, seed)) + 1 if sweep.space.dimensions else seed, sweep.seeds)
     return folds_of(sweep.folds) if sweep.folds else None
 
 
@@ -367,6 +376,9 @@ def sweep_markdown(root: Path, header: Header, rows: list[dict[str, Any]], best:
         mean, std = mean_and_deviation([v for _, v in repeat_values])
         lines += [f"## Over {len(repeat_values)} {repeats.name}", "",
                   f"{header.metric}: mean {mean:.4f}, standard deviation {std:.4f}", ""]
+        if repeats.name == "seeds" and header.space.dimensions:
+            lines += [f"Seeds {repeats.values[0]} to {repeats.values[-1]}, none that the search trained with: the "
+                      "config was chosen for its score on those, which is partly their luck.", ""]
         if repeats.name == "folds":
             lines += [f"Each fold's run validates on the rows the others train on, so the mean is over all the "
                       f"data once (`{repeats.fixed[0]}`). Once every fold has finished, `folds/predictions.csv` "

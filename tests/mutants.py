@@ -431,6 +431,9 @@ SWEEP_MUTANTS = (
            "equal objectives are ranked by the higher validation loss", SWEEP),
     Mutant("sweep.py", "best = winner.params if winner is not None else {}", "best = {}",
            "the seeds run the config, not the best trial's values", SWEEP),
+    Mutant("sweep_report.py", "return seeds_from(max(search_seeds(sweep, seed)) + 1 if sweep.space.dimensions else "
+           "seed, sweep.seeds)", "return seeds_from(seed, sweep.seeds)",
+           "the seeds runs after a search count again the seed it chose the config on", SWEEP),
     Mutant("sweep_report.py", "statistics.stdev(values)", "statistics.pstdev(values)",
            "the seeds' standard deviation is the population's, not the sample's", SWEEP),
     Mutant("sweep_trial.py", "same = finished_same(phase.study, params, trial.number)", "same = None",

@@ -631,6 +631,42 @@ def test_folds_after_a_search_run_its_best_config(four_trials, tmp_path, fresh_a
     assert (kept.optim.learning_rate, kept.output.output_dir) == (best["optim"]["learning_rate"], str(copy / "best"))
 
 
+def test_seeds_after_a_search_run_its_best_config_on_seeds_it_was_not_chosen_on(four_trials, tmp_path,
+                                                                                fresh_accelerate_state):
+    """The search's trials trained with seed 1, and the best was chosen for its score there: the seeds runs of its
+    config are seeds 2 and 3, whose mean is not the choice's luck counted again."""
+    root, out, _ = four_trials
+    copy = Path(shutil.copytree(out, tmp_path / "out-sweep"))
+    args = ["--config", str(root / "cfg.yaml"), "--sweep", str(root / "sweep.yaml"), "--output", str(copy)]
+    assert sweep_in_process([*args, "--seeds", "2"]) == 0
+    assert sorted(p.name for p in (copy / "seeds").iterdir()) == ["seed-2", "seed-3"]
+    best = yaml.safe_load((copy / "best.yaml").read_text())
+    scores = []
+    for seed in (2, 3):
+        run = copy / "seeds" / f"seed-{seed}"
+        saved = yaml.safe_load((run / "config.yaml").read_text())
+        assert saved["training"]["seed"] == seed and best["training"]["seed"] == 1
+        assert saved["optim"]["learning_rate"] == best["optim"]["learning_rate"]
+        scores.append(json.loads((run / "metrics.json").read_text())["eval"]["accuracy"])
+    report = (copy / "sweep.md").read_text()
+    assert f"accuracy: mean {statistics.fmean(scores):.4f}, standard deviation {statistics.stdev(scores):.4f}" in report
+    assert "Seeds 2 to 3, none that the search trained with" in report
+    assert f"| seed | accuracy | test accuracy |\n| ---: | ---: | ---: |\n| 2 | {scores[0]:.4f} | " in report
+    assert f" |\n| 3 | {scores[1]:.4f} | " in report
+
+
+def test_the_search_and_its_seeds_runs_share_no_seed():
+    from types import SimpleNamespace
+
+    from finetune.sweep_report import repeats_of, search_seeds
+
+    searched = SimpleNamespace(space=SimpleNamespace(dimensions=("optim.learning_rate",)), trial_seeds=3, seeds=4,
+                               folds=0)
+    assert search_seeds(searched, 42) == (42, 43, 44) and repeats_of(searched, 42).values == (45, 46, 47, 48)
+    alone = SimpleNamespace(space=SimpleNamespace(dimensions=()), trial_seeds=1, seeds=2, folds=0)
+    assert repeats_of(alone, 42).values == (42, 43)  # nothing was chosen: the config's own seed first
+
+
 def accepted_without_validation(config: Path, overrides: list[str]):
     """The config of a run on every row, which the check that runs once its data has loaded accepts."""
     from finetune.assembly import check_validation_is_there
