@@ -64,12 +64,13 @@ def _coerce_union(value: Any, tp: Any, key: str) -> Any:
     alike = [a for a in containers if typing.get_origin(a) is kind]
     if len(alike) == 1:
         return coerce_value(value, alike[0], key)
+    hint = None  # a member's own (a YAML word read as a number: quote it)
     for arg in options:
         try:
             return coerce_value(value, arg, key)
-        except ConfigError:
-            pass
-    raise ConfigError(f"{key}: expected {type_name(tp)}, got {_describe(value)}")
+        except ConfigError as exc:
+            hint = hint or exc.hint
+    raise ConfigError(f"{key}: expected {type_name(tp)}, got {_describe(value)}", hint=hint)
 
 
 def literal_spelling(value: Any, tp: Any) -> Any:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import logging
 import os
 import re
 import typing
@@ -31,6 +30,7 @@ from finetune.coerce import _describe, coerce_value
 from finetune.errors import ConfigError
 from finetune.key_hints import key_hint, refuse_options, unknown_key_hint
 from finetune.overrides import let_the_command_line_choose, notes_said_once
+from finetune.problem_checks import PROBLEM_METRICS, check_for_problem_type  # noqa: F401  (importable from here)
 from finetune.schema import (  # noqa: F401  (the schema's names, importable from here as before)
     DEFAULT_METRICS, DEFAULT_THRESHOLD, PAD_TO_MULTIPLE_OF, PER_LABEL, SECTIONS, Config, DataConfig, EvalConfig,
     LoggingConfig, ModelConfig, OptimConfig, OutputConfig, TrainingConfig,
@@ -40,8 +40,6 @@ __all__ = ["Config", "ModelConfig", "DataConfig", "TrainingConfig", "OptimConfig
            "OutputConfig", "DEFAULT_CONFIG", "SHIPPED_CONFIGS", "is_shipped", "load_config", "config_from_dict",
            "parse_override", "read_yaml", "config_yaml", "save_config", "origin_of", "notes_said_once",
            "unknown_key_hint", "refuse_options", "PER_LABEL", "PAD_TO_MULTIPLE_OF"]
-
-logger = logging.getLogger("finetune")
 
 
 def _default_config() -> Path:
@@ -285,74 +283,9 @@ def config_from_dict(data: dict[str, Any], source: str | None = None, metrics_ch
         raise
 
 
-# the metrics each problem type computes offline, and its default ones: finetune.metrics' names, written out here
-# since importing them would import numpy into every command (a test holds the two equal)
-PROBLEM_METRICS = {
-    "single_label": None,  # the built-in classification metrics, the ranking ones, and any evaluate.load name
-    "multi_label": ("accuracy", "f1", "precision", "recall", "roc_auc", "average_precision"),
-    "regression": ("pearson", "spearmanr", "mse", "mae"),
-}
-REGRESSION_DEFAULT_METRICS = ["pearson", "spearmanr", "mse"]
-
-
-def _metrics_for_problem_type(evaluation: "EvalConfig", problem_type: str, chosen: bool) -> None:
-    """Keep the metrics the problem type computes.
-
-    A config written for single labels (the shipped ones list accuracy, f1, ...
-    matthews_correlation) must work with ``model.problem_type=multi_label`` or
-    ``regression`` on the command line: a metric the problem type has no
-    meaning for is left out, and when none is left the problem type's defaults
-    are used (regression: pearson, spearmanr, mse). Warned of where the user
-    ``chosen`` the list, not where a shipped config did.
-    """
-    allowed = PROBLEM_METRICS[problem_type]
-    if allowed is None:
-        return  # single labels: the built-in metrics and any evaluate.load name
-    kept = [m for m in evaluation.metrics if m in allowed]
-    dropped = [m for m in evaluation.metrics if m not in allowed]
-    if not kept:
-        kept = list(REGRESSION_DEFAULT_METRICS if problem_type == "regression" else DEFAULT_METRICS)
-    if dropped and chosen and evaluation.metrics != DEFAULT_METRICS:
-        logger.warning("evaluation.metrics: %s not computed for %s (it computes %s); using %s",
-                       ", ".join(dropped), problem_type, ", ".join(allowed), ", ".join(kept))
-    evaluation.metrics = kept
-
-
-def _check_evaluation_for_problem_type(evaluation: "EvalConfig", problem_type: str) -> None:
-    """Averaging and the best-model metric must fit the problem type and the metrics computed."""
-    if problem_type != "single_label" and evaluation.average == "binary":
-        raise ConfigError(f"evaluation.average: binary needs single_label; {problem_type} uses micro, macro "
-                          "or weighted")
-    if evaluation.metric_for_best_model is not None:
-        name = evaluation.metric_for_best_model.removeprefix("eval/")
-        if name != "loss" and name not in evaluation.metrics:
-            raise ConfigError(
-                f"evaluation.metric_for_best_model: {evaluation.metric_for_best_model!r} is not computed "
-                f"(loss or one of evaluation.metrics: {', '.join(evaluation.metrics)})"
-            )
-
-
 def _check_across_sections(cfg: Config, metrics_chosen: bool) -> Config:
     """Rules that tie keys of two sections together."""
-    problem_type = cfg.model.problem_type
-    if cfg.training.class_weights is not None and problem_type != "single_label":
-        raise ConfigError(f"training.class_weights: apply to single_label only (model.problem_type is {problem_type})")
-    if cfg.training.label_smoothing and problem_type != "single_label":
-        raise ConfigError(f"training.label_smoothing: applies to single_label only (model.problem_type is {problem_type})")
-    if cfg.data.label_delimiter is not None and problem_type != "multi_label":
-        raise ConfigError(f"data.label_delimiter: splits multi_label labels only (model.problem_type is {problem_type})")
-    if cfg.data.label_map is not None and problem_type == "regression":
-        raise ConfigError("data.label_map: names classes, and regression has none (model.problem_type is regression)")
-    if cfg.data.drop_labels is not None and problem_type == "regression":
-        raise ConfigError("data.drop_labels: names classes, and regression has none (model.problem_type is regression)")
-    if cfg.evaluation.threshold != DEFAULT_THRESHOLD and problem_type == "regression":
-        # single_label: two classes only, which the data says (finetune.assembly.build_task)
-        raise ConfigError("evaluation.threshold: decides between classes, and regression has none "
-                          "(model.problem_type is regression)")
-    if cfg.data.label_delimiter == "":
-        raise ConfigError("data.label_delimiter: must not be empty (null: the column holds lists)")
-    _metrics_for_problem_type(cfg.evaluation, problem_type, metrics_chosen)
-    _check_evaluation_for_problem_type(cfg.evaluation, problem_type)
+    check_for_problem_type(cfg, metrics_chosen)
     if cfg.evaluation.load_best_model_at_end and not cfg.output.save_checkpoints:
         raise ConfigError("evaluation.load_best_model_at_end: needs output.save_checkpoints: true "
                           "(the best model is kept as its checkpoint)")

@@ -53,6 +53,7 @@ from finetune.carve import carve_fold, carve_validation, not_a_label_column, sub
 from finetune.columns import read_column
 from finetune.config import DataConfig
 from finetune.errors import ConfigError, DataError, root_message
+from finetune.label_columns import label_columns
 from finetune.labels import LabelSpace, encode_against, encode_train, leave_out_labels, leave_out_unlabelled
 from finetune.local_files import read_local, read_saved_splits
 from finetune.standard_columns import drop_or_reject_empty_texts, standardize
@@ -332,11 +333,12 @@ def _train_and_validation(loaded: datasets.DatasetDict, shown: str, cfg: DataCon
 
 
 def _check_column_settings(cfg: DataConfig) -> None:
-    columns = {"data.text_column": cfg.text_column, "data.label_column": cfg.label_column}
+    columns = [("data.text_column", cfg.text_column)]
     if cfg.text_pair_column is not None:
-        columns["data.text_pair_column"] = cfg.text_pair_column
+        columns.append(("data.text_pair_column", cfg.text_pair_column))
+    columns += [("data.label_column", column) for column in label_columns(cfg.label_column)]
     seen: dict[str, str] = {}
-    for key, column in columns.items():
+    for key, column in columns:
         if column in seen:
             raise ConfigError(f"{key}: names the same column as {seen[column]} ({column!r})")
         seen[column] = key

@@ -130,8 +130,7 @@ def leave_out_unlabelled(table: Table, policy: str, problem_type: str, delimiter
     """``data.on_missing_label: drop``: ``table`` without its rows that have no label (null, an empty field, NaN,
     a Hub data set's ``-1``), said in one line; ``error`` leaves them to the encoders, whose errors name them. A
     multi-label row's empty list, or empty field with ``data.label_delimiter``, is a text with no label: it stays."""
-    multi = problem_type == "multi_label"
-    if policy != "drop" or (multi and table.empty_field_is_null and delimiter is not None):
+    if policy != "drop" or (problem_type == "multi_label" and table.empty_field_is_null and delimiter is not None):
         return table  # there an empty field reads as null, and is a text with no label
     feature = table.ds.features[RAW_LABEL]
     missing = np.array([_no_label(value, feature, problem_type) for value in column_values(table.ds, RAW_LABEL)],
@@ -338,8 +337,7 @@ def _label_sets(table: Table, delimiter: Optional[str]) -> list[list[str]]:
     field cannot tell the two apart: there, with a delimiter, an empty field
     is the empty string, and the run logs how many texts have no label.
     """
-    feature = table.ds.features[RAW_LABEL]
-    inner = getattr(feature, "feature", None)
+    inner = getattr(table.ds.features[RAW_LABEL], "feature", None)
     values = column_values(table.ds, RAW_LABEL)
     if table.empty_field_is_null and delimiter is not None:
         values = ["" if value is None else value for value in values]
@@ -375,8 +373,9 @@ def _label_sets(table: Table, delimiter: Optional[str]) -> list[list[str]]:
     if missing:
         raise DataError(
             f"{table.source}: {len(missing)} row{'s' if len(missing) > 1 else ''} without labels in column "
-            f"{table.label_column!r} ({table.where_many(missing)}); a text with none has an empty "
-            + ("field when data.label_delimiter is set" if table.empty_field_is_null else "list"), hint=DROP_UNLABELLED
+            f"{table.label_column!r} ({table.where_many(missing)}); a text with none has " + (
+                "0 in each" if isinstance(table.label_column, list) else "an empty field when data.label_delimiter "
+                "is set" if table.empty_field_is_null else "an empty list"), hint=DROP_UNLABELLED
         )
     unlabelled = [i for i, keys in enumerate(sets) if not keys]
     if unlabelled:
@@ -395,20 +394,21 @@ def _multi_label_space(train: Table, sets: list[list[str]], label_map: Optional[
     warn_of_labels_differing_in_case(train, [key for keys in sets for key in keys])
     if label_map is not None:
         return LabelSpace(list(dict.fromkeys(label_map.values())), "multi_label")
-    # integers numerically ("2" before "10"), then names
-    names = sorted(present, key=lambda n: (0, int(n), "") if n.lstrip("-").isdigit() else (1, 0, n))
+    inner = getattr(train.ds.features[RAW_LABEL], "feature", None)  # a ClassLabel: a Hub set's, or a column each
+    # the ClassLabel's order; else integers numerically ("2" before "10"), then names
+    names = [n for n in inner.names if n in present] if isinstance(inner, datasets.ClassLabel) else (
+        sorted(present, key=lambda n: (0, int(n), "") if n.lstrip("-").isdigit() else (1, 0, n)))
     return LabelSpace(names, "multi_label")
 
 
 def _encode_label_sets(table: Table, sets: list[list[str]], label_space: LabelSpace) -> datasets.Dataset:
     """Replace the raw label column by 0/1 float vectors over ``label_space`` (named ``labels``)."""
     label2id = label_space.label2id
+    vectors = np.zeros((len(sets), len(label_space)), dtype=np.float32)
     for i, keys in enumerate(sets):
         unseen = [k for k in keys if k not in label2id]
         if unseen:
             raise label_space.lacking(unseen[0], f"{table.source}: label {unseen[0]!r} at {table.where(i)}")
-    vectors = np.zeros((len(sets), len(label_space)), dtype=np.float32)
-    for i, keys in enumerate(sets):
         vectors[i, [label2id[k] for k in keys]] = 1.0
     ds = table.ds.remove_columns(RAW_LABEL)
     return ds.add_column(LABELS, list_column(vectors), feature=datasets.Sequence(datasets.Value("float32")))

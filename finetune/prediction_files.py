@@ -247,7 +247,7 @@ def prediction_prefix(rows: list[dict[str, Any]], labels: Sequence[str]) -> tupl
 
 
 def note_the_files_own_columns(file: str, output_dir: str, rows: list[dict], clashes: list[str], prefix: str,
-                               label_column: Optional[str]) -> None:
+                               label_column: Optional[str | list[str]]) -> None:
     """Say on stderr what ``--file``'s own columns change: names the prediction's columns would take (which then
     take ``prefix``), and the run's label column, whose labels ``finetune score`` compares."""
     if clashes:
@@ -256,9 +256,11 @@ def note_the_files_own_columns(file: str, output_dir: str, rows: list[dict], cla
         print(f"note: {file} has its own {named} column{'s' if len(clashes) > 1 else ''}, kept as "
               f"{'they are' if len(clashes) > 1 else 'it is'}: the prediction's columns are named "
               f"{prefix}<name> ({prefix}label, {prefix}score, ...)", file=sys.stderr)
-    if label_column is not None and label_column in rows[0]:  # a file has its columns on every row
-        print(f"note: {file} has the run's label column {label_column!r}: finetune score {output_dir} --file {file} "
-              f"scores the model on it", file=sys.stderr)
+    labels = [label_column] if isinstance(label_column, str) else label_column or []
+    if labels and all(column in rows[0] for column in labels):  # a file has its columns on every row
+        named = f"label column {label_column!r}" if isinstance(label_column, str) else "label columns"
+        print(f"note: {file} has the run's {named}: finetune score {output_dir} --file {file} scores the model on it",
+              file=sys.stderr)
 
 
 def predict_rows(predictor, rows: list[dict[str, Any]], text_column: str,

@@ -167,11 +167,13 @@ class DataConfig:
     text_column: str = setting("text", "Column holding the text.")
     text_pair_column: Optional[str] = setting(None,
         "Column holding the second text of a sentence pair (null for single texts).")
-    label_column: str = setting("label",
+    label_column: Union[str, list[str]] = setting("label",
         "Column holding the label: strings or integers (single_label), a list of them or a delimited "
         "string (multi_label), numbers (regression). Spaces around a label are not part of it; labels "
         "that differ only in case are classes of their own, and the run warns of them, as of single labels "
-        "that join several (`food|music`).")
+        "that join several (`food|music`). multi_label also reads a column per label, named in a list "
+        "(`[toxic, insult, threat]`): 1 (or true) where the text has the label, 0 (or false) where not; the "
+        "labels are the columns, in their order.")
     label_delimiter: Optional[str] = setting(None,
         'multi_label: the separator of several labels in one string field, e.g. `","` or `"|"` (null: the '
         "column holds lists, as JSON arrays or Parquet lists).")

@@ -17,14 +17,16 @@ import pyarrow.compute as pc
 
 from finetune.column_hints import PANDAS_JSON_HINT, column_hint, pandas_layout, rename_hint
 from finetune.errors import DataError, FileLayoutError
+from finetune.label_columns import gather_label_columns, label_columns
 from finetune.tables import GROUP, RAW_LABEL, TEXT, TEXT_PAIR, Table, as_arrow, as_mask, column_values, feature_name
 
 logger = logging.getLogger("finetune.data")
 
 
-def standardize(table: Table, text_column: str, pair_column: Optional[str], label_column: str,
+def standardize(table: Table, text_column: str, pair_column: Optional[str], label_column: str | list[str],
                 group: Optional[str] = None, beside: Optional[str] = None) -> Table:
-    """Keep only the text, pair and label columns (and ``group``, the carve's), under the standard names.
+    """Keep only the text, pair and label columns (and ``group``, the carve's), under the standard names; a column
+    per label (``label_column`` a list) becomes one of each row's labels (:mod:`finetune.label_columns`).
 
     ``beside``: the training data that a validation or test file is read with, whose column names it must share.
     """
@@ -32,7 +34,9 @@ def standardize(table: Table, text_column: str, pair_column: Optional[str], labe
     wanted = [("data.text_column", text_column, TEXT)]
     if pair_column is not None:
         wanted.append(("data.text_pair_column", pair_column, TEXT_PAIR))
-    wanted.append(("data.label_column", label_column, RAW_LABEL))
+    per_label = not isinstance(label_column, str)
+    label_names = [f"{RAW_LABEL}{i}" for i in range(len(label_column))] if per_label else [RAW_LABEL]
+    wanted += [("data.label_column", column, name) for column, name in zip(label_columns(label_column), label_names)]
     if group is not None:
         wanted.append(("data.validation_split_by", group, GROUP))
     for key, column, _ in wanted:
@@ -40,16 +44,20 @@ def standardize(table: Table, text_column: str, pair_column: Optional[str], labe
     missing = [(key, column) for key, column, _ in wanted if column not in ds.column_names]
     if missing:
         key, column = missing[0]
-        keys, configured = [key for key, _ in missing], {key: c for key, c, _ in wanted}
+        # a column of the labels to guess, or to rename as the training data's, is one column
+        keys = [k for k, _ in missing if not (per_label and k == "data.label_column")]
+        configured = {k: c for k, c, _ in wanted if not (per_label and k == "data.label_column")}
+        hint = None if not keys else column_hint(ds, keys, configured) if beside is None else (
+            rename_hint(ds, keys, configured, beside))
         raise FileLayoutError(
-            f"{table.source}: no column {column!r} ({key}); columns found: {', '.join(ds.column_names)}",
-            hint=column_hint(ds, keys, configured) if beside is None else rename_hint(ds, keys, configured, beside),
-        )
+            f"{table.source}: no column {column!r} ({key}); columns found: {', '.join(ds.column_names)}", hint=hint)
     _warn_of_values_in_unnamed_fields(table, [column for _, column, _ in wanted])
     ds = ds.select_columns([column for _, column, _ in wanted])
     # Two steps, so that swapping names (text_column: label, label_column: text) works.
     ds = ds.rename_columns({column: f"_tmp{i}" for i, (_, column, _) in enumerate(wanted)})
     ds = ds.rename_columns({f"_tmp{i}": name for i, (_, _, name) in enumerate(wanted)})
+    if per_label:
+        ds = gather_label_columns(table, ds, label_names, label_columns(label_column))
     for name, column in ((TEXT, text_column), (TEXT_PAIR, pair_column)):
         if name not in ds.column_names:
             continue

@@ -47,7 +47,7 @@ class Table:
     files: Optional[list[str]] = None  # folder layout: record -> relative file path
     text_column: str = TEXT  # the user's column names, for messages
     pair_column: Optional[str] = None
-    label_column: str = "label"
+    label_column: str | list[str] = "label"  # a list: a column per label (finetune.label_columns)
     # CSV/TSV: an empty field reads as null, so "no value" and "empty string" look the same
     empty_field_is_null: bool = False
     # CSV/TSV: names the header writes more than once, with their fields (1-based); the reader renames the later

@@ -200,7 +200,7 @@ def test_a_key_that_takes_text_gets_the_text_typed_where_yaml_would_read_another
     assert parse_override("training.gradient_checkpointing=no") == ("training.gradient_checkpointing", False)
     assert load_config(write(tmp_path, BASE), ["optim.learning_rate=3e-5"]).optim.learning_rate == 3e-5
     # in a YAML file the value is YAML's, and the error says to quote it
-    with pytest.raises(ConfigError, match=r"data\.label_column: expected str, got int 2024") as info:
+    with pytest.raises(ConfigError, match=r"data\.label_column: expected str or list of str, got int 2024") as info:
         load_config(write(tmp_path, BASE.replace("data:\n", "data:\n  label_column: 2024\n")))
     assert info.value.hint == "YAML reads the word as int: quote it to mean the text"
 

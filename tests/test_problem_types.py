@@ -13,6 +13,7 @@ import json
 import logging
 import math
 import random
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -280,6 +281,90 @@ def test_multi_label_reads_lists_and_delimited_strings(tmp_path, caplog):
         load_splits(cfg.data, seed=0, problem_type="multi_label")
 
 
+def test_multi_label_reads_a_column_per_label_as_the_set_of_its_ones(tmp_path, caplog):
+    """A column per label (Jigsaw's toxic comments' layout), each 0/1, true/false or "1"/"0", gives the label
+    vectors the same rows give as lists, its labels in the columns' order rather than sorted; an empty cell is a
+    row without labels (refused, or dropped by data.on_missing_label), and a cell that is neither is named."""
+    from finetune.data import load_splits
+
+    names = ["toxic", "insult", "threat"]  # not sorted: the ids follow the columns
+    rng = random.Random(0)
+    rows = [{"text": f"t{i}", **{name: rng.random() < 0.4 for name in names}} for i in range(30)]
+    rows[0].update(toxic=True, insult=True, threat=True)  # every label present in the train data
+    per_label = tmp_path / "per_label.csv"
+    per_label.write_text("id,text,toxic,insult,threat\n" + "".join(
+        f"{i},{r['text']},{int(r['toxic'])},{int(r['insult'])},{str(r['threat']).lower()}\n" for i, r in enumerate(rows)),
+        encoding="utf-8")
+    as_lists = tmp_path / "lists.jsonl"
+    as_lists.write_text("".join(json.dumps({"text": r["text"], "label": [n for n in names if r[n]]}) + "\n"
+                                for r in rows), encoding="utf-8")
+    cfg = _cfg(tmp_path, "multi_label", train_file=str(per_label), label_column=names)
+    splits, labels = load_splits(cfg.data, seed=0, problem_type="multi_label")
+    assert labels.names == names
+    listed, sorted_labels = load_splits(_cfg(tmp_path, "multi_label", train_file=str(as_lists)).data, seed=0,
+                                        problem_type="multi_label")
+    order = [sorted_labels.names.index(name) for name in names]
+    assert splits["train"]["labels"] == [[vector[j] for j in order] for vector in listed["train"]["labels"]]
+    assert splits["train"]["labels"][:1] == [[1.0, 1.0, 1.0]]
+    # the words of a JSON file's strings
+    words = tmp_path / "words.jsonl"
+    words.write_text('{"text": "a", "toxic": "1", "insult": " FALSE"}\n{"text": "b", "toxic": "0", "insult": "true"}\n',
+                     encoding="utf-8")
+    cfg = _cfg(tmp_path, "multi_label", train_file=str(words), label_column=["toxic", "insult"])
+    assert load_splits(cfg.data, seed=0, problem_type="multi_label")[0]["train"]["labels"] == [[1.0, 0.0], [0.0, 1.0]]
+    # an empty cell: the row has no labels, refused with its line, or left out
+    gap = tmp_path / "gap.csv"
+    gap.write_text("text,toxic,insult\na,1,0\nb,,1\nc,0,1\n", encoding="utf-8")
+    cfg = _cfg(tmp_path, "multi_label", train_file=str(gap), label_column=["toxic", "insult"])
+    with pytest.raises(DataError, match=r"gap.csv: 1 row without labels in column \['toxic', 'insult'\] \(line 3\); "
+                                        r"a text with none has 0 in each"):
+        load_splits(cfg.data, seed=0, problem_type="multi_label")
+    cfg.data.on_missing_label = "drop"
+    with caplog.at_level(logging.INFO, logger="finetune"):
+        kept = load_splits(cfg.data, seed=0, problem_type="multi_label")[0]["train"]
+    assert kept["text"] == ["a", "c"] and "gap.csv: left out 1 of 3 lines without a label (line 3" in caplog.text
+    # a cell that is no 0 or 1, and a column the file lacks
+    gap.write_text("text,toxic,insult\na,1,0\nb,0,1\nc,2,1\n", encoding="utf-8")
+    cfg.data.on_missing_label = "error"
+    with pytest.raises(DataError, match=r"gap.csv: 2 at line 4 in column 'toxic' is not 0 or 1 \(data.label_column "
+                                        r"names a column per label"):
+        load_splits(cfg.data, seed=0, problem_type="multi_label")
+    cfg.data.label_column = ["toxic", "threat"]
+    with pytest.raises(DataError, match=r"gap.csv: no column 'threat' \(data.label_column\); columns found: text, "
+                                        r"toxic, insult$"):
+        load_splits(cfg.data, seed=0, problem_type="multi_label")
+
+
+def test_a_run_on_a_column_per_label_is_scored_and_predicted_by_those_columns(tmp_path, capsys):
+    """A tiny run on files with a column per label: its model's labels are the columns in order, its test scores
+    are what finetune score gives the file, and finetune predict on the file says it can be scored."""
+    from transformers import AutoConfig
+
+    from finetune.predict import main as predict
+    from finetune.score import score_file
+
+    names = ["money", "hurry"]
+    for name, n, seed in (("train", 80, 1), ("val", 30, 2), ("test", 20, 3)):
+        rows = _tagged_rows(n, seed)
+        (tmp_path / f"{name}.csv").write_text("text,hurry,money\n" + "".join(
+            f"{r['text']},{int('hurry' in r['tags'])},{int('money' in r['tags'])}\n" for r in rows), encoding="utf-8")
+    cfg, summary = fit_tiny_run(
+        tmp_path, model={"problem_type": "multi_label"},
+        data={"train_file": str(tmp_path / "train.csv"), "validation_file": str(tmp_path / "val.csv"),
+              "test_file": str(tmp_path / "test.csv"), "format": "auto", "has_header": None, "column_names": None,
+              "label_column": names},
+        evaluation={"metrics": ["accuracy", "f1"], "average": "auto", "positive_label": None})
+    out = Path(cfg.output.output_dir)
+    assert AutoConfig.from_pretrained(out).id2label == {0: "money", 1: "hurry"}  # the columns' order, not the file's
+    scored = score_file(out, tmp_path / "test.csv", count_seen=False)
+    assert summary["test"]["metrics"] == scored.metrics and scored.metrics["num_samples"] == 20
+    assert set(summary["test"]["by_label"]) == set(names)
+    capsys.readouterr()
+    assert predict([str(out), "--file", str(tmp_path / "test.csv"), "--output", str(tmp_path / "p.csv")]) == 0
+    assert (f"note: {tmp_path / 'test.csv'} has the run's label columns: finetune score {out} --file "
+            f"{tmp_path / 'test.csv'} scores the model on it") in capsys.readouterr().err
+
+
 def test_a_validation_label_the_training_data_lacks_names_its_row(tmp_path):
     from finetune.data import load_splits
 
@@ -324,6 +409,18 @@ def test_regression_reads_numbers_and_names_a_row_that_is_not_one(tmp_path):
      r"evaluation.threshold: expected float or 'per_label' or mapping of str to float, got str 'best'"),
     ({"evaluation": {"threshold": "per_label"}, "model": {"problem_type": "regression"}},
      r"evaluation.threshold: decides between classes, and regression has none \(model.problem_type is regression\)"),
+    # a column per label: multi_label's layout alone, two columns at least, each once, no delimiter to split them
+    ({"data": {"label_column": ["toxic", "insult"]}},
+     r"data.label_column: a list names a column per label, which is multi_label's layout \(model.problem_type is "
+     r"single_label\)"),
+    ({"data": {"label_column": ["toxic"]}, "model": {"problem_type": "multi_label"}},
+     r"data.label_column: a list names a column per label, and multi_label needs at least two \(got \['toxic'\]\)"),
+    ({"data": {"label_column": ["toxic", "insult", "toxic"]}, "model": {"problem_type": "multi_label"}},
+     r"data.label_column: 'toxic' named more than once"),
+    ({"data": {"label_column": ["toxic", "insult"], "label_delimiter": "|"}, "model": {"problem_type": "multi_label"}},
+     r"data.label_delimiter: splits the labels of one column, and data.label_column names a column per label"),
+    ({"data": {"label_column": ["toxic", 3]}, "model": {"problem_type": "multi_label"}},
+     r"data.label_column\[1\]: expected str, got int 3"),
 ])
 def test_a_bad_problem_type_setting_is_one_line_naming_the_key(sections, message):
     tree = {"data": {"train_file": "x.csv"}}
