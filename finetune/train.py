@@ -100,7 +100,8 @@ def add_column_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--text", metavar="COLUMN", help="column of the texts (data.text_column)")
     parser.add_argument("--text-pair", metavar="COLUMN", help="column of the second texts of sentence pairs "
                         "(data.text_pair_column)")
-    parser.add_argument("--label", metavar="COLUMN", help="column of the labels (data.label_column)")
+    parser.add_argument("--label", metavar="COLUMN", help="column of the labels (data.label_column); multi_label "
+                        "also reads a 0/1 column per label: --label \"[toxic, insult]\"")
 
 
 def shortcut_overrides(args: argparse.Namespace, flags) -> list[str]:
