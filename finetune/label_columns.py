@@ -79,3 +79,24 @@ def _word(value: Any) -> Any:
     if isinstance(value, str):
         return _WORDS.get(value.strip().casefold(), None if not value.strip() else _NOT_A_FLAG)
     return _NOT_A_FLAG
+
+
+def per_label_hint(table: Table) -> Optional[str]:
+    """For one 0/1 column read as multi-label lists, where the file has several: the list that names them all."""
+    if table.as_read is None:
+        return None
+    sample = as_arrow(table.as_read.select(range(min(len(table.as_read), 1000))))
+    texts = (table.text_column, table.pair_column)
+    columns = [name for name in sample.column_names if name not in texts and _holds_flags(sample.column(name))]
+    if len(columns) < 2:
+        return None
+    listed = ", ".join(columns)
+    return f'a 0/1 column per label: --label "[{listed}]" (data.label_column=[{listed}])'
+
+
+def _holds_flags(cells: pa.ChunkedArray) -> bool:
+    """Whether a column of numbers or booleans holds 0 and 1 alone (empty cells aside)."""
+    if not (pa.types.is_integer(cells.type) or pa.types.is_floating(cells.type) or pa.types.is_boolean(cells.type)):
+        return False
+    _, empty, wrong = _flags(cells)
+    return wrong is None and not empty.all()

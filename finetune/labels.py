@@ -20,6 +20,7 @@ import numpy as np
 
 from finetune.columns import list_column
 from finetune.errors import ConfigError, DataError
+from finetune.label_columns import per_label_hint
 from finetune.label_warnings import (in_another_case, same_but_for_case, warn_of_a_head_for_other_labels,
                                      warn_of_joined_labels, warn_of_labels_differing_in_case)
 from finetune.tables import LABELS, RAW_LABEL, SHOW_LABELS, Table, column_values, short_list
@@ -332,10 +333,9 @@ def _encode_labels(table: Table, keys: list[str], label_space: LabelSpace) -> da
 def _label_sets(table: Table, delimiter: Optional[str]) -> list[list[str]]:
     """multi_label: each row's labels as class names, from a list or a delimited string.
 
-    An empty list (or string) is a text with no label, which multi-label data
-    may hold; a missing value is an error, as for single labels. A CSV or TSV
-    field cannot tell the two apart: there, with a delimiter, an empty field
-    is the empty string, and the run logs how many texts have no label.
+    An empty list (or string) is a text with no label, which multi-label data may hold; a missing value is an
+    error, as for single labels. A CSV or TSV field cannot tell the two apart: there, with a delimiter, an empty
+    field is the empty string, and the run logs how many texts have no label.
     """
     inner = getattr(table.ds.features[RAW_LABEL], "feature", None)
     values = column_values(table.ds, RAW_LABEL)
@@ -360,7 +360,7 @@ def _label_sets(table: Table, delimiter: Optional[str]) -> list[list[str]]:
             value = [value]  # a delimited column whose every field held one integer label reads as numbers
         elif not isinstance(value, list):
             raise DataError(f"{table.source}: label {value!r} at {table.where(i)} in column "
-                            f"{table.label_column!r} is not a list of labels (multi_label)")
+                            f"{table.label_column!r} is not a list of labels (multi_label)", hint=per_label_hint(table))
         try:
             keys = [_label_key(v, inner) for v in value]
         except ValueError as exc:

@@ -301,6 +301,12 @@ def test_multi_label_reads_a_column_per_label_as_the_set_of_its_ones(tmp_path, c
     cfg = _cfg(tmp_path, "multi_label", train_file=str(per_label), label_column=names)
     splits, labels = load_splits(cfg.data, seed=0, problem_type="multi_label")
     assert labels.names == names
+    # one of the columns named alone is told the list of them all (not the ids, which are no 0/1 column)
+    with pytest.raises(DataError, match=r"per_label.csv: label 1 at line 2 in column 'toxic' is not a list") as info:
+        load_splits(_cfg(tmp_path, "multi_label", train_file=str(per_label), label_column="toxic").data, seed=0,
+                    problem_type="multi_label")
+    assert info.value.hint == ('a 0/1 column per label: --label "[toxic, insult, threat]" (data.label_column=[toxic, '
+                               'insult, threat])')
     listed, sorted_labels = load_splits(_cfg(tmp_path, "multi_label", train_file=str(as_lists)).data, seed=0,
                                         problem_type="multi_label")
     order = [sorted_labels.names.index(name) for name in names]
