@@ -57,7 +57,7 @@ def gather_label_columns(table: Table, ds: datasets.Dataset, read_as: list[str],
 def _flags(cells: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray, Optional[int]]:
     """A 0/1 column's cells: where each is 1, where each is empty, and the first that is neither 0 nor 1 (or None).
     Numbers and booleans at once, as most files hold them; words (``"1"``, ``"true"``) one by one."""
-    if pa.types.is_integer(cells.type) or pa.types.is_floating(cells.type) or pa.types.is_boolean(cells.type):
+    if _numbers(cells):
         empty = as_mask(pc.is_null(cells, nan_is_null=True))
         numbers = pc.fill_null(pc.cast(cells, pa.float64()), 0.0).to_numpy(zero_copy_only=False)
         values = np.where(empty, 0.0, numbers)
@@ -96,7 +96,11 @@ def per_label_hint(table: Table) -> Optional[str]:
 
 def _holds_flags(cells: pa.ChunkedArray) -> bool:
     """Whether a column of numbers or booleans holds 0 and 1 alone (empty cells aside)."""
-    if not (pa.types.is_integer(cells.type) or pa.types.is_floating(cells.type) or pa.types.is_boolean(cells.type)):
+    if not _numbers(cells):
         return False
     _, empty, wrong = _flags(cells)
     return wrong is None and not empty.all()
+
+
+def _numbers(cells: pa.ChunkedArray) -> bool:
+    return pa.types.is_integer(cells.type) or pa.types.is_floating(cells.type) or pa.types.is_boolean(cells.type)
