@@ -414,7 +414,8 @@ def model_card(cfg, summary: dict[str, Any]) -> str:
         "## Training",
         "",
         f"- Effective batch: {_batching(train)}",
-        f"- Updates: {train['updates']} over {train['epoch']:.2f} epochs of {train['train_samples']} texts",
+        f"- Updates: {train['updates']} over {train['epoch']:.2f} epochs of {train['train_samples']} texts"
+        + (" (drawn by `data.max_train_samples`)" if cfg.data.max_train_samples == train["train_samples"] else ""),
         f"- Optimizer: AdamW, learning rate {optim.learning_rate:g} ({_schedule(optim)}, "
         f"warmup {warmup}), weight decay {optim.weight_decay:g}",
         f"- Arithmetic: {_ARITHMETIC.get(train['mixed_precision'], train['mixed_precision'])}; "

@@ -100,16 +100,24 @@ def _what(run: Run) -> str:
     if run.head_start is not None:
         head += f" starting at the targets' mean, {run.head_start:.4g}"
     seen = f", {run.seen_in_training} of them a text also in train" if run.seen_in_training else ""
-    validation = (f"; validation: {len(run.eval_dataloader.dataset)} rows, {sources.validation}{seen}"
-                  if run.eval_dataloader is not None else "; no validation")
+    validation = "; no validation"
+    if run.eval_dataloader is not None:
+        rows = _rows(run.eval_dataloader.dataset, "rows", cfg.data.max_eval_samples, "max_eval_samples")
+        validation = f"; validation: {rows}, {sources.validation}{seen}"
     if run.test is not None:
         validation += f"; {run.test.describe()}"
     adapters = (f" with {run.lora.describe()}" if run.lora is not None
                 else f" {run.frozen.describe()}" if run.frozen is not None else "")
     cut = run.long_texts.describe() if run.long_texts is not None else ""
+    train = _rows(run.train_dataloader.dataset, "train rows", cfg.data.max_train_samples, "max_train_samples")
     return (f"fine-tune {model_name(cfg.model.name_or_path)} ({head}){adapters} for {_labels(run)} "
-            f"on {sources.train}: {len(run.train_dataloader.dataset)} train rows{f' ({cut})' if cut else ''}"
-            f"{validation}")
+            f"on {sources.train}: {train}{f' ({cut})' if cut else ''}{validation}")
+
+
+def _rows(split, noun: str, cap: int | None, key: str) -> str:
+    """``N train rows``, saying where the cap ``data.<key>`` drew them: a run on a sample should not pass for one on
+    the file."""
+    return f"{len(split)} {noun}" + (f" drawn by data.{key}" if cap is not None and len(split) == cap else "")
 
 
 def _labels(run: Run) -> str:

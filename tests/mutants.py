@@ -637,6 +637,13 @@ EVALUATION_MUTANTS = (
     Mutant("carve.py", "rows = np.sort(np.random.default_rng(seed).choice(len(ds), size=limit, replace=False))",
            "rows = np.arange(limit)", "max_train_samples takes the first rows, not a seeded draw of the split",
            CARVE),
+    Mutant("start_line.py",
+           'return f"{len(split)} {noun}" + (f" drawn by data.{key}" if cap is not None and len(split) == cap else "")',
+           'return f"{len(split)} {noun}"', "the start line counts a capped sample's rows as if they were the file's",
+           ("tests/test_start_of_run.py",)),
+    Mutant("model_card.py", '+ (" (drawn by `data.max_train_samples`)" if cfg.data.max_train_samples == '
+           'train["train_samples"] else ""),', ',',
+           "the model card counts a capped sample's rows as if they were the file's", ("tests/test_start_of_run.py",)),
 )
 
 # a user's own file read as it was meant: its layout, and each label the class the user wrote (README.md's "Your

@@ -326,3 +326,26 @@ def test_datasets_bars_asked_for_by_the_environment_stay_whatever_the_run_asks()
                           timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "True" and "Cannot" not in done.stderr
+
+
+def test_the_start_line_says_the_rows_a_cap_drew_from_the_file(tmp_path):
+    """A config that caps the rows (data.max_train_samples, data.max_eval_samples) trains on a sample: the start line
+    says which cap drew the rows it counts, so that they do not pass for the file's."""
+    from finetune import setup_run
+    from finetune.model_card import model_card
+    from finetune.results import summarize
+    from finetune.start_line import describe
+    from tiny_run import tiny_config, tiny_process
+
+    said = {}
+    for name, data in (("capped", {"max_train_samples": 20, "max_eval_samples": 6}), ("whole", {})):
+        cfg = tiny_config(tmp_path, data=data)
+        with tiny_process():
+            run = setup_run(cfg)
+            said[name] = (describe(run), model_card(cfg, summarize(run, history=[])))
+    assert (": 20 train rows drawn by data.max_train_samples; validation: 6 rows drawn by data.max_eval_samples, "
+            in said["capped"][0])
+    assert ": 150 train rows; validation: 40 rows, " in said["whole"][0] and "drawn by" not in said["whole"][0]
+    # the model card too
+    assert " epochs of 20 texts (drawn by `data.max_train_samples`)\n" in said["capped"][1]
+    assert " epochs of 150 texts\n" in said["whole"][1]
