@@ -81,6 +81,20 @@ def _word(value: Any) -> Any:
     return _NOT_A_FLAG
 
 
+def listed_hint(label_column: str, columns: list[str]) -> Optional[str]:
+    """For a label column named as several, comma-separated (``--label toxic,insult``), that are the file's columns:
+    the list that names them."""
+    parts = [part.strip() for part in label_column.split(",")]
+    if len(parts) < 2 or not all(part in columns for part in parts):
+        return None
+    return _as_list(parts) + " with model.problem_type=multi_label"
+
+
+def _as_list(columns: list[str]) -> str:
+    listed = ", ".join(columns)
+    return f'a 0/1 column per label: --label "[{listed}]" (data.label_column=[{listed}])'
+
+
 def per_label_hint(table: Table) -> Optional[str]:
     """For one 0/1 column read as multi-label lists, where the file has several: the list that names them all."""
     if table.as_read is None:
@@ -90,8 +104,7 @@ def per_label_hint(table: Table) -> Optional[str]:
     columns = [name for name in sample.column_names if name not in texts and _holds_flags(sample.column(name))]
     if len(columns) < 2:
         return None
-    listed = ", ".join(columns)
-    return f'a 0/1 column per label: --label "[{listed}]" (data.label_column=[{listed}])'
+    return _as_list(columns)
 
 
 def _holds_flags(cells: pa.ChunkedArray) -> bool:

@@ -17,7 +17,7 @@ import pyarrow.compute as pc
 
 from finetune.column_hints import PANDAS_JSON_HINT, column_hint, pandas_layout, rename_hint
 from finetune.errors import DataError, FileLayoutError
-from finetune.label_columns import gather_label_columns, label_columns
+from finetune.label_columns import gather_label_columns, label_columns, listed_hint
 from finetune.tables import GROUP, RAW_LABEL, TEXT, TEXT_PAIR, Table, as_arrow, as_mask, column_values, feature_name
 
 logger = logging.getLogger("finetune.data")
@@ -49,6 +49,8 @@ def standardize(table: Table, text_column: str, pair_column: Optional[str], labe
         configured = {k: c for k, c, _ in wanted if not (per_label and k == "data.label_column")}
         hint = None if not keys else column_hint(ds, keys, configured) if beside is None else (
             rename_hint(ds, keys, configured, beside))
+        if key == "data.label_column" and not per_label:
+            hint = listed_hint(label_column, ds.column_names) or hint
         raise FileLayoutError(
             f"{table.source}: no column {column!r} ({key}); columns found: {', '.join(ds.column_names)}", hint=hint)
     _warn_of_values_in_unnamed_fields(table, [column for _, column, _ in wanted])

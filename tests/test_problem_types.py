@@ -307,6 +307,12 @@ def test_multi_label_reads_a_column_per_label_as_the_set_of_its_ones(tmp_path, c
                     problem_type="multi_label")
     assert info.value.hint == ('a 0/1 column per label: --label "[toxic, insult, threat]" (data.label_column=[toxic, '
                                'insult, threat])')
+    # the columns typed as one, comma-separated: the list that names them
+    with pytest.raises(DataError, match=r"per_label.csv: no column 'toxic,insult' \(data.label_column\)") as info:
+        load_splits(_cfg(tmp_path, "multi_label", train_file=str(per_label), label_column="toxic,insult").data, seed=0,
+                    problem_type="multi_label")
+    assert info.value.hint == ('a 0/1 column per label: --label "[toxic, insult]" (data.label_column=[toxic, insult]) '
+                               'with model.problem_type=multi_label')
     listed, sorted_labels = load_splits(_cfg(tmp_path, "multi_label", train_file=str(as_lists)).data, seed=0,
                                         problem_type="multi_label")
     order = [sorted_labels.names.index(name) for name in names]
