@@ -53,7 +53,7 @@ from finetune.carve import carve_fold, carve_validation, not_a_label_column, sub
 from finetune.columns import read_column
 from finetune.config import DataConfig
 from finetune.errors import ConfigError, DataError, root_message
-from finetune.label_columns import label_columns
+from finetune.label_columns import label_columns, warn_of_columns_without_ones
 from finetune.labels import LabelSpace, encode_against, encode_train, leave_out_labels, leave_out_unlabelled
 from finetune.local_files import read_local, read_saved_splits
 from finetune.standard_columns import drop_or_reject_empty_texts, standardize
@@ -107,6 +107,8 @@ def load_splits(cfg: DataConfig, seed: int, problem_type: str = "single_label", 
     train = _rows_to_encode(train, cfg, problem_type, training=True)  # the encoded rows, which the carve names
     encoded, label_space = encode_train(train, problem_type, cfg.label_delimiter, cfg.label_map, cfg.drop_labels,
                                         head)
+    if not isinstance(cfg.label_column, str) and cfg.label_map is None:
+        warn_of_columns_without_ones(train.source, cfg.label_column, label_space.names, cfg.drop_labels)
     splits = {"train": encoded}
 
     if cfg.validation_folds and validation is not None:

@@ -8,6 +8,7 @@ Written here: datasets reads each column as it is, and has no step that gathers 
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Optional
 
 import datasets
@@ -17,6 +18,8 @@ import pyarrow.compute as pc
 
 from finetune.errors import DataError
 from finetune.tables import RAW_LABEL, Table, as_arrow, as_mask
+
+logger = logging.getLogger("finetune.data")
 
 # how a column of 0/1 may be written: numbers, JSON's booleans, or the words of a spreadsheet's export
 _WORDS = {"0": False, "1": True, "false": False, "true": True}
@@ -79,6 +82,16 @@ def _word(value: Any) -> Any:
     if isinstance(value, str):
         return _WORDS.get(value.strip().casefold(), None if not value.strip() else _NOT_A_FLAG)
     return _NOT_A_FLAG
+
+
+def warn_of_columns_without_ones(source: str, columns: list[str], names: list[str], dropped: Optional[list]) -> None:
+    """Say which label columns the model has no output for: those without a 1 in the training data, which no
+    text teaches (a list column's label that no row names is not one either, but nobody named it)."""
+    absent = [column for column in columns if column not in names and column not in (dropped or [])]
+    if absent:
+        logger.warning("%s: %s no 1 in the training rows: the model has no output for %s (data.label_column)",
+                       source, f"column {absent[0]!r} holds" if len(absent) == 1 else
+                       f"columns {', '.join(map(repr, absent))} hold", "it" if len(absent) == 1 else "them")
 
 
 def listed_hint(label_column: str, columns: list[str]) -> Optional[str]:

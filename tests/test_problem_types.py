@@ -307,6 +307,15 @@ def test_multi_label_reads_a_column_per_label_as_the_set_of_its_ones(tmp_path, c
                     problem_type="multi_label")
     assert info.value.hint == ('a 0/1 column per label: --label "[toxic, insult, threat]" (data.label_column=[toxic, '
                                'insult, threat])')
+    # a column without a 1 teaches nothing: the model has no output for it, and the run says so
+    zeros = tmp_path / "zeros.csv"
+    zeros.write_text("text,a,b,c\nx,1,0,0\ny,0,1,0\nz,1,1,0\n", encoding="utf-8")
+    with caplog.at_level(logging.WARNING, logger="finetune"):
+        taught = load_splits(_cfg(tmp_path, "multi_label", train_file=str(zeros), label_column=["a", "b", "c"]).data,
+                             seed=0, problem_type="multi_label")[1]
+    assert taught.names == ["a", "b"]
+    assert ("zeros.csv: column 'c' holds no 1 in the training rows: the model has no output for it "
+            "(data.label_column)") in caplog.text
     # the columns typed as one, comma-separated: the list that names them
     with pytest.raises(DataError, match=r"per_label.csv: no column 'toxic,insult' \(data.label_column\)") as info:
         load_splits(_cfg(tmp_path, "multi_label", train_file=str(per_label), label_column="toxic,insult").data, seed=0,
