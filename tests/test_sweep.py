@@ -677,28 +677,39 @@ def accepted_without_validation(config: Path, overrides: list[str]):
     return kept
 
 
-@pytest.mark.parametrize("problem_type", ["multi_label", "regression"])
+@pytest.mark.parametrize("problem_type", ["multi_label", "per_label", "regression"])
 def test_out_of_fold_rows_name_each_label_as_the_file_does(tmp_path, problem_type):
     """The held-out rows the out-of-fold file gives each fold: every row once over the folds, with its label as
-    written (a list of names, a number), whatever the encoding the run trained on."""
+    written (a list of names, a 0/1 column each, a number), whatever the encoding the run trained on."""
     from finetune.config import config_from_dict
     from finetune.out_of_fold import held_out_rows
 
-    if problem_type == "multi_label":
+    label_column: str | list[str] = "label"
+    if problem_type in ("multi_label", "per_label"):
         written = [(f"text {i}", ["sport", "news"][: 1 + i % 2]) for i in range(12)]
         lines = [json.dumps({"text": text, "label": label}) for text, label in written]
+        if problem_type == "per_label":  # the columns in another order than the names sort
+            label_column = ["sport", "news"]
+            lines = [json.dumps({"text": text, "sport": int("sport" in label), "news": int("news" in label)})
+                     for text, label in written]
     else:
         written = [(f"text {i}", i / 4) for i in range(12)]
         lines = [json.dumps({"text": text, "label": value}) for text, value in written]
     (tmp_path / "d.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
     seen = []
     for fold in (1, 2, 3):
+        kind = "multi_label" if problem_type == "per_label" else problem_type
         cfg = config_from_dict({"data": {"train_file": str(tmp_path / "d.jsonl"), "validation_folds": 3,
-                                         "validation_fold": fold}, "model": {"problem_type": problem_type}})
+                                         "validation_fold": fold, "label_column": label_column},
+                                "model": {"problem_type": kind}})
         rows = held_out_rows(cfg, fold)
         assert len(rows) == 4 and {r["fold"] for r in rows} == {fold}
-        seen += [(r["text"], r["label"]) for r in rows]
-    if problem_type == "multi_label":  # the names as the file lists them (label order: sorted)
+        if problem_type == "per_label":
+            assert [list(r) for r in rows] == [["fold", "text", "sport", "news"]] * 4
+            seen += [(r["text"], [name for name in ("news", "sport") if r[name]]) for r in rows]
+        else:
+            seen += [(r["text"], r["label"]) for r in rows]
+    if problem_type != "regression":  # the names as the file lists them (label order: sorted)
         assert sorted(seen) == sorted((text, sorted(label)) for text, label in written)
     else:
         assert sorted(seen) == sorted(written)
