@@ -53,8 +53,8 @@ def write_out_of_fold(folder: Path, runs: dict[int, Path]) -> Optional[Path]:
 
 def held_out_rows(cfg, fold: int) -> list[dict[str, Any]]:
     """The rows a fold's run validated on, as its config cuts them: the fold, the text (and its pair) and the
-    label, by name (a list of names for several labels, or a 0/1 column each where the file has them; the number
-    for regression)."""
+    label, by name (several labels joined by ``data.label_delimiter``, else ",", as the predicted ones are, or a
+    0/1 column each where the file has them; the number for regression)."""
     from finetune.columns import read_column
     from finetune.data import LABELS, TEXT, TEXT_PAIR, load_splits
 
@@ -66,6 +66,8 @@ def held_out_rows(cfg, fold: int) -> list[dict[str, Any]]:
     labels = [label_of(value, label_space) for value in read_column(held_out, LABELS)]
     if isinstance(cfg.data.label_column, list) and cfg.data.label_map is None:  # a 0/1 column per label, as read
         columns.update({name: [int(name in names) for names in labels] for name in label_space.names})
+    elif label_space.problem_type == "multi_label":  # joined as the predicted labels beside them are
+        columns["label"] = [(cfg.data.label_delimiter or ",").join(names) for names in labels]
     else:
         columns["label"] = labels
     return [{"fold": fold, **dict(zip(columns, values))} for values in zip(*columns.values())]

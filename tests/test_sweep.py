@@ -680,7 +680,8 @@ def accepted_without_validation(config: Path, overrides: list[str]):
 @pytest.mark.parametrize("problem_type", ["multi_label", "per_label", "regression"])
 def test_out_of_fold_rows_name_each_label_as_the_file_does(tmp_path, problem_type):
     """The held-out rows the out-of-fold file gives each fold: every row once over the folds, with its label as
-    written (a list of names, a 0/1 column each, a number), whatever the encoding the run trained on."""
+    written (names joined as the predicted ones are, a 0/1 column each, a number), whatever the encoding the run
+    trained on."""
     from finetune.config import config_from_dict
     from finetune.out_of_fold import held_out_rows
 
@@ -707,6 +708,8 @@ def test_out_of_fold_rows_name_each_label_as_the_file_does(tmp_path, problem_typ
         if problem_type == "per_label":
             assert [list(r) for r in rows] == [["fold", "text", "sport", "news"]] * 4
             seen += [(r["text"], [name for name in ("news", "sport") if r[name]]) for r in rows]
+        elif problem_type == "multi_label":  # as predicted_labels beside it: joined by ","
+            seen += [(r["text"], r["label"].split(",")) for r in rows]
         else:
             seen += [(r["text"], r["label"]) for r in rows]
     if problem_type != "regression":  # the names as the file lists them (label order: sorted)
