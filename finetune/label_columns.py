@@ -68,8 +68,8 @@ def _flags(cells: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray, Optional[int
         return values == 1.0, empty, int(wrong[0]) if len(wrong) else None
     read = [_word(value) for value in cells.to_pylist()]
     wrong_at = next((i for i, flag in enumerate(read) if flag is _NOT_A_FLAG), None)
-    return (np.array([flag is True for flag in read], dtype=bool), np.array([flag is None for flag in read], dtype=bool),
-            wrong_at)
+    on = np.array([flag is True for flag in read], dtype=bool)
+    return on, np.array([flag is None for flag in read], dtype=bool), wrong_at
 
 
 _NOT_A_FLAG = object()

@@ -357,7 +357,8 @@ def main(argv: list[str] | None = None) -> int:
         from finetune.train import SHORTCUTS
 
         flags = {flag: SHORTCUTS[flag] for flag in SWEEP_FLAGS}
-        return run_command(lambda: refuse_options(args.unknown, argv, "finetune sweep", flags, args.options), debug=args.debug)
+        return run_command(lambda: refuse_options(args.unknown, argv, "finetune sweep", flags, args.options),
+                           debug=args.debug)
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
     from finetune.config import notes_said_once
 

@@ -377,8 +377,10 @@ def sweep_markdown(root: Path, header: Header, rows: list[dict[str, Any]], best:
         lines += [f"## Over {len(repeat_values)} {repeats.name}", "",
                   f"{header.metric}: mean {mean:.4f}, standard deviation {std:.4f}", ""]
         if repeats.name == "seeds" and header.space.dimensions:
-            lines += [f"Seeds {repeats.values[0]} to {repeats.values[-1]}, none that the search trained with: the "
-                      "config was chosen for its score on those, which is partly their luck.", ""]
+            seeds = (f"Seeds {repeats.values[0]} to {repeats.values[-1]}, none" if len(repeats.values) > 1
+                     else f"Seed {repeats.values[0]}, not one")
+            lines += [f"{seeds} that the search trained with: the config was chosen for its score on those, which is "
+                      "partly their luck.", ""]
         if repeats.name == "folds":
             lines += [f"Each fold's run validates on the rows the others train on, so the mean is over all the "
                       f"data once (`{repeats.fixed[0]}`). Once every fold has finished, `folds/predictions.csv` "
