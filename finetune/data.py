@@ -53,9 +53,10 @@ from finetune.carve import carve_fold, carve_validation, not_a_label_column, sub
 from finetune.columns import read_column
 from finetune.config import DataConfig
 from finetune.errors import ConfigError, DataError, root_message
-from finetune.label_columns import label_columns, warn_of_columns_without_ones
+from finetune.label_columns import warn_of_columns_without_ones
 from finetune.labels import LabelSpace, encode_against, encode_train, leave_out_labels, leave_out_unlabelled
 from finetune.local_files import read_local, read_saved_splits
+from finetune.schema import label_columns
 from finetune.standard_columns import drop_or_reject_empty_texts, standardize
 from finetune.tables import GROUP, LABELS, RAW_LABEL, SHOW_LABELS, TEXT, TEXT_PAIR, Table, short_list
 

@@ -25,11 +25,6 @@ logger = logging.getLogger("finetune.data")
 _WORDS = {"0": False, "1": True, "false": False, "true": True}
 
 
-def label_columns(label_column: str | list[str]) -> list[str]:
-    """The columns ``data.label_column`` names: one, or a column per label."""
-    return [label_column] if isinstance(label_column, str) else list(label_column)
-
-
 def gather_label_columns(table: Table, ds: datasets.Dataset, read_as: list[str], columns: list[str]
                          ) -> datasets.Dataset:
     """``ds`` with its columns ``read_as`` (the label columns ``columns``, renamed) replaced by one column of each

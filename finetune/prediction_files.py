@@ -25,7 +25,7 @@ from typing import Any, Iterator, Optional, Sequence
 
 from finetune.errors import ConfigError, DataError, ModelError
 from finetune.resources import saved_by_datasets
-from finetune.schema import checked_threshold  # the schema alone: no YAML or config loaded
+from finetune.schema import checked_threshold, label_columns  # the schema alone: no YAML or config loaded
 from finetune.text_encoding import COMPRESSIONS, check_encoding, compression_of, inner_suffix, open_bytes
 
 # the formats training reads, and plain lines of text
@@ -256,8 +256,8 @@ def note_the_files_own_columns(file: str, output_dir: str, rows: list[dict], cla
         print(f"note: {file} has its own {named} column{'s' if len(clashes) > 1 else ''}, kept as "
               f"{'they are' if len(clashes) > 1 else 'it is'}: the prediction's columns are named "
               f"{prefix}<name> ({prefix}label, {prefix}score, ...)", file=sys.stderr)
-    labels = [label_column] if isinstance(label_column, str) else label_column or []
-    if labels and all(column in rows[0] for column in labels):  # a file has its columns on every row
+    # a file has its columns on every row
+    if label_column is not None and all(column in rows[0] for column in label_columns(label_column)):
         named = f"label column {label_column!r}" if isinstance(label_column, str) else "label columns"
         print(f"note: {file} has the run's {named}: finetune score {output_dir} --file {file} scores the model on it",
               file=sys.stderr)

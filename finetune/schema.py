@@ -113,6 +113,12 @@ class ModelConfig:
                               f"use one or the other")
 
 
+def label_columns(label_column: str | list[str]) -> list[str]:
+    """The columns ``data.label_column`` names: one, or a column per label (:mod:`finetune.label_columns`). Here,
+    beside the key, so that the commands that read no data (predict's notes, score's config) need not import it."""
+    return [label_column] if isinstance(label_column, str) else list(label_column)
+
+
 @dataclass
 class DataConfig:
     """Where the labelled texts come from and how they become batches."""

@@ -16,6 +16,7 @@ from typing import Optional, Sequence
 
 from finetune.errors import ConfigError, DataError
 from finetune.outputs import saved_config
+from finetune.schema import label_columns
 
 _SCORE_SECTIONS = ("data", "evaluation")
 # The labelled file is the only data: no second file, no carve, no caps.
@@ -55,8 +56,7 @@ def scoring_config(output_dir: str | os.PathLike, file: str | os.PathLike, overr
         given.add(key)
     if tree["model"]["problem_type"] != "regression" and "evaluation.threshold" not in given:
         tree["evaluation"]["threshold"] = PER_LABEL  # the model's own, whatever the run's setting was
-    labels = tree["data"].get("label_column", "label")
-    columns = [tree["data"].get("text_column", "text"), *([labels] if isinstance(labels, str) else labels)]
+    columns = [tree["data"].get("text_column", "text"), *label_columns(tree["data"].get("label_column", "label"))]
     if _own_layout(file, columns, str(tree["data"].get("encoding") or "utf-8")):
         # the run's format, header and column names described its training file; this file names its columns.
         # Its encoding stays the run's: a header names columns, not how the bytes are written

@@ -17,7 +17,8 @@ import pyarrow.compute as pc
 
 from finetune.column_hints import PANDAS_JSON_HINT, column_hint, pandas_layout, rename_hint
 from finetune.errors import DataError, FileLayoutError
-from finetune.label_columns import gather_label_columns, label_columns, listed_hint
+from finetune.label_columns import gather_label_columns, listed_hint
+from finetune.schema import label_columns
 from finetune.tables import GROUP, RAW_LABEL, TEXT, TEXT_PAIR, Table, as_arrow, as_mask, column_values, feature_name
 
 logger = logging.getLogger("finetune.data")
