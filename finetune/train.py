@@ -29,7 +29,8 @@ import dataclasses  # noqa: E402
 import logging  # noqa: E402
 from typing import Iterator  # noqa: E402
 
-from finetune.errors import CommandParser, FinetuneError, is_main_rank, out_of_memory_told_as, run_command  # noqa: E402
+from finetune.errors import (  # noqa: E402
+    CommandParser, ConfigError, FinetuneError, is_main_rank, out_of_memory_told_as, run_command)
 
 logger = logging.getLogger("finetune")
 
@@ -104,22 +105,64 @@ def add_column_options(parser: argparse.ArgumentParser) -> None:
                         "also reads a 0/1 column per label: --label \"[toxic, insult]\"")
 
 
+# the settings that name the data, or the folder named for it
+NAMING_KEYS = ("data.train_file=", "data.dataset_name=", "data.dataset_config=", "output.output_dir=")
+
+
 def shortcut_overrides(args: argparse.Namespace, flags) -> list[str]:
     """The short path's ``flags`` that ``args`` has, as the settings they stand for.
 
-    With ``--data`` on a shipped config (the default, or another of the package's
+    With other data on a shipped config (the default, or another of the package's
     ``configs/``) and no output folder named, the run writes to
     ``outputs/<the data's name>``: a shipped config's folder is named for its own
-    data set, which ``--data`` replaced. A config of one's own names its folder.
+    data set, which the command line replaced, and a second data set trained
+    into it would meet the first one's run there. A config of one's own names its folder.
     """
     from finetune.config import is_shipped
-    from finetune.resources import data_name
 
     given = [f"{SHORTCUTS[flag]}={getattr(args, flag)}" for flag in flags if getattr(args, flag)]
-    named = any(o.startswith("output.output_dir=") for o in [*given, *args.overrides])
-    if args.data and is_shipped(args.config) and not named:
-        given.append(f"output.output_dir=outputs/{data_name(args.data) or 'data'}")
+    settings = naming_settings([*given, *args.overrides])
+    named = "output.output_dir" in settings
+    replaced = replacing_data_name(settings, args.config)
+    if replaced and is_shipped(args.config) and not named:
+        given.append(f"output.output_dir=outputs/{replaced}")
     return given
+
+
+def naming_settings(overrides: list[str]) -> dict:
+    """The values ``overrides`` give the keys of ``NAMING_KEYS``; one the config's checks will refuse is left out
+    here, so that they refuse it in their one line."""
+    from finetune.config import parse_override
+
+    settings = {}
+    for override in overrides:
+        if override.startswith(NAMING_KEYS):
+            with contextlib.suppress(ConfigError):
+                key, value = parse_override(override)
+                settings[key] = value
+    return settings
+
+
+def replacing_data_name(settings: dict, config_path: str | None) -> str | None:
+    """The name of the data that command-line ``settings`` put in the config's place, or None where they left it.
+
+    A file is named as ``resources.data_name`` names it (``reviews`` for
+    ``reviews.csv``); a Hub data set by its name's last part and, where the
+    command line chose one, its configuration (``glue-sst2``, ``imdb``; ``cola``
+    for ``data.dataset_config=cola`` alone on a config that names glue).
+    """
+    from finetune.resources import data_name
+
+    def text(key: str) -> str | None:
+        value = settings.get(key)
+        return value if isinstance(value, str) and value.strip() else None
+
+    if text("data.train_file"):
+        return data_name(text("data.train_file")) or "data"
+    hub, subset = text("data.dataset_name"), text("data.dataset_config")
+    if hub is None and subset is None:
+        return None
+    return "-".join(part for part in (hub and hub.rstrip("/").rsplit("/", 1)[-1], subset) if part)
 
 
 def _name_origin(exc: FinetuneError, config_path: str | None, overrides: list[str]) -> None:

@@ -271,6 +271,9 @@ RESUME_MUTANTS = (
 # bad input gets one line naming the key, file or row, and an exit code, without a traceback (docs/errors.md)
 ERRORS = ("tests/test_errors.py", "tests/test_cli.py")
 INPUT_MUTANTS = (
+    Mutant("train.py", 'hub, subset = text("data.dataset_name"), text("data.dataset_config")', "return None",
+           "a Hub data set set on the command line trains into the shipped config's folder, where another run is",
+           ("tests/test_own_data.py",)),
     Mutant("config.py", 'raise ConfigError(f"{path}: unknown key{key_hint(str(key), names, prefix)}")', "continue",
            "an unknown config key is ignored", ("tests/test_config_schema.py",) + ERRORS),
     Mutant("errors.py", "        return exc.exit_code", "        return 1",

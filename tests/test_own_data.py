@@ -195,6 +195,16 @@ def test_the_classes_a_models_head_was_trained_for_are_read_from_its_config():
     (["--data", "reviews.csv", "--config", str(REPO / "configs" / "bbc_news.yaml")], "outputs/reviews"),
     (["--data", "reviews.csv", "--config", "{own}"], None),  # a config of one's own names its folder
     ([], None),
+    (["training.seed=3"], None),
+    # the data replaced by a setting instead of --data: a second data set would meet the first one's run
+    (["data.train_file=data/reviews.csv"], "outputs/reviews"),
+    (["data.dataset_name=glue", "data.dataset_config=sst2", "--text", "sentence"], "outputs/glue-sst2"),
+    (["data.dataset_name=stanfordnlp/imdb"], "outputs/imdb"),
+    (["--config", str(REPO / "configs" / "bert_base_sst2.yaml"), "data.dataset_config=cola"], "outputs/cola"),
+    (["data.dataset_name=imdb", "--output", "mine"], "mine"),
+    (["data.dataset_name=null"], None),
+    (["data.dataset_name={a:b}"], None),  # refused by the config's checks, in their one line, not here
+    (["data.dataset_name=imdb", "--config", "{own}"], None),
 ])
 def test_data_on_a_shipped_config_writes_to_a_folder_named_for_the_data(argv, output, tmp_path):
     from finetune.train import parse_args
