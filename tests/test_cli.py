@@ -116,7 +116,8 @@ def test_each_metric_has_its_bootstrap_interval_in_the_log_the_results_and_the_c
     # the run's last line: each score with its interval
     done = next(line for line in proc.stderr.splitlines() if "INFO finetune: done: " in line)
     for name, (low, high) in metrics["eval_intervals"].items():
-        assert f"{name}={metrics['eval'][name]:.4f} ({low:.4f}-{high:.4f})" in done
+        span = f"{low:.4f}-{high:.4f}" if low >= 0 else f"{low:.4f} to {high:.4f}"
+        assert f"{name}={metrics['eval'][name]:.4f} ({span})" in done
     assert done.endswith(f"(95% bootstrap intervals over the validation texts) -> {out}")
     for record in evals:
         intervals = record["eval_intervals"]

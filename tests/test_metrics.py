@@ -433,6 +433,14 @@ def test_an_interval_is_the_spread_of_resampled_texts():
     assert (narrow[1] - narrow[0]) == pytest.approx(wide / 2, rel=0.2)
 
 
+def test_a_negative_bound_is_not_joined_by_a_dash_that_reads_as_a_minus():
+    from finetune.metrics import scores_in_a_line
+
+    line = scores_in_a_line({"loss": 1.25, "matthews_correlation": -0.0041, "f1": 0.5, "num_samples": 223},
+                            {"matthews_correlation": [-0.0116, 0.0025], "f1": [0.4, 0.6]})
+    assert line == "loss=1.2500 matthews_correlation=-0.0041 (-0.0116 to 0.0025) f1=0.5000 (0.4000-0.6000)"
+
+
 def test_a_metric_not_computed_from_counts_gets_no_interval():
     from finetune.metrics.intervals import metric_intervals
 

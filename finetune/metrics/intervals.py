@@ -381,9 +381,13 @@ POINT_INTERVAL = ("An interval of one point means that no resample moved the met
 
 def scores_in_a_line(metrics: dict[str, Any], intervals: dict[str, list[float]]) -> str:
     """The metrics in one line of a log, each with its interval where it has one: ``loss=0.0416 f1=0.9683
-    (0.9298-0.9929)``."""
-    return " ".join(f"{k}={v:.4f}" + (" ({:.4f}-{:.4f})".format(*intervals[k]) if k in intervals else "")
+    (0.9298-0.9929)``; ``matthews_correlation=-0.0041 (-0.0116 to 0.0025)``, where a dash would read as a minus."""
+    return " ".join(f"{k}={v:.4f}" + (f" ({_span(*intervals[k])})" if k in intervals else "")
                     for k, v in metrics.items() if isinstance(v, float))
+
+
+def _span(low: float, high: float) -> str:
+    return f"{low:.4f}-{high:.4f}" if low >= 0 else f"{low:.4f} to {high:.4f}"
 
 
 def metrics_with_intervals(metrics: dict[str, Any], intervals: dict[str, list[float]]) -> str:
