@@ -159,7 +159,10 @@ def _no_label(value: Any, feature: Any, problem_type: str) -> bool:
 
 
 def _refuse_labels_not_found(train: Table, dropped: list[str], found: set[str]) -> None:
-    """A label of ``data.drop_labels`` the training data does not have: a typo, most often, that left nothing out."""
+    """A label of ``data.drop_labels`` the training data does not have: a typo, most often, that left nothing out.
+    One its ``ClassLabel`` declares is among them though no row holds it (a 0/1 column of 0s alone)."""
+    feature = train.ds.features[RAW_LABEL]
+    found = found | set(getattr(getattr(feature, "feature", feature), "names", ()))
     missing = [label for label in dropped if label not in found]
     if not missing:
         return
@@ -226,10 +229,8 @@ def _label_keys(table: Table) -> list[str]:
             ) from None
     missing = [i for i, key in enumerate(keys) if key is None]
     if len(missing) == len(keys):
-        raise DataError(
-            f"{table.source}: column {table.label_column!r} has no labels in any of its {len(keys)} rows "
-            "(unlabelled data?)"
-        )
+        raise DataError(f"{table.source}: column {table.label_column!r} has no labels in any of its {len(keys)} rows "
+                        "(unlabelled data?)")
     if missing:
         raise DataError(
             f"{table.source}: {len(missing)} row{'s' if len(missing) > 1 else ''} without a label in column "
@@ -264,9 +265,7 @@ def _label_key(value: Any, feature: Any) -> Optional[str]:
         return None
     if isinstance(feature, datasets.ClassLabel):
         return feature.int2str(value) if value >= 0 else None  # -1 is "no label" in Hub data sets
-    if isinstance(value, bool):
-        return str(value)
-    if isinstance(value, int):
+    if isinstance(value, int):  # a bool too: "True"
         return str(value)
     if isinstance(value, float):
         if math.isnan(value):

@@ -656,6 +656,8 @@ EVALUATION_MUTANTS = (
 # own data", docs/configuration.md's data keys and problem types)
 OWN_DATA = ("tests/test_data.py", "tests/test_own_data.py")
 DATA_MUTANTS = (
+    Mutant("labels.py", 'found = found | set(getattr(getattr(feature, "feature", feature), "names", ()))', "pass",
+           "data.drop_labels may not name a label column that holds no 1", ("tests/test_problem_types.py",)),
     Mutant("labels.py", "return LabelSpace(names=sorted(present, key=int) if numeric else sorted(present))",
            "return LabelSpace(names=sorted(present))", "integer labels are numbered as text: '10' before '2'",
            OWN_DATA + ("tests/test_problem_types.py",)),

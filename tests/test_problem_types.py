@@ -316,6 +316,15 @@ def test_multi_label_reads_a_column_per_label_as_the_set_of_its_ones(tmp_path, c
     assert taught.names == ["a", "b"]
     assert ("zeros.csv: column 'c' holds no 1 in the training rows: the model has no output for it "
             "(data.label_column)") in caplog.text
+    # such a column is among the labels data.drop_labels may name (one no column is, is not), without the warning
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="finetune"):
+        dropped = _cfg(tmp_path, "multi_label", train_file=str(zeros), label_column=["a", "b", "c"], drop_labels=["c"])
+        assert load_splits(dropped.data, seed=0, problem_type="multi_label")[1].names == ["a", "b"]
+    assert "holds no 1" not in caplog.text
+    dropped.data.drop_labels = ["d"]
+    with pytest.raises(ConfigError, match=r"data.drop_labels: 'd' not among the labels of .*zeros.csv \(a, b, c\)$"):
+        load_splits(dropped.data, seed=0, problem_type="multi_label")
     # the columns typed as one, comma-separated: the list that names them
     with pytest.raises(DataError, match=r"per_label.csv: no column 'toxic,insult' \(data.label_column\)") as info:
         load_splits(_cfg(tmp_path, "multi_label", train_file=str(per_label), label_column="toxic,insult").data, seed=0,
