@@ -36,6 +36,7 @@ import pyarrow.compute as pc
 
 from finetune.class_folders import read_class_folders
 from finetune.config import DataConfig
+from finetune.csv_quotes import refuse_rows_run_together, refuse_unpaired_quote
 from finetune.errors import ConfigError, DataError, FileLayoutError, FinetuneError, root_message
 from finetune.archives import as_given, in_an_archive
 from finetune.format_errors import headerless_layout_refused, unsupported_format
@@ -239,11 +240,15 @@ def _load_delimited(path: Path, fmt: str, cfg: DataConfig) -> Table:
             raise DataError(exc.message, hint=f"datasets {datasets.__version__} did not apply data.encoding_errors: "
                                               f"{cfg.encoding_errors} (before 5.1 it drops it beside pandas 3): "
                                               "upgrade datasets, or mend the bytes it names") from None
-        # pandas names a later row with too many fields in words of its own ("C error: Expected 2 fields in
-        # line 4, saw 3"); the check over every row names it as the first row's check does, at no cost to a
-        # file that reads
+        # pandas names a quote that nothing closes, or a later row with too many fields, in words of its own
+        # ("EOF inside string", "C error: Expected 2 fields in line 4, saw 3"); the checks over every row name
+        # them as the first row's check does, at no cost to a file that reads
+        if quoting != csv.QUOTE_NONE:
+            refuse_unpaired_quote(path, sep, cfg.encoding)
         _check_field_count(path, sep, quoting, names, cfg.encoding, rows=None)
         raise
+    if quoting != csv.QUOTE_NONE:
+        refuse_rows_run_together(path, sep, cfg.encoding, ds)
     table = Table.whole(_header_unpadded(ds), str(path), unit="line", offset=2 if cfg.has_header else 1,
                         empty_field_is_null=True, repeated_columns=_repeated(columns or []))
     blank = functools.reduce(pc.and_, [pc.is_null(values) for values in as_arrow(ds).columns])

@@ -271,6 +271,10 @@ RESUME_MUTANTS = (
 # bad input gets one line naming the key, file or row, and an exit code, without a traceback (docs/errors.md)
 ERRORS = ("tests/test_errors.py", "tests/test_cli.py")
 INPUT_MUTANTS = (
+    Mutant("local_files.py", "        refuse_rows_run_together(path, sep, cfg.encoding, ds)", "        pass",
+           "a stray quote that a later one closes runs CSV rows into one text, unsaid", ("tests/test_data.py",)),
+    Mutant("local_files.py", "            refuse_unpaired_quote(path, sep, cfg.encoding)", "            pass",
+           "a quote nothing closes is told as a row with too few fields", ("tests/test_data.py",)),
     Mutant("train.py", 'hub, subset = text("data.dataset_name"), text("data.dataset_config")', "return None",
            "a Hub data set set on the command line trains into the shipped config's folder, where another run is",
            ("tests/test_own_data.py",)),

@@ -155,6 +155,34 @@ def test_a_later_row_with_a_field_too_many_is_named_and_told_to_quote(tmp_path, 
     assert not [r for r in caplog.records if r.name.startswith("datasets") and r.levelno >= logging.ERROR]
 
 
+def test_a_stray_quote_that_runs_rows_together_is_named_by_its_line(tmp_path):
+    """A text typed with a quote at its start and none at its end opens a quoted field that runs over the lines
+    after it: pandas read those rows into one text and went on, or said "EOF inside string"; each is named."""
+    from finetune.local_files import read_table
+
+    rows = [f"text {i} is {'good' if i % 2 else 'bad'},{'pos' if i % 2 else 'neg'}" for i in range(12)]
+    closed_later = rows[:3] + ['"' + rows[3]] + rows[4:8] + ['"' + rows[8]] + rows[9:]
+    path = write(tmp_path / "t.csv", "text,label\n" + "\n".join(closed_later) + "\n")
+    with pytest.raises(DataError) as info:
+        load_splits(cfg(path), seed=0)
+    assert info.value.message == (f"{path}: line 5 opens a quote that closes on line 10 with more text after it: "
+                                  "lines 5 to 10 would read as one row")
+    assert info.value.hint.startswith('a field that starts with " lasts to the next lone "')
+    with pytest.raises(DataError, match=r"line 5 opens a quote that closes on line 10"):
+        read_table(str(path), "--file")  # finetune predict's read
+    never_closed = rows[:3] + ['"' + rows[3]] + rows[4:]
+    path = write(tmp_path / "t.csv", "text,label\r\n" + "\r\n".join(never_closed) + "\r\n")
+    with pytest.raises(DataError) as info:
+        load_splits(cfg(path), seed=0)
+    assert info.value.message == (f"{path}: line 5 opens a quote that nothing closes: every line from there to the "
+                                  "end (13) would read as one field")
+    # quoted fields over lines, quotes doubled inside them, a quote inside an unquoted field: CSV, read as written
+    fine = rows[:3] + ['"two lines,\nfine",neg', '"a ""5"" screen, great",pos', 'a 5" screen,pos'] + rows[3:]
+    path = write(tmp_path / "t.csv", "text,label\n" + "\n".join(fine) + "\n")
+    texts = load_splits(cfg(path), seed=0)[0]["train"]["text"]
+    assert len(texts) == 15 and texts[3:6] == ["two lines,\nfine", 'a "5" screen, great', 'a 5" screen']
+
+
 def test_a_txt_of_tab_separated_lines_is_tsv_and_a_header_that_is_a_row_is_told_so(tmp_path, caplog):
     rows = "ham\tsee you at lunch\nspam\tWIN cash now\nham\tok thanks\nspam\tfree prize\n"
     path = write(tmp_path / "sms.txt", rows)
