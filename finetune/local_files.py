@@ -7,8 +7,8 @@ class holding ``.txt`` files (label = sub-folder name; :mod:`finetune.class_fold
 ``datasets``' ``save_to_disk`` wrote (a ``DatasetDict``'s splits are read by
 :func:`read_saved_splits`). The format comes from the extension (a ``.csv``
 whose lines all hold the same number of tabs reads as TSV, and one whose records
-split on ``;`` more often than on ``,`` as a spreadsheet's semicolon-separated CSV)
-unless ``data.format`` names it. The bytes are checked against ``data.encoding`` before
+split on ``;`` more often than on ``,`` as a spreadsheet's semicolon-separated CSV, and
+one that starts with Excel's ``sep=;`` line as that line says) unless ``data.format`` names it. The bytes are checked against ``data.encoding`` before
 any reader sees them, so that an undecodable byte is named by its offset, and a
 first data row whose field count differs from the header stops the read rather
 than shifting the columns.
@@ -186,6 +186,14 @@ def _tab_separated(path: Path, encoding: str, lines: int = 20) -> bool:
     return len(counts) == 1 and counts != {0}
 
 
+def separator_line(path: Path, encoding: str) -> Optional[str]:
+    """The separator a first line such as ``sep=;`` names: Excel reads the line to choose the separator, and some
+    exports for Excel write it (pandas would take it for the header)."""
+    with open_text(path, encoding, errors="replace") as fh:
+        first = fh.readline(16).rstrip("\r\n").lstrip("\ufeff")
+    return first[4] if len(first) == 5 and first.startswith("sep=") else None
+
+
 def csv_separator(path: Path, encoding: str) -> str:
     """``;`` for a CSV file whose first records agree more often on ``;`` than on ``,``: else ``,``.
 
@@ -220,7 +228,9 @@ def _records_agreeing(path: Path, encoding: str, sep: str, records: int = 20) ->
 
 
 def _load_delimited(path: Path, fmt: str, cfg: DataConfig) -> Table:
-    sep = "\t" if fmt == "tsv" else csv_separator(path, cfg.encoding)
+    named = separator_line(path, cfg.encoding)
+    skip = 1 if named else 0
+    sep = named or ("\t" if fmt == "tsv" else csv_separator(path, cfg.encoding))
     # TSV files such as the SMS spam collection use '"' as a plain character;
     # quote processing would merge rows up to the next quote.
     quoting = csv.QUOTE_NONE if fmt == "tsv" else csv.QUOTE_MINIMAL
@@ -230,9 +240,9 @@ def _load_delimited(path: Path, fmt: str, cfg: DataConfig) -> Table:
         if not cfg.column_names:
             raise ConfigError(f"data.column_names: required with data.has_header: false ({path})")
         header, names = None, list(cfg.column_names)
-    columns = _check_field_count(path, sep, quoting, names, cfg.encoding, rows=1)
+    columns = _check_field_count(path, sep, quoting, names, cfg.encoding, rows=1, skip=skip)
     try:
-        ds = _read_delimited(path, sep, quoting, header, names, cfg)
+        ds = _read_delimited(path, sep, quoting, header, names, cfg, skip)
     except DataError as exc:
         if cfg.encoding_errors != "strict" and "UnicodeDecodeError" in exc.message:
             # datasets before 5.1 leave the setting out of pandas' read_csv under pandas 3 (a check of pandas'
@@ -245,11 +255,11 @@ def _load_delimited(path: Path, fmt: str, cfg: DataConfig) -> Table:
         # them as the first row's check does, at no cost to a file that reads
         if quoting != csv.QUOTE_NONE:
             refuse_unpaired_quote(path, sep, cfg.encoding)
-        _check_field_count(path, sep, quoting, names, cfg.encoding, rows=None)
+        _check_field_count(path, sep, quoting, names, cfg.encoding, rows=None, skip=skip)
         raise
     if quoting != csv.QUOTE_NONE:
         refuse_rows_run_together(path, sep, cfg.encoding, ds)
-    table = Table.whole(_header_unpadded(ds), str(path), unit="line", offset=2 if cfg.has_header else 1,
+    table = Table.whole(_header_unpadded(ds), str(path), unit="line", offset=(2 if cfg.has_header else 1) + skip,
                         empty_field_is_null=True, repeated_columns=_repeated(columns or []))
     blank = functools.reduce(pc.and_, [pc.is_null(values) for values in as_arrow(ds).columns])
     rows = np.flatnonzero(~as_mask(blank))
@@ -277,10 +287,11 @@ def _header_unpadded(ds: datasets.Dataset) -> datasets.Dataset:
 
 
 def _read_delimited(path: Path, sep: str, quoting: int, header: Optional[int], names: Optional[list[str]],
-                    cfg: DataConfig) -> datasets.Dataset:
+                    cfg: DataConfig, skip: int) -> datasets.Dataset:
     return _run_builder(
         "csv",
         path,
+        skiprows=skip,
         sep=sep,
         quoting=quoting,
         header=header,
@@ -299,15 +310,18 @@ def _read_delimited(path: Path, sep: str, quoting: int, header: Optional[int], n
 
 
 def _check_field_count(path: Path, sep: str, quoting: int, names: Optional[list[str]], encoding: str,
-                       rows: Optional[int]) -> Optional[list[str]]:
+                       rows: Optional[int], skip: int) -> Optional[list[str]]:
     """Reject a data row, among the first ``rows`` (None: all), whose field count differs from the header or
-    ``column_names``; return the header's names (``column_names`` where given; None for an empty file).
+    ``column_names``; return the header's names (``column_names`` where given; None for an empty file). The
+    first ``skip`` lines are not the table's (a separator line).
 
     pandas would otherwise shift columns silently when the first data row is
     the odd one (turning its first field into the index) or drop the extra
     fields.
     """
     with open_text(path, encoding, errors="replace") as fh:
+        for _ in range(skip):
+            fh.readline()
         reader = csv.reader(fh, delimiter=sep, quoting=quoting)
         header = names
         if header is None:
@@ -320,7 +334,7 @@ def _check_field_count(path: Path, sep: str, quoting: int, names: Optional[list[
             if len(row) != len(header):
                 source = "data.column_names" if names is not None else "the header"
                 raise FileLayoutError(
-                    f"{path}: line {reader.line_num} has {len(row)} fields but {source} has "
+                    f"{path}: line {reader.line_num + skip} has {len(row)} fields but {source} has "
                     f"{len(header)} ({', '.join(header)})",
                     hint=_quote_hint(sep, quoting) if len(row) > len(header) else None,
                 )

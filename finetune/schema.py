@@ -164,7 +164,8 @@ class DataConfig:
         "File format; `auto` goes by the extension (a directory means `folder`, unless `datasets` saved it), "
         "reads a `.csv` (or `.txt`) "
         "whose lines all hold the same number of tabs as TSV, and one whose lines split on `;` into the header's fields more often than on `,` "
-        "(as spreadsheets in many languages save CSV) as semicolon-separated.")
+        "(as spreadsheets in many languages save CSV) as semicolon-separated; a first line `sep=;` (Excel's) names "
+        "the separator.")
     has_header: Optional[bool] = setting(None,
         "CSV/TSV only: whether the first line holds column names (the spaces around a name are not part of "
         "it); null (auto): yes, unless `column_names` are given.")

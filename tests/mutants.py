@@ -660,6 +660,8 @@ EVALUATION_MUTANTS = (
 # own data", docs/configuration.md's data keys and problem types)
 OWN_DATA = ("tests/test_data.py", "tests/test_own_data.py")
 DATA_MUTANTS = (
+    Mutant("local_files.py", 'return first[4] if len(first) == 5 and first.startswith("sep=") else None',
+           "return None", "Excel's separator line is read as the header", ("tests/test_data.py",)),
     Mutant("labels.py", 'found = found | set(getattr(getattr(feature, "feature", feature), "names", ()))', "pass",
            "data.drop_labels may not name a label column that holds no 1", ("tests/test_problem_types.py",)),
     Mutant("labels.py", "return LabelSpace(names=sorted(present, key=int) if numeric else sorted(present))",

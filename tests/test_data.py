@@ -155,6 +155,20 @@ def test_a_later_row_with_a_field_too_many_is_named_and_told_to_quote(tmp_path, 
     assert not [r for r in caplog.records if r.name.startswith("datasets") and r.levelno >= logging.ERROR]
 
 
+def test_excels_separator_line_names_the_separator_and_is_no_header(tmp_path):
+    """``sep=;`` as the first line, which Excel reads to choose the separator: pandas took it for the header (the
+    columns ``sep=`` and ``Unnamed: 1``); the rows' lines are still the file's."""
+    path = write(tmp_path / "t.csv", "\ufeffsep=;\r\ntext;label\r\nhi, there;ham\r\nwin;spam\r\nok;ham\r\n")
+    splits, labels = load_splits(cfg(path), seed=0)
+    assert splits["train"]["text"] == ["hi, there", "win", "ok"] and labels.names == ["ham", "spam"]
+    write(tmp_path / "t.csv", "sep=,\ntext,label\nhi,ham\n,spam\nok,ham\n")
+    with pytest.raises(DataError, match=r"t\.csv: 1 empty or null text in column 'text' \(line 4\)"):
+        load_splits(cfg(path), seed=0)
+    write(tmp_path / "t.csv", "sep=,\ntext,label\nhi,ham\nwin,now,spam\n")
+    with pytest.raises(FileLayoutError, match=r"t\.csv: line 4 has 3 fields but the header has 2 \(text, label\)"):
+        load_splits(cfg(path), seed=0)
+
+
 def test_a_stray_quote_that_runs_rows_together_is_named_by_its_line(tmp_path):
     """A text typed with a quote at its start and none at its end opens a quoted field that runs over the lines
     after it: pandas read those rows into one text and went on, or said "EOF inside string"; each is named."""
