@@ -231,11 +231,16 @@ def _what_is_left(rehearsal: Rehearsal) -> str:
     checkpoint it would resume from."""
     total, done = rehearsal.total_updates, rehearsal.done_updates
     if rehearsal.resumes_from is None:
-        return f"the run's {total} updates would take about {readable_duration(rehearsal.estimate)}"
+        return f"the run's {counted_updates(total)} would take about {readable_duration(rehearsal.estimate)}"
     if done >= total:
         return f"the run is finished ({rehearsal.resumes_from}, update {done} of {total}): a start trains nothing"
-    return (f"a start resumes from {rehearsal.resumes_from} (update {done} of {total}): its {total - done} "
-            f"updates left would take about {readable_duration(rehearsal.estimate)}")
+    return (f"a start resumes from {rehearsal.resumes_from} (update {done} of {total}): its "
+            f"{counted_updates(total - done)} left would take about {readable_duration(rehearsal.estimate)}")
+
+
+def counted_updates(count: int) -> str:
+    """``1 update``, ``137 updates``."""
+    return f"{count} update{'' if count == 1 else 's'}"
 
 
 def _test_set(run: Run, rehearsal: Rehearsal) -> str:

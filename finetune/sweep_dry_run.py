@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from finetune.search_space import overrides
-from finetune.start_line import readable_duration
+from finetune.start_line import counted_updates, readable_duration
 from finetune.study import (budget_left, check_study, existing_storage, made_with, refuse_another_sweep, running,
                             trials_done)
 from finetune.sweep_checks import check_sweep
@@ -158,8 +158,8 @@ def tried_in_words(tried: list[TriedRun]) -> str:
         count = f"{run.evaluations} evaluations" if run.evaluations > 1 else "evaluation"
         evaluations = f", its {count} {readable_duration(run.evaluating)}" if run.evaluations else ""
         return (f"a run would take about {readable_duration(run.seconds)}: its start {readable_duration(run.start)}, "
-                f"its {run.updates} updates {readable_duration(run.training)}{evaluations}, {untimed(tried)}")
-    each = " and ".join(f"{readable_duration(run.seconds)} at {' '.join(run.values)} ({run.updates} updates)"
+                f"its {counted_updates(run.updates)} {readable_duration(run.training)}{evaluations}, {untimed(tried)}")
+    each = " and ".join(f"{readable_duration(run.seconds)} at {' '.join(run.values)} ({counted_updates(run.updates)})"
                         for run in tried)
     return f"a run would take about {each}: its start, updates and evaluations, {untimed(tried)}"
 

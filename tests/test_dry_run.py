@@ -67,9 +67,12 @@ def test_a_dry_run_in_a_folder_that_holds_a_run_leaves_every_file_as_it_was(tmp_
         assert main(["--config", str(job), f"output.output_dir={out}", "--dry-run"]) == 0
         # told to start afresh there, a dry run still replaces nothing: only the real start does
         assert main(["--config", str(job), f"output.output_dir={out}", "output.overwrite=true", "--dry-run"]) == 0
+        assert main(["--config", str(job), f"output.output_dir={out}", "output.overwrite=true", "training.max_steps=1",
+                     "--dry-run"]) == 0
     after = {p.relative_to(out): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
     assert after == before
-    finished, afresh = [r.getMessage() for r in caplog.records if r.getMessage().startswith("dry run: ")]
+    finished, afresh, one = [r.getMessage() for r in caplog.records if r.getMessage().startswith("dry run: ")]
+    assert one.startswith("dry run: 1 update trained") and ": the run's 1 update would take about " in one
     assert finished.startswith("dry run: 2 updates trained")  # the run has two: no more are tried
     # a start there resumes the finished run and trains nothing; told to overwrite, it trains the run again
     assert (f": the run is finished ({out / 'checkpoints' / 'checkpoint-2'}, update 2 of 2): a start trains "
