@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import codecs
 import contextlib
+import copy
 import csv
 import dataclasses
 import functools
@@ -36,7 +37,8 @@ import pyarrow.compute as pc
 
 from finetune.class_folders import read_class_folders
 from finetune.config import DataConfig
-from finetune.csv_quotes import refuse_rows_run_together, refuse_unpaired_quote
+from finetune.csv_rows import (refuse_rows_run_together, refuse_unpaired_quote, repeated_header,
+                               say_repeated_header)
 from finetune.errors import ConfigError, DataError, FileLayoutError, FinetuneError, root_message
 from finetune.archives import as_given, in_an_archive
 from finetune.format_errors import headerless_layout_refused, unsupported_format
@@ -44,8 +46,8 @@ from finetune.nested_json import object_over_lines_hint, rows_under_one_key
 from finetune.remote_files import is_url
 from finetune.resources import EXTENSIONS, SAVED_DATASET_DICT_FILE, data_path, saved_by_datasets
 from finetune.tables import Table, as_arrow, as_mask
-from finetune.text_encoding import (compression_of, inner_suffix, is_utf8, open_bytes, open_text, python_codec,
-                                    undecodable)
+from finetune.text_encoding import (compression_of, inner_suffix, is_utf8, marked_encoding, open_bytes, open_text,
+                                    python_codec, undecodable)
 
 logger = logging.getLogger("finetune.data")  # every note on reading the data has one logger, as tokens.py does too
 
@@ -91,6 +93,7 @@ def _as_given(text: Optional[str], path: Path, spec: str) -> Optional[str]:
 
 
 def _read_path(path: Path, key: str, cfg: DataConfig, encoding_flag: str) -> Table:
+    cfg = _as_marked(path, cfg)
     fmt = _detect_format(path, cfg.format, key, cfg.encoding)
     if fmt not in ("csv", "tsv") and cfg.has_header is False:
         raise headerless_layout_refused(path, fmt, key, cfg)
@@ -111,6 +114,20 @@ def _read_path(path: Path, key: str, cfg: DataConfig, encoding_flag: str) -> Tab
     if fmt == "json":
         return _load_json(path, cfg)
     return Table.whole(_run_builder("parquet", path), str(path), unit="row")
+
+
+def _as_marked(path: Path, cfg: DataConfig) -> DataConfig:
+    """``cfg``, reading the file ``path`` in the UTF-16 or UTF-32 its byte-order mark declares where ``cfg`` names
+    UTF-8, the default; said in one line."""
+    suffix = inner_suffix(path)
+    text = path.is_file() and (suffix == ".txt" or EXTENSIONS.get(suffix) in ("csv", "tsv", "json"))
+    encoding = marked_encoding(path, cfg.encoding) if text else cfg.encoding
+    if encoding == cfg.encoding:
+        return cfg
+    logger.info("%s: read as %s, as the byte-order mark it starts with says", path, encoding.upper())
+    marked = copy.copy(cfg)
+    marked.encoding = encoding
+    return marked
 
 
 def read_saved_splits(spec: str, key: str, fmt: str = "auto") -> Optional[datasets.DatasetDict]:
@@ -262,7 +279,9 @@ def _load_delimited(path: Path, fmt: str, cfg: DataConfig) -> Table:
     table = Table.whole(_header_unpadded(ds), str(path), unit="line", offset=(2 if cfg.has_header else 1) + skip,
                         empty_field_is_null=True, repeated_columns=_repeated(columns or []))
     blank = functools.reduce(pc.and_, [pc.is_null(values) for values in as_arrow(ds).columns])
-    rows = np.flatnonzero(~as_mask(blank))
+    repeated = repeated_header(ds) if header == 0 else np.zeros(len(ds), dtype=bool)
+    say_repeated_header(table, repeated)
+    rows = np.flatnonzero(~as_mask(blank) & ~repeated)
     if len(rows) == 0:
         raise DataError(f"{path}: empty file (no rows)")
     return table.keep(rows)

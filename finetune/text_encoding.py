@@ -52,6 +52,22 @@ def undecodable(where: str, offset: int, encoding: str, flag: str = "data.encodi
     )
 
 
+# the byte-order marks that declare a file UTF-16 or UTF-32 (Excel's "Unicode Text" export, PowerShell's `>`): no
+# UTF-8 text starts with one. UTF-32's come first, since its little-endian mark starts with UTF-16's.
+MARKS = ((codecs.BOM_UTF32_LE, "utf-32"), (codecs.BOM_UTF32_BE, "utf-32"), (codecs.BOM_UTF16_LE, "utf-16"),
+         (codecs.BOM_UTF16_BE, "utf-16"))
+
+
+def marked_encoding(path: Path, encoding: str) -> str:
+    """``encoding``; where that is UTF-8 (the default), the UTF-16 or UTF-32 whose byte-order mark the file starts
+    with, if it does."""
+    if not is_utf8(encoding):
+        return encoding
+    with open_bytes(path) as fh:
+        start = fh.read(4)
+    return next((name for mark, name in MARKS if start.startswith(mark)), encoding)
+
+
 def python_codec(name: str) -> str:
     """The codec that reads text in ``name``: UTF-8 as ``utf-8-sig``, which drops a byte-order mark that would
     otherwise glue onto the first column name."""

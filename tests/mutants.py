@@ -660,6 +660,12 @@ EVALUATION_MUTANTS = (
 # own data", docs/configuration.md's data keys and problem types)
 OWN_DATA = ("tests/test_data.py", "tests/test_own_data.py")
 DATA_MUTANTS = (
+    Mutant("csv_rows.py", "return as_mask(pc.fill_null(same, False))", "return np.zeros(len(ds), dtype=bool)",
+           "a header repeated where files were joined is read as a row, its label a class",
+           ("tests/test_data.py",)),
+    Mutant("text_encoding.py", "return next((name for mark, name in MARKS if start.startswith(mark)), encoding)",
+           "return encoding", "a UTF-16 file with its byte-order mark is refused as not UTF-8",
+           ("tests/test_data.py",)),
     Mutant("local_files.py", 'return first[4] if len(first) == 5 and first.startswith("sep=") else None',
            "return None", "Excel's separator line is read as the header", ("tests/test_data.py",)),
     Mutant("labels.py", 'found = found | set(getattr(getattr(feature, "feature", feature), "names", ()))', "pass",

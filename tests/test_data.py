@@ -7,6 +7,7 @@ corpora are the ones installed wheels carry.
 from __future__ import annotations
 
 import dataclasses
+import codecs
 import json
 import logging
 import math
@@ -167,6 +168,24 @@ def test_excels_separator_line_names_the_separator_and_is_no_header(tmp_path):
     write(tmp_path / "t.csv", "sep=,\ntext,label\nhi,ham\nwin,now,spam\n")
     with pytest.raises(FileLayoutError, match=r"t\.csv: line 4 has 3 fields but the header has 2 \(text, label\)"):
         load_splits(cfg(path), seed=0)
+
+
+def test_a_header_repeated_where_files_were_joined_is_left_out_and_said(tmp_path, caplog):
+    """``cat a.csv b.csv``: b's header is a row whose label, the column's name, would be a class of its own."""
+    part = "text,label\nhi there,ham\nwin cash,spam\nok then,ham\nfree prize,spam\n"
+    path = write(tmp_path / "t.csv", part + part + part)
+    with caplog.at_level(logging.WARNING, logger="finetune"):
+        splits, labels = load_splits(cfg(path), seed=0)
+    assert labels.names == ["ham", "spam"] and len(splits["train"]) == 12
+    assert f"{path}: left out lines 6, 11, which repeat the header (files joined with their headers?)" in caplog.text
+    # a row that writes some of the names, or a file without a header, is data
+    path = write(tmp_path / "t.csv", "text,label\ntext,ham\nlabel,spam\nhi,ham\nwin,spam\n")
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="finetune"):
+        assert load_splits(cfg(path), seed=0)[0]["train"]["text"] == ["text", "label", "hi", "win"]
+    path = write(tmp_path / "t.csv", "hi,ham\ntext,label\nwin,spam\nok,ham\nno,spam\n")
+    assert len(load_splits(cfg(path, has_header=False, column_names=["text", "label"]), seed=0)[0]["train"]) == 5
+    assert "repeat" not in caplog.text
 
 
 def test_a_stray_quote_that_runs_rows_together_is_named_by_its_line(tmp_path):
@@ -1322,7 +1341,6 @@ TEXTS = ["café naïve", "Straße über", "tea"]
     ("cp1252", "windows.csv", "csv"),  # a spreadsheet's plain CSV on Windows
     ("cp1252", "windows.tsv", "tsv"),
     ("latin-1", "latin.jsonl", "jsonl"),
-    ("utf-16", "wide.csv", "csv"),  # with its byte-order mark, as Python and Notepad write it
     ("cp1252", "classes", "folder"),
 ])
 def test_data_encoding_reads_every_text_format_in_its_encoding(tmp_path, encoding, name, layout):
@@ -1340,6 +1358,36 @@ def test_data_encoding_reads_every_text_format_in_its_encoding(tmp_path, encodin
         load_splits(cfg(str(path)), seed=0)
     splits, _ = load_splits(cfg(str(path), encoding=encoding), seed=0)
     assert sorted(splits["train"]["text"]) == sorted(TEXTS)  # every accent kept, no U+FFFD
+
+
+@pytest.mark.parametrize("encoding, name", [
+    ("utf-16", "wide.csv"),  # with its byte-order mark, as Python and Notepad write it
+    ("utf-16", "wide.txt"),  # Excel's "Unicode Text": tab-separated UTF-16
+    ("utf-16", "wide.jsonl"),
+    ("utf-32", "wider.csv"),  # whose little-endian mark starts as UTF-16's
+])
+def test_a_byte_order_mark_of_utf16_or_utf32_is_read_as_it_says(tmp_path, encoding, name, caplog):
+    path = tmp_path / name
+    rows = [("text", "label"), *zip(TEXTS, ["a", "b", "a"])]
+    if name.endswith(".jsonl"):
+        write(path, "".join(json.dumps({"text": t, "label": l}, ensure_ascii=False) + "\n" for t, l in rows[1:]),
+              encoding)
+    else:
+        sep = "\t" if name.endswith(".txt") else ","
+        write(path, "".join(f"{t}{sep}{l}\r\n" for t, l in rows), encoding)
+    for big_endian in (False, True):
+        if big_endian:  # the mark the other byte order writes
+            path.write_bytes(path.read_text(encoding=encoding).encode(f"{encoding}-be").join([
+                {"utf-16": codecs.BOM_UTF16_BE, "utf-32": codecs.BOM_UTF32_BE}[encoding], b""]))
+        with caplog.at_level(logging.INFO, logger="finetune"):
+            splits, labels = load_splits(cfg(str(path)), seed=0)
+        assert splits["train"]["text"] == TEXTS and labels.names == ["a", "b"]
+        assert f"{path}: read as {encoding.upper()}, as the byte-order mark it starts with says" in caplog.text
+    # an encoding named other than UTF-8 is the file's, as given, whatever its first bytes (cp1252 decodes them)
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="finetune"), pytest.raises(DataError):
+        load_splits(cfg(str(path), encoding="cp1252"), seed=0)
+    assert "byte-order mark" not in caplog.text
 
 
 def test_data_encoding_goes_with_its_file_mapping_and_is_checked():

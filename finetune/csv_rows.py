@@ -1,4 +1,5 @@
-"""A quote in a CSV file that runs its rows together.
+"""Rows of a CSV or TSV file that its reader gets wrong without a word: lines a stray quote runs into one, and
+the header written again where files were joined.
 
 In a CSV file a field that starts with ``"`` lasts to the next lone ``"``,
 over line ends. A text typed with a quote at its start and none at its end
@@ -10,23 +11,32 @@ by more text, or none comes, the file breaks CSV's rule, which the standard
 library's ``csv`` module checks in its strict mode; that is the case caught
 here. A quote that happens to close right before a comma leaves a valid file
 that means the same as a text spanning lines, and cannot be told from one.
-
 The check reads the file again, and so runs only where the read made a field
 that spans lines, the sign of a quoted field over line ends.
+
+Files joined whole (``cat a.csv b.csv > all.csv``) carry the second one's
+header as a row, whose label is the label column's name: a class of its own.
+A row that repeats every name of the header is no data, and is left out, said
+with its lines.
 """
 
 from __future__ import annotations
 
 import csv
+import functools
+import logging
 from pathlib import Path
 
 import datasets
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from finetune.errors import DataError
-from finetune.tables import as_arrow
+from finetune.tables import Table, as_arrow, as_mask
 from finetune.text_encoding import open_text
+
+logger = logging.getLogger("finetune.data")
 
 FIX = ('a field that starts with " lasts to the next lone " (a quote inside it is written ""): quote the whole text, '
        'or take the stray quote out')
@@ -64,3 +74,20 @@ def refuse_unpaired_quote(path: Path, sep: str, encoding: str) -> None:
                                     f"with more text after it: lines {start} to {reader.line_num} would read as "
                                     "one row", hint=FIX) from None
             start = reader.line_num + 1
+
+
+def repeated_header(ds: datasets.Dataset) -> np.ndarray:
+    """Which rows of ``ds``, read with a header, write every one of its column names again, each in its own
+    column; a column not of strings holds no name."""
+    table = as_arrow(ds)
+    if not all(pa.types.is_string(column.type) or pa.types.is_large_string(column.type) for column in table.columns):
+        return np.zeros(len(ds), dtype=bool)
+    same = functools.reduce(pc.and_, [pc.equal(column, name) for column, name in zip(table.columns, ds.column_names)])
+    return as_mask(pc.fill_null(same, False))
+
+
+def say_repeated_header(table: Table, repeated: np.ndarray) -> None:
+    """Say which lines were left out for repeating the header."""
+    if repeated.any():
+        logger.warning("%s: left out %s, which repeat%s the header (files joined with their headers?)", table.source,
+                       table.where_many(np.flatnonzero(repeated)), "s" if repeated.sum() == 1 else "")
