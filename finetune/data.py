@@ -57,6 +57,7 @@ from finetune.label_columns import warn_of_columns_without_ones
 from finetune.labels import LabelSpace, encode_against, encode_train, leave_out_labels, leave_out_unlabelled
 from finetune.local_files import read_local, read_saved_splits
 from finetune.schema import label_columns
+from finetune.split_column import named_split, rows_by_split, say_splits_left_out, warn_of_a_split_column
 from finetune.standard_columns import drop_or_reject_empty_texts, standardize
 from finetune.tables import GROUP, LABELS, RAW_LABEL, SHOW_LABELS, TEXT, TEXT_PAIR, Table, short_list
 
@@ -182,26 +183,31 @@ def load_test_split(cfg: DataConfig, label_space: LabelSpace) -> Optional[tuple[
     if cfg.test_split_name is None:
         return None
     split = cfg.test_split_name
+    named = None  # what the run's test set is called, where not the split's table's name
     if cfg.dataset_name is not None:
         loaded, shown = _hub_splits(cfg)
+        tables = _tables_of(loaded, shown)
+    elif cfg.split_column is not None:
+        tables, shown, named = _file_splits(cfg), _split_column_of(cfg), named_split(cfg.train_file, split)
     else:
         loaded, shown = read_saved_splits(cfg.train_file, "data.train_file", cfg.format), cfg.train_file
         if loaded is None:
             raise ConfigError(f"data.test_split_name: {cfg.train_file} is one file, not a data set of splits",
-                              hint="give the test rows as a file of their own: data.test_file=...")
-    if split not in loaded:
-        raise DataError(f"data.test_split_name: {shown} has no split {split!r} (splits: {', '.join(loaded)})")
-    if len(loaded[split]) == 0:
+                              hint="give the test rows as a file of their own: data.test_file=..., or name the "
+                                   "column of each row's split: data.split_column=...")
+        tables = _tables_of(loaded, shown)
+    if split not in tables:
+        raise DataError(f"data.test_split_name: {shown} has no split {split!r} (splits: {', '.join(tables)})")
+    if len(tables[split].ds) == 0:
         raise DataError(f"{shown}[{split}]: no rows")
-    table = standardize(Table.whole(loaded[split], f"{shown}[{split}]", unit="row"), cfg.text_column,
-                        cfg.text_pair_column, cfg.label_column)
+    table = standardize(tables[split], cfg.text_column, cfg.text_pair_column, cfg.label_column)
     if isinstance(table.ds.features[RAW_LABEL], datasets.ClassLabel) and max(read_column(table.ds, RAW_LABEL)) < 0:
         raise DataError(f"data.test_split_name: {shown}[{split}] has no labels (every row's is -1: a benchmark keeps "
                         f"its test labels for its leaderboard)",
                         hint=f"take its validation split as the test set, and carve the validation rows from "
                              f"{cfg.train_split}: data.test_split_name={cfg.validation_split_name or 'validation'} "
                              f"data.validation_split_name=null")
-    return _encode_against(table, cfg, label_space), f"{shown}[{split}]"
+    return _encode_against(table, cfg, label_space), named or f"{shown}[{split}]"
 
 
 def labelled_columns(ds: datasets.Dataset) -> tuple[list, Optional[list], list]:
@@ -236,6 +242,8 @@ def _load_local(spec: str, key: str, cfg: DataConfig, group: Optional[str] = Non
                               f"column {group!r}; row or text")
         return table  # the folder layout: its columns are standard already
     beside = (cfg.train_file or cfg.dataset_name) if key in ("data.validation_file", "data.test_file") else None
+    if key == "data.train_file":
+        warn_of_a_split_column(table, [cfg.text_column, cfg.text_pair_column, *label_columns(cfg.label_column), group])
     return standardize(table, cfg.text_column, cfg.text_pair_column, cfg.label_column, group, beside)
 
 
@@ -270,16 +278,42 @@ def _load_local_train(cfg: DataConfig) -> tuple[Table, Optional[Table]]:
     """The training file; or, from the splits a ``DatasetDict`` saved to a folder, the training split and,
     as from a Hub data set, the validation split."""
     saved = read_saved_splits(cfg.train_file, "data.train_file", cfg.format)
-    if saved is None:
+    if saved is not None:
+        return _train_and_validation(_tables_of(saved, cfg.train_file), cfg.train_file, cfg)
+    if cfg.split_column is None:
         return _load_local(cfg.train_file, "data.train_file", cfg, group_column(cfg)), None
-    return _train_and_validation(saved, cfg.train_file, cfg)
+    splits = _file_splits(cfg)
+    train, validation = _train_and_validation(splits, _split_column_of(cfg), cfg)
+    used = {cfg.train_split, validation and cfg.validation_split_name, cfg.test_file is None and cfg.test_split_name}
+    say_splits_left_out(splits, used, cfg.split_column)
+    return train, validation
+
+
+def _file_splits(cfg: DataConfig) -> dict[str, Table]:
+    """The training file's rows by the split ``data.split_column`` names."""
+    table = read_local(cfg.train_file, "data.train_file", cfg)
+    if table.files is not None:
+        raise ConfigError(f"data.split_column: {cfg.train_file} is a folder of class sub-folders, which has no "
+                          f"columns")
+    return rows_by_split(table, cfg.split_column)
+
+
+def _split_column_of(cfg: DataConfig) -> str:
+    """The training file's split column, as messages name it."""
+    return f"{cfg.train_file}'s column {cfg.split_column!r}"
 
 
 # --------------------------------------------------------------------------- Hub data sets
 
 
 def _load_hub(cfg: DataConfig) -> tuple[Table, Optional[Table]]:
-    return _train_and_validation(*_hub_splits(cfg), cfg)
+    loaded, shown = _hub_splits(cfg)
+    return _train_and_validation(_tables_of(loaded, shown), shown, cfg)
+
+
+def _tables_of(loaded: datasets.DatasetDict, shown: str) -> dict[str, Table]:
+    """A data set's splits as tables, each named ``glue/sst2[train]`` and counted in rows."""
+    return {split: Table.whole(ds, f"{shown}[{split}]", unit="row") for split, ds in loaded.items()}
 
 
 def _hub_splits(cfg: DataConfig) -> tuple[datasets.DatasetDict, str]:
@@ -304,18 +338,16 @@ def _hub_splits(cfg: DataConfig) -> tuple[datasets.DatasetDict, str]:
     return loaded, shown
 
 
-def _train_and_validation(loaded: datasets.DatasetDict, shown: str, cfg: DataConfig
-                          ) -> tuple[Table, Optional[Table]]:
+def _train_and_validation(loaded: dict[str, Table], shown: str, cfg: DataConfig) -> tuple[Table, Optional[Table]]:
     """A data set's training split and, where it has one, its validation split (else ``None``: one is carved)."""
     if cfg.train_split not in loaded:
         raise DataError(f"data.train_split: {shown} has no split {cfg.train_split!r} (splits: {', '.join(loaded)})")
 
     def table(split: str) -> Table:
-        ds = loaded[split]
-        if len(ds) == 0:
+        if len(loaded[split].ds) == 0:
             raise DataError(f"{shown}[{split}]: no rows")
-        return standardize(Table.whole(ds, f"{shown}[{split}]", unit="row"), cfg.text_column, cfg.text_pair_column,
-                            cfg.label_column, group_column(cfg) if split == cfg.train_split else None)
+        return standardize(loaded[split], cfg.text_column, cfg.text_pair_column, cfg.label_column,
+                           group_column(cfg) if split == cfg.train_split else None)
 
     train = table(cfg.train_split)
     validation = None
@@ -340,6 +372,8 @@ def _check_column_settings(cfg: DataConfig) -> None:
     if cfg.text_pair_column is not None:
         columns.append(("data.text_pair_column", cfg.text_pair_column))
     columns += [("data.label_column", column) for column in label_columns(cfg.label_column)]
+    if cfg.split_column is not None:
+        columns.append(("data.split_column", cfg.split_column))
     seen: dict[str, str] = {}
     for key, column in columns:
         if column in seen:

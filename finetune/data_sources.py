@@ -58,7 +58,7 @@ def data_sources(cfg: DataConfig, seed: int) -> DataSources:
     if cfg.validation_file:
         name = file_name(cfg.validation_file)
         return DataSources(train, name, results_name=name, results_split="all rows", **hub)
-    if cfg.validation_split_name and (cfg.dataset_name or _saved_splits(cfg.train_file)):
+    if cfg.validation_split_name and (cfg.dataset_name or cfg.split_column or _saved_splits(cfg.train_file)):
         return DataSources(train, f"{train} {cfg.validation_split_name} split", results_name=train,
                            results_split=cfg.validation_split_name, **hub)
     return DataSources(train, held_out, results_name=train, results_split=held_out, carved=held_out != "none",

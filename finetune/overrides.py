@@ -24,7 +24,7 @@ _COMMAND_LINE_CHOICES = (
     ("training.accumulation_schedule", ("training.effective_batch_size",)),
     ("training.effective_batch_size", ("training.gradient_accumulation_steps",)),
     ("data.train_file", ("data.dataset_name", "data.dataset_config", "data.test_split_name")),
-    ("data.dataset_name", ("data.train_file", "data.validation_file", "data.test_file")),
+    ("data.dataset_name", ("data.train_file", "data.validation_file", "data.test_file", "data.split_column")),
 )
 
 

@@ -127,8 +127,8 @@ class DataConfig:
         "Hub data set id (`glue`) or a `datasets` builder name; null for local files. Typed on the command "
         "line, it replaces the config file's `train_file` and `validation_file` (and `--data` its data set).")
     dataset_config: Optional[str] = setting(None, "Hub data set configuration (`sst2`).")
-    train_split: str = setting("train", "The training split's name with `dataset_name`, or in a `train_file` folder of "
-                               "splits that `datasets` saved.")
+    train_split: str = setting("train", "The training split's name with `dataset_name`, in a `train_file` folder of "
+                               "splits that `datasets` saved, or in `split_column`.")
     validation_split_name: Optional[str] = setting(
         "validation", "The validation split's name, as `train_split`'s (null: none; one is carved from train, as "
         "where the data set has no split of this name).")
@@ -144,6 +144,11 @@ class DataConfig:
         "`pkg:<distribution>/<path>` points inside an installed package. In YAML a file may also be a "
         "mapping `{path: ..., format: ..., has_header: ..., column_names: ...}`: settings that describe "
         "that file only, dropped with it when an override names another file.")
+    split_column: Optional[str] = setting(None,
+        "A column of `train_file` that names each row's split (`train`, `validation`, `test`): the file is read as a "
+        "data set of those splits, which `train_split`, `validation_split_name` and `test_split_name` name; the rows "
+        "of others are left out, said in one line. null: every row is a training row (a column whose every value "
+        "names a split is warned of).")
     validation_file: Optional[str] = setting(
         None, "The validation set, in the training file's layout (null: `validation_split` carves one from train). "
         "The start line counts its rows whose text a training row has too, and warns past a fifth; it warns too "
@@ -157,7 +162,8 @@ class DataConfig:
         "update; the start line counts its rows whose text a training row has too. A sweep's search trials leave "
         "it out; its seeds or folds runs score it.")
     test_split_name: Optional[str] = setting(
-        None, "With `dataset_name`, or a `train_file` folder of splits that `datasets` saved: the split scored as "
+        None, "With `dataset_name`, a `train_file` folder of splits that `datasets` saved, or `split_column`: the "
+        "split scored as "
         "`test_file` is (null: none). Many Hub benchmarks keep their test labels (GLUE's are all -1): the run then "
         "stops at the start and says how to take the validation split as the test set instead.")
     format: Literal["auto", "csv", "tsv", "json", "parquet", "folder"] = setting("auto",
@@ -305,6 +311,9 @@ class DataConfig:
             raise ConfigError("data: set either data.train_file or data.dataset_name")
         if self.dataset_name is not None and self.train_file is not None:
             raise ConfigError("data: set only one of data.train_file and data.dataset_name")
+        if self.split_column is not None and self.dataset_name is not None:
+            raise ConfigError("data.split_column: names a column of data.train_file; a Hub data set has splits of "
+                              "its own (data.train_split, data.validation_split_name, data.test_split_name)")
         if not 0.0 <= self.validation_split < 1.0:
             raise ConfigError(f"data.validation_split: must be in [0, 1), got {self.validation_split}")
         self._check_folds()

@@ -660,6 +660,10 @@ EVALUATION_MUTANTS = (
 # own data", docs/configuration.md's data keys and problem types)
 OWN_DATA = ("tests/test_data.py", "tests/test_own_data.py")
 DATA_MUTANTS = (
+    Mutant("data.py", "    if cfg.split_column is None:\n        return _load_local(", "    if True:\n        return _load_local(",
+           "data.split_column is ignored: every row of the file trains", ("tests/test_data.py",)),
+    Mutant("split_column.py", "    found = _split_like(table, used)", "    found = None",
+           "a column of each row's split goes unsaid while its test rows train", ("tests/test_data.py",)),
     Mutant("csv_rows.py", "return as_mask(pc.fill_null(same, False))", "return np.zeros(len(ds), dtype=bool)",
            "a header repeated where files were joined is read as a row, its label a class",
            ("tests/test_data.py",)),

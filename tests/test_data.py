@@ -170,6 +170,70 @@ def test_excels_separator_line_names_the_separator_and_is_no_header(tmp_path):
         load_splits(cfg(path), seed=0)
 
 
+def _file_of_splits(tmp_path, splits=("train",) * 8 + ("validation",) * 4 + ("test",) * 4):
+    rows = [f"{i},text {i} is {'good' if i % 2 else 'bad'},{'pos' if i % 2 else 'neg'},{split}"
+            for i, split in enumerate(splits)]
+    return write(tmp_path / "all.csv", "id,text,label,split\n" + "\n".join(rows) + "\n")
+
+
+def test_a_column_of_each_rows_split_trains_validates_and_tests_on_its_own_rows(tmp_path, caplog):
+    """data.split_column reads one file as a data set of splits: the rows of data.train_split train, those of
+    data.validation_split_name validate, those of data.test_split_name are the test set, the rest are left out
+    and said; each keeps its line in the file. Without the setting, such a column is warned of."""
+    path = _file_of_splits(tmp_path)
+    with caplog.at_level(logging.INFO, logger="finetune"):
+        splits, _ = load_splits(cfg(path), seed=0)
+    assert len(splits["train"]) == 16  # every row trains, the test rows too
+    assert (f"{path}: column 'split' names each row's split (test, train, validation), yet every row trains, the "
+            "'test' and 'validation' rows too; data.split_column=split trains on the 'train' rows alone") in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="finetune"):
+        splits, labels = load_splits(cfg(path, split_column="split"), seed=0)
+    assert splits["train"]["text"] == [f"text {i} is {'good' if i % 2 else 'bad'}" for i in range(8)]
+    assert splits["validation"]["text"] == [f"text {i} is {'good' if i % 2 else 'bad'}" for i in range(8, 12)]
+    assert (f"{path}: left out 4 rows of split 'test', which no setting names (data.split_column: split; "
+            "data.test_split_name=test scores its rows after training)") in caplog.text
+    assert "names each row's split" not in caplog.text
+    test, named = load_test_split(cfg(path, split_column="split", test_split_name="test"), labels)
+    assert named == "all.csv[test]" and test["text"] == [f"text {i} is {'good' if i % 2 else 'bad'}"
+                                                          for i in range(12, 16)]
+    # the rows keep their lines: a label the training rows lack is named by its line in the file
+    text = Path(path).read_text().replace("13,text 13 is good,pos,test", "13,text 13 is good,meh,test")
+    write(tmp_path / "all.csv", text)
+    with pytest.raises(DataError, match=r"all\.csv: label 'meh' at line 15 not among the 2 labels"):
+        load_test_split(cfg(path, split_column="split", test_split_name="test"), labels)
+    # no validation split: carved from the training rows, said, and written back as the Hub's is
+    path = _file_of_splits(tmp_path, ("train",) * 12 + ("test",) * 4)
+    data = cfg(path, split_column="split", validation_split=0.25)
+    with caplog.at_level(logging.INFO, logger="finetune"):
+        splits, _ = load_splits(data, seed=0)
+    assert len(splits["train"]) + len(splits["validation"]) == 12 and data.validation_split_name is None
+    assert "has no split 'validation'; carving validation from 'train'" in caplog.text
+
+
+@pytest.mark.parametrize("splits, settings, error, message", [
+    (("train", "test", "", "train"), {}, DataError, r"all\.csv: 1 row without a split in column 'split' \(line 4; "
+                                                   r"data.split_column\)"),
+    (("training", "dev"), {}, DataError, r"data.train_split: .*all\.csv's column 'split' has no split 'train' "
+                                         r"\(splits: training, dev\)"),
+    (("train", "test"), {"split_column": "fold"}, FileLayoutError, r"all\.csv: no column 'fold' "
+                                                                  r"\(data.split_column\); columns found: id, text, "
+                                                                  r"label, split"),
+    (("train", "test"), {"split_column": "text"}, ConfigError, r"data.split_column: names the same column as "
+                                                              r"data.text_column \('text'\)"),
+])
+def test_a_split_column_that_cannot_split_the_file_is_one_line(tmp_path, splits, settings, error, message):
+    path = _file_of_splits(tmp_path, splits)
+    with pytest.raises(error, match=message):
+        load_splits(cfg(path, **{"split_column": "split", **settings}), seed=0)
+
+
+def test_a_split_column_names_a_files_column_not_a_hub_data_sets():
+    with pytest.raises(ConfigError, match=r"data.split_column: names a column of data.train_file; a Hub data set "
+                                          r"has splits of its own"):
+        DataConfig(dataset_name="glue", split_column="split")
+
+
 def test_a_header_repeated_where_files_were_joined_is_left_out_and_said(tmp_path, caplog):
     """``cat a.csv b.csv``: b's header is a row whose label, the column's name, would be a class of its own."""
     part = "text,label\nhi there,ham\nwin cash,spam\nok then,ham\nfree prize,spam\n"
