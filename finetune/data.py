@@ -275,8 +275,8 @@ def _carve(encoded: datasets.Dataset, read: Table, cfg: DataConfig, seed: int, l
 
 
 def _load_local_train(cfg: DataConfig) -> tuple[Table, Optional[Table]]:
-    """The training file; or, from the splits a ``DatasetDict`` saved to a folder, the training split and,
-    as from a Hub data set, the validation split."""
+    """The training file; or, from the splits a ``DatasetDict`` saved to a folder, or those of a file's
+    ``data.split_column``, the training split and, as from a Hub data set, the validation split."""
     saved = read_saved_splits(cfg.train_file, "data.train_file", cfg.format)
     if saved is not None:
         return _train_and_validation(_tables_of(saved, cfg.train_file), cfg.train_file, cfg)
@@ -284,7 +284,11 @@ def _load_local_train(cfg: DataConfig) -> tuple[Table, Optional[Table]]:
         return _load_local(cfg.train_file, "data.train_file", cfg, group_column(cfg)), None
     splits = _file_splits(cfg)
     train, validation = _train_and_validation(splits, _split_column_of(cfg), cfg)
-    used = {cfg.train_split, validation and cfg.validation_split_name, cfg.test_file is None and cfg.test_split_name}
+    used = {cfg.train_split}
+    if validation is not None:
+        used.add(cfg.validation_split_name)
+    if cfg.test_file is None and cfg.test_split_name is not None:
+        used.add(cfg.test_split_name)
     say_splits_left_out(splits, used, cfg.split_column)
     return train, validation
 
