@@ -63,7 +63,8 @@ def say_splits_left_out(splits: dict[str, Table], used: set[str], column: str) -
     said = " and ".join(f"{count} rows of split {name!r}" for name, count in left.items())
     test = next((name for name in left if name.lower() in ("test", "testing")), None)
     scores = f"; data.test_split_name={test} scores its rows after training" if test else ""
-    logger.info("%s: left out %s, which no setting names (data.split_column: %s%s)", source, said, column, scores)
+    logger.info("%s: left out %s, which the run neither trains, validates nor tests on (data.split_column: %s%s)",
+                source, said, column, scores)
 
 
 def warn_of_a_split_column(table: Table, used: list[str]) -> None:

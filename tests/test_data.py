@@ -191,8 +191,8 @@ def test_a_column_of_each_rows_split_trains_validates_and_tests_on_its_own_rows(
         splits, labels = load_splits(cfg(path, split_column="split"), seed=0)
     assert splits["train"]["text"] == [f"text {i} is {'good' if i % 2 else 'bad'}" for i in range(8)]
     assert splits["validation"]["text"] == [f"text {i} is {'good' if i % 2 else 'bad'}" for i in range(8, 12)]
-    assert (f"{path}: left out 4 rows of split 'test', which no setting names (data.split_column: split; "
-            "data.test_split_name=test scores its rows after training)") in caplog.text
+    assert (f"{path}: left out 4 rows of split 'test', which the run neither trains, validates nor tests on "
+            "(data.split_column: split; data.test_split_name=test scores its rows after training)") in caplog.text
     assert "names each row's split" not in caplog.text
     test, named = load_test_split(cfg(path, split_column="split", test_split_name="test"), labels)
     assert named == "all.csv[test]" and test["text"] == [f"text {i} is {'good' if i % 2 else 'bad'}"
