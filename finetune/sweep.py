@@ -21,6 +21,7 @@ config's micro-batch. docs/sweeps.md explains it all.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import logging
@@ -29,7 +30,7 @@ import signal
 import sys
 import warnings
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 from finetune.errors import CommandParser, ConfigError, run_command
 from finetune.search_space import Dimension, SearchSpace, overrides, parse_space
@@ -349,6 +350,40 @@ def progress_line(sweep: Sweep, metric: str, greater: bool, report):
     return on_trial_end
 
 
+# the loggers of what reading the data finds, which every trial of a sweep reads alike
+DATA_LOGGERS = ("finetune.data", "finetune.labels", "finetune.label_warnings", "finetune.carve")
+
+
+class FirstTimeOnly(logging.Filter):
+    """Lets each message through the first time it is logged."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.said: set[str] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if message in self.said:
+            return False
+        self.said.add(message)
+        return True
+
+
+@contextlib.contextmanager
+def data_notes_said_once() -> Iterator[None]:
+    """Within it, a note on the data (a row left out, a label warned of) is logged the first time only: every
+    trial reads the same data and would say it again; a note that differs (another fold's carve) is said."""
+    first = FirstTimeOnly()
+    loggers = [logging.getLogger(name) for name in DATA_LOGGERS]
+    for data_logger in loggers:
+        data_logger.addFilter(first)
+    try:
+        yield
+    finally:
+        for data_logger in loggers:
+            data_logger.removeFilter(first)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
@@ -362,7 +397,9 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
     from finetune.config import notes_said_once
 
-    with notes_said_once():  # a note on the command line's keys, said once for the sweep, not for each read
+    # a note on the command line's keys, or on what reading the data found, said once for the sweep, not for each
+    # of its reads
+    with notes_said_once(), data_notes_said_once():
         if args.dry_run:
             from finetune.sweep_dry_run import rehearse_sweep
 

@@ -424,6 +424,8 @@ MEMORY_MUTANTS = (
 # a sweep finds the best run and says how much of its score is the seed (docs/sweeps.md)
 SWEEP = ("tests/test_sweep.py",)
 SWEEP_MUTANTS = (
+    Mutant("sweep.py", "    with notes_said_once(), data_notes_said_once():", "    with notes_said_once():",
+           "each trial says again what reading the same data found", ("tests/test_sweep.py",)),
     Mutant("signals.py", "sweep = _sweep_command(command, argv)", "sweep = None",
            "a sweep stopped in a trial says to resume it with finetune train, not the sweep's own command",
            ("tests/test_checkpoint.py",)),

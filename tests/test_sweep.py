@@ -83,7 +83,9 @@ def _rounding(said: float) -> float:
 
 def test_a_dry_run_tries_the_least_and_most_work_and_says_the_sweeps_length_writing_nothing(
         tmp_path, fresh_accelerate_state, caplog, capsys):
-    config = sms_job(tmp_path)  # 48 training rows at b=4: 12 micro-batches an epoch, 2 epochs
+    config = sms_job(tmp_path, data={"on_empty_text": "drop"})  # 48 training rows at b=4: 12 micro-batches an
+    with (tmp_path / "sms.tsv").open("a", encoding="utf-8") as fh:  # epoch, 2 epochs; and a row each read leaves out
+        fh.write("ham\t \n")
     spec = sweep_file(tmp_path, fixed={"evaluation.evals_per_epoch": 2})  # effective batch 4 or 8: k=1 or 2
     out = tmp_path / "out-sweep"
     with caplog.at_level(logging.INFO, logger="finetune"):
@@ -98,6 +100,11 @@ def test_a_dry_run_tries_the_least_and_most_work_and_says_the_sweeps_length_writ
     # each run tried says its own dry run: the sweep file's fixed evals_per_epoch reached it, 2 an epoch
     runs = [line for line in said if line.startswith("dry run: ")]
     assert len(runs) == 2 and all(", and its 4 evaluations of 12 texts about " in line for line in runs), runs
+    # what reading the data found, which each run read alike, said once
+    from finetune.sweep import DATA_LOGGERS
+
+    data_notes = [r.getMessage() for r in caplog.records if r.name in DATA_LOGGERS]
+    assert data_notes and len(set(data_notes)) == len(data_notes), data_notes
     line = next(line for line in said if line.startswith("sweep dry run: "))
     match = re.fullmatch(r"sweep dry run: a run would take about ([\d.]+) s at training.effective_batch_size=8 \(12 "
                          r"updates\) and ([\d.]+) s at training.effective_batch_size=4 \(24 updates\): its start, "
