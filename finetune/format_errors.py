@@ -15,11 +15,11 @@ from typing import Optional
 
 from finetune.config import DataConfig
 from finetune.errors import DataError, FileLayoutError
-from finetune.resources import EXTENSIONS, saved_by_datasets
+from finetune.resources import EXTENSIONS, WORKBOOKS, saved_by_datasets
 from finetune.text_encoding import COMPRESSIONS, compression_of
 
 # what users most often have instead of a text file: the error says how to make one
-_SPREADSHEETS = (".xlsx", ".xls", ".xlsm", ".ods", ".numbers")
+_SPREADSHEETS = (".xls", ".ods", ".numbers")
 # a .txt whose lines hold tab-separated fields reads as TSV; one text per line carries no label
 _TEXT_LINES_HINT = ("a .txt file reads when each line holds its fields between tabs (label<TAB>text); texts alone "
                     "go one file per text into a sub-folder per class (--data folder/)")
@@ -40,11 +40,16 @@ def unsupported_format(path: Path, suffix: str, key: str) -> DataError:
                          hint=f"{_UNCOMPRESS[compression]} {path} writes {path.with_suffix('')}, which reads")
     shown = suffix + compression or "(none)"
     supported = ", ".join(EXTENSIONS)
+    if suffix in WORKBOOKS:
+        return DataError(f"{key}: {path}: a workbook compressed again (a {suffix} file is a zip archive already)",
+                         hint=f"{_UNCOMPRESS[compression]} {path} writes {path.with_suffix('')}, which reads")
     return DataError(
         f"{key}: {path}: unsupported extension {shown!r} (supported: {supported}, each also compressed as "
-        f"{', '.join(COMPRESSIONS)}; or a folder: of class sub-folders, or one datasets' save_to_disk wrote; "
+        f"{', '.join(COMPRESSIONS)}; an Excel workbook: {', '.join(WORKBOOKS)}; or a folder: of class "
+        f"sub-folders, or one datasets' save_to_disk wrote; "
         f"or set data.format)",
-        hint="save the spreadsheet as CSV (its File > Save as) and pass that file" if suffix in _SPREADSHEETS
+        hint="save the spreadsheet as an Excel workbook (.xlsx) or as CSV (its File > Save as) and pass that file"
+        if suffix in _SPREADSHEETS
         else _TEXT_LINES_HINT if suffix == ".txt" else _arrow_hint(path) if suffix == ".arrow" and not compression
         else _NO_EXTENSION_HINT if not suffix and not compression else _packed_hint(path, suffix, compression),
     )
@@ -68,6 +73,7 @@ def _arrow_hint(path: Path) -> str:
 # what each other kind of input names its columns by, for the error that refuses a header's settings on it
 _OWN_COLUMNS = {"json": "a JSON file, whose records name their columns",
                 "parquet": "a Parquet file, whose schema names its columns",
+                "excel": "an Excel workbook, whose first row names its columns",
                 "folder": "a folder of class sub-folders, whose texts and labels are its files and sub-folders",
                 "saved": "a folder that datasets saved, whose features name its columns",
                 "saved splits": "a folder that datasets saved, whose features name its columns"}

@@ -8,8 +8,9 @@ class holding ``.txt`` files (label = sub-folder name; :mod:`finetune.class_fold
 :func:`read_saved_splits`). The format comes from the extension (a ``.csv``
 whose lines all hold the same number of tabs reads as TSV, and one whose records
 split on ``;`` more often than on ``,`` as a spreadsheet's semicolon-separated CSV, and
-one that starts with Excel's ``sep=;`` line as that line says) unless ``data.format`` names it. The bytes are checked against ``data.encoding`` before
-any reader sees them, so that an undecodable byte is named by its offset, and a
+one that starts with Excel's ``sep=;`` line as that line says; a workbook, ``.xlsx``, is read by
+:mod:`finetune.workbooks`) unless ``data.format`` names it. The bytes are checked against ``data.encoding``
+before any reader sees them, so that an undecodable byte is named by its offset, and a
 first data row whose field count differs from the header stops the read rather
 than shifting the columns.
 
@@ -44,8 +45,9 @@ from finetune.archives import as_given, in_an_archive
 from finetune.format_errors import headerless_layout_refused, unsupported_format
 from finetune.nested_json import object_over_lines_hint, rows_under_one_key
 from finetune.remote_files import is_url
-from finetune.resources import EXTENSIONS, SAVED_DATASET_DICT_FILE, data_path, saved_by_datasets
+from finetune.resources import EXTENSIONS, SAVED_DATASET_DICT_FILE, WORKBOOKS, data_path, saved_by_datasets
 from finetune.tables import Table, as_arrow, as_mask
+from finetune.workbooks import read_workbook
 from finetune.text_encoding import (compression_of, inner_suffix, is_utf8, marked_encoding, open_bytes, open_text,
                                     python_codec, undecodable)
 
@@ -113,6 +115,8 @@ def _read_path(path: Path, key: str, cfg: DataConfig, encoding_flag: str) -> Tab
         return _load_delimited(path, fmt, cfg)
     if fmt == "json":
         return _load_json(path, cfg)
+    if fmt == "excel":
+        return read_workbook(path, cfg.sheet)
     return Table.whole(_run_builder("parquet", path), str(path), unit="row")
 
 
@@ -176,6 +180,8 @@ def _detect_format(path: Path, fmt: str, key: str, encoding: str) -> str:
     if fmt != "auto":
         return fmt
     suffix = inner_suffix(path)
+    if path.suffix.lower() in WORKBOOKS:
+        return WORKBOOKS[path.suffix.lower()]
     if suffix == ".txt" and _tab_separated(path, encoding):
         logger.info("%s: every line holds the same number of tabs: read as TSV", path)
         return "tsv"

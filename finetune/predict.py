@@ -340,9 +340,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = CommandParser(prog="finetune predict", description="Classify texts with a fine-tuned model.")
     parser.add_argument("output_dir", help="a run's output directory (the saved model)")
     parser.add_argument("texts", nargs="*", help="texts to classify (printed as JSON lines)")
-    parser.add_argument("--file", default=None, help="classify the texts of a .txt, .csv, .tsv, .json, .jsonl or "
-                        ".parquet file, a folder of .txt files (a text each) or one datasets saved, on disk, at a "
-                        "URL or in a .zip or .tar.gz (contest.zip/test.csv) (-: one text per line from standard input)")
+    parser.add_argument("--file", default=None, help="classify the texts of a .txt, .csv, .tsv, .json, .jsonl, "
+                        ".parquet or .xlsx file, a folder of .txt files (a text each) or one datasets saved, on disk, "
+                        "at a URL or in a .zip or .tar.gz (contest.zip/test.csv) (-: one text per line from standard "
+                        "input)")
     parser.add_argument("--output", default=None, help="write the predictions to a .csv, .parquet or .jsonl file")
     parser.add_argument("--text", "--text-column", dest="text_column", metavar="COLUMN", default=None,
                         help="CSV column / JSON key of the text (default: the run's data.text_column)")

@@ -29,7 +29,9 @@ from finetune.schema import checked_threshold, label_columns  # the schema alone
 from finetune.text_encoding import COMPRESSIONS, check_encoding, compression_of, inner_suffix, open_bytes
 
 # the formats training reads, and plain lines of text
-INPUT_FORMATS = (".txt", ".csv", ".tsv", ".json", ".jsonl", ".parquet")
+INPUT_FORMATS = (".txt", ".csv", ".tsv", ".json", ".jsonl", ".parquet", ".xlsx", ".xlsm")
+# read as they are, never compressed again: Parquet compresses its columns, a workbook is a zip archive
+WHOLE_FORMATS = (".parquet", ".xlsx", ".xlsm")
 STDIN = "-"  # --file -: one text per line from standard input, as a .txt file
 SAVED = "saved"  # what read_rows calls a folder that datasets' save_to_disk wrote, in place of an extension
 TEXT_FOLDER = "folder"  # and a folder of .txt files (in sub-folders too: a class folder), each file a text
@@ -65,10 +67,10 @@ def input_kind(file: str | os.PathLike) -> str:
         raise DataError(f"--file {path}: a folder without .txt files, and not one that datasets' save_to_disk "
                         f"wrote (give a file: {', '.join(INPUT_FORMATS)})")
     suffix = inner_suffix(path)
-    if suffix not in INPUT_FORMATS or (suffix == ".parquet" and compression_of(path)):
+    if suffix not in INPUT_FORMATS or (suffix in WHOLE_FORMATS and compression_of(path)):
         shown = suffix + (compression_of(path) or "") or "(none)"
         raise DataError(f"--file {path}: unsupported extension {shown!r} (use {', '.join(INPUT_FORMATS)}; all "
-                        f"but .parquet also compressed as {', '.join(COMPRESSIONS)})")
+                        f"but {', '.join(WHOLE_FORMATS)} also compressed as {', '.join(COMPRESSIONS)})")
     if not path.is_file():
         raise DataError(f"--file {path}: not found")
     return suffix
@@ -185,7 +187,8 @@ def read_rows(path: str | os.PathLike, text_column: str = "text",
         for column, flag in [(text_column, "--text")] + ([(text_pair_column, "--text-pair")]
                                                          if text_pair_column else []):
             if column not in table.column_names:
-                where = {".csv": "in the header", ".tsv": "in the header", ".parquet": "among the columns",
+                where = {".csv": "in the header", ".tsv": "in the header", ".xlsx": "in the header row",
+                         ".xlsm": "in the header row", ".parquet": "among the columns",
                          SAVED: "among the columns"}.get(suffix, "among the keys")
                 like = named_like(column, table.column_names)
                 raise DataError(f"--file {path}: no column {column!r} {where} "

@@ -42,6 +42,9 @@ EXTENSIONS = {
     ".parquet": "parquet",
 }
 
+# Extension -> format for a workbook, read as a whole (it is a zip of its own: never compressed again)
+WORKBOOKS = {".xlsx": "excel", ".xlsm": "excel"}
+
 # What `datasets`' save_to_disk writes into its folder: a Dataset's state and info, a DatasetDict's list of splits.
 SAVED_DATASET_FILES = ("state.json", "dataset_info.json")
 SAVED_DATASET_DICT_FILE = "dataset_dict.json"

@@ -166,12 +166,16 @@ class DataConfig:
         "split scored as "
         "`test_file` is (null: none). Many Hub benchmarks keep their test labels (GLUE's are all -1): the run then "
         "stops at the start and says how to take the validation split as the test set instead.")
-    format: Literal["auto", "csv", "tsv", "json", "parquet", "folder"] = setting("auto",
-        "File format; `auto` goes by the extension (a directory means `folder`, unless `datasets` saved it), "
+    format: Literal["auto", "csv", "tsv", "json", "parquet", "excel", "folder"] = setting("auto",
+        "File format; `auto` goes by the extension (a directory means `folder`, unless `datasets` saved it; "
+        "`.xlsx` and `.xlsm` mean `excel`), "
         "reads a `.csv` (or `.txt`) "
         "whose lines all hold the same number of tabs as TSV, and one whose lines split on `;` into the header's fields more often than on `,` "
         "(as spreadsheets in many languages save CSV) as semicolon-separated; a first line `sep=;` (Excel's) names "
         "the separator.")
+    sheet: Optional[str] = setting(None,
+        "Excel workbooks: the sheet to read, by name (null: the first; its first row names the columns, and an "
+        "error names a row as Excel numbers it). In a file mapping it goes with its file.")
     has_header: Optional[bool] = setting(None,
         "CSV/TSV only: whether the first line holds column names (the spaces around a name are not part of "
         "it); null (auto): yes, unless `column_names` are given.")

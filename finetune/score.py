@@ -199,8 +199,9 @@ def score_logits(predictor: Predictor, suite, name: str, texts: Sequence[str], p
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = CommandParser(prog="finetune score", description="Score a fine-tuned model on a labelled file.")
     parser.add_argument("output_dir", help="a run's output directory (the saved model and config.yaml)")
-    parser.add_argument("--file", required=True, help="labelled data: csv, tsv, json/jsonl, parquet, a class folder "
-                        "or a folder datasets saved, on disk, at a URL or in a .zip or .tar.gz (contest.zip/test.csv)")
+    parser.add_argument("--file", required=True, help="labelled data: csv, tsv, json/jsonl, parquet, xlsx, a class "
+                        "folder or a folder datasets saved, on disk, at a URL or in a .zip or .tar.gz "
+                        "(contest.zip/test.csv)")
     parser.add_argument("--text", metavar="COLUMN", help="column of the texts (data.text_column; default: the run's)")
     parser.add_argument("--text-pair", metavar="COLUMN", help="column of the second texts of sentence pairs "
                         "(data.text_pair_column; default: the run's)")

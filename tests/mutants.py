@@ -662,6 +662,11 @@ EVALUATION_MUTANTS = (
 # own data", docs/configuration.md's data keys and problem types)
 OWN_DATA = ("tests/test_data.py", "tests/test_own_data.py")
 DATA_MUTANTS = (
+    Mutant("workbooks.py", "    if len(kinds) <= 1:\n        return values", "    if True:\n        return values",
+           "a workbook's column of texts and numbers is read as typed, which Arrow cannot hold in one column",
+           ("tests/test_data.py",)),
+    Mutant("workbooks.py", 'unit="row", offset=2,', 'unit="row", offset=1,',
+           "a workbook's rows are named one above Excel's numbers", ("tests/test_data.py",)),
     Mutant("data.py", "    if cfg.split_column is None:\n        return _load_local(", "    if True:\n        return _load_local(",
            "data.split_column is ignored: every row of the file trains", ("tests/test_data.py",)),
     Mutant("split_column.py", "    found = _split_like(table, used)", "    found = None",

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import codecs
+import gzip
 import json
 import logging
 import math
@@ -168,6 +169,61 @@ def test_excels_separator_line_names_the_separator_and_is_no_header(tmp_path):
     write(tmp_path / "t.csv", "sep=,\ntext,label\nhi,ham\nwin,now,spam\n")
     with pytest.raises(FileLayoutError, match=r"t\.csv: line 4 has 3 fields but the header has 2 \(text, label\)"):
         load_splits(cfg(path), seed=0)
+
+
+def _workbook(path: Path, sheets: dict) -> str:
+    import openpyxl
+
+    book = openpyxl.Workbook()
+    book.remove(book.active)
+    for name, rows in sheets.items():
+        sheet = book.create_sheet(name)
+        for row in rows:
+            sheet.append(list(row))
+    book.save(path)
+    return str(path)
+
+
+def test_an_excel_workbook_reads_its_first_sheet_with_its_rows_numbered_as_excel_numbers_them(tmp_path, caplog):
+    """Typed cells: a text Excel took for a number is read as text, as shown; a row of empty cells is skipped; an
+    error names a row as Excel does; data.sheet reads another sheet."""
+    from finetune.prediction_files import read_rows
+
+    rows = [("text", "label", "stars")] + [(f"text {i}", "pos" if i % 2 else "neg", 5 if i % 2 else 1)
+                                           for i in range(8)]
+    rows[3] = (1984, "pos", 4.0)  # row 4 in Excel: a title typed as a number
+    path = _workbook(tmp_path / "t.xlsx", {"Data": rows[:6] + [(None, None, None)] + rows[6:], "Notes": [("a",)]})
+    with caplog.at_level(logging.INFO, logger="finetune"):
+        splits, labels = load_splits(cfg(path), seed=0)
+    assert splits["train"]["text"] == ["text 0", "text 1", "1984", "text 3", "text 4", "text 5", "text 6", "text 7"]
+    assert labels.names == ["neg", "pos"]
+    assert f"{path}: read its first sheet, 'Data', of 2 (Data, Notes); data.sheet names another" in caplog.text
+    assert [row["stars"] for row in read_rows(path)][:3] == [1, 5, 4]  # finetune predict's read: numbers stay
+    bad = _workbook(tmp_path / "t.xlsx", {"Data": rows[:5] + [(None, None, None), ("a text", None, 3)]})
+    with pytest.raises(DataError, match=r"t\.xlsx: 1 row without a label in column 'label' \(row 7\)"):
+        load_splits(cfg(bad), seed=0)
+    both = _workbook(tmp_path / "t.xlsx", {"Notes": [("a",), ("b",)], "Data": rows})
+    assert len(load_splits(cfg(both, sheet="Data"), seed=0)[0]["train"]) == 8
+    with pytest.raises(DataError, match=r"t\.xlsx: no sheet 'data' \(data.sheet\); its sheets: Notes, Data"):
+        load_splits(cfg(both, sheet="data"), seed=0)
+
+
+@pytest.mark.parametrize("name, content, message", [
+    ("t.xlsx", b"text,label\nhi,ham\n", r"t\.xlsx: cannot read as an Excel workbook: "),
+    ("t.xlsx.gz", None, r"t\.xlsx\.gz: a workbook compressed again \(a \.xlsx file is a zip archive already\)"),
+    ("t.xls", b"\xd0\xcf\x11\xe0", r"t\.xls: unsupported extension '\.xls'"),
+])
+def test_a_workbook_that_is_not_read_is_one_line(tmp_path, name, content, message):
+    path = tmp_path / name
+    if content is None:
+        workbook = _workbook(tmp_path / "w.xlsx", {"Data": [("text", "label"), ("hi", "ham"), ("win", "spam")]})
+        path.write_bytes(gzip.compress(Path(workbook).read_bytes()))
+    else:
+        path.write_bytes(content)
+    with pytest.raises(DataError, match=message) as info:
+        load_splits(cfg(str(path)), seed=0)
+    if name.endswith(".xls"):
+        assert info.value.hint.startswith("save the spreadsheet as an Excel workbook (.xlsx) or as CSV")
 
 
 def _file_of_splits(tmp_path, splits=("train",) * 8 + ("validation",) * 4 + ("test",) * 4):
@@ -1777,7 +1833,7 @@ def _error_cases(tmp: Path) -> dict[str, tuple[dict, str]]:
     write(tmp / "empty.csv", "")
     (tmp / "latin.csv").write_bytes(b"text,label\nok,a\ncaf\xe9,b\n")
     (tmp / "latin.jsonl").write_bytes(b'{"text": "ok", "label": "a"}\n{"text": "caf\xe9", "label": "b"}\n')
-    write(tmp / "spreadsheet.xlsx", "not really")
+    write(tmp / "spreadsheet.ods", "not really")
     two = "text,label\na,x\nb,y\n"
     return {
         "missing file": ({"train_file": str(tmp / "nope.csv")}, r"nope\.csv not found"),
@@ -1787,8 +1843,9 @@ def _error_cases(tmp: Path) -> dict[str, tuple[dict, str]]:
             r"data\.validation_file: .*dev\.csv not found",
         ),
         "unsupported extension": (
-            {"train_file": str(tmp / "spreadsheet.xlsx")},
-            r"spreadsheet\.xlsx: unsupported extension '\.xlsx' \(supported: \.csv, \.tsv, .*\.parquet",
+            {"train_file": str(tmp / "spreadsheet.ods")},
+            r"spreadsheet\.ods: unsupported extension '\.ods' \(supported: \.csv, \.tsv, .*\.parquet, each also "
+            r"compressed as \.gz, \.bz2, \.xz; an Excel workbook: \.xlsx, \.xlsm;",
         ),
         "empty file": ({"train_file": str(tmp / "empty.csv")}, r"empty\.csv: empty file \(no rows\)"),
         "header only": ({"train_file": write(tmp / "header.csv", "text,label\n")}, r"header\.csv: empty file"),
