@@ -257,8 +257,8 @@ class DataConfig:
     encoding: str = setting("utf-8",
         "The text encoding of the data files (CSV, TSV, JSON Lines, a class folder's .txt files): any name "
         "Python's codecs know, such as `cp1252` (what a spreadsheet on Windows saves as plain CSV), "
-        "`latin-1` or `utf-16`. A UTF-8 byte-order mark is dropped; under `utf-8` a file (not a class folder's "
-        ".txt) that starts with UTF-16's or UTF-32's mark (Excel's \"Unicode Text\") is read as the mark says. "
+        "`latin-1` or `utf-16`. A UTF-8 byte-order mark is dropped; under `utf-8` a text file that starts with "
+        "UTF-16's or UTF-32's mark (Excel's \"Unicode Text\", Notepad's \"Unicode\") is read as the mark says. "
         "Parquet files carry their own. In a file mapping it goes with its file.")
     encoding_errors: Literal["strict", "replace"] = setting("strict",
         "Undecodable bytes in text files: `strict` stops, `replace` substitutes U+FFFD.")

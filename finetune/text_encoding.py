@@ -64,7 +64,13 @@ def marked_encoding(path: Path, encoding: str) -> str:
     if not is_utf8(encoding):
         return encoding
     with open_bytes(path) as fh:
-        start = fh.read(4)
+        return _marked(fh.read(4), encoding)
+
+
+def _marked(start: bytes, encoding: str) -> str:
+    """``encoding``, or where it is UTF-8 the UTF-16 or UTF-32 whose byte-order mark ``start`` begins with."""
+    if not is_utf8(encoding):
+        return encoding
     return next((name for mark, name in MARKS if start.startswith(mark)), encoding)
 
 
@@ -76,13 +82,14 @@ def python_codec(name: str) -> str:
 
 def decode_whole(raw: bytes, encoding: str, errors: str = "strict") -> str:
     """A whole file's bytes as text, by the rule its streaming readers follow (a UTF-8 byte-order mark
-    dropped, UTF-16 without one refused), so a class folder's ``.txt`` or predict's reads as a CSV would.
+    dropped, UTF-16 without one refused, UTF-16's or UTF-32's read as it says where ``encoding`` is UTF-8), so a
+    class folder's ``.txt`` or predict's reads as a CSV would.
 
     Raises:
         UnicodeError: where ``raw`` is not ``encoding`` text (``.start``: the offset, when there is one).
     """
     # bytes.decode("utf-16") takes the machine's byte order where the mark is missing; a stream decoder refuses
-    return codecs.getincrementaldecoder(python_codec(encoding))(errors).decode(raw, final=True)
+    return codecs.getincrementaldecoder(python_codec(_marked(raw[:4], encoding)))(errors).decode(raw, final=True)
 
 
 def decoded(raw: bytes, where: str, encoding: str, errors: str = "strict", flag: str = "data.encoding") -> str:

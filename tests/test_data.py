@@ -1510,6 +1510,18 @@ def test_a_byte_order_mark_of_utf16_or_utf32_is_read_as_it_says(tmp_path, encodi
     assert "byte-order mark" not in caplog.text
 
 
+def test_a_byte_order_mark_is_read_as_it_says_in_a_class_folder_and_a_file_of_lines(tmp_path):
+    """The readers of whole files (a class folder's .txt, finetune predict's lines) follow the streaming ones."""
+    from finetune.prediction_files import read_rows
+
+    folder = tmp_path / "classes"
+    for i, (text, label) in enumerate(zip(TEXTS, ["a", "b", "a"])):
+        write(folder / label / f"{i}.txt", text, "utf-16" if i else "utf-8")
+    assert sorted(load_splits(cfg(str(folder)), seed=0)[0]["train"]["text"]) == sorted(TEXTS)
+    lines = write(tmp_path / "lines.txt", "\n".join(TEXTS) + "\n", "utf-32")
+    assert [row["text"] for row in read_rows(lines)] == TEXTS
+
+
 def test_data_encoding_goes_with_its_file_mapping_and_is_checked():
     from finetune.config import config_from_dict
 
