@@ -59,23 +59,24 @@ def scoring_config(output_dir: str | os.PathLike, file: str | os.PathLike, overr
     columns = [tree["data"].get("text_column", "text"), *label_columns(tree["data"].get("label_column", "label"))]
     if _own_layout(file, columns, str(tree["data"].get("encoding") or "utf-8")):
         # the run's format, header and column names described its training file; this file names its columns.
-        # Its encoding stays the run's: a header names columns, not how the bytes are written
+        # Its encoding and sheet stay the run's: a header names columns, not how the bytes are written or where
         for key in FILE_LAYOUT_KEYS:
-            if f"data.{key}" not in given and key != "encoding":
+            if f"data.{key}" not in given and key not in ("encoding", "sheet"):
                 tree["data"].pop(key, None)
     return config_from_dict(tree, source=f"{path} with --file {file}" if path.is_file() else f"--file {file}")
 
 
 def _own_layout(file: str | os.PathLike, columns: Sequence[str], encoding: str = "utf-8") -> bool:
     """Whether the file says its own layout: a folder (of classes, or saved by datasets), a JSON Lines, JSON or
-    Parquet file (its keys), or a CSV/TSV file whose first line names all of ``columns``."""
+    Parquet file (its keys), a workbook (its header row), or a CSV/TSV file whose first line names all of
+    ``columns``."""
     import csv
 
-    from finetune.resources import data_path
+    from finetune.resources import WORKBOOKS, data_path
     from finetune.text_encoding import inner_suffix, open_text
 
     path = data_path(str(file), "--file")  # a URL's downloaded copy
-    if path.is_dir() or inner_suffix(path) in (".jsonl", ".json", ".parquet"):
+    if path.is_dir() or inner_suffix(path) in (".jsonl", ".json", ".parquet") or path.suffix.lower() in WORKBOOKS:
         return True
     if inner_suffix(path) not in (".csv", ".tsv", ".tab") or not path.is_file():
         return False

@@ -1095,7 +1095,7 @@ def test_a_file_with_its_own_header_is_scored_in_the_runs_encoding(tmp_path):
 
 
 @pytest.mark.parametrize("name", ["held_out.jsonl", "held_out.jsonl.gz", "held_out.json", "held_out.parquet",
-                                  "held_out/"])
+                                  "held_out.xlsx", "held_out/"])
 def test_a_file_of_its_own_layout_is_read_by_it_not_the_runs(tmp_path, name):
     """The run trained on a headerless TSV file (the default job's SMS file): its format and column names describe
     that file, and a JSON Lines, JSON or Parquet file to score names its columns by its keys, a folder by its
@@ -1113,6 +1113,9 @@ def test_a_file_of_its_own_layout_is_read_by_it_not_the_runs(tmp_path, name):
     data = scoring_config(run, tmp_path / name).data
     assert (data.format, data.has_header, data.column_names) == ("auto", True, None)
     assert scoring_config(run, tmp_path / "held_out.tsv").data.format == "tsv"  # a file like the training file
+    if name.endswith(".xlsx"):  # a run's sheet is where its rows were, which a header does not say: it stays
+        (run / "config.yaml").write_text(yaml.safe_dump({"data": {"train_file": "train.xlsx", "sheet": "Data"}}))
+        assert scoring_config(run, tmp_path / name).data.sheet == "Data"
 
 
 def test_the_default_jobs_model_scores_a_json_lines_and_a_parquet_file_and_a_folder(trained, tmp_path, capsys):
