@@ -344,7 +344,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         ".parquet or .xlsx file, a folder of .txt files (a text each) or one datasets saved, on disk, "
                         "at a URL or in a .zip or .tar.gz (contest.zip/test.csv) (-: one text per line from standard "
                         "input)")
-    parser.add_argument("--output", default=None, help="write the predictions to a .csv, .parquet or .jsonl file")
+    parser.add_argument("--output", default=None, help="write the predictions to a .csv, .parquet, .xlsx or .jsonl")
     parser.add_argument("--text", "--text-column", dest="text_column", metavar="COLUMN", default=None,
                         help="CSV column / JSON key of the text (default: the run's data.text_column)")
     parser.add_argument("--encoding", default=None, help="text encoding of the --file (cp1252, latin-1, ...; "

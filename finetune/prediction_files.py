@@ -36,7 +36,7 @@ STDIN = "-"  # --file -: one text per line from standard input, as a .txt file
 SAVED = "saved"  # what read_rows calls a folder that datasets' save_to_disk wrote, in place of an extension
 TEXT_FOLDER = "folder"  # and a folder of .txt files (in sub-folders too: a class folder), each file a text
 ONE_TEXT_EACH = (".txt", TEXT_FOLDER)  # kinds whose every line, or file, is a text: no columns to name
-OUTPUT_FORMATS = (".csv", ".jsonl", ".parquet")
+OUTPUT_FORMATS = (".csv", ".jsonl", ".parquet", ".xlsx")
 
 
 def checked_suffix(path: Path, allowed: Sequence[str], what: str) -> str:
@@ -312,13 +312,14 @@ def _cell(value: Any) -> Any:
 
 def write_predictions(path: str | os.PathLike, rows: list[dict[str, Any]], labels: Sequence[str],
                       label_delimiter: str = ",", prefix: str = "", separator: str = ",") -> None:
-    """Write predicted rows as ``.csv`` (fields between ``separator``), ``.parquet`` or ``.jsonl``.
+    """Write predicted rows as ``.csv`` (fields between ``separator``), ``.parquet``, ``.xlsx`` or ``.jsonl``.
 
     A CSV holds the input's columns, then what was predicted: ``label``,
     ``score`` and ``prob_<label>`` per label (single label); ``labels``
     joined by ``label_delimiter`` and ``prob_<label>`` (multi-label);
     ``score`` (regression); each after ``prefix`` (:data:`CLASH_PREFIX` or none).
-    A Parquet file holds the same columns, a multi-label ``labels`` as a list.
+    A Parquet file holds the same columns, a multi-label ``labels`` as a list; a workbook the CSV's, each
+    number a number (:mod:`finetune.workbooks`).
     A JSON line holds the row's dict as it is.
     """
     path = Path(path)
@@ -333,6 +334,12 @@ def write_predictions(path: str | os.PathLike, rows: list[dict[str, Any]], label
     label_list = f"{prefix}labels"
     if suffix == ".parquet":
         _write_parquet(path, table)
+        return
+    if suffix == ".xlsx":
+        from finetune.workbooks import write_workbook  # beside datasets, which texts on a command line do without
+
+        write_workbook(path, {name: [label_delimiter.join(v) if name == label_list and v is not None else _cell(v)
+                                     for v in values] for name, values in table.items()})
         return
     with open(path, "w", encoding="utf-8", newline="") as fh:
         writer = csv.writer(fh, delimiter=separator)

@@ -1,5 +1,5 @@
 """An Excel workbook (``.xlsx``) read as a table: its first sheet, or the one ``data.sheet`` names, its first row
-the header.
+the header; and ``finetune predict``'s predictions written as one.
 
 pandas reads it, with openpyxl. A cell holds a typed value rather than text:
 a column whose cells are all numbers, all strings or all booleans keeps that
@@ -14,6 +14,7 @@ from __future__ import annotations
 import datetime
 import logging
 import math
+import re
 from pathlib import Path
 from typing import Any, Optional
 
@@ -87,3 +88,41 @@ def _as_shown(value: Any) -> str:
     if isinstance(value, (datetime.date, datetime.time)):
         return value.isoformat()
     return str(value)
+
+
+def write_workbook(path: Path, table: dict[str, list[Any]]) -> None:
+    """``table`` (a column a name) as the one sheet, ``predictions``, of a workbook at ``path``.
+
+    A text is written as text, though it starts with ``=`` (which a spreadsheet would take for a formula); the
+    control characters a workbook cannot hold (all but tab and line ends) are written as U+FFFD; a value of
+    another type than a workbook's (a time with its zone) as its text.
+    """
+    import openpyxl
+    from openpyxl.cell import WriteOnlyCell
+
+    book = openpyxl.Workbook(write_only=True)
+    sheet = book.create_sheet("predictions")
+    sheet.append(list(table))
+    for values in zip(*table.values()):
+        cells = []
+        for value in values:
+            cell = WriteOnlyCell(sheet, value=_writable(value))
+            if isinstance(cell.value, str):
+                cell.data_type = "s"  # a text, never a formula
+            cells.append(cell)
+        sheet.append(cells)
+    book.save(path)
+
+
+def _writable(value: Any) -> Any:
+    if value is None or isinstance(value, (bool, int, float)):
+        return value
+    if isinstance(value, (datetime.datetime, datetime.time)) and value.tzinfo is not None:
+        return value.isoformat()
+    if isinstance(value, (datetime.date, datetime.time)):
+        return value
+    return _CONTROL.sub("\ufffd", str(value))
+
+
+# the characters a workbook's XML cannot hold: the C0 controls but tab, line feed and carriage return
+_CONTROL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f]")

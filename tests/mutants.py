@@ -521,6 +521,9 @@ LONG_TEXT_MUTANTS = (
 # a prediction is the run's model on each text, in the input's order (docs/inference.md)
 PREDICT = ("tests/test_predict.py", "tests/test_prediction_processes.py")
 INFERENCE_MUTANTS = (
+    Mutant("workbooks.py", '                cell.data_type = "s"  # a text, never a formula', "                pass",
+           "a predicted row's text that starts with '=' is written to a workbook as a formula",
+           ("tests/test_predict.py",)),
     Mutant("prediction_files.py", "        if not named:\n            return prefix, clashes",
            "        if not named or prefix == CLASH_PREFIX:\n            return prefix, clashes",
            "a file of earlier predictions loses its predicted_ columns to the new ones in the output",

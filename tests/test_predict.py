@@ -495,6 +495,35 @@ def test_predictions_go_to_parquet_as_to_csv_with_the_inputs_own_types(trained, 
                                                                                 for v in read]
 
 
+def test_predictions_go_to_a_workbook_as_to_csv_each_number_a_number(trained, predictor, tmp_path):
+    """A workbook in, a workbook out: the input's columns and the predicted ones, numbers as numbers; a text that
+    starts with '=' stays a text, not a formula, and a control character a workbook cannot hold is U+FFFD."""
+    import openpyxl
+
+    from finetune.predict import main
+
+    out, _, _ = trained
+    expected = predictor.predict(TEXTS)
+    book = openpyxl.Workbook()
+    book.active.append(["text", "id"])
+    for i, text in enumerate(TEXTS):
+        book.active.append([text, i])
+    book.active.append(["=1+1 is two", 99])
+    book.active.cell(len(TEXTS) + 2, 1).data_type = "s"  # a text, as a user who typed '=1+1 is two has it
+    book.save(tmp_path / "in.xlsx")
+    assert main([str(out), "--file", str(tmp_path / "in.xlsx"), "--output", str(tmp_path / "p.xlsx")]) == 0
+    sheet = openpyxl.load_workbook(tmp_path / "p.xlsx").active
+    rows = [[cell.value for cell in row] for row in sheet.iter_rows()]
+    assert sheet.title == "predictions" and rows[0] == ["text", "id", "label", "score", "prob_ham", "prob_spam"]
+    assert [row[:3] for row in rows[1:-1]] == [[text, i, p["label"]] for i, (text, p) in enumerate(zip(TEXTS,
+                                                                                                       expected))]
+    assert [row[5] for row in rows[1:-1]] == pytest.approx([p["probabilities"]["spam"] for p in expected], abs=1e-6)
+    assert rows[-1][:2] == ["=1+1 is two", 99] and sheet.cell(len(rows), 1).data_type == "s"
+    (tmp_path / "bell.jsonl").write_text(json.dumps({"text": "ring \x07 twice"}) + "\n", encoding="utf-8")
+    assert main([str(out), "--file", str(tmp_path / "bell.jsonl"), "--output", str(tmp_path / "b.xlsx")]) == 0
+    assert openpyxl.load_workbook(tmp_path / "b.xlsx").active.cell(2, 1).value == "ring \ufffd twice"
+
+
 def test_a_folder_of_text_files_is_classified_a_file_a_text(trained, predictor, tmp_path, capsys):
     """A folder of documents, or of classes (``ham/1.txt``) as training reads it: each ``.txt`` file a row, named by
     its path in the folder, read whole; other files, and hidden ones, left out."""
@@ -693,8 +722,8 @@ def test_a_text_file_not_in_its_encoding_is_one_line_naming_the_files_own_offset
     (["--file", "{tmp}/in.csv", "--text", "Message"],  # a name in another case: the hint names the file's own
      "error: --file {tmp}/in.csv: no column 'Message' in the header (id, message); pass --text\n"
      "hint: by the name, try --text message"),
-    (["--file", "{tmp}/in.txt", "--output", "{tmp}/x.xlsx"],
-     "error: --output {tmp}/x.xlsx: unsupported extension '.xlsx' (use .csv, .jsonl, .parquet)"),
+    (["--file", "{tmp}/in.txt", "--output", "{tmp}/x.xls"],
+     "error: --output {tmp}/x.xls: unsupported extension '.xls' (use .csv, .jsonl, .parquet, .xlsx)"),
     (["--file", "{tmp}/missing.txt"], "error: --file {tmp}/missing.txt: not found"),
     (["--file", "http://127.0.0.1:9/texts.csv"],  # offline, as the suite is: never downloaded, nothing to read
      "error: --file: cannot download http://127.0.0.1:9/texts.csv: OfflineModeIsEnabled: Offline mode is enabled. "
