@@ -17,8 +17,8 @@ from __future__ import annotations
 import logging
 from typing import Optional
 
+import datasets
 import numpy as np
-import pyarrow as pa
 import pyarrow.compute as pc
 
 from finetune.errors import DataError, FileLayoutError
@@ -88,10 +88,12 @@ def warn_of_a_split_column(table: Table, used: list[str]) -> None:
 def _split_like(table: Table, used: list[str]) -> Optional[tuple[str, list[str]]]:
     """The first column, not one of ``used``, whose every value is a usual name of a split, two names or more, one
     of them not a training split's: its name and its values, sorted."""
-    arrow = as_arrow(table.ds)
+    texts = [name for name, feature in table.ds.features.items() if name not in used
+             and isinstance(feature, datasets.Value) and feature.dtype in ("string", "large_string")]
+    if not texts:
+        return None
+    arrow = as_arrow(table.ds.select_columns(texts))  # the texts to train on are not copied to be looked at
     for column, values in zip(arrow.column_names, arrow.columns):
-        if column in used or not (pa.types.is_string(values.type) or pa.types.is_large_string(values.type)):
-            continue
         names = sorted({name.strip() for name in pc.unique(values).to_pylist() if name is not None})
         if (len(names) >= 2 and all(name.lower() in SPLIT_NAMES for name in names)
                 and any(name.lower() not in ("train", "training") for name in names)):
