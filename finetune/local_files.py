@@ -99,6 +99,8 @@ def _read_path(path: Path, key: str, cfg: DataConfig, encoding_flag: str) -> Tab
     fmt = _detect_format(path, cfg.format, key, cfg.encoding)
     if fmt not in ("csv", "tsv") and cfg.has_header is False:
         raise headerless_layout_refused(path, fmt, key, cfg)
+    if cfg.sheet is not None and fmt != "excel" and key == "data.train_file":  # read on, it would be ignored
+        raise ConfigError(f"data.sheet: names a sheet of an Excel workbook, and {key} {path} is not one ({fmt})")
     if fmt == "saved":
         return Table.whole(_load_from_disk(path), str(path), unit="row")
     if fmt == "saved splits":
