@@ -60,7 +60,7 @@ def say_splits_left_out(splits: dict[str, Table], used: set[str], column: str) -
     if not left:
         return
     source = next(iter(splits.values())).source
-    said = " and ".join(f"{count} rows of split {name!r}" for name, count in left.items())
+    said = " and ".join(f"{count} row{'' if count == 1 else 's'} of split {name!r}" for name, count in left.items())
     test = next((name for name in left if name.lower() in ("test", "testing")), None)
     scores = f"; data.test_split_name={test} scores its rows after training" if test else ""
     logger.info("%s: left out %s, which the run neither trains, validates nor tests on (data.split_column: %s%s)",
