@@ -118,7 +118,7 @@ def _read_path(path: Path, key: str, cfg: DataConfig, encoding_flag: str) -> Tab
     if fmt == "json":
         return _load_json(path, cfg)
     if fmt == "excel":
-        return read_workbook(path, cfg.sheet)
+        return read_workbook(path, cfg.sheet, "--sheet" if encoding_flag.startswith("--") else "data.sheet")
     return Table.whole(_run_builder("parquet", path), str(path), unit="row")
 
 

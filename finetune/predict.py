@@ -340,10 +340,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = CommandParser(prog="finetune predict", description="Classify texts with a fine-tuned model.")
     parser.add_argument("output_dir", help="a run's output directory (the saved model)")
     parser.add_argument("texts", nargs="*", help="texts to classify (printed as JSON lines)")
-    parser.add_argument("--file", default=None, help="classify the texts of a .txt, .csv, .tsv, .json, .jsonl, "
-                        ".parquet or .xlsx file, a folder of .txt files (a text each) or one datasets saved, on disk, "
-                        "at a URL or in a .zip or .tar.gz (contest.zip/test.csv) (-: one text per line from standard "
-                        "input)")
+    parser.add_argument("--file", default=None, help="classify the texts of a .txt, .csv, .tsv, .json(l), .parquet "
+                        "or .xlsx file, a folder of .txt files (a text each) or one datasets saved, on disk, at a URL "
+                        "or in a .zip or .tar.gz (contest.zip/test.csv) (-: one text per line from standard input)")
+    parser.add_argument("--sheet", default=None, help="the sheet of an .xlsx --file to classify (default: the first)")
     parser.add_argument("--output", default=None, help="write the predictions to a .csv, .parquet, .xlsx or .jsonl")
     parser.add_argument("--text", "--text-column", dest="text_column", metavar="COLUMN", default=None,
                         help="CSV column / JSON key of the text (default: the run's data.text_column)")
@@ -405,7 +405,7 @@ def run(args: argparse.Namespace) -> None:
         except ValueError as exc:
             raise ConfigError(f"--threshold: {exc}") from None
     if args.file:
-        rows = read_rows(args.file, text_column, pair_column, encoding)
+        rows = read_rows(args.file, text_column, pair_column, encoding, args.sheet)
     else:
         if pair_column:
             raise ConfigError(f"this model takes text pairs ({pair_column!r}): use --file with both columns")

@@ -146,8 +146,8 @@ def check_options(args: argparse.Namespace) -> None:
         raise ModelError(f"{args.output_dir}: not found (pass a run's output_dir)")
 
 
-def read_rows(path: str | os.PathLike, text_column: str = "text",
-              text_pair_column: Optional[str] = None, encoding: str = "utf-8") -> list[dict[str, Any]]:
+def read_rows(path: str | os.PathLike, text_column: str = "text", text_pair_column: Optional[str] = None,
+              encoding: str = "utf-8", sheet: Optional[str] = None) -> list[dict[str, Any]]:
     """The rows of a ``.txt``, ``.csv``, ``.tsv``, ``.json``, ``.jsonl`` or ``.parquet`` file, or of a folder
     ``datasets`` saved, every column kept.
 
@@ -155,7 +155,8 @@ def read_rows(path: str | os.PathLike, text_column: str = "text",
     blank lines included (they get an empty prediction), so output rows line
     up with input lines; ``-`` reads such lines from standard input. The others are read by
     :func:`finetune.local_files.read_table`, as training data is, and must hold
-    ``text_column`` (a CSV/TSV header, or a JSON key). Text is read in ``encoding`` (``data.encoding``'s names).
+    ``text_column`` (a CSV/TSV header, or a JSON key). Text is read in ``encoding`` (``data.encoding``'s names); a
+    workbook's ``sheet`` (None: its first).
 
     Raises:
         DataError: naming the file (and line or column) if it is missing, has
@@ -170,6 +171,8 @@ def read_rows(path: str | os.PathLike, text_column: str = "text",
     local = Path(local_file(given))  # a URL or an archive is read from its copy,
     path = given if str(local) != given else local  # and named as given
     suffix = ".txt" if stdin else input_kind(local)
+    if sheet is not None and suffix not in (".xlsx", ".xlsm"):  # read on, it would be ignored
+        raise ConfigError(f"--sheet: names a sheet of an .xlsx --file, and {path} is not one")
     if suffix in ONE_TEXT_EACH:
         if text_pair_column:
             what = "standard input" if stdin else "a .txt file" if suffix == ".txt" else "a folder of .txt files"
@@ -179,7 +182,7 @@ def read_rows(path: str | os.PathLike, text_column: str = "text",
             _text_lines(sys.stdin.buffer if stdin else local, path, encoding)
     else:
         # the readers training uses: the same formats, quoting and encoding checks
-        table = read_table(str(path), "--file", DataConfig(train_file=str(path), encoding=encoding,
+        table = read_table(str(path), "--file", DataConfig(train_file=str(path), encoding=encoding, sheet=sheet,
                                                            text_column=text_column), "--encoding",
                            columns=(text_column, *([text_pair_column] if text_pair_column else [])))
         if pandas_layout(table):  # its one row would be classified as the text of a mapping

@@ -27,8 +27,9 @@ from finetune.tables import Table
 logger = logging.getLogger("finetune.data")
 
 
-def read_workbook(path: Path, sheet: Optional[str]) -> Table:
-    """The rows of ``sheet`` (None: the first) of the workbook ``path``, with its header row's columns.
+def read_workbook(path: Path, sheet: Optional[str], flag: str = "data.sheet") -> Table:
+    """The rows of ``sheet`` (None: the first) of the workbook ``path``, with its header row's columns; ``flag``:
+    the setting or option that names another sheet, as messages name it.
 
     Raises:
         DataError: naming the file, for a workbook that cannot be read, a sheet it lacks, or a sheet without rows.
@@ -39,7 +40,7 @@ def read_workbook(path: Path, sheet: Optional[str]) -> Table:
         with pd.ExcelFile(path, engine="openpyxl") as book:
             names = list(book.sheet_names)
             if sheet is not None and sheet not in names:
-                raise DataError(f"{path}: no sheet {sheet!r} (data.sheet); its sheets: {', '.join(names)}")
+                raise DataError(f"{path}: no sheet {sheet!r} ({flag}); its sheets: {', '.join(names)}")
             chosen = names[0] if sheet is None else sheet
             frame = book.parse(chosen, dtype=object)
     except FinetuneError:
@@ -47,8 +48,8 @@ def read_workbook(path: Path, sheet: Optional[str]) -> Table:
     except Exception as exc:  # noqa: BLE001 - not a workbook, or a damaged one: zipfile's and openpyxl's own words
         raise DataError(f"{path}: cannot read as an Excel workbook: {root_message(exc)}") from None
     if sheet is None and len(names) > 1:
-        logger.info("%s: read its first sheet, %r, of %d (%s); data.sheet names another", path, chosen, len(names),
-                    ", ".join(names))
+        logger.info("%s: read its first sheet, %r, of %d (%s); %s names another", path, chosen, len(names),
+                    ", ".join(names), flag)
     frame.columns = [str(name) for name in frame.columns]
     cells = {name: _one_type([_cell(value) for value in frame[name]]) for name in frame.columns}
     ds = datasets.Dataset.from_dict(cells)

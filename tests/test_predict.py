@@ -495,7 +495,7 @@ def test_predictions_go_to_parquet_as_to_csv_with_the_inputs_own_types(trained, 
                                                                                 for v in read]
 
 
-def test_predictions_go_to_a_workbook_as_to_csv_each_number_a_number(trained, predictor, tmp_path):
+def test_predictions_go_to_a_workbook_as_to_csv_each_number_a_number(trained, predictor, tmp_path, capsys):
     """A workbook in, a workbook out: the input's columns and the predicted ones, numbers as numbers; a text that
     starts with '=' stays a text, not a formula, and a control character a workbook cannot hold is U+FFFD."""
     import openpyxl
@@ -519,6 +519,20 @@ def test_predictions_go_to_a_workbook_as_to_csv_each_number_a_number(trained, pr
                                                                                                        expected))]
     assert [row[5] for row in rows[1:-1]] == pytest.approx([p["probabilities"]["spam"] for p in expected], abs=1e-6)
     assert rows[-1][:2] == ["=1+1 is two", 99] and sheet.cell(len(rows), 1).data_type == "s"
+    # another sheet, by --sheet; a sheet the workbook lacks, or --sheet beside a file of another kind, is one line
+    book.create_sheet("other").append(["text"])
+    book["other"].append([TEXTS[0]])
+    book.save(tmp_path / "in.xlsx")
+    assert main([str(out), "--file", str(tmp_path / "in.xlsx"), "--sheet", "other", "--output",
+                 str(tmp_path / "o.csv")]) == 0
+    capsys.readouterr()
+    assert (tmp_path / "o.csv").read_text(encoding="utf-8").splitlines()[1].startswith(f"{TEXTS[0]},")
+    assert main([str(out), "--file", str(tmp_path / "in.xlsx"), "--sheet", "Other"]) == 2
+    assert capsys.readouterr().err.strip() == (f"error: {tmp_path / 'in.xlsx'}: no sheet 'Other' (--sheet); its "
+                                               "sheets: Sheet, other")
+    assert main([str(out), "--file", str(tmp_path / "o.csv"), "--sheet", "other"]) == 2
+    assert capsys.readouterr().err.strip() == (f"error: --sheet: names a sheet of an .xlsx --file, and "
+                                               f"{tmp_path / 'o.csv'} is not one")
     (tmp_path / "bell.jsonl").write_text(json.dumps({"text": "ring \x07 twice"}) + "\n", encoding="utf-8")
     assert main([str(out), "--file", str(tmp_path / "bell.jsonl"), "--output", str(tmp_path / "b.xlsx")]) == 0
     assert openpyxl.load_workbook(tmp_path / "b.xlsx").active.cell(2, 1).value == "ring \ufffd twice"
