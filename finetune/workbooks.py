@@ -43,6 +43,8 @@ def read_workbook(path: Path, sheet: Optional[str], flag: str = "data.sheet") ->
                 raise DataError(f"{path}: no sheet {sheet!r} ({flag}); its sheets: {', '.join(names)}")
             chosen = names[0] if sheet is None else sheet
             frame = book.parse(chosen, dtype=object)
+            # pandas renames a name the header row repeats (text, text.1): the names as written, to refuse it by
+            header = [] if frame.columns.empty else list(book.parse(chosen, header=None, nrows=1).iloc[0])
     except FinetuneError:
         raise
     except Exception as exc:  # noqa: BLE001 - not a workbook, or a damaged one: zipfile's and openpyxl's own words
@@ -56,7 +58,18 @@ def read_workbook(path: Path, sheet: Optional[str], flag: str = "data.sheet") ->
     rows = np.flatnonzero([any(values[i] is not None for values in cells.values()) for i in range(len(ds))])
     if len(rows) == 0:
         raise DataError(f"{path}: sheet {chosen!r} has no rows below its header")
-    return Table.whole(ds, str(path), unit="row", offset=2, empty_field_is_null=True).keep(rows)
+    return Table.whole(ds, str(path), unit="row", offset=2, empty_field_is_null=True,
+                       repeated_columns=_repeated(header)).keep(rows)
+
+
+def _repeated(header: list[Any]) -> dict[str, list[int]]:
+    """The names a header row writes more than once (the spaces around a name are not part of it), with their
+    1-based columns."""
+    columns: dict[str, list[int]] = {}
+    for i, name in enumerate(header, start=1):
+        if _cell(name) is not None:
+            columns.setdefault(str(name).strip(), []).append(i)
+    return {name: where for name, where in columns.items() if len(where) > 1}
 
 
 def _cell(value: Any) -> Any:

@@ -206,6 +206,10 @@ def test_an_excel_workbook_reads_its_first_sheet_with_its_rows_numbered_as_excel
     assert len(load_splits(cfg(both, sheet="Data"), seed=0)[0]["train"]) == 8
     with pytest.raises(DataError, match=r"t\.xlsx: no sheet 'data' \(data.sheet\); its sheets: Notes, Data"):
         load_splits(cfg(both, sheet="data"), seed=0)
+    twice = _workbook(tmp_path / "t.xlsx", {"Data": [("text", "label", "text"), ("a", "ham", "b"), ("c", "spam", "d")]})
+    with pytest.raises(FileLayoutError, match=r"t\.xlsx: the header names 'text' in fields 1 and 3, so "
+                                              r"data.text_column could mean either"):
+        load_splits(cfg(twice), seed=0)
     text = write(tmp_path / "t.csv", "text,label\nhi,ham\nwin,spam\n")
     with pytest.raises(ConfigError, match=r"data.sheet: names a sheet of an Excel workbook, and data.train_file "
                                           r".*t\.csv is not one \(csv\)"):
