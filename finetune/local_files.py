@@ -46,7 +46,7 @@ from finetune.format_errors import headerless_layout_refused, unsupported_format
 from finetune.nested_json import object_over_lines_hint, rows_under_one_key
 from finetune.remote_files import is_url
 from finetune.resources import EXTENSIONS, SAVED_DATASET_DICT_FILE, WORKBOOKS, data_path, saved_by_datasets
-from finetune.tables import Table, as_arrow, as_mask
+from finetune.tables import Table, as_arrow, as_mask, repeated_names
 from finetune.workbooks import read_workbook
 from finetune.text_encoding import (compression_of, inner_suffix, is_utf8, marked_encoding, open_bytes, open_text,
                                     python_codec, undecodable)
@@ -285,7 +285,7 @@ def _load_delimited(path: Path, fmt: str, cfg: DataConfig) -> Table:
     if quoting != csv.QUOTE_NONE:
         refuse_rows_run_together(path, sep, cfg.encoding, ds)
     table = Table.whole(_header_unpadded(ds), str(path), unit="line", offset=(2 if cfg.has_header else 1) + skip,
-                        empty_field_is_null=True, repeated_columns=_repeated(columns or []))
+                        empty_field_is_null=True, repeated_columns=repeated_names(columns or []))
     blank = functools.reduce(pc.and_, [pc.is_null(values) for values in as_arrow(ds).columns])
     repeated = repeated_header(ds) if header == 0 else np.zeros(len(ds), dtype=bool)
     say_repeated_header(table, repeated)
@@ -293,15 +293,6 @@ def _load_delimited(path: Path, fmt: str, cfg: DataConfig) -> Table:
     if len(rows) == 0:
         raise DataError(f"{path}: empty file (no rows)")
     return table.keep(rows)
-
-
-def _repeated(header: list[str]) -> dict[str, list[int]]:
-    """The names a header writes more than once (the spaces around a name are not part of it), with their
-    1-based fields."""
-    fields: dict[str, list[int]] = {}
-    for i, name in enumerate(header, start=1):
-        fields.setdefault(name.strip(), []).append(i)
-    return {name: where for name, where in fields.items() if len(where) > 1}
 
 
 def _header_unpadded(ds: datasets.Dataset) -> datasets.Dataset:

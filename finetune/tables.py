@@ -93,6 +93,16 @@ class Table:
         return dataclasses.replace(self, ds=self.ds.select(rows), positions=self.positions[rows])
 
 
+def repeated_names(header: list[Any]) -> dict[str, list[int]]:
+    """The names a header writes more than once (the spaces around a name are not part of it; an empty cell of a
+    workbook's header row names nothing), with their 1-based fields: what :meth:`Table.refuse_repeated` refuses."""
+    fields: dict[str, list[int]] = {}
+    for i, name in enumerate(header, start=1):
+        if name is not None and not (isinstance(name, float) and name != name):  # NaN: pandas' empty cell
+            fields.setdefault(str(name).strip(), []).append(i)
+    return {name: where for name, where in fields.items() if len(where) > 1}
+
+
 def column_values(ds: datasets.Dataset, name: str) -> list[Any]:
     """A column's values as Python objects, honouring any selection of rows.
 

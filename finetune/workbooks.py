@@ -22,7 +22,7 @@ import datasets
 import numpy as np
 
 from finetune.errors import DataError, FinetuneError, root_message
-from finetune.tables import Table
+from finetune.tables import Table, repeated_names
 
 logger = logging.getLogger("finetune.data")
 
@@ -59,17 +59,7 @@ def read_workbook(path: Path, sheet: Optional[str], flag: str = "data.sheet") ->
     if len(rows) == 0:
         raise DataError(f"{path}: sheet {chosen!r} has no rows below its header")
     return Table.whole(ds, str(path), unit="row", offset=2, empty_field_is_null=True,
-                       repeated_columns=_repeated(header)).keep(rows)
-
-
-def _repeated(header: list[Any]) -> dict[str, list[int]]:
-    """The names a header row writes more than once (the spaces around a name are not part of it), with their
-    1-based columns."""
-    columns: dict[str, list[int]] = {}
-    for i, name in enumerate(header, start=1):
-        if _cell(name) is not None:
-            columns.setdefault(str(name).strip(), []).append(i)
-    return {name: where for name, where in columns.items() if len(where) > 1}
+                       repeated_columns=repeated_names(header)).keep(rows)
 
 
 def _cell(value: Any) -> Any:

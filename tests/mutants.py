@@ -668,7 +668,7 @@ DATA_MUTANTS = (
     Mutant("workbooks.py", "    if len(kinds) <= 1:\n        return values", "    if True:\n        return values",
            "a workbook's column of texts and numbers is read as typed, which Arrow cannot hold in one column",
            ("tests/test_data.py",)),
-    Mutant("workbooks.py", "    return {name: where for name, where in columns.items() if len(where) > 1}", "    return {}",
+    Mutant("workbooks.py", "repeated_columns=repeated_names(header)).keep(rows)", "repeated_columns={}).keep(rows)",
            "a workbook's header row naming the text column twice trains on the first, unsaid", ("tests/test_data.py",)),
     Mutant("workbooks.py", 'unit="row", offset=2,', 'unit="row", offset=1,',
            "a workbook's rows are named one above Excel's numbers", ("tests/test_data.py",)),
