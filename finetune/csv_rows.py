@@ -51,8 +51,8 @@ def refuse_rows_run_together(path: Path, sep: str, encoding: str, ds: datasets.D
 def spans_lines(ds: datasets.Dataset) -> bool:
     """Whether a text field of ``ds`` holds a line break."""
     table = as_arrow(ds)
-    return any((pa.types.is_string(column.type) or pa.types.is_large_string(column.type))
-               and pc.any(pc.match_substring_regex(column, "[\r\n]")).as_py() for column in table.columns)
+    return any(_of_text(column) and pc.any(pc.match_substring_regex(column, "[\r\n]")).as_py()
+               for column in table.columns)
 
 
 def refuse_unpaired_quote(path: Path, sep: str, encoding: str) -> None:
@@ -80,10 +80,14 @@ def repeated_header(ds: datasets.Dataset) -> np.ndarray:
     """Which rows of ``ds``, read with a header, write every one of its column names again, each in its own
     column; a column not of strings holds no name."""
     table = as_arrow(ds)
-    if not all(pa.types.is_string(column.type) or pa.types.is_large_string(column.type) for column in table.columns):
+    if not all(_of_text(column) for column in table.columns):
         return np.zeros(len(ds), dtype=bool)
     same = functools.reduce(pc.and_, [pc.equal(column, name) for column, name in zip(table.columns, ds.column_names)])
     return as_mask(pc.fill_null(same, False))
+
+
+def _of_text(column: pa.ChunkedArray) -> bool:
+    return pa.types.is_string(column.type) or pa.types.is_large_string(column.type)
 
 
 def say_repeated_header(table: Table, repeated: np.ndarray) -> None:
