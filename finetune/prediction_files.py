@@ -24,14 +24,14 @@ from pathlib import Path
 from typing import Any, Iterator, Optional, Sequence
 
 from finetune.errors import ConfigError, DataError, ModelError
-from finetune.resources import saved_by_datasets
+from finetune.resources import WORKBOOKS, saved_by_datasets
 from finetune.schema import checked_threshold, label_columns  # the schema alone: no YAML or config loaded
 from finetune.text_encoding import COMPRESSIONS, check_encoding, compression_of, inner_suffix, open_bytes
 
 # the formats training reads, and plain lines of text
-INPUT_FORMATS = (".txt", ".csv", ".tsv", ".json", ".jsonl", ".parquet", ".xlsx", ".xlsm")
+INPUT_FORMATS = (".txt", ".csv", ".tsv", ".json", ".jsonl", ".parquet", *WORKBOOKS)
 # read as they are, never compressed again: Parquet compresses its columns, a workbook is a zip archive
-WHOLE_FORMATS = (".parquet", ".xlsx", ".xlsm")
+WHOLE_FORMATS = (".parquet", *WORKBOOKS)
 STDIN = "-"  # --file -: one text per line from standard input, as a .txt file
 SAVED = "saved"  # what read_rows calls a folder that datasets' save_to_disk wrote, in place of an extension
 TEXT_FOLDER = "folder"  # and a folder of .txt files (in sub-folders too: a class folder), each file a text
@@ -171,7 +171,7 @@ def read_rows(path: str | os.PathLike, text_column: str = "text", text_pair_colu
     local = Path(local_file(given))  # a URL or an archive is read from its copy,
     path = given if str(local) != given else local  # and named as given
     suffix = ".txt" if stdin else input_kind(local)
-    if sheet is not None and suffix not in (".xlsx", ".xlsm"):  # read on, it would be ignored
+    if sheet is not None and suffix not in WORKBOOKS:  # read on, it would be ignored
         raise ConfigError(f"--sheet: names a sheet of an .xlsx --file, and {path} is not one")
     if suffix in ONE_TEXT_EACH:
         if text_pair_column:
@@ -190,9 +190,9 @@ def read_rows(path: str | os.PathLike, text_column: str = "text", text_pair_colu
         for column, flag in [(text_column, "--text")] + ([(text_pair_column, "--text-pair")]
                                                          if text_pair_column else []):
             if column not in table.column_names:
-                where = {".csv": "in the header", ".tsv": "in the header", ".xlsx": "in the header row",
-                         ".xlsm": "in the header row", ".parquet": "among the columns",
-                         SAVED: "among the columns"}.get(suffix, "among the keys")
+                where = "in the header row" if suffix in WORKBOOKS else {
+                    ".csv": "in the header", ".tsv": "in the header", ".parquet": "among the columns",
+                    SAVED: "among the columns"}.get(suffix, "among the keys")
                 like = named_like(column, table.column_names)
                 raise DataError(f"--file {path}: no column {column!r} {where} "
                                 f"({', '.join(table.column_names) or 'empty'}); pass {flag}",

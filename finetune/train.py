@@ -123,7 +123,7 @@ def shortcut_overrides(args: argparse.Namespace, flags) -> list[str]:
     given = [f"{SHORTCUTS[flag]}={getattr(args, flag)}" for flag in flags if getattr(args, flag)]
     settings = naming_settings([*given, *args.overrides])
     named = "output.output_dir" in settings
-    replaced = replacing_data_name(settings, args.config)
+    replaced = replacing_data_name(settings)
     if replaced and is_shipped(args.config) and not named:
         given.append(f"output.output_dir=outputs/{replaced}")
     return given
@@ -143,7 +143,7 @@ def naming_settings(overrides: list[str]) -> dict:
     return settings
 
 
-def replacing_data_name(settings: dict, config_path: str | None) -> str | None:
+def replacing_data_name(settings: dict) -> str | None:
     """The name of the data that command-line ``settings`` put in the config's place, or None where they left it.
 
     A file is named as ``resources.data_name`` names it (``reviews`` for
