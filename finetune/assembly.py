@@ -9,7 +9,8 @@ it); its steps run in the order that fails cheapest first::
                                      modeling.choose_trained_weights (LoRA adapters, frozen layers, or all),
                                      modeling.set_attention_kernel (training.attention_kernel)
     metrics, task                    metric_suite, build_task
-    tokens                           dataloaders.tokenize_data (cached), cut as data.truncation says
+    tokens                           dataloaders.tokenize_data (cached), cut as data.truncation says; the words
+                                     its tokenizer cannot read counted (dataloaders.count_unknown_words)
     micro-batch, memory              autobatch.fit_in_memory: under auto the same B, a smaller b, a larger k,
                                      and gradient checkpointing when the micro-batch would be too small; then
                                      the memory plan (finetune.memory), refused when a set b cannot fit
@@ -32,8 +33,8 @@ from finetune.accumulation import Batching, accumulate_as, layout_for, resolve_b
 from finetune.autobatch import Checkpointing, fit_in_memory
 from finetune.config import DEFAULT_THRESHOLD, PER_LABEL, Config
 from finetune.dataloaders import (
-    batch_padding, build_dataloaders, collator, count_long_texts, count_seen_in_training, load_data, longest_text, tokenize_data,
-    tokenized_cache_dir,
+    batch_padding, build_dataloaders, collator, count_long_texts, count_seen_in_training, count_unknown_words, load_data,
+    longest_text, tokenize_data, tokenized_cache_dir,
 )
 from finetune.errors import ConfigError
 from finetune.launch import build_accelerator
@@ -80,6 +81,9 @@ class Run:
     memory: Optional[Any] = None  # a finetune.memory.MemoryPlan
     # how many training texts data.max_length cut, and to what (a finetune.truncation.LongTexts)
     long_texts: Optional[Any] = None
+    # how much of the training texts the tokenizer reads as its unknown token (a
+    # finetune.unknown_words.UnknownWords; None for a tokenizer without one)
+    unknown_words: Optional[Any] = None
     # validation rows whose text a training row has too (finetune.dataloaders.count_seen_in_training)
     seen_in_training: int = 0
     # training.cuda_graphs where it applies: a finetune.cuda_graphs.GraphedMicroBatches, made by fit before the
@@ -169,6 +173,7 @@ def setup_run(cfg: Config, accelerator=None, batching: Optional[Batching] = None
     start_thresholds(model.config, labels.names, task)
     tokenized = tokenize_data(cfg, splits, tokenizer, accelerator, cache_dir, row_digests={"train": data_sha256})
     cut = count_long_texts(cfg, tokenized["train"])
+    unknown = count_unknown_words(tokenizer, splits, tokenized, accelerator)
     longest = longest_text(tokenized["train"])
     padding = batch_padding(cfg, model_config, longest)
     probe = collator(tokenizer, accelerator, cfg, longest=longest, fixed=padding.length)
@@ -194,6 +199,7 @@ def setup_run(cfg: Config, accelerator=None, batching: Optional[Batching] = None
     return Run(cfg, accelerator, batching, tokenizer, labels, model, optimizer, scheduler, train_dl, eval_dl,
                metrics, plan, task, data_sha256, new_head=new_head,
                checkpointing=checkpointing, lora=lora, frozen=frozen, memory=memory, long_texts=cut,
+               unknown_words=unknown,
                seen_in_training=seen, head_start=head_start, test=test, padding=padding)
 
 

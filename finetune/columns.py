@@ -18,10 +18,16 @@ def read_column(ds, name: str) -> list[Any]:
     start-up); where the mapping is there to read, one Arrow ``take`` does it, to the same values. Without it,
     the public read.
     """
+    return arrow_column(ds, name).to_pylist()
+
+
+def arrow_column(ds, name: str) -> "pa.ChunkedArray | pa.Array":  # noqa: F821
+    """Column ``name`` of ``ds`` (its selected rows, in their order) as Arrow holds it, read as
+    :func:`read_column` reads it: for NumPy to count over without a Python object per value."""
     if not hasattr(ds, "_indices") or not (ds._indices is None or _is_index_table(ds._indices)):
-        return ds.with_format("arrow")[name].to_pylist()
+        return ds.with_format("arrow")[name]
     column = ds.data.column(name)
-    return (column if ds._indices is None else column.take(ds._indices.column(0))).to_pylist()
+    return column if ds._indices is None else column.take(ds._indices.column(0))
 
 
 def _is_index_table(mapping: Any) -> bool:

@@ -21,7 +21,6 @@ import numpy as np
 import torch
 
 from finetune.accumulation import Batching
-from finetune.columns import read_column
 from finetune.config import PAD_TO_MULTIPLE_OF, Config
 from finetune.errors import ConfigError, FinetuneError
 from finetune.launch import choose_workers
@@ -119,6 +118,18 @@ def count_long_texts(cfg: Config, train):
     return long_texts(train, truncation_of(cfg.data))
 
 
+def count_unknown_words(tokenizer, splits, tokenized, accelerator):
+    """What of the training texts the tokenizer reads as its unknown token (a
+    :class:`~finetune.unknown_words.UnknownWords`, ``None`` for a tokenizer without one), warned of by the main
+    process where it is more than a stray symbol."""
+    from finetune.unknown_words import count_unknown_words as count, say_unknown_words
+
+    found = count(tokenizer, splits["train"], tokenized["train"])
+    if accelerator.is_main_process:
+        say_unknown_words(found)
+    return found
+
+
 def count_seen_in_training(splits) -> int:
     """How many rows of ``splits["validation"]`` have a text (with its pair) that a training row has too.
 
@@ -134,9 +145,9 @@ def count_seen_in_training(splits) -> int:
 
 def longest_text(split) -> Optional[int]:
     """The most tokens a text of the tokenized ``split`` has (``None`` for an empty one)."""
-    from finetune.truncation import LENGTH
+    from finetune.truncation import text_lengths
 
-    return max(read_column(split, LENGTH), default=None)
+    return max(text_lengths(split), default=None)
 
 
 def bucket_lengths(top: int, buckets: int) -> list[int]:
@@ -274,9 +285,9 @@ def build_dataloaders(cfg: Config, tokenized, tokenizer, accelerator, batching: 
     """
     from torch.utils.data import DataLoader
 
-    from finetune.truncation import LENGTH, model_inputs
+    from finetune.truncation import model_inputs, text_lengths
 
-    lengths = read_column(tokenized["train"], LENGTH)
+    lengths = text_lengths(tokenized["train"])
     collate = collator(tokenizer, accelerator, cfg, checkpointing, longest=max(lengths, default=None), fixed=fixed)
     train = model_inputs(tokenized["train"])
     sampler = training_sampler(cfg, lengths, batching)
@@ -303,7 +314,7 @@ def build_dataloaders(cfg: Config, tokenized, tokenizer, accelerator, batching: 
     if "validation" in tokenized:
         # longest first, so padding is least and an out-of-memory shows at the first batch
         # (select by argsort rather than Dataset.sort, which trips a pyarrow deprecation warning)
-        order = np.argsort(-np.asarray(read_column(tokenized["validation"], LENGTH)), kind="stable")
+        order = np.argsort(-np.asarray(text_lengths(tokenized["validation"])), kind="stable")
         val = model_inputs(tokenized["validation"].select(order))
         eval_dl = DataLoader(
             val, batch_size=cfg.training.per_device_eval_batch_size, pin_memory=pin,

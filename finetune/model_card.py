@@ -28,6 +28,7 @@ from finetune.modeling import hub_id, model_name
 from finetune.outputs import CONFIG_FILE, MODEL_CARD_FILE, MODEL_CARD_MARK
 from finetune.schema import PER_LABEL
 from finetune.thresholds import format_thresholds
+from finetune.unknown_words import card_lines as unknown_words_lines
 
 # metric names as the Hub's model-index spells them, and how the card titles them
 _TITLES = {"accuracy": "Accuracy", "f1": "F1", "precision": "Precision", "recall": "Recall",
@@ -422,6 +423,7 @@ def model_card(cfg, summary: dict[str, Any]) -> str:
         f"max length {cfg.data.max_length} tokens; seed {cfg.training.seed}",
         *_left_out(cfg.data, cfg.model.problem_type),
         *_long_texts(train.get("long_texts")),
+        *unknown_words_lines(train.get("unknown_words")),
         *_adapters(train.get("lora")),
         *_frozen(train.get("frozen")),
         *_thresholds(cfg.evaluation, summary.get("eval_thresholds"), labels, cfg.model.problem_type),

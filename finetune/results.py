@@ -74,6 +74,9 @@ def summarize(run: "Run", history: list[dict[str, Any]], ended: str = "completed
             "frozen": run.frozen.record() if run.frozen is not None else None,
             # how many training texts data.max_length cut, and what they kept
             "long_texts": run.long_texts.record() if run.long_texts is not None else None,
+            # how many training texts hold words the tokenizer reads as its unknown token, and the commonest of
+            # those words, or null: a tokenizer without one (finetune.unknown_words)
+            "unknown_words": run.unknown_words.record() if run.unknown_words is not None else None,
             "ended": ended,
             # SHA-256 of the training rows as read (values and schema, in order): what a resume compares, and what
             # tells a run again from config.yaml whether it read the same data (a file edited, a URL's changed)

@@ -302,6 +302,11 @@ class LongTexts:
         return record
 
 
+def text_lengths(split) -> list[int]:
+    """Each text's tokens in a tokenized ``split``, what its micro-batch pads it to (its ``length`` column)."""
+    return read_column(split, LENGTH)
+
+
 def long_texts(split, truncation: Truncation) -> LongTexts:
     """Count the texts of a tokenized ``split`` longer than the window (and their windows under ``chunks``)."""
     full = read_column(split, FULL_LENGTH) if len(split) else []

@@ -665,6 +665,19 @@ EVALUATION_MUTANTS = (
 # own data", docs/configuration.md's data keys and problem types)
 OWN_DATA = ("tests/test_data.py", "tests/test_own_data.py")
 DATA_MUTANTS = (
+    Mutant("unknown_words.py", "rows.append(np.unique(row_of[is_unknown]) + start)",
+           "rows.append(np.unique(row_of[is_unknown]))",
+           "the words read as unknown are looked for in the wrong rows past the split's first Arrow chunk", ("tests/test_unknown_words.py",)),
+    Mutant("unknown_words.py", "row_of = parents if row_of is None else row_of[parents]", "row_of = parents",
+           "a chunked text's windows are taken for rows: its unknown words are looked for in other texts", ("tests/test_unknown_words.py",)),
+    Mutant("unknown_words.py", "special = sorted(set(tokenizer.all_special_ids) - {unk})",
+           "special = tokenizer.all_special_ids", "the unknown tokens are left out of the tokens they are a share of",
+           ("tests/test_unknown_words.py",)),
+    Mutant("unknown_words.py", "return self.holding > 0 and self.holding >= WORTH_SAYING * self.texts",
+           "return self.holding > 0 and self.holding > WORTH_SAYING * self.texts",
+           "one text in fifty holding an unknown word goes unsaid", ("tests/test_unknown_words.py",)),
+    Mutant("dataloaders.py", "        say_unknown_words(found)", "        pass",
+           "a run whose texts the tokenizer cannot read trains without a word of it", ("tests/test_unknown_words.py",)),
     Mutant("workbooks.py", "    if len(kinds) <= 1:\n        return values", "    if True:\n        return values",
            "a workbook's column of texts and numbers is read as typed, which Arrow cannot hold in one column",
            ("tests/test_data.py",)),
