@@ -571,6 +571,14 @@ LOGGING_MUTANTS = (
 SELECTION = ("tests/test_selection.py",)
 CARVE = ("tests/test_data.py",)
 EVALUATION_MUTANTS = (
+    Mutant("start_line.py", "    epochs = -(-FEW_UPDATES * plan.num_epochs // plan.total_updates)",
+           "    epochs = FEW_UPDATES * plan.num_epochs // plan.total_updates",
+           "the caution of few updates names epochs that still make too few", ("tests/test_start_of_run.py",)),
+    Mutant("start_line.py", "    if not run.new_head or run.cfg.training.max_steps is not None or",
+           "    if not run.new_head or", "a quick run asked for by training.max_steps is cautioned of its few updates",
+           ("tests/test_start_of_run.py",)),
+    Mutant("start_line.py", "plan.total_updates >= FEW_UPDATES:", "plan.total_updates >= FEW_UPDATES * 100:",
+           "a run of enough updates is cautioned of few", ("tests/test_start_of_run.py",)),
     Mutant("selection.py", 'greater = not metric.endswith(("loss", "error", "mse", "mae"))',
            'greater = not metric.endswith(("loss", "error"))', "an error (mse, mae) is taken as better higher",
            SELECTION + ("tests/test_config_schema.py",)),

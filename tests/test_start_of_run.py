@@ -87,14 +87,47 @@ def test_a_data_error_is_the_only_line(tmp_path):
                     "hint: by the values, try --label label (data.label_column=label)"]
 
 
-def _config_with_validation(tmp_path, train, validation, name: str):
-    """The config of a tiny model's run on ``train`` validated on ``validation`` (written as ``name``)."""
+def _config_with_validation(tmp_path, train, validation, name: str, epochs: int | None = 50, extra: tuple = ()):
+    """The config of a tiny model's run on ``train`` validated on ``validation`` (written as ``name``), over
+    ``epochs``: enough updates by default that the caution of few updates leaves the others alone."""
     from finetune.config import load_config
 
     return load_config(None, [f"data.train_file={_write_csv(tmp_path / 'train.csv', train)}",
                               f"data.validation_file={_write_csv(tmp_path / name, validation)}",
                               f"model.name_or_path={save_tiny_model(tmp_path / 'tiny-bert')}", "data.max_length=32",
-                              "training.mixed_precision=no", f"output.output_dir={tmp_path / 'out'}"])
+                              "training.mixed_precision=no", f"output.output_dir={tmp_path / 'out'}",
+                              *([f"training.num_train_epochs={epochs}"] if epochs else []), *extra])
+
+
+def test_a_new_head_over_few_updates_is_cautioned_of_with_the_epochs_that_make_enough(tmp_path):
+    import dataclasses
+
+    from finetune import setup_run
+    from finetune.start_line import FEW_UPDATES, cautions, few_updates
+    from tiny_run import reset_accelerate
+
+    def run_of(*extra, epochs=1):
+        reset_accelerate()
+        try:
+            return setup_run(_config_with_validation(tmp_path, make_texts(180, seed=5), make_texts(20, seed=6),
+                                                     "dev.csv", epochs=epochs, extra=extra))
+        finally:
+            reset_accelerate()
+
+    run = run_of()
+    assert run.plan.total_updates == 6 and FEW_UPDATES == 50  # 180 texts, 32 an update
+    said = few_updates(run)
+    assert said == (
+        "the run makes 6 updates in all (1 epoch of 180 texts, 32 an update): a new head learns little in so few "
+        "(the default job's F1 was 0 after 12 updates, 0.88 after 25, 0.94 after 50); training.num_train_epochs=9 "
+        "makes about 54 (docs/configuration.md#few-updates)") and said in cautions(run)
+    # the epochs it names are the fewest that make enough
+    enough = run_of(epochs=9)
+    assert enough.plan.total_updates == 54 and few_updates(enough) is None
+    assert run_of(epochs=8).plan.total_updates < FEW_UPDATES
+    # a quick run asked for, and a head that is not new, are left alone
+    assert few_updates(run_of("training.max_steps=6", epochs=None)) is None
+    assert few_updates(dataclasses.replace(run, new_head=())) is None
 
 
 def test_validation_rows_trained_on_are_counted_and_cautioned_of_past_a_fifth(tmp_path):
