@@ -169,10 +169,14 @@ def load_labelled_file(spec: str, cfg: DataConfig, label_space: LabelSpace, key:
     return _encode_against(_load_local(spec, key, cfg), cfg, label_space)
 
 
-def load_test_split(cfg: DataConfig, label_space: LabelSpace) -> Optional[tuple[datasets.Dataset, str]]:
+TEST_KEY = "data.test_split_name"
+
+
+def load_test_split(cfg: DataConfig, label_space: LabelSpace, key: str = TEST_KEY
+                    ) -> Optional[tuple[datasets.Dataset, str]]:
     """The test set ``data.test_file`` or ``data.test_split_name`` names, read as a validation file is (its labels
     looked up among the training data's), and where it came from (the file as given, or ``glue/sst2[test]``);
-    ``None`` without one.
+    ``None`` without one. ``key``: what errors call the split's setting (``finetune score``'s ``--split``).
 
     Raises:
         DataError: naming the file, split or row, as for validation data.
@@ -192,21 +196,21 @@ def load_test_split(cfg: DataConfig, label_space: LabelSpace) -> Optional[tuple[
     else:
         loaded, shown = read_saved_splits(cfg.train_file, "data.train_file", cfg.format), cfg.train_file
         if loaded is None:
-            raise ConfigError(f"data.test_split_name: {cfg.train_file} is one file, not a data set of splits",
-                              hint="give the test rows as a file of their own: data.test_file=..., or name the "
-                                   "column of each row's split: data.split_column=...")
+            own_file = "give the test rows as a file of their own: data.test_file=..., or " if key == TEST_KEY else ""
+            raise ConfigError(f"{key}: {cfg.train_file} is one file, not a data set of splits",
+                              hint=f"{own_file}name the column of each row's split: data.split_column=...")
         tables = _tables_of(loaded, shown)
     if split not in tables:
-        raise DataError(f"data.test_split_name: {shown} has no split {split!r} (splits: {', '.join(tables)})")
+        raise DataError(f"{key}: {shown} has no split {split!r} (splits: {', '.join(tables)})")
     if len(tables[split].ds) == 0:
         raise DataError(f"{shown}[{split}]: no rows")
     table = standardize(tables[split], cfg.text_column, cfg.text_pair_column, cfg.label_column)
     if isinstance(table.ds.features[RAW_LABEL], datasets.ClassLabel) and max(read_column(table.ds, RAW_LABEL)) < 0:
-        raise DataError(f"data.test_split_name: {shown}[{split}] has no labels (every row's is -1: a benchmark keeps "
-                        f"its test labels for its leaderboard)",
+        raise DataError(f"{key}: {shown}[{split}] has no labels (every row's is -1: a benchmark keeps its test "
+                        f"labels for its leaderboard)",
                         hint=f"take its validation split as the test set, and carve the validation rows from "
                              f"{cfg.train_split}: data.test_split_name={cfg.validation_split_name or 'validation'} "
-                             f"data.validation_split_name=null")
+                             f"data.validation_split_name=null" if key == TEST_KEY else None)
     return _encode_against(table, cfg, label_space), named or f"{shown}[{split}]"
 
 

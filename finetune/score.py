@@ -105,7 +105,8 @@ def threshold_given(setting, problem_type: str, names: Sequence[str]) -> Union[N
 
 def score_file(output_dir: str | os.PathLike, file: str | os.PathLike, overrides: Sequence[str] = (),
                batch_size: int = DEFAULT_BATCH_SIZE, predictor: Optional[Predictor] = None,
-               precision: str = "no", count_seen: bool = True, across_processes: bool = False) -> Score:
+               precision: str = "no", count_seen: bool = True, across_processes: bool = False,
+               split: Optional[str] = None) -> Score:
     """The configured metrics, the loss and the confusion matrix of a run's model on a labelled file.
 
     Args:
@@ -121,6 +122,9 @@ def score_file(output_dir: str | os.PathLike, file: str | os.PathLike, overrides
             the run's training rows again); ``False`` leaves ``Score.seen_in_training`` ``None``.
         across_processes: Under ``accelerate launch``, each process runs a share of the batches (see
             :class:`~finetune.predict.Predictor`); every process gets the whole score.
+        split: Score that split of the file alone: the rows whose ``data.split_column`` (the run's, or one of
+            ``overrides``) holds it, or the split of a folder ``datasets`` saved. The score's file is then named
+            ``all.csv[test]``.
 
     Raises:
         FinetuneError: one line naming the file, row or key for bad input.
@@ -130,7 +134,7 @@ def score_file(output_dir: str | os.PathLike, file: str | os.PathLike, overrides
     from finetune.metrics import metric_suite_for
     from finetune.tasks import model_labels
 
-    cfg = scoring_config(output_dir, file, overrides)
+    cfg = scoring_config(output_dir, file, overrides, split)
     # read the file before loading the weights: bad data fails fast
     if predictor is not None:
         names, problem_type = predictor.labels, predictor.problem_type
@@ -149,7 +153,12 @@ def score_file(output_dir: str | os.PathLike, file: str | os.PathLike, overrides
     predictor = predictor or Predictor.load(output_dir, batch_size=batch_size, precision=precision,
                                             across_processes=across_processes)
     seen = texts_seen_in_training(output_dir, texts, pairs) if count_seen else None
-    return score_texts(predictor, suite, str(file), texts, pairs, references, threshold, seen)
+    return score_texts(predictor, suite, scored_name(str(file), split), texts, pairs, references, threshold, seen)
+
+
+def scored_name(file: str, split: Optional[str]) -> str:
+    """What a score calls the texts it scored: the file, or its split (``all.csv[test]``)."""
+    return f"{file}[{split}]" if split is not None else file
 
 
 def score_texts(predictor: Predictor, suite, name: str, texts: Sequence[str], pairs: Optional[Sequence[str]],
@@ -207,6 +216,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "(data.text_pair_column; default: the run's)")
     parser.add_argument("--label", metavar="COLUMN", help="column of the labels (data.label_column; default: the "
                         "run's)")
+    parser.add_argument("--split", metavar="NAME", help="score one split of the file alone: the rows whose column "
+                        "of splits (the run's data.split_column, or data.split_column=...) holds NAME, or a split of "
+                        "a folder datasets saved")
     parser.add_argument("--png", default=None,
                         help="confusion-matrix PNG to write (default: <output_dir>/confusion_<file name>.png)")
     parser.add_argument("--json", default=None,
@@ -245,7 +257,9 @@ def run(args: argparse.Namespace) -> Score:
         raise ConfigError(f"--batch-size: must be >= 1, got {args.batch_size}")
     check_precision(args.precision, "--precision")
     data_path(args.file, "--file")  # there, or downloaded where it is a URL
-    png = Path(args.png) if args.png else output_dir / f"confusion_{data_name(args.file)}.png"
+    split = f"-{args.split}" if args.split else ""  # a file's split scored alone: confusion_all-test.png
+    png = Path(args.png) if args.png else output_dir / f"confusion_{data_name(args.file)}{split}.png"
+    named = scored_name(file_name(args.file), args.split)
     card = card_of(output_dir) if args.card else None
     if card and any(setting.startswith("evaluation.threshold=") for setting in args.overrides):
         raise ConfigError("--card: the card holds the model's results at its own thresholds, which "
@@ -269,7 +283,7 @@ def run(args: argparse.Namespace) -> Score:
     first = launched_processes()[0] == 0
     with out_of_memory_told_as(lambda _: batch_too_large(args.batch_size)):
         result = score_file(output_dir, args.file, args.overrides, args.batch_size, precision=args.precision,
-                            count_seen=args.count_seen and first, across_processes=True)
+                            count_seen=args.count_seen and first, across_processes=True, split=args.split)
     report = result.to_dict()
     if other_dir is not None:
         from finetune.comparison import format_comparison, score_against
@@ -278,13 +292,13 @@ def run(args: argparse.Namespace) -> Score:
         report["against"] = comparison.to_dict()
     if not first:
         return result
-    print_score(result, file_name(args.file), f"{output_dir.name} on {file_name(args.file)}", png, png_format)
+    print_score(result, named, f"{output_dir.name} on {named}", png, png_format)
     if other_dir is not None:
         print(format_comparison(result, comparison, len(result.texts)))
     if args.json:
         Path(args.json).write_text(json.dumps(json_ready(report), indent=2) + "\n", encoding="utf-8")
     if card:
-        write_atomic(card, card_with_scores(card.read_text(encoding="utf-8"), output_dir.name, file_name(args.file),
+        write_atomic(card, card_with_scores(card.read_text(encoding="utf-8"), output_dir.name, named,
                                             result.metrics, result.by_label, result.seen_in_training,
                                             result.intervals, result.precision))
         print(f"model card: {card}")

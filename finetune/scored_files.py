@@ -22,11 +22,14 @@ _SCORE_SECTIONS = ("data", "evaluation")
 # The labelled file is the only data: no second file, no carve, no caps.
 _DATA_FIXED = {"dataset_name": None, "validation_file": None, "validation_split": 0.0, "validation_folds": None,
                "validation_fold": 1, "max_train_samples": None, "max_eval_samples": None, "test_file": None,
-               "test_split_name": None}
+               "test_split_name": None, "validation_split_name": None}
 
 
-def scoring_config(output_dir: str | os.PathLike, file: str | os.PathLike, overrides: Sequence[str] = ()):
-    """The run's saved config with ``data`` pointed at ``file`` and ``overrides`` applied.
+def scoring_config(output_dir: str | os.PathLike, file: str | os.PathLike, overrides: Sequence[str] = (),
+                   split: Optional[str] = None):
+    """The run's saved config with ``data`` pointed at ``file`` and ``overrides`` applied; ``split``: the file's
+    split to score (``--split``), held as its test split (``data.test_split_name``), which
+    :func:`load_labelled` then reads alone.
 
     Without a saved ``config.yaml`` the schema's defaults apply (format from
     the extension, columns ``text`` and ``label``, accuracy and macro f1).
@@ -40,7 +43,7 @@ def scoring_config(output_dir: str | os.PathLike, file: str | os.PathLike, overr
     path = Path(output_dir) / CONFIG_FILE
     raw = read_yaml(path) if path.is_file() else {}
     data = dict(raw.get("data") or {})
-    data.update(_DATA_FIXED, train_file=str(file))
+    data.update(_DATA_FIXED, train_file=str(file), test_split_name=split)
     tree = {"data": data, "evaluation": dict(raw.get("evaluation") or {}),
             # what the run trained decides how its labels are read (a list, a delimited string, a number)
             "model": {"problem_type": (raw.get("model") or {}).get("problem_type", "single_label")}}
@@ -100,8 +103,9 @@ def layout_hint(data_cfg) -> Optional[str]:
 
 
 def load_labelled(file: str | os.PathLike, data_cfg, labels: Sequence[str], problem_type: str = "single_label"):
-    """Texts and class ids of a labelled file, read with ``finetune.data``'s readers. Unlike training data, the
-    file may hold fewer classes than the model knows: its labels are looked up among the model's ``labels``.
+    """Texts and class ids of a labelled file (of one of its splits, where ``data_cfg`` names one as its test
+    split), read with ``finetune.data``'s readers. Unlike training data, the file may hold fewer classes than the
+    model knows: its labels are looked up among the model's ``labels``.
 
     Returns:
         ``(texts, text_pairs or None, class ids)``.
@@ -113,6 +117,8 @@ def load_labelled(file: str | os.PathLike, data_cfg, labels: Sequence[str], prob
     from finetune import data as fdata
 
     label_space = fdata.LabelSpace(list(labels), problem_type, origin="the model")
+    if data_cfg.test_split_name is not None:  # --split: that split's rows alone (scoring_config)
+        return fdata.labelled_columns(fdata.load_test_split(data_cfg, label_space, key="--split")[0])
     return fdata.labelled_columns(fdata.load_labelled_file(str(file), data_cfg, label_space, key="--file"))
 
 

@@ -331,6 +331,10 @@ INPUT_MUTANTS = (
 # the scores a run reports are the validation texts' (docs/inference.md, docs/configuration.md's metrics)
 SCORES = ("tests/test_metrics.py", "tests/test_decision_threshold.py", "tests/test_thresholds.py")
 SCORE_MUTANTS = (
+    Mutant("scored_files.py", "    if data_cfg.test_split_name is not None:  # --split",
+           "    if False:  # --split", "finetune score --split scores every row of the file", ("tests/test_test_set.py",)),
+    Mutant("score.py", 'split = f"-{args.split}" if args.split else ""', 'split = ""',
+           "finetune score --split draws over the whole file's confusion matrix", ("tests/test_test_set.py",)),
     Mutant("model_card.py", '*([f"- Caution: {caution}"] if caution else [])]', "*[]]",
            "the model card leaves out the caution of a class the validation texts lack, which the start line gives",
            ("tests/test_model_card.py",)),

@@ -339,3 +339,40 @@ def test_a_hub_data_set_on_the_command_line_replaces_the_files_test_file(tmp_pat
     path.write_text(yaml.safe_dump({"data": {"train_file": "train.csv", "test_file": "test.csv"}}))
     cfg = load_config(str(path), ["data.dataset_name=imdb", "data.test_split_name=test"])
     assert (cfg.data.train_file, cfg.data.test_file, cfg.data.test_split_name) == (None, None, "test")
+
+
+def test_finetune_score_scores_a_files_split_alone_as_the_run_scored_its_test_split(tmp_path):
+    """``--split test`` scores the rows of one split of a file with a column of splits: the run's test split,
+    scored again by ``finetune score`` to the same numbers; every row of the file without it."""
+    from finetune.errors import ConfigError, DataError
+    from finetune.score import parse_args, run, score_file
+
+    rows = [(label, text, split) for (label, text), split in
+            zip(make_texts(110, seed=7), ["train"] * 70 + ["validation"] * 20 + ["test"] * 20)]
+    data = tmp_path / "files" / "all.tsv"
+    data.parent.mkdir()
+    data.write_text("".join(f"{label}\t{text}\t{split}\n" for label, text, split in rows), encoding="utf-8")
+    cfg, summary = fit_tiny_run(tmp_path, data={"train_file": str(data), "validation_file": None,
+                                                "column_names": ["label", "text", "split"], "split_column": "split",
+                                                "test_split_name": "test"})
+    out = Path(cfg.output.output_dir)
+    assert summary["test"]["file"] == "all.tsv[test]" and summary["test"]["metrics"]["num_samples"] == 20
+
+    alone = score_file(out, data, split="test", count_seen=False)
+    assert alone.file == f"{data}[test]" and alone.metrics == summary["test"]["metrics"]
+    assert alone.texts == [text for _, text, split in rows if split == "test"]
+    assert score_file(out, data, count_seen=False).metrics["num_samples"] == 110  # the whole file
+
+    report = tmp_path / "score.json"
+    with tiny_process():
+        run(parse_args([str(out), "--file", str(data), "--split", "validation", "--json", str(report)]))
+    assert json.loads(report.read_text())["file"] == f"{data}[validation]"
+    assert (out / "confusion_all-validation.png").is_file() and not (out / "confusion_all.png").exists()
+    with pytest.raises(DataError, match=r"^--split: .*all\.tsv's column 'split' has no split 'tset' \(splits: "
+                                        r"train, validation, test\)$"):
+        score_file(out, data, split="tset")
+    plain = write_tsv(tmp_path / "files" / "plain.tsv", [(label, text) for label, text, _ in rows])
+    with pytest.raises(DataError, match=r"plain\.tsv: no column 'split' \(data.split_column\)"):
+        score_file(out, plain, ["data.column_names=[label, text]"], split="test")
+    with pytest.raises(ConfigError, match=r"^--split: .*plain\.tsv is one file, not a data set of splits$"):
+        score_file(out, plain, ["data.column_names=[label, text]", "data.split_column=null"], split="test")
