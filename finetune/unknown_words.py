@@ -96,12 +96,22 @@ def count_unknown_words(tokenizer: Any, texts, tokenized) -> Optional[UnknownWor
     the rows that hold an unknown token are found in the first, and their words read from the second.
     """
     unk = tokenizer.unk_token_id
-    if unk is None:
+    special = sorted(set(tokenizer.convert_tokens_to_ids(_other_special_tokens(tokenizer))))
+    if unk is None or unk in special:
+        # none, or one that is also another special token (GPT-2's <|endoftext|> is both): it marks no word
         return None
-    special = sorted(set(tokenizer.all_special_ids) - {unk})
     tokens, unknown, rows = _count(arrow_column(tokenized, "input_ids"), unk, special)
     return UnknownWords(texts=len(tokenized), holding=len(rows), tokens=tokens, unknown=unknown,
                         unk_token=str(tokenizer.unk_token), commonest=_commonest_words(tokenizer, texts, rows))
+
+
+def _other_special_tokens(tokenizer: Any) -> list[str]:
+    """The tokenizer's special tokens in every role but the unknown token's (a token may have several roles)."""
+    others: list[str] = []
+    for role, tokens in tokenizer.special_tokens_map.items():
+        if role != "unk_token":
+            others.extend([tokens] if isinstance(tokens, str) else tokens)
+    return others
 
 
 def say_unknown_words(found: Optional[UnknownWords]) -> None:

@@ -126,6 +126,10 @@ def test_a_tokenizer_without_an_unknown_token_counts_nothing(tmp_path):
     split = _split(["ok 😂", "재미있는"])
     tokenized = tokenize_splits(datasets.DatasetDict(train=split), tokenizer, max_length=16)["train"]
     assert tokenizer.unk_token_id is None and count_unknown_words(tokenizer, split, tokenized) is None
+    # GPT-2's way: its one special token is the unknown one too, and marks the texts' ends, not unknown words
+    both = PreTrainedTokenizerFast(tokenizer_object=bpe, unk_token="<s>", eos_token="<s>")
+    ended = datasets.Dataset.from_dict({"input_ids": [ids + [both.eos_token_id] for ids in tokenized["input_ids"]]})
+    assert both.unk_token_id == both.eos_token_id and count_unknown_words(both, split, ended) is None
 
 
 def test_the_default_models_tokenizer_reads_emojis_and_korean_as_unknown():
