@@ -82,10 +82,10 @@ class UnknownWords:
 def card_lines(record: Optional[dict[str, Any]]) -> list[str]:
     """The model card's line on them, from ``metrics.json``'s record: none where the run did not warn (or a run
     of before that did not count them)."""
-    if not record or not UnknownWords.from_record(record).worth_saying:
+    found = UnknownWords.from_record(record) if record else None
+    if found is None or not found.worth_saying:
         return []
-    return [f"- Unknown words: {UnknownWords.from_record(record).describe()}; the model read each as the same "
-            f"token, and reads them so in use"]
+    return [f"- Unknown words: {found.describe()}; the model read each as the same token, and reads them so in use"]
 
 
 def count_unknown_words(tokenizer: Any, texts, tokenized) -> Optional[UnknownWords]:
@@ -95,14 +95,21 @@ def count_unknown_words(tokenizer: Any, texts, tokenized) -> Optional[UnknownWor
     ``tokenized`` holds one row per text of ``texts``, in their order (:func:`finetune.tokens.tokenize_splits`):
     the rows that hold an unknown token are found in the first, and their words read from the second.
     """
-    unk = tokenizer.unk_token_id
-    special = sorted(set(tokenizer.convert_tokens_to_ids(_other_special_tokens(tokenizer))))
-    if unk is None or unk in special:
-        # none, or one that is also another special token (GPT-2's <|endoftext|> is both): it marks no word
+    unk, others = tokenizer.unk_token_id, _other_special_tokens(tokenizer)
+    if unk is None or tokenizer.unk_token in others:
+        # none, or one that has another role too (GPT-2's <|endoftext|> ends texts): it marks no word
         return None
+    # a special token missing from the vocabulary reads as the unknown one: it is not left out of the count
+    special = sorted({token for token in tokenizer.convert_tokens_to_ids(others) if token != unk})
     tokens, unknown, rows = _count(arrow_column(tokenized, "input_ids"), unk, special)
     return UnknownWords(texts=len(tokenized), holding=len(rows), tokens=tokens, unknown=unknown,
                         unk_token=str(tokenizer.unk_token), commonest=_commonest_words(tokenizer, texts, rows))
+
+
+def say_unknown_words(found: Optional[UnknownWords]) -> None:
+    """Warn when enough of the training texts hold unknown words (:attr:`UnknownWords.worth_saying`)."""
+    if found is not None and found.worth_saying:
+        logger.warning(found.warning())
 
 
 def _other_special_tokens(tokenizer: Any) -> list[str]:
@@ -112,12 +119,6 @@ def _other_special_tokens(tokenizer: Any) -> list[str]:
         if role != "unk_token":
             others.extend([tokens] if isinstance(tokens, str) else tokens)
     return others
-
-
-def say_unknown_words(found: Optional[UnknownWords]) -> None:
-    """Warn when enough of the training texts hold unknown words (:attr:`UnknownWords.worth_saying`)."""
-    if found is not None and found.worth_saying:
-        logger.warning(found.warning())
 
 
 def _count(column, unk: int, special: Sequence[int]) -> tuple[int, int, list[int]]:

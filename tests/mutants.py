@@ -688,7 +688,7 @@ DATA_MUTANTS = (
     Mutant("unknown_words.py", "tokens += int(ids.size - np.isin(ids, special).sum())",
            "tokens += int(ids.size - np.isin(ids, [*special, unk]).sum())",
            "the unknown tokens are left out of the tokens they are a share of", ("tests/test_unknown_words.py",)),
-    Mutant("unknown_words.py", "    if unk is None or unk in special:", "    if unk is None:",
+    Mutant("unknown_words.py", "    if unk is None or tokenizer.unk_token in others:", "    if unk is None:",
            "a tokenizer whose unknown token ends every text is said to find an unknown word in each",
            ("tests/test_unknown_words.py",)),
     Mutant("unknown_words.py", "return self.holding > 0 and self.holding >= WORTH_SAYING * self.texts",
