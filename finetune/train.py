@@ -67,7 +67,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--config", default=None, help="YAML config (default: configs/default.yaml)")
     parser.add_argument("--data", metavar="FILE", help="training data: CSV, TSV, JSON Lines (or those as "
-                        ".gz, .bz2, .xz), Parquet, on disk or at a URL; a class folder or a folder datasets saved; "
+                        ".gz, .bz2, .xz), Parquet, an Excel workbook (.xlsx; data.sheet names a sheet), on disk or "
+                        "at a URL; a class folder or a folder datasets saved; "
                         "any of them in a .zip or .tar.gz (spam.zip, contest.zip/train.csv) (sets data.train_file; "
                         "its layout is found from the file)")
     add_held_out_options(parser)

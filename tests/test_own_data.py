@@ -597,3 +597,19 @@ def test_each_commands_help_names_the_command_a_user_types(command, capsys):
         main([command, "--help"])
     assert done.value.code == 0
     assert capsys.readouterr().out.startswith(f"usage: finetune {command} ")
+
+
+def test_the_data_options_help_names_every_format_a_run_reads(capsys):
+    """``--data``'s help is where a user looks for what their file may be: each format the readers take by its
+    extension is named there (a workbook once was not)."""
+    from finetune.resources import EXTENSIONS, WORKBOOKS
+    from finetune.train import main
+
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    said = " ".join(capsys.readouterr().out.split())
+    options = said[said.index("options:"):]
+    data = options[options.index("--data FILE"):options.index("--validation FILE")]
+    named = {"csv": "CSV", "tsv": "TSV", "json": "JSON Lines", "parquet": "Parquet", "excel": "Excel workbook (.xlsx"}
+    assert set(named) == {*EXTENSIONS.values(), *WORKBOOKS.values()}  # a new format gets its name here
+    assert [fmt for fmt, name in named.items() if name not in data] == []
