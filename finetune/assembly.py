@@ -33,8 +33,8 @@ from finetune.accumulation import Batching, accumulate_as, layout_for, resolve_b
 from finetune.autobatch import Checkpointing, fit_in_memory
 from finetune.config import DEFAULT_THRESHOLD, PER_LABEL, Config
 from finetune.dataloaders import (
-    batch_padding, build_dataloaders, collator, count_long_texts, count_seen_in_training, count_unknown_words, load_data,
-    longest_text, tokenize_data, tokenized_cache_dir,
+    batch_padding, build_dataloaders, collator, count_long_texts, count_seen_in_training, count_unknown_words,
+    load_data, longest_text, tokenize_data, tokenized_cache_dir,
 )
 from finetune.errors import ConfigError
 from finetune.launch import build_accelerator

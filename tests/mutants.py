@@ -332,7 +332,8 @@ INPUT_MUTANTS = (
 SCORES = ("tests/test_metrics.py", "tests/test_decision_threshold.py", "tests/test_thresholds.py")
 SCORE_MUTANTS = (
     Mutant("scored_files.py", "    if data_cfg.test_split_name is not None:  # --split",
-           "    if False:  # --split", "finetune score --split scores every row of the file", ("tests/test_test_set.py",)),
+           "    if False:  # --split", "finetune score --split scores every row of the file",
+           ("tests/test_test_set.py",)),
     Mutant("score.py", 'split = f"-{args.split}" if args.split else ""', 'split = ""',
            "finetune score --split draws over the whole file's confusion matrix", ("tests/test_test_set.py",)),
     Mutant("model_card.py", '*([f"- Caution: {caution}"] if caution else [])]', "*[]]",
@@ -679,9 +680,11 @@ OWN_DATA = ("tests/test_data.py", "tests/test_own_data.py")
 DATA_MUTANTS = (
     Mutant("unknown_words.py", "rows.append(np.unique(row_of[is_unknown]) + start)",
            "rows.append(np.unique(row_of[is_unknown]))",
-           "the words read as unknown are looked for in the wrong rows past the split's first Arrow chunk", ("tests/test_unknown_words.py",)),
+           "the words read as unknown are looked for in the wrong rows past the split's first Arrow chunk",
+           ("tests/test_unknown_words.py",)),
     Mutant("unknown_words.py", "row_of = parents if row_of is None else row_of[parents]", "row_of = parents",
-           "a chunked text's windows are taken for rows: its unknown words are looked for in other texts", ("tests/test_unknown_words.py",)),
+           "a chunked text's windows are taken for rows: its unknown words are looked for in other texts",
+           ("tests/test_unknown_words.py",)),
     Mutant("unknown_words.py", '        if role != "unk_token":', "        if True:",
            "the unknown token is taken for another special token: no run counts its unknown words",
            ("tests/test_unknown_words.py",)),
