@@ -115,6 +115,21 @@ def test_a_chunked_texts_windows_count_for_its_own_row(tokenizer):
     assert found.tokens >= 12 * 30 + 3  # every token of every window, those two windows share counted twice
 
 
+def test_a_sentencepiece_tokenizers_unknown_pieces_are_counted_and_named(tmp_path):
+    """DeBERTa-v3's kind: characters its pieces lack read as [UNK] (a run of them as one), the words around whole."""
+    from transformers import AutoTokenizer
+
+    from helpers import save_tiny_deberta_v3
+
+    tokenizer = AutoTokenizer.from_pretrained(save_tiny_deberta_v3(tmp_path / "deberta"))
+    split = _split(["win cash now 😂", "hello see you 재미", "ok thanks"])
+    tokenized = tokenize_splits(datasets.DatasetDict(train=split), tokenizer, max_length=32)["train"]
+    found = count_unknown_words(tokenizer, split, tokenized)
+    alone = [tokenizer(text)["input_ids"] for text in split[TEXT]]
+    assert found.tokens == sum(len(ids) - 2 for ids in alone) and found.unknown == 2 and found.holding == 2
+    assert found.commonest == (("😂", 1), ("재미", 1))
+
+
 def test_a_tokenizer_without_an_unknown_token_counts_nothing(tmp_path):
     """Byte-level BPE has a token for every byte: there is no unknown token to count."""
     from tokenizers import ByteLevelBPETokenizer
