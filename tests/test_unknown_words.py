@@ -115,6 +115,20 @@ def test_a_chunked_texts_windows_count_for_its_own_row(tokenizer):
     assert found.tokens >= 12 * 30 + 3  # every token of every window, those two windows share counted twice
 
 
+def test_a_special_token_the_vocabulary_lacks_is_not_taken_for_the_unknown_one(tokenizer):
+    """A role given a token the vocabulary does not hold (a mask token named by hand) reads as the unknown token's
+    id: the count is the same as without it."""
+    import copy
+
+    texts = _texts()
+    split = _split(texts)
+    tokenized = tokenize_splits(datasets.DatasetDict(train=split), tokenizer, max_length=64)["train"]
+    lacking = copy.deepcopy(tokenizer)
+    lacking.mask_token = "[NOT-IN-VOCAB]"
+    assert lacking.convert_tokens_to_ids("[NOT-IN-VOCAB]") == lacking.unk_token_id
+    assert count_unknown_words(lacking, split, tokenized) == count_unknown_words(tokenizer, split, tokenized)
+
+
 def test_a_sentencepiece_tokenizers_unknown_pieces_are_counted_and_named(tmp_path):
     """DeBERTa-v3's kind: characters its pieces lack read as [UNK] (a run of them as one), the words around whole."""
     from transformers import AutoTokenizer
