@@ -33,11 +33,17 @@ if TYPE_CHECKING:
 logger = logging.getLogger("finetune")
 
 
+# a caution's log record names its kind in this attribute: a sweep says the few-updates caution once for its trials
+CAUTION = "caution"
+FEW_UPDATES_CAUTION = "few_updates"
+
+
 def say(run: Run) -> None:
     """Log the start line, then what in it is worth a second look."""
     logger.info(describe(run))
+    few = few_updates(run)
     for line in cautions(run):
-        logger.warning(line)
+        logger.warning(line, extra={CAUTION: FEW_UPDATES_CAUTION} if line == few else None)
 
 
 def describe(run: Run) -> str:

@@ -21,7 +21,6 @@ config's micro-batch. docs/sweeps.md explains it all.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import json
 import logging
@@ -30,7 +29,7 @@ import signal
 import sys
 import warnings
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, Optional
 
 from finetune.errors import CommandParser, ConfigError, run_command
 from finetune.search_space import Dimension, SearchSpace, overrides, parse_space
@@ -40,8 +39,9 @@ from finetune.study import BASE_PARAMS_ATTR, budget_left, load_or_create, made_w
 from finetune.sweep_checks import check_sweep
 from finetune.sweep_file import DEFAULT_TRIALS, PRUNERS, SAMPLERS, describe_pruner, fixed_overrides, \
     pruner_settings, read_sweep_file, shipped_sweep, whole_number
+from finetune.sweep_notes import data_notes_said_once, few_updates_in_search, few_updates_said_once
 from finetune.sweep_report import Header, Repeats, best_trial, folds_of, mean_and_deviation, repeats_of, \
-    search_seeds, start_line, state_of, write_out_of_fold_predictions, write_reports
+    search_seeds, start_line, state_of, trial_rows, write_out_of_fold_predictions, write_reports
 from finetune.sweep_trial import Phase, TrialRunner
 
 logger = logging.getLogger("finetune")
@@ -230,9 +230,15 @@ def run_sweep(sweep: Sweep) -> dict[str, Any]:
     runner = TrialRunner(sweep.output, sweep.config, sweep.overrides, metric,
                          on_trial_end=progress_line(sweep, metric, greater, report),
                          group=None if cfg.logging.run_group else str(sweep.output))
-    with StopSignals() as signals:  # a signal outside a trial's training ends the sweep between trials
+    # a signal outside a trial's training ends the sweep between trials
+    with StopSignals() as signals, few_updates_said_once() as few_updates:
         run_phases(sweep, runner, signals, storage, studies, identity, greater, repeats)
     report()
+    if few_updates.cautioned and search is not None:
+        few = few_updates_in_search(trial_rows(search.get_trials(deepcopy=False), sweep.output),
+                                    cfg.training.num_train_epochs)
+        if few is not None:
+            logger.warning(few)
     winner = best_trial(search.get_trials(deepcopy=False), greater) if search is not None else None
     if winner is not None:
         logger.info("best: trial %d, %s %.4f: %s", winner.number, metric, winner.value,
@@ -348,40 +354,6 @@ def progress_line(sweep: Sweep, metric: str, greater: bool, report):
         report()
 
     return on_trial_end
-
-
-# the loggers of what reading the data finds, which every trial of a sweep reads alike
-DATA_LOGGERS = ("finetune.data", "finetune.labels", "finetune.label_warnings", "finetune.carve")
-
-
-class FirstTimeOnly(logging.Filter):
-    """Lets each message through the first time it is logged."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.said: set[str] = set()
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        message = record.getMessage()
-        if message in self.said:
-            return False
-        self.said.add(message)
-        return True
-
-
-@contextlib.contextmanager
-def data_notes_said_once() -> Iterator[None]:
-    """Within it, a note on the data (a row left out, a label warned of) is logged the first time only: every
-    trial reads the same data and would say it again; a note that differs (another fold's carve) is said."""
-    first = FirstTimeOnly()
-    loggers = [logging.getLogger(name) for name in DATA_LOGGERS]
-    for data_logger in loggers:
-        data_logger.addFilter(first)
-    try:
-        yield
-    finally:
-        for data_logger in loggers:
-            data_logger.removeFilter(first)
 
 
 def main(argv: list[str] | None = None) -> int:

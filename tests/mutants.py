@@ -431,6 +431,13 @@ SWEEP = ("tests/test_sweep.py",)
 SWEEP_MUTANTS = (
     Mutant("sweep.py", "    with notes_said_once(), data_notes_said_once():", "    with notes_said_once():",
            "each trial says again what reading the same data found", ("tests/test_sweep.py",)),
+    Mutant("sweep_notes.py", "        return self.cautioned == 1", "        return True",
+           "every trial of a sweep says its caution of few updates again, in other numbers", SWEEP),
+    Mutant("sweep.py", "    if few_updates.cautioned and search is not None:", "    if search is not None:",
+           "a search of quick runs asked for (training.max_steps) is told its trials made too few updates", SWEEP),
+    Mutant("sweep_notes.py", 'enough = -(-FEW_UPDATES * own // fewest["updates"])',
+           'enough = FEW_UPDATES * own // fewest["updates"]',
+           "the epochs a sweep names for its fewest updates leave them short of enough", SWEEP),
     Mutant("signals.py", "sweep = _sweep_command(command, argv)", "sweep = None",
            "a sweep stopped in a trial says to resume it with finetune train, not the sweep's own command",
            ("tests/test_checkpoint.py",)),

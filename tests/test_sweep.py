@@ -101,7 +101,7 @@ def test_a_dry_run_tries_the_least_and_most_work_and_says_the_sweeps_length_writ
     runs = [line for line in said if line.startswith("dry run: ")]
     assert len(runs) == 2 and all(", and its 4 evaluations of 12 texts about " in line for line in runs), runs
     # what reading the data found, which each run read alike, said once
-    from finetune.sweep import DATA_LOGGERS
+    from finetune.sweep_notes import DATA_LOGGERS
 
     data_notes = [r.getMessage() for r in caplog.records if r.name in DATA_LOGGERS]
     assert data_notes and len(set(data_notes)) == len(data_notes), data_notes
@@ -1274,6 +1274,38 @@ def test_a_note_on_the_command_lines_keys_is_said_once_per_sweep(bad_input_job, 
 
         load_config(bad_input_job / "cfg.yaml", ["training.max_steps=2"])  # outside a sweep, each read says it
     assert len([r for r in caplog.records if "replaces training.num_train_epochs" in r.getMessage()]) == 2
+
+
+def test_a_search_of_few_updates_a_trial_cautions_once_then_sums_its_trials_up(tmp_path, fresh_accelerate_state,
+                                                                              caplog):
+    """Each trial at its own effective batch makes its own few updates: the caution is said for the first, and
+    once the search is done one line says how many trials made too few and which epochs give the fewest enough."""
+    from finetune.start_line import FEW_UPDATES
+
+    config = sms_job(tmp_path, epochs=1)
+    spec = sweep_file(tmp_path, space={"training.effective_batch_size": [4, 8]}, trials=2, sampler="grid",
+                      pruner="none")
+    with caplog.at_level(logging.INFO, logger="finetune"):
+        assert sweep_in_process(["--config", str(config), "--sweep", str(spec)]) == 0
+    said = [r.getMessage() for r in caplog.records]
+    cautions = [line for line in said if "a new head learns little in so few (the default job's" in line]
+    rows = list(csv.DictReader((tmp_path / "out-sweep" / "trials.csv").open()))
+    fewest, most = sorted(int(row["updates"]) for row in rows)
+    assert len(cautions) == 1 and fewest < most < FEW_UPDATES, (cautions, fewest, most)
+    enough = -(-FEW_UPDATES // fewest)  # one epoch: each more makes as many again
+    assert f"2 of the 2 trials trained made fewer than {FEW_UPDATES} updates ({fewest} to {most}): a new head " \
+           f"learns little in so few, and such a trial's score says how many it made as much as what it searched; " \
+           f"a sweep with training.num_train_epochs={enough} (and another --output: a sweep's study keeps the " \
+           f"config it was made with) gives its fewest about {fewest * enough} (docs/sweeps.md#few-updates)" in said
+    assert fewest * enough >= FEW_UPDATES > fewest * (enough - 1)
+    # a search of runs of a set length, training.max_steps, is a quick one asked for: neither is said
+    caplog.clear()
+    quick = sweep_file(tmp_path, name="quick.yaml", space={"training.effective_batch_size": [4]}, trials=1)
+    with caplog.at_level(logging.INFO, logger="finetune"):
+        assert sweep_in_process(["--config", str(config), "--sweep", str(quick), "--output", str(tmp_path / "quick"),
+                                 "training.num_train_epochs=null", "training.max_steps=3"]) == 0
+    assert not [r for r in caplog.records if "new head learns little" in r.getMessage()]
+    assert (tmp_path / "quick" / "trial-0000" / "metrics.json").is_file()
 
 
 def test_a_worker_that_loses_the_race_to_create_the_tables_opens_them_on_its_next_try(monkeypatch):

@@ -1,0 +1,95 @@
+"""What a sweep says once for all its trials, not once for each: the notes on the data that every trial reads
+alike, and the caution of a run of few updates, summed up over the search's trials once they are done."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from typing import Any, Iterator, Optional
+
+# the loggers of what reading the data finds, which every trial of a sweep reads alike
+DATA_LOGGERS = ("finetune.data", "finetune.labels", "finetune.label_warnings", "finetune.carve")
+
+EPOCHS = "training.num_train_epochs"
+
+
+class FirstTimeOnly(logging.Filter):
+    """Lets each message through the first time it is logged."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.said: set[str] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if message in self.said:
+            return False
+        self.said.add(message)
+        return True
+
+
+@contextlib.contextmanager
+def data_notes_said_once() -> Iterator[None]:
+    """Within it, a note on the data (a row left out, a label warned of) is logged the first time only: every
+    trial reads the same data and would say it again; a note that differs (another fold's carve) is said."""
+    first = FirstTimeOnly()
+    loggers = [logging.getLogger(name) for name in DATA_LOGGERS]
+    for data_logger in loggers:
+        data_logger.addFilter(first)
+    try:
+        yield
+    finally:
+        for data_logger in loggers:
+            data_logger.removeFilter(first)
+
+
+class FewUpdatesOnce(logging.Filter):
+    """Lets the first run's caution of few updates through and counts the others, which it drops: trials that
+    differ in their effective batch differ in their updates, so each would say it again in other numbers."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cautioned = 0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        from finetune.start_line import CAUTION, FEW_UPDATES_CAUTION
+
+        if getattr(record, CAUTION, None) != FEW_UPDATES_CAUTION:
+            return True
+        self.cautioned += 1
+        return self.cautioned == 1
+
+
+@contextlib.contextmanager
+def few_updates_said_once() -> Iterator[FewUpdatesOnce]:
+    """Within it, the start line's caution of few updates is said for the first run only; the filter yielded
+    counts the runs cautioned, for :func:`few_updates_in_search` after them."""
+    said = FewUpdatesOnce()
+    start_line_logger = logging.getLogger("finetune")
+    start_line_logger.addFilter(said)
+    try:
+        yield said
+    finally:
+        start_line_logger.removeFilter(said)
+
+
+def few_updates_in_search(rows: list[dict[str, Any]], epochs: Optional[float]) -> Optional[str]:
+    """The search's trials that trained fewer updates than a new head needs, in a line, with the epochs that
+    give the fewest enough; ``None`` where none did. ``rows``: ``trials.csv``'s; ``epochs``: the config's
+    ``training.num_train_epochs`` (a searched value is the trial's own)."""
+    from finetune.start_line import FEW_UPDATES
+
+    trained = [row for row in rows if row["state"] == "complete" and row["updates"] is not None]
+    few = sorted((row for row in trained if row["updates"] < FEW_UPDATES), key=lambda row: row["updates"])
+    if not few:
+        return None
+    fewest, most = few[0], few[-1]["updates"]
+    own = float(fewest.get(EPOCHS, epochs) or 1)
+    enough = -(-FEW_UPDATES * own // fewest["updates"])
+    count = f"{fewest['updates']}" if fewest["updates"] == most else f"{fewest['updates']} to {most}"
+    how = (f"a space of {EPOCHS} from {enough:g}" if EPOCHS in fewest
+           else f"{EPOCHS}={enough:g} (and another --output: a sweep's study keeps the config it was made with)")
+    return (f"{len(few)} of the {len(trained)} trials trained made fewer than {FEW_UPDATES} updates ({count}): a "
+            f"new head learns little in so few, and such a trial's score says how many it made as much as what it "
+            f"searched; a sweep with {how} gives its fewest about {int(fewest['updates'] * enough / own)} "
+            f"(docs/sweeps.md#few-updates)")
