@@ -92,8 +92,7 @@ class Predictor:
 
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        self.model = model
-        self.tokenizer = tokenizer
+        self.model, self.tokenizer = model, tokenizer
         self.device = torch.device(device) if device is not None else next(model.parameters()).device
         self.autocast = autocast_dtype(precision, self.device)
         self.precision = precision
@@ -188,18 +187,15 @@ class Predictor:
                progress: bool = False) -> "np.ndarray":  # noqa: F821
         """Float32 logits, one row per text, in input order (computed in the predictor's ``precision``).
 
-        Texts are tokenized once, then run longest first in batches of
-        ``batch_size`` so each batch pads to similar lengths; the rows are put
-        back in input order. Processes that share the batches (``across_processes``)
-        each tokenize a slice of the texts for their lengths, then their batches'
-        texts. Under ``chunks`` a batch holds ``batch_size``
-        texts with all their windows, and a text's row is the mean of its
-        windows' logits, as in training.
+        Texts are tokenized once, then run longest first in batches of ``batch_size`` so each batch pads to
+        similar lengths; the rows are put back in input order. Processes that share the batches
+        (``across_processes``) each tokenize a slice of the texts for their lengths, then their batches' texts.
+        Under ``chunks`` a batch holds ``batch_size`` texts with all their windows, and a text's row is the mean
+        of its windows' logits, as in training.
 
         Args:
             texts: The texts.
-            text_pairs: Second texts of sentence pairs (same length), for a
-                model trained on pairs.
+            text_pairs: Second texts of sentence pairs (same length), for a model trained on pairs.
             progress: Show a tqdm bar (counts texts).
         """
         texts = list(texts)
@@ -220,11 +216,10 @@ class Predictor:
                         ) -> tuple["np.ndarray", "np.ndarray"]:  # noqa: F821
         """One of ``n`` processes' part of :meth:`logits`: with ``share = (i, n)``, the batches ``i``, ``i + n``,
         ``i + 2n``, ... of those one process runs, each made and run as one process makes and runs it, as the
-        texts' row numbers and their logits. The ``n`` parts put together
-        (:func:`finetune.shares.logits_in_order`) are one process's :meth:`logits` bit for bit on devices that
-        compute alike, whatever ``n`` is: no batch is cut or padded otherwise. Given every text's ``lengths``
-        (:func:`finetune.shares.lengths_across_processes`), it tokenizes only its batches' texts; else all of them.
-        """
+        texts' row numbers and their logits. The ``n`` parts put together (:func:`finetune.shares.logits_in_order`)
+        are one process's :meth:`logits` bit for bit on devices that compute alike, whatever ``n`` is: no batch is
+        cut or padded otherwise. Given every text's ``lengths`` (:func:`finetune.shares.lengths_across_processes`),
+        it tokenizes only its batches' texts; else all of them."""
         import numpy as np
         import torch
         from tqdm.auto import tqdm
@@ -344,6 +339,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "or .xlsx file, a folder of .txt files (a text each) or one datasets saved, on disk, at a URL "
                         "or in a .zip or .tar.gz (contest.zip/test.csv) (-: one text per line from standard input)")
     parser.add_argument("--sheet", default=None, help="the sheet of an .xlsx --file to classify (default: the first)")
+    parser.add_argument("--split", metavar="NAME", help="classify one split of the --file alone: the rows whose "
+                        "column of splits holds NAME, or a split of a folder datasets saved")
+    parser.add_argument("--split-column", metavar="COLUMN", help="the --file's column of splits (default: the "
+                        "run's data.split_column)")
     parser.add_argument("--output", default=None, help="write the predictions to a .csv, .parquet, .xlsx or .jsonl")
     parser.add_argument("--text", "--text-column", dest="text_column", metavar="COLUMN", default=None,
                         help="CSV column / JSON key of the text (default: the run's data.text_column)")
@@ -405,7 +404,8 @@ def run(args: argparse.Namespace) -> None:
         except ValueError as exc:
             raise ConfigError(f"--threshold: {exc}") from None
     if args.file:
-        rows = read_rows(args.file, text_column, pair_column, encoding, args.sheet)
+        rows = read_rows(args.file, text_column, pair_column, encoding, args.sheet, args.split, args.split_column,
+                         run_data=cfg.data if cfg is not None else None)
     else:
         if pair_column:
             raise ConfigError(f"this model takes text pairs ({pair_column!r}): use --file with both columns")

@@ -24,9 +24,9 @@ from pathlib import Path
 from typing import Any, Iterator, Optional, Sequence
 
 from finetune.errors import ConfigError, DataError, ModelError
-from finetune.resources import WORKBOOKS, saved_by_datasets
+from finetune.resources import WORKBOOKS, data_path, saved_by_datasets
 from finetune.schema import checked_threshold, label_columns  # the schema alone: no YAML or config loaded
-from finetune.text_encoding import COMPRESSIONS, check_encoding, compression_of, inner_suffix, open_bytes
+from finetune.text_encoding import COMPRESSIONS, check_encoding, compression_of, inner_suffix, open_bytes, open_text
 
 # the formats training reads, and plain lines of text
 INPUT_FORMATS = (".txt", ".csv", ".tsv", ".json", ".jsonl", ".parquet", *WORKBOOKS)
@@ -102,7 +102,6 @@ def local_file(given: str) -> str:
     (:func:`finetune.resources.data_path`), else ``given`` itself."""
     from finetune.archives import in_an_archive
     from finetune.remote_files import is_url
-    from finetune.resources import data_path
 
     return str(data_path(given, "--file")) if is_url(given) or in_an_archive(given) else given
 
@@ -126,6 +125,10 @@ def check_options(args: argparse.Namespace) -> None:
         raise ConfigError("give texts or --file, not both")
     if args.output and not args.file:
         raise ConfigError("--output: only with --file")
+    if args.split is not None and not args.file:
+        raise ConfigError(f"--split {args.split}: names a split of a --file's rows; give the --file")
+    if args.split_column is not None and args.split is None:
+        raise ConfigError(f"--split-column {args.split_column}: names the column --split reads; give --split too")
     # every launched process inherits the one standard input, and each would read other lines
     if args.file == STDIN and launched_world_size() > 1:
         raise ConfigError("--file -: standard input cannot be shared by the processes launched; give a file")
@@ -147,9 +150,14 @@ def check_options(args: argparse.Namespace) -> None:
 
 
 def read_rows(path: str | os.PathLike, text_column: str = "text", text_pair_column: Optional[str] = None,
-              encoding: str = "utf-8", sheet: Optional[str] = None) -> list[dict[str, Any]]:
+              encoding: str = "utf-8", sheet: Optional[str] = None, split: Optional[str] = None,
+              split_column: Optional[str] = None, run_data=None) -> list[dict[str, Any]]:
     """The rows of a ``.txt``, ``.csv``, ``.tsv``, ``.json``, ``.jsonl`` or ``.parquet`` file, or of a folder
-    ``datasets`` saved, every column kept.
+    ``datasets`` saved, every column kept; with ``split``, those of that split alone: the rows whose
+    ``split_column`` (else ``run_data.split_column``) holds it, or the split's folder of the splits ``datasets``
+    saved. ``run_data``: the run's ``data`` settings, whose layout (``format``, ``has_header``,
+    ``column_names``) reads a CSV or TSV file whose first line does not name the text column, as the run read
+    its own headerless files.
 
     ``.txt`` holds one text per line: each line is a row ``{"text": line}``,
     blank lines included (they get an empty prediction), so output rows line
@@ -173,6 +181,13 @@ def read_rows(path: str | os.PathLike, text_column: str = "text", text_pair_colu
     suffix = ".txt" if stdin else input_kind(local)
     if sheet is not None and suffix not in WORKBOOKS:  # read on, it would be ignored
         raise ConfigError(f"--sheet: names a sheet of an .xlsx --file, and {path} is not one")
+    if split is not None and suffix in ONE_TEXT_EACH:
+        raise ConfigError(f"--split {split}: names a split of a file's rows, and {path} holds single texts")
+    if split is not None and saved_by_datasets(local) == "dict":  # each split a folder of its own
+        if saved_by_datasets(local / split) != "dataset":
+            splits = sorted(p.name for p in local.iterdir() if saved_by_datasets(p) == "dataset")
+            raise DataError(f"--split: {path} has no split {split!r} (splits: {', '.join(splits)})")
+        return read_rows(local / split, text_column, text_pair_column, encoding)
     if suffix in ONE_TEXT_EACH:
         if text_pair_column:
             what = "standard input" if stdin else "a .txt file" if suffix == ".txt" else "a folder of .txt files"
@@ -182,9 +197,11 @@ def read_rows(path: str | os.PathLike, text_column: str = "text", text_pair_colu
             _text_lines(sys.stdin.buffer if stdin else local, path, encoding)
     else:
         # the readers training uses: the same formats, quoting and encoding checks
+        columns = (text_column, *([text_pair_column] if text_pair_column else []))
         table = read_table(str(path), "--file", DataConfig(train_file=str(path), encoding=encoding, sheet=sheet,
-                                                           text_column=text_column), "--encoding",
-                           columns=(text_column, *([text_pair_column] if text_pair_column else [])))
+                                                           text_column=text_column,
+                                                           **runs_layout(path, columns, encoding, run_data)),
+                           "--encoding", columns=columns)
         if pandas_layout(table):  # its one row would be classified as the text of a mapping
             raise DataError(f"--file {path}: a table written by columns, not rows", hint=PANDAS_JSON_HINT)
         for column, flag in [(text_column, "--text")] + ([(text_pair_column, "--text-pair")]
@@ -200,10 +217,63 @@ def read_rows(path: str | os.PathLike, text_column: str = "text", text_pair_colu
             if lists_or_mappings(table.features[column]):  # as training refuses it: its JSON would be classified
                 raise DataError(f"--file {path}: column {column!r} holds {feature_name(table.features[column])}, "
                                 f"not texts", hint=f"name the column of the texts with {flag}")
-        rows = table.to_list()
+        if split is not None:
+            split_column = split_column or (run_data.split_column if run_data is not None else None)
+        rows = table.to_list() if split is None else rows_of_split(table, split, split_column, path)
     if not any(_text(row, text_column) for row in rows):
-        raise DataError(f"--file {path}: no texts in it")
+        raise DataError(f"--file {path}{'' if split is None else f'[{split}]'}: no texts in it")
     return rows
+
+
+def runs_layout(path, columns: Sequence[str], encoding: str, run_data) -> dict[str, Any]:
+    """The run's layout settings where it read headerless files (``data.column_names``) and the file's first line
+    is a row of as many fields, not a header naming ``columns``; else none, and the file is read by its header.
+    A file read so is said in a note: a header of other names would have been read as a row."""
+    from finetune.launch import first_launched_process
+
+    names = run_data.column_names if run_data is not None else None
+    delimiter = {"tsv": "\t", "csv": ","}.get(run_data.format) if names else None  # as the run's format splits
+    fields = first_line_fields(path, encoding, delimiter) if names else None
+    if fields is None or set(columns) <= {field.strip() for field in fields} or len(fields) != len(names):
+        return {}
+    if first_launched_process():
+        print(f"note: {path}: its first line names no column {columns[0]!r}: read as the run's data was, without a "
+              f"header, its columns {', '.join(names)}", file=sys.stderr)
+    return {"format": run_data.format, "has_header": run_data.has_header, "column_names": names}
+
+
+def first_line_fields(file: str | os.PathLike, encoding: str = "utf-8", delimiter: Optional[str] = None
+                      ) -> Optional[list[str]]:
+    """The fields of a CSV or TSV file's first line, split at ``delimiter`` (``None``: at its tabs where it has
+    one, else at its commas); ``None`` for a file that says its own layout (a folder, a JSON Lines, JSON or
+    Parquet file, a workbook); none where it is neither, or cannot be read."""
+    path = data_path(str(file), "--file")  # a URL's downloaded copy
+    if path.is_dir() or inner_suffix(path) in (".jsonl", ".json", ".parquet") or path.suffix.lower() in WORKBOOKS:
+        return None
+    if inner_suffix(path) not in (".csv", ".tsv", ".tab") or not path.is_file():
+        return []
+    try:
+        with open_text(path, encoding, errors="replace") as fh:
+            first = fh.readline()
+    except (LookupError, UnicodeError, DataError):  # an unknown encoding, no text in it, damaged: the read says
+        return []
+    return next(csv.reader([first], delimiter=delimiter or ("\t" if "\t" in first else ",")), [])
+
+
+def rows_of_split(table, split: str, column: Optional[str], path) -> list[dict[str, Any]]:
+    """The rows of ``table`` whose ``column`` holds ``split`` (the spaces around a value not part of it, as
+    training reads its ``data.split_column``), in order."""
+    if column is None:
+        raise ConfigError(f"--split {split}: the run names no column of splits (data.split_column); name the "
+                          f"file's with --split-column")
+    if column not in table.column_names:
+        raise DataError(f"--file {path}: no column {column!r} of splits (--split-column, else the run's "
+                        f"data.split_column); columns found: {', '.join(table.column_names)}")
+    names = [None if value is None else str(value).strip() for value in table[column]]
+    if split not in names:
+        found = dict.fromkeys(name for name in names if name)  # in the order the file has them
+        raise DataError(f"--split: {path}'s column {column!r} has no split {split!r} (splits: {', '.join(found)})")
+    return [row for row, name in zip(table.to_list(), names) if name == split]
 
 
 def _text_lines(source, path: str | Path, encoding: str) -> list[dict[str, Any]]:

@@ -60,7 +60,7 @@ def scoring_config(output_dir: str | os.PathLike, file: str | os.PathLike, overr
     if tree["model"]["problem_type"] != "regression" and "evaluation.threshold" not in given:
         tree["evaluation"]["threshold"] = PER_LABEL  # the model's own, whatever the run's setting was
     columns = [tree["data"].get("text_column", "text"), *label_columns(tree["data"].get("label_column", "label"))]
-    if _own_layout(file, columns, str(tree["data"].get("encoding") or "utf-8")):
+    if own_layout(file, columns, str(tree["data"].get("encoding") or "utf-8")):
         # the run's format, header and column names described its training file; this file names its columns.
         # Its encoding and sheet stay the run's: a header names columns, not how the bytes are written or where
         for key in FILE_LAYOUT_KEYS:
@@ -69,27 +69,14 @@ def scoring_config(output_dir: str | os.PathLike, file: str | os.PathLike, overr
     return config_from_dict(tree, source=f"{path} with --file {file}" if path.is_file() else f"--file {file}")
 
 
-def _own_layout(file: str | os.PathLike, columns: Sequence[str], encoding: str = "utf-8") -> bool:
+def own_layout(file: str | os.PathLike, columns: Sequence[str], encoding: str = "utf-8") -> bool:
     """Whether the file says its own layout: a folder (of classes, or saved by datasets), a JSON Lines, JSON or
     Parquet file (its keys), a workbook (its header row), or a CSV/TSV file whose first line names all of
     ``columns``."""
-    import csv
+    from finetune.prediction_files import first_line_fields
 
-    from finetune.resources import WORKBOOKS, data_path
-    from finetune.text_encoding import inner_suffix, open_text
-
-    path = data_path(str(file), "--file")  # a URL's downloaded copy
-    if path.is_dir() or inner_suffix(path) in (".jsonl", ".json", ".parquet") or path.suffix.lower() in WORKBOOKS:
-        return True
-    if inner_suffix(path) not in (".csv", ".tsv", ".tab") or not path.is_file():
-        return False
-    try:
-        with open_text(path, encoding, errors="replace") as fh:
-            first = fh.readline()
-    except (LookupError, UnicodeError, DataError):  # an unknown encoding, no text in it, damaged: the read says
-        return False
-    fields = next(csv.reader([first], delimiter="\t" if "\t" in first else ","), [])
-    return set(columns) <= {f.strip() for f in fields}
+    fields = first_line_fields(file, encoding)
+    return fields is None or set(columns) <= {field.strip() for field in fields}
 
 
 def layout_hint(data_cfg) -> Optional[str]:

@@ -560,6 +560,20 @@ INFERENCE_MUTANTS = (
            PREDICT),
     Mutant("predict.py", "max_length = cfg.data.max_length if cfg is not None else None", "max_length = None",
            "a saved run predicts at the tokenizer's length, not the run's data.max_length", PREDICT),
+    Mutant("prediction_files.py", "    return [row for row, name in zip(table.to_list(), names) if name == split]",
+           "    return table.to_list()", "--split classifies every row of the file, not the split's",
+           ("tests/test_predict.py",)),
+    Mutant("prediction_files.py", "names = [None if value is None else str(value).strip() for value in table[column]]",
+           "names = [None if value is None else str(value) for value in table[column]]",
+           "a split written with spaces around it is left out of --split, which training counts in it",
+           ("tests/test_predict.py",)),
+    Mutant("prediction_files.py", "set(columns) <= {field.strip() for field in fields} or len(fields) != len(names):",
+           "set(columns) <= {field.strip() for field in fields}:",
+           "a header of other names, split otherwise than the run's files, is read in the run's layout and refused",
+           ("tests/test_predict.py",)),
+    Mutant("prediction_files.py", '    return {"format": run_data.format, "has_header": run_data.has_header, '
+           '"column_names": names}', "    return {}",
+           "a file as headerless as the run's own is refused for the header it lacks", ("tests/test_predict.py",)),
 )
 
 # a log record says what the updates it covers did (docs/logging.md)

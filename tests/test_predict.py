@@ -373,6 +373,68 @@ def test_files_in_and_out(trained, predictor, tmp_path, capsys):
     assert [r["probabilities"] for r in printed] == [pytest.approx(p["probabilities"], abs=1e-5) for p in expected]
 
 
+def test_split_classifies_the_rows_of_one_split_alone_in_their_order(trained, predictor, tmp_path, capsys):
+    """``--split test`` keeps the rows whose column of splits holds ``test`` (spaces around it aside), each
+    predicted as it is alone; a folder of the splits ``datasets`` saved gives the split's folder."""
+    import datasets
+
+    from finetune.predict import main
+
+    out, _, _ = trained
+    splits = ["train", " test", "validation", "test ", "train", "test"]
+    with open(tmp_path / "all.csv", "w", newline="", encoding="utf-8") as fh:
+        csv.writer(fh).writerows([["message", "part"], *zip(TEXTS, splits)])
+    tested = [text for text, split in zip(TEXTS, splits) if split.strip() == "test"]
+    assert main([str(out), "--file", str(tmp_path / "all.csv"), "--text", "message", "--split", "test",
+                 "--split-column", "part", "--output", str(tmp_path / "test.csv")]) == 0
+    with open(tmp_path / "test.csv", newline="", encoding="utf-8") as fh:
+        rows = list(csv.DictReader(fh))
+    assert [(row["message"], row["part"].strip()) for row in rows] == [(text, "test") for text in tested]
+    expected = predictor.predict(tested)
+    assert [row["label"] for row in rows] == [p["label"] for p in expected]
+    assert [float(row["prob_spam"]) for row in rows] == \
+        [pytest.approx(p["probabilities"]["spam"], abs=1e-5) for p in expected]
+    capsys.readouterr()
+    assert main([str(out), "--file", str(tmp_path / "all.csv"), "--text", "message", "--split", "tset",
+                 "--split-column", "part"]) == 2
+    assert capsys.readouterr().err.strip() == (f"error: --split: {tmp_path / 'all.csv'}'s column 'part' has no "
+                                               f"split 'tset' (splits: train, test, validation)")
+
+    saved = tmp_path / "saved"
+    datasets.DatasetDict({"train": datasets.Dataset.from_dict({"text": TEXTS[:2]}),
+                          "test": datasets.Dataset.from_dict({"text": tested})}).save_to_disk(str(saved))
+    assert main([str(out), "--file", str(saved), "--split", "test"]) == 0
+    printed = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [row["text"] for row in printed] == tested and [row["label"] for row in printed] == \
+        [p["label"] for p in expected]
+    assert main([str(out), "--file", str(saved), "--split", "validation"]) == 2
+    assert capsys.readouterr().err.strip() == f"error: --split: {saved} has no split 'validation' (splits: test, train)"
+
+
+def test_a_headerless_file_like_the_runs_is_read_as_the_run_read_its_own(trained, predictor, tmp_path, capsys):
+    """The run read headerless TSV files (label, text); a file of the same layout is classified row by row, its
+    first line too, and said so; a file whose header names the text column is read by its header."""
+    from finetune.predict import main
+
+    out, _, _ = trained
+    labels = ["spam", "ham", "spam", "ham", "spam", "ham"]
+    plain = write_tsv(tmp_path / "held_out.tsv", list(zip(labels, TEXTS)))
+    assert main([str(out), "--file", str(plain), "--output", str(tmp_path / "p.csv")]) == 0
+    assert capsys.readouterr().err.startswith(f"note: {plain}: its first line names no column 'text': read as the "
+                                              f"run's data was, without a header, its columns label, text\n")
+    with open(tmp_path / "p.csv", newline="", encoding="utf-8") as fh:
+        rows = list(csv.DictReader(fh))
+    assert [(row["label"], row["text"]) for row in rows] == list(zip(labels, TEXTS))  # the file's own labels kept
+    assert [row["predicted_label"] for row in rows] == [p["label"] for p in predictor.predict(TEXTS)]
+    headed = tmp_path / "headed.tsv"
+    headed.write_text("text\tlabel\n" + "".join(f"{t}\t{label}\n" for t, label in zip(TEXTS, labels)),
+                      encoding="utf-8")
+    assert main([str(out), "--file", str(headed), "--output", str(tmp_path / "q.csv")]) == 0
+    assert "its first line names no column" not in capsys.readouterr().err
+    with open(tmp_path / "q.csv", newline="", encoding="utf-8") as fh:
+        assert [row["text"] for row in csv.DictReader(fh)] == TEXTS
+
+
 def test_a_compressed_file_predicts_and_scores_as_the_file_it_holds(trained, tmp_path, capsys):
     import gzip
     import lzma
@@ -756,6 +818,17 @@ def test_a_text_file_not_in_its_encoding_is_one_line_naming_the_files_own_offset
     (["a text", "--encoding", "cp1252"], "error: --encoding cp1252: only with --file"),
     (["--file", "{tmp}/in.txt", "--precision", "fp16"],
      "error: precision fp16: needs a CUDA GPU, the model is on cpu (use bf16 or no)"),
+    (["a text", "--split", "test"], "error: --split test: names a split of a --file's rows; give the --file"),
+    (["--file", "{tmp}/in.csv", "--text", "message", "--split-column", "part"],
+     "error: --split-column part: names the column --split reads; give --split too"),
+    (["--file", "{tmp}/in.txt", "--split", "test"],
+     "error: --split test: names a split of a file's rows, and {tmp}/in.txt holds single texts"),
+    (["--file", "{tmp}/in.csv", "--text", "message", "--split", "test"],  # the run was trained without a column
+     "error: --split test: the run names no column of splits (data.split_column); name the file's with "
+     "--split-column"),
+    (["--file", "{tmp}/in.csv", "--text", "message", "--split", "test", "--split-column", "part"],
+     "error: --file {tmp}/in.csv: no column 'part' of splits (--split-column, else the run's data.split_column); "
+     "columns found: id, message"),
 ])
 def test_bad_input_is_one_line(trained, tmp_path, capsys, args, message):
     from finetune.predict import main

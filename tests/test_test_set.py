@@ -3,6 +3,7 @@ the saved model after training, as ``finetune score`` scores a file."""
 
 from __future__ import annotations
 
+import csv
 import json
 from pathlib import Path
 
@@ -362,6 +363,12 @@ def test_finetune_score_scores_a_files_split_alone_as_the_run_scored_its_test_sp
     assert alone.file == f"{data}[test]" and alone.metrics == summary["test"]["metrics"]
     assert alone.texts == [text for _, text, split in rows if split == "test"]
     assert score_file(out, data, count_seen=False).metrics["num_samples"] == 110  # the whole file
+    from finetune.predict import main as predict
+
+    with tiny_process():  # finetune predict --split reads the run's column of splits as score does
+        assert predict([str(out), "--file", str(data), "--split", "test", "--output", str(tmp_path / "p.csv")]) == 0
+    with open(tmp_path / "p.csv", newline="", encoding="utf-8") as fh:
+        assert [row["text"] for row in csv.DictReader(fh)] == alone.texts
 
     report = tmp_path / "score.json"
     with tiny_process():
