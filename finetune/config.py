@@ -29,7 +29,7 @@ import yaml
 from finetune.coerce import _describe, coerce_value
 from finetune.errors import ConfigError
 from finetune.key_hints import key_hint, refuse_options, unknown_key_hint
-from finetune.overrides import let_the_command_line_choose, notes_said_once
+from finetune.overrides import let_the_command_line_choose
 from finetune.problem_checks import PROBLEM_METRICS, check_for_problem_type  # noqa: F401  (importable from here)
 from finetune.schema import (  # noqa: F401  (the schema's names, importable from here as before)
     DEFAULT_METRICS, DEFAULT_THRESHOLD, PAD_TO_MULTIPLE_OF, PER_LABEL, SECTIONS, Config, DataConfig, EvalConfig,
@@ -38,7 +38,7 @@ from finetune.schema import (  # noqa: F401  (the schema's names, importable fro
 
 __all__ = ["Config", "ModelConfig", "DataConfig", "TrainingConfig", "OptimConfig", "EvalConfig", "LoggingConfig",
            "OutputConfig", "DEFAULT_CONFIG", "SHIPPED_CONFIGS", "is_shipped", "load_config", "config_from_dict",
-           "parse_override", "read_yaml", "config_yaml", "save_config", "origin_of", "notes_said_once",
+           "parse_override", "read_yaml", "config_yaml", "save_config", "origin_of",
            "unknown_key_hint", "refuse_options", "PER_LABEL", "PAD_TO_MULTIPLE_OF"]
 
 

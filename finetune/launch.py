@@ -53,16 +53,6 @@ def launched_world_size() -> int:
     return 1
 
 
-# and its index among them
-_RANK_VARS = ["RANK", "PMI_RANK", "OMPI_COMM_WORLD_RANK", "MV2_COMM_WORLD_RANK"]
-
-
-def first_launched_process() -> bool:
-    """Whether this is the first process the launcher started (or the one, without a launcher), from its
-    variables alone: before torch is imported, the one that says what every process would."""
-    return all(os.environ.get(name, "0").strip() in ("", "0") for name in _RANK_VARS)
-
-
 def _processes_in(name: str) -> int:
     """The number of processes the launcher's variable ``name`` holds (at least 1).
 

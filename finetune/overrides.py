@@ -9,12 +9,12 @@ the Trainer. Here the typed key replaces the file's, and the log says so.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any
 
-logger = logging.getLogger("finetune")
+# its own logger: a sweep, which reads its config for every trial, says each note once (finetune.sweep_notes)
+logger = logging.getLogger("finetune.config")
 
 # (a key chosen on the command line, the file's keys it replaces): each pair says one thing two ways
 _COMMAND_LINE_CHOICES = (
@@ -50,35 +50,11 @@ def let_the_command_line_choose(data: dict[str, Any], given: set[str], path: Pat
                 or _value_at(data, first) is None or (auto_batch and first == "training.effective_batch_size")):
             continue
         dropped = [key for key in replaced if key not in given and _value_at(data, key) is not None]
-        _say(f"{chosen}={_spelled(_value_at(data, chosen))} on the command line replaces "
+        logger.info(f"{chosen}={_spelled(_value_at(data, chosen))} on the command line replaces "
              f"{', '.join(f'{key}: {_spelled(_value_at(data, key))}' for key in dropped)} of {path}")
         for key in dropped:
             section, name = key.split(".")
             data[section][name] = None
-
-
-_said: Optional[set[str]] = None  # inside notes_said_once: the notes logged so far
-
-
-@contextlib.contextmanager
-def notes_said_once() -> Iterator[None]:
-    """Within it, each note is logged the first time only: a sweep reads its config for every value of the space
-    it checks and for every trial, and the same note would repeat each time."""
-    global _said
-    outer = _said
-    _said = set() if outer is None else outer
-    try:
-        yield
-    finally:
-        _said = outer
-
-
-def _say(note: str) -> None:
-    if _said is not None:
-        if note in _said:
-            return
-        _said.add(note)
-    logger.info(note)
 
 
 def _value_at(data: dict[str, Any], dotted: str) -> Any:

@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 from typing import Any, Iterator, Optional, Sequence
 
-from finetune.errors import ConfigError, DataError, ModelError
+from finetune.errors import ConfigError, DataError, ModelError, is_main_rank
 from finetune.resources import WORKBOOKS, data_path, saved_by_datasets
 from finetune.schema import checked_threshold, label_columns  # the schema alone: no YAML or config loaded
 from finetune.text_encoding import COMPRESSIONS, check_encoding, compression_of, inner_suffix, open_bytes, open_text
@@ -229,14 +229,12 @@ def runs_layout(path, columns: Sequence[str], encoding: str, run_data) -> dict[s
     """The run's layout settings where it read headerless files (``data.column_names``) and the file's first line
     is a row of as many fields, not a header naming ``columns``; else none, and the file is read by its header.
     A file read so is said in a note: a header of other names would have been read as a row."""
-    from finetune.launch import first_launched_process
-
     names = run_data.column_names if run_data is not None else None
     delimiter = {"tsv": "\t", "csv": ","}.get(run_data.format) if names else None  # as the run's format splits
     fields = first_line_fields(path, encoding, delimiter) if names else None
     if fields is None or set(columns) <= {field.strip() for field in fields} or len(fields) != len(names):
         return {}
-    if first_launched_process():
+    if is_main_rank():  # each process of a launch reads the file; the first says it
         print(f"note: {path}: its first line names no column {columns[0]!r}: read as the run's data was, without a "
               f"header, its columns {', '.join(names)}", file=sys.stderr)
     return {"format": run_data.format, "has_header": run_data.has_header, "column_names": names}

@@ -39,7 +39,7 @@ from finetune.study import BASE_PARAMS_ATTR, budget_left, load_or_create, made_w
 from finetune.sweep_checks import check_sweep
 from finetune.sweep_file import DEFAULT_TRIALS, PRUNERS, SAMPLERS, describe_pruner, fixed_overrides, \
     pruner_settings, read_sweep_file, shipped_sweep, whole_number
-from finetune.sweep_notes import data_notes_said_once, few_updates_in_search, few_updates_said_once
+from finetune.sweep_notes import few_updates_in_search, few_updates_said_once, notes_said_once
 from finetune.sweep_report import Header, Repeats, best_trial, folds_of, mean_and_deviation, repeats_of, \
     search_seeds, start_line, state_of, trial_rows, write_out_of_fold_predictions, write_reports
 from finetune.sweep_trial import Phase, TrialRunner
@@ -367,11 +367,9 @@ def main(argv: list[str] | None = None) -> int:
         return run_command(lambda: refuse_options(args.unknown, argv, "finetune sweep", flags, args.options),
                            debug=args.debug)
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
-    from finetune.config import notes_said_once
-
     # a note on the command line's keys, or on what reading the data found, said once for the sweep, not for each
     # of its reads
-    with notes_said_once(), data_notes_said_once():
+    with notes_said_once():
         if args.dry_run:
             from finetune.sweep_dry_run import rehearse_sweep
 

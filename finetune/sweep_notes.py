@@ -1,5 +1,5 @@
-"""What a sweep says once for all its trials, not once for each: the notes on the data that every trial reads
-alike, and the caution of a run of few updates, summed up over the search's trials once they are done."""
+"""What a sweep says once for all its trials, not once for each: the notes on the config and the data that every
+trial reads alike, and the caution of a run of few updates, summed up over the search's trials once they are done."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ from typing import Any, Iterator, Optional
 
 # the loggers of what reading the data finds, which every trial of a sweep reads alike
 DATA_LOGGERS = ("finetune.data", "finetune.labels", "finetune.label_warnings", "finetune.carve")
+# and of what the command line's keys replace in the config, which a sweep reads for each value it checks and trial
+NOTE_LOGGERS = ("finetune.config", *DATA_LOGGERS)
 
 EPOCHS = "training.num_train_epochs"
 
@@ -29,11 +31,12 @@ class FirstTimeOnly(logging.Filter):
 
 
 @contextlib.contextmanager
-def data_notes_said_once() -> Iterator[None]:
-    """Within it, a note on the data (a row left out, a label warned of) is logged the first time only: every
-    trial reads the same data and would say it again; a note that differs (another fold's carve) is said."""
+def notes_said_once() -> Iterator[None]:
+    """Within it, a note on the config (a key the command line replaces) or on the data (a row left out, a label
+    warned of) is logged the first time only: every trial reads the same config and data and would say it again;
+    a note that differs (another fold's carve) is said."""
     first = FirstTimeOnly()
-    loggers = [logging.getLogger(name) for name in DATA_LOGGERS]
+    loggers = [logging.getLogger(name) for name in NOTE_LOGGERS]
     for data_logger in loggers:
         data_logger.addFilter(first)
     try:

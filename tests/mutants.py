@@ -429,8 +429,9 @@ MEMORY_MUTANTS = (
 # a sweep finds the best run and says how much of its score is the seed (docs/sweeps.md)
 SWEEP = ("tests/test_sweep.py",)
 SWEEP_MUTANTS = (
-    Mutant("sweep.py", "    with notes_said_once(), data_notes_said_once():", "    with notes_said_once():",
-           "each trial says again what reading the same data found", ("tests/test_sweep.py",)),
+    Mutant("sweep_notes.py", "    loggers = [logging.getLogger(name) for name in NOTE_LOGGERS]", "    loggers = []",
+           "each trial says again what reading the same data found, and what the command line's keys replace",
+           ("tests/test_sweep.py",)),
     Mutant("sweep_notes.py", "        return self.cautioned == 1", "        return True",
            "every trial of a sweep says its caution of few updates again, in other numbers", SWEEP),
     Mutant("sweep.py", "    if few_updates.cautioned and search is not None:", "    if search is not None:",
