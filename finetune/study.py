@@ -47,6 +47,7 @@ STOPPED_SWEEP = "stopped_sweep"  # an input error in this trial stopped the swee
 EVAL_LOSS = "eval_loss"        # the validation loss of the trial's saved model (its seeds' mean): decides ties
 # study user attributes
 SPACE_ATTR, CONFIG_ATTR, BASE_PARAMS_ATTR = "finetune.space", "finetune.config", "finetune.base_params"
+FEW_UPDATES_ATTR = "finetune.few_updates"  # a trial's start line cautioned of few updates: the reports sum them up
 
 # Seconds between a running trial's heartbeats, and without one before the trial counts as lost.
 HEARTBEAT_S, GRACE_S = 30, 120

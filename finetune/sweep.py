@@ -34,8 +34,8 @@ from typing import Any, Optional
 from finetune.errors import CommandParser, ConfigError, run_command
 from finetune.search_space import Dimension, SearchSpace, overrides, parse_space
 from finetune.signals import RunInterrupted, StopSignals
-from finetune.study import BASE_PARAMS_ATTR, budget_left, load_or_create, made_with, open_storage, redact, \
-    refuse_a_database_in_memory, refuse_another_sweep, running, trials_done
+from finetune.study import BASE_PARAMS_ATTR, FEW_UPDATES_ATTR, budget_left, load_or_create, made_with, open_storage, \
+    redact, refuse_a_database_in_memory, refuse_another_sweep, running, trials_done
 from finetune.sweep_checks import check_sweep
 from finetune.sweep_file import DEFAULT_TRIALS, PRUNERS, SAMPLERS, describe_pruner, fixed_overrides, \
     pruner_settings, read_sweep_file, shipped_sweep, whole_number
@@ -223,7 +223,8 @@ def run_sweep(sweep: Sweep) -> dict[str, Any]:
     done = trials_done(search) if search else 0
     logger.info(start_line(sweep, metric, greater, done))
     header = Header(metric, greater, sweep.space, sweep.sampler, describe_pruner(sweep.pruner),
-                    redact(sweep.storage), sweep.trials, sweep.command, sweep.config, tuple(sweep.overrides))
+                    redact(sweep.storage), sweep.trials, sweep.command, sweep.config, tuple(sweep.overrides),
+                    cfg.training.num_train_epochs)
     studies: dict[str, Any] = {"search": search, "repeats": None}
     report = lambda *_: write_reports(sweep.output, header, studies["search"], repeats,  # noqa: E731
                                       repeat_results(studies["repeats"], repeats))
@@ -233,10 +234,11 @@ def run_sweep(sweep: Sweep) -> dict[str, Any]:
     # a signal outside a trial's training ends the sweep between trials
     with StopSignals() as signals, few_updates_said_once() as few_updates:
         run_phases(sweep, runner, signals, storage, studies, identity, greater, repeats)
-    report()
     if few_updates.cautioned and search is not None:
-        few = few_updates_in_search(trial_rows(search.get_trials(deepcopy=False), sweep.output),
-                                    cfg.training.num_train_epochs)
+        search.set_user_attr(FEW_UPDATES_ATTR, True)  # for sweep.md, which a continuation writes again
+    report()
+    if search is not None and search.user_attrs.get(FEW_UPDATES_ATTR):
+        few = few_updates_in_search(trial_rows(search.get_trials(deepcopy=False), sweep.output), header.epochs)
         if few is not None:
             logger.warning(few)
     winner = best_trial(search.get_trials(deepcopy=False), greater) if search is not None else None

@@ -22,9 +22,10 @@ import yaml
 
 from finetune.outputs import METRICS_FILE, write_atomic
 from finetune.search_space import SearchSpace, overrides, render
-from finetune.study import BEYOND_BUDGET, EVAL_LOSS, FAILED, FOLDER, INTERRUPTED, PRUNED, SAME_AS, STOPPED_SWEEP, \
-    redact
+from finetune.study import BEYOND_BUDGET, EVAL_LOSS, FAILED, FEW_UPDATES_ATTR, FOLDER, INTERRUPTED, PRUNED, SAME_AS, \
+    STOPPED_SWEEP, redact
 from finetune.sweep_file import describe_pruner
+from finetune.sweep_notes import few_updates_in_search
 
 TRIALS_CSV, SWEEP_MD, BEST_YAML, SWEEP_PNG = "trials.csv", "sweep.md", "best.yaml", "sweep.png"
 
@@ -44,6 +45,8 @@ class Header:
     # the run's config and the command line's overrides, from which best.yaml is made
     config: Optional[str] = None
     overrides: tuple[str, ...] = ()
+    # the config's training.num_train_epochs, which the note of trials of few updates scales
+    epochs: Optional[float] = None
 
 
 @dataclass(frozen=True)
@@ -185,6 +188,8 @@ def write_reports(root: Path, header: Header, search, repeats: Optional[Repeats]
     # the first
     trials = search.get_trials(deepcopy=False) if search is not None else []
     rows = trial_rows(trials, root)
+    few = few_updates_in_search(rows, header.epochs) if search is not None and \
+        search.user_attrs.get(FEW_UPDATES_ATTR) else None
     winner = best_trial(trials, header.greater_is_better)
     best = next(r for r in rows if r["folder"] == winner.user_attrs[FOLDER]) if winner is not None else None
     if best is not None:  # the other trials of its value, each drawn values of their own
@@ -194,7 +199,7 @@ def write_reports(root: Path, header: Header, search, repeats: Optional[Repeats]
         write_atomic(root / TRIALS_CSV, trials_csv(rows))
     if best is not None:
         write_atomic(root / BEST_YAML, best_yaml(root, header, best))
-    write_atomic(root / SWEEP_MD, sweep_markdown(root, header, rows, best, repeats, repeat_values))
+    write_atomic(root / SWEEP_MD, sweep_markdown(root, header, rows, best, repeats, repeat_values, few))
     if rows or repeat_values:
         from finetune.sweep_plot import save_sweep_figure
 
@@ -351,7 +356,8 @@ def scores_on_the_test_set(root: Path, repeats: Repeats, repeat_values: list[tup
 
 
 def sweep_markdown(root: Path, header: Header, rows: list[dict[str, Any]], best: Optional[dict[str, Any]],
-                   repeats: Optional[Repeats], repeat_values: list[tuple[int, float]]) -> str:
+                   repeats: Optional[Repeats], repeat_values: list[tuple[int, float]],
+                   few_updates: Optional[str] = None) -> str:
     direction = "higher" if header.greater_is_better else "lower"
     lines = ["# Sweep", "", f"`{header.command}`", "",
              "The commands below run from the folder this sweep was started in, where its paths were given.", "",
@@ -364,6 +370,7 @@ def sweep_markdown(root: Path, header: Header, rows: list[dict[str, Any]], best:
         counts = {state: sum(r["state"] == state for r in rows) for state in dict.fromkeys(r["state"] for r in rows)}
         done = ", ".join(f"{n} {state}" for state, n in counts.items())
         lines += [f"{len(rows)} of {header.trials} trials: {done}.", "", *trials_table(header, rows), ""]
+        lines += [f"{few_updates}.", ""] if few_updates else []
     if best is not None:
         values = ", ".join(f"`{k}={short(best.get(k))}`" for k in header.space.keys())
         lines += [f"Best: trial {best['trial']} ({best['folder']}), {header.metric} {best['value']:.4f}: {values}."

@@ -436,6 +436,8 @@ SWEEP_MUTANTS = (
            "every trial of a sweep says its caution of few updates again, in other numbers", SWEEP),
     Mutant("sweep.py", "    if few_updates.cautioned and search is not None:", "    if search is not None:",
            "a search of quick runs asked for (training.max_steps) is told its trials made too few updates", SWEEP),
+    Mutant("sweep_report.py", '        lines += [f"{few_updates}.", ""] if few_updates else []', "        lines += []",
+           "sweep.md leaves out that the search's trials made too few updates, which the log said", SWEEP),
     Mutant("sweep_notes.py", 'enough = -(-FEW_UPDATES * own // fewest["updates"])',
            'enough = FEW_UPDATES * own // fewest["updates"]',
            "the epochs a sweep names for its fewest updates leave them short of enough", SWEEP),

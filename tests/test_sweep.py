@@ -274,6 +274,8 @@ def test_the_reports_read_the_study_once_while_another_worker_ends_a_trial(tmp_p
     reads = [[trial(0, complete, 0.5), trial(1, running)], [trial(0, complete, 0.5), trial(1, complete, 0.9)]]
 
     class StudyWhileAnotherWorkerRuns:  # its first read sees trial 1 running, any later one sees it ended
+        user_attrs: dict = {}
+
         def get_trials(self, deepcopy=True):
             return reads.pop(0) if len(reads) > 1 else reads[0]
 
@@ -1298,6 +1300,8 @@ def test_a_search_of_few_updates_a_trial_cautions_once_then_sums_its_trials_up(t
            f"a sweep with training.num_train_epochs={enough} (and another --output: a sweep's study keeps the " \
            f"config it was made with) gives its fewest about {fewest * enough} (docs/sweeps.md#few-updates)" in said
     assert fewest * enough >= FEW_UPDATES > fewest * (enough - 1)
+    summary = next(line for line in said if "trials trained made fewer than" in line)
+    assert f"\n{summary}.\n" in (tmp_path / "out-sweep" / "sweep.md").read_text()  # the report says it too
     # a search of runs of a set length, training.max_steps, is a quick one asked for: neither is said
     caplog.clear()
     quick = sweep_file(tmp_path, name="quick.yaml", space={"training.effective_batch_size": [4]}, trials=1)
@@ -1306,6 +1310,7 @@ def test_a_search_of_few_updates_a_trial_cautions_once_then_sums_its_trials_up(t
                                  "training.num_train_epochs=null", "training.max_steps=3"]) == 0
     assert not [r for r in caplog.records if "new head learns little" in r.getMessage()]
     assert (tmp_path / "quick" / "trial-0000" / "metrics.json").is_file()
+    assert "made fewer than" not in (tmp_path / "quick" / "sweep.md").read_text()
 
 
 def test_a_worker_that_loses_the_race_to_create_the_tables_opens_them_on_its_next_try(monkeypatch):
