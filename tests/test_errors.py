@@ -578,8 +578,11 @@ def test_ctrl_c_outside_a_runs_handler_is_one_line_and_the_shells_code_for_sigin
                "    time.sleep(60)\n"
                "sys.exit(run_command(work))\n")
     for debug in ("0", "1"):
+        # Ctrl-C's default, as a terminal's foreground command has it: a suite run in the background of a shell
+        # would pass SIGINT down ignored, and Python installs no KeyboardInterrupt for an ignored signal
         child = subprocess.Popen([sys.executable, "-c", program], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                 text=True, env={**os.environ, "FINETUNE_DEBUG": debug})
+                                 text=True, env={**os.environ, "FINETUNE_DEBUG": debug},
+                                 preexec_fn=lambda: signals.signal(signals.SIGINT, signals.SIG_DFL))
         assert child.stdout.readline() == "ready\n"
         child.send_signal(signals.SIGINT)
         _, err = child.communicate(timeout=60)
