@@ -77,13 +77,13 @@ def few_updates_said_once() -> Iterator[FewUpdatesOnce]:
 
 
 def few_updates_in_search(rows: list[dict[str, Any]], epochs: Optional[float]) -> Optional[str]:
-    """The search's trials that trained fewer updates than a new head needs, in a line, with the epochs that
-    give the fewest enough; ``None`` where none did. ``rows``: ``trials.csv``'s; ``epochs``: the config's
-    ``training.num_train_epochs`` (a searched value is the trial's own)."""
+    """The search's finished trials (not pruned) that trained fewer updates than a new head needs, in a line, with
+    the epochs that give the fewest enough; ``None`` where none did. ``rows``: ``trials.csv``'s; ``epochs``: the
+    config's ``training.num_train_epochs`` (a searched value is the trial's own)."""
     from finetune.start_line import FEW_UPDATES
 
-    trained = [row for row in rows if row["state"] == "complete" and row["updates"] is not None]
-    few = sorted((row for row in trained if row["updates"] < FEW_UPDATES), key=lambda row: row["updates"])
+    finished = [row for row in rows if row["state"] == "complete" and row["updates"] is not None]
+    few = sorted((row for row in finished if row["updates"] < FEW_UPDATES), key=lambda row: row["updates"])
     if not few:
         return None
     fewest, most = few[0], few[-1]["updates"]
@@ -92,7 +92,7 @@ def few_updates_in_search(rows: list[dict[str, Any]], epochs: Optional[float]) -
     count = f"{fewest['updates']}" if fewest["updates"] == most else f"{fewest['updates']} to {most}"
     how = (f"a space of {EPOCHS} from {enough:g}" if EPOCHS in fewest
            else f"{EPOCHS}={enough:g} (and another --output: a sweep's study keeps the config it was made with)")
-    return (f"{len(few)} of the {len(trained)} trials trained made fewer than {FEW_UPDATES} updates ({count}): a "
+    return (f"{len(few)} of the {len(finished)} finished trials made fewer than {FEW_UPDATES} updates ({count}): a "
             f"new head learns little in so few, and such a trial's score says how many it made as much as what it "
             f"searched; a sweep with {how} gives its fewest about {int(fewest['updates'] * enough / own)} "
             f"(docs/sweeps.md#few-updates)")

@@ -1295,12 +1295,12 @@ def test_a_search_of_few_updates_a_trial_cautions_once_then_sums_its_trials_up(t
     fewest, most = sorted(int(row["updates"]) for row in rows)
     assert len(cautions) == 1 and fewest < most < FEW_UPDATES, (cautions, fewest, most)
     enough = -(-FEW_UPDATES // fewest)  # one epoch: each more makes as many again
-    assert f"2 of the 2 trials trained made fewer than {FEW_UPDATES} updates ({fewest} to {most}): a new head " \
+    assert f"2 of the 2 finished trials made fewer than {FEW_UPDATES} updates ({fewest} to {most}): a new head " \
            f"learns little in so few, and such a trial's score says how many it made as much as what it searched; " \
            f"a sweep with training.num_train_epochs={enough} (and another --output: a sweep's study keeps the " \
            f"config it was made with) gives its fewest about {fewest * enough} (docs/sweeps.md#few-updates)" in said
     assert fewest * enough >= FEW_UPDATES > fewest * (enough - 1)
-    summary = next(line for line in said if "trials trained made fewer than" in line)
+    summary = next(line for line in said if "finished trials made fewer than" in line)
     assert f"\n{summary}.\n" in (tmp_path / "out-sweep" / "sweep.md").read_text()  # the report says it too
     # a search of runs of a set length, training.max_steps, is a quick one asked for: neither is said
     caplog.clear()
