@@ -39,9 +39,9 @@ from finetune.study import BASE_PARAMS_ATTR, FEW_UPDATES_ATTR, budget_left, load
 from finetune.sweep_checks import check_sweep
 from finetune.sweep_file import DEFAULT_TRIALS, PRUNERS, SAMPLERS, describe_pruner, fixed_overrides, \
     pruner_settings, read_sweep_file, shipped_sweep, whole_number
-from finetune.sweep_notes import few_updates_in_search, few_updates_said_once, notes_said_once
+from finetune.sweep_notes import few_updates_said_once, notes_said_once
 from finetune.sweep_report import Header, Repeats, best_trial, folds_of, mean_and_deviation, repeats_of, \
-    search_seeds, start_line, state_of, trial_rows, write_out_of_fold_predictions, write_reports
+    search_seeds, start_line, state_of, write_out_of_fold_predictions, write_reports
 from finetune.sweep_trial import Phase, TrialRunner
 
 logger = logging.getLogger("finetune")
@@ -236,11 +236,9 @@ def run_sweep(sweep: Sweep) -> dict[str, Any]:
         run_phases(sweep, runner, signals, storage, studies, identity, greater, repeats)
     if few_updates.cautioned and search is not None:
         search.set_user_attr(FEW_UPDATES_ATTR, True)  # for sweep.md, which a continuation writes again
-    report()
-    if search is not None and search.user_attrs.get(FEW_UPDATES_ATTR):
-        few = few_updates_in_search(trial_rows(search.get_trials(deepcopy=False), sweep.output), header.epochs)
-        if few is not None:
-            logger.warning(few)
+    few = report()  # sweep.md's note of the trials that made too few updates, said in the log too
+    if few is not None:
+        logger.warning(few)
     winner = best_trial(search.get_trials(deepcopy=False), greater) if search is not None else None
     if winner is not None:
         logger.info("best: trial %d, %s %.4f: %s", winner.number, metric, winner.value,

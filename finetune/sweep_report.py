@@ -181,9 +181,10 @@ def tied_for_best(trials: list, greater_is_better: bool) -> list:
 
 
 def write_reports(root: Path, header: Header, search, repeats: Optional[Repeats],
-                  repeat_values: list[tuple[int, float]]) -> None:
+                  repeat_values: list[tuple[int, float]]) -> Optional[str]:
     """Rewrite the four files from the search's study (or ``None``) and the repeated runs' values (each seed's or
-    fold's, with ``repeats`` saying which)."""
+    fold's, with ``repeats`` saying which). Returns the note ``sweep.md`` gives of the trials that made too few
+    updates (:func:`finetune.sweep_notes.few_updates_in_search`), or ``None``."""
     # read once: another worker's trial may end between two reads, and be the best of the second but running in
     # the first
     trials = search.get_trials(deepcopy=False) if search is not None else []
@@ -204,6 +205,7 @@ def write_reports(root: Path, header: Header, search, repeats: Optional[Repeats]
         from finetune.sweep_plot import save_sweep_figure
 
         save_sweep_figure(root / SWEEP_PNG, header, rows, best, repeats, repeat_values)
+    return few
 
 
 def write_out_of_fold_predictions(root: Path, folds: Repeats) -> Optional[Path]:
