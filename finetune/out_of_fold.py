@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any, Optional
 
 from finetune.outputs import CONFIG_FILE, saved_config
-from finetune.prediction_files import CLASH_PREFIX, predict_rows, write_predictions
+from finetune.prediction_files import CLASH_PREFIX, predict_rows
+from finetune.prediction_output import write_predictions
 
 OUT_OF_FOLD_FILE = "predictions.csv"
 

@@ -21,7 +21,6 @@ length, each text cut and padded as the run did (its saved ``config.yaml``). The
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from pathlib import Path
@@ -32,8 +31,8 @@ from finetune.errors import (CommandParser, ConfigError, ModelError, OutOfMemory
 from finetune.outputs import refuse_a_run_file, saved_config
 from finetune.precisions import add_precision_argument, autocast_dtype, check_precision
 from finetune.prediction_files import (STDIN, check_options, input_kind, local_file, note_the_files_own_columns,
-                                       output_separator, predict_rows, prediction_prefix, read_rows,
-                                       write_predictions, ONE_TEXT_EACH, TEXT_FOLDER)
+                                       predict_rows, prediction_prefix, read_rows, ONE_TEXT_EACH, TEXT_FOLDER)
+from finetune.prediction_output import output_separator, predictions_summary, print_predictions, write_predictions
 from finetune.schema import PAD_TO_MULTIPLE_OF  # the schema alone: no YAML or config loaded
 from finetune.shares import (batches_of_share, launched_processes, lengths_across_processes, logits_in_order,
                              process_device, shares_of_every_process)
@@ -428,8 +427,9 @@ def run(args: argparse.Namespace) -> None:
         write_predictions(args.output, predicted, predictor.labels, delimiter, prefix,
                           separator=output_separator(file, encoding))
     else:
-        for row in predicted:
-            print(json.dumps(row, ensure_ascii=False, default=str))
+        print_predictions(predicted)
+    if args.file:  # a file's predictions summed up in a line, on stderr beside the notes
+        print(predictions_summary(predicted, predictor, prefix, output_dir, args.output), file=sys.stderr)
 
 
 def batch_too_large(batch_size: int) -> OutOfMemory:

@@ -1,9 +1,9 @@
-"""The files ``finetune predict`` reads and writes: texts in, one prediction per input row out.
+"""The files ``finetune predict`` reads: texts in, one prediction per input row out.
 
 ``--file`` takes ``.txt`` (one text per line; ``-`` reads such lines from standard input), ``.csv``/``.tsv``
 with a header (or laid out as the run's headerless files: :func:`runs_layout`), ``.json``/``.jsonl`` (each of
 these also compressed whole: ``texts.csv.gz``, ``.bz2``, ``.xz``), ``.parquet``, ``.xlsx`` or a folder
-``datasets``' ``save_to_disk`` wrote; ``--output`` writes ``.csv``, ``.jsonl``, ``.parquet`` or ``.xlsx``.
+``datasets``' ``save_to_disk`` wrote (:mod:`finetune.prediction_output` writes the predictions).
 Every input row gets one output row, in order,
 its columns kept and the prediction added (under ``predicted_<name>`` where
 the input has a column of the prediction's names, a labelled file's ``label``);
@@ -17,7 +17,6 @@ import argparse
 import csv
 import io
 import itertools
-import json
 import os
 import sys
 from pathlib import Path
@@ -363,86 +362,3 @@ def predict_rows(predictor, rows: list[dict[str, Any]], text_column: str,
 
 def _prefixed(prediction: dict[str, Any], prefix: str) -> dict[str, Any]:
     return {f"{prefix}{key}": value for key, value in prediction.items()}
-
-
-def output_separator(file: Optional[str], encoding: str) -> str:
-    """The field separator of a ``--output`` CSV: the ``--file``'s own where that is a semicolon-separated
-    ``.csv`` (a spreadsheet in a language with a decimal comma opens it in columns), else the comma."""
-    from finetune.local_files import csv_separator
-
-    if file is None or file == STDIN or inner_suffix(Path(file)) != ".csv":
-        return ","
-    return csv_separator(Path(file), encoding)
-
-
-def _cell(value: Any) -> Any:
-    """An input column's value as a CSV field: a list or a mapping (a JSON file's list of labels) as JSON, which
-    reads back, where the csv module would write Python's ``['a', 'b']``."""
-    return json.dumps(value, ensure_ascii=False, default=str) if isinstance(value, (list, dict)) else value
-
-
-def write_predictions(path: str | os.PathLike, rows: list[dict[str, Any]], labels: Sequence[str],
-                      label_delimiter: str = ",", prefix: str = "", separator: str = ",") -> None:
-    """Write predicted rows as ``.csv`` (fields between ``separator``), ``.parquet``, ``.xlsx`` or ``.jsonl``.
-
-    A CSV holds the input's columns, then what was predicted: ``label``,
-    ``score`` and ``prob_<label>`` per label (single label); ``labels``
-    joined by ``label_delimiter`` and ``prob_<label>`` (multi-label);
-    ``score`` (regression); each after ``prefix`` (:data:`CLASH_PREFIX` or none).
-    A Parquet file holds the same columns, a multi-label ``labels`` as a list; a workbook the CSV's, each
-    number a number (:mod:`finetune.workbooks`).
-    A JSON line holds the row's dict as it is.
-    """
-    path = Path(path)
-    suffix = checked_suffix(path, OUTPUT_FORMATS, "--output")
-    if suffix == ".jsonl":
-        with open(path, "w", encoding="utf-8") as fh:
-            for row in rows:
-                # a Parquet file's dates and times are written as their text, as the CSV writer does
-                fh.write(json.dumps(row, ensure_ascii=False, default=str) + "\n")
-        return
-    table = _prediction_table(rows, labels, prefix)
-    label_list = f"{prefix}labels"
-    if suffix == ".parquet":
-        _write_parquet(path, table)
-        return
-    if suffix == ".xlsx":
-        from finetune.workbooks import write_workbook  # beside datasets, which texts on a command line do without
-
-        write_workbook(path, {name: [label_delimiter.join(v) if name == label_list and v is not None else _cell(v)
-                                     for v in values] for name, values in table.items()})
-        return
-    with open(path, "w", encoding="utf-8", newline="") as fh:
-        writer = csv.writer(fh, delimiter=separator)
-        writer.writerow(list(table))
-        for values in zip(*table.values()):
-            writer.writerow([label_delimiter.join(v) if name == label_list else _cell(v)
-                             for name, v in zip(table, values)])
-
-
-def _prediction_table(rows: list[dict[str, Any]], labels: Sequence[str], prefix: str) -> dict[str, list[Any]]:
-    """The rows as columns: the input's, then ``label``, ``labels``, ``score`` (those predicted) and a
-    ``prob_<label>`` per label, each after ``prefix``."""
-    added = {f"{prefix}{name}" for name in PREDICTED}
-    columns = [c for c in rows[0] if c not in added]
-    predicted = [f"{prefix}{c}" for c in ("label", "labels", "score") if f"{prefix}{c}" in rows[0]]
-    table = {c: [row[c] for row in rows] for c in columns + predicted}
-    if f"{prefix}probabilities" in rows[0]:
-        for name in labels:
-            table[f"{prefix}prob_{name}"] = [row[f"{prefix}probabilities"][name] for row in rows]
-    return table
-
-
-def _write_parquet(path: Path, table: dict[str, list[Any]]) -> None:
-    """``table`` as a Parquet file; a column of the input whose values Arrow cannot hold as one type (numbers and
-    texts in one JSON column) is written as their texts, as the CSV writer writes them."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    arrays = {}
-    for name, values in table.items():
-        try:
-            arrays[name] = pa.array(values)
-        except (pa.ArrowInvalid, pa.ArrowTypeError):
-            arrays[name] = pa.array([None if v is None else str(_cell(v)) for v in values], type=pa.string())
-    pq.write_table(pa.table(arrays), path)

@@ -577,6 +577,16 @@ INFERENCE_MUTANTS = (
     Mutant("prediction_files.py", '    return {"format": run_data.format, "has_header": run_data.has_header, '
            '"column_names": names}', "    return {}",
            "a file as headerless as the run's own is refused for the header it lacks", ("tests/test_predict.py",)),
+    Mutant("prediction_output.py", "texts = summary[\"eval\"][\"num_samples\"] if problem_type == \"multi_label\" "
+           "else sum(support.values())", "texts = sum(support.values())",
+           "the summed-up line gives a multi-label run's validation shares of the labels given, not of the texts",
+           ("tests/test_predict.py", "tests/test_problem_types.py")),
+    Mutant("prediction_output.py", "filled = [row for row in rows if not _unpredicted(row, problem_type, prefix)]",
+           "filled = rows", "the summed-up line counts an empty text as predicted, with no label",
+           ("tests/test_predict.py", "tests/test_problem_types.py")),
+    Mutant("prediction_output.py", "ranked = sorted(counts.items(), key=lambda item: -item[1])",
+           "ranked = list(counts.items())", "the summed-up line names the labels in id order, not the most given first",
+           ("tests/test_predict.py", "tests/test_problem_types.py")),
 )
 
 # a log record says what the updates it covers did (docs/logging.md)

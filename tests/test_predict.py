@@ -293,6 +293,7 @@ def test_cli_texts_print_json_lines(trained):
     assert proc.returncode == 0, proc.stderr[-2000:]
     lines = [json.loads(line) for line in proc.stdout.splitlines()]
     assert [r["text"] for r in lines] == TEXTS[:2]
+    assert "predicted" not in proc.stderr  # texts typed on the command line are not summed up: their lines say it all
     for r in lines:
         assert set(r) == {"text", "label", "score", "probabilities"}
         assert r["score"] == max(r["probabilities"].values()) and r["label"] in ("ham", "spam")
@@ -348,6 +349,7 @@ def test_files_in_and_out(trained, predictor, tmp_path, capsys):
     txt, csv_in, jsonl_in = _write_inputs(tmp_path)
     expected = predictor.predict(TEXTS)
 
+    capsys.readouterr()
     assert main([str(out), "--file", str(txt), "--output", str(tmp_path / "a.csv")]) == 0
     with open(tmp_path / "a.csv", newline="", encoding="utf-8") as fh:
         rows = list(csv.DictReader(fh))
@@ -357,6 +359,16 @@ def test_files_in_and_out(trained, predictor, tmp_path, capsys):
     for row, p in zip(rows[:3], expected):
         assert row["label"] == p["label"]
         assert float(row["prob_spam"]) == pytest.approx(p["probabilities"]["spam"], abs=1e-5)
+    # one line sums the file up: each label's texts, most given first, beside its share of the run's validation
+    # texts (the support of its last evaluation); the blank line apart
+    support = {name: s["support"] for name, s in json.loads((out / "metrics.json").read_text())["eval_by_label"].items()}
+    given = {name: [r["label"] for r in rows[:3]].count(name) for name in ("ham", "spam")}
+    ranked = sorted(given, key=lambda name: -given[name])
+    shares = [f"{name} {given[name]} ({given[name] / 3:.1%}; validation {support[name] / sum(support.values()):.1%})"
+              for name in ranked]
+    assert capsys.readouterr().err.splitlines()[-1] == \
+        f"3 texts predicted: {', '.join(shares)}; 1 empty text, not predicted -> {tmp_path / 'a.csv'}"
+    assert 0 < support["spam"] < sum(support.values())
 
     capsys.readouterr()
     assert main([str(out), "--file", str(csv_in), "--text", "message", "--output",
@@ -369,8 +381,43 @@ def test_files_in_and_out(trained, predictor, tmp_path, capsys):
 
     capsys.readouterr()
     assert main([str(out), "--file", str(jsonl_in), "--batch-size", "2"]) == 0  # no --output: JSON lines on stdout
-    printed = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    captured = capsys.readouterr()
+    printed = [json.loads(line) for line in captured.out.splitlines()]
     assert [r["probabilities"] for r in printed] == [pytest.approx(p["probabilities"], abs=1e-5) for p in expected]
+    summed = captured.err.splitlines()[-1]  # on stderr, where it leaves the JSON lines as they are, and no file named
+    assert summed.startswith("6 texts predicted: ") and "->" not in summed and "empty" not in summed
+
+
+def test_a_files_predictions_are_summed_up_most_given_label_first(tmp_path):
+    """The line's counts, order, shares and the labels past the tenth, on rows made to the purpose."""
+    from types import SimpleNamespace
+
+    from finetune.prediction_output import SUMMARY_LABELS, predictions_summary
+
+    labels = [f"c{i}" for i in range(SUMMARY_LABELS + 2)]
+    given = [labels[-1]] * 5 + [labels[0]] * 3 + labels[1:-1]  # the last label most, then the first, one of each else
+    rows = [{"text": "t", "label": name, "probabilities": {n: 0.1 for n in labels}} for name in given]
+    rows.append({"text": "", "label": "", "probabilities": {n: None for n in labels}})  # an empty text
+    single = SimpleNamespace(labels=labels, problem_type="single_label")
+    (tmp_path / "metrics.json").write_text(json.dumps({
+        "eval": {"num_samples": 40}, "eval_by_label": {n: {"support": 4 if n == "c0" else 3} for n in labels}}))
+    texts = len(given)
+    named = [f"c11 5 ({5 / texts:.1%}; validation {3 / 37:.1%})", f"c0 3 ({3 / texts:.1%}; validation {4 / 37:.1%})"]
+    named += [f"c{i} 1 ({1 / texts:.1%}; validation {3 / 37:.1%})" for i in range(1, SUMMARY_LABELS - 1)]
+    assert predictions_summary(rows, single, "", tmp_path) == (
+        f"{texts} texts predicted: {', '.join(named)}, and 2 more labels 2 ({2 / texts:.1%}); "
+        "1 empty text, not predicted")
+    # several labels per text: the validation shares are of the texts (40), and the texts given none are counted
+    multi = SimpleNamespace(labels=["a", "b"], problem_type="multi_label")
+    (tmp_path / "metrics.json").write_text(json.dumps({
+        "eval": {"num_samples": 40}, "eval_by_label": {"a": {"support": 10}, "b": {"support": 30}}}))
+    rows = [{"labels": tags, "probabilities": {"a": 0.5, "b": 0.5}} for tags in (["b"], ["a", "b"], [], ["b"])]
+    assert predictions_summary(rows, multi, "", tmp_path, "out.csv") == (
+        "4 texts predicted: b 3 (75.0%; validation 75.0%), a 1 (25.0%; validation 25.0%); no label 1 (25.0%) "
+        "-> out.csv")
+    # a folder without metrics.json (a model trained elsewhere): the counts alone
+    assert predictions_summary(rows, multi, "", tmp_path / "elsewhere") == \
+        "4 texts predicted: b 3 (75.0%), a 1 (25.0%); no label 1 (25.0%)"
 
 
 def test_split_classifies_the_rows_of_one_split_alone_in_their_order(trained, predictor, tmp_path, capsys):

@@ -13,6 +13,7 @@ import json
 import logging
 import math
 import random
+import re
 from pathlib import Path
 
 import numpy as np
@@ -710,8 +711,19 @@ def test_a_multi_label_run_learns_and_pipeline_agrees_with_predict(problem_runs,
 
     texts = out.parent / "texts.txt"
     texts.write_text("\n".join(TEXTS) + "\n", encoding="utf-8")
+    capsys.readouterr()
     for name in ("predicted.csv", "predicted.parquet"):
         assert predict([str(out), "--file", str(texts), "--output", str(out.parent / name)]) == 0
+    # each summed up in a line: the texts given each label beside the share of the validation texts that carry it
+    # (several labels per text: shares of the texts, which need not add up to 1), and those given none
+    given = {name: sum(name in p["labels"] for p in ours) for name in predictor.labels}
+    shares = [f"{name} {given[name]} ({given[name] / len(TEXTS):.1%}; validation "
+              f"{by_label[name]['support'] / summary['eval']['num_samples']:.1%})"
+              for name in sorted(given, key=lambda name: -given[name])]
+    none = sum(not p["labels"] for p in ours)
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"{len(TEXTS)} texts predicted: {', '.join(shares)}; no label {none} ({none / len(TEXTS):.1%}) "
+        f"-> {out.parent / 'predicted.parquet'}")
     with open(out.parent / "predicted.csv", newline="", encoding="utf-8") as fh:
         assert [row["labels"] for row in csv.DictReader(fh)] == [",".join(p["labels"]) for p in ours]
     assert pq.read_table(out.parent / "predicted.parquet").column("labels").to_pylist() == [p["labels"] for p in ours]
@@ -735,7 +747,7 @@ def test_thresholds_chosen_on_validation_texts_need_validation_texts(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_regression_run_learns_and_pipeline_agrees_with_predict(problem_runs):
+def test_a_regression_run_learns_and_pipeline_agrees_with_predict(problem_runs, tmp_path, capsys):
     from transformers import AutoConfig, pipeline
 
     from finetune.predict import Predictor
@@ -755,6 +767,18 @@ def test_a_regression_run_learns_and_pipeline_agrees_with_predict(problem_runs):
     # no function_to_apply: the saved problem_type tells pipeline to leave the number as it is
     theirs = pipeline("text-classification", model=str(out), device="cpu")(TEXTS)
     assert [p["score"] for p in ours] == pytest.approx([t["score"] for t in theirs], abs=1e-5)
+    # finetune predict sums a file's scores up in a line: their range and mean
+    from finetune.predict import main as predict
+
+    (tmp_path / "texts.txt").write_text("\n".join(TEXTS) + "\n", encoding="utf-8")
+    capsys.readouterr()
+    assert predict([str(out), "--file", str(tmp_path / "texts.txt")]) == 0
+    scores = [p["score"] for p in ours]
+    summed = capsys.readouterr().err.splitlines()[-1]
+    low, high, mean = (float(n) for n in re.fullmatch(
+        rf"{len(TEXTS)} texts predicted: scores from (\S+) to (\S+), mean (\S+)", summed).groups())
+    assert (low, high, mean) == pytest.approx((min(scores), max(scores), sum(scores) / len(scores)), rel=1e-3)
+    assert max(scores) - min(scores) > 1e-3 * max(map(abs, scores))  # far enough apart that a swap would show
     # score reads the validation file as training did and reports what validation reported
     result = score_file(out, out.parent / "val.jsonl", predictor=predictor)
     assert result.confusion is None and result.by_label is None
