@@ -266,7 +266,9 @@ def rows_of_split(table, split: str, column: Optional[str], path) -> list[dict[s
     if column not in table.column_names:
         raise DataError(f"--file {path}: no column {column!r} of splits (--split-column, else the run's "
                         f"data.split_column); columns found: {', '.join(table.column_names)}")
-    names = [None if value is None else str(value).strip() for value in table[column]]
+    from finetune.split_column import split_name  # beside datasets, which read the table
+
+    names = [split_name(value) for value in table[column]]
     if split not in names:
         found = dict.fromkeys(name for name in names if name)  # in the order the file has them
         raise DataError(f"--split: {path}'s column {column!r} has no split {split!r} (splits: {', '.join(found)})")

@@ -38,7 +38,7 @@ def rows_by_split(table: Table, column: str) -> dict[str, Table]:
     if column not in table.ds.column_names:
         raise FileLayoutError(f"{table.source}: no column {column!r} (data.split_column); columns found: "
                               f"{', '.join(table.ds.column_names)}")
-    names = [None if value is None else str(value).strip() or None for value in column_values(table.ds, column)]
+    names = [split_name(value) for value in column_values(table.ds, column)]
     missing = [i for i, name in enumerate(names) if name is None]
     if missing:
         raise DataError(f"{table.source}: {len(missing)} row{'s' if len(missing) > 1 else ''} without a split in "
@@ -47,6 +47,12 @@ def rows_by_split(table: Table, column: str) -> dict[str, Table]:
     for i, name in enumerate(names):
         rows.setdefault(name, []).append(i)
     return {name: table.keep(np.asarray(where)) for name, where in rows.items()}
+
+
+def split_name(value) -> Optional[str]:
+    """A row's split as its column writes it (training's and ``finetune predict --split``'s one rule): the spaces
+    around it are not part of it, and an empty one names none."""
+    return None if value is None else str(value).strip() or None
 
 
 def named_split(spec: str, split: str) -> str:

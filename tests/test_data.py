@@ -273,6 +273,10 @@ def test_a_column_of_each_rows_split_trains_validates_and_tests_on_its_own_rows(
         splits, _ = load_splits(data, seed=0)
     assert len(splits["train"]) + len(splits["validation"]) == 12 and data.validation_split_name is None
     assert "has no split 'validation'; carving validation from 'train'" in caplog.text
+    # a split written with spaces around it (a spreadsheet's "train " cell) is the split it names without them
+    path = _file_of_splits(tmp_path, ("train",) * 4 + (" train",) * 4 + ("validation ",) * 4 + ("test",) * 4)
+    splits, _ = load_splits(cfg(path, split_column="split"), seed=0)
+    assert (len(splits["train"]), len(splits["validation"])) == (8, 4)
 
 
 @pytest.mark.parametrize("splits, settings, error, message", [
