@@ -1,5 +1,5 @@
-"""Rows of a CSV or TSV file that its reader gets wrong without a word: lines a stray quote runs into one, and
-the header written again where files were joined.
+"""Rows of a CSV or TSV file that its reader gets wrong without a word: lines a stray quote runs into one, a TSV
+file's quotes, and the header written again where files were joined.
 
 In a CSV file a field that starts with ``"`` lasts to the next lone ``"``,
 over line ends. A text typed with a quote at its start and none at its end
@@ -13,6 +13,14 @@ here. A quote that happens to close right before a comma leaves a valid file
 that means the same as a text spanning lines, and cannot be told from one.
 The check reads the file again, and so runs only where the read made a field
 that spans lines, the sign of a quoted field over line ends.
+
+TSV has no one rule for quotes. Files that never quote (GLUE's) hold texts
+that start with a ``"`` they never close, which CSV's rule would run into the
+lines after them. pandas' ``to_csv(sep="\\t")``, the ``csv`` module and
+spreadsheets quote a text that holds a tab, a line break or a quote as CSV
+does (``"she said ""hi"" twice"``): read with quotes as plain characters, such a
+text keeps its quotes doubled and breaks its row at its tabs and line
+breaks. :func:`tsv_quoting` tells the two apart.
 
 Files joined whole (``cat a.csv b.csv > all.csv``) carry the second one's
 header as a row, whose label is the label column's name: a class of its own.
@@ -74,6 +82,34 @@ def refuse_unpaired_quote(path: Path, sep: str, encoding: str) -> None:
                                     f"with more text after it: lines {start} to {reader.line_num} would read as "
                                     "one row", hint=FIX) from None
             start = reader.line_num + 1
+
+
+def tsv_quoting(path: Path, encoding: str, skip: int = 0) -> int:
+    """How the quotes of the TSV file ``path`` read (its first ``skip`` lines not the table's): as CSV's
+    (``csv.QUOTE_MINIMAL``) where a field starts with one and the whole file parses under CSV's strict rules
+    into records of one number of fields, else as plain characters (``csv.QUOTE_NONE``). A file where no field
+    starts with a quote reads the same either way, and is read once to find that out."""
+    if not _a_field_starts_quoted(path, encoding, skip):
+        return csv.QUOTE_NONE
+    counts = set()
+    with open_text(path, encoding, errors="replace") as fh:
+        for _ in range(skip):
+            fh.readline()
+        try:
+            for row in csv.reader(fh, delimiter="\t", strict=True):
+                counts.add(len(row) if row else None)  # a blank line is no record
+        except csv.Error:  # a quote closed with more text after it, or never: a plain character
+            return csv.QUOTE_NONE
+    return csv.QUOTE_MINIMAL if len(counts - {None}) == 1 else csv.QUOTE_NONE
+
+
+def _a_field_starts_quoted(path: Path, encoding: str, skip: int) -> bool:
+    """Whether a line of ``path`` past its first ``skip`` has a field that starts with ``"``."""
+    with open_text(path, encoding, errors="replace") as fh:
+        for number, line in enumerate(fh):
+            if number >= skip and (line.startswith('"') or '\t"' in line):
+                return True
+    return False
 
 
 def repeated_header(ds: datasets.Dataset) -> np.ndarray:

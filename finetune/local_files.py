@@ -1,7 +1,7 @@
 """Reading one local file or class folder into a :class:`~finetune.tables.Table`, with the file's own columns.
 
-CSV, TSV (``.tsv``/``.tab``, or ``.txt`` of tab-separated lines; quote characters
-are plain text), JSON or JSON Lines (each of these also compressed whole: ``reviews.csv.gz``, ``.bz2``,
+CSV, TSV (``.tsv``/``.tab``, or ``.txt`` of tab-separated lines; quotes as CSV's where the file is written
+with them, else plain text: :func:`finetune.csv_rows.tsv_quoting`), JSON or JSON Lines (each of these also compressed whole: ``reviews.csv.gz``, ``.bz2``,
 ``.xz``; a JSON object's one list of records, :mod:`finetune.nested_json`), Parquet, a folder with one sub-folder per
 class holding ``.txt`` files (label = sub-folder name; :mod:`finetune.class_folders`), or a folder that
 ``datasets``' ``save_to_disk`` wrote (a ``DatasetDict``'s splits are read by
@@ -39,7 +39,7 @@ import pyarrow.compute as pc
 from finetune.class_folders import read_class_folders
 from finetune.config import DataConfig
 from finetune.csv_rows import (refuse_rows_run_together, refuse_unpaired_quote, repeated_header,
-                               say_repeated_header)
+                               say_repeated_header, tsv_quoting)
 from finetune.errors import ConfigError, DataError, FileLayoutError, FinetuneError, root_message
 from finetune.archives import as_given, in_an_archive
 from finetune.format_errors import headerless_layout_refused, unsupported_format
@@ -256,9 +256,8 @@ def _load_delimited(path: Path, fmt: str, cfg: DataConfig) -> Table:
     named = separator_line(path, cfg.encoding)
     skip = 1 if named else 0
     sep = named or ("\t" if fmt == "tsv" else csv_separator(path, cfg.encoding))
-    # TSV files such as the SMS spam collection use '"' as a plain character;
-    # quote processing would merge rows up to the next quote.
-    quoting = csv.QUOTE_NONE if fmt == "tsv" else csv.QUOTE_MINIMAL
+    # a TSV file's quotes are CSV's where it is written with them (pandas' to_csv), else plain characters
+    quoting = tsv_quoting(path, cfg.encoding, skip) if fmt == "tsv" else csv.QUOTE_MINIMAL
     if cfg.has_header:
         header, names = 0, None
     else:

@@ -172,7 +172,9 @@ class DataConfig:
         "reads a `.csv` (or `.txt`) "
         "whose lines all hold the same number of tabs as TSV, and one whose lines split on `;` into the header's fields more often than on `,` "
         "(as spreadsheets in many languages save CSV) as semicolon-separated; a first line `sep=;` (Excel's) names "
-        "the separator.")
+        "the separator. A TSV file's quotes read as CSV's where it is written with them (pandas' "
+        "`to_csv(sep='\\t')`: a field that starts with `\"`, and every record of as many fields under CSV's rules), "
+        "else as plain characters (GLUE's files).")
     sheet: Optional[str] = setting(None,
         "Excel workbooks: the sheet to read, by name (null: the first; its first row names the columns, and an "
         "error names a row as Excel numbers it). In a file mapping it goes with its file.")

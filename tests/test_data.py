@@ -100,6 +100,28 @@ def test_tsv_without_header_keeps_quotes_as_text(tmp_path):
     assert labels.names == ["ham", "spam"]
 
 
+def test_a_tsv_written_with_csv_quotes_reads_its_texts_as_written(tmp_path):
+    """pandas' to_csv(sep="\\t") quotes a text that holds a tab, a line break or a quote, as CSV does: training
+    and finetune predict read such a file's texts as written. Where one quote breaks CSV's rule, every quote of the
+    file is a plain character (above)."""
+    import pandas as pd
+
+    from finetune.prediction_files import read_rows
+
+    texts = ['she said "hi" twice', "a\ttab", "two\nlines", '"quoted whole"', "plain"]
+    path = tmp_path / "pandas.tsv"
+    pd.DataFrame({"text": texts, "label": ["a", "b", "a", "b", "a"]}).to_csv(path, sep="\t", index=False)
+    assert '"she said ""hi"" twice"' in path.read_text()  # written with CSV's quotes
+    splits, _ = load_splits(cfg(str(path), validation_split=0.0), seed=0)
+    assert splits["train"]["text"] == texts
+    assert [row["text"] for row in read_rows(path)] == texts
+    # a quote that closes with more text after it: not CSV's, so every quote reads as the character it is
+    plain = write(tmp_path / "plain.tsv", 'text\tlabel\n"quoted whole"\ta\n"Hi" she said\tb\n')
+    splits, _ = load_splits(cfg(plain, validation_split=0.0), seed=0)
+    assert splits["train"]["text"] == ['"quoted whole"', '"Hi" she said']
+    assert [row["text"] for row in read_rows(plain)] == ['"quoted whole"', '"Hi" she said']
+
+
 def test_csv_with_byte_order_mark(tmp_path):
     path = tmp_path / "excel.csv"
     path.write_bytes(b"\xef\xbb\xbftext,label\nx,a\ny,b\n")
@@ -702,7 +724,12 @@ def test_default_spam_file():
     )
     assert labels.names == ["ham", "spam"]
     assert len(splits["train"]) + len(splits["validation"]) == 4862
-    assert any('"' in text for text in splits["train"]["text"])
+    # 75 of its texts are written as CSV quotes them ("...password ""MIX"" to..."), and read so; one more ends
+    # with a lone quote that is the character it is
+    texts = list(splits["train"]["text"]) + list(splits["validation"]["text"])
+    assert sum('"' in text for text in texts) == 76 and sum(text.endswith('ni8"') for text in texts) == 1
+    assert not any(text.startswith('"') or '""' in text for text in texts)
+    assert any('Simply text the password "MIX" to 85069' in text for text in texts)
 
 
 def test_bbc_folder_replace_and_strict():
