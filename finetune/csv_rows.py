@@ -34,6 +34,7 @@ import csv
 import functools
 import logging
 from pathlib import Path
+from typing import Iterator, Optional
 
 import datasets
 import numpy as np
@@ -50,10 +51,16 @@ FIX = ('a field that starts with " lasts to the next lone " (a quote inside it i
        'or take the stray quote out')
 
 
-def refuse_rows_run_together(path: Path, sep: str, encoding: str, ds: datasets.Dataset) -> None:
-    """Stop where a quote of the CSV file ``path`` (read into ``ds``) ran several of its lines into one row."""
-    if spans_lines(ds):
-        refuse_unpaired_quote(path, sep, encoding)
+def record_lines(path: Path, sep: str, encoding: str, ds: datasets.Dataset, before: int) -> Optional[np.ndarray]:
+    """The line each row of ``ds`` starts on, read from the CSV or TSV file ``path`` whose first ``before`` records
+    are not rows (a ``sep=`` line, the header), where a field of ``ds`` spans lines; else None: each row is a line.
+
+    Stops where a quote ran several lines into one row (:func:`refuse_unpaired_quote`), which a field over line
+    ends is the sign of."""
+    if not spans_lines(ds):
+        return None
+    starts = np.fromiter(_record_starts(path, sep, encoding), dtype=np.int64)[before:]
+    return starts if len(starts) == len(ds) else None  # records the reader parted otherwise: numbered as lines
 
 
 def spans_lines(ds: datasets.Dataset) -> bool:
@@ -66,6 +73,13 @@ def spans_lines(ds: datasets.Dataset) -> bool:
 def refuse_unpaired_quote(path: Path, sep: str, encoding: str) -> None:
     """Raise DataError naming the first line whose quote runs over line ends and then breaks CSV's rule: more
     text after the quote that closes it, or no quote to close it before the file ends."""
+    for _ in _record_starts(path, sep, encoding):
+        pass
+
+
+def _record_starts(path: Path, sep: str, encoding: str) -> Iterator[int]:
+    """The line each record of ``path`` starts on (a blank line is a record, as the reader's blank row), raising
+    :func:`refuse_unpaired_quote`'s DataError at the first quote that runs lines together."""
     with open_text(path, encoding, errors="replace") as fh:
         reader = csv.reader(fh, delimiter=sep, strict=True)
         start = 1
@@ -81,6 +95,8 @@ def refuse_unpaired_quote(path: Path, sep: str, encoding: str) -> None:
                     raise DataError(f"{path}: line {start} opens a quote that closes on line {reader.line_num} "
                                     f"with more text after it: lines {start} to {reader.line_num} would read as "
                                     "one row", hint=FIX) from None
+                # a quote closed with more text after it on its own line: a row all the same
+            yield start
             start = reader.line_num + 1
 
 

@@ -38,8 +38,8 @@ import pyarrow.compute as pc
 
 from finetune.class_folders import read_class_folders
 from finetune.config import DataConfig
-from finetune.csv_rows import (refuse_rows_run_together, refuse_unpaired_quote, repeated_header,
-                               say_repeated_header, tsv_quoting)
+from finetune.csv_rows import (record_lines, refuse_unpaired_quote, repeated_header, say_repeated_header,
+                               tsv_quoting)
 from finetune.errors import ConfigError, DataError, FileLayoutError, FinetuneError, root_message
 from finetune.archives import as_given, in_an_archive
 from finetune.format_errors import headerless_layout_refused, unsupported_format
@@ -281,10 +281,12 @@ def _load_delimited(path: Path, fmt: str, cfg: DataConfig) -> Table:
             refuse_unpaired_quote(path, sep, cfg.encoding)
         _check_field_count(path, sep, quoting, names, cfg.encoding, rows=None, skip=skip)
         raise
-    if quoting != csv.QUOTE_NONE:
-        refuse_rows_run_together(path, sep, cfg.encoding, ds)
+    starts = record_lines(path, sep, cfg.encoding, ds, before=skip + (header == 0)) if quoting != csv.QUOTE_NONE \
+        else None
     table = Table.whole(_header_unpadded(ds), str(path), unit="line", offset=(2 if cfg.has_header else 1) + skip,
                         empty_field_is_null=True, repeated_columns=repeated_names(columns or []))
+    if starts is not None:  # a quoted field over line ends: each row is named by the line it starts on
+        table = dataclasses.replace(table, positions=starts - table.offset)
     blank = functools.reduce(pc.and_, [pc.is_null(values) for values in as_arrow(ds).columns])
     repeated = repeated_header(ds) if header == 0 else np.zeros(len(ds), dtype=bool)
     say_repeated_header(table, repeated)

@@ -271,8 +271,12 @@ RESUME_MUTANTS = (
 # bad input gets one line naming the key, file or row, and an exit code, without a traceback (docs/errors.md)
 ERRORS = ("tests/test_errors.py", "tests/test_cli.py")
 INPUT_MUTANTS = (
-    Mutant("local_files.py", "        refuse_rows_run_together(path, sep, cfg.encoding, ds)", "        pass",
+    Mutant("local_files.py", "    starts = record_lines(path, sep, cfg.encoding, ds, before=skip + (header == 0)) if ",
+           "    starts = None if ",
            "a stray quote that a later one closes runs CSV rows into one text, unsaid", ("tests/test_data.py",)),
+    Mutant("local_files.py", "before=skip + (header == 0)", "before=skip",
+           "a row after a text of several lines is named by its count of rows, not the line it starts on",
+           ("tests/test_data.py",)),
     Mutant("local_files.py", "            refuse_unpaired_quote(path, sep, cfg.encoding)", "            pass",
            "a quote nothing closes is told as a row with too few fields", ("tests/test_data.py",)),
     Mutant("train.py", 'hub, subset = text("data.dataset_name"), text("data.dataset_config")', "return None",

@@ -122,6 +122,19 @@ def test_a_tsv_written_with_csv_quotes_reads_its_texts_as_written(tmp_path):
     assert [row["text"] for row in read_rows(plain)] == ['"quoted whole"', '"Hi" she said']
 
 
+@pytest.mark.parametrize("name, content, settings", [
+    ("quoted.csv", 'text,label\n"two\nlines",a\nfine,b\n"three\nline\ntext",\nok,a\n', {}),
+    ("pandas.tsv", 'text\tlabel\n"two\nlines"\ta\nfine\tb\n"three\nline\ntext"\t\nok\ta\n', {}),
+    ("excel.csv", 'sep=;\n"two\nlines";a\n\nfine;b\n"three\nline\ntext";\nok;a\n',  # a blank line is a line
+     {"has_header": False, "column_names": ["text", "label"]}),
+])
+def test_a_row_after_a_text_of_several_lines_is_named_by_the_line_it_starts_on(tmp_path, name, content, settings):
+    path = write(tmp_path / name, content)
+    line = content.split("\n").index('"three') + 1
+    with pytest.raises(DataError, match=rf"{name}: 1 row without a label in column 'label' \(line {line}\)"):
+        load_splits(cfg(path, **settings), seed=0)
+
+
 def test_csv_with_byte_order_mark(tmp_path):
     path = tmp_path / "excel.csv"
     path.write_bytes(b"\xef\xbb\xbftext,label\nx,a\ny,b\n")
