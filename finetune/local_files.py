@@ -1,18 +1,16 @@
 """Reading one local file or class folder into a :class:`~finetune.tables.Table`, with the file's own columns.
 
-CSV, TSV (``.tsv``/``.tab``, or ``.txt`` of tab-separated lines; quotes as CSV's where the file is written
-with them, else plain text: :func:`finetune.csv_rows.tsv_quoting`), JSON or JSON Lines (each of these also compressed whole: ``reviews.csv.gz``, ``.bz2``,
-``.xz``; a JSON object's one list of records, :mod:`finetune.nested_json`), Parquet, a folder with one sub-folder per
-class holding ``.txt`` files (label = sub-folder name; :mod:`finetune.class_folders`), or a folder that
-``datasets``' ``save_to_disk`` wrote (a ``DatasetDict``'s splits are read by
-:func:`read_saved_splits`). The format comes from the extension (a ``.csv``
-whose lines all hold the same number of tabs reads as TSV, and one whose records
-split on ``;`` more often than on ``,`` as a spreadsheet's semicolon-separated CSV, and
-one that starts with Excel's ``sep=;`` line as that line says; a workbook, ``.xlsx``, is read by
-:mod:`finetune.workbooks`) unless ``data.format`` names it. The bytes are checked against ``data.encoding``
-before any reader sees them, so that an undecodable byte is named by its offset, and a
-first data row whose field count differs from the header stops the read rather
-than shifting the columns.
+CSV, TSV (``.tsv``/``.tab``, or ``.txt`` of tab-separated lines; quotes as CSV's where the file is written with
+them, else plain text: :func:`finetune.csv_rows.tsv_quoting`), JSON or JSON Lines (each of these also compressed
+whole: ``reviews.csv.gz``, ``.bz2``, ``.xz``; a JSON object's one list of records, :mod:`finetune.nested_json`),
+Parquet, a folder with one sub-folder per class holding ``.txt`` files (label = sub-folder name;
+:mod:`finetune.class_folders`), or a folder that ``datasets``' ``save_to_disk`` wrote (a ``DatasetDict``'s splits
+are read by :func:`read_saved_splits`). The format comes from the extension (a ``.csv`` whose rows all split on tabs
+into as many fields reads as TSV, and one whose records split on ``;`` more often than on ``,`` as a spreadsheet's
+semicolon-separated CSV, and one that starts with Excel's ``sep=;`` line as that line says; a workbook, ``.xlsx``,
+is read by :mod:`finetune.workbooks`) unless ``data.format`` names it. The bytes are checked against
+``data.encoding`` before any reader sees them, so that an undecodable byte is named by its offset, and a first data
+row whose field count differs from the header stops the read rather than shifting the columns.
 
 :mod:`finetune.data` takes the table on from here (its columns, texts and
 labels); :func:`read_table` is the same read for files without labels
@@ -185,18 +183,21 @@ def _detect_format(path: Path, fmt: str, key: str, encoding: str) -> str:
     if path.suffix.lower() in WORKBOOKS:
         return WORKBOOKS[path.suffix.lower()]
     if suffix == ".txt" and _tab_separated(path, encoding):
-        logger.info("%s: every line holds the same number of tabs: read as TSV", path)
+        logger.info("%s: its rows split on tabs into as many fields each: read as TSV", path)
         return "tsv"
     if suffix not in EXTENSIONS or (suffix == ".parquet" and compression_of(path)):
         raise unsupported_format(path, suffix, key)
     if EXTENSIONS[suffix] == "csv" and _tab_separated(path, encoding):
-        logger.info("%s: every line holds the same number of tabs: read as TSV (data.format: csv to refuse)", path)
+        logger.info("%s: its rows split on tabs into as many fields each: read as TSV (data.format: csv to refuse)",
+                    path)
         return "tsv"
     return EXTENSIONS[suffix]
 
 
 def _tab_separated(path: Path, encoding: str, lines: int = 20) -> bool:
-    """Whether the first lines of a ``.csv`` file all hold the same, non-zero number of tabs."""
+    """Whether the first lines of a ``.csv`` file all hold the same, non-zero number of tabs, or its first records
+    (a quoted text over several lines one record, as pandas' ``to_csv(sep="\\t")`` writes it) all split on tabs
+    into the same number of fields, two or more."""
     counts = set()
     try:
         with open_text(path, encoding, errors="replace") as fh:
@@ -208,7 +209,7 @@ def _tab_separated(path: Path, encoding: str, lines: int = 20) -> bool:
                     break
     except UnicodeError:  # no text in that encoding at all (UTF-16 without its mark): the check after says where
         return False
-    return len(counts) == 1 and counts != {0}
+    return len(counts) == 1 and counts != {0} or _records_agreeing(path, encoding, "\t", every=True) > 0
 
 
 def separator_line(path: Path, encoding: str) -> Optional[str]:
@@ -234,9 +235,10 @@ def csv_separator(path: Path, encoding: str) -> str:
     return ";"
 
 
-def _records_agreeing(path: Path, encoding: str, sep: str, records: int = 20) -> int:
+def _records_agreeing(path: Path, encoding: str, sep: str, records: int = 20, every: bool = False) -> int:
     """How many of a CSV file's first ``records`` records (quoted fields as CSV quotes them) split on ``sep``
-    into as many fields as the first one does; 0 where the first does not split."""
+    into as many fields as the first one does; 0 where the first does not split, or with ``every`` where one
+    of them splits otherwise."""
     counts = []
     try:
         with open_text(path, encoding, errors="replace") as fh:
@@ -247,7 +249,7 @@ def _records_agreeing(path: Path, encoding: str, sep: str, records: int = 20) ->
                     break
     except (UnicodeError, csv.Error):  # not text in that encoding, or a quote csv cannot parse: the read says
         return 0
-    if not counts or counts[0] < 2:
+    if not counts or counts[0] < 2 or every and len(set(counts)) > 1:
         return 0
     return counts.count(counts[0])
 

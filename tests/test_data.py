@@ -115,6 +115,11 @@ def test_a_tsv_written_with_csv_quotes_reads_its_texts_as_written(tmp_path):
     splits, _ = load_splits(cfg(str(path), validation_split=0.0), seed=0)
     assert splits["train"]["text"] == texts
     assert [row["text"] for row in read_rows(path)] == texts
+    # named .csv, as pandas lets it be: its rows split on tabs alike, the quoted ones over several lines too
+    named_csv = tmp_path / "pandas.csv"
+    named_csv.write_bytes(path.read_bytes())
+    splits, _ = load_splits(cfg(str(named_csv)), seed=0)
+    assert splits["train"]["text"] == texts
     # a quote that closes with more text after it: not CSV's, so every quote reads as the character it is
     plain = write(tmp_path / "plain.tsv", 'text\tlabel\n"quoted whole"\ta\n"Hi" she said\tb\n')
     splits, _ = load_splits(cfg(plain, validation_split=0.0), seed=0)
