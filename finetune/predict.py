@@ -342,7 +342,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "column of splits holds NAME, or a split of a folder datasets saved")
     parser.add_argument("--split-column", metavar="COLUMN", help="the --file's column of splits (default: the "
                         "run's data.split_column)")
-    parser.add_argument("--output", default=None, help="write the predictions to a .csv, .parquet, .xlsx or .jsonl")
+    parser.add_argument("--output", default=None, help="write the predictions to a .csv, .tsv, .parquet, .xlsx or .jsonl")
     parser.add_argument("--text", "--text-column", dest="text_column", metavar="COLUMN", default=None,
                         help="CSV column / JSON key of the text (default: the run's data.text_column)")
     parser.add_argument("--encoding", default=None, help="text encoding of the --file (cp1252, latin-1, ...; "

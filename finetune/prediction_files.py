@@ -35,7 +35,7 @@ STDIN = "-"  # --file -: one text per line from standard input, as a .txt file
 SAVED = "saved"  # what read_rows calls a folder that datasets' save_to_disk wrote, in place of an extension
 TEXT_FOLDER = "folder"  # and a folder of .txt files (in sub-folders too: a class folder), each file a text
 ONE_TEXT_EACH = (".txt", TEXT_FOLDER)  # kinds whose every line, or file, is a text: no columns to name
-OUTPUT_FORMATS = (".csv", ".jsonl", ".parquet", ".xlsx")
+OUTPUT_FORMATS = (".csv", ".tsv", ".jsonl", ".parquet", ".xlsx")
 
 
 def checked_suffix(path: Path, allowed: Sequence[str], what: str) -> str:

@@ -1,6 +1,6 @@
 """What ``finetune predict`` writes: the predictions file, and the line that sums a file's predictions up.
 
-``--output`` writes ``.csv``, ``.jsonl``, ``.parquet`` or ``.xlsx``: each input row with its prediction added
+``--output`` writes ``.csv``, ``.tsv``, ``.jsonl``, ``.parquet`` or ``.xlsx``: each input row with its prediction added
 (:func:`write_predictions`). Once a file is classified, one line on stderr says how many texts each label was
 given, beside the label's share of the run's validation texts (:func:`predictions_summary`): a model answering
 one class for nearly everything, or a file whose texts are not like the training data's, shows there before
@@ -41,7 +41,9 @@ def _cell(value: Any) -> Any:
 
 def write_predictions(path: str | os.PathLike, rows: list[dict[str, Any]], labels: Sequence[str],
                       label_delimiter: str = ",", prefix: str = "", separator: str = ",") -> None:
-    """Write predicted rows as ``.csv`` (fields between ``separator``), ``.parquet``, ``.xlsx`` or ``.jsonl``.
+    """Write predicted rows as ``.csv`` (fields between ``separator``), ``.tsv`` (between tabs, a field that
+    holds a tab, a line break or a quote quoted as CSV quotes it, which the readers of training data read back),
+    ``.parquet``, ``.xlsx`` or ``.jsonl``.
 
     A CSV holds the input's columns, then what was predicted: ``label``,
     ``score`` and ``prob_<label>`` per label (single label); ``labels``
@@ -71,7 +73,7 @@ def write_predictions(path: str | os.PathLike, rows: list[dict[str, Any]], label
                                      for v in values] for name, values in table.items()})
         return
     with open(path, "w", encoding="utf-8", newline="") as fh:
-        writer = csv.writer(fh, delimiter=separator)
+        writer = csv.writer(fh, delimiter="\t" if suffix == ".tsv" else separator)
         writer.writerow(list(table))
         for values in zip(*table.values()):
             writer.writerow([label_delimiter.join(v) if name == label_list else _cell(v)

@@ -588,6 +588,8 @@ INFERENCE_MUTANTS = (
     Mutant("prediction_output.py", "filled = [row for row in rows if not _unpredicted(row, problem_type, prefix)]",
            "filled = rows", "the summed-up line counts an empty text as predicted, with no label",
            ("tests/test_predict.py", "tests/test_problem_types.py")),
+    Mutant("prediction_output.py", 'delimiter="\\t" if suffix == ".tsv" else separator', "delimiter=separator",
+           "a .tsv output is written with commas between its fields", ("tests/test_predict.py",)),
     Mutant("prediction_output.py", "ranked = sorted(counts.items(), key=lambda item: -item[1])",
            "ranked = list(counts.items())", "the summed-up line names the labels in id order, not the most given first",
            ("tests/test_predict.py", "tests/test_problem_types.py")),

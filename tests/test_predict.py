@@ -569,6 +569,30 @@ def test_a_list_or_mapping_column_is_written_to_csv_as_json(trained, tmp_path):
     assert [json.loads(r["meta"]) for r in written] == [r["meta"] for r in rows]
 
 
+def test_predictions_go_to_tsv_and_read_back_as_written(trained, predictor, tmp_path):
+    """A .tsv output quotes a text that holds a tab, a line break or a quote as CSV does (as pandas writes TSV):
+    the readers of training data and pandas read its texts back as they were."""
+    import pandas as pd
+
+    from finetune.prediction_files import read_rows
+    from finetune.predict import main
+
+    out, _, _ = trained
+    texts = ['she said "hi" twice', "a\ttab", "two\nlines", '"quoted whole"', TEXTS[0]]
+    pd.DataFrame({"id": range(len(texts)), "message": texts}).to_csv(tmp_path / "in.tsv", sep="\t", index=False)
+    assert main([str(out), "--file", str(tmp_path / "in.tsv"), "--text", "message",
+                 "--output", str(tmp_path / "out.tsv")]) == 0
+    written = (tmp_path / "out.tsv").read_text(encoding="utf-8")
+    assert written.startswith("id\tmessage\tlabel\tscore\tprob_ham\tprob_spam\n") and '"a\ttab"' in written
+    expected = predictor.predict(texts)
+    for rows in (read_rows(tmp_path / "out.tsv", "message"),
+                 pd.read_csv(tmp_path / "out.tsv", sep="\t").to_dict("records")):
+        assert [row["message"] for row in rows] == texts
+        assert [row["label"] for row in rows] == [p["label"] for p in expected]
+        assert [float(row["prob_spam"]) for row in rows] == pytest.approx(
+            [p["probabilities"]["spam"] for p in expected], abs=1e-6)
+
+
 def test_predictions_go_to_parquet_as_to_csv_with_the_inputs_own_types(trained, predictor, tmp_path):
     """The CSV's columns, each of its own type (the input's dates and numbers too); a column of numbers and texts
     as their texts, as the CSV holds them; a blank text's row with nulls."""
@@ -846,7 +870,7 @@ def test_a_text_file_not_in_its_encoding_is_one_line_naming_the_files_own_offset
      "error: --file {tmp}/in.csv: no column 'Message' in the header (id, message); pass --text\n"
      "hint: by the name, try --text message"),
     (["--file", "{tmp}/in.txt", "--output", "{tmp}/x.xls"],
-     "error: --output {tmp}/x.xls: unsupported extension '.xls' (use .csv, .jsonl, .parquet, .xlsx)"),
+     "error: --output {tmp}/x.xls: unsupported extension '.xls' (use .csv, .tsv, .jsonl, .parquet, .xlsx)"),
     (["--file", "{tmp}/missing.txt"], "error: --file {tmp}/missing.txt: not found"),
     (["--file", "http://127.0.0.1:9/texts.csv"],  # offline, as the suite is: never downloaded, nothing to read
      "error: --file: cannot download http://127.0.0.1:9/texts.csv: OfflineModeIsEnabled: Offline mode is enabled. "
