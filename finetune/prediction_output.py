@@ -9,6 +9,7 @@ anyone opens the file.
 
 from __future__ import annotations
 
+import collections
 import csv
 import json
 import os
@@ -134,9 +135,10 @@ def predictions_summary(rows: list[dict[str, Any]], predictor, prefix: str, outp
         said += f": scores from {min(scores):.4g} to {max(scores):.4g}, mean {statistics.fmean(scores):.4g}"
     elif filled:
         if problem_type == "multi_label":
-            counts = {name: sum(name in row[f"{prefix}labels"] for row in filled) for name in predictor.labels}
+            given = collections.Counter(name for row in filled for name in row[f"{prefix}labels"])
         else:
-            counts = {name: sum(row[f"{prefix}label"] == name for row in filled) for name in predictor.labels}
+            given = collections.Counter(row[f"{prefix}label"] for row in filled)
+        counts = {name: given[name] for name in predictor.labels}  # one pass over the rows, however many labels
         said += ": " + _label_counts(counts, len(filled), validation_shares(output_dir, problem_type))
         if problem_type == "multi_label":
             none = sum(not row[f"{prefix}labels"] for row in filled)
