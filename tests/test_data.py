@@ -120,7 +120,7 @@ def test_a_tsv_written_with_csv_quotes_reads_its_texts_as_written(tmp_path):
     named_csv.write_bytes(path.read_bytes())
     splits, _ = load_splits(cfg(str(named_csv)), seed=0)
     assert splits["train"]["text"] == texts
-    # R's write.table(sep = "\t") quotes every field, the header's too
+    # R's write.table(sep = "\t", qmethod = "double") quotes every field, the header's too
     quoted = write(tmp_path / "r.tsv", '"text"\t"label"\n"she said ""hi"" twice"\t"a"\n"plain"\t"b"\n')
     splits, _ = load_splits(cfg(quoted), seed=0)
     assert splits["train"]["text"] == ['she said "hi" twice', "plain"]
