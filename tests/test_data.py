@@ -110,7 +110,8 @@ def test_a_tsv_written_with_csv_quotes_reads_its_texts_as_written(tmp_path):
 
     texts = ['she said "hi" twice', "a\ttab", "two\nlines", '"quoted whole"', "plain"]
     path = tmp_path / "pandas.tsv"
-    pd.DataFrame({"text": texts, "label": ["a", "b", "a", "b", "a"]}).to_csv(path, sep="\t", index=False)
+    frame = pd.DataFrame({"text": texts, "label": ["a", "b", "a", "b", "a"]})
+    frame.to_csv(path, sep="\t", index=False)
     assert '"she said ""hi"" twice"' in path.read_text()  # written with CSV's quotes
     splits, _ = load_splits(cfg(str(path), validation_split=0.0), seed=0)
     assert splits["train"]["text"] == texts
@@ -119,6 +120,11 @@ def test_a_tsv_written_with_csv_quotes_reads_its_texts_as_written(tmp_path):
     named_csv = tmp_path / "pandas.csv"
     named_csv.write_bytes(path.read_bytes())
     splits, _ = load_splits(cfg(str(named_csv)), seed=0)
+    assert splits["train"]["text"] == texts
+    # Excel's "Unicode Text": a .txt in UTF-16 with its mark, tab-separated, quoted so
+    unicode_text = tmp_path / "excel.txt"
+    frame.to_csv(unicode_text, sep="\t", index=False, encoding="utf-16", lineterminator="\r\n")
+    splits, _ = load_splits(cfg(str(unicode_text)), seed=0)
     assert splits["train"]["text"] == texts
     # R's write.table(sep = "\t", qmethod = "double") quotes every field, the header's too
     quoted = write(tmp_path / "r.tsv", '"text"\t"label"\n"she said ""hi"" twice"\t"a"\n"plain"\t"b"\n')
