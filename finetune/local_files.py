@@ -182,19 +182,19 @@ def _detect_format(path: Path, fmt: str, key: str, encoding: str) -> str:
     suffix = inner_suffix(path)
     if path.suffix.lower() in WORKBOOKS:
         return WORKBOOKS[path.suffix.lower()]
-    if suffix == ".txt" and _tab_separated(path, encoding):
+    if suffix == ".txt" and tab_separated(path, encoding):
         logger.info("%s: its rows split on tabs into as many fields each: read as TSV", path)
         return "tsv"
     if suffix not in EXTENSIONS or (suffix == ".parquet" and compression_of(path)):
         raise unsupported_format(path, suffix, key)
-    if EXTENSIONS[suffix] == "csv" and _tab_separated(path, encoding):
+    if EXTENSIONS[suffix] == "csv" and tab_separated(path, encoding):
         logger.info("%s: its rows split on tabs into as many fields each: read as TSV (data.format: csv to refuse)",
                     path)
         return "tsv"
     return EXTENSIONS[suffix]
 
 
-def _tab_separated(path: Path, encoding: str, lines: int = 20) -> bool:
+def tab_separated(path: Path, encoding: str, lines: int = 20) -> bool:
     """Whether the first lines of a ``.csv`` file all hold the same, non-zero number of tabs, or its first records
     (a quoted text over several lines one record, as pandas' ``to_csv(sep="\\t")`` writes it) all split on tabs
     into the same number of fields, two or more."""

@@ -11,11 +11,11 @@ Each prediction has the label (the most probable class; for two classes, the pos
 over a threshold: the model's, or ``--threshold``), its probability (``score``) and every class's; for a multi-label
 model, ``labels`` (every label whose sigmoid probability is over its threshold: the model's, or ``--threshold``) and
 each label's probability; for a regression model, the number (``score``). Texts given on the command line print as
-JSON lines; ``--file`` reads what training reads (and ``.txt``, a text per line; ``-``, standard input) and writes
-one row per input row, in order, its columns kept and the prediction added (docs/inference.md). The model runs where
-training would (a GPU if there is one), in float32 unless ``--precision`` asks for autocast, on batches of similar
-length, each text cut and padded as the run did (its saved ``config.yaml``). The same folder works in plain
-``transformers.pipeline("text-classification", model=output_dir)``.
+JSON lines; ``--file`` reads what training reads (and ``.txt``, a text per line unless its lines split on tabs alike,
+as a table's; ``-``, standard input) and writes one row per input row, in order, its columns kept and the prediction
+added (docs/inference.md). The model runs where training would (a GPU if there is one), in float32 unless
+``--precision`` asks for autocast, on batches of similar length, each text cut and padded as the run did (its saved
+``config.yaml``). The same folder works in plain ``transformers.pipeline("text-classification", model=output_dir)``.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from finetune.errors import (CommandParser, ConfigError, ModelError, OutOfMemory
                              run_command)
 from finetune.outputs import refuse_a_run_file, saved_config
 from finetune.precisions import add_precision_argument, autocast_dtype, check_precision
-from finetune.prediction_files import (STDIN, check_options, input_kind, local_file, note_the_files_own_columns,
+from finetune.prediction_files import (STDIN, check_options, file_kind, local_file, note_the_files_own_columns,
                                        predict_rows, prediction_prefix, read_rows, ONE_TEXT_EACH, TEXT_FOLDER)
 from finetune.prediction_output import output_separator, predictions_summary, print_predictions, write_predictions
 from finetune.schema import PAD_TO_MULTIPLE_OF  # the schema alone: no YAML or config loaded
@@ -342,7 +342,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "column of splits holds NAME, or a split of a folder datasets saved")
     parser.add_argument("--split-column", metavar="COLUMN", help="the --file's column of splits (default: the "
                         "run's data.split_column)")
-    parser.add_argument("--output", default=None, help="write the predictions to a .csv, .tsv, .parquet, .xlsx or .jsonl")
+    parser.add_argument("--output", help="write the predictions to a .csv, .tsv, .parquet, .xlsx or .jsonl")
     parser.add_argument("--text", "--text-column", dest="text_column", metavar="COLUMN", default=None,
                         help="CSV column / JSON key of the text (default: the run's data.text_column)")
     parser.add_argument("--encoding", default=None, help="text encoding of the --file (cp1252, latin-1, ...; "
@@ -379,8 +379,11 @@ def run(args: argparse.Namespace) -> None:
     output_dir = Path(args.output_dir)
     # the file last, since a URL's is downloaded first, and an archive unpacked: the copy is what is read
     file = local_file(args.file) if args.file else args.file
+    cfg = saved_config(output_dir)
+    encoding = args.encoding or (cfg.data.encoding if cfg is not None else "utf-8")
+    text_column = args.text_column or (cfg.data.text_column if cfg is not None else "text")
     # a line of a .txt file or standard input, or a folder's file, is a text: the run's text column names a column
-    kind = file and (".txt" if file == STDIN else input_kind(file))  # before the imports below
+    kind = file and (".txt" if file == STDIN else file_kind(file, encoding, text_column, cfg and cfg.data))
     if kind in ONE_TEXT_EACH and args.text_column is not None:
         raise ConfigError(f"--text {args.text_column!r}: names a column; {args.file} holds one text per "
                           f"{'file' if kind == TEXT_FOLDER else 'line'}")
@@ -388,12 +391,9 @@ def run(args: argparse.Namespace) -> None:
         if file != STDIN and Path(args.output).resolve() == Path(file).resolve():
             raise ConfigError(f"--output {args.output}: is the --file being classified; name another file")
         refuse_a_run_file(args.output, output_dir, "--output")
-    cfg = saved_config(output_dir)
-    text_column = "text" if kind in ONE_TEXT_EACH else \
-        args.text_column or (cfg.data.text_column if cfg is not None else "text")
+    text_column = "text" if kind in ONE_TEXT_EACH else text_column
     pair_column = args.text_pair_column or (cfg.data.text_pair_column if cfg is not None else None)
-    encoding = args.encoding or (cfg.data.encoding if cfg is not None else "utf-8")
-    # after the checks above, which need neither datasets nor transformers (seconds to import): said at once
+    # after the checks above, which need no transformers and, a .txt file's kind aside, no datasets: said at once
     quiet_progress_bars(files=bool(args.file))  # of reading the file and loading the weights; the file's is ours
     if args.threshold is not None:  # against the model's labels before its weights load, in the option's name
         from finetune.tasks import model_labels, refuse_threshold

@@ -75,6 +75,22 @@ def input_kind(file: str | os.PathLike) -> str:
     return suffix
 
 
+def file_kind(file: str | os.PathLike, encoding: str, text_column: str, run_data=None) -> str:
+    """:func:`input_kind`, but ``.tsv`` for a ``.txt`` file that holds a table, as training reads one: its lines
+    split on tabs alike (:func:`finetune.local_files.tab_separated`), the first naming ``text_column`` or, where the
+    run read headerless files (``run_data.column_names``), splitting into as many fields as the run's columns.
+    Any other ``.txt`` file holds a text a line."""
+    kind = input_kind(file)
+    if kind != ".txt":
+        return kind
+    from finetune.local_files import tab_separated  # the readers of training data: datasets comes with them
+
+    names = run_data.column_names if run_data is not None else None
+    fields = [field.strip() for field in first_line_fields(file, encoding, "\t")]
+    table = tab_separated(Path(file), encoding) and (text_column in fields or bool(names) and len(fields) == len(names))
+    return ".tsv" if table else kind
+
+
 def _text_files_in(folder: Path) -> list[Path]:
     """The ``.txt`` files under ``folder``, its sub-folders too, in the order of their paths; hidden ones (a
     notebook's ``.ipynb_checkpoints/``) left out, as training's class folders leave them."""
@@ -177,7 +193,10 @@ def read_rows(path: str | os.PathLike, text_column: str = "text", text_pair_colu
     stdin = given == STDIN
     local = Path(local_file(given))  # a URL or an archive is read from its copy,
     path = given if str(local) != given else local  # and named as given
-    suffix = ".txt" if stdin else input_kind(local)
+    suffix = ".txt" if stdin else file_kind(local, encoding, text_column, run_data)
+    if suffix == ".tsv" and inner_suffix(local) == ".txt" and is_main_rank():
+        print(f"note: {path}: its lines split on tabs alike, as a table's: read as training reads such a file, "
+              f"by its columns", file=sys.stderr)
     if sheet is not None and suffix not in WORKBOOKS:  # read on, it would be ignored
         raise ConfigError(f"--sheet: names a sheet of an .xlsx --file, and {path} is not one")
     if split is not None and suffix in ONE_TEXT_EACH:
@@ -247,7 +266,7 @@ def first_line_fields(file: str | os.PathLike, encoding: str = "utf-8", delimite
     path = data_path(str(file), "--file")  # a URL's downloaded copy
     if path.is_dir() or inner_suffix(path) in (".jsonl", ".json", ".parquet") or path.suffix.lower() in WORKBOOKS:
         return None
-    if inner_suffix(path) not in (".csv", ".tsv", ".tab") or not path.is_file():
+    if inner_suffix(path) not in (".csv", ".tsv", ".tab", ".txt") or not path.is_file():
         return []
     try:
         with open_text(path, encoding, errors="replace") as fh:

@@ -588,6 +588,9 @@ INFERENCE_MUTANTS = (
     Mutant("prediction_output.py", "filled = [row for row in rows if not _unpredicted(row, problem_type, prefix)]",
            "filled = rows", "the summed-up line counts an empty text as predicted, with no label",
            ("tests/test_predict.py", "tests/test_problem_types.py")),
+    Mutant("prediction_files.py", '    return ".tsv" if table else kind', "    return kind",
+           "a .txt file of a table's lines, which training reads by its columns, is classified a line a text, "
+           "header and labels too", ("tests/test_predict.py",)),
     Mutant("prediction_output.py", 'delimiter="\\t" if suffix == ".tsv" else separator', "delimiter=separator",
            "a .tsv output is written with commas between its fields", ("tests/test_predict.py",)),
     Mutant("prediction_output.py", "ranked = sorted(counts.items(), key=lambda item: -item[1])",
@@ -817,7 +820,7 @@ DATA_MUTANTS = (
     Mutant("labels.py", "return None if math.isnan(number) else number", "return number",
            "regression: a target of NaN is trained on, not refused as missing",
            OWN_DATA + ("tests/test_problem_types.py", "tests/test_errors.py")),
-    Mutant("local_files.py", 'if EXTENSIONS[suffix] == "csv" and _tab_separated(path, encoding):', "if False:",
+    Mutant("local_files.py", 'if EXTENSIONS[suffix] == "csv" and tab_separated(path, encoding):', "if False:",
            "a .csv file of tab-separated lines reads as one column", OWN_DATA + ("tests/test_cli.py",)),
     Mutant("local_files.py",
            'if _records_agreeing(path, encoding, ";") <= _records_agreeing(path, encoding, ","):', "if True:",

@@ -555,6 +555,32 @@ def test_lines_are_texts_whatever_the_runs_text_column(trained, predictor, tmp_p
     assert capsys.readouterr().err.strip() == f"error: --text 'sentence': names a column; {txt} holds one text per line"
 
 
+def test_a_txt_file_of_a_tables_lines_is_read_by_its_columns_as_training_reads_it(trained, predictor, tmp_path,
+                                                                                     capsys):
+    """Training reads a .txt whose lines split on tabs alike as TSV; so does predict, where its first line names
+    the text column, rather than classify each line, its header and labels too, as a text. A .txt of texts, one
+    holding a tab, is still a text a line."""
+    from finetune.predict import main
+
+    out, _, _ = trained
+    table = tmp_path / "table.txt"
+    table.write_text("label\tmessage\n" + "".join(f"{i % 2}\t{text}\n" for i, text in enumerate(TEXTS)),
+                     encoding="utf-8")
+    assert main([str(out), "--file", str(table), "--text", "message"]) == 0
+    captured = capsys.readouterr()
+    printed = [json.loads(line) for line in captured.out.splitlines()]
+    assert [r["message"] for r in printed] == TEXTS and [r["label"] for r in printed] == [0, 1] * 3  # as read
+    assert [r["predicted_label"] for r in printed] == [p["label"] for p in predictor.predict(TEXTS)]
+    assert f"note: {table}: its lines split on tabs alike, as a table's: read as training reads such a file, by " \
+           "its columns" in captured.err
+    lines = tmp_path / "lines.txt"
+    lines.write_text("\n".join(TEXTS[:2] + ["one\ttab"] + TEXTS[2:]) + "\n", encoding="utf-8")
+    assert main([str(out), "--file", str(lines)]) == 0
+    captured = capsys.readouterr()
+    assert [json.loads(line)["text"] for line in captured.out.splitlines()] == TEXTS[:2] + ["one\ttab"] + TEXTS[2:]
+    assert "note:" not in captured.err
+
+
 def test_a_list_or_mapping_column_is_written_to_csv_as_json(trained, tmp_path):
     from finetune.predict import main
 
