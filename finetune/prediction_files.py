@@ -23,12 +23,12 @@ from pathlib import Path
 from typing import Any, Iterator, Optional, Sequence
 
 from finetune.errors import ConfigError, DataError, ModelError, is_main_rank
-from finetune.resources import WORKBOOKS, data_path, saved_by_datasets
+from finetune.resources import EXTENSIONS, WORKBOOKS, data_path, saved_by_datasets
 from finetune.schema import checked_threshold, label_columns  # the schema alone: no YAML or config loaded
 from finetune.text_encoding import COMPRESSIONS, check_encoding, compression_of, inner_suffix, open_bytes, open_text
 
 # the formats training reads, and plain lines of text
-INPUT_FORMATS = (".txt", ".csv", ".tsv", ".json", ".jsonl", ".parquet", *WORKBOOKS)
+INPUT_FORMATS = (".txt", *EXTENSIONS, *WORKBOOKS)
 # read as they are, never compressed again: Parquet compresses its columns, a workbook is a zip archive
 WHOLE_FORMATS = (".parquet", *WORKBOOKS)
 STDIN = "-"  # --file -: one text per line from standard input, as a .txt file
@@ -225,9 +225,8 @@ def read_rows(path: str | os.PathLike, text_column: str = "text", text_pair_colu
         for column, flag in [(text_column, "--text")] + ([(text_pair_column, "--text-pair")]
                                                          if text_pair_column else []):
             if column not in table.column_names:
-                where = "in the header row" if suffix in WORKBOOKS else {
-                    ".csv": "in the header", ".tsv": "in the header", ".parquet": "among the columns",
-                    SAVED: "among the columns"}.get(suffix, "among the keys")
+                where = "in the header row" if suffix in WORKBOOKS else "in the header" if EXTENSIONS.get(suffix) in (
+                    "csv", "tsv") else "among the columns" if suffix in (".parquet", SAVED) else "among the keys"
                 like = named_like(column, table.column_names)
                 raise DataError(f"--file {path}: no column {column!r} {where} "
                                 f"({', '.join(table.column_names) or 'empty'}); pass {flag}",

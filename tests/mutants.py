@@ -825,7 +825,8 @@ DATA_MUTANTS = (
     Mutant("local_files.py",
            'if _records_agreeing(path, encoding, ";") <= _records_agreeing(path, encoding, ","):', "if True:",
            "a spreadsheet's semicolon-separated CSV reads as one column", OWN_DATA + ("tests/test_cli.py",)),
-    Mutant("csv_rows.py", "        except csv.Error:  # a quote closed with more text after it, or never: a plain character\n"
+    Mutant("csv_rows.py",
+           "        except csv.Error:  # a quote closed with more text after it, or never: a plain character\n"
            "            return csv.QUOTE_NONE", "        except csv.Error:\n            return csv.QUOTE_MINIMAL",
            "a TSV file whose quotes are plain characters is read with CSV's, its stray quote running rows together",
            ("tests/test_data.py",)),

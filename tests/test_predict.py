@@ -361,7 +361,8 @@ def test_files_in_and_out(trained, predictor, tmp_path, capsys):
         assert float(row["prob_spam"]) == pytest.approx(p["probabilities"]["spam"], abs=1e-5)
     # one line sums the file up: each label's texts, most given first, beside its share of the run's validation
     # texts (the support of its last evaluation); the blank line apart
-    support = {name: s["support"] for name, s in json.loads((out / "metrics.json").read_text())["eval_by_label"].items()}
+    by_label = json.loads((out / "metrics.json").read_text())["eval_by_label"]
+    support = {name: scores["support"] for name, scores in by_label.items()}
     given = {name: [r["label"] for r in rows[:3]].count(name) for name in ("ham", "spam")}
     ranked = sorted(given, key=lambda name: -given[name])
     shares = [f"{name} {given[name]} ({given[name] / 3:.1%}; validation {support[name] / sum(support.values()):.1%})"
@@ -749,7 +750,9 @@ def test_every_format_training_reads_can_be_classified(trained, predictor, tmp_p
     sent = [datetime.datetime(2026, 1, 1 + i) for i in range(len(TEXTS))]
     pq.write_table(pa.table({"message": TEXTS, "sent": sent}), tmp_path / "in.parquet")
     datasets.Dataset.from_dict({"message": TEXTS, "n": list(range(len(TEXTS)))}).save_to_disk(tmp_path / "saved")
-    for name, kept in (("in.json", "n"), ("in.parquet", "sent"), ("saved", "n")):
+    (tmp_path / "in.tab").write_text("n\tmessage\tfrom\n" + "".join(f"{i}\t{t}\tsms\n" for i, t in enumerate(TEXTS)),
+                                     encoding="utf-8")  # training's other name for TSV
+    for name, kept in (("in.json", "n"), ("in.parquet", "sent"), ("saved", "n"), ("in.tab", "n")):
         assert main([str(out), "--file", str(tmp_path / name), "--text", "message", "--output",
                      str(tmp_path / f"{name}.jsonl")]) == 0, capsys.readouterr().err
         records = [json.loads(line) for line in (tmp_path / f"{name}.jsonl").read_text(encoding="utf-8").splitlines()]
@@ -759,6 +762,9 @@ def test_every_format_training_reads_can_be_classified(trained, predictor, tmp_p
     assert main([str(out), "--file", str(tmp_path / "in.parquet"), "--text", "body"]) == 2
     assert capsys.readouterr().err.strip() == (f"error: --file {tmp_path / 'in.parquet'}: no column 'body' among the "
                                                "columns (message, sent); pass --text")
+    assert main([str(out), "--file", str(tmp_path / "in.tab"), "--text", "body"]) == 2
+    assert capsys.readouterr().err.strip() == (f"error: --file {tmp_path / 'in.tab'}: no column 'body' in the header "
+                                               "(n, message, from); pass --text")
 
 
 def test_score_prints_the_most_confused_pairs_where_a_matrix_would_not_fit(trained, tmp_path, capsys, monkeypatch):
