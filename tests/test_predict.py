@@ -727,7 +727,7 @@ def test_a_folder_of_text_files_is_classified_a_file_a_text(trained, predictor, 
     assert main([str(out), "--file", str(tmp_path / "empty")]) == 2
     assert capsys.readouterr().err.strip() == (f"error: --file {tmp_path / 'empty'}: a folder without .txt files, and "
                                                "not one that datasets' save_to_disk wrote (give a file: .txt, .csv, "
-                                               ".tsv, .json, .jsonl, .parquet, .xlsx, .xlsm)")
+                                               ".tsv, .tab, .json, .jsonl, .parquet, .xlsx, .xlsm)")
     (folder / "a.txt").write_bytes(b"caf\xe9")
     assert main([str(out), "--file", str(folder)]) == 2
     assert capsys.readouterr().err.strip().splitlines()[0] == (f"error: {folder / 'a.txt'}: not UTF-8 text (byte offset "
