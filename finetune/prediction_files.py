@@ -1,14 +1,13 @@
 """The files ``finetune predict`` reads: texts in, one prediction per input row out.
 
-``--file`` takes ``.txt`` (one text per line; ``-`` reads such lines from standard input), ``.csv``/``.tsv``
-with a header (or laid out as the run's headerless files: :func:`runs_layout`), ``.json``/``.jsonl`` (each of
-these also compressed whole: ``texts.csv.gz``, ``.bz2``, ``.xz``), ``.parquet``, ``.xlsx`` or a folder
-``datasets``' ``save_to_disk`` wrote (:mod:`finetune.prediction_output` writes the predictions).
-Every input row gets one output row, in order,
-its columns kept and the prediction added (under ``predicted_<name>`` where
-the input has a column of the prediction's names, a labelled file's ``label``);
-an empty text gets an empty prediction, so the rows line up. The command's options
-are checked here too, before any file or model is read (:func:`check_options`).
+``--file`` takes ``.txt`` (one text per line, unless its lines are a table's: :func:`file_kind`; ``-`` reads such
+lines from standard input), ``.csv``/``.tsv`` with a header (or laid out as the run's headerless files:
+:func:`runs_layout`), ``.json``/``.jsonl`` (each of these also compressed whole: ``texts.csv.gz``, ``.bz2``,
+``.xz``), ``.parquet``, ``.xlsx`` or a folder ``datasets``' ``save_to_disk`` wrote
+(:mod:`finetune.prediction_output` writes the predictions). Every input row gets one output row, in order, its
+columns kept and the prediction added (under ``predicted_<name>`` where the input has a column of the prediction's
+names, a labelled file's ``label``); an empty text gets an empty prediction, so the rows line up. The command's
+options are checked here too, before any file or model is read (:func:`check_options`).
 """
 
 from __future__ import annotations
