@@ -102,21 +102,32 @@ def _record_starts(path: Path, sep: str, encoding: str) -> Iterator[int]:
 
 def tsv_quoting(path: Path, encoding: str, skip: int = 0) -> int:
     """How the quotes of the TSV file ``path`` read (its first ``skip`` lines not the table's): as CSV's
-    (``csv.QUOTE_MINIMAL``) where a field starts with one and the whole file parses under CSV's strict rules
-    into records of one number of fields, else as plain characters (``csv.QUOTE_NONE``). A file where no field
-    starts with a quote reads the same either way, and is read once to find that out."""
+    (``csv.QUOTE_MINIMAL``) where a field starts with one, the whole file parses under CSV's strict rules, and no
+    more of its records split into another number of fields than the first so than with plain quotes; else as
+    plain characters (``csv.QUOTE_NONE``). A file where no field starts with a quote reads the same either way,
+    and is read once to find that out. Counting the odd records both ways keeps a quoted file with one row of a
+    field too many quoted, so that its error names that row, not the first text over several lines."""
     if not _a_field_starts_quoted(path, encoding, skip):
         return csv.QUOTE_NONE
-    counts = set()
+    quoted = _odd_records(path, encoding, skip, csv.QUOTE_MINIMAL)
+    if quoted is None or quoted > _odd_records(path, encoding, skip, csv.QUOTE_NONE):
+        return csv.QUOTE_NONE
+    return csv.QUOTE_MINIMAL
+
+
+def _odd_records(path: Path, encoding: str, skip: int, quoting: int) -> Optional[int]:
+    """How many records of the TSV file ``path`` split into another number of fields than its first (a blank line
+    is no record), read with ``quoting``; None where a quote breaks CSV's strict rules (closed with more text
+    after it, or never)."""
     with open_text(path, encoding, errors="replace") as fh:
         for _ in range(skip):
             fh.readline()
+        fields = (len(row) for row in csv.reader(fh, delimiter="\t", quoting=quoting, strict=True) if row)
         try:
-            for row in csv.reader(fh, delimiter="\t", strict=True):
-                counts.add(len(row) if row else None)  # a blank line is no record
-        except csv.Error:  # a quote closed with more text after it, or never: a plain character
-            return csv.QUOTE_NONE
-    return csv.QUOTE_MINIMAL if len(counts - {None}) == 1 else csv.QUOTE_NONE
+            first = next(fields, None)
+            return sum(count != first for count in fields)
+        except csv.Error:
+            return None
 
 
 def _a_field_starts_quoted(path: Path, encoding: str, skip: int) -> bool:

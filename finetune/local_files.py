@@ -357,7 +357,7 @@ def _check_field_count(path: Path, sep: str, quoting: int, names: Optional[list[
                 raise FileLayoutError(
                     f"{path}: line {reader.line_num + skip} has {len(row)} fields but {source} has "
                     f"{len(header)} ({', '.join(header)})",
-                    hint=_quote_hint(sep, quoting) if len(row) > len(header) else None,
+                    hint=_quote_hint(sep) if len(row) > len(header) else None,
                 )
             if rows is not None:
                 rows -= 1
@@ -366,10 +366,12 @@ def _check_field_count(path: Path, sep: str, quoting: int, names: Optional[list[
     return header
 
 
-def _quote_hint(sep: str, quoting: int) -> Optional[str]:
-    """What a row with a field too many most often needs: its text quoted (CSV), or a tab taken out (TSV)."""
-    if quoting == csv.QUOTE_NONE:
-        return "a TSV field cannot hold a tab: take the tabs out of the texts"
+def _quote_hint(sep: str) -> str:
+    """What a row with a field too many most often needs: its text quoted, as CSV quotes one (a TSV file is read
+    so where it is written so: :func:`finetune.csv_rows.tsv_quoting`), or its tabs taken out."""
+    if sep == "\t":
+        return ('a field that holds a tab must be in double quotes, as pandas\' to_csv(sep="\\t") writes it, or '
+                'lose its tabs')
     shown = {",": "a comma", ";": "a semicolon"}.get(sep, repr(sep))
     return f'a field that holds {shown} must be in double quotes ("like{sep} this")'
 

@@ -130,6 +130,11 @@ def test_a_tsv_written_with_csv_quotes_reads_its_texts_as_written(tmp_path):
     quoted = write(tmp_path / "r.tsv", '"text"\t"label"\n"she said ""hi"" twice"\t"a"\n"plain"\t"b"\n')
     splits, _ = load_splits(cfg(quoted), seed=0)
     assert splits["train"]["text"] == ['she said "hi" twice', "plain"]
+    # one row of a field too many leaves the file quoted: its error names that row, not the first text of two lines
+    ragged = write(tmp_path / "ragged.tsv", 'text\tlabel\n"two\nlines"\ta\nfine\tb\textra\nok\ta\n')
+    with pytest.raises(DataError, match=r"ragged\.tsv: line 4 has 3 fields but the header has 2") as info:
+        load_splits(cfg(ragged), seed=0)
+    assert info.value.hint.startswith("a field that holds a tab must be in double quotes")
     # a quote that closes with more text after it: not CSV's, so every quote reads as the character it is
     plain = write(tmp_path / "plain.tsv", 'text\tlabel\n"quoted whole"\ta\n"Hi" she said\tb\n')
     splits, _ = load_splits(cfg(plain, validation_split=0.0), seed=0)
