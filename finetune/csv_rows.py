@@ -110,15 +110,14 @@ def tsv_quoting(path: Path, encoding: str, skip: int = 0) -> int:
     if not _a_field_starts_quoted(path, encoding, skip):
         return csv.QUOTE_NONE
     quoted = _odd_records(path, encoding, skip, csv.QUOTE_MINIMAL)
-    if quoted is None or quoted > _odd_records(path, encoding, skip, csv.QUOTE_NONE):
-        return csv.QUOTE_NONE
-    return csv.QUOTE_MINIMAL
+    plain = _odd_records(path, encoding, skip, csv.QUOTE_NONE) if quoted is not None else None
+    return csv.QUOTE_NONE if quoted is None or plain is not None and quoted > plain else csv.QUOTE_MINIMAL
 
 
 def _odd_records(path: Path, encoding: str, skip: int, quoting: int) -> Optional[int]:
     """How many records of the TSV file ``path`` split into another number of fields than its first (a blank line
-    is no record), read with ``quoting``; None where a quote breaks CSV's strict rules (closed with more text
-    after it, or never)."""
+    is no record), read with ``quoting``; None where the ``csv`` module cannot read them so (a quote that breaks
+    CSV's strict rules, closed with more text after it or never; a field past its size limit)."""
     with open_text(path, encoding, errors="replace") as fh:
         for _ in range(skip):
             fh.readline()
