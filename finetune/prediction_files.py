@@ -185,9 +185,8 @@ def read_rows(path: str | os.PathLike, text_column: str = "text", text_pair_colu
             an unsupported extension, lacks the column, or holds a bad line.
     """
     from finetune.config import DataConfig
-    from finetune.column_hints import PANDAS_JSON_HINT, named_like, pandas_layout
+    from finetune.column_hints import PANDAS_JSON_HINT, pandas_layout
     from finetune.local_files import read_table
-    from finetune.tables import feature_name, lists_or_mappings
     given = str(path)
     stdin = given == STDIN
     local = Path(local_file(given))  # a URL or an archive is read from its copy,
@@ -221,24 +220,37 @@ def read_rows(path: str | os.PathLike, text_column: str = "text", text_pair_colu
                            "--encoding", columns=columns)
         if pandas_layout(table):  # its one row would be classified as the text of a mapping
             raise DataError(f"--file {path}: a table written by columns, not rows", hint=PANDAS_JSON_HINT)
-        for column, flag in [(text_column, "--text")] + ([(text_pair_column, "--text-pair")]
-                                                         if text_pair_column else []):
-            if column not in table.column_names:
-                where = "in the header row" if suffix in WORKBOOKS else "in the header" if EXTENSIONS.get(suffix) in (
-                    "csv", "tsv") else "among the columns" if suffix in (".parquet", SAVED) else "among the keys"
-                like = named_like(column, table.column_names)
-                raise DataError(f"--file {path}: no column {column!r} {where} "
-                                f"({', '.join(table.column_names) or 'empty'}); pass {flag}",
-                                hint=f"by the name, try {flag} {like}" if like else None)
-            if lists_or_mappings(table.features[column]):  # as training refuses it: its JSON would be classified
-                raise DataError(f"--file {path}: column {column!r} holds {feature_name(table.features[column])}, "
-                                f"not texts", hint=f"name the column of the texts with {flag}")
+        _refuse_columns_without_texts(table, path, suffix, [(text_column, "--text")] + (
+            [(text_pair_column, "--text-pair")] if text_pair_column else []))
         if split is not None:
             split_column = split_column or (run_data.split_column if run_data is not None else None)
         rows = table.to_list() if split is None else rows_of_split(table, split, split_column, path)
     if not any(_text(row, text_column) for row in rows):
         raise DataError(f"--file {path}{'' if split is None else f'[{split}]'}: no texts in it")
     return rows
+
+
+def _refuse_columns_without_texts(table, path, suffix: str, named: list[tuple[str, str]]) -> None:
+    """Stop where a column ``named`` (with the option that names it) is not among the ``table``'s, read from a
+    ``suffix`` file, or holds lists or mappings, not texts (training refuses it: its JSON would be classified)."""
+    from finetune.column_hints import named_like
+    from finetune.tables import feature_name, lists_or_mappings
+
+    if suffix in WORKBOOKS:
+        where = "in the header row"
+    elif EXTENSIONS.get(suffix) in ("csv", "tsv"):
+        where = "in the header"
+    else:
+        where = "among the columns" if suffix in (".parquet", SAVED) else "among the keys"
+    for column, flag in named:
+        if column not in table.column_names:
+            like = named_like(column, table.column_names)
+            raise DataError(f"--file {path}: no column {column!r} {where} "
+                            f"({', '.join(table.column_names) or 'empty'}); pass {flag}",
+                            hint=f"by the name, try {flag} {like}" if like else None)
+        if lists_or_mappings(table.features[column]):
+            raise DataError(f"--file {path}: column {column!r} holds {feature_name(table.features[column])}, "
+                            f"not texts", hint=f"name the column of the texts with {flag}")
 
 
 def runs_layout(path, columns: Sequence[str], encoding: str, run_data) -> dict[str, Any]:
