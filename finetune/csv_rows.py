@@ -1,5 +1,5 @@
 """Rows of a CSV or TSV file that its reader gets wrong without a word: lines a stray quote runs into one, a TSV
-file's quotes, and the header written again where files were joined.
+file's quotes, R's row names, and the header written again where files were joined.
 
 In a CSV file a field that starts with ``"`` lasts to the next lone ``"``,
 over line ends. A text typed with a quote at its start and none at its end
@@ -22,6 +22,12 @@ does (``"she said ""hi"" twice"``): read with quotes as plain characters, such a
 text keeps its quotes doubled and breaks its row at its tabs and line
 breaks. :func:`tsv_quoting` tells the two apart.
 
+R's ``write.table`` writes each row's name (its number, by default) as a first
+field that the header does not name, so every row has a field more than the
+header. Read by the header, each row would fail its field count; read as
+pandas reads it, the numbers would be a column. :func:`row_names_first` finds
+the layout, and the numbers are left out, said once.
+
 Files joined whole (``cat a.csv b.csv > all.csv``) carry the second one's
 header as a row, whose label is the label column's name: a class of its own.
 A row that repeats every name of the header is no data, and is left out, said
@@ -33,6 +39,7 @@ from __future__ import annotations
 import csv
 import functools
 import logging
+from collections import Counter
 from pathlib import Path
 from typing import Iterator, Optional
 
@@ -103,7 +110,7 @@ def _record_starts(path: Path, sep: str, encoding: str) -> Iterator[int]:
 def tsv_quoting(path: Path, encoding: str, skip: int = 0) -> int:
     """How the quotes of the TSV file ``path`` read (its first ``skip`` lines not the table's): as CSV's
     (``csv.QUOTE_MINIMAL``) where a field starts with one, the whole file parses under CSV's strict rules, and no
-    more of its records split into another number of fields than the first so than with plain quotes; else as
+    more of its records split into another number of fields than most do so than with plain quotes; else as
     plain characters (``csv.QUOTE_NONE``). A file where no field starts with a quote reads the same either way,
     and is read once to find that out. Counting the odd records both ways keeps a quoted file with one row of a
     field too many quoted, so that its error names that row, not the first text over several lines."""
@@ -115,18 +122,18 @@ def tsv_quoting(path: Path, encoding: str, skip: int = 0) -> int:
 
 
 def _odd_records(path: Path, encoding: str, skip: int, quoting: int) -> Optional[int]:
-    """How many records of the TSV file ``path`` split into another number of fields than its first (a blank line
-    is no record), read with ``quoting``; None where the ``csv`` module cannot read them so (a quote that breaks
-    CSV's strict rules, closed with more text after it or never; a field past its size limit)."""
+    """How many records of the TSV file ``path`` split into another number of fields than most of them do (a blank
+    line is no record; the header is odd where R's row names lengthen every row), read with ``quoting``; None where
+    the ``csv`` module cannot read them so (a quote that breaks CSV's strict rules, closed with more text after it
+    or never; a field past its size limit)."""
     with open_text(path, encoding, errors="replace") as fh:
         for _ in range(skip):
             fh.readline()
-        fields = (len(row) for row in csv.reader(fh, delimiter="\t", quoting=quoting, strict=True) if row)
         try:
-            first = next(fields, None)
-            return sum(count != first for count in fields)
+            counts = Counter(len(row) for row in csv.reader(fh, delimiter="\t", quoting=quoting, strict=True) if row)
         except csv.Error:
             return None
+    return counts.total() - max(counts.values(), default=0)
 
 
 def _a_field_starts_quoted(path: Path, encoding: str, skip: int) -> bool:
@@ -136,6 +143,42 @@ def _a_field_starts_quoted(path: Path, encoding: str, skip: int) -> bool:
             if number >= skip and (line.startswith('"') or '\t"' in line):
                 return True
     return False
+
+
+def row_names_first(path: Path, sep: str, quoting: int, encoding: str, skip: int) -> Optional[list[str]]:
+    """The columns of ``path`` (its first ``skip`` lines not the table's), row names first, where every record past
+    the header has one field more than the header, that field a whole number no other record starts with: the
+    row names R's ``write.table`` writes by default under a header that does not name them. Else None.
+
+    Only such numbers make the layout: a first field of text may be a row's own text, with a stray separator
+    at its end (``great film,pos,``). The file is read past its first record only where that record fits."""
+    with open_text(path, encoding, errors="replace") as fh:
+        for _ in range(skip):
+            fh.readline()
+        records = (row for row in csv.reader(fh, delimiter=sep, quoting=quoting) if row)
+        seen: set[str] = set()
+        try:
+            header = next(records, [])
+            for row in records:
+                if len(row) != len(header) + 1 or not (row[0].isascii() and row[0].isdigit()) or row[0] in seen:
+                    return None
+                seen.add(row[0])
+        except csv.Error:  # a field past the module's size limit: the read names what it finds
+            return None
+    return [_unused_name("row.names", header), *header] if seen else None
+
+
+def _unused_name(name: str, names: list[str]) -> str:
+    while name in names:
+        name = f"_{name}"
+    return name
+
+
+def without_row_names(ds: datasets.Dataset, path: Path) -> datasets.Dataset:
+    """``ds`` without its first column, the row names :func:`row_names_first` found, said once."""
+    logger.info("%s: left out the first field of each row, which the header does not name: the row numbers R's "
+                "write.table writes (row.names = TRUE)", path)
+    return ds.remove_columns(ds.column_names[0])
 
 
 def repeated_header(ds: datasets.Dataset) -> np.ndarray:

@@ -36,8 +36,8 @@ import pyarrow.compute as pc
 
 from finetune.class_folders import read_class_folders
 from finetune.config import DataConfig
-from finetune.csv_rows import (record_lines, refuse_unpaired_quote, repeated_header, say_repeated_header,
-                               tsv_quoting)
+from finetune.csv_rows import (record_lines, refuse_unpaired_quote, repeated_header, row_names_first,
+                               say_repeated_header, tsv_quoting, without_row_names)
 from finetune.errors import ConfigError, DataError, FileLayoutError, FinetuneError, root_message
 from finetune.archives import as_given, in_an_archive
 from finetune.format_errors import headerless_layout_refused, unsupported_format
@@ -260,13 +260,14 @@ def _load_delimited(path: Path, fmt: str, cfg: DataConfig) -> Table:
     sep = named or ("\t" if fmt == "tsv" else csv_separator(path, cfg.encoding))
     # a TSV file's quotes are CSV's where it is written with them (pandas' to_csv), else plain characters
     quoting = tsv_quoting(path, cfg.encoding, skip) if fmt == "tsv" else csv.QUOTE_MINIMAL
-    if cfg.has_header:
-        header, names = 0, None
+    if cfg.has_header:  # names of its own where R's row names make a first column the header does not name
+        header, names = 0, row_names_first(path, sep, quoting, cfg.encoding, skip)
     else:
         if not cfg.column_names:
             raise ConfigError(f"data.column_names: required with data.has_header: false ({path})")
         header, names = None, list(cfg.column_names)
-    columns = _check_field_count(path, sep, quoting, names, cfg.encoding, rows=1, skip=skip)
+    rows_from = skip + (header == 0 and names is not None)  # past a header its own names replace
+    columns = _check_field_count(path, sep, quoting, names, cfg.encoding, rows=1, skip=rows_from)
     try:
         ds = _read_delimited(path, sep, quoting, header, names, cfg, skip)
     except DataError as exc:
@@ -281,8 +282,10 @@ def _load_delimited(path: Path, fmt: str, cfg: DataConfig) -> Table:
         # them as the first row's check does, at no cost to a file that reads
         if quoting != csv.QUOTE_NONE:
             refuse_unpaired_quote(path, sep, cfg.encoding)
-        _check_field_count(path, sep, quoting, names, cfg.encoding, rows=None, skip=skip)
+        _check_field_count(path, sep, quoting, names, cfg.encoding, rows=None, skip=rows_from)
         raise
+    if rows_from > skip:
+        ds = without_row_names(ds, path)
     starts = record_lines(path, sep, cfg.encoding, ds, before=skip + (header == 0)) if quoting != csv.QUOTE_NONE \
         else None
     table = Table.whole(_header_unpadded(ds), str(path), unit="line", offset=(2 if cfg.has_header else 1) + skip,

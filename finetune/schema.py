@@ -181,7 +181,8 @@ class DataConfig:
         "error names a row as Excel numbers it). In a file mapping it goes with its file.")
     has_header: Optional[bool] = setting(None,
         "CSV/TSV only: whether the first line holds column names (the spaces around a name are not part of "
-        "it); null (auto): yes, unless `column_names` are given.")
+        "it); null (auto): yes, unless `column_names` are given. Where every row has one field more than the header, "
+        "a whole number of its own first (the row names R's `write.table` writes), the numbers are left out.")
     column_names: Optional[list[str]] = setting(None, "CSV/TSV without a header: the column names, in file order. "
         "Refused, as `has_header: false` is, for a file that names its own columns (JSON, Parquet, a folder).")
     text_column: str = setting("text", "Column holding the text.")

@@ -13,6 +13,7 @@ from typing import Optional
 
 import datasets
 import numpy as np
+import pyarrow as pa
 import pyarrow.compute as pc
 
 from finetune.column_hints import PANDAS_JSON_HINT, column_hint, pandas_layout, rename_hint
@@ -86,6 +87,10 @@ def _warn_of_values_in_unnamed_fields(table: Table, read: list[str]) -> None:
     are not read: most often a text split across fields, its rest in the fields after it (a spreadsheet's export,
     Kaggle's SMS spam CSV)."""
     unnamed = [name for name in table.ds.column_names if name.startswith("Unnamed: ") and name not in read]
+    if unnamed[:1] == [table.ds.column_names[0]] and _numbers_each_row(table.ds, unnamed[0]):
+        logger.info("%s: its first column, unnamed, numbers the rows (the index pandas' to_csv writes, or the row "
+                    "names of R's write.csv): not read", table.source)
+        unnamed = unnamed[1:]
     if not unnamed:
         return
     arrow = as_arrow(table.ds)
@@ -98,6 +103,13 @@ def _warn_of_values_in_unnamed_fields(table: Table, read: list[str]) -> None:
                        "is a text split across them?", table.source, len(rows),
                        "s" if len(rows) > 1 else "", "" if len(rows) > 1 else "s", ", ".join(unnamed),
                        table.where_many(rows))
+
+
+def _numbers_each_row(ds: datasets.Dataset, name: str) -> bool:
+    """Whether column ``name`` holds a whole number in every row, no two alike."""
+    column = as_arrow(ds).column(name)
+    return (pa.types.is_integer(column.type) and column.null_count == 0
+            and len(pc.unique(column)) == len(column))
 
 
 def drop_or_reject_empty_texts(table: Table, on_empty_text: str) -> Table:

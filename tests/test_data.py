@@ -142,6 +142,56 @@ def test_a_tsv_written_with_csv_quotes_reads_its_texts_as_written(tmp_path):
     assert [row["text"] for row in read_rows(plain)] == ['"quoted whole"', '"Hi" she said']
 
 
+@pytest.mark.parametrize("name, content", [
+    # write.table(df, "r.tsv", sep = "\t", qmethod = "double"): every string quoted, the row names too
+    ("r.tsv", '"text"\t"label"\n"1"\t"she said ""hi""\ttwice"\t"a"\n"2"\t"two\nlines"\t"b"\n"5"\t"plain"\t"a"\n'),
+    # the same with quote = FALSE; and as a CSV (sep = ","), the row names numbers of a subset's rows
+    ("bare.tsv", "text\tlabel\n1\tshe said \"hi\"\tb\n2\tplain\ta\n"),
+    ("r.csv", '"text","label"\n"3","she said ""hi"", twice","a"\n"17","plain","b"\n'),
+])
+def test_rs_row_names_are_left_out_and_said(tmp_path, caplog, name, content):
+    """R's write.table writes each row's name as a first field the header does not name: training and finetune
+    predict read the header's columns, each row's own, and say the row names were left out."""
+    from finetune.prediction_files import read_rows
+
+    path = write(tmp_path / name, content)
+    with caplog.at_level(logging.INFO, logger="finetune"):
+        splits, labels = load_splits(cfg(path), seed=0)
+    texts = splits["train"]["text"]
+    assert len(texts) == (3 if name == "r.tsv" else 2) and splits["train"].column_names == ["text", "labels"]
+    assert texts[-1] == "plain" and texts[0].startswith('she said "hi"') and labels.names == ["a", "b"]
+    assert name != "r.tsv" or texts == ['she said "hi"\ttwice', "two\nlines", "plain"]
+    said = [r.getMessage() for r in caplog.records if "row.names = TRUE" in r.getMessage()]
+    assert said == [f"{path}: left out the first field of each row, which the header does not name: the row numbers "
+                    "R's write.table writes (row.names = TRUE)"]
+    assert [row["text"] for row in read_rows(Path(path))] == texts
+    # a row without its label is named by the line it starts on, the text of two lines before it counted
+    lines = content.splitlines()
+    lines[-1] = lines[-1][:lines[-1].rindex("\t" if name.endswith(".tsv") else ",") + 1]
+    unlabelled = write(tmp_path / f"unlabelled{Path(name).suffix}", "\n".join(lines) + "\n")
+    line = content.count("\n")  # the last row's
+    with pytest.raises(DataError, match=rf"1 row without a label in column 'label' \(line {line}\)"):
+        load_splits(cfg(unlabelled), seed=0)
+
+
+@pytest.mark.parametrize("content", [
+    "text,label\nhello,a,\nworld,b,\n",  # a stray separator at each row's end: texts first, no row names
+    "text,label\n1,hello,a\n1,world,b\n",  # one number twice: not names of rows
+    "text,label\n1,hello,a\n2,world,b\nno name,c\n",  # a row without one
+])
+def test_only_a_whole_number_of_its_own_before_each_row_is_a_row_name(tmp_path, content):
+    path = write(tmp_path / "t.csv", content)
+    with pytest.raises(FileLayoutError, match=r"line 2 has 3 fields but the header has 2 \(text, label\)"):
+        load_splits(cfg(path), seed=0)
+
+
+def test_a_header_that_names_a_column_row_names_keeps_it(tmp_path):
+    path = write(tmp_path / "t.tsv", "row.names\ttext\tlabel\n1\tx\thello\ta\n2\ty\tworld\tb\n")
+    table = read_local(path, "data.train_file", cfg(path))
+    assert table.ds.column_names == ["row.names", "text", "label"]
+    assert table.ds["text"] == ["hello", "world"] and table.ds["row.names"] == ["x", "y"]
+
+
 @pytest.mark.parametrize("name, content, settings", [
     ("quoted.csv", 'text,label\n"two\nlines",a\nfine,b\n"three\nline\ntext",\nok,a\n', {}),
     ("pandas.tsv", 'text\tlabel\n"two\nlines"\ta\nfine\tb\n"three\nline\ntext"\t\nok\ta\n', {}),
@@ -615,6 +665,40 @@ def test_values_in_fields_the_header_leaves_unnamed_are_said_not_read(tmp_path, 
     with caplog.at_level(logging.WARNING, logger="finetune.data"):
         load_splits(cfg(path, text_column="v2", label_column="v1"), seed=0)
     assert not caplog.messages  # empty unnamed fields, and a named column not read, are nothing to say
+
+
+def test_an_unnamed_first_column_of_row_numbers_is_said_as_an_index_not_as_a_split_text(tmp_path, caplog):
+    """pandas' to_csv writes its index (index=True, its default) and R's write.csv its row names as a first column
+    the header leaves unnamed: a note says so, where a column of values the header does not name is warned of."""
+    import pandas as pd
+
+    frame = pd.DataFrame({"text": ["hello there", "win cash", "see you"], "label": ["ham", "spam", "ham"]})
+    frame.index = [4, 0, 7]  # a shuffled subset's
+    frame.to_csv(tmp_path / "pandas.csv")
+    r_csv = write(tmp_path / "r.csv", '"","text","label"\n"1","hello there","ham"\n"2","win cash","spam"\n'
+                                      '"3","see you","ham"\n')
+    for path in (str(tmp_path / "pandas.csv"), r_csv):
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="finetune.data"):
+            splits, _ = load_splits(cfg(path), seed=0)
+        assert splits["train"]["text"] == ["hello there", "win cash", "see you"]
+        assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+        assert f"{path}: its first column, unnamed, numbers the rows (the index pandas' to_csv writes, or the row " \
+               "names of R's write.csv): not read" in caplog.messages
+    # a number twice, a value not a number, or numbers in an unnamed column after the named ones, are no index:
+    # warned of as values the header does not name
+    for first, last in (("1,1,2", False), ("1,x,2", False), ("1,2,3", True)):
+        numbers = first.split(",")
+        path = write(tmp_path / "unnamed.csv", ("text,label," if last else ",text,label") + "\n" + "".join(
+            f"{text},{label},{n}\n" if last else f"{n},{text},{label}\n"
+            for n, text, label in zip(numbers, frame["text"], frame["label"])))
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="finetune.data"):
+            load_splits(cfg(path), seed=0)
+        assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == [
+            f"{path}: 3 rows hold values in fields the header leaves unnamed (Unnamed: {2 if last else 0}), which "
+            "are not read "
+            "(lines 2, 3, 4): is a text split across them?"]
 
 
 def test_a_folder_of_data_files_is_told_to_pass_them(tmp_path):
