@@ -26,7 +26,7 @@ import shutil
 import tarfile
 import zipfile
 from pathlib import Path, PurePosixPath
-from typing import Optional
+from typing import Callable, Optional
 
 from filelock import FileLock
 
@@ -39,7 +39,8 @@ logger = logging.getLogger("finetune.data")
 ARCHIVES = (".zip", ".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tbz2", ".tar.xz", ".txz")
 # what packers add beside the files (macOS's resource forks, Finder's and Explorer's folder settings)
 PACKERS_ADDITIONS = ("__MACOSX", ".DS_Store", "Thumbs.db", "desktop.ini")
-# each unpacked copy's folder, and the archive as its setting names it (a path or a URL), for the errors
+# each unpacked copy's folder, and the archive as its setting names it (a path or a URL), for the errors; each
+# file made from another, and that one's path
 _GIVEN: dict[str, str] = {}
 # (path, size, modification time) -> the archive's digest: a run reads its data files more than once
 _DIGESTS: dict[tuple[str, int, int], str] = {}
@@ -107,9 +108,31 @@ def _unpack_or_say_why(archive: Path, folder: Path, key: str, given: str) -> Non
     logger.info("%s: unpacked into %s", given, folder)
 
 
+def made_from(source: Path, kind: str, name: str, make: Callable[[Path], None]) -> Path:
+    """A file ``make`` writes from ``source`` (given the path to write), made once into ``datasets``' cache as an
+    archive is unpacked, in a folder of ``kind`` named by ``source``'s digest: a rerun reads it, the processes of a
+    launch take turns, and a copy cut short is never taken for a whole one. Errors and log lines name it as
+    ``source``, as :func:`as_given` names an archive's files."""
+    import datasets.config
+
+    folder = Path(datasets.config.DOWNLOADED_DATASETS_PATH) / kind / _digest(source)
+    made = folder / name
+    if not made.is_file():
+        folder.mkdir(parents=True, exist_ok=True)
+        with FileLock(f"{folder}.lock"):
+            if not made.is_file():
+                aside = folder / f".{name}.partial"
+                make(aside)
+                os.replace(aside, made)
+    _GIVEN[str(made)] = str(source)
+    return made
+
+
 def as_given(text: Optional[str]) -> Optional[str]:
-    """``text`` with each unpacked copy's folder named as the archive it came from: ``spam.zip/spam.csv``."""
-    for folder, given in _GIVEN.items():
+    """``text`` with each unpacked copy's folder named as the archive it came from: ``spam.zip/spam.csv``; each
+    file made from another (:func:`made_from`) named as that one, the newest first, since it may be made from an
+    archive's file."""
+    for folder, given in reversed(_GIVEN.items()):
         text = text and text.replace(folder, given)
     return text
 

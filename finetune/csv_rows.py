@@ -1,5 +1,6 @@
 """Rows of a CSV or TSV file that its reader gets wrong without a word: lines a stray quote runs into one, a TSV
-file's quotes, R's row names, and the header written again where files were joined.
+file's quotes, quotes escaped with backslashes, R's row names, and the header written again where files were
+joined.
 
 In a CSV file a field that starts with ``"`` lasts to the next lone ``"``,
 over line ends. A text typed with a quote at its start and none at its end
@@ -21,6 +22,14 @@ spreadsheets quote a text that holds a tab, a line break or a quote as CSV
 does (``"she said ""hi"" twice"``): read with quotes as plain characters, such a
 text keeps its quotes doubled and breaks its row at its tabs and line
 breaks. :func:`tsv_quoting` tells the two apart.
+
+A quote inside a quoted text is written ``""`` by CSV's rule, ``\\"`` by R's
+``write.table`` (``qmethod = "escape"``, its default) and MySQL's ``SELECT ...
+INTO OUTFILE``. Read by CSV's rule, ``\\"`` ends the text, and pandas glues
+what follows onto it (``she said \\hi\\" twice"``) or splits the row at a
+separator inside it. :func:`unescaped` reads such a file from a copy with each
+``\\"`` written ``""``; any other backslash stays as written (R escapes
+nothing else).
 
 R's ``write.table`` writes each row's name (its number, by default) as a first
 field that the header does not name, so every row has a field more than the
@@ -48,12 +57,14 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from finetune.archives import made_from
 from finetune.errors import DataError
 from finetune.tables import Table, as_arrow, as_mask
-from finetune.text_encoding import open_text
+from finetune.text_encoding import compression_of, open_text, python_codec
 
 logger = logging.getLogger("finetune.data")
 
+ESCAPED_QUOTE = '\\"'
 FIX = ('a field that starts with " lasts to the next lone " (a quote inside it is written ""): quote the whole text, '
        'or take the stray quote out')
 
@@ -105,6 +116,54 @@ def _record_starts(path: Path, sep: str, encoding: str) -> Iterator[int]:
                 # a quote closed with more text after it on its own line: a row all the same
             yield start
             start = reader.line_num + 1
+
+
+def unescaped(path: Path, sep: str, encoding: str, skip: int) -> Path:
+    """``path``, or where it breaks CSV's rule and holds ``\\"``, which read as CSV's ``""`` keeps it, a copy of it
+    so written (:func:`finetune.archives.made_from`, once; errors name ``path``), said once. A TSV file's copy
+    is taken where its quotes then read as CSV's (:func:`tsv_quoting`; its first ``skip`` lines not the table's),
+    so that a file whose quotes are plain characters keeps its backslashes as written."""
+    if not _holds_escaped_quote(path, encoding) or _parses(path, sep, encoding, unescape=False) or not _parses(
+            path, sep, encoding, unescape=True):
+        return path
+    name = path.stem if compression_of(path) else path.name  # written whole
+    copy = made_from(path, "unescaped", name, functools.partial(_write_unescaped, path, encoding))
+    if sep == "\t" and tsv_quoting(copy, encoding, skip) != csv.QUOTE_MINIMAL:
+        return path
+    logger.info('%s: a quote inside a quoted text is written \\" (as R\'s write.table writes it), not "" as in '
+                "CSV: read as a quote", path)
+    return copy
+
+
+def _holds_escaped_quote(path: Path, encoding: str) -> bool:
+    with open_text(path, encoding, errors="replace") as fh:
+        tail = ""
+        while chunk := fh.read(1 << 20):
+            if ESCAPED_QUOTE in tail + chunk:
+                return True
+            tail = chunk[-1:]
+    return False
+
+
+def _parses(path: Path, sep: str, encoding: str, unescape: bool) -> bool:
+    """Whether ``path`` reads under CSV's strict rules, each ``\\"`` taken as ``""`` where ``unescape``."""
+    with open_text(path, encoding, errors="surrogateescape") as fh:
+        lines = (line.replace(ESCAPED_QUOTE, '""') for line in fh) if unescape else fh
+        try:
+            for _ in csv.reader(lines, delimiter=sep, strict=True):
+                pass
+        except csv.Error:
+            return False
+    return True
+
+
+def _write_unescaped(path: Path, encoding: str, target: Path) -> None:
+    """``path`` written to ``target`` whole, in its encoding, each ``\\"`` as ``""``; bytes its encoding cannot
+    decode kept as they are, for the read to treat as it treats them in ``path``."""
+    with open_text(path, encoding, errors="surrogateescape") as fh, \
+            open(target, "w", encoding=python_codec(encoding), errors="surrogateescape", newline="") as out:
+        for line in fh:
+            out.write(line.replace(ESCAPED_QUOTE, '""'))
 
 
 def tsv_quoting(path: Path, encoding: str, skip: int = 0) -> int:

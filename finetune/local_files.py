@@ -37,7 +37,7 @@ import pyarrow.compute as pc
 from finetune.class_folders import read_class_folders
 from finetune.config import DataConfig
 from finetune.csv_rows import (record_lines, refuse_unpaired_quote, repeated_header, row_names_first,
-                               say_repeated_header, tsv_quoting, without_row_names)
+                               say_repeated_header, tsv_quoting, unescaped, without_row_names)
 from finetune.errors import ConfigError, DataError, FileLayoutError, FinetuneError, root_message
 from finetune.archives import as_given, in_an_archive
 from finetune.format_errors import headerless_layout_refused, unsupported_format
@@ -87,9 +87,10 @@ def read_local(spec: str, key: str, cfg: DataConfig, encoding_flag: str = "data.
 def _as_given(text: Optional[str], path: Path, spec: str) -> Optional[str]:
     """``text`` with the cache's paths named as the setting ``spec`` names them: the URL for its downloaded copy
     (``path``), the archive's path for its unpacked copy."""
+    text = as_given(text)  # first: a file made from the downloaded copy is named as that copy
     if text and is_url(spec) and not in_an_archive(spec):
         text = text.replace(str(path), spec)
-    return as_given(text)
+    return text
 
 
 def _read_path(path: Path, key: str, cfg: DataConfig, encoding_flag: str) -> Table:
@@ -255,16 +256,17 @@ def _records_agreeing(path: Path, encoding: str, sep: str, records: int = 20, ev
 
 
 def _load_delimited(path: Path, fmt: str, cfg: DataConfig) -> Table:
+    if not cfg.has_header and not cfg.column_names:
+        raise ConfigError(f"data.column_names: required with data.has_header: false ({path})")
     named = separator_line(path, cfg.encoding)
     skip = 1 if named else 0
     sep = named or ("\t" if fmt == "tsv" else csv_separator(path, cfg.encoding))
+    path = unescaped(path, sep, cfg.encoding, skip)  # a copy where a quote in a quoted text is written \"
     # a TSV file's quotes are CSV's where it is written with them (pandas' to_csv), else plain characters
     quoting = tsv_quoting(path, cfg.encoding, skip) if fmt == "tsv" else csv.QUOTE_MINIMAL
     if cfg.has_header:  # names of its own where R's row names make a first column the header does not name
         header, names = 0, row_names_first(path, sep, quoting, cfg.encoding, skip)
     else:
-        if not cfg.column_names:
-            raise ConfigError(f"data.column_names: required with data.has_header: false ({path})")
         header, names = None, list(cfg.column_names)
     rows_from = skip + (header == 0 and names is not None)  # past a header its own names replace
     columns = _check_field_count(path, sep, quoting, names, cfg.encoding, rows=1, skip=rows_from)

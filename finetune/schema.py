@@ -175,7 +175,8 @@ class DataConfig:
         "(as spreadsheets in many languages save CSV) as semicolon-separated; a first line `sep=;` (Excel's) names "
         "the separator. A TSV file's quotes read as CSV's where it is written with them (pandas' "
         "`to_csv(sep='\\t')`: a field that starts with `\"`, and every record of as many fields under CSV's rules), "
-        "else as plain characters (GLUE's files).")
+        "else as plain characters (GLUE's files). A quote inside a quoted text written `\\\"` (R's `write.table`, "
+        "MySQL's exports), where CSV's rule reads it as the text's end, reads as a quote.")
     sheet: Optional[str] = setting(None,
         "Excel workbooks: the sheet to read, by name (null: the first; its first row names the columns, and an "
         "error names a row as Excel numbers it). In a file mapping it goes with its file.")

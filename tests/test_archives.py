@@ -294,6 +294,27 @@ def test_a_tar_member_named_outside_the_archive_or_a_link_is_not_unpacked(downlo
     assert not (unpacked.parent / "outside.csv").exists()
 
 
+def test_a_file_of_escaped_quotes_in_an_archive_or_at_a_url_is_named_as_given(downloads, tmp_path, caplog):
+    """A file whose quotes are written \" is read from a copy made from the archive's copy, or the download: its
+    errors name it by its path in the archive, or by its URL, never by the copy's path; its notes as the
+    archive's or the download's."""
+    escaped = 'text,label\n"she said \\"hi\\"",a\n"unlabelled",\n'
+    packed = _zip(tmp_path / "export.zip", {"reviews.csv": escaped})
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "reviews.csv").write_text(escaped)
+    with serving(site) as (url, _):
+        for given in (f"{packed}/reviews.csv", f"{url}/reviews.csv"):
+            caplog.clear()
+            with caplog.at_level(logging.INFO, logger="finetune.data"), pytest.raises(DataError) as info:
+                load_splits(_cfg(given), seed=0)
+            assert info.value.message.startswith(f"{given}: 1 row without a label in column 'label' (line 3)")
+            note = [m for m in caplog.messages if m.endswith("not \"\" as in CSV: read as a quote")]
+            # a URL's notes name its downloaded copy, which the line before them names
+            assert len(note) == 1 and "unescaped" not in note[0]
+            assert note[0].startswith(given if given.startswith(str(packed)) else str(tmp_path / "downloads" / "named"))
+
+
 def test_an_archive_at_a_url_reads_as_the_file_it_holds_and_is_named_by_its_url(downloads, tmp_path):
     site = tmp_path / "site"
     site.mkdir()

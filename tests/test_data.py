@@ -174,6 +174,59 @@ def test_rs_row_names_are_left_out_and_said(tmp_path, caplog, name, content):
         load_splits(cfg(unlabelled), seed=0)
 
 
+@pytest.mark.parametrize("name", ["r.tsv", "r.csv", "mysql.csv", "r.csv.gz"])
+def test_quotes_escaped_with_backslashes_read_as_quotes(tmp_path, caplog, name):
+    """R's write.table (qmethod = "escape", its default) and MySQL's SELECT ... INTO OUTFILE write a quote inside a
+    quoted text as \", which CSV's rule reads as the text's end: pandas glued what follows onto it
+    (she said \hi\" twice") without a word, or split the row at a comma after it. Read as quotes, in training and
+    finetune predict alike; any other backslash stays as written."""
+    from finetune.prediction_files import read_rows
+
+    texts = ['she said "hi, you" twice', "C:\\temp \\o/", '"quoted whole"', "plain"]
+    sep = "\t" if ".tsv" in name else ","
+    quoted = ['"' + text.replace('"', '\\"') + '"' for text in texts]
+    if name.startswith("r."):  # quoted names, and the row numbers the header does not name
+        lines = [sep.join(['"text"', '"label"'])] + [sep.join([f'"{i}"', q, f'"{"ab"[i % 2]}"'])
+                                                    for i, q in enumerate(quoted, 1)]
+    else:
+        lines = ["text,label"] + [f'{q},{"ab"[i % 2]}' for i, q in enumerate(quoted, 1)]
+    content = "\n".join(lines) + "\n"
+    path = tmp_path / name
+    if name.endswith(".gz"):
+        path.write_bytes(gzip.compress(content.encode()))
+    else:
+        path.write_text(content)
+    with caplog.at_level(logging.INFO, logger="finetune.data"):
+        splits, labels = load_splits(cfg(str(path)), seed=0)
+    assert splits["train"]["text"] == texts and labels.names == ["a", "b"]
+    assert f'{path}: a quote inside a quoted text is written \\" (as R\'s write.table writes it), not "" as in CSV: ' \
+           "read as a quote" in caplog.messages
+    assert [row["text"] for row in read_rows(path)] == texts
+    # an error names the file given and the row's line, not the copy read
+    broken = tmp_path / f"broken{name[name.index('.'):]}"
+    unlabelled = content.replace(lines[-1], lines[-1][:lines[-1].rindex(sep) + 1])
+    broken.write_bytes(gzip.compress(unlabelled.encode()) if name.endswith(".gz") else unlabelled.encode())
+    with pytest.raises(DataError, match=rf"^{re.escape(str(broken))}: 1 row without a label in column 'label' "
+                                        rf"\(line 5\)"):
+        load_splits(cfg(str(broken)), seed=0)
+
+
+@pytest.mark.parametrize("content, column, texts", [
+    # CSV's own quoting, a backslash before a quote in a text that is not quoted: as written
+    ('text,label\npath\\"x,a\n"she said ""hi""",b\n', "text", ['path\\"x', 'she said "hi"']),
+    # a TSV file of plain quotes, whose backslashed quotes read as CSV's would run two lines into a row of
+    # another count: plain characters, as written
+    ('a\tb\tc\n"x\ty\tz\ns\t\\"t\\" u"\tw\n', "b", ["y", '\\"t\\" u"']),
+])
+def test_a_backslash_before_a_quote_in_a_file_of_another_rule_is_kept(tmp_path, caplog, content, column, texts):
+    path = write(tmp_path / ("t.tsv" if "\t" in content else "t.csv"), content)
+    label = "c" if column == "b" else "label"
+    with caplog.at_level(logging.INFO, logger="finetune.data"):
+        splits, _ = load_splits(cfg(path, text_column=column, label_column=label), seed=0)
+    assert splits["train"]["text"] == texts
+    assert not [message for message in caplog.messages if "written \\\"" in message]
+
+
 @pytest.mark.parametrize("content", [
     "text,label\nhello,a,\nworld,b,\n",  # a stray separator at each row's end: texts first, no row names
     "text,label\n1,hello,a\n1,world,b\n",  # one number twice: not names of rows
