@@ -88,8 +88,8 @@ def _warn_of_values_in_unnamed_fields(table: Table, read: list[str]) -> None:
     Kaggle's SMS spam CSV)."""
     unnamed = [name for name in table.ds.column_names if name.startswith("Unnamed: ") and name not in read]
     if unnamed[:1] == [table.ds.column_names[0]] and _numbers_each_row(table.ds, unnamed[0]):
-        logger.info("%s: its first column, unnamed, numbers the rows (the index pandas' to_csv writes, or the row "
-                    "names of R's write.csv): not read", table.source)
+        logger.info("%s: its first column, unnamed, numbers the rows (the index pandas writes without index=False, "
+                    "or the row names of R's write.csv): not read", table.source)
         unnamed = unnamed[1:]
     if not unnamed:
         return

@@ -728,16 +728,17 @@ def test_an_unnamed_first_column_of_row_numbers_is_said_as_an_index_not_as_a_spl
     frame = pd.DataFrame({"text": ["hello there", "win cash", "see you"], "label": ["ham", "spam", "ham"]})
     frame.index = [4, 0, 7]  # a shuffled subset's
     frame.to_csv(tmp_path / "pandas.csv")
+    frame.to_excel(tmp_path / "pandas.xlsx")  # a workbook's too
     r_csv = write(tmp_path / "r.csv", '"","text","label"\n"1","hello there","ham"\n"2","win cash","spam"\n'
                                       '"3","see you","ham"\n')
-    for path in (str(tmp_path / "pandas.csv"), r_csv):
+    for path in (str(tmp_path / "pandas.csv"), str(tmp_path / "pandas.xlsx"), r_csv):
         caplog.clear()
         with caplog.at_level(logging.INFO, logger="finetune.data"):
             splits, _ = load_splits(cfg(path), seed=0)
         assert splits["train"]["text"] == ["hello there", "win cash", "see you"]
         assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
-        assert f"{path}: its first column, unnamed, numbers the rows (the index pandas' to_csv writes, or the row " \
-               "names of R's write.csv): not read" in caplog.messages
+        assert f"{path}: its first column, unnamed, numbers the rows (the index pandas writes without index=False, " \
+               "or the row names of R's write.csv): not read" in caplog.messages
     # a number twice, a value not a number, or numbers in an unnamed column after the named ones, are no index:
     # warned of as values the header does not name
     for first, last in (("1,1,2", False), ("1,x,2", False), ("1,2,3", True)):
