@@ -58,7 +58,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from finetune.archives import made_from
-from finetune.errors import DataError
+from finetune.errors import DataError, FileLayoutError
 from finetune.tables import Table, as_arrow, as_mask
 from finetune.text_encoding import compression_of, open_text, python_codec
 
@@ -207,20 +207,33 @@ def _a_field_starts_quoted(path: Path, encoding: str, skip: int) -> bool:
 def row_names_first(path: Path, sep: str, quoting: int, encoding: str, skip: int) -> Optional[list[str]]:
     """The columns of ``path`` (its first ``skip`` lines not the table's), row names first, where every record past
     the header has one field more than the header, that field a whole number no other record starts with: the
-    row names R's ``write.table`` writes by default under a header that does not name them. Else None.
+    row names R's ``write.table`` writes by default under a header that does not name them. Else None, where the
+    first row is not so.
 
     Only such numbers make the layout: a first field of text may be a row's own text, with a stray separator
-    at its end (``great film,pos,``). The file is read past its first record only where that record fits."""
+    at its end (``great film,pos,``). The file is read past its first record only where that record fits.
+
+    Raises:
+        FileLayoutError: naming the first row that breaks the layout the rows before it keep.
+    """
     with open_text(path, encoding, errors="replace") as fh:
         for _ in range(skip):
             fh.readline()
-        records = (row for row in csv.reader(fh, delimiter=sep, quoting=quoting) if row)
+        reader = csv.reader(fh, delimiter=sep, quoting=quoting)
         seen: set[str] = set()
         try:
-            header = next(records, [])
-            for row in records:
+            header = next((row for row in reader if row), [])
+            end = reader.line_num
+            for row in reader:
+                start, end = end + 1, reader.line_num
+                if not row:  # a blank line
+                    continue
                 if len(row) != len(header) + 1 or not (row[0].isascii() and row[0].isdigit()) or row[0] in seen:
-                    return None
+                    if not seen:
+                        return None
+                    raise FileLayoutError(f"{path}: line {start + skip} has {len(row)} fields, the first {row[0]!r}, "
+                                          f"where each row before it has {len(header) + 1}, the first a row number of "
+                                          "its own (the row names R's write.table writes) and then the header's")
                 seen.add(row[0])
         except csv.Error:  # a field past the module's size limit: the read names what it finds
             return None

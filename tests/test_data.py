@@ -227,15 +227,22 @@ def test_a_backslash_before_a_quote_in_a_file_of_another_rule_is_kept(tmp_path, 
     assert not [message for message in caplog.messages if "written \\\"" in message]
 
 
-@pytest.mark.parametrize("content", [
-    "text,label\nhello,a,\nworld,b,\n",  # a stray separator at each row's end: texts first, no row names
-    "text,label\n1,hello,a\n1,world,b\n",  # one number twice: not names of rows
-    "text,label\n1,hello,a\n2,world,b\nno name,c\n",  # a row without one
-])
-def test_only_a_whole_number_of_its_own_before_each_row_is_a_row_name(tmp_path, content):
-    path = write(tmp_path / "t.csv", content)
+def test_only_a_whole_number_of_its_own_before_each_row_is_a_row_name(tmp_path):
+    # a stray separator at each row's end: texts first, no row names, the first row's count refused
+    path = write(tmp_path / "t.csv", "text,label\nhello,a,\nworld,b,\n")
     with pytest.raises(FileLayoutError, match=r"line 2 has 3 fields but the header has 2 \(text, label\)"):
         load_splits(cfg(path), seed=0)
+    # rows of R's layout up to one that breaks it: a number twice, a row without one (of two lines itself, after a
+    # blank line and a text of two lines), a word: that row is named by the line it starts on
+    for rows, line, fields, first in (("1,hello,a\n1,world,b\n", 3, 3, "1"),
+                                      ('1,hello,a\n\n2,"two\nlines",b\n"no\nname",c\n', 6, 2, "no\nname"),
+                                      ("1,hello,a\nx,world,b\n", 3, 3, "x")):
+        path = write(tmp_path / "t.csv", "text,label\n" + rows)
+        with pytest.raises(FileLayoutError) as info:
+            load_splits(cfg(path), seed=0)
+        assert info.value.message == (
+            f"{path}: line {line} has {fields} fields, the first {first!r}, where each row before it has 3, the first a "
+            "row number of its own (the row names R's write.table writes) and then the header's")
 
 
 def test_a_header_that_names_a_column_row_names_keeps_it(tmp_path):
