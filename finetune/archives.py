@@ -9,7 +9,8 @@ its bytes: a rerun reads the copy, and an archive replaced by another at the sam
 path is unpacked anew; the processes of a launch take turns (a file lock), so one
 unpacks and the others read its copy. :func:`finetune.resources.data_path` decides what an archive
 reads as; errors name its files by their path in the archive (:func:`as_given`), not
-by the copy's.
+by the copy's. A file the package makes from a data file (:func:`made_from`: a CSV file
+whose escaped quotes are written as CSV's) is kept in the same cache and named the same way.
 
 Unpacked with the standard library rather than ``datasets``' ``DownloadManager.extract``,
 which names its copy by the archive's path (an archive replaced at the same path reads
