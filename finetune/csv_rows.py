@@ -50,7 +50,7 @@ import functools
 import logging
 from collections import Counter
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Iterable, Iterator, Optional
 
 import datasets
 import numpy as np
@@ -149,12 +149,7 @@ def _parses(path: Path, sep: str, encoding: str, unescape: bool) -> bool:
     """Whether ``path`` reads under CSV's strict rules, each ``\\"`` taken as ``""`` where ``unescape``."""
     with open_text(path, encoding, errors="surrogateescape") as fh:
         lines = (line.replace(ESCAPED_QUOTE, '""') for line in fh) if unescape else fh
-        try:
-            for _ in csv.reader(lines, delimiter=sep, strict=True):
-                pass
-        except csv.Error:
-            return False
-    return True
+        return _field_counts(lines, sep, csv.QUOTE_MINIMAL) is not None
 
 
 def _write_unescaped(path: Path, encoding: str, target: Path) -> None:
@@ -181,18 +176,24 @@ def tsv_quoting(path: Path, encoding: str, skip: int = 0) -> int:
 
 
 def _odd_records(path: Path, encoding: str, skip: int, quoting: int) -> Optional[int]:
-    """How many records of the TSV file ``path`` split into another number of fields than most of them do (a blank
-    line is no record; the header is odd where R's row names lengthen every row), read with ``quoting``; None where
-    the ``csv`` module cannot read them so (a quote that breaks CSV's strict rules, closed with more text after it
-    or never; a field past its size limit)."""
+    """How many records of the TSV file ``path`` split into another number of fields than most of them do (the
+    header is odd where R's row names lengthen every row), read with ``quoting``; None where the ``csv`` module
+    cannot read them so (:func:`_field_counts`)."""
     with open_text(path, encoding, errors="replace") as fh:
         for _ in range(skip):
             fh.readline()
-        try:
-            counts = Counter(len(row) for row in csv.reader(fh, delimiter="\t", quoting=quoting, strict=True) if row)
-        except csv.Error:
-            return None
-    return counts.total() - max(counts.values(), default=0)
+        counts = _field_counts(fh, "\t", quoting)
+    return None if counts is None else counts.total() - max(counts.values(), default=0)
+
+
+def _field_counts(lines: Iterable[str], sep: str, quoting: int) -> Optional[Counter]:
+    """How many records of ``lines`` split into each number of fields (a blank line is no record), read with
+    ``quoting`` under CSV's strict rules; None where the ``csv`` module cannot read them so (a quote closed with
+    more text after it, or never; a field past its size limit)."""
+    try:
+        return Counter(len(row) for row in csv.reader(lines, delimiter=sep, quoting=quoting, strict=True) if row)
+    except csv.Error:
+        return None
 
 
 def _a_field_starts_quoted(path: Path, encoding: str, skip: int) -> bool:
