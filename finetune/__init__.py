@@ -38,7 +38,7 @@ _EXPORTS = {
     "build_accelerator": "finetune.launch",
     "fit": "finetune.fitting",
     "rehearse": "finetune.rehearsal",
-    "Run": "finetune.assembly",
+    "Run": "finetune.run",
     "UpdatePlan": "finetune.optimization",
     "plan_updates": "finetune.optimization",
     "build_optimizer": "finetune.optimization",

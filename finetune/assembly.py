@@ -24,13 +24,12 @@ What the run will do is said in one line by :func:`finetune.start_line.describe`
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
-from typing import Any, Optional, Sequence
+from typing import Optional, Sequence
 
 import torch
 
 from finetune.accumulation import Batching, accumulate_as, layout_for, resolve_batching
-from finetune.autobatch import Checkpointing, fit_in_memory
+from finetune.autobatch import fit_in_memory
 from finetune.config import DEFAULT_THRESHOLD, PER_LABEL, Config
 from finetune.dataloaders import (
     batch_padding, build_dataloaders, collator, count_long_texts, count_seen_in_training, count_unknown_words,
@@ -38,86 +37,12 @@ from finetune.dataloaders import (
 )
 from finetune.errors import ConfigError
 from finetune.launch import build_accelerator
-from finetune.loop import TrainState
 from finetune.optimization import UpdatePlan, build_optimizer, build_scheduler, check_optimizer, plan_updates
+from finetune.run import Run
 from finetune.tasks import (Task, compute_output_in_float32, named_thresholds, start_regression_head,
                             start_thresholds, threshold_refusal)
 
 logger = logging.getLogger("finetune")
-
-
-@dataclass
-class Run:
-    """Everything a run is made of, prepared by Accelerate (the scheduler excepted)."""
-
-    cfg: Config
-    accelerator: Any
-    batching: Batching
-    tokenizer: Any
-    labels: Any
-    model: torch.nn.Module
-    optimizer: torch.optim.Optimizer
-    scheduler: Any
-    train_dataloader: Any
-    eval_dataloader: Any
-    metrics: Any
-    plan: UpdatePlan
-    # the problem type's loss (with class weights) and predictions
-    task: Task = field(default_factory=Task)
-    # SHA-256 of the training rows (texts and labels, in the data's order): resuming needs the same data
-    data_sha256: str = ""
-    state: TrainState = field(default_factory=TrainState)
-    # the weights made new for the data's labels (the classification head), empty when the model had its head
-    new_head: tuple[str, ...] = ()
-    # regression: the value a new head's output starts at (model.regression_head_bias: mean), else None
-    head_start: Optional[float] = None
-    # training.gradient_checkpointing as decided (autobatch: with the micro-batch under auto)
-    checkpointing: Checkpointing = field(default_factory=Checkpointing)
-    # model.lora_rank: a finetune.lora.LoraPlan, what the adapters are and train (None: every weight is trained)
-    lora: Optional[Any] = None
-    # model.freeze_embeddings / freeze_blocks: a finetune.freezing.Frozen (None: nothing frozen)
-    frozen: Optional[Any] = None
-    # the expected peak memory by part, measured before training (finetune.memory; None under FSDP, DeepSpeed)
-    memory: Optional[Any] = None  # a finetune.memory.MemoryPlan
-    # how many training texts data.max_length cut, and to what (a finetune.truncation.LongTexts)
-    long_texts: Optional[Any] = None
-    # how much of the training texts the tokenizer reads as its unknown token (a
-    # finetune.unknown_words.UnknownWords; None for a tokenizer without one)
-    unknown_words: Optional[Any] = None
-    # validation rows whose text a training row has too (finetune.dataloaders.count_seen_in_training)
-    seen_in_training: int = 0
-    # training.cuda_graphs where it applies: a finetune.cuda_graphs.GraphedMicroBatches, made by fit before the
-    # first update (finetune.cuda_graphs.graphs_for_run); None: eager steps
-    graphs: Optional[Any] = None
-    # data.test_file / data.test_split_name: a finetune.test_set.TestSet, scored once by the saved model after
-    # training (None: no test set)
-    test: Optional[Any] = None
-    # data.padding as resolved for the model: a finetune.truncation.Padding (None: each batch to its longest text)
-    padding: Optional[Any] = None
-
-    def loop_settings(self, **changes: Any) -> dict[str, Any]:
-        """The keyword arguments of :func:`~finetune.loop.train_one_epoch` that the config and the build set,
-        as ``fit`` passes them: the task's loss (with ``training.class_weights`` and ``label_smoothing``),
-        ``max_grad_norm``, the update plan, the non-finite policy, the weight casts, the CUDA graphs and whether
-        to measure the gradient noise scale (``logging.noise_scale``).
-
-        A loop of one's own that passes them trains what ``finetune train`` trains; one that leaves out
-        ``loss_fn`` trains on the problem type's plain loss, whatever the config weighs. ``changes`` replace
-        any of them (``run.loop_settings(loss_fn=focal_loss)``).
-
-        Raises:
-            TypeError: for a change that is none of these settings.
-        """
-        training = self.cfg.training
-        settings = {"max_grad_norm": training.max_grad_norm, "plan": self.plan, "loss_fn": self.task.per_sample_loss,
-                    "on_nonfinite": training.on_nonfinite, "max_skipped": training.max_skipped,
-                    "cast_once_per_update": training.cast_once_per_update, "graphs": self.graphs,
-                    "noise_scale": self.cfg.logging.noise_scale}
-        unknown = sorted(set(changes) - set(settings))
-        if unknown:
-            raise TypeError(f"loop_settings: {unknown[0]!r} is not one of them ({', '.join(settings)}); "
-                            f"pass it to train_one_epoch itself")
-        return {**settings, **changes}
 
 
 def setup_run(cfg: Config, accelerator=None, batching: Optional[Batching] = None) -> Run:

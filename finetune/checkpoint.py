@@ -96,7 +96,7 @@ def save_checkpoint(run, history: list[dict[str, Any]], pending_eval_epoch: Opti
     ``weights_only=True``.
 
     Args:
-        run: The :class:`~finetune.assembly.Run`; ``run.state`` must sit at a window boundary.
+        run: The :class:`~finetune.run.Run`; ``run.state`` must sit at a window boundary.
         history: Evaluation records so far (restored into ``metrics.json`` on resume).
         pending_eval_epoch: The epoch whose evaluation has not run yet (a stop
             right after its last update), or ``None``.

@@ -17,7 +17,7 @@ from finetune.selection import EvalHistory
 from finetune.tasks import set_model_thresholds
 
 if TYPE_CHECKING:
-    from finetune.assembly import Run
+    from finetune.run import Run
 
 logger = logging.getLogger("finetune")
 
@@ -34,7 +34,7 @@ class Checkpointer:
     :class:`finetune.selection.EvalHistory`, which every checkpoint saves).
 
     Args:
-        run: The :class:`~finetune.assembly.Run`.
+        run: The :class:`~finetune.run.Run`.
         history: The run's evaluation history (saved with each checkpoint; restored on resume).
     """
 

@@ -111,7 +111,7 @@ def graphed(setting, accelerator, *, checkpointing: bool, chunked: bool) -> bool
 
 
 def why_not_for_run(run) -> Optional[str]:
-    """:func:`why_not_graphed` for a :class:`~finetune.assembly.Run`."""
+    """:func:`why_not_graphed` for a :class:`~finetune.run.Run`."""
     from finetune.truncation import truncation_of
 
     return why_not_graphed(run.accelerator, checkpointing=run.checkpointing.on,
@@ -119,25 +119,25 @@ def why_not_for_run(run) -> Optional[str]:
 
 
 def graphed_run(run) -> bool:
-    """:func:`graphed` for a :class:`~finetune.assembly.Run`."""
+    """:func:`graphed` for a :class:`~finetune.run.Run`."""
     from finetune.truncation import truncation_of
 
     return graphed(run.cfg.training.cuda_graphs, run.accelerator, checkpointing=run.checkpointing.on,
                    chunked=truncation_of(run.cfg.data).chunked)
 
 
-def graphs_for_run(run) -> Optional["GraphedMicroBatches"]:
-    """``training.cuda_graphs`` for a :class:`~finetune.assembly.Run`: its :class:`GraphedMicroBatches`, or
+def graphs_for_run(run, loss_fn: Optional[Callable] = None) -> Optional["GraphedMicroBatches"]:
+    """``training.cuda_graphs`` for a :class:`~finetune.run.Run`: its :class:`GraphedMicroBatches`, or
     ``None`` where the setting resolves to eager steps (:func:`graphed_run`; said once, with why, where
     ``true`` asked for graphs that cannot apply). Its lengths are those the training collator pads to
     (:func:`finetune.dataloaders.fixed_lengths` chose :class:`~finetune.dataloaders.BucketPadding` where
-    graphs run)."""
+    graphs run); its loss ``loss_fn``, else the run's (the config's class weights and label smoothing)."""
     if not graphed_run(run):
         why = why_not_for_run(run)
         if run.cfg.training.cuda_graphs is True and why is not None:
             logger.warning("training.cuda_graphs: not applied (%s); micro-batches run eagerly", why)
         return None
-    return GraphedMicroBatches(run.model, run.task.per_sample_loss, rows=run.batching.per_device_batch_size,
+    return GraphedMicroBatches(run.model, loss_fn or run.task.per_sample_loss, rows=run.batching.per_device_batch_size,
                                lengths=run.train_dataloader.collate_fn.sizes,
                                pad_token_id=run.tokenizer.pad_token_id or 0,
                                precision=run.accelerator.mixed_precision, compiled=run.cfg.training.torch_compile)

@@ -146,7 +146,7 @@ def one_answer_for_every_text(summary: dict[str, Any], targets=None) -> Optional
 
 
 def validation_targets(run) -> Optional[list[float]]:
-    """The regression targets of the validation rows of ``run`` (a :class:`~finetune.assembly.Run`; None for
+    """The regression targets of the validation rows of ``run`` (a :class:`~finetune.run.Run`; None for
     classes, or without validation)."""
     if run.labels.problem_type != "regression" or run.eval_dataloader is None:
         return None
@@ -154,7 +154,7 @@ def validation_targets(run) -> Optional[list[float]]:
 
 
 def validation_support(run) -> Optional[dict[str, int]]:
-    """Each class's (or label's) validation rows in ``run`` (a :class:`~finetune.assembly.Run`), by name; None for
+    """Each class's (or label's) validation rows in ``run`` (a :class:`~finetune.run.Run`), by name; None for
     regression, or without validation."""
     from finetune.data import class_counts
 

@@ -8,28 +8,24 @@ when an evaluation is due, and :class:`Evaluations` what each means for the
 best model and early stopping.
 
 A dry run (:func:`finetune.rehearsal.rehearse`) trains and evaluates through
-the same pieces: :func:`training_speedups`, :meth:`~finetune.assembly.Run.loop_settings`
+the same pieces: :meth:`~finetune.run.Run.speedups`, :meth:`~finetune.run.Run.loop_settings`
 and :func:`evaluate_run`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import enum
 import logging
 import signal
 from typing import Any, Callable, Optional
 
-from finetune.accumulation import accumulate_as
-from finetune.assembly import Run
 from finetune.checkpointer import Checkpointer
-from finetune.cpu import cpu_speedups, speedup_settings
-from finetune.cuda_graphs import graphs_for_run
 from finetune.evaluation import (EVAL_BY_LABEL, EVAL_INTERVALS, EVAL_THRESHOLDS, evaluation_of,
                                  one_answer_for_every_text, validation_targets)
 from finetune.loop import NonFiniteLossError, TrainState, train_one_epoch
 from finetune.output_dir import output_lock, start_outputs
 from finetune.results import summarize, write_outputs
+from finetune.run import Run
 from finetune.selection import EvalHistory
 from finetune.signals import StopSignals, interruption
 from finetune.tracking import RunLogger, log_lines_above, progress_bar, start_trackers
@@ -251,13 +247,6 @@ def completes_share(micro_batch: int, k: int, per_epoch: int, shares: int) -> bo
     return epoch_share(micro_batch, per_epoch, shares) > epoch_share(window_start, per_epoch, shares)
 
 
-def training_speedups(run: Run) -> contextlib.AbstractContextManager:
-    """What training runs under, for :func:`train_epochs` and :func:`rehearse` alike: the CPU speed-ups to
-    enter, and ``training.cuda_graphs``' micro-batches set on the run (each length captured at its first)."""
-    run.graphs = graphs_for_run(run)
-    return cpu_speedups(run.model, run.optimizer, run.accelerator, **speedup_settings(run.cfg.training, run.memory))
-
-
 def train_epochs(run: Run, checkpoints: Checkpointer, evaluations: Evaluations, signals: StopSignals,
                  pending_eval: Optional[int], on_epoch_end, on_update) -> RunEnd:
     """The epochs from the run's state on, each followed by its evaluation and checkpoint.
@@ -292,14 +281,12 @@ def train_epochs(run: Run, checkpoints: Checkpointer, evaluations: Evaluations, 
 
     progress = progress_bar(run.plan.total_updates, run.state.step,
                             enabled=acc.is_main_process and cfg.logging.progress_bar)
-    speedups = training_speedups(run)
-    with progress, speedups, log_lines_above(progress):
+    with progress, run.speedups(), log_lines_above(progress):
         if pending_eval is not None:
             end_of_epoch(pending_eval)  # the run was stopped between an epoch's last update and its evaluation
-        for epoch in range(run.state.epoch, run.plan.num_epochs):
-            if run.state.step >= run.plan.total_updates or evaluations.should_stop():
+        for epoch in run.epochs():  # each at its k (training.accumulation_schedule), until the plan's updates
+            if evaluations.should_stop():
                 break
-            accumulate_as(acc, run.batching, epoch)  # training.accumulation_schedule
             first_update = run.state.step + 1
             result = train_one_epoch(
                 run.model, run.optimizer, run.scheduler, run.train_dataloader, acc, epoch, state=run.state,

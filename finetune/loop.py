@@ -158,11 +158,11 @@ def train_one_epoch(
     scheduler excepted: pass it unprepared, this function steps it once per
     update). The accumulation steps ``k`` are ``accelerator.gradient_accumulation_steps``;
     under an accumulation schedule set it to ``plan.k_at(epoch)`` before each call
-    (and pass ``plan``, which checks it).
+    (and pass ``plan``, which checks it; ``for epoch in run.epochs()`` sets it).
     Each update applies the mean gradient over its window's real samples on
     all processes, so ``(b, k, P)`` trains the same weights as ``(b*k*P, 1, 1)``,
-    the epoch's ragged last window included. On a CPU, wrap the epochs in
-    :func:`finetune.cpu.cpu_speedups` for the speed ``fit`` gets.
+    the epoch's ragged last window included. Wrap the epochs in ``run.speedups()``
+    (:meth:`finetune.run.Run.speedups`) for the speed ``fit`` gets.
 
     Args:
         model: The prepared model; its ``forward`` must return ``.logits``.
@@ -200,8 +200,9 @@ def train_one_epoch(
             ``config.problem_type`` (cross-entropy, per-label binary
             cross-entropy, or squared error; see :mod:`finetune.tasks`), without
             the config's class weights or label smoothing: ``**run.loop_settings()``
-            passes the run's. The update is the mean of these values over the
-            window's real samples.
+            passes the run's. With ``graphs``, theirs (what a replayed micro-batch
+            computes); another is refused. The update is the mean of these values
+            over the window's real samples.
         plan: The :class:`~finetune.optimization.UpdatePlan` the scheduler was
             sized with: the epoch is refused before any update when the
             accelerator's ``k`` is not the one the plan counted for it.
@@ -225,7 +226,8 @@ def train_one_epoch(
     Raises:
         NonFiniteLossError: on a NaN/inf loss under the ``stop`` policy, or too
             many skips in a row.
-        ValueError: if ``k`` is not the one ``plan`` counted for this epoch.
+        ValueError: if ``k`` is not the one ``plan`` counted for this epoch, or ``loss_fn``
+            is not the loss ``graphs`` were captured with.
     """
     state = state if state is not None else state_of_a_first_call(epoch)
     k = accelerator.gradient_accumulation_steps
@@ -234,8 +236,8 @@ def train_one_epoch(
         max_updates = plan.total_updates if max_updates is None else max_updates
     if max_updates is not None and state.step >= max_updates:
         return nothing_left_to_train(epoch, state.step)
+    loss_fn = loss_of(model, accelerator, loss_fn, graphs)
     state.epoch = epoch
-    loss_fn = loss_fn or Task.of_model(accelerator.unwrap_model(model)).per_sample_loss
     batches = epoch_batches(dataloader, accelerator, epoch, state.micro_batch, k)
     layout = layout_for(dataloader, accelerator)  # after the epoch is set: micro-batch sizes may depend on it
     window = WindowStats(accelerator.device)
@@ -312,6 +314,22 @@ def state_of_a_first_call(epoch: int) -> TrainState:
                       f"samples) from 1 again; pass one TrainState() to every epoch to count across them",
                       stacklevel=3)
     return TrainState(epoch=epoch)
+
+
+def loss_of(model, accelerator, loss_fn: Optional[LossFn], graphs: Optional["GraphedMicroBatches"]) -> LossFn:
+    """The loss an epoch trains on: ``loss_fn``, else the graphs' (a micro-batch they do not take runs eagerly on
+    the loss the others replay), else the model's problem type's plain loss.
+
+    Raises:
+        ValueError: for a ``loss_fn`` that is not the one ``graphs`` replay.
+    """
+    if graphs is not None:
+        if loss_fn is not None and loss_fn != graphs.loss_fn:
+            raise ValueError("train_one_epoch: loss_fn is not the loss the graphs were captured with, which every "
+                             "replayed micro-batch computes; capture them with it (run.speedups(loss_fn=...), "
+                             "graphs_for_run(run, loss_fn=...)) or pass graphs=None")
+        return graphs.loss_fn
+    return loss_fn or Task.of_model(accelerator.unwrap_model(model)).per_sample_loss
 
 
 def nothing_left_to_train(epoch: int, step: int) -> EpochResult:

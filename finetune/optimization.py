@@ -228,7 +228,8 @@ class UpdatePlan:
                 f"{k}. To change k by epoch, size the schedule for it: plan = plan_updates(len(dataloader), "
                 f"AccumulationSchedule.from_dict({{0: ..., <epoch>: ...}}), epochs, None); "
                 f"build_scheduler(optimizer, cfg.optim, plan); and before each epoch set "
-                f"accelerator.gradient_accumulation_steps = plan.k_at(epoch)"
+                f"accelerator.gradient_accumulation_steps = plan.k_at(epoch) (a run setup_run built sets it in "
+                f"its epochs: for epoch in run.epochs())"
             )
 
 

@@ -17,13 +17,13 @@ import torch
 from torch.utils.data import DataLoader
 
 from finetune.accumulation import accumulate_as
-from finetune.assembly import Run
 from finetune.checkpointer import Checkpointer
 from finetune.columns import read_column
 from finetune.evaluation import evaluation_of
-from finetune.fitting import EvaluationSchedule, check_untrained, evaluate_run, training_speedups
+from finetune.fitting import EvaluationSchedule, check_untrained, evaluate_run
 from finetune.loop import TrainState, train_one_epoch
 from finetune.lora import is_lora
+from finetune.run import Run
 from finetune.selection import EvalHistory
 
 # updates a dry run trains: the first few carry the start-up (a new shape's kernels, a graph's capture), the
@@ -89,7 +89,7 @@ def rehearse(run: Run, updates: int = REHEARSED_UPDATES) -> Rehearsal:
     if acc.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(acc.device)
     records = []
-    with training_speedups(run):
+    with run.speedups():
         accumulate_as(acc, run.batching, 0)
         began = time.perf_counter()
         # the run's own counters, fresh from setup_run: an error names the update it came in

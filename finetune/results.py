@@ -25,7 +25,7 @@ from finetune.resources import training_file
 from finetune.tasks import set_model_thresholds
 
 if TYPE_CHECKING:
-    from finetune.assembly import Run
+    from finetune.run import Run
 
 logger = logging.getLogger("finetune")
 

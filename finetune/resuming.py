@@ -23,7 +23,7 @@ from finetune.errors import ConfigError
 from finetune.resplit import SPLIT_KEYS, may_change_split, sharded_state, split_change
 
 if TYPE_CHECKING:
-    from finetune.assembly import Run
+    from finetune.run import Run
 
 logger = logging.getLogger("finetune")
 

@@ -3,7 +3,7 @@
 Each name still imports from here, with a ``DeprecationWarning`` naming its
 module now; this alias goes in a later release:
 
-* :mod:`finetune.assembly`: ``Run``, ``setup_run`` (building and preparing a run);
+* :mod:`finetune.run`: ``Run`` (a built run); :mod:`finetune.assembly`: ``setup_run`` (building and preparing it);
 * :mod:`finetune.start_line`: ``describe``;
 * :mod:`finetune.launch`: ``build_accelerator``;
 * :mod:`finetune.dataloaders`: collators, the training order, the micro-batch cut;
@@ -19,7 +19,7 @@ import warnings
 from typing import Any
 
 _MOVED = {
-    "Run": "finetune.assembly",
+    "Run": "finetune.run",
     "setup_run": "finetune.assembly",
     "describe": "finetune.start_line",
     "metric_suite": "finetune.assembly",

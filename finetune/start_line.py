@@ -15,7 +15,6 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from finetune.assembly import Run
 from finetune.cpu import heap_reason, plan_cpu_speedups, speedup_settings
 from finetune.cuda_graphs import graphed_run
 from finetune.data import SEEN_IN_TRAINING_AT_MOST
@@ -25,6 +24,7 @@ from finetune.launch import choose_precision, describe_cpu_threads
 from finetune.metrics import averaged_over_absent_labels, correlations_over_alike_targets, scores_in_a_line
 from finetune.modeling import model_name
 from finetune.optimization import UpdatePlan, describe_layer_rates
+from finetune.run import Run
 from finetune.schema import DEFAULT_THRESHOLD
 
 if TYPE_CHECKING:

@@ -57,7 +57,7 @@ def as_test_set(read, cfg, train_split) -> Optional[TestSet]:
 
 
 def score_test_set(run, output_dir: str | Path) -> Optional[dict[str, Any]]:
-    """The saved model in ``output_dir`` on the test set of ``run`` (a :class:`~finetune.assembly.Run`), as
+    """The saved model in ``output_dir`` on the test set of ``run`` (a :class:`~finetune.run.Run`), as
     ``finetune score --json`` reports a file (:meth:`finetune.score.Score.to_dict`), said in a line of the log with
     what is worth a warning in it; on the main process, ``None`` on the others.
 

@@ -91,6 +91,11 @@ ACCUMULATION_MUTANTS = (
     Mutant("accumulation.py", "return changes[max(keys)] if keys else changes[min(changes)]",
            "return changes[min(keys)] if keys else changes[min(changes)]",
            "an accumulation schedule's later k never applies", ("tests/test_accumulation_schedule.py",)),
+    Mutant("run.py", "            accumulate_as(self.accelerator, self.batching, epoch)\n", "\n",
+           "a run's epochs (fit's, and a notebook's loop) keep epoch 0's k under an accumulation schedule",
+           ("tests/test_notebooks.py",)),
+    Mutant("run.py", "if self.state.step >= self.plan.total_updates:", "if False:",
+           "a run's epochs go on past the plan's last update (training.max_steps)", ("tests/test_notebooks.py",)),
     # the loop (finetune/loop.py)
     Mutant("loop.py", "per_sample = torch.where(keep, per_sample, torch.zeros_like(per_sample))", "pass",
            "samples repeated to even out processes weigh in the update", SCALING),
@@ -1089,6 +1094,10 @@ GPU_LEVER_MUTANTS = (
     Mutant("accumulation_fusion.py", "            self.weight.grad = torch.zeros_like(self.weight)",
            "            self.weight.grad = torch.ones_like(self.weight)",
            "a window after the gradients were freed starts its sum from ones, not zeros", GPU_LEVERS),
+    Mutant("loop.py", "        return graphs.loss_fn\n",
+           "        return loss_fn or Task.of_model(accelerator.unwrap_model(model)).per_sample_loss\n",
+           "a micro-batch the CUDA graphs do not take trains on the plain loss, the replayed ones on the config's",
+           ("tests/test_cuda_graphs.py",)),
 )
 
 RULES = {"accumulation": ACCUMULATION_MUTANTS, "resume": RESUME_MUTANTS, "input": INPUT_MUTANTS,

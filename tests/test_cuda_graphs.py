@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import math
 from types import SimpleNamespace
+from typing import Optional
 from unittest import mock
 
 import pytest
@@ -83,13 +84,15 @@ class RefusingRecorder(CountingRecorder):
 
 def _train(device: str, graphed: bool, epochs: int = 2, host_reading: bool = False, model_type: str = "bert",
            dropout: float = 0.0, compiled: bool | str = False, capture: bool = True, bias_apart: bool = False,
-           fusion: bool = False, attention_kernel: str = "auto", precision: str = "no") -> dict:
+           fusion: bool = False, attention_kernel: str = "auto", precision: str = "no", loss: Optional[Task] = None,
+           lengths: Optional[list[int]] = None, loop_loss=None) -> dict:
     """``(4, 3)`` on a tiny model (BERT by default) for ``epochs``, eagerly or replayed (``compiled``:
     ``training.torch_compile``, the graphs' forward compiled, or the blocks under ``"blocks"``; ``capture=False``:
     fixed shapes without graphs, on any device; ``bias_apart``: ``training.bias_apart``; ``fusion``:
     ``training.gradient_accumulation_fusion``; ``attention_kernel``: ``training.attention_kernel``; ``precision``:
-    ``"bf16"`` for autocast); the weights after every update. Each run starts its random streams
-    (dropout's) from the same seed."""
+    ``"bf16"`` for autocast; ``loss``: the task whose loss trains, the graphs' where graphed; ``lengths``: the
+    graphs' lengths; ``loop_loss``: a loss handed to the loop besides); the weights after every update. Each run
+    starts its random streams (dropout's) from the same seed."""
     from accelerate import Accelerator
 
     acc = Accelerator(cpu=device == "cpu", gradient_accumulation_steps=K, mixed_precision=precision)
@@ -114,8 +117,9 @@ def _train(device: str, graphed: bool, epochs: int = 2, host_reading: bool = Fal
     scheduler = build_scheduler(optimizer, opt_cfg, plan_updates(len(dl), K, epochs, None, warmup_steps=1))
     recorder = (RefusingRecorder(device) if host_reading and device == "cpu"
                 else CountingRecorder(device if capture else "cpu"))
-    lengths = [ONE_LENGTH] if model_type in PADDING_READERS else LENGTHS
-    graphs = GraphedMicroBatches(model, Task().per_sample_loss, rows=B_MICRO, lengths=lengths,
+    lengths = lengths or ([ONE_LENGTH] if model_type in PADDING_READERS else LENGTHS)
+    loss = loss or Task()
+    graphs = GraphedMicroBatches(model, loss.per_sample_loss, rows=B_MICRO, lengths=lengths,
                                  pad_token_id=model.config.pad_token_id or 0, precision=precision,
                                  recorder=recorder, compiled=compiled) if graphed else None
     snapshots, records, grads, input_memory = [], [], [], []
@@ -132,7 +136,8 @@ def _train(device: str, graphed: bool, epochs: int = 2, host_reading: bool = Fal
     state = TrainState()
     for epoch in range(epochs):
         train_one_epoch(model, optimizer, scheduler, dl, acc, epoch, state=state, max_grad_norm=1.0,
-                        on_log=records.append, on_update=on_update, graphs=graphs)
+                        on_log=records.append, on_update=on_update, graphs=graphs,
+                        loss_fn=loop_loss or (None if graphed else loss.per_sample_loss))
     shapes = [tuple(batch["input_ids"].shape) for batch in dl]
     return {"snapshots": snapshots, "records": records, "grads": grads, "graphs": graphs, "recorder": recorder,
             "shapes": shapes, "input_memory": input_memory}
@@ -179,6 +184,27 @@ def test_replayed_micro_batches_train_the_eager_weights(device):
         assert 0 < record["pool_bytes"] < torch.cuda.memory_reserved()
     else:
         assert record["pool_bytes"] is None
+
+
+def test_a_micro_batch_the_graphs_do_not_take_trains_on_the_loss_they_replay():
+    """A micro-batch longer than every captured length runs eagerly on the graphs' loss (label smoothing here, as a
+    config's), not on the model's plain loss: part replayed and part not, (4, 3) trains the weights of (4, 3)
+    trained eagerly on that loss, after every update."""
+    smoothed = Task(label_smoothing=0.3)
+    eager = _train("cpu", graphed=False, loss=smoothed)
+    mixed = _train("cpu", graphed=True, loss=smoothed, lengths=[LENGTHS[1]])
+    lengths = {length for _, length in mixed["shapes"]}
+    assert min(lengths) <= LENGTHS[1] < max(lengths)  # some micro-batches replayed, some too long to be
+    assert len(mixed["snapshots"]) == len(eager["snapshots"]) == 8
+    for update, (a, b) in enumerate(zip(eager["snapshots"], mixed["snapshots"])):
+        for pa, pb in zip(a, b):
+            torch.testing.assert_close(pb, pa, rtol=1e-5, atol=1e-6, msg=lambda m: f"update {update + 1}: {m}")
+
+
+def test_a_loss_other_than_the_one_the_graphs_replay_is_refused():
+    with pytest.raises(ValueError, match=r"^train_one_epoch: loss_fn is not the loss the graphs were captured with, "
+                                         r"which every replayed micro-batch computes; capture them with it"):
+        _train("cpu", graphed=True, loop_loss=Task(label_smoothing=0.1).per_sample_loss)
 
 
 @pytest.mark.parametrize("compiled", [True, "blocks"])

@@ -279,14 +279,14 @@ def _python_blocks(doc: Path) -> list[str]:
 
 def _api_errors(code: str) -> list[str]:
     """What a docs snippet asks of the package that it lacks: a name imported from ``finetune`` that no module
-    gives, an attribute of ``run`` that :class:`~finetune.assembly.Run` has no field or method for, a keyword
+    gives, an attribute of ``run`` that :class:`~finetune.run.Run` has no field or method for, a keyword
     that ``train_one_epoch`` or ``loop_settings`` does not take."""
     import dataclasses
     import importlib
     import inspect
 
-    from finetune.assembly import Run
     from finetune.loop import train_one_epoch
+    from finetune.run import Run
 
     run_names = {f.name for f in dataclasses.fields(Run)} | {n for n in dir(Run) if not n.startswith("_")}
     takes = {"train_one_epoch": set(inspect.signature(train_one_epoch).parameters),
@@ -308,7 +308,7 @@ def _api_errors(code: str) -> list[str]:
 
 
 def _loop_setting_names() -> set[str]:
-    from finetune.assembly import Run
+    from finetune.run import Run
     from finetune.config import load_config
     from finetune.tasks import Task
 

@@ -449,7 +449,6 @@ def test_a_run_short_of_memory_releases_the_heap_says_so_and_trains_with_it(tiny
     import finetune.cpu
     from finetune.assembly import setup_run
     from finetune.cpu import M_MMAP_THRESHOLD
-    from finetune.fitting import training_speedups
     from finetune.start_line import describe
     from tiny_run import reset_accelerate
 
@@ -465,7 +464,7 @@ def test_a_run_short_of_memory_releases_the_heap_says_so_and_trains_with_it(tiny
         try:
             run = setup_run(tiny_job)
             seen[name] = describe(run)
-            with training_speedups(run):
+            with run.speedups():
                 seen[name + " calls"] = list(calls)
         finally:
             reset_accelerate()

@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -163,7 +164,7 @@ def test_the_documented_headless_run_has_its_command():
 def test_a_runs_loop_settings_are_its_configs_and_take_a_change():
     import inspect
 
-    from finetune.assembly import Run
+    from finetune.run import Run
     from finetune.config import load_config
     from finetune.loop import train_one_epoch
     from finetune.tasks import Task
@@ -172,12 +173,12 @@ def test_a_runs_loop_settings_are_its_configs_and_take_a_change():
     task = Task(label_smoothing=0.1)
     built = dict.fromkeys(["accelerator", "batching", "tokenizer", "labels", "model", "optimizer", "scheduler",
                            "train_dataloader", "eval_dataloader", "metrics"])
-    run = Run(cfg=cfg, plan="the plan", task=task, graphs="the graphs", **built)
+    run = Run(cfg=cfg, plan="the plan", task=task, **built)
     settings = run.loop_settings()
     assert set(settings) <= set(inspect.signature(train_one_epoch).parameters)
     assert settings["loss_fn"] == task.per_sample_loss  # the config's loss, not the problem type's plain one
     assert (settings["max_grad_norm"], settings["on_nonfinite"], settings["max_skipped"]) == (0.5, "skip", 3)
-    assert (settings["plan"], settings["graphs"]) == ("the plan", "the graphs")
+    assert (settings["plan"], settings["graphs"]) == ("the plan", None)
 
     def focal(logits, labels):
         return labels.float()
@@ -185,6 +186,45 @@ def test_a_runs_loop_settings_are_its_configs_and_take_a_change():
     assert run.loop_settings(loss_fn=focal)["loss_fn"] is focal
     with pytest.raises(TypeError, match="'log_every' is not one of them"):
         run.loop_settings(log_every=2)  # a train_one_epoch argument of its own, not a setting of the run
+
+    # with CUDA graphs built (run.speedups on one GPU), the loss is theirs: a replayed micro-batch computes no other
+    run.graphs = types.SimpleNamespace(loss_fn=focal)
+    assert run.loop_settings()["loss_fn"] is focal and run.loop_settings()["graphs"] is run.graphs
+    # another loss than the graphs' trains eagerly, said, rather than replaying the graphs' loss
+    with pytest.warns(UserWarning, match=r"^loop_settings: loss_fn: the run's CUDA graphs replay the loss they "
+                                         r"were captured with, so micro-batches run eagerly with this one"):
+        changed = run.loop_settings(loss_fn=task.per_sample_loss)
+    assert changed["loss_fn"] == task.per_sample_loss and changed["graphs"] is None
+
+
+def test_a_runs_epochs_set_each_epochs_k_and_end_with_the_plans_updates():
+    """``for epoch in run.epochs()`` is fit's epoch loop: from the state's epoch (a resumed run's), each at the
+    ``k`` its accumulation schedule gives it, and no epoch once the plan's updates are made."""
+    from finetune.accumulation import AccumulationSchedule, Batching
+    from finetune.config import load_config
+    from finetune.loop import TrainState
+    from finetune.run import Run
+
+    schedule = AccumulationSchedule.from_dict({0: 4, 2: 2})
+    batching = Batching(per_device_batch_size=8, gradient_accumulation_steps=4, num_processes=1, schedule=schedule)
+    built = dict.fromkeys(["tokenizer", "labels", "model", "optimizer", "scheduler", "train_dataloader",
+                           "eval_dataloader", "metrics"])
+
+    def epochs_run(state: TrainState, updates_per_epoch: int, total_updates: int) -> list[tuple[int, int]]:
+        accelerator = types.SimpleNamespace(gradient_accumulation_steps=1)
+        plan = types.SimpleNamespace(num_epochs=4, total_updates=total_updates)
+        run = Run(cfg=load_config(None, []), accelerator=accelerator, batching=batching, plan=plan, state=state,
+                  **built)
+        seen = []
+        for epoch in run.epochs():
+            seen.append((epoch, accelerator.gradient_accumulation_steps))
+            state.step += updates_per_epoch  # what train_one_epoch would count
+        return seen
+
+    assert epochs_run(TrainState(), 3, 12) == [(0, 4), (1, 4), (2, 2), (3, 2)]
+    assert epochs_run(TrainState(epoch=1, step=4), 3, 12) == [(1, 4), (2, 2), (3, 2)]  # resumed in epoch 1
+    assert epochs_run(TrainState(), 5, 12) == [(0, 4), (1, 4), (2, 2)]  # training.max_steps: ended in epoch 2
+    assert epochs_run(TrainState(epoch=3, step=12), 3, 12) == []  # every update made: nothing to train
 
 
 def test_evaluating_a_run_without_validation_data_says_so():
@@ -199,15 +239,17 @@ def test_evaluating_a_run_without_validation_data_says_so():
 def test_the_readmes_notebook_code_trains_what_finetune_train_trains(assets, tmp_path):
     """README's "From a notebook" block, run as it stands in a fresh Python from the repository, with the tiny
     model and data added to its overrides: two epochs, each update logged through ``on_log``, each epoch
-    evaluated. With class weights and label smoothing in the config, its updates' losses are those of
-    ``finetune train`` on the same config: a loop that dropped the config's loss would train another model."""
+    evaluated. With class weights, label smoothing and an accumulation schedule in the config, its updates'
+    losses are those of ``finetune train`` on the same config: a loop that dropped the config's loss would train
+    another model, and one that kept epoch 0's ``k`` would stop at epoch 1."""
     import re
 
     readme = (REPO / "README.md").read_text(encoding="utf-8")
     code = re.search(r"## From a notebook.*?```python\n(.*?)```", readme, re.S).group(1)
     given = '["training.num_train_epochs=2"]'
     assert given in code  # the block's own overrides, which the tiny run extends
-    tiny = [*_tiny_overrides(*assets), "training.class_weights=balanced", "training.label_smoothing=0.2"]
+    tiny = [*_tiny_overrides(*assets), "training.class_weights=balanced", "training.label_smoothing=0.2",
+            "training.accumulation_schedule={1: 2}"]
     overrides = ["training.num_train_epochs=2", *tiny]
     code = code.replace(given, json.dumps([*overrides, f"output.output_dir={tmp_path / 'notebook'}"]))
     env = offline_env({"FINETUNE_CPU_THREADS": "1"})
