@@ -285,6 +285,38 @@ def test_a_gpu_run_of_the_cli_trains_in_bf16_replayed_from_graphs(tmp_path):
     assert (out / "model.safetensors").is_file()
 
 
+def test_a_notebooks_loop_on_a_gpu_replays_from_graphs_as_fit_does(tmp_path, fresh_accelerate_state):
+    """README's loop on one GPU in bf16: ``run.speedups()`` builds the graphs fit replays from, ``loop_settings``
+    passes them, ``run.epochs()`` trains every planned update under an accumulation schedule; a loss of one's own
+    handed to ``run.speedups`` is the one the graphs capture."""
+    from finetune.assembly import setup_run
+    from finetune.config import load_config
+    from finetune.loop import train_one_epoch
+    from helpers import make_texts, save_tiny_model, write_tsv
+
+    model_dir = save_tiny_model(tmp_path / "model")
+    data = write_tsv(tmp_path / "train.tsv", make_texts(160, seed=3))
+    cfg = load_config(str(REPO / "configs" / "default.yaml"), [
+        f"model.name_or_path={model_dir}", tsv_train_file(data), f"output.output_dir={tmp_path / 'out'}",
+        "training.mixed_precision=bf16", "data.max_length=32", "logging.progress_bar=false",
+        "training.num_train_epochs=2", "training.accumulation_schedule={1: 2}"])
+    run = setup_run(cfg)
+    losses = []
+    with run.speedups():
+        assert run.graphs is not None and run.loop_settings()["graphs"] is run.graphs
+        for epoch in run.epochs():
+            train_one_epoch(run.model, run.optimizer, run.scheduler, run.train_dataloader, run.accelerator, epoch,
+                            state=run.state, on_log=lambda r: losses.append(r["train/loss"]), **run.loop_settings())
+    assert run.state.step == run.plan.total_updates == len(losses) and all(0 < loss < 10 for loss in losses)
+    assert run.graphs.graphs and run.graphs.failed is None  # the micro-batches were replayed
+
+    def doubled(logits, labels):
+        return 2 * run.task.per_sample_loss(logits, labels)
+
+    with run.speedups(loss_fn=doubled):
+        assert run.graphs.loss_fn is doubled and run.loop_settings()["loss_fn"] is doubled
+
+
 def test_a_dry_run_on_a_gpu_replays_its_updates_and_says_their_memory_beside_the_plan(tmp_path):
     import re
 
