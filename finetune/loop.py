@@ -326,8 +326,8 @@ def loss_of(model, accelerator, loss_fn: Optional[LossFn], graphs: Optional["Gra
     if graphs is not None:
         if loss_fn is not None and loss_fn != graphs.loss_fn:
             raise ValueError("train_one_epoch: loss_fn is not the loss the graphs were captured with, which every "
-                             "replayed micro-batch computes; capture them with it (run.speedups(loss_fn=...), "
-                             "graphs_for_run(run, loss_fn=...)) or pass graphs=None")
+                             "replayed micro-batch computes; capture them with it (graphs_for_run(run, loss_fn=...), "
+                             "which run.loop_settings(loss_fn=...) calls) or pass graphs=None")
         return graphs.loss_fn
     return loss_fn or Task.of_model(accelerator.unwrap_model(model)).per_sample_loss
 

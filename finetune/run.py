@@ -12,7 +12,6 @@ notebook's) trains what ``finetune train`` trains, as fast, with three of its me
 from __future__ import annotations
 
 import contextlib
-import warnings
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterator, Optional
 
@@ -23,7 +22,7 @@ from finetune.autobatch import Checkpointing
 from finetune.cpu import cpu_speedups, speedup_settings
 from finetune.cuda_graphs import graphs_for_run
 from finetune.loop import TrainState
-from finetune.tasks import LossFn, Task
+from finetune.tasks import Task
 
 if TYPE_CHECKING:
     from finetune.config import Config
@@ -87,15 +86,16 @@ class Run:
 
         A loop of one's own that passes them trains what ``finetune train`` trains; one that leaves out
         ``loss_fn`` trains on the problem type's plain loss, whatever the config weighs. ``changes`` replace
-        any of them (``run.loop_settings(loss_fn=focal_loss)``).
+        any of them (``run.loop_settings(loss_fn=focal_loss)``). A replayed micro-batch computes the loss its
+        graphs were captured with, so where :meth:`speedups` built graphs, another ``loss_fn`` has them built
+        again for it (once: they are kept for the calls after), and ``loss_fn=None``, the plain loss, runs
+        eagerly.
 
         Raises:
             TypeError: for a change that is none of these settings.
         """
         training = self.cfg.training
-        # the graphs' loss where they are built (run.speedups): a replayed micro-batch computes no other
-        loss_fn = self.graphs.loss_fn if self.graphs is not None else self.task.per_sample_loss
-        settings = {"max_grad_norm": training.max_grad_norm, "plan": self.plan, "loss_fn": loss_fn,
+        settings = {"max_grad_norm": training.max_grad_norm, "plan": self.plan, "loss_fn": self.task.per_sample_loss,
                     "on_nonfinite": training.on_nonfinite, "max_skipped": training.max_skipped,
                     "cast_once_per_update": training.cast_once_per_update, "graphs": self.graphs,
                     "noise_scale": self.cfg.logging.noise_scale}
@@ -103,23 +103,22 @@ class Run:
         if unknown:
             raise TypeError(f"loop_settings: {unknown[0]!r} is not one of them ({', '.join(settings)}); "
                             f"pass it to train_one_epoch itself")
-        if changes.get("loss_fn", loss_fn) != loss_fn and "graphs" not in changes and self.graphs is not None:
-            warnings.warn("loop_settings: loss_fn: the run's CUDA graphs replay the loss they were captured with, "
-                          "so micro-batches run eagerly with this one; run.speedups(loss_fn=...) captures them "
-                          "with it", stacklevel=2)
-            changes = {**changes, "graphs": None}
+        loss_fn = changes.get("loss_fn", settings["loss_fn"])
+        if self.graphs is not None and "graphs" not in changes and self.graphs.loss_fn != loss_fn:
+            if loss_fn is None:  # the model's plain loss, which no graph holds
+                settings["graphs"] = None
+            else:  # a loss of one's own, captured in graphs of its own, kept for the calls after
+                self.graphs = settings["graphs"] = graphs_for_run(self, loss_fn)
         return {**settings, **changes}
 
-    def speedups(self, loss_fn: Optional[LossFn] = None) -> contextlib.AbstractContextManager:
+    def speedups(self) -> contextlib.AbstractContextManager:
         """What ``fit`` trains under, for a loop of one's own to train as fast: enter it around the epochs.
 
         On a CPU, the speed-ups of :func:`finetune.cpu.cpu_speedups` with the config's settings (and the heap
         the memory plan chose), handed back on exit; on one GPU, the CUDA graphs of ``training.cuda_graphs``
         (:func:`finetune.cuda_graphs.graphs_for_run`), kept in ``graphs`` for :meth:`loop_settings` to pass.
-        ``loss_fn`` is the loss they capture: a loss of one's own goes here, and :meth:`loop_settings` then
-        passes it (default: the config's, as ``finetune train`` trains).
         """
-        self.graphs = graphs_for_run(self, loss_fn)
+        self.graphs = graphs_for_run(self)
         return cpu_speedups(self.model, self.optimizer, self.accelerator,
                             **speedup_settings(self.cfg.training, self.memory))
 

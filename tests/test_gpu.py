@@ -288,7 +288,7 @@ def test_a_gpu_run_of_the_cli_trains_in_bf16_replayed_from_graphs(tmp_path):
 def test_a_notebooks_loop_on_a_gpu_replays_from_graphs_as_fit_does(tmp_path, fresh_accelerate_state):
     """README's loop on one GPU in bf16: ``run.speedups()`` builds the graphs fit replays from, ``loop_settings``
     passes them, ``run.epochs()`` trains every planned update under an accumulation schedule; a loss of one's own
-    handed to ``run.speedups`` is the one the graphs capture."""
+    handed to ``loop_settings`` is captured in graphs of its own."""
     from finetune.assembly import setup_run
     from finetune.config import load_config
     from finetune.loop import train_one_epoch
@@ -313,8 +313,8 @@ def test_a_notebooks_loop_on_a_gpu_replays_from_graphs_as_fit_does(tmp_path, fre
     def doubled(logits, labels):
         return 2 * run.task.per_sample_loss(logits, labels)
 
-    with run.speedups(loss_fn=doubled):
-        assert run.graphs.loss_fn is doubled and run.loop_settings()["loss_fn"] is doubled
+    settings = run.loop_settings(loss_fn=doubled)
+    assert settings["loss_fn"] is doubled and settings["graphs"].loss_fn is doubled and not settings["graphs"].graphs
 
 
 def test_a_dry_run_on_a_gpu_replays_its_updates_and_says_their_memory_beside_the_plan(tmp_path):

@@ -161,7 +161,7 @@ def test_the_documented_headless_run_has_its_command():
     assert "jupyter nbconvert --to notebook --execute notebooks/accumulation.ipynb" in docs
 
 
-def test_a_runs_loop_settings_are_its_configs_and_take_a_change():
+def test_a_runs_loop_settings_are_its_configs_and_take_a_change(monkeypatch):
     import inspect
 
     from finetune.run import Run
@@ -187,14 +187,21 @@ def test_a_runs_loop_settings_are_its_configs_and_take_a_change():
     with pytest.raises(TypeError, match="'log_every' is not one of them"):
         run.loop_settings(log_every=2)  # a train_one_epoch argument of its own, not a setting of the run
 
-    # with CUDA graphs built (run.speedups on one GPU), the loss is theirs: a replayed micro-batch computes no other
-    run.graphs = types.SimpleNamespace(loss_fn=focal)
-    assert run.loop_settings()["loss_fn"] is focal and run.loop_settings()["graphs"] is run.graphs
-    # another loss than the graphs' trains eagerly, said, rather than replaying the graphs' loss
-    with pytest.warns(UserWarning, match=r"^loop_settings: loss_fn: the run's CUDA graphs replay the loss they "
-                                         r"were captured with, so micro-batches run eagerly with this one"):
-        changed = run.loop_settings(loss_fn=task.per_sample_loss)
-    assert changed["loss_fn"] == task.per_sample_loss and changed["graphs"] is None
+    # with CUDA graphs built (run.speedups, on one GPU), a replayed micro-batch computes the loss they captured:
+    # another loss has graphs of its own built, once, and the plain loss runs eagerly
+    built_for = []
+    monkeypatch.setattr("finetune.run.graphs_for_run",
+                        lambda run, loss_fn=None: built_for.append(loss_fn) or types.SimpleNamespace(loss_fn=loss_fn))
+    config_graphs = run.graphs = types.SimpleNamespace(loss_fn=task.per_sample_loss)
+    assert run.loop_settings()["graphs"] is config_graphs and not built_for
+    focal_settings = run.loop_settings(loss_fn=focal)
+    assert focal_settings["loss_fn"] is focal and focal_settings["graphs"].loss_fn is focal and built_for == [focal]
+    assert run.loop_settings(loss_fn=focal)["graphs"] is focal_settings["graphs"] is run.graphs
+    assert built_for == [focal]  # kept, not captured again
+    plain = run.loop_settings(loss_fn=None)
+    assert plain["loss_fn"] is None and plain["graphs"] is None and run.graphs is focal_settings["graphs"]
+    assert run.loop_settings(graphs=None, loss_fn=task.per_sample_loss)["graphs"] is None  # eager, as asked
+    assert built_for == [focal]
 
 
 def test_a_runs_epochs_set_each_epochs_k_and_end_with_the_plans_updates():
