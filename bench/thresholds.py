@@ -314,6 +314,9 @@ def main() -> None:
     parser.add_argument("--halves", nargs="+", type=Path, metavar="OUTPUT_DIR",
                         help="score the rules on the held-out halves of these multi-label runs, and train nothing")
     args = parser.parse_args()
+    from finetune.predict import quiet_progress_bars
+
+    quiet_progress_bars(files=False)  # a bar of loading the weights would split the printed table
     if args.halves:
         test = write_tagged(Path(tempfile.mkdtemp(prefix="tagged-")))[1]  # seeded: the runs' held-out texts
         for out in args.halves:
