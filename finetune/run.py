@@ -69,8 +69,8 @@ class Run:
     unknown_words: Optional[Any] = None
     # validation rows whose text a training row has too (finetune.dataloaders.count_seen_in_training)
     seen_in_training: int = 0
-    # training.cuda_graphs where it applies: a finetune.cuda_graphs.GraphedMicroBatches, made by fit before the
-    # first update (finetune.cuda_graphs.graphs_for_run); None: eager steps
+    # training.cuda_graphs where it applies: a finetune.cuda_graphs.GraphedMicroBatches, made by speedups() (which
+    # fit enters) before the first update; None: eager steps
     graphs: Optional[Any] = None
     # data.test_file / data.test_split_name: a finetune.test_set.TestSet, scored once by the saved model after
     # training (None: no test set)
