@@ -186,8 +186,8 @@ def test_a_cycle_would_be_found():
 TRAINING_SIDE = {"finetune.assembly", "finetune.fitting", "finetune.dataloaders", "finetune.output_dir",
                  "finetune.results", "finetune.runner", "finetune.loop", "finetune.checkpoint",
                  "finetune.checkpointer", "finetune.rehearsal", "finetune.checkpoint_files", "finetune.resuming", "finetune.cpu",
-                 "finetune.signals", "finetune.accumulation", "finetune.optimization", "finetune.autobatch", "finetune.sampling",
-                 "finetune.run"}
+                 "finetune.signals", "finetune.accumulation", "finetune.optimization", "finetune.autobatch",
+                 "finetune.sampling", "finetune.run"}
 
 
 def _reachable(graph: dict[str, set[str]], start: str) -> set[str]:
