@@ -241,8 +241,8 @@ def test_only_a_whole_number_of_its_own_before_each_row_is_a_row_name(tmp_path):
         with pytest.raises(FileLayoutError) as info:
             load_splits(cfg(path), seed=0)
         assert info.value.message == (
-            f"{path}: line {line} has {fields} fields, the first {first!r}, where each row before it has 3, the first a "
-            "row number of its own (the row names R's write.table writes) and then the header's")
+            f"{path}: line {line} has {fields} fields, the first {first!r}, where each row before it has 3, "
+            "the first a row number of its own (the row names R's write.table writes) and then the header's")
 
 
 def test_a_header_that_names_a_column_row_names_keeps_it(tmp_path):
