@@ -184,11 +184,16 @@ def train_command(config: Optional[str], run_args: list[str]) -> str:
 
 
 def pruning_hook(trial, metric: str):
-    """``fit``'s ``on_evaluation``: report the metric at the texts seen so far, and stop when the pruner says so."""
+    """``fit``'s ``on_evaluation``: report the metric at the texts seen so far, and stop when the pruner says so.
+
+    The run's last evaluation is reported and not judged: a trial that has
+    trained to its end has nothing left to save, and its score, kept as a
+    finished trial's, is the study's to rank.
+    """
 
     def on_evaluation(run, metrics: dict[str, Any]) -> bool:
         trial.report(float(metrics[metric]), texts_seen(run))
-        return trial.should_prune()
+        return run.state.step < run.plan.total_updates and trial.should_prune()
 
     return on_evaluation
 

@@ -474,6 +474,24 @@ def test_pruning_stops_a_trial_worse_than_the_median(tmp_path, fresh_accelerate_
     assert row["note"] == record["why"] and row["value"] == ""
 
 
+def test_a_trial_behind_the_median_at_its_last_evaluation_finishes(tmp_path, fresh_accelerate_state):
+    # the pruner's warm-up ends past the second of three evaluations: the learning rate that barely moves is behind
+    # the median at the third, where it has trained to its end; it is kept as a finished trial with its score
+    config = sms_job(tmp_path, epochs=3, evaluation={"metric_for_best_model": "loss"})
+    spec = sweep_file(tmp_path, space={"optim.learning_rate": [1e-2, 1e-7]}, trials=2,
+                      sampler={"type": "grid", "seed": 1},
+                      pruner={"type": "median", "startup_trials": 1, "warmup_texts": 97})
+    assert sweep_in_process(["--config", str(config), "--sweep", str(spec)]) == 0
+    study = load_study(tmp_path / "out-sweep")
+    by_lr = {t.params["optim.learning_rate"]: t for t in study.trials}
+    good, bad = by_lr[1e-2], by_lr[1e-7]
+    assert good.number == 0 and sorted(bad.intermediate_values) == [48, 96, 144]
+    assert bad.intermediate_values[144] > good.intermediate_values[144]  # behind the median of one there
+    assert bad.state.name == "COMPLETE"
+    saved = json.loads((tmp_path / "out-sweep" / bad.user_attrs["folder"] / "metrics.json").read_text())
+    assert bad.value == saved["eval"]["loss"] and saved["train"]["ended"] == "completed"
+
+
 def test_evals_per_epoch_reports_every_batch_at_the_same_texts_seen(tmp_path, fresh_accelerate_state):
     # 48 training rows in micro-batches of 4: 12 per epoch, in 5 shares ending after micro-batches 2.4, 4.8, 7.2,
     # 9.6 and 12. B=8 (k=2) completes one share per update from update 2 on; B=16 (k=4) completes shares 1, 3
