@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import difflib
+import logging
 import os
 import re
 import signal
@@ -129,6 +130,17 @@ def out_of_memory_told_as(error: Callable[[BaseException], OutOfMemory]):
         if not is_out_of_memory(exc):
             raise
         raise error(exc) from None
+
+
+def log_to_stderr() -> None:
+    """The command's log on stderr: the package's lines at INFO on the process that speaks, other libraries'
+    from WARNING up.
+
+    Libraries say at INFO what a user of this package need not read (an HTTP
+    request for each file fetched from the Hub, a font cache being built).
+    """
+    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.WARNING)
+    logging.getLogger("finetune").setLevel(logging.INFO if is_main_rank() else logging.WARNING)
 
 
 def is_main_rank() -> bool:

@@ -30,7 +30,7 @@ import logging  # noqa: E402
 from typing import Iterator  # noqa: E402
 
 from finetune.errors import (  # noqa: E402
-    CommandParser, ConfigError, FinetuneError, is_main_rank, out_of_memory_told_as, run_command)
+    CommandParser, ConfigError, FinetuneError, is_main_rank, log_to_stderr, out_of_memory_told_as, run_command)
 
 logger = logging.getLogger("finetune")
 
@@ -324,10 +324,7 @@ def main(argv: list[str] | None = None) -> int:
                            debug=args.debug)
     if args.explain:
         return explain(args.explain)
-    logging.basicConfig(
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        level=logging.INFO if is_main_rank() else logging.WARNING,
-    )
+    log_to_stderr()
     if args.debug and is_main_rank():
         logger.setLevel(logging.DEBUG)
     return run_command(lambda: run_training(args.config, args.overrides, dry_run=args.dry_run), debug=args.debug)

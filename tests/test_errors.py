@@ -592,6 +592,34 @@ def test_ctrl_c_outside_a_runs_handler_is_one_line_and_the_shells_code_for_sigin
             assert child.returncode == -signals.SIGINT and err.startswith("Traceback") and "KeyboardInterrupt" in err
 
 
+@pytest.mark.parametrize("command", ["train", "sweep"])
+@pytest.mark.parametrize("rank, world", [(None, None), ("1", "2")])
+def test_the_log_holds_the_packages_lines_and_other_libraries_warnings(command, rank, world):
+    """A library's INFO (an HTTP request for each file fetched from the Hub) stays out of a run's log, its warnings
+    do not; the package's own lines are on the process that speaks: ``finetune train`` and ``finetune sweep``
+    each set their log up so, in a real process (pytest's own logging would hide how the root logger is set)."""
+    program = (f"import logging, sys\n"
+               f"import finetune.{command} as {command}\n"
+               f"{command}.build_sweep = lambda *args: None\n"
+               f"def run(*args, **kwargs):\n"
+               f"    for name in ('httpx', 'matplotlib.font_manager', 'finetune', 'finetune.data'):\n"
+               f"        logging.getLogger(name).info('info from %s', name)\n"
+               f"        logging.getLogger(name).warning('warning from %s', name)\n"
+               f"    return 0\n"
+               f"{command}.{'run_training' if command == 'train' else 'run_sweep'} = run\n"
+               f"{command}.main({['--sweep', 'any.yaml'] if command == 'sweep' else []!r})\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    env.update({"RANK": rank, "WORLD_SIZE": world} if rank else {})
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, env=env, timeout=120)
+    said = [line.split(" ", 2)[2] for line in done.stderr.splitlines() if " from " in line]
+    speaks = rank is None
+    assert said == [
+        "WARNING httpx: warning from httpx", "WARNING matplotlib.font_manager: warning from matplotlib.font_manager",
+        *(["INFO finetune: info from finetune"] if speaks else []), "WARNING finetune: warning from finetune",
+        *(["INFO finetune.data: info from finetune.data"] if speaks else []),
+        "WARNING finetune.data: warning from finetune.data"], done.stderr
+
+
 @pytest.mark.parametrize("argv, said", [
     (["predict", "out", "great fun", "--batch-size", "abc"], "argument --batch-size: invalid int value: 'abc'"),
     (["score", "out", "--file", "held_out.csv", "--batch-size", "0.5"], "argument --batch-size: invalid int value: '0.5'"),
