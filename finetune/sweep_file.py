@@ -15,7 +15,7 @@ from finetune.search_space import SearchSpace, overrides
 FILE_KEYS = {"space", "fixed", "trials", "sampler", "pruner", "seeds", "folds", "trial_seeds"}
 SAMPLERS = ("tpe", "random", "grid")
 PRUNERS = ("median", "percentile", "hyperband", "none")
-PRUNER_KEYS = {"type", "startup_trials", "min_trials", "warmup_texts", "percentile"}
+PRUNER_KEYS = {"type", "startup_trials", "min_trials", "warmup_texts", "warmup_epochs", "percentile"}
 DEFAULT_TRIALS = 20
 
 
@@ -85,6 +85,10 @@ def pruner_settings(value: Any, where: str) -> dict[str, Any]:
     for key in ("startup_trials", "min_trials", "warmup_texts"):
         if key in settings:
             whole_number(settings[key], f"pruner: {key}", where, 1 if key == "min_trials" else 0)
+    warmup = settings.get("warmup_epochs", 0.0)
+    if isinstance(warmup, bool) or not isinstance(warmup, (int, float)) or not 0 <= warmup < float("inf"):
+        raise ConfigError(f"{where}: pruner: warmup_epochs: must be a number of epochs >= 0 (0.25: a quarter), "
+                          f"got {warmup!r}")
     percentile = settings.get("percentile", 50.0)
     if isinstance(percentile, bool) or not isinstance(percentile, (int, float)) or not 0 < percentile < 100:
         raise ConfigError(f"{where}: pruner: percentile: must be a number between 0 and 100, got {percentile!r}")

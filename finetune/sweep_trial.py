@@ -55,6 +55,7 @@ class Phase:
         seeds: Each trial's seeds (its objective is the mean); empty: the config's seed.
         fixed: Overrides every trial of the phase shares (under seeds or folds: the best trial's values).
         prune: Report each trial's evaluations to the study's pruner.
+        warmup_epochs: The pruner judges no evaluation at or before this many epochs of training.
     """
 
     name: str
@@ -65,6 +66,7 @@ class Phase:
     seeds: list[int] = field(default_factory=list)
     fixed: list[str] = field(default_factory=list)
     prune: bool = False
+    warmup_epochs: float = 0.0
 
 
 @dataclass
@@ -121,7 +123,7 @@ class TrialRunner:
             run_dir = self.root / folder / (f"seed-{seed}" if len(seeds) > 1 else "")
             run_args = self.run_overrides(params, run_dir, seed, continuing=CONTINUES in trial.user_attrs)
             runs.append({"output_dir": str(run_dir), "command": train_command(self.config, run_args)})
-            hook = pruning_hook(trial, self.metric) if phase.prune and index == 0 else None
+            hook = pruning_hook(trial, self.metric, phase.warmup_epochs) if phase.prune and index == 0 else None
             try:
                 summary = finished_summary(run_dir) or self._train(run_args, hook)
             except RunInterrupted as exc:
@@ -183,17 +185,22 @@ def train_command(config: Optional[str], run_args: list[str]) -> str:
     return shlex.join(["finetune", "train", *(["--config", config] if config else []), *run_args])
 
 
-def pruning_hook(trial, metric: str):
+def pruning_hook(trial, metric: str, warmup_epochs: float = 0.0):
     """``fit``'s ``on_evaluation``: report the metric at the texts seen so far, and stop when the pruner says so.
 
-    The run's last evaluation is reported and not judged: a trial that has
-    trained to its end has nothing left to save, and its score, kept as a
-    finished trial's, is the study's to rank.
+    Every evaluation is reported; the pruner judges those past ``warmup_epochs``
+    of training but the run's last: a trial that has trained to its end has
+    nothing left to save, and its score, kept as a finished trial's, is the
+    study's to rank.
     """
 
     def on_evaluation(run, metrics: dict[str, Any]) -> bool:
-        trial.report(float(metrics[metric]), texts_seen(run))
-        return run.state.step < run.plan.total_updates and trial.should_prune()
+        seen = texts_seen(run)
+        trial.report(float(metrics[metric]), seen)
+        # Optuna's own warm-up counts the steps reported, texts here, which differ from one data set to another;
+        # a share of the epoch is the same for every data set, so a shipped sweep file can say it
+        warmed_up = seen > round(warmup_epochs * len(run.train_dataloader.dataset))
+        return warmed_up and run.state.step < run.plan.total_updates and trial.should_prune()
 
     return on_evaluation
 

@@ -447,13 +447,16 @@ def test_each_trial_compiles_as_a_run_alone_would(tmp_path, fresh_accelerate_sta
 # --- pruning ----------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("warmup_texts, pruned_at", [(None, 48), (49, 96)])
-def test_pruning_stops_a_trial_worse_than_the_median(tmp_path, fresh_accelerate_state, warmup_texts, pruned_at):
+@pytest.mark.parametrize("warmup, shares, pruned_at", [
+    ({}, None, 48), ({"warmup_texts": 49}, None, 96), ({"warmup_epochs": 1}, None, 96),
+    # the evaluation at half an epoch, 24 texts, is the warm-up's last: judged from the next on
+    ({"warmup_epochs": 0.5}, 2, 48), ({}, 2, 24)])
+def test_pruning_stops_a_trial_worse_than_the_median(tmp_path, fresh_accelerate_state, warmup, shares, pruned_at):
     root = tmp_path
-    config = sms_job(root, epochs=3, evaluation={"metric_for_best_model": "loss"})
+    config = sms_job(root, epochs=3, evaluation={"metric_for_best_model": "loss", "evals_per_epoch": shares})
     # a learning rate that learns, then one that barely moves: the second is worse at its first evaluation
-    # (48 training texts, an epoch), or at the first one past the pruner's warm-up
-    pruner = {"type": "median", "startup_trials": 1, **({"warmup_texts": warmup_texts} if warmup_texts else {})}
+    # (48 training texts, an epoch, or 24 at two an epoch), or at the first one past the pruner's warm-up
+    pruner = {"type": "median", "startup_trials": 1, **warmup}
     spec = sweep_file(root, space={"optim.learning_rate": [1e-2, 1e-7]}, trials=2,
                       sampler={"type": "grid", "seed": 1}, pruner=pruner)
     assert sweep_in_process(["--config", str(config), "--sweep", str(spec)]) == 0
@@ -773,6 +776,8 @@ def bad_input_job(tmp_path_factory):
     ({"pruner": {"type": "median", "startup": 2}}, [], "pruner: unknown startup"),
     ({"trials": 0}, [], "trials: must be >= 1"),
     ({"pruner": {"type": "median", "warmup_texts": -5}}, [], "pruner: warmup_texts: must be an integer >= 0"),
+    ({"pruner": {"type": "median", "warmup_epochs": "a quarter"}}, [],
+     "pruner: warmup_epochs: must be a number of epochs >= 0 (0.25: a quarter), got 'a quarter'"),
     ({"sampler": "grid", "space": SPACE}, [], "grid needs a list of choices"),
     ({}, ["--seeds", "-1"], "seeds: must be an integer >= 0"),
     ({}, ["--folds", "1"], "folds: must be >= 2 (or 0: none), got 1"),
