@@ -495,6 +495,26 @@ def test_a_trial_behind_the_median_at_its_last_evaluation_finishes(tmp_path, fre
     assert bad.value == saved["eval"]["loss"] and saved["train"]["ended"] == "completed"
 
 
+def test_the_benchmarks_replay_asks_the_pruner_where_a_sweep_asks_it(monkeypatch):
+    """bench/sweep.py replays pruners on an unpruned sweep's evaluations: a trial's stop, the texts it trained to
+    there, the warm-up's share and the last evaluation never judged, as ``finetune sweep`` has them."""
+    monkeypatch.syspath_prepend(str(REPO))  # bench/ is not part of the installed package
+    from bench.sweep import Curve, replay
+
+    def curve(*values):  # four quarters of an epoch of 400 texts at B=100
+        return Curve(list(values), [100, 200, 300, 400], [100, 200, 300, 400], values[-1], 400)
+
+    trials = [curve(0.9, 0.9, 0.9, 0.9)] * 2 + [
+        curve(0.0, 0.5, 0.95, 0.99),  # behind at the first two quarters
+        curve(0.0, 0.95, 0.96, 0.97),  # behind at the first quarter only
+        curve(0.95, 0.95, 0.95, 0.1)]  # behind at its last evaluation alone
+    median = {"type": "median", "startup_trials": 2}
+    assert replay(trials, median) == {"trained": 400 + 400 + 100 + 100 + 400, "stops": ["2@1", "3@1"], "best": 0.9}
+    assert replay(trials, {**median, "warmup_epochs": 0.25}) == {"trained": 400 + 400 + 200 + 400 + 400,
+                                                                 "stops": ["2@2"], "best": 0.97}
+    assert replay(trials, {"type": "none"})["stops"] == []
+
+
 def test_evals_per_epoch_reports_every_batch_at_the_same_texts_seen(tmp_path, fresh_accelerate_state):
     # 48 training rows in micro-batches of 4: 12 per epoch, in 5 shares ending after micro-batches 2.4, 4.8, 7.2,
     # 9.6 and 12. B=8 (k=2) completes one share per update from update 2 on; B=16 (k=4) completes shares 1, 3
