@@ -100,8 +100,9 @@ PRUNERS = {
     "the lowest quarter (percentile 75)": {"type": "percentile", "percentile": 75.0, "startup_trials": 4},
     "the lowest quarter, from the 2nd quarter": {"type": "percentile", "percentile": 75.0, "startup_trials": 4,
                                               "warmup_epochs": 0.25},
-    "hyperband": {"type": "hyperband"},
 }
+# not hyperband: Optuna deals its trials to brackets by Python's hash() of the study's name, which changes from one
+# process to the next, so a replay of it would not repeat
 
 
 @dataclasses.dataclass
