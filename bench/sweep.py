@@ -241,6 +241,8 @@ def main(argv: list[str] | None = None) -> int:
     print("| search | wall s | texts trained | trials pruned | best f1 |\n| --- | ---: | ---: | ---: | ---: |")
     for name, arm in (("no pruning", result["no_pruning"]), ("the shipped pruner", result["pruning"])):
         print(f"| {name} | {arm['seconds']:.0f} | {arm['texts']:,} | {arm.get('pruned', 0)} | {arm['best']:.4f} |")
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
     gains = list(result["seeds"]["paired_gain"].values())
     if not gains:
         return 0
@@ -250,8 +252,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"| {name} | {statistics.fmean(values):.4f} | {statistics.stdev(values) if len(values) > 1 else 0:.4f} "
               f"| {', '.join(f'{v:.4f}' for v in values)} |")
     print(f"\npaired gain (best - default), mean over seeds: {statistics.fmean(gains):+.4f}")
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
     return 0
 
 
