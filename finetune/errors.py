@@ -133,14 +133,19 @@ def out_of_memory_told_as(error: Callable[[BaseException], OutOfMemory]):
 
 
 def log_to_stderr() -> None:
-    """The command's log on stderr: the package's lines at INFO on the process that speaks, other libraries'
-    from WARNING up.
+    """The command's log on stderr: the package's lines from INFO up on the process that speaks, other
+    libraries' from WARNING up.
 
     Libraries say at INFO what a user of this package need not read (an HTTP
-    request for each file fetched from the Hub, a font cache being built).
+    request for each file fetched from the Hub, a font cache being built). A
+    log set up already (a program that calls ``main``) is left as it is, as
+    ``logging.basicConfig`` leaves it: no logger's level is changed.
     """
-    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.WARNING)
-    logging.getLogger("finetune").setLevel(logging.INFO if is_main_rank() else logging.WARNING)
+    ours_or_warnings = logging.StreamHandler()
+    ours_or_warnings.addFilter(lambda record: record.levelno >= logging.WARNING
+                               or record.name.partition(".")[0] == "finetune")
+    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", handlers=[ours_or_warnings],
+                        level=logging.INFO if is_main_rank() else logging.WARNING)
 
 
 def is_main_rank() -> bool:
