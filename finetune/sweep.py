@@ -271,8 +271,7 @@ def run_phases(sweep: Sweep, runner: TrialRunner, signals: StopSignals, storage,
         seeds = search_seeds(sweep, sweep.run_config.training.seed)
         trial_seeds = list(seeds) if len(seeds) > 1 else []
         runner.phase = Phase("search", search, sweep.space, sweep.trials, lambda n, _: f"trial-{n:04d}", trial_seeds,
-                             fixed=list(SEARCH_LEAVES_OUT), prune=sweep.pruner["type"] != "none",
-                             warmup_epochs=sweep.pruner.get("warmup_epochs", 0.0))
+                             fixed=list(SEARCH_LEAVES_OUT), pruner=sweep.pruner)
         run_phase(runner, signals)
     if repeats is not None:
         studies["repeats"] = repeats_study(storage, sweep, greater, identity, search, repeats)

@@ -54,8 +54,8 @@ class Phase:
         folder: A trial's folder name from its number and values.
         seeds: Each trial's seeds (its objective is the mean); empty: the config's seed.
         fixed: Overrides every trial of the phase shares (under seeds or folds: the best trial's values).
-        prune: Report each trial's evaluations to the study's pruner.
-        warmup_epochs: The pruner judges no evaluation at or before this many epochs of training.
+        pruner: The sweep file's pruner settings, whose pruner each trial's evaluations are reported to; None:
+            none (what a pruner of type ``none`` is too).
     """
 
     name: str
@@ -65,8 +65,7 @@ class Phase:
     folder: Callable[[int, dict[str, Any]], str]
     seeds: list[int] = field(default_factory=list)
     fixed: list[str] = field(default_factory=list)
-    prune: bool = False
-    warmup_epochs: float = 0.0
+    pruner: Optional[dict[str, Any]] = None
 
 
 @dataclass
@@ -123,7 +122,8 @@ class TrialRunner:
             run_dir = self.root / folder / (f"seed-{seed}" if len(seeds) > 1 else "")
             run_args = self.run_overrides(params, run_dir, seed, continuing=CONTINUES in trial.user_attrs)
             runs.append({"output_dir": str(run_dir), "command": train_command(self.config, run_args)})
-            hook = pruning_hook(trial, self.metric, phase.warmup_epochs) if phase.prune and index == 0 else None
+            pruning = phase.pruner is not None and phase.pruner["type"] != "none" and index == 0
+            hook = pruning_hook(trial, self.metric, phase.pruner.get("warmup_epochs", 0.0)) if pruning else None
             try:
                 summary = finished_summary(run_dir) or self._train(run_args, hook)
             except RunInterrupted as exc:
@@ -145,7 +145,7 @@ class TrialRunner:
                                       f"run the sweep again with {exc.settings} and another --output") from None
                 raise
             if summary["train"].get("ended") == "stopped_by_caller":
-                why = pruned_why(trial, self.metric)
+                why = pruned_why(trial, self.metric, phase.pruner)
                 trial.set_user_attr(PRUNED, why)
                 self._end(trial, folder, {**record, "state": "pruned", "runs": runs, "why": why})
                 raise optuna.TrialPruned()
@@ -226,8 +226,10 @@ def texts_seen(run) -> int:
     return round((state.epoch + done) * len(run.train_dataloader.dataset))
 
 
-def pruned_why(trial, metric: str) -> str:
-    """The pruned trial's last report beside the median of the finished trials at the same point."""
+def pruned_why(trial, metric: str, pruner: dict[str, Any]) -> str:
+    """The pruned trial's last report beside the line the pruner drew through the finished trials at the same
+    point: their median, or their percentile (a hyperband pruner's brackets are not said)."""
+    import numpy
     from optuna.trial import TrialState
 
     frozen = trial.study.get_trials(deepcopy=False)
@@ -237,8 +239,16 @@ def pruned_why(trial, metric: str) -> str:
     step = max(own)
     others = [t.intermediate_values[step] for t in frozen
               if t.state == TrialState.COMPLETE and step in t.intermediate_values]
-    median = f", the median of {len(others)} finished trials there is {statistics.median(others):.4f}" if others else ""
-    return f"pruned after {step} training texts: {metric} {own[step]:.4f}{median}"
+    said = f"pruned after {step} training texts: {metric} {own[step]:.4f}"
+    if not others or pruner["type"] not in ("median", "percentile"):
+        return said
+    if pruner["type"] == "median":
+        return f"{said}, the median of {len(others)} finished trials there is {statistics.median(others):.4f}"
+    # Optuna keeps the best `percentile` percent: where higher is better, its line is the other end's percentile
+    kept = pruner.get("percentile", 50.0)
+    at = 100 - kept if trial.study.direction.name == "MAXIMIZE" else kept
+    return (f"{said}, percentile {at:g} of {len(others)} finished trials there is "
+            f"{float(numpy.percentile(others, at)):.4f}")
 
 
 def finished_summary(run_dir: Path) -> Optional[dict[str, Any]]:

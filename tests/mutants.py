@@ -484,6 +484,8 @@ SWEEP_MUTANTS = (
            "MedianPruner(n_startup_trials=startup, n_warmup_steps=0", "the pruner's warmup_texts is ignored", SWEEP),
     Mutant("sweep_trial.py", "warmed_up = seen > round(warmup_epochs", "warmed_up = seen >= round(warmup_epochs",
            "the evaluation that ends the pruner's warmup_epochs is judged", SWEEP),
+    Mutant("sweep_trial.py", 'at = 100 - kept if trial.study.direction.name == "MAXIMIZE" else kept', "at = kept",
+           "a percentile pruner's note names the percentile at the wrong end where higher is better", SWEEP),
     Mutant("sweep_trial.py", "return warmed_up and run.state.step < run.plan.total_updates and",
            "return warmed_up and", "a trial behind the median at its last evaluation is pruned, its score lost", SWEEP),
     Mutant("search_space.py", '"training.per_device_train_batch_size": "the micro-batch',

@@ -447,16 +447,22 @@ def test_each_trial_compiles_as_a_run_alone_would(tmp_path, fresh_accelerate_sta
 # --- pruning ----------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("warmup, shares, pruned_at", [
-    ({}, None, 48), ({"warmup_texts": 49}, None, 96), ({"warmup_epochs": 1}, None, 96),
+@pytest.mark.parametrize("settings, shares, pruned_at, why", [
+    ({}, None, 48, "the median of 1 finished trials there is"),
+    ({"warmup_texts": 49}, None, 96, "the median of 1 finished trials there is"),
+    ({"warmup_epochs": 1}, None, 96, "the median of 1 finished trials there is"),
     # the evaluation at half an epoch, 24 texts, is the warm-up's last: judged from the next on
-    ({"warmup_epochs": 0.5}, 2, 48), ({}, 2, 24)])
-def test_pruning_stops_a_trial_worse_than_the_median(tmp_path, fresh_accelerate_state, warmup, shares, pruned_at):
+    ({"warmup_epochs": 0.5}, 2, 48, "the median of 1 finished trials there is"),
+    ({}, 2, 24, "the median of 1 finished trials there is"),
+    # the lowest quarter stopped: the loss's line is its 75th percentile (lower is better)
+    ({"type": "percentile", "percentile": 75.0}, None, 48, "percentile 75 of 1 finished trials there is")])
+def test_pruning_stops_a_trial_worse_than_the_median(tmp_path, fresh_accelerate_state, settings, shares, pruned_at,
+                                                     why):
     root = tmp_path
     config = sms_job(root, epochs=3, evaluation={"metric_for_best_model": "loss", "evals_per_epoch": shares})
     # a learning rate that learns, then one that barely moves: the second is worse at its first evaluation
     # (48 training texts, an epoch, or 24 at two an epoch), or at the first one past the pruner's warm-up
-    pruner = {"type": "median", "startup_trials": 1, **warmup}
+    pruner = {"type": "median", "startup_trials": 1, **settings}
     spec = sweep_file(root, space={"optim.learning_rate": [1e-2, 1e-7]}, trials=2,
                       sampler={"type": "grid", "seed": 1}, pruner=pruner)
     assert sweep_in_process(["--config", str(config), "--sweep", str(spec)]) == 0
@@ -472,7 +478,9 @@ def test_pruning_stops_a_trial_worse_than_the_median(tmp_path, fresh_accelerate_
     assert not (bad_dir / "metrics.json").exists()
     assert max(steps_logged(bad_dir)) < max(steps_logged(root / "out-sweep" / good.user_attrs["folder"]))
     record = json.loads((bad_dir / "trial.json").read_text())
-    assert record["state"] == "pruned" and "the median of 1 finished trials" in record["why"]
+    assert record["state"] == "pruned"
+    assert record["why"] == f"pruned after {step} training texts: loss {bad.intermediate_values[step]:.4f}, {why} " \
+                            f"{good.intermediate_values[step]:.4f}"
     row = next(r for r in csv.DictReader((root / "out-sweep" / "trials.csv").open()) if r["state"] == "pruned")
     assert row["note"] == record["why"] and row["value"] == ""
 
@@ -493,6 +501,27 @@ def test_a_trial_behind_the_median_at_its_last_evaluation_finishes(tmp_path, fre
     assert bad.state.name == "COMPLETE"
     saved = json.loads((tmp_path / "out-sweep" / bad.user_attrs["folder"] / "metrics.json").read_text())
     assert bad.value == saved["eval"]["loss"] and saved["train"]["ended"] == "completed"
+
+
+def test_a_pruned_trials_note_names_the_line_its_pruner_drew():
+    """Where higher is better, Optuna's percentile pruner keeping the best 75 percent draws its line at the others'
+    25th percentile; the median pruner at their median; hyperband's brackets are not said."""
+    import optuna
+
+    from finetune.sweep_trial import pruned_why
+
+    study = optuna.create_study(direction="maximize")
+    for value in (0.2, 0.4, 0.6, 0.8, 1.0):
+        finished = study.ask()
+        finished.report(value, 10)
+        study.tell(finished, value)
+    trial = study.ask()
+    trial.report(0.3, 10)
+    said = "pruned after 10 training texts: f1 0.3000"
+    assert pruned_why(trial, "f1", {"type": "percentile", "percentile": 75.0}) == \
+        f"{said}, percentile 25 of 5 finished trials there is 0.4000"
+    assert pruned_why(trial, "f1", {"type": "median"}) == f"{said}, the median of 5 finished trials there is 0.6000"
+    assert pruned_why(trial, "f1", {"type": "hyperband"}) == said
 
 
 def test_the_benchmarks_replay_asks_the_pruner_where_a_sweep_asks_it(monkeypatch):
