@@ -109,6 +109,7 @@ PRUNERS = {
 class Curve:
     """One unpruned trial: the metric at each evaluation, the texts seen there and the texts trained to it."""
 
+    number: int  # the trial's number in its sweep
     values: list[float]
     seen: list[int]  # the step the sweep reports an evaluation at (the epoch's share of the training texts)
     trained: list[int]  # updates to the evaluation times the effective batch
@@ -128,8 +129,8 @@ def curves(folder: Path, metric: str = "f1") -> list[Curve]:
         texts, batch = (json.loads((run / "metrics.json").read_text())["train"][k]
                         for k in ("train_samples", "effective_batch_size"))
         shares = len(evals)  # one epoch, evaluated at each of its shares
-        found.append(Curve([r[f"eval/{metric}"] for r in evals], [round(texts * (i + 1) / shares)
-                                                                  for i in range(shares)],
+        found.append(Curve(int(row["trial"]), [r[f"eval/{metric}"] for r in evals],
+                           [round(texts * (i + 1) / shares) for i in range(shares)],
                            [r["step"] * batch for r in evals], float(row["value"]), texts))
     return found
 
@@ -149,8 +150,8 @@ def replay(trials: list[Curve], settings: dict) -> dict:
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # a line for each study made
     study = optuna.create_study(study_name="replay", direction="maximize", pruner=make_pruner(settings),
                                 sampler=optuna.samplers.RandomSampler(seed=0))
-    trained, stops, best = 0, [], float("-inf")
-    for number, curve in enumerate(trials):
+    trained, stopped, best = 0, [], float("-inf")
+    for curve in trials:
         trial = study.ask()
         for i, (value, seen) in enumerate(zip(curve.values, curve.seen)):
             trial.report(value, seen)
@@ -158,13 +159,13 @@ def replay(trials: list[Curve], settings: dict) -> dict:
             if judged and trial.should_prune():
                 study.tell(trial, state=optuna.trial.TrialState.PRUNED)
                 trained += curve.trained[i]
-                stops.append(f"{number}@{i + 1}")
+                stopped.append(f"{curve.number}@{i + 1}")
                 break
         else:
             study.tell(trial, curve.value)
             trained += curve.trained[-1]
             best = max(best, curve.value)
-    return {"trained": trained, "stops": stops, "best": best}
+    return {"trained": trained, "stops": stopped, "best": best}
 
 
 def replay_table(trials: list[Curve]) -> str:

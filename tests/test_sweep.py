@@ -530,13 +530,13 @@ def test_the_benchmarks_replay_asks_the_pruner_where_a_sweep_asks_it(monkeypatch
     monkeypatch.syspath_prepend(str(REPO))  # bench/ is not part of the installed package
     from bench.sweep import Curve, replay
 
-    def curve(*values):  # four quarters of an epoch of 400 texts at B=100
-        return Curve(list(values), [100, 200, 300, 400], [100, 200, 300, 400], values[-1], 400)
+    def curve(number, *values):  # four quarters of an epoch of 400 texts at B=100
+        return Curve(number, list(values), [100, 200, 300, 400], [100, 200, 300, 400], values[-1], 400)
 
-    trials = [curve(0.9, 0.9, 0.9, 0.9)] * 2 + [
-        curve(0.0, 0.5, 0.95, 0.99),  # behind at the first two quarters
-        curve(0.0, 0.95, 0.96, 0.97),  # behind at the first quarter only
-        curve(0.95, 0.95, 0.95, 0.1)]  # behind at its last evaluation alone
+    trials = [curve(0, 0.9, 0.9, 0.9, 0.9), curve(1, 0.9, 0.9, 0.9, 0.9),
+              curve(2, 0.0, 0.5, 0.95, 0.99),  # behind at the first two quarters
+              curve(3, 0.0, 0.95, 0.96, 0.97),  # behind at the first quarter only
+              curve(4, 0.95, 0.95, 0.95, 0.1)]  # behind at its last evaluation alone
     median = {"type": "median", "startup_trials": 2}
     assert replay(trials, median) == {"trained": 400 + 400 + 100 + 100 + 400, "stops": ["2@1", "3@1"], "best": 0.9}
     assert replay(trials, {**median, "warmup_epochs": 0.25}) == {"trained": 400 + 400 + 200 + 400 + 400,
