@@ -146,6 +146,7 @@ def replay(trials: list[Curve], settings: dict) -> dict:
     import optuna
 
     from finetune.sweep import make_pruner
+    from finetune.sweep_trial import past_warmup
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # a line for each study made
     study = optuna.create_study(study_name="replay", direction="maximize", pruner=make_pruner(settings),
@@ -155,7 +156,7 @@ def replay(trials: list[Curve], settings: dict) -> dict:
         trial = study.ask()
         for i, (value, seen) in enumerate(zip(curve.values, curve.seen)):
             trial.report(value, seen)
-            judged = i < len(curve.values) - 1 and seen > round(settings.get("warmup_epochs", 0) * curve.texts)
+            judged = i < len(curve.values) - 1 and past_warmup(seen, curve.texts, settings.get("warmup_epochs", 0))
             if judged and trial.should_prune():
                 study.tell(trial, state=optuna.trial.TrialState.PRUNED)
                 trained += curve.trained[i]
@@ -202,13 +203,13 @@ def main(argv: list[str] | None = None) -> int:
     plain = Path(args.plain) if args.plain else root / "no-pruning"
     plain_s = float("nan") if args.plain else sweep(["--sweep", str(SPACE), "--trials", str(args.trials), "--pruner",
                                                       "none", "--output", str(plain)])
-    plain_rows = rows(plain)
-    replayed = replay_table(curves(plain))
+    plain_rows, plain_curves = rows(plain), curves(plain)
+    replayed = replay_table(plain_curves)
     print(replayed, flush=True)
     queue_trials(root / "pruning", plain_rows, keys)
     pruned_s = sweep(["--sweep", str(SPACE), "--trials", str(len(plain_rows)), "--output", str(root / "pruning")])
     pruned_rows = rows(root / "pruning")
-    shipped = replay(curves(plain), pruner_settings(read_sweep_file(str(SPACE))["pruner"], str(SPACE)))["stops"]
+    shipped = replay(plain_curves, pruner_settings(read_sweep_file(str(SPACE))["pruner"], str(SPACE)))["stops"]
     print(f"the shipped pruner's stops, replayed: {', '.join(shipped) or '-'}; in the sweep: "
           f"{', '.join(stops(root / 'pruning')) or '-'}", flush=True)
 
@@ -228,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
         return sum(int(r["updates"] or 0) * int(r["training.effective_batch_size"]) for r in trials)
 
     result = {
-        "trials": args.trials,
+        "trials": len(plain_rows),
         "no_pruning": {"seconds": plain_s, "texts": texts(plain_rows), "best": best_of(plain_rows)},
         "pruning": {"seconds": pruned_s, "texts": texts(pruned_rows), "best": best_of(pruned_rows),
                     "pruned": sum(r["state"] == "pruned" for r in pruned_rows), "stops": stops(root / "pruning"),

@@ -197,12 +197,21 @@ def pruning_hook(trial, metric: str, warmup_epochs: float = 0.0):
     def on_evaluation(run, metrics: dict[str, Any]) -> bool:
         seen = texts_seen(run)
         trial.report(float(metrics[metric]), seen)
-        # Optuna's own warm-up counts the steps reported, texts here, which differ from one data set to another;
-        # a share of the epoch is the same for every data set, so a shipped sweep file can say it
-        warmed_up = seen > round(warmup_epochs * len(run.train_dataloader.dataset))
+        warmed_up = past_warmup(seen, len(run.train_dataloader.dataset), warmup_epochs)
         return warmed_up and run.state.step < run.plan.total_updates and trial.should_prune()
 
     return on_evaluation
+
+
+def past_warmup(seen: int, epoch_texts: int, warmup_epochs: float) -> bool:
+    """Whether an evaluation after ``seen`` training texts is past a warm-up of ``warmup_epochs`` epochs of
+    ``epoch_texts`` texts each, so that the pruner judges it.
+
+    Optuna's own warm-up counts the steps reported, texts here, which differ
+    from one data set to another; a share of the epoch is the same for every
+    data set, so a shipped sweep file can say it.
+    """
+    return seen > round(warmup_epochs * epoch_texts)
 
 
 def texts_seen(run) -> int:

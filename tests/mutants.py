@@ -482,7 +482,7 @@ SWEEP_MUTANTS = (
            "done = done", "an evals_per_epoch evaluation is reported where its update ended, not its share", SWEEP),
     Mutant("sweep.py", "MedianPruner(n_startup_trials=startup, n_warmup_steps=warmup",
            "MedianPruner(n_startup_trials=startup, n_warmup_steps=0", "the pruner's warmup_texts is ignored", SWEEP),
-    Mutant("sweep_trial.py", "warmed_up = seen > round(warmup_epochs", "warmed_up = seen >= round(warmup_epochs",
+    Mutant("sweep_trial.py", "return seen > round(warmup_epochs", "return seen >= round(warmup_epochs",
            "the evaluation that ends the pruner's warmup_epochs is judged", SWEEP),
     Mutant("sweep_trial.py", 'at = 100 - kept if trial.study.direction.name == "MAXIMIZE" else kept', "at = kept",
            "a percentile pruner's note names the percentile at the wrong end where higher is better", SWEEP),
