@@ -38,7 +38,7 @@ from finetune.study import BASE_PARAMS_ATTR, FEW_UPDATES_ATTR, budget_left, load
     redact, refuse_a_database_in_memory, refuse_another_sweep, running, trials_done
 from finetune.sweep_checks import check_sweep
 from finetune.sweep_file import DEFAULT_TRIALS, PRUNERS, SAMPLERS, describe_pruner, fixed_overrides, \
-    pruner_settings, read_sweep_file, shipped_sweep, whole_number
+    pruner_retyped, pruner_settings, read_sweep_file, sampler_settings, shipped_sweep, whole_number
 from finetune.sweep_notes import few_updates_said_once, notes_said_once
 from finetune.sweep_report import Header, Repeats, best_trial, folds_of, mean_and_deviation, repeats_of, \
     search_seeds, start_line, state_of, write_out_of_fold_predictions, write_reports
@@ -96,9 +96,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "(default: sqlite:///<output>/study.db)")
     parser.add_argument("--study-name", help="the study's name in --storage (default: the folder's name)")
     parser.add_argument("--trials", type=int, help="trials the sampler draws (default: the file's, else 20)")
-    parser.add_argument("--sampler", help=f"one of {', '.join(SAMPLERS)} (default: tpe)")
+    parser.add_argument("--sampler", help=f"one of {', '.join(SAMPLERS)} (default: the file's, else tpe; "
+                        "its seed is kept)")
     parser.add_argument("--sampler-seed", type=int, help="the sampler's seed, for a reproducible one-worker sweep")
-    parser.add_argument("--pruner", help=f"one of {', '.join(PRUNERS)} (default: median)")
+    parser.add_argument("--pruner", help=f"one of {', '.join(PRUNERS)} (default: the file's, else median; the "
+                        "file's settings it takes, its warm-up among them, are kept)")
     parser.add_argument("--seeds", type=int, help="then run the best config (without a space: the config) over "
                         "this many seeds: training.seed, +1, ...")
     parser.add_argument("--folds", type=int, help="then run the best config (without a space: the config) on "
@@ -140,15 +142,18 @@ def build_sweep(args: argparse.Namespace, argv: list[str]) -> Sweep:
                                "batch, by F1")
     if space.dimensions and trials < 1:
         raise ConfigError(f"{where}: trials: must be >= 1 with a space, got {trials}")
-    sampler = pick(args.sampler, "sampler", "tpe")
-    sampler_seed = args.sampler_seed
-    if isinstance(sampler, dict):
-        sampler, sampler_seed = sampler.get("type", "tpe"), sampler.get("seed", sampler_seed)
-    if sampler not in SAMPLERS:
-        raise ConfigError(f"{where}: sampler: {sampler!r} is not one of {', '.join(SAMPLERS)}")
+    # a flag changes its one setting: --sampler keeps the file's seed, --pruner the file's settings it takes
+    sampler, sampler_seed = sampler_settings(data.get("sampler", "tpe"), where)
+    if args.sampler is not None and args.sampler not in SAMPLERS:
+        raise ConfigError(f"--sampler: {args.sampler!r} is not one of {', '.join(SAMPLERS)}")
+    sampler = args.sampler or sampler
+    if args.sampler_seed is not None:
+        sampler_seed = whole_number(args.sampler_seed, "--sampler-seed", "command line", 0)
     if sampler == "grid" and any(d.kind != "choice" for d in space.dimensions):
         raise ConfigError(f"{where}: sampler: grid needs a list of choices for every key of the space")
-    pruner = pruner_settings(pick(args.pruner, "pruner", "median"), where)
+    pruner = pruner_settings(data.get("pruner", "median"), where)
+    if args.pruner is not None:
+        pruner = pruner_retyped(pruner, args.pruner)
     fixed = fixed_overrides(data.get("fixed"), space, args.config, where)
     cfg = load_config(args.config, [*fixed, *args.overrides])
     output = Path(args.output or f"{cfg.output.output_dir.rstrip('/')}-sweep")

@@ -14,8 +14,17 @@ from finetune.search_space import SearchSpace, overrides
 
 FILE_KEYS = {"space", "fixed", "trials", "sampler", "pruner", "seeds", "folds", "trial_seeds"}
 SAMPLERS = ("tpe", "random", "grid")
-PRUNERS = ("median", "percentile", "hyperband", "none")
-PRUNER_KEYS = {"type", "startup_trials", "min_trials", "warmup_texts", "warmup_epochs", "percentile"}
+SAMPLER_KEYS = ("type", "seed")
+# each pruner's settings besides its type: warmup_epochs is the sweep's own (its trials judged past it), the
+# others are Optuna's pruner's arguments, which hyperband, as built here, takes none of
+PRUNER_TAKES = {
+    "median": ("startup_trials", "min_trials", "warmup_texts", "warmup_epochs"),
+    "percentile": ("startup_trials", "min_trials", "warmup_texts", "warmup_epochs", "percentile"),
+    "hyperband": ("warmup_epochs",),
+    "none": (),
+}
+PRUNERS = tuple(PRUNER_TAKES)
+PRUNER_KEYS = {"type", *(key for keys in PRUNER_TAKES.values() for key in keys)}
 DEFAULT_TRIALS = 20
 
 
@@ -71,17 +80,39 @@ def whole_number(value: Any, key: str, where: str, least: int) -> int:
     return value
 
 
+def sampler_settings(value: Any, where: str) -> tuple[str, Optional[int]]:
+    """The file's ``sampler:``, a name or a mapping of its type and seed, as (type, seed); tpe unless it says."""
+    settings = {"type": value} if isinstance(value, str) else value
+    if not isinstance(settings, dict):
+        raise ConfigError(f"{where}: sampler: expected a name or a mapping with type and seed, got {value!r}")
+    unknown = sorted(set(settings) - set(SAMPLER_KEYS), key=str)
+    if unknown:
+        raise ConfigError(f"{where}: sampler: unknown {', '.join(map(str, unknown))}; a sampler has type and seed")
+    kind, seed = settings.get("type", "tpe"), settings.get("seed")
+    if kind not in SAMPLERS:
+        raise ConfigError(f"{where}: sampler: {kind!r} is not one of {', '.join(SAMPLERS)}")
+    if seed is not None:
+        whole_number(seed, "sampler: seed", where, 0)
+    return kind, seed
+
+
 def pruner_settings(value: Any, where: str) -> dict[str, Any]:
+    """The file's ``pruner:``, checked: a name, or a mapping of its type (median where it names none) and the
+    settings that type takes; ``null`` is ``none``."""
     settings = {"type": value} if isinstance(value, str) or value is None else value
     if not isinstance(settings, dict):
         raise ConfigError(f"{where}: pruner: expected a name or a mapping with type, got {value!r}")
-    unknown = sorted(set(settings) - PRUNER_KEYS)
+    unknown = sorted(set(settings) - PRUNER_KEYS, key=str)
     if unknown:
-        raise ConfigError(f"{where}: pruner: unknown {', '.join(unknown)}; a pruner has {', '.join(sorted(PRUNER_KEYS))}")
-    settings = {"type": "none" if settings.get("type") is None else settings["type"],
-                **{k: v for k, v in settings.items() if k != "type"}}
+        raise ConfigError(f"{where}: pruner: unknown {', '.join(map(str, unknown))}; a pruner has "
+                          f"{', '.join(sorted(PRUNER_KEYS))}")
+    kind = settings.get("type", "median")
+    settings = {"type": "none" if kind is None else kind, **{k: v for k, v in settings.items() if k != "type"}}
     if settings["type"] not in PRUNERS:
         raise ConfigError(f"{where}: pruner: {settings['type']!r} is not one of {', '.join(PRUNERS)}")
+    for key in settings:
+        if key != "type" and key not in PRUNER_TAKES[settings["type"]]:
+            raise ConfigError(f"{where}: pruner: {key}: {not_taken(key, settings['type'])}")
     for key in ("startup_trials", "min_trials", "warmup_texts"):
         if key in settings:
             whole_number(settings[key], f"pruner: {key}", where, 1 if key == "min_trials" else 0)
@@ -93,6 +124,22 @@ def pruner_settings(value: Any, where: str) -> dict[str, Any]:
     if isinstance(percentile, bool) or not isinstance(percentile, (int, float)) or not 0 < percentile < 100:
         raise ConfigError(f"{where}: pruner: percentile: must be a number between 0 and 100, got {percentile!r}")
     return settings
+
+
+def not_taken(key: str, kind: str) -> str:
+    if kind == "none":
+        return "type none prunes nothing and takes no settings"
+    takers = [name for name, keys in PRUNER_TAKES.items() if key in keys]
+    names = " and ".join(takers) if len(takers) < 3 else f"{', '.join(takers[:-1])} and {takers[-1]}"
+    return f"a {kind} pruner does not take it; {names} {'does' if len(takers) == 1 else 'do'}"
+
+
+def pruner_retyped(settings: dict[str, Any], kind: str) -> dict[str, Any]:
+    """``--pruner KIND`` over the file's pruner: that type, with the file's settings it takes (a warm-up, the
+    trials to wait for), so that changing the pruner on the command line changes the pruner alone."""
+    if kind not in PRUNERS:
+        raise ConfigError(f"--pruner: {kind!r} is not one of {', '.join(PRUNERS)}")
+    return {"type": kind, **{k: v for k, v in settings.items() if k in PRUNER_TAKES[kind]}}
 
 
 def describe_pruner(settings: dict[str, Any]) -> str:

@@ -827,6 +827,17 @@ def bad_input_job(tmp_path_factory):
     ({"pruner": {"type": "median", "warmup_texts": -5}}, [], "pruner: warmup_texts: must be an integer >= 0"),
     ({"pruner": {"type": "median", "warmup_epochs": "a quarter"}}, [],
      "pruner: warmup_epochs: must be a number of epochs >= 0 (0.25: a quarter), got 'a quarter'"),
+    ({"pruner": {"type": "median", "percentile": 75}}, [],
+     "pruner: percentile: a median pruner does not take it; percentile does"),
+    ({"pruner": {"type": "hyperband", "startup_trials": 4}}, [],
+     "pruner: startup_trials: a hyperband pruner does not take it; median and percentile do"),
+    ({"pruner": {"type": "none", "warmup_epochs": 0.25}}, [],
+     "pruner: warmup_epochs: type none prunes nothing and takes no settings"),
+    ({}, ["--pruner", "early"], "--pruner: 'early' is not one of median, percentile, hyperband, none"),
+    ({"sampler": {"type": "tpe", "sed": 0}}, [], "sampler: unknown sed; a sampler has type and seed"),
+    ({"sampler": {"seed": -1}}, [], "sampler: seed: must be an integer >= 0, got -1"),
+    ({}, ["--sampler", "bayes"], "--sampler: 'bayes' is not one of tpe, random, grid"),
+    ({}, ["--sampler-seed", "-3"], "--sampler-seed: must be an integer >= 0, got -3"),
     ({"sampler": "grid", "space": SPACE}, [], "grid needs a list of choices"),
     ({}, ["--seeds", "-1"], "seeds: must be an integer >= 0"),
     ({}, ["--folds", "1"], "folds: must be >= 2 (or 0: none), got 1"),
@@ -852,6 +863,32 @@ def test_bad_input_is_one_line_before_any_trial(bad_input_job, capsys, settings,
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0], err
     assert not list((tmp_path / "out-sweep").glob("trial-*"))
+
+
+@pytest.mark.parametrize("file, flags, sampler, pruner", [
+    # the file as it stands; a pruner named by its settings alone is the default, median
+    ({"sampler": {"type": "tpe", "seed": 3}, "pruner": {"warmup_epochs": 0.25}}, [],
+     ("tpe", 3), {"type": "median", "warmup_epochs": 0.25}),
+    # a flag changes its one setting: the sampler's type keeps the file's seed, and the pruner's type the file's
+    # settings it takes (a median pruner has no percentile, a hyperband one no startup trials)
+    ({"sampler": {"type": "tpe", "seed": 3},
+      "pruner": {"type": "percentile", "percentile": 75, "startup_trials": 4, "warmup_epochs": 0.25}},
+     ["--sampler", "random", "--pruner", "median"], ("random", 3),
+     {"type": "median", "startup_trials": 4, "warmup_epochs": 0.25}),
+    ({"sampler": {"type": "tpe", "seed": 3}, "pruner": {"type": "median", "startup_trials": 4, "warmup_epochs": 1}},
+     ["--sampler-seed", "5", "--pruner", "hyperband"], ("tpe", 5), {"type": "hyperband", "warmup_epochs": 1}),
+    ({"sampler": "grid", "pruner": {"type": "median", "warmup_epochs": 1}}, ["--pruner", "none"], ("grid", None),
+     {"type": "none"}),
+    ({}, ["--pruner", "percentile", "--sampler-seed", "0"], ("tpe", 0), {"type": "percentile"}),
+])
+def test_a_flag_changes_its_one_setting_and_keeps_the_files_others(bad_input_job, file, flags, sampler, pruner):
+    from finetune.sweep import build_sweep, parse_args
+
+    spec = bad_input_job / "flags.yaml"
+    spec.write_text(yaml.safe_dump({"space": {"optim.learning_rate": [1e-3]}, **file}), encoding="utf-8")
+    argv = ["--config", str(bad_input_job / "cfg.yaml"), "--sweep", str(spec), *flags]
+    sweep = build_sweep(parse_args(argv), argv)
+    assert ((sweep.sampler, sweep.sampler_seed), sweep.pruner) == (sampler, pruner)
 
 
 def test_a_study_of_an_older_optuna_schema_is_one_line_saying_how_to_upgrade_it(bad_input_job, capsys):
