@@ -72,8 +72,8 @@ def rehearse_sweep(sweep) -> dict[str, Any]:
     tried = [try_run(sweep, values) for values in work_corners(sweep.space)]
     pruned = ", less what the pruner stops" if so_far.search_left and sweep.pruner["type"] != "none" else ""
     least, most = min(run.seconds for run in tried), max(run.seconds for run in tried)
-    total = readable_duration(left * least) if len(tried) == 1 else \
-        f"{readable_duration(left * least)} to {readable_duration(left * most)}"
+    shortest, longest = readable_duration(left * least), readable_duration(left * most)
+    total = shortest if shortest == longest else f"{shortest} to {longest}"  # as said, not as timed
     count = f"{runs} run{'s' if runs != 1 else ''}"
     length = f"{count}, {runs - left} done, the {left} left about {total}{pruned}" if left < runs else \
         f"{count}, about {total}{pruned}"
