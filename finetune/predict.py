@@ -404,7 +404,7 @@ def run(args: argparse.Namespace) -> None:
             raise ConfigError(f"--threshold: {exc}") from None
     if args.file:
         rows = read_rows(args.file, text_column, pair_column, encoding, args.sheet, args.split, args.split_column,
-                         run_data=cfg.data if cfg is not None else None)
+                         run_data=cfg.data if cfg is not None else None, kind=kind)
     else:
         if pair_column:
             raise ConfigError(f"this model takes text pairs ({pair_column!r}): use --file with both columns")

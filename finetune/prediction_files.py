@@ -165,13 +165,14 @@ def check_options(args: argparse.Namespace) -> None:
 
 def read_rows(path: str | os.PathLike, text_column: str = "text", text_pair_column: Optional[str] = None,
               encoding: str = "utf-8", sheet: Optional[str] = None, split: Optional[str] = None,
-              split_column: Optional[str] = None, run_data=None) -> list[dict[str, Any]]:
+              split_column: Optional[str] = None, run_data=None, kind: Optional[str] = None) -> list[dict[str, Any]]:
     """The rows of a ``.txt``, ``.csv``, ``.tsv``, ``.json``, ``.jsonl`` or ``.parquet`` file, or of a folder
     ``datasets`` saved, every column kept; with ``split``, those of that split alone: the rows whose
     ``split_column`` (else ``run_data.split_column``) holds it, or the split's folder of the splits ``datasets``
     saved. ``run_data``: the run's ``data`` settings, whose layout (``format``, ``has_header``,
     ``column_names``) reads a CSV or TSV file whose first line does not name the text column, as the run read
-    its own headerless files.
+    its own headerless files. ``kind``: the file's kind (:func:`file_kind`) where the caller has told it, so that
+    a ``.txt`` file is read as the caller's checks took it.
 
     ``.txt`` holds one text per line: each line is a row ``{"text": line}``,
     blank lines included (they get an empty prediction), so output rows line
@@ -191,7 +192,7 @@ def read_rows(path: str | os.PathLike, text_column: str = "text", text_pair_colu
     stdin = given == STDIN
     local = Path(local_file(given))  # a URL or an archive is read from its copy,
     path = given if str(local) != given else local  # and named as given
-    suffix = ".txt" if stdin else file_kind(local, encoding, text_column, run_data)
+    suffix = kind or (".txt" if stdin else file_kind(local, encoding, text_column, run_data))
     if suffix == ".tsv" and inner_suffix(local) == ".txt" and is_main_rank():
         print(f"note: {path}: its lines split on tabs alike, as a table's: read as training reads such a file, "
               f"by its columns", file=sys.stderr)

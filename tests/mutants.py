@@ -555,6 +555,10 @@ LONG_TEXT_MUTANTS = (
 # a prediction is the run's model on each text, in the input's order (docs/inference.md)
 PREDICT = ("tests/test_predict.py", "tests/test_prediction_processes.py")
 INFERENCE_MUTANTS = (
+    Mutant("prediction_files.py", '    suffix = kind or (".txt" if stdin else file_kind(',
+           '    suffix = (".txt" if stdin else file_kind(',
+           "a .txt file's kind told again for another column: a file the checks took as a text a line read as a table",
+           PREDICT),
     Mutant("workbooks.py", '                cell.data_type = "s"  # a text, never a formula', "                pass",
            "a predicted row's text that starts with '=' is written to a workbook as a formula",
            ("tests/test_predict.py",)),

@@ -554,6 +554,13 @@ def test_lines_are_texts_whatever_the_runs_text_column(trained, predictor, tmp_p
     assert [r["label"] for r in printed] == [p["label"] for p in predictor.predict(TEXTS)]
     assert main([str(out), "--file", str(txt), "--text", "sentence"]) == 2
     assert capsys.readouterr().err.strip() == f"error: --text 'sentence': names a column; {txt} holds one text per line"
+    # tab-split lines, not the run's two columns, whose first names a column 'text', not the run's: a text a line,
+    # as the checks above took it, its first line too (telling the kind again for a column 'text' read a table)
+    lines = ["text\tsource\tlanguage", *(f"{text}\tsms\ten" for text in TEXTS)]
+    txt.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    assert main([str(out), "--file", str(txt)]) == 0
+    captured = capsys.readouterr()
+    assert [json.loads(line)["text"] for line in captured.out.splitlines()] == lines and "note:" not in captured.err
 
 
 def test_a_txt_file_of_a_tables_lines_is_read_by_its_columns_as_training_reads_it(trained, predictor, tmp_path,
