@@ -884,10 +884,12 @@ class LoggingConfig:
     run_group: Optional[str] = setting(None, "The group of runs the run belongs to in the trackers that group "
                                        "runs: W&B's and Trackio's `group`, a `group` tag in MLflow (its charts "
                                        "group by tags). `finetune sweep` groups its runs under its folder.")
-    progress_bar: bool = setting(True, "Show a tqdm progress bar (main process only): redrawn at each update in "
-                                 "a terminal or a notebook, every 30 s when stderr is a file or a pipe (a batch "
-                                 "job's log); and datasets' bars while the data is read and tokenized (main "
-                                 "process only). false: no bar at all.")
+    progress_bar: bool = setting(True, "Show the training's progress (main process only): a tqdm bar redrawn at "
+                                 "each update in a terminal or a notebook; when stderr is a file or a pipe (a "
+                                 "batch job's log), a log line of it every 30 s and at the end (`train: 58%, "
+                                 "79/137 updates [00:30<00:22, 2.60update/s, loss=0.1533, lr=4.80e-05]`), each "
+                                 "a line of its own; and datasets' bars while the data is read and tokenized. "
+                                 "false: none of them.")
     noise_scale: bool = setting(False,
         "Measure the gradient noise scale (McCandlish et al., 2018): the effective batch around which more samples "
         "per update stop paying for themselves, from the norm of each window's first micro-batch's gradient beside "

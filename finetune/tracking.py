@@ -251,21 +251,69 @@ def flat_hparams(config: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-# seconds between redraws of the progress bar where stderr is a file (a batch job's log), not a terminal: each
-# redraw appends a bar's worth of text there, one per update otherwise
+# seconds between progress lines where stderr is a file or a pipe (a batch job's log), not a terminal
 PROGRESS_SECONDS_IN_A_FILE = 30.0
 
 
 def progress_bar(total: int, done: int, enabled: bool, file=None):
-    """The run's bar, counting updates: redrawn as tqdm does in a terminal or a notebook, every
-    :data:`PROGRESS_SECONDS_IN_A_FILE` seconds into a file or a pipe."""
+    """The run's progress, counting updates: a tqdm bar redrawn in place in a terminal or a notebook; into a file
+    or a pipe, a log line every :data:`PROGRESS_SECONDS_IN_A_FILE` seconds (:class:`ProgressLines`)."""
     from tqdm.auto import tqdm
 
     stream = file if file is not None else sys.stderr
     # a notebook's output redraws in place, though its stream is no terminal
     in_place = (hasattr(stream, "isatty") and stream.isatty()) or "ipykernel" in sys.modules
+    if enabled and not in_place:
+        return ProgressLines(total, done)
     return tqdm(total=total, initial=done, desc="train", unit="update", disable=not enabled, file=stream,
-                dynamic_ncols=True, mininterval=0.1 if in_place else PROGRESS_SECONDS_IN_A_FILE)
+                dynamic_ncols=True, mininterval=0.1)
+
+
+class ProgressLines:
+    """The progress bar's place where nothing redraws in place: a log line of tqdm's text, without its bar, every
+    :data:`PROGRESS_SECONDS_IN_A_FILE` seconds and when it closes.
+
+    Written by hand, as tqdm has no mode of whole lines: into a file its bar is redrawn after a carriage return,
+    so that a log file keeps every redraw, and the log lines written between them, as one line.
+    ``update``, ``set_postfix`` and the context are the part of tqdm's interface the loop and ``fit`` use.
+    """
+
+    disable = False
+
+    def __init__(self, total: int, done: int, clock=None) -> None:
+        import time
+
+        self.total, self.initial, self.n = total, done, done
+        self.clock = clock or time.monotonic
+        self.started = self.said_at = self.clock()
+        self.said_n, self.postfix = done, ""
+
+    def update(self, n: int = 1) -> None:
+        self.n += n
+        if self.clock() - self.said_at >= PROGRESS_SECONDS_IN_A_FILE:
+            self.say()
+
+    def set_postfix(self, refresh: bool = False, **values: Any) -> None:
+        self.postfix = ", ".join(f"{key}={value}" for key, value in values.items())
+
+    def say(self) -> None:
+        from tqdm import tqdm
+
+        self.said_at, self.said_n = self.clock(), self.n
+        logger.info(tqdm.format_meter(self.n, self.total, self.said_at - self.started, prefix="train",
+                                      unit="update", initial=self.initial, postfix=self.postfix or None,
+                                      bar_format="{desc}: {percentage:.0f}%, {n_fmt}/{total_fmt} updates "
+                                                 "[{elapsed}<{remaining}, {rate_fmt}{postfix}]"))
+
+    def close(self) -> None:
+        if self.n != self.said_n:  # where the last line left off
+            self.say()
+
+    def __enter__(self) -> "ProgressLines":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 def log_lines_above(bar):
@@ -273,4 +321,5 @@ def log_lines_above(bar):
     to the bar's text (tqdm's redirection of the console's logging handlers)."""
     from tqdm.contrib.logging import logging_redirect_tqdm
 
-    return logging_redirect_tqdm(tqdm_class=type(bar)) if not bar.disable else contextlib.nullcontext()
+    drawn = not bar.disable and not isinstance(bar, ProgressLines)  # a line of its own needs no redirecting
+    return logging_redirect_tqdm(tqdm_class=type(bar)) if drawn else contextlib.nullcontext()

@@ -631,6 +631,11 @@ LOGGING_MUTANTS = (
            'return None and same_answer_for_every_text(summary.get("eval_by_label")',
            "a model that gave every validation text the same answer ends without a caution",
            ("tests/test_metrics.py", "tests/test_own_data.py")),
+    Mutant("tracking.py", "        if self.clock() - self.said_at >= PROGRESS_SECONDS_IN_A_FILE:",
+           "        if True:", "a batch job's log gets a progress line at every update", ("tests/test_start_of_run.py",)),
+    Mutant("tracking.py", "        if self.n != self.said_n:  # where the last line left off",
+           "        if False:", "a batch job's log ends without the progress of the last updates",
+           ("tests/test_start_of_run.py",)),
 )
 
 # what a run is judged on and by: the validation carve, when evaluations are made, the best model and early

@@ -281,12 +281,12 @@ class Terminal(io.StringIO):
         return True
 
 
-def test_the_progress_bar_redraws_in_a_terminal_and_seldom_into_a_log_file(monkeypatch):
-    """A batch job's log gets a bar at the start and at the end, not one per update (the records' loss included);
-    a terminal and a notebook see each update."""
+def test_the_progress_bar_redraws_in_a_terminal_and_a_notebook_and_draws_nothing_into_a_file(monkeypatch):
+    """A terminal and a notebook see each update (the records' loss included); a file or a pipe gets no bar, whose
+    redraws after carriage returns a log file would keep as one line."""
     import time
 
-    from finetune.tracking import progress_bar
+    from finetune.tracking import ProgressLines, progress_bar
     from finetune.loop import EpochResult, report
 
     def redraws(stream) -> int:
@@ -300,10 +300,52 @@ def test_the_progress_bar_redraws_in_a_terminal_and_seldom_into_a_log_file(monke
         return drawn.count("update")
 
     monkeypatch.delitem(sys.modules, "ipykernel", raising=False)
-    assert redraws(io.StringIO()) == 1  # the first draw only, until the close
     assert redraws(Terminal()) == 5
+    log_file = io.StringIO()
+    assert isinstance(progress_bar(10, 0, enabled=True, file=log_file), ProgressLines) and log_file.getvalue() == ""
+    assert not isinstance(progress_bar(10, 0, enabled=False, file=log_file), ProgressLines)  # none asked: none
     monkeypatch.setitem(sys.modules, "ipykernel", sys)  # any module: inside a notebook's kernel
     assert redraws(io.StringIO()) == 5
+
+
+def test_into_a_log_file_the_progress_is_a_line_every_interval_and_one_at_the_end(caplog):
+    """A run resumed after 2 of 10 updates, an update every 12 s: a line at the first update 30 s or more after the
+    last line (tqdm's rate, remaining time and the last record's loss), and one where it closes."""
+    from finetune.tracking import PROGRESS_SECONDS_IN_A_FILE, ProgressLines
+    from finetune.loop import EpochResult, report
+
+    assert PROGRESS_SECONDS_IN_A_FILE == 30.0
+    now = [0.0]
+    with caplog.at_level(logging.INFO, logger="finetune"), ProgressLines(10, 2, clock=lambda: now[0]) as lines:
+        for step in range(3, 10):
+            now[0] += 12.0
+            report({"train/loss": 1.0 / step, "train/lr": 1e-5}, EpochResult(epoch=0), None, lines)
+            lines.update(1)
+    assert [r.getMessage() for r in caplog.records] == [
+        "train: 50%, 5/10 updates [00:36<01:00, 12.00s/update, loss=0.2000, lr=1.00e-05]",  # 36 s after the start
+        "train: 80%, 8/10 updates [01:12<00:24, 12.00s/update, loss=0.1250, lr=1.00e-05]",  # 36 s after that one
+        "train: 90%, 9/10 updates [01:24<00:12, 12.00s/update, loss=0.1111, lr=1.00e-05]"]  # closed there
+
+
+def test_a_run_whose_log_is_a_file_writes_its_progress_as_log_lines(tmp_path, monkeypatch, caplog):
+    """``fit`` with the bar asked for and stderr a file: nothing is drawn there, and the progress ends in a line
+    of every update (2 epochs of 150 texts at 16 an update: 20), with the last record's loss."""
+    import json
+    from pathlib import Path
+
+    from tiny_run import fit_tiny_run
+
+    log_file = io.StringIO()
+    monkeypatch.delitem(sys.modules, "ipykernel", raising=False)
+    monkeypatch.setattr(sys, "stderr", log_file)
+    with caplog.at_level(logging.INFO, logger="finetune"):
+        cfg, _ = fit_tiny_run(tmp_path, logging={"progress_bar": True})
+    assert "update" not in log_file.getvalue()  # no bar of the run's (the data's and the weights' are theirs)
+    progress = [r.getMessage() for r in caplog.records if r.getMessage().startswith("train: ")]
+    records = (Path(cfg.output.output_dir) / "train_log.jsonl").read_text().splitlines()
+    last = [r for r in map(json.loads, records) if "train/loss" in r][-1]
+    assert progress[-1].startswith("train: 100%, 20/20 updates [") and last["step"] == 20
+    assert progress[-1].endswith(f"loss={last['train/loss']:.4f}, lr={last['train/lr']:.2e}]"), progress
 
 
 def test_a_log_line_written_while_the_bar_is_shown_starts_a_line_of_its_own(monkeypatch):
