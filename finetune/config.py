@@ -22,7 +22,7 @@ import os
 import re
 import typing
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import yaml
 
@@ -184,22 +184,23 @@ def _lines(first: int, second: int) -> str:
     return f"line {first}" if first == second else f"lines {first} and {second}"
 
 
-def read_yaml(path: str | os.PathLike) -> dict[str, Any]:
-    """Read a YAML config file with the safe loader.
+def read_yaml(path: str | os.PathLike, what: str = "config file", hint: Optional[str] = None) -> dict[str, Any]:
+    """Read a YAML file (``what``: a config file, a sweep file) with the safe loader; ``hint`` goes with a missing
+    file's error.
 
     Raises:
         ConfigError: if the file is missing, not a readable file, not YAML, or not a mapping.
     """
     p = Path(path)
     if not p.exists():
-        raise ConfigError(f"config file not found: {p}")
+        raise ConfigError(f"{what} not found: {p}", hint=hint)
     if not p.is_file():
-        raise ConfigError(f"config file {p}: not a file (a YAML file is expected)")
+        raise ConfigError(f"{what} {p}: not a file (a YAML file is expected)")
     try:
         with open(p, encoding="utf-8") as fh:
             data = yaml.load(fh, Loader=_UniqueKeyLoader)
     except OSError as exc:  # unreadable: permissions, a broken mount
-        raise ConfigError(f"config file {p}: cannot read it ({exc.strerror or exc})") from None
+        raise ConfigError(f"{what} {p}: cannot read it ({exc.strerror or exc})") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark is not None else ""

@@ -33,7 +33,8 @@ def read_sweep_file(path: Optional[str]) -> dict[str, Any]:
         return {}
     from finetune.config import read_yaml
 
-    data = read_yaml(path)
+    data = read_yaml(path, "sweep file", hint=f"--sweep {shipped_sweep()} searches the default job's learning rate "
+                                            "and effective batch")
     for key in data:
         if key not in FILE_KEYS:
             close = difflib.get_close_matches(str(key), sorted(FILE_KEYS), n=1)

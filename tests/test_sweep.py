@@ -865,6 +865,16 @@ def test_bad_input_is_one_line_before_any_trial(bad_input_job, capsys, settings,
     assert not list((tmp_path / "out-sweep").glob("trial-*"))
 
 
+def test_a_missing_sweep_file_is_named_as_one_with_the_shipped_one_as_a_hint(bad_input_job, capsys):
+    from finetune.sweep_file import shipped_sweep
+
+    missing = bad_input_job / "sweeps" / "mine.yaml"
+    assert sweep_in_process(["--config", str(bad_input_job / "cfg.yaml"), "--sweep", str(missing)]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"error: sweep file not found: {missing}",
+        f"hint: --sweep {shipped_sweep()} searches the default job's learning rate and effective batch"]
+
+
 @pytest.mark.parametrize("file, flags, sampler, pruner", [
     # the file as it stands; a pruner named by its settings alone is the default, median
     ({"sampler": {"type": "tpe", "seed": 3}, "pruner": {"warmup_epochs": 0.25}}, [],
