@@ -148,6 +148,17 @@ def log_to_stderr() -> None:
                         level=logging.INFO if is_main_rank() else logging.WARNING)
 
 
+# seconds between progress reports where stderr is a file or a pipe (a batch job's log), not a terminal
+PROGRESS_SECONDS_IN_A_FILE = 30.0
+
+
+def redraws_in_place(stream) -> bool:
+    """Whether a progress bar written to ``stream`` is redrawn over itself: a terminal, or a notebook's output,
+    though that is no terminal. Into a file or a pipe (a batch job's log) every redraw stays, after a carriage
+    return, on the line of the one before."""
+    return (hasattr(stream, "isatty") and stream.isatty()) or "ipykernel" in sys.modules
+
+
 def is_main_rank() -> bool:
     """Whether this is the first process of a launch of several (or no such launch): the one that speaks.
 

@@ -26,8 +26,8 @@ import sys
 from pathlib import Path
 from typing import Any, Iterable, Optional, Sequence
 
-from finetune.errors import (CommandParser, ConfigError, ModelError, OutOfMemory, out_of_memory_told_as,
-                             run_command)
+from finetune.errors import (PROGRESS_SECONDS_IN_A_FILE, CommandParser, ConfigError, ModelError, OutOfMemory,
+                             out_of_memory_told_as, redraws_in_place, run_command)
 from finetune.outputs import refuse_a_run_file, saved_config
 from finetune.precisions import add_precision_argument, autocast_dtype, check_precision
 from finetune.prediction_files import (STDIN, check_options, file_kind, local_file, note_the_files_own_columns,
@@ -64,14 +64,12 @@ class Predictor:
             model's positive class's (else the other class is; by name, ``{ham: 0.9}``, on the class named);
             ``None``: those the model's config carries (``label_thresholds``), else 0.5 for every label of a
             multi-label model and the most probable class for a single-label one.
-        precision: The forward passes' arithmetic, as ``training.mixed_precision`` names it: ``no``
-            (float32), ``bf16`` or ``fp16`` (autocast; fp16 on a CUDA GPU only). Logits come back in float32
-            either way.
+        precision: The forward passes' arithmetic, as ``training.mixed_precision`` names it: ``no`` (float32),
+            ``bf16`` or ``fp16`` (autocast; fp16 on a CUDA GPU only). Logits come back in float32 either way.
         pad_to_multiple_of: Pad a batch to a multiple of this many tokens (``None``: its longest text's), as
             the run padded its micro-batches (``data.pad_to_multiple_of``, whose default this is).
-        padding: ``data.padding``: ``auto`` pads every batch to ``max_length`` for a model whose output reads
-            the padding (:func:`finetune.truncation.padding_for`), so that no text's prediction depends on the
-            texts batched with it.
+        padding: ``data.padding``: ``auto`` pads every batch to ``max_length`` for a model whose output reads the
+            padding (:func:`finetune.truncation.padding_for`), so that no text's prediction depends on the others.
         positive_label: The class a ``threshold`` given to a two-class model decides on, where its config
             names none (``evaluation.positive_label``; ``None``: the second class).
         across_processes: Under ``accelerate launch``, where every process passes the same texts: each runs
@@ -172,8 +170,7 @@ class Predictor:
         its own thresholds (:func:`finetune.tasks.decision_task`).
 
         Raises:
-            ConfigError: for a threshold where none applies (regression, more than two classes): said, not
-                ignored.
+            ConfigError: for a threshold where none applies (regression, more than two classes): said, not ignored.
         """
         from finetune.tasks import decision_task
 
@@ -195,7 +192,7 @@ class Predictor:
         Args:
             texts: The texts.
             text_pairs: Second texts of sentence pairs (same length), for a model trained on pairs.
-            progress: Show a tqdm bar (counts texts).
+            progress: Show a tqdm bar of the texts (redrawn every 30 s into a batch job's log).
         """
         texts = list(texts)
         first = self.processes[0] == 0  # the one bar, of its own share, where processes share the batches
@@ -246,7 +243,10 @@ class Predictor:
         was_training = self.model.training
         self.model.eval()
         total = sum(map(len, batches))
-        with tqdm(total=total, disable=not progress, unit="text", desc="predict") as bar, torch.inference_mode():
+        # into a batch job's log, where each redraw stays, as seldom as the training's progress is written there
+        every = 0.1 if redraws_in_place(sys.stderr) else PROGRESS_SECONDS_IN_A_FILE
+        with tqdm(total=total, disable=not progress, unit="text", desc="predict", mininterval=every) as bar, \
+                torch.inference_mode():
             for batch, collated in zip(batches, self.collated(features, batches, collate)):
                 inputs, chunk_rows = split_batch({k: v.to(self.device, non_blocking=True) for k, v in collated.items()})
                 with torch.autocast(self.device.type, dtype=self.autocast, enabled=self.autocast is not None):

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any, Optional
 
-from finetune.errors import ConfigError
+from finetune.errors import PROGRESS_SECONDS_IN_A_FILE, ConfigError, redraws_in_place
 from finetune.outputs import LOG_FILE, json_ready
 from finetune.tracker_runs import (CONTINUATION, NAMING, SENDERS, Held, runs_to_continue, scalars,
                                     tracker_settings, write_tracker_runs)
@@ -251,19 +251,13 @@ def flat_hparams(config: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-# seconds between progress lines where stderr is a file or a pipe (a batch job's log), not a terminal
-PROGRESS_SECONDS_IN_A_FILE = 30.0
-
-
 def progress_bar(total: int, done: int, enabled: bool, file=None):
     """The run's progress, counting updates: a tqdm bar redrawn in place in a terminal or a notebook; into a file
     or a pipe, a log line every :data:`PROGRESS_SECONDS_IN_A_FILE` seconds (:class:`ProgressLines`)."""
     from tqdm.auto import tqdm
 
     stream = file if file is not None else sys.stderr
-    # a notebook's output redraws in place, though its stream is no terminal
-    in_place = (hasattr(stream, "isatty") and stream.isatty()) or "ipykernel" in sys.modules
-    if enabled and not in_place:
+    if enabled and not redraws_in_place(stream):
         return ProgressLines(total, done)
     return tqdm(total=total, initial=done, desc="train", unit="update", disable=not enabled, file=stream,
                 dynamic_ncols=True, mininterval=0.1)

@@ -555,6 +555,8 @@ LONG_TEXT_MUTANTS = (
 # a prediction is the run's model on each text, in the input's order (docs/inference.md)
 PREDICT = ("tests/test_predict.py", "tests/test_prediction_processes.py")
 INFERENCE_MUTANTS = (
+    Mutant("predict.py", "every = 0.1 if redraws_in_place(sys.stderr) else PROGRESS_SECONDS_IN_A_FILE", "every = 0.1",
+           "predict's bar is redrawn ten times a second into a batch job's log, each redraw kept there", PREDICT),
     Mutant("prediction_files.py", '    suffix = kind or (".txt" if stdin else file_kind(',
            '    suffix = (".txt" if stdin else file_kind(',
            "a .txt file's kind told again for another column: a file the checks took as a text a line read as a table",

@@ -563,6 +563,32 @@ def test_lines_are_texts_whatever_the_runs_text_column(trained, predictor, tmp_p
     assert [json.loads(line)["text"] for line in captured.out.splitlines()] == lines and "note:" not in captured.err
 
 
+def test_the_predict_bar_redraws_in_a_terminal_and_seldom_into_a_log_file(trained, monkeypatch):
+    """Into a batch job's log, where every redraw stays on one line, the bar is drawn at its start and its end, not
+    at tqdm's pace in a terminal (batches of 2 texts, each forward pass made to take 0.15 s)."""
+    import io
+    import time
+
+    from finetune.predict import Predictor
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    reset_accelerate()
+    slow = Predictor.load(trained[0], batch_size=2)
+    slow.model.register_forward_hook(lambda *_: time.sleep(0.15))
+    monkeypatch.delitem(sys.modules, "ipykernel", raising=False)
+    drawn = {}
+    for name, stream in (("terminal", Terminal()), ("file", io.StringIO())):
+        monkeypatch.setattr(sys, "stderr", stream)
+        slow.logits(TEXTS, progress=True)
+        drawn[name] = [draw for draw in stream.getvalue().split("\r") if "text" in draw]
+    # a terminal: its start, each of the 3 batches (and its close); a file: its start and its close alone
+    assert len(drawn["terminal"]) >= 4 and len(drawn["file"]) == 2, drawn
+    assert "6/6" in drawn["file"][-1] and "0/6" in drawn["file"][0]
+
+
 def test_a_txt_file_of_a_tables_lines_is_read_by_its_columns_as_training_reads_it(trained, predictor, tmp_path,
                                                                                      capsys):
     """Training reads a .txt whose lines split on tabs alike as TSV; so does predict, where its first line names
