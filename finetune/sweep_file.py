@@ -128,6 +128,7 @@ def pruner_settings(value: Any, where: str) -> dict[str, Any]:
 
 
 def not_taken(key: str, kind: str) -> str:
+    """Why a ``kind`` pruner refuses the setting ``key``, naming the pruners that take it."""
     if kind == "none":
         return "type none prunes nothing and takes no settings"
     takers = [name for name, keys in PRUNER_TAKES.items() if key in keys]

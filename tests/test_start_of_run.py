@@ -311,7 +311,8 @@ def test_the_progress_bar_redraws_in_a_terminal_and_a_notebook_and_draws_nothing
 def test_into_a_log_file_the_progress_is_a_line_every_interval_and_one_at_the_end(caplog):
     """A run resumed after 2 of 10 updates, an update every 12 s: a line at the first update 30 s or more after the
     last line (tqdm's rate, remaining time and the last record's loss), and one where it closes."""
-    from finetune.tracking import PROGRESS_SECONDS_IN_A_FILE, ProgressLines
+    from finetune.errors import PROGRESS_SECONDS_IN_A_FILE
+    from finetune.tracking import ProgressLines
     from finetune.loop import EpochResult, report
 
     assert PROGRESS_SECONDS_IN_A_FILE == 30.0
