@@ -216,7 +216,7 @@ def read_yaml(path: str | os.PathLike, what: str = "config file", hint: Optional
 
 
 # What a file mapping (``train_file: {path: ..., format: ...}``) may say about its file.
-FILE_LAYOUT_KEYS = ("format", "has_header", "column_names", "encoding", "sheet")
+FILE_LAYOUT_KEYS = ("format", "has_header", "column_names", "encoding", "sheet", "quoting")
 # the data section's files, which one layout reads
 _FILE_KEYS = ("train_file", "validation_file", "test_file")
 

@@ -65,37 +65,60 @@ from finetune.text_encoding import compression_of, open_text, python_codec
 logger = logging.getLogger("finetune.data")
 
 ESCAPED_QUOTE = '\\"'
+QUOTING = {"csv": csv.QUOTE_MINIMAL, "none": csv.QUOTE_NONE}  # data.quoting's settings other than auto
 FIX = ('a field that starts with " lasts to the next lone " (a quote inside it is written ""): quote the whole text, '
-       'or take the stray quote out')
+       'or take the stray quote out; where the file never quotes, {} reads its quotes as plain characters')
 
 
-def record_lines(path: Path, sep: str, encoding: str, ds: datasets.Dataset, before: int) -> Optional[np.ndarray]:
+def record_lines(path: Path, sep: str, encoding: str, ds: datasets.Dataset, before: int,
+                 flag: str = "data.quoting") -> Optional[np.ndarray]:
     """The line each row of ``ds`` starts on, read from the CSV or TSV file ``path`` whose first ``before`` records
     are not rows (a ``sep=`` line, the header), where a field of ``ds`` spans lines; else None: each row is a line.
 
     Stops where a quote ran several lines into one row (:func:`refuse_unpaired_quote`), which a field over line
     ends is the sign of."""
-    if not spans_lines(ds):
+    if not rows_over_lines(ds).any():
         return None
-    starts = np.fromiter(_record_starts(path, sep, encoding), dtype=np.int64)[before:]
+    starts = np.fromiter(_record_starts(path, sep, encoding, flag), dtype=np.int64)[before:]
     return starts if len(starts) == len(ds) else None  # records the reader parted otherwise: numbered as lines
 
 
-def spans_lines(ds: datasets.Dataset) -> bool:
-    """Whether a text field of ``ds`` holds a line break."""
-    table = as_arrow(ds)
-    return any(_of_text(column) and pc.any(pc.match_substring_regex(column, "[\r\n]")).as_py()
-               for column in table.columns)
+def rows_over_lines(ds: datasets.Dataset) -> np.ndarray:
+    """Whether each row of ``ds`` holds a line break in a text field."""
+    over = np.zeros(len(ds), dtype=bool)
+    for column in as_arrow(ds).columns:
+        if _of_text(column):
+            over |= as_mask(pc.match_substring_regex(column, "[\r\n]"))
+    return over
 
 
-def refuse_unpaired_quote(path: Path, sep: str, encoding: str) -> None:
+def say_quoted_over_lines(path: Path, ds: datasets.Dataset, starts: np.ndarray, flag: str = "data.quoting") -> None:
+    """Warn where the quotes of the TSV file ``path`` were found to read as CSV's (:func:`tsv_quoting`) and rows
+    of ``ds`` (starting on the lines ``starts``) hold texts quoted over several lines: as pandas writes a text
+    with line breaks, or a file that never quotes whose stray quote a later quote before a tab closes, the
+    lines between read as one text; which it is, only ``flag`` (``data.quoting``) can say."""
+    over = np.flatnonzero(rows_over_lines(ds))
+    logger.warning("%s: %d %s quoted over several lines (the first on line %d), read by CSV's rule as pandas writes "
+                   "a TSV file; where the file never quotes, %s reads its quotes as plain characters (%s: it is "
+                   "written so)", path, len(over), "row's text is" if len(over) == 1 else "rows' texts are",
+                   starts[over[0]], typed(flag, "none"), typed(flag, "csv"))
+
+
+def typed(flag: str, value: str) -> str:
+    """``flag`` set to ``value`` as it is typed: ``--quoting none`` on a command line, ``data.quoting=none`` as a
+    config key."""
+    return f"{flag} {value}" if flag.startswith("--") else f"{flag}={value}"
+
+
+def refuse_unpaired_quote(path: Path, sep: str, encoding: str, flag: str = "data.quoting") -> None:
     """Raise DataError naming the first line whose quote runs over line ends and then breaks CSV's rule: more
-    text after the quote that closes it, or no quote to close it before the file ends."""
-    for _ in _record_starts(path, sep, encoding):
+    text after the quote that closes it, or no quote to close it before the file ends; its hint names ``flag``,
+    the setting of the file's quotes."""
+    for _ in _record_starts(path, sep, encoding, flag):
         pass
 
 
-def _record_starts(path: Path, sep: str, encoding: str) -> Iterator[int]:
+def _record_starts(path: Path, sep: str, encoding: str, flag: str) -> Iterator[int]:
     """The line each record of ``path`` starts on (a blank line is a record, as the reader's blank row), raising
     :func:`refuse_unpaired_quote`'s DataError at the first quote that runs lines together."""
     with open_text(path, encoding, errors="replace") as fh:
@@ -108,27 +131,80 @@ def _record_starts(path: Path, sep: str, encoding: str) -> Iterator[int]:
             except csv.Error as exc:
                 if "end of data" in str(exc):
                     raise DataError(f"{path}: line {start} opens a quote that nothing closes: every line from "
-                                    f"there to the end ({reader.line_num}) would read as one field", hint=FIX) from None
+                                    f"there to the end ({reader.line_num}) would read as one field",
+                                    hint=FIX.format(typed(flag, "none"))) from None
                 if reader.line_num > start:
                     raise DataError(f"{path}: line {start} opens a quote that closes on line {reader.line_num} "
                                     f"with more text after it: lines {start} to {reader.line_num} would read as "
-                                    "one row", hint=FIX) from None
+                                    "one row", hint=FIX.format(typed(flag, "none"))) from None
                 # a quote closed with more text after it on its own line: a row all the same
             yield start
             start = reader.line_num + 1
 
 
-def unescaped(path: Path, sep: str, encoding: str, skip: int) -> Path:
+def check_field_count(path: Path, sep: str, quoting: int, names: Optional[list[str]], encoding: str,
+                      rows: Optional[int], skip: int, flag: str = "data.quoting") -> Optional[list[str]]:
+    """Reject a data row, among the first ``rows`` (None: all), whose field count differs from the header or
+    ``column_names``; return the header's names (``column_names`` where given; None for an empty file). The
+    first ``skip`` lines are not the table's (a separator line). A record of several lines whose count is off is
+    told as the quote that ran them together, where one did (:func:`refuse_unpaired_quote`; ``flag``: the setting
+    of the file's quotes).
+
+    pandas would otherwise shift columns silently when the first data row is
+    the odd one (turning its first field into the index) or drop the extra
+    fields.
+    """
+    with open_text(path, encoding, errors="replace") as fh:
+        for _ in range(skip):
+            fh.readline()
+        reader = csv.reader(fh, delimiter=sep, quoting=quoting)
+        header = names
+        if header is None:
+            header = next(reader, None)
+            if header is None:
+                return None
+        end = reader.line_num
+        for row in reader:
+            start, end = end + 1, reader.line_num  # the lines the record spans
+            if not row:
+                continue  # blank line
+            if len(row) != len(header):
+                if end > start and quoting != csv.QUOTE_NONE:
+                    refuse_unpaired_quote(path, sep, encoding, flag)
+                source = "data.column_names" if names is not None else "the header"
+                raise FileLayoutError(
+                    f"{path}: line {start + skip} has {len(row)} field{'' if len(row) == 1 else 's'} but {source} has "
+                    f"{len(header)} ({', '.join(header)})",
+                    hint=quote_hint(sep) if len(row) > len(header) else None,
+                )
+            if rows is not None:
+                rows -= 1
+                if rows == 0:
+                    return header
+    return header
+
+
+def quote_hint(sep: str) -> str:
+    """What a row with a field too many most often needs: its text quoted as CSV quotes one, or its tabs taken out."""
+    if sep == "\t":
+        return ('a field that holds a tab must be in double quotes, as pandas\' to_csv(sep="\\t") writes it, or '
+                'lose its tabs')
+    shown = {",": "a comma", ";": "a semicolon"}.get(sep, repr(sep))
+    return f'a field that holds {shown} must be in double quotes ("like{sep} this")'
+
+
+def unescaped(path: Path, sep: str, encoding: str, skip: int, setting: str = "auto") -> Path:
     """``path``, or where it breaks CSV's rule and holds ``\\"``, which read as CSV's ``""`` keeps it, a copy of it
-    so written (:func:`finetune.archives.made_from`, once; errors name ``path``), said once. A TSV file's copy
-    is taken where its quotes then read as CSV's (:func:`tsv_quoting`; its first ``skip`` lines not the table's),
-    so that a file whose quotes are plain characters keeps its backslashes as written."""
-    if not _holds_escaped_quote(path, encoding) or _parses(path, sep, encoding, unescape=False) or not _parses(
-            path, sep, encoding, unescape=True):
+    so written (:func:`finetune.archives.made_from`, once; errors name ``path``), said once. Under ``auto``
+    (``data.quoting``: ``setting``) a TSV file's copy is taken where its quotes then read as CSV's
+    (:func:`tsv_quoting`; its first ``skip`` lines not the table's), so that a file whose quotes are plain
+    characters keeps its backslashes as written; under ``none`` no file's quotes are CSV's, nor its copy taken."""
+    if setting == "none" or not _holds_escaped_quote(path, encoding) or _parses(
+            path, sep, encoding, unescape=False) or not _parses(path, sep, encoding, unescape=True):
         return path
     name = path.stem if compression_of(path) else path.name  # written whole
     copy = made_from(path, "unescaped", name, functools.partial(_write_unescaped, path, encoding))
-    if sep == "\t" and tsv_quoting(copy, encoding, skip) != csv.QUOTE_MINIMAL:
+    if sep == "\t" and setting == "auto" and tsv_quoting(copy, encoding, skip) != csv.QUOTE_MINIMAL:
         return path
     logger.info('%s: a quote inside a quoted text is written \\" (as R\'s write.table writes it), not "" as in '
                 "CSV: read as a quote", path)
@@ -159,6 +235,15 @@ def _write_unescaped(path: Path, encoding: str, target: Path) -> None:
             open(target, "w", encoding=python_codec(encoding), errors="surrogateescape", newline="") as out:
         for line in fh:
             out.write(line.replace(ESCAPED_QUOTE, '""'))
+
+
+def quoting_of(path: Path, fmt: str, setting: str, encoding: str, skip: int = 0) -> int:
+    """How the quotes of the CSV or TSV (``fmt``) file ``path`` read, as ``data.quoting`` (``setting``) says: as
+    CSV's (``csv.QUOTE_MINIMAL``), as plain characters (``csv.QUOTE_NONE``), or under ``auto`` CSV's in a CSV
+    file and as :func:`tsv_quoting` finds in a TSV file (its first ``skip`` lines not the table's)."""
+    if setting != "auto":
+        return QUOTING[setting]
+    return tsv_quoting(path, encoding, skip) if fmt == "tsv" else csv.QUOTE_MINIMAL
 
 
 def tsv_quoting(path: Path, encoding: str, skip: int = 0) -> int:

@@ -148,6 +148,22 @@ def log_to_stderr() -> None:
                         level=logging.INFO if is_main_rank() else logging.WARNING)
 
 
+def notes_to_stderr() -> None:
+    """The package's log on stderr as a short command's notes, in its own words beside them (``note: ...`` from
+    INFO, ``warning: ...`` from WARNING): what reading a file found, which the command would else keep to
+    itself; other libraries' lines from WARNING up. A log set up already is left as it is, as in
+    :func:`log_to_stderr`."""
+    notes = logging.StreamHandler()
+    notes.addFilter(lambda record: record.levelno >= logging.WARNING or record.name.partition(".")[0] == "finetune")
+    notes.setFormatter(_NoteFormatter())
+    logging.basicConfig(handlers=[notes], level=logging.INFO if is_main_rank() else logging.WARNING)
+
+
+class _NoteFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        return f"{'note' if record.levelno < logging.WARNING else 'warning'}: {record.getMessage()}"
+
+
 # seconds between progress reports where stderr is a file or a pipe (a batch job's log), not a terminal
 PROGRESS_SECONDS_IN_A_FILE = 30.0
 

@@ -1,16 +1,16 @@
 """Reading one local file or class folder into a :class:`~finetune.tables.Table`, with the file's own columns.
 
-CSV, TSV (``.tsv``/``.tab``, or ``.txt`` of tab-separated lines; quotes as CSV's where the file is written with
-them, else plain text: :func:`finetune.csv_rows.tsv_quoting`), JSON or JSON Lines (each of these also compressed
-whole: ``reviews.csv.gz``, ``.bz2``, ``.xz``; a JSON object's one list of records, :mod:`finetune.nested_json`),
-Parquet, a folder with one sub-folder per class holding ``.txt`` files (label = sub-folder name;
-:mod:`finetune.class_folders`), or a folder that ``datasets``' ``save_to_disk`` wrote (a ``DatasetDict``'s splits
-are read by :func:`read_saved_splits`). The format comes from the extension (a ``.csv`` whose rows all split on tabs
-into as many fields reads as TSV, and one whose records split on ``;`` more often than on ``,`` as a spreadsheet's
-semicolon-separated CSV, and one that starts with Excel's ``sep=;`` line as that line says; a workbook, ``.xlsx``,
-is read by :mod:`finetune.workbooks`) unless ``data.format`` names it. The bytes are checked against
-``data.encoding`` before any reader sees them, so that an undecodable byte is named by its offset, and a first data
-row whose field count differs from the header stops the read rather than shifting the columns.
+CSV, TSV (``.tsv``/``.tab``, or ``.txt`` of tab-separated lines; quotes read as ``data.quoting`` says:
+:func:`finetune.csv_rows.quoting_of`), JSON or JSON Lines (each of these also compressed whole: ``reviews.csv.gz``,
+``.bz2``, ``.xz``; a JSON object's one list of records, :mod:`finetune.nested_json`), Parquet, a folder with one
+sub-folder per class holding ``.txt`` files (label = sub-folder name; :mod:`finetune.class_folders`), or a folder that
+``datasets``' ``save_to_disk`` wrote (a ``DatasetDict``'s splits are read by :func:`read_saved_splits`). The format
+comes from the extension (a ``.csv`` whose rows all split on tabs into as many fields reads as TSV, and one whose
+records split on ``;`` more often than on ``,`` as a spreadsheet's semicolon-separated CSV, and one that starts with
+Excel's ``sep=;`` line as that line says; a workbook, ``.xlsx``, is read by :mod:`finetune.workbooks`) unless
+``data.format`` names it. The bytes are checked against ``data.encoding`` before any reader sees them, so that an
+undecodable byte is named by its offset, and a first data row whose field count differs from the header stops the read
+rather than shifting the columns.
 
 :mod:`finetune.data` takes the table on from here (its columns, texts and
 labels); :func:`read_table` is the same read for files without labels
@@ -36,9 +36,10 @@ import pyarrow.compute as pc
 
 from finetune.class_folders import read_class_folders
 from finetune.config import DataConfig
-from finetune.csv_rows import (record_lines, refuse_unpaired_quote, repeated_header, row_names_first,
-                               say_repeated_header, tsv_quoting, unescaped, without_row_names)
-from finetune.errors import ConfigError, DataError, FileLayoutError, FinetuneError, root_message
+from finetune.csv_rows import (check_field_count, quoting_of, record_lines, refuse_unpaired_quote, repeated_header,
+                               row_names_first, say_quoted_over_lines, say_repeated_header, unescaped,
+                               without_row_names)
+from finetune.errors import ConfigError, DataError, FinetuneError, root_message
 from finetune.archives import as_given, in_an_archive
 from finetune.format_errors import headerless_layout_refused, unsupported_format
 from finetune.nested_json import object_over_lines_hint, rows_under_one_key
@@ -113,7 +114,7 @@ def _read_path(path: Path, key: str, cfg: DataConfig, encoding_flag: str) -> Tab
     if fmt in ("csv", "tsv", "json") and cfg.encoding_errors == "strict":
         _check_decodes(path, cfg.encoding, encoding_flag)
     if fmt in ("csv", "tsv"):
-        return _load_delimited(path, fmt, cfg)
+        return _load_delimited(path, fmt, cfg, "--quoting" if encoding_flag.startswith("--") else "data.quoting")
     if fmt == "json":
         return _load_json(path, cfg)
     if fmt == "excel":
@@ -255,21 +256,20 @@ def _records_agreeing(path: Path, encoding: str, sep: str, records: int = 20, ev
     return counts.count(counts[0])
 
 
-def _load_delimited(path: Path, fmt: str, cfg: DataConfig) -> Table:
+def _load_delimited(path: Path, fmt: str, cfg: DataConfig, quoting_flag: str) -> Table:
     if not cfg.has_header and not cfg.column_names:
         raise ConfigError(f"data.column_names: required with data.has_header: false ({path})")
     named = separator_line(path, cfg.encoding)
     skip = 1 if named else 0
     sep = named or ("\t" if fmt == "tsv" else csv_separator(path, cfg.encoding))
-    path = unescaped(path, sep, cfg.encoding, skip)  # a copy where a quote in a quoted text is written \"
-    # a TSV file's quotes are CSV's where it is written with them (pandas' to_csv), else plain characters
-    quoting = tsv_quoting(path, cfg.encoding, skip) if fmt == "tsv" else csv.QUOTE_MINIMAL
+    path = unescaped(path, sep, cfg.encoding, skip, cfg.quoting)  # a copy where a quote in a quoted text is \"
+    quoting = quoting_of(path, fmt, cfg.quoting, cfg.encoding, skip)  # a TSV's: CSV's where it is written so
     if cfg.has_header:  # names of its own where R's row names make a first column the header does not name
         header, names = 0, row_names_first(path, sep, quoting, cfg.encoding, skip)
     else:
         header, names = None, list(cfg.column_names)
     rows_from = skip + (header == 0 and names is not None)  # past a header its own names replace
-    columns = _check_field_count(path, sep, quoting, names, cfg.encoding, rows=1, skip=rows_from)
+    columns = check_field_count(path, sep, quoting, names, cfg.encoding, 1, rows_from, quoting_flag)
     try:
         ds = _read_delimited(path, sep, quoting, header, names, cfg, skip)
     except DataError as exc:
@@ -283,13 +283,15 @@ def _load_delimited(path: Path, fmt: str, cfg: DataConfig) -> Table:
         # ("EOF inside string", "C error: Expected 2 fields in line 4, saw 3"); the checks over every row name
         # them as the first row's check does, at no cost to a file that reads
         if quoting != csv.QUOTE_NONE:
-            refuse_unpaired_quote(path, sep, cfg.encoding)
-        _check_field_count(path, sep, quoting, names, cfg.encoding, rows=None, skip=rows_from)
+            refuse_unpaired_quote(path, sep, cfg.encoding, quoting_flag)
+        check_field_count(path, sep, quoting, names, cfg.encoding, None, rows_from, quoting_flag)
         raise
     if rows_from > skip:
         ds = without_row_names(ds, path)
-    starts = record_lines(path, sep, cfg.encoding, ds, before=skip + (header == 0)) if quoting != csv.QUOTE_NONE \
-        else None
+    starts = record_lines(path, sep, cfg.encoding, ds, skip + (header == 0), quoting_flag) \
+        if quoting != csv.QUOTE_NONE else None
+    if starts is not None and fmt == "tsv" and cfg.quoting == "auto":  # found CSV's: the other reading is said
+        say_quoted_over_lines(path, ds, starts, quoting_flag)
     table = Table.whole(_header_unpadded(ds), str(path), unit="line", offset=(2 if cfg.has_header else 1) + skip,
                         empty_field_is_null=True, repeated_columns=repeated_names(columns or []))
     if starts is not None:  # a quoted field over line ends: each row is named by the line it starts on
@@ -333,52 +335,6 @@ def _read_delimited(path: Path, sep: str, quoting: int, header: Optional[int], n
         encoding=python_codec(cfg.encoding),
         encoding_errors=cfg.encoding_errors,
     )
-
-
-def _check_field_count(path: Path, sep: str, quoting: int, names: Optional[list[str]], encoding: str,
-                       rows: Optional[int], skip: int) -> Optional[list[str]]:
-    """Reject a data row, among the first ``rows`` (None: all), whose field count differs from the header or
-    ``column_names``; return the header's names (``column_names`` where given; None for an empty file). The
-    first ``skip`` lines are not the table's (a separator line).
-
-    pandas would otherwise shift columns silently when the first data row is
-    the odd one (turning its first field into the index) or drop the extra
-    fields.
-    """
-    with open_text(path, encoding, errors="replace") as fh:
-        for _ in range(skip):
-            fh.readline()
-        reader = csv.reader(fh, delimiter=sep, quoting=quoting)
-        header = names
-        if header is None:
-            header = next(reader, None)
-            if header is None:
-                return None
-        for row in reader:
-            if not row:
-                continue  # blank line
-            if len(row) != len(header):
-                source = "data.column_names" if names is not None else "the header"
-                raise FileLayoutError(
-                    f"{path}: line {reader.line_num + skip} has {len(row)} fields but {source} has "
-                    f"{len(header)} ({', '.join(header)})",
-                    hint=_quote_hint(sep) if len(row) > len(header) else None,
-                )
-            if rows is not None:
-                rows -= 1
-                if rows == 0:
-                    return header
-    return header
-
-
-def _quote_hint(sep: str) -> str:
-    """What a row with a field too many most often needs: its text quoted, as CSV quotes one (a TSV file is read
-    so where it is written so: :func:`finetune.csv_rows.tsv_quoting`), or its tabs taken out."""
-    if sep == "\t":
-        return ('a field that holds a tab must be in double quotes, as pandas\' to_csv(sep="\\t") writes it, or '
-                'lose its tabs')
-    shown = {",": "a comma", ";": "a semicolon"}.get(sep, repr(sep))
-    return f'a field that holds {shown} must be in double quotes ("like{sep} this")'
 
 
 def _load_json(path: Path, cfg: DataConfig) -> Table:

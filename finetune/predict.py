@@ -4,7 +4,6 @@ Usage::
 
     python -m finetune.predict outputs/sms_spam "WIN a free prize, call now" "see you at lunch"
     python -m finetune.predict outputs/sms_spam --file messages.txt --output predictions.csv
-    python -m finetune.predict outputs/sms_spam --file messages.jsonl --output predictions.jsonl
     accelerate launch --multi_gpu --num_processes 8 -m finetune.predict outputs/sms_spam --file big.csv --output p.csv
 
 Each prediction has the label (the most probable class; for two classes, the positive class where its probability is
@@ -27,7 +26,7 @@ from pathlib import Path
 from typing import Any, Iterable, Optional, Sequence
 
 from finetune.errors import (PROGRESS_SECONDS_IN_A_FILE, CommandParser, ConfigError, ModelError, OutOfMemory,
-                             out_of_memory_told_as, redraws_in_place, run_command)
+                             notes_to_stderr, out_of_memory_told_as, redraws_in_place, run_command)
 from finetune.outputs import refuse_a_run_file, saved_config
 from finetune.precisions import add_precision_argument, autocast_dtype, check_precision
 from finetune.prediction_files import (STDIN, check_options, file_kind, local_file, note_the_files_own_columns,
@@ -347,6 +346,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="CSV column / JSON key of the text (default: the run's data.text_column)")
     parser.add_argument("--encoding", default=None, help="text encoding of the --file (cp1252, latin-1, ...; "
                         "default: the run's data.encoding)")
+    parser.add_argument("--quoting", choices=("auto", "csv", "none"), help="how a CSV or TSV --file's quotes read "
+                        "(default: the run's data.quoting)")
     parser.add_argument("--text-pair", "--text-pair-column", dest="text_pair_column", metavar="COLUMN", default=None,
                         help="column of the second text, for models trained on pairs (default: the run's)")
     parser.add_argument("--batch-size", type=int, default=DEFAULT_BATCH_SIZE, help="texts per forward pass")
@@ -404,7 +405,7 @@ def run(args: argparse.Namespace) -> None:
             raise ConfigError(f"--threshold: {exc}") from None
     if args.file:
         rows = read_rows(args.file, text_column, pair_column, encoding, args.sheet, args.split, args.split_column,
-                         run_data=cfg.data if cfg is not None else None, kind=kind)
+                         run_data=cfg and cfg.data, kind=kind, quoting=args.quoting or (cfg and cfg.data.quoting))
     else:
         if pair_column:
             raise ConfigError(f"this model takes text pairs ({pair_column!r}): use --file with both columns")
@@ -433,16 +434,15 @@ def run(args: argparse.Namespace) -> None:
 
 
 def batch_too_large(batch_size: int) -> OutOfMemory:
-    """Out of memory predicting: the ``--batch-size`` that halves the batches (the longest texts run first, so it
-    comes at the start, not after hours)."""
-    hint = f"--batch-size {batch_size // 2}" if batch_size > 1 else None
+    """Out of memory predicting: the ``--batch-size`` that halves the batches (the longest run first, not hours in)."""
     return OutOfMemory(f"out of memory at --batch-size {batch_size}, on the longest texts (they run first)",
-                       hint=hint)
+                       hint=f"--batch-size {batch_size // 2}" if batch_size > 1 else None)
 
 
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry point; returns the exit code (2 for bad input)."""
     args = parse_args(argv)
+    notes_to_stderr()  # what reading the --file found, beside the command's own notes
     return run_command(lambda: run(args), debug=args.debug)
 
 

@@ -165,7 +165,8 @@ def check_options(args: argparse.Namespace) -> None:
 
 def read_rows(path: str | os.PathLike, text_column: str = "text", text_pair_column: Optional[str] = None,
               encoding: str = "utf-8", sheet: Optional[str] = None, split: Optional[str] = None,
-              split_column: Optional[str] = None, run_data=None, kind: Optional[str] = None) -> list[dict[str, Any]]:
+              split_column: Optional[str] = None, run_data=None, kind: Optional[str] = None,
+              quoting: Optional[str] = None) -> list[dict[str, Any]]:
     """The rows of a ``.txt``, ``.csv``, ``.tsv``, ``.json``, ``.jsonl`` or ``.parquet`` file, or of a folder
     ``datasets`` saved, every column kept; with ``split``, those of that split alone: the rows whose
     ``split_column`` (else ``run_data.split_column``) holds it, or the split's folder of the splits ``datasets``
@@ -178,8 +179,9 @@ def read_rows(path: str | os.PathLike, text_column: str = "text", text_pair_colu
     blank lines included (they get an empty prediction), so output rows line
     up with input lines; ``-`` reads such lines from standard input. The others are read by
     :func:`finetune.local_files.read_table`, as training data is, and must hold
-    ``text_column`` (a CSV/TSV header, or a JSON key). Text is read in ``encoding`` (``data.encoding``'s names); a
-    workbook's ``sheet`` (None: its first).
+    ``text_column`` (a CSV/TSV header, or a JSON key). Text is read in ``encoding`` (``data.encoding``'s names), a
+    CSV or TSV file's quotes as ``quoting`` (``data.quoting``'s settings; None: ``auto``) says; a workbook's
+    ``sheet`` (None: its first).
 
     Raises:
         DataError: naming the file (and line or column) if it is missing, has
@@ -216,7 +218,7 @@ def read_rows(path: str | os.PathLike, text_column: str = "text", text_pair_colu
         # the readers training uses: the same formats, quoting and encoding checks
         columns = (text_column, *([text_pair_column] if text_pair_column else []))
         table = read_table(str(path), "--file", DataConfig(train_file=str(path), encoding=encoding, sheet=sheet,
-                                                           text_column=text_column,
+                                                           text_column=text_column, quoting=quoting or "auto",
                                                            **runs_layout(path, columns, encoding, run_data)),
                            "--encoding", columns=columns)
         if pandas_layout(table):  # its one row would be classified as the text of a mapping

@@ -177,6 +177,14 @@ class DataConfig:
         "`to_csv(sep='\\t')`: a field that starts with `\"`, and every record of as many fields under CSV's rules), "
         "else as plain characters (GLUE's files). A quote inside a quoted text written `\\\"` (R's `write.table`, "
         "MySQL's exports), where CSV's rule reads it as the text's end, reads as a quote.")
+    quoting: Literal["auto", "csv", "none"] = setting("auto",
+        "How a CSV or TSV file's quotes read: `csv`, by CSV's rule (a field that starts with `\"` lasts to the "
+        "next lone `\"`, over separators and line ends; a quote inside it written `\"\"`); `none`, as plain "
+        "characters (a text can then hold no separator nor line break); `auto`, `csv` for a CSV file and, for a "
+        "TSV file, as `format` says. Set it where `auto` reads a file otherwise than it was written: a TSV "
+        "that never quotes, whose text starts with a quote that a later quote before a tab closes, reads the "
+        "lines between as one text (the log says so: `auto` cannot tell it from a quoted text over lines). In a "
+        "file mapping it goes with its file.")
     sheet: Optional[str] = setting(None,
         "Excel workbooks: the sheet to read, by name (null: the first; its first row names the columns, and an "
         "error names a row as Excel numbers it). In a file mapping it goes with its file.")

@@ -35,7 +35,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Sequence, Union
 
-from finetune.errors import CommandParser, ConfigError, DataError, FileLayoutError, out_of_memory_told_as, run_command
+from finetune.errors import (CommandParser, ConfigError, DataError, FileLayoutError, notes_to_stderr,
+                             out_of_memory_told_as, run_command)
 # --precision's argument and check, and which of the launched processes reports, come through predict,
 # which shares them (finetune.precisions, finetune.shares)
 from finetune.predict import (DEFAULT_BATCH_SIZE, Predictor, add_precision_argument, batch_too_large,
@@ -365,6 +366,7 @@ def cautions(result: Score, texts_named: str) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry point; returns the exit code (2 for bad input)."""
     args = parse_args(argv)
+    notes_to_stderr()  # what reading the --file found, beside the command's own notes
     return run_command(lambda: run(args), debug=args.debug)
 
 

@@ -62,9 +62,10 @@ def scoring_config(output_dir: str | os.PathLike, file: str | os.PathLike, overr
     columns = [tree["data"].get("text_column", "text"), *label_columns(tree["data"].get("label_column", "label"))]
     if own_layout(file, columns, str(tree["data"].get("encoding") or "utf-8")):
         # the run's format, header and column names described its training file; this file names its columns.
-        # Its encoding and sheet stay the run's: a header names columns, not how the bytes are written or where
+        # Its encoding, quoting and sheet stay the run's: a header names columns, not how the bytes and quotes are
+        # written or where
         for key in FILE_LAYOUT_KEYS:
-            if f"data.{key}" not in given and key not in ("encoding", "sheet"):
+            if f"data.{key}" not in given and key not in ("encoding", "quoting", "sheet"):
                 tree["data"].pop(key, None)
     return config_from_dict(tree, source=f"{path} with --file {file}" if path.is_file() else f"--file {file}")
 

@@ -142,6 +142,64 @@ def test_a_tsv_written_with_csv_quotes_reads_its_texts_as_written(tmp_path):
     assert [row["text"] for row in read_rows(plain)] == ['"quoted whole"', '"Hi" she said']
 
 
+def test_data_quoting_reads_a_files_quotes_as_it_says_where_auto_cannot_tell(tmp_path, caplog):
+    """A TSV file that never quotes, whose text starts with a quote that a later quote before a tab closes, reads
+    by CSV's rule as a text over the lines between, as a pandas-written text of line breaks does: `auto` reads it
+    so and says so in a warning, `data.quoting: none` reads each line as the row it is, `csv` says the file is
+    quoted (no warning). A CSV file that never quotes reads under `none` too; a stray quote's error says so."""
+    from finetune.config import config_from_dict
+    from finetune.prediction_files import read_rows
+
+    rows = ['"great film, loved it\tpos', "boring\tneg", "fine\tpos", 'a 5"\tpos', "ok\tneg"]
+    glue = write(tmp_path / "glue.tsv", "text\tlabel\n" + "\n".join(rows) + "\n")
+    with caplog.at_level(logging.WARNING, logger="finetune"):
+        texts = load_splits(cfg(glue), seed=0)[0]["train"]["text"]
+    assert texts == ["great film, loved it\tpos\nboring\tneg\nfine\tpos\na 5", "ok"]  # what auto cannot tell
+    assert [r.getMessage() for r in caplog.records] == [
+        f"{glue}: 1 row's text is quoted over several lines (the first on line 2), read by CSV's rule as pandas "
+        "writes a TSV file; where the file never quotes, data.quoting=none reads its quotes as plain characters "
+        "(data.quoting=csv: it is written so)"]
+    caplog.clear()
+    as_written = [row.split("\t")[0] for row in rows]
+    with caplog.at_level(logging.WARNING, logger="finetune"):
+        assert load_splits(cfg(glue, quoting="none"), seed=0)[0]["train"]["text"] == as_written
+        assert [row["text"] for row in read_rows(glue, quoting="none")] == as_written  # finetune predict's read
+        # a file mapping carries it with its file
+        mapped = config_from_dict({"data": {"train_file": {"path": glue, "quoting": "none"},
+                                            "validation_split": 0}}).data
+        assert mapped.quoting == "none" and load_splits(mapped, seed=0)[0]["train"]["text"][-1] == "ok"
+    assert caplog.records == []
+    # pandas' TSV of a text over lines: auto reads it as written and warns; csv reads the same, silently
+    pandas = write(tmp_path / "pandas.tsv", 'text\tlabel\nplain\ta\n"two\nlines"\tb\n"three\nmore\nlines"\ta\n')
+    with caplog.at_level(logging.WARNING, logger="finetune"):
+        assert load_splits(cfg(pandas), seed=0)[0]["train"]["text"] == ["plain", "two\nlines", "three\nmore\nlines"]
+        assert "2 rows' texts are quoted over several lines (the first on line 3)" in caplog.text
+        caplog.clear()
+        assert load_splits(cfg(pandas, quoting="csv"), seed=0)[0]["train"]["text"][1:] == ["two\nlines",
+                                                                                           "three\nmore\nlines"]
+        assert caplog.records == []
+        # under none every line is a row: the quoted texts' first lines have no label
+        with pytest.raises(DataError, match=r"pandas\.tsv: 3 rows without a label in column 'label' \(lines 3, 5, 6\)"):
+            load_splits(cfg(pandas, quoting="none"), seed=0)
+    # csv on a file that never quotes: its stray quote is named, and the hint names the setting
+    unclosed = write(tmp_path / "unclosed.tsv", 'text\tlabel\n"great film\tpos\nboring\tneg\n')
+    assert load_splits(cfg(unclosed), seed=0)[0]["train"]["text"] == ['"great film', "boring"]  # auto: plain
+    with pytest.raises(DataError, match=r"unclosed\.tsv: line 2 opens a quote that nothing closes") as info:
+        load_splits(cfg(unclosed, quoting="csv"), seed=0)
+    assert info.value.hint.endswith("where the file never quotes, data.quoting=none reads its quotes as plain "
+                                    "characters")
+    # a CSV file that never quotes: its texts' quotes are characters under none
+    typed = write(tmp_path / "typed.csv", 'text,label\n"great film,pos\nboring,neg\na 5" screen,pos\n')
+    with pytest.raises(DataError, match=r"typed\.csv: line 2 opens a quote that closes on line 4"):
+        load_splits(cfg(typed), seed=0)
+    assert load_splits(cfg(typed, quoting="none"), seed=0)[0]["train"]["text"] == ['"great film', "boring",
+                                                                                   'a 5" screen']
+    # R's \" inside a quoted text is a quote under auto; under none the backslash and quotes stay as written
+    escaped = write(tmp_path / "escaped.csv", 'text,label\n"she said \\"hi\\"",a\nplain,b\n')
+    assert load_splits(cfg(escaped), seed=0)[0]["train"]["text"][0] == 'she said "hi"'
+    assert load_splits(cfg(escaped, quoting="none"), seed=0)[0]["train"]["text"][0] == '"she said \\"hi\\""'
+
+
 @pytest.mark.parametrize("name, content", [
     # write.table(df, "r.tsv", sep = "\t", qmethod = "double"): every string quoted, the row names too
     ("r.tsv", '"text"\t"label"\n"1"\t"she said ""hi""\ttwice"\t"a"\n"2"\t"two\nlines"\t"b"\n"5"\t"plain"\t"a"\n'),
@@ -506,6 +564,13 @@ def test_a_stray_quote_that_runs_rows_together_is_named_by_its_line(tmp_path):
         load_splits(cfg(path), seed=0)
     assert info.value.message == (f"{path}: line 5 opens a quote that nothing closes: every line from there to the "
                                   "end (13) would read as one field")
+    # in the first row, where the fields are counted before the read: the quote is named, not a row's count
+    path = write(tmp_path / "first.csv", 'text,label\n"great film,pos\nboring,neg\n')
+    with pytest.raises(DataError, match=r"first\.csv: line 2 opens a quote that nothing closes"):
+        load_splits(cfg(path), seed=0)
+    path = write(tmp_path / "extra.csv", 'text,label\n"two\nlines",pos,extra\nboring,neg\n')
+    with pytest.raises(DataError, match=r"extra\.csv: line 2 has 3 fields but the header has 2 \(text, label\)$"):
+        load_splits(cfg(path), seed=0)  # a quoted record of two lines is named by its first
     # quoted fields over lines, quotes doubled inside them, a quote inside an unquoted field: CSV, read as written
     fine = rows[:3] + ['"two lines,\nfine",neg', '"a ""5"" screen, great",pos', 'a 5" screen,pos'] + rows[3:]
     path = write(tmp_path / "t.csv", "text,label\n" + "\n".join(fine) + "\n")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import re
@@ -561,6 +562,71 @@ def test_lines_are_texts_whatever_the_runs_text_column(trained, predictor, tmp_p
     assert main([str(out), "--file", str(txt)]) == 0
     captured = capsys.readouterr()
     assert [json.loads(line)["text"] for line in captured.out.splitlines()] == lines and "note:" not in captured.err
+
+
+@contextlib.contextmanager
+def a_fresh_log():
+    """The root logger without pytest's handlers, as a command's process starts: what the command sets up on it is
+    what shows on stderr. Both handlers and level are put back after."""
+    import logging
+
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    root.handlers.clear()
+    try:
+        yield
+    finally:
+        root.handlers[:] = handlers
+        root.setLevel(level)
+
+
+def test_a_files_quotes_read_as_the_runs_data_quoting_says_unless_quoting_is_given(trained, tmp_path, capsys):
+    """A TSV file that never quotes, a stray quote in it closed by a later one before a tab: a run that read its
+    data with `data.quoting: none` reads the files it predicts so too, and `--quoting` says otherwise. What the
+    read found is a note or a warning on stderr, in predict's words and score's."""
+    import shutil
+
+    from finetune.predict import main
+    from finetune.score import main as score
+
+    out = Path(shutil.copytree(trained[0], tmp_path / "run"))
+    saved = out / "config.yaml"
+    assert saved.read_text(encoding="utf-8").count("quoting: auto") == 1
+    saved.write_text(saved.read_text(encoding="utf-8").replace("quoting: auto", "quoting: none"), encoding="utf-8")
+    texts = ['"free cash prize', "see you at dinner", "call now", 'a 5"', "sorry late"]
+    glue = tmp_path / "glue.tsv"
+    glue.write_text("text\tsource\n" + "".join(f"{text}\tsms\n" for text in texts), encoding="utf-8")
+    with a_fresh_log():
+        assert main([str(out), "--file", str(glue)]) == 0
+    captured = capsys.readouterr()
+    assert [json.loads(line)["text"] for line in captured.out.splitlines()] == texts
+    assert "quoted over several lines" not in captured.err
+    with a_fresh_log():
+        assert main([str(out), "--file", str(glue), "--quoting", "auto"]) == 0  # CSV's rule: the lines between, one
+    captured = capsys.readouterr()
+    assert [json.loads(line)["text"] for line in captured.out.splitlines()] == [
+        "free cash prize\tsms\nsee you at dinner\tsms\ncall now\tsms\na 5", "sorry late"]
+    assert (f"warning: {glue}: 1 row's text is quoted over several lines (the first on line 2), read by CSV's rule "
+            "as pandas writes a TSV file; where the file never quotes, --quoting none reads its quotes as plain "
+            "characters (--quoting csv: it is written so)\n") in captured.err
+    with pytest.raises(SystemExit) as exit_:
+        main([str(out), "--file", str(glue), "--quoting", "plain"])
+    assert exit_.value.code == 2 and "--quoting: invalid choice: 'plain' (choose from" in capsys.readouterr().err
+    # score reads as the run read, or as data.quoting=... says; R's row numbers are left out, in a note
+    labelled = tmp_path / "labelled.tsv"
+    labelled.write_text("text\tlabel\n" + "".join(f"{i}\t{text}\t{'spam' if i % 2 else 'ham'}\n"
+                                                  for i, text in enumerate(texts)), encoding="utf-8")
+    with a_fresh_log():
+        assert score([str(out), "--file", str(labelled)]) == 0
+    printed, err = capsys.readouterr()
+    assert f"{labelled}: 5 samples" in printed and "quoted over several lines" not in err
+    assert (f"note: {labelled}: left out the first field of each row, which the header does not name: the row "
+            "numbers R's write.table writes (row.names = TRUE)\n") in err
+    with a_fresh_log():
+        assert score([str(out), "--file", str(labelled), "data.quoting=auto"]) == 0
+    printed, err = capsys.readouterr()
+    assert f"{labelled}: 2 samples" in printed and "(the first on line 2), read by CSV's rule" in err
+    assert "data.quoting=none reads its quotes as plain characters" in err
 
 
 def test_the_predict_bar_redraws_in_a_terminal_and_seldom_into_a_log_file(trained, monkeypatch):
@@ -1321,7 +1387,7 @@ def test_a_file_read_with_the_runs_layout_says_so_when_it_fails(trained, tmp_pat
     other.write_text("message,class\nhello there,ham\n", encoding="utf-8")
     assert main([str(out), "--file", str(other)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == [f"error: {other}: line 1 has 1 fields but data.column_names has 2 (label, text)",
+    assert err == [f"error: {other}: line 1 has 1 field but data.column_names has 2 (label, text)",
                    "hint: read as the run's data was (format: tsv; no header; columns label, text); a CSV/TSV "
                    "file whose header names 'text' and 'label' is read by its header, or set data.format, "
                    "data.has_header and data.column_names"]
