@@ -564,6 +564,11 @@ def test_a_stray_quote_that_runs_rows_together_is_named_by_its_line(tmp_path):
         load_splits(cfg(path), seed=0)
     assert info.value.message == (f"{path}: line 5 opens a quote that nothing closes: every line from there to the "
                                   "end (13) would read as one field")
+    # opened in a row's last field, which keeps the row's count of fields: the quote is named all the same
+    text, label = rows[3].rsplit(",", 1)
+    path = write(tmp_path / "last.csv", "text,label\n" + "\n".join(rows[:3] + [f'{text},"{label}'] + rows[4:]) + "\n")
+    with pytest.raises(DataError, match=r"last\.csv: line 5 opens a quote that nothing closes"):
+        load_splits(cfg(path), seed=0)
     # in the first row, where the fields are counted before the read: the quote is named, not a row's count
     path = write(tmp_path / "first.csv", 'text,label\n"great film,pos\nboring,neg\n')
     with pytest.raises(DataError, match=r"first\.csv: line 2 opens a quote that nothing closes"):
