@@ -168,6 +168,16 @@ class _NoteFormatter(logging.Formatter):
 PROGRESS_SECONDS_IN_A_FILE = 30.0
 
 
+def library_bars_seldom_into_a_file() -> None:
+    """Where stderr is a file or a pipe (a batch job's log), the bars of the libraries a command runs (datasets
+    reading and tokenizing a file, transformers loading weights) redrawn every ``PROGRESS_SECONDS_IN_A_FILE``, as
+    the package's own progress is, not ten times a second with each redraw kept in the log. tqdm, which draws them,
+    reads its defaults from ``TQDM_*`` variables when it is imported and has no other setting of them, so a command
+    calls this first; the processes a launch or a sweep starts inherit it. A value the user set is kept."""
+    if not redraws_in_place(sys.stderr):
+        os.environ.setdefault("TQDM_MININTERVAL", f"{PROGRESS_SECONDS_IN_A_FILE:g}")
+
+
 def redraws_in_place(stream) -> bool:
     """Whether a progress bar written to ``stream`` is redrawn over itself: a terminal, or a notebook's output,
     though that is no terminal. Into a file or a pipe (a batch job's log) every redraw stays, after a carriage

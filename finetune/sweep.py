@@ -31,7 +31,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Optional
 
-from finetune.errors import CommandParser, ConfigError, log_to_stderr, run_command
+from finetune.errors import CommandParser, ConfigError, library_bars_seldom_into_a_file, log_to_stderr, run_command
 from finetune.search_space import Dimension, SearchSpace, overrides, parse_space
 from finetune.signals import RunInterrupted, StopSignals
 from finetune.study import BASE_PARAMS_ATTR, FEW_UPDATES_ATTR, budget_left, load_or_create, made_with, open_storage, \
@@ -371,6 +371,7 @@ def main(argv: list[str] | None = None) -> int:
         flags = {flag: SHORTCUTS[flag] for flag in SWEEP_FLAGS}
         return run_command(lambda: refuse_options(args.unknown, argv, "finetune sweep", flags, args.options),
                            debug=args.debug)
+    library_bars_seldom_into_a_file()  # before anything imports tqdm
     log_to_stderr()
     # a note on the command line's keys, or on what reading the data found, said once for the sweep, not for each
     # of its reads

@@ -30,7 +30,8 @@ import logging  # noqa: E402
 from typing import Iterator  # noqa: E402
 
 from finetune.errors import (  # noqa: E402
-    CommandParser, ConfigError, FinetuneError, is_main_rank, log_to_stderr, out_of_memory_told_as, run_command)
+    CommandParser, ConfigError, FinetuneError, is_main_rank, library_bars_seldom_into_a_file, log_to_stderr,
+    out_of_memory_told_as, run_command)
 
 logger = logging.getLogger("finetune")
 
@@ -324,6 +325,7 @@ def main(argv: list[str] | None = None) -> int:
                            debug=args.debug)
     if args.explain:
         return explain(args.explain)
+    library_bars_seldom_into_a_file()  # before anything imports tqdm
     log_to_stderr()
     if args.debug and is_main_rank():
         logger.setLevel(logging.DEBUG)
