@@ -101,6 +101,11 @@ def _read_path(path: Path, key: str, cfg: DataConfig, encoding_flag: str) -> Tab
         raise headerless_layout_refused(path, fmt, key, cfg)
     if cfg.sheet is not None and fmt != "excel" and key == "data.train_file":  # read on, it would be ignored
         raise ConfigError(f"data.sheet: names a sheet of an Excel workbook, and {key} {path} is not one ({fmt})")
+    # likewise where no other file of the run could be one it applies to
+    if cfg.quoting != "auto" and fmt not in ("csv", "tsv") and key == "data.train_file" and not (
+            cfg.validation_file or cfg.test_file):
+        raise ConfigError(f"data.quoting: says how a CSV or TSV file's quotes read, and {key} {path} is not one "
+                          f"({fmt})")
     if fmt == "saved":
         return Table.whole(_load_from_disk(path), str(path), unit="row")
     if fmt == "saved splits":

@@ -183,8 +183,9 @@ class DataConfig:
         "characters (a text can then hold no separator nor line break); `auto`, `csv` for a CSV file and, for a "
         "TSV file, as `format` says. Set it where `auto` reads a file otherwise than it was written: a TSV "
         "that never quotes, whose text starts with a quote that a later quote before a tab closes, reads the "
-        "lines between as one text (the log says so: `auto` cannot tell it from a quoted text over lines). In a "
-        "file mapping it goes with its file.")
+        "lines between as one text (the log says so: `auto` cannot tell it from a quoted text over lines). Set for "
+        "a train file of another format with no file beside it, it is refused: it would be ignored. In a file mapping "
+        "it goes with its file.")
     sheet: Optional[str] = setting(None,
         "Excel workbooks: the sheet to read, by name (null: the first; its first row names the columns, and an "
         "error names a row as Excel numbers it). In a file mapping it goes with its file.")

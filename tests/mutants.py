@@ -286,6 +286,12 @@ INPUT_MUTANTS = (
     Mutant("local_files.py", "            refuse_unpaired_quote(path, sep, cfg.encoding, quoting_flag)",
            "            pass",
            "a quote nothing closes is told as a row with too few fields", ("tests/test_data.py",)),
+    Mutant("local_files.py", '    if cfg.quoting != "auto" and fmt not in ("csv", "tsv")', '    if False',
+           "data.quoting set for a train file with no quotes to read (JSON Lines) is ignored, not refused",
+           ("tests/test_data.py",)),
+    Mutant("local_files.py", "            cfg.validation_file or cfg.test_file):", "            False):",
+           "data.quoting is refused for a JSON train file although it reads the TSV validation file beside it",
+           ("tests/test_data.py",)),
     Mutant("csv_rows.py", "                if end > start and quoting != csv.QUOTE_NONE:\n"
            "                    refuse_unpaired_quote(path, sep, encoding, flag)\n", "",
            "a quote in the first row that nothing closes is told as a row with too few fields, and on its last line",

@@ -194,6 +194,14 @@ def test_data_quoting_reads_a_files_quotes_as_it_says_where_auto_cannot_tell(tmp
         load_splits(cfg(typed), seed=0)
     assert load_splits(cfg(typed, quoting="none"), seed=0)[0]["train"]["text"] == ['"great film', "boring",
                                                                                    'a 5" screen']
+    # a file of another format has no quotes to read so: said, rather than the setting ignored
+    lines = write(tmp_path / "t.jsonl", '{"text": "hi", "label": "a"}\n{"text": "ho", "label": "b"}\n')
+    with pytest.raises(ConfigError, match=r"data.quoting: says how a CSV or TSV file's quotes read, and "
+                                          r"data.train_file .*t\.jsonl is not one \(json\)"):
+        load_splits(cfg(lines, quoting="none"), seed=0)
+    held_out = write(tmp_path / "held_out.tsv", 'text\tlabel\n"hi\ta\nho"\tb\n')  # which it applies to
+    splits = load_splits(cfg(lines, quoting="none", validation_file=held_out), seed=0)[0]
+    assert splits["validation"]["text"] == ['"hi', 'ho"']
     # R's \" inside a quoted text is a quote under auto; under none the backslash and quotes stay as written
     escaped = write(tmp_path / "escaped.csv", 'text,label\n"she said \\"hi\\"",a\nplain,b\n')
     assert load_splits(cfg(escaped), seed=0)[0]["train"]["text"][0] == 'she said "hi"'
