@@ -640,7 +640,7 @@ INFERENCE_MUTANTS = (
 LOGGING_MUTANTS = (
     Mutant("errors.py", '        os.environ.setdefault("TQDM_MININTERVAL", f"{PROGRESS_SECONDS_IN_A_FILE:g}")',
            "        pass", "datasets' bars are redrawn ten times a second into a batch job's log, each redraw kept",
-           ("tests/test_errors.py",)),
+           ("tests/test_start_of_run.py",)),
     Mutant("loop.py", '"train/grad_norm": self.grad_norm / self.updates', '"train/grad_norm": self.grad_norm',
            "a record of several updates sums their gradient norms", CONTRACT),
     Mutant("loop.py", '"train/samples_per_s": float(self.totals[1]) / elapsed',

@@ -21,7 +21,6 @@ from __future__ import annotations
 import copy
 import io
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -619,33 +618,6 @@ def test_the_log_holds_the_packages_lines_and_other_libraries_warnings(command, 
         *(["INFO finetune: info from finetune"] if speaks else []), "WARNING finetune: warning from finetune",
         *(["INFO finetune.data: info from finetune.data"] if speaks else []),
         "WARNING finetune.data: warning from finetune.data"], done.stderr
-
-
-@pytest.mark.parametrize("command", ["train", "sweep"])
-def test_into_a_log_file_a_librarys_bar_is_redrawn_seldom_unless_the_user_says_otherwise(command, tmp_path):
-    """datasets draws its bars (reading a file, tokenizing it) with tqdm, ten times a second by default: into a
-    batch job's log every redraw stays. Started with stderr a file, `finetune train` and `finetune sweep` have
-    them redrawn every 30 s, as their own progress is, and a TQDM_MININTERVAL of the user's is kept."""
-    program = (f"import finetune.{command} as {command}\n"
-               f"{command}.build_sweep = lambda *args: None\n"
-               f"def run(*args, **kwargs):\n"
-               f"    import time\n"
-               f"    from datasets.utils.tqdm import tqdm\n"
-               f"    for _ in tqdm(range(12), desc='tokenizing'):\n"
-               f"        time.sleep(0.05)\n"
-               f"    return 0\n"
-               f"{command}.{'run_training' if command == 'train' else 'run_sweep'} = run\n"
-               f"{command}.main({['--sweep', 'any.yaml'] if command == 'sweep' else []!r})\n")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TQDM_")}
-    draws = {}
-    for setting in (None, "0"):
-        log = tmp_path / f"{setting}.log"
-        with open(log, "w") as stderr:
-            subprocess.run([sys.executable, "-c", program], stderr=stderr, timeout=120, check=True,
-                           env={**env, **({"TQDM_MININTERVAL": setting} if setting else {})})
-        draws[setting] = [line for line in re.split("[\r\n]", log.read_text()) if line.startswith("tokenizing:")]
-    assert [draw.split("|")[0].strip() for draw in draws[None]] == ["tokenizing:   0%", "tokenizing: 100%"]
-    assert len(draws["0"]) >= 13  # the start and every iteration drawn, as the user's setting says
 
 
 @pytest.mark.parametrize("argv, said", [

@@ -308,6 +308,36 @@ def test_the_progress_bar_redraws_in_a_terminal_and_a_notebook_and_draws_nothing
     assert redraws(io.StringIO()) == 5
 
 
+def test_into_a_log_file_a_librarys_bar_is_redrawn_seldom_unless_the_user_says_otherwise(tmp_path):
+    """datasets draws its bars (reading a file, tokenizing it) with tqdm, ten times a second by default: into a
+    batch job's log every redraw stays. Started with stderr a file, `finetune train` and `finetune sweep` have
+    them redrawn every 30 s, as their own progress is, and a TQDM_MININTERVAL of the user's is kept. Real
+    processes: tqdm reads the setting when it is imported, which a fork of the suite's interpreter has done."""
+    import os
+
+    def draws(command: str, setting=None) -> list[str]:
+        program = (f"import finetune.{command} as {command}\n"
+                   f"{command}.build_sweep = lambda *args: None\n"
+                   f"def run(*args, **kwargs):\n"
+                   f"    import time\n"
+                   f"    from datasets.utils.tqdm import tqdm\n"
+                   f"    for _ in tqdm(range(12), desc='tokenizing'):\n"
+                   f"        time.sleep(0.05)\n"
+                   f"    return 0\n"
+                   f"{command}.{'run_training' if command == 'train' else 'run_sweep'} = run\n"
+                   f"{command}.main({['--sweep', 'any.yaml'] if command == 'sweep' else []!r})\n")
+        env = {k: v for k, v in os.environ.items() if not k.startswith("TQDM_")}
+        log = tmp_path / f"{command}-{setting}.log"
+        with open(log, "w") as stderr:
+            subprocess.run([sys.executable, "-c", program], stderr=stderr, timeout=120, check=True,
+                           env={**env, **({"TQDM_MININTERVAL": setting} if setting else {})})
+        return [line for line in re.split("[\r\n]", log.read_text()) if line.startswith("tokenizing:")]
+
+    for command in ("train", "sweep"):
+        assert [draw.split("|")[0].strip() for draw in draws(command)] == ["tokenizing:   0%", "tokenizing: 100%"]
+    assert len(draws("train", "0")) >= 13  # the start and every step drawn, as the user's setting says
+
+
 def test_into_a_log_file_the_progress_is_a_line_every_interval_and_one_at_the_end(caplog):
     """A run resumed after 2 of 10 updates, an update every 12 s: a line at the first update 30 s or more after the
     last line (tqdm's rate, remaining time and the last record's loss), and one where it closes."""
