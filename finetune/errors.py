@@ -142,8 +142,7 @@ def log_to_stderr() -> None:
     ``logging.basicConfig`` leaves it: no logger's level is changed.
     """
     ours_or_warnings = logging.StreamHandler()
-    ours_or_warnings.addFilter(lambda record: record.levelno >= logging.WARNING
-                               or record.name.partition(".")[0] == "finetune")
+    ours_or_warnings.addFilter(_ours_or_a_warning)
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", handlers=[ours_or_warnings],
                         level=logging.INFO if is_main_rank() else logging.WARNING)
 
@@ -154,9 +153,14 @@ def notes_to_stderr() -> None:
     itself; other libraries' lines from WARNING up. A log set up already is left as it is, as in
     :func:`log_to_stderr`."""
     notes = logging.StreamHandler()
-    notes.addFilter(lambda record: record.levelno >= logging.WARNING or record.name.partition(".")[0] == "finetune")
+    notes.addFilter(_ours_or_a_warning)
     notes.setFormatter(_NoteFormatter())
     logging.basicConfig(handlers=[notes], level=logging.INFO if is_main_rank() else logging.WARNING)
+
+
+def _ours_or_a_warning(record: logging.LogRecord) -> bool:
+    """The package's records, and any library's from WARNING up."""
+    return record.levelno >= logging.WARNING or record.name.partition(".")[0] == "finetune"
 
 
 class _NoteFormatter(logging.Formatter):
