@@ -119,12 +119,18 @@ def _read_path(path: Path, key: str, cfg: DataConfig, encoding_flag: str) -> Tab
     if fmt in ("csv", "tsv", "json") and cfg.encoding_errors == "strict":
         _check_decodes(path, cfg.encoding, encoding_flag)
     if fmt in ("csv", "tsv"):
-        return _load_delimited(path, fmt, cfg, "--quoting" if encoding_flag.startswith("--") else "data.quoting")
+        return _load_delimited(path, fmt, cfg, _named_as(encoding_flag, "quoting"))
     if fmt == "json":
         return _load_json(path, cfg)
     if fmt == "excel":
-        return read_workbook(path, cfg.sheet, "--sheet" if encoding_flag.startswith("--") else "data.sheet")
+        return read_workbook(path, cfg.sheet, _named_as(encoding_flag, "sheet"))
     return Table.whole(_run_builder("parquet", path), str(path), unit="row")
+
+
+def _named_as(encoding_flag: str, setting: str) -> str:
+    """The name of the data ``setting`` where the encoding is named ``encoding_flag``: ``--sheet`` on a command line
+    that has ``--encoding`` (``finetune predict``), ``data.sheet`` in a config."""
+    return f"--{setting}" if encoding_flag.startswith("--") else f"data.{setting}"
 
 
 def _as_marked(path: Path, cfg: DataConfig) -> DataConfig:
