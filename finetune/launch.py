@@ -224,6 +224,26 @@ def processes_on_this_machine(num_processes: int) -> int:
     return _processes_in("LOCAL_WORLD_SIZE") if os.environ.get("LOCAL_WORLD_SIZE") else max(1, num_processes)
 
 
+def gpus_left_idle(device: torch.device, num_processes: int) -> int:
+    """The GPUs this machine shows (``CUDA_VISIBLE_DEVICES``) that no process of a run on ``device`` trains on.
+
+    0 off a GPU, and for a launch over several machines, whose share of each one its launch decides.
+    """
+    if device.type != "cuda" or processes_on_this_machine(num_processes) != num_processes:
+        return 0
+    import torch
+
+    return max(0, torch.cuda.device_count() - num_processes)
+
+
+def train_command(num_processes: int) -> list[str]:
+    """The command that starts ``finetune train`` on ``num_processes`` processes of one machine."""
+    if num_processes == 1:
+        return ["finetune", "train"]
+    return ["accelerate", "launch", "--multi_gpu", "--num_processes", str(num_processes), "-m", "finetune.cli",
+            "train"]
+
+
 def choose_workers(requested, device: torch.device, num_processes: int, cores: Optional[int] = None) -> int:
     """The DataLoader workers ``data.num_workers`` stands for on ``device``.
 

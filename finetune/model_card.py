@@ -22,6 +22,7 @@ import yaml
 
 from finetune.data_sources import data_sources
 from finetune.errors import ConfigError
+from finetune.launch import train_command
 from finetune.metrics import averaged_over_absent_labels
 from finetune.metrics.ranking import RANKING_METRICS
 from finetune.modeling import hub_id, model_name
@@ -59,12 +60,7 @@ def _same_data(digest: Optional[str]) -> list[str]:
 def reproduce_command(num_processes: int, output_dir: str) -> str:
     """The command that trains this model again from the folder's ``config.yaml``, into a new folder."""
     args = ["--config", f"{output_dir}/{CONFIG_FILE}", f"output.output_dir={output_dir}-again"]
-    if num_processes > 1:
-        launcher = ["accelerate", "launch", "--multi_gpu", "--num_processes", str(num_processes), "-m",
-                    "finetune.cli", "train"]
-    else:
-        launcher = ["finetune", "train"]
-    return shlex.join(launcher + args)
+    return shlex.join(train_command(num_processes) + args)
 
 
 def _use(cfg) -> list[str]:

@@ -13,6 +13,7 @@ is the one line before it.
 from __future__ import annotations
 
 import logging
+import shlex
 from typing import TYPE_CHECKING
 
 from finetune.cpu import heap_reason, plan_cpu_speedups, speedup_settings
@@ -20,7 +21,7 @@ from finetune.cuda_graphs import graphed_run
 from finetune.data import SEEN_IN_TRAINING_AT_MOST
 from finetune.data_sources import data_sources
 from finetune.evaluation import validation_support, validation_targets
-from finetune.launch import choose_precision, describe_cpu_threads
+from finetune.launch import choose_precision, describe_cpu_threads, gpus_left_idle, train_command
 from finetune.metrics import averaged_over_absent_labels, correlations_over_alike_targets, scores_in_a_line
 from finetune.modeling import model_name
 from finetune.optimization import UpdatePlan, describe_layer_rates
@@ -36,14 +37,16 @@ logger = logging.getLogger("finetune")
 # a caution's log record names its kind in this attribute: a sweep says the few-updates caution once for its trials
 CAUTION = "caution"
 FEW_UPDATES_CAUTION = "few_updates"
+# and a sweep says its own caution of idle GPUs, whose cure for it is one worker per GPU, not a launch of each trial
+IDLE_GPUS_CAUTION = "idle_gpus"
 
 
 def say(run: Run) -> None:
     """Log the start line, then what in it is worth a second look."""
     logger.info(describe(run))
-    few = few_updates(run)
+    kinds = {few_updates(run): FEW_UPDATES_CAUTION, idle_gpus(run): IDLE_GPUS_CAUTION}
     for line in cautions(run):
-        logger.warning(line, extra={CAUTION: FEW_UPDATES_CAUTION} if line == few else None)
+        logger.warning(line, extra={CAUTION: kinds[line]} if line in kinds else None)
 
 
 def describe(run: Run) -> str:
@@ -69,6 +72,9 @@ def cautions(run: Run) -> list[str]:
     few = few_updates(run)
     if few is not None:
         lines.append(few)
+    idle = idle_gpus(run)
+    if idle is not None:
+        lines.append(idle)
     targets = validation_targets(run)
     alike = correlations_over_alike_targets(
         run.metrics.names, targets, "validation rows",
@@ -112,6 +118,37 @@ def few_updates(run: Run) -> str | None:
             f"update): a new head learns little in so few (the default job's F1 was 0 after 12 updates, 0.88 "
             f"after 25, 0.94 after 50); training.num_train_epochs={epochs} makes about "
             f"{plan.total_updates * epochs // plan.num_epochs} (docs/configuration.md#few-updates)")
+
+
+def idle_gpus(run: Run) -> str | None:
+    """The caution for a run that leaves GPUs of its machine idle, with the launch that trains on them and the
+    settings that keep its updates: ``finetune train`` starts one process, where the Trainer spreads its batches
+    over every GPU it sees, so a user who switches would otherwise train on one of them without a word."""
+    acc, training = run.accelerator, run.cfg.training
+    idle = gpus_left_idle(acc.device, acc.num_processes)
+    if not idle:
+        return None
+    used, B, b = acc.num_processes, run.batching.effective_batch_size, run.batching.per_device_batch_size
+    gpus = used + idle
+    processes = max(p for p in range(1, gpus + 1) if B % p == 0)  # those that can share each update's samples
+    shown = f"this machine shows {gpus} GPUs and the run trains on {used}"
+    hide = ("CUDA_VISIBLE_DEVICES before the command shows a run only the GPUs it names "
+            "(docs/scaling.md#one-machine-several-gpus)")
+    if processes <= used:
+        return (f"{shown}: its effective batch of {B} splits over no more processes; one that {gpus} divides "
+                f"(training.effective_batch_size) splits over all of them; {hide}")
+    launch = (f"`{shlex.join(train_command(processes))} ...` with the same arguments" if used == 1 else
+              f"its launch with --num_processes {processes}")  # its own config file, FSDP's or DeepSpeed's
+    if training.accumulation_schedule is not None:  # its k are each process's: the updates would grow
+        return f"{shown}: {launch} trains on {processes}, each k of training.accumulation_schedule per process; {hide}"
+    settings = []
+    if training.effective_batch_size is None:  # k given: more processes would make each update larger
+        settings.append(f"training.effective_batch_size={B}")
+    if training.per_device_train_batch_size != "auto" and (B // processes) % b:  # auto chooses one that divides
+        micro = max(d for d in range(1, b + 1) if (B // processes) % d == 0)
+        settings.append(f"training.per_device_train_batch_size={micro}")
+    return (f"{shown}: {launch}{' and ' if settings else ''}{' '.join(settings)} trains on {processes} with the "
+            f"same updates; {hide}")
 
 
 def _unseen_hint(cfg) -> str:

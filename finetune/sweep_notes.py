@@ -30,20 +30,47 @@ class FirstTimeOnly(logging.Filter):
         return True
 
 
+class IdleGpusAsASweepSaysIt(logging.Filter):
+    """Turns the first trial's caution of GPUs it leaves idle into the sweep's, and drops the others: a trial
+    runs in one process, so the cure is a worker on each GPU, not the launch a run's caution names."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.said = False
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        from finetune.start_line import CAUTION, IDLE_GPUS_CAUTION
+
+        if getattr(record, CAUTION, None) != IDLE_GPUS_CAUTION:
+            return True
+        if self.said:
+            return False
+        import torch
+
+        self.said, gpus = True, torch.cuda.device_count()
+        record.msg, record.args = (f"this machine shows {gpus} GPUs and each trial trains on one: a worker on each, "
+                                   f"this command started {gpus} times with CUDA_VISIBLE_DEVICES=0 to {gpus - 1}, "
+                                   f"shares the study and searches up to {gpus} times as fast "
+                                   f"(docs/sweeps.md#several-workers)"), ()
+        return True
+
+
 @contextlib.contextmanager
 def notes_said_once() -> Iterator[None]:
     """Within it, a note on the config (a key the command line replaces) or on the data (a row left out, a label
     warned of) is logged the first time only: every trial reads the same config and data and would say it again;
-    a note that differs (another fold's carve) is said."""
-    first = FirstTimeOnly()
+    a note that differs (another fold's carve) is said. So is the caution of idle GPUs, in a sweep's words."""
+    first, idle = FirstTimeOnly(), IdleGpusAsASweepSaysIt()
     loggers = [logging.getLogger(name) for name in NOTE_LOGGERS]
     for data_logger in loggers:
         data_logger.addFilter(first)
+    logging.getLogger("finetune").addFilter(idle)  # the start line's logger
     try:
         yield
     finally:
         for data_logger in loggers:
             data_logger.removeFilter(first)
+        logging.getLogger("finetune").removeFilter(idle)
 
 
 class FewUpdatesOnce(logging.Filter):

@@ -106,21 +106,25 @@ def test_a_new_head_over_few_updates_is_cautioned_of_with_the_epochs_that_make_e
     from finetune.start_line import FEW_UPDATES, cautions, few_updates
     from tiny_run import reset_accelerate
 
-    def run_of(*extra, epochs=1):
+    def run_of(*extra, epochs=1, told=None):
         reset_accelerate()
         try:
-            return setup_run(_config_with_validation(tmp_path, make_texts(180, seed=5), make_texts(20, seed=6),
-                                                     "dev.csv", epochs=epochs, extra=extra))
+            run = setup_run(_config_with_validation(tmp_path, make_texts(180, seed=5), make_texts(20, seed=6),
+                                                    "dev.csv", epochs=epochs, extra=extra))
+            if told is not None:
+                told.extend(cautions(run))  # while its accelerator stands
+            return run
         finally:
             reset_accelerate()
 
-    run = run_of()
+    told = []
+    run = run_of(told=told)
     assert run.plan.total_updates == 6 and FEW_UPDATES == 50  # 180 texts, 32 an update
     said = few_updates(run)
     assert said == (
         "the run makes 6 updates in all (1 epoch of 180 texts, 32 an update): a new head learns little in so few "
         "(the default job's F1 was 0 after 12 updates, 0.88 after 25, 0.94 after 50); training.num_train_epochs=9 "
-        "makes about 54 (docs/configuration.md#few-updates)") and said in cautions(run)
+        "makes about 54 (docs/configuration.md#few-updates)") and said in told
     # the epochs it names are the fewest that make enough
     enough = run_of(epochs=9)
     assert enough.plan.total_updates == 54 and few_updates(enough) is None
@@ -128,6 +132,102 @@ def test_a_new_head_over_few_updates_is_cautioned_of_with_the_epochs_that_make_e
     # a quick run asked for, and a head that is not new, are left alone
     assert few_updates(run_of("training.max_steps=6", epochs=None)) is None
     assert few_updates(dataclasses.replace(run, new_head=())) is None
+
+
+def test_a_run_that_leaves_gpus_of_its_machine_idle_is_told_the_launch_that_keeps_its_updates(
+        tmp_path, monkeypatch, caplog):
+    """One process on a machine of several GPUs (``finetune train``, where the Trainer would use them all): the
+    caution names the launch over as many as split each update's samples, and the settings that keep the
+    updates; off a GPU, across machines and where every GPU is used, nothing. The sweep says it its own way."""
+    import dataclasses
+    import types
+
+    import torch
+
+    from finetune import setup_run, start_line
+    from finetune.accumulation import Batching
+    from finetune.start_line import CAUTION, IDLE_GPUS_CAUTION, cautions, idle_gpus, say
+    from finetune.sweep_notes import notes_said_once
+    from tiny_run import reset_accelerate
+
+    gpus = {"count": 4}
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus["count"])
+    reset_accelerate()
+    try:
+        run = setup_run(_config_with_validation(tmp_path, make_texts(40, seed=5), make_texts(8, seed=6), "dev.csv"))
+        assert idle_gpus(run) is None  # the run is on the CPU: the GPUs torch is told of are not its kind
+    finally:
+        reset_accelerate()
+    assert (run.batching.per_device_batch_size, run.batching.effective_batch_size) == (8, 32)
+
+    def on(processes=1, device="cuda", b=None, k=None, **training):
+        """The run as its caution sees it on ``processes`` of this machine's GPUs, its config's training keys and
+        its batching (b, k) otherwise."""
+        cfg = run.cfg
+        cfg = dataclasses.replace(cfg, training=dataclasses.replace(cfg.training, **training))
+        batching = run.batching if b is None else Batching(b, k, processes)
+        accelerator = types.SimpleNamespace(device=torch.device(device), num_processes=processes)
+        return dataclasses.replace(run, cfg=cfg, batching=batching, accelerator=accelerator)
+
+    hide = ("CUDA_VISIBLE_DEVICES before the command shows a run only the GPUs it names "
+            "(docs/scaling.md#one-machine-several-gpus)")
+    launch = "`accelerate launch --multi_gpu --num_processes {} -m finetune.cli train ...` with the same arguments"
+    said = idle_gpus(on())
+    assert said == f"this machine shows 4 GPUs and the run trains on 1: {launch.format(4)} trains on 4 with the " \
+                   f"same updates; {hide}"
+    assert said in cautions(on())
+    # k given rather than B: four processes would make each update four times larger
+    assert f"{launch.format(4)} and training.effective_batch_size=32 trains on 4 with the same updates" in idle_gpus(
+        on(effective_batch_size=None, gradient_accumulation_steps=4))
+    # a micro-batch that the 8 samples of each process's share of an update cannot hold whole: the largest that can
+    assert f"{launch.format(4)} and training.per_device_train_batch_size=8 trains on 4 with" in idle_gpus(
+        on(b=16, k=2, per_device_train_batch_size=16))
+    assert f"{launch.format(4)} and training.effective_batch_size=24 training.per_device_train_batch_size=6 trains " \
+           f"on 4 with" in idle_gpus(on(b=8, k=3, effective_batch_size=None, gradient_accumulation_steps=3))
+    assert "trains on 4 with the same" in idle_gpus(on(b=16, k=2, per_device_train_batch_size="auto"))  # auto divides
+    # an accumulation schedule counts k per process: no claim of the same updates
+    assert idle_gpus(on(accumulation_schedule={0: 4, 2: 2})) == (
+        f"this machine shows 4 GPUs and the run trains on 1: {launch.format(4)} trains on 4, each k of "
+        f"training.accumulation_schedule per process; {hide}")
+    # as many processes as split the update: 2 of 3 GPUs for 32 samples; none for 7
+    gpus["count"] = 3
+    assert f"{launch.format(2)} trains on 2 with the same updates" in idle_gpus(on())
+    assert idle_gpus(on(b=7, k=1)) == (
+        "this machine shows 3 GPUs and the run trains on 1: its effective batch of 7 splits over no more "
+        f"processes; one that 3 divides (training.effective_batch_size) splits over all of them; {hide}")
+    # two processes launched of three GPUs: told from the launch's own count
+    assert idle_gpus(on(processes=2, b=8, k=2)) == (
+        f"this machine shows 3 GPUs and the run trains on 2: its effective batch of 32 splits over no more "
+        f"processes; one that 3 divides (training.effective_batch_size) splits over all of them; {hide}")
+    gpus["count"] = 4
+    assert idle_gpus(on(processes=2, b=8, k=2)) == (  # launched by the user's own means: FSDP's config, say
+        f"this machine shows 4 GPUs and the run trains on 2: its launch with --num_processes 4 trains on 4 with the "
+        f"same updates; {hide}")
+    # nothing where every GPU trains, off a GPU, or where the launch spans machines (each decides its own share)
+    gpus["count"] = 1
+    assert idle_gpus(on()) is None
+    gpus["count"] = 4
+    assert idle_gpus(on(device="cpu")) is None and idle_gpus(on(device="mps")) is None
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    assert idle_gpus(on(processes=4, b=8, k=1)) is None
+    monkeypatch.delenv("LOCAL_WORLD_SIZE")
+    # the start line's record names its kind, and a sweep says it once, in its own words: a worker on each GPU
+    monkeypatch.setattr(start_line, "describe", lambda run: "start: ...")  # the line of a run on a GPU it is not on
+    caplog.set_level(logging.INFO, logger="finetune")
+    say(on())
+    (record,) = [r for r in caplog.records if getattr(r, CAUTION, None) == IDLE_GPUS_CAUTION]
+    assert record.getMessage() == said
+    caplog.clear()
+    with notes_said_once():
+        say(on())
+        say(on(b=16, k=2, per_device_train_batch_size=16))  # another trial's batching: the same cure
+    assert [r.getMessage() for r in caplog.records if getattr(r, CAUTION, None) == IDLE_GPUS_CAUTION] == [
+        "this machine shows 4 GPUs and each trial trains on one: a worker on each, this command started 4 times "
+        "with CUDA_VISIBLE_DEVICES=0 to 3, shares the study and searches up to 4 times as fast "
+        "(docs/sweeps.md#several-workers)"]
+    caplog.clear()
+    say(on())  # the sweep over, a run says its own again
+    assert said in caplog.messages
 
 
 def test_validation_rows_trained_on_are_counted_and_cautioned_of_past_a_fifth(tmp_path):
@@ -151,6 +251,9 @@ def test_validation_rows_trained_on_are_counted_and_cautioned_of_past_a_fifth(tm
         said = {seen: (describe(r), cautions(r))
                 for seen, r in [(3, run), (2, fewer), (0, dataclasses.replace(run, seen_in_training=0))]}
         summary = summarize(run, history=[])
+        carved = dataclasses.replace(run, cfg=dataclasses.replace(cfg, data=dataclasses.replace(cfg.data,
+                                                                                              validation_file=None)))
+        carved_said = cautions(carved)
     finally:
         reset_accelerate()
     assert run.seen_in_training == 3
@@ -160,9 +263,7 @@ def test_validation_rows_trained_on_are_counted_and_cautioned_of_past_a_fifth(tm
         "remembers, not how it does on texts it has not seen (take the repeated texts out of the data, or give "
         "another data.validation_file)"]
     # rows carved out of the training file: the carve of distinct texts is what keeps them apart
-    carved = dataclasses.replace(run, cfg=dataclasses.replace(cfg, data=dataclasses.replace(cfg.data,
-                                                                                          validation_file=None)))
-    assert cautions(carved)[0].endswith(
+    assert carved_said[0].endswith(
         "not how it does on texts it has not seen (data.validation_split_by=text carves distinct texts, each with "
         "all its copies)")
     assert said[2][1] == [] and ", 2 of them a text also in train |" in said[2][0]
@@ -186,9 +287,10 @@ def test_a_validation_file_without_the_positive_class_is_cautioned_of_before_tra
     reset_accelerate()
     try:
         run = setup_run(_config_with_validation(tmp_path, train, ham, "ham.csv"))
+        said = cautions(run)  # while its accelerator stands
     finally:
         reset_accelerate()
-    assert cautions(run) == [
+    assert said == [
         "no validation row has the positive class 'spam': its f1, precision and recall are 0 whatever the model "
         "predicts (give validation rows of every class, or evaluation.average=weighted)"]
     by_label = {"ham": {"support": len(ham)}, "spam": {"support": 0}}
