@@ -980,7 +980,8 @@ OUTPUT_MUTANTS = (
     Mutant("results.py", 'round(train["samples"] / seconds, 3) if seconds > 0 else None,',
            'round(train["updates"] / seconds, 3) if seconds > 0 else None,',
            "all_results.json's train_samples_per_second counts updates", ("tests/test_selection.py",)),
-    Mutant("model_card.py", "if num_processes > 1:", "if False:",
+    Mutant("launch.py", '    if num_processes == 1:\n        return ["finetune", "train"]',
+           '    if True:\n        return ["finetune", "train"]',
            "the card's command trains a run of several processes again on one",
            ("tests/test_model_card.py", "tests/test_selection.py")),
     Mutant("model_card.py", 'f"output.output_dir={output_dir}-again"', 'f"output.output_dir={output_dir}"',
@@ -1037,6 +1038,7 @@ TRACKER_MUTANTS = (
 # one run config on any number of processes: the same updates, each process its share of the machine, one log
 # (docs/scaling.md)
 LAUNCH = ("tests/test_scaling.py",)
+IDLE = ("tests/test_start_of_run.py",)
 SCALING_MUTANTS = (
     Mutant("accumulation.py", "if B % (b * num_processes) != 0:", "if B % b != 0:",
            "an effective batch the processes cannot split is let through", LAUNCH + ("tests/test_auto_batch.py",)),
@@ -1059,6 +1061,20 @@ SCALING_MUTANTS = (
     Mutant("tracking.py", "        if self.accelerator.is_main_process:\n            with open(self.path",
            "        if True:\n            with open(self.path",
            "every process writes the log's records, so each update is there once per process", LAUNCH),
+    # the caution of GPUs a run leaves idle (finetune/start_line.py), and the launch it names
+    Mutant("launch.py", 'if device.type != "cuda" or processes_on_this_machine(num_processes) != num_processes:',
+           'if device.type != "cuda":', "each machine of a launch over several is told to launch its GPUs alone",
+           IDLE),
+    Mutant("start_line.py", "processes = max(p for p in range(1, gpus + 1) if B % p == 0)", "processes = gpus",
+           "the caution names a launch over processes that cannot split the effective batch, which is refused",
+           IDLE),
+    Mutant("start_line.py", "    if training.effective_batch_size is None:  # k given", "    if False:  # k given",
+           "a run of a given k is told a launch whose updates are as many times larger as its processes", IDLE),
+    Mutant("start_line.py", "(B // processes) % b:", "B % b:",
+           "the launch named keeps a micro-batch each process's share of an update cannot hold, which is refused",
+           IDLE),
+    Mutant("sweep_notes.py", "        if self.said:\n            return False",
+           "        if False:\n            return False", "a sweep says the caution of idle GPUs again for every trial", IDLE),
 )
 
 # no run deletes work it was not told to: what output.overwrite clears, what pruning removes, the folder's lock
