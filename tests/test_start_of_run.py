@@ -208,8 +208,8 @@ def test_a_run_that_leaves_gpus_of_its_machine_idle_is_told_the_launch_that_keep
     assert idle_gpus(on()) is None
     gpus["count"] = 4
     assert idle_gpus(on(device="cpu")) is None and idle_gpus(on(device="mps")) is None
-    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
-    assert idle_gpus(on(processes=4, b=8, k=1)) is None
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")  # one process on each of two machines of four GPUs
+    assert idle_gpus(on(processes=2, b=8, k=2)) is None
     monkeypatch.delenv("LOCAL_WORLD_SIZE")
     # the start line's record names its kind, and a sweep says it once, in its own words: a worker on each GPU
     monkeypatch.setattr(start_line, "describe", lambda run: "start: ...")  # the line of a run on a GPU it is not on
