@@ -1,4 +1,5 @@
-"""What this machine has: the CPU cores and memory a process may use, and its CPU's maker and feature flags.
+"""What this machine has: the CPU cores and memory a process may use, its CPU's maker and feature flags, and the
+NVIDIA GPUs its driver drives, whether torch can reach them or not.
 
 Facts read from the system, with no decision in them: :mod:`finetune.launch` decides threads, workers and
 precision from them, :mod:`finetune.memory` holds a run's memory plan to them, and :mod:`finetune.start_line`
@@ -21,6 +22,8 @@ from typing import Optional
 
 CGROUPS = Path("/sys/fs/cgroup")
 OWN_CGROUP = Path("/proc/self/cgroup")
+# the NVIDIA driver's folder of one sub-folder for each GPU it drives, there whatever torch was built for
+NVIDIA_GPUS = Path("/proc/driver/nvidia/gpus")
 # cgroups v1 writes "no limit" as the largest page-aligned 64-bit number; anything past 2**62 bytes is none
 _NO_V1_LIMIT = 1 << 62
 
@@ -164,3 +167,13 @@ def cpu_flags() -> set[str]:
 def cpu_vendor() -> str:
     """The CPU's maker as ``/proc/cpuinfo`` names it (``GenuineIntel``, ``AuthenticAMD``; empty where unknown)."""
     return _cpuinfo_field("vendor_id")
+
+
+def nvidia_gpus(listed: Optional[Path] = None) -> int:
+    """The GPUs the NVIDIA driver drives (0 where it is not loaded, or off Linux): what the machine has, where
+    ``torch.cuda`` counts only those a CUDA build of torch can reach."""
+    listed = NVIDIA_GPUS if listed is None else listed
+    try:
+        return sum(1 for entry in listed.iterdir() if entry.is_dir())
+    except OSError:
+        return 0

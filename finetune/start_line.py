@@ -3,8 +3,8 @@
 It reads as the run does: what (the model, its head, LoRA's adapters, the data and its
 validation rows), how (the precision and why it was chosen, ``b x k x P``,
 the updates, the metrics' averaging), and where (processes, backend, device,
-threads, the memory plan, the CPU speed-ups in force, the micro-batch cut), then the output
-folder. The decisions setup takes on its way (the averaging, the class
+threads, the memory plan, the CPU speed-ups in force, the micro-batch cut:
+:mod:`finetune.placement`), then the output folder. The decisions setup takes on its way (the averaging, the class
 weights, the rows read) are said here rather than line by line before it, so
 the first line of a run says what will happen and anything wrong in the input
 is the one line before it.
@@ -13,18 +13,16 @@ is the one line before it.
 from __future__ import annotations
 
 import logging
-import shlex
 from typing import TYPE_CHECKING
 
-from finetune.cpu import heap_reason, plan_cpu_speedups, speedup_settings
-from finetune.cuda_graphs import graphed_run
 from finetune.data import SEEN_IN_TRAINING_AT_MOST
 from finetune.data_sources import data_sources
 from finetune.evaluation import validation_support, validation_targets
-from finetune.launch import choose_precision, describe_cpu_threads, gpus_left_idle, train_command
+from finetune.launch import choose_precision
 from finetune.metrics import averaged_over_absent_labels, correlations_over_alike_targets, scores_in_a_line
 from finetune.modeling import model_name
 from finetune.optimization import UpdatePlan, describe_layer_rates
+from finetune.placement import gpus_out_of_reach, idle_gpus, where
 from finetune.run import Run
 from finetune.schema import DEFAULT_THRESHOLD
 
@@ -51,7 +49,7 @@ def say(run: Run) -> None:
 
 def describe(run: Run) -> str:
     """One line: what the run trains on what, how, and where, then its output folder."""
-    return f"start: {_what(run)} | {_how(run)} | {_where(run)} -> {run.cfg.output.output_dir}"
+    return f"start: {_what(run)} | {_how(run)} | {where(run)} -> {run.cfg.output.output_dir}"
 
 
 # below it, a rate is full fine-tuning's: LoRA's adapters start at zero and usually want 5 to 20 times it
@@ -72,7 +70,7 @@ def cautions(run: Run) -> list[str]:
     few = few_updates(run)
     if few is not None:
         lines.append(few)
-    idle = idle_gpus(run)
+    idle = idle_gpus(run) or gpus_out_of_reach(run)
     if idle is not None:
         lines.append(idle)
     targets = validation_targets(run)
@@ -118,37 +116,6 @@ def few_updates(run: Run) -> str | None:
             f"update): a new head learns little in so few (the default job's F1 was 0 after 12 updates, 0.88 "
             f"after 25, 0.94 after 50); training.num_train_epochs={epochs} makes about "
             f"{plan.total_updates * epochs // plan.num_epochs} (docs/configuration.md#few-updates)")
-
-
-def idle_gpus(run: Run) -> str | None:
-    """The caution for a run that leaves GPUs of its machine idle, with the launch that trains on them and the
-    settings that keep its updates: ``finetune train`` starts one process, where the Trainer spreads its batches
-    over every GPU it sees, so a user who switches would otherwise train on one of them without a word."""
-    acc, training = run.accelerator, run.cfg.training
-    idle = gpus_left_idle(acc.device, acc.num_processes)
-    if not idle:
-        return None
-    used, B, b = acc.num_processes, run.batching.effective_batch_size, run.batching.per_device_batch_size
-    gpus = used + idle
-    processes = max(p for p in range(1, gpus + 1) if B % p == 0)  # those that can share each update's samples
-    shown = f"this machine shows {gpus} GPUs and the run trains on {used}"
-    hide = ("CUDA_VISIBLE_DEVICES before the command shows a run only the GPUs it names "
-            "(docs/scaling.md#one-machine-several-gpus)")
-    if processes <= used:
-        return (f"{shown}: its effective batch of {B} splits over no more processes; one that {gpus} divides "
-                f"(training.effective_batch_size) splits over all of them; {hide}")
-    launch = (f"`{shlex.join(train_command(processes))} ...` with the same arguments" if used == 1 else
-              f"its launch with --num_processes {processes}")  # its own config file, FSDP's or DeepSpeed's
-    if training.accumulation_schedule is not None:  # its k are each process's: the updates would grow
-        return f"{shown}: {launch} trains on {processes}, each k of training.accumulation_schedule per process; {hide}"
-    settings = []
-    if training.effective_batch_size is None:  # k given: more processes would make each update larger
-        settings.append(f"training.effective_batch_size={B}")
-    if training.per_device_train_batch_size != "auto" and (B // processes) % b:  # auto chooses one that divides
-        micro = max(d for d in range(1, b + 1) if (B // processes) % d == 0)
-        settings.append(f"training.per_device_train_batch_size={micro}")
-    return (f"{shown}: {launch}{' and ' if settings else ''}{' '.join(settings)} trains on {processes} with the "
-            f"same updates; {hide}")
 
 
 def _unseen_hint(cfg) -> str:
@@ -234,34 +201,6 @@ def _thresholds(run: Run) -> str:
         return f"threshold={given:g}"
     others = f" (others {DEFAULT_THRESHOLD:g})" if len(given) < len(names) else ""
     return "thresholds=" + ",".join(f"{name}:{t:g}" for name, t in given.items()) + others
-
-
-def _where(run: Run) -> str:
-    acc, training = run.accelerator, run.cfg.training
-    backend = getattr(acc.state, "backend", None) or "none"
-    threads = f" {describe_cpu_threads()}" if acc.device.type == "cpu" else ""
-    settings = speedup_settings(training, run.memory)  # training.cpu_heap: auto decided by the memory plan
-    speedups = plan_cpu_speedups(run.model, acc, quiet=True, **settings).describe(heap_reason(training.cpu_heap))
-    cut = "balanced" if hasattr(run.train_dataloader.batch_sampler, "sizes") else "equal"
-    memory = f" {run.memory.describe()}" if run.memory is not None else ""
-    engine = f" engine={acc.distributed_type.value}" if acc.distributed_type.value in ("FSDP", "DEEPSPEED") else ""
-    graphs = " cuda_graphs=on" if graphed_run(run) else ""
-    # said: the first updates carry its compile
-    compiled = f" torch_compile={str(training.torch_compile).lower()}" if training.torch_compile else ""
-    apart = " bias_apart=on" if training.bias_apart else ""
-    model = acc.unwrap_model(run.model)  # what set_forward and set_attention_kernel applied, on the model itself
-    fusion = " gradient_accumulation_fusion=on" if getattr(model, "fused_weight_grads", 0) else ""
-    asked = getattr(model, "attention_kernel", None)  # where the model's attention takes it
-    kernel = f" attention_kernel={asked}" if asked else ""
-    return (f"processes={acc.num_processes} backend={backend}{engine} device={acc.device}{threads}{memory}{graphs}"
-            f"{compiled}{apart}{fusion}{kernel}"
-            f"{' ' + speedups if speedups else ''} workers={run.train_dataloader.num_workers} micro-batches={cut}"
-            f"{_padding(run)}")
-
-
-def _padding(run: Run) -> str:
-    said = run.padding.describe() if run.padding is not None else ""
-    return f" {said}" if said else ""
 
 
 def _updates_by_epoch(plan: UpdatePlan) -> str:

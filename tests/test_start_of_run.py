@@ -134,40 +134,55 @@ def test_a_new_head_over_few_updates_is_cautioned_of_with_the_epochs_that_make_e
     assert few_updates(dataclasses.replace(run, new_head=())) is None
 
 
-def test_a_run_that_leaves_gpus_of_its_machine_idle_is_told_the_launch_that_keeps_its_updates(
-        tmp_path, monkeypatch, caplog):
-    """One process on a machine of several GPUs (``finetune train``, where the Trainer would use them all): the
-    caution names the launch over as many as split each update's samples, and the settings that keep the
-    updates; off a GPU, across machines and where every GPU is used, nothing. The sweep says it its own way."""
+@pytest.fixture(scope="module")
+def built_run(tmp_path_factory):
+    """A tiny run, built once, its accelerator let go: the cautions of the GPUs see it on a stand-in device."""
+    from finetune import setup_run
+    from tiny_run import reset_accelerate
+
+    root = tmp_path_factory.mktemp("built")
+    reset_accelerate()
+    try:
+        return setup_run(_config_with_validation(root, make_texts(40, seed=5), make_texts(8, seed=6), "dev.csv"))
+    finally:
+        reset_accelerate()
+
+
+def _on(run, processes=1, device="cuda", b=None, k=None, **training):
+    """``run`` as a caution of the GPUs sees it on ``device`` with ``processes`` of this machine's, its config's
+    training keys and its batching (b, k) otherwise."""
     import dataclasses
     import types
 
     import torch
 
-    from finetune import setup_run, start_line
     from finetune.accumulation import Batching
-    from finetune.start_line import CAUTION, IDLE_GPUS_CAUTION, cautions, idle_gpus, say
-    from finetune.sweep_notes import notes_said_once
-    from tiny_run import reset_accelerate
 
+    cfg = dataclasses.replace(run.cfg, training=dataclasses.replace(run.cfg.training, **training))
+    batching = run.batching if b is None else Batching(b, k, processes)
+    accelerator = types.SimpleNamespace(device=torch.device(device), num_processes=processes)
+    return dataclasses.replace(run, cfg=cfg, batching=batching, accelerator=accelerator)
+
+
+def test_a_run_that_leaves_gpus_of_its_machine_idle_is_told_the_launch_that_keeps_its_updates(
+        built_run, monkeypatch, caplog):
+    """One process on a machine of several GPUs (``finetune train``, where the Trainer would use them all): the
+    caution names the launch over as many as split each update's samples, and the settings that keep the
+    updates; off a GPU, across machines and where every GPU is used, nothing. The sweep says it its own way."""
+    import functools
+
+    import torch
+
+    from finetune import start_line
+    from finetune.start_line import CAUTION, IDLE_GPUS_CAUTION, cautions, say
+    from finetune.placement import idle_gpus
+    from finetune.sweep_notes import notes_said_once
+
+    run = built_run
+    assert (run.batching.per_device_batch_size, run.batching.effective_batch_size) == (8, 32)
     gpus = {"count": 4}
     monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus["count"])
-    reset_accelerate()
-    try:
-        run = setup_run(_config_with_validation(tmp_path, make_texts(40, seed=5), make_texts(8, seed=6), "dev.csv"))
-        assert idle_gpus(run) is None  # the run is on the CPU: the GPUs torch is told of are not its kind
-    finally:
-        reset_accelerate()
-    assert (run.batching.per_device_batch_size, run.batching.effective_batch_size) == (8, 32)
-
-    def on(processes=1, device="cuda", b=None, k=None, **training):
-        """The run as its caution sees it on ``processes`` of this machine's GPUs, its config's training keys and
-        its batching (b, k) otherwise."""
-        cfg = run.cfg
-        cfg = dataclasses.replace(cfg, training=dataclasses.replace(cfg.training, **training))
-        batching = run.batching if b is None else Batching(b, k, processes)
-        accelerator = types.SimpleNamespace(device=torch.device(device), num_processes=processes)
-        return dataclasses.replace(run, cfg=cfg, batching=batching, accelerator=accelerator)
+    on = functools.partial(_on, run)
 
     hide = ("CUDA_VISIBLE_DEVICES before the command shows a run only the GPUs it names "
             "(docs/scaling.md#one-machine-several-gpus)")
@@ -228,6 +243,57 @@ def test_a_run_that_leaves_gpus_of_its_machine_idle_is_told_the_launch_that_keep
     caplog.clear()
     say(on())  # the sweep over, a run says its own again
     assert said in caplog.messages
+
+
+def test_a_run_on_the_cpu_of_a_machine_with_nvidia_gpus_says_why_torch_cannot_reach_them(
+        built_run, tmp_path, monkeypatch):
+    """The driver drives GPUs (its folder lists them) and the run trains on the CPU: torch built without CUDA, or
+    built for a CUDA the driver cannot run, is said; GPUs hidden on purpose, or a run on a GPU, are not."""
+    import torch
+
+    from finetune import machine
+    from finetune.start_line import cautions
+    from finetune.placement import gpus_out_of_reach
+
+    listed = tmp_path / "gpus"
+    monkeypatch.setattr(machine, "NVIDIA_GPUS", listed)
+    assert machine.nvidia_gpus() == 0  # no driver loaded
+    listed.mkdir()
+    (listed / "0000:01:00.0").mkdir()
+    (listed / "information").write_text("not a GPU's folder")
+    assert machine.nvidia_gpus() == 1
+    (listed / "0000:41:00.0").mkdir()
+    assert machine.nvidia_gpus() == 2
+    for name in ("CUDA_VISIBLE_DEVICES", "ACCELERATE_USE_CPU"):
+        monkeypatch.delenv(name, raising=False)
+    on_cpu, on_gpu = _on(built_run, device="cpu"), _on(built_run, device="cuda")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)  # the one the run on a GPU is on
+
+    monkeypatch.setattr(torch.version, "cuda", None)
+    said = ("this machine has 2 NVIDIA GPUs and the run trains on the CPU: torch {} is a build without CUDA; one with "
+            "CUDA trains on them (the command for this machine: pytorch.org/get-started/locally)")
+    assert said.format(torch.__version__) in cautions(on_cpu)
+    monkeypatch.setattr(torch.version, "cuda", "12.8")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert gpus_out_of_reach(on_cpu) == (
+        f"this machine has 2 NVIDIA GPUs and the run trains on the CPU: torch {torch.__version__}, built for CUDA "
+        f"12.8, cannot reach them (torch.cuda.is_available() is False: most often a driver older than that CUDA "
+        f"needs; nvidia-smi names the newest CUDA the driver runs)")
+    (listed / "0000:41:00.0").rmdir()
+    assert "has 1 NVIDIA GPU and the run trains on the CPU: " in gpus_out_of_reach(on_cpu)
+    assert "cannot reach it (" in gpus_out_of_reach(on_cpu)
+    # torch reaches them, and the run is on the CPU all the same: asked for (a launch's --cpu)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert gpus_out_of_reach(on_cpu) is None
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    # hidden on purpose, or the run on a GPU: nothing
+    for name, value in (("CUDA_VISIBLE_DEVICES", ""), ("CUDA_VISIBLE_DEVICES", "-1"), ("ACCELERATE_USE_CPU", "True")):
+        with monkeypatch.context() as env:
+            env.setenv(name, value)
+            assert gpus_out_of_reach(on_cpu) is None, (name, value)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")  # one GPU named, which torch cannot reach: said
+    assert gpus_out_of_reach(on_cpu) is not None
+    assert gpus_out_of_reach(on_gpu) is None and not any("NVIDIA" in line for line in cautions(on_gpu))
 
 
 def test_validation_rows_trained_on_are_counted_and_cautioned_of_past_a_fifth(tmp_path):
