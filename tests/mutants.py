@@ -20,7 +20,7 @@ a dry run says; or that a run writes what README.md's table says, never replacin
 copies the checkout's tracked files into a scratch folder, applies one mutant at a time there, runs its tests
 (without the GPU ones) and restores the line: the checkout itself is never changed.
 
-    python tests/mutants.py                     # every mutant: about 205 minutes on 2 CPU cores
+    python tests/mutants.py                     # every mutant: about 210 minutes on 2 CPU cores
     python tests/mutants.py --rules resume      # one promise's: accumulation, resume, input, scores, memory, sweep,
                                                 #   long_texts, inference, logging, evaluation, data, outputs,
                                                 #   trackers, scaling, keeping, dry_run, cpu, gpu_levers
