@@ -35,14 +35,17 @@ logger = logging.getLogger("finetune")
 # a caution's log record names its kind in this attribute: a sweep says the few-updates caution once for its trials
 CAUTION = "caution"
 FEW_UPDATES_CAUTION = "few_updates"
-# and a sweep says its own caution of idle GPUs, whose cure for it is one worker per GPU, not a launch of each trial
+# and a sweep says those of the GPUs a trial leaves unused once: the idle ones in its own words (its cure is a
+# worker on each GPU, not a launch of each trial), those torch cannot reach as a run says them
 IDLE_GPUS_CAUTION = "idle_gpus"
+GPUS_OUT_OF_REACH_CAUTION = "gpus_out_of_reach"
 
 
 def say(run: Run) -> None:
     """Log the start line, then what in it is worth a second look."""
     logger.info(describe(run))
-    kinds = {few_updates(run): FEW_UPDATES_CAUTION, idle_gpus(run): IDLE_GPUS_CAUTION}
+    kinds = {few_updates(run): FEW_UPDATES_CAUTION, idle_gpus(run): IDLE_GPUS_CAUTION,
+             gpus_out_of_reach(run): GPUS_OUT_OF_REACH_CAUTION}
     for line in cautions(run):
         logger.warning(line, extra={CAUTION: kinds[line]} if line in kinds else None)
 

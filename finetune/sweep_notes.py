@@ -30,28 +30,32 @@ class FirstTimeOnly(logging.Filter):
         return True
 
 
-class IdleGpusAsASweepSaysIt(logging.Filter):
-    """Turns the first trial's caution of GPUs it leaves idle into the sweep's, and drops the others: a trial
-    runs in one process, so the cure is a worker on each GPU, not the launch a run's caution names."""
+class GpusSaidOnce(logging.Filter):
+    """Lets the first trial's caution of the GPUs it leaves unused through, and drops the other trials' copies: in
+    the sweep's words where they are idle (a trial runs in one process, so the cure is a worker on each GPU, not
+    the launch a run's caution names), as a run says it where torch cannot reach them."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.said = False
+        self.said: set[str] = set()
 
     def filter(self, record: logging.LogRecord) -> bool:
-        from finetune.start_line import CAUTION, IDLE_GPUS_CAUTION
+        from finetune.start_line import CAUTION, GPUS_OUT_OF_REACH_CAUTION, IDLE_GPUS_CAUTION
 
-        if getattr(record, CAUTION, None) != IDLE_GPUS_CAUTION:
+        kind = getattr(record, CAUTION, None)
+        if kind not in (IDLE_GPUS_CAUTION, GPUS_OUT_OF_REACH_CAUTION):
             return True
-        if self.said:
+        if kind in self.said:
             return False
-        import torch
+        self.said.add(kind)
+        if kind == IDLE_GPUS_CAUTION:
+            import torch
 
-        self.said, gpus = True, torch.cuda.device_count()
-        record.msg, record.args = (f"this machine shows {gpus} GPUs and each trial trains on one: a worker on each, "
-                                   f"this command started {gpus} times with CUDA_VISIBLE_DEVICES=0 to {gpus - 1}, "
-                                   f"shares the study and searches up to {gpus} times as fast "
-                                   f"(docs/sweeps.md#several-workers)"), ()
+            gpus = torch.cuda.device_count()
+            record.msg, record.args = (f"this machine shows {gpus} GPUs and each trial trains on one: a worker on "
+                                       f"each, this command started {gpus} times with CUDA_VISIBLE_DEVICES=0 to "
+                                       f"{gpus - 1}, shares the study and searches up to {gpus} times as fast "
+                                       f"(docs/sweeps.md#several-workers)"), ()
         return True
 
 
@@ -59,18 +63,18 @@ class IdleGpusAsASweepSaysIt(logging.Filter):
 def notes_said_once() -> Iterator[None]:
     """Within it, a note on the config (a key the command line replaces) or on the data (a row left out, a label
     warned of) is logged the first time only: every trial reads the same config and data and would say it again;
-    a note that differs (another fold's carve) is said. So is the caution of idle GPUs, in a sweep's words."""
-    first, idle = FirstTimeOnly(), IdleGpusAsASweepSaysIt()
+    a note that differs (another fold's carve) is said. So are the cautions of the GPUs a trial leaves unused."""
+    first, gpus = FirstTimeOnly(), GpusSaidOnce()
     loggers = [logging.getLogger(name) for name in NOTE_LOGGERS]
     for data_logger in loggers:
         data_logger.addFilter(first)
-    logging.getLogger("finetune").addFilter(idle)  # the start line's logger
+    logging.getLogger("finetune").addFilter(gpus)  # the start line's logger
     try:
         yield
     finally:
         for data_logger in loggers:
             data_logger.removeFilter(first)
-        logging.getLogger("finetune").removeFilter(idle)
+        logging.getLogger("finetune").removeFilter(gpus)
 
 
 class FewUpdatesOnce(logging.Filter):

@@ -1086,8 +1086,9 @@ SCALING_MUTANTS = (
            "GPUs hidden with CUDA_VISIBLE_DEVICES=-1 are cautioned of as out of torch's reach", IDLE),
     Mutant("launch.py", 'in ("1", "true", "yes")', 'in ("1", "yes")',
            "a run that accelerate launch --cpu put on the CPU is cautioned of the GPUs it leaves", IDLE),
-    Mutant("sweep_notes.py", "        if self.said:\n            return False",
-           "        if False:\n            return False", "a sweep says the caution of idle GPUs again for every trial", IDLE),
+    Mutant("sweep_notes.py", "        if kind in self.said:\n            return False",
+           "        if False:\n            return False",
+           "a sweep says the cautions of the GPUs a trial leaves unused again for every trial", IDLE),
 )
 
 # no run deletes work it was not told to: what output.overwrite clears, what pruning removes, the folder's lock

@@ -246,13 +246,15 @@ def test_a_run_that_leaves_gpus_of_its_machine_idle_is_told_the_launch_that_keep
 
 
 def test_a_run_on_the_cpu_of_a_machine_with_nvidia_gpus_says_why_torch_cannot_reach_them(
-        built_run, tmp_path, monkeypatch):
+        built_run, tmp_path, monkeypatch, caplog):
     """The driver drives GPUs (its folder lists them) and the run trains on the CPU: torch built without CUDA, or
-    built for a CUDA the driver cannot run, is said; GPUs hidden on purpose, or a run on a GPU, are not."""
+    built for a CUDA the driver cannot run, is said (once in a sweep); GPUs hidden on purpose, or a run on a GPU,
+    are not."""
     import torch
 
-    from finetune import machine
-    from finetune.start_line import cautions
+    from finetune import machine, start_line
+    from finetune.start_line import cautions, say
+    from finetune.sweep_notes import notes_said_once
     from finetune.placement import gpus_out_of_reach
 
     listed = tmp_path / "gpus"
@@ -273,6 +275,12 @@ def test_a_run_on_the_cpu_of_a_machine_with_nvidia_gpus_says_why_torch_cannot_re
     said = ("this machine has 2 NVIDIA GPUs and the run trains on the CPU: torch {} is a build without CUDA; one with "
             "CUDA trains on them (the command for this machine: pytorch.org/get-started/locally)")
     assert said.format(torch.__version__) in cautions(on_cpu)
+    monkeypatch.setattr(start_line, "describe", lambda run: "start: ...")  # the line of a run it is not
+    caplog.set_level(logging.INFO, logger="finetune")
+    with notes_said_once():
+        say(on_cpu)
+        say(on_cpu)  # the next trial of a sweep
+    assert [message for message in caplog.messages if "NVIDIA" in message] == [said.format(torch.__version__)]
     monkeypatch.setattr(torch.version, "cuda", "12.8")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert gpus_out_of_reach(on_cpu) == (
