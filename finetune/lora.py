@@ -413,11 +413,28 @@ def load_adapter_checkpoint(path: Path):
                          f"{(str(exc).strip().splitlines() or [type(exc).__name__])[0]}") from None
     if new_head_of(model, info)[1]:
         show(held)  # more than the head: transformers' report says what
-    # safe_merge writes each merged weight into new storage (and checks it is finite) instead of adding the
-    # update into the loaded weights', which a loader may share with other loads of the same base model: a
-    # second load of a checkpoint after a run in the same process added its update into the first's weights
     with _no_rename_warning():
-        return PeftModel.from_pretrained(model, str(path / ADAPTER_DIR)).merge_and_unload(safe_merge=True)
+        adapted = PeftModel.from_pretrained(model, str(path / ADAPTER_DIR))
+    return merged_into_own_storage(adapted)
+
+
+def merged_into_own_storage(adapted):
+    """The PEFT model ``adapted`` with its adapters merged into weights of storage of their own.
+
+    PEFT's merge writes each merged weight into the base layer's tensor (in place from PEFT 0.22, ``safe_merge``
+    too), and a loader may share that storage with its other loads of the same base model: a second load of a
+    checkpoint after a run in the same process added its update into the first's weights. Each weight and bias
+    a merge writes is copied first; ``safe_merge`` checks the merged values are finite.
+    """
+    from peft.tuners.lora import LoraLayer
+
+    for module in adapted.modules():
+        if isinstance(module, LoraLayer):
+            base = module.get_base_layer()
+            for tensor in (base.weight, getattr(base, "bias", None)):
+                if tensor is not None:
+                    tensor.data = tensor.data.clone()
+    return adapted.merge_and_unload(safe_merge=True)
 
 
 def base_model_of(adapter_dir: Path) -> str:

@@ -1,7 +1,8 @@
 """transformers' learning-rate schedules, imported without the log lines of what their module imports.
 
-transformers' scheduler module imports PEFT where it is installed, PEFT imports bitsandbytes where that is, and
-bitsandbytes, on a CPU that computes bf16, looks up a 4-bit matrix-product kernel on the Hub as it is imported
+transformers' scheduler module imports PEFT where it is installed, PEFT imports bitsandbytes where that is (as it
+is imported, or, from PEFT 0.22, as it first wraps a model's layers), and bitsandbytes, on a CPU that computes bf16,
+looks up a 4-bit matrix-product kernel on the Hub as it is imported
 (``kernels-community/quantization-bitsandbytes``). No run of this package uses that kernel (it keeps no 4-bit
 weights), yet its lookup logs a warning at every run's start: offline, that the publisher's trust was not checked;
 on a CUDA build of torch, that no build of the kernel fits. The import runs with those two libraries' loggers
@@ -12,6 +13,7 @@ raised to errors; every other record passes, and their levels are put back after
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import logging
 from contextlib import contextmanager
 from typing import Iterator
@@ -36,10 +38,14 @@ def quiet_kernel_lookup() -> Iterator[None]:
 
 
 def quietly_imported(name: str):
-    """The module ``name``, imported inside :func:`quiet_kernel_lookup`: PEFT (which imports bitsandbytes wherever
-    it is installed) and bitsandbytes, which a LoRA run and an 8-bit AdamW run import before any schedule."""
+    """The module ``name``, imported inside :func:`quiet_kernel_lookup`: PEFT and bitsandbytes, which a LoRA run
+    and an 8-bit AdamW run import before any schedule. With PEFT comes bitsandbytes, where it is installed: PEFT
+    imports it later, as it first wraps a model's layers, outside any block of the caller's."""
     with quiet_kernel_lookup():
-        return importlib.import_module(name)
+        module = importlib.import_module(name)
+        if name == "peft" and importlib.util.find_spec("bitsandbytes") is not None:
+            importlib.import_module("bitsandbytes")
+        return module
 
 
 def transformers_schedules():

@@ -445,6 +445,8 @@ MEMORY_MUTANTS = (
            "pass", "a LoRA run resumes with fresh adapters", LORA + RESUME),
     Mutant("lora.py", "merge_and_unload(safe_merge=True)", "unload()",
            "a LoRA checkpoint's model predicts without its adapters", LORA),
+    Mutant("lora.py", "tensor.data = tensor.data.clone()", "pass",
+           "loading a LoRA checkpoint merges its update into the base weights the loader handed out", LORA),
 )
 
 # a sweep finds the best run and says how much of its score is the seed (docs/sweeps.md)
