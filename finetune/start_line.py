@@ -73,9 +73,9 @@ def cautions(run: Run) -> list[str]:
     few = few_updates(run)
     if few is not None:
         lines.append(few)
-    idle = idle_gpus(run) or gpus_out_of_reach(run)
-    if idle is not None:
-        lines.append(idle)
+    unused = idle_gpus(run) or gpus_out_of_reach(run)  # one or the other: a run on a GPU, or on the CPU
+    if unused is not None:
+        lines.append(unused)
     targets = validation_targets(run)
     alike = correlations_over_alike_targets(
         run.metrics.names, targets, "validation rows",
