@@ -39,13 +39,14 @@ class Comparison:
 
 
 def score_against(this, other_dir, batch_size: int, precision: str, across_processes: bool = False) -> Comparison:
-    """Load the other run's model and compare it with ``this`` on the same texts (:func:`compare`);
-    ``across_processes``: the launched processes share its batches (:class:`~finetune.predict.Predictor`)."""
+    """Load the other run's model (or a folder of runs' models, averaged: :mod:`finetune.ensemble`) and compare it
+    with ``this`` on the same texts (:func:`compare`); ``across_processes``: the launched processes share its
+    batches (:class:`~finetune.predictor.Predictor`)."""
     from finetune.errors import out_of_memory_told_as
-    from finetune.predict import Predictor, batch_too_large
+    from finetune.predict import batch_too_large, load_predictor
 
     with out_of_memory_told_as(lambda _: batch_too_large(batch_size)):
-        predictor = Predictor.load(other_dir, batch_size=batch_size, precision=precision,
+        predictor = load_predictor(other_dir, batch_size=batch_size, precision=precision,
                                    across_processes=across_processes)
         return compare(this, predictor, str(other_dir), this.suite)
 
@@ -56,7 +57,7 @@ def compare(this, predictor, other_dir: str, suite) -> Comparison:
 
     Args:
         this: The first model's score of the file (with its texts).
-        predictor: The other run's :class:`~finetune.predict.Predictor`.
+        predictor: The other run's :class:`~finetune.predictor.Predictor`.
         other_dir: The other run's folder, for the report.
         suite: The first run's metrics (a :class:`~finetune.metrics.MetricSuite`, or the multi-label or
             regression ones).

@@ -31,7 +31,7 @@ def write_out_of_fold(folder: Path, runs: dict[int, Path]) -> Optional[Path]:
     """``folder/predictions.csv`` from each fold's run (``runs``: each fold's run folder), or ``None`` while a
     fold's run has not saved its model. Written aside and renamed into place, so that a reader (or another worker
     writing the same file) never meets half of it."""
-    from finetune.predict import Predictor
+    from finetune.predictor import Predictor
 
     if not all((run / CONFIG_FILE).is_file() and (run / "config.json").is_file() for run in runs.values()):
         return None

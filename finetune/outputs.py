@@ -95,6 +95,12 @@ def what_the_folder_holds_instead(folder: Path) -> Optional[str]:
         except (OSError, ValueError, KeyError, TypeError):
             base = "its base model"
         return f"it holds a LoRA adapter alone, which PEFT loads onto {base} (PeftModel.from_pretrained)"
+    # a sweep's folder: the runs of its repeats (finetune.sweep_report's Repeats) predict together
+    repeats = [folder / name for name in ("folds", "seeds") if any((run / "config.json").is_file()
+                                                                  for run in (folder / name).glob("*"))]
+    if repeats:
+        return (f"a sweep's folder: {repeats[0]} holds its {repeats[0].name}' models, which predict averaged when it "
+                f"is named; or name one run, as sweep.md does")
     saved = [c for c in (folder / CHECKPOINTS_DIR).glob("checkpoint-*") if (c / "config.json").is_file()
              and c.name.split("-")[-1].isdigit()]
     if saved:

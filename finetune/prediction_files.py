@@ -374,7 +374,7 @@ def predict_rows(predictor, rows: list[dict[str, Any]], text_column: str,
                  text_pair_column: Optional[str] = None, progress: bool = False,
                  prefix: str = "", kept: bool = True) -> list[dict[str, Any]]:
     """Each row with its ``label``, ``score`` and ``probabilities`` added by ``predictor`` (a
-    :class:`finetune.predict.Predictor`), each name after ``prefix``; an empty text gets empty ones.
+    :class:`finetune.predictor.Predictor`), each name after ``prefix``; an empty text gets empty ones.
 
     ``kept=False``: a launched process whose rows another writes runs its share of the batches, which the
     processes gather together, and builds no row (none is returned): a million rows' dicts on every GPU's

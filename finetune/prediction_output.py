@@ -121,7 +121,7 @@ def print_predictions(rows: list[dict[str, Any]]) -> None:
 def predictions_summary(rows: list[dict[str, Any]], predictor, prefix: str, output_dir: str | os.PathLike,
                         output: Optional[str] = None) -> str:
     """How many of ``rows`` (predicted by :func:`~finetune.prediction_files.predict_rows` with ``predictor``, a
-    :class:`finetune.predict.Predictor`) each label was given, most given first, each with its share of the
+    :class:`finetune.predictor.Predictor`) each label was given, most given first, each with its share of the
     predicted texts and, where the run's ``metrics.json`` has it, its share of the run's validation texts
     (:func:`validation_shares`); for regression, the scores' range and mean. Empty texts, which get no
     prediction, are counted apart; ``output``, the file written, ends the line.

@@ -37,10 +37,10 @@ from typing import Any, Optional, Sequence, Union
 
 from finetune.errors import (CommandParser, ConfigError, DataError, FileLayoutError, notes_to_stderr,
                              out_of_memory_told_as, run_command)
-# --precision's argument and check, and which of the launched processes reports, come through predict,
-# which shares them (finetune.precisions, finetune.shares)
+# --precision's argument and check, and a run's or a folder of runs' models, come through predict, which shares
+# them (finetune.precisions, finetune.ensemble)
 from finetune.predict import (DEFAULT_BATCH_SIZE, Predictor, add_precision_argument, batch_too_large,
-                              check_precision, launched_processes, quiet_progress_bars)
+                              check_precision, load_predictor, quiet_progress_bars, refuse_the_runs_files, saved_runs)
 # the labelled file: its settings, its rows, and its texts the run trained on
 from finetune.scored_files import layout_hint, load_labelled, scoring_config, texts_seen_in_training
 
@@ -115,14 +115,14 @@ def score_file(output_dir: str | os.PathLike, file: str | os.PathLike, overrides
         file: Labelled data in any format training reads.
         overrides: ``data.key=value`` / ``evaluation.key=value`` settings.
         batch_size: Texts per forward pass.
-        predictor: An already loaded :class:`~finetune.predict.Predictor` (default: load from ``output_dir``).
+        predictor: An already loaded :class:`~finetune.predictor.Predictor` (default: load from ``output_dir``).
         precision: The forward passes' arithmetic when loading: ``no`` (float32), ``bf16`` or ``fp16``. A
             bf16 run evaluated under bf16 autocast: scored in bf16 in the evaluation's batches, its loss in
             ``metrics.json`` comes back to the last digit.
         count_seen: Count the file's texts that the run trained on (:func:`texts_seen_in_training`, which reads
             the run's training rows again); ``False`` leaves ``Score.seen_in_training`` ``None``.
         across_processes: Under ``accelerate launch``, each process runs a share of the batches (see
-            :class:`~finetune.predict.Predictor`); every process gets the whole score.
+            :class:`~finetune.predictor.Predictor`); every process gets the whole score.
         split: Score that split of the file alone: the rows whose ``data.split_column`` (the run's, or one of
             ``overrides``) holds it, or the split of a folder ``datasets`` saved. The score's file is then named
             ``all.csv[test]``.
@@ -135,12 +135,13 @@ def score_file(output_dir: str | os.PathLike, file: str | os.PathLike, overrides
     from finetune.metrics import metric_suite_for
     from finetune.tasks import model_labels
 
-    cfg = scoring_config(output_dir, file, overrides, split)
+    runs = saved_runs(output_dir)  # the run, or a folder of runs whose models average (finetune.ensemble)
+    cfg = scoring_config(runs[0], file, overrides, split)
     # read the file before loading the weights: bad data fails fast
     if predictor is not None:
         names, problem_type = predictor.labels, predictor.problem_type
     else:
-        names, problem_type = model_labels(output_dir)
+        names, problem_type = model_labels(runs[0])
     try:
         texts, pairs, references = load_labelled(file, cfg.data, names, problem_type)
     except FileLayoutError as exc:
@@ -151,9 +152,9 @@ def score_file(output_dir: str | os.PathLike, file: str | os.PathLike, overrides
     suite = metric_suite_for(cfg.evaluation, names, problem_type, counts, whose="the model")
     threshold = threshold_given(cfg.evaluation.threshold, problem_type, names)
 
-    predictor = predictor or Predictor.load(output_dir, batch_size=batch_size, precision=precision,
+    predictor = predictor or load_predictor(output_dir, batch_size=batch_size, precision=precision,
                                             across_processes=across_processes)
-    seen = texts_seen_in_training(output_dir, texts, pairs) if count_seen else None
+    seen = texts_seen_in_training(runs, texts, pairs) if count_seen else None
     return score_texts(predictor, suite, scored_name(str(file), split), texts, pairs, references, threshold, seen)
 
 
@@ -208,7 +209,8 @@ def score_logits(predictor: Predictor, suite, name: str, texts: Sequence[str], p
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = CommandParser(prog="finetune score", description="Score a fine-tuned model on a labelled file.")
-    parser.add_argument("output_dir", help="a run's output directory (the saved model and config.yaml)")
+    parser.add_argument("output_dir", help="a run's output directory (the saved model and config.yaml), or a folder "
+                        "of runs whose models average (a sweep's folds/)")
     parser.add_argument("--file", required=True, help="labelled data: csv, tsv, json/jsonl, parquet, xlsx, a class "
                         "folder or a folder datasets saved, on disk, at a URL or in a .zip or .tar.gz "
                         "(contest.zip/test.csv)")
@@ -227,8 +229,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--card", action="store_true", help="also add the scores to the run's model card "
                         "(README.md: its model-index, which the Hub shows, and a section); a file scored again "
                         "replaces its scores")
-    parser.add_argument("--against", metavar="OTHER_RUN", help="also score another run's model on the same texts, "
-                        "and each metric's difference with its 95%% paired bootstrap interval")
+    parser.add_argument("--against", metavar="OTHER_RUN", help="also score another run's model (or a folder of "
+                        "runs') on the same texts, and each metric's difference with its 95%% paired bootstrap "
+                        "interval")
     parser.add_argument("--batch-size", type=int, default=DEFAULT_BATCH_SIZE, help="texts per forward pass")
     add_precision_argument(parser)
     parser.add_argument("--no-overlap-check", dest="count_seen", action="store_false",
@@ -249,11 +252,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def run(args: argparse.Namespace) -> Score:
     """Check the arguments, score, print and write the outputs."""
     from finetune.model_card import card_of, card_with_scores
-    from finetune.outputs import json_ready, refuse_a_run_file, require_saved_model, write_atomic
+    from finetune.errors import is_main_rank
+    from finetune.outputs import json_ready, write_atomic
     from finetune.resources import data_name, data_path, file_name
 
-    output_dir = require_saved_model(args.output_dir)
-    other_dir = require_saved_model(args.against, "--against") if args.against else None
+    output_dir, runs = Path(args.output_dir), saved_runs(args.output_dir)
+    other_dir = Path(args.against) if args.against else None
+    others = saved_runs(other_dir, "--against") if other_dir else []
     if args.batch_size < 1:
         raise ConfigError(f"--batch-size: must be >= 1, got {args.batch_size}")
     check_precision(args.precision, "--precision")
@@ -261,13 +266,17 @@ def run(args: argparse.Namespace) -> Score:
     split = f"-{args.split}" if args.split else ""  # a file's split scored alone: confusion_all-test.png
     png = Path(args.png) if args.png else output_dir / f"confusion_{data_name(args.file)}{split}.png"
     named = scored_name(file_name(args.file), args.split)
+    if args.card and len(runs) > 1:
+        raise ConfigError(f"--card: {output_dir} holds {len(runs)} runs, and a model card is one run's; score one "
+                          f"of them with --card, or leave out --card")
     card = card_of(output_dir) if args.card else None
     if card and any(setting.startswith("evaluation.threshold=") for setting in args.overrides):
         raise ConfigError("--card: the card holds the model's results at its own thresholds, which "
                           "evaluation.threshold replaces; give one of the two")
     for flag, target in (("--png", png), ("--json", Path(args.json) if args.json else None)):
         if target is not None:
-            refuse_a_run_file(target, output_dir, flag)
+            refuse_the_runs_files(target, runs, flag)
+            refuse_the_runs_files(target, others, flag)
             if not target.resolve().parent.is_dir():
                 raise DataError(f"{flag} {target}: its directory does not exist")
     # after the checks above, which need neither datasets nor torch (seconds to import): a wrong argument
@@ -278,10 +287,10 @@ def run(args: argparse.Namespace) -> Score:
 
     png_format = picture_format(png, "--png")  # before the scoring, which may take minutes
     if other_dir is not None:  # before anything is scored: a model that answers another question is said at once
-        check_comparable(*model_labels(output_dir), *model_labels(other_dir), other_dir)
+        check_comparable(*model_labels(runs[0]), *model_labels(others[0]), other_dir)
     quiet_progress_bars()  # the bars of reading the file and loading the weights; the scoring bar is ours
     # under accelerate launch every process scores a share of the batches, and the first reports for all
-    first = launched_processes()[0] == 0
+    first = is_main_rank()
     with out_of_memory_told_as(lambda _: batch_too_large(args.batch_size)):
         result = score_file(output_dir, args.file, args.overrides, args.batch_size, precision=args.precision,
                             count_seen=args.count_seen and first, across_processes=True, split=args.split)

@@ -110,9 +110,22 @@ def load_labelled(file: str | os.PathLike, data_cfg, labels: Sequence[str], prob
     return fdata.labelled_columns(fdata.load_labelled_file(str(file), data_cfg, label_space, key="--file"))
 
 
-def texts_seen_in_training(output_dir: str | os.PathLike, texts: Sequence[str],
+def texts_seen_in_training(runs: str | os.PathLike | Sequence[str | os.PathLike], texts: Sequence[str],
                            pairs: Optional[Sequence[str]] = None) -> Optional[int]:
-    """How many of ``texts`` (with their ``pairs``) the run in ``output_dir`` trained on.
+    """How many of ``texts`` (with their ``pairs``) the run in ``runs`` trained on; of several runs (an ensemble's),
+    any of them. ``None`` where a run's training rows cannot be read again (:func:`trained_rows`)."""
+    trained = set()
+    for run in [runs] if isinstance(runs, (str, os.PathLike)) else runs:
+        rows = trained_rows(run)
+        if rows is None:
+            return None
+        trained |= rows
+    rows = zip(texts, pairs) if pairs is not None else ((text,) for text in texts)
+    return sum(row in trained for row in rows)
+
+
+def trained_rows(output_dir: str | os.PathLike) -> Optional[set[tuple[str, ...]]]:
+    """The rows, ``(text,)`` or ``(text, pair)``, that the run in ``output_dir`` trained on.
 
     The run's training rows are read again as it read them: from its local training file with its saved
     ``config.yaml`` (the path as given, from the current folder, else the absolute path its ``metrics.json``
@@ -143,9 +156,7 @@ def texts_seen_in_training(output_dir: str | os.PathLike, texts: Sequence[str],
             data = dataclasses.replace(data, validation_file=None, validation_split=0.0)
         train = training_rows(data, cfg)
         if train is not None and content_sha256(train) == trained_sha:
-            trained = set(text_rows(train))
-            rows = zip(texts, pairs) if pairs is not None else ((text,) for text in texts)
-            return sum(row in trained for row in rows)
+            return set(text_rows(train))
     return None
 
 

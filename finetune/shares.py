@@ -1,6 +1,6 @@
 """Texts predicted by several processes, a share of the batches each.
 
-Under ``accelerate launch`` every process holds the same texts. :meth:`finetune.predict.Predictor.share_of_logits`
+Under ``accelerate launch`` every process holds the same texts. :meth:`finetune.predictor.Predictor.share_of_logits`
 runs every ``P``-th of the batches one process would run (the same batches, cut and padded alike), so that the
 shares put together are one process's logits, bit for bit on devices that compute alike, in a ``P``-th of the
 time. Here: which share is this process's (its batches, and the texts it tokenizes to learn every text's length),
@@ -90,7 +90,7 @@ def shares_of_every_process(share, processes: tuple[int, int], to: Optional[int]
 
 
 def logits_in_order(shares, texts: int, labels: int) -> "np.ndarray":  # noqa: F821
-    """:meth:`~finetune.predict.Predictor.share_of_logits`' ``(rows, logits)`` shares put together: a row per
+    """:meth:`~finetune.predictor.Predictor.share_of_logits`' ``(rows, logits)`` shares put together: a row per
     text, in input order."""
     import numpy as np
 

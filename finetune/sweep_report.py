@@ -395,7 +395,10 @@ def sweep_markdown(root: Path, header: Header, rows: list[dict[str, Any]], best:
                       f"data once (`{repeats.fixed[0]}`). Once every fold has finished, `folds/predictions.csv` "
                       "holds the out-of-fold predictions: each row by the fold's model that did not train on it.",
                       "", "The folds estimate how the config does on texts it has not seen; the model to keep "
-                      f"trains on every row: `{train_on_every_row(root, header, best)}`.", ""]
+                      f"trains on every row: `{train_on_every_row(root, header, best)}`. Or keep the "
+                      f"{len(repeat_values)} folds' models, which predict together, their outputs averaged: "
+                      f"`{shlex.join(['finetune', 'predict', str(root / 'folds'), '--file', 'texts.csv'])}` "
+                      "(docs/inference.md#several-models-as-one).", ""]
         tested = scores_on_the_test_set(root, repeats, repeat_values, header.metric)
         if tested is None:
             lines += [f"| {repeats.unit} | {header.metric} |", "| ---: | ---: |"]

@@ -68,6 +68,16 @@ def model_labels(output_dir) -> tuple[list[str], str]:
     Raises:
         ModelError: if ``output_dir`` holds no model config, or one transformers cannot read.
     """
+    config = saved_model_config(output_dir)
+    return label_names(config), problem_type_of(config)
+
+
+def saved_model_config(output_dir):
+    """A saved model's transformers config (its ``config.json``), without its weights.
+
+    Raises:
+        ModelError: if ``output_dir`` holds no model config, or one transformers cannot read.
+    """
     from transformers import AutoConfig
 
     from finetune.errors import ModelError
@@ -75,11 +85,10 @@ def model_labels(output_dir) -> tuple[list[str], str]:
 
     path = require_saved_model(output_dir)
     try:
-        config = AutoConfig.from_pretrained(path)
+        return AutoConfig.from_pretrained(path)
     except (OSError, ValueError) as exc:  # not JSON, an unknown model_type: as loading the model says it
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise ModelError(f"{path}: cannot load the model's config: {first}") from None
-    return label_names(config), problem_type_of(config)
 
 
 def problem_type_of(model_config) -> str:

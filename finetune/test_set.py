@@ -63,14 +63,14 @@ def score_test_set(run, output_dir: str | Path) -> Optional[dict[str, Any]]:
 
     The model is loaded from what the run saved (a LoRA run's merged model), in the run's precision and
     evaluation batch size, and predicts at its saved thresholds; the metrics are the validation's. Every process
-    runs a share of the batches one process would run (:meth:`~finetune.predict.Predictor.share_of_logits`), so
+    runs a share of the batches one process would run (:meth:`~finetune.predictor.Predictor.share_of_logits`), so
     the scores are one process's, and none of them waits for another to score it all. The trained model stays
     where it is, so the copy may not fit beside it (a large model under LoRA, whose base weights training did not
     double): then a warning says how to score it in a process of its own, and the run's other outputs are written
     without it.
     """
     from finetune.errors import is_out_of_memory
-    from finetune.predict import Predictor
+    from finetune.predictor import Predictor
     from finetune.score import cautions, score_logits
     from finetune.shares import logits_in_order, shares_of_every_process
 

@@ -250,7 +250,7 @@ class Truncation:
 
 
 def cut_of(data) -> dict[str, Any]:
-    """A run's cut and padding of a text (its ``data`` config section) as :class:`~finetune.predict.Predictor`'s
+    """A run's cut and padding of a text (its ``data`` config section) as :class:`~finetune.predictor.Predictor`'s
     arguments: a head_tail model sees head and tail in prediction too."""
     return {"truncation": data.truncation, "head_tokens": data.head_tokens, "stride": data.stride,
             "pad_to_multiple_of": data.pad_to_multiple_of, "padding": data.padding}

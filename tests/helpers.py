@@ -500,3 +500,19 @@ def serving(folder: Path, private: tuple[str, ...] = ()) -> Iterator[tuple[str, 
     finally:
         server.shutdown()
         server.server_close()
+
+
+@contextlib.contextmanager
+def a_fresh_log():
+    """The root logger without pytest's handlers, as a command's process starts: what the command sets up on it is
+    what shows on stderr. Both handlers and level are put back after."""
+    import logging
+
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    root.handlers.clear()
+    try:
+        yield
+    finally:
+        root.handlers[:] = handlers
+        root.setLevel(level)

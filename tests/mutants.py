@@ -20,7 +20,7 @@ a dry run says; or that a run writes what README.md's table says, never replacin
 copies the checkout's tracked files into a scratch folder, applies one mutant at a time there, runs its tests
 (without the GPU ones) and restores the line: the checkout itself is never changed.
 
-    python tests/mutants.py                     # every mutant: about 210 minutes on 2 CPU cores
+    python tests/mutants.py                     # every mutant: about 215 minutes on 2 CPU cores
     python tests/mutants.py --rules resume      # one promise's: accumulation, resume, input, scores, memory, sweep,
                                                 #   long_texts, inference, logging, evaluation, data, outputs,
                                                 #   trackers, scaling, keeping, dry_run, cpu, gpu_levers
@@ -568,13 +568,14 @@ LONG_TEXT_MUTANTS = (
 
 # a prediction is the run's model on each text, in the input's order (docs/inference.md)
 PREDICT = ("tests/test_predict.py", "tests/test_prediction_processes.py")
+ENSEMBLE = ("tests/test_ensemble.py",)
 INFERENCE_MUTANTS = (
     Mutant("predict.py", "quoting=args.quoting or (cfg and cfg.data.quoting))", "quoting=args.quoting)",
            "finetune predict reads a file's quotes by auto, not as the run's data.quoting says", PREDICT),
     Mutant("predict.py", "    notes_to_stderr()  # what reading the --file found", "    pass  # ",
            "what reading the --file found (R's row names left out, texts quoted over lines) is never said",
            ("tests/test_predict.py",)),
-    Mutant("predict.py", "every = 0.1 if redraws_in_place(sys.stderr) else PROGRESS_SECONDS_IN_A_FILE", "every = 0.1",
+    Mutant("predictor.py", "every = 0.1 if redraws_in_place(sys.stderr) else PROGRESS_SECONDS_IN_A_FILE", "every = 0.1",
            "predict's bar is redrawn ten times a second into a batch job's log, each redraw kept there", PREDICT),
     Mutant("prediction_files.py", '    suffix = kind or (".txt" if stdin else file_kind(',
            '    suffix = (".txt" if stdin else file_kind(',
@@ -595,9 +596,9 @@ INFERENCE_MUTANTS = (
     Mutant("shares.py", "for start in range(0, len(order), batch_size)][part::parts]",
            "for start in range(0, len(order), batch_size)][0::parts]",
            "every launched process runs the first process's batches", PREDICT),
-    Mutant("predict.py", "logits -= logits.max(axis=1, keepdims=True)", "logits -= 0",
+    Mutant("prediction_rows.py", "logits -= logits.max(axis=1, keepdims=True)", "logits -= 0",
            "the softmax is not shifted: large logits overflow to NaN probabilities", PREDICT),
-    Mutant("predict.py", '"score": float(row[label])', '"score": float(row.max())',
+    Mutant("prediction_rows.py", '"score": float(row[label])', '"score": float(row.max())',
            "the score is the top probability, not the predicted label's (under a threshold they differ)",
            PREDICT + ("tests/test_decision_threshold.py",)),
     Mutant("prediction_files.py", "filled = [i for i, text in enumerate(texts) if text.strip()]",
@@ -605,7 +606,7 @@ INFERENCE_MUTANTS = (
     Mutant("prediction_files.py", 'named = columns & {*(prefix + name for name in PREDICTED), *(f"{prefix}prob_{name}" '
            'for name in labels)}', "named = set()", "an input's own label column is overwritten by the prediction's",
            PREDICT),
-    Mutant("predict.py", "max_length = cfg.data.max_length if cfg is not None else None", "max_length = None",
+    Mutant("predictor.py", "max_length = cfg.data.max_length if cfg is not None else None", "max_length = None",
            "a saved run predicts at the tokenizer's length, not the run's data.max_length", PREDICT),
     Mutant("prediction_files.py", "    return [row for row, name in zip(table.to_list(), names) if name == split]",
            "    return table.to_list()", "--split classifies every row of the file, not the split's",
@@ -636,6 +637,18 @@ INFERENCE_MUTANTS = (
     Mutant("prediction_output.py", "ranked = sorted(counts.items(), key=lambda item: -item[1])",
            "ranked = list(counts.items())", "the summed-up line names the labels in id order, not the most given first",
            ("tests/test_predict.py", "tests/test_problem_types.py")),
+    Mutant("ensemble.py", "total = outputs.astype(np.float64) if total is None else total + outputs",
+           "total = outputs.astype(np.float64)", "an ensemble predicts as its last model alone", ENSEMBLE),
+    Mutant("ensemble.py", "                outputs = member.probabilities(texts, text_pairs, progress)",
+           "                outputs = member.logits(texts, text_pairs, progress)",
+           "an ensemble averages its models' logits as if they were probabilities", ENSEMBLE),
+    Mutant("ensemble.py", "                                            else 1.0 - own[1] for own in kept)}",
+           "                                            else own[1] for own in kept)}",
+           "a threshold a model kept on the other class is averaged as if it were on this one", ENSEMBLE),
+    Mutant("ensemble.py", "        elif label_names(config) != labels:", "        elif False:",
+           "models with other labels, or their labels in another order, are averaged column by column", ENSEMBLE),
+    Mutant("scored_files.py", "        trained |= rows", "        trained = rows",
+           "an ensemble's texts seen in training are the last model's alone", ENSEMBLE),
 )
 
 # a log record says what the updates it covers did (docs/logging.md)

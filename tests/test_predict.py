@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import csv
 import json
 import re
@@ -14,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import forked
-from helpers import REPO, RecordingTokenizer, make_texts, offline_env, save_tiny_model, write_tsv
+from helpers import REPO, RecordingTokenizer, a_fresh_log, make_texts, offline_env, save_tiny_model, write_tsv
 from tiny_run import fit_tiny_run, reset_accelerate
 
 # different lengths, so batches are padded and length-sorted
@@ -562,22 +561,6 @@ def test_lines_are_texts_whatever_the_runs_text_column(trained, predictor, tmp_p
     assert main([str(out), "--file", str(txt)]) == 0
     captured = capsys.readouterr()
     assert [json.loads(line)["text"] for line in captured.out.splitlines()] == lines and "note:" not in captured.err
-
-
-@contextlib.contextmanager
-def a_fresh_log():
-    """The root logger without pytest's handlers, as a command's process starts: what the command sets up on it is
-    what shows on stderr. Both handlers and level are put back after."""
-    import logging
-
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
-    root.handlers.clear()
-    try:
-        yield
-    finally:
-        root.handlers[:] = handlers
-        root.setLevel(level)
 
 
 def test_a_files_quotes_read_as_the_runs_data_quoting_says_unless_quoting_is_given(trained, tmp_path, capsys):

@@ -648,6 +648,15 @@ def test_folds_validate_on_every_row_once_and_report_mean_and_deviation(tmp_path
         right = sum(r["label"] == r["predicted_label"] for r in mine)
         assert right / len(mine) == pytest.approx(scored["accuracy"])
     assert "out-of-fold" in (out / "sweep.md").read_text()
+    # the folds' models together: the command the report gives, the mean of what each says
+    assert f"`finetune predict {out / 'folds'} --file texts.csv`" in report
+    from finetune.ensemble import load_predictor
+    from finetune.predictor import Predictor
+
+    texts = [r["text"] for r in predicted[:8]]
+    alone = [Predictor.load(run).probabilities(texts) for run in runs.values()]
+    together = load_predictor(out / "folds").probabilities(texts)
+    assert (abs(together - sum(alone) / len(alone)) <= 1e-6).all()
     # seeds runs in the folds' folder would write their report over the folds': refused, the folder as it was
     before = (out / "sweep.md").read_bytes()
     capsys.readouterr()
