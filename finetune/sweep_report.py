@@ -28,6 +28,8 @@ from finetune.sweep_file import describe_pruner
 from finetune.sweep_notes import few_updates_in_search
 
 TRIALS_CSV, SWEEP_MD, BEST_YAML, SWEEP_PNG = "trials.csv", "sweep.md", "best.yaml", "sweep.png"
+# the folders best.yaml's run, and a run of the sweep's own config on every row, write to
+BEST_DIR, EVERY_ROW_DIR = "best", "all-rows"
 
 
 @dataclass(frozen=True)
@@ -232,7 +234,7 @@ def best_yaml(root: Path, header: Header, best: dict[str, Any]) -> str:
     machines, the best trial may have run on another.
     """
     config = config_of(header, best).to_dict()
-    config["output"]["output_dir"] = str(root / "best")
+    config["output"]["output_dir"] = str(root / BEST_DIR)
     config["output"]["resume_from"] = "auto"
     head = (f"# The best trial of the sweep in {root}: trial {best['trial']}, value {best['value']:.4f}.\n"
             f"# Train it from the folder the sweep was started in: finetune train --config {root / BEST_YAML}\n")
@@ -278,7 +280,14 @@ def train_on_every_row(root: Path, header: Header, best: Optional[dict[str, Any]
                            *unset])
     config = ["--config", header.config] if header.config else []
     return shlex.join(["finetune", "train", *config, *header.overrides, "data.validation_split=0", *unset,
-                       f"output.output_dir={root / 'all-rows'}"])
+                       f"output.output_dir={root / EVERY_ROW_DIR}"])
+
+
+def together_against_every_row(root: Path, best: Optional[dict[str, Any]]) -> str:
+    """The command that scores the folds' models together against the model of every row (where
+    :func:`train_on_every_row`'s command writes it) on a labelled file none of them trained on."""
+    every_row = root / (BEST_DIR if best is not None else EVERY_ROW_DIR)
+    return shlex.join(["finetune", "score", str(root / "folds"), "--file", "test.csv", "--against", str(every_row)])
 
 
 def trials_table(header: Header, rows: list[dict[str, Any]]) -> list[str]:
@@ -380,7 +389,7 @@ def sweep_markdown(root: Path, header: Header, rows: list[dict[str, Any]], best:
                   *within_the_best(root, header, rows, best),
                   f"Its model is in its folder (on the worker that ran it): {predict_command(root, header, best)}. "
                   f"Train it again: `{shlex.join(['finetune', 'train', '--config', str(root / BEST_YAML)])}` (it "
-                  f"writes to `{root / 'best'}`).", ""]
+                  f"writes to `{root / BEST_DIR}`).", ""]
     if repeat_values:
         mean, std = mean_and_deviation([v for _, v in repeat_values])
         lines += [f"## Over {len(repeat_values)} {repeats.name}", "",
@@ -397,7 +406,9 @@ def sweep_markdown(root: Path, header: Header, rows: list[dict[str, Any]], best:
                       "", "The folds estimate how the config does on texts it has not seen; the model to keep "
                       f"trains on every row: `{train_on_every_row(root, header, best)}`. Or keep the "
                       f"{len(repeat_values)} folds' models, which predict together, their outputs averaged: "
-                      f"`{shlex.join(['finetune', 'predict', str(root / 'folds'), '--file', 'texts.csv'])}` "
+                      f"`{shlex.join(['finetune', 'predict', str(root / 'folds'), '--file', 'texts.csv'])}`; "
+                      f"`{together_against_every_row(root, best)}` says on texts none of them trained on whether "
+                      f"that pays for {len(repeat_values)} times the compute "
                       "(docs/inference.md#several-models-as-one).", ""]
         tested = scores_on_the_test_set(root, repeats, repeat_values, header.metric)
         if tested is None:

@@ -1443,3 +1443,18 @@ def test_the_families_bench_tells_a_family_that_keeps_the_contract_from_one_that
     assert rows[3].startswith("| convbert | yes (padded to one length) |") and "| **no** |" in rows[3]
     assert rows[3].endswith("| yes |")
     assert rows[4] == "| no-such-family | no | | | not in this transformers release | | | |"
+
+
+def test_the_ensemble_table_gives_each_metrics_fold_range_and_the_five_against_the_one_model():
+    from bench.ensemble import table
+
+    alone = [{"accuracy": 0.90, "f1": 0.50, "average_precision": 0.7, "loss": 0.30},
+             {"accuracy": 0.94, "f1": 0.70, "average_precision": 0.9, "loss": 0.10}]
+    row = {"split": 7, "alone": alone,
+           "together": {"accuracy": 0.95, "f1": 0.65, "average_precision": 0.85, "loss": 0.12},
+           "whole": {"accuracy": 0.93, "f1": 0.68, "average_precision": 0.80, "loss": 0.15},
+           "intervals": {"accuracy": [-0.01, 0.05], "f1": [-0.1, 0.04], "average_precision": [0.0, 0.1]}}
+    lines = table([row]).splitlines()
+    assert lines[2] == "| 7 | accuracy | 0.9200 (0.9000-0.9400) | 0.9500 | 0.9300 | +0.0200 (-0.0100 to +0.0500) |"
+    assert lines[3] == "| 7 | f1 | 0.6000 (0.5000-0.7000) | 0.6500 | 0.6800 | -0.0300 (-0.1000 to +0.0400) |"
+    assert lines[5] == "| 7 | loss | 0.2000 (0.1000-0.3000) | 0.1200 | 0.1500 | -0.0300 |"  # no interval: not paired

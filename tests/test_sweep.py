@@ -650,6 +650,7 @@ def test_folds_validate_on_every_row_once_and_report_mean_and_deviation(tmp_path
     assert "out-of-fold" in (out / "sweep.md").read_text()
     # the folds' models together: the command the report gives, the mean of what each says
     assert f"`finetune predict {out / 'folds'} --file texts.csv`" in report
+    assert f"`finetune score {out / 'folds'} --file test.csv --against {out / 'all-rows'}`" in report
     from finetune.ensemble import load_predictor
     from finetune.predictor import Predictor
 
