@@ -106,3 +106,30 @@ def test_finetune_score_under_a_launch_reports_once_what_one_process_reports(tra
     assert shared.stderr.count("| 5/5 [") == 2 and "/4 [" not in shared.stderr, shared.stderr[-3000:]
     assert json.loads(scores.read_text()) == expected
     assert expected["metrics"]["num_samples"] == 9 and expected["against"] is not None
+
+
+@pytest.mark.slow
+def test_a_folder_of_runs_predicts_under_a_launch_as_one_process_does(trained, tmp_path):
+    """An ensemble's processes share each model's batches in turn: the file one process writes, and its note
+    once."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    folder = tmp_path / "folds"
+    for name in ("fold-1", "fold-2"):
+        shutil.copytree(trained, folder / name, ignore=shutil.ignore_patterns("checkpoints", ".finetune.lock"))
+    weights = load_file(folder / "fold-2" / "model.safetensors")
+    weights["classifier.weight"] = 0.25 * weights["classifier.weight"]  # another model: less sure of every text
+    save_file(weights, folder / "fold-2" / "model.safetensors", metadata={"format": "pt"})
+    lines = tmp_path / "texts.txt"
+    lines.write_text("\n".join(TEXTS) + "\n", encoding="utf-8")
+    one, two = tmp_path / "one.csv", tmp_path / "two.csv"
+    command = ["-m", "finetune.predict", str(folder), "--file", str(lines), "--batch-size", "2"]
+    alone, shared = _alone(*command, "--output", str(one)), _launched(*command, "--output", str(two))
+    assert alone.returncode == 0 and shared.returncode == 0, shared.stderr[-3000:]
+    assert two.read_bytes() == one.read_bytes()
+    assert shared.stderr.count("2 models, their probabilities averaged") == 1, shared.stderr[-3000:]
+    single = tmp_path / "single.csv"
+    assert _alone("-m", "finetune.predict", str(trained), "--file", str(lines), "--output", str(single)).returncode == 0
+    assert one.read_bytes() != single.read_bytes()  # the second model moved the averages
