@@ -22,7 +22,7 @@ from typing import Optional, Sequence
 from finetune.errors import ConfigError, ModelError
 from finetune.out_of_fold import OUT_OF_FOLD_FILE
 from finetune.outputs import refuse_a_run_file, require_saved_model, saved_config
-from finetune.prediction_rows import PredictionRows
+from finetune.prediction_rows import PredictionRows, probabilities_of_logits
 from finetune.predictor import DEFAULT_BATCH_SIZE, Predictor
 from finetune.schema import DEFAULT_THRESHOLD
 from finetune.shares import launched_processes
@@ -104,6 +104,9 @@ class Ensemble(PredictionRows):
         if self.processes[0] == 0:
             logger.info("%d models, their %s averaged: %s", len(self.runs),
                         "numbers" if self.problem_type == "regression" else "probabilities", said_runs(self.runs))
+        # each model's logits of the texts the last prediction ran, and its decisions at its own thresholds: what
+        # a score of each model alone reads (finetune.score.models_alone)
+        self.alone: list[tuple[Path, "np.ndarray", "Task"]] = []  # noqa: F821
         self.member_options = {"device": device, "batch_size": batch_size, "precision": precision,
                                "across_processes": across_processes}
 
@@ -113,14 +116,14 @@ class Ensemble(PredictionRows):
         each model loaded, run on every text and let go before the next, so one is in memory at a time."""
         import numpy as np
 
-        total = None
+        total, self.alone = None, []
         for number, run in enumerate(self.runs, 1):
             member = Predictor.load(run, **self.member_options)
             member.progress_name = f"predict {number}/{len(self.runs)}"
-            if self.problem_type == "regression":
-                outputs = member.logits(texts, text_pairs, progress)
-            else:
-                outputs = member.probabilities(texts, text_pairs, progress)
+            logits = member.logits(texts, text_pairs, progress)
+            self.alone.append((run, logits, member.task))
+            kind = self.problem_type
+            outputs = logits if kind == "regression" else probabilities_of_logits(logits, kind)
             total = outputs.astype(np.float64) if total is None else total + outputs
             del member  # its weights freed before the next model's are read
         return (total / len(self.runs)).astype(np.float32)

@@ -77,12 +77,14 @@ class Score:
     # each label's thresholds for target precisions and recalls, {label: rows}: a two-class model's positive
     # class's, or every label's of a multi-label model (finetune.metrics.operating_points)
     operating_points: Optional[dict[str, list]] = None
+    # a folder of runs scored as one: each model's own scores on the same texts, [{"run", "metrics"}]
+    alone: Optional[list[dict[str, Any]]] = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"file": self.file, "precision": self.precision, "metrics": self.metrics, "labels": self.labels,
                 "by_label": self.by_label, "seen_in_training": self.seen_in_training, "intervals": self.intervals,
                 "confusion_matrix": None if self.confusion is None else self.confusion.tolist(),
-                "operating_points": self.operating_points}
+                "operating_points": self.operating_points, "models_alone": self.alone}
 
 
 def threshold_given(setting, problem_type: str, names: Sequence[str]) -> Union[None, float, dict[str, float]]:
@@ -155,7 +157,28 @@ def score_file(output_dir: str | os.PathLike, file: str | os.PathLike, overrides
     predictor = predictor or load_predictor(output_dir, batch_size=batch_size, precision=precision,
                                             across_processes=across_processes)
     seen = texts_seen_in_training(runs, texts, pairs) if count_seen else None
-    return score_texts(predictor, suite, scored_name(str(file), split), texts, pairs, references, threshold, seen)
+    result = score_texts(predictor, suite, scored_name(str(file), split), texts, pairs, references, threshold, seen)
+    if getattr(predictor, "alone", None):  # a folder of runs' models: what each scores alone beside their mean
+        result.alone = models_alone(predictor.alone, suite, references)
+    return result
+
+
+def models_alone(alone, suite, references: Sequence) -> list[dict[str, Any]]:
+    """Each model of an ensemble scored alone on the texts their mean was scored on, at its own thresholds:
+    ``alone`` is :attr:`finetune.ensemble.Ensemble.alone` (each run, its logits, its task); the loss and
+    ``suite``'s metrics of each, as :func:`score_logits` computes them of one model."""
+    import numpy as np
+    import torch
+
+    refs = torch.as_tensor(np.asarray(references))
+    scored = []
+    for run, logits, task in alone:
+        logits = torch.from_numpy(logits)
+        scores = {"scores": task.probabilities(logits).numpy()} if getattr(suite, "ranking", None) else {}
+        loss = task.per_sample_loss(logits, refs).double().mean().item()
+        metrics = {"loss": loss, **suite.compute(task.predictions(logits).numpy(), refs.numpy(), **scores)}
+        scored.append({"run": str(run), "metrics": metrics})
+    return scored
 
 
 def scored_name(file: str, split: Optional[str]) -> str:
@@ -315,6 +338,16 @@ def run(args: argparse.Namespace) -> Score:
     return result
 
 
+def models_alone_in_words(alone: list[dict[str, Any]]) -> str:
+    """A line of each metric's range over an ensemble's models scored alone, and their mean: what the average of
+    the models does beside each of them."""
+    said = []
+    for name in alone[0]["metrics"]:
+        values = [model["metrics"][name] for model in alone]
+        said.append(f"{name} {min(values):.4f} to {max(values):.4f} (mean {sum(values) / len(values):.4f})")
+    return f"each of the {len(alone)} models alone: {', '.join(said)}"
+
+
 def print_score(result: Score, file_named: str, title: str, png: Path, png_format: str) -> None:
     """What ``finetune score`` says of a file's scores: the metrics with their intervals, each label's scores and
     operating points, the cautions (on stderr), and the confusion matrix, which it also draws into ``png`` under
@@ -330,6 +363,8 @@ def print_score(result: Score, file_named: str, title: str, png: Path, png_forma
     averaged = f"; {averaging}" if averaging else ""
     print(f"{result.file}: {result.metrics['num_samples']} samples{seen}{arithmetic}{averaged}")
     print(metrics_with_intervals(result.metrics, result.intervals or {}))
+    if result.alone:
+        print(models_alone_in_words(result.alone))
     if result.by_label is not None:
         print(format_by_label(result.by_label))
     if result.operating_points is not None:

@@ -148,6 +148,8 @@ def test_an_ensembles_thresholds_are_the_mean_of_its_models_own(tmp_path):
     mean = np.mean(_members_alone(runs, TEXTS), axis=0)
     decided = [row["labels"] for row in ensemble.predict(TEXTS)]
     assert decided == [[name for name, p, t in zip(labels, row, ensemble.task.threshold) if p > t] for row in mean]
+    # each model alone, for a score beside the mean, decides at its own
+    assert [task.threshold for _, _, task in ensemble.alone] == [(0.2, 0.6, 0.5), (0.4, 0.3, 0.8), (0.5, 0.5, 0.5)]
     assert Ensemble(runs, threshold=0.9).task.threshold == (0.9, 0.9, 0.9)  # a threshold given replaces them
 
     # two classes: a threshold kept on the other class counts from this one's side; none kept, 0.5
@@ -185,8 +187,17 @@ def test_score_of_a_folder_of_runs_scores_the_mean_and_against_one_of_them(folds
     truth = np.array([["ham", "spam", "other"].index(label) for label in labels])
     assert report["metrics"]["loss"] == pytest.approx(-np.log(mean[np.arange(len(truth)), truth]).mean(), rel=1e-5)
     assert report["metrics"]["accuracy"] == pytest.approx((mean.argmax(axis=1) == truth).mean())
-    alone = _members_alone([folds[1]], TEXTS)[0]
-    assert report["against"]["metrics"]["accuracy"] == pytest.approx((alone.argmax(axis=1) == truth).mean())
+    alone = _members_alone(folds, TEXTS)
+    assert report["against"]["metrics"]["accuracy"] == pytest.approx((alone[1].argmax(axis=1) == truth).mean())
+    # beside the mean, each model's own scores on the same texts
+    assert [model["run"] for model in report["models_alone"]] == [str(run) for run in folds]
+    for model, probabilities in zip(report["models_alone"], alone):
+        assert model["metrics"]["accuracy"] == pytest.approx((probabilities.argmax(axis=1) == truth).mean())
+        expected = -np.log(probabilities[np.arange(len(truth)), truth]).mean()
+        assert model["metrics"]["loss"] == pytest.approx(expected, rel=1e-5)
+    losses = [model["metrics"]["loss"] for model in report["models_alone"]]
+    assert (f"each of the 3 models alone: loss {min(losses):.4f} to {max(losses):.4f} "
+            f"(mean {sum(losses) / 3:.4f}), accuracy") in capsys.readouterr().out
 
 
 def test_a_card_is_one_runs_so_a_folder_of_runs_is_not_given_one(folds, tmp_path, capsys):
