@@ -19,9 +19,9 @@ import re
 from pathlib import Path
 from typing import Optional, Sequence
 
-from finetune.errors import ConfigError, ModelError
+from finetune.errors import ConfigError, ModelError, is_main_rank
 from finetune.out_of_fold import OUT_OF_FOLD_FILE
-from finetune.outputs import refuse_a_run_file, require_saved_model, saved_config
+from finetune.outputs import CONFIG_FILE, refuse_a_run_file, require_saved_model, saved_config
 from finetune.prediction_rows import PredictionRows, probabilities_of_logits
 from finetune.predictor import DEFAULT_BATCH_SIZE, Predictor
 from finetune.schema import DEFAULT_THRESHOLD
@@ -45,10 +45,26 @@ def saved_runs(path: str | Path, flag: Optional[str] = None) -> list[Path]:
     return runs or [require_saved_model(path, flag)]
 
 
+def runs_without_a_model(path: str | Path) -> list[str]:
+    """The sub-folders of a folder of runs that hold a run (its ``config.yaml``) but no saved model: a run still
+    training, or one stopped before its end, which :func:`saved_runs` leaves out. None for a run's own folder."""
+    path = Path(path)
+    if (path / "config.json").is_file() or not path.is_dir():
+        return []
+    return sorted(sub.name for sub in path.iterdir()
+                  if sub.is_dir() and (sub / CONFIG_FILE).is_file() and not (sub / "config.json").is_file())
+
+
 def load_predictor(path: str | Path, *, flag: Optional[str] = None, **options):
     """A :class:`~finetune.predictor.Predictor` of the run in ``path``, or an :class:`Ensemble` of the runs in a
-    folder of them (:func:`saved_runs`). ``options``: :meth:`Predictor.load`'s."""
+    folder of them (:func:`saved_runs`), warning of the runs there that have no model yet. ``options``:
+    :meth:`Predictor.load`'s."""
     runs = saved_runs(path, flag)
+    unfinished = runs_without_a_model(path)
+    if unfinished and is_main_rank():  # a fold still training would else leave the mean short of a model unsaid
+        logger.warning("%s: %s hold%s a run with no saved model yet (still training, or stopped before its end), "
+                       "left out: %d of %d runs predict", path, ", ".join(unfinished),
+                       "s" if len(unfinished) == 1 else "", len(runs), len(runs) + len(unfinished))
     if len(runs) == 1:
         return Predictor.load(runs[0], **options)
     return Ensemble(runs, **options)

@@ -652,6 +652,8 @@ INFERENCE_MUTANTS = (
     Mutant("ensemble.py", "self.alone.append((run, logits, member.task))",
            "self.alone.append((run, logits, self.task))",
            "each model alone is scored at the mean of the thresholds, not its own", ENSEMBLE),
+    Mutant("ensemble.py", "    if unfinished and is_main_rank():", "    if False:",
+           "a fold still training is left out of a folder's mean without a word", ENSEMBLE),
     Mutant("scored_files.py", "        trained |= rows", "        trained = rows",
            "an ensemble's texts seen in training are the last model's alone", ENSEMBLE),
 )

@@ -218,3 +218,32 @@ def test_the_texts_any_model_of_an_ensemble_trained_on_are_counted_once(monkeypa
     assert scored.texts_seen_in_training(["a", "b"], texts) == 4
     assert scored.texts_seen_in_training("a", texts) == 3
     assert scored.texts_seen_in_training(["a", "c"], texts) is None  # one that cannot be read: not looked for
+
+
+def test_a_run_of_the_folder_with_no_model_yet_is_left_out_and_said(folds, tmp_path, caplog):
+    """A fold still training (its config.yaml written, no model yet) or stopped: the others predict, and the warning
+    says how many of the folder's runs do."""
+    import logging
+    import shutil
+
+    from finetune.ensemble import Ensemble, load_predictor
+    from finetune.predictor import Predictor
+
+    folder = tmp_path / "folds"
+    for run in folds[:2]:
+        shutil.copytree(run, folder / run.name)
+    (folder / "fold-3").mkdir()
+    (folder / "fold-3" / "config.yaml").write_text("model: {}\n", encoding="utf-8")
+    (folder / "notes").mkdir()  # a folder of the user's, no run: not said
+    reset_accelerate()
+    with caplog.at_level(logging.WARNING, logger="finetune"):
+        ensemble = load_predictor(folder)
+    assert isinstance(ensemble, Ensemble) and [run.name for run in ensemble.runs] == ["fold-1", "fold-2"]
+    assert [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING] == [
+        f"{folder}: fold-3 holds a run with no saved model yet (still training, or stopped before its end), left "
+        f"out: 2 of 3 runs predict"]
+    shutil.rmtree(folder / "fold-2")
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="finetune"):
+        assert isinstance(load_predictor(folder), Predictor)  # one left: that run's model, still said
+    assert "left out: 1 of 2 runs predict" in caplog.text
