@@ -32,27 +32,30 @@ logger = logging.getLogger("finetune")
 
 def saved_runs(path: str | Path, flag: Optional[str] = None) -> list[Path]:
     """The runs whose models ``path`` stands for: itself, where it holds a model; else each of its sub-folders
-    that holds one (a sweep's ``folds/`` or ``seeds/``), in their names' natural order (``fold-2`` before
-    ``fold-10``).
+    that holds one (a sweep's ``folds/`` or ``seeds/``).
 
     Raises:
         ModelError: where it holds neither (:func:`finetune.outputs.require_saved_model`'s line, ``flag`` first).
     """
-    path = Path(path)
-    runs = [] if (path / "config.json").is_file() or not path.is_dir() else sorted(
-        (sub for sub in path.iterdir() if sub.is_dir() and (sub / "config.json").is_file()),
-        key=lambda sub: [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", sub.name)])
+    runs = [sub for sub in sub_folders(path) if (sub / "config.json").is_file()]
     return runs or [require_saved_model(path, flag)]
 
 
 def runs_without_a_model(path: str | Path) -> list[str]:
     """The sub-folders of a folder of runs that hold a run (its ``config.yaml``) but no saved model: a run still
-    training, or one stopped before its end, which :func:`saved_runs` leaves out. None for a run's own folder."""
+    training, or one stopped before its end, which :func:`saved_runs` leaves out."""
+    return [sub.name for sub in sub_folders(path)
+            if (sub / CONFIG_FILE).is_file() and not (sub / "config.json").is_file()]
+
+
+def sub_folders(path: str | Path) -> list[Path]:
+    """The folders in ``path`` in their names' natural order (``fold-2`` before ``fold-10``); none where ``path``
+    holds a model itself (a run's folder: its ``checkpoints/`` are not a folder of runs) or is no folder."""
     path = Path(path)
     if (path / "config.json").is_file() or not path.is_dir():
         return []
-    return sorted(sub.name for sub in path.iterdir()
-                  if sub.is_dir() and (sub / CONFIG_FILE).is_file() and not (sub / "config.json").is_file())
+    return sorted((sub for sub in path.iterdir() if sub.is_dir()),
+                  key=lambda sub: [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", sub.name)])
 
 
 def load_predictor(path: str | Path, *, flag: Optional[str] = None, **options):
