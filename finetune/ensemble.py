@@ -135,13 +135,12 @@ class Ensemble(PredictionRows):
         each model loaded, run on every text and let go before the next, so one is in memory at a time."""
         import numpy as np
 
-        total, self.alone = None, []
+        total, self.alone, kind = None, [], self.problem_type
         for number, run in enumerate(self.runs, 1):
             member = Predictor.load(run, **self.member_options)
             member.progress_name = f"predict {number}/{len(self.runs)}"
             logits = member.logits(texts, text_pairs, progress)
             self.alone.append((run, logits, member.task))
-            kind = self.problem_type
             outputs = logits if kind == "regression" else probabilities_of_logits(logits, kind)
             total = outputs.astype(np.float64) if total is None else total + outputs
             del member  # its weights freed before the next model's are read

@@ -171,14 +171,8 @@ def models_alone(alone, suite, references: Sequence) -> list[dict[str, Any]]:
     import torch
 
     refs = torch.as_tensor(np.asarray(references))
-    scored = []
-    for run, logits, task in alone:
-        logits = torch.from_numpy(logits)
-        scores = {"scores": task.probabilities(logits).numpy()} if getattr(suite, "ranking", None) else {}
-        loss = task.per_sample_loss(logits, refs).double().mean().item()
-        metrics = {"loss": loss, **suite.compute(task.predictions(logits).numpy(), refs.numpy(), **scores)}
-        scored.append({"run": str(run), "metrics": metrics})
-    return scored
+    return [{"run": str(run), "metrics": decided_and_measured(task, suite, torch.from_numpy(logits), refs)[2]}
+            for run, logits, task in alone]
 
 
 def scored_name(file: str, split: Optional[str]) -> str:
@@ -209,16 +203,10 @@ def score_logits(predictor: Predictor, suite, name: str, texts: Sequence[str], p
 
     names, problem_type = predictor.labels, predictor.problem_type
     task = predictor.task if threshold is None else predictor.task_at(threshold)
-    logits = torch.from_numpy(logits)
     refs = torch.as_tensor(np.asarray(references))
-    predictions = task.predictions(logits).numpy()
-    # each text's probabilities, once: ROC AUC and average precision order the texts by them, and the
-    # operating points read a two-class model's positive class's, or each label's
-    probabilities = task.probabilities(logits).numpy() if problem_type != "regression" else None
+    predictions, probabilities, measured = decided_and_measured(task, suite, torch.from_numpy(logits), refs)
     scores = {"scores": probabilities} if getattr(suite, "ranking", None) else {}
-    # the loss evaluate_model reports: the mean per-sample loss of the problem type on float32 logits
-    loss = task.per_sample_loss(logits, refs).double().mean().item()
-    metrics = {"loss": loss, "num_samples": len(texts), **suite.compute(predictions, refs.numpy(), **scores)}
+    metrics = {"loss": measured["loss"], "num_samples": len(texts), **measured}
     confusion = confusion_matrix(refs.numpy(), predictions, len(names)) if problem_type == "single_label" else None
     by_label = (scores_by_label(predictions, refs.numpy(), names, ranking=suite.ranking, **scores)
                 if problem_type != "regression" else None)
@@ -228,6 +216,19 @@ def score_logits(predictor: Predictor, suite, name: str, texts: Sequence[str], p
                  by_label, seen, metric_intervals(suite, predictions, refs.numpy(), **scores), texts, pairs, suite,
                  scores.get("scores"),
                  label_points(task, probabilities, refs.numpy(), names, getattr(suite, "pos_label", None)))
+
+
+def decided_and_measured(task, suite, logits, refs) -> tuple[Any, Any, dict[str, float]]:
+    """A model's decisions of ``logits`` (a float32 tensor, a row per text) at ``task``, each text's probabilities
+    (None for regression), and the loss ``evaluate_model`` reports (the mean per-sample loss of the problem type)
+    with ``suite``'s metrics of the decisions against ``refs``."""
+    predictions = task.predictions(logits).numpy()
+    # each text's probabilities, once: ROC AUC and average precision order the texts by them, and the
+    # operating points read a two-class model's positive class's, or each label's
+    probabilities = task.probabilities(logits).numpy() if task.problem_type != "regression" else None
+    scores = {"scores": probabilities} if getattr(suite, "ranking", None) else {}
+    loss = task.per_sample_loss(logits, refs).double().mean().item()
+    return predictions, probabilities, {"loss": loss, **suite.compute(predictions, refs.numpy(), **scores)}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
