@@ -25,7 +25,7 @@ from finetune.outputs import CONFIG_FILE, refuse_a_run_file, require_saved_model
 from finetune.prediction_rows import PredictionRows, probabilities_of_logits
 from finetune.predictor import DEFAULT_BATCH_SIZE, Predictor
 from finetune.schema import DEFAULT_THRESHOLD
-from finetune.shares import launched_processes
+from finetune.shares import launched_processes, process_device
 
 logger = logging.getLogger("finetune")
 
@@ -58,19 +58,25 @@ def sub_folders(path: str | Path) -> list[Path]:
                   key=lambda sub: [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", sub.name)])
 
 
-def load_predictor(path: str | Path, *, flag: Optional[str] = None, **options):
+def load_predictor(path: str | Path, *, flag: Optional[str] = None, caution: bool = True, **options):
     """A :class:`~finetune.predictor.Predictor` of the run in ``path``, or an :class:`Ensemble` of the runs in a
-    folder of them (:func:`saved_runs`), warning of the runs there that have no model yet. ``options``:
-    :meth:`Predictor.load`'s."""
+    folder of them (:func:`saved_runs`), warning of the runs there that have no model yet and (``caution``) of
+    NVIDIA GPUs left idle by a torch that cannot reach them. ``options``: :meth:`Predictor.load`'s."""
     runs = saved_runs(path, flag)
     unfinished = runs_without_a_model(path)
     if unfinished and is_main_rank():  # a fold still training would else leave the mean short of a model unsaid
         logger.warning("%s: %s hold%s a run with no saved model yet (still training, or stopped before its end), "
                        "left out: %d of %d runs predict", path, ", ".join(unfinished),
                        "s" if len(unfinished) == 1 else "", len(runs), len(runs) + len(unfinished))
-    if len(runs) == 1:
-        return Predictor.load(runs[0], **options)
-    return Ensemble(runs, **options)
+    predictor = Predictor.load(runs[0], **options) if len(runs) == 1 else Ensemble(runs, **options)
+    if caution and options.get("device") is None and is_main_rank():  # a device chosen as training chooses it
+        from finetune.gpu_reach import unreached_gpus
+
+        doing = "the model predicts" if len(runs) == 1 else f"the {len(runs)} models predict"
+        said = unreached_gpus(process_device(), doing, "predicts")
+        if said:  # a large file predicted many times slower than the GPU would, with no word of why
+            logger.warning(said)
+    return predictor
 
 
 def refuse_the_runs_files(path: str | Path, runs: Sequence[Path], flag: str) -> None:

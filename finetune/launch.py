@@ -236,14 +236,6 @@ def gpus_left_idle(device: torch.device, num_processes: int) -> int:
     return max(0, torch.cuda.device_count() - num_processes)
 
 
-def gpus_hidden_on_purpose() -> bool:
-    """Whether the run was told to leave the GPUs alone: ``CUDA_VISIBLE_DEVICES`` empty or -1, or
-    ``accelerate launch --cpu`` (``ACCELERATE_USE_CPU``)."""
-    hidden = os.environ.get("CUDA_VISIBLE_DEVICES")
-    return (hidden is not None and hidden.strip() in ("", "-1")) or \
-        os.environ.get("ACCELERATE_USE_CPU", "").strip().lower() in ("1", "true", "yes")
-
-
 def train_command(num_processes: int) -> list[str]:
     """The command that starts ``finetune train`` on ``num_processes`` processes of one machine."""
     if num_processes == 1:

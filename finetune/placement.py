@@ -1,6 +1,6 @@
 """Where a run trains, as its start line says it (:mod:`finetune.start_line`), and the GPUs it leaves unused, each
 said as a caution after that line: those beside the one it trains on, which a launch over them would use with the
-same updates, and those torch cannot reach, which leave the run on the CPU."""
+same updates, and those torch cannot reach, which leave the run on the CPU (:mod:`finetune.gpu_reach`)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING
 
 from finetune.cpu import heap_reason, plan_cpu_speedups, speedup_settings
 from finetune.cuda_graphs import graphed_run
-from finetune.launch import describe_cpu_threads, gpus_hidden_on_purpose, gpus_left_idle, train_command
-from finetune.machine import nvidia_gpus
+from finetune.gpu_reach import unreached_gpus
+from finetune.launch import describe_cpu_threads, gpus_left_idle, train_command
 
 if TYPE_CHECKING:
     from finetune.run import Run
@@ -78,24 +78,6 @@ def idle_gpus(run: Run) -> str | None:
 
 
 def gpus_out_of_reach(run: Run) -> str | None:
-    """The caution for a run on the CPU of a machine whose NVIDIA driver drives GPUs: torch built without CUDA, or
-    one that cannot reach them (a driver older than its CUDA), trains many times slower than the GPU would, and
-    ``device=cpu`` on the start line does not say why. None where the GPUs were hidden on purpose
-    (``CUDA_VISIBLE_DEVICES`` empty or -1, ``accelerate launch --cpu``)."""
-    if run.accelerator.device.type != "cpu" or gpus_hidden_on_purpose():
-        return None
-    gpus = nvidia_gpus()
-    if not gpus:
-        return None
-    import torch
-
-    them = "them" if gpus > 1 else "it"
-    shown = f"this machine has {gpus} NVIDIA GPU{'s' if gpus > 1 else ''} and the run trains on the CPU"
-    if torch.version.cuda is None:
-        return (f"{shown}: torch {torch.__version__} is a build without CUDA; one with CUDA trains on {them} "
-                f"(the command for this machine: pytorch.org/get-started/locally)")
-    if not torch.cuda.is_available():
-        return (f"{shown}: torch {torch.__version__}, built for CUDA {torch.version.cuda}, cannot reach {them} "
-                f"(torch.cuda.is_available() is False: most often a driver older than that CUDA needs; nvidia-smi "
-                f"names the newest CUDA the driver runs)")
-    return None
+    """The caution for a run on the CPU of a machine whose NVIDIA driver drives GPUs
+    (:func:`finetune.gpu_reach.unreached_gpus`)."""
+    return unreached_gpus(run.accelerator.device, "the run trains", "trains")

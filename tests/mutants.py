@@ -20,7 +20,7 @@ a dry run says; or that a run writes what README.md's table says, never replacin
 copies the checkout's tracked files into a scratch folder, applies one mutant at a time there, runs its tests
 (without the GPU ones) and restores the line: the checkout itself is never changed.
 
-    python tests/mutants.py                     # every mutant: about 215 minutes on 2 CPU cores
+    python tests/mutants.py                     # every mutant: about 216 minutes on 2 CPU cores
     python tests/mutants.py --rules resume      # one promise's: accumulation, resume, input, scores, memory, sweep,
                                                 #   long_texts, inference, logging, evaluation, data, outputs,
                                                 #   trackers, scaling, keeping, dry_run, cpu, gpu_levers
@@ -1098,16 +1098,21 @@ SCALING_MUTANTS = (
     Mutant("machine.py", "return sum(1 for entry in listed.iterdir() if entry.is_dir())",
            "return sum(1 for entry in listed.iterdir())", "a file in the NVIDIA driver's folder is counted as a GPU",
            IDLE),
-    Mutant("placement.py", "    if torch.version.cuda is None:", "    if False:",
+    Mutant("gpu_reach.py", "    if torch.version.cuda is None:", "    if False:",
            "a CPU build of torch is told as one built for a CUDA the driver cannot run", IDLE),
-    Mutant("placement.py", "    if not torch.cuda.is_available():", "    if True:",
+    Mutant("gpu_reach.py", "    if not torch.cuda.is_available():", "    if True:",
            "a run put on the CPU while torch reaches the GPUs is told torch cannot reach them", IDLE),
-    Mutant("placement.py", 'if run.accelerator.device.type != "cpu" or gpus_hidden_on_purpose():',
+    Mutant("gpu_reach.py", 'if device.type != "cpu" or gpus_hidden_on_purpose():',
            "if gpus_hidden_on_purpose():", "a run on a GPU is told torch cannot reach the machine's GPUs", IDLE),
-    Mutant("launch.py", 'hidden.strip() in ("", "-1")', 'hidden.strip() == ""',
+    Mutant("gpu_reach.py", 'hidden.strip() in ("", "-1")', 'hidden.strip() == ""',
            "GPUs hidden with CUDA_VISIBLE_DEVICES=-1 are cautioned of as out of torch's reach", IDLE),
-    Mutant("launch.py", 'in ("1", "true", "yes")', 'in ("1", "yes")',
+    Mutant("gpu_reach.py", 'in ("1", "true", "yes")', 'in ("1", "yes")',
            "a run that accelerate launch --cpu put on the CPU is cautioned of the GPUs it leaves", IDLE),
+    Mutant("ensemble.py", 'if caution and options.get("device") is None and is_main_rank():', "if False:",
+           "a model predicting a large file on the CPU beside GPUs torch cannot reach says nothing of why", ENSEMBLE),
+    Mutant("comparison.py", "across_processes=across_processes, caution=False)",
+           "across_processes=across_processes)",
+           "a score against another run says twice why the models run on the CPU beside the GPUs", ENSEMBLE),
     Mutant("sweep_notes.py", "        if kind in self.said:\n            return False",
            "        if False:\n            return False",
            "a sweep says the cautions of the GPUs a trial leaves unused again for every trial", IDLE),

@@ -247,3 +247,42 @@ def test_a_run_of_the_folder_with_no_model_yet_is_left_out_and_said(folds, tmp_p
     with caplog.at_level(logging.WARNING, logger="finetune"):
         assert isinstance(load_predictor(folder), Predictor)  # one left: that run's model, still said
     assert "left out: 1 of 2 runs predict" in caplog.text
+
+
+def test_models_predicted_on_the_cpu_beside_gpus_torch_cannot_reach_say_why_once(folds, tmp_path, monkeypatch,
+                                                                                   capsys):
+    """A CPU build of torch on a machine whose driver drives GPUs: predict and score (with --against, two loads)
+    say once why the models run on the CPU; GPUs hidden on purpose, or a device given, are not said."""
+    import torch
+
+    from finetune import machine
+    from finetune.ensemble import load_predictor
+    from finetune.predict import main as predict
+    from finetune.score import main as score
+
+    listed = tmp_path / "gpus"
+    (listed / "0000:01:00.0").mkdir(parents=True)
+    monkeypatch.setattr(machine, "NVIDIA_GPUS", listed)
+    monkeypatch.setattr(torch.version, "cuda", None)
+    for name in ("CUDA_VISIBLE_DEVICES", "ACCELERATE_USE_CPU"):
+        monkeypatch.delenv(name, raising=False)
+    why = (f"this machine has 1 NVIDIA GPU and {{}} on the CPU: torch {torch.__version__} is a build without CUDA; "
+           f"one with CUDA predicts on it (the command for this machine: pytorch.org/get-started/locally)")
+    inputs = write_csv(tmp_path / "held_out.csv", list(zip(["ham", "spam", "other"] * 2, TEXTS)))
+    reset_accelerate()
+    with a_fresh_log():
+        assert predict([str(folds[0].parent), "--file", str(inputs), "--output", str(tmp_path / "p.csv")]) == 0
+    assert capsys.readouterr().err.count("NVIDIA") == 1
+    with a_fresh_log():
+        assert predict([str(folds[0]), "a text"]) == 0
+    assert f"warning: {why.format('the model predicts')}\n" in capsys.readouterr().err
+    with a_fresh_log():
+        assert score([str(folds[0].parent), "--file", str(inputs), "--against", str(folds[1]),
+                      "data.text_column=text", "data.label_column=label"]) == 0
+    err = capsys.readouterr().err
+    assert f"warning: {why.format('the 3 models predict')}\n" in err and err.count("NVIDIA") == 1
+    with a_fresh_log():
+        load_predictor(folds[0], device="cpu")  # the device asked for
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # the GPUs hidden on purpose
+        load_predictor(folds[0])
+    assert "NVIDIA" not in capsys.readouterr().err
