@@ -95,7 +95,7 @@ def what_the_folder_holds_instead(folder: Path) -> Optional[str]:
         except (OSError, ValueError, KeyError, TypeError):
             base = "its base model"
         return f"it holds a LoRA adapter alone, which PEFT loads onto {base} (PeftModel.from_pretrained)"
-    # a sweep's folder: the runs of its repeats (finetune.sweep_report's Repeats) predict together
+    # a sweep's folder: the runs of its repeats (finetune.sweep_file's Repeats) predict together
     repeats = [folder / name for name in ("folds", "seeds") if any((run / "config.json").is_file()
                                                                   for run in (folder / name).glob("*"))]
     if repeats:

@@ -23,7 +23,8 @@ from finetune.start_line import counted_updates, readable_duration
 from finetune.study import (budget_left, check_study, existing_storage, made_with, refuse_another_sweep, running,
                             trials_done)
 from finetune.sweep_checks import check_sweep
-from finetune.sweep_report import repeats_of, start_line
+from finetune.sweep_file import repeats_of
+from finetune.sweep_report import start_line
 from finetune.sweep_trial import train_in_this_process
 
 logger = logging.getLogger("finetune")

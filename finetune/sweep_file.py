@@ -1,4 +1,5 @@
-"""The sweep file (``--sweep``): its keys read and checked, one line per bad value, before torch is imported.
+"""The sweep file (``--sweep``): its keys read and checked, one line per bad value, before torch is imported; and
+what its ``seeds`` or ``folds`` run after the search (:class:`Repeats`).
 
 What a file may say is in docs/sweeps.md; :func:`finetune.sweep.build_sweep` puts the command's flags over it.
 """
@@ -6,6 +7,7 @@ What a file may say is in docs/sweeps.md; :func:`finetune.sweep.build_sweep` put
 from __future__ import annotations
 
 import difflib
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
@@ -147,3 +149,48 @@ def pruner_retyped(settings: dict[str, Any], kind: str) -> dict[str, Any]:
 def describe_pruner(settings: dict[str, Any]) -> str:
     extra = ", ".join(f"{k} {v}" for k, v in settings.items() if k != "type")
     return settings["type"] + (f" ({extra})" if extra else "")
+
+
+@dataclass(frozen=True)
+class Repeats:
+    """The best config (without a space: the config) run once for each value of one key: over seeds
+    (``training.seed``) or over the folds of K-fold cross-validation (``data.validation_fold``)."""
+
+    # "seeds" or "folds": the study's suffix, the runs' folder and the report's heading
+    name: str
+    key: str
+    values: tuple[int, ...]
+    # overrides every run shares: the folds' count
+    fixed: tuple[str, ...] = ()
+
+    @property
+    def unit(self) -> str:
+        return self.name[:-1]
+
+    def folder(self, value: int) -> str:
+        return f"{self.name}/{self.unit}-{value}"
+
+
+def seeds_from(seed: int, count: int) -> Repeats:
+    return Repeats("seeds", "training.seed", tuple(seed + i for i in range(count)))
+
+
+def folds_of(count: int) -> Repeats:
+    return Repeats("folds", "data.validation_fold", tuple(range(1, count + 1)), (f"data.validation_folds={count}",))
+
+
+def search_seeds(sweep, seed: int) -> tuple[int, ...]:
+    """The seeds each trial of a sweep's search trains with: ``seed``, or ``--trial-seeds`` of them from it on."""
+    return tuple(seed + i for i in range(sweep.trial_seeds))
+
+
+def repeats_of(sweep, seed: int) -> Optional[Repeats]:
+    """What runs after a sweep's search (a :class:`finetune.sweep.Sweep`): the seeds, or the folds, or nothing.
+
+    The seeds start past the search's own: the config was chosen for its score on those, which is partly their
+    luck, and a mean over them would count that luck again. Without a search nothing was chosen, and they start
+    at ``seed``.
+    """
+    if sweep.seeds:
+        return seeds_from(max(search_seeds(sweep, seed)) + 1 if sweep.space.dimensions else seed, sweep.seeds)
+    return folds_of(sweep.folds) if sweep.folds else None

@@ -24,7 +24,7 @@ from finetune.outputs import METRICS_FILE, write_atomic
 from finetune.search_space import SearchSpace, overrides, render
 from finetune.study import BEYOND_BUDGET, EVAL_LOSS, FAILED, FEW_UPDATES_ATTR, FOLDER, INTERRUPTED, PRUNED, SAME_AS, \
     STOPPED_SWEEP, redact
-from finetune.sweep_file import describe_pruner
+from finetune.sweep_file import Repeats, describe_pruner
 from finetune.sweep_notes import few_updates_in_search
 
 TRIALS_CSV, SWEEP_MD, BEST_YAML, SWEEP_PNG = "trials.csv", "sweep.md", "best.yaml", "sweep.png"
@@ -49,51 +49,6 @@ class Header:
     overrides: tuple[str, ...] = ()
     # the config's training.num_train_epochs, which the note of trials of few updates scales
     epochs: Optional[float] = None
-
-
-@dataclass(frozen=True)
-class Repeats:
-    """The best config (without a space: the config) run once for each value of one key: over seeds
-    (``training.seed``) or over the folds of K-fold cross-validation (``data.validation_fold``)."""
-
-    # "seeds" or "folds": the study's suffix, the runs' folder and the report's heading
-    name: str
-    key: str
-    values: tuple[int, ...]
-    # overrides every run shares: the folds' count
-    fixed: tuple[str, ...] = ()
-
-    @property
-    def unit(self) -> str:
-        return self.name[:-1]
-
-    def folder(self, value: int) -> str:
-        return f"{self.name}/{self.unit}-{value}"
-
-
-def seeds_from(seed: int, count: int) -> Repeats:
-    return Repeats("seeds", "training.seed", tuple(seed + i for i in range(count)))
-
-
-def folds_of(count: int) -> Repeats:
-    return Repeats("folds", "data.validation_fold", tuple(range(1, count + 1)), (f"data.validation_folds={count}",))
-
-
-def search_seeds(sweep, seed: int) -> tuple[int, ...]:
-    """The seeds each trial of a sweep's search trains with: ``seed``, or ``--trial-seeds`` of them from it on."""
-    return tuple(seed + i for i in range(sweep.trial_seeds))
-
-
-def repeats_of(sweep, seed: int) -> Optional[Repeats]:
-    """What runs after a sweep's search (a :class:`finetune.sweep.Sweep`): the seeds, or the folds, or nothing.
-
-    The seeds start past the search's own: the config was chosen for its score on those, which is partly their
-    luck, and a mean over them would count that luck again. Without a search nothing was chosen, and they start
-    at ``seed``.
-    """
-    if sweep.seeds:
-        return seeds_from(max(search_seeds(sweep, seed)) + 1 if sweep.space.dimensions else seed, sweep.seeds)
-    return folds_of(sweep.folds) if sweep.folds else None
 
 
 def state_of(trial) -> str:
@@ -399,6 +354,12 @@ def sweep_markdown(root: Path, header: Header, rows: list[dict[str, Any]], best:
                      else f"Seed {repeats.values[0]}, not one")
             lines += [f"{seeds} that the search trained with: the config was chosen for its score on those, which is "
                       "partly their luck.", ""]
+        if repeats.name == "seeds" and len(repeat_values) > 1:
+            seeds = str(root / "seeds")
+            lines += [f"The {len(repeat_values)} seeds' models predict together, their outputs averaged: "
+                      f"`{shlex.join(['finetune', 'predict', seeds, '--file', 'texts.csv'])}`; "
+                      f"`{shlex.join(['finetune', 'score', seeds, '--file', 'test.csv'])}` scores their mean beside "
+                      "each model alone on texts none of them trained on (docs/inference.md#several-models-as-one).", ""]
         if repeats.name == "folds":
             lines += [f"Each fold's run validates on the rows the others train on, so the mean is over all the "
                       f"data once (`{repeats.fixed[0]}`). Once every fold has finished, `folds/predictions.csv` "

@@ -20,7 +20,7 @@ a dry run says; or that a run writes what README.md's table says, never replacin
 copies the checkout's tracked files into a scratch folder, applies one mutant at a time there, runs its tests
 (without the GPU ones) and restores the line: the checkout itself is never changed.
 
-    python tests/mutants.py                     # every mutant: about 216 minutes on 2 CPU cores
+    python tests/mutants.py                     # every mutant: about 219 minutes on 2 CPU cores
     python tests/mutants.py --rules resume      # one promise's: accumulation, resume, input, scores, memory, sweep,
                                                 #   long_texts, inference, logging, evaluation, data, outputs,
                                                 #   trackers, scaling, keeping, dry_run, cpu, gpu_levers
@@ -478,7 +478,7 @@ SWEEP_MUTANTS = (
            "equal objectives are ranked by the higher validation loss", SWEEP),
     Mutant("sweep.py", "best = winner.params if winner is not None else {}", "best = {}",
            "the seeds run the config, not the best trial's values", SWEEP),
-    Mutant("sweep_report.py", "return seeds_from(max(search_seeds(sweep, seed)) + 1 if sweep.space.dimensions else "
+    Mutant("sweep_file.py", "return seeds_from(max(search_seeds(sweep, seed)) + 1 if sweep.space.dimensions else "
            "seed, sweep.seeds)", "return seeds_from(seed, sweep.seeds)",
            "the seeds runs after a search count again the seed it chose the config on", SWEEP),
     Mutant("sweep_report.py", "statistics.stdev(values)", "statistics.pstdev(values)",
@@ -533,6 +533,8 @@ SWEEP_MUTANTS = (
            'return shlex.join(["finetune", "train", "--config", BEST_YAML, ',
            "the every-row command names best.yaml from the sweep's folder, where its relative paths are not found",
            SWEEP),
+    Mutant("sweep_report.py", 'seeds = str(root / "seeds")', 'seeds = str(root / "folds")',
+           "the report's commands that average the seeds' models name a folder of no runs", SWEEP),
 )
 
 # what a long text keeps, and the layer-wise learning rates (docs/long_texts.md)

@@ -742,12 +742,22 @@ def test_seeds_after_a_search_run_its_best_config_on_seeds_it_was_not_chosen_on(
     assert "Seeds 2 to 3, none that the search trained with" in report
     assert f"| seed | accuracy | test accuracy |\n| ---: | ---: | ---: |\n| 2 | {scores[0]:.4f} | " in report
     assert f" |\n| 3 | {scores[1]:.4f} | " in report
+    # the seeds' models together: the commands the report gives, the mean of what each says
+    assert (f"`finetune predict {copy / 'seeds'} --file texts.csv`; `finetune score {copy / 'seeds'} --file "
+            f"test.csv` scores their mean beside each model alone") in report
+    from finetune.ensemble import load_predictor
+    from finetune.predictor import Predictor
+
+    texts = [line.split("\t")[1] for line in (root / "test.tsv").read_text().splitlines()]
+    alone = [Predictor.load(copy / "seeds" / f"seed-{seed}").probabilities(texts) for seed in (2, 3)]
+    assert abs(alone[0] - alone[1]).max() > 1e-4  # two seeds' models that differ, so their mean says something
+    assert (abs(load_predictor(copy / "seeds").probabilities(texts) - (alone[0] + alone[1]) / 2) <= 1e-6).all()
 
 
 def test_the_search_and_its_seeds_runs_share_no_seed():
     from types import SimpleNamespace
 
-    from finetune.sweep_report import repeats_of, search_seeds
+    from finetune.sweep_file import repeats_of, search_seeds
 
     searched = SimpleNamespace(space=SimpleNamespace(dimensions=("optim.learning_rate",)), trial_seeds=3, seeds=4,
                                folds=0)
