@@ -38,8 +38,8 @@ from finetune.study import BASE_PARAMS_ATTR, FEW_UPDATES_ATTR, budget_left, load
     redact, refuse_a_database_in_memory, refuse_another_sweep, running, trials_done
 from finetune.sweep_checks import check_sweep
 from finetune.sweep_file import DEFAULT_TRIALS, PRUNERS, SAMPLERS, Repeats, describe_pruner, fixed_overrides, folds_of, \
-    pruner_retyped, pruner_settings, read_sweep_file, repeats_of, sampler_settings, search_seeds, shipped_sweep, \
-    whole_number
+    pruner_retyped, pruner_settings, read_sweep_file, refuse_search_settings, repeats_of, sampler_settings, \
+    search_seeds, shipped_sweep, whole_number
 from finetune.sweep_notes import few_updates_said_once, notes_said_once
 from finetune.sweep_report import Header, best_trial, mean_and_deviation, start_line, state_of, \
     write_out_of_fold_predictions, write_reports
@@ -141,6 +141,8 @@ def build_sweep(args: argparse.Namespace, argv: list[str]) -> Sweep:
         raise ConfigError(f"{where}: nothing to run: give a space (--sweep FILE with space:), --seeds N or --folds K",
                           hint=f"--sweep {shipped_sweep()} searches a classifier's learning rate and effective "
                                "batch, by F1")
+    if not space.dimensions:
+        refuse_search_settings(args, data, where, f"over {seeds} seeds" if seeds else f"on each of {folds} folds")
     if space.dimensions and trials < 1:
         raise ConfigError(f"{where}: trials: must be >= 1 with a space, got {trials}")
     # a flag changes its one setting: --sampler keeps the file's seed, --pruner the file's settings it takes

@@ -83,6 +83,33 @@ def whole_number(value: Any, key: str, where: str, least: int) -> int:
     return value
 
 
+# the settings of a search, each as its flag (None: the file's key alone), which a sweep without a space ignores
+SEARCH_SETTINGS = (("trials", "--trials"), ("sampler", "--sampler"), ("sampler_seed", "--sampler-seed"),
+                   ("pruner", "--pruner"), ("trial_seeds", "--trial-seeds"))
+
+
+def refuse_search_settings(args, data: dict[str, Any], where: str, runs: str) -> None:
+    """Refuse a search's setting (a flag, or a key of the sweep file) in a sweep without a space, which runs the
+    config as given (``runs``: over its seeds, or on its folds): set, it would be ignored, and a user who asked for
+    trials would get none without a word.
+
+    Raises:
+        ConfigError: naming the first such flag or key.
+    """
+    for key, flag in SEARCH_SETTINGS:
+        given = getattr(args, key, None)
+        if given is not None:
+            named, space, setting = f"{flag} {given}", "give --sweep FILE with space:", flag
+        elif key in data:
+            named, space, setting = f"{where}: {key}", "give the file a space:", key
+        else:
+            continue
+        raise ConfigError(f"{named}: a setting of a search, and this sweep has no space to search (it runs the "
+                          f"config as given {runs}); {space}, or leave out {setting}",
+                          hint=f"--sweep {shipped_sweep()} searches a classifier's learning rate and effective batch, "
+                               "by F1")
+
+
 def sampler_settings(value: Any, where: str) -> tuple[str, Optional[int]]:
     """The file's ``sampler:``, a name or a mapping of its type and seed, as (type, seed); tpe unless it says."""
     settings = {"type": value} if isinstance(value, str) else value

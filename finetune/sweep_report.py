@@ -238,11 +238,18 @@ def train_on_every_row(root: Path, header: Header, best: Optional[dict[str, Any]
                        f"output.output_dir={root / EVERY_ROW_DIR}"])
 
 
-def together_against_every_row(root: Path, best: Optional[dict[str, Any]]) -> str:
+def together_against_every_row(root: Path, header: Header, best: Optional[dict[str, Any]]) -> str:
     """The command that scores the folds' models together against the model of every row (where
     :func:`train_on_every_row`'s command writes it) on a labelled file none of them trained on."""
     every_row = root / (BEST_DIR if best is not None else EVERY_ROW_DIR)
-    return shlex.join(["finetune", "score", str(root / "folds"), "--file", "test.csv", "--against", str(every_row)])
+    return shlex.join(["finetune", "score", str(root / "folds"), "--file", held_out_file(header, best), "--against",
+                       str(every_row)])
+
+
+def held_out_file(header: Header, best: Optional[dict[str, Any]]) -> str:
+    """The labelled file the commands that score the seeds' or folds' models together name: the sweep's test file
+    (``data.test_file``), else one to stand in for the user's."""
+    return config_of(header, best).data.test_file or "test.csv"
 
 
 def trials_table(header: Header, rows: list[dict[str, Any]]) -> list[str]:
@@ -358,8 +365,9 @@ def sweep_markdown(root: Path, header: Header, rows: list[dict[str, Any]], best:
             seeds = str(root / "seeds")
             lines += [f"The {len(repeat_values)} seeds' models predict together, their outputs averaged: "
                       f"`{shlex.join(['finetune', 'predict', seeds, '--file', 'texts.csv'])}`; "
-                      f"`{shlex.join(['finetune', 'score', seeds, '--file', 'test.csv'])}` scores their mean beside "
-                      "each model alone on texts none of them trained on (docs/inference.md#several-models-as-one).", ""]
+                      f"`{shlex.join(['finetune', 'score', seeds, '--file', held_out_file(header, best)])}` scores "
+                      "their mean beside each model alone on texts none of them trained on "
+                      "(docs/inference.md#several-models-as-one).", ""]
         if repeats.name == "folds":
             lines += [f"Each fold's run validates on the rows the others train on, so the mean is over all the "
                       f"data once (`{repeats.fixed[0]}`). Once every fold has finished, `folds/predictions.csv` "
@@ -368,7 +376,7 @@ def sweep_markdown(root: Path, header: Header, rows: list[dict[str, Any]], best:
                       f"trains on every row: `{train_on_every_row(root, header, best)}`. Or keep the "
                       f"{len(repeat_values)} folds' models, which predict together, their outputs averaged: "
                       f"`{shlex.join(['finetune', 'predict', str(root / 'folds'), '--file', 'texts.csv'])}`; "
-                      f"`{together_against_every_row(root, best)}` says on texts none of them trained on whether "
+                      f"`{together_against_every_row(root, header, best)}` says on texts none of them trained on whether "
                       f"that pays for {len(repeat_values)} times the compute "
                       "(docs/inference.md#several-models-as-one).", ""]
         tested = scores_on_the_test_set(root, repeats, repeat_values, header.metric)

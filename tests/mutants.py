@@ -20,7 +20,7 @@ a dry run says; or that a run writes what README.md's table says, never replacin
 copies the checkout's tracked files into a scratch folder, applies one mutant at a time there, runs its tests
 (without the GPU ones) and restores the line: the checkout itself is never changed.
 
-    python tests/mutants.py                     # every mutant: about 219 minutes on 2 CPU cores
+    python tests/mutants.py                     # every mutant: about 222 minutes on 2 CPU cores
     python tests/mutants.py --rules resume      # one promise's: accumulation, resume, input, scores, memory, sweep,
                                                 #   long_texts, inference, logging, evaluation, data, outputs,
                                                 #   trackers, scaling, keeping, dry_run, cpu, gpu_levers
@@ -533,6 +533,11 @@ SWEEP_MUTANTS = (
            'return shlex.join(["finetune", "train", "--config", BEST_YAML, ',
            "the every-row command names best.yaml from the sweep's folder, where its relative paths are not found",
            SWEEP),
+    Mutant("sweep.py", "    if not space.dimensions:\n        refuse_search_settings(", "    if False:\n        refuse_search_settings(",
+           "--trials in a sweep with no space is ignored: a user who asked for a search gets none without a word",
+           SWEEP),
+    Mutant("sweep_report.py", 'return config_of(header, best).data.test_file or "test.csv"', 'return "test.csv"',
+           "the report's commands that score the models together name a stand-in, not the sweep's test file", SWEEP),
     Mutant("sweep_report.py", 'seeds = str(root / "seeds")', 'seeds = str(root / "folds")',
            "the report's commands that average the seeds' models name a folder of no runs", SWEEP),
 )

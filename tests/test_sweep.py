@@ -718,6 +718,8 @@ def test_folds_after_a_search_run_its_best_config(four_trials, tmp_path, fresh_a
     assert f"trains on every row: `{command}`" in report
     kept = accepted_without_validation(copy / "best.yaml", command.split()[4:])
     assert (kept.optim.learning_rate, kept.output.output_dir) == (best["optim"]["learning_rate"], str(copy / "best"))
+    # the folds together against that model, on the sweep's own test file
+    assert f"`finetune score {copy / 'folds'} --file {root / 'test.tsv'} --against {copy / 'best'}`" in report
 
 
 def test_seeds_after_a_search_run_its_best_config_on_seeds_it_was_not_chosen_on(four_trials, tmp_path,
@@ -744,7 +746,7 @@ def test_seeds_after_a_search_run_its_best_config_on_seeds_it_was_not_chosen_on(
     assert f" |\n| 3 | {scores[1]:.4f} | " in report
     # the seeds' models together: the commands the report gives, the mean of what each says
     assert (f"`finetune predict {copy / 'seeds'} --file texts.csv`; `finetune score {copy / 'seeds'} --file "
-            f"test.csv` scores their mean beside each model alone") in report
+            f"{root / 'test.tsv'}` scores their mean beside each model alone") in report  # the sweep's test file
     from finetune.ensemble import load_predictor
     from finetune.predictor import Predictor
 
@@ -1398,6 +1400,30 @@ def test_nothing_to_search_names_the_shipped_sweep_file_which_runs(bad_input_job
     monkeypatch.chdir(bad_input_job)  # from elsewhere, the whole path
     assert sweep_in_process(["--config", str(bad_input_job / "cfg.yaml")]) == 2
     assert f"--sweep {REPO / 'configs' / 'sweeps' / 'default.yaml'} " in capsys.readouterr().err
+
+
+def test_a_search_setting_in_a_sweep_with_no_space_is_refused_not_ignored(bad_input_job, capsys, monkeypatch):
+    """Without a space a sweep runs the config as given over its seeds or folds: --trials (or the sampler, the
+    pruner, the trials' seeds), a flag or a key of the file, would be ignored, and a user who asked for trials
+    would get none; each is refused in one line naming it, before anything is written."""
+    monkeypatch.chdir(bad_input_job)
+    output = bad_input_job / "no-space-sweep"
+    config = ["--config", str(bad_input_job / "cfg.yaml"), "--output", str(output)]
+    given = [(["--trials", "4"], "--trials 4", "--trials"), (["--sampler", "random"], "--sampler random", "--sampler"),
+             (["--sampler-seed", "3"], "--sampler-seed 3", "--sampler-seed"), (["--pruner", "none"], "--pruner none",
+             "--pruner"), (["--trial-seeds", "2"], "--trial-seeds 2", "--trial-seeds")]
+    for flags, named, setting in given:
+        assert sweep_in_process([*config, "--seeds", "2", *flags]) == 2
+        error = capsys.readouterr().err.strip().splitlines()[0]
+        assert error == (f"error: {named}: a setting of a search, and this sweep has no space to search (it runs the "
+                         f"config as given over 2 seeds); give --sweep FILE with space:, or leave out {setting}")
+    spec = bad_input_job / "no-space.yaml"
+    spec.write_text("fixed:\n  training.num_train_epochs: 2\nfolds: 3\npruner: none\n", encoding="utf-8")
+    assert sweep_in_process([*config, "--sweep", str(spec)]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[0] == (
+        f"error: {spec}: pruner: a setting of a search, and this sweep has no space to search (it runs the config as "
+        f"given on each of 3 folds); give the file a space:, or leave out pruner")
+    assert not output.exists()
 
 
 def test_a_note_on_the_command_lines_keys_is_said_once_per_sweep(bad_input_job, caplog):
