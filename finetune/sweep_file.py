@@ -26,6 +26,10 @@ PRUNER_TAKES = {
     "none": (),
 }
 PRUNERS = tuple(PRUNER_TAKES)
+# the evaluations a pruner never judges, where its settings do not say: those of the first quarter of an epoch, where
+# a trial of a large effective batch has made few updates yet; judged from there, the median and percentile pruners
+# stopped the trials that went on to tie for the best on the default job (docs/sweeps.md#pruning)
+DEFAULT_WARMUP_EPOCHS = 0.25
 PRUNER_KEYS = {"type", *(key for keys in PRUNER_TAKES.values() for key in keys)}
 DEFAULT_TRIALS = 20
 
@@ -128,7 +132,8 @@ def sampler_settings(value: Any, where: str) -> tuple[str, Optional[int]]:
 
 def pruner_settings(value: Any, where: str) -> dict[str, Any]:
     """The file's ``pruner:``, checked: a name, or a mapping of its type (median where it names none) and the
-    settings that type takes; ``null`` is ``none``."""
+    settings that type takes; ``null`` is ``none``. A type that takes ``warmup_epochs`` gets
+    :data:`DEFAULT_WARMUP_EPOCHS` where the file gives none."""
     settings = {"type": value} if isinstance(value, str) or value is None else value
     if not isinstance(settings, dict):
         raise ConfigError(f"{where}: pruner: expected a name or a mapping with type, got {value!r}")
@@ -146,6 +151,8 @@ def pruner_settings(value: Any, where: str) -> dict[str, Any]:
     for key in ("startup_trials", "min_trials", "warmup_texts"):
         if key in settings:
             whole_number(settings[key], f"pruner: {key}", where, 1 if key == "min_trials" else 0)
+    if "warmup_epochs" in PRUNER_TAKES[settings["type"]]:
+        settings.setdefault("warmup_epochs", DEFAULT_WARMUP_EPOCHS)
     warmup = settings.get("warmup_epochs", 0.0)
     if isinstance(warmup, bool) or not isinstance(warmup, (int, float)) or not 0 <= warmup < float("inf"):
         raise ConfigError(f"{where}: pruner: warmup_epochs: must be a number of epochs >= 0 (0.25: a quarter), "

@@ -20,7 +20,7 @@ a dry run says; or that a run writes what README.md's table says, never replacin
 copies the checkout's tracked files into a scratch folder, applies one mutant at a time there, runs its tests
 (without the GPU ones) and restores the line: the checkout itself is never changed.
 
-    python tests/mutants.py                     # every mutant: about 222 minutes on 2 CPU cores
+    python tests/mutants.py                     # every mutant: about 223 minutes on 2 CPU cores
     python tests/mutants.py --rules resume      # one promise's: accumulation, resume, input, scores, memory, sweep,
                                                 #   long_texts, inference, logging, evaluation, data, outputs,
                                                 #   trackers, scaling, keeping, dry_run, cpu, gpu_levers
@@ -532,6 +532,9 @@ SWEEP_MUTANTS = (
     Mutant("sweep_report.py", 'return shlex.join(["finetune", "train", "--config", str(root / BEST_YAML), ',
            'return shlex.join(["finetune", "train", "--config", BEST_YAML, ',
            "the every-row command names best.yaml from the sweep's folder, where its relative paths are not found",
+           SWEEP),
+    Mutant("sweep_file.py", 'settings.setdefault("warmup_epochs", DEFAULT_WARMUP_EPOCHS)', "pass",
+           "a sweep file that sets no warm-up judges trials from the first quarter, where the best ones were stopped",
            SWEEP),
     Mutant("sweep.py", "    if not space.dimensions:\n        refuse_search_settings(", "    if False:\n        refuse_search_settings(",
            "--trials in a sweep with no space is ignored: a user who asked for a search gets none without a word",

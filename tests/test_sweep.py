@@ -95,8 +95,8 @@ def test_a_dry_run_tries_the_least_and_most_work_and_says_the_sweeps_length_writ
     # the sweep's own start line first, as a start says it, without a count of trials done it did not read
     first = next(line for line in said if line.startswith("sweep in "))
     assert first.startswith(f"sweep in {out}: objective accuracy (higher is better); space ") and \
-        "; 4 trials, sampler random (seed 0), pruner median; then the best config over 2 seeds; storage sqlite:///" \
-        in first, first
+        ("; 4 trials, sampler random (seed 0), pruner median (warmup_epochs 0.25); then the best config over 2 "
+         "seeds; storage sqlite:///") in first, first  # a file with no pruner: the default median's warm-up
     # each run tried says its own dry run: the sweep file's fixed evals_per_epoch reached it, 2 an epoch
     runs = [line for line in said if line.startswith("dry run: ")]
     assert len(runs) == 2 and all(", and its 4 evaluations of 12 texts about " in line for line in runs), runs
@@ -911,7 +911,8 @@ def test_a_missing_sweep_file_is_named_as_one_with_the_shipped_one_as_a_hint(bad
      ["--sampler-seed", "5", "--pruner", "hyperband"], ("tpe", 5), {"type": "hyperband", "warmup_epochs": 1}),
     ({"sampler": "grid", "pruner": {"type": "median", "warmup_epochs": 1}}, ["--pruner", "none"], ("grid", None),
      {"type": "none"}),
-    ({}, ["--pruner", "percentile", "--sampler-seed", "0"], ("tpe", 0), {"type": "percentile"}),
+    # a file with no pruner: the default median's warm-up, which a percentile pruner takes too
+    ({}, ["--pruner", "percentile", "--sampler-seed", "0"], ("tpe", 0), {"type": "percentile", "warmup_epochs": 0.25}),
 ])
 def test_a_flag_changes_its_one_setting_and_keeps_the_files_others(bad_input_job, file, flags, sampler, pruner):
     from finetune.sweep import build_sweep, parse_args
