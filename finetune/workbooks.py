@@ -42,9 +42,10 @@ def read_workbook(path: Path, sheet: Optional[str], flag: str = "data.sheet") ->
             if sheet is not None and sheet not in names:
                 raise DataError(f"{path}: no sheet {sheet!r} ({flag}); its sheets: {', '.join(names)}")
             chosen = names[0] if sheet is None else sheet
-            frame = book.parse(chosen, dtype=object)
+            frame = pd.read_excel(book, sheet_name=chosen, dtype=object)
             # pandas renames a name the header row repeats (text, text.1): the names as written, to refuse it by
-            header = [] if frame.columns.empty else list(book.parse(chosen, header=None, nrows=1).iloc[0])
+            header = [] if frame.columns.empty else \
+                list(pd.read_excel(book, sheet_name=chosen, header=None, nrows=1).iloc[0])
     except FinetuneError:
         raise
     except Exception as exc:  # noqa: BLE001 - not a workbook, or a damaged one: zipfile's and openpyxl's own words

@@ -242,7 +242,7 @@ def test_rs_row_names_are_left_out_and_said(tmp_path, caplog, name, content):
 
 @pytest.mark.parametrize("name", ["r.tsv", "r.csv", "mysql.csv", "r.csv.gz"])
 def test_quotes_escaped_with_backslashes_read_as_quotes(tmp_path, caplog, name):
-    """R's write.table (qmethod = "escape", its default) and MySQL's SELECT ... INTO OUTFILE write a quote inside a
+    r"""R's write.table (qmethod = "escape", its default) and MySQL's SELECT ... INTO OUTFILE write a quote inside a
     quoted text as \", which CSV's rule reads as the text's end: pandas glued what follows onto it
     (she said \hi\" twice") without a word, or split the row at a comma after it. Read as quotes, in training and
     finetune predict alike; any other backslash stays as written."""
