@@ -46,6 +46,8 @@ _EXPORTS = {
     "EpochSampler": "finetune.sampling",
     "FinetuneError": "finetune.errors",
     "Predictor": "finetune.predict",
+    "Ensemble": "finetune.ensemble",
+    "load_predictor": "finetune.ensemble",
     "score_file": "finetune.score",
     "curves_figure": "finetune.plot",
     "plot_curves": "finetune.plot",

@@ -55,7 +55,7 @@ def folds(tmp_path_factory):
 
 
 def test_a_folder_of_runs_predicts_the_mean_of_its_models_probabilities(folds):
-    from finetune.ensemble import Ensemble, load_predictor
+    from finetune import Ensemble, load_predictor  # the package's own names, as docs/inference.md gives them
 
     reset_accelerate()
     ensemble = load_predictor(folds[0].parent)
