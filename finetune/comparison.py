@@ -47,7 +47,7 @@ def score_against(this, other_dir, batch_size: int, precision: str, across_proce
 
     with out_of_memory_told_as(lambda _: batch_too_large(batch_size)):
         predictor = load_predictor(other_dir, batch_size=batch_size, precision=precision,
-                                   across_processes=across_processes, caution=False)  # said of the first model
+                                   across_processes=across_processes, notes=False)  # said of the first model
         return compare(this, predictor, str(other_dir), this.suite)
 
 

@@ -24,6 +24,7 @@ from finetune.out_of_fold import OUT_OF_FOLD_FILE
 from finetune.outputs import CONFIG_FILE, refuse_a_run_file, require_saved_model, saved_config
 from finetune.prediction_rows import PredictionRows, probabilities_of_logits
 from finetune.predictor import DEFAULT_BATCH_SIZE, Predictor
+from finetune.precisions import resolved_precision
 from finetune.schema import DEFAULT_THRESHOLD
 from finetune.shares import launched_processes, process_device
 
@@ -58,10 +59,10 @@ def sub_folders(path: str | Path) -> list[Path]:
                   key=lambda sub: [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", sub.name)])
 
 
-def load_predictor(path: str | Path, *, flag: Optional[str] = None, caution: bool = True, **options):
+def load_predictor(path: str | Path, *, flag: Optional[str] = None, notes: bool = True, **options):
     """A :class:`~finetune.predictor.Predictor` of the run in ``path``, or an :class:`Ensemble` of the runs in a
-    folder of them (:func:`saved_runs`), warning of the runs there that have no model yet and (``caution``) of
-    NVIDIA GPUs left idle by a torch that cannot reach them. ``options``: :meth:`Predictor.load`'s."""
+    folder of them (:func:`saved_runs`), warning of the runs there that have no model yet, and (``notes``) saying
+    where it predicts (:func:`say_where_it_predicts`). ``options``: :meth:`Predictor.load`'s."""
     runs = saved_runs(path, flag)
     unfinished = runs_without_a_model(path)
     if unfinished and is_main_rank():  # a fold still training would else leave the mean short of a model unsaid
@@ -69,14 +70,26 @@ def load_predictor(path: str | Path, *, flag: Optional[str] = None, caution: boo
                        "left out: %d of %d runs predict", path, ", ".join(unfinished),
                        "s" if len(unfinished) == 1 else "", len(runs), len(runs) + len(unfinished))
     predictor = Predictor.load(runs[0], **options) if len(runs) == 1 else Ensemble(runs, **options)
-    if caution and options.get("device") is None and is_main_rank():  # a device chosen as training chooses it
-        from finetune.gpu_reach import unreached_gpus
-
-        doing = "the model predicts" if len(runs) == 1 else f"the {len(runs)} models predict"
-        said = unreached_gpus(process_device(), doing, "predicts")
-        if said:  # a large file predicted many times slower than the GPU would, with no word of why
-            logger.warning(said)
+    if notes and is_main_rank():
+        say_where_it_predicts(predictor, len(runs), options)
     return predictor
+
+
+def say_where_it_predicts(predictor, models: int, options: dict) -> None:
+    """What ``auto`` precision chose, and NVIDIA GPUs left idle by a torch that cannot reach them where the device
+    was chosen as training chooses it: a large file predicted many times slower than the GPU would, unsaid."""
+    from finetune.gpu_reach import unreached_gpus
+    from finetune.precisions import choose_precision
+
+    device = options.get("device")
+    if options.get("precision") == "auto":
+        logger.info("precision %s (%s)", predictor.precision,
+                    choose_precision("auto", torch_device(device) if device is not None else process_device())[1])
+    if device is None:
+        doing = "the model predicts" if models == 1 else f"the {models} models predict"
+        said = unreached_gpus(process_device(), doing, "predicts")
+        if said:
+            logger.warning(said)
 
 
 def refuse_the_runs_files(path: str | Path, runs: Sequence[Path], flag: str) -> None:
@@ -103,7 +116,8 @@ class Ensemble(PredictionRows):
         runs: The runs' folders (a run's ``output_dir`` each, or any folder a model was saved to). Their models
             must have the same labels, in the same order, and the same problem type, and all read text pairs or
             none.
-        device, batch_size, precision, across_processes: as :meth:`Predictor.load` takes them, for each model.
+        device, batch_size, precision, across_processes: as :meth:`Predictor.load` takes them, for each model
+            (``precision="auto"`` chosen once, for all of them).
         threshold: As :class:`~finetune.predictor.Predictor` takes it; ``None``: the mean of the models' own.
 
     Raises:
@@ -124,7 +138,8 @@ class Ensemble(PredictionRows):
         self.positive_label = first.evaluation.positive_label if first is not None else None
         self.decision_config = with_mean_thresholds(configs, self.labels, self.problem_type)
         self.task = self.task_at(threshold)
-        self.precision = precision
+        # auto's choice (each model chooses alike), which a score records
+        self.precision = resolved_precision(precision, torch_device(device) if device is not None else process_device())
         self.processes = launched_processes() if across_processes else (0, 1)
         if self.processes[0] == 0:
             logger.info("%d models, their %s averaged: %s", len(self.runs),
@@ -132,7 +147,7 @@ class Ensemble(PredictionRows):
         # each model's logits of the texts the last prediction ran, and its decisions at its own thresholds: what
         # a score of each model alone reads (finetune.score.models_alone)
         self.alone: list[tuple[Path, "np.ndarray", "Task"]] = []  # noqa: F821
-        self.member_options = {"device": device, "batch_size": batch_size, "precision": precision,
+        self.member_options = {"device": device, "batch_size": batch_size, "precision": self.precision,
                                "across_processes": across_processes}
 
     def mean_outputs(self, texts: Sequence[str], text_pairs: Optional[Sequence[str]] = None,
@@ -249,3 +264,10 @@ def with_mean_thresholds(configs: Sequence, labels: Sequence[str], problem_type:
                                             else 1.0 - own[1] for own in kept)}
     setattr(config, CONFIG_THRESHOLDS, mean)
     return config
+
+
+def torch_device(device):
+    """``device`` (a name, or a ``torch.device``) as a ``torch.device``."""
+    import torch
+
+    return torch.device(device)

@@ -13,7 +13,13 @@ if TYPE_CHECKING:
     import torch
 
 # --precision's values, as training.mixed_precision names them
-PRECISIONS = ("no", "bf16", "fp16")
+PRECISIONS = ("no", "bf16", "fp16", "auto")
+
+
+def resolved_precision(precision: str, device) -> str:
+    """``precision`` on ``device``: ``auto`` as training's ``auto`` decides it there (:func:`choose_precision`),
+    bf16 where the hardware computes it faster than float32, else ``no``; any other name as it is."""
+    return choose_precision("auto", device)[0] if precision == "auto" else precision
 
 
 def autocast_dtype(precision: str, device) -> Optional[Any]:
@@ -25,6 +31,7 @@ def autocast_dtype(precision: str, device) -> Optional[Any]:
     import torch
 
     check_precision(precision, "precision")
+    precision = resolved_precision(precision, device)
     if precision == "fp16" and device.type != "cuda":
         raise ConfigError(f"precision fp16: needs a CUDA GPU, the model is on {device.type} (use bf16 or no)")
     return {"no": None, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
@@ -43,10 +50,11 @@ def check_precision(precision: str, key: str) -> None:
 
 def add_precision_argument(parser: argparse.ArgumentParser) -> None:
     """``--precision``, shared by ``predict`` and ``score``."""
-    parser.add_argument("--precision", default="no", metavar="{no,bf16,fp16}",
+    parser.add_argument("--precision", default="no", metavar="{no,bf16,fp16,auto}",
                         help="arithmetic of the forward passes: no (float32, the default), or bf16 or fp16 "
                         "autocast where they compute faster (a CPU with AMX, an AMD one with avx512_bf16, a recent "
-                        "GPU), with probabilities that differ from float32's in their last digits")
+                        "GPU), with probabilities that differ from float32's in their last digits; auto: bf16 where "
+                        "the hardware computes it faster, else float32, as training.mixed_precision: auto decides")
 
 
 # CPU makers (/proc/cpuinfo's vendor_id) whose AVX-512 bf16 products beat fp32's without AMX: on an AMD EPYC with

@@ -15,7 +15,7 @@ from typing import Any, Iterable, Optional, Sequence
 
 from finetune.errors import PROGRESS_SECONDS_IN_A_FILE, ModelError, redraws_in_place
 from finetune.outputs import saved_config
-from finetune.precisions import autocast_dtype
+from finetune.precisions import autocast_dtype, resolved_precision
 from finetune.prediction_rows import PredictionRows, probabilities_of_logits
 from finetune.schema import PAD_TO_MULTIPLE_OF  # the schema alone: no YAML or config loaded
 from finetune.shares import (batches_of_share, launched_processes, lengths_across_processes, logits_in_order,
@@ -49,7 +49,9 @@ class Predictor(PredictionRows):
             ``None``: those the model's config carries (``label_thresholds``), else 0.5 for every label of a
             multi-label model and the most probable class for a single-label one.
         precision: The forward passes' arithmetic, as ``training.mixed_precision`` names it: ``no`` (float32),
-            ``bf16`` or ``fp16`` (autocast; fp16 on a CUDA GPU only). Logits come back in float32 either way.
+            ``bf16`` or ``fp16`` (autocast; fp16 on a CUDA GPU only), or ``auto`` (bf16 where the device computes
+            it faster than float32, as training's ``auto`` decides; else float32). Logits come back in float32
+            either way.
         pad_to_multiple_of: Pad a batch to a multiple of this many tokens (``None``: its longest text's), as
             the run padded its micro-batches (``data.pad_to_multiple_of``, whose default this is).
         padding: ``data.padding``: ``auto`` pads every batch to ``max_length`` for a model whose output reads the
@@ -79,7 +81,7 @@ class Predictor(PredictionRows):
         self.model, self.tokenizer = model, tokenizer
         self.device = torch.device(device) if device is not None else next(model.parameters()).device
         self.autocast = autocast_dtype(precision, self.device)
-        self.precision = precision
+        self.precision = resolved_precision(precision, self.device)  # auto's choice, which a score records
         if device is not None:
             self.model.to(self.device)
         self.batch_size = batch_size
@@ -109,7 +111,7 @@ class Predictor(PredictionRows):
                 ``PartialState``: GPU if available, else CPU, using all cores).
             batch_size: Texts per forward pass.
             max_length: Truncation length; ``None``: ``data.max_length`` of the run's ``config.yaml``, if any.
-            precision: ``no`` (float32), ``bf16`` or ``fp16`` (see the class).
+            precision: ``no`` (float32), ``bf16``, ``fp16`` or ``auto`` (see the class).
             across_processes: Share the batches among the processes launched (see the class).
 
         Raises:

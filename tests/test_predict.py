@@ -997,7 +997,8 @@ def test_a_text_file_not_in_its_encoding_is_one_line_naming_the_files_own_offset
      "texts to classify follow the run's folder: finetune predict {out} \"a text\""),
     (["--file", "{tmp}/in.csv", "--text-column", "message", "--output", "{tmp}/./in.csv"],
      "error: --output {tmp}/./in.csv: is the --file being classified; name another file"),
-    (["--file", "{tmp}/in.txt", "--precision", "fp8"], "error: --precision: must be one of no, bf16, fp16, got 'fp8'"),
+    (["--file", "{tmp}/in.txt", "--precision", "fp8"],
+     "error: --precision: must be one of no, bf16, fp16, auto, got 'fp8'"),
     (["--file", "{tmp}/in.txt", "--encoding", "klingon"],
      "error: --encoding: 'klingon' is no text encoding Python knows (utf-8, cp1252, latin-1, utf-16, ...)"),
     (["a text", "--encoding", "cp1252"], "error: --encoding cp1252: only with --file"),
@@ -1113,7 +1114,7 @@ def test_score_refuses_an_unknown_precision_in_one_line(trained, tmp_path, capsy
     held_out = tmp_path / "held_out_fp8.tsv"
     held_out.write_bytes(Path(cfg.data.validation_file).read_bytes())
     assert main([str(out), "--file", str(held_out), "--precision", "fp8"]) == 2
-    assert capsys.readouterr().err.strip() == "error: --precision: must be one of no, bf16, fp16, got 'fp8'"
+    assert capsys.readouterr().err.strip() == "error: --precision: must be one of no, bf16, fp16, auto, got 'fp8'"
     assert not (out / "confusion_held_out_fp8.png").exists()
 
 
@@ -1176,6 +1177,33 @@ def test_bf16_predictions_are_computed_under_bf16_autocast(trained, predictor):
     assert rounded.dtype == exact.dtype == "float32"
     assert not (rounded == exact).all()
     assert abs(rounded - exact).max() < 0.05 and (rounded.argmax(1) == exact.argmax(1)).all()
+
+
+def test_auto_precision_is_what_training_would_choose_on_the_device(trained, monkeypatch, capsys):
+    """``precision="auto"`` computes in bf16 where the hardware computes it faster than float32, as training's
+    ``auto`` decides (a CPU with AMX), and in float32 where it does not (a CPU without bf16 units); a command says
+    the choice, and a score records it."""
+    import numpy as np
+
+    from finetune import precisions
+    from finetune.predict import Predictor, main
+    from finetune.score import score_file
+
+    out, cfg, _ = trained
+    monkeypatch.setattr(precisions, "cpu_flags", lambda: {"avx512f", "amx_bf16"})
+    fast = Predictor.load(out, precision="auto")
+    assert fast.precision == "bf16"
+    np.testing.assert_array_equal(fast.logits(TEXTS), Predictor.load(out, precision="bf16").logits(TEXTS))
+    # bf16's rounding, so that the test tells the two apart
+    assert not (fast.logits(TEXTS) == Predictor.load(out, precision="no").logits(TEXTS)).all()
+    assert score_file(out, cfg.data.validation_file, precision="auto").precision == "bf16"
+    with a_fresh_log():
+        assert main([str(out), "--precision", "auto", "a text"]) == 0
+    assert "note: precision bf16 (auto: the CPU computes bf16 (amx_bf16))\n" in capsys.readouterr().err
+    monkeypatch.setattr(precisions, "cpu_flags", lambda: {"avx2"})
+    exact = Predictor.load(out, precision="auto")
+    assert exact.precision == "no" and exact.autocast is None
+    np.testing.assert_array_equal(exact.logits(TEXTS), Predictor.load(out, precision="no").logits(TEXTS))
 
 
 def test_score_in_the_runs_bf16_reproduces_its_validation_metrics(tmp_path, capsys):
