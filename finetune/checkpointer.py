@@ -159,6 +159,14 @@ class Checkpointer:
         return sum(ends or (selecting and due.mid_epoch(step, micro_batch, k))
                    or bool(self.every and step % self.every == 0) for step, micro_batch, k, ends in updates)
 
+    def kept_after(self, done: int, due) -> int:
+        """The most checkpoints the run's folder holds at its end, of those :meth:`count_after` counts: at most
+        ``output.keep_last``, save the last and, under a selection, the best, which pruning never deletes
+        (:func:`~finetune.checkpoint_files.prune`)."""
+        saved, limit = self.count_after(done, due), self.run.cfg.output.keep_last
+        protected = 2 if self.history.selection is not None else 1
+        return saved if limit is None else min(saved, max(limit, protected))
+
     def where(self) -> str:
         """Where the last checkpoint is, for the message of a stopped run."""
         if self.enabled and self.last_saved is not None:

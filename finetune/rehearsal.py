@@ -65,6 +65,9 @@ class Rehearsal:
     # weights and the optimizer's state, as the tried updates left them
     checkpoints: int = 0
     checkpoint_bytes: int = 0
+    # the most of them the run's folder keeps at its end (output.keep_last), and the bytes of the model it saves
+    kept_checkpoints: int = 0
+    model_bytes: int = 0
 
 
 def rehearse(run: Run, updates: int = REHEARSED_UPDATES) -> Rehearsal:
@@ -108,7 +111,8 @@ def rehearse(run: Run, updates: int = REHEARSED_UPDATES) -> Rehearsal:
                      estimate=estimate, gpu_peak=peak, resumes_from=checkpoints.resume_path,
                      done_updates=done, evaluation_seconds=evaluation, timed_texts=timed, timing_seconds=timing,
                      evaluations=due.count_after(done), checkpoints=checkpoints.count_after(done, due),
-                     checkpoint_bytes=checkpoint_bytes(run))
+                     checkpoint_bytes=checkpoint_bytes(run), kept_checkpoints=checkpoints.kept_after(done, due),
+                     model_bytes=saved_model_bytes(run))
 
 
 def timed_evaluation(run: Run, most: int) -> tuple[float, int, float]:
@@ -184,6 +188,14 @@ def checkpoint_bytes(run: Run) -> int:
     state = sum(value.numel() * value.element_size() for per_weight in run.optimizer.state.values()
                 for value in per_weight.values() if torch.is_tensor(value))
     return weights + state
+
+
+def saved_model_bytes(run: Run) -> int:
+    """About what the run's saved model holds: every weight, a LoRA run's merged into its base (its adapters'
+    own copy, small beside them, left out)."""
+    model = run.accelerator.unwrap_model(run.model)
+    lora = is_lora(model)
+    return sum(p.numel() * p.element_size() for name, p in model.named_parameters() if not (lora and "lora_" in name))
 
 
 def pace_and_estimate(seconds: list[float], updates: int) -> tuple[float, float]:

@@ -14,8 +14,10 @@ to it, checked as its start would check it, and said as the runs done and the ru
 from __future__ import annotations
 
 import logging
+import shutil
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Optional
 
 from finetune.search_space import overrides
@@ -31,6 +33,7 @@ logger = logging.getLogger("finetune")
 
 # the tried runs' folder, inside the sweep's: a name no trial has, so that no trial's run is resumed or refused
 TRIED_FOLDER = "dry-run"
+GB = 1024**3
 
 # searched keys that change a run's work, and whether their larger values make less of it
 WORK_KEYS = {"training.effective_batch_size": True, "training.gradient_accumulation_steps": True,
@@ -51,6 +54,13 @@ class TriedRun:
     evaluating: float
     checkpoints: int = 0
     checkpoint_bytes: int = 0
+    # what its folder keeps at its end: the checkpoints output.keep_last leaves, and the saved model's bytes
+    kept_checkpoints: int = 0
+    model_bytes: int = 0
+
+    @property
+    def kept_bytes(self) -> int:
+        return self.model_bytes + self.kept_checkpoints * self.checkpoint_bytes
 
     @property
     def seconds(self) -> float:
@@ -80,7 +90,36 @@ def rehearse_sweep(sweep) -> dict[str, Any]:
         f"{count}, about {total}{pruned}"
     logger.info("sweep dry run: %s; %s: %s; nothing was written to %s", tried_in_words(tried), which, length,
                 sweep.output)
+    say_disk(sweep.output, tried, left)
     return {"runs": runs, "left": left, "seconds": (left * least, left * most)}
+
+
+def say_disk(output: Path, tried: list[TriedRun], left: int) -> None:
+    """What the runs left keep on disk at their ends (each its model, and the checkpoints ``output.keep_last``
+    leaves it), against the space free where the sweep writes; a warning where it is more: a sweep of a large
+    model fills a disk many runs in, each trial's folder kept for what it holds."""
+    run = max(tried, key=lambda tried_run: tried_run.kept_bytes)
+    need, where = left * run.kept_bytes, existing_folder(output)
+    free = shutil.disk_usage(where).free
+    kept = run.kept_checkpoints
+    checkpoints = (f" and up to {kept} checkpoint{'s' if kept != 1 else ''} ({run.checkpoint_bytes / GB:.2f}GB "
+                   f"each)") if kept else ""
+    said = (f"sweep dry run: on disk, each run keeps its model ({run.model_bytes / GB:.2f}GB){checkpoints}: about "
+            f"{need / GB:.1f}GB for the {left} run{'s' if left != 1 else ''} left, {free / GB:.1f}GB free in {where}")
+    if need <= free:
+        logger.info(said)
+        return
+    fewer = "output.keep_last=1 keeps fewer checkpoints, " if kept > 1 else ""
+    logger.warning("%s: the disk would fill before the sweep ends; %soutput.save_checkpoints=false none (a stopped "
+                   "trial then trains again from its start), or --output another disk", said, fewer)
+
+
+def existing_folder(path: Path) -> Path:
+    """``path``, or its nearest folder above that exists: where a folder not made yet will be."""
+    path = path.absolute()
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
 
 
 @dataclass
@@ -149,7 +188,8 @@ def try_run(sweep, values: list[str]) -> TriedRun:
     # a trial is built in the sweep's process as this run was, after its own imports
     start = max(0.0, time.perf_counter() - began - sum(rehearsal.seconds) - rehearsal.timing_seconds)
     return TriedRun(values, start, rehearsal.total_updates, rehearsal.estimate, rehearsal.evaluations,
-                    rehearsal.evaluations * each, rehearsal.checkpoints, rehearsal.checkpoint_bytes)
+                    rehearsal.evaluations * each, rehearsal.checkpoints, rehearsal.checkpoint_bytes,
+                    rehearsal.kept_checkpoints, rehearsal.model_bytes)
 
 
 def tried_in_words(tried: list[TriedRun]) -> str:

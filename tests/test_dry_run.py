@@ -183,12 +183,74 @@ def test_the_estimate_takes_the_later_updates_pace_for_all_but_the_first(tmp_pat
     held = sum(t.numel() * t.element_size() for t in [*weights, *(v for s in state for v in s.values())]
                if torch.is_tensor(t))
     assert rehearsal.checkpoints == 1 and rehearsal.checkpoint_bytes == held
+    # what the run's folder keeps at its end: that checkpoint, and the saved model's weights
+    model = load_file(str(tmp_path / "real" / "out" / "model.safetensors")).values()
+    assert rehearsal.kept_checkpoints == 1 and rehearsal.model_bytes == sum(t.numel() * t.element_size() for t in model)
     # a longer run: the tried updates as they took, the rest at the later half's median
     assert pace_and_estimate([0.9, 0.3, 0.2, 0.25, 0.21, 0.22], 100) == pytest.approx((0.22, 2.08 + 0.22 * 94))
     assert pace_and_estimate([0.9], 10) == pytest.approx((0.9, 9.0))
     # fewer updates left than were tried (a resumed run): the first of them, as a fresh process takes them
     assert pace_and_estimate([0.9, 0.3, 0.2, 0.25], 2) == pytest.approx((0.225, 1.2))
     assert pace_and_estimate([0.9, 0.3, 0.2, 0.25], 0) == pytest.approx((0.225, 0.0))
+
+
+@pytest.mark.parametrize("keep_last", [1, None])
+def test_the_checkpoints_a_dry_run_says_a_run_keeps_are_those_its_folder_holds(tmp_path, keep_last,
+                                                                                 fresh_accelerate_state):
+    """Under a selection, evaluated four times an epoch, a run saves a checkpoint after each evaluation; its folder
+    keeps ``output.keep_last`` of them, save the last and the best, which are never deleted: the dry run's count
+    (what a sweep's dry run multiplies into the disk it needs) is the real run's, or one more where the best is the
+    last."""
+    import json
+
+    from finetune import rehearse, setup_run
+    from tiny_run import fit_tiny_run, tiny_config, tiny_process
+
+    sections = {"evaluation": {"evals_per_epoch": 4, "metric_for_best_model": "accuracy"},
+                "output": {"keep_last": keep_last}}
+    with tiny_process():
+        rehearsal = rehearse(setup_run(tiny_config(tmp_path / "tried", **sections)))
+    fit_tiny_run(tmp_path / "real", **sections)
+    out = tmp_path / "real" / "out"
+    held = len(list((out / "checkpoints").glob("checkpoint-*")))
+    summary = json.loads((out / "metrics.json").read_text())
+    best_is_last = summary["best"]["step"] == summary["train"]["updates"]
+    if keep_last is None:  # every one saved is kept
+        assert rehearsal.kept_checkpoints == rehearsal.checkpoints == held > 2
+    else:  # the last and the best, however few keep_last keeps
+        assert rehearsal.checkpoints > rehearsal.kept_checkpoints == 2 == held + best_is_last
+
+
+def test_a_sweeps_dry_run_says_the_disk_its_runs_keep_and_warns_where_it_is_short(tmp_path, caplog, monkeypatch):
+    import logging
+    import shutil
+    from collections import namedtuple
+
+    from finetune import sweep_dry_run
+    from finetune.sweep_dry_run import TriedRun, say_disk
+
+    gb = 1024**3
+    tried = [TriedRun([], 1.0, 10, 1.0, 1, 0.1, checkpoints=4, checkpoint_bytes=gb // 4, kept_checkpoints=2,
+                      model_bytes=gb // 10),
+             TriedRun([], 1.0, 40, 4.0, 1, 0.1, checkpoints=4, checkpoint_bytes=gb // 4, kept_checkpoints=1,
+                      model_bytes=gb // 10)]
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(100 * gb, 0, 20 * gb))
+    output = tmp_path / "not-yet" / "sweep"
+    with caplog.at_level(logging.INFO, logger="finetune"):
+        say_disk(output, tried, 17)  # the run that keeps more: 0.1 + 2 x 0.25 GB, 17 times
+    said = (f"sweep dry run: on disk, each run keeps its model (0.10GB) and up to 2 checkpoints (0.25GB each): about "
+            f"10.2GB for the 17 runs left, 20.0GB free in {tmp_path}")
+    assert [(r.levelno, r.getMessage()) for r in caplog.records] == [(logging.INFO, said)]
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(100 * gb, 0, 5 * gb))
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="finetune"):
+        say_disk(output, tried, 17)
+    assert [(r.levelno, r.getMessage()) for r in caplog.records] == [(logging.WARNING, said.replace("20.0GB", "5.0GB")
+        + ": the disk would fill before the sweep ends; output.keep_last=1 keeps fewer checkpoints, "
+          "output.save_checkpoints=false none (a stopped trial then trains again from its start), or --output "
+          "another disk")]
+    assert sweep_dry_run.existing_folder(output) == tmp_path
 
 
 def test_a_run_that_trained_is_not_fitted_or_rehearsed_again_and_its_outputs_are_kept(tmp_path):
