@@ -40,7 +40,7 @@ from finetune.sweep_checks import check_sweep
 from finetune.sweep_file import DEFAULT_TRIALS, PRUNERS, SAMPLERS, Repeats, describe_pruner, fixed_overrides, folds_of, \
     pruner_retyped, pruner_settings, read_sweep_file, refuse_search_settings, repeats_of, sampler_settings, \
     search_seeds, shipped_sweep, whole_number
-from finetune.sweep_notes import few_updates_said_once, notes_said_once
+from finetune.sweep_notes import disk_short, few_updates_said_once, notes_said_once
 from finetune.sweep_report import Header, best_trial, mean_and_deviation, start_line, state_of, \
     write_out_of_fold_predictions, write_reports
 from finetune.sweep_trial import Phase, TrialRunner
@@ -347,7 +347,9 @@ def repeat_results(study, repeats: Optional[Repeats]) -> list[tuple[int, float]]
 
 
 def progress_line(sweep: Sweep, metric: str, greater: bool, report):
-    """The callback at each trial's end: one line, then the reports rewritten."""
+    """The callback at each trial's end: one line, then the reports rewritten; after the first trial that finished,
+    the caution of a disk the runs left would fill (:func:`finetune.sweep_notes.disk_short`), where it would."""
+    measured = []
 
     def on_trial_end(phase: Phase, number: int, record: dict[str, Any]) -> None:
         values = " ".join(overrides(record["params"])) or "the config"
@@ -360,6 +362,15 @@ def progress_line(sweep: Sweep, metric: str, greater: bool, report):
         seconds = f" in {record['seconds']:.0f}s" if "seconds" in record else ""
         logger.info("%s trial %d%s: %s; %s", phase.name, number, seconds, what, values)
         report()
+        if state == "complete" and not measured:
+            from finetune.sweep_dry_run import sweep_so_far
+
+            measured.append(number)
+            left = sweep_so_far(sweep, greater).runs_left - 1  # this trial still counts, as running
+            run = Path(record["runs"][0]["output_dir"])  # a trial over several seeds: its first seed's
+            short = disk_short(sweep.output, run, left) if left > 0 else None
+            if short is not None:
+                logger.warning(short)
 
     return on_trial_end
 

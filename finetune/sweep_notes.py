@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from pathlib import Path
 from typing import Any, Iterator, Optional
 
 # the loggers of what reading the data finds, which every trial of a sweep reads alike
@@ -127,3 +128,21 @@ def few_updates_in_search(rows: list[dict[str, Any]], epochs: Optional[float]) -
             f"new head learns little in so few, and such a trial's score says how many it made as much as what it "
             f"searched; a sweep with {how} gives its fewest about {int(fewest['updates'] * enough / own)} "
             f"(docs/sweeps.md#few-updates)")
+
+
+def disk_short(output: Path, folder: Path, runs_left: int) -> Optional[str]:
+    """The caution for a sweep whose runs left would keep more than the disk holds, measured on the trial that just
+    finished: what its run's ``folder`` holds (its model, the checkpoints its ``output.keep_last`` left), times the
+    runs left, against the space free where the sweep writes; ``None`` where it fits. Said, once, many trials before the
+    disk fills, where a trial's checkpoint would else stop it there."""
+    import shutil
+
+    held = sum(path.stat().st_size for path in folder.rglob("*") if path.is_file())
+    need, free = held * runs_left, shutil.disk_usage(output).free
+    if need <= free:
+        return None
+    gb = 1024**3
+    return (f"the {runs_left} run{'s' if runs_left != 1 else ''} left would keep about {need / gb:.1f}GB, "
+            f"{held / gb:.2f}GB each as {folder} does, and {output} has {free / gb:.1f}GB free: the disk would "
+            f"fill before the sweep ends; free some, or stop the sweep: one started with output.keep_last=1 (or "
+            f"output.save_checkpoints=false) keeps less")

@@ -20,7 +20,7 @@ a dry run says; or that a run writes what README.md's table says, never replacin
 copies the checkout's tracked files into a scratch folder, applies one mutant at a time there, runs its tests
 (without the GPU ones) and restores the line: the checkout itself is never changed.
 
-    python tests/mutants.py                     # every mutant: about 225 minutes on 2 CPU cores
+    python tests/mutants.py                     # every mutant: about 227 minutes on 2 CPU cores
     python tests/mutants.py --rules resume      # one promise's: accumulation, resume, input, scores, memory, sweep,
                                                 #   long_texts, inference, logging, evaluation, data, outputs,
                                                 #   trackers, scaling, keeping, dry_run, cpu, gpu_levers
@@ -533,6 +533,11 @@ SWEEP_MUTANTS = (
            'return shlex.join(["finetune", "train", "--config", BEST_YAML, ',
            "the every-row command names best.yaml from the sweep's folder, where its relative paths are not found",
            SWEEP),
+    Mutant("sweep.py", "left = sweep_so_far(sweep, greater).runs_left - 1",
+           "left = sweep_so_far(sweep, greater).runs_left",
+           "the disk the runs left would keep counts the trial that just finished among them", SWEEP),
+    Mutant("sweep.py", 'if state == "complete" and not measured:', 'if state == "complete":',
+           "a sweep short of disk says so after every trial, not once", SWEEP),
     Mutant("sweep_file.py", 'settings.setdefault("warmup_epochs", DEFAULT_WARMUP_EPOCHS)', "pass",
            "a sweep file that sets no warm-up judges trials from the first quarter, where the best ones were stopped",
            SWEEP),

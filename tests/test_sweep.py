@@ -1555,3 +1555,42 @@ def test_the_reports_commands_run_from_the_folder_the_sweep_was_started_in(tmp_p
     kept = load_config(command[3], command[4:])
     assert Path(kept.data.train_file).is_file() and kept.output.output_dir == "runs/nli-sweep/best"
     assert kept.optim.learning_rate == 1e-2 and kept.data.validation_split == 0.0
+
+
+def test_a_sweep_whose_runs_left_would_fill_the_disk_says_so_once_after_its_first_trial(tmp_path, caplog,
+                                                                                         monkeypatch,
+                                                                                         fresh_accelerate_state):
+    """After its first finished trial a sweep knows what a run keeps (that trial's folder); where the runs left
+    would keep more than the disk has free, it warns once, long before a checkpoint would stop a trial."""
+    config, spec = sms_job(tmp_path, epochs=1), sweep_file(tmp_path, trials=3, pruner="none")
+    out = tmp_path / "out-sweep"
+    real = shutil.disk_usage
+    # short where the sweep writes; the checkpoints' own check of their folder's space sees the real disk
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: real(path)._replace(free=1000) if Path(path) == out
+                        else real(path))
+    with caplog.at_level(logging.WARNING, logger="finetune"):
+        assert sweep_in_process(["--config", str(config), "--sweep", str(spec), "--output", str(out)]) == 0
+    short = [message for message in caplog.messages if "would fill" in message]
+    assert len(short) == 1 and short[0].startswith("the 2 runs left would keep about ")  # of 3 trials, after one
+    assert f"GB each as {out / 'trial-0000'} does, and {out} has 0.0GB free: the disk would fill" in short[0]
+
+
+def test_the_disk_a_sweeps_runs_left_keep_is_what_a_finished_run_holds_times_their_number(tmp_path, monkeypatch):
+    from collections import namedtuple
+
+    from finetune.sweep_notes import disk_short
+
+    run = tmp_path / "sweep" / "trial-0003"
+    (run / "checkpoints" / "checkpoint-9").mkdir(parents=True)
+    gb = 1024**3
+    with open(run / "model.safetensors", "wb") as handle:  # sparse: their sizes, not the disk's blocks
+        handle.truncate(gb // 2)
+    with open(run / "checkpoints" / "checkpoint-9" / "optimizer.bin", "wb") as handle:
+        handle.truncate(gb)
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(100 * gb, 0, 10 * gb))
+    assert disk_short(tmp_path / "sweep", run, 6) is None  # 9.0GB of 10.0GB free
+    assert disk_short(tmp_path / "sweep", run, 7) == (
+        f"the 7 runs left would keep about 10.5GB, 1.50GB each as {run} does, and {tmp_path / 'sweep'} has 10.0GB "
+        f"free: the disk would fill before the sweep ends; free some, or stop the sweep: one started with "
+        f"output.keep_last=1 (or output.save_checkpoints=false) keeps less")
