@@ -271,11 +271,14 @@ def _evaluations(run: Run, rehearsal: Rehearsal) -> str:
 
 
 def _checkpoints(rehearsal: Rehearsal) -> str:
-    """The checkpoints a start would save, and the size of one; their time depends on a disk not written to."""
+    """The checkpoints a start would save, the size of one, and how many of them its folder keeps at its end; their
+    time depends on a disk not written to."""
     size = f"{rehearsal.checkpoint_bytes / 1024**3:.2f}GB"
     if rehearsal.checkpoints == 1:
         return f", and its checkpoint of about {size}, not timed"
-    return f", and its {rehearsal.checkpoints} checkpoints of about {size} each, not timed"
+    kept = rehearsal.kept_checkpoints
+    pruned = f" (up to {kept} kept, output.keep_last)" if kept < rehearsal.checkpoints else ""
+    return f", and its {rehearsal.checkpoints} checkpoints of about {size} each{pruned}, not timed"
 
 
 def readable_duration(seconds: float) -> str:

@@ -219,6 +219,11 @@ def test_the_checkpoints_a_dry_run_says_a_run_keeps_are_those_its_folder_holds(t
         assert rehearsal.kept_checkpoints == rehearsal.checkpoints == held > 2
     else:  # the last and the best, however few keep_last keeps
         assert rehearsal.checkpoints > rehearsal.kept_checkpoints == 2 == held + best_is_last
+    from finetune.start_line import _checkpoints
+
+    kept = " (up to 2 kept, output.keep_last)" if keep_last else ""
+    assert re.fullmatch(rf", and its {rehearsal.checkpoints} checkpoints of about [\d.]+GB each{re.escape(kept)}, "
+                        "not timed", _checkpoints(rehearsal))
 
 
 def test_a_sweeps_dry_run_says_the_disk_its_runs_keep_and_warns_where_it_is_short(tmp_path, caplog, monkeypatch):
