@@ -104,7 +104,7 @@ def say_disk(output: Path, tried: list[TriedRun], left: int) -> None:
     kept = run.kept_checkpoints
     checkpoints = (f" and up to {kept} checkpoint{'s' if kept != 1 else ''} ({run.checkpoint_bytes / GB:.2f}GB "
                    f"each)") if kept else ""
-    said = (f"sweep dry run: on disk, each run keeps its model ({run.model_bytes / GB:.2f}GB){checkpoints}: about "
+    said = (f"sweep dry run, on disk: each run keeps its model ({run.model_bytes / GB:.2f}GB){checkpoints}: about "
             f"{need / GB:.1f}GB for the {left} run{'s' if left != 1 else ''} left, {free / GB:.1f}GB free in {where}")
     if need <= free:
         logger.info(said)

@@ -244,7 +244,7 @@ def test_a_sweeps_dry_run_says_the_disk_its_runs_keep_and_warns_where_it_is_shor
     output = tmp_path / "not-yet" / "sweep"
     with caplog.at_level(logging.INFO, logger="finetune"):
         say_disk(output, tried, 17)  # the run that keeps more: 0.1 + 2 x 0.25 GB, 17 times
-    said = (f"sweep dry run: on disk, each run keeps its model (0.10GB) and up to 2 checkpoints (0.25GB each): about "
+    said = (f"sweep dry run, on disk: each run keeps its model (0.10GB) and up to 2 checkpoints (0.25GB each): about "
             f"10.2GB for the 17 runs left, 20.0GB free in {tmp_path}")
     assert [(r.levelno, r.getMessage()) for r in caplog.records] == [(logging.INFO, said)]
     monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(100 * gb, 0, 5 * gb))
