@@ -180,14 +180,15 @@ def space_problem(root: Path) -> Optional[str]:
     previous = list_checkpoints(root.parent)
     if not previous:
         return None
-    needed = _size(previous[-1])
+    needed = folder_bytes(previous[-1])
     free = shutil.disk_usage(root).free
     if free >= needed:
         return None
     return (f"no space left for a checkpoint: {free / 1e6:.0f} MB free, the last one took {needed / 1e6:.0f} MB")
 
 
-def _size(path: Path) -> int:
+def folder_bytes(path: Path) -> int:
+    """The bytes of the files under ``path``: a checkpoint's, or a run's whole folder."""
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
 

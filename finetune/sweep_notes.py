@@ -137,7 +137,9 @@ def disk_short(output: Path, folder: Path, runs_left: int) -> Optional[str]:
     disk fills, where a trial's checkpoint would else stop it there."""
     import shutil
 
-    held = sum(path.stat().st_size for path in folder.rglob("*") if path.is_file())
+    from finetune.checkpoint_files import folder_bytes
+
+    held = folder_bytes(folder)
     need, free = held * runs_left, shutil.disk_usage(output).free
     if need <= free:
         return None
