@@ -26,7 +26,7 @@ from finetune.prediction_rows import PredictionRows, probabilities_of_logits
 from finetune.predictor import DEFAULT_BATCH_SIZE, Predictor
 from finetune.precisions import resolved_precision
 from finetune.schema import DEFAULT_THRESHOLD
-from finetune.shares import launched_processes, process_device
+from finetune.shares import device_of, launched_processes
 
 logger = logging.getLogger("finetune")
 
@@ -71,23 +71,22 @@ def load_predictor(path: str | Path, *, flag: Optional[str] = None, notes: bool 
                        "s" if len(unfinished) == 1 else "", len(runs), len(runs) + len(unfinished))
     predictor = Predictor.load(runs[0], **options) if len(runs) == 1 else Ensemble(runs, **options)
     if notes and is_main_rank():
-        say_where_it_predicts(predictor, len(runs), options)
+        say_where_it_predicts(len(runs), options)
     return predictor
 
 
-def say_where_it_predicts(predictor, models: int, options: dict) -> None:
+def say_where_it_predicts(models: int, options: dict) -> None:
     """What ``auto`` precision chose, and NVIDIA GPUs left idle by a torch that cannot reach them where the device
     was chosen as training chooses it: a large file predicted many times slower than the GPU would, unsaid."""
     from finetune.gpu_reach import unreached_gpus
     from finetune.precisions import choose_precision
 
-    device = options.get("device")
+    device = device_of(options.get("device"))
     if options.get("precision") == "auto":
-        logger.info("precision %s (%s)", predictor.precision,
-                    choose_precision("auto", torch_device(device) if device is not None else process_device())[1])
-    if device is None:
+        logger.info("precision %s (%s)", *choose_precision("auto", device))
+    if options.get("device") is None:
         doing = "the model predicts" if models == 1 else f"the {models} models predict"
-        said = unreached_gpus(process_device(), doing, "predicts")
+        said = unreached_gpus(device, doing, "predicts")
         if said:
             logger.warning(said)
 
@@ -139,7 +138,7 @@ class Ensemble(PredictionRows):
         self.decision_config = with_mean_thresholds(configs, self.labels, self.problem_type)
         self.task = self.task_at(threshold)
         # auto's choice (each model chooses alike), which a score records
-        self.precision = resolved_precision(precision, torch_device(device) if device is not None else process_device())
+        self.precision = resolved_precision(precision, device_of(device))
         self.processes = launched_processes() if across_processes else (0, 1)
         if self.processes[0] == 0:
             logger.info("%d models, their %s averaged: %s", len(self.runs),
@@ -264,10 +263,3 @@ def with_mean_thresholds(configs: Sequence, labels: Sequence[str], problem_type:
                                             else 1.0 - own[1] for own in kept)}
     setattr(config, CONFIG_THRESHOLDS, mean)
     return config
-
-
-def torch_device(device):
-    """``device`` (a name, or a ``torch.device``) as a ``torch.device``."""
-    import torch
-
-    return torch.device(device)

@@ -18,8 +18,8 @@ from finetune.outputs import saved_config
 from finetune.precisions import autocast_dtype, resolved_precision
 from finetune.prediction_rows import PredictionRows, probabilities_of_logits
 from finetune.schema import PAD_TO_MULTIPLE_OF  # the schema alone: no YAML or config loaded
-from finetune.shares import (batches_of_share, launched_processes, lengths_across_processes, logits_in_order,
-                             process_device, shares_of_every_process)
+from finetune.shares import (batches_of_share, device_of, launched_processes, lengths_across_processes, logits_in_order,
+                             shares_of_every_process)
 from finetune.truncation import (Truncation, collator_arguments, cut_of, model_features, padding_for,
                                  prediction_length)
 
@@ -138,8 +138,7 @@ class Predictor(PredictionRows):
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
             raise ModelError(f"{path}: cannot load the model: {first}") from None
         model.eval()
-        if device is None:
-            device = process_device()
+        device = device_of(device)
         positive = cfg.evaluation.positive_label if cfg is not None else None  # what a run scored F1 on
         return cls(model, tokenizer, device=device, batch_size=batch_size, max_length=max_length,
                    threshold=threshold, precision=precision, positive_label=positive,

@@ -33,6 +33,16 @@ def process_device():
     return state.device
 
 
+def device_of(device):
+    """The ``torch.device`` a model loaded with ``device`` runs on: the one given (a name, or a ``torch.device``),
+    else the one training would use (:func:`process_device`)."""
+    if device is None:
+        return process_device()
+    import torch
+
+    return torch.device(device)
+
+
 def launched_processes() -> tuple[int, int]:
     """This process's index and the number of processes launched (``accelerate launch``); ``(0, 1)`` alone."""
     state = process_state()

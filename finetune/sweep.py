@@ -37,8 +37,8 @@ from finetune.signals import RunInterrupted, StopSignals
 from finetune.study import BASE_PARAMS_ATTR, FEW_UPDATES_ATTR, budget_left, load_or_create, made_with, open_storage, \
     redact, refuse_a_database_in_memory, refuse_another_sweep, running, trials_done
 from finetune.sweep_checks import check_sweep
-from finetune.sweep_file import DEFAULT_TRIALS, PRUNERS, SAMPLERS, Repeats, describe_pruner, fixed_overrides, folds_of, \
-    pruner_retyped, pruner_settings, read_sweep_file, refuse_search_settings, repeats_of, sampler_settings, \
+from finetune.sweep_file import DEFAULT_TRIALS, PRUNERS, SAMPLERS, Repeats, describe_pruner, fixed_overrides, \
+    folds_of, pruner_retyped, pruner_settings, read_sweep_file, refuse_search_settings, repeats_of, sampler_settings, \
     search_seeds, shipped_sweep, whole_number
 from finetune.sweep_notes import disk_short, few_updates_said_once, notes_said_once
 from finetune.sweep_report import Header, best_trial, mean_and_deviation, start_line, state_of, \

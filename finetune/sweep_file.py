@@ -87,7 +87,7 @@ def whole_number(value: Any, key: str, where: str, least: int) -> int:
     return value
 
 
-# the settings of a search, each as its flag (None: the file's key alone), which a sweep without a space ignores
+# the settings of a search, each as the sweep file's key and its flag, which a sweep without a space would ignore
 SEARCH_SETTINGS = (("trials", "--trials"), ("sampler", "--sampler"), ("sampler_seed", "--sampler-seed"),
                    ("pruner", "--pruner"), ("trial_seeds", "--trial-seeds"))
 

@@ -376,8 +376,8 @@ def sweep_markdown(root: Path, header: Header, rows: list[dict[str, Any]], best:
                       f"trains on every row: `{train_on_every_row(root, header, best)}`. Or keep the "
                       f"{len(repeat_values)} folds' models, which predict together, their outputs averaged: "
                       f"`{shlex.join(['finetune', 'predict', str(root / 'folds'), '--file', 'texts.csv'])}`; "
-                      f"`{together_against_every_row(root, header, best)}` says on texts none of them trained on whether "
-                      f"that pays for {len(repeat_values)} times the compute "
+                      f"`{together_against_every_row(root, header, best)}` says on texts none of them trained on "
+                      f"whether that pays for {len(repeat_values)} times the compute "
                       "(docs/inference.md#several-models-as-one).", ""]
         tested = scores_on_the_test_set(root, repeats, repeat_values, header.metric)
         if tested is None:

@@ -1128,7 +1128,7 @@ SCALING_MUTANTS = (
            "GPUs hidden with CUDA_VISIBLE_DEVICES=-1 are cautioned of as out of torch's reach", IDLE),
     Mutant("gpu_reach.py", 'in ("1", "true", "yes")', 'in ("1", "yes")',
            "a run that accelerate launch --cpu put on the CPU is cautioned of the GPUs it leaves", IDLE),
-    Mutant("ensemble.py", "    if device is None:\n        doing = ", "    if False:\n        doing = ",
+    Mutant("ensemble.py", '    if options.get("device") is None:\n        doing = ', "    if False:\n        doing = ",
            "a model predicting a large file on the CPU beside GPUs torch cannot reach says nothing of why", ENSEMBLE),
     Mutant("comparison.py", "across_processes=across_processes, notes=False)",
            "across_processes=across_processes)",
