@@ -80,6 +80,25 @@ def _level_quota(group: Path, v2: bool) -> Optional[float]:
         return None
 
 
+def ram_available() -> Optional[int]:
+    """The machine's RAM available to a new allocation (Linux's ``MemAvailable``), or ``None`` where unknown."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def memory_free() -> Optional[int]:
+    """What this process may still take: the RAM available, or less where its cgroup's limit leaves less (a
+    container sees its host's RAM, and the kernel kills it at its own limit); ``None`` where neither is known."""
+    known = [room for room in (ram_available(), memory_limit_headroom()) if room is not None]
+    return min(known, default=None)
+
+
 def memory_limit_headroom(root: Path = CGROUPS, own: Path = OWN_CGROUP) -> Optional[int]:
     """The bytes this process's cgroup may still take before its memory limit (a container's ``--memory``, a
     Kubernetes memory limit, a systemd unit's ``MemoryMax``), the least of its and those above it, or ``None``

@@ -41,7 +41,7 @@ from finetune.chunks import split_batch
 from finetune.errors import ConfigError, is_out_of_memory
 from finetune.launch import autocast
 from finetune.lora import blocks_of, head_modules, is_lora
-from finetune.machine import memory_limit_headroom
+from finetune.machine import memory_free, memory_limit_headroom, ram_available
 from finetune.optimizer_state import optimizer_state_bytes, state_name
 
 GB = 1e9
@@ -321,26 +321,13 @@ def available_memory(device: torch.device) -> Optional[int]:
         return torch.cuda.mem_get_info(device)[0]
     if device.type != "cpu":
         return None
-    # a container sees its host's RAM, and the kernel kills it at its own limit, with no error to catch
-    known = [ram for ram in (_ram_available(), memory_limit_headroom()) if ram is not None]
-    return min(known, default=None)
+    return memory_free()
 
 
 def memory_limit_binds() -> bool:
     """Whether this process's cgroup (a container's memory limit) leaves it less than the machine's RAM does."""
-    headroom, ram = memory_limit_headroom(), _ram_available()
+    headroom, ram = memory_limit_headroom(), ram_available()
     return headroom is not None and (ram is None or headroom < ram)
-
-
-def _ram_available() -> Optional[int]:
-    try:
-        with open("/proc/meminfo", encoding="ascii") as fh:
-            for line in fh:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
 
 
 def plan_memory(model, activations: Activations, b: int, checkpointing: bool, device: torch.device,

@@ -318,8 +318,9 @@ def test_a_run_that_would_be_killed_at_the_containers_limit_stops_in_one_line_fi
 def test_where_memory_is_short_the_heap_is_released_so_that_the_plan_is_the_peak(tmp_path):
     """LoRA with checkpointing at 512 tokens, a MiniLM-sized encoder: glibc's kept heap holds the freed space
     between the activations, about twice what the plan counts here. Under a limit between the two, the default
-    (``training.cpu_heap: auto``) releases the heap, as the plan is more than a quarter of the memory available,
-    and trains; the kept heap, which the plan passes just the same, is killed by the kernel."""
+    (``training.cpu_heap: auto``) keeps the heap only until short, as the plan is more than a quarter of the memory
+    available: it releases it before the first micro-batch, whose kept heap could outgrow what is free, and
+    trains; the kept heap, which the plan passes just the same, is killed by the kernel."""
     import random
 
     from transformers import BertConfig, BertForSequenceClassification
@@ -352,7 +353,8 @@ def test_where_memory_is_short_the_heap_is_released_so_that_the_plan_is_the_peak
     assert automatic.returncode == 0, automatic.stderr[-3000:]
     start = next(line for line in automatic.stderr.splitlines() if " start: " in line)
     assert "available under the memory limit" in start
-    assert "heap=release (auto: 4 x the memory plan is more than the memory available)" in start
+    assert "heap=keep_until_short (auto: 4 x the memory plan is more than the memory available)" in start
+    assert "cpu heap: released from a micro-batch of 8 rows x 512 tokens on: 4 x its plan" in automatic.stderr
     assert (tmp_path / "auto" / "model.safetensors").is_file()
     assert kept.returncode == -9, kept.stderr[-3000:]  # the same plan passed, and the kernel killed it
     assert "heap=" not in next(line for line in kept.stderr.splitlines() if " start: " in line)

@@ -427,16 +427,16 @@ def _cpu_plan(total: int, available: int, resident: int = 0, device: str = "cpu"
                       checkpointing=False, device=device, available=available - resident, resident=resident)
 
 
-def test_auto_releases_the_heap_where_four_times_the_plan_is_more_than_the_memory_available():
+def test_auto_keeps_the_heap_where_four_times_the_plan_fits_and_until_short_where_not():
     """glibc's kept heap held up to a few times the tensors the plan counts; released, about the plan. Where
     four plans fit in what is available (the start line's "of ...GB available", the loaded weights included), the
-    faster kept heap is kept; where not, the released one, whose peak the plan says."""
-    from finetune.cpu import KEPT_HEAP_ROOM, heap_for
+    faster kept heap is kept; where not, it is kept until a micro-batch comes that could not keep it."""
+    from finetune.cpu import KEEP_UNTIL_SHORT, KEPT_HEAP_ROOM, heap_for
 
     gb = 10**9
     assert KEPT_HEAP_ROOM == 4
     assert heap_for("auto", _cpu_plan(gb, 4 * gb, resident=gb // 4)) == "keep"
-    assert heap_for("auto", _cpu_plan(gb, 4 * gb - 1, resident=gb // 4)) == "release"
+    assert heap_for("auto", _cpu_plan(gb, 4 * gb - 1, resident=gb // 4)) == KEEP_UNTIL_SHORT
     assert heap_for("auto", _cpu_plan(gb, 4 * gb - 1, device="cuda")) == "keep"  # a GPU has its caching allocator
     assert heap_for("auto", None) == "keep"  # no plan (FSDP, DeepSpeed): nothing to judge by
     assert heap_for("auto", replace(_cpu_plan(gb, gb), available=None)) == "keep"
@@ -444,8 +444,95 @@ def test_auto_releases_the_heap_where_four_times_the_plan_is_more_than_the_memor
         assert heap_for(setting, _cpu_plan(gb, gb)) == setting == heap_for(setting, _cpu_plan(gb, 100 * gb))
 
 
-def test_a_run_short_of_memory_releases_the_heap_says_so_and_trains_with_it(tiny_job, monkeypatch):
-    """The decision reaches what trains (fit's speed-ups) and the start line, from the run's own plan."""
+def _heap_plan(activations: int, processes: int = 1, windows=None):
+    """A plan of activations alone, measured at 8 rows (or ``windows``) x 16 tokens."""
+    from finetune.memory import MemoryPlan
+
+    return MemoryPlan(weights=0, gradients=0, optimizer=0, activations=activations, micro_batch=8, length=16,
+                      checkpointing=False, device="cpu", available=10**12, processes=processes, windows=windows)
+
+
+def _glibc_calls(monkeypatch, free: int) -> list:
+    """glibc's heap calls, recorded instead of made, with ``free`` bytes free whenever asked."""
+    import finetune.cpu
+
+    calls = []
+    monkeypatch.setattr(finetune.cpu, "mallopt", lambda: lambda option, value: calls.append(("mallopt", value)) or 1)
+    monkeypatch.setattr(finetune.cpu, "malloc_trim", lambda: lambda pad: calls.append(("malloc_trim", pad)) or 1)
+    monkeypatch.setattr(finetune.cpu, "memory_free", lambda: free)
+    return calls
+
+
+def _ids(rows: int, tokens: int = 16) -> torch.Tensor:
+    return torch.randint(5, 30, (rows, tokens))
+
+
+def test_kept_until_short_releases_before_the_first_micro_batch_that_could_not_keep_it(monkeypatch, caplog):
+    """Each training micro-batch is judged before its forward pass by its own share of the plan: 4 x (rows x
+    tokens / the plan's rows x tokens) x the plan's activations against the memory free. Those that fit keep the
+    heap; the first that does not releases it (glibc's threshold, then its free heap handed back), once, and says
+    so; evaluation's passes, which keep no activations, are not judged."""
+    from finetune.cpu import RELEASED_BLOCK, released_when_short
+
+    calls = _glibc_calls(monkeypatch, free=2 * 10**9)
+    model = tiny_bert(seed=0)
+    with caplog.at_level(logging.INFO, logger="finetune"), released_when_short(model, _heap_plan(10**9)) as heap:
+        model(input_ids=_ids(4))  # 4 x 0.5GB = 2GB: fits in 2GB
+        with torch.no_grad():
+            model(input_ids=_ids(64))  # evaluation's batch of 64: not judged
+        assert calls == [] and not heap["released"]
+        model(input_ids=_ids(4, tokens=17))  # one token more: 4 x 4/8 x 17/16 GB is more than 2GB
+        assert calls == [("mallopt", RELEASED_BLOCK), ("malloc_trim", 0)] and heap["released"]
+        model(input_ids=_ids(8))  # released for good: nothing more to judge
+    assert len(calls) == 2
+    assert [r.getMessage() for r in caplog.records if "cpu heap" in r.getMessage()] == [
+        "cpu heap: released from a micro-batch of 4 rows x 17 tokens on: 4 x its plan (0.53GB of activations) is "
+        "more than the 2.0GB free (training.cpu_heap: auto)"]
+
+
+def test_kept_until_short_judges_windows_and_this_processes_share(monkeypatch):
+    """Under chunks the plan is the rows the longest texts' windows make, and a micro-batch is judged by its
+    windows; processes on one machine each judge by their share of what is free."""
+    from finetune.cpu import released_when_short
+
+    model = tiny_bert(seed=0)
+    calls = _glibc_calls(monkeypatch, free=2 * 10**9)
+    with released_when_short(model, _heap_plan(10**9, windows=32)):  # 32 windows: 1GB
+        model(input_ids=_ids(16))  # 16 windows: 4 x 0.5GB fits
+        assert calls == []
+    calls = _glibc_calls(monkeypatch, free=2 * 10**9)
+    with released_when_short(model, _heap_plan(10**9, processes=2)):  # 1GB free to each of 2
+        model(input_ids=_ids(4))  # 4 x 0.5GB: not in 1GB
+        assert len(calls) == 2
+    calls = _glibc_calls(monkeypatch, free=10**6)
+    with released_when_short(model, _heap_plan(10**9)):
+        pass
+    model(input_ids=_ids(8))  # outside: the hook is gone
+    assert calls == []
+
+
+def test_a_compiled_model_short_of_memory_is_released_from_the_start(monkeypatch):
+    """A hook that reads /proc would be traced into a compiled model's graph: such a run is released as training
+    starts, as before micro-batches were judged."""
+    from accelerate import Accelerator
+
+    from finetune.cpu import KEEP_UNTIL_SHORT, plan_cpu_speedups
+
+    _glibc_calls(monkeypatch, free=10**12)
+    model, plan = tiny_bert(seed=0), _heap_plan(10**9)
+    eager = plan_cpu_speedups(model, Accelerator(cpu=True), heap=KEEP_UNTIL_SHORT, memory=plan)
+    assert eager.release_when_short and not eager.release_heap
+    model.bert.encoder.layer[0]._compiled_call_impl = model.bert.encoder.layer[0].forward  # as module.compile() marks
+    compiled = plan_cpu_speedups(model, Accelerator(cpu=True), heap=KEEP_UNTIL_SHORT, memory=plan)
+    assert compiled.release_heap and not compiled.release_when_short
+    with pytest.raises(ValueError, match="judges each micro-batch by the run's memory plan"):
+        plan_cpu_speedups(tiny_bert(seed=0), Accelerator(cpu=True), heap=KEEP_UNTIL_SHORT)
+
+
+def test_a_run_short_of_memory_keeps_the_heap_until_short_says_so_and_releases_it_in_training(tiny_job,
+                                                                                                 monkeypatch):
+    """The decision reaches what trains (fit's speed-ups) and the start line, from the run's own plan: short of
+    memory, a training micro-batch of the plan's size releases the heap; with memory, nothing is set."""
     import finetune.cpu
     from finetune.assembly import setup_run
     from finetune.cpu import M_MMAP_THRESHOLD
@@ -461,13 +548,18 @@ def test_a_run_short_of_memory_releases_the_heap_says_so_and_trains_with_it(tiny
         plan = setup_run(tiny_job).memory
         monkeypatch.setattr("finetune.memory.available_memory",
                             lambda device: share * plan.total - plan.resident)
+        monkeypatch.setattr(finetune.cpu, "memory_free", lambda: share * plan.total - plan.resident)
         try:
             run = setup_run(tiny_job)
             seen[name] = describe(run)
             with run.speedups():
-                seen[name + " calls"] = list(calls)
+                seen[name + " at the start"] = list(calls)
+                run.model.train()
+                run.model(input_ids=_ids(plan.micro_batch, plan.length))  # the plan's micro-batch
+                seen[name + " after a micro-batch"] = list(calls)
         finally:
             reset_accelerate()
-    assert "heap=release (auto: 4 x the memory plan is more than the memory available)" in seen["short"]
-    assert seen["short calls"] == [(M_MMAP_THRESHOLD, 1 << 20)]  # glibc's threshold set as training starts
-    assert "heap=" not in seen["ample"] and seen["ample calls"] == seen["short calls"]  # kept: nothing more set
+    assert "heap=keep_until_short (auto: 4 x the memory plan is more than the memory available)" in seen["short"]
+    assert seen["short at the start"] == []  # kept as training starts
+    assert seen["short after a micro-batch"] == [(M_MMAP_THRESHOLD, 1 << 20)]  # released before the first
+    assert "heap=" not in seen["ample"] and seen["ample after a micro-batch"] == seen["short after a micro-batch"]

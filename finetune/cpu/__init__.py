@@ -32,8 +32,11 @@ choices of one setting, and the very last stays):
   freed space is kept; LoRA's small adapter tensors make it worse. The price
   is a page fault per 4 KiB of each large tensor. It is the one switch not
   undone on exit: glibc cannot go back to its adaptive threshold, so the
-  process keeps it. The default, ``auto``, releases where the kept heap could
-  outgrow the memory the run has (:func:`heap_for`), and keeps it elsewhere.
+  process keeps it. The default, ``auto``, keeps the heap where the kept heap
+  of the plan's largest micro-batch would fit the memory the run has, and
+  otherwise keeps it only until a micro-batch comes whose kept heap could
+  outgrow the memory free then: released from that micro-batch on
+  (:func:`heap_for`, :func:`released_when_short`).
 
 None of them changes what an update computes beyond float rounding (the
 masks keep dropout's distribution, ``p`` on a grid of 2**-16), and the
@@ -56,15 +59,20 @@ import logging
 from dataclasses import dataclass
 from typing import Iterator, Optional
 
+import torch
+
 from finetune.cpu.dropout import attention_switch_unavailable, fast_dropout, sdpa_configs
 from finetune.cpu.sparse_embedding import sparse_capable_embedding, sparse_embedding_rows
+from finetune.machine import memory_free
 
 logger = logging.getLogger("finetune")
 
-HEAP_SETTINGS = ("keep", "trim", "release")  # what training.cpu_heap applies; its "auto" chooses keep or release
+HEAP_SETTINGS = ("keep", "trim", "release")  # what training.cpu_heap sets; its "auto" chooses keep or the next
+# auto where memory may be short: kept, and released before the first micro-batch that could not keep it
+KEEP_UNTIL_SHORT = "keep_until_short"
 # glibc's kept heap held up to 3.3 times the memory plan's total in the settings measured (docs/memory.md, the
-# memory levers under both heaps), where the released one held about the plan: with less than this many times the
-# plan available, `auto` releases
+# memory levers under both heaps), where the released one held about the plan: a micro-batch keeps the heap only
+# where this many times its plan fits in what is free
 KEPT_HEAP_ROOM = 4
 M_MMAP_THRESHOLD = -3  # glibc's malloc.h
 # Every activation of a BERT-sized micro-batch at a few hundred tokens is larger; the weights' and adapters' small
@@ -100,6 +108,7 @@ class CpuSpeedups:
     keep_grads: bool = False
     trim_heap: bool = False
     release_heap: bool = False
+    release_when_short: bool = False
 
     def describe(self, heap_reason: str = "") -> str:
         """The start-up line's words for what is on (empty when nothing is), with why the heap is released
@@ -113,6 +122,8 @@ class CpuSpeedups:
             words.append("heap=trim")
         if self.release_heap:
             words.append(f"heap=release ({heap_reason})" if heap_reason else "heap=release")
+        if self.release_when_short:
+            words.append(f"heap={KEEP_UNTIL_SHORT} ({heap_reason})" if heap_reason else f"heap={KEEP_UNTIL_SHORT}")
         return " ".join(words)
 
 
@@ -121,32 +132,43 @@ def speedup_settings(training, memory=None) -> dict:
     ``training.cpu_heap: auto`` decided by the run's memory plan (``memory``, a
     :class:`~finetune.memory.MemoryPlan`; see :func:`heap_for`)."""
     return {"dropout_masks": training.fast_dropout_masks, "sparse_embedding": training.sparse_embedding_grad,
-            "heap": heap_for(training.cpu_heap, memory), "own_attention": training.attention_kernel == "auto"}
+            "heap": heap_for(training.cpu_heap, memory), "own_attention": training.attention_kernel == "auto",
+            "memory": memory}
 
 
 def heap_for(setting: str, memory=None) -> str:
-    """``training.cpu_heap`` as a run applies it: ``auto`` is ``release`` on a CPU where :data:`KEPT_HEAP_ROOM`
-    times the memory plan's total is more than the memory available (the start line's ``of ...GB available``),
-    and ``keep`` elsewhere, or where there is no plan to judge by (FSDP, DeepSpeed).
+    """``training.cpu_heap`` as a run applies it: ``auto`` is ``keep`` where :data:`KEPT_HEAP_ROOM` times the
+    memory plan's total fits in the memory available (the start line's ``of ...GB available``), or where there is
+    no plan to judge by (FSDP, DeepSpeed, a GPU), and :data:`KEEP_UNTIL_SHORT` elsewhere (:func:`released_when_short`).
 
     A plan counts tensors. glibc's heap, kept, also holds the freed space between them, up to several times
-    what they take; released, about what they take: where memory is short, the released heap is the one whose
-    peak the plan (and the check against a container's limit) says. Where it is not, keeping is faster.
+    what they take; released, about what they take. Keeping is faster (up to twice on long texts): so where the
+    plan's largest micro-batch could not keep it, the heap is still kept for the micro-batches that can, and
+    released before the first that cannot, for the rest of the run. A plan is the largest micro-batch the data
+    can make, and under ``data.truncation: chunks`` most are far smaller than it.
     """
     if setting != "auto":
         return setting
     if memory is None or memory.device != "cpu" or memory.available is None:
         return "keep"
-    return "release" if KEPT_HEAP_ROOM * memory.total > memory.available + memory.resident else "keep"
+    return "keep" if heap_can_be_kept(memory, memory.activations, memory.available) else KEEP_UNTIL_SHORT
+
+
+def heap_can_be_kept(memory, activations: int, free: int) -> bool:
+    """Whether :data:`KEPT_HEAP_ROOM` times the plan ``memory`` with ``activations`` bytes of activations (its
+    largest micro-batch's, or the one about to run) fits in ``free`` bytes beside the loaded weights."""
+    total = memory.weights + memory.gradients + memory.optimizer + activations
+    return KEPT_HEAP_ROOM * total <= free + memory.resident
 
 
 def heap_reason(setting: str) -> str:
-    """The start line's words for why ``auto`` released the heap (empty for a heap set in the config)."""
+    """The start line's words for why ``auto`` chose what it did (empty for a heap set in the config)."""
     return f"auto: {KEPT_HEAP_ROOM} x the memory plan is more than the memory available" if setting == "auto" else ""
 
 
 def plan_cpu_speedups(model, accelerator, *, dropout_masks: bool = True, sparse_embedding: bool = True,
-                      heap: str = "keep", own_attention: bool = True, quiet: bool = False) -> CpuSpeedups:
+                      heap: str = "keep", own_attention: bool = True, memory=None,
+                      quiet: bool = False) -> CpuSpeedups:
     """What :func:`cpu_speedups` would switch on for ``model`` on ``accelerator``'s device.
 
     Args:
@@ -155,13 +177,17 @@ def plan_cpu_speedups(model, accelerator, *, dropout_masks: bool = True, sparse_
         dropout_masks: Allow the 16-bit dropout masks.
         sparse_embedding: Allow the sparse word-embedding gradient.
         heap: ``training.cpu_heap``: ``"trim"`` hands free heap memory back after each update,
-            ``"release"`` maps large blocks on their own.
+            ``"release"`` maps large blocks on their own, :data:`KEEP_UNTIL_SHORT` (``auto``'s choice where
+            memory may be short, :func:`heap_for`) does so from the first micro-batch that could not keep it.
+        memory: The run's :class:`~finetune.memory.MemoryPlan`, which :data:`KEEP_UNTIL_SHORT` judges by.
         own_attention: Allow the attention that draws its dropout masks itself (not where
             ``training.attention_kernel`` asks torch for a kernel).
         quiet: Do not log why the attention stays as it is.
     """
-    if heap not in HEAP_SETTINGS:
+    if heap not in HEAP_SETTINGS and heap != KEEP_UNTIL_SHORT:
         raise ValueError(f"heap must be one of {', '.join(map(repr, HEAP_SETTINGS))}, got {heap!r}")
+    if heap == KEEP_UNTIL_SHORT and memory is None:
+        raise ValueError(f"heap={KEEP_UNTIL_SHORT!r} judges each micro-batch by the run's memory plan: give memory")
     if accelerator.device.type != "cpu":
         return CpuSpeedups()
     compiled = is_compiled(model)
@@ -180,7 +206,10 @@ def plan_cpu_speedups(model, accelerator, *, dropout_masks: bool = True, sparse_
             and getattr(accelerator, "scaler", None) is None and sparse_capable_embedding(model) is not None)
     return CpuSpeedups(dropout_masks=masks, attention=attention, sparse_embedding=rows, keep_grads=True,
                        trim_heap=heap == "trim" and malloc_trim() is not None,
-                       release_heap=heap == "release" and mallopt() is not None)
+                       # a compiled model would trace the judging hook; it is released from the start instead
+                       release_heap=(heap == "release" or heap == KEEP_UNTIL_SHORT and compiled)
+                       and mallopt() is not None,
+                       release_when_short=heap == KEEP_UNTIL_SHORT and not compiled and mallopt() is not None)
 
 
 @contextlib.contextmanager
@@ -251,6 +280,61 @@ def release_large_blocks() -> None:
         logger.warning("training.cpu_heap: release: glibc's mallopt refused the threshold; the heap is as before")
 
 
+def micro_batch_activations(memory, rows: int, tokens: int) -> int:
+    """The activations a micro-batch of ``rows`` x ``tokens`` saves, scaled from the plan's largest micro-batch.
+
+    In proportion to the tokens, which over-states a shorter micro-batch's (attention's share falls with the
+    square of its length): an estimate that errs towards releasing.
+    """
+    planned = (memory.windows or memory.micro_batch) * memory.length
+    return memory.activations * rows * tokens // max(1, planned)
+
+
+def rows_and_tokens(args, kwargs) -> Optional[tuple[int, int]]:
+    """The rows and tokens of a forward pass's inputs: the first 2-D tensor among them (``input_ids``)."""
+    for value in (*args, *kwargs.values()):
+        if torch.is_tensor(value) and value.dim() == 2:
+            return value.shape[0], value.shape[1]
+    return None
+
+
+@contextlib.contextmanager
+def released_when_short(model, memory) -> Iterator[dict]:
+    """Inside, the heap is kept until a training micro-batch whose kept heap could outgrow the memory free comes;
+    then it is released (:func:`release_large_blocks`, and the free heap handed back) for the rest of the process.
+
+    ``auto``'s heap where the plan's largest micro-batch could not keep it (:func:`heap_for`): each micro-batch
+    is judged before its forward pass by the same rule, :func:`heap_can_be_kept`, with its own activations and
+    the memory free at that moment (this process's share of it, :func:`~finetune.machine.memory_free`). The
+    heap grows by at most :data:`KEPT_HEAP_ROOM` times a micro-batch's plan, so the check stays ahead of it.
+    Forward passes without gradients (evaluation) keep no activations and are not judged. Yields
+    ``{"released": bool}``.
+    """
+    state = {"released": False}
+
+    def judge(module, args, kwargs):
+        shape = rows_and_tokens(args, kwargs) if torch.is_grad_enabled() else None
+        free = memory_free() if shape is not None else None
+        if free is None:
+            return
+        activations = micro_batch_activations(memory, *shape)
+        if heap_can_be_kept(memory, activations, free // max(1, memory.processes)):
+            return
+        release_large_blocks()
+        release_free_heap()
+        state["released"] = True
+        handle.remove()
+        logger.info("cpu heap: released from a micro-batch of %d rows x %d tokens on: %d x its plan (%.2fGB of "
+                    "activations) is more than the %.1fGB free (training.cpu_heap: auto)", *shape, KEPT_HEAP_ROOM,
+                    activations / 1e9, free / 1e9)
+
+    handle = getattr(model, "module", model).register_forward_pre_hook(judge, with_kwargs=True)
+    try:
+        yield state
+    finally:
+        handle.remove()
+
+
 @contextlib.contextmanager
 def trimmed_heap(optimizer) -> Iterator[None]:
     """Inside, every optimizer step ends by handing the C heap's free memory back to the system.
@@ -294,7 +378,7 @@ def dropout_as_in_training(model, accelerator, training) -> Iterator[bool]:
 
 @contextlib.contextmanager
 def cpu_speedups(model, optimizer, accelerator, *, dropout_masks: bool = True,
-                 sparse_embedding: bool = True, heap: str = "keep", own_attention: bool = True
+                 sparse_embedding: bool = True, heap: str = "keep", own_attention: bool = True, memory=None
                  ) -> Iterator[CpuSpeedups]:
     """Switch on the CPU speed-ups that apply (:func:`plan_cpu_speedups`); all but ``cpu_heap: release`` are undone on exit.
 
@@ -304,14 +388,16 @@ def cpu_speedups(model, optimizer, accelerator, *, dropout_masks: bool = True,
         accelerator: The ``Accelerator``.
         dropout_masks: ``training.fast_dropout_masks``.
         sparse_embedding: ``training.sparse_embedding_grad``.
-        heap: ``training.cpu_heap``: ``"keep"``, ``"trim"`` or ``"release"``.
+        heap: ``training.cpu_heap``: ``"keep"``, ``"trim"`` or ``"release"``, or :data:`KEEP_UNTIL_SHORT`
+            (``auto``'s choice where memory may be short: :func:`heap_for`).
         own_attention: ``training.attention_kernel`` is ``auto``.
+        memory: The run's :class:`~finetune.memory.MemoryPlan`, which :data:`KEEP_UNTIL_SHORT` judges by.
 
     Yields:
         The :class:`CpuSpeedups` in force.
     """
     plan = plan_cpu_speedups(model, accelerator, dropout_masks=dropout_masks, sparse_embedding=sparse_embedding,
-                             heap=heap, own_attention=own_attention)
+                             heap=heap, own_attention=own_attention, memory=memory)
     with contextlib.ExitStack() as switches:
         if plan.dropout_masks:
             switches.enter_context(fast_dropout(model, attention=plan.attention))
@@ -323,4 +409,6 @@ def cpu_speedups(model, optimizer, accelerator, *, dropout_masks: bool = True,
             switches.enter_context(trimmed_heap(optimizer))
         if plan.release_heap:
             release_large_blocks()
+        if plan.release_when_short:
+            switches.enter_context(released_when_short(model, memory))
         yield plan
