@@ -15,8 +15,14 @@ Two experiments, each run by ``finetune/train.py`` in its own process, one after
 
 A row is the mean over the seeds (and the spread, min to max); samples/s is
 training's, from ``metrics.json`` (samples over the run's training seconds;
-a sample is a text, under ``chunks`` too, whose windows the table counts).
-``--epochs`` overrides the configs' epochs for every run.
+a sample is a text, under ``chunks`` too, whose windows the table counts), and
+the peak is the run's process's peak resident size. ``--epochs`` overrides the
+configs' epochs for every run, ``--max-steps`` stops each after that many
+updates (for speed and memory, not accuracy), and ``--heaps`` runs each
+truncation setting under each ``training.cpu_heap`` given::
+
+    python bench/long_texts.py --only truncation --lengths 256 --truncations chunks --seeds 0 \
+        --max-steps 20 --heaps release,auto
 """
 
 from __future__ import annotations
@@ -41,15 +47,20 @@ def train(config: str, overrides: list[str], seed: int) -> dict:
            f"training.seed={seed}", f"output.output_dir={out}", "output.save_checkpoints=false",
            "logging.progress_bar=false", *overrides]
     start = time.perf_counter()
-    proc = subprocess.run(cmd, env={**os.environ, "HF_HUB_OFFLINE": "1"}, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise RuntimeError(f"{' '.join(overrides)} seed {seed} failed:\n{proc.stderr[-2000:]}")
+    with tempfile.TemporaryFile() as stderr:
+        proc = subprocess.Popen(cmd, env={**os.environ, "HF_HUB_OFFLINE": "1"}, stdout=subprocess.DEVNULL,
+                                stderr=stderr)
+        _, status, usage = os.wait4(proc.pid, 0)  # the child's own peak, which subprocess.run does not give
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        if proc.returncode != 0:
+            stderr.seek(0)
+            raise RuntimeError(f"{' '.join(overrides)} seed {seed} failed:\n{stderr.read()[-2000:].decode()}")
     metrics = json.loads((out / "metrics.json").read_text())
     cut = metrics["train"].get("long_texts") or {}
     return {"accuracy": metrics["eval"]["accuracy"], "f1": metrics["eval"]["f1"],
             "samples_per_s": metrics["train"]["samples"] / metrics["train"]["seconds"],
             "texts_cut": cut.get("longer_than_max_length"), "train_rows": cut.get("rows"),
-            "windows": cut.get("chunks"),
+            "windows": cut.get("chunks"), "peak_rss_gb": usage.ru_maxrss * 1024 / 1e9,  # Linux: KiB
             "wall_s": time.perf_counter() - start}
 
 
@@ -57,11 +68,15 @@ def experiments(args) -> list[tuple[str, str, list[str]]]:
     """(experiment, setting, config + overrides) for every run asked for, seeds aside."""
     runs = []
     epochs = [f"training.num_train_epochs={args.epochs}"] if args.epochs else []
+    epochs += [f"training.max_steps={args.max_steps}"] if args.max_steps else []
+    heaps = args.heaps.split(",") if args.heaps else [None]
     if args.only in (None, "truncation"):
         for length in args.lengths.split(","):
             for side in args.truncations.split(","):
-                runs.append(("truncation", f"max_length={length} {side}",
-                             ["bbc_news.yaml", f"data.max_length={length}", f"data.truncation={side}", *epochs]))
+                for heap in heaps:
+                    runs.append(("truncation", f"max_length={length} {side}" + (f" heap={heap}" if heap else ""),
+                                 ["bbc_news.yaml", f"data.max_length={length}", f"data.truncation={side}", *epochs,
+                                  *([f"training.cpu_heap={heap}"] if heap else [])]))
     if args.only in (None, "layer_decay"):
         runs.append(("layer_decay", "one rate", ["default.yaml", *epochs]))
         runs.append(("layer_decay", f"layer_lr_decay={args.decay:g}",
@@ -70,9 +85,9 @@ def experiments(args) -> list[tuple[str, str, list[str]]]:
 
 
 def summary(rows: list[dict]) -> str:
-    lines = ["| experiment | setting | accuracy | macro F1 (BBC) / F1 (SMS) | F1 min-max | samples/s | texts cut "
-             "| windows | seeds |",
-             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    lines = ["| experiment | setting | accuracy | macro F1 (BBC) / F1 (SMS) | F1 min-max | samples/s | peak (GB) "
+             "| texts cut | windows | seeds |",
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     keys = list(dict.fromkeys((r["experiment"], r["setting"]) for r in rows))
     for experiment, setting in keys:
         runs = [r for r in rows if (r["experiment"], r["setting"]) == (experiment, setting)]
@@ -81,7 +96,8 @@ def summary(rows: list[dict]) -> str:
         cut_text = f"{cut} of {runs[0]['train_rows']}" if cut is not None else "-"
         lines.append(f"| {experiment} | {setting} | {statistics.mean(r['accuracy'] for r in runs):.4f} | "
                      f"{statistics.mean(f1):.4f} | {min(f1):.4f}-{max(f1):.4f} | "
-                     f"{statistics.mean(r['samples_per_s'] for r in runs):.1f} | {cut_text} | "
+                     f"{statistics.mean(r['samples_per_s'] for r in runs):.1f} | "
+                     f"{max(r['peak_rss_gb'] for r in runs):.2f} | {cut_text} | "
                      f"{runs[0].get('windows') or '-'} | {len(runs)} |")
     return "\n".join(lines)
 
@@ -94,6 +110,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--truncations", default="head,head_tail,chunks", help="data.truncation values")
     parser.add_argument("--decay", type=float, default=0.9, help="optim.layer_lr_decay against one rate")
     parser.add_argument("--epochs", type=int, help="training.num_train_epochs for every run (default: the config's)")
+    parser.add_argument("--max-steps", type=int, help="training.max_steps for every run: speed and memory alone")
+    parser.add_argument("--heaps", help="comma-separated training.cpu_heap values for each truncation setting "
+                                        "(default: the config's)")
     parser.add_argument("--json", help="also write the runs here")
     args = parser.parse_args(argv)
     rows = []

@@ -526,9 +526,11 @@ class TrainingConfig:
         "hands the heap's free memory back to the system after every update; `release` maps every block of "
         "1 MiB or more on its own and hands it back when freed, for the rest of the process (the lowest peak "
         "at 512 tokens, most of all with LoRA: see docs/memory.md). Both give memory back for page faults "
-        "to get it again: slower (measured in bench/README.md and docs/memory.md). `auto`: `release` where "
-        "4 times the memory plan is more than the memory available (a kept heap held up to 3.3 times the "
-        "plan), so that the plan is the peak where memory is short; `keep` elsewhere. No effect on a GPU.")
+        "to get it again: slower (measured in bench/README.md and docs/memory.md). `auto`: `keep` where 4 "
+        "times the memory plan fits in the memory available (a kept heap held up to 3.3 times the plan); "
+        "elsewhere kept until a training micro-batch comes whose own 4 plans would not fit in the memory "
+        "free then, and released from it on, so that the plan is the peak where memory is short. No effect "
+        "on a GPU.")
     eval_each_epoch: bool = setting(True, "Evaluate on the validation set at the end of each epoch.")
     class_weights: Optional[Union[Literal["balanced"], dict[str, float]]] = setting(None,
         "single_label only: weight each class's loss, for imbalanced data. `balanced`: n / (C * n_c) from "

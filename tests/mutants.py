@@ -20,7 +20,7 @@ a dry run says; or that a run writes what README.md's table says, never replacin
 copies the checkout's tracked files into a scratch folder, applies one mutant at a time there, runs its tests
 (without the GPU ones) and restores the line: the checkout itself is never changed.
 
-    python tests/mutants.py                     # every mutant: about 227 minutes on 2 CPU cores
+    python tests/mutants.py                     # every mutant: about 228 minutes on 2 CPU cores
     python tests/mutants.py --rules resume      # one promise's: accumulation, resume, input, scores, memory, sweep,
                                                 #   long_texts, inference, logging, evaluation, data, outputs,
                                                 #   trackers, scaling, keeping, dry_run, cpu, gpu_levers
@@ -422,6 +422,14 @@ MEMORY_MUTANTS = (
            ("tests/test_eight_bit_adamw.py",) + MEMORY),
     Mutant("memory.py", "return self.available is None or self.total - self.resident <= self.available",
            "return True", "a plan larger than the memory is let through", MEMORY),
+    Mutant("cpu/__init__.py", "shape = rows_and_tokens(args, kwargs) if torch.is_grad_enabled() else None",
+           "shape = rows_and_tokens(args, kwargs)",
+           "auto's kept heap judges evaluation's batches as training's and releases the heap for them", MEMORY),
+    Mutant("cpu/__init__.py", "planned = (memory.windows or memory.micro_batch) * memory.length",
+           "planned = memory.micro_batch * memory.length",
+           "under chunks a micro-batch's windows are judged against the plan's texts, not its windows", MEMORY),
+    Mutant("cpu/__init__.py", "free // max(1, memory.processes)", "free",
+           "each of several processes keeps its heap as if the memory free were its own", MEMORY),
     Mutant("memory.py", "available=None if available is None else available // processes",
            "available=available", "CPU processes on one machine each plan with all of its RAM",
            MEMORY + ("tests/test_container_limits.py",)),
