@@ -16,7 +16,8 @@ Two experiments, each run by ``finetune/train.py`` in its own process, one after
 A row is the mean over the seeds (and the spread, min to max); samples/s is
 training's, from ``metrics.json`` (samples over the run's training seconds;
 a sample is a text, under ``chunks`` too, whose windows the table counts), and
-the peak is the run's process's peak resident size. ``--epochs`` overrides the
+the peak is the run's process's peak resident size, beside the memory plan
+(``metrics.json``'s ``memory_plan``: the largest micro-batch's). ``--epochs`` overrides the
 configs' epochs for every run, ``--max-steps`` stops each after that many
 updates (for speed and memory, not accuracy), and ``--heaps`` runs each
 truncation setting under each ``training.cpu_heap`` given::
@@ -57,10 +58,12 @@ def train(config: str, overrides: list[str], seed: int) -> dict:
             raise RuntimeError(f"{' '.join(overrides)} seed {seed} failed:\n{stderr.read()[-2000:].decode()}")
     metrics = json.loads((out / "metrics.json").read_text())
     cut = metrics["train"].get("long_texts") or {}
+    plan = metrics.get("memory_plan") or {}  # null where the run made none
     return {"accuracy": metrics["eval"]["accuracy"], "f1": metrics["eval"]["f1"],
             "samples_per_s": metrics["train"]["samples"] / metrics["train"]["seconds"],
             "texts_cut": cut.get("longer_than_max_length"), "train_rows": cut.get("rows"),
             "windows": cut.get("chunks"), "peak_rss_gb": usage.ru_maxrss * 1024 / 1e9,  # Linux: KiB
+            "plan_gb": plan["total"] / 1e9 if plan.get("total") else None,
             "wall_s": time.perf_counter() - start}
 
 
@@ -86,18 +89,20 @@ def experiments(args) -> list[tuple[str, str, list[str]]]:
 
 def summary(rows: list[dict]) -> str:
     lines = ["| experiment | setting | accuracy | macro F1 (BBC) / F1 (SMS) | F1 min-max | samples/s | peak (GB) "
-             "| texts cut | windows | seeds |",
-             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+             "| plan (GB) | texts cut | windows | seeds |",
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     keys = list(dict.fromkeys((r["experiment"], r["setting"]) for r in rows))
     for experiment, setting in keys:
         runs = [r for r in rows if (r["experiment"], r["setting"]) == (experiment, setting)]
         f1 = [r["f1"] for r in runs]
         cut = runs[0]["texts_cut"]
         cut_text = f"{cut} of {runs[0]['train_rows']}" if cut is not None else "-"
+        plan = runs[0].get("plan_gb")  # the same for every seed: the data's largest micro-batch
         lines.append(f"| {experiment} | {setting} | {statistics.mean(r['accuracy'] for r in runs):.4f} | "
                      f"{statistics.mean(f1):.4f} | {min(f1):.4f}-{max(f1):.4f} | "
                      f"{statistics.mean(r['samples_per_s'] for r in runs):.1f} | "
-                     f"{max(r['peak_rss_gb'] for r in runs):.2f} | {cut_text} | "
+                     f"{max(r['peak_rss_gb'] for r in runs):.2f} | {'-' if plan is None else f'{plan:.2f}'} | "
+                     f"{cut_text} | "
                      f"{runs[0].get('windows') or '-'} | {len(runs)} |")
     return "\n".join(lines)
 

@@ -900,21 +900,21 @@ def test_the_memory_table_compares_each_setting_with_the_plain_one_and_its_plan(
 def test_the_long_texts_table_averages_each_setting_over_its_seeds():
     from bench.long_texts import summary
 
-    def row(setting, seed, accuracy, f1, speed, cut=10, windows=None, peak=1.0):
+    def row(setting, seed, accuracy, f1, speed, cut=10, windows=None, peak=1.0, plan=None):
         return {"experiment": "truncation", "setting": setting, "seed": seed, "accuracy": accuracy, "f1": f1,
                 "samples_per_s": speed, "texts_cut": cut, "train_rows": 100, "windows": windows, "wall_s": 1.0,
-                "peak_rss_gb": peak}
+                "peak_rss_gb": peak, "plan_gb": plan}
 
     lines = summary([row("max_length=128 head", 0, 0.90, 0.80, 10.0), row("max_length=128 head", 1, 0.94, 0.90, 12.0,
                                                                            peak=1.5),
                      row("max_length=128 head_tail", 0, 0.96, 0.95, 11.0),
-                     row("max_length=128 chunks", 0, 0.97, 0.96, 3.0, windows=130)]).splitlines()
+                     row("max_length=128 chunks", 0, 0.97, 0.96, 3.0, windows=130, plan=2.345)]).splitlines()
     assert lines[2] == ("| truncation | max_length=128 head | 0.9200 | 0.8500 | 0.8000-0.9000 | 11.0 | 1.50 "
-                        "| 10 of 100 | - | 2 |")  # the peak: the highest of the seeds'
+                        "| - | 10 of 100 | - | 2 |")  # the peak: the highest of the seeds'
     assert lines[3] == ("| truncation | max_length=128 head_tail | 0.9600 | 0.9500 | 0.9500-0.9500 | 11.0 | 1.00 "
-                        "| 10 of 100 | - | 1 |")
+                        "| - | 10 of 100 | - | 1 |")
     assert lines[4] == ("| truncation | max_length=128 chunks | 0.9700 | 0.9600 | 0.9600-0.9600 | 3.0 | 1.00 "
-                        "| 10 of 100 | 130 | 1 |")
+                        "| 2.35 | 10 of 100 | 130 | 1 |")  # the memory plan beside the peak
 
 
 def test_the_long_texts_benchmark_runs_each_truncation_under_each_heap_asked_for():
