@@ -52,7 +52,7 @@ def train(config: str, overrides: list[str], seed: int) -> dict:
         proc = subprocess.Popen(cmd, env={**os.environ, "HF_HUB_OFFLINE": "1"}, stdout=subprocess.DEVNULL,
                                 stderr=stderr)
         _, status, usage = os.wait4(proc.pid, 0)  # the child's own peak, which subprocess.run does not give
-        proc.returncode = os.waitstatus_to_exitcode(status)
+        proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here: Popen must not wait for it again
         if proc.returncode != 0:
             stderr.seek(0)
             raise RuntimeError(f"{' '.join(overrides)} seed {seed} failed:\n{stderr.read()[-2000:].decode()}")

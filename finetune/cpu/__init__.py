@@ -120,10 +120,9 @@ class CpuSpeedups:
             words.append("dropout_masks=fast")
         if self.trim_heap:
             words.append("heap=trim")
-        if self.release_heap:
-            words.append(f"heap=release ({heap_reason})" if heap_reason else "heap=release")
-        if self.release_when_short:
-            words.append(f"heap={KEEP_UNTIL_SHORT} ({heap_reason})" if heap_reason else f"heap={KEEP_UNTIL_SHORT}")
+        released = "release" if self.release_heap else KEEP_UNTIL_SHORT if self.release_when_short else None
+        if released is not None:
+            words.append(f"heap={released} ({heap_reason})" if heap_reason else f"heap={released}")
         return " ".join(words)
 
 
@@ -204,12 +203,13 @@ def plan_cpu_speedups(model, accelerator, *, dropout_masks: bool = True, sparse_
     # DDP's buckets, FSDP's and DeepSpeed's shards and fp16's grad scaler expect dense gradients
     rows = (sparse_embedding and not compiled and accelerator.num_processes == 1
             and getattr(accelerator, "scaler", None) is None and sparse_capable_embedding(model) is not None)
+    # a compiled model would trace the judging hook; it is released from the start instead
+    until_short = heap == KEEP_UNTIL_SHORT and not compiled
+    releasable = mallopt() is not None
     return CpuSpeedups(dropout_masks=masks, attention=attention, sparse_embedding=rows, keep_grads=True,
                        trim_heap=heap == "trim" and malloc_trim() is not None,
-                       # a compiled model would trace the judging hook; it is released from the start instead
-                       release_heap=(heap == "release" or heap == KEEP_UNTIL_SHORT and compiled)
-                       and mallopt() is not None,
-                       release_when_short=heap == KEEP_UNTIL_SHORT and not compiled and mallopt() is not None)
+                       release_heap=heap in ("release", KEEP_UNTIL_SHORT) and not until_short and releasable,
+                       release_when_short=until_short and releasable)
 
 
 @contextlib.contextmanager
